@@ -1,0 +1,142 @@
+/* backend.h - what an attention backend is (DESIGN section 6) and the per-step batch it sees.
+ *
+ * A backend is three pieces, as in vLLM:
+ *   descriptor  - name, capabilities and check(config, why): yes, or no with a reason;
+ *   prepare     - the MetadataBuilder: once per step, ar_batch -> the backend's own metadata;
+ *   forward     - the Impl: per layer, generate this step's inputs (Q, new K/V) from the data
+ *                 generator on the backend's own device, write new K/V into the paged cache
+ *                 through slot_mapping (slot -1 skipped), compute out + LSE, and return them
+ *                 to the host for verification, with per-kernel times.
+ * The paged cache [2, num_blocks, block_size, num_kv_heads, head_size] (MLA:
+ * [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]) lives inside the backend, one per
+ * layer, in the run's KV dtype, and every slot starts as NaN so that a read of a slot nobody
+ * wrote shows up in the output.
+ *
+ * All arrays in ar_batch are host memory, row-major, owned by the replay engine, and valid
+ * for the duration of one step. */
+#ifndef AR_BACKEND_H
+#define AR_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "../reference/datagen.h"
+#include "../traces/trace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Planted faults (--inject NAME).  Every backend implements every one; the verifier must flag
+ * each.  Metadata faults (slot mapping, block table) are applied by the replay engine to the
+ * batch before prepare(); kernel faults are honoured inside forward(). */
+typedef enum ar_fault {
+    AR_FAULT_NONE = 0,
+    AR_FAULT_CAUSAL_OFF_BY_ONE,  /* query at p also sees key p+1 */
+    AR_FAULT_WRONG_SLOT,         /* new K/V written to slot ^ 1 (the neighbour in the block) */
+    AR_FAULT_STALE_BLOCK_TABLE,  /* attention reads the previous step's block table rows */
+    AR_FAULT_WRONG_KV_HEAD,      /* query head h reads KV head (h / group + 1) % num_kv_heads */
+    AR_FAULT_NO_RESCALE,         /* online softmax forgets to rescale the accumulator */
+    AR_FAULT_LSE_BASE2,          /* LSE reported as log2 instead of natural log */
+    AR_FAULT_MERGE_NO_WEIGHTS,   /* cascade/split merge adds the two sides unweighted */
+    AR_FAULT_MLA_NO_WUV,         /* MLA output left in latent space (W_UV skipped) */
+    AR_FAULT_COUNT
+} ar_fault;
+
+const char *ar_fault_name(ar_fault f);
+int ar_fault_parse(const char *name, ar_fault *out);   /* 0 ok, -1 unknown */
+
+/* Everything about a run that does not change per step. */
+typedef struct ar_run_config {
+    ar_model model;
+    int block_size;
+    int num_blocks;
+    ar_dtype dtype;          /* Q/O and compute input dtype */
+    ar_dtype kv_dtype;       /* paged cache dtype */
+    double kv_scale;         /* fp8 KV: stored = quantize(x / kv_scale); 1.0 otherwise */
+    int num_layers;          /* layers replayed (<= model.num_layers) */
+    uint64_t seed;
+    ar_datadist data;
+    ar_fault fault;
+    int cascade_mode;        /* 0 off, 1 auto (vLLM heuristic), 2 on whenever P > 0 is legal */
+    int repeat;              /* timed repetitions per launch (median reported); >= 1 */
+    int threads;             /* CPU threads; 0 = all cores */
+} ar_run_config;
+
+/* One step's batch, backend-independent (vLLM CommonAttentionMetadata + content keys). */
+typedef struct ar_batch {
+    int64_t step;
+    int num_reqs;
+    int num_tokens;                 /* T = sum of query lens */
+    const int *query_start_loc;     /* [num_reqs + 1] */
+    const int *seq_lens;            /* [num_reqs] context + new */
+    const int *context_lens;        /* [num_reqs] num_computed_tokens before the step */
+    int max_query_len;
+    int max_seq_len;
+    int max_blocks_per_req;         /* row stride of block_table and block_keys */
+    const int *block_table;         /* [num_reqs, max_blocks_per_req], unused entries 0 */
+    const uint64_t *block_keys;     /* [num_reqs, max_blocks_per_req] content key per logical block */
+    const uint64_t *req_keys;       /* [num_reqs] Q key per request (ar_req_key of its id) */
+    const int64_t *slot_mapping;    /* [num_tokens], -1 = skip */
+    int common_prefix_len;          /* cascade P actually used this step (0 = flat) */
+} ar_batch;
+
+/* Context tokens the cache must hold before a step but that this run never wrote (a replay
+ * started mid-trace with --steps or --resume, or a prefix hit on a block written before the
+ * first replayed step).  Written untimed, from the generator, with the given content keys. */
+typedef struct ar_fill {
+    int count;
+    const int64_t *slots;           /* [count] physical slot = block * block_size + offset */
+    const uint64_t *keys;           /* [count] content key of the token's logical block */
+    const int *offsets;             /* [count] offset of the token in its block */
+} ar_fill;
+
+/* Kernel timing of one forward (per layer). */
+#define AR_MAX_KERNELS 8
+typedef struct ar_kernel_time {
+    const char *name;               /* "write", "attn", "prefix", "suffix", "merge", "combine", ... */
+    double us;                      /* median over repeats */
+} ar_kernel_time;
+
+/* What forward returns.  out and lse are host buffers allocated by the engine. */
+typedef struct ar_forward_out {
+    float *out;                     /* [num_tokens, num_q_heads, v_head_dim], values in dtype */
+    float *lse;                     /* [num_q_heads, num_tokens], natural log; empty row: -inf */
+    int num_kernels;
+    ar_kernel_time kernels[AR_MAX_KERNELS];
+    double total_us;                /* median wall time of the whole timed part */
+    int guard_violations;           /* device guard-region words found overwritten */
+} ar_forward_out;
+
+typedef struct ar_backend {
+    const char *name;               /* "cpu", "cuda", "cuda-mla", ... */
+    const char *summary;            /* one line for `attnreplay backends` */
+    const char *capabilities;       /* one line: dtypes, head sizes, block sizes, features */
+    bool needs_gpu;
+    /* Says yes (returns true) or no with a reason in why.  The one decision function: the
+     * selector, --backend and `backends` all call it. */
+    bool (*check)(const ar_run_config *cfg, char *why, size_t why_len);
+    /* Allocates the per-layer caches (filled with NaN) and device state. 0 ok, else err set;
+     * returns 3 for a device/runtime error, 2 for a config the backend cannot run. */
+    int (*open)(const ar_run_config *cfg, void **state, char *err, size_t err_len);
+    /* MetadataBuilder: once per step, before the layers. 0 ok. */
+    int (*prepare)(void *state, const ar_batch *b, char *err, size_t err_len);
+    /* Untimed: writes missing context tokens (see ar_fill) into layer's cache. 0 ok. */
+    int (*fill)(void *state, int layer, const ar_fill *f, char *err, size_t err_len);
+    /* Impl: generates Q/new K/V for layer, writes K/V via slot_mapping, attention, out+LSE. */
+    int (*forward)(void *state, int layer, const ar_batch *b, ar_forward_out *o,
+                   char *err, size_t err_len);
+    /* Device name for the runs table ("cpu: 2 threads", "NVIDIA H200"). */
+    void (*device_name)(void *state, char *buf, size_t len);
+    void (*close)(void *state);
+} ar_backend;
+
+/* The registry (registry.c): backends in selector priority order. */
+int ar_backend_count(void);
+const ar_backend *ar_backend_at(int i);
+const ar_backend *ar_backend_find(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,96 @@
+/* testutil.c - implementation of the shared test helpers (see testutil.h). */
+#include "testutil.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char tmp_root[PATH_MAX];
+
+const char *tu_src_dir(void)
+{
+    const char *s = getenv("AR_SRC");
+    return s && *s ? s : ".";
+}
+
+const char *tu_bin(void)
+{
+    const char *s = getenv("AR_BIN");
+    return s && *s ? s : "bin/attnreplay";
+}
+
+const char *tu_public_trace(const char *rel, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/../shared/traces-public/%s", tu_src_dir(), rel);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}
+
+static void remove_tmp(void)
+{
+    if (tmp_root[0] && !getenv("AR_KEEP_TMP")) {
+        char cmd[PATH_MAX + 16];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
+        if (system(cmd) != 0) { /* best effort */ }
+    }
+}
+
+const char *tu_tmpdir(void)
+{
+    if (!tmp_root[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(tmp_root, sizeof tmp_root, "%s/artest.XXXXXX", base && *base ? base : "/tmp");
+        if (!mkdtemp(tmp_root)) { perror("mkdtemp"); exit(1); }
+        atexit(remove_tmp);
+    }
+    return tmp_root;
+}
+
+const char *tu_tmp(const char *name, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/%s", tu_tmpdir(), name);
+    return buf;
+}
+
+int tu_run(const char *out_path, const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof cmd - 64) return -1;
+    if (out_path) {
+        size_t l = strlen(cmd);
+        snprintf(cmd + l, sizeof cmd - l, " >'%s' 2>&1", out_path);
+    }
+    int st = system(cmd);
+    if (st == -1) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+char *tu_slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    if (b) b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+int tu_write(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int ok = fputs(text, f) >= 0;
+    return (fclose(f) == 0 && ok) ? 0 : -1;
+}

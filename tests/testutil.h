@@ -1,0 +1,29 @@
+/* testutil.h - helpers shared by the cmocka test binaries: where things are, temporary
+ * directories, running the attnreplay binary, and the cmocka includes in the right order. */
+#ifndef AR_TESTUTIL_H
+#define AR_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* Repository root (AR_SRC from make, else "."). */
+const char *tu_src_dir(void);
+/* Path of bin/attnreplay (AR_BIN from make, else "bin/attnreplay"). */
+const char *tu_bin(void);
+/* ../shared/traces-public/<rel> beside the checkout, or NULL when absent. */
+const char *tu_public_trace(const char *rel, char *buf, size_t len);
+/* A fresh temporary directory (removed at exit); returns its path. */
+const char *tu_tmpdir(void);
+/* Joins tu_tmpdir() and name into buf. */
+const char *tu_tmp(const char *name, char *buf, size_t len);
+/* Runs a shell command; returns its exit status (or -1).  Output goes to out_path if given. */
+int tu_run(const char *out_path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Reads a whole file into a malloc'd NUL-terminated buffer (NULL if missing). */
+char *tu_slurp(const char *path);
+/* Writes text to path; returns 0 on success. */
+int tu_write(const char *path, const char *text);
+
+#endif

@@ -1,0 +1,186 @@
+/* trace.h - trace format v1 (DESIGN section 3): types, the streaming reader, the writer.
+ *
+ * A trace is JSON Lines, optionally gzip-compressed (zlib's gz API reads both): line 1 the
+ * header, every further line one scheduler step mirroring vLLM's SchedulerOutput.  The reader
+ * validates every rule (see ar_trace_next) against the state of all steps before, so a step
+ * it returns is always safe to apply; a broken trace gives "FILE:LINE: rule" and no step.
+ *
+ * Memory: the reader holds one step and the live-request table (block lists of requests that
+ * have not finished), never the whole trace, so a trace of any size streams. */
+#ifndef AR_TRACE_H
+#define AR_TRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "../reference/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AR_TRACE_FORMAT "attnreplay-trace"
+#define AR_TRACE_VERSION 1
+#define AR_NAME_MAX 64
+#define AR_ERR_MAX 512
+
+typedef enum ar_attention { AR_ATTN_MHA = 0, AR_ATTN_MLA = 1 } ar_attention;
+
+typedef struct ar_model {
+    char name[AR_NAME_MAX];
+    ar_attention attention;
+    int num_layers;
+    int num_q_heads;
+    int num_kv_heads;        /* MLA: 1 */
+    int head_size;           /* MHA: head dim; MLA: kv_lora_rank + qk_rope_head_dim (576) */
+    int kv_lora_rank;        /* MLA only (512) */
+    int qk_rope_head_dim;    /* MLA only (64) */
+    int qk_nope_head_dim;    /* MLA only (128) */
+    int v_head_dim;          /* MLA only (128); MHA: equals head_size */
+    double scale;            /* softmax scale */
+    int sliding_window;      /* tokens; 0 = none */
+    double logits_soft_cap;  /* 0 = none */
+} ar_model;
+
+typedef struct ar_cache_config {
+    int block_size;
+    int num_blocks;          /* including the null block 0 */
+    ar_dtype dtype;          /* model (activation) dtype */
+    ar_dtype kv_cache_dtype; /* "auto" in the file means = dtype */
+} ar_cache_config;
+
+typedef struct ar_sched_config {
+    int max_num_batched_tokens;
+    int max_num_seqs;
+    bool prefix_caching;
+    bool cascade;
+} ar_sched_config;
+
+typedef struct ar_trace_header {
+    int version;
+    ar_model model;
+    ar_cache_config cache;
+    ar_sched_config sched;
+    char source[AR_NAME_MAX];
+    uint64_t seed;
+} ar_trace_header;
+
+/* A request scheduled for the first time (vLLM NewRequestData). */
+typedef struct ar_new_req {
+    char *req;                /* request id */
+    int prompt_len;
+    int num_computed_tokens;  /* before this step (prefix-cache hit) */
+    int *block_ids;           /* all blocks, prefix hits first */
+    int num_block_ids;
+    uint64_t *block_keys;     /* content keys of the full prompt blocks: prompt_len / block_size */
+    int num_block_keys;
+} ar_new_req;
+
+/* A request scheduled before (vLLM CachedRequestData, one entry). */
+typedef struct ar_cached_req {
+    char *req;
+    int num_computed_tokens;  /* before this step */
+    int *new_block_ids;       /* appended, or the whole new list when resumed */
+    int num_new_block_ids;
+    bool resumed;
+} ar_cached_req;
+
+typedef struct ar_sched_entry {
+    char *req;
+    int num_tokens;
+} ar_sched_entry;
+
+typedef struct ar_step {
+    int64_t step;
+    double time;
+    ar_new_req *new_reqs;
+    int num_new;
+    ar_cached_req *cached;
+    int num_cached;
+    ar_sched_entry *scheduled;     /* in file order; every id is in new or cached */
+    int num_scheduled;
+    int num_common_prefix_blocks;
+    char **finished;
+    int num_finished;
+    char **preempted;
+    int num_preempted;
+    long line;                     /* line number of this step in its file */
+} ar_step;
+
+/* ---- reading --------------------------------------------------------------------------- */
+
+typedef struct ar_trace_reader ar_trace_reader;
+
+/* Opens PATH (.jsonl or .jsonl.gz) and reads and validates the header.
+ * On failure returns NULL and writes "PATH:LINE: rule" into err. */
+ar_trace_reader *ar_trace_open(const char *path, char *err, size_t err_len);
+const ar_trace_header *ar_trace_header_of(const ar_trace_reader *r);
+/* Reads, validates and returns the next step (owned by the reader, valid until the next call).
+ * Returns 1 with *step set, 0 at a clean end of file, -1 on a broken trace (err set to
+ * "PATH:LINE: rule"; the reader's state is unchanged by the broken step). */
+int ar_trace_next(ar_trace_reader *r, const ar_step **step, char *err, size_t err_len);
+void ar_trace_close(ar_trace_reader *r);
+
+/* The reader's live-request table, as of the last step returned: every request that holds
+ * blocks (scheduled now or earlier, not finished, not preempted).  After ar_trace_next the
+ * step's new/cached entries are applied: block lists appended or replaced, num_computed_tokens
+ * set to the step's value (before this step's tokens). */
+typedef struct ar_live_req {
+    const char *req;
+    uint64_t req_key;            /* ar_req_key(req) */
+    int prompt_len;
+    int num_computed_tokens;
+    const int *block_ids;
+    int num_blocks;
+    const uint64_t *prompt_keys; /* content keys of the full prompt blocks */
+    int num_prompt_keys;
+} ar_live_req;
+
+/* Looks a request up by id; NULL when it is not live. */
+const ar_live_req *ar_trace_find(const ar_trace_reader *r, const char *req);
+/* Number of live requests, and the i-th in the order they first became live. */
+int ar_trace_live_count(const ar_trace_reader *r);
+const ar_live_req *ar_trace_live_at(const ar_trace_reader *r, int i);
+
+/* ---- writing --------------------------------------------------------------------------- */
+
+typedef struct ar_trace_writer ar_trace_writer;
+
+/* Creates PATH; gzip when it ends in ".gz".  Writes the header line. */
+ar_trace_writer *ar_trace_create(const char *path, const ar_trace_header *h, char *err, size_t err_len);
+/* Appends one step line.  Returns 0, or -1 with err set (e.g. disk full). */
+int ar_trace_write_step(ar_trace_writer *w, const ar_step *s, char *err, size_t err_len);
+/* Flushes and closes; returns 0, or -1 with err set. */
+int ar_trace_finish(ar_trace_writer *w, char *err, size_t err_len);
+
+/* ---- summary (attnreplay info) ----------------------------------------------------------- */
+
+typedef struct ar_trace_stats {
+    int64_t steps;
+    int64_t requests;             /* distinct request ids */
+    int64_t tokens;               /* sum of scheduled tokens */
+    int64_t prefill_tokens;       /* tokens of requests still in their prompt */
+    int64_t decode_tokens;
+    int64_t prefill_only_steps, decode_only_steps, mixed_steps;
+    int64_t max_context;          /* max seq_len seen */
+    int64_t max_batch_tokens;
+    int64_t prefix_hit_blocks;    /* blocks given to new requests as already computed */
+    int64_t cascade_eligible_steps;  /* steps whose common prefix passes vLLM's heuristic */
+    int64_t preemptions;
+    double duration;              /* time of the last step */
+} ar_trace_stats;
+
+/* Reads the whole trace (streaming) and fills stats; returns 0, or -1 with err set. */
+int ar_trace_stats_compute(const char *path, ar_trace_stats *st, ar_trace_header *h,
+                           char *err, size_t err_len);
+
+/* Content key of a logical block: the prompt key if the block is a full prompt block, else a
+ * request-private key chained after the previous block (see datagen.h). */
+uint64_t ar_block_content_key(uint64_t prev_key, const uint64_t *prompt_keys, int num_prompt_keys,
+                              uint64_t req_key, int block_index);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
