@@ -15,8 +15,10 @@
  *                 v = (float)s * AR_GEN_INV_STD  (one IEEE single multiply, correctly rounded
  *                 on every platform; nvcc must not fuse it, so it is written __fmul_rn there)
  *                 which has mean 0 and standard deviation 1 (range +-3.46).
- *   distribution "outlier" multiplies v by 8 when (bits >> 60) == 0 (one element in 16):
- *                 keys with such spikes make the softmax nearly one-hot.
+ *   distribution "outlier" multiplies v by 8 when (mix(bits) >> 60) == 0 (one element in 16):
+ *                 keys with such spikes make the softmax nearly one-hot.  (The test re-mixes
+ *                 the bits: testing bits >> 60 itself would pick only elements whose fourth
+ *                 16-bit field is small, i.e. spikes that are almost always negative.)
  *   distribution "large" multiplies v by 64 (checks range handling near fp16's limits).
  *   then the value is rounded to the run's dtype (dtype.h) and, for W_UK/W_UV, scaled first by
  *   1/sqrt(kv_lora_rank) in float (a second correctly rounded multiply).
@@ -86,11 +88,11 @@ AR_HOSTDEV float ar_gen_value(uint64_t row, uint32_t d, ar_datadist dist)
                 (int32_t)((b >> 32) & 0xffffu) + (int32_t)((b >> 48) & 0xffffu) - 131070;
 #ifdef __CUDA_ARCH__
     float v = __fmul_rn((float)s, AR_GEN_INV_STD);
-    if (dist == AR_DATA_OUTLIER && (b >> 60) == 0) v = __fmul_rn(v, 8.0f);
+    if (dist == AR_DATA_OUTLIER && (ar_mix64(b) >> 60) == 0) v = __fmul_rn(v, 8.0f);
     if (dist == AR_DATA_LARGE) v = __fmul_rn(v, 64.0f);
 #else
     float v = (float)s * AR_GEN_INV_STD;
-    if (dist == AR_DATA_OUTLIER && (b >> 60) == 0) v = v * 8.0f;
+    if (dist == AR_DATA_OUTLIER && (ar_mix64(b) >> 60) == 0) v = v * 8.0f;
     if (dist == AR_DATA_LARGE) v = v * 64.0f;
 #endif
     return v;
