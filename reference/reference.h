@@ -6,7 +6,7 @@
  *
  * Semantics (DESIGN section 5): query row i has absolute position q_pos[i]; key j has absolute
  * position key_pos0 + j.  With causal, key j is visible iff key_pos <= q_pos; with a sliding
- * window W > 0 additionally key_pos >= q_pos - W + 1.  score = scale * q.k, soft-capped as
+ * window W > 0 additionally key_pos >= q_pos - W + 1 (the window applies only with causal).  score = scale * q.k, soft-capped as
  * cap * tanh(score / cap) when cap > 0; out = softmax(score) . V; lse = natural log of the
  * softmax denominator (sum of exp(score)).  A row that sees no key gets out = 0, lse = -inf.
  * GQA: query head h reads KV head h / (num_q_heads / num_kv_heads). */
@@ -51,9 +51,11 @@ void ar_ref_attend_naive(const ar_attn_params *p, int num_rows, const double *q,
                          int num_keys, int key_pos0, const double *k, const double *v,
                          double *out, double *lse);
 
-/* FlashAttention's "out_pt": the same math done in the run's dtype the way a plain framework
- * does it - q.k accumulated in float then rounded to dtype, scaled and rounded, softmax in
- * float rounded to dtype, P.V accumulated in float and rounded to dtype.  Its error against
+/* FlashAttention's "out_pt" (attention_ref(upcast=False, reorder_ops=True)): the same math done
+ * in the run's dtype the way a plain framework does it - K scaled by `scale` and rounded to
+ * dtype, q.k_scaled accumulated in float then rounded to dtype, soft cap as three rounded dtype
+ * ops, softmax in float rounded to dtype, P.V accumulated in float and rounded to dtype.  For
+ * fp8 the math runs in bf16 and P is also rounded through fp8 (FA3's fp8 tests).  Its error against
  * ar_ref_attend is the yardstick of the pass rule (DESIGN section 7).  Inputs already rounded. */
 void ar_naive_dtype_attend(const ar_attn_params *p, ar_dtype dtype, int num_rows, const float *q,
                            const int *q_pos, int num_keys, int key_pos0, const float *k,
