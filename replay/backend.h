@@ -131,6 +131,19 @@ typedef struct ar_backend {
     void (*close)(void *state);
 } ar_backend;
 
+/* The value a K/V element has after its trip through the paged cache: x itself when the cache
+ * holds the run's dtype, else the stored quantize(x / kv_scale) read back times kv_scale (vLLM's
+ * fp8 scaled_convert), in float.  Backends and the verifier both use this one definition. */
+AR_HOSTDEV float ar_kv_roundtrip(ar_dtype kv_dtype, ar_dtype dtype, float kv_scale, float x)
+{
+    if (kv_dtype == dtype) return x;
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(ar_round_to(kv_dtype, __fdiv_rn(x, kv_scale)), kv_scale); /* no fast-math */
+#else
+    return ar_round_to(kv_dtype, x / kv_scale) * kv_scale;
+#endif
+}
+
 /* The registry (registry.c): backends in selector priority order. */
 int ar_backend_count(void);
 const ar_backend *ar_backend_at(int i);

@@ -1,0 +1,512 @@
+/* verify.c - per-step verification against the float64 reference (see verify.h for the rule).
+ *
+ * Work is split by request across threads; each request regenerates its query rows and its
+ * visible keys in logical order from the generator, runs the reference and the naive same-dtype
+ * twin chunk by chunk, and compares.  Partial results are reduced at the end. */
+#include "verify.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../reference/reference.h"
+
+typedef struct req_check {
+    /* inputs */
+    const ar_run_config *cfg;
+    const ar_batch *b;
+    const ar_verify_opts *opts;
+    const char *const *req_ids;
+    int layer, r;
+    const float *out, *lse;
+    /* outputs */
+    int rows;
+    int64_t elems;
+    double max_abs, max_rel, sum_abs, sum_sq_err, sum_sq_ref, lse_max;
+    double naive_max, naive_sum_abs, naive_lse_max;
+    int64_t bad;
+    int num_worst;
+    ar_worst worst[AR_VERIFY_WORST];
+    int failed;               /* out of memory or I/O */
+    char err[256];
+} req_check;
+
+static void fixed_tolerance(ar_dtype t, double *atol, double *rtol)
+{
+    switch (t) {
+    case AR_BF16: *atol = 1.5e-2; *rtol = 1e-2; break;
+    case AR_FP16: *atol = 1e-3; *rtol = 1e-3; break;
+    case AR_FP8_E4M3: *atol = 1.5e-1; *rtol = 1.5e-1; break;
+    default: *atol = 1e-5; *rtol = 1e-5; break;
+    }
+}
+
+/* Rows of request r to check: all, or an even spread that always includes the last row. */
+static int choose_rows(const ar_verify_opts *o, int n, int total_tokens, int *rows)
+{
+    if (o->mode == AR_VERIFY_ALL || o->sample_rows <= 0) {
+        for (int i = 0; i < n; i++) rows[i] = i;
+        return n;
+    }
+    long want = (long)o->sample_rows * n / (total_tokens > 0 ? total_tokens : 1);
+    if (want < 1) want = 1;
+    if (want > n) want = n;
+    int count = 0;
+    for (long j = 0; j < want; j++) {
+        /* evenly spaced from the end: n-1, ... */
+        int row = (int)(n - 1 - (j * n) / want);
+        if (count == 0 || rows[count - 1] != row) rows[count++] = row;
+    }
+    /* ascending order */
+    for (int i = 0; i < count / 2; i++) {
+        int t = rows[i];
+        rows[i] = rows[count - 1 - i];
+        rows[count - 1 - i] = t;
+    }
+    return count;
+}
+
+static float q_value(const ar_run_config *c, int layer, uint64_t req_key, int pos, int h, int d)
+{
+    uint64_t row = ar_gen_row(c->seed, AR_STREAM_Q, (uint32_t)layer, req_key, (uint64_t)pos,
+                              (uint32_t)h);
+    return ar_gen(row, (uint32_t)d, c->data, c->dtype);
+}
+
+/* K and V of positions [k0, k1) of request r, logical order, as they read back from the cache.
+ *   kd, vd [k1-k0, Hkv, D] double;  kf, vf the same in float. */
+static void gather_kv(const ar_run_config *c, const ar_batch *b, int layer, int r, int k0, int k1,
+                      double *kd, double *vd, float *kf, float *vf)
+{
+    const int hkv = c->model.num_kv_heads, dim = c->model.head_size, bs = c->block_size;
+    const float scale = (float)c->kv_scale;
+    for (int pos = k0; pos < k1; pos++) {
+        uint64_t key = b->block_keys[(size_t)r * b->max_blocks_per_req + pos / bs];
+        int off = pos % bs;
+        for (int h = 0; h < hkv; h++) {
+            uint64_t rk = ar_gen_row(c->seed, AR_STREAM_K, (uint32_t)layer, key, (uint64_t)off,
+                                     (uint32_t)h);
+            uint64_t rv = ar_gen_row(c->seed, AR_STREAM_V, (uint32_t)layer, key, (uint64_t)off,
+                                     (uint32_t)h);
+            size_t base = ((size_t)(pos - k0) * hkv + h) * dim;
+            for (int d = 0; d < dim; d++) {
+                float kx = ar_kv_roundtrip(c->kv_dtype, c->dtype, scale,
+                                           ar_gen(rk, (uint32_t)d, c->data, c->dtype));
+                float vx = ar_kv_roundtrip(c->kv_dtype, c->dtype, scale,
+                                           ar_gen(rv, (uint32_t)d, c->data, c->dtype));
+                kf[base + d] = kx;
+                vf[base + d] = vx;
+                kd[base + d] = kx;
+                vd[base + d] = vx;
+            }
+        }
+    }
+}
+
+static void note_worst(req_check *w, int token, int head, int dim, double got, double want,
+                       double err)
+{
+    if (w->num_worst == AR_VERIFY_WORST && !(err > w->worst[AR_VERIFY_WORST - 1].err)) return;
+    int i = w->num_worst < AR_VERIFY_WORST ? w->num_worst++ : AR_VERIFY_WORST - 1;
+    while (i > 0 && !(w->worst[i - 1].err >= err)) {
+        w->worst[i] = w->worst[i - 1];
+        i--;
+    }
+    w->worst[i] = (ar_worst){w->r, token, head, dim, got, want, err};
+}
+
+static double lse_diff(double a, double b)
+{
+    if (isinf(a) && isinf(b) && (a < 0) == (b < 0)) return 0;
+    double d = fabs(a - b);
+    return isnan(d) ? INFINITY : d;
+}
+
+/* Folds chunk results (c_out, c_lse) into the running (acc_out, acc_lse). */
+static void fold(int rows, int heads, int dv, bool first, double *acc_out, double *acc_lse,
+                 const double *c_out, const double *c_lse, double *tmp_out, double *tmp_lse)
+{
+    size_t no = (size_t)rows * heads * dv, nl = (size_t)heads * rows;
+    if (first) {
+        memcpy(acc_out, c_out, no * sizeof *acc_out);
+        memcpy(acc_lse, c_lse, nl * sizeof *acc_lse);
+        return;
+    }
+    ar_ref_merge(rows, heads, dv, acc_out, acc_lse, c_out, c_lse, tmp_out, tmp_lse);
+    memcpy(acc_out, tmp_out, no * sizeof *acc_out);
+    memcpy(acc_lse, tmp_lse, nl * sizeof *acc_lse);
+}
+
+static int dump_request(const req_check *w, int n, int s, const int *rows, int nrows,
+                        const double *ref_out, const double *ref_lse);
+
+static void check_request(req_check *w)
+{
+    const ar_run_config *c = w->cfg;
+    const ar_batch *b = w->b;
+    const int r = w->r, layer = w->layer;
+    const int hq = c->model.num_q_heads, hkv = c->model.num_kv_heads;
+    const int dim = c->model.head_size, dv = c->model.head_size;
+    const int q0 = b->query_start_loc[r], n = b->query_start_loc[r + 1] - q0;
+    const int ctx = b->context_lens[r], s = b->seq_lens[r];
+    const int win = c->model.sliding_window;
+    if (n <= 0) return;
+
+    int *rows = malloc((size_t)n * sizeof *rows);
+    int *qpos = malloc((size_t)n * sizeof *qpos);
+    if (!rows || !qpos) goto oom;
+    int nrows = choose_rows(w->opts, n, b->num_tokens, rows);
+    for (int i = 0; i < nrows; i++) qpos[i] = ctx + rows[i];
+    int kmin = 0, kmax = qpos[nrows - 1] + 1;   /* keys [kmin, kmax) are visible to some row */
+    if (win > 0 && qpos[0] - win + 1 > 0) kmin = qpos[0] - win + 1;
+    if (kmax > s) kmax = s;
+
+    ar_attn_params p = {hq, hkv, dim, dv, c->model.scale, win, c->model.logits_soft_cap, true};
+    size_t nq = (size_t)nrows * hq * dim, no = (size_t)nrows * hq * dv, nl = (size_t)hq * nrows;
+    int chunk = AR_VERIFY_KEY_CHUNK;
+    size_t nk = (size_t)chunk * hkv * dim;
+    double *qd = malloc(nq * sizeof *qd), *kd = malloc(nk * sizeof *kd), *vd = malloc(nk * sizeof *vd);
+    float *qf = malloc(nq * sizeof *qf), *kf = malloc(nk * sizeof *kf), *vf = malloc(nk * sizeof *vf);
+    double *ref_o = malloc(no * sizeof *ref_o), *ref_l = malloc(nl * sizeof *ref_l);
+    double *nv_o = malloc(no * sizeof *nv_o), *nv_l = malloc(nl * sizeof *nv_l);
+    double *c_o = malloc(no * sizeof *c_o), *c_l = malloc(nl * sizeof *c_l);
+    double *t_o = malloc(no * sizeof *t_o), *t_l = malloc(nl * sizeof *t_l);
+    float *cf_o = malloc(no * sizeof *cf_o), *cf_l = malloc(nl * sizeof *cf_l);
+    if (!qd || !kd || !vd || !qf || !kf || !vf || !ref_o || !ref_l || !nv_o || !nv_l || !c_o ||
+        !c_l || !t_o || !t_l || !cf_o || !cf_l) {
+        free(qd); free(kd); free(vd); free(qf); free(kf); free(vf); free(ref_o); free(ref_l);
+        free(nv_o); free(nv_l); free(c_o); free(c_l); free(t_o); free(t_l); free(cf_o); free(cf_l);
+        goto oom;
+    }
+    for (int i = 0; i < nrows; i++)
+        for (int h = 0; h < hq; h++)
+            for (int d = 0; d < dim; d++) {
+                float x = q_value(c, layer, b->req_keys[r], qpos[i], h, d);
+                size_t at = ((size_t)i * hq + h) * dim + d;
+                qf[at] = x;
+                qd[at] = x;
+            }
+
+    bool first = true;
+    if (kmax <= kmin) { /* no visible key at all (cannot happen in a valid trace) */
+        for (size_t i = 0; i < no; i++) ref_o[i] = nv_o[i] = 0;
+        for (size_t i = 0; i < nl; i++) ref_l[i] = nv_l[i] = -INFINITY;
+    }
+    for (int k0 = kmin; k0 < kmax; k0 += chunk) {
+        int k1 = k0 + chunk < kmax ? k0 + chunk : kmax;
+        gather_kv(c, b, layer, r, k0, k1, kd, vd, kf, vf);
+        ar_ref_attend(&p, nrows, qd, qpos, k1 - k0, k0, kd, vd, c_o, c_l);
+        fold(nrows, hq, dv, first, ref_o, ref_l, c_o, c_l, t_o, t_l);
+        ar_naive_dtype_attend(&p, c->dtype, nrows, qf, qpos, k1 - k0, k0, kf, vf, cf_o, cf_l);
+        for (size_t i = 0; i < no; i++) c_o[i] = cf_o[i];
+        for (size_t i = 0; i < nl; i++) c_l[i] = cf_l[i];
+        fold(nrows, hq, dv, first, nv_o, nv_l, c_o, c_l, t_o, t_l);
+        first = false;
+    }
+
+    double atol, rtol;
+    fixed_tolerance(c->dtype, &atol, &rtol);
+    for (int i = 0; i < nrows; i++) {
+        int t = q0 + rows[i];
+        for (int h = 0; h < hq; h++) {
+            for (int d = 0; d < dv; d++) {
+                double got = w->out[((size_t)t * hq + h) * dv + d];
+                double want = ref_o[((size_t)i * hq + h) * dv + d];
+                double naive = ar_round_to(c->dtype, (float)nv_o[((size_t)i * hq + h) * dv + d]);
+                double e = fabs(got - want);
+                if (isnan(e)) e = INFINITY;
+                double ne = fabs(naive - want);
+                w->elems++;
+                w->sum_abs += e;
+                w->sum_sq_err += e * e;
+                w->sum_sq_ref += want * want;
+                w->naive_sum_abs += ne;
+                if (ne > w->naive_max) w->naive_max = ne;
+                double rel = e / (fabs(want) > 1e-3 ? fabs(want) : 1e-3);
+                if (rel > w->max_rel) w->max_rel = rel;
+                if (e > atol + rtol * fabs(want)) w->bad++;
+                if (e > w->max_abs) w->max_abs = e;
+                note_worst(w, rows[i], h, d, got, want, e);
+            }
+            double gl = w->lse[(size_t)h * b->num_tokens + t];
+            double rl = ref_l[(size_t)h * nrows + i];
+            double le = lse_diff(gl, rl), nle = lse_diff(nv_l[(size_t)h * nrows + i], rl);
+            if (le > w->lse_max) w->lse_max = le;
+            if (nle > w->naive_lse_max) w->naive_lse_max = nle;
+        }
+    }
+    w->rows = nrows;
+    if (w->opts->dump_dir && dump_request(w, n, s, rows, nrows, ref_o, ref_l) != 0) w->failed = 1;
+
+    free(qd); free(kd); free(vd); free(qf); free(kf); free(vf); free(ref_o); free(ref_l);
+    free(nv_o); free(nv_l); free(c_o); free(c_l); free(t_o); free(t_l); free(cf_o); free(cf_l);
+    free(rows);
+    free(qpos);
+    return;
+oom:
+    free(rows);
+    free(qpos);
+    w->failed = 1;
+    snprintf(w->err, sizeof w->err, "out of memory verifying request %d", r);
+}
+
+/* ---- dumping a step as .npy ------------------------------------------------------------- */
+
+int ar_write_npy(const char *path, const void *data, bool is_double, int ndim, const int64_t *shape)
+{
+    char dict[256], shp[128] = "";
+    size_t used = 0;
+    int64_t count = 1;
+    for (int i = 0; i < ndim; i++) {
+        used += (size_t)snprintf(shp + used, sizeof shp - used, "%lld,%s", (long long)shape[i],
+                                 i + 1 < ndim ? " " : "");
+        count *= shape[i];
+    }
+    int len = snprintf(dict, sizeof dict, "{'descr': '<%s', 'fortran_order': False, 'shape': (%s), }",
+                       is_double ? "f8" : "f4", shp);
+    int total = 10 + len + 1;
+    int pad = (64 - total % 64) % 64;
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0};
+    int hlen = len + pad + 1;
+    magic[8] = (unsigned char)(hlen & 0xff);
+    magic[9] = (unsigned char)(hlen >> 8);
+    bool ok = fwrite(magic, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)len, f) == (size_t)len;
+    for (int i = 0; i < pad && ok; i++) ok = fputc(' ', f) != EOF;
+    ok = ok && fputc('\n', f) != EOF;
+    size_t es = is_double ? 8 : 4;
+    ok = ok && fwrite(data, es, (size_t)count, f) == (size_t)count;
+    if (fclose(f) != 0) ok = false;
+    return ok ? 0 : -1;
+}
+
+static int dump_request(const req_check *w, int n, int s, const int *rows, int nrows,
+                        const double *ref_out, const double *ref_lse)
+{
+    const ar_run_config *c = w->cfg;
+    const ar_batch *b = w->b;
+    const int hq = c->model.num_q_heads, hkv = c->model.num_kv_heads, dim = c->model.head_size;
+    const int r = w->r, q0 = b->query_start_loc[r], ctx = b->context_lens[r];
+    (void)rows;
+    if (nrows != n) return -1;   /* the dump step is verified in full */
+    char path[1200];
+    size_t nq = (size_t)n * hq * dim, nk = (size_t)s * hkv * dim;
+    float *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *v = malloc(nk * sizeof *v);
+    double *kd = malloc(nk * sizeof *kd), *vd = malloc(nk * sizeof *vd);
+    float *lse = malloc((size_t)hq * n * sizeof *lse);
+    int rc = -1;
+    if (!q || !k || !v || !kd || !vd || !lse) goto done;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < hq; h++)
+            for (int d = 0; d < dim; d++)
+                q[((size_t)i * hq + h) * dim + d] = q_value(c, w->layer, b->req_keys[r], ctx + i, h, d);
+    gather_kv(c, b, w->layer, r, 0, s, kd, vd, k, v);
+    for (int h = 0; h < hq; h++)
+        for (int i = 0; i < n; i++) lse[(size_t)h * n + i] = w->lse[(size_t)h * b->num_tokens + q0 + i];
+    int64_t sq[3] = {n, hq, dim}, sk[3] = {s, hkv, dim}, sl[2] = {hq, n};
+    const float *out = w->out + (size_t)q0 * hq * dim;
+    const char *dir = w->opts->dump_dir;
+#define DUMP(name, data, dbl, nd, shape)                                                   \
+    do {                                                                                   \
+        snprintf(path, sizeof path, "%s/L%d_r%d_%s.npy", dir, w->layer, r, name);          \
+        if (ar_write_npy(path, data, dbl, nd, shape) != 0) goto done;                      \
+    } while (0)
+    DUMP("q", q, false, 3, sq);
+    DUMP("k", k, false, 3, sk);
+    DUMP("v", v, false, 3, sk);
+    DUMP("out", out, false, 3, sq);
+    DUMP("lse", lse, false, 2, sl);
+    DUMP("ref_out", ref_out, true, 3, sq);
+    DUMP("ref_lse", ref_lse, true, 2, sl);
+#undef DUMP
+    rc = 0;
+done:
+    free(q); free(k); free(v); free(kd); free(vd); free(lse);
+    return rc;
+}
+
+static int write_dump_index(const ar_run_config *c, const ar_batch *b, int layer,
+                            const char *const *ids, const char *dir, char *err, size_t err_len)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    FILE *f = fopen(path, layer == 0 ? "w" : "a");
+    if (!f) {
+        snprintf(err, err_len, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "{\"step\": %lld, \"layer\": %d, \"num_q_heads\": %d, \"num_kv_heads\": %d, "
+               "\"head_size\": %d, \"scale\": %.17g, \"sliding_window\": %d, \"soft_cap\": %.17g, "
+               "\"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"files\": \"L<layer>_r<i>_{q,k,v,out,lse,ref_out,ref_lse}.npy\", "
+               "\"layout\": {\"q\": \"[n, Hq, D]\", \"k\": \"[seq_len, Hkv, D] logical order\", "
+               "\"out\": \"[n, Hq, D] backend\", \"lse\": \"[Hq, n] natural log\"}, \"requests\": [",
+            (long long)b->step, layer, c->model.num_q_heads, c->model.num_kv_heads,
+            c->model.head_size, c->model.scale, c->model.sliding_window, c->model.logits_soft_cap,
+            ar_dtype_name(c->dtype), ar_dtype_name(c->kv_dtype));
+    for (int r = 0; r < b->num_reqs; r++)
+        fprintf(f, "%s{\"i\": %d, \"req\": \"%s\", \"context\": %d, \"new\": %d, \"seq_len\": %d}",
+                r ? ", " : "", r, ids[r], b->context_lens[r],
+                b->query_start_loc[r + 1] - b->query_start_loc[r], b->seq_lens[r]);
+    fprintf(f, "]}\n");
+    if (fclose(f) != 0) {
+        snprintf(err, err_len, "%s: write failed", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- driver ------------------------------------------------------------------------------ */
+
+typedef struct pool_job {
+    req_check *items;
+    int count;
+    atomic_int next;
+} pool_job;
+
+static void *pool_worker(void *arg)
+{
+    pool_job *j = arg;
+    for (;;) {
+        int i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->count) break;
+        check_request(&j->items[i]);
+    }
+    return NULL;
+}
+
+int ar_verify_step(const ar_run_config *cfg, const ar_batch *b, int layer, const float *out,
+                   const float *lse, const char *const *req_ids, const ar_verify_opts *opts,
+                   ar_verify_result *res, char *err, size_t err_len)
+{
+    memset(res, 0, sizeof *res);
+    const int hq = cfg->model.num_q_heads, dv = cfg->model.head_size;
+    if (cfg->model.attention != AR_ATTN_MHA) {
+        snprintf(err, err_len, "verification of MLA steps is not available in this build");
+        return -1;
+    }
+    /* NaN / Inf anywhere in the output fails the step, checked rows or not. */
+    size_t total = (size_t)b->num_tokens * hq * dv;
+    for (size_t i = 0; i < total; i++)
+        if (!isfinite(out[i])) res->nan_count++;
+    for (size_t i = 0; i < (size_t)hq * b->num_tokens; i++)
+        if (isnan(lse[i]) || lse[i] == INFINITY) res->nan_count++;
+    if (opts->mode == AR_VERIFY_OFF) {
+        res->pass = res->nan_count == 0;
+        if (!res->pass) snprintf(res->reason, sizeof res->reason, "NaN/Inf in output");
+        return 0;
+    }
+    if (opts->dump_dir && write_dump_index(cfg, b, layer, req_ids, opts->dump_dir, err, err_len) != 0)
+        return -1;
+
+    req_check *items = calloc((size_t)b->num_reqs, sizeof *items);
+    if (!items) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    for (int r = 0; r < b->num_reqs; r++)
+        items[r] = (req_check){.cfg = cfg, .b = b, .opts = opts, .req_ids = req_ids,
+                               .layer = layer, .r = r, .out = out, .lse = lse};
+    int threads = opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1) threads = 1;
+    if (threads > b->num_reqs) threads = b->num_reqs;
+    pool_job job = {items, b->num_reqs, 0};
+    pthread_t tid[64];
+    int started = 0;
+    for (int t = 1; t < threads && t < 64; t++)
+        if (pthread_create(&tid[started], NULL, pool_worker, &job) == 0) started++;
+    pool_worker(&job);
+    for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+
+    double sum_abs = 0, sum_sq_err = 0, sum_sq_ref = 0, naive_sum = 0;
+    int64_t elems = 0;
+    int rc = 0;
+    for (int r = 0; r < b->num_reqs; r++) {
+        req_check *w = &items[r];
+        if (w->failed) {
+            snprintf(err, err_len, "%s", w->err[0] ? w->err : "dump write failed");
+            rc = -1;
+        }
+        res->rows_checked += w->rows;
+        elems += w->elems;
+        sum_abs += w->sum_abs;
+        sum_sq_err += w->sum_sq_err;
+        sum_sq_ref += w->sum_sq_ref;
+        naive_sum += w->naive_sum_abs;
+        if (w->max_abs > res->max_abs || isnan(w->max_abs)) res->max_abs = w->max_abs;
+        if (w->max_rel > res->max_rel) res->max_rel = w->max_rel;
+        if (w->lse_max > res->lse_max_abs) res->lse_max_abs = w->lse_max;
+        if (w->naive_max > res->naive_max_abs) res->naive_max_abs = w->naive_max;
+        if (w->naive_lse_max > res->naive_lse_max_abs) res->naive_lse_max_abs = w->naive_lse_max;
+        res->bad_count += w->bad;
+        for (int i = 0; i < w->num_worst; i++) {
+            /* merge into the global worst list */
+            ar_worst x = w->worst[i];
+            if (res->num_worst == AR_VERIFY_WORST && !(x.err > res->worst[AR_VERIFY_WORST - 1].err)) continue;
+            int k = res->num_worst < AR_VERIFY_WORST ? res->num_worst++ : AR_VERIFY_WORST - 1;
+            while (k > 0 && !(res->worst[k - 1].err >= x.err)) {
+                res->worst[k] = res->worst[k - 1];
+                k--;
+            }
+            res->worst[k] = x;
+        }
+    }
+    free(items);
+    if (elems > 0) {
+        res->mean_abs = sum_abs / (double)elems;
+        res->naive_mean_abs = naive_sum / (double)elems;
+        res->nmse = sum_sq_ref > 0 ? sum_sq_err / sum_sq_ref : (sum_sq_err > 0 ? INFINITY : 0);
+    }
+    double floor_abs = ar_dtype_ulp_at_0p3(cfg->dtype);
+    if (floor_abs < 1e-6) floor_abs = 1e-6;
+    res->tol_max_abs = 3.0 * res->naive_max_abs + floor_abs;
+    res->tol_mean_abs = 1.5 * res->naive_mean_abs + floor_abs / 4;
+    res->tol_lse = 3.0 * res->naive_lse_max_abs + 1e-3;
+    res->pass = true;
+    if (res->nan_count > 0) {
+        res->pass = false;
+        snprintf(res->reason, sizeof res->reason, "%lld NaN/Inf values in the output",
+                 (long long)res->nan_count);
+    } else if (!(res->max_abs <= res->tol_max_abs)) {
+        res->pass = false;
+        snprintf(res->reason, sizeof res->reason, "max abs error %.3g > %.3g (3 x naive %.3g + %.2g)",
+                 res->max_abs, res->tol_max_abs, res->naive_max_abs, floor_abs);
+    } else if (!(res->mean_abs <= res->tol_mean_abs)) {
+        res->pass = false;
+        snprintf(res->reason, sizeof res->reason, "mean abs error %.3g > %.3g (1.5 x naive %.3g)",
+                 res->mean_abs, res->tol_mean_abs, res->naive_mean_abs);
+    } else if (!(res->lse_max_abs <= res->tol_lse)) {
+        res->pass = false;
+        snprintf(res->reason, sizeof res->reason, "LSE error %.3g > %.3g", res->lse_max_abs,
+                 res->tol_lse);
+    }
+    return rc;
+}
+
+void ar_verify_accumulate(ar_verify_result *acc, const ar_verify_result *x, bool first)
+{
+    if (first) {
+        *acc = *x;
+        return;
+    }
+    acc->rows_checked += x->rows_checked;
+#define TAKE_MAX(f) if (x->f > acc->f || isnan(x->f)) acc->f = x->f
+    TAKE_MAX(max_abs); TAKE_MAX(max_rel); TAKE_MAX(mean_abs); TAKE_MAX(nmse);
+    TAKE_MAX(lse_max_abs); TAKE_MAX(naive_max_abs); TAKE_MAX(naive_mean_abs);
+    TAKE_MAX(naive_lse_max_abs); TAKE_MAX(tol_max_abs); TAKE_MAX(tol_mean_abs); TAKE_MAX(tol_lse);
+#undef TAKE_MAX
+    acc->nan_count += x->nan_count;
+    acc->bad_count += x->bad_count;
+    if (acc->pass && !x->pass) {
+        acc->pass = false;
+        memcpy(acc->reason, x->reason, sizeof acc->reason);
+        acc->num_worst = x->num_worst;
+        memcpy(acc->worst, x->worst, sizeof acc->worst);
+    }
+}

@@ -1,0 +1,66 @@
+/* verify.h - checking one step's backend output against the float64 reference (DESIGN 7).
+ *
+ * For every checked query row the verifier regenerates the request's inputs in LOGICAL order
+ * from the data generator (never from the backend's paged cache), runs the float64 reference
+ * and the naive same-dtype implementation on them, and compares.  The pass rule follows
+ * FlashAttention's tests:
+ *   max |out - ref|  <= 3 x max |naive - ref| + floor      (3x: paged / split-KV paths)
+ *   mean |out - ref| <= 1.5 x mean |naive - ref| + floor/4
+ *   max |lse - ref_lse| <= 3 x max |naive_lse - ref_lse| + 1e-3
+ *   no NaN or Inf anywhere in the output, guard regions intact,
+ * where floor = ulp of 0.3 in the run's dtype (FA3's fwd_atol: twice the rounding noise near
+ * 0.3), at least 1e-6.  Fixed per-dtype tolerances (vLLM's: bf16 1.5e-2 + 1e-2 |ref|, fp16 1e-3
+ * + 1e-3 |ref|, fp32 1e-5 + 1e-5 |ref|) are counted beside it as bad_count, for reports.
+ * Keys are processed in chunks of AR_VERIFY_KEY_CHUNK merged by LSE, which bounds memory for
+ * long contexts; for the naive twin this merge is done in float (it is the yardstick only). */
+#ifndef AR_VERIFY_H
+#define AR_VERIFY_H
+
+#include "backend.h"
+
+#define AR_VERIFY_WORST 8
+#define AR_VERIFY_KEY_CHUNK 8192
+
+typedef enum ar_verify_mode { AR_VERIFY_OFF = 0, AR_VERIFY_ALL = 1, AR_VERIFY_SAMPLE = 2 } ar_verify_mode;
+
+typedef struct ar_verify_opts {
+    ar_verify_mode mode;
+    int sample_rows;          /* rows per step for AR_VERIFY_SAMPLE (each request's last always) */
+    int threads;              /* 0 = all cores */
+    const char *dump_dir;     /* non-NULL: also write this step's .npy files and index.json */
+} ar_verify_opts;
+
+typedef struct ar_worst {
+    int req;                  /* index in the batch */
+    int token;                /* query row within the request */
+    int head, dim;
+    double got, want, err;
+} ar_worst;
+
+typedef struct ar_verify_result {
+    int rows_checked;
+    double max_abs, max_rel, mean_abs, nmse, lse_max_abs;
+    int64_t nan_count;        /* NaN or Inf anywhere in out/LSE (all rows, not only checked) */
+    int64_t bad_count;        /* elements outside the fixed per-dtype tolerance */
+    double naive_max_abs, naive_mean_abs, naive_lse_max_abs;
+    double tol_max_abs, tol_mean_abs, tol_lse;
+    bool pass;
+    char reason[160];         /* why it failed, "" when it passed */
+    int num_worst;
+    ar_worst worst[AR_VERIFY_WORST];
+} ar_verify_result;
+
+/* Verifies layer `layer` of step b.  out [num_tokens, Hq, Dv] and lse [Hq, num_tokens] are the
+ * backend's.  req_ids [num_reqs] name the requests (for the dump index).  Returns 0, or -1 with
+ * err set (out of memory, dump write failure). */
+int ar_verify_step(const ar_run_config *cfg, const ar_batch *b, int layer, const float *out,
+                   const float *lse, const char *const *req_ids, const ar_verify_opts *opts,
+                   ar_verify_result *res, char *err, size_t err_len);
+
+/* Merges per-layer results into one step result (worst of each metric, pass = all pass). */
+void ar_verify_accumulate(ar_verify_result *acc, const ar_verify_result *layer_res, bool first);
+
+/* Writes a float32 (or float64 when is_double) array as a .npy file. 0 ok, -1 error. */
+int ar_write_npy(const char *path, const void *data, bool is_double, int ndim, const int64_t *shape);
+
+#endif
