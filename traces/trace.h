@@ -175,6 +175,14 @@ typedef struct ar_trace_stats {
 int ar_trace_stats_compute(const char *path, ar_trace_stats *st, ar_trace_header *h,
                            char *err, size_t err_len);
 
+/* SM count the stats assume for vLLM's cascade heuristic (an H200 has 132). */
+#define AR_STATS_NUM_SMS 132
+
+/* Prints a readable summary of the trace at path (header, steps, requests, token mix, step
+ * kinds, context, prefix hits, cascade-eligible steps, preemptions, duration) for
+ * `attnreplay info TRACE`.  Returns 0, or -1 with err set ("PATH:LINE: rule"). */
+int ar_trace_print_info(const char *path, FILE *out, char *err, size_t err_len);
+
 /* Content key of a logical block: the prompt key if the block is a full prompt block, else a
  * request-private key chained after the previous block (see datagen.h). */
 uint64_t ar_block_content_key(uint64_t prev_key, const uint64_t *prompt_keys, int num_prompt_keys,

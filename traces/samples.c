@@ -1,0 +1,404 @@
+/* samples.c - writes the sample traces of traces/samples/ with a tiny deterministic scheduler.
+ *
+ * This is not the simulator of sim/: it is a small, fixed script of requests run through a
+ * vLLM-V1-like loop, just enough to produce valid, interesting traces:
+ *   - running requests first (decode 1 token, or the next prefill chunk), then waiting ones in
+ *     arrival order while the 256-token budget and 16 sequences allow (chunked prefill);
+ *   - a block pool of 255 usable blocks (0 is the null block), freed blocks pushed on a stack so
+ *     they are reused first; prefix caching: full prompt blocks are registered by content key
+ *     once computed, and a new or resumed request takes the longest run of registered blocks
+ *     (at most (num_tokens - 1) / block_size blocks, as vLLM) with their reference counts raised;
+ *   - num_common_prefix_blocks as vLLM: blocks of running[0], counted from the start while
+ *     every running request holds them;
+ *   - a request samples one token when it has caught up with its tokens; it finishes when it
+ *     has output_len tokens, frees its blocks and is listed in the next step's `finished`;
+ *   - scripted preemption: at a given tick the last running request is preempted (blocks
+ *     freed, recompute), held back a few ticks, then resumed with a full new block list.
+ * Prompt tokens are synthetic; block keys are chained over them with ar_chain_key /
+ * ar_tokens_payload, so requests that share the system prompt share keys (and blocks). */
+#include "samples.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../reference/datagen.h"
+#include "trace.h"
+
+#define SAMPLE_BLOCK_SIZE 16
+#define SAMPLE_NUM_BLOCKS 256
+#define SAMPLE_BUDGET 256
+#define SAMPLE_MAX_SEQS 16
+#define SAMPLE_MAX_REQS 16
+#define SAMPLE_MAX_TOKENS 1024
+#define SAMPLE_MAX_REQ_BLOCKS (SAMPLE_MAX_TOKENS / SAMPLE_BLOCK_SIZE)
+#define SAMPLE_TICK_MS 25
+#define SAMPLE_HOLD_TICKS 3
+
+/* One scripted request. */
+typedef struct sample_spec {
+    int arrival_tick;
+    int shared_prefix_len;   /* leading tokens equal across requests of the sample */
+    int prompt_len;
+    int output_len;
+} sample_spec;
+
+typedef struct sample_req {
+    char id[24];
+    sample_spec spec;
+    uint64_t keys[SAMPLE_MAX_REQ_BLOCKS];   /* content keys of the full prompt blocks */
+    int num_keys;
+    int num_tokens;          /* prompt + generated so far */
+    int generated;
+    int num_computed;
+    int blocks[SAMPLE_MAX_REQ_BLOCKS];
+    int num_blocks;
+    bool waiting, running, done, ever_scheduled;
+    int hold_until_tick;     /* a preempted request waits until this tick */
+} sample_req;
+
+typedef struct sample_sim {
+    ar_trace_header header;
+    sample_req reqs[SAMPLE_MAX_REQS];
+    int num_reqs;
+    int running[SAMPLE_MAX_REQS];      /* request indices in running order */
+    int num_running;
+    int waiting[SAMPLE_MAX_REQS];      /* request indices in queue order */
+    int num_waiting;
+    int free_stack[SAMPLE_NUM_BLOCKS];
+    int num_free;
+    int ref_count[SAMPLE_NUM_BLOCKS];
+    bool registered[SAMPLE_NUM_BLOCKS];
+    uint64_t block_key[SAMPLE_NUM_BLOCKS];
+    int finished_pending[SAMPLE_MAX_REQS];
+    int num_finished_pending;
+    int preempt_tick;                  /* -1: never */
+} sample_sim;
+
+static int32_t sample_token(uint64_t salt, int req_index, int pos, int shared_prefix_len)
+{
+    uint64_t who = pos < shared_prefix_len ? 0 : (uint64_t)req_index + 1;
+    return (int32_t)(ar_mix64(salt ^ (who << 32) ^ (uint64_t)pos) % 50000u);
+}
+
+static void sim_init(sample_sim *sim, const char *source, uint64_t salt, const sample_spec *specs, int n,
+                     int preempt_tick)
+{
+    memset(sim, 0, sizeof *sim);
+    ar_trace_header *h = &sim->header;
+    h->version = AR_TRACE_VERSION;
+    snprintf(h->model.name, sizeof h->model.name, "tiny-gqa");
+    h->model.attention = AR_ATTN_MHA;
+    h->model.num_layers = 2;
+    h->model.num_q_heads = 8;
+    h->model.num_kv_heads = 2;
+    h->model.head_size = 64;
+    h->model.v_head_dim = 64;
+    h->model.scale = 0.125;          /* 1 / sqrt(64) */
+    h->cache.block_size = SAMPLE_BLOCK_SIZE;
+    h->cache.num_blocks = SAMPLE_NUM_BLOCKS;
+    h->cache.dtype = AR_BF16;
+    h->cache.kv_cache_dtype = AR_BF16;
+    h->sched.max_num_batched_tokens = SAMPLE_BUDGET;
+    h->sched.max_num_seqs = SAMPLE_MAX_SEQS;
+    h->sched.prefix_caching = true;
+    h->sched.cascade = false;
+    snprintf(h->source, sizeof h->source, "%s", source);
+    h->seed = 1;
+    /* the stack pops 1 first */
+    for (int b = SAMPLE_NUM_BLOCKS - 1; b >= 1; b--) sim->free_stack[sim->num_free++] = b;
+    sim->num_reqs = n;
+    sim->preempt_tick = preempt_tick;
+    for (int i = 0; i < n; i++) {
+        sample_req *r = &sim->reqs[i];
+        snprintf(r->id, sizeof r->id, "%s-%d", source, i);
+        r->spec = specs[i];
+        r->num_tokens = specs[i].prompt_len;
+        r->num_keys = specs[i].prompt_len / SAMPLE_BLOCK_SIZE;
+        int32_t tokens[SAMPLE_BLOCK_SIZE];
+        uint64_t prev = AR_ROOT_KEY;
+        for (int k = 0; k < r->num_keys; k++) {
+            for (int t = 0; t < SAMPLE_BLOCK_SIZE; t++)
+                tokens[t] = sample_token(salt, i, k * SAMPLE_BLOCK_SIZE + t, specs[i].shared_prefix_len);
+            prev = ar_chain_key(prev, ar_tokens_payload(tokens, SAMPLE_BLOCK_SIZE));
+            r->keys[k] = prev;
+        }
+    }
+}
+
+static int pop_block(sample_sim *sim)
+{
+    if (sim->num_free == 0) return -1;
+    int b = sim->free_stack[--sim->num_free];
+    sim->ref_count[b] = 1;
+    sim->registered[b] = false;
+    return b;
+}
+
+static void free_blocks(sample_sim *sim, sample_req *r)
+{
+    for (int i = r->num_blocks - 1; i >= 0; i--) {   /* tail first, as vLLM */
+        int b = r->blocks[i];
+        if (--sim->ref_count[b] == 0) {
+            sim->registered[b] = false;
+            sim->free_stack[sim->num_free++] = b;
+        }
+    }
+    r->num_blocks = 0;
+}
+
+static int find_registered(const sample_sim *sim, uint64_t key)
+{
+    for (int b = 1; b < SAMPLE_NUM_BLOCKS; b++)
+        if (sim->registered[b] && sim->ref_count[b] > 0 && sim->block_key[b] == key) return b;
+    return 0;
+}
+
+/* Grows r's block list to cover `tokens` tokens.  Returns 0, or -1 when the pool is empty. */
+static int cover(sample_sim *sim, sample_req *r, int tokens)
+{
+    int need = (tokens + SAMPLE_BLOCK_SIZE - 1) / SAMPLE_BLOCK_SIZE;
+    while (r->num_blocks < need) {
+        if (r->num_blocks >= SAMPLE_MAX_REQ_BLOCKS) return -1;
+        int b = pop_block(sim);
+        if (b < 0) return -1;
+        r->blocks[r->num_blocks++] = b;
+    }
+    return 0;
+}
+
+static void remove_index(int *v, int *n, int pos)
+{
+    memmove(v + pos, v + pos + 1, (size_t)(*n - pos - 1) * sizeof *v);
+    (*n)--;
+}
+
+/* Runs the script and writes the trace to path. */
+static int sim_run(sample_sim *sim, const char *path, char *err, size_t err_len)
+{
+    ar_trace_writer *w = ar_trace_create(path, &sim->header, err, err_len);
+    if (!w) return -1;
+    ar_new_req new_reqs[SAMPLE_MAX_REQS];
+    ar_cached_req cached[SAMPLE_MAX_REQS];
+    ar_sched_entry sched[SAMPLE_MAX_REQS];
+    char *finished[SAMPLE_MAX_REQS], *preempted[SAMPLE_MAX_REQS];
+    int sched_req[SAMPLE_MAX_REQS];
+    int64_t step_no = 0;
+    int rc = 0;
+    for (int tick = 0; tick < 1000 && rc == 0; tick++) {
+        bool all_done = true;
+        for (int i = 0; i < sim->num_reqs; i++) all_done = all_done && sim->reqs[i].done;
+        if (all_done) break;
+        /* arrivals join the waiting queue */
+        for (int i = 0; i < sim->num_reqs; i++)
+            if (sim->reqs[i].spec.arrival_tick == tick) {
+                sim->reqs[i].waiting = true;
+                sim->waiting[sim->num_waiting++] = i;
+            }
+        ar_step s;
+        memset(&s, 0, sizeof s);
+        s.step = step_no;
+        s.time = (double)(tick * SAMPLE_TICK_MS) / 1000.0;   /* exact decimal milliseconds */
+        s.new_reqs = new_reqs;
+        s.cached = cached;
+        s.scheduled = sched;
+        s.finished = finished;
+        s.preempted = preempted;
+        for (int i = 0; i < sim->num_finished_pending; i++)
+            finished[s.num_finished++] = sim->reqs[sim->finished_pending[i]].id;
+
+        /* scripted preemption of the last running request (recompute) */
+        if (tick == sim->preempt_tick && sim->num_running > 0) {
+            int v = sim->running[--sim->num_running];
+            sample_req *r = &sim->reqs[v];
+            free_blocks(sim, r);
+            r->running = false;
+            r->waiting = true;
+            r->num_computed = 0;
+            r->hold_until_tick = tick + SAMPLE_HOLD_TICKS;
+            memmove(sim->waiting + 1, sim->waiting, (size_t)sim->num_waiting * sizeof *sim->waiting);
+            sim->waiting[0] = v;
+            sim->num_waiting++;
+            preempted[s.num_preempted++] = r->id;
+        }
+
+        int budget = SAMPLE_BUDGET;
+        for (int k = 0; k < sim->num_running && budget > 0; k++) {
+            sample_req *r = &sim->reqs[sim->running[k]];
+            int n = r->num_tokens - r->num_computed;
+            if (n > budget) n = budget;
+            int old_blocks = r->num_blocks;
+            if (cover(sim, r, r->num_computed + n) != 0) { rc = -1; break; }
+            ar_cached_req *c = &cached[s.num_cached++];
+            c->req = r->id;
+            c->num_computed_tokens = r->num_computed;
+            c->new_block_ids = r->blocks + old_blocks;
+            c->num_new_block_ids = r->num_blocks - old_blocks;
+            c->resumed = false;
+            sched_req[s.num_scheduled] = sim->running[k];
+            sched[s.num_scheduled].req = r->id;
+            sched[s.num_scheduled++].num_tokens = n;
+            budget -= n;
+        }
+        if (s.num_preempted == 0) {
+            for (int k = 0; k < sim->num_waiting && rc == 0; k++) {
+                if (budget == 0 || sim->num_running >= SAMPLE_MAX_SEQS) break;
+                int idx = sim->waiting[k];
+                sample_req *r = &sim->reqs[idx];
+                if (r->hold_until_tick > tick) continue;
+                /* prefix-cache lookup: the longest run of registered full blocks */
+                int max_hit = (r->num_tokens - 1) / SAMPLE_BLOCK_SIZE;
+                if (max_hit > r->num_keys) max_hit = r->num_keys;
+                r->num_blocks = 0;
+                for (int b = 0; b < max_hit; b++) {
+                    int blk = find_registered(sim, r->keys[b]);
+                    if (!blk) break;
+                    sim->ref_count[blk]++;
+                    r->blocks[r->num_blocks++] = blk;
+                }
+                r->num_computed = r->num_blocks * SAMPLE_BLOCK_SIZE;
+                int n = r->num_tokens - r->num_computed;
+                if (n > budget) n = budget;
+                if (cover(sim, r, r->num_computed + n) != 0) { rc = -1; break; }
+                if (!r->ever_scheduled) {
+                    ar_new_req *nr = &new_reqs[s.num_new++];
+                    nr->req = r->id;
+                    nr->prompt_len = r->spec.prompt_len;
+                    nr->num_computed_tokens = r->num_computed;
+                    nr->block_ids = r->blocks;
+                    nr->num_block_ids = r->num_blocks;
+                    nr->block_keys = r->keys;
+                    nr->num_block_keys = r->num_keys;
+                } else {
+                    ar_cached_req *c = &cached[s.num_cached++];
+                    c->req = r->id;
+                    c->num_computed_tokens = r->num_computed;
+                    c->new_block_ids = r->blocks;
+                    c->num_new_block_ids = r->num_blocks;
+                    c->resumed = true;
+                }
+                r->ever_scheduled = true;
+                r->waiting = false;
+                r->running = true;
+                sim->running[sim->num_running++] = idx;
+                remove_index(sim->waiting, &sim->num_waiting, k);
+                k--;
+                sched_req[s.num_scheduled] = idx;
+                sched[s.num_scheduled].req = r->id;
+                sched[s.num_scheduled++].num_tokens = n;
+                budget -= n;
+            }
+        }
+        if (rc != 0) {
+            snprintf(err, err_len, "%s: sample generator ran out of blocks at tick %d", path, tick);
+            break;
+        }
+        /* idle tick: no step (requests finished meanwhile are listed by the next real step) */
+        if (s.num_scheduled == 0 && s.num_preempted == 0) continue;
+
+        if (sim->num_running > 0) {
+            const sample_req *first = &sim->reqs[sim->running[0]];
+            int common = 0;
+            while (common < first->num_blocks && sim->ref_count[first->blocks[common]] == sim->num_running) common++;
+            s.num_common_prefix_blocks = common;
+        }
+        if (ar_trace_write_step(w, &s, err, err_len) != 0) { rc = -1; break; }
+        step_no++;
+        sim->num_finished_pending = 0;
+
+        /* after the step: advance, sample, register full prompt blocks, finish */
+        for (int k = 0; k < s.num_scheduled; k++) {
+            sample_req *r = &sim->reqs[sched_req[k]];
+            r->num_computed += sched[k].num_tokens;
+            for (int b = 0; b < r->num_keys && (b + 1) * SAMPLE_BLOCK_SIZE <= r->num_computed; b++) {
+                int blk = r->blocks[b];
+                if (!sim->registered[blk] && !find_registered(sim, r->keys[b])) {
+                    sim->registered[blk] = true;
+                    sim->block_key[blk] = r->keys[b];
+                }
+            }
+            if (r->num_computed >= r->num_tokens) {
+                r->generated++;
+                r->num_tokens++;
+                if (r->generated >= r->spec.output_len) {
+                    free_blocks(sim, r);
+                    r->running = false;
+                    r->done = true;
+                    for (int j = 0; j < sim->num_running; j++)
+                        if (sim->running[j] == sched_req[k]) { remove_index(sim->running, &sim->num_running, j); break; }
+                    sim->finished_pending[sim->num_finished_pending++] = sched_req[k];
+                }
+            }
+        }
+    }
+    if (rc != 0) {
+        char ignore[AR_ERR_MAX];
+        ar_trace_finish(w, ignore, sizeof ignore);
+        return -1;
+    }
+    return ar_trace_finish(w, err, err_len);
+}
+
+/* ---- the four samples ------------------------------------------------------------------------- */
+
+static const sample_spec mixed_specs[] = {
+    {0, 0, 60, 12}, {0, 0, 37, 20}, {3, 0, 120, 10}, {5, 0, 45, 15}, {9, 0, 90, 12}, {12, 0, 30, 14},
+};
+
+static const sample_spec chunked_specs[] = {
+    {0, 0, 40, 24}, {0, 0, 25, 26}, {2, 0, 700, 8}, {6, 0, 50, 10},
+};
+
+#define SYSTEM_PROMPT 320
+static const sample_spec prefix_specs[] = {
+    {0, SYSTEM_PROMPT, 350, 24}, {2, SYSTEM_PROMPT, 341, 20}, {3, SYSTEM_PROMPT, 362, 20},
+    {4, SYSTEM_PROMPT, 333, 20}, {5, SYSTEM_PROMPT, 357, 18}, {6, SYSTEM_PROMPT, 345, 18},
+    {7, SYSTEM_PROMPT, 370, 16}, {8, SYSTEM_PROMPT, 338, 16}, {9, SYSTEM_PROMPT, 352, 14},
+    {10, SYSTEM_PROMPT, 366, 14}, {11, SYSTEM_PROMPT, 329, 12}, {12, SYSTEM_PROMPT, 347, 12},
+};
+
+static const sample_spec preempt_specs[] = {
+    {0, 0, 48, 20}, {0, 0, 64, 20}, {1, 0, 80, 24}, {2, 0, 33, 20},
+};
+
+typedef struct sample_def {
+    const char *file;
+    const char *source;
+    uint64_t salt;
+    const sample_spec *specs;
+    int num_specs;
+    int preempt_tick;
+} sample_def;
+
+static const sample_def sample_defs[AR_NUM_SAMPLES] = {
+    {"mixed.trace.jsonl.gz", "mixed", 0x6d69786564ull, mixed_specs, (int)(sizeof mixed_specs / sizeof mixed_specs[0]), -1},
+    {"chunked.trace.jsonl.gz", "chunked", 0x6368756e6bull, chunked_specs,
+     (int)(sizeof chunked_specs / sizeof chunked_specs[0]), -1},
+    {"prefix.trace.jsonl.gz", "prefix", 0x707265666978ull, prefix_specs,
+     (int)(sizeof prefix_specs / sizeof prefix_specs[0]), -1},
+    {"preempt.trace.jsonl.gz", "preempt", 0x707265656d70ull, preempt_specs,
+     (int)(sizeof preempt_specs / sizeof preempt_specs[0]), 8},
+};
+
+const char *ar_sample_name(int i)
+{
+    return i >= 0 && i < AR_NUM_SAMPLES ? sample_defs[i].file : NULL;
+}
+
+int ar_samples_write(const char *dir, char *err, size_t err_len)
+{
+    sample_sim sim;
+    for (int i = 0; i < AR_NUM_SAMPLES; i++) {
+        const sample_def *d = &sample_defs[i];
+        char path[4096];
+        int n = snprintf(path, sizeof path, "%s/%s", dir, d->file);
+        if (n < 0 || (size_t)n >= sizeof path) {
+            snprintf(err, err_len, "%s: directory name too long", dir);
+            return -1;
+        }
+        sim_init(&sim, d->source, d->salt, d->specs, d->num_specs, d->preempt_tick);
+        if (sim_run(&sim, path, err, err_len) != 0) return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,25 @@
+/* samples.h - the small sample traces of traces/samples/ (see traces/samples/README.md).
+ *
+ * ar_samples_write regenerates them with a tiny deterministic scheduler (not the real
+ * simulator of sim/): a 2-layer GQA model "tiny-gqa", bf16, block 16, 256 blocks, budget 256
+ * tokens / 16 sequences.  The lead's `attnreplay gen-samples DIR` calls it. */
+#ifndef AR_SAMPLES_H
+#define AR_SAMPLES_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of sample traces and the file name of the i-th ("mixed.trace.jsonl.gz", ...). */
+#define AR_NUM_SAMPLES 4
+const char *ar_sample_name(int i);
+
+/* Writes every sample trace into the existing directory dir.  Returns 0, or -1 with err set. */
+int ar_samples_write(const char *dir, char *err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1489 @@
+/* trace.c - trace format v1 (DESIGN section 3): the streaming reader with full validation,
+ * the writer, the live-request table and ar_block_content_key.
+ *
+ * Reading.  zlib's gz API reads both plain and gzip files; lines of any length are read into
+ * a growing buffer; every line is parsed by jansson (duplicate object keys rejected).  A corrupt
+ * or truncated gzip stream is reported as "PATH:LINE: corrupt or truncated gzip".  Blank lines
+ * are skipped but counted.  Nothing grows with the length of the trace except the live table.
+ *
+ * Step semantics (mirrors vLLM's SchedulerOutput and the model runner's _update_states):
+ *   1. `finished` ids are dropped first: vLLM lists requests that finished since the previous
+ *      step.  A finished id must be live or preempted-and-waiting and not scheduled now.
+ *   2. `new` requests are inserted with their whole block list (prefix hits first);
+ *      `cached` requests get `new_block_ids` appended, or, with "resumed": true, replacing
+ *      the list (only a preempted request may resume, and a preempted one must resume).
+ *      num_computed_tokens is set to the step's value (the value before this step's tokens).
+ *   3. `preempted` ids are removed from the live table at the end of the step that lists
+ *      them (they must be live and not scheduled in it); their blocks are dropped and the
+ *      request is remembered (prompt length and content keys) until it resumes or finishes.
+ * The whole step is validated against the state left by the previous steps before anything is
+ * applied, so a rejected step leaves the reader exactly as it was.
+ *
+ * Content keys of a new request's full prompt blocks (prompt_len / block_size of them) come
+ * from "block_keys" (16-hex-digit strings), or are chained from "prompt_token_ids" with
+ * ar_chain_key over ar_tokens_payload of each full block starting at AR_ROOT_KEY, or, when
+ * neither is given, are request-private: key(i) = ar_chain_key(key(i-1),
+ * ar_private_payload(ar_req_key(id), i)) from AR_ROOT_KEY, so no two requests share them.
+ *
+ * Writing: the header and step lines of DESIGN section 3's sketch, gzip when the path ends in
+ * ".gz"; block keys always as "block_keys"; every write and the close are checked. */
+#include "trace.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jansson.h>
+#include <zlib.h>
+
+#include "../reference/datagen.h"
+
+#define AR_MAX_HEADS 1024
+#define AR_MAX_HEAD_SIZE 1024
+#define AR_MAX_LAYERS 1024
+#define AR_MAX_BLOCK_SIZE 4096
+#define AR_MAX_NUM_BLOCKS (1 << 24)
+#define AR_MAX_TOKENS_PER_REQ (1 << 30)
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+static void set_err(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t err_len, const char *fmt, ...)
+{
+    if (!err || err_len == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static void *xrealloc_array(void *p, size_t n, size_t elem)
+{
+    if (n == 0) n = 1;
+    if (n > SIZE_MAX / elem) return NULL;
+    return realloc(p, n * elem);
+}
+
+/* ---- per-step arena: every allocation of one step, freed together ------------------------ */
+
+typedef struct arena_chunk {
+    struct arena_chunk *next;
+    size_t cap, used;
+    max_align_t data[];      /* the memory handed out; max_align_t keeps it aligned */
+} arena_chunk;
+
+typedef struct arena {
+    arena_chunk *head;
+} arena;
+
+static void arena_reset(arena *a)
+{
+    /* keep the first (largest) chunk, free the rest */
+    arena_chunk *c = a->head;
+    if (!c) return;
+    arena_chunk *rest = c->next;
+    while (rest) {
+        arena_chunk *n = rest->next;
+        free(rest);
+        rest = n;
+    }
+    c->next = NULL;
+    c->used = 0;
+}
+
+static void arena_free(arena *a)
+{
+    arena_chunk *c = a->head;
+    while (c) {
+        arena_chunk *n = c->next;
+        free(c);
+        c = n;
+    }
+    a->head = NULL;
+}
+
+static void *arena_alloc(arena *a, size_t n)
+{
+    n = (n + 15u) & ~(size_t)15u;
+    if (n == 0) n = 16;
+    arena_chunk *c = a->head;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = c ? c->cap * 2 : 65536;
+        while (cap < n) cap *= 2;
+        arena_chunk *nc = malloc(offsetof(arena_chunk, data) + cap);
+        if (!nc) return NULL;
+        nc->cap = cap;
+        nc->used = 0;
+        nc->next = c;
+        a->head = nc;
+        c = nc;
+    }
+    void *p = (char *)c->data + c->used;
+    c->used += n;
+    return p;
+}
+
+static char *arena_strdup(arena *a, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = arena_alloc(a, n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+/* ---- per-step string set / map (reset every step) ---------------------------------------- */
+
+typedef struct str_map {
+    const char **keys;   /* [cap] NULL = empty */
+    int *values;         /* [cap] */
+    size_t cap;          /* power of two */
+} str_map;
+
+static int str_map_reset(str_map *m, size_t n)
+{
+    size_t want = 16;
+    while (want < 2 * n + 2) want *= 2;
+    if (want > m->cap) {
+        const char **k = xrealloc_array(m->keys, want, sizeof *k);
+        if (!k) return -1;
+        m->keys = k;
+        int *v = xrealloc_array(m->values, want, sizeof *v);
+        if (!v) return -1;
+        m->values = v;
+        m->cap = want;
+    }
+    memset(m->keys, 0, m->cap * sizeof *m->keys);
+    return 0;
+}
+
+/* Inserts key; returns 1 when it was new, 0 when present already (value untouched). */
+static int str_map_put(str_map *m, const char *key, int value)
+{
+    size_t mask = m->cap - 1, i = (size_t)fnv1a(key) & mask;
+    while (m->keys[i]) {
+        if (strcmp(m->keys[i], key) == 0) return 0;
+        i = (i + 1) & mask;
+    }
+    m->keys[i] = key;
+    m->values[i] = value;
+    return 1;
+}
+
+/* Returns the value, or -1 when absent. */
+static int str_map_get(const str_map *m, const char *key)
+{
+    if (m->cap == 0) return -1;
+    size_t mask = m->cap - 1, i = (size_t)fnv1a(key) & mask;
+    while (m->keys[i]) {
+        if (strcmp(m->keys[i], key) == 0) return m->values[i];
+        i = (i + 1) & mask;
+    }
+    return -1;
+}
+
+static void str_map_free(str_map *m)
+{
+    free(m->keys);
+    free(m->values);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- the live-request table --------------------------------------------------------------- */
+
+typedef struct live_entry {
+    ar_live_req pub;          /* what ar_trace_find returns; pointers refreshed on change */
+    char *id;
+    int *blocks;              /* [num_blocks] */
+    int num_blocks, cap_blocks;
+    uint64_t *keys;           /* [num_keys] content keys of the full prompt blocks */
+    int num_keys;
+    int prompt_len;
+    int num_computed;
+    int64_t expected_computed;  /* num_computed + n of the last step that scheduled it */
+    bool preempted;           /* waiting to resume; not in the live order */
+    int order;                /* index in the live order, -1 when preempted */
+} live_entry;
+
+typedef struct live_table {
+    live_entry **slots;       /* [cap] open addressing by id, NULL = empty */
+    size_t cap, count;        /* count = live + preempted */
+    live_entry **order;       /* [num_live] live requests in the order they became live */
+    int num_live, cap_order;
+} live_table;
+
+static size_t live_slot(const live_table *t, const char *id)
+{
+    size_t mask = t->cap - 1, i = (size_t)fnv1a(id) & mask;
+    while (t->slots[i] && strcmp(t->slots[i]->id, id) != 0) i = (i + 1) & mask;
+    return i;
+}
+
+static live_entry *live_get(const live_table *t, const char *id)
+{
+    if (t->cap == 0) return NULL;
+    return t->slots[live_slot(t, id)];
+}
+
+static int live_grow(live_table *t)
+{
+    size_t ncap = t->cap ? t->cap * 2 : 256;
+    live_entry **ns = calloc(ncap, sizeof *ns);
+    if (!ns) return -1;
+    live_entry **old = t->slots;
+    size_t ocap = t->cap;
+    t->slots = ns;
+    t->cap = ncap;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i]) t->slots[live_slot(t, old[i]->id)] = old[i];
+    free(old);
+    return 0;
+}
+
+static int live_insert(live_table *t, live_entry *e)
+{
+    if ((t->count + 1) * 2 > t->cap && live_grow(t) != 0) return -1;
+    t->slots[live_slot(t, e->id)] = e;
+    t->count++;
+    return 0;
+}
+
+/* Removes e from the hash (backward-shift deletion keeps probe chains intact). */
+static void live_unhash(live_table *t, live_entry *e)
+{
+    size_t mask = t->cap - 1, i = live_slot(t, e->id);
+    t->slots[i] = NULL;
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!t->slots[j]) break;
+        size_t home = (size_t)fnv1a(t->slots[j]->id) & mask;
+        /* can slot j's entry move to i?  yes when home is cyclically outside (i, j] */
+        bool in_range = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+        if (!in_range) {
+            t->slots[i] = t->slots[j];
+            t->slots[j] = NULL;
+            i = j;
+        }
+    }
+    t->count--;
+}
+
+static int order_push(live_table *t, live_entry *e)
+{
+    if (t->num_live == t->cap_order) {
+        int ncap = t->cap_order ? t->cap_order * 2 : 64;
+        live_entry **no = xrealloc_array(t->order, (size_t)ncap, sizeof *no);
+        if (!no) return -1;
+        t->order = no;
+        t->cap_order = ncap;
+    }
+    e->order = t->num_live;
+    t->order[t->num_live++] = e;
+    return 0;
+}
+
+static void order_remove(live_table *t, live_entry *e)
+{
+    int i = e->order;
+    if (i < 0) return;
+    memmove(t->order + i, t->order + i + 1, (size_t)(t->num_live - i - 1) * sizeof *t->order);
+    t->num_live--;
+    for (int k = i; k < t->num_live; k++) t->order[k]->order = k;
+    e->order = -1;
+}
+
+static void entry_free(live_entry *e)
+{
+    if (!e) return;
+    free(e->id);
+    free(e->blocks);
+    free(e->keys);
+    free(e);
+}
+
+static void entry_refresh(live_entry *e)
+{
+    e->pub.req = e->id;
+    e->pub.req_key = ar_req_key(e->id);
+    e->pub.prompt_len = e->prompt_len;
+    e->pub.num_computed_tokens = e->num_computed;
+    e->pub.block_ids = e->blocks;
+    e->pub.num_blocks = e->num_blocks;
+    e->pub.prompt_keys = e->keys;
+    e->pub.num_prompt_keys = e->num_keys;
+}
+
+static void live_table_free(live_table *t)
+{
+    for (size_t i = 0; i < t->cap; i++) entry_free(t->slots[i]);
+    free(t->slots);
+    free(t->order);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- the reader --------------------------------------------------------------------------- */
+
+struct ar_trace_reader {
+    char *path;
+    gzFile gz;
+    long line;               /* number of the last line read */
+    char *buf;               /* current line */
+    size_t cap;
+    ar_trace_header header;
+    bool have_prev;
+    int64_t prev_step;
+    double prev_time;
+    ar_step step;            /* the step returned last; its arrays live in the arena */
+    arena mem;
+    str_map union_ids, sched_ids, finished_ids, preempted_ids;
+    live_entry **cached_entries;   /* [num_cached] looked up during validation */
+    int cap_cached_entries;
+    uint32_t *block_stamp;   /* [num_blocks] duplicate-block detection */
+    uint32_t stamp;
+    live_table live;
+};
+
+static int fail(ar_trace_reader *r, char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int fail(ar_trace_reader *r, char *err, size_t err_len, const char *fmt, ...)
+{
+    char msg[AR_ERR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    set_err(err, err_len, "%s:%ld: %s", r->path, r->line, msg);
+    return -1;
+}
+
+/* Reads the next non-blank line into r->buf.  Returns 1, 0 at end of file, -1 on a read error. */
+static int read_line(ar_trace_reader *r, char *err, size_t err_len, size_t *len_out)
+{
+    for (;;) {
+        size_t len = 0;
+        bool got_any = false;
+        for (;;) {
+            if (r->cap - len < 2) {
+                size_t ncap = r->cap * 2;
+                char *nb = realloc(r->buf, ncap);
+                if (!nb) { r->line++; return fail(r, err, err_len, "out of memory reading a line of %zu bytes", len); }
+                r->buf = nb;
+                r->cap = ncap;
+            }
+            int want = (int)((r->cap - len) > (size_t)1 << 30 ? (size_t)1 << 30 : (r->cap - len));
+            if (!gzgets(r->gz, r->buf + len, want)) break;
+            got_any = true;
+            len += strlen(r->buf + len);
+            if (len > 0 && r->buf[len - 1] == '\n') break;
+        }
+        int zerr = Z_OK;
+        const char *zmsg = gzerror(r->gz, &zerr);
+        if (zerr != Z_OK && zerr != Z_STREAM_END) {
+            r->line++;
+            if (zerr == Z_ERRNO)
+                return fail(r, err, err_len, "read error: %s", strerror(errno));
+            return fail(r, err, err_len, "corrupt or truncated gzip (zlib: %s)", zmsg ? zmsg : "?");
+        }
+        if (!got_any) return 0;
+        r->line++;
+        r->buf[len] = 0;
+        size_t k = 0;
+        while (k < len && (r->buf[k] == ' ' || r->buf[k] == '\t' || r->buf[k] == '\r' || r->buf[k] == '\n')) k++;
+        if (k == len) continue;   /* blank line */
+        *len_out = len;
+        return 1;
+    }
+}
+
+static json_t *parse_line(ar_trace_reader *r, size_t len, char *err, size_t err_len)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(r->buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        if (strstr(jerr.text, "duplicate object key"))
+            fail(r, err, err_len, "duplicate key in a JSON object (%s); e.g. a request id listed twice in num_scheduled_tokens",
+                 jerr.text);
+        else
+            fail(r, err, err_len, "bad JSON at column %d: %s", jerr.column, jerr.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        fail(r, err, err_len, "bad JSON: a line must be one JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* Field access with "missing or wrong-typed field" errors. `where` names the object. */
+static int need_int(ar_trace_reader *r, json_t *obj, const char *where, const char *key, bool required,
+                    long long dflt, long long *out, char *err, size_t err_len)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (required) return fail(r, err, err_len, "missing field '%s%s'", where, key);
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_integer(v))
+        return fail(r, err, err_len, "wrong-typed field '%s%s': expected an integer", where, key);
+    *out = (long long)json_integer_value(v);
+    return 0;
+}
+
+static int need_num(ar_trace_reader *r, json_t *obj, const char *where, const char *key, bool required,
+                    double dflt, double *out, char *err, size_t err_len)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (required) return fail(r, err, err_len, "missing field '%s%s'", where, key);
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return fail(r, err, err_len, "wrong-typed field '%s%s': expected a number", where, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int need_str(ar_trace_reader *r, json_t *obj, const char *where, const char *key, bool required,
+                    const char *dflt, const char **out, char *err, size_t err_len)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (required) return fail(r, err, err_len, "missing field '%s%s'", where, key);
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_string(v))
+        return fail(r, err, err_len, "wrong-typed field '%s%s': expected a string", where, key);
+    *out = json_string_value(v);
+    return 0;
+}
+
+static int need_bool(ar_trace_reader *r, json_t *obj, const char *where, const char *key, bool required,
+                     bool dflt, bool *out, char *err, size_t err_len)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (required) return fail(r, err, err_len, "missing field '%s%s'", where, key);
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_boolean(v))
+        return fail(r, err, err_len, "wrong-typed field '%s%s': expected true or false", where, key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static json_t *need_kind(ar_trace_reader *r, json_t *obj, const char *where, const char *key, bool is_array,
+                         char *err, size_t err_len)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v) {
+        fail(r, err, err_len, "missing field '%s%s'", where, key);
+        return NULL;
+    }
+    if (is_array ? !json_is_array(v) : !json_is_object(v)) {
+        fail(r, err, err_len, "wrong-typed field '%s%s': expected %s", where, key, is_array ? "an array" : "an object");
+        return NULL;
+    }
+    return v;
+}
+
+/* An integer header field in [lo, hi]. */
+static int header_int(ar_trace_reader *r, json_t *obj, const char *where, const char *key, bool required,
+                      long long dflt, long long lo, long long hi, int *out, char *err, size_t err_len)
+{
+    long long v = 0;
+    if (need_int(r, obj, where, key, required, dflt, &v, err, err_len) != 0) return -1;
+    if (v < lo || v > hi)
+        return fail(r, err, err_len, "header value out of range: %s%s = %lld, must be in [%lld, %lld]",
+                    where, key, v, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int read_header(ar_trace_reader *r, json_t *root, char *err, size_t err_len)
+{
+    ar_trace_header *h = &r->header;
+    memset(h, 0, sizeof *h);
+    json_t *fmt = json_object_get(root, "format");
+    if (!fmt || !json_is_string(fmt) || strcmp(json_string_value(fmt), AR_TRACE_FORMAT) != 0)
+        return fail(r, err, err_len, "not an attnreplay trace: header 'format' must be \"%s\"", AR_TRACE_FORMAT);
+    long long version = 0;
+    if (need_int(r, root, "", "version", true, 0, &version, err, err_len) != 0) return -1;
+    if (version != AR_TRACE_VERSION)
+        return fail(r, err, err_len, "unsupported trace version %lld (this reader reads version %d)", version,
+                    AR_TRACE_VERSION);
+    h->version = (int)version;
+
+    json_t *model = need_kind(r, root, "", "model", false, err, err_len);
+    if (!model) return -1;
+    json_t *cache = need_kind(r, root, "", "cache", false, err, err_len);
+    if (!cache) return -1;
+    json_t *sched = need_kind(r, root, "", "scheduler", false, err, err_len);
+    if (!sched) return -1;
+
+    /* model */
+    ar_model *m = &h->model;
+    const char *s;
+    if (need_str(r, model, "model.", "name", true, NULL, &s, err, err_len) != 0) return -1;
+    if (strlen(s) >= AR_NAME_MAX)
+        return fail(r, err, err_len, "header value out of range: model.name longer than %d bytes", AR_NAME_MAX - 1);
+    snprintf(m->name, sizeof m->name, "%s", s);
+    if (need_str(r, model, "model.", "attention", false, "mha", &s, err, err_len) != 0) return -1;
+    if (strcmp(s, "mha") == 0) m->attention = AR_ATTN_MHA;
+    else if (strcmp(s, "mla") == 0) m->attention = AR_ATTN_MLA;
+    else return fail(r, err, err_len, "header value out of range: model.attention \"%s\" must be \"mha\" or \"mla\"", s);
+    if (header_int(r, model, "model.", "num_layers", true, 0, 1, AR_MAX_LAYERS, &m->num_layers, err, err_len)) return -1;
+    if (header_int(r, model, "model.", "num_q_heads", true, 0, 1, AR_MAX_HEADS, &m->num_q_heads, err, err_len)) return -1;
+    if (m->attention == AR_ATTN_MHA) {
+        if (header_int(r, model, "model.", "num_kv_heads", true, 0, 1, AR_MAX_HEADS, &m->num_kv_heads, err, err_len)) return -1;
+        if (header_int(r, model, "model.", "head_size", true, 0, 1, AR_MAX_HEAD_SIZE, &m->head_size, err, err_len)) return -1;
+        if (m->num_q_heads % m->num_kv_heads != 0)
+            return fail(r, err, err_len, "header value out of range: model.num_q_heads (%d) must be a multiple of model.num_kv_heads (%d)",
+                        m->num_q_heads, m->num_kv_heads);
+        m->v_head_dim = m->head_size;
+    } else {
+        if (header_int(r, model, "model.", "kv_lora_rank", true, 0, 1, 4096, &m->kv_lora_rank, err, err_len)) return -1;
+        if (header_int(r, model, "model.", "qk_rope_head_dim", true, 0, 1, 1024, &m->qk_rope_head_dim, err, err_len)) return -1;
+        if (header_int(r, model, "model.", "qk_nope_head_dim", true, 0, 1, 1024, &m->qk_nope_head_dim, err, err_len)) return -1;
+        if (header_int(r, model, "model.", "v_head_dim", true, 0, 1, 1024, &m->v_head_dim, err, err_len)) return -1;
+        if (header_int(r, model, "model.", "num_kv_heads", false, 1, 1, 1, &m->num_kv_heads, err, err_len)) return -1;
+        int want = m->kv_lora_rank + m->qk_rope_head_dim;
+        if (header_int(r, model, "model.", "head_size", false, want, want, want, &m->head_size, err, err_len)) return -1;
+    }
+    double dflt_scale = m->attention == AR_ATTN_MHA ? 1.0 / sqrt((double)m->head_size)
+                                                    : 1.0 / sqrt((double)(m->qk_nope_head_dim + m->qk_rope_head_dim));
+    if (need_num(r, model, "model.", "scale", false, dflt_scale, &m->scale, err, err_len)) return -1;
+    if (!isfinite(m->scale) || m->scale <= 0)
+        return fail(r, err, err_len, "header value out of range: model.scale must be finite and > 0");
+    if (header_int(r, model, "model.", "sliding_window", false, 0, 0, AR_MAX_TOKENS_PER_REQ, &m->sliding_window, err, err_len)) return -1;
+    if (need_num(r, model, "model.", "logits_soft_cap", false, 0.0, &m->logits_soft_cap, err, err_len)) return -1;
+    if (!isfinite(m->logits_soft_cap) || m->logits_soft_cap < 0)
+        return fail(r, err, err_len, "header value out of range: model.logits_soft_cap must be finite and >= 0");
+
+    /* cache */
+    ar_cache_config *c = &h->cache;
+    if (header_int(r, cache, "cache.", "block_size", true, 0, 1, AR_MAX_BLOCK_SIZE, &c->block_size, err, err_len)) return -1;
+    if (header_int(r, cache, "cache.", "num_blocks", true, 0, 2, AR_MAX_NUM_BLOCKS, &c->num_blocks, err, err_len)) return -1;
+    if (need_str(r, cache, "cache.", "dtype", true, NULL, &s, err, err_len)) return -1;
+    if (strcmp(s, "auto") == 0 || ar_dtype_parse(s, AR_BF16, &c->dtype) != 0)
+        return fail(r, err, err_len, "header value out of range: unknown cache.dtype \"%s\" (fp32, fp16, bf16, fp8_e4m3)", s);
+    if (need_str(r, cache, "cache.", "kv_cache_dtype", false, "auto", &s, err, err_len)) return -1;
+    if (ar_dtype_parse(s, c->dtype, &c->kv_cache_dtype) != 0)
+        return fail(r, err, err_len, "header value out of range: unknown cache.kv_cache_dtype \"%s\" (auto, fp32, fp16, bf16, fp8_e4m3)", s);
+
+    /* scheduler */
+    ar_sched_config *sc = &h->sched;
+    if (header_int(r, sched, "scheduler.", "max_num_batched_tokens", true, 0, 1, AR_MAX_TOKENS_PER_REQ,
+                   &sc->max_num_batched_tokens, err, err_len)) return -1;
+    if (header_int(r, sched, "scheduler.", "max_num_seqs", true, 0, 1, 1 << 20, &sc->max_num_seqs, err, err_len)) return -1;
+    if (need_bool(r, sched, "scheduler.", "prefix_caching", false, true, &sc->prefix_caching, err, err_len)) return -1;
+    if (need_bool(r, sched, "scheduler.", "cascade", false, false, &sc->cascade, err, err_len)) return -1;
+
+    if (need_str(r, root, "", "source", false, "", &s, err, err_len)) return -1;
+    snprintf(h->source, sizeof h->source, "%s", s);
+    long long seed = 0;
+    if (need_int(r, root, "", "seed", false, 0, &seed, err, err_len)) return -1;
+    h->seed = (uint64_t)seed;
+    return 0;
+}
+
+ar_trace_reader *ar_trace_open(const char *path, char *err, size_t err_len)
+{
+    ar_trace_reader *r = calloc(1, sizeof *r);
+    if (!r) { set_err(err, err_len, "%s:0: out of memory", path); return NULL; }
+    r->path = strdup(path);
+    r->cap = 1 << 16;
+    r->buf = malloc(r->cap);
+    if (!r->path || !r->buf) {
+        set_err(err, err_len, "%s:0: out of memory", path);
+        ar_trace_close(r);
+        return NULL;
+    }
+    r->gz = gzopen(path, "rb");
+    if (!r->gz) {
+        set_err(err, err_len, "%s:0: cannot open: %s", path, errno ? strerror(errno) : "gzopen failed");
+        ar_trace_close(r);
+        return NULL;
+    }
+    gzbuffer(r->gz, 1 << 18);
+    size_t len = 0;
+    int rc = read_line(r, err, err_len, &len);
+    if (rc == 0) fail(r, err, err_len, "empty file: no header line");
+    if (rc != 1) { ar_trace_close(r); return NULL; }
+    json_t *root = parse_line(r, len, err, err_len);
+    if (!root) { ar_trace_close(r); return NULL; }
+    rc = read_header(r, root, err, err_len);
+    json_decref(root);
+    if (rc != 0) { ar_trace_close(r); return NULL; }
+    r->block_stamp = calloc((size_t)r->header.cache.num_blocks, sizeof *r->block_stamp);
+    if (!r->block_stamp) {
+        fail(r, err, err_len, "out of memory for %d blocks", r->header.cache.num_blocks);
+        ar_trace_close(r);
+        return NULL;
+    }
+    return r;
+}
+
+const ar_trace_header *ar_trace_header_of(const ar_trace_reader *r) { return &r->header; }
+
+void ar_trace_close(ar_trace_reader *r)
+{
+    if (!r) return;
+    if (r->gz) gzclose_r(r->gz);
+    free(r->path);
+    free(r->buf);
+    arena_free(&r->mem);
+    str_map_free(&r->union_ids);
+    str_map_free(&r->sched_ids);
+    str_map_free(&r->finished_ids);
+    str_map_free(&r->preempted_ids);
+    free(r->cached_entries);
+    free(r->block_stamp);
+    live_table_free(&r->live);
+    free(r);
+}
+
+/* ---- step parsing (syntax and types only) -------------------------------------------------- */
+
+/* arr may be NULL: an absent list is empty. */
+static int parse_id_list(ar_trace_reader *r, json_t *arr, const char *what, char ***out, int *count,
+                         char *err, size_t err_len)
+{
+    size_t n = arr ? json_array_size(arr) : 0;
+    *count = (int)n;
+    *out = arena_alloc(&r->mem, (n ? n : 1) * sizeof **out);
+    if (!*out) return fail(r, err, err_len, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_string(v))
+            return fail(r, err, err_len, "wrong-typed field '%s[%zu]': expected a request id string", what, i);
+        (*out)[i] = arena_strdup(&r->mem, json_string_value(v));
+        if (!(*out)[i]) return fail(r, err, err_len, "out of memory");
+    }
+    return 0;
+}
+
+static int parse_block_ids(ar_trace_reader *r, json_t *arr, const char *where, int **out, int *count,
+                           char *err, size_t err_len)
+{
+    size_t n = json_array_size(arr);
+    if (n > (size_t)AR_MAX_NUM_BLOCKS)
+        return fail(r, err, err_len, "%s holds more blocks (%zu) than any cache", where, n);
+    *count = (int)n;
+    *out = arena_alloc(&r->mem, (n ? n : 1) * sizeof **out);
+    if (!*out) return fail(r, err, err_len, "out of memory");
+    int num_blocks = r->header.cache.num_blocks;
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v))
+            return fail(r, err, err_len, "wrong-typed field '%s[%zu]': expected a block id integer", where, i);
+        json_int_t b = json_integer_value(v);
+        if (b < 1 || b >= num_blocks)
+            return fail(r, err, err_len, "block id %lld in %s out of range [1, %d) (0 is the null block)",
+                        (long long)b, where, num_blocks);
+        (*out)[i] = (int)b;
+    }
+    return 0;
+}
+
+static int parse_hex_key(const char *s, uint64_t *out)
+{
+    uint64_t v = 0;
+    int n = 0;
+    for (; s[n]; n++) {
+        char ch = s[n];
+        int d;
+        if (ch >= '0' && ch <= '9') d = ch - '0';
+        else if (ch >= 'a' && ch <= 'f') d = ch - 'a' + 10;
+        else if (ch >= 'A' && ch <= 'F') d = ch - 'A' + 10;
+        else return -1;
+        v = (v << 4) | (uint64_t)d;
+        if (n >= 16) return -1;
+    }
+    if (n != 16) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *nr, char *err, size_t err_len)
+{
+    char where[64];
+    snprintf(where, sizeof where, "new[%zu].", idx);
+    if (!json_is_object(o)) return fail(r, err, err_len, "wrong-typed field 'new[%zu]': expected an object", idx);
+    const char *id;
+    long long prompt_len = 0, computed = 0;
+    if (need_str(r, o, where, "req", true, NULL, &id, err, err_len)) return -1;
+    if (need_int(r, o, where, "prompt_len", true, 0, &prompt_len, err, err_len)) return -1;
+    if (need_int(r, o, where, "num_computed_tokens", true, 0, &computed, err, err_len)) return -1;
+    if (prompt_len < 1 || prompt_len > AR_MAX_TOKENS_PER_REQ)
+        return fail(r, err, err_len, "prompt_len %lld of new request '%s' must be in [1, %d]", prompt_len, id,
+                    AR_MAX_TOKENS_PER_REQ);
+    if (computed < 0 || computed >= prompt_len)
+        return fail(r, err, err_len, "num_computed_tokens %lld of new request '%s' must be in [0, prompt_len %lld)",
+                    computed, id, prompt_len);
+    nr->req = arena_strdup(&r->mem, id);
+    if (!nr->req) return fail(r, err, err_len, "out of memory");
+    nr->prompt_len = (int)prompt_len;
+    nr->num_computed_tokens = (int)computed;
+    json_t *blocks = need_kind(r, o, where, "block_ids", true, err, err_len);
+    if (!blocks) return -1;
+    char bwhere[96];
+    snprintf(bwhere, sizeof bwhere, "%sblock_ids", where);
+    if (parse_block_ids(r, blocks, bwhere, &nr->block_ids, &nr->num_block_ids, err, err_len)) return -1;
+
+    int bs = r->header.cache.block_size;
+    int nkeys = (int)(prompt_len / bs);
+    nr->num_block_keys = nkeys;
+    nr->block_keys = arena_alloc(&r->mem, (size_t)(nkeys ? nkeys : 1) * sizeof *nr->block_keys);
+    if (!nr->block_keys) return fail(r, err, err_len, "out of memory");
+    json_t *keys = json_object_get(o, "block_keys");
+    json_t *toks = json_object_get(o, "prompt_token_ids");
+    if (keys && !json_is_null(keys)) {
+        if (!json_is_array(keys))
+            return fail(r, err, err_len, "wrong-typed field '%sblock_keys': expected an array", where);
+        if (json_array_size(keys) != (size_t)nkeys)
+            return fail(r, err, err_len, "block_keys of new request '%s' has %zu entries, must be prompt_len / block_size = %d",
+                        id, json_array_size(keys), nkeys);
+        for (int i = 0; i < nkeys; i++) {
+            json_t *k = json_array_get(keys, (size_t)i);
+            if (!json_is_string(k) || parse_hex_key(json_string_value(k), &nr->block_keys[i]) != 0)
+                return fail(r, err, err_len, "block_keys[%d] of new request '%s' must be a 16-hex-digit string", i, id);
+        }
+    }
+    if (toks && !json_is_null(toks)) {
+        if (!json_is_array(toks))
+            return fail(r, err, err_len, "wrong-typed field '%sprompt_token_ids': expected an array", where);
+        if (json_array_size(toks) != (size_t)prompt_len)
+            return fail(r, err, err_len, "prompt_token_ids of new request '%s' has %zu entries, must equal prompt_len %lld",
+                        id, json_array_size(toks), prompt_len);
+        int32_t *t = arena_alloc(&r->mem, (size_t)prompt_len * sizeof *t);
+        if (!t) return fail(r, err, err_len, "out of memory");
+        for (long long i = 0; i < prompt_len; i++) {
+            json_t *v = json_array_get(toks, (size_t)i);
+            if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN || json_integer_value(v) > INT32_MAX)
+                return fail(r, err, err_len, "wrong-typed field '%sprompt_token_ids[%lld]': expected a 32-bit integer", where, i);
+            t[i] = (int32_t)json_integer_value(v);
+        }
+        if (!keys || json_is_null(keys)) {
+            uint64_t prev = AR_ROOT_KEY;
+            for (int i = 0; i < nkeys; i++) {
+                prev = ar_chain_key(prev, ar_tokens_payload(t + (size_t)i * (size_t)bs, bs));
+                nr->block_keys[i] = prev;
+            }
+        }
+    }
+    if ((!keys || json_is_null(keys)) && (!toks || json_is_null(toks))) {
+        uint64_t req_key = ar_req_key(id), prev = AR_ROOT_KEY;
+        for (int i = 0; i < nkeys; i++) {
+            prev = ar_chain_key(prev, ar_private_payload(req_key, i));
+            nr->block_keys[i] = prev;
+        }
+    }
+    return 0;
+}
+
+static int parse_cached_req(ar_trace_reader *r, json_t *o, size_t idx, ar_cached_req *cr, char *err, size_t err_len)
+{
+    char where[64];
+    snprintf(where, sizeof where, "cached[%zu].", idx);
+    if (!json_is_object(o)) return fail(r, err, err_len, "wrong-typed field 'cached[%zu]': expected an object", idx);
+    const char *id;
+    long long computed = 0;
+    if (need_str(r, o, where, "req", true, NULL, &id, err, err_len)) return -1;
+    if (need_int(r, o, where, "num_computed_tokens", true, 0, &computed, err, err_len)) return -1;
+    if (computed < 0 || computed > AR_MAX_TOKENS_PER_REQ)
+        return fail(r, err, err_len, "num_computed_tokens %lld of cached request '%s' must be in [0, %d]", computed, id,
+                    AR_MAX_TOKENS_PER_REQ);
+    if (need_bool(r, o, where, "resumed", false, false, &cr->resumed, err, err_len)) return -1;
+    cr->req = arena_strdup(&r->mem, id);
+    if (!cr->req) return fail(r, err, err_len, "out of memory");
+    cr->num_computed_tokens = (int)computed;
+    json_t *blocks = json_object_get(o, "new_block_ids");
+    char bwhere[96];
+    snprintf(bwhere, sizeof bwhere, "%snew_block_ids", where);
+    if (!blocks || json_is_null(blocks)) {
+        cr->new_block_ids = arena_alloc(&r->mem, sizeof *cr->new_block_ids);
+        cr->num_new_block_ids = 0;
+        if (!cr->new_block_ids) return fail(r, err, err_len, "out of memory");
+        return 0;
+    }
+    if (!json_is_array(blocks)) return fail(r, err, err_len, "wrong-typed field '%s': expected an array", bwhere);
+    return parse_block_ids(r, blocks, bwhere, &cr->new_block_ids, &cr->num_new_block_ids, err, err_len);
+}
+
+static int parse_step(ar_trace_reader *r, json_t *root, ar_step *s, char *err, size_t err_len)
+{
+    memset(s, 0, sizeof *s);
+    s->line = r->line;
+    long long stepno = 0;
+    if (need_int(r, root, "", "step", true, 0, &stepno, err, err_len)) return -1;
+    s->step = stepno;
+    if (need_num(r, root, "", "time", true, 0, &s->time, err, err_len)) return -1;
+
+    json_t *jnew = need_kind(r, root, "", "new", true, err, err_len);
+    if (!jnew) return -1;
+    json_t *jcached = need_kind(r, root, "", "cached", true, err, err_len);
+    if (!jcached) return -1;
+    json_t *jsched = need_kind(r, root, "", "num_scheduled_tokens", false, err, err_len);
+    if (!jsched) return -1;
+    long long ncpb = 0;
+    if (need_int(r, root, "", "num_common_prefix_blocks", false, 0, &ncpb, err, err_len)) return -1;
+    if (ncpb < 0 || ncpb > AR_MAX_NUM_BLOCKS)
+        return fail(r, err, err_len, "num_common_prefix_blocks %lld must be >= 0 (and at most the blocks held)", ncpb);
+    s->num_common_prefix_blocks = (int)ncpb;
+    json_t *jfin = json_object_get(root, "finished");
+    json_t *jpre = json_object_get(root, "preempted");
+    if (jfin && !json_is_null(jfin) && !json_is_array(jfin))
+        return fail(r, err, err_len, "wrong-typed field 'finished': expected an array");
+    if (jpre && !json_is_null(jpre) && !json_is_array(jpre))
+        return fail(r, err, err_len, "wrong-typed field 'preempted': expected an array");
+
+    size_t nnew = json_array_size(jnew), ncached = json_array_size(jcached), nsched = json_object_size(jsched);
+    if (nnew > (size_t)1 << 24 || ncached > (size_t)1 << 24 || nsched > (size_t)1 << 24)
+        return fail(r, err, err_len, "step lists too many requests");
+    s->num_new = (int)nnew;
+    s->num_cached = (int)ncached;
+    s->num_scheduled = (int)nsched;
+    s->new_reqs = arena_alloc(&r->mem, (nnew ? nnew : 1) * sizeof *s->new_reqs);
+    s->cached = arena_alloc(&r->mem, (ncached ? ncached : 1) * sizeof *s->cached);
+    s->scheduled = arena_alloc(&r->mem, (nsched ? nsched : 1) * sizeof *s->scheduled);
+    if (!s->new_reqs || !s->cached || !s->scheduled) return fail(r, err, err_len, "out of memory");
+    for (size_t i = 0; i < nnew; i++)
+        if (parse_new_req(r, json_array_get(jnew, i), i, &s->new_reqs[i], err, err_len)) return -1;
+    for (size_t i = 0; i < ncached; i++)
+        if (parse_cached_req(r, json_array_get(jcached, i), i, &s->cached[i], err, err_len)) return -1;
+    const char *key;
+    json_t *val;
+    int k = 0;
+    json_object_foreach(jsched, key, val) {
+        if (!json_is_integer(val))
+            return fail(r, err, err_len, "wrong-typed field 'num_scheduled_tokens.%s': expected an integer", key);
+        json_int_t n = json_integer_value(val);
+        if (n < 1 || n > AR_MAX_TOKENS_PER_REQ)
+            return fail(r, err, err_len, "num_scheduled_tokens of '%s' is %lld, must be >= 1", key, (long long)n);
+        s->scheduled[k].req = arena_strdup(&r->mem, key);
+        if (!s->scheduled[k].req) return fail(r, err, err_len, "out of memory");
+        s->scheduled[k].num_tokens = (int)n;
+        k++;
+    }
+    if (parse_id_list(r, json_is_array(jfin) ? jfin : NULL, "finished", &s->finished, &s->num_finished, err, err_len))
+        return -1;
+    if (parse_id_list(r, json_is_array(jpre) ? jpre : NULL, "preempted", &s->preempted, &s->num_preempted, err, err_len))
+        return -1;
+    return 0;
+}
+
+/* ---- step validation against the live state ------------------------------------------------ */
+
+/* Checks that no block id repeats in old[0..n_old) + add[0..n_add).  Returns the repeated id or 0. */
+static int find_repeated_block(ar_trace_reader *r, const int *old, int n_old, const int *add, int n_add)
+{
+    r->stamp++;
+    if (r->stamp == 0) {
+        memset(r->block_stamp, 0, (size_t)r->header.cache.num_blocks * sizeof *r->block_stamp);
+        r->stamp = 1;
+    }
+    for (int i = 0; i < n_old; i++) r->block_stamp[old[i]] = r->stamp;
+    for (int i = 0; i < n_add; i++) {
+        if (r->block_stamp[add[i]] == r->stamp) return add[i];
+        r->block_stamp[add[i]] = r->stamp;
+    }
+    return 0;
+}
+
+static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t err_len)
+{
+    const ar_trace_header *h = &r->header;
+    int bs = h->cache.block_size;
+
+    int64_t want_step = r->have_prev ? r->prev_step + 1 : 0;
+    if (s->step != want_step)
+        return fail(r, err, err_len, "step numbers must be consecutive from 0: expected %" PRId64 ", got %" PRId64,
+                    want_step, s->step);
+    if (!isfinite(s->time)) return fail(r, err, err_len, "time must be finite");
+    if (r->have_prev && s->time < r->prev_time)
+        return fail(r, err, err_len, "time must not decrease: %.17g after %.17g", s->time, r->prev_time);
+
+    /* duplicates and the set of new + cached ids */
+    if (str_map_reset(&r->union_ids, (size_t)(s->num_new + s->num_cached)) ||
+        str_map_reset(&r->sched_ids, (size_t)s->num_scheduled) ||
+        str_map_reset(&r->finished_ids, (size_t)s->num_finished) ||
+        str_map_reset(&r->preempted_ids, (size_t)s->num_preempted))
+        return fail(r, err, err_len, "out of memory");
+    for (int i = 0; i < s->num_new; i++)
+        if (!str_map_put(&r->union_ids, s->new_reqs[i].req, i))
+            return fail(r, err, err_len, "duplicate request id '%s' in new", s->new_reqs[i].req);
+    for (int i = 0; i < s->num_cached; i++)
+        if (!str_map_put(&r->union_ids, s->cached[i].req, s->num_new + i))
+            return fail(r, err, err_len, "duplicate request id '%s' in new/cached", s->cached[i].req);
+    for (int i = 0; i < s->num_scheduled; i++)
+        if (!str_map_put(&r->sched_ids, s->scheduled[i].req, s->scheduled[i].num_tokens))
+            return fail(r, err, err_len, "duplicate request id '%s' in num_scheduled_tokens", s->scheduled[i].req);
+    for (int i = 0; i < s->num_finished; i++)
+        if (!str_map_put(&r->finished_ids, s->finished[i], i))
+            return fail(r, err, err_len, "duplicate request id '%s' in finished", s->finished[i]);
+    for (int i = 0; i < s->num_preempted; i++)
+        if (!str_map_put(&r->preempted_ids, s->preempted[i], i))
+            return fail(r, err, err_len, "duplicate request id '%s' in preempted", s->preempted[i]);
+
+    /* num_scheduled_tokens keys == new U cached */
+    int64_t total = 0;
+    for (int i = 0; i < s->num_scheduled; i++) {
+        if (str_map_get(&r->union_ids, s->scheduled[i].req) < 0)
+            return fail(r, err, err_len, "num_scheduled_tokens lists '%s', which is in neither new nor cached",
+                        s->scheduled[i].req);
+        total += s->scheduled[i].num_tokens;
+    }
+    for (int i = 0; i < s->num_new; i++)
+        if (str_map_get(&r->sched_ids, s->new_reqs[i].req) < 0)
+            return fail(r, err, err_len, "new request '%s' is missing from num_scheduled_tokens", s->new_reqs[i].req);
+    for (int i = 0; i < s->num_cached; i++)
+        if (str_map_get(&r->sched_ids, s->cached[i].req) < 0)
+            return fail(r, err, err_len, "cached request '%s' is missing from num_scheduled_tokens", s->cached[i].req);
+    if (total > h->sched.max_num_batched_tokens)
+        return fail(r, err, err_len, "sum of num_scheduled_tokens %" PRId64 " exceeds max_num_batched_tokens %d", total,
+                    h->sched.max_num_batched_tokens);
+    if (s->num_scheduled > h->sched.max_num_seqs)
+        return fail(r, err, err_len, "%d scheduled requests exceed max_num_seqs %d", s->num_scheduled, h->sched.max_num_seqs);
+
+    /* finished: live or preempted, not scheduled now */
+    for (int i = 0; i < s->num_finished; i++) {
+        const char *id = s->finished[i];
+        if (!live_get(&r->live, id))
+            return fail(r, err, err_len, "finished request '%s' is not live", id);
+        if (str_map_get(&r->sched_ids, id) >= 0)
+            return fail(r, err, err_len, "finished request '%s' is also scheduled in this step", id);
+    }
+
+    int min_held = -1;   /* fewest blocks held after this step by a scheduled request */
+
+    /* new requests */
+    for (int i = 0; i < s->num_new; i++) {
+        const ar_new_req *nr = &s->new_reqs[i];
+        live_entry *e = live_get(&r->live, nr->req);
+        if (e && str_map_get(&r->finished_ids, nr->req) < 0) {
+            if (e->preempted)
+                return fail(r, err, err_len, "new request '%s' was preempted; it must come back as cached with \"resumed\": true",
+                            nr->req);
+            return fail(r, err, err_len, "new request id '%s' is already live", nr->req);
+        }
+        int n = str_map_get(&r->sched_ids, nr->req);
+        if (nr->num_computed_tokens % bs != 0)
+            return fail(r, err, err_len, "num_computed_tokens %d of new request '%s' must be a multiple of block_size %d (prefix hits are whole blocks)",
+                        nr->num_computed_tokens, nr->req, bs);
+        if ((int64_t)nr->num_computed_tokens + n > nr->prompt_len)
+            return fail(r, err, err_len, "new request '%s' schedules past its prompt: num_computed_tokens %d + %d > prompt_len %d",
+                        nr->req, nr->num_computed_tokens, n, nr->prompt_len);
+        int64_t need = ((int64_t)nr->num_computed_tokens + n + bs - 1) / bs;
+        if (nr->num_block_ids < need)
+            return fail(r, err, err_len, "block list of '%s' does not cover num_computed_tokens + n = %" PRId64 " tokens: %d blocks of %d",
+                        nr->req, (int64_t)nr->num_computed_tokens + n, nr->num_block_ids, bs);
+        int rep = find_repeated_block(r, NULL, 0, nr->block_ids, nr->num_block_ids);
+        if (rep) return fail(r, err, err_len, "block id %d appears twice in the block list of '%s'", rep, nr->req);
+        if (min_held < 0 || nr->num_block_ids < min_held) min_held = nr->num_block_ids;
+    }
+
+    /* cached requests */
+    if (s->num_cached > r->cap_cached_entries) {
+        live_entry **ne = xrealloc_array(r->cached_entries, (size_t)s->num_cached, sizeof *ne);
+        if (!ne) return fail(r, err, err_len, "out of memory");
+        r->cached_entries = ne;
+        r->cap_cached_entries = s->num_cached;
+    }
+    for (int i = 0; i < s->num_cached; i++) {
+        const ar_cached_req *cr = &s->cached[i];
+        live_entry *e = live_get(&r->live, cr->req);
+        if (!e || str_map_get(&r->finished_ids, cr->req) >= 0)
+            return fail(r, err, err_len, "cached request '%s' is not live", cr->req);
+        if (cr->resumed && !e->preempted)
+            return fail(r, err, err_len, "cached request '%s' has \"resumed\": true but was not preempted", cr->req);
+        if (!cr->resumed && e->preempted)
+            return fail(r, err, err_len, "cached request '%s' was preempted and must have \"resumed\": true", cr->req);
+        int n = str_map_get(&r->sched_ids, cr->req);
+        if (!cr->resumed && cr->num_computed_tokens != e->expected_computed)
+            return fail(r, err, err_len, "num_computed_tokens of cached request '%s' is %d, expected %" PRId64
+                        " (previous num_computed_tokens + scheduled tokens)", cr->req, cr->num_computed_tokens,
+                        e->expected_computed);
+        int held = cr->resumed ? cr->num_new_block_ids : e->num_blocks + cr->num_new_block_ids;
+        int64_t need = ((int64_t)cr->num_computed_tokens + n + bs - 1) / bs;
+        if (held < need)
+            return fail(r, err, err_len, "block list of '%s' does not cover num_computed_tokens + n = %" PRId64 " tokens: %d blocks of %d",
+                        cr->req, (int64_t)cr->num_computed_tokens + n, held, bs);
+        if (cr->num_new_block_ids > 0) {
+            int rep = cr->resumed ? find_repeated_block(r, NULL, 0, cr->new_block_ids, cr->num_new_block_ids)
+                                  : find_repeated_block(r, e->blocks, e->num_blocks, cr->new_block_ids, cr->num_new_block_ids);
+            if (rep) return fail(r, err, err_len, "block id %d appears twice in the block list of '%s'", rep, cr->req);
+        }
+        if (min_held < 0 || held < min_held) min_held = held;
+        r->cached_entries[i] = e;
+    }
+
+    /* preempted: live (not preempted already, not finished), not scheduled now */
+    for (int i = 0; i < s->num_preempted; i++) {
+        const char *id = s->preempted[i];
+        live_entry *e = live_get(&r->live, id);
+        if (!e || e->preempted || str_map_get(&r->finished_ids, id) >= 0)
+            return fail(r, err, err_len, "preempted request '%s' is not live", id);
+        if (str_map_get(&r->sched_ids, id) >= 0)
+            return fail(r, err, err_len, "preempted request '%s' is also scheduled in this step", id);
+    }
+
+    /* common prefix: at most the blocks of every scheduled request (of every live one when
+     * nothing is scheduled) */
+    if (s->num_common_prefix_blocks > 0) {
+        if (min_held < 0) {
+            for (int i = 0; i < r->live.num_live; i++) {
+                live_entry *e = r->live.order[i];
+                if (str_map_get(&r->finished_ids, e->id) >= 0) continue;
+                if (min_held < 0 || e->num_blocks < min_held) min_held = e->num_blocks;
+            }
+        }
+        if (min_held < 0) min_held = 0;
+        if (s->num_common_prefix_blocks > min_held)
+            return fail(r, err, err_len, "num_common_prefix_blocks %d exceeds the %d blocks held by a scheduled request",
+                        s->num_common_prefix_blocks, min_held);
+    }
+    return 0;
+}
+
+/* ---- applying a validated step -------------------------------------------------------------- */
+
+static int set_blocks(live_entry *e, const int *old, int n_old, const int *add, int n_add)
+{
+    int n = n_old + n_add;
+    if (n > e->cap_blocks) {
+        int ncap = e->cap_blocks ? e->cap_blocks : 8;
+        while (ncap < n) ncap *= 2;
+        int *nb = xrealloc_array(e->blocks, (size_t)ncap, sizeof *nb);
+        if (!nb) return -1;
+        e->blocks = nb;
+        e->cap_blocks = ncap;
+    }
+    if (old != e->blocks && n_old) memmove(e->blocks, old, (size_t)n_old * sizeof *old);
+    if (n_add) memcpy(e->blocks + n_old, add, (size_t)n_add * sizeof *add);
+    e->num_blocks = n;
+    return 0;
+}
+
+static void drop_entry(ar_trace_reader *r, live_entry *e)
+{
+    order_remove(&r->live, e);
+    live_unhash(&r->live, e);
+    entry_free(e);
+}
+
+/* Memory for new entries and block growth is reserved before any change, so that an out of
+ * memory error cannot half-apply a step. */
+static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t err_len)
+{
+    /* reserve: entries for new requests, block capacity for cached ones, table room */
+    live_entry **fresh = arena_alloc(&r->mem, (size_t)(s->num_new ? s->num_new : 1) * sizeof *fresh);
+    if (!fresh) return fail(r, err, err_len, "out of memory");
+    int made = 0;
+    for (int i = 0; i < s->num_new; i++) {
+        const ar_new_req *nr = &s->new_reqs[i];
+        live_entry *e = calloc(1, sizeof *e);
+        if (!e) goto oom;
+        fresh[made++] = e;
+        e->id = strdup(nr->req);
+        e->keys = malloc((size_t)(nr->num_block_keys ? nr->num_block_keys : 1) * sizeof *e->keys);
+        if (!e->id || !e->keys || set_blocks(e, NULL, 0, nr->block_ids, nr->num_block_ids)) goto oom;
+        if (nr->num_block_keys) memcpy(e->keys, nr->block_keys, (size_t)nr->num_block_keys * sizeof *e->keys);
+        e->num_keys = nr->num_block_keys;
+        e->prompt_len = nr->prompt_len;
+        e->num_computed = nr->num_computed_tokens;
+        e->expected_computed = (int64_t)nr->num_computed_tokens + str_map_get(&r->sched_ids, nr->req);
+        e->order = -1;
+    }
+    for (int i = 0; i < s->num_cached; i++) {
+        live_entry *e = r->cached_entries[i];
+        int n = (s->cached[i].resumed ? 0 : e->num_blocks) + s->cached[i].num_new_block_ids;
+        if (n > e->cap_blocks) {
+            int ncap = e->cap_blocks ? e->cap_blocks : 8;
+            while (ncap < n) ncap *= 2;
+            int *nb = xrealloc_array(e->blocks, (size_t)ncap, sizeof *nb);
+            if (!nb) goto oom;
+            e->blocks = nb;
+            e->cap_blocks = ncap;
+        }
+    }
+    while ((r->live.count + (size_t)s->num_new + 1) * 2 > r->live.cap)
+        if (live_grow(&r->live)) goto oom;
+    {
+        int need_order = r->live.num_live + s->num_new + s->num_cached;
+        if (need_order > r->live.cap_order) {
+            int ncap = r->live.cap_order ? r->live.cap_order : 64;
+            while (ncap < need_order) ncap *= 2;
+            live_entry **no = xrealloc_array(r->live.order, (size_t)ncap, sizeof *no);
+            if (!no) goto oom;
+            r->live.order = no;
+            r->live.cap_order = ncap;
+        }
+    }
+
+    /* from here on nothing can fail */
+    for (int i = 0; i < s->num_finished; i++) drop_entry(r, live_get(&r->live, s->finished[i]));
+    for (int i = 0; i < s->num_new; i++) {
+        live_entry *e = fresh[i];
+        live_insert(&r->live, e);
+        order_push(&r->live, e);
+        entry_refresh(e);
+    }
+    for (int i = 0; i < s->num_cached; i++) {
+        const ar_cached_req *cr = &s->cached[i];
+        live_entry *e = r->cached_entries[i];
+        if (cr->resumed) {
+            set_blocks(e, NULL, 0, cr->new_block_ids, cr->num_new_block_ids);
+            e->preempted = false;
+            order_push(&r->live, e);
+        } else {
+            set_blocks(e, e->blocks, e->num_blocks, cr->new_block_ids, cr->num_new_block_ids);
+        }
+        e->num_computed = cr->num_computed_tokens;
+        e->expected_computed = (int64_t)cr->num_computed_tokens + str_map_get(&r->sched_ids, cr->req);
+        entry_refresh(e);
+    }
+    for (int i = 0; i < s->num_preempted; i++) {
+        live_entry *e = live_get(&r->live, s->preempted[i]);
+        order_remove(&r->live, e);
+        e->preempted = true;
+        e->num_blocks = 0;
+        e->num_computed = 0;
+        entry_refresh(e);
+    }
+    r->have_prev = true;
+    r->prev_step = s->step;
+    r->prev_time = s->time;
+    return 0;
+oom:
+    for (int i = 0; i < made; i++) entry_free(fresh[i]);
+    return fail(r, err, err_len, "out of memory");
+}
+
+int ar_trace_next(ar_trace_reader *r, const ar_step **step, char *err, size_t err_len)
+{
+    *step = NULL;
+    size_t len = 0;
+    int rc = read_line(r, err, err_len, &len);
+    if (rc <= 0) return rc;
+    json_t *root = parse_line(r, len, err, err_len);
+    if (!root) return -1;
+    arena_reset(&r->mem);
+    ar_step s;
+    rc = parse_step(r, root, &s, err, err_len);
+    json_decref(root);
+    if (rc == 0) rc = validate_step(r, &s, err, err_len);
+    if (rc == 0) rc = apply_step(r, &s, err, err_len);
+    if (rc != 0) {
+        memset(&r->step, 0, sizeof r->step);
+        return -1;
+    }
+    r->step = s;
+    *step = &r->step;
+    return 1;
+}
+
+const ar_live_req *ar_trace_find(const ar_trace_reader *r, const char *req)
+{
+    live_entry *e = live_get(&r->live, req);
+    if (!e || e->preempted) return NULL;
+    return &e->pub;
+}
+
+int ar_trace_live_count(const ar_trace_reader *r) { return r->live.num_live; }
+
+const ar_live_req *ar_trace_live_at(const ar_trace_reader *r, int i)
+{
+    if (i < 0 || i >= r->live.num_live) return NULL;
+    return &r->live.order[i]->pub;
+}
+
+uint64_t ar_block_content_key(uint64_t prev_key, const uint64_t *prompt_keys, int num_prompt_keys,
+                              uint64_t req_key, int block_index)
+{
+    if (block_index >= 0 && block_index < num_prompt_keys) return prompt_keys[block_index];
+    return ar_chain_key(prev_key, ar_private_payload(req_key, block_index));
+}
+
+/* ---- the writer ----------------------------------------------------------------------------- */
+
+typedef struct str_buf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} str_buf;
+
+static void sb_reserve(str_buf *b, size_t extra)
+{
+    if (b->oom || b->len + extra + 1 <= b->cap) return;
+    size_t ncap = b->cap ? b->cap : 4096;
+    while (ncap < b->len + extra + 1) ncap *= 2;
+    char *np = realloc(b->p, ncap);
+    if (!np) { b->oom = true; return; }
+    b->p = np;
+    b->cap = ncap;
+}
+
+static void sb_add(str_buf *b, const char *s, size_t n)
+{
+    sb_reserve(b, n);
+    if (b->oom) return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void sb_puts(str_buf *b, const char *s) { sb_add(b, s, strlen(s)); }
+
+static void sb_printf(str_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(str_buf *b, const char *fmt, ...)
+{
+    char tmp[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) { sb_add(b, tmp, (size_t)n); return; }
+    sb_reserve(b, (size_t)n);
+    if (b->oom) return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+/* A JSON string literal. */
+static void sb_json_str(str_buf *b, const char *s)
+{
+    sb_add(b, "\"", 1);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"') sb_add(b, "\\\"", 2);
+        else if (*c == '\\') sb_add(b, "\\\\", 2);
+        else if (*c == '\n') sb_add(b, "\\n", 2);
+        else if (*c == '\t') sb_add(b, "\\t", 2);
+        else if (*c == '\r') sb_add(b, "\\r", 2);
+        else if (*c < 0x20) sb_printf(b, "\\u%04x", *c);
+        else sb_add(b, (const char *)c, 1);
+    }
+    sb_add(b, "\"", 1);
+}
+
+/* Shortest of %.15g/%.16g/%.17g that reads back exactly. */
+static void sb_double(str_buf *b, double v)
+{
+    char tmp[40];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*g", prec, v);
+        if (strtod(tmp, NULL) == v) break;
+    }
+    /* keep it a JSON real so it reads back as a number either way */
+    sb_puts(b, tmp);
+    if (!strpbrk(tmp, ".eEn")) sb_puts(b, ".0");
+}
+
+static void sb_int_list(str_buf *b, const int *v, int n)
+{
+    sb_add(b, "[", 1);
+    for (int i = 0; i < n; i++) sb_printf(b, i ? ",%d" : "%d", v[i]);
+    sb_add(b, "]", 1);
+}
+
+static void sb_id_list(str_buf *b, char *const *v, int n)
+{
+    sb_add(b, "[", 1);
+    for (int i = 0; i < n; i++) {
+        if (i) sb_add(b, ",", 1);
+        sb_json_str(b, v[i]);
+    }
+    sb_add(b, "]", 1);
+}
+
+struct ar_trace_writer {
+    char *path;
+    bool is_gz;
+    gzFile gz;
+    FILE *f;
+    str_buf line;
+    bool failed;
+};
+
+static int writer_emit(ar_trace_writer *w, char *err, size_t err_len)
+{
+    if (w->line.oom) {
+        set_err(err, err_len, "%s: out of memory building a line", w->path);
+        w->failed = true;
+        return -1;
+    }
+    sb_add(&w->line, "\n", 1);
+    if (w->is_gz) {
+        if (gzwrite(w->gz, w->line.p, (unsigned)w->line.len) != (int)w->line.len) {
+            int zerr = 0;
+            const char *msg = gzerror(w->gz, &zerr);
+            set_err(err, err_len, "%s: write failed: %s", w->path, zerr == Z_ERRNO ? strerror(errno) : msg);
+            w->failed = true;
+            return -1;
+        }
+    } else if (fwrite(w->line.p, 1, w->line.len, w->f) != w->line.len) {
+        set_err(err, err_len, "%s: write failed: %s", w->path, strerror(errno));
+        w->failed = true;
+        return -1;
+    }
+    return 0;
+}
+
+static void writer_free(ar_trace_writer *w)
+{
+    free(w->path);
+    free(w->line.p);
+    free(w);
+}
+
+ar_trace_writer *ar_trace_create(const char *path, const ar_trace_header *h, char *err, size_t err_len)
+{
+    ar_trace_writer *w = calloc(1, sizeof *w);
+    if (!w || !(w->path = strdup(path))) {
+        set_err(err, err_len, "%s: out of memory", path);
+        free(w);
+        return NULL;
+    }
+    size_t n = strlen(path);
+    w->is_gz = n >= 3 && strcmp(path + n - 3, ".gz") == 0;
+    if (w->is_gz) {
+        w->gz = gzopen(path, "wb6");
+        if (w->gz) gzbuffer(w->gz, 1 << 18);
+    } else {
+        w->f = fopen(path, "wb");
+    }
+    if (w->is_gz ? !w->gz : !w->f) {
+        set_err(err, err_len, "%s: cannot create: %s", path, strerror(errno));
+        writer_free(w);
+        return NULL;
+    }
+    const ar_model *m = &h->model;
+    str_buf *b = &w->line;
+    sb_puts(b, "{\"format\":\"" AR_TRACE_FORMAT "\",\"version\":");
+    sb_printf(b, "%d", AR_TRACE_VERSION);
+    sb_puts(b, ",\"model\":{\"name\":");
+    sb_json_str(b, m->name);
+    sb_printf(b, ",\"attention\":\"%s\",\"num_layers\":%d,\"num_q_heads\":%d,\"num_kv_heads\":%d,\"head_size\":%d",
+              m->attention == AR_ATTN_MLA ? "mla" : "mha", m->num_layers, m->num_q_heads, m->num_kv_heads, m->head_size);
+    if (m->attention == AR_ATTN_MLA)
+        sb_printf(b, ",\"kv_lora_rank\":%d,\"qk_rope_head_dim\":%d,\"qk_nope_head_dim\":%d,\"v_head_dim\":%d",
+                  m->kv_lora_rank, m->qk_rope_head_dim, m->qk_nope_head_dim, m->v_head_dim);
+    sb_puts(b, ",\"scale\":");
+    sb_double(b, m->scale);
+    if (m->sliding_window) sb_printf(b, ",\"sliding_window\":%d", m->sliding_window);
+    if (m->logits_soft_cap != 0) {
+        sb_puts(b, ",\"logits_soft_cap\":");
+        sb_double(b, m->logits_soft_cap);
+    }
+    const ar_cache_config *c = &h->cache;
+    sb_printf(b, "},\"cache\":{\"block_size\":%d,\"num_blocks\":%d,\"dtype\":\"%s\",\"kv_cache_dtype\":\"%s\"}",
+              c->block_size, c->num_blocks, ar_dtype_name(c->dtype),
+              c->kv_cache_dtype == c->dtype ? "auto" : ar_dtype_name(c->kv_cache_dtype));
+    const ar_sched_config *sc = &h->sched;
+    sb_printf(b, ",\"scheduler\":{\"max_num_batched_tokens\":%d,\"max_num_seqs\":%d,\"prefix_caching\":%s,\"cascade\":%s}",
+              sc->max_num_batched_tokens, sc->max_num_seqs, sc->prefix_caching ? "true" : "false",
+              sc->cascade ? "true" : "false");
+    sb_puts(b, ",\"source\":");
+    sb_json_str(b, h->source);
+    sb_printf(b, ",\"seed\":%" PRIu64 "}", h->seed);
+    if (writer_emit(w, err, err_len) != 0) {
+        if (w->is_gz) gzclose_w(w->gz);
+        else fclose(w->f);
+        writer_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+int ar_trace_write_step(ar_trace_writer *w, const ar_step *s, char *err, size_t err_len)
+{
+    if (w->failed) {
+        set_err(err, err_len, "%s: an earlier write failed", w->path);
+        return -1;
+    }
+    str_buf *b = &w->line;
+    b->len = 0;
+    if (b->p) b->p[0] = 0;
+    sb_printf(b, "{\"step\":%" PRId64 ",\"time\":", s->step);
+    sb_double(b, s->time);
+    sb_puts(b, ",\"new\":[");
+    for (int i = 0; i < s->num_new; i++) {
+        const ar_new_req *nr = &s->new_reqs[i];
+        sb_puts(b, i ? ",{\"req\":" : "{\"req\":");
+        sb_json_str(b, nr->req);
+        sb_printf(b, ",\"prompt_len\":%d,\"num_computed_tokens\":%d,\"block_ids\":", nr->prompt_len,
+                  nr->num_computed_tokens);
+        sb_int_list(b, nr->block_ids, nr->num_block_ids);
+        if (nr->num_block_keys > 0) {
+            sb_puts(b, ",\"block_keys\":[");
+            for (int k = 0; k < nr->num_block_keys; k++)
+                sb_printf(b, k ? ",\"%016" PRIx64 "\"" : "\"%016" PRIx64 "\"", nr->block_keys[k]);
+            sb_puts(b, "]");
+        }
+        sb_puts(b, "}");
+    }
+    sb_puts(b, "],\"cached\":[");
+    for (int i = 0; i < s->num_cached; i++) {
+        const ar_cached_req *cr = &s->cached[i];
+        sb_puts(b, i ? ",{\"req\":" : "{\"req\":");
+        sb_json_str(b, cr->req);
+        sb_printf(b, ",\"num_computed_tokens\":%d,\"new_block_ids\":", cr->num_computed_tokens);
+        sb_int_list(b, cr->new_block_ids, cr->num_new_block_ids);
+        sb_printf(b, ",\"resumed\":%s}", cr->resumed ? "true" : "false");
+    }
+    sb_puts(b, "],\"num_scheduled_tokens\":{");
+    for (int i = 0; i < s->num_scheduled; i++) {
+        if (i) sb_puts(b, ",");
+        sb_json_str(b, s->scheduled[i].req);
+        sb_printf(b, ":%d", s->scheduled[i].num_tokens);
+    }
+    sb_printf(b, "},\"num_common_prefix_blocks\":%d,\"finished\":", s->num_common_prefix_blocks);
+    sb_id_list(b, s->finished, s->num_finished);
+    sb_puts(b, ",\"preempted\":");
+    sb_id_list(b, s->preempted, s->num_preempted);
+    sb_puts(b, "}");
+    return writer_emit(w, err, err_len);
+}
+
+int ar_trace_finish(ar_trace_writer *w, char *err, size_t err_len)
+{
+    if (!w) return -1;
+    int rc = w->failed ? -1 : 0;
+    if (w->failed) set_err(err, err_len, "%s: an earlier write failed", w->path);
+    if (w->is_gz) {
+        int zrc = gzclose_w(w->gz);
+        if (zrc != Z_OK && rc == 0) {
+            set_err(err, err_len, "%s: close failed: %s", w->path,
+                    zrc == Z_ERRNO ? strerror(errno) : "zlib error while flushing");
+            rc = -1;
+        }
+    } else {
+        bool bad = fflush(w->f) != 0 || ferror(w->f);
+        int saved = errno;
+        if (fclose(w->f) != 0 && !bad) { bad = true; saved = errno; }
+        if (bad && rc == 0) {
+            set_err(err, err_len, "%s: close failed: %s", w->path, strerror(saved));
+            rc = -1;
+        }
+    }
+    writer_free(w);
+    return rc;
+}
