@@ -56,7 +56,8 @@ typedef struct work_item {
 
 /* Per-thread scratch of one attention work item. */
 typedef struct scratch {
-    float *k_tile;           /* [KEY_TILE, D] */
+    float *k_tile;           /* [D, KEY_TILE] keys transposed */
+    float *k_row;            /* [D] one key row before transposing */
     float *v_tile;           /* [KEY_TILE, Dv] */
     float *scores;           /* [KEY_TILE] */
     float *acc;              /* [max_rows, Dv] */
@@ -138,16 +139,39 @@ static int grow(void **p, int *cap, int n, size_t elem)
     return 0;
 }
 
-static inline float dot(const float *a, const float *b, int n)
+/* Scores of one query row against a tile of keys held transposed (kT [D, KEY_TILE]):
+ * sc[jj] = q . k_jj.  The inner loop runs over the tile's keys, a constant trip count with no
+ * reduction, so the compiler vectorises it at -O2. */
+static void tile_scores(const float *restrict q /* [D] */, const float *restrict kT, int D,
+                        float *restrict sc /* [KEY_TILE] */)
 {
-    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int u = 0; u < 8; u++) part[u] += a[i + u] * b[i + u];
-    float tail = 0.0f;
-    for (; i < n; i++) tail += a[i] * b[i];
-    return ((part[0] + part[1]) + (part[2] + part[3])) +
-           ((part[4] + part[5]) + (part[6] + part[7])) + tail;
+    float acc[KEY_TILE];
+    for (int jj = 0; jj < KEY_TILE; jj++) acc[jj] = 0.0f;
+    for (int d = 0; d < D; d++) {
+        float qd = q[d];
+        const float *restrict krow = kT + (size_t)d * KEY_TILE;
+        for (int jj = 0; jj < KEY_TILE; jj++) acc[jj] += qd * krow[jj];
+    }
+    for (int jj = 0; jj < KEY_TILE; jj++) sc[jj] = acc[jj];
+}
+
+/* acc[d] += p * v[d] for d < n, in blocks of 8 (vectorised) plus a scalar tail. */
+static void add_scaled(float *restrict acc /* [n] */, const float *restrict v /* [n] */, float p,
+                       int n)
+{
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int u = 0; u < 8; u++) acc[d + u] += p * v[d + u];
+    for (; d < n; d++) acc[d] += p * v[d];
+}
+
+/* acc[d] *= alpha for d < n. */
+static void scale_row(float *restrict acc /* [n] */, float alpha, int n)
+{
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int u = 0; u < 8; u++) acc[d + u] *= alpha;
+    for (; d < n; d++) acc[d] *= alpha;
 }
 
 /* Converts n cache elements starting at element index `first` to float, times mult. */
@@ -280,7 +304,7 @@ static void cpu_close(void *state)
     if (s->scr) {
         for (int i = 0; i < s->num_threads; i++) {
             scratch *c = &s->scr[i];
-            free(c->k_tile); free(c->v_tile); free(c->scores); free(c->acc);
+            free(c->k_tile); free(c->k_row); free(c->v_tile); free(c->scores); free(c->acc);
             free(c->row_max); free(c->row_sum); free(c->tok_lo); free(c->tok_hi);
         }
         free(s->scr);
@@ -388,6 +412,7 @@ static int cpu_open(const ar_run_config *cfg, void **state, char *err, size_t er
     for (int i = 0; ok && i < s->num_threads; i++) {
         scratch *c = &s->scr[i];
         c->k_tile = malloc(sizeof(float) * KEY_TILE * (size_t)s->head_size);
+        c->k_row = malloc(sizeof(float) * (size_t)s->head_size);
         c->v_tile = malloc(sizeof(float) * KEY_TILE * (size_t)s->v_head_size);
         c->scores = malloc(sizeof(float) * KEY_TILE);
         c->acc = malloc(sizeof(float) * max_rows * (size_t)s->v_head_size);
@@ -395,7 +420,7 @@ static int cpu_open(const ar_run_config *cfg, void **state, char *err, size_t er
         c->row_sum = malloc(sizeof(float) * max_rows);
         c->tok_lo = malloc(sizeof(int) * (size_t)s->tile_tokens);
         c->tok_hi = malloc(sizeof(int) * (size_t)s->tile_tokens);
-        ok = c->k_tile && c->v_tile && c->scores && c->acc && c->row_max && c->row_sum &&
+        ok = c->k_tile && c->k_row && c->v_tile && c->scores && c->acc && c->row_max && c->row_sum &&
              c->tok_lo && c->tok_hi;
     }
     if (!ok) {
@@ -725,9 +750,12 @@ static void attn_task(void *ctx, int item, int worker)
         for (int j = j0; j < j1; j++) {
             int64_t slot = (int64_t)block_row[j / B] * B + j % B;
             int64_t first = (slot * Hkv + kv_read) * D;
-            load_row(s->cfg.kv_dtype, kc, first, D, s->kv_scale, c->k_tile + (size_t)(j - j0) * D);
+            load_row(s->cfg.kv_dtype, kc, first, D, s->kv_scale, c->k_row);
+            for (int d = 0; d < D; d++) c->k_tile[(size_t)d * KEY_TILE + (j - j0)] = c->k_row[d];
             load_row(s->cfg.kv_dtype, vc, first, Dv, s->kv_scale, c->v_tile + (size_t)(j - j0) * Dv);
         }
+        for (int jj = j1 - j0; jj < KEY_TILE; jj++)      /* a short last tile: unused columns */
+            for (int d = 0; d < D; d++) c->k_tile[(size_t)d * KEY_TILE + jj] = 0.0f;
         for (int i = 0; i < ntok; i++) {
             int lo = c->tok_lo[i] > j0 ? c->tok_lo[i] : j0;
             int hi = c->tok_hi[i] < j1 ? c->tok_hi[i] : j1;
@@ -738,8 +766,9 @@ static void attn_task(void *ctx, int item, int worker)
                 const float *q = s->q + ((size_t)t * Hq + h) * D;
                 float *acc = c->acc + (size_t)row * Dv;
                 float tile_max = -INFINITY;
+                tile_scores(q, c->k_tile, D, c->scores);
                 for (int j = lo; j < hi; j++) {
-                    float sc = dot(q, c->k_tile + (size_t)(j - j0) * D, D) * scale;
+                    float sc = c->scores[j - j0] * scale;
                     if (cap > 0) sc = cap * tanhf(sc / cap);
                     c->scores[j - j0] = sc;
                     if (sc > tile_max) tile_max = sc;
@@ -748,8 +777,7 @@ static void attn_task(void *ctx, int item, int worker)
                 if (tile_max > m) {
                     float alpha = expf(m - tile_max);     /* 0 when m is -inf */
                     c->row_sum[row] *= alpha;
-                    if (fault != AR_FAULT_NO_RESCALE)
-                        for (int d = 0; d < Dv; d++) acc[d] *= alpha;
+                    if (fault != AR_FAULT_NO_RESCALE) scale_row(acc, alpha, Dv);
                     m = tile_max;
                     c->row_max[row] = m;
                 }
@@ -758,7 +786,7 @@ static void attn_task(void *ctx, int item, int worker)
                     float p = expf(c->scores[j - j0] - m);
                     const float *v = c->v_tile + (size_t)(j - j0) * Dv;
                     sum += p;
-                    for (int d = 0; d < Dv; d++) acc[d] += p * v[d];
+                    add_scaled(acc, v, p, Dv);
                 }
                 c->row_sum[row] += sum;
             }
