@@ -109,7 +109,8 @@ static void score_tile(int nvec, int head_size, int key_tile, const double *rest
     }
 }
 
-/* o += sum_j prob[j] * v[j] over n keys, four keys at a time.
+/* o += sum_j prob[j] * v[j] over n keys, four keys at a time.  No key is skipped for a zero
+ * probability, so a NaN value shows in the output as it would in a kernel.
  *   prob [n], v [n, v_head_size], o [v_head_size] */
 static void accumulate_pv(int n, int v_head_size, const double *restrict prob,
                           const double *restrict v, double *restrict o)
@@ -117,7 +118,6 @@ static void accumulate_pv(int n, int v_head_size, const double *restrict prob,
     int j = 0;
     for (; j + 4 <= n; j += 4) {
         double p0 = prob[j], p1 = prob[j + 1], p2 = prob[j + 2], p3 = prob[j + 3];
-        if (p0 == 0 && p1 == 0 && p2 == 0 && p3 == 0) continue;
         const double *restrict v0 = v + (size_t)j * v_head_size;
         const double *restrict v1 = v0 + v_head_size;
         const double *restrict v2 = v1 + v_head_size;
@@ -127,7 +127,6 @@ static void accumulate_pv(int n, int v_head_size, const double *restrict prob,
     }
     for (; j < n; j++) {
         double pj = prob[j];
-        if (pj == 0) continue;
         const double *restrict vj = v + (size_t)j * v_head_size;
         for (int e = 0; e < v_head_size; e++) o[e] += pj * vj[e];
     }
@@ -230,7 +229,7 @@ void ar_ref_attend(const ar_attn_params *p, int num_rows, const double *q, const
                 int row = (vb + i) / group, h = g * group + (vb + i) % group;
                 double *dst = out + ((size_t)row * hq + h) * hdv;
                 const double *o = ob + (size_t)i * hdv;
-                if (run_sum[i] > 0) {
+                if (lo[i] < hi[i]) {   /* NaN inputs give NaN here, never an "empty" row */
                     double inv = 1.0 / run_sum[i];
                     for (int e = 0; e < hdv; e++) dst[e] = o[e] * inv;
                     if (lse) lse[(size_t)h * num_rows + row] = run_max[i] + log(run_sum[i]);
@@ -286,7 +285,7 @@ void ar_ref_attend_naive(const ar_attn_params *p, int num_rows, const double *q,
                 sum += w;
                 for (int e = 0; e < hdv; e++) dst[e] += w * vv[e];
             }
-            if (sum > 0) {
+            if (lo < hi) {
                 for (int e = 0; e < hdv; e++) dst[e] /= sum;
                 if (lse) lse[(size_t)h * num_rows + row] = max_score + log(sum);
             } else {
