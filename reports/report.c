@@ -1,0 +1,1032 @@
+/* report.c - `attnreplay report DB [--run ID ...] --out DIR`: reads runs from a results
+ * database (read-only), writes the data behind each chart as CSV under DIR/data, renders the
+ * charts through gnuplot (PNG and SVG, see plot.c) and writes DIR/index.html (plots and
+ * tables, no network needed) and DIR/summary.md.
+ *
+ * Charts: per-step kernel time over the run; time against batch tokens and against total
+ * context; error distributions (empirical CDFs of NMSE and max abs error) per backend and
+ * dtype; achieved TFLOP/s against arithmetic intensity under each device's roofline; and,
+ * when a run took the cascade path, its speedup over a non-cascade run of the same trace
+ * against the shared prefix length.  A chart with no data is left out and the report says
+ * why. */
+#include "reports.h"
+#include "plot.h"
+#include "rundata.h"
+
+#include <errno.h>
+#include <math.h>
+#include <sqlite3.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define REPORT_MAX_PLOTS 16
+#define REPORT_MAX_GROUPS 24
+#define REPORT_MAX_DEVICES 8
+
+/* Per-run numbers for the tables. */
+typedef struct {
+    size_t verified, failed;
+    double time_median, time_p90, time_p99, time_total_ms;
+    double gbps_median, tflops_median;
+    double nmse_max, max_abs_max;
+    ar_ceilings ceilings;
+} run_summary;
+
+/* Runs sharing a backend and dtype, for the error charts. */
+typedef struct {
+    char label[128];
+    size_t num_runs, verified, failed, exact_zero;
+    double nmse_median, nmse_p99, nmse_max, abs_median, abs_max;
+} error_group;
+
+/* A cascade run paired with a non-cascade run of the same trace. */
+typedef struct {
+    int64_t cascade_run, baseline_run;
+    size_t steps;
+    double speedup_median, speedup_min, speedup_max;
+    int64_t prefix_min, prefix_max;
+} cascade_pair;
+
+/* What became of each chart. */
+typedef struct {
+    char name[64];
+    char title[200];
+    char note[512];           /* why it is missing, or a caveat */
+    bool drawn;
+} plot_result;
+
+typedef struct {
+    const char *db_path;
+    const char *out_dir;
+    void *db;
+    ar_run_data *runs;
+    run_summary *summaries;
+    size_t num_runs;
+    error_group groups[REPORT_MAX_GROUPS];
+    size_t num_groups;
+    cascade_pair *cascades;
+    size_t num_cascades;
+    size_t device_rows[REPORT_MAX_DEVICES];   /* first run of each distinct device */
+    size_t num_devices;
+    plot_result plots[REPORT_MAX_PLOTS];
+    size_t num_plots;
+    int render_failures;
+} report_ctx;
+
+static FILE *open_out(const report_ctx *ctx, const char *rel, char *err, size_t err_len)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", ctx->out_dir, rel);
+    FILE *f = fopen(path, "w");
+    if (!f) snprintf(err, err_len, "%.900s: cannot write: %s", path, strerror(errno));
+    return f;
+}
+
+static int make_dir(const char *path, char *err, size_t err_len)
+{
+    if (mkdir(path, 0755) == 0 || errno == EEXIST) {
+        struct stat sb;
+        if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return 0;
+        snprintf(err, err_len, "%s exists and is not a directory", path);
+        return -1;
+    }
+    snprintf(err, err_len, "%s: cannot create directory: %s", path, strerror(errno));
+    return -1;
+}
+
+static void run_label(const ar_run_data *run, char *buf, size_t len)
+{
+    snprintf(buf, len, "run %lld: %s %s%s%s", (long long)run->id, run->backend, run->dtype,
+             strcmp(run->kv_dtype, run->dtype) && run->kv_dtype[0] ? " kv " : "",
+             strcmp(run->kv_dtype, run->dtype) && run->kv_dtype[0] ? run->kv_dtype : "");
+}
+
+static bool positive(double v)
+{
+    return isfinite(v) && v > 0;
+}
+
+/* ---- per-run statistics ------------------------------------------------------------------ */
+
+static void summarize_run(report_ctx *ctx, size_t r)
+{
+    const ar_run_data *run = &ctx->runs[r];
+    run_summary *s = &ctx->summaries[r];
+    memset(s, 0, sizeof *s);
+    size_t n = run->num_steps ? run->num_steps : 1;
+    double *times = malloc(n * sizeof *times), *gbps = malloc(n * sizeof *gbps),
+           *tflops = malloc(n * sizeof *tflops);
+    size_t nt = 0, ng = 0, nf = 0;
+    double total = 0;
+    s->nmse_max = s->max_abs_max = NAN;
+    for (size_t i = 0; times && gbps && tflops && i < run->num_steps; i++) {
+        const ar_step_row *st = &run->steps[i];
+        if (positive(st->time_us)) { times[nt++] = st->time_us; total += st->time_us; }
+        if (positive(st->gbps)) gbps[ng++] = st->gbps;
+        if (positive(st->tflops)) tflops[nf++] = st->tflops;
+        if (st->pass != -1) {
+            s->verified++;
+            if (st->pass == 0) s->failed++;
+            if (isfinite(st->nmse) && !(st->nmse <= s->nmse_max)) s->nmse_max = st->nmse;
+            if (isfinite(st->max_abs) && !(st->max_abs <= s->max_abs_max)) s->max_abs_max = st->max_abs;
+        }
+    }
+    s->time_median = ar_rd_quantile(times, nt, 0.5);
+    s->time_p90 = ar_rd_quantile(times, nt, 0.9);
+    s->time_p99 = ar_rd_quantile(times, nt, 0.99);
+    s->time_total_ms = nt ? total / 1000.0 : NAN;
+    s->gbps_median = ar_rd_quantile(gbps, ng, 0.5);
+    s->tflops_median = ar_rd_quantile(tflops, nf, 0.5);
+    ar_rd_ceilings(ctx->db, run->device, run->backend, &s->ceilings);
+    free(times);
+    free(gbps);
+    free(tflops);
+}
+
+static plot_result *new_plot_result(report_ctx *ctx, const char *name, const char *title)
+{
+    plot_result *p = &ctx->plots[ctx->num_plots++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->title, sizeof p->title, "%s", title);
+    return p;
+}
+
+static void render(report_ctx *ctx, plot_result *result, ar_plot *plot)
+{
+    char err[1024];
+    snprintf(plot->name, sizeof plot->name, "%s", result->name);
+    snprintf(plot->title, sizeof plot->title, "%s", result->title);
+    if (ar_plot_render(ctx->out_dir, plot, err, sizeof err) == 0) {
+        result->drawn = true;
+    } else {
+        fprintf(stderr, "report: %s\n", err);
+        snprintf(result->note, sizeof result->note, "rendering failed: %.480s", err);
+        ctx->render_failures++;
+    }
+}
+
+/* Log scale pays off when positive values span more than two decades. */
+static bool wide_range(double lo, double hi)
+{
+    return lo > 0 && hi / lo > 100.0;
+}
+
+/* ---- charts from per-step rows -------------------------------------------------------------- */
+
+/* Per-run CSV data/run<ID>.csv: step,num_tokens,total_context,time_us,arith_intensity,tflops. */
+static int write_run_csvs(report_ctx *ctx, char *err, size_t err_len)
+{
+    for (size_t r = 0; r < ctx->num_runs; r++) {
+        const ar_run_data *run = &ctx->runs[r];
+        char rel[96];
+        snprintf(rel, sizeof rel, "data/run%lld.csv", (long long)run->id);
+        FILE *f = open_out(ctx, rel, err, err_len);
+        if (!f) return -1;
+        fprintf(f, "# step,num_tokens,total_context,time_us,arith_intensity_flop_per_byte,tflops,"
+                   "gbps,nmse,max_abs,pass,cascade,prefix_len\n");
+        for (size_t i = 0; i < run->num_steps; i++) {
+            const ar_step_row *s = &run->steps[i];
+            double intensity = positive(s->flops) && positive(s->bytes) ? s->flops / s->bytes : NAN;
+            fprintf(f, "%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%d,%d,%lld\n",
+                    (long long)s->step, (long long)s->num_tokens, (long long)s->total_context,
+                    positive(s->time_us) ? s->time_us : NAN, intensity,
+                    positive(s->tflops) ? s->tflops : NAN, positive(s->gbps) ? s->gbps : NAN,
+                    s->nmse, s->max_abs, s->pass, s->cascade, (long long)s->prefix_len);
+        }
+        if (fclose(f) != 0) {
+            snprintf(err, err_len, "%s/%s: write failed", ctx->out_dir, rel);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Charts of time_us against a step column: x_col is 1 (step), 2 (tokens) or 3 (context). */
+static void plot_time_against(report_ctx *ctx, const char *name, const char *title,
+                              const char *xlabel, int x_col, const char *style)
+{
+    plot_result *result = new_plot_result(ctx, name, title);
+    ar_plot plot;
+    memset(&plot, 0, sizeof plot);
+    snprintf(plot.xlabel, sizeof plot.xlabel, "%s", xlabel);
+    snprintf(plot.ylabel, sizeof plot.ylabel, "kernel time per step, all layers (µs)");
+    double xlo = INFINITY, xhi = 0, ylo = INFINITY, yhi = 0;
+    for (size_t r = 0; r < ctx->num_runs; r++) {
+        const ar_run_data *run = &ctx->runs[r];
+        size_t points = 0;
+        for (size_t i = 0; i < run->num_steps; i++) {
+            const ar_step_row *s = &run->steps[i];
+            double x = x_col == 1 ? (double)s->step : x_col == 2 ? (double)s->num_tokens
+                                                               : (double)s->total_context;
+            if (!positive(s->time_us)) continue;
+            points++;
+            if (x > 0 && x < xlo) xlo = x;
+            if (x > xhi) xhi = x;
+            if (s->time_us < ylo) ylo = s->time_us;
+            if (s->time_us > yhi) yhi = s->time_us;
+        }
+        if (!points) continue;
+        char label[160], csv[96], cols[16];
+        run_label(run, label, sizeof label);
+        snprintf(csv, sizeof csv, "data/run%lld.csv", (long long)run->id);
+        snprintf(cols, sizeof cols, "%d:4", x_col);
+        ar_plot_add(&plot, label, csv, cols, style);
+    }
+    if (plot.num_series == 0) {
+        snprintf(result->note, sizeof result->note, "not drawn: no step has a recorded time");
+        return;
+    }
+    plot.logx = x_col != 1 && wide_range(xlo, xhi);
+    plot.logy = wide_range(ylo, yhi);
+    render(ctx, result, &plot);
+}
+
+static void group_key(const ar_run_data *run, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s %s%s%s", run->backend, run->dtype,
+             strcmp(run->kv_dtype, run->dtype) && run->kv_dtype[0] ? " kv " : "",
+             strcmp(run->kv_dtype, run->dtype) && run->kv_dtype[0] ? run->kv_dtype : "");
+}
+
+/* Error ECDFs per backend/dtype group, and the group table. */
+static void plot_errors(report_ctx *ctx)
+{
+    /* Group the runs. */
+    int *group_of = calloc(ctx->num_runs ? ctx->num_runs : 1, sizeof *group_of);
+    if (!group_of) return;
+    for (size_t r = 0; r < ctx->num_runs; r++) {
+        char key[128];
+        group_key(&ctx->runs[r], key, sizeof key);
+        size_t g = 0;
+        while (g < ctx->num_groups && strcmp(ctx->groups[g].label, key)) g++;
+        if (g == ctx->num_groups) {
+            if (ctx->num_groups == REPORT_MAX_GROUPS) { group_of[r] = -1; continue; }
+            memset(&ctx->groups[g], 0, sizeof ctx->groups[g]);
+            snprintf(ctx->groups[g].label, sizeof ctx->groups[g].label, "%s", key);
+            ctx->num_groups++;
+        }
+        group_of[r] = (int)g;
+        ctx->groups[g].num_runs++;
+    }
+    static const char *const metric_names[2] = { "nmse", "max_abs" };
+    static const char *const metric_titles[2] = {
+        "NMSE distribution per backend and dtype (verified steps)",
+        "Max abs error distribution per backend and dtype (verified steps)" };
+    static const char *const metric_xlabels[2] = {
+        "NMSE = ||out - ref||² / ||ref||² (dimensionless, log scale)",
+        "max |out - ref| over the step (output units, log scale)" };
+    for (int m = 0; m < 2; m++) {
+        char name[64];
+        snprintf(name, sizeof name, "errors_%s", metric_names[m]);
+        plot_result *result = new_plot_result(ctx, name, metric_titles[m]);
+        ar_plot plot;
+        memset(&plot, 0, sizeof plot);
+        snprintf(plot.xlabel, sizeof plot.xlabel, "%s", metric_xlabels[m]);
+        snprintf(plot.ylabel, sizeof plot.ylabel, "fraction of verified steps ≤ x (ECDF)");
+        plot.logx = true;
+        plot.ymin = 0;
+        plot.ymax = 1.02;
+        size_t zero_total = 0;
+        for (size_t g = 0; g < ctx->num_groups; g++) {
+            error_group *grp = &ctx->groups[g];
+            size_t cap = 0;
+            for (size_t r = 0; r < ctx->num_runs; r++)
+                if (group_of[r] == (int)g) cap += ctx->runs[r].num_steps;
+            double *values = malloc((cap ? cap : 1) * sizeof *values);
+            if (!values) continue;
+            size_t n = 0, zeros = 0, verified = 0, failed = 0;
+            for (size_t r = 0; r < ctx->num_runs; r++) {
+                if (group_of[r] != (int)g) continue;
+                for (size_t i = 0; i < ctx->runs[r].num_steps; i++) {
+                    const ar_step_row *s = &ctx->runs[r].steps[i];
+                    if (s->pass == -1) continue;
+                    verified++;
+                    failed += s->pass == 0;
+                    double v = m == 0 ? s->nmse : s->max_abs;
+                    if (!isfinite(v)) continue;
+                    if (v <= 0) { zeros++; continue; }
+                    values[n++] = v;
+                }
+            }
+            double vmax = n ? 0 : NAN;
+            for (size_t i = 0; i < n; i++) if (values[i] > vmax) vmax = values[i];
+            if (m == 0) {
+                grp->verified = verified;
+                grp->failed = failed;
+                grp->exact_zero = zeros;
+                grp->nmse_median = ar_rd_quantile(values, n, 0.5);
+                grp->nmse_p99 = ar_rd_quantile(values, n, 0.99);
+                grp->nmse_max = vmax;
+            } else {
+                grp->abs_median = ar_rd_quantile(values, n, 0.5);
+                grp->abs_max = vmax;
+            }
+            zero_total += zeros;
+            if (n) {
+                ar_rd_quantile(values, n, 0.5); /* sorts */
+                char rel[96];
+                snprintf(rel, sizeof rel, "data/%s_group%zu.csv", metric_names[m], g);
+                char err[512];
+                FILE *f = open_out(ctx, rel, err, sizeof err);
+                if (f) {
+                    fprintf(f, "# %s,fraction_of_verified_steps\n", metric_names[m]);
+                    /* Zeros sit left of the log axis; the fraction still counts them. */
+                    for (size_t i = 0; i < n; i++)
+                        fprintf(f, "%.6g,%.6g\n", values[i],
+                                (double)(zeros + i + 1) / (double)(n + zeros));
+                    if (fclose(f) == 0) {
+                        char label[200];
+                        snprintf(label, sizeof label, "%s (%zu steps)", grp->label, n + zeros);
+                        ar_plot_add(&plot, label, rel, "1:2", "steps lw 2");
+                    }
+                } else {
+                    fprintf(stderr, "report: %s\n", err);
+                }
+            }
+            free(values);
+        }
+        if (plot.num_series == 0) {
+            snprintf(result->note, sizeof result->note,
+                     "not drawn: no verified step with a positive %s", metric_names[m]);
+            continue;
+        }
+        if (zero_total)
+            snprintf(result->note, sizeof result->note,
+                     "%zu verified steps with exactly zero error sit left of the log axis "
+                     "(each curve starts at their fraction)", zero_total);
+        render(ctx, result, &plot);
+    }
+    free(group_of);
+}
+
+/* Achieved TFLOP/s against arithmetic intensity under each device's roofline. */
+static void plot_roofline(report_ctx *ctx)
+{
+    plot_result *result = new_plot_result(ctx, "roofline",
+        "Roofline: achieved TFLOP/s against arithmetic intensity");
+    ar_plot plot;
+    memset(&plot, 0, sizeof plot);
+    snprintf(plot.xlabel, sizeof plot.xlabel, "arithmetic intensity (FLOP/byte)");
+    snprintf(plot.ylabel, sizeof plot.ylabel, "achieved TFLOP/s");
+    plot.logx = plot.logy = true;
+    double xlo = INFINITY, xhi = 0, ylo = INFINITY, yhi = 0;
+    for (size_t r = 0; r < ctx->num_runs; r++) {
+        const ar_run_data *run = &ctx->runs[r];
+        size_t points = 0;
+        for (size_t i = 0; i < run->num_steps; i++) {
+            const ar_step_row *s = &run->steps[i];
+            if (!positive(s->flops) || !positive(s->bytes) || !positive(s->tflops)) continue;
+            double x = s->flops / s->bytes;
+            points++;
+            if (x < xlo) xlo = x;
+            if (x > xhi) xhi = x;
+            if (s->tflops < ylo) ylo = s->tflops;
+            if (s->tflops > yhi) yhi = s->tflops;
+        }
+        if (!points) continue;
+        char label[160], csv[96];
+        run_label(run, label, sizeof label);
+        snprintf(csv, sizeof csv, "data/run%lld.csv", (long long)run->id);
+        ar_plot_add(&plot, label, csv, "5:6", "points pt 7 ps 0.6");
+    }
+    if (plot.num_series == 0) {
+        snprintf(result->note, sizeof result->note,
+                 "not drawn: no step records FLOPs, bytes and TFLOP/s");
+        return;
+    }
+    /* One roof per distinct ceiling among the runs drawn. */
+    ar_ceilings seen[REPORT_MAX_DEVICES];
+    double roof_low[REPORT_MAX_DEVICES];
+    size_t num_seen = 0;
+    for (size_t r = 0; r < ctx->num_runs && num_seen < REPORT_MAX_DEVICES; r++) {
+        const ar_ceilings *c = &ctx->summaries[r].ceilings;
+        bool dup = false;
+        for (size_t k = 0; k < num_seen; k++)
+            dup |= seen[k].copy_gbps == c->copy_gbps && seen[k].bf16_tflops == c->bf16_tflops;
+        if (dup) continue;
+        seen[num_seen++] = *c;
+        char function[256], title[200];
+        double tflops_per_intensity = c->copy_gbps / 1000.0;
+        snprintf(function, sizeof function, "(x*%.9g < %.9g ? x*%.9g : %.9g)",
+                 tflops_per_intensity, c->bf16_tflops, tflops_per_intensity, c->bf16_tflops);
+        snprintf(title, sizeof title, "roof %s: %.4g TB/s, %.4g TFLOP/s (%s)",
+                 ctx->runs[r].device, c->copy_gbps / 1000.0, c->bf16_tflops,
+                 strstr(c->source, "measured by") ? "calibrated"
+                 : strstr(c->source, "guess") ? "guess" : "default");
+        ar_plot_add_function(&plot, title, function, "lines lw 2 dt 2");
+        double ridge = c->bf16_tflops / tflops_per_intensity;
+        if (ridge * 4 > xhi) xhi = ridge * 4;
+        if (c->bf16_tflops > yhi) yhi = c->bf16_tflops;
+        roof_low[num_seen - 1] = tflops_per_intensity;   /* the roof at intensity 1 */
+    }
+    plot.xmin = xlo / 3;
+    plot.xmax = xhi * 3;
+    /* Show every roof where the data starts, so a slow device's roof is not cut off. */
+    for (size_t k = 0; k < num_seen; k++) {
+        double at_left = roof_low[k] * plot.xmin;
+        if (at_left < seen[k].bf16_tflops && at_left < ylo) ylo = at_left;
+    }
+    plot.ymin = ylo / 3;
+    plot.ymax = yhi * 3;
+    snprintf(result->note, sizeof result->note,
+             "dashed lines: min(intensity x copy bandwidth, bf16 matrix rate) per device; "
+             "ceilings and their source are in the table \"Device ceilings used\"");
+    render(ctx, result, &plot);
+}
+
+/* ---- cascade speedup ------------------------------------------------------------------------ */
+
+/* Counts steps where cascade ran in c and not in b, at the same step number. */
+static size_t cascade_overlap(const ar_run_data *c, const ar_run_data *b)
+{
+    size_t n = 0, ib = 0;
+    for (size_t ic = 0; ic < c->num_steps; ic++) {
+        const ar_step_row *sc = &c->steps[ic];
+        while (ib < b->num_steps && b->steps[ib].step < sc->step) ib++;
+        if (ib < b->num_steps && b->steps[ib].step == sc->step && sc->cascade &&
+            !b->steps[ib].cascade && positive(sc->time_us) && positive(b->steps[ib].time_us))
+            n++;
+    }
+    return n;
+}
+
+/* Finds the best non-cascade partner of run c among all runs of the database: same trace,
+ * dtypes, device and layers; most comparable steps, then same backend, then lowest id. */
+static int find_cascade_baseline(report_ctx *ctx, const ar_run_data *c, ar_run_data *best)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2((sqlite3 *)ctx->db,
+            "SELECT id FROM runs WHERE id != ? AND (trace_hash = ? OR (trace_hash = '' AND trace = ?)) "
+            "AND dtype = ? AND kv_dtype = ? AND device = ? AND layers = ? ORDER BY id",
+            -1, &st, NULL) != SQLITE_OK)
+        return -1;
+    sqlite3_bind_int64(st, 1, c->id);
+    sqlite3_bind_text(st, 2, c->trace_hash, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, c->trace, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, c->dtype, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, c->kv_dtype, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 6, c->device, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 7, c->layers);
+    size_t best_count = 0;
+    bool best_same_backend = false;
+    memset(best, 0, sizeof *best);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        ar_run_data candidate;
+        char err[256];
+        if (ar_rd_load_run(ctx->db, sqlite3_column_int64(st, 0), &candidate, err, sizeof err) != 0)
+            continue;
+        size_t count = cascade_overlap(c, &candidate);
+        bool same_backend = strcmp(candidate.backend, c->backend) == 0;
+        if (count > best_count || (count == best_count && count && same_backend && !best_same_backend)) {
+            ar_rd_free_run(best);
+            *best = candidate;
+            best_count = count;
+            best_same_backend = same_backend;
+        } else {
+            ar_rd_free_run(&candidate);
+        }
+    }
+    sqlite3_finalize(st);
+    return best_count ? 0 : -1;
+}
+
+static void plot_cascade(report_ctx *ctx)
+{
+    plot_result *result = new_plot_result(ctx, "cascade_speedup",
+        "Cascade speedup against shared prefix length");
+    size_t cascade_runs = 0;
+    for (size_t r = 0; r < ctx->num_runs; r++)
+        for (size_t i = 0; i < ctx->runs[r].num_steps; i++)
+            if (ctx->runs[r].steps[i].cascade) { cascade_runs++; break; }
+    if (!cascade_runs) {
+        snprintf(result->note, sizeof result->note,
+                 "not drawn: no selected run took the cascade path");
+        return;
+    }
+    ctx->cascades = calloc(cascade_runs, sizeof *ctx->cascades);
+    if (!ctx->cascades) return;
+    ar_plot plot;
+    memset(&plot, 0, sizeof plot);
+    snprintf(plot.xlabel, sizeof plot.xlabel, "shared prefix length (tokens)");
+    snprintf(plot.ylabel, sizeof plot.ylabel, "speedup = non-cascade time / cascade time (x)");
+    double xlo = INFINITY, xhi = 0;
+    for (size_t r = 0; r < ctx->num_runs; r++) {
+        const ar_run_data *c = &ctx->runs[r];
+        bool has_cascade = false;
+        for (size_t i = 0; i < c->num_steps && !has_cascade; i++) has_cascade = c->steps[i].cascade;
+        if (!has_cascade) continue;
+        ar_run_data base;
+        if (find_cascade_baseline(ctx, c, &base) != 0) continue;
+        cascade_pair *pair = &ctx->cascades[ctx->num_cascades];
+        memset(pair, 0, sizeof *pair);
+        pair->cascade_run = c->id;
+        pair->baseline_run = base.id;
+        char rel[96], err[512];
+        snprintf(rel, sizeof rel, "data/cascade_run%lld.csv", (long long)c->id);
+        FILE *f = open_out(ctx, rel, err, sizeof err);
+        double *speedups = malloc((c->num_steps ? c->num_steps : 1) * sizeof *speedups);
+        if (f && speedups) {
+            fprintf(f, "# prefix_len,speedup,step,cascade_time_us,baseline_time_us\n");
+            size_t ib = 0;
+            pair->prefix_min = INT64_MAX;
+            for (size_t ic = 0; ic < c->num_steps; ic++) {
+                const ar_step_row *sc = &c->steps[ic];
+                while (ib < base.num_steps && base.steps[ib].step < sc->step) ib++;
+                if (ib >= base.num_steps || base.steps[ib].step != sc->step) continue;
+                const ar_step_row *sb = &base.steps[ib];
+                if (!sc->cascade || sb->cascade || !positive(sc->time_us) || !positive(sb->time_us))
+                    continue;
+                double speedup = sb->time_us / sc->time_us;
+                speedups[pair->steps++] = speedup;
+                if (sc->prefix_len < pair->prefix_min) pair->prefix_min = sc->prefix_len;
+                if (sc->prefix_len > pair->prefix_max) pair->prefix_max = sc->prefix_len;
+                if (sc->prefix_len > 0 && (double)sc->prefix_len < xlo) xlo = (double)sc->prefix_len;
+                if ((double)sc->prefix_len > xhi) xhi = (double)sc->prefix_len;
+                fprintf(f, "%lld,%.6g,%lld,%.6g,%.6g\n", (long long)sc->prefix_len, speedup,
+                        (long long)sc->step, sc->time_us, sb->time_us);
+            }
+        }
+        if (f && fclose(f) == 0 && speedups && pair->steps) {
+            pair->speedup_median = ar_rd_quantile(speedups, pair->steps, 0.5);
+            pair->speedup_min = speedups[0];
+            pair->speedup_max = speedups[pair->steps - 1];
+            char label[200];
+            snprintf(label, sizeof label, "run %lld (%s) vs run %lld (%s)", (long long)c->id,
+                     c->backend, (long long)base.id, base.backend);
+            ar_plot_add(&plot, label, rel, "1:2", "points pt 7 ps 0.8");
+            ctx->num_cascades++;
+        } else if (!f) {
+            fprintf(stderr, "report: %s\n", err);
+        }
+        free(speedups);
+        ar_rd_free_run(&base);
+    }
+    if (plot.num_series == 0) {
+        snprintf(result->note, sizeof result->note,
+                 "not drawn: cascade ran, but no non-cascade run of the same trace, dtype and "
+                 "device is in the database to compare against (replay again with --cascade off)");
+        return;
+    }
+    ar_plot_add_function(&plot, "no speedup (1x)", "1", "lines lw 1 dt 3 lc rgb '#777777'");
+    plot.logx = wide_range(xlo, xhi);
+    /* From zero, so the 1x line and slowdowns below it show. */
+    double top = 1.0;
+    for (size_t k = 0; k < ctx->num_cascades; k++)
+        if (ctx->cascades[k].speedup_max > top) top = ctx->cascades[k].speedup_max;
+    plot.ymin = 0;
+    plot.ymax = top * 1.15;
+    render(ctx, result, &plot);
+}
+
+/* ---- index.html and summary.md ---------------------------------------------------------------- */
+
+static void html_text(FILE *f, const char *text)
+{
+    for (const char *p = text; *p; p++) {
+        switch (*p) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        default: fputc(*p, f);
+        }
+    }
+}
+
+static void md_text(FILE *f, const char *text)
+{
+    for (const char *p = text; *p; p++) {
+        if (*p == '|') fputs("\\|", f);
+        else if (*p == '\n') fputc(' ', f);
+        else fputc(*p, f);
+    }
+}
+
+/* Formats a number for a table cell; "-" for a missing one. */
+static const char *num(char *buf, size_t len, double v, char style, int precision)
+{
+    if (!isfinite(v)) snprintf(buf, len, "-");
+    else if (style == 'f') snprintf(buf, len, "%.*f", precision, v);
+    else snprintf(buf, len, "%.*g", precision, v);
+    return buf;
+}
+
+enum { TABLE_RUNS, TABLE_ERRORS, TABLE_CEILINGS, TABLE_CASCADE, NUM_TABLES };
+
+/* Writes one table as HTML (html true) or Markdown.  Cells come from table_cell. */
+typedef struct {
+    const char *title;
+    const char *const *headers;
+    int num_cols;
+    size_t num_rows;
+} table_shape;
+
+static void table_cell(const report_ctx *ctx, int table, size_t row, int col, char *buf, size_t len)
+{
+    char a[64];
+    buf[0] = 0;
+    if (table == TABLE_RUNS) {
+        const ar_run_data *run = &ctx->runs[row];
+        const run_summary *s = &ctx->summaries[row];
+        switch (col) {
+        case 0: snprintf(buf, len, "%lld", (long long)run->id); break;
+        case 1: snprintf(buf, len, "%s", run->trace); break;
+        case 2: snprintf(buf, len, "%s", run->backend); break;
+        case 3: snprintf(buf, len, "%s", run->device); break;
+        case 4: snprintf(buf, len, "%s / %s", run->dtype, run->kv_dtype); break;
+        case 5: snprintf(buf, len, "%s", run->status); break;
+        case 6: snprintf(buf, len, "%zu", run->num_steps); break;
+        case 7: snprintf(buf, len, "%zu / %zu", s->verified - s->failed, s->verified); break;
+        case 8: snprintf(buf, len, "%s", num(a, sizeof a, s->time_median, 'f', 1)); break;
+        case 9: snprintf(buf, len, "%s", num(a, sizeof a, s->time_p90, 'f', 1)); break;
+        case 10: snprintf(buf, len, "%s", num(a, sizeof a, s->time_p99, 'f', 1)); break;
+        case 11: snprintf(buf, len, "%s", num(a, sizeof a, s->time_total_ms, 'f', 2)); break;
+        case 12:
+            if (isfinite(s->gbps_median))
+                snprintf(buf, len, "%.1f (%.0f%%)", s->gbps_median,
+                         100.0 * s->gbps_median / s->ceilings.copy_gbps);
+            else snprintf(buf, len, "-");
+            break;
+        case 13:
+            if (isfinite(s->tflops_median))
+                snprintf(buf, len, "%.2f (%.0f%%)", s->tflops_median,
+                         100.0 * s->tflops_median / s->ceilings.bf16_tflops);
+            else snprintf(buf, len, "-");
+            break;
+        case 14: snprintf(buf, len, "%s", num(a, sizeof a, s->nmse_max, 'g', 3)); break;
+        case 15: snprintf(buf, len, "%s", num(a, sizeof a, s->max_abs_max, 'g', 3)); break;
+        }
+    } else if (table == TABLE_ERRORS) {
+        const error_group *g = &ctx->groups[row];
+        switch (col) {
+        case 0: snprintf(buf, len, "%s", g->label); break;
+        case 1: snprintf(buf, len, "%zu", g->num_runs); break;
+        case 2: snprintf(buf, len, "%zu", g->verified); break;
+        case 3: snprintf(buf, len, "%zu", g->failed); break;
+        case 4: snprintf(buf, len, "%s", num(a, sizeof a, g->nmse_median, 'g', 3)); break;
+        case 5: snprintf(buf, len, "%s", num(a, sizeof a, g->nmse_p99, 'g', 3)); break;
+        case 6: snprintf(buf, len, "%s", num(a, sizeof a, g->nmse_max, 'g', 3)); break;
+        case 7: snprintf(buf, len, "%s", num(a, sizeof a, g->abs_median, 'g', 3)); break;
+        case 8: snprintf(buf, len, "%s", num(a, sizeof a, g->abs_max, 'g', 3)); break;
+        }
+    } else if (table == TABLE_CEILINGS) {
+        const ar_run_data *run = &ctx->runs[ctx->device_rows[row]];
+        const ar_ceilings *c = &ctx->summaries[ctx->device_rows[row]].ceilings;
+        switch (col) {
+        case 0: snprintf(buf, len, "%s", run->device); break;
+        case 1: snprintf(buf, len, "%.0f", c->copy_gbps); break;
+        case 2: snprintf(buf, len, "%.0f", c->bf16_tflops); break;
+        case 3: snprintf(buf, len, "%s", c->source); break;
+        }
+    } else if (table == TABLE_CASCADE) {
+        const cascade_pair *p = &ctx->cascades[row];
+        switch (col) {
+        case 0: snprintf(buf, len, "%lld", (long long)p->cascade_run); break;
+        case 1: snprintf(buf, len, "%lld", (long long)p->baseline_run); break;
+        case 2: snprintf(buf, len, "%zu", p->steps); break;
+        case 3: snprintf(buf, len, "%lld - %lld", (long long)p->prefix_min, (long long)p->prefix_max); break;
+        case 4: snprintf(buf, len, "%.2f", p->speedup_median); break;
+        case 5: snprintf(buf, len, "%.2f - %.2f", p->speedup_min, p->speedup_max); break;
+        }
+    }
+}
+
+static const char *const runs_headers[] = {
+    "run", "trace", "backend", "device", "dtype / kv", "status", "steps", "passed / verified",
+    "median µs", "p90 µs", "p99 µs", "total ms", "median GB/s (% copy)",
+    "median TFLOP/s (% bf16)", "max NMSE", "max abs err" };
+static const char *const errors_headers[] = {
+    "backend dtype", "runs", "verified steps", "failed", "median NMSE", "p99 NMSE", "max NMSE",
+    "median max abs", "max max abs" };
+static const char *const ceilings_headers[] = {
+    "device", "copy GB/s", "bf16 TFLOP/s", "source" };
+static const char *const cascade_headers[] = {
+    "cascade run", "baseline run", "steps compared", "prefix tokens", "median speedup",
+    "speedup range" };
+
+static table_shape shape_of(const report_ctx *ctx, int table)
+{
+    table_shape t = { 0, NULL, 0, 0 };
+    switch (table) {
+    case TABLE_RUNS:
+        t = (table_shape){ "Runs", runs_headers, 16, ctx->num_runs }; break;
+    case TABLE_ERRORS:
+        t = (table_shape){ "Errors per backend and dtype", errors_headers, 9, ctx->num_groups }; break;
+    case TABLE_CEILINGS:
+        t = (table_shape){ "Device ceilings used", ceilings_headers, 4, ctx->num_devices }; break;
+    case TABLE_CASCADE:
+        t = (table_shape){ "Cascade speedup", cascade_headers, 6, ctx->num_cascades }; break;
+    }
+    return t;
+}
+
+/* How a table row is spelled in HTML or Markdown. */
+typedef struct {
+    const char *row_open, *header_open, *header_close, *cell_open, *cell_close, *row_close;
+    void (*escape)(FILE *f, const char *text);
+} table_markup;
+
+static const table_markup html_markup = { "<tr>", "<th>", "</th>", "<td>", "</td>", "</tr>\n", html_text };
+static const table_markup md_markup = { "|", " ", " |", " ", " |", "\n", md_text };
+
+#define TABLE_MAX_COLS 16
+
+static void write_row(FILE *f, const table_markup *m, bool header, char cells[][512], int num_cols)
+{
+    fputs(m->row_open, f);
+    for (int c = 0; c < num_cols; c++) {
+        fputs(header ? m->header_open : m->cell_open, f);
+        m->escape(f, cells[c]);
+        fputs(header ? m->header_close : m->cell_close, f);
+    }
+    fputs(m->row_close, f);
+}
+
+static void write_table(FILE *f, const report_ctx *ctx, int table, bool html)
+{
+    table_shape t = shape_of(ctx, table);
+    if (t.num_rows == 0 || t.num_cols > TABLE_MAX_COLS) return;
+    const table_markup *m = html ? &html_markup : &md_markup;
+    char cells[TABLE_MAX_COLS][512];
+    if (html) fprintf(f, "<h2>%s</h2>\n<table>\n", t.title);
+    else fprintf(f, "## %s\n\n", t.title);
+    for (int c = 0; c < t.num_cols; c++) snprintf(cells[c], sizeof cells[c], "%s", t.headers[c]);
+    write_row(f, m, true, cells, t.num_cols);
+    if (!html) {
+        fputc('|', f);
+        for (int c = 0; c < t.num_cols; c++) fputs(c ? " ---: |" : " --- |", f);
+        fputc('\n', f);
+    }
+    for (size_t r = 0; r < t.num_rows; r++) {
+        for (int c = 0; c < t.num_cols; c++) table_cell(ctx, table, r, c, cells[c], sizeof cells[c]);
+        write_row(f, m, false, cells, t.num_cols);
+    }
+    fputs(html ? "</table>\n" : "\n", f);
+}
+
+static void now_text(char *buf, size_t len)
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(buf, len, "%Y-%m-%d %H:%M:%S UTC", &tm);
+}
+
+static int write_html(const report_ctx *ctx, char *err, size_t err_len)
+{
+    FILE *f = open_out(ctx, "index.html", err, err_len);
+    if (!f) return -1;
+    char when[64];
+    now_text(when, sizeof when);
+    fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+          "<title>attnreplay report</title>\n<style>\n"
+          "body{font-family:sans-serif;margin:2em;max-width:1200px;color:#222}\n"
+          "table{border-collapse:collapse;margin:0.5em 0 1.5em 0;font-size:0.9em}\n"
+          "th,td{border:1px solid #bbb;padding:3px 8px;text-align:right}\n"
+          "th{background:#eee}td:first-child,th:first-child{text-align:left}\n"
+          "figure{margin:1.5em 0}img{max-width:100%;border:1px solid #ddd}\n"
+          "figcaption{color:#555;font-size:0.9em}.missing{color:#a00}\n"
+          "</style>\n</head>\n<body>\n<h1>attnreplay report</h1>\n<p>Database <code>", f);
+    html_text(f, ctx->db_path);
+    fprintf(f, "</code>, %zu run(s), generated %s. Times are the timed forward summed over "
+               "layers (median of --repeat). Percentiles interpolate between order statistics.</p>\n",
+            ctx->num_runs, when);
+    write_table(f, ctx, TABLE_RUNS, true);
+    fputs("<h2>Plots</h2>\n", f);
+    for (size_t i = 0; i < ctx->num_plots; i++) {
+        const plot_result *p = &ctx->plots[i];
+        if (p->drawn) {
+            fprintf(f, "<figure id=\"%s\"><a href=\"%s.svg\"><img src=\"%s.png\" alt=\"", p->name,
+                    p->name, p->name);
+            html_text(f, p->title);
+            fputs("\"></a><figcaption>", f);
+            html_text(f, p->title);
+            if (p->note[0]) { fputs(". ", f); html_text(f, p->note); }
+            fprintf(f, " (<a href=\"%s.svg\">SVG</a>, data in <code>data/</code>)</figcaption></figure>\n",
+                    p->name);
+        } else {
+            fputs("<p class=\"missing\">", f);
+            html_text(f, p->title);
+            fputs(": ", f);
+            html_text(f, p->note);
+            fputs("</p>\n", f);
+        }
+    }
+    write_table(f, ctx, TABLE_ERRORS, true);
+    write_table(f, ctx, TABLE_CASCADE, true);
+    write_table(f, ctx, TABLE_CEILINGS, true);
+    fputs("</body>\n</html>\n", f);
+    if (fclose(f) != 0) {
+        snprintf(err, err_len, "%s/index.html: write failed", ctx->out_dir);
+        return -1;
+    }
+    return 0;
+}
+
+static int write_markdown(const report_ctx *ctx, char *err, size_t err_len)
+{
+    FILE *f = open_out(ctx, "summary.md", err, err_len);
+    if (!f) return -1;
+    char when[64];
+    now_text(when, sizeof when);
+    fputs("# attnreplay report\n\nDatabase `", f);
+    md_text(f, ctx->db_path);
+    fprintf(f, "`, %zu run(s), generated %s. Times are the timed forward summed over layers "
+               "(median of --repeat).\n\n", ctx->num_runs, when);
+    write_table(f, ctx, TABLE_RUNS, false);
+    write_table(f, ctx, TABLE_ERRORS, false);
+    write_table(f, ctx, TABLE_CASCADE, false);
+    write_table(f, ctx, TABLE_CEILINGS, false);
+    fputs("## Plots\n\n", f);
+    for (size_t i = 0; i < ctx->num_plots; i++) {
+        const plot_result *p = &ctx->plots[i];
+        if (p->drawn) {
+            fprintf(f, "![%s](%s.png)\n\n", p->title, p->name);
+            if (p->note[0]) { md_text(f, p->note); fputs("\n\n", f); }
+        } else {
+            fprintf(f, "- %s: ", p->title);
+            md_text(f, p->note);
+            fputs("\n\n", f);
+        }
+    }
+    if (fclose(f) != 0) {
+        snprintf(err, err_len, "%s/summary.md: write failed", ctx->out_dir);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- command line ------------------------------------------------------------------------------ */
+
+static void report_usage(FILE *f)
+{
+    fputs("usage: attnreplay report DB [--run ID ...] --out DIR\n"
+          "  Renders plots (PNG + SVG through gnuplot), index.html and summary.md into DIR from\n"
+          "  the runs in DB (all runs unless --run is given; --run may repeat or take 1,2,3).\n"
+          "  Exit status: 0 done, 1 a plot failed to render, 2 usage error or bad input.\n", f);
+}
+
+static void free_ctx(report_ctx *ctx)
+{
+    for (size_t r = 0; r < ctx->num_runs; r++) ar_rd_free_run(&ctx->runs[r]);
+    free(ctx->runs);
+    free(ctx->summaries);
+    free(ctx->cascades);
+    if (ctx->db) ar_rd_close(ctx->db);
+}
+
+/* Appends the ids in "1,2,3" to ids. */
+static int add_run_ids(const char *text, int64_t **ids, size_t *count)
+{
+    char *copy = strdup(text);
+    if (!copy) return -1;
+    int rc = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int64_t id;
+        int64_t *grown = realloc(*ids, (*count + 1) * sizeof **ids);
+        if (ar_rd_parse_run_id(tok, &id) != 0 || !grown) {
+            if (grown) *ids = grown;
+            rc = -1;
+            break;
+        }
+        *ids = grown;
+        (*ids)[(*count)++] = id;
+    }
+    if (*count == 0) rc = -1;
+    free(copy);
+    return rc;
+}
+
+int ar_report_main(int argc, char **argv)
+{
+    report_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    int64_t *ids = NULL;
+    size_t num_ids = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+            report_usage(stdout);
+            free(ids);
+            return 0;
+        } else if (!strcmp(arg, "--run") || !strcmp(arg, "--out")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "report: %s needs a value\n", arg);
+                free(ids);
+                return 2;
+            }
+            const char *value = argv[++i];
+            if (!strcmp(arg, "--out")) {
+                ctx.out_dir = value;
+            } else if (add_run_ids(value, &ids, &num_ids) != 0) {
+                fprintf(stderr, "report: --run '%s': expected run ids like 3 or 1,2\n", value);
+                free(ids);
+                return 2;
+            }
+        } else if (arg[0] == '-' && arg[1]) {
+            fprintf(stderr, "report: unknown option '%s'\n", arg);
+            report_usage(stderr);
+            free(ids);
+            return 2;
+        } else if (!ctx.db_path) {
+            ctx.db_path = arg;
+        } else {
+            fprintf(stderr, "report: unexpected argument '%s'\n", arg);
+            report_usage(stderr);
+            free(ids);
+            return 2;
+        }
+    }
+    if (!ctx.db_path || !ctx.out_dir || !*ctx.out_dir) {
+        report_usage(stderr);
+        free(ids);
+        return 2;
+    }
+    char err[1024];
+    ctx.db = ar_rd_open(ctx.db_path, err, sizeof err);
+    if (!ctx.db) {
+        fprintf(stderr, "report: %s\n", err);
+        free(ids);
+        return 2;
+    }
+    if (num_ids == 0 && ar_rd_list_runs(ctx.db, &ids, &num_ids, err, sizeof err) != 0) {
+        fprintf(stderr, "report: %s: %s\n", ctx.db_path, err);
+        free_ctx(&ctx);
+        return 2;
+    }
+    if (num_ids == 0) {
+        fprintf(stderr, "report: %s: the database holds no runs\n", ctx.db_path);
+        free_ctx(&ctx);
+        free(ids);
+        return 2;
+    }
+    ctx.runs = calloc(num_ids, sizeof *ctx.runs);
+    ctx.summaries = calloc(num_ids, sizeof *ctx.summaries);
+    if (!ctx.runs || !ctx.summaries) {
+        fprintf(stderr, "report: out of memory\n");
+        free_ctx(&ctx);
+        free(ids);
+        return 2;
+    }
+    for (size_t i = 0; i < num_ids; i++) {
+        bool repeated = false;
+        for (size_t k = 0; k < ctx.num_runs; k++) repeated |= ctx.runs[k].id == ids[i];
+        if (repeated) continue;
+        if (ar_rd_load_run(ctx.db, ids[i], &ctx.runs[ctx.num_runs], err, sizeof err) != 0) {
+            fprintf(stderr, "report: %s: %s\n", ctx.db_path, err);
+            free_ctx(&ctx);
+            free(ids);
+            return 2;
+        }
+        ctx.num_runs++;
+    }
+    free(ids);
+
+    char data_dir[4096];
+    snprintf(data_dir, sizeof data_dir, "%s/data", ctx.out_dir);
+    if (make_dir(ctx.out_dir, err, sizeof err) != 0 || make_dir(data_dir, err, sizeof err) != 0 ||
+        write_run_csvs(&ctx, err, sizeof err) != 0) {
+        fprintf(stderr, "report: %s\n", err);
+        free_ctx(&ctx);
+        return 2;
+    }
+    for (size_t r = 0; r < ctx.num_runs; r++) {
+        summarize_run(&ctx, r);
+        bool known = false;
+        for (size_t k = 0; k < ctx.num_devices; k++)
+            known |= strcmp(ctx.runs[ctx.device_rows[k]].device, ctx.runs[r].device) == 0;
+        if (!known && ctx.num_devices < REPORT_MAX_DEVICES) ctx.device_rows[ctx.num_devices++] = r;
+    }
+
+    if (!ar_plot_have_gnuplot())
+        fprintf(stderr, "report: gnuplot is not on PATH (install gnuplot-nox); tables only\n");
+    plot_time_against(&ctx, "step_time", "Per-step kernel time over the run", "step (index in the trace)",
+                      1, "lines lw 1.5");
+    plot_time_against(&ctx, "time_vs_tokens", "Kernel time against batch tokens",
+                      "batch tokens scheduled in the step (tokens)", 2, "points pt 7 ps 0.6");
+    plot_time_against(&ctx, "time_vs_context", "Kernel time against total context",
+                      "total context = sum of sequence lengths in the batch (tokens)", 3,
+                      "points pt 7 ps 0.6");
+    plot_errors(&ctx);
+    plot_roofline(&ctx);
+    plot_cascade(&ctx);
+
+    if (write_html(&ctx, err, sizeof err) != 0 || write_markdown(&ctx, err, sizeof err) != 0) {
+        fprintf(stderr, "report: %s\n", err);
+        free_ctx(&ctx);
+        return 2;
+    }
+    size_t drawn = 0;
+    for (size_t i = 0; i < ctx.num_plots; i++) drawn += ctx.plots[i].drawn;
+    printf("report: %zu run(s), %zu plot(s) drawn, %zu left out -> %s/index.html, %s/summary.md\n",
+           ctx.num_runs, drawn, ctx.num_plots - drawn, ctx.out_dir, ctx.out_dir);
+    int failures = ctx.render_failures;
+    free_ctx(&ctx);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,62 @@
+/* reports.h - the commands that read a results database (schema in replay/db.h) and answer
+ * questions people want to show: `report` (plots through gnuplot, index.html, summary.md)
+ * and `diff` (two runs of one trace compared step by step; exit status gates CI).
+ * Both open the database read-only, so they may run while a replay is still writing. */
+#ifndef AR_REPORTS_H
+#define AR_REPORTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* attnreplay report DB [--run ID ...] --out DIR
+ * argv[0] = "report".  Returns 0 on success, 1 when rendering failed (gnuplot missing or
+ * failing), 2 on usage errors or bad input (missing database, unknown run). */
+int ar_report_main(int argc, char **argv);
+
+/* attnreplay diff DB RUN_A RUN_B [--threshold 5%] [--error-growth 2]
+ * argv[0] = "diff".  RUN_A is the baseline, RUN_B the candidate.  Returns 0 when there is
+ * no regression, 1 on a regression, 2 on usage errors or bad input. */
+int ar_diff_main(int argc, char **argv);
+
+/* What diff decides with. */
+typedef struct {
+    double threshold;         /* relative slowdown counted as a regression, e.g. 0.05 */
+    double error_growth;      /* max_abs (and sqrt NMSE) growth factor counted as a regression */
+} ar_diff_options;
+
+/* What diff found (all ratios are candidate / baseline). */
+typedef struct {
+    size_t common_steps;      /* steps present in both runs */
+    size_t only_in_a;         /* steps only the baseline has */
+    size_t only_in_b;         /* steps only the candidate has */
+    size_t timed_steps;       /* common steps with a positive time in both */
+    double ratio_median;      /* median of per-step time ratios */
+    double ratio_p90;         /* 90th percentile of per-step time ratios */
+    double total_ratio;       /* sum of candidate times / sum of baseline times */
+    size_t slower_steps;      /* steps whose ratio exceeds 1 + threshold */
+    size_t newly_failing;     /* verified passing in A, failing in B */
+    size_t newly_passing;     /* failing in A, passing in B */
+    size_t coverage_changed;  /* verified in one run, not in the other */
+    double max_abs_a, max_abs_b;  /* worst max_abs over verified common steps */
+    double nmse_a, nmse_b;        /* worst NMSE over verified common steps */
+    size_t error_grown_steps; /* steps whose max_abs grew beyond error_growth */
+    int time_regression;      /* 1 when median or total ratio exceeds 1 + threshold */
+    int accuracy_regression;  /* 1 on newly failing steps or worst-error growth */
+} ar_diff_result;
+
+/* Compares run_b against run_a in the database at db_path without printing.  Returns 0 and
+ * fills out, or -1 with a message (unknown run, different traces, unreadable database). */
+int ar_diff_runs(const char *db_path, int64_t run_a, int64_t run_b, const ar_diff_options *opt,
+                 ar_diff_result *out, char *err, size_t err_len);
+
+/* Parses a threshold: "5%" -> 0.05, "0.05" -> 0.05.  Returns 0, or -1 when malformed. */
+int ar_parse_threshold(const char *text, double *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

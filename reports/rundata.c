@@ -1,0 +1,264 @@
+/* rundata.c - loads runs and steps from a results database opened read-only, looks up
+ * device ceilings and computes quantiles for the report and diff commands (see rundata.h). */
+#include "rundata.h"
+
+#include <errno.h>
+#include <math.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void *ar_rd_open(const char *path, char *err, size_t err_len)
+{
+    sqlite3 *db = NULL;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        snprintf(err, err_len, "%s: cannot open the database read-only: %s", path,
+                 db ? sqlite3_errmsg(db) : "out of memory");
+        sqlite3_close(db);
+        return NULL;
+    }
+    sqlite3_busy_timeout(db, 5000);
+    /* The database must hold the tables we read; a missing file or a non-database fails
+     * here with SQLite's own words. */
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db,
+        "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN ('runs','steps')",
+        -1, &st, NULL);
+    int tables = 0;
+    if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) tables = sqlite3_column_int(st, 0);
+    else snprintf(err, err_len, "%s: not a readable SQLite database: %s", path, sqlite3_errmsg(db));
+    sqlite3_finalize(st);
+    if (rc != SQLITE_OK || tables != 2) {
+        if (rc == SQLITE_OK)
+            snprintf(err, err_len, "%s: not an attnreplay results database (tables 'runs' and "
+                     "'steps' missing; schema in replay/db.h)", path);
+        sqlite3_close(db);
+        return NULL;
+    }
+    return db;
+}
+
+void ar_rd_close(void *handle)
+{
+    sqlite3_close((sqlite3 *)handle);
+}
+
+int ar_rd_list_runs(void *handle, int64_t **ids, size_t *count, char *err, size_t err_len)
+{
+    sqlite3 *db = handle;
+    sqlite3_stmt *st = NULL;
+    *ids = NULL;
+    *count = 0;
+    if (sqlite3_prepare_v2(db, "SELECT id FROM runs ORDER BY id", -1, &st, NULL) != SQLITE_OK) {
+        snprintf(err, err_len, "reading runs: %s", sqlite3_errmsg(db));
+        return -1;
+    }
+    size_t cap = 0;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*count == cap) {
+            cap = cap ? cap * 2 : 16;
+            int64_t *grown = realloc(*ids, cap * sizeof **ids);
+            if (!grown) { snprintf(err, err_len, "out of memory"); rc = SQLITE_NOMEM; break; }
+            *ids = grown;
+        }
+        (*ids)[(*count)++] = sqlite3_column_int64(st, 0);
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) {
+        if (rc != SQLITE_NOMEM) snprintf(err, err_len, "reading runs: %s", sqlite3_errmsg(db));
+        free(*ids);
+        *ids = NULL;
+        *count = 0;
+        return -1;
+    }
+    return 0;
+}
+
+static char *column_text_dup(sqlite3_stmt *st, int col)
+{
+    const unsigned char *t = sqlite3_column_text(st, col);
+    return strdup(t ? (const char *)t : "");
+}
+
+static double column_double_or_nan(sqlite3_stmt *st, int col)
+{
+    return sqlite3_column_type(st, col) == SQLITE_NULL ? NAN : sqlite3_column_double(st, col);
+}
+
+int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, size_t err_len)
+{
+    sqlite3 *db = handle;
+    sqlite3_stmt *st = NULL;
+    memset(out, 0, sizeof *out);
+    if (sqlite3_prepare_v2(db,
+            "SELECT id, trace, trace_hash, backend, device, dtype, kv_dtype, model, status, "
+            "cascade, layers, steps_done, steps_failed FROM runs WHERE id = ?",
+            -1, &st, NULL) != SQLITE_OK) {
+        snprintf(err, err_len, "reading run %lld: %s (schema in replay/db.h)",
+                 (long long)run_id, sqlite3_errmsg(db));
+        return -1;
+    }
+    sqlite3_bind_int64(st, 1, run_id);
+    if (sqlite3_step(st) != SQLITE_ROW) {
+        snprintf(err, err_len, "run %lld is not in the database", (long long)run_id);
+        sqlite3_finalize(st);
+        return -1;
+    }
+    out->id = sqlite3_column_int64(st, 0);
+    out->trace = column_text_dup(st, 1);
+    out->trace_hash = column_text_dup(st, 2);
+    out->backend = column_text_dup(st, 3);
+    out->device = column_text_dup(st, 4);
+    out->dtype = column_text_dup(st, 5);
+    out->kv_dtype = column_text_dup(st, 6);
+    out->model = column_text_dup(st, 7);
+    out->status = column_text_dup(st, 8);
+    out->cascade_mode = column_text_dup(st, 9);
+    out->layers = sqlite3_column_int64(st, 10);
+    out->steps_done = sqlite3_column_int64(st, 11);
+    out->steps_failed = sqlite3_column_int64(st, 12);
+    sqlite3_finalize(st);
+    if (!out->trace || !out->trace_hash || !out->backend || !out->device || !out->dtype ||
+        !out->kv_dtype || !out->model || !out->status || !out->cascade_mode) {
+        snprintf(err, err_len, "out of memory");
+        ar_rd_free_run(out);
+        return -1;
+    }
+
+    if (sqlite3_prepare_v2(db,
+            "SELECT step, time, num_reqs, num_tokens, total_context, cascade, prefix_len, "
+            "time_us, bytes, flops, gbps, tflops, max_abs, nmse, pass "
+            "FROM steps WHERE run = ? ORDER BY step",
+            -1, &st, NULL) != SQLITE_OK) {
+        snprintf(err, err_len, "reading steps of run %lld: %s (schema in replay/db.h)",
+                 (long long)run_id, sqlite3_errmsg(db));
+        ar_rd_free_run(out);
+        return -1;
+    }
+    sqlite3_bind_int64(st, 1, run_id);
+    size_t cap = 0;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (out->num_steps == cap) {
+            cap = cap ? cap * 2 : 256;
+            ar_step_row *grown = realloc(out->steps, cap * sizeof *grown);
+            if (!grown) { rc = SQLITE_NOMEM; break; }
+            out->steps = grown;
+        }
+        ar_step_row *s = &out->steps[out->num_steps++];
+        s->step = sqlite3_column_int64(st, 0);
+        s->trace_time = column_double_or_nan(st, 1);
+        s->num_reqs = sqlite3_column_int64(st, 2);
+        s->num_tokens = sqlite3_column_int64(st, 3);
+        s->total_context = sqlite3_column_int64(st, 4);
+        s->cascade = sqlite3_column_int(st, 5) != 0;
+        s->prefix_len = sqlite3_column_int64(st, 6);
+        s->time_us = column_double_or_nan(st, 7);
+        s->bytes = column_double_or_nan(st, 8);
+        s->flops = column_double_or_nan(st, 9);
+        s->gbps = column_double_or_nan(st, 10);
+        s->tflops = column_double_or_nan(st, 11);
+        s->max_abs = column_double_or_nan(st, 12);
+        s->nmse = column_double_or_nan(st, 13);
+        s->pass = sqlite3_column_type(st, 14) == SQLITE_NULL ? -1 : sqlite3_column_int(st, 14) != 0;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) {
+        snprintf(err, err_len, "reading steps of run %lld: %s", (long long)run_id,
+                 rc == SQLITE_NOMEM ? "out of memory" : sqlite3_errmsg(db));
+        ar_rd_free_run(out);
+        return -1;
+    }
+    return 0;
+}
+
+void ar_rd_free_run(ar_run_data *run)
+{
+    free(run->trace);
+    free(run->trace_hash);
+    free(run->backend);
+    free(run->device);
+    free(run->dtype);
+    free(run->kv_dtype);
+    free(run->model);
+    free(run->status);
+    free(run->cascade_mode);
+    free(run->steps);
+    memset(run, 0, sizeof *run);
+}
+
+static int contains_nocase(const char *haystack, const char *needle)
+{
+    return haystack && strcasestr(haystack, needle) != NULL;
+}
+
+void ar_rd_ceilings(void *handle, const char *device, const char *backend, ar_ceilings *out)
+{
+    sqlite3 *db = handle;
+    sqlite3_stmt *st = NULL;
+    memset(out, 0, sizeof *out);
+    /* An older database may lack the table: then prepare fails and defaults apply. */
+    if (sqlite3_prepare_v2(db,
+            "SELECT copy_gbps, bf16_tflops, method, measured FROM ceilings "
+            "WHERE device = ? AND copy_gbps > 0 AND bf16_tflops > 0 "
+            "ORDER BY measured DESC LIMIT 1", -1, &st, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, device ? device : "", -1, SQLITE_STATIC);
+        if (sqlite3_step(st) == SQLITE_ROW) {
+            const unsigned char *method = sqlite3_column_text(st, 2);
+            out->copy_gbps = sqlite3_column_double(st, 0);
+            out->bf16_tflops = sqlite3_column_double(st, 1);
+            snprintf(out->source, sizeof out->source, "measured by calibrate (%s)",
+                     method ? (const char *)method : "method not recorded");
+        }
+        sqlite3_finalize(st);
+        if (out->copy_gbps > 0) return;
+    }
+    if (contains_nocase(backend, "cpu") || contains_nocase(device, "cpu")) {
+        out->copy_gbps = 50.0;
+        out->bf16_tflops = 1.0;
+        snprintf(out->source, sizeof out->source,
+                 "guess for a CPU (no calibrate row): 50 GB/s, 1 TFLOP/s");
+    } else if (contains_nocase(device, "H200")) {
+        out->copy_gbps = 4300.0;
+        out->bf16_tflops = 790.0;
+        snprintf(out->source, sizeof out->source,
+                 "H200 default (measured for this project, kernel-performance-anchors.md)");
+    } else {
+        out->copy_gbps = 4300.0;
+        out->bf16_tflops = 790.0;
+        snprintf(out->source, sizeof out->source,
+                 "H200 default assumed for an unknown device (run calibrate)");
+    }
+}
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double ar_rd_quantile(double *values, size_t n, double q)
+{
+    if (n == 0) return NAN;
+    qsort(values, n, sizeof *values, compare_doubles);
+    if (q <= 0) return values[0];
+    if (q >= 1) return values[n - 1];
+    double pos = q * (double)(n - 1);
+    size_t lo = (size_t)pos;
+    double frac = pos - (double)lo;
+    if (lo + 1 >= n) return values[n - 1];
+    return values[lo] + frac * (values[lo + 1] - values[lo]);
+}
+
+int ar_rd_parse_run_id(const char *text, int64_t *id)
+{
+    if (!text || !*text) return -1;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || *end || v < 0) return -1;
+    *id = v;
+    return 0;
+}

@@ -1,0 +1,545 @@
+/* test_reports.c - tests of reports/: `report` renders every chart (gnuplot's exit status,
+ * PNG signature and size, the SVG's title parsed out of its <text> elements), index.html
+ * and summary.md from a small database built here with the schema of replay/db.h; `diff`
+ * exit codes on identical runs, a planted slowdown, a planted verification failure and a
+ * planted error growth; bad input gives exit status 2, never a crash.
+ *
+ * The database is synthetic: a "mixed" trace of 40 steps replayed 7 ways (baseline, an
+ * identical rerun, 30% slower, one step failing, 10x error, cascade on, 3% slower) and one
+ * CPU fp32 run of another trace.  Expected numbers come from what was planted. */
+#include "testutil.h"
+
+#include <math.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../reports/plot.h"
+#include "../reports/reports.h"
+#include "../reports/rundata.h"
+
+#define NUM_STEPS 40
+#define FAILING_STEP 7
+
+static char db_path[1024];
+
+static const char *const schema_sql =
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);"
+    "INSERT INTO meta VALUES('schema_version','1');"
+    "CREATE TABLE runs(id INTEGER PRIMARY KEY, trace TEXT, trace_hash TEXT, backend TEXT,"
+    " device TEXT, dtype TEXT, kv_dtype TEXT, model TEXT, layers INTEGER, config TEXT,"
+    " code_rev TEXT, seed INTEGER, verify TEXT, inject TEXT, cascade TEXT, repeat INTEGER,"
+    " status TEXT, error TEXT, started REAL, finished REAL, steps_done INTEGER,"
+    " steps_failed INTEGER, last_step INTEGER);"
+    "CREATE TABLE steps(run, step, time REAL, num_reqs, num_tokens, num_prefill_reqs,"
+    " num_decode_reqs, max_query_len, max_seq_len, total_context, cascade INTEGER,"
+    " prefix_len INTEGER, time_us REAL, bytes INTEGER, flops INTEGER, gbps REAL, tflops REAL,"
+    " verified TEXT, rows_checked INTEGER, max_abs REAL, max_rel REAL, mean_abs REAL,"
+    " nmse REAL, lse_max_abs REAL, nan_count INTEGER, bad_count INTEGER, naive_max_abs REAL,"
+    " naive_mean_abs REAL, tol_max_abs REAL, tol_mean_abs REAL, guard_ok INTEGER,"
+    " pass INTEGER, PRIMARY KEY(run, step));"
+    "CREATE TABLE kernels(run, step, layer, name TEXT, time_us REAL,"
+    " PRIMARY KEY(run, step, layer, name));"
+    "CREATE TABLE mismatches(run, step, layer, req TEXT, token INTEGER, head INTEGER,"
+    " dim INTEGER, got REAL, want REAL, abs_err REAL);"
+    "CREATE TABLE ceilings(device TEXT, measured REAL, copy_gbps REAL, bf16_tflops REAL,"
+    " method TEXT);";
+
+/* How each planted run differs from the baseline. */
+typedef struct {
+    int id;
+    const char *trace, *hash, *backend, *device, *dtype, *cascade_mode;
+    double time_scale;        /* every step's time multiplied by this */
+    double error_scale;       /* every step's max_abs multiplied by this */
+    int fail_step;            /* this step fails (max_abs x50), -1 for none */
+    int cascade;              /* even steps take the cascade path */
+    int cpu;                  /* CPU flavour: small errors, some steps unverified, one exact */
+} planted_run;
+
+static const planted_run planted[] = {
+    { 1, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.0, 1, -1, 0, 0 },
+    { 2, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.0, 1, -1, 0, 0 },
+    { 3, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.3, 1, -1, 0, 0 },
+    { 4, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.0, 1, FAILING_STEP, 0, 0 },
+    { 5, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.0, 10, -1, 0, 0 },
+    { 6, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "on", 1.0, 1, -1, 1, 0 },
+    { 7, "other.trace.jsonl.gz", "def456", "cpu", "cpu (2 cores)", "fp32", "off", 150.0, 1, -1, 0, 1 },
+    { 8, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.03, 1, -1, 0, 0 },
+};
+
+static int insert_run(sqlite3 *db, const planted_run *p)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(db,
+            "INSERT INTO runs(id, trace, trace_hash, backend, device, dtype, kv_dtype, model, layers,"
+            " config, code_rev, seed, verify, inject, cascade, repeat, status, started, finished,"
+            " steps_done, steps_failed, last_step) VALUES(?,?,?,?,?,?,?,'llama-8b',2,'{}','test',1,"
+            "'all','none',?,3,?,1000,1010,?,?,?)", -1, &st, NULL) != SQLITE_OK)
+        return -1;
+    sqlite3_bind_int(st, 1, p->id);
+    sqlite3_bind_text(st, 2, p->trace, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, p->hash, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, p->backend, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, p->device, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 6, p->dtype, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 7, p->dtype, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 8, p->cascade_mode, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 9, p->fail_step >= 0 ? "failed" : "passed", -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 10, NUM_STEPS);
+    sqlite3_bind_int(st, 11, p->fail_step >= 0);
+    sqlite3_bind_int(st, 12, NUM_STEPS - 1);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : -1;
+    sqlite3_finalize(st);
+    if (rc) return rc;
+
+    if (sqlite3_prepare_v2(db,
+            "INSERT INTO steps(run, step, time, num_reqs, num_tokens, num_prefill_reqs,"
+            " num_decode_reqs, max_query_len, max_seq_len, total_context, cascade, prefix_len,"
+            " time_us, bytes, flops, gbps, tflops, verified, rows_checked, max_abs, max_rel,"
+            " mean_abs, nmse, lse_max_abs, nan_count, bad_count, guard_ok, pass)"
+            " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,?,1,?)", -1, &st, NULL) != SQLITE_OK)
+        return -1;
+    for (int s = 0; s < NUM_STEPS && rc == 0; s++) {
+        int prefill = s % 8 == 0;
+        int reqs = 4 + s % 13;
+        long long tokens = prefill ? 1024 + 64LL * s : reqs;
+        long long context = 2000 + 300LL * s;
+        /* Llama-8B-like shapes over 2 layers: 32 query heads, 8 KV heads, head size 128, bf16.
+         * Bytes: K and V of the whole context read once; FLOPs: FA3's 4 x keys x Hq x d per
+         * query token (decode: each token sees its own sequence; prefill: causal chunk). */
+        double bytes = 2.0 * (double)context * 8 * 128 * 2 * 2;
+        double keys = prefill ? (double)tokens * ((double)tokens / 2.0 + 1000.0) : (double)context;
+        double flops = 4.0 * keys * 32 * 128 * 2;
+        /* Time from a roofline at 3.6 TB/s and 500 TFLOP/s plus a 10 us launch cost. */
+        double memory_us = bytes / 3.6e6, compute_us = flops / 5e8;
+        double time_us = (10.0 + (memory_us > compute_us ? memory_us : compute_us)) *
+                         (1.0 + 0.02 * (s % 3)) * p->time_scale;
+        int cascade = p->cascade && s % 2 == 0;
+        long long prefix = cascade ? 512 + 64LL * s : 0;
+        if (cascade) time_us /= 1.0 + (double)prefix / 2000.0;
+        double max_abs = (p->cpu ? 2e-6 : 3e-3) * (1.0 + 0.1 * (s % 5)) * p->error_scale;
+        int pass = 1;
+        if (s == p->fail_step) { max_abs *= 50; pass = 0; }
+        double nmse = max_abs * max_abs * 1e-1;
+        int verified = !(p->cpu && s % 4 == 3);
+        if (p->cpu && s == 2) { max_abs = 0; nmse = 0; }
+        int c = 1;
+        sqlite3_reset(st);
+        sqlite3_bind_int(st, c++, p->id);
+        sqlite3_bind_int(st, c++, s);
+        sqlite3_bind_double(st, c++, 0.05 * s);
+        sqlite3_bind_int(st, c++, reqs);
+        sqlite3_bind_int64(st, c++, tokens);
+        sqlite3_bind_int(st, c++, prefill);
+        sqlite3_bind_int(st, c++, reqs - prefill);
+        sqlite3_bind_int64(st, c++, prefill ? tokens : 1);
+        sqlite3_bind_int64(st, c++, 4000 + 300LL * s);
+        sqlite3_bind_int64(st, c++, context);
+        sqlite3_bind_int(st, c++, cascade);
+        sqlite3_bind_int64(st, c++, prefix);
+        sqlite3_bind_double(st, c++, time_us);
+        sqlite3_bind_int64(st, c++, (long long)bytes);
+        sqlite3_bind_int64(st, c++, (long long)flops);
+        sqlite3_bind_double(st, c++, bytes / time_us / 1e3);
+        sqlite3_bind_double(st, c++, flops / time_us / 1e6);
+        sqlite3_bind_text(st, c++, verified ? "all" : "off", -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, c++, verified ? tokens : 0);
+        if (verified) {
+            sqlite3_bind_double(st, c++, max_abs);
+            sqlite3_bind_double(st, c++, max_abs * 10);
+            sqlite3_bind_double(st, c++, max_abs / 8);
+            sqlite3_bind_double(st, c++, nmse);
+            sqlite3_bind_double(st, c++, max_abs / 4);
+            sqlite3_bind_int(st, c++, pass ? 0 : 12);
+            sqlite3_bind_int(st, c++, pass);
+        } else {
+            for (int k = 0; k < 7; k++) sqlite3_bind_null(st, c++);
+        }
+        rc = sqlite3_step(st) == SQLITE_DONE ? 0 : -1;
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static int make_db(const char *path, int with_runs)
+{
+    sqlite3 *db = NULL;
+    remove(path);
+    if (sqlite3_open(path, &db) != SQLITE_OK) return -1;
+    int rc = sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
+    if (rc == SQLITE_OK) rc = sqlite3_exec(db, schema_sql, NULL, NULL, NULL);
+    for (size_t i = 0; with_runs && rc == SQLITE_OK && i < sizeof planted / sizeof planted[0]; i++)
+        rc = insert_run(db, &planted[i]) == 0 ? SQLITE_OK : SQLITE_ERROR;
+    if (rc == SQLITE_OK) rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) fprintf(stderr, "make_db: %s\n", sqlite3_errmsg(db));
+    sqlite3_close(db);
+    return rc == SQLITE_OK ? 0 : -1;
+}
+
+static int setup_db(void **state)
+{
+    (void)state;
+    tu_tmp("results.db", db_path, sizeof db_path);
+    return make_db(db_path, 1);
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static int run_report(const char *out_dir, const char *extra1, const char *extra2,
+                      const char *extra3, const char *extra4)
+{
+    char *argv[10];
+    int argc = 0;
+    argv[argc++] = (char *)"report";
+    argv[argc++] = db_path;
+    const char *extras[4] = { extra1, extra2, extra3, extra4 };
+    for (int i = 0; i < 4; i++) if (extras[i]) argv[argc++] = (char *)extras[i];
+    argv[argc++] = (char *)"--out";
+    argv[argc++] = (char *)out_dir;
+    argv[argc] = NULL;
+    return ar_report_main(argc, argv);
+}
+
+static int run_diff(const char *a, const char *b, const char *opt, const char *value)
+{
+    char *argv[8];
+    int argc = 0;
+    argv[argc++] = (char *)"diff";
+    argv[argc++] = db_path;
+    argv[argc++] = (char *)a;
+    argv[argc++] = (char *)b;
+    if (opt) argv[argc++] = (char *)opt;
+    if (value) argv[argc++] = (char *)value;
+    argv[argc] = NULL;
+    return ar_diff_main(argc, argv);
+}
+
+static long size_of(const char *dir, const char *name)
+{
+    char path[2048];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+/* True when the SVG has a <text> element whose text (nested tags stripped, &amp; decoded)
+ * equals want. */
+static int svg_has_text(const char *svg, const char *want)
+{
+    for (const char *p = strstr(svg, "<text"); p; p = strstr(p + 5, "<text")) {
+        const char *open_end = strchr(p, '>');
+        const char *close = open_end ? strstr(open_end, "</text>") : NULL;
+        if (!close) return 0;
+        char text[512];
+        size_t n = 0;
+        int in_tag = 0;
+        for (const char *q = open_end + 1; q < close && n + 1 < sizeof text; q++) {
+            if (*q == '<') in_tag = 1;
+            else if (*q == '>') in_tag = 0;
+            else if (!in_tag) {
+                if (!strncmp(q, "&amp;", 5)) { text[n++] = '&'; q += 4; }
+                else text[n++] = *q;
+            }
+        }
+        text[n] = 0;
+        /* Trim whitespace gnuplot puts around the text. */
+        char *start = text;
+        while (*start == ' ' || *start == '\n' || *start == '\t') start++;
+        char *end = start + strlen(start);
+        while (end > start && (end[-1] == ' ' || end[-1] == '\n' || end[-1] == '\t')) *--end = 0;
+        if (!strcmp(start, want)) return 1;
+    }
+    return 0;
+}
+
+static void check_plot(const char *dir, const char *name, const char *title)
+{
+    char file[256], path[2048];
+    snprintf(file, sizeof file, "%s.png", name);
+    long png = size_of(dir, file);
+    assert_true(png > 2000);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    char *bytes = tu_slurp(path);
+    assert_non_null(bytes);
+    assert_memory_equal(bytes, "\x89PNG\r\n\x1a\n", 8);
+    free(bytes);
+    snprintf(file, sizeof file, "%s.svg", name);
+    assert_true(size_of(dir, file) > 2000);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    char *svg = tu_slurp(path);
+    assert_non_null(svg);
+    assert_non_null(strstr(svg, "<svg"));
+    if (!svg_has_text(svg, title)) fail_msg("%s has no <text> titled '%s'", path, title);
+    free(svg);
+}
+
+static const char *const all_plots[][2] = {
+    { "step_time", "Per-step kernel time over the run" },
+    { "time_vs_tokens", "Kernel time against batch tokens" },
+    { "time_vs_context", "Kernel time against total context" },
+    { "errors_nmse", "NMSE distribution per backend and dtype (verified steps)" },
+    { "errors_max_abs", "Max abs error distribution per backend and dtype (verified steps)" },
+    { "roofline", "Roofline: achieved TFLOP/s against arithmetic intensity" },
+    { "cascade_speedup", "Cascade speedup against shared prefix length" },
+};
+#define NUM_PLOTS (sizeof all_plots / sizeof all_plots[0])
+
+/* ---- report --------------------------------------------------------------------------------- */
+
+static void test_report_writes_every_file(void **state)
+{
+    (void)state;
+    if (!ar_plot_have_gnuplot()) skip();
+    char out[1024];
+    tu_tmp("report_all", out, sizeof out);
+    assert_int_equal(run_report(out, NULL, NULL, NULL, NULL), 0);
+    for (size_t i = 0; i < NUM_PLOTS; i++) check_plot(out, all_plots[i][0], all_plots[i][1]);
+
+    char path[2048];
+    snprintf(path, sizeof path, "%s/index.html", out);
+    char *html = tu_slurp(path);
+    assert_non_null(html);
+    for (size_t i = 0; i < NUM_PLOTS; i++) {
+        char img[128];
+        snprintf(img, sizeof img, "<img src=\"%s.png\"", all_plots[i][0]);
+        if (!strstr(html, img)) fail_msg("index.html lacks %s", img);
+    }
+    /* Opens offline: nothing fetched from the network. */
+    assert_null(strstr(html, "http://"));
+    assert_null(strstr(html, "https://"));
+    assert_null(strstr(html, "<script"));
+    /* The planted failing step shows in the run table: 39 of 40 verified steps passed. */
+    assert_non_null(strstr(html, "<td>39 / 40</td>"));
+    /* H200 default ceilings (no calibrate row) are named as such. */
+    assert_non_null(strstr(html, "H200 default"));
+    assert_non_null(strstr(html, "guess for a CPU"));
+    free(html);
+
+    snprintf(path, sizeof path, "%s/summary.md", out);
+    char *md = tu_slurp(path);
+    assert_non_null(md);
+    assert_non_null(strstr(md, "| run | trace |"));
+    assert_non_null(strstr(md, "![Roofline"));
+    assert_non_null(strstr(md, "## Cascade speedup"));
+    free(md);
+
+    /* Cascade run 6 pairs with a non-cascade run of the same trace; the planted speedup at
+     * step 0 is 1 + 512/2000 = 1.256. */
+    snprintf(path, sizeof path, "%s/data/cascade_run6.csv", out);
+    char *csv = tu_slurp(path);
+    assert_non_null(csv);
+    assert_non_null(strstr(csv, "\n512,1.256,0,"));
+    free(csv);
+}
+
+static void test_report_selected_runs(void **state)
+{
+    (void)state;
+    if (!ar_plot_have_gnuplot()) skip();
+    char out[1024];
+    tu_tmp("report_some", out, sizeof out);
+    assert_int_equal(run_report(out, "--run", "1", "--run", "7"), 0);
+    for (size_t i = 0; i + 1 < NUM_PLOTS; i++) check_plot(out, all_plots[i][0], all_plots[i][1]);
+    /* No selected run used cascade: no chart, and the report says why. */
+    assert_int_equal(size_of(out, "cascade_speedup.png"), -1);
+    char path[2048];
+    snprintf(path, sizeof path, "%s/index.html", out);
+    char *html = tu_slurp(path);
+    assert_non_null(html);
+    assert_non_null(strstr(html, "no selected run took the cascade path"));
+    free(html);
+}
+
+static void test_report_bad_input(void **state)
+{
+    (void)state;
+    char out[1024], path[1024], empty_db[1024];
+    tu_tmp("report_bad", out, sizeof out);
+    /* Missing database, a text file, an unknown run, missing --out, bad --run, no runs. */
+    char *argv_missing[] = { (char *)"report", (char *)"/nonexistent/x.db", (char *)"--out", out, NULL };
+    assert_int_equal(ar_report_main(4, argv_missing), 2);
+    tu_tmp("not_a_db.db", path, sizeof path);
+    assert_int_equal(tu_write(path, "this is not sqlite\n"), 0);
+    char *argv_text[] = { (char *)"report", path, (char *)"--out", out, NULL };
+    assert_int_equal(ar_report_main(4, argv_text), 2);
+    assert_int_equal(run_report(out, "--run", "99", NULL, NULL), 2);
+    char *argv_no_out[] = { (char *)"report", db_path, NULL };
+    assert_int_equal(ar_report_main(2, argv_no_out), 2);
+    assert_int_equal(run_report(out, "--run", "x1", NULL, NULL), 2);
+    assert_int_equal(run_report(out, "--bogus", NULL, NULL, NULL), 2);
+    tu_tmp("empty.db", empty_db, sizeof empty_db);
+    assert_int_equal(make_db(empty_db, 0), 0);
+    char *argv_empty[] = { (char *)"report", empty_db, (char *)"--out", out, NULL };
+    assert_int_equal(ar_report_main(4, argv_empty), 2);
+}
+
+/* ---- diff ----------------------------------------------------------------------------------- */
+
+static const ar_diff_options default_options = { .threshold = 0.05, .error_growth = 2.0 };
+
+static void test_diff_identical_runs(void **state)
+{
+    (void)state;
+    assert_int_equal(run_diff("1", "2", NULL, NULL), 0);
+    assert_int_equal(run_diff("1", "1", NULL, NULL), 0);
+    ar_diff_result r;
+    char err[512];
+    assert_int_equal(ar_diff_runs(db_path, 1, 2, &default_options, &r, err, sizeof err), 0);
+    assert_int_equal(r.common_steps, NUM_STEPS);
+    assert_int_equal(r.timed_steps, NUM_STEPS);
+    assert_true(fabs(r.ratio_median - 1.0) < 1e-12);
+    assert_int_equal(r.slower_steps, 0);
+    assert_int_equal(r.newly_failing, 0);
+    assert_int_equal(r.time_regression, 0);
+    assert_int_equal(r.accuracy_regression, 0);
+}
+
+static void test_diff_planted_slowdown(void **state)
+{
+    (void)state;
+    assert_int_equal(run_diff("1", "3", NULL, NULL), 1);
+    /* Faster is not a regression. */
+    assert_int_equal(run_diff("3", "1", NULL, NULL), 0);
+    ar_diff_result r;
+    char err[512];
+    assert_int_equal(ar_diff_runs(db_path, 1, 3, &default_options, &r, err, sizeof err), 0);
+    assert_true(fabs(r.ratio_median - 1.3) < 1e-9);
+    assert_true(fabs(r.ratio_p90 - 1.3) < 1e-9);
+    assert_true(fabs(r.total_ratio - 1.3) < 1e-9);
+    assert_int_equal(r.slower_steps, NUM_STEPS);
+    assert_int_equal(r.time_regression, 1);
+    assert_int_equal(r.accuracy_regression, 0);
+    /* 3% slower: below the default 5% threshold, above a 1% one. */
+    assert_int_equal(run_diff("1", "8", NULL, NULL), 0);
+    assert_int_equal(run_diff("1", "8", "--threshold", "1%"), 1);
+    assert_int_equal(run_diff("1", "8", "--threshold", "0.02"), 1);
+    assert_int_equal(run_diff("1", "3", "--threshold", "40%"), 0);
+}
+
+static void test_diff_planted_accuracy_change(void **state)
+{
+    (void)state;
+    assert_int_equal(run_diff("1", "4", NULL, NULL), 1);
+    ar_diff_result r;
+    char err[512];
+    assert_int_equal(ar_diff_runs(db_path, 1, 4, &default_options, &r, err, sizeof err), 0);
+    assert_int_equal(r.newly_failing, 1);
+    assert_int_equal(r.newly_passing, 0);
+    assert_int_equal(r.error_grown_steps, 1);
+    assert_int_equal(r.time_regression, 0);
+    assert_int_equal(r.accuracy_regression, 1);
+    /* The other direction: a step that starts passing is reported, not a regression. */
+    assert_int_equal(ar_diff_runs(db_path, 4, 1, &default_options, &r, err, sizeof err), 0);
+    assert_int_equal(r.newly_passing, 1);
+    assert_int_equal(r.accuracy_regression, 0);
+}
+
+static void test_diff_error_growth(void **state)
+{
+    (void)state;
+    /* Run 5: every step still passes but max_abs is 10x (NMSE 100x). */
+    assert_int_equal(run_diff("1", "5", NULL, NULL), 1);
+    ar_diff_result r;
+    char err[512];
+    assert_int_equal(ar_diff_runs(db_path, 1, 5, &default_options, &r, err, sizeof err), 0);
+    assert_int_equal(r.newly_failing, 0);
+    assert_int_equal(r.error_grown_steps, NUM_STEPS);
+    assert_true(fabs(r.max_abs_b / r.max_abs_a - 10.0) < 1e-9);
+    assert_int_equal(r.accuracy_regression, 1);
+    /* A looser limit lets it through. */
+    assert_int_equal(run_diff("1", "5", "--error-growth", "20"), 0);
+}
+
+static void test_diff_bad_input(void **state)
+{
+    (void)state;
+    assert_int_equal(run_diff("1", "7", NULL, NULL), 2);       /* different traces */
+    assert_int_equal(run_diff("1", "99", NULL, NULL), 2);      /* unknown run */
+    assert_int_equal(run_diff("1", "abc", NULL, NULL), 2);     /* not a run id */
+    assert_int_equal(run_diff("1", "2", "--threshold", "fast"), 2);
+    assert_int_equal(run_diff("1", "2", "--threshold", NULL), 2);
+    assert_int_equal(run_diff("1", "2", "--error-growth", "0.5"), 2);
+    assert_int_equal(run_diff("1", "2", "--what", "1"), 2);
+    char *argv_short[] = { (char *)"diff", db_path, (char *)"1", NULL };
+    assert_int_equal(ar_diff_main(3, argv_short), 2);
+    char *argv_nodb[] = { (char *)"diff", (char *)"/nonexistent/x.db", (char *)"1", (char *)"2", NULL };
+    assert_int_equal(ar_diff_main(4, argv_nodb), 2);
+}
+
+/* ---- helpers of rundata.c and diff.c --------------------------------------------------------- */
+
+static void test_parse_threshold(void **state)
+{
+    (void)state;
+    double t = 0;
+    assert_int_equal(ar_parse_threshold("5%", &t), 0);
+    assert_true(fabs(t - 0.05) < 1e-15);
+    assert_int_equal(ar_parse_threshold("0.1", &t), 0);
+    assert_true(fabs(t - 0.1) < 1e-15);
+    assert_int_equal(ar_parse_threshold("12.5%", &t), 0);
+    assert_true(fabs(t - 0.125) < 1e-15);
+    assert_int_equal(ar_parse_threshold("", &t), -1);
+    assert_int_equal(ar_parse_threshold("5%%", &t), -1);
+    assert_int_equal(ar_parse_threshold("-5%", &t), -1);
+    assert_int_equal(ar_parse_threshold("five", &t), -1);
+}
+
+static void test_quantile(void **state)
+{
+    (void)state;
+    double v[5] = { 5, 1, 4, 2, 3 };
+    assert_true(ar_rd_quantile(v, 5, 0.5) == 3.0);
+    assert_true(fabs(ar_rd_quantile(v, 5, 0.9) - 4.6) < 1e-12);   /* 4 + 0.6 * (5 - 4) */
+    assert_true(ar_rd_quantile(v, 5, 0.0) == 1.0);
+    assert_true(ar_rd_quantile(v, 5, 1.0) == 5.0);
+    double one = 7;
+    assert_true(ar_rd_quantile(&one, 1, 0.9) == 7.0);
+    assert_true(isnan(ar_rd_quantile(v, 0, 0.5)));
+}
+
+static void test_ceilings_lookup(void **state)
+{
+    (void)state;
+    char path[1024], err[512];
+    tu_tmp("ceilings.db", path, sizeof path);
+    assert_int_equal(make_db(path, 0), 0);
+    sqlite3 *raw = NULL;
+    assert_int_equal(sqlite3_open(path, &raw), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(raw,
+        "INSERT INTO ceilings VALUES('NVIDIA H200', 100, 4000, 700, 'old');"
+        "INSERT INTO ceilings VALUES('NVIDIA H200', 200, 4250, 780, 'copy kernel + gemm');",
+        NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(raw);
+    void *db = ar_rd_open(path, err, sizeof err);
+    assert_non_null(db);
+    ar_ceilings c;
+    ar_rd_ceilings(db, "NVIDIA H200", "cuda_paged", &c);   /* the newest row wins */
+    assert_true(c.copy_gbps == 4250 && c.bf16_tflops == 780);
+    assert_non_null(strstr(c.source, "copy kernel + gemm"));
+    ar_rd_ceilings(db, "NVIDIA H100", "cuda_paged", &c);   /* no row: stated default */
+    assert_true(c.copy_gbps == 4300 && c.bf16_tflops == 790);
+    assert_non_null(strstr(c.source, "unknown device"));
+    ar_rd_ceilings(db, "x86", "cpu", &c);
+    assert_non_null(strstr(c.source, "guess"));
+    ar_rd_close(db);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_report_writes_every_file),
+        cmocka_unit_test(test_report_selected_runs),
+        cmocka_unit_test(test_report_bad_input),
+        cmocka_unit_test(test_diff_identical_runs),
+        cmocka_unit_test(test_diff_planted_slowdown),
+        cmocka_unit_test(test_diff_planted_accuracy_change),
+        cmocka_unit_test(test_diff_error_growth),
+        cmocka_unit_test(test_diff_bad_input),
+        cmocka_unit_test(test_parse_threshold),
+        cmocka_unit_test(test_quantile),
+        cmocka_unit_test(test_ceilings_lookup),
+    };
+    return cmocka_run_group_tests(tests, setup_db, NULL);
+}
