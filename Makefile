@@ -25,6 +25,8 @@ CFLAGS  += -Werror
 endif
 SANITIZE ?=
 CFLAGS  += $(SANITIZE)
+REV     := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+CFLAGS  += -DAR_CODE_REV=\"$(REV)\"
 LDFLAGS += $(SANITIZE) -pthread
 STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -lz -Wl,-Bdynamic
 LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
