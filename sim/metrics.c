@@ -1,0 +1,247 @@
+/* metrics.c - per-request serving metrics and the run summary of a simulation.
+ *
+ * Per request: queueing = first scheduled - arrival; TTFT = first token - arrival;
+ * TPOT = (last token - first token) / (output tokens - 1) (requests with one output token have
+ * none); E2E = last token - arrival; number of preemptions; prefix-hit tokens at admission.
+ * A token's time is the end of the step that sampled it.  Written as CSV or as SQLite tables;
+ * the summary (p50/p90/p99, throughput, KV usage, prefix-hit rate, preemptions,
+ * cascade-eligible steps) is printed as text. */
+#include "sim.h"
+
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double ar_quantile(double *values, int n, double q)
+{
+    if (n <= 0) return 0;
+    qsort(values, (size_t)n, sizeof *values, cmp_double);
+    double pos = q * (n - 1);
+    int lo = (int)pos;
+    if (lo >= n - 1) return values[n - 1];
+    double frac = pos - lo;
+    return values[lo] * (1 - frac) + values[lo + 1] * frac;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static double tpot_of(const ar_sim_req_info *r)
+{
+    return r->num_output_tokens > 1 ? (r->last_token - r->first_token) / (r->num_output_tokens - 1) : -1;
+}
+
+static int write_csv(const ar_sim *s, const char *path, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) { snprintf(err, err_len, "%s: cannot create", path); return -1; }
+    fprintf(f, "req,arrival,prompt_len,output_len,status,queueing,ttft,tpot,e2e,preemptions,prefix_hit_tokens\n");
+    static const char *status_names[] = {"pending", "waiting", "running", "preempted", "finished", "skipped"};
+    for (int i = 0; i < ar_sim_num_requests(s); i++) {
+        ar_sim_req_info r;
+        ar_sim_request(s, i, &r);
+        bool done = r.status == AR_REQ_FINISHED;
+        fprintf(f, "%s,%.6f,%d,%d,%s,", r.id, r.arrival, r.prompt_len, r.output_len, status_names[r.status]);
+        if (done) {
+            fprintf(f, "%.6f,%.6f,", r.first_scheduled - r.arrival, r.first_token - r.arrival);
+            double tpot = tpot_of(&r);
+            if (tpot >= 0) fprintf(f, "%.6f,", tpot); else fprintf(f, ",");
+            fprintf(f, "%.6f,", r.last_token - r.arrival);
+        } else {
+            fprintf(f, ",,,,");
+        }
+        fprintf(f, "%d,%d\n", r.num_preemptions, r.prefix_hit_tokens);
+    }
+    if (fclose(f) != 0) { snprintf(err, err_len, "%s: write failed", path); return -1; }
+    char kv_path[4096];
+    snprintf(kv_path, sizeof kv_path, "%s.kv.csv", path);
+    f = fopen(kv_path, "w");
+    if (!f) { snprintf(err, err_len, "%s: cannot create", kv_path); return -1; }
+    fprintf(f, "time,used_blocks,usable_blocks,running,waiting,num_tokens\n");
+    int64_t n;
+    const ar_sim_kv_sample *k = ar_sim_kv_samples(s, &n);
+    for (int64_t i = 0; i < n; i++)
+        fprintf(f, "%.6f,%d,%d,%d,%d,%d\n", k[i].time, k[i].used_blocks, ar_sim_num_blocks(s) - 1,
+                k[i].running, k[i].waiting, k[i].num_tokens);
+    if (fclose(f) != 0) { snprintf(err, err_len, "%s: write failed", kv_path); return -1; }
+    return 0;
+}
+
+static int sql_exec(sqlite3 *db, const char *sql, char *err, size_t err_len)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        snprintf(err, err_len, "sqlite: %s", msg ? msg : "error");
+        sqlite3_free(msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int write_sqlite(const ar_sim *s, const char *path, char *err, size_t err_len)
+{
+    sqlite3 *db = NULL;
+    if (sqlite3_open(path, &db) != SQLITE_OK) {
+        snprintf(err, err_len, "%s: %s", path, db ? sqlite3_errmsg(db) : "cannot open");
+        sqlite3_close(db);
+        return -1;
+    }
+    int rc = -1;
+    sqlite3_stmt *st = NULL;
+    if (sql_exec(db,
+                 "BEGIN;"
+                 "DROP TABLE IF EXISTS sim_requests; DROP TABLE IF EXISTS sim_steps_kv; DROP TABLE IF EXISTS sim_summary;"
+                 "CREATE TABLE sim_requests(req TEXT PRIMARY KEY, arrival REAL, prompt_len INTEGER, output_len INTEGER,"
+                 " finished INTEGER, queueing REAL, ttft REAL, tpot REAL, e2e REAL, preemptions INTEGER, prefix_hit_tokens INTEGER);"
+                 "CREATE TABLE sim_steps_kv(time REAL, used_blocks INTEGER, usable_blocks INTEGER, running INTEGER,"
+                 " waiting INTEGER, num_tokens INTEGER);"
+                 "CREATE TABLE sim_summary(key TEXT PRIMARY KEY, value REAL);",
+                 err, err_len) != 0)
+        goto done;
+    if (sqlite3_prepare_v2(db, "INSERT INTO sim_requests VALUES(?,?,?,?,?,?,?,?,?,?,?)", -1, &st, NULL) != SQLITE_OK) goto sqlerr;
+    for (int i = 0; i < ar_sim_num_requests(s); i++) {
+        ar_sim_req_info r;
+        ar_sim_request(s, i, &r);
+        bool done_req = r.status == AR_REQ_FINISHED;
+        sqlite3_reset(st);
+        sqlite3_bind_text(st, 1, r.id, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_double(st, 2, r.arrival);
+        sqlite3_bind_int(st, 3, r.prompt_len);
+        sqlite3_bind_int(st, 4, r.output_len);
+        sqlite3_bind_int(st, 5, done_req);
+        if (done_req) {
+            sqlite3_bind_double(st, 6, r.first_scheduled - r.arrival);
+            sqlite3_bind_double(st, 7, r.first_token - r.arrival);
+            double tpot = tpot_of(&r);
+            if (tpot >= 0) sqlite3_bind_double(st, 8, tpot); else sqlite3_bind_null(st, 8);
+            sqlite3_bind_double(st, 9, r.last_token - r.arrival);
+        } else {
+            for (int c = 6; c <= 9; c++) sqlite3_bind_null(st, c);
+        }
+        sqlite3_bind_int(st, 10, r.num_preemptions);
+        sqlite3_bind_int(st, 11, r.prefix_hit_tokens);
+        if (sqlite3_step(st) != SQLITE_DONE) goto sqlerr;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    if (sqlite3_prepare_v2(db, "INSERT INTO sim_steps_kv VALUES(?,?,?,?,?,?)", -1, &st, NULL) != SQLITE_OK) goto sqlerr;
+    int64_t n;
+    const ar_sim_kv_sample *k = ar_sim_kv_samples(s, &n);
+    for (int64_t i = 0; i < n; i++) {
+        sqlite3_reset(st);
+        sqlite3_bind_double(st, 1, k[i].time);
+        sqlite3_bind_int(st, 2, k[i].used_blocks);
+        sqlite3_bind_int(st, 3, ar_sim_num_blocks(s) - 1);
+        sqlite3_bind_int(st, 4, k[i].running);
+        sqlite3_bind_int(st, 5, k[i].waiting);
+        sqlite3_bind_int(st, 6, k[i].num_tokens);
+        if (sqlite3_step(st) != SQLITE_DONE) goto sqlerr;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    ar_sim_summary sum;
+    ar_sim_summarize(s, &sum);
+    if (sqlite3_prepare_v2(db, "INSERT INTO sim_summary VALUES(?,?)", -1, &st, NULL) != SQLITE_OK) goto sqlerr;
+    struct { const char *key; double value; } rows[] = {
+        {"requests", sum.num_requests}, {"finished", sum.num_finished}, {"skipped", sum.num_skipped},
+        {"steps", (double)sum.steps}, {"preemptions", (double)sum.preemptions},
+        {"cascade_eligible_steps", (double)sum.cascade_eligible_steps},
+        {"prompt_tokens", (double)sum.prompt_tokens}, {"prefix_hit_tokens", (double)sum.prefix_hit_tokens},
+        {"output_tokens", (double)sum.output_tokens}, {"duration_s", sum.duration},
+        {"kv_usage_mean", sum.kv_usage_mean}, {"kv_usage_max", sum.kv_usage_max},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        sqlite3_reset(st);
+        sqlite3_bind_text(st, 1, rows[i].key, -1, SQLITE_STATIC);
+        sqlite3_bind_double(st, 2, rows[i].value);
+        if (sqlite3_step(st) != SQLITE_DONE) goto sqlerr;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    if (sql_exec(db, "COMMIT;", err, err_len) != 0) goto done;
+    rc = 0;
+    goto done;
+sqlerr:
+    snprintf(err, err_len, "%s: sqlite: %s", path, sqlite3_errmsg(db));
+done:
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return rc;
+}
+
+int ar_sim_write_metrics(const ar_sim *s, const char *path, char *err, size_t err_len)
+{
+    if (ends_with(path, ".db") || ends_with(path, ".sqlite") || ends_with(path, ".sqlite3"))
+        return write_sqlite(s, path, err, err_len);
+    return write_csv(s, path, err, err_len);
+}
+
+/* One line "name mean p50 p90 p99" over values. */
+static void print_dist(FILE *f, const char *name, double *v, int n, double unit, const char *unit_name)
+{
+    double mean = 0;
+    for (int i = 0; i < n; i++) mean += v[i];
+    mean = n ? mean / n : 0;
+    double p50 = ar_quantile(v, n, 0.5), p90 = ar_quantile(v, n, 0.9), p99 = ar_quantile(v, n, 0.99);
+    fprintf(f, "  %-10s mean %10.3f  p50 %10.3f  p90 %10.3f  p99 %10.3f %s  (n=%d)\n", name, mean * unit,
+            p50 * unit, p90 * unit, p99 * unit, unit_name, n);
+}
+
+void ar_sim_print_summary(const ar_sim *s, FILE *f)
+{
+    ar_sim_summary sum;
+    ar_sim_summarize(s, &sum);
+    int nr = ar_sim_num_requests(s);
+    double *ttft = malloc((size_t)(nr + 1) * sizeof(double));
+    double *tpot = malloc((size_t)(nr + 1) * sizeof(double));
+    double *e2e = malloc((size_t)(nr + 1) * sizeof(double));
+    double *queue = malloc((size_t)(nr + 1) * sizeof(double));
+    if (!ttft || !tpot || !e2e || !queue) {
+        fprintf(f, "summary: out of memory\n");
+        free(ttft); free(tpot); free(e2e); free(queue);
+        return;
+    }
+    int n = 0, nt = 0, preempted_reqs = 0;
+    for (int i = 0; i < nr; i++) {
+        ar_sim_req_info r;
+        ar_sim_request(s, i, &r);
+        if (r.num_preemptions > 0) preempted_reqs++;
+        if (r.status != AR_REQ_FINISHED) continue;
+        ttft[n] = r.first_token - r.arrival;
+        e2e[n] = r.last_token - r.arrival;
+        queue[n] = r.first_scheduled - r.arrival;
+        n++;
+        double t = tpot_of(&r);
+        if (t >= 0) tpot[nt++] = t;
+    }
+    fprintf(f, "requests %d, finished %d, skipped %d; steps %lld; simulated %.3f s\n", sum.num_requests,
+            sum.num_finished, sum.num_skipped, (long long)sum.steps, sum.duration);
+    print_dist(f, "TTFT", ttft, n, 1.0, "s");
+    print_dist(f, "TPOT", tpot, nt, 1000.0, "ms");
+    print_dist(f, "E2E", e2e, n, 1.0, "s");
+    print_dist(f, "queueing", queue, n, 1.0, "s");
+    double dur = sum.duration > 0 ? sum.duration : 1;
+    fprintf(f, "  throughput %.2f req/s, %.1f output tok/s, %.1f scheduled tok/s\n", sum.num_finished / dur,
+            (double)sum.output_tokens / dur, (double)sum.scheduled_tokens / dur);
+    fprintf(f, "  KV cache usage: mean %.1f%%, max %.1f%% of %d usable blocks\n", 100 * sum.kv_usage_mean,
+            100 * sum.kv_usage_max, ar_sim_num_blocks(s) - 1);
+    fprintf(f, "  prefix hits: %lld of %lld prompt tokens (%.1f%%)\n", (long long)sum.prefix_hit_tokens,
+            (long long)sum.prompt_tokens,
+            sum.prompt_tokens ? 100.0 * (double)sum.prefix_hit_tokens / (double)sum.prompt_tokens : 0.0);
+    fprintf(f, "  preemptions: %lld (%d requests); cascade-eligible steps: %lld\n", (long long)sum.preemptions,
+            preempted_reqs, (long long)sum.cascade_eligible_steps);
+    free(ttft);
+    free(tpot);
+    free(e2e);
+    free(queue);
+}

@@ -1,0 +1,136 @@
+/* presets.c - engine presets for the simulator: model dimensions (from each model's published
+ * config.json) and device numbers (datasheets), plus KV-cache sizing and parameter counts.
+ *
+ * Models (Hugging Face config.json of each):
+ *   llama-3.1-8b   32 layers, 32 q / 8 kv heads, head 128, hidden 4096, MLP 14336, vocab 128256
+ *   llama-3.1-70b  80 layers, 64 q / 8 kv heads, head 128, hidden 8192, MLP 28672, vocab 128256
+ *   qwen3-32b      64 layers, 64 q / 8 kv heads, head 128, hidden 5120, MLP 25600, vocab 151936
+ *   deepseek-v3    61 layers, 128 heads, MLA (kv_lora 512, rope 64, nope 128, v 128, q_lora
+ *                  1536), hidden 7168, 3 dense layers (MLP 18432) then MoE: 256 routed experts,
+ *                  8 active, 1 shared, expert MLP 2048; vocab 129280; softmax scale
+ *                  192^-0.5 * mscale^2 = 0.1352338 (semantics section 7.2).
+ * Block size 16 for all: vLLM's default, kept by FLASH_ATTN and FLASH_ATTN_MLA on SM90. */
+#include "sim.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const ar_model_preset presets[] = {
+    {
+        .name = "llama-3.1-8b",
+        .model = {.name = "llama-3.1-8b", .attention = AR_ATTN_MHA, .num_layers = 32, .num_q_heads = 32,
+                  .num_kv_heads = 8, .head_size = 128, .v_head_dim = 128, .scale = 0.08838834764831845},
+        .hidden = 4096, .intermediate = 14336, .vocab = 128256, .default_block_size = 16,
+    },
+    {
+        .name = "llama-3.1-70b",
+        .model = {.name = "llama-3.1-70b", .attention = AR_ATTN_MHA, .num_layers = 80, .num_q_heads = 64,
+                  .num_kv_heads = 8, .head_size = 128, .v_head_dim = 128, .scale = 0.08838834764831845},
+        .hidden = 8192, .intermediate = 28672, .vocab = 128256, .default_block_size = 16,
+    },
+    {
+        .name = "qwen3-32b",
+        .model = {.name = "qwen3-32b", .attention = AR_ATTN_MHA, .num_layers = 64, .num_q_heads = 64,
+                  .num_kv_heads = 8, .head_size = 128, .v_head_dim = 128, .scale = 0.08838834764831845},
+        .hidden = 5120, .intermediate = 25600, .vocab = 151936, .default_block_size = 16,
+    },
+    {
+        .name = "deepseek-v3",
+        .model = {.name = "deepseek-v3", .attention = AR_ATTN_MLA, .num_layers = 61, .num_q_heads = 128,
+                  .num_kv_heads = 1, .head_size = 576, .kv_lora_rank = 512, .qk_rope_head_dim = 64,
+                  .qk_nope_head_dim = 128, .v_head_dim = 128, .scale = 0.1352338},
+        .hidden = 7168, .intermediate = 18432, .vocab = 129280, .q_lora_rank = 1536,
+        .num_experts = 256, .active_experts = 8, .shared_experts = 1, .moe_intermediate = 2048,
+        .first_dense_layers = 3, .default_block_size = 16,
+    },
+};
+
+/* Dense bf16 tensor-core peaks with fp32 accumulation (no sparsity) and memory bandwidth. */
+static const ar_device_spec devices[] = {
+    {"rtx4090", 165.2e12, 1008e9, 128,
+     "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): 165.2 dense BF16 TFLOP/s with FP32 "
+     "accumulate (330.3 with sparsity), 1008 GB/s GDDR6X, 128 SMs"},
+    {"rtxpro6000", 503.8e12, 1792e9, 188,
+     "NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet / RTX Blackwell whitepaper: about "
+     "504 dense BF16 TFLOP/s with FP32 accumulate (about 1008 with sparsity), 1792 GB/s GDDR7, 188 SMs; "
+     "the TFLOP/s figure is derived from the 4 PFLOP sparse FP4 headline, not measured"},
+    {"h200", 989e12, 4.8e12, 132,
+     "NVIDIA H200 SXM datasheet: 989 dense BF16 TFLOP/s, 4.8 TB/s HBM3e, 132 SMs "
+     "(measured on the project H200: ~790 TFLOP/s GEMM, ~4.3 TB/s copy)"},
+    {"h100", 989e12, 3.35e12, 132, "NVIDIA H100 SXM datasheet: 989 dense BF16 TFLOP/s, 3.35 TB/s, 132 SMs"},
+};
+
+const ar_model_preset *ar_model_preset_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, name) == 0) return &presets[i];
+    return NULL;
+}
+
+const ar_device_spec *ar_device_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
+        if (strcmp(devices[i].name, name) == 0) return &devices[i];
+    return NULL;
+}
+
+const char *ar_model_preset_names(void)
+{
+    return "llama-3.1-8b, llama-3.1-70b, qwen3-32b, deepseek-v3";
+}
+
+const char *ar_device_names(void)
+{
+    return "rtx4090, rtxpro6000, h200, h100";
+}
+
+int64_t ar_kv_bytes_per_block(const ar_model *m, int block_size, ar_dtype kv_dtype)
+{
+    int64_t per_token_layer = m->attention == AR_ATTN_MLA
+                                  ? (int64_t)(m->kv_lora_rank + m->qk_rope_head_dim)
+                                  : (int64_t)2 * m->num_kv_heads * m->head_size;
+    return per_token_layer * ar_dtype_size(kv_dtype) * block_size * m->num_layers;
+}
+
+/* Attention projection parameters of one layer. */
+static double attn_params(const ar_model_preset *p)
+{
+    const ar_model *m = &p->model;
+    double h = p->hidden;
+    if (m->attention == AR_ATTN_MLA) {
+        double qk = m->qk_nope_head_dim + m->qk_rope_head_dim;
+        return h * p->q_lora_rank + (double)p->q_lora_rank * m->num_q_heads * qk +
+               h * (m->kv_lora_rank + m->qk_rope_head_dim) +
+               (double)m->kv_lora_rank * m->num_q_heads * (m->qk_nope_head_dim + m->v_head_dim) +
+               (double)m->num_q_heads * m->v_head_dim * h;
+    }
+    double q_dim = (double)m->num_q_heads * m->head_size, kv_dim = (double)m->num_kv_heads * m->head_size;
+    return h * (q_dim + 2 * kv_dim) + q_dim * h;
+}
+
+double ar_preset_active_params(const ar_model_preset *p)
+{
+    double h = p->hidden, total = 0;
+    for (int l = 0; l < p->model.num_layers; l++) {
+        total += attn_params(p);
+        if (p->num_experts > 0 && l >= p->first_dense_layers)
+            total += 3.0 * h * p->moe_intermediate * (p->active_experts + p->shared_experts) + h * p->num_experts;
+        else
+            total += 3.0 * h * p->intermediate;
+    }
+    return total;
+}
+
+double ar_preset_total_params(const ar_model_preset *p)
+{
+    double h = p->hidden, total = 2.0 * h * p->vocab;  /* embedding + untied LM head */
+    for (int l = 0; l < p->model.num_layers; l++) {
+        total += attn_params(p);
+        if (p->num_experts > 0 && l >= p->first_dense_layers)
+            total += 3.0 * h * p->moe_intermediate * (p->num_experts + p->shared_experts) + h * p->num_experts;
+        else
+            total += 3.0 * h * p->intermediate;
+    }
+    return total;
+}

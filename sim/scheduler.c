@@ -1,0 +1,730 @@
+/* scheduler.c - the step-by-step vLLM V1 scheduler simulation (semantics sections 5.2, 8.4,
+ * 8.5): KV block pool with the null block 0, a prefix cache keyed by chained content keys
+ * (hash map) with LRU eviction of free cached blocks (intrusive doubly-linked free queue),
+ * token budget, max_num_seqs, chunked prefill, long_prefill_token_threshold, preemption by
+ * recompute, num_common_prefix_blocks, and the finished / preempted lists.
+ *
+ * One ar_sim_step = vLLM's Scheduler.schedule() at time `now`, then the step runs for the
+ * step-time model's duration, then update_from_output(): tokens computed, one token sampled
+ * for every request whose computed tokens reach its token count, finished requests freed
+ * (listed in the next step's `finished`).
+ *
+ * Prefix cache: only FULL PROMPT blocks are registered (generated tokens get request-private
+ * content in replay, so they are never prefix hits).  A block is registered when it is
+ * allocated for tokens that fill it, as vLLM does, so a request admitted later in the same
+ * step can already hit it.  When a key is already registered to another block, the new block
+ * stays unregistered (vLLM keeps both; either way only equal contents are ever shared). */
+#include "sim.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct sim_req {
+    const ar_workload_req *w;
+    const uint64_t *keys;      /* [w->num_keys] */
+    char id[24];
+    ar_sim_status status;
+    int num_computed;          /* tokens whose KV is in the cache */
+    int num_output;            /* generated tokens */
+    int *blocks;               /* [num_blocks] logical order */
+    int num_blocks, cap_blocks;
+    int num_registered;        /* leading prompt blocks already in (or from) the prefix cache */
+    int blocks_at_start;       /* blocks held before this step's allocation */
+    int sched_tokens;          /* this step */
+    int computed_at_start;     /* num_computed before this step's tokens */
+    bool scheduled_once;       /* has appeared as a new request */
+    bool resumed;              /* re-admitted from preemption this step */
+    int preemptions;
+    int hit_tokens;            /* prefix hit at first admission */
+    double first_sched, first_token, last_token;
+} sim_req;
+
+struct ar_sim {
+    ar_sim_config cfg;
+    const ar_workload *wl;
+    int block_size, num_blocks;
+    /* block pool */
+    int *ref;                  /* [num_blocks] */
+    uint64_t *block_key;       /* [num_blocks] key when registered */
+    unsigned char *registered; /* [num_blocks] */
+    int *free_prev, *free_next;/* [num_blocks] free queue links, -1 = none */
+    int free_head, free_tail, free_count;
+    /* prefix cache: open addressing, linear probing, backward-shift deletion */
+    uint64_t *map_keys;
+    int *map_vals;             /* -1 = empty */
+    uint32_t map_mask;
+    /* requests and queues */
+    sim_req *reqs;
+    int num_reqs, next_arrival;
+    int *waitq;                /* ring of request indices */
+    int wq_cap, wq_head, wq_len;
+    int *running;              /* [num_running] request indices, vLLM's running order */
+    int num_running;
+    int *hits;                 /* scratch for prefix lookups */
+    int hits_cap;
+    double now;
+    int64_t step_no;
+    /* step output */
+    ar_step step;
+    ar_new_req *out_new;
+    ar_cached_req *out_cached;
+    ar_sched_entry *out_sched;
+    char **out_finished, **out_preempted;
+    int *sched_order;          /* request indices scheduled this step, in order */
+    int num_sched;
+    int *pending_finished;     /* finished in the last step, listed in the next */
+    int num_pending_finished;
+    int *preempted_now;
+    int num_preempted_now;
+    ar_batch_features feat;
+    /* statistics */
+    ar_sim_kv_sample *samples;
+    int64_t num_samples, cap_samples;
+    int64_t preemptions, cascade_eligible, scheduled_tokens, prompt_tokens, hit_tokens, output_tokens;
+    double usage_integral;
+    double usage_max;
+    int num_finished, num_skipped;
+};
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* ---- free queue (LRU: allocate from the head, freed blocks go to the tail) -------------------- */
+
+static void fq_remove(ar_sim *s, int b)
+{
+    int p = s->free_prev[b], n = s->free_next[b];
+    if (p >= 0) s->free_next[p] = n; else s->free_head = n;
+    if (n >= 0) s->free_prev[n] = p; else s->free_tail = p;
+    s->free_prev[b] = s->free_next[b] = -1;
+    s->free_count--;
+}
+
+static void fq_push_tail(ar_sim *s, int b)
+{
+    s->free_prev[b] = s->free_tail;
+    s->free_next[b] = -1;
+    if (s->free_tail >= 0) s->free_next[s->free_tail] = b; else s->free_head = b;
+    s->free_tail = b;
+    s->free_count++;
+}
+
+/* ---- prefix-cache map --------------------------------------------------------------------------- */
+
+static uint32_t map_slot(const ar_sim *s, uint64_t key)
+{
+    return (uint32_t)((key ^ (key >> 29)) * 0x9e3779b97f4a7c15ull >> 32) & s->map_mask;
+}
+
+static int map_get(const ar_sim *s, uint64_t key)
+{
+    for (uint32_t i = map_slot(s, key);; i = (i + 1) & s->map_mask) {
+        if (s->map_vals[i] < 0) return -1;
+        if (s->map_keys[i] == key) return s->map_vals[i];
+    }
+}
+
+static void map_put(ar_sim *s, uint64_t key, int block)
+{
+    uint32_t i = map_slot(s, key);
+    while (s->map_vals[i] >= 0) i = (i + 1) & s->map_mask;
+    s->map_keys[i] = key;
+    s->map_vals[i] = block;
+}
+
+static void map_del(ar_sim *s, uint64_t key)
+{
+    uint32_t i = map_slot(s, key);
+    while (s->map_vals[i] >= 0 && s->map_keys[i] != key) i = (i + 1) & s->map_mask;
+    if (s->map_vals[i] < 0) return;
+    uint32_t j = i;
+    for (;;) {
+        j = (j + 1) & s->map_mask;
+        if (s->map_vals[j] < 0) break;
+        uint32_t ideal = map_slot(s, s->map_keys[j]);
+        /* move j into the hole at i unless ideal lies cyclically in (i, j] */
+        bool stays = i <= j ? (ideal > i && ideal <= j) : (ideal > i || ideal <= j);
+        if (!stays) {
+            s->map_keys[i] = s->map_keys[j];
+            s->map_vals[i] = s->map_vals[j];
+            i = j;
+        }
+    }
+    s->map_vals[i] = -1;
+}
+
+/* ---- blocks ------------------------------------------------------------------------------------- */
+
+/* Pops the least recently freed block; evicts its prefix-cache entry. */
+static int alloc_block(ar_sim *s)
+{
+    int b = s->free_head;
+    fq_remove(s, b);
+    if (s->registered[b]) {
+        map_del(s, s->block_key[b]);
+        s->registered[b] = 0;
+    }
+    s->ref[b] = 1;
+    return b;
+}
+
+static int reserve_blocks(sim_req *r, int n)
+{
+    if (n <= r->cap_blocks) return 0;
+    int cap = r->cap_blocks ? r->cap_blocks : 16;
+    while (cap < n) cap *= 2;
+    int *p = realloc(r->blocks, (size_t)cap * sizeof *p);
+    if (!p) return -1;
+    r->blocks = p;
+    r->cap_blocks = cap;
+    return 0;
+}
+
+/* Frees a request's blocks tail first (vLLM frees reversed, so its last blocks are evicted
+ * first). */
+static void free_request_blocks(ar_sim *s, sim_req *r)
+{
+    for (int i = r->num_blocks - 1; i >= 0; i--) {
+        int b = r->blocks[i];
+        if (--s->ref[b] == 0) fq_push_tail(s, b);
+    }
+    r->num_blocks = 0;
+    r->num_registered = 0;
+}
+
+static int num_tokens(const sim_req *r) { return r->w->prompt_len + r->num_output; }
+
+/* Longest prefix-cache hit for a waiting request: full prompt blocks only, capped so at least
+ * one token is computed (hit <= num_tokens - 1).  Fills s->hits; returns the block count. */
+static int lookup_hits(ar_sim *s, const sim_req *r)
+{
+    if (!s->cfg.header.sched.prefix_caching) return 0;
+    int max_blocks = (num_tokens(r) - 1) / s->block_size;
+    if (max_blocks > r->w->num_keys) max_blocks = r->w->num_keys;
+    int n = 0;
+    while (n < max_blocks) {
+        int b = map_get(s, r->keys[n]);
+        if (b < 0) break;
+        s->hits[n++] = b;
+    }
+    return n;
+}
+
+/* vLLM's KVCacheManager.allocate_slots: room for num_computed + num_new tokens (the request's
+ * num_computed already includes the hit), hit blocks first.  false = not enough free blocks,
+ * nothing changed. */
+static bool allocate_slots(ar_sim *s, sim_req *r, int num_new, int num_hits, int *oom)
+{
+    int B = s->block_size;
+    int need = ceil_div(r->num_computed + num_new, B);
+    int to_alloc = need - r->num_blocks - num_hits;
+    if (to_alloc < 0) to_alloc = 0;
+    int evictable = 0;
+    for (int i = 0; i < num_hits; i++) evictable += s->ref[s->hits[i]] == 0;
+    if (to_alloc + evictable > s->free_count) return false;
+    if (reserve_blocks(r, r->num_blocks + num_hits + to_alloc) != 0) { *oom = 1; return false; }
+    for (int i = 0; i < num_hits; i++) {
+        int b = s->hits[i];
+        if (s->ref[b] == 0) fq_remove(s, b);
+        s->ref[b]++;
+        r->blocks[r->num_blocks++] = b;
+    }
+    if (num_hits > 0) r->num_registered = num_hits;
+    for (int i = 0; i < to_alloc; i++) r->blocks[r->num_blocks++] = alloc_block(s);
+    if (s->cfg.header.sched.prefix_caching) {
+        int filled = r->num_computed + num_new;
+        if (filled > r->w->prompt_len) filled = r->w->prompt_len;
+        int full = filled / B;
+        if (full > r->w->num_keys) full = r->w->num_keys;
+        for (int i = r->num_registered; i < full; i++) {
+            int b = r->blocks[i];
+            uint64_t key = r->keys[i];
+            if (!s->registered[b] && map_get(s, key) < 0) {
+                map_put(s, key, b);
+                s->block_key[b] = key;
+                s->registered[b] = 1;
+            }
+        }
+        if (full > r->num_registered) r->num_registered = full;
+    }
+    return true;
+}
+
+/* ---- queues --------------------------------------------------------------------------------------- */
+
+static void wq_push_back(ar_sim *s, int i)
+{
+    s->waitq[(s->wq_head + s->wq_len) % s->wq_cap] = i;
+    s->wq_len++;
+}
+
+static void wq_push_front(ar_sim *s, int i)
+{
+    s->wq_head = (s->wq_head + s->wq_cap - 1) % s->wq_cap;
+    s->waitq[s->wq_head] = i;
+    s->wq_len++;
+}
+
+static int wq_front(const ar_sim *s) { return s->waitq[s->wq_head]; }
+
+static void wq_pop_front(ar_sim *s)
+{
+    s->wq_head = (s->wq_head + 1) % s->wq_cap;
+    s->wq_len--;
+}
+
+/* ---- create / destroy ----------------------------------------------------------------------------- */
+
+void ar_sim_destroy(ar_sim *s)
+{
+    if (!s) return;
+    for (int i = 0; i < s->num_reqs; i++) free(s->reqs[i].blocks);
+    free(s->reqs);
+    free(s->ref);
+    free(s->block_key);
+    free(s->registered);
+    free(s->free_prev);
+    free(s->free_next);
+    free(s->map_keys);
+    free(s->map_vals);
+    free(s->waitq);
+    free(s->running);
+    free(s->hits);
+    free(s->out_new);
+    free(s->out_cached);
+    free(s->out_sched);
+    free(s->out_finished);
+    free(s->out_preempted);
+    free(s->sched_order);
+    free(s->pending_finished);
+    free(s->preempted_now);
+    free(s->samples);
+    free(s);
+}
+
+ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err, size_t err_len)
+{
+    const ar_cache_config *cc = &cfg->header.cache;
+    const ar_sched_config *sc = &cfg->header.sched;
+    if (cc->block_size <= 0 || cc->num_blocks < 2) {
+        snprintf(err, err_len, "block size must be positive and num_blocks at least 2 (got %d, %d)",
+                 cc->block_size, cc->num_blocks);
+        return NULL;
+    }
+    if (wl->block_size != cc->block_size) {
+        snprintf(err, err_len, "workload keys were made for block size %d, engine uses %d", wl->block_size, cc->block_size);
+        return NULL;
+    }
+    if (sc->max_num_batched_tokens <= 0 || sc->max_num_seqs <= 0 || cfg->long_prefill_token_threshold < 0) {
+        snprintf(err, err_len, "max_num_batched_tokens and max_num_seqs must be positive, the threshold >= 0");
+        return NULL;
+    }
+    ar_sim *s = calloc(1, sizeof *s);
+    if (!s) { snprintf(err, err_len, "out of memory"); return NULL; }
+    s->cfg = *cfg;
+    s->wl = wl;
+    s->num_reqs = wl->num_reqs;
+    s->block_size = cc->block_size;
+    s->num_blocks = cc->num_blocks;
+    int nb = s->num_blocks, nr = wl->num_reqs;
+    uint32_t map_cap = 16;
+    while (map_cap < (uint32_t)nb * 2u) map_cap *= 2;
+    s->map_mask = map_cap - 1;
+    s->ref = calloc((size_t)nb, sizeof *s->ref);
+    s->block_key = calloc((size_t)nb, sizeof *s->block_key);
+    s->registered = calloc((size_t)nb, 1);
+    s->free_prev = malloc((size_t)nb * sizeof(int));
+    s->free_next = malloc((size_t)nb * sizeof(int));
+    s->map_keys = malloc((size_t)map_cap * sizeof *s->map_keys);
+    s->map_vals = malloc((size_t)map_cap * sizeof *s->map_vals);
+    s->reqs = calloc((size_t)(nr > 0 ? nr : 1), sizeof *s->reqs);
+    s->wq_cap = nr + 1;
+    s->waitq = malloc((size_t)s->wq_cap * sizeof(int));
+    s->running = malloc((size_t)(nr + 1) * sizeof(int));
+    s->sched_order = malloc((size_t)(nr + 1) * sizeof(int));
+    s->pending_finished = malloc((size_t)(nr + 1) * sizeof(int));
+    s->preempted_now = malloc((size_t)(nr + 1) * sizeof(int));
+    s->out_new = malloc((size_t)(nr + 1) * sizeof *s->out_new);
+    s->out_cached = malloc((size_t)(nr + 1) * sizeof *s->out_cached);
+    s->out_sched = malloc((size_t)(nr + 1) * sizeof *s->out_sched);
+    s->out_finished = malloc((size_t)(nr + 1) * sizeof(char *));
+    s->out_preempted = malloc((size_t)(nr + 1) * sizeof(char *));
+    int max_keys = 1;
+    for (int i = 0; i < nr; i++)
+        if (wl->reqs[i].num_keys > max_keys) max_keys = wl->reqs[i].num_keys;
+    s->hits_cap = max_keys;
+    s->hits = malloc((size_t)max_keys * sizeof(int));
+    if (!s->ref || !s->block_key || !s->registered || !s->free_prev || !s->free_next || !s->map_keys ||
+        !s->map_vals || !s->reqs || !s->waitq || !s->running || !s->sched_order || !s->pending_finished ||
+        !s->preempted_now || !s->out_new || !s->out_cached || !s->out_sched || !s->out_finished ||
+        !s->out_preempted || !s->hits) {
+        ar_sim_destroy(s);
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    for (uint32_t i = 0; i < map_cap; i++) s->map_vals[i] = -1;
+    /* block 0 is the null block: never in the free queue, never allocated */
+    s->free_head = s->free_tail = -1;
+    s->free_prev[0] = s->free_next[0] = -1;
+    for (int b = 1; b < nb; b++) fq_push_tail(s, b);
+    int usable_tokens_blocks = nb - 1;
+    int warned = 0;
+    for (int i = 0; i < nr; i++) {
+        sim_req *r = &s->reqs[i];
+        r->w = &wl->reqs[i];
+        r->keys = wl->keys + wl->reqs[i].key_offset;
+        snprintf(r->id, sizeof r->id, "r%d", i);
+        r->status = AR_REQ_PENDING;
+        r->first_sched = r->first_token = r->last_token = -1;
+        if (i > 0 && wl->reqs[i].arrival < wl->reqs[i - 1].arrival) {
+            snprintf(err, err_len, "workload request %d (line %ld) arrives before the one before it", i, wl->reqs[i].line);
+            ar_sim_destroy(s);
+            return NULL;
+        }
+        /* the last generated token is sampled, never computed */
+        int64_t need = ((int64_t)r->w->prompt_len + r->w->output_len - 1 + s->block_size - 1) / s->block_size;
+        bool too_long = cfg->max_model_len > 0 && r->w->prompt_len + r->w->output_len > cfg->max_model_len;
+        if (need > usable_tokens_blocks || too_long) {
+            r->status = AR_REQ_SKIPPED;
+            s->num_skipped++;
+            if (warned++ < 5)
+                fprintf(stderr, "sim: skipping request %s (%s line %ld): %d prompt + %d output tokens can never fit %s\n",
+                        r->id, wl->source, r->w->line, r->w->prompt_len, r->w->output_len,
+                        too_long ? "max_model_len" : "the KV cache");
+        }
+    }
+    if (s->num_skipped > 5) fprintf(stderr, "sim: %d requests skipped in all\n", s->num_skipped);
+    return s;
+}
+
+/* ---- one step ------------------------------------------------------------------------------------- */
+
+static void preempt(ar_sim *s, sim_req *r, int index)
+{
+    free_request_blocks(s, r);
+    r->status = AR_REQ_PREEMPTED;
+    r->num_computed = 0;
+    r->preemptions++;
+    s->preemptions++;
+    wq_push_front(s, index);
+    s->preempted_now[s->num_preempted_now++] = index;
+}
+
+static int add_sample(ar_sim *s, double time, int num_tokens_step)
+{
+    if (s->num_samples == s->cap_samples) {
+        int64_t cap = s->cap_samples ? s->cap_samples * 2 : 4096;
+        ar_sim_kv_sample *p = realloc(s->samples, (size_t)cap * sizeof *p);
+        if (!p) return -1;
+        s->samples = p;
+        s->cap_samples = cap;
+    }
+    ar_sim_kv_sample *k = &s->samples[s->num_samples++];
+    k->time = time;
+    k->used_blocks = s->num_blocks - 1 - s->free_count;
+    k->running = s->num_running;
+    k->waiting = s->wq_len;
+    k->num_tokens = num_tokens_step;
+    return 0;
+}
+
+/* vLLM's use_cascade_attention (semantics 5.4) on this step's common prefix. */
+static bool cascade_eligible(const ar_sim *s, int num_common_blocks)
+{
+    const ar_model *m = &s->cfg.header.model;
+    if (m->attention == AR_ATTN_MLA || m->sliding_window > 0 || num_common_blocks == 0 || s->num_sched < 8) return false;
+    int P = num_common_blocks * s->block_size;
+    for (int k = 0; k < s->num_sched; k++) {
+        int c = s->reqs[s->sched_order[k]].computed_at_start;
+        if (c < P) P = c;
+    }
+    P = P / s->block_size * s->block_size;
+    if (P < 256) return false;
+    int qpkv = m->num_q_heads / (m->num_kv_heads > 0 ? m->num_kv_heads : 1);
+    bool all_single = true;
+    for (int k = 0; k < s->num_sched; k++) all_single &= s->reqs[s->sched_order[k]].sched_tokens == 1;
+    if (!(qpkv > 1 && all_single)) return true;
+    int sms = s->cfg.num_sms > 0 ? s->cfg.num_sms : 132;
+    long tiles = ceil_div(P, 128), nreq = s->num_sched;
+    long cascade_time = ceil_div((int)(m->num_q_heads * ceil_div((int)nreq, 128)), sms) * tiles;
+    long fd_time = (nreq * m->num_kv_heads * ceil_div(qpkv, 128) * tiles + sms - 1) / sms;
+    return cascade_time < fd_time;
+}
+
+int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
+{
+    const ar_sched_config *sc = &s->cfg.header.sched;
+    int B = s->block_size;
+    int oom = 0;
+    /* arrivals; jump over idle time */
+    while (s->next_arrival < s->num_reqs && s->reqs[s->next_arrival].status == AR_REQ_SKIPPED) s->next_arrival++;
+    if (s->num_running == 0 && s->wq_len == 0) {
+        if (s->next_arrival >= s->num_reqs) return 0;
+        double t = s->reqs[s->next_arrival].w->arrival;
+        if (t > s->now) s->now = t;
+    }
+    while (s->next_arrival < s->num_reqs && s->reqs[s->next_arrival].w->arrival <= s->now) {
+        sim_req *r = &s->reqs[s->next_arrival];
+        if (r->status == AR_REQ_PENDING) {
+            r->status = AR_REQ_WAITING;
+            wq_push_back(s, s->next_arrival);
+        }
+        s->next_arrival++;
+    }
+
+    /* ---- schedule: running requests first ---- */
+    int budget = sc->max_num_batched_tokens;
+    int threshold = s->cfg.long_prefill_token_threshold;
+    s->num_sched = 0;
+    s->num_preempted_now = 0;
+    for (int k = 0; k < s->num_running; k++) {
+        sim_req *r = &s->reqs[s->running[k]];
+        r->sched_tokens = 0;
+        r->resumed = false;
+    }
+    int idx = 0;
+    while (idx < s->num_running && budget > 0) {
+        int ri = s->running[idx];
+        sim_req *r = &s->reqs[ri];
+        int num_new = num_tokens(r) - r->num_computed;
+        if (threshold > 0 && num_new > threshold) num_new = threshold;
+        if (num_new > budget) num_new = budget;
+        if (s->cfg.max_model_len > 0 && num_new > s->cfg.max_model_len - 1 - r->num_computed)
+            num_new = s->cfg.max_model_len - 1 - r->num_computed;
+        if (num_new <= 0) { idx++; continue; }
+        r->blocks_at_start = r->num_blocks;
+        bool scheduled = false;
+        for (;;) {
+            if (allocate_slots(s, r, num_new, 0, &oom)) { scheduled = true; break; }
+            if (oom) { snprintf(err, err_len, "out of memory"); return -1; }
+            /* preempt the last running request (vLLM's running.pop()) */
+            int vi = s->running[--s->num_running];
+            sim_req *v = &s->reqs[vi];
+            if (v->sched_tokens > 0) {   /* scheduled earlier this step: give its tokens back */
+                budget += v->sched_tokens;
+                v->sched_tokens = 0;
+                int w = 0;
+                for (int k = 0; k < s->num_sched; k++)
+                    if (s->sched_order[k] != vi) s->sched_order[w++] = s->sched_order[k];
+                s->num_sched = w;
+            }
+            preempt(s, v, vi);
+            if (vi == ri) break;
+        }
+        if (!scheduled) break;
+        r->computed_at_start = r->num_computed;
+        r->sched_tokens = num_new;
+        budget -= num_new;
+        s->sched_order[s->num_sched++] = ri;
+        idx++;
+    }
+
+    /* ---- then waiting requests, only if nothing was preempted this step ---- */
+    if (s->num_preempted_now == 0) {
+        while (s->wq_len > 0 && budget > 0 && s->num_running < sc->max_num_seqs) {
+            int ri = wq_front(s);
+            sim_req *r = &s->reqs[ri];
+            int num_hits = lookup_hits(s, r);
+            r->num_computed = num_hits * B;
+            int num_new = num_tokens(r) - r->num_computed;
+            if (threshold > 0 && num_new > threshold) num_new = threshold;
+            if (num_new > budget) num_new = budget;
+            r->blocks_at_start = 0;
+            if (!allocate_slots(s, r, num_new, num_hits, &oom)) {
+                r->num_computed = 0;
+                if (oom) { snprintf(err, err_len, "out of memory"); return -1; }
+                break;
+            }
+            wq_pop_front(s);
+            r->resumed = r->status == AR_REQ_PREEMPTED;
+            r->status = AR_REQ_RUNNING;
+            s->running[s->num_running++] = ri;
+            r->computed_at_start = r->num_computed;
+            r->sched_tokens = num_new;
+            budget -= num_new;
+            s->sched_order[s->num_sched++] = ri;
+            if (r->first_sched < 0) {
+                r->first_sched = s->now;
+                r->hit_tokens = r->num_computed;
+                s->hit_tokens += r->num_computed;
+                s->prompt_tokens += r->w->prompt_len;
+            }
+        }
+    }
+    if (s->num_sched == 0) {
+        snprintf(err, err_len, "step %lld: nothing could be scheduled (%d running, %d waiting, %d free blocks)",
+                 (long long)s->step_no, s->num_running, s->wq_len, s->free_count);
+        return -1;
+    }
+
+    /* ---- the SchedulerOutput ---- */
+    ar_step *st = &s->step;
+    memset(st, 0, sizeof *st);
+    st->step = s->step_no;
+    st->time = s->now;
+    st->new_reqs = s->out_new;
+    st->cached = s->out_cached;
+    st->scheduled = s->out_sched;
+    st->finished = s->out_finished;
+    st->preempted = s->out_preempted;
+    ar_batch_features *f = &s->feat;
+    memset(f, 0, sizeof *f);
+    for (int pass = 0; pass < 2; pass++)   /* cached: running ones, then resumed ones */
+        for (int k = 0; k < s->num_sched; k++) {
+            sim_req *r = &s->reqs[s->sched_order[k]];
+            if (!r->scheduled_once || r->resumed != (pass == 1)) continue;
+            ar_cached_req *c = &st->cached[st->num_cached++];
+            c->req = r->id;
+            c->num_computed_tokens = r->computed_at_start;
+            c->resumed = r->resumed;
+            c->new_block_ids = r->blocks + (r->resumed ? 0 : r->blocks_at_start);
+            c->num_new_block_ids = r->num_blocks - (r->resumed ? 0 : r->blocks_at_start);
+        }
+    for (int k = 0; k < s->num_sched; k++) {
+        sim_req *r = &s->reqs[s->sched_order[k]];
+        if (!r->scheduled_once) {
+            ar_new_req *n = &st->new_reqs[st->num_new++];
+            n->req = r->id;
+            n->prompt_len = r->w->prompt_len;
+            n->num_computed_tokens = r->computed_at_start;
+            n->block_ids = r->blocks;
+            n->num_block_ids = r->num_blocks;
+            n->block_keys = (uint64_t *)r->keys;
+            n->num_block_keys = r->w->num_keys;
+        }
+        st->scheduled[st->num_scheduled].req = r->id;
+        st->scheduled[st->num_scheduled++].num_tokens = r->sched_tokens;
+        int n = r->sched_tokens, c = r->computed_at_start;
+        f->num_reqs++;
+        f->num_tokens += n;
+        bool decode = n == 1 && r->num_output > 0 && c == num_tokens(r) - 1;
+        if (decode) f->num_decode_reqs++; else f->num_prefill_tokens += n;
+        f->kv_tokens_read += c + n;
+        f->attn_pairs += (double)n * (c + (n + 1) * 0.5);
+    }
+    for (int k = 0; k < s->num_pending_finished; k++)
+        st->finished[st->num_finished++] = s->reqs[s->pending_finished[k]].id;
+    s->num_pending_finished = 0;
+    for (int k = 0; k < s->num_preempted_now; k++)
+        st->preempted[st->num_preempted++] = s->reqs[s->preempted_now[k]].id;
+    /* num_common_prefix_blocks: running[0]'s leading blocks held by every request that holds blocks */
+    if (sc->prefix_caching && s->num_running > 0) {
+        const sim_req *r0 = &s->reqs[s->running[0]];
+        int n = 0;
+        while (n < r0->num_blocks && s->ref[r0->blocks[n]] == s->num_running) n++;
+        st->num_common_prefix_blocks = n;
+    }
+    if (cascade_eligible(s, st->num_common_prefix_blocks)) s->cascade_eligible++;
+
+    /* ---- run the step ---- */
+    double dur = ar_steptime_eval(&s->cfg.steptime, f);
+    if (!(dur > 0) || !isfinite(dur)) dur = 1e-6;
+    if (add_sample(s, s->now, f->num_tokens) != 0) { snprintf(err, err_len, "out of memory"); return -1; }
+    double used = (double)(s->num_blocks - 1 - s->free_count) / (double)(s->num_blocks - 1);
+    s->usage_integral += used * dur;
+    if (used > s->usage_max) s->usage_max = used;
+    double t_end = s->now + dur;
+    s->scheduled_tokens += f->num_tokens;
+
+    /* ---- update_from_output ---- */
+    for (int k = 0; k < s->num_sched; k++) {
+        sim_req *r = &s->reqs[s->sched_order[k]];
+        r->scheduled_once = true;
+        r->num_computed += r->sched_tokens;
+        if (r->num_computed >= num_tokens(r)) {   /* a token is sampled */
+            r->num_output++;
+            s->output_tokens++;
+            if (r->first_token < 0) r->first_token = t_end;
+            r->last_token = t_end;
+            if (r->num_output >= r->w->output_len) {
+                free_request_blocks(s, r);
+                r->status = AR_REQ_FINISHED;
+                s->num_finished++;
+                s->pending_finished[s->num_pending_finished++] = s->sched_order[k];
+            }
+        }
+    }
+    if (s->num_pending_finished > 0) {
+        int w = 0;
+        for (int k = 0; k < s->num_running; k++)
+            if (s->reqs[s->running[k]].status == AR_REQ_RUNNING) s->running[w++] = s->running[k];
+        s->num_running = w;
+    }
+    s->now = t_end;
+    s->step_no++;
+    *step_out = st;
+    return 1;
+}
+
+/* ---- inspection ------------------------------------------------------------------------------------ */
+
+const ar_batch_features *ar_sim_last_features(const ar_sim *s) { return &s->feat; }
+int ar_sim_num_blocks(const ar_sim *s) { return s->num_blocks; }
+int ar_sim_block_ref(const ar_sim *s, int block) { return s->ref[block]; }
+int ar_sim_num_requests(const ar_sim *s) { return s->num_reqs; }
+int ar_sim_num_running(const ar_sim *s) { return s->num_running; }
+int ar_sim_num_waiting(const ar_sim *s) { return s->wq_len; }
+
+int ar_sim_free_blocks(const ar_sim *s)
+{
+    int n = 0;
+    for (int b = s->free_head; b >= 0 && n <= s->num_blocks; b = s->free_next[b]) n++;
+    return n;
+}
+
+void ar_sim_request(const ar_sim *s, int i, ar_sim_req_info *info)
+{
+    const sim_req *r = &s->reqs[i];
+    memset(info, 0, sizeof *info);
+    info->id = r->id;
+    info->status = r->status;
+    info->prompt_len = r->w->prompt_len;
+    info->output_len = r->w->output_len;
+    info->num_computed_tokens = r->num_computed;
+    info->num_output_tokens = r->num_output;
+    info->block_ids = r->blocks;
+    info->num_blocks = r->num_blocks;
+    info->prompt_keys = r->keys;
+    info->num_prompt_keys = r->w->num_keys;
+    info->num_preemptions = r->preemptions;
+    info->prefix_hit_tokens = r->hit_tokens;
+    info->arrival = r->w->arrival;
+    info->first_scheduled = r->first_sched;
+    info->first_token = r->first_token;
+    info->last_token = r->last_token;
+}
+
+uint64_t ar_sim_logical_key(const ar_sim *s, int req, int block_index)
+{
+    const sim_req *r = &s->reqs[req];
+    if (block_index < r->w->num_keys) return r->keys[block_index];
+    uint64_t key = r->w->num_keys > 0 ? r->keys[r->w->num_keys - 1] : AR_ROOT_KEY;
+    for (int i = r->w->num_keys; i <= block_index; i++)
+        key = ar_chain_key(key, ar_mix64(((uint64_t)(req + 1) << 32) ^ (uint64_t)i ^ 0x5052495600000000ull));
+    return key;
+}
+
+void ar_sim_summarize(const ar_sim *s, ar_sim_summary *sum)
+{
+    memset(sum, 0, sizeof *sum);
+    sum->num_requests = s->num_reqs;
+    sum->num_finished = s->num_finished;
+    sum->num_skipped = s->num_skipped;
+    sum->steps = s->step_no;
+    sum->preemptions = s->preemptions;
+    sum->cascade_eligible_steps = s->cascade_eligible;
+    sum->prompt_tokens = s->prompt_tokens;
+    sum->prefix_hit_tokens = s->hit_tokens;
+    sum->output_tokens = s->output_tokens;
+    sum->scheduled_tokens = s->scheduled_tokens;
+    sum->duration = s->now;
+    sum->kv_usage_mean = s->now > 0 ? s->usage_integral / s->now : 0;
+    sum->kv_usage_max = s->usage_max;
+}
+
+const ar_sim_kv_sample *ar_sim_kv_samples(const ar_sim *s, int64_t *count)
+{
+    *count = s->num_samples;
+    return s->samples;
+}

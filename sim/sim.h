@@ -1,0 +1,251 @@
+/* sim.h - the vLLM V1 scheduler simulator (DESIGN section 10): workloads, engine presets,
+ * step-time models, the step-by-step scheduler, and per-request serving metrics.
+ *
+ * Flow: a workload (ar_workload: arrivals, prompt/output lengths, chained content keys of the
+ * full prompt blocks) and an engine configuration (ar_sim_config: model, KV cache, scheduler
+ * limits, step-time model) go into ar_sim_create; every ar_sim_step call runs one scheduler
+ * step exactly as vLLM V1's Scheduler.schedule + update_from_output would, and returns the
+ * step as a trace step (traces/trace.h) ready for ar_trace_write_step.  The simulator's
+ * internal state (block pool, requests) can be inspected between steps, which is what the
+ * invariant tests do.  ar_sim_main is the `attnreplay sim` command. */
+#ifndef AR_SIM_H
+#define AR_SIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "../reference/datagen.h"
+#include "../traces/trace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- workloads (sim/workload.c) ------------------------------------------------------------ */
+
+typedef struct ar_workload_req {
+    double arrival;       /* seconds from the workload's start, already time-scaled */
+    int prompt_len;       /* tokens, > 0 */
+    int output_len;       /* tokens to generate, > 0 */
+    int64_t key_offset;   /* first content key in ar_workload.keys */
+    int num_keys;         /* full prompt blocks: prompt_len / block_size */
+    long line;            /* line of the source file (0 for generated requests) */
+} ar_workload_req;
+
+typedef struct ar_workload {
+    char source[32];           /* "mooncake", "azure", "vllm-run", "synthetic", "memory" */
+    int block_size;
+    ar_workload_req *reqs;     /* [num_reqs], arrival non-decreasing */
+    int num_reqs, cap_reqs;
+    uint64_t *keys;            /* [num_keys_total] chained content keys, per request contiguous */
+    int64_t num_keys_total, cap_keys;
+    int num_skipped;           /* rows skipped with a warning (see ar_workload_load) */
+} ar_workload;
+
+/* Empty in-memory workload for a block size. */
+void ar_workload_init(ar_workload *wl, int block_size, const char *source);
+/* Appends a request.  payloads[i] (i < num_payloads) is the payload of full prompt block i
+ * (blocks with equal payload chains share content); blocks beyond num_payloads get payloads
+ * unique to this request.  Keys are chained from AR_ROOT_KEY with ar_chain_key.
+ * Returns 0, or -1 (out of memory / bad lengths) with err set. */
+int ar_workload_push(ar_workload *wl, double arrival, int prompt_len, int output_len,
+                     const uint64_t *payloads /* [num_payloads] */, int num_payloads, long line,
+                     char *err, size_t err_len);
+/* Loads "mooncake:PATH", "azure:PATH", "vllm-run:PATH" (a requests.jsonl, or the directory
+ * holding it) or "synthetic:SPEC" (see ar_workload_synthetic).  Arrival times are shifted so
+ * the first request arrives at 0 and multiplied by time_scale; limit > 0 keeps the first
+ * limit requests.  Returns 0, or 2 with "FILE:LINE: rule" in err for bad input (malformed
+ * row, non-positive length, missing or decreasing timestamp). */
+int ar_workload_load(const char *spec, int block_size, double time_scale, int limit,
+                     ar_workload *wl, char *err, size_t err_len);
+/* SPEC = comma-separated key=value:
+ *   groups=G,prompts=P,system=S,question=Q,output=O   SGLang generated-shared-prefix style:
+ *        G groups x P prompts; each prompt = the group's S-token system prompt + a unique
+ *        Q-token question; O output tokens; requests shuffled (seed) before arrival times.
+ *   n=N,input=I,output=O                               N independent requests (no groups).
+ *   rate=R (requests/s, default 10), arrival=poisson|gamma, cv=C (gamma's coefficient of
+ *   variation, default 2), seed=X (default 1).
+ * Returns 0 or 2 with err set. */
+int ar_workload_synthetic(const char *spec, int block_size, ar_workload *wl, char *err,
+                          size_t err_len);
+void ar_workload_free(ar_workload *wl);
+
+/* ---- engine presets and devices (sim/presets.c) --------------------------------------------- */
+
+typedef struct ar_model_preset {
+    const char *name;
+    ar_model model;            /* the trace header's model block */
+    int hidden;                /* hidden size */
+    int intermediate;          /* dense MLP intermediate size */
+    int vocab;
+    int q_lora_rank;           /* MLA only */
+    int num_experts;           /* routed experts (0 = dense) */
+    int active_experts;        /* routed experts per token */
+    int shared_experts;
+    int moe_intermediate;
+    int first_dense_layers;    /* MoE models: leading dense layers */
+    int default_block_size;
+} ar_model_preset;
+
+typedef struct ar_device_spec {
+    const char *name;
+    double peak_flops;         /* dense bf16 FLOP/s */
+    double mem_bw;             /* bytes/s */
+    int num_sms;
+    const char *source;        /* where the numbers come from */
+} ar_device_spec;
+
+/* NULL when unknown. */
+const ar_model_preset *ar_model_preset_find(const char *name);
+const ar_device_spec *ar_device_find(const char *name);
+/* Comma-separated names, for usage messages. */
+const char *ar_model_preset_names(void);
+const char *ar_device_names(void);
+/* Bytes one KV block takes over all layers: MHA 2 * kv_heads * head_size per token per layer,
+ * MLA (kv_lora_rank + rope dim) per token per layer, times the KV dtype's size. */
+int64_t ar_kv_bytes_per_block(const ar_model *m, int block_size, ar_dtype kv_dtype);
+/* Parameters touched per token (active parameters, for GEMM FLOPs) and all weight bytes. */
+double ar_preset_active_params(const ar_model_preset *p);
+double ar_preset_total_params(const ar_model_preset *p);
+
+/* ---- step-time models (sim/steptime.c) ------------------------------------------------------ */
+
+typedef enum ar_steptime_kind {
+    AR_STEPTIME_CONSTANT = 0,
+    AR_STEPTIME_LINEAR = 1,
+    AR_STEPTIME_ROOFLINE = 2
+} ar_steptime_kind;
+
+/* What a step-time model sees of a batch. */
+typedef struct ar_batch_features {
+    int num_reqs;              /* scheduled requests */
+    int num_tokens;            /* scheduled tokens */
+    int num_prefill_tokens;    /* tokens of requests still in their prompt (or recomputing) */
+    int num_decode_reqs;       /* requests scheduled for exactly one generated token */
+    int64_t kv_tokens_read;    /* sum of seq_len = num_computed + n over scheduled requests */
+    double attn_pairs;         /* sum over requests of n * (num_computed + (n + 1) / 2): query-key pairs */
+} ar_batch_features;
+
+typedef struct ar_steptime {
+    ar_steptime_kind kind;
+    double constant_s;         /* CONSTANT: seconds per step */
+    double lin_base_s, lin_per_token_s, lin_per_req_s, lin_per_kv_token_s;  /* LINEAR */
+    /* ROOFLINE */
+    const ar_model_preset *preset;
+    ar_device_spec device;
+    double gemm_efficiency;    /* fraction of peak FLOP/s reached by the GEMMs */
+    double attn_efficiency;    /* fraction of peak FLOP/s reached by attention */
+    double bw_efficiency;      /* fraction of memory bandwidth reached */
+    double overhead_s;         /* fixed per-step cost (scheduler, launch, sampling) */
+    double per_req_overhead_s; /* per scheduled request */
+    ar_dtype weight_dtype, kv_dtype;
+} ar_steptime;
+
+/* Parses MODEL: "constant:SECONDS", "linear:BASE,PER_TOKEN,PER_REQ,PER_KV_TOKEN" (seconds),
+ * "roofline:DEVICE[,gemm_eff=E][,attn_eff=E][,bw_eff=E][,overhead=S][,per_req=S]".
+ * preset is needed for roofline.  Returns 0 or 2 with err set. */
+int ar_steptime_parse(const char *spec, const ar_model_preset *preset, ar_steptime *st,
+                      char *err, size_t err_len);
+/* Seconds the step takes. */
+double ar_steptime_eval(const ar_steptime *st, const ar_batch_features *f);
+
+/* ---- the simulator (sim/scheduler.c) -------------------------------------------------------- */
+
+typedef struct ar_sim_config {
+    ar_trace_header header;            /* model, cache (block_size, num_blocks), scheduler */
+    int long_prefill_token_threshold;  /* 0 = off */
+    int max_model_len;                 /* 0 = unlimited */
+    int num_sms;                       /* for the cascade-eligibility statistic (132 = H200) */
+    ar_steptime steptime;
+} ar_sim_config;
+
+typedef enum ar_sim_status {
+    AR_REQ_PENDING = 0,     /* not arrived yet */
+    AR_REQ_WAITING = 1,     /* in the waiting queue, never scheduled */
+    AR_REQ_RUNNING = 2,
+    AR_REQ_PREEMPTED = 3,   /* in the waiting queue after preemption */
+    AR_REQ_FINISHED = 4,
+    AR_REQ_SKIPPED = 5      /* can never fit the KV cache */
+} ar_sim_status;
+
+/* One request's state and metrics as the simulator sees it. */
+typedef struct ar_sim_req_info {
+    const char *id;
+    ar_sim_status status;
+    int prompt_len, output_len;
+    int num_computed_tokens;
+    int num_output_tokens;          /* generated so far */
+    const int *block_ids;           /* [num_blocks] held now */
+    int num_blocks;
+    const uint64_t *prompt_keys;    /* [num_prompt_keys] */
+    int num_prompt_keys;
+    int num_preemptions;
+    int prefix_hit_tokens;          /* at first admission */
+    double arrival, first_scheduled, first_token, last_token;  /* seconds; -1 = not yet */
+} ar_sim_req_info;
+
+typedef struct ar_sim_summary {
+    int num_requests, num_finished, num_skipped;
+    int64_t steps, preemptions, cascade_eligible_steps;
+    int64_t prompt_tokens, prefix_hit_tokens, output_tokens, scheduled_tokens;
+    double duration;                /* time at the end of the last step */
+    double kv_usage_mean;           /* time-weighted held blocks / usable blocks */
+    double kv_usage_max;
+} ar_sim_summary;
+
+typedef struct ar_sim ar_sim;
+
+/* Builds a simulator; the workload must outlive it.  Requests that can never fit the KV cache
+ * are skipped (status AR_REQ_SKIPPED, counted, one warning each on stderr up to 5).
+ * NULL with err set on bad configuration. */
+ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err, size_t err_len);
+/* Runs one step.  Returns 1 with *step set (owned by the simulator, valid until the next
+ * call), 0 when every request has finished, -1 on an internal error (err set). */
+int ar_sim_step(ar_sim *s, const ar_step **step, char *err, size_t err_len);
+/* Features of the last step (for tests and reports). */
+const ar_batch_features *ar_sim_last_features(const ar_sim *s);
+void ar_sim_destroy(ar_sim *s);
+
+/* Inspection. */
+int ar_sim_num_blocks(const ar_sim *s);
+int ar_sim_free_blocks(const ar_sim *s);         /* length of the free queue, walked */
+int ar_sim_block_ref(const ar_sim *s, int block); /* reference count */
+int ar_sim_num_requests(const ar_sim *s);
+void ar_sim_request(const ar_sim *s, int i, ar_sim_req_info *info);
+int ar_sim_num_running(const ar_sim *s);
+int ar_sim_num_waiting(const ar_sim *s);
+void ar_sim_summarize(const ar_sim *s, ar_sim_summary *sum);
+/* The content key a request's logical block holds (full prompt block: its prompt key, else
+ * request-private, chained), as replay will see it. */
+uint64_t ar_sim_logical_key(const ar_sim *s, int req, int block_index);
+
+/* ---- metrics (sim/metrics.c) ---------------------------------------------------------------- */
+
+/* Writes the per-request table: PATH ending in .db/.sqlite is SQLite (tables sim_requests,
+ * sim_steps_kv, sim_summary), anything else CSV (and PATH.kv.csv with KV usage over time).
+ * Returns 0 or -1 with err set. */
+int ar_sim_write_metrics(const ar_sim *s, const char *path, char *err, size_t err_len);
+/* Prints the summary (p50/p90/p99 of TTFT, TPOT, E2E, queueing; throughput; KV usage; prefix
+ * hit rate; preemptions; cascade-eligible steps) to f. */
+void ar_sim_print_summary(const ar_sim *s, FILE *f);
+/* q-quantile (0..1) of values (sorted in place), linear interpolation; 0 for n == 0. */
+double ar_quantile(double *values /* [n] */, int n, double q);
+
+/* KV usage sample recorded per step (for metrics writers). */
+typedef struct ar_sim_kv_sample {
+    double time;
+    int used_blocks;       /* blocks with ref > 0 */
+    int running, waiting;
+    int num_tokens;
+} ar_sim_kv_sample;
+const ar_sim_kv_sample *ar_sim_kv_samples(const ar_sim *s, int64_t *count);
+
+/* ---- the command -------------------------------------------------------------------------- */
+
+/* `attnreplay sim ...` (argv[0] = "sim"): returns 0, or 2 on bad input/usage, 1 on I/O error. */
+int ar_sim_main(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,235 @@
+/* sim_cli.c - the `attnreplay sim` command: parses the command line, loads the workload,
+ * sizes the KV cache from a model preset, runs the simulator step by step while writing the
+ * trace, then writes the per-request metrics and prints the summary. */
+#include "sim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: attnreplay sim --workload KIND:ARG --model PRESET --out TRACE [options]\n"
+            "  --workload mooncake:PATH | azure:PATH | vllm-run:PATH | synthetic:SPEC\n"
+            "      SPEC: groups=G,prompts=P,system=S,question=Q,output=O[,rate=R][,arrival=poisson|gamma][,cv=C][,seed=X]\n"
+            "         or n=N,input=I,output=O[,rate=R][,arrival=...]\n"
+            "  --model PRESET            %s\n"
+            "  --num-blocks N            KV blocks including the null block 0 (default 32768)\n"
+            "  --kv-mem SIZE             KV memory (e.g. 5.4GiB, 40GB, 123456789); blocks = SIZE / bytes per block\n"
+            "  --block-size B            tokens per block (default 16)\n"
+            "  --max-num-batched-tokens N  token budget per step (default 2048, vLLM SchedulerConfig)\n"
+            "  --max-num-seqs N          (default 128)\n"
+            "  --long-prefill-token-threshold N  (default 0 = off)\n"
+            "  --max-model-len N         (default 0 = unlimited)\n"
+            "  --no-prefix-caching\n"
+            "  --time-scale X            multiply arrival times by X (default 1)\n"
+            "  --limit N                 first N requests only\n"
+            "  --step-time MODEL         constant:S | linear:A,B,C,D | roofline:DEVICE[,gemm_eff=E,attn_eff=E,bw_eff=E,overhead=S,per_req=S]\n"
+            "                            (default constant:0.02; devices: %s)\n"
+            "  --kv-dtype T              bf16 (default), fp16, fp8_e4m3, fp32\n"
+            "  --seed N                  written to the trace header (default 1)\n"
+            "  --out TRACE               trace file (.jsonl or .jsonl.gz)\n"
+            "  --metrics FILE            per-request table: .db/.sqlite = SQLite, else CSV (+ FILE.kv.csv)\n"
+            "  --quiet                   no summary on stdout\n",
+            ar_model_preset_names(), ar_device_names());
+}
+
+static int parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* "123", "5.4GiB", "40GB", "512MiB", "2G" -> bytes; -1 when malformed. */
+static double parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !(v > 0) || !isfinite(v)) return -1;
+    struct { const char *suffix; double mult; } units[] = {
+        {"", 1}, {"B", 1}, {"K", 1e3}, {"KB", 1e3}, {"KiB", 1024.0}, {"M", 1e6}, {"MB", 1e6},
+        {"MiB", 1048576.0}, {"G", 1e9}, {"GB", 1e9}, {"GiB", 1073741824.0}, {"T", 1e12}, {"TB", 1e12},
+        {"TiB", 1099511627776.0},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(end, units[i].suffix) == 0) return v * units[i].mult;
+    return -1;
+}
+
+int ar_sim_main(int argc, char **argv)
+{
+    const char *workload = NULL, *model = NULL, *out = NULL, *metrics = NULL, *kv_mem = NULL;
+    const char *step_time = "constant:0.02", *kv_dtype_name = "bf16";
+    int num_blocks = 0, block_size = 0, max_batched = 2048, max_seqs = 128, threshold = 0, max_model_len = 0;
+    int limit = 0, seed = 1;
+    bool prefix_caching = true, quiet = false;
+    double time_scale = 1.0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 0; }
+        if (strcmp(a, "--no-prefix-caching") == 0) { prefix_caching = false; continue; }
+        if (strcmp(a, "--quiet") == 0) { quiet = true; continue; }
+        if (!v) {
+            fprintf(stderr, "sim: %s needs a value (or is unknown)\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i++;
+        if (strcmp(a, "--workload") == 0) workload = v;
+        else if (strcmp(a, "--model") == 0) model = v;
+        else if (strcmp(a, "--out") == 0) out = v;
+        else if (strcmp(a, "--metrics") == 0) metrics = v;
+        else if (strcmp(a, "--kv-mem") == 0) kv_mem = v;
+        else if (strcmp(a, "--step-time") == 0) step_time = v;
+        else if (strcmp(a, "--kv-dtype") == 0) kv_dtype_name = v;
+        else if (strcmp(a, "--num-blocks") == 0) bad = parse_int(v, 2, 1 << 30, &num_blocks);
+        else if (strcmp(a, "--block-size") == 0) bad = parse_int(v, 1, 1 << 20, &block_size);
+        else if (strcmp(a, "--max-num-batched-tokens") == 0) bad = parse_int(v, 1, 1 << 30, &max_batched);
+        else if (strcmp(a, "--max-num-seqs") == 0) bad = parse_int(v, 1, 1 << 24, &max_seqs);
+        else if (strcmp(a, "--long-prefill-token-threshold") == 0) bad = parse_int(v, 0, 1 << 30, &threshold);
+        else if (strcmp(a, "--max-model-len") == 0) bad = parse_int(v, 0, 1 << 30, &max_model_len);
+        else if (strcmp(a, "--limit") == 0) bad = parse_int(v, 0, 1 << 30, &limit);
+        else if (strcmp(a, "--seed") == 0) bad = parse_int(v, 0, 1 << 30, &seed);
+        else if (strcmp(a, "--time-scale") == 0) {
+            char *end;
+            time_scale = strtod(v, &end);
+            bad = end == v || *end || !(time_scale > 0) || !isfinite(time_scale);
+        } else {
+            fprintf(stderr, "sim: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "sim: bad value '%s' for %s\n", v, a);
+            return 2;
+        }
+    }
+    if (!workload || !model || !out) {
+        fprintf(stderr, "sim: --workload, --model and --out are required\n");
+        usage(stderr);
+        return 2;
+    }
+    const ar_model_preset *preset = ar_model_preset_find(model);
+    if (!preset) {
+        fprintf(stderr, "sim: unknown --model %s (%s)\n", model, ar_model_preset_names());
+        return 2;
+    }
+    if (num_blocks > 0 && kv_mem) {
+        fprintf(stderr, "sim: give --num-blocks or --kv-mem, not both\n");
+        return 2;
+    }
+    ar_dtype kv_dtype;
+    if (ar_dtype_parse(kv_dtype_name, AR_BF16, &kv_dtype) != 0) {
+        fprintf(stderr, "sim: unknown --kv-dtype %s\n", kv_dtype_name);
+        return 2;
+    }
+    if (block_size == 0) block_size = preset->default_block_size;
+    if (kv_mem) {
+        double bytes = parse_size(kv_mem);
+        if (bytes < 0) {
+            fprintf(stderr, "sim: bad --kv-mem '%s' (e.g. 5.4GiB, 40GB, 123456789)\n", kv_mem);
+            return 2;
+        }
+        double per_block = (double)ar_kv_bytes_per_block(&preset->model, block_size, kv_dtype);
+        double nb = floor(bytes / per_block);
+        if (nb < 2 || nb > 1 << 30) {
+            fprintf(stderr, "sim: --kv-mem %s gives %.0f blocks of %.0f bytes; need 2 .. 2^30\n", kv_mem, nb, per_block);
+            return 2;
+        }
+        num_blocks = (int)nb;
+    }
+    if (num_blocks == 0) num_blocks = 32768;
+
+    char err[AR_ERR_MAX + 4096];
+    ar_sim_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if (ar_steptime_parse(step_time, preset, &cfg.steptime, err, sizeof err) != 0) {
+        fprintf(stderr, "sim: %s\n", err);
+        return 2;
+    }
+    cfg.steptime.kv_dtype = kv_dtype;
+    ar_workload wl;
+    int rc = ar_workload_load(workload, block_size, time_scale, limit, &wl, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "sim: %s\n", err);
+        return 2;
+    }
+    ar_trace_header *h = &cfg.header;
+    h->version = AR_TRACE_VERSION;
+    h->model = preset->model;
+    h->cache.block_size = block_size;
+    h->cache.num_blocks = num_blocks;
+    h->cache.dtype = AR_BF16;
+    h->cache.kv_cache_dtype = kv_dtype;
+    h->sched.max_num_batched_tokens = max_batched;
+    h->sched.max_num_seqs = max_seqs;
+    h->sched.prefix_caching = prefix_caching;
+    h->sched.cascade = false;
+    snprintf(h->source, sizeof h->source, "sim:%s", wl.source);
+    h->seed = (uint64_t)seed;
+    cfg.long_prefill_token_threshold = threshold;
+    cfg.max_model_len = max_model_len;
+    cfg.num_sms = cfg.steptime.kind == AR_STEPTIME_ROOFLINE ? cfg.steptime.device.num_sms : 132;
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    if (!s) {
+        fprintf(stderr, "sim: %s\n", err);
+        ar_workload_free(&wl);
+        return 2;
+    }
+    ar_trace_writer *w = ar_trace_create(out, h, err, sizeof err);
+    if (!w) {
+        fprintf(stderr, "sim: %s\n", err);
+        ar_sim_destroy(s);
+        ar_workload_free(&wl);
+        return 1;
+    }
+    rc = 0;
+    for (;;) {
+        const ar_step *step;
+        int r = ar_sim_step(s, &step, err, sizeof err);
+        if (r == 0) break;
+        if (r < 0) {
+            fprintf(stderr, "sim: %s\n", err);
+            rc = 1;
+            break;
+        }
+        if (ar_trace_write_step(w, step, err, sizeof err) != 0) {
+            fprintf(stderr, "sim: %s: %s\n", out, err);
+            rc = 1;
+            break;
+        }
+    }
+    if (ar_trace_finish(w, err, sizeof err) != 0 && rc == 0) {
+        fprintf(stderr, "sim: %s: %s\n", out, err);
+        rc = 1;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc == 0 && metrics && ar_sim_write_metrics(s, metrics, err, sizeof err) != 0) {
+        fprintf(stderr, "sim: %s\n", err);
+        rc = 1;
+    }
+    if (rc == 0 && !quiet) {
+        printf("sim: %s (%d requests) on %s, %d blocks x %d tokens, budget %d, max_num_seqs %d, prefix caching %s, step time %s\n",
+               workload, wl.num_reqs, preset->name, num_blocks, block_size, max_batched, max_seqs,
+               prefix_caching ? "on" : "off", step_time);
+        ar_sim_print_summary(s, stdout);
+        printf("  wall time (simulate + write trace): %.3f s -> %s\n",
+               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), out);
+    }
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+    return rc;
+}

@@ -1,0 +1,170 @@
+/* steptime.c - how long one engine step takes, as a function of the batch.
+ *
+ * constant:S   every step takes S seconds.
+ * linear:A,B,C,D   A + B * tokens + C * requests + D * (sum of seq_len) seconds.
+ * roofline:DEVICE[,gemm_eff=..,attn_eff=..,bw_eff=..,overhead=..,per_req=..]
+ *   t = max(GEMM FLOPs / (peak * gemm_eff), weight bytes / (bw * bw_eff))
+ *     + max(attention FLOPs / (peak * attn_eff), KV bytes / (bw * bw_eff))
+ *     + overhead + per_req * requests
+ *   GEMM FLOPs  = 2 * active parameters per token * tokens (every layer's projections and MLP)
+ *               + 2 * hidden * vocab * requests (LM head on the sampled positions only)
+ *   weight bytes = all weights once per step (MoE: only the experts the batch is expected to
+ *               touch, 1 - (1 - k/E)^tokens of them)
+ *   attention FLOPs = 2 * layers * q_heads * (qk_dim + v_dim) * query-key pairs
+ *               (MHA: qk = v = head_size; MLA absorbed form: 576 + 512)
+ *   KV bytes    = layers * (sum of seq_len + tokens written) * KV bytes per token per layer
+ * Defaults: gemm_eff 0.7, attn_eff 0.5, bw_eff 0.8, overhead 3 ms, per_req 0. */
+#include "sim.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int ar_steptime_parse(const char *spec, const ar_model_preset *preset, ar_steptime *st,
+                      char *err, size_t err_len)
+{
+    memset(st, 0, sizeof *st);
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *colon = strchr(buf, ':');
+    char *args = colon ? colon + 1 : buf + strlen(buf);
+    if (colon) *colon = 0;
+    if (strcmp(buf, "constant") == 0) {
+        st->kind = AR_STEPTIME_CONSTANT;
+        st->constant_s = 0.02;
+        if (*args && (parse_double(args, &st->constant_s) != 0 || st->constant_s <= 0)) {
+            snprintf(err, err_len, "--step-time constant:S needs a positive number of seconds");
+            return 2;
+        }
+        return 0;
+    }
+    if (strcmp(buf, "linear") == 0) {
+        st->kind = AR_STEPTIME_LINEAR;
+        double v[4] = {0.005, 5e-5, 2e-4, 1e-7};   /* defaults: an H200-class 8B engine, rough */
+        int n = 0;
+        char *save = NULL;
+        for (char *tok = strtok_r(args, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            if (n >= 4 || parse_double(tok, &v[n]) != 0 || v[n] < 0) {
+                snprintf(err, err_len, "--step-time linear:BASE,PER_TOKEN,PER_REQ,PER_KV_TOKEN needs up to 4 non-negative numbers");
+                return 2;
+            }
+            n++;
+        }
+        st->lin_base_s = v[0];
+        st->lin_per_token_s = v[1];
+        st->lin_per_req_s = v[2];
+        st->lin_per_kv_token_s = v[3];
+        if (st->lin_base_s + st->lin_per_token_s <= 0) {
+            snprintf(err, err_len, "--step-time linear: a step must take time (BASE or PER_TOKEN > 0)");
+            return 2;
+        }
+        return 0;
+    }
+    if (strcmp(buf, "roofline") == 0) {
+        st->kind = AR_STEPTIME_ROOFLINE;
+        st->preset = preset;
+        st->gemm_efficiency = 0.7;
+        st->attn_efficiency = 0.5;
+        st->bw_efficiency = 0.8;
+        st->overhead_s = 0.003;
+        st->weight_dtype = AR_BF16;
+        st->kv_dtype = AR_BF16;
+        if (!preset) {
+            snprintf(err, err_len, "--step-time roofline needs a --model preset");
+            return 2;
+        }
+        char *save = NULL;
+        int i = 0;
+        for (char *tok = strtok_r(args, ",", &save); tok; tok = strtok_r(NULL, ",", &save), i++) {
+            if (i == 0) {
+                const ar_device_spec *d = ar_device_find(tok);
+                if (!d) {
+                    snprintf(err, err_len, "--step-time roofline: unknown device '%s' (%s)", tok, ar_device_names());
+                    return 2;
+                }
+                st->device = *d;
+                continue;
+            }
+            char *eq = strchr(tok, '=');
+            double v;
+            if (!eq || parse_double(eq + 1, &v) != 0 || v < 0) {
+                snprintf(err, err_len, "--step-time roofline: '%s' is not KEY=non-negative number", tok);
+                return 2;
+            }
+            *eq = 0;
+            if (strcmp(tok, "gemm_eff") == 0) st->gemm_efficiency = v;
+            else if (strcmp(tok, "attn_eff") == 0) st->attn_efficiency = v;
+            else if (strcmp(tok, "bw_eff") == 0) st->bw_efficiency = v;
+            else if (strcmp(tok, "overhead") == 0) st->overhead_s = v;
+            else if (strcmp(tok, "per_req") == 0) st->per_req_overhead_s = v;
+            else {
+                snprintf(err, err_len, "--step-time roofline: unknown key '%s' (gemm_eff, attn_eff, bw_eff, overhead, per_req)", tok);
+                return 2;
+            }
+        }
+        if (i == 0) {
+            snprintf(err, err_len, "--step-time roofline:DEVICE needs a device (%s)", ar_device_names());
+            return 2;
+        }
+        if (st->gemm_efficiency <= 0 || st->attn_efficiency <= 0 || st->bw_efficiency <= 0 ||
+            st->gemm_efficiency > 1 || st->attn_efficiency > 1 || st->bw_efficiency > 1) {
+            snprintf(err, err_len, "--step-time roofline: efficiencies must be in (0, 1]");
+            return 2;
+        }
+        return 0;
+    }
+    snprintf(err, err_len, "--step-time %s: want constant:S, linear:A,B,C,D or roofline:DEVICE[,...]", spec);
+    return 2;
+}
+
+static double roofline(const ar_steptime *st, const ar_batch_features *f)
+{
+    const ar_model_preset *p = st->preset;
+    const ar_model *m = &p->model;
+    double peak = st->device.peak_flops, bw = st->device.mem_bw * st->bw_efficiency;
+    double wbytes = ar_dtype_size(st->weight_dtype);
+    double head = (double)p->hidden * p->vocab;
+    double gemm_flops = 2.0 * ar_preset_active_params(p) * f->num_tokens + 2.0 * head * f->num_reqs;
+    double weights = ar_preset_total_params(p);
+    if (p->num_experts > 0) {
+        double all_experts = 3.0 * p->hidden * p->moe_intermediate * p->num_experts *
+                             (m->num_layers - p->first_dense_layers);
+        double touched = 1.0 - pow(1.0 - (double)p->active_experts / p->num_experts, f->num_tokens);
+        weights -= all_experts * (1.0 - touched);
+    }
+    weights -= head;   /* the embedding table is gathered, not streamed */
+    double t_gemm = fmax(gemm_flops / (peak * st->gemm_efficiency), weights * wbytes / bw);
+    double qk_v = m->attention == AR_ATTN_MLA ? (double)(m->kv_lora_rank + m->qk_rope_head_dim) + m->kv_lora_rank
+                                              : 2.0 * m->head_size;
+    double kv_token_layer = m->attention == AR_ATTN_MLA ? (double)(m->kv_lora_rank + m->qk_rope_head_dim)
+                                                        : 2.0 * m->num_kv_heads * m->head_size;
+    kv_token_layer *= ar_dtype_size(st->kv_dtype);
+    double attn_flops = 2.0 * m->num_layers * m->num_q_heads * qk_v * f->attn_pairs;
+    double attn_bytes = (double)m->num_layers * ((double)f->kv_tokens_read + f->num_tokens) * kv_token_layer;
+    double t_attn = fmax(attn_flops / (peak * st->attn_efficiency), attn_bytes / bw);
+    return t_gemm + t_attn + st->overhead_s + st->per_req_overhead_s * f->num_reqs;
+}
+
+double ar_steptime_eval(const ar_steptime *st, const ar_batch_features *f)
+{
+    switch (st->kind) {
+    case AR_STEPTIME_CONSTANT:
+        return st->constant_s;
+    case AR_STEPTIME_LINEAR:
+        return st->lin_base_s + st->lin_per_token_s * f->num_tokens + st->lin_per_req_s * f->num_reqs +
+               st->lin_per_kv_token_s * (double)f->kv_tokens_read;
+    case AR_STEPTIME_ROOFLINE:
+        return roofline(st, f);
+    }
+    return st->constant_s;
+}
