@@ -71,6 +71,7 @@ typedef struct {
     cascade_pair *cascades;
     size_t num_cascades;
     size_t device_rows[REPORT_MAX_DEVICES];   /* first run of each distinct device */
+    bool multiple_traces;                      /* the selected runs replay different traces */
     size_t num_devices;
     plot_result plots[REPORT_MAX_PLOTS];
     size_t num_plots;
@@ -98,11 +99,25 @@ static int make_dir(const char *path, char *err, size_t err_len)
     return -1;
 }
 
-static void run_label(const ar_run_data *run, char *buf, size_t len)
+/* Legend text for a run: id, backend, dtypes, and what sets it apart (trace when the report
+ * spans several, cascade forced, planted fault). */
+static void run_label(const report_ctx *ctx, const ar_run_data *run, char *buf, size_t len)
 {
-    snprintf(buf, len, "run %lld: %s %s%s%s", (long long)run->id, run->backend, run->dtype,
-             strcmp(run->kv_dtype, run->dtype) && run->kv_dtype[0] ? " kv " : "",
-             strcmp(run->kv_dtype, run->dtype) && run->kv_dtype[0] ? run->kv_dtype : "");
+    char trace[96] = "";
+    if (ctx->multiple_traces) {
+        const char *base = strrchr(run->trace, '/');
+        snprintf(trace, sizeof trace, " [%s", base ? base + 1 : run->trace);
+        char *dot = strstr(trace, ".trace");
+        if (dot) *dot = 0;
+        strcat(trace, "]");
+    }
+    bool kv_differs = run->kv_dtype[0] && strcmp(run->kv_dtype, run->dtype) != 0;
+    bool cascade_forced = strcmp(run->cascade_mode, "on") == 0 || strcmp(run->cascade_mode, "off") == 0;
+    bool injected = run->inject[0] && strcmp(run->inject, "none") != 0;
+    snprintf(buf, len, "run %lld: %s %s%s%s%s%s%s%s%s", (long long)run->id, run->backend, run->dtype,
+             kv_differs ? " kv " : "", kv_differs ? run->kv_dtype : "",
+             cascade_forced ? " cascade " : "", cascade_forced ? run->cascade_mode : "",
+             injected ? " inject " : "", injected ? run->inject : "", trace);
 }
 
 static bool positive(double v)
@@ -232,7 +247,7 @@ static void plot_time_against(report_ctx *ctx, const char *name, const char *tit
         }
         if (!points) continue;
         char label[160], csv[96], cols[16];
-        run_label(run, label, sizeof label);
+        run_label(ctx, run, label, sizeof label);
         snprintf(csv, sizeof csv, "data/run%lld.csv", (long long)run->id);
         snprintf(cols, sizeof cols, "%d:4", x_col);
         ar_plot_add(&plot, label, csv, cols, style);
@@ -390,7 +405,7 @@ static void plot_roofline(report_ctx *ctx)
         }
         if (!points) continue;
         char label[160], csv[96];
-        run_label(run, label, sizeof label);
+        run_label(ctx, run, label, sizeof label);
         snprintf(csv, sizeof csv, "data/run%lld.csv", (long long)run->id);
         ar_plot_add(&plot, label, csv, "5:6", "points pt 7 ps 0.6");
     }
@@ -997,6 +1012,7 @@ int ar_report_main(int argc, char **argv)
         return 2;
     }
     for (size_t r = 0; r < ctx.num_runs; r++) {
+        ctx.multiple_traces |= strcmp(ctx.runs[r].trace, ctx.runs[0].trace) != 0;
         summarize_run(&ctx, r);
         bool known = false;
         for (size_t k = 0; k < ctx.num_devices; k++)

@@ -94,7 +94,7 @@ int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, si
     memset(out, 0, sizeof *out);
     if (sqlite3_prepare_v2(db,
             "SELECT id, trace, trace_hash, backend, device, dtype, kv_dtype, model, status, "
-            "cascade, layers, steps_done, steps_failed FROM runs WHERE id = ?",
+            "cascade, layers, steps_done, steps_failed, inject FROM runs WHERE id = ?",
             -1, &st, NULL) != SQLITE_OK) {
         snprintf(err, err_len, "reading run %lld: %s (schema in replay/db.h)",
                  (long long)run_id, sqlite3_errmsg(db));
@@ -119,9 +119,10 @@ int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, si
     out->layers = sqlite3_column_int64(st, 10);
     out->steps_done = sqlite3_column_int64(st, 11);
     out->steps_failed = sqlite3_column_int64(st, 12);
+    out->inject = column_text_dup(st, 13);
     sqlite3_finalize(st);
     if (!out->trace || !out->trace_hash || !out->backend || !out->device || !out->dtype ||
-        !out->kv_dtype || !out->model || !out->status || !out->cascade_mode) {
+        !out->kv_dtype || !out->model || !out->status || !out->cascade_mode || !out->inject) {
         snprintf(err, err_len, "out of memory");
         ar_rd_free_run(out);
         return -1;
@@ -185,6 +186,7 @@ void ar_rd_free_run(ar_run_data *run)
     free(run->model);
     free(run->status);
     free(run->cascade_mode);
+    free(run->inject);
     free(run->steps);
     memset(run, 0, sizeof *run);
 }

@@ -38,6 +38,7 @@ typedef struct {
 typedef struct {
     int64_t id;
     char *trace, *trace_hash, *backend, *device, *dtype, *kv_dtype, *model, *status, *cascade_mode;
+    char *inject;             /* 'none' or the planted fault */
     int64_t layers;
     int64_t steps_done, steps_failed;
     ar_step_row *steps;       /* [num_steps] ordered by step */

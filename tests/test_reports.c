@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../reports/plot.h"
 #include "../reports/reports.h"
@@ -468,6 +469,41 @@ static void test_diff_bad_input(void **state)
     assert_int_equal(ar_diff_main(4, argv_nodb), 2);
 }
 
+/* ---- end to end through bin/attnreplay (skips when the binary has not been built) ------------ */
+
+static void test_end_to_end_with_replay(void **state)
+{
+    (void)state;
+    char trace[1024], e2e_db[1024], out[1024], log[1024];
+    snprintf(trace, sizeof trace, "%s/traces/samples/prefix.trace.jsonl.gz", tu_src_dir());
+    if (access(tu_bin(), X_OK) != 0 || access(trace, R_OK) != 0 || !ar_plot_have_gnuplot()) skip();
+    tu_tmp("e2e.db", e2e_db, sizeof e2e_db);
+    tu_tmp("e2e_report", out, sizeof out);
+    tu_tmp("e2e.log", log, sizeof log);
+    const char *common = "--threads 1 --steps 0:8 --quiet";
+    /* Run 1: cascade off; run 2: cascade on; run 3: a planted fault (replay exits 1). */
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --cascade off %s", tu_bin(), trace,
+                            e2e_db, common), 0);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --cascade on %s", tu_bin(), trace,
+                            e2e_db, common), 0);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --cascade off --inject no-rescale %s",
+                            tu_bin(), trace, e2e_db, common), 1);
+    assert_int_equal(tu_run(log, "'%s' report '%s' --out '%s'", tu_bin(), e2e_db, out), 0);
+    assert_true(size_of(out, "step_time.png") > 2000);
+    assert_true(size_of(out, "roofline.svg") > 2000);
+    assert_true(size_of(out, "cascade_speedup.png") > 2000);
+    assert_true(size_of(out, "index.html") > 500);
+    assert_int_equal(tu_run(log, "'%s' diff '%s' 1 1", tu_bin(), e2e_db), 0);
+    assert_int_equal(tu_run(log, "'%s' diff '%s' 1 3", tu_bin(), e2e_db), 1);
+    /* Timing on a shared CPU is noisy, so only the accuracy verdict is certain here. */
+    char *text = tu_slurp(log);
+    assert_non_null(text);
+    int flagged = strstr(text, "REGRESSION") && strstr(text, "(accuracy)") &&
+                  strstr(text, "9 newly failing");
+    free(text);
+    assert_true(flagged);
+}
+
 /* ---- helpers of rundata.c and diff.c --------------------------------------------------------- */
 
 static void test_parse_threshold(void **state)
@@ -537,6 +573,7 @@ int main(void)
         cmocka_unit_test(test_diff_planted_accuracy_change),
         cmocka_unit_test(test_diff_error_growth),
         cmocka_unit_test(test_diff_bad_input),
+        cmocka_unit_test(test_end_to_end_with_replay),
         cmocka_unit_test(test_parse_threshold),
         cmocka_unit_test(test_quantile),
         cmocka_unit_test(test_ceilings_lookup),
