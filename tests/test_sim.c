@@ -1,0 +1,845 @@
+/* test_sim.c - the scheduler simulator: invariants checked every step (block conservation,
+ * shared blocks only with equal content keys, non-negative reference counts, budget and
+ * max_num_seqs, exact output lengths, monotone computed tokens), vLLM V1 edge cases each on
+ * its own (hit cap, full-prompt recompute, LRU eviction, tail-first freeing, preemption of the
+ * last running request, resume with a fresh lookup, no admissions in a preempting step,
+ * chunked prefill and the long-prefill threshold, num_common_prefix_blocks), the importers
+ * and their bad-input errors, the step-time models, and the command end to end (its traces
+ * pass the trace reader's validation; replay through the CPU backend when available). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../sim/sim.h"
+
+/* ---- helpers ------------------------------------------------------------------------------------ */
+
+static ar_sim_config make_cfg(int block_size, int num_blocks, int budget, int max_seqs, bool prefix)
+{
+    ar_sim_config c;
+    memset(&c, 0, sizeof c);
+    c.header.version = AR_TRACE_VERSION;
+    c.header.model = ar_model_preset_find("llama-3.1-8b")->model;
+    c.header.cache.block_size = block_size;
+    c.header.cache.num_blocks = num_blocks;
+    c.header.cache.dtype = AR_BF16;
+    c.header.cache.kv_cache_dtype = AR_BF16;
+    c.header.sched.max_num_batched_tokens = budget;
+    c.header.sched.max_num_seqs = max_seqs;
+    c.header.sched.prefix_caching = prefix;
+    c.steptime.kind = AR_STEPTIME_CONSTANT;
+    c.steptime.constant_s = 0.01;
+    c.num_sms = 132;
+    return c;
+}
+
+static void push(ar_workload *wl, double arrival, int prompt, int output, const uint64_t *payloads, int n)
+{
+    char err[256];
+    assert_int_equal(ar_workload_push(wl, arrival, prompt, output, payloads, n, 0, err, sizeof err), 0);
+}
+
+/* Checks every invariant of the simulator's state after a step; computed/preempt arrays carry
+ * the previous step's values per request. */
+static void check_invariants(const ar_sim *s, const ar_step *st, const ar_sim_config *cfg, int *prev_computed,
+                             int *prev_preemptions)
+{
+    int nb = ar_sim_num_blocks(s);
+    int *holders = calloc((size_t)nb, sizeof(int));
+    int *owner = malloc((size_t)nb * sizeof(int));
+    uint64_t *owner_key = calloc((size_t)nb, sizeof(uint64_t));
+    assert_non_null(holders);
+    assert_non_null(owner);
+    assert_non_null(owner_key);
+    for (int b = 0; b < nb; b++) owner[b] = -1;
+    for (int i = 0; i < ar_sim_num_requests(s); i++) {
+        ar_sim_req_info r;
+        ar_sim_request(s, i, &r);
+        for (int j = 0; j < r.num_blocks; j++) {
+            int b = r.block_ids[j];
+            assert_true(b >= 1 && b < nb);          /* never the null block */
+            holders[b]++;
+            uint64_t key = ar_sim_logical_key(s, i, j);
+            if (owner[b] >= 0) assert_true(owner_key[b] == key);   /* shared only with equal content */
+            owner[b] = i;
+            owner_key[b] = key;
+        }
+        if (r.status == AR_REQ_RUNNING)
+            assert_true(r.num_blocks * cfg->header.cache.block_size >= r.num_computed_tokens);
+        /* computed tokens are monotone except at preemption */
+        if (r.num_preemptions == prev_preemptions[i]) assert_true(r.num_computed_tokens >= prev_computed[i]);
+        prev_computed[i] = r.num_computed_tokens;
+        prev_preemptions[i] = r.num_preemptions;
+        assert_true(r.num_output_tokens <= r.output_len);
+    }
+    int used = 0;
+    for (int b = 0; b < nb; b++) {
+        int ref = ar_sim_block_ref(s, b);
+        assert_true(ref >= 0);
+        assert_int_equal(ref, holders[b]);
+        used += ref > 0;
+    }
+    assert_int_equal(ar_sim_block_ref(s, 0), 0);
+    assert_int_equal(ar_sim_free_blocks(s) + used + 1, nb);   /* free + held + null = total */
+    int total = 0;
+    for (int k = 0; k < st->num_scheduled; k++) {
+        assert_true(st->scheduled[k].num_tokens > 0);
+        total += st->scheduled[k].num_tokens;
+    }
+    assert_true(total <= cfg->header.sched.max_num_batched_tokens);
+    assert_true(st->num_scheduled <= cfg->header.sched.max_num_seqs);
+    assert_true(ar_sim_num_running(s) <= cfg->header.sched.max_num_seqs);
+    if (st->num_preempted > 0) {   /* waiting requests are not admitted in a preempting step */
+        assert_int_equal(st->num_new, 0);
+        for (int k = 0; k < st->num_cached; k++) assert_false(st->cached[k].resumed);
+    }
+    free(holders);
+    free(owner);
+    free(owner_key);
+}
+
+/* Runs a workload to the end checking invariants every step; returns the summary. */
+static ar_sim_summary run_checked(const ar_workload *wl, const ar_sim_config *cfg)
+{
+    char err[512];
+    ar_sim *s = ar_sim_create(cfg, wl, err, sizeof err);
+    assert_non_null(s);
+    int n = wl->num_reqs;
+    int *prev_computed = calloc((size_t)n, sizeof(int));
+    int *prev_preempt = calloc((size_t)n, sizeof(int));
+    const ar_step *st;
+    int rc;
+    int64_t steps = 0;
+    while ((rc = ar_sim_step(s, &st, err, sizeof err)) == 1) {
+        check_invariants(s, st, cfg, prev_computed, prev_preempt);
+        steps++;
+        assert_true(steps < 2000000);
+    }
+    assert_int_equal(rc, 0);
+    for (int i = 0; i < n; i++) {
+        ar_sim_req_info r;
+        ar_sim_request(s, i, &r);
+        if (r.status == AR_REQ_SKIPPED) continue;
+        assert_int_equal(r.status, AR_REQ_FINISHED);
+        assert_int_equal(r.num_output_tokens, r.output_len);   /* exactly its output length */
+        assert_int_equal(r.num_blocks, 0);
+    }
+    ar_sim_summary sum;
+    ar_sim_summarize(s, &sum);
+    assert_int_equal(ar_sim_free_blocks(s), ar_sim_num_blocks(s) - 1);   /* everything returned */
+    free(prev_computed);
+    free(prev_preempt);
+    ar_sim_destroy(s);
+    return sum;
+}
+
+/* Steps until a step satisfying pred appears; returns it (NULL at the end). */
+static const ar_step *step_until(ar_sim *s, int (*pred)(const ar_step *))
+{
+    char err[512];
+    const ar_step *st;
+    while (ar_sim_step(s, &st, err, sizeof err) == 1)
+        if (pred(st)) return st;
+    return NULL;
+}
+
+static const ar_new_req *find_new(const ar_step *st, const char *id)
+{
+    for (int i = 0; i < st->num_new; i++)
+        if (strcmp(st->new_reqs[i].req, id) == 0) return &st->new_reqs[i];
+    return NULL;
+}
+
+static int tokens_of(const ar_step *st, const char *id)
+{
+    for (int i = 0; i < st->num_scheduled; i++)
+        if (strcmp(st->scheduled[i].req, id) == 0) return st->scheduled[i].num_tokens;
+    return 0;
+}
+
+/* ---- invariants under pressure --------------------------------------------------------------------- */
+
+static void test_invariants_under_preemption_and_eviction(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    char err[512];
+    /* 64 requests in 4 shared-prefix groups, all arriving within ~0.3 s, into a cache that
+     * holds only a few of them: preemption, eviction and prefix hits all happen. */
+    assert_int_equal(ar_workload_synthetic("groups=4,prompts=16,system=200,question=40,output=60,rate=200,seed=3", 16,
+                                           &wl, err, sizeof err), 0);
+    ar_sim_config cfg = make_cfg(16, 120, 256, 16, true);
+    ar_sim_summary sum = run_checked(&wl, &cfg);
+    assert_int_equal(sum.num_finished, 64);
+    assert_true(sum.preemptions > 0);           /* the test really exercised preemption */
+    assert_true(sum.prefix_hit_tokens > 0);
+    assert_int_equal(sum.output_tokens, 64 * 60);
+    ar_workload_free(&wl);
+}
+
+static void test_invariants_mixed_lengths_threshold(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    uint64_t shared[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+    for (int i = 0; i < 40; i++)
+        push(&wl, 0.003 * i, 17 + (i * 37) % 300, 1 + (i * 13) % 50, shared, i % 3 == 0 ? 8 : 0);
+    ar_sim_config cfg = make_cfg(16, 64, 128, 8, true);
+    cfg.long_prefill_token_threshold = 48;
+    ar_sim_summary sum = run_checked(&wl, &cfg);
+    assert_int_equal(sum.num_finished, 40);
+    ar_workload_free(&wl);
+}
+
+static void test_no_prefix_caching_never_shares(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    uint64_t shared[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 6; i++) push(&wl, 0, 80, 3, shared, 4);
+    ar_sim_config cfg = make_cfg(16, 200, 2048, 16, false);
+    char err[256];
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    const ar_step *st;
+    while (ar_sim_step(s, &st, err, sizeof err) == 1) {
+        assert_int_equal(st->num_common_prefix_blocks, 0);
+        for (int i = 0; i < st->num_new; i++) assert_int_equal(st->new_reqs[i].num_computed_tokens, 0);
+        for (int b = 1; b < ar_sim_num_blocks(s); b++) assert_true(ar_sim_block_ref(s, b) <= 1);
+    }
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+/* ---- vLLM edge cases ---------------------------------------------------------------------------- */
+
+static int has_new(const ar_step *st) { return st->num_new > 0; }
+
+/* A second request with the same block-aligned prompt hits all but its last block. */
+static void test_full_cached_prompt_recomputes_last_block(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    uint64_t p[4] = {7, 8, 9, 10};
+    push(&wl, 0, 64, 1, p, 4);
+    push(&wl, 1.0, 64, 1, p, 4);
+    ar_sim_config cfg = make_cfg(16, 32, 2048, 8, true);
+    char err[256];
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    const ar_step *st = step_until(s, has_new);
+    assert_int_equal(st->new_reqs[0].num_computed_tokens, 0);
+    st = step_until(s, has_new);
+    assert_non_null(st);
+    const ar_new_req *r1 = find_new(st, "r1");
+    assert_non_null(r1);
+    assert_int_equal(r1->num_computed_tokens, 48);   /* 3 of 4 blocks: at least one token computed */
+    assert_int_equal(tokens_of(st, "r1"), 16);
+    assert_int_equal(r1->num_block_keys, 4);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+/* An unaligned prompt hits every full block; the partial tail is computed. */
+static void test_unaligned_prompt_hits_all_full_blocks(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    uint64_t p[4] = {7, 8, 9, 10};
+    push(&wl, 0, 70, 1, p, 4);
+    push(&wl, 1.0, 70, 1, p, 4);
+    push(&wl, 2.0, 70, 1, p, 2);    /* shares only the first two blocks */
+    ar_sim_config cfg = make_cfg(16, 32, 2048, 8, true);
+    char err[256];
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    step_until(s, has_new);
+    const ar_step *st = step_until(s, has_new);
+    assert_int_equal(find_new(st, "r1")->num_computed_tokens, 64);
+    assert_int_equal(tokens_of(st, "r1"), 6);
+    st = step_until(s, has_new);
+    assert_int_equal(find_new(st, "r2")->num_computed_tokens, 32);
+    assert_int_equal(tokens_of(st, "r2"), 38);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+/* Freed blocks go to the free queue's tail, last block first; allocation takes the head, so
+ * the least recently used cached blocks are evicted first and a prefix survives longest. */
+static void test_lru_eviction_and_tail_first_free(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    uint64_t pa[3] = {101, 102, 103};
+    push(&wl, 0, 48, 1, pa, 3);      /* r0: blocks 1,2,3; freed -> queue 4..7,3,2,1 */
+    push(&wl, 1.0, 32, 1, NULL, 0);  /* r1: takes 4,5 */
+    push(&wl, 2.0, 48, 1, NULL, 0);  /* r2: takes 6,7 and evicts 3 (r0's last block) */
+    push(&wl, 3.0, 48, 1, pa, 3);    /* r3: r0's prompt: blocks 1,2 are still cached */
+    ar_sim_config cfg = make_cfg(16, 8, 2048, 8, true);
+    char err[256];
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    const ar_step *st = step_until(s, has_new);
+    const ar_new_req *r = find_new(st, "r0");
+    assert_int_equal(r->num_block_ids, 3);
+    assert_int_equal(r->block_ids[0], 1);
+    assert_int_equal(r->block_ids[2], 3);
+    st = step_until(s, has_new);
+    r = find_new(st, "r1");
+    assert_int_equal(r->block_ids[0], 4);
+    assert_int_equal(r->block_ids[1], 5);
+    st = step_until(s, has_new);
+    r = find_new(st, "r2");
+    assert_int_equal(r->block_ids[0], 6);
+    assert_int_equal(r->block_ids[1], 7);
+    assert_int_equal(r->block_ids[2], 3);
+    st = step_until(s, has_new);
+    r = find_new(st, "r3");
+    assert_int_equal(r->num_computed_tokens, 32);
+    assert_int_equal(r->block_ids[0], 1);
+    assert_int_equal(r->block_ids[1], 2);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+static int has_preempted(const ar_step *st) { return st->num_preempted > 0; }
+
+static int has_resumed(const ar_step *st)
+{
+    for (int i = 0; i < st->num_cached; i++)
+        if (st->cached[i].resumed) return 1;
+    return 0;
+}
+
+/* Out of blocks while decoding: the LAST running request is preempted (blocks freed, listed
+ * in preempted, not scheduled); it comes back resumed with a replacing block list after a
+ * fresh prefix lookup. */
+static void test_preempt_last_running_and_resume(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    for (int i = 0; i < 3; i++) push(&wl, 0, 16, 20, NULL, 0);
+    ar_sim_config cfg = make_cfg(16, 5, 2048, 8, true);   /* 4 usable blocks */
+    char err[256];
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    const ar_step *st = step_until(s, has_preempted);
+    assert_non_null(st);
+    assert_int_equal(st->num_preempted, 1);
+    assert_string_equal(st->preempted[0], "r2");
+    assert_int_equal(tokens_of(st, "r2"), 0);
+    assert_int_equal(tokens_of(st, "r0"), 1);
+    assert_int_equal(tokens_of(st, "r1"), 1);
+    ar_sim_req_info info;
+    ar_sim_request(s, 2, &info);
+    assert_int_equal(info.num_blocks, 0);
+    assert_int_equal(info.num_preemptions, 1);
+    assert_int_equal(info.num_output_tokens, 1);
+    st = step_until(s, has_resumed);
+    assert_non_null(st);
+    const ar_cached_req *c = NULL;
+    for (int i = 0; i < st->num_cached; i++)
+        if (st->cached[i].resumed) c = &st->cached[i];
+    int n = tokens_of(st, c->req);
+    assert_true(n > 0);
+    assert_int_equal(c->num_computed_tokens % 16, 0);
+    /* the full list replaces the old one and covers computed + n */
+    assert_int_equal(c->num_new_block_ids, (c->num_computed_tokens + n + 15) / 16);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+/* A resumed request recomputes prompt + generated tokens minus its prefix hit. */
+static void test_resume_recomputes_generated_tokens(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    push(&wl, 0, 40, 30, NULL, 0);
+    push(&wl, 0, 40, 30, NULL, 0);
+    ar_sim_config cfg = make_cfg(16, 7, 2048, 8, true);   /* 6 usable blocks: both need 5 at the end */
+    char err[256];
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    const ar_step *st = step_until(s, has_preempted);
+    assert_non_null(st);
+    assert_string_equal(st->preempted[0], "r1");
+    ar_sim_req_info info;
+    ar_sim_request(s, 1, &info);
+    int generated = info.num_output_tokens;
+    assert_true(generated > 0);
+    st = step_until(s, has_resumed);
+    assert_non_null(st);
+    const ar_cached_req *c = &st->cached[st->num_cached - 1];
+    assert_true(c->resumed);
+    assert_int_equal(c->num_computed_tokens + tokens_of(st, "r1"), 40 + generated);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+static void test_chunked_prefill_budget_and_threshold(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    push(&wl, 0, 5000, 2, NULL, 0);
+    ar_sim_config cfg = make_cfg(16, 1000, 2048, 8, true);
+    char err[256];
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    const ar_step *st;
+    int expect[] = {2048, 2048, 904, 1};
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);
+        assert_int_equal(st->scheduled[0].num_tokens, expect[k]);
+        if (k > 0) assert_int_equal(st->num_cached, 1);
+    }
+    ar_sim_destroy(s);
+    cfg.long_prefill_token_threshold = 32;
+    ar_workload_free(&wl);
+    ar_workload_init(&wl, 16, "memory");
+    push(&wl, 0, 100, 2, NULL, 0);
+    s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    int expect2[] = {32, 32, 32, 4, 1};
+    for (int k = 0; k < 5; k++) {
+        assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);
+        assert_int_equal(st->scheduled[0].num_tokens, expect2[k]);
+    }
+    assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 0);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+static void test_max_num_seqs_and_finished_next_step(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    for (int i = 0; i < 5; i++) push(&wl, 0, 20, 2, NULL, 0);
+    ar_sim_config cfg = make_cfg(16, 100, 2048, 2, true);
+    char err[256];
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    const ar_step *st;
+    assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);
+    assert_int_equal(st->num_scheduled, 2);
+    assert_int_equal(st->num_finished, 0);
+    assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);   /* r0, r1 decode their 2nd token: done */
+    assert_int_equal(st->num_scheduled, 2);
+    assert_int_equal(st->num_finished, 0);
+    assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);   /* listed the step after */
+    assert_int_equal(st->num_finished, 2);
+    assert_string_equal(st->finished[0], "r0");
+    assert_non_null(find_new(st, "r2"));
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+/* num_common_prefix_blocks: running[0]'s leading blocks whose ref count equals the number of
+ * requests holding blocks; one request that does not share the prefix makes it 0. */
+static void test_num_common_prefix_blocks(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    uint64_t p[4] = {31, 32, 33, 34};
+    push(&wl, 0, 80, 5, p, 4);
+    push(&wl, 0, 80, 5, p, 4);     /* hits r0's blocks registered earlier in the same step */
+    push(&wl, 0.015, 80, 5, NULL, 0);   /* joins while r0 and r1 still decode */
+    push(&wl, 5.0, 80, 5, NULL, 0);     /* runs alone: all its blocks are common */
+    ar_sim_config cfg = make_cfg(16, 100, 2048, 8, true);
+    char err[256];
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    const ar_step *st;
+    assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);
+    assert_int_equal(find_new(st, "r1")->num_computed_tokens, 64);
+    assert_int_equal(st->num_common_prefix_blocks, 4);
+    assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);
+    assert_int_equal(st->num_common_prefix_blocks, 4);
+    st = step_until(s, has_new);
+    assert_non_null(find_new(st, "r2"));
+    assert_int_equal(st->num_common_prefix_blocks, 0);
+    st = step_until(s, has_new);
+    assert_non_null(find_new(st, "r3"));
+    assert_int_equal(st->num_common_prefix_blocks, 5);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+static void test_request_that_never_fits_is_skipped(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    push(&wl, 0, 30, 5, NULL, 0);
+    push(&wl, 0, 1000, 5, NULL, 0);    /* needs 63 blocks; 9 usable */
+    push(&wl, 0.5, 30, 5, NULL, 0);
+    ar_sim_config cfg = make_cfg(16, 10, 2048, 8, true);
+    ar_sim_summary sum = run_checked(&wl, &cfg);
+    assert_int_equal(sum.num_skipped, 1);
+    assert_int_equal(sum.num_finished, 2);
+    ar_workload_free(&wl);
+}
+
+/* ---- importers ------------------------------------------------------------------------------------ */
+
+static void test_mooncake_pages_and_chained_keys(void **state)
+{
+    (void)state;
+    char path[512], err[512];
+    tu_tmp("mc.jsonl", path, sizeof path);
+    assert_int_equal(tu_write(path,
+                              "{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 3, \"hash_ids\": [1, 2, 3]}\n"
+                              "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 2, \"hash_ids\": [1, 9]}\n"
+                              "{\"timestamp\": 7, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [5, 2]}\n"),
+                     0);
+    char spec[600];
+    snprintf(spec, sizeof spec, "mooncake:%s", path);
+    ar_workload wl;
+    assert_int_equal(ar_workload_load(spec, 16, 2.0, 0, &wl, err, sizeof err), 0);
+    assert_int_equal(wl.num_reqs, 3);
+    assert_int_equal(wl.reqs[0].num_keys, 68);
+    assert_int_equal(wl.reqs[1].num_keys, 37);
+    assert_true(wl.reqs[1].arrival > 0.0099 && wl.reqs[1].arrival < 0.0101);   /* ms, x2 */
+    const uint64_t *k0 = wl.keys + wl.reqs[0].key_offset, *k1 = wl.keys + wl.reqs[1].key_offset,
+                   *k2 = wl.keys + wl.reqs[2].key_offset;
+    for (int i = 0; i < 32; i++) assert_true(k0[i] == k1[i]);       /* hash 1 = 32 pages */
+    assert_true(k0[32] != k1[32]);
+    assert_true(k0[0] != k2[0]);
+    assert_true(k0[32] != k2[32]);    /* same hash id 2 at the same place, but a different prefix */
+    for (int i = 1; i < 68; i++) assert_true(k0[i] != k0[i - 1]);
+    ar_workload_free(&wl);
+    assert_int_equal(ar_workload_load(spec, 64, 1.0, 0, &wl, err, sizeof err), 0);
+    assert_int_equal(wl.reqs[0].num_keys, 17);
+    assert_true(wl.keys[wl.reqs[0].key_offset + 7] == wl.keys[wl.reqs[1].key_offset + 7]);
+    assert_true(wl.keys[wl.reqs[0].key_offset + 8] != wl.keys[wl.reqs[1].key_offset + 8]);
+    ar_workload_free(&wl);
+    assert_int_equal(ar_workload_load(spec, 48, 1.0, 0, &wl, err, sizeof err), 2);
+    assert_non_null(strstr(err, "512"));
+}
+
+static void test_public_traces_load(void **state)
+{
+    (void)state;
+    char path[512], spec[600], err[512];
+    ar_workload wl;
+    if (!tu_public_trace("mooncake-fast25/synthetic_trace.jsonl", path, sizeof path)) skip();
+    snprintf(spec, sizeof spec, "mooncake:%s", path);
+    assert_int_equal(ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err), 0);
+    assert_int_equal(wl.num_reqs, 3993);
+    assert_int_equal(wl.reqs[0].prompt_len, 40160);
+    assert_int_equal(wl.reqs[0].num_keys, 2510);
+    ar_workload_free(&wl);
+    assert_non_null(tu_public_trace("azure-llm-2023/AzureLLMInferenceTrace_conv.csv", path, sizeof path));
+    snprintf(spec, sizeof spec, "azure:%s", path);
+    assert_int_equal(ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err), 0);
+    assert_int_equal(wl.num_reqs, 19366);
+    assert_int_equal(wl.reqs[0].prompt_len, 374);
+    assert_int_equal(wl.reqs[0].output_len, 44);
+    assert_true(wl.reqs[1].arrival > 4.31 && wl.reqs[1].arrival < 4.32);   /* 18:15:50.995 - 18:15:46.681 */
+    assert_true(wl.reqs[wl.num_reqs - 1].arrival > 3000 && wl.reqs[wl.num_reqs - 1].arrival < 3700);
+    ar_workload_free(&wl);
+    assert_int_equal(ar_workload_load(spec, 16, 0.5, 100, &wl, err, sizeof err), 0);
+    assert_int_equal(wl.num_reqs, 100);
+    assert_true(wl.reqs[1].arrival > 2.15 && wl.reqs[1].arrival < 2.16);
+    ar_workload_free(&wl);
+    assert_non_null(tu_public_trace("vllm-runs-llmservingsim/RTX4090-Llama-3.1-8B", path, sizeof path));
+    snprintf(spec, sizeof spec, "vllm-run:%s", path);
+    assert_int_equal(ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err), 0);
+    assert_int_equal(wl.num_reqs, 300);
+    assert_int_equal(wl.reqs[0].prompt_len, 2358);
+    assert_int_equal(wl.reqs[0].output_len, 531);
+    assert_true(wl.reqs[1].arrival > 0.386 && wl.reqs[1].arrival < 0.387);   /* queued_ts difference */
+    ar_workload_free(&wl);
+}
+
+static void test_synthetic_shared_prefix_groups(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    char err[256];
+    assert_int_equal(ar_workload_synthetic("groups=2,prompts=3,system=64,question=20,output=5,rate=4", 16, &wl, err,
+                                           sizeof err), 0);
+    assert_int_equal(wl.num_reqs, 6);
+    int same = 0, diff = 0;
+    for (int a = 0; a < 6; a++) {
+        assert_int_equal(wl.reqs[a].prompt_len, 84);
+        assert_int_equal(wl.reqs[a].num_keys, 5);
+        for (int b = a + 1; b < 6; b++) {
+            const uint64_t *ka = wl.keys + wl.reqs[a].key_offset, *kb = wl.keys + wl.reqs[b].key_offset;
+            assert_true(ka[4] != kb[4]);     /* the question block is unique */
+            if (ka[0] == kb[0]) {
+                same++;
+                assert_true(ka[3] == kb[3]);
+            } else {
+                diff++;
+                assert_true(ka[3] != kb[3]);
+            }
+        }
+    }
+    assert_int_equal(same, 6);   /* 2 groups x C(3,2) pairs */
+    assert_int_equal(diff, 9);
+    ar_workload_free(&wl);
+}
+
+static void test_synthetic_arrivals(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    char err[256];
+    double rate = 5;
+    const char *specs[] = {"n=4000,input=100,output=10,rate=5,arrival=poisson",
+                           "n=4000,input=100,output=10,rate=5,arrival=gamma,cv=3"};
+    double want_cv[] = {1.0, 3.0};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(ar_workload_synthetic(specs[k], 16, &wl, err, sizeof err), 0);
+        double sum = 0, sq = 0;
+        int n = wl.num_reqs - 1;
+        for (int i = 0; i < n; i++) {
+            double gap = wl.reqs[i + 1].arrival - wl.reqs[i].arrival;
+            assert_true(gap >= 0);
+            sum += gap;
+            sq += gap * gap;
+        }
+        double mean = sum / n, cv = sqrt(sq / n - mean * mean) / mean;
+        assert_true(fabs(mean * rate - 1) < 0.12);
+        assert_true(fabs(cv - want_cv[k]) < 0.25 * want_cv[k]);
+        ar_workload_free(&wl);
+    }
+    assert_int_equal(ar_workload_synthetic("n=0,input=1,output=1", 16, &wl, err, sizeof err), 2);
+    assert_int_equal(ar_workload_synthetic("groups=2,prompts=2,system=10,question=5", 16, &wl, err, sizeof err), 2);
+    assert_int_equal(ar_workload_synthetic("n=3,input=5,output=5,bogus=1", 16, &wl, err, sizeof err), 2);
+    assert_non_null(strstr(err, "bogus"));
+}
+
+/* Loads text as KIND from a temp file; returns the rc and leaves the message in err. */
+static int load_text(const char *kind, const char *name, const char *text, char *err, size_t err_len, char *path,
+                     size_t path_len)
+{
+    tu_tmp(name, path, path_len);
+    assert_int_equal(tu_write(path, text), 0);
+    char spec[700];
+    snprintf(spec, sizeof spec, "%s:%s", kind, path);
+    ar_workload wl;
+    int rc = ar_workload_load(spec, 16, 1.0, 0, &wl, err, err_len);
+    if (rc == 0) ar_workload_free(&wl);
+    return rc;
+}
+
+static void expect_error(const char *kind, const char *name, const char *text, int line, const char *words)
+{
+    char err[1024], path[512], want[600];
+    assert_int_equal(load_text(kind, name, text, err, sizeof err, path, sizeof path), 2);
+    snprintf(want, sizeof want, "%s:%d:", path, line);
+    if (!strstr(err, want) || !strstr(err, words)) fail_msg("error '%s' lacks '%s' or '%s'", err, want, words);
+}
+
+static void test_bad_input_messages(void **state)
+{
+    (void)state;
+    const char *ok = "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n";
+    char text[1024];
+    snprintf(text, sizeof text, "%s{\"timestamp\": 1, \"input_length\": 100,\n", ok);
+    expect_error("mooncake", "m1.jsonl", text, 2, "malformed JSON");
+    snprintf(text, sizeof text, "%s{\"timestamp\": 1, \"input_length\": -5, \"output_length\": 3, \"hash_ids\": [1]}\n", ok);
+    expect_error("mooncake", "m2.jsonl", text, 2, "positive");
+    snprintf(text, sizeof text, "{\"timestamp\": 9, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n%s", ok);
+    expect_error("mooncake", "m3.jsonl", text, 2, "back in time");
+    expect_error("mooncake", "m4.jsonl", "{\"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n", 1,
+                 "timestamp");
+    expect_error("mooncake", "m5.jsonl", "{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 3, \"hash_ids\": [1]}\n",
+                 1, "hash_ids");
+    expect_error("azure", "a1.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:47,x,4\n",
+                 3, "malformed");
+    expect_error("azure", "a2.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,0\n", 2, "positive");
+    expect_error("azure", "a3.csv",
+                 "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,4\n2023-11-16 18:15:40.00,374,4\n", 3,
+                 "back in time");
+    expect_error("azure", "a4.csv", "time,ctx,gen\n", 1, "header");
+    expect_error("vllm-run", "v1.jsonl", "{\"queued_ts\": 1.0, \"input_toks\": 10}\n", 1, "output_toks");
+    expect_error("vllm-run", "v2.jsonl", "[1, 2]\n", 1, "malformed");
+    char err[512];
+    ar_workload wl;
+    assert_int_equal(ar_workload_load("nosuch:foo", 16, 1.0, 0, &wl, err, sizeof err), 2);
+    assert_int_equal(ar_workload_load("mooncake:/nonexistent/x.jsonl", 16, 1.0, 0, &wl, err, sizeof err), 2);
+    assert_non_null(strstr(err, "/nonexistent/x.jsonl"));
+}
+
+/* ---- presets and step time ---------------------------------------------------------------------- */
+
+static void test_kv_sizing_and_step_time(void **state)
+{
+    (void)state;
+    const ar_model_preset *l8 = ar_model_preset_find("llama-3.1-8b"), *ds = ar_model_preset_find("deepseek-v3");
+    assert_non_null(l8);
+    assert_non_null(ds);
+    assert_non_null(ar_model_preset_find("llama-3.1-70b"));
+    assert_non_null(ar_model_preset_find("qwen3-32b"));
+    assert_null(ar_model_preset_find("gpt-2"));
+    /* 32 layers x 16 tokens x (K+V) x 8 heads x 128 dims x 2 bytes = 2 MiB */
+    assert_int_equal(ar_kv_bytes_per_block(&l8->model, 16, AR_BF16), 2097152);
+    /* MLA: 61 layers x 16 tokens x 576 x 2 bytes */
+    assert_int_equal(ar_kv_bytes_per_block(&ds->model, 16, AR_BF16), 61 * 16 * 576 * 2);
+    assert_int_equal(ar_kv_bytes_per_block(&ds->model, 16, AR_FP8_E4M3), 61 * 16 * 576);
+    /* Llama-3.1-8B has about 8.03 B parameters; DeepSeek-V3 671 B total, 37 B active */
+    assert_true(fabs(ar_preset_total_params(l8) / 8.03e9 - 1) < 0.02);
+    assert_true(fabs(ar_preset_total_params(ds) / 671e9 - 1) < 0.03);
+    assert_true(fabs((ar_preset_active_params(ds) + 2.0 * 7168 * 129280) / 37e9 - 1) < 0.1);
+    char err[256];
+    ar_steptime st;
+    assert_int_equal(ar_steptime_parse("constant:0.05", l8, &st, err, sizeof err), 0);
+    ar_batch_features f = {.num_reqs = 1, .num_tokens = 1, .num_decode_reqs = 1, .kv_tokens_read = 100, .attn_pairs = 100};
+    assert_true(ar_steptime_eval(&st, &f) == 0.05);
+    assert_int_equal(ar_steptime_parse("linear:0.01,0.001,0.002,0.0001", l8, &st, err, sizeof err), 0);
+    assert_true(fabs(ar_steptime_eval(&st, &f) - (0.01 + 0.001 + 0.002 + 0.01)) < 1e-12);
+    assert_int_equal(ar_steptime_parse("roofline:rtx4090,overhead=0", l8, &st, err, sizeof err), 0);
+    double t1 = ar_steptime_eval(&st, &f);
+    /* one decode token streams all weights but the embedding: >= 7.5 GB x 2 bytes / 1008 GB/s */
+    assert_true(t1 >= 7.5e9 * 2 / 1008e9);
+    assert_true(t1 < 0.05);
+    ar_batch_features big = {.num_reqs = 1, .num_tokens = 2048, .kv_tokens_read = 2048, .attn_pairs = 2048.0 * 1024.5};
+    double t2 = ar_steptime_eval(&st, &big);
+    /* a 2048-token prefill is compute bound: 2 x 7 G x 2048 FLOPs at 70% of 165 TFLOP/s */
+    assert_true(t2 > 2.0 * 6.9e9 * 2048 / (165.2e12 * 0.7));
+    assert_true(t2 > t1);
+    assert_int_equal(ar_steptime_parse("roofline:tpu9", l8, &st, err, sizeof err), 2);
+    assert_int_equal(ar_steptime_parse("roofline:h200,gemm_eff=2", l8, &st, err, sizeof err), 2);
+    assert_int_equal(ar_steptime_parse("wobbly", l8, &st, err, sizeof err), 2);
+    assert_int_equal(ar_steptime_parse("constant:-1", l8, &st, err, sizeof err), 2);
+}
+
+/* ---- the command end to end ------------------------------------------------------------------------ */
+
+static int run_main(const char *line)
+{
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%s", line);
+    char *argv[64];
+    int argc = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, " ", &save); t && argc < 63; t = strtok_r(NULL, " ", &save)) argv[argc++] = t;
+    argv[argc] = NULL;
+    return ar_sim_main(argc, argv);
+}
+
+static void expect_valid_trace(const char *trace, int64_t requests)
+{
+    ar_trace_stats st;
+    ar_trace_header h;
+    char err[AR_ERR_MAX];
+    if (ar_trace_stats_compute(trace, &st, &h, err, sizeof err) != 0) fail_msg("invalid trace: %s", err);
+    assert_int_equal(st.requests, requests);
+    assert_string_equal(h.source, "sim:synthetic");
+}
+
+static void test_cli_usage_errors(void **state)
+{
+    (void)state;
+    assert_int_equal(run_main("sim"), 2);
+    assert_int_equal(run_main("sim --workload synthetic:n=2,input=5,output=5 --model nosuch --out /tmp/x"), 2);
+    assert_int_equal(run_main("sim --workload synthetic:n=2,input=5,output=5 --model llama-3.1-8b"), 2);
+    assert_int_equal(run_main("sim --workload synthetic:n=2,input=5,output=5 --model llama-3.1-8b --out /tmp/x --num-blocks -4"), 2);
+    assert_int_equal(run_main("sim --workload synthetic:n=2,input=5,output=5 --model llama-3.1-8b --out /tmp/x --kv-mem 12XB"), 2);
+    assert_int_equal(run_main("sim --workload synthetic:n=2,input=5,output=5 --model llama-3.1-8b --out /tmp/x --num-blocks 9 --kv-mem 1GB"), 2);
+    assert_int_equal(run_main("sim --workload azure:/nonexistent.csv --model llama-3.1-8b --out /tmp/x"), 2);
+    assert_int_equal(run_main("sim --frobnicate"), 2);
+}
+
+static void test_cli_writes_valid_trace_and_metrics(void **state)
+{
+    (void)state;
+    char trace[512], csv[512], db[512], line[2048];
+    tu_tmp("gsp.trace.jsonl", trace, sizeof trace);
+    tu_tmp("gsp.csv", csv, sizeof csv);
+    tu_tmp("gsp.db", db, sizeof db);
+    /* tight KV (5.4 GiB / 2 MiB = 2764 blocks is plenty; 300 blocks forces preemption) */
+    snprintf(line, sizeof line,
+             "sim --workload synthetic:groups=3,prompts=10,system=700,question=60,output=40,rate=100 --model llama-3.1-8b "
+             "--num-blocks 300 --max-num-batched-tokens 512 --max-num-seqs 16 --out %s --metrics %s --quiet",
+             trace, csv);
+    assert_int_equal(run_main(line), 0);
+    expect_valid_trace(trace, 30);
+    char *text = tu_slurp(csv);
+    assert_non_null(text);
+    int lines = 0;
+    for (char *p = text; *p; p++) lines += *p == '\n';
+    assert_int_equal(lines, 31);
+    assert_non_null(strstr(text, "req,arrival,prompt_len,output_len,status,queueing,ttft,tpot,e2e,preemptions"));
+    free(text);
+    snprintf(line, sizeof line,
+             "sim --workload synthetic:n=20,input=300,output=8,rate=50 --model deepseek-v3 --kv-mem 1GiB "
+             "--step-time roofline:h200 --out %s.gz --metrics %s --quiet",
+             trace, db);
+    assert_int_equal(run_main(line), 0);
+    char gz[600];
+    snprintf(gz, sizeof gz, "%s.gz", trace);
+    expect_valid_trace(gz, 20);
+    char out[512];
+    tu_tmp("q.txt", out, sizeof out);
+    if (tu_run(out, "sqlite3 %s 'select count(*), sum(finished) from sim_requests' 2>&1", db) == 0) {
+        char *res = tu_slurp(out);
+        assert_non_null(strstr(res, "20|20"));
+        free(res);
+    }
+}
+
+/* Item 7: every trace the simulator writes replays through the CPU backend with all verified
+ * steps passing; needs bin/attnreplay with the replay command. */
+static void test_sim_trace_replays_on_cpu(void **state)
+{
+    (void)state;
+    char out[512], trace[512], db[512], line[2048];
+    tu_tmp("replay-help.txt", out, sizeof out);
+    if (access(tu_bin(), X_OK) != 0 || tu_run(out, "%s replay --help", tu_bin()) != 0) {
+        fprintf(stderr, "skipping: %s replay is not available\n", tu_bin());
+        skip();
+    }
+    tu_tmp("rp.trace.jsonl", trace, sizeof trace);
+    tu_tmp("rp.db", db, sizeof db);
+    snprintf(line, sizeof line,
+             "sim --workload synthetic:groups=2,prompts=6,system=96,question=20,output=30,rate=200 --model llama-3.1-8b "
+             "--num-blocks 24 --max-num-batched-tokens 128 --max-num-seqs 8 --out %s --quiet",
+             trace);
+    assert_int_equal(run_main(line), 0);
+    ar_trace_stats stats;
+    ar_trace_header h;
+    char err[AR_ERR_MAX];
+    assert_int_equal(ar_trace_stats_compute(trace, &stats, &h, err, sizeof err), 0);
+    assert_true(stats.preemptions > 0);        /* resumed block lists are replayed too */
+    assert_true(stats.prefix_hit_blocks > 0);  /* and shared prefix blocks */
+    int rc = tu_run(out, "%s replay %s --db %s --backend cpu --layers 1 --verify sample:8 --quiet", tu_bin(), trace, db);
+    if (rc != 0) {
+        char *log = tu_slurp(out);
+        fail_msg("replay of a sim trace failed (rc %d): %s", rc, log ? log : "");
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_invariants_under_preemption_and_eviction),
+        cmocka_unit_test(test_invariants_mixed_lengths_threshold),
+        cmocka_unit_test(test_no_prefix_caching_never_shares),
+        cmocka_unit_test(test_full_cached_prompt_recomputes_last_block),
+        cmocka_unit_test(test_unaligned_prompt_hits_all_full_blocks),
+        cmocka_unit_test(test_lru_eviction_and_tail_first_free),
+        cmocka_unit_test(test_preempt_last_running_and_resume),
+        cmocka_unit_test(test_resume_recomputes_generated_tokens),
+        cmocka_unit_test(test_chunked_prefill_budget_and_threshold),
+        cmocka_unit_test(test_max_num_seqs_and_finished_next_step),
+        cmocka_unit_test(test_num_common_prefix_blocks),
+        cmocka_unit_test(test_request_that_never_fits_is_skipped),
+        cmocka_unit_test(test_mooncake_pages_and_chained_keys),
+        cmocka_unit_test(test_public_traces_load),
+        cmocka_unit_test(test_synthetic_shared_prefix_groups),
+        cmocka_unit_test(test_synthetic_arrivals),
+        cmocka_unit_test(test_bad_input_messages),
+        cmocka_unit_test(test_kv_sizing_and_step_time),
+        cmocka_unit_test(test_cli_usage_errors),
+        cmocka_unit_test(test_cli_writes_valid_trace_and_metrics),
+        cmocka_unit_test(test_sim_trace_replays_on_cpu),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
