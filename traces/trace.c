@@ -389,6 +389,10 @@ static int read_line(ar_trace_reader *r, char *err, size_t err_len, size_t *len_
         }
         int zerr = Z_OK;
         const char *zmsg = gzerror(r->gz, &zerr);
+        /* a truncated stream (Z_BUF_ERROR) still hands out what it decoded: complete lines
+         * before the cut are good, the cut line is the error */
+        bool complete = got_any && len > 0 && r->buf[len - 1] == '\n';
+        if (zerr == Z_BUF_ERROR && complete) zerr = Z_OK;
         if (zerr != Z_OK && zerr != Z_STREAM_END) {
             r->line++;
             if (zerr == Z_ERRNO)
@@ -596,9 +600,20 @@ static int read_header(ar_trace_reader *r, json_t *root, char *err, size_t err_l
 
     if (need_str(r, root, "", "source", false, "", &s, err, err_len)) return -1;
     snprintf(h->source, sizeof h->source, "%s", s);
-    long long seed = 0;
-    if (need_int(r, root, "", "seed", false, 0, &seed, err, err_len)) return -1;
-    h->seed = (uint64_t)seed;
+    /* seed: a non-negative integer, or a decimal string for seeds above 2^63 - 1 */
+    json_t *seed = json_object_get(root, "seed");
+    if (json_is_string(seed)) {
+        const char *digits = json_string_value(seed);
+        char *end = NULL;
+        errno = 0;
+        h->seed = strtoull(digits, &end, 10);
+        if (!*digits || *end || errno || digits[0] == '-')
+            return fail(r, err, err_len, "wrong-typed field 'seed': expected an unsigned integer");
+    } else if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed) || json_integer_value(seed) < 0)
+            return fail(r, err, err_len, "wrong-typed field 'seed': expected an unsigned integer");
+        h->seed = (uint64_t)json_integer_value(seed);
+    }
     return 0;
 }
 
@@ -1403,7 +1418,8 @@ ar_trace_writer *ar_trace_create(const char *path, const ar_trace_header *h, cha
               sc->cascade ? "true" : "false");
     sb_puts(b, ",\"source\":");
     sb_json_str(b, h->source);
-    sb_printf(b, ",\"seed\":%" PRIu64 "}", h->seed);
+    if (h->seed > (uint64_t)INT64_MAX) sb_printf(b, ",\"seed\":\"%" PRIu64 "\"}", h->seed);   /* beyond JSON readers' int64 */
+    else sb_printf(b, ",\"seed\":%" PRIu64 "}", h->seed);
     if (writer_emit(w, err, err_len) != 0) {
         if (w->is_gz) gzclose_w(w->gz);
         else fclose(w->f);
