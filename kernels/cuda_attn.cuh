@@ -1,0 +1,657 @@
+/* cuda_attn.cuh - the paged varlen attention kernel (FlashAttention-2 style, mma.sync) and the
+ * small kernels around it: split-KV combine, KV-cache write, device-side data generation.
+ *
+ * One launch covers a whole mixed batch of prefill chunks and decodes.  The host (prepare())
+ * flattens the step into a work list; one CTA runs one work item:
+ *
+ *   (request, KV head, tile of ROWS "rows", a range of key tiles[, which split])
+ *
+ * A row is a (query token, query head of the KV group) pair, numbered token-major inside the
+ * request and KV head, so the Hq/Hkv query heads that share one KV head are packed into the
+ * same tile (GQA packing): K/V of a group are read once per tile, not once per query head.
+ *
+ * Per key tile of BLOCK_N keys: K and V rows are gathered through the block table with
+ * cp.async (16-byte chunks, double-buffered), S = Q K^T and O += P V run on tensor cores with
+ * mma.sync.m16n8k16 (bf16/fp16 in, fp32 accumulate), the softmax is online in registers in the
+ * log2 domain (x = score * scale * log2 e, exp2).  Masking: bottom-right causal (key j visible
+ * from query position p iff j <= p), sliding window W (iff j >= p - W + 1), keys >= seq_len
+ * never loaded (cp.async zero-fills them, so NaN-filled unused slots are never read).
+ *
+ * Two geometries ("configs"):
+ *   PREFILL: WARPS_M warps stacked over the rows (16*MT rows each), all reading one K/V tile.
+ *   DECODE : one warp of 16 rows x WARPS_N=4 warps that walk interleaved key tiles with their
+ *            own online-softmax state and merge through shared memory at the end (split-KV
+ *            inside the CTA).  Chosen when every (request, KV head) fits in 16 rows.
+ * Across CTAs, split-KV (a work item covers part of the key range) writes normalised fp32
+ * partials + log2 LSE, and ar_combine_kernel merges them (see the split heuristic in
+ * cuda_backend.cu).
+ *
+ * Outputs: out [num_tokens, Hq, head_size] in the run dtype, lse [Hq, num_tokens] fp32, natural
+ * log.  A row that sees no key gets out = 0 and lse = -inf (FA3's convention; vLLM's merge
+ * reads +inf and -inf alike).
+ *
+ * Head sizes: templates for 64, 128, 256; any other multiple of 8 up to 256 runs the next
+ * larger template with predicated, zero-filled loads and skips the dims past head_size (the
+ * generic path).  Faults (ar_fault) are honoured here through the run-time flag args.fault. */
+#ifndef AR_CUDA_ATTN_CUH
+#define AR_CUDA_ATTN_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "../replay/backend.h"
+
+#define AR_CFG_PREFILL 0
+#define AR_CFG_DECODE 1
+#define AR_MAX_SPLITS 64
+
+/* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
+typedef struct ar_attn_work {
+    int req;
+    int kv_head;
+    int pair0;
+    int tile_begin, tile_end;   /* key tiles [begin, end) of BLOCK_N keys */
+    int partial;                /* -1: write out/lse; else this split's partial slot */
+    int pad_;
+} ar_attn_work;
+
+/* One split-KV group for the combine kernel: partials first .. first + count - 1. */
+typedef struct ar_combine_group {
+    int req;
+    int kv_head;
+    int pair0;
+    int first_partial;
+    int count;
+    int pad_[3];
+} ar_combine_group;
+
+typedef struct ar_attn_args {
+    const void *q;              /* [num_tokens, Hq, head_size] dtype */
+    const void *k_cache;        /* [num_blocks, block_size, Hkv, head_size] */
+    const void *v_cache;        /* [num_blocks, block_size, Hkv, head_size] */
+    void *out;                  /* [num_tokens, Hq, head_size] dtype */
+    float *lse;                 /* [Hq, num_tokens] natural log */
+    float *partial_o;           /* [num_partials, ROWS, HD] fp32, normalised */
+    float *partial_lse;         /* [num_partials, ROWS] log2 domain */
+    const int *query_start_loc; /* [num_reqs + 1] */
+    const int *seq_lens;        /* [num_reqs] */
+    const int *block_table;     /* [num_reqs, max_blocks_per_req] */
+    const ar_attn_work *work;   /* [num_work] */
+    const ar_combine_group *groups; /* [num_groups] */
+    int num_tokens;
+    int num_q_heads;
+    int num_kv_heads;
+    int head_size;
+    int group;                  /* Hq / Hkv */
+    int block_size_log2;
+    int max_blocks_per_req;
+    int sliding_window;         /* 0 = none */
+    float scale_log2;           /* scale * log2(e) */
+    float soft_cap;             /* 0 = none */
+    int fault;                  /* ar_fault */
+} ar_attn_args;
+
+/* Geometry of a (config, template head dim) pair; the same table the kernels instantiate. */
+typedef struct ar_attn_geom {
+    int rows;        /* rows per CTA */
+    int block_n;     /* keys per tile */
+    int warps_n;     /* warps walking different key tiles (DECODE) */
+    int threads;
+    size_t smem;     /* dynamic shared memory bytes */
+} ar_attn_geom;
+
+/* Template head dim that runs head_size (64, 128 or 256), or 0 when unsupported. */
+static inline int ar_attn_template_hd(int head_size)
+{
+    if (head_size <= 0 || head_size % 8 != 0 || head_size > 256) return 0;
+    return head_size <= 64 ? 64 : head_size <= 128 ? 128 : 256;
+}
+
+/* Launchers, one per dtype (cuda_attn_bf16.cu / cuda_attn_fp16.cu, so the two compile in
+ * parallel); each returns the launch's cudaError_t.  The attributes call raises the dynamic
+ * shared-memory limit and reports how many CTAs fit on one SM.  ar_attn_geometry is in
+ * cuda_backend.cu. */
+ar_attn_geom ar_attn_geometry(int config, int hd);
+cudaError_t ar_attn_launch_bf16(int config, int hd, const ar_attn_args *a, int num_work,
+                                cudaStream_t stream);
+cudaError_t ar_attn_launch_fp16(int config, int hd, const ar_attn_args *a, int num_work,
+                                cudaStream_t stream);
+cudaError_t ar_attn_attributes_bf16(int config, int hd, int *ctas_per_sm);
+cudaError_t ar_attn_attributes_fp16(int config, int hd, int *ctas_per_sm);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Device helpers                                                                            */
+
+#ifdef AR_ATTN_KERNEL_BODY
+
+namespace ar_attn {
+
+__device__ __forceinline__ void cp_async16(void *smem_dst, const void *gmem_src, bool pred)
+{
+    unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    int src_bytes = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem_src)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(smem_src);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem_src)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(smem_src);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+/* c[4] += a (16x16, row) * b (16x8, col); fp32 accumulate. */
+template <typename T> __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4],
+                                                               uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float c[4], const uint32_t a[4],
+                                                                    uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<__half>(float c[4], const uint32_t a[4],
+                                                             uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats -> one 32-bit register of two T (lo in the low half). */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Compile-time geometry of one kernel instantiation. */
+template <int HD_, int MT_, int WARPS_M_, int WARPS_N_, int BLOCK_N_>
+struct Geom {
+    static constexpr int HD = HD_;
+    static constexpr int MT = MT_;               /* 16-row m-tiles per warp */
+    static constexpr int WARPS_M = WARPS_M_;
+    static constexpr int WARPS_N = WARPS_N_;
+    static constexpr int BLOCK_N = BLOCK_N_;
+    static constexpr int ROWS_W = 16 * MT;
+    static constexpr int ROWS = ROWS_W * WARPS_M;
+    static constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+    static constexpr int LD = HD + 8;            /* smem row stride (elements): 16 B pad, no bank conflicts */
+    static constexpr int STAGES = 2;
+    static constexpr size_t Q_BYTES = (size_t)ROWS * LD * 2;
+    static constexpr size_t TILE_BYTES = (size_t)BLOCK_N * LD * 2;
+    static constexpr size_t KV_BYTES = (size_t)WARPS_N * STAGES * 2 * TILE_BYTES;
+    static constexpr size_t MERGE_BYTES = WARPS_N > 1 ? (size_t)WARPS_N * ROWS * (HD + 2) * 4 : 0;
+    static constexpr size_t SMEM = Q_BYTES + (KV_BYTES > MERGE_BYTES ? KV_BYTES : MERGE_BYTES);
+};
+
+/* Writes one finished row pair (dims d, d+1) either to out (dtype) or to the fp32 partial. */
+template <typename T>
+__device__ __forceinline__ void store_pair(const ar_attn_args &a, const ar_attn_work &w, int rows,
+                                           int hd, int local_row, int token_abs, int q_head, int d,
+                                           float o0, float o1)
+{
+    if (d >= a.head_size) return;
+    if (w.partial < 0) {
+        T *out = (T *)a.out;
+        int64_t idx = ((int64_t)token_abs * a.num_q_heads + q_head) * a.head_size + d;
+        *reinterpret_cast<uint32_t *>(out + idx) = pack2<T>(o0, o1);
+    } else {
+        float2 v = make_float2(o0, o1);
+        *reinterpret_cast<float2 *>(a.partial_o + ((int64_t)w.partial * rows + local_row) * hd + d) = v;
+    }
+}
+
+__device__ __forceinline__ void store_lse(const ar_attn_args &a, const ar_attn_work &w, int rows,
+                                          int local_row, int token_abs, int q_head, float lse2)
+{
+    if (w.partial < 0) {
+        float v = lse2;
+        if (a.fault != AR_FAULT_LSE_BASE2 && lse2 != -INFINITY) v = lse2 * 0.6931471805599453f;
+        a.lse[(int64_t)q_head * a.num_tokens + token_abs] = v;
+    } else {
+        a.partial_lse[(int64_t)w.partial * rows + local_row] = lse2;
+    }
+}
+
+template <typename T, typename G>
+__global__ void __launch_bounds__(G::THREADS, (G::WARPS_N > 1 || G::HD > 128) ? 1 : 2)
+attn_kernel(const ar_attn_args a)
+{
+    constexpr int HD = G::HD, MT = G::MT, BLOCK_N = G::BLOCK_N, LD = G::LD;
+    constexpr int CHUNKS = HD / 8;                 /* 16-byte chunks per row */
+    constexpr int NT = BLOCK_N / 8;                /* n8 tiles of S */
+    constexpr int DT = HD / 8;                     /* n8 tiles of O */
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *sq = reinterpret_cast<T *>(smem_raw);
+    T *skv = reinterpret_cast<T *>(smem_raw + G::Q_BYTES);
+
+    const ar_attn_work w = a.work[blockIdx.x];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % G::WARPS_M, wn = warp / G::WARPS_M;
+    const int g = lane >> 2, tq = lane & 3;
+
+    const int qstart = a.query_start_loc[w.req];
+    const int q_len = a.query_start_loc[w.req + 1] - qstart;
+    const int seq_len = a.seq_lens[w.req];
+    const int ctx = seq_len - q_len;
+    const int grp = a.group;
+    const int head_size = a.head_size;
+    const int kvh_load = a.fault == AR_FAULT_WRONG_KV_HEAD ? (w.kv_head + 1) % a.num_kv_heads : w.kv_head;
+    const int causal_extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    const int window = a.sliding_window;
+    const int *bt = a.block_table + (int64_t)w.req * a.max_blocks_per_req;
+    const int bs_log2 = a.block_size_log2, bs_mask = (1 << bs_log2) - 1;
+    const T *qg = reinterpret_cast<const T *>(a.q);
+    const T *kg = reinterpret_cast<const T *>(a.k_cache);
+    const T *vg = reinterpret_cast<const T *>(a.v_cache);
+
+    /* Q tile -> smem (invalid rows and dims past head_size zero-filled). */
+    for (int i = tid; i < G::ROWS * CHUNKS; i += G::THREADS) {
+        int r = i / CHUNKS, c = i % CHUNKS;
+        int pair = w.pair0 + r, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
+        bool ok = tok < q_len && c * 8 < head_size;
+        const T *src = ok ? qg + ((int64_t)(qstart + tok) * a.num_q_heads + hq) * head_size + c * 8 : qg;
+        cp_async16(sq + r * LD + c * 8, src, ok);
+    }
+    cp_async_commit();
+
+    /* This warp's rows: tokens are monotonic in the row index, so the range is closed-form. */
+    const int warp_row0 = wm * G::ROWS_W;
+    const int tok_first = (w.pair0 + warp_row0) / grp;
+    const int tok_last_raw = (w.pair0 + warp_row0 + G::ROWS_W - 1) / grp;
+    const bool warp_has_rows = tok_first < q_len;
+    const int tok_last = tok_last_raw < q_len ? tok_last_raw : q_len - 1;
+    const int warp_min_qpos = ctx + tok_first, warp_max_qpos = ctx + tok_last;
+    int qpos[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int tok = (w.pair0 + warp_row0 + mt * 16 + g + 8 * r) / grp;
+            qpos[mt][r] = tok < q_len ? ctx + tok : -2;
+        }
+
+    const int n_tiles = w.tile_end - w.tile_begin;
+    const int n_iter = (n_tiles + G::WARPS_N - 1) / G::WARPS_N;
+    const int ctid = wm * 32 + lane;               /* thread index inside this warp column */
+    T *col_base = skv + (size_t)wn * G::STAGES * 2 * BLOCK_N * LD;
+
+    auto load_kv = [&](int it) {
+        int t = w.tile_begin + it * G::WARPS_N + wn;
+        if (t >= w.tile_end) return;
+        T *sk = col_base + (size_t)((it & 1) * 2) * BLOCK_N * LD;
+        T *sv = sk + (size_t)BLOCK_N * LD;
+        for (int i = ctid; i < BLOCK_N * CHUNKS; i += 32 * G::WARPS_M) {
+            int kk = i / CHUNKS, c = i % CHUNKS;
+            int j = t * BLOCK_N + kk;
+            bool ok = j < seq_len && c * 8 < head_size;
+            int64_t off = 0;
+            if (ok) {
+                int64_t slot = (int64_t)bt[j >> bs_log2] * (bs_mask + 1) + (j & bs_mask);
+                off = (slot * a.num_kv_heads + kvh_load) * head_size + c * 8;
+            }
+            cp_async16(sk + kk * LD + c * 8, kg + off, ok);
+            cp_async16(sv + kk * LD + c * 8, vg + off, ok);
+        }
+    };
+
+    float acc[MT][DT][4];
+    float row_m[MT][2], row_l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][dt][e] = 0.f;
+        row_m[mt][0] = row_m[mt][1] = -INFINITY;
+        row_l[mt][0] = row_l[mt][1] = 0.f;
+    }
+
+    if (n_iter > 0) load_kv(0);
+    cp_async_commit();
+    for (int it = 0; it < n_iter; it++) {
+        if (it + 1 < n_iter) load_kv(it + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const int t = w.tile_begin + it * G::WARPS_N + wn;
+        const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+        bool active = t < w.tile_end && warp_has_rows && tile_first <= warp_max_qpos + causal_extra &&
+                      !(window > 0 && tile_last < warp_min_qpos - window + 1);
+        if (active) {
+            const T *sk = col_base + (size_t)((it & 1) * 2) * BLOCK_N * LD;
+            const T *sv = sk + (size_t)BLOCK_N * LD;
+            float s[MT][NT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.f;
+            /* S = Q K^T */
+#pragma unroll
+            for (int kd = 0; kd < HD / 16; kd++) {
+                if (kd * 16 >= head_size) break;
+                uint32_t qa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+                    ldmatrix_x4(qa[mt], sq + (warp_row0 + mt * 16 + (lane & 15)) * LD + kd * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int nb = 0; nb < BLOCK_N / 16; nb++) {
+                    uint32_t kb[4];
+                    ldmatrix_x4(kb, sk + (nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kd * 16 +
+                                        ((lane >> 3) & 1) * 8);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816<T>(s[mt][2 * nb], qa[mt], kb[0], kb[1]);
+                        mma16816<T>(s[mt][2 * nb + 1], qa[mt], kb[2], kb[3]);
+                    }
+                }
+            }
+            /* scores -> log2 domain, mask */
+            const bool need_mask = tile_last > warp_min_qpos || tile_last >= seq_len ||
+                                   (window > 0 && tile_first < warp_max_qpos - window + 1);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float x = s[mt][nt][e];
+                        if (a.soft_cap > 0.f)
+                            x = a.soft_cap * tanhf(x * (a.scale_log2 * 0.6931471805599453f) / a.soft_cap) *
+                                1.4426950408889634f;
+                        else
+                            x = x * a.scale_log2;
+                        if (need_mask) {
+                            int j = tile_first + nt * 8 + 2 * tq + (e & 1);
+                            int p = qpos[mt][e >> 1];
+                            bool vis = j < seq_len && j <= p + causal_extra &&
+                                       (window <= 0 || j >= p - window + 1);
+                            if (!vis) x = -INFINITY;
+                        }
+                        s[mt][nt][e] = x;
+                    }
+            /* online softmax */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    float m_new = fmaxf(row_m[mt][r], mx);
+                    float m_use = m_new == -INFINITY ? 0.f : m_new;
+                    float alpha = exp2f(row_m[mt][r] - m_use);
+                    row_m[mt][r] = m_new;
+                    float rs = 0.f;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        float p0 = exp2f(s[mt][nt][2 * r] - m_use), p1 = exp2f(s[mt][nt][2 * r + 1] - m_use);
+                        s[mt][nt][2 * r] = p0;
+                        s[mt][nt][2 * r + 1] = p1;
+                        rs += p0 + p1;
+                    }
+                    row_l[mt][r] = row_l[mt][r] * alpha + rs;
+                    if (a.fault != AR_FAULT_NO_RESCALE) {
+#pragma unroll
+                        for (int dt = 0; dt < DT; dt++) {
+                            acc[mt][dt][2 * r] *= alpha;
+                            acc[mt][dt][2 * r + 1] *= alpha;
+                        }
+                    }
+                }
+            /* O += P V */
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+                uint32_t pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < HD / 16; dp++) {
+                    if (dp * 16 >= head_size) break;
+                    uint32_t vb[4];
+                    ldmatrix_x4_trans(vb, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 +
+                                              (lane >> 4) * 8);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816<T>(acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+                        mma16816<T>(acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+
+    /* row sums across the quad */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = row_l[mt][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            row_l[mt][r] = l;
+        }
+
+    if (G::WARPS_N == 1) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int lr = warp_row0 + mt * 16 + g + 8 * r;
+                int pair = w.pair0 + lr, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
+                if (tok >= q_len && w.partial < 0) continue;
+                float l = row_l[mt][r];
+                float inv = l > 0.f ? 1.f / l : 0.f;
+                float lse2 = l > 0.f ? row_m[mt][r] + __log2f(l) : -INFINITY;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++)
+                    store_pair<T>(a, w, G::ROWS, HD, lr, qstart + tok, hq, dt * 8 + 2 * tq,
+                                  acc[mt][dt][2 * r] * inv, acc[mt][dt][2 * r + 1] * inv);
+                if (tq == 0) store_lse(a, w, G::ROWS, lr, qstart + tok, hq, lse2);
+            }
+        return;
+    }
+
+    /* DECODE: merge the WARPS_N warps' states through shared memory (reusing the K/V area). */
+    float *red_o = reinterpret_cast<float *>(smem_raw + G::Q_BYTES);      /* [WARPS_N][ROWS][HD] */
+    float *red_m = red_o + (size_t)G::WARPS_N * G::ROWS * HD;            /* [WARPS_N][ROWS] */
+    float *red_l = red_m + G::WARPS_N * G::ROWS;                          /* [WARPS_N][ROWS] */
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int lr = g + 8 * r;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            float2 v = make_float2(acc[0][dt][2 * r], acc[0][dt][2 * r + 1]);
+            *reinterpret_cast<float2 *>(red_o + ((size_t)wn * G::ROWS + lr) * HD + dt * 8 + 2 * tq) = v;
+        }
+        if (tq == 0) {
+            red_m[wn * G::ROWS + lr] = row_m[0][r];
+            red_l[wn * G::ROWS + lr] = row_l[0][r];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < G::ROWS * (HD / 2); i += G::THREADS) {
+        int lr = i / (HD / 2), d = (i % (HD / 2)) * 2;
+        int pair = w.pair0 + lr, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
+        if (tok >= q_len && w.partial < 0) continue;
+        if (d >= head_size) continue;
+        float mmax = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < G::WARPS_N; k++) mmax = fmaxf(mmax, red_m[k * G::ROWS + lr]);
+        float m_use = mmax == -INFINITY ? 0.f : mmax;
+        float lsum = 0.f, o0 = 0.f, o1 = 0.f;
+#pragma unroll
+        for (int k = 0; k < G::WARPS_N; k++) {
+            float lk = red_l[k * G::ROWS + lr];
+            float wgt = exp2f(red_m[k * G::ROWS + lr] - m_use);
+            const float *src = red_o + ((size_t)k * G::ROWS + lr) * HD + d;
+            if (a.fault == AR_FAULT_MERGE_NO_WEIGHTS) {
+                if (lk > 0.f) { o0 += src[0] / lk; o1 += src[1] / lk; }
+            } else {
+                o0 += src[0] * wgt;
+                o1 += src[1] * wgt;
+            }
+            lsum += lk * wgt;
+        }
+        float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+        if (a.fault != AR_FAULT_MERGE_NO_WEIGHTS) { o0 *= inv; o1 *= inv; }
+        else if (lsum <= 0.f) { o0 = 0.f; o1 = 0.f; }
+        store_pair<T>(a, w, G::ROWS, HD, lr, qstart + tok, hq, d, o0, o1);
+        if (d == 0) store_lse(a, w, G::ROWS, lr, qstart + tok, hq, lsum > 0.f ? mmax + __log2f(lsum) : -INFINITY);
+    }
+}
+
+/* Split-KV combine: one CTA per group; LSE-weighted merge of the normalised partials. */
+template <typename T>
+__global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
+{
+    const ar_combine_group cg = a.groups[blockIdx.x];
+    const int qstart = a.query_start_loc[cg.req];
+    const int q_len = a.query_start_loc[cg.req + 1] - qstart;
+    const int grp = a.group;
+    T *out = reinterpret_cast<T *>(a.out);
+    for (int i = threadIdx.x; i < rows * (hd / 2); i += blockDim.x) {
+        int lr = i / (hd / 2), d = (i % (hd / 2)) * 2;
+        int pair = cg.pair0 + lr, tok = pair / grp, hq = cg.kv_head * grp + pair % grp;
+        if (tok >= q_len || d >= a.head_size) continue;
+        float mmax = -INFINITY;
+        for (int k = 0; k < cg.count; k++) mmax = fmaxf(mmax, a.partial_lse[(int64_t)(cg.first_partial + k) * rows + lr]);
+        float m_use = mmax == -INFINITY ? 0.f : mmax;
+        float wsum = 0.f, o0 = 0.f, o1 = 0.f;
+        for (int k = 0; k < cg.count; k++) {
+            int64_t pr = (int64_t)(cg.first_partial + k) * rows + lr;
+            float lk = a.partial_lse[pr];
+            float wgt = exp2f(lk - m_use);
+            const float *src = a.partial_o + pr * hd + d;
+            if (a.fault == AR_FAULT_MERGE_NO_WEIGHTS) {
+                if (lk != -INFINITY) { o0 += src[0]; o1 += src[1]; }
+            } else {
+                o0 += src[0] * wgt;
+                o1 += src[1] * wgt;
+            }
+            wsum += wgt;
+        }
+        if (a.fault != AR_FAULT_MERGE_NO_WEIGHTS) {
+            float inv = wsum > 0.f && mmax != -INFINITY ? 1.f / wsum : 0.f;
+            o0 *= inv;
+            o1 *= inv;
+        }
+        int64_t idx = ((int64_t)(qstart + tok) * a.num_q_heads + hq) * a.head_size + d;
+        *reinterpret_cast<uint32_t *>(out + idx) = pack2<T>(o0, o1);
+        if (d == 0) {
+            float lse2 = mmax == -INFINITY ? -INFINITY : mmax + __log2f(wsum);
+            float v = lse2;
+            if (a.fault != AR_FAULT_LSE_BASE2 && lse2 != -INFINITY) v = lse2 * 0.6931471805599453f;
+            a.lse[(int64_t)hq * a.num_tokens + qstart + tok] = v;
+        }
+    }
+}
+
+/* The instantiated geometries: (config, hd) -> Geom. */
+typedef Geom<64, 2, 4, 1, 64> PrefillG64;
+typedef Geom<128, 2, 4, 1, 64> PrefillG128;
+typedef Geom<256, 1, 8, 1, 32> PrefillG256;
+typedef Geom<64, 1, 1, 4, 32> DecodeG64;
+typedef Geom<128, 1, 1, 4, 16> DecodeG128;
+typedef Geom<256, 1, 1, 4, 16> DecodeG256;
+
+template <typename G> static ar_attn_geom geom_of()
+{
+    ar_attn_geom r;
+    r.rows = G::ROWS;
+    r.block_n = G::BLOCK_N;
+    r.warps_n = G::WARPS_N;
+    r.threads = G::THREADS;
+    r.smem = G::SMEM;
+    return r;
+}
+
+template <typename T, typename G>
+static cudaError_t launch_one(const ar_attn_args *a, int num_work, cudaStream_t stream)
+{
+    if (num_work <= 0) return cudaSuccess;
+    attn_kernel<T, G><<<num_work, G::THREADS, G::SMEM, stream>>>(*a);
+    return cudaGetLastError();
+}
+
+template <typename T, typename G>
+static cudaError_t attributes_one(int *ctas_per_sm)
+{
+    cudaError_t e = cudaFuncSetAttribute(attn_kernel<T, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)G::SMEM);
+    if (e != cudaSuccess) return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_kernel<T, G>, G::THREADS, G::SMEM);
+}
+
+} /* namespace ar_attn */
+
+namespace ar_attn {
+
+/* The per-dtype launchers; cuda_attn_bf16.cu and cuda_attn_fp16.cu each instantiate one. */
+template <typename T>
+cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work, cudaStream_t stream)
+{
+    if (config == AR_CFG_PREFILL) {
+        if (hd == 64) return launch_one<T, PrefillG64>(a, num_work, stream);
+        if (hd == 128) return launch_one<T, PrefillG128>(a, num_work, stream);
+        if (hd == 256) return launch_one<T, PrefillG256>(a, num_work, stream);
+    } else {
+        if (hd == 64) return launch_one<T, DecodeG64>(a, num_work, stream);
+        if (hd == 128) return launch_one<T, DecodeG128>(a, num_work, stream);
+        if (hd == 256) return launch_one<T, DecodeG256>(a, num_work, stream);
+    }
+    return cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
+{
+    if (config == AR_CFG_PREFILL) {
+        if (hd == 64) return attributes_one<T, PrefillG64>(ctas_per_sm);
+        if (hd == 128) return attributes_one<T, PrefillG128>(ctas_per_sm);
+        if (hd == 256) return attributes_one<T, PrefillG256>(ctas_per_sm);
+    } else {
+        if (hd == 64) return attributes_one<T, DecodeG64>(ctas_per_sm);
+        if (hd == 128) return attributes_one<T, DecodeG128>(ctas_per_sm);
+        if (hd == 256) return attributes_one<T, DecodeG256>(ctas_per_sm);
+    }
+    return cudaErrorInvalidValue;
+}
+
+} /* namespace ar_attn */
+
+#endif /* AR_ATTN_KERNEL_BODY */
+#endif

@@ -1,0 +1,976 @@
+/* cuda_backend.cu - the "cuda" backend: vLLM FLASH_ATTN semantics on a paged cache on an NVIDIA
+ * GPU (sm_80+; built for sm_80 and sm_90a).  It holds
+ *   - the backend descriptor (check / open / prepare / fill / forward / close),
+ *   - the MetadataBuilder (prepare): the step's work list and the split-KV plan,
+ *   - the device-side data generator kernels (the AR_HOSTDEV code of reference/datagen.h,
+ *     compiled by nvcc, so the values are bit-identical to the CPU's),
+ *   - the KV-cache write kernel (vLLM reshape_and_cache_flash: slot -1 skipped),
+ *   - the split-KV combine launch, and timing with CUDA events.
+ * The attention kernel itself is in cuda_attn.cuh.
+ *
+ * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
+ * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
+ * on one SM.  If C >= 0.8 S_slots, do not split.  Otherwise, for s = 1 .. min(64, S_slots,
+ * n_blocks) (n_blocks: the most key-tile units any CTA walks; a unit is one key tile per warp
+ * column) skip every s that does not change ceil(n_blocks / s) and take the wave efficiency
+ * e(s) = w / ceil(w) with w = C s / S_slots; choose the smallest s with e(s) >= 0.85 max e.
+ * Each work item is then cut into pieces of ceil(n_blocks / s) units (short ones stay whole),
+ * so the split is per request, like FA3's dynamic varlen splits.
+ *
+ * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): the KV
+ * write ("write"), the attention ("attn") and, when the plan splits, the combine ("combine").
+ * Q and the new K/V are generated on the device before, untimed (in vLLM they come out of the
+ * QKV projection).  Repeats are idempotent: the write stores the same values to the same slots.
+ *
+ * Output buffers on the device carry guard regions (AR_GUARD_BYTES of 0xA5 before and after
+ * out and LSE), checked after every forward; out and LSE are filled with NaN before the first
+ * launch, so a row the kernels never write shows up.  The paged cache is filled with NaN
+ * (0xFFFF) at open. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+#define AR_ATTN_KERNEL_BODY 1
+#include "cuda_attn.cuh"
+
+#define AR_GUARD_BYTES 4096
+#define AR_GUARD_BYTE 0xA5
+
+/* A grow-only device buffer. */
+typedef struct dev_buf {
+    void *ptr;
+    size_t cap;
+} dev_buf;
+
+typedef struct cuda_state {
+    ar_run_config cfg;
+    int device;
+    char device_name[256];
+    int num_sms;
+    int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
+    bool bf16;
+    size_t side_elems;              /* num_blocks * block_size * hkv * head_size */
+    void **kv;                      /* [num_layers] -> [2, num_blocks, block_size, hkv, head_size] */
+    int num_layers;
+    cudaStream_t stream;
+    cudaEvent_t ev[4];
+    int ctas_per_sm[2];
+
+    /* the step's plan (prepare) */
+    int step_ready;
+    int num_reqs, num_tokens, mbpr;
+    int config;
+    ar_attn_geom geom;
+    int num_work, num_groups, num_partials, num_splits;
+    int *d_qsl, *d_seq, *d_bt, *d_tok_req, *d_tok_pos;
+    int64_t *d_slots;
+    uint64_t *d_req_keys, *d_block_keys;
+    ar_attn_work *d_work;
+    ar_combine_group *d_groups;
+
+    dev_buf meta, q, knew, vnew, out, lse, part_o, part_lse, fill;
+    void *h_meta;                   /* pinned staging */
+    size_t h_meta_cap;
+    void *h_out;                    /* pinned: out + guards, then lse + guards */
+    size_t h_out_cap;
+    size_t out_bytes, lse_bytes;    /* payload sizes of the current allocation */
+    int force_config, force_splits;
+} cuda_state;
+
+static int cuda_fail(cudaError_t e, const char *what, char *err, size_t err_len)
+{
+    if (e == cudaSuccess) return 0;
+    snprintf(err, err_len, "cuda backend: %s: %s", what, cudaGetErrorString(e));
+    return 3;
+}
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static int ensure_buf(dev_buf *b, size_t need, const char *what, char *err, size_t err_len)
+{
+    if (need <= b->cap) return 0;
+    if (b->ptr) cudaFree(b->ptr);
+    b->ptr = NULL;
+    b->cap = 0;
+    size_t cap = round_up(need + need / 4, 4096);
+    cudaError_t e = cudaMalloc(&b->ptr, cap);
+    if (e != cudaSuccess) return cuda_fail(e, what, err, err_len);
+    b->cap = cap;
+    return 0;
+}
+
+static int ensure_host(void **p, size_t *cap, size_t need, char *err, size_t err_len)
+{
+    if (need <= *cap) return 0;
+    if (*p) cudaFreeHost(*p);
+    *p = NULL;
+    *cap = 0;
+    size_t c = round_up(need + need / 4, 4096);
+    cudaError_t e = cudaMallocHost(p, c);
+    if (e != cudaSuccess) return cuda_fail(e, "pinned host buffer", err, err_len);
+    *cap = c;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Small kernels                                                                             */
+
+static __device__ __forceinline__ uint16_t to_bits(ar_dtype t, float v)
+{
+    return t == AR_BF16 ? ar_f32_to_bf16(v) : ar_f32_to_fp16(v);
+}
+
+/* dst [num_tokens, num_heads, head_size]: Q (stream Q: key = request key, pos = position) or
+ * new K/V (key = content key of the token's logical block, pos = offset in the block). */
+__global__ void gen_rows_kernel(uint16_t *dst, int num_tokens, int num_heads, int head_size,
+                                uint64_t seed, uint32_t stream, uint32_t layer,
+                                const int *tok_req, const int *tok_pos, const uint64_t *req_keys,
+                                const uint64_t *block_keys, int mbpr, int bs_log2,
+                                ar_datadist dist, ar_dtype dtype)
+{
+    int chunks = head_size / 8;
+    int64_t total = (int64_t)num_tokens * num_heads * chunks;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % chunks);
+        int64_t rh = idx / chunks;
+        int h = (int)(rh % num_heads);
+        int t = (int)(rh / num_heads);
+        int r = tok_req[t], p = tok_pos[t];
+        uint64_t key, pos;
+        if (stream == AR_STREAM_Q) {
+            key = req_keys[r];
+            pos = (uint64_t)p;
+        } else {
+            key = block_keys[(int64_t)r * mbpr + (p >> bs_log2)];
+            pos = (uint64_t)(p & ((1 << bs_log2) - 1));
+        }
+        uint64_t row = ar_gen_row(seed, stream, layer, key, pos, (uint32_t)h);
+        uint16_t v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = to_bits(dtype, ar_gen(row, (uint32_t)(c * 8 + e), dist, dtype));
+        uint4 packed;
+        packed.x = v[0] | ((uint32_t)v[1] << 16);
+        packed.y = v[2] | ((uint32_t)v[3] << 16);
+        packed.z = v[4] | ((uint32_t)v[5] << 16);
+        packed.w = v[6] | ((uint32_t)v[7] << 16);
+        *reinterpret_cast<uint4 *>(dst + rh * head_size + c * 8) = packed;
+    }
+}
+
+/* Untimed fill of missing context tokens straight from the generator into the cache. */
+__global__ void fill_kernel(uint16_t *k_cache, uint16_t *v_cache, int count, const int64_t *slots,
+                            const uint64_t *keys, const int *offsets, int hkv, int head_size,
+                            uint64_t seed, uint32_t layer, ar_datadist dist, ar_dtype dtype)
+{
+    int chunks = head_size / 8;
+    int64_t total = (int64_t)count * hkv * chunks;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % chunks);
+        int64_t ih = idx / chunks;
+        int h = (int)(ih % hkv);
+        int64_t i = ih / hkv;
+        int64_t slot = slots[i];
+        if (slot < 0) continue;
+        int64_t base = (slot * hkv + h) * head_size + c * 8;
+        for (int side = 0; side < 2; side++) {
+            uint32_t stream = side == 0 ? AR_STREAM_K : AR_STREAM_V;
+            uint64_t row = ar_gen_row(seed, stream, layer, keys[i], (uint64_t)offsets[i], (uint32_t)h);
+            uint16_t *dst = side == 0 ? k_cache : v_cache;
+#pragma unroll
+            for (int e = 0; e < 8; e++) dst[base + e] = to_bits(dtype, ar_gen(row, (uint32_t)(c * 8 + e), dist, dtype));
+        }
+    }
+}
+
+/* reshape_and_cache_flash: token t's K/V rows [hkv * head_size] -> slot_mapping[t]; -1 skipped. */
+__global__ void write_kv_kernel(const uint16_t *k_new, const uint16_t *v_new, const int64_t *slots,
+                                uint16_t *k_cache, uint16_t *v_cache, int row_elems)
+{
+    int t = blockIdx.x;
+    int64_t slot = slots[t];
+    if (slot < 0) return;
+    const uint4 *ks = reinterpret_cast<const uint4 *>(k_new + (int64_t)t * row_elems);
+    const uint4 *vs = reinterpret_cast<const uint4 *>(v_new + (int64_t)t * row_elems);
+    uint4 *kd = reinterpret_cast<uint4 *>(k_cache + slot * row_elems);
+    uint4 *vd = reinterpret_cast<uint4 *>(v_cache + slot * row_elems);
+    for (int i = threadIdx.x; i < row_elems / 8; i += blockDim.x) {
+        kd[i] = ks[i];
+        vd[i] = vs[i];
+    }
+}
+
+__global__ void gen_values_kernel(float *out, uint64_t seed, uint32_t stream, uint32_t layer,
+                                  uint64_t key, uint64_t pos0, uint32_t head, int num_pos, int dim,
+                                  ar_datadist dist, ar_dtype dtype)
+{
+    int64_t total = (int64_t)num_pos * dim;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = idx / dim;
+        int d = (int)(idx % dim);
+        uint64_t row = ar_gen_row(seed, stream, layer, key, pos0 + (uint64_t)i, head);
+        out[idx] = ar_gen(row, (uint32_t)d, dist, dtype);
+    }
+}
+
+static int grid_for(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65535 * 8) b = 65535 * 8;
+    return (int)b;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Geometry and the split heuristic                                                          */
+
+ar_attn_geom ar_attn_geometry(int config, int hd)
+{
+    using namespace ar_attn;
+    if (config == AR_CFG_PREFILL) {
+        if (hd == 64) return geom_of<PrefillG64>();
+        if (hd == 128) return geom_of<PrefillG128>();
+        return geom_of<PrefillG256>();
+    }
+    if (hd == 64) return geom_of<DecodeG64>();
+    if (hd == 128) return geom_of<DecodeG128>();
+    return geom_of<DecodeG256>();
+}
+
+/* See the file comment: FlashAttention's 85%-of-best-wave-efficiency rule. */
+static int choose_num_splits(int num_ctas, int max_units, int slots)
+{
+    if (num_ctas <= 0 || max_units <= 1 || slots <= 0) return 1;
+    if ((double)num_ctas >= 0.8 * slots) return 1;
+    int max_s = AR_MAX_SPLITS;
+    if (max_s > slots) max_s = slots;
+    if (max_s > max_units) max_s = max_units;
+    double eff[AR_MAX_SPLITS + 1];
+    double best = 0.0;
+    for (int s = 1; s <= max_s; s++) {
+        eff[s] = 0.0;
+        if (s > 1 && (max_units + s - 1) / s == (max_units + s - 2) / (s - 1)) continue;
+        double waves = (double)num_ctas * s / slots;
+        eff[s] = waves / ceil(waves);
+        if (eff[s] > best) best = eff[s];
+    }
+    for (int s = 1; s <= max_s; s++)
+        if (eff[s] >= 0.85 * best) return s;
+    return 1;
+}
+
+static int cmp_work_desc(const void *pa, const void *pb)
+{
+    const ar_attn_work *a = (const ar_attn_work *)pa, *b = (const ar_attn_work *)pb;
+    int la = a->tile_end - a->tile_begin, lb = b->tile_end - b->tile_begin;
+    if (la != lb) return lb - la;
+    if (a->req != b->req) return a->req - b->req;
+    if (a->kv_head != b->kv_head) return a->kv_head - b->kv_head;
+    return a->pair0 - b->pair0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Backend functions                                                                         */
+
+static bool cuda_check(const ar_run_config *cfg, char *why, size_t why_len)
+{
+    const ar_model *m = &cfg->model;
+    if (m->attention != AR_ATTN_MHA) {
+        snprintf(why, why_len, "MLA models run on the cuda-mla backend, not the paged MHA one");
+        return false;
+    }
+    if (cfg->dtype != AR_FP16 && cfg->dtype != AR_BF16) {
+        snprintf(why, why_len, "dtype %s not supported (fp16, bf16)", ar_dtype_name(cfg->dtype));
+        return false;
+    }
+    if (cfg->kv_dtype != cfg->dtype) {
+        snprintf(why, why_len, "KV dtype %s must equal the model dtype %s (fp8 KV not implemented)",
+                 ar_dtype_name(cfg->kv_dtype), ar_dtype_name(cfg->dtype));
+        return false;
+    }
+    if (ar_attn_template_hd(m->head_size) == 0 || (m->v_head_dim != 0 && m->v_head_dim != m->head_size)) {
+        snprintf(why, why_len, "head size %d not supported (multiples of 8 up to 256, V dim equal)",
+                 m->head_size);
+        return false;
+    }
+    if (cfg->block_size != 16 && cfg->block_size != 32 && cfg->block_size != 64) {
+        snprintf(why, why_len, "block size %d not supported (16, 32, 64)", cfg->block_size);
+        return false;
+    }
+    if (m->num_kv_heads <= 0 || m->num_q_heads <= 0 || m->num_q_heads % m->num_kv_heads != 0) {
+        snprintf(why, why_len, "num_q_heads %d is not a multiple of num_kv_heads %d", m->num_q_heads,
+                 m->num_kv_heads);
+        return false;
+    }
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        snprintf(why, why_len, "no CUDA device (%s)", cudaGetErrorString(e));
+        cudaGetLastError();
+        return false;
+    }
+    if (count == 0) {
+        snprintf(why, why_len, "no CUDA device (cudaGetDeviceCount found 0)");
+        return false;
+    }
+    cudaDeviceProp prop;
+    e = cudaGetDeviceProperties(&prop, 0);
+    if (e != cudaSuccess) {
+        snprintf(why, why_len, "no CUDA device (%s)", cudaGetErrorString(e));
+        return false;
+    }
+    if (prop.major < 8) {
+        snprintf(why, why_len, "%s has compute capability %d.%d; needs 8.0 or newer", prop.name,
+                 prop.major, prop.minor);
+        return false;
+    }
+    snprintf(why, why_len, "supported on %s", prop.name);
+    return true;
+}
+
+static void cuda_close(void *state);
+
+static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size_t err_len)
+{
+    *state_out = NULL;
+    char why[256];
+    if (!cuda_check(cfg, why, sizeof why)) {
+        snprintf(err, err_len, "cuda backend: %s", why);
+        return strncmp(why, "no CUDA device", 14) == 0 ? 3 : 2;
+    }
+    cuda_state *s = (cuda_state *)calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, err_len, "cuda backend: out of host memory");
+        return 3;
+    }
+    s->cfg = *cfg;
+    s->device = 0;
+    s->force_config = -1;
+    s->hq = cfg->model.num_q_heads;
+    s->hkv = cfg->model.num_kv_heads;
+    s->head_size = cfg->model.head_size;
+    s->group = s->hq / s->hkv;
+    s->block_size = cfg->block_size;
+    s->block_size_log2 = cfg->block_size == 16 ? 4 : cfg->block_size == 32 ? 5 : 6;
+    s->template_hd = ar_attn_template_hd(s->head_size);
+    s->bf16 = cfg->dtype == AR_BF16;
+    s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
+    int rc;
+    cudaDeviceProp prop;
+    if ((rc = cuda_fail(cudaSetDevice(s->device), "cudaSetDevice", err, err_len)) ||
+        (rc = cuda_fail(cudaGetDeviceProperties(&prop, s->device), "cudaGetDeviceProperties", err, err_len))) {
+        free(s);
+        return rc;
+    }
+    snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
+    s->num_sms = prop.multiProcessorCount;
+    if ((rc = cuda_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
+        free(s);
+        return rc;
+    }
+    for (int i = 0; i < 4; i++)
+        if ((rc = cuda_fail(cudaEventCreate(&s->ev[i]), "event", err, err_len))) {
+            cuda_close(s);
+            return rc;
+        }
+    for (int c = 0; c < 2; c++) {
+        cudaError_t e = s->bf16 ? ar_attn_attributes_bf16(c, s->template_hd, &s->ctas_per_sm[c])
+                                : ar_attn_attributes_fp16(c, s->template_hd, &s->ctas_per_sm[c]);
+        if ((rc = cuda_fail(e, "kernel attributes", err, err_len))) {
+            cuda_close(s);
+            return rc;
+        }
+        if (s->ctas_per_sm[c] < 1) s->ctas_per_sm[c] = 1;
+    }
+    s->side_elems = (size_t)cfg->num_blocks * cfg->block_size * s->hkv * s->head_size;
+    size_t layer_bytes = 2 * s->side_elems * 2;
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    if ((double)layer_bytes * s->num_layers > 0.9 * (double)free_b) {
+        snprintf(err, err_len,
+                 "cuda backend: the paged caches need %.2f GiB (%d layers x %.3f GiB) but the device has "
+                 "%.2f GiB free; replay fewer layers or fewer blocks",
+                 (double)layer_bytes * s->num_layers / 1073741824.0, s->num_layers,
+                 layer_bytes / 1073741824.0, free_b / 1073741824.0);
+        cuda_close(s);
+        return 2;
+    }
+    s->kv = (void **)calloc((size_t)s->num_layers, sizeof(void *));
+    if (!s->kv) {
+        snprintf(err, err_len, "cuda backend: out of host memory");
+        cuda_close(s);
+        return 3;
+    }
+    for (int l = 0; l < s->num_layers; l++) {
+        if ((rc = cuda_fail(cudaMalloc(&s->kv[l], layer_bytes), "paged cache allocation", err, err_len)) ||
+            (rc = cuda_fail(cudaMemsetAsync(s->kv[l], 0xFF, layer_bytes, s->stream), "NaN fill", err, err_len))) {
+            cuda_close(s);
+            return rc;
+        }
+    }
+    if ((rc = cuda_fail(cudaStreamSynchronize(s->stream), "open", err, err_len))) {
+        cuda_close(s);
+        return rc;
+    }
+    *state_out = s;
+    return 0;
+}
+
+static void cuda_close(void *state)
+{
+    cuda_state *s = (cuda_state *)state;
+    if (!s) return;
+    if (s->kv) {
+        for (int l = 0; l < s->num_layers; l++)
+            if (s->kv[l]) cudaFree(s->kv[l]);
+        free(s->kv);
+    }
+    dev_buf *bufs[] = {&s->meta, &s->q, &s->knew, &s->vnew, &s->out, &s->lse, &s->part_o, &s->part_lse, &s->fill};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
+    if (s->h_meta) cudaFreeHost(s->h_meta);
+    if (s->h_out) cudaFreeHost(s->h_out);
+    for (int i = 0; i < 4; i++)
+        if (s->ev[i]) cudaEventDestroy(s->ev[i]);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    free(s);
+}
+
+static void cuda_device_name(void *state, char *buf, size_t len)
+{
+    cuda_state *s = (cuda_state *)state;
+    snprintf(buf, len, "%s", s ? s->device_name : "none");
+}
+
+/* Lays out one packed metadata buffer: each piece 16-byte aligned. */
+static size_t meta_take(size_t *off, size_t bytes)
+{
+    size_t at = round_up(*off, 16);
+    *off = at + bytes;
+    return at;
+}
+
+static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_len)
+{
+    cuda_state *s = (cuda_state *)state;
+    s->step_ready = 0;
+    const int R = b->num_reqs, T = b->num_tokens, mbpr = b->max_blocks_per_req;
+    const int bs = s->block_size, nb = s->cfg.num_blocks;
+    if (R < 0 || T < 0 || (R > 0 && mbpr <= 0)) {
+        snprintf(err, err_len, "step %lld: batch has num_reqs %d, num_tokens %d, max_blocks_per_req %d",
+                 (long long)b->step, R, T, mbpr);
+        return 2;
+    }
+    if (R > 0 && (b->query_start_loc[0] != 0 || b->query_start_loc[R] != T)) {
+        snprintf(err, err_len, "step %lld: query_start_loc must run from 0 to num_tokens %d",
+                 (long long)b->step, T);
+        return 2;
+    }
+    int max_q = 0;
+    for (int r = 0; r < R; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
+        if (ql < 0 || sl < ql || sl > mbpr * bs) {
+            snprintf(err, err_len,
+                     "step %lld: request %d has query_len %d, seq_len %d (rule: 0 <= query_len <= seq_len <= "
+                     "max_blocks_per_req * block_size = %d)",
+                     (long long)b->step, r, ql, sl, mbpr * bs);
+            return 2;
+        }
+        for (int i = 0; i < (sl + bs - 1) / bs; i++) {
+            int blk = b->block_table[(int64_t)r * mbpr + i];
+            if (blk < 0 || blk >= nb) {
+                snprintf(err, err_len, "step %lld: request %d block_table[%d] = %d outside [0, %d)",
+                         (long long)b->step, r, i, blk, nb);
+                return 2;
+            }
+        }
+        if (ql > max_q) max_q = ql;
+    }
+    for (int t = 0; t < T; t++) {
+        int64_t sl = b->slot_mapping[t];
+        if (sl < -1 || sl >= (int64_t)nb * bs) {
+            snprintf(err, err_len, "step %lld: slot_mapping[%d] = %lld outside [-1, %lld)", (long long)b->step,
+                     t, (long long)sl, (long long)nb * bs);
+            return 2;
+        }
+    }
+
+    /* config */
+    int config = max_q * s->group <= 16 ? AR_CFG_DECODE : AR_CFG_PREFILL;
+    if (s->force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
+    ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
+    const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
+    const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    const int window = s->cfg.model.sliding_window;
+
+    /* count work items */
+    int64_t n_items = 0;
+    for (int r = 0; r < R; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
+        n_items += (int64_t)s->hkv * ((ql * s->group + rows - 1) / rows);
+    }
+    int max_units = 0;
+    /* first pass: unsplit items into a temporary array */
+    ar_attn_work *items = (ar_attn_work *)malloc((size_t)(n_items > 0 ? n_items : 1) * sizeof *items);
+    if (!items) {
+        snprintf(err, err_len, "cuda backend: out of host memory");
+        return 3;
+    }
+    int64_t k = 0;
+    for (int r = 0; r < R; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r], ctx = sl - ql;
+        int pairs = ql * s->group;
+        for (int h = 0; h < s->hkv; h++)
+            for (int p0 = 0; p0 < pairs; p0 += rows) {
+                int tf = p0 / s->group, tl = (p0 + rows - 1) / s->group;
+                if (tl > ql - 1) tl = ql - 1;
+                int kv_end = ctx + tl + 1 + extra;
+                if (kv_end > sl) kv_end = sl;
+                int kv_start = window > 0 ? ctx + tf - window + 1 : 0;
+                if (kv_start < 0) kv_start = 0;
+                ar_attn_work *w = &items[k++];
+                w->req = r;
+                w->kv_head = h;
+                w->pair0 = p0;
+                w->tile_begin = kv_start / bn;
+                w->tile_end = kv_end > kv_start ? (kv_end + bn - 1) / bn : w->tile_begin;
+                w->partial = -1;
+                w->pad_ = 0;
+                int units = (w->tile_end - w->tile_begin + wn - 1) / wn;
+                if (units > max_units) max_units = units;
+            }
+    }
+    int slots = s->num_sms * s->ctas_per_sm[config];
+    int splits = s->force_splits > 0 ? s->force_splits : choose_num_splits((int)n_items, max_units, slots);
+    if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
+    int chunk_units = splits > 1 ? (max_units + splits - 1) / splits : max_units;
+    if (chunk_units < 1) chunk_units = 1;
+
+    /* second pass: cut items into pieces */
+    int64_t n_work = 0, n_groups = 0, n_partials = 0;
+    for (int64_t i = 0; i < n_items; i++) {
+        int units = (items[i].tile_end - items[i].tile_begin + wn - 1) / wn;
+        int pieces = splits > 1 ? (units + chunk_units - 1) / chunk_units : 1;
+        if (pieces < 1) pieces = 1;
+        n_work += pieces;
+        if (pieces > 1) {
+            n_groups++;
+            n_partials += pieces;
+        }
+    }
+    size_t off = 0;
+    size_t o_qsl = meta_take(&off, (size_t)(R + 1) * 4);
+    size_t o_seq = meta_take(&off, (size_t)R * 4);
+    size_t o_bt = meta_take(&off, (size_t)R * mbpr * 4);
+    size_t o_treq = meta_take(&off, (size_t)T * 4);
+    size_t o_tpos = meta_take(&off, (size_t)T * 4);
+    size_t o_slots = meta_take(&off, (size_t)T * 8);
+    size_t o_rkeys = meta_take(&off, (size_t)R * 8);
+    size_t o_bkeys = meta_take(&off, (size_t)R * mbpr * 8);
+    size_t o_work = meta_take(&off, (size_t)n_work * sizeof(ar_attn_work));
+    size_t o_groups = meta_take(&off, (size_t)n_groups * sizeof(ar_combine_group));
+    size_t meta_bytes = round_up(off, 16) + 16;
+    int rc;
+    if ((rc = ensure_host(&s->h_meta, &s->h_meta_cap, meta_bytes, err, err_len)) ||
+        (rc = ensure_buf(&s->meta, meta_bytes, "metadata buffer", err, err_len))) {
+        free(items);
+        return rc;
+    }
+    unsigned char *h = (unsigned char *)s->h_meta;
+    memcpy(h + o_qsl, b->query_start_loc, (size_t)(R + 1) * 4);
+    memcpy(h + o_seq, b->seq_lens, (size_t)R * 4);
+    memcpy(h + o_bt, b->block_table, (size_t)R * mbpr * 4);
+    int *treq = (int *)(h + o_treq), *tpos = (int *)(h + o_tpos);
+    for (int r = 0; r < R; r++) {
+        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, ctx = b->seq_lens[r] - ql;
+        for (int i = 0; i < ql; i++) {
+            treq[q0 + i] = r;
+            tpos[q0 + i] = ctx + i;
+        }
+    }
+    memcpy(h + o_slots, b->slot_mapping, (size_t)T * 8);
+    memcpy(h + o_rkeys, b->req_keys, (size_t)R * 8);
+    memcpy(h + o_bkeys, b->block_keys, (size_t)R * mbpr * 8);
+    ar_attn_work *work = (ar_attn_work *)(h + o_work);
+    ar_combine_group *groups = (ar_combine_group *)(h + o_groups);
+    int64_t wi = 0, gi = 0, pi = 0;
+    for (int64_t i = 0; i < n_items; i++) {
+        ar_attn_work it = items[i];
+        int units = (it.tile_end - it.tile_begin + wn - 1) / wn;
+        int pieces = splits > 1 ? (units + chunk_units - 1) / chunk_units : 1;
+        if (pieces <= 1) {
+            work[wi++] = it;
+            continue;
+        }
+        ar_combine_group *g = &groups[gi++];
+        memset(g, 0, sizeof *g);
+        g->req = it.req;
+        g->kv_head = it.kv_head;
+        g->pair0 = it.pair0;
+        g->first_partial = (int)pi;
+        g->count = pieces;
+        for (int p = 0; p < pieces; p++) {
+            ar_attn_work piece = it;
+            piece.tile_begin = it.tile_begin + p * chunk_units * wn;
+            piece.tile_end = piece.tile_begin + chunk_units * wn;
+            if (piece.tile_end > it.tile_end) piece.tile_end = it.tile_end;
+            piece.partial = (int)(pi++);
+            work[wi++] = piece;
+        }
+    }
+    free(items);
+    qsort(work, (size_t)n_work, sizeof *work, cmp_work_desc);
+
+    if ((rc = cuda_fail(cudaMemcpyAsync(s->meta.ptr, s->h_meta, meta_bytes, cudaMemcpyHostToDevice, s->stream),
+                        "metadata upload", err, err_len)))
+        return rc;
+    unsigned char *d = (unsigned char *)s->meta.ptr;
+    s->d_qsl = (int *)(d + o_qsl);
+    s->d_seq = (int *)(d + o_seq);
+    s->d_bt = (int *)(d + o_bt);
+    s->d_tok_req = (int *)(d + o_treq);
+    s->d_tok_pos = (int *)(d + o_tpos);
+    s->d_slots = (int64_t *)(d + o_slots);
+    s->d_req_keys = (uint64_t *)(d + o_rkeys);
+    s->d_block_keys = (uint64_t *)(d + o_bkeys);
+    s->d_work = (ar_attn_work *)(d + o_work);
+    s->d_groups = (ar_combine_group *)(d + o_groups);
+
+    /* per-step device buffers */
+    size_t q_bytes = (size_t)T * s->hq * s->head_size * 2 + 16;
+    size_t kv_bytes = (size_t)T * s->hkv * s->head_size * 2 + 16;
+    s->out_bytes = round_up(q_bytes, 256);
+    s->lse_bytes = round_up((size_t)s->hq * T * 4 + 16, 256);
+    size_t out_need = 2 * AR_GUARD_BYTES + s->out_bytes, lse_need = 2 * AR_GUARD_BYTES + s->lse_bytes;
+    bool out_new = out_need > s->out.cap, lse_new = lse_need > s->lse.cap;
+    if ((rc = ensure_buf(&s->q, q_bytes, "Q buffer", err, err_len)) ||
+        (rc = ensure_buf(&s->knew, kv_bytes, "new K buffer", err, err_len)) ||
+        (rc = ensure_buf(&s->vnew, kv_bytes, "new V buffer", err, err_len)) ||
+        (rc = ensure_buf(&s->out, out_need, "out buffer", err, err_len)) ||
+        (rc = ensure_buf(&s->lse, lse_need, "LSE buffer", err, err_len)) ||
+        (rc = ensure_buf(&s->part_o, (size_t)(n_partials > 0 ? n_partials : 1) * rows * s->template_hd * 4,
+                         "split partials", err, err_len)) ||
+        (rc = ensure_buf(&s->part_lse, (size_t)(n_partials > 0 ? n_partials : 1) * rows * 4, "split LSE", err,
+                         err_len)) ||
+        (rc = ensure_host(&s->h_out, &s->h_out_cap, out_need + lse_need, err, err_len)))
+        return rc;
+    /* guards: the whole buffer gets the pattern whenever it is (re)allocated; the payload is
+     * overwritten with NaN before each forward, so only the two ends keep the pattern. */
+    if (out_new && (rc = cuda_fail(cudaMemsetAsync(s->out.ptr, AR_GUARD_BYTE, s->out.cap, s->stream), "guard", err, err_len)))
+        return rc;
+    if (lse_new && (rc = cuda_fail(cudaMemsetAsync(s->lse.ptr, AR_GUARD_BYTE, s->lse.cap, s->stream), "guard", err, err_len)))
+        return rc;
+    /* the payload moves with T: re-stamp the area after it so that the guard is intact */
+    if ((rc = cuda_fail(cudaMemsetAsync((char *)s->out.ptr + AR_GUARD_BYTES + s->out_bytes, AR_GUARD_BYTE,
+                                        s->out.cap - AR_GUARD_BYTES - s->out_bytes, s->stream), "guard", err, err_len)) ||
+        (rc = cuda_fail(cudaMemsetAsync((char *)s->lse.ptr + AR_GUARD_BYTES + s->lse_bytes, AR_GUARD_BYTE,
+                                        s->lse.cap - AR_GUARD_BYTES - s->lse_bytes, s->stream), "guard", err, err_len)))
+        return rc;
+    s->num_reqs = R;
+    s->num_tokens = T;
+    s->mbpr = mbpr;
+    s->config = config;
+    s->geom = geom;
+    s->num_work = (int)n_work;
+    s->num_groups = (int)n_groups;
+    s->num_partials = (int)n_partials;
+    s->num_splits = splits;
+    s->step_ready = 1;
+    return 0;
+}
+
+static int cuda_fill(void *state, int layer, const ar_fill *f, char *err, size_t err_len)
+{
+    cuda_state *s = (cuda_state *)state;
+    if (layer < 0 || layer >= s->num_layers) {
+        snprintf(err, err_len, "cuda backend: fill: layer %d outside [0, %d)", layer, s->num_layers);
+        return 2;
+    }
+    if (f->count <= 0) return 0;
+    int64_t nslots = (int64_t)s->cfg.num_blocks * s->block_size;
+    for (int i = 0; i < f->count; i++)
+        if (f->slots[i] < -1 || f->slots[i] >= nslots || f->offsets[i] < 0 || f->offsets[i] >= s->block_size) {
+            snprintf(err, err_len, "cuda backend: fill: entry %d has slot %lld, offset %d (slots [-1, %lld), "
+                     "offsets [0, %d))", i, (long long)f->slots[i], f->offsets[i], (long long)nslots, s->block_size);
+            return 2;
+        }
+    size_t bytes = (size_t)f->count * (8 + 8 + 4) + 64;
+    int rc;
+    if ((rc = ensure_buf(&s->fill, bytes, "fill buffer", err, err_len))) return rc;
+    unsigned char *d = (unsigned char *)s->fill.ptr;
+    size_t o_keys = round_up((size_t)f->count * 8, 16), o_off = o_keys + round_up((size_t)f->count * 8, 16);
+    if ((rc = cuda_fail(cudaMemcpyAsync(d, f->slots, (size_t)f->count * 8, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)) ||
+        (rc = cuda_fail(cudaMemcpyAsync(d + o_keys, f->keys, (size_t)f->count * 8, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)) ||
+        (rc = cuda_fail(cudaMemcpyAsync(d + o_off, f->offsets, (size_t)f->count * 4, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)))
+        return rc;
+    uint16_t *kc = (uint16_t *)s->kv[layer], *vc = kc + s->side_elems;
+    int64_t total = (int64_t)f->count * s->hkv * (s->head_size / 8);
+    fill_kernel<<<grid_for(total, 256), 256, 0, s->stream>>>(kc, vc, f->count, (const int64_t *)d,
+                                                          (const uint64_t *)(d + o_keys), (const int *)(d + o_off),
+                                                          s->hkv, s->head_size, s->cfg.seed, (uint32_t)layer,
+                                                          s->cfg.data, s->cfg.dtype);
+    if ((rc = cuda_fail(cudaGetLastError(), "fill kernel", err, err_len))) return rc;
+    /* the host arrays are only valid during this call: wait for the copies */
+    return cuda_fail(cudaStreamSynchronize(s->stream), "fill", err, err_len);
+}
+
+static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
+{
+    memset(a, 0, sizeof *a);
+    uint16_t *kc = (uint16_t *)s->kv[layer];
+    a->q = s->q.ptr;
+    a->k_cache = kc;
+    a->v_cache = kc + s->side_elems;
+    a->out = (char *)s->out.ptr + AR_GUARD_BYTES;
+    a->lse = (float *)((char *)s->lse.ptr + AR_GUARD_BYTES);
+    a->partial_o = (float *)s->part_o.ptr;
+    a->partial_lse = (float *)s->part_lse.ptr;
+    a->query_start_loc = s->d_qsl;
+    a->seq_lens = s->d_seq;
+    a->block_table = s->d_bt;
+    a->work = s->d_work;
+    a->groups = s->d_groups;
+    a->num_tokens = s->num_tokens;
+    a->num_q_heads = s->hq;
+    a->num_kv_heads = s->hkv;
+    a->head_size = s->head_size;
+    a->group = s->group;
+    a->block_size_log2 = s->block_size_log2;
+    a->max_blocks_per_req = s->mbpr;
+    a->sliding_window = s->cfg.model.sliding_window;
+    a->scale_log2 = (float)(s->cfg.model.scale * 1.4426950408889634);
+    a->soft_cap = (float)s->cfg.model.logits_soft_cap;
+    a->fault = (int)s->cfg.fault;
+}
+
+/* One timed pass: write, attention, combine; events ev[0..3] around them when timed. */
+static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, bool timed)
+{
+    cudaError_t e;
+    uint16_t *kc = (uint16_t *)s->kv[layer];
+    if (timed) cudaEventRecord(s->ev[0], s->stream);
+    if (s->num_tokens > 0)
+        write_kv_kernel<<<s->num_tokens, 128, 0, s->stream>>>((const uint16_t *)s->knew.ptr, (const uint16_t *)s->vnew.ptr,
+                                                             s->d_slots, kc, kc + s->side_elems, s->hkv * s->head_size);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (timed) cudaEventRecord(s->ev[1], s->stream);
+    e = s->bf16 ? ar_attn_launch_bf16(s->config, s->template_hd, a, s->num_work, s->stream)
+                : ar_attn_launch_fp16(s->config, s->template_hd, a, s->num_work, s->stream);
+    if (e != cudaSuccess) return e;
+    if (timed) cudaEventRecord(s->ev[2], s->stream);
+    if (s->num_groups > 0) {
+        if (s->bf16)
+            ar_attn::combine_kernel<__nv_bfloat16><<<s->num_groups, 256, 0, s->stream>>>(*a, s->geom.rows, s->template_hd);
+        else
+            ar_attn::combine_kernel<__half><<<s->num_groups, 256, 0, s->stream>>>(*a, s->geom.rows, s->template_hd);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    if (timed) cudaEventRecord(s->ev[3], s->stream);
+    return cudaSuccess;
+}
+
+static int cmp_double(const void *pa, const void *pb)
+{
+    double a = *(const double *)pa, b = *(const double *)pb;
+    return a < b ? -1 : a > b;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int count_guard(const unsigned char *p, size_t n)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i += 4) {
+        uint32_t w;
+        memcpy(&w, p + i, 4);
+        if (w != 0xA5A5A5A5u) bad++;
+    }
+    return bad;
+}
+
+static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_out *o, char *err, size_t err_len)
+{
+    cuda_state *s = (cuda_state *)state;
+    (void)b;
+    if (!s->step_ready) {
+        snprintf(err, err_len, "cuda backend: forward before a successful prepare");
+        return 2;
+    }
+    if (layer < 0 || layer >= s->num_layers) {
+        snprintf(err, err_len, "cuda backend: forward: layer %d outside [0, %d)", layer, s->num_layers);
+        return 2;
+    }
+    const int T = s->num_tokens;
+    int rc;
+    o->num_kernels = 0;
+    o->total_us = 0;
+    o->guard_violations = 0;
+    if (T > 0) {
+        /* inputs, untimed */
+        int64_t nq = (int64_t)T * s->hq * (s->head_size / 8), nk = (int64_t)T * s->hkv * (s->head_size / 8);
+        gen_rows_kernel<<<grid_for(nq, 256), 256, 0, s->stream>>>((uint16_t *)s->q.ptr, T, s->hq, s->head_size, s->cfg.seed,
+                                                               AR_STREAM_Q, (uint32_t)layer, s->d_tok_req, s->d_tok_pos,
+                                                               s->d_req_keys, s->d_block_keys, s->mbpr,
+                                                               s->block_size_log2, s->cfg.data, s->cfg.dtype);
+        gen_rows_kernel<<<grid_for(nk, 256), 256, 0, s->stream>>>((uint16_t *)s->knew.ptr, T, s->hkv, s->head_size, s->cfg.seed,
+                                                               AR_STREAM_K, (uint32_t)layer, s->d_tok_req, s->d_tok_pos,
+                                                               s->d_req_keys, s->d_block_keys, s->mbpr,
+                                                               s->block_size_log2, s->cfg.data, s->cfg.dtype);
+        gen_rows_kernel<<<grid_for(nk, 256), 256, 0, s->stream>>>((uint16_t *)s->vnew.ptr, T, s->hkv, s->head_size, s->cfg.seed,
+                                                               AR_STREAM_V, (uint32_t)layer, s->d_tok_req, s->d_tok_pos,
+                                                               s->d_req_keys, s->d_block_keys, s->mbpr,
+                                                               s->block_size_log2, s->cfg.data, s->cfg.dtype);
+        if ((rc = cuda_fail(cudaGetLastError(), "generator kernels", err, err_len))) return rc;
+    }
+    /* poison the payloads: a row the kernels never write stays NaN */
+    if ((rc = cuda_fail(cudaMemsetAsync((char *)s->out.ptr + AR_GUARD_BYTES, 0xFF, s->out_bytes, s->stream), "poison", err, err_len)) ||
+        (rc = cuda_fail(cudaMemsetAsync((char *)s->lse.ptr + AR_GUARD_BYTES, 0xFF, s->lse_bytes, s->stream), "poison", err, err_len)))
+        return rc;
+    ar_attn_args a;
+    fill_args(s, layer, &a);
+    int repeat = s->cfg.repeat > 0 ? s->cfg.repeat : 1;
+    double *times = (double *)malloc(sizeof(double) * 4 * (size_t)repeat);
+    if (!times) {
+        snprintf(err, err_len, "cuda backend: out of host memory");
+        return 3;
+    }
+    if ((rc = cuda_fail(run_pass(s, &a, layer, false), "attention launch (warm-up)", err, err_len))) {
+        free(times);
+        return rc;
+    }
+    for (int i = 0; i < repeat; i++) {
+        if ((rc = cuda_fail(run_pass(s, &a, layer, true), "attention launch", err, err_len)) ||
+            (rc = cuda_fail(cudaEventSynchronize(s->ev[3]), "attention kernels", err, err_len))) {
+            free(times);
+            return rc;
+        }
+        float ms[3];
+        cudaEventElapsedTime(&ms[0], s->ev[0], s->ev[1]);
+        cudaEventElapsedTime(&ms[1], s->ev[1], s->ev[2]);
+        cudaEventElapsedTime(&ms[2], s->ev[2], s->ev[3]);
+        times[i] = ms[0] * 1e3;
+        times[repeat + i] = ms[1] * 1e3;
+        times[2 * repeat + i] = ms[2] * 1e3;
+        times[3 * repeat + i] = (ms[0] + ms[1] + ms[2]) * 1e3;
+    }
+    o->kernels[0].name = "write";
+    o->kernels[0].us = median(times, repeat);
+    o->kernels[1].name = "attn";
+    o->kernels[1].us = median(times + repeat, repeat);
+    o->num_kernels = 2;
+    if (s->num_groups > 0) {
+        o->kernels[2].name = "combine";
+        o->kernels[2].us = median(times + 2 * repeat, repeat);
+        o->num_kernels = 3;
+    }
+    o->total_us = median(times + 3 * repeat, repeat);
+    free(times);
+
+    /* results and guards back */
+    size_t out_total = 2 * AR_GUARD_BYTES + s->out_bytes, lse_total = 2 * AR_GUARD_BYTES + s->lse_bytes;
+    unsigned char *ho = (unsigned char *)s->h_out, *hl = ho + out_total;
+    if ((rc = cuda_fail(cudaMemcpyAsync(ho, s->out.ptr, out_total, cudaMemcpyDeviceToHost, s->stream), "out copy", err, err_len)) ||
+        (rc = cuda_fail(cudaMemcpyAsync(hl, s->lse.ptr, lse_total, cudaMemcpyDeviceToHost, s->stream), "LSE copy", err, err_len)) ||
+        (rc = cuda_fail(cudaStreamSynchronize(s->stream), "forward", err, err_len)))
+        return rc;
+    int bad = count_guard(ho, AR_GUARD_BYTES) + count_guard(ho + AR_GUARD_BYTES + s->out_bytes, AR_GUARD_BYTES) +
+              count_guard(hl, AR_GUARD_BYTES) + count_guard(hl + AR_GUARD_BYTES + s->lse_bytes, AR_GUARD_BYTES);
+    o->guard_violations = bad;
+    if (bad) {
+        /* re-stamp for the next forward */
+        cudaMemsetAsync(s->out.ptr, AR_GUARD_BYTE, AR_GUARD_BYTES, s->stream);
+        cudaMemsetAsync((char *)s->out.ptr + AR_GUARD_BYTES + s->out_bytes, AR_GUARD_BYTE, AR_GUARD_BYTES, s->stream);
+        cudaMemsetAsync(s->lse.ptr, AR_GUARD_BYTE, AR_GUARD_BYTES, s->stream);
+        cudaMemsetAsync((char *)s->lse.ptr + AR_GUARD_BYTES + s->lse_bytes, AR_GUARD_BYTE, AR_GUARD_BYTES, s->stream);
+    }
+    const uint16_t *ob = (const uint16_t *)(ho + AR_GUARD_BYTES);
+    int64_t n_out = (int64_t)T * s->hq * s->head_size;
+    if (s->bf16)
+        for (int64_t i = 0; i < n_out; i++) o->out[i] = ar_bf16_to_f32(ob[i]);
+    else
+        for (int64_t i = 0; i < n_out; i++) o->out[i] = ar_fp16_to_f32(ob[i]);
+    memcpy(o->lse, hl + AR_GUARD_BYTES, (size_t)s->hq * T * 4);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Hooks                                                                                     */
+
+extern "C" void ar_cuda_set_plan(void *state, int config, int num_splits)
+{
+    cuda_state *s = (cuda_state *)state;
+    if (!s) return;
+    s->force_config = config;
+    s->force_splits = num_splits;
+}
+
+extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
+{
+    cuda_state *s = (cuda_state *)state;
+    memset(info, 0, sizeof *info);
+    if (!s) return;
+    info->config = s->config;
+    info->template_hd = s->template_hd;
+    info->num_work = s->num_work;
+    info->num_splits = s->num_splits;
+    info->num_groups = s->num_groups;
+    info->ctas_per_sm = s->ctas_per_sm[s->config];
+    info->num_sms = s->num_sms;
+}
+
+extern "C" int ar_cuda_poke_guard(void *state)
+{
+    cuda_state *s = (cuda_state *)state;
+    if (!s || !s->out.ptr) return -1;
+    static const uint32_t junk = 0x12345678u;
+    if (cudaStreamSynchronize(s->stream) != cudaSuccess) return -1;
+    cudaError_t e = cudaMemcpyAsync((char *)s->out.ptr + AR_GUARD_BYTES + s->out_bytes + 8, &junk, 4,
+                                    cudaMemcpyHostToDevice, s->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s->stream);
+    return e == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int ar_cuda_gen_values(uint64_t seed, uint32_t stream, uint32_t layer, uint64_t key, uint64_t pos0,
+                                  uint32_t head, int num_pos, int dim, ar_datadist dist, ar_dtype dtype, float *out,
+                                  char *err, size_t err_len)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        snprintf(err, err_len, "no CUDA device");
+        return 3;
+    }
+    size_t n = (size_t)num_pos * dim;
+    float *d = NULL;
+    int rc;
+    if ((rc = cuda_fail(cudaMalloc(&d, n * 4 + 4), "gen buffer", err, err_len))) return rc;
+    gen_values_kernel<<<grid_for((int64_t)n, 256), 256>>>(d, seed, stream, layer, key, pos0, head, num_pos, dim, dist, dtype);
+    rc = cuda_fail(cudaGetLastError(), "gen kernel", err, err_len);
+    if (!rc) rc = cuda_fail(cudaMemcpy(out, d, n * 4, cudaMemcpyDeviceToHost), "gen copy", err, err_len);
+    cudaFree(d);
+    return rc;
+}
+
+extern "C" const ar_backend ar_cuda_backend = {
+    "cuda",
+    "CUDA paged attention (FlashAttention-2 style mma.sync, GQA-packed tiles, split-KV decode)",
+    "fp16/bf16 (KV = model dtype), head sizes 64/128/256 fast + any multiple of 8 <= 256, "
+    "block sizes 16/32/64, causal, sliding window, soft cap, LSE, split-KV; sm_80+",
+    true,
+    cuda_check,
+    cuda_open,
+    cuda_prepare,
+    cuda_fill,
+    cuda_forward,
+    cuda_device_name,
+    cuda_close,
+};

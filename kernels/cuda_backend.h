@@ -1,0 +1,53 @@
+/* cuda_backend.h - the CUDA paged attention backend "cuda" (vLLM FLASH_ATTN semantics on the
+ * paged cache [2, num_blocks, block_size, num_kv_heads, head_size]) and a few hooks the GPU
+ * tests and the benchmark use.
+ *
+ * The backend is kernels/cuda_backend.cu (+ the kernels in cuda_attn.cuh); on a machine
+ * without nvcc, kernels/cuda_stub.c defines the same symbols and check() says why it cannot
+ * run.  Everything here has C linkage. */
+#ifndef AR_CUDA_BACKEND_H
+#define AR_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../replay/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+extern const ar_backend ar_cuda_backend;
+
+/* Plan overrides for tests and benchmarks (state from ar_cuda_backend.open):
+ * config -1 auto, 0 the PREFILL geometry, 1 the DECODE geometry (only legal when every
+ * (request, KV head) fits in 16 rows; otherwise auto is used); num_splits 0 = the heuristic,
+ * N >= 1 = split every work item's key range into up to N pieces. */
+void ar_cuda_set_plan(void *state, int config, int num_splits);
+
+/* What the last prepare() planned. */
+typedef struct ar_cuda_plan_info {
+    int config;          /* 0 PREFILL, 1 DECODE */
+    int template_hd;     /* 64, 128 or 256 */
+    int num_work;        /* CTAs of the attention launch */
+    int num_splits;      /* split count chosen (1 = none) */
+    int num_groups;      /* split groups merged by the combine kernel */
+    int ctas_per_sm;
+    int num_sms;
+} ar_cuda_plan_info;
+void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info);
+
+/* Runs the data generator on the device: out[i * dim + d] = ar_gen(ar_gen_row(seed, stream,
+ * layer, key, pos0 + i, head), d, dist, dtype) for i < num_pos, d < dim, returned as floats.
+ * For the bit-identity test.  0 ok; else err set (no device: returns 3). */
+int ar_cuda_gen_values(uint64_t seed, uint32_t stream, uint32_t layer, uint64_t key,
+                       uint64_t pos0, uint32_t head, int num_pos, int dim, ar_datadist dist,
+                       ar_dtype dtype, float *out /* [num_pos, dim] */, char *err, size_t err_len);
+
+/* Overwrites one word inside the device guard region after the out buffer (test hook that
+ * proves guard checking works); the next forward must report guard_violations > 0. */
+int ar_cuda_poke_guard(void *state);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

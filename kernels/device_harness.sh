@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# device_harness.sh - the ONE script for the GPU machine (H200): checks the prebuilt binaries
+# start, then times and checks the CUDA backend in a single device call and prints a short table
+# last.  Build everything first on the development machine (`make gpu-build`), then run this
+# there with the build outputs carried (bin, build/tests).  Stages, each under its own timeout:
+#   1. nvidia-smi + `attnreplay backends` (the binary starts; the cuda backend sees the GPU)
+#   2. tests/bench_cuda.c  (our kernel: decode GB/s, prefill TFLOP/s)       -> bench.txt
+#   3. kernels/peers/peer_attention.py (cuDNN SDPA, flex+PagedAttention, FA2) -> peers.txt
+#   4. make test-gpu (tests/gpu_cuda.c: vLLM grids vs the float64 reference) -> gpu_test.txt
+#   5. attnreplay replay of the sample traces with --backend cuda into SQLite -> replay.txt
+#   6. ncu (--clock-control none) on the prefill kernel, if time is left     -> ncu.txt
+# Logs go to $OUT (the device tool brings them back); the table goes to stdout and summary.txt.
+set -u
+OUT=${OUT:-/tmp/ar_harness_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export AR_SRC=$PWD AR_BIN=$PWD/bin/attnreplay PYTHONUNBUFFERED=1
+BUDGET=${HARNESS_BUDGET:-450}
+START=$SECONDS
+left() { echo $((BUDGET - (SECONDS - START))); }
+stage() { echo "== $1 ($(date -u +%H:%M:%S), $(left)s left)"; }
+
+stage "device"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv;
+  bin/attnreplay version; bin/attnreplay backends; } >"$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+stage "bench"
+timeout 100 build/tests/bench_cuda 20 >"$OUT/bench.txt" 2>&1
+echo "bench rc=$?"; cat "$OUT/bench.txt"
+
+stage "peers"
+timeout 130 python3 kernels/peers/peer_attention.py >"$OUT/peers.txt" 2>"$OUT/peers_err.txt"
+echo "peers rc=$?"; cat "$OUT/peers.txt"; tail -5 "$OUT/peers_err.txt"
+
+stage "test-gpu"
+t=$(( $(left) - 80 )); [ "$t" -lt 30 ] && t=30
+timeout "$t" make -s test-gpu >"$OUT/gpu_test.txt" 2>&1
+echo "test-gpu rc=$?"; grep -E "FAIL|PASSED|FAILED|SKIPPED|passed|fail" "$OUT/gpu_test.txt" | tail -25
+
+stage "replay"
+: >"$OUT/replay.txt"
+DB=/tmp/ar_replay.db
+rm -f "$DB" "$DB-wal" "$DB-shm"
+for tr in traces/samples/*.trace.jsonl.gz; do
+  n=$(basename "$tr" .trace.jsonl.gz)
+  timeout 40 bin/attnreplay replay "$tr" --backend cuda --db "$DB" --repeat 5 --layers 2 \
+    >>"$OUT/replay.txt" 2>&1
+  echo "replay $n rc=$?" | tee -a "$OUT/replay.txt"
+done
+python3 - "$DB" >>"$OUT/replay.txt" 2>&1 <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+for r in db.execute("select id, trace, backend, device, status, steps_done, steps_failed from runs"):
+    print("run", r)
+for r in db.execute("select run, count(*), sum(pass), round(avg(time_us),1), round(max(gbps),1), "
+                    "round(max(tflops),2), sum(guard_ok) from steps group by run"):
+    print("steps(run, n, passed, avg_us, max_gbps, max_tflops, guard_ok)", r)
+for r in db.execute("select name, count(*), round(avg(time_us),2) from kernels group by name"):
+    print("kernel", r)
+PY
+tail -12 "$OUT/replay.txt"
+
+if [ "$(left)" -gt 50 ] && command -v ncu >/dev/null 2>&1; then
+  stage "ncu"
+  timeout $(( $(left) - 10 )) ncu --clock-control none -k regex:attn_kernel -c 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis \
+    build/tests/bench_cuda 1 prefill_b2_s8192_causal_hd128 >"$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "Throughput|Duration|Registers|Achieved Occupancy|Theoretical Occupancy|Stall|Warp Cycles" "$OUT/ncu.txt" | head -20
+fi
+
+stage "summary"
+python3 - "$OUT/bench.txt" "$OUT/peers.txt" <<'PY' | tee "$OUT/summary.txt"
+import re, sys
+def kv(line):
+    return dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line))
+ours, peers, ceil = {}, {}, None
+for l in open(sys.argv[1]):
+    if l.startswith("RESULT"):
+        d = kv(l); ours[d["name"]] = d
+for l in open(sys.argv[2]):
+    if l.startswith("PEER") and "error=" not in l:
+        d = kv(l); peers.setdefault(d["name"], []).append(d)
+    if l.startswith("CEILING"):
+        ceil = kv(l)["copy_gbps"]
+print(f"copy ceiling: {ceil} GB/s")
+print(f"{'case':44s} {'impl':26s} {'us':>9s} {'GB/s':>8s} {'TFLOP/s':>8s} {'ours/peer':>9s}")
+for name, d in ours.items():
+    metric = "gbps" if name.startswith("decode") else "tflops"
+    o = float(d[metric])
+    print(f"{name:44s} {'ours (splits=' + d['splits'] + ')':26s} {float(d['us']):9.1f} {float(d['gbps']):8.1f} {float(d['tflops']):8.1f}")
+    base = name.replace("_nosplit", "").replace("_split4", "")
+    if name != base:
+        continue
+    for p in peers.get(base, []):
+        pv = float(p[metric])
+        ratio = o / pv if pv > 0 else float("nan")
+        print(f"{'':44s} {p['impl']:26s} {float(p['us']):9.1f} {float(p['gbps']):8.1f} {float(p['tflops']):8.1f} {ratio:9.2f}")
+PY

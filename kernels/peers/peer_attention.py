@@ -1,0 +1,196 @@
+"""peer_attention.py - torch peers for the CUDA backend's benchmark (tests/bench_cuda.c), on the
+same shapes, in the same device call: cuDNN SDPA (contiguous K/V, the FA3-class reference),
+flex_attention + PagedAttention (the only paged peer torch 2.11 has offline), FA2 varlen_attn.
+
+Prints one line per measurement:
+    PEER name=<bench case> impl=<peer> us=<median> gbps=<effective> tflops=<FA3 formula>
+plus CEILING copy_gbps=<device-to-device copy, bytes read + written>.
+Timing: CUDA events around each call, 3 warm-ups, median of 20 (METHOD.md).  Each peer runs
+inside try/except so a missing API costs one line ("PEER ... error=...") and not the run."""
+import math
+import sys
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+DEV = "cuda"
+DT = torch.bfloat16
+VARLEN_LENS = [256, 384, 512, 640, 768, 896, 1024, 1152, 1280, 1408, 1536, 1664, 1792, 1920, 2048, 128]
+
+
+def timed(fn, iters=20, warm=3):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def emit(name, impl, us, nbytes=None, flops=None, extra=""):
+    gbps = nbytes / us * 1e-3 if nbytes else 0.0
+    tflops = flops / us * 1e-6 if flops else 0.0
+    print(f"PEER name={name} impl={impl} us={us:.2f} gbps={gbps:.1f} tflops={tflops:.1f} {extra}".rstrip(),
+          flush=True)
+
+
+def guard(name, impl, fn):
+    try:
+        fn()
+    except Exception as e:  # a peer that cannot run is reported, not fatal
+        msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        print(f"PEER name={name} impl={impl} error=\"{msg}\"", flush=True)
+        traceback.print_exc(file=sys.stderr)
+
+
+def causal_flops(h, sq, sk, d):
+    avg = (max(0, sk - sq) + sk) / 2.0
+    return 2.0 * h * sq * avg * (2 * d)
+
+
+def ceiling():
+    n = 1 << 30  # 2 GiB of bf16
+    a = torch.empty(n, dtype=DT, device=DEV).normal_()
+    b = torch.empty_like(a)
+    us = timed(lambda: b.copy_(a))
+    print(f"CEILING copy_gbps={2 * a.numel() * 2 / us * 1e-3:.1f}", flush=True)
+    del a, b
+
+
+def decode_peers():
+    name = "decode_b64_s8192_gqa32_8_hd128"
+    B, Hq, Hkv, S, D = 64, 32, 8, 8192, 128
+    nbytes = B * S * Hkv * D * 2 * 2 + 2 * B * Hq * D * 2
+    q = torch.randn(B, Hq, 1, D, dtype=DT, device=DEV)
+    k = torch.randn(B, Hkv, S, D, dtype=DT, device=DEV)
+    v = torch.randn(B, Hkv, S, D, dtype=DT, device=DEV)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            us = timed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        emit(name, "cudnn_sdpa_contiguous", us, nbytes=nbytes)
+
+    def flash():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            us = timed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        emit(name, "fa2_sdpa_contiguous", us, nbytes=nbytes)
+
+    guard(name, "cudnn_sdpa_contiguous", cudnn)
+    guard(name, "fa2_sdpa_contiguous", flash)
+    del k, v
+
+    def flex_paged(page):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.experimental._paged_attention import PagedAttention
+
+        n_pages = B * S // page
+        pa = PagedAttention(n_pages, page, B, device=DEV)
+        for b in range(B):
+            pa.reserve(torch.tensor(b, device=DEV), torch.tensor(S, device=DEV))
+        kc = torch.randn(1, Hkv, n_pages * page, D, dtype=DT, device=DEV)
+        vc = torch.randn(1, Hkv, n_pages * page, D, dtype=DT, device=DEV)
+
+        def full(b, h, qi, kv):
+            return kv >= 0
+
+        bm = create_block_mask(full, B, None, 1, S, device=DEV, BLOCK_SIZE=page)
+        pbm = pa.convert_logical_block_mask(bm)
+        flex = torch.compile(flex_attention)
+        us = timed(lambda: flex(q, kc, vc, block_mask=pbm, enable_gqa=True))
+        emit(name, f"flex_paged_page{page}", us, nbytes=nbytes)
+        del kc, vc
+
+    for page in (16, 128):
+        guard(name, f"flex_paged_page{page}", lambda: flex_paged(page))
+
+
+def prefill_peers():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for hd, H in ((128, 16), (256, 8)):
+        name = f"prefill_b2_s8192_causal_hd{hd}"
+        B, S = 2, 8192
+        q = torch.randn(B, H, S, hd, dtype=DT, device=DEV)
+        k = torch.randn(B, H, S, hd, dtype=DT, device=DEV)
+        v = torch.randn(B, H, S, hd, dtype=DT, device=DEV)
+        flops = B * causal_flops(H, S, S, hd)
+
+        def run(backend, label):
+            with sdpa_kernel(backend):
+                us = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+            emit(name, label, us, flops=flops)
+
+        guard(name, "cudnn_sdpa", lambda: run(SDPBackend.CUDNN_ATTENTION, "cudnn_sdpa"))
+        guard(name, "fa2_sdpa", lambda: run(SDPBackend.FLASH_ATTENTION, "fa2_sdpa"))
+        del q, k, v
+
+
+def varlen_peers():
+    name = "varlen16_causal_hd128"
+    H, D = 16, 128
+    lens = VARLEN_LENS
+    T = sum(lens)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=DEV)
+    q = torch.randn(T, H, D, dtype=DT, device=DEV)
+    k = torch.randn(T, H, D, dtype=DT, device=DEV)
+    v = torch.randn(T, H, D, dtype=DT, device=DEV)
+    flops = sum(causal_flops(H, s, s, D) for s in lens)
+    mx = max(lens)
+    ref = {}
+
+    def fa2():
+        from torch.nn.attention.varlen import varlen_attn
+        fn = lambda: varlen_attn(q, k, v, cu, cu, mx, mx, window_size=(-1, 0))
+        ref["out"] = fn()
+        emit(name, "fa2_varlen_attn", timed(fn), flops=flops)
+
+    def cudnn_varlen():
+        scale = 1.0 / math.sqrt(D)
+        fn = lambda: torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, mx, mx, False, 0.0, True,
+                                                             False, scale=scale)
+        out = fn()[0]
+        diff = (out.float() - ref["out"].float()).abs().max().item() if "out" in ref else float("nan")
+        emit(name, "cudnn_varlen", timed(fn), flops=flops, extra=f"maxdiff_vs_fa2={diff:.3g}")
+
+    def cudnn_per_seq():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        chunks = []
+        for i, s in enumerate(lens):
+            a, b = int(cu[i]), int(cu[i + 1])
+            chunks.append((q[a:b].transpose(0, 1).unsqueeze(0).contiguous(),
+                           k[a:b].transpose(0, 1).unsqueeze(0).contiguous(),
+                           v[a:b].transpose(0, 1).unsqueeze(0).contiguous()))
+
+        def fn():
+            for qq, kk, vv in chunks:
+                F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            emit(name, "cudnn_sdpa_per_sequence", timed(fn), flops=flops)
+
+    guard(name, "fa2_varlen_attn", fa2)
+    guard(name, "cudnn_varlen", cudnn_varlen)
+    guard(name, "cudnn_sdpa_per_sequence", cudnn_per_seq)
+
+
+def main():
+    print(f"torch {torch.__version__} cudnn {torch.backends.cudnn.version()} device {torch.cuda.get_device_name()}",
+          flush=True)
+    guard("ceiling", "copy", ceiling)
+    guard("decode", "all", decode_peers)
+    torch.cuda.empty_cache()
+    guard("prefill", "all", prefill_peers)
+    torch.cuda.empty_cache()
+    guard("varlen", "all", varlen_peers)
+
+
+if __name__ == "__main__":
+    main()
