@@ -2,12 +2,15 @@
  * same-dtype "out_pt" yardstick, and the LSE-weighted merge (semantics in reference.h).
  *
  * ar_ref_attend is the one the verifier runs on every step, so it is written for speed while
- * staying plain C: for each KV head it packs that head's keys (transposed, a tile of keys per
- * block) and values once, then takes the query rows x query heads of the group in blocks of
- * vectors and sweeps key tiles.  A score tile (vectors x keys) is computed with eight
- * independent accumulators per vector, while the tile (head_size x 32 keys) stays in L1; an
- * online softmax in double rescales the running output when the running max grows.  Key tiles
- * that no vector of the block can see (causal / sliding window) are skipped.
+ * staying plain C: for each KV head it takes the query rows x query heads of the group in
+ * blocks of 16 vectors and sweeps tiles of 32 keys (16 for head sizes over 128), so each key
+ * tile is read from L1 by every vector of the block instead of once per query row from memory.
+ * When a call has many vectors per group (prefill) the head's keys are first packed transposed
+ * per tile and a score tile is computed with eight independent accumulators per vector; with
+ * few vectors (decode) packing would cost more than it saves, so scores are computed straight
+ * from the caller's keys, two keys x four vectors at a time.  An online softmax in double
+ * rescales the running output when the running max grows; P.V reads the caller's values four
+ * keys at a time.  Key tiles that no vector of a block can see (causal / window) are skipped.
  *
  * The visible keys of a query row always form one contiguous range [lo, hi) of key indices,
  * which is what makes tile skipping exact.  With !causal every key is visible and q_pos is not
@@ -78,56 +81,131 @@ static double cap_score(double score, double soft_cap)
 
 /* ---- the fast grouped reference ------------------------------------------------------------ */
 
-/* Score tile: s[i][j] = q_i . k_j for nvec query vectors and key_tile keys.
+/* Two doubles in one SSE2/NEON register: GCC/Clang vector extension, plain arithmetic on it
+ * compiles to packed instructions.  Loads and stores go through memcpy (no alignment needed). */
+typedef double f64x2 __attribute__((vector_size(16)));
+
+static inline f64x2 load2(const double *p)
+{
+    f64x2 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+static inline void store2(double *p, f64x2 x)
+{
+    memcpy(p, &x, sizeof x);
+}
+
+/* Score tile from packed keys: s[i][j] = q_i . k_j for nvec query vectors and key_tile keys,
+ * eight keys per pass (four register pairs), so each q element is loaded once for eight.
  *   qb    [nvec, head_size]
  *   ktile [head_size, key_tile]  (keys of the tile transposed; tail keys zero)
  *   s     [nvec, key_tile] */
-static void score_tile(int nvec, int head_size, int key_tile, const double *restrict qb,
-                       const double *restrict ktile, double *restrict s)
+static void score_tile_packed(int nvec, int head_size, int key_tile, const double *restrict qb,
+                              const double *restrict ktile, double *restrict s)
 {
     for (int i = 0; i < nvec; i++) {
         const double *restrict qrow = qb + (size_t)i * head_size;
         for (int jc = 0; jc < key_tile; jc += 8) {
-            double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+            f64x2 a01 = {0, 0}, a23 = {0, 0}, a45 = {0, 0}, a67 = {0, 0};
             const double *restrict kcol = ktile + jc;
             for (int d = 0; d < head_size; d++) {
-                double qd = qrow[d];
+                f64x2 qd = {qrow[d], qrow[d]};
                 const double *restrict kr = kcol + (size_t)d * key_tile;
-                a0 += qd * kr[0];
-                a1 += qd * kr[1];
-                a2 += qd * kr[2];
-                a3 += qd * kr[3];
-                a4 += qd * kr[4];
-                a5 += qd * kr[5];
-                a6 += qd * kr[6];
-                a7 += qd * kr[7];
+                a01 += qd * load2(kr);
+                a23 += qd * load2(kr + 2);
+                a45 += qd * load2(kr + 4);
+                a67 += qd * load2(kr + 6);
             }
             double *srow = s + (size_t)i * key_tile + jc;
-            srow[0] = a0; srow[1] = a1; srow[2] = a2; srow[3] = a3;
-            srow[4] = a4; srow[5] = a5; srow[6] = a6; srow[7] = a7;
+            store2(srow, a01);
+            store2(srow + 2, a23);
+            store2(srow + 4, a45);
+            store2(srow + 6, a67);
+        }
+    }
+}
+
+/* Sum of the two lanes. */
+static inline double hsum2(f64x2 x)
+{
+    return x[0] + x[1];
+}
+
+/* Score tile straight from the caller's keys (no packing, for few query vectors - decode):
+ * two keys x four vectors per pass, eight register-pair accumulators over pairs of dims.
+ * nvec is rounded up to 4 by the caller (the extra rows of qb hold finite filler whose scores
+ * are ignored).
+ *   qb    [nvec, head_size]
+ *   kbase key 0 of the tile, rows kstride doubles apart: [kn, head_size] strided
+ *   s     [nvec, key_tile] */
+static void score_tile_direct(int nvec, int head_size, int kn, int key_tile,
+                              const double *restrict qb, const double *restrict kbase,
+                              size_t kstride, double *restrict s)
+{
+    const int even = head_size & ~1;
+    for (int jj = 0; jj < kn; jj += 2) {
+        const double *restrict kr0 = kbase + (size_t)jj * kstride;
+        const double *restrict kr1 = jj + 1 < kn ? kr0 + kstride : kr0;
+        for (int i = 0; i < nvec; i += 4) {
+            const double *restrict q0 = qb + (size_t)i * head_size;
+            const double *restrict q1 = q0 + head_size;
+            const double *restrict q2 = q1 + head_size;
+            const double *restrict q3 = q2 + head_size;
+            f64x2 a0 = {0, 0}, b0 = {0, 0}, a1 = {0, 0}, b1 = {0, 0};
+            f64x2 a2 = {0, 0}, b2 = {0, 0}, a3 = {0, 0}, b3 = {0, 0};
+            for (int d = 0; d < even; d += 2) {
+                f64x2 k0 = load2(kr0 + d), k1 = load2(kr1 + d);
+                f64x2 x0 = load2(q0 + d), x1 = load2(q1 + d), x2 = load2(q2 + d), x3 = load2(q3 + d);
+                a0 += x0 * k0; b0 += x0 * k1;
+                a1 += x1 * k0; b1 += x1 * k1;
+                a2 += x2 * k0; b2 += x2 * k1;
+                a3 += x3 * k0; b3 += x3 * k1;
+            }
+            double sa[4] = {hsum2(a0), hsum2(a1), hsum2(a2), hsum2(a3)};
+            double sb[4] = {hsum2(b0), hsum2(b1), hsum2(b2), hsum2(b3)};
+            if (even < head_size) {   /* odd head size: the last dim */
+                const double *restrict qs[4] = {q0, q1, q2, q3};
+                for (int r = 0; r < 4; r++) {
+                    sa[r] += qs[r][even] * kr0[even];
+                    sb[r] += qs[r][even] * kr1[even];
+                }
+            }
+            double *s0 = s + (size_t)i * key_tile + jj;
+            for (int r = 0; r < 4; r++) {
+                s0[(size_t)r * key_tile] = sa[r];
+                if (jj + 1 < kn) s0[(size_t)r * key_tile + 1] = sb[r];
+            }
         }
     }
 }
 
 /* o += sum_j prob[j] * v[j] over n keys, four keys at a time.  No key is skipped for a zero
  * probability, so a NaN value shows in the output as it would in a kernel.
- *   prob [n], v [n, v_head_size], o [v_head_size] */
-static void accumulate_pv(int n, int v_head_size, const double *restrict prob,
+ *   prob [n], v [n, v_head_size] with rows vstride doubles apart, o [v_head_size] */
+static void accumulate_pv(int n, int v_head_size, size_t vstride, const double *restrict prob,
                           const double *restrict v, double *restrict o)
 {
+    const int even = v_head_size & ~1;
     int j = 0;
     for (; j + 4 <= n; j += 4) {
-        double p0 = prob[j], p1 = prob[j + 1], p2 = prob[j + 2], p3 = prob[j + 3];
-        const double *restrict v0 = v + (size_t)j * v_head_size;
-        const double *restrict v1 = v0 + v_head_size;
-        const double *restrict v2 = v1 + v_head_size;
-        const double *restrict v3 = v2 + v_head_size;
-        for (int e = 0; e < v_head_size; e++)
-            o[e] += p0 * v0[e] + p1 * v1[e] + p2 * v2[e] + p3 * v3[e];
+        f64x2 p0 = {prob[j], prob[j]}, p1 = {prob[j + 1], prob[j + 1]};
+        f64x2 p2 = {prob[j + 2], prob[j + 2]}, p3 = {prob[j + 3], prob[j + 3]};
+        const double *restrict v0 = v + (size_t)j * vstride;
+        const double *restrict v1 = v0 + vstride;
+        const double *restrict v2 = v1 + vstride;
+        const double *restrict v3 = v2 + vstride;
+        for (int e = 0; e < even; e += 2)
+            store2(o + e, load2(o + e) + p0 * load2(v0 + e) + p1 * load2(v1 + e) +
+                              p2 * load2(v2 + e) + p3 * load2(v3 + e));
+        for (int e = even; e < v_head_size; e++)
+            o[e] += prob[j] * v0[e] + prob[j + 1] * v1[e] + prob[j + 2] * v2[e] +
+                    prob[j + 3] * v3[e];
     }
     for (; j < n; j++) {
         double pj = prob[j];
-        const double *restrict vj = v + (size_t)j * v_head_size;
+        const double *restrict vj = v + (size_t)j * vstride;
         for (int e = 0; e < v_head_size; e++) o[e] += pj * vj[e];
     }
 }
@@ -144,26 +222,27 @@ void ar_ref_attend(const ar_attn_params *p, int num_rows, const double *q, const
     const int num_tiles = (num_keys + key_tile - 1) / key_tile;
     const int num_vecs = num_rows * group;
 
-    /* kpack [num_tiles, hd, key_tile], vpack [num_keys, hdv], and per-block scratch. */
-    double *kpack = malloc(((size_t)num_tiles * hd * key_tile + 1) * sizeof(double));
-    double *vpack = malloc(((size_t)num_keys * hdv + 1) * sizeof(double));
-    double *qb = malloc((size_t)AR_REF_VEC_BLOCK * hd * sizeof(double));
+    /* Packing a KV head's keys pays off only when many query vectors reuse each key tile. */
+    const bool pack = num_vecs >= AR_REF_VEC_BLOCK;
+    /* kpack [num_tiles, hd, key_tile] when packing; qb [VEC_BLOCK, hd] zeroed (filler rows). */
+    double *kpack = malloc(((pack ? (size_t)num_tiles * hd * key_tile : 0) + 1) * sizeof(double));
+    double *qb = calloc((size_t)AR_REF_VEC_BLOCK * hd, sizeof(double));
     double *ob = malloc((size_t)AR_REF_VEC_BLOCK * hdv * sizeof(double));
     double s[AR_REF_VEC_BLOCK * AR_REF_MAX_KEY_TILE];
     double run_max[AR_REF_VEC_BLOCK], run_sum[AR_REF_VEC_BLOCK];
     int lo[AR_REF_VEC_BLOCK], hi[AR_REF_VEC_BLOCK];
-    if (!kpack || !vpack || !qb || !ob) {
+    if (!kpack || !qb || !ob) {
         fprintf(stderr, "reference/reference.c: ar_ref_attend: out of memory for %d keys\n",
                 num_keys);
         for (size_t i = 0; i < (size_t)num_rows * hq * hdv; i++) out[i] = NAN;
         for (size_t i = 0; lse && i < (size_t)num_rows * hq; i++) lse[i] = NAN;
-        free(kpack); free(vpack); free(qb); free(ob);
+        free(kpack); free(qb); free(ob);
         return;
     }
 
     for (int g = 0; g < hkv; g++) {
-        /* Pack this KV head's keys (transposed per tile, zero tail) and values. */
-        for (int t = 0; t < num_tiles; t++) {
+        /* Pack this KV head's keys (transposed per tile, zero tail). */
+        for (int t = 0; pack && t < num_tiles; t++) {
             double *kt = kpack + (size_t)t * hd * key_tile;
             for (int jj = 0; jj < key_tile; jj++) {
                 int j = t * key_tile + jj;
@@ -172,9 +251,6 @@ void ar_ref_attend(const ar_attn_params *p, int num_rows, const double *q, const
                     kt[(size_t)d * key_tile + jj] = j < num_keys ? krow[d] : 0.0;
             }
         }
-        for (int j = 0; j < num_keys; j++)
-            memcpy(vpack + (size_t)j * hdv, v + ((size_t)j * hkv + g) * hdv,
-                   (size_t)hdv * sizeof(double));
 
         for (int vb = 0; vb < num_vecs; vb += AR_REF_VEC_BLOCK) {
             int nvec = num_vecs - vb < AR_REF_VEC_BLOCK ? num_vecs - vb : AR_REF_VEC_BLOCK;
@@ -195,7 +271,11 @@ void ar_ref_attend(const ar_attn_params *p, int num_rows, const double *q, const
             for (int t = block_lo / key_tile; block_lo < block_hi && t * key_tile < block_hi; t++) {
                 int j0 = t * key_tile;
                 int kn = num_keys - j0 < key_tile ? num_keys - j0 : key_tile;
-                score_tile(nvec, hd, key_tile, qb, kpack + (size_t)t * hd * key_tile, s);
+                if (pack)
+                    score_tile_packed(nvec, hd, key_tile, qb, kpack + (size_t)t * hd * key_tile, s);
+                else
+                    score_tile_direct((nvec + 3) / 4 * 4, hd, kn, key_tile, qb,
+                                      k + ((size_t)j0 * hkv + g) * hd, (size_t)hkv * hd, s);
                 for (int i = 0; i < nvec; i++) {
                     double *srow = s + (size_t)i * key_tile;
                     int jlo = lo[i] - j0, jhi = hi[i] - j0;
@@ -222,7 +302,8 @@ void ar_ref_attend(const ar_attn_params *p, int num_rows, const double *q, const
                         tile_sum += pr;
                     }
                     run_sum[i] += tile_sum;
-                    accumulate_pv(jhi - jlo, hdv, srow + jlo, vpack + (size_t)(j0 + jlo) * hdv, o);
+                    accumulate_pv(jhi - jlo, hdv, (size_t)hkv * hdv, srow + jlo,
+                                  v + ((size_t)(j0 + jlo) * hkv + g) * hdv, o);
                 }
             }
             for (int i = 0; i < nvec; i++) {
@@ -241,7 +322,6 @@ void ar_ref_attend(const ar_attn_params *p, int num_rows, const double *q, const
         }
     }
     free(kpack);
-    free(vpack);
     free(qb);
     free(ob);
 }

@@ -144,10 +144,10 @@ static void test_fast_matches_naive_grid(void **state)
 {
     (void)state;
     const int ratios[3] = {1, 4, 8};
-    const int head_sizes[4][2] = {{64, 64}, {128, 128}, {256, 256}, {80, 48}};   /* hd, hdv */
+    const int head_sizes[5][2] = {{64, 64}, {128, 128}, {256, 256}, {80, 48}, {33, 7}}; /* hd, hdv */
     int cases = 0, empty_rows = 0;
     for (int ri = 0; ri < 3; ri++) {
-        for (int hi = 0; hi < 4; hi++) {
+        for (int hi = 0; hi < 5; hi++) {
             for (int mask = 0; mask < 6; mask++) {
                 int hkv = 2, hq = hkv * ratios[ri];
                 int key_pos0 = mask == 5 ? 70 : 0;
@@ -165,9 +165,9 @@ static void test_fast_matches_naive_grid(void **state)
             }
         }
     }
-    assert_int_equal(cases, 72);
-    /* key_pos0 = 70 with q_pos 64..76: rows 64..69 see nothing, for every head of 12 shapes */
-    assert_int_equal(empty_rows, 6 * 12 * (2 + 8 + 16) / 3);
+    assert_int_equal(cases, 90);
+    /* key_pos0 = 70 with q_pos 64..76: rows 64..69 see nothing, for every head of every shape */
+    assert_int_equal(empty_rows, 6 * 5 * (2 + 8 + 16));
 }
 
 static void test_fast_matches_naive_hard_data(void **state)
