@@ -56,6 +56,35 @@ int ar_diff_runs(const char *db_path, int64_t run_a, int64_t run_b, const ar_dif
 /* Parses a threshold: "5%" -> 0.05, "0.05" -> 0.05.  Returns 0, or -1 when malformed. */
 int ar_parse_threshold(const char *text, double *out);
 
+/* attnreplay plan --workload SPEC --model PRESET --device DEV [--db DB [--run ID ...]]
+ *                 [--rates 0.5,1,2,4] [--kv-blocks N,... | --kv-mem SIZE,...]
+ *                 [--slo ttft_p90=2s,tpot_p90=50ms] [--out DIR] [...]
+ * argv[0] = "plan".  Fits the attention part of the step-time model from measured replay
+ * steps, runs the simulator over a sweep of arrival-rate scales and KV-cache sizes, and
+ * reports latency percentiles, throughput, preemptions and the largest load meeting the SLO.
+ * Returns 0, 1 on a simulation or rendering failure, 2 on usage errors or bad input. */
+int ar_plan_main(int argc, char **argv);
+
+/* The attention model fitted from a database, per layer and step:
+ *   t = launch + max(bytes / (bw_eff * copy ceiling), flops / (attn_eff * bf16 ceiling))
+ * fitted on 4 of every 5 steps (in step order) and evaluated on the fifth. */
+typedef struct {
+    double bw_eff, attn_eff;      /* fractions of the database's device ceilings */
+    double launch_s;              /* fixed time per layer and step */
+    double copy_gbps, bf16_tflops;/* the ceilings the efficiencies refer to */
+    char ceilings_source[160];
+    char device[128];             /* the device the runs were measured on */
+    size_t runs, train_steps, test_steps;
+    double train_mape;            /* mean |pred - measured| / measured on the fitting steps */
+    double test_mape, test_median_ape, test_p90_ape;   /* the same on the held-out steps */
+} ar_plan_fit;
+
+/* Fits from the given runs (num_runs 0: every run without a planted fault whose device
+ * contains device_hint, case-insensitive; all runs when device_hint is NULL or matches
+ * none and the database holds one device).  Returns 0, or -1 with a message. */
+int ar_plan_fit_db(const char *db_path, const int64_t *runs /* [num_runs] */, size_t num_runs,
+                   const char *device_hint, ar_plan_fit *out, char *err, size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -504,6 +504,122 @@ static void test_end_to_end_with_replay(void **state)
     assert_true(flagged);
 }
 
+/* ---- plan ------------------------------------------------------------------------------------ */
+
+static void test_plan_fit_recovers_planted_model(void **state)
+{
+    (void)state;
+    /* Run 1 was planted per layer as 5 us + max(bytes / 3.6 TB/s, FLOPs / 500 TFLOP/s), times
+     * 1.00-1.04; against the H200 default ceilings (4300 GB/s, 790 TFLOP/s) the fit should find
+     * bw_eff = 3.6/4.3 and attn_eff = 500/790. */
+    ar_plan_fit fit;
+    char err[512];
+    int64_t run = 1;
+    assert_int_equal(ar_plan_fit_db(db_path, &run, 1, NULL, &fit, err, sizeof err), 0);
+    assert_true(fabs(fit.bw_eff / (3.6 / 4.3) - 1.0) < 0.08);
+    assert_true(fabs(fit.attn_eff / (500.0 / 790.0) - 1.0) < 0.10);
+    assert_true(fit.launch_s > 2e-6 && fit.launch_s < 8e-6);
+    assert_int_equal(fit.train_steps + fit.test_steps, NUM_STEPS);
+    assert_int_equal(fit.test_steps, NUM_STEPS / 5);
+    assert_true(fit.test_mape < 0.05);
+    assert_non_null(strstr(fit.device, "H200"));
+    /* Default selection: runs on a device matching the hint, none with a planted fault. */
+    assert_int_equal(ar_plan_fit_db(db_path, NULL, 0, "h200", &fit, err, sizeof err), 0);
+    assert_int_equal(fit.runs, 7);
+    /* Runs of two devices cannot be fitted together. */
+    int64_t mixed[2] = { 1, 7 };
+    assert_int_equal(ar_plan_fit_db(db_path, mixed, 2, NULL, &fit, err, sizeof err), -1);
+    assert_non_null(strstr(err, "different devices"));
+}
+
+/* Reads plan.csv rows: rate, kv_blocks, preemptions per request, ttft p90. */
+static int read_plan_csv(const char *path, double rows[][4], int max_rows)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[1024];
+    int n = 0;
+    if (!fgets(line, sizeof line, f)) { fclose(f); return -1; }
+    while (n < max_rows && fgets(line, sizeof line, f)) {
+        double v[14];
+        char *p = line;
+        for (int i = 0; i < 14; i++) {
+            v[i] = strtod(p, &p);
+            if (*p == ',') p++;
+        }
+        rows[n][0] = v[0];
+        rows[n][1] = v[1];
+        rows[n][2] = v[11];
+        rows[n][3] = v[5];
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+static void test_plan_small_workload(void **state)
+{
+    (void)state;
+    char out[1024], path[2048];
+    tu_tmp("plan", out, sizeof out);
+    char *argv[] = { (char *)"plan", (char *)"--workload", (char *)"synthetic:n=40,input=500,output=64,rate=40",
+                     (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200",
+                     (char *)"--db", db_path, (char *)"--run", (char *)"1",
+                     (char *)"--rates", (char *)"0.25,1,8", (char *)"--kv-blocks", (char *)"100,8000",
+                     (char *)"--slo", (char *)"ttft_p90=2s,tpot_p90=50ms", (char *)"--out", out, NULL };
+    int argc = (int)(sizeof argv / sizeof argv[0]) - 1;
+    int rc = ar_plan_main(argc, argv);
+    assert_int_equal(rc, ar_plot_have_gnuplot() ? 0 : 1);
+    snprintf(path, sizeof path, "%s/plan.csv", out);
+    double rows[8][4];
+    assert_int_equal(read_plan_csv(path, rows, 8), 6);
+    /* Rows: KV size major, rate minor. */
+    assert_true(rows[0][0] == 0.25 && rows[2][0] == 8 && rows[0][1] == 100 && rows[3][1] == 8000);
+    /* More load never lowers the TTFT tail. */
+    assert_true(rows[2][3] >= rows[0][3]);
+    assert_true(rows[5][3] >= rows[3][3]);
+    /* 100 blocks (99 usable) admit three 500-token prompts (32 blocks each) at once, and their
+     * growth to 564 tokens (36 blocks each) must preempt; 8000 blocks hold all 40 requests. */
+    assert_true(rows[2][2] > 0);
+    assert_true(rows[5][2] == 0);
+    snprintf(path, sizeof path, "%s/plan.md", out);
+    char *md = tu_slurp(path);
+    assert_non_null(md);
+    int ok = strstr(md, "## Sweep") && strstr(md, "held-out steps") && strstr(md, "largest tested rate");
+    free(md);
+    assert_true(ok);
+    if (ar_plot_have_gnuplot()) {
+        check_plot(out, "plan_ttft", "Simulated TTFT p90 against arrival rate (llama-3.1-8b, h200)");
+        check_plot(out, "plan_fit", "Attention step-time model: predicted against measured");
+    }
+}
+
+static void test_plan_bad_input(void **state)
+{
+    (void)state;
+    char *no_device[] = { (char *)"plan", (char *)"--workload", (char *)"synthetic:n=4,input=16,output=4",
+                          (char *)"--model", (char *)"llama-3.1-8b", NULL };
+    assert_int_equal(ar_plan_main(5, no_device), 2);
+    char *bad_model[] = { (char *)"plan", (char *)"--workload", (char *)"synthetic:n=4,input=16,output=4",
+                          (char *)"--model", (char *)"gpt-9", (char *)"--device", (char *)"h200", NULL };
+    assert_int_equal(ar_plan_main(7, bad_model), 2);
+    char *bad_slo[] = { (char *)"plan", (char *)"--workload", (char *)"synthetic:n=4,input=16,output=4",
+                        (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200",
+                        (char *)"--slo", (char *)"ttft_p95=2s", NULL };
+    assert_int_equal(ar_plan_main(9, bad_slo), 2);
+    char *bad_rates[] = { (char *)"plan", (char *)"--workload", (char *)"synthetic:n=4,input=16,output=4",
+                          (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200",
+                          (char *)"--rates", (char *)"1,-2", NULL };
+    assert_int_equal(ar_plan_main(9, bad_rates), 2);
+    char *run_no_db[] = { (char *)"plan", (char *)"--workload", (char *)"synthetic:n=4,input=16,output=4",
+                          (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200",
+                          (char *)"--run", (char *)"1", NULL };
+    assert_int_equal(ar_plan_main(9, run_no_db), 2);
+    char *bad_workload[] = { (char *)"plan", (char *)"--workload", (char *)"mooncake:/nonexistent.jsonl",
+                             (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200", NULL };
+    assert_int_equal(ar_plan_main(7, bad_workload), 2);
+}
+
 /* ---- helpers of rundata.c and diff.c --------------------------------------------------------- */
 
 static void test_parse_threshold(void **state)
@@ -574,6 +690,9 @@ int main(void)
         cmocka_unit_test(test_diff_error_growth),
         cmocka_unit_test(test_diff_bad_input),
         cmocka_unit_test(test_end_to_end_with_replay),
+        cmocka_unit_test(test_plan_fit_recovers_planted_model),
+        cmocka_unit_test(test_plan_small_workload),
+        cmocka_unit_test(test_plan_bad_input),
         cmocka_unit_test(test_parse_threshold),
         cmocka_unit_test(test_quantile),
         cmocka_unit_test(test_ceilings_lookup),
