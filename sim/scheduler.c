@@ -461,10 +461,11 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
     while (s->next_arrival < s->num_reqs && s->reqs[s->next_arrival].status == AR_REQ_SKIPPED) s->next_arrival++;
     if (s->num_running == 0 && s->wq_len == 0) {
         if (s->next_arrival >= s->num_reqs) return 0;
-        double t = s->reqs[s->next_arrival].w->arrival;
+        double t = ceil(s->reqs[s->next_arrival].w->arrival * 1e6) / 1e6;
         if (t > s->now) s->now = t;
     }
-    while (s->next_arrival < s->num_reqs && s->reqs[s->next_arrival].w->arrival <= s->now) {
+    /* arrivals up to now (half a microsecond of slack for the clock's rounding) */
+    while (s->next_arrival < s->num_reqs && s->reqs[s->next_arrival].w->arrival <= s->now + 5e-7) {
         sim_req *r = &s->reqs[s->next_arrival];
         if (r->status == AR_REQ_PENDING) {
             r->status = AR_REQ_WAITING;
@@ -624,7 +625,9 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
     double used = (double)(s->num_blocks - 1 - s->free_count) / (double)(s->num_blocks - 1);
     s->usage_integral += used * dur;
     if (used > s->usage_max) s->usage_max = used;
-    double t_end = s->now + dur;
+    /* the clock ticks in whole microseconds: trace times stay short and exact in decimal */
+    double t_end = round((s->now + dur) * 1e6) / 1e6;
+    if (t_end <= s->now) t_end = s->now + 1e-6;
     s->scheduled_tokens += f->num_tokens;
 
     /* ---- update_from_output ---- */
