@@ -25,6 +25,32 @@
  * neither is given, are request-private: key(i) = ar_chain_key(key(i-1),
  * ar_private_payload(ar_req_key(id), i)) from AR_ROOT_KEY, so no two requests share them.
  *
+ * Optional fields: header model.attention ("mha"), scale (1/sqrt(head_size); MLA
+ * 1/sqrt(qk_nope_head_dim + qk_rope_head_dim)), sliding_window and logits_soft_cap (0),
+ * cache.kv_cache_dtype ("auto" = dtype), scheduler.prefix_caching (true) and cascade (false),
+ * source (""), seed (0; a decimal string is accepted for seeds above 2^63 - 1); MLA headers may
+ * omit num_kv_heads (1) and head_size (kv_lora_rank + qk_rope_head_dim).  Step fields
+ * num_common_prefix_blocks (0), finished and preempted ([]), cached[].new_block_ids ([]) and
+ * resumed (false).  Unknown fields are ignored: the format may grow.
+ *
+ * Rules checked (each has its own message; the error reads "PATH:LINE: <rule ...>"):
+ *   bad JSON / a line that is not one object / duplicate keys in an object; missing or
+ *   wrong-typed field; header format and version; header numbers out of range (layers, heads,
+ *   head_size, num_q_heads a multiple of num_kv_heads, block_size >= 1, num_blocks >= 2, dtype
+ *   names, MLA dims); step numbers consecutive from 0; time non-decreasing; a new id already
+ *   live (or preempted: it must resume); a cached id not live, resumed without preemption, or
+ *   preempted but not resumed; duplicate ids in new+cached, num_scheduled_tokens, finished,
+ *   preempted; num_scheduled_tokens keys exactly new U cached, each n >= 1; sum of n <=
+ *   max_num_batched_tokens, number scheduled <= max_num_seqs; block ids in [1, num_blocks);
+ *   a block list covering num_computed_tokens + n; no block twice in one request's list;
+ *   num_computed_tokens of a cached, not resumed request = its previous value + previous n;
+ *   a new request: 1 <= prompt_len, 0 <= num_computed_tokens < prompt_len, num_computed a
+ *   multiple of block_size, num_computed + n <= prompt_len, block_keys count = prompt_len /
+ *   block_size and 16 hex digits each, prompt_token_ids count = prompt_len; finished and
+ *   preempted ids live and not scheduled in the step; 0 <= num_common_prefix_blocks <= the
+ *   fewest blocks held by a scheduled request (by a live one when none is scheduled);
+ *   corrupt or truncated gzip (complete lines before a cut are still read).
+ *
  * Writing: the header and step lines of DESIGN section 3's sketch, gzip when the path ends in
  * ".gz"; block keys always as "block_keys"; every write and the close are checked. */
 #include "trace.h"
@@ -316,7 +342,6 @@ static void entry_free(live_entry *e)
 static void entry_refresh(live_entry *e)
 {
     e->pub.req = e->id;
-    e->pub.req_key = ar_req_key(e->id);
     e->pub.prompt_len = e->prompt_len;
     e->pub.num_computed_tokens = e->num_computed;
     e->pub.block_ids = e->blocks;
@@ -1116,6 +1141,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         if (!e) goto oom;
         fresh[made++] = e;
         e->id = strdup(nr->req);
+        e->pub.req_key = e->id ? ar_req_key(e->id) : 0;
         e->keys = malloc((size_t)(nr->num_block_keys ? nr->num_block_keys : 1) * sizeof *e->keys);
         if (!e->id || !e->keys || set_blocks(e, NULL, 0, nr->block_ids, nr->num_block_ids)) goto oom;
         if (nr->num_block_keys) memcpy(e->keys, nr->block_keys, (size_t)nr->num_block_keys * sizeof *e->keys);
