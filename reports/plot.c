@@ -65,6 +65,11 @@ static int write_script(FILE *f, const ar_plot *plot)
     fputs("set title ", f);  put_quoted(f, plot->title);  fputc('\n', f);
     fputs("set xlabel ", f); put_quoted(f, plot->xlabel); fputc('\n', f);
     fputs("set ylabel ", f); put_quoted(f, plot->ylabel); fputc('\n', f);
+    /* Matplotlib's tab10 colours: distinct, and none too pale on white. */
+    static const char *const palette[10] = { "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                             "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf" };
+    for (int i = 0; i < 10; i++) fprintf(f, "set linetype %d lc rgb '%s'\n", i + 1, palette[i]);
+    fputs("set linetype cycle 10\n", f);
     fputs("set grid xtics ytics mxtics mytics lc rgb '#dddddd'\n"
           "set key outside right top Left reverse box opaque\n"
           "set samples 400\n", f);

@@ -433,7 +433,10 @@ static void plot_roofline(report_ctx *ctx)
                  ctx->runs[r].device, c->copy_gbps / 1000.0, c->bf16_tflops,
                  strstr(c->source, "measured by") ? "calibrated"
                  : strstr(c->source, "guess") ? "guess" : "default");
-        ar_plot_add_function(&plot, title, function, "lines lw 2 dt 2");
+        static const char *const roof_colors[] = { "#222222", "#b22222", "#1f4e9c", "#2e7d32" };
+        char style[96];
+        snprintf(style, sizeof style, "lines lw 2 dt 2 lc rgb '%s'", roof_colors[(num_seen - 1) % 4]);
+        ar_plot_add_function(&plot, title, function, style);
         double ridge = c->bf16_tflops / tflops_per_intensity;
         if (ridge * 4 > xhi) xhi = ridge * 4;
         if (c->bf16_tflops > yhi) yhi = c->bf16_tflops;
