@@ -13,7 +13,8 @@
  * split in step order: four of every five fit the model, the fifth measures its error, and
  * both errors are reported.  The fitted efficiencies are converted to the planning device's
  * datasheet numbers (sim presets) and `launch x layers` is added to the step overhead; GEMMs
- * keep the roofline's default efficiency.  The simulator shares bw_eff between KV reads and
+ * keep the roofline's default efficiency.  A fit measured on another device than --device
+ * (e.g. CPU runs when planning an H200) is reported but not applied unless --force-fit.  The simulator shares bw_eff between KV reads and
  * weight streaming, so the fitted value governs both (stated in the output).
  *
  * The sweep runs the simulator for every arrival-rate scale (arrival times divided by the
@@ -121,7 +122,7 @@ static int pick_runs(void *db, const int64_t *runs, size_t num_runs, const char 
         bool match = device_hint && device && strcasestr(device, device_hint);
         int64_t *grown = realloc(every, (all + 1) * sizeof *every);
         int64_t *grown_pick = match ? realloc(*picked, (cap + 1) * sizeof **picked) : *picked;
-        if (!grown || !grown_pick) {
+        if (!grown || (match && !grown_pick)) {
             free(grown ? grown : every);
             free(grown_pick ? grown_pick : *picked);
             *picked = NULL;
@@ -397,6 +398,7 @@ typedef struct {
     int block_size, max_batched, max_seqs, limit;
     slo_term slo[PLAN_MAX_SLO];
     int num_slo;
+    bool force_fit;           /* apply the fit even when measured on another device */
 } plan_args;
 
 static void percentiles(double *values, size_t n, double out[3])
@@ -489,6 +491,7 @@ static void plan_usage(FILE *f)
         "  --model PRESET        %s\n"
         "  --device DEVICE       %s (datasheet numbers from the sim presets)\n"
         "  --db DB [--run ID]    fit attention time from these replay steps (default: runs on DEVICE)\n"
+        "  --force-fit           use the fit even when the runs were measured on another device\n"
         "  --rates LIST          arrival-rate scales (default 0.5,1,2,4); arrivals are divided by each\n"
         "  --kv-blocks LIST      KV-cache sizes in blocks (default 8192,32768), or\n"
         "  --kv-mem LIST         KV-cache sizes in bytes (e.g. 20GiB,40GiB)\n"
@@ -627,7 +630,7 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
 }
 
 static void write_fit_text(FILE *f, const ar_plan_fit *fit, const ar_steptime *st, bool have_fit,
-                           const char *db)
+                           bool applied, const char *db)
 {
     if (!have_fit) {
         fprintf(f, "Step-time model: the simulator's roofline with its default efficiencies "
@@ -644,6 +647,12 @@ static void write_fit_text(FILE *f, const ar_plan_fit *fit, const ar_steptime *s
             fit->attn_eff, fit->bf16_tflops, fit->ceilings_source, fit->train_steps,
             100.0 * fit->train_mape, fit->test_steps, 100.0 * fit->test_mape,
             100.0 * fit->test_median_ape, 100.0 * fit->test_p90_ape);
+    if (!applied) {
+        fprintf(f, "The runs were not measured on %s, so the simulation uses the roofline defaults: "
+                   "attn_eff %.3g, bw_eff %.3g, gemm_eff %.3g, overhead %.3g ms.\n", st->device.name,
+                st->attn_efficiency, st->bw_efficiency, st->gemm_efficiency, st->overhead_s * 1e3);
+        return;
+    }
     fprintf(f, "Simulator roofline on %s: attn_eff %.3g, bw_eff %.3g (of datasheet %.0f TFLOP/s, "
                "%.0f GB/s; bw_eff also applies to weight streaming), gemm_eff %.3g (default), "
                "overhead %.3g ms per step (3 ms default + launch x layers).\n",
@@ -663,6 +672,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a)
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) { plan_usage(stdout); return 1; }
+        if (!strcmp(arg, "--force-fit")) { a->force_fit = true; continue; }
         if (arg[0] != '-' || i + 1 >= argc) {
             fprintf(stderr, "plan: %s '%s'\n", arg[0] == '-' ? "option needs a value:" : "unexpected argument", arg);
             plan_usage(stderr);
@@ -783,19 +793,24 @@ int ar_plan_main(int argc, char **argv)
     memset(&fit, 0, sizeof fit);
     fit_sample *samples = NULL;
     size_t num_samples = 0;
+    bool fit_applied = false;
     if (a.db) {
         if (fit_db(a.db, a.runs, a.num_runs, a.device, &fit, &samples, &num_samples, err, sizeof err) != 0) {
             fprintf(stderr, "plan: %s: %s\n", a.db, err);
             return 2;
         }
-        if (!strcasestr(fit.device, a.device))
-            fprintf(stderr, "plan: warning: the fit was measured on '%s' and is applied to '%s'\n",
-                    fit.device, a.device);
-        steptime.bw_efficiency = fit.bw_eff * fit.copy_gbps * 1e9 / device->mem_bw;
-        steptime.attn_efficiency = fit.attn_eff * fit.bf16_tflops * 1e12 / device->peak_flops;
-        steptime.overhead_s += fit.launch_s * preset->model.num_layers;
+        fit_applied = strcasestr(fit.device, a.device) != NULL || a.force_fit;
+        if (!fit_applied)
+            fprintf(stderr, "plan: warning: the runs were measured on '%s', not on '%s'; the fit "
+                    "and its error are reported but the simulation keeps the roofline defaults "
+                    "(--force-fit applies it anyway)\n", fit.device, a.device);
+        if (fit_applied) {
+            steptime.bw_efficiency = fit.bw_eff * fit.copy_gbps * 1e9 / device->mem_bw;
+            steptime.attn_efficiency = fit.attn_eff * fit.bf16_tflops * 1e12 / device->peak_flops;
+            steptime.overhead_s += fit.launch_s * preset->model.num_layers;
+        }
     }
-    write_fit_text(stdout, &fit, &steptime, a.db != NULL, a.db ? a.db : "");
+    write_fit_text(stdout, &fit, &steptime, a.db != NULL, fit_applied, a.db ? a.db : "");
 
     size_t num_points = (size_t)a.num_rates * (size_t)a.num_kv;
     sweep_point *points = calloc(num_points, sizeof *points);
@@ -879,7 +894,7 @@ int ar_plan_main(int argc, char **argv)
                        "times; KV sizes in blocks of %d tokens; token budget %d, max_num_seqs %d, "
                        "prefix caching on.\n\n## Step-time model\n\n```\n", a.model, a.device,
                     a.workload, a.block_size, a.max_batched, a.max_seqs);
-            write_fit_text(f, &fit, &steptime, a.db != NULL, a.db ? a.db : "");
+            write_fit_text(f, &fit, &steptime, a.db != NULL, fit_applied, a.db ? a.db : "");
             fputs("```\n\n## Sweep\n\n", f);
             write_points_table(f, points, (int)num_points, true);
             fputs("\n## Answers\n\n", f);

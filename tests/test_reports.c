@@ -594,6 +594,27 @@ static void test_plan_small_workload(void **state)
     }
 }
 
+static void test_plan_fit_from_other_device_not_applied(void **state)
+{
+    (void)state;
+    char out[1024], path[2048];
+    tu_tmp("plan_h100", out, sizeof out);
+    /* The database's runs were measured on an H200; planning an H100 reports the fit but
+     * simulates with the roofline defaults. */
+    char *argv[] = { (char *)"plan", (char *)"--workload", (char *)"synthetic:n=8,input=64,output=8",
+                     (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h100",
+                     (char *)"--db", db_path, (char *)"--run", (char *)"1", (char *)"--rates", (char *)"1",
+                     (char *)"--kv-blocks", (char *)"4000", (char *)"--out", out, NULL };
+    int rc = ar_plan_main((int)(sizeof argv / sizeof argv[0]) - 1, argv);
+    assert_int_equal(rc, ar_plot_have_gnuplot() ? 0 : 1);
+    snprintf(path, sizeof path, "%s/plan.md", out);
+    char *md = tu_slurp(path);
+    assert_non_null(md);
+    int ok = strstr(md, "not measured on h100") && strstr(md, "roofline defaults: attn_eff 0.5, bw_eff 0.8");
+    free(md);
+    assert_true(ok);
+}
+
 static void test_plan_bad_input(void **state)
 {
     (void)state;
@@ -692,6 +713,7 @@ int main(void)
         cmocka_unit_test(test_end_to_end_with_replay),
         cmocka_unit_test(test_plan_fit_recovers_planted_model),
         cmocka_unit_test(test_plan_small_workload),
+        cmocka_unit_test(test_plan_fit_from_other_device_not_applied),
         cmocka_unit_test(test_plan_bad_input),
         cmocka_unit_test(test_parse_threshold),
         cmocka_unit_test(test_quantile),
