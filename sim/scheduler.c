@@ -373,7 +373,8 @@ ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err
     for (int i = 0; i < nr; i++) {
         sim_req *r = &s->reqs[i];
         r->w = &wl->reqs[i];
-        r->keys = wl->keys + wl->reqs[i].key_offset;
+        /* no full prompt block anywhere: keys is NULL (offsetting it would be undefined) */
+        r->keys = wl->keys ? wl->keys + wl->reqs[i].key_offset : NULL;
         snprintf(r->id, sizeof r->id, "r%d", i);
         r->status = AR_REQ_PENDING;
         r->first_sched = r->first_token = r->last_token = -1;

@@ -429,6 +429,7 @@ int ar_workload_synthetic(const char *spec, int block_size, ar_workload *wl, cha
     double rate = 10.0, cv = 2.0;
     uint64_t seed = 1;
     bool gamma = false;
+    ar_workload_init(wl, block_size, "synthetic");   /* first: every early return leaves it freeable */
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", spec);
     char *save = NULL;
@@ -480,7 +481,6 @@ int ar_workload_synthetic(const char *spec, int block_size, ar_workload *wl, cha
         snprintf(err, err_len, "synthetic spec: need groups=,prompts=,system=,question=,output= or n=,input=,output= (all positive)");
         return 2;
     }
-    ar_workload_init(wl, block_size, "synthetic");
     int *order = malloc((size_t)n * sizeof *order);
     long prompt_len = grouped ? system + question : input;
     int full = (int)(prompt_len / block_size);
