@@ -137,6 +137,7 @@ static int parse_int(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
+/* Returns 0, 1 after printing --help, or -1 on a bad option (message printed). */
 static int parse_replay_opts(int argc, char **argv, replay_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -162,7 +163,7 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
         {"data", required_argument, 0, O_DATA}, {"dump-step", required_argument, 0, O_DUMPSTEP},
         {"dump-dir", required_argument, 0, O_DUMPDIR}, {"quiet", no_argument, 0, O_QUIET},
         {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
-    optind = 1;
+    optind = 0;   /* 0, not 1: glibc then also resets its scan state left by an earlier call */
     opterr = 0;
     int c;
     long v;
@@ -266,7 +267,7 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
             break;
         case O_DUMPDIR: o->dump_dir = optarg; break;
         case O_QUIET: o->quiet = true; break;
-        case O_HELP: replay_usage(stdout); exit(0);
+        case O_HELP: replay_usage(stdout); return 1;   /* the caller exits 0 (no exit(): library code) */
         default:
             fprintf(stderr, "attnreplay replay: unknown or incomplete option '%s'\n", argv[optind - 1]);
             return -1;
@@ -856,7 +857,9 @@ int ar_replay_main(int argc, char **argv)
     e->worst_step = -1;
     e->last_step = -1;
     char err[AR_ERR_MAX + 256] = "";
-    if (parse_replay_opts(argc, argv, &e->o) != 0) {
+    int parsed = parse_replay_opts(argc, argv, &e->o);
+    if (parsed == 1) return 0;   /* --help */
+    if (parsed != 0) {
         replay_usage(stderr);
         return 2;
     }
