@@ -399,6 +399,7 @@ typedef struct {
     slo_term slo[PLAN_MAX_SLO];
     int num_slo;
     bool force_fit;           /* apply the fit even when measured on another device */
+    int refine;               /* bisection steps for the largest load meeting the SLO */
 } plan_args;
 
 static void percentiles(double *values, size_t n, double out[3])
@@ -481,6 +482,27 @@ static int simulate(const plan_args *a, const ar_model_preset *preset, const ar_
     return 0;
 }
 
+/* Bisects the rate scale between lo (meets the SLO) and hi (misses it), geometrically. */
+static int refine_rate(const plan_args *a, const ar_model_preset *preset, const ar_steptime *st,
+                       int kv_blocks, double lo, double hi, double *best, char *err, size_t err_len)
+{
+    *best = lo;
+    for (int i = 0; i < a->refine; i++) {
+        double mid = sqrt(lo * hi);
+        ar_workload wl;
+        if (ar_workload_load(a->workload, a->block_size, 1.0 / mid, a->limit, &wl, err, err_len) != 0)
+            return -1;
+        sweep_point p;
+        memset(&p, 0, sizeof p);
+        int rc = simulate(a, preset, st, &wl, kv_blocks, &p, err, err_len);
+        ar_workload_free(&wl);
+        if (rc != 0) return -1;
+        if (p.slo_ok) { lo = mid; *best = mid; }
+        else hi = mid;
+    }
+    return 0;
+}
+
 /* ---- output ---------------------------------------------------------------------------------- */
 
 static void plan_usage(FILE *f)
@@ -496,6 +518,7 @@ static void plan_usage(FILE *f)
         "  --kv-blocks LIST      KV-cache sizes in blocks (default 8192,32768), or\n"
         "  --kv-mem LIST         KV-cache sizes in bytes (e.g. 20GiB,40GiB)\n"
         "  --slo TERMS           e.g. ttft_p90=2s,tpot_p90=50ms (metrics ttft, tpot, e2e; p50, p90, p99)\n"
+        "  --refine N            bisection steps for the largest load meeting the SLO (default 4)\n"
         "  --block-size B --max-num-batched-tokens N --max-num-seqs N --limit N (first N requests)\n"
         "  --out DIR             plan.md, plan.csv and plots (PNG, SVG)\n"
         "  Exit status: 0 done, 1 a simulation or plot failed, 2 usage error or bad input.\n",
@@ -667,6 +690,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a)
     memset(a, 0, sizeof *a);
     a->max_batched = 2048;
     a->max_seqs = 128;
+    a->refine = 4;
     const char *rates = "0.5,1,2,4", *kv_blocks = NULL, *kv_mem = NULL;
     char err[512];
     for (int i = 1; i < argc; i++) {
@@ -693,6 +717,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a)
         else if (!strcmp(arg, "--max-num-batched-tokens")) int_target = &a->max_batched;
         else if (!strcmp(arg, "--max-num-seqs")) int_target = &a->max_seqs;
         else if (!strcmp(arg, "--limit")) int_target = &a->limit;
+        else if (!strcmp(arg, "--refine")) int_target = &a->refine;
         else if (!strcmp(arg, "--run")) {
             if (a->num_runs == PLAN_MAX_POINTS || ar_rd_parse_run_id(v, &a->runs[a->num_runs]) != 0) {
                 fprintf(stderr, "plan: --run '%s': expected a run id\n", v);
@@ -707,7 +732,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a)
         if (int_target) {
             char *end = NULL;
             long n = strtol(v, &end, 10);
-            if (end == v || *end || n < 1 || n > (1L << 30)) {
+            if (end == v || *end || n < (int_target == &a->refine ? 0 : 1) || n > (1L << 30)) {
                 fprintf(stderr, "plan: %s '%s': expected a positive integer\n", arg, v);
                 return 2;
             }
@@ -856,20 +881,49 @@ int ar_plan_main(int argc, char **argv)
     printf("\n%s on %s, workload %s, %d rate scale(s) x %d KV size(s):\n", a.model, a.device,
            a.workload, a.num_rates, a.num_kv);
     write_points_table(stdout, points, (int)num_points, false);
-    /* The largest tested load meeting the SLO, per KV size. */
-    char answers[PLAN_MAX_POINTS][200];
+    /* The largest load meeting the SLO per KV size (refined by bisection between the last
+     * tested scale that meets it and the next that does not), and the smallest tested KV size
+     * meeting it per rate scale. */
+    const char *target = a.num_slo ? a.slo_text : "completion of every request";
+    char answers[2 * PLAN_MAX_POINTS][256];
+    int num_answers = 0;
     for (int k = 0; k < a.num_kv; k++) {
-        double best = -1;
-        for (int r = 0; r < a.num_rates; r++)
-            if (points[k * a.num_rates + r].slo_ok) best = a.rates[r];
-        if (best > 0)
-            snprintf(answers[k], sizeof answers[k], "%d KV blocks: largest tested rate scale meeting "
-                     "%s: x%g", kv_blocks[k], a.num_slo ? a.slo_text : "no SLO (all requests finish)", best);
-        else
-            snprintf(answers[k], sizeof answers[k], "%d KV blocks: no tested rate scale meets %s",
-                     kv_blocks[k], a.num_slo ? a.slo_text : "completion");
-        printf("%s\n", answers[k]);
+        int last_ok = -1;
+        for (int r = 0; r < a.num_rates && points[k * a.num_rates + r].slo_ok; r++) last_ok = r;
+        char *answer = answers[num_answers++];
+        if (last_ok < 0) {
+            snprintf(answer, 256, "%d KV blocks: even the smallest tested rate scale x%g misses %s",
+                     kv_blocks[k], a.rates[0], target);
+        } else if (last_ok == a.num_rates - 1) {
+            snprintf(answer, 256, "%d KV blocks: every tested rate scale meets %s; the largest "
+                     "load is at least x%g (extend --rates)", kv_blocks[k], target, a.rates[last_ok]);
+        } else {
+            double best = a.rates[last_ok];
+            if (refine_rate(&a, preset, &steptime, kv_blocks[k], a.rates[last_ok],
+                            a.rates[last_ok + 1], &best, err, sizeof err) != 0) {
+                fprintf(stderr, "plan: refining the rate: %s\n", err);
+                failures++;
+            }
+            snprintf(answer, 256, "%d KV blocks: largest rate scale meeting %s: about x%.3g "
+                     "(x%g met, x%g missed; %d bisection steps)", kv_blocks[k], target, best,
+                     a.rates[last_ok], a.rates[last_ok + 1], a.refine);
+        }
     }
+    double block_bytes = (double)ar_kv_bytes_per_block(&preset->model, a.block_size, AR_BF16);
+    for (int r = 0; r < a.num_rates && a.num_kv > 1; r++) {
+        int smallest = -1;
+        for (int k = 0; k < a.num_kv; k++)
+            if (points[k * a.num_rates + r].slo_ok && (smallest < 0 || kv_blocks[k] < kv_blocks[smallest]))
+                smallest = k;
+        char *answer = answers[num_answers++];
+        if (smallest < 0)
+            snprintf(answer, 256, "rate scale x%g: no tested KV size meets %s", a.rates[r], target);
+        else
+            snprintf(answer, 256, "rate scale x%g: smallest tested KV size meeting %s: %d blocks "
+                     "(%.1f GiB of bf16 KV cache)", a.rates[r], target, kv_blocks[smallest],
+                     kv_blocks[smallest] * block_bytes / 1073741824.0);
+    }
+    for (int i = 0; i < num_answers; i++) printf("%s\n", answers[i]);
 
     if (a.out_dir) {
         char data_dir[4096];
@@ -898,7 +952,7 @@ int ar_plan_main(int argc, char **argv)
             fputs("```\n\n## Sweep\n\n", f);
             write_points_table(f, points, (int)num_points, true);
             fputs("\n## Answers\n\n", f);
-            for (int k = 0; k < a.num_kv; k++) fprintf(f, "- %s\n", answers[k]);
+            for (int i = 0; i < num_answers; i++) fprintf(f, "- %s\n", answers[i]);
             static const char *const plot_names[5] = { "plan_ttft", "plan_tpot", "plan_throughput",
                                                         "plan_preemptions", "plan_fit" };
             fputs("\n## Plots\n\n", f);
