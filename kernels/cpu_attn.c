@@ -241,7 +241,7 @@ void ar_cpu_attn_task(void *ctx, int item, int worker)
     ar_cpu_scratch *c = &a->scratch[worker];
     const int Hq = a->num_q_heads, Hkv = a->num_kv_heads, G = Hq / Hkv;
     const int D = a->head_size, Dv = a->v_head_size, B = a->block_size, T = a->num_tokens;
-    const int stride = a->kv_stride;
+    const int stride = a->kv_stride, v_stride = a->v_stride > 0 ? a->v_stride : a->kv_stride;
     const ar_fault fault = a->fault;
     const float scale = a->scale, cap = a->soft_cap;
     const int *block_row = B > 0 ? a->block_table + (int64_t)sg->block_row * a->block_table_stride
@@ -276,9 +276,10 @@ void ar_cpu_attn_task(void *ctx, int item, int worker)
             int64_t slot = B > 0 ? (int64_t)block_row[j / B] * B + j % B
                                  : (int64_t)sg->row0 + (j - sg->key_lo);
             int64_t first = (slot * Hkv + kv_read) * stride;
+            int64_t v_first = (slot * Hkv + kv_read) * v_stride;
             ar_cpu_load_row(a->kv_dtype, a->k_cache, first, D, a->kv_scale, c->k_row);
             for (int d = 0; d < D; d++) c->k_tile[(size_t)d * AR_CPU_KEY_TILE + (j - j0)] = c->k_row[d];
-            ar_cpu_load_row(a->kv_dtype, a->v_cache, first, Dv, a->kv_scale,
+            ar_cpu_load_row(a->kv_dtype, a->v_cache, v_first, Dv, a->kv_scale,
                             c->v_tile + (size_t)(j - j0) * Dv);
         }
         for (int jj = j1 - j0; jj < AR_CPU_KEY_TILE; jj++)   /* a short last tile */
@@ -519,3 +520,120 @@ oom:
     return 3;
 }
 
+
+/* ---- helpers both CPU backends use ------------------------------------------------------ */
+
+bool ar_cpu_check_run(const ar_run_config *cfg, char *why, size_t why_len)
+{
+    if (cfg->block_size <= 0 || cfg->num_blocks <= 0) {
+        snprintf(why, why_len, "block_size %d and num_blocks %d must be positive",
+                 cfg->block_size, cfg->num_blocks);
+        return false;
+    }
+    if ((int64_t)cfg->block_size * cfg->num_blocks > INT32_MAX) {
+        snprintf(why, why_len, "num_blocks x block_size exceeds 2^31 slots");
+        return false;
+    }
+    if ((int)cfg->dtype < 0 || cfg->dtype >= AR_FP8_E4M3) {
+        snprintf(why, why_len, "activation dtype must be fp32, fp16 or bf16 (fp8 is a KV-cache "
+                 "dtype only)");
+        return false;
+    }
+    if ((int)cfg->kv_dtype < 0 || cfg->kv_dtype >= AR_DTYPE_COUNT) {
+        snprintf(why, why_len, "unknown KV-cache dtype %d", (int)cfg->kv_dtype);
+        return false;
+    }
+    if (cfg->kv_dtype == AR_FP8_E4M3 && !(cfg->kv_scale > 0 && isfinite(cfg->kv_scale))) {
+        snprintf(why, why_len, "fp8 KV cache needs a positive finite kv_scale (got %g)",
+                 cfg->kv_scale);
+        return false;
+    }
+    if (cfg->num_layers <= 0) {
+        snprintf(why, why_len, "num_layers %d must be positive", cfg->num_layers);
+        return false;
+    }
+    snprintf(why, why_len, "supported");
+    return true;
+}
+
+int ar_cpu_check_forward(const ar_cpu_step *st, int prepared, int64_t prepared_step,
+                         const ar_batch *b, int layer, int num_layers, const char *who,
+                         char *err, size_t err_len)
+{
+    if (!prepared || prepared_step != b->step || st->num_tokens != b->num_tokens) {
+        snprintf(err, err_len, "%s: step %lld: forward without prepare() of this batch", who,
+                 (long long)b->step);
+        return 2;
+    }
+    if (layer < 0 || layer >= num_layers) {
+        snprintf(err, err_len, "%s: step %lld: layer %d outside [0, %d)", who,
+                 (long long)b->step, layer, num_layers);
+        return 2;
+    }
+    return 0;
+}
+
+int ar_cpu_check_fill(const ar_fill *f, int layer, int num_layers, int64_t slots, int block_size,
+                      const char *who, char *err, size_t err_len)
+{
+    if (layer < 0 || layer >= num_layers) {
+        snprintf(err, err_len, "%s: fill: layer %d outside [0, %d)", who, layer, num_layers);
+        return 2;
+    }
+    if (f->count > 0 && (!f->slots || !f->keys || !f->offsets)) {
+        snprintf(err, err_len, "%s: fill: %d entries but arrays missing", who, f->count);
+        return 2;
+    }
+    for (int i = 0; i < f->count; i++) {
+        if (f->slots[i] < 0 || f->slots[i] >= slots || f->offsets[i] < 0 ||
+            f->offsets[i] >= block_size) {
+            snprintf(err, err_len, "%s: fill: entry %d: slot %lld outside [0, %lld) or offset "
+                     "%d outside [0, %d)", who, i, (long long)f->slots[i], (long long)slots,
+                     f->offsets[i], block_size);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+void ar_cpu_device_name(int threads, char *buf, size_t len)
+{
+    snprintf(buf, len, "cpu (%d thread%s)", threads, threads == 1 ? "" : "s");
+}
+
+int ar_cpu_tile_end(int t0, int n)
+{
+    return t0 + AR_CPU_TOKEN_TILE < n ? t0 + AR_CPU_TOKEN_TILE : n;
+}
+
+int ar_cpu_resize_floats(float **p, size_t n)
+{
+    float *q = realloc(*p, sizeof(float) * (n ? n : 1));
+    if (!q) return -1;
+    *p = q;
+    return 0;
+}
+
+void ar_cpu_report_times(const double *times, int repeat, int num_kernels,
+                         const char *const *names, const int *used, ar_forward_out *o)
+{
+    double small[64];
+    double *col = repeat <= 64 ? small : malloc(sizeof(double) * (size_t)repeat);
+    int n = repeat;
+    if (!col) { col = small; n = 64; }      /* no memory: the median of the first 64 */
+    o->num_kernels = 0;
+    for (int k = 0; k <= num_kernels; k++) {
+        if (k < num_kernels && !used[k]) continue;
+        for (int rep = 0; rep < n; rep++) col[rep] = times[(size_t)rep * (num_kernels + 1) + k];
+        double med = ar_cpu_median(col, n);
+        if (k == num_kernels) {
+            o->total_us = med;
+        } else if (o->num_kernels < AR_MAX_KERNELS) {
+            o->kernels[o->num_kernels].name = names[k];
+            o->kernels[o->num_kernels].us = med;
+            o->num_kernels++;
+        }
+    }
+    o->guard_violations = 0;
+    if (col != small) free(col);
+}

@@ -56,7 +56,8 @@ typedef struct ar_cpu_scratch {
 /* Everything one attention pass needs. */
 typedef struct ar_cpu_attn {
     int num_q_heads, num_kv_heads, head_size, v_head_size;
-    int kv_stride;           /* elements per (slot, kv head) entry */
+    int kv_stride;           /* elements per (slot, kv head) entry of k_cache */
+    int v_stride;            /* the same for v_cache; 0 = kv_stride */
     int block_size;          /* > 0: paged through block_table; 0: contiguous rows (row0) */
     float scale, soft_cap;   /* soft_cap 0 = off */
     int window;              /* 0 = off */
@@ -66,7 +67,7 @@ typedef struct ar_cpu_attn {
     ar_fault fault;
     int lse_base2;           /* report lse / ln 2 (fault LSE_BASE2 on a final output) */
     const void *k_cache;     /* [slots, num_kv_heads, kv_stride] */
-    const void *v_cache;     /* [slots, num_kv_heads, kv_stride] */
+    const void *v_cache;     /* [slots, num_kv_heads, v_stride] */
     const int *block_table;  /* [rows, block_table_stride] (paged only) */
     int block_table_stride;
     const int *token_pos;    /* [T] absolute position of each query token */
@@ -129,6 +130,29 @@ void ar_cpu_step_free(ar_cpu_step *st);
  * Returns 0, 2 (bad batch, err says "WHO: step S: rule") or 3 (out of memory). */
 int ar_cpu_step_prepare(ar_cpu_step *st, const ar_batch *b, int block_size, int num_blocks,
                         const char *who, char *err, size_t err_len);
+
+/* ---- helpers both CPU backends use ---- */
+
+/* The run-level checks every CPU backend shares: block size and count, activation dtype
+ * (fp32/fp16/bf16), KV dtype, fp8 kv_scale, layer count.  true, or false with a reason. */
+bool ar_cpu_check_run(const ar_run_config *cfg, char *why, size_t why_len);
+/* forward()'s preconditions: prepare() succeeded for this step, layer in range.  0 or 2. */
+int ar_cpu_check_forward(const ar_cpu_step *st, int prepared, int64_t prepared_step,
+                         const ar_batch *b, int layer, int num_layers, const char *who,
+                         char *err, size_t err_len);
+/* fill()'s checks: layer in range, every slot inside the cache and offset inside a block. */
+int ar_cpu_check_fill(const ar_fill *f, int layer, int num_layers, int64_t slots, int block_size,
+                      const char *who, char *err, size_t err_len);
+/* "cpu (N threads)". */
+void ar_cpu_device_name(int threads, char *buf, size_t len);
+/* End of the token tile that starts at t0 (AR_CPU_TOKEN_TILE tokens, at most n). */
+int ar_cpu_tile_end(int t0, int n);
+/* Resizes *p to n floats (at least 1); 0 ok, -1 out of memory (old buffer kept). */
+int ar_cpu_resize_floats(float **p, size_t n);
+/* Fills o's kernels (and total_us) with the medians over repeats of times
+ * [repeat, num_kernels + 1] (last column: total); kernels with used[k] == 0 are left out. */
+void ar_cpu_report_times(const double *times, int repeat, int num_kernels,
+                         const char *const *names, const int *used, ar_forward_out *o);
 
 /* Cache element conversion: n elements from element index first, times mult / divided by div. */
 void ar_cpu_load_row(ar_dtype t, const void *base, int64_t first, int n, float mult,

@@ -100,40 +100,12 @@ static bool cpu_check(const ar_run_config *cfg, char *why, size_t why_len)
                  "and V with one head size)", m->v_head_dim, m->head_size);
         return false;
     }
-    if (cfg->block_size <= 0 || cfg->num_blocks <= 0) {
-        snprintf(why, why_len, "block_size %d and num_blocks %d must be positive",
-                 cfg->block_size, cfg->num_blocks);
-        return false;
-    }
-    if ((int64_t)cfg->block_size * cfg->num_blocks > INT32_MAX) {
-        snprintf(why, why_len, "num_blocks x block_size exceeds 2^31 slots");
-        return false;
-    }
-    if ((int)cfg->dtype < 0 || cfg->dtype >= AR_FP8_E4M3) {
-        snprintf(why, why_len, "activation dtype must be fp32, fp16 or bf16 (fp8 is a KV-cache "
-                 "dtype only)");
-        return false;
-    }
-    if ((int)cfg->kv_dtype < 0 || cfg->kv_dtype >= AR_DTYPE_COUNT) {
-        snprintf(why, why_len, "unknown KV-cache dtype %d", (int)cfg->kv_dtype);
-        return false;
-    }
-    if (cfg->kv_dtype == AR_FP8_E4M3 && !(cfg->kv_scale > 0 && isfinite(cfg->kv_scale))) {
-        snprintf(why, why_len, "fp8 KV cache needs a positive finite kv_scale (got %g)",
-                 cfg->kv_scale);
-        return false;
-    }
-    if (cfg->num_layers <= 0) {
-        snprintf(why, why_len, "num_layers %d must be positive", cfg->num_layers);
-        return false;
-    }
     if (m->sliding_window < 0 || m->logits_soft_cap < 0 || !isfinite(m->logits_soft_cap)) {
         snprintf(why, why_len, "sliding_window %d and soft cap %g must not be negative",
                  m->sliding_window, m->logits_soft_cap);
         return false;
     }
-    snprintf(why, why_len, "supported");
-    return true;
+    return ar_cpu_check_run(cfg, why, why_len);
 }
 
 /* ---- open / close --------------------------------------------------------------------- */
@@ -228,8 +200,7 @@ static int cpu_open(const ar_run_config *cfg, void **state, char *err, size_t er
 static void cpu_device_name(void *state, char *buf, size_t len)
 {
     cpu_state *s = state;
-    int n = s ? s->num_threads : ar_cpu_count();
-    snprintf(buf, len, "cpu (%d thread%s)", n, n == 1 ? "" : "s");
+    ar_cpu_device_name(s ? s->num_threads : ar_cpu_count(), buf, len);
 }
 
 /* ---- prepare: validate the batch, derive segments and work items ----------------------- */
@@ -280,23 +251,15 @@ oom:
 static int cpu_fill(void *state, int layer, const ar_fill *f, char *err, size_t err_len)
 {
     cpu_state *s = state;
-    if (layer < 0 || layer >= s->cfg.num_layers) {
-        snprintf(err, err_len, WHO ": fill: layer %d outside [0, %d)", layer, s->cfg.num_layers);
-        return 2;
-    }
+    int rc = ar_cpu_check_fill(f, layer, s->cfg.num_layers, s->step.slots, s->block_size, WHO,
+                               err, err_len);
+    if (rc != 0) return rc;
     const int Hkv = s->num_kv_heads, D = s->head_size;
     float *row = malloc(sizeof(float) * (size_t)D);
     if (!row) { snprintf(err, err_len, WHO ": fill: out of memory"); return 3; }
     for (int i = 0; i < f->count; i++) {
         int64_t slot = f->slots[i];
         int off = f->offsets[i];
-        if (slot < 0 || slot >= s->step.slots || off < 0 || off >= s->block_size) {
-            snprintf(err, err_len, WHO ": fill: entry %d: slot %lld outside [0, %lld) or "
-                     "offset %d outside [0, %d)", i, (long long)slot, (long long)s->step.slots,
-                     off, s->block_size);
-            free(row);
-            return 2;
-        }
         for (int h = 0; h < Hkv; h++) {
             for (int side = 0; side < 2; side++) {
                 uint32_t stream = side == 0 ? AR_STREAM_K : AR_STREAM_V;
@@ -322,11 +285,6 @@ typedef struct gen_ctx {
     int layer;
 } gen_ctx;
 
-static int tile_end(int t0, int n)
-{
-    return t0 + AR_CPU_TOKEN_TILE < n ? t0 + AR_CPU_TOKEN_TILE : n;
-}
-
 /* Untimed: Q and new K/V of one tile of tokens. */
 static void gen_task(void *ctx, int item, int worker)
 {
@@ -338,7 +296,7 @@ static void gen_task(void *ctx, int item, int worker)
     const ar_datadist dist = s->cfg.data;
     const ar_dtype dt = s->cfg.dtype;
     const uint32_t layer = (uint32_t)g->layer;
-    int t0 = item * AR_CPU_TOKEN_TILE, t1 = tile_end(t0, s->step.num_tokens);
+    int t0 = item * AR_CPU_TOKEN_TILE, t1 = ar_cpu_tile_end(t0, s->step.num_tokens);
     for (int t = t0; t < t1; t++) {
         int r = s->step.token_req[t], pos = s->step.token_pos[t];
         for (int h = 0; h < Hq; h++) {
@@ -372,7 +330,7 @@ static void write_task(void *ctx, int item, int worker)
     cpu_state *s = g->s;
     const int64_t *slot_mapping = g->b->slot_mapping;
     const int Hkv = s->num_kv_heads, D = s->head_size;
-    int t0 = item * AR_CPU_TOKEN_TILE, t1 = tile_end(t0, s->step.num_tokens);
+    int t0 = item * AR_CPU_TOKEN_TILE, t1 = ar_cpu_tile_end(t0, s->step.num_tokens);
     if (s->step.duplicate_slots) { t0 = 0; t1 = s->step.num_tokens; }
     for (int t = t0; t < t1; t++) {
         int64_t slot = slot_mapping[t];
@@ -385,26 +343,17 @@ static void write_task(void *ctx, int item, int worker)
     }
 }
 
-/* Resizes *p to n floats (at least 1); 0 ok, -1 out of memory (old buffer kept). */
-static int resize_floats(float **p, size_t n)
-{
-    float *q = realloc(*p, sizeof(float) * (n ? n : 1));
-    if (!q) return -1;
-    *p = q;
-    return 0;
-}
-
 /* The step's Q, new K/V and (cascade) partial outputs, sized for T tokens. */
 static int alloc_step_buffers(cpu_state *s, int T, int cascade)
 {
     size_t q_elems = (size_t)T * s->num_q_heads * s->head_size;
     size_t kv_elems = (size_t)T * s->num_kv_heads * s->head_size;
     size_t l_elems = (size_t)T * s->num_q_heads;
-    if (resize_floats(&s->q, q_elems) || resize_floats(&s->k_new, kv_elems) ||
-        resize_floats(&s->v_new, kv_elems))
+    if (ar_cpu_resize_floats(&s->q, q_elems) || ar_cpu_resize_floats(&s->k_new, kv_elems) ||
+        ar_cpu_resize_floats(&s->v_new, kv_elems))
         return -1;
-    if (cascade && (resize_floats(&s->prefix_out, q_elems) || resize_floats(&s->suffix_out, q_elems) ||
-                    resize_floats(&s->prefix_lse, l_elems) || resize_floats(&s->suffix_lse, l_elems)))
+    if (cascade && (ar_cpu_resize_floats(&s->prefix_out, q_elems) || ar_cpu_resize_floats(&s->suffix_out, q_elems) ||
+                    ar_cpu_resize_floats(&s->prefix_lse, l_elems) || ar_cpu_resize_floats(&s->suffix_lse, l_elems)))
         return -1;
     return 0;
 }
@@ -448,16 +397,9 @@ static int cpu_forward(void *state, int layer, const ar_batch *b, ar_forward_out
                        char *err, size_t err_len)
 {
     cpu_state *s = state;
-    if (!s->prepared || s->prepared_step != b->step || s->step.num_tokens != b->num_tokens) {
-        snprintf(err, err_len, WHO ": step %lld: forward without prepare() of this batch",
-                 (long long)b->step);
-        return 2;
-    }
-    if (layer < 0 || layer >= s->cfg.num_layers) {
-        snprintf(err, err_len, WHO ": step %lld: layer %d outside [0, %d)", (long long)b->step,
-                 layer, s->cfg.num_layers);
-        return 2;
-    }
+    int rc = ar_cpu_check_forward(&s->step, s->prepared, s->prepared_step, b, layer,
+                                  s->cfg.num_layers, WHO, err, err_len);
+    if (rc != 0) return rc;
     const int T = b->num_tokens;
     const int cascade = b->common_prefix_len > 0;
     if (alloc_step_buffers(s, T, cascade)) {
@@ -471,12 +413,11 @@ static int cpu_forward(void *state, int layer, const ar_batch *b, ar_forward_out
 
     const int repeat = s->cfg.repeat < 1 ? 1 : s->cfg.repeat;
     const int nk = cascade ? 4 : 2;
-    double *times = malloc(sizeof(double) * (size_t)repeat * (size_t)(nk + 2));
+    double *times = malloc(sizeof(double) * (size_t)repeat * (size_t)(nk + 1));
     if (!times) {
         snprintf(err, err_len, WHO ": out of memory for %d timings", repeat);
         return 3;
     }
-    double *col = times + (size_t)repeat * (nk + 1);     /* [repeat] for the medians */
     const int write_items = s->step.duplicate_slots ? (T > 0) : tiles;
     const int base2 = s->cfg.fault == AR_FAULT_LSE_BASE2;
     ar_cpu_attn flat = attn_pass(s, b, layer, s->items_main, o->out, o->lse, base2);
@@ -509,20 +450,10 @@ static int cpu_forward(void *state, int layer, const ar_batch *b, ar_forward_out
             tr[4] = t4 - t0;
         }
     }
-    static const char *flat_names[] = {"write", "attn"};
-    static const char *cascade_names[] = {"write", "prefix", "suffix", "merge"};
-    o->num_kernels = nk;
-    for (int k = 0; k <= nk; k++) {
-        for (int rep = 0; rep < repeat; rep++) col[rep] = times[(size_t)rep * (nk + 1) + k];
-        double med = ar_cpu_median(col, repeat);
-        if (k < nk) {
-            o->kernels[k].name = cascade ? cascade_names[k] : flat_names[k];
-            o->kernels[k].us = med;
-        } else {
-            o->total_us = med;
-        }
-    }
-    o->guard_violations = 0;
+    static const char *const flat_names[] = {"write", "attn"};
+    static const char *const cascade_names[] = {"write", "prefix", "suffix", "merge"};
+    static const int all_used[] = {1, 1, 1, 1};
+    ar_cpu_report_times(times, repeat, nk, cascade ? cascade_names : flat_names, all_used, o);
     free(times);
     return 0;
 }
