@@ -197,6 +197,47 @@ static void print_dist(FILE *f, const char *name, double *v, int n, double unit,
             p50 * unit, p90 * unit, p99 * unit, unit_name, n);
 }
 
+static double mean_of(const double *v, int n)
+{
+    double m = 0;
+    for (int i = 0; i < n; i++) m += v[i];
+    return n ? m / n : 0;
+}
+
+/* For vllm-run workloads: the real engine's TTFT/TPOT next to the simulated ones (sim_ttft and
+ * sim_tpot are sorted by the caller's print_dist). */
+static void print_real_engine(const ar_sim *s, FILE *f, double *sim_ttft, int n_ttft, double *sim_tpot, int n_tpot)
+{
+    int nr = ar_sim_num_requests(s), n = 0, nt = 0;
+    double *ttft = malloc((size_t)(nr + 1) * sizeof(double)), *tpot = malloc((size_t)(nr + 1) * sizeof(double));
+    if (!ttft || !tpot) { free(ttft); free(tpot); return; }
+    for (int i = 0; i < nr; i++) {
+        const ar_workload_req *w = ar_sim_workload_req(s, i);
+        if (w->real_ttft >= 0) ttft[n++] = w->real_ttft;
+        if (w->real_tpot >= 0) tpot[nt++] = w->real_tpot;
+    }
+    if (n > 0) {
+        fprintf(f, "  real engine (from the workload file), simulated vs real:\n");
+        double qs[3] = {-1, 0.5, 0.9};
+        const char *names[3] = {"mean", "p50", "p90"};
+        for (int m = 0; m < 2; m++) {
+            double *real = m ? tpot : ttft, *sim = m ? sim_tpot : sim_ttft;
+            int nreal = m ? nt : n, nsim = m ? n_tpot : n_ttft;
+            double unit = m ? 1000.0 : 1.0;
+            fprintf(f, "    %-5s", m ? "TPOT" : "TTFT");
+            for (int k = 0; k < 3; k++) {
+                double a = qs[k] < 0 ? mean_of(sim, nsim) : ar_quantile(sim, nsim, qs[k]);
+                double b = qs[k] < 0 ? mean_of(real, nreal) : ar_quantile(real, nreal, qs[k]);
+                fprintf(f, "  %s %.3f vs %.3f %s (%+.1f%%)", names[k], a * unit, b * unit, m ? "ms" : "s",
+                        b != 0 ? 100.0 * (a / b - 1) : 0.0);
+            }
+            fprintf(f, "\n");
+        }
+    }
+    free(ttft);
+    free(tpot);
+}
+
 void ar_sim_print_summary(const ar_sim *s, FILE *f)
 {
     ar_sim_summary sum;
@@ -240,6 +281,7 @@ void ar_sim_print_summary(const ar_sim *s, FILE *f)
             sum.prompt_tokens ? 100.0 * (double)sum.prefix_hit_tokens / (double)sum.prompt_tokens : 0.0);
     fprintf(f, "  preemptions: %lld (%d requests); cascade-eligible steps: %lld\n", (long long)sum.preemptions,
             preempted_reqs, (long long)sum.cascade_eligible_steps);
+    print_real_engine(s, f, ttft, n, tpot, nt);
     free(ttft);
     free(tpot);
     free(e2e);

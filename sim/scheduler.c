@@ -699,6 +699,8 @@ void ar_sim_request(const ar_sim *s, int i, ar_sim_req_info *info)
     info->last_token = r->last_token;
 }
 
+const ar_workload_req *ar_sim_workload_req(const ar_sim *s, int i) { return s->reqs[i].w; }
+
 uint64_t ar_sim_logical_key(const ar_sim *s, int req, int block_index)
 {
     const sim_req *r = &s->reqs[req];

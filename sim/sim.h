@@ -30,6 +30,8 @@ typedef struct ar_workload_req {
     int64_t key_offset;   /* first content key in ar_workload.keys */
     int num_keys;         /* full prompt blocks: prompt_len / block_size */
     long line;            /* line of the source file (0 for generated requests) */
+    double real_ttft;     /* vllm-run only: the engine's TTFT and TPOT in seconds, else -1 */
+    double real_tpot;
 } ar_workload_req;
 
 typedef struct ar_workload {
@@ -212,6 +214,7 @@ int ar_sim_free_blocks(const ar_sim *s);         /* length of the free queue, wa
 int ar_sim_block_ref(const ar_sim *s, int block); /* reference count */
 int ar_sim_num_requests(const ar_sim *s);
 void ar_sim_request(const ar_sim *s, int i, ar_sim_req_info *info);
+const ar_workload_req *ar_sim_workload_req(const ar_sim *s, int i);
 int ar_sim_num_running(const ar_sim *s);
 int ar_sim_num_waiting(const ar_sim *s);
 void ar_sim_summarize(const ar_sim *s, ar_sim_summary *sum);
@@ -226,7 +229,8 @@ uint64_t ar_sim_logical_key(const ar_sim *s, int req, int block_index);
  * Returns 0 or -1 with err set. */
 int ar_sim_write_metrics(const ar_sim *s, const char *path, char *err, size_t err_len);
 /* Prints the summary (p50/p90/p99 of TTFT, TPOT, E2E, queueing; throughput; KV usage; prefix
- * hit rate; preemptions; cascade-eligible steps) to f. */
+ * hit rate; preemptions; cascade-eligible steps) to f.  For vllm-run workloads it adds the real
+ * engine's TTFT and TPOT over the same requests and the gaps of mean, p50 and p90. */
 void ar_sim_print_summary(const ar_sim *s, FILE *f);
 /* q-quantile (0..1) of values (sorted in place), linear interpolation; 0 for n == 0. */
 double ar_quantile(double *values /* [n] */, int n, double q);

@@ -76,6 +76,7 @@ int ar_workload_push(ar_workload *wl, double arrival, int prompt_len, int output
     r->key_offset = wl->num_keys_total;
     r->num_keys = num_keys;
     r->line = line;
+    r->real_ttft = r->real_tpot = -1;
     uint64_t key = AR_ROOT_KEY;
     for (int i = 0; i < num_keys; i++) {
         uint64_t payload = i < num_payloads ? payloads[i] : unique_payload(wl->num_reqs, i);
@@ -362,8 +363,10 @@ static int load_vllm_run(const char *path_in, ar_workload *wl, char *err, size_t
             break;
         }
         long long in_len, out_len;
-        double t;
+        double t, first_token = 0, last_token = 0;
         bool have_t = json_num(o, "queued_ts", &t) || json_num(o, "arrival_time", &t);
+        bool have_real = json_num(o, "queued_ts", &t) && json_num(o, "first_token_ts", &first_token) &&
+                         json_num(o, "last_token_ts", &last_token);
         if (!have_t || !json_int(o, "input_toks", &in_len) || !json_int(o, "output_toks", &out_len)) {
             snprintf(err, err_len, "%s:%ld: row needs queued_ts or arrival_time, and integer input_toks and output_toks",
                      path, lineno);
@@ -387,6 +390,11 @@ static int load_vllm_run(const char *path_in, ar_workload *wl, char *err, size_t
         if (ar_workload_push(wl, t, (int)in_len, (int)out_len, NULL, 0, lineno, err, err_len) != 0) {
             rc = 2;
             break;
+        }
+        if (have_real) {   /* engine TTFT = first_token_ts - queued_ts; TPOT over the later tokens */
+            ar_workload_req *r = &wl->reqs[wl->num_reqs - 1];
+            r->real_ttft = first_token - t;
+            if (out_len > 1) r->real_tpot = (last_token - first_token) / (double)(out_len - 1);
         }
     }
     free(line);

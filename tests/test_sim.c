@@ -552,6 +552,9 @@ static void test_public_traces_load(void **state)
     assert_int_equal(wl.reqs[0].prompt_len, 2358);
     assert_int_equal(wl.reqs[0].output_len, 531);
     assert_true(wl.reqs[1].arrival > 0.386 && wl.reqs[1].arrival < 0.387);   /* queued_ts difference */
+    /* engine TTFT = first_token_ts - queued_ts; TPOT = (last - first) / (output - 1), row 1 */
+    assert_true(fabs(wl.reqs[0].real_ttft - (27537.350135653 - 27536.660701067)) < 1e-6);
+    assert_true(fabs(wl.reqs[0].real_tpot - (27554.231018618 - 27537.350135653) / 530.0) < 1e-9);
     ar_workload_free(&wl);
 }
 
