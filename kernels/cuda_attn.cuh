@@ -45,6 +45,8 @@
 
 #define AR_CFG_PREFILL 0
 #define AR_CFG_DECODE 1
+#define AR_CFG_PREFILL_WIDE 2   /* hd 128 only (benchmark variant); other head dims run PREFILL */
+#define AR_CFG_COUNT 3
 #define AR_MAX_SPLITS 64
 
 /* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
@@ -234,14 +236,19 @@ __device__ __forceinline__ void store_lse(const ar_attn_args &a, const ar_attn_w
     }
 }
 
-template <typename T, typename G>
-__global__ void __launch_bounds__(G::THREADS, (G::WARPS_N > 1 || G::HD > 128) ? 1 : 2)
+/* EXACT: head_size == HD (no per-dim predicates in the hot loops); else the generic path. */
+template <typename T, typename G, bool EXACT>
+__global__ void __launch_bounds__(G::THREADS, G::WARPS_N > 1 ? (G::HD > 128 ? 1 : 4) : (G::HD > 128 ? 1 : 2))
 attn_kernel(const ar_attn_args a)
 {
     constexpr int HD = G::HD, MT = G::MT, BLOCK_N = G::BLOCK_N, LD = G::LD;
     constexpr int CHUNKS = HD / 8;                 /* 16-byte chunks per row */
     constexpr int NT = BLOCK_N / 8;                /* n8 tiles of S */
     constexpr int DT = HD / 8;                     /* n8 tiles of O */
+    constexpr int COL_THREADS = 32 * G::WARPS_M;   /* threads that load one warp column's tiles */
+    constexpr int LOAD_ITERS = BLOCK_N * CHUNKS / COL_THREADS;
+    static_assert(BLOCK_N * CHUNKS % COL_THREADS == 0, "tile chunks must divide evenly");
+    static_assert(COL_THREADS % CHUNKS == 0 || CHUNKS % COL_THREADS == 0, "chunk mapping");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sq = reinterpret_cast<T *>(smem_raw);
     T *skv = reinterpret_cast<T *>(smem_raw + G::Q_BYTES);
@@ -256,21 +263,24 @@ attn_kernel(const ar_attn_args a)
     const int seq_len = a.seq_lens[w.req];
     const int ctx = seq_len - q_len;
     const int grp = a.group;
-    const int head_size = a.head_size;
+    const int head_size = EXACT ? HD : a.head_size;
     const int kvh_load = a.fault == AR_FAULT_WRONG_KV_HEAD ? (w.kv_head + 1) % a.num_kv_heads : w.kv_head;
     const int causal_extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    const bool no_rescale = a.fault == AR_FAULT_NO_RESCALE;
     const int window = a.sliding_window;
+    const float scale_log2 = a.scale_log2;
     const int *bt = a.block_table + (int64_t)w.req * a.max_blocks_per_req;
-    const int bs_log2 = a.block_size_log2, bs_mask = (1 << bs_log2) - 1;
+    const int bs_log2 = a.block_size_log2, bs_mask = (1 << bs_log2) - 1;   /* slots < 2^31 (open checks) */
+    const int64_t head_stride = (int64_t)a.num_kv_heads * head_size;
     const T *qg = reinterpret_cast<const T *>(a.q);
-    const T *kg = reinterpret_cast<const T *>(a.k_cache);
-    const T *vg = reinterpret_cast<const T *>(a.v_cache);
+    const T *kg = reinterpret_cast<const T *>(a.k_cache) + (int64_t)kvh_load * head_size;
+    const T *vg = reinterpret_cast<const T *>(a.v_cache) + (int64_t)kvh_load * head_size;
 
     /* Q tile -> smem (invalid rows and dims past head_size zero-filled). */
     for (int i = tid; i < G::ROWS * CHUNKS; i += G::THREADS) {
         int r = i / CHUNKS, c = i % CHUNKS;
         int pair = w.pair0 + r, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
-        bool ok = tok < q_len && c * 8 < head_size;
+        bool ok = tok < q_len && (EXACT || c * 8 < head_size);
         const T *src = ok ? qg + ((int64_t)(qstart + tok) * a.num_q_heads + hq) * head_size + c * 8 : qg;
         cp_async16(sq + r * LD + c * 8, src, ok);
     }
@@ -297,27 +307,32 @@ attn_kernel(const ar_attn_args a)
     const int ctid = wm * 32 + lane;               /* thread index inside this warp column */
     T *col_base = skv + (size_t)wn * G::STAGES * 2 * BLOCK_N * LD;
 
+    /* K/V tile t -> stage (it & 1): each thread owns fixed chunks; the block-table reads of
+     * all its keys are issued together (unrolled) before the copies. */
     auto load_kv = [&](int it) {
         int t = w.tile_begin + it * G::WARPS_N + wn;
         if (t >= w.tile_end) return;
         T *sk = col_base + (size_t)((it & 1) * 2) * BLOCK_N * LD;
         T *sv = sk + (size_t)BLOCK_N * LD;
-        for (int i = ctid; i < BLOCK_N * CHUNKS; i += 32 * G::WARPS_M) {
+        int slots[LOAD_ITERS];                     /* physical slot, -1 = past seq_len */
+#pragma unroll
+        for (int k = 0; k < LOAD_ITERS; k++) {
+            int j = t * BLOCK_N + (ctid + k * COL_THREADS) / CHUNKS;
+            slots[k] = j < seq_len ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : -1;
+        }
+#pragma unroll
+        for (int k = 0; k < LOAD_ITERS; k++) {
+            int i = ctid + k * COL_THREADS;
             int kk = i / CHUNKS, c = i % CHUNKS;
-            int j = t * BLOCK_N + kk;
-            bool ok = j < seq_len && c * 8 < head_size;
-            int64_t off = 0;
-            if (ok) {
-                int64_t slot = (int64_t)bt[j >> bs_log2] * (bs_mask + 1) + (j & bs_mask);
-                off = (slot * a.num_kv_heads + kvh_load) * head_size + c * 8;
-            }
+            bool ok = slots[k] >= 0 && (EXACT || c * 8 < head_size);
+            int64_t off = ok ? (int64_t)slots[k] * head_stride + c * 8 : 0;
             cp_async16(sk + kk * LD + c * 8, kg + off, ok);
             cp_async16(sv + kk * LD + c * 8, vg + off, ok);
         }
     };
 
     float acc[MT][DT][4];
-    float row_m[MT][2], row_l[MT][2];
+    float row_m[MT][2], row_l[MT][2];              /* row_m in raw score units (before scale) */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -334,7 +349,9 @@ attn_kernel(const ar_attn_args a)
         if (it + 1 < n_iter) load_kv(it + 1);
         cp_async_commit();
         cp_async_wait<1>();
-        __syncthreads();
+        /* DECODE (one warp per column): a warp reads only the tiles it loaded itself, so after
+         * the first iteration (which publishes Q to every warp) a warp barrier is enough. */
+        if (G::WARPS_M == 1 && it > 0) __syncwarp(); else __syncthreads();
         const int t = w.tile_begin + it * G::WARPS_N + wn;
         const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
         bool active = t < w.tile_end && warp_has_rows && tile_first <= warp_max_qpos + causal_extra &&
@@ -352,7 +369,7 @@ attn_kernel(const ar_attn_args a)
             /* S = Q K^T */
 #pragma unroll
             for (int kd = 0; kd < HD / 16; kd++) {
-                if (kd * 16 >= head_size) break;
+                if (!EXACT && kd * 16 >= head_size) break;
                 uint32_t qa[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
@@ -369,31 +386,34 @@ attn_kernel(const ar_attn_args a)
                     }
                 }
             }
-            /* scores -> log2 domain, mask */
+            /* soft cap (kept in raw units: cap * tanh(scale s / cap) / scale), then the mask;
+             * both are warp-uniform branches around whole loops. */
+            if (a.soft_cap > 0.f) {
+                const float scale = scale_log2 * 0.6931471805599453f;
+                const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) s[mt][nt][e] = cap_over_scale * tanhf(s[mt][nt][e] * inv_cap);
+            }
             const bool need_mask = tile_last > warp_min_qpos || tile_last >= seq_len ||
                                    (window > 0 && tile_first < warp_max_qpos - window + 1);
+            if (need_mask) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+                    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float x = s[mt][nt][e];
-                        if (a.soft_cap > 0.f)
-                            x = a.soft_cap * tanhf(x * (a.scale_log2 * 0.6931471805599453f) / a.soft_cap) *
-                                1.4426950408889634f;
-                        else
-                            x = x * a.scale_log2;
-                        if (need_mask) {
+                        for (int e = 0; e < 4; e++) {
                             int j = tile_first + nt * 8 + 2 * tq + (e & 1);
                             int p = qpos[mt][e >> 1];
-                            bool vis = j < seq_len && j <= p + causal_extra &&
-                                       (window <= 0 || j >= p - window + 1);
-                            if (!vis) x = -INFINITY;
+                            bool vis = j < seq_len && j <= p + causal_extra && (window <= 0 || j >= p - window + 1);
+                            if (!vis) s[mt][nt][e] = -INFINITY;
                         }
-                        s[mt][nt][e] = x;
-                    }
-            /* online softmax */
+            }
+            /* online softmax: p = 2^(s * scale_log2 - m * scale_log2), one FFMA + EX2 */
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -404,19 +424,20 @@ attn_kernel(const ar_attn_args a)
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     float m_new = fmaxf(row_m[mt][r], mx);
-                    float m_use = m_new == -INFINITY ? 0.f : m_new;
-                    float alpha = exp2f(row_m[mt][r] - m_use);
+                    float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+                    float alpha = exp2f(row_m[mt][r] * scale_log2 - m_scaled);
                     row_m[mt][r] = m_new;
                     float rs = 0.f;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
-                        float p0 = exp2f(s[mt][nt][2 * r] - m_use), p1 = exp2f(s[mt][nt][2 * r + 1] - m_use);
+                        float p0 = exp2f(fmaf(s[mt][nt][2 * r], scale_log2, -m_scaled));
+                        float p1 = exp2f(fmaf(s[mt][nt][2 * r + 1], scale_log2, -m_scaled));
                         s[mt][nt][2 * r] = p0;
                         s[mt][nt][2 * r + 1] = p1;
                         rs += p0 + p1;
                     }
                     row_l[mt][r] = row_l[mt][r] * alpha + rs;
-                    if (a.fault != AR_FAULT_NO_RESCALE) {
+                    if (!no_rescale) {
 #pragma unroll
                         for (int dt = 0; dt < DT; dt++) {
                             acc[mt][dt][2 * r] *= alpha;
@@ -437,7 +458,7 @@ attn_kernel(const ar_attn_args a)
                 }
 #pragma unroll
                 for (int dp = 0; dp < HD / 16; dp++) {
-                    if (dp * 16 >= head_size) break;
+                    if (!EXACT && dp * 16 >= head_size) break;
                     uint32_t vb[4];
                     ldmatrix_x4_trans(vb, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 +
                                               (lane >> 4) * 8);
@@ -449,11 +470,11 @@ attn_kernel(const ar_attn_args a)
                 }
             }
         }
-        __syncthreads();
+        if (G::WARPS_M == 1) __syncwarp(); else __syncthreads();
     }
     cp_async_wait<0>();
 
-    /* row sums across the quad */
+    /* row sums across the quad; maxima to the log2 domain */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -462,6 +483,7 @@ attn_kernel(const ar_attn_args a)
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             row_l[mt][r] = l;
+            row_m[mt][r] = row_m[mt][r] == -INFINITY ? -INFINITY : row_m[mt][r] * scale_log2;
         }
 
     if (G::WARPS_N == 1) {
@@ -507,7 +529,7 @@ attn_kernel(const ar_attn_args a)
         int lr = i / (HD / 2), d = (i % (HD / 2)) * 2;
         int pair = w.pair0 + lr, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
         if (tok >= q_len && w.partial < 0) continue;
-        if (d >= head_size) continue;
+        if (!EXACT && d >= head_size) continue;
         float mmax = -INFINITY;
 #pragma unroll
         for (int k = 0; k < G::WARPS_N; k++) mmax = fmaxf(mmax, red_m[k * G::ROWS + lr]);
@@ -582,7 +604,8 @@ __global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
 
 /* The instantiated geometries: (config, hd) -> Geom. */
 typedef Geom<64, 2, 4, 1, 64> PrefillG64;
-typedef Geom<128, 2, 4, 1, 64> PrefillG128;
+typedef Geom<128, 2, 4, 1, 32> PrefillG128;      /* no register spills */
+typedef Geom<128, 2, 4, 1, 64> PrefillWideG128;  /* AR_CFG_PREFILL_WIDE: FA2's 128 x 64 tile, spills ~100 B */
 typedef Geom<256, 1, 8, 1, 32> PrefillG256;
 typedef Geom<64, 1, 1, 4, 32> DecodeG64;
 typedef Geom<128, 1, 1, 4, 16> DecodeG128;
@@ -603,17 +626,33 @@ template <typename T, typename G>
 static cudaError_t launch_one(const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (num_work <= 0) return cudaSuccess;
-    attn_kernel<T, G><<<num_work, G::THREADS, G::SMEM, stream>>>(*a);
+    if (a->head_size == G::HD)
+        attn_kernel<T, G, true><<<num_work, G::THREADS, G::SMEM, stream>>>(*a);
+    else
+        attn_kernel<T, G, false><<<num_work, G::THREADS, G::SMEM, stream>>>(*a);
     return cudaGetLastError();
 }
 
+template <typename T, typename G, bool EXACT>
+static cudaError_t attributes_variant(int *ctas_per_sm)
+{
+    cudaError_t e = cudaFuncSetAttribute(attn_kernel<T, G, EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)G::SMEM);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attn_kernel<T, G, EXACT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess) return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_kernel<T, G, EXACT>, G::THREADS, G::SMEM);
+}
+
+/* Sets both variants' attributes; reports the CTAs per SM of the exact (fast) one. */
 template <typename T, typename G>
 static cudaError_t attributes_one(int *ctas_per_sm)
 {
-    cudaError_t e = cudaFuncSetAttribute(attn_kernel<T, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)G::SMEM);
+    int generic = 0;
+    cudaError_t e = attributes_variant<T, G, false>(&generic);
     if (e != cudaSuccess) return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_kernel<T, G>, G::THREADS, G::SMEM);
+    return attributes_variant<T, G, true>(ctas_per_sm);
 }
 
 } /* namespace ar_attn */
@@ -624,7 +663,8 @@ namespace ar_attn {
 template <typename T>
 cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
-    if (config == AR_CFG_PREFILL) {
+    if (config == AR_CFG_PREFILL_WIDE && hd == 128) return launch_one<T, PrefillWideG128>(a, num_work, stream);
+    if (config != AR_CFG_DECODE) {
         if (hd == 64) return launch_one<T, PrefillG64>(a, num_work, stream);
         if (hd == 128) return launch_one<T, PrefillG128>(a, num_work, stream);
         if (hd == 256) return launch_one<T, PrefillG256>(a, num_work, stream);
@@ -639,7 +679,8 @@ cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work
 template <typename T>
 cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
 {
-    if (config == AR_CFG_PREFILL) {
+    if (config == AR_CFG_PREFILL_WIDE && hd == 128) return attributes_one<T, PrefillWideG128>(ctas_per_sm);
+    if (config != AR_CFG_DECODE) {
         if (hd == 64) return attributes_one<T, PrefillG64>(ctas_per_sm);
         if (hd == 128) return attributes_one<T, PrefillG128>(ctas_per_sm);
         if (hd == 256) return attributes_one<T, PrefillG256>(ctas_per_sm);

@@ -14,6 +14,9 @@
  * n_blocks) (n_blocks: the most key-tile units any CTA walks; a unit is one key tile per warp
  * column) skip every s that does not change ceil(n_blocks / s) and take the wave efficiency
  * e(s) = w / ceil(w) with w = C s / S_slots; choose the smallest s with e(s) >= 0.85 max e.
+ * Our addition (the "tail rule"): when C >= 0.8 S_slots but under 4 waves, the last wave can
+ * leave most SMs idle (C = 512 on 396 slots runs 2 waves for 1.29 waves of work), so take the
+ * smallest s <= 8 whose ceil(C s / S_slots) / s is within 5% of the best.
  * Each work item is then cut into pieces of ceil(n_blocks / s) units (short ones stay whole),
  * so the split is per request, like FA3's dynamic varlen splits.
  *
@@ -57,7 +60,7 @@ typedef struct cuda_state {
     int num_layers;
     cudaStream_t stream;
     cudaEvent_t ev[4];
-    int ctas_per_sm[2];
+    int ctas_per_sm[AR_CFG_COUNT];
 
     /* the step's plan (prepare) */
     int step_ready;
@@ -232,7 +235,8 @@ static int grid_for(int64_t n, int threads)
 ar_attn_geom ar_attn_geometry(int config, int hd)
 {
     using namespace ar_attn;
-    if (config == AR_CFG_PREFILL) {
+    if (config == AR_CFG_PREFILL_WIDE && hd == 128) return geom_of<PrefillWideG128>();
+    if (config != AR_CFG_DECODE) {
         if (hd == 64) return geom_of<PrefillG64>();
         if (hd == 128) return geom_of<PrefillG128>();
         return geom_of<PrefillG256>();
@@ -242,14 +246,27 @@ ar_attn_geom ar_attn_geometry(int config, int hd)
     return geom_of<DecodeG256>();
 }
 
-/* See the file comment: FlashAttention's 85%-of-best-wave-efficiency rule. */
+/* See the file comment: FlashAttention's 85%-of-best-wave-efficiency rule for an under-filled
+ * launch, and the tail rule for an over-filled one with few waves. */
 static int choose_num_splits(int num_ctas, int max_units, int slots)
 {
     if (num_ctas <= 0 || max_units <= 1 || slots <= 0) return 1;
-    if ((double)num_ctas >= 0.8 * slots) return 1;
     int max_s = AR_MAX_SPLITS;
     if (max_s > slots) max_s = slots;
     if (max_s > max_units) max_s = max_units;
+    if ((double)num_ctas >= 0.8 * slots) {
+        /* tail rule: time ~ ceil(C s / S_slots) / s (waves of unsplit work) */
+        if ((double)num_ctas >= 4.0 * slots) return 1;
+        double cost[9], best = 1e30;
+        int top = max_s < 8 ? max_s : 8;
+        for (int s = 1; s <= top; s++) {
+            cost[s] = ceil((double)num_ctas * s / slots) / s;
+            if (cost[s] < best) best = cost[s];
+        }
+        for (int s = 1; s <= top; s++)
+            if (cost[s] <= 1.05 * best) return s;
+        return 1;
+    }
     double eff[AR_MAX_SPLITS + 1];
     double best = 0.0;
     for (int s = 1; s <= max_s; s++) {
@@ -378,7 +395,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
             cuda_close(s);
             return rc;
         }
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < AR_CFG_COUNT; c++) {
         cudaError_t e = s->bf16 ? ar_attn_attributes_bf16(c, s->template_hd, &s->ctas_per_sm[c])
                                 : ar_attn_attributes_fp16(c, s->template_hd, &s->ctas_per_sm[c]);
         if ((rc = cuda_fail(e, "kernel attributes", err, err_len))) {
@@ -386,6 +403,12 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
             return rc;
         }
         if (s->ctas_per_sm[c] < 1) s->ctas_per_sm[c] = 1;
+    }
+    if ((int64_t)cfg->num_blocks * cfg->block_size >= ((int64_t)1 << 31)) {
+        snprintf(err, err_len, "cuda backend: num_blocks x block_size = %lld slots; at most 2^31 - 1",
+                 (long long)cfg->num_blocks * cfg->block_size);
+        cuda_close(s);
+        return 2;
     }
     s->side_elems = (size_t)cfg->num_blocks * cfg->block_size * s->hkv * s->head_size;
     size_t layer_bytes = 2 * s->side_elems * 2;
@@ -503,6 +526,7 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     /* config */
     int config = max_q * s->group <= 16 ? AR_CFG_DECODE : AR_CFG_PREFILL;
     if (s->force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
+    if (s->force_config == AR_CFG_PREFILL_WIDE) config = s->template_hd == 128 ? AR_CFG_PREFILL_WIDE : AR_CFG_PREFILL;
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
     const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
