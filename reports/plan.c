@@ -597,6 +597,8 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
         snprintf(plot.xlabel, sizeof plot.xlabel, "arrival-rate scale (x the workload's rate)");
         snprintf(plot.ylabel, sizeof plot.ylabel, "%s", charts[c].ylabel);
         plot.logx = a->num_rates > 1 && a->rates[a->num_rates - 1] / a->rates[0] > 8;
+        plot.xmin = plot.logx ? a->rates[0] / 1.3 : 0;
+        plot.xmax = a->rates[a->num_rates - 1] * (plot.logx ? 1.3 : 1.1);
         for (int k = 0; k < a->num_kv; k++) {
             char csv[96], label[96], cols[16];
             snprintf(csv, sizeof csv, "data/plan_kv%d.csv", kv_blocks[k]);
