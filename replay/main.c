@@ -6,6 +6,7 @@
  *   sim        simulate a vLLM V1 scheduler over a workload -> trace       (sim/)
  *   report     plots and tables from a results database                    (reports/)
  *   diff       compare two runs; exit 1 on a regression                    (reports/)
+ *   plan       capacity planning from a workload and measured steps        (reports/, sim/)
  *   gen-samples  regenerate the small sample traces                        (traces/)
  */
 #include <stdio.h>
@@ -33,6 +34,8 @@ static void usage(FILE *f)
         "  sim --workload KIND:PATH --model PRESET --out TRACE [...]   scheduler simulator\n"
         "  report DB [--run ID ...] --out DIR plots (PNG, SVG), index.html and summary.md\n"
         "  diff DB RUN_A RUN_B [--threshold 5%%]  step-by-step comparison; exit 1 on a regression\n"
+        "  plan --workload SPEC --model PRESET --device DEV --out DIR [--db DB] [--slo ...]\n"
+        "                                     capacity plan: fitted step time, simulator sweep, SLO answer\n"
         "  gen-samples DIR                    write the sample traces\n"
         "  version\n");
 }
@@ -80,6 +83,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "sim") == 0) return ar_sim_main(sub_argc, sub_argv);
     if (strcmp(cmd, "report") == 0) return ar_report_main(sub_argc, sub_argv);
     if (strcmp(cmd, "diff") == 0) return ar_diff_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "plan") == 0) return ar_plan_main(sub_argc, sub_argv);
     if (strcmp(cmd, "gen-samples") == 0) return gen_samples_main(sub_argc, sub_argv);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("attnreplay %s (trace format v%d)\n", AR_CODE_REV, AR_TRACE_VERSION);
