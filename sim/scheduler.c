@@ -368,7 +368,7 @@ ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err
     s->free_head = s->free_tail = -1;
     s->free_prev[0] = s->free_next[0] = -1;
     for (int b = 1; b < nb; b++) fq_push_tail(s, b);
-    int usable_tokens_blocks = nb - 1;
+    int usable_blocks = nb - 1;
     int warned = 0;
     for (int i = 0; i < nr; i++) {
         sim_req *r = &s->reqs[i];
@@ -386,13 +386,13 @@ ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err
         /* the last generated token is sampled, never computed */
         int64_t need = ((int64_t)r->w->prompt_len + r->w->output_len - 1 + s->block_size - 1) / s->block_size;
         bool too_long = cfg->max_model_len > 0 && r->w->prompt_len + r->w->output_len > cfg->max_model_len;
-        if (need > usable_tokens_blocks || too_long) {
+        if (need > usable_blocks || too_long) {
             r->status = AR_REQ_SKIPPED;
             s->num_skipped++;
             if (warned++ < 5)
-                fprintf(stderr, "sim: skipping request %s (%s line %ld): %d prompt + %d output tokens can never fit %s\n",
-                        r->id, wl->source, r->w->line, r->w->prompt_len, r->w->output_len,
-                        too_long ? "max_model_len" : "the KV cache");
+                fprintf(stderr, "sim: %s:%ld: skipping request %s: %d prompt + %d output tokens can never fit %s (%d blocks of %d)\n",
+                        wl->path[0] ? wl->path : wl->source, r->w->line, r->id, r->w->prompt_len, r->w->output_len,
+                        too_long ? "max_model_len" : "the KV cache", usable_blocks, s->block_size);
         }
     }
     if (s->num_skipped > 5) fprintf(stderr, "sim: %d requests skipped in all\n", s->num_skipped);

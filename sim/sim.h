@@ -36,6 +36,7 @@ typedef struct ar_workload_req {
 
 typedef struct ar_workload {
     char source[32];           /* "mooncake", "azure", "vllm-run", "synthetic", "memory" */
+    char path[1024];           /* the file it came from ("" when generated) */
     int block_size;
     ar_workload_req *reqs;     /* [num_reqs], arrival non-decreasing */
     int num_reqs, cap_reqs;

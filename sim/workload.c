@@ -562,6 +562,7 @@ int ar_workload_load(const char *spec, int block_size, double time_scale, int li
         ar_workload_free(wl);
         return rc;
     }
+    if (strcmp(wl->source, "synthetic") != 0) snprintf(wl->path, sizeof wl->path, "%s", arg);
     if (wl->num_reqs == 0) {
         snprintf(err, err_len, "%s: no requests", arg);
         ar_workload_free(wl);
