@@ -343,15 +343,18 @@ attn_kernel(const ar_attn_args a)
         row_l[mt][0] = row_l[mt][1] = 0.f;
     }
 
+    /* Pipeline, one barrier per tile: wait for tile it, barrier, then start tile it + 1 into
+     * the other stage (every thread has passed this barrier, so nobody still reads it from
+     * iteration it - 1), then compute tile it while that copy flies.
+     * DECODE (one warp per column): a warp reads only the tiles it loaded itself, so after the
+     * first iteration (which publishes Q to every warp) a warp barrier is enough. */
     if (n_iter > 0) load_kv(0);
     cp_async_commit();
     for (int it = 0; it < n_iter; it++) {
+        cp_async_wait<0>();
+        if (G::WARPS_M == 1 && it > 0) __syncwarp(); else __syncthreads();
         if (it + 1 < n_iter) load_kv(it + 1);
         cp_async_commit();
-        cp_async_wait<1>();
-        /* DECODE (one warp per column): a warp reads only the tiles it loaded itself, so after
-         * the first iteration (which publishes Q to every warp) a warp barrier is enough. */
-        if (G::WARPS_M == 1 && it > 0) __syncwarp(); else __syncthreads();
         const int t = w.tile_begin + it * G::WARPS_N + wn;
         const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
         bool active = t < w.tile_end && warp_has_rows && tile_first <= warp_max_qpos + causal_extra &&
@@ -470,7 +473,6 @@ attn_kernel(const ar_attn_args a)
                 }
             }
         }
-        if (G::WARPS_M == 1) __syncwarp(); else __syncthreads();
     }
     cp_async_wait<0>();
 
