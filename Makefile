@@ -6,6 +6,10 @@
 #   make test-gpu   the GPU tests (run on the H200; uses prebuilt binaries where headers lack)
 #   make bench      benchmarks (reference vs naive on the CPU; kernels on a GPU)
 #   make asan       the CPU tests again under AddressSanitizer + UBSan
+#   make fuzz       libFuzzer harnesses (clang, ASan + UBSan), each run FUZZ_SECONDS (default 60)
+#   make valgrind   memcheck over a short replay (no leaks, no invalid accesses)
+#   make test-gpu-sanitize  compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over
+#                   the GPU tests with small cases (on the H200)
 #   make clean
 #
 # `make`, `make test` and `make demo` first install missing Debian packages (as root) or print
@@ -63,7 +67,7 @@ BENCH_SRCS    := $(wildcard tests/bench_*.c)
 BENCHES       := $(BENCH_SRCS:tests/%.c=$(BUILD)/tests/%)
 TEST_COMMON   := $(BUILD)/tests/testutil.o
 
-.PHONY: all test demo test-gpu bench asan clean deps
+.PHONY: all test demo test-gpu bench asan clean deps fuzz fuzz-build valgrind test-gpu-sanitize
 all: deps $(BIN)
 
 # ---- set-up: install what is missing ---------------------------------------------------------
@@ -116,9 +120,10 @@ $(BUILD)/tests/libcmocka.so.0:
 test: deps $(BIN) $(TESTS)
 	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/run_tests.sh $(TESTS)
 
+ASAN_BUILD ?= build-asan
 asan:
-	$(MAKE) BUILD=build-asan OPT=-O1 SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
-	  HAVE_CUDA=0 NVCC= BIN=build-asan/attnreplay test-only
+	$(MAKE) BUILD=$(ASAN_BUILD) OPT=-O1 SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+	  HAVE_CUDA=0 NVCC= BIN=$(ASAN_BUILD)/attnreplay test-only
 
 test-only: $(BIN) $(TESTS)
 	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) ASAN_OPTIONS=detect_leaks=1 tests/run_tests.sh $(TESTS)
@@ -141,7 +146,73 @@ demo: deps $(BIN)
 	$(BIN) info traces/samples/mixed.trace.jsonl.gz
 	$(BIN) replay traces/samples/mixed.trace.jsonl.gz --db demo.db --backend auto
 
+# ---- reliability: fuzzing, valgrind, compute-sanitizer (RELIABILITY.md) ---------------------
+# `make fuzz` builds the library with clang and -fsanitize=fuzzer-no-link,address,undefined in
+# FUZZ_BUILD, links each tests/fuzz/fuzz_*.c harness with libFuzzer, makes seed corpora from
+# traces/samples and ../shared/traces-public (tests/fuzz/make_seeds.sh; public data is read, never
+# copied into the repository) and runs each harness for FUZZ_SECONDS.  Inputs it finds go to
+# FUZZ_BUILD/corpus-NAME; crashes to FUZZ_BUILD/crash-NAME-*, to be kept in tests/fuzz/regressions/.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_NAMES   := trace workload cli
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_OPTS    ?=
+fuzz-build:
+	$(MAKE) CC=clang BUILD=$(FUZZ_BUILD) OPT=-O1 NVCC= HAVE_CUDA=0 \
+	  SANITIZE="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" \
+	  $(foreach n,$(FUZZ_NAMES),$(FUZZ_BUILD)/fuzz/fuzz_$(n))
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.c tests/fuzz/fuzz_common.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $< tests/fuzz/fuzz_common.c $(LIB) $(LDFLAGS) $(LIBS)
+
+fuzz: fuzz-build
+	tests/fuzz/make_seeds.sh $(FUZZ_BUILD)/seeds
+	@for n in $(FUZZ_NAMES); do \
+	  d=$(abspath $(FUZZ_BUILD)); mkdir -p $$d/corpus-$$n; \
+	  mask=1; [ $$n = cli ] && mask=3; \
+	  echo "fuzz_$$n: $(FUZZ_SECONDS) s"; \
+	  AR_SRC=$(CURDIR) ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
+	  $$d/fuzz/fuzz_$$n -max_total_time=$(FUZZ_SECONDS) -timeout=20 -rss_limit_mb=4096 \
+	    -close_fd_mask=$$mask -print_final_stats=1 -artifact_prefix=$$d/crash-$$n- \
+	    $(FUZZ_OPTS) $$d/corpus-$$n $$d/seeds/$$n $(CURDIR)/tests/fuzz/regressions/$$n || exit 1; \
+	done
+
+# memcheck on a short replay of a sample trace: any leak or invalid access fails.
+VALGRIND_DB ?= /tmp/attnreplay-valgrind-$(shell id -u).db
+valgrind: $(BIN)
+	rm -f $(VALGRIND_DB) $(VALGRIND_DB)-wal $(VALGRIND_DB)-shm
+	valgrind --tool=memcheck --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect,possible \
+	  --show-leak-kinds=definite,indirect,possible $(BIN) replay traces/samples/mixed.trace.jsonl.gz \
+	  --db $(VALGRIND_DB) --backend cpu --steps 0:12 --threads 2 --quiet
+	valgrind --tool=memcheck --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect,possible \
+	  $(BIN) info traces/samples/prefix.trace.jsonl.gz >/dev/null
+	rm -f $(VALGRIND_DB) $(VALGRIND_DB)-wal $(VALGRIND_DB)-shm
+	@echo "valgrind: clean"
+
+# compute-sanitizer over every GPU test binary with small cases (AR_GPU_SMALL=1); the summary
+# (one line per tool and binary, plus each tool's ERROR SUMMARY) goes to GPU_SANITIZE_OUT.
+GPU_SANITIZE_OUT ?= $(BUILD)/gpu-sanitize-summary.txt
+COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+test-gpu-sanitize:
+	@[ -n "$(COMPUTE_SANITIZER)" ] || { echo "compute-sanitizer not found (CUDA toolkit bin/)" >&2; exit 1; }
+	@mkdir -p $(dir $(GPU_SANITIZE_OUT)); : > $(GPU_SANITIZE_OUT); bad=0; \
+	for t in $(GPU_TESTS); do \
+	  [ -x $$t ] || { echo "missing $$t (make gpu-build on the dev machine)" | tee -a $(GPU_SANITIZE_OUT); bad=1; continue; }; \
+	  for tool in memcheck racecheck initcheck synccheck; do \
+	    log=$(BUILD)/gpu-sanitize-$$(basename $$t)-$$tool.log; \
+	    extra=""; [ $$tool = memcheck ] && extra="--leak-check full"; \
+	    AR_GPU_SMALL=1 AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) \
+	      $(COMPUTE_SANITIZER) --tool $$tool $$extra --error-exitcode 99 $$t >$$log 2>&1; rc=$$?; \
+	    summary=$$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" $$log | tail -1); \
+	    tests=$$(grep -h "^\[  PASSED  \]\|^\[  FAILED  \]" $$log | tr '\n' ' '); \
+	    echo "$$(basename $$t) $$tool rc=$$rc: $${summary:-no summary} $$tests" | tee -a $(GPU_SANITIZE_OUT); \
+	    [ $$rc -eq 0 ] || bad=1; \
+	  done; \
+	done; \
+	echo "summary in $(GPU_SANITIZE_OUT)"; exit $$bad
+
 clean:
-	rm -rf $(BUILD) build-asan bin demo.db demo.db-wal demo.db-shm
+	rm -rf $(BUILD) build-asan build-fuzz bin demo.db demo.db-wal demo.db-shm
 
 -include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/replay/main.d
