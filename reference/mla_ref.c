@@ -20,6 +20,22 @@ ar_mla_dims ar_mla_deepseek_dims(int num_heads)
     return d;
 }
 
+void ar_mla_gen_weights(const ar_mla_dims *d, uint64_t seed, uint32_t layer, ar_datadist dist,
+                        ar_dtype dtype, double *w_uk, double *w_uv)
+{
+    const int N = d->num_heads, L = d->kv_lora_rank, P = d->qk_nope_head_dim;
+    const int V = d->v_head_dim;
+    for (int l = 0; l < L; l++)
+        for (int n = 0; n < N; n++) {
+            for (int c = 0; c < P; c++)
+                w_uk[((size_t)l * N + n) * P + c] =
+                    ar_mla_weight(seed, AR_STREAM_W_UK, layer, L, l, n, c, dist, dtype);
+            for (int c = 0; c < V; c++)
+                w_uv[((size_t)l * N + n) * V + c] =
+                    ar_mla_weight(seed, AR_STREAM_W_UV, layer, L, l, n, c, dist, dtype);
+        }
+}
+
 /* Checks dims; on failure prints why and fills out/lse with NaN. */
 static int check_dims(const ar_mla_dims *d, const char *fn, int num_rows, int num_keys,
                       double *out, double *lse)

@@ -49,6 +49,11 @@ AR_HOSTDEV float ar_mla_weight(uint64_t seed, uint32_t stream, uint32_t layer, i
     return ar_round_to(t, ar_gen_value(row, (uint32_t)c, dist) * inv);
 }
 
+/* Every element of one layer's weights (ar_mla_weight), as doubles in the layouts the
+ * reference takes: w_uk [L, N, P], w_uv [L, N, V]. */
+void ar_mla_gen_weights(const ar_mla_dims *d, uint64_t seed, uint32_t layer, ar_datadist dist,
+                        ar_dtype dtype, double *w_uk, double *w_uv);
+
 /* Float64 MLA attention of one request, expanded form.
  *   q_nope [num_rows, N, P], q_pe [num_rows, N, R], q_pos [num_rows] absolute positions
  *   latent [num_keys, L + R]  entries of keys at positions 0 .. num_keys-1

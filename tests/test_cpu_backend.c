@@ -345,7 +345,7 @@ typedef struct grid_case {
 
 /* Head sizes x GQA ratios x block sizes x dtypes x window/cap: a covering selection rather
  * than the full cross product (every value of every axis appears, larger head sizes with
- * fewer heads). */
+ * fewer heads), plus one head size that is not a multiple of 8. */
 static void test_grid_matches_reference(void **unused)
 {
     (void)unused;
@@ -362,6 +362,7 @@ static void test_grid_matches_reference(void **unused)
         {2, 2, 256, 16, AR_FP16, 0, 0},
         {8, 1, 256, 32, AR_BF16, 33, 5.0},
         {4, 1, 256, 64, AR_FP32, 0, 0},
+        {4, 2, 36, 16, AR_FP16, 20, 0},      /* not a multiple of 8: scalar tails */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const grid_case *g = &cases[i];

@@ -179,17 +179,8 @@ static void sim_open(sim *s, const ar_run_config *cfg, int workspace)
     assert_non_null(s->w_uk);
     assert_non_null(s->w_uv);
     for (int layer = 0; layer < cfg->num_layers; layer++)
-        for (int l = 0; l < L; l++)
-            for (int n = 0; n < N; n++) {
-                for (int c = 0; c < P; c++)
-                    s->w_uk[nk * layer + ((size_t)l * N + n) * P + c] =
-                        ar_mla_weight(cfg->seed, AR_STREAM_W_UK, (uint32_t)layer, L, l, n, c,
-                                      cfg->data, cfg->dtype);
-                for (int c = 0; c < V; c++)
-                    s->w_uv[nv * layer + ((size_t)l * N + n) * V + c] =
-                        ar_mla_weight(cfg->seed, AR_STREAM_W_UV, (uint32_t)layer, L, l, n, c,
-                                      cfg->data, cfg->dtype);
-            }
+        ar_mla_gen_weights(&s->dims, cfg->seed, (uint32_t)layer, cfg->data, cfg->dtype,
+                           s->w_uk + nk * layer, s->w_uv + nv * layer);
 }
 
 static void sim_close(sim *s)
