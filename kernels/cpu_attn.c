@@ -79,31 +79,37 @@ static void scale_row(float *restrict acc /* [n] */, float alpha, int n)
     for (; d < n; d++) acc[d] *= alpha;
 }
 
-/* Converts n cache elements starting at element index `first` to float, times mult. */
+/* Converts n cache elements starting at element index `first` to float, times mult.  The
+ * bf16 and fp32 cases run in blocks of eight so that gcc vectorises them at -O2. */
 void ar_cpu_load_row(ar_dtype t, const void *base, int64_t first, int n, float mult, float *dst)
 {
+    int i = 0;
     switch (t) {
     case AR_FP16: {
         const uint16_t *s = (const uint16_t *)base + first;
-        for (int i = 0; i < n; i++) dst[i] = ar_fp16_to_f32(s[i]) * mult;
+        for (; i < n; i++) dst[i] = ar_fp16_to_f32(s[i]);
         break;
     }
     case AR_BF16: {
         const uint16_t *s = (const uint16_t *)base + first;
-        for (int i = 0; i < n; i++) dst[i] = ar_bf16_to_f32(s[i]) * mult;
+        for (; i + 8 <= n; i += 8) {
+            uint32_t bits[8];
+            for (int u = 0; u < 8; u++) bits[u] = (uint32_t)s[i + u] << 16;
+            memcpy(dst + i, bits, sizeof bits);
+        }
+        for (; i < n; i++) dst[i] = ar_bf16_to_f32(s[i]);
         break;
     }
     case AR_FP8_E4M3: {
         const uint8_t *s = (const uint8_t *)base + first;
-        for (int i = 0; i < n; i++) dst[i] = ar_fp8e4m3_to_f32(s[i]) * mult;
+        for (; i < n; i++) dst[i] = ar_fp8e4m3_to_f32(s[i]);
         break;
     }
-    default: {
-        const float *s = (const float *)base + first;
-        for (int i = 0; i < n; i++) dst[i] = s[i] * mult;
+    default:
+        memcpy(dst, (const float *)base + first, sizeof(float) * (size_t)n);
         break;
     }
-    }
+    if (mult != 1.0f) scale_row(dst, mult, n);
 }
 
 /* Stores n floats (each divided by div when div != 1) as t's bits at element index first. */
