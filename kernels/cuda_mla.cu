@@ -1,0 +1,2398 @@
+/* cuda_mla.cu - the "cuda-mla" backend: DeepSeek-V2/V3 multi-head latent attention (MLA) on an
+ * NVIDIA GPU (sm_80+, built for sm_80 and sm_90a), with vLLM's MLA semantics (semantics
+ * section 7).  It holds
+ *   - the backend descriptor (check / open / prepare / fill / forward / close);
+ *   - device-side data generation (reference/datagen.h compiled by nvcc: bit-identical with
+ *     the CPU) of q_nope, q_pe, the 576-wide latent cache entries and per-layer W_UK / W_UV;
+ *   - the latent-cache write (vLLM concat_and_cache_mla: slot -1 skipped; fp8 e4m3 with a
+ *     per-tensor scale as an option);
+ *   - a batched GEMM (SIMT, fp32 accumulate) for the absorption q_nope x W_UK -> 512-wide latent
+ *     query and the up-projection o_lat x W_UV -> v_head_dim;
+ *   - the latent attention kernel, FlashMLA's structure on mma.sync tensor cores: one CTA per
+ *     (request, tile of 64 rows, key range), a row being a (query token, head) pair numbered
+ *     token-major, so every latent block is read once for 64 heads; keys are gathered through
+ *     the block table in tiles of 32 (cp.async, double-buffered), S = Q K^T over 576 dims and
+ *     O += P V over the first 512 dims of the SAME shared-memory tile (values = the latent);
+ *     online softmax in the log2 domain; bottom-right causal for query lengths > 1;
+ *   - split-KV across SMs (a FlashMLA-like planner cuts long key ranges into pieces so that the
+ *     launch fills the GPU) and a combine kernel that merges the pieces by LSE;
+ *   - a plain SIMT latent-attention kernel (one CTA per row), kept as a simple fallback
+ *     (AR_MLA_KERNEL=simt) and, instantiated with double accumulation, as the float64 device
+ *     reference of the FlashMLA-grid test hook (ar_cuda_mla_run_case);
+ *   - the prefill path for requests with query_len > AR_CUDA_MLA_DECODE_THRESHOLD: the new
+ *     tokens' keys/values are up-projected (k_nope = c W_UK, v = c W_UV, k = [k_nope | k_pe],
+ *     QK dim 192, V dim 128), attention among the new tokens is causal; the context is
+ *     up-projected in chunks bounded by a workspace and attended non-causally; the chunk
+ *     results and the new-token result are merged by LSE (vLLM merge_attn_states).
+ *
+ * Warp layout of the tensor-core kernel (8 warps): warp w owns rows 16*(w%4) .. +16 and output
+ * columns 256*(w/4) .. +256 of the 64 x 512 latent output (128 fp32 accumulators per thread).
+ * Both column halves compute the same 16 x 32 score tile (the QK product is done twice) so
+ * that the softmax needs no exchange between warps.
+ *
+ * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): "write"
+ * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
+ * merge), "wuv" (o_lat x W_UV), and for prefill requests "prefill" (up-projection, chunked
+ * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
+ * guard regions checked after every forward; out/LSE are NaN-poisoned before each forward.
+ *
+ * LSE convention: [Hq, T], natural log, -inf for a row that sees no key (backend contract);
+ * the test hook converts to FlashMLA's +inf. */
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_mla.h"
+#include "../reference/mla_ref.h"
+
+#define MLA_GUARD_BYTES 4096
+#define MLA_GUARD_BYTE 0xA5
+
+namespace ar_mla {
+
+constexpr int D = 576;          /* latent cache entry: kv_lora_rank + rope dim */
+constexpr int DL = 512;         /* kv_lora_rank: latent part, = values of the latent attention */
+constexpr int DR = 64;          /* qk_rope_head_dim */
+constexpr int ROWS = 64;        /* rows of one CTA tile (query token, head) */
+constexpr int KEYS = 32;        /* keys per shared-memory tile */
+constexpr int STRIDE = D + 8;   /* shared row stride in 16-bit elements (conflict-free fragments) */
+constexpr int THREADS = 256;    /* 8 warps */
+constexpr int SMEM_Q = ROWS * STRIDE * 2;
+constexpr int SMEM_K = KEYS * STRIDE * 2;
+constexpr int SMEM_TOTAL = SMEM_Q + 2 * SMEM_K;   /* 149504 bytes */
+constexpr int SIMT_THREADS = 128;
+constexpr int SIMT_CHUNK = 128;
+
+/* One CTA of the latent attention: rows row0 .. row0 + 63 of request req (row = i * H + n),
+ * keys [key_begin, key_end) (key_begin a multiple of KEYS). */
+struct work_item {
+    int req;
+    int row0;
+    int key_begin;
+    int key_end;
+    int partial;        /* -1: write o_lat / lse; else the partial slot of this piece */
+    int pad0, pad1, pad2;
+};
+
+/* Pieces first_partial .. + count - 1 of one row tile, merged by the combine kernel. */
+struct combine_group {
+    int req;
+    int row0;
+    int first_partial;
+    int count;
+};
+
+struct attn_args {
+    const void *q;              /* [T, H, 576] compute dtype bits: [ql_nope (512) | q_pe (64)] */
+    const void *cache;          /* [num_blocks, block_size, 576] cache dtype */
+    float *o_lat;               /* [T, H, 512] normalised latent output */
+    float *lse;                 /* [H, T] natural log (log2 with the LSE_BASE2 fault) */
+    float *part_o;              /* [num_partials, ROWS, 512] normalised */
+    float *part_lse;            /* [num_partials, ROWS] log2 domain */
+    const int *qsl;             /* [R + 1] query_start_loc */
+    const int *seq_lens;        /* [R] */
+    const int *block_table;     /* [R, mbpr] */
+    const int *tok_req;         /* [T] request of each token */
+    const work_item *work;
+    const combine_group *groups;
+    int num_tokens, num_heads, mbpr, block_size, causal, fault;
+    int bf16;                   /* compute dtype: 1 bf16, 0 fp16 */
+    int fp8_cache;              /* cache holds fp8 e4m3 (scaled by kv_scale) */
+    float scale;                /* softmax scale (natural) */
+    float scale_log2;           /* scale * log2(e) */
+    float kv_scale;
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Small device helpers                                                                      */
+
+__device__ __forceinline__ uint16_t to_bits(int bf16, float v)
+{
+    return bf16 ? ar_f32_to_bf16(v) : ar_f32_to_fp16(v);
+}
+
+__device__ __forceinline__ float from_bits(int bf16, uint16_t b)
+{
+    return bf16 ? ar_bf16_to_f32(b) : ar_fp16_to_f32(b);
+}
+
+/* Key limit of query token i of a request (keys [0, limit) visible). */
+__device__ __forceinline__ int key_limit(int causal, int seq_len, int q_len, int i, int extra)
+{
+    if (!causal) return seq_len;
+    int lim = seq_len - q_len + i + 1 + extra;
+    if (lim > seq_len) lim = seq_len;
+    return lim < 0 ? 0 : lim;
+}
+
+__device__ __forceinline__ int64_t key_slot(const attn_args &a, int r, int j)
+{
+    int blk = a.block_table[(int64_t)r * a.mbpr + j / a.block_size];
+    return (int64_t)blk * a.block_size + j % a.block_size;
+}
+
+__device__ __forceinline__ void cp_async16(void *smem_dst, const void *gmem_src, bool pred)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem_dst);
+    int n = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem_src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem_src)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem_src);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+/* c += a (16x16, row) * b (16x8, col), fp32 accumulate. */
+template <bool BF16>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    if (BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats as one register of 16-bit values (lo in the low half). */
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+    if (BF16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Tensor-core latent attention                                                               */
+
+/* Loads keys [k0, k0 + KEYS) of request r into a shared tile (zeros at and past key_end). */
+template <bool BF16, bool FP8>
+__device__ __forceinline__ void load_key_tile(const attn_args &a, uint16_t *sk, int r, int k0, int key_end)
+{
+    const int chunks = D / 8;   /* 72 chunks of 8 elements per key row */
+    for (int idx = threadIdx.x; idx < KEYS * chunks; idx += THREADS) {
+        int key = idx / chunks, ch = idx % chunks;
+        int j = k0 + key;
+        bool valid = j < key_end;
+        int64_t slot = valid ? key_slot(a, r, j) : 0;
+        uint16_t *dst = sk + key * STRIDE + ch * 8;
+        if (!FP8) {
+            const uint16_t *src = (const uint16_t *)a.cache + slot * D + ch * 8;
+            cp_async16(dst, src, valid);
+        } else {
+            uint4 packed = make_uint4(0, 0, 0, 0);
+            if (valid) {
+                uint2 raw = *reinterpret_cast<const uint2 *>((const uint8_t *)a.cache + slot * D + ch * 8);
+                uint16_t v[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    uint32_t word = e < 4 ? raw.x : raw.y;
+                    uint8_t byte = (uint8_t)(word >> (8 * (e & 3)));
+                    v[e] = to_bits(BF16, ar_fp8e4m3_to_f32(byte));   /* exact in bf16 and fp16 */
+                }
+                packed.x = v[0] | ((uint32_t)v[1] << 16);
+                packed.y = v[2] | ((uint32_t)v[3] << 16);
+                packed.z = v[4] | ((uint32_t)v[5] << 16);
+                packed.w = v[6] | ((uint32_t)v[7] << 16);
+            }
+            *reinterpret_cast<uint4 *>(dst) = packed;
+        }
+    }
+}
+
+template <bool BF16, bool FP8>
+__global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
+{
+    extern __shared__ uint4 smem_raw[];
+    uint16_t *sq = reinterpret_cast<uint16_t *>(smem_raw);
+    uint16_t *const sk_base = sq + ROWS * STRIDE;   /* two key tiles: buffer b at b * KEYS * STRIDE */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req, H = a.num_heads;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * H;
+    const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+
+    /* Q tile: rows row0 .. row0 + 63 (zeros past the request's rows) */
+    {
+        const int chunks = D / 8;
+        for (int idx = threadIdx.x; idx < ROWS * chunks; idx += THREADS) {
+            int row = idx / chunks, ch = idx % chunks;
+            int gr = w.row0 + row;
+            bool valid = gr < nrows;
+            const uint16_t *src = (const uint16_t *)a.q + ((int64_t)q0 * H + (valid ? gr : 0)) * D + ch * 8;
+            cp_async16(sq + row * STRIDE + ch * 8, src, valid);
+        }
+        cp_async_commit();
+    }
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rg = warp & 3, colh = warp >> 2;
+    const int g = lane >> 2, tig = lane & 3;
+    const int lr[2] = {rg * 16 + g, rg * 16 + g + 8};
+    int lim[2];
+    for (int h = 0; h < 2; h++) {
+        int gr = w.row0 + lr[h];
+        lim[h] = gr < nrows ? key_limit(a.causal, sl, ql, gr / H, extra) : 0;
+        if (lim[h] > w.key_end) lim[h] = w.key_end;
+    }
+
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const float score_mul = a.scale_log2 * (FP8 ? a.kv_scale : 1.f);
+
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
+    if (ntiles > 0) {
+        load_key_tile<BF16, FP8>(a, sk_base, r, w.key_begin, w.key_end);
+        cp_async_commit();
+    }
+    for (int t = 0; t < ntiles; t++) {
+        const int k0 = w.key_begin + t * KEYS;
+        if (t + 1 < ntiles) {
+            load_key_tile<BF16, FP8>(a, sk_base + ((t + 1) & 1) * KEYS * STRIDE, r, k0 + KEYS, w.key_end);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const uint16_t *sk = sk_base + (t & 1) * KEYS * STRIDE;
+
+        /* S = Q K^T: 16 rows x 32 keys per warp */
+        float s[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = 0.f;
+        const uint16_t *qa = sq + lr[0] * STRIDE + 2 * tig, *qb = sq + lr[1] * STRIDE + 2 * tig;
+#pragma unroll 4
+        for (int kk = 0; kk < D; kk += 16) {
+            uint32_t af[4];
+            af[0] = *reinterpret_cast<const uint32_t *>(qa + kk);
+            af[1] = *reinterpret_cast<const uint32_t *>(qb + kk);
+            af[2] = *reinterpret_cast<const uint32_t *>(qa + kk + 8);
+            af[3] = *reinterpret_cast<const uint32_t *>(qb + kk + 8);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const uint16_t *kr = sk + (nt * 8 + g) * STRIDE + 2 * tig + kk;
+                uint32_t b0 = *reinterpret_cast<const uint32_t *>(kr);
+                uint32_t b1 = *reinterpret_cast<const uint32_t *>(kr + 8);
+                mma16816<BF16>(s[nt], af, b0, b1);
+            }
+        }
+
+        /* mask, scale to the log2 domain, online softmax */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1;
+                int j = k0 + nt * 8 + 2 * tig + (e & 1);
+                float x = j < lim[h] ? s[nt][e] * score_mul : -INFINITY;
+                s[nt][e] = x;
+                mx[h] = fmaxf(mx[h], x);
+            }
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            float m_new = fmaxf(m_run[h], mx[h]);
+            m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+            alpha[h] = exp2f(m_run[h] - m_use[h]);
+            m_run[h] = m_new;
+        }
+        float psum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(s[nt][e] - m_use[e >> 1]);
+                s[nt][e] = p;
+                psum[e >> 1] += p;
+            }
+        for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * alpha[h] + psum[h];
+        if (a.fault != AR_FAULT_NO_RESCALE) {
+#pragma unroll
+            for (int nt = 0; nt < 32; nt++) {
+                o[nt][0] *= alpha[0];
+                o[nt][1] *= alpha[0];
+                o[nt][2] *= alpha[1];
+                o[nt][3] *= alpha[1];
+            }
+        }
+
+        /* O += P V: P (16 x 32) from registers, V = first 512 columns of the key tile */
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            uint32_t pf[4];
+            pf[0] = pack2<BF16>(s[2 * ks][0], s[2 * ks][1]);
+            pf[1] = pack2<BF16>(s[2 * ks][2], s[2 * ks][3]);
+            pf[2] = pack2<BF16>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+            pf[3] = pack2<BF16>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+            const int mi = lane >> 3, rr = lane & 7;
+            const uint16_t *vbase = sk + (ks * 16 + rr + (mi & 1) * 8) * STRIDE + colh * 256 + (mi >> 1) * 8;
+#pragma unroll
+            for (int np = 0; np < 16; np++) {
+                uint32_t vf[4];
+                ldmatrix_x4_trans(vf, vbase + np * 16);
+                mma16816<BF16>(o[2 * np], pf, vf[0], vf[1]);
+                mma16816<BF16>(o[2 * np + 1], pf, vf[2], vf[3]);
+            }
+        }
+        __syncthreads();   /* the buffer is refilled two tiles later */
+    }
+    if (ntiles == 0) cp_async_wait<0>();
+
+    /* epilogue: full row sums, normalise, write */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    }
+    const float out_mul = FP8 ? a.kv_scale : 1.f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int gr = w.row0 + lr[h];
+        if (gr >= nrows) continue;
+        float inv = l_run[h] > 0.f ? out_mul / l_run[h] : 0.f;
+        float lse2 = l_run[h] > 0.f ? m_run[h] + log2f(l_run[h]) : -INFINITY;
+        float *dst;
+        if (w.partial < 0)
+            dst = a.o_lat + ((int64_t)q0 * H + gr) * DL;
+        else
+            dst = a.part_o + ((int64_t)w.partial * ROWS + lr[h]) * DL;
+#pragma unroll
+        for (int nt = 0; nt < 32; nt++) {
+            int col = colh * 256 + nt * 8 + 2 * tig;
+            float2 v = make_float2(o[nt][2 * h] * inv, o[nt][2 * h + 1] * inv);
+            *reinterpret_cast<float2 *>(dst + col) = v;
+        }
+        if (colh == 0 && tig == 0) {
+            if (w.partial < 0) {
+                int i = gr / H, n = gr % H;
+                float lse = a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
+                a.lse[(int64_t)n * a.num_tokens + q0 + i] = lse;
+            } else {
+                a.part_lse[(int64_t)w.partial * ROWS + lr[h]] = lse2;
+            }
+        }
+    }
+}
+
+/* Merges the split pieces of each row tile by their LSE (vLLM merge_attn_states on N pieces). */
+__global__ void combine_kernel(attn_args a)
+{
+    const combine_group gp = a.groups[blockIdx.x];
+    const int H = a.num_heads;
+    const int q0 = a.qsl[gp.req], ql = a.qsl[gp.req + 1] - q0;
+    const int nrows = ql * H;
+    for (int lr = 0; lr < ROWS; lr++) {
+        int gr = gp.row0 + lr;
+        if (gr >= nrows) break;
+        float m = -INFINITY;
+        for (int p = 0; p < gp.count; p++) m = fmaxf(m, a.part_lse[(int64_t)(gp.first_partial + p) * ROWS + lr]);
+        float wsum = 0.f;
+        for (int p = 0; p < gp.count; p++) {
+            float l = a.part_lse[(int64_t)(gp.first_partial + p) * ROWS + lr];
+            wsum += m == -INFINITY ? 0.f : exp2f(l - m);
+        }
+        float *dst = a.o_lat + ((int64_t)q0 * H + gr) * DL;
+        for (int col = threadIdx.x; col < DL; col += blockDim.x) {
+            float acc = 0.f;
+            for (int p = 0; p < gp.count; p++) {
+                int64_t pi = gp.first_partial + p;
+                float l = a.part_lse[pi * ROWS + lr];
+                float wgt;
+                if (a.fault == AR_FAULT_MERGE_NO_WEIGHTS)
+                    wgt = 1.f;
+                else
+                    wgt = (m == -INFINITY || wsum <= 0.f) ? 0.f : exp2f(l - m) / wsum;
+                acc += wgt * a.part_o[(pi * ROWS + lr) * DL + col];
+            }
+            dst[col] = acc;
+        }
+        if (threadIdx.x == 0) {
+            float lse2 = (m == -INFINITY || wsum <= 0.f) ? -INFINITY : m + log2f(wsum);
+            int i = gr / H, n = gr % H;
+            a.lse[(int64_t)n * a.num_tokens + q0 + i] =
+                a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* SIMT latent attention: one CTA per (token, head).  With Acc = float it is the fallback
+ * kernel (writes o_lat / lse like the tensor-core path); with Acc = double it is the float64
+ * device reference (cache values read as ar_kv_roundtrip gives them, exp/log in double).    */
+
+template <typename Acc>
+__device__ Acc block_reduce(Acc v, bool is_max, Acc *red)
+{
+    for (int off = 16; off > 0; off >>= 1) {
+        Acc o = __shfl_xor_sync(0xffffffffu, v, off);
+        v = is_max ? (o > v ? o : v) : v + o;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    Acc r = red[0];
+    for (int i = 1; i < nw; i++) r = is_max ? (red[i] > r ? red[i] : r) : r + red[i];
+    return r;
+}
+
+template <typename Acc>
+__device__ __forceinline__ Acc cache_value(const attn_args &a, int64_t idx)
+{
+    if (a.fp8_cache) {
+        float x = ar_fp8e4m3_to_f32(((const uint8_t *)a.cache)[idx]);
+        /* the float64 reference reads the round-trip value; the float kernel scales later */
+        return sizeof(Acc) == 8 ? (Acc)__fmul_rn(x, a.kv_scale) : (Acc)x;
+    }
+    return (Acc)from_bits(a.bf16, ((const uint16_t *)a.cache)[idx]);
+}
+
+template <typename Acc>
+__global__ void __launch_bounds__(SIMT_THREADS) attn_simt_kernel(attn_args a, Acc *out, Acc *lse_out)
+{
+    __shared__ Acc qs[D];
+    __shared__ Acc ps[SIMT_CHUNK];
+    __shared__ Acc red[SIMT_THREADS / 32];
+    const int H = a.num_heads;
+    const int t = blockIdx.x / H, n = blockIdx.x % H;
+    const int r = a.tok_req[t];
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int i = t - q0;
+    const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    const int limit = key_limit(a.causal, sl, ql, i, extra);
+    const bool dbl = sizeof(Acc) == 8;
+    const Acc smul = (Acc)a.scale * ((a.fp8_cache && !dbl) ? (Acc)a.kv_scale : (Acc)1);
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+        qs[d] = (Acc)from_bits(a.bf16, ((const uint16_t *)a.q)[((int64_t)t * H + n) * D + d]);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    Acc m = -INFINITY, l = 0;
+    Acc acc[DL / SIMT_THREADS];
+    for (int c = 0; c < DL / SIMT_THREADS; c++) acc[c] = 0;
+    for (int c0 = 0; c0 < limit; c0 += SIMT_CHUNK) {
+        int cnt = limit - c0 < SIMT_CHUNK ? limit - c0 : SIMT_CHUNK;
+        for (int kk = warp; kk < cnt; kk += nw) {
+            int64_t base = key_slot(a, r, c0 + kk) * D;
+            Acc dot = 0;
+            for (int d = lane; d < D; d += 32) dot += qs[d] * cache_value<Acc>(a, base + d);
+            for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+            if (lane == 0) ps[kk] = dot * smul;
+        }
+        __syncthreads();
+        Acc mine = threadIdx.x < cnt ? ps[threadIdx.x] : (Acc)-INFINITY;
+        Acc mc = block_reduce<Acc>(mine, true, red);
+        Acc m_new = m > mc ? m : mc;
+        Acc alpha = m == -INFINITY ? (Acc)0 : exp(m - m_new);
+        Acc p = threadIdx.x < cnt ? exp(mine - m_new) : (Acc)0;
+        Acc lsum = block_reduce<Acc>(p, false, red);
+        if (threadIdx.x < cnt) ps[threadIdx.x] = p;
+        __syncthreads();
+        if (a.fault == AR_FAULT_NO_RESCALE) alpha = 1;
+        l = l * alpha + lsum;
+        for (int c = 0; c < DL / SIMT_THREADS; c++) {
+            int col = threadIdx.x + c * SIMT_THREADS;
+            Acc sum = 0;
+            for (int kk = 0; kk < cnt; kk++) sum += ps[kk] * cache_value<Acc>(a, key_slot(a, r, c0 + kk) * D + col);
+            acc[c] = acc[c] * alpha + sum;
+        }
+        m = m_new;
+        __syncthreads();
+    }
+    const Acc omul = (a.fp8_cache && !dbl) ? (Acc)a.kv_scale : (Acc)1;
+    for (int c = 0; c < DL / SIMT_THREADS; c++) {
+        int col = threadIdx.x + c * SIMT_THREADS;
+        out[((int64_t)t * H + n) * DL + col] = l > 0 ? acc[c] * omul / l : (Acc)0;
+    }
+    if (threadIdx.x == 0) {
+        Acc lse = l > 0 ? m + log(l) : (Acc)-INFINITY;
+        if (a.fault == AR_FAULT_LSE_BASE2 && lse != (Acc)-INFINITY) lse = lse * (Acc)1.4426950408889634;
+        lse_out[(int64_t)n * a.num_tokens + t] = lse;
+    }
+}
+
+/* The float64 device reference of the test hook: one CTA per (token, group of up to 16 heads),
+ * so each key row is read once for 16 heads; products and sums in double, the cache read as
+ * ar_kv_roundtrip gives it, exact exp/log.  Only requests with req_mask[r] != 0 are computed. */
+constexpr int REF_HEADS = 16;
+constexpr int REF_KEYS = 64;
+constexpr int REF_THREADS = 256;
+
+__global__ void __launch_bounds__(REF_THREADS) ref_kernel(attn_args a, const unsigned char *req_mask, double *out,
+                                                          double *lse_out)
+{
+    __shared__ float qs[REF_HEADS][D];
+    __shared__ double sc[REF_HEADS][REF_KEYS];
+    __shared__ double alpha_s[REF_HEADS];
+    __shared__ double m_s[REF_HEADS], l_s[REF_HEADS];
+    const int H = a.num_heads, groups = (H + REF_HEADS - 1) / REF_HEADS;
+    const int t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * REF_HEADS;
+    const int nh = H - h0 < REF_HEADS ? H - h0 : REF_HEADS;
+    const int r = a.tok_req[t];
+    if (req_mask && !req_mask[r]) return;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int limit = key_limit(a.causal, sl, ql, t - q0, 0);
+    for (int idx = threadIdx.x; idx < REF_HEADS * D; idx += blockDim.x) {
+        int h = idx / D, d = idx % D;
+        qs[h][d] = h < nh ? from_bits(a.bf16, ((const uint16_t *)a.q)[((int64_t)t * H + h0 + h) * D + d]) : 0.f;
+    }
+    if (threadIdx.x < REF_HEADS) {
+        m_s[threadIdx.x] = -INFINITY;
+        l_s[threadIdx.x] = 0.0;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    double acc[REF_HEADS][2];
+    for (int h = 0; h < REF_HEADS; h++) acc[h][0] = acc[h][1] = 0.0;
+    const int col0 = threadIdx.x * 2;   /* 256 threads x 2 columns = 512 */
+    for (int c0 = 0; c0 < limit; c0 += REF_KEYS) {
+        int cnt = limit - c0 < REF_KEYS ? limit - c0 : REF_KEYS;
+        for (int kk = warp; kk < cnt; kk += nw) {
+            int64_t base = key_slot(a, r, c0 + kk) * D;
+            double kv[D / 32];
+            for (int x = 0; x < D / 32; x++) kv[x] = cache_value<double>(a, base + lane + 32 * x);
+            for (int h = 0; h < nh; h++) {
+                double dot = 0.0;
+                for (int x = 0; x < D / 32; x++) dot += (double)qs[h][lane + 32 * x] * kv[x];
+                for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+                if (lane == 0) sc[h][kk] = dot * (double)a.scale;
+            }
+        }
+        __syncthreads();
+        for (int h = warp; h < nh; h += nw) {
+            double mx = -INFINITY;
+            for (int kk = lane; kk < cnt; kk += 32) mx = sc[h][kk] > mx ? sc[h][kk] : mx;
+            for (int off = 16; off > 0; off >>= 1) {
+                double o = __shfl_xor_sync(0xffffffffu, mx, off);
+                mx = o > mx ? o : mx;
+            }
+            double m_old = m_s[h];
+            double m_new = m_old > mx ? m_old : mx;
+            double sum = 0.0;
+            for (int kk = lane; kk < cnt; kk += 32) {
+                double p = exp(sc[h][kk] - m_new);
+                sc[h][kk] = p;
+                sum += p;
+            }
+            for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            __syncwarp();
+            if (lane == 0) {
+                double alpha = m_old == -INFINITY ? 0.0 : exp(m_old - m_new);
+                alpha_s[h] = alpha;
+                l_s[h] = l_s[h] * alpha + sum;
+                m_s[h] = m_new;
+            }
+        }
+        __syncthreads();
+        for (int h = 0; h < nh; h++) {
+            acc[h][0] *= alpha_s[h];
+            acc[h][1] *= alpha_s[h];
+        }
+        for (int kk = 0; kk < cnt; kk++) {
+            int64_t base = key_slot(a, r, c0 + kk) * D;
+            double v0 = cache_value<double>(a, base + col0), v1 = cache_value<double>(a, base + col0 + 1);
+            for (int h = 0; h < nh; h++) {
+                acc[h][0] += sc[h][kk] * v0;
+                acc[h][1] += sc[h][kk] * v1;
+            }
+        }
+        __syncthreads();
+    }
+    for (int h = 0; h < nh; h++) {
+        double l = l_s[h];
+        double *dst = out + ((int64_t)t * H + h0 + h) * DL + col0;
+        dst[0] = l > 0 ? acc[h][0] / l : 0.0;
+        dst[1] = l > 0 ? acc[h][1] / l : 0.0;
+    }
+    if (threadIdx.x < nh) {
+        double l = l_s[threadIdx.x];
+        lse_out[(int64_t)(h0 + threadIdx.x) * a.num_tokens + t] = l > 0 ? m_s[threadIdx.x] + log(l) : -INFINITY;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Batched GEMM (SIMT, 64 x 64 tiles, fp32 accumulate):                                     */
+/*   C[b][m][n] = sum_k A[b][m][k] * B[(b + b_shift) % batch][k][n]                           */
+/* with element strides; A is float or 16-bit dtype bits, B 16-bit dtype bits, C float        */
+/* (rounded to round_dtype) or 16-bit bits.                                                   */
+
+struct gemm_args {
+    int batch, M, N, K;
+    const void *A;
+    int a_bits16;               /* 1: A holds dtype bits, 0: float */
+    int64_t a_b, a_m, a_k;
+    const uint16_t *B;
+    int64_t b_b, b_k, b_n;
+    int b_shift;
+    void *C;
+    int c_bits16;               /* 1: store dtype bits, 0: float rounded to dtype */
+    int64_t c_b, c_m, c_n;
+    int bf16;                   /* the dtype of 16-bit data and of the rounding */
+};
+
+__global__ void __launch_bounds__(256) gemm_kernel(gemm_args g)
+{
+    __shared__ float As[16][64 + 4];
+    __shared__ float Bs[16][64 + 4];
+    const int bz = blockIdx.z;
+    const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int bb = (bz + g.b_shift) % g.batch;
+    float acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+    for (int k0 = 0; k0 < g.K; k0 += 16) {
+        for (int e = threadIdx.x; e < 64 * 16; e += 256) {
+            int kk = e % 16, mm = e / 16;
+            int m = m0 + mm, k = k0 + kk;
+            float v = 0.f;
+            if (m < g.M && k < g.K) {
+                int64_t idx = bz * g.a_b + m * g.a_m + k * g.a_k;
+                v = g.a_bits16 ? from_bits(g.bf16, ((const uint16_t *)g.A)[idx]) : ((const float *)g.A)[idx];
+            }
+            As[kk][mm] = v;
+            int nn = e % 64, kb = e / 64;
+            int n = n0 + nn, k2 = k0 + kb;
+            float u = 0.f;
+            if (n < g.N && k2 < g.K) u = from_bits(g.bf16, g.B[bb * g.b_b + k2 * g.b_k + n * g.b_n]);
+            Bs[kb][nn] = u;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            float av[4], bv[4];
+            for (int i = 0; i < 4; i++) av[i] = As[kk][ty * 4 + i];
+            for (int j = 0; j < 4; j++) bv[j] = Bs[kk][tx * 4 + j];
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            int m = m0 + ty * 4 + i, n = n0 + tx * 4 + j;
+            if (m >= g.M || n >= g.N) continue;
+            int64_t idx = bz * g.c_b + m * g.c_m + n * g.c_n;
+            if (g.c_bits16)
+                ((uint16_t *)g.C)[idx] = to_bits(g.bf16, acc[i][j]);
+            else
+                ((float *)g.C)[idx] = g.bf16 ? ar_round_to(AR_BF16, acc[i][j]) : ar_round_to(AR_FP16, acc[i][j]);
+        }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Data generation and the cache write                                                       */
+
+/* q_nope [T, H, P] bits and q_pe into qlat [T, H, 576] columns 512..575. */
+__global__ void gen_q_kernel(uint16_t *q_nope, uint16_t *qlat, int T, int H, int P, uint64_t seed, uint32_t layer,
+                             const int *tok_req, const int *tok_pos, const uint64_t *req_keys, ar_datadist dist,
+                             ar_dtype dtype)
+{
+    const int width = P + DR;
+    int64_t total = (int64_t)T * H * width;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(idx % width);
+        int64_t th = idx / width;
+        int n = (int)(th % H);
+        int t = (int)(th / H);
+        uint64_t key = req_keys[tok_req[t]];
+        int bf16 = dtype == AR_BF16;
+        if (d < P) {
+            uint64_t row = ar_gen_row(seed, AR_STREAM_Q_NOPE, layer, key, (uint64_t)tok_pos[t], (uint32_t)n);
+            q_nope[th * P + d] = to_bits(bf16, ar_gen(row, (uint32_t)d, dist, dtype));
+        } else {
+            uint64_t row = ar_gen_row(seed, AR_STREAM_Q_PE, layer, key, (uint64_t)tok_pos[t], (uint32_t)n);
+            qlat[th * D + DL + (d - P)] = to_bits(bf16, ar_gen(row, (uint32_t)(d - P), dist, dtype));
+        }
+    }
+}
+
+/* The stored form of a latent value: dtype bits, or fp8 bits of x / kv_scale. */
+__device__ __forceinline__ void store_latent(void *cache, int64_t idx, float x, ar_dtype dtype, ar_dtype kv_dtype,
+                                             float kv_scale)
+{
+    if (kv_dtype == dtype)
+        ((uint16_t *)cache)[idx] = to_bits(dtype == AR_BF16, x);
+    else
+        ((uint8_t *)cache)[idx] = ar_f32_to_fp8e4m3(__fdiv_rn(x, kv_scale));
+}
+
+/* new latents [T, 576] dtype bits: key = content key of the token's block, pos = offset. */
+__global__ void gen_latent_kernel(uint16_t *lat, int T, uint64_t seed, uint32_t layer, const int *tok_req,
+                                  const int *tok_pos, const uint64_t *block_keys, int mbpr, int block_size,
+                                  ar_datadist dist, ar_dtype dtype)
+{
+    int64_t total = (int64_t)T * D;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(idx % D);
+        int t = (int)(idx / D);
+        int p = tok_pos[t];
+        uint64_t key = block_keys[(int64_t)tok_req[t] * mbpr + p / block_size];
+        uint64_t row = ar_gen_row(seed, AR_STREAM_LATENT, layer, key, (uint64_t)(p % block_size), 0);
+        lat[idx] = to_bits(dtype == AR_BF16, ar_gen(row, (uint32_t)d, dist, dtype));
+    }
+}
+
+/* concat_and_cache_mla: token t's entry -> slot_mapping[t] (skipped when -1). */
+__global__ void write_latent_kernel(const uint16_t *lat, const int64_t *slots, void *cache, int T, ar_dtype dtype,
+                                    ar_dtype kv_dtype, float kv_scale, int wrong_slot)
+{
+    int t = blockIdx.x;
+    if (t >= T) return;
+    int64_t slot = slots[t];
+    if (slot < 0) return;
+    (void)wrong_slot;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float x = from_bits(dtype == AR_BF16, lat[(int64_t)t * D + d]);
+        store_latent(cache, slot * D + d, x, dtype, kv_dtype, kv_scale);
+    }
+}
+
+/* Untimed fill of context tokens straight from the generator. */
+__global__ void fill_latent_kernel(void *cache, int count, const int64_t *slots, const uint64_t *keys,
+                                   const int *offsets, uint64_t seed, uint32_t layer, ar_datadist dist,
+                                   ar_dtype dtype, ar_dtype kv_dtype, float kv_scale)
+{
+    int64_t total = (int64_t)count * D;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(idx % D);
+        int64_t i = idx / D;
+        int64_t slot = slots[i];
+        if (slot < 0) continue;
+        uint64_t row = ar_gen_row(seed, AR_STREAM_LATENT, layer, keys[i], (uint64_t)offsets[i], 0);
+        store_latent(cache, slot * D + d, ar_gen(row, (uint32_t)d, dist, dtype), dtype, kv_dtype, kv_scale);
+    }
+}
+
+/* W [H, 512, width] dtype bits: element (n, l, c) = ar_mla_weight(stream, layer, l, n, c)
+ * (reference/mla_ref.h: generated, times 1/sqrt(kv_lora_rank) in float, rounded). */
+__global__ void gen_weight_kernel(uint16_t *w, int H, int width, uint32_t stream, uint64_t seed, uint32_t layer,
+                                  ar_datadist dist, ar_dtype dtype, int kv_lora_rank)
+{
+    int64_t total = (int64_t)H * DL * width;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % width);
+        int64_t nl = idx / width;
+        int l = (int)(nl % DL);
+        int n = (int)(nl / DL);
+        w[idx] = to_bits(dtype == AR_BF16, ar_mla_weight(seed, stream, layer, kv_lora_rank, l, n, c, dist, dtype));
+    }
+}
+
+/* Test-case inputs: q [T, H, 576] and the cache entries of every request's tokens. */
+__global__ void case_q_kernel(uint16_t *q, int batch, int s_q, int H, uint64_t seed, ar_dtype dtype)
+{
+    int64_t total = (int64_t)batch * s_q * H * D;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(idx % D);
+        int64_t rest = idx / D;
+        int n = (int)(rest % H);
+        int64_t t = rest / H;
+        int i = (int)(t % s_q), b = (int)(t / s_q);
+        uint64_t row = ar_gen_row(seed, AR_STREAM_Q, 0, (uint64_t)b, (uint64_t)i, (uint32_t)n);
+        q[idx] = to_bits(dtype == AR_BF16, ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype));
+    }
+}
+
+__global__ void case_cache_kernel(void *cache, int batch, const int *seqlens, int max_sk, int block_size, int bpr,
+                                  int num_blocks, uint64_t seed, ar_dtype dtype, ar_dtype kv_dtype, float kv_scale)
+{
+    int64_t total = (int64_t)batch * max_sk * D;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(idx % D);
+        int64_t rest = idx / D;
+        int j = (int)(rest % max_sk), b = (int)(rest / max_sk);
+        if (j >= seqlens[b]) continue;
+        int blk = ar_cuda_mla_case_block(b, j / block_size, bpr, num_blocks);
+        int64_t slot = (int64_t)blk * block_size + j % block_size;
+        uint64_t row = ar_gen_row(seed, AR_STREAM_LATENT, 0, 1000003ull + (uint64_t)b, (uint64_t)j, 0);
+        store_latent(cache, slot * D + d, ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype), dtype, kv_dtype, kv_scale);
+    }
+}
+
+
+/* ---------------------------------------------------------------------------------------- */
+/* Prefill path (query_len > threshold): up-projected keys/values in a workspace               */
+
+/* Workspace latent rows: row w = (request row_req[w], position row_pos[w]); a context position
+ * comes from the cache (fp8 dequantised to the dtype), a new token's from the new latents. */
+__global__ void gather_latent_kernel(uint16_t *ws_lat, int n_rows, const int *row_req, const int *row_pos,
+                                     const attn_args a, const uint16_t *lat_new)
+{
+    int64_t total = (int64_t)n_rows * D;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(idx % D);
+        int w = (int)(idx / D);
+        int r = row_req[w], p = row_pos[w];
+        int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, ctx = a.seq_lens[r] - ql;
+        uint16_t v;
+        if (p >= ctx) {
+            v = lat_new[((int64_t)q0 + p - ctx) * D + d];
+        } else {
+            int64_t src = key_slot(a, r, p) * D + d;
+            if (a.fp8_cache)
+                v = to_bits(a.bf16, __fmul_rn(ar_fp8e4m3_to_f32(((const uint8_t *)a.cache)[src]), a.kv_scale));
+            else
+                v = ((const uint16_t *)a.cache)[src];
+        }
+        ws_lat[idx] = v;
+    }
+}
+
+/* k_pe (latent columns 512..575) broadcast to every head: ws_k[w, n, P + d]. */
+__global__ void rope_key_kernel(uint16_t *ws_k, const uint16_t *ws_lat, int n_rows, int H, int P)
+{
+    const int QK = P + DR;
+    int64_t total = (int64_t)n_rows * H * DR;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(idx % DR);
+        int64_t wn = idx / DR;
+        int64_t w = wn / H;
+        ws_k[wn * QK + P + d] = ws_lat[w * D + DL + d];
+    }
+}
+
+/* AR_FAULT_MLA_NO_WUV on the prefill path: values left in latent space (first V columns). */
+__global__ void latent_as_value_kernel(uint16_t *ws_v, const uint16_t *ws_lat, int n_rows, int H, int V)
+{
+    int64_t total = (int64_t)n_rows * H * V;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % V);
+        int64_t w = idx / V / H;
+        ws_v[idx] = ws_lat[w * D + c];
+    }
+}
+
+/* Attention of prefill token pf_tok[blockIdx.x / H], head blockIdx.x % H over workspace rows
+ * [kb[r], ke[r]) of its request; key row w visible iff row_pos[w] <= the query position
+ * (+1 with the off-by-one fault).  q = [q_nope | q_pe] (QK = P + 64), k = ws_k, v = ws_v.
+ * Writes pass_o [T, H, V] (float) and pass_lse [H, T] (natural; -inf when nothing visible). */
+__global__ void __launch_bounds__(SIMT_THREADS) prefill_attn_kernel(
+    const attn_args a, const int *pf_tok, const int *tok_pos, const uint16_t *q_nope, const uint16_t *ws_k,
+    const uint16_t *ws_v, const int *row_pos, const int *kb, const int *ke, int P, int V, float *pass_o,
+    float *pass_lse)
+{
+    __shared__ float qs[256 + DR];
+    __shared__ float ps[SIMT_CHUNK];
+    __shared__ float red[SIMT_THREADS / 32];
+    const int H = a.num_heads, QK = P + DR;
+    const int t = pf_tok[blockIdx.x / H], n = blockIdx.x % H;
+    const int r = a.tok_req[t];
+    const int qpos = tok_pos[t] + (a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0);
+    for (int d = threadIdx.x; d < QK; d += blockDim.x)
+        qs[d] = d < P ? from_bits(a.bf16, q_nope[((int64_t)t * H + n) * P + d])
+                      : from_bits(a.bf16, ((const uint16_t *)a.q)[((int64_t)t * H + n) * D + DL + (d - P)]);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float m = -INFINITY, l = 0.f, acc[2] = {0.f, 0.f};
+    const int k_begin = kb[r], k_end = ke[r];
+    for (int c0 = k_begin; c0 < k_end; c0 += SIMT_CHUNK) {
+        int cnt = k_end - c0 < SIMT_CHUNK ? k_end - c0 : SIMT_CHUNK;
+        for (int kk = warp; kk < cnt; kk += nw) {
+            int w = c0 + kk;
+            const uint16_t *kr = ws_k + ((int64_t)w * H + n) * QK;
+            float dot = 0.f;
+            for (int d = lane; d < QK; d += 32) dot += qs[d] * from_bits(a.bf16, kr[d]);
+            for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+            if (lane == 0) ps[kk] = row_pos[w] <= qpos ? dot * a.scale_log2 : -INFINITY;
+        }
+        __syncthreads();
+        float mine = threadIdx.x < cnt ? ps[threadIdx.x] : -INFINITY;
+        float mc = block_reduce<float>(mine, true, red);
+        float m_new = fmaxf(m, mc);
+        float m_use = m_new == -INFINITY ? 0.f : m_new;
+        float alpha = exp2f(m - m_use);
+        float p = threadIdx.x < cnt ? exp2f(mine - m_use) : 0.f;
+        float lsum = block_reduce<float>(p, false, red);
+        if (threadIdx.x < cnt) ps[threadIdx.x] = p;
+        __syncthreads();
+        if (a.fault == AR_FAULT_NO_RESCALE) alpha = 1.f;
+        l = l * alpha + lsum;
+        for (int c = 0; c < 2; c++) {
+            int col = threadIdx.x + c * SIMT_THREADS;
+            if (col >= V) break;
+            float sum = 0.f;
+            for (int kk = 0; kk < cnt; kk++) {
+                if (ps[kk] == 0.f) continue;
+                sum += ps[kk] * from_bits(a.bf16, ws_v[((int64_t)(c0 + kk) * H + n) * V + col]);
+            }
+            acc[c] = acc[c] * alpha + sum;
+        }
+        m = m_new;
+        __syncthreads();
+    }
+    for (int c = 0; c < 2; c++) {
+        int col = threadIdx.x + c * SIMT_THREADS;
+        if (col < V) pass_o[((int64_t)t * H + n) * V + col] = l > 0.f ? acc[c] / l : 0.f;
+    }
+    if (threadIdx.x == 0)
+        pass_lse[(int64_t)n * a.num_tokens + t] = l > 0.f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
+}
+
+/* acc (out, lse) <- merge(acc, pass) for every prefill token and head (vLLM merge_attn_states);
+ * first: acc <- pass. */
+__global__ void prefill_merge_kernel(const attn_args a, const int *pf_tok, int n_pf, int V, float *acc_o,
+                                     float *acc_lse, const float *pass_o, const float *pass_lse, int first)
+{
+    const int H = a.num_heads;
+    int64_t total = (int64_t)n_pf * H * V;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % V);
+        int64_t rest = idx / V;
+        int n = (int)(rest % H);
+        int t = pf_tok[rest / H];
+        int64_t o = ((int64_t)t * H + n) * V + c, li = (int64_t)n * a.num_tokens + t;
+        float pl = pass_lse[li];
+        if (first) {
+            acc_o[o] = pass_o[o];
+        } else {
+            float al = acc_lse[li];
+            float m = fmaxf(al, pl);
+            if (m == -INFINITY) continue;   /* both empty: keep acc (zeros) */
+            float wa = expf(al - m), wp = expf(pl - m);
+            if (a.fault == AR_FAULT_MERGE_NO_WEIGHTS)
+                acc_o[o] = acc_o[o] + pass_o[o];
+            else
+                acc_o[o] = acc_o[o] * (wa / (wa + wp)) + pass_o[o] * (wp / (wa + wp));
+        }
+    }
+}
+
+/* The LSE half of the merge (one thread per token and head, after prefill_merge_kernel). */
+__global__ void prefill_merge_lse_kernel(const attn_args a, const int *pf_tok, int n_pf, float *acc_lse,
+                                         const float *pass_lse, int first)
+{
+    const int H = a.num_heads;
+    int64_t total = (int64_t)n_pf * H;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int n = (int)(idx % H);
+        int t = pf_tok[idx / H];
+        int64_t li = (int64_t)n * a.num_tokens + t;
+        float pl = pass_lse[li];
+        if (first) {
+            acc_lse[li] = pl;
+            continue;
+        }
+        float al = acc_lse[li];
+        float m = fmaxf(al, pl);
+        acc_lse[li] = m == -INFINITY ? -INFINITY : m + logf(expf(al - m) + expf(pl - m));
+    }
+}
+
+/* Final prefill rows: out (rounded to dtype) and lse (log2 with the LSE_BASE2 fault). */
+__global__ void prefill_finish_kernel(const attn_args a, const int *pf_tok, int n_pf, int V, const float *acc_o,
+                                      const float *acc_lse, float *out, float *lse)
+{
+    const int H = a.num_heads;
+    int64_t total = (int64_t)n_pf * H * V;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % V);
+        int64_t rest = idx / V;
+        int n = (int)(rest % H);
+        int t = pf_tok[rest / H];
+        int64_t o = ((int64_t)t * H + n) * V + c;
+        out[o] = a.bf16 ? ar_round_to(AR_BF16, acc_o[o]) : ar_round_to(AR_FP16, acc_o[o]);
+        if (c == 0) {
+            float v = acc_lse[(int64_t)n * a.num_tokens + t];
+            if (a.fault == AR_FAULT_LSE_BASE2 && v != -INFINITY) v *= 1.4426950408889634f;
+            lse[(int64_t)n * a.num_tokens + t] = v;
+        }
+    }
+}
+
+/* AR_FAULT_MLA_NO_WUV on the absorbed path: out = the first V latent columns, rounded. */
+__global__ void latent_as_output_kernel(const float *o_lat, float *out, int T, int H, int V, int bf16)
+{
+    int64_t total = (int64_t)T * H * V;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % V);
+        int64_t th = idx / V;
+        float v = o_lat[th * DL + c];
+        out[idx] = bf16 ? ar_round_to(AR_BF16, v) : ar_round_to(AR_FP16, v);
+    }
+}
+
+} /* namespace ar_mla */
+
+using namespace ar_mla;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Host helpers                                                                              */
+
+typedef struct dev_buf {
+    void *ptr;
+    size_t cap;
+} dev_buf;
+
+static int mla_fail(cudaError_t e, const char *what, char *err, size_t err_len)
+{
+    if (e == cudaSuccess) return 0;
+    snprintf(err, err_len, "cuda-mla backend: %s: %s", what, cudaGetErrorString(e));
+    return 3;
+}
+
+static size_t mla_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static int mla_ensure(dev_buf *b, size_t need, const char *what, char *err, size_t err_len)
+{
+    if (need <= b->cap) return 0;
+    if (b->ptr) cudaFree(b->ptr);
+    b->ptr = NULL;
+    b->cap = 0;
+    size_t cap = mla_round_up(need + need / 4, 4096);
+    cudaError_t e = cudaMalloc(&b->ptr, cap);
+    if (e != cudaSuccess) return mla_fail(e, what, err, err_len);
+    b->cap = cap;
+    return 0;
+}
+
+static int mla_ensure_host(void **p, size_t *cap, size_t need, char *err, size_t err_len)
+{
+    if (need <= *cap) return 0;
+    if (*p) cudaFreeHost(*p);
+    *p = NULL;
+    *cap = 0;
+    size_t c = mla_round_up(need + need / 4, 4096);
+    cudaError_t e = cudaMallocHost(p, c);
+    if (e != cudaSuccess) return mla_fail(e, "pinned host buffer", err, err_len);
+    *cap = c;
+    return 0;
+}
+
+static int mla_grid(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65535 * 8) b = 65535 * 8;
+    return (int)b;
+}
+
+static size_t meta_take(size_t *off, size_t bytes)
+{
+    size_t at = mla_round_up(*off, 16);
+    *off = at + bytes;
+    return at;
+}
+
+/* Is the tensor-core kernel usable on this device (shared memory opt-in)? Sets the attribute. */
+static bool tc_kernel_ready(int device)
+{
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    if (optin < SMEM_TOTAL) return false;
+    cudaError_t e1 = cudaFuncSetAttribute(attn_tc_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_TOTAL);
+    cudaError_t e2 = cudaFuncSetAttribute(attn_tc_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_TOTAL);
+    cudaError_t e3 = cudaFuncSetAttribute(attn_tc_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_TOTAL);
+    cudaError_t e4 = cudaFuncSetAttribute(attn_tc_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_TOTAL);
+    if (e1 != cudaSuccess || e2 != cudaSuccess || e3 != cudaSuccess || e4 != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+static ar_cuda_mla_kernel env_kernel(void)
+{
+    const char *e = getenv("AR_MLA_KERNEL");
+    if (e && strcmp(e, "simt") == 0) return AR_MLA_KERNEL_SIMT;
+    if (e && strcmp(e, "tc") == 0) return AR_MLA_KERNEL_TC;
+    return AR_MLA_KERNEL_AUTO;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The planner: row tiles of 64 (token, head) rows per request, cut into key pieces so that   */
+/* the launch fills the SMs (FlashMLA-like: payload per SM = total / SMs, pieces of at least   */
+/* 4 key tiles), then sorted longest first.                                                   */
+
+typedef struct mla_plan {
+    work_item *work;
+    combine_group *groups;
+    int num_work, num_groups, num_partials;
+} mla_plan;
+
+static void plan_free(mla_plan *p)
+{
+    free(p->work);
+    free(p->groups);
+    memset(p, 0, sizeof *p);
+}
+
+static int cmp_work_len(const void *pa, const void *pb)
+{
+    const work_item *a = (const work_item *)pa, *b = (const work_item *)pb;
+    int la = a->key_end - a->key_begin, lb = b->key_end - b->key_begin;
+    if (la != lb) return lb - la;
+    if (a->req != b->req) return a->req - b->req;
+    if (a->row0 != b->row0) return a->row0 - b->row0;
+    return a->key_begin - b->key_begin;
+}
+
+static int host_key_limit(int causal, int sl, int ql, int i, int extra)
+{
+    if (!causal) return sl;
+    int lim = sl - ql + i + 1 + extra;
+    if (lim > sl) lim = sl;
+    return lim < 0 ? 0 : lim;
+}
+
+/* include[r] != 0 selects the requests to plan (NULL: all). 0 ok, -1 out of memory. */
+static int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, const unsigned char *include, int H,
+                      int causal, int extra, int num_sms, int force_splits)
+{
+    memset(p, 0, sizeof *p);
+    int64_t n_items = 0, total_tiles = 0;
+    for (int r = 0; r < R; r++) {
+        if (include && !include[r]) continue;
+        int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
+        for (int row0 = 0; row0 < nrows; row0 += ROWS) {
+            int last = row0 + ROWS - 1 < nrows - 1 ? row0 + ROWS - 1 : nrows - 1;
+            int kend = host_key_limit(causal, seq_lens[r], ql, last / H, extra);
+            total_tiles += (kend + KEYS - 1) / KEYS;
+            n_items++;
+        }
+    }
+    int64_t chunk = num_sms > 0 ? (total_tiles + num_sms - 1) / num_sms : total_tiles;
+    if (chunk < 4) chunk = 4;
+    /* count pieces */
+    int64_t n_work = 0, n_groups = 0, n_partials = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t wi = 0, gi = 0, pi = 0;
+        for (int r = 0; r < R; r++) {
+            if (include && !include[r]) continue;
+            int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
+            for (int row0 = 0; row0 < nrows; row0 += ROWS) {
+                int last = row0 + ROWS - 1 < nrows - 1 ? row0 + ROWS - 1 : nrows - 1;
+                int kend = host_key_limit(causal, seq_lens[r], ql, last / H, extra);
+                int64_t ntiles = (kend + KEYS - 1) / KEYS;
+                int64_t my_chunk = chunk;
+                if (force_splits > 0) my_chunk = ntiles > 0 ? (ntiles + force_splits - 1) / force_splits : 1;
+                int64_t pieces = ntiles > 0 ? (ntiles + my_chunk - 1) / my_chunk : 1;
+                if (pass == 1) {
+                    if (pieces > 1) {
+                        combine_group *g = &p->groups[gi];
+                        g->req = r;
+                        g->row0 = row0;
+                        g->first_partial = (int)pi;
+                        g->count = (int)pieces;
+                    }
+                    for (int64_t k = 0; k < pieces; k++) {
+                        work_item *w = &p->work[wi + k];
+                        memset(w, 0, sizeof *w);
+                        w->req = r;
+                        w->row0 = row0;
+                        w->key_begin = (int)(k * my_chunk * KEYS);
+                        int64_t e = (k + 1) * my_chunk * KEYS;
+                        w->key_end = (int)(e < kend ? e : kend);
+                        if (ntiles == 0) w->key_begin = w->key_end = 0;
+                        w->partial = pieces > 1 ? (int)(pi + k) : -1;
+                    }
+                }
+                wi += pieces;
+                if (pieces > 1) {
+                    gi++;
+                    pi += pieces;
+                }
+            }
+        }
+        if (pass == 0) {
+            n_work = wi;
+            n_groups = gi;
+            n_partials = pi;
+            p->work = (work_item *)malloc((size_t)(n_work > 0 ? n_work : 1) * sizeof(work_item));
+            p->groups = (combine_group *)malloc((size_t)(n_groups > 0 ? n_groups : 1) * sizeof(combine_group));
+            if (!p->work || !p->groups) {
+                plan_free(p);
+                return -1;
+            }
+        }
+    }
+    (void)n_items;
+    qsort(p->work, (size_t)n_work, sizeof(work_item), cmp_work_len);
+    p->num_work = (int)n_work;
+    p->num_groups = (int)n_groups;
+    p->num_partials = (int)n_partials;
+    return 0;
+}
+
+/* Launches the latent attention (+ combine) for a planned step. */
+static cudaError_t launch_attention(const attn_args &a, bool use_tc, int num_work, int num_groups, int num_tokens,
+                                    cudaStream_t st, cudaEvent_t ev_mid)
+{
+    if (use_tc) {
+        if (num_work > 0) {
+            if (a.bf16 && !a.fp8_cache) attn_tc_kernel<true, false><<<num_work, THREADS, SMEM_TOTAL, st>>>(a);
+            else if (a.bf16) attn_tc_kernel<true, true><<<num_work, THREADS, SMEM_TOTAL, st>>>(a);
+            else if (!a.fp8_cache) attn_tc_kernel<false, false><<<num_work, THREADS, SMEM_TOTAL, st>>>(a);
+            else attn_tc_kernel<false, true><<<num_work, THREADS, SMEM_TOTAL, st>>>(a);
+        }
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+        if (ev_mid) cudaEventRecord(ev_mid, st);
+        if (num_groups > 0) combine_kernel<<<num_groups, 256, 0, st>>>(a);
+        return cudaGetLastError();
+    }
+    if (num_tokens > 0 && a.num_heads > 0)
+        attn_simt_kernel<float><<<num_tokens * a.num_heads, SIMT_THREADS, 0, st>>>(a, a.o_lat, a.lse);
+    cudaError_t e = cudaGetLastError();
+    if (ev_mid) cudaEventRecord(ev_mid, st);
+    return e;
+}
+
+static int cmp_double(const void *pa, const void *pb)
+{
+    double a = *(const double *)pa, b = *(const double *)pb;
+    return a < b ? -1 : a > b;
+}
+
+static double median_of(double *v, int n)
+{
+    if (n <= 0) return 0.0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static bool have_device(char *why, size_t why_len)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        snprintf(why, why_len, "no CUDA device (%s)", cudaGetErrorString(e));
+        cudaGetLastError();
+        return false;
+    }
+    if (count == 0) {
+        snprintf(why, why_len, "no CUDA device (cudaGetDeviceCount found 0)");
+        return false;
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The FlashMLA-grid test hook                                                                */
+
+extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_result *res, char *err, size_t err_len)
+{
+    res->attn_us = 0;
+    res->num_work = res->num_groups = 0;
+    if (c->batch < 1 || c->s_q < 1 || c->h_q < 1 ||
+        (c->block_size != 16 && c->block_size != 32 && c->block_size != 64) ||
+        (c->dtype != AR_BF16 && c->dtype != AR_FP16) ||
+        (c->kv_dtype != c->dtype && c->kv_dtype != AR_FP8_E4M3) || !(c->kv_scale > 0)) {
+        snprintf(err, err_len, "cuda-mla case: batch %d, s_q %d, h_q %d, block %d, dtype %s, kv %s, kv_scale %g "
+                 "(rules: >= 1, block 16/32/64, bf16/fp16, kv = dtype or fp8_e4m3, kv_scale > 0)",
+                 c->batch, c->s_q, c->h_q, c->block_size, ar_dtype_name(c->dtype), ar_dtype_name(c->kv_dtype),
+                 c->kv_scale);
+        return 2;
+    }
+    int max_sk = 0;
+    for (int b = 0; b < c->batch; b++) {
+        if (c->seqlens_k[b] < 0) {
+            snprintf(err, err_len, "cuda-mla case: seqlens_k[%d] = %d is negative", b, c->seqlens_k[b]);
+            return 2;
+        }
+        if (c->seqlens_k[b] > max_sk) max_sk = c->seqlens_k[b];
+    }
+    if (!have_device(err, err_len)) return 3;
+    int dev = 0, num_sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
+    bool tc_ok = tc_kernel_ready(dev);
+    if (c->kernel == AR_MLA_KERNEL_TC && !tc_ok) {
+        snprintf(err, err_len, "cuda-mla case: the tensor-core kernel needs %d bytes of shared memory per block", SMEM_TOTAL);
+        return 2;
+    }
+    bool use_tc = c->kernel != AR_MLA_KERNEL_SIMT && tc_ok;
+
+    const int B = c->batch, SQ = c->s_q, H = c->h_q, bs = c->block_size;
+    const int T = B * SQ;
+    const int bpr = max_sk > 0 ? (max_sk + bs - 1) / bs : 1;
+    const int num_blocks = B * bpr + 1;
+    const bool fp8 = c->kv_dtype == AR_FP8_E4M3;
+    int *h_qsl = (int *)malloc(sizeof(int) * (size_t)(B + 1));
+    int *h_bt = (int *)malloc(sizeof(int) * (size_t)B * bpr);
+    int *h_treq = (int *)malloc(sizeof(int) * (size_t)T);
+    mla_plan plan;
+    memset(&plan, 0, sizeof plan);
+    if (!h_qsl || !h_bt || !h_treq) {
+        free(h_qsl);
+        free(h_bt);
+        free(h_treq);
+        snprintf(err, err_len, "cuda-mla case: out of host memory");
+        return 3;
+    }
+    for (int b = 0; b <= B; b++) h_qsl[b] = b * SQ;
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < bpr; k++) h_bt[(int64_t)b * bpr + k] = ar_cuda_mla_case_block(b, k, bpr, num_blocks);
+    for (int t = 0; t < T; t++) h_treq[t] = t / SQ;
+    int rc = 0;
+    if (build_plan(&plan, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0, num_sms, c->num_splits)) {
+        snprintf(err, err_len, "cuda-mla case: out of host memory");
+        rc = 3;
+    }
+
+    /* device memory: one allocation per array, freed at the end */
+    void *d_meta = NULL, *d_q = NULL, *d_cache = NULL, *d_olat = NULL, *d_lse = NULL, *d_po = NULL, *d_pl = NULL;
+    void *d_ref_o = NULL, *d_ref_l = NULL;
+    size_t off = 0;
+    size_t o_qsl = meta_take(&off, sizeof(int) * (size_t)(B + 1));
+    size_t o_seq = meta_take(&off, sizeof(int) * (size_t)B);
+    size_t o_bt = meta_take(&off, sizeof(int) * (size_t)B * bpr);
+    size_t o_treq = meta_take(&off, sizeof(int) * (size_t)T);
+    size_t o_work = meta_take(&off, sizeof(work_item) * (size_t)(plan.num_work + 1));
+    size_t o_grp = meta_take(&off, sizeof(combine_group) * (size_t)(plan.num_groups + 1));
+    size_t meta_bytes = mla_round_up(off, 16);
+    size_t cache_bytes = (size_t)num_blocks * bs * D * (fp8 ? 1 : 2);
+    size_t olat_elems = (size_t)T * H * DL, lse_elems = (size_t)H * T;
+    cudaStream_t st = 0;
+    cudaEvent_t ev0 = NULL, ev1 = NULL;
+    if (!rc &&
+        ((rc = mla_fail(cudaMalloc(&d_meta, meta_bytes), "case metadata", err, err_len)) ||
+         (rc = mla_fail(cudaMalloc(&d_q, (size_t)T * H * D * 2), "case q", err, err_len)) ||
+         (rc = mla_fail(cudaMalloc(&d_cache, cache_bytes), "case cache", err, err_len)) ||
+         (rc = mla_fail(cudaMalloc(&d_olat, olat_elems * 4), "case out", err, err_len)) ||
+         (rc = mla_fail(cudaMalloc(&d_lse, lse_elems * 4), "case lse", err, err_len)) ||
+         (rc = mla_fail(cudaMalloc(&d_po, (size_t)(plan.num_partials + 1) * ROWS * DL * 4), "case partials", err, err_len)) ||
+         (rc = mla_fail(cudaMalloc(&d_pl, (size_t)(plan.num_partials + 1) * ROWS * 4), "case partial LSE", err, err_len)) ||
+         (c->want_reference &&
+          ((rc = mla_fail(cudaMalloc(&d_ref_o, olat_elems * 8), "case reference", err, err_len)) ||
+           (rc = mla_fail(cudaMalloc(&d_ref_l, lse_elems * 8), "case reference LSE", err, err_len)))) ||
+         (rc = mla_fail(cudaEventCreate(&ev0), "event", err, err_len)) ||
+         (rc = mla_fail(cudaEventCreate(&ev1), "event", err, err_len)))) {
+        /* fall through to the clean-up */
+    }
+    if (!rc) {
+        unsigned char *d = (unsigned char *)d_meta;
+        cudaMemcpy(d + o_qsl, h_qsl, sizeof(int) * (size_t)(B + 1), cudaMemcpyHostToDevice);
+        cudaMemcpy(d + o_seq, c->seqlens_k, sizeof(int) * (size_t)B, cudaMemcpyHostToDevice);
+        cudaMemcpy(d + o_bt, h_bt, sizeof(int) * (size_t)B * bpr, cudaMemcpyHostToDevice);
+        cudaMemcpy(d + o_treq, h_treq, sizeof(int) * (size_t)T, cudaMemcpyHostToDevice);
+        cudaMemcpy(d + o_work, plan.work, sizeof(work_item) * (size_t)plan.num_work, cudaMemcpyHostToDevice);
+        cudaMemcpy(d + o_grp, plan.groups, sizeof(combine_group) * (size_t)plan.num_groups, cudaMemcpyHostToDevice);
+        cudaMemset(d_cache, 0xFF, cache_bytes);   /* NaN in bf16, fp16 and fp8 e4m3 */
+        cudaMemset(d_olat, 0xFF, olat_elems * 4);
+        cudaMemset(d_lse, 0xFF, lse_elems * 4);
+        case_q_kernel<<<mla_grid((int64_t)T * H * D, 256), 256>>>((uint16_t *)d_q, B, SQ, H, c->seed, c->dtype);
+        if (max_sk > 0)
+            case_cache_kernel<<<mla_grid((int64_t)B * max_sk * D, 256), 256>>>(
+                d_cache, B, (const int *)(d + o_seq), max_sk, bs, bpr, num_blocks, c->seed, c->dtype, c->kv_dtype,
+                (float)c->kv_scale);
+        rc = mla_fail(cudaGetLastError(), "case input kernels", err, err_len);
+        attn_args a;
+        memset(&a, 0, sizeof a);
+        a.q = d_q;
+        a.cache = d_cache;
+        a.o_lat = (float *)d_olat;
+        a.lse = (float *)d_lse;
+        a.part_o = (float *)d_po;
+        a.part_lse = (float *)d_pl;
+        a.qsl = (const int *)(d + o_qsl);
+        a.seq_lens = (const int *)(d + o_seq);
+        a.block_table = (const int *)(d + o_bt);
+        a.tok_req = (const int *)(d + o_treq);
+        a.work = (const work_item *)(d + o_work);
+        a.groups = (const combine_group *)(d + o_grp);
+        a.num_tokens = T;
+        a.num_heads = H;
+        a.mbpr = bpr;
+        a.block_size = bs;
+        a.causal = c->causal ? 1 : 0;
+        a.fault = AR_FAULT_NONE;
+        a.bf16 = c->dtype == AR_BF16;
+        a.fp8_cache = fp8;
+        a.scale = (float)c->scale;
+        a.scale_log2 = (float)(c->scale * 1.4426950408889634);
+        a.kv_scale = (float)c->kv_scale;
+        if (!rc) rc = mla_fail(launch_attention(a, use_tc, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+        if (!rc) rc = mla_fail(cudaDeviceSynchronize(), "attention", err, err_len);
+        if (!rc && c->repeat > 0) {
+            double *times = (double *)malloc(sizeof(double) * (size_t)c->repeat);
+            if (!times) {
+                snprintf(err, err_len, "cuda-mla case: out of host memory");
+                rc = 3;
+            }
+            for (int i = 0; !rc && i < c->repeat; i++) {
+                cudaEventRecord(ev0, st);
+                rc = mla_fail(launch_attention(a, use_tc, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+                cudaEventRecord(ev1, st);
+                if (!rc) rc = mla_fail(cudaEventSynchronize(ev1), "attention", err, err_len);
+                float ms = 0;
+                cudaEventElapsedTime(&ms, ev0, ev1);
+                if (times) times[i] = ms * 1e3;
+            }
+            if (!rc) res->attn_us = median_of(times, c->repeat);
+            free(times);
+        }
+        if (!rc && c->want_reference) {
+            unsigned char *d_mask = NULL;
+            if (c->ref_requests) {
+                rc = mla_fail(cudaMalloc(&d_mask, (size_t)B), "reference mask", err, err_len);
+                if (!rc) cudaMemcpy(d_mask, c->ref_requests, (size_t)B, cudaMemcpyHostToDevice);
+            }
+            if (!rc) {
+                cudaMemset(d_ref_o, 0xFF, olat_elems * 8);
+                cudaMemset(d_ref_l, 0xFF, lse_elems * 8);
+                int groups = (H + REF_HEADS - 1) / REF_HEADS;
+                ref_kernel<<<T * groups, REF_THREADS>>>(a, d_mask, (double *)d_ref_o, (double *)d_ref_l);
+            }
+            if (!rc) rc = mla_fail(cudaGetLastError(), "reference kernel", err, err_len);
+            if (!rc) rc = mla_fail(cudaDeviceSynchronize(), "reference kernel", err, err_len);
+            if (d_mask) cudaFree(d_mask);
+        }
+        /* results, converted to FlashMLA's layouts: out [b, s_q, h, 512] is o_lat as is;
+         * lse [H, T] -> [b, h, s_q] with -inf -> +inf */
+        if (!rc && res->out) rc = mla_fail(cudaMemcpy(res->out, d_olat, olat_elems * 4, cudaMemcpyDeviceToHost), "copy", err, err_len);
+        if (!rc && res->ref_out) rc = mla_fail(cudaMemcpy(res->ref_out, d_ref_o, olat_elems * 8, cudaMemcpyDeviceToHost), "copy", err, err_len);
+        float *lse_f = (float *)malloc(lse_elems * 4 + 4);
+        double *lse_d = (double *)malloc(lse_elems * 8 + 8);
+        if (!lse_f || !lse_d) {
+            if (!rc) snprintf(err, err_len, "cuda-mla case: out of host memory");
+            if (!rc) rc = 3;
+        }
+        if (!rc && res->lse) {
+            rc = mla_fail(cudaMemcpy(lse_f, d_lse, lse_elems * 4, cudaMemcpyDeviceToHost), "copy", err, err_len);
+            for (int n = 0; !rc && n < H; n++)
+                for (int t = 0; t < T; t++) {
+                    float v = lse_f[(size_t)n * T + t];
+                    res->lse[((size_t)(t / SQ) * H + n) * SQ + t % SQ] = v == -INFINITY ? INFINITY : v;
+                }
+        }
+        if (!rc && res->ref_lse && c->want_reference) {
+            rc = mla_fail(cudaMemcpy(lse_d, d_ref_l, lse_elems * 8, cudaMemcpyDeviceToHost), "copy", err, err_len);
+            for (int n = 0; !rc && n < H; n++)
+                for (int t = 0; t < T; t++) {
+                    double v = lse_d[(size_t)n * T + t];
+                    res->ref_lse[((size_t)(t / SQ) * H + n) * SQ + t % SQ] = v == -INFINITY ? INFINITY : v;
+                }
+        }
+        free(lse_f);
+        free(lse_d);
+        res->num_work = use_tc ? plan.num_work : T * H;
+        res->num_groups = use_tc ? plan.num_groups : 0;
+    }
+    void *bufs[] = {d_meta, d_q, d_cache, d_olat, d_lse, d_po, d_pl, d_ref_o, d_ref_l};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) cudaFree(bufs[i]);
+    if (ev0) cudaEventDestroy(ev0);
+    if (ev1) cudaEventDestroy(ev1);
+    plan_free(&plan);
+    free(h_qsl);
+    free(h_bt);
+    free(h_treq);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The backend                                                                                */
+
+/* Workspace bound of the prefill path, in tokens per context chunk (vLLM: up to 65536; smaller
+ * here so that the up-projected chunk, tokens x heads x (192 + 128) values, stays modest). */
+#define MLA_WORKSPACE_TOKENS 4096
+
+typedef struct mla_state {
+    ar_run_config cfg;
+    int device;
+    char device_name[256];
+    int num_sms;
+    bool tc_ok;
+    int H, P, V, bs, num_layers;
+    bool bf16, fp8;
+    size_t cache_bytes;             /* per layer */
+    void **cache;                   /* [num_layers] -> [num_blocks, block_size, 576] */
+    uint16_t **w_uk, **w_uv;        /* [num_layers] -> [H, 512, P] and [H, 512, V], made lazily */
+    cudaStream_t stream;
+    cudaEvent_t ev[8];
+
+    /* the step (prepare) */
+    int step_ready;
+    int R, T, mbpr;
+    int num_work, num_groups, num_partials;
+    int n_dec_reqs, n_pf_reqs, n_pf_tok, n_passes, ws_rows_max;
+    int *pass_rows;                 /* [n_passes] rows of each pass (host) */
+    size_t *pass_meta_off;          /* [n_passes] offset of the pass's arrays in meta */
+    int *d_qsl, *d_seq, *d_bt, *d_treq, *d_tpos, *d_pf_tok;
+    int64_t *d_slots;
+    uint64_t *d_rkeys, *d_bkeys;
+    work_item *d_work;
+    combine_group *d_groups;
+
+    dev_buf meta, qlat, qnope, lat, olat, out, lse, part_o, part_lse, fill;
+    dev_buf ws_lat, ws_k, ws_v, pass_o, pass_lse, acc_o, acc_lse;
+    void *h_meta;
+    size_t h_meta_cap;
+    void *h_out;
+    size_t h_out_cap;
+    size_t out_bytes, lse_bytes;
+    ar_cuda_mla_kernel force_kernel;
+    int force_splits;
+    int use_prefill;
+    ar_cuda_mla_plan_info info;
+} mla_state;
+
+static bool mla_check(const ar_run_config *cfg, char *why, size_t why_len)
+{
+    const ar_model *m = &cfg->model;
+    if (m->attention != AR_ATTN_MLA) {
+        snprintf(why, why_len, "not an MLA model (cuda-mla runs model attention \"mla\" only)");
+        return false;
+    }
+    if (m->kv_lora_rank != DL || m->qk_rope_head_dim != DR || m->head_size != D) {
+        snprintf(why, why_len, "MLA dims kv_lora_rank %d, qk_rope_head_dim %d, head_size %d not supported "
+                 "(512, 64, 576 as DeepSeek-V2/V3)", m->kv_lora_rank, m->qk_rope_head_dim, m->head_size);
+        return false;
+    }
+    if (m->qk_nope_head_dim < 8 || m->qk_nope_head_dim > 256 || m->v_head_dim < 8 || m->v_head_dim > 256) {
+        snprintf(why, why_len, "qk_nope_head_dim %d / v_head_dim %d not supported (8..256)", m->qk_nope_head_dim,
+                 m->v_head_dim);
+        return false;
+    }
+    if (m->num_kv_heads != 1 || m->num_q_heads < 1) {
+        snprintf(why, why_len, "MLA needs num_kv_heads 1 and num_q_heads >= 1 (got %d, %d)", m->num_kv_heads,
+                 m->num_q_heads);
+        return false;
+    }
+    if (m->sliding_window != 0 || m->logits_soft_cap != 0) {
+        snprintf(why, why_len, "sliding window / soft cap are not part of MLA");
+        return false;
+    }
+    if (cfg->dtype != AR_FP16 && cfg->dtype != AR_BF16) {
+        snprintf(why, why_len, "dtype %s not supported (fp16, bf16)", ar_dtype_name(cfg->dtype));
+        return false;
+    }
+    if (cfg->kv_dtype != cfg->dtype && cfg->kv_dtype != AR_FP8_E4M3) {
+        snprintf(why, why_len, "KV dtype %s not supported (the model dtype or fp8_e4m3)", ar_dtype_name(cfg->kv_dtype));
+        return false;
+    }
+    if (cfg->kv_dtype == AR_FP8_E4M3 && !(cfg->kv_scale > 0)) {
+        snprintf(why, why_len, "fp8 KV needs kv_scale > 0 (got %g)", cfg->kv_scale);
+        return false;
+    }
+    if (cfg->block_size != 16 && cfg->block_size != 32 && cfg->block_size != 64) {
+        snprintf(why, why_len, "block size %d not supported (16, 32, 64)", cfg->block_size);
+        return false;
+    }
+    if (!have_device(why, why_len)) return false;
+    cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, 0);
+    if (e != cudaSuccess) {
+        snprintf(why, why_len, "no CUDA device (%s)", cudaGetErrorString(e));
+        cudaGetLastError();
+        return false;
+    }
+    if (prop.major < 8) {
+        snprintf(why, why_len, "%s has compute capability %d.%d; needs 8.0 or newer (mma.sync)", prop.name,
+                 prop.major, prop.minor);
+        return false;
+    }
+    snprintf(why, why_len, "supported on %s", prop.name);
+    return true;
+}
+
+static void mla_close(void *state);
+
+static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_t err_len)
+{
+    *state_out = NULL;
+    char why[256];
+    if (!mla_check(cfg, why, sizeof why)) {
+        snprintf(err, err_len, "cuda-mla backend: %s", why);
+        return strncmp(why, "no CUDA device", 14) == 0 ? 3 : 2;
+    }
+    mla_state *s = (mla_state *)calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
+    s->cfg = *cfg;
+    s->H = cfg->model.num_q_heads;
+    s->P = cfg->model.qk_nope_head_dim;
+    s->V = cfg->model.v_head_dim;
+    s->bs = cfg->block_size;
+    s->bf16 = cfg->dtype == AR_BF16;
+    s->fp8 = cfg->kv_dtype == AR_FP8_E4M3;
+    s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
+    s->use_prefill = 1;
+    s->force_kernel = env_kernel();
+    int rc;
+    cudaDeviceProp prop;
+    if ((rc = mla_fail(cudaSetDevice(s->device), "cudaSetDevice", err, err_len)) ||
+        (rc = mla_fail(cudaGetDeviceProperties(&prop, s->device), "cudaGetDeviceProperties", err, err_len))) {
+        free(s);
+        return rc;
+    }
+    snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
+    s->num_sms = prop.multiProcessorCount;
+    s->tc_ok = tc_kernel_ready(s->device);
+    if ((rc = mla_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
+        free(s);
+        return rc;
+    }
+    for (int i = 0; i < 8; i++)
+        if ((rc = mla_fail(cudaEventCreate(&s->ev[i]), "event", err, err_len))) {
+            mla_close(s);
+            return rc;
+        }
+    s->cache_bytes = (size_t)cfg->num_blocks * cfg->block_size * D * (s->fp8 ? 1 : 2);
+    size_t weight_bytes = (size_t)s->H * DL * (s->P + s->V) * 2;
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    if ((double)(s->cache_bytes + weight_bytes) * s->num_layers > 0.85 * (double)free_b) {
+        snprintf(err, err_len,
+                 "cuda-mla backend: the latent caches and weights need %.2f GiB (%d layers x %.3f GiB) but the "
+                 "device has %.2f GiB free; replay fewer layers or fewer blocks",
+                 (double)(s->cache_bytes + weight_bytes) * s->num_layers / 1073741824.0, s->num_layers,
+                 (double)(s->cache_bytes + weight_bytes) / 1073741824.0, free_b / 1073741824.0);
+        mla_close(s);
+        return 2;
+    }
+    s->cache = (void **)calloc((size_t)s->num_layers, sizeof(void *));
+    s->w_uk = (uint16_t **)calloc((size_t)s->num_layers, sizeof(uint16_t *));
+    s->w_uv = (uint16_t **)calloc((size_t)s->num_layers, sizeof(uint16_t *));
+    if (!s->cache || !s->w_uk || !s->w_uv) {
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        mla_close(s);
+        return 3;
+    }
+    for (int l = 0; l < s->num_layers; l++) {
+        if ((rc = mla_fail(cudaMalloc(&s->cache[l], s->cache_bytes), "latent cache allocation", err, err_len)) ||
+            (rc = mla_fail(cudaMemsetAsync(s->cache[l], 0xFF, s->cache_bytes, s->stream), "NaN fill", err, err_len))) {
+            mla_close(s);
+            return rc;
+        }
+    }
+    if ((rc = mla_fail(cudaStreamSynchronize(s->stream), "open", err, err_len))) {
+        mla_close(s);
+        return rc;
+    }
+    *state_out = s;
+    return 0;
+}
+
+static void mla_close(void *state)
+{
+    mla_state *s = (mla_state *)state;
+    if (!s) return;
+    if (s->stream) cudaStreamSynchronize(s->stream);
+    for (int l = 0; l < s->num_layers; l++) {
+        if (s->cache && s->cache[l]) cudaFree(s->cache[l]);
+        if (s->w_uk && s->w_uk[l]) cudaFree(s->w_uk[l]);
+        if (s->w_uv && s->w_uv[l]) cudaFree(s->w_uv[l]);
+    }
+    free(s->cache);
+    free(s->w_uk);
+    free(s->w_uv);
+    dev_buf *bufs[] = {&s->meta, &s->qlat, &s->qnope, &s->lat, &s->olat, &s->out, &s->lse, &s->part_o,
+                       &s->part_lse, &s->fill, &s->ws_lat, &s->ws_k, &s->ws_v, &s->pass_o, &s->pass_lse,
+                       &s->acc_o, &s->acc_lse};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
+    if (s->h_meta) cudaFreeHost(s->h_meta);
+    if (s->h_out) cudaFreeHost(s->h_out);
+    for (int i = 0; i < 8; i++)
+        if (s->ev[i]) cudaEventDestroy(s->ev[i]);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    free(s->pass_rows);
+    free(s->pass_meta_off);
+    free(s);
+}
+
+static void mla_device_name(void *state, char *buf, size_t len)
+{
+    mla_state *s = (mla_state *)state;
+    snprintf(buf, len, "%s", s ? s->device_name : "none");
+}
+
+static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len)
+{
+    mla_state *s = (mla_state *)state;
+    s->step_ready = 0;
+    const int R = b->num_reqs, T = b->num_tokens, mbpr = b->max_blocks_per_req;
+    const int bs = s->bs, nb = s->cfg.num_blocks, H = s->H;
+    if (R < 0 || T < 0 || (R > 0 && mbpr <= 0)) {
+        snprintf(err, err_len, "step %lld: batch has num_reqs %d, num_tokens %d, max_blocks_per_req %d",
+                 (long long)b->step, R, T, mbpr);
+        return 2;
+    }
+    if (R > 0 && (b->query_start_loc[0] != 0 || b->query_start_loc[R] != T)) {
+        snprintf(err, err_len, "step %lld: query_start_loc must run from 0 to num_tokens %d", (long long)b->step, T);
+        return 2;
+    }
+    for (int r = 0; r < R; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
+        if (ql < 0 || sl < ql || sl > mbpr * bs) {
+            snprintf(err, err_len,
+                     "step %lld: request %d has query_len %d, seq_len %d (rule: 0 <= query_len <= seq_len <= "
+                     "max_blocks_per_req * block_size = %d)", (long long)b->step, r, ql, sl, mbpr * bs);
+            return 2;
+        }
+        for (int i = 0; i < (sl + bs - 1) / bs; i++) {
+            int blk = b->block_table[(int64_t)r * mbpr + i];
+            if (blk < 0 || blk >= nb) {
+                snprintf(err, err_len, "step %lld: request %d block_table[%d] = %d outside [0, %d)",
+                         (long long)b->step, r, i, blk, nb);
+                return 2;
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        int64_t sl = b->slot_mapping[t];
+        if (sl < -1 || sl >= (int64_t)nb * bs) {
+            snprintf(err, err_len, "step %lld: slot_mapping[%d] = %lld outside [-1, %lld)", (long long)b->step, t,
+                     (long long)sl, (long long)nb * bs);
+            return 2;
+        }
+    }
+
+    /* decode / prefill split (semantics 7.3) */
+    unsigned char *is_pf = (unsigned char *)calloc((size_t)(R > 0 ? R : 1), 1);
+    unsigned char *is_dec = (unsigned char *)calloc((size_t)(R > 0 ? R : 1), 1);
+    if (!is_pf || !is_dec) {
+        free(is_pf);
+        free(is_dec);
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
+    int n_pf_reqs = 0, n_pf_tok = 0, n_pf_ctx = 0;
+    for (int r = 0; r < R; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
+        is_pf[r] = s->use_prefill && ql > AR_CUDA_MLA_DECODE_THRESHOLD;
+        is_dec[r] = !is_pf[r];
+        if (is_pf[r]) {
+            n_pf_reqs++;
+            n_pf_tok += ql;
+            if (b->seq_lens[r] - ql > 0) n_pf_ctx++;
+        }
+    }
+    const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    mla_plan plan;
+    if (build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits)) {
+        free(is_pf);
+        free(is_dec);
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
+
+    /* prefill passes: context chunks of at most M tokens per request (workspace-bounded,
+     * block-aligned as in vLLM), then one pass over the new tokens */
+    int max_ctx = 0;
+    for (int r = 0; r < R; r++)
+        if (is_pf[r]) {
+            int c = b->seq_lens[r] - (b->query_start_loc[r + 1] - b->query_start_loc[r]);
+            if (c > max_ctx) max_ctx = c;
+        }
+    int chunk_m = n_pf_ctx > 0 ? MLA_WORKSPACE_TOKENS / n_pf_ctx : MLA_WORKSPACE_TOKENS;
+    chunk_m = chunk_m / bs * bs;
+    if (chunk_m < bs) chunk_m = bs;
+    int n_ctx_chunks = max_ctx > 0 ? (max_ctx + chunk_m - 1) / chunk_m : 0;
+    int n_passes = n_pf_reqs > 0 ? n_ctx_chunks + 1 : 0;
+    free(s->pass_rows);
+    free(s->pass_meta_off);
+    s->pass_rows = (int *)calloc((size_t)(n_passes + 1), sizeof(int));
+    s->pass_meta_off = (size_t *)calloc((size_t)(n_passes + 1) * 4, sizeof(size_t));
+    if (!s->pass_rows || !s->pass_meta_off) {
+        free(is_pf);
+        free(is_dec);
+        plan_free(&plan);
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
+    int ws_rows_max = 0;
+    for (int p = 0; p < n_passes; p++) {
+        int rows = 0;
+        for (int r = 0; r < R; r++) {
+            if (!is_pf[r]) continue;
+            int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], ctx = b->seq_lens[r] - ql;
+            if (p < n_ctx_chunks) {
+                int lo = p * chunk_m, hi = (p + 1) * chunk_m < ctx ? (p + 1) * chunk_m : ctx;
+                if (hi > lo) rows += hi - lo;
+            } else {
+                rows += ql;
+            }
+        }
+        s->pass_rows[p] = rows;
+        if (rows > ws_rows_max) ws_rows_max = rows;
+    }
+
+    /* metadata layout */
+    size_t off = 0;
+    size_t o_qsl = meta_take(&off, (size_t)(R + 1) * 4);
+    size_t o_seq = meta_take(&off, (size_t)R * 4);
+    size_t o_bt = meta_take(&off, (size_t)R * mbpr * 4);
+    size_t o_treq = meta_take(&off, (size_t)T * 4);
+    size_t o_tpos = meta_take(&off, (size_t)T * 4);
+    size_t o_slots = meta_take(&off, (size_t)T * 8);
+    size_t o_rkeys = meta_take(&off, (size_t)R * 8);
+    size_t o_bkeys = meta_take(&off, (size_t)R * mbpr * 8);
+    size_t o_work = meta_take(&off, (size_t)plan.num_work * sizeof(work_item));
+    size_t o_groups = meta_take(&off, (size_t)plan.num_groups * sizeof(combine_group));
+    size_t o_pftok = meta_take(&off, (size_t)n_pf_tok * 4);
+    for (int p = 0; p < n_passes; p++) {
+        s->pass_meta_off[4 * p + 0] = meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_req */
+        s->pass_meta_off[4 * p + 1] = meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_pos */
+        s->pass_meta_off[4 * p + 2] = meta_take(&off, (size_t)R * 4);                 /* kb */
+        s->pass_meta_off[4 * p + 3] = meta_take(&off, (size_t)R * 4);                 /* ke */
+    }
+    size_t meta_bytes = mla_round_up(off, 16) + 16;
+    int rc;
+    if ((rc = mla_ensure_host(&s->h_meta, &s->h_meta_cap, meta_bytes, err, err_len)) ||
+        (rc = mla_ensure(&s->meta, meta_bytes, "metadata buffer", err, err_len))) {
+        free(is_pf);
+        free(is_dec);
+        plan_free(&plan);
+        return rc;
+    }
+    unsigned char *h = (unsigned char *)s->h_meta;
+    memcpy(h + o_qsl, b->query_start_loc, (size_t)(R + 1) * 4);
+    memcpy(h + o_seq, b->seq_lens, (size_t)R * 4);
+    memcpy(h + o_bt, b->block_table, (size_t)R * mbpr * 4);
+    int *treq = (int *)(h + o_treq), *tpos = (int *)(h + o_tpos), *pftok = (int *)(h + o_pftok);
+    int npf = 0;
+    for (int r = 0; r < R; r++) {
+        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, ctx = b->seq_lens[r] - ql;
+        for (int i = 0; i < ql; i++) {
+            treq[q0 + i] = r;
+            tpos[q0 + i] = ctx + i;
+            if (is_pf[r]) pftok[npf++] = q0 + i;
+        }
+    }
+    memcpy(h + o_slots, b->slot_mapping, (size_t)T * 8);
+    memcpy(h + o_rkeys, b->req_keys, (size_t)R * 8);
+    memcpy(h + o_bkeys, b->block_keys, (size_t)R * mbpr * 8);
+    memcpy(h + o_work, plan.work, (size_t)plan.num_work * sizeof(work_item));
+    memcpy(h + o_groups, plan.groups, (size_t)plan.num_groups * sizeof(combine_group));
+    for (int p = 0; p < n_passes; p++) {
+        int *row_req = (int *)(h + s->pass_meta_off[4 * p + 0]);
+        int *row_pos = (int *)(h + s->pass_meta_off[4 * p + 1]);
+        int *kb = (int *)(h + s->pass_meta_off[4 * p + 2]);
+        int *ke = (int *)(h + s->pass_meta_off[4 * p + 3]);
+        int w = 0;
+        for (int r = 0; r < R; r++) {
+            kb[r] = ke[r] = w;
+            if (!is_pf[r]) continue;
+            int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], ctx = b->seq_lens[r] - ql;
+            int lo, hi;
+            if (p < n_ctx_chunks) {
+                lo = p * chunk_m;
+                hi = (p + 1) * chunk_m < ctx ? (p + 1) * chunk_m : ctx;
+            } else {
+                lo = ctx;
+                hi = ctx + ql;
+            }
+            for (int pos = lo; pos < hi; pos++) {
+                row_req[w] = r;
+                row_pos[w] = pos;
+                w++;
+            }
+            ke[r] = w;
+        }
+    }
+    if ((rc = mla_fail(cudaMemcpyAsync(s->meta.ptr, s->h_meta, meta_bytes, cudaMemcpyHostToDevice, s->stream),
+                       "metadata upload", err, err_len))) {
+        free(is_pf);
+        free(is_dec);
+        plan_free(&plan);
+        return rc;
+    }
+    unsigned char *d = (unsigned char *)s->meta.ptr;
+    s->d_qsl = (int *)(d + o_qsl);
+    s->d_seq = (int *)(d + o_seq);
+    s->d_bt = (int *)(d + o_bt);
+    s->d_treq = (int *)(d + o_treq);
+    s->d_tpos = (int *)(d + o_tpos);
+    s->d_slots = (int64_t *)(d + o_slots);
+    s->d_rkeys = (uint64_t *)(d + o_rkeys);
+    s->d_bkeys = (uint64_t *)(d + o_bkeys);
+    s->d_work = (work_item *)(d + o_work);
+    s->d_groups = (combine_group *)(d + o_groups);
+    s->d_pf_tok = (int *)(d + o_pftok);
+
+    /* per-step buffers */
+    const int P = s->P, V = s->V, QK = P + DR;
+    size_t out_payload = mla_round_up((size_t)T * H * V * 4 + 16, 256);
+    size_t lse_payload = mla_round_up((size_t)H * T * 4 + 16, 256);
+    size_t out_need = 2 * MLA_GUARD_BYTES + out_payload, lse_need = 2 * MLA_GUARD_BYTES + lse_payload;
+    bool out_new = out_need > s->out.cap, lse_new = lse_need > s->lse.cap;
+    size_t ws = (size_t)(ws_rows_max > 0 ? ws_rows_max : 1);
+    size_t tpf = (size_t)(n_pf_tok > 0 ? T : 1);
+    if ((rc = mla_ensure(&s->qlat, (size_t)T * H * D * 2 + 16, "latent query buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->qnope, (size_t)T * H * P * 2 + 16, "q_nope buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->lat, (size_t)T * D * 2 + 16, "new latent buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->olat, (size_t)T * H * DL * 4 + 16, "latent output buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->out, out_need, "out buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->lse, lse_need, "LSE buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->part_o, (size_t)(plan.num_partials + 1) * ROWS * DL * 4, "split partials", err, err_len)) ||
+        (rc = mla_ensure(&s->part_lse, (size_t)(plan.num_partials + 1) * ROWS * 4, "split LSE", err, err_len)) ||
+        (n_pf_reqs > 0 &&
+         ((rc = mla_ensure(&s->ws_lat, ws * D * 2, "prefill latent workspace", err, err_len)) ||
+          (rc = mla_ensure(&s->ws_k, ws * H * QK * 2, "prefill key workspace", err, err_len)) ||
+          (rc = mla_ensure(&s->ws_v, ws * H * V * 2, "prefill value workspace", err, err_len)) ||
+          (rc = mla_ensure(&s->pass_o, tpf * H * V * 4, "prefill pass output", err, err_len)) ||
+          (rc = mla_ensure(&s->pass_lse, tpf * H * 4, "prefill pass LSE", err, err_len)) ||
+          (rc = mla_ensure(&s->acc_o, tpf * H * V * 4, "prefill output", err, err_len)) ||
+          (rc = mla_ensure(&s->acc_lse, tpf * H * 4, "prefill LSE", err, err_len)))) ||
+        (rc = mla_ensure_host(&s->h_out, &s->h_out_cap, out_need + lse_need, err, err_len))) {
+        free(is_pf);
+        free(is_dec);
+        plan_free(&plan);
+        return rc;
+    }
+    s->out_bytes = out_payload;
+    s->lse_bytes = lse_payload;
+    if (out_new) cudaMemsetAsync(s->out.ptr, MLA_GUARD_BYTE, s->out.cap, s->stream);
+    if (lse_new) cudaMemsetAsync(s->lse.ptr, MLA_GUARD_BYTE, s->lse.cap, s->stream);
+    /* the payload moves with T: re-stamp the area after it */
+    cudaMemsetAsync((char *)s->out.ptr + MLA_GUARD_BYTES + s->out_bytes, MLA_GUARD_BYTE,
+                    s->out.cap - MLA_GUARD_BYTES - s->out_bytes, s->stream);
+    cudaMemsetAsync((char *)s->lse.ptr + MLA_GUARD_BYTES + s->lse_bytes, MLA_GUARD_BYTE,
+                    s->lse.cap - MLA_GUARD_BYTES - s->lse_bytes, s->stream);
+    if ((rc = mla_fail(cudaGetLastError(), "guard set-up", err, err_len))) {
+        free(is_pf);
+        free(is_dec);
+        plan_free(&plan);
+        return rc;
+    }
+    s->R = R;
+    s->T = T;
+    s->mbpr = mbpr;
+    s->num_work = plan.num_work;
+    s->num_groups = plan.num_groups;
+    s->num_partials = plan.num_partials;
+    s->n_pf_reqs = n_pf_reqs;
+    s->n_dec_reqs = R - n_pf_reqs;
+    s->n_pf_tok = n_pf_tok;
+    s->n_passes = n_passes;
+    s->ws_rows_max = ws_rows_max;
+    s->info.num_decode_reqs = R - n_pf_reqs;
+    s->info.num_prefill_reqs = n_pf_reqs;
+    s->info.num_work = plan.num_work;
+    s->info.num_groups = plan.num_groups;
+    s->info.num_context_chunks = n_ctx_chunks;
+    s->info.num_sms = s->num_sms;
+    s->step_ready = 1;
+    free(is_pf);
+    free(is_dec);
+    plan_free(&plan);
+    return 0;
+}
+
+static int mla_fill(void *state, int layer, const ar_fill *f, char *err, size_t err_len)
+{
+    mla_state *s = (mla_state *)state;
+    if (layer < 0 || layer >= s->num_layers) {
+        snprintf(err, err_len, "cuda-mla backend: fill: layer %d outside [0, %d)", layer, s->num_layers);
+        return 2;
+    }
+    if (f->count <= 0) return 0;
+    int64_t nslots = (int64_t)s->cfg.num_blocks * s->bs;
+    for (int i = 0; i < f->count; i++)
+        if (f->slots[i] < -1 || f->slots[i] >= nslots || f->offsets[i] < 0 || f->offsets[i] >= s->bs) {
+            snprintf(err, err_len, "cuda-mla backend: fill: entry %d has slot %lld, offset %d (slots [-1, %lld), "
+                     "offsets [0, %d))", i, (long long)f->slots[i], f->offsets[i], (long long)nslots, s->bs);
+            return 2;
+        }
+    size_t o_keys = mla_round_up((size_t)f->count * 8, 16), o_off = o_keys + mla_round_up((size_t)f->count * 8, 16);
+    int rc;
+    if ((rc = mla_ensure(&s->fill, o_off + (size_t)f->count * 4 + 64, "fill buffer", err, err_len))) return rc;
+    unsigned char *d = (unsigned char *)s->fill.ptr;
+    if ((rc = mla_fail(cudaMemcpyAsync(d, f->slots, (size_t)f->count * 8, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)) ||
+        (rc = mla_fail(cudaMemcpyAsync(d + o_keys, f->keys, (size_t)f->count * 8, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)) ||
+        (rc = mla_fail(cudaMemcpyAsync(d + o_off, f->offsets, (size_t)f->count * 4, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)))
+        return rc;
+    fill_latent_kernel<<<mla_grid((int64_t)f->count * D, 256), 256, 0, s->stream>>>(
+        s->cache[layer], f->count, (const int64_t *)d, (const uint64_t *)(d + o_keys), (const int *)(d + o_off),
+        s->cfg.seed, (uint32_t)layer, s->cfg.data, s->cfg.dtype, s->cfg.kv_dtype, (float)s->cfg.kv_scale);
+    if ((rc = mla_fail(cudaGetLastError(), "fill kernel", err, err_len))) return rc;
+    return mla_fail(cudaStreamSynchronize(s->stream), "fill", err, err_len);
+}
+
+static void fill_attn_args(mla_state *s, int layer, attn_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->q = s->qlat.ptr;
+    a->cache = s->cache[layer];
+    a->o_lat = (float *)s->olat.ptr;
+    a->lse = (float *)((char *)s->lse.ptr + MLA_GUARD_BYTES);
+    a->part_o = (float *)s->part_o.ptr;
+    a->part_lse = (float *)s->part_lse.ptr;
+    a->qsl = s->d_qsl;
+    a->seq_lens = s->d_seq;
+    a->block_table = s->d_bt;
+    a->tok_req = s->d_treq;
+    a->work = s->d_work;
+    a->groups = s->d_groups;
+    a->num_tokens = s->T;
+    a->num_heads = s->H;
+    a->mbpr = s->mbpr;
+    a->block_size = s->bs;
+    a->causal = 1;
+    a->fault = (int)s->cfg.fault;
+    a->bf16 = s->bf16;
+    a->fp8_cache = s->fp8;
+    a->scale = (float)s->cfg.model.scale;
+    a->scale_log2 = (float)(s->cfg.model.scale * 1.4426950408889634);
+    a->kv_scale = (float)s->cfg.kv_scale;
+}
+
+static cudaError_t launch_gemm(const gemm_args &g, cudaStream_t st)
+{
+    if (g.M <= 0 || g.N <= 0 || g.batch <= 0) return cudaSuccess;
+    dim3 grid((unsigned)((g.N + 63) / 64), (unsigned)((g.M + 63) / 64), (unsigned)g.batch);
+    gemm_kernel<<<grid, 256, 0, st>>>(g);
+    return cudaGetLastError();
+}
+
+/* The prefill path for this step's long requests (see the file comment). */
+static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
+{
+    const int H = s->H, P = s->P, V = s->V, QK = P + DR, T = s->T;
+    const int wrong_head = s->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? 1 : 0;
+    float *out = (float *)((char *)s->out.ptr + MLA_GUARD_BYTES);
+    cudaError_t e;
+    for (int p = 0; p < s->n_passes; p++) {
+        int rows = s->pass_rows[p];
+        const unsigned char *d = (const unsigned char *)s->meta.ptr;
+        const int *row_req = (const int *)(d + s->pass_meta_off[4 * p + 0]);
+        const int *row_pos = (const int *)(d + s->pass_meta_off[4 * p + 1]);
+        const int *kb = (const int *)(d + s->pass_meta_off[4 * p + 2]);
+        const int *ke = (const int *)(d + s->pass_meta_off[4 * p + 3]);
+        if (rows > 0) {
+            gather_latent_kernel<<<mla_grid((int64_t)rows * D, 256), 256, 0, s->stream>>>(
+                (uint16_t *)s->ws_lat.ptr, rows, row_req, row_pos, a, (const uint16_t *)s->lat.ptr);
+            /* k_nope[w, n, :] = c_w W_UK[n] ; v[w, n, :] = c_w W_UV[n] */
+            gemm_args g;
+            memset(&g, 0, sizeof g);
+            g.batch = H;
+            g.M = rows;
+            g.N = P;
+            g.K = DL;
+            g.A = s->ws_lat.ptr;
+            g.a_bits16 = 1;
+            g.a_b = 0;
+            g.a_m = D;
+            g.a_k = 1;
+            g.B = s->w_uk[layer];
+            g.b_b = (int64_t)DL * P;
+            g.b_k = P;
+            g.b_n = 1;
+            g.b_shift = wrong_head;
+            g.C = s->ws_k.ptr;
+            g.c_bits16 = 1;
+            g.c_b = QK;
+            g.c_m = (int64_t)H * QK;
+            g.c_n = 1;
+            g.bf16 = s->bf16;
+            if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+            rope_key_kernel<<<mla_grid((int64_t)rows * H * DR, 256), 256, 0, s->stream>>>(
+                (uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_lat.ptr, rows, H, P);
+            if (s->cfg.fault == AR_FAULT_MLA_NO_WUV) {
+                latent_as_value_kernel<<<mla_grid((int64_t)rows * H * V, 256), 256, 0, s->stream>>>(
+                    (uint16_t *)s->ws_v.ptr, (const uint16_t *)s->ws_lat.ptr, rows, H, V);
+            } else {
+                g.N = V;
+                g.B = s->w_uv[layer];
+                g.b_b = (int64_t)DL * V;
+                g.b_k = V;
+                g.b_shift = 0;
+                g.C = s->ws_v.ptr;
+                g.c_b = V;
+                g.c_m = (int64_t)H * V;
+                if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+            }
+        }
+        prefill_attn_kernel<<<s->n_pf_tok * H, SIMT_THREADS, 0, s->stream>>>(
+            a, s->d_pf_tok, s->d_tpos, (const uint16_t *)s->qnope.ptr, (const uint16_t *)s->ws_k.ptr,
+            (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke, P, V, (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
+        prefill_merge_kernel<<<mla_grid((int64_t)s->n_pf_tok * H * V, 256), 256, 0, s->stream>>>(
+            a, s->d_pf_tok, s->n_pf_tok, V, (float *)s->acc_o.ptr, (float *)s->acc_lse.ptr,
+            (const float *)s->pass_o.ptr, (const float *)s->pass_lse.ptr, p == 0);
+        prefill_merge_lse_kernel<<<mla_grid((int64_t)s->n_pf_tok * H, 256), 256, 0, s->stream>>>(
+            a, s->d_pf_tok, s->n_pf_tok, (float *)s->acc_lse.ptr, (const float *)s->pass_lse.ptr, p == 0);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    (void)T;
+    prefill_finish_kernel<<<mla_grid((int64_t)s->n_pf_tok * H * V, 256), 256, 0, s->stream>>>(
+        a, s->d_pf_tok, s->n_pf_tok, V, (const float *)s->acc_o.ptr, (const float *)s->acc_lse.ptr, out, a.lse);
+    return cudaGetLastError();
+}
+
+/* One pass: write, absorb, attention, combine, W_UV, prefill.  Events ev[0..6] when timed. */
+static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool use_tc, bool timed)
+{
+    const int H = s->H, P = s->P, V = s->V, T = s->T;
+    cudaError_t e;
+    if (timed) cudaEventRecord(s->ev[0], s->stream);
+    if (T > 0)
+        write_latent_kernel<<<T, 128, 0, s->stream>>>((const uint16_t *)s->lat.ptr, s->d_slots, s->cache[layer], T,
+                                                      s->cfg.dtype, s->cfg.kv_dtype, (float)s->cfg.kv_scale, 0);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (timed) cudaEventRecord(s->ev[1], s->stream);
+    bool any_dec = s->n_dec_reqs > 0 && T > s->n_pf_tok;
+    if (any_dec) {
+        /* absorption: ql[t, n, :] = q_nope[t, n, :] W_UK[n]^T -> columns 0..511 of the latent query */
+        gemm_args g;
+        memset(&g, 0, sizeof g);
+        g.batch = H;
+        g.M = T;
+        g.N = DL;
+        g.K = P;
+        g.A = s->qnope.ptr;
+        g.a_bits16 = 1;
+        g.a_b = P;
+        g.a_m = (int64_t)H * P;
+        g.a_k = 1;
+        g.B = s->w_uk[layer];
+        g.b_b = (int64_t)DL * P;
+        g.b_k = 1;
+        g.b_n = P;
+        g.b_shift = s->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? 1 : 0;
+        g.C = s->qlat.ptr;
+        g.c_bits16 = 1;
+        g.c_b = D;
+        g.c_m = (int64_t)H * D;
+        g.c_n = 1;
+        g.bf16 = s->bf16;
+        if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+    }
+    if (timed) cudaEventRecord(s->ev[2], s->stream);
+    if (any_dec) {
+        e = launch_attention(a, use_tc, s->num_work, s->num_groups, T, s->stream, timed ? s->ev[3] : NULL);
+        if (e != cudaSuccess) return e;
+    } else if (timed) {
+        cudaEventRecord(s->ev[3], s->stream);
+    }
+    if (timed) cudaEventRecord(s->ev[4], s->stream);
+    float *out = (float *)((char *)s->out.ptr + MLA_GUARD_BYTES);
+    if (any_dec) {
+        if (s->cfg.fault == AR_FAULT_MLA_NO_WUV) {
+            latent_as_output_kernel<<<mla_grid((int64_t)T * H * V, 256), 256, 0, s->stream>>>(
+                (const float *)s->olat.ptr, out, T, H, V, s->bf16);
+            if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        } else {
+            /* out[t, n, :] = o_lat[t, n, :] W_UV[n] */
+            gemm_args g;
+            memset(&g, 0, sizeof g);
+            g.batch = H;
+            g.M = T;
+            g.N = V;
+            g.K = DL;
+            g.A = s->olat.ptr;
+            g.a_bits16 = 0;
+            g.a_b = DL;
+            g.a_m = (int64_t)H * DL;
+            g.a_k = 1;
+            g.B = s->w_uv[layer];
+            g.b_b = (int64_t)DL * V;
+            g.b_k = V;
+            g.b_n = 1;
+            g.C = out;
+            g.c_bits16 = 0;
+            g.c_b = V;
+            g.c_m = (int64_t)H * V;
+            g.c_n = 1;
+            g.bf16 = s->bf16;
+            if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+        }
+    }
+    if (timed) cudaEventRecord(s->ev[5], s->stream);
+    if (s->n_pf_reqs > 0 && (e = run_prefill(s, a, layer)) != cudaSuccess) return e;
+    if (timed) cudaEventRecord(s->ev[6], s->stream);
+    return cudaSuccess;
+}
+
+static int count_guard(const unsigned char *p, size_t n)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i += 4) {
+        uint32_t w;
+        memcpy(&w, p + i, 4);
+        if (w != 0xA5A5A5A5u) bad++;
+    }
+    return bad;
+}
+
+static int ensure_weights(mla_state *s, int layer, char *err, size_t err_len)
+{
+    if (s->w_uk[layer]) return 0;
+    const int H = s->H, P = s->P, V = s->V;
+    int rc;
+    if ((rc = mla_fail(cudaMalloc(&s->w_uk[layer], (size_t)H * DL * P * 2), "W_UK allocation", err, err_len)) ||
+        (rc = mla_fail(cudaMalloc(&s->w_uv[layer], (size_t)H * DL * V * 2), "W_UV allocation", err, err_len)))
+        return rc;
+    const int rank = s->cfg.model.kv_lora_rank;
+    gen_weight_kernel<<<mla_grid((int64_t)H * DL * P, 256), 256, 0, s->stream>>>(
+        s->w_uk[layer], H, P, AR_STREAM_W_UK, s->cfg.seed, (uint32_t)layer, s->cfg.data, s->cfg.dtype, rank);
+    gen_weight_kernel<<<mla_grid((int64_t)H * DL * V, 256), 256, 0, s->stream>>>(
+        s->w_uv[layer], H, V, AR_STREAM_W_UV, s->cfg.seed, (uint32_t)layer, s->cfg.data, s->cfg.dtype, rank);
+    return mla_fail(cudaGetLastError(), "weight generator", err, err_len);
+}
+
+static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out *o, char *err, size_t err_len)
+{
+    mla_state *s = (mla_state *)state;
+    (void)b;
+    if (!s->step_ready) {
+        snprintf(err, err_len, "cuda-mla backend: forward before a successful prepare");
+        return 2;
+    }
+    if (layer < 0 || layer >= s->num_layers) {
+        snprintf(err, err_len, "cuda-mla backend: forward: layer %d outside [0, %d)", layer, s->num_layers);
+        return 2;
+    }
+    const int T = s->T, H = s->H, P = s->P, V = s->V;
+    int rc;
+    o->num_kernels = 0;
+    o->total_us = 0;
+    o->guard_violations = 0;
+    if ((rc = ensure_weights(s, layer, err, err_len))) return rc;
+    if (T > 0) {
+        gen_q_kernel<<<mla_grid((int64_t)T * H * (P + DR), 256), 256, 0, s->stream>>>(
+            (uint16_t *)s->qnope.ptr, (uint16_t *)s->qlat.ptr, T, H, P, s->cfg.seed, (uint32_t)layer, s->d_treq,
+            s->d_tpos, s->d_rkeys, s->cfg.data, s->cfg.dtype);
+        gen_latent_kernel<<<mla_grid((int64_t)T * D, 256), 256, 0, s->stream>>>(
+            (uint16_t *)s->lat.ptr, T, s->cfg.seed, (uint32_t)layer, s->d_treq, s->d_tpos, s->d_bkeys, s->mbpr, s->bs,
+            s->cfg.data, s->cfg.dtype);
+        if ((rc = mla_fail(cudaGetLastError(), "generator kernels", err, err_len))) return rc;
+    }
+    if ((rc = mla_fail(cudaMemsetAsync((char *)s->out.ptr + MLA_GUARD_BYTES, 0xFF, s->out_bytes, s->stream), "poison", err, err_len)) ||
+        (rc = mla_fail(cudaMemsetAsync((char *)s->lse.ptr + MLA_GUARD_BYTES, 0xFF, s->lse_bytes, s->stream), "poison", err, err_len)))
+        return rc;
+    attn_args a;
+    fill_attn_args(s, layer, &a);
+    bool use_tc = s->force_kernel != AR_MLA_KERNEL_SIMT && s->tc_ok;
+    int repeat = s->cfg.repeat > 0 ? s->cfg.repeat : 1;
+    double *times = (double *)malloc(sizeof(double) * 7 * (size_t)repeat);
+    if (!times) {
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
+    if ((rc = mla_fail(run_pass(s, a, layer, use_tc, false), "MLA launch (warm-up)", err, err_len)) ||
+        (rc = mla_fail(cudaStreamSynchronize(s->stream), "MLA kernels (warm-up)", err, err_len))) {
+        free(times);
+        return rc;
+    }
+    for (int i = 0; i < repeat; i++) {
+        if ((rc = mla_fail(run_pass(s, a, layer, use_tc, true), "MLA launch", err, err_len)) ||
+            (rc = mla_fail(cudaEventSynchronize(s->ev[6]), "MLA kernels", err, err_len))) {
+            free(times);
+            return rc;
+        }
+        float total = 0;
+        for (int k = 0; k < 6; k++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, s->ev[k], s->ev[k + 1]);
+            times[k * repeat + i] = ms * 1e3;
+            total += ms;
+        }
+        times[6 * repeat + i] = total * 1e3;
+    }
+    static const char *const names[6] = {"write", "absorb", "attn", "combine", "wuv", "prefill"};
+    bool present[6] = {true, s->n_dec_reqs > 0, s->n_dec_reqs > 0, s->n_dec_reqs > 0 && use_tc && s->num_groups > 0,
+                       s->n_dec_reqs > 0, s->n_pf_reqs > 0};
+    for (int k = 0; k < 6; k++) {
+        double med = median_of(times + k * repeat, repeat);
+        if (!present[k]) continue;
+        o->kernels[o->num_kernels].name = names[k];
+        o->kernels[o->num_kernels].us = med;
+        o->num_kernels++;
+    }
+    o->total_us = median_of(times + 6 * repeat, repeat);
+    free(times);
+
+    size_t out_total = 2 * MLA_GUARD_BYTES + s->out_bytes, lse_total = 2 * MLA_GUARD_BYTES + s->lse_bytes;
+    unsigned char *ho = (unsigned char *)s->h_out, *hl = ho + out_total;
+    if ((rc = mla_fail(cudaMemcpyAsync(ho, s->out.ptr, out_total, cudaMemcpyDeviceToHost, s->stream), "out copy", err, err_len)) ||
+        (rc = mla_fail(cudaMemcpyAsync(hl, s->lse.ptr, lse_total, cudaMemcpyDeviceToHost, s->stream), "LSE copy", err, err_len)) ||
+        (rc = mla_fail(cudaStreamSynchronize(s->stream), "forward", err, err_len)))
+        return rc;
+    int bad = count_guard(ho, MLA_GUARD_BYTES) + count_guard(ho + MLA_GUARD_BYTES + s->out_bytes, MLA_GUARD_BYTES) +
+              count_guard(hl, MLA_GUARD_BYTES) + count_guard(hl + MLA_GUARD_BYTES + s->lse_bytes, MLA_GUARD_BYTES);
+    o->guard_violations = bad;
+    if (bad) {
+        cudaMemsetAsync(s->out.ptr, MLA_GUARD_BYTE, MLA_GUARD_BYTES, s->stream);
+        cudaMemsetAsync((char *)s->out.ptr + MLA_GUARD_BYTES + s->out_bytes, MLA_GUARD_BYTE, MLA_GUARD_BYTES, s->stream);
+        cudaMemsetAsync(s->lse.ptr, MLA_GUARD_BYTE, MLA_GUARD_BYTES, s->stream);
+        cudaMemsetAsync((char *)s->lse.ptr + MLA_GUARD_BYTES + s->lse_bytes, MLA_GUARD_BYTE, MLA_GUARD_BYTES, s->stream);
+    }
+    memcpy(o->out, ho + MLA_GUARD_BYTES, (size_t)T * H * V * 4);
+    memcpy(o->lse, hl + MLA_GUARD_BYTES, (size_t)H * T * 4);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Hooks and the descriptor                                                                   */
+
+extern "C" void ar_cuda_mla_set_plan(void *state, ar_cuda_mla_kernel kernel, int num_splits, int use_prefill_path)
+{
+    mla_state *s = (mla_state *)state;
+    if (!s) return;
+    s->force_kernel = kernel;
+    s->force_splits = num_splits;
+    s->use_prefill = use_prefill_path ? 1 : 0;
+}
+
+extern "C" void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
+{
+    mla_state *s = (mla_state *)state;
+    memset(info, 0, sizeof *info);
+    if (s) *info = s->info;
+}
+
+extern "C" const ar_backend ar_cuda_mla_backend = {
+    "cuda-mla",
+    "CUDA MLA: absorbed latent decode (mma.sync, 64-row head tiles, split-KV + combine), chunked "
+    "up-projected prefill merged by LSE",
+    "MLA models (kv_lora_rank 512, rope 64), fp16/bf16, latent cache = dtype or fp8_e4m3 (per-tensor "
+    "scale), block sizes 16/32/64, decode threshold 128; sm_80+",
+    true,
+    mla_check,
+    mla_open,
+    mla_prepare,
+    mla_fill,
+    mla_forward,
+    mla_device_name,
+    mla_close,
+};

@@ -1,0 +1,117 @@
+/* cuda_mla.h - the CUDA MLA backend "cuda-mla" (DeepSeek-V2/V3 multi-head latent attention on
+ * the latent paged cache [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]) and the
+ * hooks its GPU test and benchmark use.
+ *
+ * The backend is kernels/cuda_mla.cu; on a machine without nvcc, kernels/cuda_mla_stub.c
+ * defines the same symbols and check() says why it cannot run.  Everything has C linkage.
+ *
+ * Data recipe of the backend (bit-identical with the CPU, reference/datagen.h):
+ *   latent entry of a token  ar_gen(ar_gen_row(seed, AR_STREAM_LATENT, layer, block key,
+ *                            offset in block, head 0), d, dist, dtype), d < 576, then stored
+ *                            through ar_kv_roundtrip (fp8 cache: quantize(x / kv_scale));
+ *   q_nope [token, head, 128] ar_gen(row(seed, AR_STREAM_Q_NOPE, layer, request key, absolute
+ *                            position, head), d, dist, dtype);
+ *   q_pe   [token, head, 64]  the same with AR_STREAM_Q_PE;
+ *   W_UK[l, head, p]          ar_mla_weight(seed, AR_STREAM_W_UK, layer, 512, l, head, p, dist, dtype)
+ *                            (reference/mla_ref.h), l < 512, p < qk_nope_head_dim;
+ *   W_UV[l, head, v]          the same with AR_STREAM_W_UV, v < v_head_dim.
+ *
+ * Latent-attention test cases (ar_cuda_mla_run_case) use their own recipe, FlashMLA's shapes
+ * without weights: q[b, i, n, d] = ar_gen(ar_gen_row(seed, AR_STREAM_Q, 0, b, i, n), d,
+ * AR_DATA_NORMAL, dtype), d < 576; the cache entry of logical token j of request b =
+ * ar_kv_roundtrip(kv_dtype, dtype, kv_scale, ar_gen(ar_gen_row(seed, AR_STREAM_LATENT, 0,
+ * 1000003 + b, j, 0), d, AR_DATA_NORMAL, dtype)), d < 576; logical block k of request b lives in
+ * physical block ar_cuda_mla_case_block(b, k, blocks_per_req, num_blocks) (a permutation). */
+#ifndef AR_CUDA_MLA_H
+#define AR_CUDA_MLA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "../replay/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+extern const ar_backend ar_cuda_mla_backend;
+
+/* Query length up to which a request takes the absorbed (decode) path, FlashMLA's
+ * reorder_batch_threshold; longer ones take the prefill path (semantics 7.3). */
+#define AR_CUDA_MLA_DECODE_THRESHOLD 128
+
+/* Latent-attention kernel choice: the tensor-core kernel (mma.sync, 64-row head tiles, split-KV
+ * + combine) or the plain SIMT kernel kept as a simple fallback.  The environment variable
+ * AR_MLA_KERNEL=simt selects the fallback for the backend too. */
+typedef enum ar_cuda_mla_kernel {
+    AR_MLA_KERNEL_AUTO = 0,
+    AR_MLA_KERNEL_TC = 1,
+    AR_MLA_KERNEL_SIMT = 2
+} ar_cuda_mla_kernel;
+
+/* Overrides for tests (state from ar_cuda_mla_backend.open): kernel, forced split count
+ * (0 = the heuristic), and whether long queries take the chunked up-projected prefill path
+ * (1, the default) or the absorbed path (0). */
+void ar_cuda_mla_set_plan(void *state, ar_cuda_mla_kernel kernel, int num_splits, int use_prefill_path);
+
+/* What the last forward did. */
+typedef struct ar_cuda_mla_plan_info {
+    int num_decode_reqs;      /* requests on the absorbed path */
+    int num_prefill_reqs;     /* requests on the prefill path */
+    int num_work;             /* CTAs of the latent-attention launch */
+    int num_groups;           /* row tiles whose split pieces the combine kernel merged */
+    int num_context_chunks;   /* prefill context chunks (workspace-bounded) */
+    int num_sms;
+} ar_cuda_mla_plan_info;
+void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info);
+
+/* A FlashMLA-style latent attention case: b requests, s_q query tokens each, h_q heads, one
+ * latent KV head, d = 576, dv = 512, paged cache with the given block size.  Inputs are made
+ * on the device by the recipe in the file comment. */
+typedef struct ar_cuda_mla_case {
+    int batch;
+    int s_q;
+    int h_q;
+    const int *seqlens_k;     /* [batch], may be 0 */
+    int block_size;           /* 16 or 64 */
+    bool causal;              /* bottom-right: query i sees keys < s_k - s_q + i + 1 */
+    ar_dtype dtype;           /* bf16 or fp16 */
+    ar_dtype kv_dtype;        /* dtype or fp8_e4m3 */
+    double kv_scale;
+    double scale;             /* softmax scale */
+    uint64_t seed;
+    ar_cuda_mla_kernel kernel;
+    int num_splits;           /* 0 = heuristic, N = cut every row tile's keys into <= N pieces */
+    int repeat;               /* timed launches (median); 0 = no timing */
+    bool want_reference;      /* also compute the float64 device reference */
+    const unsigned char *ref_requests;   /* [batch]: requests the reference covers (NULL: all) */
+} ar_cuda_mla_case;
+
+/* Results (host arrays allocated by the caller; any may be NULL).  LSE follows FlashMLA: a row
+ * that sees no key gets out = 0 and LSE = +inf. */
+typedef struct ar_cuda_mla_result {
+    float *out;               /* [batch, s_q, h_q, 512] */
+    float *lse;               /* [batch, h_q, s_q] */
+    double *ref_out;          /* [batch, s_q, h_q, 512] float64 reference (want_reference) */
+    double *ref_lse;          /* [batch, h_q, s_q] */
+    double attn_us;           /* median time of attention + combine (repeat > 0) */
+    int num_work, num_groups;
+} ar_cuda_mla_result;
+
+/* Runs one case.  0 ok; 3 no device / CUDA error; 2 bad case.  err says why. */
+int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_result *res, char *err, size_t err_len);
+
+/* Physical block of logical block k of request b in a test case: a fixed permutation of
+ * [1, num_blocks) (block 0 stays the null block); num_blocks = batch * blocks_per_req + 1. */
+AR_HOSTDEV int ar_cuda_mla_case_block(int b, int k, int blocks_per_req, int num_blocks)
+{
+    int64_t n = num_blocks - 1;
+    int64_t stride = n % 7919 != 0 ? 7919 : 1;   /* 7919 is prime: a bijection on [0, n) */
+    int64_t logical = (int64_t)b * blocks_per_req + k;
+    return (int)(1 + (logical * stride) % n);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif
