@@ -392,6 +392,24 @@ static void test_two_layers_and_kernels(void **unused)
     sim_close(&s);
 }
 
+/* DeepSeek-V3 as served: 128 heads (the whole MQA group in one work item). */
+static void test_deepseek_128_heads(void **unused)
+{
+    (void)unused;
+    ar_run_config cfg = mla_cfg(128, AR_BF16, AR_BF16, 64);
+    sim s;
+    sim_open(&s, &cfg, 0);
+    s.num_reqs = 2;
+    s.reqs[0].req_key = 21;
+    s.reqs[1].req_key = 22;
+    int step0[] = {24, 3};
+    int step1[] = {1, 2};
+    sim_step(&s, step0);
+    sim_step(&s, step1);
+    expect_pass(&s, "128 heads");
+    sim_close(&s);
+}
+
 static void test_faults_are_caught(void **unused)
 {
     (void)unused;
@@ -449,6 +467,7 @@ int main(void)
         cmocka_unit_test(test_absorbed_equals_expanded),
         cmocka_unit_test(test_backend_matches_reference),
         cmocka_unit_test(test_two_layers_and_kernels),
+        cmocka_unit_test(test_deepseek_128_heads),
         cmocka_unit_test(test_faults_are_caught),
         cmocka_unit_test(test_check_verdicts),
     };
