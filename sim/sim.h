@@ -141,11 +141,12 @@ typedef struct ar_steptime {
     double bw_efficiency;      /* fraction of memory bandwidth reached */
     double overhead_s;         /* fixed per-step cost (scheduler, launch, sampling) */
     double per_req_overhead_s; /* per scheduled request */
+    int tensor_parallel;       /* devices sharing the model (ideal scaling) */
     ar_dtype weight_dtype, kv_dtype;
 } ar_steptime;
 
 /* Parses MODEL: "constant:SECONDS", "linear:BASE,PER_TOKEN,PER_REQ,PER_KV_TOKEN" (seconds),
- * "roofline:DEVICE[,gemm_eff=E][,attn_eff=E][,bw_eff=E][,overhead=S][,per_req=S]".
+ * "roofline:DEVICE[,gemm_eff=E][,attn_eff=E][,bw_eff=E][,overhead=S][,per_req=S][,tp=N]".
  * preset is needed for roofline.  Returns 0 or 2 with err set. */
 int ar_steptime_parse(const char *spec, const ar_model_preset *preset, ar_steptime *st,
                       char *err, size_t err_len);

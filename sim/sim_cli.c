@@ -28,7 +28,7 @@ static void usage(FILE *f)
             "  --no-prefix-caching\n"
             "  --time-scale X            multiply arrival times by X (default 1)\n"
             "  --limit N                 first N requests only\n"
-            "  --step-time MODEL         constant:S | linear:A,B,C,D | roofline:DEVICE[,gemm_eff=E,attn_eff=E,bw_eff=E,overhead=S,per_req=S]\n"
+            "  --step-time MODEL         constant:S | linear:A,B,C,D | roofline:DEVICE[,gemm_eff=E,attn_eff=E,bw_eff=E,overhead=S,per_req=S,tp=N]\n"
             "                            (default constant:0.02; devices: %s)\n"
             "  --kv-dtype T              bf16 (default), fp16, fp8_e4m3, fp32\n"
             "  --seed N                  written to the trace header (default 1)\n"

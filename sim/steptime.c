@@ -13,7 +13,8 @@
  *   attention FLOPs = 2 * layers * q_heads * (qk_dim + v_dim) * query-key pairs
  *               (MHA: qk = v = head_size; MLA absorbed form: 576 + 512)
  *   KV bytes    = layers * (sum of seq_len + tokens written) * KV bytes per token per layer
- * Defaults: gemm_eff 0.7, attn_eff 0.5, bw_eff 0.8, overhead 3 ms, per_req 0. */
+ * tp=N spreads FLOPs and bytes over N devices with ideal scaling (no communication cost).
+ * Defaults: gemm_eff 0.7, attn_eff 0.5, bw_eff 0.8, overhead 3 ms, per_req 0, tp 1. */
 #include "sim.h"
 
 #include <math.h>
@@ -77,6 +78,7 @@ int ar_steptime_parse(const char *spec, const ar_model_preset *preset, ar_stepti
         st->attn_efficiency = 0.5;
         st->bw_efficiency = 0.8;
         st->overhead_s = 0.003;
+        st->tensor_parallel = 1;
         st->weight_dtype = AR_BF16;
         st->kv_dtype = AR_BF16;
         if (!preset) {
@@ -107,8 +109,9 @@ int ar_steptime_parse(const char *spec, const ar_model_preset *preset, ar_stepti
             else if (strcmp(tok, "bw_eff") == 0) st->bw_efficiency = v;
             else if (strcmp(tok, "overhead") == 0) st->overhead_s = v;
             else if (strcmp(tok, "per_req") == 0) st->per_req_overhead_s = v;
+            else if (strcmp(tok, "tp") == 0 && v >= 1 && v <= 1024 && v == floor(v)) st->tensor_parallel = (int)v;
             else {
-                snprintf(err, err_len, "--step-time roofline: unknown key '%s' (gemm_eff, attn_eff, bw_eff, overhead, per_req)", tok);
+                snprintf(err, err_len, "--step-time roofline: unknown key or bad value '%s' (gemm_eff, attn_eff, bw_eff, overhead, per_req, tp)", tok);
                 return 2;
             }
         }
@@ -131,7 +134,8 @@ static double roofline(const ar_steptime *st, const ar_batch_features *f)
 {
     const ar_model_preset *p = st->preset;
     const ar_model *m = &p->model;
-    double peak = st->device.peak_flops, bw = st->device.mem_bw * st->bw_efficiency;
+    int tp = st->tensor_parallel > 0 ? st->tensor_parallel : 1;   /* ideal: no communication cost */
+    double peak = st->device.peak_flops * tp, bw = st->device.mem_bw * st->bw_efficiency * tp;
     double wbytes = ar_dtype_size(st->weight_dtype);
     double head = (double)p->hidden * p->vocab;
     double gemm_flops = 2.0 * ar_preset_active_params(p) * f->num_tokens + 2.0 * head * f->num_reqs;

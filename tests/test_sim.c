@@ -788,6 +788,39 @@ static void test_cli_writes_valid_trace_and_metrics(void **state)
     }
 }
 
+/* The simulator's own statistics agree with the trace reader's independent ones: prefix-hit
+ * blocks, preemptions and cascade-eligible steps (both with 132 SMs). */
+static void test_summary_agrees_with_trace_stats(void **state)
+{
+    (void)state;
+    char trace[512], err[AR_ERR_MAX];
+    tu_tmp("one-group.trace.jsonl", trace, sizeof trace);
+    ar_workload wl;
+    assert_int_equal(ar_workload_synthetic("groups=1,prompts=48,system=1024,question=40,output=60,rate=80", 16, &wl, err,
+                                           sizeof err), 0);
+    ar_sim_config cfg = make_cfg(16, 200, 2048, 64, true);
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    ar_trace_writer *w = ar_trace_create(trace, &cfg.header, err, sizeof err);
+    assert_non_null(w);
+    const ar_step *st;
+    while (ar_sim_step(s, &st, err, sizeof err) == 1) assert_int_equal(ar_trace_write_step(w, st, err, sizeof err), 0);
+    assert_int_equal(ar_trace_finish(w, err, sizeof err), 0);
+    ar_sim_summary sum;
+    ar_sim_summarize(s, &sum);
+    ar_trace_stats stats;
+    ar_trace_header h;
+    if (ar_trace_stats_compute(trace, &stats, &h, err, sizeof err) != 0) fail_msg("invalid trace: %s", err);
+    assert_true(sum.cascade_eligible_steps > 0);
+    assert_true(sum.preemptions > 0);
+    assert_int_equal(stats.cascade_eligible_steps, sum.cascade_eligible_steps);
+    assert_int_equal(stats.preemptions, sum.preemptions);
+    assert_int_equal(stats.prefix_hit_blocks * 16, sum.prefix_hit_tokens);
+    assert_int_equal(stats.steps, sum.steps);
+    assert_int_equal(stats.tokens, sum.scheduled_tokens);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
 /* Item 7: every trace the simulator writes replays through the CPU backend with all verified
  * steps passing; needs bin/attnreplay with the replay command. */
 static void test_sim_trace_replays_on_cpu(void **state)
@@ -842,6 +875,7 @@ int main(void)
         cmocka_unit_test(test_kv_sizing_and_step_time),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_cli_writes_valid_trace_and_metrics),
+        cmocka_unit_test(test_summary_agrees_with_trace_stats),
         cmocka_unit_test(test_sim_trace_replays_on_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
