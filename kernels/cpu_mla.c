@@ -367,7 +367,7 @@ typedef struct mla_ctx {
     int layer;
     const mla_weights *w;
     ar_forward_out *o;
-    int ws_rows;             /* rows gathered into the workspace this chunk */
+    int gathered_rows;            /* rows gathered into the workspace this chunk */
 } mla_ctx;
 
 /* Untimed: q_nope, q_pe and the new latent of one tile of tokens. */
@@ -473,7 +473,7 @@ static void upproj_task(void *ctx, int item, int worker)
     const ar_batch *b = m->b;
     const int B = s->block_size;
     float *c = s->scratch_mqa[worker].k_row;        /* [E] free during this kernel */
-    int r0 = item * AR_CPU_TOKEN_TILE, r1 = ar_cpu_tile_end(r0, m->ws_rows);
+    int r0 = item * AR_CPU_TOKEN_TILE, r1 = ar_cpu_tile_end(r0, m->gathered_rows);
     for (int row = r0; row < r1; row++) {
         int r = s->ws_req[row], pos = s->ws_pos[row];
         int64_t slot = (int64_t)b->block_table[(int64_t)r * b->max_blocks_per_req + pos / B] * B +
@@ -608,7 +608,7 @@ static int prefill_chunk(mla_ctx *m, int phase, int chunk, int chunk_len, double
                 return -1;
         }
     }
-    m->ws_rows = rows;
+    m->gathered_rows = rows;
     double t0 = ar_cpu_now_us();
     ar_threadpool_run(s->pool, (rows + AR_CPU_TOKEN_TILE - 1) / AR_CPU_TOKEN_TILE, upproj_task, m);
     double t1 = ar_cpu_now_us();
