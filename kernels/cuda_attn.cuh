@@ -17,13 +17,16 @@
  * from query position p iff j <= p), sliding window W (iff j >= p - W + 1), keys >= seq_len
  * never loaded (cp.async zero-fills them, so NaN-filled unused slots are never read).
  *
- * Two geometries ("configs"):
- *   PREFILL: WARPS_M warps stacked over the rows (16*MT rows each), all reading one K/V tile.
+ * Two geometries ("configs"; the instantiated table is near the end of this file):
+ *   PREFILL: WARPS_M warps stacked over the rows (16*MT rows each), all reading one K/V tile
+ *            (hd 64/128: 4 warps x 32 rows, hd 256: 8 warps x 16 rows; 128 rows per CTA).
+ *            PREFILL_WIDE (hd 128 only) is FA2's 128 x 64 tile, kept as a benchmark variant:
+ *            it spills registers and measured 3% slower than 128 x 32 on the H200.
  *   DECODE : one warp of 16 rows x WARPS_N=4 warps that walk interleaved key tiles with their
  *            own online-softmax state and merge through shared memory at the end (split-KV
  *            inside the CTA).  Chosen when every (request, KV head) fits in 16 rows.
  * Across CTAs, split-KV (a work item covers part of the key range) writes normalised fp32
- * partials + log2 LSE, and ar_combine_kernel merges them (see the split heuristic in
+ * partials + log2 LSE, and ar_attn::combine_kernel merges them (see the split heuristic in
  * cuda_backend.cu).
  *
  * Outputs: out [num_tokens, Hq, head_size] in the run dtype, lse [Hq, num_tokens] fp32, natural
