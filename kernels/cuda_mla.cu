@@ -812,39 +812,44 @@ __global__ void gen_weight_kernel(uint16_t *w, int H, int width, uint32_t stream
     }
 }
 
-/* Test-case inputs: q [T, H, 576] and the cache entries of every request's tokens. */
+/* Test-case inputs: q [T, H, 576] and the cache entries of every request's tokens; one thread
+ * per 16 elements of a row, so the row hash is computed once per 16 values. */
 __global__ void case_q_kernel(uint16_t *q, int batch, int s_q, int H, uint64_t seed, ar_dtype dtype)
 {
-    int64_t total = (int64_t)batch * s_q * H * D;
+    const int pieces = D / 16;
+    int64_t total = (int64_t)batch * s_q * H * pieces;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
-        int d = (int)(idx % D);
-        int64_t rest = idx / D;
+        int d0 = (int)(idx % pieces) * 16;
+        int64_t rest = idx / pieces;
         int n = (int)(rest % H);
         int64_t t = rest / H;
         int i = (int)(t % s_q), b = (int)(t / s_q);
         uint64_t row = ar_gen_row(seed, AR_STREAM_Q, 0, (uint64_t)b, (uint64_t)i, (uint32_t)n);
-        q[idx] = to_bits(dtype == AR_BF16, ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype));
+        for (int d = d0; d < d0 + 16; d++)
+            q[rest * D + d] = to_bits(dtype == AR_BF16, ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype));
     }
 }
 
 __global__ void case_cache_kernel(void *cache, int batch, const int *seqlens, int max_sk, int block_size, int bpr,
                                   int num_blocks, uint64_t seed, ar_dtype dtype, ar_dtype kv_dtype, float kv_scale)
 {
-    int64_t total = (int64_t)batch * max_sk * D;
+    const int pieces = D / 16;
+    int64_t total = (int64_t)batch * max_sk * pieces;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
-        int d = (int)(idx % D);
-        int64_t rest = idx / D;
+        int d0 = (int)(idx % pieces) * 16;
+        int64_t rest = idx / pieces;
         int j = (int)(rest % max_sk), b = (int)(rest / max_sk);
         if (j >= seqlens[b]) continue;
         int blk = ar_cuda_mla_case_block(b, j / block_size, bpr, num_blocks);
         int64_t slot = (int64_t)blk * block_size + j % block_size;
         uint64_t row = ar_gen_row(seed, AR_STREAM_LATENT, 0, 1000003ull + (uint64_t)b, (uint64_t)j, 0);
-        store_latent(cache, slot * D + d, ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype), dtype, kv_dtype, kv_scale);
+        for (int d = d0; d < d0 + 16; d++)
+            store_latent(cache, slot * D + d, ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype), dtype, kv_dtype,
+                         kv_scale);
     }
 }
-
 
 /* ---------------------------------------------------------------------------------------- */
 /* Prefill path (query_len > threshold): up-projected keys/values in a workspace               */
@@ -1416,9 +1421,9 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         cudaMemset(d_cache, 0xFF, cache_bytes);   /* NaN in bf16, fp16 and fp8 e4m3 */
         cudaMemset(d_olat, 0xFF, olat_elems * 4);
         cudaMemset(d_lse, 0xFF, lse_elems * 4);
-        case_q_kernel<<<mla_grid((int64_t)T * H * D, 256), 256>>>((uint16_t *)d_q, B, SQ, H, c->seed, c->dtype);
+        case_q_kernel<<<mla_grid((int64_t)T * H * (D / 16), 256), 256>>>((uint16_t *)d_q, B, SQ, H, c->seed, c->dtype);
         if (max_sk > 0)
-            case_cache_kernel<<<mla_grid((int64_t)B * max_sk * D, 256), 256>>>(
+            case_cache_kernel<<<mla_grid((int64_t)B * max_sk * (D / 16), 256), 256>>>(
                 d_cache, B, (const int *)(d + o_seq), max_sk, bs, bpr, num_blocks, c->seed, c->dtype, c->kv_dtype,
                 (float)c->kv_scale);
         rc = mla_fail(cudaGetLastError(), "case input kernels", err, err_len);

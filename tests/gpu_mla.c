@@ -1,0 +1,766 @@
+/* gpu_mla.c - GPU tests of the "cuda-mla" backend (kernels/cuda_mla.cu).
+ *
+ * 1. The latent attention kernel on FlashMLA's dense-decoding grid (tests/test_flash_mla_dense_
+ *    decoding.py upstream): b in {1,2,6,64}, s_q in {1,2,4}, s_k in {20,140,4096}, h_q in
+ *    {1,3,9,63,64,126,128}, h_kv 1, fixed and variable lengths (max(N(s_k, s_k/2), s_q), with
+ *    zero-length requests), causal and not, d 576, dv 512, block size 64, bf16, scale
+ *    1/sqrt(576), against the float64 device reference (itself checked against the host
+ *    reference reference/reference.h on small cases).  FlashMLA's pass rule: every element abs
+ *    error < 8e-4 or relative < 2.01/128, cosine difference 1 - 2 sum(xy) / sum(x^2 + y^2)
+ *    < 5e-6; LSE abs < 1e-6 or relative < 8.01/65536; empty rows give out 0 and LSE +inf; no
+ *    NaN.  For the large cases the reference covers a sample of requests (first, last, a
+ *    middle one and every zero-length one); the kernel output of all requests is checked for
+ *    NaN.  AR_GPU_SMALL=1 keeps only s_k <= 140 and b <= 6.
+ * 2. Forced split-KV (the combine kernel), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.
+ * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
+ *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
+ *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
+ *    chunked through the workspace), fp8 cache, 128 heads; and every planted fault flagged.
+ * Every test skips with the backend's reason when there is no GPU. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cuda_mla.h"
+#include "../reference/mla_ref.h"
+#include "../reference/reference.h"
+
+static uint64_t rng_state = 0x5eedf00dull;
+static uint64_t rng_next(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t x = rng_state;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
+static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0; }
+
+static double rng_normal(double mean, double sd)
+{
+    double u1 = rng_uniform(), u2 = rng_uniform();
+    return mean + sd * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static bool small_mode(void)
+{
+    const char *e = getenv("AR_GPU_SMALL");
+    return e && e[0] == '1';
+}
+
+static ar_run_config mla_cfg(int heads, int block_size, int num_blocks, ar_dtype dt, ar_dtype kv_dt, double kv_scale)
+{
+    ar_run_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.model.name, sizeof c.model.name, "deepseek-v3-test");
+    c.model.attention = AR_ATTN_MLA;
+    c.model.num_layers = 1;
+    c.model.num_q_heads = heads;
+    c.model.num_kv_heads = 1;
+    c.model.head_size = 576;
+    c.model.kv_lora_rank = 512;
+    c.model.qk_rope_head_dim = 64;
+    c.model.qk_nope_head_dim = 128;
+    c.model.v_head_dim = 128;
+    c.model.scale = AR_MLA_DEEPSEEK_SCALE;
+    c.block_size = block_size;
+    c.num_blocks = num_blocks;
+    c.dtype = dt;
+    c.kv_dtype = kv_dt;
+    c.kv_scale = kv_scale;
+    c.num_layers = 1;
+    c.seed = 1234;
+    c.data = AR_DATA_NORMAL;
+    c.fault = AR_FAULT_NONE;
+    c.repeat = 1;
+    return c;
+}
+
+/* true when the backend can run here; otherwise prints the reason (the caller skips). */
+static bool gpu_ready(void)
+{
+    ar_run_config c = mla_cfg(16, 64, 64, AR_BF16, AR_BF16, 1.0);
+    char why[256] = "";
+    if (ar_cuda_mla_backend.check(&c, why, sizeof why)) return true;
+    print_message("skipping: %s\n", why);
+    return false;
+}
+
+#define SKIP_WITHOUT_GPU() \
+    do {                   \
+        if (!gpu_ready()) { \
+            skip();        \
+            return;        \
+        }                  \
+    } while (0)
+
+/* ---- part 1: the latent attention kernel vs the float64 reference -------------------------- */
+
+typedef struct case_stats {
+    double max_abs, cos_diff, lse_max_abs;
+    long bad_out, bad_lse, nan_out;
+} case_stats;
+
+/* FlashMLA's rule over the rows of the selected requests; all rows checked for NaN. */
+static void compare_case(const ar_cuda_mla_case *c, const ar_cuda_mla_result *r, const unsigned char *sel,
+                         case_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    const int B = c->batch, SQ = c->s_q, H = c->h_q;
+    double sxy = 0, sxx = 0;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < SQ; i++)
+            for (int n = 0; n < H; n++) {
+                size_t row = ((size_t)(b * SQ + i) * H + n) * 512;
+                for (int d = 0; d < 512; d++) {
+                    float o = r->out[row + d];
+                    if (!isfinite(o)) st->nan_out++;
+                    if (sel && !sel[b]) continue;
+                    double ref = r->ref_out[row + d];
+                    double e = fabs((double)o - ref);
+                    if (!(e < 8e-4 || e / fmax(fabs(ref), 1e-30) < 2.01 / 128)) st->bad_out++;
+                    if (e > st->max_abs) st->max_abs = e;
+                    sxy += (double)o * ref;
+                    sxx += (double)o * o + ref * ref;
+                }
+                if (sel && !sel[b]) continue;
+                size_t li = ((size_t)b * H + n) * SQ + i;
+                double lo = r->lse[li], lr = r->ref_lse[li];
+                if (isinf(lr) || isinf(lo)) {
+                    if (!(isinf(lr) && isinf(lo) && lr > 0 && lo > 0)) st->bad_lse++;
+                    continue;
+                }
+                double e = fabs(lo - lr);
+                if (!(e < 1e-6 || e / fmax(fabs(lr), 1e-30) < 8.01 / 65536)) st->bad_lse++;
+                if (e > st->lse_max_abs) st->lse_max_abs = e;
+            }
+    st->cos_diff = sxx > 0 ? 1.0 - 2.0 * sxy / sxx : 0.0;
+}
+
+typedef struct grid_opts {
+    ar_dtype dtype, kv_dtype;
+    double kv_scale;
+    ar_cuda_mla_kernel kernel;
+    int num_splits;
+    int block_size;
+    double cos_limit;
+} grid_opts;
+
+/* Runs one case and checks it; returns false (with a message) on failure. */
+static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool causal, bool zero_lens,
+                        const grid_opts *go)
+{
+    int *seqlens = malloc(sizeof(int) * (size_t)b);
+    unsigned char *sel = calloc((size_t)b, 1);
+    assert_non_null(seqlens);
+    assert_non_null(sel);
+    for (int i = 0; i < b; i++) {
+        int L = s_k;
+        if (varlen) {
+            double x = rng_normal(s_k, s_k / 2.0);
+            L = x > s_q ? (int)x : s_q;
+        }
+        if (zero_lens && (i % 3 == 1 || b == 1)) L = 0;
+        seqlens[i] = L;
+    }
+    /* requests the reference covers: all of a small case, else first, middle, last, zeros */
+    int64_t work = 0;
+    for (int i = 0; i < b; i++) work += (int64_t)seqlens[i] * s_q * h_q;
+    for (int i = 0; i < b; i++)
+        sel[i] = work <= 4000000 || i == 0 || i == b / 2 || i == b - 1 || seqlens[i] == 0;
+    ar_cuda_mla_case c;
+    memset(&c, 0, sizeof c);
+    c.batch = b;
+    c.s_q = s_q;
+    c.h_q = h_q;
+    c.seqlens_k = seqlens;
+    c.block_size = go->block_size;
+    c.causal = causal;
+    c.dtype = go->dtype;
+    c.kv_dtype = go->kv_dtype;
+    c.kv_scale = go->kv_scale;
+    c.scale = 1.0 / sqrt(576.0);
+    c.seed = 42 + (uint64_t)(b * 7 + s_q * 13 + s_k + h_q * 31);
+    c.kernel = go->kernel;
+    c.num_splits = go->num_splits;
+    c.want_reference = true;
+    c.ref_requests = sel;
+    size_t n_out = (size_t)b * s_q * h_q * 512, n_lse = (size_t)b * h_q * s_q;
+    ar_cuda_mla_result r;
+    memset(&r, 0, sizeof r);
+    r.out = malloc(n_out * sizeof(float));
+    r.ref_out = malloc(n_out * sizeof(double));
+    r.lse = malloc(n_lse * sizeof(float));
+    r.ref_lse = malloc(n_lse * sizeof(double));
+    assert_true(r.out && r.ref_out && r.lse && r.ref_lse);
+    char err[512] = "";
+    int rc = ar_cuda_mla_run_case(&c, &r, err, sizeof err);
+    bool ok = rc == 0;
+    if (!ok) print_message("case b=%d s_q=%d s_k=%d h_q=%d: %s\n", b, s_q, s_k, h_q, err);
+    case_stats st;
+    if (ok) {
+        compare_case(&c, &r, sel, &st);
+        ok = st.bad_out == 0 && st.bad_lse == 0 && st.nan_out == 0 && st.cos_diff < go->cos_limit;
+        if (!ok)
+            print_message("FAIL b=%d s_q=%d s_k=%d h_q=%d varlen=%d causal=%d zeros=%d splits=%d kernel=%d %s/%s: "
+                          "max abs %.3g, cos diff %.3g, bad out %ld, bad lse %ld (lse max abs %.3g), nan %ld\n",
+                          b, s_q, s_k, h_q, varlen, causal, zero_lens, go->num_splits, (int)go->kernel,
+                          ar_dtype_name(go->dtype), ar_dtype_name(go->kv_dtype), st.max_abs, st.cos_diff,
+                          st.bad_out, st.bad_lse, st.lse_max_abs, st.nan_out);
+    }
+    free(r.out);
+    free(r.ref_out);
+    free(r.lse);
+    free(r.ref_lse);
+    free(seqlens);
+    free(sel);
+    return ok;
+}
+
+static grid_opts default_opts(void)
+{
+    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_TC, 0, 64, 5e-6};
+    return g;
+}
+
+/* The float64 device reference against the host reference (reference.h: ar_ref_attend with
+ * one KV head, head size 576, V size 512), inputs regenerated on the host by the hook's recipe. */
+static void test_device_reference_matches_host(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    struct {
+        int b, s_q, h, bs;
+        int lens[3];
+        bool causal;
+        ar_dtype kv;
+        double kv_scale;
+    } cases[] = {
+        {2, 2, 3, 64, {20, 140, 0}, true, AR_BF16, 1.0},
+        {3, 4, 9, 16, {0, 37, 5}, true, AR_BF16, 1.0},
+        {2, 1, 17, 64, {200, 1, 0}, false, AR_FP8_E4M3, 0.5},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int B = cases[ci].b, SQ = cases[ci].s_q, H = cases[ci].h;
+        ar_cuda_mla_case c;
+        memset(&c, 0, sizeof c);
+        c.batch = B;
+        c.s_q = SQ;
+        c.h_q = H;
+        c.seqlens_k = cases[ci].lens;
+        c.block_size = cases[ci].bs;
+        c.causal = cases[ci].causal;
+        c.dtype = AR_BF16;
+        c.kv_dtype = cases[ci].kv;
+        c.kv_scale = cases[ci].kv_scale;
+        c.scale = 1.0 / sqrt(576.0);
+        c.seed = 99 + ci;
+        c.kernel = AR_MLA_KERNEL_AUTO;
+        c.want_reference = true;
+        size_t n_out = (size_t)B * SQ * H * 512, n_lse = (size_t)B * H * SQ;
+        ar_cuda_mla_result r;
+        memset(&r, 0, sizeof r);
+        r.out = malloc(n_out * sizeof(float));
+        r.ref_out = malloc(n_out * sizeof(double));
+        r.lse = malloc(n_lse * sizeof(float));
+        r.ref_lse = malloc(n_lse * sizeof(double));
+        char err[512] = "";
+        int rc = ar_cuda_mla_run_case(&c, &r, err, sizeof err);
+        if (rc) print_message("%s\n", err);
+        assert_int_equal(rc, 0);
+        double worst = 0, worst_lse = 0;
+        for (int b = 0; b < B; b++) {
+            int L = cases[ci].lens[b];
+            double *q = malloc(sizeof(double) * (size_t)SQ * H * 576);
+            double *k = malloc(sizeof(double) * (size_t)(L > 0 ? L : 1) * 576);
+            double *out = malloc(sizeof(double) * (size_t)SQ * H * 512);
+            double *lse = malloc(sizeof(double) * (size_t)H * SQ);
+            int *qpos = malloc(sizeof(int) * (size_t)SQ);
+            assert_true(q && k && out && lse && qpos);
+            for (int i = 0; i < SQ; i++) {
+                qpos[i] = L - SQ + i;
+                for (int n = 0; n < H; n++) {
+                    uint64_t row = ar_gen_row(c.seed, AR_STREAM_Q, 0, (uint64_t)b, (uint64_t)i, (uint32_t)n);
+                    for (int d = 0; d < 576; d++)
+                        q[((size_t)i * H + n) * 576 + d] = ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, AR_BF16);
+                }
+            }
+            for (int j = 0; j < L; j++) {
+                uint64_t row = ar_gen_row(c.seed, AR_STREAM_LATENT, 0, 1000003ull + (uint64_t)b, (uint64_t)j, 0);
+                for (int d = 0; d < 576; d++)
+                    k[(size_t)j * 576 + d] = ar_kv_roundtrip(c.kv_dtype, AR_BF16, (float)c.kv_scale,
+                                                             ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, AR_BF16));
+            }
+            ar_attn_params p = {H, 1, 576, 512, c.scale, 0, 0, c.causal};
+            /* values = the first 512 of each entry: pass a [L, 512] copy */
+            double *v = malloc(sizeof(double) * (size_t)(L > 0 ? L : 1) * 512);
+            assert_non_null(v);
+            for (int j = 0; j < L; j++) memcpy(v + (size_t)j * 512, k + (size_t)j * 576, 512 * sizeof(double));
+            ar_ref_attend(&p, SQ, q, qpos, L, 0, k, v, out, lse);
+            for (int i = 0; i < SQ; i++)
+                for (int n = 0; n < H; n++) {
+                    for (int d = 0; d < 512; d++) {
+                        double g = r.ref_out[((size_t)(b * SQ + i) * H + n) * 512 + d];
+                        double e = fabs(g - out[((size_t)i * H + n) * 512 + d]);
+                        if (e > worst) worst = e;
+                    }
+                    double gl = r.ref_lse[((size_t)b * H + n) * SQ + i], hl = lse[(size_t)n * SQ + i];
+                    if (isinf(hl)) {
+                        assert_true(isinf(gl) && gl > 0);   /* FlashMLA: +inf for an empty row */
+                    } else {
+                        double e = fabs(gl - hl);
+                        if (e > worst_lse) worst_lse = e;
+                    }
+                }
+            free(q);
+            free(k);
+            free(v);
+            free(out);
+            free(lse);
+            free(qpos);
+        }
+        print_message("device reference vs host, case %zu: out %.3g, lse %.3g\n", ci, worst, worst_lse);
+        assert_true(worst < 1e-9);
+        assert_true(worst_lse < 1e-9);
+        free(r.out);
+        free(r.ref_out);
+        free(r.lse);
+        free(r.ref_lse);
+    }
+}
+
+static void test_flashmla_dense_grid(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    static const int bs_[] = {1, 2, 6, 64}, sqs[] = {1, 2, 4}, sks[] = {20, 140, 4096},
+                     hqs[] = {1, 3, 9, 63, 64, 126, 128};
+    grid_opts go = default_opts();
+    int fails = 0, runs = 0;
+    for (size_t ib = 0; ib < 4; ib++)
+        for (size_t iq = 0; iq < 3; iq++)
+            for (size_t ik = 0; ik < 3; ik++)
+                for (size_t ih = 0; ih < 7; ih++)
+                    for (int varlen = 0; varlen < 2; varlen++)
+                        for (int causal = 0; causal < 2; causal++) {
+                            if (small_mode() && (sks[ik] > 140 || bs_[ib] > 6)) continue;
+                            runs++;
+                            if (!run_checked(bs_[ib], sqs[iq], sks[ik], hqs[ih], varlen, causal, false, &go)) fails++;
+                        }
+    print_message("FlashMLA dense grid: %d cases, %d failed\n", runs, fails);
+    assert_int_equal(fails, 0);
+}
+
+/* FlashMLA's zero-length corner cases: some or all requests with s_k = 0. */
+static void test_zero_length_requests(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    grid_opts go = default_opts();
+    int fails = 0;
+    static const int hqs[] = {1, 64, 128};
+    for (size_t ih = 0; ih < 3; ih++)
+        for (int s_q = 1; s_q <= 4; s_q *= 2)
+            for (int causal = 0; causal < 2; causal++) {
+                if (!run_checked(6, s_q, 140, hqs[ih], true, causal, true, &go)) fails++;
+                if (!run_checked(1, s_q, 140, hqs[ih], false, causal, true, &go)) fails++;
+            }
+    assert_int_equal(fails, 0);
+}
+
+/* Forced split counts exercise the combine kernel; block size 16 the multi-block key tiles. */
+static void test_forced_splits_and_block16(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    grid_opts go = default_opts();
+    int fails = 0;
+    static const int splits[] = {1, 2, 3, 7, 32};
+    for (size_t i = 0; i < 5; i++) {
+        go.num_splits = splits[i];
+        if (!run_checked(2, 2, 1000, 128, true, true, false, &go)) fails++;
+        if (!run_checked(3, 1, 333, 16, false, false, false, &go)) fails++;
+        if (!run_checked(6, 4, 140, 9, true, true, true, &go)) fails++;
+    }
+    go = default_opts();
+    go.block_size = 16;
+    if (!run_checked(6, 2, 500, 64, true, true, false, &go)) fails++;
+    if (!run_checked(2, 1, 4096, 128, false, false, false, &go)) fails++;
+    assert_int_equal(fails, 0);
+}
+
+static void test_simt_fallback_fp16_fp8(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    int fails = 0;
+    grid_opts go = default_opts();
+    go.kernel = AR_MLA_KERNEL_SIMT;
+    if (!run_checked(2, 2, 140, 64, true, true, false, &go)) fails++;
+    if (!run_checked(6, 1, 20, 3, false, false, true, &go)) fails++;
+    go = default_opts();
+    go.dtype = go.kv_dtype = AR_FP16;
+    if (!run_checked(2, 2, 1000, 128, true, true, false, &go)) fails++;
+    if (!run_checked(6, 4, 140, 9, false, true, true, &go)) fails++;
+    /* fp8 latent cache (the reference reads the same round-tripped values; FlashMLA's fp8 test
+     * relaxes the cosine rule to 1e-4) */
+    go = default_opts();
+    go.kv_dtype = AR_FP8_E4M3;
+    go.kv_scale = 0.5;
+    go.cos_limit = 1e-4;
+    if (!run_checked(2, 1, 4096, 128, false, false, false, &go)) fails++;
+    if (!run_checked(6, 2, 140, 16, true, true, false, &go)) fails++;
+    go.kv_scale = 0.37;   /* a scale that is not a power of two */
+    if (!run_checked(2, 4, 500, 64, true, true, false, &go)) fails++;
+    go.kernel = AR_MLA_KERNEL_SIMT;
+    if (!run_checked(2, 2, 140, 9, true, true, false, &go)) fails++;
+    assert_int_equal(fails, 0);
+}
+
+/* ---- part 2: the backend end to end vs the expanded-form reference -------------------------- */
+
+typedef struct req_case {
+    int q_len, ctx;
+} req_case;
+
+typedef struct tbatch {
+    int R, T, mbpr;
+    int *qsl, *seq, *ctx, *bt;
+    uint64_t *bkeys, *rkeys;
+    int64_t *slots;
+    ar_batch b;
+} tbatch;
+
+static void tbatch_free(tbatch *t)
+{
+    free(t->qsl);
+    free(t->seq);
+    free(t->ctx);
+    free(t->bt);
+    free(t->bkeys);
+    free(t->rkeys);
+    free(t->slots);
+    memset(t, 0, sizeof *t);
+}
+
+/* Random distinct physical blocks (never block 0), random content and request keys. */
+static void tbatch_make(tbatch *t, const ar_run_config *cfg, const req_case *rc, int n)
+{
+    const int B = cfg->block_size;
+    memset(t, 0, sizeof *t);
+    int max_s = 0, T = 0, total_blocks = 0;
+    for (int i = 0; i < n; i++) {
+        int s = rc[i].ctx + rc[i].q_len;
+        if (s > max_s) max_s = s;
+        T += rc[i].q_len;
+        total_blocks += (s + B - 1) / B;
+    }
+    assert_true(total_blocks < cfg->num_blocks);
+    t->R = n;
+    t->T = T;
+    t->mbpr = max_s > 0 ? (max_s + B - 1) / B : 1;
+    t->qsl = calloc((size_t)n + 1, sizeof(int));
+    t->seq = calloc((size_t)n, sizeof(int));
+    t->ctx = calloc((size_t)n, sizeof(int));
+    t->bt = calloc((size_t)n * t->mbpr, sizeof(int));
+    t->bkeys = calloc((size_t)n * t->mbpr, sizeof(uint64_t));
+    t->rkeys = calloc((size_t)n, sizeof(uint64_t));
+    t->slots = calloc((size_t)(T > 0 ? T : 1), sizeof(int64_t));
+    int *perm = malloc(sizeof(int) * (size_t)cfg->num_blocks);
+    assert_true(t->qsl && t->seq && t->ctx && t->bt && t->bkeys && t->rkeys && t->slots && perm);
+    for (int i = 0; i < cfg->num_blocks - 1; i++) perm[i] = i + 1;
+    for (int i = cfg->num_blocks - 2; i > 0; i--) {
+        int j = (int)(rng_next() % (uint64_t)(i + 1));
+        int x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    int next = 0, tok = 0, max_q = 0;
+    for (int r = 0; r < n; r++) {
+        int s = rc[r].ctx + rc[r].q_len;
+        t->seq[r] = s;
+        t->ctx[r] = rc[r].ctx;
+        t->rkeys[r] = rng_next();
+        for (int i = 0; i < (s + B - 1) / B; i++) {
+            t->bt[r * t->mbpr + i] = perm[next++];
+            t->bkeys[r * t->mbpr + i] = rng_next();
+        }
+        for (int i = 0; i < rc[r].q_len; i++) {
+            int p = rc[r].ctx + i;
+            t->slots[tok + i] = (int64_t)t->bt[r * t->mbpr + p / B] * B + p % B;
+        }
+        tok += rc[r].q_len;
+        t->qsl[r + 1] = tok;
+        if (rc[r].q_len > max_q) max_q = rc[r].q_len;
+    }
+    free(perm);
+    ar_batch b = {1, n, T, t->qsl, t->seq, t->ctx, max_q, max_s, t->mbpr, t->bt, t->bkeys, t->rkeys, t->slots, 0};
+    t->b = b;
+}
+
+static void fill_context(void *state, const ar_run_config *cfg, const tbatch *t)
+{
+    const int B = cfg->block_size;
+    int count = 0;
+    for (int r = 0; r < t->R; r++) count += t->ctx[r];
+    if (count == 0) return;
+    int64_t *slots = malloc(sizeof(int64_t) * (size_t)count);
+    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)count);
+    int *offs = malloc(sizeof(int) * (size_t)count);
+    assert_true(slots && keys && offs);
+    int k = 0;
+    for (int r = 0; r < t->R; r++)
+        for (int p = 0; p < t->ctx[r]; p++) {
+            slots[k] = (int64_t)t->bt[r * t->mbpr + p / B] * B + p % B;
+            keys[k] = t->bkeys[r * t->mbpr + p / B];
+            offs[k] = p % B;
+            k++;
+        }
+    ar_fill f = {count, slots, keys, offs};
+    char err[512] = "";
+    int rc = ar_cuda_mla_backend.fill(state, 0, &f, err, sizeof err);
+    if (rc) print_message("fill: %s\n", err);
+    assert_int_equal(rc, 0);
+    free(slots);
+    free(keys);
+    free(offs);
+}
+
+typedef struct e2e_result {
+    double max_err;         /* max |out - ref| / (atol + rtol |ref|): > 1 fails */
+    double max_abs, lse_max_abs;
+    long nan_count;
+    int guard_violations;
+    ar_cuda_mla_plan_info plan;
+} e2e_result;
+
+/* Opens the backend, fills context, runs one step, compares with ar_mla_ref_attend. */
+static void run_e2e(const ar_run_config *cfg, const req_case *rc, int n, int splits, int use_prefill,
+                    e2e_result *res)
+{
+    memset(res, 0, sizeof *res);
+    void *state = NULL;
+    char err[512] = "";
+    int rc_open = ar_cuda_mla_backend.open(cfg, &state, err, sizeof err);
+    if (rc_open) print_message("open: %s\n", err);
+    assert_int_equal(rc_open, 0);
+    ar_cuda_mla_set_plan(state, AR_MLA_KERNEL_AUTO, splits, use_prefill);
+    tbatch t;
+    tbatch_make(&t, cfg, rc, n);
+    fill_context(state, cfg, &t);
+    int rc_prep = ar_cuda_mla_backend.prepare(state, &t.b, err, sizeof err);
+    if (rc_prep) print_message("prepare: %s\n", err);
+    assert_int_equal(rc_prep, 0);
+    const int H = cfg->model.num_q_heads, P = 128, R = 64, V = 128, L = 512;
+    ar_forward_out o;
+    memset(&o, 0, sizeof o);
+    o.out = malloc(sizeof(float) * (size_t)t.T * H * V);
+    o.lse = malloc(sizeof(float) * (size_t)H * t.T);
+    assert_true(o.out && o.lse);
+    int rc_fwd = ar_cuda_mla_backend.forward(state, 0, &t.b, &o, err, sizeof err);
+    if (rc_fwd) print_message("forward: %s\n", err);
+    assert_int_equal(rc_fwd, 0);
+    ar_cuda_mla_plan_of(state, &res->plan);
+    res->guard_violations = o.guard_violations;
+    ar_mla_dims dims = ar_mla_deepseek_dims(H);
+    dims.scale = cfg->model.scale;
+    double *w_uk = malloc(sizeof(double) * (size_t)L * H * P);
+    double *w_uv = malloc(sizeof(double) * (size_t)L * H * V);
+    assert_true(w_uk && w_uv);
+    ar_mla_gen_weights(&dims, cfg->seed, 0, cfg->data, cfg->dtype, w_uk, w_uv);
+    const double atol = cfg->dtype == AR_BF16 ? 2e-2 : 5e-3, rtol = cfg->dtype == AR_BF16 ? 2e-2 : 5e-3;
+    for (int i = 0; i < t.T * H * V; i++)
+        if (!isfinite(o.out[i])) res->nan_count++;
+    for (int i = 0; i < t.T * H; i++)
+        if (isnan(o.lse[i]) || o.lse[i] == INFINITY) res->nan_count++;
+    for (int r = 0; r < t.R; r++) {
+        int ql = t.qsl[r + 1] - t.qsl[r], sl = t.seq[r], q0 = t.qsl[r];
+        if (ql == 0) continue;
+        double *qn = malloc(sizeof(double) * (size_t)ql * H * P);
+        double *qp = malloc(sizeof(double) * (size_t)ql * H * R);
+        double *lat = malloc(sizeof(double) * (size_t)sl * (L + R));
+        double *out = malloc(sizeof(double) * (size_t)ql * H * V);
+        double *lse = malloc(sizeof(double) * (size_t)H * ql);
+        int *qpos = malloc(sizeof(int) * (size_t)ql);
+        assert_true(qn && qp && lat && out && lse && qpos);
+        for (int i = 0; i < ql; i++) {
+            int pos = t.ctx[r] + i;
+            qpos[i] = pos;
+            for (int h = 0; h < H; h++) {
+                uint64_t rn = ar_gen_row(cfg->seed, AR_STREAM_Q_NOPE, 0, t.rkeys[r], (uint64_t)pos, (uint32_t)h);
+                uint64_t rp = ar_gen_row(cfg->seed, AR_STREAM_Q_PE, 0, t.rkeys[r], (uint64_t)pos, (uint32_t)h);
+                for (int d = 0; d < P; d++) qn[((size_t)i * H + h) * P + d] = ar_gen(rn, (uint32_t)d, cfg->data, cfg->dtype);
+                for (int d = 0; d < R; d++) qp[((size_t)i * H + h) * R + d] = ar_gen(rp, (uint32_t)d, cfg->data, cfg->dtype);
+            }
+        }
+        for (int j = 0; j < sl; j++) {
+            uint64_t key = t.bkeys[r * t.mbpr + j / cfg->block_size];
+            uint64_t row = ar_gen_row(cfg->seed, AR_STREAM_LATENT, 0, key, (uint64_t)(j % cfg->block_size), 0);
+            for (int d = 0; d < L + R; d++)
+                lat[(size_t)j * (L + R) + d] = ar_kv_roundtrip(cfg->kv_dtype, cfg->dtype, (float)cfg->kv_scale,
+                                                               ar_gen(row, (uint32_t)d, cfg->data, cfg->dtype));
+        }
+        assert_int_equal(ar_mla_ref_attend(&dims, ql, qn, qp, qpos, sl, lat, w_uk, w_uv, out, lse), 0);
+        for (int i = 0; i < ql; i++)
+            for (int h = 0; h < H; h++) {
+                for (int v = 0; v < V; v++) {
+                    double ref = out[((size_t)i * H + h) * V + v];
+                    double got = o.out[((size_t)(q0 + i) * H + h) * V + v];
+                    double e = fabs(got - ref);
+                    if (!(e <= res->max_abs)) res->max_abs = isnan(e) ? INFINITY : e;
+                    double ratio = e / (atol + rtol * fabs(ref));
+                    if (!(ratio <= res->max_err)) res->max_err = isnan(ratio) ? INFINITY : ratio;
+                }
+                double lr = lse[(size_t)h * ql + i], lg = o.lse[(size_t)h * t.T + q0 + i];
+                double e = (isinf(lr) && isinf(lg) && lr < 0 && lg < 0) ? 0.0 : fabs(lg - lr);
+                if (!(e <= res->lse_max_abs)) res->lse_max_abs = isnan(e) ? INFINITY : e;
+            }
+        free(qn);
+        free(qp);
+        free(lat);
+        free(out);
+        free(lse);
+        free(qpos);
+    }
+    free(w_uk);
+    free(w_uv);
+    free(o.out);
+    free(o.lse);
+    tbatch_free(&t);
+    ar_cuda_mla_backend.close(state);
+}
+
+static bool e2e_pass(const e2e_result *r)
+{
+    return r->max_err <= 1.0 && r->lse_max_abs <= 2e-2 && r->nan_count == 0 && r->guard_violations == 0;
+}
+
+static void report(const char *what, const e2e_result *r)
+{
+    print_message("%-34s max abs %.3g (%.2f of tol), lse %.3g, nan %ld, guards %d, decode %d prefill %d "
+                  "work %d groups %d chunks %d\n", what, r->max_abs, r->max_err, r->lse_max_abs, r->nan_count,
+                  r->guard_violations, r->plan.num_decode_reqs, r->plan.num_prefill_reqs, r->plan.num_work,
+                  r->plan.num_groups, r->plan.num_context_chunks);
+}
+
+static const req_case decode_batch[] = {{1, 0}, {1, 37}, {2, 300}, {4, 129}, {1, 1000}, {3, 64}};
+/* two prefills with context (one long enough for two workspace chunks of 2048), one without,
+ * plus decodes */
+static const req_case mixed_batch[] = {{1, 50}, {140, 2100}, {4, 77}, {150, 333}, {200, 0}};
+
+static void test_backend_decode(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    int bss[] = {16, 64};
+    for (int i = 0; i < 2; i++) {
+        ar_run_config cfg = mla_cfg(16, bss[i], 4096 / bss[i] * 16, AR_BF16, AR_BF16, 1.0);
+        e2e_result r;
+        run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
+        report(bss[i] == 16 ? "decode bf16 block 16" : "decode bf16 block 64", &r);
+        assert_true(e2e_pass(&r));
+        assert_int_equal(r.plan.num_prefill_reqs, 0);
+        run_e2e(&cfg, decode_batch, 6, 5, 1, &r);
+        report("decode bf16 forced 5 splits", &r);
+        assert_true(e2e_pass(&r));
+        assert_true(r.plan.num_groups > 0);
+    }
+    ar_run_config cfg = mla_cfg(16, 64, 1024, AR_FP16, AR_FP16, 1.0);
+    e2e_result r;
+    run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
+    report("decode fp16", &r);
+    assert_true(e2e_pass(&r));
+    cfg = mla_cfg(16, 64, 1024, AR_BF16, AR_FP8_E4M3, 0.5);
+    run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
+    report("decode bf16, fp8 cache", &r);
+    assert_true(e2e_pass(&r));
+    const req_case big[] = {{1, 100}, {3, 40}, {2, 0}};
+    cfg = mla_cfg(128, 64, 256, AR_BF16, AR_BF16, 1.0);
+    run_e2e(&cfg, big, 3, 0, 1, &r);
+    report("decode bf16, 128 heads", &r);
+    assert_true(e2e_pass(&r));
+}
+
+static void test_backend_prefill_mixed(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    ar_run_config cfg = mla_cfg(16, 16, 1024, AR_BF16, AR_BF16, 1.0);
+    e2e_result r;
+    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+    report("mixed bf16, prefill path", &r);
+    assert_true(e2e_pass(&r));
+    assert_int_equal(r.plan.num_prefill_reqs, 3);
+    assert_int_equal(r.plan.num_decode_reqs, 2);
+    assert_true(r.plan.num_context_chunks >= 2);
+    /* the same step with every request on the absorbed path agrees too */
+    run_e2e(&cfg, mixed_batch, 5, 0, 0, &r);
+    report("mixed bf16, all absorbed", &r);
+    assert_true(e2e_pass(&r));
+    cfg = mla_cfg(16, 64, 256, AR_BF16, AR_FP8_E4M3, 0.5);
+    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+    report("mixed bf16, fp8 cache", &r);
+    assert_true(e2e_pass(&r));
+}
+
+/* Every kernel-side fault must break the comparison (metadata faults are the engine's). */
+static void test_faults_flagged(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    static const ar_fault faults[] = {AR_FAULT_CAUSAL_OFF_BY_ONE, AR_FAULT_WRONG_KV_HEAD, AR_FAULT_NO_RESCALE,
+                                      AR_FAULT_LSE_BASE2, AR_FAULT_MERGE_NO_WEIGHTS, AR_FAULT_MLA_NO_WUV};
+    const req_case dec[] = {{4, 300}, {2, 700}, {1, 90}};
+    const req_case pf[] = {{150, 400}, {1, 20}};
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) {
+        for (int path = 0; path < 2; path++) {
+            ar_run_config cfg = mla_cfg(16, 16, 512, AR_BF16, AR_BF16, 1.0);
+            cfg.fault = faults[i];
+            e2e_result r;
+            if (path == 0)
+                run_e2e(&cfg, dec, 3, faults[i] == AR_FAULT_MERGE_NO_WEIGHTS ? 4 : 0, 1, &r);
+            else
+                run_e2e(&cfg, pf, 2, 0, 1, &r);
+            char what[96];
+            snprintf(what, sizeof what, "fault %s (%s)", ar_fault_name(faults[i]), path ? "prefill" : "decode");
+            report(what, &r);
+            assert_false(e2e_pass(&r));
+        }
+    }
+}
+
+static void test_check_reasons(void **st)
+{
+    (void)st;
+    char why[256];
+    ar_run_config cfg = mla_cfg(16, 64, 64, AR_BF16, AR_BF16, 1.0);
+    cfg.model.attention = AR_ATTN_MHA;
+    assert_false(ar_cuda_mla_backend.check(&cfg, why, sizeof why));
+    assert_non_null(strstr(why, "MLA"));
+    cfg = mla_cfg(16, 64, 64, AR_FP32, AR_FP32, 1.0);
+    assert_false(ar_cuda_mla_backend.check(&cfg, why, sizeof why));
+    cfg = mla_cfg(16, 48, 64, AR_BF16, AR_BF16, 1.0);
+    assert_false(ar_cuda_mla_backend.check(&cfg, why, sizeof why));
+    assert_non_null(strstr(why, "48"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_check_reasons),
+        cmocka_unit_test(test_device_reference_matches_host),
+        cmocka_unit_test(test_flashmla_dense_grid),
+        cmocka_unit_test(test_zero_length_requests),
+        cmocka_unit_test(test_forced_splits_and_block16),
+        cmocka_unit_test(test_simt_fallback_fp16_fp8),
+        cmocka_unit_test(test_backend_decode),
+        cmocka_unit_test(test_backend_prefill_mixed),
+        cmocka_unit_test(test_faults_flagged),
+    };
+    return cmocka_run_group_tests_name("gpu_mla", tests, NULL, NULL);
+}
