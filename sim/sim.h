@@ -116,7 +116,8 @@ double ar_preset_total_params(const ar_model_preset *p);
 typedef enum ar_steptime_kind {
     AR_STEPTIME_CONSTANT = 0,
     AR_STEPTIME_LINEAR = 1,
-    AR_STEPTIME_ROOFLINE = 2
+    AR_STEPTIME_ROOFLINE = 2,
+    AR_STEPTIME_FITTED = 3     /* roofline with the attention term fitted from a replay database */
 } ar_steptime_kind;
 
 /* What a step-time model sees of a batch. */
@@ -142,16 +143,27 @@ typedef struct ar_steptime {
     double overhead_s;         /* fixed per-step cost (scheduler, launch, sampling) */
     double per_req_overhead_s; /* per scheduled request */
     int tensor_parallel;       /* devices sharing the model (ideal scaling) */
+    /* FITTED: attention seconds for ALL layers = a + b*tokens + c*requests + d*sum(seq_len) */
+    double fit_coef[4];
+    int fit_steps;             /* steps the fit used */
     ar_dtype weight_dtype, kv_dtype;
 } ar_steptime;
 
 /* Parses MODEL: "constant:SECONDS", "linear:BASE,PER_TOKEN,PER_REQ,PER_KV_TOKEN" (seconds),
- * "roofline:DEVICE[,gemm_eff=E][,attn_eff=E][,bw_eff=E][,overhead=S][,per_req=S][,tp=N]".
+ * "roofline:DEVICE[,gemm_eff=E][,attn_eff=E][,bw_eff=E][,overhead=S][,per_req=S][,tp=N]",
+ * "fitted:DB[,run=ID][,device=DEVICE][,roofline keys]": the roofline with its attention term
+ * replaced by a linear fit of the database's measured attention times (device default h200).
  * preset is needed for roofline.  Returns 0 or 2 with err set. */
 int ar_steptime_parse(const char *spec, const ar_model_preset *preset, ar_steptime *st,
                       char *err, size_t err_len);
 /* Seconds the step takes. */
 double ar_steptime_eval(const ar_steptime *st, const ar_batch_features *f);
+/* Least-squares fit of a replay database's measured attention time (steps.time_us, summed over
+ * the run's replayed layers, scaled to model_layers) as coef[0] + coef[1]*num_tokens +
+ * coef[2]*num_reqs + coef[3]*total_context seconds.  run_id 0 = the newest run with timed
+ * steps.  Returns the number of steps used (>= 4), or -1 with err set. */
+int ar_steptime_fit_db(const char *db_path, int64_t run_id, int model_layers, double coef[4],
+                       char *err, size_t err_len);
 
 /* ---- the simulator (sim/scheduler.c) -------------------------------------------------------- */
 

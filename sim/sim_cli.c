@@ -29,6 +29,7 @@ static void usage(FILE *f)
             "  --time-scale X            multiply arrival times by X (default 1)\n"
             "  --limit N                 first N requests only\n"
             "  --step-time MODEL         constant:S | linear:A,B,C,D | roofline:DEVICE[,gemm_eff=E,attn_eff=E,bw_eff=E,overhead=S,per_req=S,tp=N]\n"
+            "                            fitted:DB[,run=ID][,device=DEVICE][,roofline keys]: attention term fitted to a replay DB\n"
             "                            (default constant:0.02; devices: %s)\n"
             "  --kv-dtype T              bf16 (default), fp16, fp8_e4m3, fp32\n"
             "  --seed N                  written to the trace header (default 1)\n"
@@ -158,6 +159,11 @@ int ar_sim_main(int argc, char **argv)
         return 2;
     }
     cfg.steptime.kv_dtype = kv_dtype;
+    if (cfg.steptime.kind == AR_STEPTIME_FITTED && !quiet) {
+        const double *c = cfg.steptime.fit_coef;
+        printf("sim: attention time fitted on %d replayed steps: %.3g + %.3g*tokens + %.3g*requests + %.3g*kv_tokens s\n",
+               cfg.steptime.fit_steps, c[0], c[1], c[2], c[3]);
+    }
     ar_workload wl;
     int rc = ar_workload_load(workload, block_size, time_scale, limit, &wl, err, sizeof err);
     if (rc != 0) {

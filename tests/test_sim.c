@@ -713,6 +713,51 @@ static void test_kv_sizing_and_step_time(void **state)
     assert_int_equal(ar_steptime_parse("constant:-1", l8, &st, err, sizeof err), 2);
 }
 
+/* The fitted model recovers known coefficients from a replay database (schema of db.h). */
+static void test_steptime_fitted_from_db(void **state)
+{
+    (void)state;
+    char path[512], out[512], err[512];
+    tu_tmp("fit.db", path, sizeof path);
+    tu_tmp("fit.txt", out, sizeof out);
+    char sql[16384];
+    int len = snprintf(sql, sizeof sql,
+                       "CREATE TABLE runs(id INTEGER PRIMARY KEY, layers INTEGER);"
+                       "CREATE TABLE steps(run INTEGER, step INTEGER, num_tokens INTEGER, num_reqs INTEGER,"
+                       " total_context INTEGER, time_us REAL);"
+                       "INSERT INTO runs VALUES(1, 2);");
+    /* per replayed layer (2 of 32): 20 us + 0.01 us/token + 0.5 us/request + 0.002 us/context token */
+    for (int i = 0; i < 40; i++) {
+        int tokens = 1 + (i * 37) % 500, reqs = 1 + (i * 7) % 30, ctx = 100 + (i * 911) % 9000;
+        double us = 2 * (20 + 0.01 * tokens + 0.5 * reqs + 0.002 * ctx);
+        len += snprintf(sql + len, sizeof sql - (size_t)len, "INSERT INTO steps VALUES(1,%d,%d,%d,%d,%.9f);", i, tokens,
+                        reqs, ctx, us);
+    }
+    char cmd[17000];
+    snprintf(cmd, sizeof cmd, "sqlite3 %s \"%s\"", path, sql);
+    if (tu_run(out, "%s", cmd) != 0) skip();   /* no sqlite3 shell */
+    double c[4];
+    assert_int_equal(ar_steptime_fit_db(path, 0, 32, c, err, sizeof err), 40);
+    double want[4] = {20e-6 * 32, 0.01e-6 * 32, 0.5e-6 * 32, 0.002e-6 * 32};
+    for (int k = 0; k < 4; k++) assert_true(fabs(c[k] - want[k]) < 1e-6 * fabs(want[k]) + 1e-12);
+    ar_steptime st;
+    char spec[600];
+    snprintf(spec, sizeof spec, "fitted:%s,run=1,device=h200,overhead=0", path);
+    assert_int_equal(ar_steptime_parse(spec, ar_model_preset_find("llama-3.1-8b"), &st, err, sizeof err), 0);
+    assert_int_equal(st.kind, AR_STEPTIME_FITTED);
+    ar_batch_features f = {.num_reqs = 4, .num_tokens = 4, .num_decode_reqs = 4, .kv_tokens_read = 4000};
+    ar_steptime roof;
+    assert_int_equal(ar_steptime_parse("roofline:h200,overhead=0", ar_model_preset_find("llama-3.1-8b"), &roof, err,
+                                       sizeof err), 0);
+    /* same GEMM term as the roofline, attention from the fit */
+    double attn = want[0] + want[1] * 4 + want[2] * 4 + want[3] * 4000;
+    assert_true(ar_steptime_eval(&st, &f) > attn);
+    assert_true(ar_steptime_eval(&st, &f) < ar_steptime_eval(&roof, &f) + attn);
+    assert_int_equal(ar_steptime_fit_db(path, 7, 32, c, err, sizeof err), -1);
+    snprintf(spec, sizeof spec, "fitted:%s.missing", path);
+    assert_int_equal(ar_steptime_parse(spec, ar_model_preset_find("llama-3.1-8b"), &st, err, sizeof err), 2);
+}
+
 /* ---- the command end to end ------------------------------------------------------------------------ */
 
 static int run_main(const char *line)
@@ -873,6 +918,7 @@ int main(void)
         cmocka_unit_test(test_synthetic_arrivals),
         cmocka_unit_test(test_bad_input_messages),
         cmocka_unit_test(test_kv_sizing_and_step_time),
+        cmocka_unit_test(test_steptime_fitted_from_db),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_cli_writes_valid_trace_and_metrics),
         cmocka_unit_test(test_summary_agrees_with_trace_stats),
