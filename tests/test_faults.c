@@ -1,0 +1,495 @@
+/* test_faults.c - what a replay does when things go wrong around it (issue 8, item 5 and 6):
+ *
+ *   full disk      a replay under `ulimit -f` (SIGXFSZ ignored, so writes fail with EFBIG the
+ *                  way a full disk fails them with ENOSPC) exits 3 with a message naming the
+ *                  database; the database opens, passes integrity_check, the run is 'error',
+ *                  every committed step is whole (0..last_step, nothing after), and --resume
+ *                  completes it
+ *   SIGINT         finishes the step, commits, marks the run 'interrupted', exits 130; the
+ *                  committed steps are intact and --resume completes the run
+ *   readers        while a replay writes (WAL), a read-only connection counts its committed
+ *                  steps and `attnreplay report` renders from the same database
+ *   second writer  a write lock held elsewhere makes a replay wait (busy timeout) and then fail
+ *                  clearly ("locked", exit 3) without touching the database; two replays
+ *                  started together on one database both finish, each run whole
+ *   NaN / Inf      anywhere in a step's output (checked row or not, out or LSE, verify all,
+ *                  sample or off) fails the step through the library's verifier
+ *   --verify off   is labelled 'unverified' in the summary, the database and the report
+ *
+ * The traces are made here with the simulator over a tiny model (1 layer, 4 query heads, 2 KV
+ * heads, head size 32) so replays are quick on the CPU backend.  SIGKILL + --resume is in
+ * test_replay.c (ATTNREPLAY_TEST_KILL_AFTER_STEP). */
+#include "testutil.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../replay/backend.h"
+#include "../replay/verify.h"
+#include "../sim/sim.h"
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static ar_model tiny_model(void)
+{
+    ar_model m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.name, sizeof m.name, "tiny-faults");
+    m.attention = AR_ATTN_MHA;
+    m.num_layers = 1;
+    m.num_q_heads = 4;
+    m.num_kv_heads = 2;
+    m.head_size = 32;
+    m.v_head_dim = 32;
+    m.scale = 1.0 / sqrt(32.0);
+    return m;
+}
+
+/* Simulates spec (a synthetic workload) on the tiny model and writes the trace to path;
+ * returns the number of steps. */
+static int64_t make_trace(const char *path, const char *spec)
+{
+    char err[AR_ERR_MAX + 1024];
+    ar_workload wl;
+    if (ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err) != 0) {
+        fprintf(stderr, "workload %s: %s\n", spec, err);
+        return -1;
+    }
+    ar_sim_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.steptime.kind = AR_STEPTIME_CONSTANT;
+    cfg.steptime.constant_s = 0.01;
+    cfg.num_sms = 132;
+    ar_trace_header *h = &cfg.header;
+    h->version = AR_TRACE_VERSION;
+    h->model = tiny_model();
+    h->cache.block_size = 16;
+    h->cache.num_blocks = 1024;
+    h->cache.dtype = AR_BF16;
+    h->cache.kv_cache_dtype = AR_BF16;
+    h->sched.max_num_batched_tokens = 256;
+    h->sched.max_num_seqs = 8;
+    h->sched.prefix_caching = true;
+    snprintf(h->source, sizeof h->source, "test_faults");
+    h->seed = 7;
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    assert_non_null(s);
+    ar_trace_writer *w = ar_trace_create(path, h, err, sizeof err);
+    assert_non_null(w);
+    int64_t steps = 0;
+    const ar_step *st;
+    int rc;
+    while ((rc = ar_sim_step(s, &st, err, sizeof err)) == 1) {
+        assert_int_equal(ar_trace_write_step(w, st, err, sizeof err), 0);
+        steps++;
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(ar_trace_finish(w, err, sizeof err), 0);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+    return steps;
+}
+
+/* One integer from a read-only connection; -1 when the query fails. */
+static int64_t query_int(const char *db, const char *sql)
+{
+    sqlite3 *h = NULL;
+    int64_t v = -1;
+    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        sqlite3_busy_timeout(h, 2000);
+        sqlite3_stmt *st = NULL;
+        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+            v = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(h);
+    return v;
+}
+
+static void query_text(const char *db, const char *sql, char *out, size_t len)
+{
+    sqlite3 *h = NULL;
+    out[0] = 0;
+    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        sqlite3_busy_timeout(h, 2000);
+        sqlite3_stmt *st = NULL;
+        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW &&
+            sqlite3_column_text(st, 0))
+            snprintf(out, len, "%s", (const char *)sqlite3_column_text(st, 0));
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(h);
+}
+
+/* The committed steps of run are exactly 0..last_step, once each, and match steps_done. */
+static void assert_run_whole(const char *db, int run)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM steps WHERE run=%d", run);
+    int64_t count = query_int(db, sql);
+    snprintf(sql, sizeof sql, "SELECT count(DISTINCT step) FROM steps WHERE run=%d", run);
+    assert_int_equal(query_int(db, sql), count);
+    snprintf(sql, sizeof sql, "SELECT steps_done FROM runs WHERE id=%d", run);
+    assert_int_equal(query_int(db, sql), count);
+    snprintf(sql, sizeof sql, "SELECT last_step FROM runs WHERE id=%d", run);
+    assert_int_equal(query_int(db, sql) + 1, count);
+    snprintf(sql, sizeof sql, "SELECT coalesce(max(step), -1) FROM steps WHERE run=%d", run);
+    assert_int_equal(query_int(db, sql) + 1, count);
+}
+
+static void assert_integrity_ok(const char *db)
+{
+    char text[256];
+    query_text(db, "PRAGMA integrity_check", text, sizeof text);
+    assert_string_equal(text, "ok");
+}
+
+/* Starts `attnreplay replay TRACE --db DB --backend cpu ARGS...` with stdout/stderr to log;
+ * returns its pid. */
+static pid_t spawn_replay(const char *trace, const char *db, const char *log, const char *extra1,
+                          const char *extra2)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        FILE *f = freopen(log, "w", stdout);
+        if (!f || dup2(fileno(stdout), 2) < 0) _exit(126);
+        execl(tu_bin(), tu_bin(), "replay", trace, "--db", db, "--backend", "cpu", "--threads", "1",
+              extra1, extra2, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int wait_exit(pid_t pid)
+{
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static bool file_contains(const char *path, const char *needle)
+{
+    char *text = tu_slurp(path);
+    bool yes = text && strstr(text, needle);
+    if (!yes && text) fprintf(stderr, "--- %s (no '%s'):\n%s\n", path, needle, text);
+    free(text);
+    return yes;
+}
+
+static const char *long_trace(char *buf, size_t len, int64_t *steps)
+{
+    static int64_t cached_steps = -1;
+    tu_tmp("long.trace.jsonl", buf, len);
+    if (cached_steps < 0) cached_steps = make_trace(buf, "synthetic:n=48,input=200,output=60,rate=20,seed=5");
+    *steps = cached_steps;
+    return buf;
+}
+
+/* ---- full disk --------------------------------------------------------------------------- */
+
+static void test_full_disk_marks_error_and_keeps_committed_steps(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512], text[1024];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    assert_true(total > 200);
+    tu_tmp("full.db", db, sizeof db);
+    tu_tmp("full.log", log, sizeof log);
+    /* 160 KiB per file: the schema and a few batches fit, the rest does not.  SIGXFSZ is
+     * ignored so an oversized write fails with EFBIG instead of killing the process. */
+    int rc = tu_run(log, "bash -c \"trap '' XFSZ; ulimit -f 160; exec '%s' replay '%s' --db '%s' --backend cpu "
+                         "--threads 1 --verify sample:2 --quiet\"", tu_bin(), trace, db);
+    assert_int_equal(rc, 3);
+    assert_true(file_contains(log, db));
+    assert_true(file_contains(log, "disk"));
+    assert_integrity_ok(db);
+    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "error");
+    query_text(db, "SELECT error FROM runs WHERE id=1", text, sizeof text);
+    assert_non_null(strstr(text, "disk"));
+    int64_t kept = query_int(db, "SELECT count(*) FROM steps WHERE run=1");
+    assert_true(kept > 0 && kept < total);   /* some batches committed, not all */
+    assert_run_whole(db, 1);
+    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1 AND pass != 1"), 0);
+    print_message("full disk: %lld of %lld steps committed, run 'error': %s\n", (long long)kept,
+                  (long long)total, text);
+
+    /* room again: --resume finishes the same run */
+    tu_tmp("full-resume.log", log, sizeof log);
+    rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify sample:2 --resume --quiet",
+                tu_bin(), trace, db);
+    assert_int_equal(rc, 0);
+    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "passed");
+    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
+    assert_run_whole(db, 1);
+    assert_int_equal(query_int(db, "SELECT count(*) FROM runs"), 1);
+}
+
+/* ---- SIGINT, readers during a replay ------------------------------------------------------- */
+
+static void test_sigint_commits_and_resume_completes(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512], out[512], rlog[512], text[256];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("sigint.db", db, sizeof db);
+    tu_tmp("sigint.log", log, sizeof log);
+    tu_tmp("sigint-report", out, sizeof out);
+    tu_tmp("sigint-report.log", rlog, sizeof rlog);
+    /* --repeat slows every step down so the run is still going when we look */
+    pid_t pid = spawn_replay(trace, db, log, "--repeat", "40");
+    int64_t seen = 0;
+    for (int i = 0; i < 400 && seen < 1; i++) {   /* up to 20 s */
+        sleep_ms(50);
+        seen = query_int(db, "SELECT steps_done FROM runs WHERE id=1");
+    }
+    assert_true(seen >= 1);   /* a read-only connection sees committed steps during the replay */
+    /* report reads the same database while the replay writes (gnuplot may be absent: 0 or 1) */
+    int rrc = tu_run(rlog, "'%s' report '%s' --out '%s'", tu_bin(), db, out);
+    assert_true(rrc == 0 || rrc == 1);
+    char summary[600];
+    snprintf(summary, sizeof summary, "%s/summary.md", out);
+    assert_true(file_contains(summary, "running"));
+    assert_int_equal(waitpid(pid, NULL, WNOHANG), 0);   /* still replaying */
+    assert_int_equal(kill(pid, SIGINT), 0);
+    assert_int_equal(wait_exit(pid), 130);
+    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "interrupted");
+    int64_t kept = query_int(db, "SELECT count(*) FROM steps WHERE run=1");
+    assert_true(kept >= seen && kept < total);
+    assert_run_whole(db, 1);
+    assert_integrity_ok(db);
+    print_message("SIGINT: %lld of %lld steps committed, run 'interrupted'; report read it at %lld\n",
+                  (long long)kept, (long long)total, (long long)seen);
+    tu_tmp("sigint-resume.log", log, sizeof log);
+
+    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --repeat 40 --resume --quiet",
+                    tu_bin(), trace, db);
+    assert_int_equal(rc, 0);
+    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "passed");
+    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
+    assert_run_whole(db, 1);
+}
+
+/* ---- a second writer -------------------------------------------------------------------- */
+
+static void test_second_writer_waits_then_fails_clearly(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("locked.db", db, sizeof db);
+    tu_tmp("locked.log", log, sizeof log);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:5 --quiet",
+                            tu_bin(), trace, db), 0);
+    /* hold the write lock from here, as another writer would */
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    time_t t0 = time(NULL);
+    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:5 --quiet", tu_bin(),
+                    trace, db);
+    time_t waited = time(NULL) - t0;
+    assert_int_equal(rc, 3);
+    assert_true(waited >= 4);               /* it waited for the busy timeout (5 s) ... */
+    assert_true(file_contains(log, "locked"));   /* ... then said why */
+    assert_true(file_contains(log, db));
+    print_message("second writer: waited %lld s, then exit 3\n", (long long)waited);
+    sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(h);
+    assert_int_equal(query_int(db, "SELECT count(*) FROM runs"), 1);   /* untouched */
+    assert_run_whole(db, 1);
+    assert_integrity_ok(db);
+}
+
+static void test_two_replays_share_a_database(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log1[512], log2[512], text[64];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("shared.db", db, sizeof db);
+    tu_tmp("shared1.log", log1, sizeof log1);
+    tu_tmp("shared2.log", log2, sizeof log2);
+    /* create the database first so both open an existing WAL database */
+    assert_int_equal(tu_run(log1, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:0 --quiet",
+                            tu_bin(), trace, db), 0);
+    pid_t a = spawn_replay(trace, db, log1, "--verify", "sample:4");
+    pid_t b = spawn_replay(trace, db, log2, "--verify", "off");
+    assert_int_equal(wait_exit(a), 0);
+    assert_int_equal(wait_exit(b), 0);
+    assert_int_equal(query_int(db, "SELECT count(*) FROM runs"), 3);
+    for (int run = 2; run <= 3; run++) {
+        char sql[128];
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM steps WHERE run=%d", run);
+        assert_int_equal(query_int(db, sql), total);
+        assert_run_whole(db, run);
+    }
+    query_text(db, "SELECT group_concat(status, ',') FROM (SELECT status FROM runs WHERE id>1 ORDER BY id)",
+               text, sizeof text);
+    assert_true(strcmp(text, "passed,unverified") == 0 || strcmp(text, "unverified,passed") == 0);
+    assert_integrity_ok(db);
+}
+
+/* ---- --verify off is labelled ------------------------------------------------------------- */
+
+static void test_verify_off_labelled_in_summary_db_and_report(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512], out[512], rlog[512], summary[600], text[64];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("off.db", db, sizeof db);
+    tu_tmp("off.log", log, sizeof log);
+    tu_tmp("off-report", out, sizeof out);
+    tu_tmp("off-report.log", rlog, sizeof rlog);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:20 --verify off",
+                            tu_bin(), trace, db), 0);
+    assert_true(file_contains(log, "unverified"));
+    assert_true(file_contains(log, "verify off"));
+    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "unverified");
+    query_text(db, "SELECT verify FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "off");
+    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1 AND verified='off' AND pass IS NULL"), 21);
+    int rrc = tu_run(rlog, "'%s' report '%s' --out '%s'", tu_bin(), db, out);
+    assert_true(rrc == 0 || rrc == 1);
+    snprintf(summary, sizeof summary, "%s/summary.md", out);
+    assert_true(file_contains(summary, "unverified"));
+}
+
+/* ---- NaN / Inf in an output ---------------------------------------------------------------- */
+
+typedef struct nan_case {
+    ar_run_config cfg;
+    const ar_backend *be;
+    void *state;
+    int qsl[2], seq[1], ctx[1], table[2];
+    uint64_t keys[2], req_keys[1];
+    int64_t slots[20];
+    ar_batch b;
+    float out[20 * 4 * 32], lse[4 * 20];
+    float good_out[20 * 4 * 32], good_lse[4 * 20];
+} nan_case;
+
+/* One request, 20 prompt tokens in blocks 1 and 2, run through the CPU backend. */
+static void nan_case_setup(nan_case *c)
+{
+    memset(c, 0, sizeof *c);
+    c->cfg.model = tiny_model();
+    c->cfg.block_size = 16;
+    c->cfg.num_blocks = 8;
+    c->cfg.dtype = AR_BF16;
+    c->cfg.kv_dtype = AR_BF16;
+    c->cfg.kv_scale = 1.0;
+    c->cfg.num_layers = 1;
+    c->cfg.seed = 11;
+    c->cfg.cascade_mode = 1;
+    c->cfg.repeat = 1;
+    c->cfg.threads = 1;
+    c->be = ar_backend_find("cpu");
+    assert_non_null(c->be);
+    char err[512];
+    assert_int_equal(c->be->open(&c->cfg, &c->state, err, sizeof err), 0);
+    c->qsl[1] = 20;
+    c->seq[0] = 20;
+    c->table[0] = 1;
+    c->table[1] = 2;
+    c->req_keys[0] = ar_req_key("nan-req");
+    uint64_t prev = AR_ROOT_KEY;
+    for (int i = 0; i < 2; i++) {
+        prev = ar_block_content_key(prev, NULL, 0, c->req_keys[0], i);
+        c->keys[i] = prev;
+    }
+    for (int p = 0; p < 20; p++) c->slots[p] = (int64_t)c->table[p / 16] * 16 + p % 16;
+    c->b = (ar_batch){.step = 0, .num_reqs = 1, .num_tokens = 20, .query_start_loc = c->qsl,
+                      .seq_lens = c->seq, .context_lens = c->ctx, .max_query_len = 20,
+                      .max_seq_len = 20, .max_blocks_per_req = 2, .block_table = c->table,
+                      .block_keys = c->keys, .req_keys = c->req_keys, .slot_mapping = c->slots};
+    assert_int_equal(c->be->prepare(c->state, &c->b, err, sizeof err), 0);
+    ar_forward_out fo;
+    memset(&fo, 0, sizeof fo);
+    fo.out = c->good_out;
+    fo.lse = c->good_lse;
+    assert_int_equal(c->be->forward(c->state, 0, &c->b, &fo, err, sizeof err), 0);
+}
+
+/* Verifies c->out/lse (a copy of the good output with one value changed) in mode. */
+static ar_verify_result verify_doctored(nan_case *c, ar_verify_mode mode, bool in_out, size_t index, float value)
+{
+    memcpy(c->out, c->good_out, sizeof c->out);
+    memcpy(c->lse, c->good_lse, sizeof c->lse);
+    if (in_out) c->out[index] = value;
+    else c->lse[index] = value;
+    const char *ids[1] = {"nan-req"};
+    ar_verify_opts vo = {mode, 1, 1, NULL};
+    ar_verify_result res;
+    char err[512];
+    assert_int_equal(ar_verify_step(&c->cfg, &c->b, 0, c->out, c->lse, ids, &vo, &res, err, sizeof err), 0);
+    return res;
+}
+
+static void test_nan_or_inf_anywhere_fails_the_step(void **state)
+{
+    (void)state;
+    static nan_case c;
+    nan_case_setup(&c);
+    const ar_verify_mode modes[3] = {AR_VERIFY_ALL, AR_VERIFY_SAMPLE, AR_VERIFY_OFF};
+    for (int m = 0; m < 3; m++) {
+        /* the untouched output passes (index 0 rewritten with its own value) */
+        ar_verify_result res = verify_doctored(&c, modes[m], true, 0, c.good_out[0]);
+        assert_true(res.pass);
+        assert_int_equal(res.nan_count, 0);
+        /* out: first element, an element of row 0 (never checked by sample:1 -- only the last
+         * row is), the last element; NaN, +Inf, -Inf */
+        const size_t where[3] = {0, 5 * 32 + 7, sizeof c.out / sizeof c.out[0] - 1};
+        const float bad[3] = {NAN, INFINITY, -INFINITY};
+        for (int w = 0; w < 3; w++)
+            for (int v = 0; v < 3; v++) {
+                res = verify_doctored(&c, modes[m], true, where[w], bad[v]);
+                assert_false(res.pass);
+                assert_int_equal(res.nan_count, 1);
+                assert_non_null(strstr(res.reason, "NaN"));
+            }
+        /* LSE: NaN and +Inf fail (-Inf is the LSE of an empty row, legal) */
+        res = verify_doctored(&c, modes[m], false, 3, NAN);
+        assert_false(res.pass);
+        res = verify_doctored(&c, modes[m], false, 4 * 20 - 1, INFINITY);
+        assert_false(res.pass);
+    }
+    c.be->close(c.state);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nan_or_inf_anywhere_fails_the_step),
+        cmocka_unit_test(test_verify_off_labelled_in_summary_db_and_report),
+        cmocka_unit_test(test_full_disk_marks_error_and_keeps_committed_steps),
+        cmocka_unit_test(test_sigint_commits_and_resume_completes),
+        cmocka_unit_test(test_second_writer_waits_then_fails_clearly),
+        cmocka_unit_test(test_two_replays_share_a_database),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
