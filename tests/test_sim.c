@@ -866,19 +866,30 @@ static void test_summary_agrees_with_trace_stats(void **state)
     ar_workload_free(&wl);
 }
 
+/* Replays a trace on the CPU backend (one layer, sampled verification); fails with its log. */
+static void replay_or_fail(const char *trace, const char *db_name, const char *out)
+{
+    char db[512];
+    tu_tmp(db_name, db, sizeof db);
+    int rc = tu_run(out, "%s replay %s --db %s --backend cpu --layers 1 --verify sample:4 --quiet", tu_bin(), trace, db);
+    if (rc != 0) {
+        char *log = tu_slurp(out);
+        fail_msg("replay of %s failed (rc %d): %s", trace, rc, log ? log : "");
+    }
+}
+
 /* Item 7: every trace the simulator writes replays through the CPU backend with all verified
  * steps passing; needs bin/attnreplay with the replay command. */
 static void test_sim_trace_replays_on_cpu(void **state)
 {
     (void)state;
-    char out[512], trace[512], db[512], line[2048];
+    char out[512], trace[512], line[2048];
     tu_tmp("replay-help.txt", out, sizeof out);
     if (access(tu_bin(), X_OK) != 0 || tu_run(out, "%s replay --help", tu_bin()) != 0) {
         fprintf(stderr, "skipping: %s replay is not available\n", tu_bin());
         skip();
     }
     tu_tmp("rp.trace.jsonl", trace, sizeof trace);
-    tu_tmp("rp.db", db, sizeof db);
     snprintf(line, sizeof line,
              "sim --workload synthetic:groups=2,prompts=6,system=96,question=20,output=30,rate=200 --model llama-3.1-8b "
              "--num-blocks 24 --max-num-batched-tokens 128 --max-num-seqs 8 --out %s --quiet",
@@ -890,11 +901,35 @@ static void test_sim_trace_replays_on_cpu(void **state)
     assert_int_equal(ar_trace_stats_compute(trace, &stats, &h, err, sizeof err), 0);
     assert_true(stats.preemptions > 0);        /* resumed block lists are replayed too */
     assert_true(stats.prefix_hit_blocks > 0);  /* and shared prefix blocks */
-    int rc = tu_run(out, "%s replay %s --db %s --backend cpu --layers 1 --verify sample:8 --quiet", tu_bin(), trace, db);
-    if (rc != 0) {
-        char *log = tu_slurp(out);
-        fail_msg("replay of a sim trace failed (rc %d): %s", rc, log ? log : "");
-    }
+    replay_or_fail(trace, "rp.db", out);
+    /* a Mooncake-format workload: shared 512-token hash blocks expanded to pages */
+    char src[512];
+    tu_tmp("mini_mc.jsonl", src, sizeof src);
+    assert_int_equal(tu_write(src,
+                              "{\"timestamp\": 0, \"input_length\": 560, \"output_length\": 6, \"hash_ids\": [1, 2]}\n"
+                              "{\"timestamp\": 10, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1, 3]}\n"
+                              "{\"timestamp\": 20, \"input_length\": 530, \"output_length\": 7, \"hash_ids\": [1, 4]}\n"
+                              "{\"timestamp\": 30, \"input_length\": 300, \"output_length\": 4, \"hash_ids\": [5]}\n"
+                              "{\"timestamp\": 200, \"input_length\": 512, \"output_length\": 3, \"hash_ids\": [1]}\n"),
+                     0);
+    tu_tmp("mc.trace.jsonl", trace, sizeof trace);
+    snprintf(line, sizeof line, "sim --workload mooncake:%s --model llama-3.1-8b --num-blocks 200 --max-num-batched-tokens 256 --out %s --quiet",
+             src, trace);
+    assert_int_equal(run_main(line), 0);
+    replay_or_fail(trace, "mc.db", out);
+    /* an Azure-format workload in a cache small enough to preempt */
+    tu_tmp("mini_az.csv", src, sizeof src);
+    assert_int_equal(tu_write(src, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0000000,200,20\n"
+                                   "2023-11-16 18:15:46.0100000,150,30\n2023-11-16 18:15:46.0200000,300,10\n"
+                                   "2023-11-16 18:15:46.0300000,120,25\n2023-11-16 18:15:46.0400000,260,15\n"),
+                     0);
+    tu_tmp("az.trace.jsonl", trace, sizeof trace);
+    snprintf(line, sizeof line, "sim --workload azure:%s --model llama-3.1-8b --num-blocks 40 --max-num-batched-tokens 256 --out %s --quiet",
+             src, trace);
+    assert_int_equal(run_main(line), 0);
+    assert_int_equal(ar_trace_stats_compute(trace, &stats, &h, err, sizeof err), 0);
+    assert_true(stats.preemptions > 0);
+    replay_or_fail(trace, "az.db", out);
 }
 
 int main(void)
