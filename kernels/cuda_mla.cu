@@ -1575,6 +1575,7 @@ typedef struct mla_state {
     ar_cuda_mla_kernel force_kernel;
     int force_splits;
     int use_prefill;
+    int workspace_tokens;
     ar_cuda_mla_plan_info info;
 } mla_state;
 
@@ -1661,6 +1662,7 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->fp8 = cfg->kv_dtype == AR_FP8_E4M3;
     s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
     s->use_prefill = 1;
+    s->workspace_tokens = MLA_WORKSPACE_TOKENS;
     s->force_kernel = env_kernel();
     int rc;
     cudaDeviceProp prop;
@@ -1829,7 +1831,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
             int c = b->seq_lens[r] - (b->query_start_loc[r + 1] - b->query_start_loc[r]);
             if (c > max_ctx) max_ctx = c;
         }
-    int chunk_m = n_pf_ctx > 0 ? MLA_WORKSPACE_TOKENS / n_pf_ctx : MLA_WORKSPACE_TOKENS;
+    int chunk_m = n_pf_ctx > 0 ? s->workspace_tokens / n_pf_ctx : s->workspace_tokens;
     chunk_m = chunk_m / bs * bs;
     if (chunk_m < bs) chunk_m = bs;
     int n_ctx_chunks = max_ctx > 0 ? (max_ctx + chunk_m - 1) / chunk_m : 0;
@@ -2082,6 +2084,35 @@ static void fill_attn_args(mla_state *s, int layer, attn_args *a)
     a->kv_scale = (float)s->cfg.kv_scale;
 }
 
+/* A GEMM description (see gemm_args): C = A B per batch entry, with element strides. */
+static gemm_args gemm_of(int batch, int M, int N, int K, const void *A, int a_bits16, int64_t a_b, int64_t a_m,
+                         int64_t a_k, const uint16_t *B, int64_t b_b, int64_t b_k, int64_t b_n, int b_shift, void *C,
+                         int c_bits16, int64_t c_b, int64_t c_m, int64_t c_n, int bf16)
+{
+    gemm_args g;
+    g.batch = batch;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.A = A;
+    g.a_bits16 = a_bits16;
+    g.a_b = a_b;
+    g.a_m = a_m;
+    g.a_k = a_k;
+    g.B = B;
+    g.b_b = b_b;
+    g.b_k = b_k;
+    g.b_n = b_n;
+    g.b_shift = b_shift;
+    g.C = C;
+    g.c_bits16 = c_bits16;
+    g.c_b = c_b;
+    g.c_m = c_m;
+    g.c_n = c_n;
+    g.bf16 = bf16;
+    return g;
+}
+
 static cudaError_t launch_gemm(const gemm_args &g, cudaStream_t st)
 {
     if (g.M <= 0 || g.N <= 0 || g.batch <= 0) return cudaSuccess;
@@ -2108,28 +2139,8 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
             gather_latent_kernel<<<mla_grid((int64_t)rows * D, 256), 256, 0, s->stream>>>(
                 (uint16_t *)s->ws_lat.ptr, rows, row_req, row_pos, a, (const uint16_t *)s->lat.ptr);
             /* k_nope[w, n, :] = c_w W_UK[n] ; v[w, n, :] = c_w W_UV[n] */
-            gemm_args g;
-            memset(&g, 0, sizeof g);
-            g.batch = H;
-            g.M = rows;
-            g.N = P;
-            g.K = DL;
-            g.A = s->ws_lat.ptr;
-            g.a_bits16 = 1;
-            g.a_b = 0;
-            g.a_m = D;
-            g.a_k = 1;
-            g.B = s->w_uk[layer];
-            g.b_b = (int64_t)DL * P;
-            g.b_k = P;
-            g.b_n = 1;
-            g.b_shift = wrong_head;
-            g.C = s->ws_k.ptr;
-            g.c_bits16 = 1;
-            g.c_b = QK;
-            g.c_m = (int64_t)H * QK;
-            g.c_n = 1;
-            g.bf16 = s->bf16;
+            gemm_args g = gemm_of(H, rows, P, DL, s->ws_lat.ptr, 1, 0, D, 1, s->w_uk[layer], (int64_t)DL * P, P, 1,
+                                  wrong_head, s->ws_k.ptr, 1, QK, (int64_t)H * QK, 1, s->bf16);
             if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
             rope_key_kernel<<<mla_grid((int64_t)rows * H * DR, 256), 256, 0, s->stream>>>(
                 (uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_lat.ptr, rows, H, P);
@@ -2137,14 +2148,8 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
                 latent_as_value_kernel<<<mla_grid((int64_t)rows * H * V, 256), 256, 0, s->stream>>>(
                     (uint16_t *)s->ws_v.ptr, (const uint16_t *)s->ws_lat.ptr, rows, H, V);
             } else {
-                g.N = V;
-                g.B = s->w_uv[layer];
-                g.b_b = (int64_t)DL * V;
-                g.b_k = V;
-                g.b_shift = 0;
-                g.C = s->ws_v.ptr;
-                g.c_b = V;
-                g.c_m = (int64_t)H * V;
+                g = gemm_of(H, rows, V, DL, s->ws_lat.ptr, 1, 0, D, 1, s->w_uv[layer], (int64_t)DL * V, V, 1, 0,
+                            s->ws_v.ptr, 1, V, (int64_t)H * V, 1, s->bf16);
                 if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
             }
         }
@@ -2178,28 +2183,9 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool us
     bool any_dec = s->n_dec_reqs > 0 && T > s->n_pf_tok;
     if (any_dec) {
         /* absorption: ql[t, n, :] = q_nope[t, n, :] W_UK[n]^T -> columns 0..511 of the latent query */
-        gemm_args g;
-        memset(&g, 0, sizeof g);
-        g.batch = H;
-        g.M = T;
-        g.N = DL;
-        g.K = P;
-        g.A = s->qnope.ptr;
-        g.a_bits16 = 1;
-        g.a_b = P;
-        g.a_m = (int64_t)H * P;
-        g.a_k = 1;
-        g.B = s->w_uk[layer];
-        g.b_b = (int64_t)DL * P;
-        g.b_k = 1;
-        g.b_n = P;
-        g.b_shift = s->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? 1 : 0;
-        g.C = s->qlat.ptr;
-        g.c_bits16 = 1;
-        g.c_b = D;
-        g.c_m = (int64_t)H * D;
-        g.c_n = 1;
-        g.bf16 = s->bf16;
+        gemm_args g = gemm_of(H, T, DL, P, s->qnope.ptr, 1, P, (int64_t)H * P, 1, s->w_uk[layer], (int64_t)DL * P, 1, P,
+                              s->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? 1 : 0, s->qlat.ptr, 1, D, (int64_t)H * D, 1,
+                              s->bf16);
         if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
     }
     if (timed) cudaEventRecord(s->ev[2], s->stream);
@@ -2218,27 +2204,8 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool us
             if ((e = cudaGetLastError()) != cudaSuccess) return e;
         } else {
             /* out[t, n, :] = o_lat[t, n, :] W_UV[n] */
-            gemm_args g;
-            memset(&g, 0, sizeof g);
-            g.batch = H;
-            g.M = T;
-            g.N = V;
-            g.K = DL;
-            g.A = s->olat.ptr;
-            g.a_bits16 = 0;
-            g.a_b = DL;
-            g.a_m = (int64_t)H * DL;
-            g.a_k = 1;
-            g.B = s->w_uv[layer];
-            g.b_b = (int64_t)DL * V;
-            g.b_k = V;
-            g.b_n = 1;
-            g.C = out;
-            g.c_bits16 = 0;
-            g.c_b = V;
-            g.c_m = (int64_t)H * V;
-            g.c_n = 1;
-            g.bf16 = s->bf16;
+            gemm_args g = gemm_of(H, T, V, DL, s->olat.ptr, 0, DL, (int64_t)H * DL, 1, s->w_uv[layer], (int64_t)DL * V,
+                                  V, 1, 0, out, 0, V, (int64_t)H * V, 1, s->bf16);
             if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
         }
     }
@@ -2377,6 +2344,12 @@ extern "C" void ar_cuda_mla_set_plan(void *state, ar_cuda_mla_kernel kernel, int
     s->force_kernel = kernel;
     s->force_splits = num_splits;
     s->use_prefill = use_prefill_path ? 1 : 0;
+}
+
+extern "C" void ar_cuda_mla_set_workspace(void *state, int tokens)
+{
+    mla_state *s = (mla_state *)state;
+    if (s) s->workspace_tokens = tokens < 16 ? 16 : tokens;
 }
 
 extern "C" void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)

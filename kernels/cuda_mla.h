@@ -54,6 +54,10 @@ typedef enum ar_cuda_mla_kernel {
  * (1, the default) or the absorbed path (0). */
 void ar_cuda_mla_set_plan(void *state, ar_cuda_mla_kernel kernel, int num_splits, int use_prefill_path);
 
+/* Workspace bound of the prefill path in tokens per context chunk (default 4096; tests use a
+ * small one to get several chunks from short contexts).  Values < 16 are read as 16. */
+void ar_cuda_mla_set_workspace(void *state, int tokens);
+
 /* What the last forward did. */
 typedef struct ar_cuda_mla_plan_info {
     int num_decode_reqs;      /* requests on the absorbed path */

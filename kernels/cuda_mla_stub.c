@@ -81,6 +81,12 @@ void ar_cuda_mla_set_plan(void *state, ar_cuda_mla_kernel kernel, int num_splits
     (void)use_prefill_path;
 }
 
+void ar_cuda_mla_set_workspace(void *state, int tokens)
+{
+    (void)state;
+    (void)tokens;
+}
+
 void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
 {
     (void)state;
