@@ -3,14 +3,18 @@
  * Crash safety comes from SQLite itself: every batch of steps and the run's progress counters
  * commit in one transaction, and WAL mode keeps readers (report, diff) working during a replay.
  * A disk-full or I/O error inside a batch rolls the batch back, so the database always holds
- * whole steps only; the caller then marks the run 'error' (which needs a little space - if even
- * that fails the run stays 'running' and --resume picks it up). */
+ * whole steps only; the caller then marks the run 'error'.  That needs a little space, so a
+ * writable database keeps PATH-reserve (AR_DB_RESERVE_BYTES, deleted on close) and gives it back
+ * when the final status write fails for want of space; if even that fails the run stays
+ * 'running' and --resume picks it up.  Error messages name the kind of I/O failure. */
 #include "db.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum {
     ST_INSERT_STEP,
@@ -20,11 +24,42 @@ enum {
     ST_COUNT
 };
 
+/* Bytes set aside beside a writable database (PATH-reserve) and given back when a write fails
+ * for want of space, so the run can still be marked 'error' on a full disk.  A few WAL frames
+ * are all that needs. */
+#define AR_DB_RESERVE_BYTES (128 * 1024)
+
 struct ar_db {
     sqlite3 *h;
     sqlite3_stmt *st[ST_COUNT];
     char path[1024];
+    char reserve_path[1040];
+    bool have_reserve;
 };
+
+/* Best effort: no reserve (no space even for it, odd file system) only loses the fallback. */
+static void reserve_create(ar_db *db)
+{
+    snprintf(db->reserve_path, sizeof db->reserve_path, "%s-reserve", db->path);
+    int fd = open(db->reserve_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    int rc = posix_fallocate(fd, 0, AR_DB_RESERVE_BYTES);
+    close(fd);
+    if (rc != 0) {
+        unlink(db->reserve_path);
+        return;
+    }
+    db->have_reserve = true;
+}
+
+/* Deletes the reserve file; true when there was one to give back. */
+static bool reserve_release(ar_db *db)
+{
+    if (!db->have_reserve) return false;
+    unlink(db->reserve_path);
+    db->have_reserve = false;
+    return true;
+}
 
 static const char *const schema_sql =
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
@@ -73,7 +108,17 @@ static const char *const stmt_sql[ST_COUNT] = {
 
 static int fail(ar_db *db, char *err, size_t err_len, const char *what)
 {
-    snprintf(err, err_len, "%s: %s: %s", db->path, what, db->h ? sqlite3_errmsg(db->h) : "?");
+    /* Say what kind of I/O failure it was: the OS error when SQLite kept it, else the cause a
+     * failed write (SQLITE_IOERR_WRITE, SQLITE_FULL) nearly always has. */
+    int sys = db->h ? sqlite3_system_errno(db->h) : 0;
+    int ext = db->h ? sqlite3_extended_errcode(db->h) : 0;
+    const char *why = "";
+    if (sys && ((ext & 0xff) == SQLITE_IOERR || (ext & 0xff) == SQLITE_FULL || (ext & 0xff) == SQLITE_CANTOPEN))
+        why = strerror(sys);
+    else if (ext == SQLITE_IOERR_WRITE || ext == SQLITE_FULL)
+        why = "a write failed: disk full or file size limit reached?";
+    snprintf(err, err_len, "%s: %s: %s%s%s%s", db->path, what, db->h ? sqlite3_errmsg(db->h) : "?",
+             *why ? " (" : "", why, *why ? ")" : "");
     return -1;
 }
 
@@ -93,6 +138,7 @@ ar_db *ar_db_open(const char *path, bool readonly, char *err, size_t err_len)
     }
     sqlite3_busy_timeout(db->h, 5000);
     if (readonly) return db;
+    reserve_create(db);
 
     char *msg = NULL;
     if (sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
@@ -143,6 +189,7 @@ void ar_db_close(ar_db *db)
     if (!db) return;
     for (int i = 0; i < ST_COUNT; i++) sqlite3_finalize(db->st[i]);
     if (db->h) sqlite3_close(db->h);
+    reserve_release(db);
     free(db);
 }
 
@@ -349,6 +396,11 @@ int ar_db_finish_run(ar_db *db, int64_t run, const char *status, const char *err
     sqlite3_bind_double(st, 3, now);
     sqlite3_bind_int64(st, 4, run);
     int rc = sqlite3_step(st);
+    if ((rc == SQLITE_FULL || rc == SQLITE_IOERR) && reserve_release(db)) {
+        /* out of space: give back the reserve and try once more */
+        sqlite3_reset(st);
+        rc = sqlite3_step(st);
+    }
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE) return fail(db, err, err_len, "cannot finish the run");
     return 0;
