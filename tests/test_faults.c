@@ -243,6 +243,41 @@ static void test_full_disk_marks_error_and_keeps_committed_steps(void **state)
     assert_int_equal(query_int(db, "SELECT count(*) FROM runs"), 1);
 }
 
+/* A real full disk: a 400 KiB tmpfs, when this user may mount one (root); skipped otherwise. */
+static void test_full_tmpfs_marks_error(void **state)
+{
+    (void)state;
+    char trace[512], dir[512], db[600], log[512], text[1024];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("small-fs", dir, sizeof dir);
+    tu_tmp("tmpfs.log", log, sizeof log);
+    mkdir(dir, 0700);
+    if (geteuid() != 0 || tu_run(log, "mount -t tmpfs -o size=400k tmpfs '%s'", dir) != 0) {
+        print_message("no tmpfs (needs root and mount rights): skipped\n");
+        skip();
+    }
+    snprintf(db, sizeof db, "%s/results.db", dir);
+    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify off --quiet", tu_bin(),
+                    trace, db);
+    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    int64_t kept = query_int(db, "SELECT count(*) FROM steps WHERE run=1");
+    bool whole = query_int(db, "SELECT steps_done FROM runs WHERE id=1") == kept &&
+                 query_int(db, "SELECT last_step FROM runs WHERE id=1") + 1 == kept;
+    char check[64];
+    query_text(db, "PRAGMA integrity_check", check, sizeof check);
+    bool said_full = file_contains(log, "disk is full");
+    print_message("tmpfs full: exit %d, %lld of %lld steps committed, run '%s'\n", rc, (long long)kept,
+                  (long long)total, text);
+    tu_run(NULL, "umount '%s'", dir);
+    assert_int_equal(rc, 3);
+    assert_true(said_full);
+    assert_string_equal(text, "error");
+    assert_true(kept > 0 && kept < total);
+    assert_true(whole);
+    assert_string_equal(check, "ok");
+}
+
 /* ---- SIGINT, readers during a replay ------------------------------------------------------- */
 
 static void test_sigint_commits_and_resume_completes(void **state)
@@ -487,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_nan_or_inf_anywhere_fails_the_step),
         cmocka_unit_test(test_verify_off_labelled_in_summary_db_and_report),
         cmocka_unit_test(test_full_disk_marks_error_and_keeps_committed_steps),
+        cmocka_unit_test(test_full_tmpfs_marks_error),
         cmocka_unit_test(test_sigint_commits_and_resume_completes),
         cmocka_unit_test(test_second_writer_waits_then_fails_clearly),
         cmocka_unit_test(test_two_replays_share_a_database),
