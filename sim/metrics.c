@@ -67,12 +67,12 @@ static int write_csv(const ar_sim *s, const char *path, char *err, size_t err_le
     snprintf(kv_path, sizeof kv_path, "%s.kv.csv", path);
     f = fopen(kv_path, "w");
     if (!f) { snprintf(err, err_len, "%s: cannot create", kv_path); return -1; }
-    fprintf(f, "time,used_blocks,usable_blocks,running,waiting,num_tokens\n");
+    fprintf(f, "time,used_blocks,usable_blocks,running,waiting,num_tokens,admitted_prompt_tokens,admitted_hit_tokens\n");
     int64_t n;
     const ar_sim_kv_sample *k = ar_sim_kv_samples(s, &n);
     for (int64_t i = 0; i < n; i++)
-        fprintf(f, "%.6f,%d,%d,%d,%d,%d\n", k[i].time, k[i].used_blocks, ar_sim_num_blocks(s) - 1,
-                k[i].running, k[i].waiting, k[i].num_tokens);
+        fprintf(f, "%.6f,%d,%d,%d,%d,%d,%d,%d\n", k[i].time, k[i].used_blocks, ar_sim_num_blocks(s) - 1,
+                k[i].running, k[i].waiting, k[i].num_tokens, k[i].admitted_prompt_tokens, k[i].admitted_hit_tokens);
     if (fclose(f) != 0) { snprintf(err, err_len, "%s: write failed", kv_path); return -1; }
     return 0;
 }
@@ -104,7 +104,7 @@ static int write_sqlite(const ar_sim *s, const char *path, char *err, size_t err
                  "CREATE TABLE sim_requests(req TEXT PRIMARY KEY, arrival REAL, prompt_len INTEGER, output_len INTEGER,"
                  " finished INTEGER, queueing REAL, ttft REAL, tpot REAL, e2e REAL, preemptions INTEGER, prefix_hit_tokens INTEGER);"
                  "CREATE TABLE sim_steps_kv(time REAL, used_blocks INTEGER, usable_blocks INTEGER, running INTEGER,"
-                 " waiting INTEGER, num_tokens INTEGER);"
+                 " waiting INTEGER, num_tokens INTEGER, admitted_prompt_tokens INTEGER, admitted_hit_tokens INTEGER);"
                  "CREATE TABLE sim_summary(key TEXT PRIMARY KEY, value REAL);",
                  err, err_len) != 0)
         goto done;
@@ -134,7 +134,7 @@ static int write_sqlite(const ar_sim *s, const char *path, char *err, size_t err
     }
     sqlite3_finalize(st);
     st = NULL;
-    if (sqlite3_prepare_v2(db, "INSERT INTO sim_steps_kv VALUES(?,?,?,?,?,?)", -1, &st, NULL) != SQLITE_OK) goto sqlerr;
+    if (sqlite3_prepare_v2(db, "INSERT INTO sim_steps_kv VALUES(?,?,?,?,?,?,?,?)", -1, &st, NULL) != SQLITE_OK) goto sqlerr;
     int64_t n;
     const ar_sim_kv_sample *k = ar_sim_kv_samples(s, &n);
     for (int64_t i = 0; i < n; i++) {
@@ -145,6 +145,8 @@ static int write_sqlite(const ar_sim *s, const char *path, char *err, size_t err
         sqlite3_bind_int(st, 4, k[i].running);
         sqlite3_bind_int(st, 5, k[i].waiting);
         sqlite3_bind_int(st, 6, k[i].num_tokens);
+        sqlite3_bind_int(st, 7, k[i].admitted_prompt_tokens);
+        sqlite3_bind_int(st, 8, k[i].admitted_hit_tokens);
         if (sqlite3_step(st) != SQLITE_DONE) goto sqlerr;
     }
     sqlite3_finalize(st);

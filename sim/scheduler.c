@@ -83,6 +83,7 @@ struct ar_sim {
     ar_sim_kv_sample *samples;
     int64_t num_samples, cap_samples;
     int64_t preemptions, cascade_eligible, scheduled_tokens, prompt_tokens, hit_tokens, output_tokens;
+    int step_prompt_tokens, step_hit_tokens;   /* first admissions in the current step */
     double usage_integral;
     double usage_max;
     int num_finished, num_skipped;
@@ -427,6 +428,8 @@ static int add_sample(ar_sim *s, double time, int num_tokens_step)
     k->running = s->num_running;
     k->waiting = s->wq_len;
     k->num_tokens = num_tokens_step;
+    k->admitted_prompt_tokens = s->step_prompt_tokens;
+    k->admitted_hit_tokens = s->step_hit_tokens;
     return 0;
 }
 
@@ -480,6 +483,7 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
     int threshold = s->cfg.long_prefill_token_threshold;
     s->num_sched = 0;
     s->num_preempted_now = 0;
+    s->step_prompt_tokens = s->step_hit_tokens = 0;
     for (int k = 0; k < s->num_running; k++) {
         sim_req *r = &s->reqs[s->running[k]];
         r->sched_tokens = 0;
@@ -551,6 +555,8 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
                 r->hit_tokens = r->num_computed;
                 s->hit_tokens += r->num_computed;
                 s->prompt_tokens += r->w->prompt_len;
+                s->step_hit_tokens += r->num_computed;
+                s->step_prompt_tokens += r->w->prompt_len;
             }
         }
     }

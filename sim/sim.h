@@ -255,6 +255,8 @@ typedef struct ar_sim_kv_sample {
     int used_blocks;       /* blocks with ref > 0 */
     int running, waiting;
     int num_tokens;
+    int admitted_prompt_tokens;  /* prompts of requests admitted for the first time this step */
+    int admitted_hit_tokens;     /* of which prefix-cache hits */
 } ar_sim_kv_sample;
 const ar_sim_kv_sample *ar_sim_kv_samples(const ar_sim *s, int64_t *count);
 

@@ -815,7 +815,33 @@ static void test_cli_writes_valid_trace_and_metrics(void **state)
     for (char *p = text; *p; p++) lines += *p == '\n';
     assert_int_equal(lines, 31);
     assert_non_null(strstr(text, "req,arrival,prompt_len,output_len,status,queueing,ttft,tpot,e2e,preemptions"));
+    /* per-request prefix hits (last column) add up to the per-step admitted hits of the KV file */
+    long hits_by_request = 0, prompts_by_request = 0;
+    for (char *p = strchr(text, '\n'); p && p[1]; p = strchr(p + 1, '\n')) {
+        char *eol = strchr(p + 1, '\n'), *last = p + 1, *third = p + 1;
+        for (int col = 0; col < 2; col++) third = strchr(third, ',') + 1;
+        for (char *q = p + 1; q < eol; q++) if (*q == ',') last = q + 1;
+        hits_by_request += strtol(last, NULL, 10);
+        prompts_by_request += strtol(third, NULL, 10);
+    }
     free(text);
+    char kv[600];
+    snprintf(kv, sizeof kv, "%s.kv.csv", csv);
+    text = tu_slurp(kv);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "time,used_blocks,usable_blocks,running,waiting,num_tokens,admitted_prompt_tokens,admitted_hit_tokens"));
+    long hits_by_step = 0, prompts_by_step = 0;
+    for (char *p = strchr(text, '\n'); p && p[1]; p = strchr(p + 1, '\n')) {
+        char *q = p + 1;
+        for (int col = 0; col < 6; col++) q = strchr(q, ',') + 1;
+        prompts_by_step += strtol(q, &q, 10);
+        hits_by_step += strtol(q + 1, NULL, 10);
+        assert_true(strtol(strchr(p + 1, ',') + 1, NULL, 10) <= 299);   /* used blocks <= usable */
+    }
+    free(text);
+    assert_true(hits_by_request > 0);
+    assert_int_equal(hits_by_step, hits_by_request);
+    assert_int_equal(prompts_by_step, prompts_by_request);
     snprintf(line, sizeof line,
              "sim --workload synthetic:n=20,input=300,output=8,rate=50 --model deepseek-v3 --kv-mem 1GiB "
              "--step-time roofline:h200 --out %s.gz --metrics %s --quiet",
