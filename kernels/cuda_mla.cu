@@ -100,6 +100,7 @@ struct attn_args {
     const work_item *work;
     const combine_group *groups;
     int num_tokens, num_heads, mbpr, block_size, causal, fault;
+    int block_size_log2;        /* block_size is 16, 32 or 64 */
     int bf16;                   /* compute dtype: 1 bf16, 0 fp16 */
     int fp8_cache;              /* cache holds fp8 e4m3 (scaled by kv_scale) */
     float scale;                /* softmax scale (natural) */
@@ -131,8 +132,8 @@ __device__ __forceinline__ int key_limit(int causal, int seq_len, int q_len, int
 
 __device__ __forceinline__ int64_t key_slot(const attn_args &a, int r, int j)
 {
-    int blk = a.block_table[(int64_t)r * a.mbpr + j / a.block_size];
-    return (int64_t)blk * a.block_size + j % a.block_size;
+    int blk = a.block_table[(int64_t)r * a.mbpr + (j >> a.block_size_log2)];
+    return ((int64_t)blk << a.block_size_log2) + (j & (a.block_size - 1));
 }
 
 __device__ __forceinline__ void cp_async16(void *smem_dst, const void *gmem_src, bool pred)
@@ -264,6 +265,9 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
     const float score_mul = a.scale_log2 * (FP8 ? a.kv_scale : 1.f);
 
+    /* a warp whose 16 rows are all past the request's rows (few heads: h_q = 16 fills one of
+     * the four row groups) only helps with the loads */
+    const bool active = w.row0 + rg * 16 < nrows;
     const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
     if (ntiles > 0) {
         load_key_tile<BF16, FP8>(a, sk_base, r, w.key_begin, w.key_end);
@@ -279,6 +283,10 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
             cp_async_wait<0>();
         }
         __syncthreads();
+        if (!active) {
+            __syncthreads();
+            continue;
+        }
         const uint16_t *sk = sk_base + (t & 1) * KEYS * STRIDE;
 
         /* S = Q K^T: 16 rows x 32 keys per warp */
@@ -1445,6 +1453,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         a.num_heads = H;
         a.mbpr = bpr;
         a.block_size = bs;
+        a.block_size_log2 = bs == 16 ? 4 : bs == 32 ? 5 : 6;
         a.causal = c->causal ? 1 : 0;
         a.fault = AR_FAULT_NONE;
         a.bf16 = c->dtype == AR_BF16;
@@ -1989,6 +1998,9 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     }
     s->out_bytes = out_payload;
     s->lse_bytes = lse_payload;
+    /* prefill tokens' latent rows are never written by the absorbed path, but the W_UV GEMM
+     * reads every row (its prefill rows are overwritten later): keep them defined */
+    if (n_pf_reqs > 0) cudaMemsetAsync(s->olat.ptr, 0, (size_t)T * H * DL * 4, s->stream);
     if (out_new) cudaMemsetAsync(s->out.ptr, MLA_GUARD_BYTE, s->out.cap, s->stream);
     if (lse_new) cudaMemsetAsync(s->lse.ptr, MLA_GUARD_BYTE, s->lse.cap, s->stream);
     /* the payload moves with T: re-stamp the area after it */
@@ -2075,6 +2087,7 @@ static void fill_attn_args(mla_state *s, int layer, attn_args *a)
     a->num_heads = s->H;
     a->mbpr = s->mbpr;
     a->block_size = s->bs;
+    a->block_size_log2 = s->bs == 16 ? 4 : s->bs == 32 ? 5 : 6;
     a->causal = 1;
     a->fault = (int)s->cfg.fault;
     a->bf16 = s->bf16;

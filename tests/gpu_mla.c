@@ -16,6 +16,8 @@
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
  *    chunked through the workspace), fp8 cache, 128 heads; and every planted fault flagged.
+ * 4. A trace from the simulator's deepseek-v3 preset replays through bin/attnreplay on cuda-mla
+ *    with every verified step passing (skips when this build does not register cuda-mla).
  * Every test skips with the backend's reason when there is no GPU. */
 #include "testutil.h"
 
@@ -735,6 +737,43 @@ static void test_faults_flagged(void **st)
     }
 }
 
+/* Item 8: a trace from the simulator's deepseek-v3 preset replays on cuda-mla with every
+ * verified step passing, and a planted fault makes the replay fail. */
+static void test_simulated_deepseek_trace_replays(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    char trace[512], db[512], db2[512], log[512];
+    tu_tmp("ds.trace.jsonl.gz", trace, sizeof trace);
+    tu_tmp("ds.db", db, sizeof db);
+    tu_tmp("ds-fault.db", db2, sizeof db2);
+    tu_tmp("ds.log", log, sizeof log);
+    int rc = tu_run(log, "%s sim --workload synthetic:n=4,input=200,output=8,rate=100 --model deepseek-v3 "
+                    "--num-blocks 2048 --out %s --quiet", tu_bin(), trace);
+    if (rc != 0) {
+        char *text = tu_slurp(log);
+        print_message("skipping: attnreplay sim failed (%d): %s\n", rc, text ? text : "");
+        free(text);
+        skip();
+        return;
+    }
+    rc = tu_run(log, "%s replay %s --db %s --backend cuda-mla --layers 1 --verify sample:8 --quiet", tu_bin(), trace,
+                db);
+    char *text = tu_slurp(log);
+    if (rc == 2 && text && strstr(text, "unknown backend")) {
+        print_message("skipping: this build does not register cuda-mla: %s\n", text);
+        free(text);
+        skip();
+        return;
+    }
+    if (rc != 0) print_message("replay exit %d: %s\n", rc, text ? text : "");
+    free(text);
+    assert_int_equal(rc, 0);
+    rc = tu_run(log, "%s replay %s --db %s --backend cuda-mla --layers 1 --steps 0:4 --inject mla-no-wuv --quiet",
+                tu_bin(), trace, db2);
+    assert_int_equal(rc, 1);
+}
+
 static void test_check_reasons(void **st)
 {
     (void)st;
@@ -762,6 +801,7 @@ int main(void)
         cmocka_unit_test(test_backend_decode),
         cmocka_unit_test(test_backend_prefill_mixed),
         cmocka_unit_test(test_faults_flagged),
+        cmocka_unit_test(test_simulated_deepseek_trace_replays),
     };
     return cmocka_run_group_tests_name("gpu_mla", tests, NULL, NULL);
 }
