@@ -11,8 +11,9 @@
  *   - the latent attention kernel, FlashMLA's structure on mma.sync tensor cores: one CTA per
  *     (request, tile of 64 rows, key range), a row being a (query token, head) pair numbered
  *     token-major, so every latent block is read once for 64 heads; keys are gathered through
- *     the block table in tiles of 32 (cp.async, double-buffered), S = Q K^T over 576 dims and
- *     O += P V over the first 512 dims of the SAME shared-memory tile (values = the latent);
+ *     the block table in tiles of 32 (cp.async into a ring of 3 tiles on Hopper, 2 on an A100),
+ *     S = Q K^T over 576 dims and O += P V over the first 512 dims of the SAME shared-memory
+ *     tile (values = the latent);
  *     online softmax in the log2 domain; bottom-right causal for query lengths > 1;
  *   - split-KV across SMs (a FlashMLA-like planner cuts long key ranges into pieces so that the
  *     launch fills the GPU) and a combine kernel that merges the pieces by LSE;
@@ -63,7 +64,9 @@ constexpr int STRIDE = D + 8;   /* shared row stride in 16-bit elements (conflic
 constexpr int THREADS = 256;    /* 8 warps */
 constexpr int SMEM_Q = ROWS * STRIDE * 2;
 constexpr int SMEM_K = KEYS * STRIDE * 2;
-constexpr int SMEM_TOTAL = SMEM_Q + 2 * SMEM_K;   /* 149504 bytes */
+/* shared memory of the tensor-core kernel with a ring of `stages` key tiles: 149504 bytes for 2
+ * (fits an A100's 163 KB), 186880 for 3 (Hopper: up to 227 KB) */
+constexpr int smem_total(int stages) { return SMEM_Q + stages * SMEM_K; }
 constexpr int SIMT_THREADS = 128;
 constexpr int SIMT_CHUNK = 128;
 
@@ -220,12 +223,12 @@ __device__ __forceinline__ void load_key_tile(const attn_args &a, uint16_t *sk, 
     }
 }
 
-template <bool BF16, bool FP8>
+template <bool BF16, bool FP8, int STAGES>
 __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
 {
     extern __shared__ uint4 smem_raw[];
     uint16_t *sq = reinterpret_cast<uint16_t *>(smem_raw);
-    uint16_t *const sk_base = sq + ROWS * STRIDE;   /* two key tiles: buffer b at b * KEYS * STRIDE */
+    uint16_t *const sk_base = sq + ROWS * STRIDE;   /* STAGES key tiles: buffer b at b * KEYS * STRIDE */
 
     const work_item w = a.work[blockIdx.x];
     const int r = w.req, H = a.num_heads;
@@ -269,25 +272,27 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
      * the four row groups) only helps with the loads */
     const bool active = w.row0 + rg * 16 < nrows;
     const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
-    if (ntiles > 0) {
-        load_key_tile<BF16, FP8>(a, sk_base, r, w.key_begin, w.key_end);
+    /* ring of STAGES key tiles: tiles t+1 .. t+STAGES-1 are in flight while tile t is used.  One
+     * commit group per tile slot, empty ones included, so that wait<STAGES-1> at tile t always
+     * means "Q and tiles 0..t have landed". */
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < ntiles) load_key_tile<BF16, FP8>(a, sk_base + st * KEYS * STRIDE, r, w.key_begin + st * KEYS, w.key_end);
         cp_async_commit();
     }
     for (int t = 0; t < ntiles; t++) {
         const int k0 = w.key_begin + t * KEYS;
-        if (t + 1 < ntiles) {
-            load_key_tile<BF16, FP8>(a, sk_base + ((t + 1) & 1) * KEYS * STRIDE, r, k0 + KEYS, w.key_end);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        const int nxt = t + STAGES - 1;
+        if (nxt < ntiles)   /* into the slot tile t-1 used; freed by the barrier that ended t-1 */
+            load_key_tile<BF16, FP8>(a, sk_base + (nxt % STAGES) * KEYS * STRIDE, r, w.key_begin + nxt * KEYS,
+                                     w.key_end);
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
         __syncthreads();
         if (!active) {
             __syncthreads();
             continue;
         }
-        const uint16_t *sk = sk_base + (t & 1) * KEYS * STRIDE;
+        const uint16_t *sk = sk_base + (t % STAGES) * KEYS * STRIDE;
 
         /* S = Q K^T: 16 rows x 32 keys per warp */
         float s[4][4];
@@ -372,9 +377,9 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
                 mma16816<BF16>(o[2 * np + 1], pf, vf[2], vf[3]);
             }
         }
-        __syncthreads();   /* the buffer is refilled two tiles later */
+        __syncthreads();   /* the slot is refilled at the start of the next tile */
     }
-    if (ntiles == 0) cp_async_wait<0>();
+    cp_async_wait<0>();
 
     /* epilogue: full row sums, normalise, write */
 #pragma unroll
@@ -1129,24 +1134,36 @@ static size_t meta_take(size_t *off, size_t bytes)
     return at;
 }
 
-/* Is the tensor-core kernel usable on this device (shared memory opt-in)? Sets the attribute. */
-static bool tc_kernel_ready(int device)
+/* Key-tile stages the tensor-core kernel can use on this device (3 on Hopper, 2 on an A100, 0
+ * when even 2 do not fit); sets the shared-memory attribute of every instantiation that fits.
+ * AR_MLA_STAGES=2 caps it at 2. */
+template <int STAGES>
+static bool set_tc_attributes(void)
 {
-    int optin = 0;
-    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (optin < SMEM_TOTAL) return false;
-    cudaError_t e1 = cudaFuncSetAttribute(attn_tc_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_TOTAL);
-    cudaError_t e2 = cudaFuncSetAttribute(attn_tc_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_TOTAL);
-    cudaError_t e3 = cudaFuncSetAttribute(attn_tc_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_TOTAL);
-    cudaError_t e4 = cudaFuncSetAttribute(attn_tc_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_TOTAL);
+    const int bytes = smem_total(STAGES);
+    cudaError_t e1 = cudaFuncSetAttribute(attn_tc_kernel<true, false, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaError_t e2 = cudaFuncSetAttribute(attn_tc_kernel<false, false, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaError_t e3 = cudaFuncSetAttribute(attn_tc_kernel<true, true, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaError_t e4 = cudaFuncSetAttribute(attn_tc_kernel<false, true, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e1 != cudaSuccess || e2 != cudaSuccess || e3 != cudaSuccess || e4 != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
     return true;
+}
+
+static int tc_kernel_stages(int device)
+{
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    const char *e = getenv("AR_MLA_STAGES");
+    int cap = (e && strcmp(e, "2") == 0) ? 2 : 3;
+    if (cap >= 3 && optin >= smem_total(3) && set_tc_attributes<3>() && set_tc_attributes<2>()) return 3;
+    if (optin >= smem_total(2) && set_tc_attributes<2>()) return 2;
+    return 0;
 }
 
 static ar_cuda_mla_kernel env_kernel(void)
@@ -1272,16 +1289,26 @@ static int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, c
     return 0;
 }
 
-/* Launches the latent attention (+ combine) for a planned step. */
-static cudaError_t launch_attention(const attn_args &a, bool use_tc, int num_work, int num_groups, int num_tokens,
+/* Launches the latent attention (+ combine) for a planned step: the tensor-core kernel with
+ * `stages` key-tile stages (2 or 3), or the SIMT kernel when stages is 0. */
+template <bool BF16, bool FP8>
+static void launch_tc(const attn_args &a, int stages, int num_work, cudaStream_t st)
+{
+    if (stages >= 3)
+        attn_tc_kernel<BF16, FP8, 3><<<num_work, THREADS, smem_total(3), st>>>(a);
+    else
+        attn_tc_kernel<BF16, FP8, 2><<<num_work, THREADS, smem_total(2), st>>>(a);
+}
+
+static cudaError_t launch_attention(const attn_args &a, int stages, int num_work, int num_groups, int num_tokens,
                                     cudaStream_t st, cudaEvent_t ev_mid)
 {
-    if (use_tc) {
+    if (stages > 0) {
         if (num_work > 0) {
-            if (a.bf16 && !a.fp8_cache) attn_tc_kernel<true, false><<<num_work, THREADS, SMEM_TOTAL, st>>>(a);
-            else if (a.bf16) attn_tc_kernel<true, true><<<num_work, THREADS, SMEM_TOTAL, st>>>(a);
-            else if (!a.fp8_cache) attn_tc_kernel<false, false><<<num_work, THREADS, SMEM_TOTAL, st>>>(a);
-            else attn_tc_kernel<false, true><<<num_work, THREADS, SMEM_TOTAL, st>>>(a);
+            if (a.bf16 && !a.fp8_cache) launch_tc<true, false>(a, stages, num_work, st);
+            else if (a.bf16) launch_tc<true, true>(a, stages, num_work, st);
+            else if (!a.fp8_cache) launch_tc<false, false>(a, stages, num_work, st);
+            else launch_tc<false, true>(a, stages, num_work, st);
         }
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
@@ -1354,12 +1381,15 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
     int dev = 0, num_sms = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
-    bool tc_ok = tc_kernel_ready(dev);
-    if (c->kernel == AR_MLA_KERNEL_TC && !tc_ok) {
-        snprintf(err, err_len, "cuda-mla case: the tensor-core kernel needs %d bytes of shared memory per block", SMEM_TOTAL);
+    int tc_stages = tc_kernel_stages(dev);
+    if (c->kernel == AR_MLA_KERNEL_TC && tc_stages == 0) {
+        snprintf(err, err_len, "cuda-mla case: the tensor-core kernel needs %d bytes of shared memory per block",
+                 smem_total(2));
         return 2;
     }
-    bool use_tc = c->kernel != AR_MLA_KERNEL_SIMT && tc_ok;
+    if (c->stages == 2 && tc_stages > 2) tc_stages = 2;
+    bool use_tc = c->kernel != AR_MLA_KERNEL_SIMT && tc_stages > 0;
+    const int stages = use_tc ? tc_stages : 0;
 
     const int B = c->batch, SQ = c->s_q, H = c->h_q, bs = c->block_size;
     const int T = B * SQ;
@@ -1461,7 +1491,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         a.scale = (float)c->scale;
         a.scale_log2 = (float)(c->scale * 1.4426950408889634);
         a.kv_scale = (float)c->kv_scale;
-        if (!rc) rc = mla_fail(launch_attention(a, use_tc, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+        if (!rc) rc = mla_fail(launch_attention(a, stages, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
         if (!rc) rc = mla_fail(cudaDeviceSynchronize(), "attention", err, err_len);
         if (!rc && c->repeat > 0) {
             double *times = (double *)malloc(sizeof(double) * (size_t)c->repeat);
@@ -1471,7 +1501,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
             }
             for (int i = 0; !rc && i < c->repeat; i++) {
                 cudaEventRecord(ev0, st);
-                rc = mla_fail(launch_attention(a, use_tc, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+                rc = mla_fail(launch_attention(a, stages, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
                 cudaEventRecord(ev1, st);
                 if (!rc) rc = mla_fail(cudaEventSynchronize(ev1), "attention", err, err_len);
                 float ms = 0;
@@ -1527,6 +1557,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         free(lse_d);
         res->num_work = use_tc ? plan.num_work : T * H;
         res->num_groups = use_tc ? plan.num_groups : 0;
+        res->stages = stages;
     }
     void *bufs[] = {d_meta, d_q, d_cache, d_olat, d_lse, d_po, d_pl, d_ref_o, d_ref_l};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -1552,7 +1583,7 @@ typedef struct mla_state {
     int device;
     char device_name[256];
     int num_sms;
-    bool tc_ok;
+    int tc_stages;                  /* 0: no tensor-core kernel on this device */
     int H, P, V, bs, num_layers;
     bool bf16, fp8;
     size_t cache_bytes;             /* per layer */
@@ -1682,7 +1713,7 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     }
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->num_sms = prop.multiProcessorCount;
-    s->tc_ok = tc_kernel_ready(s->device);
+    s->tc_stages = tc_kernel_stages(s->device);
     if ((rc = mla_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
         return rc;
@@ -2203,7 +2234,8 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool us
     }
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     if (any_dec) {
-        e = launch_attention(a, use_tc, s->num_work, s->num_groups, T, s->stream, timed ? s->ev[3] : NULL);
+        e = launch_attention(a, use_tc ? s->tc_stages : 0, s->num_work, s->num_groups, T, s->stream,
+                             timed ? s->ev[3] : NULL);
         if (e != cudaSuccess) return e;
     } else if (timed) {
         cudaEventRecord(s->ev[3], s->stream);
@@ -2287,7 +2319,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
         return rc;
     attn_args a;
     fill_attn_args(s, layer, &a);
-    bool use_tc = s->force_kernel != AR_MLA_KERNEL_SIMT && s->tc_ok;
+    bool use_tc = s->force_kernel != AR_MLA_KERNEL_SIMT && s->tc_stages > 0;
     int repeat = s->cfg.repeat > 0 ? s->cfg.repeat : 1;
     double *times = (double *)malloc(sizeof(double) * 7 * (size_t)repeat);
     if (!times) {

@@ -42,7 +42,8 @@ extern const ar_backend ar_cuda_mla_backend;
 
 /* Latent-attention kernel choice: the tensor-core kernel (mma.sync, 64-row head tiles, split-KV
  * + combine) or the plain SIMT kernel kept as a simple fallback.  The environment variable
- * AR_MLA_KERNEL=simt selects the fallback for the backend too. */
+ * AR_MLA_KERNEL=simt selects the fallback for the backend too; AR_MLA_STAGES=2 keeps the
+ * tensor-core kernel at a 2-tile key ring (3 on Hopper otherwise). */
 typedef enum ar_cuda_mla_kernel {
     AR_MLA_KERNEL_AUTO = 0,
     AR_MLA_KERNEL_TC = 1,
@@ -86,6 +87,7 @@ typedef struct ar_cuda_mla_case {
     uint64_t seed;
     ar_cuda_mla_kernel kernel;
     int num_splits;           /* 0 = heuristic, N = cut every row tile's keys into <= N pieces */
+    int stages;               /* key-tile stages of the tensor-core kernel: 0 = the most that fit, 2 */
     int repeat;               /* timed launches (median); 0 = no timing */
     bool want_reference;      /* also compute the float64 device reference */
     const unsigned char *ref_requests;   /* [batch]: requests the reference covers (NULL: all) */
@@ -100,6 +102,7 @@ typedef struct ar_cuda_mla_result {
     double *ref_lse;          /* [batch, h_q, s_q] */
     double attn_us;           /* median time of attention + combine (repeat > 0) */
     int num_work, num_groups;
+    int stages;               /* stages used (0: the SIMT kernel ran) */
 } ar_cuda_mla_result;
 
 /* Runs one case.  0 ok; 3 no device / CUDA error; 2 bad case.  err says why. */

@@ -97,17 +97,18 @@ int main(void)
 
     printf("CUDA MLA decode (cuda-mla latent attention + combine) vs plain torch einsum, b=%d s_q=%d, d=576 dv=512, "
            "block 64, median of %d\n", B, SQ, c.repeat);
-    printf("%-5s %-8s %-6s %10s %9s %8s %6s | %12s %9s %8s\n", "h_q", "s_k", "kv", "cuda-mla us", "TFLOP/s", "TB/s",
-           "CTAs", "torch us", "TFLOP/s", "TB/s");
+    printf("%-5s %-8s %-6s %6s %10s %9s %8s %6s | %12s %9s %8s\n", "h_q", "s_k", "kv", "stages", "cuda-mla us",
+           "TFLOP/s", "TB/s", "CTAs", "torch us", "TFLOP/s", "TB/s");
     int rc = 0;
     double best_tflops = 0, best_tbps = 0;
     for (size_t ih = 0; ih < 2; ih++)
-        for (size_t ik = 0; ik < 5; ik++) {
-            bool fp8_row = ik == 4;
-            int sk = fp8_row ? 16384 : sks[ik];
+        for (size_t ik = 0; ik < 6; ik++) {
+            bool fp8_row = ik == 4, ring2_row = ik == 5;
+            int sk = ik >= 4 ? 16384 : sks[ik];
             for (int b = 0; b < B; b++) seqlens[b] = sk;
             c.h_q = hqs[ih];
             c.kv_dtype = fp8_row ? AR_FP8_E4M3 : AR_BF16;
+            c.stages = ring2_row ? 2 : 0;
             memset(&res, 0, sizeof res);
             if (ar_cuda_mla_run_case(&c, &res, err, sizeof err) != 0) {
                 printf("%-5d %-8d error: %s\n", c.h_q, sk, err);
@@ -121,13 +122,13 @@ int main(void)
             double tflops = flops / res.attn_us / 1e6, tbps = bytes / res.attn_us / 1e6;
             if (!fp8_row && c.h_q == 128 && tflops > best_tflops) best_tflops = tflops;
             if (!fp8_row && c.h_q == 16 && tbps > best_tbps) best_tbps = tbps;
-            printf("%-5d %-8d %-6s %10.1f %9.1f %8.2f %6d | ", c.h_q, sk, fp8_row ? "fp8" : "bf16", res.attn_us,
-                   tflops, tbps, res.num_work);
-            const peer_row *pr = fp8_row ? NULL : find_peer(peer, n_peer, c.h_q, sk);
+            printf("%-5d %-8d %-6s %6d %10.1f %9.1f %8.2f %6d | ", c.h_q, sk, fp8_row ? "fp8" : "bf16", res.stages,
+                   res.attn_us, tflops, tbps, res.num_work);
+            const peer_row *pr = ik >= 4 ? NULL : find_peer(peer, n_peer, c.h_q, sk);
             if (pr)
                 printf("%12.1f %9.1f %8.2f\n", pr->us, flops / pr->us / 1e6, bytes / pr->us / 1e6);
             else
-                printf("%12s\n", fp8_row ? "-" : "n/a");
+                printf("%12s\n", ik >= 4 ? "-" : "n/a");
         }
     if (n_peer == 0) printf("torch peer: %s\n", peer_why[0] ? peer_why : "no result");
     printf("targets (issue 6): >= 450 TFLOP/s at h_q=128 (best %.1f: %s), >= 3.6 TB/s at h_q=16 (best %.2f: %s)\n",

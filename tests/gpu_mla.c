@@ -11,7 +11,8 @@
  *    NaN.  For the large cases the reference covers a sample of requests (first, last, a
  *    middle one and every zero-length one); the kernel output of all requests is checked for
  *    NaN.  AR_GPU_SMALL=1 keeps only s_k <= 140 and b <= 6.
- * 2. Forced split-KV (the combine kernel), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.
+ * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the SIMT fallback kernel, fp16,
+ *    fp8 e4m3 latent cache.
  * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
@@ -151,6 +152,7 @@ typedef struct grid_opts {
     int num_splits;
     int block_size;
     double cos_limit;
+    int stages;             /* 0: the most that fit (3 on Hopper), 2: the A100 ring */
 } grid_opts;
 
 /* Runs one case and checks it; returns false (with a message) on failure. */
@@ -190,6 +192,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     c.seed = 42 + (uint64_t)(b * 7 + s_q * 13 + s_k + h_q * 31);
     c.kernel = go->kernel;
     c.num_splits = go->num_splits;
+    c.stages = go->stages;
     c.want_reference = true;
     c.ref_requests = sel;
     size_t n_out = (size_t)b * s_q * h_q * 512, n_lse = (size_t)b * h_q * s_q;
@@ -226,7 +229,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
 
 static grid_opts default_opts(void)
 {
-    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_TC, 0, 64, 5e-6};
+    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_TC, 0, 64, 5e-6, 0};
     return g;
 }
 
@@ -393,6 +396,15 @@ static void test_forced_splits_and_block16(void **st)
     go.block_size = 16;
     if (!run_checked(6, 2, 500, 64, true, true, false, &go)) fails++;
     if (!run_checked(2, 1, 4096, 128, false, false, false, &go)) fails++;
+    /* the 2-stage key ring (what an A100 gets) on the same shapes */
+    go = default_opts();
+    go.stages = 2;
+    if (!run_checked(2, 2, 1000, 128, true, true, false, &go)) fails++;
+    if (!run_checked(6, 4, 140, 9, true, true, true, &go)) fails++;
+    go.kv_dtype = AR_FP8_E4M3;
+    go.kv_scale = 0.5;
+    go.cos_limit = 1e-4;
+    if (!run_checked(2, 1, 700, 16, false, false, false, &go)) fails++;
     assert_int_equal(fails, 0);
 }
 
