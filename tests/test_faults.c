@@ -291,7 +291,7 @@ static void test_sigint_commits_and_resume_completes(void **state)
     tu_tmp("sigint-report", out, sizeof out);
     tu_tmp("sigint-report.log", rlog, sizeof rlog);
     /* --repeat slows every step down so the run is still going when we look */
-    pid_t pid = spawn_replay(trace, db, log, "--repeat", "40");
+    pid_t pid = spawn_replay(trace, db, log, "--repeat", "10");
     int64_t seen = 0;
     for (int i = 0; i < 400 && seen < 1; i++) {   /* up to 20 s */
         sleep_ms(50);
@@ -317,7 +317,7 @@ static void test_sigint_commits_and_resume_completes(void **state)
                   (long long)kept, (long long)total, (long long)seen);
     tu_tmp("sigint-resume.log", log, sizeof log);
 
-    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --repeat 40 --resume --quiet",
+    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --repeat 10 --resume --quiet",
                     tu_bin(), trace, db);
     assert_int_equal(rc, 0);
     query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
