@@ -1,6 +1,6 @@
 /* registry.c - the backend table in selector priority order, fault names, and the selector.
  *
- * The order is DESIGN section 6's priority list: CUDA paged, CUDA MLA, CPU.  The selector takes
+ * The order is DESIGN section 6's priority list: CUDA paged, CUDA MLA, CPU MLA, CPU.  The selector takes
  * the first backend whose check() passes and records, for every backend passed over, why. */
 #include "registry.h"
 
@@ -9,15 +9,12 @@
 
 #include "../kernels/cpu_backend.h"
 #include "../kernels/cuda_backend.h"
+#include "../kernels/cuda_mla.h"
 
 static const ar_backend *const backends[] = {
     &ar_cuda_backend,
-#ifdef AR_HAVE_CUDA_MLA
     &ar_cuda_mla_backend,
-#endif
-#ifdef AR_HAVE_CPU_MLA
     &ar_cpu_mla_backend,
-#endif
     &ar_cpu_backend,
 };
 

@@ -323,6 +323,7 @@ int ar_run_config_from_header(const ar_trace_header *h, const char *dtype, const
         }
         cfg->kv_dtype = d;
     }
+    if (cfg->kv_dtype == cfg->dtype) cfg->kv_scale = 1.0;   /* a scale only means something for fp8 */
     return 0;
 }
 

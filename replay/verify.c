@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../reference/mla_ref.h"
 #include "../reference/reference.h"
 
 typedef struct req_check {
@@ -256,6 +257,198 @@ oom:
     snprintf(w->err, sizeof w->err, "out of memory verifying request %d", r);
 }
 
+
+/* ---- MLA ------------------------------------------------------------------------------------ */
+
+/* One layer's W_UK [L, N, P] and W_UV [L, N, V] as doubles, generated once per (seed, layer,
+ * data, dtype) and kept for the run (filled before the worker threads start). */
+#define MLA_WEIGHT_SLOTS 8
+static struct mla_weights_slot {
+    bool used;
+    uint64_t seed;
+    int layer, heads;
+    ar_datadist dist;
+    ar_dtype dtype;
+    double *uk, *uv;
+} mla_weights[MLA_WEIGHT_SLOTS];
+
+static const struct mla_weights_slot *mla_weights_for(const ar_run_config *c, int layer)
+{
+    int free_slot = -1;
+    for (int i = 0; i < MLA_WEIGHT_SLOTS; i++) {
+        struct mla_weights_slot *w = &mla_weights[i];
+        if (w->used && w->seed == c->seed && w->layer == layer && w->dist == c->data &&
+            w->dtype == c->dtype && w->heads == c->model.num_q_heads)
+            return w;
+        if (!w->used && free_slot < 0) free_slot = i;
+    }
+    if (free_slot < 0) free_slot = layer % MLA_WEIGHT_SLOTS;
+    struct mla_weights_slot *w = &mla_weights[free_slot];
+    free(w->uk);
+    free(w->uv);
+    memset(w, 0, sizeof *w);
+    const ar_model *m = &c->model;
+    size_t nuk = (size_t)m->kv_lora_rank * m->num_q_heads * m->qk_nope_head_dim;
+    size_t nuv = (size_t)m->kv_lora_rank * m->num_q_heads * m->v_head_dim;
+    w->uk = malloc(nuk * sizeof *w->uk);
+    w->uv = malloc(nuv * sizeof *w->uv);
+    if (!w->uk || !w->uv) {
+        free(w->uk);
+        free(w->uv);
+        w->uk = w->uv = NULL;
+        return NULL;
+    }
+    ar_mla_dims d = {m->num_q_heads, m->kv_lora_rank, m->qk_rope_head_dim, m->qk_nope_head_dim,
+                     m->v_head_dim, m->scale};
+    ar_mla_gen_weights(&d, c->seed, (uint32_t)layer, c->data, c->dtype, w->uk, w->uv);
+    w->used = true;
+    w->seed = c->seed;
+    w->layer = layer;
+    w->heads = m->num_q_heads;
+    w->dist = c->data;
+    w->dtype = c->dtype;
+    return w;
+}
+
+/* The MLA yardstick: the absorbed data path with the roundings any dtype implementation
+ * makes - ql = W_UK q_nope rounded to dtype, softmax probabilities rounded to dtype before
+ * P.V, the latent output rounded to dtype before W_UV, the output rounded to dtype; sums in
+ * double.  Its error against the expanded float64 reference is the yardstick of the pass rule.
+ *   q_nope [rows, N, P], q_pe [rows, N, R], latent [keys, L + R], out [rows, N, V], lse [N, rows] */
+static int mla_naive_absorbed(const ar_mla_dims *d, ar_dtype t, int rows, const double *q_nope,
+                              const double *q_pe, const int *q_pos, int num_keys,
+                              const double *latent, const double *w_uk, const double *w_uv,
+                              double *out, double *lse)
+{
+    const int N = d->num_heads, L = d->kv_lora_rank, R = d->qk_rope_head_dim;
+    const int P = d->qk_nope_head_dim, V = d->v_head_dim, E = L + R;
+    double *ql = malloc((size_t)L * sizeof *ql), *s = malloc((size_t)(num_keys + 1) * sizeof *s);
+    double *olat = malloc((size_t)L * sizeof *olat);
+    if (!ql || !s || !olat) {
+        free(ql); free(s); free(olat);
+        return -1;
+    }
+    for (int i = 0; i < rows; i++) {
+        int visible = q_pos[i] + 1 < num_keys ? q_pos[i] + 1 : num_keys;
+        for (int n = 0; n < N; n++) {
+            const double *qn = q_nope + ((size_t)i * N + n) * P, *qp = q_pe + ((size_t)i * N + n) * R;
+            for (int l = 0; l < L; l++) {
+                double acc = 0;
+                const double *wk = w_uk + ((size_t)l * N + n) * P;
+                for (int c = 0; c < P; c++) acc += wk[c] * qn[c];
+                ql[l] = ar_round_to(t, (float)acc);
+            }
+            double mx = -INFINITY;
+            for (int j = 0; j < visible; j++) {
+                const double *e = latent + (size_t)j * E;
+                double acc = 0;
+                for (int l = 0; l < L; l++) acc += ql[l] * e[l];
+                for (int r = 0; r < R; r++) acc += qp[r] * e[L + r];
+                s[j] = d->scale * acc;
+                if (s[j] > mx) mx = s[j];
+            }
+            double sum = 0;
+            for (int j = 0; j < visible; j++) sum += exp(s[j] - mx);
+            for (int l = 0; l < L; l++) olat[l] = 0;
+            for (int j = 0; j < visible; j++) {
+                double p = ar_round_to(t, (float)(exp(s[j] - mx) / sum));
+                const double *e = latent + (size_t)j * E;
+                for (int l = 0; l < L; l++) olat[l] += p * e[l];
+            }
+            for (int l = 0; l < L; l++) olat[l] = ar_round_to(t, (float)olat[l]);
+            for (int v = 0; v < V; v++) {
+                double acc = 0;
+                for (int l = 0; l < L; l++) acc += olat[l] * w_uv[((size_t)l * N + n) * V + v];
+                out[((size_t)i * N + n) * V + v] = visible ? ar_round_to(t, (float)acc) : 0;
+            }
+            lse[(size_t)n * rows + i] = visible ? mx + log(sum) : -INFINITY;
+        }
+    }
+    free(ql); free(s); free(olat);
+    return 0;
+}
+
+static void check_request_mla(req_check *w, const struct mla_weights_slot *wts)
+{
+    const ar_run_config *c = w->cfg;
+    const ar_batch *b = w->b;
+    const ar_model *m = &c->model;
+    const int r = w->r, layer = w->layer;
+    const int N = m->num_q_heads, L = m->kv_lora_rank, R = m->qk_rope_head_dim;
+    const int P = m->qk_nope_head_dim, V = m->v_head_dim, E = L + R;
+    const int q0 = b->query_start_loc[r], n = b->query_start_loc[r + 1] - q0;
+    const int ctx = b->context_lens[r], s = b->seq_lens[r], bs = c->block_size;
+    ar_mla_dims d = {N, L, R, P, V, m->scale};
+    int *rows = malloc((size_t)n * sizeof *rows), *qpos = malloc((size_t)n * sizeof *qpos);
+    double *qn = NULL, *qp = NULL, *lat = NULL, *ref_o = NULL, *ref_l = NULL, *nv_o = NULL, *nv_l = NULL;
+    if (!rows || !qpos) goto oom;
+    int nrows = choose_rows(w->opts, n, b->num_tokens, rows);
+    for (int i = 0; i < nrows; i++) qpos[i] = ctx + rows[i];
+    int keys = qpos[nrows - 1] + 1 < s ? qpos[nrows - 1] + 1 : s;
+    qn = malloc((size_t)nrows * N * P * sizeof *qn);
+    qp = malloc((size_t)nrows * N * R * sizeof *qp);
+    lat = malloc((size_t)keys * E * sizeof *lat);
+    ref_o = malloc((size_t)nrows * N * V * sizeof *ref_o);
+    nv_o = malloc((size_t)nrows * N * V * sizeof *nv_o);
+    ref_l = malloc((size_t)N * nrows * sizeof *ref_l);
+    nv_l = malloc((size_t)N * nrows * sizeof *nv_l);
+    if (!qn || !qp || !lat || !ref_o || !nv_o || !ref_l || !nv_l) goto oom;
+    for (int i = 0; i < nrows; i++)
+        for (int h = 0; h < N; h++) {
+            uint64_t rn = ar_gen_row(c->seed, AR_STREAM_Q_NOPE, (uint32_t)layer, b->req_keys[r],
+                                     (uint64_t)qpos[i], (uint32_t)h);
+            uint64_t rp = ar_gen_row(c->seed, AR_STREAM_Q_PE, (uint32_t)layer, b->req_keys[r],
+                                     (uint64_t)qpos[i], (uint32_t)h);
+            for (int k = 0; k < P; k++) qn[((size_t)i * N + h) * P + k] = ar_gen(rn, (uint32_t)k, c->data, c->dtype);
+            for (int k = 0; k < R; k++) qp[((size_t)i * N + h) * R + k] = ar_gen(rp, (uint32_t)k, c->data, c->dtype);
+        }
+    for (int pos = 0; pos < keys; pos++) {
+        uint64_t key = b->block_keys[(size_t)r * b->max_blocks_per_req + pos / bs];
+        uint64_t rl = ar_gen_row(c->seed, AR_STREAM_LATENT, (uint32_t)layer, key, (uint64_t)(pos % bs), 0);
+        for (int k = 0; k < E; k++)
+            lat[(size_t)pos * E + k] = ar_kv_roundtrip(c->kv_dtype, c->dtype, (float)c->kv_scale,
+                                                       ar_gen(rl, (uint32_t)k, c->data, c->dtype));
+    }
+    if (ar_mla_ref_attend(&d, nrows, qn, qp, qpos, keys, lat, wts->uk, wts->uv, ref_o, ref_l) != 0 ||
+        mla_naive_absorbed(&d, c->dtype, nrows, qn, qp, qpos, keys, lat, wts->uk, wts->uv, nv_o, nv_l) != 0)
+        goto oom;
+    double atol, rtol;
+    fixed_tolerance(c->dtype, &atol, &rtol);
+    for (int i = 0; i < nrows; i++) {
+        int t = q0 + rows[i];
+        for (int h = 0; h < N; h++) {
+            for (int v = 0; v < V; v++) {
+                double got = w->out[((size_t)t * N + h) * V + v];
+                double want = ref_o[((size_t)i * N + h) * V + v];
+                double e = fabs(got - want), ne = fabs(nv_o[((size_t)i * N + h) * V + v] - want);
+                if (isnan(e)) e = INFINITY;
+                w->elems++;
+                w->sum_abs += e;
+                w->sum_sq_err += e * e;
+                w->sum_sq_ref += want * want;
+                w->naive_sum_abs += ne;
+                if (ne > w->naive_max) w->naive_max = ne;
+                double rel = e / (fabs(want) > 1e-3 ? fabs(want) : 1e-3);
+                if (rel > w->max_rel) w->max_rel = rel;
+                if (e > atol + rtol * fabs(want)) w->bad++;
+                if (e > w->max_abs) w->max_abs = e;
+                note_worst(w, rows[i], h, v, got, want, e);
+            }
+            double gl = w->lse[(size_t)h * b->num_tokens + t], rl = ref_l[(size_t)h * nrows + i];
+            double le = lse_diff(gl, rl), nle = lse_diff(nv_l[(size_t)h * nrows + i], rl);
+            if (le > w->lse_max) w->lse_max = le;
+            if (nle > w->naive_lse_max) w->naive_lse_max = nle;
+        }
+    }
+    w->rows = nrows;
+    free(rows); free(qpos); free(qn); free(qp); free(lat); free(ref_o); free(ref_l); free(nv_o); free(nv_l);
+    return;
+oom:
+    free(rows); free(qpos); free(qn); free(qp); free(lat); free(ref_o); free(ref_l); free(nv_o); free(nv_l);
+    w->failed = 1;
+    snprintf(w->err, sizeof w->err, "out of memory verifying MLA request %d", r);
+}
+
 /* ---- dumping a step as .npy ------------------------------------------------------------- */
 
 int ar_write_npy(const char *path, const void *data, bool is_double, int ndim, const int64_t *shape)
@@ -368,6 +561,7 @@ typedef struct pool_job {
     req_check *items;
     int count;
     atomic_int next;
+    const struct mla_weights_slot *mla;   /* non-NULL for MLA models */
 } pool_job;
 
 static void *pool_worker(void *arg)
@@ -376,7 +570,8 @@ static void *pool_worker(void *arg)
     for (;;) {
         int i = atomic_fetch_add(&j->next, 1);
         if (i >= j->count) break;
-        check_request(&j->items[i]);
+        if (j->mla) check_request_mla(&j->items[i], j->mla);
+        else check_request(&j->items[i]);
     }
     return NULL;
 }
@@ -386,11 +581,8 @@ int ar_verify_step(const ar_run_config *cfg, const ar_batch *b, int layer, const
                    ar_verify_result *res, char *err, size_t err_len)
 {
     memset(res, 0, sizeof *res);
-    const int hq = cfg->model.num_q_heads, dv = cfg->model.head_size;
-    if (cfg->model.attention != AR_ATTN_MHA) {
-        snprintf(err, err_len, "verification of MLA steps is not available in this build");
-        return -1;
-    }
+    const bool mla = cfg->model.attention == AR_ATTN_MLA;
+    const int hq = cfg->model.num_q_heads, dv = mla ? cfg->model.v_head_dim : cfg->model.head_size;
     /* NaN / Inf anywhere in the output fails the step, checked rows or not. */
     size_t total = (size_t)b->num_tokens * hq * dv;
     for (size_t i = 0; i < total; i++)
@@ -401,6 +593,15 @@ int ar_verify_step(const ar_run_config *cfg, const ar_batch *b, int layer, const
         res->pass = res->nan_count == 0;
         if (!res->pass) snprintf(res->reason, sizeof res->reason, "NaN/Inf in output");
         return 0;
+    }
+    const struct mla_weights_slot *wts = NULL;
+    if (mla && !(wts = mla_weights_for(cfg, layer))) {
+        snprintf(err, err_len, "out of memory generating the MLA weights of layer %d", layer);
+        return -1;
+    }
+    if (opts->dump_dir && mla) {
+        snprintf(err, err_len, "--dump-step is not available for MLA traces yet");
+        return -1;
     }
     if (opts->dump_dir && write_dump_index(cfg, b, layer, req_ids, opts->dump_dir, err, err_len) != 0)
         return -1;
@@ -416,7 +617,7 @@ int ar_verify_step(const ar_run_config *cfg, const ar_batch *b, int layer, const
     int threads = opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
     if (threads > b->num_reqs) threads = b->num_reqs;
-    pool_job job = {items, b->num_reqs, 0};
+    pool_job job = {items, b->num_reqs, 0, wts};
     pthread_t tid[64];
     int started = 0;
     for (int t = 1; t < threads && t < 64; t++)
