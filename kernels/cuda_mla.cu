@@ -66,7 +66,12 @@ constexpr int SMEM_Q = ROWS * STRIDE * 2;
 constexpr int SMEM_K = KEYS * STRIDE * 2;
 /* shared memory of the tensor-core kernel with a ring of `stages` key tiles: 149504 bytes for 2
  * (fits an A100's 163 KB), 186880 for 3 (Hopper: up to 227 KB) */
-constexpr int smem_total(int stages) { return SMEM_Q + stages * SMEM_K; }
+constexpr int PSTRIDE = 40;     /* row stride (16-bit elements) of the shared P tile (split QK) */
+constexpr int SMEM_SPLIT = ROWS * PSTRIDE * 2 + 2 * ROWS * 4;   /* P tile + row max / sum exchange */
+constexpr int smem_total(int stages, bool split_qk = false)
+{
+    return SMEM_Q + stages * SMEM_K + (split_qk ? SMEM_SPLIT : 0);
+}
 constexpr int SIMT_THREADS = 128;
 constexpr int SIMT_CHUNK = 128;
 
@@ -223,12 +228,17 @@ __device__ __forceinline__ void load_key_tile(const attn_args &a, uint16_t *sk, 
     }
 }
 
-template <bool BF16, bool FP8, int STAGES>
+/* SPLIT_QK: the two column-half warps of a row group each compute half of the 16 x 32 score tile
+ * (16 keys) instead of both computing all of it; the row maxima, P (through a shared 64 x 32 tile)
+ * and the final row sums are exchanged through shared memory (two more barriers per tile). */
+template <bool BF16, bool FP8, int STAGES, bool SPLIT_QK>
 __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
 {
     extern __shared__ uint4 smem_raw[];
     uint16_t *sq = reinterpret_cast<uint16_t *>(smem_raw);
     uint16_t *const sk_base = sq + ROWS * STRIDE;   /* STAGES key tiles: buffer b at b * KEYS * STRIDE */
+    uint16_t *const sp = sk_base + STAGES * KEYS * STRIDE;                 /* [ROWS, PSTRIDE] (SPLIT_QK) */
+    float *const s_red = reinterpret_cast<float *>(sp + ROWS * PSTRIDE);   /* [2, ROWS] (SPLIT_QK) */
 
     const work_item w = a.work[blockIdx.x];
     const int r = w.req, H = a.num_heads;
@@ -290,14 +300,20 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
         __syncthreads();
         if (!active) {
             __syncthreads();
+            if (SPLIT_QK) {
+                __syncthreads();
+                __syncthreads();
+            }
             continue;
         }
         const uint16_t *sk = sk_base + (t % STAGES) * KEYS * STRIDE;
 
-        /* S = Q K^T: 16 rows x 32 keys per warp */
-        float s[4][4];
+        /* S = Q K^T: 16 rows x 32 keys per warp (16 keys with SPLIT_QK) */
+        constexpr int NT = SPLIT_QK ? 2 : 4;
+        const int key_off = SPLIT_QK ? colh * 16 : 0;
+        float s[NT][4];
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[nt][e] = 0.f;
         const uint16_t *qa = sq + lr[0] * STRIDE + 2 * tig, *qb = sq + lr[1] * STRIDE + 2 * tig;
@@ -309,8 +325,8 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
             af[2] = *reinterpret_cast<const uint32_t *>(qa + kk + 8);
             af[3] = *reinterpret_cast<const uint32_t *>(qb + kk + 8);
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const uint16_t *kr = sk + (nt * 8 + g) * STRIDE + 2 * tig + kk;
+            for (int nt = 0; nt < NT; nt++) {
+                const uint16_t *kr = sk + (key_off + nt * 8 + g) * STRIDE + 2 * tig + kk;
                 uint32_t b0 = *reinterpret_cast<const uint32_t *>(kr);
                 uint32_t b1 = *reinterpret_cast<const uint32_t *>(kr + 8);
                 mma16816<BF16>(s[nt], af, b0, b1);
@@ -320,11 +336,11 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
         /* mask, scale to the log2 domain, online softmax */
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int h = e >> 1;
-                int j = k0 + nt * 8 + 2 * tig + (e & 1);
+                int j = k0 + key_off + nt * 8 + 2 * tig + (e & 1);
                 float x = j < lim[h] ? s[nt][e] * score_mul : -INFINITY;
                 s[nt][e] = x;
                 mx[h] = fmaxf(mx[h], x);
@@ -334,6 +350,18 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        }
+        if (SPLIT_QK) {   /* the other column half's maxima over its 16 keys */
+            if (tig == 0) {
+                s_red[colh * ROWS + lr[0]] = mx[0];
+                s_red[colh * ROWS + lr[1]] = mx[1];
+            }
+            __syncthreads();
+            mx[0] = fmaxf(mx[0], s_red[(1 - colh) * ROWS + lr[0]]);
+            mx[1] = fmaxf(mx[1], s_red[(1 - colh) * ROWS + lr[1]]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
             float m_new = fmaxf(m_run[h], mx[h]);
             m_use[h] = m_new == -INFINITY ? 0.f : m_new;
             alpha[h] = exp2f(m_run[h] - m_use[h]);
@@ -341,7 +369,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
         }
         float psum[2] = {0.f, 0.f};
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float p = exp2f(s[nt][e] - m_use[e >> 1]);
@@ -359,14 +387,32 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
             }
         }
 
-        /* O += P V: P (16 x 32) from registers, V = first 512 columns of the key tile */
+        /* O += P V: P (16 x 32) from registers (or, SPLIT_QK, from the shared P tile both halves
+         * wrote), V = first 512 columns of the key tile */
+        if (SPLIT_QK) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    *reinterpret_cast<uint32_t *>(sp + lr[h] * PSTRIDE + key_off + nt * 8 + 2 * tig) =
+                        pack2<BF16>(s[nt][2 * h], s[nt][2 * h + 1]);
+            __syncthreads();
+        }
 #pragma unroll
         for (int ks = 0; ks < 2; ks++) {
             uint32_t pf[4];
-            pf[0] = pack2<BF16>(s[2 * ks][0], s[2 * ks][1]);
-            pf[1] = pack2<BF16>(s[2 * ks][2], s[2 * ks][3]);
-            pf[2] = pack2<BF16>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-            pf[3] = pack2<BF16>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+            if (SPLIT_QK) {
+                const uint16_t *p0 = sp + lr[0] * PSTRIDE + ks * 16 + 2 * tig, *p1 = sp + lr[1] * PSTRIDE + ks * 16 + 2 * tig;
+                pf[0] = *reinterpret_cast<const uint32_t *>(p0);
+                pf[1] = *reinterpret_cast<const uint32_t *>(p1);
+                pf[2] = *reinterpret_cast<const uint32_t *>(p0 + 8);
+                pf[3] = *reinterpret_cast<const uint32_t *>(p1 + 8);
+            } else {
+                pf[0] = pack2<BF16>(s[(2 * ks) % NT][0], s[(2 * ks) % NT][1]);
+                pf[1] = pack2<BF16>(s[(2 * ks) % NT][2], s[(2 * ks) % NT][3]);
+                pf[2] = pack2<BF16>(s[(2 * ks + 1) % NT][0], s[(2 * ks + 1) % NT][1]);
+                pf[3] = pack2<BF16>(s[(2 * ks + 1) % NT][2], s[(2 * ks + 1) % NT][3]);
+            }
             const int mi = lane >> 3, rr = lane & 7;
             const uint16_t *vbase = sk + (ks * 16 + rr + (mi & 1) * 8) * STRIDE + colh * 256 + (mi >> 1) * 8;
 #pragma unroll
@@ -386,6 +432,17 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
     for (int h = 0; h < 2; h++) {
         l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
         l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    }
+    if (SPLIT_QK) {   /* each half summed its own 16 keys of every tile */
+        if (active && tig == 0) {
+            s_red[colh * ROWS + lr[0]] = l_run[0];
+            s_red[colh * ROWS + lr[1]] = l_run[1];
+        }
+        __syncthreads();
+        if (active) {
+            l_run[0] += s_red[(1 - colh) * ROWS + lr[0]];
+            l_run[1] += s_red[(1 - colh) * ROWS + lr[1]];
+        }
     }
     const float out_mul = FP8 ? a.kv_scale : 1.f;
 #pragma unroll
@@ -1137,19 +1194,25 @@ static size_t meta_take(size_t *off, size_t bytes)
 /* Key-tile stages the tensor-core kernel can use on this device (3 on Hopper, 2 on an A100, 0
  * when even 2 do not fit); sets the shared-memory attribute of every instantiation that fits.
  * AR_MLA_STAGES=2 caps it at 2. */
-template <int STAGES>
-static bool set_tc_attributes(void)
+template <int STAGES, bool SPLIT_QK>
+static bool set_tc_attributes_one(void)
 {
-    const int bytes = smem_total(STAGES);
-    cudaError_t e1 = cudaFuncSetAttribute(attn_tc_kernel<true, false, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    cudaError_t e2 = cudaFuncSetAttribute(attn_tc_kernel<false, false, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    cudaError_t e3 = cudaFuncSetAttribute(attn_tc_kernel<true, true, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    cudaError_t e4 = cudaFuncSetAttribute(attn_tc_kernel<false, true, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    const int bytes = smem_total(STAGES, SPLIT_QK);
+    cudaError_t e1 = cudaFuncSetAttribute(attn_tc_kernel<true, false, STAGES, SPLIT_QK>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaError_t e2 = cudaFuncSetAttribute(attn_tc_kernel<false, false, STAGES, SPLIT_QK>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaError_t e3 = cudaFuncSetAttribute(attn_tc_kernel<true, true, STAGES, SPLIT_QK>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaError_t e4 = cudaFuncSetAttribute(attn_tc_kernel<false, true, STAGES, SPLIT_QK>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e1 != cudaSuccess || e2 != cudaSuccess || e3 != cudaSuccess || e4 != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
     return true;
+}
+
+template <int STAGES>
+static bool set_tc_attributes(void)
+{
+    return set_tc_attributes_one<STAGES, false>() && set_tc_attributes_one<STAGES, true>();
 }
 
 static int tc_kernel_stages(int device)
@@ -1161,8 +1224,8 @@ static int tc_kernel_stages(int device)
     }
     const char *e = getenv("AR_MLA_STAGES");
     int cap = (e && strcmp(e, "2") == 0) ? 2 : 3;
-    if (cap >= 3 && optin >= smem_total(3) && set_tc_attributes<3>() && set_tc_attributes<2>()) return 3;
-    if (optin >= smem_total(2) && set_tc_attributes<2>()) return 2;
+    if (cap >= 3 && optin >= smem_total(3, true) && set_tc_attributes<3>() && set_tc_attributes<2>()) return 3;
+    if (optin >= smem_total(2, true) && set_tc_attributes<2>()) return 2;
     return 0;
 }
 
@@ -1171,6 +1234,7 @@ static ar_cuda_mla_kernel env_kernel(void)
     const char *e = getenv("AR_MLA_KERNEL");
     if (e && strcmp(e, "simt") == 0) return AR_MLA_KERNEL_SIMT;
     if (e && strcmp(e, "tc") == 0) return AR_MLA_KERNEL_TC;
+    if (e && strcmp(e, "tc-split-qk") == 0) return AR_MLA_KERNEL_TC_SPLIT_QK;
     return AR_MLA_KERNEL_AUTO;
 }
 
@@ -1290,25 +1354,30 @@ static int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, c
 }
 
 /* Launches the latent attention (+ combine) for a planned step: the tensor-core kernel with
- * `stages` key-tile stages (2 or 3), or the SIMT kernel when stages is 0. */
+ * `stages` key-tile stages (2 or 3; split_qk: the variant that splits the score tile between the
+ * column halves), or the SIMT kernel when stages is 0. */
 template <bool BF16, bool FP8>
-static void launch_tc(const attn_args &a, int stages, int num_work, cudaStream_t st)
+static void launch_tc(const attn_args &a, int stages, bool split_qk, int num_work, cudaStream_t st)
 {
-    if (stages >= 3)
-        attn_tc_kernel<BF16, FP8, 3><<<num_work, THREADS, smem_total(3), st>>>(a);
+    if (stages >= 3 && split_qk)
+        attn_tc_kernel<BF16, FP8, 3, true><<<num_work, THREADS, smem_total(3, true), st>>>(a);
+    else if (stages >= 3)
+        attn_tc_kernel<BF16, FP8, 3, false><<<num_work, THREADS, smem_total(3, false), st>>>(a);
+    else if (split_qk)
+        attn_tc_kernel<BF16, FP8, 2, true><<<num_work, THREADS, smem_total(2, true), st>>>(a);
     else
-        attn_tc_kernel<BF16, FP8, 2><<<num_work, THREADS, smem_total(2), st>>>(a);
+        attn_tc_kernel<BF16, FP8, 2, false><<<num_work, THREADS, smem_total(2, false), st>>>(a);
 }
 
-static cudaError_t launch_attention(const attn_args &a, int stages, int num_work, int num_groups, int num_tokens,
-                                    cudaStream_t st, cudaEvent_t ev_mid)
+static cudaError_t launch_attention(const attn_args &a, int stages, bool split_qk, int num_work, int num_groups,
+                                    int num_tokens, cudaStream_t st, cudaEvent_t ev_mid)
 {
     if (stages > 0) {
         if (num_work > 0) {
-            if (a.bf16 && !a.fp8_cache) launch_tc<true, false>(a, stages, num_work, st);
-            else if (a.bf16) launch_tc<true, true>(a, stages, num_work, st);
-            else if (!a.fp8_cache) launch_tc<false, false>(a, stages, num_work, st);
-            else launch_tc<false, true>(a, stages, num_work, st);
+            if (a.bf16 && !a.fp8_cache) launch_tc<true, false>(a, stages, split_qk, num_work, st);
+            else if (a.bf16) launch_tc<true, true>(a, stages, split_qk, num_work, st);
+            else if (!a.fp8_cache) launch_tc<false, false>(a, stages, split_qk, num_work, st);
+            else launch_tc<false, true>(a, stages, split_qk, num_work, st);
         }
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
@@ -1382,14 +1451,15 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
     int tc_stages = tc_kernel_stages(dev);
-    if (c->kernel == AR_MLA_KERNEL_TC && tc_stages == 0) {
+    if ((c->kernel == AR_MLA_KERNEL_TC || c->kernel == AR_MLA_KERNEL_TC_SPLIT_QK) && tc_stages == 0) {
         snprintf(err, err_len, "cuda-mla case: the tensor-core kernel needs %d bytes of shared memory per block",
-                 smem_total(2));
+                 smem_total(2, true));
         return 2;
     }
     if (c->stages == 2 && tc_stages > 2) tc_stages = 2;
     bool use_tc = c->kernel != AR_MLA_KERNEL_SIMT && tc_stages > 0;
     const int stages = use_tc ? tc_stages : 0;
+    const bool split_qk = c->kernel == AR_MLA_KERNEL_TC_SPLIT_QK;
 
     const int B = c->batch, SQ = c->s_q, H = c->h_q, bs = c->block_size;
     const int T = B * SQ;
@@ -1491,7 +1561,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         a.scale = (float)c->scale;
         a.scale_log2 = (float)(c->scale * 1.4426950408889634);
         a.kv_scale = (float)c->kv_scale;
-        if (!rc) rc = mla_fail(launch_attention(a, stages, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+        if (!rc) rc = mla_fail(launch_attention(a, stages, split_qk, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
         if (!rc) rc = mla_fail(cudaDeviceSynchronize(), "attention", err, err_len);
         if (!rc && c->repeat > 0) {
             double *times = (double *)malloc(sizeof(double) * (size_t)c->repeat);
@@ -1501,7 +1571,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
             }
             for (int i = 0; !rc && i < c->repeat; i++) {
                 cudaEventRecord(ev0, st);
-                rc = mla_fail(launch_attention(a, stages, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+                rc = mla_fail(launch_attention(a, stages, split_qk, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
                 cudaEventRecord(ev1, st);
                 if (!rc) rc = mla_fail(cudaEventSynchronize(ev1), "attention", err, err_len);
                 float ms = 0;
@@ -2234,8 +2304,8 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool us
     }
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     if (any_dec) {
-        e = launch_attention(a, use_tc ? s->tc_stages : 0, s->num_work, s->num_groups, T, s->stream,
-                             timed ? s->ev[3] : NULL);
+        e = launch_attention(a, use_tc ? s->tc_stages : 0, s->force_kernel == AR_MLA_KERNEL_TC_SPLIT_QK, s->num_work,
+                             s->num_groups, T, s->stream, timed ? s->ev[3] : NULL);
         if (e != cudaSuccess) return e;
     } else if (timed) {
         cudaEventRecord(s->ev[3], s->stream);

@@ -41,13 +41,16 @@ extern const ar_backend ar_cuda_mla_backend;
 #define AR_CUDA_MLA_DECODE_THRESHOLD 128
 
 /* Latent-attention kernel choice: the tensor-core kernel (mma.sync, 64-row head tiles, split-KV
- * + combine) or the plain SIMT kernel kept as a simple fallback.  The environment variable
- * AR_MLA_KERNEL=simt selects the fallback for the backend too; AR_MLA_STAGES=2 keeps the
- * tensor-core kernel at a 2-tile key ring (3 on Hopper otherwise). */
+ * + combine; AUTO), its variant in which the two column-half warps of a row group split the
+ * score tile instead of both computing it (TC_SPLIT_QK: fewer MACs, more barriers), or the plain
+ * SIMT kernel kept as a simple fallback.  The environment variable AR_MLA_KERNEL=simt|tc|
+ * tc-split-qk selects one for the backend too; AR_MLA_STAGES=2 keeps the tensor-core kernel at
+ * a 2-tile key ring (3 on Hopper otherwise). */
 typedef enum ar_cuda_mla_kernel {
     AR_MLA_KERNEL_AUTO = 0,
     AR_MLA_KERNEL_TC = 1,
-    AR_MLA_KERNEL_SIMT = 2
+    AR_MLA_KERNEL_SIMT = 2,
+    AR_MLA_KERNEL_TC_SPLIT_QK = 3
 } ar_cuda_mla_kernel;
 
 /* Overrides for tests (state from ar_cuda_mla_backend.open): kernel, forced split count

@@ -11,8 +11,8 @@
  *    NaN.  For the large cases the reference covers a sample of requests (first, last, a
  *    middle one and every zero-length one); the kernel output of all requests is checked for
  *    NaN.  AR_GPU_SMALL=1 keeps only s_k <= 140 and b <= 6.
- * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the SIMT fallback kernel, fp16,
- *    fp8 e4m3 latent cache.
+ * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the split-score variant
+ *    (AR_MLA_KERNEL_TC_SPLIT_QK), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.
  * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
@@ -107,6 +107,7 @@ static bool gpu_ready(void)
 typedef struct case_stats {
     double max_abs, cos_diff, lse_max_abs;
     long bad_out, bad_lse, nan_out;
+    char first_bad[160];    /* where the first failing element is, for debugging */
 } case_stats;
 
 /* FlashMLA's rule over the rows of the selected requests; all rows checked for NaN. */
@@ -126,7 +127,11 @@ static void compare_case(const ar_cuda_mla_case *c, const ar_cuda_mla_result *r,
                     if (sel && !sel[b]) continue;
                     double ref = r->ref_out[row + d];
                     double e = fabs((double)o - ref);
-                    if (!(e < 8e-4 || e / fmax(fabs(ref), 1e-30) < 2.01 / 128)) st->bad_out++;
+                    if (!(e < 8e-4 || e / fmax(fabs(ref), 1e-30) < 2.01 / 128)) {
+                        if (st->bad_out++ == 0 && !st->first_bad[0])
+                            snprintf(st->first_bad, sizeof st->first_bad,
+                                     "out[b=%d, i=%d, h=%d, d=%d] = %.6g, reference %.6g", b, i, n, d, o, ref);
+                    }
                     if (e > st->max_abs) st->max_abs = e;
                     sxy += (double)o * ref;
                     sxx += (double)o * o + ref * ref;
@@ -134,12 +139,19 @@ static void compare_case(const ar_cuda_mla_case *c, const ar_cuda_mla_result *r,
                 if (sel && !sel[b]) continue;
                 size_t li = ((size_t)b * H + n) * SQ + i;
                 double lo = r->lse[li], lr = r->ref_lse[li];
-                if (isinf(lr) || isinf(lo)) {
-                    if (!(isinf(lr) && isinf(lo) && lr > 0 && lo > 0)) st->bad_lse++;
+                double e = fabs(lo - lr);
+                bool ok;
+                if (isinf(lr) || isinf(lo))
+                    ok = isinf(lr) && isinf(lo) && lr > 0 && lo > 0;
+                else
+                    ok = e < 1e-6 || e / fmax(fabs(lr), 1e-30) < 8.01 / 65536;
+                if (!ok) {
+                    if (st->bad_lse++ == 0 && !st->first_bad[0])
+                        snprintf(st->first_bad, sizeof st->first_bad, "lse[b=%d, h=%d, i=%d] = %.8g, reference %.8g",
+                                 b, n, i, lo, lr);
                     continue;
                 }
-                double e = fabs(lo - lr);
-                if (!(e < 1e-6 || e / fmax(fabs(lr), 1e-30) < 8.01 / 65536)) st->bad_lse++;
+                if (isinf(lr)) continue;
                 if (e > st->lse_max_abs) st->lse_max_abs = e;
             }
     st->cos_diff = sxx > 0 ? 1.0 - 2.0 * sxy / sxx : 0.0;
@@ -211,12 +223,13 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     if (ok) {
         compare_case(&c, &r, sel, &st);
         ok = st.bad_out == 0 && st.bad_lse == 0 && st.nan_out == 0 && st.cos_diff < go->cos_limit;
-        if (!ok)
+        static int printed = 0;   /* at most 30 failure lines per binary */
+        if (!ok && printed++ < 30)
             print_message("FAIL b=%d s_q=%d s_k=%d h_q=%d varlen=%d causal=%d zeros=%d splits=%d kernel=%d %s/%s: "
-                          "max abs %.3g, cos diff %.3g, bad out %ld, bad lse %ld (lse max abs %.3g), nan %ld\n",
+                          "max abs %.3g, cos diff %.3g, bad out %ld, bad lse %ld (lse max abs %.3g), nan %ld; first: %s\n",
                           b, s_q, s_k, h_q, varlen, causal, zero_lens, go->num_splits, (int)go->kernel,
                           ar_dtype_name(go->dtype), ar_dtype_name(go->kv_dtype), st.max_abs, st.cos_diff,
-                          st.bad_out, st.bad_lse, st.lse_max_abs, st.nan_out);
+                          st.bad_out, st.bad_lse, st.lse_max_abs, st.nan_out, st.first_bad);
     }
     free(r.out);
     free(r.ref_out);
@@ -408,6 +421,42 @@ static void test_forced_splits_and_block16(void **st)
     assert_int_equal(fails, 0);
 }
 
+/* The split-score variant of the tensor-core kernel (not the default) on a grid subset. */
+static void test_split_qk_variant(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    static const int bs_[] = {2, 6}, sqs[] = {1, 2, 4}, sks[] = {140, 4096}, hqs[] = {1, 3, 9, 63, 64, 126, 128};
+    grid_opts go = default_opts();
+    go.kernel = AR_MLA_KERNEL_TC_SPLIT_QK;
+    int fails = 0, runs = 0;
+    for (size_t ib = 0; ib < 2; ib++)
+        for (size_t iq = 0; iq < 3; iq++)
+            for (size_t ik = 0; ik < 2; ik++)
+                for (size_t ih = 0; ih < 7; ih++)
+                    for (int vc = 0; vc < 2; vc++) {
+                        if (small_mode() && sks[ik] > 140) continue;
+                        runs++;
+                        if (!run_checked(bs_[ib], sqs[iq], sks[ik], hqs[ih], vc, vc, vc && ib == 1, &go)) fails++;
+                    }
+    go.num_splits = 3;
+    if (!run_checked(2, 2, 1000, 128, true, true, false, &go)) fails++;
+    go.num_splits = 0;
+    go.stages = 2;
+    if (!run_checked(6, 4, 140, 16, true, true, false, &go)) fails++;
+    go.stages = 0;
+    go.kv_dtype = AR_FP8_E4M3;
+    go.kv_scale = 0.5;
+    go.cos_limit = 1e-4;
+    if (!run_checked(2, 1, 700, 128, false, false, false, &go)) fails++;
+    go = default_opts();
+    go.kernel = AR_MLA_KERNEL_TC_SPLIT_QK;
+    go.dtype = go.kv_dtype = AR_FP16;
+    if (!run_checked(2, 2, 333, 64, true, true, false, &go)) fails++;
+    print_message("split-QK variant: %d grid cases + 4, %d failed\n", runs, fails);
+    assert_int_equal(fails, 0);
+}
+
 static void test_simt_fallback_fp16_fp8(void **st)
 {
     (void)st;
@@ -553,6 +602,9 @@ typedef struct e2e_result {
     ar_cuda_mla_plan_info plan;
 } e2e_result;
 
+/* Kernel the end-to-end runs ask for (the default unless a test says otherwise). */
+static ar_cuda_mla_kernel e2e_kernel = AR_MLA_KERNEL_AUTO;
+
 /* Opens the backend, fills context, runs one step, compares with ar_mla_ref_attend. */
 static void run_e2e(const ar_run_config *cfg, const req_case *rc, int n, int splits, int use_prefill,
                     e2e_result *res)
@@ -563,7 +615,7 @@ static void run_e2e(const ar_run_config *cfg, const req_case *rc, int n, int spl
     int rc_open = ar_cuda_mla_backend.open(cfg, &state, err, sizeof err);
     if (rc_open) print_message("open: %s\n", err);
     assert_int_equal(rc_open, 0);
-    ar_cuda_mla_set_plan(state, AR_MLA_KERNEL_AUTO, splits, use_prefill);
+    ar_cuda_mla_set_plan(state, e2e_kernel, splits, use_prefill);
     ar_cuda_mla_set_workspace(state, 256);   /* several context chunks from short contexts */
     tbatch t;
     tbatch_make(&t, cfg, rc, n);
@@ -699,6 +751,17 @@ static void test_backend_decode(void **st)
     run_e2e(&cfg, big, 3, 0, 1, &r);
     report("decode bf16, 128 heads", &r);
     assert_true(e2e_pass(&r));
+    /* the other kernels through the backend */
+    e2e_kernel = AR_MLA_KERNEL_TC_SPLIT_QK;
+    run_e2e(&cfg, big, 3, 0, 1, &r);
+    report("decode bf16, 128 heads, split QK", &r);
+    e2e_kernel = AR_MLA_KERNEL_SIMT;
+    e2e_result r2;
+    run_e2e(&cfg, big, 3, 0, 1, &r2);
+    report("decode bf16, 128 heads, SIMT", &r2);
+    e2e_kernel = AR_MLA_KERNEL_AUTO;
+    assert_true(e2e_pass(&r));
+    assert_true(e2e_pass(&r2));
 }
 
 static void test_backend_prefill_mixed(void **st)
@@ -809,6 +872,7 @@ int main(void)
         cmocka_unit_test(test_flashmla_dense_grid),
         cmocka_unit_test(test_zero_length_requests),
         cmocka_unit_test(test_forced_splits_and_block16),
+        cmocka_unit_test(test_split_qk_variant),
         cmocka_unit_test(test_simt_fallback_fp16_fp8),
         cmocka_unit_test(test_backend_decode),
         cmocka_unit_test(test_backend_prefill_mixed),
