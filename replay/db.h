@@ -20,6 +20,9 @@
  *        tol_mean_abs REAL, guard_ok INTEGER, pass INTEGER (1, 0, NULL = not verified),
  *        PRIMARY KEY(run, step))
  *   kernels(run, step, layer, name TEXT, time_us REAL, PRIMARY KEY(run, step, layer, name))
+ *        -- names per backend ("write", "attn", "prefix", "suffix", "merge", "combine", ...);
+ *        on cascade steps a row with layer -1, name 'flat_equivalent' holds the time the same
+ *        step took without cascade (all layers), so reports can say what cascade saved
  *   mismatches(run, step, layer, req TEXT, token INTEGER, head INTEGER, dim INTEGER,
  *        got REAL, want REAL, abs_err REAL)          -- the worst elements of failing steps
  *   ceilings(device TEXT, measured REAL, copy_gbps REAL, bf16_tflops REAL, method TEXT)
