@@ -2347,8 +2347,12 @@ static int ensure_weights(mla_state *s, int layer, char *err, size_t err_len)
     const int H = s->H, P = s->P, V = s->V;
     int rc;
     if ((rc = mla_fail(cudaMalloc(&s->w_uk[layer], (size_t)H * DL * P * 2), "W_UK allocation", err, err_len)) ||
-        (rc = mla_fail(cudaMalloc(&s->w_uv[layer], (size_t)H * DL * V * 2), "W_UV allocation", err, err_len)))
+        (rc = mla_fail(cudaMalloc(&s->w_uv[layer], (size_t)H * DL * V * 2), "W_UV allocation", err, err_len))) {
+        if (s->w_uk[layer]) cudaFree(s->w_uk[layer]);
+        s->w_uk[layer] = NULL;
+        s->w_uv[layer] = NULL;
         return rc;
+    }
     const int rank = s->cfg.model.kv_lora_rank;
     gen_weight_kernel<<<mla_grid((int64_t)H * DL * P, 256), 256, 0, s->stream>>>(
         s->w_uk[layer], H, P, AR_STREAM_W_UK, s->cfg.seed, (uint32_t)layer, s->cfg.data, s->cfg.dtype, rank);
