@@ -1312,6 +1312,14 @@ static void sb_printf(str_buf *b, const char *fmt, ...)
 /* A JSON string literal. */
 static void sb_json_str(str_buf *b, const char *s)
 {
+    size_t plain = 0;   /* fast path: nothing to escape */
+    while (s[plain] && s[plain] != '"' && s[plain] != '\\' && (unsigned char)s[plain] >= 0x20) plain++;
+    if (!s[plain]) {
+        sb_add(b, "\"", 1);
+        sb_add(b, s, plain);
+        sb_add(b, "\"", 1);
+        return;
+    }
     sb_add(b, "\"", 1);
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
         if (*c == '"') sb_add(b, "\\\"", 2);
@@ -1338,10 +1346,23 @@ static void sb_double(str_buf *b, double v)
     if (!strpbrk(tmp, ".eEn")) sb_puts(b, ".0");
 }
 
+static void sb_int(str_buf *b, long long v)
+{
+    char tmp[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do { tmp[sizeof tmp - 1 - n++] = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) tmp[sizeof tmp - 1 - n++] = '-';
+    sb_add(b, tmp + sizeof tmp - n, (size_t)n);
+}
+
 static void sb_int_list(str_buf *b, const int *v, int n)
 {
     sb_add(b, "[", 1);
-    for (int i = 0; i < n; i++) sb_printf(b, i ? ",%d" : "%d", v[i]);
+    for (int i = 0; i < n; i++) {
+        if (i) sb_add(b, ",", 1);
+        sb_int(b, v[i]);
+    }
     sb_add(b, "]", 1);
 }
 
@@ -1406,7 +1427,7 @@ ar_trace_writer *ar_trace_create(const char *path, const ar_trace_header *h, cha
     size_t n = strlen(path);
     w->is_gz = n >= 3 && strcmp(path + n - 3, ".gz") == 0;
     if (w->is_gz) {
-        w->gz = gzopen(path, "wb6");
+        w->gz = gzopen(path, "wb1");
         if (w->gz) gzbuffer(w->gz, 1 << 18);
     } else {
         w->f = fopen(path, "wb");
@@ -1487,15 +1508,18 @@ int ar_trace_write_step(ar_trace_writer *w, const ar_step *s, char *err, size_t 
         const ar_cached_req *cr = &s->cached[i];
         sb_puts(b, i ? ",{\"req\":" : "{\"req\":");
         sb_json_str(b, cr->req);
-        sb_printf(b, ",\"num_computed_tokens\":%d,\"new_block_ids\":", cr->num_computed_tokens);
+        sb_puts(b, ",\"num_computed_tokens\":");
+        sb_int(b, cr->num_computed_tokens);
+        sb_puts(b, ",\"new_block_ids\":");
         sb_int_list(b, cr->new_block_ids, cr->num_new_block_ids);
-        sb_printf(b, ",\"resumed\":%s}", cr->resumed ? "true" : "false");
+        sb_puts(b, cr->resumed ? ",\"resumed\":true}" : ",\"resumed\":false}");
     }
     sb_puts(b, "],\"num_scheduled_tokens\":{");
     for (int i = 0; i < s->num_scheduled; i++) {
         if (i) sb_puts(b, ",");
         sb_json_str(b, s->scheduled[i].req);
-        sb_printf(b, ":%d", s->scheduled[i].num_tokens);
+        sb_add(b, ":", 1);
+        sb_int(b, s->scheduled[i].num_tokens);
     }
     sb_printf(b, "},\"num_common_prefix_blocks\":%d,\"finished\":", s->num_common_prefix_blocks);
     sb_id_list(b, s->finished, s->num_finished);
