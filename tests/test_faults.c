@@ -196,7 +196,7 @@ static const char *long_trace(char *buf, size_t len, int64_t *steps)
 {
     static int64_t cached_steps = -1;
     tu_tmp("long.trace.jsonl", buf, len);
-    if (cached_steps < 0) cached_steps = make_trace(buf, "synthetic:n=48,input=200,output=60,rate=20,seed=5");
+    if (cached_steps < 0) cached_steps = make_trace(buf, "synthetic:n=32,input=150,output=40,rate=20,seed=5");
     *steps = cached_steps;
     return buf;
 }
@@ -209,13 +209,13 @@ static void test_full_disk_marks_error_and_keeps_committed_steps(void **state)
     char trace[512], db[512], log[512], text[1024];
     int64_t total;
     long_trace(trace, sizeof trace, &total);
-    assert_true(total > 200);
+    assert_true(total > 150);
     tu_tmp("full.db", db, sizeof db);
     tu_tmp("full.log", log, sizeof log);
     /* 160 KiB per file: the schema and a few batches fit, the rest does not.  SIGXFSZ is
      * ignored so an oversized write fails with EFBIG instead of killing the process. */
     int rc = tu_run(log, "bash -c \"trap '' XFSZ; ulimit -f 160; exec '%s' replay '%s' --db '%s' --backend cpu "
-                         "--threads 1 --verify sample:2 --quiet\"", tu_bin(), trace, db);
+                         "--threads 1 --verify sample:1 --quiet\"", tu_bin(), trace, db);
     assert_int_equal(rc, 3);
     assert_true(file_contains(log, db));
     assert_true(file_contains(log, "disk"));
@@ -233,7 +233,7 @@ static void test_full_disk_marks_error_and_keeps_committed_steps(void **state)
 
     /* room again: --resume finishes the same run */
     tu_tmp("full-resume.log", log, sizeof log);
-    rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify sample:2 --resume --quiet",
+    rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify sample:1 --resume --quiet",
                 tu_bin(), trace, db);
     assert_int_equal(rc, 0);
     query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
@@ -291,7 +291,7 @@ static void test_sigint_commits_and_resume_completes(void **state)
     tu_tmp("sigint-report", out, sizeof out);
     tu_tmp("sigint-report.log", rlog, sizeof rlog);
     /* --repeat slows every step down so the run is still going when we look */
-    pid_t pid = spawn_replay(trace, db, log, "--repeat", "10");
+    pid_t pid = spawn_replay(trace, db, log, "--repeat", "20");
     int64_t seen = 0;
     for (int i = 0; i < 400 && seen < 1; i++) {   /* up to 20 s */
         sleep_ms(50);
@@ -317,7 +317,7 @@ static void test_sigint_commits_and_resume_completes(void **state)
                   (long long)kept, (long long)total, (long long)seen);
     tu_tmp("sigint-resume.log", log, sizeof log);
 
-    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --repeat 10 --resume --quiet",
+    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --repeat 20 --resume --quiet",
                     tu_bin(), trace, db);
     assert_int_equal(rc, 0);
     query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
@@ -370,7 +370,7 @@ static void test_two_replays_share_a_database(void **state)
     /* create the database first so both open an existing WAL database */
     assert_int_equal(tu_run(log1, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:0 --quiet",
                             tu_bin(), trace, db), 0);
-    pid_t a = spawn_replay(trace, db, log1, "--verify", "sample:4");
+    pid_t a = spawn_replay(trace, db, log1, "--verify", "sample:1");
     pid_t b = spawn_replay(trace, db, log2, "--verify", "off");
     assert_int_equal(wait_exit(a), 0);
     assert_int_equal(wait_exit(b), 0);
