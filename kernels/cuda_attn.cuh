@@ -96,6 +96,7 @@ typedef struct ar_attn_args {
     float scale_log2;           /* scale * log2(e) */
     float soft_cap;             /* 0 = none */
     int fault;                  /* ar_fault */
+    int non_causal;             /* 1: every query sees every key < seq_len (cascade prefix pass) */
 } ar_attn_args;
 
 /* Geometry of a (config, template head dim) pair; the same table the kernels instantiate. */
@@ -268,7 +269,9 @@ attn_kernel(const ar_attn_args a)
     const int grp = a.group;
     const int head_size = EXACT ? HD : a.head_size;
     const int kvh_load = a.fault == AR_FAULT_WRONG_KV_HEAD ? (w.kv_head + 1) % a.num_kv_heads : w.kv_head;
-    const int causal_extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    /* non-causal (cascade prefix pass): a huge allowance makes every key < seq_len visible;
+     * positions stay far below 2^30, so p + causal_extra cannot overflow. */
+    const int causal_extra = a.non_causal ? (1 << 30) : a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
     const bool no_rescale = a.fault == AR_FAULT_NO_RESCALE;
     const int window = a.sliding_window;
     const float scale_log2 = a.scale_log2;
@@ -404,7 +407,7 @@ attn_kernel(const ar_attn_args a)
 #pragma unroll
                         for (int e = 0; e < 4; e++) s[mt][nt][e] = cap_over_scale * tanhf(s[mt][nt][e] * inv_cap);
             }
-            const bool need_mask = tile_last > warp_min_qpos || tile_last >= seq_len ||
+            const bool need_mask = tile_last > warp_min_qpos + causal_extra || tile_last >= seq_len ||
                                    (window > 0 && tile_first < warp_max_qpos - window + 1);
             if (need_mask) {
 #pragma unroll
@@ -604,6 +607,58 @@ __global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
             if (a.fault != AR_FAULT_LSE_BASE2 && lse2 != -INFINITY) v = lse2 * 0.6931471805599453f;
             a.lse[(int64_t)hq * a.num_tokens + qstart + tok] = v;
         }
+    }
+}
+
+/* Cascade merge (vLLM merge_attn_states): out = the LSE-weighted mix of the prefix and suffix
+ * partial outputs.  A +inf LSE is read as -inf (an empty side); both sides empty -> out = the
+ * prefix output, lse = -inf; a NaN LSE on either side gives a NaN row.  Partials arrive in the
+ * run dtype (as vLLM holds them), the mix is computed in fp32 and rounded once.
+ *   p_out, s_out, out [num_tokens, num_heads, head_size] dtype; p_lse, s_lse, lse
+ *   [num_heads, num_tokens] natural log.  One thread per pair of dims, grid-stride.
+ * no_weights (AR_FAULT_MERGE_NO_WEIGHTS) adds the two sides unweighted; lse_base2
+ * (AR_FAULT_LSE_BASE2) reports the merged LSE as log2. */
+template <typename T>
+__global__ void merge_kernel(const T *p_out, const float *p_lse, const T *s_out, const float *s_lse, T *out,
+                             float *lse, int num_tokens, int num_heads, int head_size, int no_weights,
+                             int lse_base2)
+{
+    const int half = head_size / 2;
+    const int64_t total = (int64_t)num_tokens * num_heads * half;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(idx % half) * 2;
+        int64_t th = idx / half;
+        int h = (int)(th % num_heads);
+        int t = (int)(th / num_heads);
+        int64_t li = (int64_t)h * num_tokens + t;
+        int64_t oi = th * head_size + d;
+        float pl = p_lse[li], sl = s_lse[li];
+        if (pl == INFINITY) pl = -INFINITY;
+        if (sl == INFINITY) sl = -INFINITY;
+        float m = fmaxf(pl, sl);
+        const float a0 = (float)p_out[oi], a1 = (float)p_out[oi + 1];
+        const float b0 = (float)s_out[oi], b1 = (float)s_out[oi + 1];
+        float o0, o1, l;
+        if (isnan(pl) || isnan(sl)) {
+            o0 = o1 = l = NAN;
+        } else if (no_weights) {
+            o0 = a0 + b0;
+            o1 = a1 + b1;
+            l = m == -INFINITY ? -INFINITY : m + logf(expf(pl - m) + expf(sl - m));
+        } else if (m == -INFINITY) {
+            o0 = a0;
+            o1 = a1;
+            l = -INFINITY;
+        } else {
+            float wp = expf(pl - m), ws = expf(sl - m), sum = wp + ws;
+            float sp = wp / sum, ss = ws / sum;
+            o0 = a0 * sp + b0 * ss;
+            o1 = a1 * sp + b1 * ss;
+            l = logf(sum) + m;
+        }
+        *reinterpret_cast<uint32_t *>(out + oi) = pack2<T>(o0, o1);
+        if (d == 0) lse[li] = lse_base2 ? l * 1.4426950408889634f : l;
     }
 }
 

@@ -22,6 +22,16 @@
  *
  * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): the KV
  * write ("write"), the attention ("attn") and, when the plan splits, the combine ("combine").
+ *
+ * Cascade attention (b->common_prefix_len P > 0, vLLM's cascade_attention): "prefix" = the
+ * same tensor-core kernel over ONE sequence made of all T query tokens, non-causal, keys
+ * 0..P-1 through block-table row 0: each CTA holds 128 (token, query head) rows of one KV head
+ * and streams the shared K/V tiles through shared memory once for all of them (GQA-packed), so
+ * the prefix is read ceil(T x group / 128) times per KV head instead of once per request;
+ * split-KV across CTAs fills the machine when T is small.  "suffix" = the flat plan over keys
+ * P..seq_len-1 (seq_lens - P, block table shifted by P / block_size, causal bottom-right).
+ * "merge" = merge_kernel (vLLM merge_attn_states).  Each pass's split combine is inside its
+ * time.  Sliding window never cascades (prepare refuses it).
  * Q and the new K/V are generated on the device before, untimed (in vLLM they come out of the
  * QKV projection).  Repeats are idempotent: the write stores the same values to the same slots.
  *
@@ -41,6 +51,7 @@
 
 #define AR_GUARD_BYTES 4096
 #define AR_GUARD_BYTE 0xA5
+#define AR_CUDA_EVENTS 5
 
 /* A grow-only device buffer. */
 typedef struct dev_buf {
@@ -59,7 +70,7 @@ typedef struct cuda_state {
     void **kv;                      /* [num_layers] -> [2, num_blocks, block_size, hkv, head_size] */
     int num_layers;
     cudaStream_t stream;
-    cudaEvent_t ev[4];
+    cudaEvent_t ev[AR_CUDA_EVENTS];
     int ctas_per_sm[AR_CFG_COUNT];
 
     /* the step's plan (prepare) */
@@ -81,6 +92,19 @@ typedef struct cuda_state {
     size_t h_out_cap;
     size_t out_bytes, lse_bytes;    /* payload sizes of the current allocation */
     int force_config, force_splits;
+
+    /* cascade (b->common_prefix_len P > 0): the plan above is the suffix pass (keys P..seq_len-1
+     * of each request, causal), writing suf_out/suf_lse; the prefix pass (all T queries as one
+     * non-causal sequence over keys 0..P-1 of block-table row 0) has its own plan and writes
+     * pre_out/pre_lse; merge_kernel mixes the two into out/lse. */
+    int cascade, prefix_len;
+    int pre_config;
+    ar_attn_geom pre_geom;
+    int pre_num_work, pre_num_groups, pre_num_partials, pre_num_splits;
+    int *d_pre_qsl, *d_pre_seq, *d_suf_seq;
+    ar_attn_work *d_pre_work;
+    ar_combine_group *d_pre_groups;
+    dev_buf pre_part_o, pre_part_lse, pre_out, pre_lse, suf_out, suf_lse;
 } cuda_state;
 
 static int cuda_fail(cudaError_t e, const char *what, char *err, size_t err_len)
@@ -390,7 +414,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         free(s);
         return rc;
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < AR_CUDA_EVENTS; i++)
         if ((rc = cuda_fail(cudaEventCreate(&s->ev[i]), "event", err, err_len))) {
             cuda_close(s);
             return rc;
@@ -453,12 +477,13 @@ static void cuda_close(void *state)
             if (s->kv[l]) cudaFree(s->kv[l]);
         free(s->kv);
     }
-    dev_buf *bufs[] = {&s->meta, &s->q, &s->knew, &s->vnew, &s->out, &s->lse, &s->part_o, &s->part_lse, &s->fill};
+    dev_buf *bufs[] = {&s->meta, &s->q, &s->knew, &s->vnew, &s->out, &s->lse, &s->part_o, &s->part_lse, &s->fill,
+                       &s->pre_part_o, &s->pre_part_lse, &s->pre_out, &s->pre_lse, &s->suf_out, &s->suf_lse};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
     if (s->h_meta) cudaFreeHost(s->h_meta);
     if (s->h_out) cudaFreeHost(s->h_out);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < AR_CUDA_EVENTS; i++)
         if (s->ev[i]) cudaEventDestroy(s->ev[i]);
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s);
@@ -478,82 +503,61 @@ static size_t meta_take(size_t *off, size_t bytes)
     return at;
 }
 
-static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_len)
+/* One attention launch's plan: geometry, split count and the work list (host, malloc'd). */
+typedef struct pass_plan {
+    int config;
+    ar_attn_geom geom;
+    int num_splits;
+    int64_t num_work, num_groups, num_partials;
+    ar_attn_work *work;             /* [num_work], sorted longest first */
+    ar_combine_group *groups;       /* [num_groups] */
+} pass_plan;
+
+static void pass_plan_free(pass_plan *pl)
 {
-    cuda_state *s = (cuda_state *)state;
-    s->step_ready = 0;
-    const int R = b->num_reqs, T = b->num_tokens, mbpr = b->max_blocks_per_req;
-    const int bs = s->block_size, nb = s->cfg.num_blocks;
-    if (R < 0 || T < 0 || (R > 0 && mbpr <= 0)) {
-        snprintf(err, err_len, "step %lld: batch has num_reqs %d, num_tokens %d, max_blocks_per_req %d",
-                 (long long)b->step, R, T, mbpr);
-        return 2;
-    }
-    if (R > 0 && (b->query_start_loc[0] != 0 || b->query_start_loc[R] != T)) {
-        snprintf(err, err_len, "step %lld: query_start_loc must run from 0 to num_tokens %d",
-                 (long long)b->step, T);
-        return 2;
-    }
+    free(pl->work);
+    free(pl->groups);
+    memset(pl, 0, sizeof *pl);
+}
+
+/* Flattens one launch into work items.  R sequences; query_start_loc [R + 1], seq_lens [R].
+ * non_causal: every query of a sequence sees all its seq_len keys (cascade prefix pass), and
+ * the sliding window is not applied.  0 ok, 3 out of host memory. */
+static int build_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
+                      bool non_causal, pass_plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
     int max_q = 0;
     for (int r = 0; r < R; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
-        if (ql < 0 || sl < ql || sl > mbpr * bs) {
-            snprintf(err, err_len,
-                     "step %lld: request %d has query_len %d, seq_len %d (rule: 0 <= query_len <= seq_len <= "
-                     "max_blocks_per_req * block_size = %d)",
-                     (long long)b->step, r, ql, sl, mbpr * bs);
-            return 2;
-        }
-        for (int i = 0; i < (sl + bs - 1) / bs; i++) {
-            int blk = b->block_table[(int64_t)r * mbpr + i];
-            if (blk < 0 || blk >= nb) {
-                snprintf(err, err_len, "step %lld: request %d block_table[%d] = %d outside [0, %d)",
-                         (long long)b->step, r, i, blk, nb);
-                return 2;
-            }
-        }
+        int ql = query_start_loc[r + 1] - query_start_loc[r];
         if (ql > max_q) max_q = ql;
     }
-    for (int t = 0; t < T; t++) {
-        int64_t sl = b->slot_mapping[t];
-        if (sl < -1 || sl >= (int64_t)nb * bs) {
-            snprintf(err, err_len, "step %lld: slot_mapping[%d] = %lld outside [-1, %lld)", (long long)b->step,
-                     t, (long long)sl, (long long)nb * bs);
-            return 2;
-        }
-    }
-
-    /* config */
     int config = max_q * s->group <= 16 ? AR_CFG_DECODE : AR_CFG_PREFILL;
     if (s->force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
     if (s->force_config == AR_CFG_PREFILL_WIDE) config = s->template_hd == 128 ? AR_CFG_PREFILL_WIDE : AR_CFG_PREFILL;
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
     const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
-    const int window = s->cfg.model.sliding_window;
+    const int window = non_causal ? 0 : s->cfg.model.sliding_window;
 
-    /* count work items */
+    /* first pass: unsplit items */
     int64_t n_items = 0;
     for (int r = 0; r < R; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
+        int ql = query_start_loc[r + 1] - query_start_loc[r];
         n_items += (int64_t)s->hkv * ((ql * s->group + rows - 1) / rows);
     }
     int max_units = 0;
-    /* first pass: unsplit items into a temporary array */
     ar_attn_work *items = (ar_attn_work *)malloc((size_t)(n_items > 0 ? n_items : 1) * sizeof *items);
-    if (!items) {
-        snprintf(err, err_len, "cuda backend: out of host memory");
-        return 3;
-    }
+    if (!items) return 3;
     int64_t k = 0;
     for (int r = 0; r < R; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r], ctx = sl - ql;
+        int ql = query_start_loc[r + 1] - query_start_loc[r], sl = seq_lens[r], ctx = sl - ql;
         int pairs = ql * s->group;
         for (int h = 0; h < s->hkv; h++)
             for (int p0 = 0; p0 < pairs; p0 += rows) {
                 int tf = p0 / s->group, tl = (p0 + rows - 1) / s->group;
                 if (tl > ql - 1) tl = ql - 1;
-                int kv_end = ctx + tl + 1 + extra;
+                int kv_end = non_causal ? sl : ctx + tl + 1 + extra;
                 if (kv_end > sl) kv_end = sl;
                 int kv_start = window > 0 ? ctx + tf - window + 1 : 0;
                 if (kv_start < 0) kv_start = 0;
@@ -587,41 +591,14 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
             n_partials += pieces;
         }
     }
-    size_t off = 0;
-    size_t o_qsl = meta_take(&off, (size_t)(R + 1) * 4);
-    size_t o_seq = meta_take(&off, (size_t)R * 4);
-    size_t o_bt = meta_take(&off, (size_t)R * mbpr * 4);
-    size_t o_treq = meta_take(&off, (size_t)T * 4);
-    size_t o_tpos = meta_take(&off, (size_t)T * 4);
-    size_t o_slots = meta_take(&off, (size_t)T * 8);
-    size_t o_rkeys = meta_take(&off, (size_t)R * 8);
-    size_t o_bkeys = meta_take(&off, (size_t)R * mbpr * 8);
-    size_t o_work = meta_take(&off, (size_t)n_work * sizeof(ar_attn_work));
-    size_t o_groups = meta_take(&off, (size_t)n_groups * sizeof(ar_combine_group));
-    size_t meta_bytes = round_up(off, 16) + 16;
-    int rc;
-    if ((rc = ensure_host(&s->h_meta, &s->h_meta_cap, meta_bytes, err, err_len)) ||
-        (rc = ensure_buf(&s->meta, meta_bytes, "metadata buffer", err, err_len))) {
+    ar_attn_work *work = (ar_attn_work *)malloc((size_t)(n_work > 0 ? n_work : 1) * sizeof *work);
+    ar_combine_group *groups = (ar_combine_group *)malloc((size_t)(n_groups > 0 ? n_groups : 1) * sizeof *groups);
+    if (!work || !groups) {
         free(items);
-        return rc;
+        free(work);
+        free(groups);
+        return 3;
     }
-    unsigned char *h = (unsigned char *)s->h_meta;
-    memcpy(h + o_qsl, b->query_start_loc, (size_t)(R + 1) * 4);
-    memcpy(h + o_seq, b->seq_lens, (size_t)R * 4);
-    memcpy(h + o_bt, b->block_table, (size_t)R * mbpr * 4);
-    int *treq = (int *)(h + o_treq), *tpos = (int *)(h + o_tpos);
-    for (int r = 0; r < R; r++) {
-        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, ctx = b->seq_lens[r] - ql;
-        for (int i = 0; i < ql; i++) {
-            treq[q0 + i] = r;
-            tpos[q0 + i] = ctx + i;
-        }
-    }
-    memcpy(h + o_slots, b->slot_mapping, (size_t)T * 8);
-    memcpy(h + o_rkeys, b->req_keys, (size_t)R * 8);
-    memcpy(h + o_bkeys, b->block_keys, (size_t)R * mbpr * 8);
-    ar_attn_work *work = (ar_attn_work *)(h + o_work);
-    ar_combine_group *groups = (ar_combine_group *)(h + o_groups);
     int64_t wi = 0, gi = 0, pi = 0;
     for (int64_t i = 0; i < n_items; i++) {
         ar_attn_work it = items[i];
@@ -649,10 +626,151 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     }
     free(items);
     qsort(work, (size_t)n_work, sizeof *work, cmp_work_desc);
+    pl->config = config;
+    pl->geom = geom;
+    pl->num_splits = splits;
+    pl->num_work = n_work;
+    pl->num_groups = n_groups;
+    pl->num_partials = n_partials;
+    pl->work = work;
+    pl->groups = groups;
+    return 0;
+}
+
+static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_len)
+{
+    cuda_state *s = (cuda_state *)state;
+    s->step_ready = 0;
+    const int R = b->num_reqs, T = b->num_tokens, mbpr = b->max_blocks_per_req;
+    const int bs = s->block_size, nb = s->cfg.num_blocks;
+    const int P = b->common_prefix_len;
+    if (R < 0 || T < 0 || (R > 0 && mbpr <= 0)) {
+        snprintf(err, err_len, "step %lld: batch has num_reqs %d, num_tokens %d, max_blocks_per_req %d",
+                 (long long)b->step, R, T, mbpr);
+        return 2;
+    }
+    if (R > 0 && (b->query_start_loc[0] != 0 || b->query_start_loc[R] != T)) {
+        snprintf(err, err_len, "step %lld: query_start_loc must run from 0 to num_tokens %d",
+                 (long long)b->step, T);
+        return 2;
+    }
+    for (int r = 0; r < R; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
+        if (ql < 0 || sl < ql || sl > mbpr * bs) {
+            snprintf(err, err_len,
+                     "step %lld: request %d has query_len %d, seq_len %d (rule: 0 <= query_len <= seq_len <= "
+                     "max_blocks_per_req * block_size = %d)",
+                     (long long)b->step, r, ql, sl, mbpr * bs);
+            return 2;
+        }
+        for (int i = 0; i < (sl + bs - 1) / bs; i++) {
+            int blk = b->block_table[(int64_t)r * mbpr + i];
+            if (blk < 0 || blk >= nb) {
+                snprintf(err, err_len, "step %lld: request %d block_table[%d] = %d outside [0, %d)",
+                         (long long)b->step, r, i, blk, nb);
+                return 2;
+            }
+        }
+        if (P > 0 && sl - ql < P) {
+            snprintf(err, err_len,
+                     "step %lld: common_prefix_len %d exceeds request %d's context %d (rule: P <= every "
+                     "num_computed_tokens)", (long long)b->step, P, r, sl - ql);
+            return 2;
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        int64_t sl = b->slot_mapping[t];
+        if (sl < -1 || sl >= (int64_t)nb * bs) {
+            snprintf(err, err_len, "step %lld: slot_mapping[%d] = %lld outside [-1, %lld)", (long long)b->step,
+                     t, (long long)sl, (long long)nb * bs);
+            return 2;
+        }
+    }
+    if (P < 0 || P % bs != 0 || (P > 0 && (R == 0 || s->cfg.model.sliding_window > 0))) {
+        snprintf(err, err_len,
+                 "step %lld: common_prefix_len %d not usable (rule: a multiple of block size %d, only with "
+                 "requests and without a sliding window)", (long long)b->step, P, bs);
+        return 2;
+    }
+    const bool cascade = P > 0;
+
+    /* plans: flat (or the cascade suffix pass: seq_lens - P), and the cascade prefix pass */
+    int *suf_seq = NULL;
+    int pre_qsl[2] = {0, T}, pre_seq[1] = {P};
+    pass_plan main_plan, pre_plan;
+    memset(&pre_plan, 0, sizeof pre_plan);
+    int rc = 0;
+    if (cascade) {
+        suf_seq = (int *)malloc(sizeof(int) * (size_t)R);
+        if (!suf_seq) rc = 3;
+        for (int r = 0; !rc && r < R; r++) suf_seq[r] = b->seq_lens[r] - P;
+    }
+    if (!rc) rc = build_plan(s, R, b->query_start_loc, cascade ? suf_seq : b->seq_lens, false, &main_plan);
+    else memset(&main_plan, 0, sizeof main_plan);
+    if (!rc && cascade) rc = build_plan(s, 1, pre_qsl, pre_seq, true, &pre_plan);
+    if (rc) {
+        free(suf_seq);
+        pass_plan_free(&main_plan);
+        pass_plan_free(&pre_plan);
+        snprintf(err, err_len, "cuda backend: out of host memory");
+        return 3;
+    }
+    const int rows = main_plan.geom.rows;
+
+    size_t off = 0;
+    size_t o_qsl = meta_take(&off, (size_t)(R + 1) * 4);
+    size_t o_seq = meta_take(&off, (size_t)R * 4);
+    size_t o_bt = meta_take(&off, (size_t)R * mbpr * 4);
+    size_t o_treq = meta_take(&off, (size_t)T * 4);
+    size_t o_tpos = meta_take(&off, (size_t)T * 4);
+    size_t o_slots = meta_take(&off, (size_t)T * 8);
+    size_t o_rkeys = meta_take(&off, (size_t)R * 8);
+    size_t o_bkeys = meta_take(&off, (size_t)R * mbpr * 8);
+    size_t o_work = meta_take(&off, (size_t)main_plan.num_work * sizeof(ar_attn_work));
+    size_t o_groups = meta_take(&off, (size_t)main_plan.num_groups * sizeof(ar_combine_group));
+    size_t o_pqsl = meta_take(&off, 2 * 4);
+    size_t o_pseq = meta_take(&off, 4);
+    size_t o_sseq = meta_take(&off, (size_t)R * 4);
+    size_t o_pwork = meta_take(&off, (size_t)pre_plan.num_work * sizeof(ar_attn_work));
+    size_t o_pgroups = meta_take(&off, (size_t)pre_plan.num_groups * sizeof(ar_combine_group));
+    size_t meta_bytes = round_up(off, 16) + 16;
+    if ((rc = ensure_host(&s->h_meta, &s->h_meta_cap, meta_bytes, err, err_len)) ||
+        (rc = ensure_buf(&s->meta, meta_bytes, "metadata buffer", err, err_len))) {
+        free(suf_seq);
+        pass_plan_free(&main_plan);
+        pass_plan_free(&pre_plan);
+        return rc;
+    }
+    unsigned char *h = (unsigned char *)s->h_meta;
+    memcpy(h + o_qsl, b->query_start_loc, (size_t)(R + 1) * 4);
+    memcpy(h + o_seq, b->seq_lens, (size_t)R * 4);
+    memcpy(h + o_bt, b->block_table, (size_t)R * mbpr * 4);
+    int *treq = (int *)(h + o_treq), *tpos = (int *)(h + o_tpos);
+    for (int r = 0; r < R; r++) {
+        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, ctx = b->seq_lens[r] - ql;
+        for (int i = 0; i < ql; i++) {
+            treq[q0 + i] = r;
+            tpos[q0 + i] = ctx + i;
+        }
+    }
+    memcpy(h + o_slots, b->slot_mapping, (size_t)T * 8);
+    memcpy(h + o_rkeys, b->req_keys, (size_t)R * 8);
+    memcpy(h + o_bkeys, b->block_keys, (size_t)R * mbpr * 8);
+    memcpy(h + o_work, main_plan.work, (size_t)main_plan.num_work * sizeof(ar_attn_work));
+    memcpy(h + o_groups, main_plan.groups, (size_t)main_plan.num_groups * sizeof(ar_combine_group));
+    memcpy(h + o_pqsl, pre_qsl, sizeof pre_qsl);
+    memcpy(h + o_pseq, pre_seq, sizeof pre_seq);
+    if (cascade) memcpy(h + o_sseq, suf_seq, (size_t)R * 4);
+    memcpy(h + o_pwork, pre_plan.work, (size_t)pre_plan.num_work * sizeof(ar_attn_work));
+    memcpy(h + o_pgroups, pre_plan.groups, (size_t)pre_plan.num_groups * sizeof(ar_combine_group));
+    free(suf_seq);
 
     if ((rc = cuda_fail(cudaMemcpyAsync(s->meta.ptr, s->h_meta, meta_bytes, cudaMemcpyHostToDevice, s->stream),
-                        "metadata upload", err, err_len)))
+                        "metadata upload", err, err_len))) {
+        pass_plan_free(&main_plan);
+        pass_plan_free(&pre_plan);
         return rc;
+    }
     unsigned char *d = (unsigned char *)s->meta.ptr;
     s->d_qsl = (int *)(d + o_qsl);
     s->d_seq = (int *)(d + o_seq);
@@ -664,48 +782,81 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     s->d_block_keys = (uint64_t *)(d + o_bkeys);
     s->d_work = (ar_attn_work *)(d + o_work);
     s->d_groups = (ar_combine_group *)(d + o_groups);
+    s->d_pre_qsl = (int *)(d + o_pqsl);
+    s->d_pre_seq = (int *)(d + o_pseq);
+    s->d_suf_seq = (int *)(d + o_sseq);
+    s->d_pre_work = (ar_attn_work *)(d + o_pwork);
+    s->d_pre_groups = (ar_combine_group *)(d + o_pgroups);
 
     /* per-step device buffers */
     size_t q_bytes = (size_t)T * s->hq * s->head_size * 2 + 16;
     size_t kv_bytes = (size_t)T * s->hkv * s->head_size * 2 + 16;
+    size_t lse_payload = (size_t)s->hq * T * 4 + 16;
     s->out_bytes = round_up(q_bytes, 256);
-    s->lse_bytes = round_up((size_t)s->hq * T * 4 + 16, 256);
+    s->lse_bytes = round_up(lse_payload, 256);
     size_t out_need = 2 * AR_GUARD_BYTES + s->out_bytes, lse_need = 2 * AR_GUARD_BYTES + s->lse_bytes;
     bool out_new = out_need > s->out.cap, lse_new = lse_need > s->lse.cap;
+    int64_t np = main_plan.num_partials > 0 ? main_plan.num_partials : 1;
     if ((rc = ensure_buf(&s->q, q_bytes, "Q buffer", err, err_len)) ||
         (rc = ensure_buf(&s->knew, kv_bytes, "new K buffer", err, err_len)) ||
         (rc = ensure_buf(&s->vnew, kv_bytes, "new V buffer", err, err_len)) ||
         (rc = ensure_buf(&s->out, out_need, "out buffer", err, err_len)) ||
         (rc = ensure_buf(&s->lse, lse_need, "LSE buffer", err, err_len)) ||
-        (rc = ensure_buf(&s->part_o, (size_t)(n_partials > 0 ? n_partials : 1) * rows * s->template_hd * 4,
-                         "split partials", err, err_len)) ||
-        (rc = ensure_buf(&s->part_lse, (size_t)(n_partials > 0 ? n_partials : 1) * rows * 4, "split LSE", err,
-                         err_len)) ||
-        (rc = ensure_host(&s->h_out, &s->h_out_cap, out_need + lse_need, err, err_len)))
+        (rc = ensure_buf(&s->part_o, (size_t)np * rows * s->template_hd * 4, "split partials", err, err_len)) ||
+        (rc = ensure_buf(&s->part_lse, (size_t)np * rows * 4, "split LSE", err, err_len)) ||
+        (rc = ensure_host(&s->h_out, &s->h_out_cap, out_need + lse_need, err, err_len))) {
+        pass_plan_free(&main_plan);
+        pass_plan_free(&pre_plan);
         return rc;
+    }
+    if (cascade) {
+        int64_t pnp = pre_plan.num_partials > 0 ? pre_plan.num_partials : 1;
+        int prow = pre_plan.geom.rows;
+        if ((rc = ensure_buf(&s->pre_out, q_bytes, "prefix out", err, err_len)) ||
+            (rc = ensure_buf(&s->suf_out, q_bytes, "suffix out", err, err_len)) ||
+            (rc = ensure_buf(&s->pre_lse, lse_payload, "prefix LSE", err, err_len)) ||
+            (rc = ensure_buf(&s->suf_lse, lse_payload, "suffix LSE", err, err_len)) ||
+            (rc = ensure_buf(&s->pre_part_o, (size_t)pnp * prow * s->template_hd * 4, "prefix partials", err, err_len)) ||
+            (rc = ensure_buf(&s->pre_part_lse, (size_t)pnp * prow * 4, "prefix split LSE", err, err_len))) {
+            pass_plan_free(&main_plan);
+            pass_plan_free(&pre_plan);
+            return rc;
+        }
+    }
     /* guards: the whole buffer gets the pattern whenever it is (re)allocated; the payload is
      * overwritten with NaN before each forward, so only the two ends keep the pattern. */
     if (out_new && (rc = cuda_fail(cudaMemsetAsync(s->out.ptr, AR_GUARD_BYTE, s->out.cap, s->stream), "guard", err, err_len)))
-        return rc;
+        goto done;
     if (lse_new && (rc = cuda_fail(cudaMemsetAsync(s->lse.ptr, AR_GUARD_BYTE, s->lse.cap, s->stream), "guard", err, err_len)))
-        return rc;
+        goto done;
     /* the payload moves with T: re-stamp the area after it so that the guard is intact */
     if ((rc = cuda_fail(cudaMemsetAsync((char *)s->out.ptr + AR_GUARD_BYTES + s->out_bytes, AR_GUARD_BYTE,
                                         s->out.cap - AR_GUARD_BYTES - s->out_bytes, s->stream), "guard", err, err_len)) ||
         (rc = cuda_fail(cudaMemsetAsync((char *)s->lse.ptr + AR_GUARD_BYTES + s->lse_bytes, AR_GUARD_BYTE,
                                         s->lse.cap - AR_GUARD_BYTES - s->lse_bytes, s->stream), "guard", err, err_len)))
-        return rc;
+        goto done;
     s->num_reqs = R;
     s->num_tokens = T;
     s->mbpr = mbpr;
-    s->config = config;
-    s->geom = geom;
-    s->num_work = (int)n_work;
-    s->num_groups = (int)n_groups;
-    s->num_partials = (int)n_partials;
-    s->num_splits = splits;
+    s->config = main_plan.config;
+    s->geom = main_plan.geom;
+    s->num_work = (int)main_plan.num_work;
+    s->num_groups = (int)main_plan.num_groups;
+    s->num_partials = (int)main_plan.num_partials;
+    s->num_splits = main_plan.num_splits;
+    s->cascade = cascade ? 1 : 0;
+    s->prefix_len = P;
+    s->pre_config = pre_plan.config;
+    s->pre_geom = pre_plan.geom;
+    s->pre_num_work = (int)pre_plan.num_work;
+    s->pre_num_groups = (int)pre_plan.num_groups;
+    s->pre_num_partials = (int)pre_plan.num_partials;
+    s->pre_num_splits = pre_plan.num_splits;
     s->step_ready = 1;
-    return 0;
+done:
+    pass_plan_free(&main_plan);
+    pass_plan_free(&pre_plan);
+    return rc;
 }
 
 static int cuda_fill(void *state, int layer, const ar_fill *f, char *err, size_t err_len)
@@ -772,7 +923,53 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
     a->fault = (int)s->cfg.fault;
 }
 
-/* One timed pass: write, attention, combine; events ev[0..3] around them when timed. */
+/* One attention launch and, when it splits, its combine; between the two, the event `mid` is
+ * recorded when given. */
+static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, int config, int num_work,
+                                    int num_groups, int rows, cudaEvent_t mid)
+{
+    cudaError_t e = s->bf16 ? ar_attn_launch_bf16(config, s->template_hd, a, num_work, s->stream)
+                            : ar_attn_launch_fp16(config, s->template_hd, a, num_work, s->stream);
+    if (e != cudaSuccess) return e;
+    if (mid) cudaEventRecord(mid, s->stream);
+    if (num_groups <= 0) return cudaSuccess;
+    if (s->bf16)
+        ar_attn::combine_kernel<__nv_bfloat16><<<num_groups, 256, 0, s->stream>>>(*a, rows, s->template_hd);
+    else
+        ar_attn::combine_kernel<__half><<<num_groups, 256, 0, s->stream>>>(*a, rows, s->template_hd);
+    return cudaGetLastError();
+}
+
+/* The cascade passes' arguments, from the flat ones (fill_args): the suffix pass reads keys
+ * P..seq_len-1 through the block table shifted by P / block_size and writes suf_out/suf_lse;
+ * the prefix pass runs all T queries as one non-causal sequence over keys 0..P-1 of row 0 and
+ * writes pre_out/pre_lse.  The LSE_BASE2 fault is left to the merge (the merged LSE is what
+ * the engine sees). */
+static void cascade_args(const cuda_state *s, const ar_attn_args *flat, ar_attn_args *pre, ar_attn_args *suf)
+{
+    *suf = *flat;
+    if (suf->fault == AR_FAULT_LSE_BASE2) suf->fault = AR_FAULT_NONE;
+    suf->out = s->suf_out.ptr;
+    suf->lse = (float *)s->suf_lse.ptr;
+    suf->seq_lens = s->d_suf_seq;
+    suf->block_table = s->d_bt + s->prefix_len / s->block_size;
+    *pre = *suf;
+    pre->out = s->pre_out.ptr;
+    pre->lse = (float *)s->pre_lse.ptr;
+    pre->partial_o = (float *)s->pre_part_o.ptr;
+    pre->partial_lse = (float *)s->pre_part_lse.ptr;
+    pre->query_start_loc = s->d_pre_qsl;
+    pre->seq_lens = s->d_pre_seq;
+    pre->block_table = s->d_bt;
+    pre->work = s->d_pre_work;
+    pre->groups = s->d_pre_groups;
+    pre->sliding_window = 0;
+    pre->non_causal = 1;
+}
+
+/* One timed pass; events around the kernels when timed:
+ *   flat:    ev0 write ev1 attention ev2 combine (when split) ev3
+ *   cascade: ev0 write ev1 prefix (+ combine) ev2 suffix (+ combine) ev3 merge ev4 */
 static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, bool timed)
 {
     cudaError_t e;
@@ -783,18 +980,34 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
                                                              s->d_slots, kc, kc + s->side_elems, s->hkv * s->head_size);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (timed) cudaEventRecord(s->ev[1], s->stream);
-    e = s->bf16 ? ar_attn_launch_bf16(s->config, s->template_hd, a, s->num_work, s->stream)
-                : ar_attn_launch_fp16(s->config, s->template_hd, a, s->num_work, s->stream);
+    if (!s->cascade) {
+        e = launch_attention(s, a, s->config, s->num_work, s->num_groups, s->geom.rows, timed ? s->ev[2] : NULL);
+        if (e != cudaSuccess) return e;
+        if (timed) cudaEventRecord(s->ev[3], s->stream);
+        return cudaSuccess;
+    }
+    ar_attn_args pre, suf;
+    cascade_args(s, a, &pre, &suf);
+    e = launch_attention(s, &pre, s->pre_config, s->pre_num_work, s->pre_num_groups, s->pre_geom.rows, NULL);
     if (e != cudaSuccess) return e;
     if (timed) cudaEventRecord(s->ev[2], s->stream);
-    if (s->num_groups > 0) {
+    e = launch_attention(s, &suf, s->config, s->num_work, s->num_groups, s->geom.rows, NULL);
+    if (e != cudaSuccess) return e;
+    if (timed) cudaEventRecord(s->ev[3], s->stream);
+    int64_t pairs = (int64_t)s->num_tokens * s->hq * (s->head_size / 2);
+    int nofw = s->cfg.fault == AR_FAULT_MERGE_NO_WEIGHTS, base2 = s->cfg.fault == AR_FAULT_LSE_BASE2;
+    if (pairs > 0) {
         if (s->bf16)
-            ar_attn::combine_kernel<__nv_bfloat16><<<s->num_groups, 256, 0, s->stream>>>(*a, s->geom.rows, s->template_hd);
+            ar_attn::merge_kernel<__nv_bfloat16><<<grid_for(pairs, 256), 256, 0, s->stream>>>(
+                (const __nv_bfloat16 *)pre.out, pre.lse, (const __nv_bfloat16 *)suf.out, suf.lse,
+                (__nv_bfloat16 *)a->out, a->lse, s->num_tokens, s->hq, s->head_size, nofw, base2);
         else
-            ar_attn::combine_kernel<__half><<<s->num_groups, 256, 0, s->stream>>>(*a, s->geom.rows, s->template_hd);
+            ar_attn::merge_kernel<__half><<<grid_for(pairs, 256), 256, 0, s->stream>>>(
+                (const __half *)pre.out, pre.lse, (const __half *)suf.out, suf.lse, (__half *)a->out, a->lse,
+                s->num_tokens, s->hq, s->head_size, nofw, base2);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
-    if (timed) cudaEventRecord(s->ev[3], s->stream);
+    if (timed) cudaEventRecord(s->ev[4], s->stream);
     return cudaSuccess;
 }
 
@@ -862,7 +1075,11 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
     ar_attn_args a;
     fill_args(s, layer, &a);
     int repeat = s->cfg.repeat > 0 ? s->cfg.repeat : 1;
-    double *times = (double *)malloc(sizeof(double) * 4 * (size_t)repeat);
+    /* kernels timed: flat write, attn, combine (reported when the plan splits); cascade write,
+     * prefix, suffix, merge (each pass's combine inside its time).  times[k * repeat + i] =
+     * kernel k of repeat i; the last row is the total. */
+    const int nk = s->cascade ? 4 : 3;
+    double *times = (double *)malloc(sizeof(double) * (size_t)(nk + 1) * (size_t)repeat);
     if (!times) {
         snprintf(err, err_len, "cuda backend: out of host memory");
         return 3;
@@ -873,30 +1090,27 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
     }
     for (int i = 0; i < repeat; i++) {
         if ((rc = cuda_fail(run_pass(s, &a, layer, true), "attention launch", err, err_len)) ||
-            (rc = cuda_fail(cudaEventSynchronize(s->ev[3]), "attention kernels", err, err_len))) {
+            (rc = cuda_fail(cudaEventSynchronize(s->ev[nk]), "attention kernels", err, err_len))) {
             free(times);
             return rc;
         }
-        float ms[3];
-        cudaEventElapsedTime(&ms[0], s->ev[0], s->ev[1]);
-        cudaEventElapsedTime(&ms[1], s->ev[1], s->ev[2]);
-        cudaEventElapsedTime(&ms[2], s->ev[2], s->ev[3]);
-        times[i] = ms[0] * 1e3;
-        times[repeat + i] = ms[1] * 1e3;
-        times[2 * repeat + i] = ms[2] * 1e3;
-        times[3 * repeat + i] = (ms[0] + ms[1] + ms[2]) * 1e3;
+        double total = 0;
+        for (int k = 0; k < nk; k++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, s->ev[k], s->ev[k + 1]);
+            times[k * repeat + i] = ms * 1e3;
+            total += ms * 1e3;
+        }
+        times[nk * repeat + i] = total;
     }
-    o->kernels[0].name = "write";
-    o->kernels[0].us = median(times, repeat);
-    o->kernels[1].name = "attn";
-    o->kernels[1].us = median(times + repeat, repeat);
-    o->num_kernels = 2;
-    if (s->num_groups > 0) {
-        o->kernels[2].name = "combine";
-        o->kernels[2].us = median(times + 2 * repeat, repeat);
-        o->num_kernels = 3;
+    static const char *const flat_names[] = {"write", "attn", "combine"};
+    static const char *const cascade_names[] = {"write", "prefix", "suffix", "merge"};
+    for (int k = 0; k < nk; k++) {
+        o->kernels[k].name = s->cascade ? cascade_names[k] : flat_names[k];
+        o->kernels[k].us = median(times + k * repeat, repeat);
     }
-    o->total_us = median(times + 3 * repeat, repeat);
+    o->num_kernels = s->cascade || s->num_groups > 0 ? nk : 2;
+    o->total_us = median(times + nk * repeat, repeat);
     free(times);
 
     /* results and guards back */
@@ -949,6 +1163,67 @@ extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
     info->num_groups = s->num_groups;
     info->ctas_per_sm = s->ctas_per_sm[s->config];
     info->num_sms = s->num_sms;
+    info->cascade = s->cascade;
+    info->prefix_len = s->prefix_len;
+    info->prefix_config = s->pre_config;
+    info->prefix_num_work = s->pre_num_work;
+    info->prefix_num_splits = s->pre_num_splits;
+}
+
+extern "C" int ar_cuda_merge_states(ar_dtype dtype, int num_tokens, int num_heads, int head_size,
+                                    const float *prefix_out, const float *prefix_lse, const float *suffix_out,
+                                    const float *suffix_lse, int no_weights, float *out, float *lse, char *err,
+                                    size_t err_len)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        snprintf(err, err_len, "no CUDA device");
+        return 3;
+    }
+    if ((dtype != AR_BF16 && dtype != AR_FP16) || num_tokens < 0 || num_heads <= 0 || head_size <= 0 ||
+        head_size % 2 != 0) {
+        snprintf(err, err_len, "merge: dtype %s, %d tokens, %d heads, head size %d (rule: fp16/bf16, even head size)",
+                 ar_dtype_name(dtype), num_tokens, num_heads, head_size);
+        return 2;
+    }
+    size_t n = (size_t)num_tokens * num_heads * head_size, nl = (size_t)num_tokens * num_heads;
+    uint16_t *h = (uint16_t *)malloc((n > 0 ? n : 1) * 2 * 2);
+    if (!h) {
+        snprintf(err, err_len, "merge: out of host memory");
+        return 3;
+    }
+    for (size_t i = 0; i < n; i++) {
+        h[i] = dtype == AR_BF16 ? ar_f32_to_bf16(prefix_out[i]) : ar_f32_to_fp16(prefix_out[i]);
+        h[n + i] = dtype == AR_BF16 ? ar_f32_to_bf16(suffix_out[i]) : ar_f32_to_fp16(suffix_out[i]);
+    }
+    unsigned char *d = NULL;
+    size_t o_out = round_up(2 * n * 2, 256), o_lse = o_out + round_up(n * 2, 256);
+    size_t total = o_lse + 3 * round_up(nl * 4, 256) + 256;
+    int rc = cuda_fail(cudaMalloc((void **)&d, total), "merge buffers", err, err_len);
+    float *d_pl = (float *)(d + o_lse), *d_sl = d_pl + round_up(nl * 4, 256) / 4, *d_l = d_sl + round_up(nl * 4, 256) / 4;
+    if (!rc) rc = cuda_fail(cudaMemcpy(d, h, 2 * n * 2, cudaMemcpyHostToDevice), "merge upload", err, err_len);
+    if (!rc) rc = cuda_fail(cudaMemcpy(d_pl, prefix_lse, nl * 4, cudaMemcpyHostToDevice), "merge upload", err, err_len);
+    if (!rc) rc = cuda_fail(cudaMemcpy(d_sl, suffix_lse, nl * 4, cudaMemcpyHostToDevice), "merge upload", err, err_len);
+    int64_t pairs = (int64_t)nl * (head_size / 2);
+    if (!rc && pairs > 0) {
+        if (dtype == AR_BF16)
+            ar_attn::merge_kernel<__nv_bfloat16><<<grid_for(pairs, 256), 256>>>(
+                (const __nv_bfloat16 *)d, d_pl, (const __nv_bfloat16 *)d + n, d_sl, (__nv_bfloat16 *)(d + o_out), d_l,
+                num_tokens, num_heads, head_size, no_weights, 0);
+        else
+            ar_attn::merge_kernel<__half><<<grid_for(pairs, 256), 256>>>(
+                (const __half *)d, d_pl, (const __half *)d + n, d_sl, (__half *)(d + o_out), d_l, num_tokens,
+                num_heads, head_size, no_weights, 0);
+        rc = cuda_fail(cudaGetLastError(), "merge kernel", err, err_len);
+    }
+    if (!rc) rc = cuda_fail(cudaMemcpy(h, d + o_out, n * 2, cudaMemcpyDeviceToHost), "merge download", err, err_len);
+    if (!rc) rc = cuda_fail(cudaMemcpy(lse, d_l, nl * 4, cudaMemcpyDeviceToHost), "merge download", err, err_len);
+    if (!rc)
+        for (size_t i = 0; i < n; i++) out[i] = dtype == AR_BF16 ? ar_bf16_to_f32(h[i]) : ar_fp16_to_f32(h[i]);
+    if (d) cudaFree(d);
+    free(h);
+    return rc;
 }
 
 extern "C" int ar_cuda_poke_guard(void *state)

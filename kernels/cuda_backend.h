@@ -34,6 +34,12 @@ typedef struct ar_cuda_plan_info {
     int num_groups;      /* split groups merged by the combine kernel */
     int ctas_per_sm;
     int num_sms;
+    /* cascade (common_prefix_len > 0): the fields above describe the suffix pass */
+    int cascade;           /* 1 when this step runs prefix + suffix + merge */
+    int prefix_len;        /* P */
+    int prefix_config;     /* geometry of the prefix pass */
+    int prefix_num_work;   /* CTAs of the prefix pass */
+    int prefix_num_splits; /* its split count */
 } ar_cuda_plan_info;
 void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info);
 
@@ -43,6 +49,17 @@ void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info);
 int ar_cuda_gen_values(uint64_t seed, uint32_t stream, uint32_t layer, uint64_t key,
                        uint64_t pos0, uint32_t head, int num_pos, int dim, ar_datadist dist,
                        ar_dtype dtype, float *out /* [num_pos, dim] */, char *err, size_t err_len);
+
+/* Runs the cascade merge kernel (vLLM merge_attn_states semantics, see cuda_attn.cuh) once on
+ * the device, for the merge tests.  Outputs are rounded to dtype (fp16/bf16) on the way in, as
+ * the backend holds them; the merged out comes back as floats of dtype values.
+ *   prefix_out, suffix_out, out [num_tokens, num_heads, head_size]
+ *   prefix_lse, suffix_lse, lse [num_heads, num_tokens] natural log
+ * no_weights: the MERGE_NO_WEIGHTS fault.  0 ok; no device: 3 with err set. */
+int ar_cuda_merge_states(ar_dtype dtype, int num_tokens, int num_heads, int head_size,
+                         const float *prefix_out, const float *prefix_lse, const float *suffix_out,
+                         const float *suffix_lse, int no_weights, float *out, float *lse, char *err,
+                         size_t err_len);
 
 /* Overwrites one word inside the device guard region after the out buffer (test hook that
  * proves guard checking works); the next forward must report guard_violations > 0. */

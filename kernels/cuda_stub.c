@@ -96,6 +96,17 @@ int ar_cuda_gen_values(uint64_t seed, uint32_t stream, uint32_t layer, uint64_t 
     return 3;
 }
 
+int ar_cuda_merge_states(ar_dtype dtype, int num_tokens, int num_heads, int head_size,
+                         const float *prefix_out, const float *prefix_lse, const float *suffix_out,
+                         const float *suffix_lse, int no_weights, float *out, float *lse, char *err,
+                         size_t err_len)
+{
+    (void)dtype; (void)num_tokens; (void)num_heads; (void)head_size; (void)prefix_out;
+    (void)prefix_lse; (void)suffix_out; (void)suffix_lse; (void)no_weights; (void)out; (void)lse;
+    snprintf(err, err_len, "%s", stub_reason);
+    return 3;
+}
+
 int ar_cuda_poke_guard(void *state)
 {
     (void)state;

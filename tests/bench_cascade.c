@@ -1,0 +1,234 @@
+/* bench_cascade.c - cascade attention vs flat attention on the "cuda" backend, in the same run
+ * (issue 5): decode batches of 128 requests (one new token each) that share a prefix of P =
+ * 1k, 8k or 32k tokens (the same physical blocks, as vLLM's prefix cache gives them) and have
+ * unique suffixes of S = 128 or 256 tokens (the new token included); Hq 32, Hkv 8, head size
+ * 128, bf16, block 16.
+ *
+ * Each case fills the cache once, then times through the backend's own forward() (CUDA events,
+ * one warm-up, median of REPEAT): flat (common_prefix_len 0: attention + split combine) and
+ * cascade (common_prefix_len P: prefix + suffix + merge); the KV write is left out of both.
+ * It prints both times, their ratio, the ideal bytes ratio B(P+S) / (P + B S) (K/V read once
+ * per request vs once in all), the prefix pass's TFLOP/s (4 T Hq P hd flops) and the largest
+ * |cascade - flat| over the outputs (both are rounded to bf16; a big value means a bug).
+ * Target (issue 5): cascade >= 20x faster at P 32k, S 128.
+ *
+ * Usage: bench_cascade [REPEAT] (default 20).  One "RESULT name=..." line per case, then a
+ * table.  Skips with the backend's reason when there is no GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cuda_backend.h"
+
+#define CASC_BATCH 128
+#define CASC_HQ 32
+#define CASC_HKV 8
+#define CASC_HD 128
+#define CASC_BLOCK 16
+
+typedef struct casc_row {
+    int prefix, suffix;
+    double flat_us, casc_us, prefix_us, suffix_us, merge_us, ideal, prefix_tflops, max_diff;
+    int prefix_splits, prefix_work, flat_splits;
+    int ok;
+} casc_row;
+
+static uint64_t bench_mix(uint64_t x)
+{
+    x ^= x >> 31;
+    x *= 0x9e3779b97f4a7c15ull;
+    x ^= x >> 29;
+    return x;
+}
+
+/* Attention time of one forward (everything but the KV write). */
+static double attention_us(const ar_forward_out *o)
+{
+    double us = 0;
+    for (int k = 0; k < o->num_kernels; k++)
+        if (strcmp(o->kernels[k].name, "write") != 0) us += o->kernels[k].us;
+    return us;
+}
+
+static double kernel_us(const ar_forward_out *o, const char *name)
+{
+    for (int k = 0; k < o->num_kernels; k++)
+        if (strcmp(o->kernels[k].name, name) == 0) return o->kernels[k].us;
+    return 0;
+}
+
+/* Runs one (P, S) case; 0 ok, 1 error, 2 skipped (no GPU). */
+static int run_case(int P, int S, int repeat, casc_row *row)
+{
+    const int B = CASC_BLOCK, R = CASC_BATCH, T = R;
+    memset(row, 0, sizeof *row);
+    row->prefix = P;
+    row->suffix = S;
+    ar_run_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.model.name, sizeof c.model.name, "bench-cascade");
+    c.model.attention = AR_ATTN_MHA;
+    c.model.num_layers = 1;
+    c.model.num_q_heads = CASC_HQ;
+    c.model.num_kv_heads = CASC_HKV;
+    c.model.head_size = CASC_HD;
+    c.model.v_head_dim = CASC_HD;
+    c.model.scale = 1.0 / sqrt((double)CASC_HD);
+    c.block_size = B;
+    c.dtype = AR_BF16;
+    c.kv_dtype = AR_BF16;
+    c.kv_scale = 1.0;
+    c.num_layers = 1;
+    c.seed = 11;
+    c.cascade_mode = 2;
+    c.repeat = repeat;
+    const int shared = P / B, own = (S + B - 1) / B, mbpr = shared + own;
+    c.num_blocks = 1 + shared + R * own;
+    char why[256] = "";
+    if (!ar_cuda_backend.check(&c, why, sizeof why)) {
+        printf("SKIP cascade P %d S %d: %s\n", P, S, why);
+        return 2;
+    }
+    void *st = NULL;
+    char err[512] = "";
+    if (ar_cuda_backend.open(&c, &st, err, sizeof err)) {
+        printf("ERROR cascade P %d S %d: %s\n", P, S, err);
+        return 1;
+    }
+    int *qsl = calloc((size_t)R + 1, sizeof(int)), *seq = calloc((size_t)R, sizeof(int));
+    int *ctx = calloc((size_t)R, sizeof(int)), *bt = calloc((size_t)R * mbpr, sizeof(int));
+    uint64_t *bkeys = calloc((size_t)R * mbpr, sizeof(uint64_t)), *rkeys = calloc((size_t)R, sizeof(uint64_t));
+    int64_t *slots = calloc((size_t)T, sizeof(int64_t));
+    int fill_count = P + R * (S - 1);
+    int64_t *fslots = calloc((size_t)fill_count, sizeof(int64_t));
+    uint64_t *fkeys = calloc((size_t)fill_count, sizeof(uint64_t));
+    int *foffs = calloc((size_t)fill_count, sizeof(int));
+    size_t no = (size_t)T * CASC_HQ * CASC_HD;
+    float *out_flat = malloc(sizeof(float) * no), *out_casc = malloc(sizeof(float) * no);
+    float *lse = malloc(sizeof(float) * (size_t)T * CASC_HQ);
+    if (!qsl || !seq || !ctx || !bt || !bkeys || !rkeys || !slots || !fslots || !fkeys || !foffs || !out_flat ||
+        !out_casc || !lse) {
+        printf("ERROR cascade P %d S %d: out of memory\n", P, S);
+        return 1;
+    }
+    /* blocks: the shared prefix 1 .. shared, then each request's own ones, scrambled */
+    const int nb_own = R * own;
+    int fk = 0;
+    for (int i = 0; i < shared; i++) {
+        for (int p = 0; p < B; p++) {
+            fslots[fk] = (int64_t)(1 + i) * B + p;
+            fkeys[fk] = bench_mix(7 + (uint64_t)i);
+            foffs[fk] = p;
+            fk++;
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        seq[r] = P + S;
+        ctx[r] = P + S - 1;
+        qsl[r + 1] = r + 1;
+        rkeys[r] = bench_mix(5000 + (uint64_t)r);
+        for (int i = 0; i < mbpr; i++) {
+            if (i < shared) {
+                bt[r * mbpr + i] = 1 + i;
+                bkeys[r * mbpr + i] = bench_mix(7 + (uint64_t)i);
+            } else {
+                int k = r * own + (i - shared);
+                bt[r * mbpr + i] = 1 + shared + (int)(((int64_t)k * 7919) % nb_own);
+                bkeys[r * mbpr + i] = bench_mix(1000003 * (uint64_t)(r + 1) + (uint64_t)i);
+            }
+        }
+        for (int p = P; p < ctx[r]; p++) {
+            fslots[fk] = (int64_t)bt[r * mbpr + p / B] * B + p % B;
+            fkeys[fk] = bkeys[r * mbpr + p / B];
+            foffs[fk] = p % B;
+            fk++;
+        }
+        int p = ctx[r];
+        slots[r] = (int64_t)bt[r * mbpr + p / B] * B + p % B;
+    }
+    int rc = 0;
+    ar_fill f = {fk, fslots, fkeys, foffs};
+    if (ar_cuda_backend.fill(st, 0, &f, err, sizeof err)) {
+        printf("ERROR cascade P %d S %d: fill: %s\n", P, S, err);
+        rc = 1;
+    }
+    ar_batch b = {1, R, T, qsl, seq, ctx, 1, P + S, mbpr, bt, bkeys, rkeys, slots, 0};
+    ar_forward_out o;
+    ar_cuda_plan_info pi;
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        b.common_prefix_len = pass ? P : 0;
+        memset(&o, 0, sizeof o);
+        o.out = pass ? out_casc : out_flat;
+        o.lse = lse;
+        if (ar_cuda_backend.prepare(st, &b, err, sizeof err) || ar_cuda_backend.forward(st, 0, &b, &o, err, sizeof err)) {
+            printf("ERROR cascade P %d S %d (%s): %s\n", P, S, pass ? "cascade" : "flat", err);
+            rc = 1;
+            break;
+        }
+        ar_cuda_plan_of(st, &pi);
+        if (!pass) {
+            row->flat_us = attention_us(&o);
+            row->flat_splits = pi.num_splits;
+        } else {
+            row->casc_us = attention_us(&o);
+            row->prefix_us = kernel_us(&o, "prefix");
+            row->suffix_us = kernel_us(&o, "suffix");
+            row->merge_us = kernel_us(&o, "merge");
+            row->prefix_splits = pi.prefix_num_splits;
+            row->prefix_work = pi.prefix_num_work;
+        }
+    }
+    if (!rc) {
+        double md = 0;
+        for (size_t i = 0; i < no; i++) {
+            double d = fabs((double)out_casc[i] - (double)out_flat[i]);
+            if (d != d) d = INFINITY;
+            if (d > md) md = d;
+        }
+        row->max_diff = md;
+        row->ideal = (double)R * (P + S) / ((double)P + (double)R * S);
+        row->prefix_tflops = 4.0 * T * CASC_HQ * (double)P * CASC_HD / row->prefix_us * 1e-6;
+        row->ok = md < 0.05;
+        printf("RESULT name=cascade_b128_p%d_s%d flat_us=%.1f cascade_us=%.1f speedup=%.2f ideal=%.1f "
+               "prefix_us=%.1f suffix_us=%.1f merge_us=%.1f prefix_tflops=%.1f prefix_splits=%d prefix_work=%d "
+               "flat_splits=%d max_diff=%.3g\n", P, S, row->flat_us, row->casc_us, row->flat_us / row->casc_us,
+               row->ideal, row->prefix_us, row->suffix_us, row->merge_us, row->prefix_tflops, row->prefix_splits,
+               row->prefix_work, row->flat_splits, md);
+        if (!row->ok) rc = 1;
+    }
+    ar_cuda_backend.close(st);
+    free(qsl); free(seq); free(ctx); free(bt); free(bkeys); free(rkeys); free(slots);
+    free(fslots); free(fkeys); free(foffs); free(out_flat); free(out_casc); free(lse);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    int repeat = argc > 1 ? atoi(argv[1]) : 20;
+    if (repeat < 1) repeat = 20;
+    static const int prefixes[] = {1024, 8192, 32768};
+    static const int suffixes[] = {128, 256};
+    casc_row rows[6];
+    int n = 0, rc = 0;
+    for (int p = 0; p < 3; p++)
+        for (int s = 0; s < 2; s++) {
+            int r = run_case(prefixes[p], suffixes[s], repeat, &rows[n]);
+            if (r == 2) return 0;
+            if (r == 0) n++;
+            else rc = 1;
+        }
+    printf("\ncascade vs flat, decode B=128, Hq 32 / Hkv 8, hd 128, bf16, block 16 (attention us, KV write excluded)\n");
+    printf("| prefix | suffix | flat us | cascade us | speedup | ideal bytes ratio | prefix us (TFLOP/s, splits) | suffix us | merge us | max |c-f| |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < n; i++)
+        printf("| %d | %d | %.1f | %.1f | %.2fx | %.1fx | %.1f (%.0f, %d) | %.1f | %.1f | %.3g |\n", rows[i].prefix,
+               rows[i].suffix, rows[i].flat_us, rows[i].casc_us, rows[i].flat_us / rows[i].casc_us, rows[i].ideal,
+               rows[i].prefix_us, rows[i].prefix_tflops, rows[i].prefix_splits, rows[i].suffix_us, rows[i].merge_us,
+               rows[i].max_diff);
+    for (int i = 0; i < n; i++)
+        if (rows[i].prefix == 32768 && rows[i].suffix == 128)
+            printf("target (>= 20x at prefix 32k, suffix 128): %.2fx -> %s\n", rows[i].flat_us / rows[i].casc_us,
+                   rows[i].flat_us / rows[i].casc_us >= 20.0 ? "met" : "MISSED");
+    return rc;
+}

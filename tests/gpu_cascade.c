@@ -1,0 +1,302 @@
+/* gpu_cascade.c - GPU tests of cascade attention in the "cuda" backend (kernels/cuda_backend.cu:
+ * prefix pass, suffix pass, merge kernel) against the float64 reference and the backend's own
+ * flat path, through the verifier the replay uses (replay/verify.h).
+ *
+ * Cases: vLLM's tests/kernels/attention/test_cascade_flash_attn.py::test_cascade - general
+ * [(129,871),(18,280),(37,988),(1023,2304),(1,257)] with P = 256 and flash-decoding
+ * [(1,1023),(1,879),(1,778),(1,1777)] x 100 with P = 512; heads (4,4), (8,2), (16,2); head sizes
+ * 128, 192 (generic path), 256; fp16 and bf16; soft cap none and 50.  Every request shares the
+ * first P / block_size physical blocks (same content keys); each case runs flat (P = 0) and
+ * cascade (P) on the same cache: both must pass the verifier and agree with each other within
+ * the sum of their tolerances on every element.  The merge kernel runs on a subset of vLLM's
+ * test_merge_attn_states grid with ~10% +inf LSEs on each side (never both), plus rows with
+ * -inf on one side and on both, against ar_ref_merge.  Planted faults (merge without weights,
+ * LSE base 2, causal off by one, no rescale) are flagged on a cascade step.
+ * AR_GPU_SMALL=1 (compute-sanitizer runs) keeps only head size 128 and a short merge grid.
+ * Every test skips with the backend's reason when there is no GPU. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cuda_backend.h"
+#include "../reference/reference.h"
+#include "cascade_cases.h"
+
+static bool casc_small(void)
+{
+    const char *e = getenv("AR_GPU_SMALL");
+    return e && e[0] == '1';
+}
+
+static bool casc_gpu_ready(void)
+{
+    ar_run_config c;
+    memset(&c, 0, sizeof c);
+    c.model.attention = AR_ATTN_MHA;
+    c.model.num_q_heads = c.model.num_kv_heads = 4;
+    c.model.head_size = c.model.v_head_dim = 128;
+    c.block_size = 16;
+    c.num_blocks = 64;
+    c.dtype = c.kv_dtype = AR_BF16;
+    char why[256] = "";
+    if (ar_cuda_backend.check(&c, why, sizeof why)) return true;
+    print_message("skipping: %s\n", why);
+    return false;
+}
+
+/* Prints one case; returns 1 when it failed. */
+static int casc_report(const char *what, const casc_result *r)
+{
+    double tol_out = r->flat.tol_max_abs + r->casc.tol_max_abs;
+    bool agree = casc_agree(r);
+    bool ok = r->flat.pass && r->casc.pass && agree && r->guard_violations == 0 && r->casc.nan_count == 0;
+    print_message("%-40s flat %s max %.3g | cascade %s max %.3g (naive %.3g) lse %.3g | |c-f| %.3g (tol %.3g) "
+                  "lse %.3g | prefix cfg %d work %d splits %d | us flat %.1f prefix %.1f suffix %.1f merge %.1f %s%s\n",
+                  what, r->flat.pass ? "PASS" : "FAIL", r->flat.max_abs, r->casc.pass ? "PASS" : "FAIL",
+                  r->casc.max_abs, r->casc.naive_max_abs, r->casc.lse_max_abs, r->diff_max, tol_out, r->diff_lse,
+                  r->prefix_config, r->prefix_num_work, r->prefix_num_splits, r->flat_us,
+                  r->prefix_us, r->suffix_us, r->merge_us, ok ? "OK" : "FAIL ", ok ? "" : r->casc.reason);
+    return ok ? 0 : 1;
+}
+
+/* The CUDA plan of the cascade step, right after its prepare. */
+static void cuda_plan_hook(void *state, casc_result *res)
+{
+    ar_cuda_plan_info pi;
+    ar_cuda_plan_of(state, &pi);
+    assert_int_equal(pi.cascade, 1);
+    res->prefix_config = pi.prefix_config;
+    res->prefix_num_work = pi.prefix_num_work;
+    res->prefix_num_splits = pi.prefix_num_splits;
+}
+
+/* vLLM test_cascade: both sequence sets x heads x head sizes x dtypes x soft caps. */
+static void test_vllm_cascade_grid(void **unused)
+{
+    (void)unused;
+    if (!casc_gpu_ready()) { skip(); return; }
+    static const int heads[3][2] = {{4, 4}, {8, 2}, {16, 2}};
+    static const int sizes[] = {128, 192, 256};
+    static const ar_dtype dtypes[] = {AR_FP16, AR_BF16};
+    static const double caps[] = {0, 50};
+    casc_seq *fd = malloc(sizeof(casc_seq) * 400);
+    assert_non_null(fd);
+    for (int i = 0; i < 400; i++) fd[i] = casc_fd_seqs[i % 4];
+    int failures = 0, count = 0;
+    for (int set = 0; set < 2; set++)
+        for (int h = 0; h < 3; h++)
+            for (int d = 0; d < 3; d++)
+                for (int dt = 0; dt < 2; dt++)
+                    for (int c = 0; c < 2; c++) {
+                        if (casc_small() && (sizes[d] != 128 || c == 1)) continue;
+                        ar_run_config cfg = casc_cfg(heads[h][0], heads[h][1], sizes[d], set ? 32768 : 2048,
+                                                     dtypes[dt], caps[c]);
+                        /* the float64 reference on every row for the general set; the
+                         * 400-request decode set samples rows (cascade == flat covers all) */
+                        casc_result r;
+                        casc_run(&ar_cuda_backend, cuda_plan_hook, &cfg, set ? fd : casc_general_seqs, set ? 400 : 5, set ? 512 : 256, set ? 96 : 0, &r);
+                        char what[128];
+                        snprintf(what, sizeof what, "%s heads %d/%d d %d %s cap %g", set ? "decode" : "general",
+                                 heads[h][0], heads[h][1], sizes[d], ar_dtype_name(dtypes[dt]), caps[c]);
+                        failures += casc_report(what, &r);
+                        count++;
+                    }
+    free(fd);
+    print_message("vllm test_cascade grid: %d of %d cases failed\n", failures, count);
+    assert_int_equal(failures, 0);
+}
+
+/* A decode batch small enough for the DECODE geometry in the prefix pass too, a forced split
+ * of every pass, and requests whose whole context is the prefix (empty suffix keys before the
+ * new token never happen: the new token is always a suffix key). */
+static void test_cascade_small_shapes(void **unused)
+{
+    (void)unused;
+    if (!casc_gpu_ready()) { skip(); return; }
+    static const casc_seq two[] = {{1, 300}, {1, 400}};
+    static const casc_seq exact[] = {{1, 257}, {3, 259}, {16, 272}};
+    int failures = 0;
+    ar_run_config cfg = casc_cfg(4, 4, 128, 512, AR_BF16, 0);
+    casc_result r;
+    casc_run(&ar_cuda_backend, cuda_plan_hook, &cfg, two, 2, 256, 0, &r);
+    failures += casc_report("2 decodes, prefix in DECODE geometry", &r);
+    assert_int_equal(r.prefix_config, 1);
+    casc_run(&ar_cuda_backend, cuda_plan_hook, &cfg, exact, 3, 256, 0, &r);
+    failures += casc_report("context == P for every request", &r);
+    ar_run_config gqa = casc_cfg(32, 8, 128, 4096, AR_FP16, 0);
+    casc_seq many[64];
+    for (int i = 0; i < 64; i++) many[i] = (casc_seq){1, 2048 + 17 * i};
+    casc_run(&ar_cuda_backend, cuda_plan_hook, &gqa, many, 64, 2048, 0, &r);
+    failures += casc_report("64 decodes, GQA 32/8, P 2048", &r);
+    assert_true(r.prefix_num_splits > 1);
+    assert_int_equal(failures, 0);
+}
+
+/* Bad prefix lengths are refused with a reason, never run. */
+static void test_cascade_bad_prefix_refused(void **unused)
+{
+    (void)unused;
+    if (!casc_gpu_ready()) { skip(); return; }
+    static const casc_seq two[] = {{1, 300}, {1, 400}};
+    ar_run_config cfg = casc_cfg(4, 4, 128, 512, AR_BF16, 0);
+    void *state = NULL;
+    char err[512] = "";
+    assert_int_equal(ar_cuda_backend.open(&cfg, &state, err, sizeof err), 0);
+    casc_batch t;
+    casc_make(&t, &cfg, two, 2, 256);
+    ar_batch bb = t.b;
+    bb.common_prefix_len = 264;   /* not a block multiple */
+    assert_int_equal(ar_cuda_backend.prepare(state, &bb, err, sizeof err), 2);
+    assert_non_null(strstr(err, "common_prefix_len"));
+    bb.common_prefix_len = 304;   /* past request 0's context 299 */
+    assert_int_equal(ar_cuda_backend.prepare(state, &bb, err, sizeof err), 2);
+    assert_non_null(strstr(err, "context"));
+    casc_free(&t);
+    ar_cuda_backend.close(state);
+}
+
+/* Every planted fault that can touch a cascade step is flagged on one. */
+static void test_cascade_faults_flagged(void **unused)
+{
+    (void)unused;
+    if (!casc_gpu_ready()) { skip(); return; }
+    static const ar_fault faults[] = {AR_FAULT_MERGE_NO_WEIGHTS, AR_FAULT_LSE_BASE2, AR_FAULT_CAUSAL_OFF_BY_ONE,
+                                      AR_FAULT_NO_RESCALE, AR_FAULT_WRONG_KV_HEAD};
+    int missed = 0;
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) {
+        ar_run_config cfg = casc_cfg(8, 2, 128, 2048, AR_BF16, 0);
+        cfg.fault = faults[i];
+        casc_result r;
+        casc_run(&ar_cuda_backend, cuda_plan_hook, &cfg, casc_general_seqs, 5, 256, 0, &r);
+        print_message("fault %-20s cascade %s (%s)\n", ar_fault_name(faults[i]), r.casc.pass ? "PASS" : "FAIL",
+                      r.casc.reason);
+        if (r.casc.pass) missed++;
+    }
+    assert_int_equal(missed, 0);
+}
+
+/* Normal-ish values from the test RNG. */
+static float casc_randn(void)
+{
+    double u1 = ((double)(casc_next() >> 11) + 0.5) / 9007199254740992.0;
+    double u2 = (double)(casc_next() >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* One merge case: returns the number of bad elements. */
+static int64_t merge_case(ar_dtype dt, int T, int H, int D, bool no_weights, double *worst_out, double *worst_lse)
+{
+    size_t no = (size_t)T * H * D, nl = (size_t)T * H;
+    float *po = malloc(no * 4), *so = malloc(no * 4), *out = malloc(no * 4);
+    float *pl = malloc(nl * 4), *sl = malloc(nl * 4), *lse = malloc(nl * 4);
+    double *dpo = malloc(no * 8), *dso = malloc(no * 8), *dout = malloc(no * 8);
+    double *dpl = malloc(nl * 8), *dsl = malloc(nl * 8), *dlse = malloc(nl * 8);
+    assert_true(po && so && out && pl && sl && lse && dpo && dso && dout && dpl && dsl && dlse);
+    for (size_t i = 0; i < no; i++) {
+        po[i] = ar_round_to(dt, casc_randn());
+        so[i] = ar_round_to(dt, casc_randn());
+        dpo[i] = po[i];
+        dso[i] = so[i];
+    }
+    /* LSEs: ~10% +inf on each side, never both (vLLM's test); every 97th row -inf on the
+     * prefix side, every 89th on the suffix side; every 211th row -inf on both */
+    for (size_t i = 0; i < nl; i++) {
+        pl[i] = 3.f * casc_randn();
+        sl[i] = 3.f * casc_randn();
+        uint64_t pick = casc_next() % 20;
+        if (pick == 0) pl[i] = INFINITY;
+        else if (pick == 1) sl[i] = INFINITY;
+        if (i % 97 == 5) pl[i] = -INFINITY;
+        if (i % 89 == 7) sl[i] = -INFINITY;
+        if (i % 211 == 3) pl[i] = sl[i] = -INFINITY;
+        dpl[i] = pl[i];
+        dsl[i] = sl[i];
+    }
+    char err[256] = "";
+    int rc = ar_cuda_merge_states(dt, T, H, D, po, pl, so, sl, no_weights ? 1 : 0, out, lse, err, sizeof err);
+    if (rc) print_message("merge: %s\n", err);
+    assert_int_equal(rc, 0);
+    if (no_weights) {
+        /* the fault adds the sides unweighted: out = round(a + b) exactly */
+        for (size_t i = 0; i < no; i++) {
+            dout[i] = ar_round_to(dt, po[i] + so[i]);
+        }
+    } else {
+        ar_ref_merge(T, H, D, dpo, dpl, dso, dsl, dout, dlse);
+    }
+    int64_t bad = 0;
+    for (size_t i = 0; i < no; i++) {
+        double d = fabs((double)out[i] - dout[i]);
+        if (!(d <= *worst_out)) *worst_out = d;
+        if (!(d <= 1e-3 + 1e-2 * fabs(dout[i]))) bad++;
+    }
+    if (!no_weights)
+        for (size_t t = 0; t < (size_t)T; t++)
+            for (size_t h = 0; h < (size_t)H; h++) {
+                size_t li = h * (size_t)T + t;
+                if (dlse[li] == -INFINITY) {
+                    /* both sides empty: lse -inf and out is the prefix side as given */
+                    if (lse[li] != -INFINITY) bad++;
+                    for (int e = 0; e < D; e++)
+                        if (out[(t * H + h) * D + e] != po[(t * H + h) * D + e]) bad++;
+                    continue;
+                }
+                double d = fabs((double)lse[li] - dlse[li]);
+                if (!(d <= *worst_lse)) *worst_lse = d;
+                if (!(d <= 1e-4 * (1.0 + fabs(dlse[li])))) bad++;
+            }
+    free(po); free(so); free(out); free(pl); free(sl); free(lse);
+    free(dpo); free(dso); free(dout); free(dpl); free(dsl); free(dlse);
+    return bad;
+}
+
+/* A subset of vLLM test_merge_attn_states' grid (tokens 256 512 613 1024 1536 4096, heads 4 8
+ * 16 32 48 64, head sizes 32 48 64 96 128 256) bounded to 6M elements a case, fp16 and bf16. */
+static void test_merge_states_grid(void **unused)
+{
+    (void)unused;
+    if (!casc_gpu_ready()) { skip(); return; }
+    static const int tokens[] = {256, 512, 613, 1024, 1536, 4096};
+    static const int heads[] = {4, 8, 16, 32, 48, 64};
+    static const int sizes[] = {32, 48, 64, 96, 128, 256};
+    static const ar_dtype dtypes[] = {AR_FP16, AR_BF16};
+    int64_t limit = casc_small() ? 200000 : 6000000;
+    int cases = 0, failed = 0;
+    double worst_out = 0, worst_lse = 0;
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++)
+            for (int c = 0; c < 6; c++)
+                for (int d = 0; d < 2; d++) {
+                    if ((int64_t)tokens[a] * heads[b] * sizes[c] > limit) continue;
+                    if ((a + b + c + d) % 3 != 0) continue;    /* a third of the grid, every axis covered */
+                    int64_t bad = merge_case(dtypes[d], tokens[a], heads[b], sizes[c], false, &worst_out, &worst_lse);
+                    if (bad) {
+                        print_message("merge %s T %d H %d D %d: %lld bad elements\n", ar_dtype_name(dtypes[d]),
+                                      tokens[a], heads[b], sizes[c], (long long)bad);
+                        failed++;
+                    }
+                    cases++;
+                }
+    print_message("merge grid: %d of %d cases failed; worst |out - ref| %.3g, |lse - ref| %.3g\n", failed, cases,
+                  worst_out, worst_lse);
+    assert_true(cases > 20);
+    assert_int_equal(failed, 0);
+    /* the fault path computes what it says, and that differs from the weighted merge */
+    double w0 = 0, w1 = 0;
+    assert_int_equal(merge_case(AR_BF16, 256, 8, 128, true, &w0, &w1), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_merge_states_grid),
+        cmocka_unit_test(test_cascade_bad_prefix_refused),
+        cmocka_unit_test(test_cascade_small_shapes),
+        cmocka_unit_test(test_cascade_faults_flagged),
+        cmocka_unit_test(test_vllm_cascade_grid),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
