@@ -5,6 +5,8 @@
 # there with the build outputs carried (bin, build/tests).  Stages, each under its own timeout:
 #   1. nvidia-smi + `attnreplay backends` (the binary starts; the cuda backend sees the GPU)
 #   2. tests/bench_cuda.c  (our kernel: decode GB/s, prefill TFLOP/s)       -> bench.txt
+#   2b. cascade: tests/bench_cascade.c (cascade vs flat), tests/gpu_cascade.c, a prefix trace
+#       replayed with --cascade on -> cascade_bench.txt, cascade_test.txt, cascade_replay.txt
 #   3. kernels/peers/peer_attention.py (cuDNN SDPA, flex+PagedAttention, FA2) -> peers.txt
 #   4. make test-gpu (tests/gpu_cuda.c: vLLM grids vs the float64 reference) -> gpu_test.txt
 #   5. attnreplay replay of the sample traces with --backend cuda into SQLite -> replay.txt
@@ -29,13 +31,40 @@ stage "bench"
 timeout 100 build/tests/bench_cuda 20 >"$OUT/bench.txt" 2>&1
 echo "bench rc=$?"; cat "$OUT/bench.txt"
 
+stage "cascade"
+# issue 5: cascade vs flat on 128-request decode batches sharing a prefix (table last), the
+# cascade GPU tests, and a prefix-sharing sample trace replayed with --cascade on
+timeout 90 build/tests/bench_cascade 20 >"$OUT/cascade_bench.txt" 2>&1
+echo "bench_cascade rc=$?"; grep -v "^RESULT" "$OUT/cascade_bench.txt" | tail -12
+timeout 150 build/tests/gpu_cascade >"$OUT/cascade_test.txt" 2>&1
+echo "gpu_cascade rc=$?"; grep -E "FAIL|PASSED|FAILED|SKIPPED|failed|fault " "$OUT/cascade_test.txt" | tail -20
+CDB=/tmp/ar_cascade.db
+rm -f "$CDB" "$CDB-wal" "$CDB-shm"
+timeout 40 bin/attnreplay replay traces/samples/prefix.trace.jsonl.gz --backend cuda --db "$CDB" --cascade on \
+  --repeat 3 >"$OUT/cascade_replay.txt" 2>&1
+echo "cascade replay rc=$?" | tee -a "$OUT/cascade_replay.txt"
+python3 - "$CDB" >>"$OUT/cascade_replay.txt" 2>&1 <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+try:
+    print("steps(n, cascade, passed, avg prefix_len)", db.execute(
+        "select count(*), sum(cascade), sum(pass), avg(prefix_len) from steps").fetchone())
+    for r in db.execute("select name, count(*), round(avg(time_us),2) from kernels group by name"):
+        print("kernel", r)
+except Exception as e:
+    print("cascade db query failed:", e)
+PY
+tail -8 "$OUT/cascade_replay.txt"
+
 stage "peers"
 timeout 130 python3 kernels/peers/peer_attention.py >"$OUT/peers.txt" 2>"$OUT/peers_err.txt"
 echo "peers rc=$?"; cat "$OUT/peers.txt"; tail -5 "$OUT/peers_err.txt"
 
 stage "test-gpu"
 t=$(( $(left) - 80 )); [ "$t" -lt 30 ] && t=30
-timeout "$t" make -s test-gpu >"$OUT/gpu_test.txt" 2>&1
+# gpu_cascade ran in the cascade stage
+timeout "$t" make -s test-gpu GPU_TESTS="$(ls build/tests/gpu_* | grep -v -e '\.d$' -e gpu_cascade | tr '\n' ' ')" \
+  >"$OUT/gpu_test.txt" 2>&1
 echo "test-gpu rc=$?"; grep -E "FAIL|PASSED|FAILED|SKIPPED|passed|fail" "$OUT/gpu_test.txt" | tail -25
 
 stage "replay"
@@ -135,3 +164,8 @@ for name, d in ours.items():
         ratio = o / pv if pv > 0 else float("nan")
         print(f"{'':44s} {p['impl']:26s} {float(p['us']):9.1f} {float(p['gbps']):8.1f} {float(p['tflops']):8.1f} {ratio:9.2f}")
 PY
+echo
+echo "cascade vs flat (tests/bench_cascade.c):"
+grep -E "^\|" "$OUT/cascade_bench.txt" | tee -a "$OUT/summary.txt"
+grep -E "^target" "$OUT/cascade_bench.txt" | tee -a "$OUT/summary.txt"
+grep -E "^\[  (PASSED|FAILED)" "$OUT/cascade_test.txt" | sed 's/^/gpu_cascade: /' | tee -a "$OUT/summary.txt"
