@@ -131,6 +131,7 @@ test-only: $(BIN) $(TESTS)
 HAVE_DEV_HEADERS := $(shell [ -f /usr/include/sqlite3.h ] && [ -f /usr/include/cmocka.h ] && echo 1)
 ifeq ($(HAVE_DEV_HEADERS),1)
 test-gpu: $(BIN) $(GPU_TESTS) $(BUILD)/tests/libcmocka.so.0
+test-gpu-sanitize: $(BIN) $(GPU_TESTS) $(BUILD)/tests/libcmocka.so.0
 bench: $(BIN) $(BENCHES)
 gpu-build: $(BIN) $(GPU_TESTS) $(BENCHES) $(BUILD)/tests/libcmocka.so.0
 endif
@@ -206,6 +207,7 @@ test-gpu-sanitize:
 	      $(COMPUTE_SANITIZER) --tool $$tool $$extra --error-exitcode 99 $$t >$$log 2>&1; rc=$$?; \
 	    summary=$$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" $$log | tail -1); \
 	    tests=$$(grep -h "^\[  PASSED  \]\|^\[  FAILED  \]" $$log | tr '\n' ' '); \
+	    tests="$$tests $$(grep -c '^\[  SKIPPED \]' $$log) skipped"; \
 	    echo "$$(basename $$t) $$tool rc=$$rc: $${summary:-no summary} $$tests" | tee -a $(GPU_SANITIZE_OUT); \
 	    [ $$rc -eq 0 ] || bad=1; \
 	  done; \
