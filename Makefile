@@ -37,7 +37,7 @@ LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
 MODULES := traces reference kernels replay sim reports
-C_SRCS  := $(filter-out replay/main.c kernels/cuda_stub.c kernels/cuda_mla_stub.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+C_SRCS  := $(filter-out replay/main.c kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
 CU_SRCS := $(wildcard kernels/*.cu)
 
 ifneq ($(NVCC),)
@@ -52,7 +52,7 @@ LIBS    += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart
 else
 HAVE_CUDA := 0
 CU_OBJS :=
-C_SRCS  += kernels/cuda_stub.c kernels/cuda_mla_stub.c
+C_SRCS  += kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c
 endif
 
 C_OBJS  := $(C_SRCS:%.c=$(BUILD)/%.o)
