@@ -460,7 +460,14 @@ int ar_workload_synthetic(const char *spec, int block_size, ar_workload *wl, cha
         }
         if (strcmp(k, "rate") == 0) rate = d;
         else if (strcmp(k, "cv") == 0) cv = d;
-        else if (strcmp(k, "seed") == 0) seed = (uint64_t)d;
+        else if (strcmp(k, "seed") == 0) {
+            /* converting a negative or too large double to uint64_t is undefined */
+            if (!(d >= 0 && d < 18446744073709551616.0) || d != floor(d)) {
+                snprintf(err, err_len, "synthetic spec: seed must be a non-negative integer below 2^64");
+                return 2;
+            }
+            seed = (uint64_t)d;
+        }
         else {
             if (d != floor(d) || d < 0 || d > 1e8) {
                 snprintf(err, err_len, "synthetic spec: %s must be a non-negative integer", k);
