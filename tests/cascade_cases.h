@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../reference/reference.h"
 #include "../replay/backend.h"
 #include "../replay/verify.h"
 
@@ -277,6 +278,84 @@ static const casc_seq casc_fd_seqs[] = {{1, 1023}, {1, 879}, {1, 778}, {1, 1777}
 static inline bool casc_agree(const casc_result *r)
 {
     return r->diff_max <= r->flat.tol_max_abs + r->casc.tol_max_abs && r->diff_lse <= r->flat.tol_lse + r->casc.tol_lse;
+}
+
+/* Normal-ish values from the test RNG. */
+static inline float casc_randn(void)
+{
+    double u1 = ((double)(casc_next() >> 11) + 0.5) / 9007199254740992.0;
+    double u2 = (double)(casc_next() >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* A merge implementation: partial outputs (dtype values) and LSEs in, merged out/lse back;
+ * 0 ok. */
+typedef int (*casc_merge_fn)(ar_dtype dt, int T, int H, int D, const float *po, const float *pl,
+                             const float *so, const float *sl, int no_weights, float *out, float *lse);
+
+/* One merge case against ar_ref_merge: returns the number of bad elements (out within
+ * 1e-3 + 1e-2 |ref|, LSE within 1e-4 (1 + |ref|), both-empty rows exact). */
+static inline int64_t casc_merge_case(casc_merge_fn merge, ar_dtype dt, int T, int H, int D, bool no_weights, double *worst_out, double *worst_lse)
+{
+    size_t no = (size_t)T * H * D, nl = (size_t)T * H;
+    float *po = malloc(no * 4), *so = malloc(no * 4), *out = malloc(no * 4);
+    float *pl = malloc(nl * 4), *sl = malloc(nl * 4), *lse = malloc(nl * 4);
+    double *dpo = malloc(no * 8), *dso = malloc(no * 8), *dout = malloc(no * 8);
+    double *dpl = malloc(nl * 8), *dsl = malloc(nl * 8), *dlse = malloc(nl * 8);
+    assert_true(po && so && out && pl && sl && lse && dpo && dso && dout && dpl && dsl && dlse);
+    for (size_t i = 0; i < no; i++) {
+        po[i] = ar_round_to(dt, casc_randn());
+        so[i] = ar_round_to(dt, casc_randn());
+        dpo[i] = po[i];
+        dso[i] = so[i];
+    }
+    /* LSEs: ~10% +inf on each side, never both (vLLM's test); every 97th row -inf on the
+     * prefix side, every 89th on the suffix side; every 211th row -inf on both */
+    for (size_t i = 0; i < nl; i++) {
+        pl[i] = 3.f * casc_randn();
+        sl[i] = 3.f * casc_randn();
+        uint64_t pick = casc_next() % 20;
+        if (pick == 0) pl[i] = INFINITY;
+        else if (pick == 1) sl[i] = INFINITY;
+        if (i % 97 == 5) pl[i] = -INFINITY;
+        if (i % 89 == 7) sl[i] = -INFINITY;
+        if (i % 211 == 3) pl[i] = sl[i] = -INFINITY;
+        dpl[i] = pl[i];
+        dsl[i] = sl[i];
+    }
+    assert_int_equal(merge(dt, T, H, D, po, pl, so, sl, no_weights ? 1 : 0, out, lse), 0);
+    if (no_weights) {
+        /* the fault adds the sides unweighted: out = round(a + b) exactly */
+        for (size_t i = 0; i < no; i++) {
+            dout[i] = ar_round_to(dt, po[i] + so[i]);
+        }
+    } else {
+        ar_ref_merge(T, H, D, dpo, dpl, dso, dsl, dout, dlse);
+    }
+    int64_t bad = 0;
+    for (size_t i = 0; i < no; i++) {
+        double d = fabs((double)out[i] - dout[i]);
+        if (!(d <= *worst_out)) *worst_out = d;
+        if (!(d <= 1e-3 + 1e-2 * fabs(dout[i]))) bad++;
+    }
+    if (!no_weights)
+        for (size_t t = 0; t < (size_t)T; t++)
+            for (size_t h = 0; h < (size_t)H; h++) {
+                size_t li = h * (size_t)T + t;
+                if (dlse[li] == -INFINITY) {
+                    /* both sides empty: lse -inf and out is the prefix side as given */
+                    if (lse[li] != -INFINITY) bad++;
+                    for (int e = 0; e < D; e++)
+                        if (out[(t * H + h) * D + e] != po[(t * H + h) * D + e]) bad++;
+                    continue;
+                }
+                double d = fabs((double)lse[li] - dlse[li]);
+                if (!(d <= *worst_lse)) *worst_lse = d;
+                if (!(d <= 1e-4 * (1.0 + fabs(dlse[li])))) bad++;
+            }
+    free(po); free(so); free(out); free(pl); free(sl); free(lse);
+    free(dpo); free(dso); free(dout); free(dpl); free(dsl); free(dlse);
+    return bad;
 }
 
 #endif
