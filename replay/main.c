@@ -7,6 +7,7 @@
  *   report     plots and tables from a results database                    (reports/)
  *   diff       compare two runs; exit 1 on a regression                    (reports/)
  *   plan       capacity planning from a workload and measured steps        (reports/, sim/)
+ *   calibrate  measure the device ceilings (copy GB/s, bf16 TFLOP/s)        (reports/, kernels/)
  *   gen-samples  regenerate the small sample traces                        (traces/)
  */
 #include <stdio.h>
@@ -36,6 +37,7 @@ static void usage(FILE *f)
         "  diff DB RUN_A RUN_B [--threshold 5%%]  step-by-step comparison; exit 1 on a regression\n"
         "  plan --workload SPEC --model PRESET --device DEV --out DIR [--db DB] [--slo ...]\n"
         "                                     capacity plan: fitted step time, simulator sweep, SLO answer\n"
+        "  calibrate --db DB [--no-cublas]    measure copy GB/s and bf16 TFLOP/s into table ceilings (GPU)\n"
         "  gen-samples DIR                    write the sample traces\n"
         "  version\n");
 }
@@ -84,6 +86,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "report") == 0) return ar_report_main(sub_argc, sub_argv);
     if (strcmp(cmd, "diff") == 0) return ar_diff_main(sub_argc, sub_argv);
     if (strcmp(cmd, "plan") == 0) return ar_plan_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "calibrate") == 0) return ar_calibrate_main(sub_argc, sub_argv);
     if (strcmp(cmd, "gen-samples") == 0) return gen_samples_main(sub_argc, sub_argv);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("attnreplay %s (trace format v%d)\n", AR_CODE_REV, AR_TRACE_VERSION);
