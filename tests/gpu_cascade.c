@@ -192,7 +192,7 @@ static int cuda_merge(ar_dtype dt, int T, int H, int D, const float *po, const f
 }
 
 /* A subset of vLLM test_merge_attn_states' grid (tokens 256 512 613 1024 1536 4096, heads 4 8
- * 16 32 48 64, head sizes 32 48 64 96 128 256) bounded to 6M elements a case, fp16 and bf16. */
+ * 16 32 48 64, head sizes 32 48 64 96 128 256) bounded to 4M elements a case, fp16 and bf16 (79 cases; 15 with AR_GPU_SMALL). */
 static void test_merge_states_grid(void **unused)
 {
     (void)unused;
@@ -201,7 +201,7 @@ static void test_merge_states_grid(void **unused)
     static const int heads[] = {4, 8, 16, 32, 48, 64};
     static const int sizes[] = {32, 48, 64, 96, 128, 256};
     static const ar_dtype dtypes[] = {AR_FP16, AR_BF16};
-    int64_t limit = casc_small() ? 200000 : 6000000;
+    int64_t limit = casc_small() ? 200000 : 4000000;
     int cases = 0, failed = 0;
     double worst_out = 0, worst_lse = 0;
     for (int a = 0; a < 6; a++)
@@ -209,7 +209,7 @@ static void test_merge_states_grid(void **unused)
             for (int c = 0; c < 6; c++)
                 for (int d = 0; d < 2; d++) {
                     if ((int64_t)tokens[a] * heads[b] * sizes[c] > limit) continue;
-                    if ((a + b + c + d) % 3 != 0) continue;    /* a third of the grid, every axis covered */
+                    if ((a + b + c + d) % 4 != 0) continue;    /* a quarter of the grid, every axis covered */
                     int64_t bad = casc_merge_case(cuda_merge, dtypes[d], tokens[a], heads[b], sizes[c], false, &worst_out, &worst_lse);
                     if (bad) {
                         print_message("merge %s T %d H %d D %d: %lld bad elements\n", ar_dtype_name(dtypes[d]),
@@ -220,7 +220,7 @@ static void test_merge_states_grid(void **unused)
                 }
     print_message("merge grid: %d of %d cases failed; worst |out - ref| %.3g, |lse - ref| %.3g\n", failed, cases,
                   worst_out, worst_lse);
-    assert_true(cases > 20);
+    assert_true(cases >= (casc_small() ? 10 : 40));
     assert_int_equal(failed, 0);
     /* the fault path computes what it says, and that differs from the weighted merge */
     double w0 = 0, w1 = 0;
