@@ -1,5 +1,6 @@
 /* cascade_cases.h - shared pieces of the cascade tests (tests/test_cascade_cpu.c on the CPU
- * backend, tests/gpu_cascade.c on the CUDA one): vLLM test_cascade's sequence sets, a batch
+ * backend, tests/gpu_cascade.c on the CUDA one; tests/gpu_cuda.c takes the batch builder with
+ * P = 0): vLLM test_cascade's sequence sets, a batch
  * whose requests share the first P / block_size physical blocks, the context fill, and one
  * case run flat and with cascade on the same backend instance, both through the verifier
  * (replay/verify.h) and compared with each other on every element.  Functions are static
@@ -142,8 +143,9 @@ static inline void casc_make(casc_batch *t, const ar_run_config *cfg, const casc
     t->b = b;
 }
 
-/* Writes every context token through fill(); the shared blocks only once (request 0). */
-static inline void casc_fill(const ar_backend *be, void *state, const ar_run_config *cfg, const casc_batch *t, int prefix_len)
+/* Writes every context token of layer through fill(); the shared blocks only once (request 0). */
+static inline void casc_fill(const ar_backend *be, void *state, const ar_run_config *cfg, const casc_batch *t,
+                             int prefix_len, int layer)
 {
     const int B = cfg->block_size;
     int count = 0;
@@ -165,7 +167,7 @@ static inline void casc_fill(const ar_backend *be, void *state, const ar_run_con
         }
     ar_fill f = {count, slots, keys, offs};
     char err[512] = "";
-    int rc = be->fill(state, 0, &f, err, sizeof err);
+    int rc = be->fill(state, layer, &f, err, sizeof err);
     if (rc) print_message("fill: %s\n", err);
     assert_int_equal(rc, 0);
     free(slots);
@@ -214,7 +216,7 @@ static inline void casc_run(const ar_backend *be, void (*after_prepare)(void *st
     assert_int_equal(rc, 0);
     casc_batch t;
     casc_make(&t, cfg, cases, n, prefix_len);
-    casc_fill(be, state, cfg, &t, prefix_len);
+    casc_fill(be, state, cfg, &t, prefix_len, 0);
     const int Hq = cfg->model.num_q_heads, D = cfg->model.head_size, T = t.num_tokens;
     size_t no = (size_t)T * Hq * D, nl = (size_t)T * Hq;
     float *out_flat = malloc(sizeof(float) * no), *lse_flat = malloc(sizeof(float) * nl);

@@ -18,30 +18,9 @@
 
 #include "../kernels/cuda_backend.h"
 #include "../replay/verify.h"
+#include "cascade_cases.h"
 
-typedef struct seq_case {
-    int q_len, kv_len;
-} seq_case;
-
-/* A test batch: requests with random block tables and content keys, context filled. */
-typedef struct tbatch {
-    int num_reqs, num_tokens, mbpr;
-    int *qsl, *seq_lens, *ctx_lens, *block_table;
-    uint64_t *block_keys, *req_keys;
-    int64_t *slots;
-    ar_batch b;
-} tbatch;
-
-static uint64_t rng_state = 0x1234abcdull;
-static uint64_t rng_next(void)
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    uint64_t x = rng_state;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    return x;
-}
+typedef casc_seq seq_case;
 
 static bool gpu_ready(const ar_run_config *cfg)
 {
@@ -51,131 +30,17 @@ static bool gpu_ready(const ar_run_config *cfg)
     return false;
 }
 
+/* The shared test config (cascade_cases.h) with this file's seed, two model layers and a
+ * sliding window. */
 static ar_run_config make_cfg(int hq, int hkv, int d, int num_blocks, ar_dtype dt, int window, double cap)
 {
-    ar_run_config c;
-    memset(&c, 0, sizeof c);
+    ar_run_config c = casc_cfg(hq, hkv, d, num_blocks, dt, cap);
     snprintf(c.model.name, sizeof c.model.name, "gpu-test");
-    c.model.attention = AR_ATTN_MHA;
     c.model.num_layers = 2;
-    c.model.num_q_heads = hq;
-    c.model.num_kv_heads = hkv;
-    c.model.head_size = d;
-    c.model.v_head_dim = d;
-    c.model.scale = 1.0 / sqrt((double)d);
     c.model.sliding_window = window;
-    c.model.logits_soft_cap = cap;
-    c.block_size = 16;
-    c.num_blocks = num_blocks;
-    c.dtype = dt;
-    c.kv_dtype = dt;
-    c.kv_scale = 1.0;
-    c.num_layers = 1;
     c.seed = 77;
-    c.data = AR_DATA_NORMAL;
-    c.fault = AR_FAULT_NONE;
-    c.repeat = 1;
-    c.threads = 0;
+    c.cascade_mode = 0;
     return c;
-}
-
-static void tbatch_free(tbatch *t)
-{
-    free(t->qsl);
-    free(t->seq_lens);
-    free(t->ctx_lens);
-    free(t->block_table);
-    free(t->block_keys);
-    free(t->req_keys);
-    free(t->slots);
-    memset(t, 0, sizeof *t);
-}
-
-/* Builds the batch: each request gets distinct random physical blocks (never block 0). */
-static void tbatch_make(tbatch *t, const ar_run_config *cfg, const seq_case *cases, int n)
-{
-    const int B = cfg->block_size;
-    memset(t, 0, sizeof *t);
-    t->num_reqs = n;
-    int max_kv = 0, T = 0, total_blocks = 0;
-    for (int i = 0; i < n; i++) {
-        if (cases[i].kv_len > max_kv) max_kv = cases[i].kv_len;
-        T += cases[i].q_len;
-        total_blocks += (cases[i].kv_len + B - 1) / B;
-    }
-    assert_true(total_blocks < cfg->num_blocks);
-    t->num_tokens = T;
-    t->mbpr = (max_kv + B - 1) / B;
-    t->qsl = calloc((size_t)n + 1, sizeof(int));
-    t->seq_lens = calloc((size_t)n, sizeof(int));
-    t->ctx_lens = calloc((size_t)n, sizeof(int));
-    t->block_table = calloc((size_t)n * t->mbpr, sizeof(int));
-    t->block_keys = calloc((size_t)n * t->mbpr, sizeof(uint64_t));
-    t->req_keys = calloc((size_t)n, sizeof(uint64_t));
-    t->slots = calloc((size_t)(T > 0 ? T : 1), sizeof(int64_t));
-    assert_non_null(t->slots);
-    /* a random permutation of blocks 1 .. num_blocks-1, dealt out in order */
-    int *perm = malloc(sizeof(int) * (size_t)cfg->num_blocks);
-    assert_non_null(perm);
-    for (int i = 0; i < cfg->num_blocks - 1; i++) perm[i] = i + 1;
-    for (int i = cfg->num_blocks - 2; i > 0; i--) {
-        int j = (int)(rng_next() % (uint64_t)(i + 1));
-        int x = perm[i];
-        perm[i] = perm[j];
-        perm[j] = x;
-    }
-    int next = 0, tok = 0;
-    for (int r = 0; r < n; r++) {
-        t->seq_lens[r] = cases[r].kv_len;
-        t->ctx_lens[r] = cases[r].kv_len - cases[r].q_len;
-        t->req_keys[r] = rng_next();
-        for (int i = 0; i < (cases[r].kv_len + B - 1) / B; i++) {
-            t->block_table[r * t->mbpr + i] = perm[next++];
-            t->block_keys[r * t->mbpr + i] = rng_next();
-        }
-        for (int i = 0; i < cases[r].q_len; i++) {
-            int p = t->ctx_lens[r] + i;
-            t->slots[tok + i] = (int64_t)t->block_table[r * t->mbpr + p / B] * B + p % B;
-        }
-        tok += cases[r].q_len;
-        t->qsl[r + 1] = tok;
-    }
-    free(perm);
-    int max_q = 0;
-    for (int r = 0; r < n; r++)
-        if (cases[r].q_len > max_q) max_q = cases[r].q_len;
-    ar_batch b = {1, n, T, t->qsl, t->seq_lens, t->ctx_lens, max_q, max_kv, t->mbpr,
-                  t->block_table, t->block_keys, t->req_keys, t->slots, 0};
-    t->b = b;
-}
-
-/* Writes every context token (positions < ctx) of every request through fill(). */
-static void fill_context(void *state, const ar_run_config *cfg, const tbatch *t, int layer)
-{
-    const int B = cfg->block_size;
-    int count = 0;
-    for (int r = 0; r < t->num_reqs; r++) count += t->ctx_lens[r];
-    if (count == 0) return;
-    int64_t *slots = malloc(sizeof(int64_t) * (size_t)count);
-    uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)count);
-    int *offs = malloc(sizeof(int) * (size_t)count);
-    assert_non_null(offs);
-    int k = 0;
-    for (int r = 0; r < t->num_reqs; r++)
-        for (int p = 0; p < t->ctx_lens[r]; p++) {
-            slots[k] = (int64_t)t->block_table[r * t->mbpr + p / B] * B + p % B;
-            keys[k] = t->block_keys[r * t->mbpr + p / B];
-            offs[k] = p % B;
-            k++;
-        }
-    ar_fill f = {count, slots, keys, offs};
-    char err[512] = "";
-    int rc = ar_cuda_backend.fill(state, layer, &f, err, sizeof err);
-    if (rc) print_message("fill: %s\n", err);
-    assert_int_equal(rc, 0);
-    free(slots);
-    free(keys);
-    free(offs);
 }
 
 typedef struct run_opts {
@@ -204,9 +69,9 @@ static void run_case(const ar_run_config *cfg, const seq_case *cases, int n, con
     if (rc) print_message("open: %s\n", err);
     assert_int_equal(rc, 0);
     ar_cuda_set_plan(state, ro->config, ro->splits);
-    tbatch t;
-    tbatch_make(&t, cfg, cases, n);
-    for (int layer = 0; layer < cfg->num_layers; layer++) fill_context(state, cfg, &t, layer);
+    casc_batch t;
+    casc_make(&t, cfg, cases, n, 0);
+    for (int layer = 0; layer < cfg->num_layers; layer++) casc_fill(&ar_cuda_backend, state, cfg, &t, 0, layer);
 
     /* what the backend sees (faults applied by the "engine", i.e. here) */
     ar_batch bb = t.b;
@@ -263,7 +128,7 @@ static void run_case(const ar_run_config *cfg, const seq_case *cases, int n, con
     free(lse);
     free(bad_slots);
     free(bad_table);
-    tbatch_free(&t);
+    casc_free(&t);
     ar_cuda_backend.close(state);
 }
 
@@ -433,7 +298,7 @@ static void test_generator_bit_identical(void **unused)
     for (uint32_t stream = AR_STREAM_K; stream <= AR_STREAM_W_UV; stream++)
         for (int t = 0; t < 4; t++)
             for (int di = 0; di < 3; di++) {
-                uint64_t seed = 0x9876543210ull + stream, key = rng_next();
+                uint64_t seed = 0x9876543210ull + stream, key = casc_next();
                 char err[256] = "";
                 int rc = ar_cuda_gen_values(seed, stream, 3, key, 1000, 5, NPOS, DIM, dists[di], dts[t], dev, err, sizeof err);
                 if (rc) print_message("gen: %s\n", err);
