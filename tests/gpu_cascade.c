@@ -12,7 +12,8 @@
  * test_merge_attn_states grid with ~10% +inf LSEs on each side (never both), plus rows with
  * -inf on one side and on both, against ar_ref_merge.  Planted faults (merge without weights,
  * LSE base 2, causal off by one, no rescale) are flagged on a cascade step.
- * AR_GPU_SMALL=1 (compute-sanitizer runs) keeps only head size 128 and a short merge grid.
+ * AR_GPU_SMALL=1 (compute-sanitizer runs) keeps only head size 128 without soft cap, 20 requests
+ * of the decode set and a short merge grid.
  * Every test skips with the backend's reason when there is no GPU. */
 #include "testutil.h"
 
@@ -85,6 +86,7 @@ static void test_vllm_cascade_grid(void **unused)
     casc_seq *fd = malloc(sizeof(casc_seq) * 400);
     assert_non_null(fd);
     for (int i = 0; i < 400; i++) fd[i] = casc_fd_seqs[i % 4];
+    const int n_fd = casc_small() ? 20 : 400;   /* compute-sanitizer runs: 20 requests */
     int failures = 0, count = 0;
     for (int set = 0; set < 2; set++)
         for (int h = 0; h < 3; h++)
@@ -99,7 +101,7 @@ static void test_vllm_cascade_grid(void **unused)
                          * always; every row of the decode set); cascade == flat covers all */
                         bool full = set == 0 && h == 1 && d == 0 && c == 0;
                         casc_result r;
-                        casc_run(&ar_cuda_backend, cuda_plan_hook, &cfg, set ? fd : casc_general_seqs, set ? 400 : 5,
+                        casc_run(&ar_cuda_backend, cuda_plan_hook, &cfg, set ? fd : casc_general_seqs, set ? n_fd : 5,
                                  set ? 512 : 256, full ? 0 : 128, &r);
                         char what[128];
                         snprintf(what, sizeof what, "%s heads %d/%d d %d %s cap %g", set ? "decode" : "general",
