@@ -33,7 +33,7 @@ static void test_cpu_cascade_cases(void **unused)
     (void)unused;
     static const cpu_case cases[] = {
         {0, 8, 2, 128, AR_BF16, 0},
-        {0, 4, 4, 256, AR_BF16, 50},
+        {1, 4, 4, 256, AR_BF16, 50},
         {1, 4, 4, 128, AR_FP16, 0},
         {1, 16, 2, 192, AR_FP16, 50},
         {1, 8, 2, 256, AR_BF16, 50},
