@@ -34,13 +34,13 @@ echo "bench rc=$?"; cat "$OUT/bench.txt"
 stage "cascade"
 # issue 5: cascade vs flat on 128-request decode batches sharing a prefix (table last), the
 # cascade GPU tests, and a prefix-sharing sample trace replayed with --cascade on
-timeout 90 build/tests/bench_cascade 20 >"$OUT/cascade_bench.txt" 2>&1
+timeout 60 build/tests/bench_cascade 20 >"$OUT/cascade_bench.txt" 2>&1
 echo "bench_cascade rc=$?"; grep -v "^RESULT" "$OUT/cascade_bench.txt" | tail -12
-timeout 150 build/tests/gpu_cascade >"$OUT/cascade_test.txt" 2>&1
+timeout 120 build/tests/gpu_cascade >"$OUT/cascade_test.txt" 2>&1
 echo "gpu_cascade rc=$?"; grep -E "FAIL|PASSED|FAILED|SKIPPED|failed|fault " "$OUT/cascade_test.txt" | tail -20
 CDB=/tmp/ar_cascade.db
 rm -f "$CDB" "$CDB-wal" "$CDB-shm"
-timeout 40 bin/attnreplay replay traces/samples/prefix.trace.jsonl.gz --backend cuda --db "$CDB" --cascade on \
+timeout 30 bin/attnreplay replay traces/samples/prefix.trace.jsonl.gz --backend cuda --db "$CDB" --cascade on \
   --repeat 3 >"$OUT/cascade_replay.txt" 2>&1
 echo "cascade replay rc=$?" | tee -a "$OUT/cascade_replay.txt"
 python3 - "$CDB" >>"$OUT/cascade_replay.txt" 2>&1 <<'PY'
