@@ -465,7 +465,9 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
     while (s->next_arrival < s->num_reqs && s->reqs[s->next_arrival].status == AR_REQ_SKIPPED) s->next_arrival++;
     if (s->num_running == 0 && s->wq_len == 0) {
         if (s->next_arrival >= s->num_reqs) return 0;
-        double t = ceil(s->reqs[s->next_arrival].w->arrival * 1e6) / 1e6;
+        double a = s->reqs[s->next_arrival].w->arrival;
+        double t = ceil(a * 1e6) / 1e6;
+        if (t < a) t = a;   /* beyond 2^53 us (~285 years) the rounding can land below a */
         if (t > s->now) s->now = t;
     }
     /* arrivals up to now (half a microsecond of slack for the clock's rounding) */
