@@ -122,7 +122,7 @@ test: deps $(BIN) $(TESTS)
 
 ASAN_BUILD ?= build-asan
 asan:
-	$(MAKE) BUILD=$(ASAN_BUILD) OPT=-O1 SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+	$(MAKE) BUILD=$(ASAN_BUILD) OPT=-O1 SANITIZE="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer" \
 	  HAVE_CUDA=0 NVCC= BIN=$(ASAN_BUILD)/attnreplay test-only
 
 test-only: $(BIN) $(TESTS)
