@@ -6,7 +6,8 @@
  * plan); the rest is the argument list, one argument per line.  Inside an argument these names
  * are replaced by paths the harness owns (so the fuzzer reaches real work, not only "file not
  * found"):
- *   @T  traces/samples/mixed.trace.jsonl.gz      @S  traces/samples/prefix.trace.jsonl.gz
+ *   @T  a copy of traces/samples/mixed.trace.jsonl.gz, @S of prefix.trace.jsonl.gz (put back
+ *       after any input that wrote over them)
  *   @R  a results database with two small runs (report, diff and plan only; elsewhere @D)
  *   @D  a scratch database    @O  a scratch output path    @W  a small Mooncake workload
  * Arguments that start with '/' or contain ".." are refused (the harness must not write outside
@@ -39,6 +40,7 @@
 #define FUZZ_CLI_MAX_NUMBER 4096.0
 
 static char trace_path[PATH_MAX], prefix_trace_path[PATH_MAX], results_db[PATH_MAX];
+static char source_trace[PATH_MAX], source_prefix_trace[PATH_MAX];
 static char scratch_dir[PATH_MAX], scratch_db[PATH_MAX], scratch_out[PATH_MAX], workload_path[PATH_MAX];
 static int fixture_ready;
 
@@ -65,19 +67,71 @@ static int run_argv(int (*fn)(int, char **), const char *const *args, int n)
     return rc;
 }
 
+/* Copies src to dst; 0 ok. */
+static int copy_file(const char *src, const char *dst)
+{
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    int ok = in && out;
+    char buf[1 << 14];
+    size_t n;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) ok = 0;
+    return ok ? 0 : -1;
+}
+
+/* Puts back the fixture traces when a command wrote over them (or always, at setup). */
+static void restore_fixture_traces(bool always)
+{
+    static struct stat want[2];
+    const char *copies[2] = {trace_path, prefix_trace_path};
+    const char *sources[2] = {source_trace, source_prefix_trace};
+    for (int i = 0; i < 2; i++) {
+        struct stat now;
+        bool same = stat(copies[i], &now) == 0 && now.st_size == want[i].st_size &&
+                    now.st_mtim.tv_sec == want[i].st_mtim.tv_sec && now.st_mtim.tv_nsec == want[i].st_mtim.tv_nsec &&
+                    S_ISREG(now.st_mode);
+        if (same && !always) continue;
+        remove(copies[i]);
+        if (copy_file(sources[i], copies[i]) != 0 || stat(copies[i], &want[i]) != 0) {
+            fprintf(stderr, "fuzz_cli: cannot copy %s to %s\n", sources[i], copies[i]);
+            abort();
+        }
+    }
+}
+
+/* atexit: the fixture files go with the process. */
+static void remove_fixture(void)
+{
+    wipe_scratch();
+    rmdir(scratch_dir);
+    const char *files[3] = {trace_path, prefix_trace_path, workload_path};
+    for (int i = 0; i < 3; i++) remove(files[i]);
+    const char *suffixes[4] = {"", "-wal", "-shm", "-reserve"};
+    for (int i = 0; i < 4; i++) {
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s%s", results_db, suffixes[i]);
+        remove(path);
+    }
+}
+
 static void setup_fixture(void)
 {
     const char *src = getenv("AR_SRC");
     char cwd[PATH_MAX];
     if (!src || !*src) src = getcwd(cwd, sizeof cwd) ? cwd : ".";
-    snprintf(trace_path, sizeof trace_path, "%.3000s/traces/samples/mixed.trace.jsonl.gz", src);
-    snprintf(prefix_trace_path, sizeof prefix_trace_path, "%.3000s/traces/samples/prefix.trace.jsonl.gz", src);
-    if (access(trace_path, R_OK) != 0) {
-        fprintf(stderr, "fuzz_cli: %s not found; run from the repository root or set AR_SRC\n", trace_path);
+    snprintf(source_trace, sizeof source_trace, "%.3000s/traces/samples/mixed.trace.jsonl.gz", src);
+    snprintf(source_prefix_trace, sizeof source_prefix_trace, "%.3000s/traces/samples/prefix.trace.jsonl.gz", src);
+    if (access(source_trace, R_OK) != 0) {
+        fprintf(stderr, "fuzz_cli: %s not found; run from the repository root or set AR_SRC\n", source_trace);
         abort();
     }
     char base[1024];
     ar_fuzz_tmp_path(base, sizeof base, "cli", "");
+    /* the commands get copies: `sim --out @T` must not overwrite the repository's sample */
+    snprintf(trace_path, sizeof trace_path, "%s-mixed.trace.jsonl.gz", base);
+    snprintf(prefix_trace_path, sizeof prefix_trace_path, "%s-prefix.trace.jsonl.gz", base);
+    restore_fixture_traces(true);
     snprintf(scratch_dir, sizeof scratch_dir, "%s-scratch", base);
     snprintf(results_db, sizeof results_db, "%s-results.db", base);
     snprintf(workload_path, sizeof workload_path, "%s-mooncake.jsonl", base);
@@ -98,6 +152,7 @@ static void setup_fixture(void)
         fprintf(stderr, "fuzz_cli: could not build the results database fixture %s\n", results_db);
         abort();
     }
+    atexit(remove_fixture);
     setenv("PATH", "", 1);   /* no gnuplot: report must not fork */
     if (chdir(scratch_dir) != 0) abort();
     fixture_ready = 1;
@@ -195,6 +250,7 @@ int ar_fuzz_cli_one(const uint8_t *data, size_t size)
     }
     for (int i = 0; i < argc; i++) free(argv[i]);
     wipe_scratch();
+    restore_fixture_traces(false);
     return 0;
 }
 
