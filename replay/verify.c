@@ -147,6 +147,49 @@ static void fold(int rows, int heads, int dv, bool first, double *acc_out, doubl
 static int dump_request(const req_check *w, int n, int s, const int *rows, int nrows,
                         const double *ref_out, const double *ref_lse);
 
+/* Compares the backend's rows of request w->r with the reference and the naive twin.
+ *   rows [nrows] query rows within the request; ref_o, nv_o [nrows, heads, dv];
+ *   ref_l, nv_l [heads, nrows]. */
+static void compare_rows(req_check *w, int nrows, const int *rows, int heads, int dv,
+                         const double *ref_o, const double *ref_l, const double *nv_o,
+                         const double *nv_l)
+{
+    const ar_dtype dt = w->cfg->dtype;
+    const int q0 = w->b->query_start_loc[w->r], num_tokens = w->b->num_tokens;
+    double atol, rtol;
+    fixed_tolerance(dt, &atol, &rtol);
+    for (int i = 0; i < nrows; i++) {
+        int t = q0 + rows[i];
+        for (int h = 0; h < heads; h++) {
+            for (int d = 0; d < dv; d++) {
+                double got = w->out[((size_t)t * heads + h) * dv + d];
+                double want = ref_o[((size_t)i * heads + h) * dv + d];
+                double naive = ar_round_to(dt, (float)nv_o[((size_t)i * heads + h) * dv + d]);
+                double e = fabs(got - want);
+                if (isnan(e)) e = INFINITY;
+                double ne = fabs(naive - want);
+                w->elems++;
+                w->sum_abs += e;
+                w->sum_sq_err += e * e;
+                w->sum_sq_ref += want * want;
+                w->naive_sum_abs += ne;
+                if (ne > w->naive_max) w->naive_max = ne;
+                double rel = e / (fabs(want) > 1e-3 ? fabs(want) : 1e-3);
+                if (rel > w->max_rel) w->max_rel = rel;
+                if (e > atol + rtol * fabs(want)) w->bad++;
+                if (e > w->max_abs) w->max_abs = e;
+                note_worst(w, rows[i], h, d, got, want, e);
+            }
+            double gl = w->lse[(size_t)h * num_tokens + t];
+            double rl = ref_l[(size_t)h * nrows + i];
+            double le = lse_diff(gl, rl), nle = lse_diff(nv_l[(size_t)h * nrows + i], rl);
+            if (le > w->lse_max) w->lse_max = le;
+            if (nle > w->naive_lse_max) w->naive_lse_max = nle;
+        }
+    }
+    w->rows = nrows;
+}
+
 static void check_request(req_check *w)
 {
     const ar_run_config *c = w->cfg;
@@ -211,38 +254,7 @@ static void check_request(req_check *w)
         first = false;
     }
 
-    double atol, rtol;
-    fixed_tolerance(c->dtype, &atol, &rtol);
-    for (int i = 0; i < nrows; i++) {
-        int t = q0 + rows[i];
-        for (int h = 0; h < hq; h++) {
-            for (int d = 0; d < dv; d++) {
-                double got = w->out[((size_t)t * hq + h) * dv + d];
-                double want = ref_o[((size_t)i * hq + h) * dv + d];
-                double naive = ar_round_to(c->dtype, (float)nv_o[((size_t)i * hq + h) * dv + d]);
-                double e = fabs(got - want);
-                if (isnan(e)) e = INFINITY;
-                double ne = fabs(naive - want);
-                w->elems++;
-                w->sum_abs += e;
-                w->sum_sq_err += e * e;
-                w->sum_sq_ref += want * want;
-                w->naive_sum_abs += ne;
-                if (ne > w->naive_max) w->naive_max = ne;
-                double rel = e / (fabs(want) > 1e-3 ? fabs(want) : 1e-3);
-                if (rel > w->max_rel) w->max_rel = rel;
-                if (e > atol + rtol * fabs(want)) w->bad++;
-                if (e > w->max_abs) w->max_abs = e;
-                note_worst(w, rows[i], h, d, got, want, e);
-            }
-            double gl = w->lse[(size_t)h * b->num_tokens + t];
-            double rl = ref_l[(size_t)h * nrows + i];
-            double le = lse_diff(gl, rl), nle = lse_diff(nv_l[(size_t)h * nrows + i], rl);
-            if (le > w->lse_max) w->lse_max = le;
-            if (nle > w->naive_lse_max) w->naive_lse_max = nle;
-        }
-    }
-    w->rows = nrows;
+    compare_rows(w, nrows, rows, hq, dv, ref_o, ref_l, nv_o, nv_l);
     if (w->opts->dump_dir && dump_request(w, n, s, rows, nrows, ref_o, ref_l) != 0) w->failed = 1;
 
     free(qd); free(kd); free(vd); free(qf); free(kf); free(vf); free(ref_o); free(ref_l);
@@ -412,35 +424,7 @@ static void check_request_mla(req_check *w, const struct mla_weights_slot *wts)
     if (ar_mla_ref_attend(&d, nrows, qn, qp, qpos, keys, lat, wts->uk, wts->uv, ref_o, ref_l) != 0 ||
         mla_naive_absorbed(&d, c->dtype, nrows, qn, qp, qpos, keys, lat, wts->uk, wts->uv, nv_o, nv_l) != 0)
         goto oom;
-    double atol, rtol;
-    fixed_tolerance(c->dtype, &atol, &rtol);
-    for (int i = 0; i < nrows; i++) {
-        int t = q0 + rows[i];
-        for (int h = 0; h < N; h++) {
-            for (int v = 0; v < V; v++) {
-                double got = w->out[((size_t)t * N + h) * V + v];
-                double want = ref_o[((size_t)i * N + h) * V + v];
-                double e = fabs(got - want), ne = fabs(nv_o[((size_t)i * N + h) * V + v] - want);
-                if (isnan(e)) e = INFINITY;
-                w->elems++;
-                w->sum_abs += e;
-                w->sum_sq_err += e * e;
-                w->sum_sq_ref += want * want;
-                w->naive_sum_abs += ne;
-                if (ne > w->naive_max) w->naive_max = ne;
-                double rel = e / (fabs(want) > 1e-3 ? fabs(want) : 1e-3);
-                if (rel > w->max_rel) w->max_rel = rel;
-                if (e > atol + rtol * fabs(want)) w->bad++;
-                if (e > w->max_abs) w->max_abs = e;
-                note_worst(w, rows[i], h, v, got, want, e);
-            }
-            double gl = w->lse[(size_t)h * b->num_tokens + t], rl = ref_l[(size_t)h * nrows + i];
-            double le = lse_diff(gl, rl), nle = lse_diff(nv_l[(size_t)h * nrows + i], rl);
-            if (le > w->lse_max) w->lse_max = le;
-            if (nle > w->naive_lse_max) w->naive_lse_max = nle;
-        }
-    }
-    w->rows = nrows;
+    compare_rows(w, nrows, rows, N, V, ref_o, ref_l, nv_o, nv_l);
     free(rows); free(qpos); free(qn); free(qp); free(lat); free(ref_o); free(ref_l); free(nv_o); free(nv_l);
     return;
 oom:
