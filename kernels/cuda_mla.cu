@@ -112,6 +112,7 @@ struct attn_args {
     int bf16;                   /* compute dtype: 1 bf16, 0 fp16 */
     int fp8_cache;              /* cache holds fp8 e4m3 (scaled by kv_scale) */
     float scale;                /* softmax scale (natural) */
+    double scale_ref;           /* the same in double, for the float64 reference */
     float scale_log2;           /* scale * log2(e) */
     float kv_scale;
 };
@@ -654,7 +655,7 @@ __global__ void __launch_bounds__(REF_THREADS) ref_kernel(attn_args a, const uns
                 double dot = 0.0;
                 for (int x = 0; x < D / 32; x++) dot += (double)qs[h][lane + 32 * x] * kv[x];
                 for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-                if (lane == 0) sc[h][kk] = dot * (double)a.scale;
+                if (lane == 0) sc[h][kk] = dot * a.scale_ref;
             }
         }
         __syncthreads();
@@ -882,8 +883,9 @@ __global__ void gen_weight_kernel(uint16_t *w, int H, int width, uint32_t stream
     }
 }
 
-/* Test-case inputs: q [T, H, 576] and the cache entries of every request's tokens; one thread
- * per 16 elements of a row, so the row hash is computed once per 16 values. */
+/* Test-case inputs (FlashMLA's distribution, ar_cuda_mla_case_value): q [T, H, 576] and the
+ * cache entries of every request's tokens; one thread per 16 elements of a row, so the row hash
+ * is computed once per 16 values. */
 __global__ void case_q_kernel(uint16_t *q, int batch, int s_q, int H, uint64_t seed, ar_dtype dtype)
 {
     const int pieces = D / 16;
@@ -897,7 +899,8 @@ __global__ void case_q_kernel(uint16_t *q, int batch, int s_q, int H, uint64_t s
         int i = (int)(t % s_q), b = (int)(t / s_q);
         uint64_t row = ar_gen_row(seed, AR_STREAM_Q, 0, (uint64_t)b, (uint64_t)i, (uint32_t)n);
         for (int d = d0; d < d0 + 16; d++)
-            q[rest * D + d] = to_bits(dtype == AR_BF16, ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype));
+            q[rest * D + d] = to_bits(dtype == AR_BF16,
+                                      ar_cuda_mla_case_value(ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype), dtype));
     }
 }
 
@@ -916,8 +919,8 @@ __global__ void case_cache_kernel(void *cache, int batch, const int *seqlens, in
         int64_t slot = (int64_t)blk * block_size + j % block_size;
         uint64_t row = ar_gen_row(seed, AR_STREAM_LATENT, 0, 1000003ull + (uint64_t)b, (uint64_t)j, 0);
         for (int d = d0; d < d0 + 16; d++)
-            store_latent(cache, slot * D + d, ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype), dtype, kv_dtype,
-                         kv_scale);
+            store_latent(cache, slot * D + d, ar_cuda_mla_case_value(ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype), dtype),
+                         dtype, kv_dtype, kv_scale);
     }
 }
 
@@ -938,7 +941,12 @@ __global__ void gather_latent_kernel(uint16_t *ws_lat, int n_rows, const int *ro
         int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, ctx = a.seq_lens[r] - ql;
         uint16_t v;
         if (p >= ctx) {
+            /* the verifier (and the CPU backend) read every key through the cache, so an fp8
+             * cache's new tokens take the same quantise / dequantise trip (ar_kv_roundtrip) */
             v = lat_new[((int64_t)q0 + p - ctx) * D + d];
+            if (a.fp8_cache)
+                v = to_bits(a.bf16, ar_kv_roundtrip(AR_FP8_E4M3, a.bf16 ? AR_BF16 : AR_FP16, a.kv_scale,
+                                                    from_bits(a.bf16, v)));
         } else {
             int64_t src = key_slot(a, r, p) * D + d;
             if (a.fp8_cache)
@@ -1559,6 +1567,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         a.bf16 = c->dtype == AR_BF16;
         a.fp8_cache = fp8;
         a.scale = (float)c->scale;
+        a.scale_ref = c->scale;
         a.scale_log2 = (float)(c->scale * 1.4426950408889634);
         a.kv_scale = (float)c->kv_scale;
         if (!rc) rc = mla_fail(launch_attention(a, stages, split_qk, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
@@ -2195,6 +2204,7 @@ static void fill_attn_args(mla_state *s, int layer, attn_args *a)
     a->fp8_cache = s->fp8;
     a->scale = (float)s->cfg.model.scale;
     a->scale_log2 = (float)(s->cfg.model.scale * 1.4426950408889634);
+    a->scale_ref = s->cfg.model.scale;
     a->kv_scale = (float)s->cfg.kv_scale;
 }
 
