@@ -110,7 +110,8 @@ static bool json_int(json_t *obj, const char *name, long long *out)
     if (json_is_integer(v)) { *out = json_integer_value(v); return true; }
     if (json_is_real(v)) {
         double d = json_real_value(v);
-        if (d != floor(d)) return false;
+        /* outside long long the cast is undefined: such a row is bad, not huge */
+        if (d != floor(d) || !(fabs(d) < 9.2e18)) return false;
         *out = (long long)d;
         return true;
     }
