@@ -184,9 +184,19 @@ typedef struct casc_result {
     int guard_violations;
 } casc_result;
 
-/* One forward of the prepared step into out/lse, verified (sample_rows 0 = all rows). */
+/* How much of a case the float64 reference checks.  The cascade == flat comparison always
+ * covers every element of every request; the verifier (a float64 CPU reference per checked
+ * row, regenerating each checked request's keys) is what costs time on big sets. */
+typedef struct casc_check {
+    int flat_rows;      /* rows per step verified on the flat run (0 = every row) */
+    int cascade_rows;   /* rows per step verified on the cascade run (0 = every row) */
+    int verify_reqs;    /* verify only requests [0, verify_reqs) (0 = all); NaN/Inf still checked everywhere */
+} casc_check;
+
+/* One forward of the prepared step into out/lse, verified (sample_rows 0 = all rows; verify_reqs
+ * 0 = all requests, else the first verify_reqs). */
 static inline void casc_forward(const ar_backend *be, void *state, const ar_run_config *cfg, const casc_batch *t, const ar_batch *bb,
-                         int sample_rows, float *out, float *lse, ar_forward_out *o, ar_verify_result *vr)
+                         int sample_rows, int verify_reqs, float *out, float *lse, ar_forward_out *o, ar_verify_result *vr)
 {
     char err[512] = "";
     memset(o, 0, sizeof *o);
@@ -196,17 +206,20 @@ static inline void casc_forward(const ar_backend *be, void *state, const ar_run_
     if (rc) print_message("forward: %s\n", err);
     assert_int_equal(rc, 0);
     ar_verify_opts vo = {sample_rows > 0 ? AR_VERIFY_SAMPLE : AR_VERIFY_ALL, sample_rows, 0, NULL};
-    rc = ar_verify_step(cfg, &t->b, 0, out, lse, NULL, &vo, vr, err, sizeof err);
+    /* a view of the first verify_reqs requests: num_tokens (the out/lse row stride) unchanged */
+    ar_batch checked = t->b;
+    if (verify_reqs > 0 && verify_reqs < checked.num_reqs) checked.num_reqs = verify_reqs;
+    rc = ar_verify_step(cfg, &checked, 0, out, lse, NULL, &vo, vr, err, sizeof err);
     if (rc) print_message("verify: %s\n", err);
     assert_int_equal(rc, 0);
     if (o->guard_violations) vr->pass = false;
 }
 
-/* Runs the batch flat and with cascade prefix P on one backend instance; after_prepare (may be
- * NULL) sees the state right after the cascade step's prepare. */
-static inline void casc_run(const ar_backend *be, void (*after_prepare)(void *state, casc_result *res),
-                            const ar_run_config *cfg, const casc_seq *cases, int n, int prefix_len, int sample_rows,
-                     casc_result *res)
+/* Runs the batch flat and with cascade prefix P on one backend instance, verifying as check
+ * says; after_prepare (may be NULL) sees the state right after the cascade step's prepare. */
+static inline void casc_run_checked(const ar_backend *be, void (*after_prepare)(void *state, casc_result *res),
+                                    const ar_run_config *cfg, const casc_seq *cases, int n, int prefix_len,
+                                    const casc_check *check, casc_result *res)
 {
     memset(res, 0, sizeof *res);
     void *state = NULL;
@@ -232,7 +245,7 @@ static inline void casc_run(const ar_backend *be, void (*after_prepare)(void *st
     rc = be->prepare(state, &bb, err, sizeof err);
     if (rc) print_message("prepare (flat): %s\n", err);
     assert_int_equal(rc, 0);
-    casc_forward(be, state, cfg, &t, &bb, sample_rows, out_flat, lse_flat, &o, &res->flat);
+    casc_forward(be, state, cfg, &t, &bb, check->flat_rows, check->verify_reqs, out_flat, lse_flat, &o, &res->flat);
     assert_string_equal(o.kernels[1].name, "attn");
     res->flat_us = o.total_us - o.kernels[0].us;
     res->guard_violations += o.guard_violations;
@@ -242,7 +255,7 @@ static inline void casc_run(const ar_backend *be, void (*after_prepare)(void *st
     if (rc) print_message("prepare (cascade): %s\n", err);
     assert_int_equal(rc, 0);
     if (after_prepare) after_prepare(state, res);
-    casc_forward(be, state, cfg, &t, &bb, sample_rows, out_casc, lse_casc, &o, &res->casc);
+    casc_forward(be, state, cfg, &t, &bb, check->cascade_rows, check->verify_reqs, out_casc, lse_casc, &o, &res->casc);
     assert_int_equal(o.num_kernels, 4);
     assert_string_equal(o.kernels[0].name, "write");
     assert_string_equal(o.kernels[1].name, "prefix");
@@ -270,6 +283,15 @@ static inline void casc_run(const ar_backend *be, void (*after_prepare)(void *st
     free(lse_casc);
     casc_free(&t);
     be->close(state);
+}
+
+/* casc_run_checked with sample_rows rows verified on both runs, every request (0 = all rows). */
+static inline void casc_run(const ar_backend *be, void (*after_prepare)(void *state, casc_result *res),
+                            const ar_run_config *cfg, const casc_seq *cases, int n, int prefix_len, int sample_rows,
+                            casc_result *res)
+{
+    casc_check check = {sample_rows, sample_rows, 0};
+    casc_run_checked(be, after_prepare, cfg, cases, n, prefix_len, &check, res);
 }
 
 /* vLLM test_cascade's sequence sets: (query_len, kv_len) */

@@ -12,6 +12,9 @@
  * test_merge_attn_states grid with ~10% +inf LSEs on each side (never both), plus rows with
  * -inf on one side and on both, against ar_ref_merge.  Planted faults (merge without weights,
  * LSE base 2, causal off by one, no rescale) are flagged on a cascade step.
+ * The float64 reference checks sampled rows (every row of one general case, the first 16
+ * requests of the decode set) so that the binary finishes in well under a minute on the H200;
+ * cascade == flat is compared on every element.
  * AR_GPU_SMALL=1 (compute-sanitizer runs) keeps only head size 128 without soft cap, 20 requests
  * of the decode set and a short merge grid.
  * Every test skips with the backend's reason when there is no GPU. */
@@ -96,13 +99,18 @@ static void test_vllm_cascade_grid(void **unused)
                         if (casc_small() && (sizes[d] != 128 || c == 1)) continue;
                         ar_run_config cfg = casc_cfg(heads[h][0], heads[h][1], sizes[d], set ? 32768 : 2048,
                                                      dtypes[dt], caps[c]);
-                        /* the float64 reference on every row for heads 8/2, d 128, no cap;
-                         * elsewhere ~128 rows spread over the batch (each request's last row
-                         * always; every row of the decode set); cascade == flat covers all */
-                        bool full = set == 0 && h == 1 && d == 0 && c == 0;
+                        /* The float64 reference (CPU, the slow part of this test) checks:
+                         * general set: every cascade row for heads 8/2, d 128, fp16, no cap
+                         * (flat: 16 rows); elsewhere ~24 cascade and ~8 flat rows spread over
+                         * the batch, each request's last row always.  Decode set: the last
+                         * row of the first 16 requests (all four shapes, 4 times each).
+                         * cascade == flat covers every element of every request in all cases. */
+                        bool full = set == 0 && h == 1 && d == 0 && dt == 0 && c == 0;
+                        casc_check check = {full ? 16 : 8, full ? 0 : 24, 0};
+                        if (set) check = (casc_check){0, 0, 16};
                         casc_result r;
-                        casc_run(&ar_cuda_backend, cuda_plan_hook, &cfg, set ? fd : casc_general_seqs, set ? n_fd : 5,
-                                 set ? 512 : 256, full ? 0 : 128, &r);
+                        casc_run_checked(&ar_cuda_backend, cuda_plan_hook, &cfg, set ? fd : casc_general_seqs,
+                                         set ? n_fd : 5, set ? 512 : 256, &check, &r);
                         char what[128];
                         snprintf(what, sizeof what, "%s heads %d/%d d %d %s cap %g", set ? "decode" : "general",
                                  heads[h][0], heads[h][1], sizes[d], ar_dtype_name(dtypes[dt]), caps[c]);
@@ -132,8 +140,9 @@ static void test_cascade_small_shapes(void **unused)
     casc_run(&ar_cuda_backend, cuda_plan_hook, &cfg, exact, 3, 256, 0, &r);
     failures += casc_report("context == P for every request", &r);
     ar_run_config gqa = casc_cfg(32, 8, 128, 4096, AR_FP16, 0);
+    /* contexts 2048 + 17 i: every one >= P = 2048 (vLLM caps P at the smallest context) */
     casc_seq many[64];
-    for (int i = 0; i < 64; i++) many[i] = (casc_seq){1, 2048 + 17 * i};
+    for (int i = 0; i < 64; i++) many[i] = (casc_seq){1, 2049 + 17 * i};
     casc_run(&ar_cuda_backend, cuda_plan_hook, &gqa, many, 64, 2048, 0, &r);
     failures += casc_report("64 decodes, GQA 32/8, P 2048", &r);
     assert_true(r.prefix_num_splits > 1);
@@ -174,8 +183,10 @@ static void test_cascade_faults_flagged(void **unused)
     for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) {
         ar_run_config cfg = casc_cfg(8, 2, 128, 2048, AR_BF16, 0);
         cfg.fault = faults[i];
+        /* 32 rows spread over the batch: every fault moves most rows (prefill rows of
+         * requests 0 and 3 among them, for the causal one) far past the tolerance */
         casc_result r;
-        casc_run(&ar_cuda_backend, cuda_plan_hook, &cfg, casc_general_seqs, 5, 256, 0, &r);
+        casc_run(&ar_cuda_backend, cuda_plan_hook, &cfg, casc_general_seqs, 5, 256, 32, &r);
         print_message("fault %-20s cascade %s (%s)\n", ar_fault_name(faults[i]), r.casc.pass ? "PASS" : "FAIL",
                       r.casc.reason);
         if (r.casc.pass) missed++;
