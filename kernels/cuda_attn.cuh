@@ -564,7 +564,9 @@ attn_kernel(const ar_attn_args a)
     }
 }
 
-/* Split-KV combine: one CTA per group; LSE-weighted merge of the normalised partials. */
+/* Split-KV combine: blockIdx.x = the group, blockIdx.y = a slice of its rows x dim pairs (the
+ * launch gives one thread per (row, dim pair): a 128-row prefix-pass group is 32 CTAs, not one
+ * CTA walking 32 latency-bound iterations); LSE-weighted merge of the normalised partials. */
 template <typename T>
 __global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
 {
@@ -573,7 +575,7 @@ __global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
     const int q_len = a.query_start_loc[cg.req + 1] - qstart;
     const int grp = a.group;
     T *out = reinterpret_cast<T *>(a.out);
-    for (int i = threadIdx.x; i < rows * (hd / 2); i += blockDim.x) {
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < rows * (hd / 2); i += blockDim.x * gridDim.y) {
         int lr = i / (hd / 2), d = (i % (hd / 2)) * 2;
         int pair = cg.pair0 + lr, tok = pair / grp, hq = cg.kv_head * grp + pair % grp;
         if (tok >= q_len || d >= a.head_size) continue;

@@ -28,7 +28,8 @@
  * 0..P-1 through block-table row 0: each CTA holds 128 (token, query head) rows of one KV head
  * and streams the shared K/V tiles through shared memory once for all of them (GQA-packed), so
  * the prefix is read ceil(T x group / 128) times per KV head instead of once per request;
- * split-KV across CTAs fills the machine when T is small.  "suffix" = the flat plan over keys
+ * split-KV across CTAs fills the machine when T is small (its own split rule: whole waves, see
+ * choose_prefix_splits; the split combine runs one thread per row x dim pair).  "suffix" = the flat plan over keys
  * P..seq_len-1 (seq_lens - P, block table shifted by P / block_size, causal bottom-right).
  * "merge" = merge_kernel (vLLM merge_attn_states).  Each pass's split combine is inside its
  * time.  Sliding window never cascades (prepare refuses it).
@@ -92,6 +93,7 @@ typedef struct cuda_state {
     size_t h_out_cap;
     size_t out_bytes, lse_bytes;    /* payload sizes of the current allocation */
     int force_config, force_splits;
+    int force_pre_config, force_pre_splits;   /* prefix pass only (ar_cuda_set_prefix_plan); -1 / 0 = as above */
 
     /* cascade (b->common_prefix_len P > 0): the plan above is the suffix pass (keys P..seq_len-1
      * of each request, causal), writing suf_out/suf_lse; the prefix pass (all T queries as one
@@ -305,6 +307,27 @@ static int choose_num_splits(int num_ctas, int max_units, int slots)
     return 1;
 }
 
+/* The cascade prefix pass: one sequence, so every unsplit item has the same length and the
+ * time is ~ ceil(C s / S_slots) / s waves of unsplit work.  Take the smallest s within 3% of
+ * the best over s <= 64, with pieces of at least 2 key-tile units (the Q tile load and the
+ * partial write are amortised) - e.g. C = 32 items on 264 slots: s = 8 (256 CTAs, one wave)
+ * where the FlashAttention rule took 7 (224 CTAs: 15% of the slots idle, 14% longer pieces). */
+static int choose_prefix_splits(int num_ctas, int max_units, int slots)
+{
+    if (num_ctas <= 0 || max_units <= 1 || slots <= 0) return 1;
+    int max_s = max_units / 2;
+    if (max_s > AR_MAX_SPLITS) max_s = AR_MAX_SPLITS;
+    if (max_s < 1) return 1;
+    double best = 1e30;
+    for (int s = 1; s <= max_s; s++) {
+        double cost = ceil((double)num_ctas * s / slots) / s;
+        if (cost < best) best = cost;
+    }
+    for (int s = 1; s <= max_s; s++)
+        if (ceil((double)num_ctas * s / slots) / s <= 1.03 * best) return s;
+    return 1;
+}
+
 static int cmp_work_desc(const void *pa, const void *pb)
 {
     const ar_attn_work *a = (const ar_attn_work *)pa, *b = (const ar_attn_work *)pb;
@@ -392,6 +415,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->cfg = *cfg;
     s->device = 0;
     s->force_config = -1;
+    s->force_pre_config = -1;
     s->hq = cfg->model.num_q_heads;
     s->hkv = cfg->model.num_kv_heads;
     s->head_size = cfg->model.head_size;
@@ -521,10 +545,11 @@ static void pass_plan_free(pass_plan *pl)
 }
 
 /* Flattens one launch into work items.  R sequences; query_start_loc [R + 1], seq_lens [R].
- * non_causal: every query of a sequence sees all its seq_len keys (cascade prefix pass), and
- * the sliding window is not applied.  0 ok, 3 out of host memory. */
+ * non_causal: every query of a sequence sees all its seq_len keys (cascade prefix pass: its
+ * own split rule), and the sliding window is not applied.  force_config -1 / force_splits 0 =
+ * automatic.  0 ok, 3 out of host memory. */
 static int build_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
-                      bool non_causal, pass_plan *pl)
+                      bool non_causal, int force_config, int force_splits, pass_plan *pl)
 {
     memset(pl, 0, sizeof *pl);
     int max_q = 0;
@@ -533,8 +558,8 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
         if (ql > max_q) max_q = ql;
     }
     int config = max_q * s->group <= 16 ? AR_CFG_DECODE : AR_CFG_PREFILL;
-    if (s->force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
-    if (s->force_config == AR_CFG_PREFILL_WIDE) config = s->template_hd == 128 ? AR_CFG_PREFILL_WIDE : AR_CFG_PREFILL;
+    if (force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
+    if (force_config == AR_CFG_PREFILL_WIDE) config = s->template_hd == 128 ? AR_CFG_PREFILL_WIDE : AR_CFG_PREFILL;
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
     const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
@@ -574,7 +599,9 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
             }
     }
     int slots = s->num_sms * s->ctas_per_sm[config];
-    int splits = s->force_splits > 0 ? s->force_splits : choose_num_splits((int)n_items, max_units, slots);
+    int splits = force_splits > 0 ? force_splits
+                 : non_causal ? choose_prefix_splits((int)n_items, max_units, slots)
+                              : choose_num_splits((int)n_items, max_units, slots);
     if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
     int chunk_units = splits > 1 ? (max_units + splits - 1) / splits : max_units;
     if (chunk_units < 1) chunk_units = 1;
@@ -705,9 +732,12 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
         if (!suf_seq) rc = 3;
         for (int r = 0; !rc && r < R; r++) suf_seq[r] = b->seq_lens[r] - P;
     }
-    if (!rc) rc = build_plan(s, R, b->query_start_loc, cascade ? suf_seq : b->seq_lens, false, &main_plan);
+    if (!rc) rc = build_plan(s, R, b->query_start_loc, cascade ? suf_seq : b->seq_lens, false, s->force_config,
+                             s->force_splits, &main_plan);
     else memset(&main_plan, 0, sizeof main_plan);
-    if (!rc && cascade) rc = build_plan(s, 1, pre_qsl, pre_seq, true, &pre_plan);
+    if (!rc && cascade)
+        rc = build_plan(s, 1, pre_qsl, pre_seq, true, s->force_pre_config >= 0 ? s->force_pre_config : s->force_config,
+                        s->force_pre_splits > 0 ? s->force_pre_splits : s->force_splits, &pre_plan);
     if (rc) {
         free(suf_seq);
         pass_plan_free(&main_plan);
@@ -933,10 +963,12 @@ static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, 
     if (e != cudaSuccess) return e;
     if (mid) cudaEventRecord(mid, s->stream);
     if (num_groups <= 0) return cudaSuccess;
+    /* one thread per (row, dim pair) of every group: rows x hd / 2 <= 256 x 128 -> y <= 128 */
+    dim3 grid((unsigned)num_groups, (unsigned)((rows * (s->template_hd / 2) + 255) / 256));
     if (s->bf16)
-        ar_attn::combine_kernel<__nv_bfloat16><<<num_groups, 256, 0, s->stream>>>(*a, rows, s->template_hd);
+        ar_attn::combine_kernel<__nv_bfloat16><<<grid, 256, 0, s->stream>>>(*a, rows, s->template_hd);
     else
-        ar_attn::combine_kernel<__half><<<num_groups, 256, 0, s->stream>>>(*a, rows, s->template_hd);
+        ar_attn::combine_kernel<__half><<<grid, 256, 0, s->stream>>>(*a, rows, s->template_hd);
     return cudaGetLastError();
 }
 
@@ -1149,6 +1181,14 @@ extern "C" void ar_cuda_set_plan(void *state, int config, int num_splits)
     if (!s) return;
     s->force_config = config;
     s->force_splits = num_splits;
+}
+
+extern "C" void ar_cuda_set_prefix_plan(void *state, int config, int num_splits)
+{
+    cuda_state *s = (cuda_state *)state;
+    if (!s) return;
+    s->force_pre_config = config;
+    s->force_pre_splits = num_splits;
 }
 
 extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)

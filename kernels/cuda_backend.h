@@ -24,6 +24,9 @@ extern const ar_backend ar_cuda_backend;
  * head dim 128 only; a benchmark variant); num_splits 0 = the heuristic,
  * N >= 1 = split every work item's key range into up to N pieces. */
 void ar_cuda_set_plan(void *state, int config, int num_splits);
+/* The same override for the cascade prefix pass only (config -1 / num_splits 0: as
+ * ar_cuda_set_plan says, else its own rule), for the prefix-plan sweep in bench_cascade. */
+void ar_cuda_set_prefix_plan(void *state, int config, int num_splits);
 
 /* What the last prepare() planned. */
 typedef struct ar_cuda_plan_info {

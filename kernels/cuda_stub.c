@@ -80,6 +80,13 @@ void ar_cuda_set_plan(void *state, int config, int num_splits)
     (void)num_splits;
 }
 
+void ar_cuda_set_prefix_plan(void *state, int config, int num_splits)
+{
+    (void)state;
+    (void)config;
+    (void)num_splits;
+}
+
 void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
 {
     (void)state;

@@ -12,6 +12,8 @@
  * |cascade - flat| over the outputs (both are rounded to bf16; a big value means a bug).
  * Target (issue 5): cascade >= 20x faster at P 32k, S 128.
  *
+ * At P 32k, S 128 it also sweeps the prefix pass's plan (geometry x split count, "SWEEP" lines).
+ *
  * Usage: bench_cascade [REPEAT] (default 20).  One "RESULT name=..." line per case, then a
  * table.  Skips with the backend's reason when there is no GPU. */
 #include <math.h>
@@ -55,6 +57,39 @@ static double kernel_us(const ar_forward_out *o, const char *name)
 {
     for (int k = 0; k < o->num_kernels; k++)
         if (strcmp(o->kernels[k].name, name) == 0) return o->kernels[k].us;
+    return 0;
+}
+
+/* The prefix pass under other plans (geometry x split count) on the prepared cascade batch b:
+ * one "SWEEP" line each with its prefix time and TFLOP/s, for choosing the automatic plan.
+ * auto_us is the automatic plan's prefix time.  0 ok, 1 error. */
+static int sweep_prefix_plans(void *st, ar_batch *b, float *out, float *lse, double auto_us)
+{
+    static const int configs[] = {0, 2};          /* PREFILL (128 x 32 tiles), PREFILL_WIDE (128 x 64) */
+    static const int splits[] = {0, 4, 7, 8, 12, 16, 24, 33};
+    const double flops = 4.0 * b->num_tokens * CASC_HQ * (double)b->common_prefix_len * CASC_HD;
+    printf("prefix plan sweep at P %d, T %d (auto: %.1f us):\n", b->common_prefix_len, b->num_tokens, auto_us);
+    char err[512] = "";
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++)
+        for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
+            ar_cuda_set_prefix_plan(st, configs[c], splits[k]);
+            ar_forward_out o;
+            memset(&o, 0, sizeof o);
+            o.out = out;
+            o.lse = lse;
+            if (ar_cuda_backend.prepare(st, b, err, sizeof err) || ar_cuda_backend.forward(st, 0, b, &o, err, sizeof err)) {
+                printf("ERROR prefix sweep config %d splits %d: %s\n", configs[c], splits[k], err);
+                ar_cuda_set_prefix_plan(st, -1, 0);
+                return 1;
+            }
+            ar_cuda_plan_info pi;
+            ar_cuda_plan_of(st, &pi);
+            double us = kernel_us(&o, "prefix");
+            printf("SWEEP prefix config=%d splits_asked=%d splits=%d work=%d prefix_us=%.1f tflops=%.1f suffix_us=%.1f\n",
+                   pi.prefix_config, splits[k], pi.prefix_num_splits, pi.prefix_num_work, us, flops / us * 1e-6,
+                   kernel_us(&o, "suffix"));
+        }
+    ar_cuda_set_prefix_plan(st, -1, 0);
     return 0;
 }
 
@@ -197,6 +232,7 @@ static int run_case(int P, int S, int repeat, casc_row *row)
                row->prefix_work, row->flat_splits, md);
         if (!row->ok) rc = 1;
     }
+    if (!rc && P == 32768 && S == 128) rc = sweep_prefix_plans(st, &b, out_casc, lse, row->prefix_us);
     ar_cuda_backend.close(st);
     free(qsl); free(seq); free(ctx); free(bt); free(bkeys); free(rkeys); free(slots);
     free(fslots); free(fkeys); free(foffs); free(out_flat); free(out_casc); free(lse);
