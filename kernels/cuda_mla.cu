@@ -194,38 +194,54 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 /* ---------------------------------------------------------------------------------------- */
 /* Tensor-core latent attention                                                               */
 
-/* Loads keys [k0, k0 + KEYS) of request r into a shared tile (zeros at and past key_end). */
+/* Loads keys [k0, k0 + KEYS) of request r into a shared tile (zeros at and past key_end).  The
+ * 16-bit cache goes by cp.async; an fp8 cache is read into registers (all 9 loads of a thread
+ * issued before the first is used, so a tile costs one memory latency, not nine), widened to the
+ * compute dtype (exact) and stored. */
 template <bool BF16, bool FP8>
 __device__ __forceinline__ void load_key_tile(const attn_args &a, uint16_t *sk, int r, int k0, int key_end)
 {
-    const int chunks = D / 8;   /* 72 chunks of 8 elements per key row */
-    for (int idx = threadIdx.x; idx < KEYS * chunks; idx += THREADS) {
+    constexpr int chunks = D / 8;   /* 72 chunks of 8 elements per key row */
+    if (!FP8) {
+        for (int idx = threadIdx.x; idx < KEYS * chunks; idx += THREADS) {
+            int key = idx / chunks, ch = idx % chunks;
+            int j = k0 + key;
+            bool valid = j < key_end;
+            int64_t slot = valid ? key_slot(a, r, j) : 0;
+            const uint16_t *src = (const uint16_t *)a.cache + slot * D + ch * 8;
+            cp_async16(sk + key * STRIDE + ch * 8, src, valid);
+        }
+        return;
+    }
+    constexpr int PER_THREAD = KEYS * chunks / THREADS;
+    static_assert(KEYS * chunks % THREADS == 0, "fp8 key tile: whole chunks per thread");
+    uint2 raw[PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; i++) {
+        int idx = threadIdx.x + i * THREADS;
         int key = idx / chunks, ch = idx % chunks;
         int j = k0 + key;
-        bool valid = j < key_end;
-        int64_t slot = valid ? key_slot(a, r, j) : 0;
-        uint16_t *dst = sk + key * STRIDE + ch * 8;
-        if (!FP8) {
-            const uint16_t *src = (const uint16_t *)a.cache + slot * D + ch * 8;
-            cp_async16(dst, src, valid);
-        } else {
-            uint4 packed = make_uint4(0, 0, 0, 0);
-            if (valid) {
-                uint2 raw = *reinterpret_cast<const uint2 *>((const uint8_t *)a.cache + slot * D + ch * 8);
-                uint16_t v[8];
+        raw[i] = make_uint2(0, 0);
+        if (j < key_end)
+            raw[i] = *reinterpret_cast<const uint2 *>((const uint8_t *)a.cache + key_slot(a, r, j) * D + ch * 8);
+    }
 #pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    uint32_t word = e < 4 ? raw.x : raw.y;
-                    uint8_t byte = (uint8_t)(word >> (8 * (e & 3)));
-                    v[e] = to_bits(BF16, ar_fp8e4m3_to_f32(byte));   /* exact in bf16 and fp16 */
-                }
-                packed.x = v[0] | ((uint32_t)v[1] << 16);
-                packed.y = v[2] | ((uint32_t)v[3] << 16);
-                packed.z = v[4] | ((uint32_t)v[5] << 16);
-                packed.w = v[6] | ((uint32_t)v[7] << 16);
-            }
-            *reinterpret_cast<uint4 *>(dst) = packed;
+    for (int i = 0; i < PER_THREAD; i++) {
+        int idx = threadIdx.x + i * THREADS;
+        int key = idx / chunks, ch = idx % chunks;
+        uint16_t v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            uint32_t word = e < 4 ? raw[i].x : raw[i].y;
+            uint8_t byte = (uint8_t)(word >> (8 * (e & 3)));
+            v[e] = to_bits(BF16, ar_fp8e4m3_to_f32(byte));   /* exact in bf16 and fp16; 0 -> +0 */
         }
+        uint4 packed;
+        packed.x = v[0] | ((uint32_t)v[1] << 16);
+        packed.y = v[2] | ((uint32_t)v[3] << 16);
+        packed.z = v[4] | ((uint32_t)v[5] << 16);
+        packed.w = v[6] | ((uint32_t)v[7] << 16);
+        *reinterpret_cast<uint4 *>(sk + key * STRIDE + ch * 8) = packed;
     }
 }
 
@@ -464,6 +480,258 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
             *reinterpret_cast<float2 *>(dst + col) = v;
         }
         if (colh == 0 && tig == 0) {
+            if (w.partial < 0) {
+                int i = gr / H, n = gr % H;
+                float lse = a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
+                a.lse[(int64_t)n * a.num_tokens + q0 + i] = lse;
+            } else {
+                a.part_lse[(int64_t)w.partial * ROWS + lr[h]] = lse2;
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Narrow tensor-core latent attention: row tiles of at most 16 rows (s_q * h_q <= 16, e.g.   */
+/* DeepSeek decode at TP8 with 16 heads), where the 64-row kernel would leave 6 of its 8      */
+/* warps idle (and both working warps on one SM sub-partition).  Here the 8 warps are 2 key   */
+/* halves (kh) x 4 column quarters (cq): warp (kh, cq) owns keys kh*16 .. +16 of every        */
+/* 32-key tile and output columns cq*128 .. +128.  The 16 x 16 score tile of a key half is    */
+/* split over its 4 cq warps by the 576 dims (9 k-steps each) and the partial sums are added  */
+/* through shared memory in a fixed order, so the 4 warps hold identical scores.  Each key    */
+/* half keeps its own online softmax over its (disjoint) keys; the two halves are merged by   */
+/* their maxima and sums at the end, like two split-KV pieces.                                 */
+
+constexpr int NROWS = 16;                                   /* rows of a narrow tile */
+constexpr int SMEM_QN = NROWS * STRIDE * 2;                 /* Q tile */
+constexpr int SMEM_SPART = 2 * 4 * NROWS * 16 * 4;          /* partial scores [kh][cq][row][16 keys] */
+constexpr int SMEM_XML = 2 * NROWS * 4;                     /* key half 1's row max and sum */
+constexpr int narrow_smem_total(int stages)
+{
+    return SMEM_QN + stages * SMEM_K + SMEM_SPART + SMEM_XML;
+}
+
+template <bool BF16, bool FP8, int STAGES>
+__global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
+{
+    extern __shared__ uint4 smem_raw[];
+    uint16_t *sq = reinterpret_cast<uint16_t *>(smem_raw);
+    uint16_t *const sk_base = sq + NROWS * STRIDE;                                   /* STAGES key tiles */
+    float *const s_part = reinterpret_cast<float *>(sk_base + STAGES * KEYS * STRIDE); /* [2][4][16][16] */
+    float *const x_ml = s_part + 2 * 4 * NROWS * 16;                                 /* [2][16]: m, l */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req, H = a.num_heads;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * H;   /* <= NROWS (the launcher checks); w.row0 == 0 */
+    const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+
+    {
+        const int chunks = D / 8;
+        for (int idx = threadIdx.x; idx < NROWS * chunks; idx += THREADS) {
+            int row = idx / chunks, ch = idx % chunks;
+            int gr = w.row0 + row;
+            bool valid = gr < nrows;
+            const uint16_t *src = (const uint16_t *)a.q + ((int64_t)q0 * H + (valid ? gr : 0)) * D + ch * 8;
+            cp_async16(sq + row * STRIDE + ch * 8, src, valid);
+        }
+        cp_async_commit();
+    }
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kh = warp >> 2, cq = warp & 3;
+    const int g = lane >> 2, tig = lane & 3;
+    const int lr[2] = {g, g + 8};
+    int lim[2];
+    for (int h = 0; h < 2; h++) {
+        int gr = w.row0 + lr[h];
+        lim[h] = gr < nrows ? key_limit(a.causal, sl, ql, gr / H, extra) : 0;
+        if (lim[h] > w.key_end) lim[h] = w.key_end;
+    }
+
+    float o[16][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const float score_mul = a.scale_log2 * (FP8 ? a.kv_scale : 1.f);
+
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < ntiles) load_key_tile<BF16, FP8>(a, sk_base + st * KEYS * STRIDE, r, w.key_begin + st * KEYS, w.key_end);
+        cp_async_commit();
+    }
+    float *const my_part = s_part + ((kh * 4 + cq) * NROWS) * 16;
+    for (int t = 0; t < ntiles; t++) {
+        const int k0 = w.key_begin + t * KEYS;
+        const int nxt = t + STAGES - 1;
+        if (nxt < ntiles)
+            load_key_tile<BF16, FP8>(a, sk_base + (nxt % STAGES) * KEYS * STRIDE, r, w.key_begin + nxt * KEYS,
+                                     w.key_end);
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        const uint16_t *sk = sk_base + (t % STAGES) * KEYS * STRIDE;
+
+        /* partial S over dims cq*144 .. +144: 16 rows x 16 keys (two n-tiles of 8) */
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = 0.f;
+        const uint16_t *qa = sq + lr[0] * STRIDE + 2 * tig, *qb = sq + lr[1] * STRIDE + 2 * tig;
+#pragma unroll
+        for (int ks = 0; ks < 9; ks++) {
+            const int kk = cq * 144 + ks * 16;
+            uint32_t af[4];
+            af[0] = *reinterpret_cast<const uint32_t *>(qa + kk);
+            af[1] = *reinterpret_cast<const uint32_t *>(qb + kk);
+            af[2] = *reinterpret_cast<const uint32_t *>(qa + kk + 8);
+            af[3] = *reinterpret_cast<const uint32_t *>(qb + kk + 8);
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const uint16_t *kr = sk + (kh * 16 + nt * 8 + g) * STRIDE + 2 * tig + kk;
+                uint32_t b0 = *reinterpret_cast<const uint32_t *>(kr);
+                uint32_t b1 = *reinterpret_cast<const uint32_t *>(kr + 8);
+                mma16816<BF16>(s[nt], af, b0, b1);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            *reinterpret_cast<float2 *>(my_part + lr[0] * 16 + nt * 8 + 2 * tig) = make_float2(s[nt][0], s[nt][1]);
+            *reinterpret_cast<float2 *>(my_part + lr[1] * 16 + nt * 8 + 2 * tig) = make_float2(s[nt][2], s[nt][3]);
+        }
+        __syncthreads();
+        /* full scores of this key half: the 4 partials in the order cq = 0..3 (identical in all
+         * four warps of the half) */
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float2 acc = make_float2(0.f, 0.f);
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    float2 v = *reinterpret_cast<const float2 *>(s_part + ((kh * 4 + c) * NROWS + lr[h]) * 16 + nt * 8 +
+                                                                 2 * tig);
+                    acc.x += v.x;
+                    acc.y += v.y;
+                }
+                s[nt][2 * h] = acc.x;
+                s[nt][2 * h + 1] = acc.y;
+            }
+
+        /* mask, scale to the log2 domain, online softmax of this key half */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1;
+                int j = k0 + kh * 16 + nt * 8 + 2 * tig + (e & 1);
+                float x = j < lim[h] ? s[nt][e] * score_mul : -INFINITY;
+                s[nt][e] = x;
+                mx[h] = fmaxf(mx[h], x);
+            }
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            float m_new = fmaxf(m_run[h], mx[h]);
+            m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+            alpha[h] = exp2f(m_run[h] - m_use[h]);
+            m_run[h] = m_new;
+        }
+        float psum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(s[nt][e] - m_use[e >> 1]);
+                s[nt][e] = p;
+                psum[e >> 1] += p;
+            }
+        for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * alpha[h] + psum[h];
+        if (a.fault != AR_FAULT_NO_RESCALE) {
+#pragma unroll
+            for (int nt = 0; nt < 16; nt++) {
+                o[nt][0] *= alpha[0];
+                o[nt][1] *= alpha[0];
+                o[nt][2] *= alpha[1];
+                o[nt][3] *= alpha[1];
+            }
+        }
+
+        /* O += P V: P 16 rows x this half's 16 keys (one k-step), V = those keys' columns
+         * cq*128 .. +128 */
+        uint32_t pf[4];
+        pf[0] = pack2<BF16>(s[0][0], s[0][1]);
+        pf[1] = pack2<BF16>(s[0][2], s[0][3]);
+        pf[2] = pack2<BF16>(s[1][0], s[1][1]);
+        pf[3] = pack2<BF16>(s[1][2], s[1][3]);
+        const int mi = lane >> 3, rr = lane & 7;
+        const uint16_t *vbase = sk + (kh * 16 + rr + (mi & 1) * 8) * STRIDE + cq * 128 + (mi >> 1) * 8;
+#pragma unroll
+        for (int np = 0; np < 8; np++) {
+            uint32_t vf[4];
+            ldmatrix_x4_trans(vf, vbase + np * 16);
+            mma16816<BF16>(o[2 * np], pf, vf[0], vf[1]);
+            mma16816<BF16>(o[2 * np + 1], pf, vf[2], vf[3]);
+        }
+        __syncthreads();   /* the slot is refilled and s_part rewritten in the next tile */
+    }
+    cp_async_wait<0>();
+    __syncthreads();   /* the key ring is free: it carries key half 1's output to half 0 */
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    }
+    float *const x_o = reinterpret_cast<float *>(sk_base);   /* [16][512] key half 1's unnormalised output */
+    if (kh == 1) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int nt = 0; nt < 16; nt++) {
+                int col = cq * 128 + nt * 8 + 2 * tig;
+                *reinterpret_cast<float2 *>(x_o + lr[h] * DL + col) = make_float2(o[nt][2 * h], o[nt][2 * h + 1]);
+            }
+            if (cq == 0 && tig == 0) {
+                x_ml[lr[h]] = m_run[h];
+                x_ml[NROWS + lr[h]] = l_run[h];
+            }
+        }
+    }
+    __syncthreads();
+    if (kh == 1) return;
+
+    const float out_mul = FP8 ? a.kv_scale : 1.f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int gr = w.row0 + lr[h];
+        if (gr >= nrows) continue;
+        float m1 = x_ml[lr[h]], l1 = x_ml[NROWS + lr[h]];
+        float m = fmaxf(m_run[h], m1);
+        float a0 = m == -INFINITY ? 0.f : exp2f(m_run[h] - m);
+        float a1 = m == -INFINITY ? 0.f : exp2f(m1 - m);
+        float l = l_run[h] * a0 + l1 * a1;
+        float inv = l > 0.f ? out_mul / l : 0.f;
+        float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
+        float *dst;
+        if (w.partial < 0)
+            dst = a.o_lat + ((int64_t)q0 * H + gr) * DL;
+        else
+            dst = a.part_o + ((int64_t)w.partial * ROWS + lr[h]) * DL;
+#pragma unroll
+        for (int nt = 0; nt < 16; nt++) {
+            int col = cq * 128 + nt * 8 + 2 * tig;
+            float2 x1 = *reinterpret_cast<const float2 *>(x_o + lr[h] * DL + col);
+            float2 v = make_float2((o[nt][2 * h] * a0 + x1.x * a1) * inv, (o[nt][2 * h + 1] * a0 + x1.y * a1) * inv);
+            *reinterpret_cast<float2 *>(dst + col) = v;
+        }
+        if (cq == 0 && tig == 0) {
             if (w.partial < 0) {
                 int i = gr / H, n = gr % H;
                 float lse = a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
@@ -1218,9 +1486,26 @@ static bool set_tc_attributes_one(void)
 }
 
 template <int STAGES>
+static bool set_narrow_attributes(void)
+{
+    const int bytes = narrow_smem_total(STAGES);
+    cudaError_t e1 = cudaFuncSetAttribute(attn_narrow_kernel<true, false, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaError_t e2 = cudaFuncSetAttribute(attn_narrow_kernel<false, false, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaError_t e3 = cudaFuncSetAttribute(attn_narrow_kernel<true, true, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaError_t e4 = cudaFuncSetAttribute(attn_narrow_kernel<false, true, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e1 != cudaSuccess || e2 != cudaSuccess || e3 != cudaSuccess || e4 != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+/* 3 stages of the 64-row kernels come with 4 of the narrow one (176 KB), 2 with 2 (100 KB). */
+template <int STAGES>
 static bool set_tc_attributes(void)
 {
-    return set_tc_attributes_one<STAGES, false>() && set_tc_attributes_one<STAGES, true>();
+    return set_tc_attributes_one<STAGES, false>() && set_tc_attributes_one<STAGES, true>() &&
+           set_narrow_attributes<STAGES == 3 ? 4 : 2>();
 }
 
 static int tc_kernel_stages(int device)
@@ -1232,7 +1517,9 @@ static int tc_kernel_stages(int device)
     }
     const char *e = getenv("AR_MLA_STAGES");
     int cap = (e && strcmp(e, "2") == 0) ? 2 : 3;
-    if (cap >= 3 && optin >= smem_total(3, true) && set_tc_attributes<3>() && set_tc_attributes<2>()) return 3;
+    if (cap >= 3 && optin >= smem_total(3, true) && optin >= narrow_smem_total(4) && set_tc_attributes<3>() &&
+        set_tc_attributes<2>())
+        return 3;
     if (optin >= smem_total(2, true) && set_tc_attributes<2>()) return 2;
     return 0;
 }
@@ -1255,6 +1542,7 @@ typedef struct mla_plan {
     work_item *work;
     combine_group *groups;
     int num_work, num_groups, num_partials;
+    int max_rows;           /* most rows (q_len * H) of a planned request */
 } mla_plan;
 
 static void plan_free(mla_plan *p)
@@ -1288,9 +1576,11 @@ static int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, c
 {
     memset(p, 0, sizeof *p);
     int64_t n_items = 0, total_tiles = 0;
+    int max_rows = 0;
     for (int r = 0; r < R; r++) {
         if (include && !include[r]) continue;
         int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
+        if (nrows > max_rows) max_rows = nrows;
         for (int row0 = 0; row0 < nrows; row0 += ROWS) {
             int last = row0 + ROWS - 1 < nrows - 1 ? row0 + ROWS - 1 : nrows - 1;
             int kend = host_key_limit(causal, seq_lens[r], ql, last / H, extra);
@@ -1358,16 +1648,43 @@ static int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, c
     p->num_work = (int)n_work;
     p->num_groups = (int)n_groups;
     p->num_partials = (int)n_partials;
+    p->max_rows = max_rows;
     return 0;
 }
 
-/* Launches the latent attention (+ combine) for a planned step: the tensor-core kernel with
- * `stages` key-tile stages (2 or 3; split_qk: the variant that splits the score tile between the
- * column halves), or the SIMT kernel when stages is 0. */
-template <bool BF16, bool FP8>
-static void launch_tc(const attn_args &a, int stages, bool split_qk, int num_work, cudaStream_t st)
+/* Which tensor-core kernel runs a launch: the 64-row kernel, its split-score variant, or the
+ * narrow 16-row kernel (only when every planned request has at most 16 rows). */
+enum tc_variant { TC_FULL = 0, TC_SPLIT_QK = 1, TC_NARROW = 2 };
+
+/* AUTO: the narrow kernel when every request has <= 16 rows (s_q * h_q), else the split-score
+ * variant (fewer MACs: 160 vs 135 TFLOP/s at h_q = 128 on the H200, 2026-11-30).  TC and
+ * TC_SPLIT_QK force a 64-row kernel; TC_NARROW falls back to AUTO's choice for wider requests. */
+static tc_variant choose_variant(ar_cuda_mla_kernel k, int max_rows)
 {
-    if (stages >= 3 && split_qk)
+    if (k == AR_MLA_KERNEL_TC) return TC_FULL;
+    if (k == AR_MLA_KERNEL_TC_SPLIT_QK) return TC_SPLIT_QK;
+    return max_rows <= NROWS ? TC_NARROW : TC_SPLIT_QK;
+}
+
+/* Key-tile stages of a variant given the 64-row kernels' stages (3 on Hopper, 2 forced / A100). */
+static int variant_stages(tc_variant v, int tc_stages)
+{
+    if (tc_stages <= 0) return 0;
+    return v == TC_NARROW ? (tc_stages >= 3 ? 4 : 2) : tc_stages;
+}
+
+/* Launches the latent attention (+ combine) for a planned step: the tensor-core kernel of the
+ * variant with `stages` key-tile stages (64-row kernels 2 or 3, narrow 2 or 4), or the SIMT
+ * kernel when stages is 0. */
+template <bool BF16, bool FP8>
+static void launch_tc(const attn_args &a, int stages, tc_variant variant, int num_work, cudaStream_t st)
+{
+    const bool split_qk = variant == TC_SPLIT_QK;
+    if (variant == TC_NARROW && stages >= 4)
+        attn_narrow_kernel<BF16, FP8, 4><<<num_work, THREADS, narrow_smem_total(4), st>>>(a);
+    else if (variant == TC_NARROW)
+        attn_narrow_kernel<BF16, FP8, 2><<<num_work, THREADS, narrow_smem_total(2), st>>>(a);
+    else if (stages >= 3 && split_qk)
         attn_tc_kernel<BF16, FP8, 3, true><<<num_work, THREADS, smem_total(3, true), st>>>(a);
     else if (stages >= 3)
         attn_tc_kernel<BF16, FP8, 3, false><<<num_work, THREADS, smem_total(3, false), st>>>(a);
@@ -1377,15 +1694,15 @@ static void launch_tc(const attn_args &a, int stages, bool split_qk, int num_wor
         attn_tc_kernel<BF16, FP8, 2, false><<<num_work, THREADS, smem_total(2, false), st>>>(a);
 }
 
-static cudaError_t launch_attention(const attn_args &a, int stages, bool split_qk, int num_work, int num_groups,
+static cudaError_t launch_attention(const attn_args &a, int stages, tc_variant variant, int num_work, int num_groups,
                                     int num_tokens, cudaStream_t st, cudaEvent_t ev_mid)
 {
     if (stages > 0) {
         if (num_work > 0) {
-            if (a.bf16 && !a.fp8_cache) launch_tc<true, false>(a, stages, split_qk, num_work, st);
-            else if (a.bf16) launch_tc<true, true>(a, stages, split_qk, num_work, st);
-            else if (!a.fp8_cache) launch_tc<false, false>(a, stages, split_qk, num_work, st);
-            else launch_tc<false, true>(a, stages, split_qk, num_work, st);
+            if (a.bf16 && !a.fp8_cache) launch_tc<true, false>(a, stages, variant, num_work, st);
+            else if (a.bf16) launch_tc<true, true>(a, stages, variant, num_work, st);
+            else if (!a.fp8_cache) launch_tc<false, false>(a, stages, variant, num_work, st);
+            else launch_tc<false, true>(a, stages, variant, num_work, st);
         }
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
@@ -1466,8 +1783,6 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
     }
     if (c->stages == 2 && tc_stages > 2) tc_stages = 2;
     bool use_tc = c->kernel != AR_MLA_KERNEL_SIMT && tc_stages > 0;
-    const int stages = use_tc ? tc_stages : 0;
-    const bool split_qk = c->kernel == AR_MLA_KERNEL_TC_SPLIT_QK;
 
     const int B = c->batch, SQ = c->s_q, H = c->h_q, bs = c->block_size;
     const int T = B * SQ;
@@ -1495,6 +1810,8 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         snprintf(err, err_len, "cuda-mla case: out of host memory");
         rc = 3;
     }
+    const tc_variant variant = choose_variant(c->kernel, plan.max_rows);
+    const int stages = use_tc ? variant_stages(variant, tc_stages) : 0;
 
     /* device memory: one allocation per array, freed at the end */
     void *d_meta = NULL, *d_q = NULL, *d_cache = NULL, *d_olat = NULL, *d_lse = NULL, *d_po = NULL, *d_pl = NULL;
@@ -1570,7 +1887,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         a.scale_ref = c->scale;
         a.scale_log2 = (float)(c->scale * 1.4426950408889634);
         a.kv_scale = (float)c->kv_scale;
-        if (!rc) rc = mla_fail(launch_attention(a, stages, split_qk, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+        if (!rc) rc = mla_fail(launch_attention(a, stages, variant, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
         if (!rc) rc = mla_fail(cudaDeviceSynchronize(), "attention", err, err_len);
         if (!rc && c->repeat > 0) {
             double *times = (double *)malloc(sizeof(double) * (size_t)c->repeat);
@@ -1580,7 +1897,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
             }
             for (int i = 0; !rc && i < c->repeat; i++) {
                 cudaEventRecord(ev0, st);
-                rc = mla_fail(launch_attention(a, stages, split_qk, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+                rc = mla_fail(launch_attention(a, stages, variant, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
                 cudaEventRecord(ev1, st);
                 if (!rc) rc = mla_fail(cudaEventSynchronize(ev1), "attention", err, err_len);
                 float ms = 0;
@@ -1637,6 +1954,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         res->num_work = use_tc ? plan.num_work : T * H;
         res->num_groups = use_tc ? plan.num_groups : 0;
         res->stages = stages;
+        res->kernel_name = !use_tc ? "simt" : variant == TC_NARROW ? "tc-narrow" : variant == TC_SPLIT_QK ? "tc-split-qk" : "tc";
     }
     void *bufs[] = {d_meta, d_q, d_cache, d_olat, d_lse, d_po, d_pl, d_ref_o, d_ref_l};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -1675,6 +1993,7 @@ typedef struct mla_state {
     int step_ready;
     int R, T, mbpr;
     int num_work, num_groups, num_partials;
+    int max_rows;                   /* most rows (q_len * H) of an absorbed request */
     int n_dec_reqs, n_pf_reqs, n_pf_tok, n_passes, ws_rows_max;
     int *pass_rows;                 /* [n_passes] rows of each pass (host) */
     size_t *pass_meta_off;          /* [n_passes] offset of the pass's arrays in meta */
@@ -2130,6 +2449,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->num_work = plan.num_work;
     s->num_groups = plan.num_groups;
     s->num_partials = plan.num_partials;
+    s->max_rows = plan.max_rows;
     s->n_pf_reqs = n_pf_reqs;
     s->n_dec_reqs = R - n_pf_reqs;
     s->n_pf_tok = n_pf_tok;
@@ -2314,7 +2634,8 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool us
     }
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     if (any_dec) {
-        e = launch_attention(a, use_tc ? s->tc_stages : 0, s->force_kernel == AR_MLA_KERNEL_TC_SPLIT_QK, s->num_work,
+        const tc_variant variant = choose_variant(s->force_kernel, s->max_rows);
+        e = launch_attention(a, use_tc ? variant_stages(variant, s->tc_stages) : 0, variant, s->num_work,
                              s->num_groups, T, s->stream, timed ? s->ev[3] : NULL);
         if (e != cudaSuccess) return e;
     } else if (timed) {

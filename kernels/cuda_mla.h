@@ -45,9 +45,11 @@ extern const ar_backend ar_cuda_mla_backend;
 #define AR_CUDA_MLA_DECODE_THRESHOLD 128
 
 /* Latent-attention kernel choice: the tensor-core kernel (mma.sync, 64-row head tiles, split-KV
- * + combine; AUTO), its variant in which the two column-half warps of a row group split the
- * score tile instead of both computing it (TC_SPLIT_QK: fewer MACs, more barriers), or the plain
- * SIMT kernel kept as a simple fallback.  The environment variable AR_MLA_KERNEL=simt|tc|
+ * + combine), its variant in which the two column-half warps of a row group split the score
+ * tile instead of both computing it (TC_SPLIT_QK: fewer MACs, more barriers), or the plain SIMT
+ * kernel kept as a simple fallback.  AUTO runs the narrow 16-row tensor-core kernel (all 8 warps
+ * on one 16-row tile: key halves x column quarters) when every absorbed request has
+ * q_len * h_q <= 16, else TC_SPLIT_QK.  The environment variable AR_MLA_KERNEL=simt|tc|
  * tc-split-qk selects one for the backend too; AR_MLA_STAGES=2 keeps the tensor-core kernel at
  * a 2-tile key ring (3 on Hopper otherwise). */
 typedef enum ar_cuda_mla_kernel {
@@ -110,6 +112,7 @@ typedef struct ar_cuda_mla_result {
     double attn_us;           /* median time of attention + combine (repeat > 0) */
     int num_work, num_groups;
     int stages;               /* stages used (0: the SIMT kernel ran) */
+    const char *kernel_name;  /* the kernel that ran: "tc", "tc-split-qk", "tc-narrow" or "simt" */
 } ar_cuda_mla_result;
 
 /* Runs one case.  0 ok; 3 no device / CUDA error; 2 bad case.  err says why. */

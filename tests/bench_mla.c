@@ -97,20 +97,21 @@ int main(void)
 
     printf("CUDA MLA decode (cuda-mla latent attention + combine) vs plain torch einsum, b=%d s_q=%d, d=576 dv=512, "
            "block 64, median of %d\n", B, SQ, c.repeat);
-    printf("%-5s %-8s %-6s %-8s %6s %10s %9s %8s %6s | %12s %9s %8s\n", "h_q", "s_k", "kv", "kernel", "stages",
+    printf("%-5s %-8s %-6s %-11s %6s %10s %9s %8s %6s | %12s %9s %8s\n", "h_q", "s_k", "kv", "kernel", "stages",
            "cuda-mla us", "TFLOP/s", "TB/s", "CTAs", "torch us", "TFLOP/s", "TB/s");
     int rc = 0;
     double best_tflops = 0, best_tbps = 0;
     for (size_t ih = 0; ih < 2; ih++)
         for (size_t ik = 0; ik < 10; ik++) {
-            /* rows: 4 lengths; fp8 cache at 16k; 2-stage ring at 16k; the split-QK variant x 4 */
-            bool fp8_row = ik == 4, ring2_row = ik == 5, split_row = ik >= 6;
+            /* rows: 4 lengths (AUTO: narrow kernel at h_q 16, split-QK at 128); fp8 cache at 16k;
+             * 2-stage ring at 16k; the plain 64-row kernel x 4 */
+            bool fp8_row = ik == 4, ring2_row = ik == 5, plain_row = ik >= 6;
             int sk = ik < 4 ? sks[ik] : ik < 6 ? 16384 : sks[ik - 6];
             for (int b = 0; b < B; b++) seqlens[b] = sk;
             c.h_q = hqs[ih];
             c.kv_dtype = fp8_row ? AR_FP8_E4M3 : AR_BF16;
             c.stages = ring2_row ? 2 : 0;
-            c.kernel = split_row ? AR_MLA_KERNEL_TC_SPLIT_QK : AR_MLA_KERNEL_AUTO;
+            c.kernel = plain_row ? AR_MLA_KERNEL_TC : AR_MLA_KERNEL_AUTO;
             memset(&res, 0, sizeof res);
             if (ar_cuda_mla_run_case(&c, &res, err, sizeof err) != 0) {
                 printf("%-5d %-8d error: %s\n", c.h_q, sk, err);
@@ -124,8 +125,8 @@ int main(void)
             double tflops = flops / res.attn_us / 1e6, tbps = bytes / res.attn_us / 1e6;
             if (!fp8_row && c.h_q == 128 && tflops > best_tflops) best_tflops = tflops;
             if (!fp8_row && c.h_q == 16 && tbps > best_tbps) best_tbps = tbps;
-            printf("%-5d %-8d %-6s %-8s %6d %10.1f %9.1f %8.2f %6d | ", c.h_q, sk, fp8_row ? "fp8" : "bf16",
-                   split_row ? "split-qk" : "tc", res.stages, res.attn_us, tflops, tbps, res.num_work);
+            printf("%-5d %-8d %-6s %-11s %6d %10.1f %9.1f %8.2f %6d | ", c.h_q, sk, fp8_row ? "fp8" : "bf16",
+                   res.kernel_name ? res.kernel_name : "?", res.stages, res.attn_us, tflops, tbps, res.num_work);
             const peer_row *pr = ik >= 4 ? NULL : find_peer(peer, n_peer, c.h_q, sk);
             if (pr)
                 printf("%12.1f %9.1f %8.2f\n", pr->us, flops / pr->us / 1e6, bytes / pr->us / 1e6);

@@ -13,7 +13,9 @@
  *    NaN.  AR_GPU_SMALL=1 (compute-sanitizer runs) keeps only s_k <= 140 and b <= 6 in the grids
  *    and drops the 4096-key and 128-head extras.
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the split-score variant
- *    (AR_MLA_KERNEL_TC_SPLIT_QK), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.
+ *    (AR_MLA_KERNEL_TC_SPLIT_QK), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.  The
+ *    grid runs AUTO (the narrow 16-row kernel when s_q * h_q <= 16, else split-QK); the plain
+ *    64-row kernel (AR_MLA_KERNEL_TC) runs on a grid subset.
  * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
@@ -251,9 +253,10 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
         compare_case(&c, &r, sel, &st);
         ok = st.bad_out == 0 && st.bad_lse == 0 && st.nan_out == 0 && st.cos_diff < go->cos_limit;
         if (!ok && fail_lines++ < 30)
-            print_message("FAIL b=%d s_q=%d s_k=%d h_q=%d varlen=%d causal=%d zeros=%d splits=%d kernel=%d %s/%s: "
+            print_message("FAIL b=%d s_q=%d s_k=%d h_q=%d varlen=%d causal=%d zeros=%d splits=%d kernel=%d (%s) %s/%s: "
                           "max abs %.3g, cos diff %.3g, bad out %ld, bad lse %ld (lse max abs %.3g), nan %ld; first: %s\n",
                           b, s_q, s_k, h_q, varlen, causal, zero_lens, go->num_splits, (int)go->kernel,
+                          r.kernel_name ? r.kernel_name : "?",
                           ar_dtype_name(go->dtype), ar_dtype_name(go->kv_dtype), st.max_abs, st.cos_diff,
                           st.bad_out, st.bad_lse, st.lse_max_abs, st.nan_out, st.first_bad);
     }
@@ -268,7 +271,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
 
 static grid_opts default_opts(void)
 {
-    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_TC, 0, 64, 5e-6, 0};
+    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_AUTO, 0, 64, 5e-6, 0};
     return g;
 }
 
@@ -453,13 +456,13 @@ static void test_forced_splits_and_block16(void **st)
 }
 
 /* The split-score variant of the tensor-core kernel (not the default) on a grid subset. */
-static void test_split_qk_variant(void **st)
+static void test_plain_tc_variant(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
     static const int bs_[] = {2, 6}, sqs[] = {1, 2, 4}, sks[] = {140, 4096}, hqs[] = {1, 3, 9, 63, 64, 126, 128};
     grid_opts go = default_opts();
-    go.kernel = AR_MLA_KERNEL_TC_SPLIT_QK;
+    go.kernel = AR_MLA_KERNEL_TC;
     int fails = 0, runs = 0;
     for (size_t ib = 0; ib < 2; ib++)
         for (size_t iq = 0; iq < 3; iq++)
@@ -481,10 +484,10 @@ static void test_split_qk_variant(void **st)
     go.cos_limit = 1e-4;
     if (!run_checked(2, 1, 700, 128, false, false, false, &go)) fails++;
     go = default_opts();
-    go.kernel = AR_MLA_KERNEL_TC_SPLIT_QK;
+    go.kernel = AR_MLA_KERNEL_TC;
     go.dtype = go.kv_dtype = AR_FP16;
     if (!run_checked(2, 2, 333, 64, true, true, false, &go)) fails++;
-    print_message("split-QK variant: %d grid cases + 4, %d failed\n", runs, fails);
+    print_message("plain 64-row TC kernel: %d grid cases + 4, %d failed\n", runs, fails);
     assert_int_equal(fails, 0);
 }
 
@@ -818,6 +821,16 @@ static void test_backend_decode(void **st)
     run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
     report("decode fp16", &r);
     assert_true(e2e_pass(&r));
+    /* every request with q_len 1 at 16 heads: the narrow kernel, without and with splits */
+    static const req_case single[] = {{1, 0}, {1, 37}, {1, 300}, {1, 129}, {1, 600}};
+    cfg = mla_cfg(16, 64, 1024, AR_BF16, AR_BF16, 1.0);
+    run_e2e(&cfg, single, 5, 0, 1, &r);
+    report("decode bf16 q_len 1 (narrow)", &r);
+    assert_true(e2e_pass(&r));
+    run_e2e(&cfg, single, 5, 4, 1, &r);
+    report("decode bf16 q_len 1, 4 splits", &r);
+    assert_true(e2e_pass(&r));
+    assert_true(r.plan.num_groups > 0);
     cfg = mla_cfg(16, 64, 1024, AR_BF16, AR_FP8_E4M3, 0.5);
     run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
     report("decode bf16, fp8 cache", &r);
@@ -829,9 +842,9 @@ static void test_backend_decode(void **st)
     report("decode bf16, 128 heads", &r);
     assert_true(e2e_pass(&r));
     /* the other kernels through the backend */
-    e2e_kernel = AR_MLA_KERNEL_TC_SPLIT_QK;
+    e2e_kernel = AR_MLA_KERNEL_TC;
     run_e2e(&cfg, big, 3, 0, 1, &r);
-    report("decode bf16, 128 heads, split QK", &r);
+    report("decode bf16, 128 heads, plain TC", &r);
     e2e_kernel = AR_MLA_KERNEL_SIMT;
     e2e_result r2;
     run_e2e(&cfg, big, 3, 0, 1, &r2);
@@ -950,7 +963,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flashmla_dense_grid, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_zero_length_requests, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_forced_splits_and_block16, test_setup, test_teardown),
-        cmocka_unit_test_setup_teardown(test_split_qk_variant, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_plain_tc_variant, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simt_fallback_fp16_fp8, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_decode, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),
