@@ -22,6 +22,9 @@
  *            (hd 64/128: 4 warps x 32 rows, hd 256: 8 warps x 16 rows; 128 rows per CTA).
  *            PREFILL_WIDE (hd 128 only) is FA2's 128 x 64 tile, kept as a benchmark variant:
  *            it spills registers and measured 3% slower than 128 x 32 on the H200.
+ *            PREFILL_TALL (hd 128 only): 8 warps x 32 rows = 256 rows per CTA, 128 x 32 per
+ *            warp as PREFILL, one CTA per SM: every K/V tile in shared memory feeds twice the
+ *            rows (the cascade prefix pass has 512 rows per KV head at T = 128, group 4).
  *   DECODE : one warp of 16 rows x WARPS_N=4 warps that walk interleaved key tiles with their
  *            own online-softmax state and merge through shared memory at the end (split-KV
  *            inside the CTA).  Chosen when every (request, KV head) fits in 16 rows.
@@ -49,7 +52,9 @@
 #define AR_CFG_PREFILL 0
 #define AR_CFG_DECODE 1
 #define AR_CFG_PREFILL_WIDE 2   /* hd 128 only (benchmark variant); other head dims run PREFILL */
-#define AR_CFG_COUNT 3
+#define AR_CFG_PREFILL_TALL 3   /* hd 128 only: 8 warps x 32 rows = 256 rows share each K/V tile
+                                   (cascade prefix-pass candidate); other head dims run PREFILL */
+#define AR_CFG_COUNT 4
 #define AR_MAX_SPLITS 64
 
 /* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
@@ -242,7 +247,7 @@ __device__ __forceinline__ void store_lse(const ar_attn_args &a, const ar_attn_w
 
 /* EXACT: head_size == HD (no per-dim predicates in the hot loops); else the generic path. */
 template <typename T, typename G, bool EXACT>
-__global__ void __launch_bounds__(G::THREADS, G::WARPS_N > 1 ? (G::HD > 128 ? 1 : 4) : (G::HD > 128 ? 1 : 2))
+__global__ void __launch_bounds__(G::THREADS, G::WARPS_N > 1 ? (G::HD > 128 ? 1 : 4) : (G::HD > 128 || G::THREADS > 128 ? 1 : 2))
 attn_kernel(const ar_attn_args a)
 {
     constexpr int HD = G::HD, MT = G::MT, BLOCK_N = G::BLOCK_N, LD = G::LD;
@@ -668,6 +673,7 @@ __global__ void merge_kernel(const T *p_out, const float *p_lse, const T *s_out,
 typedef Geom<64, 2, 4, 1, 64> PrefillG64;
 typedef Geom<128, 2, 4, 1, 32> PrefillG128;      /* no register spills */
 typedef Geom<128, 2, 4, 1, 64> PrefillWideG128;  /* AR_CFG_PREFILL_WIDE: FA2's 128 x 64 tile, spills ~100 B */
+typedef Geom<128, 2, 8, 1, 32> PrefillTallG128;  /* AR_CFG_PREFILL_TALL: 256 x 32, one CTA of 8 warps per SM */
 typedef Geom<256, 1, 8, 1, 32> PrefillG256;
 typedef Geom<64, 1, 1, 4, 32> DecodeG64;
 typedef Geom<128, 1, 1, 4, 16> DecodeG128;
@@ -726,6 +732,7 @@ template <typename T>
 cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return launch_one<T, PrefillWideG128>(a, num_work, stream);
+    if (config == AR_CFG_PREFILL_TALL && hd == 128) return launch_one<T, PrefillTallG128>(a, num_work, stream);
     if (config != AR_CFG_DECODE) {
         if (hd == 64) return launch_one<T, PrefillG64>(a, num_work, stream);
         if (hd == 128) return launch_one<T, PrefillG128>(a, num_work, stream);
@@ -742,6 +749,7 @@ template <typename T>
 cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
 {
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return attributes_one<T, PrefillWideG128>(ctas_per_sm);
+    if (config == AR_CFG_PREFILL_TALL && hd == 128) return attributes_one<T, PrefillTallG128>(ctas_per_sm);
     if (config != AR_CFG_DECODE) {
         if (hd == 64) return attributes_one<T, PrefillG64>(ctas_per_sm);
         if (hd == 128) return attributes_one<T, PrefillG128>(ctas_per_sm);

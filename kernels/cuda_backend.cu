@@ -262,6 +262,7 @@ ar_attn_geom ar_attn_geometry(int config, int hd)
 {
     using namespace ar_attn;
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return geom_of<PrefillWideG128>();
+    if (config == AR_CFG_PREFILL_TALL && hd == 128) return geom_of<PrefillTallG128>();
     if (config != AR_CFG_DECODE) {
         if (hd == 64) return geom_of<PrefillG64>();
         if (hd == 128) return geom_of<PrefillG128>();
@@ -560,6 +561,7 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     int config = max_q * s->group <= 16 ? AR_CFG_DECODE : AR_CFG_PREFILL;
     if (force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
     if (force_config == AR_CFG_PREFILL_WIDE) config = s->template_hd == 128 ? AR_CFG_PREFILL_WIDE : AR_CFG_PREFILL;
+    if (force_config == AR_CFG_PREFILL_TALL) config = s->template_hd == 128 ? AR_CFG_PREFILL_TALL : AR_CFG_PREFILL;
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
     const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;

@@ -61,15 +61,17 @@ static double kernel_us(const ar_forward_out *o, const char *name)
 }
 
 /* The prefix pass under other plans (geometry x split count) on the prepared cascade batch b:
- * one "SWEEP" line each with its prefix time and TFLOP/s, for choosing the automatic plan.
- * auto_us is the automatic plan's prefix time.  0 ok, 1 error. */
-static int sweep_prefix_plans(void *st, ar_batch *b, float *out, float *lse, double auto_us)
+ * one "SWEEP" line each with its prefix time, TFLOP/s and max |cascade - flat| (out_flat
+ * [T, Hq, hd], as in run_case), for choosing the automatic plan.  auto_us is the automatic
+ * plan's prefix time.  0 ok, 1 error or a variant that disagrees with flat. */
+static int sweep_prefix_plans(void *st, ar_batch *b, const float *out_flat, float *out, float *lse, double auto_us)
 {
-    static const int configs[] = {0, 2};          /* PREFILL (128 x 32 tiles), PREFILL_WIDE (128 x 64) */
+    static const int configs[] = {0, 2, 3};   /* PREFILL (128 x 32 tiles), PREFILL_WIDE (128 x 64), PREFILL_TALL (256 x 32) */
     static const int splits[] = {0, 4, 7, 8, 12, 16, 24, 33};
     const double flops = 4.0 * b->num_tokens * CASC_HQ * (double)b->common_prefix_len * CASC_HD;
     printf("prefix plan sweep at P %d, T %d (auto: %.1f us):\n", b->common_prefix_len, b->num_tokens, auto_us);
     char err[512] = "";
+    int bad = 0;
     for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++)
         for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
             ar_cuda_set_prefix_plan(st, configs[c], splits[k]);
@@ -84,13 +86,19 @@ static int sweep_prefix_plans(void *st, ar_batch *b, float *out, float *lse, dou
             }
             ar_cuda_plan_info pi;
             ar_cuda_plan_of(st, &pi);
-            double us = kernel_us(&o, "prefix");
-            printf("SWEEP prefix config=%d splits_asked=%d splits=%d work=%d prefix_us=%.1f tflops=%.1f suffix_us=%.1f\n",
-                   pi.prefix_config, splits[k], pi.prefix_num_splits, pi.prefix_num_work, us, flops / us * 1e-6,
-                   kernel_us(&o, "suffix"));
+            double us = kernel_us(&o, "prefix"), md = 0;
+            for (size_t i = 0; i < (size_t)b->num_tokens * CASC_HQ * CASC_HD; i++) {
+                double d = fabs((double)out[i] - (double)out_flat[i]);
+                if (d != d) d = INFINITY;
+                if (d > md) md = d;
+            }
+            printf("SWEEP prefix config=%d splits_asked=%d splits=%d work=%d prefix_us=%.1f tflops=%.1f suffix_us=%.1f "
+                   "max_diff=%.3g%s\n", pi.prefix_config, splits[k], pi.prefix_num_splits, pi.prefix_num_work, us,
+                   flops / us * 1e-6, kernel_us(&o, "suffix"), md, md < 0.05 ? "" : " DISAGREES");
+            if (!(md < 0.05)) bad = 1;
         }
     ar_cuda_set_prefix_plan(st, -1, 0);
-    return 0;
+    return bad;
 }
 
 /* Runs one (P, S) case; 0 ok, 1 error, 2 skipped (no GPU). */
@@ -232,7 +240,7 @@ static int run_case(int P, int S, int repeat, casc_row *row)
                row->prefix_work, row->flat_splits, md);
         if (!row->ok) rc = 1;
     }
-    if (!rc && P == 32768 && S == 128) rc = sweep_prefix_plans(st, &b, out_casc, lse, row->prefix_us);
+    if (!rc && P == 32768 && S == 128) rc = sweep_prefix_plans(st, &b, out_flat, out_casc, lse, row->prefix_us);
     ar_cuda_backend.close(st);
     free(qsl); free(seq); free(ctx); free(bt); free(bkeys); free(rkeys); free(slots);
     free(fslots); free(fkeys); free(foffs); free(out_flat); free(out_casc); free(lse);

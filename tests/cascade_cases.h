@@ -191,6 +191,7 @@ typedef struct casc_check {
     int flat_rows;      /* rows per step verified on the flat run (0 = every row) */
     int cascade_rows;   /* rows per step verified on the cascade run (0 = every row) */
     int verify_reqs;    /* verify only requests [0, verify_reqs) (0 = all); NaN/Inf still checked everywhere */
+    void (*after_open)(void *state);   /* NULL, or called on the backend state right after open (plan overrides) */
 } casc_check;
 
 /* One forward of the prepared step into out/lse, verified (sample_rows 0 = all rows; verify_reqs
@@ -227,6 +228,7 @@ static inline void casc_run_checked(const ar_backend *be, void (*after_prepare)(
     int rc = be->open(cfg, &state, err, sizeof err);
     if (rc) print_message("open: %s\n", err);
     assert_int_equal(rc, 0);
+    if (check->after_open) check->after_open(state);
     casc_batch t;
     casc_make(&t, cfg, cases, n, prefix_len);
     casc_fill(be, state, cfg, &t, prefix_len, 0);
@@ -290,7 +292,7 @@ static inline void casc_run(const ar_backend *be, void (*after_prepare)(void *st
                             const ar_run_config *cfg, const casc_seq *cases, int n, int prefix_len, int sample_rows,
                             casc_result *res)
 {
-    casc_check check = {sample_rows, sample_rows, 0};
+    casc_check check = {sample_rows, sample_rows, 0, NULL};
     casc_run_checked(be, after_prepare, cfg, cases, n, prefix_len, &check, res);
 }
 

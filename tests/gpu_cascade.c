@@ -106,8 +106,8 @@ static void test_vllm_cascade_grid(void **unused)
                          * row of the first 16 requests (all four shapes, 4 times each).
                          * cascade == flat covers every element of every request in all cases. */
                         bool full = set == 0 && h == 1 && d == 0 && dt == 0 && c == 0;
-                        casc_check check = {full ? 16 : 8, full ? 0 : 24, 0};
-                        if (set) check = (casc_check){0, 0, 16};
+                        casc_check check = {full ? 16 : 8, full ? 0 : 24, 0, NULL};
+                        if (set) check = (casc_check){0, 0, 16, NULL};
                         casc_result r;
                         casc_run_checked(&ar_cuda_backend, cuda_plan_hook, &cfg, set ? fd : casc_general_seqs,
                                          set ? n_fd : 5, set ? 512 : 256, &check, &r);
@@ -146,6 +146,43 @@ static void test_cascade_small_shapes(void **unused)
     casc_run(&ar_cuda_backend, cuda_plan_hook, &gqa, many, 64, 2048, 0, &r);
     failures += casc_report("64 decodes, GQA 32/8, P 2048", &r);
     assert_true(r.prefix_num_splits > 1);
+    assert_int_equal(failures, 0);
+}
+
+static void prefix_wide(void *state) { ar_cuda_set_prefix_plan(state, 2, 0); }
+static void prefix_tall(void *state) { ar_cuda_set_prefix_plan(state, 3, 0); }
+static void prefix_tall_split(void *state) { ar_cuda_set_prefix_plan(state, 3, 5); }
+
+/* The prefix pass under every geometry bench_cascade sweeps (PREFILL_WIDE 128 x 64,
+ * PREFILL_TALL 256 x 32 rows, with and without a forced split): verified like the grid. */
+static void test_cascade_prefix_geometries(void **unused)
+{
+    (void)unused;
+    if (!casc_gpu_ready()) { skip(); return; }
+    static void (*const setups[])(void *) = {prefix_wide, prefix_tall, prefix_tall_split};
+    static const int want_config[] = {2, 3, 3};
+    static const char *const names[] = {"prefix WIDE", "prefix TALL", "prefix TALL split 5"};
+    int failures = 0;
+    casc_seq many[128];
+    for (int i = 0; i < 128; i++) many[i] = (casc_seq){1, 4097 + 5 * i};
+    for (int k = 0; k < 3; k++) {
+        casc_check check = {8, 32, 0, setups[k]};
+        casc_result r;
+        char what[96];
+        ar_run_config cfg = casc_cfg(8, 2, 128, 2048, AR_BF16, 0);
+        casc_run_checked(&ar_cuda_backend, cuda_plan_hook, &cfg, casc_general_seqs, 5, 256, &check, &r);
+        snprintf(what, sizeof what, "general 8/2 d128, %s", names[k]);
+        failures += casc_report(what, &r);
+        assert_int_equal(r.prefix_config, want_config[k]);
+        /* the benchmark's shape at a smaller prefix: 128 decodes, GQA 32/8, P 4096 */
+        ar_run_config gqa = casc_cfg(32, 8, 128, 8192, AR_FP16, 0);
+        check.cascade_rows = 0;
+        check.verify_reqs = 16;
+        casc_run_checked(&ar_cuda_backend, cuda_plan_hook, &gqa, many, 128, 4096, &check, &r);
+        snprintf(what, sizeof what, "128 decodes 32/8 P 4096, %s", names[k]);
+        failures += casc_report(what, &r);
+        assert_int_equal(r.prefix_config, want_config[k]);
+    }
     assert_int_equal(failures, 0);
 }
 
@@ -246,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_merge_states_grid),
         cmocka_unit_test(test_cascade_bad_prefix_refused),
         cmocka_unit_test(test_cascade_small_shapes),
+        cmocka_unit_test(test_cascade_prefix_geometries),
         cmocka_unit_test(test_cascade_faults_flagged),
         cmocka_unit_test(test_vllm_cascade_grid),
     };
