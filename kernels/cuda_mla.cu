@@ -245,6 +245,153 @@ __device__ __forceinline__ void load_key_tile(const attn_args &a, uint16_t *sk, 
     }
 }
 
+/* ---- pieces shared by the 64-row and the narrow tensor-core kernels ---- */
+
+/* Q tile: rows row0 .. row0 + TILE_ROWS - 1 of a request (zeros at and past nrows) into sq
+ * [TILE_ROWS, STRIDE], as one cp.async commit group. */
+template <int TILE_ROWS>
+__device__ __forceinline__ void load_q_tile(const attn_args &a, uint16_t *sq, int q0, int row0, int nrows)
+{
+    const int chunks = D / 8;
+    for (int idx = threadIdx.x; idx < TILE_ROWS * chunks; idx += THREADS) {
+        int row = idx / chunks, ch = idx % chunks;
+        int gr = row0 + row;
+        bool valid = gr < nrows;
+        const uint16_t *src = (const uint16_t *)a.q + ((int64_t)q0 * a.num_heads + (valid ? gr : 0)) * D + ch * 8;
+        cp_async16(sq + row * STRIDE + ch * 8, src, valid);
+    }
+    cp_async_commit();
+}
+
+/* Key limits of a thread's two rows (tile rows lr[0], lr[1]): 0 past the request's rows, capped
+ * at the piece's key_end. */
+__device__ __forceinline__ void row_limits(const attn_args &a, const work_item &w, int sl, int ql, int nrows,
+                                           const int lr[2], int lim[2])
+{
+    const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    for (int h = 0; h < 2; h++) {
+        int gr = w.row0 + lr[h];
+        lim[h] = gr < nrows ? key_limit(a.causal, sl, ql, gr / a.num_heads, extra) : 0;
+        if (lim[h] > w.key_end) lim[h] = w.key_end;
+    }
+}
+
+/* Masks (key >= lim: -inf) and scales to the log2 domain a thread's score fragments s[NT][4]
+ * (key of element e of n-tile nt: kbase + nt*8 + 2*tig + (e&1)); mx = the row maxima over the
+ * quad of threads that share the rows. */
+template <int NT>
+__device__ __forceinline__ void mask_scale_rowmax(float (*s)[4], int kbase, int tig, const int lim[2], float score_mul,
+                                                  float mx[2])
+{
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int h = e >> 1;
+            int j = kbase + nt * 8 + 2 * tig + (e & 1);
+            float x = j < lim[h] ? s[nt][e] * score_mul : -INFINITY;
+            s[nt][e] = x;
+            mx[h] = fmaxf(mx[h], x);
+        }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    }
+}
+
+/* One online-softmax step given this tile's row maxima mx: s becomes P = 2^(s - m), the
+ * running max / sum are updated and the output accumulators o[NTO][4] rescaled (unless the
+ * NO_RESCALE fault is planted). */
+template <int NT, int NTO>
+__device__ __forceinline__ void softmax_step(float (*s)[4], const float mx[2], float m_run[2], float l_run[2],
+                                             float (*o)[4], int fault)
+{
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float m_new = fmaxf(m_run[h], mx[h]);
+        m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[h] = exp2f(m_run[h] - m_use[h]);
+        m_run[h] = m_new;
+    }
+    float psum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = exp2f(s[nt][e] - m_use[e >> 1]);
+            s[nt][e] = p;
+            psum[e >> 1] += p;
+        }
+    for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * alpha[h] + psum[h];
+    if (fault != AR_FAULT_NO_RESCALE) {
+#pragma unroll
+        for (int nt = 0; nt < NTO; nt++) {
+            o[nt][0] *= alpha[0];
+            o[nt][1] *= alpha[0];
+            o[nt][2] *= alpha[1];
+            o[nt][3] *= alpha[1];
+        }
+    }
+}
+
+/* O[16 rows, NP*16 columns from col0] += P (16 x 16, A fragments pf) x V (16 keys from key0 of
+ * the shared key tile sk, its first 512 columns), V fragments by ldmatrix.trans. */
+template <bool BF16, int NP>
+__device__ __forceinline__ void pv_step(float (*o)[4], const uint32_t pf[4], const uint16_t *sk, int key0, int col0,
+                                        int lane)
+{
+    const int mi = lane >> 3, rr = lane & 7;
+    const uint16_t *vbase = sk + (key0 + rr + (mi & 1) * 8) * STRIDE + col0 + (mi >> 1) * 8;
+#pragma unroll
+    for (int np = 0; np < NP; np++) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, vbase + np * 16);
+        mma16816<BF16>(o[2 * np], pf, vf[0], vf[1]);
+        mma16816<BF16>(o[2 * np + 1], pf, vf[2], vf[3]);
+    }
+}
+
+/* Sums of a thread's two row values over the quad of threads that share the rows. */
+__device__ __forceinline__ void quad_sum(float v[2])
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        v[h] += __shfl_xor_sync(0xffffffffu, v[h], 1);
+        v[h] += __shfl_xor_sync(0xffffffffu, v[h], 2);
+    }
+}
+
+/* Writes row h of a thread's accumulators o[NTO][4] (columns col0 + nt*8 + 2*tig) times inv, to
+ * o_lat (whole row tile) or the piece's partial slot, and (one thread per row: write_lse) the
+ * LSE: natural to lse [H, T] (log2 with the LSE_BASE2 fault), log2 to part_lse. */
+template <int NTO>
+__device__ __forceinline__ void store_row(const attn_args &a, const work_item &w, int q0, int lrow, int h,
+                                          const float (*o)[4], float inv, float lse2, int col0, int tig, bool write_lse)
+{
+    const int H = a.num_heads, gr = w.row0 + lrow;
+    float *dst;
+    if (w.partial < 0)
+        dst = a.o_lat + ((int64_t)q0 * H + gr) * DL;
+    else
+        dst = a.part_o + ((int64_t)w.partial * ROWS + lrow) * DL;
+#pragma unroll
+    for (int nt = 0; nt < NTO; nt++) {
+        int col = col0 + nt * 8 + 2 * tig;
+        *reinterpret_cast<float2 *>(dst + col) = make_float2(o[nt][2 * h] * inv, o[nt][2 * h + 1] * inv);
+    }
+    if (!write_lse) return;
+    if (w.partial < 0) {
+        int i = gr / H, n = gr % H;
+        float lse = a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
+        a.lse[(int64_t)n * a.num_tokens + q0 + i] = lse;
+    } else {
+        a.part_lse[(int64_t)w.partial * ROWS + lrow] = lse2;
+    }
+}
+
 /* SPLIT_QK: the two column-half warps of a row group each compute half of the 16 x 32 score tile
  * (16 keys) instead of both computing all of it; the row maxima, P (through a shared 64 x 32 tile)
  * and the final row sums are exchanged through shared memory (two more barriers per tile). */
@@ -261,31 +408,14 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
     const int r = w.req, H = a.num_heads;
     const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
     const int nrows = ql * H;
-    const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
-
-    /* Q tile: rows row0 .. row0 + 63 (zeros past the request's rows) */
-    {
-        const int chunks = D / 8;
-        for (int idx = threadIdx.x; idx < ROWS * chunks; idx += THREADS) {
-            int row = idx / chunks, ch = idx % chunks;
-            int gr = w.row0 + row;
-            bool valid = gr < nrows;
-            const uint16_t *src = (const uint16_t *)a.q + ((int64_t)q0 * H + (valid ? gr : 0)) * D + ch * 8;
-            cp_async16(sq + row * STRIDE + ch * 8, src, valid);
-        }
-        cp_async_commit();
-    }
+    load_q_tile<ROWS>(a, sq, q0, w.row0, nrows);   /* rows row0 .. row0 + 63 */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rg = warp & 3, colh = warp >> 2;
     const int g = lane >> 2, tig = lane & 3;
     const int lr[2] = {rg * 16 + g, rg * 16 + g + 8};
     int lim[2];
-    for (int h = 0; h < 2; h++) {
-        int gr = w.row0 + lr[h];
-        lim[h] = gr < nrows ? key_limit(a.causal, sl, ql, gr / H, extra) : 0;
-        if (lim[h] > w.key_end) lim[h] = w.key_end;
-    }
+    row_limits(a, w, sl, ql, nrows, lr, lim);
 
     float o[32][4];
 #pragma unroll
@@ -351,23 +481,8 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
         }
 
         /* mask, scale to the log2 domain, online softmax */
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1;
-                int j = k0 + key_off + nt * 8 + 2 * tig + (e & 1);
-                float x = j < lim[h] ? s[nt][e] * score_mul : -INFINITY;
-                s[nt][e] = x;
-                mx[h] = fmaxf(mx[h], x);
-            }
-        float alpha[2], m_use[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        }
+        float mx[2];
+        mask_scale_rowmax<NT>(s, k0 + key_off, tig, lim, score_mul, mx);
         if (SPLIT_QK) {   /* the other column half's maxima over its 16 keys */
             if (tig == 0) {
                 s_red[colh * ROWS + lr[0]] = mx[0];
@@ -377,32 +492,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
             mx[0] = fmaxf(mx[0], s_red[(1 - colh) * ROWS + lr[0]]);
             mx[1] = fmaxf(mx[1], s_red[(1 - colh) * ROWS + lr[1]]);
         }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float m_new = fmaxf(m_run[h], mx[h]);
-            m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-            alpha[h] = exp2f(m_run[h] - m_use[h]);
-            m_run[h] = m_new;
-        }
-        float psum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[nt][e] - m_use[e >> 1]);
-                s[nt][e] = p;
-                psum[e >> 1] += p;
-            }
-        for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * alpha[h] + psum[h];
-        if (a.fault != AR_FAULT_NO_RESCALE) {
-#pragma unroll
-            for (int nt = 0; nt < 32; nt++) {
-                o[nt][0] *= alpha[0];
-                o[nt][1] *= alpha[0];
-                o[nt][2] *= alpha[1];
-                o[nt][3] *= alpha[1];
-            }
-        }
+        softmax_step<NT, 32>(s, mx, m_run, l_run, o, a.fault);
 
         /* O += P V: P (16 x 32) from registers (or, SPLIT_QK, from the shared P tile both halves
          * wrote), V = first 512 columns of the key tile */
@@ -430,26 +520,14 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
                 pf[2] = pack2<BF16>(s[(2 * ks + 1) % NT][0], s[(2 * ks + 1) % NT][1]);
                 pf[3] = pack2<BF16>(s[(2 * ks + 1) % NT][2], s[(2 * ks + 1) % NT][3]);
             }
-            const int mi = lane >> 3, rr = lane & 7;
-            const uint16_t *vbase = sk + (ks * 16 + rr + (mi & 1) * 8) * STRIDE + colh * 256 + (mi >> 1) * 8;
-#pragma unroll
-            for (int np = 0; np < 16; np++) {
-                uint32_t vf[4];
-                ldmatrix_x4_trans(vf, vbase + np * 16);
-                mma16816<BF16>(o[2 * np], pf, vf[0], vf[1]);
-                mma16816<BF16>(o[2 * np + 1], pf, vf[2], vf[3]);
-            }
+            pv_step<BF16, 16>(o, pf, sk, ks * 16, colh * 256, lane);
         }
         __syncthreads();   /* the slot is refilled at the start of the next tile */
     }
     cp_async_wait<0>();
 
     /* epilogue: full row sums, normalise, write */
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-    }
+    quad_sum(l_run);
     if (SPLIT_QK) {   /* each half summed its own 16 keys of every tile */
         if (active && tig == 0) {
             s_red[colh * ROWS + lr[0]] = l_run[0];
@@ -468,26 +546,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
         if (gr >= nrows) continue;
         float inv = l_run[h] > 0.f ? out_mul / l_run[h] : 0.f;
         float lse2 = l_run[h] > 0.f ? m_run[h] + log2f(l_run[h]) : -INFINITY;
-        float *dst;
-        if (w.partial < 0)
-            dst = a.o_lat + ((int64_t)q0 * H + gr) * DL;
-        else
-            dst = a.part_o + ((int64_t)w.partial * ROWS + lr[h]) * DL;
-#pragma unroll
-        for (int nt = 0; nt < 32; nt++) {
-            int col = colh * 256 + nt * 8 + 2 * tig;
-            float2 v = make_float2(o[nt][2 * h] * inv, o[nt][2 * h + 1] * inv);
-            *reinterpret_cast<float2 *>(dst + col) = v;
-        }
-        if (colh == 0 && tig == 0) {
-            if (w.partial < 0) {
-                int i = gr / H, n = gr % H;
-                float lse = a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
-                a.lse[(int64_t)n * a.num_tokens + q0 + i] = lse;
-            } else {
-                a.part_lse[(int64_t)w.partial * ROWS + lr[h]] = lse2;
-            }
-        }
+        store_row<32>(a, w, q0, lr[h], h, o, inv, lse2, colh * 256, tig, colh == 0 && tig == 0);
     }
 }
 
@@ -524,30 +583,14 @@ __global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
     const int r = w.req, H = a.num_heads;
     const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
     const int nrows = ql * H;   /* <= NROWS (the launcher checks); w.row0 == 0 */
-    const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
-
-    {
-        const int chunks = D / 8;
-        for (int idx = threadIdx.x; idx < NROWS * chunks; idx += THREADS) {
-            int row = idx / chunks, ch = idx % chunks;
-            int gr = w.row0 + row;
-            bool valid = gr < nrows;
-            const uint16_t *src = (const uint16_t *)a.q + ((int64_t)q0 * H + (valid ? gr : 0)) * D + ch * 8;
-            cp_async16(sq + row * STRIDE + ch * 8, src, valid);
-        }
-        cp_async_commit();
-    }
+    load_q_tile<NROWS>(a, sq, q0, w.row0, nrows);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kh = warp >> 2, cq = warp & 3;
     const int g = lane >> 2, tig = lane & 3;
     const int lr[2] = {g, g + 8};
     int lim[2];
-    for (int h = 0; h < 2; h++) {
-        int gr = w.row0 + lr[h];
-        lim[h] = gr < nrows ? key_limit(a.causal, sl, ql, gr / H, extra) : 0;
-        if (lim[h] > w.key_end) lim[h] = w.key_end;
-    }
+    row_limits(a, w, sl, ql, nrows, lr, lim);
 
     float o[16][4];
 #pragma unroll
@@ -622,46 +665,9 @@ __global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
             }
 
         /* mask, scale to the log2 domain, online softmax of this key half */
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1;
-                int j = k0 + kh * 16 + nt * 8 + 2 * tig + (e & 1);
-                float x = j < lim[h] ? s[nt][e] * score_mul : -INFINITY;
-                s[nt][e] = x;
-                mx[h] = fmaxf(mx[h], x);
-            }
-        float alpha[2], m_use[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            float m_new = fmaxf(m_run[h], mx[h]);
-            m_use[h] = m_new == -INFINITY ? 0.f : m_new;
-            alpha[h] = exp2f(m_run[h] - m_use[h]);
-            m_run[h] = m_new;
-        }
-        float psum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[nt][e] - m_use[e >> 1]);
-                s[nt][e] = p;
-                psum[e >> 1] += p;
-            }
-        for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * alpha[h] + psum[h];
-        if (a.fault != AR_FAULT_NO_RESCALE) {
-#pragma unroll
-            for (int nt = 0; nt < 16; nt++) {
-                o[nt][0] *= alpha[0];
-                o[nt][1] *= alpha[0];
-                o[nt][2] *= alpha[1];
-                o[nt][3] *= alpha[1];
-            }
-        }
+        float mx[2];
+        mask_scale_rowmax<2>(s, k0 + kh * 16, tig, lim, score_mul, mx);
+        softmax_step<2, 16>(s, mx, m_run, l_run, o, a.fault);
 
         /* O += P V: P 16 rows x this half's 16 keys (one k-step), V = those keys' columns
          * cq*128 .. +128 */
@@ -670,25 +676,13 @@ __global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
         pf[1] = pack2<BF16>(s[0][2], s[0][3]);
         pf[2] = pack2<BF16>(s[1][0], s[1][1]);
         pf[3] = pack2<BF16>(s[1][2], s[1][3]);
-        const int mi = lane >> 3, rr = lane & 7;
-        const uint16_t *vbase = sk + (kh * 16 + rr + (mi & 1) * 8) * STRIDE + cq * 128 + (mi >> 1) * 8;
-#pragma unroll
-        for (int np = 0; np < 8; np++) {
-            uint32_t vf[4];
-            ldmatrix_x4_trans(vf, vbase + np * 16);
-            mma16816<BF16>(o[2 * np], pf, vf[0], vf[1]);
-            mma16816<BF16>(o[2 * np + 1], pf, vf[2], vf[3]);
-        }
+        pv_step<BF16, 8>(o, pf, sk, kh * 16, cq * 128, lane);
         __syncthreads();   /* the slot is refilled and s_part rewritten in the next tile */
     }
     cp_async_wait<0>();
     __syncthreads();   /* the key ring is free: it carries key half 1's output to half 0 */
 
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-    }
+    quad_sum(l_run);
     float *const x_o = reinterpret_cast<float *>(sk_base);   /* [16][512] key half 1's unnormalised output */
     if (kh == 1) {
 #pragma unroll
@@ -719,27 +713,13 @@ __global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
         float l = l_run[h] * a0 + l1 * a1;
         float inv = l > 0.f ? out_mul / l : 0.f;
         float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
-        float *dst;
-        if (w.partial < 0)
-            dst = a.o_lat + ((int64_t)q0 * H + gr) * DL;
-        else
-            dst = a.part_o + ((int64_t)w.partial * ROWS + lr[h]) * DL;
 #pragma unroll
-        for (int nt = 0; nt < 16; nt++) {
-            int col = cq * 128 + nt * 8 + 2 * tig;
-            float2 x1 = *reinterpret_cast<const float2 *>(x_o + lr[h] * DL + col);
-            float2 v = make_float2((o[nt][2 * h] * a0 + x1.x * a1) * inv, (o[nt][2 * h + 1] * a0 + x1.y * a1) * inv);
-            *reinterpret_cast<float2 *>(dst + col) = v;
+        for (int nt = 0; nt < 16; nt++) {   /* this half's output merged with key half 1's */
+            float2 x1 = *reinterpret_cast<const float2 *>(x_o + lr[h] * DL + cq * 128 + nt * 8 + 2 * tig);
+            o[nt][2 * h] = o[nt][2 * h] * a0 + x1.x * a1;
+            o[nt][2 * h + 1] = o[nt][2 * h + 1] * a0 + x1.y * a1;
         }
-        if (cq == 0 && tig == 0) {
-            if (w.partial < 0) {
-                int i = gr / H, n = gr % H;
-                float lse = a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
-                a.lse[(int64_t)n * a.num_tokens + q0 + i] = lse;
-            } else {
-                a.part_lse[(int64_t)w.partial * ROWS + lr[h]] = lse2;
-            }
-        }
+        store_row<16>(a, w, q0, lr[h], h, o, inv, lse2, cq * 128, tig, cq == 0 && tig == 0);
     }
 }
 
