@@ -451,7 +451,10 @@ attn_kernel(const ar_attn_args a)
                         rs += p0 + p1;
                     }
                     row_l[mt][r] = row_l[mt][r] * alpha + rs;
-                    if (!no_rescale) {
+                    /* alpha == 1 (the row max did not move: most tiles of a long context)
+                     * leaves acc as it is, bit for bit, so the warp skips the multiplies when
+                     * no lane needs them (active is warp-uniform, so all 32 lanes vote) */
+                    if (!no_rescale && __any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
                         for (int dt = 0; dt < DT; dt++) {
                             acc[mt][dt][2 * r] *= alpha;
