@@ -309,13 +309,13 @@ static int choose_num_splits(int num_ctas, int max_units, int slots)
 }
 
 /* The cascade prefix pass: one sequence, so every unsplit item has the same length and the
- * time is ~ ceil(C s / S_slots) / s waves of unsplit work.  Take the smallest s within 3% of
- * the best over s <= 64, with pieces of at least 2 key-tile units (the Q tile load and the
- * partial write are amortised) - e.g. C = 32 items on 264 slots: s = 8 (256 CTAs, one wave)
+ * time is ~ ceil(C s / S_slots) / s waves of unsplit work.  Take the smallest s within 5% of
+ * the best over s <= 64 (no split from 4 waves of unsplit work up), with pieces of at least 2
+ * key-tile units (the Q tile load and the partial write are amortised) - e.g. C = 32 items on 264 slots: s = 8 (256 CTAs, one wave)
  * where the FlashAttention rule took 7 (224 CTAs: 15% of the slots idle, 14% longer pieces). */
 static int choose_prefix_splits(int num_ctas, int max_units, int slots)
 {
-    if (num_ctas <= 0 || max_units <= 1 || slots <= 0) return 1;
+    if (num_ctas <= 0 || max_units <= 1 || slots <= 0 || num_ctas >= 4 * slots) return 1;
     int max_s = max_units / 2;
     if (max_s > AR_MAX_SPLITS) max_s = AR_MAX_SPLITS;
     if (max_s < 1) return 1;
@@ -325,7 +325,7 @@ static int choose_prefix_splits(int num_ctas, int max_units, int slots)
         if (cost < best) best = cost;
     }
     for (int s = 1; s <= max_s; s++)
-        if (ceil((double)num_ctas * s / slots) / s <= 1.03 * best) return s;
+        if (ceil((double)num_ctas * s / slots) / s <= 1.05 * best) return s;
     return 1;
 }
 
