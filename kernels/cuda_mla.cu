@@ -194,12 +194,22 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 /* ---------------------------------------------------------------------------------------- */
 /* Tensor-core latent attention                                                               */
 
-/* Loads keys [k0, k0 + KEYS) of request r into a shared tile (zeros at and past key_end).  The
- * 16-bit cache goes by cp.async; an fp8 cache is read into registers (all 9 loads of a thread
- * issued before the first is used, so a tile costs one memory latency, not nine), widened to the
- * compute dtype (exact) and stored. */
+/* Physical blocks of the two 16-key halves of the key tile at k0 (k0 is a multiple of KEYS, so
+ * a tile lies in one block of >= 32 keys or in two of 16); 0 for a half with no key < key_end. */
+__device__ __forceinline__ int2 tile_blocks(const attn_args &a, int r, int k0, int key_end)
+{
+    const int *bt = a.block_table + (int64_t)r * a.mbpr;
+    int b0 = k0 < key_end ? bt[k0 >> a.block_size_log2] : 0;
+    int b1 = k0 + 16 < key_end ? bt[(k0 + 16) >> a.block_size_log2] : b0;
+    return make_int2(b0, b1);
+}
+
+/* Loads keys [k0, k0 + KEYS) (in the blocks tile_blocks gave) into a shared tile (zeros at and
+ * past key_end).  The 16-bit cache goes by cp.async; an fp8 cache is read into registers (all 9
+ * loads of a thread issued before the first is used, so a tile costs one memory latency, not
+ * nine), widened to the compute dtype (exact) and stored. */
 template <bool BF16, bool FP8>
-__device__ __forceinline__ void load_key_tile(const attn_args &a, uint16_t *sk, int r, int k0, int key_end)
+__device__ __forceinline__ void load_key_tile(const attn_args &a, uint16_t *sk, int2 blocks, int k0, int key_end)
 {
     constexpr int chunks = D / 8;   /* 72 chunks of 8 elements per key row */
     if (!FP8) {
@@ -207,7 +217,8 @@ __device__ __forceinline__ void load_key_tile(const attn_args &a, uint16_t *sk, 
             int key = idx / chunks, ch = idx % chunks;
             int j = k0 + key;
             bool valid = j < key_end;
-            int64_t slot = valid ? key_slot(a, r, j) : 0;
+            int64_t blk = key < 16 ? blocks.x : blocks.y;
+            int64_t slot = valid ? (blk << a.block_size_log2) + (j & (a.block_size - 1)) : 0;
             const uint16_t *src = (const uint16_t *)a.cache + slot * D + ch * 8;
             cp_async16(sk + key * STRIDE + ch * 8, src, valid);
         }
@@ -221,9 +232,10 @@ __device__ __forceinline__ void load_key_tile(const attn_args &a, uint16_t *sk, 
         int idx = threadIdx.x + i * THREADS;
         int key = idx / chunks, ch = idx % chunks;
         int j = k0 + key;
+        int64_t blk = key < 16 ? blocks.x : blocks.y;
+        int64_t slot = (blk << a.block_size_log2) + (j & (a.block_size - 1));
         raw[i] = make_uint2(0, 0);
-        if (j < key_end)
-            raw[i] = *reinterpret_cast<const uint2 *>((const uint8_t *)a.cache + key_slot(a, r, j) * D + ch * 8);
+        if (j < key_end) raw[i] = *reinterpret_cast<const uint2 *>((const uint8_t *)a.cache + slot * D + ch * 8);
     }
 #pragma unroll
     for (int i = 0; i < PER_THREAD; i++) {
@@ -243,6 +255,41 @@ __device__ __forceinline__ void load_key_tile(const attn_args &a, uint16_t *sk, 
         packed.w = v[6] | ((uint32_t)v[7] << 16);
         *reinterpret_cast<uint4 *>(sk + key * STRIDE + ch * 8) = packed;
     }
+}
+
+/* The ring of STAGES key tiles of a CTA's piece: tiles t+1 .. t+STAGES-1 are in flight while tile
+ * t is used.  One commit group per tile slot, empty ones included, so that wait<STAGES-1> at
+ * tile t always means "Q and tiles 0..t have landed".  The block-table entries of the next tile
+ * to load are read one tile ahead (next_blocks), which keeps the table's latency off the loop. */
+template <bool BF16, bool FP8, int STAGES>
+__device__ __forceinline__ void ring_start(const attn_args &a, uint16_t *sk_base, int r, const work_item &w, int ntiles,
+                                           int2 &next_blocks)
+{
+    for (int st = 0; st < STAGES - 1; st++) {
+        const int k0 = w.key_begin + st * KEYS;
+        if (st < ntiles)
+            load_key_tile<BF16, FP8>(a, sk_base + st * KEYS * STRIDE, tile_blocks(a, r, k0, w.key_end), k0, w.key_end);
+        cp_async_commit();
+    }
+    next_blocks = STAGES - 1 < ntiles ? tile_blocks(a, r, w.key_begin + (STAGES - 1) * KEYS, w.key_end) : make_int2(0, 0);
+}
+
+/* Before tile t: starts loading tile t + STAGES - 1 (into the slot tile t-1 used, freed by the
+ * barrier that ended tile t-1) and waits for tile t; returns tile t's slot.  The caller then
+ * synchronises the CTA. */
+template <bool BF16, bool FP8, int STAGES>
+__device__ __forceinline__ const uint16_t *ring_next(const attn_args &a, uint16_t *sk_base, int r, const work_item &w,
+                                                     int t, int ntiles, int2 &next_blocks)
+{
+    const int nxt = t + STAGES - 1;
+    if (nxt < ntiles) {
+        load_key_tile<BF16, FP8>(a, sk_base + (nxt % STAGES) * KEYS * STRIDE, next_blocks, w.key_begin + nxt * KEYS,
+                                 w.key_end);
+        if (nxt + 1 < ntiles) next_blocks = tile_blocks(a, r, w.key_begin + (nxt + 1) * KEYS, w.key_end);
+    }
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();
+    return sk_base + (t % STAGES) * KEYS * STRIDE;
 }
 
 /* ---- pieces shared by the 64-row and the narrow tensor-core kernels ---- */
@@ -429,21 +476,11 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
      * the four row groups) only helps with the loads */
     const bool active = w.row0 + rg * 16 < nrows;
     const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
-    /* ring of STAGES key tiles: tiles t+1 .. t+STAGES-1 are in flight while tile t is used.  One
-     * commit group per tile slot, empty ones included, so that wait<STAGES-1> at tile t always
-     * means "Q and tiles 0..t have landed". */
-    for (int st = 0; st < STAGES - 1; st++) {
-        if (st < ntiles) load_key_tile<BF16, FP8>(a, sk_base + st * KEYS * STRIDE, r, w.key_begin + st * KEYS, w.key_end);
-        cp_async_commit();
-    }
+    int2 next_blocks;
+    ring_start<BF16, FP8, STAGES>(a, sk_base, r, w, ntiles, next_blocks);
     for (int t = 0; t < ntiles; t++) {
         const int k0 = w.key_begin + t * KEYS;
-        const int nxt = t + STAGES - 1;
-        if (nxt < ntiles)   /* into the slot tile t-1 used; freed by the barrier that ended t-1 */
-            load_key_tile<BF16, FP8>(a, sk_base + (nxt % STAGES) * KEYS * STRIDE, r, w.key_begin + nxt * KEYS,
-                                     w.key_end);
-        cp_async_commit();
-        cp_async_wait<STAGES - 1>();
+        const uint16_t *sk = ring_next<BF16, FP8, STAGES>(a, sk_base, r, w, t, ntiles, next_blocks);
         __syncthreads();
         if (!active) {
             __syncthreads();
@@ -453,7 +490,6 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
             }
             continue;
         }
-        const uint16_t *sk = sk_base + (t % STAGES) * KEYS * STRIDE;
 
         /* S = Q K^T: 16 rows x 32 keys per warp (16 keys with SPLIT_QK) */
         constexpr int NT = SPLIT_QK ? 2 : 4;
@@ -601,21 +637,13 @@ __global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
     const float score_mul = a.scale_log2 * (FP8 ? a.kv_scale : 1.f);
 
     const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
-    for (int st = 0; st < STAGES - 1; st++) {
-        if (st < ntiles) load_key_tile<BF16, FP8>(a, sk_base + st * KEYS * STRIDE, r, w.key_begin + st * KEYS, w.key_end);
-        cp_async_commit();
-    }
+    int2 next_blocks;
+    ring_start<BF16, FP8, STAGES>(a, sk_base, r, w, ntiles, next_blocks);
     float *const my_part = s_part + ((kh * 4 + cq) * NROWS) * 16;
     for (int t = 0; t < ntiles; t++) {
         const int k0 = w.key_begin + t * KEYS;
-        const int nxt = t + STAGES - 1;
-        if (nxt < ntiles)
-            load_key_tile<BF16, FP8>(a, sk_base + (nxt % STAGES) * KEYS * STRIDE, r, w.key_begin + nxt * KEYS,
-                                     w.key_end);
-        cp_async_commit();
-        cp_async_wait<STAGES - 1>();
+        const uint16_t *sk = ring_next<BF16, FP8, STAGES>(a, sk_base, r, w, t, ntiles, next_blocks);
         __syncthreads();
-        const uint16_t *sk = sk_base + (t % STAGES) * KEYS * STRIDE;
 
         /* partial S over dims cq*144 .. +144: 16 rows x 16 keys (two n-tiles of 8) */
         float s[2][4];
