@@ -1757,6 +1757,23 @@ static bool have_device(char *why, size_t why_len)
 /* ---------------------------------------------------------------------------------------- */
 /* The FlashMLA-grid test hook                                                                */
 
+/* Device buffers and events of the test hook, kept between cases. */
+static dev_buf case_bufs[9];
+static cudaEvent_t case_ev[2];
+
+extern "C" void ar_cuda_mla_release_case_buffers(void)
+{
+    for (size_t i = 0; i < sizeof case_bufs / sizeof case_bufs[0]; i++) {
+        if (case_bufs[i].ptr) cudaFree(case_bufs[i].ptr);
+        case_bufs[i].ptr = NULL;
+        case_bufs[i].cap = 0;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (case_ev[i]) cudaEventDestroy(case_ev[i]);
+        case_ev[i] = NULL;
+    }
+}
+
 extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_result *res, char *err, size_t err_len)
 {
     res->attn_us = 0;
@@ -1836,20 +1853,36 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
     size_t olat_elems = (size_t)T * H * DL, lse_elems = (size_t)H * T;
     cudaStream_t st = 0;
     cudaEvent_t ev0 = NULL, ev1 = NULL;
+    /* device buffers are kept between cases (grow-only, ar_cuda_mla_release_case_buffers frees
+     * them): a grid of 1000 cases no longer pays 9 cudaMalloc / cudaFree pairs per case */
+    dev_buf *cb = case_bufs;
     if (!rc &&
-        ((rc = mla_fail(cudaMalloc(&d_meta, meta_bytes), "case metadata", err, err_len)) ||
-         (rc = mla_fail(cudaMalloc(&d_q, (size_t)T * H * D * 2), "case q", err, err_len)) ||
-         (rc = mla_fail(cudaMalloc(&d_cache, cache_bytes), "case cache", err, err_len)) ||
-         (rc = mla_fail(cudaMalloc(&d_olat, olat_elems * 4), "case out", err, err_len)) ||
-         (rc = mla_fail(cudaMalloc(&d_lse, lse_elems * 4), "case lse", err, err_len)) ||
-         (rc = mla_fail(cudaMalloc(&d_po, (size_t)(plan.num_partials + 1) * ROWS * DL * 4), "case partials", err, err_len)) ||
-         (rc = mla_fail(cudaMalloc(&d_pl, (size_t)(plan.num_partials + 1) * ROWS * 4), "case partial LSE", err, err_len)) ||
+        ((rc = mla_ensure(&cb[0], meta_bytes + (size_t)B, "case metadata", err, err_len)) ||
+         (rc = mla_ensure(&cb[1], (size_t)T * H * D * 2, "case q", err, err_len)) ||
+         (rc = mla_ensure(&cb[2], cache_bytes, "case cache", err, err_len)) ||
+         (rc = mla_ensure(&cb[3], olat_elems * 4, "case out", err, err_len)) ||
+         (rc = mla_ensure(&cb[4], lse_elems * 4, "case lse", err, err_len)) ||
+         (rc = mla_ensure(&cb[5], (size_t)(plan.num_partials + 1) * ROWS * DL * 4, "case partials", err, err_len)) ||
+         (rc = mla_ensure(&cb[6], (size_t)(plan.num_partials + 1) * ROWS * 4, "case partial LSE", err, err_len)) ||
          (c->want_reference &&
-          ((rc = mla_fail(cudaMalloc(&d_ref_o, olat_elems * 8), "case reference", err, err_len)) ||
-           (rc = mla_fail(cudaMalloc(&d_ref_l, lse_elems * 8), "case reference LSE", err, err_len)))) ||
-         (rc = mla_fail(cudaEventCreate(&ev0), "event", err, err_len)) ||
-         (rc = mla_fail(cudaEventCreate(&ev1), "event", err, err_len)))) {
+          ((rc = mla_ensure(&cb[7], olat_elems * 8, "case reference", err, err_len)) ||
+           (rc = mla_ensure(&cb[8], lse_elems * 8, "case reference LSE", err, err_len)))) ||
+         (!case_ev[0] && (rc = mla_fail(cudaEventCreate(&case_ev[0]), "event", err, err_len))) ||
+         (!case_ev[1] && (rc = mla_fail(cudaEventCreate(&case_ev[1]), "event", err, err_len))))) {
         /* fall through to the clean-up */
+    }
+    if (!rc) {
+        d_meta = cb[0].ptr;
+        d_q = cb[1].ptr;
+        d_cache = cb[2].ptr;
+        d_olat = cb[3].ptr;
+        d_lse = cb[4].ptr;
+        d_po = cb[5].ptr;
+        d_pl = cb[6].ptr;
+        d_ref_o = cb[7].ptr;
+        d_ref_l = cb[8].ptr;
+        ev0 = case_ev[0];
+        ev1 = case_ev[1];
     }
     if (!rc) {
         unsigned char *d = (unsigned char *)d_meta;
@@ -1917,9 +1950,9 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         }
         if (!rc && c->want_reference) {
             unsigned char *d_mask = NULL;
-            if (c->ref_requests) {
-                rc = mla_fail(cudaMalloc(&d_mask, (size_t)B), "reference mask", err, err_len);
-                if (!rc) cudaMemcpy(d_mask, c->ref_requests, (size_t)B, cudaMemcpyHostToDevice);
+            if (c->ref_requests) {   /* after the metadata in the same buffer */
+                d_mask = (unsigned char *)d_meta + meta_bytes;
+                cudaMemcpy(d_mask, c->ref_requests, (size_t)B, cudaMemcpyHostToDevice);
             }
             if (!rc) {
                 cudaMemset(d_ref_o, 0xFF, olat_elems * 8);
@@ -1929,12 +1962,17 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
             }
             if (!rc) rc = mla_fail(cudaGetLastError(), "reference kernel", err, err_len);
             if (!rc) rc = mla_fail(cudaDeviceSynchronize(), "reference kernel", err, err_len);
-            if (d_mask) cudaFree(d_mask);
         }
         /* results, converted to FlashMLA's layouts: out [b, s_q, h, 512] is o_lat as is;
          * lse [H, T] -> [b, h, s_q] with -inf -> +inf */
         if (!rc && res->out) rc = mla_fail(cudaMemcpy(res->out, d_olat, olat_elems * 4, cudaMemcpyDeviceToHost), "copy", err, err_len);
-        if (!rc && res->ref_out) rc = mla_fail(cudaMemcpy(res->ref_out, d_ref_o, olat_elems * 8, cudaMemcpyDeviceToHost), "copy", err, err_len);
+        /* the reference rows of the covered requests only (each request's rows are contiguous) */
+        const size_t req_elems = (size_t)SQ * H * DL;
+        for (int b = 0; !rc && res->ref_out && c->want_reference && b < B; b++)
+            if (!c->ref_requests || c->ref_requests[b])
+                rc = mla_fail(cudaMemcpy(res->ref_out + b * req_elems, (const double *)d_ref_o + b * req_elems,
+                                         req_elems * 8, cudaMemcpyDeviceToHost),
+                              "copy", err, err_len);
         float *lse_f = (float *)malloc(lse_elems * 4 + 4);
         double *lse_d = (double *)malloc(lse_elems * 8 + 8);
         if (!lse_f || !lse_d) {
@@ -1964,11 +2002,6 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         res->stages = stages;
         res->kernel_name = !use_tc ? "simt" : variant == TC_NARROW ? "tc-narrow" : variant == TC_SPLIT_QK ? "tc-split-qk" : "tc";
     }
-    void *bufs[] = {d_meta, d_q, d_cache, d_olat, d_lse, d_po, d_pl, d_ref_o, d_ref_l};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) cudaFree(bufs[i]);
-    if (ev0) cudaEventDestroy(ev0);
-    if (ev1) cudaEventDestroy(ev1);
     plan_free(&plan);
     free(h_qsl);
     free(h_bt);

@@ -115,8 +115,11 @@ typedef struct ar_cuda_mla_result {
     const char *kernel_name;  /* the kernel that ran: "tc", "tc-split-qk", "tc-narrow" or "simt" */
 } ar_cuda_mla_result;
 
-/* Runs one case.  0 ok; 3 no device / CUDA error; 2 bad case.  err says why. */
+/* Runs one case.  0 ok; 3 no device / CUDA error; 2 bad case.  err says why.  Device buffers
+ * are kept for the next case (grow-only); ar_cuda_mla_release_case_buffers frees them.  With
+ * ref_requests set, ref_out rows of the other requests are left untouched. */
 int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_result *res, char *err, size_t err_len);
+void ar_cuda_mla_release_case_buffers(void);
 
 /* A FlashMLA test input from a standard normal draw x: x / 10 clamped to [-1, 1], rounded to
  * dtype (division rounded to nearest on the device too, whatever the fast-math flags). */

@@ -100,3 +100,5 @@ int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_result *res, cha
     snprintf(err, err_len, "%s", mla_stub_reason);
     return 3;
 }
+
+void ar_cuda_mla_release_case_buffers(void) {}

@@ -89,6 +89,7 @@ int main(void)
     if (ar_cuda_mla_run_case(&probe, &res, err, sizeof err) != 0) {
         printf("bench_mla: skipped: %s\n", err);
         free(seqlens);
+        ar_cuda_mla_release_case_buffers();
         return 0;
     }
     peer_row peer[MAX_PEER];
@@ -137,5 +138,6 @@ int main(void)
     printf("targets (issue 6): >= 450 TFLOP/s at h_q=128 (best %.1f: %s), >= 3.6 TB/s at h_q=16 (best %.2f: %s)\n",
            best_tflops, best_tflops >= 450 ? "met" : "NOT met", best_tbps, best_tbps >= 3.6 ? "met" : "NOT met");
     free(seqlens);
+    ar_cuda_mla_release_case_buffers();
     return rc;
 }

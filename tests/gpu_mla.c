@@ -821,12 +821,10 @@ static void test_backend_decode(void **st)
     run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
     report("decode fp16", &r);
     assert_true(e2e_pass(&r));
-    /* every request with q_len 1 at 16 heads: the narrow kernel, without and with splits */
-    static const req_case single[] = {{1, 0}, {1, 37}, {1, 300}, {1, 129}, {1, 600}};
+    /* every request with q_len 1 at 16 heads: the narrow kernel through the backend, with
+     * split pieces merged by the combine kernel (the grid runs it unsplit) */
+    static const req_case single[] = {{1, 0}, {1, 37}, {1, 300}, {1, 129}, {1, 250}};
     cfg = mla_cfg(16, 64, 1024, AR_BF16, AR_BF16, 1.0);
-    run_e2e(&cfg, single, 5, 0, 1, &r);
-    report("decode bf16 q_len 1 (narrow)", &r);
-    assert_true(e2e_pass(&r));
     run_e2e(&cfg, single, 5, 4, 1, &r);
     report("decode bf16 q_len 1, 4 splits", &r);
     assert_true(e2e_pass(&r));
@@ -970,5 +968,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_faults_flagged, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simulated_deepseek_trace_replays, test_setup, test_teardown),
     };
-    return cmocka_run_group_tests_name("gpu_mla", tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name("gpu_mla", tests, NULL, NULL);
+    ar_cuda_mla_release_case_buffers();
+    return failed;
 }
