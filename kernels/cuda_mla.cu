@@ -155,6 +155,14 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem_src)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem_src);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem_src)
 {
     uint32_t s = (uint32_t)__cvta_generic_to_shared(smem_src);
@@ -384,6 +392,37 @@ __device__ __forceinline__ void softmax_step(float (*s)[4], const float mx[2], f
     }
 }
 
+/* S[16 rows, NT*8 keys] += Q K^T over the dims [kk0, kk0 + 16 * ksteps): A fragments (Q rows,
+ * row-major [row, STRIDE] in shared memory) and B fragments (keys, row-major [key, STRIDE]) by
+ * ldmatrix.x4, one instruction per fragment quad instead of four 32-bit loads.  qlane / klane are
+ * the lane's row addresses (qk_lane_rows). */
+template <bool BF16, int NT>
+__device__ __forceinline__ void qk_tile(float (*s)[4], const uint16_t *qlane, const uint16_t *klane, int kk0, int ksteps)
+{
+#pragma unroll 4
+    for (int ks = 0; ks < ksteps; ks++) {
+        const int kk = kk0 + ks * 16;
+        uint32_t af[4];
+        ldmatrix_x4(af, qlane + kk);   /* a0..a3: rows 0-7 / 8-15 x dims 0-7 / 8-15 */
+#pragma unroll
+        for (int p = 0; p < NT / 2; p++) {
+            uint32_t bf[4];         /* b0, b1 of n-tile 2p, then of n-tile 2p + 1 */
+            ldmatrix_x4(bf, klane + p * 16 * STRIDE + kk);
+            mma16816<BF16>(s[2 * p], af, bf[0], bf[1]);
+            mma16816<BF16>(s[2 * p + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+/* The lane's ldmatrix row addresses for qk_tile: Q row row0 + (lane & 7) + 8 * bit 3 of the
+ * lane, dim offset 8 * bit 4; key key0 + (lane & 7) + 8 * bit 4, dim offset 8 * bit 3. */
+__device__ __forceinline__ void qk_lane_rows(const uint16_t *sq, const uint16_t *sk, int row0, int key0, int lane,
+                                             const uint16_t **qlane, const uint16_t **klane)
+{
+    *qlane = sq + (row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * STRIDE + (lane >> 4) * 8;
+    *klane = sk + (key0 + (lane & 7) + (lane >> 4) * 8) * STRIDE + ((lane >> 3) & 1) * 8;
+}
+
 /* O[16 rows, NP*16 columns from col0] += P (16 x 16, A fragments pf) x V (16 keys from key0 of
  * the shared key tile sk, its first 512 columns), V fragments by ldmatrix.trans. */
 template <bool BF16, int NP>
@@ -499,22 +538,9 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[nt][e] = 0.f;
-        const uint16_t *qa = sq + lr[0] * STRIDE + 2 * tig, *qb = sq + lr[1] * STRIDE + 2 * tig;
-#pragma unroll 4
-        for (int kk = 0; kk < D; kk += 16) {
-            uint32_t af[4];
-            af[0] = *reinterpret_cast<const uint32_t *>(qa + kk);
-            af[1] = *reinterpret_cast<const uint32_t *>(qb + kk);
-            af[2] = *reinterpret_cast<const uint32_t *>(qa + kk + 8);
-            af[3] = *reinterpret_cast<const uint32_t *>(qb + kk + 8);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const uint16_t *kr = sk + (key_off + nt * 8 + g) * STRIDE + 2 * tig + kk;
-                uint32_t b0 = *reinterpret_cast<const uint32_t *>(kr);
-                uint32_t b1 = *reinterpret_cast<const uint32_t *>(kr + 8);
-                mma16816<BF16>(s[nt], af, b0, b1);
-            }
-        }
+        const uint16_t *qlane, *klane;
+        qk_lane_rows(sq, sk, rg * 16, key_off, lane, &qlane, &klane);
+        qk_tile<BF16, NT>(s, qlane, klane, 0, D / 16);
 
         /* mask, scale to the log2 domain, online softmax */
         float mx[2];
@@ -651,23 +677,9 @@ __global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[nt][e] = 0.f;
-        const uint16_t *qa = sq + lr[0] * STRIDE + 2 * tig, *qb = sq + lr[1] * STRIDE + 2 * tig;
-#pragma unroll
-        for (int ks = 0; ks < 9; ks++) {
-            const int kk = cq * 144 + ks * 16;
-            uint32_t af[4];
-            af[0] = *reinterpret_cast<const uint32_t *>(qa + kk);
-            af[1] = *reinterpret_cast<const uint32_t *>(qb + kk);
-            af[2] = *reinterpret_cast<const uint32_t *>(qa + kk + 8);
-            af[3] = *reinterpret_cast<const uint32_t *>(qb + kk + 8);
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const uint16_t *kr = sk + (kh * 16 + nt * 8 + g) * STRIDE + 2 * tig + kk;
-                uint32_t b0 = *reinterpret_cast<const uint32_t *>(kr);
-                uint32_t b1 = *reinterpret_cast<const uint32_t *>(kr + 8);
-                mma16816<BF16>(s[nt], af, b0, b1);
-            }
-        }
+        const uint16_t *qlane, *klane;
+        qk_lane_rows(sq, sk, 0, kh * 16, lane, &qlane, &klane);
+        qk_tile<BF16, 2>(s, qlane, klane, cq * 144, 9);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             *reinterpret_cast<float2 *>(my_part + lr[0] * 16 + nt * 8 + 2 * tig) = make_float2(s[nt][0], s[nt][1]);
