@@ -29,7 +29,12 @@
  * Warp layout of the tensor-core kernel (8 warps): warp w owns rows 16*(w%4) .. +16 and output
  * columns 256*(w/4) .. +256 of the 64 x 512 latent output (128 fp32 accumulators per thread).
  * Both column halves compute the same 16 x 32 score tile (the QK product is done twice) so
- * that the softmax needs no exchange between warps.
+ * that the softmax needs no exchange between warps; the split-QK variant splits it instead and
+ * exchanges row maxima, P and sums through shared memory.  A narrow kernel serves launches in
+ * which every request has at most 16 rows (s_q * h_q <= 16, e.g. 16 heads at TP8): its 8 warps
+ * are 2 key halves x 4 output-column quarters of one 16-row tile (see attn_narrow_kernel).
+ * AUTO runs the narrow kernel where it applies, else split-QK (faster on the H200 run of
+ * 2026-11-30: 160 vs 135 TFLOP/s at h_q = 128).
  *
  * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): "write"
  * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
