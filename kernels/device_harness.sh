@@ -168,4 +168,5 @@ echo
 echo "cascade vs flat (tests/bench_cascade.c):"
 grep -E "^\|" "$OUT/cascade_bench.txt" | tee -a "$OUT/summary.txt"
 grep -E "^target" "$OUT/cascade_bench.txt" | tee -a "$OUT/summary.txt"
+grep -E "^(prefix plan sweep|SWEEP)" "$OUT/cascade_bench.txt" | tee -a "$OUT/summary.txt"
 grep -E "^\[  (PASSED|FAILED)" "$OUT/cascade_test.txt" | sed 's/^/gpu_cascade: /' | tee -a "$OUT/summary.txt"
