@@ -643,3 +643,18 @@ void ar_cpu_report_times(const double *times, int repeat, int num_kernels,
     o->guard_violations = 0;
     if (col != small) free(col);
 }
+
+int ar_cpu_check_memory(size_t bytes, const char *who, char *err, size_t err_len)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    fclose(f);
+    if (kib == 0 || bytes / 1024 <= kib) return 0;
+    snprintf(err, err_len, "%s: the KV cache needs %zu bytes but only %llu bytes of memory are "
+             "available (lower num_blocks or --layers)", who, bytes, kib * 1024ull);
+    return 3;
+}

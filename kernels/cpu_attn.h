@@ -160,6 +160,10 @@ void ar_cpu_load_row(ar_dtype t, const void *base, int64_t first, int n, float m
 void ar_cpu_store_row(ar_dtype t, void *base, int64_t first, int n, float div,
                       const float *src /* [n] */);
 /* Fills n elements of type t with its NaN pattern. */
+/* Refuses a cache larger than the memory the kernel says is available (MemAvailable in
+ * /proc/meminfo), so a huge num_blocks gives a clear error, not the OOM killer.  0 = fits
+ * (or unknown), else 3 with err naming the bytes asked for and available. */
+int ar_cpu_check_memory(size_t bytes, const char *who, char *err, size_t err_len);
 void ar_cpu_fill_nan(ar_dtype t, void *base, size_t n);
 /* acc[d] += p * v[d] for d < n (vectorised in blocks of 8). */
 void ar_cpu_add_scaled(float *acc /* [n] */, const float *v /* [n] */, float p, int n);

@@ -161,6 +161,10 @@ static int cpu_open(const ar_run_config *cfg, void **state, char *err, size_t er
     size_t side_elems = (size_t)slots * (size_t)s->num_kv_heads * (size_t)s->head_size;
     size_t side_bytes = side_elems * (size_t)esize;
     size_t total = side_bytes * 2 * (size_t)cfg->num_layers;
+    if (ar_cpu_check_memory(total, WHO, err, err_len) != 0) {
+        cpu_close(s);
+        return 3;
+    }
     s->cache_mem = malloc(total);
     s->k_cache = calloc((size_t)cfg->num_layers, sizeof *s->k_cache);
     s->v_cache = calloc((size_t)cfg->num_layers, sizeof *s->v_cache);

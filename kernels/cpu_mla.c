@@ -199,6 +199,10 @@ static int mla_open(const ar_run_config *cfg, void **state, char *err, size_t er
     size_t layer_bytes = (size_t)cfg->num_blocks * (size_t)cfg->block_size * (size_t)s->E *
                          (size_t)esize;
     size_t total = layer_bytes * (size_t)cfg->num_layers;
+    if (ar_cpu_check_memory(total, WHO, err, err_len) != 0) {
+        mla_close(s);
+        return 3;
+    }
     s->cache_mem = malloc(total);
     s->cache = calloc((size_t)cfg->num_layers, sizeof *s->cache);
     s->weights = calloc((size_t)cfg->num_layers, sizeof *s->weights);
