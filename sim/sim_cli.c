@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -203,10 +204,14 @@ int ar_sim_main(int argc, char **argv)
         return 1;
     }
     rc = 0;
+    /* a progress line on a terminal only (every 4096 steps, so it costs nothing) */
+    const bool progress = !quiet && isatty(STDERR_FILENO);
     for (;;) {
         const ar_step *step;
         int r = ar_sim_step(s, &step, err, sizeof err);
         if (r == 0) break;
+        if (progress && r > 0 && (step->step & 4095) == 0)
+            fprintf(stderr, "\r  sim step %lld, simulated time %.1f s   ", (long long)step->step, step->time);
         if (r < 0) {
             fprintf(stderr, "sim: %s\n", err);
             rc = 1;
@@ -218,6 +223,7 @@ int ar_sim_main(int argc, char **argv)
             break;
         }
     }
+    if (progress) fputc('\n', stderr);
     if (ar_trace_finish(w, err, sizeof err) != 0 && rc == 0) {
         fprintf(stderr, "sim: %s: %s\n", out, err);
         rc = 1;
