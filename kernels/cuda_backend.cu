@@ -49,16 +49,14 @@
 #include "cuda_backend.h"
 #define AR_ATTN_KERNEL_BODY 1
 #include "cuda_attn.cuh"
+#include "cuda_host.cuh"
 
 #define AR_GUARD_BYTES 4096
 #define AR_GUARD_BYTE 0xA5
 #define AR_CUDA_EVENTS 5
 
 /* A grow-only device buffer. */
-typedef struct dev_buf {
-    void *ptr;
-    size_t cap;
-} dev_buf;
+/* dev_buf: kernels/cuda_host.cuh */
 
 typedef struct cuda_state {
     ar_run_config cfg;
@@ -111,37 +109,19 @@ typedef struct cuda_state {
 
 static int cuda_fail(cudaError_t e, const char *what, char *err, size_t err_len)
 {
-    if (e == cudaSuccess) return 0;
-    snprintf(err, err_len, "cuda backend: %s: %s", what, cudaGetErrorString(e));
-    return 3;
+    return ar_cuda_fail(e, "cuda backend", what, err, err_len);
 }
 
-static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static size_t round_up(size_t x, size_t a) { return ar_round_up(x, a); }
 
 static int ensure_buf(dev_buf *b, size_t need, const char *what, char *err, size_t err_len)
 {
-    if (need <= b->cap) return 0;
-    if (b->ptr) cudaFree(b->ptr);
-    b->ptr = NULL;
-    b->cap = 0;
-    size_t cap = round_up(need + need / 4, 4096);
-    cudaError_t e = cudaMalloc(&b->ptr, cap);
-    if (e != cudaSuccess) return cuda_fail(e, what, err, err_len);
-    b->cap = cap;
-    return 0;
+    return ar_cuda_ensure_dev(b, need, "cuda backend", what, err, err_len);
 }
 
 static int ensure_host(void **p, size_t *cap, size_t need, char *err, size_t err_len)
 {
-    if (need <= *cap) return 0;
-    if (*p) cudaFreeHost(*p);
-    *p = NULL;
-    *cap = 0;
-    size_t c = round_up(need + need / 4, 4096);
-    cudaError_t e = cudaMallocHost(p, c);
-    if (e != cudaSuccess) return cuda_fail(e, "pinned host buffer", err, err_len);
-    *cap = c;
-    return 0;
+    return ar_cuda_ensure_host(p, cap, need, "cuda backend", err, err_len);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -54,6 +54,7 @@
 
 #include "cuda_mla.h"
 #include "../reference/mla_ref.h"
+#include "cuda_host.cuh"
 
 #define MLA_GUARD_BYTES 4096
 #define MLA_GUARD_BYTE 0xA5
@@ -1437,44 +1438,22 @@ using namespace ar_mla;
 /* ---------------------------------------------------------------------------------------- */
 /* Host helpers                                                                              */
 
-typedef struct dev_buf {
-    void *ptr;
-    size_t cap;
-} dev_buf;
-
+/* dev_buf: kernels/cuda_host.cuh */
 static int mla_fail(cudaError_t e, const char *what, char *err, size_t err_len)
 {
-    if (e == cudaSuccess) return 0;
-    snprintf(err, err_len, "cuda-mla backend: %s: %s", what, cudaGetErrorString(e));
-    return 3;
+    return ar_cuda_fail(e, "cuda-mla backend", what, err, err_len);
 }
 
-static size_t mla_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static size_t mla_round_up(size_t x, size_t a) { return ar_round_up(x, a); }
 
 static int mla_ensure(dev_buf *b, size_t need, const char *what, char *err, size_t err_len)
 {
-    if (need <= b->cap) return 0;
-    if (b->ptr) cudaFree(b->ptr);
-    b->ptr = NULL;
-    b->cap = 0;
-    size_t cap = mla_round_up(need + need / 4, 4096);
-    cudaError_t e = cudaMalloc(&b->ptr, cap);
-    if (e != cudaSuccess) return mla_fail(e, what, err, err_len);
-    b->cap = cap;
-    return 0;
+    return ar_cuda_ensure_dev(b, need, "cuda-mla backend", what, err, err_len);
 }
 
 static int mla_ensure_host(void **p, size_t *cap, size_t need, char *err, size_t err_len)
 {
-    if (need <= *cap) return 0;
-    if (*p) cudaFreeHost(*p);
-    *p = NULL;
-    *cap = 0;
-    size_t c = mla_round_up(need + need / 4, 4096);
-    cudaError_t e = cudaMallocHost(p, c);
-    if (e != cudaSuccess) return mla_fail(e, "pinned host buffer", err, err_len);
-    *cap = c;
-    return 0;
+    return ar_cuda_ensure_host(p, cap, need, "cuda-mla backend", err, err_len);
 }
 
 static int mla_grid(int64_t n, int threads)

@@ -1,0 +1,57 @@
+/* cuda_host.cuh - host-side helpers both CUDA backends (cuda_backend.cu, cuda_mla.cu) share:
+ * a grow-only device buffer, CUDA error text with the backend's name, and grow-only device and
+ * pinned host allocations.  Header-only (static) so each .cu keeps its own copy of the code. */
+#ifndef AR_CUDA_HOST_CUH
+#define AR_CUDA_HOST_CUH
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdio.h>
+
+/* A device allocation that only grows. */
+typedef struct dev_buf {
+    void *ptr;
+    size_t cap;
+} dev_buf;
+
+/* 0 for cudaSuccess, else 3 with "WHO: WHAT: <CUDA error>" in err. */
+static inline int ar_cuda_fail(cudaError_t e, const char *who, const char *what, char *err, size_t err_len)
+{
+    if (e == cudaSuccess) return 0;
+    snprintf(err, err_len, "%s: %s: %s", who, what, cudaGetErrorString(e));
+    return 3;
+}
+
+static inline size_t ar_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* Makes b hold at least need bytes (with 25% headroom, 4 KiB granules); 0 or 3 with err set. */
+static inline int ar_cuda_ensure_dev(dev_buf *b, size_t need, const char *who, const char *what,
+                                     char *err, size_t err_len)
+{
+    if (need <= b->cap) return 0;
+    if (b->ptr) cudaFree(b->ptr);
+    b->ptr = NULL;
+    b->cap = 0;
+    size_t cap = ar_round_up(need + need / 4, 4096);
+    cudaError_t e = cudaMalloc(&b->ptr, cap);
+    if (e != cudaSuccess) return ar_cuda_fail(e, who, what, err, err_len);
+    b->cap = cap;
+    return 0;
+}
+
+/* The same for a pinned host buffer *p of capacity *cap. */
+static inline int ar_cuda_ensure_host(void **p, size_t *cap, size_t need, const char *who,
+                                      char *err, size_t err_len)
+{
+    if (need <= *cap) return 0;
+    if (*p) cudaFreeHost(*p);
+    *p = NULL;
+    *cap = 0;
+    size_t c = ar_round_up(need + need / 4, 4096);
+    cudaError_t e = cudaMallocHost(p, c);
+    if (e != cudaSuccess) return ar_cuda_fail(e, who, "pinned host buffer", err, err_len);
+    *cap = c;
+    return 0;
+}
+
+#endif
