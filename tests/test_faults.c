@@ -100,57 +100,26 @@ static int64_t make_trace(const char *path, const char *spec)
     return steps;
 }
 
-/* One integer from a read-only connection; -1 when the query fails. */
-static int64_t query_int(const char *db, const char *sql)
-{
-    sqlite3 *h = NULL;
-    int64_t v = -1;
-    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
-        sqlite3_busy_timeout(h, 2000);
-        sqlite3_stmt *st = NULL;
-        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-            v = sqlite3_column_int64(st, 0);
-        sqlite3_finalize(st);
-    }
-    sqlite3_close(h);
-    return v;
-}
-
-static void query_text(const char *db, const char *sql, char *out, size_t len)
-{
-    sqlite3 *h = NULL;
-    out[0] = 0;
-    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
-        sqlite3_busy_timeout(h, 2000);
-        sqlite3_stmt *st = NULL;
-        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW &&
-            sqlite3_column_text(st, 0))
-            snprintf(out, len, "%s", (const char *)sqlite3_column_text(st, 0));
-        sqlite3_finalize(st);
-    }
-    sqlite3_close(h);
-}
-
 /* The committed steps of run are exactly 0..last_step, once each, and match steps_done. */
 static void assert_run_whole(const char *db, int run)
 {
     char sql[256];
     snprintf(sql, sizeof sql, "SELECT count(*) FROM steps WHERE run=%d", run);
-    int64_t count = query_int(db, sql);
+    int64_t count = tu_query_int(db, sql);
     snprintf(sql, sizeof sql, "SELECT count(DISTINCT step) FROM steps WHERE run=%d", run);
-    assert_int_equal(query_int(db, sql), count);
+    assert_int_equal(tu_query_int(db, sql), count);
     snprintf(sql, sizeof sql, "SELECT steps_done FROM runs WHERE id=%d", run);
-    assert_int_equal(query_int(db, sql), count);
+    assert_int_equal(tu_query_int(db, sql), count);
     snprintf(sql, sizeof sql, "SELECT last_step FROM runs WHERE id=%d", run);
-    assert_int_equal(query_int(db, sql) + 1, count);
+    assert_int_equal(tu_query_int(db, sql) + 1, count);
     snprintf(sql, sizeof sql, "SELECT coalesce(max(step), -1) FROM steps WHERE run=%d", run);
-    assert_int_equal(query_int(db, sql) + 1, count);
+    assert_int_equal(tu_query_int(db, sql) + 1, count);
 }
 
 static void assert_integrity_ok(const char *db)
 {
     char text[256];
-    query_text(db, "PRAGMA integrity_check", text, sizeof text);
+    tu_query_text(db, "PRAGMA integrity_check", text, sizeof text);
     assert_string_equal(text, "ok");
 }
 
@@ -221,14 +190,14 @@ static void test_full_disk_marks_error_and_keeps_committed_steps(void **state)
     assert_true(file_contains(log, db));
     assert_true(file_contains(log, "disk"));
     assert_integrity_ok(db);
-    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
     assert_string_equal(text, "error");
-    query_text(db, "SELECT error FROM runs WHERE id=1", text, sizeof text);
+    tu_query_text(db, "SELECT error FROM runs WHERE id=1", text, sizeof text);
     assert_non_null(strstr(text, "disk"));
-    int64_t kept = query_int(db, "SELECT count(*) FROM steps WHERE run=1");
+    int64_t kept = tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1");
     assert_true(kept > 0 && kept < total);   /* some batches committed, not all */
     assert_run_whole(db, 1);
-    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1 AND pass != 1"), 0);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1 AND pass != 1"), 0);
     print_message("full disk: %lld of %lld steps committed, run 'error': %s\n", (long long)kept,
                   (long long)total, text);
 
@@ -237,11 +206,11 @@ static void test_full_disk_marks_error_and_keeps_committed_steps(void **state)
     rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify sample:1 --resume --quiet",
                 tu_bin(), trace, db);
     assert_int_equal(rc, 0);
-    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
     assert_string_equal(text, "passed");
-    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
     assert_run_whole(db, 1);
-    assert_int_equal(query_int(db, "SELECT count(*) FROM runs"), 1);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);
 }
 
 /* A real full disk: a 400 KiB tmpfs, when this user may mount one (root); skipped otherwise. */
@@ -261,12 +230,12 @@ static void test_full_tmpfs_marks_error(void **state)
     snprintf(db, sizeof db, "%s/results.db", dir);
     int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify off --quiet", tu_bin(),
                     trace, db);
-    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
-    int64_t kept = query_int(db, "SELECT count(*) FROM steps WHERE run=1");
-    bool whole = query_int(db, "SELECT steps_done FROM runs WHERE id=1") == kept &&
-                 query_int(db, "SELECT last_step FROM runs WHERE id=1") + 1 == kept;
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    int64_t kept = tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1");
+    bool whole = tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1") == kept &&
+                 tu_query_int(db, "SELECT last_step FROM runs WHERE id=1") + 1 == kept;
     char check[64];
-    query_text(db, "PRAGMA integrity_check", check, sizeof check);
+    tu_query_text(db, "PRAGMA integrity_check", check, sizeof check);
     bool said_full = file_contains(log, "disk is full");
     print_message("tmpfs full: exit %d, %lld of %lld steps committed, run '%s'\n", rc, (long long)kept,
                   (long long)total, text);
@@ -296,7 +265,7 @@ static void test_sigint_commits_and_resume_completes(void **state)
     int64_t seen = 0;
     for (int i = 0; i < 400 && seen < 1; i++) {   /* up to 20 s */
         sleep_ms(50);
-        seen = query_int(db, "SELECT steps_done FROM runs WHERE id=1");
+        seen = tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1");
     }
     assert_true(seen >= 1);   /* a read-only connection sees committed steps during the replay */
     /* report reads the same database while the replay writes (gnuplot may be absent: 0 or 1) */
@@ -308,9 +277,9 @@ static void test_sigint_commits_and_resume_completes(void **state)
     assert_int_equal(waitpid(pid, NULL, WNOHANG), 0);   /* still replaying */
     assert_int_equal(kill(pid, SIGINT), 0);
     assert_int_equal(wait_exit(pid), 130);
-    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
     assert_string_equal(text, "interrupted");
-    int64_t kept = query_int(db, "SELECT count(*) FROM steps WHERE run=1");
+    int64_t kept = tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1");
     assert_true(kept >= seen && kept < total);
     assert_run_whole(db, 1);
     assert_integrity_ok(db);
@@ -321,9 +290,9 @@ static void test_sigint_commits_and_resume_completes(void **state)
     int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --repeat 20 --resume --quiet",
                     tu_bin(), trace, db);
     assert_int_equal(rc, 0);
-    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
     assert_string_equal(text, "passed");
-    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
     assert_run_whole(db, 1);
 }
 
@@ -354,7 +323,7 @@ static void test_second_writer_waits_then_fails_clearly(void **state)
     print_message("second writer: waited %lld s, then exit 3\n", (long long)waited);
     sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
     sqlite3_close(h);
-    assert_int_equal(query_int(db, "SELECT count(*) FROM runs"), 1);   /* untouched */
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);   /* untouched */
     assert_run_whole(db, 1);
     assert_integrity_ok(db);
 }
@@ -392,14 +361,14 @@ static void test_two_replays_share_a_database(void **state)
                         tu_bin(), trace, db, verify[i]);
         assert_int_equal(rc, 0);
     }
-    assert_int_equal(query_int(db, "SELECT count(*) FROM runs"), 3);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 3);
     for (int run = 2; run <= 3; run++) {
         char sql[128];
         snprintf(sql, sizeof sql, "SELECT count(*) FROM steps WHERE run=%d", run);
-        assert_int_equal(query_int(db, sql), total);
+        assert_int_equal(tu_query_int(db, sql), total);
         assert_run_whole(db, run);
     }
-    query_text(db, "SELECT group_concat(status, ',') FROM (SELECT status FROM runs WHERE id>1 ORDER BY id)",
+    tu_query_text(db, "SELECT group_concat(status, ',') FROM (SELECT status FROM runs WHERE id>1 ORDER BY id)",
                text, sizeof text);
     assert_true(strcmp(text, "passed,unverified") == 0 || strcmp(text, "unverified,passed") == 0);
     assert_integrity_ok(db);
@@ -421,11 +390,11 @@ static void test_verify_off_labelled_in_summary_db_and_report(void **state)
                             tu_bin(), trace, db), 0);
     assert_true(file_contains(log, "unverified"));
     assert_true(file_contains(log, "verify off"));
-    query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
     assert_string_equal(text, "unverified");
-    query_text(db, "SELECT verify FROM runs WHERE id=1", text, sizeof text);
+    tu_query_text(db, "SELECT verify FROM runs WHERE id=1", text, sizeof text);
     assert_string_equal(text, "off");
-    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1 AND verified='off' AND pass IS NULL"), 21);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1 AND verified='off' AND pass IS NULL"), 21);
     int rrc = tu_run(rlog, "'%s' report '%s' --out '%s'", tu_bin(), db, out);
     assert_true(rrc == 0 || rrc == 1);
     snprintf(summary, sizeof summary, "%s/summary.md", out);

@@ -3,7 +3,6 @@
  * --dump-step, and bad input. */
 #include "testutil.h"
 
-#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,34 +15,6 @@ static const char *sample(const char *name, char *buf, size_t len)
 {
     snprintf(buf, len, "%s/traces/samples/%s.trace.jsonl.gz", tu_src_dir(), name);
     return buf;
-}
-
-static int64_t query_int(const char *db, const char *sql)
-{
-    sqlite3 *h = NULL;
-    int64_t v = -1;
-    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
-        sqlite3_stmt *st = NULL;
-        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-            v = sqlite3_column_int64(st, 0);
-        sqlite3_finalize(st);
-    }
-    sqlite3_close(h);
-    return v;
-}
-
-static void query_text(const char *db, const char *sql, char *out, size_t len)
-{
-    sqlite3 *h = NULL;
-    out[0] = 0;
-    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
-        sqlite3_stmt *st = NULL;
-        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW &&
-            sqlite3_column_text(st, 0))
-            snprintf(out, len, "%s", (const char *)sqlite3_column_text(st, 0));
-        sqlite3_finalize(st);
-    }
-    sqlite3_close(h);
 }
 
 static int64_t trace_steps(const char *trace)
@@ -75,19 +46,19 @@ static void test_clean_replay_passes_and_is_stored(void **state)
         }
         assert_int_equal(rc, 0);
     }
-    assert_int_equal(query_int(db, "SELECT count(*) FROM runs"), (int64_t)NUM_SAMPLES);
-    assert_int_equal(query_int(db, "SELECT count(*) FROM runs WHERE status='passed'"), (int64_t)NUM_SAMPLES);
-    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE pass IS NOT 1"), 0);
-    assert_true(query_int(db, "SELECT count(*) FROM steps") > 20);
-    assert_true(query_int(db, "SELECT count(*) FROM kernels WHERE name='attn' AND time_us > 0") > 0);
-    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE bytes <= 0 OR flops <= 0"), 0);
-    query_text(db, "SELECT value FROM meta WHERE key='schema_version'", status, sizeof status);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), (int64_t)NUM_SAMPLES);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs WHERE status='passed'"), (int64_t)NUM_SAMPLES);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE pass IS NOT 1"), 0);
+    assert_true(tu_query_int(db, "SELECT count(*) FROM steps") > 20);
+    assert_true(tu_query_int(db, "SELECT count(*) FROM kernels WHERE name='attn' AND time_us > 0") > 0);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE bytes <= 0 OR flops <= 0"), 0);
+    tu_query_text(db, "SELECT value FROM meta WHERE key='schema_version'", status, sizeof status);
     assert_string_equal(status, "1");
     /* each run has exactly as many steps as its trace */
     sample("mixed", trace, sizeof trace);
     int64_t n = trace_steps(trace);
     assert_true(n > 0);
-    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1"), n);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), n);
 }
 
 static const char *const mha_faults[] = {"causal-off-by-one", "wrong-slot", "stale-block-table",
@@ -109,8 +80,8 @@ static void test_every_fault_flagged_on_every_sample(void **state)
         }
     }
     /* failing steps carry their worst elements */
-    assert_true(query_int(db, "SELECT count(*) FROM mismatches") > 0);
-    assert_int_equal(query_int(db, "SELECT count(*) FROM runs WHERE status != 'failed'"), 0);
+    assert_true(tu_query_int(db, "SELECT count(*) FROM mismatches") > 0);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs WHERE status != 'failed'"), 0);
 }
 
 static void test_merge_fault_flagged_when_cascade_runs(void **state)
@@ -122,7 +93,7 @@ static void test_merge_fault_flagged_when_cascade_runs(void **state)
     sample("prefix", trace, sizeof trace);
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --cascade on --quiet",
                             tu_bin(), trace, db), 0);
-    assert_true(query_int(db, "SELECT count(*) FROM steps WHERE cascade=1 AND prefix_len > 0") > 0);
+    assert_true(tu_query_int(db, "SELECT count(*) FROM steps WHERE cascade=1 AND prefix_len > 0") > 0);
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --cascade on "
                                  "--inject merge-no-weights --quiet", tu_bin(), trace, db), 1);
 }
@@ -140,18 +111,18 @@ static void test_kill_and_resume(void **state)
     int rc = tu_run(log, "ATTNREPLAY_TEST_KILL_AFTER_STEP=10 '%s' replay '%s' --db '%s' --backend cpu --quiet",
                     tu_bin(), trace, db);
     assert_int_equal(rc, 128 + 9);
-    query_text(db, "SELECT status FROM runs WHERE id=1", status, sizeof status);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", status, sizeof status);
     assert_string_equal(status, "running");
-    int64_t kept = query_int(db, "SELECT count(*) FROM steps WHERE run=1");
+    int64_t kept = tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1");
     assert_true(kept >= 0 && kept <= 10);
-    assert_int_equal(query_int(db, "SELECT last_step FROM runs WHERE id=1") + 1, kept);
+    assert_int_equal(tu_query_int(db, "SELECT last_step FROM runs WHERE id=1") + 1, kept);
     rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --resume --quiet", tu_bin(), trace, db);
     assert_int_equal(rc, 0);
-    query_text(db, "SELECT status FROM runs WHERE id=1", status, sizeof status);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", status, sizeof status);
     assert_string_equal(status, "passed");
-    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
-    assert_int_equal(query_int(db, "SELECT count(DISTINCT step) FROM steps WHERE run=1"), total);
-    assert_int_equal(query_int(db, "SELECT count(*) FROM runs"), 1);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
+    assert_int_equal(tu_query_int(db, "SELECT count(DISTINCT step) FROM steps WHERE run=1"), total);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);
     /* nothing left to resume */
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --resume --quiet", tu_bin(),
                             trace, db), 2);
@@ -168,8 +139,8 @@ static void test_steps_range_fills_missing_context(void **state)
         assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --steps 7: --quiet",
                                 tu_bin(), trace, db), 0);
     }
-    assert_int_equal(query_int(db, "SELECT min(step) FROM steps"), 7);
-    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE pass != 1"), 0);
+    assert_int_equal(tu_query_int(db, "SELECT min(step) FROM steps"), 7);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE pass != 1"), 0);
 }
 
 static void test_verify_off_and_sample_are_labelled(void **state)
@@ -180,14 +151,14 @@ static void test_verify_off_and_sample_are_labelled(void **state)
     tu_tmp("labels.log", log, sizeof log);
     sample("chunked", trace, sizeof trace);
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --verify off --quiet", tu_bin(), trace, db), 0);
-    query_text(db, "SELECT status FROM runs WHERE id=1", status, sizeof status);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", status, sizeof status);
     assert_string_equal(status, "unverified");
-    assert_int_equal(query_int(db, "SELECT count(*) FROM steps WHERE run=1 AND pass IS NOT NULL"), 0);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1 AND pass IS NOT NULL"), 0);
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --verify sample:8 --quiet", tu_bin(), trace, db), 0);
-    query_text(db, "SELECT verified FROM steps WHERE run=2 LIMIT 1", status, sizeof status);
+    tu_query_text(db, "SELECT verified FROM steps WHERE run=2 LIMIT 1", status, sizeof status);
     assert_string_equal(status, "sample");
-    assert_true(query_int(db, "SELECT max(rows_checked) FROM steps WHERE run=2") <
-                query_int(db, "SELECT max(num_tokens) FROM steps WHERE run=2"));
+    assert_true(tu_query_int(db, "SELECT max(rows_checked) FROM steps WHERE run=2") <
+                tu_query_int(db, "SELECT max(num_tokens) FROM steps WHERE run=2"));
 }
 
 static void test_dump_step_writes_npy(void **state)

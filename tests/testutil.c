@@ -2,6 +2,7 @@
 #include "testutil.h"
 
 #include <errno.h>
+#include <sqlite3.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,4 +94,34 @@ int tu_write(const char *path, const char *text)
     if (!f) return -1;
     int ok = fputs(text, f) >= 0;
     return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+int64_t tu_query_int(const char *db, const char *sql)
+{
+    sqlite3 *h = NULL;
+    int64_t v = -1;
+    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        sqlite3_busy_timeout(h, 2000);
+        sqlite3_stmt *st = NULL;
+        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+            v = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(h);
+    return v;
+}
+
+void tu_query_text(const char *db, const char *sql, char *out, size_t len)
+{
+    sqlite3 *h = NULL;
+    out[0] = 0;
+    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        sqlite3_busy_timeout(h, 2000);
+        sqlite3_stmt *st = NULL;
+        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW &&
+            sqlite3_column_text(st, 0))
+            snprintf(out, len, "%s", (const char *)sqlite3_column_text(st, 0));
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(h);
 }

@@ -25,5 +25,9 @@ int tu_run(const char *out_path, const char *fmt, ...) __attribute__((format(pri
 char *tu_slurp(const char *path);
 /* Writes text to path; returns 0 on success. */
 int tu_write(const char *path, const char *text);
+/* One integer from a read-only SQLite connection (2 s busy timeout); -1 when the query fails. */
+int64_t tu_query_int(const char *db, const char *sql);
+/* The first column of the first row as text ("" when none). */
+void tu_query_text(const char *db, const char *sql, char *out, size_t len);
 
 #endif
