@@ -352,30 +352,7 @@ static bool cuda_check(const ar_run_config *cfg, char *why, size_t why_len)
                  m->num_kv_heads);
         return false;
     }
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess) {
-        snprintf(why, why_len, "no CUDA device (%s)", cudaGetErrorString(e));
-        cudaGetLastError();
-        return false;
-    }
-    if (count == 0) {
-        snprintf(why, why_len, "no CUDA device (cudaGetDeviceCount found 0)");
-        return false;
-    }
-    cudaDeviceProp prop;
-    e = cudaGetDeviceProperties(&prop, 0);
-    if (e != cudaSuccess) {
-        snprintf(why, why_len, "no CUDA device (%s)", cudaGetErrorString(e));
-        return false;
-    }
-    if (prop.major < 8) {
-        snprintf(why, why_len, "%s has compute capability %d.%d; needs 8.0 or newer", prop.name,
-                 prop.major, prop.minor);
-        return false;
-    }
-    snprintf(why, why_len, "supported on %s", prop.name);
-    return true;
+    return ar_cuda_device_ok(why, why_len);
 }
 
 static void cuda_close(void *state);

@@ -54,4 +54,43 @@ static inline int ar_cuda_ensure_host(void **p, size_t *cap, size_t need, const 
     return 0;
 }
 
+/* True when a CUDA device is present; else false with "no CUDA device (...)" in why (the
+ * phrase replay's exit code 3 and the selector's report key on). */
+static inline bool ar_cuda_have_device(char *why, size_t why_len)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        snprintf(why, why_len, "no CUDA device (%s)", cudaGetErrorString(e));
+        cudaGetLastError();
+        return false;
+    }
+    if (count == 0) {
+        snprintf(why, why_len, "no CUDA device (cudaGetDeviceCount found 0)");
+        return false;
+    }
+    return true;
+}
+
+/* Device 0 is present and can run mma.sync (compute capability 8.0 or newer); why says
+ * "supported on NAME" or the reason it is not. */
+static inline bool ar_cuda_device_ok(char *why, size_t why_len)
+{
+    if (!ar_cuda_have_device(why, why_len)) return false;
+    cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, 0);
+    if (e != cudaSuccess) {
+        snprintf(why, why_len, "no CUDA device (%s)", cudaGetErrorString(e));
+        cudaGetLastError();
+        return false;
+    }
+    if (prop.major < 8) {
+        snprintf(why, why_len, "%s has compute capability %d.%d; needs 8.0 or newer (mma.sync)",
+                 prop.name, prop.major, prop.minor);
+        return false;
+    }
+    snprintf(why, why_len, "supported on %s", prop.name);
+    return true;
+}
+
 #endif

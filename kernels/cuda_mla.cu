@@ -1734,21 +1734,7 @@ static double median_of(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static bool have_device(char *why, size_t why_len)
-{
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess) {
-        snprintf(why, why_len, "no CUDA device (%s)", cudaGetErrorString(e));
-        cudaGetLastError();
-        return false;
-    }
-    if (count == 0) {
-        snprintf(why, why_len, "no CUDA device (cudaGetDeviceCount found 0)");
-        return false;
-    }
-    return true;
-}
+static bool have_device(char *why, size_t why_len) { return ar_cuda_have_device(why, why_len); }
 
 /* ---------------------------------------------------------------------------------------- */
 /* The FlashMLA-grid test hook                                                                */
@@ -2096,21 +2082,7 @@ static bool mla_check(const ar_run_config *cfg, char *why, size_t why_len)
         snprintf(why, why_len, "block size %d not supported (16, 32, 64)", cfg->block_size);
         return false;
     }
-    if (!have_device(why, why_len)) return false;
-    cudaDeviceProp prop;
-    cudaError_t e = cudaGetDeviceProperties(&prop, 0);
-    if (e != cudaSuccess) {
-        snprintf(why, why_len, "no CUDA device (%s)", cudaGetErrorString(e));
-        cudaGetLastError();
-        return false;
-    }
-    if (prop.major < 8) {
-        snprintf(why, why_len, "%s has compute capability %d.%d; needs 8.0 or newer (mma.sync)", prop.name,
-                 prop.major, prop.minor);
-        return false;
-    }
-    snprintf(why, why_len, "supported on %s", prop.name);
-    return true;
+    return ar_cuda_device_ok(why, why_len);
 }
 
 static void mla_close(void *state);
