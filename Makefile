@@ -191,28 +191,17 @@ valgrind: $(BIN)
 	rm -f $(VALGRIND_DB) $(VALGRIND_DB)-wal $(VALGRIND_DB)-shm
 	@echo "valgrind: clean"
 
-# compute-sanitizer over every GPU test binary with small cases (AR_GPU_SMALL=1); the summary
-# (one line per tool and binary, plus each tool's ERROR SUMMARY) goes to GPU_SANITIZE_OUT.
+# compute-sanitizer over every GPU test binary with small cases (AR_GPU_SMALL=1): every
+# (binary, tool) pair runs at once under a SANITIZE_TIMEOUT (default 400 s) limit
+# (tests/gpu_sanitize.sh); one log per pair beside the summary (one line per pair, with each
+# tool's ERROR SUMMARY) in GPU_SANITIZE_OUT.
 GPU_SANITIZE_OUT ?= $(BUILD)/gpu-sanitize-summary.txt
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 test-gpu-sanitize:
 	@[ -n "$(COMPUTE_SANITIZER)" ] || { echo "compute-sanitizer not found (CUDA toolkit bin/)" >&2; exit 1; }
-	@mkdir -p $(dir $(GPU_SANITIZE_OUT)); : > $(GPU_SANITIZE_OUT); bad=0; \
-	for t in $(GPU_TESTS); do \
-	  [ -x $$t ] || { echo "missing $$t (make gpu-build on the dev machine)" | tee -a $(GPU_SANITIZE_OUT); bad=1; continue; }; \
-	  for tool in memcheck racecheck initcheck synccheck; do \
-	    log=$(BUILD)/gpu-sanitize-$$(basename $$t)-$$tool.log; \
-	    extra=""; [ $$tool = memcheck ] && extra="--leak-check full"; \
-	    AR_GPU_SMALL=1 AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) \
-	      $(COMPUTE_SANITIZER) --tool $$tool $$extra --error-exitcode 99 $$t >$$log 2>&1; rc=$$?; \
-	    summary=$$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" $$log | tail -1); \
-	    tests=$$(grep -h "^\[  PASSED  \]\|^\[  FAILED  \]" $$log | tr '\n' ' '); \
-	    tests="$$tests $$(grep -c '^\[  SKIPPED \]' $$log) skipped"; \
-	    echo "$$(basename $$t) $$tool rc=$$rc: $${summary:-no summary} $$tests" | tee -a $(GPU_SANITIZE_OUT); \
-	    [ $$rc -eq 0 ] || bad=1; \
-	  done; \
-	done; \
-	echo "summary in $(GPU_SANITIZE_OUT)"; exit $$bad
+	@OUT=$(abspath $(dir $(GPU_SANITIZE_OUT))) SUMMARY=$(abspath $(GPU_SANITIZE_OUT)) \
+	  COMPUTE_SANITIZER=$(COMPUTE_SANITIZER) AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) \
+	  tests/gpu_sanitize.sh $(GPU_TESTS)
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz bin demo.db demo.db-wal demo.db-shm

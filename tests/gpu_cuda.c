@@ -8,6 +8,18 @@
  * block tables), the triton unified attention cases [(1,1)]*533 and [(533,533)]*533 (sampled
  * rows), soft cap 50 and window 64; both kernel geometries and forced split-KV; fp16; the
  * device generator bit for bit against the CPU's; guards; and every planted fault flagged.
+ * test_every_kernel_instance launches each attention kernel instance the backend has - PREFILL
+ * and DECODE at template head sizes 64/128/256, each exact (d = 64, 128, 256) and generic
+ * (d = 40, 96, 192), plus the forced WIDE and TALL hd-128 geometries - in bf16 and fp16, on
+ * short batches (it is cheap and runs in both modes).
+ *
+ * AR_GPU_SMALL=1 (compute-sanitizer runs, tests/gpu_sanitize.sh) keeps every kernel config and
+ * shrinks the data: the vLLM grid becomes 8 cases (both sequence sets, d 80 generic and 256,
+ * window none and 256, num_blocks 2048 only); the triton cases become 64 x (1,1) and
+ * 16 x (48,48) with heads 8/2, soft cap 50 with window 64 on both batches, and heads 5/1; the
+ * generator check uses 8 positions and two streams; the path/dtype/fault/guard tests (split-KV
+ * + combine in both dtypes, write kernel, every geometry) stay as they are.  About 90 backend
+ * steps of at most a few thousand keys: a few seconds without the sanitizer on the H200.
  * Every test skips with the backend's reason when there is no GPU. */
 #include "testutil.h"
 
@@ -21,6 +33,13 @@
 #include "cascade_cases.h"
 
 typedef casc_seq seq_case;
+
+/* AR_GPU_SMALL=1: the compute-sanitizer's small cases (see the opening comment). */
+static bool gpu_small(void)
+{
+    const char *e = getenv("AR_GPU_SMALL");
+    return e && e[0] == '1';
+}
 
 static bool gpu_ready(const ar_run_config *cfg)
 {
@@ -153,7 +172,13 @@ static const seq_case vllm_seqs_a[] = {{1, 1328}, {5, 18}, {129, 463}};
 static const seq_case vllm_seqs_b[] = {{1, 523}, {1, 37}, {1, 2011}};
 static const run_opts auto_opts = {-1, 0, 0, AR_FAULT_NONE, false};
 
-/* vLLM test_varlen_with_paged_kv grid, bf16, block 16. */
+/* One case of the vLLM grid: sequence set (0 a, 1 b), heads, head size, num_blocks, window. */
+typedef struct vllm_case {
+    int seqs, hq, hkv, d, num_blocks, window;
+} vllm_case;
+
+/* vLLM test_varlen_with_paged_kv grid, bf16, block 16 (the full grid; 8 cases with
+ * AR_GPU_SMALL). */
 static void test_vllm_varlen_paged_grid(void **unused)
 {
     (void)unused;
@@ -163,57 +188,80 @@ static void test_vllm_varlen_paged_grid(void **unused)
     static const int sizes[] = {40, 72, 80, 128, 256};
     static const int blocks[] = {2048, 32768};
     static const int windows[] = {0, 256};
-    int failures = 0, count = 0;
-    for (int s = 0; s < 2; s++)
-        for (int h = 0; h < 2; h++)
-            for (int d = 0; d < 5; d++)
-                for (int nb = 0; nb < 2; nb++)
-                    for (int w = 0; w < 2; w++) {
-                        ar_run_config c = make_cfg(heads[h][0], heads[h][1], sizes[d], blocks[nb], AR_BF16, windows[w], 0);
-                        run_result r;
-                        run_case(&c, s ? vllm_seqs_b : vllm_seqs_a, 3, &auto_opts, &r);
-                        char what[128];
-                        snprintf(what, sizeof what, "seqs %c heads %d/%d d %d nb %d sw %d", s ? 'b' : 'a',
-                                 heads[h][0], heads[h][1], sizes[d], blocks[nb], windows[w]);
-                        report(what, &r);
-                        count++;
-                        if (!r.v.pass || r.v.nan_count || r.guard_violations) failures++;
-                    }
-    print_message("vllm grid: %d of %d cases failed\n", failures, count);
+    vllm_case grid[2 * 2 * 5 * 2 * 2];
+    int num_cases = 0;
+    if (gpu_small()) {
+        static const int small_sizes[] = {80, 256};
+        for (int s = 0; s < 2; s++)
+            for (int d = 0; d < 2; d++)
+                for (int w = 0; w < 2; w++)
+                    grid[num_cases++] = (vllm_case){s, heads[(d + w) % 2][0], heads[(d + w) % 2][1],
+                                                    small_sizes[d], 2048, windows[w]};
+    } else {
+        for (int s = 0; s < 2; s++)
+            for (int h = 0; h < 2; h++)
+                for (int d = 0; d < 5; d++)
+                    for (int nb = 0; nb < 2; nb++)
+                        for (int w = 0; w < 2; w++)
+                            grid[num_cases++] = (vllm_case){s, heads[h][0], heads[h][1], sizes[d], blocks[nb],
+                                                            windows[w]};
+    }
+    int failures = 0;
+    for (int i = 0; i < num_cases; i++) {
+        const vllm_case *vc = &grid[i];
+        ar_run_config c = make_cfg(vc->hq, vc->hkv, vc->d, vc->num_blocks, AR_BF16, vc->window, 0);
+        run_result r;
+        run_case(&c, vc->seqs ? vllm_seqs_b : vllm_seqs_a, 3, &auto_opts, &r);
+        char what[128];
+        snprintf(what, sizeof what, "seqs %c heads %d/%d d %d nb %d sw %d", vc->seqs ? 'b' : 'a', vc->hq, vc->hkv,
+                 vc->d, vc->num_blocks, vc->window);
+        report(what, &r);
+        if (!r.v.pass || r.v.nan_count || r.guard_violations) failures++;
+    }
+    print_message("vllm grid: %d of %d cases failed\n", failures, num_cases);
     assert_int_equal(failures, 0);
 }
 
-/* triton unified attention: [(1,1)]*533 and [(533,533)]*533, plus soft cap and small windows. */
+/* triton unified attention: [(1,1)]*533 and [(533,533)]*533, plus soft cap and small windows
+ * (AR_GPU_SMALL: 64 x (1,1), 16 x (48,48), heads 8/2 only, window 64 only). */
 static void test_triton_unified_cases(void **unused)
 {
     (void)unused;
     ar_run_config probe = make_cfg(4, 4, 128, 2048, AR_BF16, 0, 0);
     if (!gpu_ready(&probe)) { skip(); return; }
+    const bool small = gpu_small();
+    const int num_decode = small ? 64 : 533, num_prefill = small ? 16 : 533, prefill_len = small ? 48 : 533;
     seq_case *many = malloc(sizeof(seq_case) * 533);
     assert_non_null(many);
     static const int heads[2][2] = {{4, 4}, {8, 2}};
-    for (int h = 0; h < 2; h++) {
-        for (int i = 0; i < 533; i++) many[i] = (seq_case){1, 1};
+    char what[96];
+    for (int h = small ? 1 : 0; h < 2; h++) {
+        for (int i = 0; i < num_decode; i++) many[i] = (seq_case){1, 1};
         ar_run_config c = make_cfg(heads[h][0], heads[h][1], 128, 2048, AR_BF16, 0, 0);
         run_result r;
-        run_case(&c, many, 533, &auto_opts, &r);
-        expect_pass(h ? "533 x (1,1) heads 8/2" : "533 x (1,1) heads 4/4", &r);
-        for (int i = 0; i < 533; i++) many[i] = (seq_case){533, 533};
-        c = make_cfg(heads[h][0], heads[h][1], h ? 256 : 128, 32768, AR_BF16, 0, 0);
+        run_case(&c, many, num_decode, &auto_opts, &r);
+        snprintf(what, sizeof what, "%d x (1,1) heads %d/%d", num_decode, heads[h][0], heads[h][1]);
+        expect_pass(what, &r);
+        for (int i = 0; i < num_prefill; i++) many[i] = (seq_case){prefill_len, prefill_len};
+        c = make_cfg(heads[h][0], heads[h][1], h ? 256 : 128, small ? 2048 : 32768, AR_BF16, 0, 0);
         run_opts ro = auto_opts;
-        ro.sample_rows = 3000;
-        run_case(&c, many, 533, &ro, &r);
-        expect_pass(h ? "533 x (533,533) heads 8/2 d256 (sampled)" : "533 x (533,533) heads 4/4 (sampled)", &r);
+        ro.sample_rows = small ? 0 : 3000;
+        run_case(&c, many, num_prefill, &ro, &r);
+        snprintf(what, sizeof what, "%d x (%d,%d) heads %d/%d d %d%s", num_prefill, prefill_len, prefill_len,
+                 heads[h][0], heads[h][1], h ? 256 : 128, small ? "" : " (sampled)");
+        expect_pass(what, &r);
     }
     free(many);
     static const int windows[] = {64, 128};
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < (small ? 1 : 2); w++) {
         ar_run_config c = make_cfg(8, 2, 128, 2048, AR_BF16, windows[w], 50.0);
         run_result r;
         run_case(&c, vllm_seqs_a, 3, &auto_opts, &r);
-        expect_pass(w ? "soft cap 50, window 128" : "soft cap 50, window 64", &r);
+        snprintf(what, sizeof what, "soft cap 50, window %d", windows[w]);
+        expect_pass(what, &r);
         run_case(&c, vllm_seqs_b, 3, &auto_opts, &r);
-        expect_pass(w ? "decode soft cap 50, window 128" : "decode soft cap 50, window 64", &r);
+        snprintf(what, sizeof what, "decode soft cap 50, window %d", windows[w]);
+        expect_pass(what, &r);
     }
     ar_run_config c5 = make_cfg(5, 1, 128, 2048, AR_BF16, 0, 0);
     run_result r5;
@@ -221,6 +269,52 @@ static void test_triton_unified_cases(void **unused)
     expect_pass("heads 5/1", &r5);
     run_case(&c5, vllm_seqs_b, 3, &auto_opts, &r5);
     expect_pass("heads 5/1 decode", &r5);
+}
+
+/* Every attention kernel instance (dtype x geometry x exact/generic head size) on short
+ * batches: a mixed batch must plan PREFILL, a decode batch DECODE, with the expected template
+ * head size; the WIDE and TALL geometries are forced at template 128.  Both dtypes' split-KV
+ * combine runs on the decode batches (the heuristic splits them). */
+static void test_every_kernel_instance(void **unused)
+{
+    (void)unused;
+    ar_run_config probe = make_cfg(8, 2, 128, 512, AR_BF16, 0, 0);
+    if (!gpu_ready(&probe)) { skip(); return; }
+    static const seq_case short_mixed[] = {{1, 70}, {5, 18}, {33, 100}};
+    static const seq_case short_decode[] = {{1, 70}, {1, 37}, {1, 300}};
+    static const ar_dtype dtypes[] = {AR_BF16, AR_FP16};
+    static const int sizes[] = {64, 40, 128, 96, 256, 192};   /* exact, generic per template */
+    static const int templates[] = {64, 64, 128, 128, 256, 256};
+    char what[96];
+    int count = 0;
+    for (int t = 0; t < 2; t++)
+        for (int d = 0; d < 6; d++) {
+            ar_run_config c = make_cfg(8, 2, sizes[d], 512, dtypes[t], 0, 0);
+            run_result r;
+            run_case(&c, short_mixed, 3, &auto_opts, &r);
+            snprintf(what, sizeof what, "%s d %d mixed (PREFILL)", ar_dtype_name(dtypes[t]), sizes[d]);
+            expect_pass(what, &r);
+            assert_int_equal(r.plan.config, 0);
+            assert_int_equal(r.plan.template_hd, templates[d]);
+            run_case(&c, short_decode, 3, &auto_opts, &r);
+            snprintf(what, sizeof what, "%s d %d decode (DECODE)", ar_dtype_name(dtypes[t]), sizes[d]);
+            expect_pass(what, &r);
+            assert_int_equal(r.plan.config, 1);
+            assert_int_equal(r.plan.template_hd, templates[d]);
+            count += 2;
+            if (templates[d] != 128) continue;
+            for (int forced = 2; forced <= 3; forced++) {
+                run_opts ro = auto_opts;
+                ro.config = forced;
+                run_case(&c, short_mixed, 3, &ro, &r);
+                snprintf(what, sizeof what, "%s d %d mixed (%s)", ar_dtype_name(dtypes[t]), sizes[d],
+                         forced == 2 ? "WIDE" : "TALL");
+                expect_pass(what, &r);
+                assert_int_equal(r.plan.config, forced);
+                count++;
+            }
+        }
+    print_message("%d kernel-instance cases passed\n", count);
 }
 
 /* Both geometries, forced split-KV (combine kernel), fp16, two layers, big GQA group. */
@@ -289,13 +383,16 @@ static void test_generator_bit_identical(void **unused)
     (void)unused;
     ar_run_config c = make_cfg(4, 4, 128, 64, AR_BF16, 0, 0);
     if (!gpu_ready(&c)) { skip(); return; }
-    enum { NPOS = 64, DIM = 576 };
-    float *dev = malloc(sizeof(float) * NPOS * DIM);
+    enum { DIM = 576 };
+    const int NPOS = gpu_small() ? 8 : 64;
+    /* AR_GPU_SMALL: the first and last streams only */
+    const uint32_t stream_step = gpu_small() ? AR_STREAM_W_UV - AR_STREAM_K : 1;
+    float *dev = malloc(sizeof(float) * (size_t)NPOS * DIM);
     assert_non_null(dev);
     static const ar_dtype dts[] = {AR_FP32, AR_FP16, AR_BF16, AR_FP8_E4M3};
     static const ar_datadist dists[] = {AR_DATA_NORMAL, AR_DATA_OUTLIER, AR_DATA_LARGE};
     int compared = 0;
-    for (uint32_t stream = AR_STREAM_K; stream <= AR_STREAM_W_UV; stream++)
+    for (uint32_t stream = AR_STREAM_K; stream <= AR_STREAM_W_UV; stream += stream_step)
         for (int t = 0; t < 4; t++)
             for (int di = 0; di < 3; di++) {
                 uint64_t seed = 0x9876543210ull + stream, key = casc_next();
@@ -376,6 +473,7 @@ int main(void)
         cmocka_unit_test(test_guard_detected),
         cmocka_unit_test(test_faults_flagged),
         cmocka_unit_test(test_paths_and_dtypes),
+        cmocka_unit_test(test_every_kernel_instance),
         cmocka_unit_test(test_vllm_varlen_paged_grid),
         cmocka_unit_test(test_triton_unified_cases),
     };
