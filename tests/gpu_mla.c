@@ -11,7 +11,9 @@
  *    NaN.  For the large cases the reference covers a sample of requests (first, last, a
  *    middle one and every zero-length one); the kernel output of all requests is checked for
  *    NaN.  AR_GPU_SMALL=1 (compute-sanitizer runs) keeps only s_k <= 140 and b <= 6 in the grids
- *    and drops the 4096-key and 128-head extras.
+ *    and drops the 4096-key and 128-head extras and the trace replay (part 4).
+ *    test_every_tc_instance runs each tensor-core kernel instance (dtype pair x narrow /
+ *    split-score / plain x key-ring depth) once on a small case, in both modes.
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the split-score variant
  *    (AR_MLA_KERNEL_TC_SPLIT_QK), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.  The
  *    grid runs AUTO (the narrow 16-row kernel when s_q * h_q <= 16, else split-QK); the plain
@@ -196,6 +198,9 @@ typedef struct grid_opts {
     int stages;             /* 0: the most that fit (3 on Hopper), 2: the A100 ring */
 } grid_opts;
 
+/* The kernel the last run_checked case ran ("tc", "tc-split-qk", "tc-narrow", "simt"). */
+static char last_kernel_name[16];
+
 /* Runs one case and checks it; returns false (with a message) on failure. */
 static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool causal, bool zero_lens,
                         const grid_opts *go)
@@ -248,6 +253,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     int rc = ar_cuda_mla_run_case(&c, &r, err, sizeof err);
     bool ok = rc == 0;
     if (!ok) print_message("case b=%d s_q=%d s_k=%d h_q=%d: %s\n", b, s_q, s_k, h_q, err);
+    snprintf(last_kernel_name, sizeof last_kernel_name, "%s", ok && r.kernel_name ? r.kernel_name : "?");
     case_stats st;
     if (ok) {
         compare_case(&c, &r, sel, &st);
@@ -488,6 +494,46 @@ static void test_plain_tc_variant(void **st)
     go.dtype = go.kv_dtype = AR_FP16;
     if (!run_checked(2, 2, 333, 64, true, true, false, &go)) fails++;
     print_message("plain 64-row TC kernel: %d grid cases + 4, %d failed\n", runs, fails);
+    assert_int_equal(fails, 0);
+}
+
+/* Every tensor-core kernel instance once on a small case (added for the compute-sanitizer runs,
+ * cheap enough to run in both modes): the latent dtype pairs bf16/bf16, bf16/fp8, fp16/fp16,
+ * fp16/fp8 x the narrow 16-row kernel (s_q * h_q = 16, AUTO), the split-score 64-row kernel
+ * (s_q * h_q = 32, AUTO) and the plain 64-row kernel (AR_MLA_KERNEL_TC) x the deepest key ring
+ * (3 stages, narrow 4, on Hopper) and the 2-stage one.  fp16 with an fp8 cache and several of the
+ * 2-stage instances run nowhere else. */
+static void test_every_tc_instance(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    static const ar_dtype dtypes[4][2] = {
+        {AR_BF16, AR_BF16}, {AR_BF16, AR_FP8_E4M3}, {AR_FP16, AR_FP16}, {AR_FP16, AR_FP8_E4M3}};
+    static const char *const variants[3] = {"tc-narrow", "tc-split-qk", "tc"};
+    int fails = 0, runs = 0;
+    for (int t = 0; t < 4; t++)
+        for (int stages = 0; stages <= 2; stages += 2)
+            for (int v = 0; v < 3; v++) {
+                grid_opts go = default_opts();
+                go.dtype = dtypes[t][0];
+                go.kv_dtype = dtypes[t][1];
+                if (go.kv_dtype == AR_FP8_E4M3) {
+                    go.kv_scale = 0.5;
+                    go.cos_limit = 1e-4;
+                }
+                go.stages = stages;
+                go.kernel = v == 2 ? AR_MLA_KERNEL_TC : AR_MLA_KERNEL_AUTO;
+                const int s_q = v == 0 ? 1 : 2;
+                runs++;
+                bool ok = run_checked(2, s_q, 140, 16, true, true, false, &go);
+                if (ok && strcmp(last_kernel_name, variants[v]) != 0) {
+                    print_message("%s/%s stages %d: ran %s, expected %s\n", ar_dtype_name(go.dtype),
+                                  ar_dtype_name(go.kv_dtype), stages, last_kernel_name, variants[v]);
+                    ok = false;
+                }
+                if (!ok) fails++;
+            }
+    print_message("tensor-core kernel instances: %d cases, %d failed\n", runs, fails);
     assert_int_equal(fails, 0);
 }
 
@@ -906,6 +952,13 @@ static void test_simulated_deepseek_trace_replays(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
+    if (small_mode()) {
+        /* compute-sanitizer runs: the replay child runs the kernels the backend tests above ran,
+         * and its time (128-head host verification, the sanitized child) is not bounded by them */
+        print_message("skipping under AR_GPU_SMALL: same kernels as test_backend_*\n");
+        skip();
+        return;
+    }
     char trace[512], db[512], db2[512], log[512];
     tu_tmp("ds.trace.jsonl.gz", trace, sizeof trace);
     tu_tmp("ds.db", db, sizeof db);
@@ -964,6 +1017,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_zero_length_requests, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_forced_splits_and_block16, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_plain_tc_variant, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_every_tc_instance, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simt_fallback_fp16_fp8, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_decode, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),
