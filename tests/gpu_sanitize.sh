@@ -14,6 +14,8 @@
 #   COMPUTE_SANITIZER   the sanitizer (default: compute-sanitizer on PATH, else
 #                       /usr/local/cuda/bin/compute-sanitizer); any command taking the same
 #                       arguments will do, e.g. a stub that just runs the binary, to test this
+#   SANITIZE_BASE_PORT  first TCP port of the sanitizer/target link (default 49152; pair i
+#                       uses base + 16 i when the sanitizer has --port)
 #   AR_SRC, AR_BIN      passed to the tests (defaults: the repository root, its bin/attnreplay)
 #
 # Logs: $OUT/gpu-sanitize-BINARY-TOOL.log.  Summary line per pair:
@@ -47,6 +49,14 @@ case "$limit" in ''|*[!0-9]*) echo "gpu_sanitize.sh: SANITIZE_TIMEOUT must be wh
 mkdir -p "$out" "$(dirname "$summary")" || exit 2
 : > "$summary" || exit 2
 
+# compute-sanitizer talks to its target over local TCP ports, trying --max-connections (default
+# 10) ports from --port (default 49152): with a dozen instances at once they could run out, so
+# each pair gets its own base port, 16 apart.  --launch-timeout (default 10 s) is raised because
+# a dozen targets start at once.  Both only when this sanitizer lists them in its --help.
+sanitizer_help=$("$sanitizer" --help 2>&1 || true)
+has_option() { case "$sanitizer_help" in *"$1"*) return 0;; esac; return 1; }
+base_port=${SANITIZE_BASE_PORT:-49152}
+
 export AR_GPU_SMALL=1
 export AR_SRC=${AR_SRC:-$repo}
 [ -z "${AR_BIN:-}" ] && [ -x "$repo/bin/attnreplay" ] && AR_BIN=$repo/bin/attnreplay
@@ -54,9 +64,11 @@ export AR_SRC=${AR_SRC:-$repo}
 
 # Runs one pair; writes its log and a one-line result file beside it.
 run_pair() {
-  local bin=$1 tool=$2 log=$3 result=$4
+  local bin=$1 tool=$2 log=$3 result=$4 index=$5
   local extra="" start rc
   [ "$tool" = memcheck ] && extra="--leak-check full"
+  has_option --port && extra="$extra --port $((base_port + 16 * index))"
+  has_option --launch-timeout && extra="$extra --launch-timeout 120"
   start=$(date +%s)
   # shellcheck disable=SC2086
   timeout --kill-after=30 "$limit" "$sanitizer" --tool "$tool" $extra --error-exitcode 99 "$bin" >"$log" 2>&1
@@ -76,7 +88,7 @@ for bin in "$@"; do
   fi
   for tool in $tools; do
     log=$out/gpu-sanitize-$name-$tool.log
-    run_pair "$bin" "$tool" "$log" "$log.rc" &
+    run_pair "$bin" "$tool" "$log" "$log.rc" "$(echo $pairs | wc -w)" &
     pids="$pids $!"
     pairs="$pairs $name:$tool"
   done
