@@ -10,8 +10,9 @@
  * device generator bit for bit against the CPU's; guards; and every planted fault flagged.
  * test_every_kernel_instance launches each attention kernel instance the backend has - PREFILL
  * and DECODE at template head sizes 64/128/256, each exact (d = 64, 128, 256) and generic
- * (d = 40, 96, 192), plus the forced WIDE and TALL hd-128 geometries - in bf16 and fp16, on
- * short batches (it is cheap and runs in both modes).
+ * (d = 40, 96, 192), plus the forced WIDE and TALL hd-128 geometries and config 4 (the wgmma
+ * PREFILL_WG kernel where the backend and device have it) - in bf16 and fp16, on short batches
+ * (it is cheap and runs in both modes).
  *
  * AR_GPU_SMALL=1 (compute-sanitizer runs, tests/gpu_sanitize.sh) keeps every kernel config and
  * shrinks the data: the vLLM grid becomes 8 cases (both sequence sets, d 80 generic and 256,
@@ -313,6 +314,17 @@ static void test_every_kernel_instance(void **unused)
                 assert_int_equal(r.plan.config, forced);
                 count++;
             }
+            if (sizes[d] != 128) continue;
+            /* config 4 asks for the wgmma PREFILL_WG kernel (head size 128 on compute capability
+             * 9.0, where the backend has it); a backend or device without it runs PREFILL, so
+             * only the result is checked and the config that ran is printed */
+            run_opts ro = auto_opts;
+            ro.config = 4;
+            run_case(&c, short_mixed, 3, &ro, &r);
+            snprintf(what, sizeof what, "%s d %d mixed (config 4 asked, %d ran)", ar_dtype_name(dtypes[t]),
+                     sizes[d], r.plan.config);
+            expect_pass(what, &r);
+            count++;
         }
     print_message("%d kernel-instance cases passed\n", count);
 }
