@@ -638,96 +638,61 @@ constexpr int narrow_smem_total(int stages)
     return SMEM_QN + stages * SMEM_K + SMEM_SPART + SMEM_XML;
 }
 
-template <bool BF16, bool FP8, int STAGES>
-__global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
+/* One key half's scores of a tile from the four column warps' partials part [2][4][16][16]
+ * (added in the order cq = 0..3, so the four warps of the half hold identical scores), then
+ * mask, scale to the log2 domain, online softmax, and O += P V: P 16 rows x the half's 16 keys
+ * (one k-step), V = those keys' columns cq*128 .. +128 of the shared key tile sk. */
+template <bool BF16>
+__device__ __forceinline__ void narrow_softmax_pv(const attn_args &a, const float *part, const uint16_t *sk, int k0,
+                                                  int kh, int cq, int lane, const int lr[2], const int lim[2],
+                                                  float score_mul, float m_run[2], float l_run[2], float (*o)[4])
 {
-    extern __shared__ uint4 smem_raw[];
-    uint16_t *sq = reinterpret_cast<uint16_t *>(smem_raw);
-    uint16_t *const sk_base = sq + NROWS * STRIDE;                                   /* STAGES key tiles */
-    float *const s_part = reinterpret_cast<float *>(sk_base + STAGES * KEYS * STRIDE); /* [2][4][16][16] */
-    float *const x_ml = s_part + 2 * 4 * NROWS * 16;                                 /* [2][16]: m, l */
-
-    const work_item w = a.work[blockIdx.x];
-    const int r = w.req, H = a.num_heads;
-    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
-    const int nrows = ql * H;   /* <= NROWS (the launcher checks); w.row0 == 0 */
-    load_q_tile<NROWS>(a, sq, q0, w.row0, nrows);
-
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kh = warp >> 2, cq = warp & 3;
-    const int g = lane >> 2, tig = lane & 3;
-    const int lr[2] = {g, g + 8};
-    int lim[2];
-    row_limits(a, w, sl, ql, nrows, lr, lim);
-
-    float o[16][4];
+    const int tig = lane & 3;
+    float s[2][4];
 #pragma unroll
-    for (int nt = 0; nt < 16; nt++)
+    for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    const float score_mul = a.scale_log2 * (FP8 ? a.kv_scale : 1.f);
-
-    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
-    int2 next_blocks;
-    ring_start<BF16, FP8, STAGES>(a, sk_base, r, w, ntiles, next_blocks);
-    float *const my_part = s_part + ((kh * 4 + cq) * NROWS) * 16;
-    for (int t = 0; t < ntiles; t++) {
-        const int k0 = w.key_begin + t * KEYS;
-        const uint16_t *sk = ring_next<BF16, FP8, STAGES>(a, sk_base, r, w, t, ntiles, next_blocks);
-        __syncthreads();
-
-        /* partial S over dims cq*144 .. +144: 16 rows x 16 keys (two n-tiles of 8) */
-        float s[2][4];
+        for (int h = 0; h < 2; h++) {
+            float2 acc = make_float2(0.f, 0.f);
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = 0.f;
-        const uint16_t *qlane, *klane;
-        qk_lane_rows(sq, sk, 0, kh * 16, lane, &qlane, &klane);
-        qk_tile<BF16, 2>(s, qlane, klane, cq * 144, 9);
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            *reinterpret_cast<float2 *>(my_part + lr[0] * 16 + nt * 8 + 2 * tig) = make_float2(s[nt][0], s[nt][1]);
-            *reinterpret_cast<float2 *>(my_part + lr[1] * 16 + nt * 8 + 2 * tig) = make_float2(s[nt][2], s[nt][3]);
-        }
-        __syncthreads();
-        /* full scores of this key half: the 4 partials in the order cq = 0..3 (identical in all
-         * four warps of the half) */
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float2 acc = make_float2(0.f, 0.f);
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    float2 v = *reinterpret_cast<const float2 *>(s_part + ((kh * 4 + c) * NROWS + lr[h]) * 16 + nt * 8 +
-                                                                 2 * tig);
-                    acc.x += v.x;
-                    acc.y += v.y;
-                }
-                s[nt][2 * h] = acc.x;
-                s[nt][2 * h + 1] = acc.y;
+            for (int c = 0; c < 4; c++) {
+                float2 v = *reinterpret_cast<const float2 *>(part + ((kh * 4 + c) * NROWS + lr[h]) * 16 + nt * 8 + 2 * tig);
+                acc.x += v.x;
+                acc.y += v.y;
             }
+            s[nt][2 * h] = acc.x;
+            s[nt][2 * h + 1] = acc.y;
+        }
+    float mx[2];
+    mask_scale_rowmax<2>(s, k0 + kh * 16, tig, lim, score_mul, mx);
+    softmax_step<2, 16>(s, mx, m_run, l_run, o, a.fault);
+    uint32_t pf[4];
+    pf[0] = pack2<BF16>(s[0][0], s[0][1]);
+    pf[1] = pack2<BF16>(s[0][2], s[0][3]);
+    pf[2] = pack2<BF16>(s[1][0], s[1][1]);
+    pf[3] = pack2<BF16>(s[1][2], s[1][3]);
+    pv_step<BF16, 8>(o, pf, sk, kh * 16, cq * 128, lane);
+}
 
-        /* mask, scale to the log2 domain, online softmax of this key half */
-        float mx[2];
-        mask_scale_rowmax<2>(s, k0 + kh * 16, tig, lim, score_mul, mx);
-        softmax_step<2, 16>(s, mx, m_run, l_run, o, a.fault);
-
-        /* O += P V: P 16 rows x this half's 16 keys (one k-step), V = those keys' columns
-         * cq*128 .. +128 */
-        uint32_t pf[4];
-        pf[0] = pack2<BF16>(s[0][0], s[0][1]);
-        pf[1] = pack2<BF16>(s[0][2], s[0][3]);
-        pf[2] = pack2<BF16>(s[1][0], s[1][1]);
-        pf[3] = pack2<BF16>(s[1][2], s[1][3]);
-        pv_step<BF16, 8>(o, pf, sk, kh * 16, cq * 128, lane);
-        __syncthreads();   /* the slot is refilled and s_part rewritten in the next tile */
+/* A warp's partial scores s[2][4] (16 rows x 16 keys) into its slot of part [2][4][16][16]. */
+__device__ __forceinline__ void narrow_store_partial(float *part, int kh, int cq, const int lr[2], int tig,
+                                                     const float (*s)[4])
+{
+    float *const my_part = part + ((kh * 4 + cq) * NROWS) * 16;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        *reinterpret_cast<float2 *>(my_part + lr[0] * 16 + nt * 8 + 2 * tig) = make_float2(s[nt][0], s[nt][1]);
+        *reinterpret_cast<float2 *>(my_part + lr[1] * 16 + nt * 8 + 2 * tig) = make_float2(s[nt][2], s[nt][3]);
     }
-    cp_async_wait<0>();
-    __syncthreads();   /* the key ring is free: it carries key half 1's output to half 0 */
+}
 
+/* End of a narrow CTA, after the last tile and a CTA barrier (the key ring sk_base is free):
+ * key half 1 hands its unnormalised output, maxima and sums to half 0 through shared memory
+ * (x_o = the ring, x_ml [2][16]); half 0 merges the two like two split pieces and writes. */
+__device__ __forceinline__ void narrow_epilogue(const attn_args &a, const work_item &w, int q0, int nrows, int kh,
+                                                int cq, int tig, const int lr[2], float (*o)[4], float m_run[2],
+                                                float l_run[2], uint16_t *sk_base, float *x_ml, float out_mul)
+{
     quad_sum(l_run);
     float *const x_o = reinterpret_cast<float *>(sk_base);   /* [16][512] key half 1's unnormalised output */
     if (kh == 1) {
@@ -746,8 +711,6 @@ __global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
     }
     __syncthreads();
     if (kh == 1) return;
-
-    const float out_mul = FP8 ? a.kv_scale : 1.f;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         int gr = w.row0 + lr[h];
@@ -769,6 +732,368 @@ __global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
     }
 }
 
+template <bool BF16, bool FP8, int STAGES, int MINB = 1>
+__global__ void __launch_bounds__(THREADS, MINB) attn_narrow_kernel(attn_args a)
+{
+    extern __shared__ uint4 smem_raw[];
+    uint16_t *sq = reinterpret_cast<uint16_t *>(smem_raw);
+    uint16_t *const sk_base = sq + NROWS * STRIDE;                                   /* STAGES key tiles */
+    float *const s_part = reinterpret_cast<float *>(sk_base + STAGES * KEYS * STRIDE); /* [2][4][16][16] */
+    float *const x_ml = s_part + 2 * 4 * NROWS * 16;                                 /* [2][16]: m, l */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req, H = a.num_heads;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * H;   /* <= NROWS (the launcher checks); w.row0 == 0 */
+    load_q_tile<NROWS>(a, sq, q0, w.row0, nrows);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kh = warp >> 2, cq = warp & 3;
+    const int tig = lane & 3;
+    const int lr[2] = {lane >> 2, (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+
+    float o[16][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const float score_mul = a.scale_log2 * (FP8 ? a.kv_scale : 1.f);
+
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
+    int2 next_blocks;
+    ring_start<BF16, FP8, STAGES>(a, sk_base, r, w, ntiles, next_blocks);
+    for (int t = 0; t < ntiles; t++) {
+        const int k0 = w.key_begin + t * KEYS;
+        const uint16_t *sk = ring_next<BF16, FP8, STAGES>(a, sk_base, r, w, t, ntiles, next_blocks);
+        __syncthreads();
+
+        /* partial S over dims cq*144 .. +144: 16 rows x 16 keys (two n-tiles of 8) */
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = 0.f;
+        const uint16_t *qlane, *klane;
+        qk_lane_rows(sq, sk, 0, kh * 16, lane, &qlane, &klane);
+        qk_tile<BF16, 2>(s, qlane, klane, cq * 144, 9);
+        narrow_store_partial(s_part, kh, cq, lr, tig, s);
+        __syncthreads();
+        narrow_softmax_pv<BF16>(a, s_part, sk, k0, kh, cq, lane, lr, lim, score_mul, m_run, l_run, o);
+        __syncthreads();   /* the slot is refilled and s_part rewritten in the next tile */
+    }
+    cp_async_wait<0>();
+    __syncthreads();   /* the key ring is free: it carries key half 1's output to half 0 */
+    narrow_epilogue(a, w, q0, nrows, kh, cq, tig, lr, o, m_run, l_run, sk_base, x_ml, FP8 ? a.kv_scale : 1.f);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Narrow-kernel variants (issue 6 item 7: h_q = 16 towards 3.6 TB/s), picked per launch by    */
+/* number (ar_cuda_mla_narrow_variant_name) for the bench sweep; the default stays             */
+/* attn_narrow_kernel.  attn_narrow1_kernel keeps its warp layout and arithmetic (the same     */
+/* partial-score order, so on the same plan its outputs equal attn_narrow_kernel's bit for     */
+/* bit) with ONE CTA barrier per key tile instead of three:                                     */
+/*   tile t:  QK partials -> s_part[t & 1];  (cp.async ring: wait until tile t+1 has landed)     */
+/*            __syncthreads: partials visible, tile t+1 visible, every warp past PV(t-1);        */
+/*            load tile t + STAGES - 1 into the slot of tile t-1; sum partials, softmax, PV(t).  */
+/* MODE bits: NV_BULK key rows by the bulk copy engine (cp.async.bulk, one 1152-byte copy per   */
+/* key row, issued by the 32 lanes of warp 0, completing on one mbarrier per ring slot that    */
+/* every thread waits on: no per-thread copies, no LSU traffic for the loads); NV_QREG the      */
+/* warp's Q fragments (16 rows x 144 dims) held in 36 registers instead of re-read by ldmatrix  */
+/* every tile (a third of the shared-memory reads).  Diagnostics (wrong results, timing only): */
+/* NV_NOMMA loads only (no QK / softmax / PV), NV_NOLOAD computes on the ring's first tiles     */
+/* again and again (no loads after them).  Built for sm_90 only (a trap elsewhere: the host    */
+/* runs attn_narrow_kernel on older devices); bf16 / fp16 caches (fp8 runs the default).        */
+
+constexpr int NV_BULK = 1, NV_QREG = 2, NV_NOMMA = 4, NV_NOLOAD = 8;
+constexpr int SMEM_SPART2 = 2 * SMEM_SPART;   /* double-buffered partial scores */
+constexpr int narrow1_smem_total(int stages)
+{
+    return SMEM_QN + stages * SMEM_K + SMEM_SPART2 + SMEM_XML + stages * 8;   /* + one mbarrier per slot */
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MLA_SM90 1
+#else
+#define MLA_SM90 0
+#endif
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count)
+{
+#if MLA_SM90
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#else
+    (void)bar;
+    (void)count;
+#endif
+}
+
+__device__ __forceinline__ void mbar_init_fence(void)
+{
+#if MLA_SM90
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+/* One arrival on bar that also announces `bytes` of bulk copies to come. */
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+#if MLA_SM90
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+#else
+    (void)bar;
+    (void)bytes;
+#endif
+}
+
+/* Waits until the phase of bar with the given parity has completed. */
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+#if MLA_SM90
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}\n"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+#else
+    (void)bar;
+    (void)parity;
+#endif
+}
+
+/* Orders this thread's earlier generic-proxy shared-memory accesses before later bulk copies. */
+__device__ __forceinline__ void fence_proxy_async(void)
+{
+#if MLA_SM90
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/* `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst by
+ * the bulk copy engine, completing on bar. */
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+#if MLA_SM90
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+#else
+    (void)dst;
+    (void)src;
+    (void)bytes;
+    (void)bar;
+#endif
+}
+
+/* Called by warp 0: keys [k0, k0 + KEYS) (in the blocks tile_blocks gave) into the shared tile
+ * sk [KEYS, STRIDE], one bulk copy of a 576-element key row per lane, all counted on bar.  A
+ * key at or past key_end gets a copy of key k0 instead of zeros: its score is masked to -inf,
+ * so it enters P V as 0 times a finite value. */
+__device__ __forceinline__ void bulk_key_tile(const attn_args &a, uint16_t *sk, uint64_t *bar, int2 blocks, int k0,
+                                              int key_end, int lane)
+{
+    static_assert(KEYS == 32, "bulk key tiles: one key row per lane");
+    if (lane == 0) {
+        fence_proxy_async();
+        mbar_expect_tx(bar, KEYS * D * 2);
+    }
+    __syncwarp();
+    const int j = k0 + lane < key_end ? k0 + lane : k0;
+    const int64_t blk = j - k0 < 16 ? blocks.x : blocks.y;
+    const int64_t slot = (blk << a.block_size_log2) + (j & (a.block_size - 1));
+    bulk_copy(sk + lane * STRIDE, (const uint16_t *)a.cache + slot * D, D * 2, bar);
+}
+
+template <bool BF16, int STAGES, int MODE, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB) attn_narrow1_kernel(attn_args a)
+{
+#if MLA_SM90
+    constexpr bool BULK = (MODE & NV_BULK) != 0, QREG = (MODE & NV_QREG) != 0;
+    constexpr bool NOMMA = (MODE & NV_NOMMA) != 0, NOLOAD = (MODE & NV_NOLOAD) != 0;
+    static_assert(BULK ? STAGES >= 2 : STAGES >= 3, "one barrier per tile: cp.async needs 3 slots, bulk 2");
+    static_assert(!(BULK && NOLOAD), "NOLOAD is a cp.async diagnostic");
+    extern __shared__ uint4 smem_raw[];
+    uint16_t *sq = reinterpret_cast<uint16_t *>(smem_raw);
+    uint16_t *const sk_base = sq + NROWS * STRIDE;                                      /* STAGES key tiles */
+    float *const s_part = reinterpret_cast<float *>(sk_base + STAGES * KEYS * STRIDE);  /* [2][2][4][16][16] */
+    float *const x_ml = s_part + 2 * 2 * 4 * NROWS * 16;                                /* [2][16]: m, l */
+    uint64_t *const bars = reinterpret_cast<uint64_t *>(x_ml + 2 * NROWS);              /* [STAGES] (BULK) */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req, H = a.num_heads;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * H;   /* <= NROWS (the launcher checks); w.row0 == 0 */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kh = warp >> 2, cq = warp & 3;
+    const int tig = lane & 3;
+    const int lr[2] = {lane >> 2, (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+
+    if (BULK && threadIdx.x == 0) {
+        for (int st = 0; st < STAGES; st++) mbar_init(&bars[st], 1);
+        mbar_init_fence();
+    }
+    load_q_tile<NROWS>(a, sq, q0, w.row0, nrows);   /* one commit group */
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
+    int2 next_blocks = make_int2(0, 0);
+    if (BULK) {
+        __syncthreads();   /* the mbarriers are initialised before warp 0 arms them */
+        if (warp == 0)
+            for (int st = 0; st < STAGES - 1 && st < ntiles; st++) {
+                const int k0 = w.key_begin + st * KEYS;
+                bulk_key_tile(a, sk_base + st * KEYS * STRIDE, &bars[st], tile_blocks(a, r, k0, w.key_end), k0,
+                              w.key_end, lane);
+            }
+        if (STAGES - 1 < ntiles) next_blocks = tile_blocks(a, r, w.key_begin + (STAGES - 1) * KEYS, w.key_end);
+        cp_async_wait<0>();   /* Q */
+    } else {
+        ring_start<BF16, false, STAGES>(a, sk_base, r, w, ntiles, next_blocks);
+        cp_async_wait<STAGES - 2>();   /* Q and tile 0 */
+    }
+    __syncthreads();
+
+    float o[16][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const float score_mul = a.scale_log2;
+
+    const uint16_t *qlane, *klane;
+    qk_lane_rows(sq, sk_base, 0, kh * 16, lane, &qlane, &klane);
+    const int64_t klane_off = klane - sk_base;   /* the lane's key row / dim offset inside a slot */
+    uint32_t qf[9][4];                           /* QREG: A fragments of dims cq*144 + 16*ks */
+    if (QREG) {
+#pragma unroll
+        for (int ks = 0; ks < 9; ks++) ldmatrix_x4(qf[ks], qlane + cq * 144 + ks * 16);
+    }
+
+    for (int t = 0; t < ntiles; t++) {
+        const int k0 = w.key_begin + t * KEYS;
+        const int slot = t % STAGES;
+        const uint16_t *sk = sk_base + slot * KEYS * STRIDE;
+        if (BULK) mbar_wait(&bars[slot], (uint32_t)(t / STAGES) & 1u);
+        float *const part = s_part + (t & 1) * (2 * 4 * NROWS * 16);
+        if (!NOMMA) {
+            /* partial S over dims cq*144 .. +144: 16 rows x 16 keys (two n-tiles of 8) */
+            float s[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = 0.f;
+            if (QREG) {
+                const uint16_t *kl = sk + klane_off + cq * 144;
+#pragma unroll
+                for (int ks = 0; ks < 9; ks++) {
+                    uint32_t bf[4];
+                    ldmatrix_x4(bf, kl + ks * 16);
+                    mma16816<BF16>(s[0], qf[ks], bf[0], bf[1]);
+                    mma16816<BF16>(s[1], qf[ks], bf[2], bf[3]);
+                }
+            } else {
+                qk_tile<BF16, 2>(s, qlane, sk + klane_off, cq * 144, 9);
+            }
+            narrow_store_partial(part, kh, cq, lr, tig, s);
+        }
+        if (!BULK) cp_async_wait<(STAGES >= 3 ? STAGES - 3 : 0)>();   /* tile t + 1 (this thread's copies) */
+        __syncthreads();
+        /* every warp is past PV(t-1): tile t + STAGES - 1 goes into the slot of tile t-1 */
+        const int nxt = t + STAGES - 1;
+        if (BULK) {
+            if (nxt < ntiles) {
+                if (warp == 0)
+                    bulk_key_tile(a, sk_base + (nxt % STAGES) * KEYS * STRIDE, &bars[nxt % STAGES], next_blocks,
+                                  w.key_begin + nxt * KEYS, w.key_end, lane);
+                if (nxt + 1 < ntiles) next_blocks = tile_blocks(a, r, w.key_begin + (nxt + 1) * KEYS, w.key_end);
+            }
+        } else {
+            if (nxt < ntiles && (!NOLOAD || nxt < STAGES)) {
+                load_key_tile<BF16, false>(a, sk_base + (nxt % STAGES) * KEYS * STRIDE, next_blocks,
+                                           w.key_begin + nxt * KEYS, w.key_end);
+                if (nxt + 1 < ntiles) next_blocks = tile_blocks(a, r, w.key_begin + (nxt + 1) * KEYS, w.key_end);
+            }
+            cp_async_commit();
+        }
+        if (!NOMMA) narrow_softmax_pv<BF16>(a, part, sk, k0, kh, cq, lane, lr, lim, score_mul, m_run, l_run, o);
+    }
+    if (!BULK) cp_async_wait<0>();
+    __syncthreads();   /* the key ring is free: it carries key half 1's output to half 0 */
+    narrow_epilogue(a, w, q0, nrows, kh, cq, tig, lr, o, m_run, l_run, sk_base, x_ml, 1.f);
+#else
+    (void)a;
+    __trap();
+#endif
+}
+
+/* The LSE maximum m and the weight sum of row lr of a combine group's pieces (log2 domain). */
+__device__ __forceinline__ void combine_row_stats(const attn_args &a, const combine_group &gp, int lr, float *m_out,
+                                                  float *wsum_out)
+{
+    float m = -INFINITY;
+    for (int p = 0; p < gp.count; p++) m = fmaxf(m, a.part_lse[(int64_t)(gp.first_partial + p) * ROWS + lr]);
+    float wsum = 0.f;
+    for (int p = 0; p < gp.count; p++) {
+        float l = a.part_lse[(int64_t)(gp.first_partial + p) * ROWS + lr];
+        wsum += m == -INFINITY ? 0.f : exp2f(l - m);
+    }
+    *m_out = m;
+    *wsum_out = wsum;
+}
+
+/* Weight of a piece with LSE l (the MERGE_NO_WEIGHTS fault: 1). */
+__device__ __forceinline__ float combine_weight(const attn_args &a, float m, float wsum, float l)
+{
+    if (a.fault == AR_FAULT_MERGE_NO_WEIGHTS) return 1.f;
+    return (m == -INFINITY || wsum <= 0.f) ? 0.f : exp2f(l - m) / wsum;
+}
+
+/* The merged LSE of row gr of the request starting at token q0: natural into lse [H, T]. */
+__device__ __forceinline__ void combine_write_lse(const attn_args &a, int q0, int gr, float m, float wsum)
+{
+    const int H = a.num_heads;
+    float lse2 = (m == -INFINITY || wsum <= 0.f) ? -INFINITY : m + log2f(wsum);
+    int i = gr / H, n = gr % H;
+    a.lse[(int64_t)n * a.num_tokens + q0 + i] = a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
+}
+
+/* combine_kernel with one CTA per (group, row): grid (num_groups, rows per group), 128 threads
+ * x 4 columns; the rows of a group are merged side by side instead of one after another.  The
+ * same arithmetic in the same order as combine_kernel. */
+__global__ void __launch_bounds__(128) combine_rows_kernel(attn_args a)
+{
+    const combine_group gp = a.groups[blockIdx.x];
+    const int H = a.num_heads, lr = blockIdx.y;
+    const int q0 = a.qsl[gp.req], ql = a.qsl[gp.req + 1] - q0;
+    const int gr = gp.row0 + lr;
+    if (gr >= ql * H) return;
+    float m, wsum;
+    combine_row_stats(a, gp, lr, &m, &wsum);
+    const int col = threadIdx.x * 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int p = 0; p < gp.count; p++) {
+        int64_t pi = gp.first_partial + p;
+        float wgt = combine_weight(a, m, wsum, a.part_lse[pi * ROWS + lr]);
+        float4 v = *reinterpret_cast<const float4 *>(a.part_o + (pi * ROWS + lr) * DL + col);
+        acc.x += wgt * v.x;
+        acc.y += wgt * v.y;
+        acc.z += wgt * v.z;
+        acc.w += wgt * v.w;
+    }
+    *reinterpret_cast<float4 *>(a.o_lat + ((int64_t)q0 * H + gr) * DL + col) = acc;
+    if (threadIdx.x == 0) combine_write_lse(a, q0, gr, m, wsum);
+}
+
 /* Merges the split pieces of each row tile by their LSE (vLLM merge_attn_states on N pieces). */
 __global__ void combine_kernel(attn_args a)
 {
@@ -779,34 +1104,18 @@ __global__ void combine_kernel(attn_args a)
     for (int lr = 0; lr < ROWS; lr++) {
         int gr = gp.row0 + lr;
         if (gr >= nrows) break;
-        float m = -INFINITY;
-        for (int p = 0; p < gp.count; p++) m = fmaxf(m, a.part_lse[(int64_t)(gp.first_partial + p) * ROWS + lr]);
-        float wsum = 0.f;
-        for (int p = 0; p < gp.count; p++) {
-            float l = a.part_lse[(int64_t)(gp.first_partial + p) * ROWS + lr];
-            wsum += m == -INFINITY ? 0.f : exp2f(l - m);
-        }
+        float m, wsum;
+        combine_row_stats(a, gp, lr, &m, &wsum);
         float *dst = a.o_lat + ((int64_t)q0 * H + gr) * DL;
         for (int col = threadIdx.x; col < DL; col += blockDim.x) {
             float acc = 0.f;
             for (int p = 0; p < gp.count; p++) {
                 int64_t pi = gp.first_partial + p;
-                float l = a.part_lse[pi * ROWS + lr];
-                float wgt;
-                if (a.fault == AR_FAULT_MERGE_NO_WEIGHTS)
-                    wgt = 1.f;
-                else
-                    wgt = (m == -INFINITY || wsum <= 0.f) ? 0.f : exp2f(l - m) / wsum;
-                acc += wgt * a.part_o[(pi * ROWS + lr) * DL + col];
+                acc += combine_weight(a, m, wsum, a.part_lse[pi * ROWS + lr]) * a.part_o[(pi * ROWS + lr) * DL + col];
             }
             dst[col] = acc;
         }
-        if (threadIdx.x == 0) {
-            float lse2 = (m == -INFINITY || wsum <= 0.f) ? -INFINITY : m + log2f(wsum);
-            int i = gr / H, n = gr % H;
-            a.lse[(int64_t)n * a.num_tokens + q0 + i] =
-                a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
-        }
+        if (threadIdx.x == 0) combine_write_lse(a, q0, gr, m, wsum);
     }
 }
 
@@ -1677,14 +1986,129 @@ static int variant_stages(tc_variant v, int tc_stages)
     return v == TC_NARROW ? (tc_stages >= 3 ? 4 : 2) : tc_stages;
 }
 
+/* ---- Narrow-kernel variants (the h_q = 16 sweep of bench_mla; see attn_narrow1_kernel) ---- */
+
+typedef void (*narrow_kernel_fn)(attn_args);
+
+typedef struct narrow_variant {
+    const char *name;
+    const char *about;
+    int stages;             /* key-ring slots of 32 keys */
+    int ctas_per_sm;        /* the kernel's __launch_bounds__ minimum; the planner aims at this many per SM */
+    int combine_rows;       /* 1: combine_rows_kernel, 0: combine_kernel */
+    int diagnostic;         /* 1: wrong results by design, timing only */
+    int smem;               /* dynamic shared memory per CTA, bytes */
+    narrow_kernel_fn bf16, fp16;
+} narrow_variant;
+
+/* Variant number v (1-based, as ar_cuda_mla_case.narrow_variant and AR_MLA_NARROW take it) is
+ * narrow_variants[v - 1]; the first is the default kernel. */
+static const narrow_variant narrow_variants[] = {
+    {"base", "attn_narrow_kernel as AUTO runs it: cp.async ring of 4 tiles, 3 CTA barriers per tile, 1 CTA/SM",
+     4, 1, 0, 0, narrow_smem_total(4), attn_narrow_kernel<true, false, 4>, attn_narrow_kernel<false, false, 4>},
+    {"base-s2x2", "attn_narrow_kernel with a ring of 2 at 2 CTAs/SM (128 registers), planner 2 x SMs CTAs",
+     2, 2, 0, 0, narrow_smem_total(2), attn_narrow_kernel<true, false, 2, 2>, attn_narrow_kernel<false, false, 2, 2>},
+    {"b1-s4", "1 CTA barrier per tile, cp.async ring of 4", 4, 1, 0, 0, narrow1_smem_total(4),
+     attn_narrow1_kernel<true, 4, 0, 1>, attn_narrow1_kernel<false, 4, 0, 1>},
+    {"b1-s5", "1 CTA barrier per tile, cp.async ring of 5", 5, 1, 0, 0, narrow1_smem_total(5),
+     attn_narrow1_kernel<true, 5, 0, 1>, attn_narrow1_kernel<false, 5, 0, 1>},
+    {"b1-s4-q", "b1-s4 with the Q fragments in registers", 4, 1, 0, 0, narrow1_smem_total(4),
+     attn_narrow1_kernel<true, 4, NV_QREG, 1>, attn_narrow1_kernel<false, 4, NV_QREG, 1>},
+    {"b1-s4-c", "b1-s4 with the row-parallel combine", 4, 1, 1, 0, narrow1_smem_total(4),
+     attn_narrow1_kernel<true, 4, 0, 1>, attn_narrow1_kernel<false, 4, 0, 1>},
+    {"bulk-s4", "1 barrier per tile, key rows by cp.async.bulk onto mbarriers, ring of 4", 4, 1, 0, 0,
+     narrow1_smem_total(4), attn_narrow1_kernel<true, 4, NV_BULK, 1>, attn_narrow1_kernel<false, 4, NV_BULK, 1>},
+    {"bulk-s4-q", "bulk-s4 with the Q fragments in registers", 4, 1, 0, 0, narrow1_smem_total(4),
+     attn_narrow1_kernel<true, 4, NV_BULK | NV_QREG, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_QREG, 1>},
+    {"bulk-s5-q", "bulk, ring of 5, Q in registers", 5, 1, 0, 0, narrow1_smem_total(5),
+     attn_narrow1_kernel<true, 5, NV_BULK | NV_QREG, 1>, attn_narrow1_kernel<false, 5, NV_BULK | NV_QREG, 1>},
+    {"bulk-s2x2", "bulk, ring of 2 at 2 CTAs/SM (128 registers), planner 2 x SMs CTAs", 2, 2, 0, 0,
+     narrow1_smem_total(2), attn_narrow1_kernel<true, 2, NV_BULK, 2>, attn_narrow1_kernel<false, 2, NV_BULK, 2>},
+    {"bulk-s4-qc", "bulk-s4-q with the row-parallel combine", 4, 1, 1, 0, narrow1_smem_total(4),
+     attn_narrow1_kernel<true, 4, NV_BULK | NV_QREG, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_QREG, 1>},
+    {"diag-load", "DIAGNOSTIC: b1-s4's cp.async ring without QK / softmax / PV (the load path alone)", 4, 1, 0, 1,
+     narrow1_smem_total(4), attn_narrow1_kernel<true, 4, NV_NOMMA, 1>, attn_narrow1_kernel<false, 4, NV_NOMMA, 1>},
+    {"diag-load-bulk", "DIAGNOSTIC: bulk-s4's ring without QK / softmax / PV", 4, 1, 0, 1, narrow1_smem_total(4),
+     attn_narrow1_kernel<true, 4, NV_BULK | NV_NOMMA, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_NOMMA, 1>},
+    {"diag-noload", "DIAGNOSTIC: b1-s4 computing on its first 4 tiles over and over (the compute path alone)", 4, 1,
+     0, 1, narrow1_smem_total(4), attn_narrow1_kernel<true, 4, NV_NOLOAD, 1>,
+     attn_narrow1_kernel<false, 4, NV_NOLOAD, 1>},
+};
+static const int NUM_NARROW_VARIANTS = (int)(sizeof narrow_variants / sizeof narrow_variants[0]);
+
+/* Per variant (0-based): 1 usable on this device, -1 not (before sm_90, shared memory refused),
+ * 0 not yet looked at.  Attributes are set once per process (one device). */
+static int narrow_usable[sizeof narrow_variants / sizeof narrow_variants[0]];
+
+static bool narrow_variant_usable(int vi)
+{
+    if (narrow_usable[vi] != 0) return narrow_usable[vi] > 0;
+    int dev = 0, major = 0, optin = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    const narrow_variant &v = narrow_variants[vi];
+    bool ok = (vi == 0 || major >= 9) && optin >= v.smem;
+    for (int k = 0; ok && k < 2; k++) {
+        const void *fn = (const void *)(k == 0 ? v.bf16 : v.fp16);
+        ok = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem) == cudaSuccess;
+        if (ok && v.ctas_per_sm > 1)
+            ok = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100) == cudaSuccess;
+    }
+    if (!ok) cudaGetLastError();
+    narrow_usable[vi] = ok ? 1 : -1;
+    return ok;
+}
+
+/* The variant number AR_MLA_NARROW names (a name or a number), 0 when unset or unknown. */
+static int env_narrow_variant(void)
+{
+    const char *e = getenv("AR_MLA_NARROW");
+    if (!e || !*e) return 0;
+    for (int i = 0; i < NUM_NARROW_VARIANTS; i++)
+        if (strcmp(e, narrow_variants[i].name) == 0) return i + 1;
+    int v = atoi(e);
+    return v >= 1 && v <= NUM_NARROW_VARIANTS ? v : 0;
+}
+
+/* Index into narrow_variants of what a narrow launch runs: the requested number (0: the
+ * environment's, else base), base where the variant does not apply (fp8 cache, a 2-slot ring
+ * forced, a device before sm_90 or short of shared memory). */
+static int resolve_narrow_variant(int requested, bool fp8, int stages)
+{
+    int v = requested > 0 ? requested : env_narrow_variant();
+    if (v < 1 || v > NUM_NARROW_VARIANTS || fp8 || stages < 4) return 0;
+    return narrow_variant_usable(v - 1) ? v - 1 : 0;
+}
+
+extern "C" int ar_cuda_mla_narrow_variant_count(void) { return NUM_NARROW_VARIANTS; }
+
+extern "C" const char *ar_cuda_mla_narrow_variant_name(int v)
+{
+    return v >= 1 && v <= NUM_NARROW_VARIANTS ? narrow_variants[v - 1].name : NULL;
+}
+
+extern "C" const char *ar_cuda_mla_narrow_variant_about(int v)
+{
+    return v >= 1 && v <= NUM_NARROW_VARIANTS ? narrow_variants[v - 1].about : NULL;
+}
+
+extern "C" bool ar_cuda_mla_narrow_variant_is_diagnostic(int v)
+{
+    return v >= 1 && v <= NUM_NARROW_VARIANTS && narrow_variants[v - 1].diagnostic;
+}
+
 /* Launches the latent attention (+ combine) for a planned step: the tensor-core kernel of the
  * variant with `stages` key-tile stages (64-row kernels 2 or 3, narrow 2 or 4), or the SIMT
  * kernel when stages is 0. */
 template <bool BF16, bool FP8>
-static void launch_tc(const attn_args &a, int stages, tc_variant variant, int num_work, cudaStream_t st)
+static void launch_tc(const attn_args &a, int stages, tc_variant variant, int narrow_vi, int num_work, cudaStream_t st)
 {
     const bool split_qk = variant == TC_SPLIT_QK;
-    if (variant == TC_NARROW && stages >= 4)
+    if (variant == TC_NARROW && stages >= 4 && narrow_vi > 0 && !FP8) {
+        const narrow_variant &v = narrow_variants[narrow_vi];
+        (BF16 ? v.bf16 : v.fp16)<<<num_work, THREADS, v.smem, st>>>(a);
+    } else if (variant == TC_NARROW && stages >= 4)
         attn_narrow_kernel<BF16, FP8, 4><<<num_work, THREADS, narrow_smem_total(4), st>>>(a);
     else if (variant == TC_NARROW)
         attn_narrow_kernel<BF16, FP8, 2><<<num_work, THREADS, narrow_smem_total(2), st>>>(a);
@@ -1698,20 +2122,23 @@ static void launch_tc(const attn_args &a, int stages, tc_variant variant, int nu
         attn_tc_kernel<BF16, FP8, 2, false><<<num_work, THREADS, smem_total(2, false), st>>>(a);
 }
 
-static cudaError_t launch_attention(const attn_args &a, int stages, tc_variant variant, int num_work, int num_groups,
-                                    int num_tokens, cudaStream_t st, cudaEvent_t ev_mid)
+static cudaError_t launch_attention(const attn_args &a, int stages, tc_variant variant, int narrow_vi, int num_work,
+                                    int num_groups, int num_tokens, cudaStream_t st, cudaEvent_t ev_mid)
 {
     if (stages > 0) {
         if (num_work > 0) {
-            if (a.bf16 && !a.fp8_cache) launch_tc<true, false>(a, stages, variant, num_work, st);
-            else if (a.bf16) launch_tc<true, true>(a, stages, variant, num_work, st);
-            else if (!a.fp8_cache) launch_tc<false, false>(a, stages, variant, num_work, st);
-            else launch_tc<false, true>(a, stages, variant, num_work, st);
+            if (a.bf16 && !a.fp8_cache) launch_tc<true, false>(a, stages, variant, narrow_vi, num_work, st);
+            else if (a.bf16) launch_tc<true, true>(a, stages, variant, narrow_vi, num_work, st);
+            else if (!a.fp8_cache) launch_tc<false, false>(a, stages, variant, narrow_vi, num_work, st);
+            else launch_tc<false, true>(a, stages, variant, narrow_vi, num_work, st);
         }
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
         if (ev_mid) cudaEventRecord(ev_mid, st);
-        if (num_groups > 0) combine_kernel<<<num_groups, 256, 0, st>>>(a);
+        if (num_groups > 0 && variant == TC_NARROW && narrow_variants[narrow_vi].combine_rows)
+            combine_rows_kernel<<<dim3((unsigned)num_groups, NROWS), 128, 0, st>>>(a);
+        else if (num_groups > 0)
+            combine_kernel<<<num_groups, 256, 0, st>>>(a);
         return cudaGetLastError();
     }
     if (num_tokens > 0 && a.num_heads > 0)
@@ -1741,7 +2168,7 @@ static bool have_device(char *why, size_t why_len) { return ar_cuda_have_device(
 
 /* Device buffers and events of the test hook, kept between cases. */
 static dev_buf case_bufs[9];
-static cudaEvent_t case_ev[2];
+static cudaEvent_t case_ev[3];
 
 extern "C" void ar_cuda_mla_release_case_buffers(void)
 {
@@ -1750,7 +2177,7 @@ extern "C" void ar_cuda_mla_release_case_buffers(void)
         case_bufs[i].ptr = NULL;
         case_bufs[i].cap = 0;
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         if (case_ev[i]) cudaEventDestroy(case_ev[i]);
         case_ev[i] = NULL;
     }
@@ -1759,6 +2186,9 @@ extern "C" void ar_cuda_mla_release_case_buffers(void)
 extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_result *res, char *err, size_t err_len)
 {
     res->attn_us = 0;
+    res->combine_us = 0;
+    res->narrow_variant = 0;
+    res->narrow_variant_name = NULL;
     res->num_work = res->num_groups = 0;
     if (c->batch < 1 || c->s_q < 1 || c->h_q < 1 ||
         (c->block_size != 16 && c->block_size != 32 && c->block_size != 64) ||
@@ -1819,6 +2249,17 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
     }
     const tc_variant variant = choose_variant(c->kernel, plan.max_rows);
     const int stages = use_tc ? variant_stages(variant, tc_stages) : 0;
+    /* a narrow variant at k CTAs per SM: the planner aims at k x SMs CTAs */
+    const int narrow_vi =
+        use_tc && variant == TC_NARROW ? resolve_narrow_variant(c->narrow_variant, fp8, stages) : 0;
+    if (!rc && narrow_variants[narrow_vi].ctas_per_sm > 1) {
+        plan_free(&plan);
+        if (build_plan(&plan, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0,
+                       num_sms * narrow_variants[narrow_vi].ctas_per_sm, c->num_splits)) {
+            snprintf(err, err_len, "cuda-mla case: out of host memory");
+            rc = 3;
+        }
+    }
 
     /* device memory: one allocation per array, freed at the end */
     void *d_meta = NULL, *d_q = NULL, *d_cache = NULL, *d_olat = NULL, *d_lse = NULL, *d_po = NULL, *d_pl = NULL;
@@ -1850,7 +2291,8 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
           ((rc = mla_ensure(&cb[7], olat_elems * 8, "case reference", err, err_len)) ||
            (rc = mla_ensure(&cb[8], lse_elems * 8, "case reference LSE", err, err_len)))) ||
          (!case_ev[0] && (rc = mla_fail(cudaEventCreate(&case_ev[0]), "event", err, err_len))) ||
-         (!case_ev[1] && (rc = mla_fail(cudaEventCreate(&case_ev[1]), "event", err, err_len))))) {
+         (!case_ev[1] && (rc = mla_fail(cudaEventCreate(&case_ev[1]), "event", err, err_len))) ||
+         (!case_ev[2] && (rc = mla_fail(cudaEventCreate(&case_ev[2]), "event", err, err_len))))) {
         /* fall through to the clean-up */
     }
     if (!rc) {
@@ -1910,24 +2352,30 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         a.scale_ref = c->scale;
         a.scale_log2 = (float)(c->scale * 1.4426950408889634);
         a.kv_scale = (float)c->kv_scale;
-        if (!rc) rc = mla_fail(launch_attention(a, stages, variant, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+        if (!rc) rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
         if (!rc) rc = mla_fail(cudaDeviceSynchronize(), "attention", err, err_len);
         if (!rc && c->repeat > 0) {
-            double *times = (double *)malloc(sizeof(double) * (size_t)c->repeat);
+            /* times[i]: attention + combine; times[repeat + i]: the combine alone */
+            double *times = (double *)malloc(sizeof(double) * 2 * (size_t)c->repeat);
             if (!times) {
                 snprintf(err, err_len, "cuda-mla case: out of host memory");
                 rc = 3;
             }
             for (int i = 0; !rc && i < c->repeat; i++) {
                 cudaEventRecord(ev0, st);
-                rc = mla_fail(launch_attention(a, stages, variant, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+                rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_work, plan.num_groups, T, st, case_ev[2]), "attention", err, err_len);
                 cudaEventRecord(ev1, st);
                 if (!rc) rc = mla_fail(cudaEventSynchronize(ev1), "attention", err, err_len);
-                float ms = 0;
+                float ms = 0, ms_comb = 0;
                 cudaEventElapsedTime(&ms, ev0, ev1);
-                if (times) times[i] = ms * 1e3;
+                cudaEventElapsedTime(&ms_comb, case_ev[2], ev1);
+                times[i] = ms * 1e3;
+                times[c->repeat + i] = ms_comb * 1e3;
             }
-            if (!rc) res->attn_us = median_of(times, c->repeat);
+            if (!rc) {
+                res->attn_us = median_of(times, c->repeat);
+                res->combine_us = median_of(times + c->repeat, c->repeat);
+            }
             free(times);
         }
         if (!rc && c->want_reference) {
@@ -1983,6 +2431,10 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         res->num_groups = use_tc ? plan.num_groups : 0;
         res->stages = stages;
         res->kernel_name = !use_tc ? "simt" : variant == TC_NARROW ? "tc-narrow" : variant == TC_SPLIT_QK ? "tc-split-qk" : "tc";
+        if (use_tc && variant == TC_NARROW) {
+            res->narrow_variant = narrow_vi + 1;
+            res->narrow_variant_name = narrow_variants[narrow_vi].name;
+        }
     }
     plan_free(&plan);
     free(h_qsl);
@@ -2034,6 +2486,7 @@ typedef struct mla_state {
     size_t h_out_cap;
     size_t out_bytes, lse_bytes;
     ar_cuda_mla_kernel force_kernel;
+    int narrow_vi;                  /* narrow_variants index of this step's narrow launch (AR_MLA_NARROW) */
     int force_splits;
     int use_prefill;
     int workspace_tokens;
@@ -2263,7 +2716,19 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     }
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
     mla_plan plan;
-    if (build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits)) {
+    int plan_rc = build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits);
+    /* AR_MLA_NARROW: a narrow variant (bench sweep) where the narrow kernel runs; at k CTAs per
+     * SM the planner aims at k x SMs CTAs */
+    const tc_variant tv = choose_variant(s->force_kernel, plan.max_rows);
+    s->narrow_vi = 0;
+    if (!plan_rc && s->force_kernel != AR_MLA_KERNEL_SIMT && tv == TC_NARROW)
+        s->narrow_vi = resolve_narrow_variant(0, s->fp8, variant_stages(tv, s->tc_stages));
+    if (!plan_rc && narrow_variants[s->narrow_vi].ctas_per_sm > 1) {
+        plan_free(&plan);
+        plan_rc = build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra,
+                             s->num_sms * narrow_variants[s->narrow_vi].ctas_per_sm, s->force_splits);
+    }
+    if (plan_rc) {
         free(is_pf);
         free(is_dec);
         snprintf(err, err_len, "cuda-mla backend: out of host memory");
@@ -2644,7 +3109,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool us
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     if (any_dec) {
         const tc_variant variant = choose_variant(s->force_kernel, s->max_rows);
-        e = launch_attention(a, use_tc ? variant_stages(variant, s->tc_stages) : 0, variant, s->num_work,
+        e = launch_attention(a, use_tc ? variant_stages(variant, s->tc_stages) : 0, variant, s->narrow_vi, s->num_work,
                              s->num_groups, T, s->stream, timed ? s->ev[3] : NULL);
         if (e != cudaSuccess) return e;
     } else if (timed) {

@@ -100,6 +100,8 @@ typedef struct ar_cuda_mla_case {
     int repeat;               /* timed launches (median); 0 = no timing */
     bool want_reference;      /* also compute the float64 device reference */
     const unsigned char *ref_requests;   /* [batch]: requests the reference covers (NULL: all) */
+    int narrow_variant;       /* where the narrow kernel runs: 0 = AR_MLA_NARROW from the environment
+                                 (else the default), v >= 1 = variant v (ar_cuda_mla_narrow_variant_name) */
 } ar_cuda_mla_case;
 
 /* Results (host arrays allocated by the caller; any may be NULL).  LSE follows FlashMLA: a row
@@ -113,6 +115,9 @@ typedef struct ar_cuda_mla_result {
     int num_work, num_groups;
     int stages;               /* stages used (0: the SIMT kernel ran) */
     const char *kernel_name;  /* the kernel that ran: "tc", "tc-split-qk", "tc-narrow" or "simt" */
+    double combine_us;        /* median time of the combine launch alone (inside attn_us) */
+    int narrow_variant;       /* the narrow variant that ran (1 = the default), 0 if not narrow */
+    const char *narrow_variant_name;
 } ar_cuda_mla_result;
 
 /* Runs one case.  0 ok; 3 no device / CUDA error; 2 bad case.  err says why.  Device buffers
@@ -120,6 +125,16 @@ typedef struct ar_cuda_mla_result {
  * ref_requests set, ref_out rows of the other requests are left untouched. */
 int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_result *res, char *err, size_t err_len);
 void ar_cuda_mla_release_case_buffers(void);
+
+/* Variants of the narrow (s_q * h_q <= 16) kernel, numbered 1 .. count; 1 is the default.  A
+ * case picks one by narrow_variant, the backend by AR_MLA_NARROW=<name or number>; a variant
+ * runs only on sm_90+ with a bf16/fp16 cache and the full ring (else the default runs, and the
+ * result says so).  Diagnostic variants compute wrong results by design (timing only).  The
+ * names and descriptions are static strings; NULL / false outside 1 .. count. */
+int ar_cuda_mla_narrow_variant_count(void);
+const char *ar_cuda_mla_narrow_variant_name(int v);
+const char *ar_cuda_mla_narrow_variant_about(int v);
+bool ar_cuda_mla_narrow_variant_is_diagnostic(int v);
 
 /* A FlashMLA test input from a standard normal draw x: x / 10 clamped to [-1, 1], rounded to
  * dtype (division rounded to nearest on the device too, whatever the fast-math flags). */

@@ -102,3 +102,24 @@ int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_result *res, cha
 }
 
 void ar_cuda_mla_release_case_buffers(void) {}
+
+/* No narrow-kernel variants without the CUDA build. */
+int ar_cuda_mla_narrow_variant_count(void) { return 0; }
+
+const char *ar_cuda_mla_narrow_variant_name(int v)
+{
+    (void)v;
+    return NULL;
+}
+
+const char *ar_cuda_mla_narrow_variant_about(int v)
+{
+    (void)v;
+    return NULL;
+}
+
+bool ar_cuda_mla_narrow_variant_is_diagnostic(int v)
+{
+    (void)v;
+    return false;
+}

@@ -7,7 +7,16 @@
  * (keys x 576 + b x s_q x h_q x (576 + 512)) x 2 bytes).  Targets of issue 6: >= 450 TFLOP/s at
  * h_q = 128, >= 3.6 TB/s at h_q = 16.  Also an fp8 latent cache row per h_q at 16k.
  * Times are CUDA events around the attention and combine launches, median of 20 after a
- * warm-up; inputs are generated on the device.  Without a GPU it prints why and exits 0. */
+ * warm-up; inputs are generated on the device.  Without a GPU it prints why and exits 0.
+ *
+ * Then the narrow-kernel sweep (issue 6 item 7), printed last: every variant of the h_q = 16
+ * kernel (ar_cuda_mla_narrow_variant_name; 1 = the default) at s_k = 4096, 16384, 32768, the
+ * default once more at the end (the run-to-run spread), one SWEEP line each: time of attention +
+ * combine (FlashMLA's definition) and of the combine alone, effective TB/s, CTAs, max |out -
+ * float64 reference| and max |LSE - reference| over 3 requests (first, middle, last), and max
+ * |out - the default's out| over all requests (0 = bit-identical).  `bench_mla sweep` runs the
+ * sweep only. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,8 +65,110 @@ static const peer_row *find_peer(const peer_row *rows, int n, int h, int sk)
     return NULL;
 }
 
-int main(void)
+/* Max |a - b| over n floats (NaN anywhere: infinity). */
+static double max_abs_diff(const float *a, const float *b, size_t n)
 {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d != d) return INFINITY;
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+/* The SWEEP lines (see the file comment) for the h_q = 16 case c; sel [B] marks the requests
+ * the reference covers, base_out [B, 16, 512] keeps the default's output, r has out / lse /
+ * ref_out / ref_lse of that size.  0 ok, 1 if a case failed to run. */
+static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, float *base_out, ar_cuda_mla_result *r)
+{
+    static const int sks[] = {4096, 16384, 32768};
+    const int B = c.batch, H = 16, count = ar_cuda_mla_narrow_variant_count();
+    const size_t n_out = (size_t)B * H * 512;
+    c.h_q = H;
+    c.kv_dtype = AR_BF16;
+    c.stages = 0;
+    c.kernel = AR_MLA_KERNEL_AUTO;
+    c.want_reference = true;
+    c.ref_requests = sel;
+    int rc = 0;
+    printf("narrow-kernel sweep: b=%d s_q=1 h_q=%d bf16 block 64, median of %d; variants:\n", B, H, c.repeat);
+    for (int v = 1; v <= count; v++)
+        printf("  %2d %-15s %s\n", v, ar_cuda_mla_narrow_variant_name(v), ar_cuda_mla_narrow_variant_about(v));
+    printf("%-5s %2s %-15s %-15s %6s %9s %8s %7s %5s %9s %9s %9s\n", "", "v", "asked", "ran", "s_k", "attn+comb",
+           "comb us", "TB/s", "CTAs", "err out", "err lse", "vs base");
+    for (size_t ik = 0; ik < sizeof sks / sizeof sks[0]; ik++) {
+        const int sk = sks[ik];
+        for (int b = 0; b < B; b++) seqlens[b] = sk;
+        c.seqlens_k = seqlens;
+        for (int k = 1; k <= count + 1; k++) {
+            const int v = k <= count ? k : 1;   /* the default again last */
+            c.narrow_variant = v;
+            char err[512] = "";
+            if (ar_cuda_mla_run_case(&c, r, err, sizeof err) != 0) {
+                printf("SWEEP %2d %-15s %6d error: %s\n", v, ar_cuda_mla_narrow_variant_name(v), sk, err);
+                rc = 1;
+                continue;
+            }
+            double err_out = 0, err_lse = 0;
+            for (int b = 0; b < B; b++) {
+                if (!sel[b]) continue;
+                for (size_t i = (size_t)b * H * 512; i < (size_t)(b + 1) * H * 512; i++) {
+                    double d = fabs((double)r->out[i] - r->ref_out[i]);
+                    if (!(d <= err_out)) err_out = d;   /* NaN sticks */
+                }
+                for (size_t i = (size_t)b * H; i < (size_t)(b + 1) * H; i++) {
+                    double d = fabs((double)r->lse[i] - r->ref_lse[i]);
+                    if (isinf(r->lse[i]) && isinf(r->ref_lse[i])) d = 0;
+                    if (!(d <= err_lse)) err_lse = d;
+                }
+            }
+            if (k == 1) memcpy(base_out, r->out, n_out * sizeof(float));
+            double vs_base = max_abs_diff(r->out, base_out, n_out);
+            double keys = (double)B * sk;
+            double bytes = (keys * 576 + (double)B * H * (576 + 512)) * 2.0;
+            printf("SWEEP %2d %-15s %-15s %6d %9.1f %8.1f %7.2f %5d %9.2e %9.2e %9.2e%s\n", v,
+                   ar_cuda_mla_narrow_variant_name(v), r->narrow_variant_name ? r->narrow_variant_name : r->kernel_name,
+                   sk, r->attn_us, r->combine_us, bytes / r->attn_us / 1e6, r->num_work, err_out, err_lse, vs_base,
+                   ar_cuda_mla_narrow_variant_is_diagnostic(v) ? "  (diagnostic: wrong by design)"
+                   : err_out > 8e-4 ? "  ERROR over FlashMLA's 8e-4" : "");
+        }
+    }
+    return rc;
+}
+
+/* The narrow-kernel sweep (see the file comment).  c: the case set up by main. */
+static int run_sweep(ar_cuda_mla_case c, int *seqlens)
+{
+    const int B = c.batch, H = 16;
+    const size_t n_out = (size_t)B * H * 512, n_lse = (size_t)B * H;
+    unsigned char *sel = calloc((size_t)B, 1);
+    float *base_out = malloc(n_out * sizeof(float));
+    ar_cuda_mla_result r;
+    memset(&r, 0, sizeof r);
+    r.out = malloc(n_out * sizeof(float));
+    r.lse = malloc(n_lse * sizeof(float));
+    r.ref_out = malloc(n_out * sizeof(double));
+    r.ref_lse = malloc(n_lse * sizeof(double));
+    int rc = 1;
+    if (sel && base_out && r.out && r.lse && r.ref_out && r.ref_lse) {
+        sel[0] = sel[B / 2] = sel[B - 1] = 1;
+        rc = sweep_rows(c, seqlens, sel, base_out, &r);
+    } else {
+        printf("bench_mla sweep: out of host memory\n");
+    }
+    free(sel);
+    free(base_out);
+    free(r.out);
+    free(r.lse);
+    free(r.ref_out);
+    free(r.ref_lse);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const bool sweep_only = argc > 1 && strcmp(argv[1], "sweep") == 0;
     const int B = 128, SQ = 1;
     static const int hqs[] = {128, 16}, sks[] = {4096, 8192, 16384, 32768};
     int *seqlens = malloc(sizeof(int) * B);
@@ -91,6 +202,12 @@ int main(void)
         free(seqlens);
         ar_cuda_mla_release_case_buffers();
         return 0;
+    }
+    if (sweep_only) {
+        int src = run_sweep(c, seqlens);
+        free(seqlens);
+        ar_cuda_mla_release_case_buffers();
+        return src;
     }
     peer_row peer[MAX_PEER];
     char peer_why[256] = "";
@@ -137,6 +254,7 @@ int main(void)
     if (n_peer == 0) printf("torch peer: %s\n", peer_why[0] ? peer_why : "no result");
     printf("targets (issue 6): >= 450 TFLOP/s at h_q=128 (best %.1f: %s), >= 3.6 TB/s at h_q=16 (best %.2f: %s)\n",
            best_tflops, best_tflops >= 450 ? "met" : "NOT met", best_tbps, best_tbps >= 3.6 ? "met" : "NOT met");
+    if (run_sweep(c, seqlens) != 0) rc = 1;
     free(seqlens);
     ar_cuda_mla_release_case_buffers();
     return rc;

@@ -14,6 +14,8 @@
  *    and drops the 4096-key and 128-head extras and the trace replay (part 4).
  *    test_every_tc_instance runs each tensor-core kernel instance (dtype pair x narrow /
  *    split-score / plain x key-ring depth) once on a small case, in both modes.
+ *    test_narrow_variants runs every non-diagnostic variant of the narrow kernel (the h_q = 16
+ *    sweep of bench_mla) on shapes that reach its edges.
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the split-score variant
  *    (AR_MLA_KERNEL_TC_SPLIT_QK), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.  The
  *    grid runs AUTO (the narrow 16-row kernel when s_q * h_q <= 16, else split-QK); the plain
@@ -196,7 +198,11 @@ typedef struct grid_opts {
     int block_size;
     double cos_limit;
     int stages;             /* 0: the most that fit (3 on Hopper), 2: the A100 ring */
+    int narrow_variant;     /* 0: the default narrow kernel, v: variant v (ar_cuda_mla_narrow_variant_name) */
 } grid_opts;
+
+/* Cases in which a narrow variant was asked for and another one ran (a device before sm_90). */
+static int narrow_fallbacks = 0;
 
 /* The kernel the last run_checked case ran ("tc", "tc-split-qk", "tc-narrow", "simt"). */
 static char last_kernel_name[16];
@@ -239,6 +245,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     c.kernel = go->kernel;
     c.num_splits = go->num_splits;
     c.stages = go->stages;
+    c.narrow_variant = go->narrow_variant;
     c.want_reference = true;
     c.ref_requests = sel;
     size_t n_out = (size_t)b * s_q * h_q * 512, n_lse = (size_t)b * h_q * s_q;
@@ -255,6 +262,8 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     if (!ok) print_message("case b=%d s_q=%d s_k=%d h_q=%d: %s\n", b, s_q, s_k, h_q, err);
     snprintf(last_kernel_name, sizeof last_kernel_name, "%s", ok && r.kernel_name ? r.kernel_name : "?");
     case_stats st;
+    if (ok && go->narrow_variant > 0 && r.narrow_variant > 0 && r.narrow_variant != go->narrow_variant)
+        narrow_fallbacks++;
     if (ok) {
         compare_case(&c, &r, sel, &st);
         ok = st.bad_out == 0 && st.bad_lse == 0 && st.nan_out == 0 && st.cos_diff < go->cos_limit;
@@ -277,7 +286,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
 
 static grid_opts default_opts(void)
 {
-    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_AUTO, 0, 64, 5e-6, 0};
+    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_AUTO, 0, 64, 5e-6, 0, 0};
     return g;
 }
 
@@ -534,6 +543,46 @@ static void test_every_tc_instance(void **st)
                 if (!ok) fails++;
             }
     print_message("tensor-core kernel instances: %d cases, %d failed\n", runs, fails);
+    assert_int_equal(fails, 0);
+}
+
+/* Every non-diagnostic variant of the narrow kernel (the bench sweep's candidates for the
+ * default) on shapes that reach its edges: planner splits + combine, s_q x h_q = 16 / 12 / 1
+ * rows, causal and not, zero-length requests, fewer key tiles than ring slots, block size 16,
+ * fp16, forced splits 1 and 3. */
+static void test_narrow_variants(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    int fails = 0, runs = 0;
+    narrow_fallbacks = 0;
+    for (int v = 2; v <= ar_cuda_mla_narrow_variant_count(); v++) {
+        if (ar_cuda_mla_narrow_variant_is_diagnostic(v)) continue;
+        int before = fails;
+        grid_opts go = default_opts();
+        go.narrow_variant = v;
+        fails += !run_checked(6, 1, small_mode() ? 140 : 4096, 16, true, true, false, &go);
+        fails += !run_checked(3, 2, 140, 8, true, true, true, &go);
+        fails += !run_checked(5, 4, 333, 3, true, false, false, &go);
+        fails += !run_checked(2, 1, 1000, 1, false, true, false, &go);
+        fails += !run_checked(4, 1, 33, 16, false, true, false, &go);
+        fails += !run_checked(3, 1, 5, 16, false, false, false, &go);
+        go.num_splits = 3;
+        fails += !run_checked(2, 1, 1000, 16, false, false, false, &go);
+        go.num_splits = 1;
+        fails += !run_checked(2, 1, 700, 16, true, true, false, &go);
+        go.num_splits = 0;
+        go.block_size = 16;
+        fails += !run_checked(4, 1, 500, 16, true, true, false, &go);
+        go.block_size = 64;
+        go.dtype = go.kv_dtype = AR_FP16;
+        fails += !run_checked(3, 1, 700, 16, true, true, false, &go);
+        runs += 10;
+        print_message("narrow variant %d (%s): 10 cases, %d failed\n", v, ar_cuda_mla_narrow_variant_name(v),
+                      fails - before);
+    }
+    print_message("narrow variants: %d cases, %d failed, %d ran another variant (device before sm_90)\n", runs,
+                  fails, narrow_fallbacks);
     assert_int_equal(fails, 0);
 }
 
@@ -1017,6 +1066,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_zero_length_requests, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_forced_splits_and_block16, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_plain_tc_variant, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_narrow_variants, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_every_tc_instance, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simt_fallback_fp16_fp8, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_decode, test_setup, test_teardown),
