@@ -1507,7 +1507,7 @@ __global__ void case_q_kernel(uint16_t *q, int batch, int s_q, int H, uint64_t s
     }
 }
 
-__global__ void case_cache_kernel(void *cache, int batch, const int *seqlens, int max_sk, int block_size, int bpr,
+__global__ void case_cache_kernel(void *cache, int batch, const int *seqlens, int max_sk, int block_size, int bpr, int contiguous,
                                   int num_blocks, uint64_t seed, ar_dtype dtype, ar_dtype kv_dtype, float kv_scale)
 {
     const int pieces = D / 16;
@@ -1518,7 +1518,7 @@ __global__ void case_cache_kernel(void *cache, int batch, const int *seqlens, in
         int64_t rest = idx / pieces;
         int j = (int)(rest % max_sk), b = (int)(rest / max_sk);
         if (j >= seqlens[b]) continue;
-        int blk = ar_cuda_mla_case_block(b, j / block_size, bpr, num_blocks);
+        int blk = contiguous ? 1 + b * bpr + j / block_size : ar_cuda_mla_case_block(b, j / block_size, bpr, num_blocks);
         int64_t slot = (int64_t)blk * block_size + j % block_size;
         uint64_t row = ar_gen_row(seed, AR_STREAM_LATENT, 0, 1000003ull + (uint64_t)b, (uint64_t)j, 0);
         for (int d = d0; d < d0 + 16; d++)
@@ -2240,7 +2240,8 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
     }
     for (int b = 0; b <= B; b++) h_qsl[b] = b * SQ;
     for (int b = 0; b < B; b++)
-        for (int k = 0; k < bpr; k++) h_bt[(int64_t)b * bpr + k] = ar_cuda_mla_case_block(b, k, bpr, num_blocks);
+        for (int k = 0; k < bpr; k++)
+            h_bt[(int64_t)b * bpr + k] = c->contiguous_blocks ? 1 + b * bpr + k : ar_cuda_mla_case_block(b, k, bpr, num_blocks);
     for (int t = 0; t < T; t++) h_treq[t] = t / SQ;
     int rc = 0;
     if (build_plan(&plan, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0, num_sms, c->num_splits)) {
@@ -2322,7 +2323,8 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         case_q_kernel<<<mla_grid((int64_t)T * H * (D / 16), 256), 256>>>((uint16_t *)d_q, B, SQ, H, c->seed, c->dtype);
         if (max_sk > 0)
             case_cache_kernel<<<mla_grid((int64_t)B * max_sk * (D / 16), 256), 256>>>(
-                d_cache, B, (const int *)(d + o_seq), max_sk, bs, bpr, num_blocks, c->seed, c->dtype, c->kv_dtype,
+                d_cache, B, (const int *)(d + o_seq), max_sk, bs, bpr, c->contiguous_blocks ? 1 : 0, num_blocks, c->seed,
+                c->dtype, c->kv_dtype,
                 (float)c->kv_scale);
         rc = mla_fail(cudaGetLastError(), "case input kernels", err, err_len);
         attn_args a;

@@ -23,7 +23,8 @@
  * request b = ar_kv_roundtrip(kv_dtype, dtype, kv_scale, ar_cuda_mla_case_value(ar_gen(
  * ar_gen_row(seed, AR_STREAM_LATENT, 0, 1000003 + b, j, 0), d, AR_DATA_NORMAL, dtype), dtype)),
  * d < 576; logical block k of request b lives in physical block ar_cuda_mla_case_block(b, k,
- * blocks_per_req, num_blocks) (a permutation).  FlashMLA's absolute tolerance (8e-4) is sized
+ * blocks_per_req, num_blocks) (a permutation; with contiguous_blocks 1 + b * blocks_per_req + k).
+ * FlashMLA's absolute tolerance (8e-4) is sized
  * for that distribution: with N(0, 1) values the outputs are 10x larger and the softmax far
  * peakier, and rounding P to bf16 before P V (which FlashMLA does too) alone gives ~2e-3. */
 #ifndef AR_CUDA_MLA_H
@@ -102,6 +103,8 @@ typedef struct ar_cuda_mla_case {
     const unsigned char *ref_requests;   /* [batch]: requests the reference covers (NULL: all) */
     int narrow_variant;       /* where the narrow kernel runs: 0 = AR_MLA_NARROW from the environment
                                  (else the default), v >= 1 = variant v (ar_cuda_mla_narrow_variant_name) */
+    bool contiguous_blocks;   /* logical block k of request b in physical block 1 + b * blocks_per_req + k
+                                 (FlashMLA's benchmark: block_table = arange) instead of the permutation */
 } ar_cuda_mla_case;
 
 /* Results (host arrays allocated by the caller; any may be NULL).  LSE follows FlashMLA: a row

@@ -10,12 +10,13 @@
  * warm-up; inputs are generated on the device.  Without a GPU it prints why and exits 0.
  *
  * Then the narrow-kernel sweep (issue 6 item 7), printed last: every variant of the h_q = 16
- * kernel (ar_cuda_mla_narrow_variant_name; 1 = the default) at s_k = 4096, 16384, 32768, the
- * default once more at the end (the run-to-run spread), one SWEEP line each: time of attention +
- * combine (FlashMLA's definition) and of the combine alone, effective TB/s, CTAs, max |out -
- * float64 reference| and max |LSE - reference| over 3 requests (first, middle, last), and max
- * |out - the default's out| over all requests (0 = bit-identical).  `bench_mla sweep` runs the
- * sweep only. */
+ * kernel (ar_cuda_mla_narrow_variant_name; 1 = the default) at s_k = 4096, 16384, 32768 with the
+ * test recipe's permuted block table and at 32768 with a contiguous one (FlashMLA's benchmark
+ * uses arange), the default once more at the end of each (the run-to-run spread), one SWEEP
+ * line each: time of attention + combine (FlashMLA's definition) and of the combine alone,
+ * effective TB/s, CTAs, max |out - float64 reference| and max |LSE - reference| over 3 requests
+ * (first, middle, last), and max |out - the default's out| over all requests (0 =
+ * bit-identical).  `bench_mla sweep` runs the sweep only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +83,9 @@ static double max_abs_diff(const float *a, const float *b, size_t n)
  * ref_out / ref_lse of that size.  0 ok, 1 if a case failed to run. */
 static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, float *base_out, ar_cuda_mla_result *r)
 {
-    static const int sks[] = {4096, 16384, 32768};
+    /* s_k, and whether the block table is contiguous (FlashMLA's benchmark: arange) rather than
+     * the test recipe's permutation (every 64-key block somewhere else in the 4.8 GB cache) */
+    static const int sks[] = {4096, 16384, 32768, 32768}, contig[] = {0, 0, 0, 1};
     const int B = c.batch, H = 16, count = ar_cuda_mla_narrow_variant_count();
     const size_t n_out = (size_t)B * H * 512;
     c.h_q = H;
@@ -95,12 +98,13 @@ static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, floa
     printf("narrow-kernel sweep: b=%d s_q=1 h_q=%d bf16 block 64, median of %d; variants:\n", B, H, c.repeat);
     for (int v = 1; v <= count; v++)
         printf("  %2d %-15s %s\n", v, ar_cuda_mla_narrow_variant_name(v), ar_cuda_mla_narrow_variant_about(v));
-    printf("%-5s %2s %-15s %-15s %6s %9s %8s %7s %5s %9s %9s %9s\n", "", "v", "asked", "ran", "s_k", "attn+comb",
-           "comb us", "TB/s", "CTAs", "err out", "err lse", "vs base");
+    printf("%-5s %2s %-15s %-15s %6s %-6s %9s %8s %7s %5s %9s %9s %9s\n", "", "v", "asked", "ran", "s_k", "blocks",
+           "attn+comb", "comb us", "TB/s", "CTAs", "err out", "err lse", "vs base");
     for (size_t ik = 0; ik < sizeof sks / sizeof sks[0]; ik++) {
         const int sk = sks[ik];
         for (int b = 0; b < B; b++) seqlens[b] = sk;
         c.seqlens_k = seqlens;
+        c.contiguous_blocks = contig[ik] != 0;
         for (int k = 1; k <= count + 1; k++) {
             const int v = k <= count ? k : 1;   /* the default again last */
             c.narrow_variant = v;
@@ -127,9 +131,9 @@ static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, floa
             double vs_base = max_abs_diff(r->out, base_out, n_out);
             double keys = (double)B * sk;
             double bytes = (keys * 576 + (double)B * H * (576 + 512)) * 2.0;
-            printf("SWEEP %2d %-15s %-15s %6d %9.1f %8.1f %7.2f %5d %9.2e %9.2e %9.2e%s\n", v,
+            printf("SWEEP %2d %-15s %-15s %6d %-6s %9.1f %8.1f %7.2f %5d %9.2e %9.2e %9.2e%s\n", v,
                    ar_cuda_mla_narrow_variant_name(v), r->narrow_variant_name ? r->narrow_variant_name : r->kernel_name,
-                   sk, r->attn_us, r->combine_us, bytes / r->attn_us / 1e6, r->num_work, err_out, err_lse, vs_base,
+                   sk, contig[ik] ? "contig" : "perm", r->attn_us, r->combine_us, bytes / r->attn_us / 1e6, r->num_work, err_out, err_lse, vs_base,
                    ar_cuda_mla_narrow_variant_is_diagnostic(v) ? "  (diagnostic: wrong by design)"
                    : err_out > 8e-4 ? "  ERROR over FlashMLA's 8e-4" : "");
         }
