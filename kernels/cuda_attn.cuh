@@ -54,7 +54,9 @@
 #define AR_CFG_PREFILL_WIDE 2   /* hd 128 only (benchmark variant); other head dims run PREFILL */
 #define AR_CFG_PREFILL_TALL 3   /* hd 128 only: 8 warps x 32 rows = 256 rows share each K/V tile
                                    (cascade prefix-pass candidate); other head dims run PREFILL */
-#define AR_CFG_COUNT 4
+#define AR_CFG_PREFILL_WG 4     /* hd 128 exactly, compute capability 9.0 only: the wgmma kernel
+                                   (cuda_attn_wgmma.cuh), 2 warpgroups x 64 rows, key tiles of 128 */
+#define AR_CFG_COUNT 5
 #define AR_MAX_SPLITS 64
 
 /* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
@@ -728,12 +730,16 @@ static cudaError_t attributes_one(int *ctas_per_sm)
 
 } /* namespace ar_attn */
 
+#include "cuda_attn_wgmma.cuh"
+
 namespace ar_attn {
 
 /* The per-dtype launchers; cuda_attn_bf16.cu and cuda_attn_fp16.cu each instantiate one. */
 template <typename T>
 cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
+    if (config == AR_CFG_PREFILL_WG)
+        return hd == 128 && a->head_size == 128 ? launch_wgmma<T>(a, num_work, stream) : cudaErrorInvalidValue;
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return launch_one<T, PrefillWideG128>(a, num_work, stream);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return launch_one<T, PrefillTallG128>(a, num_work, stream);
     if (config != AR_CFG_DECODE) {
@@ -751,6 +757,7 @@ cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work
 template <typename T>
 cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
 {
+    if (config == AR_CFG_PREFILL_WG) return attributes_wgmma<T>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return attributes_one<T, PrefillWideG128>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return attributes_one<T, PrefillTallG128>(ctas_per_sm);
     if (config != AR_CFG_DECODE) {

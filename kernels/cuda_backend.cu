@@ -6,7 +6,13 @@
  *     compiled by nvcc, so the values are bit-identical to the CPU's),
  *   - the KV-cache write kernel (vLLM reshape_and_cache_flash: slot -1 skipped),
  *   - the split-KV combine launch, and timing with CUDA events.
- * The attention kernel itself is in cuda_attn.cuh.
+ * The attention kernels themselves are in cuda_attn.cuh (mma.sync, sm_80+) and
+ * cuda_attn_wgmma.cuh (wgmma, sm_90a).  Which one runs: launches in the DECODE geometry (every
+ * (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches with head
+ * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG (128 x 128 tiles; on the
+ * H200 it measured 376 vs 272 TFLOP/s on causal prefill and 343 vs 253 on the cascade prefix
+ * pass); everything else the mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps
+ * the mma.sync kernel everywhere (for comparisons).
  *
  * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
  * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
@@ -63,6 +69,9 @@ typedef struct cuda_state {
     int device;
     char device_name[256];
     int num_sms;
+    int has_wgmma;                  /* compute capability 9.0: AR_CFG_PREFILL_WG can run */
+    int wgmma_auto;                 /* the automatic plan uses AR_CFG_PREFILL_WG for PREFILL launches
+                                       (has_wgmma, head size 128; AR_CUDA_WGMMA=0 turns it off) */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
     bool bf16;
     size_t side_elems;              /* num_blocks * block_size * hkv * head_size */
@@ -241,6 +250,10 @@ static int grid_for(int64_t n, int threads)
 ar_attn_geom ar_attn_geometry(int config, int hd)
 {
     using namespace ar_attn;
+    if (config == AR_CFG_PREFILL_WG && hd == 128) {
+        ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, WgGeom::THREADS, WgGeom::SMEM};
+        return r;
+    }
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return geom_of<PrefillWideG128>();
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return geom_of<PrefillTallG128>();
     if (config != AR_CFG_DECODE) {
@@ -392,6 +405,11 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     }
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->num_sms = prop.multiProcessorCount;
+    s->has_wgmma = prop.major == 9 && prop.minor == 0;
+    {
+        const char *e = getenv("AR_CUDA_WGMMA");
+        s->wgmma_auto = s->has_wgmma && s->head_size == 128 && !(e != NULL && strcmp(e, "0") == 0);
+    }
     if ((rc = cuda_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
         return rc;
@@ -402,6 +420,10 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
             return rc;
         }
     for (int c = 0; c < AR_CFG_COUNT; c++) {
+        if (c == AR_CFG_PREFILL_WG && !s->has_wgmma) {   /* sm_90a code only; never planned elsewhere */
+            s->ctas_per_sm[c] = 1;
+            continue;
+        }
         cudaError_t e = s->bf16 ? ar_attn_attributes_bf16(c, s->template_hd, &s->ctas_per_sm[c])
                                 : ar_attn_attributes_fp16(c, s->template_hd, &s->ctas_per_sm[c]);
         if ((rc = cuda_fail(e, "kernel attributes", err, err_len))) {
@@ -519,6 +541,9 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     if (force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
     if (force_config == AR_CFG_PREFILL_WIDE) config = s->template_hd == 128 ? AR_CFG_PREFILL_WIDE : AR_CFG_PREFILL;
     if (force_config == AR_CFG_PREFILL_TALL) config = s->template_hd == 128 ? AR_CFG_PREFILL_TALL : AR_CFG_PREFILL;
+    const bool wg_ok = s->has_wgmma && s->head_size == 128;
+    if (force_config == AR_CFG_PREFILL_WG) config = wg_ok ? AR_CFG_PREFILL_WG : AR_CFG_PREFILL;
+    if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = AR_CFG_PREFILL_WG;
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
     const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
@@ -1162,6 +1187,7 @@ extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
     info->num_groups = s->num_groups;
     info->ctas_per_sm = s->ctas_per_sm[s->config];
     info->num_sms = s->num_sms;
+    info->has_wgmma = s->has_wgmma;
     info->cascade = s->cascade;
     info->prefix_len = s->prefix_len;
     info->prefix_config = s->pre_config;

@@ -22,7 +22,8 @@ extern const ar_backend ar_cuda_backend;
  * config -1 auto, 0 the PREFILL geometry, 1 the DECODE geometry (only legal when every
  * (request, KV head) fits in 16 rows; otherwise auto is used), 2 PREFILL_WIDE (128 x 64 tiles,
  * head dim 128 only; a benchmark variant), 3 PREFILL_TALL (256 x 32 tiles, 8 warps, head dim
- * 128 only; a cascade prefix-pass candidate); num_splits 0 = the heuristic,
+ * 128 only; a cascade prefix-pass candidate), 4 PREFILL_WG (the wgmma kernel: head size 128
+ * on a compute-capability 9.0 device, else PREFILL runs); num_splits 0 = the heuristic,
  * N >= 1 = split every work item's key range into up to N pieces. */
 void ar_cuda_set_plan(void *state, int config, int num_splits);
 /* The same override for the cascade prefix pass only (config -1 / num_splits 0: as
@@ -31,13 +32,14 @@ void ar_cuda_set_prefix_plan(void *state, int config, int num_splits);
 
 /* What the last prepare() planned. */
 typedef struct ar_cuda_plan_info {
-    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL */
+    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL, 4 PREFILL_WG (wgmma, sm_90) */
     int template_hd;     /* 64, 128 or 256 */
     int num_work;        /* CTAs of the attention launch */
     int num_splits;      /* split count chosen (1 = none) */
     int num_groups;      /* split groups merged by the combine kernel */
     int ctas_per_sm;
     int num_sms;
+    int has_wgmma;       /* the device can run PREFILL_WG (compute capability 9.0) */
     /* cascade (common_prefix_len > 0): the fields above describe the suffix pass */
     int cascade;           /* 1 when this step runs prefix + suffix + merge */
     int prefix_len;        /* P */

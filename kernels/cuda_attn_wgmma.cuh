@@ -1,0 +1,346 @@
+/* cuda_attn_wgmma.cuh - the Hopper (sm_90a) variant of the paged attention kernel: the same work
+ * items, masks, faults and outputs as attn_kernel (cuda_attn.cuh), with the two matrix products
+ * on wgmma (warpgroup MMA) instead of mma.sync.  Config AR_CFG_PREFILL_WG, head size 128 exactly.
+ *
+ * Geometry: one CTA = 2 warpgroups (256 threads) = 128 rows (64 per warpgroup), key tiles of 128.
+ * Shared memory holds Q [128 rows x 128 dims] and two stages of K and V [128 keys x 128 dims],
+ * all in the 128-byte-swizzled K-major layout wgmma reads: each tile is two column halves (dims
+ * 0-63, 64-127) of [rows][128 bytes], and the 16-byte chunk c of row r is stored at chunk
+ * position c ^ (r & 7) (every half starts on a 1024-byte boundary, so the hardware's address
+ * swizzle and ours agree).
+ *   S = Q K^T : wgmma m64n128k16, A = Q and B = K from shared memory (both K-major), 8 steps of
+ *               16 dims.
+ *   O += P V  : wgmma m64n128k16 with A = P from registers (the S accumulator converted in
+ *               place: the accumulator layout of one product is the A-fragment layout of the
+ *               next) and B = V from shared memory read transposed (dims are the N side and
+ *               are contiguous: "MN-major"), 8 steps of 16 keys.
+ * The online softmax is the one of attn_kernel (log2 domain, skip the rescale when no row max
+ * moved).  Loads are cp.async by all 256 threads (one 256-byte K or V row = 16 threads), one
+ * tile ahead.  The kernel body exists only in the sm_90a build; the host picks this config only
+ * on a compute-capability 9.0 device (cuda_backend.cu). */
+#ifndef AR_CUDA_ATTN_WGMMA_CUH
+#define AR_CUDA_ATTN_WGMMA_CUH
+
+namespace ar_attn {
+
+struct WgGeom {
+    static constexpr int HD = 128;
+    static constexpr int ROWS = 128;            /* 2 warpgroups x 64 rows */
+    static constexpr int BLOCK_N = 128;
+    static constexpr int THREADS = 256;
+    static constexpr int STAGES = 2;
+    static constexpr int HALF_BYTES = 128 * 128; /* one column half of a 128-row tile: [128][128 B] */
+    static constexpr int TILE_BYTES = 2 * HALF_BYTES;
+    static constexpr size_t SMEM = 1024 /* alignment slack */ + (size_t)TILE_BYTES * (1 + 2 * STAGES);
+};
+
+/* Byte offset of (row, 16-byte chunk 0..15) in a swizzled 128-row tile. */
+__device__ __forceinline__ uint32_t wg_swizzle(int row, int chunk)
+{
+    return (uint32_t)((chunk >> 3) * WgGeom::HALF_BYTES + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+/* wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
+ * in 16-byte units), 128-byte swizzle. */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes)
+{
+    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | ((uint64_t)1 << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* Keeps the compiler from touching accumulator registers across an in-flight wgmma. */
+__device__ __forceinline__ void wg_fence_regs(float d[64])
+{
+#pragma unroll
+    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* d [64 rows x 128 cols of this warpgroup, accumulator layout] (+)= A (desc_a) B (desc_b). */
+template <typename T> __device__ __forceinline__ void wgmma_ss(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate);
+/* d += A (a: this thread's 4 registers of the 64 x 16 A tile) B (desc_b, read transposed). */
+template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], const uint32_t a[4], uint64_t desc_b);
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <> __device__ __forceinline__ void wgmma_ss<__nv_bfloat16>(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+template <> __device__ __forceinline__ void wgmma_rs<__nv_bfloat16>(float d[64], const uint32_t a[4], uint64_t desc_b)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_ss<__half>(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+template <> __device__ __forceinline__ void wgmma_rs<__half>(float d[64], const uint32_t a[4], uint64_t desc_b)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+template <typename T>
+__global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar_attn_args a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int HD = WgGeom::HD, BLOCK_N = WgGeom::BLOCK_N, ROWS = WgGeom::ROWS;
+    constexpr int CHUNKS = HD / 8;                       /* 16-byte chunks per row */
+    constexpr int LOADS = BLOCK_N * CHUNKS / WgGeom::THREADS;   /* chunks per thread per K (or V) tile */
+    extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
+    const uint32_t smem_base0 = (uint32_t)__cvta_generic_to_shared(wg_smem_raw);
+    const uint32_t pad = (1024 - (smem_base0 & 1023)) & 1023;
+    unsigned char *smem = wg_smem_raw + pad;
+    const uint32_t sq_addr = smem_base0 + pad;          /* Q tile */
+    const uint32_t skv_addr = sq_addr + WgGeom::TILE_BYTES; /* stage s: K at + 2s tiles, V at + 2s+1 */
+
+    const ar_attn_work w = a.work[blockIdx.x];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2;                           /* warpgroup: rows 64 wg .. 64 wg + 63 */
+    const int g = lane >> 2, tq = lane & 3;
+
+    const int qstart = a.query_start_loc[w.req];
+    const int q_len = a.query_start_loc[w.req + 1] - qstart;
+    const int seq_len = a.seq_lens[w.req];
+    const int ctx = seq_len - q_len;
+    const int grp = a.group;
+    const int kvh_load = a.fault == AR_FAULT_WRONG_KV_HEAD ? (w.kv_head + 1) % a.num_kv_heads : w.kv_head;
+    const int causal_extra = a.non_causal ? (1 << 30) : a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    const bool no_rescale = a.fault == AR_FAULT_NO_RESCALE;
+    const int window = a.sliding_window;
+    const float scale_log2 = a.scale_log2;
+    const int *bt = a.block_table + (int64_t)w.req * a.max_blocks_per_req;
+    const int bs_log2 = a.block_size_log2, bs_mask = (1 << bs_log2) - 1;
+    const int64_t head_stride = (int64_t)a.num_kv_heads * HD;
+    const T *qg = reinterpret_cast<const T *>(a.q);
+    const T *kg = reinterpret_cast<const T *>(a.k_cache) + (int64_t)kvh_load * HD;
+    const T *vg = reinterpret_cast<const T *>(a.v_cache) + (int64_t)kvh_load * HD;
+
+    /* Q tile -> shared (rows past the request zero-filled) */
+#pragma unroll
+    for (int k = 0; k < ROWS * CHUNKS / WgGeom::THREADS; k++) {
+        int i = tid + k * WgGeom::THREADS, r = i / CHUNKS, c = i % CHUNKS;
+        int pair = w.pair0 + r, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
+        bool ok = tok < q_len;
+        const T *src = ok ? qg + ((int64_t)(qstart + tok) * a.num_q_heads + hq) * HD + c * 8 : qg;
+        cp_async16(smem + wg_swizzle(r, c), src, ok);
+    }
+    cp_async_commit();
+
+    /* this warpgroup's rows, and this thread's two rows (lo = r, hi = r + 8) */
+    const int wg_row0 = wg * 64;
+    const int tok_first = (w.pair0 + wg_row0) / grp;
+    const int tok_last_raw = (w.pair0 + wg_row0 + 63) / grp;
+    const bool wg_has_rows = tok_first < q_len;
+    const int tok_last = tok_last_raw < q_len ? tok_last_raw : q_len - 1;
+    const int wg_min_qpos = ctx + tok_first, wg_max_qpos = ctx + tok_last;
+    const int my_row = wg_row0 + (warp & 3) * 16 + g;   /* local row of lo; hi = + 8 */
+    int qpos[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int tok = (w.pair0 + my_row + 8 * r) / grp;
+        qpos[r] = tok < q_len ? ctx + tok : -2;
+    }
+
+    const int n_tiles = w.tile_end - w.tile_begin;
+    auto load_kv = [&](int it) {
+        int t = w.tile_begin + it;
+        uint32_t stage_off = (uint32_t)((it & 1) * 2 * WgGeom::TILE_BYTES);
+        unsigned char *sk = smem + WgGeom::TILE_BYTES + stage_off;
+        unsigned char *sv = sk + WgGeom::TILE_BYTES;
+        int slots[LOADS];
+#pragma unroll
+        for (int k = 0; k < LOADS; k++) {
+            int j = t * BLOCK_N + (tid + k * WgGeom::THREADS) / CHUNKS;
+            slots[k] = j < seq_len ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : -1;
+        }
+#pragma unroll
+        for (int k = 0; k < LOADS; k++) {
+            int i = tid + k * WgGeom::THREADS, key = i / CHUNKS, c = i % CHUNKS;
+            bool ok = slots[k] >= 0;
+            int64_t off = ok ? (int64_t)slots[k] * head_stride + c * 8 : 0;
+            uint32_t at = wg_swizzle(key, c);
+            cp_async16(sk + at, kg + off, ok);
+            cp_async16(sv + at, vg + off, ok);
+        }
+    };
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
+    /* V read transposed ("MN-major"): the leading byte offset steps between the two 64-dim
+     * atoms along N (a column half apart), the stride byte offset between groups of 8 keys
+     * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30. */
+    const uint32_t v_lbo = WgGeom::HALF_BYTES, v_sbo = 1024;
+
+    if (n_tiles > 0) load_kv(0);
+    cp_async_commit();
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait<0>();
+        fence_proxy_async();                            /* cp.async writes -> the async proxy */
+        __syncthreads();
+        if (it + 1 < n_tiles) load_kv(it + 1);
+        cp_async_commit();
+        const int t = w.tile_begin + it;
+        const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+        const bool active = wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
+                            !(window > 0 && tile_last < wg_min_qpos - window + 1);
+        if (!active) continue;                          /* warpgroup-uniform */
+        const uint32_t sk_addr = skv_addr + (uint32_t)((it & 1) * 2 * WgGeom::TILE_BYTES);
+        const uint32_t sv_addr = sk_addr + WgGeom::TILE_BYTES;
+
+        float s[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) s[i] = 0.f;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t koff = (uint32_t)((kk >> 2) * WgGeom::HALF_BYTES + (kk & 3) * 32);
+            uint64_t da = wg_desc(sq_addr + koff + (uint32_t)wg_row0 * 128, 16, 1024);
+            uint64_t db = wg_desc(sk_addr + koff, 16, 1024);
+            wgmma_ss<T>(s, da, db, kk > 0);
+        }
+        wg_commit();
+        wg_wait0();
+        wg_fence_regs(s);
+
+        if (a.soft_cap > 0.f) {
+            const float scale = scale_log2 * 0.6931471805599453f;
+            const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
+#pragma unroll
+            for (int i = 0; i < 64; i++) s[i] = cap_over_scale * tanhf(s[i] * inv_cap);
+        }
+        const bool need_mask = tile_last > wg_min_qpos + causal_extra || tile_last >= seq_len ||
+                               (window > 0 && tile_first < wg_max_qpos - window + 1);
+        if (need_mask) {
+#pragma unroll
+            for (int i = 0; i < 64; i++) {
+                int j = tile_first + (i >> 2) * 8 + 2 * tq + (i & 1);
+                int p = qpos[(i >> 1) & 1];
+                bool vis = j < seq_len && j <= p + causal_extra && (window <= 0 || j >= p - window + 1);
+                if (!vis) s[i] = -INFINITY;
+            }
+        }
+        /* online softmax (log2 domain); element i is row (i >> 1) & 1, column (i >> 2) * 8 + 2 tq + (i & 1) */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < 16; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float m_new = fmaxf(row_m[r], mx);
+            float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+            float alpha = exp2f(row_m[r] * scale_log2 - m_scaled);
+            row_m[r] = m_new;
+            float rs = 0.f;
+#pragma unroll
+            for (int n = 0; n < 16; n++) {
+                float p0 = exp2f(fmaf(s[4 * n + 2 * r], scale_log2, -m_scaled));
+                float p1 = exp2f(fmaf(s[4 * n + 2 * r + 1], scale_log2, -m_scaled));
+                s[4 * n + 2 * r] = p0;
+                s[4 * n + 2 * r + 1] = p1;
+                rs += p0 + p1;
+            }
+            row_l[r] = row_l[r] * alpha + rs;
+            if (!no_rescale && __any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+                for (int n = 0; n < 16; n++) {
+                    acc[4 * n + 2 * r] *= alpha;
+                    acc[4 * n + 2 * r + 1] *= alpha;
+                }
+            }
+        }
+        /* P (this thread's part, as A fragments of 8 k-steps of 16 keys) */
+        uint32_t pa[8][4];
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+            pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        wg_fence_regs(acc);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+            wgmma_rs<T>(acc, pa[kk], wg_desc(sv_addr + (uint32_t)kk * 2048, v_lbo, v_sbo));
+        wg_commit();
+        wg_wait0();
+        wg_fence_regs(acc);
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = row_l[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        row_l[r] = l;
+        row_m[r] = row_m[r] == -INFINITY ? -INFINITY : row_m[r] * scale_log2;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int lr = my_row + 8 * r;
+        int pair = w.pair0 + lr, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
+        if (tok >= q_len && w.partial < 0) continue;
+        float l = row_l[r];
+        float inv = l > 0.f ? 1.f / l : 0.f;
+        float lse2 = l > 0.f ? row_m[r] + __log2f(l) : -INFINITY;
+#pragma unroll
+        for (int n = 0; n < 16; n++)
+            store_pair<T>(a, w, ROWS, HD, lr, qstart + tok, hq, n * 8 + 2 * tq, acc[4 * n + 2 * r] * inv,
+                          acc[4 * n + 2 * r + 1] * inv);
+        if (tq == 0) store_lse(a, w, ROWS, lr, qstart + tok, hq, lse2);
+    }
+#else
+    __trap();   /* built without sm_90a: the host never launches this config there */
+#endif
+}
+
+template <typename T>
+static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_t stream)
+{
+    if (num_work <= 0) return cudaSuccess;
+    attn_wgmma_kernel<T><<<num_work, WgGeom::THREADS, WgGeom::SMEM, stream>>>(*a);
+    return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t attributes_wgmma(int *ctas_per_sm)
+{
+    cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)WgGeom::SMEM);
+    if (e != cudaSuccess) return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T>, WgGeom::THREADS,
+                                                         WgGeom::SMEM);
+}
+
+} /* namespace ar_attn */
+
+#endif
