@@ -11,6 +11,7 @@
  *    NaN.  For the large cases the reference covers a sample of requests (first, last, a
  *    middle one and every zero-length one); the kernel output of all requests is checked for
  *    NaN.  AR_GPU_SMALL=1 (compute-sanitizer runs) keeps only s_k <= 140 and b <= 6 in the grids
+ *    (the dense grid: 32 cases, see test_flashmla_dense_grid)
  *    and drops the 4096-key and 128-head extras and the trace replay (part 4).
  *    test_every_tc_instance runs each tensor-core kernel instance (dtype pair x narrow /
  *    split-score / plain x key-ring depth) once on a small case, in both modes.
@@ -415,7 +416,12 @@ static void test_flashmla_dense_grid(void **st)
                 for (size_t ih = 0; ih < 7; ih++)
                     for (int varlen = 0; varlen < 2; varlen++)
                         for (int causal = 0; causal < 2; causal++) {
-                            if (small_mode() && (sks[ik] > 140 || bs_[ib] > 6)) continue;
+                            /* small (compute-sanitizer; racecheck ran past 445 s on the 504 cases
+                             * of s_k <= 140, b <= 6): b 1 and 6, s_q 1 and 4, s_k 20 and 140,
+                             * h_q 3 and 128, causal == varlen - 32 cases, every kernel path */
+                            if (small_mode() && (sks[ik] > 140 || (bs_[ib] != 1 && bs_[ib] != 6) || sqs[iq] == 2 ||
+                                                 (hqs[ih] != 3 && hqs[ih] != 128) || causal != varlen))
+                                continue;
                             runs++;
                             if (!run_checked(bs_[ib], sqs[iq], sks[ik], hqs[ih], varlen, causal, false, &go)) fails++;
                         }
@@ -484,7 +490,8 @@ static void test_plain_tc_variant(void **st)
             for (size_t ik = 0; ik < 2; ik++)
                 for (size_t ih = 0; ih < 7; ih++)
                     for (int vc = 0; vc < 2; vc++) {
-                        if (small_mode() && sks[ik] > 140) continue;
+                        if (small_mode() && (sks[ik] > 140 || sqs[iq] == 2 || (hqs[ih] != 3 && hqs[ih] != 128)))
+                            continue;
                         runs++;
                         if (!run_checked(bs_[ib], sqs[iq], sks[ik], hqs[ih], vc, vc, vc && ib == 1, &go)) fails++;
                     }
@@ -1066,13 +1073,14 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_zero_length_requests, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_forced_splits_and_block16, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_plain_tc_variant, test_setup, test_teardown),
-        cmocka_unit_test_setup_teardown(test_narrow_variants, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_every_tc_instance, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simt_fallback_fp16_fp8, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_decode, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_faults_flagged, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simulated_deepseek_trace_replays, test_setup, test_teardown),
+        /* last: a variant that failed on the device (a trapped wait) leaves the context unusable */
+        cmocka_unit_test_setup_teardown(test_narrow_variants, test_setup, test_teardown),
     };
     int failed = cmocka_run_group_tests_name("gpu_mla", tests, NULL, NULL);
     ar_cuda_mla_release_case_buffers();
