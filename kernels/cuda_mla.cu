@@ -89,7 +89,8 @@ struct work_item {
     int key_begin;
     int key_end;
     int partial;        /* -1: write o_lat / lse; else the partial slot of this piece */
-    int pad0, pad1, pad2;
+    int next;           /* persistent plans: the CTA's next piece, -1 none (else unused) */
+    int pad1, pad2;
 };
 
 /* Pieces first_partial .. + count - 1 of one row tile, merged by the combine kernel. */
@@ -709,11 +710,10 @@ __device__ __forceinline__ void narrow_epilogue(const attn_args &a, const work_i
         }
     }
     __syncthreads();
-    if (kh == 1) return;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         int gr = w.row0 + lr[h];
-        if (gr >= nrows) continue;
+        if (kh == 1 || gr >= nrows) continue;   /* key half 0 writes */
         float m1 = x_ml[lr[h]], l1 = x_ml[NROWS + lr[h]];
         float m = fmaxf(m_run[h], m1);
         float a0 = m == -INFINITY ? 0.f : exp2f(m_run[h] - m);
@@ -806,7 +806,7 @@ __global__ void __launch_bounds__(THREADS, MINB) attn_narrow_kernel(attn_args a)
 /* again and again (no loads after them).  Built for sm_90 only (a trap elsewhere: the host    */
 /* runs attn_narrow_kernel on older devices); bf16 / fp16 caches (fp8 runs the default).        */
 
-constexpr int NV_BULK = 1, NV_QREG = 2, NV_NOMMA = 4, NV_NOLOAD = 8;
+constexpr int NV_BULK = 1, NV_QREG = 2, NV_NOMMA = 4, NV_NOLOAD = 8, NV_PERSIST = 16;
 constexpr int SMEM_SPART2 = 2 * SMEM_SPART;   /* double-buffered partial scores */
 constexpr int narrow1_smem_total(int stages)
 {
@@ -923,6 +923,7 @@ __global__ void __launch_bounds__(THREADS, MINB) attn_narrow1_kernel(attn_args a
 #if MLA_SM90
     constexpr bool BULK = (MODE & NV_BULK) != 0, QREG = (MODE & NV_QREG) != 0;
     constexpr bool NOMMA = (MODE & NV_NOMMA) != 0, NOLOAD = (MODE & NV_NOLOAD) != 0;
+    constexpr bool PERSIST = (MODE & NV_PERSIST) != 0;
     static_assert(BULK ? STAGES >= 2 : STAGES >= 3, "one barrier per tile: cp.async needs 3 slots, bulk 2");
     static_assert(!(BULK && NOLOAD), "NOLOAD is a cp.async diagnostic");
     extern __shared__ uint4 smem_raw[];
@@ -932,108 +933,122 @@ __global__ void __launch_bounds__(THREADS, MINB) attn_narrow1_kernel(attn_args a
     float *const x_ml = s_part + 2 * 2 * 4 * NROWS * 16;                                /* [2][16]: m, l */
     uint64_t *const bars = reinterpret_cast<uint64_t *>(x_ml + 2 * NROWS);              /* [STAGES] (BULK) */
 
-    const work_item w = a.work[blockIdx.x];
-    const int r = w.req, H = a.num_heads;
-    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
-    const int nrows = ql * H;   /* <= NROWS (the launcher checks); w.row0 == 0 */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kh = warp >> 2, cq = warp & 3;
     const int tig = lane & 3;
     const int lr[2] = {lane >> 2, (lane >> 2) + 8};
-    int lim[2];
-    row_limits(a, w, sl, ql, nrows, lr, lim);
-
     if (BULK && threadIdx.x == 0) {
         for (int st = 0; st < STAGES; st++) mbar_init(&bars[st], 1);
         mbar_init_fence();
     }
-    load_q_tile<NROWS>(a, sq, q0, w.row0, nrows);   /* one commit group */
-    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
-    int2 next_blocks = make_int2(0, 0);
-    if (BULK) {
-        __syncthreads();   /* the mbarriers are initialised before warp 0 arms them */
-        if (warp == 0)
-            for (int st = 0; st < STAGES - 1 && st < ntiles; st++) {
-                const int k0 = w.key_begin + st * KEYS;
-                bulk_key_tile(a, sk_base + st * KEYS * STRIDE, &bars[st], tile_blocks(a, r, k0, w.key_end), k0,
-                              w.key_end, lane);
-            }
-        if (STAGES - 1 < ntiles) next_blocks = tile_blocks(a, r, w.key_begin + (STAGES - 1) * KEYS, w.key_end);
-        cp_async_wait<0>();   /* Q */
-    } else {
-        ring_start<BF16, false, STAGES>(a, sk_base, r, w, ntiles, next_blocks);
-        cp_async_wait<STAGES - 2>();   /* Q and tile 0 */
-    }
-    __syncthreads();
-
-    float o[16][4];
-#pragma unroll
-    for (int nt = 0; nt < 16; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    const float score_mul = a.scale_log2;
-
     const uint16_t *qlane, *klane;
     qk_lane_rows(sq, sk_base, 0, kh * 16, lane, &qlane, &klane);
     const int64_t klane_off = klane - sk_base;   /* the lane's key row / dim offset inside a slot */
-    uint32_t qf[9][4];                           /* QREG: A fragments of dims cq*144 + 16*ks */
-    if (QREG) {
-#pragma unroll
-        for (int ks = 0; ks < 9; ks++) ldmatrix_x4(qf[ks], qlane + cq * 144 + ks * 16);
-    }
 
-    for (int t = 0; t < ntiles; t++) {
-        const int k0 = w.key_begin + t * KEYS;
-        const int slot = t % STAGES;
-        const uint16_t *sk = sk_base + slot * KEYS * STRIDE;
-        if (BULK) mbar_wait(&bars[slot], (uint32_t)(t / STAGES) & 1u);
-        float *const part = s_part + (t & 1) * (2 * 4 * NROWS * 16);
-        if (!NOMMA) {
-            /* partial S over dims cq*144 .. +144: 16 rows x 16 keys (two n-tiles of 8) */
-            float s[2][4];
+    /* PERSIST: this CTA's pieces are work[blockIdx.x], then the chain of work[].next; gtile counts
+     * the key tiles of the CTA's earlier pieces, so ring slot and mbarrier phase run on */
+    int gtile = 0;
+    for (int wi = blockIdx.x; wi >= 0; wi = PERSIST ? a.work[wi].next : -1) {
+        const work_item w = a.work[wi];
+        const int r = w.req, H = a.num_heads;
+        const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+        const int nrows = ql * H;   /* <= NROWS (the launcher checks); w.row0 == 0 */
+        int lim[2];
+        row_limits(a, w, sl, ql, nrows, lr, lim);
+
+        load_q_tile<NROWS>(a, sq, q0, w.row0, nrows);   /* one commit group */
+        const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + KEYS - 1) / KEYS : 0;
+        int2 next_blocks = make_int2(0, 0);
+        if (BULK) {
+            __syncthreads();   /* the mbarriers are initialised before warp 0 arms them */
+            if (warp == 0)
+                for (int st = 0; st < STAGES - 1 && st < ntiles; st++) {
+                    const int k0 = w.key_begin + st * KEYS, sl_st = (gtile + st) % STAGES;
+                    bulk_key_tile(a, sk_base + sl_st * KEYS * STRIDE, &bars[sl_st], tile_blocks(a, r, k0, w.key_end),
+                                  k0, w.key_end, lane);
+                }
+            if (STAGES - 1 < ntiles) next_blocks = tile_blocks(a, r, w.key_begin + (STAGES - 1) * KEYS, w.key_end);
+            cp_async_wait<0>();   /* Q */
+        } else {
+            /* the cp.async ring restarts at slot 0 for every piece (it was drained) */
+            ring_start<BF16, false, STAGES>(a, sk_base, r, w, ntiles, next_blocks);
+            cp_async_wait<STAGES - 2>();   /* Q and tile 0 */
+        }
+        __syncthreads();
+
+        float o[16][4];
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < 16; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[nt][e] = 0.f;
-            if (QREG) {
-                const uint16_t *kl = sk + klane_off + cq * 144;
+            for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+        const float score_mul = a.scale_log2;
+        uint32_t qf[9][4];   /* QREG: A fragments of dims cq*144 + 16*ks */
+        if (QREG) {
 #pragma unroll
-                for (int ks = 0; ks < 9; ks++) {
-                    uint32_t bf[4];
-                    ldmatrix_x4(bf, kl + ks * 16);
-                    mma16816<BF16>(s[0], qf[ks], bf[0], bf[1]);
-                    mma16816<BF16>(s[1], qf[ks], bf[2], bf[3]);
+            for (int ks = 0; ks < 9; ks++) ldmatrix_x4(qf[ks], qlane + cq * 144 + ks * 16);
+        }
+
+        for (int t = 0; t < ntiles; t++) {
+            const int k0 = w.key_begin + t * KEYS;
+            const int slot = ((BULK ? gtile : 0) + t) % STAGES;
+            const uint16_t *sk = sk_base + slot * KEYS * STRIDE;
+            if (BULK) mbar_wait(&bars[slot], (uint32_t)((gtile + t) / STAGES) & 1u);
+            float *const part = s_part + (t & 1) * (2 * 4 * NROWS * 16);
+            if (!NOMMA) {
+                /* partial S over dims cq*144 .. +144: 16 rows x 16 keys (two n-tiles of 8) */
+                float s[2][4];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[nt][e] = 0.f;
+                if (QREG) {
+                    const uint16_t *kl = sk + klane_off + cq * 144;
+#pragma unroll
+                    for (int ks = 0; ks < 9; ks++) {
+                        uint32_t bf[4];
+                        ldmatrix_x4(bf, kl + ks * 16);
+                        mma16816<BF16>(s[0], qf[ks], bf[0], bf[1]);
+                        mma16816<BF16>(s[1], qf[ks], bf[2], bf[3]);
+                    }
+                } else {
+                    qk_tile<BF16, 2>(s, qlane, sk + klane_off, cq * 144, 9);
+                }
+                narrow_store_partial(part, kh, cq, lr, tig, s);
+            }
+            if (!BULK) cp_async_wait<(STAGES >= 3 ? STAGES - 3 : 0)>();   /* tile t + 1 (this thread's copies) */
+            __syncthreads();
+            /* every warp is past PV(t-1): tile t + STAGES - 1 goes into the slot of tile t-1 */
+            const int nxt = t + STAGES - 1;
+            const int nxt_slot = ((BULK ? gtile : 0) + nxt) % STAGES;
+            if (BULK) {
+                if (nxt < ntiles) {
+                    if (warp == 0)
+                        bulk_key_tile(a, sk_base + nxt_slot * KEYS * STRIDE, &bars[nxt_slot], next_blocks,
+                                      w.key_begin + nxt * KEYS, w.key_end, lane);
+                    if (nxt + 1 < ntiles) next_blocks = tile_blocks(a, r, w.key_begin + (nxt + 1) * KEYS, w.key_end);
                 }
             } else {
-                qk_tile<BF16, 2>(s, qlane, sk + klane_off, cq * 144, 9);
+                if (nxt < ntiles && (!NOLOAD || nxt < STAGES)) {
+                    load_key_tile<BF16, false>(a, sk_base + nxt_slot * KEYS * STRIDE, next_blocks,
+                                               w.key_begin + nxt * KEYS, w.key_end);
+                    if (nxt + 1 < ntiles) next_blocks = tile_blocks(a, r, w.key_begin + (nxt + 1) * KEYS, w.key_end);
+                }
+                cp_async_commit();
             }
-            narrow_store_partial(part, kh, cq, lr, tig, s);
+            if (!NOMMA) narrow_softmax_pv<BF16>(a, part, sk, k0, kh, cq, lane, lr, lim, score_mul, m_run, l_run, o);
         }
-        if (!BULK) cp_async_wait<(STAGES >= 3 ? STAGES - 3 : 0)>();   /* tile t + 1 (this thread's copies) */
-        __syncthreads();
-        /* every warp is past PV(t-1): tile t + STAGES - 1 goes into the slot of tile t-1 */
-        const int nxt = t + STAGES - 1;
-        if (BULK) {
-            if (nxt < ntiles) {
-                if (warp == 0)
-                    bulk_key_tile(a, sk_base + (nxt % STAGES) * KEYS * STRIDE, &bars[nxt % STAGES], next_blocks,
-                                  w.key_begin + nxt * KEYS, w.key_end, lane);
-                if (nxt + 1 < ntiles) next_blocks = tile_blocks(a, r, w.key_begin + (nxt + 1) * KEYS, w.key_end);
-            }
-        } else {
-            if (nxt < ntiles && (!NOLOAD || nxt < STAGES)) {
-                load_key_tile<BF16, false>(a, sk_base + (nxt % STAGES) * KEYS * STRIDE, next_blocks,
-                                           w.key_begin + nxt * KEYS, w.key_end);
-                if (nxt + 1 < ntiles) next_blocks = tile_blocks(a, r, w.key_begin + (nxt + 1) * KEYS, w.key_end);
-            }
-            cp_async_commit();
+        if (!BULK) cp_async_wait<0>();
+        __syncthreads();   /* the key ring is free: it carries key half 1's output to half 0 */
+        narrow_epilogue(a, w, q0, nrows, kh, cq, tig, lr, o, m_run, l_run, sk_base, x_ml, 1.f);
+        gtile += ntiles;
+        if (PERSIST) {
+            /* the next piece's Q and key copies overwrite what the epilogue read and wrote
+             * (generic proxy; bulk copies are the async proxy) */
+            if (BULK) fence_proxy_async();
+            __syncthreads();
         }
-        if (!NOMMA) narrow_softmax_pv<BF16>(a, part, sk, k0, kh, cq, lane, lr, lim, score_mul, m_run, l_run, o);
     }
-    if (!BULK) cp_async_wait<0>();
-    __syncthreads();   /* the key ring is free: it carries key half 1's output to half 0 */
-    narrow_epilogue(a, w, q0, nrows, kh, cq, tig, lr, o, m_run, l_run, sk_base, x_ml, 1.f);
 #else
     (void)a;
     __trap();
@@ -1859,6 +1874,7 @@ typedef struct mla_plan {
     work_item *work;
     combine_group *groups;
     int num_work, num_groups, num_partials;
+    int num_ctas;           /* CTAs of the launch: num_work, or fewer for a persistent plan */
     int max_rows;           /* most rows (q_len * H) of a planned request */
 } mla_plan;
 
@@ -1887,6 +1903,30 @@ static int host_key_limit(int causal, int sl, int ql, int i, int extra)
     return lim < 0 ? 0 : lim;
 }
 
+/* Key limit of the row tile at row0 of a request (its last row's limit: rows are token-major). */
+static int row_tile_key_end(int causal, int sl, int ql, int H, int row0, int nrows, int extra)
+{
+    int last = row0 + ROWS - 1 < nrows - 1 ? row0 + ROWS - 1 : nrows - 1;
+    return host_key_limit(causal, sl, ql, last / H, extra);
+}
+
+/* Key tiles and row tiles of the planned requests, and their most rows. */
+static void plan_totals(int R, const int *qsl, const int *seq_lens, const unsigned char *include, int H, int causal,
+                        int extra, int64_t *total_tiles, int64_t *n_rowtiles, int *max_rows)
+{
+    *total_tiles = *n_rowtiles = 0;
+    *max_rows = 0;
+    for (int r = 0; r < R; r++) {
+        if (include && !include[r]) continue;
+        int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
+        if (nrows > *max_rows) *max_rows = nrows;
+        for (int row0 = 0; row0 < nrows; row0 += ROWS) {
+            *total_tiles += (row_tile_key_end(causal, seq_lens[r], ql, H, row0, nrows, extra) + KEYS - 1) / KEYS;
+            (*n_rowtiles)++;
+        }
+    }
+}
+
 /* include[r] != 0 selects the requests to plan (NULL: all). 0 ok, -1 out of memory. */
 static int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, const unsigned char *include, int H,
                       int causal, int extra, int num_sms, int force_splits)
@@ -1894,17 +1934,7 @@ static int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, c
     memset(p, 0, sizeof *p);
     int64_t n_items = 0, total_tiles = 0;
     int max_rows = 0;
-    for (int r = 0; r < R; r++) {
-        if (include && !include[r]) continue;
-        int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
-        if (nrows > max_rows) max_rows = nrows;
-        for (int row0 = 0; row0 < nrows; row0 += ROWS) {
-            int last = row0 + ROWS - 1 < nrows - 1 ? row0 + ROWS - 1 : nrows - 1;
-            int kend = host_key_limit(causal, seq_lens[r], ql, last / H, extra);
-            total_tiles += (kend + KEYS - 1) / KEYS;
-            n_items++;
-        }
-    }
+    plan_totals(R, qsl, seq_lens, include, H, causal, extra, &total_tiles, &n_items, &max_rows);
     int64_t chunk = num_sms > 0 ? (total_tiles + num_sms - 1) / num_sms : total_tiles;
     if (chunk < 4) chunk = 4;
     /* count pieces */
@@ -1915,8 +1945,7 @@ static int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, c
             if (include && !include[r]) continue;
             int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
             for (int row0 = 0; row0 < nrows; row0 += ROWS) {
-                int last = row0 + ROWS - 1 < nrows - 1 ? row0 + ROWS - 1 : nrows - 1;
-                int kend = host_key_limit(causal, seq_lens[r], ql, last / H, extra);
+                int kend = row_tile_key_end(causal, seq_lens[r], ql, H, row0, nrows, extra);
                 int64_t ntiles = (kend + KEYS - 1) / KEYS;
                 int64_t my_chunk = chunk;
                 if (force_splits > 0) my_chunk = ntiles > 0 ? (ntiles + force_splits - 1) / force_splits : 1;
@@ -1963,8 +1992,111 @@ static int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, c
     (void)n_items;
     qsort(p->work, (size_t)n_work, sizeof(work_item), cmp_work_len);
     p->num_work = (int)n_work;
+    p->num_ctas = (int)n_work;
     p->num_groups = (int)n_groups;
     p->num_partials = (int)n_partials;
+    p->max_rows = max_rows;
+    return 0;
+}
+
+/* The persistent plan of the narrow variants with persistent = 1 (FlashMLA's tile scheduler in
+ * spirit): the row tiles' key tiles, concatenated in request order, are cut into num_ctas runs
+ * of ceil(total / num_ctas) tiles; CTA c runs the pieces of run c one after another (work[c],
+ * then the chain of work[].next), so every CTA gets the same number of key tiles (a request cut
+ * at a run boundary becomes two pieces merged by the combine kernel).  Empty row tiles (no
+ * visible key) ride with the CTA of the run being filled.  num_ctas of the result may be
+ * smaller than asked (rounding).  Same arguments and return as build_plan. */
+static int build_plan_persistent(mla_plan *p, int R, const int *qsl, const int *seq_lens, const unsigned char *include,
+                                 int H, int causal, int extra, int num_ctas)
+{
+    memset(p, 0, sizeof *p);
+    int64_t total_tiles = 0, n_rowtiles = 0;
+    int max_rows = 0;
+    plan_totals(R, qsl, seq_lens, include, H, causal, extra, &total_tiles, &n_rowtiles, &max_rows);
+    if (num_ctas < 1) num_ctas = 1;
+    const int64_t target = total_tiles > 0 ? (total_tiles + num_ctas - 1) / num_ctas : 1;
+    /* at most one cut per run boundary: n_rowtiles + num_ctas pieces */
+    const int64_t cap = n_rowtiles + num_ctas + 1;
+    work_item *tmp = (work_item *)malloc((size_t)cap * sizeof(work_item));
+    int *cta_of = (int *)malloc((size_t)cap * sizeof(int));
+    p->groups = (combine_group *)malloc((size_t)(n_rowtiles > 0 ? n_rowtiles : 1) * sizeof(combine_group));
+    p->work = (work_item *)malloc((size_t)cap * sizeof(work_item));
+    int *first = (int *)malloc((size_t)num_ctas * sizeof(int)), *last_of = (int *)malloc((size_t)num_ctas * sizeof(int));
+    if (!tmp || !cta_of || !p->groups || !p->work || !first || !last_of) {
+        free(tmp);
+        free(cta_of);
+        free(first);
+        free(last_of);
+        plan_free(p);
+        return -1;
+    }
+    int64_t n = 0, used = 0;
+    int cta = 0, n_groups = 0, n_partials = 0;
+    for (int r = 0; r < R; r++) {
+        if (include && !include[r]) continue;
+        int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
+        for (int row0 = 0; row0 < nrows; row0 += ROWS) {
+            int kend = row_tile_key_end(causal, seq_lens[r], ql, H, row0, nrows, extra);
+            int64_t ntiles = (kend + KEYS - 1) / KEYS;
+            int64_t begin_n = n, start = 0;
+            if (ntiles == 0) {
+                memset(&tmp[n], 0, sizeof tmp[n]);
+                tmp[n].req = r;
+                tmp[n].row0 = row0;
+                cta_of[n++] = cta;
+            }
+            while (start < ntiles) {
+                if (used >= target && cta < num_ctas - 1) {
+                    cta++;
+                    used = 0;
+                }
+                int64_t take = cta == num_ctas - 1 ? ntiles - start : target - used;
+                if (take > ntiles - start) take = ntiles - start;
+                memset(&tmp[n], 0, sizeof tmp[n]);
+                tmp[n].req = r;
+                tmp[n].row0 = row0;
+                tmp[n].key_begin = (int)(start * KEYS);
+                int64_t e = (start + take) * KEYS;
+                tmp[n].key_end = (int)(e < kend ? e : kend);
+                cta_of[n++] = cta;
+                start += take;
+                used += take;
+            }
+            int64_t pieces = n - begin_n;
+            if (pieces > 1) {
+                combine_group *g = &p->groups[n_groups++];
+                g->req = r;
+                g->row0 = row0;
+                g->first_partial = n_partials;
+                g->count = (int)pieces;
+            }
+            for (int64_t k = 0; k < pieces; k++) tmp[begin_n + k].partial = pieces > 1 ? n_partials + (int)k : -1;
+            if (pieces > 1) n_partials += (int)pieces;
+        }
+    }
+    /* CTA c's first piece at index c, the others after the last CTA, chained by next */
+    const int ctas = n > 0 ? cta_of[n - 1] + 1 : 0;
+    for (int c = 0; c < ctas; c++) first[c] = last_of[c] = -1;
+    int64_t next_free = ctas;
+    for (int64_t i = 0; i < n; i++) {
+        int c = cta_of[i];
+        int64_t at = first[c] < 0 ? c : next_free++;
+        p->work[at] = tmp[i];
+        p->work[at].next = -1;
+        if (first[c] < 0)
+            first[c] = (int)at;
+        else
+            p->work[last_of[c]].next = (int)at;
+        last_of[c] = (int)at;
+    }
+    free(tmp);
+    free(cta_of);
+    free(first);
+    free(last_of);
+    p->num_work = (int)n;
+    p->num_ctas = ctas;
+    p->num_groups = n_groups;
+    p->num_partials = n_partials;
     p->max_rows = max_rows;
     return 0;
 }
@@ -2003,6 +2135,7 @@ typedef struct narrow_variant {
     int diagnostic;         /* 1: wrong results by design, timing only */
     int smem;               /* dynamic shared memory per CTA, bytes */
     narrow_kernel_fn bf16, fp16;
+    int persistent;         /* 1: build_plan_persistent (NV_PERSIST kernels), 0: build_plan */
 } narrow_variant;
 
 /* Variant number v (1-based, as ar_cuda_mla_case.narrow_variant and AR_MLA_NARROW take it) is
@@ -2011,34 +2144,43 @@ typedef struct narrow_variant {
  * has already measured the others. */
 static const narrow_variant narrow_variants[] = {
     {"base", "attn_narrow_kernel as AUTO runs it: cp.async ring of 4 tiles, 3 CTA barriers per tile, 1 CTA/SM",
-     4, 1, 0, 0, narrow_smem_total(4), attn_narrow_kernel<true, false, 4>, attn_narrow_kernel<false, false, 4>},
+     4, 1, 0, 0, narrow_smem_total(4), attn_narrow_kernel<true, false, 4>, attn_narrow_kernel<false, false, 4>, 0},
     {"base-s2x2", "attn_narrow_kernel with a ring of 2 at 2 CTAs/SM (128 registers), planner 2 x SMs CTAs",
-     2, 2, 0, 0, narrow_smem_total(2), attn_narrow_kernel<true, false, 2, 2>, attn_narrow_kernel<false, false, 2, 2>},
+     2, 2, 0, 0, narrow_smem_total(2), attn_narrow_kernel<true, false, 2, 2>, attn_narrow_kernel<false, false, 2, 2>, 0},
     {"b1-s4", "1 CTA barrier per tile, cp.async ring of 4", 4, 1, 0, 0, narrow1_smem_total(4),
-     attn_narrow1_kernel<true, 4, 0, 1>, attn_narrow1_kernel<false, 4, 0, 1>},
+     attn_narrow1_kernel<true, 4, 0, 1>, attn_narrow1_kernel<false, 4, 0, 1>, 0},
     {"b1-s5", "1 CTA barrier per tile, cp.async ring of 5", 5, 1, 0, 0, narrow1_smem_total(5),
-     attn_narrow1_kernel<true, 5, 0, 1>, attn_narrow1_kernel<false, 5, 0, 1>},
+     attn_narrow1_kernel<true, 5, 0, 1>, attn_narrow1_kernel<false, 5, 0, 1>, 0},
     {"b1-s4-q", "b1-s4 with the Q fragments in registers", 4, 1, 0, 0, narrow1_smem_total(4),
-     attn_narrow1_kernel<true, 4, NV_QREG, 1>, attn_narrow1_kernel<false, 4, NV_QREG, 1>},
+     attn_narrow1_kernel<true, 4, NV_QREG, 1>, attn_narrow1_kernel<false, 4, NV_QREG, 1>, 0},
     {"b1-s4-c", "b1-s4 with the row-parallel combine", 4, 1, 1, 0, narrow1_smem_total(4),
-     attn_narrow1_kernel<true, 4, 0, 1>, attn_narrow1_kernel<false, 4, 0, 1>},
+     attn_narrow1_kernel<true, 4, 0, 1>, attn_narrow1_kernel<false, 4, 0, 1>, 0},
+    {"b1-s4-qp", "b1-s4-q on the persistent plan: one CTA per SM, each the same number of key tiles", 4, 1, 0, 0,
+     narrow1_smem_total(4), attn_narrow1_kernel<true, 4, NV_QREG | NV_PERSIST, 1>,
+     attn_narrow1_kernel<false, 4, NV_QREG | NV_PERSIST, 1>, 1},
     {"diag-load", "DIAGNOSTIC: b1-s4's cp.async ring without QK / softmax / PV (the load path alone)", 4, 1, 0, 1,
-     narrow1_smem_total(4), attn_narrow1_kernel<true, 4, NV_NOMMA, 1>, attn_narrow1_kernel<false, 4, NV_NOMMA, 1>},
+     narrow1_smem_total(4), attn_narrow1_kernel<true, 4, NV_NOMMA, 1>, attn_narrow1_kernel<false, 4, NV_NOMMA, 1>, 0},
     {"diag-noload", "DIAGNOSTIC: b1-s4 computing on its first 4 tiles over and over (the compute path alone)", 4, 1,
      0, 1, narrow1_smem_total(4), attn_narrow1_kernel<true, 4, NV_NOLOAD, 1>,
-     attn_narrow1_kernel<false, 4, NV_NOLOAD, 1>},
+     attn_narrow1_kernel<false, 4, NV_NOLOAD, 1>, 0},
+    {"diag-skeleton", "DIAGNOSTIC: b1-s4's loop with neither loads (after the first 4 tiles) nor compute: barriers only",
+     4, 1, 0, 1, narrow1_smem_total(4), attn_narrow1_kernel<true, 4, NV_NOLOAD | NV_NOMMA, 1>,
+     attn_narrow1_kernel<false, 4, NV_NOLOAD | NV_NOMMA, 1>, 0},
     {"bulk-s4", "1 barrier per tile, key rows by cp.async.bulk onto mbarriers, ring of 4", 4, 1, 0, 0,
-     narrow1_smem_total(4), attn_narrow1_kernel<true, 4, NV_BULK, 1>, attn_narrow1_kernel<false, 4, NV_BULK, 1>},
+     narrow1_smem_total(4), attn_narrow1_kernel<true, 4, NV_BULK, 1>, attn_narrow1_kernel<false, 4, NV_BULK, 1>, 0},
     {"bulk-s4-q", "bulk-s4 with the Q fragments in registers", 4, 1, 0, 0, narrow1_smem_total(4),
-     attn_narrow1_kernel<true, 4, NV_BULK | NV_QREG, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_QREG, 1>},
+     attn_narrow1_kernel<true, 4, NV_BULK | NV_QREG, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_QREG, 1>, 0},
     {"bulk-s5-q", "bulk, ring of 5, Q in registers", 5, 1, 0, 0, narrow1_smem_total(5),
-     attn_narrow1_kernel<true, 5, NV_BULK | NV_QREG, 1>, attn_narrow1_kernel<false, 5, NV_BULK | NV_QREG, 1>},
+     attn_narrow1_kernel<true, 5, NV_BULK | NV_QREG, 1>, attn_narrow1_kernel<false, 5, NV_BULK | NV_QREG, 1>, 0},
     {"bulk-s2x2", "bulk, ring of 2 at 2 CTAs/SM (128 registers), planner 2 x SMs CTAs", 2, 2, 0, 0,
-     narrow1_smem_total(2), attn_narrow1_kernel<true, 2, NV_BULK, 2>, attn_narrow1_kernel<false, 2, NV_BULK, 2>},
+     narrow1_smem_total(2), attn_narrow1_kernel<true, 2, NV_BULK, 2>, attn_narrow1_kernel<false, 2, NV_BULK, 2>, 0},
     {"bulk-s4-qc", "bulk-s4-q with the row-parallel combine", 4, 1, 1, 0, narrow1_smem_total(4),
-     attn_narrow1_kernel<true, 4, NV_BULK | NV_QREG, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_QREG, 1>},
+     attn_narrow1_kernel<true, 4, NV_BULK | NV_QREG, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_QREG, 1>, 0},
+    {"bulk-s4-qp", "bulk-s4-q on the persistent plan", 4, 1, 0, 0, narrow1_smem_total(4),
+     attn_narrow1_kernel<true, 4, NV_BULK | NV_QREG | NV_PERSIST, 1>,
+     attn_narrow1_kernel<false, 4, NV_BULK | NV_QREG | NV_PERSIST, 1>, 1},
     {"diag-load-bulk", "DIAGNOSTIC: bulk-s4's ring without QK / softmax / PV", 4, 1, 0, 1, narrow1_smem_total(4),
-     attn_narrow1_kernel<true, 4, NV_BULK | NV_NOMMA, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_NOMMA, 1>},
+     attn_narrow1_kernel<true, 4, NV_BULK | NV_NOMMA, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_NOMMA, 1>, 0},
 };
 static const int NUM_NARROW_VARIANTS = (int)(sizeof narrow_variants / sizeof narrow_variants[0]);
 
@@ -2085,6 +2227,19 @@ static int resolve_narrow_variant(int requested, bool fp8, int stages)
     int v = requested > 0 ? requested : env_narrow_variant();
     if (v < 1 || v > NUM_NARROW_VARIANTS || fp8 || stages < 4) return 0;
     return narrow_variant_usable(v - 1) ? v - 1 : 0;
+}
+
+/* The plan of narrow variant vi (0-based) in place of the default plan p (built with num_sms):
+ * the persistent plan, or build_plan aiming at ctas_per_sm x SMs CTAs; p unchanged for the
+ * others and when the split count is forced.  0 ok, -1 out of memory. */
+static int replan_for_narrow(mla_plan *p, int vi, int R, const int *qsl, const int *seq_lens,
+                             const unsigned char *include, int H, int causal, int extra, int num_sms, int force_splits)
+{
+    const narrow_variant &v = narrow_variants[vi];
+    if (force_splits > 0 || (!v.persistent && v.ctas_per_sm <= 1)) return 0;
+    plan_free(p);
+    if (v.persistent) return build_plan_persistent(p, R, qsl, seq_lens, include, H, causal, extra, num_sms * v.ctas_per_sm);
+    return build_plan(p, R, qsl, seq_lens, include, H, causal, extra, num_sms * v.ctas_per_sm, force_splits);
 }
 
 extern "C" int ar_cuda_mla_narrow_variant_count(void) { return NUM_NARROW_VARIANTS; }
@@ -2259,13 +2414,10 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
     /* a narrow variant at k CTAs per SM: the planner aims at k x SMs CTAs */
     const int narrow_vi =
         use_tc && variant == TC_NARROW ? resolve_narrow_variant(c->narrow_variant, fp8, stages) : 0;
-    if (!rc && narrow_variants[narrow_vi].ctas_per_sm > 1) {
-        plan_free(&plan);
-        if (build_plan(&plan, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0,
-                       num_sms * narrow_variants[narrow_vi].ctas_per_sm, c->num_splits)) {
-            snprintf(err, err_len, "cuda-mla case: out of host memory");
-            rc = 3;
-        }
+    if (!rc && replan_for_narrow(&plan, narrow_vi, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0, num_sms,
+                                 c->num_splits)) {
+        snprintf(err, err_len, "cuda-mla case: out of host memory");
+        rc = 3;
     }
 
     /* device memory: one allocation per array, freed at the end */
@@ -2360,7 +2512,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         a.scale_ref = c->scale;
         a.scale_log2 = (float)(c->scale * 1.4426950408889634);
         a.kv_scale = (float)c->kv_scale;
-        if (!rc) rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_work, plan.num_groups, T, st, NULL), "attention", err, err_len);
+        if (!rc) rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_ctas, plan.num_groups, T, st, NULL), "attention", err, err_len);
         if (!rc) rc = mla_fail(cudaDeviceSynchronize(), "attention", err, err_len);
         if (!rc && c->repeat > 0) {
             /* times[i]: attention + combine; times[repeat + i]: the combine alone */
@@ -2371,7 +2523,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
             }
             for (int i = 0; !rc && i < c->repeat; i++) {
                 cudaEventRecord(ev0, st);
-                rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_work, plan.num_groups, T, st, case_ev[2]), "attention", err, err_len);
+                rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_ctas, plan.num_groups, T, st, case_ev[2]), "attention", err, err_len);
                 cudaEventRecord(ev1, st);
                 if (!rc) rc = mla_fail(cudaEventSynchronize(ev1), "attention", err, err_len);
                 float ms = 0, ms_comb = 0;
@@ -2435,7 +2587,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         }
         free(lse_f);
         free(lse_d);
-        res->num_work = use_tc ? plan.num_work : T * H;
+        res->num_work = use_tc ? plan.num_ctas : T * H;
         res->num_groups = use_tc ? plan.num_groups : 0;
         res->stages = stages;
         res->kernel_name = !use_tc ? "simt" : variant == TC_NARROW ? "tc-narrow" : variant == TC_SPLIT_QK ? "tc-split-qk" : "tc";
@@ -2476,6 +2628,7 @@ typedef struct mla_state {
     int step_ready;
     int R, T, mbpr;
     int num_work, num_groups, num_partials;
+    int num_ctas;                   /* CTAs of the latent-attention launch (num_work unless persistent) */
     int max_rows;                   /* most rows (q_len * H) of an absorbed request */
     int n_dec_reqs, n_pf_reqs, n_pf_tok, n_passes, ws_rows_max;
     int *pass_rows;                 /* [n_passes] rows of each pass (host) */
@@ -2731,11 +2884,9 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->narrow_vi = 0;
     if (!plan_rc && s->force_kernel != AR_MLA_KERNEL_SIMT && tv == TC_NARROW)
         s->narrow_vi = resolve_narrow_variant(0, s->fp8, variant_stages(tv, s->tc_stages));
-    if (!plan_rc && narrow_variants[s->narrow_vi].ctas_per_sm > 1) {
-        plan_free(&plan);
-        plan_rc = build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra,
-                             s->num_sms * narrow_variants[s->narrow_vi].ctas_per_sm, s->force_splits);
-    }
+    if (!plan_rc)
+        plan_rc = replan_for_narrow(&plan, s->narrow_vi, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra,
+                                    s->num_sms, s->force_splits);
     if (plan_rc) {
         free(is_pf);
         free(is_dec);
@@ -2929,6 +3080,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->T = T;
     s->mbpr = mbpr;
     s->num_work = plan.num_work;
+    s->num_ctas = plan.num_ctas;
     s->num_groups = plan.num_groups;
     s->num_partials = plan.num_partials;
     s->max_rows = plan.max_rows;
@@ -2939,7 +3091,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->ws_rows_max = ws_rows_max;
     s->info.num_decode_reqs = R - n_pf_reqs;
     s->info.num_prefill_reqs = n_pf_reqs;
-    s->info.num_work = plan.num_work;
+    s->info.num_work = plan.num_ctas;
     s->info.num_groups = plan.num_groups;
     s->info.num_context_chunks = n_ctx_chunks;
     s->info.num_sms = s->num_sms;
@@ -3117,7 +3269,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool us
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     if (any_dec) {
         const tc_variant variant = choose_variant(s->force_kernel, s->max_rows);
-        e = launch_attention(a, use_tc ? variant_stages(variant, s->tc_stages) : 0, variant, s->narrow_vi, s->num_work,
+        e = launch_attention(a, use_tc ? variant_stages(variant, s->tc_stages) : 0, variant, s->narrow_vi, s->num_ctas,
                              s->num_groups, T, s->stream, timed ? s->ev[3] : NULL);
         if (e != cudaSuccess) return e;
     } else if (timed) {
