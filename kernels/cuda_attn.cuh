@@ -56,7 +56,10 @@
                                    (cascade prefix-pass candidate); other head dims run PREFILL */
 #define AR_CFG_PREFILL_WG 4     /* hd 128 exactly, compute capability 9.0 only: the wgmma kernel
                                    (cuda_attn_wgmma.cuh), 2 warpgroups x 64 rows, key tiles of 128 */
-#define AR_CFG_COUNT 5
+#define AR_CFG_PREFILL_WG_PIPE 5 /* PREFILL_WG with 3 K/V stages handed over by mbarriers instead
+                                   of one __syncthreads per tile (see cuda_attn_wgmma.cuh) */
+#define AR_CFG_PREFILL_WG_PINGPONG 6 /* PREFILL_WG_PIPE plus FlashAttention-3's ping-pong turns */
+#define AR_CFG_COUNT 7
 #define AR_MAX_SPLITS 64
 
 /* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
@@ -114,6 +117,12 @@ typedef struct ar_attn_geom {
     int threads;
     size_t smem;     /* dynamic shared memory bytes */
 } ar_attn_geom;
+
+/* The wgmma configs (head size 128 on a compute-capability 9.0 device only). */
+static inline int ar_attn_config_is_wg(int config)
+{
+    return config == AR_CFG_PREFILL_WG || config == AR_CFG_PREFILL_WG_PIPE || config == AR_CFG_PREFILL_WG_PINGPONG;
+}
 
 /* Template head dim that runs head_size (64, 128 or 256), or 0 when unsupported. */
 static inline int ar_attn_template_hd(int head_size)
@@ -738,8 +747,12 @@ namespace ar_attn {
 template <typename T>
 cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
-    if (config == AR_CFG_PREFILL_WG)
-        return hd == 128 && a->head_size == 128 ? launch_wgmma<T>(a, num_work, stream) : cudaErrorInvalidValue;
+    if (config == AR_CFG_PREFILL_WG || config == AR_CFG_PREFILL_WG_PIPE || config == AR_CFG_PREFILL_WG_PINGPONG) {
+        if (hd != 128 || a->head_size != 128) return cudaErrorInvalidValue;
+        return config == AR_CFG_PREFILL_WG        ? launch_wgmma<T, 0>(a, num_work, stream)
+               : config == AR_CFG_PREFILL_WG_PIPE ? launch_wgmma<T, 1>(a, num_work, stream)
+                                                  : launch_wgmma<T, 2>(a, num_work, stream);
+    }
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return launch_one<T, PrefillWideG128>(a, num_work, stream);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return launch_one<T, PrefillTallG128>(a, num_work, stream);
     if (config != AR_CFG_DECODE) {
@@ -757,7 +770,9 @@ cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work
 template <typename T>
 cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
 {
-    if (config == AR_CFG_PREFILL_WG) return attributes_wgmma<T>(ctas_per_sm);
+    if (config == AR_CFG_PREFILL_WG) return attributes_wgmma<T, 0>(ctas_per_sm);
+    if (config == AR_CFG_PREFILL_WG_PIPE) return attributes_wgmma<T, 1>(ctas_per_sm);
+    if (config == AR_CFG_PREFILL_WG_PINGPONG) return attributes_wgmma<T, 2>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return attributes_one<T, PrefillWideG128>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return attributes_one<T, PrefillTallG128>(ctas_per_sm);
     if (config != AR_CFG_DECODE) {

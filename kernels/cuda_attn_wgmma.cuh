@@ -28,11 +28,67 @@ struct WgGeom {
     static constexpr int ROWS = 128;            /* 2 warpgroups x 64 rows */
     static constexpr int BLOCK_N = 128;
     static constexpr int THREADS = 256;
-    static constexpr int STAGES = 2;
     static constexpr int HALF_BYTES = 128 * 128; /* one column half of a 128-row tile: [128][128 B] */
     static constexpr int TILE_BYTES = 2 * HALF_BYTES;
-    static constexpr size_t SMEM = 1024 /* alignment slack */ + (size_t)TILE_BYTES * (1 + 2 * STAGES);
 };
+
+/* PIPE = false: two K/V stages and one __syncthreads per tile (both warpgroups in lockstep).
+ * PIPE = true (AR_CFG_PREFILL_WG_PIPE): three stages handed over by mbarriers - "full[s]"
+ * completes when every thread's cp.async copies into stage s have landed
+ * (cp.async.mbarrier.arrive.noinc), "empty[s]" when all 256 threads are done reading it - so a
+ * warpgroup may run up to a tile ahead of the other and one's softmax overlaps the other's
+ * matrix products. */
+template <bool PIPE> struct WgStages {
+    static constexpr int STAGES = PIPE ? 3 : 2;
+    static constexpr size_t BAR_OFFSET = (size_t)WgGeom::TILE_BYTES * (1 + 2 * STAGES);
+    static constexpr size_t SMEM = 1024 /* alignment slack */ + BAR_OFFSET + (PIPE ? 2 * STAGES * 8 : 0);
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" :: "r"(bar) : "memory");
+}
+/* arrives on bar once every cp.async this thread issued so far has completed */
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+/* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's): 256 threads
+ * each, the 128 of the waiting warpgroup (bar.sync) and the 128 of the signalling one
+ * (bar.arrive).  Per tile every warpgroup waits for its turn once and hands the turn over once,
+ * active or not; warpgroup 1 signals once before the loop and skips its last hand-over, so
+ * arrivals and waits pair up exactly on both barriers. */
+__device__ __forceinline__ void pingpong_signal(int to_wg)
+{
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(1 + to_wg) : "memory");
+}
+__device__ __forceinline__ void pingpong_wait(int wg)
+{
+    asm volatile("bar.sync %0, 256;\n" :: "r"(1 + wg) : "memory");
+}
+__device__ __forceinline__ void pingpong_turn_issued(int wg, bool last)
+{
+    if (wg == 0 || !last) pingpong_signal(1 - wg);
+}
+__device__ __forceinline__ void pingpong_turn(int wg, bool last)
+{
+    pingpong_wait(wg);
+    pingpong_turn_issued(wg, last);
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
 
 /* Byte offset of (row, 16-byte chunk 0..15) in a swizzled 128-row tile. */
 __device__ __forceinline__ uint32_t wg_swizzle(int row, int chunk)
@@ -104,10 +160,15 @@ template <> __device__ __forceinline__ void wgmma_rs<__half>(float d[64], const 
 }
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
-template <typename T>
+/* MODE 0: lockstep (AR_CFG_PREFILL_WG); 1: mbarrier pipeline (AR_CFG_PREFILL_WG_PIPE); 2: the
+ * pipeline plus a ping-pong turn (AR_CFG_PREFILL_WG_PINGPONG, FlashAttention-3's warpgroup
+ * scheduling): a warpgroup issues its S = Q K^T only in its turn (named barriers 1 and 2), so
+ * the other one's softmax runs while its products occupy the tensor cores. */
+template <typename T, int MODE>
 __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar_attn_args a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr bool PIPE = MODE >= 1, PINGPONG = MODE == 2;
     constexpr int HD = WgGeom::HD, BLOCK_N = WgGeom::BLOCK_N, ROWS = WgGeom::ROWS;
     constexpr int CHUNKS = HD / 8;                       /* 16-byte chunks per row */
     constexpr int LOADS = BLOCK_N * CHUNKS / WgGeom::THREADS;   /* chunks per thread per K (or V) tile */
@@ -117,6 +178,15 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
     unsigned char *smem = wg_smem_raw + pad;
     const uint32_t sq_addr = smem_base0 + pad;          /* Q tile */
     const uint32_t skv_addr = sq_addr + WgGeom::TILE_BYTES; /* stage s: K at + 2s tiles, V at + 2s+1 */
+    constexpr int STAGES = WgStages<PIPE>::STAGES;
+    const uint32_t full_bar = sq_addr + (uint32_t)WgStages<PIPE>::BAR_OFFSET;   /* PIPE: [STAGES] */
+    const uint32_t empty_bar = full_bar + STAGES * 8;                             /* PIPE: [STAGES] */
+    if (PIPE && threadIdx.x == 0) {
+        for (int st = 0; st < STAGES; st++) {
+            mbar_init(full_bar + st * 8, WgGeom::THREADS);
+            mbar_init(empty_bar + st * 8, WgGeom::THREADS);
+        }
+    }
 
     const ar_attn_work w = a.work[blockIdx.x];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -169,7 +239,7 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
     const int n_tiles = w.tile_end - w.tile_begin;
     auto load_kv = [&](int it) {
         int t = w.tile_begin + it;
-        uint32_t stage_off = (uint32_t)((it & 1) * 2 * WgGeom::TILE_BYTES);
+        uint32_t stage_off = (uint32_t)((it % STAGES) * 2 * WgGeom::TILE_BYTES);
         unsigned char *sk = smem + WgGeom::TILE_BYTES + stage_off;
         unsigned char *sv = sk + WgGeom::TILE_BYTES;
         int slots[LOADS];
@@ -198,25 +268,54 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
      * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30. */
     const uint32_t v_lbo = WgGeom::HALF_BYTES, v_sbo = 1024;
 
-    if (n_tiles > 0) load_kv(0);
-    cp_async_commit();
-    for (int it = 0; it < n_tiles; it++) {
-        cp_async_wait<0>();
-        fence_proxy_async();                            /* cp.async writes -> the async proxy */
-        __syncthreads();
-        if (it + 1 < n_tiles) load_kv(it + 1);
+    if (PIPE) {
+        __syncthreads();                                /* the barriers are initialised */
+        if (PINGPONG && wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
+        for (int it = 0; it < STAGES - 1 && it < n_tiles; it++) {
+            load_kv(it);
+            mbar_arrive_cp_async(full_bar + (it % STAGES) * 8);   /* (Q's copies are older: covered) */
+        }
+    } else {
+        if (n_tiles > 0) load_kv(0);
         cp_async_commit();
+    }
+    for (int it = 0; it < n_tiles; it++) {
+        const int stage = it % STAGES;
+        if (PIPE) {
+            /* refill the stage tile it - 1 used once both warpgroups are done with it */
+            const int ahead = it + STAGES - 1;
+            if (ahead < n_tiles) {
+                if (it >= 1) mbar_wait(empty_bar + ((it - 1) % STAGES) * 8, (uint32_t)(((it - 1) / STAGES) & 1));
+                load_kv(ahead);
+                mbar_arrive_cp_async(full_bar + (ahead % STAGES) * 8);
+            }
+        } else {
+            cp_async_wait<0>();
+            fence_proxy_async();                        /* cp.async writes -> the async proxy */
+            __syncthreads();
+            if (it + 1 < n_tiles) load_kv(it + 1);
+            cp_async_commit();
+        }
         const int t = w.tile_begin + it;
         const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
         const bool active = wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
                             !(window > 0 && tile_last < wg_min_qpos - window + 1);
-        if (!active) continue;                          /* warpgroup-uniform */
-        const uint32_t sk_addr = skv_addr + (uint32_t)((it & 1) * 2 * WgGeom::TILE_BYTES);
+        if (!active) {                                  /* warpgroup-uniform */
+            if (PINGPONG) pingpong_turn(wg, it == n_tiles - 1);
+            if (PIPE) mbar_arrive(empty_bar + stage * 8);
+            continue;
+        }
+        if (PIPE) {
+            mbar_wait(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
+            fence_proxy_async();                        /* cp.async writes -> the async proxy */
+        }
+        const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * WgGeom::TILE_BYTES);
         const uint32_t sv_addr = sk_addr + WgGeom::TILE_BYTES;
 
         float s[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) s[i] = 0.f;
+        if (PINGPONG) pingpong_wait(wg);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
@@ -225,6 +324,7 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
             uint64_t db = wg_desc(sk_addr + koff, 16, 1024);
             wgmma_ss<T>(s, da, db, kk > 0);
         }
+        if (PINGPONG) pingpong_turn_issued(wg, it == n_tiles - 1);
         wg_commit();
         wg_wait0();
         wg_fence_regs(s);
@@ -293,6 +393,7 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
         wg_commit();
         wg_wait0();
         wg_fence_regs(acc);
+        if (PIPE) mbar_arrive(empty_bar + stage * 8);
     }
     cp_async_wait<0>();
 
@@ -323,22 +424,22 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
 #endif
 }
 
-template <typename T>
+template <typename T, int MODE>
 static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (num_work <= 0) return cudaSuccess;
-    attn_wgmma_kernel<T><<<num_work, WgGeom::THREADS, WgGeom::SMEM, stream>>>(*a);
+    attn_wgmma_kernel<T, MODE><<<num_work, WgGeom::THREADS, WgStages<(MODE >= 1)>::SMEM, stream>>>(*a);
     return cudaGetLastError();
 }
 
-template <typename T>
+template <typename T, int MODE>
 static cudaError_t attributes_wgmma(int *ctas_per_sm)
 {
-    cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)WgGeom::SMEM);
+    const int smem = (int)WgStages<(MODE >= 1)>::SMEM;
+    cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T>, WgGeom::THREADS,
-                                                         WgGeom::SMEM);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T, MODE>, WgGeom::THREADS,
+                                                         smem);
 }
 
 } /* namespace ar_attn */

@@ -9,10 +9,11 @@
  * The attention kernels themselves are in cuda_attn.cuh (mma.sync, sm_80+) and
  * cuda_attn_wgmma.cuh (wgmma, sm_90a).  Which one runs: launches in the DECODE geometry (every
  * (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches with head
- * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG (128 x 128 tiles; on the
- * H200 it measured 376 vs 272 TFLOP/s on causal prefill and 343 vs 253 on the cascade prefix
- * pass); everything else the mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps
- * the mma.sync kernel everywhere (for comparisons).
+ * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_PINGPONG (128 x 128
+ * tiles, mbarrier pipeline, ping-pong warpgroups; on the H200, 2026-11-30: causal prefill 401
+ * TFLOP/s against 376 for the lockstep PREFILL_WG, 395 for PREFILL_WG_PIPE and 272 for mma.sync;
+ * cascade prefix pass 389 / 337 / 382 / 253); everything else the mma.sync PREFILL kernel.
+ * AR_CUDA_WGMMA=0 in the environment keeps the mma.sync kernel everywhere (for comparisons).
  *
  * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
  * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
@@ -250,8 +251,9 @@ static int grid_for(int64_t n, int threads)
 ar_attn_geom ar_attn_geometry(int config, int hd)
 {
     using namespace ar_attn;
-    if (config == AR_CFG_PREFILL_WG && hd == 128) {
-        ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, WgGeom::THREADS, WgGeom::SMEM};
+    if (ar_attn_config_is_wg(config) && hd == 128) {
+        ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, WgGeom::THREADS,
+                          config == AR_CFG_PREFILL_WG ? WgStages<false>::SMEM : WgStages<true>::SMEM};
         return r;
     }
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return geom_of<PrefillWideG128>();
@@ -420,7 +422,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
             return rc;
         }
     for (int c = 0; c < AR_CFG_COUNT; c++) {
-        if (c == AR_CFG_PREFILL_WG && !s->has_wgmma) {   /* sm_90a code only; never planned elsewhere */
+        if (ar_attn_config_is_wg(c) && !s->has_wgmma) {   /* sm_90a code only; never planned elsewhere */
             s->ctas_per_sm[c] = 1;
             continue;
         }
@@ -542,8 +544,8 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     if (force_config == AR_CFG_PREFILL_WIDE) config = s->template_hd == 128 ? AR_CFG_PREFILL_WIDE : AR_CFG_PREFILL;
     if (force_config == AR_CFG_PREFILL_TALL) config = s->template_hd == 128 ? AR_CFG_PREFILL_TALL : AR_CFG_PREFILL;
     const bool wg_ok = s->has_wgmma && s->head_size == 128;
-    if (force_config == AR_CFG_PREFILL_WG) config = wg_ok ? AR_CFG_PREFILL_WG : AR_CFG_PREFILL;
-    if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = AR_CFG_PREFILL_WG;
+    if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
+    if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = AR_CFG_PREFILL_WG_PINGPONG;
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
     const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;

@@ -155,19 +155,23 @@ static void prefix_tall_split(void *state) { ar_cuda_set_prefix_plan(state, 3, 5
 static void prefix_wg(void *state) { ar_cuda_set_prefix_plan(state, 4, 0); }
 static void prefix_wg_split(void *state) { ar_cuda_set_prefix_plan(state, 4, 5); }
 static void all_wg(void *state) { ar_cuda_set_plan(state, 4, 0); }
+static void prefix_wg_pipe(void *state) { ar_cuda_set_prefix_plan(state, 5, 0); }
+static void all_wg_pipe(void *state) { ar_cuda_set_plan(state, 5, 5); }
+static void prefix_wg_pingpong(void *state) { ar_cuda_set_prefix_plan(state, 6, 3); }
+static void all_wg_pingpong(void *state) { ar_cuda_set_plan(state, 6, 0); }
 
 /* The config a forced geometry runs as: PREFILL_WG (4) falls back to PREFILL (0) off Hopper. */
 static int config_run_as(void *state, int forced)
 {
     ar_cuda_plan_info pi;
     ar_cuda_plan_of(state, &pi);
-    return forced == 4 && !pi.has_wgmma ? 0 : forced;
+    return forced >= 4 && !pi.has_wgmma ? 0 : forced;
 }
-static int wg_expected = 4;
+static bool wg_available = true;   /* has_wgmma of the last plan (set by wg_plan_hook) */
 static void wg_plan_hook(void *state, casc_result *res)
 {
     cuda_plan_hook(state, res);
-    wg_expected = config_run_as(state, 4);
+    wg_available = config_run_as(state, 4) == 4;
 }
 
 /* The prefix pass under every geometry bench_cascade sweeps (PREFILL_WIDE 128 x 64,
@@ -179,22 +183,28 @@ static void test_cascade_prefix_geometries(void **unused)
     (void)unused;
     if (!casc_gpu_ready()) { skip(); return; }
     static void (*const setups[])(void *) = {prefix_wide, prefix_tall, prefix_tall_split, prefix_wg,
-                                             prefix_wg_split, all_wg};
-    static const int want_config[] = {2, 3, 3, 4, 4, 4};
+                                             prefix_wg_split, all_wg, prefix_wg_pipe, all_wg_pipe,
+                                             prefix_wg_pingpong, all_wg_pingpong};
+    static const int want_config[] = {2, 3, 3, 4, 4, 4, 5, 5, 6, 6};
     static const char *const names[] = {"prefix WIDE", "prefix TALL", "prefix TALL split 5", "prefix WG",
-                                        "prefix WG split 5", "every pass WG"};
+                                        "prefix WG split 5", "every pass WG", "prefix WG_PIPE",
+                                        "every pass WG_PIPE split 5", "prefix WG_PINGPONG split 3",
+                                        "every pass WG_PINGPONG"};
+    enum { NUM_GEOMETRIES = sizeof want_config / sizeof want_config[0] };
     int failures = 0;
     casc_seq many[128];
     for (int i = 0; i < 128; i++) many[i] = (casc_seq){1, 4097 + 5 * i};
-    for (int k = 0; k < 6; k++) {
-        casc_check check = {k == 5 ? 0 : 8, 32, 0, setups[k]};
+    for (int k = 0; k < NUM_GEOMETRIES; k++) {
+        /* every row verified on the flat run where the flat pass itself is a wgmma config */
+        bool flat_wg = k == 5 || k == 7 || k == 9;
+        casc_check check = {flat_wg ? 0 : 8, 32, 0, setups[k]};
         casc_result r;
         char what[96];
-        ar_run_config cfg = casc_cfg(8, 2, 128, 2048, k == 4 ? AR_FP16 : AR_BF16, 0);
+        ar_run_config cfg = casc_cfg(8, 2, 128, 2048, k == 4 || k == 7 || k == 8 ? AR_FP16 : AR_BF16, 0);
         casc_run_checked(&ar_cuda_backend, wg_plan_hook, &cfg, casc_general_seqs, 5, 256, &check, &r);
         snprintf(what, sizeof what, "general 8/2 d128, %s", names[k]);
         failures += casc_report(what, &r);
-        assert_int_equal(r.prefix_config, want_config[k] == 4 ? wg_expected : want_config[k]);
+        assert_int_equal(r.prefix_config, want_config[k] >= 4 && !wg_available ? 0 : want_config[k]);
         /* the benchmark's shape at a smaller prefix: 128 decodes, GQA 32/8, P 4096 (not
          * under AR_GPU_SMALL: compute-sanitizer runs) */
         if (casc_small()) continue;
@@ -204,7 +214,7 @@ static void test_cascade_prefix_geometries(void **unused)
         casc_run_checked(&ar_cuda_backend, wg_plan_hook, &gqa, many, 128, 4096, &check, &r);
         snprintf(what, sizeof what, "128 decodes 32/8 P 4096, %s", names[k]);
         failures += casc_report(what, &r);
-        assert_int_equal(r.prefix_config, want_config[k] == 4 ? wg_expected : want_config[k]);
+        assert_int_equal(r.prefix_config, want_config[k] >= 4 && !wg_available ? 0 : want_config[k]);
     }
     assert_int_equal(failures, 0);
 }

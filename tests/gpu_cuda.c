@@ -295,7 +295,9 @@ static void test_every_kernel_instance(void **unused)
             run_case(&c, short_mixed, 3, &auto_opts, &r);
             snprintf(what, sizeof what, "%s d %d mixed (PREFILL)", ar_dtype_name(dtypes[t]), sizes[d]);
             expect_pass(what, &r);
-            assert_int_equal(r.plan.config, 0);
+            /* head size exactly 128 on a compute-capability 9.0 device: the automatic plan
+             * takes the wgmma kernel (PREFILL_WG_PINGPONG, config 6) */
+            assert_int_equal(r.plan.config, sizes[d] == 128 && r.plan.has_wgmma ? 6 : 0);
             assert_int_equal(r.plan.template_hd, templates[d]);
             run_case(&c, short_decode, 3, &auto_opts, &r);
             snprintf(what, sizeof what, "%s d %d decode (DECODE)", ar_dtype_name(dtypes[t]), sizes[d]);
@@ -315,16 +317,18 @@ static void test_every_kernel_instance(void **unused)
                 count++;
             }
             if (sizes[d] != 128) continue;
-            /* config 4 asks for the wgmma PREFILL_WG kernel (head size 128 on compute capability
-             * 9.0, where the backend has it); a backend or device without it runs PREFILL, so
-             * only the result is checked and the config that ran is printed */
-            run_opts ro = auto_opts;
-            ro.config = 4;
-            run_case(&c, short_mixed, 3, &ro, &r);
-            snprintf(what, sizeof what, "%s d %d mixed (config 4 asked, %d ran)", ar_dtype_name(dtypes[t]),
-                     sizes[d], r.plan.config);
-            expect_pass(what, &r);
-            count++;
+            /* configs 4-6 ask for the wgmma kernels (PREFILL_WG, _PIPE, _PINGPONG: head size 128
+             * on compute capability 9.0); a device without them runs PREFILL */
+            for (int forced = 4; forced <= 6; forced++) {
+                run_opts ro = auto_opts;
+                ro.config = forced;
+                run_case(&c, short_mixed, 3, &ro, &r);
+                snprintf(what, sizeof what, "%s d %d mixed (config %d asked, %d ran)", ar_dtype_name(dtypes[t]),
+                         sizes[d], forced, r.plan.config);
+                expect_pass(what, &r);
+                assert_int_equal(r.plan.config, r.plan.has_wgmma ? forced : 0);
+                count++;
+            }
         }
     print_message("%d kernel-instance cases passed\n", count);
 }
