@@ -98,7 +98,8 @@ static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, floa
     printf("narrow-kernel sweep: b=%d s_q=1 h_q=%d bf16 block 64, median of %d; variants:\n", B, H, c.repeat);
     for (int v = 1; v <= count; v++)
         printf("  %2d %-15s %s\n", v, ar_cuda_mla_narrow_variant_name(v), ar_cuda_mla_narrow_variant_about(v));
-    printf("%-5s %2s %-15s %-15s %6s %-6s %9s %8s %7s %5s %9s %9s %9s\n", "", "v", "asked", "ran", "s_k", "blocks",
+    printf("(ran: = when the variant asked for ran, else the one that did; diag: wrong output by design)\n");
+    printf("%-5s %2s %-14s %-6s %6s %-6s %9s %7s %6s %4s %8s %8s %8s\n", "", "v", "variant", "ran", "s_k", "blocks",
            "attn+comb", "comb us", "TB/s", "CTAs", "err out", "err lse", "vs base");
     for (size_t ik = 0; ik < sizeof sks / sizeof sks[0]; ik++) {
         const int sk = sks[ik];
@@ -110,7 +111,7 @@ static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, floa
             c.narrow_variant = v;
             char err[512] = "";
             if (ar_cuda_mla_run_case(&c, r, err, sizeof err) != 0) {
-                printf("SWEEP %2d %-15s %6d error: %s\n", v, ar_cuda_mla_narrow_variant_name(v), sk, err);
+                printf("SWEEP %2d %-14s %6d error: %.150s\n", v, ar_cuda_mla_narrow_variant_name(v), sk, err);
                 rc = 1;
                 continue;
             }
@@ -131,11 +132,11 @@ static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, floa
             double vs_base = max_abs_diff(r->out, base_out, n_out);
             double keys = (double)B * sk;
             double bytes = (keys * 576 + (double)B * H * (576 + 512)) * 2.0;
-            printf("SWEEP %2d %-15s %-15s %6d %-6s %9.1f %8.1f %7.2f %5d %9.2e %9.2e %9.2e%s\n", v,
-                   ar_cuda_mla_narrow_variant_name(v), r->narrow_variant_name ? r->narrow_variant_name : r->kernel_name,
-                   sk, contig[ik] ? "contig" : "perm", r->attn_us, r->combine_us, bytes / r->attn_us / 1e6, r->num_work, err_out, err_lse, vs_base,
-                   ar_cuda_mla_narrow_variant_is_diagnostic(v) ? "  (diagnostic: wrong by design)"
-                   : err_out > 8e-4 ? "  ERROR over FlashMLA's 8e-4" : "");
+            const char *ran = r->narrow_variant == v ? "=" : r->narrow_variant_name ? r->narrow_variant_name : "?";
+            printf("SWEEP %2d %-14s %-6s %6d %-6s %9.1f %7.1f %6.2f %4d %8.1e %8.1e %8.1e%s\n", v,
+                   ar_cuda_mla_narrow_variant_name(v), ran, sk, contig[ik] ? "contig" : "perm", r->attn_us,
+                   r->combine_us, bytes / r->attn_us / 1e6, r->num_work, err_out, err_lse, vs_base,
+                   ar_cuda_mla_narrow_variant_is_diagnostic(v) ? " diag" : err_out > 8e-4 ? " ERROR > 8e-4" : "");
         }
     }
     return rc;
