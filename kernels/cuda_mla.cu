@@ -945,10 +945,11 @@ __global__ void __launch_bounds__(THREADS, MINB) attn_narrow1_kernel(attn_args a
     qk_lane_rows(sq, sk_base, 0, kh * 16, lane, &qlane, &klane);
     const int64_t klane_off = klane - sk_base;   /* the lane's key row / dim offset inside a slot */
 
-    /* PERSIST: this CTA's pieces are work[blockIdx.x], then the chain of work[].next; gtile counts
-     * the key tiles of the CTA's earlier pieces, so ring slot and mbarrier phase run on */
+    /* PERSIST: this CTA's pieces are work[blockIdx.x], then the chain of work[].next (always to a
+     * later index: anything else ends the chain, so a plan without chains cannot loop); gtile
+     * counts the key tiles of the CTA's earlier pieces, so ring slot and mbarrier phase run on */
     int gtile = 0;
-    for (int wi = blockIdx.x; wi >= 0; wi = PERSIST ? a.work[wi].next : -1) {
+    for (int wi = blockIdx.x; wi >= 0; wi = PERSIST && a.work[wi].next > wi ? a.work[wi].next : -1) {
         const work_item w = a.work[wi];
         const int r = w.req, H = a.num_heads;
         const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
@@ -1968,6 +1969,7 @@ static int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, c
                         w->key_end = (int)(e < kend ? e : kend);
                         if (ntiles == 0) w->key_begin = w->key_end = 0;
                         w->partial = pieces > 1 ? (int)(pi + k) : -1;
+                        w->next = -1;   /* one piece per CTA (a persistent kernel stops after it) */
                     }
                 }
                 wi += pieces;
