@@ -34,7 +34,11 @@
  * which every request has at most 16 rows (s_q * h_q <= 16, e.g. 16 heads at TP8): its 8 warps
  * are 2 key halves x 4 output-column quarters of one 16-row tile (see attn_narrow_kernel).
  * AUTO runs the narrow kernel where it applies, else split-QK (faster on the H200 run of
- * 2026-11-30: 160 vs 135 TFLOP/s at h_q = 128).
+ * 2026-11-30: 160 vs 135 TFLOP/s at h_q = 128).  Variants of the narrow kernel for the h_q = 16
+ * bandwidth sweep (attn_narrow1_kernel: one barrier per tile, Q in registers, key rows by the
+ * bulk copy engine onto mbarriers, 2 CTAs per SM, a persistent plan, a row-parallel combine,
+ * diagnostics) are picked by number (ar_cuda_mla_case.narrow_variant, AR_MLA_NARROW); the
+ * default is unchanged until measured.
  *
  * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): "write"
  * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
