@@ -2225,12 +2225,17 @@ static int env_narrow_variant(void)
     return v >= 1 && v <= NUM_NARROW_VARIANTS ? v : 0;
 }
 
+/* The variant number a narrow launch runs when neither the case nor AR_MLA_NARROW names one:
+ * 1 = base (attn_narrow_kernel).  Making a measured variant the default is this one line. */
+static const int NARROW_DEFAULT_VARIANT = 1;
+
 /* Index into narrow_variants of what a narrow launch runs: the requested number (0: the
- * environment's, else base), base where the variant does not apply (fp8 cache, a 2-slot ring
- * forced, a device before sm_90 or short of shared memory). */
+ * environment's, else NARROW_DEFAULT_VARIANT), base where the variant does not apply (fp8
+ * cache, a 2-slot ring forced, a device before sm_90 or short of shared memory). */
 static int resolve_narrow_variant(int requested, bool fp8, int stages)
 {
     int v = requested > 0 ? requested : env_narrow_variant();
+    if (v == 0) v = NARROW_DEFAULT_VARIANT;
     if (v < 1 || v > NUM_NARROW_VARIANTS || fp8 || stages < 4) return 0;
     return narrow_variant_usable(v - 1) ? v - 1 : 0;
 }
