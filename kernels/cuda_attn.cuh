@@ -747,11 +747,11 @@ namespace ar_attn {
 template <typename T>
 cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
-    if (config == AR_CFG_PREFILL_WG || config == AR_CFG_PREFILL_WG_PIPE || config == AR_CFG_PREFILL_WG_PINGPONG) {
+    if (ar_attn_config_is_wg(config)) {
         if (hd != 128 || a->head_size != 128) return cudaErrorInvalidValue;
-        return config == AR_CFG_PREFILL_WG        ? launch_wgmma<T, 0>(a, num_work, stream)
-               : config == AR_CFG_PREFILL_WG_PIPE ? launch_wgmma<T, 1>(a, num_work, stream)
-                                                  : launch_wgmma<T, 2>(a, num_work, stream);
+        return config == AR_CFG_PREFILL_WG            ? launch_wgmma<T, 0>(a, num_work, stream)
+               : config == AR_CFG_PREFILL_WG_PIPE     ? launch_wgmma<T, 1>(a, num_work, stream)
+                                                      : launch_wgmma<T, 2>(a, num_work, stream);
     }
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return launch_one<T, PrefillWideG128>(a, num_work, stream);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return launch_one<T, PrefillTallG128>(a, num_work, stream);

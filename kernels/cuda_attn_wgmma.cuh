@@ -163,12 +163,16 @@ template <> __device__ __forceinline__ void wgmma_rs<__half>(float d[64], const 
 /* MODE 0: lockstep (AR_CFG_PREFILL_WG); 1: mbarrier pipeline (AR_CFG_PREFILL_WG_PIPE); 2: the
  * pipeline plus a ping-pong turn (AR_CFG_PREFILL_WG_PINGPONG, FlashAttention-3's warpgroup
  * scheduling): a warpgroup issues its S = Q K^T only in its turn (named barriers 1 and 2), so
- * the other one's softmax runs while its products occupy the tensor cores. */
+ * the other one's softmax runs while its products occupy the tensor cores.  (A fourth mode that
+ * also kept S(j + 1) in flight during softmax(j), FlashAttention-3's intra-warpgroup overlap,
+ * needs a second 64-register score buffer: at 255 registers it spilled 156 bytes and ran the
+ * cascade prefix pass at 225 TFLOP/s against 384 for ping-pong on the H200, 2026-11-30, so it
+ * was removed; it needs the producer-warpgroup split with setmaxnreg first.) */
 template <typename T, int MODE>
 __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar_attn_args a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr bool PIPE = MODE >= 1, PINGPONG = MODE == 2;
+    constexpr bool PIPE = MODE >= 1, PINGPONG = MODE >= 2;
     constexpr int HD = WgGeom::HD, BLOCK_N = WgGeom::BLOCK_N, ROWS = WgGeom::ROWS;
     constexpr int CHUNKS = HD / 8;                       /* 16-byte chunks per row */
     constexpr int LOADS = BLOCK_N * CHUNKS / WgGeom::THREADS;   /* chunks per thread per K (or V) tile */
@@ -268,6 +272,85 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
      * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30. */
     const uint32_t v_lbo = WgGeom::HALF_BYTES, v_sbo = 1024;
 
+    /* S = Q K^T of the tile in stage sk_addr into sd (issued, not waited for) */
+    auto issue_s = [&](float (&sd)[64], uint32_t sk_addr) {
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t koff = (uint32_t)((kk >> 2) * WgGeom::HALF_BYTES + (kk & 3) * 32);
+            uint64_t da = wg_desc(sq_addr + koff + (uint32_t)wg_row0 * 128, 16, 1024);
+            uint64_t db = wg_desc(sk_addr + koff, 16, 1024);
+            wgmma_ss<T>(sd, da, db, kk > 0);
+        }
+    };
+    /* soft cap, mask, online softmax of the scores sc of tile t; rescales acc; P -> pa (A
+     * fragments of 8 k-steps of 16 keys) */
+    auto softmax_to_p = [&](float (&sc)[64], int t, uint32_t (&pa)[8][4]) {
+        const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+        if (a.soft_cap > 0.f) {
+            const float scale = scale_log2 * 0.6931471805599453f;
+            const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
+#pragma unroll
+            for (int i = 0; i < 64; i++) sc[i] = cap_over_scale * tanhf(sc[i] * inv_cap);
+        }
+        const bool need_mask = tile_last > wg_min_qpos + causal_extra || tile_last >= seq_len ||
+                               (window > 0 && tile_first < wg_max_qpos - window + 1);
+        if (need_mask) {
+#pragma unroll
+            for (int i = 0; i < 64; i++) {
+                int j = tile_first + (i >> 2) * 8 + 2 * tq + (i & 1);
+                int p = qpos[(i >> 1) & 1];
+                bool vis = j < seq_len && j <= p + causal_extra && (window <= 0 || j >= p - window + 1);
+                if (!vis) sc[i] = -INFINITY;
+            }
+        }
+        /* online softmax (log2 domain); element i is row (i >> 1) & 1, column (i >> 2) * 8 + 2 tq + (i & 1) */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < 16; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float m_new = fmaxf(row_m[r], mx);
+            float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+            float alpha = exp2f(row_m[r] * scale_log2 - m_scaled);
+            row_m[r] = m_new;
+            float rs = 0.f;
+#pragma unroll
+            for (int n = 0; n < 16; n++) {
+                float p0 = exp2f(fmaf(sc[4 * n + 2 * r], scale_log2, -m_scaled));
+                float p1 = exp2f(fmaf(sc[4 * n + 2 * r + 1], scale_log2, -m_scaled));
+                sc[4 * n + 2 * r] = p0;
+                sc[4 * n + 2 * r + 1] = p1;
+                rs += p0 + p1;
+            }
+            row_l[r] = row_l[r] * alpha + rs;
+            if (!no_rescale && __any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+                for (int n = 0; n < 16; n++) {
+                    acc[4 * n + 2 * r] *= alpha;
+                    acc[4 * n + 2 * r + 1] *= alpha;
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+    };
+    /* O += P V of the tile in stage sv_addr (issued, not waited for) */
+    auto issue_pv = [&](const uint32_t (&pa)[8][4], uint32_t sv_addr) {
+        wg_fence_regs(acc);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+            wgmma_rs<T>(acc, pa[kk], wg_desc(sv_addr + (uint32_t)kk * 2048, v_lbo, v_sbo));
+    };
+
     if (PIPE) {
         __syncthreads();                                /* the barriers are initialised */
         if (PINGPONG && wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
@@ -313,83 +396,15 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
         const uint32_t sv_addr = sk_addr + WgGeom::TILE_BYTES;
 
         float s[64];
-#pragma unroll
-        for (int i = 0; i < 64; i++) s[i] = 0.f;
         if (PINGPONG) pingpong_wait(wg);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t koff = (uint32_t)((kk >> 2) * WgGeom::HALF_BYTES + (kk & 3) * 32);
-            uint64_t da = wg_desc(sq_addr + koff + (uint32_t)wg_row0 * 128, 16, 1024);
-            uint64_t db = wg_desc(sk_addr + koff, 16, 1024);
-            wgmma_ss<T>(s, da, db, kk > 0);
-        }
+        issue_s(s, sk_addr);
         if (PINGPONG) pingpong_turn_issued(wg, it == n_tiles - 1);
         wg_commit();
         wg_wait0();
         wg_fence_regs(s);
-
-        if (a.soft_cap > 0.f) {
-            const float scale = scale_log2 * 0.6931471805599453f;
-            const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
-#pragma unroll
-            for (int i = 0; i < 64; i++) s[i] = cap_over_scale * tanhf(s[i] * inv_cap);
-        }
-        const bool need_mask = tile_last > wg_min_qpos + causal_extra || tile_last >= seq_len ||
-                               (window > 0 && tile_first < wg_max_qpos - window + 1);
-        if (need_mask) {
-#pragma unroll
-            for (int i = 0; i < 64; i++) {
-                int j = tile_first + (i >> 2) * 8 + 2 * tq + (i & 1);
-                int p = qpos[(i >> 1) & 1];
-                bool vis = j < seq_len && j <= p + causal_extra && (window <= 0 || j >= p - window + 1);
-                if (!vis) s[i] = -INFINITY;
-            }
-        }
-        /* online softmax (log2 domain); element i is row (i >> 1) & 1, column (i >> 2) * 8 + 2 tq + (i & 1) */
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < 16; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float m_new = fmaxf(row_m[r], mx);
-            float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-            float alpha = exp2f(row_m[r] * scale_log2 - m_scaled);
-            row_m[r] = m_new;
-            float rs = 0.f;
-#pragma unroll
-            for (int n = 0; n < 16; n++) {
-                float p0 = exp2f(fmaf(s[4 * n + 2 * r], scale_log2, -m_scaled));
-                float p1 = exp2f(fmaf(s[4 * n + 2 * r + 1], scale_log2, -m_scaled));
-                s[4 * n + 2 * r] = p0;
-                s[4 * n + 2 * r + 1] = p1;
-                rs += p0 + p1;
-            }
-            row_l[r] = row_l[r] * alpha + rs;
-            if (!no_rescale && __any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-                for (int n = 0; n < 16; n++) {
-                    acc[4 * n + 2 * r] *= alpha;
-                    acc[4 * n + 2 * r + 1] *= alpha;
-                }
-            }
-        }
-        /* P (this thread's part, as A fragments of 8 k-steps of 16 keys) */
         uint32_t pa[8][4];
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-            pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-            pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-        wg_fence_regs(acc);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++)
-            wgmma_rs<T>(acc, pa[kk], wg_desc(sv_addr + (uint32_t)kk * 2048, v_lbo, v_sbo));
+        softmax_to_p(s, t, pa);
+        issue_pv(pa, sv_addr);
         wg_commit();
         wg_wait0();
         wg_fence_regs(acc);
