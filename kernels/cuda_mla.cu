@@ -37,8 +37,10 @@
  * 2026-11-30: 160 vs 135 TFLOP/s at h_q = 128).  Variants of the narrow kernel for the h_q = 16
  * bandwidth sweep (attn_narrow1_kernel: one barrier per tile, Q in registers, key rows by the
  * bulk copy engine onto mbarriers, 2 CTAs per SM, a persistent plan, a row-parallel combine,
- * diagnostics) are picked by number (ar_cuda_mla_case.narrow_variant, AR_MLA_NARROW); the
- * default is unchanged until measured.
+ * diagnostics) are picked by number or name (ar_cuda_mla_case.narrow_variant, AR_MLA_NARROW);
+ * on sm_90 with a bf16/fp16 cache the default is the measured best, bulk-s2x2-c (key rows by the
+ * bulk copy engine, a ring of 2 at 2 CTAs per SM, the row-parallel combine), see
+ * NARROW_DEFAULT_NAME.
  *
  * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): "write"
  * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
@@ -2149,7 +2151,7 @@ typedef struct narrow_variant {
  * should one fail on the device (a trapped mbarrier wait poisons the CUDA context), the sweep
  * has already measured the others. */
 static const narrow_variant narrow_variants[] = {
-    {"base", "attn_narrow_kernel as AUTO runs it: cp.async ring of 4 tiles, 3 CTA barriers per tile, 1 CTA/SM",
+    {"base", "attn_narrow_kernel: cp.async ring of 4 tiles, 3 CTA barriers per tile, 1 CTA/SM (the default before the sweep)",
      4, 1, 0, 0, narrow_smem_total(4), attn_narrow_kernel<true, false, 4>, attn_narrow_kernel<false, false, 4>, 0},
     {"base-s2x2", "attn_narrow_kernel with a ring of 2 at 2 CTAs/SM (128 registers), planner 2 x SMs CTAs",
      2, 2, 0, 0, narrow_smem_total(2), attn_narrow_kernel<true, false, 2, 2>, attn_narrow_kernel<false, false, 2, 2>, 0},
@@ -2185,6 +2187,8 @@ static const narrow_variant narrow_variants[] = {
     {"bulk-s4-qp", "bulk-s4-q on the persistent plan", 4, 1, 0, 0, narrow1_smem_total(4),
      attn_narrow1_kernel<true, 4, NV_BULK | NV_QREG | NV_PERSIST, 1>,
      attn_narrow1_kernel<false, 4, NV_BULK | NV_QREG | NV_PERSIST, 1>, 1},
+    {"bulk-s2x2-c", "bulk-s2x2 with the row-parallel combine", 2, 2, 1, 0, narrow1_smem_total(2),
+     attn_narrow1_kernel<true, 2, NV_BULK, 2>, attn_narrow1_kernel<false, 2, NV_BULK, 2>, 0},
     {"diag-load-bulk", "DIAGNOSTIC: bulk-s4's ring without QK / softmax / PV", 4, 1, 0, 1, narrow1_smem_total(4),
      attn_narrow1_kernel<true, 4, NV_BULK | NV_NOMMA, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_NOMMA, 1>, 0},
 };
@@ -2225,17 +2229,26 @@ static int env_narrow_variant(void)
     return v >= 1 && v <= NUM_NARROW_VARIANTS ? v : 0;
 }
 
-/* The variant number a narrow launch runs when neither the case nor AR_MLA_NARROW names one:
- * 1 = base (attn_narrow_kernel).  Making a measured variant the default is this one line. */
-static const int NARROW_DEFAULT_VARIANT = 1;
+/* The variant a narrow launch runs when neither the case nor AR_MLA_NARROW names one.  The H200
+ * sweep of 2026-11-30 (b = 128, h_q = 16, bf16; BENCHMARKS.md) measured at 32k keys: base 2.37
+ * TB/s, bulk-s2x2 3.50 (the best; at 16k 3.32, at 4k 2.61), and the row-parallel combine 8 us
+ * instead of 34-42; bulk-s2x2-c is the two together (sm_90, bf16/fp16 cache; base elsewhere). */
+static const char *const NARROW_DEFAULT_NAME = "bulk-s2x2-c";
+
+static int narrow_default_variant(void)
+{
+    for (int i = 0; i < NUM_NARROW_VARIANTS; i++)
+        if (strcmp(narrow_variants[i].name, NARROW_DEFAULT_NAME) == 0) return i + 1;
+    return 1;
+}
 
 /* Index into narrow_variants of what a narrow launch runs: the requested number (0: the
- * environment's, else NARROW_DEFAULT_VARIANT), base where the variant does not apply (fp8
+ * environment's, else the default above), base where the variant does not apply (fp8
  * cache, a 2-slot ring forced, a device before sm_90 or short of shared memory). */
 static int resolve_narrow_variant(int requested, bool fp8, int stages)
 {
     int v = requested > 0 ? requested : env_narrow_variant();
-    if (v == 0) v = NARROW_DEFAULT_VARIANT;
+    if (v == 0) v = narrow_default_variant();
     if (v < 1 || v > NUM_NARROW_VARIANTS || fp8 || stages < 4) return 0;
     return narrow_variant_usable(v - 1) ? v - 1 : 0;
 }

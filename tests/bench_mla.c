@@ -10,7 +10,8 @@
  * warm-up; inputs are generated on the device.  Without a GPU it prints why and exits 0.
  *
  * Then the narrow-kernel sweep (issue 6 item 7), printed last: every variant of the h_q = 16
- * kernel (ar_cuda_mla_narrow_variant_name; 1 = the default) at s_k = 4096, 16384, 32768 with the
+ * kernel (ar_cuda_mla_narrow_variant_name; 1 = base, the kernel before the sweep; the default
+ * is bulk-s2x2-c since 2026-11-30) at s_k = 4096, 16384, 32768 with the
  * test recipe's permuted block table and at 32768 with a contiguous one (FlashMLA's benchmark
  * uses arange), the default once more at the end of each (the run-to-run spread), one SWEEP
  * line each: time of attention + combine (FlashMLA's definition) and of the combine alone,
