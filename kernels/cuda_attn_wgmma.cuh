@@ -1,9 +1,12 @@
 /* cuda_attn_wgmma.cuh - the Hopper (sm_90a) variant of the paged attention kernel: the same work
  * items, masks, faults and outputs as attn_kernel (cuda_attn.cuh), with the two matrix products
- * on wgmma (warpgroup MMA) instead of mma.sync.  Config AR_CFG_PREFILL_WG, head size 128 exactly.
+ * on wgmma (warpgroup MMA) instead of mma.sync.  Configs AR_CFG_PREFILL_WG, _PIPE and _PINGPONG
+ * (three ways of feeding the same products, see WgStages and attn_wgmma_kernel's MODE; the
+ * automatic plan runs _PINGPONG), head size 128 exactly.
  *
  * Geometry: one CTA = 2 warpgroups (256 threads) = 128 rows (64 per warpgroup), key tiles of 128.
- * Shared memory holds Q [128 rows x 128 dims] and two stages of K and V [128 keys x 128 dims],
+ * Shared memory holds Q [128 rows x 128 dims] and two (or three) stages of K and V [128 keys x
+ * 128 dims],
  * all in the 128-byte-swizzled K-major layout wgmma reads: each tile is two column halves (dims
  * 0-63, 64-127) of [rows][128 bytes], and the 16-byte chunk c of row r is stored at chunk
  * position c ^ (r & 7) (every half starts on a 1024-byte boundary, so the hardware's address
@@ -16,7 +19,7 @@
  *               are contiguous: "MN-major"), 8 steps of 16 keys.
  * The online softmax is the one of attn_kernel (log2 domain, skip the rescale when no row max
  * moved).  Loads are cp.async by all 256 threads (one 256-byte K or V row = 16 threads), one
- * tile ahead.  The kernel body exists only in the sm_90a build; the host picks this config only
+ * tile ahead (two with the mbarrier pipeline).  The kernel body exists only in the sm_90a build; the host picks this config only
  * on a compute-capability 9.0 device (cuda_backend.cu). */
 #ifndef AR_CUDA_ATTN_WGMMA_CUH
 #define AR_CUDA_ATTN_WGMMA_CUH
