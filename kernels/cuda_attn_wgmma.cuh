@@ -6,9 +6,8 @@
  *
  * Geometry: one CTA = 2 warpgroups (256 threads) = 128 rows (64 per warpgroup), key tiles of 128.
  * Shared memory holds Q [128 rows x 128 dims] and two (or three) stages of K and V [128 keys x
- * 128 dims],
- * all in the 128-byte-swizzled K-major layout wgmma reads: each tile is two column halves (dims
- * 0-63, 64-127) of [rows][128 bytes], and the 16-byte chunk c of row r is stored at chunk
+ * 128 dims], all in the 128-byte-swizzled K-major layout wgmma reads: each tile is two column
+ * halves (dims 0-63, 64-127) of [rows][128 bytes], and the 16-byte chunk c of row r is stored at chunk
  * position c ^ (r & 7) (every half starts on a 1024-byte boundary, so the hardware's address
  * swizzle and ours agree).
  *   S = Q K^T : wgmma m64n128k16, A = Q and B = K from shared memory (both K-major), 8 steps of
