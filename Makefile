@@ -196,12 +196,14 @@ valgrind: $(BIN)
 # (tests/gpu_sanitize.sh); one log per pair beside the summary (one line per pair, with each
 # tool's ERROR SUMMARY) in GPU_SANITIZE_OUT.
 GPU_SANITIZE_OUT ?= $(BUILD)/gpu-sanitize-summary.txt
+# racecheck on gpu_mla runs as 7 processes (AR_GPU_SHARD): one ran past 480 s on the H200
+SANITIZE_SHARDS ?= gpu_mla:racecheck:7
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 test-gpu-sanitize:
 	@[ -n "$(COMPUTE_SANITIZER)" ] || { echo "compute-sanitizer not found (CUDA toolkit bin/)" >&2; exit 1; }
 	@OUT=$(abspath $(dir $(GPU_SANITIZE_OUT))) SUMMARY=$(abspath $(GPU_SANITIZE_OUT)) \
 	  COMPUTE_SANITIZER=$(COMPUTE_SANITIZER) AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) \
-	  tests/gpu_sanitize.sh $(GPU_TESTS)
+	  SANITIZE_SHARDS="$(SANITIZE_SHARDS)" tests/gpu_sanitize.sh $(GPU_TESTS)
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz bin demo.db demo.db-wal demo.db-shm

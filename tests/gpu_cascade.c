@@ -321,7 +321,7 @@ static void test_merge_states_grid(void **unused)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {
+    struct CMUnitTest tests[] = {
         cmocka_unit_test(test_merge_states_grid),
         cmocka_unit_test(test_cascade_bad_prefix_refused),
         cmocka_unit_test(test_cascade_small_shapes),
@@ -329,5 +329,7 @@ int main(void)
         cmocka_unit_test(test_cascade_faults_flagged),
         cmocka_unit_test(test_vllm_cascade_grid),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    /* AR_GPU_SHARD=K/N: this process's share (tests/gpu_sanitize.sh) */
+    size_t count = tu_gpu_shard(tests, sizeof tests / sizeof tests[0]);
+    return _cmocka_run_group_tests("gpu_cascade", tests, count, NULL, NULL);
 }

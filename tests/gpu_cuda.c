@@ -484,7 +484,7 @@ static void test_faults_flagged(void **unused)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {
+    struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generator_bit_identical),
         cmocka_unit_test(test_guard_detected),
         cmocka_unit_test(test_faults_flagged),
@@ -493,5 +493,7 @@ int main(void)
         cmocka_unit_test(test_vllm_varlen_paged_grid),
         cmocka_unit_test(test_triton_unified_cases),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    /* AR_GPU_SHARD=K/N: this process's share (tests/gpu_sanitize.sh) */
+    size_t count = tu_gpu_shard(tests, sizeof tests / sizeof tests[0]);
+    return _cmocka_run_group_tests("gpu_cuda", tests, count, NULL, NULL);
 }

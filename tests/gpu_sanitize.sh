@@ -16,6 +16,9 @@
 #                       arguments will do, e.g. a stub that just runs the binary, to test this
 #   SANITIZE_BASE_PORT  first TCP port of the sanitizer/target link (default 49152; pair i
 #                       uses base + 16 i when the sanitizer has --port)
+#   SANITIZE_SHARDS     "BINARY:TOOL:N ..." splits those pairs over N processes each
+#                       (AR_GPU_SHARD=K/N; summary lines "BINARY TOOL-K"); make test-gpu-sanitize
+#                       sets "gpu_mla:racecheck:7" (one process ran past 480 s on the H200)
 #   AR_SRC, AR_BIN      passed to the tests (defaults: the repository root, its bin/attnreplay)
 #
 # Logs: $OUT/gpu-sanitize-BINARY-TOOL.log.  Summary line per pair:
@@ -62,16 +65,28 @@ export AR_SRC=${AR_SRC:-$repo}
 [ -z "${AR_BIN:-}" ] && [ -x "$repo/bin/attnreplay" ] && AR_BIN=$repo/bin/attnreplay
 [ -n "${AR_BIN:-}" ] && export AR_BIN
 
-# Runs one pair; writes its log and a one-line result file beside it.
+# Shards: "BINARY:TOOL:N ..." runs that pair as N processes, each with AR_GPU_SHARD=K/N (the
+# GPU test binaries then run the tests whose index % N == K, tests/testutil.h tu_gpu_shard), one
+# summary line per shard.  Racecheck on gpu_mla needs more than 480 s in one process on the H200.
+shards_of() {
+  local want="$1:$2" entry
+  for entry in ${SANITIZE_SHARDS:-}; do
+    case "$entry" in "$want":*) echo "${entry##*:}"; return;; esac
+  done
+  echo 1
+}
+
+# Runs one pair (or one shard of it: shard "K/N", "" for all); writes its log and a one-line
+# result file beside it.
 run_pair() {
-  local bin=$1 tool=$2 log=$3 result=$4 index=$5
+  local bin=$1 tool=$2 log=$3 result=$4 index=$5 shard=${6:-}
   local extra="" start rc
   [ "$tool" = memcheck ] && extra="--leak-check full"
   has_option --port && extra="$extra --port $((base_port + 16 * index))"
   has_option --launch-timeout && extra="$extra --launch-timeout 120"
   start=$(date +%s)
   # shellcheck disable=SC2086
-  timeout --kill-after=30 "$limit" "$sanitizer" --tool "$tool" $extra --error-exitcode 99 "$bin" >"$log" 2>&1
+  AR_GPU_SHARD=$shard timeout --kill-after=30 "$limit" "$sanitizer" --tool "$tool" $extra --error-exitcode 99 "$bin" >"$log" 2>&1
   rc=$?
   echo "$rc $(( $(date +%s) - start ))" > "$result"
 }
@@ -87,10 +102,17 @@ for bin in "$@"; do
     continue
   fi
   for tool in $tools; do
-    log=$out/gpu-sanitize-$name-$tool.log
-    run_pair "$bin" "$tool" "$log" "$log.rc" "$(echo $pairs | wc -w)" &
-    pids="$pids $!"
-    pairs="$pairs $name:$tool"
+    n=$(shards_of "$name" "$tool")
+    case "$n" in ''|*[!0-9]*|0) n=1;; esac
+    k=0
+    while [ "$k" -lt "$n" ]; do
+      if [ "$n" -gt 1 ]; then tag=$tool-$k; shard=$k/$n; else tag=$tool; shard=""; fi
+      log=$out/gpu-sanitize-$name-$tag.log
+      run_pair "$bin" "$tool" "$log" "$log.rc" "$(echo $pairs | wc -w)" "$shard" &
+      pids="$pids $!"
+      pairs="$pairs $name:$tag"
+      k=$((k + 1))
+    done
   done
 done
 echo "gpu_sanitize.sh: $(echo $pairs | wc -w) pairs running at once, ${limit}s limit each; logs in $out"

@@ -125,3 +125,14 @@ void tu_query_text(const char *db, const char *sql, char *out, size_t len)
     }
     sqlite3_close(h);
 }
+
+size_t tu_gpu_shard(struct CMUnitTest *tests, size_t n)
+{
+    const char *e = getenv("AR_GPU_SHARD");
+    unsigned k = 0, parts = 0;
+    if (!e || sscanf(e, "%u/%u", &k, &parts) != 2 || parts == 0 || k >= parts) return n;
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++)
+        if (i % parts == k) tests[kept++] = tests[i];
+    return kept;
+}
