@@ -163,18 +163,15 @@ static void all_wg_pipe(void *state) { ar_cuda_set_plan(state, 5, 5); }
 static void prefix_wg_pingpong(void *state) { ar_cuda_set_prefix_plan(state, 6, 3); }
 static void all_wg_pingpong(void *state) { ar_cuda_set_plan(state, 6, 0); }
 
-/* The config a forced geometry runs as: PREFILL_WG (4) falls back to PREFILL (0) off Hopper. */
-static int config_run_as(void *state, int forced)
-{
-    ar_cuda_plan_info pi;
-    ar_cuda_plan_of(state, &pi);
-    return forced >= 4 && !pi.has_wgmma ? 0 : forced;
-}
-static bool wg_available = true;   /* has_wgmma of the last plan (set by wg_plan_hook) */
+/* A forced wgmma config (4-6) runs as PREFILL (0) off Hopper: the plan hook records whether the
+ * device has them. */
+static bool wg_available = true;
 static void wg_plan_hook(void *state, casc_result *res)
 {
     cuda_plan_hook(state, res);
-    wg_available = config_run_as(state, 4) == 4;
+    ar_cuda_plan_info pi;
+    ar_cuda_plan_of(state, &pi);
+    wg_available = pi.has_wgmma != 0;
 }
 
 /* The prefix pass under every geometry bench_cascade sweeps (PREFILL_WIDE 128 x 64,
@@ -329,7 +326,5 @@ int main(void)
         cmocka_unit_test(test_cascade_faults_flagged),
         cmocka_unit_test(test_vllm_cascade_grid),
     };
-    /* AR_GPU_SHARD=K/N: this process's share (tests/gpu_sanitize.sh) */
-    size_t count = tu_gpu_shard(tests, sizeof tests / sizeof tests[0]);
-    return _cmocka_run_group_tests("gpu_cascade", tests, count, NULL, NULL);
+    return tu_run_gpu_tests("gpu_cascade", tests, sizeof tests / sizeof tests[0]);   /* AR_GPU_ONLY / AR_GPU_SHARD */
 }

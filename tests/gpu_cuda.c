@@ -493,7 +493,5 @@ int main(void)
         cmocka_unit_test(test_vllm_varlen_paged_grid),
         cmocka_unit_test(test_triton_unified_cases),
     };
-    /* AR_GPU_SHARD=K/N: this process's share (tests/gpu_sanitize.sh) */
-    size_t count = tu_gpu_shard(tests, sizeof tests / sizeof tests[0]);
-    return _cmocka_run_group_tests("gpu_cuda", tests, count, NULL, NULL);
+    return tu_run_gpu_tests("gpu_cuda", tests, sizeof tests / sizeof tests[0]);   /* AR_GPU_ONLY / AR_GPU_SHARD */
 }

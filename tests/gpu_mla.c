@@ -1094,13 +1094,7 @@ int main(void)
         /* last: a variant that failed on the device (a trapped wait) leaves the context unusable */
         cmocka_unit_test_setup_teardown(test_narrow_variants, test_setup, test_teardown),
     };
-    /* AR_GPU_ONLY=PATTERN runs only the tests whose names match (cmocka's * and ? wildcards): the
-     * compute-sanitizer runs split the binary into one process per test */
-    const char *only = getenv("AR_GPU_ONLY");
-    if (only && *only) cmocka_set_test_filter(only);
-    /* AR_GPU_SHARD=K/N: this process's share (tests/gpu_sanitize.sh) */
-    size_t count = tu_gpu_shard(tests, sizeof tests / sizeof tests[0]);
-    int failed = _cmocka_run_group_tests("gpu_mla", tests, count, NULL, NULL);
+    int failed = tu_run_gpu_tests("gpu_mla", tests, sizeof tests / sizeof tests[0]);   /* AR_GPU_ONLY / AR_GPU_SHARD */
     ar_cuda_mla_release_case_buffers();
     return failed;
 }

@@ -136,3 +136,10 @@ size_t tu_gpu_shard(struct CMUnitTest *tests, size_t n)
         if (i % parts == k) tests[kept++] = tests[i];
     return kept;
 }
+
+int tu_run_gpu_tests(const char *group, struct CMUnitTest *tests, size_t n)
+{
+    const char *only = getenv("AR_GPU_ONLY");
+    if (only && *only) cmocka_set_test_filter(only);
+    return _cmocka_run_group_tests(group, tests, tu_gpu_shard(tests, n), NULL, NULL);
+}

@@ -27,11 +27,16 @@ char *tu_slurp(const char *path);
 int tu_write(const char *path, const char *text);
 /* One integer from a read-only SQLite connection (2 s busy timeout); -1 when the query fails. */
 int64_t tu_query_int(const char *db, const char *sql);
-/* Keeps only this process's share of tests [n] when AR_GPU_SHARD=K/N is set (the tests whose
- * index i has i % N == K, in order; compacted in place) and returns how many remain; n when
- * unset.  Lets tests/gpu_sanitize.sh split a slow (binary, tool) pair over N processes. */
-size_t tu_gpu_shard(struct CMUnitTest *tests /* [n] */, size_t n);
 /* The first column of the first row as text ("" when none). */
 void tu_query_text(const char *db, const char *sql, char *out, size_t len);
+
+/* Keeps only this process's share of tests [n] when AR_GPU_SHARD=K/N is set (the tests whose
+ * index i has i % N == K, in order; compacted in place) and returns how many remain; n when
+ * unset or malformed.  Lets tests/gpu_sanitize.sh split a slow (binary, tool) pair over N
+ * processes. */
+size_t tu_gpu_shard(struct CMUnitTest *tests /* [n] */, size_t n);
+/* Runs a GPU test binary's group: AR_GPU_ONLY=PATTERN keeps the tests whose names match
+ * (cmocka's * and ? wildcards), then AR_GPU_SHARD (tu_gpu_shard); cmocka's exit status. */
+int tu_run_gpu_tests(const char *group, struct CMUnitTest *tests /* [n] */, size_t n);
 
 #endif
