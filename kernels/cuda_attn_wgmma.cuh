@@ -23,6 +23,8 @@
 #ifndef AR_CUDA_ATTN_WGMMA_CUH
 #define AR_CUDA_ATTN_WGMMA_CUH
 
+#include "cuda_wgmma.cuh"
+
 namespace ar_attn {
 
 struct WgGeom {
@@ -46,19 +48,6 @@ template <bool PIPE> struct WgStages {
     static constexpr size_t SMEM = 1024 /* alignment slack */ + BAR_OFFSET + (PIPE ? 2 * STAGES * 8 : 0);
 };
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" :: "r"(bar) : "memory");
-}
-/* arrives on bar once every cp.async this thread issued so far has completed */
-__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar)
-{
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
-}
 /* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's): 256 threads
  * each, the 128 of the waiting warpgroup (bar.sync) and the 128 of the signalling one
  * (bar.arrive).  Per tile every warpgroup waits for its turn once and hands the turn over once,
@@ -82,40 +71,10 @@ __device__ __forceinline__ void pingpong_turn(int wg, bool last)
     pingpong_turn_issued(wg, last);
 }
 
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
 /* Byte offset of (row, 16-byte chunk 0..15) in a swizzled 128-row tile. */
 __device__ __forceinline__ uint32_t wg_swizzle(int row, int chunk)
 {
     return (uint32_t)((chunk >> 3) * WgGeom::HALF_BYTES + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
-}
-
-/* wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
- * in 16-byte units), 128-byte swizzle. */
-__device__ __forceinline__ uint64_t wg_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes)
-{
-    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |
-           ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | ((uint64_t)1 << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-/* Keeps the compiler from touching accumulator registers across an in-flight wgmma. */
-__device__ __forceinline__ void wg_fence_regs(float d[64])
-{
-#pragma unroll
-    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 /* d [64 rows x 128 cols of this warpgroup, accumulator layout] (+)= A (desc_a) B (desc_b). */
@@ -189,8 +148,8 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
     const uint32_t empty_bar = full_bar + STAGES * 8;                             /* PIPE: [STAGES] */
     if (PIPE && threadIdx.x == 0) {
         for (int st = 0; st < STAGES; st++) {
-            mbar_init(full_bar + st * 8, WgGeom::THREADS);
-            mbar_init(empty_bar + st * 8, WgGeom::THREADS);
+            ar_wg::mbar_init(full_bar + st * 8, WgGeom::THREADS);
+            ar_wg::mbar_init(empty_bar + st * 8, WgGeom::THREADS);
         }
     }
 
@@ -276,12 +235,12 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
 
     /* S = Q K^T of the tile in stage sk_addr into sd (issued, not waited for) */
     auto issue_s = [&](float (&sd)[64], uint32_t sk_addr) {
-        wg_fence();
+        ar_wg::fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t koff = (uint32_t)((kk >> 2) * WgGeom::HALF_BYTES + (kk & 3) * 32);
-            uint64_t da = wg_desc(sq_addr + koff + (uint32_t)wg_row0 * 128, 16, 1024);
-            uint64_t db = wg_desc(sk_addr + koff, 16, 1024);
+            uint64_t da = ar_wg::desc_sw128(sq_addr + koff + (uint32_t)wg_row0 * 128, 16, 1024);
+            uint64_t db = ar_wg::desc_sw128(sk_addr + koff, 16, 1024);
             wgmma_ss<T>(sd, da, db, kk > 0);
         }
     };
@@ -346,11 +305,11 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
     };
     /* O += P V of the tile in stage sv_addr (issued, not waited for) */
     auto issue_pv = [&](const uint32_t (&pa)[8][4], uint32_t sv_addr) {
-        wg_fence_regs(acc);
-        wg_fence();
+        ar_wg::fence_regs(acc);
+        ar_wg::fence();
 #pragma unroll
         for (int kk = 0; kk < 8; kk++)
-            wgmma_rs<T>(acc, pa[kk], wg_desc(sv_addr + (uint32_t)kk * 2048, v_lbo, v_sbo));
+            wgmma_rs<T>(acc, pa[kk], ar_wg::desc_sw128(sv_addr + (uint32_t)kk * 2048, v_lbo, v_sbo));
     };
 
     if (PIPE) {
@@ -358,7 +317,7 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
         if (PINGPONG && wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
         for (int it = 0; it < STAGES - 1 && it < n_tiles; it++) {
             load_kv(it);
-            mbar_arrive_cp_async(full_bar + (it % STAGES) * 8);   /* (Q's copies are older: covered) */
+            ar_wg::mbar_arrive_cp_async(full_bar + (it % STAGES) * 8);   /* (Q's copies are older: covered) */
         }
     } else {
         if (n_tiles > 0) load_kv(0);
@@ -370,13 +329,13 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
             /* refill the stage tile it - 1 used once both warpgroups are done with it */
             const int ahead = it + STAGES - 1;
             if (ahead < n_tiles) {
-                if (it >= 1) mbar_wait(empty_bar + ((it - 1) % STAGES) * 8, (uint32_t)(((it - 1) / STAGES) & 1));
+                if (it >= 1) ar_wg::mbar_wait(empty_bar + ((it - 1) % STAGES) * 8, (uint32_t)(((it - 1) / STAGES) & 1));
                 load_kv(ahead);
-                mbar_arrive_cp_async(full_bar + (ahead % STAGES) * 8);
+                ar_wg::mbar_arrive_cp_async(full_bar + (ahead % STAGES) * 8);
             }
         } else {
             cp_async_wait<0>();
-            fence_proxy_async();                        /* cp.async writes -> the async proxy */
+            ar_wg::fence_proxy_async();                        /* cp.async writes -> the async proxy */
             __syncthreads();
             if (it + 1 < n_tiles) load_kv(it + 1);
             cp_async_commit();
@@ -387,12 +346,12 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
                             !(window > 0 && tile_last < wg_min_qpos - window + 1);
         if (!active) {                                  /* warpgroup-uniform */
             if (PINGPONG) pingpong_turn(wg, it == n_tiles - 1);
-            if (PIPE) mbar_arrive(empty_bar + stage * 8);
+            if (PIPE) ar_wg::mbar_arrive(empty_bar + stage * 8);
             continue;
         }
         if (PIPE) {
-            mbar_wait(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
-            fence_proxy_async();                        /* cp.async writes -> the async proxy */
+            ar_wg::mbar_wait(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
+            ar_wg::fence_proxy_async();                        /* cp.async writes -> the async proxy */
         }
         const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * WgGeom::TILE_BYTES);
         const uint32_t sv_addr = sk_addr + WgGeom::TILE_BYTES;
@@ -401,16 +360,16 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
         if (PINGPONG) pingpong_wait(wg);
         issue_s(s, sk_addr);
         if (PINGPONG) pingpong_turn_issued(wg, it == n_tiles - 1);
-        wg_commit();
-        wg_wait0();
-        wg_fence_regs(s);
+        ar_wg::commit();
+        ar_wg::wait<0>();
+        ar_wg::fence_regs(s);
         uint32_t pa[8][4];
         softmax_to_p(s, t, pa);
         issue_pv(pa, sv_addr);
-        wg_commit();
-        wg_wait0();
-        wg_fence_regs(acc);
-        if (PIPE) mbar_arrive(empty_bar + stage * 8);
+        ar_wg::commit();
+        ar_wg::wait<0>();
+        ar_wg::fence_regs(acc);
+        if (PIPE) ar_wg::mbar_arrive(empty_bar + stage * 8);
     }
     cp_async_wait<0>();
 

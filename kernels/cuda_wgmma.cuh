@@ -1,0 +1,71 @@
+/* cuda_wgmma.cuh - Hopper (sm_90a) building blocks shared by the wgmma kernels of the paged
+ * attention backend (cuda_attn_wgmma.cuh) and of the MLA backend (cuda_mla.cu): mbarriers
+ * addressed by their shared-memory address, the wgmma shared-memory matrix descriptor with the
+ * 128-byte swizzle, the warpgroup fence / commit / wait instructions, the generic-to-async proxy
+ * fence, and register reallocation between warpgroups (setmaxnreg).  Nothing here is specific to
+ * a matrix shape; the wgmma instructions themselves live beside the kernels that use them.
+ * Everything is in namespace ar_wg. */
+#ifndef AR_CUDA_WGMMA_CUH
+#define AR_CUDA_WGMMA_CUH
+
+#include <stdint.h>
+
+namespace ar_wg {
+
+/* ---- mbarriers (bar = shared-memory address of an 8-byte barrier) ---- */
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" :: "r"(bar) : "memory");
+}
+/* arrives on bar once every cp.async this thread issued so far has completed */
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+/* waits until the phase with the given parity (0 for the first completion, 1 for the second,
+ * ...) has completed */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+/* ---- wgmma ---- */
+/* Shared-memory matrix descriptor: start address, leading and stride byte offsets (stored in
+ * 16-byte units), 128-byte swizzle (the tile's 1024-byte-aligned 8-row groups of 128-byte rows
+ * have their 16-byte chunk c of row r at chunk position c ^ (r & 7)). */
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes)
+{
+    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* waits until at most N committed wgmma groups of this warpgroup are still in flight */
+template <int N> __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+/* makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
+ * async proxy (wgmma operand reads, bulk copies) */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* Keeps the compiler from moving reads or writes of an accumulator across an in-flight wgmma. */
+template <int N> __device__ __forceinline__ void fence_regs(float (&d)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* ---- register reallocation: every warp of the warpgroup executes it; counts multiple of 8 ---- */
+template <int REGS> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(REGS)); }
+template <int REGS> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(REGS)); }
+
+} /* namespace ar_wg */
+
+#endif
