@@ -40,7 +40,11 @@
  * diagnostics) are picked by number or name (ar_cuda_mla_case.narrow_variant, AR_MLA_NARROW);
  * on sm_90 with a bf16/fp16 cache the default is the measured best, bulk-s2x2-c (key rows by the
  * bulk copy engine, a ring of 2 at 2 CTAs per SM, the row-parallel combine), see
- * NARROW_DEFAULT_NAME.
+ * NARROW_DEFAULT_NAME.  On a compute-capability 9.0 device with a bf16/fp16 cache AUTO runs
+ * launches in which some request fills a 64-row tile (s_q * h_q >= 64) on attn_wgmma_kernel
+ * (kernels/cuda_mla_wgmma.cuh: the same work items and outputs, both products on wgmma, key
+ * tiles of 64, 2 warpgroups splitting S by keys and O by columns); AR_MLA_KERNEL=tc-wgmma /
+ * AR_MLA_KERNEL_TC_WGMMA force it, tc-split-qk the mma.sync kernel.
  *
  * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): "write"
  * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
@@ -1768,6 +1772,8 @@ __global__ void latent_as_output_kernel(const float *o_lat, float *out, int T, i
 
 } /* namespace ar_mla */
 
+#include "cuda_mla_wgmma.cuh"   /* attn_wgmma_kernel (sm_90a), in namespace ar_mla */
+
 using namespace ar_mla;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1869,6 +1875,7 @@ static ar_cuda_mla_kernel env_kernel(void)
     if (e && strcmp(e, "simt") == 0) return AR_MLA_KERNEL_SIMT;
     if (e && strcmp(e, "tc") == 0) return AR_MLA_KERNEL_TC;
     if (e && strcmp(e, "tc-split-qk") == 0) return AR_MLA_KERNEL_TC_SPLIT_QK;
+    if (e && strcmp(e, "tc-wgmma") == 0) return AR_MLA_KERNEL_TC_WGMMA;
     return AR_MLA_KERNEL_AUTO;
 }
 
@@ -2109,24 +2116,53 @@ static int build_plan_persistent(mla_plan *p, int R, const int *qsl, const int *
     return 0;
 }
 
-/* Which tensor-core kernel runs a launch: the 64-row kernel, its split-score variant, or the
- * narrow 16-row kernel (only when every planned request has at most 16 rows). */
-enum tc_variant { TC_FULL = 0, TC_SPLIT_QK = 1, TC_NARROW = 2 };
+/* Which tensor-core kernel runs a launch: the 64-row kernel, its split-score variant, the
+ * narrow 16-row kernel (only when every planned request has at most 16 rows), or the Hopper
+ * wgmma 64-row kernel (cuda_mla_wgmma.cuh). */
+enum tc_variant { TC_FULL = 0, TC_SPLIT_QK = 1, TC_NARROW = 2, TC_WGMMA = 3 };
 
-/* AUTO: the narrow kernel when every request has <= 16 rows (s_q * h_q), else the split-score
+/* Whether attn_wgmma_kernel can run on this device: compute capability 9.0 (the sm_90a code of
+ * the fat binary) and its shared memory granted; sets that attribute of both instantiations. */
+static bool wgmma_kernel_usable(int device)
+{
+    int major = 0, minor = 0, optin = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    if (major != 9 || minor != 0 || optin < WG_SMEM) return false;
+    cudaError_t e1 = cudaFuncSetAttribute(attn_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
+    cudaError_t e2 = cudaFuncSetAttribute(attn_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
+    if (e1 != cudaSuccess || e2 != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+/* AUTO: the narrow kernel when every request has <= 16 rows (s_q * h_q); else, where the wgmma
+ * kernel can run (wgmma_ok: a compute-capability 9.0 device and a bf16/fp16 cache) and some
+ * request fills a whole 64-row tile (s_q * h_q >= 64), the wgmma kernel; else the split-score
  * variant (fewer MACs: 160 vs 135 TFLOP/s at h_q = 128 on the H200, 2026-11-30).  TC and
- * TC_SPLIT_QK force a 64-row kernel; TC_NARROW falls back to AUTO's choice for wider requests. */
-static tc_variant choose_variant(ar_cuda_mla_kernel k, int max_rows)
+ * TC_SPLIT_QK force a 64-row kernel, TC_WGMMA the wgmma kernel where wgmma_ok (else split-QK;
+ * the case hook refuses it instead); TC_NARROW falls back to AUTO's choice for wider requests. */
+static tc_variant choose_variant(ar_cuda_mla_kernel k, int max_rows, bool wgmma_ok)
 {
     if (k == AR_MLA_KERNEL_TC) return TC_FULL;
     if (k == AR_MLA_KERNEL_TC_SPLIT_QK) return TC_SPLIT_QK;
-    return max_rows <= NROWS ? TC_NARROW : TC_SPLIT_QK;
+    if (k == AR_MLA_KERNEL_TC_WGMMA) return wgmma_ok ? TC_WGMMA : TC_SPLIT_QK;
+    if (max_rows <= NROWS) return TC_NARROW;
+    return wgmma_ok && max_rows >= ROWS ? TC_WGMMA : TC_SPLIT_QK;
 }
 
-/* Key-tile stages of a variant given the 64-row kernels' stages (3 on Hopper, 2 forced / A100). */
+/* Key-tile stages of a variant given the 64-row kernels' stages (3 on Hopper, 2 forced / A100);
+ * the wgmma kernel has a ring of 2 key tiles of 64 keys. */
 static int variant_stages(tc_variant v, int tc_stages)
 {
     if (tc_stages <= 0) return 0;
+    if (v == TC_WGMMA) return 2;
     return v == TC_NARROW ? (tc_stages >= 3 ? 4 : 2) : tc_stages;
 }
 
@@ -2290,6 +2326,10 @@ template <bool BF16, bool FP8>
 static void launch_tc(const attn_args &a, int stages, tc_variant variant, int narrow_vi, int num_work, cudaStream_t st)
 {
     const bool split_qk = variant == TC_SPLIT_QK;
+    if (variant == TC_WGMMA && !FP8) {   /* the planner never picks it with an fp8 cache */
+        attn_wgmma_kernel<BF16><<<num_work, THREADS, WG_SMEM, st>>>(a);
+        return;
+    }
     if (variant == TC_NARROW && stages >= 4 && narrow_vi > 0 && !FP8) {
         const narrow_variant &v = narrow_variants[narrow_vi];
         (BF16 ? v.bf16 : v.fp16)<<<num_work, THREADS, v.smem, st>>>(a);
@@ -2405,6 +2445,15 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
     }
     if (c->stages == 2 && tc_stages > 2) tc_stages = 2;
     bool use_tc = c->kernel != AR_MLA_KERNEL_SIMT && tc_stages > 0;
+    const bool wgmma_ok = use_tc && c->kv_dtype != AR_FP8_E4M3 && wgmma_kernel_usable(dev);
+    if (c->kernel == AR_MLA_KERNEL_TC_WGMMA && !wgmma_ok) {
+        int major = 0, minor = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        snprintf(err, err_len, "cuda-mla case: the wgmma kernel needs compute capability 9.0 and a bf16/fp16 cache "
+                 "(device %d.%d, cache %s)", major, minor, ar_dtype_name(c->kv_dtype));
+        return 2;
+    }
 
     const int B = c->batch, SQ = c->s_q, H = c->h_q, bs = c->block_size;
     const int T = B * SQ;
@@ -2433,7 +2482,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         snprintf(err, err_len, "cuda-mla case: out of host memory");
         rc = 3;
     }
-    const tc_variant variant = choose_variant(c->kernel, plan.max_rows);
+    const tc_variant variant = choose_variant(c->kernel, plan.max_rows, wgmma_ok);
     const int stages = use_tc ? variant_stages(variant, tc_stages) : 0;
     /* a narrow variant at k CTAs per SM: the planner aims at k x SMs CTAs */
     const int narrow_vi =
@@ -2614,7 +2663,11 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         res->num_work = use_tc ? plan.num_ctas : T * H;
         res->num_groups = use_tc ? plan.num_groups : 0;
         res->stages = stages;
-        res->kernel_name = !use_tc ? "simt" : variant == TC_NARROW ? "tc-narrow" : variant == TC_SPLIT_QK ? "tc-split-qk" : "tc";
+        res->kernel_name = !use_tc                 ? "simt"
+                           : variant == TC_NARROW   ? "tc-narrow"
+                           : variant == TC_SPLIT_QK ? "tc-split-qk"
+                           : variant == TC_WGMMA    ? "tc-wgmma"
+                                                    : "tc";
         if (use_tc && variant == TC_NARROW) {
             res->narrow_variant = narrow_vi + 1;
             res->narrow_variant_name = narrow_variants[narrow_vi].name;
@@ -2640,6 +2693,7 @@ typedef struct mla_state {
     char device_name[256];
     int num_sms;
     int tc_stages;                  /* 0: no tensor-core kernel on this device */
+    bool wgmma_ok;                  /* attn_wgmma_kernel can run: cc 9.0 and a bf16/fp16 cache */
     int H, P, V, bs, num_layers;
     bool bf16, fp8;
     size_t cache_bytes;             /* per layer */
@@ -2759,6 +2813,7 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->num_sms = prop.multiProcessorCount;
     s->tc_stages = tc_kernel_stages(s->device);
+    s->wgmma_ok = s->tc_stages > 0 && !s->fp8 && wgmma_kernel_usable(s->device);
     if ((rc = mla_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
         return rc;
@@ -2904,7 +2959,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     int plan_rc = build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits);
     /* AR_MLA_NARROW: a narrow variant (bench sweep) where the narrow kernel runs; at k CTAs per
      * SM the planner aims at k x SMs CTAs */
-    const tc_variant tv = choose_variant(s->force_kernel, plan.max_rows);
+    const tc_variant tv = choose_variant(s->force_kernel, plan.max_rows, s->wgmma_ok);
     s->narrow_vi = 0;
     if (!plan_rc && s->force_kernel != AR_MLA_KERNEL_SIMT && tv == TC_NARROW)
         s->narrow_vi = resolve_narrow_variant(0, s->fp8, variant_stages(tv, s->tc_stages));
@@ -3292,7 +3347,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool us
     }
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     if (any_dec) {
-        const tc_variant variant = choose_variant(s->force_kernel, s->max_rows);
+        const tc_variant variant = choose_variant(s->force_kernel, s->max_rows, s->wgmma_ok);
         e = launch_attention(a, use_tc ? variant_stages(variant, s->tc_stages) : 0, variant, s->narrow_vi, s->num_ctas,
                              s->num_groups, T, s->stream, timed ? s->ev[3] : NULL);
         if (e != cudaSuccess) return e;
@@ -3469,7 +3524,7 @@ extern "C" void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
 
 extern "C" const ar_backend ar_cuda_mla_backend = {
     "cuda-mla",
-    "CUDA MLA: absorbed latent decode (mma.sync, 64-row head tiles, split-KV + combine), chunked "
+    "CUDA MLA: absorbed latent decode (mma.sync, or wgmma on sm_90; 64-row head tiles, split-KV + combine), chunked "
     "up-projected prefill merged by LSE",
     "MLA models (kv_lora_rank 512, rope 64), fp16/bf16, latent cache = dtype or fp8_e4m3 (per-tensor "
     "scale), block sizes 16/32/64, decode threshold 128; sm_80+",

@@ -47,17 +47,21 @@ extern const ar_backend ar_cuda_mla_backend;
 
 /* Latent-attention kernel choice: the tensor-core kernel (mma.sync, 64-row head tiles, split-KV
  * + combine), its variant in which the two column-half warps of a row group split the score
- * tile instead of both computing it (TC_SPLIT_QK: fewer MACs, more barriers), or the plain SIMT
- * kernel kept as a simple fallback.  AUTO runs the narrow 16-row tensor-core kernel (all 8 warps
- * on one 16-row tile: key halves x column quarters) when every absorbed request has
- * q_len * h_q <= 16, else TC_SPLIT_QK.  The environment variable AR_MLA_KERNEL=simt|tc|
- * tc-split-qk selects one for the backend too; AR_MLA_STAGES=2 keeps the tensor-core kernel at
- * a 2-tile key ring (3 on Hopper otherwise). */
+ * tile instead of both computing it (TC_SPLIT_QK: fewer MACs, more barriers), the Hopper kernel
+ * on wgmma (TC_WGMMA, kernels/cuda_mla_wgmma.cuh: compute capability 9.0 and a bf16/fp16 cache
+ * only), or the plain SIMT kernel kept as a simple fallback.  AUTO runs the narrow 16-row
+ * tensor-core kernel (all 8 warps on one 16-row tile: key halves x column quarters) when every
+ * absorbed request has q_len * h_q <= 16; else TC_WGMMA where it can run and some request has
+ * q_len * h_q >= 64; else TC_SPLIT_QK.  The environment variable AR_MLA_KERNEL=simt|tc|
+ * tc-split-qk|tc-wgmma selects one for the backend too (tc-wgmma where it cannot run: split-QK;
+ * a test case asking for it there fails with code 2 instead); AR_MLA_STAGES=2 keeps the
+ * mma.sync 64-row kernels at a 2-tile key ring (3 on Hopper otherwise). */
 typedef enum ar_cuda_mla_kernel {
     AR_MLA_KERNEL_AUTO = 0,
     AR_MLA_KERNEL_TC = 1,
     AR_MLA_KERNEL_SIMT = 2,
-    AR_MLA_KERNEL_TC_SPLIT_QK = 3
+    AR_MLA_KERNEL_TC_SPLIT_QK = 3,
+    AR_MLA_KERNEL_TC_WGMMA = 4
 } ar_cuda_mla_kernel;
 
 /* Overrides for tests (state from ar_cuda_mla_backend.open): kernel, forced split count
@@ -117,13 +121,14 @@ typedef struct ar_cuda_mla_result {
     double attn_us;           /* median time of attention + combine (repeat > 0) */
     int num_work, num_groups;
     int stages;               /* stages used (0: the SIMT kernel ran) */
-    const char *kernel_name;  /* the kernel that ran: "tc", "tc-split-qk", "tc-narrow" or "simt" */
+    const char *kernel_name;  /* the kernel that ran: "tc", "tc-split-qk", "tc-wgmma", "tc-narrow" or "simt" */
     double combine_us;        /* median time of the combine launch alone (inside attn_us) */
     int narrow_variant;       /* the narrow variant that ran (1 = the default), 0 if not narrow */
     const char *narrow_variant_name;
 } ar_cuda_mla_result;
 
-/* Runs one case.  0 ok; 3 no device / CUDA error; 2 bad case.  err says why.  Device buffers
+/* Runs one case.  0 ok; 3 no device / CUDA error; 2 bad case (also: kernel AR_MLA_KERNEL_TC_WGMMA
+ * where it cannot run; err then starts "cuda-mla case: the wgmma kernel needs").  err says why.  Device buffers
  * are kept for the next case (grow-only); ar_cuda_mla_release_case_buffers frees them.  With
  * ref_requests set, ref_out rows of the other requests are left untouched. */
 int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_result *res, char *err, size_t err_len);

@@ -5,7 +5,9 @@
  * every request with s_k = 4096, 8192, 16384, 32768 keys; h_q = 128 (TFLOP/s, FlashMLA's count
  * 2 x h_q x s_q x keys x (576 + 512)) and h_q = 16 (effective TB/s, FlashMLA's byte count
  * (keys x 576 + b x s_q x h_q x (576 + 512)) x 2 bytes).  Targets of issue 6: >= 450 TFLOP/s at
- * h_q = 128, >= 3.6 TB/s at h_q = 16.  Also an fp8 latent cache row per h_q at 16k.
+ * h_q = 128, >= 3.6 TB/s at h_q = 16.  Also an fp8 latent cache row per h_q at 16k.  At h_q = 128
+ * AUTO runs the wgmma kernel on an sm_90 device (kernels/cuda_mla_wgmma.cuh); the mma.sync
+ * split-QK kernel (AUTO before it) is forced on the same lengths in the same run, beside it.
  * Times are CUDA events around the attention and combine launches, median of 20 after a
  * warm-up; inputs are generated on the device.  Without a GPU it prints why and exits 0.
  *
@@ -226,16 +228,21 @@ int main(int argc, char **argv)
     int rc = 0;
     double best_tflops = 0, best_tbps = 0;
     for (size_t ih = 0; ih < 2; ih++)
-        for (size_t ik = 0; ik < 10; ik++) {
-            /* rows: 4 lengths (AUTO: narrow kernel at h_q 16, split-QK at 128); fp8 cache at 16k;
-             * 2-stage ring at 16k; the plain 64-row kernel x 4 */
-            bool fp8_row = ik == 4, ring2_row = ik == 5, plain_row = ik >= 6;
-            int sk = ik < 4 ? sks[ik] : ik < 6 ? 16384 : sks[ik - 6];
+        for (size_t ik = 0; ik < 14; ik++) {
+            /* rows: 4 lengths (AUTO: narrow kernel at h_q 16; at 128 the wgmma kernel on an sm_90
+             * device, else split-QK); fp8 cache at 16k (AUTO: split-QK at 128); 2-stage ring at
+             * 16k (at 128: split-QK forced, what an A100 runs); the plain 64-row kernel x 4; at
+             * h_q 128 the split-QK kernel forced x 4 (AUTO before the wgmma kernel, beside it) */
+            bool fp8_row = ik == 4, ring2_row = ik == 5, plain_row = ik >= 6 && ik < 10, split_row = ik >= 10;
+            if (split_row && hqs[ih] < 64) continue;
+            int sk = ik < 4 ? sks[ik] : ik < 6 ? 16384 : sks[(ik - 6) % 4];
             for (int b = 0; b < B; b++) seqlens[b] = sk;
             c.h_q = hqs[ih];
             c.kv_dtype = fp8_row ? AR_FP8_E4M3 : AR_BF16;
             c.stages = ring2_row ? 2 : 0;
-            c.kernel = plain_row ? AR_MLA_KERNEL_TC : AR_MLA_KERNEL_AUTO;
+            c.kernel = plain_row                        ? AR_MLA_KERNEL_TC
+                       : split_row || (ring2_row && c.h_q >= 64) ? AR_MLA_KERNEL_TC_SPLIT_QK
+                                                            : AR_MLA_KERNEL_AUTO;
             memset(&res, 0, sizeof res);
             if (ar_cuda_mla_run_case(&c, &res, err, sizeof err) != 0) {
                 printf("%-5d %-8d error: %s\n", c.h_q, sk, err);

@@ -17,11 +17,16 @@
  *    test_every_tc_instance runs each tensor-core kernel instance (dtype pair x narrow /
  *    split-score / plain x key-ring depth) once on a small case, in both modes.
  *    test_narrow_variants runs every non-diagnostic variant of the narrow kernel (the h_q = 16
- *    sweep of bench_mla) on shapes that reach its edges.
+ *    sweep of bench_mla) on shapes that reach its edges.  test_wgmma_kernel_forced runs the
+ *    Hopper wgmma kernel (AR_MLA_KERNEL_TC_WGMMA) on every grid case where AUTO picks another
+ *    kernel, plus splits, block sizes 16 / 32, fp16, partial row tiles and empty requests
+ *    (skips off compute capability 9.0).
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the split-score variant
  *    (AR_MLA_KERNEL_TC_SPLIT_QK), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.  The
- *    grid runs AUTO (the narrow 16-row kernel when s_q * h_q <= 16, else split-QK); the plain
- *    64-row kernel (AR_MLA_KERNEL_TC) runs on a grid subset.
+ *    grid runs AUTO (the narrow 16-row kernel when s_q * h_q <= 16; on a compute-capability 9.0
+ *    device with a bf16/fp16 cache the wgmma kernel when s_q * h_q >= 64 - the grid asserts
+ *    which ran; else split-QK); the plain 64-row kernel (AR_MLA_KERNEL_TC) runs on a grid
+ *    subset.
  * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
@@ -292,6 +297,41 @@ static grid_opts default_opts(void)
     return g;
 }
 
+/* A tiny case (1 request, 64 heads, 20 keys, bf16 queries, latent cache kv_dtype) forced to the
+ * wgmma kernel, untimed and unchecked: run_case's code, the kernel that ran in *r. */
+static int wgmma_probe(ar_dtype kv_dtype, ar_cuda_mla_result *r, char *why, size_t why_len)
+{
+    int one = 20;
+    ar_cuda_mla_case c;
+    memset(&c, 0, sizeof c);
+    c.batch = 1;
+    c.s_q = 1;
+    c.h_q = 64;
+    c.seqlens_k = &one;
+    c.block_size = 64;
+    c.dtype = AR_BF16;
+    c.kv_dtype = kv_dtype;
+    c.kv_scale = kv_dtype == AR_FP8_E4M3 ? 0.5 : 1.0;
+    c.scale = 1.0 / 24.0;
+    c.seed = 1;
+    c.kernel = AR_MLA_KERNEL_TC_WGMMA;
+    memset(r, 0, sizeof *r);
+    return ar_cuda_mla_run_case(&c, r, why, why_len);
+}
+
+/* Whether the wgmma kernel (AR_MLA_KERNEL_TC_WGMMA) runs on this device (the hook refuses it
+ * with code 2 off compute capability 9.0); why says why not. */
+static bool wgmma_available(char *why, size_t why_len)
+{
+    ar_cuda_mla_result r;
+    int rc = wgmma_probe(AR_BF16, &r, why, why_len);
+    if (rc == 0 && (!r.kernel_name || strcmp(r.kernel_name, "tc-wgmma") != 0)) {
+        snprintf(why, why_len, "forced wgmma case ran %s", r.kernel_name ? r.kernel_name : "?");
+        return false;
+    }
+    return rc == 0;
+}
+
 /* The float64 device reference against the host reference (reference.h: ar_ref_attend with
  * one KV head, head size 576, V size 512), inputs regenerated on the host by the hook's recipe. */
 static void test_device_reference_matches_host(void **st)
@@ -410,7 +450,9 @@ static void test_flashmla_dense_grid(void **st)
     static const int bs_[] = {1, 2, 6, 64}, sqs[] = {1, 2, 4}, sks[] = {20, 140, 4096},
                      hqs[] = {1, 3, 9, 63, 64, 126, 128};
     grid_opts go = default_opts();
-    int fails = 0, runs = 0;
+    char why[512] = "";
+    const bool wg = wgmma_available(why, sizeof why);
+    int fails = 0, runs = 0, n_wgmma = 0, wrong_kernel = 0;
     for (size_t ib = 0; ib < 4; ib++)
         for (size_t iq = 0; iq < 3; iq++)
             for (size_t ik = 0; ik < 3; ik++)
@@ -424,10 +466,24 @@ static void test_flashmla_dense_grid(void **st)
                                                  (hqs[ih] != 3 && hqs[ih] != 128) || causal != varlen))
                                 continue;
                             runs++;
-                            if (!run_checked(bs_[ib], sqs[iq], sks[ik], hqs[ih], varlen, causal, false, &go)) fails++;
+                            if (!run_checked(bs_[ib], sqs[iq], sks[ik], hqs[ih], varlen, causal, false, &go)) {
+                                fails++;
+                                continue;
+                            }
+                            /* AUTO on an sm_90 device: the wgmma kernel for every case with a
+                             * full 64-row tile (s_q * h_q >= 64), never below */
+                            const bool is_wg = strcmp(last_kernel_name, "tc-wgmma") == 0;
+                            n_wgmma += is_wg;
+                            if (is_wg != (wg && sqs[iq] * hqs[ih] >= 64)) {
+                                if (wrong_kernel++ < 5)
+                                    print_message("b=%d s_q=%d s_k=%d h_q=%d: AUTO ran %s\n", bs_[ib], sqs[iq],
+                                                  sks[ik], hqs[ih], last_kernel_name);
+                            }
                         }
-    print_message("FlashMLA dense grid: %d cases, %d failed\n", runs, fails);
+    print_message("FlashMLA dense grid: %d cases (%d on the wgmma kernel%s%s), %d failed, %d ran an unexpected "
+                  "kernel\n", runs, n_wgmma, wg ? "" : "; not here: ", wg ? "" : why, fails, wrong_kernel);
     assert_int_equal(fails, 0);
+    assert_int_equal(wrong_kernel, 0);
 }
 
 /* FlashMLA's zero-length corner cases: some or all requests with s_k = 0. */
@@ -465,10 +521,13 @@ static void test_forced_splits_and_block16(void **st)
     go.block_size = 16;
     if (!run_checked(6, 2, 500, 64, true, true, false, &go)) fails++;
     if (!small_mode() && !run_checked(2, 1, 4096, 128, false, false, false, &go)) fails++;
-    /* the 2-stage key ring (what an A100 gets) on the same shapes */
+    /* the 2-stage key ring (what an A100 gets) on the same shapes (split-QK forced at 128
+     * heads: AUTO runs the wgmma kernel there on an sm_90 device) */
     go = default_opts();
     go.stages = 2;
+    go.kernel = AR_MLA_KERNEL_TC_SPLIT_QK;
     if (!run_checked(2, 2, 1000, 128, true, true, false, &go)) fails++;
+    go.kernel = AR_MLA_KERNEL_AUTO;
     if (!run_checked(6, 4, 140, 9, true, true, true, &go)) fails++;
     go.kv_dtype = AR_FP8_E4M3;
     go.kv_scale = 0.5;
@@ -597,6 +656,78 @@ static void test_narrow_variants(void **st)
     }
     print_message("narrow variants: %d cases, %d failed, %d ran another variant (device before sm_90)\n", runs,
                   fails, narrow_fallbacks);
+    assert_int_equal(fails, 0);
+}
+
+/* The wgmma kernel forced (AR_MLA_KERNEL_TC_WGMMA) on every dense-grid case in which AUTO runs
+ * another kernel (s_q * h_q < 64: row tiles mostly or wholly past the request's rows; the
+ * other grid cases run it under AUTO, which test_flashmla_dense_grid asserts), then on split
+ * pieces merged by the combine kernel, block size 16, fp16, zero-length requests and partial
+ * row tiles (h_q 63 / 126).  Skips off compute capability 9.0. */
+static void test_wgmma_kernel_forced(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    char why[512] = "";
+    if (!wgmma_available(why, sizeof why)) {
+        print_message("skipping: %s\n", why);
+        skip();
+        return;
+    }
+    static const int bs_[] = {1, 2, 6, 64}, sqs[] = {1, 2, 4}, sks[] = {20, 140, 4096},
+                     hqs[] = {1, 3, 9, 63, 64, 126, 128};
+    grid_opts go = default_opts();
+    go.kernel = AR_MLA_KERNEL_TC_WGMMA;
+    int fails = 0, runs = 0;
+    for (size_t ib = 0; ib < 4; ib++)
+        for (size_t iq = 0; iq < 3; iq++)
+            for (size_t ik = 0; ik < 3; ik++)
+                for (size_t ih = 0; ih < 7; ih++)
+                    for (int varlen = 0; varlen < 2; varlen++)
+                        for (int causal = 0; causal < 2; causal++) {
+                            if (sqs[iq] * hqs[ih] >= 64) continue;
+                            if (small_mode() && (sks[ik] > 140 || (bs_[ib] != 1 && bs_[ib] != 6) || sqs[iq] == 2 ||
+                                                 (hqs[ih] != 3 && hqs[ih] != 63) || causal != varlen))
+                                continue;
+                            runs++;
+                            bool ok = run_checked(bs_[ib], sqs[iq], sks[ik], hqs[ih], varlen, causal, false, &go);
+                            if (ok && strcmp(last_kernel_name, "tc-wgmma") != 0) {
+                                print_message("forced wgmma ran %s\n", last_kernel_name);
+                                ok = false;
+                            }
+                            fails += !ok;
+                        }
+    static const int splits[] = {1, 2, 3, 7, 32};
+    for (size_t i = 0; i < 5; i++) {
+        go.num_splits = splits[i];
+        fails += !run_checked(2, 2, 1000, 128, true, true, false, &go);
+        fails += !run_checked(6, 4, 140, 9, true, true, true, &go);
+        fails += !run_checked(3, 1, 333, 126, false, false, false, &go);
+        runs += 3;
+    }
+    go.num_splits = 0;
+    fails += !run_checked(6, 4, 140, 63, true, true, true, &go);
+    fails += !run_checked(6, 2, 140, 126, true, true, true, &go);
+    fails += !run_checked(1, 1, 140, 128, false, false, true, &go);   /* the only request: s_k 0 */
+    fails += !run_checked(4, 1, 65, 64, false, false, false, &go);    /* a 1-key second tile */
+    go.block_size = 16;
+    fails += !run_checked(6, 2, 500, 64, true, true, false, &go);
+    if (!small_mode()) fails += !run_checked(2, 1, 4096, 128, false, false, false, &go);
+    go.block_size = 32;
+    fails += !run_checked(3, 2, 300, 128, true, true, false, &go);
+    go.block_size = 64;
+    go.dtype = go.kv_dtype = AR_FP16;
+    fails += !run_checked(2, 2, 333, 64, true, true, false, &go);
+    fails += !run_checked(6, 4, 140, 126, true, true, true, &go);
+    go.num_splits = 3;
+    fails += !run_checked(2, 1, 1000, 128, false, false, false, &go);
+    runs += small_mode() ? 10 : 11;
+    /* an fp8 cache is refused (it stays on the mma.sync kernels) */
+    ar_cuda_mla_result r;
+    char err[512] = "";
+    assert_int_equal(wgmma_probe(AR_FP8_E4M3, &r, err, sizeof err), 2);
+    assert_non_null(strstr(err, "wgmma kernel needs"));
+    print_message("wgmma kernel forced: %d cases, %d failed\n", runs, fails);
     assert_int_equal(fails, 0);
 }
 
@@ -948,7 +1079,15 @@ static void test_backend_decode(void **st)
     run_e2e(&cfg, big, 3, 0, 1, &r);
     report("decode bf16, 128 heads", &r);
     assert_true(e2e_pass(&r));
-    /* the other kernels through the backend */
+    /* the other kernels through the backend (AUTO above: the wgmma kernel on an sm_90 device) */
+    e2e_kernel = AR_MLA_KERNEL_TC_SPLIT_QK;
+    run_e2e(&cfg, big, 3, 0, 1, &r);
+    report("decode bf16, 128 heads, split-QK", &r);
+    assert_true(e2e_pass(&r));
+    e2e_kernel = AR_MLA_KERNEL_TC_WGMMA;   /* split-QK where the wgmma kernel cannot run */
+    run_e2e(&cfg, big, 3, 3, 1, &r);
+    report("decode bf16, 128 heads, tc-wgmma, 3 splits", &r);
+    assert_true(e2e_pass(&r));
     e2e_kernel = AR_MLA_KERNEL_TC;
     run_e2e(&cfg, big, 3, 0, 1, &r);
     report("decode bf16, 128 heads, plain TC", &r);
@@ -1086,6 +1225,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_forced_splits_and_block16, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_plain_tc_variant, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_every_tc_instance, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_wgmma_kernel_forced, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simt_fallback_fp16_fp8, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_decode, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),

@@ -1,0 +1,341 @@
+/* cuda_mla_wgmma.cuh - the Hopper (sm_90a) latent attention kernel of the cuda-mla backend
+ * (attn_wgmma_kernel, tc_variant TC_WGMMA): the same work items (64 rows = (token, head) pairs
+ * of one request, a key range), arguments, masks, faults and outputs (o_lat / lse, or a split
+ * piece's partials for combine_kernel) as attn_tc_kernel in cuda_mla.cu, with both matrix
+ * products on wgmma (warpgroup MMA) instead of mma.sync.  bf16 and fp16 caches (an fp8 cache
+ * stays on attn_tc_kernel).  Included by cuda_mla.cu after its namespace ar_mla (reopened
+ * here), so after the helpers it shares with attn_tc_kernel (row_limits, mask_scale_rowmax,
+ * softmax_step, quad_sum, store_row, cp_async16, pack2); the Hopper primitives are ar_wg's
+ * (cuda_wgmma.cuh).
+ *
+ * Geometry: one CTA = 256 threads = 2 warpgroups on the same 64 rows; key tiles of 64 keys.
+ * Shared memory (1024-byte aligned, 231424 bytes with the alignment slack):
+ *   Q     [64 rows x 576 dims]   9 column atoms of [64 rows][128 bytes] (64 dims each)
+ *   K[2]  [64 keys x 576 dims]   a ring of 2 key tiles, the same layout
+ *   P     [64 rows x 64 keys]    one atom
+ *   red   float [2][64] row maxima, [2][64] row sums (one slot per warpgroup)
+ * Every atom is 128-byte swizzled K-major: the 16-byte chunk c of row r is at r * 128 +
+ * ((c ^ (r & 7)) << 4) (atoms start on 1024-byte boundaries, so the hardware's swizzle and ours
+ * agree).  Per key tile t:
+ *   S_w = Q K[32 w .. 32 w + 31]^T   warpgroup w, wgmma m64n32k16 SS, 36 steps of 16 dims;
+ *   row maxima of both halves exchanged through red (one CTA barrier), the same running max in
+ *   both warpgroups (identical arithmetic), P_w = 2^(S_w - m) rounded to the compute dtype into
+ *   the P tile, O rescaled, row sums kept per warpgroup (added at the end);
+ *   O_w += P V[:, 256 w .. 256 w + 255]   wgmma m64n256k16 SS, A = P (K-major), B = the key
+ *   tile's first 512 dims read MN-major (dims are the N side and contiguous; leading byte
+ *   offset = one atom, 8192 bytes, between 64-dim groups; stride byte offset 1024 between
+ *   groups of 8 keys), 4 steps of 16 keys.  O_w is [64 x 256] fp32: 128 registers a thread.
+ * Loads: cp.async of 16-byte chunks with the swizzled address by all 256 threads (18 a thread
+ * per tile), one tile ahead; three CTA barriers per tile (tile landed / maxima / P).
+ *
+ * Count per key tile (64 rows x 64 keys): 64 x 64 x (576 + 512) x 2 = 8.91 MFLOP (FlashMLA's
+ * count) from 64 x 1152 = 73.7 KB of latent cache: 121 FLOP per byte a CTA loads (the two
+ * row tiles of h_q = 128 read each key tile once each, the second mostly from L2).  At the
+ * H200's ~4096 dense bf16 FLOP/cycle/SM the tensor time is 2176 cycles a tile; 450 TFLOP/s on
+ * 132 SMs at ~1.75 GHz allows ~4570 cycles a tile.  Shared-memory reads of the products
+ * (128 B/cycle): S 2 x 36 x (2 KB A + 1 KB B) = 216 KB, P V 2 x 4 x (2 KB + 8 KB) = 80 KB,
+ * plus 74 KB of cp.async writes: ~2900 cycles a tile, the binding resource of this design
+ * (m64n32 SS re-reads Q for every 32 keys).  Both under the budget if the phases overlap
+ * well; the serial phases here (S, exchange, P V per tile, in lockstep) leave the tensor pipe
+ * idle during the softmax and the barriers.
+ *
+ * The kernel body exists only in the sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere it
+ * traps, and the host picks it only on a compute-capability 9.0 device with a bf16/fp16 cache
+ * (choose_variant in cuda_mla.cu). */
+#ifndef AR_CUDA_MLA_WGMMA_CUH
+#define AR_CUDA_MLA_WGMMA_CUH
+
+#include "cuda_wgmma.cuh"
+
+namespace ar_mla {
+
+constexpr int WG_KEYS = 64;                       /* keys per tile */
+constexpr int WG_CHUNKS = D / 8;                  /* 72 chunks of 16 bytes per 576-dim row */
+constexpr int WG_ATOM = 64 * 128;                 /* one 64-dim column atom of a 64-row tile */
+constexpr int WG_TILE = 9 * WG_ATOM;              /* Q or a key tile: [64][576] 16-bit */
+constexpr int WG_OFF_K = WG_TILE;                 /* the 2 key tiles */
+constexpr int WG_OFF_P = 3 * WG_TILE;             /* P tile: one atom */
+constexpr int WG_OFF_RED = WG_OFF_P + WG_ATOM;    /* float [2][64] maxima, then [2][64] sums */
+constexpr int WG_SMEM = 1024 /* alignment slack */ + WG_OFF_RED + 4 * ROWS * 4;
+constexpr int WG_LOADS = 64 * WG_CHUNKS / THREADS;   /* 18 chunks per thread per tile */
+static_assert(64 * WG_CHUNKS % THREADS == 0, "wgmma kernel: whole chunks per thread");
+static_assert(WG_SMEM <= 232448, "wgmma kernel: more shared memory than an sm_90 block gets");
+
+/* Byte offset of (row, 16-byte chunk 0..71) in a swizzled 64-row tile. */
+__device__ __forceinline__ uint32_t wg_swz(int row, int chunk)
+{
+    return (uint32_t)((chunk >> 3) * WG_ATOM + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+/* S [64 rows x 32 keys of this warpgroup, accumulator layout: element (nt, e) is row
+ * 16 * (warp % 4) + lane / 4 + 8 * (e >> 1), key 8 nt + 2 (lane % 4) + (e & 1), the layout of
+ * mma.sync m16n8 tiles] (+)= A (desc_a, K-major) B (desc_b, K-major). */
+template <bool BF16> __device__ __forceinline__ void wgmma_qk(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate);
+/* O [64 rows x 256 columns, same layout] += A (desc_a, K-major) B (desc_b, MN-major). */
+template <bool BF16> __device__ __forceinline__ void wgmma_pv(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b);
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <> __device__ __forceinline__ void wgmma_qk<true>(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+template <> __device__ __forceinline__ void wgmma_pv<true>(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+        "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+        "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+        "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, "
+        "%101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, "
+        "%117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+          "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+          "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]),
+          "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+          "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]),
+          "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
+          "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]),
+          "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+          "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]),
+          "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
+          "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]),
+          "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+          "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]),
+          "+f"(d[31][2]), "+f"(d[31][3])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_qk<false>(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+template <> __device__ __forceinline__ void wgmma_pv<false>(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+        "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+        "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "
+        "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, "
+        "%101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, "
+        "%117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+          "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+          "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]),
+          "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+          "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]),
+          "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
+          "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]),
+          "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+          "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]),
+          "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
+          "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]),
+          "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+          "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]),
+          "+f"(d[31][2]), "+f"(d[31][3])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+/* Keeps the compiler from moving reads or writes of accumulators across an in-flight wgmma. */
+template <int N> __device__ __forceinline__ void wg_fence_acc(float (&d)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_kernel(attn_args a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
+    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(mla_wg_smem);
+    const uint32_t pad = (1024u - (base0 & 1023u)) & 1023u;
+    unsigned char *const smem = mla_wg_smem + pad;
+    const uint32_t sq_addr = base0 + pad;                       /* Q tile */
+    const uint32_t sk_addr0 = sq_addr + WG_OFF_K;               /* key tile of slot s at + s * WG_TILE */
+    const uint32_t sp_addr = sq_addr + WG_OFF_P;                /* P tile */
+    float *const s_max = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [2][ROWS] */
+    float *const s_sum = s_max + 2 * ROWS;                               /* [2][ROWS] */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req, H = a.num_heads;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * H;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2;                                   /* key half of S, column half of O */
+    const int tig = lane & 3;
+    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+
+    /* Q tile: rows row0 .. row0 + 63 (zeros at and past nrows), one commit group */
+    const uint16_t *const qg = (const uint16_t *)a.q;
+#pragma unroll
+    for (int k = 0; k < WG_LOADS; k++) {
+        const int i = tid + k * THREADS, row = i / WG_CHUNKS, c = i % WG_CHUNKS;
+        const int gr = w.row0 + row;
+        const bool valid = gr < nrows;
+        cp_async16(smem + wg_swz(row, c), qg + ((int64_t)q0 * H + (valid ? gr : 0)) * D + c * 8, valid);
+    }
+    cp_async_commit();
+
+    /* key tile t -> ring slot t & 1 (zeros at and past key_end): the block-table entries of the
+     * thread's 18 chunks first, then the copies */
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+    const int *const bt = a.block_table + (int64_t)r * a.mbpr;
+    const uint16_t *const cache = (const uint16_t *)a.cache;
+    const int bs_log2 = a.block_size_log2, bs_mask = a.block_size - 1;
+    auto load_tile = [&](int t) {
+        unsigned char *const sk = smem + WG_OFF_K + (t & 1) * WG_TILE;
+        const int k0 = w.key_begin + t * WG_KEYS;
+        int slot[WG_LOADS];
+#pragma unroll
+        for (int k = 0; k < WG_LOADS; k++) {
+            const int j = k0 + (tid + k * THREADS) / WG_CHUNKS;
+            slot[k] = j < w.key_end ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : -1;
+        }
+#pragma unroll
+        for (int k = 0; k < WG_LOADS; k++) {
+            const int i = tid + k * THREADS, key = i / WG_CHUNKS, c = i % WG_CHUNKS;
+            const bool valid = slot[k] >= 0;
+            cp_async16(sk + wg_swz(key, c), cache + (valid ? (int64_t)slot[k] * D + c * 8 : 0), valid);
+        }
+    };
+
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const float score_mul = a.scale_log2;
+    /* descriptors of offset 0 (the start-address field is the low 14 bits in 16-byte units:
+     * adding byte_offset >> 4 moves it, every address here is below 256 KB) */
+    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
+    const uint64_t desc_p = ar_wg::desc_sw128(sp_addr, 16, 1024);
+
+    if (ntiles > 0) load_tile(0);
+    cp_async_commit();
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait<0>();               /* this thread's copies of Q and tile t */
+        ar_wg::fence_proxy_async();       /* cp.async writes -> the async proxy (wgmma reads) */
+        __syncthreads();                  /* tile t complete; both warpgroups done with tile t-1's
+                                             slot, P tile and maxima */
+        if (t + 1 < ntiles) load_tile(t + 1);
+        cp_async_commit();
+        const uint32_t sk_addr = sk_addr0 + (uint32_t)((t & 1) * WG_TILE);
+        const int k0 = w.key_begin + t * WG_KEYS;
+
+        /* S_w = Q K[32 wg ..]^T over 576 dims */
+        const uint64_t desc_k = ar_wg::desc_sw128(sk_addr + (uint32_t)(wg * 32 * 128), 16, 1024);
+        float s[4][4];
+        ar_wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+            wgmma_qk<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
+        }
+        ar_wg::commit();
+        ar_wg::wait<0>();
+        wg_fence_acc(s);
+
+        /* mask, log2 domain, row maxima of both key halves, online softmax */
+        float mx[2];
+        mask_scale_rowmax<4>(s, k0 + 32 * wg, tig, lim, score_mul, mx);
+        if (tig == 0) {
+            s_max[wg * ROWS + lr[0]] = mx[0];
+            s_max[wg * ROWS + lr[1]] = mx[1];
+        }
+        __syncthreads();
+        mx[0] = fmaxf(mx[0], s_max[(1 - wg) * ROWS + lr[0]]);
+        mx[1] = fmaxf(mx[1], s_max[(1 - wg) * ROWS + lr[1]]);
+        softmax_step<4, 32>(s, mx, m_run, l_run, o, a.fault);
+
+        /* P_w -> keys 32 wg .. 32 wg + 31 of the P tile (swizzled K-major) */
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = lr[h], chunk = 4 * wg + nt;
+                *reinterpret_cast<uint32_t *>(smem + WG_OFF_P + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * tig) =
+                    pack2<BF16>(s[nt][2 * h], s[nt][2 * h + 1]);
+            }
+        ar_wg::fence_proxy_async();       /* P stores -> the async proxy */
+        __syncthreads();
+
+        /* O_w += P V[:, 256 wg ..]: 4 steps of 16 keys */
+        wg_fence_acc(o);
+        ar_wg::fence();
+        const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
+#pragma unroll
+        for (int kk = 0; kk < WG_KEYS / 16; kk++)
+            wgmma_pv<BF16>(o, desc_p + (uint32_t)((kk * 32) >> 4), desc_v + (uint32_t)((kk * 2048) >> 4));
+        ar_wg::commit();
+        ar_wg::wait<0>();
+        wg_fence_acc(o);
+    }
+    cp_async_wait<0>();
+
+    /* epilogue: row sums of both key halves (each warpgroup summed its own 32 keys of every
+     * tile; added in the same order by both: l0 + l1 == l1 + l0), normalise, write */
+    quad_sum(l_run);
+    if (tig == 0) {
+        s_sum[wg * ROWS + lr[0]] = l_run[0];
+        s_sum[wg * ROWS + lr[1]] = l_run[1];
+    }
+    __syncthreads();
+    l_run[0] += s_sum[(1 - wg) * ROWS + lr[0]];
+    l_run[1] += s_sum[(1 - wg) * ROWS + lr[1]];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int gr = w.row0 + lr[h];
+        if (gr >= nrows) continue;
+        const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+        const float lse2 = l_run[h] > 0.f ? m_run[h] + log2f(l_run[h]) : -INFINITY;
+        store_row<32>(a, w, q0, lr[h], h, o, inv, lse2, wg * 256, tig, wg == 0 && tig == 0);
+    }
+#else
+    __trap();   /* built without sm_90a: the host never launches this kernel there */
+#endif
+}
+
+} /* namespace ar_mla */
+
+#endif
