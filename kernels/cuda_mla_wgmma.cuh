@@ -26,7 +26,8 @@
  *   offset = one atom, 8192 bytes, between 64-dim groups; stride byte offset 1024 between
  *   groups of 8 keys), 4 steps of 16 keys.  O_w is [64 x 256] fp32: 128 registers a thread.
  * Loads: cp.async of 16-byte chunks with the swizzled address by all 256 threads (18 a thread
- * per tile), one tile ahead; three CTA barriers per tile (tile landed / maxima / P).
+ * per tile), one tile ahead, issued while S of the current tile runs on the tensor cores; three
+ * CTA barriers per tile (tile landed / maxima / P).
  *
  * Count per key tile (64 rows x 64 keys): 64 x 64 x (576 + 512) x 2 = 8.91 MFLOP (FlashMLA's
  * count) from 64 x 1152 = 73.7 KB of latent cache: 121 FLOP per byte a CTA loads (the two
@@ -258,8 +259,6 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_kernel(attn_args a)
         ar_wg::fence_proxy_async();       /* cp.async writes -> the async proxy (wgmma reads) */
         __syncthreads();                  /* tile t complete; both warpgroups done with tile t-1's
                                              slot, P tile and maxima */
-        if (t + 1 < ntiles) load_tile(t + 1);
-        cp_async_commit();
         const uint32_t sk_addr = sk_addr0 + (uint32_t)((t & 1) * WG_TILE);
         const int k0 = w.key_begin + t * WG_KEYS;
 
@@ -273,6 +272,9 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_kernel(attn_args a)
             wgmma_qk<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
         }
         ar_wg::commit();
+        /* tile t + 1 into the slot tile t - 1 left, while S runs (S reads Q and slot t & 1) */
+        if (t + 1 < ntiles) load_tile(t + 1);
+        cp_async_commit();
         ar_wg::wait<0>();
         wg_fence_acc(s);
 
@@ -286,7 +288,24 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_kernel(attn_args a)
         __syncthreads();
         mx[0] = fmaxf(mx[0], s_max[(1 - wg) * ROWS + lr[0]]);
         mx[1] = fmaxf(mx[1], s_max[(1 - wg) * ROWS + lr[1]]);
-        softmax_step<4, 32>(s, mx, m_run, l_run, o, a.fault);
+        /* P, running max and sums by softmax_step (its output rescale left out: NTO = 0); O
+         * rescaled here by the same alpha, skipped when no row max of the warp moved (the common
+         * case once a long context's maxima settle: 128 multiplies a thread a tile saved) */
+        const float m_old[2] = {m_run[0], m_run[1]};
+        softmax_step<4, 0>(s, mx, m_run, l_run, o, a.fault);
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) alpha[h] = exp2f(m_old[h] - (m_run[h] == -INFINITY ? 0.f : m_run[h]));
+        if (a.fault != AR_FAULT_NO_RESCALE && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+            for (int nt = 0; nt < 32; nt++) {
+                o[nt][0] *= alpha[0];
+                o[nt][1] *= alpha[0];
+                o[nt][2] *= alpha[1];
+                o[nt][3] *= alpha[1];
+            }
+        }
+        wg_fence_acc(o);                  /* the rescale before the P stores and the barrier */
 
         /* P_w -> keys 32 wg .. 32 wg + 31 of the P tile (swizzled K-major) */
 #pragma unroll
