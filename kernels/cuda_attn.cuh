@@ -59,7 +59,11 @@
 #define AR_CFG_PREFILL_WG_PIPE 5 /* PREFILL_WG with 3 K/V stages handed over by mbarriers instead
                                    of one __syncthreads per tile (see cuda_attn_wgmma.cuh) */
 #define AR_CFG_PREFILL_WG_PINGPONG 6 /* PREFILL_WG_PIPE plus FlashAttention-3's ping-pong turns */
-#define AR_CFG_COUNT 7
+#define AR_CFG_PREFILL_WG_WS 7  /* PREFILL_WG_PINGPONG with the loads moved to a producer warpgroup
+                                   (warp specialisation, setmaxnreg; 384 threads) */
+#define AR_CFG_PREFILL_WG_WS_OVERLAP 8 /* PREFILL_WG_WS with FlashAttention-3's intra-warpgroup
+                                   overlap (S of a tile on the tensor cores with P V of the last) */
+#define AR_CFG_COUNT 9
 #define AR_MAX_SPLITS 64
 
 /* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
@@ -121,7 +125,8 @@ typedef struct ar_attn_geom {
 /* The wgmma configs (head size 128 on a compute-capability 9.0 device only). */
 static inline int ar_attn_config_is_wg(int config)
 {
-    return config == AR_CFG_PREFILL_WG || config == AR_CFG_PREFILL_WG_PIPE || config == AR_CFG_PREFILL_WG_PINGPONG;
+    return config == AR_CFG_PREFILL_WG || config == AR_CFG_PREFILL_WG_PIPE || config == AR_CFG_PREFILL_WG_PINGPONG ||
+           config == AR_CFG_PREFILL_WG_WS || config == AR_CFG_PREFILL_WG_WS_OVERLAP;
 }
 
 /* Template head dim that runs head_size (64, 128 or 256), or 0 when unsupported. */
@@ -751,7 +756,9 @@ cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work
         if (hd != 128 || a->head_size != 128) return cudaErrorInvalidValue;
         return config == AR_CFG_PREFILL_WG            ? launch_wgmma<T, 0>(a, num_work, stream)
                : config == AR_CFG_PREFILL_WG_PIPE     ? launch_wgmma<T, 1>(a, num_work, stream)
-                                                      : launch_wgmma<T, 2>(a, num_work, stream);
+               : config == AR_CFG_PREFILL_WG_PINGPONG ? launch_wgmma<T, 2>(a, num_work, stream)
+               : config == AR_CFG_PREFILL_WG_WS       ? launch_wgmma<T, 3>(a, num_work, stream)
+                                                      : launch_wgmma<T, 4>(a, num_work, stream);
     }
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return launch_one<T, PrefillWideG128>(a, num_work, stream);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return launch_one<T, PrefillTallG128>(a, num_work, stream);
@@ -773,6 +780,8 @@ cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
     if (config == AR_CFG_PREFILL_WG) return attributes_wgmma<T, 0>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WG_PIPE) return attributes_wgmma<T, 1>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WG_PINGPONG) return attributes_wgmma<T, 2>(ctas_per_sm);
+    if (config == AR_CFG_PREFILL_WG_WS) return attributes_wgmma<T, 3>(ctas_per_sm);
+    if (config == AR_CFG_PREFILL_WG_WS_OVERLAP) return attributes_wgmma<T, 4>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return attributes_one<T, PrefillWideG128>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return attributes_one<T, PrefillTallG128>(ctas_per_sm);
     if (config != AR_CFG_DECODE) {

@@ -1,8 +1,8 @@
 /* cuda_attn_wgmma.cuh - the Hopper (sm_90a) variant of the paged attention kernel: the same work
  * items, masks, faults and outputs as attn_kernel (cuda_attn.cuh), with the two matrix products
- * on wgmma (warpgroup MMA) instead of mma.sync.  Configs AR_CFG_PREFILL_WG, _PIPE and _PINGPONG
- * (three ways of feeding the same products, see WgStages and attn_wgmma_kernel's MODE; the
- * automatic plan runs _PINGPONG), head size 128 exactly.
+ * on wgmma (warpgroup MMA) instead of mma.sync.  Configs AR_CFG_PREFILL_WG, _PIPE, _PINGPONG and
+ * _WS (four ways of feeding the same products, see WgStages and attn_wgmma_kernel's MODE; the
+ * automatic plan's choice is in cuda_backend.cu), head size 128 exactly.
  *
  * Geometry: one CTA = 2 warpgroups (256 threads) = 128 rows (64 per warpgroup), key tiles of 128.
  * Shared memory holds Q [128 rows x 128 dims] and two (or three) stages of K and V [128 keys x
@@ -18,7 +18,7 @@
  *               are contiguous: "MN-major"), 8 steps of 16 keys.
  * The online softmax is the one of attn_kernel (log2 domain, skip the rescale when no row max
  * moved).  Loads are cp.async by all 256 threads (one 256-byte K or V row = 16 threads), one
- * tile ahead (two with the mbarrier pipeline).  The kernel body exists only in the sm_90a build; the host picks this config only
+ * tile ahead (two with the mbarrier pipeline), or, in _WS, by a third (producer) warpgroup.  The kernel body exists only in the sm_90a build; the host picks this config only
  * on a compute-capability 9.0 device (cuda_backend.cu). */
 #ifndef AR_CUDA_ATTN_WGMMA_CUH
 #define AR_CUDA_ATTN_WGMMA_CUH
@@ -41,11 +41,19 @@ struct WgGeom {
  * completes when every thread's cp.async copies into stage s have landed
  * (cp.async.mbarrier.arrive.noinc), "empty[s]" when all 256 threads are done reading it - so a
  * warpgroup may run up to a tile ahead of the other and one's softmax overlaps the other's
- * matrix products. */
-template <bool PIPE> struct WgStages {
+ * matrix products.  MODE 3 (WS, AR_CFG_PREFILL_WG_WS) adds a producer warpgroup in front of the
+ * two consumers: it alone issues the copies (K and V of a stage complete on separate barriers,
+ * full[s] and full_v[s]), so a consumer never waits for the other one's progress to refill a
+ * stage it is not about to read, and setmaxnreg moves registers from the producer (24) to the
+ * consumers (240). */
+template <int MODE> struct WgStages {
+    static constexpr bool PIPE = MODE >= 1;
+    static constexpr bool WS = MODE >= 3;
+    static constexpr int THREADS = WS ? 384 : 256;     /* WS: + the producer warpgroup */
     static constexpr int STAGES = PIPE ? 3 : 2;
+    static constexpr int NUM_BARS = WS ? 3 * STAGES : PIPE ? 2 * STAGES : 0;
     static constexpr size_t BAR_OFFSET = (size_t)WgGeom::TILE_BYTES * (1 + 2 * STAGES);
-    static constexpr size_t SMEM = 1024 /* alignment slack */ + BAR_OFFSET + (PIPE ? 2 * STAGES * 8 : 0);
+    static constexpr size_t SMEM = 1024 /* alignment slack */ + BAR_OFFSET + NUM_BARS * 8;
 };
 
 /* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's): 256 threads
@@ -128,33 +136,43 @@ template <> __device__ __forceinline__ void wgmma_rs<__half>(float d[64], const 
  * also kept S(j + 1) in flight during softmax(j), FlashAttention-3's intra-warpgroup overlap,
  * needs a second 64-register score buffer: at 255 registers it spilled 156 bytes and ran the
  * cascade prefix pass at 225 TFLOP/s against 384 for ping-pong on the H200, 2026-11-30, so it
- * was removed; it needs the producer-warpgroup split with setmaxnreg first.) */
+ * was removed; it needs the producer-warpgroup split with setmaxnreg first.)  MODE 3: the
+ * ping-pong kernel fed by a producer warpgroup (see WgStages). */
 template <typename T, int MODE>
-__global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar_attn_args a)
+__global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(const ar_attn_args a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr bool PIPE = MODE >= 1, PINGPONG = MODE >= 2;
+    constexpr bool PIPE = MODE >= 1, PINGPONG = MODE >= 2, WS = MODE >= 3, OVERLAP = MODE == 4;
     constexpr int HD = WgGeom::HD, BLOCK_N = WgGeom::BLOCK_N, ROWS = WgGeom::ROWS;
     constexpr int CHUNKS = HD / 8;                       /* 16-byte chunks per row */
-    constexpr int LOADS = BLOCK_N * CHUNKS / WgGeom::THREADS;   /* chunks per thread per K (or V) tile */
+    constexpr int LOADERS = WS ? 128 : WgGeom::THREADS;  /* threads that issue the copies */
+    constexpr int LOADS = BLOCK_N * CHUNKS / LOADERS;    /* chunks per loader per K (or V) tile */
     extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
     const uint32_t smem_base0 = (uint32_t)__cvta_generic_to_shared(wg_smem_raw);
     const uint32_t pad = (1024 - (smem_base0 & 1023)) & 1023;
     unsigned char *smem = wg_smem_raw + pad;
     const uint32_t sq_addr = smem_base0 + pad;          /* Q tile */
     const uint32_t skv_addr = sq_addr + WgGeom::TILE_BYTES; /* stage s: K at + 2s tiles, V at + 2s+1 */
-    constexpr int STAGES = WgStages<PIPE>::STAGES;
-    const uint32_t full_bar = sq_addr + (uint32_t)WgStages<PIPE>::BAR_OFFSET;   /* PIPE: [STAGES] */
-    const uint32_t empty_bar = full_bar + STAGES * 8;                             /* PIPE: [STAGES] */
+    constexpr int STAGES = WgStages<MODE>::STAGES;
+    /* PIPE: full[STAGES] (K and V of a stage landed; WS: K only), empty[STAGES] (both consumer
+     * warpgroups are done with a stage); WS: full_v[STAGES] (V landed) */
+    const uint32_t full_bar = sq_addr + (uint32_t)WgStages<MODE>::BAR_OFFSET;
+    const uint32_t empty_bar = full_bar + STAGES * 8;
+    const uint32_t full_v_bar = WS ? empty_bar + STAGES * 8 : full_bar;
     if (PIPE && threadIdx.x == 0) {
         for (int st = 0; st < STAGES; st++) {
-            ar_wg::mbar_init(full_bar + st * 8, WgGeom::THREADS);
+            ar_wg::mbar_init(full_bar + st * 8, LOADERS);
             ar_wg::mbar_init(empty_bar + st * 8, WgGeom::THREADS);
+            if (WS) ar_wg::mbar_init(full_v_bar + st * 8, LOADERS);
         }
     }
 
     const ar_attn_work w = a.work[blockIdx.x];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    /* WS: warpgroup 0 of the CTA is the producer (tid < 128, loads only); the consumer threads
+     * are numbered from 0 after it, so everything below the loads reads as in the other modes */
+    const bool producer = WS && threadIdx.x < 128;
+    const int tid = WS && !producer ? (int)threadIdx.x - 128 : (int)threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;                           /* warpgroup: rows 64 wg .. 64 wg + 63 */
     const int g = lane >> 2, tq = lane & 3;
 
@@ -175,16 +193,18 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
     const T *kg = reinterpret_cast<const T *>(a.k_cache) + (int64_t)kvh_load * HD;
     const T *vg = reinterpret_cast<const T *>(a.v_cache) + (int64_t)kvh_load * HD;
 
-    /* Q tile -> shared (rows past the request zero-filled) */
+    /* Q tile -> shared (rows past the request zero-filled), by the loaders */
+    if (!WS || producer) {
 #pragma unroll
-    for (int k = 0; k < ROWS * CHUNKS / WgGeom::THREADS; k++) {
-        int i = tid + k * WgGeom::THREADS, r = i / CHUNKS, c = i % CHUNKS;
-        int pair = w.pair0 + r, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
-        bool ok = tok < q_len;
-        const T *src = ok ? qg + ((int64_t)(qstart + tok) * a.num_q_heads + hq) * HD + c * 8 : qg;
-        cp_async16(smem + wg_swizzle(r, c), src, ok);
+        for (int k = 0; k < ROWS * CHUNKS / LOADERS; k++) {
+            int i = tid + k * LOADERS, r = i / CHUNKS, c = i % CHUNKS;
+            int pair = w.pair0 + r, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
+            bool ok = tok < q_len;
+            const T *src = ok ? qg + ((int64_t)(qstart + tok) * a.num_q_heads + hq) * HD + c * 8 : qg;
+            cp_async16(smem + wg_swizzle(r, c), src, ok);
+        }
+        cp_async_commit();
     }
-    cp_async_commit();
 
     /* this warpgroup's rows, and this thread's two rows (lo = r, hi = r + 8) */
     const int wg_row0 = wg * 64;
@@ -202,7 +222,8 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
     }
 
     const int n_tiles = w.tile_end - w.tile_begin;
-    auto load_kv = [&](int it) {
+    /* copies of tile it into its stage by the loaders: parts 3 = K and V, 1 = K, 2 = V */
+    auto load_kv = [&](int it, int parts) {
         int t = w.tile_begin + it;
         uint32_t stage_off = (uint32_t)((it % STAGES) * 2 * WgGeom::TILE_BYTES);
         unsigned char *sk = smem + WgGeom::TILE_BYTES + stage_off;
@@ -210,17 +231,35 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
         int slots[LOADS];
 #pragma unroll
         for (int k = 0; k < LOADS; k++) {
-            int j = t * BLOCK_N + (tid + k * WgGeom::THREADS) / CHUNKS;
+            int j = t * BLOCK_N + (tid + k * LOADERS) / CHUNKS;
             slots[k] = j < seq_len ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : -1;
         }
 #pragma unroll
         for (int k = 0; k < LOADS; k++) {
-            int i = tid + k * WgGeom::THREADS, key = i / CHUNKS, c = i % CHUNKS;
+            int i = tid + k * LOADERS, key = i / CHUNKS, c = i % CHUNKS;
             bool ok = slots[k] >= 0;
             int64_t off = ok ? (int64_t)slots[k] * head_stride + c * 8 : 0;
             uint32_t at = wg_swizzle(key, c);
-            cp_async16(sk + at, kg + off, ok);
-            cp_async16(sv + at, vg + off, ok);
+            if (parts & 1) cp_async16(sk + at, kg + off, ok);
+            if (parts & 2) cp_async16(sv + at, vg + off, ok);
+        }
+    };
+
+    /* The producer's copies of tile it, K (v = 0) or V (v = 1), in few registers: thread tid
+     * copies 16-byte chunk tid % 16 of keys tid / 16 + 8 k (k = 0..15), whose swizzled
+     * position differs only by 128 bytes per key (key & 7 is the same for all of them). */
+    auto produce = [&](int it, int v) {
+        const int c = tid % CHUNKS, key0 = tid / CHUNKS;
+        const int t = w.tile_begin + it;
+        const uint32_t dst = sq_addr + (uint32_t)((1 + 2 * (it % STAGES) + v) * WgGeom::TILE_BYTES) + wg_swizzle(key0, c);
+        const T *src = (v ? vg : kg) + c * 8;
+#pragma unroll 4
+        for (int k = 0; k < BLOCK_N * CHUNKS / 128; k++) {
+            int j = t * BLOCK_N + key0 + 8 * k;
+            bool ok = j < seq_len;
+            int slot = ok ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : 0;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + (uint32_t)(k * 8 * 128)),
+                         "l"(src + (int64_t)slot * head_stride), "r"(ok ? 16 : 0));
         }
     };
 
@@ -244,9 +283,10 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
             wgmma_ss<T>(sd, da, db, kk > 0);
         }
     };
-    /* soft cap, mask, online softmax of the scores sc of tile t; rescales acc; P -> pa (A
-     * fragments of 8 k-steps of 16 keys) */
-    auto softmax_to_p = [&](float (&sc)[64], int t, uint32_t (&pa)[8][4]) {
+    /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of 8
+     * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies
+     * it: right away, or in the overlapped mode once the P V in flight has landed in acc) */
+    auto softmax_to_p = [&](float (&sc)[64], int t, uint32_t (&pa)[8][4], float (&alpha_out)[2]) {
         const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
         if (a.soft_cap > 0.f) {
             const float scale = scale_log2 * 0.6931471805599453f;
@@ -287,13 +327,7 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
                 rs += p0 + p1;
             }
             row_l[r] = row_l[r] * alpha + rs;
-            if (!no_rescale && __any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-                for (int n = 0; n < 16; n++) {
-                    acc[4 * n + 2 * r] *= alpha;
-                    acc[4 * n + 2 * r + 1] *= alpha;
-                }
-            }
+            alpha_out[r] = alpha;
         }
 #pragma unroll
         for (int kk = 0; kk < 8; kk++) {
@@ -302,6 +336,17 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
             pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
             pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
         }
+    };
+    auto rescale_acc = [&](const float (&alpha)[2]) {
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (!no_rescale && __any_sync(0xffffffffu, alpha[r] != 1.f)) {
+#pragma unroll
+                for (int n = 0; n < 16; n++) {
+                    acc[4 * n + 2 * r] *= alpha[r];
+                    acc[4 * n + 2 * r + 1] *= alpha[r];
+                }
+            }
     };
     /* O += P V of the tile in stage sv_addr (issued, not waited for) */
     auto issue_pv = [&](const uint32_t (&pa)[8][4], uint32_t sv_addr) {
@@ -314,30 +359,126 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
 
     if (PIPE) {
         __syncthreads();                                /* the barriers are initialised */
+        if (WS) {
+            if (producer) {
+                /* the producer warpgroup: gives up registers, then fills stage it % STAGES with
+                 * tile it as soon as both consumers released the tile it - STAGES in it; K and
+                 * V complete on separate barriers so S = Q K^T starts before V has landed (the
+                 * first K barrier also covers Q: its copies are older) */
+                ar_wg::setmaxnreg_dec<24>();
+                for (int it = 0; it < n_tiles; it++) {
+                    const int stage = it % STAGES;
+                    if (it >= STAGES) ar_wg::mbar_wait(empty_bar + stage * 8, (uint32_t)((it / STAGES - 1) & 1));
+                    produce(it, 0);
+                    ar_wg::mbar_arrive_cp_async(full_bar + stage * 8);
+                    produce(it, 1);
+                    ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
+                }
+                cp_async_wait<0>();
+                return;
+            }
+            ar_wg::setmaxnreg_inc<240>();
+        }
         if (PINGPONG && wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
-        for (int it = 0; it < STAGES - 1 && it < n_tiles; it++) {
-            load_kv(it);
+        for (int it = 0; !WS && it < STAGES - 1 && it < n_tiles; it++) {
+            load_kv(it, 3);
             ar_wg::mbar_arrive_cp_async(full_bar + (it % STAGES) * 8);   /* (Q's copies are older: covered) */
         }
     } else {
-        if (n_tiles > 0) load_kv(0);
+        if (n_tiles > 0) load_kv(0, 3);
         cp_async_commit();
     }
-    for (int it = 0; it < n_tiles; it++) {
+    if constexpr (OVERLAP) {
+        /* FlashAttention-3's intra-warpgroup overlap: in its turn a consumer issues S(it) and
+         * then P V of the previous active tile; the softmax of tile it runs while that P V is
+         * on the tensor cores, and acc is rescaled only once the P V has landed.  One turn per
+         * tile as in _PINGPONG; every tile's stage is released once this warpgroup is done
+         * with it (an inactive tile at once, an active one after its P V). */
+        uint32_t pa_prev[8][4];
+        int prev_it = -1;                               /* the active tile whose P V is pending */
+        for (int it = 0; it < n_tiles; it++) {
+            const int stage = it % STAGES;
+            const int t = w.tile_begin + it;
+            const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+            const bool active = wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
+                                !(window > 0 && tile_last < wg_min_qpos - window + 1);
+            const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * WgGeom::TILE_BYTES);
+            const bool pending = prev_it >= 0;
+            const int prev_stage = pending ? prev_it % STAGES : 0;
+            float s[64];
+            if (active) {
+                ar_wg::mbar_wait(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
+                ar_wg::fence_proxy_async();
+            }
+            if (pending) {
+                ar_wg::mbar_wait(full_v_bar + prev_stage * 8, (uint32_t)((prev_it / STAGES) & 1));
+                ar_wg::fence_proxy_async();
+            }
+            pingpong_wait(wg);
+            if (active) {
+                issue_s(s, sk_addr);
+                ar_wg::commit();
+            }
+            if (pending) {
+                issue_pv(pa_prev, skv_addr + (uint32_t)(prev_stage * 2 * WgGeom::TILE_BYTES) + WgGeom::TILE_BYTES);
+                ar_wg::commit();
+            }
+            pingpong_turn_issued(wg, it == n_tiles - 1);
+            uint32_t pa[8][4];
+            float alpha[2] = {1.f, 1.f};
+            if (active) {
+                if (pending) ar_wg::wait<1>();          /* S(it) done, the P V may still run */
+                else ar_wg::wait<0>();
+                ar_wg::fence_regs(s);
+                softmax_to_p(s, t, pa, alpha);
+            }
+            if (pending) {
+                ar_wg::wait<0>();
+                ar_wg::fence_regs(acc);
+#pragma unroll
+                for (int kk = 0; kk < 8; kk++)          /* the P V read these until now */
+                    asm volatile("" ::"r"(pa_prev[kk][0]), "r"(pa_prev[kk][1]), "r"(pa_prev[kk][2]), "r"(pa_prev[kk][3]));
+                ar_wg::mbar_arrive(empty_bar + prev_stage * 8);
+            }
+            if (active) {
+                rescale_acc(alpha);
+#pragma unroll
+                for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) pa_prev[kk][e] = pa[kk][e];
+                prev_it = it;
+            } else {
+                ar_wg::mbar_arrive(empty_bar + stage * 8);
+                prev_it = -1;
+            }
+        }
+        if (prev_it >= 0) {                             /* the last active tile's P V */
+            const int prev_stage = prev_it % STAGES;
+            ar_wg::mbar_wait(full_v_bar + prev_stage * 8, (uint32_t)((prev_it / STAGES) & 1));
+            ar_wg::fence_proxy_async();
+            issue_pv(pa_prev, skv_addr + (uint32_t)(prev_stage * 2 * WgGeom::TILE_BYTES) + WgGeom::TILE_BYTES);
+            ar_wg::commit();
+            ar_wg::wait<0>();
+            ar_wg::fence_regs(acc);
+            ar_wg::mbar_arrive(empty_bar + prev_stage * 8);
+        }
+    }
+    for (int it = 0; !OVERLAP && it < n_tiles; it++) {
         const int stage = it % STAGES;
         if (PIPE) {
-            /* refill the stage tile it - 1 used once both warpgroups are done with it */
+            /* refill the stage tile it - 1 used once both warpgroups are done with it (WS: the
+             * producer does) */
             const int ahead = it + STAGES - 1;
-            if (ahead < n_tiles) {
+            if (!WS && ahead < n_tiles) {
                 if (it >= 1) ar_wg::mbar_wait(empty_bar + ((it - 1) % STAGES) * 8, (uint32_t)(((it - 1) / STAGES) & 1));
-                load_kv(ahead);
+                load_kv(ahead, 3);
                 ar_wg::mbar_arrive_cp_async(full_bar + (ahead % STAGES) * 8);
             }
         } else {
             cp_async_wait<0>();
             ar_wg::fence_proxy_async();                        /* cp.async writes -> the async proxy */
             __syncthreads();
-            if (it + 1 < n_tiles) load_kv(it + 1);
+            if (it + 1 < n_tiles) load_kv(it + 1, 3);
             cp_async_commit();
         }
         const int t = w.tile_begin + it;
@@ -364,14 +505,20 @@ __global__ void __launch_bounds__(WgGeom::THREADS, 1) attn_wgmma_kernel(const ar
         ar_wg::wait<0>();
         ar_wg::fence_regs(s);
         uint32_t pa[8][4];
-        softmax_to_p(s, t, pa);
+        float alpha[2];
+        softmax_to_p(s, t, pa, alpha);
+        rescale_acc(alpha);
+        if (WS) {
+            ar_wg::mbar_wait(full_v_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
+            ar_wg::fence_proxy_async();
+        }
         issue_pv(pa, sv_addr);
         ar_wg::commit();
         ar_wg::wait<0>();
         ar_wg::fence_regs(acc);
         if (PIPE) ar_wg::mbar_arrive(empty_bar + stage * 8);
     }
-    cp_async_wait<0>();
+    if (!WS) cp_async_wait<0>();
 
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -404,18 +551,18 @@ template <typename T, int MODE>
 static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (num_work <= 0) return cudaSuccess;
-    attn_wgmma_kernel<T, MODE><<<num_work, WgGeom::THREADS, WgStages<(MODE >= 1)>::SMEM, stream>>>(*a);
+    attn_wgmma_kernel<T, MODE><<<num_work, WgStages<MODE>::THREADS, WgStages<MODE>::SMEM, stream>>>(*a);
     return cudaGetLastError();
 }
 
 template <typename T, int MODE>
 static cudaError_t attributes_wgmma(int *ctas_per_sm)
 {
-    const int smem = (int)WgStages<(MODE >= 1)>::SMEM;
+    const int smem = (int)WgStages<MODE>::SMEM;
     cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T, MODE>, WgGeom::THREADS,
-                                                         smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T, MODE>,
+                                                         WgStages<MODE>::THREADS, smem);
 }
 
 } /* namespace ar_attn */

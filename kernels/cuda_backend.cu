@@ -13,7 +13,10 @@
  * tiles, mbarrier pipeline, ping-pong warpgroups; on the H200, 2026-11-30: causal prefill 401
  * TFLOP/s against 376 for the lockstep PREFILL_WG, 395 for PREFILL_WG_PIPE and 272 for mma.sync;
  * cascade prefix pass 389 / 337 / 382 / 253); everything else the mma.sync PREFILL kernel.
- * AR_CUDA_WGMMA=0 in the environment keeps the mma.sync kernel everywhere (for comparisons).
+ * AR_CUDA_WGMMA=0 in the environment keeps the mma.sync kernel everywhere (for comparisons);
+ * AR_CUDA_WGMMA=ws / overlap / pingpong picks PREFILL_WG_WS (the warp-specialised variant: a
+ * producer warpgroup issues the loads) / PREFILL_WG_WS_OVERLAP (the same with FlashAttention-3's
+ * intra-warpgroup overlap) / PREFILL_WG_PINGPONG as the automatic wgmma config.
  *
  * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
  * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
@@ -71,8 +74,8 @@ typedef struct cuda_state {
     char device_name[256];
     int num_sms;
     int has_wgmma;                  /* compute capability 9.0: AR_CFG_PREFILL_WG can run */
-    int wgmma_auto;                 /* the automatic plan uses AR_CFG_PREFILL_WG for PREFILL launches
-                                       (has_wgmma, head size 128; AR_CUDA_WGMMA=0 turns it off) */
+    int wgmma_auto;                 /* the wgmma config the automatic plan uses for PREFILL launches
+                                       (has_wgmma, head size 128), 0 = none (AR_CUDA_WGMMA=0) */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
     bool bf16;
     size_t side_elems;              /* num_blocks * block_size * hkv * head_size */
@@ -252,8 +255,9 @@ ar_attn_geom ar_attn_geometry(int config, int hd)
 {
     using namespace ar_attn;
     if (ar_attn_config_is_wg(config) && hd == 128) {
-        ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, WgGeom::THREADS,
-                          config == AR_CFG_PREFILL_WG ? WgStages<false>::SMEM : WgStages<true>::SMEM};
+        const int mode = config - AR_CFG_PREFILL_WG;
+        ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, mode >= 3 ? WgStages<3>::THREADS : WgStages<0>::THREADS,
+                          mode == 0 ? WgStages<0>::SMEM : mode >= 3 ? WgStages<3>::SMEM : WgStages<1>::SMEM};
         return r;
     }
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return geom_of<PrefillWideG128>();
@@ -410,7 +414,12 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->has_wgmma = prop.major == 9 && prop.minor == 0;
     {
         const char *e = getenv("AR_CUDA_WGMMA");
-        s->wgmma_auto = s->has_wgmma && s->head_size == 128 && !(e != NULL && strcmp(e, "0") == 0);
+        int auto_config = AR_CFG_PREFILL_WG_PINGPONG;
+        if (e != NULL && strcmp(e, "0") == 0) auto_config = 0;
+        if (e != NULL && strcmp(e, "ws") == 0) auto_config = AR_CFG_PREFILL_WG_WS;
+        if (e != NULL && strcmp(e, "overlap") == 0) auto_config = AR_CFG_PREFILL_WG_WS_OVERLAP;
+        if (e != NULL && strcmp(e, "pingpong") == 0) auto_config = AR_CFG_PREFILL_WG_PINGPONG;
+        s->wgmma_auto = s->has_wgmma && s->head_size == 128 ? auto_config : 0;
     }
     if ((rc = cuda_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
@@ -545,7 +554,7 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     if (force_config == AR_CFG_PREFILL_TALL) config = s->template_hd == 128 ? AR_CFG_PREFILL_TALL : AR_CFG_PREFILL;
     const bool wg_ok = s->has_wgmma && s->head_size == 128;
     if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
-    if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = AR_CFG_PREFILL_WG_PINGPONG;
+    if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = s->wgmma_auto;
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
     const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;

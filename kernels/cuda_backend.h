@@ -25,7 +25,9 @@ extern const ar_backend ar_cuda_backend;
  * 128 only; a cascade prefix-pass candidate), 4 PREFILL_WG (the wgmma kernel: head size 128
  * on a compute-capability 9.0 device, else PREFILL runs), 5 PREFILL_WG_PIPE (the same with an
  * mbarrier pipeline; same conditions), 6 PREFILL_WG_PINGPONG (the pipeline with FlashAttention-3's
- * ping-pong turns between the two warpgroups); num_splits 0 = the heuristic,
+ * ping-pong turns between the two warpgroups), 7 PREFILL_WG_WS (the ping-pong kernel fed by a
+ * producer warpgroup: warp specialisation), 8 PREFILL_WG_WS_OVERLAP (that with S of one tile
+ * overlapping P V of the previous in each warpgroup); num_splits 0 = the heuristic,
  * N >= 1 = split every work item's key range into up to N pieces. */
 void ar_cuda_set_plan(void *state, int config, int num_splits);
 /* The same override for the cascade prefix pass only (config -1 / num_splits 0: as
@@ -34,7 +36,7 @@ void ar_cuda_set_prefix_plan(void *state, int config, int num_splits);
 
 /* What the last prepare() planned. */
 typedef struct ar_cuda_plan_info {
-    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL, 4 PREFILL_WG, 5 _PIPE, 6 _PINGPONG (wgmma, sm_90) */
+    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL, 4 PREFILL_WG, 5 _PIPE, 6 _PINGPONG, 7 _WS, 8 _WS_OVERLAP (wgmma, sm_90) */
     int template_hd;     /* 64, 128 or 256 */
     int num_work;        /* CTAs of the attention launch */
     int num_splits;      /* split count chosen (1 = none) */

@@ -162,8 +162,12 @@ static void prefix_wg_pipe(void *state) { ar_cuda_set_prefix_plan(state, 5, 0); 
 static void all_wg_pipe(void *state) { ar_cuda_set_plan(state, 5, 5); }
 static void prefix_wg_pingpong(void *state) { ar_cuda_set_prefix_plan(state, 6, 3); }
 static void all_wg_pingpong(void *state) { ar_cuda_set_plan(state, 6, 0); }
+static void prefix_wg_ws(void *state) { ar_cuda_set_prefix_plan(state, 7, 0); }
+static void all_wg_ws(void *state) { ar_cuda_set_plan(state, 7, 3); }
+static void prefix_wg_overlap(void *state) { ar_cuda_set_prefix_plan(state, 8, 0); }
+static void all_wg_overlap(void *state) { ar_cuda_set_plan(state, 8, 0); }
 
-/* A forced wgmma config (4-6) runs as PREFILL (0) off Hopper: the plan hook records whether the
+/* A forced wgmma config (4-8) runs as PREFILL (0) off Hopper: the plan hook records whether the
  * device has them. */
 static bool wg_available = true;
 static void wg_plan_hook(void *state, casc_result *res)
@@ -184,12 +188,14 @@ static void test_cascade_prefix_geometries(void **unused)
     if (!casc_gpu_ready()) { skip(); return; }
     static void (*const setups[])(void *) = {prefix_wide, prefix_tall, prefix_tall_split, prefix_wg,
                                              prefix_wg_split, all_wg, prefix_wg_pipe, all_wg_pipe,
-                                             prefix_wg_pingpong, all_wg_pingpong};
-    static const int want_config[] = {2, 3, 3, 4, 4, 4, 5, 5, 6, 6};
+                                             prefix_wg_pingpong, all_wg_pingpong, prefix_wg_ws, all_wg_ws,
+                                             prefix_wg_overlap, all_wg_overlap};
+    static const int want_config[] = {2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8};
     static const char *const names[] = {"prefix WIDE", "prefix TALL", "prefix TALL split 5", "prefix WG",
                                         "prefix WG split 5", "every pass WG", "prefix WG_PIPE",
                                         "every pass WG_PIPE split 5", "prefix WG_PINGPONG split 3",
-                                        "every pass WG_PINGPONG"};
+                                        "every pass WG_PINGPONG", "prefix WG_WS", "every pass WG_WS split 3",
+                                        "prefix WG_WS_OVERLAP", "every pass WG_WS_OVERLAP"};
     enum { NUM_GEOMETRIES = sizeof want_config / sizeof want_config[0] };
     int failures = 0;
     casc_seq many[128];
@@ -197,9 +203,9 @@ static void test_cascade_prefix_geometries(void **unused)
     for (int k = 0; k < NUM_GEOMETRIES; k++) {
         /* under AR_GPU_SMALL (compute-sanitizer): WIDE, the lockstep wgmma prefix pass, and every
          * pass on the pipelined and the ping-pong wgmma kernels */
-        if (casc_small() && k != 0 && k != 3 && k != 7 && k != 9) continue;
+        if (casc_small() && k != 0 && k != 3 && k != 7 && k != 9 && k != 11 && k != 13) continue;
         /* every row verified on the flat run where the flat pass itself is a wgmma config */
-        bool flat_wg = k == 5 || k == 7 || k == 9;
+        bool flat_wg = k == 5 || k == 7 || k == 9 || k == 11 || k == 13;
         casc_check check = {flat_wg ? 0 : 8, 32, 0, setups[k]};
         casc_result r;
         char what[96];

@@ -317,9 +317,10 @@ static void test_every_kernel_instance(void **unused)
                 count++;
             }
             if (sizes[d] != 128) continue;
-            /* configs 4-6 ask for the wgmma kernels (PREFILL_WG, _PIPE, _PINGPONG: head size 128
-             * on compute capability 9.0); a device without them runs PREFILL */
-            for (int forced = 4; forced <= 6; forced++) {
+            /* configs 4-8 ask for the wgmma kernels (PREFILL_WG, _PIPE, _PINGPONG, _WS,
+             * _WS_OVERLAP: head size 128 on compute capability 9.0); a device without them runs
+             * PREFILL */
+            for (int forced = 4; forced <= 8; forced++) {
                 run_opts ro = auto_opts;
                 ro.config = forced;
                 run_case(&c, short_mixed, 3, &ro, &r);
