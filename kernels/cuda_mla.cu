@@ -132,6 +132,7 @@ struct attn_args {
     double scale_ref;           /* the same in double, for the float64 reference */
     float scale_log2;           /* scale * log2(e) */
     float kv_scale;
+    int wg_variant;             /* attn_wgmma kernel variant (wg_variants, host side); 0 = round 1 */
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -2133,14 +2134,55 @@ static bool wgmma_kernel_usable(int device)
         return false;
     }
     if (major != 9 || minor != 0 || optin < WG_SMEM) return false;
-    cudaError_t e1 = cudaFuncSetAttribute(attn_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
-    cudaError_t e2 = cudaFuncSetAttribute(attn_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM);
-    if (e1 != cudaSuccess || e2 != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
+    const void *const fns[8] = {(const void *)attn_wgmma_kernel<true>, (const void *)attn_wgmma_kernel<false>,
+                                (const void *)attn_wgmma_s1_kernel<true>, (const void *)attn_wgmma_s1_kernel<false>,
+                                (const void *)attn_wgmma_ws_kernel<true, true>, (const void *)attn_wgmma_ws_kernel<false, true>,
+                                (const void *)attn_wgmma_ws_kernel<true, false>, (const void *)attn_wgmma_ws_kernel<false, false>};
+    for (int i = 0; i < 8; i++)
+        if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
     return true;
 }
+
+/* ---- Variants of the wgmma kernel (round 2; bench_mla wgsweep compares them) ---- */
+
+typedef struct wg_variant_info {
+    const char *name;
+    const char *about;
+} wg_variant_info;
+
+/* Variant v (0-based, as AR_MLA_WG_VARIANT and ar_cuda_mla_case.wg_variant take it). */
+static const wg_variant_info wg_variants[] = {
+    {"base", "round 1: S split by keys (2 x m64n32k16), 3 CTA barriers a tile, all threads load"},
+    {"s1", "S by warpgroup 0 alone (m64n64k16, full rows: no max exchange), 2 CTA barriers a tile"},
+    {"ws", "warp-specialised: wg 1 loads + P V half, wg 0 S + softmax + P V half (P from registers), named barriers"},
+    {"ws-ss", "as ws with warpgroup 0's P read from the shared P tile (SS) instead of registers"},
+};
+static const int NUM_WG_VARIANTS = (int)(sizeof wg_variants / sizeof wg_variants[0]);
+static_assert(sizeof wg_variants / sizeof wg_variants[0] == AR_CUDA_MLA_WG_VARIANT_COUNT,
+              "cuda_mla.h's variant count names every wgmma variant");
+
+/* What runs when neither the case nor AR_MLA_WG_VARIANT names a variant. */
+static const int WG_DEFAULT_VARIANT = 0;
+
+/* The variant AR_MLA_WG_VARIANT names (a number or a name; read once), else the default. */
+static int env_wg_variant(void)
+{
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    int v = WG_DEFAULT_VARIANT;
+    const char *e = getenv("AR_MLA_WG_VARIANT");
+    if (e && *e) {
+        for (int i = 0; i < NUM_WG_VARIANTS; i++)
+            if (strcmp(e, wg_variants[i].name) == 0) v = i;
+        if (e[0] >= '0' && e[0] <= '9' && atoi(e) < NUM_WG_VARIANTS) v = atoi(e);
+    }
+    cached = v;
+    return v;
+}
+
 
 /* AUTO: the narrow kernel when every request has <= 16 rows (s_q * h_q); else, where the wgmma
  * kernel can run (wgmma_ok: a compute-capability 9.0 device and a bf16/fp16 cache) and some
@@ -2327,7 +2369,14 @@ static void launch_tc(const attn_args &a, int stages, tc_variant variant, int na
 {
     const bool split_qk = variant == TC_SPLIT_QK;
     if (variant == TC_WGMMA && !FP8) {   /* the planner never picks it with an fp8 cache */
-        attn_wgmma_kernel<BF16><<<num_work, THREADS, WG_SMEM, st>>>(a);
+        if (a.wg_variant == 1)
+            attn_wgmma_s1_kernel<BF16><<<num_work, THREADS, WG_SMEM, st>>>(a);
+        else if (a.wg_variant == 2)
+            attn_wgmma_ws_kernel<BF16, true><<<num_work, THREADS, WG_SMEM, st>>>(a);
+        else if (a.wg_variant == 3)
+            attn_wgmma_ws_kernel<BF16, false><<<num_work, THREADS, WG_SMEM, st>>>(a);
+        else
+            attn_wgmma_kernel<BF16><<<num_work, THREADS, WG_SMEM, st>>>(a);
         return;
     }
     if (variant == TC_NARROW && stages >= 4 && narrow_vi > 0 && !FP8) {
@@ -2414,6 +2463,8 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
     res->combine_us = 0;
     res->narrow_variant = 0;
     res->narrow_variant_name = NULL;
+    res->wg_variant = -1;
+    res->wg_variant_name = NULL;
     res->num_work = res->num_groups = 0;
     if (c->batch < 1 || c->s_q < 1 || c->h_q < 1 ||
         (c->block_size != 16 && c->block_size != 32 && c->block_size != 64) ||
@@ -2446,6 +2497,11 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
     if (c->stages == 2 && tc_stages > 2) tc_stages = 2;
     bool use_tc = c->kernel != AR_MLA_KERNEL_SIMT && tc_stages > 0;
     const bool wgmma_ok = use_tc && c->kv_dtype != AR_FP8_E4M3 && wgmma_kernel_usable(dev);
+    if (c->force_wg_variant && (c->wg_variant < 0 || c->wg_variant >= NUM_WG_VARIANTS)) {
+        snprintf(err, err_len, "cuda-mla case: wg_variant %d is not one of the wgmma kernel's 0 .. %d", c->wg_variant,
+                 NUM_WG_VARIANTS - 1);
+        return 2;
+    }
     if (c->kernel == AR_MLA_KERNEL_TC_WGMMA && !wgmma_ok) {
         int major = 0, minor = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -2585,6 +2641,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         a.scale_ref = c->scale;
         a.scale_log2 = (float)(c->scale * 1.4426950408889634);
         a.kv_scale = (float)c->kv_scale;
+        a.wg_variant = c->force_wg_variant ? c->wg_variant : env_wg_variant();
         if (!rc) rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_ctas, plan.num_groups, T, st, NULL), "attention", err, err_len);
         if (!rc) rc = mla_fail(cudaDeviceSynchronize(), "attention", err, err_len);
         if (!rc && c->repeat > 0) {
@@ -2671,6 +2728,10 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         if (use_tc && variant == TC_NARROW) {
             res->narrow_variant = narrow_vi + 1;
             res->narrow_variant_name = narrow_variants[narrow_vi].name;
+        }
+        if (use_tc && variant == TC_WGMMA) {
+            res->wg_variant = c->force_wg_variant ? c->wg_variant : env_wg_variant();
+            res->wg_variant_name = wg_variants[res->wg_variant].name;
         }
     }
     plan_free(&plan);
@@ -3214,6 +3275,7 @@ static int mla_fill(void *state, int layer, const ar_fill *f, char *err, size_t 
 static void fill_attn_args(mla_state *s, int layer, attn_args *a)
 {
     memset(a, 0, sizeof *a);
+    a->wg_variant = env_wg_variant();
     a->q = s->qlat.ptr;
     a->cache = s->cache[layer];
     a->o_lat = (float *)s->olat.ptr;

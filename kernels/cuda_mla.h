@@ -107,6 +107,8 @@ typedef struct ar_cuda_mla_case {
     const unsigned char *ref_requests;   /* [batch]: requests the reference covers (NULL: all) */
     int narrow_variant;       /* where the narrow kernel runs: 0 = AR_MLA_NARROW from the environment
                                  (else the default), v >= 1 = variant v (ar_cuda_mla_narrow_variant_name) */
+    bool force_wg_variant;    /* run wgmma-kernel variant wg_variant (else AR_MLA_WG_VARIANT, else the default) */
+    int wg_variant;           /* 0 .. ar_cuda_mla_wg_variant_count() - 1 (0 = the round-1 kernel) */
     bool contiguous_blocks;   /* logical block k of request b in physical block 1 + b * blocks_per_req + k
                                  (FlashMLA's benchmark: block_table = arange) instead of the permutation */
 } ar_cuda_mla_case;
@@ -125,6 +127,8 @@ typedef struct ar_cuda_mla_result {
     double combine_us;        /* median time of the combine launch alone (inside attn_us) */
     int narrow_variant;       /* the narrow variant that ran (1 = the default), 0 if not narrow */
     const char *narrow_variant_name;
+    int wg_variant;           /* the wgmma-kernel variant that ran, -1 if the wgmma kernel did not run */
+    const char *wg_variant_name;
 } ar_cuda_mla_result;
 
 /* Runs one case.  0 ok; 3 no device / CUDA error; 2 bad case (also: kernel AR_MLA_KERNEL_TC_WGMMA
@@ -143,6 +147,13 @@ int ar_cuda_mla_narrow_variant_count(void);
 const char *ar_cuda_mla_narrow_variant_name(int v);
 const char *ar_cuda_mla_narrow_variant_about(int v);
 bool ar_cuda_mla_narrow_variant_is_diagnostic(int v);
+
+/* Variants of the Hopper wgmma kernel (tc-wgmma), numbered 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1
+ * (names: ar_cuda_mla_result.wg_variant_name); 0 is the round-1 kernel and the default until the
+ * H200 sweep (bench_mla wgsweep) picks another.  A case picks one by force_wg_variant /
+ * wg_variant, the backend by AR_MLA_WG_VARIANT=<number or name> (read once).  A constant, not a
+ * function, so that builds without CUDA (cuda_mla_stub.c) need nothing new. */
+enum { AR_CUDA_MLA_WG_VARIANT_COUNT = 4 };
 
 /* A FlashMLA test input from a standard normal draw x: x / 10 clamped to [-1, 1], rounded to
  * dtype (division rounded to nearest on the device too, whatever the fast-math flags). */

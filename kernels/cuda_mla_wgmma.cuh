@@ -43,6 +43,15 @@
  * ptxas (nvcc 13.0, sm_90a): 250 registers a thread, no spills, 231424 bytes of dynamic shared
  * memory (an sm_90 block may have 232448): one CTA per SM.
  *
+ * Round 2 adds three variants (the host picks one: AR_MLA_WG_VARIANT / ar_cuda_mla_case.wg_variant,
+ * 0 = the kernel above, still the default): 1 attn_wgmma_s1_kernel (S by warpgroup 0 alone with
+ * m64n64k16, 144 KB of shared reads a tile instead of 216, no max exchange: two CTA barriers a
+ * tile), 2 and 3 attn_wgmma_ws_kernel (warp-specialised: warpgroup 1 loads and runs its half of
+ * P V, warpgroup 0 runs S, the softmax and its half, named barriers instead of CTA barriers, so
+ * the tensor pipe runs warpgroup 1's P V and warpgroup 0's next S back to back; 3 reads
+ * warpgroup 0's P from shared memory instead of registers).  ptxas: s1 250 registers, ws 255,
+ * no spills.
+ *
  * The kernel body exists only in the sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere it
  * traps, and the host picks it only on a compute-capability 9.0 device with a bf16/fp16 cache
  * (choose_variant in cuda_mla.cu). */
@@ -353,6 +362,508 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_kernel(attn_args a)
         const float lse2 = l_run[h] > 0.f ? m_run[h] + log2f(l_run[h]) : -INFINITY;
         store_row<32>(a, w, q0, lr[h], h, o, inv, lse2, wg * 256, tig, wg == 0 && tig == 0);
     }
+#else
+    __trap();   /* built without sm_90a: the host never launches this kernel there */
+#endif
+}
+
+
+/* ---------------------------------------------------------------------------------------- */
+/* Round-2 variants (AR_MLA_WG_VARIANT, see wg_variants in cuda_mla.cu).  Both compute S for  */
+/* the whole 64-key tile in warpgroup 0 alone with wgmma m64n64k16 SS: per 16-dim step 2 KB   */
+/* of Q + 2 KB of keys read from shared memory for 64 x 64 x 16 MACs, 144 KB a tile instead   */
+/* of the two m64n32 halves' 216 KB (Q read twice), ~1150 cycles at 128 B/cycle, balanced     */
+/* with the tensor time of S (~1150); the full rows stay in one warpgroup, so the row-max     */
+/* exchange and its barrier go away and the row sums are warpgroup 0's alone.  Warpgroup 0    */
+/* hands P (through the shared P tile) and the per-row rescale factors alpha (through red)    */
+/* to warpgroup 1, which owns output columns 256 .. 511 as before.                            */
+/* ---------------------------------------------------------------------------------------- */
+
+/* S [64 rows x 64 keys, accumulator layout as wgmma_qk's with nt = 0..7] (+)= A B (both K-major). */
+template <bool BF16> __device__ __forceinline__ void wgmma_qk64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int accumulate);
+/* O [64 rows x 256 columns] += P (A fragments in registers: rows 16 (warp % 4) + lane / 4 (+ 8),
+ * keys 2 (lane % 4) (+ 1, + 8, + 9) of the 16-key step) V (desc_b, MN-major). */
+template <bool BF16> __device__ __forceinline__ void wgmma_pv_rs(float (&d)[32][4], const uint32_t (&pa)[4], uint64_t desc_b);
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <> __device__ __forceinline__ void wgmma_qk64<true>(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+template <> __device__ __forceinline__ void wgmma_pv_rs<true>(float (&d)[32][4], const uint32_t (&pa)[4], uint64_t desc_b)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
+        "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
+        "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
+        "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+        "%123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+          "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+          "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]),
+          "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+          "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]),
+          "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
+          "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]),
+          "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+          "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]),
+          "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
+          "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]),
+          "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+          "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]),
+          "+f"(d[31][2]), "+f"(d[31][3])
+        : "r"(pa[0]), "r"(pa[1]), "r"(pa[2]), "r"(pa[3]), "l"(desc_b), "r"(1));
+}
+template <> __device__ __forceinline__ void wgmma_qk64<false>(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+template <> __device__ __forceinline__ void wgmma_pv_rs<false>(float (&d)[32][4], const uint32_t (&pa)[4], uint64_t desc_b)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
+        "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
+        "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
+        "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+        "%123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+          "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+          "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]),
+          "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+          "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]),
+          "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
+          "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]),
+          "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+          "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]),
+          "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
+          "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]),
+          "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+          "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]),
+          "+f"(d[31][2]), "+f"(d[31][3])
+        : "r"(pa[0]), "r"(pa[1]), "r"(pa[2]), "r"(pa[3]), "l"(desc_b), "r"(1));
+}
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+/* Named barriers of the warp-specialised variant: 256 threads each, the 128 of the waiting
+ * warpgroup (bar.sync) and the 128 of the signalling one (bar.arrive).  Id 0 is __syncthreads. */
+enum {
+    WG_BAR_FULL0 = 1,    /* key tile in slot 0 landed (warpgroup 1 -> 0); slot 1: + 1 */
+    WG_BAR_EMPTY0 = 3,   /* warpgroup 0 done reading slot 0 (0 -> 1); slot 1: + 1 */
+    WG_BAR_PREADY = 5,   /* P tile and alpha of this tile written (0 -> 1) */
+    WG_BAR_PFREE = 6,    /* warpgroup 1 done with the P tile and alpha (1 -> 0) */
+    WG_BAR_WG0 = 7       /* warpgroup 0 alone (128 threads): its P stores done (variant 3) */
+};
+__device__ __forceinline__ void wg_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory"); }
+__device__ __forceinline__ void wg_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory"); }
+
+/* Keeps the A-fragment registers of an in-flight RS wgmma alive (unchanged) up to this point. */
+__device__ __forceinline__ void wg_fence_frag(uint32_t (&pa)[4][4])
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(pa[i][e])::"memory");
+}
+
+/* cp.async of the Q tile (rows row0 .. row0 + 63 of request r's tokens, zeros at and past
+ * nrows) into the swizzled tile at sq, by NTHR threads (this one is number i). */
+template <int NTHR>
+__device__ __forceinline__ void wg_load_q(const attn_args &a, const work_item &w, int q0, int nrows, unsigned char *sq, int i)
+{
+    const uint16_t *const qg = (const uint16_t *)a.q;
+#pragma unroll 4
+    for (int k = 0; k < 64 * WG_CHUNKS / NTHR; k++) {
+        const int idx = i + k * NTHR, row = idx / WG_CHUNKS, c = idx % WG_CHUNKS;
+        const int gr = w.row0 + row;
+        const bool valid = gr < nrows;
+        cp_async16(sq + wg_swz(row, c), qg + ((int64_t)q0 * a.num_heads + (valid ? gr : 0)) * D + c * 8, valid);
+    }
+}
+
+/* cp.async of key tile t of the work item (keys key_begin + 64 t .., zeros at and past key_end)
+ * of request r into the swizzled tile at sk, by NTHR threads (this one is number i): the
+ * block-table entries of the thread's chunks first, then the copies. */
+template <int NTHR>
+__device__ __forceinline__ void wg_load_keys(const attn_args &a, const work_item &w, int r, int t, unsigned char *sk, int i)
+{
+    constexpr int LOADS = 64 * WG_CHUNKS / NTHR;
+    static_assert(64 * WG_CHUNKS % NTHR == 0, "wgmma kernel: whole chunks per thread");
+    const int *const bt = a.block_table + (int64_t)r * a.mbpr;
+    const uint16_t *const cache = (const uint16_t *)a.cache;
+    const int bs_log2 = a.block_size_log2, bs_mask = a.block_size - 1;
+    const int k0 = w.key_begin + t * WG_KEYS;
+    int slot[LOADS];
+#pragma unroll
+    for (int k = 0; k < LOADS; k++) {
+        const int j = k0 + (i + k * NTHR) / WG_CHUNKS;
+        slot[k] = j < w.key_end ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < LOADS; k++) {
+        const int idx = i + k * NTHR, key = idx / WG_CHUNKS, c = idx % WG_CHUNKS;
+        const bool valid = slot[k] >= 0;
+        cp_async16(sk + wg_swz(key, c), cache + (valid ? (int64_t)slot[k] * D + c * 8 : 0), valid);
+    }
+}
+
+/* Warpgroup 0's softmax of one tile: s [64 x 64] (scores, full rows) becomes P, m_run / l_run
+ * updated, alpha (the factor the outputs of both warpgroups are rescaled by) returned. */
+__device__ __forceinline__ void wg_softmax_full(float (&s)[8][4], int k0, int tig, const int lim[2], float score_mul,
+                                                float m_run[2], float l_run[2], float alpha[2], int fault)
+{
+    float mx[2];
+    mask_scale_rowmax<8>(s, k0, tig, lim, score_mul, mx);
+    const float m_old[2] = {m_run[0], m_run[1]};
+    softmax_step<8, 0>(s, mx, m_run, l_run, (float (*)[4])0, fault);
+#pragma unroll
+    for (int h = 0; h < 2; h++) alpha[h] = exp2f(m_old[h] - (m_run[h] == -INFINITY ? 0.f : m_run[h]));
+}
+
+/* o *= alpha (per row), skipped when no row of the warp moved or with the NO_RESCALE fault. */
+__device__ __forceinline__ void wg_rescale(float (&o)[32][4], const float alpha[2], int fault)
+{
+    if (fault == AR_FAULT_NO_RESCALE || !__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++) {
+        o[nt][0] *= alpha[0];
+        o[nt][1] *= alpha[0];
+        o[nt][2] *= alpha[1];
+        o[nt][3] *= alpha[1];
+    }
+}
+
+/* Warpgroup 0 writes P (s, full rows) into the swizzled P tile and (one thread a row) alpha. */
+template <bool BF16>
+__device__ __forceinline__ void wg_store_p(unsigned char *sp, float *s_alpha, const float (&s)[8][4], const int lr[2],
+                                           int tig, const float alpha[2])
+{
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = lr[h];
+            *reinterpret_cast<uint32_t *>(sp + row * 128 + ((nt ^ (row & 7)) << 4) + 4 * tig) =
+                pack2<BF16>(s[nt][2 * h], s[nt][2 * h + 1]);
+        }
+    if (tig == 0) {
+        s_alpha[lr[0]] = alpha[0];
+        s_alpha[lr[1]] = alpha[1];
+    }
+}
+
+/* Epilogue of the variants whose row sums / maxima are warpgroup 0's: it publishes them through
+ * red, both warpgroups normalise and write their 256 columns. */
+__device__ __forceinline__ void wg_finish_rows(const attn_args &a, const work_item &w, int q0, int nrows, float *s_sum,
+                                               float (&o)[32][4], float m_run[2], float l_run[2], const int lr[2],
+                                               int wg, int tig)
+{
+    if (wg == 0) {
+        quad_sum(l_run);
+        if (tig == 0)
+            for (int h = 0; h < 2; h++) {
+                s_sum[lr[h]] = l_run[h];
+                s_sum[ROWS + lr[h]] = m_run[h];
+            }
+    }
+    __syncthreads();
+    if (wg == 1)
+        for (int h = 0; h < 2; h++) {
+            l_run[h] = s_sum[lr[h]];
+            m_run[h] = s_sum[ROWS + lr[h]];
+        }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int gr = w.row0 + lr[h];
+        if (gr >= nrows) continue;
+        const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+        const float lse2 = l_run[h] > 0.f ? m_run[h] + log2f(l_run[h]) : -INFINITY;
+        store_row<32>(a, w, q0, lr[h], h, o, inv, lse2, wg * 256, tig, wg == 0 && tig == 0);
+    }
+}
+
+/* Variant 1 ("s1"): the round-1 kernel's lockstep (all 256 threads load, CTA barriers) with S
+ * in warpgroup 0 alone (m64n64k16, full rows, see above): two CTA barriers a tile (tile landed,
+ * P written) instead of three; warpgroup 1 only loads during S.  Both warpgroups then run
+ * O_w += P V[:, 256 w ..] with P from the shared tile, as in the round-1 kernel. */
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_s1_kernel(attn_args a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
+    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(mla_wg_smem);
+    const uint32_t pad = (1024u - (base0 & 1023u)) & 1023u;
+    unsigned char *const smem = mla_wg_smem + pad;
+    const uint32_t sq_addr = base0 + pad, sk_addr0 = sq_addr + WG_OFF_K, sp_addr = sq_addr + WG_OFF_P;
+    float *const s_alpha = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] */
+    float *const s_sum = s_alpha + 2 * ROWS;                               /* [2][ROWS] sums, maxima */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * a.num_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
+    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+
+    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
+    cp_async_commit();
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
+    const uint64_t desc_p = ar_wg::desc_sw128(sp_addr, 16, 1024);
+
+    if (ntiles > 0) wg_load_keys<THREADS>(a, w, r, 0, smem + WG_OFF_K, tid);
+    cp_async_commit();
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait<0>();
+        ar_wg::fence_proxy_async();
+        __syncthreads();                  /* tile t complete; tile t - 1's slot, P and alpha free */
+        const uint32_t sk_addr = sk_addr0 + (uint32_t)((t & 1) * WG_TILE);
+        if (wg == 0) {
+            float s[8][4];
+            const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
+            ar_wg::fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+                wgmma_qk64<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
+            }
+            ar_wg::commit();
+            if (t + 1 < ntiles) wg_load_keys<THREADS>(a, w, r, t + 1, smem + WG_OFF_K + ((t + 1) & 1) * WG_TILE, tid);
+            cp_async_commit();
+            ar_wg::wait<0>();
+            wg_fence_acc(s);
+            float alpha[2];
+            wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha, a.fault);
+            wg_rescale(o, alpha, a.fault);
+            wg_fence_acc(o);
+            wg_store_p<BF16>(smem + WG_OFF_P, s_alpha, s, lr, tig, alpha);
+        } else {
+            if (t + 1 < ntiles) wg_load_keys<THREADS>(a, w, r, t + 1, smem + WG_OFF_K + ((t + 1) & 1) * WG_TILE, tid);
+            cp_async_commit();
+        }
+        ar_wg::fence_proxy_async();       /* P stores -> the async proxy */
+        __syncthreads();
+        if (wg == 1) {
+            const float alpha[2] = {s_alpha[lr[0]], s_alpha[lr[1]]};
+            wg_rescale(o, alpha, a.fault);
+        }
+        wg_fence_acc(o);
+        ar_wg::fence();
+        const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
+#pragma unroll
+        for (int kk = 0; kk < WG_KEYS / 16; kk++)
+            wgmma_pv<BF16>(o, desc_p + (uint32_t)((kk * 32) >> 4), desc_v + (uint32_t)((kk * 2048) >> 4));
+        ar_wg::commit();
+        ar_wg::wait<0>();
+        wg_fence_acc(o);
+    }
+    cp_async_wait<0>();
+    wg_finish_rows(a, w, q0, nrows, s_sum, o, m_run, l_run, lr, wg, tig);
+#else
+    __trap();   /* built without sm_90a: the host never launches this kernel there */
+#endif
+}
+
+/* Variants 2 ("ws") and 3 ("ws-ss"): warp-specialised, no CTA barrier in the key loop.
+ *   warpgroup 1 (producer + half the P V): loads Q and every key tile (cp.async, 36 chunks a
+ *     thread a tile, into the slot warpgroup 0 released: EMPTY), signals FULL when a tile landed,
+ *     and per tile waits for PREADY, rescales its O half by alpha, runs O_1 += P V[:, 256 ..]
+ *     from the P tile, then signals PFREE;
+ *   warpgroup 0 (S + softmax + the other half): per tile waits FULL, runs S (m64n64k16), signals
+ *     EMPTY for the previous tile's slot as soon as its previous P V finished (wait_group 1: the
+ *     S of this tile may still run), softmax, waits PFREE, writes P and alpha, signals PREADY,
+ *     and issues O_0 += P V[:, 0 .. 255] without waiting for it: the tensor pipe runs it, then
+ *     the next tile's S, while warpgroup 1's half overlaps.  Variant 2 takes warpgroup 0's P
+ *     from registers (RS: the S accumulators are the A fragments), variant 3 from the P tile (SS).
+ * Every named barrier alternates arrive / sync phases (an arrival of phase k + 1 needs the
+ * other side to have passed phase k), and arrivals with no matching wait are skipped at the
+ * ends (EMPTY for the last two tiles, PFREE for the last). */
+template <bool BF16, bool P_RS>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_ws_kernel(attn_args a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
+    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(mla_wg_smem);
+    const uint32_t pad = (1024u - (base0 & 1023u)) & 1023u;
+    unsigned char *const smem = mla_wg_smem + pad;
+    const uint32_t sq_addr = base0 + pad, sk_addr0 = sq_addr + WG_OFF_K, sp_addr = sq_addr + WG_OFF_P;
+    float *const s_alpha = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] */
+    float *const s_sum = s_alpha + 2 * ROWS;                               /* [2][ROWS] sums, maxima */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * a.num_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
+    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const uint64_t desc_p = ar_wg::desc_sw128(sp_addr, 16, 1024);
+
+    if (wg == 1) {
+        const int i = tid - 128;
+        wg_load_q<128>(a, w, q0, nrows, smem, i);
+        if (ntiles > 0) wg_load_keys<128>(a, w, r, 0, smem + WG_OFF_K, i);
+        cp_async_commit();                /* group: Q + tile 0 */
+        if (ntiles > 1) wg_load_keys<128>(a, w, r, 1, smem + WG_OFF_K + WG_TILE, i);
+        cp_async_commit();                /* group: tile 1 (maybe empty) */
+        if (ntiles > 0) {
+            cp_async_wait<1>();
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(WG_BAR_FULL0);
+        }
+        for (int t = 0; t < ntiles; t++) {
+            wg_bar_sync(WG_BAR_PREADY);   /* P_t and alpha_t written (so tile t landed too) */
+            const float alpha[2] = {s_alpha[lr[0]], s_alpha[lr[1]]};
+            wg_rescale(o, alpha, a.fault);
+            wg_fence_acc(o);
+            ar_wg::fence();
+            const uint32_t sk_addr = sk_addr0 + (uint32_t)((t & 1) * WG_TILE);
+            const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * WG_ATOM), WG_ATOM, 1024);
+#pragma unroll
+            for (int kk = 0; kk < WG_KEYS / 16; kk++)
+                wgmma_pv<BF16>(o, desc_p + (uint32_t)((kk * 32) >> 4), desc_v + (uint32_t)((kk * 2048) >> 4));
+            ar_wg::commit();
+            if (t + 1 < ntiles) {         /* tile t + 1 (the only group in flight) landed */
+                cp_async_wait<0>();
+                ar_wg::fence_proxy_async();
+                wg_bar_arrive(WG_BAR_FULL0 + ((t + 1) & 1));
+            }
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+            if (t + 1 < ntiles) wg_bar_arrive(WG_BAR_PFREE);
+            if (t + 2 < ntiles) {         /* tile t + 2 into tile t's slot once warpgroup 0 is done with it */
+                wg_bar_sync(WG_BAR_EMPTY0 + (t & 1));
+                wg_load_keys<128>(a, w, r, t + 2, smem + WG_OFF_K + (t & 1) * WG_TILE, i);
+                cp_async_commit();
+            }
+        }
+        cp_async_wait<0>();
+    } else {
+        const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
+        uint32_t pa[4][4];                /* P_t as A fragments of the 4 key steps (RS) */
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) pa[kk][e] = 0u;
+        for (int t = 0; t < ntiles; t++) {
+            wg_bar_sync(WG_BAR_FULL0 + (t & 1));
+            const uint32_t sk_addr = sk_addr0 + (uint32_t)((t & 1) * WG_TILE);
+            float s[8][4];
+            const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
+            ar_wg::fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+                wgmma_qk64<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
+            }
+            ar_wg::commit();
+            if (t > 0) {                  /* P V of tile t - 1 done: its slot is free */
+                ar_wg::wait<1>();
+                wg_fence_acc(o);
+                wg_fence_frag(pa);
+                if (t + 1 < ntiles) wg_bar_arrive(WG_BAR_EMPTY0 + ((t - 1) & 1));
+            }
+            ar_wg::wait<0>();
+            wg_fence_acc(s);
+            float alpha[2];
+            wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha, a.fault);
+            wg_rescale(o, alpha, a.fault);
+            if (t > 0) wg_bar_sync(WG_BAR_PFREE);
+            wg_store_p<BF16>(smem + WG_OFF_P, s_alpha, s, lr, tig, alpha);
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(WG_BAR_PREADY);
+            if (!P_RS) asm volatile("bar.sync %0, 128;\n" :: "r"((int)WG_BAR_WG0) : "memory");
+            if (P_RS) {
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    pa[kk][0] = pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
+                    pa[kk][1] = pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
+                    pa[kk][2] = pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pa[kk][3] = pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                }
+            }
+            wg_fence_acc(o);
+            wg_fence_frag(pa);
+            ar_wg::fence();
+            const uint64_t desc_v = ar_wg::desc_sw128(sk_addr, WG_ATOM, 1024);
+#pragma unroll
+            for (int kk = 0; kk < WG_KEYS / 16; kk++) {
+                if (P_RS)
+                    wgmma_pv_rs<BF16>(o, pa[kk], desc_v + (uint32_t)((kk * 2048) >> 4));
+                else
+                    wgmma_pv<BF16>(o, desc_p + (uint32_t)((kk * 32) >> 4), desc_v + (uint32_t)((kk * 2048) >> 4));
+            }
+            ar_wg::commit();
+        }
+        ar_wg::wait<0>();
+        wg_fence_acc(o);
+        wg_fence_frag(pa);
+    }
+    wg_finish_rows(a, w, q0, nrows, s_sum, o, m_run, l_run, lr, wg, tig);
 #else
     __trap();   /* built without sm_90a: the host never launches this kernel there */
 #endif

@@ -19,7 +19,14 @@
  * line each: time of attention + combine (FlashMLA's definition) and of the combine alone,
  * effective TB/s, CTAs, max |out - float64 reference| and max |LSE - reference| over 3 requests
  * (first, middle, last), and max |out - the default's out| over all requests (0 =
- * bit-identical).  `bench_mla sweep` runs the sweep only. */
+ * bit-identical).  `bench_mla sweep` runs the sweep only.
+ *
+ * `bench_mla wgsweep` runs only the sweep of the wgmma kernel's variants (AR_MLA_WG_VARIANT,
+ * 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1; 0 = round 1) at h_q = 128, b = 128, s_q = 1, bf16,
+ * block 64, s_k = 4k, 8k, 16k, 32k, one line each:
+ *   WGSWEEP variant=<n> name=<short> sk=<keys> us=<attn+combine> tflops=<FlashMLA's count>
+ *           max_diff_vs_default=<max |out - variant 0's out|, all requests> err_vs_ref=<max
+ *           |out - float64 reference| over 3 requests> ran=<variant that ran> */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +152,85 @@ static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, floa
     return rc;
 }
 
+/* The wgmma-kernel variant sweep (see the file comment).  c: the case set up by main.  0 ok, 1
+ * if a case failed to run. */
+static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
+{
+    static const int sks[] = {4096, 8192, 16384, 32768};
+    const int B = c.batch, H = 128;
+    const size_t n_out = (size_t)B * H * 512, n_lse = (size_t)B * H;
+    unsigned char *sel = calloc((size_t)B, 1);
+    float *base_out = malloc(n_out * sizeof(float));
+    ar_cuda_mla_result r;
+    memset(&r, 0, sizeof r);
+    r.out = malloc(n_out * sizeof(float));
+    r.lse = malloc(n_lse * sizeof(float));
+    r.ref_out = malloc(n_out * sizeof(double));
+    r.ref_lse = malloc(n_lse * sizeof(double));
+    if (!sel || !base_out || !r.out || !r.lse || !r.ref_out || !r.ref_lse) {
+        printf("bench_mla wgsweep: out of host memory\n");
+        free(sel);
+        free(base_out);
+        free(r.out);
+        free(r.lse);
+        free(r.ref_out);
+        free(r.ref_lse);
+        return 1;
+    }
+    sel[0] = sel[B / 2] = sel[B - 1] = 1;
+    c.h_q = H;
+    c.kv_dtype = AR_BF16;
+    c.stages = 0;
+    c.kernel = AR_MLA_KERNEL_TC_WGMMA;
+    c.force_wg_variant = true;
+    c.want_reference = true;
+    c.ref_requests = sel;
+    printf("wgmma-kernel variant sweep: b=%d s_q=1 h_q=%d bf16 block 64, median of %d, %d variants\n", B, H,
+           c.repeat, AR_CUDA_MLA_WG_VARIANT_COUNT);
+    int rc = 0;
+    for (size_t ik = 0; ik < sizeof sks / sizeof sks[0]; ik++) {
+        const int sk = sks[ik];
+        for (int b = 0; b < B; b++) seqlens[b] = sk;
+        c.seqlens_k = seqlens;
+        bool have_base = false;
+        for (int v = 0; v < AR_CUDA_MLA_WG_VARIANT_COUNT; v++) {
+            c.wg_variant = v;
+            char err[512] = "";
+            if (ar_cuda_mla_run_case(&c, &r, err, sizeof err) != 0) {
+                printf("WGSWEEP variant=%d sk=%d error: %.200s\n", v, sk, err);
+                rc = 1;
+                continue;
+            }
+            double err_out = 0;
+            for (int b = 0; b < B; b++) {
+                if (!sel[b]) continue;
+                for (size_t i = (size_t)b * H * 512; i < (size_t)(b + 1) * H * 512; i++) {
+                    double d = fabs((double)r.out[i] - r.ref_out[i]);
+                    if (!(d <= err_out)) err_out = d;   /* NaN sticks */
+                }
+            }
+            if (v == 0) {
+                memcpy(base_out, r.out, n_out * sizeof(float));
+                have_base = true;
+            }
+            double vs_base = have_base ? max_abs_diff(r.out, base_out, n_out) : -1.0;
+            double flops = 2.0 * H * (double)B * sk * (576 + 512);
+            printf("WGSWEEP variant=%d name=%s sk=%d us=%.1f tflops=%.1f max_diff_vs_default=%.3g err_vs_ref=%.3g "
+                   "ran=%d%s\n", v, r.wg_variant_name ? r.wg_variant_name : "?", sk, r.attn_us,
+                   flops / r.attn_us / 1e6, vs_base, err_out, r.wg_variant,
+                   !(err_out <= 8e-4) ? " ERROR > 8e-4" : "");
+            fflush(stdout);
+        }
+    }
+    free(sel);
+    free(base_out);
+    free(r.out);
+    free(r.lse);
+    free(r.ref_out);
+    free(r.ref_lse);
+    return rc;
+}
+
 /* The narrow-kernel sweep (see the file comment).  c: the case set up by main. */
 static int run_sweep(ar_cuda_mla_case c, int *seqlens)
 {
@@ -177,6 +263,7 @@ static int run_sweep(ar_cuda_mla_case c, int *seqlens)
 int main(int argc, char **argv)
 {
     const bool sweep_only = argc > 1 && strcmp(argv[1], "sweep") == 0;
+    const bool wgsweep_only = argc > 1 && strcmp(argv[1], "wgsweep") == 0;
     const int B = 128, SQ = 1;
     static const int hqs[] = {128, 16}, sks[] = {4096, 8192, 16384, 32768};
     int *seqlens = malloc(sizeof(int) * B);
@@ -210,6 +297,12 @@ int main(int argc, char **argv)
         free(seqlens);
         ar_cuda_mla_release_case_buffers();
         return 0;
+    }
+    if (wgsweep_only) {
+        int src = run_wgsweep(c, seqlens);
+        free(seqlens);
+        ar_cuda_mla_release_case_buffers();
+        return src;
     }
     if (sweep_only) {
         int src = run_sweep(c, seqlens);

@@ -206,6 +206,7 @@ typedef struct grid_opts {
     double cos_limit;
     int stages;             /* 0: the most that fit (3 on Hopper), 2: the A100 ring */
     int narrow_variant;     /* 0: the default narrow kernel, v: variant v (ar_cuda_mla_narrow_variant_name) */
+    int wg_variant;         /* -1: the wgmma kernel's default variant (AR_MLA_WG_VARIANT), v >= 0: variant v */
 } grid_opts;
 
 /* Cases in which a narrow variant was asked for and another one ran (a device before sm_90). */
@@ -213,6 +214,9 @@ static int narrow_fallbacks = 0;
 
 /* The kernel the last run_checked case ran ("tc", "tc-split-qk", "tc-narrow", "simt"). */
 static char last_kernel_name[16];
+/* The wgmma variant the last run_checked case ran (-1: not the wgmma kernel) and its name. */
+static int last_wg_variant = -1;
+static char last_wg_variant_name[16];
 
 /* Runs one case and checks it; returns false (with a message) on failure. */
 static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool causal, bool zero_lens,
@@ -253,6 +257,8 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     c.num_splits = go->num_splits;
     c.stages = go->stages;
     c.narrow_variant = go->narrow_variant;
+    c.force_wg_variant = go->wg_variant >= 0;
+    c.wg_variant = go->wg_variant;
     c.want_reference = true;
     c.ref_requests = sel;
     size_t n_out = (size_t)b * s_q * h_q * 512, n_lse = (size_t)b * h_q * s_q;
@@ -268,6 +274,8 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     bool ok = rc == 0;
     if (!ok) print_message("case b=%d s_q=%d s_k=%d h_q=%d: %s\n", b, s_q, s_k, h_q, err);
     snprintf(last_kernel_name, sizeof last_kernel_name, "%s", ok && r.kernel_name ? r.kernel_name : "?");
+    last_wg_variant = ok ? r.wg_variant : -1;
+    snprintf(last_wg_variant_name, sizeof last_wg_variant_name, "%s", ok && r.wg_variant_name ? r.wg_variant_name : "?");
     case_stats st;
     if (ok && go->narrow_variant > 0 && r.narrow_variant > 0 && r.narrow_variant != go->narrow_variant)
         narrow_fallbacks++;
@@ -275,10 +283,10 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
         compare_case(&c, &r, sel, &st);
         ok = st.bad_out == 0 && st.bad_lse == 0 && st.nan_out == 0 && st.cos_diff < go->cos_limit;
         if (!ok && fail_lines++ < 30)
-            print_message("FAIL b=%d s_q=%d s_k=%d h_q=%d varlen=%d causal=%d zeros=%d splits=%d kernel=%d (%s) %s/%s: "
+            print_message("FAIL b=%d s_q=%d s_k=%d h_q=%d varlen=%d causal=%d zeros=%d splits=%d kernel=%d (%s wg %s) %s/%s: "
                           "max abs %.3g, cos diff %.3g, bad out %ld, bad lse %ld (lse max abs %.3g), nan %ld; first: %s\n",
                           b, s_q, s_k, h_q, varlen, causal, zero_lens, go->num_splits, (int)go->kernel,
-                          r.kernel_name ? r.kernel_name : "?",
+                          r.kernel_name ? r.kernel_name : "?", r.wg_variant_name ? r.wg_variant_name : "-",
                           ar_dtype_name(go->dtype), ar_dtype_name(go->kv_dtype), st.max_abs, st.cos_diff,
                           st.bad_out, st.bad_lse, st.lse_max_abs, st.nan_out, st.first_bad);
     }
@@ -293,7 +301,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
 
 static grid_opts default_opts(void)
 {
-    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_AUTO, 0, 64, 5e-6, 0, 0};
+    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_AUTO, 0, 64, 5e-6, 0, 0, -1};
     return g;
 }
 
@@ -659,26 +667,16 @@ static void test_narrow_variants(void **st)
     assert_int_equal(fails, 0);
 }
 
-/* The wgmma kernel forced (AR_MLA_KERNEL_TC_WGMMA) on every dense-grid case in which AUTO runs
- * another kernel (s_q * h_q < 64: row tiles mostly or wholly past the request's rows; the
- * other grid cases run it under AUTO, which test_flashmla_dense_grid asserts), then on split
- * pieces merged by the combine kernel, block size 16, fp16, zero-length requests and partial
- * row tiles (h_q 63 / 126).  Skips off compute capability 9.0. */
-static void test_wgmma_kernel_forced(void **st)
+/* test_wgmma_kernel_forced's cases for wgmma variant v; returns the number that failed. */
+static int wgmma_forced_cases(int v)
 {
-    (void)st;
-    SKIP_WITHOUT_GPU();
-    char why[512] = "";
-    if (!wgmma_available(why, sizeof why)) {
-        print_message("skipping: %s\n", why);
-        skip();
-        return;
-    }
     static const int bs_[] = {1, 2, 6, 64}, sqs[] = {1, 2, 4}, sks[] = {20, 140, 4096},
                      hqs[] = {1, 3, 9, 63, 64, 126, 128};
     grid_opts go = default_opts();
     go.kernel = AR_MLA_KERNEL_TC_WGMMA;
+    go.wg_variant = v;
     int fails = 0, runs = 0;
+    const char *vname = "?";
     for (size_t ib = 0; ib < 4; ib++)
         for (size_t iq = 0; iq < 3; iq++)
             for (size_t ik = 0; ik < 3; ik++)
@@ -691,12 +689,21 @@ static void test_wgmma_kernel_forced(void **st)
                                 continue;
                             runs++;
                             bool ok = run_checked(bs_[ib], sqs[iq], sks[ik], hqs[ih], varlen, causal, false, &go);
-                            if (ok && strcmp(last_kernel_name, "tc-wgmma") != 0) {
-                                print_message("forced wgmma ran %s\n", last_kernel_name);
+                            if (ok && (strcmp(last_kernel_name, "tc-wgmma") != 0 || last_wg_variant != v)) {
+                                print_message("forced wgmma variant %d ran %s (variant %d)\n", v, last_kernel_name,
+                                              last_wg_variant);
                                 ok = false;
                             }
+                            if (ok) vname = last_wg_variant_name;
                             fails += !ok;
                         }
+    /* full row tiles (AUTO's wgmma cases in the dense grid) for every variant, many key tiles */
+    for (int causal = 0; causal < 2; causal++) {
+        fails += !run_checked(4, 1, 700, 128, causal == 1, causal == 1, false, &go);
+        fails += !run_checked(2, 4, 300, 64, true, causal == 1, false, &go);
+        fails += !run_checked(3, 2, 2000, 128, causal == 0, causal == 1, true, &go);
+        runs += 3;
+    }
     static const int splits[] = {1, 2, 3, 7, 32};
     for (size_t i = 0; i < 5; i++) {
         go.num_splits = splits[i];
@@ -722,12 +729,32 @@ static void test_wgmma_kernel_forced(void **st)
     go.num_splits = 3;
     fails += !run_checked(2, 1, 1000, 128, false, false, false, &go);
     runs += small_mode() ? 10 : 11;
+    print_message("wgmma kernel forced, variant %d (%s): %d cases, %d failed\n", v, vname, runs, fails);
+    return fails;
+}
+
+/* The wgmma kernel forced (AR_MLA_KERNEL_TC_WGMMA) on every dense-grid case in which AUTO runs
+ * another kernel (s_q * h_q < 64: row tiles mostly or wholly past the request's rows; the
+ * other grid cases run it under AUTO, which test_flashmla_dense_grid asserts), then on split
+ * pieces merged by the combine kernel, block size 16, fp16, zero-length requests and partial
+ * row tiles (h_q 63 / 126).  Skips off compute capability 9.0. */
+static void test_wgmma_kernel_forced(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    char why[512] = "";
+    if (!wgmma_available(why, sizeof why)) {
+        print_message("skipping: %s\n", why);
+        skip();
+        return;
+    }
+    int fails = 0;
+    for (int v = 0; v < AR_CUDA_MLA_WG_VARIANT_COUNT; v++) fails += wgmma_forced_cases(v);
     /* an fp8 cache is refused (it stays on the mma.sync kernels) */
     ar_cuda_mla_result r;
     char err[512] = "";
     assert_int_equal(wgmma_probe(AR_FP8_E4M3, &r, err, sizeof err), 2);
     assert_non_null(strstr(err, "wgmma kernel needs"));
-    print_message("wgmma kernel forced: %d cases, %d failed\n", runs, fails);
     assert_int_equal(fails, 0);
 }
 
