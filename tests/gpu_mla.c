@@ -306,8 +306,8 @@ static grid_opts default_opts(void)
 }
 
 /* A tiny case (1 request, 64 heads, 20 keys, bf16 queries, latent cache kv_dtype) forced to the
- * wgmma kernel, untimed and unchecked: run_case's code, the kernel that ran in *r. */
-static int wgmma_probe(ar_dtype kv_dtype, ar_cuda_mla_result *r, char *why, size_t why_len)
+ * wgmma kernel (variant wg_variant; -1: the default), untimed and unchecked: run_case's code, the kernel that ran in *r. */
+static int wgmma_probe(ar_dtype kv_dtype, int wg_variant, ar_cuda_mla_result *r, char *why, size_t why_len)
 {
     int one = 20;
     ar_cuda_mla_case c;
@@ -323,6 +323,8 @@ static int wgmma_probe(ar_dtype kv_dtype, ar_cuda_mla_result *r, char *why, size
     c.scale = 1.0 / 24.0;
     c.seed = 1;
     c.kernel = AR_MLA_KERNEL_TC_WGMMA;
+    c.force_wg_variant = wg_variant >= 0;
+    c.wg_variant = wg_variant;
     memset(r, 0, sizeof *r);
     return ar_cuda_mla_run_case(&c, r, why, why_len);
 }
@@ -332,7 +334,7 @@ static int wgmma_probe(ar_dtype kv_dtype, ar_cuda_mla_result *r, char *why, size
 static bool wgmma_available(char *why, size_t why_len)
 {
     ar_cuda_mla_result r;
-    int rc = wgmma_probe(AR_BF16, &r, why, why_len);
+    int rc = wgmma_probe(AR_BF16, -1, &r, why, why_len);
     if (rc == 0 && (!r.kernel_name || strcmp(r.kernel_name, "tc-wgmma") != 0)) {
         snprintf(why, why_len, "forced wgmma case ran %s", r.kernel_name ? r.kernel_name : "?");
         return false;
@@ -737,7 +739,9 @@ static int wgmma_forced_cases(int v)
  * another kernel (s_q * h_q < 64: row tiles mostly or wholly past the request's rows; the
  * other grid cases run it under AUTO, which test_flashmla_dense_grid asserts), then on split
  * pieces merged by the combine kernel, block size 16, fp16, zero-length requests and partial
- * row tiles (h_q 63 / 126).  Skips off compute capability 9.0. */
+ * row tiles (h_q 63 / 126) - all of it for every variant of the kernel (AR_MLA_WG_VARIANT, one
+ * summary line each), with full row tiles over many key tiles added.  Skips off compute
+ * capability 9.0. */
 static void test_wgmma_kernel_forced(void **st)
 {
     (void)st;
@@ -753,8 +757,11 @@ static void test_wgmma_kernel_forced(void **st)
     /* an fp8 cache is refused (it stays on the mma.sync kernels) */
     ar_cuda_mla_result r;
     char err[512] = "";
-    assert_int_equal(wgmma_probe(AR_FP8_E4M3, &r, err, sizeof err), 2);
+    assert_int_equal(wgmma_probe(AR_FP8_E4M3, -1, &r, err, sizeof err), 2);
     assert_non_null(strstr(err, "wgmma kernel needs"));
+    /* a variant number past the last is refused, not launched */
+    assert_int_equal(wgmma_probe(AR_BF16, AR_CUDA_MLA_WG_VARIANT_COUNT, &r, err, sizeof err), 2);
+    assert_non_null(strstr(err, "wg_variant"));
     assert_int_equal(fails, 0);
 }
 
