@@ -732,6 +732,7 @@ static int wgmma_forced_cases(int v)
     fails += !run_checked(2, 1, 1000, 128, false, false, false, &go);
     runs += small_mode() ? 10 : 11;
     print_message("wgmma kernel forced, variant %d (%s): %d cases, %d failed\n", v, vname, runs, fails);
+    fflush(stdout);   /* each variant's line out even if a later one hangs and the run is killed */
     return fails;
 }
 
