@@ -26,7 +26,9 @@
  * block 64, s_k = 4k, 8k, 16k, 32k, one line each:
  *   WGSWEEP variant=<n> name=<short> sk=<keys> us=<attn+combine> tflops=<FlashMLA's count>
  *           max_diff_vs_default=<max |out - variant 0's out|, all requests> err_vs_ref=<max
- *           |out - float64 reference| over 3 requests> ran=<variant that ran> */
+ *           |out - float64 reference| over 3 requests> ran=<variant that ran>
+ * AR_WGSWEEP_VARIANTS="0 2" restricts it to those variant numbers (so that a variant that hangs
+ * on a new device can be left out of a run). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,6 +196,9 @@ static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
         c.seqlens_k = seqlens;
         bool have_base = false;
         for (int v = 0; v < AR_CUDA_MLA_WG_VARIANT_COUNT; v++) {
+            /* AR_WGSWEEP_VARIANTS="0 2": only those variant numbers (the baseline is 0) */
+            const char *only = getenv("AR_WGSWEEP_VARIANTS");
+            if (only && !strchr(only, '0' + v)) continue;
             c.wg_variant = v;
             char err[512] = "";
             if (ar_cuda_mla_run_case(&c, &r, err, sizeof err) != 0) {
