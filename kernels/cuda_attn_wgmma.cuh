@@ -44,8 +44,9 @@ struct WgGeom {
  * matrix products.  MODE 3 (WS, AR_CFG_PREFILL_WG_WS) adds a producer warpgroup in front of the
  * two consumers: it alone issues the copies (K and V of a stage complete on separate barriers,
  * full[s] and full_v[s]), so a consumer never waits for the other one's progress to refill a
- * stage it is not about to read, and setmaxnreg moves registers from the producer (24) to the
- * consumers (240). */
+ * stage it is not about to read, and setmaxnreg moves registers from the producer (32; 24 with
+ * the overlap) to the consumers (232; 240).  Its waits ask the hardware to suspend the waiting
+ * warp (mbar_wait_suspend) rather than spin on the schedulers the consumers issue from. */
 template <int MODE> struct WgStages {
     static constexpr bool PIPE = MODE >= 1;
     static constexpr bool WS = MODE >= 3;
@@ -245,21 +246,27 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
         }
     };
 
-    /* The producer's copies of tile it, K (v = 0) or V (v = 1), in few registers: thread tid
-     * copies 16-byte chunk tid % 16 of keys tid / 16 + 8 k (k = 0..15), whose swizzled
-     * position differs only by 128 bytes per key (key & 7 is the same for all of them). */
-    auto produce = [&](int it, int v) {
-        const int c = tid % CHUNKS, key0 = tid / CHUNKS;
-        const int t = w.tile_begin + it;
-        const uint32_t dst = sq_addr + (uint32_t)((1 + 2 * (it % STAGES) + v) * WgGeom::TILE_BYTES) + wg_swizzle(key0, c);
+    /* The producer's copies.  Producer warp pw copies keys 32 pw .. 32 pw + 31 of a tile; lane
+     * j first looks up the cache slot of key 32 pw + j (-1 past the sequence: zero fill), once
+     * per tile for K and V; then lane l copies 16-byte chunk l % 16 of keys 32 pw + l / 16 + 2 m
+     * (m = 0..15, two whole 256-byte rows per instruction), taking each slot from its owner lane
+     * by a shuffle instead of a block-table load per copy. */
+    auto producer_slot = [&](int it) {
+        const int j = (w.tile_begin + it) * BLOCK_N + (tid & ~31) + (tid & 31);
+        return j < seq_len ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : -1;
+    };
+    auto produce = [&](int it, int v, int my_slot) {
+        const int c = tid & 15, half_row = (tid >> 4) & 1, key_base = tid & ~31;
+        const uint32_t dst0 = sq_addr + (uint32_t)((1 + 2 * (it % STAGES) + v) * WgGeom::TILE_BYTES +
+                                                   (c >> 3) * WgGeom::HALF_BYTES);
         const T *src = (v ? vg : kg) + c * 8;
 #pragma unroll 4
-        for (int k = 0; k < BLOCK_N * CHUNKS / 128; k++) {
-            int j = t * BLOCK_N + key0 + 8 * k;
-            bool ok = j < seq_len;
-            int slot = ok ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : 0;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + (uint32_t)(k * 8 * 128)),
-                         "l"(src + (int64_t)slot * head_stride), "r"(ok ? 16 : 0));
+        for (int m = 0; m < 16; m++) {
+            const int key = key_base + half_row + 2 * m;
+            const int slot = __shfl_sync(0xffffffffu, my_slot, half_row + 2 * m);
+            const uint32_t dst = dst0 + (uint32_t)(key * 128 + (((c & 7) ^ (key & 7)) << 4));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                         "l"(src + (int64_t)(slot < 0 ? 0 : slot) * head_stride), "r"(slot < 0 ? 0 : 16));
         }
     };
 
@@ -365,19 +372,20 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
                  * tile it as soon as both consumers released the tile it - STAGES in it; K and
                  * V complete on separate barriers so S = Q K^T starts before V has landed (the
                  * first K barrier also covers Q: its copies are older) */
-                ar_wg::setmaxnreg_dec<24>();
+                ar_wg::setmaxnreg_dec<OVERLAP ? 24 : 32>();
                 for (int it = 0; it < n_tiles; it++) {
                     const int stage = it % STAGES;
-                    if (it >= STAGES) ar_wg::mbar_wait(empty_bar + stage * 8, (uint32_t)((it / STAGES - 1) & 1));
-                    produce(it, 0);
+                    const int my_slot = producer_slot(it);
+                    if (it >= STAGES) ar_wg::mbar_wait_suspend(empty_bar + stage * 8, (uint32_t)((it / STAGES - 1) & 1));
+                    produce(it, 0, my_slot);
                     ar_wg::mbar_arrive_cp_async(full_bar + stage * 8);
-                    produce(it, 1);
+                    produce(it, 1, my_slot);
                     ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
                 }
                 cp_async_wait<0>();
                 return;
             }
-            ar_wg::setmaxnreg_inc<240>();
+            ar_wg::setmaxnreg_inc<OVERLAP ? 240 : 232>();
         }
         if (PINGPONG && wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
         for (int it = 0; !WS && it < STAGES - 1 && it < n_tiles; it++) {
@@ -407,11 +415,11 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
             const int prev_stage = pending ? prev_it % STAGES : 0;
             float s[64];
             if (active) {
-                ar_wg::mbar_wait(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
+                ar_wg::mbar_wait_suspend(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
                 ar_wg::fence_proxy_async();
             }
             if (pending) {
-                ar_wg::mbar_wait(full_v_bar + prev_stage * 8, (uint32_t)((prev_it / STAGES) & 1));
+                ar_wg::mbar_wait_suspend(full_v_bar + prev_stage * 8, (uint32_t)((prev_it / STAGES) & 1));
                 ar_wg::fence_proxy_async();
             }
             pingpong_wait(wg);
@@ -454,7 +462,7 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
         }
         if (prev_it >= 0) {                             /* the last active tile's P V */
             const int prev_stage = prev_it % STAGES;
-            ar_wg::mbar_wait(full_v_bar + prev_stage * 8, (uint32_t)((prev_it / STAGES) & 1));
+            ar_wg::mbar_wait_suspend(full_v_bar + prev_stage * 8, (uint32_t)((prev_it / STAGES) & 1));
             ar_wg::fence_proxy_async();
             issue_pv(pa_prev, skv_addr + (uint32_t)(prev_stage * 2 * WgGeom::TILE_BYTES) + WgGeom::TILE_BYTES);
             ar_wg::commit();
@@ -491,7 +499,8 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
             continue;
         }
         if (PIPE) {
-            ar_wg::mbar_wait(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
+            if (WS) ar_wg::mbar_wait_suspend(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
+            else ar_wg::mbar_wait(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
             ar_wg::fence_proxy_async();                        /* cp.async writes -> the async proxy */
         }
         const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * WgGeom::TILE_BYTES);
@@ -509,7 +518,7 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
         softmax_to_p(s, t, pa, alpha);
         rescale_acc(alpha);
         if (WS) {
-            ar_wg::mbar_wait(full_v_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
+            ar_wg::mbar_wait_suspend(full_v_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
             ar_wg::fence_proxy_async();
         }
         issue_pv(pa, sv_addr);

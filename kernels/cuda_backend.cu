@@ -9,14 +9,15 @@
  * The attention kernels themselves are in cuda_attn.cuh (mma.sync, sm_80+) and
  * cuda_attn_wgmma.cuh (wgmma, sm_90a).  Which one runs: launches in the DECODE geometry (every
  * (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches with head
- * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_PINGPONG (128 x 128
- * tiles, mbarrier pipeline, ping-pong warpgroups; on the H200, 2026-11-30: causal prefill 401
- * TFLOP/s against 376 for the lockstep PREFILL_WG, 395 for PREFILL_WG_PIPE and 272 for mma.sync;
- * cascade prefix pass 389 / 337 / 382 / 253); everything else the mma.sync PREFILL kernel.
- * AR_CUDA_WGMMA=0 in the environment keeps the mma.sync kernel everywhere (for comparisons);
- * AR_CUDA_WGMMA=ws / overlap / pingpong picks PREFILL_WG_WS (the warp-specialised variant: a
- * producer warpgroup issues the loads) / PREFILL_WG_WS_OVERLAP (the same with FlashAttention-3's
- * intra-warpgroup overlap) / PREFILL_WG_PINGPONG as the automatic wgmma config.
+ * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_WS (128 x 128 tiles, two
+ * ping-pong consumer warpgroups fed by a producer warpgroup; on the H200, 2026-11-30, same run:
+ * causal prefill B=2 S=8k 1303 us against 1343 for PREFILL_WG_PINGPONG, 1339 for _PIPE, 1464
+ * for the lockstep PREFILL_WG and 1520 for _WS_OVERLAP; cascade prefix pass at P 32k 174.4 /
+ * 177.9 / - / - / 200.4 us; earlier: mma.sync 272 TFLOP/s against 401 for PINGPONG); everything
+ * else the mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps the mma.sync
+ * kernel everywhere (for comparisons); AR_CUDA_WGMMA=pingpong / overlap / ws picks
+ * PREFILL_WG_PINGPONG / PREFILL_WG_WS_OVERLAP (FlashAttention-3's intra-warpgroup overlap on
+ * top of WS) / PREFILL_WG_WS as the automatic wgmma config.
  *
  * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
  * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
@@ -414,7 +415,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->has_wgmma = prop.major == 9 && prop.minor == 0;
     {
         const char *e = getenv("AR_CUDA_WGMMA");
-        int auto_config = AR_CFG_PREFILL_WG_PINGPONG;
+        int auto_config = AR_CFG_PREFILL_WG_WS;
         if (e != NULL && strcmp(e, "0") == 0) auto_config = 0;
         if (e != NULL && strcmp(e, "ws") == 0) auto_config = AR_CFG_PREFILL_WG_WS;
         if (e != NULL && strcmp(e, "overlap") == 0) auto_config = AR_CFG_PREFILL_WG_WS_OVERLAP;

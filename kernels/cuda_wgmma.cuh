@@ -38,6 +38,19 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
     } while (!done);
 }
 
+/* The same wait, asking the hardware to suspend the thread until the phase completes (for
+ * at most about 10 ms per try) instead of returning at once: a waiting warp stops competing for
+ * issue slots with the warps that do the work on its scheduler. */
+__device__ __forceinline__ void mbar_wait_suspend(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity), "r"(10000000u) : "memory");
+    } while (!done);
+}
+
 /* ---- wgmma ---- */
 /* Shared-memory matrix descriptor: start address, leading and stride byte offsets (stored in
  * 16-byte units), 128-byte swizzle (the tile's 1024-byte-aligned 8-row groups of 128-byte rows

@@ -296,8 +296,8 @@ static void test_every_kernel_instance(void **unused)
             snprintf(what, sizeof what, "%s d %d mixed (PREFILL)", ar_dtype_name(dtypes[t]), sizes[d]);
             expect_pass(what, &r);
             /* head size exactly 128 on a compute-capability 9.0 device: the automatic plan
-             * takes the wgmma kernel (PREFILL_WG_PINGPONG, config 6) */
-            assert_int_equal(r.plan.config, sizes[d] == 128 && r.plan.has_wgmma ? 6 : 0);
+             * takes the wgmma kernel (PREFILL_WG_WS, config 7) */
+            assert_int_equal(r.plan.config, sizes[d] == 128 && r.plan.has_wgmma ? 7 : 0);
             assert_int_equal(r.plan.template_hd, templates[d]);
             run_case(&c, short_decode, 3, &auto_opts, &r);
             snprintf(what, sizeof what, "%s d %d decode (DECODE)", ar_dtype_name(dtypes[t]), sizes[d]);
