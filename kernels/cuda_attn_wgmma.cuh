@@ -355,10 +355,14 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
                 }
             }
     };
-    /* O += P V of the tile in stage sv_addr (issued, not waited for) */
-    auto issue_pv = [&](const uint32_t (&pa)[8][4], uint32_t sv_addr) {
-        ar_wg::fence_regs(acc);
-        ar_wg::fence();
+    /* O += P V of the tile in stage sv_addr (issued, not waited for); fenced = false when the
+     * caller fenced acc and the warpgroup before an S issued just ahead in the same stage (a
+     * register fence between the two would make ptxas serialise them) */
+    auto issue_pv = [&](const uint32_t (&pa)[8][4], uint32_t sv_addr, bool fenced = true) {
+        if (fenced) {
+            ar_wg::fence_regs(acc);
+            ar_wg::fence();
+        }
 #pragma unroll
         for (int kk = 0; kk < 8; kk++)
             wgmma_rs<T>(acc, pa[kk], ar_wg::desc_sw128(sv_addr + (uint32_t)kk * 2048, v_lbo, v_sbo));
@@ -398,77 +402,100 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
     }
     if constexpr (OVERLAP) {
         /* FlashAttention-3's intra-warpgroup overlap: in its turn a consumer issues S(it) and
-         * then P V of the previous active tile; the softmax of tile it runs while that P V is
-         * on the tensor cores, and acc is rescaled only once the P V has landed.  One turn per
-         * tile as in _PINGPONG; every tile's stage is released once this warpgroup is done
-         * with it (an inactive tile at once, an active one after its P V). */
-        uint32_t pa_prev[8][4];
-        int prev_it = -1;                               /* the active tile whose P V is pending */
+         * then P V of tile it - 1; the softmax of tile it runs while that P V is on the tensor
+         * cores, and acc is rescaled only once the P V has landed.  A warpgroup's active tiles
+         * are one range [a0, a1) (the window cuts the front, causality the back), and every
+         * wgmma is issued and waited for in straight-line code (a first tile, a steady loop, a
+         * last P V): ptxas serialises the products of wgmma issued under a condition.  One turn
+         * per tile as in _PINGPONG (the last P V takes none); every stage is released once this
+         * warpgroup is done with it. */
+        int a0 = n_tiles, a1 = n_tiles;
         for (int it = 0; it < n_tiles; it++) {
-            const int stage = it % STAGES;
-            const int t = w.tile_begin + it;
-            const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+            const int tile_first = (w.tile_begin + it) * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
             const bool active = wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
                                 !(window > 0 && tile_last < wg_min_qpos - window + 1);
-            const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * WgGeom::TILE_BYTES);
-            const bool pending = prev_it >= 0;
-            const int prev_stage = pending ? prev_it % STAGES : 0;
-            float s[64];
-            if (active) {
-                ar_wg::mbar_wait_suspend(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
-                ar_wg::fence_proxy_async();
-            }
-            if (pending) {
-                ar_wg::mbar_wait_suspend(full_v_bar + prev_stage * 8, (uint32_t)((prev_it / STAGES) & 1));
-                ar_wg::fence_proxy_async();
-            }
-            pingpong_wait(wg);
-            if (active) {
-                issue_s(s, sk_addr);
+            if (active && a0 == n_tiles) a0 = it;
+            if (active) a1 = it + 1;
+        }
+        auto stage_k = [&](int it) { return skv_addr + (uint32_t)((it % STAGES) * 2 * WgGeom::TILE_BYTES); };
+        auto wait_k = [&](int it) {
+            ar_wg::mbar_wait_suspend(full_bar + (it % STAGES) * 8, (uint32_t)((it / STAGES) & 1));
+            ar_wg::fence_proxy_async();
+        };
+        auto wait_v = [&](int it) {
+            ar_wg::mbar_wait_suspend(full_v_bar + (it % STAGES) * 8, (uint32_t)((it / STAGES) & 1));
+            ar_wg::fence_proxy_async();
+        };
+        auto release = [&](int it) { ar_wg::mbar_arrive(empty_bar + (it % STAGES) * 8); };
+        int it = 0;
+        for (; it < a0; it++) {                         /* inactive front */
+            pingpong_turn(wg, it == n_tiles - 1);
+            release(it);
+        }
+        if (a0 < a1) {
+            uint32_t pa_prev[8][4];
+            float alpha[2];
+            {                                           /* the first active tile: S only */
+                float s[64];
+                wait_k(a0);
+                pingpong_wait(wg);
+                issue_s(s, stage_k(a0));
                 ar_wg::commit();
-            }
-            if (pending) {
-                issue_pv(pa_prev, skv_addr + (uint32_t)(prev_stage * 2 * WgGeom::TILE_BYTES) + WgGeom::TILE_BYTES);
-                ar_wg::commit();
-            }
-            pingpong_turn_issued(wg, it == n_tiles - 1);
-            uint32_t pa[8][4];
-            float alpha[2] = {1.f, 1.f};
-            if (active) {
-                if (pending) ar_wg::wait<1>();          /* S(it) done, the P V may still run */
-                else ar_wg::wait<0>();
+                pingpong_turn_issued(wg, a0 == n_tiles - 1);
+                ar_wg::wait<0>();
                 ar_wg::fence_regs(s);
-                softmax_to_p(s, t, pa, alpha);
+                softmax_to_p(s, w.tile_begin + a0, pa_prev, alpha);
+                rescale_acc(alpha);
             }
-            if (pending) {
+            /* steady: S(it) with P V(it - 1); P alternates between two register sets (a copy
+             * would let the register allocator merge them, and the softmax would then write
+             * registers the P V in flight still reads) */
+            uint32_t pa_next[8][4];
+            auto steady = [&](int t_it, uint32_t (&p_in)[8][4], uint32_t (&p_out)[8][4]) {
+                float s[64];
+                wait_k(t_it);
+                wait_v(t_it - 1);
+                pingpong_wait(wg);
+                ar_wg::fence_regs(acc);
+                issue_s(s, stage_k(t_it));              /* (its wgmma.fence covers acc too) */
+                ar_wg::commit();
+                issue_pv(p_in, stage_k(t_it - 1) + WgGeom::TILE_BYTES, false);
+                ar_wg::commit();
+                pingpong_turn_issued(wg, t_it == n_tiles - 1);
+                ar_wg::wait<1>();                       /* S(it) done, the P V may still run */
+                ar_wg::fence_regs(s);
+                softmax_to_p(s, w.tile_begin + t_it, p_out, alpha);
                 ar_wg::wait<0>();
                 ar_wg::fence_regs(acc);
 #pragma unroll
-                for (int kk = 0; kk < 8; kk++)          /* the P V read these until now */
-                    asm volatile("" ::"r"(pa_prev[kk][0]), "r"(pa_prev[kk][1]), "r"(pa_prev[kk][2]), "r"(pa_prev[kk][3]));
-                ar_wg::mbar_arrive(empty_bar + prev_stage * 8);
-            }
-            if (active) {
+                for (int kk = 0; kk < 8; kk++)          /* the P V read p_in until now */
+                    asm volatile("" ::"r"(p_in[kk][0]), "r"(p_in[kk][1]), "r"(p_in[kk][2]), "r"(p_in[kk][3]));
+                release(t_it - 1);
                 rescale_acc(alpha);
+            };
+            it = a0 + 1;
+            for (; it + 1 < a1; it += 2) {
+                steady(it, pa_prev, pa_next);
+                steady(it + 1, pa_next, pa_prev);
+            }
+            if (it < a1) {                              /* odd count: the last P is in pa_next */
+                steady(it, pa_prev, pa_next);
 #pragma unroll
                 for (int kk = 0; kk < 8; kk++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) pa_prev[kk][e] = pa[kk][e];
-                prev_it = it;
-            } else {
-                ar_wg::mbar_arrive(empty_bar + stage * 8);
-                prev_it = -1;
+                    for (int e = 0; e < 4; e++) pa_prev[kk][e] = pa_next[kk][e];
             }
-        }
-        if (prev_it >= 0) {                             /* the last active tile's P V */
-            const int prev_stage = prev_it % STAGES;
-            ar_wg::mbar_wait_suspend(full_v_bar + prev_stage * 8, (uint32_t)((prev_it / STAGES) & 1));
-            ar_wg::fence_proxy_async();
-            issue_pv(pa_prev, skv_addr + (uint32_t)(prev_stage * 2 * WgGeom::TILE_BYTES) + WgGeom::TILE_BYTES);
+            wait_v(a1 - 1);                             /* the last active tile's P V */
+            issue_pv(pa_prev, stage_k(a1 - 1) + WgGeom::TILE_BYTES);
             ar_wg::commit();
             ar_wg::wait<0>();
             ar_wg::fence_regs(acc);
-            ar_wg::mbar_arrive(empty_bar + prev_stage * 8);
+            release(a1 - 1);
+            it = a1;
+        }
+        for (; it < n_tiles; it++) {                    /* inactive back */
+            pingpong_turn(wg, it == n_tiles - 1);
+            release(it);
         }
     }
     for (int it = 0; !OVERLAP && it < n_tiles; it++) {
