@@ -41,10 +41,12 @@
  * on sm_90 with a bf16/fp16 cache the default is the measured best, bulk-s2x2-c (key rows by the
  * bulk copy engine, a ring of 2 at 2 CTAs per SM, the row-parallel combine), see
  * NARROW_DEFAULT_NAME.  On a compute-capability 9.0 device with a bf16/fp16 cache AUTO runs
- * launches in which some request fills a 64-row tile (s_q * h_q >= 64) on attn_wgmma_kernel
+ * launches in which some request fills a 64-row tile (s_q * h_q >= 64) on the wgmma kernel
  * (kernels/cuda_mla_wgmma.cuh: the same work items and outputs, both products on wgmma, key
- * tiles of 64, 2 warpgroups splitting S by keys and O by columns); AR_MLA_KERNEL=tc-wgmma /
- * AR_MLA_KERNEL_TC_WGMMA force it, tc-split-qk the mma.sync kernel.
+ * tiles of 64, 2 warpgroups splitting O by columns); AR_MLA_KERNEL=tc-wgmma /
+ * AR_MLA_KERNEL_TC_WGMMA force it, tc-split-qk the mma.sync kernel.  Its variant (wg_variants:
+ * AR_MLA_WG_VARIANT, ar_cuda_mla_case.wg_variant) defaults to 1, s1 (S by warpgroup 0 alone),
+ * the fastest of round 2's H200 sweep; 4 (seesaw) is round 3's candidate.
  *
  * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): "write"
  * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
@@ -132,7 +134,7 @@ struct attn_args {
     double scale_ref;           /* the same in double, for the float64 reference */
     float scale_log2;           /* scale * log2(e) */
     float kv_scale;
-    int wg_variant;             /* attn_wgmma kernel variant (wg_variants, host side); 0 = round 1 */
+    int wg_variant;             /* attn_wgmma kernel variant (wg_variants, host side); 0 = round 1, 1 = s1 (default) */
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -2134,11 +2136,12 @@ static bool wgmma_kernel_usable(int device)
         return false;
     }
     if (major != 9 || minor != 0 || optin < WG_SMEM) return false;
-    const void *const fns[8] = {(const void *)attn_wgmma_kernel<true>, (const void *)attn_wgmma_kernel<false>,
+    const void *const fns[10] = {(const void *)attn_wgmma_kernel<true>, (const void *)attn_wgmma_kernel<false>,
                                 (const void *)attn_wgmma_s1_kernel<true>, (const void *)attn_wgmma_s1_kernel<false>,
                                 (const void *)attn_wgmma_ws_kernel<true, true>, (const void *)attn_wgmma_ws_kernel<false, true>,
-                                (const void *)attn_wgmma_ws_kernel<true, false>, (const void *)attn_wgmma_ws_kernel<false, false>};
-    for (int i = 0; i < 8; i++)
+                                (const void *)attn_wgmma_ws_kernel<true, false>, (const void *)attn_wgmma_ws_kernel<false, false>,
+                                (const void *)attn_wgmma_seesaw_kernel<true>, (const void *)attn_wgmma_seesaw_kernel<false>};
+    for (int i = 0; i < 10; i++)
         if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess) {
             cudaGetLastError();
             return false;
@@ -2146,7 +2149,7 @@ static bool wgmma_kernel_usable(int device)
     return true;
 }
 
-/* ---- Variants of the wgmma kernel (round 2; bench_mla wgsweep compares them) ---- */
+/* ---- Variants of the wgmma kernel (rounds 2 and 3; bench_mla wgsweep compares them) ---- */
 
 typedef struct wg_variant_info {
     const char *name;
@@ -2159,13 +2162,17 @@ static const wg_variant_info wg_variants[] = {
     {"s1", "S by warpgroup 0 alone (m64n64k16, full rows: no max exchange), 2 CTA barriers a tile"},
     {"ws", "warp-specialised: wg 1 loads + P V half, wg 0 S + softmax + P V half (P from registers), named barriers"},
     {"ws-ss", "as ws with warpgroup 0's P read from the shared P tile (SS) instead of registers"},
+    {"seesaw", "FlashMLA's seesaw: wg 0 S of even tiles, wg 1 of odd ones (m64n64k16), max and P exchanged, "
+               "each wg P V of both tiles on its 256 columns"},
 };
 static const int NUM_WG_VARIANTS = (int)(sizeof wg_variants / sizeof wg_variants[0]);
 static_assert(sizeof wg_variants / sizeof wg_variants[0] == AR_CUDA_MLA_WG_VARIANT_COUNT,
               "cuda_mla.h's variant count names every wgmma variant");
 
-/* What runs when neither the case nor AR_MLA_WG_VARIANT names a variant. */
-static const int WG_DEFAULT_VARIANT = 0;
+/* What runs when neither the case nor AR_MLA_WG_VARIANT names a variant: s1, the fastest of
+ * round 2's H200 sweep (b = 128, h_q = 128, bf16: 357 / 370 / 380 / 383 TFLOP/s at s_k 4k / 8k /
+ * 16k / 32k against base's 328 / 344 / 354 / 357; same error against the reference). */
+static const int WG_DEFAULT_VARIANT = 1;
 
 /* The variant AR_MLA_WG_VARIANT names (a number or a name; read once), else the default. */
 static int env_wg_variant(void)
@@ -2375,6 +2382,8 @@ static void launch_tc(const attn_args &a, int stages, tc_variant variant, int na
             attn_wgmma_ws_kernel<BF16, true><<<num_work, THREADS, WG_SMEM, st>>>(a);
         else if (a.wg_variant == 3)
             attn_wgmma_ws_kernel<BF16, false><<<num_work, THREADS, WG_SMEM, st>>>(a);
+        else if (a.wg_variant == 4)
+            attn_wgmma_seesaw_kernel<BF16><<<num_work, THREADS, WG_SMEM, st>>>(a);
         else
             attn_wgmma_kernel<BF16><<<num_work, THREADS, WG_SMEM, st>>>(a);
         return;

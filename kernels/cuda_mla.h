@@ -108,7 +108,7 @@ typedef struct ar_cuda_mla_case {
     int narrow_variant;       /* where the narrow kernel runs: 0 = AR_MLA_NARROW from the environment
                                  (else the default), v >= 1 = variant v (ar_cuda_mla_narrow_variant_name) */
     bool force_wg_variant;    /* run wgmma-kernel variant wg_variant (else AR_MLA_WG_VARIANT, else the default) */
-    int wg_variant;           /* 0 .. ar_cuda_mla_wg_variant_count() - 1 (0 = the round-1 kernel) */
+    int wg_variant;           /* 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1 (0 = the round-1 kernel, 1 = s1, the default) */
     bool contiguous_blocks;   /* logical block k of request b in physical block 1 + b * blocks_per_req + k
                                  (FlashMLA's benchmark: block_table = arange) instead of the permutation */
 } ar_cuda_mla_case;
@@ -149,11 +149,11 @@ const char *ar_cuda_mla_narrow_variant_about(int v);
 bool ar_cuda_mla_narrow_variant_is_diagnostic(int v);
 
 /* Variants of the Hopper wgmma kernel (tc-wgmma), numbered 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1
- * (names: ar_cuda_mla_result.wg_variant_name); 0 is the round-1 kernel and the default until the
- * H200 sweep (bench_mla wgsweep) picks another.  A case picks one by force_wg_variant /
+ * (names: ar_cuda_mla_result.wg_variant_name); 0 is the round-1 kernel, 1 (s1) the default since
+ * round 2's H200 sweep (bench_mla wgsweep), 4 (seesaw) round 3's.  A case picks one by force_wg_variant /
  * wg_variant, the backend by AR_MLA_WG_VARIANT=<number or name> (read once).  A constant, not a
  * function, so that builds without CUDA (cuda_mla_stub.c) need nothing new. */
-enum { AR_CUDA_MLA_WG_VARIANT_COUNT = 4 };
+enum { AR_CUDA_MLA_WG_VARIANT_COUNT = 5 };
 
 /* A FlashMLA test input from a standard normal draw x: x / 10 clamped to [-1, 1], rounded to
  * dtype (division rounded to nearest on the device too, whatever the fast-math flags). */

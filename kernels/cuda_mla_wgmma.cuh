@@ -50,7 +50,14 @@
  * P V, warpgroup 0 runs S, the softmax and its half, named barriers instead of CTA barriers, so
  * the tensor pipe runs warpgroup 1's P V and warpgroup 0's next S back to back; 3 reads
  * warpgroup 0's P from shared memory instead of registers).  ptxas: s1 250 registers, ws 255,
- * no spills.
+ * no spills.  Round 2's H200 sweep (b = 128, h_q = 128, bf16): s1 357 - 383 TFLOP/s, base
+ * 328 - 357, ws 320 - 351, ws-ss 325 - 354, so s1 (variant 1) is the host's default since.
+ *
+ * Round 3 adds variant 4, attn_wgmma_seesaw_kernel (FlashMLA's seesaw schedule: the two
+ * warpgroups compute S of alternate key tiles with m64n64k16, exchange the row max and P through
+ * shared memory, and each runs P V of both tiles on its 256 output columns, so each one's
+ * softmax overlaps the other's tensor work; P goes into the rope atom of its key tile, which only
+ * S reads).  ptxas: 225 registers, no spills.
  *
  * The kernel body exists only in the sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere it
  * traps, and the host picks it only on a compute-capability 9.0 device with a bf16/fp16 cache
@@ -599,6 +606,22 @@ __device__ __forceinline__ void wg_store_p(unsigned char *sp, float *s_alpha, co
     }
 }
 
+/* Normalises (1 / l_run) and writes the thread's rows of o (output columns 256 wg ..) and, from
+ * warpgroup 0, their log-sum-exp (m_run + log2 l_run), given the final row sums and maxima. */
+__device__ __forceinline__ void wg_store_rows(const attn_args &a, const work_item &w, int q0, int nrows,
+                                              float (&o)[32][4], const float m_run[2], const float l_run[2],
+                                              const int lr[2], int wg, int tig)
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int gr = w.row0 + lr[h];
+        if (gr >= nrows) continue;
+        const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
+        const float lse2 = l_run[h] > 0.f ? m_run[h] + log2f(l_run[h]) : -INFINITY;
+        store_row<32>(a, w, q0, lr[h], h, o, inv, lse2, wg * 256, tig, wg == 0 && tig == 0);
+    }
+}
+
 /* Epilogue of the variants whose row sums / maxima are warpgroup 0's: it publishes them through
  * red, both warpgroups normalise and write their 256 columns. */
 __device__ __forceinline__ void wg_finish_rows(const attn_args &a, const work_item &w, int q0, int nrows, float *s_sum,
@@ -619,14 +642,7 @@ __device__ __forceinline__ void wg_finish_rows(const attn_args &a, const work_it
             l_run[h] = s_sum[lr[h]];
             m_run[h] = s_sum[ROWS + lr[h]];
         }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int gr = w.row0 + lr[h];
-        if (gr >= nrows) continue;
-        const float inv = l_run[h] > 0.f ? 1.f / l_run[h] : 0.f;
-        const float lse2 = l_run[h] > 0.f ? m_run[h] + log2f(l_run[h]) : -INFINITY;
-        store_row<32>(a, w, q0, lr[h], h, o, inv, lse2, wg * 256, tig, wg == 0 && tig == 0);
-    }
+    wg_store_rows(a, w, q0, nrows, o, m_run, l_run, lr, wg, tig);
 }
 
 /* Variant 1 ("s1"): the round-1 kernel's lockstep (all 256 threads load, CTA barriers) with S
@@ -864,6 +880,257 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_ws_kernel(attn_args a)
         wg_fence_frag(pa);
     }
     wg_finish_rows(a, w, q0, nrows, s_sum, o, m_run, l_run, lr, wg, tig);
+#else
+    __trap();   /* built without sm_90a: the host never launches this kernel there */
+#endif
+}
+
+/* Variant 4 ("seesaw"): FlashMLA's seesaw schedule on s1's per-tile work.  Key tiles go in pairs
+ * (t0 = 2 i in ring slot 0, t1 = 2 i + 1 in slot 1); warpgroup 0 computes S of t0 and warpgroup 1
+ * S of t1 (each m64n64k16 over 576 dims, full rows, as s1), so both warpgroups issue tensor work
+ * and each one's softmax overlaps the other's products.  Output columns stay split (warpgroup w
+ * owns O[:, 256 w ..]), so each warpgroup runs P V of BOTH tiles on its columns:
+ *   wg 0: S0; m_a = max(m, rowmax S0), P0 = 2^(S0 - m_a), alpha0 = 2^(m - m_a), O_0 *= alpha0,
+ *         l_0 = l_0 alpha0 + sum P0; publishes P0 (into atom 8 of slot 0: the rope dims that
+ *         only S reads, free once S0 finished) and m_a; O_0 += P0 V0; then, given m_b and P1:
+ *         beta = 2^(m_a - m_b), O_0 *= beta, l_0 *= beta, O_0 += P1 V1; m = m_b.
+ *   wg 1: S1 (issued at once); given m_a: alpha0 from the same m and m_a (identical arithmetic),
+ *         O_1 *= alpha0, l_1 *= alpha0, O_1 += P0 V0 issued, then (while it runs) m_b = max(m_a,
+ *         rowmax S1), P1 = 2^(S1 - m_b), l_1 = l_1 beta + sum P1; publishes P1 (atom 8 of slot 1)
+ *         and m_b; after P0 V0 landed O_1 *= beta, O_1 += P1 V1; m = m_b.
+ * Both warpgroups hold the same running max m after every pair; l = l_0 + l_1 at the end (both
+ * relative to the final m).  Loads: warpgroup 0 loads tile t0 + 2 into slot 0 once warpgroup 1's
+ * P0 V0 finished (while its own P1 V1 runs), warpgroup 1 loads t1 + 2 into slot 1 once
+ * warpgroup 0's P1 V1 finished; each waits for its own copies with a 128-thread barrier.
+ * Named barriers (256 threads: one warpgroup arrives, the other syncs; once a pair each, and
+ * every arrival of pair i + 1 comes after the matching sync of pair i):
+ *   SS_P0READY (0 -> 1, every pair), SS_P1READY (1 -> 0, when t1 exists), SS_S0FREE (1 -> 0,
+ *   when t0 + 2 exists), SS_S1FREE (0 -> 1, when t1 + 2 exists).
+ * Shared memory: s1's layout (the P tile unused); red holds m_a [ROWS], m_b [ROWS], then the
+ * row sums [2][ROWS] of the epilogue. */
+enum {
+    SS_BAR_P0READY = 1,  /* P0 (slot 0 atom 8) and m_a written (warpgroup 0 -> 1) */
+    SS_BAR_P1READY = 2,  /* P1 (slot 1 atom 8) and m_b written (1 -> 0) */
+    SS_BAR_S0FREE = 3,   /* warpgroup 1's P0 V0 finished: slot 0 may be reloaded (1 -> 0) */
+    SS_BAR_S1FREE = 4,   /* warpgroup 0's P1 V1 finished: slot 1 may be reloaded (0 -> 1) */
+    SS_BAR_WG0 = 5,      /* warpgroup 0 alone (128 threads): its copies / P stores done */
+    SS_BAR_WG1 = 6       /* warpgroup 1 alone */
+};
+__device__ __forceinline__ void wg_bar_sync128(int id) { asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory"); }
+
+/* The factor 2^(m_old - m_new) (m_new == -inf counts as 0), softmax_step's alpha. */
+__device__ __forceinline__ float wg_rescale_factor(float m_old, float m_new)
+{
+    return exp2f(m_old - (m_new == -INFINITY ? 0.f : m_new));
+}
+
+/* S [64 x 64] = Q K^T over 576 dims, K the key tile at sk_addr (issued and committed, not waited). */
+template <bool BF16>
+__device__ __forceinline__ void wg_issue_s(float (&s)[8][4], uint64_t desc_q, uint32_t sk_addr)
+{
+    const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
+    ar_wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+        wgmma_qk64<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
+    }
+    ar_wg::commit();
+}
+
+/* O [64 x 256] += P V[:, 256 wg ..] of the key tile at sk_addr, P in its atom 8 (issued and
+ * committed, not waited). */
+template <bool BF16>
+__device__ __forceinline__ void wg_issue_pv_slot(float (&o)[32][4], uint32_t sk_addr, int wg)
+{
+    const uint64_t desc_p = ar_wg::desc_sw128(sk_addr + (uint32_t)(8 * WG_ATOM), 16, 1024);
+    const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
+    wg_fence_acc(o);
+    ar_wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < WG_KEYS / 16; kk++)
+        wgmma_pv<BF16>(o, desc_p + (uint32_t)((kk * 32) >> 4), desc_v + (uint32_t)((kk * 2048) >> 4));
+    ar_wg::commit();
+}
+
+/* cp.async of key tile t (as wg_load_keys) by the 128 threads of one warpgroup (this one is
+ * number i), two a key: thread i copies the odd or even 16-byte chunks of key i / 2, so it
+ * needs one block-table entry (wg_load_keys<128> keeps 36 live, which spills while the
+ * 128 accumulator registers of an in-flight P V are held). */
+__device__ __forceinline__ void wg_load_keys_by_key(const attn_args &a, const work_item &w, int r, int t,
+                                                    unsigned char *sk, int i)
+{
+    const int key = i >> 1, half = i & 1;
+    const int j = w.key_begin + t * WG_KEYS + key;
+    const bool valid = j < w.key_end;
+    const int slot = valid ? (__ldg(a.block_table + (int64_t)r * a.mbpr + (j >> a.block_size_log2)) << a.block_size_log2) +
+                                 (j & (a.block_size - 1))
+                           : 0;
+    const uint16_t *const src = (const uint16_t *)a.cache + (int64_t)slot * D;
+#pragma unroll 4
+    for (int k = 0; k < WG_CHUNKS / 2; k++) {
+        const int c = 2 * k + half;
+        cp_async16(sk + wg_swz(key, c), src + c * 8, valid);
+    }
+}
+
+/* Warpgroup 1's side of m_a: reads it (s_ma [ROWS]), alpha0 = 2^(m - m_a) from its own m
+ * (the same arithmetic as warpgroup 0's), o and l rescaled by alpha0, m = m_a. */
+__device__ __forceinline__ void wg_take_max(float (&o)[32][4], const float *s_ma, const int lr[2], float m_run[2],
+                                            float l_run[2], float m_a[2], int fault)
+{
+    float alpha0[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        m_a[h] = s_ma[lr[h]];
+        alpha0[h] = wg_rescale_factor(m_run[h], m_a[h]);
+        l_run[h] *= alpha0[h];
+        m_run[h] = m_a[h];
+    }
+    wg_rescale(o, alpha0, fault);
+}
+
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
+    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(mla_wg_smem);
+    const uint32_t pad = (1024u - (base0 & 1023u)) & 1023u;
+    unsigned char *const smem = mla_wg_smem + pad;
+    const uint32_t sq_addr = base0 + pad, sk_addr0 = sq_addr + WG_OFF_K, sk_addr1 = sk_addr0 + WG_TILE;
+    unsigned char *const sk0 = smem + WG_OFF_K, *const sk1 = sk0 + WG_TILE;
+    float *const s_ma = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] m_a of the pair */
+    float *const s_mb = s_ma + ROWS;                                    /* [ROWS] m_b of the pair */
+    float *const s_sum = s_ma + 2 * ROWS;                               /* [2][ROWS] row sums */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * a.num_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
+    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+
+    /* Q and the first pair by all 256 threads */
+    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
+    if (ntiles > 0) wg_load_keys<THREADS>(a, w, r, 0, sk0, tid);
+    if (ntiles > 1) wg_load_keys<THREADS>(a, w, r, 1, sk1, tid);
+    cp_async_commit();
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
+    cp_async_wait<0>();
+    ar_wg::fence_proxy_async();
+    __syncthreads();
+
+    for (int t0 = 0; t0 < ntiles; t0 += 2) {
+        const int t1 = t0 + 1;
+        const bool has1 = t1 < ntiles;
+        if (wg == 0) {
+            cp_async_wait<0>();           /* tile t0 (this warpgroup's copies) landed */
+            ar_wg::fence_proxy_async();
+            wg_bar_sync128(SS_BAR_WG0);
+            float s[8][4];
+            wg_issue_s<BF16>(s, desc_q, sk_addr0);
+            ar_wg::wait<0>();
+            wg_fence_acc(s);
+            float alpha0[2];
+            wg_softmax_full(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha0, a.fault);
+            wg_rescale(o, alpha0, a.fault);
+            /* P0 into atom 8 of slot 0, m_a (now m_run) into s_ma */
+            wg_store_p<BF16>(sk0 + 8 * WG_ATOM, s_ma, s, lr, tig, m_run);
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(SS_BAR_P0READY);
+            wg_bar_sync128(SS_BAR_WG0);   /* all of P0 written before this warpgroup reads it */
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 0);
+            if (has1) {
+                wg_bar_sync(SS_BAR_P1READY);
+                const float m_b[2] = {s_mb[lr[0]], s_mb[lr[1]]};
+                float beta[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    beta[h] = wg_rescale_factor(m_run[h], m_b[h]);
+                    l_run[h] *= beta[h];
+                    m_run[h] = m_b[h];
+                }
+                ar_wg::wait<0>();         /* P0 V0 landed */
+                wg_fence_acc(o);
+                wg_rescale(o, beta, a.fault);
+                wg_issue_pv_slot<BF16>(o, sk_addr1, 0);
+                if (t0 + 2 < ntiles) {    /* tile t0 + 2 into slot 0 once warpgroup 1's P0 V0 is done */
+                    wg_bar_sync(SS_BAR_S0FREE);
+                    wg_load_keys_by_key(a, w, r, t0 + 2, sk0, tid);
+                    cp_async_commit();
+                }
+                ar_wg::wait<0>();
+                wg_fence_acc(o);
+                if (t1 + 2 < ntiles) wg_bar_arrive(SS_BAR_S1FREE);
+            } else {                      /* the last pair has no t1 */
+                ar_wg::wait<0>();
+                wg_fence_acc(o);
+            }
+        } else if (has1) {
+            cp_async_wait<0>();           /* tile t1 (this warpgroup's copies) landed */
+            ar_wg::fence_proxy_async();
+            wg_bar_sync128(SS_BAR_WG1);
+            float s[8][4];
+            wg_issue_s<BF16>(s, desc_q, sk_addr1);
+            wg_bar_sync(SS_BAR_P0READY);
+            float m_a[2];
+            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
+            ar_wg::wait<1>();             /* S1 landed (P0 V0 may still run) */
+            wg_fence_acc(s);
+            float mx[2];
+            mask_scale_rowmax<8>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, mx);
+            softmax_step<8, 0>(s, mx, m_run, l_run, (float (*)[4])0, a.fault);
+            float beta[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) beta[h] = wg_rescale_factor(m_a[h], m_run[h]);
+            /* P1 into atom 8 of slot 1, m_b (now m_run) into s_mb */
+            wg_store_p<BF16>(sk1 + 8 * WG_ATOM, s_mb, s, lr, tig, m_run);
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(SS_BAR_P1READY);
+            wg_bar_sync128(SS_BAR_WG1);   /* all of P1 written before this warpgroup reads it */
+            ar_wg::wait<0>();             /* P0 V0 landed: slot 0 free on this side */
+            wg_fence_acc(o);
+            if (t0 + 2 < ntiles) wg_bar_arrive(SS_BAR_S0FREE);
+            wg_rescale(o, beta, a.fault);
+            wg_issue_pv_slot<BF16>(o, sk_addr1, 1);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+            if (t1 + 2 < ntiles) {        /* tile t1 + 2 into slot 1 once warpgroup 0's P1 V1 is done */
+                wg_bar_sync(SS_BAR_S1FREE);
+                wg_load_keys_by_key(a, w, r, t1 + 2, sk1, tid - 128);
+                cp_async_commit();
+            }
+        } else {                          /* the last pair has no t1: P0 V0 only */
+            wg_bar_sync(SS_BAR_P0READY);
+            float m_a[2];
+            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+        }
+    }
+    cp_async_wait<0>();
+
+    /* epilogue: l = l_0 + l_1 (both relative to the common final max), normalise, write */
+    quad_sum(l_run);
+    if (tig == 0) {
+        s_sum[wg * ROWS + lr[0]] = l_run[0];
+        s_sum[wg * ROWS + lr[1]] = l_run[1];
+    }
+    __syncthreads();
+    for (int h = 0; h < 2; h++) l_run[h] = s_sum[lr[h]] + s_sum[ROWS + lr[h]];
+    wg_store_rows(a, w, q0, nrows, o, m_run, l_run, lr, wg, tig);
 #else
     __trap();   /* built without sm_90a: the host never launches this kernel there */
 #endif

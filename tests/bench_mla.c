@@ -22,12 +22,12 @@
  * bit-identical).  `bench_mla sweep` runs the sweep only.
  *
  * `bench_mla wgsweep` runs only the sweep of the wgmma kernel's variants (AR_MLA_WG_VARIANT,
- * 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1; 0 = round 1) at h_q = 128, b = 128, s_q = 1, bf16,
- * block 64, s_k = 4k, 8k, 16k, 32k, one line each:
+ * 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1; 0 = round 1, 1 = s1 (the default), 4 = seesaw) at
+ * h_q = 128, b = 128, s_q = 1, bf16, block 64, s_k = 4k, 8k, 16k, 32k, one line each:
  *   WGSWEEP variant=<n> name=<short> sk=<keys> us=<attn+combine> tflops=<FlashMLA's count>
- *           max_diff_vs_default=<max |out - variant 0's out|, all requests> err_vs_ref=<max
+ *           max_diff_vs_default=<max |out - the first variant run's out|, all requests> err_vs_ref=<max
  *           |out - float64 reference| over 3 requests> ran=<variant that ran>
- * AR_WGSWEEP_VARIANTS="0 2" restricts it to those variant numbers (so that a variant that hangs
+ * AR_WGSWEEP_VARIANTS="0 2" (or "14") restricts it to those variant numbers (so that a variant that hangs
  * on a new device can be left out of a run). */
 #include <math.h>
 #include <stdio.h>
@@ -214,7 +214,7 @@ static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
                     if (!(d <= err_out)) err_out = d;   /* NaN sticks */
                 }
             }
-            if (v == 0) {
+            if (!have_base) {   /* the first variant run (0 unless AR_WGSWEEP_VARIANTS leaves it out) */
                 memcpy(base_out, r.out, n_out * sizeof(float));
                 have_base = true;
             }
