@@ -963,9 +963,10 @@ __device__ __forceinline__ void wg_load_keys_by_key(const attn_args &a, const wo
     const int key = i >> 1, half = i & 1;
     const int j = w.key_begin + t * WG_KEYS + key;
     const bool valid = j < w.key_end;
-    const int slot = valid ? (__ldg(a.block_table + (int64_t)r * a.mbpr + (j >> a.block_size_log2)) << a.block_size_log2) +
-                                 (j & (a.block_size - 1))
-                           : 0;
+    const int64_t slot =
+        valid ? ((int64_t)__ldg(a.block_table + (int64_t)r * a.mbpr + (j >> a.block_size_log2)) << a.block_size_log2) +
+                    (j & (a.block_size - 1))
+              : 0;
     const uint16_t *const src = (const uint16_t *)a.cache + (int64_t)slot * D;
 #pragma unroll 4
     for (int k = 0; k < WG_CHUNKS / 2; k++) {
