@@ -46,7 +46,7 @@
  * tiles of 64, 2 warpgroups splitting O by columns); AR_MLA_KERNEL=tc-wgmma /
  * AR_MLA_KERNEL_TC_WGMMA force it, tc-split-qk the mma.sync kernel.  Its variant (wg_variants:
  * AR_MLA_WG_VARIANT, ar_cuda_mla_case.wg_variant) defaults to 1, s1 (S by warpgroup 0 alone),
- * the fastest of round 2's H200 sweep; 4 (seesaw) is round 3's candidate.
+ * the fastest of round 2's H200 sweep; 4 (seesaw) and 5 (seesaw-rs) are round 3's candidates.
  *
  * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): "write"
  * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
@@ -2136,12 +2136,13 @@ static bool wgmma_kernel_usable(int device)
         return false;
     }
     if (major != 9 || minor != 0 || optin < WG_SMEM) return false;
-    const void *const fns[10] = {(const void *)attn_wgmma_kernel<true>, (const void *)attn_wgmma_kernel<false>,
+    const void *const fns[12] = {(const void *)attn_wgmma_kernel<true>, (const void *)attn_wgmma_kernel<false>,
                                 (const void *)attn_wgmma_s1_kernel<true>, (const void *)attn_wgmma_s1_kernel<false>,
                                 (const void *)attn_wgmma_ws_kernel<true, true>, (const void *)attn_wgmma_ws_kernel<false, true>,
                                 (const void *)attn_wgmma_ws_kernel<true, false>, (const void *)attn_wgmma_ws_kernel<false, false>,
-                                (const void *)attn_wgmma_seesaw_kernel<true>, (const void *)attn_wgmma_seesaw_kernel<false>};
-    for (int i = 0; i < 10; i++)
+                                (const void *)attn_wgmma_seesaw_kernel<true, false>, (const void *)attn_wgmma_seesaw_kernel<false, false>,
+                                (const void *)attn_wgmma_seesaw_kernel<true, true>, (const void *)attn_wgmma_seesaw_kernel<false, true>};
+    for (int i = 0; i < 12; i++)
         if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess) {
             cudaGetLastError();
             return false;
@@ -2164,6 +2165,7 @@ static const wg_variant_info wg_variants[] = {
     {"ws-ss", "as ws with warpgroup 0's P read from the shared P tile (SS) instead of registers"},
     {"seesaw", "FlashMLA's seesaw: wg 0 S of even tiles, wg 1 of odd ones (m64n64k16), max and P exchanged, "
                "each wg P V of both tiles on its 256 columns"},
+    {"seesaw-rs", "as seesaw with each warpgroup's own P (of the tile whose S it computed) from registers (RS)"},
 };
 static const int NUM_WG_VARIANTS = (int)(sizeof wg_variants / sizeof wg_variants[0]);
 static_assert(sizeof wg_variants / sizeof wg_variants[0] == AR_CUDA_MLA_WG_VARIANT_COUNT,
@@ -2383,7 +2385,9 @@ static void launch_tc(const attn_args &a, int stages, tc_variant variant, int na
         else if (a.wg_variant == 3)
             attn_wgmma_ws_kernel<BF16, false><<<num_work, THREADS, WG_SMEM, st>>>(a);
         else if (a.wg_variant == 4)
-            attn_wgmma_seesaw_kernel<BF16><<<num_work, THREADS, WG_SMEM, st>>>(a);
+            attn_wgmma_seesaw_kernel<BF16, false><<<num_work, THREADS, WG_SMEM, st>>>(a);
+        else if (a.wg_variant == 5)
+            attn_wgmma_seesaw_kernel<BF16, true><<<num_work, THREADS, WG_SMEM, st>>>(a);
         else
             attn_wgmma_kernel<BF16><<<num_work, THREADS, WG_SMEM, st>>>(a);
         return;

@@ -150,10 +150,10 @@ bool ar_cuda_mla_narrow_variant_is_diagnostic(int v);
 
 /* Variants of the Hopper wgmma kernel (tc-wgmma), numbered 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1
  * (names: ar_cuda_mla_result.wg_variant_name); 0 is the round-1 kernel, 1 (s1) the default since
- * round 2's H200 sweep (bench_mla wgsweep), 4 (seesaw) round 3's.  A case picks one by force_wg_variant /
+ * round 2's H200 sweep (bench_mla wgsweep), 4 and 5 (seesaw, seesaw-rs) round 3's.  A case picks one by force_wg_variant /
  * wg_variant, the backend by AR_MLA_WG_VARIANT=<number or name> (read once).  A constant, not a
  * function, so that builds without CUDA (cuda_mla_stub.c) need nothing new. */
-enum { AR_CUDA_MLA_WG_VARIANT_COUNT = 5 };
+enum { AR_CUDA_MLA_WG_VARIANT_COUNT = 6 };
 
 /* A FlashMLA test input from a standard normal draw x: x / 10 clamped to [-1, 1], rounded to
  * dtype (division rounded to nearest on the device too, whatever the fast-math flags). */

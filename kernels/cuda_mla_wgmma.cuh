@@ -57,7 +57,8 @@
  * warpgroups compute S of alternate key tiles with m64n64k16, exchange the row max and P through
  * shared memory, and each runs P V of both tiles on its 256 output columns, so each one's
  * softmax overlaps the other's tensor work; P goes into the rope atom of its key tile, which only
- * S reads).  ptxas: 225 registers, no spills.
+ * S reads), and variant 5, the same kernel with each warpgroup's own P taken from registers
+ * (seesaw-rs).  ptxas: seesaw 225 registers, seesaw-rs 227, no spills.
  *
  * The kernel body exists only in the sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere it
  * traps, and the host picks it only on a compute-capability 9.0 device with a bf16/fp16 cache
@@ -991,7 +992,38 @@ __device__ __forceinline__ void wg_take_max(float (&o)[32][4], const float *s_ma
     wg_rescale(o, alpha0, fault);
 }
 
+/* P [64 rows x 64 keys, the S accumulator layout] as the A fragments of P V's 4 key steps
+ * (wgmma_pv_rs: rows 16 (warp % 4) + lane / 4 (+ 8), keys 2 (lane % 4) (+ 1, + 8, + 9)). */
 template <bool BF16>
+__device__ __forceinline__ void wg_pack_p(const float (&s)[8][4], uint32_t (&pa)[4][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            pa[kk][2 * half] = pack2<BF16>(s[2 * kk + half][0], s[2 * kk + half][1]);
+            pa[kk][2 * half + 1] = pack2<BF16>(s[2 * kk + half][2], s[2 * kk + half][3]);
+        }
+}
+
+/* O [64 x 256] += P (pa, registers) V[:, 256 wg ..] of the key tile at sk_addr (issued and
+ * committed, not waited: pa must stay unchanged until the wait). */
+template <bool BF16>
+__device__ __forceinline__ void wg_issue_pv_rs(float (&o)[32][4], uint32_t (&pa)[4][4], uint32_t sk_addr, int wg)
+{
+    const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
+    wg_fence_acc(o);
+    wg_fence_frag(pa);
+    ar_wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < WG_KEYS / 16; kk++) wgmma_pv_rs<BF16>(o, pa[kk], desc_v + (uint32_t)((kk * 2048) >> 4));
+    ar_wg::commit();
+}
+
+/* P_RS (variant 5, "seesaw-rs"): each warpgroup's P V of the tile whose S it computed takes P
+ * from its registers (RS) instead of the shared copy it wrote for the other warpgroup: 16 KB
+ * less shared-memory reads a pair and no 128-thread barrier before that product. */
+template <bool BF16, bool P_RS>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1049,8 +1081,14 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args
             wg_store_p<BF16>(sk0 + 8 * WG_ATOM, s_ma, s, lr, tig, m_run);
             ar_wg::fence_proxy_async();
             wg_bar_arrive(SS_BAR_P0READY);
-            wg_bar_sync128(SS_BAR_WG0);   /* all of P0 written before this warpgroup reads it */
-            wg_issue_pv_slot<BF16>(o, sk_addr0, 0);
+            uint32_t pa[4][4];            /* P0 as A fragments (P_RS) */
+            if (P_RS) {
+                wg_pack_p<BF16>(s, pa);
+                wg_issue_pv_rs<BF16>(o, pa, sk_addr0, 0);
+            } else {
+                wg_bar_sync128(SS_BAR_WG0);   /* all of P0 written before this warpgroup reads it */
+                wg_issue_pv_slot<BF16>(o, sk_addr0, 0);
+            }
             if (has1) {
                 wg_bar_sync(SS_BAR_P1READY);
                 const float m_b[2] = {s_mb[lr[0]], s_mb[lr[1]]};
@@ -1063,6 +1101,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args
                 }
                 ar_wg::wait<0>();         /* P0 V0 landed */
                 wg_fence_acc(o);
+                if (P_RS) wg_fence_frag(pa);
                 wg_rescale(o, beta, a.fault);
                 wg_issue_pv_slot<BF16>(o, sk_addr1, 0);
                 if (t0 + 2 < ntiles) {    /* tile t0 + 2 into slot 0 once warpgroup 1's P0 V0 is done */
@@ -1076,6 +1115,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args
             } else {                      /* the last pair has no t1 */
                 ar_wg::wait<0>();
                 wg_fence_acc(o);
+                if (P_RS) wg_fence_frag(pa);
             }
         } else if (has1) {
             cp_async_wait<0>();           /* tile t1 (this warpgroup's copies) landed */
@@ -1099,14 +1139,22 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args
             wg_store_p<BF16>(sk1 + 8 * WG_ATOM, s_mb, s, lr, tig, m_run);
             ar_wg::fence_proxy_async();
             wg_bar_arrive(SS_BAR_P1READY);
-            wg_bar_sync128(SS_BAR_WG1);   /* all of P1 written before this warpgroup reads it */
+            uint32_t pa[4][4];            /* P1 as A fragments (P_RS) */
+            if (P_RS)
+                wg_pack_p<BF16>(s, pa);
+            else
+                wg_bar_sync128(SS_BAR_WG1);   /* all of P1 written before this warpgroup reads it */
             ar_wg::wait<0>();             /* P0 V0 landed: slot 0 free on this side */
             wg_fence_acc(o);
             if (t0 + 2 < ntiles) wg_bar_arrive(SS_BAR_S0FREE);
             wg_rescale(o, beta, a.fault);
-            wg_issue_pv_slot<BF16>(o, sk_addr1, 1);
+            if (P_RS)
+                wg_issue_pv_rs<BF16>(o, pa, sk_addr1, 1);
+            else
+                wg_issue_pv_slot<BF16>(o, sk_addr1, 1);
             ar_wg::wait<0>();
             wg_fence_acc(o);
+            if (P_RS) wg_fence_frag(pa);
             if (t1 + 2 < ntiles) {        /* tile t1 + 2 into slot 1 once warpgroup 0's P1 V1 is done */
                 wg_bar_sync(SS_BAR_S1FREE);
                 wg_load_keys_by_key(a, w, r, t1 + 2, sk1, tid - 128);

@@ -22,12 +22,12 @@
  * bit-identical).  `bench_mla sweep` runs the sweep only.
  *
  * `bench_mla wgsweep` runs only the sweep of the wgmma kernel's variants (AR_MLA_WG_VARIANT,
- * 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1; 0 = round 1, 1 = s1 (the default), 4 = seesaw) at
+ * 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1; 0 = round 1, 1 = s1 (the default), 4 = seesaw, 5 = seesaw-rs) at
  * h_q = 128, b = 128, s_q = 1, bf16, block 64, s_k = 4k, 8k, 16k, 32k, one line each:
  *   WGSWEEP variant=<n> name=<short> sk=<keys> us=<attn+combine> tflops=<FlashMLA's count>
  *           max_diff_vs_default=<max |out - the first variant run's out|, all requests> err_vs_ref=<max
  *           |out - float64 reference| over 3 requests> ran=<variant that ran>
- * AR_WGSWEEP_VARIANTS="0 2" (or "14") restricts it to those variant numbers (so that a variant that hangs
+ * AR_WGSWEEP_VARIANTS="0 2" (or "145") restricts it to those variant numbers (so that a variant that hangs
  * on a new device can be left out of a run). */
 #include <math.h>
 #include <stdio.h>
