@@ -19,8 +19,9 @@
  *    test_narrow_variants runs every non-diagnostic variant of the narrow kernel (the h_q = 16
  *    sweep of bench_mla) on shapes that reach its edges.  test_wgmma_kernel_forced runs the
  *    Hopper wgmma kernel (AR_MLA_KERNEL_TC_WGMMA) on every grid case where AUTO picks another
- *    kernel, plus splits, block sizes 16 / 32, fp16, partial row tiles and empty requests
- *    (skips off compute capability 9.0).
+ *    kernel, plus splits, block sizes 16 / 32, fp16, partial row tiles and empty requests, once
+ *    per variant of that kernel (AR_GPU_WG_VARIANTS="0 4" runs only those variant numbers; skips
+ *    off compute capability 9.0).
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the split-score variant
  *    (AR_MLA_KERNEL_TC_SPLIT_QK), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.  The
  *    grid runs AUTO (the narrow 16-row kernel when s_q * h_q <= 16; on a compute-capability 9.0
@@ -754,7 +755,11 @@ static void test_wgmma_kernel_forced(void **st)
         return;
     }
     int fails = 0;
-    for (int v = 0; v < AR_CUDA_MLA_WG_VARIANT_COUNT; v++) fails += wgmma_forced_cases(v);
+    /* AR_GPU_WG_VARIANTS="1 4": only those variant numbers (compute-sanitizer runs one or two
+     * variants per process to stay within its time limit) */
+    const char *only = getenv("AR_GPU_WG_VARIANTS");
+    for (int v = 0; v < AR_CUDA_MLA_WG_VARIANT_COUNT; v++)
+        if (!only || strchr(only, '0' + v)) fails += wgmma_forced_cases(v);
     /* an fp8 cache is refused (it stays on the mma.sync kernels) */
     ar_cuda_mla_result r;
     char err[512] = "";
