@@ -58,7 +58,9 @@
  * shared memory, and each runs P V of both tiles on its 256 output columns, so each one's
  * softmax overlaps the other's tensor work; P goes into the rope atom of its key tile, which only
  * S reads), and variant 5, the same kernel with each warpgroup's own P taken from registers
- * (seesaw-rs).  ptxas: seesaw 225 registers, seesaw-rs 227, no spills.
+ * (seesaw-rs).  ptxas: seesaw 225 registers, seesaw-rs 227, no spills.  H200 (2026-11-30,
+ * 10:10 UTC, same run): seesaw 344 - 387 TFLOP/s, seesaw-rs 343 - 391, s1 353 - 384 (4k - 32k
+ * keys): within 2% of s1, better at 16k - 32k and worse at 4k, so s1 stays the default.
  *
  * The kernel body exists only in the sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere it
  * traps, and the host picks it only on a compute-capability 9.0 device with a bf16/fp16 cache
