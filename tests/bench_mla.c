@@ -154,32 +154,60 @@ static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, floa
     return rc;
 }
 
+/* Host buffers of a sweep over B requests of H heads: which requests the float64 reference
+ * covers (first, middle, last), the baseline output [B, H, 512], and the result's output,
+ * LSE and reference. */
+typedef struct sweep_buffers {
+    unsigned char *sel;     /* [B] */
+    float *base_out;        /* [B * H * 512] */
+    ar_cuda_mla_result r;   /* out [B * H * 512], lse [B * H], ref_out, ref_lse the same in double */
+} sweep_buffers;
+
+static void sweep_buffers_free(sweep_buffers *sb)
+{
+    free(sb->sel);
+    free(sb->base_out);
+    free(sb->r.out);
+    free(sb->r.lse);
+    free(sb->r.ref_out);
+    free(sb->r.ref_lse);
+    memset(sb, 0, sizeof *sb);
+}
+
+/* false (nothing left allocated) when out of host memory */
+static bool sweep_buffers_alloc(sweep_buffers *sb, int B, int H)
+{
+    const size_t n_out = (size_t)B * H * 512, n_lse = (size_t)B * H;
+    memset(sb, 0, sizeof *sb);
+    sb->sel = calloc((size_t)B, 1);
+    sb->base_out = malloc(n_out * sizeof(float));
+    sb->r.out = malloc(n_out * sizeof(float));
+    sb->r.lse = malloc(n_lse * sizeof(float));
+    sb->r.ref_out = malloc(n_out * sizeof(double));
+    sb->r.ref_lse = malloc(n_lse * sizeof(double));
+    if (!sb->sel || !sb->base_out || !sb->r.out || !sb->r.lse || !sb->r.ref_out || !sb->r.ref_lse) {
+        sweep_buffers_free(sb);
+        return false;
+    }
+    sb->sel[0] = sb->sel[B / 2] = sb->sel[B - 1] = 1;
+    return true;
+}
+
 /* The wgmma-kernel variant sweep (see the file comment).  c: the case set up by main.  0 ok, 1
  * if a case failed to run. */
 static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
 {
     static const int sks[] = {4096, 8192, 16384, 32768};
     const int B = c.batch, H = 128;
-    const size_t n_out = (size_t)B * H * 512, n_lse = (size_t)B * H;
-    unsigned char *sel = calloc((size_t)B, 1);
-    float *base_out = malloc(n_out * sizeof(float));
-    ar_cuda_mla_result r;
-    memset(&r, 0, sizeof r);
-    r.out = malloc(n_out * sizeof(float));
-    r.lse = malloc(n_lse * sizeof(float));
-    r.ref_out = malloc(n_out * sizeof(double));
-    r.ref_lse = malloc(n_lse * sizeof(double));
-    if (!sel || !base_out || !r.out || !r.lse || !r.ref_out || !r.ref_lse) {
+    const size_t n_out = (size_t)B * H * 512;
+    sweep_buffers sb;
+    if (!sweep_buffers_alloc(&sb, B, H)) {
         printf("bench_mla wgsweep: out of host memory\n");
-        free(sel);
-        free(base_out);
-        free(r.out);
-        free(r.lse);
-        free(r.ref_out);
-        free(r.ref_lse);
         return 1;
     }
-    sel[0] = sel[B / 2] = sel[B - 1] = 1;
+    const unsigned char *sel = sb.sel;
+    float *base_out = sb.base_out;
+    ar_cuda_mla_result r = sb.r;   /* (its buffers are sb's; each case fills in the scalars) */
     c.h_q = H;
     c.kv_dtype = AR_BF16;
     c.stages = 0;
@@ -227,12 +255,7 @@ static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
             fflush(stdout);
         }
     }
-    free(sel);
-    free(base_out);
-    free(r.out);
-    free(r.lse);
-    free(r.ref_out);
-    free(r.ref_lse);
+    sweep_buffers_free(&sb);
     return rc;
 }
 
@@ -240,28 +263,13 @@ static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
 static int run_sweep(ar_cuda_mla_case c, int *seqlens)
 {
     const int B = c.batch, H = 16;
-    const size_t n_out = (size_t)B * H * 512, n_lse = (size_t)B * H;
-    unsigned char *sel = calloc((size_t)B, 1);
-    float *base_out = malloc(n_out * sizeof(float));
-    ar_cuda_mla_result r;
-    memset(&r, 0, sizeof r);
-    r.out = malloc(n_out * sizeof(float));
-    r.lse = malloc(n_lse * sizeof(float));
-    r.ref_out = malloc(n_out * sizeof(double));
-    r.ref_lse = malloc(n_lse * sizeof(double));
-    int rc = 1;
-    if (sel && base_out && r.out && r.lse && r.ref_out && r.ref_lse) {
-        sel[0] = sel[B / 2] = sel[B - 1] = 1;
-        rc = sweep_rows(c, seqlens, sel, base_out, &r);
-    } else {
+    sweep_buffers sb;
+    if (!sweep_buffers_alloc(&sb, B, H)) {
         printf("bench_mla sweep: out of host memory\n");
+        return 1;
     }
-    free(sel);
-    free(base_out);
-    free(r.out);
-    free(r.lse);
-    free(r.ref_out);
-    free(r.ref_lse);
+    int rc = sweep_rows(c, seqlens, sb.sel, sb.base_out, &sb.r);
+    sweep_buffers_free(&sb);
     return rc;
 }
 
