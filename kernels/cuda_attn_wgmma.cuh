@@ -1,10 +1,12 @@
 /* cuda_attn_wgmma.cuh - the Hopper (sm_90a) variant of the paged attention kernel: the same work
  * items, masks, faults and outputs as attn_kernel (cuda_attn.cuh), with the two matrix products
- * on wgmma (warpgroup MMA) instead of mma.sync.  Configs AR_CFG_PREFILL_WG, _PIPE, _PINGPONG and
- * _WS (four ways of feeding the same products, see WgStages and attn_wgmma_kernel's MODE; the
- * automatic plan's choice is in cuda_backend.cu), head size 128 exactly.
+ * on wgmma (warpgroup MMA) instead of mma.sync.  Configs AR_CFG_PREFILL_WG, _PIPE, _PINGPONG,
+ * _WS and _WS_OVERLAP (five ways of feeding the same products, see WgStages and
+ * attn_wgmma_kernel's MODE; the automatic plan runs _WS, see cuda_backend.cu), head size 128
+ * exactly.
  *
- * Geometry: one CTA = 2 warpgroups (256 threads) = 128 rows (64 per warpgroup), key tiles of 128.
+ * Geometry: one CTA = 2 warpgroups (256 threads) = 128 rows (64 per warpgroup), key tiles of 128
+ * (the _WS configs add a producer warpgroup in front: 384 threads).
  * Shared memory holds Q [128 rows x 128 dims] and two (or three) stages of K and V [128 keys x
  * 128 dims], all in the 128-byte-swizzled K-major layout wgmma reads: each tile is two column
  * halves (dims 0-63, 64-127) of [rows][128 bytes], and the 16-byte chunk c of row r is stored at chunk
@@ -18,8 +20,9 @@
  *               are contiguous: "MN-major"), 8 steps of 16 keys.
  * The online softmax is the one of attn_kernel (log2 domain, skip the rescale when no row max
  * moved).  Loads are cp.async by all 256 threads (one 256-byte K or V row = 16 threads), one
- * tile ahead (two with the mbarrier pipeline), or, in _WS, by a third (producer) warpgroup.  The kernel body exists only in the sm_90a build; the host picks this config only
- * on a compute-capability 9.0 device (cuda_backend.cu). */
+ * tile ahead (two with the mbarrier pipeline), or, in the _WS configs, by the producer
+ * warpgroup alone.  The kernel body exists only in the sm_90a build; the host picks these
+ * configs only on a compute-capability 9.0 device (cuda_backend.cu). */
 #ifndef AR_CUDA_ATTN_WGMMA_CUH
 #define AR_CUDA_ATTN_WGMMA_CUH
 
@@ -133,12 +136,13 @@ template <> __device__ __forceinline__ void wgmma_rs<__half>(float d[64], const 
 /* MODE 0: lockstep (AR_CFG_PREFILL_WG); 1: mbarrier pipeline (AR_CFG_PREFILL_WG_PIPE); 2: the
  * pipeline plus a ping-pong turn (AR_CFG_PREFILL_WG_PINGPONG, FlashAttention-3's warpgroup
  * scheduling): a warpgroup issues its S = Q K^T only in its turn (named barriers 1 and 2), so
- * the other one's softmax runs while its products occupy the tensor cores.  (A fourth mode that
- * also kept S(j + 1) in flight during softmax(j), FlashAttention-3's intra-warpgroup overlap,
- * needs a second 64-register score buffer: at 255 registers it spilled 156 bytes and ran the
- * cascade prefix pass at 225 TFLOP/s against 384 for ping-pong on the H200, 2026-11-30, so it
- * was removed; it needs the producer-warpgroup split with setmaxnreg first.)  MODE 3: the
- * ping-pong kernel fed by a producer warpgroup (see WgStages). */
+ * the other one's softmax runs while its products occupy the tensor cores.  MODE 3
+ * (AR_CFG_PREFILL_WG_WS, the automatic choice): the ping-pong kernel fed by a producer
+ * warpgroup (see WgStages).  MODE 4 (AR_CFG_PREFILL_WG_WS_OVERLAP): MODE 3 plus
+ * FlashAttention-3's intra-warpgroup overlap (S of tile t in flight with P V of tile t - 1); it
+ * fits only with the consumers' 240 registers (without the producer split, at 255, an earlier
+ * version spilled and ran at 225 TFLOP/s), and on the H200 it stays slower than MODE 3
+ * (BENCHMARKS.md, "Warp specialisation"). */
 template <typename T, int MODE>
 __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(const ar_attn_args a)
 {
