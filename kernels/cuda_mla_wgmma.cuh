@@ -90,6 +90,18 @@ __device__ __forceinline__ uint32_t wg_swz(int row, int chunk)
     return (uint32_t)((chunk >> 3) * WG_ATOM + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
+/* This CTA's dynamic shared memory from its first 1024-byte boundary (the 128-byte swizzle
+ * repeats every 1024 bytes): the generic pointer, and its shared-window address (the Q tile's)
+ * in *addr. */
+__device__ __forceinline__ unsigned char *wg_smem_base(uint32_t *addr)
+{
+    extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
+    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(mla_wg_smem);
+    const uint32_t pad = (1024u - (base0 & 1023u)) & 1023u;
+    *addr = base0 + pad;
+    return mla_wg_smem + pad;
+}
+
 /* S [64 rows x 32 keys of this warpgroup, accumulator layout: element (nt, e) is row
  * 16 * (warp % 4) + lane / 4 + 8 * (e >> 1), key 8 nt + 2 (lane % 4) + (e & 1), the layout of
  * mma.sync m16n8 tiles] (+)= A (desc_a, K-major) B (desc_b, K-major). */
@@ -159,11 +171,8 @@ template <bool BF16>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_kernel(attn_args a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
-    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(mla_wg_smem);
-    const uint32_t pad = (1024u - (base0 & 1023u)) & 1023u;
-    unsigned char *const smem = mla_wg_smem + pad;
-    const uint32_t sq_addr = base0 + pad;                       /* Q tile */
+    uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
+    unsigned char *const smem = wg_smem_base(&sq_addr);
     const uint32_t sk_addr0 = sq_addr + WG_OFF_K;               /* key tile of slot s at + s * WG_TILE */
     const uint32_t sp_addr = sq_addr + WG_OFF_P;                /* P tile */
     float *const s_max = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [2][ROWS] */
@@ -543,11 +552,9 @@ template <bool BF16>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_s1_kernel(attn_args a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
-    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(mla_wg_smem);
-    const uint32_t pad = (1024u - (base0 & 1023u)) & 1023u;
-    unsigned char *const smem = mla_wg_smem + pad;
-    const uint32_t sq_addr = base0 + pad, sk_addr0 = sq_addr + WG_OFF_K, sp_addr = sq_addr + WG_OFF_P;
+    uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
+    unsigned char *const smem = wg_smem_base(&sq_addr);
+    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sp_addr = sq_addr + WG_OFF_P;
     float *const s_alpha = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] */
     float *const s_sum = s_alpha + 2 * ROWS;                               /* [2][ROWS] sums, maxima */
 
@@ -643,11 +650,9 @@ template <bool BF16, bool P_RS>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_ws_kernel(attn_args a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
-    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(mla_wg_smem);
-    const uint32_t pad = (1024u - (base0 & 1023u)) & 1023u;
-    unsigned char *const smem = mla_wg_smem + pad;
-    const uint32_t sq_addr = base0 + pad, sk_addr0 = sq_addr + WG_OFF_K, sp_addr = sq_addr + WG_OFF_P;
+    uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
+    unsigned char *const smem = wg_smem_base(&sq_addr);
+    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sp_addr = sq_addr + WG_OFF_P;
     float *const s_alpha = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] */
     float *const s_sum = s_alpha + 2 * ROWS;                               /* [2][ROWS] sums, maxima */
 
@@ -916,11 +921,9 @@ template <bool BF16, bool P_RS>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(1024) unsigned char mla_wg_smem[];
-    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(mla_wg_smem);
-    const uint32_t pad = (1024u - (base0 & 1023u)) & 1023u;
-    unsigned char *const smem = mla_wg_smem + pad;
-    const uint32_t sq_addr = base0 + pad, sk_addr0 = sq_addr + WG_OFF_K, sk_addr1 = sk_addr0 + WG_TILE;
+    uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
+    unsigned char *const smem = wg_smem_base(&sq_addr);
+    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sk_addr1 = sk_addr0 + WG_TILE;
     unsigned char *const sk0 = smem + WG_OFF_K, *const sk1 = sk0 + WG_TILE;
     float *const s_ma = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] m_a of the pair */
     float *const s_mb = s_ma + ROWS;                                    /* [ROWS] m_b of the pair */
