@@ -26,7 +26,8 @@
  * h_q = 128, b = 128, s_q = 1, bf16, block 64, s_k = 4k, 8k, 16k, 32k, one line each:
  *   WGSWEEP variant=<n> name=<short> sk=<keys> us=<attn+combine> tflops=<FlashMLA's count>
  *           max_diff_vs_default=<max |out - the first variant run's out|, all requests> err_vs_ref=<max
- *           |out - float64 reference| over 3 requests> ran=<variant that ran>
+ *           |out - float64 reference| over 3 requests> lse_vs_ref=<the same for the LSE>
+ *           ran=<variant that ran>
  * AR_WGSWEEP_VARIANTS="0 2" (or "145") restricts it to those variant numbers (so that a variant that hangs
  * on a new device can be left out of a run). */
 #include <math.h>
@@ -90,6 +91,27 @@ static double max_abs_diff(const float *a, const float *b, size_t n)
     return m;
 }
 
+/* Max |out - float64 reference| and max |LSE - reference| (equal infinities count as 0) over
+ * the requests sel marks, of a result r for B requests of H heads (out [B, H, 512], lse [B, H]);
+ * a NaN sticks. */
+static void ref_errors(const ar_cuda_mla_result *r, const unsigned char *sel, int B, int H, double *err_out,
+                       double *err_lse)
+{
+    *err_out = *err_lse = 0;
+    for (int b = 0; b < B; b++) {
+        if (!sel[b]) continue;
+        for (size_t i = (size_t)b * H * 512; i < (size_t)(b + 1) * H * 512; i++) {
+            double d = fabs((double)r->out[i] - r->ref_out[i]);
+            if (!(d <= *err_out)) *err_out = d;
+        }
+        for (size_t i = (size_t)b * H; i < (size_t)(b + 1) * H; i++) {
+            double d = fabs((double)r->lse[i] - r->ref_lse[i]);
+            if (isinf(r->lse[i]) && isinf(r->ref_lse[i])) d = 0;
+            if (!(d <= *err_lse)) *err_lse = d;
+        }
+    }
+}
+
 /* The SWEEP lines (see the file comment) for the h_q = 16 case c; sel [B] marks the requests
  * the reference covers, base_out [B, 16, 512] keeps the default's output, r has out / lse /
  * ref_out / ref_lse of that size.  0 ok, 1 if a case failed to run. */
@@ -127,19 +149,8 @@ static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, floa
                 rc = 1;
                 continue;
             }
-            double err_out = 0, err_lse = 0;
-            for (int b = 0; b < B; b++) {
-                if (!sel[b]) continue;
-                for (size_t i = (size_t)b * H * 512; i < (size_t)(b + 1) * H * 512; i++) {
-                    double d = fabs((double)r->out[i] - r->ref_out[i]);
-                    if (!(d <= err_out)) err_out = d;   /* NaN sticks */
-                }
-                for (size_t i = (size_t)b * H; i < (size_t)(b + 1) * H; i++) {
-                    double d = fabs((double)r->lse[i] - r->ref_lse[i]);
-                    if (isinf(r->lse[i]) && isinf(r->ref_lse[i])) d = 0;
-                    if (!(d <= err_lse)) err_lse = d;
-                }
-            }
+            double err_out, err_lse;
+            ref_errors(r, sel, B, H, &err_out, &err_lse);
             if (k == 1) memcpy(base_out, r->out, n_out * sizeof(float));
             double vs_base = max_abs_diff(r->out, base_out, n_out);
             double keys = (double)B * sk;
@@ -234,14 +245,8 @@ static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
                 rc = 1;
                 continue;
             }
-            double err_out = 0;
-            for (int b = 0; b < B; b++) {
-                if (!sel[b]) continue;
-                for (size_t i = (size_t)b * H * 512; i < (size_t)(b + 1) * H * 512; i++) {
-                    double d = fabs((double)r.out[i] - r.ref_out[i]);
-                    if (!(d <= err_out)) err_out = d;   /* NaN sticks */
-                }
-            }
+            double err_out, err_lse;
+            ref_errors(&r, sel, B, H, &err_out, &err_lse);
             if (!have_base) {   /* the first variant run (0 unless AR_WGSWEEP_VARIANTS leaves it out) */
                 memcpy(base_out, r.out, n_out * sizeof(float));
                 have_base = true;
@@ -249,8 +254,8 @@ static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
             double vs_base = have_base ? max_abs_diff(r.out, base_out, n_out) : -1.0;
             double flops = 2.0 * H * (double)B * sk * (576 + 512);
             printf("WGSWEEP variant=%d name=%s sk=%d us=%.1f tflops=%.1f max_diff_vs_default=%.3g err_vs_ref=%.3g "
-                   "ran=%d%s\n", v, r.wg_variant_name ? r.wg_variant_name : "?", sk, r.attn_us,
-                   flops / r.attn_us / 1e6, vs_base, err_out, r.wg_variant,
+                   "lse_vs_ref=%.3g ran=%d%s\n", v, r.wg_variant_name ? r.wg_variant_name : "?", sk, r.attn_us,
+                   flops / r.attn_us / 1e6, vs_base, err_out, err_lse, r.wg_variant,
                    !(err_out <= 8e-4) ? " ERROR > 8e-4" : "");
             fflush(stdout);
         }
