@@ -1,10 +1,14 @@
 /* cuda_host.cuh - host-side helpers both CUDA backends (cuda_backend.cu, cuda_mla.cu) share:
- * a grow-only device buffer, CUDA error text with the backend's name, and grow-only device and
- * pinned host allocations.  Header-only (static) so each .cu keeps its own copy of the code. */
+ * a grow-only device buffer, CUDA error text with the backend's name, grow-only device and
+ * pinned host allocations, and the encoding of TMA tensor maps (through the driver entry point
+ * the runtime hands out, so nothing links libcuda).  Header-only (static) so each .cu keeps its
+ * own copy of the code. */
 #ifndef AR_CUDA_HOST_CUH
 #define AR_CUDA_HOST_CUH
 
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -91,6 +95,48 @@ static inline bool ar_cuda_device_ok(char *why, size_t why_len)
     }
     snprintf(why, why_len, "supported on %s", prop.name);
     return true;
+}
+
+/* Encodes in *map the TMA view of a global tensor of 16-bit elements with rank dimensions
+ * dims[0] (contiguous) .. dims[rank - 1], row strides stride_bytes[0 .. rank - 2] (between
+ * consecutive indices of dims[1], dims[2], ...), and a box of box[0 .. rank - 1] elements read
+ * with the 128-byte swizzle (box[0] * 2 must be 128 or less).  Out-of-range coordinates read as
+ * zeros.  0, or 3 with "WHO: tensor map: <reason>" in err (no driver entry point, or the driver
+ * refused the shape: a stride not a multiple of 16, a base not 16-byte aligned, ...). */
+static inline int ar_tma_encode(CUtensorMap *map, const void *base, int rank, const uint64_t *dims,
+                                const uint64_t *stride_bytes, const uint32_t *box, const char *who,
+                                char *err, size_t err_len)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    if (!encode) {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                         cudaEnableDefault, &found);
+        if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn) {
+            snprintf(err, err_len, "%s: tensor map: the driver has no cuTensorMapEncodeTiled (%s)", who,
+                     cudaGetErrorString(e));
+            cudaGetLastError();
+            return 3;
+        }
+        encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    }
+    cuuint64_t gdim[5], gstride[4];
+    cuuint32_t gbox[5], estride[5];
+    for (int i = 0; i < rank; i++) {
+        gdim[i] = dims[i];
+        gbox[i] = box[i];
+        estride[i] = 1;
+        if (i + 1 < rank) gstride[i] = stride_bytes[i];
+    }
+    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, (cuuint32_t)rank, (void *)base, gdim, gstride,
+                        gbox, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        snprintf(err, err_len, "%s: tensor map: cuTensorMapEncodeTiled refused the shape (CUresult %d)", who, (int)r);
+        return 3;
+    }
+    return 0;
 }
 
 #endif

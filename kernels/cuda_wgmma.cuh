@@ -2,9 +2,11 @@
  * attention backend (cuda_attn_wgmma.cuh) and of the MLA backend (cuda_mla.cu): mbarriers
  * addressed by their shared-memory address, the wgmma shared-memory matrix descriptor with the
  * 128-byte swizzle, the warpgroup fence / commit / wait instructions, the generic-to-async proxy
- * fence, and register reallocation between warpgroups (setmaxnreg).  Nothing here is specific to
- * a matrix shape; the wgmma instructions themselves live beside the kernels that use them.
- * Everything is in namespace ar_wg. */
+ * fence, register reallocation between warpgroups (setmaxnreg), and the tensor memory accelerator
+ * (TMA) loads that copy a box of a global tensor into shared memory and complete on an mbarrier
+ * (the tensor maps are encoded on the host, ar_tma_encode in cuda_host.cuh).  Nothing here is
+ * specific to a matrix shape; the wgmma instructions themselves live beside the kernels that
+ * use them.  Everything is in namespace ar_wg. */
 #ifndef AR_CUDA_WGMMA_CUH
 #define AR_CUDA_WGMMA_CUH
 
@@ -25,6 +27,12 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar)
 __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar)
 {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+/* one arrival on bar that also raises the phase's expected transaction count by bytes: the phase
+ * completes once every arrival is in and that many bytes of TMA copies have landed */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
 }
 /* waits until the phase with the given parity (0 for the first completion, 1 for the second,
  * ...) has completed */
@@ -73,6 +81,29 @@ template <int N> __device__ __forceinline__ void fence_regs(float (&d)[N])
 {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* ---- TMA (cp.async.bulk.tensor); tmap = the address of a CUtensorMap kernel parameter declared
+ * const __grid_constant__ (or of one in global memory) ---- */
+/* Copies the box at element coordinates (c0 innermost, c1, c2) of the 3-D tensor tmap describes
+ * to shared address dst (aligned as the map's swizzle needs: 1024 bytes for 128-byte swizzle);
+ * the bytes count against bar's expected transactions.  Coordinates past the tensor's edge read
+ * as zeros (and still count). */
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *tmap, uint32_t bar, int c0, int c1, int c2)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+                 :: "r"(dst), "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+/* The same for a 2-D tensor (c0 innermost). */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *tmap, uint32_t bar, int c0, int c1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+                 :: "r"(dst), "l"(tmap), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+/* Fetches the tensor map into the TMA unit's cache ahead of the first copy. */
+__device__ __forceinline__ void tma_prefetch_map(const void *tmap)
+{
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(tmap) : "memory");
 }
 
 /* ---- register reallocation: every warp of the warpgroup executes it; counts multiple of 8 ---- */
