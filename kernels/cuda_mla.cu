@@ -46,7 +46,9 @@
  * tiles of 64, 2 warpgroups splitting O by columns); AR_MLA_KERNEL=tc-wgmma /
  * AR_MLA_KERNEL_TC_WGMMA force it, tc-split-qk the mma.sync kernel.  Its variant (wg_variants:
  * AR_MLA_WG_VARIANT, ar_cuda_mla_case.wg_variant) defaults to 1, s1 (S by warpgroup 0 alone),
- * the fastest of round 2's H200 sweep; 4 (seesaw) and 5 (seesaw-rs) are round 3's candidates.
+ * the fastest of round 2's H200 sweep; 4 (seesaw) and 5 (seesaw-rs) are round 3's candidates,
+ * 6 (s1-tma) and 7 (seesaw-rs-tma) round 4's: key tiles by TMA through a tensor map of the cache
+ * made per launch (wg_prepare_tma; refused: the cp.async twin runs and the result says so).
  *
  * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): "write"
  * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
@@ -2147,6 +2149,15 @@ static bool wgmma_kernel_usable(int device)
             cudaGetLastError();
             return false;
         }
+    /* the TMA variants (6, 7): + their two mbarriers */
+    const void *const tma_fns[4] = {(const void *)attn_wgmma_s1_tma_kernel<true>, (const void *)attn_wgmma_s1_tma_kernel<false>,
+                                    (const void *)attn_wgmma_seesaw_rs_tma_kernel<true>,
+                                    (const void *)attn_wgmma_seesaw_rs_tma_kernel<false>};
+    for (int i = 0; i < 4; i++)
+        if (cudaFuncSetAttribute(tma_fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_TMA) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
     return true;
 }
 
@@ -2166,10 +2177,49 @@ static const wg_variant_info wg_variants[] = {
     {"seesaw", "FlashMLA's seesaw: wg 0 S of even tiles, wg 1 of odd ones (m64n64k16), max and P exchanged, "
                "each wg P V of both tiles on its 256 columns"},
     {"seesaw-rs", "as seesaw with each warpgroup's own P (of the tile whose S it computed) from registers (RS)"},
+    {"s1-tma", "s1 with the key tiles by TMA (one thread issues tile t + 1's boxes onto a full mbarrier per ring "
+               "slot); a tile reaching past key_end by cp.async (zero fill)"},
+    {"seesaw-rs-tma", "seesaw-rs with the key tiles by TMA (the loading warpgroup's first thread issues the boxes, "
+                      "the S warpgroup waits on the slot's mbarrier); a tile reaching past key_end by cp.async"},
 };
 static const int NUM_WG_VARIANTS = (int)(sizeof wg_variants / sizeof wg_variants[0]);
 static_assert(sizeof wg_variants / sizeof wg_variants[0] == AR_CUDA_MLA_WG_VARIANT_COUNT,
               "cuda_mla.h's variant count names every wgmma variant");
+
+/* The cp.async variant a TMA variant is built on (what runs instead when its tensor map cannot
+ * be made), or -1 for a variant without TMA. */
+static int wg_tma_twin(int v)
+{
+    return v == 6 ? 1 : v == 7 ? 5 : -1;
+}
+
+/* For a TMA variant (a->wg_variant, see wg_tma_twin) on a 16-bit cache: encodes in *map the
+ * TMA view of the latent cache a->cache, [num_slots][576] 16-bit (rows 1152 bytes apart), with
+ * boxes of {64 dims, min(block size, 32) keys} and the 128-byte swizzle (the kernels' tile
+ * layout; wg_tma_keys).  0: ready (or nothing to do: not a TMA variant, an fp8 cache); 3 with
+ * "cuda-mla wgmma: tensor map: <why>" in err when the map cannot be made (no driver entry point,
+ * a block size below 16, more than 2^31 slots, the driver refused): a->wg_variant is then the
+ * cp.async twin, so the launch still runs a correct kernel. */
+static int wg_prepare_tma(attn_args *a, size_t num_slots, CUtensorMap *map, char *err, size_t err_len)
+{
+    const int twin = wg_tma_twin(a->wg_variant);
+    if (twin < 0 || a->fp8_cache) return 0;
+    memset(map, 0, sizeof *map);
+    if (a->block_size < 16 || num_slots < 1 || num_slots > (size_t)INT32_MAX) {
+        snprintf(err, err_len, "cuda-mla wgmma: tensor map: block size %d, %zu cache slots (rules: block >= 16 keys, "
+                 "1 .. 2^31 - 1 slots)", a->block_size, num_slots);
+        a->wg_variant = twin;
+        return 3;
+    }
+    const uint64_t dims[2] = {(uint64_t)D, (uint64_t)num_slots};
+    const uint64_t stride_bytes[1] = {(uint64_t)D * 2};
+    const uint32_t box[2] = {64, 1u << wg_tma_rows_log2(a->block_size_log2)};
+    if (ar_tma_encode(map, a->cache, 2, dims, stride_bytes, box, "cuda-mla wgmma", err, err_len) != 0) {
+        a->wg_variant = twin;
+        return 3;
+    }
+    return 0;
+}
 
 /* What runs when neither the case nor AR_MLA_WG_VARIANT names a variant: s1, the fastest of
  * round 2's H200 sweep (b = 128, h_q = 128, bf16: 357 / 370 / 380 / 383 TFLOP/s at s_k 4k / 8k /
@@ -2374,7 +2424,8 @@ extern "C" bool ar_cuda_mla_narrow_variant_is_diagnostic(int v)
  * variant with `stages` key-tile stages (64-row kernels 2 or 3, narrow 2 or 4), or the SIMT
  * kernel when stages is 0. */
 template <bool BF16, bool FP8>
-static void launch_tc(const attn_args &a, int stages, tc_variant variant, int narrow_vi, int num_work, cudaStream_t st)
+static void launch_tc(const attn_args &a, int stages, tc_variant variant, int narrow_vi, int num_work,
+                      const CUtensorMap *tmap, cudaStream_t st)
 {
     const bool split_qk = variant == TC_SPLIT_QK;
     if (variant == TC_WGMMA && !FP8) {   /* the planner never picks it with an fp8 cache */
@@ -2387,6 +2438,14 @@ static void launch_tc(const attn_args &a, int stages, tc_variant variant, int na
         else if (a.wg_variant == 4)
             attn_wgmma_seesaw_kernel<BF16, false><<<num_work, THREADS, WG_SMEM, st>>>(a);
         else if (a.wg_variant == 5)
+            attn_wgmma_seesaw_kernel<BF16, true><<<num_work, THREADS, WG_SMEM, st>>>(a);
+        else if (a.wg_variant == 6 && tmap)
+            attn_wgmma_s1_tma_kernel<BF16><<<num_work, THREADS, WG_SMEM_TMA, st>>>(a, *tmap);
+        else if (a.wg_variant == 6)   /* no tensor map (wg_prepare_tma not called): its cp.async twin */
+            attn_wgmma_s1_kernel<BF16><<<num_work, THREADS, WG_SMEM, st>>>(a);
+        else if (a.wg_variant == 7 && tmap)
+            attn_wgmma_seesaw_rs_tma_kernel<BF16><<<num_work, THREADS, WG_SMEM_TMA, st>>>(a, *tmap);
+        else if (a.wg_variant == 7)
             attn_wgmma_seesaw_kernel<BF16, true><<<num_work, THREADS, WG_SMEM, st>>>(a);
         else
             attn_wgmma_kernel<BF16><<<num_work, THREADS, WG_SMEM, st>>>(a);
@@ -2410,14 +2469,15 @@ static void launch_tc(const attn_args &a, int stages, tc_variant variant, int na
 }
 
 static cudaError_t launch_attention(const attn_args &a, int stages, tc_variant variant, int narrow_vi, int num_work,
-                                    int num_groups, int num_tokens, cudaStream_t st, cudaEvent_t ev_mid)
+                                    int num_groups, int num_tokens, const CUtensorMap *tmap, cudaStream_t st,
+                                    cudaEvent_t ev_mid)
 {
     if (stages > 0) {
         if (num_work > 0) {
-            if (a.bf16 && !a.fp8_cache) launch_tc<true, false>(a, stages, variant, narrow_vi, num_work, st);
-            else if (a.bf16) launch_tc<true, true>(a, stages, variant, narrow_vi, num_work, st);
-            else if (!a.fp8_cache) launch_tc<false, false>(a, stages, variant, narrow_vi, num_work, st);
-            else launch_tc<false, true>(a, stages, variant, narrow_vi, num_work, st);
+            if (a.bf16 && !a.fp8_cache) launch_tc<true, false>(a, stages, variant, narrow_vi, num_work, tmap, st);
+            else if (a.bf16) launch_tc<true, true>(a, stages, variant, narrow_vi, num_work, tmap, st);
+            else if (!a.fp8_cache) launch_tc<false, false>(a, stages, variant, narrow_vi, num_work, tmap, st);
+            else launch_tc<false, true>(a, stages, variant, narrow_vi, num_work, tmap, st);
         }
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
@@ -2655,7 +2715,21 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         a.scale_log2 = (float)(c->scale * 1.4426950408889634);
         a.kv_scale = (float)c->kv_scale;
         a.wg_variant = c->force_wg_variant ? c->wg_variant : env_wg_variant();
-        if (!rc) rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_ctas, plan.num_groups, T, st, NULL), "attention", err, err_len);
+        /* a TMA variant: the cache's tensor map (else its cp.async twin runs, and the result's
+         * kernel name and variant say so) */
+        CUtensorMap tmap;
+        bool tma_refused = false;
+        if (use_tc && variant == TC_WGMMA && wg_tma_twin(a.wg_variant) >= 0) {
+            char why[256] = "";
+            const int asked = a.wg_variant;
+            if (wg_prepare_tma(&a, (size_t)num_blocks * bs, &tmap, why, sizeof why) != 0) {
+                fprintf(stderr, "%s: wgmma variant %s runs as its cp.async twin %s\n", why, wg_variants[asked].name,
+                        wg_variants[a.wg_variant].name);
+                tma_refused = true;
+            }
+        }
+        const CUtensorMap *const tmap_arg = wg_tma_twin(a.wg_variant) >= 0 ? &tmap : NULL;
+        if (!rc) rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_ctas, plan.num_groups, T, tmap_arg, st, NULL), "attention", err, err_len);
         if (!rc) rc = mla_fail(cudaDeviceSynchronize(), "attention", err, err_len);
         if (!rc && c->repeat > 0) {
             /* times[i]: attention + combine; times[repeat + i]: the combine alone */
@@ -2666,7 +2740,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
             }
             for (int i = 0; !rc && i < c->repeat; i++) {
                 cudaEventRecord(ev0, st);
-                rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_ctas, plan.num_groups, T, st, case_ev[2]), "attention", err, err_len);
+                rc = mla_fail(launch_attention(a, stages, variant, narrow_vi, plan.num_ctas, plan.num_groups, T, tmap_arg, st, case_ev[2]), "attention", err, err_len);
                 cudaEventRecord(ev1, st);
                 if (!rc) rc = mla_fail(cudaEventSynchronize(ev1), "attention", err, err_len);
                 float ms = 0, ms_comb = 0;
@@ -2736,14 +2810,14 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         res->kernel_name = !use_tc                 ? "simt"
                            : variant == TC_NARROW   ? "tc-narrow"
                            : variant == TC_SPLIT_QK ? "tc-split-qk"
-                           : variant == TC_WGMMA    ? "tc-wgmma"
+                           : variant == TC_WGMMA    ? (tma_refused ? "tc-wgmma (no TMA map: cp.async twin)" : "tc-wgmma")
                                                     : "tc";
         if (use_tc && variant == TC_NARROW) {
             res->narrow_variant = narrow_vi + 1;
             res->narrow_variant_name = narrow_variants[narrow_vi].name;
         }
         if (use_tc && variant == TC_WGMMA) {
-            res->wg_variant = c->force_wg_variant ? c->wg_variant : env_wg_variant();
+            res->wg_variant = a.wg_variant;   /* the TMA variant's twin if its map was refused */
             res->wg_variant_name = wg_variants[res->wg_variant].name;
         }
     }
@@ -3402,7 +3476,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
 }
 
 /* One pass: write, absorb, attention, combine, W_UV, prefill.  Events ev[0..6] when timed. */
-static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool use_tc, bool timed)
+static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap *tmap, int layer, bool use_tc, bool timed)
 {
     const int H = s->H, P = s->P, V = s->V, T = s->T;
     cudaError_t e;
@@ -3424,7 +3498,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, int layer, bool us
     if (any_dec) {
         const tc_variant variant = choose_variant(s->force_kernel, s->max_rows, s->wgmma_ok);
         e = launch_attention(a, use_tc ? variant_stages(variant, s->tc_stages) : 0, variant, s->narrow_vi, s->num_ctas,
-                             s->num_groups, T, s->stream, timed ? s->ev[3] : NULL);
+                             s->num_groups, T, tmap, s->stream, timed ? s->ev[3] : NULL);
         if (e != cudaSuccess) return e;
     } else if (timed) {
         cudaEventRecord(s->ev[3], s->stream);
@@ -3513,19 +3587,33 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     attn_args a;
     fill_attn_args(s, layer, &a);
     bool use_tc = s->force_kernel != AR_MLA_KERNEL_SIMT && s->tc_stages > 0;
+    /* a TMA variant of the wgmma kernel (AR_MLA_WG_VARIANT): this layer's cache as a tensor map,
+     * else its cp.async twin runs (said once on stderr) */
+    CUtensorMap tmap;
+    const CUtensorMap *tmap_arg = NULL;
+    if (s->wgmma_ok && wg_tma_twin(a.wg_variant) >= 0) {
+        char why[256] = "";
+        static bool told = false;
+        if (wg_prepare_tma(&a, s->cache_bytes / (D * 2), &tmap, why, sizeof why) == 0)
+            tmap_arg = &tmap;
+        else if (!told) {
+            fprintf(stderr, "%s: the wgmma kernel runs its cp.async variant %s\n", why, wg_variants[a.wg_variant].name);
+            told = true;
+        }
+    }
     int repeat = s->cfg.repeat > 0 ? s->cfg.repeat : 1;
     double *times = (double *)malloc(sizeof(double) * 7 * (size_t)repeat);
     if (!times) {
         snprintf(err, err_len, "cuda-mla backend: out of host memory");
         return 3;
     }
-    if ((rc = mla_fail(run_pass(s, a, layer, use_tc, false), "MLA launch (warm-up)", err, err_len)) ||
+    if ((rc = mla_fail(run_pass(s, a, tmap_arg, layer, use_tc, false), "MLA launch (warm-up)", err, err_len)) ||
         (rc = mla_fail(cudaStreamSynchronize(s->stream), "MLA kernels (warm-up)", err, err_len))) {
         free(times);
         return rc;
     }
     for (int i = 0; i < repeat; i++) {
-        if ((rc = mla_fail(run_pass(s, a, layer, use_tc, true), "MLA launch", err, err_len)) ||
+        if ((rc = mla_fail(run_pass(s, a, tmap_arg, layer, use_tc, true), "MLA launch", err, err_len)) ||
             (rc = mla_fail(cudaEventSynchronize(s->ev[6]), "MLA kernels", err, err_len))) {
             free(times);
             return rc;

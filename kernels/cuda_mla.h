@@ -123,7 +123,8 @@ typedef struct ar_cuda_mla_result {
     double attn_us;           /* median time of attention + combine (repeat > 0) */
     int num_work, num_groups;
     int stages;               /* stages used (0: the SIMT kernel ran) */
-    const char *kernel_name;  /* the kernel that ran: "tc", "tc-split-qk", "tc-wgmma", "tc-narrow" or "simt" */
+    const char *kernel_name;  /* the kernel that ran: "tc", "tc-split-qk", "tc-wgmma", "tc-narrow" or "simt"
+                                 ("tc-wgmma (no TMA map: cp.async twin)": see AR_CUDA_MLA_WG_VARIANT_COUNT) */
     double combine_us;        /* median time of the combine launch alone (inside attn_us) */
     int narrow_variant;       /* the narrow variant that ran (1 = the default), 0 if not narrow */
     const char *narrow_variant_name;
@@ -150,10 +151,13 @@ bool ar_cuda_mla_narrow_variant_is_diagnostic(int v);
 
 /* Variants of the Hopper wgmma kernel (tc-wgmma), numbered 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1
  * (names: ar_cuda_mla_result.wg_variant_name); 0 is the round-1 kernel, 1 (s1) the default since
- * round 2's H200 sweep (bench_mla wgsweep), 4 and 5 (seesaw, seesaw-rs) round 3's.  A case picks one by force_wg_variant /
- * wg_variant, the backend by AR_MLA_WG_VARIANT=<number or name> (read once).  A constant, not a
+ * round 2's H200 sweep (bench_mla wgsweep), 4 and 5 (seesaw, seesaw-rs) round 3's, 6 and 7 (s1-tma,
+ * seesaw-rs-tma: s1 and seesaw-rs with the key tiles by TMA) round 4's.  A case picks one by force_wg_variant /
+ * wg_variant, the backend by AR_MLA_WG_VARIANT=<number or name> (read once).  A TMA variant whose
+ * tensor map cannot be made runs its cp.async twin (1 or 5) instead: the result's wg_variant is
+ * then the twin and kernel_name "tc-wgmma (no TMA map: cp.async twin)".  A constant, not a
  * function, so that builds without CUDA (cuda_mla_stub.c) need nothing new. */
-enum { AR_CUDA_MLA_WG_VARIANT_COUNT = 6 };
+enum { AR_CUDA_MLA_WG_VARIANT_COUNT = 8 };
 
 /* A FlashMLA test input from a standard normal draw x: x / 10 clamped to [-1, 1], rounded to
  * dtype (division rounded to nearest on the device too, whatever the fast-math flags). */

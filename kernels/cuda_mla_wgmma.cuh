@@ -62,6 +62,23 @@
  * 10:10 UTC, same run): seesaw 344 - 387 TFLOP/s, seesaw-rs 343 - 391, s1 353 - 384 (4k - 32k
  * keys): within 2% of s1, better at 16k - 32k and worse at 4k, so s1 stays the default.
  *
+ * Round 4 adds the TMA variants 6 (attn_wgmma_s1_tma_kernel, "s1-tma") and 7
+ * (attn_wgmma_seesaw_rs_tma_kernel, "seesaw-rs-tma"): s1 and seesaw-rs with every key tile that
+ * lies wholly below the piece's key_end copied by the tensor memory accelerator instead of
+ * cp.async (one thread issues a tile's boxes - 18 for blocks of 32 / 64 keys, 36 for 16 - onto
+ * the full mbarrier of its ring slot; wg_tma_keys), so the compute threads no longer spend
+ * issue slots on 18 (s1) or 36 (seesaw's loading warpgroup) cp.async a tile with swizzle and
+ * block-table arithmetic.  A tile reaching past key_end keeps the cp.async path (its zero fill:
+ * P = 0 times a NaN in a free cache slot would be NaN).  The tensor map (a kernel parameter,
+ * const __grid_constant__) views the cache as [num_slots][576] with boxes of {64 dims,
+ * min(block size, 32) keys} (32, not 64: a piece starts at a multiple of 32 keys, so a 64-key
+ * tile may straddle two 64-key blocks); the host makes it per launch (wg_prepare_tma in
+ * cuda_mla.cu) and runs the cp.async twin (1 / 5) if the driver refuses it.  Shared memory: the
+ * same ring of 2 key tiles (a third, 72 KB, does not fit: Q 72 + 2 x 72 + P 8 KB + red is
+ * already 226 KB of the 227 KB a block may have) plus two 8-byte mbarriers: 231440 bytes.
+ * ptxas: s1-tma 248 registers, seesaw-rs-tma 220, no spills.  Compiled only, not yet run on a
+ * GPU.
+ *
  * The kernel body exists only in the sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere it
  * traps, and the host picks it only on a compute-capability 9.0 device with a bf16/fp16 cache
  * (choose_variant in cuda_mla.cu). */
@@ -83,6 +100,16 @@ constexpr int WG_SMEM = 1024 /* alignment slack */ + WG_OFF_RED + 4 * ROWS * 4;
 constexpr int WG_LOADS = 64 * WG_CHUNKS / THREADS;   /* 18 chunks per thread per tile */
 static_assert(64 * WG_CHUNKS % THREADS == 0, "wgmma kernel: whole chunks per thread");
 static_assert(WG_SMEM <= 232448, "wgmma kernel: more shared memory than an sm_90 block gets");
+/* TMA variants (6, 7): two 8-byte mbarriers (one per ring slot: "tile landed") after red */
+constexpr int WG_OFF_BAR = WG_OFF_RED + 4 * ROWS * 4;
+constexpr int WG_SMEM_TMA = WG_SMEM + 2 * 8;
+constexpr int WG_TMA_THREAD = THREADS / 2;        /* issues the TMA copies: thread 0 of warpgroup 1 */
+static_assert(WG_OFF_BAR % 8 == 0 && WG_SMEM_TMA <= 232448, "wgmma TMA variants: mbarriers fit");
+/* Keys per TMA box of a cache with 2^bs_log2-key blocks: a page, at most 32 keys (a piece's
+ * key_begin is a multiple of KEYS = 32, so a 64-key tile may start in the middle of a 64-key
+ * block; 32-key runs never straddle a block).  At least 8 (1024 bytes: the swizzle's period);
+ * the host takes the TMA variants only for blocks of >= 16 keys. */
+__host__ __device__ constexpr int wg_tma_rows_log2(int bs_log2) { return bs_log2 < 5 ? bs_log2 : 5; }
 
 /* Byte offset of (row, 16-byte chunk 0..71) in a swizzled 64-row tile. */
 __device__ __forceinline__ uint32_t wg_swz(int row, int chunk)
@@ -460,6 +487,37 @@ __device__ __forceinline__ void wg_load_keys(const attn_args &a, const work_item
     }
 }
 
+/* TMA copies of the 64 keys k0 .. k0 + 63 of request r (all below the piece's key_end, so
+ * every page is in the block table) into the swizzled tile at shared address sk_addr, by one
+ * thread, completing on bar (its expected bytes raised by the whole tile first): 64 / rows runs
+ * of rows = 2^wg_tma_rows_log2 keys (16 or 32; each inside one block), each as 9 boxes of
+ * [rows keys][64 dims] (tmap: the cache as [num_slots][576], box {64, rows}, 128-byte swizzle)
+ * onto the run's rows of the 9 column atoms.  TMA's swizzle depends on the shared address
+ * (the atoms are 1024-byte aligned, a run starts at a multiple of 16 rows = 2048 bytes), so the
+ * boxes land exactly where wg_swz puts the chunks. */
+__device__ __forceinline__ void wg_tma_keys(const attn_args &a, const void *tmap, int r, int k0, uint32_t sk_addr,
+                                            uint64_t *bar)
+{
+    const int rows_log2 = wg_tma_rows_log2(a.block_size_log2);
+    const int runs = WG_KEYS >> rows_log2;        /* 2 or 4 */
+    const int *const bt = a.block_table + (int64_t)r * a.mbpr;
+    int slot[4];                                  /* cache slot of each run's first key */
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const int j = k0 + (p << rows_log2);
+        slot[p] = p < runs ? (__ldg(bt + (j >> a.block_size_log2)) << a.block_size_log2) + (j & (a.block_size - 1)) : 0;
+    }
+    const uint32_t bar_addr = (uint32_t)__cvta_generic_to_shared(bar);
+    ar_wg::mbar_arrive_expect_tx(bar_addr, (uint32_t)WG_TILE);
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        if (p >= runs) break;
+        const uint32_t dst = sk_addr + (uint32_t)((p << rows_log2) * 128);
+#pragma unroll
+        for (int c = 0; c < 9; c++) ar_wg::tma_load_2d(dst + (uint32_t)(c * WG_ATOM), tmap, bar_addr, c * 64, slot[p]);
+    }
+}
+
 /* Warpgroup 0's softmax of one tile: s [64 x 64] (scores, full rows) becomes P, m_run / l_run
  * updated, alpha (the factor the outputs of both warpgroups are rescaled by) returned. */
 __device__ __forceinline__ void wg_softmax_full(float (&s)[8][4], int k0, int tig, const int lim[2], float score_mul,
@@ -630,6 +688,139 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_s1_kernel(attn_args a)
 #else
     __trap();   /* built without sm_90a: the host never launches this kernel there */
 #endif
+}
+
+/* s1's schedule (attn_wgmma_s1_kernel above) with a TMA switch; instantiated with TMA = true
+ * only, by variant 6 (attn_wgmma_s1_tma_kernel below).  The s1 kernel stays its own text: this
+ * body with TMA = false is the same algorithm, but ptxas allots it 254 registers instead of
+ * 250, and the measured variants are kept exactly as they ran.
+ * TMA (variant 6, "s1-tma"): the key tiles that lie wholly below key_end come by TMA instead
+ * (wg_tma_keys: one thread, WG_TMA_THREAD of warpgroup 1, issues tile t + 1's boxes right after
+ * tile t's first barrier, onto the full mbarrier of its ring slot; every thread waits on that
+ * mbarrier before the barrier of tile t + 1), so the compute threads no longer issue 18 cp.async
+ * a tile with their address and block-table arithmetic.  A tile that reaches past key_end (the
+ * last of a piece, at most) keeps the cp.async path by all threads with its zero fill: keys past
+ * the sequence must read as zeros (P = 0 times the NaN a free cache slot may hold is NaN).  Slot
+ * s's mbarrier completes once for each of its TMA tiles, t = s, s + 2, ... in order (only the
+ * last tile can be a cp.async one), so tile t waits for parity (t >> 1) & 1.  A slot is refilled
+ * only after the CTA barrier that follows both warpgroups' last reads of it (wgmma waited). */
+template <bool BF16, bool TMA>
+__device__ __forceinline__ void wg_s1_body(attn_args a, const void *tmap)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
+    unsigned char *const smem = wg_smem_base(&sq_addr);
+    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sp_addr = sq_addr + WG_OFF_P;
+    float *const s_alpha = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] */
+    float *const s_sum = s_alpha + 2 * ROWS;                               /* [2][ROWS] sums, maxima */
+    uint64_t *const full = reinterpret_cast<uint64_t *>(smem + WG_OFF_BAR);   /* [2] TMA: slot landed */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * a.num_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
+    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+    /* TMA: whether tile t comes by TMA (wholly below key_end); loads tile t into slot t & 1 (the
+     * TMA copies by WG_TMA_THREAD alone, the cp.async ones by every thread) */
+    auto tma_tile = [&](int t) { return TMA && w.key_begin + (t + 1) * WG_KEYS <= w.key_end; };
+    auto load_tile = [&](int t) {
+        if (tma_tile(t)) {
+            if (tid == WG_TMA_THREAD)
+                wg_tma_keys(a, tmap, r, w.key_begin + t * WG_KEYS, sk_addr0 + (uint32_t)((t & 1) * WG_TILE), &full[t & 1]);
+        } else {
+            wg_load_keys<THREADS>(a, w, r, t, smem + WG_OFF_K + (t & 1) * WG_TILE, tid);
+        }
+    };
+    if (TMA) {
+        if (tid == WG_TMA_THREAD) {
+            mbar_init(&full[0], 1);
+            mbar_init(&full[1], 1);
+            mbar_init_fence();
+            ar_wg::tma_prefetch_map(tmap);
+        }
+        __syncthreads();                  /* the mbarriers are initialised before anyone uses them */
+    }
+
+    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
+    cp_async_commit();
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
+    const uint64_t desc_p = ar_wg::desc_sw128(sp_addr, 16, 1024);
+
+    if (ntiles > 0) load_tile(0);
+    cp_async_commit();
+    for (int t = 0; t < ntiles; t++) {
+        if (TMA && tma_tile(t)) mbar_wait(&full[t & 1], (uint32_t)(t >> 1) & 1u);
+        if (!TMA || t == 0 || !tma_tile(t)) {   /* Q and a cp.async tile */
+            cp_async_wait<0>();
+            ar_wg::fence_proxy_async();
+        }
+        __syncthreads();                  /* tile t complete; tile t - 1's slot, P and alpha free */
+        const uint32_t sk_addr = sk_addr0 + (uint32_t)((t & 1) * WG_TILE);
+        if (wg == 0) {
+            float s[8][4];
+            const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
+            ar_wg::fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+                wgmma_qk64<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
+            }
+            ar_wg::commit();
+            if (t + 1 < ntiles) load_tile(t + 1);
+            cp_async_commit();
+            ar_wg::wait<0>();
+            wg_fence_acc(s);
+            float alpha[2];
+            wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha, a.fault);
+            wg_rescale(o, alpha, a.fault);
+            wg_fence_acc(o);
+            wg_store_p<BF16>(smem + WG_OFF_P, s_alpha, s, lr, tig, alpha);
+        } else {
+            if (t + 1 < ntiles) load_tile(t + 1);
+            cp_async_commit();
+        }
+        ar_wg::fence_proxy_async();       /* P stores -> the async proxy */
+        __syncthreads();
+        if (wg == 1) {
+            const float alpha[2] = {s_alpha[lr[0]], s_alpha[lr[1]]};
+            wg_rescale(o, alpha, a.fault);
+        }
+        wg_fence_acc(o);
+        ar_wg::fence();
+        const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
+#pragma unroll
+        for (int kk = 0; kk < WG_KEYS / 16; kk++)
+            wgmma_pv<BF16>(o, desc_p + (uint32_t)((kk * 32) >> 4), desc_v + (uint32_t)((kk * 2048) >> 4));
+        ar_wg::commit();
+        ar_wg::wait<0>();
+        wg_fence_acc(o);
+    }
+    cp_async_wait<0>();
+    wg_finish_rows(a, w, q0, nrows, s_sum, o, m_run, l_run, lr, wg, tig);
+#else
+    (void)a;
+    (void)tmap;
+    __trap();   /* built without sm_90a: the host never launches this kernel there */
+#endif
+}
+
+/* Variant 6 ("s1-tma"): s1 with the key tiles by TMA (see wg_s1_body); tmap = the latent cache
+ * [num_slots, 576] 16-bit as a 2-D tensor, boxes of [WG_TMA_ROWS(block size) keys][64 dims]
+ * with the 128-byte swizzle (wg_prepare_tma in cuda_mla.cu). */
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_s1_tma_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
+{
+    wg_s1_body<BF16, true>(a, &tmap);
 }
 
 /* Variants 2 ("ws") and 3 ("ws-ss"): warp-specialised, no CTA barrier in the key loop.
@@ -1075,6 +1266,228 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args
 #else
     __trap();   /* built without sm_90a: the host never launches this kernel there */
 #endif
+}
+
+/* attn_wgmma_seesaw_kernel's schedule (above) with a TMA switch; instantiated with P_RS = TMA
+ * = true only, by variant 7 (attn_wgmma_seesaw_rs_tma_kernel below); the seesaw kernels stay
+ * their own text (with TMA = false ptxas allots this body other register counts, 217 / 218
+ * instead of 227 / 225, and the measured variants are kept exactly as they ran).
+ * TMA (variant 7, "seesaw-rs-tma", with P_RS): the key tiles wholly below key_end come by TMA
+ * (wg_tma_keys) onto the full mbarrier of their slot: the first pair issued by WG_TMA_THREAD
+ * in the prologue, tile t0 + 2 by thread 0 (warpgroup 0) after SS_S0FREE, t1 + 2 by thread
+ * WG_TMA_THREAD (warpgroup 1) after SS_S1FREE - where the cp.async version's warpgroup issued
+ * its 36 copies a thread.  The warpgroup that computes S of a tile waits on its mbarrier
+ * (parity (t >> 1) & 1: slot s's mbarrier completes once per TMA tile s, s + 2, ..., and only
+ * the last tile can be a cp.async one); the other one also waits on it (already complete, so
+ * at once) before its P V of that tile reads the values.  P0 / P1 are written into atom 8 of
+ * their slot by generic stores: each writer fenced them to the async proxy before the named
+ * barrier after which the slot's next TMA tile is issued.  A tile that reaches past key_end
+ * keeps the cp.async path with its zero fill. */
+template <bool BF16, bool P_RS, bool TMA>
+__device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
+    unsigned char *const smem = wg_smem_base(&sq_addr);
+    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sk_addr1 = sk_addr0 + WG_TILE;
+    unsigned char *const sk0 = smem + WG_OFF_K, *const sk1 = sk0 + WG_TILE;
+    float *const s_ma = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] m_a of the pair */
+    float *const s_mb = s_ma + ROWS;                                    /* [ROWS] m_b of the pair */
+    float *const s_sum = s_ma + 2 * ROWS;                               /* [2][ROWS] row sums */
+    uint64_t *const full = reinterpret_cast<uint64_t *>(smem + WG_OFF_BAR);   /* [2] TMA: slot landed */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * a.num_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
+    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+    /* TMA: whether tile t comes by TMA (wholly below key_end) */
+    auto tma_tile = [&](int t) { return TMA && w.key_begin + (t + 1) * WG_KEYS <= w.key_end; };
+    if (TMA) {
+        if (tid == WG_TMA_THREAD) {
+            mbar_init(&full[0], 1);
+            mbar_init(&full[1], 1);
+            mbar_init_fence();
+            ar_wg::tma_prefetch_map(tmap);
+        }
+        __syncthreads();                  /* the mbarriers are initialised before anyone uses them */
+    }
+
+    /* Q and the first pair by all 256 threads (TMA tiles by WG_TMA_THREAD) */
+    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
+    for (int t = 0; t < 2 && t < ntiles; t++) {
+        if (!tma_tile(t))
+            wg_load_keys<THREADS>(a, w, r, t, t ? sk1 : sk0, tid);
+        else if (tid == WG_TMA_THREAD)
+            wg_tma_keys(a, tmap, r, w.key_begin + t * WG_KEYS, t ? sk_addr1 : sk_addr0, &full[t]);
+    }
+    cp_async_commit();
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
+    cp_async_wait<0>();
+    ar_wg::fence_proxy_async();
+    __syncthreads();
+
+    for (int t0 = 0; t0 < ntiles; t0 += 2) {
+        const int t1 = t0 + 1;
+        const bool has1 = t1 < ntiles;
+        if (wg == 0) {
+            if (tma_tile(t0)) {
+                mbar_wait(&full[0], (uint32_t)(t0 >> 1) & 1u);
+            } else {
+                cp_async_wait<0>();       /* tile t0 (this warpgroup's copies) landed */
+                ar_wg::fence_proxy_async();
+                wg_bar_sync128(SS_BAR_WG0);
+            }
+            float s[8][4];
+            wg_issue_s<BF16>(s, desc_q, sk_addr0);
+            ar_wg::wait<0>();
+            wg_fence_acc(s);
+            float alpha0[2];
+            wg_softmax_full(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha0, a.fault);
+            wg_rescale(o, alpha0, a.fault);
+            /* P0 into atom 8 of slot 0, m_a (now m_run) into s_ma */
+            wg_store_p<BF16>(sk0 + 8 * WG_ATOM, s_ma, s, lr, tig, m_run);
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(SS_BAR_P0READY);
+            uint32_t pa[4][4];            /* P0 as A fragments (P_RS) */
+            if (P_RS) {
+                wg_pack_p<BF16>(s, pa);
+                wg_issue_pv_rs<BF16>(o, pa, sk_addr0, 0);
+            } else {
+                wg_bar_sync128(SS_BAR_WG0);   /* all of P0 written before this warpgroup reads it */
+                wg_issue_pv_slot<BF16>(o, sk_addr0, 0);
+            }
+            if (has1) {
+                wg_bar_sync(SS_BAR_P1READY);
+                const float m_b[2] = {s_mb[lr[0]], s_mb[lr[1]]};
+                float beta[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    beta[h] = wg_rescale_factor(m_run[h], m_b[h]);
+                    l_run[h] *= beta[h];
+                    m_run[h] = m_b[h];
+                }
+                ar_wg::wait<0>();         /* P0 V0 landed */
+                wg_fence_acc(o);
+                if (P_RS) wg_fence_frag(pa);
+                wg_rescale(o, beta, a.fault);
+                if (tma_tile(t1)) mbar_wait(&full[1], (uint32_t)(t1 >> 1) & 1u);   /* complete: V1 visible here */
+                wg_issue_pv_slot<BF16>(o, sk_addr1, 0);
+                if (t0 + 2 < ntiles) {    /* tile t0 + 2 into slot 0 once warpgroup 1's P0 V0 is done */
+                    wg_bar_sync(SS_BAR_S0FREE);
+                    if (!tma_tile(t0 + 2)) {
+                        wg_load_keys_by_key(a, w, r, t0 + 2, sk0, tid);
+                        cp_async_commit();
+                    } else if (tid == 0) {
+                        wg_tma_keys(a, tmap, r, w.key_begin + (t0 + 2) * WG_KEYS, sk_addr0, &full[0]);
+                    }
+                    __syncwarp();         /* warp 0 converged again before the wgmma wait */
+                }
+                ar_wg::wait<0>();
+                wg_fence_acc(o);
+                if (t1 + 2 < ntiles) wg_bar_arrive(SS_BAR_S1FREE);
+            } else {                      /* the last pair has no t1 */
+                ar_wg::wait<0>();
+                wg_fence_acc(o);
+                if (P_RS) wg_fence_frag(pa);
+            }
+        } else if (has1) {
+            if (tma_tile(t1)) {
+                mbar_wait(&full[1], (uint32_t)(t1 >> 1) & 1u);
+            } else {
+                cp_async_wait<0>();       /* tile t1 (this warpgroup's copies) landed */
+                ar_wg::fence_proxy_async();
+                wg_bar_sync128(SS_BAR_WG1);
+            }
+            float s[8][4];
+            wg_issue_s<BF16>(s, desc_q, sk_addr1);
+            wg_bar_sync(SS_BAR_P0READY);
+            float m_a[2];
+            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
+            if (tma_tile(t0)) mbar_wait(&full[0], (uint32_t)(t0 >> 1) & 1u);   /* complete: V0 visible here */
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
+            ar_wg::wait<1>();             /* S1 landed (P0 V0 may still run) */
+            wg_fence_acc(s);
+            float mx[2];
+            mask_scale_rowmax<8>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, mx);
+            softmax_step<8, 0>(s, mx, m_run, l_run, (float (*)[4])0, a.fault);
+            float beta[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) beta[h] = wg_rescale_factor(m_a[h], m_run[h]);
+            /* P1 into atom 8 of slot 1, m_b (now m_run) into s_mb */
+            wg_store_p<BF16>(sk1 + 8 * WG_ATOM, s_mb, s, lr, tig, m_run);
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(SS_BAR_P1READY);
+            uint32_t pa[4][4];            /* P1 as A fragments (P_RS) */
+            if (P_RS)
+                wg_pack_p<BF16>(s, pa);
+            else
+                wg_bar_sync128(SS_BAR_WG1);   /* all of P1 written before this warpgroup reads it */
+            ar_wg::wait<0>();             /* P0 V0 landed: slot 0 free on this side */
+            wg_fence_acc(o);
+            if (t0 + 2 < ntiles) wg_bar_arrive(SS_BAR_S0FREE);
+            wg_rescale(o, beta, a.fault);
+            if (P_RS)
+                wg_issue_pv_rs<BF16>(o, pa, sk_addr1, 1);
+            else
+                wg_issue_pv_slot<BF16>(o, sk_addr1, 1);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+            if (P_RS) wg_fence_frag(pa);
+            if (t1 + 2 < ntiles) {        /* tile t1 + 2 into slot 1 once warpgroup 0's P1 V1 is done */
+                wg_bar_sync(SS_BAR_S1FREE);
+                if (!tma_tile(t1 + 2)) {
+                    wg_load_keys_by_key(a, w, r, t1 + 2, sk1, tid - 128);
+                    cp_async_commit();
+                } else if (tid == WG_TMA_THREAD) {
+                    wg_tma_keys(a, tmap, r, w.key_begin + (t1 + 2) * WG_KEYS, sk_addr1, &full[1]);
+                }
+                __syncwarp();             /* warp 4 converged again before the next wgmma */
+            }
+        } else {                          /* the last pair has no t1: P0 V0 only */
+            wg_bar_sync(SS_BAR_P0READY);
+            float m_a[2];
+            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
+            if (tma_tile(t0)) mbar_wait(&full[0], (uint32_t)(t0 >> 1) & 1u);   /* complete: V0 visible here */
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+        }
+    }
+    cp_async_wait<0>();
+
+    /* epilogue: l = l_0 + l_1 (both relative to the common final max), normalise, write */
+    quad_sum(l_run);
+    if (tig == 0) {
+        s_sum[wg * ROWS + lr[0]] = l_run[0];
+        s_sum[wg * ROWS + lr[1]] = l_run[1];
+    }
+    __syncthreads();
+    for (int h = 0; h < 2; h++) l_run[h] = s_sum[lr[h]] + s_sum[ROWS + lr[h]];
+    wg_store_rows(a, w, q0, nrows, o, m_run, l_run, lr, wg, tig);
+#else
+    (void)a;
+    (void)tmap;
+    __trap();   /* built without sm_90a: the host never launches this kernel there */
+#endif
+}
+
+/* Variant 7 ("seesaw-rs-tma"): seesaw-rs with the key tiles by TMA (see wg_seesaw_body); tmap
+ * as attn_wgmma_s1_tma_kernel's. */
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_rs_tma_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
+{
+    wg_seesaw_body<BF16, true, true>(a, &tmap);
 }
 
 } /* namespace ar_mla */

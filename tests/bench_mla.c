@@ -22,7 +22,8 @@
  * bit-identical).  `bench_mla sweep` runs the sweep only.
  *
  * `bench_mla wgsweep` runs only the sweep of the wgmma kernel's variants (AR_MLA_WG_VARIANT,
- * 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1; 0 = round 1, 1 = s1 (the default), 4 = seesaw, 5 = seesaw-rs) at
+ * 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1; 0 = round 1, 1 = s1 (the default), 4 = seesaw, 5 = seesaw-rs,
+ * 6 = s1-tma, 7 = seesaw-rs-tma: key tiles by TMA; ran= names the cp.async twin if the map was refused) at
  * h_q = 128, b = 128, s_q = 1, bf16, block 64, s_k = 4k, 8k, 16k, 32k, one line each:
  *   WGSWEEP variant=<n> name=<short> sk=<keys> us=<attn+combine> tflops=<FlashMLA's count>
  *           max_diff_vs_default=<max |out - the first variant run's out|, all requests> err_vs_ref=<max

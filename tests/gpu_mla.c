@@ -21,7 +21,8 @@
  *    Hopper wgmma kernel (AR_MLA_KERNEL_TC_WGMMA) on every grid case where AUTO picks another
  *    kernel, plus splits, block sizes 16 / 32, fp16, partial row tiles and empty requests, once
  *    per variant of that kernel (AR_GPU_WG_VARIANTS="0 4" runs only those variant numbers; skips
- *    off compute capability 9.0).
+ *    off compute capability 9.0).  A TMA variant (6, 7) whose tensor map was refused runs its
+ *    cp.async twin, which the test counts as a failure (the variant that ran is checked).
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the split-score variant
  *    (AR_MLA_KERNEL_TC_SPLIT_QK), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.  The
  *    grid runs AUTO (the narrow 16-row kernel when s_q * h_q <= 16; on a compute-capability 9.0
