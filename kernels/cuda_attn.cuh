@@ -63,7 +63,10 @@
                                    (warp specialisation, setmaxnreg; 384 threads) */
 #define AR_CFG_PREFILL_WG_WS_OVERLAP 8 /* PREFILL_WG_WS with FlashAttention-3's intra-warpgroup
                                    overlap (S of a tile on the tensor cores with P V of the last) */
-#define AR_CFG_COUNT 9
+#define AR_CFG_PREFILL_WG_TMA 9 /* PREFILL_WG_WS with the producer's K/V copies of whole tiles done
+                                   by the tensor memory accelerator (one bulk tensor copy per
+                                   page and 64-dim half) instead of cp.async */
+#define AR_CFG_COUNT 10
 #define AR_MAX_SPLITS 64
 
 /* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
@@ -111,6 +114,13 @@ typedef struct ar_attn_args {
     float soft_cap;             /* 0 = none */
     int fault;                  /* ar_fault */
     int non_causal;             /* 1: every query sees every key < seq_len (cascade prefix pass) */
+    int num_slots;              /* num_blocks x block_size: the rows of each cache (the extent of
+                                   AR_CFG_PREFILL_WG_TMA's tensor maps) */
+    /* cascade suffix pass with the merge fused into its final writes (else merge_out NULL):
+     * each finished row is mixed with the prefix pass's row as merge_kernel does */
+    const void *merge_out;      /* [num_tokens, Hq, head_size] dtype: the prefix pass's out */
+    const float *merge_lse;     /* [Hq, num_tokens] natural log: its LSE */
+    int merge_lse_base2;        /* the step's AR_FAULT_LSE_BASE2: the merged LSE reported as log2 */
 } ar_attn_args;
 
 /* Geometry of a (config, template head dim) pair; the same table the kernels instantiate. */
@@ -126,7 +136,7 @@ typedef struct ar_attn_geom {
 static inline int ar_attn_config_is_wg(int config)
 {
     return config == AR_CFG_PREFILL_WG || config == AR_CFG_PREFILL_WG_PIPE || config == AR_CFG_PREFILL_WG_PINGPONG ||
-           config == AR_CFG_PREFILL_WG_WS || config == AR_CFG_PREFILL_WG_WS_OVERLAP;
+           config == AR_CFG_PREFILL_WG_WS || config == AR_CFG_PREFILL_WG_WS_OVERLAP || config == AR_CFG_PREFILL_WG_TMA;
 }
 
 /* Template head dim that runs head_size (64, 128 or 256), or 0 when unsupported. */
@@ -232,16 +242,67 @@ struct Geom {
     static constexpr size_t SMEM = Q_BYTES + (KV_BYTES > MERGE_BYTES ? KV_BYTES : MERGE_BYTES);
 };
 
-/* Writes one finished row pair (dims d, d+1) either to out (dtype) or to the fp32 partial. */
+/* The cascade merge of one pair of dims (vLLM merge_attn_states): (a0, a1) of the prefix side
+ * with natural-log LSE pl and (b0, b1) of the suffix side with LSE sl into (*o0, *o1); returns
+ * the merged LSE.  A +inf LSE is read as -inf (an empty side); both sides empty -> the prefix
+ * pair, LSE -inf; a NaN LSE on either side -> a NaN pair and LSE.  no_weights
+ * (AR_FAULT_MERGE_NO_WEIGHTS) adds the two sides unweighted. */
+__device__ __forceinline__ float merge_pair(float pl, float sl, bool no_weights, float a0, float a1, float b0,
+                                            float b1, float *o0, float *o1)
+{
+    if (pl == INFINITY) pl = -INFINITY;
+    if (sl == INFINITY) sl = -INFINITY;
+    float m = fmaxf(pl, sl);
+    if (isnan(pl) || isnan(sl)) {
+        *o0 = *o1 = NAN;
+        return NAN;
+    }
+    if (no_weights) {
+        *o0 = a0 + b0;
+        *o1 = a1 + b1;
+        return m == -INFINITY ? -INFINITY : m + logf(expf(pl - m) + expf(sl - m));
+    }
+    if (m == -INFINITY) {
+        *o0 = a0;
+        *o1 = a1;
+        return -INFINITY;
+    }
+    float wp = expf(pl - m), ws = expf(sl - m), sum = wp + ws;
+    float sp = wp / sum, ss = ws / sum;
+    *o0 = a0 * sp + b0 * ss;
+    *o1 = a1 * sp + b1 * ss;
+    return logf(sum) + m;
+}
+
+/* The fused merge of one finished suffix-pass pair (o0, o1) of (token_abs, q_head), whose row
+ * has LSE lse2 (log2), with the prefix pass's pair (a.merge_out / a.merge_lse): the mixed pair in
+ * place and the merged LSE (natural log, or log2 under a.merge_lse_base2) returned.  As
+ * merge_kernel, except that the suffix side is not rounded to T before the mix. */
+template <typename T>
+__device__ __forceinline__ float fused_merge(const ar_attn_args &a, int token_abs, int q_head, int d, float lse2,
+                                             float &o0, float &o1)
+{
+    const int64_t li = (int64_t)q_head * a.num_tokens + token_abs;
+    const int64_t oi = ((int64_t)token_abs * a.num_q_heads + q_head) * a.head_size + d;
+    const T *p_out = reinterpret_cast<const T *>(a.merge_out);
+    const float sl = lse2 == -INFINITY ? -INFINITY : lse2 * 0.6931471805599453f;
+    const float l = merge_pair(a.merge_lse[li], sl, a.fault == AR_FAULT_MERGE_NO_WEIGHTS, (float)p_out[oi],
+                               (float)p_out[oi + 1], o0, o1, &o0, &o1);
+    return a.merge_lse_base2 ? l * 1.4426950408889634f : l;
+}
+
+/* Writes one finished row pair (dims d, d+1) either to out (dtype; mixed with the prefix pass's
+ * row first when the merge is fused) or to the fp32 partial.  lse2: the row's LSE (log2). */
 template <typename T>
 __device__ __forceinline__ void store_pair(const ar_attn_args &a, const ar_attn_work &w, int rows,
                                            int hd, int local_row, int token_abs, int q_head, int d,
-                                           float o0, float o1)
+                                           float o0, float o1, float lse2)
 {
     if (d >= a.head_size) return;
     if (w.partial < 0) {
         T *out = (T *)a.out;
         int64_t idx = ((int64_t)token_abs * a.num_q_heads + q_head) * a.head_size + d;
+        if (a.merge_out) (void)fused_merge<T>(a, token_abs, q_head, d, lse2, o0, o1);
         *reinterpret_cast<uint32_t *>(out + idx) = pack2<T>(o0, o1);
     } else {
         float2 v = make_float2(o0, o1);
@@ -249,12 +310,19 @@ __device__ __forceinline__ void store_pair(const ar_attn_args &a, const ar_attn_
     }
 }
 
+/* The row's LSE (log2 in) to lse (natural log; merged when the merge is fused) or the partial. */
+template <typename T>
 __device__ __forceinline__ void store_lse(const ar_attn_args &a, const ar_attn_work &w, int rows,
                                           int local_row, int token_abs, int q_head, float lse2)
 {
     if (w.partial < 0) {
         float v = lse2;
-        if (a.fault != AR_FAULT_LSE_BASE2 && lse2 != -INFINITY) v = lse2 * 0.6931471805599453f;
+        if (a.merge_out) {
+            float o0 = 0.f, o1 = 0.f;
+            v = fused_merge<T>(a, token_abs, q_head, 0, lse2, o0, o1);
+        } else if (a.fault != AR_FAULT_LSE_BASE2 && lse2 != -INFINITY) {
+            v = lse2 * 0.6931471805599453f;
+        }
         a.lse[(int64_t)q_head * a.num_tokens + token_abs] = v;
     } else {
         a.partial_lse[(int64_t)w.partial * rows + local_row] = lse2;
@@ -532,8 +600,8 @@ attn_kernel(const ar_attn_args a)
 #pragma unroll
                 for (int dt = 0; dt < DT; dt++)
                     store_pair<T>(a, w, G::ROWS, HD, lr, qstart + tok, hq, dt * 8 + 2 * tq,
-                                  acc[mt][dt][2 * r] * inv, acc[mt][dt][2 * r + 1] * inv);
-                if (tq == 0) store_lse(a, w, G::ROWS, lr, qstart + tok, hq, lse2);
+                                  acc[mt][dt][2 * r] * inv, acc[mt][dt][2 * r + 1] * inv, lse2);
+                if (tq == 0) store_lse<T>(a, w, G::ROWS, lr, qstart + tok, hq, lse2);
             }
         return;
     }
@@ -583,8 +651,9 @@ attn_kernel(const ar_attn_args a)
         float inv = lsum > 0.f ? 1.f / lsum : 0.f;
         if (a.fault != AR_FAULT_MERGE_NO_WEIGHTS) { o0 *= inv; o1 *= inv; }
         else if (lsum <= 0.f) { o0 = 0.f; o1 = 0.f; }
-        store_pair<T>(a, w, G::ROWS, HD, lr, qstart + tok, hq, d, o0, o1);
-        if (d == 0) store_lse(a, w, G::ROWS, lr, qstart + tok, hq, lsum > 0.f ? mmax + __log2f(lsum) : -INFINITY);
+        const float lse2 = lsum > 0.f ? mmax + __log2f(lsum) : -INFINITY;
+        store_pair<T>(a, w, G::ROWS, HD, lr, qstart + tok, hq, d, o0, o1, lse2);
+        if (d == 0) store_lse<T>(a, w, G::ROWS, lr, qstart + tok, hq, lse2);
     }
 }
 
@@ -626,11 +695,14 @@ __global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
             o1 *= inv;
         }
         int64_t idx = ((int64_t)(qstart + tok) * a.num_q_heads + hq) * a.head_size + d;
+        const float lse2 = mmax == -INFINITY ? -INFINITY : mmax + __log2f(wsum);
+        float merged_lse = 0.f;
+        if (a.merge_out) merged_lse = fused_merge<T>(a, qstart + tok, hq, d, lse2, o0, o1);
         *reinterpret_cast<uint32_t *>(out + idx) = pack2<T>(o0, o1);
         if (d == 0) {
-            float lse2 = mmax == -INFINITY ? -INFINITY : mmax + __log2f(wsum);
             float v = lse2;
-            if (a.fault != AR_FAULT_LSE_BASE2 && lse2 != -INFINITY) v = lse2 * 0.6931471805599453f;
+            if (a.merge_out) v = merged_lse;
+            else if (a.fault != AR_FAULT_LSE_BASE2 && lse2 != -INFINITY) v = lse2 * 0.6931471805599453f;
             a.lse[(int64_t)hq * a.num_tokens + qstart + tok] = v;
         }
     }
@@ -659,30 +731,9 @@ __global__ void merge_kernel(const T *p_out, const float *p_lse, const T *s_out,
         int t = (int)(th / num_heads);
         int64_t li = (int64_t)h * num_tokens + t;
         int64_t oi = th * head_size + d;
-        float pl = p_lse[li], sl = s_lse[li];
-        if (pl == INFINITY) pl = -INFINITY;
-        if (sl == INFINITY) sl = -INFINITY;
-        float m = fmaxf(pl, sl);
-        const float a0 = (float)p_out[oi], a1 = (float)p_out[oi + 1];
-        const float b0 = (float)s_out[oi], b1 = (float)s_out[oi + 1];
-        float o0, o1, l;
-        if (isnan(pl) || isnan(sl)) {
-            o0 = o1 = l = NAN;
-        } else if (no_weights) {
-            o0 = a0 + b0;
-            o1 = a1 + b1;
-            l = m == -INFINITY ? -INFINITY : m + logf(expf(pl - m) + expf(sl - m));
-        } else if (m == -INFINITY) {
-            o0 = a0;
-            o1 = a1;
-            l = -INFINITY;
-        } else {
-            float wp = expf(pl - m), ws = expf(sl - m), sum = wp + ws;
-            float sp = wp / sum, ss = ws / sum;
-            o0 = a0 * sp + b0 * ss;
-            o1 = a1 * sp + b1 * ss;
-            l = logf(sum) + m;
-        }
+        float o0, o1;
+        const float l = merge_pair(p_lse[li], s_lse[li], no_weights != 0, (float)p_out[oi], (float)p_out[oi + 1],
+                                   (float)s_out[oi], (float)s_out[oi + 1], &o0, &o1);
         *reinterpret_cast<uint32_t *>(out + oi) = pack2<T>(o0, o1);
         if (d == 0) lse[li] = lse_base2 ? l * 1.4426950408889634f : l;
     }
@@ -758,6 +809,7 @@ cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work
                : config == AR_CFG_PREFILL_WG_PIPE     ? launch_wgmma<T, 1>(a, num_work, stream)
                : config == AR_CFG_PREFILL_WG_PINGPONG ? launch_wgmma<T, 2>(a, num_work, stream)
                : config == AR_CFG_PREFILL_WG_WS       ? launch_wgmma<T, 3>(a, num_work, stream)
+               : config == AR_CFG_PREFILL_WG_TMA      ? launch_wgmma<T, 5>(a, num_work, stream)
                                                       : launch_wgmma<T, 4>(a, num_work, stream);
     }
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return launch_one<T, PrefillWideG128>(a, num_work, stream);
@@ -782,6 +834,7 @@ cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
     if (config == AR_CFG_PREFILL_WG_PINGPONG) return attributes_wgmma<T, 2>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WG_WS) return attributes_wgmma<T, 3>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WG_WS_OVERLAP) return attributes_wgmma<T, 4>(ctas_per_sm);
+    if (config == AR_CFG_PREFILL_WG_TMA) return attributes_wgmma<T, 5>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return attributes_one<T, PrefillWideG128>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return attributes_one<T, PrefillTallG128>(ctas_per_sm);
     if (config != AR_CFG_DECODE) {

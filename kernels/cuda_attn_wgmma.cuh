@@ -26,6 +26,9 @@
 #ifndef AR_CUDA_ATTN_WGMMA_CUH
 #define AR_CUDA_ATTN_WGMMA_CUH
 
+#include <string.h>
+
+#include "cuda_host.cuh"
 #include "cuda_wgmma.cuh"
 
 namespace ar_attn {
@@ -47,12 +50,21 @@ struct WgGeom {
  * matrix products.  MODE 3 (WS, AR_CFG_PREFILL_WG_WS) adds a producer warpgroup in front of the
  * two consumers: it alone issues the copies (K and V of a stage complete on separate barriers,
  * full[s] and full_v[s]), so a consumer never waits for the other one's progress to refill a
- * stage it is not about to read, and setmaxnreg moves registers from the producer (32; 24 with
+ * stage it is not about to read, and setmaxnreg moves registers from the producer (32; 40 with TMA, 24 with
  * the overlap) to the consumers (232; 240).  Its waits ask the hardware to suspend the waiting
- * warp (mbar_wait_suspend) rather than spin on the schedulers the consumers issue from. */
+ * warp (mbar_wait_suspend) rather than spin on the schedulers the consumers issue from.
+ * MODE 5 (AR_CFG_PREFILL_WG_TMA) is MODE 3 with the copies of every tile that lies wholly inside
+ * the sequence done by the tensor memory accelerator: lanes of producer warp 0 each issue one
+ * bulk tensor copy of a cache page's 64-dim half (box [block_size rows][64 dims], TMA's 128-byte
+ * swizzle = ours, as it is address based) onto the stage's barrier, whose expected byte count
+ * lane 0 raised first.  The last, partial tile keeps the cp.async path: its rows past seq_len
+ * must be zeros (V is multiplied by P = 0 there, and an unwritten cache slot holds NaN).  A
+ * full / full_v phase then takes 129 arrivals: every producer thread's cp.async arrival (at
+ * once when it issued none) and producer thread 0's (with the byte count, or plain). */
 template <int MODE> struct WgStages {
     static constexpr bool PIPE = MODE >= 1;
     static constexpr bool WS = MODE >= 3;
+    static constexpr bool TMA = MODE == 5;             /* AR_CFG_PREFILL_WG_TMA */
     static constexpr int THREADS = WS ? 384 : 256;     /* WS: + the producer warpgroup */
     static constexpr int STAGES = PIPE ? 3 : 2;
     static constexpr int NUM_BARS = WS ? 3 * STAGES : PIPE ? 2 * STAGES : 0;
@@ -158,10 +170,14 @@ template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], cons
  * version spilled and ran at 225 TFLOP/s), and on the H200 it stays slower than MODE 3
  * (BENCHMARKS.md, "Warp specialisation"). */
 template <typename T, int MODE>
-__global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(const ar_attn_args a)
+__global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1)
+attn_wgmma_kernel(const ar_attn_args a,
+                  const __grid_constant__ CUtensorMap tmap_k,  /* MODE 5: K cache [num_slots][Hkv][128], box [bs][1][64] */
+                  const __grid_constant__ CUtensorMap tmap_v)  /* the same for the V cache; unused by other modes */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool PIPE = MODE >= 1, PINGPONG = MODE >= 2, WS = MODE >= 3, OVERLAP = MODE == 4;
+    constexpr bool TMA = WgStages<MODE>::TMA;
     constexpr int HD = WgGeom::HD, BLOCK_N = WgGeom::BLOCK_N, ROWS = WgGeom::ROWS;
     constexpr int CHUNKS = HD / 8;                       /* 16-byte chunks per row */
     constexpr int LOADERS = WS ? 128 : WgGeom::THREADS;  /* threads that issue the copies */
@@ -180,9 +196,9 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
     const uint32_t full_v_bar = WS ? empty_bar + STAGES * 8 : full_bar;
     if (PIPE && threadIdx.x == 0) {
         for (int st = 0; st < STAGES; st++) {
-            ar_wg::mbar_init(full_bar + st * 8, LOADERS);
+            ar_wg::mbar_init(full_bar + st * 8, LOADERS + (TMA ? 1 : 0));
             ar_wg::mbar_init(empty_bar + st * 8, WgGeom::THREADS);
-            if (WS) ar_wg::mbar_init(full_v_bar + st * 8, LOADERS);
+            if (WS) ar_wg::mbar_init(full_v_bar + st * 8, LOADERS + (TMA ? 1 : 0));
         }
     }
 
@@ -285,6 +301,24 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
             const uint32_t dst = dst0 + (uint32_t)(key * 128 + (((c & 7) ^ (key & 7)) << 4));
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
                          "l"(src + (int64_t)(slot < 0 ? 0 : slot) * head_stride), "r"(slot < 0 ? 0 : 16));
+        }
+    };
+
+    /* MODE 5: tile it (wholly inside the sequence) into its stage by TMA; K (v = 0) or V (v = 1).
+     * Run by producer warp 0: lane 0 raises the barrier's byte count by the whole tile, then
+     * lane l < 2 x pages copies page l % pages of the tile's column half l / pages. */
+    auto produce_tma = [&](int it, int v) {
+        const int t = w.tile_begin + it, pages = BLOCK_N >> bs_log2;
+        const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)((it % STAGES) * 8);
+        const uint32_t dst0 = sq_addr + (uint32_t)((1 + 2 * (it % STAGES) + v) * WgGeom::TILE_BYTES);
+        if (lane == 0) ar_wg::mbar_arrive_expect_tx(bar, WgGeom::TILE_BYTES);
+        __syncwarp();
+        if (lane < 2 * pages) {
+            const int half = lane >= pages ? 1 : 0, page = lane - half * pages;
+            const int block = __ldg(bt + ((t * BLOCK_N) >> bs_log2) + page);
+            ar_wg::tma_load_3d(dst0 + (uint32_t)(half * WgGeom::HALF_BYTES + (page << bs_log2) * 128),
+                               v ? (const void *)&tmap_v : (const void *)&tmap_k, bar, half * 64, kvh_load,
+                               block << bs_log2);
         }
     };
 
@@ -394,14 +428,31 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
                  * tile it as soon as both consumers released the tile it - STAGES in it; K and
                  * V complete on separate barriers so S = Q K^T starts before V has landed (the
                  * first K barrier also covers Q: its copies are older) */
-                ar_wg::setmaxnreg_dec<OVERLAP ? 24 : 32>();
+                /* 168 at entry (384 threads, 64K registers); the TMA producer keeps 40
+                 * (its cp.async tail path spills at 32), 128 x (168 - 40) = 2 x 128 x (232 - 168) */
+                ar_wg::setmaxnreg_dec<OVERLAP ? 24 : TMA ? 40 : 32>();
+                if (TMA && tid == 0) {
+                    ar_wg::tma_prefetch_map(&tmap_k);
+                    ar_wg::tma_prefetch_map(&tmap_v);
+                }
                 for (int it = 0; it < n_tiles; it++) {
                     const int stage = it % STAGES;
-                    const int my_slot = producer_slot(it);
+                    const bool by_tma = TMA && (w.tile_begin + it + 1) * BLOCK_N <= seq_len;
+                    const int my_slot = by_tma ? 0 : producer_slot(it);
                     if (it >= STAGES) ar_wg::mbar_wait_suspend(empty_bar + stage * 8, (uint32_t)((it / STAGES - 1) & 1));
-                    produce(it, 0, my_slot);
+                    if (by_tma) {
+                        if (warp == 0) produce_tma(it, 0);
+                    } else {
+                        produce(it, 0, my_slot);
+                        if (TMA && tid == 0) ar_wg::mbar_arrive(full_bar + stage * 8);
+                    }
                     ar_wg::mbar_arrive_cp_async(full_bar + stage * 8);
-                    produce(it, 1, my_slot);
+                    if (by_tma) {
+                        if (warp == 0) produce_tma(it, 1);
+                    } else {
+                        produce(it, 1, my_slot);
+                        if (TMA && tid == 0) ar_wg::mbar_arrive(full_v_bar + stage * 8);
+                    }
                     ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
                 }
                 cp_async_wait<0>();
@@ -593,19 +644,42 @@ __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1) attn_wgmma_kernel(
 #pragma unroll
         for (int n = 0; n < 16; n++)
             store_pair<T>(a, w, ROWS, HD, lr, qstart + tok, hq, n * 8 + 2 * tq, acc[4 * n + 2 * r] * inv,
-                          acc[4 * n + 2 * r + 1] * inv);
-        if (tq == 0) store_lse(a, w, ROWS, lr, qstart + tok, hq, lse2);
+                          acc[4 * n + 2 * r + 1] * inv, lse2);
+        if (tq == 0) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
     }
 #else
     __trap();   /* built without sm_90a: the host never launches this config there */
 #endif
 }
 
+/* MODE 5's tensor maps (zeros for the other modes): each cache as [num_slots][Hkv][128] 16-bit
+ * elements, one copy = [block_size slots][1 head][64 dims], 128-byte swizzled.  The encoding is
+ * host arithmetic (no device call), redone per launch.  cudaErrorNotSupported when the driver
+ * cannot encode them (the backend checks this at open and then never plans MODE 5). */
+template <int MODE>
+static cudaError_t wgmma_tensor_maps(const ar_attn_args *a, CUtensorMap *mk, CUtensorMap *mv)
+{
+    memset(mk, 0, sizeof *mk);
+    memset(mv, 0, sizeof *mv);
+    if (!WgStages<MODE>::TMA) return cudaSuccess;
+    const uint64_t dims[3] = {(uint64_t)WgGeom::HD, (uint64_t)a->num_kv_heads, (uint64_t)a->num_slots};
+    const uint64_t strides[2] = {(uint64_t)WgGeom::HD * 2, (uint64_t)a->num_kv_heads * WgGeom::HD * 2};
+    const uint32_t box[3] = {64, 1, 1u << a->block_size_log2};
+    char err[256];
+    if (ar_tma_encode(mk, a->k_cache, 3, dims, strides, box, "cuda", err, sizeof err) ||
+        ar_tma_encode(mv, a->v_cache, 3, dims, strides, box, "cuda", err, sizeof err))
+        return cudaErrorNotSupported;
+    return cudaSuccess;
+}
+
 template <typename T, int MODE>
 static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (num_work <= 0) return cudaSuccess;
-    attn_wgmma_kernel<T, MODE><<<num_work, WgStages<MODE>::THREADS, WgStages<MODE>::SMEM, stream>>>(*a);
+    CUtensorMap mk, mv;
+    cudaError_t e = wgmma_tensor_maps<MODE>(a, &mk, &mv);
+    if (e != cudaSuccess) return e;
+    attn_wgmma_kernel<T, MODE><<<num_work, WgStages<MODE>::THREADS, WgStages<MODE>::SMEM, stream>>>(*a, mk, mv);
     return cudaGetLastError();
 }
 

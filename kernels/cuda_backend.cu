@@ -9,15 +9,17 @@
  * The attention kernels themselves are in cuda_attn.cuh (mma.sync, sm_80+) and
  * cuda_attn_wgmma.cuh (wgmma, sm_90a).  Which one runs: launches in the DECODE geometry (every
  * (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches with head
- * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_WS (128 x 128 tiles, two
- * ping-pong consumer warpgroups fed by a producer warpgroup; on the H200, 2026-11-30, same run:
- * causal prefill B=2 S=8k 1303 us against 1343 for PREFILL_WG_PINGPONG, 1339 for _PIPE, 1464
- * for the lockstep PREFILL_WG and 1520 for _WS_OVERLAP; cascade prefix pass at P 32k 174.4 /
- * 177.9 / - / - / 200.4 us; earlier: mma.sync 272 TFLOP/s against 401 for PINGPONG); everything
- * else the mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps the mma.sync
- * kernel everywhere (for comparisons); AR_CUDA_WGMMA=pingpong / overlap / ws picks
- * PREFILL_WG_PINGPONG / PREFILL_WG_WS_OVERLAP (FlashAttention-3's intra-warpgroup overlap on
- * top of WS) / PREFILL_WG_WS as the automatic wgmma config.
+ * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_TMA (128 x 128 tiles, two
+ * ping-pong consumer warpgroups fed by a producer warpgroup whose whole-tile K/V copies are
+ * bulk tensor copies; PREFILL_WG_WS, the same with cp.async copies, where the driver cannot
+ * encode tensor maps).  On the H200, 2026-11-30, same run: causal prefill B=2 S=8k 1156 us
+ * (476 TFLOP/s) against 1327 for _WS; cascade prefix pass at P 32k 160.6 against 178.3 us;
+ * earlier runs: _WS 1303 against 1343 for PREFILL_WG_PINGPONG, 1339 for _PIPE, 1464 for the
+ * lockstep PREFILL_WG and 1520 for _WS_OVERLAP; mma.sync 272 TFLOP/s against 401 for PINGPONG.
+ * Everything else runs the mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps
+ * the mma.sync kernel everywhere (for comparisons); AR_CUDA_WGMMA=pingpong / overlap / ws /
+ * tma picks PREFILL_WG_PINGPONG / PREFILL_WG_WS_OVERLAP (FlashAttention-3's intra-warpgroup
+ * overlap on top of WS) / PREFILL_WG_WS / PREFILL_WG_TMA as the automatic wgmma config.
  *
  * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
  * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
@@ -42,8 +44,11 @@
  * split-KV across CTAs fills the machine when T is small (its own split rule: whole waves, see
  * choose_prefix_splits; the split combine runs one thread per row x dim pair).  "suffix" = the flat plan over keys
  * P..seq_len-1 (seq_lens - P, block table shifted by P / block_size, causal bottom-right).
- * "merge" = merge_kernel (vLLM merge_attn_states).  Each pass's split combine is inside its
- * time.  Sliding window never cascades (prepare refuses it).
+ * "merge" = vLLM merge_attn_states, by default fused into the suffix pass's final writes (each
+ * finished row mixed with the prefix pass's in store_pair / combine_kernel, so "merge" times
+ * ~0: on the H200 the fused suffix pass took 38.4 us against 34.4 + 6.1 for the suffix pass and
+ * merge_kernel apart); AR_CUDA_CASCADE_MERGE=separate runs merge_kernel.  Each pass's split
+ * combine is inside its time.  Sliding window never cascades (prepare refuses it).
  * Q and the new K/V are generated on the device before, untimed (in vLLM they come out of the
  * QKV projection).  Repeats are idempotent: the write stores the same values to the same slots.
  *
@@ -75,6 +80,8 @@ typedef struct cuda_state {
     char device_name[256];
     int num_sms;
     int has_wgmma;                  /* compute capability 9.0: AR_CFG_PREFILL_WG can run */
+    int has_tma;                    /* has_wgmma and the driver encodes tensor maps:
+                                       AR_CFG_PREFILL_WG_TMA can run (else it runs as _WS) */
     int wgmma_auto;                 /* the wgmma config the automatic plan uses for PREFILL launches
                                        (has_wgmma, head size 128), 0 = none (AR_CUDA_WGMMA=0) */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
@@ -112,6 +119,10 @@ typedef struct cuda_state {
      * non-causal sequence over keys 0..P-1 of block-table row 0) has its own plan and writes
      * pre_out/pre_lse; merge_kernel mixes the two into out/lse. */
     int cascade, prefix_len;
+    int fused_merge;                /* 1: the suffix pass mixes each finished row with the prefix
+                                       pass's (store_pair / combine_kernel) and no merge_kernel runs
+                                       (the default); 0: merge_kernel after the suffix pass
+                                       (AR_CUDA_CASCADE_MERGE=separate, ar_cuda_set_cascade_merge) */
     int pre_config;
     ar_attn_geom pre_geom;
     int pre_num_work, pre_num_groups, pre_num_partials, pre_num_splits;
@@ -413,14 +424,28 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->num_sms = prop.multiProcessorCount;
     s->has_wgmma = prop.major == 9 && prop.minor == 0;
+    if (s->has_wgmma) {
+        /* the encoding is host arithmetic on the shape: a dummy aligned base is enough */
+        CUtensorMap probe;
+        const uint64_t dims[3] = {128, 1, 64}, strides[2] = {256, 256};
+        const uint32_t box[3] = {64, 1, 16};
+        char why[256];
+        s->has_tma = ar_tma_encode(&probe, (const void *)(uintptr_t)4096, 3, dims, strides, box, "cuda", why,
+                                   sizeof why) == 0;
+    }
     {
         const char *e = getenv("AR_CUDA_WGMMA");
-        int auto_config = AR_CFG_PREFILL_WG_WS;
+        int auto_config = s->has_tma ? AR_CFG_PREFILL_WG_TMA : AR_CFG_PREFILL_WG_WS;
         if (e != NULL && strcmp(e, "0") == 0) auto_config = 0;
         if (e != NULL && strcmp(e, "ws") == 0) auto_config = AR_CFG_PREFILL_WG_WS;
+        if (e != NULL && strcmp(e, "tma") == 0 && s->has_tma) auto_config = AR_CFG_PREFILL_WG_TMA;
         if (e != NULL && strcmp(e, "overlap") == 0) auto_config = AR_CFG_PREFILL_WG_WS_OVERLAP;
         if (e != NULL && strcmp(e, "pingpong") == 0) auto_config = AR_CFG_PREFILL_WG_PINGPONG;
         s->wgmma_auto = s->has_wgmma && s->head_size == 128 ? auto_config : 0;
+    }
+    {
+        const char *e = getenv("AR_CUDA_CASCADE_MERGE");
+        s->fused_merge = !(e != NULL && strcmp(e, "separate") == 0);
     }
     if ((rc = cuda_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
@@ -555,6 +580,7 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     if (force_config == AR_CFG_PREFILL_TALL) config = s->template_hd == 128 ? AR_CFG_PREFILL_TALL : AR_CFG_PREFILL;
     const bool wg_ok = s->has_wgmma && s->head_size == 128;
     if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
+    if (config == AR_CFG_PREFILL_WG_TMA && !s->has_tma) config = AR_CFG_PREFILL_WG_WS;
     if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = s->wgmma_auto;
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
     const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
@@ -947,6 +973,7 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
     a->scale_log2 = (float)(s->cfg.model.scale * 1.4426950408889634);
     a->soft_cap = (float)s->cfg.model.logits_soft_cap;
     a->fault = (int)s->cfg.fault;
+    a->num_slots = s->cfg.num_blocks * s->block_size;   /* < 2^31 (open checks) */
 }
 
 /* One attention launch and, when it splits, its combine; between the two, the event `mid` is
@@ -969,10 +996,11 @@ static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, 
 }
 
 /* The cascade passes' arguments, from the flat ones (fill_args): the suffix pass reads keys
- * P..seq_len-1 through the block table shifted by P / block_size and writes suf_out/suf_lse;
- * the prefix pass runs all T queries as one non-causal sequence over keys 0..P-1 of row 0 and
- * writes pre_out/pre_lse.  The LSE_BASE2 fault is left to the merge (the merged LSE is what
- * the engine sees). */
+ * P..seq_len-1 through the block table shifted by P / block_size and writes suf_out/suf_lse
+ * (fused merge: the step's out/lse, each row mixed with the prefix pass's); the prefix pass
+ * runs all T queries as one non-causal sequence over keys 0..P-1 of row 0 and writes
+ * pre_out/pre_lse.  The LSE_BASE2 fault is left to the merge (the merged LSE is what the
+ * engine sees). */
 static void cascade_args(const cuda_state *s, const ar_attn_args *flat, ar_attn_args *pre, ar_attn_args *suf)
 {
     *suf = *flat;
@@ -982,6 +1010,13 @@ static void cascade_args(const cuda_state *s, const ar_attn_args *flat, ar_attn_
     suf->seq_lens = s->d_suf_seq;
     suf->block_table = s->d_bt + s->prefix_len / s->block_size;
     *pre = *suf;
+    if (s->fused_merge) {
+        suf->out = flat->out;
+        suf->lse = flat->lse;
+        suf->merge_out = s->pre_out.ptr;
+        suf->merge_lse = (const float *)s->pre_lse.ptr;
+        suf->merge_lse_base2 = flat->fault == AR_FAULT_LSE_BASE2;
+    }
     pre->out = s->pre_out.ptr;
     pre->lse = (float *)s->pre_lse.ptr;
     pre->partial_o = (float *)s->pre_part_o.ptr;
@@ -1022,7 +1057,7 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
     e = launch_attention(s, &suf, s->config, s->num_work, s->num_groups, s->geom.rows, NULL);
     if (e != cudaSuccess) return e;
     if (timed) cudaEventRecord(s->ev[3], s->stream);
-    int64_t pairs = (int64_t)s->num_tokens * s->hq * (s->head_size / 2);
+    int64_t pairs = s->fused_merge ? 0 : (int64_t)s->num_tokens * s->hq * (s->head_size / 2);
     int nofw = s->cfg.fault == AR_FAULT_MERGE_NO_WEIGHTS, base2 = s->cfg.fault == AR_FAULT_LSE_BASE2;
     if (pairs > 0) {
         if (s->bf16)
@@ -1187,6 +1222,12 @@ extern "C" void ar_cuda_set_prefix_plan(void *state, int config, int num_splits)
     s->force_pre_splits = num_splits;
 }
 
+extern "C" void ar_cuda_set_cascade_merge(void *state, int fused)
+{
+    cuda_state *s = (cuda_state *)state;
+    if (s) s->fused_merge = fused ? 1 : 0;
+}
+
 extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
 {
     cuda_state *s = (cuda_state *)state;
@@ -1200,6 +1241,7 @@ extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
     info->ctas_per_sm = s->ctas_per_sm[s->config];
     info->num_sms = s->num_sms;
     info->has_wgmma = s->has_wgmma;
+    info->has_tma = s->has_tma;
     info->cascade = s->cascade;
     info->prefix_len = s->prefix_len;
     info->prefix_config = s->pre_config;

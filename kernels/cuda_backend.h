@@ -27,16 +27,23 @@ extern const ar_backend ar_cuda_backend;
  * mbarrier pipeline; same conditions), 6 PREFILL_WG_PINGPONG (the pipeline with FlashAttention-3's
  * ping-pong turns between the two warpgroups), 7 PREFILL_WG_WS (the ping-pong kernel fed by a
  * producer warpgroup: warp specialisation), 8 PREFILL_WG_WS_OVERLAP (that with S of one tile
- * overlapping P V of the previous in each warpgroup); num_splits 0 = the heuristic,
+ * overlapping P V of the previous in each warpgroup), 9 PREFILL_WG_TMA (_WS with the whole-tile
+ * K/V copies by the tensor memory accelerator; runs as _WS where the driver cannot encode
+ * tensor maps); num_splits 0 = the heuristic,
  * N >= 1 = split every work item's key range into up to N pieces. */
 void ar_cuda_set_plan(void *state, int config, int num_splits);
 /* The same override for the cascade prefix pass only (config -1 / num_splits 0: as
  * ar_cuda_set_plan says, else its own rule), for the prefix-plan sweep in bench_cascade. */
 void ar_cuda_set_prefix_plan(void *state, int config, int num_splits);
+/* Cascade merge: fused = 1 (the default; AR_CUDA_CASCADE_MERGE=separate in the environment
+ * makes it 0) mixes each row with the prefix pass's inside the suffix pass's final write (its
+ * last kernel, or its split combine) and times "merge" as 0; fused = 0 runs vLLM's separate
+ * merge_attn_states kernel after the suffix pass. */
+void ar_cuda_set_cascade_merge(void *state, int fused);
 
 /* What the last prepare() planned. */
 typedef struct ar_cuda_plan_info {
-    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL, 4 PREFILL_WG, 5 _PIPE, 6 _PINGPONG, 7 _WS, 8 _WS_OVERLAP (wgmma, sm_90) */
+    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL, 4 PREFILL_WG, 5 _PIPE, 6 _PINGPONG, 7 _WS, 8 _WS_OVERLAP, 9 _TMA (wgmma, sm_90) */
     int template_hd;     /* 64, 128 or 256 */
     int num_work;        /* CTAs of the attention launch */
     int num_splits;      /* split count chosen (1 = none) */
@@ -44,6 +51,7 @@ typedef struct ar_cuda_plan_info {
     int ctas_per_sm;
     int num_sms;
     int has_wgmma;       /* the device can run PREFILL_WG (compute capability 9.0) */
+    int has_tma;         /* ... and PREFILL_WG_TMA (the driver encodes tensor maps) */
     /* cascade (common_prefix_len > 0): the fields above describe the suffix pass */
     int cascade;           /* 1 when this step runs prefix + suffix + merge */
     int prefix_len;        /* P */

@@ -87,6 +87,12 @@ void ar_cuda_set_prefix_plan(void *state, int config, int num_splits)
     (void)num_splits;
 }
 
+void ar_cuda_set_cascade_merge(void *state, int fused)
+{
+    (void)state;
+    (void)fused;
+}
+
 void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
 {
     (void)state;

@@ -12,7 +12,8 @@
  * |cascade - flat| over the outputs (both are rounded to bf16; a big value means a bug).
  * Target (issue 5): cascade >= 20x faster at P 32k, S 128.
  *
- * At P 32k, S 128 it also sweeps the prefix pass's plan (geometry x split count, "SWEEP" lines).
+ * At P 32k, S 128 it also sweeps the prefix pass's plan (geometry x split count, "SWEEP" lines)
+ * and the suffix pass's (split count x merge fused or separate, "SUFFIX" lines).
  *
  * Usage: bench_cascade [REPEAT] (default 20).  One "RESULT name=..." line per case, then a
  * table.  Skips with the backend's reason when there is no GPU. */
@@ -32,7 +33,7 @@
 typedef struct casc_row {
     int prefix, suffix;
     double flat_us, casc_us, prefix_us, suffix_us, merge_us, ideal, prefix_tflops, max_diff;
-    int prefix_splits, prefix_work, flat_splits;
+    int prefix_splits, prefix_work, prefix_config, flat_splits;
     int ok;
 } casc_row;
 
@@ -66,12 +67,13 @@ static double kernel_us(const ar_forward_out *o, const char *name)
  * plan's prefix time.  0 ok, 1 error or a variant that disagrees with flat. */
 static int sweep_prefix_plans(void *st, ar_batch *b, const float *out_flat, float *out, float *lse, double auto_us)
 {
-    static const int configs[] = {0, 2, 3, 4, 5, 6, 7, 8};   /* PREFILL (128 x 32 tiles), PREFILL_WIDE (128 x 64),
+    static const int configs[] = {0, 2, 3, 4, 5, 6, 7, 8, 9}; /* PREFILL (128 x 32 tiles), PREFILL_WIDE (128 x 64),
                                                           PREFILL_TALL (256 x 32), PREFILL_WG (wgmma 128 x 128,
                                                           Hopper only), PREFILL_WG_PIPE (its mbarrier pipeline),
                                                           PREFILL_WG_PINGPONG (pipeline + ping-pong turns),
                                                           PREFILL_WG_WS (+ a producer warpgroup),
-                                                          PREFILL_WG_WS_OVERLAP (+ intra-warpgroup overlap) */
+                                                          PREFILL_WG_WS_OVERLAP (+ intra-warpgroup overlap),
+                                                          PREFILL_WG_TMA (WS with TMA copies) */
     static const int splits[] = {0, 4, 7, 8, 12, 16, 24, 33};
     const double flops = 4.0 * b->num_tokens * CASC_HQ * (double)b->common_prefix_len * CASC_HD;
     printf("prefix plan sweep at P %d, T %d (auto: %.1f us):\n", b->common_prefix_len, b->num_tokens, auto_us);
@@ -102,6 +104,50 @@ static int sweep_prefix_plans(void *st, ar_batch *b, const float *out_flat, floa
                    flops / us * 1e-6, kernel_us(&o, "suffix"), md, md < 0.05 ? "" : " DISAGREES");
             if (!(md < 0.05)) bad = 1;
         }
+    ar_cuda_set_prefix_plan(st, -1, 0);
+    return bad;
+}
+
+/* The suffix pass and the merge under other plans, the prefix pass kept on its automatic plan
+ * (prefix_config, prefix_splits): merge fused into the suffix pass or separate, times the
+ * suffix pass's split count (0 = its heuristic): one "SUFFIX" line each with the suffix, merge
+ * and whole-step attention times and max |cascade - flat|.  0 ok, 1 error or disagreement. */
+static int sweep_suffix_plans(void *st, ar_batch *b, const float *out_flat, float *out, float *lse, int prefix_config,
+                              int prefix_splits)
+{
+    static const int splits[] = {0, 1, 2, 3, 4};
+    char err[512] = "";
+    int bad = 0;
+    for (int fused = 1; fused >= 0; fused--)
+        for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
+            ar_cuda_set_cascade_merge(st, fused);
+            ar_cuda_set_plan(st, -1, splits[k]);
+            ar_cuda_set_prefix_plan(st, prefix_config, prefix_splits);
+            ar_forward_out o;
+            memset(&o, 0, sizeof o);
+            o.out = out;
+            o.lse = lse;
+            if (ar_cuda_backend.prepare(st, b, err, sizeof err) || ar_cuda_backend.forward(st, 0, b, &o, err, sizeof err)) {
+                printf("ERROR suffix sweep fused %d splits %d: %s\n", fused, splits[k], err);
+                bad = 1;
+                break;
+            }
+            ar_cuda_plan_info pi;
+            ar_cuda_plan_of(st, &pi);
+            double md = 0;
+            for (size_t i = 0; i < (size_t)b->num_tokens * CASC_HQ * CASC_HD; i++) {
+                double d = fabs((double)out[i] - (double)out_flat[i]);
+                if (d != d) d = INFINITY;
+                if (d > md) md = d;
+            }
+            printf("SUFFIX fused=%d splits_asked=%d splits=%d work=%d suffix_us=%.1f merge_us=%.1f prefix_us=%.1f "
+                   "cascade_us=%.1f max_diff=%.3g%s\n", fused, splits[k], pi.num_splits, pi.num_work,
+                   kernel_us(&o, "suffix"), kernel_us(&o, "merge"), kernel_us(&o, "prefix"), attention_us(&o), md,
+                   md < 0.05 ? "" : " DISAGREES");
+            if (!(md < 0.05)) bad = 1;
+        }
+    ar_cuda_set_cascade_merge(st, 1);
+    ar_cuda_set_plan(st, -1, 0);
     ar_cuda_set_prefix_plan(st, -1, 0);
     return bad;
 }
@@ -225,6 +271,7 @@ static int run_case(int P, int S, int repeat, casc_row *row)
             row->merge_us = kernel_us(&o, "merge");
             row->prefix_splits = pi.prefix_num_splits;
             row->prefix_work = pi.prefix_num_work;
+            row->prefix_config = pi.prefix_config;
         }
     }
     if (!rc) {
@@ -239,13 +286,15 @@ static int run_case(int P, int S, int repeat, casc_row *row)
         row->prefix_tflops = 4.0 * T * CASC_HQ * (double)P * CASC_HD / row->prefix_us * 1e-6;
         row->ok = md < 0.05;
         printf("RESULT name=cascade_b128_p%d_s%d flat_us=%.1f cascade_us=%.1f speedup=%.2f ideal=%.1f "
-               "prefix_us=%.1f suffix_us=%.1f merge_us=%.1f prefix_tflops=%.1f prefix_splits=%d prefix_work=%d "
-               "flat_splits=%d max_diff=%.3g\n", P, S, row->flat_us, row->casc_us, row->flat_us / row->casc_us,
-               row->ideal, row->prefix_us, row->suffix_us, row->merge_us, row->prefix_tflops, row->prefix_splits,
-               row->prefix_work, row->flat_splits, md);
+               "prefix_us=%.1f suffix_us=%.1f merge_us=%.1f prefix_tflops=%.1f prefix_config=%d prefix_splits=%d "
+               "prefix_work=%d flat_splits=%d max_diff=%.3g\n", P, S, row->flat_us, row->casc_us,
+               row->flat_us / row->casc_us, row->ideal, row->prefix_us, row->suffix_us, row->merge_us,
+               row->prefix_tflops, row->prefix_config, row->prefix_splits, row->prefix_work, row->flat_splits, md);
         if (!row->ok) rc = 1;
     }
     if (!rc && P == 32768 && S == 128) rc = sweep_prefix_plans(st, &b, out_flat, out_casc, lse, row->prefix_us);
+    if (!rc && P == 32768 && S == 128)
+        rc = sweep_suffix_plans(st, &b, out_flat, out_casc, lse, row->prefix_config, row->prefix_splits);
     ar_cuda_backend.close(st);
     free(qsl); free(seq); free(ctx); free(bt); free(bkeys); free(rkeys); free(slots);
     free(fslots); free(fkeys); free(foffs); free(out_flat); free(out_casc); free(lse);

@@ -166,22 +166,37 @@ static void prefix_wg_ws(void *state) { ar_cuda_set_prefix_plan(state, 7, 0); }
 static void all_wg_ws(void *state) { ar_cuda_set_plan(state, 7, 3); }
 static void prefix_wg_overlap(void *state) { ar_cuda_set_prefix_plan(state, 8, 0); }
 static void all_wg_overlap(void *state) { ar_cuda_set_plan(state, 8, 0); }
+static void prefix_wg_tma(void *state) { ar_cuda_set_prefix_plan(state, 9, 0); }
+static void all_wg_tma_split(void *state) { ar_cuda_set_plan(state, 9, 3); }
+static void merge_separate(void *state) { ar_cuda_set_cascade_merge(state, 0); }
+static void merge_separate_split(void *state)
+{
+    ar_cuda_set_cascade_merge(state, 0);
+    ar_cuda_set_plan(state, -1, 2);
+}
 
-/* A forced wgmma config (4-8) runs as PREFILL (0) off Hopper: the plan hook records whether the
- * device has them. */
-static bool wg_available = true;
+/* A forced wgmma config (4-9) runs as PREFILL (0) off Hopper, and 9 as 7 where the driver
+ * cannot encode tensor maps: the plan hook records whether the device has them. */
+static bool wg_available = true, tma_available = true;
 static void wg_plan_hook(void *state, casc_result *res)
 {
     cuda_plan_hook(state, res);
     ar_cuda_plan_info pi;
     ar_cuda_plan_of(state, &pi);
     wg_available = pi.has_wgmma != 0;
+    tma_available = pi.has_tma != 0;
+}
+static int ran_config(int asked)
+{
+    if (asked >= 4 && !wg_available) return 0;
+    return asked == 9 && !tma_available ? 7 : asked;
 }
 
 /* The prefix pass under every geometry bench_cascade sweeps (PREFILL_WIDE 128 x 64,
- * PREFILL_TALL 256 x 32 rows, PREFILL_WG (wgmma, Hopper) with and without a forced split, and
- * every pass of the step - flat, suffix and prefix, causal prefill chunks included - on
- * PREFILL_WG): verified like the grid. */
+ * PREFILL_TALL 256 x 32 rows, the wgmma configs 4-9 (Hopper) with and without a forced split,
+ * and every pass of the step - flat, suffix and prefix, causal prefill chunks included - on
+ * them), and the merge run separately (merge_kernel) instead of fused into the suffix pass,
+ * with and without a suffix split: verified like the grid. */
 static void test_cascade_prefix_geometries(void **unused)
 {
     (void)unused;
@@ -189,23 +204,29 @@ static void test_cascade_prefix_geometries(void **unused)
     static void (*const setups[])(void *) = {prefix_wide, prefix_tall, prefix_tall_split, prefix_wg,
                                              prefix_wg_split, all_wg, prefix_wg_pipe, all_wg_pipe,
                                              prefix_wg_pingpong, all_wg_pingpong, prefix_wg_ws, all_wg_ws,
-                                             prefix_wg_overlap, all_wg_overlap};
-    static const int want_config[] = {2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8};
+                                             prefix_wg_overlap, all_wg_overlap, prefix_wg_tma, all_wg_tma_split,
+                                             merge_separate, merge_separate_split};
+    /* (the two "merge separate" entries run the automatic prefix config, TMA) */
+    static const int want_config[] = {2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 9, 9};
     static const char *const names[] = {"prefix WIDE", "prefix TALL", "prefix TALL split 5", "prefix WG",
                                         "prefix WG split 5", "every pass WG", "prefix WG_PIPE",
                                         "every pass WG_PIPE split 5", "prefix WG_PINGPONG split 3",
                                         "every pass WG_PINGPONG", "prefix WG_WS", "every pass WG_WS split 3",
-                                        "prefix WG_WS_OVERLAP", "every pass WG_WS_OVERLAP"};
+                                        "prefix WG_WS_OVERLAP", "every pass WG_WS_OVERLAP", "prefix WG_TMA",
+                                        "every pass WG_TMA split 3", "merge separate",
+                                        "merge separate, suffix split 2"};
     enum { NUM_GEOMETRIES = sizeof want_config / sizeof want_config[0] };
     int failures = 0;
     casc_seq many[128];
     for (int i = 0; i < 128; i++) many[i] = (casc_seq){1, 4097 + 5 * i};
     for (int k = 0; k < NUM_GEOMETRIES; k++) {
-        /* under AR_GPU_SMALL (compute-sanitizer): WIDE, the lockstep wgmma prefix pass, and every
-         * pass on the pipelined and the ping-pong wgmma kernels */
-        if (casc_small() && k != 0 && k != 3 && k != 7 && k != 9 && k != 11 && k != 13) continue;
+        /* under AR_GPU_SMALL (compute-sanitizer): WIDE, the lockstep wgmma prefix pass, every
+         * pass on the pipelined, ping-pong, WS, overlap and TMA wgmma kernels, and the separate
+         * merge with a split suffix pass */
+        if (casc_small() && k != 0 && k != 3 && k != 7 && k != 9 && k != 11 && k != 13 && k != 15 && k != 17)
+            continue;
         /* every row verified on the flat run where the flat pass itself is a wgmma config */
-        bool flat_wg = k == 5 || k == 7 || k == 9 || k == 11 || k == 13;
+        bool flat_wg = k == 5 || k == 7 || k == 9 || k == 11 || k == 13 || k == 15;
         casc_check check = {flat_wg ? 0 : 8, 32, 0, setups[k]};
         casc_result r;
         char what[96];
@@ -213,7 +234,7 @@ static void test_cascade_prefix_geometries(void **unused)
         casc_run_checked(&ar_cuda_backend, wg_plan_hook, &cfg, casc_general_seqs, 5, 256, &check, &r);
         snprintf(what, sizeof what, "general 8/2 d128, %s", names[k]);
         failures += casc_report(what, &r);
-        assert_int_equal(r.prefix_config, want_config[k] >= 4 && !wg_available ? 0 : want_config[k]);
+        assert_int_equal(r.prefix_config, ran_config(want_config[k]));
         /* the benchmark's shape at a smaller prefix: 128 decodes, GQA 32/8, P 4096 (not
          * under AR_GPU_SMALL: compute-sanitizer runs) */
         if (casc_small()) continue;
@@ -223,7 +244,7 @@ static void test_cascade_prefix_geometries(void **unused)
         casc_run_checked(&ar_cuda_backend, wg_plan_hook, &gqa, many, 128, 4096, &check, &r);
         snprintf(what, sizeof what, "128 decodes 32/8 P 4096, %s", names[k]);
         failures += casc_report(what, &r);
-        assert_int_equal(r.prefix_config, want_config[k] >= 4 && !wg_available ? 0 : want_config[k]);
+        assert_int_equal(r.prefix_config, ran_config(want_config[k]));
     }
     assert_int_equal(failures, 0);
 }
