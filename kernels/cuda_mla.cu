@@ -2328,6 +2328,17 @@ static const narrow_variant narrow_variants[] = {
      attn_narrow1_kernel<true, 2, NV_BULK, 2>, attn_narrow1_kernel<false, 2, NV_BULK, 2>, 0},
     {"diag-load-bulk", "DIAGNOSTIC: bulk-s4's ring without QK / softmax / PV", 4, 1, 0, 1, narrow1_smem_total(4),
      attn_narrow1_kernel<true, 4, NV_BULK | NV_NOMMA, 1>, attn_narrow1_kernel<false, 4, NV_BULK | NV_NOMMA, 1>, 0},
+    /* (round 4) the default bulk-s2x2-c on the persistent plan, for the h_q = 16 loss at 4k keys
+     * (b = 128: 16384 tiles of 32 keys): build_plan cuts each request's 128 tiles into 63 + 63 + 2
+     * (chunk ceil(16384 / 264)), 384 CTAs for 264 slots: 256 long pieces, and 8 slots run the 128
+     * two-tile pieces (16 each, each paying a CTA's Q load, ring fill and epilogue) beside them.
+     * The persistent plan gives each of the 2 x 132 CTAs 62 - 63 consecutive tiles (1 - 2 pieces;
+     * the ring and its mbarrier phases run on across them): the longest CTA carries 62.06 tiles
+     * instead of 63 and no CTA starts late; expected +0-3% at 4k, = at 32k (the rest of the 4k
+     * loss is per-launch / per-piece fixed cost and the combine, which this does not remove) */
+    {"bulk-s2x2-cp", "bulk-s2x2-c on the persistent plan: 2 x SMs CTAs, each the same number of key tiles", 2, 2, 1,
+     0, narrow1_smem_total(2), attn_narrow1_kernel<true, 2, NV_BULK | NV_PERSIST, 2>,
+     attn_narrow1_kernel<false, 2, NV_BULK | NV_PERSIST, 2>, 1},
 };
 static const int NUM_NARROW_VARIANTS = (int)(sizeof narrow_variants / sizeof narrow_variants[0]);
 

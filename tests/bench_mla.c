@@ -19,7 +19,8 @@
  * line each: time of attention + combine (FlashMLA's definition) and of the combine alone,
  * effective TB/s, CTAs, max |out - float64 reference| and max |LSE - reference| over 3 requests
  * (first, middle, last), and max |out - the default's out| over all requests (0 =
- * bit-identical).  `bench_mla sweep` runs the sweep only.
+ * bit-identical).  `bench_mla sweep` runs the sweep only; AR_SWEEP_VARIANTS="17 19" runs only
+ * those narrow variant numbers (the first one run is then the "vs base" baseline).
  *
  * `bench_mla wgsweep` runs only the sweep of the wgmma kernel's variants (AR_MLA_WG_VARIANT,
  * 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1; 0 = round 1, 1 = s1 (the default), 4 = seesaw, 5 = seesaw-rs,
@@ -113,6 +114,24 @@ static void ref_errors(const ar_cuda_mla_result *r, const unsigned char *sel, in
     }
 }
 
+/* Whether narrow variant v is in the list of numbers `only` (AR_SWEEP_VARIANTS="17 19": space or
+ * comma separated); every variant when the list is NULL or empty. */
+static bool sweep_variant_listed(const char *only, int v)
+{
+    if (!only || !*only) return true;
+    for (const char *p = only; *p;) {
+        char *end = NULL;
+        long n = strtol(p, &end, 10);
+        if (end == p) {   /* not a number: skip one character */
+            p++;
+            continue;
+        }
+        if (n == v) return true;
+        p = end;
+    }
+    return false;
+}
+
 /* The SWEEP lines (see the file comment) for the h_q = 16 case c; sel [B] marks the requests
  * the reference covers, base_out [B, 16, 512] keeps the default's output, r has out / lse /
  * ref_out / ref_lse of that size.  0 ok, 1 if a case failed to run. */
@@ -141,8 +160,10 @@ static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, floa
         for (int b = 0; b < B; b++) seqlens[b] = sk;
         c.seqlens_k = seqlens;
         c.contiguous_blocks = contig[ik] != 0;
+        bool have_base = false;
         for (int k = 1; k <= count + 1; k++) {
             const int v = k <= count ? k : 1;   /* the default again last */
+            if (!sweep_variant_listed(getenv("AR_SWEEP_VARIANTS"), v)) continue;
             c.narrow_variant = v;
             char err[512] = "";
             if (ar_cuda_mla_run_case(&c, r, err, sizeof err) != 0) {
@@ -152,7 +173,10 @@ static int sweep_rows(ar_cuda_mla_case c, int *seqlens, unsigned char *sel, floa
             }
             double err_out, err_lse;
             ref_errors(r, sel, B, H, &err_out, &err_lse);
-            if (k == 1) memcpy(base_out, r->out, n_out * sizeof(float));
+            if (!have_base) {   /* the first variant run (1 unless AR_SWEEP_VARIANTS leaves it out) */
+                memcpy(base_out, r->out, n_out * sizeof(float));
+                have_base = true;
+            }
             double vs_base = max_abs_diff(r->out, base_out, n_out);
             double keys = (double)B * sk;
             double bytes = (keys * 576 + (double)B * H * (576 + 512)) * 2.0;
