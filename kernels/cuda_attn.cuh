@@ -66,7 +66,8 @@
 #define AR_CFG_PREFILL_WG_TMA 9 /* PREFILL_WG_WS with the producer's K/V copies of whole tiles done
                                    by the tensor memory accelerator (one bulk tensor copy per
                                    page and 64-dim half) instead of cp.async */
-#define AR_CFG_COUNT 10
+#define AR_CFG_PREFILL_WG_TMA_QREG 10 /* PREFILL_WG_TMA with Q held in registers for S = Q K^T */
+#define AR_CFG_COUNT 11
 #define AR_MAX_SPLITS 64
 
 /* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
@@ -136,7 +137,8 @@ typedef struct ar_attn_geom {
 static inline int ar_attn_config_is_wg(int config)
 {
     return config == AR_CFG_PREFILL_WG || config == AR_CFG_PREFILL_WG_PIPE || config == AR_CFG_PREFILL_WG_PINGPONG ||
-           config == AR_CFG_PREFILL_WG_WS || config == AR_CFG_PREFILL_WG_WS_OVERLAP || config == AR_CFG_PREFILL_WG_TMA;
+           config == AR_CFG_PREFILL_WG_WS || config == AR_CFG_PREFILL_WG_WS_OVERLAP || config == AR_CFG_PREFILL_WG_TMA ||
+           config == AR_CFG_PREFILL_WG_TMA_QREG;
 }
 
 /* Template head dim that runs head_size (64, 128 or 256), or 0 when unsupported. */
@@ -810,6 +812,7 @@ cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work
                : config == AR_CFG_PREFILL_WG_PINGPONG ? launch_wgmma<T, 2>(a, num_work, stream)
                : config == AR_CFG_PREFILL_WG_WS       ? launch_wgmma<T, 3>(a, num_work, stream)
                : config == AR_CFG_PREFILL_WG_TMA      ? launch_wgmma<T, 5>(a, num_work, stream)
+               : config == AR_CFG_PREFILL_WG_TMA_QREG ? launch_wgmma<T, 6>(a, num_work, stream)
                                                       : launch_wgmma<T, 4>(a, num_work, stream);
     }
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return launch_one<T, PrefillWideG128>(a, num_work, stream);
@@ -835,6 +838,7 @@ cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
     if (config == AR_CFG_PREFILL_WG_WS) return attributes_wgmma<T, 3>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WG_WS_OVERLAP) return attributes_wgmma<T, 4>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WG_TMA) return attributes_wgmma<T, 5>(ctas_per_sm);
+    if (config == AR_CFG_PREFILL_WG_TMA_QREG) return attributes_wgmma<T, 6>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return attributes_one<T, PrefillWideG128>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return attributes_one<T, PrefillTallG128>(ctas_per_sm);
     if (config != AR_CFG_DECODE) {

@@ -60,11 +60,21 @@ struct WgGeom {
  * lane 0 raised first.  The last, partial tile keeps the cp.async path: its rows past seq_len
  * must be zeros (V is multiplied by P = 0 there, and an unwritten cache slot holds NaN).  A
  * full / full_v phase then takes 129 arrivals: every producer thread's cp.async arrival (at
- * once when it issued none) and producer thread 0's (with the byte count, or plain). */
+ * once when it issued none) and producer thread 0's (with the byte count, or plain).
+ * MODE 6 (AR_CFG_PREFILL_WG_TMA_QREG) is MODE 5 with each consumer's Q fragments held in 32
+ * registers (loaded once by ldmatrix) and S = Q K^T issued with A from registers, so the
+ * tensor cores read only K from shared memory for S (32 of the 48 KB a warpgroup's S read per
+ * tile).  The fragments are zeroed before the conditional load: left undefined on the path
+ * without tiles, ptxas (13.0) treated them as dead across the key loop and gave their registers
+ * to P (seen in the SASS on the H200: the softmax wrote them, S of the second tile was wrong).
+ * (MODE 4's overlap fed by MODE 5's producer was measured too and dropped: 1417 us against
+ * 1169 for MODE 5 on the causal prefill, BENCHMARKS.md.) */
 template <int MODE> struct WgStages {
     static constexpr bool PIPE = MODE >= 1;
     static constexpr bool WS = MODE >= 3;
-    static constexpr bool TMA = MODE == 5;             /* AR_CFG_PREFILL_WG_TMA */
+    static constexpr bool TMA = MODE == 5 || MODE == 6; /* AR_CFG_PREFILL_WG_TMA, _TMA_QREG */
+    static constexpr bool OVERLAP = MODE == 4;          /* AR_CFG_PREFILL_WG_WS_OVERLAP */
+    static constexpr bool QREG = MODE == 6;             /* AR_CFG_PREFILL_WG_TMA_QREG */
     static constexpr int THREADS = WS ? 384 : 256;     /* WS: + the producer warpgroup */
     static constexpr int STAGES = PIPE ? 3 : 2;
     static constexpr int NUM_BARS = WS ? 3 * STAGES : PIPE ? 2 * STAGES : 0;
@@ -105,6 +115,9 @@ __device__ __forceinline__ uint32_t wg_swizzle(int row, int chunk)
 template <typename T> __device__ __forceinline__ void wgmma_ss(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate);
 /* d += A (a: this thread's 4 registers of the 64 x 16 A tile) B (desc_b, read transposed). */
 template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], const uint32_t a[4], uint64_t desc_b);
+/* d [64 x 128] (+)= A (a: registers) B (desc_b, K-major like wgmma_ss's B): S = Q K^T with Q in
+ * registers. */
+template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64], const uint32_t a[4], uint64_t desc_b, int accumulate);
 
 /* true for __nv_bfloat16, false for __half: which operand type a wrapper's instruction names */
 template <typename T> struct wg_is_bf16 { static constexpr bool value = false; };
@@ -131,14 +144,16 @@ template <> struct wg_is_bf16<__nv_bfloat16> { static constexpr bool value = tru
     "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
     "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-#define WGMMA_RS_TEXT(TY) \
+/* A from registers; TNSP "1": B read transposed (MN-major, V), "0": B K-major (K); the
+ * accumulate flag is operand 69 */
+#define WGMMA_RS_TEXT(TY, TNSP) \
     "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
     "wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " " \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
     "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
     "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, " \
-    "1, 1, 1;\n}\n"
+    "1, 1, " TNSP ";\n}\n"
 
 template <typename T> __device__ __forceinline__ void wgmma_ss(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate)
 {
@@ -150,9 +165,16 @@ template <typename T> __device__ __forceinline__ void wgmma_ss(float d[64], uint
 template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], const uint32_t a[4], uint64_t desc_b)
 {
     if constexpr (wg_is_bf16<T>::value)
-        asm volatile(WGMMA_RS_TEXT(".bf16") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+        asm volatile(WGMMA_RS_TEXT(".bf16", "1") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
     else
-        asm volatile(WGMMA_RS_TEXT(".f16") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+        asm volatile(WGMMA_RS_TEXT(".f16", "1") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64], const uint32_t a[4], uint64_t desc_b, int accumulate)
+{
+    if constexpr (wg_is_bf16<T>::value)
+        asm volatile(WGMMA_RS_TEXT(".bf16", "0") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile(WGMMA_RS_TEXT(".f16", "0") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 #undef WG_ACC64
 #undef WGMMA_SS_TEXT
@@ -176,8 +198,8 @@ attn_wgmma_kernel(const ar_attn_args a,
                   const __grid_constant__ CUtensorMap tmap_v)  /* the same for the V cache; unused by other modes */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr bool PIPE = MODE >= 1, PINGPONG = MODE >= 2, WS = MODE >= 3, OVERLAP = MODE == 4;
-    constexpr bool TMA = WgStages<MODE>::TMA;
+    constexpr bool PIPE = MODE >= 1, PINGPONG = MODE >= 2, WS = MODE >= 3, OVERLAP = WgStages<MODE>::OVERLAP;
+    constexpr bool TMA = WgStages<MODE>::TMA, QREG = WgStages<MODE>::QREG;
     constexpr int HD = WgGeom::HD, BLOCK_N = WgGeom::BLOCK_N, ROWS = WgGeom::ROWS;
     constexpr int CHUNKS = HD / 8;                       /* 16-byte chunks per row */
     constexpr int LOADERS = WS ? 128 : WgGeom::THREADS;  /* threads that issue the copies */
@@ -332,14 +354,23 @@ attn_wgmma_kernel(const ar_attn_args a,
     const uint32_t v_lbo = WgGeom::HALF_BYTES, v_sbo = 1024;
 
     /* S = Q K^T of the tile in stage sk_addr into sd (issued, not waited for) */
+    /* QREG: this thread's A fragments of its warpgroup's 64 Q rows, 8 k-steps of 16 dims
+     * (loaded once the Q tile has landed, below; zero until then, see WgStages) */
+    uint32_t qa[QREG ? HD / 16 : 1][4];
+#pragma unroll
+    for (int kk = 0; kk < (QREG ? HD / 16 : 1); kk++) qa[kk][0] = qa[kk][1] = qa[kk][2] = qa[kk][3] = 0u;
     auto issue_s = [&](float (&sd)[64], uint32_t sk_addr) {
         ar_wg::fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t koff = (uint32_t)((kk >> 2) * WgGeom::HALF_BYTES + (kk & 3) * 32);
-            uint64_t da = ar_wg::desc_sw128(sq_addr + koff + (uint32_t)wg_row0 * 128, 16, 1024);
             uint64_t db = ar_wg::desc_sw128(sk_addr + koff, 16, 1024);
-            wgmma_ss<T>(sd, da, db, kk > 0);
+            if constexpr (QREG) {
+                wgmma_rs_kmajor<T>(sd, qa[kk], db, kk > 0);
+            } else {
+                uint64_t da = ar_wg::desc_sw128(sq_addr + koff + (uint32_t)wg_row0 * 128, 16, 1024);
+                wgmma_ss<T>(sd, da, db, kk > 0);
+            }
         }
     };
     /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of 8
@@ -459,6 +490,16 @@ attn_wgmma_kernel(const ar_attn_args a,
                 return;
             }
             ar_wg::setmaxnreg_inc<OVERLAP ? 240 : 232>();
+            if (QREG && n_tiles > 0) {
+                /* Q landed with the first stage's K (its copies are older); ldmatrix x4: lanes
+                 * 0-15 address rows 0-15 of this warp's 16 at the k-step's first 8 dims, lanes
+                 * 16-31 the same rows at its second 8 (the A-fragment order, checked against a
+                 * CPU product on the H200) */
+                ar_wg::mbar_wait_suspend(full_bar, 0);
+                const int q_row = wg_row0 + (warp & 3) * 16 + (lane & 15);
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) ldmatrix_x4(qa[kk], smem + wg_swizzle(q_row, 2 * kk + (lane >> 4)));
+            }
         }
         if (PINGPONG && wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
         for (int it = 0; !WS && it < STAGES - 1 && it < n_tiles; it++) {

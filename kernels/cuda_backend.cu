@@ -9,17 +9,20 @@
  * The attention kernels themselves are in cuda_attn.cuh (mma.sync, sm_80+) and
  * cuda_attn_wgmma.cuh (wgmma, sm_90a).  Which one runs: launches in the DECODE geometry (every
  * (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches with head
- * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_TMA (128 x 128 tiles, two
- * ping-pong consumer warpgroups fed by a producer warpgroup whose whole-tile K/V copies are
- * bulk tensor copies; PREFILL_WG_WS, the same with cp.async copies, where the driver cannot
- * encode tensor maps).  On the H200, 2026-11-30, same run: causal prefill B=2 S=8k 1156 us
- * (476 TFLOP/s) against 1327 for _WS; cascade prefix pass at P 32k 160.6 against 178.3 us;
+ * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_TMA_QREG (128 x 128 tiles,
+ * two ping-pong consumer warpgroups with Q in registers fed by a producer warpgroup whose
+ * whole-tile K/V copies are bulk tensor copies; PREFILL_WG_WS, the same with Q in shared memory
+ * and cp.async copies, where the driver cannot encode tensor maps).  On the H200, 2026-11-30,
+ * same runs: causal prefill B=2 S=8k 1141 us (482 TFLOP/s) for _TMA_QREG against 1165 for
+ * _TMA (Q in shared memory) and 1327 for _WS; cascade prefix pass at P 32k 154.2 / 157.6 /
+ * 178.3 us;
  * earlier runs: _WS 1303 against 1343 for PREFILL_WG_PINGPONG, 1339 for _PIPE, 1464 for the
  * lockstep PREFILL_WG and 1520 for _WS_OVERLAP; mma.sync 272 TFLOP/s against 401 for PINGPONG.
  * Everything else runs the mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps
  * the mma.sync kernel everywhere (for comparisons); AR_CUDA_WGMMA=pingpong / overlap / ws /
- * tma picks PREFILL_WG_PINGPONG / PREFILL_WG_WS_OVERLAP (FlashAttention-3's intra-warpgroup
- * overlap on top of WS) / PREFILL_WG_WS / PREFILL_WG_TMA as the automatic wgmma config.
+ * tma / tma-qreg picks PREFILL_WG_PINGPONG / PREFILL_WG_WS_OVERLAP (FlashAttention-3's
+ * intra-warpgroup overlap on top of WS) / PREFILL_WG_WS / PREFILL_WG_TMA / PREFILL_WG_TMA_QREG
+ * as the automatic wgmma config.
  *
  * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
  * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
@@ -435,10 +438,11 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     }
     {
         const char *e = getenv("AR_CUDA_WGMMA");
-        int auto_config = s->has_tma ? AR_CFG_PREFILL_WG_TMA : AR_CFG_PREFILL_WG_WS;
+        int auto_config = s->has_tma ? AR_CFG_PREFILL_WG_TMA_QREG : AR_CFG_PREFILL_WG_WS;
         if (e != NULL && strcmp(e, "0") == 0) auto_config = 0;
         if (e != NULL && strcmp(e, "ws") == 0) auto_config = AR_CFG_PREFILL_WG_WS;
         if (e != NULL && strcmp(e, "tma") == 0 && s->has_tma) auto_config = AR_CFG_PREFILL_WG_TMA;
+        if (e != NULL && strcmp(e, "tma-qreg") == 0 && s->has_tma) auto_config = AR_CFG_PREFILL_WG_TMA_QREG;
         if (e != NULL && strcmp(e, "overlap") == 0) auto_config = AR_CFG_PREFILL_WG_WS_OVERLAP;
         if (e != NULL && strcmp(e, "pingpong") == 0) auto_config = AR_CFG_PREFILL_WG_PINGPONG;
         s->wgmma_auto = s->has_wgmma && s->head_size == 128 ? auto_config : 0;
@@ -580,7 +584,8 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     if (force_config == AR_CFG_PREFILL_TALL) config = s->template_hd == 128 ? AR_CFG_PREFILL_TALL : AR_CFG_PREFILL;
     const bool wg_ok = s->has_wgmma && s->head_size == 128;
     if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
-    if (config == AR_CFG_PREFILL_WG_TMA && !s->has_tma) config = AR_CFG_PREFILL_WG_WS;
+    if ((config == AR_CFG_PREFILL_WG_TMA || config == AR_CFG_PREFILL_WG_TMA_QREG) && !s->has_tma)
+        config = AR_CFG_PREFILL_WG_WS;
     if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = s->wgmma_auto;
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
     const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;

@@ -29,6 +29,7 @@ extern const ar_backend ar_cuda_backend;
  * producer warpgroup: warp specialisation), 8 PREFILL_WG_WS_OVERLAP (that with S of one tile
  * overlapping P V of the previous in each warpgroup), 9 PREFILL_WG_TMA (_WS with the whole-tile
  * K/V copies by the tensor memory accelerator; runs as _WS where the driver cannot encode
+ * tensor maps), 10 PREFILL_WG_TMA_QREG (_TMA with Q in registers for S; runs as _WS without
  * tensor maps); num_splits 0 = the heuristic,
  * N >= 1 = split every work item's key range into up to N pieces. */
 void ar_cuda_set_plan(void *state, int config, int num_splits);
@@ -43,7 +44,7 @@ void ar_cuda_set_cascade_merge(void *state, int fused);
 
 /* What the last prepare() planned. */
 typedef struct ar_cuda_plan_info {
-    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL, 4 PREFILL_WG, 5 _PIPE, 6 _PINGPONG, 7 _WS, 8 _WS_OVERLAP, 9 _TMA (wgmma, sm_90) */
+    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL, 4 PREFILL_WG, 5 _PIPE, 6 _PINGPONG, 7 _WS, 8 _WS_OVERLAP, 9 _TMA, 10 _TMA_QREG (wgmma, sm_90) */
     int template_hd;     /* 64, 128 or 256 */
     int num_work;        /* CTAs of the attention launch */
     int num_splits;      /* split count chosen (1 = none) */

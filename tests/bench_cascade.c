@@ -67,13 +67,14 @@ static double kernel_us(const ar_forward_out *o, const char *name)
  * plan's prefix time.  0 ok, 1 error or a variant that disagrees with flat. */
 static int sweep_prefix_plans(void *st, ar_batch *b, const float *out_flat, float *out, float *lse, double auto_us)
 {
-    static const int configs[] = {0, 2, 3, 4, 5, 6, 7, 8, 9}; /* PREFILL (128 x 32 tiles), PREFILL_WIDE (128 x 64),
+    static const int configs[] = {0, 2, 3, 4, 5, 6, 7, 8, 9, 10}; /* PREFILL (128 x 32 tiles), PREFILL_WIDE (128 x 64),
                                                           PREFILL_TALL (256 x 32), PREFILL_WG (wgmma 128 x 128,
                                                           Hopper only), PREFILL_WG_PIPE (its mbarrier pipeline),
                                                           PREFILL_WG_PINGPONG (pipeline + ping-pong turns),
                                                           PREFILL_WG_WS (+ a producer warpgroup),
                                                           PREFILL_WG_WS_OVERLAP (+ intra-warpgroup overlap),
-                                                          PREFILL_WG_TMA (WS with TMA copies) */
+                                                          PREFILL_WG_TMA (WS with TMA copies),
+                                                          PREFILL_WG_TMA_QREG (+ Q in registers) */
     static const int splits[] = {0, 4, 7, 8, 12, 16, 24, 33};
     const double flops = 4.0 * b->num_tokens * CASC_HQ * (double)b->common_prefix_len * CASC_HD;
     printf("prefix plan sweep at P %d, T %d (auto: %.1f us):\n", b->common_prefix_len, b->num_tokens, auto_us);

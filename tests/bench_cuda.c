@@ -191,6 +191,7 @@ int main(int argc, char **argv)
         {"prefill_b2_s8192_causal_hd128_wgws", 16, 16, 128, 2, pre_q, pre_kv, 7, 0},
         {"prefill_b2_s8192_causal_hd128_wgoverlap", 16, 16, 128, 2, pre_q, pre_kv, 8, 0},
         {"prefill_b2_s8192_causal_hd128_wgtma", 16, 16, 128, 2, pre_q, pre_kv, 9, 0},
+        {"prefill_b2_s8192_causal_hd128_wgtmaq", 16, 16, 128, 2, pre_q, pre_kv, 10, 0},
         {"prefill_b2_s8192_causal_hd256", 8, 8, 256, 2, pre_q, pre_kv, -1, 0},
         {"varlen16_causal_hd128", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0},
         {"varlen16_causal_hd128_wide", 16, 16, 128, 16, varlen_lens, varlen_lens, 2, 0},
@@ -200,6 +201,7 @@ int main(int argc, char **argv)
         {"varlen16_causal_hd128_wgws", 16, 16, 128, 16, varlen_lens, varlen_lens, 7, 0},
         {"varlen16_causal_hd128_wgoverlap", 16, 16, 128, 16, varlen_lens, varlen_lens, 8, 0},
         {"varlen16_causal_hd128_wgtma", 16, 16, 128, 16, varlen_lens, varlen_lens, 9, 0},
+        {"varlen16_causal_hd128_wgtmaq", 16, 16, 128, 16, varlen_lens, varlen_lens, 10, 0},
         {"prefill_b2_s8192_causal_hd64", 32, 32, 64, 2, pre_q, pre_kv, -1, 0},
     };
     const char *only = argc > 2 ? argv[2] : NULL;   /* run just this case (for ncu) */

@@ -168,6 +168,8 @@ static void prefix_wg_overlap(void *state) { ar_cuda_set_prefix_plan(state, 8, 0
 static void all_wg_overlap(void *state) { ar_cuda_set_plan(state, 8, 0); }
 static void prefix_wg_tma(void *state) { ar_cuda_set_prefix_plan(state, 9, 0); }
 static void all_wg_tma_split(void *state) { ar_cuda_set_plan(state, 9, 3); }
+static void prefix_wg_tma_qreg(void *state) { ar_cuda_set_prefix_plan(state, 10, 0); }
+static void all_wg_tma_qreg(void *state) { ar_cuda_set_plan(state, 10, 0); }
 static void merge_separate(void *state) { ar_cuda_set_cascade_merge(state, 0); }
 static void merge_separate_split(void *state)
 {
@@ -175,8 +177,8 @@ static void merge_separate_split(void *state)
     ar_cuda_set_plan(state, -1, 2);
 }
 
-/* A forced wgmma config (4-9) runs as PREFILL (0) off Hopper, and 9 as 7 where the driver
- * cannot encode tensor maps: the plan hook records whether the device has them. */
+/* A forced wgmma config (4-10) runs as PREFILL (0) off Hopper, and 9 as 7 where the driver
+ * cannot encode tensor maps (10 too): the plan hook records whether the device has them. */
 static bool wg_available = true, tma_available = true;
 static void wg_plan_hook(void *state, casc_result *res)
 {
@@ -189,7 +191,7 @@ static void wg_plan_hook(void *state, casc_result *res)
 static int ran_config(int asked)
 {
     if (asked >= 4 && !wg_available) return 0;
-    return asked == 9 && !tma_available ? 7 : asked;
+    return asked >= 9 && !tma_available ? 7 : asked;
 }
 
 /* The prefix pass under every geometry bench_cascade sweeps (PREFILL_WIDE 128 x 64,
@@ -205,16 +207,18 @@ static void test_cascade_prefix_geometries(void **unused)
                                              prefix_wg_split, all_wg, prefix_wg_pipe, all_wg_pipe,
                                              prefix_wg_pingpong, all_wg_pingpong, prefix_wg_ws, all_wg_ws,
                                              prefix_wg_overlap, all_wg_overlap, prefix_wg_tma, all_wg_tma_split,
-                                             merge_separate, merge_separate_split};
-    /* (the two "merge separate" entries run the automatic prefix config, TMA) */
-    static const int want_config[] = {2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 9, 9};
+                                             merge_separate, merge_separate_split, prefix_wg_tma_qreg,
+                                             all_wg_tma_qreg};
+    /* (the two "merge separate" entries run the automatic prefix config, TMA_QREG) */
+    static const int want_config[] = {2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 10, 10};
     static const char *const names[] = {"prefix WIDE", "prefix TALL", "prefix TALL split 5", "prefix WG",
                                         "prefix WG split 5", "every pass WG", "prefix WG_PIPE",
                                         "every pass WG_PIPE split 5", "prefix WG_PINGPONG split 3",
                                         "every pass WG_PINGPONG", "prefix WG_WS", "every pass WG_WS split 3",
                                         "prefix WG_WS_OVERLAP", "every pass WG_WS_OVERLAP", "prefix WG_TMA",
                                         "every pass WG_TMA split 3", "merge separate",
-                                        "merge separate, suffix split 2"};
+                                        "merge separate, suffix split 2", "prefix WG_TMA_QREG",
+                                        "every pass WG_TMA_QREG"};
     enum { NUM_GEOMETRIES = sizeof want_config / sizeof want_config[0] };
     int failures = 0;
     casc_seq many[128];
@@ -223,10 +227,11 @@ static void test_cascade_prefix_geometries(void **unused)
         /* under AR_GPU_SMALL (compute-sanitizer): WIDE, the lockstep wgmma prefix pass, every
          * pass on the pipelined, ping-pong, WS, overlap and TMA wgmma kernels, and the separate
          * merge with a split suffix pass */
-        if (casc_small() && k != 0 && k != 3 && k != 7 && k != 9 && k != 11 && k != 13 && k != 15 && k != 17)
+        if (casc_small() && k != 0 && k != 3 && k != 7 && k != 9 && k != 11 && k != 13 && k != 15 && k != 17 &&
+            k != 19)
             continue;
         /* every row verified on the flat run where the flat pass itself is a wgmma config */
-        bool flat_wg = k == 5 || k == 7 || k == 9 || k == 11 || k == 13 || k == 15;
+        bool flat_wg = k == 5 || k == 7 || k == 9 || k == 11 || k == 13 || k == 15 || k == 19;
         casc_check check = {flat_wg ? 0 : 8, 32, 0, setups[k]};
         casc_result r;
         char what[96];

@@ -296,9 +296,9 @@ static void test_every_kernel_instance(void **unused)
             snprintf(what, sizeof what, "%s d %d mixed (PREFILL)", ar_dtype_name(dtypes[t]), sizes[d]);
             expect_pass(what, &r);
             /* head size exactly 128 on a compute-capability 9.0 device: the automatic plan
-             * takes the wgmma kernel (PREFILL_WG_TMA, config 9; PREFILL_WG_WS, 7, without
-             * tensor maps) */
-            assert_int_equal(r.plan.config, sizes[d] == 128 && r.plan.has_wgmma ? (r.plan.has_tma ? 9 : 7) : 0);
+             * takes the wgmma kernel (PREFILL_WG_TMA_QREG, config 10; PREFILL_WG_WS, 7,
+             * without tensor maps) */
+            assert_int_equal(r.plan.config, sizes[d] == 128 && r.plan.has_wgmma ? (r.plan.has_tma ? 10 : 7) : 0);
             assert_int_equal(r.plan.template_hd, templates[d]);
             run_case(&c, short_decode, 3, &auto_opts, &r);
             snprintf(what, sizeof what, "%s d %d decode (DECODE)", ar_dtype_name(dtypes[t]), sizes[d]);
@@ -318,69 +318,76 @@ static void test_every_kernel_instance(void **unused)
                 count++;
             }
             if (sizes[d] != 128) continue;
-            /* configs 4-9 ask for the wgmma kernels (PREFILL_WG, _PIPE, _PINGPONG, _WS,
-             * _WS_OVERLAP, _TMA: head size 128 on compute capability 9.0); a device without them
-             * runs PREFILL, one whose driver cannot encode tensor maps runs _TMA as _WS */
-            for (int forced = 4; forced <= 9; forced++) {
+            /* configs 4-10 ask for the wgmma kernels (PREFILL_WG, _PIPE, _PINGPONG, _WS,
+             * _WS_OVERLAP, _TMA, _TMA_QREG: head size 128 on compute capability 9.0); a device
+             * without them runs PREFILL, one whose driver cannot encode tensor maps runs the TMA
+             * ones as _WS */
+            for (int forced = 4; forced <= 10; forced++) {
                 run_opts ro = auto_opts;
                 ro.config = forced;
                 run_case(&c, short_mixed, 3, &ro, &r);
                 snprintf(what, sizeof what, "%s d %d mixed (config %d asked, %d ran)", ar_dtype_name(dtypes[t]),
                          sizes[d], forced, r.plan.config);
                 expect_pass(what, &r);
-                assert_int_equal(r.plan.config, !r.plan.has_wgmma ? 0 : forced == 9 && !r.plan.has_tma ? 7 : forced);
+                assert_int_equal(r.plan.config, !r.plan.has_wgmma ? 0 : forced >= 9 && !r.plan.has_tma ? 7 : forced);
                 count++;
             }
         }
     print_message("%d kernel-instance cases passed\n", count);
 }
 
-/* PREFILL_WG_TMA (config 9) on tiles that lie wholly inside their sequence (bulk tensor copies
- * per page) and on partial last tiles (cp.async, zero-filled past seq_len, where the cache holds
- * NaN): block sizes 16, 32 and 64 (8, 4 and 2 pages per 128-key tile), bf16 and fp16, a sliding
- * window and a soft cap, a split plan, and the wrong-KV-head fault (the copies' head
- * coordinate) flagged.  Skips where the device cannot run it. */
+/* PREFILL_WG_TMA and _TMA_QREG (configs 9, 10) on tiles that lie wholly inside their
+ * sequence (bulk tensor copies per page) and on partial last tiles (cp.async, zero-filled past
+ * seq_len, where the cache holds NaN): block sizes 16, 32 and 64 (8, 4 and 2 pages per 128-key
+ * tile), bf16 and fp16, a sliding window and a soft cap, a split plan, and the wrong-KV-head
+ * fault (the copies' head coordinate) flagged (AR_GPU_SMALL: 2 cases and the fault per config).
+ * Skips where the device cannot run them. */
 static void test_tma_kernel(void **unused)
 {
     (void)unused;
-    enum { CFG_WG_TMA = 9 };   /* AR_CFG_PREFILL_WG_TMA (kernels/cuda_attn.cuh) */
+    enum { CFG_WG_TMA = 9, CFG_WG_TMA_QREG = 10 };   /* AR_CFG_PREFILL_WG_TMA, _TMA_QREG (kernels/cuda_attn.cuh) */
     ar_run_config probe = make_cfg(8, 2, 128, 2048, AR_BF16, 0, 0);
     if (!gpu_ready(&probe)) { skip(); return; }
     static const seq_case long_prefill[] = {{300, 1000}, {1, 700}, {64, 64}, {130, 257}};
     static const int block_sizes[] = {16, 32, 64};
     int count = 0;
     run_result r;
-    for (int b = 0; b < 3; b++)
-        for (int variant = 0; variant < 4; variant++) {
-            const bool fp16 = variant & 1, windowed = variant == 2, capped = variant == 3;
-            ar_run_config c = make_cfg(8, 2, 128, 4096, fp16 ? AR_FP16 : AR_BF16, windowed ? 256 : 0, capped ? 50 : 0);
-            c.block_size = block_sizes[b];
-            run_opts ro = auto_opts;
-            ro.config = CFG_WG_TMA;
-            ro.splits = variant == 1 ? 3 : 0;
-            for (int set = 0; set < 2; set++) {
-                run_case(&c, set ? long_prefill : vllm_seqs_a, set ? 4 : 3, &ro, &r);
-                if (!r.plan.has_wgmma || !r.plan.has_tma) {
-                    print_message("skipping: PREFILL_WG_TMA needs compute capability 9.0 and tensor maps\n");
-                    skip();
-                    return;
+    for (int config = CFG_WG_TMA; config <= CFG_WG_TMA_QREG; config++) {
+        for (int b = 0; b < 3; b++)
+            for (int variant = 0; variant < 4; variant++) {
+                /* AR_GPU_SMALL (compute-sanitizer): block 16, bf16 unsplit and fp16 split 3 */
+                if (gpu_small() && (b != 0 || variant > 1)) continue;
+                const bool fp16 = variant & 1, windowed = variant == 2, capped = variant == 3;
+                ar_run_config c = make_cfg(8, 2, 128, 4096, fp16 ? AR_FP16 : AR_BF16, windowed ? 256 : 0, capped ? 50 : 0);
+                c.block_size = block_sizes[b];
+                run_opts ro = auto_opts;
+                ro.config = config;
+                ro.splits = variant == 1 ? 3 : 0;
+                for (int set = gpu_small() ? 1 : 0; set < 2; set++) {
+                    run_case(&c, set ? long_prefill : vllm_seqs_a, set ? 4 : 3, &ro, &r);
+                    if (!r.plan.has_wgmma || !r.plan.has_tma) {
+                        print_message("skipping: the TMA configs need compute capability 9.0 and tensor maps\n");
+                        skip();
+                        return;
+                    }
+                    char what[128];
+                    snprintf(what, sizeof what, "config %d block %d %s%s%s%s set %d", config, block_sizes[b],
+                             fp16 ? "fp16" : "bf16", windowed ? " window 256" : "", capped ? " cap 50" : "",
+                             variant == 1 ? " split 3" : "", set);
+                    expect_pass(what, &r);
+                    assert_int_equal(r.plan.config, config);
+                    count++;
                 }
-                char what[128];
-                snprintf(what, sizeof what, "TMA block %d %s%s%s%s set %d", block_sizes[b], fp16 ? "fp16" : "bf16",
-                         windowed ? " window 256" : "", capped ? " cap 50" : "", variant == 1 ? " split 3" : "", set);
-                expect_pass(what, &r);
-                assert_int_equal(r.plan.config, CFG_WG_TMA);
-                count++;
             }
-        }
-    ar_run_config f = make_cfg(8, 2, 128, 4096, AR_BF16, 0, 0);
-    f.fault = AR_FAULT_WRONG_KV_HEAD;
-    run_opts ro = auto_opts;
-    ro.config = CFG_WG_TMA;
-    run_case(&f, long_prefill, 4, &ro, &r);
-    report("TMA fault wrong_kv_head", &r);
-    assert_false(r.v.pass);
-    print_message("%d TMA cases passed, the fault flagged\n", count);
+        ar_run_config f = make_cfg(8, 2, 128, 4096, AR_BF16, 0, 0);
+        f.fault = AR_FAULT_WRONG_KV_HEAD;
+        run_opts ro = auto_opts;
+        ro.config = config;
+        run_case(&f, long_prefill, 4, &ro, &r);
+        report("TMA fault wrong_kv_head", &r);
+        assert_false(r.v.pass);
+    }
+    print_message("%d TMA cases passed, the fault flagged on both configs\n", count);
 }
 
 /* Both geometries, forced split-KV (combine kernel), fp16, two layers, big GQA group. */
