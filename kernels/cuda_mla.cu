@@ -38,17 +38,18 @@
  * bandwidth sweep (attn_narrow1_kernel: one barrier per tile, Q in registers, key rows by the
  * bulk copy engine onto mbarriers, 2 CTAs per SM, a persistent plan, a row-parallel combine,
  * diagnostics) are picked by number or name (ar_cuda_mla_case.narrow_variant, AR_MLA_NARROW);
- * on sm_90 with a bf16/fp16 cache the default is the measured best, bulk-s2x2-c (key rows by the
- * bulk copy engine, a ring of 2 at 2 CTAs per SM, the row-parallel combine), see
- * NARROW_DEFAULT_NAME.  On a compute-capability 9.0 device with a bf16/fp16 cache AUTO runs
- * launches in which some request fills a 64-row tile (s_q * h_q >= 64) on the wgmma kernel
+ * on sm_90 with a bf16/fp16 cache the default is the measured best, bulk-s2x2-cp (key rows by
+ * the bulk copy engine, a ring of 2 at 2 CTAs per SM, the row-parallel combine, a persistent
+ * plan), see NARROW_DEFAULT_NAME.  On a compute-capability 9.0 device with a bf16/fp16 cache
+ * AUTO runs launches in which some request has 16 rows or more (s_q * h_q >= 16) on the wgmma kernel
  * (kernels/cuda_mla_wgmma.cuh: the same work items and outputs, both products on wgmma, key
  * tiles of 64, 2 warpgroups splitting O by columns); AR_MLA_KERNEL=tc-wgmma /
  * AR_MLA_KERNEL_TC_WGMMA force it, tc-split-qk the mma.sync kernel.  Its variant (wg_variants:
- * AR_MLA_WG_VARIANT, ar_cuda_mla_case.wg_variant) defaults to 1, s1 (S by warpgroup 0 alone),
- * the fastest of round 2's H200 sweep; 4 (seesaw) and 5 (seesaw-rs) are round 3's candidates,
- * 6 (s1-tma) and 7 (seesaw-rs-tma) round 4's: key tiles by TMA through a tensor map of the cache
- * made per launch (wg_prepare_tma; refused: the cp.async twin runs and the result says so).
+ * AR_MLA_WG_VARIANT, ar_cuda_mla_case.wg_variant) defaults to 6, s1-tma (S by warpgroup 0
+ * alone, key tiles by TMA through a tensor map of the cache made per launch: wg_prepare_tma;
+ * refused: its cp.async twin s1 (1) runs and the result says so), the fastest of round 4's H200
+ * sweep; 4 (seesaw) and 5 (seesaw-rs) are round 3's candidates, 7 (seesaw-rs-tma) round 4's
+ * other one.
  *
  * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): "write"
  * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
@@ -2221,10 +2222,12 @@ static int wg_prepare_tma(attn_args *a, size_t num_slots, CUtensorMap *map, char
     return 0;
 }
 
-/* What runs when neither the case nor AR_MLA_WG_VARIANT names a variant: s1, the fastest of
- * round 2's H200 sweep (b = 128, h_q = 128, bf16: 357 / 370 / 380 / 383 TFLOP/s at s_k 4k / 8k /
- * 16k / 32k against base's 328 / 344 / 354 / 357; same error against the reference). */
-static const int WG_DEFAULT_VARIANT = 1;
+/* What runs when neither the case nor AR_MLA_WG_VARIANT names a variant: s1-tma (6), the
+ * fastest at 4k-8k of round 4's H200 sweep (b = 128, h_q = 128, bf16, 2026-11-30 11:52 UTC:
+ * 506 / 541 / 557 / 567 TFLOP/s at s_k 4k / 8k / 16k / 32k against seesaw-rs-tma's 500 / 539 /
+ * 561 / 572 and s1's 354 / 367 / 378 / 383; same error against the reference).  Where its
+ * tensor map is refused it runs as s1 (1), the default before. */
+static const int WG_DEFAULT_VARIANT = 6;
 
 /* The variant AR_MLA_WG_VARIANT names (a number or a name; read once), else the default. */
 static int env_wg_variant(void)
@@ -2243,10 +2246,12 @@ static int env_wg_variant(void)
 }
 
 
-/* AUTO: the narrow kernel when every request has <= 16 rows (s_q * h_q); else, where the wgmma
- * kernel can run (wgmma_ok: a compute-capability 9.0 device and a bf16/fp16 cache) and some
- * request fills a whole 64-row tile (s_q * h_q >= 64), the wgmma kernel; else the split-score
- * variant (fewer MACs: 160 vs 135 TFLOP/s at h_q = 128 on the H200, 2026-11-30).  TC and
+/* AUTO: where the wgmma kernel can run (wgmma_ok: a compute-capability 9.0 device and a
+ * bf16/fp16 cache) and some request has 16 rows or more (s_q * h_q), the wgmma kernel - at
+ * h_q = 16 its default variant s1-tma streams the cache at 3.01 / 3.46 / 3.71 / 3.87 TB/s (4k -
+ * 32k keys, H200, 2026-11-30 12:00 UTC) against the narrow kernel's 3.08 / - / 3.65 / 3.69, a
+ * quarter of each 64-row tile used; else the narrow kernel when every request has <= 16 rows;
+ * else the split-score variant (fewer MACs: 160 vs 135 TFLOP/s at h_q = 128 on the H200).  TC and
  * TC_SPLIT_QK force a 64-row kernel, TC_WGMMA the wgmma kernel where wgmma_ok (else split-QK;
  * the case hook refuses it instead); TC_NARROW falls back to AUTO's choice for wider requests. */
 static tc_variant choose_variant(ar_cuda_mla_kernel k, int max_rows, bool wgmma_ok)
@@ -2254,8 +2259,8 @@ static tc_variant choose_variant(ar_cuda_mla_kernel k, int max_rows, bool wgmma_
     if (k == AR_MLA_KERNEL_TC) return TC_FULL;
     if (k == AR_MLA_KERNEL_TC_SPLIT_QK) return TC_SPLIT_QK;
     if (k == AR_MLA_KERNEL_TC_WGMMA) return wgmma_ok ? TC_WGMMA : TC_SPLIT_QK;
-    if (max_rows <= NROWS) return TC_NARROW;
-    return wgmma_ok && max_rows >= ROWS ? TC_WGMMA : TC_SPLIT_QK;
+    if (wgmma_ok && max_rows >= NROWS) return TC_WGMMA;
+    return max_rows <= NROWS ? TC_NARROW : TC_SPLIT_QK;
 }
 
 /* Key-tile stages of a variant given the 64-row kernels' stages (3 on Hopper, 2 forced / A100);
@@ -2380,8 +2385,11 @@ static int env_narrow_variant(void)
 /* The variant a narrow launch runs when neither the case nor AR_MLA_NARROW names one.  The H200
  * sweep of 2026-11-30 (b = 128, h_q = 16, bf16; BENCHMARKS.md) measured at 32k keys: base 2.37
  * TB/s, bulk-s2x2 3.50 (the best; at 16k 3.32, at 4k 2.61), and the row-parallel combine 8 us
- * instead of 34-42; bulk-s2x2-c is the two together (sm_90, bf16/fp16 cache; base elsewhere). */
-static const char *const NARROW_DEFAULT_NAME = "bulk-s2x2-c";
+ * instead of 34-42; bulk-s2x2-c is the two together (sm_90, bf16/fp16 cache; base elsewhere).
+ * Since round 4 (H200, 12:00 UTC, same run): bulk-s2x2-cp, the same on the persistent plan, 3.08 /
+ * 3.65 / 3.69 TB/s at 4k / 16k / 32k (3.80 on a contiguous block table) against bulk-s2x2-c's
+ * 2.99 / 3.44 / 3.52 (3.53); the same outputs within 1e-5. */
+static const char *const NARROW_DEFAULT_NAME = "bulk-s2x2-cp";
 
 static int narrow_default_variant(void)
 {
@@ -2622,7 +2630,9 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         snprintf(err, err_len, "cuda-mla case: out of host memory");
         rc = 3;
     }
-    const tc_variant variant = choose_variant(c->kernel, plan.max_rows, wgmma_ok);
+    /* a case that names a narrow variant runs the narrow kernel wherever it applies (<= 16 rows) */
+    const tc_variant variant =
+        choose_variant(c->kernel, plan.max_rows, wgmma_ok && !(c->narrow_variant > 0 && plan.max_rows <= NROWS));
     const int stages = use_tc ? variant_stages(variant, tc_stages) : 0;
     /* a narrow variant at k CTAs per SM: the planner aims at k x SMs CTAs */
     const int narrow_vi =

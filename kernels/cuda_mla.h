@@ -106,9 +106,11 @@ typedef struct ar_cuda_mla_case {
     bool want_reference;      /* also compute the float64 device reference */
     const unsigned char *ref_requests;   /* [batch]: requests the reference covers (NULL: all) */
     int narrow_variant;       /* where the narrow kernel runs: 0 = AR_MLA_NARROW from the environment
-                                 (else the default), v >= 1 = variant v (ar_cuda_mla_narrow_variant_name) */
+                                 (else the default), v >= 1 = variant v (ar_cuda_mla_narrow_variant_name);
+                                 v >= 1 also makes AUTO run the narrow kernel where every request has
+                                 <= 16 rows (AUTO's own choice at 16 rows on Hopper is the wgmma kernel) */
     bool force_wg_variant;    /* run wgmma-kernel variant wg_variant (else AR_MLA_WG_VARIANT, else the default) */
-    int wg_variant;           /* 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1 (0 = the round-1 kernel, 1 = s1, the default) */
+    int wg_variant;           /* 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1 (0 = the round-1 kernel, 6 = s1-tma, the default) */
     bool contiguous_blocks;   /* logical block k of request b in physical block 1 + b * blocks_per_req + k
                                  (FlashMLA's benchmark: block_table = arange) instead of the permutation */
 } ar_cuda_mla_case;
@@ -150,9 +152,9 @@ const char *ar_cuda_mla_narrow_variant_about(int v);
 bool ar_cuda_mla_narrow_variant_is_diagnostic(int v);
 
 /* Variants of the Hopper wgmma kernel (tc-wgmma), numbered 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1
- * (names: ar_cuda_mla_result.wg_variant_name); 0 is the round-1 kernel, 1 (s1) the default since
- * round 2's H200 sweep (bench_mla wgsweep), 4 and 5 (seesaw, seesaw-rs) round 3's, 6 and 7 (s1-tma,
- * seesaw-rs-tma: s1 and seesaw-rs with the key tiles by TMA) round 4's.  A case picks one by force_wg_variant /
+ * (names: ar_cuda_mla_result.wg_variant_name); 0 is the round-1 kernel, 1 (s1) round 2's, 4 and 5
+ * (seesaw, seesaw-rs) round 3's, 6 and 7 (s1-tma, seesaw-rs-tma: s1 and seesaw-rs with the key
+ * tiles by TMA) round 4's; 6 is the default since round 4's H200 sweep (bench_mla wgsweep).  A case picks one by force_wg_variant /
  * wg_variant, the backend by AR_MLA_WG_VARIANT=<number or name> (read once).  A TMA variant whose
  * tensor map cannot be made runs its cp.async twin (1 or 5) instead: the result's wg_variant is
  * then the twin and kernel_name "tc-wgmma (no TMA map: cp.async twin)".  A constant, not a

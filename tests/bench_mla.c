@@ -13,7 +13,7 @@
  *
  * Then the narrow-kernel sweep (issue 6 item 7), printed last: every variant of the h_q = 16
  * kernel (ar_cuda_mla_narrow_variant_name; 1 = base, the kernel before the sweep; the default
- * is bulk-s2x2-c since 2026-11-30) at s_k = 4096, 16384, 32768 with the
+ * is bulk-s2x2-cp since round 4 of 2026-11-30, bulk-s2x2-c before) at s_k = 4096, 16384, 32768 with the
  * test recipe's permuted block table and at 32768 with a contiguous one (FlashMLA's benchmark
  * uses arange), the default once more at the end of each (the run-to-run spread), one SWEEP
  * line each: time of attention + combine (FlashMLA's definition) and of the combine alone,
@@ -23,15 +23,18 @@
  * those narrow variant numbers (the first one run is then the "vs base" baseline).
  *
  * `bench_mla wgsweep` runs only the sweep of the wgmma kernel's variants (AR_MLA_WG_VARIANT,
- * 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1; 0 = round 1, 1 = s1 (the default), 4 = seesaw, 5 = seesaw-rs,
- * 6 = s1-tma, 7 = seesaw-rs-tma: key tiles by TMA; ran= names the cp.async twin if the map was refused) at
+ * 0 .. AR_CUDA_MLA_WG_VARIANT_COUNT - 1; 0 = round 1, 1 = s1, 4 = seesaw, 5 = seesaw-rs,
+ * 6 = s1-tma (the default), 7 = seesaw-rs-tma: key tiles by TMA; ran= names the cp.async twin if the
+ * map was refused) at
  * h_q = 128, b = 128, s_q = 1, bf16, block 64, s_k = 4k, 8k, 16k, 32k, one line each:
- *   WGSWEEP variant=<n> name=<short> sk=<keys> us=<attn+combine> tflops=<FlashMLA's count>
+ *   WGSWEEP variant=<n> name=<short> h_q=<heads> sk=<keys> us=<attn+combine> tflops=<FlashMLA's count>
+ *           tbps=<FlashMLA's bytes / time>
  *           max_diff_vs_default=<max |out - the first variant run's out|, all requests> err_vs_ref=<max
  *           |out - float64 reference| over 3 requests> lse_vs_ref=<the same for the LSE>
  *           ran=<variant that ran>
  * AR_WGSWEEP_VARIANTS="0 2" (or "145") restricts it to those variant numbers (so that a variant that hangs
- * on a new device can be left out of a run). */
+ * on a new device can be left out of a run); AR_WGSWEEP_HQ=16 runs it at h_q = 16 instead (16 of each
+ * tile's 64 rows used: the bandwidth shape on the wgmma kernel), tbps= is FlashMLA's byte count. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,7 +237,8 @@ static bool sweep_buffers_alloc(sweep_buffers *sb, int B, int H)
 static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
 {
     static const int sks[] = {4096, 8192, 16384, 32768};
-    const int B = c.batch, H = 128;
+    const char *hq_env = getenv("AR_WGSWEEP_HQ");   /* 16: the bandwidth shape, 16 of 64 rows a tile */
+    const int B = c.batch, H = hq_env && atoi(hq_env) > 0 && atoi(hq_env) <= 128 ? atoi(hq_env) : 128;
     const size_t n_out = (size_t)B * H * 512;
     sweep_buffers sb;
     if (!sweep_buffers_alloc(&sb, B, H)) {
@@ -278,9 +282,10 @@ static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
             }
             double vs_base = have_base ? max_abs_diff(r.out, base_out, n_out) : -1.0;
             double flops = 2.0 * H * (double)B * sk * (576 + 512);
-            printf("WGSWEEP variant=%d name=%s sk=%d us=%.1f tflops=%.1f max_diff_vs_default=%.3g err_vs_ref=%.3g "
-                   "lse_vs_ref=%.3g ran=%d%s\n", v, r.wg_variant_name ? r.wg_variant_name : "?", sk, r.attn_us,
-                   flops / r.attn_us / 1e6, vs_base, err_out, err_lse, r.wg_variant,
+            double bytes = ((double)B * sk * 576 + (double)B * H * (576 + 512)) * 2.0;
+            printf("WGSWEEP variant=%d name=%s h_q=%d sk=%d us=%.1f tflops=%.1f tbps=%.2f max_diff_vs_default=%.3g "
+                   "err_vs_ref=%.3g lse_vs_ref=%.3g ran=%d%s\n", v, r.wg_variant_name ? r.wg_variant_name : "?", H, sk,
+                   r.attn_us, flops / r.attn_us / 1e6, bytes / r.attn_us / 1e6, vs_base, err_out, err_lse, r.wg_variant,
                    !(err_out <= 8e-4) ? " ERROR > 8e-4" : "");
             fflush(stdout);
         }
@@ -365,8 +370,8 @@ int main(int argc, char **argv)
     double best_tflops = 0, best_tbps = 0;
     for (size_t ih = 0; ih < 2; ih++)
         for (size_t ik = 0; ik < 14; ik++) {
-            /* rows: 4 lengths (AUTO: narrow kernel at h_q 16; at 128 the wgmma kernel on an sm_90
-             * device, else split-QK); fp8 cache at 16k (AUTO: split-QK at 128); 2-stage ring at
+            /* rows: 4 lengths (AUTO: on an sm_90 device the wgmma kernel at h_q 16 and 128; else the
+             * narrow kernel at 16, split-QK at 128); fp8 cache at 16k (AUTO: split-QK at 128); 2-stage ring at
              * 16k (at 128: split-QK forced, what an A100 runs); the plain 64-row kernel x 4; at
              * h_q 128 the split-QK kernel forced x 4 (AUTO before the wgmma kernel, beside it) */
             bool fp8_row = ik == 4, ring2_row = ik == 5, plain_row = ik >= 6 && ik < 10, split_row = ik >= 10;

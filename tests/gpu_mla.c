@@ -482,11 +482,11 @@ static void test_flashmla_dense_grid(void **st)
                                 fails++;
                                 continue;
                             }
-                            /* AUTO on an sm_90 device: the wgmma kernel for every case with a
-                             * full 64-row tile (s_q * h_q >= 64), never below */
+                            /* AUTO on an sm_90 device: the wgmma kernel for every case with 16
+                             * rows or more (s_q * h_q >= 16), never below */
                             const bool is_wg = strcmp(last_kernel_name, "tc-wgmma") == 0;
                             n_wgmma += is_wg;
-                            if (is_wg != (wg && sqs[iq] * hqs[ih] >= 64)) {
+                            if (is_wg != (wg && sqs[iq] * hqs[ih] >= 16)) {
                                 if (wrong_kernel++ < 5)
                                     print_message("b=%d s_q=%d s_k=%d h_q=%d: AUTO ran %s\n", bs_[ib], sqs[iq],
                                                   sks[ik], hqs[ih], last_kernel_name);
@@ -587,8 +587,9 @@ static void test_plain_tc_variant(void **st)
 
 /* Every tensor-core kernel instance once on a small case (added for the compute-sanitizer runs,
  * cheap enough to run in both modes): the latent dtype pairs bf16/bf16, bf16/fp8, fp16/fp16,
- * fp16/fp8 x the narrow 16-row kernel (s_q * h_q = 16, AUTO), the split-score 64-row kernel
- * (s_q * h_q = 32, AUTO) and the plain 64-row kernel (AR_MLA_KERNEL_TC) x the deepest key ring
+ * fp16/fp8 x the narrow 16-row kernel (s_q * h_q = 8, AUTO), the split-score 64-row kernel
+ * (s_q * h_q = 32, forced: AUTO runs the wgmma kernel there on Hopper with a 16-bit cache) and
+ * the plain 64-row kernel (AR_MLA_KERNEL_TC) x the deepest key ring
  * (3 stages, narrow 4, on Hopper) and the 2-stage one.  fp16 with an fp8 cache and several of the
  * 2-stage instances run nowhere else. */
 static void test_every_tc_instance(void **st)
@@ -610,10 +611,10 @@ static void test_every_tc_instance(void **st)
                     go.cos_limit = 1e-4;
                 }
                 go.stages = stages;
-                go.kernel = v == 2 ? AR_MLA_KERNEL_TC : AR_MLA_KERNEL_AUTO;
-                const int s_q = v == 0 ? 1 : 2;
+                go.kernel = v == 2 ? AR_MLA_KERNEL_TC : v == 1 ? AR_MLA_KERNEL_TC_SPLIT_QK : AR_MLA_KERNEL_AUTO;
+                const int s_q = v == 0 ? 1 : 2, h_q = v == 0 ? 8 : 16;
                 runs++;
-                bool ok = run_checked(2, s_q, 140, 16, true, true, false, &go);
+                bool ok = run_checked(2, s_q, 140, h_q, true, true, false, &go);
                 if (ok && strcmp(last_kernel_name, variants[v]) != 0) {
                     print_message("%s/%s stages %d: ran %s, expected %s\n", ar_dtype_name(go.dtype),
                                   ar_dtype_name(go.kv_dtype), stages, last_kernel_name, variants[v]);
