@@ -2501,7 +2501,11 @@ static cudaError_t launch_attention(const attn_args &a, int stages, tc_variant v
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
         if (ev_mid) cudaEventRecord(ev_mid, st);
-        if (num_groups > 0 && variant == TC_NARROW && narrow_variants[narrow_vi].combine_rows)
+        /* the row-parallel combine for the wgmma kernel (64-row groups) and the narrow variants
+         * that ask for it (16-row groups); the same arithmetic as combine_kernel */
+        if (num_groups > 0 && variant == TC_WGMMA)
+            combine_rows_kernel<<<dim3((unsigned)num_groups, ROWS), 128, 0, st>>>(a);
+        else if (num_groups > 0 && variant == TC_NARROW && narrow_variants[narrow_vi].combine_rows)
             combine_rows_kernel<<<dim3((unsigned)num_groups, NROWS), 128, 0, st>>>(a);
         else if (num_groups > 0)
             combine_kernel<<<num_groups, 256, 0, st>>>(a);
