@@ -34,7 +34,8 @@
  *           ran=<variant that ran>
  * AR_WGSWEEP_VARIANTS="0 2" (or "145") restricts it to those variant numbers (so that a variant that hangs
  * on a new device can be left out of a run); AR_WGSWEEP_HQ=16 runs it at h_q = 16 instead (16 of each
- * tile's 64 rows used: the bandwidth shape on the wgmma kernel), tbps= is FlashMLA's byte count. */
+ * tile's 64 rows used: the bandwidth shape on the wgmma kernel), tbps= is FlashMLA's byte count;
+ * AR_WGSWEEP_SPLITS=N forces the split count (splits=0 on the line: the planner's). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,6 +254,8 @@ static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
     c.stages = 0;
     c.kernel = AR_MLA_KERNEL_TC_WGMMA;
     c.force_wg_variant = true;
+    const char *splits_env = getenv("AR_WGSWEEP_SPLITS");   /* N >= 1: force the split count */
+    c.num_splits = splits_env && atoi(splits_env) > 0 ? atoi(splits_env) : 0;
     c.want_reference = true;
     c.ref_requests = sel;
     printf("wgmma-kernel variant sweep: b=%d s_q=1 h_q=%d bf16 block 64, median of %d, %d variants\n", B, H,
@@ -283,9 +286,10 @@ static int run_wgsweep(ar_cuda_mla_case c, int *seqlens)
             double vs_base = have_base ? max_abs_diff(r.out, base_out, n_out) : -1.0;
             double flops = 2.0 * H * (double)B * sk * (576 + 512);
             double bytes = ((double)B * sk * 576 + (double)B * H * (576 + 512)) * 2.0;
-            printf("WGSWEEP variant=%d name=%s h_q=%d sk=%d us=%.1f tflops=%.1f tbps=%.2f max_diff_vs_default=%.3g "
-                   "err_vs_ref=%.3g lse_vs_ref=%.3g ran=%d%s\n", v, r.wg_variant_name ? r.wg_variant_name : "?", H, sk,
-                   r.attn_us, flops / r.attn_us / 1e6, bytes / r.attn_us / 1e6, vs_base, err_out, err_lse, r.wg_variant,
+            printf("WGSWEEP variant=%d name=%s h_q=%d sk=%d splits=%d ctas=%d us=%.1f tflops=%.1f tbps=%.2f "
+                   "max_diff_vs_default=%.3g err_vs_ref=%.3g lse_vs_ref=%.3g ran=%d%s\n", v,
+                   r.wg_variant_name ? r.wg_variant_name : "?", H, sk, c.num_splits, r.num_work, r.attn_us,
+                   flops / r.attn_us / 1e6, bytes / r.attn_us / 1e6, vs_base, err_out, err_lse, r.wg_variant,
                    !(err_out <= 8e-4) ? " ERROR > 8e-4" : "");
             fflush(stdout);
         }
