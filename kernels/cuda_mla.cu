@@ -2248,9 +2248,9 @@ static int env_wg_variant(void)
 
 /* AUTO: where the wgmma kernel can run (wgmma_ok: a compute-capability 9.0 device and a
  * bf16/fp16 cache) and some request has 16 rows or more (s_q * h_q), the wgmma kernel - at
- * h_q = 16 its default variant s1-tma streams the cache at 3.01 / 3.46 / 3.71 / 3.87 TB/s (4k -
- * 32k keys, H200, 2026-11-30 12:00 UTC) against the narrow kernel's 3.08 / - / 3.65 / 3.69, a
- * quarter of each 64-row tile used; else the narrow kernel when every request has <= 16 rows;
+ * h_q = 16 its default variant s1-tma streams the cache at 3.37 / 3.74 / 3.87 / 3.94 TB/s (4k -
+ * 32k keys, H200, 2026-11-30 12:20 UTC, with the row-parallel combine) against the narrow
+ * kernel's 3.09 / - / 3.65 / 3.72, a quarter of each 64-row tile used; else the narrow kernel when every request has <= 16 rows;
  * else the split-score variant (fewer MACs: 160 vs 135 TFLOP/s at h_q = 128 on the H200).  TC and
  * TC_SPLIT_QK force a 64-row kernel, TC_WGMMA the wgmma kernel where wgmma_ok (else split-QK;
  * the case hook refuses it instead); TC_NARROW falls back to AUTO's choice for wider requests. */
