@@ -605,98 +605,9 @@ __device__ __forceinline__ void wg_finish_rows(const attn_args &a, const work_it
     wg_store_rows(a, w, q0, nrows, o, m_run, l_run, lr, wg, tig);
 }
 
-/* Variant 1 ("s1"): the round-1 kernel's lockstep (all 256 threads load, CTA barriers) with S
- * in warpgroup 0 alone (m64n64k16, full rows, see above): two CTA barriers a tile (tile landed,
- * P written) instead of three; warpgroup 1 only loads during S.  Both warpgroups then run
- * O_w += P V[:, 256 w ..] with P from the shared tile, as in the round-1 kernel. */
-template <bool BF16>
-__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_s1_kernel(attn_args a)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
-    unsigned char *const smem = wg_smem_base(&sq_addr);
-    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sp_addr = sq_addr + WG_OFF_P;
-    float *const s_alpha = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] */
-    float *const s_sum = s_alpha + 2 * ROWS;                               /* [2][ROWS] sums, maxima */
-
-    const work_item w = a.work[blockIdx.x];
-    const int r = w.req;
-    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
-    const int nrows = ql * a.num_heads;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
-    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
-    int lim[2];
-    row_limits(a, w, sl, ql, nrows, lr, lim);
-    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
-
-    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
-    cp_async_commit();
-    float o[32][4];
-#pragma unroll
-    for (int nt = 0; nt < 32; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
-    const uint64_t desc_p = ar_wg::desc_sw128(sp_addr, 16, 1024);
-
-    if (ntiles > 0) wg_load_keys<THREADS>(a, w, r, 0, smem + WG_OFF_K, tid);
-    cp_async_commit();
-    for (int t = 0; t < ntiles; t++) {
-        cp_async_wait<0>();
-        ar_wg::fence_proxy_async();
-        __syncthreads();                  /* tile t complete; tile t - 1's slot, P and alpha free */
-        const uint32_t sk_addr = sk_addr0 + (uint32_t)((t & 1) * WG_TILE);
-        if (wg == 0) {
-            float s[8][4];
-            const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
-            ar_wg::fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
-                wgmma_qk64<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
-            }
-            ar_wg::commit();
-            if (t + 1 < ntiles) wg_load_keys<THREADS>(a, w, r, t + 1, smem + WG_OFF_K + ((t + 1) & 1) * WG_TILE, tid);
-            cp_async_commit();
-            ar_wg::wait<0>();
-            wg_fence_acc(s);
-            float alpha[2];
-            wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha, a.fault);
-            wg_rescale(o, alpha, a.fault);
-            wg_fence_acc(o);
-            wg_store_p<BF16>(smem + WG_OFF_P, s_alpha, s, lr, tig, alpha);
-        } else {
-            if (t + 1 < ntiles) wg_load_keys<THREADS>(a, w, r, t + 1, smem + WG_OFF_K + ((t + 1) & 1) * WG_TILE, tid);
-            cp_async_commit();
-        }
-        ar_wg::fence_proxy_async();       /* P stores -> the async proxy */
-        __syncthreads();
-        if (wg == 1) {
-            const float alpha[2] = {s_alpha[lr[0]], s_alpha[lr[1]]};
-            wg_rescale(o, alpha, a.fault);
-        }
-        wg_fence_acc(o);
-        ar_wg::fence();
-        const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
-#pragma unroll
-        for (int kk = 0; kk < WG_KEYS / 16; kk++)
-            wgmma_pv<BF16>(o, desc_p + (uint32_t)((kk * 32) >> 4), desc_v + (uint32_t)((kk * 2048) >> 4));
-        ar_wg::commit();
-        ar_wg::wait<0>();
-        wg_fence_acc(o);
-    }
-    cp_async_wait<0>();
-    wg_finish_rows(a, w, q0, nrows, s_sum, o, m_run, l_run, lr, wg, tig);
-#else
-    __trap();   /* built without sm_90a: the host never launches this kernel there */
-#endif
-}
-
-/* s1's schedule (attn_wgmma_s1_kernel above) with a TMA switch; instantiated with TMA = true
- * only, by variant 6 (attn_wgmma_s1_tma_kernel below).  The s1 kernel stays its own text: this
- * body with TMA = false is the same algorithm, but ptxas allots it 254 registers instead of
- * 250, and the measured variants are kept exactly as they ran.
+/* The s1 schedule with a TMA switch: variant 1 (attn_wgmma_s1_kernel, TMA = false) and
+ * variant 6 (attn_wgmma_s1_tma_kernel, TMA = true).  (Until session 4 variant 1 had its own copy
+ * of this text; ptxas gives the body 254 registers instead of that copy's 250, no spills.)
  * TMA (variant 6, "s1-tma"): the key tiles that lie wholly below key_end come by TMA instead
  * (wg_tma_keys: one thread, WG_TMA_THREAD of warpgroup 1, issues tile t + 1's boxes right after
  * tile t's first barrier, onto the full mbarrier of its ring slot; every thread waits on that
@@ -815,6 +726,17 @@ __device__ __forceinline__ void wg_s1_body(attn_args a, const void *tmap)
     (void)tmap;
     __trap();   /* built without sm_90a: the host never launches this kernel there */
 #endif
+}
+
+/* Variant 1 ("s1"): the round-1 kernel's lockstep (all 256 threads load, CTA barriers) with S
+ * in warpgroup 0 alone (m64n64k16, full rows, see above): two CTA barriers a tile (tile landed,
+ * P written) instead of three; warpgroup 1 only loads during S.  Both warpgroups then run
+ * O_w += P V[:, 256 w ..] with P from the shared tile, as in the round-1 kernel.
+ * The body is wg_s1_body's with TMA = false. */
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_s1_kernel(attn_args a)
+{
+    wg_s1_body<BF16, false>(a, nullptr);
 }
 
 /* Variant 6 ("s1-tma"): s1 with the key tiles by TMA (see wg_s1_body); tmap = the latent cache
@@ -1108,173 +1030,10 @@ __device__ __forceinline__ void wg_issue_pv_rs(float (&o)[32][4], uint32_t (&pa)
     ar_wg::commit();
 }
 
-/* P_RS (variant 5, "seesaw-rs"): each warpgroup's P V of the tile whose S it computed takes P
- * from its registers (RS) instead of the shared copy it wrote for the other warpgroup: 16 KB
- * less shared-memory reads a pair and no 128-thread barrier before that product. */
-template <bool BF16, bool P_RS>
-__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args a)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
-    unsigned char *const smem = wg_smem_base(&sq_addr);
-    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sk_addr1 = sk_addr0 + WG_TILE;
-    unsigned char *const sk0 = smem + WG_OFF_K, *const sk1 = sk0 + WG_TILE;
-    float *const s_ma = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] m_a of the pair */
-    float *const s_mb = s_ma + ROWS;                                    /* [ROWS] m_b of the pair */
-    float *const s_sum = s_ma + 2 * ROWS;                               /* [2][ROWS] row sums */
-
-    const work_item w = a.work[blockIdx.x];
-    const int r = w.req;
-    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
-    const int nrows = ql * a.num_heads;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
-    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
-    int lim[2];
-    row_limits(a, w, sl, ql, nrows, lr, lim);
-    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
-
-    /* Q and the first pair by all 256 threads */
-    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
-    if (ntiles > 0) wg_load_keys<THREADS>(a, w, r, 0, sk0, tid);
-    if (ntiles > 1) wg_load_keys<THREADS>(a, w, r, 1, sk1, tid);
-    cp_async_commit();
-    float o[32][4];
-#pragma unroll
-    for (int nt = 0; nt < 32; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
-    cp_async_wait<0>();
-    ar_wg::fence_proxy_async();
-    __syncthreads();
-
-    for (int t0 = 0; t0 < ntiles; t0 += 2) {
-        const int t1 = t0 + 1;
-        const bool has1 = t1 < ntiles;
-        if (wg == 0) {
-            cp_async_wait<0>();           /* tile t0 (this warpgroup's copies) landed */
-            ar_wg::fence_proxy_async();
-            wg_bar_sync128(SS_BAR_WG0);
-            float s[8][4];
-            wg_issue_s<BF16>(s, desc_q, sk_addr0);
-            ar_wg::wait<0>();
-            wg_fence_acc(s);
-            float alpha0[2];
-            wg_softmax_full(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha0, a.fault);
-            wg_rescale(o, alpha0, a.fault);
-            /* P0 into atom 8 of slot 0, m_a (now m_run) into s_ma */
-            wg_store_p<BF16>(sk0 + 8 * WG_ATOM, s_ma, s, lr, tig, m_run);
-            ar_wg::fence_proxy_async();
-            wg_bar_arrive(SS_BAR_P0READY);
-            uint32_t pa[4][4];            /* P0 as A fragments (P_RS) */
-            if (P_RS) {
-                wg_pack_p<BF16>(s, pa);
-                wg_issue_pv_rs<BF16>(o, pa, sk_addr0, 0);
-            } else {
-                wg_bar_sync128(SS_BAR_WG0);   /* all of P0 written before this warpgroup reads it */
-                wg_issue_pv_slot<BF16>(o, sk_addr0, 0);
-            }
-            if (has1) {
-                wg_bar_sync(SS_BAR_P1READY);
-                const float m_b[2] = {s_mb[lr[0]], s_mb[lr[1]]};
-                float beta[2];
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    beta[h] = wg_rescale_factor(m_run[h], m_b[h]);
-                    l_run[h] *= beta[h];
-                    m_run[h] = m_b[h];
-                }
-                ar_wg::wait<0>();         /* P0 V0 landed */
-                wg_fence_acc(o);
-                if (P_RS) wg_fence_frag(pa);
-                wg_rescale(o, beta, a.fault);
-                wg_issue_pv_slot<BF16>(o, sk_addr1, 0);
-                if (t0 + 2 < ntiles) {    /* tile t0 + 2 into slot 0 once warpgroup 1's P0 V0 is done */
-                    wg_bar_sync(SS_BAR_S0FREE);
-                    wg_load_keys_by_key(a, w, r, t0 + 2, sk0, tid);
-                    cp_async_commit();
-                }
-                ar_wg::wait<0>();
-                wg_fence_acc(o);
-                if (t1 + 2 < ntiles) wg_bar_arrive(SS_BAR_S1FREE);
-            } else {                      /* the last pair has no t1 */
-                ar_wg::wait<0>();
-                wg_fence_acc(o);
-                if (P_RS) wg_fence_frag(pa);
-            }
-        } else if (has1) {
-            cp_async_wait<0>();           /* tile t1 (this warpgroup's copies) landed */
-            ar_wg::fence_proxy_async();
-            wg_bar_sync128(SS_BAR_WG1);
-            float s[8][4];
-            wg_issue_s<BF16>(s, desc_q, sk_addr1);
-            wg_bar_sync(SS_BAR_P0READY);
-            float m_a[2];
-            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
-            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
-            ar_wg::wait<1>();             /* S1 landed (P0 V0 may still run) */
-            wg_fence_acc(s);
-            float mx[2];
-            mask_scale_rowmax<8>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, mx);
-            softmax_step<8, 0>(s, mx, m_run, l_run, (float (*)[4])0, a.fault);
-            float beta[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) beta[h] = wg_rescale_factor(m_a[h], m_run[h]);
-            /* P1 into atom 8 of slot 1, m_b (now m_run) into s_mb */
-            wg_store_p<BF16>(sk1 + 8 * WG_ATOM, s_mb, s, lr, tig, m_run);
-            ar_wg::fence_proxy_async();
-            wg_bar_arrive(SS_BAR_P1READY);
-            uint32_t pa[4][4];            /* P1 as A fragments (P_RS) */
-            if (P_RS)
-                wg_pack_p<BF16>(s, pa);
-            else
-                wg_bar_sync128(SS_BAR_WG1);   /* all of P1 written before this warpgroup reads it */
-            ar_wg::wait<0>();             /* P0 V0 landed: slot 0 free on this side */
-            wg_fence_acc(o);
-            if (t0 + 2 < ntiles) wg_bar_arrive(SS_BAR_S0FREE);
-            wg_rescale(o, beta, a.fault);
-            if (P_RS)
-                wg_issue_pv_rs<BF16>(o, pa, sk_addr1, 1);
-            else
-                wg_issue_pv_slot<BF16>(o, sk_addr1, 1);
-            ar_wg::wait<0>();
-            wg_fence_acc(o);
-            if (P_RS) wg_fence_frag(pa);
-            if (t1 + 2 < ntiles) {        /* tile t1 + 2 into slot 1 once warpgroup 0's P1 V1 is done */
-                wg_bar_sync(SS_BAR_S1FREE);
-                wg_load_keys_by_key(a, w, r, t1 + 2, sk1, tid - 128);
-                cp_async_commit();
-            }
-        } else {                          /* the last pair has no t1: P0 V0 only */
-            wg_bar_sync(SS_BAR_P0READY);
-            float m_a[2];
-            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
-            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
-            ar_wg::wait<0>();
-            wg_fence_acc(o);
-        }
-    }
-    cp_async_wait<0>();
-
-    /* epilogue: l = l_0 + l_1 (both relative to the common final max), normalise, write */
-    quad_sum(l_run);
-    if (tig == 0) {
-        s_sum[wg * ROWS + lr[0]] = l_run[0];
-        s_sum[wg * ROWS + lr[1]] = l_run[1];
-    }
-    __syncthreads();
-    for (int h = 0; h < 2; h++) l_run[h] = s_sum[lr[h]] + s_sum[ROWS + lr[h]];
-    wg_store_rows(a, w, q0, nrows, o, m_run, l_run, lr, wg, tig);
-#else
-    __trap();   /* built without sm_90a: the host never launches this kernel there */
-#endif
-}
-
-/* attn_wgmma_seesaw_kernel's schedule (above) with a TMA switch; instantiated with P_RS = TMA
- * = true only, by variant 7 (attn_wgmma_seesaw_rs_tma_kernel below); the seesaw kernels stay
- * their own text (with TMA = false ptxas allots this body other register counts, 217 / 218
- * instead of 227 / 225, and the measured variants are kept exactly as they ran).
+/* The seesaw schedule (above) with a TMA switch: variants 4 and 5 (attn_wgmma_seesaw_kernel,
+ * TMA = false, P_RS false / true) and 7 (attn_wgmma_seesaw_rs_tma_kernel, P_RS = TMA = true).
+ * (Until session 4 variants 4 and 5 had their own copy of this text; ptxas gives the body 217 /
+ * 218 registers instead of that copy's 227 / 225, no spills.)
  * TMA (variant 7, "seesaw-rs-tma", with P_RS): the key tiles wholly below key_end come by TMA
  * (wg_tma_keys) onto the full mbarrier of their slot: the first pair issued by WG_TMA_THREAD
  * in the prologue, tile t0 + 2 by thread 0 (warpgroup 0) after SS_S0FREE, t1 + 2 by thread
@@ -1483,6 +1242,16 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
     (void)tmap;
     __trap();   /* built without sm_90a: the host never launches this kernel there */
 #endif
+}
+
+/* P_RS (variant 5, "seesaw-rs"): each warpgroup's P V of the tile whose S it computed takes P
+ * from its registers (RS) instead of the shared copy it wrote for the other warpgroup: 16 KB
+ * less shared-memory reads a pair and no 128-thread barrier before that product.
+ * Variants 4 ("seesaw") and 5 (P_RS): the body is wg_seesaw_body's with TMA = false. */
+template <bool BF16, bool P_RS>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args a)
+{
+    wg_seesaw_body<BF16, P_RS, false>(a, nullptr);
 }
 
 /* Variant 7 ("seesaw-rs-tma"): seesaw-rs with the key tiles by TMA (see wg_seesaw_body); tmap
