@@ -1,9 +1,9 @@
 /* cuda_attn_wgmma.cuh - the Hopper (sm_90a) variant of the paged attention kernel: the same work
  * items, masks, faults and outputs as attn_kernel (cuda_attn.cuh), with the two matrix products
  * on wgmma (warpgroup MMA) instead of mma.sync.  Configs AR_CFG_PREFILL_WG, _PIPE, _PINGPONG,
- * _WS and _WS_OVERLAP (five ways of feeding the same products, see WgStages and
- * attn_wgmma_kernel's MODE; the automatic plan runs _WS, see cuda_backend.cu), head size 128
- * exactly.
+ * _WS, _WS_OVERLAP, _TMA and _TMA_QREG (seven ways of feeding the same products, see WgStages
+ * and attn_wgmma_kernel's MODE; the automatic plan runs _TMA_QREG, or _WS where the driver
+ * cannot encode tensor maps, see cuda_backend.cu), head size 128 exactly.
  *
  * Geometry: one CTA = 2 warpgroups (256 threads) = 128 rows (64 per warpgroup), key tiles of 128
  * (the _WS configs add a producer warpgroup in front: 384 threads).
@@ -13,7 +13,7 @@
  * position c ^ (r & 7) (every half starts on a 1024-byte boundary, so the hardware's address
  * swizzle and ours agree).
  *   S = Q K^T : wgmma m64n128k16, A = Q and B = K from shared memory (both K-major), 8 steps of
- *               16 dims.
+ *               16 dims (_TMA_QREG: A = Q from registers).
  *   O += P V  : wgmma m64n128k16 with A = P from registers (the S accumulator converted in
  *               place: the accumulator layout of one product is the A-fragment layout of the
  *               next) and B = V from shared memory read transposed (dims are the N side and
@@ -21,7 +21,7 @@
  * The online softmax is the one of attn_kernel (log2 domain, skip the rescale when no row max
  * moved).  Loads are cp.async by all 256 threads (one 256-byte K or V row = 16 threads), one
  * tile ahead (two with the mbarrier pipeline), or, in the _WS configs, by the producer
- * warpgroup alone.  The kernel body exists only in the sm_90a build; the host picks these
+ * warpgroup alone (in the _TMA ones as bulk tensor copies for every whole tile).  The kernel body exists only in the sm_90a build; the host picks these
  * configs only on a compute-capability 9.0 device (cuda_backend.cu). */
 #ifndef AR_CUDA_ATTN_WGMMA_CUH
 #define AR_CUDA_ATTN_WGMMA_CUH
@@ -185,8 +185,10 @@ template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64
  * pipeline plus a ping-pong turn (AR_CFG_PREFILL_WG_PINGPONG, FlashAttention-3's warpgroup
  * scheduling): a warpgroup issues its S = Q K^T only in its turn (named barriers 1 and 2), so
  * the other one's softmax runs while its products occupy the tensor cores.  MODE 3
- * (AR_CFG_PREFILL_WG_WS, the automatic choice): the ping-pong kernel fed by a producer
- * warpgroup (see WgStages).  MODE 4 (AR_CFG_PREFILL_WG_WS_OVERLAP): MODE 3 plus
+ * (AR_CFG_PREFILL_WG_WS): the ping-pong kernel fed by a producer warpgroup (see WgStages).
+ * MODE 5 (AR_CFG_PREFILL_WG_TMA): MODE 3 with TMA copies; MODE 6 (AR_CFG_PREFILL_WG_TMA_QREG,
+ * the automatic choice): MODE 5 with Q in registers (both in WgStages).
+ * MODE 4 (AR_CFG_PREFILL_WG_WS_OVERLAP): MODE 3 plus
  * FlashAttention-3's intra-warpgroup overlap (S of tile t in flight with P V of tile t - 1); it
  * fits only with the consumers' 240 registers (without the producer split, at 255, an earlier
  * version spilled and ran at 225 TFLOP/s), and on the H200 it stays slower than MODE 3
@@ -194,7 +196,7 @@ template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64
 template <typename T, int MODE>
 __global__ void __launch_bounds__(WgStages<MODE>::THREADS, 1)
 attn_wgmma_kernel(const ar_attn_args a,
-                  const __grid_constant__ CUtensorMap tmap_k,  /* MODE 5: K cache [num_slots][Hkv][128], box [bs][1][64] */
+                  const __grid_constant__ CUtensorMap tmap_k,  /* MODES 5, 6: K cache [num_slots][Hkv][128], box [bs][1][64] */
                   const __grid_constant__ CUtensorMap tmap_v)  /* the same for the V cache; unused by other modes */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -326,7 +328,7 @@ attn_wgmma_kernel(const ar_attn_args a,
         }
     };
 
-    /* MODE 5: tile it (wholly inside the sequence) into its stage by TMA; K (v = 0) or V (v = 1).
+    /* MODES 5, 6: tile it (wholly inside the sequence) into its stage by TMA; K (v = 0) or V (v = 1).
      * Run by producer warp 0: lane 0 raises the barrier's byte count by the whole tile, then
      * lane l < 2 x pages copies page l % pages of the tile's column half l / pages. */
     auto produce_tma = [&](int it, int v) {
@@ -693,10 +695,10 @@ attn_wgmma_kernel(const ar_attn_args a,
 #endif
 }
 
-/* MODE 5's tensor maps (zeros for the other modes): each cache as [num_slots][Hkv][128] 16-bit
+/* The TMA modes' tensor maps (zeros for the other modes): each cache as [num_slots][Hkv][128] 16-bit
  * elements, one copy = [block_size slots][1 head][64 dims], 128-byte swizzled.  The encoding is
  * host arithmetic (no device call), redone per launch.  cudaErrorNotSupported when the driver
- * cannot encode them (the backend checks this at open and then never plans MODE 5). */
+ * cannot encode them (the backend checks this at open and then never plans them). */
 template <int MODE>
 static cudaError_t wgmma_tensor_maps(const ar_attn_args *a, CUtensorMap *mk, CUtensorMap *mv)
 {
