@@ -2250,17 +2250,19 @@ static int env_wg_variant(void)
  * bf16/fp16 cache) and some request has 16 rows or more (s_q * h_q), the wgmma kernel - at
  * h_q = 16 its default variant s1-tma streams the cache at 3.37 / 3.74 / 3.87 / 3.94 TB/s (4k -
  * 32k keys, H200, 2026-11-30 12:20 UTC, with the row-parallel combine) against the narrow
- * kernel's 3.09 / - / 3.65 / 3.72, a quarter of each 64-row tile used; else the narrow kernel when every request has <= 16 rows;
- * else the split-score variant (fewer MACs: 160 vs 135 TFLOP/s at h_q = 128 on the H200).  TC and
- * TC_SPLIT_QK force a 64-row kernel, TC_WGMMA the wgmma kernel where wgmma_ok (else split-QK;
- * the case hook refuses it instead); TC_NARROW falls back to AUTO's choice for wider requests. */
-static tc_variant choose_variant(ar_cuda_mla_kernel k, int max_rows, bool wgmma_ok)
+ * kernel's 3.09 / - / 3.65 / 3.72, a quarter of each 64-row tile used; else the narrow kernel
+ * when every request has <= 16 rows; else the split-score variant (fewer MACs: 160 vs 135
+ * TFLOP/s at h_q = 128 on the H200).  prefer_narrow (a test or bench case that names a narrow
+ * variant) runs the narrow kernel wherever every request has <= 16 rows.  TC and TC_SPLIT_QK
+ * force a 64-row kernel, TC_WGMMA the wgmma kernel where wgmma_ok (else split-QK; the case hook
+ * refuses it instead). */
+static tc_variant choose_variant(ar_cuda_mla_kernel k, int max_rows, bool wgmma_ok, bool prefer_narrow)
 {
     if (k == AR_MLA_KERNEL_TC) return TC_FULL;
     if (k == AR_MLA_KERNEL_TC_SPLIT_QK) return TC_SPLIT_QK;
     if (k == AR_MLA_KERNEL_TC_WGMMA) return wgmma_ok ? TC_WGMMA : TC_SPLIT_QK;
-    if (wgmma_ok && max_rows >= NROWS) return TC_WGMMA;
-    return max_rows <= NROWS ? TC_NARROW : TC_SPLIT_QK;
+    if (max_rows <= NROWS && (prefer_narrow || !wgmma_ok || max_rows < NROWS)) return TC_NARROW;
+    return wgmma_ok ? TC_WGMMA : TC_SPLIT_QK;
 }
 
 /* Key-tile stages of a variant given the 64-row kernels' stages (3 on Hopper, 2 forced / A100);
@@ -2634,9 +2636,7 @@ extern "C" int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_resul
         snprintf(err, err_len, "cuda-mla case: out of host memory");
         rc = 3;
     }
-    /* a case that names a narrow variant runs the narrow kernel wherever it applies (<= 16 rows) */
-    const tc_variant variant =
-        choose_variant(c->kernel, plan.max_rows, wgmma_ok && !(c->narrow_variant > 0 && plan.max_rows <= NROWS));
+    const tc_variant variant = choose_variant(c->kernel, plan.max_rows, wgmma_ok, c->narrow_variant > 0);
     const int stages = use_tc ? variant_stages(variant, tc_stages) : 0;
     /* a narrow variant at k CTAs per SM: the planner aims at k x SMs CTAs */
     const int narrow_vi =
@@ -3132,7 +3132,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     int plan_rc = build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits);
     /* AR_MLA_NARROW: a narrow variant (bench sweep) where the narrow kernel runs; at k CTAs per
      * SM the planner aims at k x SMs CTAs */
-    const tc_variant tv = choose_variant(s->force_kernel, plan.max_rows, s->wgmma_ok);
+    const tc_variant tv = choose_variant(s->force_kernel, plan.max_rows, s->wgmma_ok, false);
     s->narrow_vi = 0;
     if (!plan_rc && s->force_kernel != AR_MLA_KERNEL_SIMT && tv == TC_NARROW)
         s->narrow_vi = resolve_narrow_variant(0, s->fp8, variant_stages(tv, s->tc_stages));
@@ -3521,7 +3521,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap 
     }
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     if (any_dec) {
-        const tc_variant variant = choose_variant(s->force_kernel, s->max_rows, s->wgmma_ok);
+        const tc_variant variant = choose_variant(s->force_kernel, s->max_rows, s->wgmma_ok, false);
         e = launch_attention(a, use_tc ? variant_stages(variant, s->tc_stages) : 0, variant, s->narrow_vi, s->num_ctas,
                              s->num_groups, T, tmap, s->stream, timed ? s->ev[3] : NULL);
         if (e != cudaSuccess) return e;

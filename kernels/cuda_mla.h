@@ -49,10 +49,11 @@ extern const ar_backend ar_cuda_mla_backend;
  * + combine), its variant in which the two column-half warps of a row group split the score
  * tile instead of both computing it (TC_SPLIT_QK: fewer MACs, more barriers), the Hopper kernel
  * on wgmma (TC_WGMMA, kernels/cuda_mla_wgmma.cuh: compute capability 9.0 and a bf16/fp16 cache
- * only), or the plain SIMT kernel kept as a simple fallback.  AUTO runs the narrow 16-row
- * tensor-core kernel (all 8 warps on one 16-row tile: key halves x column quarters) when every
- * absorbed request has q_len * h_q <= 16; else TC_WGMMA where it can run and some request has
- * q_len * h_q >= 64; else TC_SPLIT_QK.  The environment variable AR_MLA_KERNEL=simt|tc|
+ * only), or the plain SIMT kernel kept as a simple fallback.  AUTO runs TC_WGMMA where it can
+ * run and some absorbed request has q_len * h_q >= 16; else the narrow 16-row tensor-core kernel
+ * (all 8 warps on one 16-row tile: key halves x column quarters) when every request has
+ * q_len * h_q <= 16; else TC_SPLIT_QK.  (A case that names a narrow variant runs the narrow
+ * kernel wherever it applies.)  The environment variable AR_MLA_KERNEL=simt|tc|
  * tc-split-qk|tc-wgmma selects one for the backend too (tc-wgmma where it cannot run: split-QK;
  * a test case asking for it there fails with code 2 instead); AR_MLA_STAGES=2 keeps the
  * mma.sync 64-row kernels at a 2-tile key ring (3 on Hopper otherwise). */

@@ -25,9 +25,9 @@
  *    cp.async twin, which the test counts as a failure (the variant that ran is checked).
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the split-score variant
  *    (AR_MLA_KERNEL_TC_SPLIT_QK), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.  The
- *    grid runs AUTO (the narrow 16-row kernel when s_q * h_q <= 16; on a compute-capability 9.0
- *    device with a bf16/fp16 cache the wgmma kernel when s_q * h_q >= 64 - the grid asserts
- *    which ran; else split-QK); the plain 64-row kernel (AR_MLA_KERNEL_TC) runs on a grid
+ *    grid runs AUTO (on a compute-capability 9.0 device with a bf16/fp16 cache the wgmma kernel
+ *    when s_q * h_q >= 16 - the grid asserts which ran; else the narrow 16-row kernel when
+ *    s_q * h_q <= 16, else split-QK); the plain 64-row kernel (AR_MLA_KERNEL_TC) runs on a grid
  *    subset.
  * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
@@ -739,13 +739,13 @@ static int wgmma_forced_cases(int v)
     return fails;
 }
 
-/* The wgmma kernel forced (AR_MLA_KERNEL_TC_WGMMA) on every dense-grid case in which AUTO runs
- * another kernel (s_q * h_q < 64: row tiles mostly or wholly past the request's rows; the
- * other grid cases run it under AUTO, which test_flashmla_dense_grid asserts), then on split
- * pieces merged by the combine kernel, block size 16, fp16, zero-length requests and partial
- * row tiles (h_q 63 / 126) - all of it for every variant of the kernel (AR_MLA_WG_VARIANT, one
- * summary line each), with full row tiles over many key tiles added.  Skips off compute
- * capability 9.0. */
+/* The wgmma kernel forced (AR_MLA_KERNEL_TC_WGMMA) on every dense-grid case with partial row
+ * tiles (s_q * h_q < 64: row tiles mostly or wholly past the request's rows; under AUTO the
+ * grid runs the default variant from 16 rows up, which test_flashmla_dense_grid asserts), then
+ * on split pieces merged by the combine kernel, block size 16, fp16, zero-length requests and
+ * partial row tiles (h_q 63 / 126) - all of it for every variant of the kernel
+ * (AR_MLA_WG_VARIANT, one summary line each), with full row tiles over many key tiles added.
+ * Skips off compute capability 9.0. */
 static void test_wgmma_kernel_forced(void **st)
 {
     (void)st;
