@@ -16,7 +16,10 @@
  * and the suffix pass's (split count x merge fused or separate, "SUFFIX" lines).
  *
  * Usage: bench_cascade [REPEAT] (default 20).  One "RESULT name=..." line per case, then a
- * table.  Skips with the backend's reason when there is no GPU. */
+ * table.  Skips with the backend's reason when there is no GPU.  AR_CASC_ONLY=P:S runs that
+ * case alone and AR_CASC_SWEEPS=0 leaves the sweeps out (for profilers); AR_CASC_HOT_PREFIX=1
+ * points the whole shared prefix at 8 blocks (a cache-resident prefix: how much of the prefix
+ * pass's time is waiting for K/V). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,6 +211,8 @@ static int run_case(int P, int S, int repeat, casc_row *row)
         return 1;
     }
     /* blocks: the shared prefix 1 .. shared, then each request's own ones, scrambled */
+    const char *hot = getenv("AR_CASC_HOT_PREFIX");
+    const int hot_prefix = hot && strcmp(hot, "1") == 0;
     const int nb_own = R * own;
     int fk = 0;
     for (int i = 0; i < shared; i++) {
@@ -225,8 +230,9 @@ static int run_case(int P, int S, int repeat, casc_row *row)
         rkeys[r] = bench_mix(5000 + (uint64_t)r);
         for (int i = 0; i < mbpr; i++) {
             if (i < shared) {
-                bt[r * mbpr + i] = 1 + i;
-                bkeys[r * mbpr + i] = bench_mix(7 + (uint64_t)i);
+                const int blk = hot_prefix ? i % 8 : i;   /* AR_CASC_HOT_PREFIX: 8 blocks, always cached */
+                bt[r * mbpr + i] = 1 + blk;
+                bkeys[r * mbpr + i] = bench_mix(7 + (uint64_t)blk);
             } else {
                 int k = r * own + (i - shared);
                 bt[r * mbpr + i] = 1 + shared + (int)(((int64_t)k * 7919) % nb_own);
@@ -293,8 +299,10 @@ static int run_case(int P, int S, int repeat, casc_row *row)
                row->prefix_tflops, row->prefix_config, row->prefix_splits, row->prefix_work, row->flat_splits, md);
         if (!row->ok) rc = 1;
     }
-    if (!rc && P == 32768 && S == 128) rc = sweep_prefix_plans(st, &b, out_flat, out_casc, lse, row->prefix_us);
-    if (!rc && P == 32768 && S == 128)
+    const char *sw = getenv("AR_CASC_SWEEPS");
+    const int sweeps = P == 32768 && S == 128 && !(sw && strcmp(sw, "0") == 0);
+    if (!rc && sweeps) rc = sweep_prefix_plans(st, &b, out_flat, out_casc, lse, row->prefix_us);
+    if (!rc && sweeps)
         rc = sweep_suffix_plans(st, &b, out_flat, out_casc, lse, row->prefix_config, row->prefix_splits);
     ar_cuda_backend.close(st);
     free(qsl); free(seq); free(ctx); free(bt); free(bkeys); free(rkeys); free(slots);
@@ -309,9 +317,15 @@ int main(int argc, char **argv)
     static const int prefixes[] = {1024, 8192, 32768};
     static const int suffixes[] = {128, 256};
     casc_row rows[6];
-    int n = 0, rc = 0;
+    int n = 0, rc = 0, only_p = 0, only_s = 0;
+    const char *only = getenv("AR_CASC_ONLY");
+    if (only && sscanf(only, "%d:%d", &only_p, &only_s) != 2) {
+        fprintf(stderr, "bench_cascade: AR_CASC_ONLY=%s: expected PREFIX:SUFFIX, e.g. 32768:128\n", only);
+        return 1;
+    }
     for (int p = 0; p < 3; p++)
         for (int s = 0; s < 2; s++) {
+            if (only && (prefixes[p] != only_p || suffixes[s] != only_s)) continue;
             int r = run_case(prefixes[p], suffixes[s], repeat, &rows[n]);
             if (r == 2) return 0;
             if (r == 0) n++;
