@@ -328,24 +328,47 @@ attn_wgmma_kernel(const ar_attn_args a,
         }
     };
 
+    /* MODES 5, 6: the cache block lane l of producer warp 0 copies for tile it.  The producer
+     * reads it before it waits for the stage to empty, so the block-table latency is off the
+     * refill's path (5% of the cascade prefix pass on the H200, BENCHMARKS.md). */
+    auto tma_block = [&](int it) {
+        const int pages = BLOCK_N >> bs_log2;
+        if (lane >= 2 * pages) return 0;
+        return __ldg(bt + (((w.tile_begin + it) * BLOCK_N) >> bs_log2) + (lane >= pages ? lane - pages : lane));
+    };
     /* MODES 5, 6: tile it (wholly inside the sequence) into its stage by TMA; K (v = 0) or V (v = 1).
      * Run by producer warp 0: lane 0 raises the barrier's byte count by the whole tile, then
-     * lane l < 2 x pages copies page l % pages of the tile's column half l / pages. */
-    auto produce_tma = [&](int it, int v) {
-        const int t = w.tile_begin + it, pages = BLOCK_N >> bs_log2;
+     * lane l < 2 x pages copies page l % pages (cache block `block`, from tma_block) of the
+     * tile's column half l / pages. */
+    auto produce_tma = [&](int it, int v, int block) {
+        const int pages = BLOCK_N >> bs_log2;
         const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)((it % STAGES) * 8);
         const uint32_t dst0 = sq_addr + (uint32_t)((1 + 2 * (it % STAGES) + v) * WgGeom::TILE_BYTES);
         if (lane == 0) ar_wg::mbar_arrive_expect_tx(bar, WgGeom::TILE_BYTES);
         __syncwarp();
         if (lane < 2 * pages) {
             const int half = lane >= pages ? 1 : 0, page = lane - half * pages;
-            const int block = __ldg(bt + ((t * BLOCK_N) >> bs_log2) + page);
             ar_wg::tma_load_3d(dst0 + (uint32_t)(half * WgGeom::HALF_BYTES + (page << bs_log2) * 128),
                                v ? (const void *)&tmap_v : (const void *)&tmap_k, bar, half * 64, kvh_load,
                                block << bs_log2);
         }
     };
 
+#ifdef AR_WG_TRACE
+    /* Diagnostic build only (-DAR_WG_TRACE, e.g. NVCCFLAGS of a separate BUILD): lane 0 of each
+     * consumer warpgroup's first warp in CTA 0 stamps the phases of its first WG_TRACE_TILES
+     * tiles of the non-overlapped loop with the SM clock and prints one "WGT" line per tile
+     * (kw: K wait, turn: ping-pong wait, sis + sw: S issued and waited for, smx: softmax and
+     * rescale, vw: V wait, pv: P V issued and waited for).  ptxas may move a clock read across
+     * a wgmma wait, so the split between sis and sw is not to be trusted; the sums are. */
+    constexpr int WG_TRACE_TILES = 24;
+    const bool wg_trace = blockIdx.x == 0 && !producer && (tid & 127) == 0;
+    long long wg_ts[WG_TRACE_TILES][8];
+    const long long wg_t0 = clock64();
+#define WG_STAMP(it, k) do { if (wg_trace && (it) < WG_TRACE_TILES) wg_ts[it][k] = clock64(); } while (0)
+#else
+#define WG_STAMP(it, k) do { } while (0)
+#endif
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
@@ -361,17 +384,19 @@ attn_wgmma_kernel(const ar_attn_args a,
     uint32_t qa[QREG ? HD / 16 : 1][4];
 #pragma unroll
     for (int kk = 0; kk < (QREG ? HD / 16 : 1); kk++) qa[kk][0] = qa[kk][1] = qa[kk][2] = qa[kk][3] = 0u;
+    /* The k-steps' descriptors are the tile's plus the step's offset in 16-byte units: shared
+     * addresses stay below 2^18, so the 14-bit address field never carries into the next. */
     auto issue_s = [&](float (&sd)[64], uint32_t sk_addr) {
         ar_wg::fence();
+        const uint64_t db0 = ar_wg::desc_sw128(sk_addr, 16, 1024);
+        const uint64_t da0 = ar_wg::desc_sw128(sq_addr + (uint32_t)wg_row0 * 128, 16, 1024);
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t koff = (uint32_t)((kk >> 2) * WgGeom::HALF_BYTES + (kk & 3) * 32);
-            uint64_t db = ar_wg::desc_sw128(sk_addr + koff, 16, 1024);
+            const uint32_t koff16 = (uint32_t)((kk >> 2) * WgGeom::HALF_BYTES + (kk & 3) * 32) >> 4;
             if constexpr (QREG) {
-                wgmma_rs_kmajor<T>(sd, qa[kk], db, kk > 0);
+                wgmma_rs_kmajor<T>(sd, qa[kk], db0 + koff16, kk > 0);
             } else {
-                uint64_t da = ar_wg::desc_sw128(sq_addr + koff + (uint32_t)wg_row0 * 128, 16, 1024);
-                wgmma_ss<T>(sd, da, db, kk > 0);
+                wgmma_ss<T>(sd, da0 + koff16, db0 + koff16, kk > 0);
             }
         }
     };
@@ -448,9 +473,9 @@ attn_wgmma_kernel(const ar_attn_args a,
             ar_wg::fence_regs(acc);
             ar_wg::fence();
         }
+        const uint64_t dv0 = ar_wg::desc_sw128(sv_addr, v_lbo, v_sbo);
 #pragma unroll
-        for (int kk = 0; kk < 8; kk++)
-            wgmma_rs<T>(acc, pa[kk], ar_wg::desc_sw128(sv_addr + (uint32_t)kk * 2048, v_lbo, v_sbo));
+        for (int kk = 0; kk < 8; kk++) wgmma_rs<T>(acc, pa[kk], dv0 + (uint64_t)(kk * 2048 >> 4));
     };
 
     if (PIPE) {
@@ -471,17 +496,17 @@ attn_wgmma_kernel(const ar_attn_args a,
                 for (int it = 0; it < n_tiles; it++) {
                     const int stage = it % STAGES;
                     const bool by_tma = TMA && (w.tile_begin + it + 1) * BLOCK_N <= seq_len;
-                    const int my_slot = by_tma ? 0 : producer_slot(it);
+                    const int my_slot = by_tma ? (warp == 0 ? tma_block(it) : 0) : producer_slot(it);
                     if (it >= STAGES) ar_wg::mbar_wait_suspend(empty_bar + stage * 8, (uint32_t)((it / STAGES - 1) & 1));
                     if (by_tma) {
-                        if (warp == 0) produce_tma(it, 0);
+                        if (warp == 0) produce_tma(it, 0, my_slot);
                     } else {
                         produce(it, 0, my_slot);
                         if (TMA && tid == 0) ar_wg::mbar_arrive(full_bar + stage * 8);
                     }
                     ar_wg::mbar_arrive_cp_async(full_bar + stage * 8);
                     if (by_tma) {
-                        if (warp == 0) produce_tma(it, 1);
+                        if (warp == 0) produce_tma(it, 1, my_slot);
                     } else {
                         produce(it, 1, my_slot);
                         if (TMA && tid == 0) ar_wg::mbar_arrive(full_v_bar + stage * 8);
@@ -637,35 +662,51 @@ attn_wgmma_kernel(const ar_attn_args a,
             if (PIPE) ar_wg::mbar_arrive(empty_bar + stage * 8);
             continue;
         }
+        WG_STAMP(it, 0);
         if (PIPE) {
             if (WS) ar_wg::mbar_wait_suspend(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
             else ar_wg::mbar_wait(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
             ar_wg::fence_proxy_async();                        /* cp.async writes -> the async proxy */
         }
+        WG_STAMP(it, 1);
         const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * WgGeom::TILE_BYTES);
         const uint32_t sv_addr = sk_addr + WgGeom::TILE_BYTES;
 
         float s[64];
         if (PINGPONG) pingpong_wait(wg);
+        WG_STAMP(it, 2);
         issue_s(s, sk_addr);
         if (PINGPONG) pingpong_turn_issued(wg, it == n_tiles - 1);
         ar_wg::commit();
+        WG_STAMP(it, 3);
         ar_wg::wait<0>();
         ar_wg::fence_regs(s);
+        WG_STAMP(it, 4);
         uint32_t pa[8][4];
         float alpha[2];
         softmax_to_p(s, t, pa, alpha);
         rescale_acc(alpha);
+        WG_STAMP(it, 5);
         if (WS) {
             ar_wg::mbar_wait_suspend(full_v_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
             ar_wg::fence_proxy_async();
         }
+        WG_STAMP(it, 6);
         issue_pv(pa, sv_addr);
         ar_wg::commit();
         ar_wg::wait<0>();
         ar_wg::fence_regs(acc);
+        WG_STAMP(it, 7);
         if (PIPE) ar_wg::mbar_arrive(empty_bar + stage * 8);
     }
+#ifdef AR_WG_TRACE
+    if (wg_trace)
+        for (int it = 0; it < n_tiles && it < WG_TRACE_TILES; it++)
+            printf("WGT mode=%d wg=%d it=%d t0=%lld kw=%lld turn=%lld sis=%lld sw=%lld smx=%lld vw=%lld pv=%lld\n", MODE, wg,
+                   it, wg_ts[it][0] - wg_t0, wg_ts[it][1] - wg_ts[it][0], wg_ts[it][2] - wg_ts[it][1],
+                   wg_ts[it][3] - wg_ts[it][2], wg_ts[it][4] - wg_ts[it][3], wg_ts[it][5] - wg_ts[it][4],
+                   wg_ts[it][6] - wg_ts[it][5], wg_ts[it][7] - wg_ts[it][6]);
+#endif
     if (!WS) cp_async_wait<0>();
 
 #pragma unroll
@@ -690,6 +731,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                           acc[4 * n + 2 * r + 1] * inv, lse2);
         if (tq == 0) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
     }
+#undef WG_STAMP
 #else
     __trap();   /* built without sm_90a: the host never launches this config there */
 #endif
