@@ -15,7 +15,8 @@
  * and cp.async copies, where the driver cannot encode tensor maps).  On the H200, 2026-11-30,
  * same runs: causal prefill B=2 S=8k 1141 us (482 TFLOP/s) for _TMA_QREG against 1165 for
  * _TMA (Q in shared memory) and 1327 for _WS; cascade prefix pass at P 32k 154.2 / 157.6 /
- * 178.3 us;
+ * 178.3 us; since the TMA producer reads block ids ahead (session 5) 1098 us (500.6 TFLOP/s)
+ * for _TMA_QREG against 1101 for _TMA, and 146-148 us for the prefix pass;
  * earlier runs: _WS 1303 against 1343 for PREFILL_WG_PINGPONG, 1339 for _PIPE, 1464 for the
  * lockstep PREFILL_WG and 1520 for _WS_OVERLAP; mma.sync 272 TFLOP/s against 401 for PINGPONG.
  * Everything else runs the mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps
