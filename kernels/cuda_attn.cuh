@@ -292,7 +292,8 @@ __device__ __forceinline__ float fused_merge_with(const ar_attn_args &a, uint32_
                                &o0, &o1);
     return a.merge_lse_base2 ? l * 1.4426950408889634f : l;
 }
-/* Indices of (token_abs, q_head) in lse / merge_lse and of its dims d, d + 1 in out / merge_out. */
+/* Indices of (token_abs, q_head) in lse / merge_lse and of its dims d, d + 1 in out / merge_out
+ * (the step's [Hq, T] LSE and [T, Hq, head_size] output layouts). */
 __device__ __forceinline__ int64_t merge_lse_index(const ar_attn_args &a, int token_abs, int q_head)
 {
     return (int64_t)q_head * a.num_tokens + token_abs;
@@ -320,7 +321,7 @@ __device__ __forceinline__ void store_pair(const ar_attn_args &a, const ar_attn_
     if (d >= a.head_size) return;
     if (w.partial < 0) {
         T *out = (T *)a.out;
-        int64_t idx = ((int64_t)token_abs * a.num_q_heads + q_head) * a.head_size + d;
+        int64_t idx = out_index(a, token_abs, q_head, d);
         if (a.merge_out) (void)fused_merge<T>(a, token_abs, q_head, d, lse2, o0, o1);
         *reinterpret_cast<uint32_t *>(out + idx) = pack2<T>(o0, o1);
     } else {
@@ -342,7 +343,7 @@ __device__ __forceinline__ void store_lse(const ar_attn_args &a, const ar_attn_w
         } else if (a.fault != AR_FAULT_LSE_BASE2 && lse2 != -INFINITY) {
             v = lse2 * 0.6931471805599453f;
         }
-        a.lse[(int64_t)q_head * a.num_tokens + token_abs] = v;
+        a.lse[merge_lse_index(a, token_abs, q_head)] = v;
     } else {
         a.partial_lse[(int64_t)w.partial * rows + local_row] = lse2;
     }
@@ -745,7 +746,7 @@ __global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
             o0 *= inv;
             o1 *= inv;
         }
-        int64_t idx = ((int64_t)(qstart + tok) * a.num_q_heads + hq) * a.head_size + d;
+        int64_t idx = out_index(a, qstart + tok, hq, d);
         const float lse2 = mmax == -INFINITY ? -INFINITY : mmax + __log2f(wsum);
         float merged_lse = 0.f;
         if (a.merge_out) merged_lse = fused_merge<T>(a, qstart + tok, hq, d, lse2, o0, o1);
@@ -754,7 +755,7 @@ __global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
             float v = lse2;
             if (a.merge_out) v = merged_lse;
             else if (a.fault != AR_FAULT_LSE_BASE2 && lse2 != -INFINITY) v = lse2 * 0.6931471805599453f;
-            a.lse[(int64_t)hq * a.num_tokens + qstart + tok] = v;
+            a.lse[merge_lse_index(a, qstart + tok, hq)] = v;
         }
     }
 }
