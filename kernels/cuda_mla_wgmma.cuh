@@ -490,6 +490,20 @@ __device__ __forceinline__ void wg_load_keys(const attn_args &a, const work_item
     }
 }
 
+/* The TMA variants' set-up, by the whole CTA: WG_TMA_THREAD initialises the two ring slots'
+ * "tile landed" mbarriers (one arrival each: its own, with the expected bytes) and prefetches
+ * the tensor map; the barrier makes them initialised before anyone uses them. */
+__device__ __forceinline__ void wg_tma_init(uint64_t *full, const void *tmap, int tid)
+{
+    if (tid == WG_TMA_THREAD) {
+        mbar_init(&full[0], 1);
+        mbar_init(&full[1], 1);
+        mbar_init_fence();
+        ar_wg::tma_prefetch_map(tmap);
+    }
+    __syncthreads();
+}
+
 /* TMA copies of the 64 keys k0 .. k0 + 63 of request r (all below the piece's key_end, so
  * every page is in the block table) into the swizzled tile at shared address sk_addr, by one
  * thread, completing on bar (its expected bytes raised by the whole tile first): 64 / rows runs
@@ -649,15 +663,7 @@ __device__ __forceinline__ void wg_s1_body(attn_args a, const void *tmap)
             wg_load_keys<THREADS>(a, w, r, t, smem + WG_OFF_K + (t & 1) * WG_TILE, tid);
         }
     };
-    if (TMA) {
-        if (tid == WG_TMA_THREAD) {
-            mbar_init(&full[0], 1);
-            mbar_init(&full[1], 1);
-            mbar_init_fence();
-            ar_wg::tma_prefetch_map(tmap);
-        }
-        __syncthreads();                  /* the mbarriers are initialised before anyone uses them */
-    }
+    if (TMA) wg_tma_init(full, tmap, tid);
 
     wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
     cp_async_commit();
@@ -1069,15 +1075,7 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
     const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
     /* TMA: whether tile t comes by TMA (wholly below key_end) */
     auto tma_tile = [&](int t) { return TMA && w.key_begin + (t + 1) * WG_KEYS <= w.key_end; };
-    if (TMA) {
-        if (tid == WG_TMA_THREAD) {
-            mbar_init(&full[0], 1);
-            mbar_init(&full[1], 1);
-            mbar_init_fence();
-            ar_wg::tma_prefetch_map(tmap);
-        }
-        __syncthreads();                  /* the mbarriers are initialised before anyone uses them */
-    }
+    if (TMA) wg_tma_init(full, tmap, tid);
 
     /* Q and the first pair by all 256 threads (TMA tiles by WG_TMA_THREAD) */
     wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
