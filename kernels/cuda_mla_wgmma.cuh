@@ -1075,6 +1075,17 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
     const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
     /* TMA: whether tile t comes by TMA (wholly below key_end) */
     auto tma_tile = [&](int t) { return TMA && w.key_begin + (t + 1) * WG_KEYS <= w.key_end; };
+    /* warpgroup wg's wait for its tile t in ring slot `slot`: the TMA copies' mbarrier, or its own
+     * cp.async copies and then the warpgroup's named barrier bar_id */
+    auto wait_slot = [&](int t, int slot, int bar_id) {
+        if (tma_tile(t)) {
+            mbar_wait(&full[slot], (uint32_t)(t >> 1) & 1u);
+        } else {
+            cp_async_wait<0>();           /* tile t (this warpgroup's copies) landed */
+            ar_wg::fence_proxy_async();
+            wg_bar_sync128(bar_id);
+        }
+    };
     if (TMA) wg_tma_init(full, tmap, tid);
 
     /* Q and the first pair by all 256 threads (TMA tiles by WG_TMA_THREAD) */
@@ -1101,13 +1112,7 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
         const int t1 = t0 + 1;
         const bool has1 = t1 < ntiles;
         if (wg == 0) {
-            if (tma_tile(t0)) {
-                mbar_wait(&full[0], (uint32_t)(t0 >> 1) & 1u);
-            } else {
-                cp_async_wait<0>();       /* tile t0 (this warpgroup's copies) landed */
-                ar_wg::fence_proxy_async();
-                wg_bar_sync128(SS_BAR_WG0);
-            }
+            wait_slot(t0, 0, SS_BAR_WG0);
             float s[8][4];
             wg_issue_s<BF16>(s, desc_q, sk_addr0);
             ar_wg::wait<0>();
@@ -1162,13 +1167,7 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
                 if (P_RS) wg_fence_frag(pa);
             }
         } else if (has1) {
-            if (tma_tile(t1)) {
-                mbar_wait(&full[1], (uint32_t)(t1 >> 1) & 1u);
-            } else {
-                cp_async_wait<0>();       /* tile t1 (this warpgroup's copies) landed */
-                ar_wg::fence_proxy_async();
-                wg_bar_sync128(SS_BAR_WG1);
-            }
+            wait_slot(t1, 1, SS_BAR_WG1);
             float s[8][4];
             wg_issue_s<BF16>(s, desc_q, sk_addr1);
             wg_bar_sync(SS_BAR_P0READY);
