@@ -181,6 +181,43 @@ template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64
 #undef WGMMA_RS_TEXT
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
+#ifdef AR_WG_TRACE
+constexpr int WG_TRACE_TILES = 24;
+static __device__ long long wg_trace_buf[2][WG_TRACE_TILES][8];
+static __device__ long long wg_trace_t0[2];
+static __device__ long long wg_trace_cta[1024][4];   /* per CTA: clock and globaltimer at start and end */
+__device__ __forceinline__ long long wg_globaltimer()
+{
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+static __global__ void wg_trace_print(int mode, int n_tiles, int num_ctas)
+{
+    long long cmin = 1LL << 62, cmax = 0, csum = 0, t_first = 1LL << 62, t_last = 0;
+    double ghz = 0.0;
+    for (int c = 0; c < num_ctas && c < 1024; c++) {
+        const long long cyc = wg_trace_cta[c][2] - wg_trace_cta[c][0], ns = wg_trace_cta[c][3] - wg_trace_cta[c][1];
+        cmin = cyc < cmin ? cyc : cmin;
+        cmax = cyc > cmax ? cyc : cmax;
+        csum += cyc;
+        ghz += ns > 0 ? (double)cyc / ns : 0.0;
+        t_first = wg_trace_cta[c][1] < t_first ? wg_trace_cta[c][1] : t_first;
+        t_last = wg_trace_cta[c][3] > t_last ? wg_trace_cta[c][3] : t_last;
+    }
+    if (num_ctas > 0)
+        printf("WGC mode=%d ctas=%d cycles min=%lld avg=%lld max=%lld clock_ghz=%.3f span_us=%.1f\n", mode, num_ctas, cmin,
+               csum / num_ctas, cmax, ghz / (num_ctas < 1024 ? num_ctas : 1024), (t_last - t_first) * 1e-3);
+    for (int it = 0; it < n_tiles && it < WG_TRACE_TILES; it++)
+        for (int wg = 0; wg < 2; wg++) {
+            const long long *t = wg_trace_buf[wg][it];
+            printf("WGT mode=%d wg=%d it=%d t0=%lld kw=%lld turn=%lld sis=%lld sw=%lld smx=%lld vw=%lld pv=%lld\n", mode, wg,
+                   it, t[0] - wg_trace_t0[wg], t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4], t[6] - t[5],
+                   t[7] - t[6]);
+        }
+}
+#endif
+
 /* MODE 0: lockstep (AR_CFG_PREFILL_WG); 1: mbarrier pipeline (AR_CFG_PREFILL_WG_PIPE); 2: the
  * pipeline plus a ping-pong turn (AR_CFG_PREFILL_WG_PINGPONG, FlashAttention-3's warpgroup
  * scheduling): a warpgroup issues its S = Q K^T only in its turn (named barriers 1 and 2), so
@@ -344,6 +381,15 @@ attn_wgmma_kernel(const ar_attn_args a,
         const int pages = BLOCK_N >> bs_log2;
         const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)((it % STAGES) * 8);
         const uint32_t dst0 = sq_addr + (uint32_t)((1 + 2 * (it % STAGES) + v) * WgGeom::TILE_BYTES);
+#ifdef AR_WG_NOLOAD
+        /* Diagnostic build only (wrong results): after the first STAGES tiles the producer
+         * hands over its stages without copying, so the consumers run on stale tiles with no
+         * TMA writes into shared memory beside their products. */
+        if (it >= STAGES) {
+            if (lane == 0) ar_wg::mbar_arrive(bar);
+            return;
+        }
+#endif
         if (lane == 0) ar_wg::mbar_arrive_expect_tx(bar, WgGeom::TILE_BYTES);
         __syncwarp();
         if (lane < 2 * pages) {
@@ -357,15 +403,18 @@ attn_wgmma_kernel(const ar_attn_args a,
 #ifdef AR_WG_TRACE
     /* Diagnostic build only (-DAR_WG_TRACE, e.g. NVCCFLAGS of a separate BUILD): lane 0 of each
      * consumer warpgroup's first warp in CTA 0 stamps the phases of its first WG_TRACE_TILES
-     * tiles of the non-overlapped loop with the SM clock and prints one "WGT" line per tile
-     * (kw: K wait, turn: ping-pong wait, sis + sw: S issued and waited for, smx: softmax and
-     * rescale, vw: V wait, pv: P V issued and waited for).  ptxas may move a clock read across
-     * a wgmma wait, so the split between sis and sw is not to be trusted; the sums are. */
-    constexpr int WG_TRACE_TILES = 24;
+     * tiles of the non-overlapped loop with the SM clock into wg_trace_buf; wg_trace_print, a
+     * separate launch, prints one "WGT" line per tile (kw: K wait, turn: ping-pong wait, sis:
+     * S issued, sw: S waited for, smx: softmax and rescale, vw: V wait, pv: P V issued and
+     * waited for).  The stamps go to global memory, not to printf: a call in this kernel makes
+     * ptxas serialise every wgmma (C7510), which is what session 5's trace measured. */
     const bool wg_trace = blockIdx.x == 0 && !producer && (tid & 127) == 0;
-    long long wg_ts[WG_TRACE_TILES][8];
-    const long long wg_t0 = clock64();
-#define WG_STAMP(it, k) do { if (wg_trace && (it) < WG_TRACE_TILES) wg_ts[it][k] = clock64(); } while (0)
+    if (wg_trace) wg_trace_t0[wg] = clock64();
+    if (!producer && tid == 0 && blockIdx.x < 1024) {
+        wg_trace_cta[blockIdx.x][0] = clock64();
+        wg_trace_cta[blockIdx.x][1] = wg_globaltimer();
+    }
+#define WG_STAMP(it, k) do { if (wg_trace && (it) < WG_TRACE_TILES) wg_trace_buf[wg][it][k] = clock64(); } while (0)
 #else
 #define WG_STAMP(it, k) do { } while (0)
 #endif
@@ -400,11 +449,30 @@ attn_wgmma_kernel(const ar_attn_args a,
             }
         }
     };
+    /* P [64 x 128 of this warpgroup, accumulator layout] -> pa, the A fragments of the 8
+     * k-steps of 16 keys (the accumulator layout of one product is the A layout of the next) */
+    auto pack_p = [&](const float (&sc)[64], uint32_t (&pa)[8][4]) {
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+    };
     /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of 8
      * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies
      * it: right away, or in the overlapped mode once the P V in flight has landed in acc) */
     auto softmax_to_p = [&](float (&sc)[64], int t, uint32_t (&pa)[8][4], float (&alpha_out)[2]) {
         const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+#ifdef AR_WG_NOSMX
+        /* Diagnostic build only (wrong results): P = S as it is, no mask or exponentials, so
+         * the loop's time is the products and the K/V stream (the condition only keeps the
+         * code below reachable for the compiler) */
+        pack_p(sc, pa);
+        alpha_out[0] = alpha_out[1] = 1.f;
+        if (tile_first >= 0) return;
+#endif
         if (a.soft_cap > 0.f) {
             const float scale = scale_log2 * 0.6931471805599453f;
             const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
@@ -446,13 +514,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             row_l[r] = row_l[r] * alpha + rs;
             alpha_out[r] = alpha;
         }
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-            pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
-            pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
-            pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
-            pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
-        }
+        pack_p(sc, pa);
     };
     auto rescale_acc = [&](const float (&alpha)[2]) {
 #pragma unroll
@@ -699,15 +761,14 @@ attn_wgmma_kernel(const ar_attn_args a,
         WG_STAMP(it, 7);
         if (PIPE) ar_wg::mbar_arrive(empty_bar + stage * 8);
     }
-#ifdef AR_WG_TRACE
-    if (wg_trace)
-        for (int it = 0; it < n_tiles && it < WG_TRACE_TILES; it++)
-            printf("WGT mode=%d wg=%d it=%d t0=%lld kw=%lld turn=%lld sis=%lld sw=%lld smx=%lld vw=%lld pv=%lld\n", MODE, wg,
-                   it, wg_ts[it][0] - wg_t0, wg_ts[it][1] - wg_ts[it][0], wg_ts[it][2] - wg_ts[it][1],
-                   wg_ts[it][3] - wg_ts[it][2], wg_ts[it][4] - wg_ts[it][3], wg_ts[it][5] - wg_ts[it][4],
-                   wg_ts[it][6] - wg_ts[it][5], wg_ts[it][7] - wg_ts[it][6]);
-#endif
+
     if (!WS) cp_async_wait<0>();
+#ifdef AR_WG_TRACE
+    if (!producer && tid == 0 && blockIdx.x < 1024) {
+        wg_trace_cta[blockIdx.x][2] = clock64();
+        wg_trace_cta[blockIdx.x][3] = wg_globaltimer();
+    }
+#endif
 
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -765,6 +826,9 @@ static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_
     cudaError_t e = wgmma_tensor_maps<MODE>(a, &mk, &mv);
     if (e != cudaSuccess) return e;
     attn_wgmma_kernel<T, MODE><<<num_work, WgStages<MODE>::THREADS, WgStages<MODE>::SMEM, stream>>>(*a, mk, mv);
+#ifdef AR_WG_TRACE
+    wg_trace_print<<<1, 1, 0, stream>>>(MODE, WG_TRACE_TILES, num_work);
+#endif
     return cudaGetLastError();
 }
 
