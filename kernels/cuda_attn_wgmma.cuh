@@ -182,6 +182,12 @@ template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 #ifdef AR_WG_TRACE
+/* Diagnostic build only (-DAR_WG_TRACE; see the trace comment in attn_wgmma_kernel): where the
+ * kernel leaves its clock stamps - CTA 0's phase stamps per warpgroup and tile, and every
+ * CTA's clock and global timer at the start and the end of its key loop - and the one-thread
+ * launch that prints them after each wgmma launch ("WGC": cycles per CTA, the SM clock they
+ * imply, first start to last end; "WGT": one line per tile; a tile CTA 0 did not reach prints
+ * an earlier launch's values). */
 constexpr int WG_TRACE_TILES = 24;
 static __device__ long long wg_trace_buf[2][WG_TRACE_TILES][8];
 static __device__ long long wg_trace_t0[2];
