@@ -337,9 +337,9 @@ __device__ __forceinline__ void store_lse(const ar_attn_args &a, const ar_attn_w
 {
     if (w.partial < 0) {
         float v = lse2;
-        if (a.merge_out) {
+        if (a.merge_out) {                          /* the merged LSE needs the two LSEs only */
             float o0 = 0.f, o1 = 0.f;
-            v = fused_merge<T>(a, token_abs, q_head, 0, lse2, o0, o1);
+            v = fused_merge_with<T>(a, 0u, a.merge_lse[merge_lse_index(a, token_abs, q_head)], lse2, o0, o1);
         } else if (a.fault != AR_FAULT_LSE_BASE2 && lse2 != -INFINITY) {
             v = lse2 * 0.6931471805599453f;
         }
