@@ -323,14 +323,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_cascade: AR_CASC_ONLY=%s: expected PREFIX:SUFFIX, e.g. 32768:128\n", only);
         return 1;
     }
+    int matched = 0;
     for (int p = 0; p < 3; p++)
         for (int s = 0; s < 2; s++) {
             if (only && (prefixes[p] != only_p || suffixes[s] != only_s)) continue;
+            matched++;
             int r = run_case(prefixes[p], suffixes[s], repeat, &rows[n]);
             if (r == 2) return 0;
             if (r == 0) n++;
             else rc = 1;
         }
+    if (!matched) {
+        fprintf(stderr, "bench_cascade: AR_CASC_ONLY=%s: not one of the cases (prefix 1024, 8192 or 32768; suffix 128 or 256)\n",
+                only);
+        return 1;
+    }
     printf("\ncascade vs flat, decode B=128, Hq 32 / Hkv 8, hd 128, bf16, block 16 (attention us, KV write excluded)\n");
     printf("| prefix | suffix | flat us | cascade us | speedup | ideal bytes ratio | prefix us (TFLOP/s, splits) | suffix us | merge us | max |c-f| |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|\n");
