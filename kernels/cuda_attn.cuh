@@ -28,6 +28,9 @@
  *   DECODE : one warp of 16 rows x WARPS_N=4 warps that walk interleaved key tiles with their
  *            own online-softmax state and merge through shared memory at the end (split-KV
  *            inside the CTA).  Chosen when every (request, KV head) fits in 16 rows.
+ *   DECODE_TMA (compute capability 9.0, cuda_attn_decode_tma.cuh): decode batches of many
+ *            short requests, one CTA per request over every KV head, whole cache blocks
+ *            copied by TMA; never split.
  * Across CTAs, split-KV (a work item covers part of the key range) writes normalised fp32
  * partials + log2 LSE, and ar_attn::combine_kernel merges them (see the split heuristic in
  * cuda_backend.cu).
@@ -67,7 +70,10 @@
                                    by the tensor memory accelerator (one bulk tensor copy per
                                    page and 64-dim half) instead of cp.async */
 #define AR_CFG_PREFILL_WG_TMA_QREG 10 /* PREFILL_WG_TMA with Q held in registers for S = Q K^T */
-#define AR_CFG_COUNT 11
+#define AR_CFG_DECODE_TMA 11    /* compute capability 9.0, decode batches of short contexts: one CTA
+                                   per request (every KV head), whole cache blocks copied by TMA
+                                   (cuda_attn_decode_tma.cuh) */
+#define AR_CFG_COUNT 12
 #define AR_MAX_SPLITS 64
 
 /* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
@@ -122,6 +128,14 @@ typedef struct ar_attn_args {
     const void *merge_out;      /* [num_tokens, Hq, head_size] dtype: the prefix pass's out */
     const float *merge_lse;     /* [Hq, num_tokens] natural log: its LSE */
     int merge_lse_base2;        /* the step's AR_FAULT_LSE_BASE2: the merged LSE reported as log2 */
+    /* cascade suffix pass on AR_CFG_DECODE_TMA with the merge fused and the prefix pass split
+     * (else merge_groups NULL): the prefix side of each row is combined from the prefix pass's
+     * split partials here, and its combine kernel does not run (merge_out is then unused) */
+    const ar_combine_group *merge_groups; /* the prefix pass's groups: [Hkv][merge_row_blocks] */
+    const float *merge_partial_o;         /* [partials, merge_rows, head_size] fp32, normalised */
+    const float *merge_partial_lse;       /* [partials, merge_rows] log2 */
+    int merge_rows;                       /* rows per prefix-pass CTA */
+    int merge_row_blocks;                 /* row blocks per KV head: ceil(T x group / merge_rows) */
 } ar_attn_args;
 
 /* Geometry of a (config, template head dim) pair; the same table the kernels instantiate. */
@@ -848,6 +862,7 @@ static cudaError_t attributes_one(int *ctas_per_sm)
 } /* namespace ar_attn */
 
 #include "cuda_attn_wgmma.cuh"
+#include "cuda_attn_decode_tma.cuh"
 
 namespace ar_attn {
 
@@ -865,6 +880,7 @@ cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work
                : config == AR_CFG_PREFILL_WG_TMA_QREG ? launch_wgmma<T, 6>(a, num_work, stream)
                                                       : launch_wgmma<T, 4>(a, num_work, stream);
     }
+    if (config == AR_CFG_DECODE_TMA) return hd == 128 ? launch_decode_tma<T>(a, num_work, stream) : cudaErrorInvalidValue;
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return launch_one<T, PrefillWideG128>(a, num_work, stream);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return launch_one<T, PrefillTallG128>(a, num_work, stream);
     if (config != AR_CFG_DECODE) {
@@ -889,6 +905,7 @@ cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
     if (config == AR_CFG_PREFILL_WG_WS_OVERLAP) return attributes_wgmma<T, 4>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WG_TMA) return attributes_wgmma<T, 5>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WG_TMA_QREG) return attributes_wgmma<T, 6>(ctas_per_sm);
+    if (config == AR_CFG_DECODE_TMA) return attributes_decode_tma<T>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return attributes_one<T, PrefillWideG128>(ctas_per_sm);
     if (config == AR_CFG_PREFILL_TALL && hd == 128) return attributes_one<T, PrefillTallG128>(ctas_per_sm);
     if (config != AR_CFG_DECODE) {

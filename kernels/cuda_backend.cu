@@ -7,7 +7,12 @@
  *   - the KV-cache write kernel (vLLM reshape_and_cache_flash: slot -1 skipped),
  *   - the split-KV combine launch, and timing with CUDA events.
  * The attention kernels themselves are in cuda_attn.cuh (mma.sync, sm_80+) and
- * cuda_attn_wgmma.cuh (wgmma, sm_90a).  Which one runs: launches in the DECODE geometry (every
+ * cuda_attn_wgmma.cuh (wgmma, sm_90a), and cuda_attn_decode_tma.cuh (sm_90a).  Which one runs:
+ * decode launches (one query token per request) of at least half as many requests as SMs, every
+ * context at most 16k keys, head size 128, block size 16, at most 8 KV heads, on a
+ * compute-capability 9.0 device with tensor maps take DECODE_TMA (one CTA per request, whole
+ * cache blocks by TMA; see decode_tma_plan for the measurements behind the rule; the cascade
+ * suffix pass of a decode batch is such a launch); other launches in the DECODE geometry (every
  * (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches with head
  * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_TMA_QREG (128 x 128 tiles,
  * two ping-pong consumer warpgroups with Q in registers fed by a producer warpgroup whose
@@ -52,7 +57,9 @@
  * finished row mixed with the prefix pass's in store_pair / combine_kernel, so "merge" times
  * ~0: on the H200 the fused suffix pass took 38.4 us against 34.4 + 6.1 for the suffix pass and
  * merge_kernel apart); AR_CUDA_CASCADE_MERGE=separate runs merge_kernel.  Each pass's split
- * combine is inside its time.  Sliding window never cascades (prepare refuses it).
+ * combine is inside its time; when the suffix pass runs DECODE_TMA with the merge fused, the
+ * prefix pass's split combine runs inside it too (fold_prefix_combine; AR_CUDA_CASCADE_FOLD=0
+ * keeps the combine kernel), and the fused merge's "merge" times 0 (no events around it).  Sliding window never cascades (prepare refuses it).
  * Q and the new K/V are generated on the device before, untimed (in vLLM they come out of the
  * QKV projection).  Repeats are idempotent: the write stores the same values to the same slots.
  *
@@ -88,6 +95,8 @@ typedef struct cuda_state {
                                        AR_CFG_PREFILL_WG_TMA can run (else it runs as _WS) */
     int wgmma_auto;                 /* the wgmma config the automatic plan uses for PREFILL launches
                                        (has_wgmma, head size 128), 0 = none (AR_CUDA_WGMMA=0) */
+    int decode_tma_auto;            /* 1: the automatic plan may take AR_CFG_DECODE_TMA (has_tma; 0
+                                       with AR_CUDA_DECODE_TMA=0 in the environment) */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
     bool bf16;
     size_t side_elems;              /* num_blocks * block_size * hkv * head_size */
@@ -127,6 +136,9 @@ typedef struct cuda_state {
                                        pass's (store_pair / combine_kernel) and no merge_kernel runs
                                        (the default); 0: merge_kernel after the suffix pass
                                        (AR_CUDA_CASCADE_MERGE=separate, ar_cuda_set_cascade_merge) */
+    int fold_combine;               /* 1: fold the prefix pass's split combine into the suffix pass
+                                       where fold_prefix_combine allows (the default); 0: never
+                                       (AR_CUDA_CASCADE_FOLD=0, ar_cuda_set_cascade_fold) */
     int pre_config;
     ar_attn_geom pre_geom;
     int pre_num_work, pre_num_groups, pre_num_partials, pre_num_splits;
@@ -274,6 +286,10 @@ ar_attn_geom ar_attn_geometry(int config, int hd)
         const int mode = config - AR_CFG_PREFILL_WG;
         ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, mode >= 3 ? WgStages<3>::THREADS : WgStages<0>::THREADS,
                           mode == 0 ? WgStages<0>::SMEM : mode >= 3 ? WgStages<3>::SMEM : WgStages<1>::SMEM};
+        return r;
+    }
+    if (config == AR_CFG_DECODE_TMA && hd == 128) {
+        ar_attn_geom r = {16, DecodeTmaGeom::BLOCK, 1, 32 * (DecodeTmaGeom::MAX_KV_HEADS + 1), DecodeTmaGeom::SMEM};
         return r;
     }
     if (config == AR_CFG_PREFILL_WIDE && hd == 128) return geom_of<PrefillWideG128>();
@@ -449,6 +465,14 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         s->wgmma_auto = s->has_wgmma && s->head_size == 128 ? auto_config : 0;
     }
     {
+        const char *e = getenv("AR_CUDA_CASCADE_FOLD");
+        s->fold_combine = !(e != NULL && strcmp(e, "0") == 0);
+    }
+    {
+        const char *e = getenv("AR_CUDA_DECODE_TMA");
+        s->decode_tma_auto = s->has_tma && !(e != NULL && strcmp(e, "0") == 0);
+    }
+    {
         const char *e = getenv("AR_CUDA_CASCADE_MERGE");
         s->fused_merge = !(e != NULL && strcmp(e, "separate") == 0);
     }
@@ -462,7 +486,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
             return rc;
         }
     for (int c = 0; c < AR_CFG_COUNT; c++) {
-        if (ar_attn_config_is_wg(c) && !s->has_wgmma) {   /* sm_90a code only; never planned elsewhere */
+        if ((ar_attn_config_is_wg(c) || c == AR_CFG_DECODE_TMA) && !s->has_wgmma) {   /* sm_90a code only; never planned elsewhere */
             s->ctas_per_sm[c] = 1;
             continue;
         }
@@ -566,6 +590,34 @@ static void pass_plan_free(pass_plan *pl)
     memset(pl, 0, sizeof *pl);
 }
 
+/* AR_CFG_DECODE_TMA (cuda_attn_decode_tma.cuh) can run this launch: Hopper with tensor maps,
+ * head size 128, block size 16, at most 8 KV heads, a group of at most 16, no planted fault
+ * (the faults live in the general kernels), causal, and one query token per request.  The
+ * automatic plan takes it (force_config -1, no forced split, AR_CUDA_DECODE_TMA not 0) for
+ * batches of at least half as many requests as the device has SMs whose longest context is at
+ * most DECODE_TMA_MAX_KEYS keys: one CTA walks a whole request and never splits.  On the H200
+ * (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, 2026-11-30): 128 keys (the cascade
+ * suffix pass) 28.7 us against 35.4 for DECODE; 1152 keys 115.7 against 154.5; 8320 keys
+ * 752 against 761; 32896 keys 2941-2949 against 2888 (DECODE's split-KV wins), 33024 keys
+ * 3054-3084 against 3095-3111 - hence the cut between 8k and 32k.  force_config
+ * AR_CFG_DECODE_TMA takes it whenever it can run. */
+#define DECODE_TMA_MAX_KEYS 16384
+static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
+                            bool non_causal, int force_config, int force_splits)
+{
+    if (!s->has_tma || non_causal || s->head_size != 128 || s->template_hd != 128 || s->block_size != 16 ||
+        s->hkv > 8 || s->group > 16 || s->cfg.fault != AR_FAULT_NONE)
+        return false;
+    int max_seq = 0;
+    for (int r = 0; r < R; r++) {
+        if (query_start_loc[r + 1] - query_start_loc[r] > 1) return false;
+        if (seq_lens[r] > max_seq) max_seq = seq_lens[r];
+    }
+    if (force_config == AR_CFG_DECODE_TMA) return true;
+    if (force_config >= 0 || force_splits > 0 || !s->decode_tma_auto) return false;
+    return 2 * R >= s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS;
+}
+
 /* Flattens one launch into work items.  R sequences; query_start_loc [R + 1], seq_lens [R].
  * non_causal: every query of a sequence sees all its seq_len keys (cascade prefix pass: its
  * own split rule), and the sliding window is not applied.  force_config -1 / force_splits 0 =
@@ -588,6 +640,34 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     if ((config == AR_CFG_PREFILL_WG_TMA || config == AR_CFG_PREFILL_WG_TMA_QREG) && !s->has_tma)
         config = AR_CFG_PREFILL_WG_WS;
     if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = s->wgmma_auto;
+    if (config == AR_CFG_DECODE &&
+        decode_tma_plan(s, R, query_start_loc, seq_lens, non_causal, force_config, force_splits)) {
+        /* one unsplit item per request with its token (key blocks from the window's start) */
+        const int window0 = s->cfg.model.sliding_window;
+        ar_attn_work *work = (ar_attn_work *)malloc((size_t)(R > 0 ? R : 1) * sizeof *work);
+        ar_combine_group *groups = (ar_combine_group *)malloc(sizeof *groups);
+        if (!work || !groups) {
+            free(work);
+            free(groups);
+            return 3;
+        }
+        int64_t n = 0;
+        for (int r = 0; r < R; r++) {
+            if (query_start_loc[r + 1] - query_start_loc[r] != 1) continue;
+            int kv_start = window0 > 0 ? seq_lens[r] - window0 : 0;
+            if (kv_start < 0) kv_start = 0;
+            ar_attn_work w = {r, 0, 0, kv_start / 16, (seq_lens[r] + 15) / 16, -1, 0};
+            work[n++] = w;
+        }
+        qsort(work, (size_t)n, sizeof *work, cmp_work_desc);
+        pl->config = AR_CFG_DECODE_TMA;
+        pl->geom = ar_attn_geometry(AR_CFG_DECODE_TMA, 128);
+        pl->num_splits = 1;
+        pl->num_work = n;
+        pl->work = work;
+        pl->groups = groups;
+        return 0;
+    }
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
     const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
@@ -1001,6 +1081,19 @@ static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, 
     return cudaGetLastError();
 }
 
+/* The prefix pass's split combine folded into the suffix pass: the suffix pass runs
+ * AR_CFG_DECODE_TMA with the merge fused, and every prefix-pass row block is split (its groups
+ * are then [Hkv][row blocks], in the order build_plan makes them), so the suffix pass combines
+ * each row's prefix partials itself and the combine kernel (8.3 us at P 32k on the H200, ncu)
+ * does not run. */
+static bool fold_prefix_combine(const cuda_state *s)
+{
+    const int rows = s->pre_geom.rows > 0 ? s->pre_geom.rows : 1;
+    const int row_blocks = (s->num_tokens * s->group + rows - 1) / rows;
+    return s->cascade && s->fused_merge && s->fold_combine && s->config == AR_CFG_DECODE_TMA && s->pre_num_groups > 0 &&
+           s->pre_num_groups == s->hkv * row_blocks && s->pre_num_work == s->pre_num_partials;
+}
+
 /* The cascade passes' arguments, from the flat ones (fill_args): the suffix pass reads keys
  * P..seq_len-1 through the block table shifted by P / block_size and writes suf_out/suf_lse
  * (fused merge: the step's out/lse, each row mixed with the prefix pass's); the prefix pass
@@ -1034,11 +1127,19 @@ static void cascade_args(const cuda_state *s, const ar_attn_args *flat, ar_attn_
     pre->groups = s->d_pre_groups;
     pre->sliding_window = 0;
     pre->non_causal = 1;
+    if (fold_prefix_combine(s)) {
+        suf->merge_groups = s->d_pre_groups;
+        suf->merge_partial_o = (const float *)s->pre_part_o.ptr;
+        suf->merge_partial_lse = (const float *)s->pre_part_lse.ptr;
+        suf->merge_rows = s->pre_geom.rows;
+        suf->merge_row_blocks = (s->num_tokens * s->group + s->pre_geom.rows - 1) / s->pre_geom.rows;
+    }
 }
 
 /* One timed pass; events around the kernels when timed:
  *   flat:    ev0 write ev1 attention ev2 combine (when split) ev3
- *   cascade: ev0 write ev1 prefix (+ combine) ev2 suffix (+ combine) ev3 merge ev4 */
+ *   cascade: ev0 write ev1 prefix (+ combine) ev2 suffix (+ combine) ev3 merge ev4 (no ev4 when the
+ *            merge is fused into the suffix pass) */
 static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, bool timed)
 {
     cudaError_t e;
@@ -1057,7 +1158,8 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
     }
     ar_attn_args pre, suf;
     cascade_args(s, a, &pre, &suf);
-    e = launch_attention(s, &pre, s->pre_config, s->pre_num_work, s->pre_num_groups, s->pre_geom.rows, NULL);
+    e = launch_attention(s, &pre, s->pre_config, s->pre_num_work, suf.merge_groups ? 0 : s->pre_num_groups,
+                         s->pre_geom.rows, NULL);
     if (e != cudaSuccess) return e;
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     e = launch_attention(s, &suf, s->config, s->num_work, s->num_groups, s->geom.rows, NULL);
@@ -1076,7 +1178,7 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
                 s->num_tokens, s->hq, s->head_size, nofw, base2);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
-    if (timed) cudaEventRecord(s->ev[4], s->stream);
+    if (timed && !s->fused_merge) cudaEventRecord(s->ev[4], s->stream);
     return cudaSuccess;
 }
 
@@ -1148,6 +1250,9 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
      * prefix, suffix, merge (each pass's combine inside its time).  times[k * repeat + i] =
      * kernel k of repeat i; the last row is the total. */
     const int nk = s->cascade ? 4 : 3;
+    /* kernels with events around them: a fused merge runs inside the suffix pass, so "merge"
+     * has no events and times 0 (an empty event pair measured ~1.3 us on the H200) */
+    const int nk_ev = s->cascade && s->fused_merge ? 3 : nk;
     double *times = (double *)malloc(sizeof(double) * (size_t)(nk + 1) * (size_t)repeat);
     if (!times) {
         snprintf(err, err_len, "cuda backend: out of host memory");
@@ -1159,14 +1264,14 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
     }
     for (int i = 0; i < repeat; i++) {
         if ((rc = cuda_fail(run_pass(s, &a, layer, true), "attention launch", err, err_len)) ||
-            (rc = cuda_fail(cudaEventSynchronize(s->ev[nk]), "attention kernels", err, err_len))) {
+            (rc = cuda_fail(cudaEventSynchronize(s->ev[nk_ev]), "attention kernels", err, err_len))) {
             free(times);
             return rc;
         }
         double total = 0;
         for (int k = 0; k < nk; k++) {
             float ms = 0;
-            cudaEventElapsedTime(&ms, s->ev[k], s->ev[k + 1]);
+            if (k < nk_ev) cudaEventElapsedTime(&ms, s->ev[k], s->ev[k + 1]);
             times[k * repeat + i] = ms * 1e3;
             total += ms * 1e3;
         }
@@ -1234,6 +1339,12 @@ extern "C" void ar_cuda_set_cascade_merge(void *state, int fused)
     if (s) s->fused_merge = fused ? 1 : 0;
 }
 
+extern "C" void ar_cuda_set_cascade_fold(void *state, int fold)
+{
+    cuda_state *s = (cuda_state *)state;
+    if (s) s->fold_combine = fold ? 1 : 0;
+}
+
 extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
 {
     cuda_state *s = (cuda_state *)state;
@@ -1253,6 +1364,7 @@ extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
     info->prefix_config = s->pre_config;
     info->prefix_num_work = s->pre_num_work;
     info->prefix_num_splits = s->pre_num_splits;
+    info->prefix_combine_folded = fold_prefix_combine(s) ? 1 : 0;
 }
 
 extern "C" int ar_cuda_merge_states(ar_dtype dtype, int num_tokens, int num_heads, int head_size,

@@ -41,10 +41,14 @@ void ar_cuda_set_prefix_plan(void *state, int config, int num_splits);
  * last kernel, or its split combine) and times "merge" as 0; fused = 0 runs vLLM's separate
  * merge_attn_states kernel after the suffix pass. */
 void ar_cuda_set_cascade_merge(void *state, int fused);
+/* Cascade, fused merge, suffix pass on AR_CFG_DECODE_TMA, prefix pass split: fold = 1 (the
+ * default; AR_CUDA_CASCADE_FOLD=0 in the environment makes it 0) lets the suffix pass combine
+ * the prefix pass's split partials itself instead of a combine kernel after the prefix pass. */
+void ar_cuda_set_cascade_fold(void *state, int fold);
 
 /* What the last prepare() planned. */
 typedef struct ar_cuda_plan_info {
-    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL, 4 PREFILL_WG, 5 _PIPE, 6 _PINGPONG, 7 _WS, 8 _WS_OVERLAP, 9 _TMA, 10 _TMA_QREG (wgmma, sm_90) */
+    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL, 4 PREFILL_WG, 5 _PIPE, 6 _PINGPONG, 7 _WS, 8 _WS_OVERLAP, 9 _TMA, 10 _TMA_QREG (wgmma, sm_90), 11 DECODE_TMA (sm_90) */
     int template_hd;     /* 64, 128 or 256 */
     int num_work;        /* CTAs of the attention launch */
     int num_splits;      /* split count chosen (1 = none) */
@@ -59,6 +63,7 @@ typedef struct ar_cuda_plan_info {
     int prefix_config;     /* geometry of the prefix pass */
     int prefix_num_work;   /* CTAs of the prefix pass */
     int prefix_num_splits; /* its split count */
+    int prefix_combine_folded; /* 1: its split combine runs inside the suffix pass (no combine kernel) */
 } ar_cuda_plan_info;
 void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info);
 

@@ -13,7 +13,10 @@
  * Target (issue 5): cascade >= 20x faster at P 32k, S 128.
  *
  * At P 32k, S 128 it also sweeps the prefix pass's plan (geometry x split count, "SWEEP" lines)
- * and the suffix pass's (split count x merge fused or separate, "SUFFIX" lines).
+ * and the suffix pass's (kernel x split count x merge fused or separate, the prefix pass's
+ * split combine folded into the suffix pass or not: "SUFFIX" lines).
+ * Every case also times the flat pass on each decode kernel, DECODE and DECODE_TMA ("FLAT"
+ * lines; AR_CASC_FLAT_TMA=0 leaves them out), the evidence behind the automatic choice.
  *
  * Usage: bench_cascade [REPEAT] (default 20).  One "RESULT name=..." line per case, then a
  * table.  Skips with the backend's reason when there is no GPU.  AR_CASC_ONLY=P:S runs that
@@ -64,6 +67,27 @@ static double kernel_us(const ar_forward_out *o, const char *name)
     return 0;
 }
 
+/* max |a - b| over n elements; a NaN anywhere reads as infinity */
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double md = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d != d) d = INFINITY;
+        if (d > md) md = d;
+    }
+    return md;
+}
+
+/* prepare + forward of batch b into out/lse; 0 ok, else the backend's error in err */
+static int forward_once(void *st, ar_batch *b, float *out, float *lse, ar_forward_out *o, char *err, size_t err_len)
+{
+    memset(o, 0, sizeof *o);
+    o->out = out;
+    o->lse = lse;
+    return ar_cuda_backend.prepare(st, b, err, err_len) || ar_cuda_backend.forward(st, 0, b, o, err, err_len);
+}
+
 /* The prefix pass under other plans (geometry x split count) on the prepared cascade batch b:
  * one "SWEEP" line each with its prefix time, TFLOP/s and max |cascade - flat| (out_flat
  * [T, Hq, hd], as in run_case), for choosing the automatic plan.  auto_us is the automatic
@@ -87,22 +111,15 @@ static int sweep_prefix_plans(void *st, ar_batch *b, const float *out_flat, floa
         for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
             ar_cuda_set_prefix_plan(st, configs[c], splits[k]);
             ar_forward_out o;
-            memset(&o, 0, sizeof o);
-            o.out = out;
-            o.lse = lse;
-            if (ar_cuda_backend.prepare(st, b, err, sizeof err) || ar_cuda_backend.forward(st, 0, b, &o, err, sizeof err)) {
+            if (forward_once(st, b, out, lse, &o, err, sizeof err)) {
                 printf("ERROR prefix sweep config %d splits %d: %s\n", configs[c], splits[k], err);
                 ar_cuda_set_prefix_plan(st, -1, 0);
                 return 1;
             }
             ar_cuda_plan_info pi;
             ar_cuda_plan_of(st, &pi);
-            double us = kernel_us(&o, "prefix"), md = 0;
-            for (size_t i = 0; i < (size_t)b->num_tokens * CASC_HQ * CASC_HD; i++) {
-                double d = fabs((double)out[i] - (double)out_flat[i]);
-                if (d != d) d = INFINITY;
-                if (d > md) md = d;
-            }
+            const double us = kernel_us(&o, "prefix");
+            const double md = max_abs_diff(out, out_flat, (size_t)b->num_tokens * CASC_HQ * CASC_HD);
             printf("SWEEP prefix config=%d splits_asked=%d splits=%d work=%d prefix_us=%.1f tflops=%.1f suffix_us=%.1f "
                    "max_diff=%.3g%s\n", pi.prefix_config, splits[k], pi.prefix_num_splits, pi.prefix_num_work, us,
                    flops / us * 1e-6, kernel_us(&o, "suffix"), md, md < 0.05 ? "" : " DISAGREES");
@@ -114,42 +131,41 @@ static int sweep_prefix_plans(void *st, ar_batch *b, const float *out_flat, floa
 
 /* The suffix pass and the merge under other plans, the prefix pass kept on its automatic plan
  * (prefix_config, prefix_splits): merge fused into the suffix pass or separate, times the
- * suffix pass's split count (0 = its heuristic): one "SUFFIX" line each with the suffix, merge
- * and whole-step attention times and max |cascade - flat|.  0 ok, 1 error or disagreement. */
+ * suffix pass's kernel and split count (config -1 / splits 0 = its rules: DECODE_TMA on the
+ * H200 at this shape, DECODE when a split is asked), and the prefix pass's split combine
+ * folded into the suffix pass (the default) or run as its own kernel: one "SUFFIX" line each
+ * with the suffix, merge and whole-step attention times and max |cascade - flat|.  0 ok, 1
+ * error or disagreement. */
 static int sweep_suffix_plans(void *st, ar_batch *b, const float *out_flat, float *out, float *lse, int prefix_config,
                               int prefix_splits)
 {
-    static const int splits[] = {0, 1, 2, 3, 4};
+    static const struct { int fused, config, splits, fold; } plans[] = {
+        {1, -1, 0, 1}, {1, -1, 0, 0}, {1, -1, 1, 1}, {1, -1, 2, 1}, {1, -1, 3, 1}, {1, -1, 4, 1}, {1, 1, 0, 1},
+        {0, -1, 0, 1}, {0, -1, 1, 1}, {0, -1, 2, 1}, {0, -1, 3, 1}, {0, -1, 4, 1}, {0, 1, 0, 1}};
     char err[512] = "";
     int bad = 0;
-    for (int fused = 1; fused >= 0; fused--)
-        for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
-            ar_cuda_set_cascade_merge(st, fused);
-            ar_cuda_set_plan(st, -1, splits[k]);
-            ar_cuda_set_prefix_plan(st, prefix_config, prefix_splits);
-            ar_forward_out o;
-            memset(&o, 0, sizeof o);
-            o.out = out;
-            o.lse = lse;
-            if (ar_cuda_backend.prepare(st, b, err, sizeof err) || ar_cuda_backend.forward(st, 0, b, &o, err, sizeof err)) {
-                printf("ERROR suffix sweep fused %d splits %d: %s\n", fused, splits[k], err);
-                bad = 1;
-                break;
-            }
-            ar_cuda_plan_info pi;
-            ar_cuda_plan_of(st, &pi);
-            double md = 0;
-            for (size_t i = 0; i < (size_t)b->num_tokens * CASC_HQ * CASC_HD; i++) {
-                double d = fabs((double)out[i] - (double)out_flat[i]);
-                if (d != d) d = INFINITY;
-                if (d > md) md = d;
-            }
-            printf("SUFFIX fused=%d splits_asked=%d splits=%d work=%d suffix_us=%.1f merge_us=%.1f prefix_us=%.1f "
-                   "cascade_us=%.1f max_diff=%.3g%s\n", fused, splits[k], pi.num_splits, pi.num_work,
-                   kernel_us(&o, "suffix"), kernel_us(&o, "merge"), kernel_us(&o, "prefix"), attention_us(&o), md,
-                   md < 0.05 ? "" : " DISAGREES");
-            if (!(md < 0.05)) bad = 1;
+    for (size_t k = 0; k < sizeof plans / sizeof plans[0] && !bad; k++) {
+        ar_cuda_set_cascade_merge(st, plans[k].fused);
+        ar_cuda_set_cascade_fold(st, plans[k].fold);
+        ar_cuda_set_plan(st, plans[k].config, plans[k].splits);
+        ar_cuda_set_prefix_plan(st, prefix_config, prefix_splits);
+        ar_forward_out o;
+        if (forward_once(st, b, out, lse, &o, err, sizeof err)) {
+            printf("ERROR suffix sweep fused %d config %d splits %d fold %d: %s\n", plans[k].fused, plans[k].config,
+                   plans[k].splits, plans[k].fold, err);
+            bad = 1;
+            break;
         }
+        ar_cuda_plan_info pi;
+        ar_cuda_plan_of(st, &pi);
+        const double md = max_abs_diff(out, out_flat, (size_t)b->num_tokens * CASC_HQ * CASC_HD);
+        printf("SUFFIX fused=%d config=%d splits_asked=%d splits=%d work=%d folded=%d suffix_us=%.1f merge_us=%.1f "
+               "prefix_us=%.1f cascade_us=%.1f max_diff=%.3g%s\n", plans[k].fused, pi.config, plans[k].splits,
+               pi.num_splits, pi.num_work, pi.prefix_combine_folded, kernel_us(&o, "suffix"), kernel_us(&o, "merge"),
+               kernel_us(&o, "prefix"), attention_us(&o), md, md < 0.05 ? "" : " DISAGREES");
+        if (!(md < 0.05)) bad = 1;
+    }
+    ar_cuda_set_cascade_fold(st, 1);
     ar_cuda_set_cascade_merge(st, 1);
     ar_cuda_set_plan(st, -1, 0);
     ar_cuda_set_prefix_plan(st, -1, 0);
@@ -259,10 +275,7 @@ static int run_case(int P, int S, int repeat, casc_row *row)
     ar_cuda_plan_info pi;
     for (int pass = 0; pass < 2 && !rc; pass++) {
         b.common_prefix_len = pass ? P : 0;
-        memset(&o, 0, sizeof o);
-        o.out = pass ? out_casc : out_flat;
-        o.lse = lse;
-        if (ar_cuda_backend.prepare(st, &b, err, sizeof err) || ar_cuda_backend.forward(st, 0, &b, &o, err, sizeof err)) {
+        if (forward_once(st, &b, pass ? out_casc : out_flat, lse, &o, err, sizeof err)) {
             printf("ERROR cascade P %d S %d (%s): %s\n", P, S, pass ? "cascade" : "flat", err);
             rc = 1;
             break;
@@ -282,12 +295,7 @@ static int run_case(int P, int S, int repeat, casc_row *row)
         }
     }
     if (!rc) {
-        double md = 0;
-        for (size_t i = 0; i < no; i++) {
-            double d = fabs((double)out_casc[i] - (double)out_flat[i]);
-            if (d != d) d = INFINITY;
-            if (d > md) md = d;
-        }
+        const double md = max_abs_diff(out_casc, out_flat, no);
         row->max_diff = md;
         row->ideal = (double)R * (P + S) / ((double)P + (double)R * S);
         row->prefix_tflops = 4.0 * T * CASC_HQ * (double)P * CASC_HD / row->prefix_us * 1e-6;
@@ -298,6 +306,27 @@ static int run_case(int P, int S, int repeat, casc_row *row)
                row->flat_us / row->casc_us, row->ideal, row->prefix_us, row->suffix_us, row->merge_us,
                row->prefix_tflops, row->prefix_config, row->prefix_splits, row->prefix_work, row->flat_splits, md);
         if (!row->ok) rc = 1;
+    }
+    /* the flat pass on each decode kernel, DECODE (config 1, split-KV) and DECODE_TMA (11, one
+     * CTA per request, never split): how they compare, for the automatic rule */
+    const char *ft = getenv("AR_CASC_FLAT_TMA");
+    for (int fc = 0; fc < 2 && !rc && !(ft && strcmp(ft, "0") == 0); fc++) {
+        const int config = fc ? 11 : 1;
+        b.common_prefix_len = 0;
+        ar_cuda_set_plan(st, config, 0);
+        if (forward_once(st, &b, out_casc, lse, &o, err, sizeof err)) {
+            printf("ERROR cascade P %d S %d (flat on config %d): %s\n", P, S, config, err);
+            rc = 1;
+        } else {
+            ar_cuda_plan_of(st, &pi);
+            const double md = max_abs_diff(out_casc, out_flat, no);
+            printf("FLAT name=flat_b128_p%d_s%d config_asked=%d config=%d splits=%d us=%.1f auto_us=%.1f max_diff=%.3g%s\n",
+                   P, S, config, pi.config, pi.num_splits, attention_us(&o), row->flat_us, md,
+                   md < 0.05 ? "" : " DISAGREES");
+            if (!(md < 0.05)) rc = 1;
+        }
+        ar_cuda_set_plan(st, -1, 0);
+        b.common_prefix_len = P;
     }
     const char *sw = getenv("AR_CASC_SWEEPS");
     const int sweeps = P == 32768 && S == 128 && !(sw && strcmp(sw, "0") == 0);

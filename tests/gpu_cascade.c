@@ -254,6 +254,91 @@ static void test_cascade_prefix_geometries(void **unused)
     assert_int_equal(failures, 0);
 }
 
+/* The suffix pass on AR_CFG_DECODE_TMA (one CTA per request, whole cache blocks by TMA; Hopper
+ * with tensor maps): vLLM's flash-decoding set (400 decodes, P 512) with the suffix pass forced
+ * onto it (heads 4/4, 8/2, 16/2; d 128; fp16 and bf16; soft cap none and 50; the prefix pass on
+ * its automatic config), the fused merge and the separate one, and the benchmark's shape at a
+ * smaller prefix (128 decodes, GQA 32/8, suffixes of 1-300 keys), where the automatic plan
+ * must choose it and fold the prefix pass's split combine into it - and once more with the
+ * fold turned off (the combine kernel, the prefix rows read up front).  Skips where the device
+ * has no tensor maps. */
+enum { CFG_WG_TMA_QREG = 10, CFG_DECODE_TMA = 11 };   /* kernels/cuda_attn.cuh */
+static int suffix_config_seen = -1, suffix_has_tma = 0, suffix_folded = -1;
+static void suffix_plan_hook(void *state, casc_result *res)
+{
+    cuda_plan_hook(state, res);
+    ar_cuda_plan_info pi;
+    ar_cuda_plan_of(state, &pi);
+    suffix_config_seen = pi.config;
+    suffix_has_tma = pi.has_tma;
+    suffix_folded = pi.prefix_combine_folded;
+}
+static void no_fold(void *state) { ar_cuda_set_cascade_fold(state, 0); }
+static void suffix_decode_tma(void *state)
+{
+    ar_cuda_set_plan(state, CFG_DECODE_TMA, 0);
+    ar_cuda_set_prefix_plan(state, CFG_WG_TMA_QREG, 0);
+}
+static void suffix_decode_tma_separate(void *state)
+{
+    suffix_decode_tma(state);
+    ar_cuda_set_cascade_merge(state, 0);
+}
+static void test_cascade_suffix_decode_tma(void **unused)
+{
+    (void)unused;
+    if (!casc_gpu_ready()) { skip(); return; }
+    static const int heads[3][2] = {{4, 4}, {8, 2}, {16, 2}};
+    static const ar_dtype dtypes[] = {AR_FP16, AR_BF16};
+    casc_seq *fd = malloc(sizeof(casc_seq) * 400);
+    assert_non_null(fd);
+    for (int i = 0; i < 400; i++) fd[i] = casc_fd_seqs[i % 4];
+    const int n_fd = casc_small() ? 20 : 400;
+    int failures = 0, count = 0;
+    for (int h = 0; h < 3; h++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int c = 0; c < 3; c++) {
+                if (casc_small() && (h != 1 || c == 1)) continue;
+                /* c: 0 plain, 1 soft cap 50, 2 the separate merge */
+                ar_run_config cfg = casc_cfg(heads[h][0], heads[h][1], 128, 32768, dtypes[dt], c == 1 ? 50 : 0);
+                casc_check check = {0, 0, 16, c == 2 ? suffix_decode_tma_separate : suffix_decode_tma};
+                casc_result r;
+                casc_run_checked(&ar_cuda_backend, suffix_plan_hook, &cfg, fd, n_fd, 512, &check, &r);
+                if (!suffix_has_tma) {
+                    free(fd);
+                    print_message("skipping: DECODE_TMA needs compute capability 9.0 and tensor maps\n");
+                    skip();
+                    return;
+                }
+                char what[128];
+                snprintf(what, sizeof what, "decode set heads %d/%d %s%s, suffix DECODE_TMA", heads[h][0],
+                         heads[h][1], ar_dtype_name(dtypes[dt]), c == 1 ? " cap 50" : c == 2 ? " merge separate" : "");
+                failures += casc_report(what, &r);
+                assert_int_equal(suffix_config_seen, CFG_DECODE_TMA);
+                count++;
+            }
+    free(fd);
+    /* the automatic plan on many short suffixes */
+    casc_seq many[128];
+    for (int i = 0; i < 128; i++) many[i] = (casc_seq){1, 2048 + 1 + (i * 37) % 300};
+    ar_run_config gqa = casc_cfg(32, 8, 128, 8192, AR_BF16, 0);
+    casc_check check = {0, 0, 16, NULL};
+    casc_result r;
+    casc_run_checked(&ar_cuda_backend, suffix_plan_hook, &gqa, many, 128, 2048, &check, &r);
+    failures += casc_report("128 decodes 32/8 P 2048, automatic suffix plan", &r);
+    assert_int_equal(suffix_config_seen, CFG_DECODE_TMA);
+    assert_int_equal(suffix_folded, 1);   /* the prefix pass splits: its combine runs in the suffix pass */
+    count++;
+    check.after_open = no_fold;
+    casc_run_checked(&ar_cuda_backend, suffix_plan_hook, &gqa, many, 128, 2048, &check, &r);
+    failures += casc_report("128 decodes 32/8 P 2048, combine kernel", &r);
+    assert_int_equal(suffix_config_seen, CFG_DECODE_TMA);
+    assert_int_equal(suffix_folded, 0);
+    count++;
+    print_message("suffix DECODE_TMA: %d of %d cases failed\n", failures, count);
+    assert_int_equal(failures, 0);
+}
+
 /* Bad prefix lengths are refused with a reason, never run. */
 static void test_cascade_bad_prefix_refused(void **unused)
 {
@@ -355,6 +440,7 @@ int main(void)
         cmocka_unit_test(test_cascade_bad_prefix_refused),
         cmocka_unit_test(test_cascade_small_shapes),
         cmocka_unit_test(test_cascade_prefix_geometries),
+        cmocka_unit_test(test_cascade_suffix_decode_tma),
         cmocka_unit_test(test_cascade_faults_flagged),
         cmocka_unit_test(test_vllm_cascade_grid),
     };

@@ -390,6 +390,73 @@ static void test_tma_kernel(void **unused)
     print_message("%d TMA cases passed, the fault flagged on both configs\n", count);
 }
 
+/* AR_CFG_DECODE_TMA (one CTA per request, every KV head, whole cache blocks copied by TMA;
+ * Hopper with tensor maps) forced on decode batches: heads 4/4, 8/2, 16/2, 32/2 and 32/8
+ * (groups 1-16, 1-8 KV heads), bf16 and fp16, a sliding window of 100 and a soft cap of 50, on
+ * vLLM's decode set and on 150 requests of 1-700 keys (partial last blocks, where the cache
+ * holds NaN past seq_len; a context of one key); the automatic plan takes it on the 150 short
+ * requests and not on 3 requests, nor with block size 32 or a planted fault (DECODE runs, and
+ * flags the fault).  AR_GPU_SMALL: heads 8/2 and 32/8, bf16 and fp16, the short batch. */
+static void test_decode_tma_kernel(void **unused)
+{
+    (void)unused;
+    enum { CFG_DECODE = 1, CFG_DECODE_TMA = 11 };   /* kernels/cuda_attn.cuh */
+    ar_run_config probe = make_cfg(8, 2, 128, 8192, AR_BF16, 0, 0);
+    if (!gpu_ready(&probe)) { skip(); return; }
+    static const int heads[5][2] = {{4, 4}, {8, 2}, {16, 2}, {32, 2}, {32, 8}};
+    seq_case short_many[150];
+    for (int i = 0; i < 150; i++) short_many[i] = (seq_case){1, 1 + (i * 37) % 700};
+    int count = 0;
+    run_result r;
+    for (int h = 0; h < 5; h++)
+        for (int variant = 0; variant < 4; variant++) {
+            /* 0 bf16, 1 fp16, 2 bf16 window 100, 3 bf16 soft cap 50 */
+            if (gpu_small() && ((h != 1 && h != 4) || variant > 1)) continue;
+            ar_run_config c = make_cfg(heads[h][0], heads[h][1], 128, 8192, variant == 1 ? AR_FP16 : AR_BF16,
+                                       variant == 2 ? 100 : 0, variant == 3 ? 50 : 0);
+            run_opts ro = auto_opts;
+            ro.config = CFG_DECODE_TMA;
+            for (int set = gpu_small() ? 1 : 0; set < 2; set++) {
+                run_case(&c, set ? short_many : vllm_seqs_b, set ? 150 : 3, &ro, &r);
+                if (!r.plan.has_tma) {
+                    print_message("skipping: DECODE_TMA needs compute capability 9.0 and tensor maps\n");
+                    skip();
+                    return;
+                }
+                char what[128];
+                snprintf(what, sizeof what, "DECODE_TMA heads %d/%d %s%s%s %s", heads[h][0], heads[h][1],
+                         variant == 1 ? "fp16" : "bf16", variant == 2 ? " window 100" : "",
+                         variant == 3 ? " cap 50" : "", set ? "150 short" : "vllm set b");
+                expect_pass(what, &r);
+                assert_int_equal(r.plan.config, CFG_DECODE_TMA);
+                count++;
+            }
+        }
+    /* the automatic plan: many short requests take it, 3 requests do not */
+    ar_run_config c = make_cfg(32, 8, 128, 8192, AR_BF16, 0, 0);
+    run_case(&c, short_many, 150, &auto_opts, &r);
+    expect_pass("auto, 150 short decodes 32/8", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE_TMA);
+    run_case(&c, vllm_seqs_b, 3, &auto_opts, &r);
+    expect_pass("auto, 3 decodes 32/8", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE);
+    /* where it cannot run, forcing it runs DECODE: block size 32, a planted fault (flagged) */
+    run_opts ro = auto_opts;
+    ro.config = CFG_DECODE_TMA;
+    ar_run_config b32 = make_cfg(32, 8, 128, 8192, AR_BF16, 0, 0);
+    b32.block_size = 32;
+    run_case(&b32, short_many, 150, &ro, &r);
+    expect_pass("DECODE_TMA asked, block 32", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE);
+    ar_run_config f = make_cfg(32, 8, 128, 8192, AR_BF16, 0, 0);
+    f.fault = AR_FAULT_WRONG_KV_HEAD;
+    run_case(&f, short_many, 150, &ro, &r);
+    report("DECODE_TMA asked, fault wrong_kv_head", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE);
+    assert_false(r.v.pass);
+    print_message("%d DECODE_TMA cases passed\n", count + 2);
+}
+
 /* Both geometries, forced split-KV (combine kernel), fp16, two layers, big GQA group. */
 static void test_paths_and_dtypes(void **unused)
 {
@@ -548,6 +615,7 @@ int main(void)
         cmocka_unit_test(test_paths_and_dtypes),
         cmocka_unit_test(test_every_kernel_instance),
         cmocka_unit_test(test_tma_kernel),
+        cmocka_unit_test(test_decode_tma_kernel),
         cmocka_unit_test(test_vllm_varlen_paged_grid),
         cmocka_unit_test(test_triton_unified_cases),
     };

@@ -1,0 +1,364 @@
+/* cuda_attn_decode_tma.cuh - AR_CFG_DECODE_TMA: a decode kernel for batches of many short
+ * single-token requests (the cascade suffix pass of a decode batch, or a flat decode batch of
+ * short contexts), compute capability 9.0 only.  Same outputs, masks and fused cascade merge as
+ * attn_kernel's DECODE geometry (cuda_attn.cuh); it is planned only where it applies (see
+ * decode_tma_applies in cuda_backend.cu): head size 128, block size 16, at most 8 KV heads, a
+ * group of at most 16 query heads, one query token per request, no planted fault, no split.
+ *
+ * Why a separate kernel: DECODE runs one CTA per (request, KV head) and gathers 256-byte rows
+ * through the block table with cp.async; on 128 requests x 128 keys (8 KV heads) it streams
+ * 67 MB at ~1.9 TB/s, a chain of dependent latencies per short CTA (BENCHMARKS.md).  Here one
+ * CTA takes a whole request: every KV head of a cache block is copied by the tensor memory
+ * accelerator as soon as a stage is free, so each SM keeps up to 192 KB of K/V in flight, and
+ * the block table is read once per request (by the producer warp, 32 block ids at a time).
+ * On the H200 that shape takes 28.7 us against 35.4 (ncu: 25 us of kernel, DRAM at 2.8 TB/s).
+ *
+ * Cascade: with the merge fused (a.merge_out), each finished row is mixed with the prefix
+ * pass's row (read at the start, under the first copies); when the prefix pass was split
+ * (a.merge_groups), its split partials are combined here instead, in fp32, and the prefix
+ * pass's combine kernel does not run (fold_prefix_combine in cuda_backend.cu).
+ *
+ * Geometry: 32 x (Hkv + 1) threads.  Warp h < Hkv is the consumer of KV head h: the group's
+ * query heads are the rows of one m16n8k16 tile (rows g and g + 8 of lane (g, tq), rows past
+ * the group zero), S = Q K^T and O += P V on mma.sync per cache block of 16 keys, the online
+ * softmax of attn_kernel.  Warp Hkv is the producer.  Shared memory holds STAGES (up to 8;
+ * three at 8 KV heads) stages of one cache block:
+ *   stage s: K [Hkv][2 dim halves][16 keys][128 bytes] then V in the same layout,
+ * each [16][128 B] piece one TMA box ([16 slots][1 head][64 dims] of the maps in
+ * cuda_attn_wgmma.cuh) with the 128-byte swizzle (16-byte chunk c of key r at c ^ (r & 7)), so
+ * the ldmatrix rows of 8 keys hit 8 different bank groups.  Barriers: full[s] (the producer's
+ * expected bytes; completes when the block landed), empty[s] (one arrival per consumer warp).
+ * Keys past seq_len in the last block: their scores are masked, and the consumer zeroes those
+ * V rows in its stage before P V (an unwritten cache slot holds NaN, and 0 x NaN is NaN). */
+#ifndef AR_CUDA_ATTN_DECODE_TMA_CUH
+#define AR_CUDA_ATTN_DECODE_TMA_CUH
+
+#include "cuda_attn_wgmma.cuh"
+
+namespace ar_attn {
+
+struct DecodeTmaGeom {
+    static constexpr int HD = 128;
+    static constexpr int BLOCK = 16;                    /* keys per cache block = per stage */
+    static constexpr int MAX_KV_HEADS = 8;
+    static constexpr int MAX_STAGES = 8;
+    static constexpr int HEAD_BYTES = BLOCK * HD * 2;   /* one head's K (or V) of a block: 4 KB */
+    static constexpr int STAGE_BUDGET = 192 * 1024;     /* bytes of stages: 1 CTA per SM */
+    static constexpr size_t SMEM = 1024 /* alignment slack */ + STAGE_BUDGET + 2 * MAX_STAGES * 8;
+    /* stages for num_kv_heads heads: as many as the budget holds, at most MAX_STAGES */
+    __host__ __device__ static int stages(int num_kv_heads)
+    {
+        const int n = STAGE_BUDGET / (2 * num_kv_heads * HEAD_BYTES);
+        return n > MAX_STAGES ? MAX_STAGES : n;
+    }
+};
+
+/* Byte offset of (key r, 16-byte chunk c of the 128 dims) inside one head's [2][16][128 B]. */
+__device__ __forceinline__ uint32_t dt_swizzle(int r, int c)
+{
+    return (uint32_t)((c >> 3) * (DecodeTmaGeom::BLOCK * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * (DecodeTmaGeom::MAX_KV_HEADS + 1), 1)
+attn_decode_tma_kernel(const ar_attn_args a,
+                       const __grid_constant__ CUtensorMap tmap_k,  /* K cache [num_slots][Hkv][128], box [16][1][64] */
+                       const __grid_constant__ CUtensorMap tmap_v)  /* the same for the V cache */
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using G = DecodeTmaGeom;
+    constexpr int HD = G::HD, BLOCK = G::BLOCK;
+    extern __shared__ __align__(1024) unsigned char dt_smem_raw[];
+    const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(dt_smem_raw);
+    const uint32_t pad = (1024 - (base0 & 1023)) & 1023;
+    unsigned char *smem = dt_smem_raw + pad;
+    const uint32_t stage_addr0 = base0 + pad;
+    const int hkv = a.num_kv_heads, grp = a.group;
+    const int num_stages = G::stages(hkv);
+    const uint32_t side_bytes = (uint32_t)(hkv * G::HEAD_BYTES);   /* K (or V) of one block */
+    const uint32_t stage_bytes = 2 * side_bytes;
+    const uint32_t full_bar = stage_addr0 + G::STAGE_BUDGET, empty_bar = full_bar + G::MAX_STAGES * 8;
+    if (threadIdx.x == 0)
+        for (int s = 0; s < num_stages; s++) {
+            ar_wg::mbar_init(full_bar + s * 8, 1);
+            ar_wg::mbar_init(empty_bar + s * 8, hkv);
+        }
+    __syncthreads();
+
+    const ar_attn_work w = a.work[blockIdx.x];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n_blocks = w.tile_end - w.tile_begin;
+    const int *bt = a.block_table + (int64_t)w.req * a.max_blocks_per_req;
+
+    if (warp == hkv) {
+        /* the producer: block ids 32 at a time (lane j holds block it0 + j), then per block one
+         * lane per TMA box: lanes 0 .. 2 hkv - 1 copy K (head lane / 2, dim half lane % 2),
+         * lanes 2 hkv .. 4 hkv - 1 the same of V */
+        if (lane == 0) {
+            ar_wg::tma_prefetch_map(&tmap_k);
+            ar_wg::tma_prefetch_map(&tmap_v);
+        }
+        const int side = lane >= 2 * hkv ? 1 : 0, box = lane - side * 2 * hkv, head = box >> 1, half = box & 1;
+        const uint32_t dst_off = (uint32_t)side * side_bytes + (uint32_t)(head * G::HEAD_BYTES + half * BLOCK * 128);
+        int my_block = 0;
+        for (int it = 0; it < n_blocks; it++) {
+            if ((it & 31) == 0) {
+                const int i = it + lane;
+                my_block = i < n_blocks ? __ldg(bt + w.tile_begin + i) : 0;
+            }
+            const int block = __shfl_sync(0xffffffffu, my_block, it & 31);
+            const int st = it % num_stages;
+            if (it >= num_stages) ar_wg::mbar_wait_suspend(empty_bar + st * 8, (uint32_t)((it / num_stages - 1) & 1));
+            if (lane == 0) ar_wg::mbar_arrive_expect_tx(full_bar + st * 8, stage_bytes);
+            __syncwarp();
+            if (lane < 4 * hkv)
+                ar_wg::tma_load_3d(stage_addr0 + (uint32_t)st * stage_bytes + dst_off, side ? (const void *)&tmap_v
+                                                                                            : (const void *)&tmap_k,
+                                   full_bar + st * 8, half * 64, head, block * BLOCK);
+        }
+        return;
+    }
+
+    /* consumer warp h = warp: rows r = g (+ 8) are query heads h * grp + r of the request's
+     * one token */
+    const int h = warp, g = lane >> 2, tq = lane & 3;
+    const int qstart = a.query_start_loc[w.req];
+    const int seq_len = a.seq_lens[w.req];
+    const int window = a.sliding_window;
+    const float scale_log2 = a.scale_log2;
+    const T *qg = reinterpret_cast<const T *>(a.q);
+    bool row_ok[2];
+    int hq[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        row_ok[r] = g + 8 * r < grp;
+        hq[r] = h * grp + g + 8 * r;
+    }
+    /* Q as the A fragments of the 8 k-steps (registers 0/2: row g, dims 2 tq (+ 8); 1/3: row
+     * g + 8), straight from global memory */
+    uint32_t qa[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const T *src = qg + ((int64_t)qstart * a.num_q_heads + hq[r]) * HD + kk * 16 + 2 * tq;
+            qa[kk][r] = row_ok[r] ? *reinterpret_cast<const uint32_t *>(src) : 0u;
+            qa[kk][r + 2] = row_ok[r] ? *reinterpret_cast<const uint32_t *>(src + 8) : 0u;
+        }
+    /* fused cascade merge: the prefix pass's pairs and LSEs of this lane's rows, read now,
+     * under the first copies (row r, dims 8 n + 2 tq); with the prefix combine folded in
+     * (merge_groups), its split partials are read at the end instead */
+    const bool fused = a.merge_out != nullptr, fold = a.merge_groups != nullptr;
+    uint32_t pre_pair[2][HD / 8];
+    float pre_lse[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        pre_lse[r] = -INFINITY;
+        const bool rd = fused && !fold && row_ok[r];
+        const T *p_out = reinterpret_cast<const T *>(a.merge_out);
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            pre_pair[r][n] = rd ? *reinterpret_cast<const uint32_t *>(p_out + out_index(a, qstart, hq[r], 8 * n + 2 * tq))
+                                : 0u;
+        if (rd) pre_lse[r] = a.merge_lse[merge_lse_index(a, qstart, hq[r])];
+    }
+
+    float acc[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
+    /* ldmatrix row addresses: K (S = Q K^T, B = K rows): key (lane & 7) + 8 (lane >> 4), chunk
+     * 2 kk + ((lane >> 3) & 1); V (O += P V, read transposed): key (lane & 7) + 8 ((lane >> 3)
+     * & 1), chunk 2 dp + (lane >> 4) */
+    const int k_row = (lane & 7) + ((lane >> 4) << 3), k_chunk = (lane >> 3) & 1;
+    const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_chunk = lane >> 4;
+
+    for (int it = 0; it < n_blocks; it++) {
+        const int st = it % num_stages;
+        ar_wg::mbar_wait(full_bar + st * 8, (uint32_t)((it / num_stages) & 1));
+        unsigned char *sk = smem + (size_t)st * stage_bytes + (size_t)h * G::HEAD_BYTES;
+        unsigned char *sv = sk + side_bytes;
+        const int key0 = (w.tile_begin + it) * BLOCK;
+
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t kb[4];
+            ldmatrix_x4(kb, sk + dt_swizzle(k_row, 2 * kk + k_chunk));
+            mma16816<T>(s[0], qa[kk], kb[0], kb[1]);
+            mma16816<T>(s[1], qa[kk], kb[2], kb[3]);
+        }
+        if (a.soft_cap > 0.f) {
+            const float scale = scale_log2 * 0.6931471805599453f;
+            const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = cap_over_scale * tanhf(s[nt][e] * inv_cap);
+        }
+        /* the one query sits at seq_len - 1: every key < seq_len is visible, from seq_len -
+         * window on with a sliding window */
+        const int visible_from = window > 0 ? seq_len - window : 0;
+        const bool partial = key0 + BLOCK > seq_len;
+        if (partial || key0 < visible_from) {
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = key0 + nt * 8 + 2 * tq + (e & 1);
+                    if (j >= seq_len || j < visible_from) s[nt][e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(row_m[r], mx);
+            const float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+            const float alpha = exp2f(row_m[r] * scale_log2 - m_scaled);
+            row_m[r] = m_new;
+            float rs = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const float p0 = exp2f(fmaf(s[nt][2 * r], scale_log2, -m_scaled));
+                const float p1 = exp2f(fmaf(s[nt][2 * r + 1], scale_log2, -m_scaled));
+                s[nt][2 * r] = p0;
+                s[nt][2 * r + 1] = p1;
+                rs += p0 + p1;
+            }
+            row_l[r] = row_l[r] * alpha + rs;
+            if (__any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++) {
+                    acc[n][2 * r] *= alpha;
+                    acc[n][2 * r + 1] *= alpha;
+                }
+            }
+        }
+        if (partial) {
+            /* zero this head's V rows past seq_len (both dim halves): 16-byte stores, then make
+             * them visible to the lanes' ldmatrix and order them before the next TMA write */
+            const int valid = seq_len - key0;
+            for (int i = lane; i < 2 * BLOCK * 8; i += 32) {
+                const int piece = i >> 3, c = i & 7, r = piece & (BLOCK - 1), hf = piece >> 4;
+                if (r >= valid) *reinterpret_cast<uint4 *>(sv + dt_swizzle(r, hf * 8 + c)) = make_uint4(0u, 0u, 0u, 0u);
+            }
+            __syncwarp();
+            ar_wg::fence_proxy_async();
+        }
+        uint32_t pa[4];
+        pa[0] = pack2<T>(s[0][0], s[0][1]);
+        pa[1] = pack2<T>(s[0][2], s[0][3]);
+        pa[2] = pack2<T>(s[1][0], s[1][1]);
+        pa[3] = pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            uint32_t vb[4];
+            ldmatrix_x4_trans(vb, sv + dt_swizzle(v_row, 2 * dp + v_chunk));
+            mma16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
+            mma16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+        __syncwarp();
+        if (lane == 0) ar_wg::mbar_arrive(empty_bar + st * 8);
+    }
+
+    /* the epilogue of attn_kernel's single-warp rows: row sums across the quad, out = acc / l,
+     * LSE (log2) = m + log2 l; mixed with the prefix pass's row when the merge is fused */
+    const ar_attn_work w_out = {w.req, h, 0, 0, 0, -1, 0};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = row_l[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (!row_ok[r]) continue;
+        const float m2 = row_m[r] == -INFINITY ? -INFINITY : row_m[r] * scale_log2;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse2 = l > 0.f ? m2 + __log2f(l) : -INFINITY;
+        float merged_lse = lse2;
+        if (fold) {
+            /* the prefix side of this row from its split partials, as combine_kernel computes
+             * it (kept in fp32), then vLLM's merge with this row */
+            const int pair = qstart * grp + g + 8 * r, rows = a.merge_rows;
+            const ar_combine_group cg = a.merge_groups[h * a.merge_row_blocks + pair / rows];
+            const int64_t row0 = (int64_t)cg.first_partial * rows + pair % rows;
+            float pm = -INFINITY;
+#pragma unroll 4
+            for (int k = 0; k < cg.count; k++) pm = fmaxf(pm, a.merge_partial_lse[row0 + (int64_t)k * rows]);
+            const float pm_use = pm == -INFINITY ? 0.f : pm;
+            float po[HD / 8][2], wsum = 0.f;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) po[n][0] = po[n][1] = 0.f;
+#pragma unroll 2
+            for (int k = 0; k < cg.count; k++) {
+                const int64_t pr = row0 + (int64_t)k * rows;
+                const float wk = exp2f(a.merge_partial_lse[pr] - pm_use);
+                const float *src = a.merge_partial_o + pr * HD + 2 * tq;
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++) {
+                    const float2 v = *reinterpret_cast<const float2 *>(src + 8 * n);
+                    po[n][0] += v.x * wk;
+                    po[n][1] += v.y * wk;
+                }
+                wsum += wk;
+            }
+            const float pinv = wsum > 0.f && pm != -INFINITY ? 1.f / wsum : 0.f;
+            const float p_lse = pm == -INFINITY ? -INFINITY : (pm + __log2f(wsum)) * 0.6931471805599453f;
+            const float s_lse = lse2 == -INFINITY ? -INFINITY : lse2 * 0.6931471805599453f;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) {
+                float o0 = acc[n][2 * r] * inv, o1 = acc[n][2 * r + 1] * inv;
+                merged_lse = merge_pair(p_lse, s_lse, false, po[n][0] * pinv, po[n][1] * pinv, o0, o1, &o0, &o1);
+                *reinterpret_cast<uint32_t *>((T *)a.out + out_index(a, qstart, hq[r], 8 * n + 2 * tq)) = pack2<T>(o0, o1);
+            }
+            if (a.merge_lse_base2) merged_lse *= 1.4426950408889634f;
+            if (tq == 0) a.lse[merge_lse_index(a, qstart, hq[r])] = merged_lse;
+            continue;
+        }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            float o0 = acc[n][2 * r] * inv, o1 = acc[n][2 * r + 1] * inv;
+            if (fused) {
+                merged_lse = fused_merge_with<T>(a, pre_pair[r][n], pre_lse[r], lse2, o0, o1);
+                *reinterpret_cast<uint32_t *>((T *)a.out + out_index(a, qstart, hq[r], 8 * n + 2 * tq)) = pack2<T>(o0, o1);
+            } else {
+                store_pair<T>(a, w_out, 16, HD, g + 8 * r, qstart, hq[r], 8 * n + 2 * tq, o0, o1, lse2);
+            }
+        }
+        if (tq == 0) {
+            if (fused) a.lse[merge_lse_index(a, qstart, hq[r])] = merged_lse;
+            else store_lse<T>(a, w_out, 16, g + 8 * r, qstart, hq[r], lse2);
+        }
+    }
+#else
+    __trap();   /* built without sm_90a: the host never launches this config there */
+#endif
+}
+
+template <typename T>
+static cudaError_t launch_decode_tma(const ar_attn_args *a, int num_work, cudaStream_t stream)
+{
+    if (num_work <= 0) return cudaSuccess;
+    if (a->head_size != DecodeTmaGeom::HD || a->num_kv_heads > DecodeTmaGeom::MAX_KV_HEADS ||
+        a->block_size_log2 != 4 || a->group > 16)
+        return cudaErrorInvalidValue;
+    CUtensorMap mk, mv;
+    cudaError_t e = wgmma_tensor_maps<5>(a, &mk, &mv);
+    if (e != cudaSuccess) return e;
+    attn_decode_tma_kernel<T><<<num_work, 32 * (a->num_kv_heads + 1), DecodeTmaGeom::SMEM, stream>>>(*a, mk, mv);
+    return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t attributes_decode_tma(int *ctas_per_sm)
+{
+    const int smem = (int)DecodeTmaGeom::SMEM;
+    cudaError_t e = cudaFuncSetAttribute(attn_decode_tma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_decode_tma_kernel<T>,
+                                                         32 * (DecodeTmaGeom::MAX_KV_HEADS + 1), smem);
+}
+
+} /* namespace ar_attn */
+
+#endif
