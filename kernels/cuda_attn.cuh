@@ -723,6 +723,23 @@ attn_kernel(const ar_attn_args a)
     }
 }
 
+/* The split-KV combine of one row, shared by combine_kernel and DECODE_TMA's folded prefix
+ * combine: the largest of its count partial LSEs (log2, lse[k x stride]; -inf when no partial
+ * saw a key) - partial k then weighs exp2(lse_k - m), m read as 0 when -inf - and, from that
+ * maximum and the sum of the weights, the factor that normalises the weighted sum (*inv) and
+ * the combined LSE (log2). */
+__device__ __forceinline__ float partials_max_lse(const float *lse, int64_t stride, int count)
+{
+    float m = -INFINITY;
+    for (int k = 0; k < count; k++) m = fmaxf(m, lse[(int64_t)k * stride]);
+    return m;
+}
+__device__ __forceinline__ float partials_lse(float mmax, float wsum, float *inv)
+{
+    *inv = wsum > 0.f && mmax != -INFINITY ? 1.f / wsum : 0.f;
+    return mmax == -INFINITY ? -INFINITY : mmax + __log2f(wsum);
+}
+
 /* Split-KV combine: blockIdx.x = the group, blockIdx.y = a slice of its rows x dim pairs (the
  * launch gives one thread per (row, dim pair): a 128-row prefix-pass group is 32 CTAs, not one
  * CTA walking 32 latency-bound iterations); LSE-weighted merge of the normalised partials. */
@@ -738,9 +755,8 @@ __global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
         int lr = i / (hd / 2), d = (i % (hd / 2)) * 2;
         int pair = cg.pair0 + lr, tok = pair / grp, hq = cg.kv_head * grp + pair % grp;
         if (tok >= q_len || d >= a.head_size) continue;
-        float mmax = -INFINITY;
-        for (int k = 0; k < cg.count; k++) mmax = fmaxf(mmax, a.partial_lse[(int64_t)(cg.first_partial + k) * rows + lr]);
-        float m_use = mmax == -INFINITY ? 0.f : mmax;
+        const float mmax = partials_max_lse(a.partial_lse + (int64_t)cg.first_partial * rows + lr, rows, cg.count);
+        const float m_use = mmax == -INFINITY ? 0.f : mmax;
         float wsum = 0.f, o0 = 0.f, o1 = 0.f;
         for (int k = 0; k < cg.count; k++) {
             int64_t pr = (int64_t)(cg.first_partial + k) * rows + lr;
@@ -755,13 +771,13 @@ __global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
             }
             wsum += wgt;
         }
+        float inv;
+        const float lse2 = partials_lse(mmax, wsum, &inv);
         if (a.fault != AR_FAULT_MERGE_NO_WEIGHTS) {
-            float inv = wsum > 0.f && mmax != -INFINITY ? 1.f / wsum : 0.f;
             o0 *= inv;
             o1 *= inv;
         }
         int64_t idx = out_index(a, qstart + tok, hq, d);
-        const float lse2 = mmax == -INFINITY ? -INFINITY : mmax + __log2f(wsum);
         float merged_lse = 0.f;
         if (a.merge_out) merged_lse = fused_merge<T>(a, qstart + tok, hq, d, lse2, o0, o1);
         *reinterpret_cast<uint32_t *>(out + idx) = pack2<T>(o0, o1);

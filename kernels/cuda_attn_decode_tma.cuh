@@ -282,9 +282,7 @@ attn_decode_tma_kernel(const ar_attn_args a,
             const int pair = qstart * grp + g + 8 * r, rows = a.merge_rows;
             const ar_combine_group cg = a.merge_groups[h * a.merge_row_blocks + pair / rows];
             const int64_t row0 = (int64_t)cg.first_partial * rows + pair % rows;
-            float pm = -INFINITY;
-#pragma unroll 4
-            for (int k = 0; k < cg.count; k++) pm = fmaxf(pm, a.merge_partial_lse[row0 + (int64_t)k * rows]);
+            const float pm = partials_max_lse(a.merge_partial_lse + row0, rows, cg.count);
             const float pm_use = pm == -INFINITY ? 0.f : pm;
             float po[HD / 8][2], wsum = 0.f;
 #pragma unroll
@@ -302,8 +300,9 @@ attn_decode_tma_kernel(const ar_attn_args a,
                 }
                 wsum += wk;
             }
-            const float pinv = wsum > 0.f && pm != -INFINITY ? 1.f / wsum : 0.f;
-            const float p_lse = pm == -INFINITY ? -INFINITY : (pm + __log2f(wsum)) * 0.6931471805599453f;
+            float pinv;
+            const float p_lse2 = partials_lse(pm, wsum, &pinv);
+            const float p_lse = p_lse2 == -INFINITY ? -INFINITY : p_lse2 * 0.6931471805599453f;
             const float s_lse = lse2 == -INFINITY ? -INFINITY : lse2 * 0.6931471805599453f;
 #pragma unroll
             for (int n = 0; n < HD / 8; n++) {
@@ -342,7 +341,7 @@ static cudaError_t launch_decode_tma(const ar_attn_args *a, int num_work, cudaSt
     if (a->head_size != DecodeTmaGeom::HD || a->num_kv_heads > DecodeTmaGeom::MAX_KV_HEADS ||
         a->block_size_log2 != 4 || a->group > 16)
         return cudaErrorInvalidValue;
-    CUtensorMap mk, mv;
+    CUtensorMap mk, mv;   /* the caches' maps of the wgmma TMA configs (MODE 5): box [16][1][64] */
     cudaError_t e = wgmma_tensor_maps<5>(a, &mk, &mv);
     if (e != cudaSuccess) return e;
     attn_decode_tma_kernel<T><<<num_work, 32 * (a->num_kv_heads + 1), DecodeTmaGeom::SMEM, stream>>>(*a, mk, mv);

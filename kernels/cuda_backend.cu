@@ -1086,12 +1086,15 @@ static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, 
  * are then [Hkv][row blocks], in the order build_plan makes them), so the suffix pass combines
  * each row's prefix partials itself and the combine kernel (8.3 us at P 32k on the H200, ncu)
  * does not run. */
-static bool fold_prefix_combine(const cuda_state *s)
+static int prefix_row_blocks(const cuda_state *s)   /* row blocks per KV head of the prefix pass */
 {
     const int rows = s->pre_geom.rows > 0 ? s->pre_geom.rows : 1;
-    const int row_blocks = (s->num_tokens * s->group + rows - 1) / rows;
+    return (s->num_tokens * s->group + rows - 1) / rows;
+}
+static bool fold_prefix_combine(const cuda_state *s)
+{
     return s->cascade && s->fused_merge && s->fold_combine && s->config == AR_CFG_DECODE_TMA && s->pre_num_groups > 0 &&
-           s->pre_num_groups == s->hkv * row_blocks && s->pre_num_work == s->pre_num_partials;
+           s->pre_num_groups == s->hkv * prefix_row_blocks(s) && s->pre_num_work == s->pre_num_partials;
 }
 
 /* The cascade passes' arguments, from the flat ones (fill_args): the suffix pass reads keys
@@ -1132,7 +1135,7 @@ static void cascade_args(const cuda_state *s, const ar_attn_args *flat, ar_attn_
         suf->merge_partial_o = (const float *)s->pre_part_o.ptr;
         suf->merge_partial_lse = (const float *)s->pre_part_lse.ptr;
         suf->merge_rows = s->pre_geom.rows;
-        suf->merge_row_blocks = (s->num_tokens * s->group + s->pre_geom.rows - 1) / s->pre_geom.rows;
+        suf->merge_row_blocks = prefix_row_blocks(s);
     }
 }
 
