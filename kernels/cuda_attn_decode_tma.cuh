@@ -1,17 +1,20 @@
-/* cuda_attn_decode_tma.cuh - AR_CFG_DECODE_TMA: a decode kernel for batches of many short
- * single-token requests (the cascade suffix pass of a decode batch, or a flat decode batch of
- * short contexts), compute capability 9.0 only.  Same outputs, masks and fused cascade merge as
- * attn_kernel's DECODE geometry (cuda_attn.cuh); it is planned only where it applies (see
- * decode_tma_applies in cuda_backend.cu): head size 128, block size 16, at most 8 KV heads, a
+/* cuda_attn_decode_tma.cuh - AR_CFG_DECODE_TMA: a decode kernel for batches of many
+ * single-token requests (the cascade suffix pass of a decode batch, and flat decode batches that
+ * fill the machine), compute capability 9.0 only.  Same outputs, masks and fused cascade merge
+ * as attn_kernel's DECODE geometry (cuda_attn.cuh); it is planned only where it applies (see
+ * decode_tma_plan in cuda_backend.cu): head size 128, block size 16, at most 8 KV heads, a
  * group of at most 16 query heads, one query token per request, no planted fault, no split.
  *
  * Why a separate kernel: DECODE runs one CTA per (request, KV head) and gathers 256-byte rows
- * through the block table with cp.async; on 128 requests x 128 keys (8 KV heads) it streams
- * 67 MB at ~1.9 TB/s, a chain of dependent latencies per short CTA (BENCHMARKS.md).  Here one
- * CTA takes a whole request: every KV head of a cache block is copied by the tensor memory
- * accelerator as soon as a stage is free, so each SM keeps up to 192 KB of K/V in flight, and
- * the block table is read once per request (by the producer warp, 32 block ids at a time).
- * On the H200 that shape takes 28.7 us against 35.4 (ncu: 25 us of kernel, DRAM at 2.8 TB/s).
+ * through the block table with cp.async.  Here one CTA takes a whole request: a producer warp
+ * reads the block table once (32 block ids at a time) and copies each cache block - every KV
+ * head, K and V, 64 KB at 8 heads - with two TMA copies as soon as a stage is free, so each SM
+ * keeps up to 192 KB in flight.  On the H200, 128 decodes with GQA 32/8: the cascade suffix
+ * pass (128 keys, 67 MB from DRAM) 30.7 us against 36.0 for DECODE; flat decodes of 1k, 8k and
+ * 32k keys (the shared prefix mostly from L2) 82 / 480 / 1846 us against 156 / 761 / 2889.
+ * Copying the block as 4 x Hkv boxes of one head and dim half each instead (the wgmma configs'
+ * maps; AR_DECODE_TMA_BOXES=head, or where the driver refuses the 5-D view) gave the same
+ * suffix pass but 3003 us at 32k: the number of copies, not the bytes, held the L2-fed stream.
  *
  * Cascade: with the merge fused (a.merge_out), each finished row is mixed with the prefix
  * pass's row (read at the start, under the first copies); when the prefix pass was split
@@ -22,16 +25,21 @@
  * query heads are the rows of one m16n8k16 tile (rows g and g + 8 of lane (g, tq), rows past
  * the group zero), S = Q K^T and O += P V on mma.sync per cache block of 16 keys, the online
  * softmax of attn_kernel.  Warp Hkv is the producer.  Shared memory holds STAGES (up to 8;
- * three at 8 KV heads) stages of one cache block:
- *   stage s: K [Hkv][2 dim halves][16 keys][128 bytes] then V in the same layout,
- * each [16][128 B] piece one TMA box ([16 slots][1 head][64 dims] of the maps in
- * cuda_attn_wgmma.cuh) with the 128-byte swizzle (16-byte chunk c of key r at c ^ (r & 7)), so
- * the ldmatrix rows of 8 keys hit 8 different bank groups.  Barriers: full[s] (the producer's
+ * three at 8 KV heads) stages of one cache block, K then V, each side made of [16 keys][128
+ * bytes] pieces, one per (dim half, head):
+ *   whole-block boxes (the default): [2 dim halves][Hkv][16][128 B], the box of a 5-D view
+ *     [blocks][halves][heads][16 slots][64 dims] of the cache;
+ *   per-head boxes: [Hkv][2 dim halves][16][128 B], box [16 slots][1 head][64 dims];
+ * with the 128-byte swizzle (16-byte chunk c of key r at c ^ (r & 7)) either way, so the
+ * ldmatrix rows of 8 keys hit 8 different bank groups.  Barriers: full[s] (the producer's
  * expected bytes; completes when the block landed), empty[s] (one arrival per consumer warp).
  * Keys past seq_len in the last block: their scores are masked, and the consumer zeroes those
  * V rows in its stage before P V (an unwritten cache slot holds NaN, and 0 x NaN is NaN). */
 #ifndef AR_CUDA_ATTN_DECODE_TMA_CUH
 #define AR_CUDA_ATTN_DECODE_TMA_CUH
+
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_attn_wgmma.cuh"
 
@@ -53,17 +61,22 @@ struct DecodeTmaGeom {
     }
 };
 
-/* Byte offset of (key r, 16-byte chunk c of the 128 dims) inside one head's [2][16][128 B]. */
-__device__ __forceinline__ uint32_t dt_swizzle(int r, int c)
+/* Byte offset of (key r, 16-byte chunk c of the 128 dims) from a head's first [16][128 B]
+ * piece, the head's second dim half half_stride bytes on. */
+__device__ __forceinline__ uint32_t dt_swizzle(int r, int c, uint32_t half_stride)
 {
-    return (uint32_t)((c >> 3) * (DecodeTmaGeom::BLOCK * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+    return (uint32_t)((c >> 3) * half_stride + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
 template <typename T>
 __global__ void __launch_bounds__(32 * (DecodeTmaGeom::MAX_KV_HEADS + 1), 1)
 attn_decode_tma_kernel(const ar_attn_args a,
-                       const __grid_constant__ CUtensorMap tmap_k,  /* K cache [num_slots][Hkv][128], box [16][1][64] */
-                       const __grid_constant__ CUtensorMap tmap_v)  /* the same for the V cache */
+                       const __grid_constant__ CUtensorMap tmap_k,  /* K cache, see whole_box */
+                       const __grid_constant__ CUtensorMap tmap_v,  /* the same for the V cache */
+                       int whole_box)  /* 1: the maps view a cache as [blocks][2 halves][Hkv][16 slots][64
+                                          dims] and one box is a whole block (stage layout
+                                          [half][head][16][128 B]); 0: as [num_slots][Hkv][128]
+                                          with boxes [16][1][64] (layout [head][half][16][128 B]) */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using G = DecodeTmaGeom;
@@ -76,6 +89,8 @@ attn_decode_tma_kernel(const ar_attn_args a,
     const int hkv = a.num_kv_heads, grp = a.group;
     const int num_stages = G::stages(hkv);
     const uint32_t side_bytes = (uint32_t)(hkv * G::HEAD_BYTES);   /* K (or V) of one block */
+    const uint32_t head_bytes = whole_box ? BLOCK * 128 : G::HEAD_BYTES;       /* head h's first piece at h x */
+    const uint32_t half_stride = whole_box ? (uint32_t)hkv * BLOCK * 128 : BLOCK * 128;
     const uint32_t stage_bytes = 2 * side_bytes;
     const uint32_t full_bar = stage_addr0 + G::STAGE_BUDGET, empty_bar = full_bar + G::MAX_STAGES * 8;
     if (threadIdx.x == 0)
@@ -99,7 +114,8 @@ attn_decode_tma_kernel(const ar_attn_args a,
             ar_wg::tma_prefetch_map(&tmap_v);
         }
         const int side = lane >= 2 * hkv ? 1 : 0, box = lane - side * 2 * hkv, head = box >> 1, half = box & 1;
-        const uint32_t dst_off = (uint32_t)side * side_bytes + (uint32_t)(head * G::HEAD_BYTES + half * BLOCK * 128);
+        const uint32_t dst_off = whole_box ? (uint32_t)lane * side_bytes
+                                           : (uint32_t)side * side_bytes + (uint32_t)head * head_bytes + (uint32_t)half * half_stride;
         int my_block = 0;
         for (int it = 0; it < n_blocks; it++) {
             if ((it & 31) == 0) {
@@ -111,10 +127,16 @@ attn_decode_tma_kernel(const ar_attn_args a,
             if (it >= num_stages) ar_wg::mbar_wait_suspend(empty_bar + st * 8, (uint32_t)((it / num_stages - 1) & 1));
             if (lane == 0) ar_wg::mbar_arrive_expect_tx(full_bar + st * 8, stage_bytes);
             __syncwarp();
-            if (lane < 4 * hkv)
+            if (whole_box) {
+                if (lane < 2)
+                    ar_wg::tma_load_5d(stage_addr0 + (uint32_t)st * stage_bytes + dst_off,
+                                       lane ? (const void *)&tmap_v : (const void *)&tmap_k, full_bar + st * 8, 0, 0, 0, 0,
+                                       block);
+            } else if (lane < 4 * hkv) {
                 ar_wg::tma_load_3d(stage_addr0 + (uint32_t)st * stage_bytes + dst_off, side ? (const void *)&tmap_v
                                                                                             : (const void *)&tmap_k,
                                    full_bar + st * 8, half * 64, head, block * BLOCK);
+            }
         }
         return;
     }
@@ -176,7 +198,7 @@ attn_decode_tma_kernel(const ar_attn_args a,
     for (int it = 0; it < n_blocks; it++) {
         const int st = it % num_stages;
         ar_wg::mbar_wait(full_bar + st * 8, (uint32_t)((it / num_stages) & 1));
-        unsigned char *sk = smem + (size_t)st * stage_bytes + (size_t)h * G::HEAD_BYTES;
+        unsigned char *sk = smem + (size_t)st * stage_bytes + (size_t)h * head_bytes;
         unsigned char *sv = sk + side_bytes;
         const int key0 = (w.tile_begin + it) * BLOCK;
 
@@ -184,7 +206,7 @@ attn_decode_tma_kernel(const ar_attn_args a,
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t kb[4];
-            ldmatrix_x4(kb, sk + dt_swizzle(k_row, 2 * kk + k_chunk));
+            ldmatrix_x4(kb, sk + dt_swizzle(k_row, 2 * kk + k_chunk, half_stride));
             mma16816<T>(s[0], qa[kk], kb[0], kb[1]);
             mma16816<T>(s[1], qa[kk], kb[2], kb[3]);
         }
@@ -242,7 +264,8 @@ attn_decode_tma_kernel(const ar_attn_args a,
             const int valid = seq_len - key0;
             for (int i = lane; i < 2 * BLOCK * 8; i += 32) {
                 const int piece = i >> 3, c = i & 7, r = piece & (BLOCK - 1), hf = piece >> 4;
-                if (r >= valid) *reinterpret_cast<uint4 *>(sv + dt_swizzle(r, hf * 8 + c)) = make_uint4(0u, 0u, 0u, 0u);
+                if (r >= valid)
+                    *reinterpret_cast<uint4 *>(sv + dt_swizzle(r, hf * 8 + c, half_stride)) = make_uint4(0u, 0u, 0u, 0u);
             }
             __syncwarp();
             ar_wg::fence_proxy_async();
@@ -255,7 +278,7 @@ attn_decode_tma_kernel(const ar_attn_args a,
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp++) {
             uint32_t vb[4];
-            ldmatrix_x4_trans(vb, sv + dt_swizzle(v_row, 2 * dp + v_chunk));
+            ldmatrix_x4_trans(vb, sv + dt_swizzle(v_row, 2 * dp + v_chunk, half_stride));
             mma16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
             mma16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
         }
@@ -341,10 +364,30 @@ static cudaError_t launch_decode_tma(const ar_attn_args *a, int num_work, cudaSt
     if (a->head_size != DecodeTmaGeom::HD || a->num_kv_heads > DecodeTmaGeom::MAX_KV_HEADS ||
         a->block_size_log2 != 4 || a->group > 16)
         return cudaErrorInvalidValue;
-    CUtensorMap mk, mv;   /* the caches' maps of the wgmma TMA configs (MODE 5): box [16][1][64] */
-    cudaError_t e = wgmma_tensor_maps<5>(a, &mk, &mv);
-    if (e != cudaSuccess) return e;
-    attn_decode_tma_kernel<T><<<num_work, 32 * (a->num_kv_heads + 1), DecodeTmaGeom::SMEM, stream>>>(*a, mk, mv);
+    /* whole-block boxes (a 5-D view of each cache, two copies a block), or, where the driver
+     * refuses that view or AR_DECODE_TMA_BOXES=head asks, the wgmma TMA configs' maps (MODE 5,
+     * box [16][1][64]: 4 x Hkv copies a block) */
+    static int head_boxes = -1;
+    if (head_boxes < 0) {
+        const char *e = getenv("AR_DECODE_TMA_BOXES");
+        head_boxes = e != NULL && strcmp(e, "head") == 0;
+    }
+    CUtensorMap mk, mv;
+    int whole = 0;
+    if (!head_boxes) {
+        const uint64_t hkv = (uint64_t)a->num_kv_heads;
+        const uint64_t dims[5] = {64, 16, hkv, 2, (uint64_t)a->num_slots / 16};
+        const uint64_t strides[4] = {hkv * 256, 256, 128, 16 * hkv * 256};
+        const uint32_t box[5] = {64, 16, (uint32_t)hkv, 2, 1};
+        char err[256];
+        whole = !ar_tma_encode(&mk, a->k_cache, 5, dims, strides, box, "cuda", err, sizeof err) &&
+                !ar_tma_encode(&mv, a->v_cache, 5, dims, strides, box, "cuda", err, sizeof err);
+    }
+    if (!whole) {
+        cudaError_t e = wgmma_tensor_maps<5>(a, &mk, &mv);
+        if (e != cudaSuccess) return e;
+    }
+    attn_decode_tma_kernel<T><<<num_work, 32 * (a->num_kv_heads + 1), DecodeTmaGeom::SMEM, stream>>>(*a, mk, mv, whole);
     return cudaGetLastError();
 }
 

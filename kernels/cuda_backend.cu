@@ -8,9 +8,9 @@
  *   - the split-KV combine launch, and timing with CUDA events.
  * The attention kernels themselves are in cuda_attn.cuh (mma.sync, sm_80+) and
  * cuda_attn_wgmma.cuh (wgmma, sm_90a), and cuda_attn_decode_tma.cuh (sm_90a).  Which one runs:
- * decode launches (one query token per request) of at least half as many requests as SMs, every
- * context at most 16k keys, head size 128, block size 16, at most 8 KV heads, on a
- * compute-capability 9.0 device with tensor maps take DECODE_TMA (one CTA per request, whole
+ * decode launches (one query token per request) of at least half as many requests as SMs with
+ * every context at most 16k keys, or of at least 0.9 x SMs requests, head size 128, block size
+ * 16, at most 8 KV heads, on a compute-capability 9.0 device with tensor maps take DECODE_TMA (one CTA per request, whole
  * cache blocks by TMA; see decode_tma_plan for the measurements behind the rule; the cascade
  * suffix pass of a decode batch is such a launch); other launches in the DECODE geometry (every
  * (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches with head
@@ -595,12 +595,14 @@ static void pass_plan_free(pass_plan *pl)
  * (the faults live in the general kernels), causal, and one query token per request.  The
  * automatic plan takes it (force_config -1, no forced split, AR_CUDA_DECODE_TMA not 0) for
  * batches of at least half as many requests as the device has SMs whose longest context is at
- * most DECODE_TMA_MAX_KEYS keys: one CTA walks a whole request and never splits.  On the H200
- * (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, 2026-11-30): 128 keys (the cascade
- * suffix pass) 28.7 us against 35.4 for DECODE; 1152 keys 115.7 against 154.5; 8320 keys
- * 752 against 761; 32896 keys 2941-2949 against 2888 (DECODE's split-KV wins), 33024 keys
- * 3054-3084 against 3095-3111 - hence the cut between 8k and 32k.  force_config
- * AR_CFG_DECODE_TMA takes it whenever it can run. */
+ * most DECODE_TMA_MAX_KEYS keys, and for batches of at least 0.9 x SMs requests at any
+ * context: one CTA walks a whole request and never splits, so it needs most SMs busy.  On the
+ * H200 (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
+ * 2026-11-30): 128 keys (the cascade suffix pass) 30.7 us against 36.0 for DECODE; 1152 keys
+ * 82.1 against 155.6; 8320 keys 480.0 against 761.4; 32896 keys 1845.8 against 2888.7; 33024
+ * keys 1845-2030 against 3105.4.  With fewer requests DECODE's split-KV fills the machine (the
+ * decode bench's 64 requests stay on it).  force_config AR_CFG_DECODE_TMA takes it whenever it
+ * can run. */
 #define DECODE_TMA_MAX_KEYS 16384
 static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
                             bool non_causal, int force_config, int force_splits)
@@ -615,7 +617,7 @@ static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_l
     }
     if (force_config == AR_CFG_DECODE_TMA) return true;
     if (force_config >= 0 || force_splits > 0 || !s->decode_tma_auto) return false;
-    return 2 * R >= s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS;
+    return (2 * R >= s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS) || 10 * R >= 9 * s->num_sms;
 }
 
 /* Flattens one launch into work items.  R sequences; query_start_loc [R + 1], seq_lens [R].
