@@ -29,8 +29,8 @@
  *            own online-softmax state and merge through shared memory at the end (split-KV
  *            inside the CTA).  Chosen when every (request, KV head) fits in 16 rows.
  *   DECODE_TMA (compute capability 9.0, cuda_attn_decode_tma.cuh): decode batches of many
- *            short requests, one CTA per request over every KV head, whole cache blocks
- *            copied by TMA; never split.
+ *            requests (see decode_tma_plan in cuda_backend.cu), one CTA per request over
+ *            every KV head, whole cache blocks copied by TMA; never split.
  * Across CTAs, split-KV (a work item covers part of the key range) writes normalised fp32
  * partials + log2 LSE, and ar_attn::combine_kernel merges them (see the split heuristic in
  * cuda_backend.cu).
@@ -70,9 +70,9 @@
                                    by the tensor memory accelerator (one bulk tensor copy per
                                    page and 64-dim half) instead of cp.async */
 #define AR_CFG_PREFILL_WG_TMA_QREG 10 /* PREFILL_WG_TMA with Q held in registers for S = Q K^T */
-#define AR_CFG_DECODE_TMA 11    /* compute capability 9.0, decode batches of short contexts: one CTA
-                                   per request (every KV head), whole cache blocks copied by TMA
-                                   (cuda_attn_decode_tma.cuh) */
+#define AR_CFG_DECODE_TMA 11    /* compute capability 9.0, decode batches of many requests: one
+                                   CTA per request (every KV head), whole cache blocks copied by
+                                   TMA (cuda_attn_decode_tma.cuh) */
 #define AR_CFG_COUNT 12
 #define AR_MAX_SPLITS 64
 

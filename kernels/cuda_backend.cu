@@ -10,9 +10,10 @@
  * cuda_attn_wgmma.cuh (wgmma, sm_90a), and cuda_attn_decode_tma.cuh (sm_90a).  Which one runs:
  * decode launches (one query token per request) of at least half as many requests as SMs with
  * every context at most 16k keys, or of at least 0.9 x SMs requests, head size 128, block size
- * 16, at most 8 KV heads, on a compute-capability 9.0 device with tensor maps take DECODE_TMA (one CTA per request, whole
- * cache blocks by TMA; see decode_tma_plan for the measurements behind the rule; the cascade
- * suffix pass of a decode batch is such a launch); other launches in the DECODE geometry (every
+ * 16, at most 8 KV heads, on a compute-capability 9.0 device with tensor maps take DECODE_TMA
+ * (one CTA per request, whole cache blocks by TMA; see decode_tma_plan for the measurements
+ * behind the rule; the cascade suffix pass of a decode batch is such a launch); other
+ * launches in the DECODE geometry (every
  * (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches with head
  * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_TMA_QREG (128 x 128 tiles,
  * two ping-pong consumer warpgroups with Q in registers fed by a producer warpgroup whose
@@ -59,7 +60,8 @@
  * merge_kernel apart); AR_CUDA_CASCADE_MERGE=separate runs merge_kernel.  Each pass's split
  * combine is inside its time; when the suffix pass runs DECODE_TMA with the merge fused, the
  * prefix pass's split combine runs inside it too (fold_prefix_combine; AR_CUDA_CASCADE_FOLD=0
- * keeps the combine kernel), and the fused merge's "merge" times 0 (no events around it).  Sliding window never cascades (prepare refuses it).
+ * keeps the combine kernel), and the fused merge's "merge" times 0 (no events around it).
+ * Sliding window never cascades (prepare refuses it).
  * Q and the new K/V are generated on the device before, untimed (in vLLM they come out of the
  * QKV projection).  Repeats are idempotent: the write stores the same values to the same slots.
  *
@@ -486,7 +488,8 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
             return rc;
         }
     for (int c = 0; c < AR_CFG_COUNT; c++) {
-        if ((ar_attn_config_is_wg(c) || c == AR_CFG_DECODE_TMA) && !s->has_wgmma) {   /* sm_90a code only; never planned elsewhere */
+        /* sm_90a code only; never planned elsewhere */
+        if ((ar_attn_config_is_wg(c) || c == AR_CFG_DECODE_TMA) && !s->has_wgmma) {
             s->ctas_per_sm[c] = 1;
             continue;
         }
@@ -1095,8 +1098,9 @@ static int prefix_row_blocks(const cuda_state *s)   /* row blocks per KV head of
 }
 static bool fold_prefix_combine(const cuda_state *s)
 {
-    return s->cascade && s->fused_merge && s->fold_combine && s->config == AR_CFG_DECODE_TMA && s->pre_num_groups > 0 &&
-           s->pre_num_groups == s->hkv * prefix_row_blocks(s) && s->pre_num_work == s->pre_num_partials;
+    return s->cascade && s->fused_merge && s->fold_combine && s->config == AR_CFG_DECODE_TMA &&
+           s->pre_num_groups > 0 && s->pre_num_groups == s->hkv * prefix_row_blocks(s) &&
+           s->pre_num_work == s->pre_num_partials;
 }
 
 /* The cascade passes' arguments, from the flat ones (fill_args): the suffix pass reads keys
