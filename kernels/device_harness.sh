@@ -7,7 +7,8 @@
 #   2. tests/bench_cuda.c  (our kernel: decode GB/s, prefill TFLOP/s)       -> bench.txt
 #   2b. cascade: tests/bench_cascade.c (cascade vs flat), tests/gpu_cascade.c, a prefix trace
 #       replayed with --cascade on -> cascade_bench.txt, cascade_test.txt, cascade_replay.txt
-#   3. kernels/peers/peer_attention.py (cuDNN SDPA, flex+PagedAttention, FA2) -> peers.txt
+#   3. kernels/peers/peer_attention.py (cuDNN SDPA, flex+PagedAttention, FA2; the cascade
+#      shapes' prefix-pass math and flat decode, the GEMM rate) -> peers.txt
 #   4. make test-gpu (tests/gpu_cuda.c: vLLM grids vs the float64 reference) -> gpu_test.txt
 #   5. attnreplay replay of the sample traces with --backend cuda into SQLite -> replay.txt
 #   6. ncu (--clock-control none) on the prefill kernel, if time is left     -> ncu.txt
@@ -57,7 +58,7 @@ PY
 tail -8 "$OUT/cascade_replay.txt"
 
 stage "peers"
-timeout 130 python3 kernels/peers/peer_attention.py >"$OUT/peers.txt" 2>"$OUT/peers_err.txt"
+timeout 200 python3 kernels/peers/peer_attention.py >"$OUT/peers.txt" 2>"$OUT/peers_err.txt"
 echo "peers rc=$?"; cat "$OUT/peers.txt"; tail -5 "$OUT/peers_err.txt"
 
 stage "test-gpu"

@@ -1,6 +1,10 @@
-"""peer_attention.py - torch peers for the CUDA backend's benchmark (tests/bench_cuda.c), on the
-same shapes, in the same device call: cuDNN SDPA (contiguous K/V, the FA3-class reference),
-flex_attention + PagedAttention (the only paged peer torch 2.11 has offline), FA2 varlen_attn.
+"""peer_attention.py - torch peers for the CUDA backend's benchmarks (tests/bench_cuda.c,
+tests/bench_cascade.c), on the same shapes, in the same device call: cuDNN SDPA (contiguous K/V,
+the FA3-class reference), flex_attention + PagedAttention (the only paged peer torch 2.11 has
+offline), FA2 varlen_attn, and for the cascade benchmark the prefix pass's math on cuDNN and FA2
+plus the device's dense bf16 GEMM rate (the floor for any kernel doing that math).
+
+Usage: python3 peer_attention.py [decode|prefill|varlen|cascade ...] (default: all of them).
 
 Prints one line per measurement:
     PEER name=<bench case> impl=<peer> us=<median> gbps=<effective> tflops=<FA3 formula>
@@ -181,15 +185,89 @@ def varlen_peers():
     guard(name, "cudnn_sdpa_per_sequence", cudnn_per_seq)
 
 
+CASC_R, CASC_HQ, CASC_HKV, CASC_D, CASC_P = 128, 32, 8, 128, 32768   # tests/bench_cascade.c, P 32k
+
+
+def gemm_peak():
+    """The dense bf16 GEMM rate now (cuBLAS, 8192^3): prefix FLOPs / this = the floor below
+    which no kernel computes the prefix pass's two products, softmax aside."""
+    n = 8192
+    a = torch.randn(n, n, dtype=DT, device=DEV)
+    b = torch.randn(n, n, dtype=DT, device=DEV)
+    us = timed(lambda: torch.matmul(a, b))
+    tflops = 2.0 * n * n * n / us * 1e-6
+    pre_flops = 4.0 * CASC_R * CASC_HQ * CASC_P * CASC_D
+    print(f"CEILING gemm_bf16_tflops={tflops:.1f} cascade_prefix_floor_us={pre_flops / tflops * 1e-6:.1f}",
+          flush=True)
+    del a, b
+
+
+def cascade_peers():
+    """The cascade prefix pass's math at P 32k: 128 query tokens x 32 heads, non-causal, over the
+    P shared keys of 8 KV heads; as vLLM's cascade_attention hands it to FlashAttention (32 heads,
+    GQA) and GQA-packed (each KV head's 4 query heads as 512 rows of one head, as our prefix pass
+    tiles it); cuDNN and FA2 SDPA.  Then flat decode over the shared prefix without cascade: 128
+    requests x 1 token on FA2/cuDNN SDPA with the prefix's K/V broadcast over the batch (stride
+    0: one copy in memory, as the prefix cache shares it; no unique suffix)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    name = f"cascade_prefix_p{CASC_P}_t{CASC_R}_gqa{CASC_HQ}_{CASC_HKV}_hd{CASC_D}"
+    flops = 4.0 * CASC_R * CASC_HQ * CASC_P * CASC_D
+    k = torch.randn(1, CASC_HKV, CASC_P, CASC_D, dtype=DT, device=DEV)
+    v = torch.randn(1, CASC_HKV, CASC_P, CASC_D, dtype=DT, device=DEV)
+    q_gqa = torch.randn(1, CASC_HQ, CASC_R, CASC_D, dtype=DT, device=DEV)
+    grp = CASC_HQ // CASC_HKV
+    # [1, Hq, T, D] -> [1, Hkv, T * grp, D]: row (t, j) of KV head h is query head h * grp + j
+    q_packed = q_gqa.view(1, CASC_HKV, grp, CASC_R, CASC_D).transpose(2, 3).reshape(1, CASC_HKV, CASC_R * grp, CASC_D)
+    ref = {}
+
+    def run(backend, label, q, gqa):
+        with sdpa_kernel(backend):
+            fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+            out = fn()
+            if gqa:
+                ref.setdefault("out", out)
+            diff = float("nan")
+            if "out" in ref:
+                o = out if gqa else out.view(1, CASC_HKV, CASC_R, grp, CASC_D).transpose(2, 3).reshape(
+                    1, CASC_HQ, CASC_R, CASC_D)
+                diff = (o.float() - ref["out"].float()).abs().max().item()
+            emit(name, label, timed(fn), flops=flops, extra=f"maxdiff={diff:.3g}")
+
+    guard(name, "cudnn_sdpa_gqa", lambda: run(SDPBackend.CUDNN_ATTENTION, "cudnn_sdpa_gqa", q_gqa, True))
+    guard(name, "fa2_sdpa_gqa", lambda: run(SDPBackend.FLASH_ATTENTION, "fa2_sdpa_gqa", q_gqa, True))
+    guard(name, "cudnn_sdpa_packed", lambda: run(SDPBackend.CUDNN_ATTENTION, "cudnn_sdpa_packed", q_packed, False))
+    guard(name, "fa2_sdpa_packed", lambda: run(SDPBackend.FLASH_ATTENTION, "fa2_sdpa_packed", q_packed, False))
+
+    fname = f"flat_decode_shared_p{CASC_P}_b{CASC_R}_gqa{CASC_HQ}_{CASC_HKV}_hd{CASC_D}"
+    qd = torch.randn(CASC_R, CASC_HQ, 1, CASC_D, dtype=DT, device=DEV)
+    kb, vb = k.expand(CASC_R, -1, -1, -1), v.expand(CASC_R, -1, -1, -1)
+    nbytes = CASC_R * CASC_P * CASC_HKV * CASC_D * 2 * 2   # as if each request read its K/V
+
+    def flat(backend, label):
+        with sdpa_kernel(backend):
+            us = timed(lambda: F.scaled_dot_product_attention(qd, kb, vb, enable_gqa=True))
+        emit(fname, label, us, nbytes=nbytes, flops=flops)
+
+    guard(fname, "fa2_sdpa_broadcast", lambda: flat(SDPBackend.FLASH_ATTENTION, "fa2_sdpa_broadcast"))
+    guard(fname, "cudnn_sdpa_broadcast", lambda: flat(SDPBackend.CUDNN_ATTENTION, "cudnn_sdpa_broadcast"))
+    del k, v, q_gqa, q_packed, qd
+
+
 def main():
     print(f"torch {torch.__version__} cudnn {torch.backends.cudnn.version()} device {torch.cuda.get_device_name()}",
           flush=True)
+    parts = {"decode": decode_peers, "prefill": prefill_peers, "varlen": varlen_peers, "cascade": cascade_peers}
+    wanted = sys.argv[1:] or list(parts)
+    for w in wanted:
+        if w not in parts:
+            print(f"peer_attention.py: unknown part '{w}' (one of: {' '.join(parts)})", file=sys.stderr)
+            sys.exit(2)
     guard("ceiling", "copy", ceiling)
-    guard("decode", "all", decode_peers)
-    torch.cuda.empty_cache()
-    guard("prefill", "all", prefill_peers)
-    torch.cuda.empty_cache()
-    guard("varlen", "all", varlen_peers)
+    if "cascade" in wanted:
+        guard("ceiling", "gemm", gemm_peak)
+    for w in wanted:
+        torch.cuda.empty_cache()
+        guard(w, "all", parts[w])
 
 
 if __name__ == "__main__":
