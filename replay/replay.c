@@ -854,11 +854,14 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
                e->time_us_total / 1e3, e->time_us_total / e->steps_done,
                e->time_us_total > 0 ? e->bytes_total / (e->time_us_total * 1e3) : 0,
                e->time_us_total > 0 ? e->flops_total / (e->time_us_total * 1e6) : 0);
-    if (e->cascade_steps > 0)
-        printf("  cascade   %lld steps used it: %.3f ms of attention vs %.3f ms flat on the same steps"
-               " (saved %.1f%%)\n", (long long)e->cascade_steps, e->cascade_time_us / 1e3,
-               e->cascade_flat_us / 1e3,
-               e->cascade_flat_us > 0 ? 100.0 * (1 - e->cascade_time_us / e->cascade_flat_us) : 0.0);
+    if (e->cascade_steps > 0) {
+        /* saved when cascade was faster; --cascade on can force it onto steps where it is not */
+        const double saved = e->cascade_flat_us > 0 ? 100.0 * (1 - e->cascade_time_us / e->cascade_flat_us) : 0.0;
+        printf("  cascade   %lld steps used it: %.3f ms of attention vs %.3f ms flat on the same steps",
+               (long long)e->cascade_steps, e->cascade_time_us / 1e3, e->cascade_flat_us / 1e3);
+        if (saved >= 0) printf(" (saved %.1f%%)\n", saved);
+        else printf(" (cost %.1f%% more: flat was faster on these steps)\n", -saved);
+    }
     printf("  result    %s  (run %lld in %s, %.1f s wall)\n", status, (long long)e->run_id, e->o.db, wall);
 }
 
