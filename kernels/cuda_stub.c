@@ -93,6 +93,12 @@ void ar_cuda_set_cascade_merge(void *state, int fused)
     (void)fused;
 }
 
+void ar_cuda_set_cascade_fold(void *state, int fold)
+{
+    (void)state;
+    (void)fold;
+}
+
 void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
 {
     (void)state;
