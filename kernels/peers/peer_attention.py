@@ -186,6 +186,7 @@ def varlen_peers():
 
 
 CASC_R, CASC_HQ, CASC_HKV, CASC_D, CASC_P = 128, 32, 8, 128, 32768   # tests/bench_cascade.c, P 32k
+CASC_PREFIX_FLOPS = 4.0 * CASC_R * CASC_HQ * CASC_P * CASC_D           # the prefix pass's two products
 
 
 def gemm_peak():
@@ -196,8 +197,7 @@ def gemm_peak():
     b = torch.randn(n, n, dtype=DT, device=DEV)
     us = timed(lambda: torch.matmul(a, b))
     tflops = 2.0 * n * n * n / us * 1e-6
-    pre_flops = 4.0 * CASC_R * CASC_HQ * CASC_P * CASC_D
-    print(f"CEILING gemm_bf16_tflops={tflops:.1f} cascade_prefix_floor_us={pre_flops / tflops * 1e-6:.1f}",
+    print(f"CEILING gemm_bf16_tflops={tflops:.1f} cascade_prefix_floor_us={CASC_PREFIX_FLOPS / tflops * 1e-6:.1f}",
           flush=True)
     del a, b
 
@@ -226,14 +226,14 @@ def cascade_peers():
     0: one copy in memory, as the prefix cache shares it; no unique suffix)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     name = f"cascade_prefix_p{CASC_P}_t{CASC_R}_gqa{CASC_HQ}_{CASC_HKV}_hd{CASC_D}"
-    flops = 4.0 * CASC_R * CASC_HQ * CASC_P * CASC_D
+    flops = CASC_PREFIX_FLOPS
     k = torch.randn(1, CASC_HKV, CASC_P, CASC_D, dtype=DT, device=DEV)
     v = torch.randn(1, CASC_HKV, CASC_P, CASC_D, dtype=DT, device=DEV)
     q_gqa = torch.randn(1, CASC_HQ, CASC_R, CASC_D, dtype=DT, device=DEV)
     grp = CASC_HQ // CASC_HKV
     # [1, Hq, T, D] -> [1, Hkv, T * grp, D]: row (t, j) of KV head h is query head h * grp + j
     q_packed = q_gqa.view(1, CASC_HKV, grp, CASC_R, CASC_D).transpose(2, 3).reshape(1, CASC_HKV, CASC_R * grp, CASC_D)
-    ref = attention_f32(q_gqa, k, v)
+    ref_prefix = attention_f32(q_gqa, k, v)
 
     def run(backend, label, q, gqa):
         with sdpa_kernel(backend):
@@ -241,7 +241,7 @@ def cascade_peers():
             out = fn()
             if not gqa:   # back to [1, Hq, T, D]
                 out = out.view(1, CASC_HKV, CASC_R, grp, CASC_D).transpose(2, 3).reshape(1, CASC_HQ, CASC_R, CASC_D)
-            diff = (out.float() - ref).abs().max().item()
+            diff = (out.float() - ref_prefix).abs().max().item()
             emit(name, label, timed(fn), flops=flops, extra=f"maxdiff={diff:.3g}")
 
     guard(name, "cudnn_sdpa_gqa", lambda: run(SDPBackend.CUDNN_ATTENTION, "cudnn_sdpa_gqa", q_gqa, True))
@@ -253,18 +253,18 @@ def cascade_peers():
     qd = torch.randn(CASC_R, CASC_HQ, 1, CASC_D, dtype=DT, device=DEV)
     kb, vb = k.expand(CASC_R, -1, -1, -1), v.expand(CASC_R, -1, -1, -1)
     nbytes = CASC_R * CASC_P * CASC_HKV * CASC_D * 2 * 2   # as if each request read its K/V
-    del ref
-    ref = attention_f32(qd, k, v)   # broadcasts over the 128 requests
+    del ref_prefix
+    ref_flat = attention_f32(qd, k, v)   # broadcasts over the 128 requests
 
     def flat(backend, label):
         with sdpa_kernel(backend):
             fn = lambda: F.scaled_dot_product_attention(qd, kb, vb, enable_gqa=True)
-            diff = (fn().float() - ref).abs().max().item()
+            diff = (fn().float() - ref_flat).abs().max().item()
             emit(fname, label, timed(fn), nbytes=nbytes, flops=flops, extra=f"maxdiff={diff:.3g}")
 
     guard(fname, "fa2_sdpa_broadcast", lambda: flat(SDPBackend.FLASH_ATTENTION, "fa2_sdpa_broadcast"))
     guard(fname, "cudnn_sdpa_broadcast", lambda: flat(SDPBackend.CUDNN_ATTENTION, "cudnn_sdpa_broadcast"))
-    del k, v, q_gqa, q_packed, qd, ref
+    del k, v, q_gqa, q_packed, qd, ref_flat
 
 
 def main():
