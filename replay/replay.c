@@ -830,6 +830,17 @@ static char *config_json(const engine *e)
     return s;
 }
 
+void ar_cascade_verdict(double cascade_us, double flat_us, char *buf, size_t len)
+{
+    if (!(flat_us > 0)) {
+        if (len > 0) buf[0] = '\0';
+        return;
+    }
+    const double saved = 100.0 * (1 - cascade_us / flat_us);
+    if (saved >= 0) snprintf(buf, len, "(saved %.1f%%)", saved);
+    else snprintf(buf, len, "(cost %.1f%% more: flat was faster on these steps)", -saved);
+}
+
 static void print_summary(const engine *e, const ar_selection *sel, const char *status, double wall)
 {
     const ar_model *m = &e->cfg.model;
@@ -855,12 +866,10 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
                e->time_us_total > 0 ? e->bytes_total / (e->time_us_total * 1e3) : 0,
                e->time_us_total > 0 ? e->flops_total / (e->time_us_total * 1e6) : 0);
     if (e->cascade_steps > 0) {
-        /* saved when cascade was faster; --cascade on can force it onto steps where it is not */
-        const double saved = e->cascade_flat_us > 0 ? 100.0 * (1 - e->cascade_time_us / e->cascade_flat_us) : 0.0;
-        printf("  cascade   %lld steps used it: %.3f ms of attention vs %.3f ms flat on the same steps",
-               (long long)e->cascade_steps, e->cascade_time_us / 1e3, e->cascade_flat_us / 1e3);
-        if (saved >= 0) printf(" (saved %.1f%%)\n", saved);
-        else printf(" (cost %.1f%% more: flat was faster on these steps)\n", -saved);
+        char verdict[96];
+        ar_cascade_verdict(e->cascade_time_us, e->cascade_flat_us, verdict, sizeof verdict);
+        printf("  cascade   %lld steps used it: %.3f ms of attention vs %.3f ms flat on the same steps %s\n",
+               (long long)e->cascade_steps, e->cascade_time_us / 1e3, e->cascade_flat_us / 1e3, verdict);
     }
     printf("  result    %s  (run %lld in %s, %.1f s wall)\n", status, (long long)e->run_id, e->o.db, wall);
 }

@@ -11,5 +11,9 @@ int ar_backends_main(int argc, char **argv);
 /* The run configuration a trace header implies, with optional --dtype / --kv-dtype overrides. */
 int ar_run_config_from_header(const ar_trace_header *h, const char *dtype, const char *kv_dtype,
                               double kv_scale, ar_run_config *cfg, char *err, size_t err_len);
+/* The summary's verdict on cascade steps, from their attention time with cascade and flat:
+ * "(saved N%)" when cascade was no slower, "(cost N% more: flat was faster on these steps)"
+ * when it was (--cascade on forces it onto steps where it is); "" when flat_us <= 0. */
+void ar_cascade_verdict(double cascade_us, double flat_us, char *buf, size_t len);
 
 #endif

@@ -1,7 +1,9 @@
 /* test_replay.c - the replay engine end to end through bin/attnreplay: exit codes, every planted
  * fault flagged on every sample trace, the database's contents, kill -9 and --resume, --steps,
- * --dump-step, and bad input. */
+ * --dump-step, bad input, and the summary's cascade verdict. */
 #include "testutil.h"
+
+#include "../replay/replay.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,11 +93,33 @@ static void test_merge_fault_flagged_when_cascade_runs(void **state)
     tu_tmp("merge.db", db, sizeof db);
     tu_tmp("merge.log", log, sizeof log);
     sample("prefix", trace, sizeof trace);
-    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --cascade on --quiet",
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --cascade on",
                             tu_bin(), trace, db), 0);
     assert_true(tu_query_int(db, "SELECT count(*) FROM steps WHERE cascade=1 AND prefix_len > 0") > 0);
+    char *text = tu_slurp(log);   /* the summary has its cascade line, with one of the verdicts */
+    assert_non_null(text);
+    const char *line = strstr(text, "steps used it: ");
+    assert_non_null(line);
+    assert_true(strstr(line, "(saved ") != NULL || strstr(line, "(cost ") != NULL);
+    free(text);
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --cascade on "
                                  "--inject merge-no-weights --quiet", tu_bin(), trace, db), 1);
+}
+
+/* The summary's cascade verdict on both sides of break-even (a CPU run's timing cannot pick
+ * the side). */
+static void test_cascade_verdict_wording(void **state)
+{
+    (void)state;
+    char buf[96];
+    ar_cascade_verdict(75.0, 100.0, buf, sizeof buf);
+    assert_string_equal(buf, "(saved 25.0%)");
+    ar_cascade_verdict(100.0, 100.0, buf, sizeof buf);
+    assert_string_equal(buf, "(saved 0.0%)");
+    ar_cascade_verdict(157.1, 100.0, buf, sizeof buf);
+    assert_string_equal(buf, "(cost 57.1% more: flat was faster on these steps)");
+    ar_cascade_verdict(10.0, 0.0, buf, sizeof buf);
+    assert_string_equal(buf, "");
 }
 
 static void test_kill_and_resume(void **state)
@@ -239,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_clean_replay_passes_and_is_stored),
         cmocka_unit_test(test_every_fault_flagged_on_every_sample),
         cmocka_unit_test(test_merge_fault_flagged_when_cascade_runs),
+        cmocka_unit_test(test_cascade_verdict_wording),
         cmocka_unit_test(test_kill_and_resume),
         cmocka_unit_test(test_steps_range_fills_missing_context),
         cmocka_unit_test(test_verify_off_and_sample_are_labelled),
