@@ -98,10 +98,18 @@ typedef struct ar_kernel_time {
     double us;                      /* median over repeats */
 } ar_kernel_time;
 
-/* What forward returns.  out and lse are host buffers allocated by the engine. */
+/* What forward returns.  out and lse are host buffers allocated by the engine, or NULL when
+ * the engine does not need the output on the host (the verifier works on the device, see
+ * verify.h ar_verifier_needs_host_output): a device backend then makes no host copy at all.
+ * A device backend always sets dev_out / dev_lse / dev_stream: where this layer's output lives
+ * on the device (valid until its next prepare or forward) and the CUDA stream that wrote it. */
 typedef struct ar_forward_out {
-    float *out;                     /* [num_tokens, num_q_heads, v_head_dim], values in dtype */
-    float *lse;                     /* [num_q_heads, num_tokens], natural log; empty row: -inf */
+    float *out;                     /* [num_tokens, num_q_heads, v_head_dim], values in dtype; or NULL */
+    float *lse;                     /* [num_q_heads, num_tokens], natural log; empty row: -inf; or NULL */
+    const void *dev_out;            /* device [num_tokens, num_q_heads, v_head_dim] in dtype (bf16/fp16
+                                       bits); NULL for a host backend */
+    const float *dev_lse;           /* device [num_q_heads, num_tokens] */
+    void *dev_stream;               /* cudaStream_t the output was produced on */
     int num_kernels;
     ar_kernel_time kernels[AR_MAX_KERNELS];
     double total_us;                /* median wall time of the whole timed part */

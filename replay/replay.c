@@ -334,6 +334,7 @@ typedef struct engine {
     ar_run_config cfg;
     const ar_backend *be;
     void *state;
+    ar_verifier *verifier;
     ar_trace_reader *rd;
     ar_db *db;
     int64_t run_id;
@@ -672,8 +673,10 @@ static int run_step(engine *e, const ar_step *st, char *err, size_t err_len)
             goto out;
         }
         memset(&fo, 0, sizeof fo);
-        fo.out = e->out;
-        fo.lse = e->lse;
+        if (ar_verifier_needs_host_output(e->verifier, &vo)) {
+            fo.out = e->out;
+            fo.lse = e->lse;
+        }
         if (e->be->forward(e->state, layer, &kb, &fo, err, err_len) != 0) {
             rc = 3;
             goto out;
@@ -686,8 +689,9 @@ static int run_step(engine *e, const ar_step *st, char *err, size_t err_len)
                 rc = 3;
                 goto out;
             }
-        if (ar_verify_step(&e->cfg, &b, layer, e->out, e->lse, e->ids, &vo, &layer_res, err,
-                           err_len) != 0) {
+        int vrc = ar_verifier_check_layer(e->verifier, &b, layer, &fo, e->ids, &vo, &layer_res, err,
+                                          err_len);
+        if (vrc != 0) {
             rc = 3;
             goto out;
         }
@@ -876,6 +880,7 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
 
 static void engine_free(engine *e)
 {
+    if (e->verifier) ar_verifier_close(e->verifier);
     if (e->state) e->be->close(e->state);
     if (e->rd) ar_trace_close(e->rd);
     if (e->db) ar_db_close(e->db);
@@ -956,6 +961,11 @@ int ar_replay_main(int argc, char **argv)
         return code == 2 ? 2 : 3;
     }
     e->be->device_name(e->state, e->device, sizeof e->device);
+    if (ar_verifier_open(&e->verifier, &e->cfg, e->be, err, sizeof err) != 0) {
+        fprintf(stderr, "attnreplay replay: verifier: %s\n", err);
+        engine_free(e);
+        return 3;
+    }
     e->written = calloc((size_t)e->cfg.num_blocks, sizeof *e->written);
     if (!e->written) {
         fprintf(stderr, "attnreplay replay: out of memory\n");

@@ -695,3 +695,51 @@ void ar_verify_accumulate(ar_verify_result *acc, const ar_verify_result *x, bool
         memcpy(acc->worst, x->worst, sizeof acc->worst);
     }
 }
+
+/* ---- the run's verifier ----------------------------------------------------------------- */
+
+struct ar_verifier {
+    ar_run_config cfg;
+};
+
+int ar_verifier_open(ar_verifier **v, const ar_run_config *cfg, const ar_backend *be,
+                     char *err, size_t err_len)
+{
+    (void)be;
+    *v = calloc(1, sizeof **v);
+    if (!*v) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    (*v)->cfg = *cfg;
+    return 0;
+}
+
+bool ar_verifier_needs_host_output(const ar_verifier *v, const ar_verify_opts *opts)
+{
+    (void)v;
+    (void)opts;
+    return true;
+}
+
+const char *ar_verifier_where(const ar_verifier *v)
+{
+    (void)v;
+    return "host";
+}
+
+int ar_verifier_check_layer(ar_verifier *v, const ar_batch *b, int layer, const ar_forward_out *fo,
+                            const char *const *req_ids, const ar_verify_opts *opts,
+                            ar_verify_result *res, char *err, size_t err_len)
+{
+    if (!fo->out || !fo->lse) {
+        snprintf(err, err_len, "host verification needs the output on the host");
+        return -1;
+    }
+    return ar_verify_step(&v->cfg, b, layer, fo->out, fo->lse, req_ids, opts, res, err, err_len);
+}
+
+void ar_verifier_close(ar_verifier *v)
+{
+    free(v);
+}

@@ -28,7 +28,11 @@ typedef struct ar_verify_opts {
     int sample_rows;          /* rows per step for AR_VERIFY_SAMPLE (each request's last always) */
     int threads;              /* 0 = all cores */
     const char *dump_dir;     /* non-NULL: also write this step's .npy files and index.json */
+    const volatile int *cancel; /* non-NULL: verification gives up (returns AR_VERIFY_CANCELLED)
+                                   soon after *cancel becomes non-zero (SIGINT/SIGTERM) */
 } ar_verify_opts;
+
+#define AR_VERIFY_CANCELLED 4   /* ar_verifier_check_layer's return when *opts->cancel was set */
 
 typedef struct ar_worst {
     int req;                  /* index in the batch */
@@ -56,6 +60,31 @@ typedef struct ar_verify_result {
 int ar_verify_step(const ar_run_config *cfg, const ar_batch *b, int layer, const float *out,
                    const float *lse, const char *const *req_ids, const ar_verify_opts *opts,
                    ar_verify_result *res, char *err, size_t err_len);
+
+/* ---- the verifier the engine uses: host or device ----------------------------------------
+ * One per run.  ar_verifier_open picks where verification runs: on the device when the
+ * backend's output is on a CUDA device and the GPU reference is built in (the float64 CUDA
+ * twin in reference/, cross-checked against the C reference on sampled rows), else on the host
+ * (ar_verify_step).  The engine asks ar_verifier_needs_host_output before each forward and
+ * passes host out/lse buffers only when it says true. */
+typedef struct ar_verifier ar_verifier;
+
+/* 0 ok; -1 with err set (out of memory, device error). */
+int ar_verifier_open(ar_verifier **v, const ar_run_config *cfg, const ar_backend *be,
+                     char *err, size_t err_len);
+/* True when the next ar_verifier_check_layer with these opts needs fo->out / fo->lse on the host
+ * (a host verifier, or a dump step). */
+bool ar_verifier_needs_host_output(const ar_verifier *v, const ar_verify_opts *opts);
+/* "host" or "device": where this verifier checks (for the runs table and the summary). */
+const char *ar_verifier_where(const ar_verifier *v);
+/* Verifies layer `layer` of step b from forward's result fo (host buffers or device pointers).
+ * Returns 0; AR_VERIFY_CANCELLED when opts->cancel was raised; -1 with err set (out of memory,
+ * device error, dump write failure, or the device reference disagreeing with the C reference:
+ * a run error, never a pass). */
+int ar_verifier_check_layer(ar_verifier *v, const ar_batch *b, int layer, const ar_forward_out *fo,
+                            const char *const *req_ids, const ar_verify_opts *opts,
+                            ar_verify_result *res, char *err, size_t err_len);
+void ar_verifier_close(ar_verifier *v);
 
 /* Merges per-layer results into one step result (worst of each metric, pass = all pass). */
 void ar_verify_accumulate(ar_verify_result *acc, const ar_verify_result *layer_res, bool first);
