@@ -656,7 +656,7 @@ static int run_step(engine *e, const ar_step *st, char *err, size_t err_len)
         goto out;
     }
     ar_fill fill = {fill_count, e->fill_slots, e->fill_keys, e->fill_offsets};
-    ar_verify_opts vo = {e->o.verify, e->o.sample_rows, e->o.threads, NULL};
+    ar_verify_opts vo = {e->o.verify, e->o.sample_rows, e->o.threads, NULL, NULL};
     bool dumping = e->o.dump_step == st->step;
     if (dumping) {
         vo.mode = AR_VERIFY_ALL;

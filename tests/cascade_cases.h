@@ -206,7 +206,7 @@ static inline void casc_forward(const ar_backend *be, void *state, const ar_run_
     int rc = be->forward(state, 0, bb, o, err, sizeof err);
     if (rc) print_message("forward: %s\n", err);
     assert_int_equal(rc, 0);
-    ar_verify_opts vo = {sample_rows > 0 ? AR_VERIFY_SAMPLE : AR_VERIFY_ALL, sample_rows, 0, NULL};
+    ar_verify_opts vo = {sample_rows > 0 ? AR_VERIFY_SAMPLE : AR_VERIFY_ALL, sample_rows, 0, NULL, NULL};
     /* a view of the first verify_reqs requests: num_tokens (the out/lse row stride) unchanged */
     ar_batch checked = t->b;
     if (verify_reqs > 0 && verify_reqs < checked.num_reqs) checked.num_reqs = verify_reqs;
@@ -292,7 +292,7 @@ static inline void casc_run(const ar_backend *be, void (*after_prepare)(void *st
                             const ar_run_config *cfg, const casc_seq *cases, int n, int prefix_len, int sample_rows,
                             casc_result *res)
 {
-    casc_check check = {sample_rows, sample_rows, 0, NULL};
+    casc_check check = {sample_rows, sample_rows, 0, NULL, NULL};
     casc_run_checked(be, after_prepare, cfg, cases, n, prefix_len, &check, res);
 }
 

@@ -123,7 +123,7 @@ static void run_case(const ar_run_config *cfg, const seq_case *cases, int n, con
     float *lse = malloc(sizeof(float) * (size_t)T * Hq);
     assert_non_null(out);
     assert_non_null(lse);
-    ar_verify_opts vo = {ro->sample_rows > 0 ? AR_VERIFY_SAMPLE : AR_VERIFY_ALL, ro->sample_rows, 0, NULL};
+    ar_verify_opts vo = {ro->sample_rows > 0 ? AR_VERIFY_SAMPLE : AR_VERIFY_ALL, ro->sample_rows, 0, NULL, NULL};
     for (int layer = 0; layer < cfg->num_layers; layer++) {
         ar_forward_out o;
         memset(&o, 0, sizeof o);

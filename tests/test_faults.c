@@ -465,7 +465,7 @@ static ar_verify_result verify_doctored(nan_case *c, ar_verify_mode mode, bool i
     if (in_out) c->out[index] = value;
     else c->lse[index] = value;
     const char *ids[1] = {"nan-req"};
-    ar_verify_opts vo = {mode, 1, 1, NULL};
+    ar_verify_opts vo = {mode, 1, 1, NULL, NULL};
     ar_verify_result res;
     char err[512];
     assert_int_equal(ar_verify_step(&c->cfg, &c->b, 0, c->out, c->lse, ids, &vo, &res, err, sizeof err), 0);
