@@ -292,7 +292,7 @@ static inline void casc_run(const ar_backend *be, void (*after_prepare)(void *st
                             const ar_run_config *cfg, const casc_seq *cases, int n, int prefix_len, int sample_rows,
                             casc_result *res)
 {
-    casc_check check = {sample_rows, sample_rows, 0, NULL, NULL};
+    casc_check check = {sample_rows, sample_rows, 0, NULL};
     casc_run_checked(be, after_prepare, cfg, cases, n, prefix_len, &check, res);
 }
 
