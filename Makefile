@@ -279,9 +279,10 @@ $(PYENV)/.ready:
 	@touch $@
 
 py-test: $(SHLIB) $(SHLIB_CARRY) $(PLUGINS) $(BROKEN_PLUGINS) $(BIN) $(PYENV)/.ready
+	rm -rf replay/python/build
 	$(PYENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation ./replay/python
 	ATTNREPLAY_LIB=$(abspath $(SHLIB)) AR_BIN=$(abspath $(BIN)) AR_BUILD=$(abspath $(BUILD)) AR_SRC=$(CURDIR) \
-	  $(PYENV)/bin/python -m unittest discover -s replay/python/tests -t replay/python
+	  $(PYENV)/bin/python -m unittest discover -s replay/python/tests
 
 test: py-test
 .PHONY: py-test
