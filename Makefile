@@ -239,12 +239,23 @@ PYTHON       ?= python3
 
 all: $(SHLIB) $(SHLIB_CARRY) $(PLUGINS)
 
+# libattnreplay-lite.so: the same library without attnreplay's own CUDA kernels (their stubs
+# instead; the plugin ABI's CUDA side stays): a few MB instead of ~25, for carrying next to large
+# Python wheels to a GPU machine.  The Python package takes it through ATTNREPLAY_LIB.
+ifeq ($(HAVE_CUDA),1)
+SHLIB_LITE   := $(BUILD)/libattnreplay-lite.so
+LITE_STUBS   := $(patsubst %.c,$(BUILD)/pic/%.o,$(wildcard kernels/*_stub.c))
+all: $(SHLIB_LITE)
+$(SHLIB_LITE): $(PIC_OBJS) $(LITE_STUBS) $(filter-out $(BUILD)/kernels/%,$(CU_OBJS))
+	$(CC) -shared $(LDFLAGS) -Wl,--no-undefined -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ $(SHLIB_LIBS)
+endif
+
 $(BUILD)/pic/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -MMD -MP -c $< -o $@
 
 $(SHLIB): $(PIC_OBJS) $(CU_OBJS)
-	$(CC) -shared $(LDFLAGS) -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ $(SHLIB_LIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,--no-undefined -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ $(SHLIB_LIBS)
 
 $(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0:
 	@mkdir -p $(dir $@)

@@ -106,6 +106,7 @@ def _find_library():
     # in a checkout: replay/python/attnreplay -> build/libattnreplay.so
     root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
     candidates.append(os.path.join(root, "build", "libattnreplay.so"))
+    candidates.append(os.path.join(root, "build", "libattnreplay-lite.so"))
     for c in candidates:
         if os.path.exists(c):
             return c
