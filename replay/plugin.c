@@ -560,8 +560,9 @@ static int ensure_step(plugin_run *r, int num_reqs, int T, int stride, char *err
                 ar_pdev_alloc(r->dev, (void **)&r->d_seq, b32, err, err_len) ||
                 ar_pdev_alloc(r->dev, (void **)&r->d_suffix, b32, err, err_len))
                 return 3;
-            if (!r->d_cu_prefix && (ar_pdev_alloc(r->dev, (void **)&r->d_cu_prefix, 2 * sizeof(int32_t), err, err_len) ||
-                                    ar_pdev_alloc(r->dev, (void **)&r->d_prefix_kv, sizeof(int32_t), err, err_len)))
+            if (!r->d_cu_prefix &&
+                (ar_pdev_alloc(r->dev, (void **)&r->d_cu_prefix, 2 * sizeof(int32_t), err, err_len) ||
+                 ar_pdev_alloc(r->dev, (void **)&r->d_prefix_kv, sizeof(int32_t), err, err_len)))
                 return 3;
         }
         r->cap_reqs = n;
@@ -585,8 +586,10 @@ static int ensure_step(plugin_run *r, int num_reqs, int T, int stride, char *err
         size_t kv_bytes = nt * (size_t)r->hkv * (size_t)r->d * esize;
         size_t guard = sizeof(uint32_t) * AR_GUARD_WORDS + 16;
         size_t lse_bytes = sizeof(float) * nt * (size_t)r->hq;
-        if (grow_bytes((void **)&r->slots, sizeof(int64_t) * nt) || grow_bytes((void **)&r->qkey, sizeof(uint64_t) * nt) ||
-            grow_bytes((void **)&r->kvkey, sizeof(uint64_t) * nt) || grow_bytes((void **)&r->pos, sizeof(int32_t) * nt))
+        if (grow_bytes((void **)&r->slots, sizeof(int64_t) * nt) ||
+            grow_bytes((void **)&r->qkey, sizeof(uint64_t) * nt) ||
+            grow_bytes((void **)&r->kvkey, sizeof(uint64_t) * nt) ||
+            grow_bytes((void **)&r->pos, sizeof(int32_t) * nt))
             goto oom;
         if (r->cuda) {
             void **bufs[] = {(void **)&r->d_slots, (void **)&r->d_qkey, (void **)&r->d_kvkey, (void **)&r->d_pos,
@@ -671,8 +674,10 @@ static int plugin_prepare(void *state, const ar_batch *b, char *err, size_t err_
     tensor_set(&r->t_table, r->cuda ? (void *)r->d_table : r->table, r->device, i32, 2, s_tab);
     tensor_set(&r->t_slots, r->cuda ? (void *)r->d_slots : r->slots, r->device, i64, 1, s_t);
     const bool cascade = P > 0;
-    tensor_set(&r->t_cu_prefix, cascade ? (r->cuda ? (void *)r->d_cu_prefix : r->cu_prefix) : NULL, r->device, i32, 1, s_2);
-    tensor_set(&r->t_prefix_kv, cascade ? (r->cuda ? (void *)r->d_prefix_kv : r->prefix_kv) : NULL, r->device, i32, 1, s_1);
+    void *cu_prefix = r->cuda ? (void *)r->d_cu_prefix : r->cu_prefix;
+    void *prefix_kv = r->cuda ? (void *)r->d_prefix_kv : r->prefix_kv;
+    tensor_set(&r->t_cu_prefix, cascade ? cu_prefix : NULL, r->device, i32, 1, s_2);
+    tensor_set(&r->t_prefix_kv, cascade ? prefix_kv : NULL, r->device, i32, 1, s_1);
     tensor_set(&r->t_suffix, cascade ? (r->cuda ? (void *)r->d_suffix : r->suffix) : NULL, r->device, i32, 1, s_n);
 
     attnreplay_metadata *md = &r->md;

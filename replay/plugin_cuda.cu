@@ -168,14 +168,16 @@ __global__ void write_kv_kernel(ar_pdev_gen g, const int64_t *slots, const void 
 }
 
 /* grid.x = fill entries, grid.y = 2 Hkv rows; threads over D. */
-__global__ void fill_kernel(ar_pdev_gen g, const int64_t *slots, const uint64_t *keys, const int32_t *offsets, void *cache)
+__global__ void fill_kernel(ar_pdev_gen g, const int64_t *slots, const uint64_t *keys, const int32_t *offsets,
+                            void *cache)
 {
     const int i = blockIdx.x;
     int h = blockIdx.y, sd = h >= g.num_kv_heads;
     if (sd) h -= g.num_kv_heads;
     const int64_t row = (int64_t)g.num_kv_heads * g.head_size;
     const int64_t side = g.num_blocks * g.block_size * row;
-    uint64_t gr = ar_gen_row(g.seed, sd ? AR_STREAM_V : AR_STREAM_K, g.layer, keys[i], (uint64_t)offsets[i], (uint32_t)h);
+    uint64_t gr = ar_gen_row(g.seed, sd ? AR_STREAM_V : AR_STREAM_K, g.layer, keys[i], (uint64_t)offsets[i],
+                             (uint32_t)h);
     for (int d = threadIdx.x; d < g.head_size; d += blockDim.x) {
         float x = ar_gen(gr, (uint32_t)d, g.dist, g.dtype);
         cache_put(g, cache, (sd ? side : 0) + slots[i] * row + (int64_t)h * g.head_size + d, x);

@@ -104,7 +104,8 @@ static void check_export(const char *sample_name, const char *steps)
     snprintf(trace, sizeof trace, "%s/traces/samples/%s.trace.jsonl.gz", tu_src_dir(), sample_name);
     tu_tmp(sample_name, out, sizeof out);
     tu_tmp("export.log", log, sizeof log);
-    int rc = tu_run(log, "'%s' export '%s' --steps %s --format flashinfer-trace --out '%s'", tu_bin(), trace, steps, out);
+    int rc = tu_run(log, "'%s' export '%s' --steps %s --format flashinfer-trace --out '%s'", tu_bin(), trace,
+                    steps, out);
     assert_int_equal(rc, 0);
     snprintf(path, sizeof path, "%s/attnreplay-export.json", out);
     json_error_t je;
@@ -128,7 +129,8 @@ static void check_export(const char *sample_name, const char *steps)
         const char *uuid = json_string_value(json_object_get(w, "uuid"));
         bool decode = json_is_true(json_object_get(w, "decode"));
         decode ? decode_seen++ : prefill_seen++;
-        assert_non_null(strstr(def, decode ? "gqa_paged_decode_h8_kv2_d64_ps16" : "gqa_paged_prefill_causal_h8_kv2_d64_ps16"));
+        assert_non_null(strstr(def, decode ? "gqa_paged_decode_h8_kv2_d64_ps16"
+                                           : "gqa_paged_prefill_causal_h8_kv2_d64_ps16"));
         snprintf(path, sizeof path, "%s/blob/workloads/gqa_paged/%s/%s_%s.safetensors", out, def, def, uuid);
         st_file f;
         assert_int_equal(st_read(path, &f), 0);
@@ -166,9 +168,11 @@ static void check_export(const char *sample_name, const char *steps)
         json_t *def = json_load_file(path, 0, &je);
         assert_non_null(def);
         assert_string_equal(json_string_value(json_object_get(def, "op_type")), "gqa_paged");
-        assert_int_equal(json_integer_value(json_object_get(json_object_get(json_object_get(def, "axes"), "page_size"), "value")), B);
+        json_t *page_size = json_object_get(json_object_get(def, "axes"), "page_size");
+        assert_int_equal(json_integer_value(json_object_get(page_size, "value")), B);
         assert_non_null(strstr(json_string_value(json_object_get(def, "reference")), "def run(q, k_cache, v_cache, "));
-        assert_true(json_is_null(json_object_get(json_object_get(json_object_get(def, "inputs"), "sm_scale"), "shape")));
+        json_t *sm_scale = json_object_get(json_object_get(def, "inputs"), "sm_scale");
+        assert_true(json_is_null(json_object_get(sm_scale, "shape")));
         json_decref(def);
         /* every workload line is a JSON object naming this definition */
         snprintf(path, sizeof path, "%s/workloads/gqa_paged/gqa_paged_%s_h8_kv2_d64_ps16.jsonl", out,
@@ -207,7 +211,8 @@ static void test_export_bad_input(void **state)
     tu_tmp("bad-export", out, sizeof out);
     tu_tmp("bad-export.log", log, sizeof log);
     assert_int_equal(tu_run(log, "'%s' export '%s' --format parquet --out '%s'", tu_bin(), trace, out), 2);
-    assert_int_equal(tu_run(log, "'%s' export '%s' --format flashinfer-trace --steps 9:3 --out '%s'", tu_bin(), trace, out), 2);
+    assert_int_equal(tu_run(log, "'%s' export '%s' --format flashinfer-trace --steps 9:3 --out '%s'", tu_bin(), trace,
+                            out), 2);
     assert_int_equal(tu_run(log, "'%s' export '%s' --format flashinfer-trace", tu_bin(), trace), 2);
     assert_int_equal(tu_run(log, "'%s' export /no/such.trace --format flashinfer-trace --out '%s'", tu_bin(), out), 2);
 }

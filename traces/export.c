@@ -188,12 +188,14 @@ static json_t *definition_json(const ar_trace_header *h, bool decode, const char
     json_object_set_new(axes, "batch_size", json_pack("{s:s}", "type", "var"));
     json_t *inputs = json_object();
     json_object_set_new(inputs, "q", tensor_spec(q_axes, 3, dt, NULL));
-    json_object_set_new(inputs, "k_cache", tensor_spec(cache_axes, 4, kvt, "paged keys, vLLM's [num_blocks, block_size, num_kv_heads, head_size]"));
+    json_object_set_new(inputs, "k_cache", tensor_spec(cache_axes, 4, kvt,
+                                                       "paged keys, vLLM's [num_blocks, block_size, num_kv_heads, head_size]"));
     json_object_set_new(inputs, "v_cache", tensor_spec(cache_axes, 4, kvt, NULL));
     if (!decode)
         json_object_set_new(inputs, "qo_indptr", tensor_spec(indptr, 1, "int32", "vLLM's query_start_loc"));
     json_object_set_new(inputs, "kv_indptr", tensor_spec(indptr, 1, "int32", NULL));
-    json_object_set_new(inputs, "kv_indices", tensor_spec(indices, 1, "int32", "pages: each request's block_table row"));
+    json_object_set_new(inputs, "kv_indices",
+                        tensor_spec(indices, 1, "int32", "pages: each request's block_table row"));
     json_object_set_new(inputs, "kv_last_page_len", tensor_spec(batch, 1, "int32", NULL));
     json_object_set_new(inputs, "sm_scale", tensor_spec(NULL, 0, "float32", NULL));
     json_t *outputs = json_object();
@@ -374,7 +376,11 @@ int ar_export_main(int argc, char **argv)
             if (mkdirs(dir, err, sizeof err) != 0) { rc = 3; break; }
             snprintf(path, sizeof path, "%s/%s.jsonl", dir, k->name);
             k->jsonl = fopen(path, "w");
-            if (!k->jsonl) { snprintf(err, sizeof err, "%.900s: cannot create: %s", path, strerror(errno)); rc = 3; break; }
+            if (!k->jsonl) {
+                snprintf(err, sizeof err, "%.900s: cannot create: %s", path, strerror(errno));
+                rc = 3;
+                break;
+            }
             snprintf(dir, sizeof dir, "%s/blob/workloads/gqa_paged/%s", out, k->name);
             if (mkdirs(dir, err, sizeof err) != 0) { rc = 3; break; }
             k->used = true;
@@ -428,7 +434,8 @@ int ar_export_main(int argc, char **argv)
     if (rc == 3 && err[0]) fprintf(stderr, "attnreplay export: %s\n", err);
     if (!rc) {
         snprintf(path, sizeof path, "%s/attnreplay-export.json", out);
-        if (mkdirs(out, err, sizeof err) != 0 || json_dump_file(prov, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) {
+        if (mkdirs(out, err, sizeof err) != 0 ||
+            json_dump_file(prov, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) {
             fprintf(stderr, "attnreplay export: %s: cannot write\n", path);
             rc = 3;
         }

@@ -121,7 +121,8 @@ typedef struct state {
 static int ex_check(const attnreplay_config *cfg)
 {
     elem_type t;
-    if (elem_type_of(cfg->dtype, &t) != 0) return fail("dtype (code %d, %d bits) is not float32/float16/bfloat16", cfg->dtype.code, cfg->dtype.bits);
+    if (elem_type_of(cfg->dtype, &t) != 0)
+        return fail("dtype (code %d, %d bits) is not float32/float16/bfloat16", cfg->dtype.code, cfg->dtype.bits);
     if (cfg->kv_dtype.code != cfg->dtype.code || cfg->kv_dtype.bits != cfg->dtype.bits)
         return fail("the KV cache dtype (code %d) must be the model dtype: no fp8 cache in this example",
                     cfg->kv_dtype.code);
