@@ -80,10 +80,12 @@ __global__ void write_kv(params p, const long long *slots, const void *k, const 
     const long long slot = slots[t];
     if (slot < 0) return;
     const long long row = (long long)p.hkv * p.d, side = p.num_blocks * p.bs * row;
-    const float inv = p.kvt == p.dt ? 1.0f : 1.0f / p.kv_scale;
+    /* fp8: stored = quantize(x / kv_scale), an IEEE division (not x * (1 / kv_scale), and not
+     * --use_fast_math's approximate one), as vLLM's scaled_convert and the host's reference do */
+    const float div = p.kvt == p.dt ? 1.0f : p.kv_scale;
     for (long long e = threadIdx.x; e < row; e += blockDim.x) {
-        store(p.kvt, cache, slot * row + e, load(p.dt, k, t * row + e) * inv);
-        store(p.kvt, cache, side + slot * row + e, load(p.dt, v, t * row + e) * inv);
+        store(p.kvt, cache, slot * row + e, __fdiv_rn(load(p.dt, k, t * row + e), div));
+        store(p.kvt, cache, side + slot * row + e, __fdiv_rn(load(p.dt, v, t * row + e), div));
     }
 }
 
