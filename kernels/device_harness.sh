@@ -8,7 +8,9 @@
 #   2b. cascade: tests/bench_cascade.c (cascade vs flat), tests/gpu_cascade.c, a prefix trace
 #       replayed with --cascade on -> cascade_bench.txt, cascade_test.txt, cascade_replay.txt
 #   3. kernels/peers/peer_attention.py (cuDNN SDPA, flex+PagedAttention, FA2; the cascade
-#      shapes' prefix-pass math and flat decode, the GEMM rate) -> peers.txt
+#      shapes' prefix-pass math and flat decode, the GEMM rate) -> peers.txt; then FA3,
+#      FlashMLA and FlashInfer (kernels/peers/fa3_peer.py, flashmla_peer.py, flashinfer_peer.py)
+#      when .peers/built has them
 #   4. make test-gpu (tests/gpu_cuda.c: vLLM grids vs the float64 reference) -> gpu_test.txt
 #   5. attnreplay replay of the sample traces with --backend cuda into SQLite -> replay.txt
 #   6. ncu (--clock-control none) on the prefill kernel, if time is left     -> ncu.txt
@@ -60,6 +62,37 @@ tail -8 "$OUT/cascade_replay.txt"
 stage "peers"
 timeout 200 python3 kernels/peers/peer_attention.py >"$OUT/peers.txt" 2>"$OUT/peers_err.txt"
 echo "peers rc=$?"; cat "$OUT/peers.txt"; tail -5 "$OUT/peers_err.txt"
+# FlashAttention 3 and FlashMLA, built by kernels/peers/build_peers.sh into .peers/built (carried
+# in, or built earlier on this machine); their PEER lines join peers.txt, so the summary puts the
+# FA3 numbers beside ours.  HARNESS_NATIVE_PEERS=0 leaves them out.
+export AR_PEERS_BUILT=$PWD/.peers/built
+if [ "${HARNESS_NATIVE_PEERS:-1}" != 0 ]; then
+  for peer in fa3 flashmla; do
+    if [ -f "$AR_PEERS_BUILT/$peer/BUILD.txt" ]; then
+      echo "peer $peer: $(head -2 "$AR_PEERS_BUILT/$peer/BUILD.txt" | tr '\n' ' ')"
+      export PYTHONPATH="$AR_PEERS_BUILT/$peer${PYTHONPATH:+:$PYTHONPATH}"
+    else
+      echo "peer $peer: MISSING ($AR_PEERS_BUILT/$peer not there: run kernels/peers/build_peers.sh, carry .peers)"
+    fi
+  done
+  timeout 240 python3 kernels/peers/fa3_peer.py >"$OUT/peers_native.txt" 2>>"$OUT/peers_err.txt"
+  echo "fa3_peer rc=$?"
+  timeout 150 python3 kernels/peers/flashmla_peer.py >>"$OUT/peers_native.txt" 2>>"$OUT/peers_err.txt"
+  echo "flashmla_peer rc=$?"
+  # FlashInfer: its wheels from .whl, its kernels as compiled by build_peers.sh (no compiling here)
+  if [ -d "$AR_PEERS_BUILT/flashinfer/flashinfer_jit_cache" ] && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1 &&
+     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ar_site \
+       .whl/*.whl >>"$OUT/peers_err.txt" 2>&1; then
+    PYTHONPATH="$AR_PEERS_BUILT/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH}" FLASHINFER_DISABLE_JIT=1 \
+      timeout 150 python3 kernels/peers/flashinfer_peer.py >>"$OUT/peers_native.txt" 2>>"$OUT/peers_err.txt"
+    echo "flashinfer_peer rc=$?"
+  else
+    echo "peer flashinfer: MISSING (needs .whl/flashinfer_python-*.whl and the modules build_peers.sh compiles into $AR_PEERS_BUILT/flashinfer)"
+  fi
+  cut -c1-170 "$OUT/peers_native.txt"
+  grep "^PEER" "$OUT/peers_native.txt" >>"$OUT/peers.txt"
+  rm -f "$OUT/peers_native.txt"
+fi
 
 stage "test-gpu"
 t=$(( $(left) - 80 )); [ "$t" -lt 30 ] && t=30
