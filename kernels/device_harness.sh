@@ -92,6 +92,10 @@ if [ "${HARNESS_NATIVE_PEERS:-1}" != 0 ]; then
   cut -c1-170 "$OUT/peers_native.txt"
   grep "^PEER" "$OUT/peers_native.txt" >>"$OUT/peers.txt"
   rm -f "$OUT/peers_native.txt"
+  # the peer targets of one run (bench_mla's output too when $OUT/mla_bench.txt is there)
+  python3 kernels/peers/peer_table.py --bench "$OUT/bench.txt" --cascade "$OUT/cascade_bench.txt" \
+    --peers "$OUT/peers.txt" $( [ -f "$OUT/mla_bench.txt" ] && echo --mla "$OUT/mla_bench.txt" ) | sed 's/^/# /' |
+    tee -a "$OUT/peers.txt"
 fi
 
 stage "test-gpu"

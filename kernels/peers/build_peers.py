@@ -190,10 +190,16 @@ class Ninja:
 
 
 def run_ninja(ninja_file, targets, jobs, deadline):
-    """ninja -k 0 (every target that can be built is built); returns True if all succeeded."""
+    """ninja -k 0 (every target that can be built is built); returns True if all succeeded.
+    ninja and its compilers run in their own process group, whose id is in ninja.pgid beside the
+    ninja file while they run, so that the group can be ended whole: here at the deadline, by
+    build_peers.sh if this process is killed first."""
     cmd = ["ninja", "-f", ninja_file, "-j", str(jobs), "-k", "0"] + targets
     log("run: " + " ".join(cmd[:6]) + f" ... ({len(targets)} targets)")
-    p = subprocess.Popen(cmd, start_new_session=True)
+    pgid_file = os.path.join(os.path.dirname(ninja_file), "ninja.pgid")
+    p = subprocess.Popen(cmd, process_group=0)
+    with open(pgid_file, "w") as f:
+        f.write(f"{p.pid}\n")
     try:
         return p.wait(timeout=deadline) == 0
     except subprocess.TimeoutExpired:
@@ -201,6 +207,8 @@ def run_ninja(ninja_file, targets, jobs, deadline):
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
         return False
+    finally:
+        os.remove(pgid_file)
 
 
 def ninja_times(build_dir):

@@ -59,6 +59,11 @@ timeout -s KILL "$MLA_TIMEOUT" python3 kernels/peers/build_peers.py flashmla --j
 pid_mla=$!
 wait "$pid_fa3"; rc_fa3=$?
 wait "$pid_mla"; rc_mla=$?
+# a builder killed by its timeout leaves its ninja process group (id in ninja.pgid): end it
+for f in "$WORK"/fa3/ninja.pgid "$WORK"/flashmla/ninja.pgid; do
+  [ -f "$f" ] && kill -KILL -- "-$(cat "$f")" 2>/dev/null && echo "ended the compile group of $f"
+  rm -f "$f"
+done
 echo "== done at $(date -u +%H:%M:%S): fa3 rc=$rc_fa3 flashmla rc=$rc_mla (137: killed by the timeout)"
 for peer in fa3 flashmla; do
   log="$OUT/build_$peer.log"
