@@ -62,40 +62,11 @@ tail -8 "$OUT/cascade_replay.txt"
 stage "peers"
 timeout 200 python3 kernels/peers/peer_attention.py >"$OUT/peers.txt" 2>"$OUT/peers_err.txt"
 echo "peers rc=$?"; cat "$OUT/peers.txt"; tail -5 "$OUT/peers_err.txt"
-# FlashAttention 3 and FlashMLA, built by kernels/peers/build_peers.sh into .peers/built (carried
-# in, or built earlier on this machine); their PEER lines join peers.txt, so the summary puts the
-# FA3 numbers beside ours.  HARNESS_NATIVE_PEERS=0 leaves them out.
-export AR_PEERS_BUILT=$PWD/.peers/built
+# FlashAttention 3, FlashMLA and FlashInfer as built by kernels/peers/build_peers.sh into
+# .peers/built (carried in, or built earlier on this machine): their PEER lines join peers.txt, so
+# the summary puts them beside ours, then the target table.  HARNESS_NATIVE_PEERS=0 leaves them out.
 if [ "${HARNESS_NATIVE_PEERS:-1}" != 0 ]; then
-  for peer in fa3 flashmla; do
-    if [ -f "$AR_PEERS_BUILT/$peer/BUILD.txt" ]; then
-      echo "peer $peer: $(head -2 "$AR_PEERS_BUILT/$peer/BUILD.txt" | tr '\n' ' ')"
-      export PYTHONPATH="$AR_PEERS_BUILT/$peer${PYTHONPATH:+:$PYTHONPATH}"
-    else
-      echo "peer $peer: MISSING ($AR_PEERS_BUILT/$peer not there: run kernels/peers/build_peers.sh, carry .peers)"
-    fi
-  done
-  timeout 240 python3 kernels/peers/fa3_peer.py >"$OUT/peers_native.txt" 2>>"$OUT/peers_err.txt"
-  echo "fa3_peer rc=$?"
-  timeout 150 python3 kernels/peers/flashmla_peer.py >>"$OUT/peers_native.txt" 2>>"$OUT/peers_err.txt"
-  echo "flashmla_peer rc=$?"
-  # FlashInfer: its wheels from .whl, its kernels as compiled by build_peers.sh (no compiling here)
-  if [ -d "$AR_PEERS_BUILT/flashinfer/flashinfer_jit_cache" ] && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1 &&
-     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ar_site \
-       .whl/*.whl >>"$OUT/peers_err.txt" 2>&1; then
-    PYTHONPATH="$AR_PEERS_BUILT/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH}" FLASHINFER_DISABLE_JIT=1 \
-      timeout 150 python3 kernels/peers/flashinfer_peer.py >>"$OUT/peers_native.txt" 2>>"$OUT/peers_err.txt"
-    echo "flashinfer_peer rc=$?"
-  else
-    echo "peer flashinfer: MISSING (needs .whl/flashinfer_python-*.whl and the modules build_peers.sh compiles into $AR_PEERS_BUILT/flashinfer)"
-  fi
-  cut -c1-170 "$OUT/peers_native.txt"
-  grep "^PEER" "$OUT/peers_native.txt" >>"$OUT/peers.txt"
-  rm -f "$OUT/peers_native.txt"
-  # the peer targets of one run (bench_mla's output too when $OUT/mla_bench.txt is there)
-  python3 kernels/peers/peer_table.py --bench "$OUT/bench.txt" --cascade "$OUT/cascade_bench.txt" \
-    --peers "$OUT/peers.txt" $( [ -f "$OUT/mla_bench.txt" ] && echo --mla "$OUT/mla_bench.txt" ) | sed 's/^/# /' |
-    tee -a "$OUT/peers.txt"
+  OUT="$OUT" bash kernels/peers/native_peers.sh
 fi
 
 stage "test-gpu"

@@ -26,6 +26,7 @@ import argparse
 import glob
 import os
 import shutil
+import subprocess
 import sys
 
 import torch
@@ -191,7 +192,9 @@ def keep_modules(dest):
         if os.path.basename(so) != f"{mod}.so":
             continue
         os.makedirs(os.path.join(dest, mod), exist_ok=True)
-        shutil.copy(so, os.path.join(dest, mod, f"{mod}.so"))
+        target = os.path.join(dest, mod, f"{mod}.so")
+        shutil.copy(so, target)
+        subprocess.run(["strip", "--strip-unneeded", target], check=False)
         n += 1
     pkg = os.path.join(os.path.dirname(os.path.abspath(dest)), "flashinfer_jit_cache")
     os.makedirs(pkg, exist_ok=True)
