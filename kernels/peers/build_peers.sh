@@ -6,7 +6,8 @@
 #
 # The two builds run side by side, each under `timeout -s KILL`, with nproc - 3 and 3 parallel
 # compiles (kernels/peers/build_peers.py writes the ninja files: the upstream setup.py files call
-# git and, for FA3 on CUDA < 13, download a toolchain).  Written to $OUT:
+# git and, for FA3 on CUDA < 13, download a toolchain); FlashInfer's kernels compile beside them
+# when its wheels are carried in .whl.  Written to $OUT:
 #   build_env.txt            compiler, torch and machine versions
 #   build_fa3.log            the FA3 build (per-file compile seconds, registers, the import check)
 #   build_flashmla.log       the FlashMLA build
@@ -17,7 +18,7 @@
 # The built tree also stays in .peers/built on the machine, for the harness in the same run.
 # Environment: PEERS_SRC, PEERS_DEST, PEERS_WORK (compile folder, kept between runs on the same
 # machine: a second run only recompiles what is missing), FA3_TIMEOUT / MLA_TIMEOUT (s, default 500),
-# FA3_JOBS / MLA_JOBS, PEERS_FLASHINFER=0 (skip FlashInfer), BUDGET (s, whole script, default 570).
+# FA3_JOBS / MLA_JOBS, PEERS_FLASHINFER=0 (skip FlashInfer), FI_JOBS (4), FI_TIMEOUT (s, 530).
 # Exit status 0 when FA3 and FlashMLA built and imported, 1 otherwise.
 set -u
 OUT=${OUT:-/tmp/ar_peers_out}
@@ -31,6 +32,8 @@ MLA_JOBS=${MLA_JOBS:-3}
 FA3_JOBS=${FA3_JOBS:-$(( CORES > MLA_JOBS + 1 ? CORES - MLA_JOBS : 1 ))}
 FA3_TIMEOUT=${FA3_TIMEOUT:-500}
 MLA_TIMEOUT=${MLA_TIMEOUT:-500}
+FI_JOBS=${FI_JOBS:-4}
+FI_TIMEOUT=${FI_TIMEOUT:-530}
 export PYTHONUNBUFFERED=1
 
 {
@@ -50,6 +53,21 @@ if [ -n "$missing" ]; then
   exit 1
 fi
 
+# FlashInfer (when its wheels are in .whl) compiles its kernels when a wrapper is planned:
+# flashinfer_peer.py --plan-only does that for every benchmark shape, beside the two builds (the
+# cores FA3 leaves idle while its last files finish), and keeps the compiled modules in
+# $DEST/flashinfer, which later runs load instead of compiling.
+pid_fi=""
+fi_whl=$(ls .whl/flashinfer_python-*.whl 2>/dev/null | head -1)
+if [ "${PEERS_FLASHINFER:-1}" != 0 ] && [ -n "$fi_whl" ]; then
+  echo "== FlashInfer: installing .whl, compiling its modules ($FI_JOBS jobs, ${FI_TIMEOUT}s)"
+  ( python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ar_site .whl/*.whl &&
+    MAX_JOBS=$FI_JOBS PYTHONPATH=/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH} timeout -s KILL "$FI_TIMEOUT" \
+      python3 kernels/peers/flashinfer_peer.py --plan-only --keep-modules "$DEST/flashinfer/aot" ) >"$OUT/build_flashinfer.log" 2>&1 &
+  pid_fi=$!
+else
+  echo "FlashInfer: ${fi_whl:+skipped (PEERS_FLASHINFER=0)}${fi_whl:-no .whl/flashinfer_python-*.whl carried: not built}"
+fi
 echo "== building FA3 ($FA3_JOBS jobs, ${FA3_TIMEOUT}s) and FlashMLA ($MLA_JOBS jobs, ${MLA_TIMEOUT}s) at $(date -u +%H:%M:%S)"
 timeout -s KILL "$FA3_TIMEOUT" python3 kernels/peers/build_peers.py fa3 --jobs "$FA3_JOBS" \
   --deadline $(( FA3_TIMEOUT - 70 )) --src "$SRC" --work "$WORK" --dest "$DEST" >"$OUT/build_fa3.log" 2>&1 &
@@ -65,32 +83,18 @@ for f in "$WORK"/fa3/ninja.pgid "$WORK"/flashmla/ninja.pgid; do
   rm -f "$f"
 done
 echo "== done at $(date -u +%H:%M:%S): fa3 rc=$rc_fa3 flashmla rc=$rc_mla (137: killed by the timeout)"
+rc_fi=0
+if [ -n "$pid_fi" ]; then
+  wait "$pid_fi"; rc_fi=$?
+  echo "flashinfer rc=$rc_fi (137: killed by the timeout; the modules compiled before stay)"
+  grep -E "^# |^PEER|Error" "$OUT/build_flashinfer.log" | cut -c1-200 | tail -14
+fi
 for peer in fa3 flashmla; do
   log="$OUT/build_$peer.log"
   grep -E "FAILED|error:|fatal|import (check|failed)|deadline|not linked" "$log" | head -12
   grep -E "^\[build_peers.*\] +[0-9.]+ s " "$log" | head -4
   grep -E "^BUILD " "$log" || echo "BUILD peer=$peer status=failed (no result line: see $log)"
 done
-
-# FlashInfer (optional, when its wheels are in .whl): it compiles its kernels when a wrapper is
-# planned; flashinfer_peer.py --plan-only does that for every benchmark shape with all cores and
-# keeps the compiled modules in $DEST/flashinfer (loaded, not recompiled, by later runs), within
-# what is left of BUDGET seconds (default 570).
-rc_fi=0
-fi_whl=$(ls .whl/flashinfer_python-*.whl 2>/dev/null | head -1)
-fi_left=$(( ${BUDGET:-570} - SECONDS - 30 ))
-if [ "${PEERS_FLASHINFER:-1}" != 0 ] && [ -n "$fi_whl" ] && [ "$fi_left" -gt 60 ]; then
-  echo "== FlashInfer: installing .whl and compiling its modules (${fi_left}s) at $(date -u +%H:%M:%S)"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ar_site .whl/*.whl \
-    >"$OUT/build_flashinfer.log" 2>&1
-  MAX_JOBS=$CORES PYTHONPATH=/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH} timeout -s KILL "$fi_left" \
-    python3 kernels/peers/flashinfer_peer.py --plan-only --keep-modules "$DEST/flashinfer/aot" >>"$OUT/build_flashinfer.log" 2>&1
-  rc_fi=$?
-  echo "flashinfer rc=$rc_fi"
-  grep -E "^# |^PEER|Error|error" "$OUT/build_flashinfer.log" | cut -c1-200 | tail -14
-elif [ -z "$fi_whl" ]; then
-  echo "FlashInfer: no .whl/flashinfer_python-*.whl carried: not built"
-fi
 
 if [ -d "$DEST" ] && [ -n "$(ls -A "$DEST" 2>/dev/null)" ]; then
   XZ_OPT=-T0 tar -C "$(dirname "$DEST")" -cJf "$OUT/peers-built.tar.xz" "$(basename "$DEST")"

@@ -16,13 +16,14 @@ cap() {   # cap SECONDS: the step's timeout, at most what is left of the budget 
   local left=$(( BUDGET - SECONDS - 20 ))
   [ "$left" -lt "$1" ] && echo $(( left > 10 ? left : 10 )) || echo "$1"
 }
+LB=$(command -v stdbuf >/dev/null 2>&1 && echo "stdbuf -oL")   # line-buffered, so a timeout keeps the lines
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 echo "== ours: bench_cuda, bench_cascade, bench_mla ($(date -u +%H:%M:%S))"
-timeout "$(cap 110)" stdbuf -oL build/tests/bench_cuda 20 >"$OUT/bench.txt" 2>&1
+timeout "$(cap 110)" $LB build/tests/bench_cuda 20 >"$OUT/bench.txt" 2>&1
 echo "bench_cuda rc=$?"
-AR_CASC_SWEEPS=0 timeout "$(cap 80)" stdbuf -oL build/tests/bench_cascade 20 >"$OUT/cascade_bench.txt" 2>&1
+AR_CASC_SWEEPS=0 timeout "$(cap 80)" $LB build/tests/bench_cascade 20 >"$OUT/cascade_bench.txt" 2>&1
 echo "bench_cascade rc=$?"
-timeout "$(cap 120)" stdbuf -oL build/tests/bench_mla >"$OUT/mla_bench.txt" 2>&1
+timeout "$(cap 120)" $LB build/tests/bench_mla >"$OUT/mla_bench.txt" 2>&1
 echo "bench_mla rc=$?"
 echo "== torch peers ($(date -u +%H:%M:%S))"
 timeout "$(cap 150)" python3 kernels/peers/peer_attention.py >"$OUT/peers.txt" 2>"$OUT/peers_err.txt"
