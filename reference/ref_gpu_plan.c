@@ -30,8 +30,9 @@ struct ar_block_cache {
     int lru, mru;             /* least / most recently used slot in use, -1 = none */
     int *free_slots;          /* [capacity] stack */
     int num_free;
-    uint64_t cur_stamp;       /* the stamp unpinned_tail refers to */
+    uint64_t cur_stamp;       /* the stamp unpinned_tail and num_pinned refer to */
     int unpinned_tail;        /* the most recently used slot not pinned by cur_stamp, -1 = none */
+    int num_pinned;           /* slots pinned by cur_stamp */
     int *table;               /* [table_size] slot or -1 */
     unsigned table_mask;
 };
@@ -76,6 +77,7 @@ void ar_block_cache_clear(ar_block_cache *c)
     c->lru = c->mru = -1;
     c->cur_stamp = 0;
     c->unpinned_tail = -1;
+    c->num_pinned = 0;
     /* free stack popped from the end: slot 0 first */
     c->num_free = c->capacity;
     for (int i = 0; i < c->capacity; i++) {
@@ -103,6 +105,11 @@ static unsigned probe(const ar_block_cache *c, int layer, uint64_t key)
 int ar_block_cache_find(const ar_block_cache *c, int layer, uint64_t key)
 {
     return c->table[probe(c, layer, key)];
+}
+
+int ar_block_cache_pinned_count(const ar_block_cache *c, uint64_t stamp)
+{
+    return stamp == c->cur_stamp ? c->num_pinned : 0;
 }
 
 bool ar_block_cache_pinned(const ar_block_cache *c, int slot, uint64_t stamp)
@@ -159,11 +166,13 @@ int ar_block_cache_acquire(ar_block_cache *c, int layer, uint64_t key, uint64_t 
     if (stamp != c->cur_stamp) {   /* a new group: nothing is pinned by it yet */
         c->cur_stamp = stamp;
         c->unpinned_tail = c->mru;
+        c->num_pinned = 0;
     }
     unsigned at = probe(c, layer, key);
     int s = c->table[at];
     if (s >= 0) {
         cache_slot *x = &c->slot[s];
+        if (x->stamp != stamp) c->num_pinned++;
         if (s != c->mru) {
             if (x->stamp != stamp) take_out(c, s);
             else unlink_slot(c, s);
@@ -195,6 +204,7 @@ int ar_block_cache_acquire(ar_block_cache *c, int layer, uint64_t key, uint64_t 
     x->epoch = epoch;
     c->table[at] = s;
     link_mru(c, s);
+    c->num_pinned++;
     *miss = true;
     return s;
 }
@@ -270,7 +280,6 @@ int ar_ref_plan_build(ar_ref_plan *pl, ar_block_cache *cache, int layer, int64_t
     }
     const int capacity = ar_block_cache_capacity(cache);
     ar_ref_group *g = NULL;
-    int pinned = 0;
     for (int i = 0; i < pl->num_items; i++) {
         ar_ref_item *it = &pl->items[i];
         const ar_ref_plan_req *q = &reqs[it->r];
@@ -284,6 +293,7 @@ int ar_ref_plan_build(ar_ref_plan *pl, ar_block_cache *cache, int layer, int64_t
             return -1;
         }
         int new_pins = 0;
+        const int pinned = g ? ar_block_cache_pinned_count(cache, *stamp) : 0;
         if (g && pinned + it->nblocks > capacity) {   /* only when the cheap bound does not settle it */
             for (int j = 0; j < it->nblocks; j++) {
                 int s = ar_block_cache_find(cache, layer, q->block_keys[b0 + j]);
@@ -298,7 +308,6 @@ int ar_ref_plan_build(ar_ref_plan *pl, ar_block_cache *cache, int layer, int64_t
             g->item0 = i;
             g->miss0 = pl->num_miss;
             (*stamp)++;
-            pinned = 0;
         }
         if (grow((void **)&pl->slot_map, &pl->cap_map, pl->num_map + it->nblocks, sizeof *pl->slot_map) ||
             grow((void **)&pl->miss_slot, &pl->cap_miss, pl->num_miss + it->nblocks, sizeof *pl->miss_slot))
@@ -310,14 +319,13 @@ int ar_ref_plan_build(ar_ref_plan *pl, ar_block_cache *cache, int layer, int64_t
         it->map0 = pl->num_map;
         for (int j = 0; j < it->nblocks; j++) {
             uint64_t key = q->block_keys[b0 + j];
-            int before = ar_block_cache_find(cache, layer, key);
-            bool was_pinned = ar_block_cache_pinned(cache, before, *stamp), miss = false;
+            bool miss = false;
             int s = ar_block_cache_acquire(cache, layer, key, *stamp, epoch, &miss);
             if (s < 0) {   /* cannot happen: the group was closed when the item would not fit */
                 snprintf(err, err_len, "device reference: block cache full of pinned blocks (internal error)");
                 return -1;
             }
-            if (!was_pinned) pinned++;
+
             pl->slot_map[pl->num_map++] = s;
             if (miss) {
                 pl->miss_slot[pl->num_miss] = s;

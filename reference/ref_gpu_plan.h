@@ -41,6 +41,8 @@ int ar_block_cache_capacity(const ar_block_cache *c);
 int ar_block_cache_size(const ar_block_cache *c);
 /* The slot holding (layer, key), or -1.  Does not change the LRU order. */
 int ar_block_cache_find(const ar_block_cache *c, int layer, uint64_t key);
+/* Slots pinned by stamp (0 unless stamp is the one last acquired with). */
+int ar_block_cache_pinned_count(const ar_block_cache *c, uint64_t stamp);
 /* True when slot is pinned by stamp (used by the group being planned). */
 bool ar_block_cache_pinned(const ar_block_cache *c, int slot, uint64_t stamp);
 /* The slot of (layer, key), made most recently used, pinned by stamp and marked used at epoch (the
