@@ -37,8 +37,9 @@ LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
 MODULES := traces reference kernels replay sim reports
-C_SRCS  := $(filter-out replay/main.c kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
-CU_SRCS := $(wildcard kernels/*.cu)
+STUB_SRCS := kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c reference/ref_gpu_stub.c
+C_SRCS  := $(filter-out replay/main.c $(STUB_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+CU_SRCS := $(wildcard kernels/*.cu) $(wildcard reference/*.cu)
 
 ifneq ($(NVCC),)
 HAVE_CUDA := 1
@@ -52,7 +53,7 @@ LIBS    += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart
 else
 HAVE_CUDA := 0
 CU_OBJS :=
-C_SRCS  += kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c
+C_SRCS  += $(STUB_SRCS)
 endif
 
 C_OBJS  := $(C_SRCS:%.c=$(BUILD)/%.o)
@@ -106,6 +107,12 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+# The device reference rounds exactly as the host does: no fast math (approximate division,
+# exp and flush-to-zero would change its float values).
+$(BUILD)/reference/%.o: reference/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(filter-out --use_fast_math,$(NVCCFLAGS)) -MMD -MP -c $< -o $@
 
 $(LIB): $(C_OBJS) $(CU_OBJS)
 	@mkdir -p $(dir $@)
