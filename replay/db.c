@@ -50,7 +50,7 @@ struct ar_db {
 };
 
 static const char *const phase_names[AR_PHASE_COUNT] = {
-    "parse", "metadata", "generation", "kernel", "verify", "sqlite", "wait"};
+    "parse", "metadata", "generation", "kernel", "verify", "sqlite", "wait", "setup"};
 
 const char *ar_phase_name(ar_phase p)
 {
@@ -127,6 +127,7 @@ static const char *const v2_columns[][3] = {
     {"runs", "verify_s", "REAL"},
     {"runs", "sqlite_s", "REAL"},
     {"runs", "wait_s", "REAL"},
+    {"runs", "setup_s", "REAL"},
     {"runs", "wall_s", "REAL"},
     {"steps", "layers_verified", "INTEGER"},
     {"steps", "wall_us", "REAL"},
@@ -148,7 +149,7 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_PROGRESS] = "UPDATE runs SET steps_done = ?, steps_failed = ?, last_step = ?,"
                     " verified_steps = ?, verified_layer_steps = ?, verified_rows = ?,"
                     " parse_s = ?, metadata_s = ?, generation_s = ?, kernel_s = ?, verify_s = ?,"
-                    " sqlite_s = ?, wait_s = ?, wall_s = ? WHERE id = ?",
+                    " sqlite_s = ?, wait_s = ?, setup_s = ?, wall_s = ? WHERE id = ?",
 };
 
 static int fail(ar_db *db, char *err, size_t err_len, const char *what)
@@ -419,8 +420,8 @@ int64_t ar_db_create_run(ar_db *db, const ar_run_row *r, double now, char *err, 
         "INSERT INTO runs(trace, trace_hash, backend, device, dtype, kv_dtype, model, layers,"
         " config, code_rev, seed, verify, inject, cascade, repeat, verify_layers, verify_where,"
         " status, started, verified_steps, verified_layer_steps, verified_rows, parse_s, metadata_s,"
-        " generation_s, kernel_s, verify_s, sqlite_s, wait_s, wall_s)"
-        " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,'running',?,0,0,0,0,0,0,0,0,0,0,0)";
+        " generation_s, kernel_s, verify_s, sqlite_s, wait_s, setup_s, wall_s)"
+        " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,'running',?,0,0,0,0,0,0,0,0,0,0,0,0)";
     if (sqlite3_prepare_v2(db->h, sql, -1, &st, NULL) != SQLITE_OK)
         return fail(db, err, err_len, "cannot prepare run insert");
     int i = 1;
@@ -454,7 +455,7 @@ int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, 
     sqlite3_stmt *st = NULL;
     const char *sql = "SELECT id, last_step, steps_done, steps_failed, verified_steps,"
                       " verified_layer_steps, verified_rows, parse_s, metadata_s, generation_s,"
-                      " kernel_s, verify_s, sqlite_s, wait_s, wall_s FROM runs"
+                      " kernel_s, verify_s, sqlite_s, wait_s, setup_s, wall_s FROM runs"
                       " WHERE trace_hash = ? AND config = ?"
                       " AND status IN ('running', 'interrupted', 'error')"
                       " ORDER BY id DESC LIMIT 1";

@@ -23,7 +23,9 @@
  *        context and the forward's time outside its timed kernels: data generation, launches,
  *        copies), kernel_s (the timed kernels: the sum of steps.time_us, plus the flat
  *        comparison forward of cascade steps), verify_s (verification), sqlite_s (database
- *        writes), wait_s (the step loop waiting for the trace reader or the writer), wall_s)
+ *        writes), wait_s (the step loop waiting for the trace reader or the writer), setup_s
+ *        (before the first step: opening the trace, the backend with its caches, the
+ *        verifier and the database), wall_s)
  *        -- parse_s, part of metadata_s and sqlite_s run on their own threads, overlapping the
  *        step loop; the others are the step loop's own.  NULL in runs of schema version 1.
  *   status: 'running' | 'passed' | 'failed' | 'unverified' (--verify off) | 'error' |
@@ -107,9 +109,9 @@ typedef struct ar_run_row {
 /* Where a replay's time goes (runs.*_s columns, in this order). */
 typedef enum ar_phase {
     AR_PHASE_PARSE, AR_PHASE_METADATA, AR_PHASE_GENERATION, AR_PHASE_KERNEL, AR_PHASE_VERIFY,
-    AR_PHASE_SQLITE, AR_PHASE_WAIT, AR_PHASE_COUNT
+    AR_PHASE_SQLITE, AR_PHASE_WAIT, AR_PHASE_SETUP, AR_PHASE_COUNT
 } ar_phase;
-/* "parse", "metadata", "generation", "kernel", "verify", "sqlite", "wait". */
+/* "parse", "metadata", "generation", "kernel", "verify", "sqlite", "wait", "setup". */
 const char *ar_phase_name(ar_phase p);
 
 /* The run's counters as of its last committed step (runs columns). */

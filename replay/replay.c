@@ -54,7 +54,7 @@
 #endif
 
 #define AR_NUM_SMS_DEFAULT 132   /* cascade cost model: an H200's SM count (vLLM uses the device's) */
-#define AR_BATCH_SLOTS 3         /* one in the step loop, one ready, one being built */
+#define AR_BATCH_SLOTS 8         /* the step loop's, and up to 7 built ahead */
 #define AR_SIGNAL_GRACE_S 1.2    /* the step loop's time to stop by itself after a signal */
 #define AR_SIGNAL_ABORT_S 0.5    /* then the watchdog's time to commit and mark the run */
 #define AR_PROGRESS_TTY_S 0.2
@@ -1394,10 +1394,11 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
     }
     const double wall = p->wall_s > 0 ? p->wall_s : 1e-9, *ph = p->phase_s;
     const double loop = ph[AR_PHASE_KERNEL] + ph[AR_PHASE_VERIFY] + ph[AR_PHASE_GENERATION] +
-                        ph[AR_PHASE_METADATA] + ph[AR_PHASE_WAIT];
+                        ph[AR_PHASE_METADATA] + ph[AR_PHASE_WAIT] + ph[AR_PHASE_SETUP];
     printf("  phases    wall %.2f s: kernel %.2f, verify %.2f, generation %.2f, metadata %.2f, wait %.2f, "
-           "other %.2f s\n", p->wall_s, ph[AR_PHASE_KERNEL], ph[AR_PHASE_VERIFY], ph[AR_PHASE_GENERATION],
-           ph[AR_PHASE_METADATA], ph[AR_PHASE_WAIT], wall - loop > 0 ? wall - loop : 0);
+           "setup %.2f, other %.2f s\n", p->wall_s, ph[AR_PHASE_KERNEL], ph[AR_PHASE_VERIFY],
+           ph[AR_PHASE_GENERATION], ph[AR_PHASE_METADATA], ph[AR_PHASE_WAIT], ph[AR_PHASE_SETUP],
+           wall - loop > 0 ? wall - loop : 0);
     printf("            host overhead %.1f%% of the wall (%.3f ms a step); overlapped on other threads: "
            "parse %.2f s, sqlite %.2f s\n", 100.0 * (wall - ph[AR_PHASE_KERNEL]) / wall,
            p->steps_done > 0 ? 1e3 * (wall - ph[AR_PHASE_KERNEL]) / (double)p->steps_done : 0.0,
@@ -1660,6 +1661,7 @@ int ar_replay_main(int argc, char **argv)
         e->counter.started = pthread_create(&e->counter.tid, NULL, counter_main, &e->counter) == 0;
     }
 
+    e->prog.phase_s[AR_PHASE_SETUP] += ar_mono_seconds() - e->t_start;
     at_step = resume_after;
     for (;;) {
         batch_slot *s = reader_take(r, &e->prog.phase_s[AR_PHASE_WAIT]);
@@ -1693,7 +1695,10 @@ int ar_replay_main(int argc, char **argv)
         progress(e, step, resume_after, false);
         if (stop_signal) break;
     }
-    if (e->progress_tty) fputc('\n', stderr);
+    if (e->progress_tty && e->session_steps > 0) {
+        progress(e, at_step, resume_after, true);
+        fputc('\n', stderr);
+    }
 
 finish:;
     /* The outcome.  A signal wins over everything but an error that came first. */

@@ -78,7 +78,7 @@ static void test_clean_replay_passes_and_is_stored(void **state)
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs r WHERE verified_rows != "
                                       "(SELECT sum(rows_checked) FROM steps s WHERE s.run = r.id)"), 0);
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs WHERE NOT (wall_s > 0 AND kernel_s > 0 AND "
-                                      "verify_s > 0 AND parse_s > 0 AND metadata_s > 0 AND sqlite_s > 0 AND "
+                                      "verify_s > 0 AND parse_s > 0 AND metadata_s > 0 AND sqlite_s > 0 AND setup_s > 0 AND "
                                       "kernel_s + verify_s <= wall_s)"), 0);
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE NOT (wall_us > 0 AND "
                                       "layers_verified = (SELECT layers FROM runs WHERE id = run))"), 0);
@@ -471,6 +471,36 @@ static void test_help_flags(void **state)
     }
 }
 
+/* On a terminal a live progress line: steps done / total (counted from the trace), steps/s and
+ * an ETA; --quiet silences it.  The terminal is script(1)'s pseudo-terminal. */
+static void test_progress_line_on_a_terminal(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512];
+    if (tu_run(NULL, "command -v script >/dev/null 2>&1") != 0) {
+        print_message("script(1) not found: no pseudo-terminal to test on; skipped\n");
+        skip();
+    }
+    tu_tmp("progress.db", db, sizeof db);
+    tu_tmp("progress.log", log, sizeof log);
+    sample("prefix", trace, sizeof trace);
+    int64_t total = trace_steps(trace);
+    assert_int_equal(tu_run(NULL, "script -qec \"'%s' replay '%s' --db '%s' --backend cpu\" /dev/null > '%s' 2>&1",
+                            tu_bin(), trace, db, log), 0);
+    char want[64];
+    snprintf(want, sizeof want, "%lld / %lld steps (100%%)", (long long)total, (long long)total);
+    assert_true(file_has(log, want));
+    assert_true(file_has(log, "steps/s  ETA "));
+    assert_true(file_has(log, "result    passed"));
+    assert_int_equal(tu_run(NULL, "script -qec \"'%s' replay '%s' --db '%s' --backend cpu --quiet\" /dev/null > '%s' 2>&1",
+                            tu_bin(), trace, db, log), 0);
+    char *text = tu_slurp(log);
+    assert_non_null(text);
+    assert_null(strstr(text, "steps/s"));
+    assert_null(strstr(text, "result"));
+    free(text);
+}
+
 static void test_backends_table_explains(void **state)
 {
     (void)state;
@@ -504,6 +534,7 @@ int main(void)
         cmocka_unit_test(test_nothing_verified_is_not_passed),
         cmocka_unit_test(test_db_path_errors),
         cmocka_unit_test(test_help_flags),
+        cmocka_unit_test(test_progress_line_on_a_terminal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
