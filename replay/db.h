@@ -20,12 +20,13 @@
  *        time went, in seconds, summed over every session of the run (resume adds to them):
  *        parse_s (reading and validating the trace), metadata_s (building the batch, block
  *        tables and fill lists; the backend's prepare), generation_s (untimed writes of missing
- *        context and the forward's time outside its timed kernels: data generation, launches,
- *        copies), kernel_s (the timed kernels: the sum of steps.time_us, plus the flat
- *        comparison forward of cascade steps), verify_s (verification), sqlite_s (database
- *        writes), wait_s (the step loop waiting for the trace reader or the writer), setup_s
- *        (before the first step: opening the trace, the backend with its caches, the
- *        verifier and the database), wall_s)
+ *        context and the forward's time outside its timed kernels: data generation, warm-up,
+ *        launches, waiting, copies), kernel_s (the wall time of the timed kernels: --repeat R
+ *        times their median, summed over layers and steps, the flat comparison forward of
+ *        cascade steps included), verify_s (verification), sqlite_s (database writes), wait_s
+ *        (the step loop waiting for the trace reader or the writer), setup_s (before the first
+ *        step: opening the trace, the backend with its caches, the verifier and the
+ *        database), wall_s)
  *        -- parse_s, part of metadata_s and sqlite_s run on their own threads, overlapping the
  *        step loop; the others are the step loop's own.  NULL in runs of schema version 1.
  *   status: 'running' | 'passed' | 'failed' | 'unverified' (--verify off) | 'error' |

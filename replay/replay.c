@@ -82,10 +82,20 @@ static void signal_sem_init(void)
     sem_init(&signal_sem, 0, 0);
 }
 
+/* Threads read the flag through this (atomic: the handler may run on any thread); the verifier
+ * polls it through ar_verify_opts.cancel. */
+static int signalled(void)
+{
+    return __atomic_load_n(&stop_signal, __ATOMIC_RELAXED);
+}
+
 static void on_signal(int sig)
 {
-    if (!stop_signal) stop_signal = sig;
+    const int saved_errno = errno;
+    int none = 0;
+    __atomic_compare_exchange_n(&stop_signal, &none, sig, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     sem_post(&signal_sem);   /* async-signal-safe: wakes the watchdog */
+    errno = saved_errno;
 }
 
 typedef struct watchdog {
@@ -112,7 +122,7 @@ static void *watchdog_main(void *arg)
         return NULL;
     }
     /* The step loop is still inside a step: commit what is whole, mark the run, end here. */
-    const int sig = stop_signal ? stop_signal : SIGTERM;
+    const int sig = signalled() ? signalled() : SIGTERM;
     const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
     char why[160];
     snprintf(why, sizeof why, "interrupted by %s (the step in flight was abandoned)", name);
@@ -803,7 +813,7 @@ static void produce(reader *r, batch_slot *s)
     char err[AR_ERR_MAX];
     s->parse_s = s->build_s = 0;
     for (;;) {
-        if (stop_signal) {
+        if (signalled()) {
             s->kind = SLOT_END;
             s->end_rc = -1;
             return;
@@ -1084,11 +1094,6 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
     ar_verify_opts vo_off = vo;
     vo_off.mode = AR_VERIFY_OFF;
     vo_off.dump_dir = NULL;
-    if (ensure_host_out(e, b->num_tokens) != 0) {
-        snprintf(err, err_len, "out of memory for the step's output");
-        rc = 3;
-        goto out;
-    }
     ar_verify_result step_res, layer_res;
     memset(&step_res, 0, sizeof step_res);
     double time_us = 0;
@@ -1096,7 +1101,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
     bool merged = kb->common_prefix_len > 0;
     ar_forward_out fo;
     for (int layer = 0; layer < e->cfg.num_layers; layer++) {
-        if (stop_signal) {
+        if (signalled()) {
             rc = AR_STEP_CANCELLED;
             goto out;
         }
@@ -1111,6 +1116,11 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         }
         memset(&fo, 0, sizeof fo);
         if (ar_verifier_needs_host_output(e->verifier, lvo)) {
+            if (ensure_host_out(e, b->num_tokens) != 0) {
+                snprintf(err, err_len, "out of memory for the step's output");
+                rc = 3;
+                goto out;
+            }
             fo.out = e->out;
             fo.lse = e->lse;
         }
@@ -1128,7 +1138,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         t0 = ar_mono_seconds();
         int vrc = ar_verifier_check_layer(e->verifier, b, layer, &fo, s->ids, lvo, &layer_res, err, err_len);
         e->prog.phase_s[AR_PHASE_VERIFY] += ar_mono_seconds() - t0;
-        if (vrc == AR_VERIFY_CANCELLED || (vrc == 0 && stop_signal && layer + 1 < e->cfg.num_layers)) {
+        if (vrc == AR_VERIFY_CANCELLED || (vrc == 0 && signalled() && layer + 1 < e->cfg.num_layers)) {
             rc = AR_STEP_CANCELLED;
             goto out;
         }
@@ -1147,6 +1157,11 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         flat.common_prefix_len = 0;
         memset(&fo, 0, sizeof fo);
         if (ar_verifier_needs_host_output(e->verifier, &vo_off)) {
+            if (ensure_host_out(e, b->num_tokens) != 0) {
+                snprintf(err, err_len, "out of memory for the step's output");
+                rc = 3;
+                goto out;
+            }
             fo.out = e->out;
             fo.lse = e->lse;
         }
@@ -1527,7 +1542,7 @@ int ar_replay_main(int argc, char **argv)
 
     /* Signals from here on: the handler only sets the flag; the watchdog enforces the 2 s. */
     pthread_once(&signal_sem_once, signal_sem_init);
-    stop_signal = 0;
+    __atomic_store_n(&stop_signal, 0, __ATOMIC_RELAXED);
     struct sigaction sa, old_int, old_term;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -1547,6 +1562,7 @@ int ar_replay_main(int argc, char **argv)
     memset(&sel, 0, sizeof sel);
     char *cfg_json = NULL;
     int64_t resume_after = -1, at_step = -1;
+    bool run_exists = false;   /* a run row exists: its status says how it ended */
 #define SETUP_FAIL(code, ...)                                                                    \
     do {                                                                                         \
         fprintf(stderr, "attnreplay replay: " __VA_ARGS__);                                      \
@@ -1600,7 +1616,7 @@ int ar_replay_main(int argc, char **argv)
     if (ar_verifier_open(&e->verifier, &e->cfg, e->be, err, sizeof err) != 0) SETUP_FAIL(3, "verifier: %s", err);
     e->rdr.written = calloc((size_t)e->cfg.num_blocks, sizeof *e->rdr.written);
     if (!e->rdr.written) SETUP_FAIL(3, "out of memory");
-    if (stop_signal) goto done;
+    if (signalled()) goto done;
 
     e->db = ar_db_open(e->o.db, false, err, sizeof err);
     if (!e->db) SETUP_FAIL(3, "%s", err);
@@ -1632,6 +1648,7 @@ int ar_replay_main(int argc, char **argv)
     }
     free(cfg_json);
     cfg_json = NULL;
+    run_exists = true;
 
     /* The pipeline: writer, reader, step counter (for the progress line). */
     const bool overlap = !e->o.no_overlap;
@@ -1675,7 +1692,7 @@ int ar_replay_main(int argc, char **argv)
             reader_release(r, s);
             break;
         }
-        if (stop_signal) {
+        if (signalled()) {
             reader_release(r, s);
             break;
         }
@@ -1693,7 +1710,7 @@ int ar_replay_main(int argc, char **argv)
         }
         at_step = step;
         progress(e, step, resume_after, false);
-        if (stop_signal) break;
+        if (signalled()) break;
     }
     if (e->progress_tty && e->session_steps > 0) {
         progress(e, at_step, resume_after, true);
@@ -1702,7 +1719,7 @@ int ar_replay_main(int argc, char **argv)
 
 finish:;
     /* The outcome.  A signal wins over everything but an error that came first. */
-    const int sig = stop_signal;
+    const int sig = signalled();
     if (e->writer && ar_db_writer_drain(e->writer) != 0 && exit_code == 0) {
         /* the last steps could not be committed (disk full, I/O error) */
         snprintf(fail_msg, sizeof fail_msg, "%s", ar_db_writer_error(e->writer));
@@ -1760,7 +1777,7 @@ done:
     engine_free(e);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (exit_code == 0 && stop_signal) exit_code = 128 + stop_signal;   /* a signal during setup */
+    if (exit_code == 0 && signalled() && !run_exists) exit_code = 128 + signalled();   /* during setup */
     return exit_code;
 #undef SETUP_FAIL
 }
