@@ -1036,6 +1036,22 @@ static int ensure_host_out(engine *e, int tokens)
     return 0;
 }
 
+/* A cleared forward result, with host out/lse buffers when the verifier needs them for opts
+ * (a device backend then copies its output back).  0, or -1 with err set. */
+static int clear_forward_out(engine *e, const ar_batch *b, const ar_verify_opts *opts, ar_forward_out *fo,
+                             char *err, size_t err_len)
+{
+    memset(fo, 0, sizeof *fo);
+    if (!ar_verifier_needs_host_output(e->verifier, opts)) return 0;
+    if (ensure_host_out(e, b->num_tokens) != 0) {
+        snprintf(err, err_len, "out of memory for the step's output");
+        return -1;
+    }
+    fo->out = e->out;
+    fo->lse = e->lse;
+    return 0;
+}
+
 static void snapshot(engine *e, ar_run_progress *p)
 {
     *p = e->prog;
@@ -1114,15 +1130,9 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
             }
             e->prog.phase_s[AR_PHASE_GENERATION] += ar_mono_seconds() - t0;
         }
-        memset(&fo, 0, sizeof fo);
-        if (ar_verifier_needs_host_output(e->verifier, lvo)) {
-            if (ensure_host_out(e, b->num_tokens) != 0) {
-                snprintf(err, err_len, "out of memory for the step's output");
-                rc = 3;
-                goto out;
-            }
-            fo.out = e->out;
-            fo.lse = e->lse;
+        if (clear_forward_out(e, b, lvo, &fo, err, err_len) != 0) {
+            rc = 3;
+            goto out;
         }
         if ((rc = timed_forward(e, layer, kb, &fo, err, err_len)) != 0) goto out;
         time_us += fo.total_us;
@@ -1155,15 +1165,9 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
     if (kb->common_prefix_len > 0) {
         ar_batch flat = *kb;
         flat.common_prefix_len = 0;
-        memset(&fo, 0, sizeof fo);
-        if (ar_verifier_needs_host_output(e->verifier, &vo_off)) {
-            if (ensure_host_out(e, b->num_tokens) != 0) {
-                snprintf(err, err_len, "out of memory for the step's output");
-                rc = 3;
-                goto out;
-            }
-            fo.out = e->out;
-            fo.lse = e->lse;
+        if (clear_forward_out(e, b, &vo_off, &fo, err, err_len) != 0) {
+            rc = 3;
+            goto out;
         }
         t0 = ar_mono_seconds();
         if (e->be->prepare(e->state, &flat, err, err_len) != 0) {
