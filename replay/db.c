@@ -802,6 +802,24 @@ fail:
     return -1;
 }
 
+/* Writes list in order, in transactions of at most AR_DB_COMMIT_STEPS records (short, and the
+ * same batches however far the step loop ran ahead); stops at the first that fails.  0 or -1;
+ * the list stays whole for give_back. */
+static int write_chunks(ar_db_writer *w, ar_step_record *list, char *err, size_t err_len)
+{
+    while (list) {
+        ar_step_record *tail = list;
+        for (int n = 1; n < AR_DB_COMMIT_STEPS && tail->next; n++) tail = tail->next;
+        ar_step_record *rest = tail->next;
+        tail->next = NULL;
+        int rc = write_batch(w, list, err, err_len);
+        tail->next = rest;
+        if (rc != 0) return -1;
+        list = rest;
+    }
+    return 0;
+}
+
 /* Takes and writes everything pending (db_mu then q_mu, see the file comment). */
 static void flush(ar_db_writer *w)
 {
@@ -815,7 +833,7 @@ static void flush(ar_db_writer *w)
     }
     ar_step_record *list = take_pending(w);
     pthread_mutex_unlock(&w->q_mu);
-    int rc = write_batch(w, list, err, sizeof err);
+    int rc = write_chunks(w, list, err, sizeof err);
     pthread_mutex_lock(&w->q_mu);
     if (rc != 0 && !w->failed) {
         w->failed = true;
@@ -1024,7 +1042,7 @@ int ar_db_writer_abort(ar_db_writer *w, const char *status, const char *error, d
     double left = t_end - ar_mono_seconds();
     sqlite3_busy_timeout(w->db->h, left > 0.05 ? (int)(left * 1000) : 50);
     char err[1024];
-    int rc = write_batch(w, list, err, sizeof err) == 0 &&
+    int rc = write_chunks(w, list, err, sizeof err) == 0 &&
              ar_db_finish_run(w->db, w->run, status, error, now, err, sizeof err) == 0 ? 0 : -1;
     pthread_mutex_lock(&w->q_mu);
     give_back(w, list);

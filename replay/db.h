@@ -175,8 +175,9 @@ int ar_db_finish_run(ar_db *db, int64_t run, const char *status, const char *err
 
 /* ---- the writer: one per replay, owns the database once the run exists ---------------------
  * The step loop hands each finished step over as a self-contained record; the writer inserts
- * records in batches (AR_DB_COMMIT_STEPS steps or AR_DB_COMMIT_SECONDS, whichever comes
- * first), each batch with the run's progress as of its last step, in one short transaction.
+ * records in batches (when AR_DB_COMMIT_STEPS steps wait or the oldest has waited
+ * AR_DB_COMMIT_SECONDS), each transaction holding at most AR_DB_COMMIT_STEPS steps with the
+ * run's progress as of its last one, so transactions stay short.
  * Threaded, it runs on its own thread; otherwise the batches are written inline by
  * ar_db_writer_push, at the same points, so both give the same rows.  Records are pooled and
  * reused (no allocation per step once the pool is warm); at most AR_DB_MAX_PENDING wait, after

@@ -7,9 +7,10 @@
  *                  completes it
  *   SIGINT         commits, marks the run 'interrupted', exits 130; the committed steps are
  *                  intact and --resume completes the run
- *   SIGTERM        inside a long step (an 8k-token prefill on the CPU) the run ends within 2 s
- *                  with 143, the step in flight abandoned, the committed steps whole, the run
- *                  'interrupted', and --resume completes it
+ *   SIGTERM        inside a long step (an 8k-token prefill on the CPU, --repeat 5) the run ends
+ *                  within 2 s with 143 through the watchdog, the step in flight abandoned, the
+ *                  committed steps whole, the run 'interrupted'; --resume takes up the same run
+ *                  at that step (and is stopped the same way)
  *   SIGKILL        inside a write transaction (ATTNREPLAY_TEST_KILL_AFTER_STEP) after earlier
  *                  batches committed: the committed batches stay whole, --resume completes
  *   readers        while a replay writes (WAL), a read-only connection counts its committed
@@ -143,18 +144,20 @@ static void assert_integrity_ok(const char *db)
     assert_string_equal(text, "ok");
 }
 
-/* Starts `attnreplay replay TRACE --db DB --backend cpu ARGS...` with stdout/stderr to log;
- * returns its pid. */
-static pid_t spawn_replay(const char *trace, const char *db, const char *log, const char *extra1,
-                          const char *extra2)
+/* Starts `attnreplay replay TRACE --db DB --backend cpu --threads 1 EXTRA...` (EXTRA
+ * NULL-terminated, at most ten) with stdout/stderr to log; returns its pid. */
+static pid_t spawn_replay(const char *trace, const char *db, const char *log, const char *const *extra)
 {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         FILE *f = freopen(log, "w", stdout);
         if (!f || dup2(fileno(stdout), 2) < 0) _exit(126);
-        execl(tu_bin(), tu_bin(), "replay", trace, "--db", db, "--backend", "cpu", "--threads", "1",
-              extra1, extra2, (char *)NULL);
+        const char *argv[20] = {tu_bin(), "replay", trace, "--db", db, "--backend", "cpu", "--threads", "1"};
+        int n = 9;
+        for (int i = 0; extra[i] && n < 19; i++) argv[n++] = extra[i];
+        argv[n] = NULL;
+        execv(tu_bin(), (char *const *)argv);
         _exit(127);
     }
     return pid;
@@ -281,7 +284,7 @@ static void test_sigint_commits_and_resume_completes(void **state)
     tu_tmp("sigint-report", out, sizeof out);
     tu_tmp("sigint-report.log", rlog, sizeof rlog);
     /* --repeat slows every step down so the run is still going when we look */
-    pid_t pid = spawn_replay(trace, db, log, "--repeat", "20");
+    pid_t pid = spawn_replay(trace, db, log, (const char *const[]){"--repeat", "20", NULL});
     int64_t seen = 0;
     for (int i = 0; i < 400 && seen < 1; i++) {   /* up to 20 s */
         sleep_ms(50);
@@ -365,7 +368,7 @@ static void test_no_write_lock_while_steps_compute(void **state)
     long_trace(trace, sizeof trace, &total);
     tu_tmp("nolock.db", db, sizeof db);
     tu_tmp("nolock.log", log, sizeof log);
-    pid_t pid = spawn_replay(trace, db, log, "--repeat", "20");
+    pid_t pid = spawn_replay(trace, db, log, (const char *const[]){"--repeat", "20", NULL});
     int64_t seen = 0;
     for (int i = 0; i < 400 && seen < 1; i++) {   /* the first batch committed: the run is going */
         sleep_ms(50);
@@ -407,7 +410,8 @@ static void test_two_replays_share_a_database(void **state)
     const char *verify[2] = {"sample:1", "off"};
     const char *logs[2] = {log1, log2};
     pid_t pids[2];
-    for (int i = 0; i < 2; i++) pids[i] = spawn_replay(trace, db, logs[i], "--verify", verify[i]);
+    for (int i = 0; i < 2; i++)
+        pids[i] = spawn_replay(trace, db, logs[i], (const char *const[]){"--verify", verify[i], NULL});
     for (int i = 0; i < 2; i++) {
         int rc = wait_exit(pids[i]);
         /* short transactions: neither waits long for the other, both finish */
@@ -430,9 +434,10 @@ static void test_two_replays_share_a_database(void **state)
 
 /* ---- SIGTERM inside a long step, SIGKILL inside a transaction ------------------------------ */
 
-/* Six short requests at t=0, then one 8192-token prompt at t=0.3 s, all in 8k-token batches:
- * a few dozen quick steps, then one long step (an 8k-token prefill) while the short ones
- * decode.  Returns the number of steps. */
+/* Six short requests at t=0 (64-token prompts, 60 output tokens), then one 8192-token prompt at
+ * t=0.45 s, all in 8k-token batches: about 45 quick steps (the first 32 commit as soon as they
+ * are done), then one long step (an 8k-token prefill: seconds on one CPU thread) while the
+ * short requests decode.  Returns the number of steps. */
 static int64_t big_step_trace(char *buf, size_t len)
 {
     static int64_t cached = -1;
@@ -442,30 +447,30 @@ static int64_t big_step_trace(char *buf, size_t len)
     ar_workload wl;
     ar_workload_init(&wl, 16, "memory");
     for (int i = 0; i < 6; i++)
-        assert_int_equal(ar_workload_push(&wl, 0.0, 64, 40, NULL, 0, 0, err, sizeof err), 0);
-    assert_int_equal(ar_workload_push(&wl, 0.3, 8192, 4, NULL, 0, 0, err, sizeof err), 0);
+        assert_int_equal(ar_workload_push(&wl, 0.0, 64, 60, NULL, 0, 0, err, sizeof err), 0);
+    assert_int_equal(ar_workload_push(&wl, 0.45, 8192, 4, NULL, 0, 0, err, sizeof err), 0);
     cached = simulate_to(buf, &wl, 8192 + 64, 2048);
     ar_workload_free(&wl);
     return cached;
 }
 
-static void test_sigterm_inside_a_long_step(void **state)
+/* The index of the long step in big_step_trace (the 8192-token request r6's prefill). */
+static int64_t long_step_index(const char *trace)
 {
-    (void)state;
-    char trace[512], db[512], log[512], text[256];
-    int64_t total = big_step_trace(trace, sizeof trace);
-    assert_true(total > 30);
-    tu_tmp("sigterm.db", db, sizeof db);
-    tu_tmp("sigterm.log", log, sizeof log);
-    pid_t pid = spawn_replay(trace, db, log, "--verify", "sample:1");
-    /* the quick steps commit (a batch a second at most); the long step is then in flight */
-    int64_t seen = 0;
-    for (int i = 0; i < 400 && seen < 1; i++) {
-        sleep_ms(50);
-        seen = tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1");
-    }
-    assert_true(seen >= 1);
-    sleep_ms(300);
+    char *text = tu_slurp(trace);
+    assert_non_null(text);
+    const char *hit = strstr(text, "\"r6\":8192");
+    assert_non_null(hit);
+    int64_t lines = 0;
+    for (const char *p = text; p < hit; p++) lines += *p == '\n';
+    free(text);
+    return lines - 1;   /* line 0 is the header */
+}
+
+/* SIGTERM to a replay (pid) busy in the long step: it ends within 2 s with 143 through the
+ * watchdog, keeping the quick steps before it (all committed) and not the long one. */
+static void sigterm_in_long_step(pid_t pid, const char *db, const char *log, int64_t long_step, int64_t total)
+{
     assert_int_equal(waitpid(pid, NULL, WNOHANG), 0);   /* still inside the long step */
     double t0 = mono_s();
     assert_int_equal(kill(pid, SIGTERM), 0);
@@ -475,24 +480,39 @@ static void test_sigterm_inside_a_long_step(void **state)
                   (long long)tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1"), (long long)total);
     assert_int_equal(rc, 143);
     assert_true(took < 2.0);
+    assert_true(file_contains(log, "SIGTERM: stopped inside a step"));
+    char text[256];
     tu_query_text(db, "SELECT status || ': ' || coalesce(error, '') FROM runs WHERE id=1", text, sizeof text);
     assert_non_null(strstr(text, "interrupted: interrupted by SIGTERM"));
-    int64_t kept = tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1");
-    assert_true(kept >= seen && kept < total);
-    assert_int_equal(tu_query_int(db, "SELECT max(num_tokens) < 8192 FROM steps WHERE run=1"), 1);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), long_step);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);
     assert_run_whole(db, 1);
     assert_integrity_ok(db);
-    assert_true(file_contains(log, "SIGTERM"));
+}
 
-    /* resumable: the same run continues after its last committed step and completes */
-    rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify sample:1 --resume --quiet",
-                tu_bin(), trace, db);
-    assert_int_equal(rc, 0);
-    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
-    assert_string_equal(text, "passed");
-    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);
-    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
-    assert_run_whole(db, 1);
+static void test_sigterm_inside_a_long_step(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512];
+    int64_t total = big_step_trace(trace, sizeof trace), long_step = long_step_index(trace);
+    assert_true(long_step >= 40 && long_step < total);
+    tu_tmp("sigterm.db", db, sizeof db);
+    tu_tmp("sigterm.log", log, sizeof log);
+    /* --repeat 5 makes the long step last several seconds even on a fast CPU */
+    pid_t pid = spawn_replay(trace, db, log, (const char *const[]){"--verify", "sample:1", "--repeat", "5", NULL});
+    /* every quick step committed (the last batch within a second): the long step is in flight */
+    int64_t seen = 0;
+    for (int i = 0; i < 600 && seen < long_step; i++) {
+        sleep_ms(50);
+        seen = tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1");
+    }
+    assert_int_equal(seen, long_step);
+    sigterm_in_long_step(pid, db, log, long_step, total);
+
+    /* resumable: --resume takes up the same run at the long step (and is stopped there again) */
+    pid = spawn_replay(trace, db, log, (const char *const[]){"--verify", "sample:1", "--repeat", "5", "--resume", NULL});
+    sleep_ms(1000);
+    sigterm_in_long_step(pid, db, log, long_step, total);
 }
 
 static void test_sigkill_inside_a_transaction(void **state)
