@@ -97,6 +97,22 @@ def read_mooncake(path):
     return reqs
 
 
+def workload_file(spec, scratch_dir):
+    """A Mooncake-format file for `spec`: a path, or "shared-prefix:groups=G,prompts=P,system=S,
+    question=Q,output=O[,rate=R][,seed=X]" written into scratch_dir."""
+    if not spec.startswith("shared-prefix:"):
+        return spec
+    kw = {"rate": 10.0, "seed": 1}
+    for item in spec.split(":", 1)[1].split(","):
+        key, _, value = item.partition("=")
+        if key not in ("groups", "prompts", "system", "question", "output", "rate", "seed"):
+            raise ValueError(f"{spec}: unknown key {key!r}")
+        kw[key] = float(value) if key == "rate" else int(value)
+    path = os.path.join(scratch_dir, "shared-prefix.jsonl")
+    write_mooncake(path, shared_prefix_rows(**kw))
+    return path
+
+
 def write_mooncake(path, rows):
     """rows: (timestamp_ms, input_length, output_length, hash_ids)."""
     with open(path, "w") as f:
@@ -253,8 +269,12 @@ def drive(scheduler, workload, step_time=0.02, async_batches=False, max_steps=10
         scheduler.update_from_output(so, out)
         stats.update_s += time.perf_counter() - t
 
+    idle = 0   # schedule() calls in a row that scheduled nothing
     while stats.steps < max_steps:
-        if unfinished() == 0 and not inflight:
+        if unfinished() == 0:
+            if inflight:   # outputs still to process: the step would be empty
+                process(*inflight.pop(0))
+                continue
             if nxt >= len(workload):
                 break
             a = workload[nxt].arrival
@@ -270,7 +290,8 @@ def drive(scheduler, workload, step_time=0.02, async_batches=False, max_steps=10
         if on_step is not None:
             on_step(so)
         stats.preemptions += len(so.preempted_req_ids or ())
-        if so.total_num_scheduled_tokens == 0 and not inflight:
+        idle = idle + 1 if so.total_num_scheduled_tokens == 0 else 0
+        if idle > len(inflight) + 1:
             raise RuntimeError(f"step {stats.steps}: vLLM scheduled nothing with {unfinished()} requests "
                                "unfinished (a request that can never fit?)")
         # a step samples for a request iff it is not a partial prefill (vLLM's is_prefill_chunk)
@@ -322,7 +343,10 @@ def record(workload_path, out_path, step_time=0.02, async_scheduling=False, **co
 
 def add_engine_args(p):
     """The workload, engine configuration and clock options shared by the command lines."""
-    p.add_argument("--workload", required=True, help="Mooncake-format JSON Lines file")
+    p.add_argument("--workload", required=True,
+                   help="Mooncake-format JSON Lines file, or shared-prefix:groups=G,prompts=P,system=S,question=Q,"
+                        "output=O[,rate=R][,seed=X]")
+    p.add_argument("--model-dir", default=DEFAULT_MODEL, help="directory with a Llama-shaped config.json")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=4096, help="KV blocks including the null block")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -336,7 +360,7 @@ def add_engine_args(p):
 
 def engine_kwargs(a):
     """build_config keyword arguments from add_engine_args options."""
-    return dict(block_size=a.block_size, num_blocks=a.num_blocks, max_num_batched_tokens=a.max_num_batched_tokens,
+    return dict(model_dir=a.model_dir, block_size=a.block_size, num_blocks=a.num_blocks, max_num_batched_tokens=a.max_num_batched_tokens,
                 max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len,
                 long_prefill_token_threshold=a.long_prefill_token_threshold,
                 enable_prefix_caching=not a.no_prefix_caching, reserve_full_isl=not a.no_reserve_full_isl)
@@ -349,7 +373,8 @@ def main(argv=None):
     p.add_argument("--async", dest="async_scheduling", action="store_true", help="AsyncScheduler, batch queue 2")
     add_engine_args(p)
     a = p.parse_args(argv)
-    stats = record(a.workload, a.out, step_time=a.step_time, async_scheduling=a.async_scheduling,
+    import tempfile
+    stats = record(workload_file(a.workload, tempfile.mkdtemp(prefix="headless.")), a.out, step_time=a.step_time, async_scheduling=a.async_scheduling,
                    **engine_kwargs(a))
     print(f"headless: {stats.steps} steps, {stats.preemptions} preemptions, schedule() "
           f"{1e6 * stats.schedule_s / max(stats.steps, 1):.0f} us/step -> {a.out}")

@@ -152,7 +152,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     workdir = a.keep or tempfile.mkdtemp(prefix="parity.")
     os.makedirs(workdir, exist_ok=True)
-    res, _, _, _ = compare(a.attnreplay, a.workload, workdir, a.name, step_time=a.step_time,
+    res, _, _, _ = compare(a.attnreplay, headless.workload_file(a.workload, workdir), workdir, a.name, step_time=a.step_time,
                            **headless.engine_kwargs(a))
     ok = res.fraction >= a.min_agreement
     print(res.report(a.name) if (a.verbose or not ok) else res.report(a.name).split("\n")[0])

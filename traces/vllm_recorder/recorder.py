@@ -63,19 +63,22 @@ def _torch_dtype_name(dtype):
 
 def unsupported_configuration(vllm_config, kv_cache_config, block_size, hash_block_size):
     """The reasons trace v1 cannot describe this engine, as a list of phrases (empty = fine)."""
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, MambaSpec, SlidingWindowSpec,
-                                            ChunkedLocalAttentionSpec)
+    from vllm.v1 import kv_cache_interface as kvi
+    full = kvi.FullAttentionSpec
+    other = tuple(getattr(kvi, n) for n in ("SlidingWindowSpec", "ChunkedLocalAttentionSpec", "MambaSpec")
+                  if hasattr(kvi, n))
     problems = []
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
+    if not groups:
+        problems.append("no KV-cache group (an attention-free or encoder-only model)")
+    elif len(groups) > 1:
         kinds = sorted({type(g.kv_cache_spec).__name__ for g in groups})
         problems.append(f"several KV-cache groups ({len(groups)}: {', '.join(kinds)}; hybrid "
                         "sliding-window or Mamba models)")
     for g in groups:
         spec = g.kv_cache_spec
         name = type(spec).__name__
-        if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec)) or \
-                not isinstance(spec, FullAttentionSpec):
+        if isinstance(spec, other) or not isinstance(spec, full):
             problems.append(f"KV-cache spec {name} (only full attention; sliding-window, chunked-local, "
                             "Mamba and cross-attention blocks are not append-only block lists)")
         elif getattr(spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None):
@@ -282,13 +285,19 @@ class _RecordingMixin:
     """Wraps schedule() and update_from_output() of a vLLM scheduler class (see module doc)."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        hash_block_size = getattr(self, "hash_block_size", self.block_size)
-        problems = unsupported_configuration(self.vllm_config, self.kv_cache_config, self.block_size,
+        # Scheduler(vllm_config, kv_cache_config, structured_output_manager, block_size,
+        #           hash_block_size=None, ...): refuse before vLLM builds anything
+        names = ("vllm_config", "kv_cache_config", "structured_output_manager", "block_size", "hash_block_size")
+        given = dict(zip(names, args))
+        given.update((k, v) for k, v in kwargs.items() if k in names)
+        block_size = given.get("block_size")
+        hash_block_size = given.get("hash_block_size") or block_size
+        problems = unsupported_configuration(given["vllm_config"], given["kv_cache_config"], block_size,
                                              hash_block_size)
         if problems:
             raise ValueError("attnreplay vllm_recorder cannot record this engine in trace v1: "
                              + "; ".join(problems))
+        super().__init__(*args, **kwargs)
         self._ar_tokens = os.environ.get(CONTENT_ENV, "") == "tokens"
         # the clock the trace times come from; the headless driver sets its simulated clock
         self.ar_clock = time.monotonic
