@@ -325,13 +325,19 @@ def scheduler_class(kind):
 
 
 def record(workload_path, out_path, step_time=0.02, async_scheduling=False, **config_kwargs):
-    """Records the workload through vLLM's (async) scheduler into out_path; returns
-    (RunStats, recorder-side seconds spent on the scheduling thread)."""
-    os.environ["ATTNREPLAY_TRACE"] = out_path
+    """Records the workload through vLLM's (async) scheduler into out_path; returns RunStats."""
     workload = read_mooncake(workload_path)
     kind = "record-async" if async_scheduling else "record"
     config, kv = build_config(async_scheduling=async_scheduling, **config_kwargs)
-    scheduler = make_scheduler(scheduler_class(kind), config, kv)
+    saved = os.environ.get("ATTNREPLAY_TRACE")
+    os.environ["ATTNREPLAY_TRACE"] = out_path
+    try:
+        scheduler = make_scheduler(scheduler_class(kind), config, kv)
+    finally:
+        if saved is None:
+            del os.environ["ATTNREPLAY_TRACE"]
+        else:
+            os.environ["ATTNREPLAY_TRACE"] = saved
     try:
         stats = drive(scheduler, workload, step_time=step_time, async_batches=async_scheduling)
     finally:
