@@ -18,14 +18,21 @@ if [ -f "$stamp" ] && cmp -s "$stamp" "$reqs" && [ -x "$venv/bin/python" ]; then
     exit 0
 fi
 
-py=""
-for cand in python3.12 python3.11 python3.13 python3.14 python3; do
-    p=$(command -v "$cand" 2>/dev/null) || continue
-    if "$p" -c 'import sys, venv; sys.exit(0 if (3, 11) <= sys.version_info[:2] < (3, 15) else 1)' 2>/dev/null; then
-        py=$p
-        break
-    fi
-done
+find_python() {
+    for cand in python3.12 python3.11 python3.13 python3.14 python3; do
+        p=$(command -v "$cand" 2>/dev/null) || continue
+        if "$p" -c 'import sys, venv, ensurepip; sys.exit(0 if (3, 11) <= sys.version_info[:2] < (3, 15) else 1)' 2>/dev/null; then
+            echo "$p"
+            return
+        fi
+    done
+}
+py=$(find_python)
+if [ -z "$py" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "make_venv.sh: installing python3-venv" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv) >/dev/null || true
+    py=$(find_python)
+fi
 if [ -z "$py" ]; then
     echo "make_venv.sh: vLLM 0.33.0 needs Python 3.11-3.14 with the venv module; none found (apt-get install python3-venv)" >&2
     exit 2
