@@ -3,6 +3,7 @@
 #   make            bin/attnreplay (C11 host code; CUDA kernels too when nvcc is found)
 #   make test       every CPU test (cmocka, one binary per module); GPU tests skip with a reason
 #   make demo       replay a sample trace on the best available backend into demo.db
+#   make test-vllm  the vLLM recorder and the sim's step-by-step parity with vLLM 0.33's scheduler
 #   make test-gpu   the GPU tests (run on the H200; uses prebuilt binaries where headers lack)
 #   make bench      benchmarks (reference vs naive on the CPU; kernels on a GPU)
 #   make asan       the CPU tests again under AddressSanitizer + UBSan
@@ -162,6 +163,13 @@ demo: deps $(BIN)
 	@rm -f demo.db demo.db-wal demo.db-shm
 	$(BIN) info traces/samples/mixed.trace.jsonl.gz
 	$(BIN) replay traces/samples/mixed.trace.jsonl.gz --db demo.db --backend auto
+
+# ---- vLLM: the recorder on vLLM's real scheduler, and the sim's parity with it (tests/vllm) ---
+# The first run builds a pinned vLLM 0.33.0 environment outside the clone
+# (traces/vllm_recorder/make_venv.sh; ~6 GB from PyPI); later runs reuse it.
+.PHONY: test-vllm
+test-vllm: deps $(BIN)
+	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/vllm/run.sh
 
 # ---- reliability: fuzzing, valgrind, compute-sanitizer (RELIABILITY.md) ---------------------
 # `make fuzz` builds the library with clang and -fsanitize=fuzzer-no-link,address,undefined in

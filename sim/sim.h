@@ -167,11 +167,23 @@ int ar_steptime_fit_db(const char *db_path, int64_t run_id, int model_layers, do
 
 /* ---- the simulator (sim/scheduler.c) -------------------------------------------------------- */
 
+/* Scheduler behaviours in which vLLM versions differ (sim/README.md gives each with its vLLM
+ * source).  All false = vLLM 0.33's defaults; each true selects the older behaviour. */
+typedef struct ar_sim_compat {
+    bool no_reserve_full_isl;     /* admit a waiting request when its first chunk fits, not its
+                                     whole prompt (SchedulerConfig.scheduler_reserve_full_isl off) */
+    bool threshold_when_alone;    /* long_prefill_token_threshold caps a request even when it is the
+                                     only running or waiting one */
+    bool fifo_free;               /* freed blocks all join the free queue's tail; 0.33 puts blocks
+                                     without a prefix-cache hash at the head (reused first) */
+} ar_sim_compat;
+
 typedef struct ar_sim_config {
     ar_trace_header header;            /* model, cache (block_size, num_blocks), scheduler */
     int long_prefill_token_threshold;  /* 0 = off */
     int max_model_len;                 /* 0 = unlimited */
     int num_sms;                       /* for the cascade-eligibility statistic (132 = H200) */
+    ar_sim_compat compat;              /* zero = vLLM 0.33 */
     ar_steptime steptime;
 } ar_sim_config;
 

@@ -27,6 +27,10 @@ static void usage(FILE *f)
             "  --long-prefill-token-threshold N  (default 0 = off)\n"
             "  --max-model-len N         (default 0 = unlimited)\n"
             "  --no-prefix-caching\n"
+            "  older vLLM behaviour (default: vLLM 0.33's; sim/README.md):\n"
+            "  --no-reserve-full-isl     admit a request when its first chunk fits (scheduler_reserve_full_isl off)\n"
+            "  --threshold-when-alone    --long-prefill-token-threshold caps a request even when it is the only one\n"
+            "  --fifo-free               freed blocks all join the free queue's tail (0.33: unhashed ones its head)\n"
             "  --time-scale X            multiply arrival times by X (default 1)\n"
             "  --limit N                 first N requests only\n"
             "  --step-time MODEL         constant:S | linear:A,B,C,D | roofline:DEVICE[,gemm_eff=E,attn_eff=E,bw_eff=E,overhead=S,per_req=S,tp=N]\n"
@@ -73,6 +77,7 @@ int ar_sim_main(int argc, char **argv)
     int num_blocks = 0, block_size = 0, max_batched = 2048, max_seqs = 128, threshold = 0, max_model_len = 0;
     int limit = 0, seed = 1;
     bool prefix_caching = true, quiet = false;
+    ar_sim_compat compat = {0};
     double time_scale = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -81,6 +86,9 @@ int ar_sim_main(int argc, char **argv)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 0; }
         if (strcmp(a, "--no-prefix-caching") == 0) { prefix_caching = false; continue; }
         if (strcmp(a, "--quiet") == 0) { quiet = true; continue; }
+        if (strcmp(a, "--no-reserve-full-isl") == 0) { compat.no_reserve_full_isl = true; continue; }
+        if (strcmp(a, "--threshold-when-alone") == 0) { compat.threshold_when_alone = true; continue; }
+        if (strcmp(a, "--fifo-free") == 0) { compat.fifo_free = true; continue; }
         if (!v) {
             fprintf(stderr, "sim: %s needs a value (or is unknown)\n", a);
             usage(stderr);
@@ -186,6 +194,7 @@ int ar_sim_main(int argc, char **argv)
     h->seed = (uint64_t)seed;
     cfg.long_prefill_token_threshold = threshold;
     cfg.max_model_len = max_model_len;
+    cfg.compat = compat;
     cfg.num_sms = cfg.steptime.kind == AR_STEPTIME_ROOFLINE ? cfg.steptime.device.num_sms : 132;
 
     struct timespec t0, t1;
