@@ -13,7 +13,7 @@
 #   make clean
 #
 # `make`, `make test` and `make demo` first install missing Debian packages (as root) or print
-# the apt command to run.  Libraries a bare Ubuntu 24.04 GPU machine lacks (jansson, sqlite3)
+# the apt command to run.  Libraries a bare Ubuntu 24.04 GPU machine lacks (jansson, sqlite3, libdeflate)
 # are linked statically; the CUDA runtime is static by nvcc's default.
 
 CC      ?= gcc
@@ -32,7 +32,7 @@ CFLAGS  += $(SANITIZE)
 REV     := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS  += -DAR_CODE_REV=\"$(REV)\"
 LDFLAGS += $(SANITIZE) -pthread
-STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -lz -Wl,-Bdynamic
+STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -ldeflate -lz -Wl,-Bdynamic
 LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
@@ -71,10 +71,10 @@ TEST_COMMON   := $(BUILD)/tests/testutil.o
 all: deps $(BIN)
 
 # ---- set-up: install what is missing ---------------------------------------------------------
-APT_PKGS := libcmocka-dev gnuplot-nox libjansson-dev libsqlite3-dev zlib1g-dev
+APT_PKGS := libcmocka-dev gnuplot-nox libjansson-dev libsqlite3-dev zlib1g-dev libdeflate-dev
 deps:
 	@missing=""; \
-	for h in cmocka.h:libcmocka-dev jansson.h:libjansson-dev sqlite3.h:libsqlite3-dev zlib.h:zlib1g-dev; do \
+	for h in cmocka.h:libcmocka-dev jansson.h:libjansson-dev sqlite3.h:libsqlite3-dev zlib.h:zlib1g-dev libdeflate.h:libdeflate-dev; do \
 	  f=$${h%%:*}; p=$${h##*:}; \
 	  [ -f /usr/include/$$f ] || [ -f /usr/local/include/$$f ] || missing="$$missing $$p"; \
 	done; \
