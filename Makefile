@@ -37,7 +37,7 @@ LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
 MODULES := traces reference kernels replay sim reports
-C_SRCS  := $(filter-out replay/main.c kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+C_SRCS  := $(filter-out replay/main.c kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c kernels/cuda_profile_stub.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
 CU_SRCS := $(wildcard kernels/*.cu)
 
 ifneq ($(NVCC),)
@@ -52,7 +52,7 @@ LIBS    += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart
 else
 HAVE_CUDA := 0
 CU_OBJS :=
-C_SRCS  += kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c
+C_SRCS  += kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c kernels/cuda_profile_stub.c
 endif
 
 C_OBJS  := $(C_SRCS:%.c=$(BUILD)/%.o)
@@ -209,3 +209,15 @@ clean:
 	rm -rf $(BUILD) build-asan build-fuzz bin demo.db demo.db-wal demo.db-shm
 
 -include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/replay/main.d
+
+# ---- simulator fidelity against real vLLM runs (tests/fidelity.c) ---------------------------
+# `make fidelity` calibrates the step-time model on one public vLLM run and evaluates it on the
+# other, both ways, then prints the table with the KV-block sensitivity.  CPU only.
+FIDELITY_RUNS ?= $(firstword $(wildcard ../shared/traces-public/vllm-runs-llmservingsim ../../shared/traces-public/vllm-runs-llmservingsim) ../shared/traces-public/vllm-runs-llmservingsim)
+.PHONY: fidelity
+fidelity: $(BUILD)/fidelity
+	$(BUILD)/fidelity $(FIDELITY_RUNS)
+
+$(BUILD)/fidelity: tests/fidelity.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDFLAGS) $(LIBS)
