@@ -563,6 +563,14 @@ static int measure_replayed_steps(ar_profile_table *p, const char *db_path, cons
                                   const char *backend, int repeat, char *err, size_t err_len)
 {
     char scratch[1100], steps_arg[32], repeat_arg[16];
+    ar_trace_reader *r = ar_trace_open(trace, err, err_len);
+    if (!r) return 2;
+    if (strcmp(ar_trace_header_of(r)->model.name, p->model) != 0) {
+        snprintf(err, err_len, "%s: the trace is of model %s, the profile of %s", trace, ar_trace_header_of(r)->model.name,
+                 p->model);
+        ar_trace_close(r);
+        return 2;
+    }
     snprintf(scratch, sizeof scratch, "%s.replay-scratch.db", db_path);
     unlink(scratch);
     snprintf(steps_arg, sizeof steps_arg, "0:%d", max_steps - 1);
@@ -572,22 +580,21 @@ static int measure_replayed_steps(ar_profile_table *p, const char *db_path, cons
     int rrc = ar_replay_main(COUNT(argv) - 1, argv);
     if (rrc != 0 && rrc != 1) {
         snprintf(err, err_len, "replaying %s failed (exit %d)", trace, rrc);
+        ar_trace_close(r);
         return rrc == 2 ? 2 : 3;
     }
     sqlite3 *sdb = NULL, *pdb = NULL;
     sqlite3_stmt *sel = NULL, *ins = NULL;
-    ar_trace_reader *r = NULL;
     double *ratios = malloc((size_t)max_steps * sizeof(double));
     int *ql = NULL, *cl = NULL, n_ratio = 0, rc = 3;
     if (!ratios || sqlite3_open_v2(scratch, &sdb, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK ||
-        sqlite3_open(db_path, &pdb) != SQLITE_OK ||
+        sqlite3_open(db_path, &pdb) != SQLITE_OK || sqlite3_exec(pdb, "BEGIN", NULL, NULL, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(sdb, "SELECT time_us FROM steps WHERE run = (SELECT MAX(id) FROM runs) AND step = ?",
                            -1, &sel, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(pdb, "INSERT INTO attn_steps VALUES(?, ?, ?, ?, ?, ?)", -1, &ins, NULL) != SQLITE_OK) {
         snprintf(err, err_len, "%s: reading the replayed steps: %s", scratch, sdb ? sqlite3_errmsg(sdb) : "open failed");
         goto done;
     }
-    if (!(r = ar_trace_open(trace, err, err_len))) goto done;
     int cap = ar_trace_header_of(r)->sched.max_num_seqs + 1;
     ql = malloc((size_t)cap * sizeof(int));
     cl = malloc((size_t)cap * sizeof(int));
@@ -622,11 +629,15 @@ static int measure_replayed_steps(ar_profile_table *p, const char *db_path, cons
         snprintf(err, err_len, "%s: no replayed step with a measured time", trace);
         goto done;
     }
+    if (sqlite3_exec(pdb, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+        snprintf(err, err_len, "%s: %s", db_path, sqlite3_errmsg(pdb));
+        goto done;
+    }
     p->replay_steps = n_ratio;
     p->replay_ratio = median_of(ratios, n_ratio);
     rc = 0;
 done:
-    if (r) ar_trace_close(r);
+    ar_trace_close(r);
     sqlite3_finalize(sel);
     sqlite3_finalize(ins);
     sqlite3_close(sdb);

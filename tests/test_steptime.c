@@ -417,6 +417,34 @@ static void test_profile_command(void **state)
     free(log);
     assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=4,input=30,output=2 --model qwen3-32b "
                                  "--step-time profile:%s --out %s", tu_bin(), syn, trace), 2);
+    /* --trace: replayed steps (CPU backend here) stored beside their interpolation; the median
+     * ratio is kept and scales the attention */
+    char rsyn[512];
+    tu_tmp("replayed.db", rsyn, sizeof rsyn);
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=6,input=64,output=4,rate=100 --model llama-3.1-8b "
+                                 "--out %s --quiet", tu_bin(), trace), 0);
+    rc = tu_run(out, "%s profile --synthetic h200 --model llama-3.1-8b --db %s --trace %s --trace-steps 5 --backend cpu "
+                     "--repeat 1", tu_bin(), rsyn, trace);
+    if (rc != 0) {
+        log = tu_slurp(out);
+        fail_msg("profile --trace failed (%d): %s", rc, log ? log : "");
+    }
+    assert_int_equal(tu_query_int(rsyn, "SELECT COUNT(*) FROM attn_steps WHERE measured_us > 0 AND predicted_us > 0"), 5);
+    ar_profile_table p;
+    char err[1024];
+    assert_int_equal(ar_profile_load(rsyn, &p, err, sizeof err), 0);
+    assert_int_equal(p.replay_steps, 5);
+    assert_true(p.replay_ratio > 0 && p.replay_ratio != 1.0);
+    char spec[600];
+    ar_steptime st;
+    snprintf(spec, sizeof spec, "profile:%s", rsyn);
+    parse_ok(spec, &st);
+    assert_true(fabs(st.attn_scale / p.replay_ratio - 1) < 1e-5);
+    /* a trace of another model is refused */
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=2,input=32,output=2 --model qwen3-32b --out %s --quiet",
+                            tu_bin(), trace), 0);
+    assert_int_equal(tu_run(out, "%s profile --synthetic h200 --model llama-3.1-8b --db %s --trace %s --backend cpu",
+                            tu_bin(), rsyn, trace), 2);
     /* plan takes the same model through --step-time */
     char plan_dir[512];
     tu_tmp("plan-profile", plan_dir, sizeof plan_dir);
