@@ -1562,12 +1562,14 @@ static gz_pipe *gz_pipe_open(FILE *f)
     pthread_cond_init(&p->work, NULL);
     pthread_cond_init(&p->turn, NULL);
     p->f = f;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int want = cpus >= GZ_MAX_WORKERS ? GZ_MAX_WORKERS : 1;
-    for (int i = 0; i < want; i++)
-        if (pthread_create(&p->threads[p->num_threads], NULL, gz_worker, p) == 0) p->num_threads++;
     p->open = &p->slots[0];
     p->open->state = SLOT_OPEN;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = cpus >= GZ_MAX_WORKERS ? GZ_MAX_WORKERS : 1;
+    pthread_mutex_lock(&p->mu);   /* the workers read the pipe under mu from their first instant */
+    for (int i = 0; i < want; i++)
+        if (pthread_create(&p->threads[p->num_threads], NULL, gz_worker, p) == 0) p->num_threads++;
+    pthread_mutex_unlock(&p->mu);
     return p;
 }
 
