@@ -196,6 +196,7 @@ typedef struct ar_steptime {
     double link_bw, link_latency_s;   /* tensor-parallel all-reduce (from the device preset) */
     double attn_scale;         /* PROFILE: multiplies the interpolated attention (replay_ratio) */
     ar_profile_table profile;  /* PROFILE */
+    double active_params, total_params;   /* the preset's (ar_preset_*_params), set by the parser */
 } ar_steptime;
 
 /* Parses MODEL: "constant:SECONDS", "linear:BASE,PER_TOKEN,PER_REQ,PER_KV_TOKEN" (seconds),

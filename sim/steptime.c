@@ -119,6 +119,10 @@ static int parse_model(const char *kind, char *args, const ar_model_preset *pres
     bool fitted = strcmp(kind, "fitted") == 0, profiled = strcmp(kind, "profile") == 0;
     st->kind = fitted ? AR_STEPTIME_FITTED : profiled ? AR_STEPTIME_PROFILE : AR_STEPTIME_ROOFLINE;
     st->preset = preset;
+    if (preset) {
+        st->active_params = ar_preset_active_params(preset);
+        st->total_params = ar_preset_total_params(preset);
+    }
     st->overhead_s = 0.003;
     st->tensor_parallel = 1;
     st->weight_dtype = AR_BF16;
@@ -298,8 +302,8 @@ void ar_steptime_parts(const ar_steptime *st, const ar_batch_features *f, ar_ste
     } else {
         double wbytes = ar_dtype_size(st->weight_dtype);
         double head = (double)p->hidden * p->vocab;
-        double gemm_flops = 2.0 * ar_preset_active_params(p) * tokens + 2.0 * head * f->num_reqs;
-        double weights = ar_preset_total_params(p);
+        double gemm_flops = 2.0 * st->active_params * tokens + 2.0 * head * f->num_reqs;
+        double weights = st->total_params;
         if (p->num_experts > 0) {
             double all_experts = 3.0 * p->hidden * p->moe_intermediate * p->num_experts *
                                  (m->num_layers - p->first_dense_layers);

@@ -1287,6 +1287,12 @@ static void sb_reserve(str_buf *b, size_t extra)
 
 static void sb_add(str_buf *b, const char *s, size_t n)
 {
+    if (b->len + n + 1 <= b->cap) {   /* the common case: room already */
+        memcpy(b->p + b->len, s, n);
+        b->len += n;
+        b->p[b->len] = 0;
+        return;
+    }
     sb_reserve(b, n);
     if (b->oom) return;
     memcpy(b->p + b->len, s, n);
