@@ -75,8 +75,25 @@ static double objective(const ar_fidelity *f)
     return fmax(o, 0.5 * fabs(f->gap_tpot[2]));
 }
 
+/* Every point the calibration tried, with its objective: the near-best ones show how well one
+ * run determines the parameters. */
+#define FID_MAX_TRIED 512
+typedef struct fid_tried {
+    fid_params p[FID_MAX_TRIED];
+    double obj[FID_MAX_TRIED];
+    int n;
+} fid_tried;
+
+static void remember(fid_tried *t, const fid_params *p, double obj)
+{
+    if (t && t->n < FID_MAX_TRIED) {
+        t->p[t->n] = *p;
+        t->obj[t->n++] = obj;
+    }
+}
+
 /* Coordinate descent over each parameter's grid, from start, three rounds. */
-static fid_params calibrate(fid_run *r, fid_params start, int *sims)
+static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *tried)
 {
     static const double effs[] = {0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0};
     static const double overheads[] = {0, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.008, 0.012};
@@ -85,6 +102,7 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims)
     ar_fidelity f;
     double best_obj = simulate(r, &best, r->num_blocks, &f, NULL) == 0 ? objective(&f) : INFINITY;
     (*sims)++;
+    remember(tried, &best, best_obj);
     for (int round = 0; round < 3; round++)
         for (int k = 0; k < 5; k++) {
             const double *grid = k < 3 ? effs : k == 3 ? overheads : per_reqs;
@@ -99,6 +117,7 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims)
                 (*sims)++;
                 if (simulate(r, &p, r->num_blocks, &f, NULL) != 0) continue;
                 double o = objective(&f);
+                remember(tried, &p, o);
                 if (o < best_obj - 1e-12) { best_obj = o; best = p; }
             }
         }
@@ -127,8 +146,8 @@ int main(int argc, char **argv)
 {
     const char *root = argc > 1 ? argv[1] : "../shared/traces-public/vllm-runs-llmservingsim";
     fid_run runs[2] = {
-        {"RTXPRO6000", "RTXPRO6000-Llama-3.1-8B", "rtxpro6000", 0, 128, {{0}}},
-        {"RTX4090", "RTX4090-Llama-3.1-8B", "rtx4090", 2588, 256, {{0}}},
+        {.label = "RTXPRO6000", .dir = "RTXPRO6000-Llama-3.1-8B", .device = "rtxpro6000", .max_seqs = 128},
+        {.label = "RTX4090", .dir = "RTX4090-Llama-3.1-8B", .device = "rtx4090", .num_blocks = 2588, .max_seqs = 256},
     };
     /* 68 GB of KV for the RTX PRO 6000: 96 GB x 0.9 - 16 GB of weights - ~2 GB of activations */
     runs[0].num_blocks = (int)(68e9 / (double)ar_kv_bytes_per_block(&ar_model_preset_find("llama-3.1-8b")->model, 16,
@@ -148,7 +167,9 @@ int main(int argc, char **argv)
         const ar_device_spec *d = ar_device_find(cal->device);
         fid_params start = {d->gemm_eff, d->attn_eff, d->bw_eff, 0.003, 0, ""};
         int sims = 0;
-        fid_params p = calibrate(cal, start, &sims);
+        static fid_tried tried;
+        tried.n = 0;
+        fid_params p = calibrate(cal, start, &sims, &tried);
         ar_fidelity fc, fe;
         ar_sim_summary se;
         if (simulate(cal, &p, cal->num_blocks, &fc, NULL) != 0 || simulate(eval, &p, eval->num_blocks, &fe, &se) != 0)
@@ -162,6 +183,21 @@ int main(int argc, char **argv)
         print_row(eval->label, "**evaluation**", &fe);
         printf("\nevaluation: %s; %lld preemptions in the simulated %s run\n\n", verdict(&fe), (long long)se.preemptions,
                eval->label);
+        /* how well the calibration run pins the parameters down: every tried point within one
+         * percentage point of the best objective, evaluated on the other run */
+        double best_obj = INFINITY, lo[2] = {INFINITY, INFINITY}, hi[2] = {-INFINITY, -INFINITY};
+        for (int i = 0; i < tried.n; i++) best_obj = fmin(best_obj, tried.obj[i]);
+        int near = 0;
+        for (int i = 0; i < tried.n; i++) {
+            ar_fidelity fn;
+            if (tried.obj[i] > best_obj + 0.01 || simulate(eval, &tried.p[i], eval->num_blocks, &fn, NULL) != 0) continue;
+            near++;
+            lo[0] = fmin(lo[0], fn.gap_ttft[0]); hi[0] = fmax(hi[0], fn.gap_ttft[0]);
+            lo[1] = fmin(lo[1], fn.gap_tpot[0]); hi[1] = fmax(hi[1], fn.gap_tpot[0]);
+        }
+        printf("calibration spread: %d tried points within 1 point of the best objective (%.1f%%) on %s give %s mean "
+               "TTFT %+.1f..%+.1f%%, mean TPOT %+.1f..%+.1f%%\n\n", near, 100 * best_obj, cal->label, eval->label,
+               100 * lo[0], 100 * hi[0], 100 * lo[1], 100 * hi[1]);
         if (eval->num_blocks == 2588) {
             printf("KV-block sensitivity of the evaluation (%s, same parameters):\n\n", eval->label);
             printf("| KV blocks | TTFT mean gap | TTFT p90 gap | TPOT mean gap | TPOT p90 gap | preemptions |\n");
@@ -195,7 +231,7 @@ int main(int argc, char **argv)
             const ar_device_spec *d = ar_device_find(cal->device);
             fid_params start = {d->gemm_eff, d->attn_eff, d->bw_eff, 0.003, 0, variants[v].keys};
             int sims = 0;
-            fid_params p = calibrate(cal, start, &sims);
+            fid_params p = calibrate(cal, start, &sims, NULL);
             ar_fidelity fe;
             if (simulate(eval, &p, eval->num_blocks, &fe, NULL) != 0) return 2;
             printf(" %+.1f / %+.1f %% |", 100 * fe.gap_ttft[0], 100 * fe.gap_tpot[0]);
