@@ -14,7 +14,7 @@
 #   make clean
 #
 # `make`, `make test` and `make demo` first install missing Debian packages (as root) or print
-# the apt command to run.  Libraries a bare Ubuntu 24.04 GPU machine lacks (jansson, sqlite3)
+# the apt command to run.  Libraries a bare Ubuntu 24.04 GPU machine lacks (jansson, sqlite3, libdeflate)
 # are linked statically; the CUDA runtime is static by nvcc's default.
 
 CC      ?= gcc
@@ -33,12 +33,13 @@ CFLAGS  += $(SANITIZE)
 REV     := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS  += -DAR_CODE_REV=\"$(REV)\"
 LDFLAGS += $(SANITIZE) -pthread
-STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -lz -Wl,-Bdynamic
+STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -ldeflate -lz -Wl,-Bdynamic
 LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
 MODULES := traces reference kernels replay sim reports
-STUB_SRCS := kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c reference/ref_gpu_stub.c
+STUB_SRCS := kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c reference/ref_gpu_stub.c \
+             kernels/cuda_profile_stub.c
 C_SRCS  := $(filter-out replay/main.c $(STUB_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
 CU_SRCS := $(wildcard kernels/*.cu) $(wildcard reference/*.cu)
 
@@ -82,10 +83,10 @@ TEST_COMMON   := $(BUILD)/tests/testutil.o
 all: deps $(BIN)
 
 # ---- set-up: install what is missing ---------------------------------------------------------
-APT_PKGS := libcmocka-dev gnuplot-nox libjansson-dev libsqlite3-dev zlib1g-dev
+APT_PKGS := libcmocka-dev gnuplot-nox libjansson-dev libsqlite3-dev zlib1g-dev libdeflate-dev
 deps:
 	@missing=""; \
-	for h in cmocka.h:libcmocka-dev jansson.h:libjansson-dev sqlite3.h:libsqlite3-dev zlib.h:zlib1g-dev; do \
+	for h in cmocka.h:libcmocka-dev jansson.h:libjansson-dev sqlite3.h:libsqlite3-dev zlib.h:zlib1g-dev libdeflate.h:libdeflate-dev; do \
 	  f=$${h%%:*}; p=$${h##*:}; \
 	  [ -f /usr/include/$$f ] || [ -f /usr/local/include/$$f ] || missing="$$missing $$p"; \
 	done; \
@@ -237,11 +238,11 @@ test-gpu-sanitize:
 # broken ones the tests load are plain shared objects that link nothing of ours.
 SHLIB        := $(BUILD)/libattnreplay.so
 PIC_OBJS     := $(C_OBJS:$(BUILD)/%.o=$(BUILD)/pic/%.o)
-SHLIB_LIBS   := -ljansson -lsqlite3 -lz -lm -ldl -lrt
+SHLIB_LIBS   := -ljansson -lsqlite3 -ldeflate -lz -lm -ldl -lrt
 ifeq ($(HAVE_CUDA),1)
 SHLIB_LIBS   += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lstdc++
 endif
-SHLIB_CARRY  := $(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0
+SHLIB_CARRY  := $(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0 $(BUILD)/libdeflate.so.0
 PLUGIN_DIR   := $(BUILD)/plugins
 PLUGINS      := $(PLUGIN_DIR)/attnreplay-example-cpu.so
 ifeq ($(HAVE_CUDA),1)
@@ -272,7 +273,7 @@ $(BUILD)/pic/%.o: %.c
 $(SHLIB): $(PIC_OBJS) $(CU_OBJS)
 	$(CC) -shared $(LDFLAGS) -Wl,--no-undefined -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ $(SHLIB_LIBS)
 
-$(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0:
+$(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0 $(BUILD)/libdeflate.so.0:
 	@mkdir -p $(dir $@)
 	cp -L $$(ldconfig -p | awk -v n=$(notdir $@) '$$1 == n {print $$NF; exit}') $@
 
@@ -317,3 +318,15 @@ clean:
 	rm -rf $(BUILD) build-asan build-fuzz bin demo.db demo.db-wal demo.db-shm
 
 -include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/replay/main.d $(PIC_OBJS:.o=.d)
+
+# ---- simulator fidelity against real vLLM runs (tests/fidelity.c) ---------------------------
+# `make fidelity` calibrates the step-time model on one public vLLM run and evaluates it on the
+# other, both ways, then prints the table with the KV-block sensitivity.  CPU only.
+FIDELITY_RUNS ?= $(firstword $(wildcard ../shared/traces-public/vllm-runs-llmservingsim ../../shared/traces-public/vllm-runs-llmservingsim) ../shared/traces-public/vllm-runs-llmservingsim)
+.PHONY: fidelity
+fidelity: $(BUILD)/fidelity
+	$(BUILD)/fidelity $(FIDELITY_RUNS)
+
+$(BUILD)/fidelity: tests/fidelity.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDFLAGS) $(LIBS)

@@ -40,6 +40,8 @@ static void usage(FILE *f)
         "  plan --workload SPEC --model PRESET --device DEV --out DIR [--db DB] [--slo ...]\n"
         "                                     capacity plan: fitted step time, simulator sweep, SLO answer\n"
         "  calibrate --db DB [--no-cublas]    measure copy GB/s and bf16 TFLOP/s into table ceilings (GPU)\n"
+        "  profile --device DEV --model PRESET --db DB   measure GEMM and attention times for\n"
+        "                                     --step-time profile:DB (GPU)\n"
         "  gen-samples DIR                    write the sample traces\n"
         "  export TRACE --steps A:B --format flashinfer-trace --out DIR   steps as FlashInfer-Trace workloads\n"
         "  version\n");
@@ -90,6 +92,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "diff") == 0) return ar_diff_main(sub_argc, sub_argv);
     if (strcmp(cmd, "plan") == 0) return ar_plan_main(sub_argc, sub_argv);
     if (strcmp(cmd, "calibrate") == 0) return ar_calibrate_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "profile") == 0) return ar_profile_main(sub_argc, sub_argv);
     if (strcmp(cmd, "gen-samples") == 0) return gen_samples_main(sub_argc, sub_argv);
     if (strcmp(cmd, "export") == 0) return ar_export_main(sub_argc, sub_argv);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

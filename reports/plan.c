@@ -400,6 +400,7 @@ typedef struct {
     int num_slo;
     bool force_fit;           /* apply the fit even when measured on another device */
     int refine;               /* bisection steps for the largest load meeting the SLO */
+    const char *step_time;    /* --step-time MODEL (e.g. profile:DB) instead of roofline:DEVICE */
 } plan_args;
 
 static void percentiles(double *values, size_t n, double out[3])
@@ -514,6 +515,8 @@ static void plan_usage(FILE *f)
         "  --device DEVICE       %s (datasheet numbers from the sim presets)\n"
         "  --db DB [--run ID]    fit attention time from these replay steps (default: runs on DEVICE)\n"
         "  --force-fit           use the fit even when the runs were measured on another device\n"
+        "  --step-time MODEL     the simulator's step-time model instead of roofline:DEVICE, e.g.\n"
+        "                        profile:DB (measured by attnreplay profile); not with --db\n"
         "  --rates LIST          arrival-rate scales (default 0.5,1,2,4); arrivals are divided by each\n"
         "  --kv-blocks LIST      KV-cache sizes in blocks (default 8192,32768), or\n"
         "  --kv-mem LIST         KV-cache sizes in bytes (e.g. 20GiB,40GiB)\n"
@@ -657,6 +660,12 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
 static void write_fit_text(FILE *f, const ar_plan_fit *fit, const ar_steptime *st, bool have_fit,
                            bool applied, const char *db)
 {
+    if (st->kind == AR_STEPTIME_PROFILE) {
+        fprintf(f, "Step-time model: measured profile of %s on '%s' (tp %d): GEMMs and attention interpolated "
+                   "(attention x %.3f from %d replayed steps), overhead %.3g ms.\n", st->profile.model,
+                st->profile.device, st->profile.tp, st->attn_scale, st->profile.replay_steps, st->overhead_s * 1e3);
+        return;
+    }
     if (!have_fit) {
         fprintf(f, "Step-time model: the simulator's roofline with its default efficiencies "
                    "(no --db given): attn_eff %.3g, bw_eff %.3g, gemm_eff %.3g, overhead %.3g ms.\n",
@@ -715,6 +724,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a)
         else if (!strcmp(arg, "--kv-blocks")) kv_blocks = v;
         else if (!strcmp(arg, "--kv-mem")) kv_mem = v;
         else if (!strcmp(arg, "--slo")) a->slo_text = v;
+        else if (!strcmp(arg, "--step-time")) a->step_time = v;
         else if (!strcmp(arg, "--block-size")) int_target = &a->block_size;
         else if (!strcmp(arg, "--max-num-batched-tokens")) int_target = &a->max_batched;
         else if (!strcmp(arg, "--max-num-seqs")) int_target = &a->max_seqs;
@@ -810,12 +820,17 @@ int ar_plan_main(int argc, char **argv)
 
     char err[AR_ERR_MAX + 2048];
     ar_steptime steptime;
-    char spec[64];
+    char spec[1024];
     snprintf(spec, sizeof spec, "roofline:%s", a.device);
-    if (ar_steptime_parse(spec, preset, &steptime, err, sizeof err) != 0) {
+    if (a.step_time && a.db) {
+        fprintf(stderr, "plan: give --db (an attention fit) or --step-time, not both\n");
+        return 2;
+    }
+    if (ar_steptime_parse(a.step_time ? a.step_time : spec, preset, &steptime, err, sizeof err) != 0) {
         fprintf(stderr, "plan: %s\n", err);
         return 2;
     }
+    ar_steptime_set_engine(&steptime, a.max_seqs);
     ar_plan_fit fit;
     memset(&fit, 0, sizeof fit);
     fit_sample *samples = NULL;

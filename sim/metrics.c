@@ -5,7 +5,8 @@
  * none); E2E = last token - arrival; number of preemptions; prefix-hit tokens at admission.
  * A token's time is the end of the step that sampled it.  Written as CSV or as SQLite tables;
  * the summary (p50/p90/p99, throughput, KV usage, prefix-hit rate, preemptions,
- * cascade-eligible steps) is printed as text. */
+ * cascade-eligible steps) is printed as text.  Fidelity (vllm-run workloads): mean, p50 and p90
+ * of TTFT and TPOT, simulated and real, over the same finished requests (ar_sim_fidelity). */
 #include "sim.h"
 
 #include <sqlite3.h>
@@ -206,38 +207,69 @@ static double mean_of(const double *v, int n)
     return n ? m / n : 0;
 }
 
-/* For vllm-run workloads: the real engine's TTFT/TPOT next to the simulated ones (sim_ttft and
- * sim_tpot are sorted by the caller's print_dist). */
-static void print_real_engine(const ar_sim *s, FILE *f, double *sim_ttft, int n_ttft, double *sim_tpot, int n_tpot)
+/* mean, p50, p90 of v[n] (sorted in place) */
+static void three_stats(double *v, int n, double out[3])
 {
-    int nr = ar_sim_num_requests(s), n = 0, nt = 0;
-    double *ttft = malloc((size_t)(nr + 1) * sizeof(double)), *tpot = malloc((size_t)(nr + 1) * sizeof(double));
-    if (!ttft || !tpot) { free(ttft); free(tpot); return; }
+    out[0] = mean_of(v, n);
+    out[1] = ar_quantile(v, n, 0.5);
+    out[2] = ar_quantile(v, n, 0.9);
+}
+
+int ar_sim_fidelity(const ar_sim *s, ar_fidelity *out)
+{
+    memset(out, 0, sizeof *out);
+    int nr = ar_sim_num_requests(s);
+    double *buf = malloc((size_t)(4 * nr + 4) * sizeof(double));
+    if (!buf) return -1;
+    double *sim_ttft = buf, *real_ttft = buf + nr + 1, *sim_tpot = buf + 2 * nr + 2, *real_tpot = buf + 3 * nr + 3;
+    int n = 0, nt = 0;
     for (int i = 0; i < nr; i++) {
         const ar_workload_req *w = ar_sim_workload_req(s, i);
-        if (w->real_ttft >= 0) ttft[n++] = w->real_ttft;
-        if (w->real_tpot >= 0) tpot[nt++] = w->real_tpot;
-    }
-    if (n > 0) {
-        fprintf(f, "  real engine (from the workload file), simulated vs real:\n");
-        double qs[3] = {-1, 0.5, 0.9};
-        const char *names[3] = {"mean", "p50", "p90"};
-        for (int m = 0; m < 2; m++) {
-            double *real = m ? tpot : ttft, *sim = m ? sim_tpot : sim_ttft;
-            int nreal = m ? nt : n, nsim = m ? n_tpot : n_ttft;
-            double unit = m ? 1000.0 : 1.0;
-            fprintf(f, "    %-5s", m ? "TPOT" : "TTFT");
-            for (int k = 0; k < 3; k++) {
-                double a = qs[k] < 0 ? mean_of(sim, nsim) : ar_quantile(sim, nsim, qs[k]);
-                double b = qs[k] < 0 ? mean_of(real, nreal) : ar_quantile(real, nreal, qs[k]);
-                fprintf(f, "  %s %.3f vs %.3f %s (%+.1f%%)", names[k], a * unit, b * unit, m ? "ms" : "s",
-                        b != 0 ? 100.0 * (a / b - 1) : 0.0);
-            }
-            fprintf(f, "\n");
+        ar_sim_req_info r;
+        ar_sim_request(s, i, &r);
+        if (r.status != AR_REQ_FINISHED) continue;
+        if (w->real_ttft >= 0) {
+            sim_ttft[n] = r.first_token - r.arrival;
+            real_ttft[n++] = w->real_ttft;
+        }
+        double tpot = tpot_of(&r);
+        if (w->real_tpot >= 0 && tpot >= 0) {
+            sim_tpot[nt] = tpot;
+            real_tpot[nt++] = w->real_tpot;
         }
     }
-    free(ttft);
-    free(tpot);
+    out->num_ttft = n;
+    out->num_tpot = nt;
+    three_stats(sim_ttft, n, out->sim_ttft);
+    three_stats(real_ttft, n, out->real_ttft);
+    three_stats(sim_tpot, nt, out->sim_tpot);
+    three_stats(real_tpot, nt, out->real_tpot);
+    for (int k = 0; k < 3; k++) {
+        out->gap_ttft[k] = out->real_ttft[k] > 0 ? out->sim_ttft[k] / out->real_ttft[k] - 1 : 0;
+        out->gap_tpot[k] = out->real_tpot[k] > 0 ? out->sim_tpot[k] / out->real_tpot[k] - 1 : 0;
+    }
+    free(buf);
+    return n > 0 ? 0 : -1;
+}
+
+/* For vllm-run workloads: the real engine's TTFT/TPOT next to the simulated ones, over the same
+ * finished requests. */
+static void print_real_engine(const ar_sim *s, FILE *f)
+{
+    ar_fidelity fid;
+    if (ar_sim_fidelity(s, &fid) != 0) return;
+    fprintf(f, "  real engine (from the workload file), simulated vs real over %d finished requests:\n", fid.num_ttft);
+    const char *names[3] = {"mean", "p50", "p90"};
+    for (int m = 0; m < 2; m++) {
+        const double *sim = m ? fid.sim_tpot : fid.sim_ttft, *real = m ? fid.real_tpot : fid.real_ttft;
+        const double *gap = m ? fid.gap_tpot : fid.gap_ttft;
+        double unit = m ? 1000.0 : 1.0;
+        fprintf(f, "    %-5s", m ? "TPOT" : "TTFT");
+        for (int k = 0; k < 3; k++)
+            fprintf(f, "  %s %.3f vs %.3f %s (%+.1f%%)", names[k], sim[k] * unit, real[k] * unit, m ? "ms" : "s",
+                    100.0 * gap[k]);
+        fprintf(f, "\n");
+    }
 }
 
 void ar_sim_print_summary(const ar_sim *s, FILE *f)
@@ -283,7 +315,7 @@ void ar_sim_print_summary(const ar_sim *s, FILE *f)
             sum.prompt_tokens ? 100.0 * (double)sum.prefix_hit_tokens / (double)sum.prompt_tokens : 0.0);
     fprintf(f, "  preemptions: %lld (%d requests); cascade-eligible steps: %lld\n", (long long)sum.preemptions,
             preempted_reqs, (long long)sum.cascade_eligible_steps);
-    print_real_engine(s, f, ttft, n, tpot, nt);
+    print_real_engine(s, f);
     free(ttft);
     free(tpot);
     free(e2e);

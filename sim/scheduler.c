@@ -87,6 +87,7 @@ struct ar_sim {
     int *preempted_now;
     int num_preempted_now;
     ar_batch_features feat;
+    int *feat_query_lens, *feat_context_lens;   /* [num_reqs] the step's shape, for feat */
     /* statistics */
     ar_sim_kv_sample *samples;
     int64_t num_samples, cap_samples;
@@ -400,6 +401,8 @@ void ar_sim_destroy(ar_sim *s)
     free(s->sched_order);
     free(s->pending_finished);
     free(s->preempted_now);
+    free(s->feat_query_lens);
+    free(s->feat_context_lens);
     free(s->samples);
     free(s);
 }
@@ -448,6 +451,8 @@ ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err
     s->sched_order = malloc((size_t)(nr + 1) * sizeof(int));
     s->pending_finished = malloc((size_t)(nr + 1) * sizeof(int));
     s->preempted_now = malloc((size_t)(nr + 1) * sizeof(int));
+    s->feat_query_lens = malloc((size_t)(nr + 1) * sizeof(int));
+    s->feat_context_lens = malloc((size_t)(nr + 1) * sizeof(int));
     s->out_new = malloc((size_t)(nr + 1) * sizeof *s->out_new);
     s->out_cached = malloc((size_t)(nr + 1) * sizeof *s->out_cached);
     s->out_sched = malloc((size_t)(nr + 1) * sizeof *s->out_sched);
@@ -464,7 +469,7 @@ ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err
     if (!s->ref || !s->block_key || !s->registered || !s->dup_next || !s->free_scratch || !s->free_prev || !s->free_next || !s->map_keys ||
         !s->map_vals || !s->reqs || !s->waitq || !s->running || !s->sched_order || !s->pending_finished ||
         !s->preempted_now || !s->out_new || !s->out_cached || !s->out_sched || !s->out_finished ||
-        !s->out_preempted || !s->hits) {
+        !s->out_preempted || !s->hits || !s->feat_query_lens || !s->feat_context_lens) {
         ar_sim_destroy(s);
         snprintf(err, err_len, "out of memory");
         return NULL;
@@ -701,6 +706,8 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
     st->preempted = s->out_preempted;
     ar_batch_features *f = &s->feat;
     memset(f, 0, sizeof *f);
+    f->query_lens = s->feat_query_lens;
+    f->context_lens = s->feat_context_lens;
     for (int pass = 0; pass < 2; pass++)   /* cached: running ones, then resumed ones */
         for (int k = 0; k < s->num_sched; k++) {
             sim_req *r = &s->reqs[s->sched_order[k]];
@@ -727,6 +734,8 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
         st->scheduled[st->num_scheduled].req = r->id;
         st->scheduled[st->num_scheduled++].num_tokens = r->sched_tokens;
         int n = r->sched_tokens, c = r->computed_at_start;
+        s->feat_query_lens[f->num_reqs] = n;
+        s->feat_context_lens[f->num_reqs] = c;
         f->num_reqs++;
         f->num_tokens += n;
         bool decode = n == 1 && r->num_output > 0 && c == num_tokens(r) - 1;

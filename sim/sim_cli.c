@@ -35,6 +35,8 @@ static void usage(FILE *f)
             "  --limit N                 first N requests only\n"
             "  --step-time MODEL         constant:S | linear:A,B,C,D | roofline:DEVICE[,gemm_eff=E,attn_eff=E,bw_eff=E,overhead=S,per_req=S,tp=N]\n"
             "                            fitted:DB[,run=ID][,device=DEVICE][,roofline keys]: attention term fitted to a replay DB\n"
+            "                            profile:DB[,device=DEVICE][,roofline keys]: GEMMs and attention from `attnreplay profile`\n"
+            "                            more roofline keys: graph=N (CUDA-graph limit), async=0|1, link_bw=B/s, link_lat=S\n"
             "                            (default constant:0.02; devices: %s)\n"
             "  --kv-dtype T              bf16 (default), fp16, fp8_e4m3, fp32\n"
             "  --seed N                  written to the trace header (default 1)\n"
@@ -168,6 +170,7 @@ int ar_sim_main(int argc, char **argv)
         return 2;
     }
     cfg.steptime.kv_dtype = kv_dtype;
+    ar_steptime_set_engine(&cfg.steptime, max_seqs);
     if (cfg.steptime.kind == AR_STEPTIME_FITTED && !quiet) {
         const double *c = cfg.steptime.fit_coef;
         printf("sim: attention time fitted on %d replayed steps: %.3g + %.3g*tokens + %.3g*requests + %.3g*kv_tokens s\n",
@@ -195,7 +198,8 @@ int ar_sim_main(int argc, char **argv)
     cfg.long_prefill_token_threshold = threshold;
     cfg.max_model_len = max_model_len;
     cfg.compat = compat;
-    cfg.num_sms = cfg.steptime.kind == AR_STEPTIME_ROOFLINE ? cfg.steptime.device.num_sms : 132;
+    cfg.num_sms = cfg.steptime.kind == AR_STEPTIME_ROOFLINE || cfg.steptime.kind == AR_STEPTIME_PROFILE
+                      ? cfg.steptime.device.num_sms : 132;
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
