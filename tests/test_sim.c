@@ -706,8 +706,39 @@ static void test_bad_input_messages(void **state)
     expect_error("azure", "a4.csv", "time,ctx,gen\n", 1, "header");
     expect_error("vllm-run", "v1.jsonl", "{\"queued_ts\": 1.0, \"input_toks\": 10}\n", 1, "output_toks");
     expect_error("vllm-run", "v2.jsonl", "[1, 2]\n", 1, "malformed");
+    /* a count too large is named as too large, not as "must be positive" */
+    expect_error("mooncake", "m6.jsonl",
+                 "{\"timestamp\": 0, \"input_length\": 4611686018427387904, \"output_length\": 3, \"hash_ids\": [1]}\n", 1,
+                 "input_length 4611686018427387904 exceeds the limit of 100000000 tokens");
+    expect_error("mooncake", "m7.jsonl", "{\"timestamp\": 0, \"input_length\": 0, \"output_length\": 3, \"hash_ids\": [1]}\n",
+                 1, "input_length must be positive (got 0)");
+    expect_error("azure", "a5.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,900000000\n", 2,
+                 "GeneratedTokens 900000000 exceeds the limit");
+    expect_error("vllm-run", "v3.jsonl", "{\"queued_ts\": 1.0, \"input_toks\": 200000000, \"output_toks\": 4}\n", 1,
+                 "input_toks 200000000 exceeds the limit");
     char err[512];
     ar_workload wl;
+    struct { const char *spec, *words; } synthetic_cases[] = {
+        { "n=1000000000,input=5,output=5", "n=1000000000 exceeds the limit of 100000000" },
+        { "n=2.5,input=5,output=5", "n=2.5 must be a non-negative integer" },
+        { "groups=2,prompts=3,system=64,question=8,output=4,n=6", "not keys of both forms" },
+        { "n=6,input=64,output=4,groups=2", "not keys of both forms" },
+        { "groups=4000,prompts=4000,system=64,question=8,output=4", "groups x prompts = 16000000 requests exceeds" },
+    };
+    for (size_t i = 0; i < sizeof synthetic_cases / sizeof synthetic_cases[0]; i++) {
+        char spec[128];
+        snprintf(spec, sizeof spec, "synthetic:%s", synthetic_cases[i].spec);
+        assert_int_equal(ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err), 2);
+        if (!strstr(err, synthetic_cases[i].words)) fail_msg("%s: error '%s' lacks '%s'", spec, err, synthetic_cases[i].words);
+    }
+    /* a directory is named as one, not as a file without requests */
+    static const char *const kinds[] = { "mooncake", "azure" };
+    for (size_t i = 0; i < 2; i++) {
+        char spec[600];
+        snprintf(spec, sizeof spec, "%s:%s", kinds[i], tu_tmpdir());
+        assert_int_equal(ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err), 2);
+        if (!strstr(err, "is a directory")) fail_msg("%s: error '%s' does not say it is a directory", spec, err);
+    }
     assert_int_equal(ar_workload_load("nosuch:foo", 16, 1.0, 0, &wl, err, sizeof err), 2);
     assert_int_equal(ar_workload_load("mooncake:/nonexistent/x.jsonl", 16, 1.0, 0, &wl, err, sizeof err), 2);
     assert_non_null(strstr(err, "/nonexistent/x.jsonl"));
