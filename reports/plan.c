@@ -387,7 +387,8 @@ typedef struct {
 } sweep_point;
 
 typedef struct {
-    const char *workload, *model, *device, *db, *out_dir, *slo_text;
+    const char *workload, *model, *device, *db, *slo_text;
+    char out_dir[3072];       /* --out without trailing slashes */
     int64_t runs[PLAN_MAX_POINTS];
     size_t num_runs;
     double rates[PLAN_MAX_POINTS];
@@ -508,7 +509,7 @@ static int refine_rate(const plan_args *a, const ar_model_preset *preset, const 
 static void plan_usage(FILE *f)
 {
     fprintf(f,
-        "usage: attnreplay plan --workload SPEC --model PRESET --device DEVICE [options]\n"
+        "usage: attnreplay plan --workload SPEC --model PRESET --device DEVICE --out DIR [options]\n"
         "  --workload SPEC       as for sim: mooncake:PATH | azure:PATH | vllm-run:PATH | synthetic:SPEC\n"
         "  --model PRESET        %s\n"
         "  --device DEVICE       %s (datasheet numbers from the sim presets)\n"
@@ -520,7 +521,7 @@ static void plan_usage(FILE *f)
         "  --slo TERMS           e.g. ttft_p90=2s,tpot_p90=50ms (metrics ttft, tpot, e2e; p50, p90, p99)\n"
         "  --refine N            bisection steps for the largest load meeting the SLO (default 4)\n"
         "  --block-size B --max-num-batched-tokens N --max-num-seqs N --limit N (first N requests)\n"
-        "  --out DIR             plan.md, plan.csv and plots (PNG, SVG)\n"
+        "  --out DIR             where plan.md, plan.csv and the plots (PNG, SVG) go (required)\n"
         "  Exit status: 0 done, 1 a simulation or plot failed, 2 usage error or bad input.\n",
         ar_model_preset_names(), ar_device_names());
 }
@@ -571,7 +572,7 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
     for (int k = 0; k < a->num_kv; k++) {
         snprintf(path, sizeof path, "%s/data/plan_kv%d.csv", a->out_dir, kv_blocks[k]);
         FILE *f = fopen(path, "w");
-        if (!f) { fprintf(stderr, "plan: %s: cannot write\n", path); return 1; }
+        if (!f) { fprintf(stderr, "plan: %s: cannot write: %s\n", path, strerror(errno)); return 1; }
         fprintf(f, "# rate_scale,ttft_p50_s,ttft_p90_s,ttft_p99_s,tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,"
                    "output_tokens_per_s,preemptions_per_request,finished_fraction\n");
         for (int r = 0; r < a->num_rates; r++) {
@@ -622,7 +623,10 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
     if (samples && num_samples) {
         snprintf(path, sizeof path, "%s/data/plan_fit.csv", a->out_dir);
         FILE *f = fopen(path, "w");
-        if (!f) return failures + 1;
+        if (!f) {
+            fprintf(stderr, "plan: %s: cannot write: %s\n", path, strerror(errno));
+            return failures + 1;
+        }
         fprintf(f, "# measured_us_per_layer,predicted_us_per_layer,held_out\n");
         double lo = INFINITY, hi = 0;
         for (size_t i = 0; i < num_samples; i++) {
@@ -710,7 +714,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a)
         else if (!strcmp(arg, "--model")) a->model = v;
         else if (!strcmp(arg, "--device")) a->device = v;
         else if (!strcmp(arg, "--db")) a->db = v;
-        else if (!strcmp(arg, "--out")) a->out_dir = v;
+        else if (!strcmp(arg, "--out")) ar_rd_dir_name(v, a->out_dir, sizeof a->out_dir);
         else if (!strcmp(arg, "--rates")) rates = v;
         else if (!strcmp(arg, "--kv-blocks")) kv_blocks = v;
         else if (!strcmp(arg, "--kv-mem")) kv_mem = v;
@@ -743,6 +747,11 @@ static int parse_plan_args(int argc, char **argv, plan_args *a)
     }
     if (!a->workload || !a->model || !a->device) {
         fprintf(stderr, "plan: --workload, --model and --device are required\n");
+        plan_usage(stderr);
+        return 2;
+    }
+    if (!a->out_dir[0]) {
+        fprintf(stderr, "plan: --out DIR is required (plan.md, plan.csv and the plots go there)\n");
         plan_usage(stderr);
         return 2;
     }
@@ -794,6 +803,15 @@ int ar_plan_main(int argc, char **argv)
     if (!device) {
         fprintf(stderr, "plan: unknown --device '%s' (%s)\n", a.device, ar_device_names());
         return 2;
+    }
+    {   /* the output directory before any work: a bad one costs nothing */
+        char data_dir[4200], err[4400];
+        snprintf(data_dir, sizeof data_dir, "%s/data", a.out_dir);
+        if (ar_output_dir_prepare(a.out_dir, err, sizeof err) != 0 ||
+            ar_output_dir_prepare(data_dir, err, sizeof err) != 0) {
+            fprintf(stderr, "plan: --out %s\n", err);
+            return 2;
+        }
     }
     if (a.block_size == 0) a.block_size = preset->default_block_size;
     int kv_blocks[PLAN_MAX_POINTS];
@@ -927,15 +945,7 @@ int ar_plan_main(int argc, char **argv)
     }
     for (int i = 0; i < num_answers; i++) printf("%s\n", answers[i]);
 
-    if (a.out_dir) {
-        char data_dir[4096];
-        snprintf(data_dir, sizeof data_dir, "%s/data", a.out_dir);
-        if ((mkdir(a.out_dir, 0755) != 0 && errno != EEXIST) || (mkdir(data_dir, 0755) != 0 && errno != EEXIST)) {
-            fprintf(stderr, "plan: %s: cannot create: %s\n", a.out_dir, strerror(errno));
-            free(points);
-            free(samples);
-            return 2;
-        }
+    {
         char notes[5][256];
         memset(notes, 0, sizeof notes);
         failures += render_plan_plots(&a, points, kv_blocks, samples, num_samples, notes);
@@ -967,6 +977,7 @@ int ar_plan_main(int argc, char **argv)
         }
         snprintf(path, sizeof path, "%s/plan.csv", a.out_dir);
         f = fopen(path, "w");
+        if (!f) fprintf(stderr, "plan: %s: cannot write: %s\n", path, strerror(errno));
         if (f) {
             fputs("rate_scale,kv_blocks,requests,finished,ttft_p50_s,ttft_p90_s,ttft_p99_s,tpot_p50_s,"
                   "tpot_p90_s,tpot_p99_s,output_tokens_per_s,preemptions_per_request,kv_usage_mean,slo_met\n", f);

@@ -12,6 +12,7 @@
 #include "reports.h"
 #include "plot.h"
 #include "rundata.h"
+#include "../sim/sim.h"
 
 #include <errno.h>
 #include <math.h>
@@ -85,18 +86,6 @@ static FILE *open_out(const report_ctx *ctx, const char *rel, char *err, size_t 
     FILE *f = fopen(path, "w");
     if (!f) snprintf(err, err_len, "%.900s: cannot write: %s", path, strerror(errno));
     return f;
-}
-
-static int make_dir(const char *path, char *err, size_t err_len)
-{
-    if (mkdir(path, 0755) == 0 || errno == EEXIST) {
-        struct stat sb;
-        if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return 0;
-        snprintf(err, err_len, "%s exists and is not a directory", path);
-        return -1;
-    }
-    snprintf(err, err_len, "%s: cannot create directory: %s", path, strerror(errno));
-    return -1;
 }
 
 /* Legend text for a run: id, backend, dtypes, and what sets it apart (trace when the report
@@ -923,6 +912,7 @@ static int add_run_ids(const char *text, int64_t **ids, size_t *count)
 
 int ar_report_main(int argc, char **argv)
 {
+    char out_dir[4096];
     report_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     int64_t *ids = NULL;
@@ -941,7 +931,8 @@ int ar_report_main(int argc, char **argv)
             }
             const char *value = argv[++i];
             if (!strcmp(arg, "--out")) {
-                ctx.out_dir = value;
+                ar_rd_dir_name(value, out_dir, sizeof out_dir);
+                ctx.out_dir = out_dir;
             } else if (add_run_ids(value, &ids, &num_ids) != 0) {
                 fprintf(stderr, "report: --run '%s': expected run ids like 3 or 1,2\n", value);
                 free(ids);
@@ -1006,10 +997,10 @@ int ar_report_main(int argc, char **argv)
     }
     free(ids);
 
-    char data_dir[4096];
+    char data_dir[4200];
     snprintf(data_dir, sizeof data_dir, "%s/data", ctx.out_dir);
-    if (make_dir(ctx.out_dir, err, sizeof err) != 0 || make_dir(data_dir, err, sizeof err) != 0 ||
-        write_run_csvs(&ctx, err, sizeof err) != 0) {
+    if (ar_output_dir_prepare(ctx.out_dir, err, sizeof err) != 0 ||
+        ar_output_dir_prepare(data_dir, err, sizeof err) != 0 || write_run_csvs(&ctx, err, sizeof err) != 0) {
         fprintf(stderr, "report: %s\n", err);
         free_ctx(&ctx);
         return 2;

@@ -58,7 +58,7 @@ int ar_parse_threshold(const char *text, double *out);
 
 /* attnreplay plan --workload SPEC --model PRESET --device DEV [--db DB [--run ID ...]]
  *                 [--rates 0.5,1,2,4] [--kv-blocks N,... | --kv-mem SIZE,...]
- *                 [--slo ttft_p90=2s,tpot_p90=50ms] [--out DIR] [...]
+ *                 [--slo ttft_p90=2s,tpot_p90=50ms] --out DIR [...]
  * argv[0] = "plan".  Fits the attention part of the step-time model from measured replay
  * steps, runs the simulator over a sweep of arrival-rate scales and KV-cache sizes, and
  * reports latency percentiles, throughput, preemptions and the largest load meeting the SLO.

@@ -264,3 +264,10 @@ int ar_rd_parse_run_id(const char *text, int64_t *id)
     *id = v;
     return 0;
 }
+
+void ar_rd_dir_name(const char *path, char *out, size_t len)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    snprintf(out, len, "%.*s", (int)n, path);
+}

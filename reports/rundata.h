@@ -74,6 +74,10 @@ void ar_rd_ceilings(void *handle, const char *device, const char *backend, ar_ce
  * (numpy's default); sorts values in place.  NAN when n == 0. */
 double ar_rd_quantile(double *values, size_t n, double q);
 
+/* A directory argument without its trailing slashes ("out/" -> "out", "/" stays), so paths
+ * built from it print as out/index.html. */
+void ar_rd_dir_name(const char *path, char *out, size_t len);
+
 /* Parses a run id ("12"); returns 0 on success. */
 int ar_rd_parse_run_id(const char *text, int64_t *id);
 

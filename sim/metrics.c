@@ -8,10 +8,15 @@
  * cascade-eligible steps) is printed as text. */
 #include "sim.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -44,7 +49,7 @@ static double tpot_of(const ar_sim_req_info *r)
 static int write_csv(const ar_sim *s, const char *path, char *err, size_t err_len)
 {
     FILE *f = fopen(path, "w");
-    if (!f) { snprintf(err, err_len, "%s: cannot create", path); return -1; }
+    if (!f) { snprintf(err, err_len, "%s: cannot create: %s", path, strerror(errno)); return -1; }
     fprintf(f, "req,arrival,prompt_len,output_len,status,queueing,ttft,tpot,e2e,preemptions,prefix_hit_tokens\n");
     static const char *status_names[] = {"pending", "waiting", "running", "preempted", "finished", "skipped"};
     for (int i = 0; i < ar_sim_num_requests(s); i++) {
@@ -66,7 +71,7 @@ static int write_csv(const ar_sim *s, const char *path, char *err, size_t err_le
     char kv_path[4096];
     snprintf(kv_path, sizeof kv_path, "%s.kv.csv", path);
     f = fopen(kv_path, "w");
-    if (!f) { snprintf(err, err_len, "%s: cannot create", kv_path); return -1; }
+    if (!f) { snprintf(err, err_len, "%s: cannot create: %s", kv_path, strerror(errno)); return -1; }
     fprintf(f, "time,used_blocks,usable_blocks,running,waiting,num_tokens,admitted_prompt_tokens,admitted_hit_tokens\n");
     int64_t n;
     const ar_sim_kv_sample *k = ar_sim_kv_samples(s, &n);
@@ -181,11 +186,92 @@ done:
     return rc;
 }
 
+bool ar_sim_metrics_is_sqlite(const char *path)
+{
+    return ends_with(path, ".db") || ends_with(path, ".sqlite") || ends_with(path, ".sqlite3");
+}
+
 int ar_sim_write_metrics(const ar_sim *s, const char *path, char *err, size_t err_len)
 {
-    if (ends_with(path, ".db") || ends_with(path, ".sqlite") || ends_with(path, ".sqlite3"))
+    if (ar_sim_metrics_is_sqlite(path))
         return write_sqlite(s, path, err, err_len);
     return write_csv(s, path, err, err_len);
+}
+
+int ar_output_file_check(const char *path, char *err, size_t err_len)
+{
+    struct stat st;
+    if (!path || !*path) {
+        snprintf(err, err_len, "(empty path): no file name");
+        return -1;
+    }
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "%s: is a directory", path);
+        return -1;
+    }
+    bool existed = access(path, F_OK) == 0;
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, err_len, "%s: cannot write: %s", path, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    if (!existed) unlink(path);
+    return 0;
+}
+
+int ar_output_dir_prepare(const char *path, char *err, size_t err_len)
+{
+    struct stat st;
+    if (!path || !*path) {
+        snprintf(err, err_len, "(empty path): no directory name");
+        return -1;
+    }
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        snprintf(err, err_len, "%s: cannot create directory: %s", path, strerror(errno));
+        return -1;
+    }
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "%s: exists and is not a directory", path);
+        return -1;
+    }
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.attnreplay-write-check-XXXXXX", path);
+    int fd = mkstemp(probe);
+    if (fd < 0) {
+        snprintf(err, err_len, "%s: cannot write into the directory: %s", path, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+/* path with its directory resolved (realpath) and its last component kept, so two spellings of
+ * a file that does not exist yet compare equal; the path as given when its directory does not
+ * resolve. */
+static void canonical_path(const char *path, char *buf, size_t len)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[4096], resolved[PATH_MAX];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (realpath(dir, resolved)) snprintf(buf, len, "%s/%s", resolved, slash ? slash + 1 : path);
+    else snprintf(buf, len, "%s", path);
+}
+
+bool ar_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (!a || !b) return false;
+    bool a_exists = stat(a, &sa) == 0, b_exists = stat(b, &sb) == 0;
+    if (a_exists && b_exists) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (a_exists != b_exists) return false;
+    char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+    canonical_path(a, ca, sizeof ca);
+    canonical_path(b, cb, sizeof cb);
+    return strcmp(ca, cb) == 0;
 }
 
 /* One line "name mean p50 p90 p99" over values. */

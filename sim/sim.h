@@ -242,6 +242,17 @@ uint64_t ar_sim_logical_key(const ar_sim *s, int req, int block_index);
  * sim_steps_kv, sim_summary), anything else CSV (and PATH.kv.csv with KV usage over time).
  * Returns 0 or -1 with err set. */
 int ar_sim_write_metrics(const ar_sim *s, const char *path, char *err, size_t err_len);
+/* True when ar_sim_write_metrics writes path as SQLite (else CSV plus PATH.kv.csv). */
+bool ar_sim_metrics_is_sqlite(const char *path);
+/* Output paths, checked before any work so a bad one costs nothing: ar_output_file_check says
+ * whether a file can be created (or overwritten) at path - not a directory, its directory
+ * present and writable - leaving nothing behind; ar_output_dir_prepare creates the directory
+ * (not its parents) when missing and checks a file can be created in it.  Both return 0, or -1
+ * with "PATH: why" (the system's own words) in err.  ar_same_file: the two paths name one file
+ * (the same inode, or, for files not yet there, the same resolved directory and name). */
+int ar_output_file_check(const char *path, char *err, size_t err_len);
+int ar_output_dir_prepare(const char *path, char *err, size_t err_len);
+bool ar_same_file(const char *a, const char *b);
 /* Prints the summary (p50/p90/p99 of TTFT, TPOT, E2E, queueing; throughput; KV usage; prefix
  * hit rate; preemptions; cascade-eligible steps) to f.  For vllm-run workloads it adds the real
  * engine's TTFT and TPOT over the same requests and the gaps of mean, p50 and p90. */

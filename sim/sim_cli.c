@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,6 +65,49 @@ static double parse_size(const char *s)
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
         if (strcmp(end, units[i].suffix) == 0) return v * units[i].mult;
     return -1;
+}
+
+/* The file a workload spec reads: PATH of KIND:PATH, a vllm-run directory's requests.jsonl;
+ * "" for synthetic workloads. */
+static void workload_file(const char *spec, char *buf, size_t len)
+{
+    buf[0] = 0;
+    const char *colon = strchr(spec, ':');
+    if (!colon || strncmp(spec, "synthetic:", 10) == 0) return;
+    struct stat st;
+    if (stat(colon + 1, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(buf, len, "%s/requests.jsonl", colon + 1);
+    else snprintf(buf, len, "%s", colon + 1);
+}
+
+/* Every file the run will write, checked before the workload is read: writable, none of them
+ * the workload itself, no two the same.  Returns 0 or 2 (after saying why on stderr). */
+static int check_outputs(const char *workload, const char *out, const char *metrics)
+{
+    char input[4096], kv[4200], err[4400];
+    workload_file(workload, input, sizeof input);
+    const char *paths[3] = { out, metrics, NULL };
+    static const char *const names[3] = { "--out", "--metrics", "--metrics (its KV table)" };
+    if (metrics && !ar_sim_metrics_is_sqlite(metrics)) {
+        snprintf(kv, sizeof kv, "%s.kv.csv", metrics);
+        paths[2] = kv;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (!paths[i]) continue;
+        if (input[0] && ar_same_file(paths[i], input)) {
+            fprintf(stderr, "sim: %s %s is the workload file; writing it would destroy the input\n", names[i], paths[i]);
+            return 2;
+        }
+        for (int j = 0; j < i; j++)
+            if (paths[j] && (strcmp(paths[i], paths[j]) == 0 || ar_same_file(paths[i], paths[j]))) {
+                fprintf(stderr, "sim: %s and %s name the same file %s\n", names[j], names[i], paths[i]);
+                return 2;
+            }
+        if (ar_output_file_check(paths[i], err, sizeof err) != 0) {
+            fprintf(stderr, "sim: %s %s\n", names[i], err);
+            return 2;
+        }
+    }
+    return 0;
 }
 
 int ar_sim_main(int argc, char **argv)
@@ -126,6 +170,7 @@ int ar_sim_main(int argc, char **argv)
         fprintf(stderr, "sim: unknown --model %s (%s)\n", model, ar_model_preset_names());
         return 2;
     }
+    if (check_outputs(workload, out, metrics) != 0) return 2;
     if (num_blocks > 0 && kv_mem) {
         fprintf(stderr, "sim: give --num-blocks or --kv-mem, not both\n");
         return 2;

@@ -643,9 +643,44 @@ static void test_plan_bad_input(void **state)
                           (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200",
                           (char *)"--run", (char *)"1", NULL };
     assert_int_equal(ar_plan_main(9, run_no_db), 2);
+    char out[1024];
+    tu_tmp("plan_bad", out, sizeof out);
     char *bad_workload[] = { (char *)"plan", (char *)"--workload", (char *)"mooncake:/nonexistent.jsonl",
-                             (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200", NULL };
-    assert_int_equal(ar_plan_main(7, bad_workload), 2);
+                             (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200",
+                             (char *)"--out", out, NULL };
+    assert_int_equal(ar_plan_main(9, bad_workload), 2);
+}
+
+/* Every output path of report and plan: checked before the work, the system's reason in the
+ * message, exit 2; a plan with nowhere to write is refused; paths print without "//". */
+static void test_output_paths(void **state)
+{
+    (void)state;
+    char blocker[1024], log[1024], out[1024];
+    tu_tmp("a_file", blocker, sizeof blocker);
+    assert_int_equal(tu_write(blocker, "x"), 0);
+    tu_tmp("paths.log", log, sizeof log);
+    const char *plan = "plan --workload synthetic:n=30,input=300,output=20,rate=20 --model llama-3.1-8b "
+                       "--device h200 --rates 1 --kv-blocks 4000";
+    assert_int_equal(tu_run(log, "%s %s >/dev/null 2>&1", tu_bin(), plan), 2);
+    /* an output directory under a file: refused before the sweep prints anything */
+    int rc = tu_run(log, "%s %s --out %s/plan 2>&1", tu_bin(), plan, blocker);
+    char *text = tu_slurp(log);
+    assert_non_null(text);
+    if (rc != 2 || !strstr(text, "Not a directory") || strstr(text, "rate x")) fail_msg("rc %d: %s", rc, text);
+    free(text);
+    rc = tu_run(log, "%s report %s --out %s/report 2>&1", tu_bin(), db_path, blocker);
+    text = tu_slurp(log);
+    assert_non_null(text);
+    if (rc != 2 || !strstr(text, "Not a directory")) fail_msg("rc %d: %s", rc, text);
+    free(text);
+    /* a trailing slash is not doubled in what report prints */
+    tu_tmp("slash_report", out, sizeof out);
+    rc = tu_run(log, "PATH= %s report %s --run 1 --out %s/ 2>&1", tu_bin(), db_path, out);
+    text = tu_slurp(log);
+    assert_non_null(text);
+    if (strstr(text, "//") || !strstr(text, "slash_report/index.html")) fail_msg("rc %d: %s", rc, text);
+    free(text);
 }
 
 /* ---- helpers of rundata.c and diff.c --------------------------------------------------------- */
@@ -722,6 +757,7 @@ int main(void)
         cmocka_unit_test(test_plan_small_workload),
         cmocka_unit_test(test_plan_fit_from_other_device_not_applied),
         cmocka_unit_test(test_plan_bad_input),
+        cmocka_unit_test(test_output_paths),
         cmocka_unit_test(test_parse_threshold),
         cmocka_unit_test(test_quantile),
         cmocka_unit_test(test_ceilings_lookup),

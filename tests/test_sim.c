@@ -869,6 +869,54 @@ static void test_cli_usage_errors(void **state)
     assert_int_equal(run_main("sim --frobnicate"), 2);
 }
 
+/* Output paths are checked before the workload is read: never the workload itself, never
+ * one file twice, and an unwritable one stops the run with the system's reason and exit 2. */
+static void test_cli_output_paths(void **state)
+{
+    (void)state;
+    char workload[512], copy[512], trace[512], line[2048], out[512], blocker[512];
+    tu_tmp("own.jsonl", workload, sizeof workload);
+    const char *rows = "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n"
+                       "{\"timestamp\": 5, \"input_length\": 40, \"output_length\": 2, \"hash_ids\": [2]}\n";
+    assert_int_equal(tu_write(workload, rows), 0);
+    snprintf(line, sizeof line, "sim --workload mooncake:%s --model llama-3.1-8b --out %s --quiet", workload, workload);
+    assert_int_equal(run_main(line), 2);
+    char *after = tu_slurp(workload);
+    assert_non_null(after);
+    assert_string_equal(after, rows);
+    free(after);
+    /* the same file by another spelling, as the metrics table */
+    tu_tmp("t.jsonl", trace, sizeof trace);
+    snprintf(copy, sizeof copy, "%s/./own.jsonl", tu_tmpdir());
+    snprintf(line, sizeof line, "sim --workload mooncake:%s --model llama-3.1-8b --out %s --metrics %s --quiet",
+             workload, trace, copy);
+    assert_int_equal(run_main(line), 2);
+    /* --out and --metrics naming one file that does not exist yet */
+    snprintf(copy, sizeof copy, "%s/./t.jsonl", tu_tmpdir());
+    snprintf(line, sizeof line, "sim --workload mooncake:%s --model llama-3.1-8b --out %s --metrics %s --quiet",
+             workload, trace, copy);
+    assert_int_equal(run_main(line), 2);
+    assert_int_equal(access(trace, F_OK), -1);
+    /* --metrics where no file can be: stopped before the trace is written, with the reason */
+    tu_tmp("plainfile", blocker, sizeof blocker);
+    assert_int_equal(tu_write(blocker, "x"), 0);
+    tu_tmp("metrics_err.txt", out, sizeof out);
+    int rc = tu_run(out, "%s sim --workload mooncake:%s --model llama-3.1-8b --out %s --metrics %s/m.csv --quiet 2>&1",
+                    tu_bin(), workload, trace, blocker);
+    char *msg = tu_slurp(out);
+    assert_non_null(msg);
+    if (rc != 2 || !strstr(msg, "--metrics") || !strstr(msg, "Not a directory"))
+        fail_msg("rc %d, output '%s'", rc, msg);
+    free(msg);
+    assert_int_equal(access(trace, F_OK), -1);
+    rc = tu_run(out, "%s sim --workload mooncake:%s --model llama-3.1-8b --out %s/t.jsonl --quiet 2>&1", tu_bin(),
+                workload, blocker);
+    msg = tu_slurp(out);
+    assert_non_null(msg);
+    if (rc != 2 || !strstr(msg, "Not a directory")) fail_msg("rc %d, output '%s'", rc, msg);
+    free(msg);
+}
+
 static void test_cli_writes_valid_trace_and_metrics(void **state)
 {
     (void)state;
@@ -1060,6 +1108,7 @@ int main(void)
         cmocka_unit_test(test_kv_sizing_and_step_time),
         cmocka_unit_test(test_steptime_fitted_from_db),
         cmocka_unit_test(test_cli_usage_errors),
+        cmocka_unit_test(test_cli_output_paths),
         cmocka_unit_test(test_cli_writes_valid_trace_and_metrics),
         cmocka_unit_test(test_summary_agrees_with_trace_stats),
         cmocka_unit_test(test_sim_trace_replays_on_cpu),
