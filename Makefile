@@ -1,8 +1,10 @@
 # Makefile - the one build of attnreplay.
 #
 #   make            bin/attnreplay (C11 host code; CUDA kernels too when nvcc is found)
-#   make test       every CPU test (cmocka, one binary per module); GPU tests skip with a reason
+#   make test       every CPU test (cmocka, one binary per module); with nvcc it also builds the
+#                   GPU test and benchmark binaries, so the CUDA code is proven to compile and link
 #   make demo       replay a sample trace on the best available backend into demo.db
+#   make gpu-build  everything the GPU machine runs (bin/attnreplay with CUDA, GPU tests, benches)
 #   make test-gpu   the GPU tests (run on the H200; uses prebuilt binaries where headers lack)
 #   make bench      benchmarks (reference vs naive on the CPU; kernels on a GPU)
 #   make asan       the CPU tests again under AddressSanitizer + UBSan
@@ -15,6 +17,19 @@
 # `make`, `make test` and `make demo` first install missing Debian packages (as root) or print
 # the apt command to run.  Libraries a bare Ubuntu 24.04 GPU machine lacks (jansson, sqlite3)
 # are linked statically; the CUDA runtime is static by nvcc's default.
+#
+# Speed.  Without -j on its command line make uses every core (a -jN given, -j1 included, wins).
+# CUDA code is compiled for CUDA_ARCHS only: the GPU present (9.0 -> 90a), else 90a (the H200
+# the binaries built here are carried to).  CUDA_ARCHS="80 90a compute_90" builds SASS for sm_80
+# and sm_90a plus PTX for compute_90; changing it (or NVCCFLAGS) rebuilds the CUDA objects.
+# The C objects are shared by the CUDA build and the host-only build (only main.c differs), so a
+# `make test` after `make demo` compiles just the CUDA files, longest first.
+
+comma   := ,
+NPROC   := $(shell nproc 2>/dev/null || echo 1)
+ifeq ($(filter -j% --jobs%,$(shell tr '\0' ' ' </proc/$$PPID/cmdline 2>/dev/null) $(MAKEFLAGS) $(shell printenv MAKEFLAGS)),)
+MAKEFLAGS += -j$(NPROC)
+endif
 
 CC      ?= gcc
 ifeq ($(CC),cc)
@@ -33,31 +48,69 @@ REV     := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS  += -DAR_CODE_REV=\"$(REV)\"
 LDFLAGS += $(SANITIZE) -pthread
 STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -lz -Wl,-Bdynamic
-LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
+HOST_LIBS := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
 MODULES := traces reference kernels replay sim reports
-C_SRCS  := $(filter-out replay/main.c kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
-CU_SRCS := $(wildcard kernels/*.cu)
+STUB_SRCS   := kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c
+COMMON_SRCS := $(filter-out replay/main.c $(STUB_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+COMMON_OBJS := $(COMMON_SRCS:%.c=$(BUILD)/%.o)
+STUB_OBJS   := $(STUB_SRCS:%.c=$(BUILD)/%.o)
+# Longest first, so that with -j the slow ones start at once.
+CU_SRCS := $(filter kernels/cuda_mla.cu,$(wildcard kernels/*.cu)) \
+           $(filter-out kernels/cuda_mla.cu,$(wildcard kernels/*.cu))
+SANITIZE_NOTE := $(if $(strip $(SANITIZE)),$(comma) sanitizers)
+
+# The GPU here, as "90" for compute capability 9.0; empty without one (or without a driver).
+GPU_CC  := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+ifeq ($(GPU_CC),90)
+CUDA_ARCHS ?= 90a
+else ifneq ($(GPU_CC),)
+CUDA_ARCHS ?= $(GPU_CC)
+else
+CUDA_ARCHS ?= 90a
+endif
+CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=$(if $(filter compute_%,$(a)),$(a)$(comma)code=$(a),compute_$(a)$(comma)code=sm_$(a)))
+
+# The host-only build: every C object, the CUDA stubs, a main.o of its own.
+HOST_LIB  := $(BUILD)/libattnreplay-host.a
+HOST_MAIN := $(BUILD)/host/replay/main.o
 
 ifneq ($(NVCC),)
 HAVE_CUDA := 1
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-NVCCFLAGS ?= -O3 -std=c++17 -lineinfo --use_fast_math -Xcompiler -fno-strict-aliasing \
-             -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
-             -gencode arch=compute_90,code=compute_90
-CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
-CFLAGS  += -DAR_HAVE_CUDA=1
-LIBS    += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lstdc++
+NVCCFLAGS ?= -O3 -std=c++17 -lineinfo --use_fast_math -Xcompiler -fno-strict-aliasing $(CUDA_GENCODE)
 else
 HAVE_CUDA := 0
-CU_OBJS :=
-C_SRCS  += kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c
 endif
 
-C_OBJS  := $(C_SRCS:%.c=$(BUILD)/%.o)
-LIB     := $(BUILD)/libattnreplay.a
+ifeq ($(HAVE_CUDA),1)
+CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/%.o)
+LIB      := $(BUILD)/libattnreplay.a
+MAIN     := $(BUILD)/replay/main.o
+LIBS     := $(HOST_LIBS) -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lstdc++
+CUDA_CFLAGS := -DAR_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
+BIN_KIND := cuda
+BUILD_TYPE := CUDA kernels for $(CUDA_ARCHS)$(comma) $(OPT)$(SANITIZE_NOTE)
+# NVCCFLAGS as last compiled with: the CUDA objects depend on this file, rewritten only when the
+# flags change, so a new CUDA_ARCHS rebuilds them.
+NVCC_STAMP := $(BUILD)/nvcc-flags.txt
+$(shell mkdir -p $(BUILD) && (echo '$(NVCC) $(NVCCFLAGS)' | cmp -s - $(NVCC_STAMP) || echo '$(NVCC) $(NVCCFLAGS)' > $(NVCC_STAMP)))
+else
+CU_OBJS  :=
+LIB      := $(HOST_LIB)
+MAIN     := $(HOST_MAIN)
+LIBS     := $(HOST_LIBS)
+CUDA_CFLAGS :=
+BIN_KIND := host
+endif
+HOST_BUILD_TYPE := CPU only$(comma) no CUDA kernels$(comma) $(OPT)$(SANITIZE_NOTE)
+
 BIN     := bin/attnreplay
+# bin/attnreplay is either build; BIN.kind says which, and a different one relinks it.
+ifneq ($(shell cat $(BIN).kind 2>/dev/null),$(BIN_KIND))
+.PHONY: $(BIN)
+endif
 
 TEST_SRCS     := $(wildcard tests/test_*.c)
 TESTS         := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
@@ -66,8 +119,11 @@ GPU_TESTS     := $(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRCS    := $(wildcard tests/bench_*.c)
 BENCHES       := $(BENCH_SRCS:tests/%.c=$(BUILD)/tests/%)
 TEST_COMMON   := $(BUILD)/tests/testutil.o
+# with nvcc, `make test` also builds (not runs) what only a GPU runs
+TEST_GPU_BUILD := $(if $(filter 1,$(HAVE_CUDA)),$(GPU_TESTS) $(BENCHES))
 
-.PHONY: all test demo test-gpu bench asan clean deps fuzz fuzz-build valgrind test-gpu-sanitize
+.PHONY: all test demo test-gpu bench asan clean deps fuzz fuzz-build valgrind test-gpu-sanitize gpu-build test-only
+.SECONDARY: $(TEST_COMMON)
 all: deps $(BIN)
 
 # ---- set-up: install what is missing ---------------------------------------------------------
@@ -90,34 +146,48 @@ deps:
 	fi
 
 # ---- build ------------------------------------------------------------------------------------
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
-$(LIB): $(C_OBJS) $(CU_OBJS)
+# main.o knows its build: CUDA (runtime and driver versions for `version`) or host only.
+$(BUILD)/replay/main.o: replay/main.c $(NVCC_STAMP) | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -DAR_BUILD_TYPE='"$(BUILD_TYPE)"' -MMD -MP -c $< -o $@
+
+$(HOST_MAIN): replay/main.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DAR_BUILD_TYPE='"$(HOST_BUILD_TYPE)"' -MMD -MP -c $< -o $@
+
+$(BUILD)/libattnreplay.a: $(CU_OBJS) $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BIN): $(BUILD)/replay/main.o $(LIB)
-	@mkdir -p bin
-	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+$(HOST_LIB): $(COMMON_OBJS) $(STUB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN): $(MAIN) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(MAIN) $(LIB) $(LIBS)
+	@echo $(BIN_KIND) > $@.kind
 
 # Test binaries get an rpath of $ORIGIN so a copied libcmocka.so.0 beside them is found on the
 # GPU machine, which has no cmocka.
-$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB)
+$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB) | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(TEST_COMMON) $(LIB) $(LDFLAGS) -Wl,-rpath,'$$ORIGIN' -lcmocka $(LIBS)
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(TEST_COMMON) $(LIB) $(LDFLAGS) -Wl,-rpath,'$$ORIGIN' -lcmocka $(LIBS)
 
 $(BUILD)/tests/libcmocka.so.0:
 	@mkdir -p $(dir $@)
 	cp -L $$(ldconfig -p | awk '/libcmocka.so.0 /{print $$NF; exit}') $@
 
 # ---- test -------------------------------------------------------------------------------------
-test: deps $(BIN) $(TESTS)
+test: deps $(BIN) $(TESTS) $(TEST_GPU_BUILD)
 	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/run_tests.sh $(TESTS)
 
 ASAN_BUILD ?= build-asan
@@ -208,4 +278,4 @@ test-gpu-sanitize:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz bin demo.db demo.db-wal demo.db-shm
 
--include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/replay/main.d
+-include $(COMMON_OBJS:.o=.d) $(STUB_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/replay/main.d $(HOST_MAIN:.o=.d)
