@@ -326,6 +326,76 @@ static void print_real_engine(const ar_sim *s, FILE *f, double *sim_ttft, int n_
     free(tpot);
 }
 
+void ar_sim_load_check(const ar_sim *s, ar_sim_load *out)
+{
+    memset(out, 0, sizeof *out);
+    int nr = ar_sim_num_requests(s);
+    double first = -1, last = -1, work = 0;
+    int *admitted = malloc((size_t)(nr + 1) * sizeof *admitted);
+    if (!admitted) return;
+    for (int i = 0; i < nr; i++) {
+        ar_sim_req_info r;
+        ar_sim_request(s, i, &r);
+        if (r.status == AR_REQ_SKIPPED) continue;
+        admitted[out->requests++] = i;
+        if (first < 0 || r.arrival < first) first = r.arrival;
+        if (r.arrival > last) last = r.arrival;
+        work += (double)(r.prompt_len - r.prefix_hit_tokens + r.output_len - 1);
+    }
+    if (out->requests == 0) {
+        free(admitted);
+        return;
+    }
+    out->arrival_span_s = last - first;
+    int64_t n;
+    const ar_sim_kv_sample *k = ar_sim_kv_samples(s, &n);
+    ar_sim_summary sum;
+    ar_sim_summarize(s, &sum);
+    double backlog_tokens = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double end = i + 1 < n ? k[i + 1].time : sum.duration;
+        if (k[i].waiting > 0) {
+            out->backlogged_s += end - k[i].time;
+            backlog_tokens += k[i].num_tokens;
+        }
+        if (k[i].time <= last) out->waiting_at_last_arrival = k[i].waiting;
+    }
+    if (out->arrival_span_s > 0) out->offered_tokens_per_s = work / out->arrival_span_s;
+    if (out->backlogged_s > 0) out->served_tokens_per_s = backlog_tokens / out->backlogged_s;
+    if (out->served_tokens_per_s > 0) out->load = out->offered_tokens_per_s / out->served_tokens_per_s;
+    /* queueing of the first and last tenth of the requests in arrival order (workload order) */
+    int tenth = out->requests / 10 > 0 ? out->requests / 10 : 1;
+    int counted[2] = { 0, 0 };
+    for (int part = 0; part < 2; part++) {
+        double total = 0;
+        for (int j = 0; j < tenth; j++) {
+            ar_sim_req_info r;
+            ar_sim_request(s, admitted[part ? out->requests - tenth + j : j], &r);
+            if (r.first_scheduled < 0) continue;
+            total += r.first_scheduled - r.arrival;
+            counted[part]++;
+        }
+        double mean = counted[part] ? total / counted[part] : 0;
+        if (part) out->queueing_last_tenth_s = mean;
+        else out->queueing_first_tenth_s = mean;
+    }
+    free(admitted);
+    out->overloaded = out->requests >= 10 && out->load > AR_SIM_OVERLOAD && out->waiting_at_last_arrival > 0;
+}
+
+void ar_sim_load_warning(const ar_sim_load *load, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "the offered load exceeds what this engine serves: the requests bring %.0f tokens/s of work over "
+             "%.1f s of arrivals, the engine served %.0f tokens/s while requests waited (load %.2fx), and %d were "
+             "still waiting at the last arrival. Queueing grows without bound: the first tenth of the requests "
+             "waited %.3g s on average, the last tenth %.3g s, so TTFT and E2E measure the queue and the length "
+             "of the workload, not the engine. Lower the rate (--time-scale above 1, --limit) or add capacity "
+             "(--num-blocks or --kv-mem, --max-num-seqs, --max-num-batched-tokens, a faster --step-time, tp=N)",
+             load->offered_tokens_per_s, load->arrival_span_s, load->served_tokens_per_s, load->load,
+             load->waiting_at_last_arrival, load->queueing_first_tenth_s, load->queueing_last_tenth_s);
+}
+
 void ar_sim_print_summary(const ar_sim *s, FILE *f)
 {
     ar_sim_summary sum;
@@ -369,6 +439,15 @@ void ar_sim_print_summary(const ar_sim *s, FILE *f)
             sum.prompt_tokens ? 100.0 * (double)sum.prefix_hit_tokens / (double)sum.prompt_tokens : 0.0);
     fprintf(f, "  preemptions: %lld (%d requests); cascade-eligible steps: %lld\n", (long long)sum.preemptions,
             preempted_reqs, (long long)sum.cascade_eligible_steps);
+    ar_sim_load load;
+    ar_sim_load_check(s, &load);
+    if (load.served_tokens_per_s > 0)
+        fprintf(f, "  load: offered %.0f tok/s over %.1f s of arrivals; served %.0f tok/s while requests waited "
+                   "(%.1f s); %.2fx%s\n", load.offered_tokens_per_s, load.arrival_span_s, load.served_tokens_per_s,
+                load.backlogged_s, load.load, load.overloaded ? ": OVERLOADED, queueing grows without bound" : "");
+    else
+        fprintf(f, "  load: offered %.0f tok/s over %.1f s of arrivals; no request ever waited\n",
+                load.offered_tokens_per_s, load.arrival_span_s);
     print_real_engine(s, f, ttft, n, tpot, nt);
     free(ttft);
     free(tpot);

@@ -257,6 +257,28 @@ bool ar_same_file(const char *a, const char *b);
  * hit rate; preemptions; cascade-eligible steps) to f.  For vllm-run workloads it adds the real
  * engine's TTFT and TPOT over the same requests and the gaps of mean, p50 and p90. */
 void ar_sim_print_summary(const ar_sim *s, FILE *f);
+/* Offered load against what the engine serves.  Work = tokens the engine must schedule for a
+ * request (prompt - prefix-hit tokens + output - 1); offered = the work of every admitted
+ * request / the time from the first to the last arrival; served = tokens scheduled per
+ * second over the steps that left requests waiting (the engine's rate when it is the
+ * bottleneck).  Overloaded: offered > AR_SIM_OVERLOAD x served with requests still waiting at
+ * the last arrival - the queue then grows for as long as requests keep coming. */
+#define AR_SIM_OVERLOAD 1.05
+typedef struct ar_sim_load {
+    int requests;                 /* admitted (not skipped) */
+    double arrival_span_s;        /* first to last arrival */
+    double offered_tokens_per_s;
+    double served_tokens_per_s;   /* 0 when no step left a request waiting */
+    double backlogged_s;          /* simulated time with requests waiting */
+    double load;                  /* offered / served (0 when served is 0) */
+    int waiting_at_last_arrival;
+    double queueing_first_tenth_s, queueing_last_tenth_s;  /* mean, by arrival order */
+    bool overloaded;
+} ar_sim_load;
+void ar_sim_load_check(const ar_sim *s, ar_sim_load *out);
+/* The warning sim prints on stderr for an overloaded run (one paragraph, no newline at the end). */
+void ar_sim_load_warning(const ar_sim_load *load, char *buf, size_t len);
+
 /* q-quantile (0..1) of values (sorted in place), linear interpolation; 0 for n == 0. */
 double ar_quantile(double *values /* [n] */, int n, double q);
 

@@ -37,7 +37,9 @@ static void usage(FILE *f)
             "  --seed N                  written to the trace header (default 1)\n"
             "  --out TRACE               trace file (.jsonl or .jsonl.gz)\n"
             "  --metrics FILE            per-request table: .db/.sqlite = SQLite, else CSV (+ FILE.kv.csv)\n"
-            "  --quiet                   no summary on stdout\n",
+            "  --quiet                   no summary on stdout\n"
+            "  Exit status: 0 done (a warning on stderr when the offered load exceeds what the engine\n"
+            "  serves), 1 an I/O error while writing, 2 usage error or bad input (FILE:LINE: rule).\n",
             ar_model_preset_names(), ar_device_names());
 }
 
@@ -283,8 +285,18 @@ int ar_sim_main(int argc, char **argv)
                workload, wl.num_reqs, preset->name, num_blocks, block_size, max_batched, max_seqs,
                prefix_caching ? "on" : "off", step_time);
         ar_sim_print_summary(s, stdout);
+        fflush(stdout);
         printf("  wall time (simulate + write trace): %.3f s -> %s\n",
                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), out);
+    }
+    if (rc == 0) {   /* even with --quiet: an overloaded run's latencies mislead */
+        ar_sim_load load;
+        ar_sim_load_check(s, &load);
+        if (load.overloaded) {
+            char warning[1024];
+            ar_sim_load_warning(&load, warning, sizeof warning);
+            fprintf(stderr, "sim: warning: %s.\n", warning);
+        }
     }
     ar_sim_destroy(s);
     ar_workload_free(&wl);

@@ -981,6 +981,56 @@ static void test_cli_writes_valid_trace_and_metrics(void **state)
     }
 }
 
+/* Offered load against served capacity: 256 tokens per 10 ms step serve at most 25,600 tok/s,
+ * so 100 req/s of 549 tokens of work each overload the engine and 5 req/s do not. */
+static void run_load(const char *spec, ar_sim_load *load)
+{
+    char err[AR_ERR_MAX];
+    ar_workload wl;
+    assert_int_equal(ar_workload_synthetic(spec, 16, &wl, err, sizeof err), 0);
+    ar_sim_config cfg = make_cfg(16, 8000, 256, 128, true);
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    assert_non_null(s);
+    const ar_step *st;
+    while (ar_sim_step(s, &st, err, sizeof err) == 1) {}
+    ar_sim_load_check(s, load);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+static void test_overload_is_named(void **state)
+{
+    (void)state;
+    ar_sim_load over, under;
+    run_load("n=300,input=500,output=50,rate=100", &over);
+    run_load("n=300,input=500,output=50,rate=5", &under);
+    /* work: 500 prompt + 49 decode tokens a request, no prefix sharing */
+    assert_true(fabs(over.offered_tokens_per_s * over.arrival_span_s - 300.0 * 549) < 1e-6 * 300 * 549);
+    assert_true(over.served_tokens_per_s <= 25600.0 * (1 + 1e-9));
+    assert_true(over.served_tokens_per_s > 0.9 * 25600.0);
+    assert_true(over.load > 1.5);
+    assert_true(over.overloaded);
+    assert_true(over.waiting_at_last_arrival > 0);
+    assert_true(over.queueing_last_tenth_s > 10 * over.queueing_first_tenth_s);
+    assert_false(under.overloaded);
+    assert_true(under.load < 1.0);
+    /* the command says so on stderr, even with --quiet, and still succeeds */
+    char out[512], trace[512];
+    tu_tmp("load.txt", out, sizeof out);
+    tu_tmp("load.trace.jsonl", trace, sizeof trace);
+    static const char *const rates[2] = { "100", "5" };
+    for (int i = 0; i < 2; i++) {
+        int rc = tu_run(out, "%s sim --workload synthetic:n=300,input=500,output=50,rate=%s --model llama-3.1-8b "
+                        "--num-blocks 8000 --max-num-batched-tokens 256 --step-time constant:0.01 --out %s --quiet",
+                        tu_bin(), rates[i], trace);
+        char *text = tu_slurp(out);
+        assert_non_null(text);
+        bool warned = strstr(text, "sim: warning: the offered load exceeds what this engine serves") != NULL;
+        if (rc != 0 || warned != (i == 0)) fail_msg("rate %s: rc %d, output '%s'", rates[i], rc, text);
+        free(text);
+    }
+}
+
 /* The simulator's own statistics agree with the trace reader's independent ones: prefix-hit
  * blocks, preemptions and cascade-eligible steps (both with 132 SMs). */
 static void test_summary_agrees_with_trace_stats(void **state)
@@ -1109,6 +1159,7 @@ int main(void)
         cmocka_unit_test(test_steptime_fitted_from_db),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_cli_output_paths),
+        cmocka_unit_test(test_overload_is_named),
         cmocka_unit_test(test_cli_writes_valid_trace_and_metrics),
         cmocka_unit_test(test_summary_agrees_with_trace_stats),
         cmocka_unit_test(test_sim_trace_replays_on_cpu),
