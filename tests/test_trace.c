@@ -1117,17 +1117,25 @@ static void test_stats_tokens_independent(void **state)
     assert_true(st.prefill_tokens >= 700);
 }
 
+/* What print (ar_trace_print_info or ar_trace_print_steps) writes for trace; NULL with err set
+ * when it fails. */
+static char *printed(int (*print)(const char *, FILE *, char *, size_t), const char *trace, char *err, size_t err_len)
+{
+    char out[4096];
+    tu_tmp("printed.txt", out, sizeof out);
+    FILE *f = fopen(out, "w");
+    assert_non_null(f);
+    int rc = print(trace, f, err, err_len);
+    fclose(f);
+    return rc == 0 ? tu_slurp(out) : NULL;
+}
+
 static void test_info_output(void **state)
 {
     (void)state;
-    char path[4096], out[4096], err[AR_ERR_MAX];
+    char path[4096], err[AR_ERR_MAX];
     sample_path("preempt.trace.jsonl.gz", path, sizeof path);
-    tu_tmp("info.txt", out, sizeof out);
-    FILE *f = fopen(out, "w");
-    assert_non_null(f);
-    assert_int_equal(ar_trace_print_info(path, f, err, sizeof err), 0);
-    fclose(f);
-    char *text = tu_slurp(out);
+    char *text = printed(ar_trace_print_info, path, err, sizeof err);
     assert_non_null(text);
     assert_non_null(strstr(text, "tiny-gqa"));
     assert_non_null(strstr(text, "preempted  1 times"));
@@ -1136,9 +1144,53 @@ static void test_info_output(void **state)
     free(text);
     /* a broken trace: the error names the line */
     const char *bad = write_trace("info-bad.jsonl", HDR S0 "{\"step\":5}\n");
-    f = fopen(out, "w");
-    assert_int_equal(ar_trace_print_info(bad, f, err, sizeof err), -1);
-    fclose(f);
+    assert_null(printed(ar_trace_print_info, bad, err, sizeof err));
+    assert_non_null(strstr(err, ":3: "));
+}
+
+/* info --steps: one line per step whose numbers are the step's own (checked by hand on a
+ * two-step trace) and add up to info's totals on a sample. */
+static void test_info_steps(void **state)
+{
+    (void)state;
+    char err[AR_ERR_MAX];
+    const char *trace = write_trace("steps.jsonl", HDR S0 S1);
+    char *text = printed(ar_trace_print_steps, trace, err, sizeof err);
+    assert_non_null(text);
+    /* step 0: a prefills 10 tokens (10 x 5.5 pairs), b 6 (6 x 3.5); step 1: both decode one
+     * token after 10 and 6 (11 + 7 pairs, seq_lens 11 + 7) */
+    assert_string_equal(text, "# step time_s requests tokens prefill_tokens max_seq_len kv_tokens qk_pairs "
+                              "cascade_eligible\n"
+                              "0 0.000000 2 16 16 10 16 76 0\n"
+                              "1 0.500000 2 2 0 11 18 18 0\n");
+    free(text);
+    char path[4096];
+    sample_path("chunked.trace.jsonl.gz", path, sizeof path);
+    text = printed(ar_trace_print_steps, path, err, sizeof err);
+    assert_non_null(text);
+    ar_trace_stats st;
+    assert_int_equal(ar_trace_stats_compute(path, &st, NULL, err, sizeof err), 0);
+    long long rows = 0, tokens = 0, prefill = 0, max_seq = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (line[0] == '#') continue;
+        long long step, reqs, tok, pre, seq;
+        double t;
+        assert_int_equal(sscanf(line, "%lld %lf %lld %lld %lld %lld", &step, &t, &reqs, &tok, &pre, &seq), 6);
+        assert_int_equal(step, rows);
+        rows++;
+        tokens += tok;
+        prefill += pre;
+        if (seq > max_seq) max_seq = seq;
+    }
+    free(text);
+    assert_int_equal(rows, st.steps);
+    assert_int_equal(tokens, st.tokens);
+    assert_int_equal(prefill, st.prefill_tokens);
+    assert_int_equal(max_seq, st.max_context);
+    /* a broken trace: FILE:LINE: rule, as for the summary */
+    const char *bad = write_trace("steps-bad.jsonl", HDR S0 "{\"step\":5}\n");
+    assert_null(printed(ar_trace_print_steps, bad, err, sizeof err));
     assert_non_null(strstr(err, ":3: "));
 }
 
@@ -1307,6 +1359,7 @@ int main(void)
         cmocka_unit_test(test_stats_on_samples),
         cmocka_unit_test(test_stats_tokens_independent),
         cmocka_unit_test(test_info_output),
+        cmocka_unit_test(test_info_steps),
         cmocka_unit_test(test_samples_blocks_consistent),
         cmocka_unit_test(test_samples_regenerate),
         cmocka_unit_test(test_public_files_are_not_traces),
