@@ -540,10 +540,13 @@ static void write_points_table(FILE *f, const sweep_point *points, int count, bo
         fputs("| rate x | KV blocks | finished | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | TPOT p50 ms | "
               "TPOT p90 ms | TPOT p99 ms | out tok/s | preempt/req | KV use | SLO |\n"
               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n", f);
-    else
-        fprintf(f, "%7s %9s %9s %9s %9s %9s %9s %9s %9s %10s %8s %6s %s\n", "rate x", "KV blocks",
-                "finished", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99",
-                "out tok/s", "pre/req", "KV use", "SLO");
+    else {
+        fprintf(f, "%7s %9s %9s %9s %9s %9s %9s %9s %9s %10s %8s %6s %s\n", "rate", "KV", "finished",
+                "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99", "output", "preempt", "KV use",
+                "SLO");
+        fprintf(f, "%7s %9s %9s %9s %9s %9s %9s %9s %9s %10s %8s %6s\n", "(x)", "(blocks)", "(of reqs)", "(ms)",
+                "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(tok/s)", "(/req)", "(%)");
+    }
     for (int i = 0; i < count; i++) {
         const sweep_point *p = &points[i];
         char fin[32];
@@ -564,8 +567,11 @@ static void write_points_table(FILE *f, const sweep_point *points, int count, bo
 }
 
 /* Writes data/plan_kv<N>.csv per KV size and renders the sweep charts; returns failures. */
+/* answers[k]: the largest rate scale meeting the SLO at kv_blocks[k] (bisected), NAN when
+ * there is none within the sweep; drawn as dashed verticals on the latency charts. */
 static int render_plan_plots(const plan_args *a, const sweep_point *points, const int *kv_blocks,
-                             const fit_sample *samples, size_t num_samples, char notes[][256])
+                             const double *answers, const fit_sample *samples, size_t num_samples,
+                             char notes[][256])
 {
     char err[1024], path[4096];
     int failures = 0;
@@ -600,6 +606,21 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
         plot.logx = a->num_rates > 1 && a->rates[a->num_rates - 1] / a->rates[0] > 8;
         plot.xmin = plot.logx ? a->rates[0] / 1.3 : 0;
         plot.xmax = a->rates[a->num_rates - 1] * (plot.logx ? 1.3 : 1.1);
+        size_t used = (size_t)snprintf(plot.xtics, sizeof plot.xtics, "(");   /* a tic at every tested rate */
+        for (int r = 0; r < a->num_rates && used + 24 < sizeof plot.xtics; r++)
+            used += (size_t)snprintf(plot.xtics + used, sizeof plot.xtics - used, "%s%g", r ? ", " : "", a->rates[r]);
+        snprintf(plot.xtics + used, sizeof plot.xtics - used, ")");
+        /* TTFT spans decades once the queue builds: a log axis keeps the part under the SLO
+         * readable.  The range holds the data and every SLO line with room above. */
+        plot.logy = charts[c].slo_metric == SLO_TTFT;
+        double lo = INFINITY, hi = 0;
+        for (int i = 0; i < a->num_rates * a->num_kv; i++) {
+            const sweep_point *p = &points[i];
+            double v = charts[c].col == 3 ? p->ttft[1] : charts[c].col == 6 ? p->tpot[1] * 1e3
+                     : charts[c].col == 8 ? p->throughput : p->preemptions_per_req;
+            if (isfinite(v) && v > 0 && v < lo) lo = v;
+            if (isfinite(v) && v > hi) hi = v;
+        }
         for (int k = 0; k < a->num_kv; k++) {
             char csv[96], label[96], cols[16];
             snprintf(csv, sizeof csv, "data/plan_kv%d.csv", kv_blocks[k]);
@@ -610,9 +631,24 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
         for (int t = 0; t < a->num_slo; t++) {
             if ((int)a->slo[t].metric != charts[c].slo_metric || a->slo[t].quantile != 0.9) continue;
             char function[64], label[96];
-            snprintf(function, sizeof function, "%.9g", a->slo[t].limit_s * charts[c].slo_scale);
+            double limit = a->slo[t].limit_s * charts[c].slo_scale;
+            snprintf(function, sizeof function, "%.9g", limit);
             snprintf(label, sizeof label, "SLO %s", a->slo[t].text);
             ar_plot_add_function(&plot, label, function, "lines lw 2 dt 2 lc rgb '#cc0000'");
+            if (limit > hi) hi = limit;
+            if (limit < lo) lo = limit;
+        }
+        if (hi > 0) {
+            plot.ymin = plot.logy ? lo / 2 : 0;
+            plot.ymax = plot.logy ? hi * 2 : hi * 1.15;
+        }
+        /* the answers: the largest load meeting the SLO, per KV size */
+        for (int k = 0; charts[c].slo_metric >= 0 && k < a->num_kv; k++) {
+            if (!isfinite(answers[k])) continue;
+            char label[160];
+            snprintf(label, sizeof label, "largest rate meeting the SLO, %d KV blocks: x%.3g", kv_blocks[k],
+                     answers[k]);
+            ar_plot_add_vline(&plot, answers[k], k + 1, label);
         }
         if (ar_plot_render(a->out_dir, &plot, err, sizeof err) != 0) {
             fprintf(stderr, "plan: %s\n", err);
@@ -906,8 +942,10 @@ int ar_plan_main(int argc, char **argv)
      * meeting it per rate scale. */
     const char *target = a.num_slo ? a.slo_text : "completion of every request";
     char answers[2 * PLAN_MAX_POINTS][256];
+    double best_rate[PLAN_MAX_POINTS];
     int num_answers = 0;
     for (int k = 0; k < a.num_kv; k++) {
+        best_rate[k] = NAN;
         int last_ok = -1;
         for (int r = 0; r < a.num_rates && points[k * a.num_rates + r].slo_ok; r++) last_ok = r;
         char *answer = answers[num_answers++];
@@ -927,6 +965,7 @@ int ar_plan_main(int argc, char **argv)
             snprintf(answer, 256, "%d KV blocks: largest rate scale meeting %s: about x%.3g "
                      "(x%g met, x%g missed; %d bisection steps)", kv_blocks[k], target, best,
                      a.rates[last_ok], a.rates[last_ok + 1], a.refine);
+            best_rate[k] = best;
         }
     }
     double block_bytes = (double)ar_kv_bytes_per_block(&preset->model, a.block_size, AR_BF16);
@@ -948,7 +987,7 @@ int ar_plan_main(int argc, char **argv)
     {
         char notes[5][256];
         memset(notes, 0, sizeof notes);
-        failures += render_plan_plots(&a, points, kv_blocks, samples, num_samples, notes);
+        failures += render_plan_plots(&a, points, kv_blocks, best_rate, samples, num_samples, notes);
         char path[4096];
         snprintf(path, sizeof path, "%s/plan.md", a.out_dir);
         FILE *f = fopen(path, "w");

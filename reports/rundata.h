@@ -39,6 +39,8 @@ typedef struct {
     int64_t id;
     char *trace, *trace_hash, *backend, *device, *dtype, *kv_dtype, *model, *status, *cascade_mode;
     char *inject;             /* 'none' or the planted fault */
+    char *verify;             /* 'all', 'sample:N' or 'off' */
+    char *error;              /* why the run stopped ('' when none is recorded; runs.error) */
     int64_t layers;
     int64_t steps_done, steps_failed;
     ar_step_row *steps;       /* [num_steps] ordered by step */
@@ -60,7 +62,12 @@ void ar_rd_close(void *handle);
 /* Lists every run id in the database in ascending order.  *ids is malloc'd [*count]. */
 int ar_rd_list_runs(void *handle, int64_t **ids, size_t *count, char *err, size_t err_len);
 
-/* Loads one run and its steps.  Returns 0, or -1 with a message (unknown run, bad schema). */
+/* True when a run of this status stopped before its last step: 'running' (still going, or
+ * killed), 'interrupted', 'error'. */
+int ar_rd_unfinished(const ar_run_data *run);
+
+/* Loads one run and its steps.  Returns 0, or -1 with a message (unknown run, bad schema).
+ * The reason a run stopped comes from runs.error when the database has that column. */
 int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, size_t err_len);
 void ar_rd_free_run(ar_run_data *run);
 
