@@ -1159,7 +1159,7 @@ static void test_info_steps(void **state)
     assert_non_null(text);
     /* step 0: a prefills 10 tokens (10 x 5.5 pairs), b 6 (6 x 3.5); step 1: both decode one
      * token after 10 and 6 (11 + 7 pairs, seq_lens 11 + 7) */
-    assert_string_equal(text, "# step time_s requests tokens prefill_tokens max_seq_len kv_tokens qk_pairs "
+    assert_string_equal(text, "#step time_s requests tokens prefill_tokens max_seq_len kv_tokens qk_pairs "
                               "cascade_eligible\n"
                               "0 0.000000 2 16 16 10 16 76 0\n"
                               "1 0.500000 2 2 0 11 18 18 0\n");

@@ -125,7 +125,7 @@ int ar_trace_print_steps(const char *path, FILE *out, char *err, size_t err_len)
 {
     ar_trace_reader *r = ar_trace_open(path, err, err_len);
     if (!r) return -1;
-    fprintf(out, "# step time_s requests tokens prefill_tokens max_seq_len kv_tokens qk_pairs cascade_eligible\n");
+    fprintf(out, "#step time_s requests tokens prefill_tokens max_seq_len kv_tokens qk_pairs cascade_eligible\n");
     step_scratch w = { 0 };
     const ar_step *s;
     int rc;
