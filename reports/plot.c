@@ -94,6 +94,8 @@ static int write_script(FILE *f, const ar_plot *plot)
     if (xformat[0]) { fputs("set format x ", f); put_quoted(f, xformat); fputc('\n', f); }
     if (plot->xtics[0]) fprintf(f, "set xtics %s\n", plot->xtics);
     if (yformat[0]) { fputs("set format y ", f); put_quoted(f, yformat); fputc('\n', f); }
+    /* autoscaled axes get a margin, so no point sits on the border */
+    fputs("set offsets graph 0.02, graph 0.02, graph 0.04, graph 0.04\n", f);
     if (plot->xmin < plot->xmax) fprintf(f, "set xrange [%.9g:%.9g]\n", plot->xmin, plot->xmax);
     if (plot->ymin < plot->ymax) fprintf(f, "set yrange [%.9g:%.9g]\n", plot->ymin, plot->ymax);
     for (int i = 0; i < plot->num_vlines; i++)
