@@ -344,6 +344,17 @@ uint64_t ar_sim_logical_key(const ar_sim *s, int req, int block_index);
  * sim_steps_kv, sim_summary), anything else CSV (and PATH.kv.csv with KV usage over time).
  * Returns 0 or -1 with err set. */
 int ar_sim_write_metrics(const ar_sim *s, const char *path, char *err, size_t err_len);
+/* True when ar_sim_write_metrics writes path as SQLite (else CSV plus PATH.kv.csv). */
+bool ar_sim_metrics_is_sqlite(const char *path);
+/* Output paths, checked before any work so a bad one costs nothing: ar_output_file_check says
+ * whether a file can be created (or overwritten) at path - not a directory, its directory
+ * present and writable - leaving nothing behind; ar_output_dir_prepare creates the directory
+ * (not its parents) when missing and checks a file can be created in it.  Both return 0, or -1
+ * with "PATH: why" (the system's own words) in err.  ar_same_file: the two paths name one file
+ * (the same inode, or, for files not yet there, the same resolved directory and name). */
+int ar_output_file_check(const char *path, char *err, size_t err_len);
+int ar_output_dir_prepare(const char *path, char *err, size_t err_len);
+bool ar_same_file(const char *a, const char *b);
 /* Prints the summary (p50/p90/p99 of TTFT, TPOT, E2E, queueing; throughput; KV usage; prefix
  * hit rate; preemptions; cascade-eligible steps) to f.  For vllm-run workloads it adds the real
  * engine's TTFT and TPOT over the same requests and the gaps of mean, p50 and p90. */
@@ -357,6 +368,28 @@ typedef struct ar_fidelity {
 } ar_fidelity;
 /* Returns 0, or -1 when no finished request has real timings (not a vllm-run workload). */
 int ar_sim_fidelity(const ar_sim *s, ar_fidelity *out);
+/* Offered load against what the engine serves.  Work = tokens the engine must schedule for a
+ * request (prompt - prefix-hit tokens + output - 1); offered = the work of every admitted
+ * request / the time from the first to the last arrival; served = tokens scheduled per
+ * second over the steps that left requests waiting (the engine's rate when it is the
+ * bottleneck).  Overloaded: offered > AR_SIM_OVERLOAD x served with requests still waiting at
+ * the last arrival - the queue then grows for as long as requests keep coming. */
+#define AR_SIM_OVERLOAD 1.05
+typedef struct ar_sim_load {
+    int requests;                 /* admitted (not skipped) */
+    double arrival_span_s;        /* first to last arrival */
+    double offered_tokens_per_s;
+    double served_tokens_per_s;   /* 0 when no step left a request waiting */
+    double backlogged_s;          /* simulated time with requests waiting */
+    double load;                  /* offered / served (0 when served is 0) */
+    int waiting_at_last_arrival;
+    double queueing_first_tenth_s, queueing_last_tenth_s;  /* mean, by arrival order */
+    bool overloaded;
+} ar_sim_load;
+void ar_sim_load_check(const ar_sim *s, ar_sim_load *out);
+/* The warning sim prints on stderr for an overloaded run (one paragraph, no newline at the end). */
+void ar_sim_load_warning(const ar_sim_load *load, char *buf, size_t len);
+
 /* q-quantile (0..1) of values (sorted in place), linear interpolation; 0 for n == 0. */
 double ar_quantile(double *values /* [n] */, int n, double q);
 

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,7 +43,9 @@ static void usage(FILE *f)
             "  --seed N                  written to the trace header (default 1)\n"
             "  --out TRACE               trace file (.jsonl or .jsonl.gz)\n"
             "  --metrics FILE            per-request table: .db/.sqlite = SQLite, else CSV (+ FILE.kv.csv)\n"
-            "  --quiet                   no summary on stdout\n",
+            "  --quiet                   no summary on stdout\n"
+            "  Exit status: 0 done (a warning on stderr when the offered load exceeds what the engine\n"
+            "  serves), 1 an I/O error while writing, 2 usage error or bad input (FILE:LINE: rule).\n",
             ar_model_preset_names(), ar_device_names());
 }
 
@@ -70,6 +73,49 @@ static double parse_size(const char *s)
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
         if (strcmp(end, units[i].suffix) == 0) return v * units[i].mult;
     return -1;
+}
+
+/* The file a workload spec reads: PATH of KIND:PATH, a vllm-run directory's requests.jsonl;
+ * "" for synthetic workloads. */
+static void workload_file(const char *spec, char *buf, size_t len)
+{
+    buf[0] = 0;
+    const char *colon = strchr(spec, ':');
+    if (!colon || strncmp(spec, "synthetic:", 10) == 0) return;
+    struct stat st;
+    if (stat(colon + 1, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(buf, len, "%s/requests.jsonl", colon + 1);
+    else snprintf(buf, len, "%s", colon + 1);
+}
+
+/* Every file the run will write, checked before the workload is read: writable, none of them
+ * the workload itself, no two the same.  Returns 0 or 2 (after saying why on stderr). */
+static int check_outputs(const char *workload, const char *out, const char *metrics)
+{
+    char input[4096], kv[4200], err[4400];
+    workload_file(workload, input, sizeof input);
+    const char *paths[3] = { out, metrics, NULL };
+    static const char *const names[3] = { "--out", "--metrics", "--metrics (its KV table)" };
+    if (metrics && !ar_sim_metrics_is_sqlite(metrics)) {
+        snprintf(kv, sizeof kv, "%s.kv.csv", metrics);
+        paths[2] = kv;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (!paths[i]) continue;
+        if (input[0] && ar_same_file(paths[i], input)) {
+            fprintf(stderr, "sim: %s %s is the workload file; writing it would destroy the input\n", names[i], paths[i]);
+            return 2;
+        }
+        for (int j = 0; j < i; j++)
+            if (paths[j] && (strcmp(paths[i], paths[j]) == 0 || ar_same_file(paths[i], paths[j]))) {
+                fprintf(stderr, "sim: %s and %s name the same file %s\n", names[j], names[i], paths[i]);
+                return 2;
+            }
+        if (ar_output_file_check(paths[i], err, sizeof err) != 0) {
+            fprintf(stderr, "sim: %s %s\n", names[i], err);
+            return 2;
+        }
+    }
+    return 0;
 }
 
 int ar_sim_main(int argc, char **argv)
@@ -136,6 +182,7 @@ int ar_sim_main(int argc, char **argv)
         fprintf(stderr, "sim: unknown --model %s (%s)\n", model, ar_model_preset_names());
         return 2;
     }
+    if (check_outputs(workload, out, metrics) != 0) return 2;
     if (num_blocks > 0 && kv_mem) {
         fprintf(stderr, "sim: give --num-blocks or --kv-mem, not both\n");
         return 2;
@@ -251,8 +298,18 @@ int ar_sim_main(int argc, char **argv)
                workload, wl.num_reqs, preset->name, num_blocks, block_size, max_batched, max_seqs,
                prefix_caching ? "on" : "off", step_time);
         ar_sim_print_summary(s, stdout);
+        fflush(stdout);
         printf("  wall time (simulate + write trace): %.3f s -> %s\n",
                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), out);
+    }
+    if (rc == 0) {   /* even with --quiet: an overloaded run's latencies mislead */
+        ar_sim_load load;
+        ar_sim_load_check(s, &load);
+        if (load.overloaded) {
+            char warning[1024];
+            ar_sim_load_warning(&load, warning, sizeof warning);
+            fprintf(stderr, "sim: warning: %s.\n", warning);
+        }
     }
     ar_sim_destroy(s);
     ar_workload_free(&wl);

@@ -49,6 +49,9 @@
  *   block_size and 16 hex digits each, prompt_token_ids count = prompt_len; finished and
  *   preempted ids live and not scheduled in the step; 0 <= num_common_prefix_blocks <= the
  *   fewest blocks held by a scheduled request (by a live one when none is scheduled);
+ *   block ownership: a block a live request holds is handed to another request only as a
+ *   prefix hit on the same content key, and two claims of one step on a free block agree on
+ *   its content and hand it out fresh at most once (see "block ownership" below);
  *   corrupt or truncated gzip (complete lines before a cut are still read).
  *
  * Writing: the header and step lines of DESIGN section 3's sketch, gzip when the path ends in
@@ -243,6 +246,7 @@ typedef struct live_entry {
     int prompt_len;
     int num_computed;
     int64_t expected_computed;  /* num_computed + n of the last step that scheduled it */
+    uint64_t last_key;        /* content key of its last block (chained on when blocks are appended) */
     bool preempted;           /* waiting to resume; not in the live order */
     int order;                /* index in the live order, -1 when preempted */
 } live_entry;
@@ -383,6 +387,17 @@ struct ar_trace_reader {
     uint32_t *block_stamp;   /* [num_blocks] duplicate-block detection */
     uint32_t stamp;
     live_table live;
+    /* block ownership (see "Block ownership" below) */
+    int32_t *block_ref;      /* [owner_cap] live requests holding each block */
+    uint64_t *block_key;     /* [owner_cap] the content key its holders see (when ref > 0) */
+    uint32_t *claim_round;   /* [owner_cap] == round: claimed in the step being checked */
+    uint32_t *claim_slot;    /* [owner_cap] its index in claims */
+    int owner_cap;           /* grown to the largest block id seen, not num_blocks up front */
+    uint32_t round;
+    struct block_claim *claims;
+    int num_claims, cap_claims;
+    struct owner_undo *undo; /* changes of the step being checked, undone when it is rejected */
+    size_t num_undo, cap_undo;
 };
 
 static int fail(ar_trace_reader *r, char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -699,6 +714,12 @@ void ar_trace_close(ar_trace_reader *r)
     str_map_free(&r->preempted_ids);
     free(r->cached_entries);
     free(r->block_stamp);
+    free(r->block_ref);
+    free(r->block_key);
+    free(r->claim_round);
+    free(r->claim_slot);
+    free(r->claims);
+    free(r->undo);
     live_table_free(&r->live);
     free(r);
 }
@@ -933,6 +954,221 @@ static int parse_step(ar_trace_reader *r, json_t *root, ar_step *s, char *err, s
     return 0;
 }
 
+/* ---- block ownership -------------------------------------------------------------------------
+ *
+ * Every block id held by a live request has a reference count and the content key its holders
+ * see (ar_block_content_key of the holder's logical block).  A step claims blocks: a new
+ * request its whole list, a cached request the blocks it appends, a resumed one its new list.
+ * A claimed block at logical index i < num_computed_tokens / block_size of a new or resumed
+ * request is a prefix hit; every other claimed block is handed out fresh.  vLLM shares a block
+ * only through prefix hits on the same content, so:
+ *   - a block a live request still holds may be claimed only as a prefix hit with the same
+ *     content key ("handed to ... while live request ... still holds it", "... different
+ *     content");
+ *   - two claims of one step on a free block must agree on the content key, and at most one of
+ *     them may be fresh (a request computing it; the others hit it in the same step).
+ * Blocks of requests that finished before the step or are preempted in it are free first (vLLM
+ * frees a preempted request's blocks while it schedules the step, so they may be handed out in
+ * that very step).  The checks change the counts as they go and log every change, so a
+ * rejected step is undone exactly. */
+
+typedef struct owner_undo {
+    int block;
+    int32_t ref;
+    uint64_t key;
+} owner_undo;
+
+typedef struct block_claim {
+    const char *req;         /* first request claiming the block in this step (arena string) */
+    bool fresh;              /* some claim of this step hands it out fresh */
+    bool held_before;        /* a live request held it before the step's claims */
+} block_claim;
+
+static int owner_set(ar_trace_reader *r, int block, int32_t ref, uint64_t key)
+{
+    if (r->num_undo == r->cap_undo) {
+        size_t ncap = r->cap_undo ? r->cap_undo * 2 : 256;
+        owner_undo *nu = xrealloc_array(r->undo, ncap, sizeof *nu);
+        if (!nu) return -1;
+        r->undo = nu;
+        r->cap_undo = ncap;
+    }
+    r->undo[r->num_undo++] = (owner_undo){ block, r->block_ref[block], r->block_key[block] };
+    r->block_ref[block] = ref;
+    r->block_key[block] = key;
+    return 0;
+}
+
+/* Grows the per-block arrays to hold block ids up to max_id (new entries zero). */
+static int owner_reserve(ar_trace_reader *r, int max_id)
+{
+    if (max_id < r->owner_cap) return 0;
+    int ncap = r->owner_cap ? r->owner_cap : 1024;
+    while (ncap <= max_id) ncap = ncap > INT32_MAX / 2 ? max_id + 1 : ncap * 2;
+    if (ncap > r->header.cache.num_blocks) ncap = r->header.cache.num_blocks;
+    size_t old = (size_t)r->owner_cap, add = (size_t)ncap - old;
+#define AR_GROW(field)                                                                       \
+    do {                                                                                     \
+        void *grown = xrealloc_array(r->field, (size_t)ncap, sizeof *r->field);              \
+        if (!grown) return -1;                                                               \
+        r->field = grown;                                                                    \
+        memset(r->field + old, 0, add * sizeof *r->field);                                   \
+    } while (0)
+    AR_GROW(block_ref);
+    AR_GROW(block_key);
+    AR_GROW(claim_round);
+    AR_GROW(claim_slot);
+#undef AR_GROW
+    r->owner_cap = ncap;
+    return 0;
+}
+
+/* Restores the counts and keys as they were before the step being checked. */
+static void owner_rollback(ar_trace_reader *r)
+{
+    while (r->num_undo > 0) {
+        const owner_undo *u = &r->undo[--r->num_undo];
+        r->block_ref[u->block] = u->ref;
+        r->block_key[u->block] = u->key;
+    }
+}
+
+/* Frees the blocks a live entry holds (it finishes, or is preempted, in this step). */
+static int owner_drop(ar_trace_reader *r, const live_entry *e)
+{
+    for (int i = 0; i < e->num_blocks; i++) {
+        int b = e->blocks[i];
+        if (owner_set(r, b, r->block_ref[b] - 1, r->block_key[b]) != 0) return -1;
+    }
+    return 0;
+}
+
+/* A live request that held `block` before this step and still holds it (for messages). */
+static const char *holder_of(const ar_trace_reader *r, int block, const char *except)
+{
+    for (int i = 0; i < r->live.num_live; i++) {
+        const live_entry *e = r->live.order[i];
+        if (strcmp(e->id, except) == 0 || str_map_get(&r->finished_ids, e->id) >= 0 ||
+            str_map_get(&r->preempted_ids, e->id) >= 0)
+            continue;
+        for (int k = 0; k < e->num_blocks; k++)
+            if (e->blocks[k] == block) return e->id;
+    }
+    return "?";
+}
+
+static int owner_claim(ar_trace_reader *r, const char *req, int block, uint64_t key, bool fresh,
+                       char *err, size_t err_len)
+{
+    block_claim *c;
+    if (r->claim_round[block] != r->round) {
+        if (r->num_claims == r->cap_claims) {
+            int ncap = r->cap_claims ? r->cap_claims * 2 : 256;
+            block_claim *nc = xrealloc_array(r->claims, (size_t)ncap, sizeof *nc);
+            if (!nc) return fail(r, err, err_len, "out of memory");
+            r->claims = nc;
+            r->cap_claims = ncap;
+        }
+        r->claim_round[block] = r->round;
+        r->claim_slot[block] = (uint32_t)r->num_claims;
+        c = &r->claims[r->num_claims++];
+        *c = (block_claim){ req, false, r->block_ref[block] > 0 };
+    } else {
+        c = &r->claims[r->claim_slot[block]];
+    }
+    if (c->held_before) {
+        if (fresh)
+            return fail(r, err, err_len, "block %d handed to '%s' as a new block while live request '%s' still holds it",
+                        block, req, holder_of(r, block, req));
+        if (key != r->block_key[block])
+            return fail(r, err, err_len, "block %d is a prefix hit of '%s' with different content than live request '%s' "
+                        "holds in it (content keys %016" PRIx64 " and %016" PRIx64 "; vLLM shares a block only on equal content)",
+                        block, req, holder_of(r, block, req), key, r->block_key[block]);
+    } else if (r->block_ref[block] > 0) {   /* claimed earlier in this step */
+        if (fresh && c->fresh)
+            return fail(r, err, err_len, "block %d handed to two requests as a new block in one step ('%s' and '%s')",
+                        block, c->req, req);
+        if (key != r->block_key[block])
+            return fail(r, err, err_len, "block %d is claimed in one step by '%s' and '%s' with different content "
+                        "(content keys %016" PRIx64 " and %016" PRIx64 ")", block, c->req, req, r->block_key[block], key);
+    }
+    if (fresh) c->fresh = true;
+    if (owner_set(r, block, r->block_ref[block] + 1, key) != 0) return fail(r, err, err_len, "out of memory");
+    return 0;
+}
+
+/* Claims block_ids[0..n) as logical blocks first, first + 1, ... of a request; the first
+ * `hits` of them (counted from logical block 0) are prefix hits.  prev: the content key of
+ * logical block first - 1 (AR_ROOT_KEY for 0). */
+static int owner_claim_list(ar_trace_reader *r, const char *req, uint64_t req_key, const uint64_t *prompt_keys,
+                            int num_prompt_keys, const int *block_ids, int n, int first, int hits, uint64_t prev,
+                            char *err, size_t err_len)
+{
+    for (int i = 0; i < n; i++) {
+        int index = first + i;
+        prev = ar_block_content_key(prev, prompt_keys, num_prompt_keys, req_key, index);
+        if (owner_claim(r, req, block_ids[i], prev, index >= hits, err, err_len) != 0) return -1;
+    }
+    return 0;
+}
+
+/* The ownership rules for a step that passed every other check (see above). */
+static int check_ownership(ar_trace_reader *r, const ar_step *s, char *err, size_t err_len)
+{
+    int bs = r->header.cache.block_size;
+    int max_id = 0;
+    for (int i = 0; i < s->num_new; i++)
+        for (int k = 0; k < s->new_reqs[i].num_block_ids; k++)
+            if (s->new_reqs[i].block_ids[k] > max_id) max_id = s->new_reqs[i].block_ids[k];
+    for (int i = 0; i < s->num_cached; i++)
+        for (int k = 0; k < s->cached[i].num_new_block_ids; k++)
+            if (s->cached[i].new_block_ids[k] > max_id) max_id = s->cached[i].new_block_ids[k];
+    if (owner_reserve(r, max_id) != 0) return fail(r, err, err_len, "out of memory");
+    if (++r->round == 0) {
+        memset(r->claim_round, 0, (size_t)r->owner_cap * sizeof *r->claim_round);
+        r->round = 1;
+    }
+    r->num_claims = 0;
+    for (int i = 0; i < s->num_finished; i++) {
+        live_entry *e = live_get(&r->live, s->finished[i]);
+        if (e && !e->preempted && owner_drop(r, e) != 0) return fail(r, err, err_len, "out of memory");
+    }
+    for (int i = 0; i < s->num_preempted; i++)
+        if (owner_drop(r, live_get(&r->live, s->preempted[i])) != 0) return fail(r, err, err_len, "out of memory");
+    for (int i = 0; i < s->num_cached; i++) {
+        const ar_cached_req *cr = &s->cached[i];
+        const live_entry *e = r->cached_entries[i];
+        if (cr->resumed) continue;
+        if (owner_claim_list(r, cr->req, e->pub.req_key, e->keys, e->num_keys, cr->new_block_ids,
+                             cr->num_new_block_ids, e->num_blocks, 0, e->last_key, err, err_len) != 0)
+            return -1;
+    }
+    for (int i = 0; i < s->num_new; i++) {
+        const ar_new_req *nr = &s->new_reqs[i];
+        if (owner_claim_list(r, nr->req, ar_req_key(nr->req), nr->block_keys, nr->num_block_keys, nr->block_ids,
+                             nr->num_block_ids, 0, nr->num_computed_tokens / bs, AR_ROOT_KEY, err, err_len) != 0)
+            return -1;
+    }
+    for (int i = 0; i < s->num_cached; i++) {
+        const ar_cached_req *cr = &s->cached[i];
+        const live_entry *e = r->cached_entries[i];
+        if (!cr->resumed) continue;
+        if (owner_claim_list(r, cr->req, e->pub.req_key, e->keys, e->num_keys, cr->new_block_ids,
+                             cr->num_new_block_ids, 0, cr->num_computed_tokens / bs, AR_ROOT_KEY, err, err_len) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The content key of e's last block, chained from `from` (its key of block first - 1). */
+static uint64_t chain_last_key(const live_entry *e, int first, uint64_t from)
+{
+    uint64_t prev = from;
+    for (int i = first; i < e->num_blocks; i++)
+        prev = ar_block_content_key(prev, e->keys, e->num_keys, e->pub.req_key, i);
+    return prev;
+}
+
 /* ---- step validation against the live state ------------------------------------------------ */
 
 /* Checks that no block id repeats in old[0..n_old) + add[0..n_add).  Returns the repeated id or 0. */
@@ -1103,7 +1339,7 @@ static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t
             return fail(r, err, err_len, "num_common_prefix_blocks %d exceeds the %d blocks held by a scheduled request",
                         s->num_common_prefix_blocks, min_held);
     }
-    return 0;
+    return check_ownership(r, s, err, err_len);
 }
 
 /* ---- applying a validated step -------------------------------------------------------------- */
@@ -1154,6 +1390,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         e->prompt_len = nr->prompt_len;
         e->num_computed = nr->num_computed_tokens;
         e->expected_computed = (int64_t)nr->num_computed_tokens + str_map_get(&r->sched_ids, nr->req);
+        e->last_key = chain_last_key(e, 0, AR_ROOT_KEY);
         e->order = -1;
     }
     for (int i = 0; i < s->num_cached; i++) {
@@ -1195,10 +1432,13 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         live_entry *e = r->cached_entries[i];
         if (cr->resumed) {
             set_blocks(e, NULL, 0, cr->new_block_ids, cr->num_new_block_ids);
+            e->last_key = chain_last_key(e, 0, AR_ROOT_KEY);
             e->preempted = false;
             order_push(&r->live, e);
         } else {
+            int first = e->num_blocks;
             set_blocks(e, e->blocks, e->num_blocks, cr->new_block_ids, cr->num_new_block_ids);
+            e->last_key = chain_last_key(e, first, e->last_key);
         }
         e->num_computed = cr->num_computed_tokens;
         e->expected_computed = (int64_t)cr->num_computed_tokens + str_map_get(&r->sched_ids, cr->req);
@@ -1209,6 +1449,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         order_remove(&r->live, e);
         e->preempted = true;
         e->num_blocks = 0;
+        e->last_key = AR_ROOT_KEY;
         e->num_computed = 0;
         entry_refresh(e);
     }
@@ -1236,9 +1477,11 @@ int ar_trace_next(ar_trace_reader *r, const ar_step **step, char *err, size_t er
     if (rc == 0) rc = validate_step(r, &s, err, err_len);
     if (rc == 0) rc = apply_step(r, &s, err, err_len);
     if (rc != 0) {
+        owner_rollback(r);
         memset(&r->step, 0, sizeof r->step);
         return -1;
     }
+    r->num_undo = 0;   /* the step stands: its ownership changes stay */
     r->step = s;
     *step = &r->step;
     return 1;
