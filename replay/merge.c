@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -329,6 +330,27 @@ static int check_group(merge_ctx *m, char *err, size_t err_len)
                         "left out\n", (long long)r->shard_index, (long long)r->shard_count, (long long)newer->id,
                         newer->path, (long long)older->id, older->path);
             if (older == r) break;
+        }
+    }
+    /* Every shard computes the same plan from the trace, the options and the count; ranges that
+     * overlap, or leave a gap between neighbours, mean the shards planned differently. */
+    if (strcmp(a->shard_by, "steps") == 0 && a->shard_count > 1) {
+        const shard_run *prev = NULL;
+        for (int64_t k = 0; k < a->shard_count; k++) {
+            const shard_run *r = NULL;
+            for (size_t i = 0; i < m->num_runs && !r; i++)
+                if (!m->runs[i].dropped && m->runs[i].shard_index == k) r = &m->runs[i];
+            if (!r || r->step_first > r->step_last) continue;
+            if (prev && (r->step_first <= prev->step_last ||
+                         (prev->shard_index == k - 1 && r->step_first != prev->step_last + 1))) {
+                snprintf(err, err_len, "shard %lld/%lld (%s: steps %lld..%lld) and shard %lld (%s: steps %lld..%lld) were "
+                         "planned differently (a different attnreplay or trace?): replay every shard with the same "
+                         "build and options", (long long)prev->shard_index, (long long)a->shard_count, prev->path,
+                         (long long)prev->step_first, (long long)prev->step_last, (long long)k, r->path,
+                         (long long)r->step_first, (long long)r->step_last);
+                return -1;
+            }
+            prev = r;
         }
     }
     return 0;
@@ -820,21 +842,13 @@ int ar_merge_main(int argc, char **argv)
         code = 2;
         goto out;
     }
-    {   /* create or migrate OUT with the schema of this version */
-        ar_db *db = ar_db_open(m->out_path, false, err, sizeof err);
-        if (!db) {
-            code = 3;
-            goto out;
-        }
-        ar_db_close(db);
-    }
-    if (sqlite3_open_v2(m->out_path, &m->h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI, NULL) != SQLITE_OK) {
-        snprintf(err, sizeof err, "%s: cannot open: %s", m->out_path, m->h ? sqlite3_errmsg(m->h) : "out of memory");
+    /* 1. read every shard's runs, one database attached at a time (to a connection of its own,
+     * so that a refused merge leaves OUT as it was) */
+    if (sqlite3_open_v2(":memory:", &m->h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI, NULL) != SQLITE_OK) {
+        snprintf(err, sizeof err, "out of memory");
         code = 3;
         goto out;
     }
-    sqlite3_busy_timeout(m->h, AR_DB_BUSY_TIMEOUT_MS);
-    /* 1. read every shard's runs, one database attached at a time */
     for (int f = 0; f < num_paths; f++) {
         if (attach(m, paths[f], err, sizeof err) != 0) {
             code = 2;
@@ -851,6 +865,22 @@ int ar_merge_main(int argc, char **argv)
         code = 2;
         goto out;
     }
+    sqlite3_close(m->h);
+    m->h = NULL;
+    {   /* create or migrate OUT with the schema of this version */
+        ar_db *db = ar_db_open(m->out_path, false, err, sizeof err);
+        if (!db) {
+            code = 3;
+            goto out;
+        }
+        ar_db_close(db);
+    }
+    if (sqlite3_open_v2(m->out_path, &m->h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_URI, NULL) != SQLITE_OK) {
+        snprintf(err, sizeof err, "%s: cannot open: %s", m->out_path, m->h ? sqlite3_errmsg(m->h) : "out of memory");
+        code = 3;
+        goto out;
+    }
+    sqlite3_busy_timeout(m->h, AR_DB_BUSY_TIMEOUT_MS);
     if (find_merged_run(m, &code, err, sizeof err) != 0) goto out;
     code = 0;
     /* 2. merge, one shard per transaction, in shard order */
@@ -858,6 +888,9 @@ int ar_merge_main(int argc, char **argv)
     for (size_t i = 0; i < m->num_runs; i++)
         if (!m->runs[i].dropped && (!first || m->runs[i].shard_index < first->shard_index)) first = &m->runs[i];
     char status[32] = "";
+    /* tests: ATTNREPLAY_TEST_MERGE_KILL_AT_SHARD=K kills the merge inside shard K's transaction */
+    const char *kill_env = getenv("ATTNREPLAY_TEST_MERGE_KILL_AT_SHARD");
+    const long long kill_at = kill_env ? strtoll(kill_env, NULL, 10) : -1;
     for (int64_t k = 0; k < first->shard_count; k++) {
         for (size_t i = 0; i < m->num_runs; i++) {
             const shard_run *r = &m->runs[i];
@@ -876,6 +909,7 @@ int ar_merge_main(int argc, char **argv)
                     created = rc == 0;
                 }
                 if (rc == 0) rc = merge_rows(m, r, &added, &completed, err, sizeof err);
+                if (rc == 0 && kill_at >= 0 && r->shard_index == kill_at) raise(SIGKILL);   /* the kill test */
                 if (rc == 0) rc = upsert_manifest(m, r, err, sizeof err);
                 if (rc == 0) rc = update_run(m, first, status, sizeof status, err, sizeof err);
                 if (rc == 0) rc = exec(m, "COMMIT", err, sizeof err);

@@ -342,6 +342,10 @@ void ar_shard_split(const double *costs, size_t n, int count, size_t *bounds)
     double total = 0;
     for (size_t i = 0; i < n; i++) total += costs[i];
     bounds[0] = 0;
+    if (n < (size_t)count) {   /* fewer items than parts: one each, the last parts empty */
+        for (int k = 1; k <= count; k++) bounds[k] = (size_t)k < n ? (size_t)k : n;
+        return;
+    }
     size_t j = 0;          /* items before bounds[k] */
     double prefix = 0;     /* cost of items [0, j) */
     for (int k = 1; k < count; k++) {
@@ -352,8 +356,7 @@ void ar_shard_split(const double *costs, size_t n, int count, size_t *bounds)
             prefix += costs[j];
             j++;
         }
-        size_t lo = bounds[k - 1] + (n >= (size_t)count ? 1 : 0);   /* no empty part while items last */
-        size_t hi = n >= (size_t)count ? n - (size_t)(count - k) : n;
+        size_t lo = bounds[k - 1] + 1, hi = n - (size_t)(count - k);   /* no empty part */
         size_t b = j < lo ? lo : j > hi ? hi : j;
         while (j < b) prefix += costs[j++];
         while (j > b) prefix -= costs[--j];
@@ -514,6 +517,7 @@ int ar_shard_plan_trace(const char *trace, int64_t first, int64_t last, int laye
         n++;
     }
     ar_trace_close(r);
+    if (rc == 1) rc = 0;   /* stopped after the last step of the range */
     if (rc == 0) rc = ar_shard_plan_make(steps, costs, fixed, n, layers, count, by, out, err, err_len);
     free(steps);
     free(costs);

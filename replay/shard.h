@@ -99,9 +99,10 @@ typedef struct ar_shard_plan {
 
 /* Splits n items of cost costs[i] into count contiguous parts: part k is items
  * [bounds[k], bounds[k + 1]) (bounds has count + 1 entries, bounds[0] = 0, bounds[count] = n).
- * Each boundary sits where the running cost comes closest to k / count of the total, no part
- * is empty while n >= count, so the largest part exceeds the ideal total / count by less than
- * one item's cost.  Deterministic: every shard computes the same bounds. */
+ * Each boundary sits where the running cost comes closest to k / count of the total and no part
+ * is empty, so the largest part exceeds the ideal total / count by less than one item's cost;
+ * with fewer items than parts, the first n parts get one each.  Deterministic: every shard
+ * computes the same bounds. */
 void ar_shard_split(const double *costs /* [n] */, size_t n, int count, size_t *bounds /* [count + 1] */);
 
 /* The plan for count shards of a run over steps (trace step numbers, ascending) with costs per

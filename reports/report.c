@@ -66,6 +66,7 @@ typedef struct {
     int64_t shard;
     char host[128], device[128], status[32], steps[48], layers[32], launcher[160];
     int64_t steps_done, steps_failed;
+    double wall_s;            /* the shard's wall time: how even the split was */
     char failing[200];        /* the failing steps it replayed, from the merged run's rows */
 } shard_row;
 
@@ -848,6 +849,7 @@ static void table_cell(const report_ctx *ctx, int table, size_t row, int col, ch
         case 8: snprintf(buf, len, "%lld", (long long)r->steps_done); break;
         case 9: snprintf(buf, len, "%lld", (long long)r->steps_failed); break;
         case 10: snprintf(buf, len, "%s", r->failing[0] ? r->failing : "-"); break;
+        case 11: snprintf(buf, len, "%s", num(a, sizeof a, r->wall_s, 'f', 2)); break;
         }
     } else if (table == TABLE_FAILING) {
         const failing_step *f = &ctx->failing[row];
@@ -890,7 +892,7 @@ static const char *const ceilings_headers[] = {
     "device", "copy GB/s", "bf16 TFLOP/s", "source" };
 static const char *const shards_headers[] = {
     "run", "shard", "host", "device", "launcher", "steps", "layers", "status", "steps stored", "failed",
-    "failing steps" };
+    "failing steps", "wall s" };
 static const char *const failing_headers[] = {
     "run", "step", "shard", "planted fault", "max abs err", "NMSE" };
 static const char *const cascade_headers[] = {
@@ -904,7 +906,7 @@ static table_shape shape_of(const report_ctx *ctx, int table)
     case TABLE_RUNS:
         t = (table_shape){ "Runs", runs_headers, 20, ctx->num_runs }; break;
     case TABLE_SHARDS:
-        t = (table_shape){ "Shards of merged runs", shards_headers, 11, ctx->num_shards }; break;
+        t = (table_shape){ "Shards of merged runs", shards_headers, 12, ctx->num_shards }; break;
     case TABLE_FAILING:
         t = (table_shape){ "Failing steps", failing_headers, 6, ctx->num_failing }; break;
     case TABLE_FAULTS:
@@ -1023,7 +1025,7 @@ static void collect_shards_and_failures(report_ctx *ctx)
         sqlite3_stmt *st = NULL;
         if (sqlite3_prepare_v2((sqlite3 *)ctx->db,
                 "SELECT shard, host, device, launcher, status, step_first, step_last, layer_first, layer_last,"
-                " steps_done, steps_failed FROM shards WHERE run = ? ORDER BY shard", -1, &st, NULL) != SQLITE_OK)
+                " steps_done, steps_failed, wall_s FROM shards WHERE run = ? ORDER BY shard", -1, &st, NULL) != SQLITE_OK)
             continue;   /* no manifest in this database */
         sqlite3_bind_int64(st, 1, run->id);
         while (sqlite3_step(st) == SQLITE_ROW && ctx->num_shards < REPORT_MAX_SHARD_ROWS) {
@@ -1047,6 +1049,7 @@ static void collect_shards_and_failures(report_ctx *ctx)
                      (long long)sqlite3_column_int64(st, 8));
             row->steps_done = sqlite3_column_int64(st, 9);
             row->steps_failed = sqlite3_column_int64(st, 10);
+            row->wall_s = sqlite3_column_type(st, 11) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 11);
             size_t at = 0, named = 0, more = 0;
             for (size_t i = 0; i < run->num_steps; i++) {
                 const ar_step_row *step = &run->steps[i];
