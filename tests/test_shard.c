@@ -69,99 +69,63 @@ static const char *detect_error(const char *shard, char **env)
     return err;
 }
 
+/* Asserts what detection makes of env (and --shard): shard, count, local rank (-2: any) and
+ * source; returns the detail text. */
+static const char *expect_launch(const char *shard_opt, char **env, int shard, int count, int local,
+                                 const char *source)
+{
+    static ar_launch l;
+    assert_int_equal(detect(shard_opt, env, &l), 0);
+    if (l.shard != shard || l.count != count || (local != -2 && l.local_rank != local) || strcmp(l.source, source))
+        fail_msg("got shard %d/%d, local rank %d, source %s (%s); expected %d/%d, %d, %s", l.shard, l.count,
+                 l.local_rank, l.source, l.detail, shard, count, local, source);
+    return l.detail;
+}
+
 static void test_launcher_detection(void **state)
 {
     (void)state;
-    ar_launch l;
     char *none[] = {"HOME=/root", "PATH=/bin", NULL};
-    assert_int_equal(detect(NULL, none, &l), 0);
-    assert_int_equal(l.shard, 0);
-    assert_int_equal(l.count, 1);
-    assert_int_equal(l.local_rank, -1);
-    assert_string_equal(l.source, "none");
-    assert_int_equal(detect("2/5", none, &l), 0);
-    assert_int_equal(l.shard, 2);
-    assert_int_equal(l.count, 5);
-    assert_string_equal(l.source, "--shard");
-
+    expect_launch(NULL, none, 0, 1, -1, "none");
+    expect_launch("2/5", none, 2, 5, -1, "--shard");
     char *slurm[] = {"SLURM_PROCID=1", "SLURM_NTASKS=4", "SLURM_LOCALID=1", NULL};
-    assert_int_equal(detect(NULL, slurm, &l), 0);
-    assert_int_equal(l.shard, 1);
-    assert_int_equal(l.count, 4);
-    assert_int_equal(l.local_rank, 1);
-    assert_string_equal(l.source, "slurm");
-    assert_non_null(strstr(l.detail, "SLURM_PROCID=1"));
+    assert_non_null(strstr(expect_launch(NULL, slurm, 1, 4, 1, "slurm"), "SLURM_PROCID=1"));
     /* srun inside a larger allocation: the step's task count */
     char *step[] = {"SLURM_PROCID=1", "SLURM_NTASKS=8", "SLURM_STEP_NUM_TASKS=2", NULL};
-    assert_int_equal(detect(NULL, step, &l), 0);
-    assert_int_equal(l.count, 2);
+    expect_launch(NULL, step, 1, 2, -1, "slurm");
     /* a batch script without -n, an salloc shell: one process */
     char *batch[] = {"SLURM_PROCID=0", "SLURM_JOB_ID=7", NULL};
-    assert_int_equal(detect(NULL, batch, &l), 0);
-    assert_int_equal(l.count, 1);
+    expect_launch(NULL, batch, 0, 1, -1, "slurm");
     char *salloc[] = {"SLURM_NTASKS=4", "SLURM_JOB_ID=7", NULL};
-    assert_int_equal(detect(NULL, salloc, &l), 0);
-    assert_int_equal(l.count, 1);
-    assert_string_equal(l.source, "none");
-
+    expect_launch(NULL, salloc, 0, 1, -1, "none");
     /* job arrays: the index counts from SLURM_ARRAY_TASK_MIN in steps of SLURM_ARRAY_TASK_STEP */
     char *array[] = {"SLURM_ARRAY_TASK_ID=3", "SLURM_ARRAY_TASK_COUNT=4", "SLURM_ARRAY_TASK_MIN=0", NULL};
-    assert_int_equal(detect(NULL, array, &l), 0);
-    assert_int_equal(l.shard, 3);
-    assert_int_equal(l.count, 4);
-    assert_string_equal(l.source, "slurm-array");
+    expect_launch(NULL, array, 3, 4, -1, "slurm-array");
     char *array_from1[] = {"SLURM_ARRAY_TASK_ID=3", "SLURM_ARRAY_TASK_COUNT=4", "SLURM_ARRAY_TASK_MIN=1", NULL};
-    assert_int_equal(detect(NULL, array_from1, &l), 0);
-    assert_int_equal(l.shard, 2);
+    expect_launch(NULL, array_from1, 2, 4, -1, "slurm-array");
     char *array_step[] = {"SLURM_ARRAY_TASK_ID=8", "SLURM_ARRAY_TASK_COUNT=4", "SLURM_ARRAY_TASK_MIN=2",
                           "SLURM_ARRAY_TASK_STEP=3", NULL};
-    assert_int_equal(detect(NULL, array_step, &l), 0);
-    assert_int_equal(l.shard, 2);
+    expect_launch(NULL, array_step, 2, 4, -1, "slurm-array");
     /* an array task running srun tasks: both combine */
     char *array_tasks[] = {"SLURM_ARRAY_TASK_ID=1", "SLURM_ARRAY_TASK_COUNT=2", "SLURM_ARRAY_TASK_MIN=0",
                            "SLURM_PROCID=2", "SLURM_NTASKS=3", "SLURM_LOCALID=0", NULL};
-    assert_int_equal(detect(NULL, array_tasks, &l), 0);
-    assert_int_equal(l.shard, 1 * 3 + 2);
-    assert_int_equal(l.count, 6);
-
+    expect_launch(NULL, array_tasks, 1 * 3 + 2, 6, 0, "slurm-array");
     char *ompi[] = {"OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_RANK=1",
                     "PMIX_RANK=1", NULL};
-    assert_int_equal(detect(NULL, ompi, &l), 0);
-    assert_int_equal(l.shard, 1);
-    assert_int_equal(l.count, 2);
-    assert_int_equal(l.local_rank, 1);
-    assert_string_equal(l.source, "openmpi");
+    expect_launch(NULL, ompi, 1, 2, 1, "openmpi");
     char *pmi[] = {"PMI_RANK=3", "PMI_SIZE=8", "MPI_LOCALRANKID=3", NULL};
-    assert_int_equal(detect(NULL, pmi, &l), 0);
-    assert_int_equal(l.shard, 3);
-    assert_int_equal(l.count, 8);
-    assert_int_equal(l.local_rank, 3);
-    assert_string_equal(l.source, "pmi");
+    expect_launch(NULL, pmi, 3, 8, 3, "pmi");
     char *torch[] = {"RANK=5", "WORLD_SIZE=8", "LOCAL_RANK=1", NULL};
-    assert_int_equal(detect(NULL, torch, &l), 0);
-    assert_int_equal(l.shard, 5);
-    assert_int_equal(l.count, 8);
-    assert_int_equal(l.local_rank, 1);
-    assert_string_equal(l.source, "torchrun");
-
+    expect_launch(NULL, torch, 5, 8, 1, "torchrun");
     /* mpirun inside a Slurm batch job: the ranks inherit the job's SLURM_* and Open MPI's win */
     char *nested[] = {"SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_LOCALID=0", "OMPI_COMM_WORLD_RANK=3",
                       "OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_LOCAL_RANK=1", NULL};
-    assert_int_equal(detect(NULL, nested, &l), 0);
-    assert_int_equal(l.shard, 3);
-    assert_int_equal(l.local_rank, 1);
-    assert_string_equal(l.source, "openmpi");
-    assert_non_null(strstr(l.detail, "Slurm job"));
+    assert_non_null(strstr(expect_launch(NULL, nested, 3, 4, 1, "openmpi"), "Slurm job"));
     /* srun --mpi=pmi2 sets both, in agreement: Slurm's */
     char *agree[] = {"SLURM_PROCID=2", "SLURM_NTASKS=4", "PMI_RANK=2", "PMI_SIZE=4", NULL};
-    assert_int_equal(detect(NULL, agree, &l), 0);
-    assert_string_equal(l.source, "slurm");
-    assert_int_equal(l.shard, 2);
+    expect_launch(NULL, agree, 2, 4, -2, "slurm");
     /* --shard wins, and still takes the local rank from the launcher */
-    assert_int_equal(detect("0/3", ompi, &l), 0);
-    assert_int_equal(l.shard, 0);
-    assert_int_equal(l.count, 3);
-    assert_int_equal(l.local_rank, 1);
+    expect_launch("0/3", ompi, 0, 3, 1, "--shard");
 }
 
 static void test_launcher_errors(void **state)
