@@ -1599,8 +1599,10 @@ static int setup_shard(engine *e, char *err, size_t err_len)
         return -1;
     }
     if (e->launch.count > 1 || e->o.plan_only) {
-        if (ar_shard_plan_trace(e->o.trace, e->o.step_first, e->o.step_last, e->cfg.num_layers, e->launch.count,
-                                e->o.shard_by, &e->plan, err, err_len) != 0)
+        const ar_shard_verify verify = e->o.verify == AR_VERIFY_OFF ? AR_SHARD_VERIFY_OFF
+                                       : e->o.verify == AR_VERIFY_SAMPLE ? AR_SHARD_VERIFY_SAMPLE : AR_SHARD_VERIFY_ALL;
+        if (ar_shard_plan_trace(e->o.trace, e->o.step_first, e->o.step_last, e->cfg.num_layers, e->verify_k, verify,
+                                e->launch.count, e->o.shard_by, &e->plan, err, err_len) != 0)
             return -1;
         const ar_shard_part *part = &e->plan.parts[e->launch.shard];
         e->o.step_first = part->step_first;

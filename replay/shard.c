@@ -371,10 +371,22 @@ void ar_shard_plan_free(ar_shard_plan *p)
     p->parts = NULL;
 }
 
-int ar_shard_plan_make(const int64_t *steps, const double *step_costs, const double *step_fixed, size_t n,
-                       int layers, int count, ar_shard_by by, ar_shard_plan *out, char *err, size_t err_len)
+double ar_shard_cost(const ar_shard_costs *c, size_t from, size_t to, int layer_first, int layer_last,
+                     int verified_layers)
+{
+    const int layers = layer_last - layer_first + 1;
+    const int last_verified = verified_layers - 1 < layer_last ? verified_layers - 1 : layer_last;
+    const int verified = last_verified >= layer_first ? last_verified - layer_first + 1 : 0;
+    double sum = 0;
+    for (size_t i = from; i < to; i++) sum += c->layer[i] * layers + c->verify[i] * verified + c->fixed[i];
+    return sum;
+}
+
+int ar_shard_plan_make(const ar_shard_costs *c, int layers, int verified_layers, int count, ar_shard_by by,
+                       ar_shard_plan *out, char *err, size_t err_len)
 {
     memset(out, 0, sizeof *out);
+    const size_t n = c->n;
     if (count < 1 || layers < 1) {
         snprintf(err, err_len, "a plan needs at least one shard and one layer");
         return -1;
@@ -396,12 +408,10 @@ int ar_shard_plan_make(const int64_t *steps, const double *step_costs, const dou
     }
     out->count = count;
     out->layers = layers;
-    double total = 0, layer_work = 0, fixed = 0, biggest = 0;
+    double total = 0, biggest = 0;
     for (size_t i = 0; i < n; i++) {
-        full[i] = step_costs[i] * layers + step_fixed[i];
+        full[i] = ar_shard_cost(c, i, i + 1, 0, layers - 1, verified_layers);
         total += full[i];
-        layer_work += step_costs[i];
-        fixed += step_fixed[i];
         if (full[i] > biggest) biggest = full[i];
         out->work_steps += full[i] > 0;
     }
@@ -411,15 +421,19 @@ int ar_shard_plan_make(const int64_t *steps, const double *step_costs, const dou
     ar_shard_split(full, n, count, bounds);
     double step_max = 0;
     for (int k = 0; k < count; k++) {
-        double c = 0;
-        for (size_t i = bounds[k]; i < bounds[k + 1]; i++) c += full[i];
-        if (c > step_max) step_max = c;
+        double part = 0;
+        for (size_t i = bounds[k]; i < bounds[k + 1]; i++) part += full[i];
+        if (part > step_max) step_max = part;
     }
-    /* the layer split: layers dealt out evenly, each shard also paying every step's fixed cost */
+    /* the layer split: layers dealt out evenly, each shard paying every step's fixed cost */
     double layer_max = INFINITY;
     if (layers >= count) {
-        int most = (layers + count - 1) / count;
-        layer_max = layer_work * most + fixed;
+        layer_max = 0;
+        for (int k = 0; k < count; k++) {
+            double part = ar_shard_cost(c, 0, n, (int)((int64_t)layers * k / count),
+                                        (int)((int64_t)layers * (k + 1) / count) - 1, verified_layers);
+            if (part > layer_max) layer_max = part;
+        }
     }
     const double step_imb = mean > 0 ? step_max / mean : 1, layer_imb = mean > 0 ? layer_max / mean : INFINITY;
     ar_shard_by chosen = by;
@@ -446,8 +460,8 @@ int ar_shard_plan_make(const int64_t *steps, const double *step_costs, const dou
             p->layer_first = 0;
             p->layer_last = layers - 1;
             if (bounds[k] < bounds[k + 1]) {
-                p->step_first = steps[bounds[k]];
-                p->step_last = steps[bounds[k + 1] - 1];
+                p->step_first = c->steps[bounds[k]];
+                p->step_last = c->steps[bounds[k + 1] - 1];
             } else {
                 p->step_first = 0;
                 p->step_last = -1;
@@ -459,32 +473,33 @@ int ar_shard_plan_make(const int64_t *steps, const double *step_costs, const dou
         } else {
             p->layer_first = (int)((int64_t)layers * k / count);
             p->layer_last = (int)((int64_t)layers * (k + 1) / count) - 1;
-            p->step_first = n ? steps[0] : 0;
-            p->step_last = n ? steps[n - 1] : -1;
+            p->step_first = n ? c->steps[0] : 0;
+            p->step_last = n ? c->steps[n - 1] : -1;
             p->steps = out->work_steps;
-            p->cost = layer_work * (p->layer_last - p->layer_first + 1) + fixed;
+            p->cost = ar_shard_cost(c, 0, n, p->layer_first, p->layer_last, verified_layers);
         }
     }
     double part_max = 0;
     for (int k = 0; k < count; k++)
         if (out->parts[k].cost > part_max) part_max = out->parts[k].cost;
     out->imbalance = mean > 0 ? part_max / mean : 1;
-    out->range_first = n ? steps[0] : 0;
-    out->range_last = n ? steps[n - 1] : -1;
+    out->range_first = n ? c->steps[0] : 0;
+    out->range_last = n ? c->steps[n - 1] : -1;
     free(full);
     free(bounds);
     return 0;
 }
 
-int ar_shard_plan_trace(const char *trace, int64_t first, int64_t last, int layers, int count, ar_shard_by by,
-                        ar_shard_plan *out, char *err, size_t err_len)
+int ar_shard_plan_trace(const char *trace, int64_t first, int64_t last, int layers, int verified_layers,
+                        ar_shard_verify verify, int count, ar_shard_by by, ar_shard_plan *out, char *err,
+                        size_t err_len)
 {
     memset(out, 0, sizeof *out);
     ar_trace_reader *r = ar_trace_open(trace, err, err_len);
     if (!r) return -1;
     size_t n = 0, cap = 0;
     int64_t *steps = NULL;
-    double *costs = NULL, *fixed = NULL;
+    double *layer = NULL, *vcost = NULL, *fixed = NULL;
     const ar_step *s;
     int rc;
     while ((rc = ar_trace_next(r, &s, err, err_len)) == 1) {
@@ -494,33 +509,44 @@ int ar_shard_plan_trace(const char *trace, int64_t first, int64_t last, int laye
             cap = cap ? 2 * cap : 1024;
             int64_t *ns = realloc(steps, cap * sizeof *ns);
             if (ns) steps = ns;
-            double *nc = realloc(costs, cap * sizeof *nc);
-            if (nc) costs = nc;
+            double *nl = realloc(layer, cap * sizeof *nl);
+            if (nl) layer = nl;
+            double *nv = realloc(vcost, cap * sizeof *nv);
+            if (nv) vcost = nv;
             double *nf = realloc(fixed, cap * sizeof *nf);
             if (nf) fixed = nf;
-            if (!ns || !nc || !nf) {
+            if (!ns || !nl || !nv || !nf) {
                 snprintf(err, err_len, "out of memory planning the shards");
                 rc = -1;
                 break;
             }
         }
-        double pairs = 0, tokens = 0;
+        double pairs = 0, tokens = 0, kv = 0;
         for (int i = 0; i < s->num_scheduled; i++) {
             const ar_live_req *lr = ar_trace_find(r, s->scheduled[i].req);
             double q = s->scheduled[i].num_tokens, ctx = lr ? lr->num_computed_tokens : 0;
             pairs += q * (ctx + (q + 1) / 2.0);
             tokens += q;
+            kv += ctx + q;
         }
+        const bool work = s->num_scheduled > 0;
         steps[n] = s->step;
-        costs[n] = s->num_scheduled > 0 ? pairs + AR_SHARD_TOKEN_COST * tokens : 0;
-        fixed[n] = s->num_scheduled > 0 ? AR_SHARD_STEP_COST : 0;
+        layer[n] = work ? pairs + AR_SHARD_TOKEN_COST * tokens + AR_SHARD_LAYER_COST : 0;
+        vcost[n] = !work ? 0 : verify == AR_SHARD_VERIFY_ALL ? AR_SHARD_VERIFY_ALL_COST * pairs
+                 : verify == AR_SHARD_VERIFY_SAMPLE ? AR_SHARD_VERIFY_SAMPLE_COST * kv : 0;
+        fixed[n] = work ? AR_SHARD_STEP_COST : 0;
         n++;
     }
     ar_trace_close(r);
     if (rc == 1) rc = 0;   /* stopped after the last step of the range */
-    if (rc == 0) rc = ar_shard_plan_make(steps, costs, fixed, n, layers, count, by, out, err, err_len);
+    if (rc == 0) {
+        ar_shard_costs costs = {steps, layer, vcost, fixed, n};
+        rc = ar_shard_plan_make(&costs, layers, verify == AR_SHARD_VERIFY_OFF ? 0 : verified_layers, count, by, out,
+                                err, err_len);
+    }
     free(steps);
-    free(costs);
+    free(layer);
+    free(vcost);
     free(fixed);
     return rc < 0 ? -1 : 0;
 }
@@ -543,6 +569,8 @@ void ar_shard_plan_print(FILE *f, const ar_shard_plan *p, const char *trace, int
         fprintf(f, "%c %-8s %-19s %-11s %11lld %12.4g %6.1f%%\n", k == mark ? '>' : ' ', id, steps, layers,
                 (long long)q->steps, q->cost, p->total_cost > 0 ? 100.0 * q->cost / p->total_cost : 0.0);
     }
-    fprintf(f, "  largest shard %.2fx the mean; cost = layers x (qk_pairs + %.0f x tokens) + %.0f per step\n",
-            p->imbalance, AR_SHARD_TOKEN_COST, AR_SHARD_STEP_COST);
+    fprintf(f, "  largest shard %.2fx the mean; cost in kernel query-key pairs: per layer qk_pairs + %.0f x tokens + "
+            "%.2g, per verified layer %.0f x qk_pairs (all) or %.0f x context tokens (sample), %.2g per step\n",
+            p->imbalance, AR_SHARD_TOKEN_COST, AR_SHARD_LAYER_COST, AR_SHARD_VERIFY_ALL_COST,
+            AR_SHARD_VERIFY_SAMPLE_COST, AR_SHARD_STEP_COST);
 }

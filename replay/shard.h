@@ -62,16 +62,27 @@ int ar_shard_path(const char *pattern, int shard, int count, const char *host, c
                   char *err, size_t err_len);
 
 /* ---- the plan ------------------------------------------------------------------------------
- * Estimated cost of a step, in query-key pair units (what `attnreplay info --steps` prints as
- * qk_pairs), per replayed layer:
- *   cost = layers x (qk_pairs + AR_SHARD_TOKEN_COST x tokens) + AR_SHARD_STEP_COST
- * qk_pairs = sum over requests of n x (context + (n + 1) / 2) is the attention work (and the
- * reference's); the token term is what each new token costs besides attention (generating Q,
- * K and V, the cache write, the output and its check); the step term is the per-step host work
- * that does not grow with layers (reading the trace, building the batch, the database row).
- * Steps that schedule nothing cost 0 (they are not replayed). */
+ * Estimated cost of a step, in units of the attention kernel's time per causal query-key pair
+ * (qk_pairs, as `attnreplay info --steps` prints it: the sum over requests of
+ * n x (context + (n + 1) / 2)):
+ *   per replayed layer    qk_pairs + AR_SHARD_TOKEN_COST x tokens + AR_SHARD_LAYER_COST
+ *   per verified layer    --verify all: AR_SHARD_VERIFY_ALL_COST x qk_pairs (every row, in FP64)
+ *                         --verify sample:N: AR_SHARD_VERIFY_SAMPLE_COST x kv_tokens (each
+ *                         request's last row and the sampled ones, over their whole context)
+ *   per step              AR_SHARD_STEP_COST (reading the trace, the batch, the database row)
+ * Steps that schedule nothing cost 0 (they are not replayed).  The constants come from the
+ * H200 replays of a Mooncake slice as Llama-3.1-8B (BENCHMARKS.md, "Replay at scale": kernels
+ * 4.2e-11 s a pair, 0.13 ms of host work a layer-step, the device reference 4.7e-9 s a pair
+ * verifying every row and 4.1e-7 s a context token sampled); on other models and on the CPU
+ * the shares differ, so the split is even in work that scales this way, not in seconds. */
 #define AR_SHARD_TOKEN_COST 256.0
-#define AR_SHARD_STEP_COST 65536.0
+#define AR_SHARD_LAYER_COST 3.0e6
+#define AR_SHARD_VERIFY_ALL_COST 113.0
+#define AR_SHARD_VERIFY_SAMPLE_COST 9750.0
+#define AR_SHARD_STEP_COST 2.4e6
+
+/* What verification adds to a verified layer's cost. */
+typedef enum ar_shard_verify { AR_SHARD_VERIFY_OFF, AR_SHARD_VERIFY_SAMPLE, AR_SHARD_VERIFY_ALL } ar_shard_verify;
 
 typedef enum ar_shard_by { AR_SHARD_BY_AUTO, AR_SHARD_BY_STEPS, AR_SHARD_BY_LAYERS } ar_shard_by;
 /* "auto", "steps", "layers"; parse returns 0 or -1. */
@@ -105,19 +116,34 @@ typedef struct ar_shard_plan {
  * computes the same bounds. */
 void ar_shard_split(const double *costs /* [n] */, size_t n, int count, size_t *bounds /* [count + 1] */);
 
-/* The plan for count shards of a run over steps (trace step numbers, ascending) with costs per
- * layer step_costs and per-step overheads step_fixed (both [n]), and layers layers.  by AUTO
- * splits steps unless that leaves the largest shard more than 25% over the mean and splitting
- * layers (layers >= count) balances better (fewer steps with work than shards, or one step
- * costing more than a shard's share).  0, or -1 with err set (out of memory, layers < count
- * with AR_SHARD_BY_LAYERS). */
-int ar_shard_plan_make(const int64_t *steps, const double *step_costs, const double *step_fixed, size_t n,
-                       int layers, int count, ar_shard_by by, ar_shard_plan *out, char *err, size_t err_len);
+/* The estimated costs of n steps (see above). */
+typedef struct ar_shard_costs {
+    const int64_t *steps;        /* [n] trace step numbers, ascending */
+    const double *layer;         /* [n] per replayed layer */
+    const double *verify;        /* [n] added per verified layer */
+    const double *fixed;         /* [n] per step */
+    size_t n;
+} ar_shard_costs;
 
-/* Reads the trace (validating it) and plans count shards over steps [first, last] (last
- * INT64_MAX: to the end).  0, or -1 with err set ("PATH:LINE: rule" for a bad trace). */
-int ar_shard_plan_trace(const char *trace, int64_t first, int64_t last, int layers, int count, ar_shard_by by,
-                        ar_shard_plan *out, char *err, size_t err_len);
+/* The cost of steps [from, to) replaying layers [layer_first, layer_last] of which the first
+ * verified_layers of the run are verified. */
+double ar_shard_cost(const ar_shard_costs *c, size_t from, size_t to, int layer_first, int layer_last,
+                     int verified_layers);
+
+/* The plan for count shards of a run of layers layers, the first verified_layers of them
+ * verified (0: --verify off).  by AUTO splits steps unless that leaves the largest shard more
+ * than 25% over the mean and splitting layers (layers >= count) balances better (fewer steps
+ * with work than shards, or one step costing more than a shard's share).  0, or -1 with err set
+ * (out of memory, layers < count with AR_SHARD_BY_LAYERS). */
+int ar_shard_plan_make(const ar_shard_costs *c, int layers, int verified_layers, int count, ar_shard_by by,
+                       ar_shard_plan *out, char *err, size_t err_len);
+
+/* Reads the trace (validating it), estimates each step's cost for verify and plans count
+ * shards over steps [first, last] (last INT64_MAX: to the end).  0, or -1 with err set
+ * ("PATH:LINE: rule" for a bad trace). */
+int ar_shard_plan_trace(const char *trace, int64_t first, int64_t last, int layers, int verified_layers,
+                        ar_shard_verify verify, int count, ar_shard_by by, ar_shard_plan *out, char *err,
+                        size_t err_len);
 void ar_shard_plan_free(ar_shard_plan *p);
 
 /* Prints the plan as a table, one line per shard; mark (>= 0) flags that shard's line. */

@@ -12,8 +12,11 @@
 #               variables set by hand as srun sets them), placement from nvidia-smi, merged,
 #               compared with the baseline, the speedup (the goal is 1.8x or more)
 #   two-mpirun  the same through mpirun -np 2, when Open MPI is installed
-# The trace is the 1,537-step Mooncake slice of tests/gpu_verify_h200.sh (prepare it there:
-# out/mooncake300.trace.jsonl.gz); TRACE=... and OPTS=... override trace and replay options.
+# The trace is the 1,546-step Mooncake slice of tests/gpu_verify_h200.sh (prepare it there:
+# out/mooncake300.trace.jsonl.gz), its first 100 steps by default: the whole trace at
+# --verify sample:64 --layers 32 takes about 50 min on one H200 (BENCHMARKS.md).  TRACE=... and
+# OPTS=... override trace and replay options; OPTS="... --shard-by layers" splits the 32 layers
+# instead of the steps (even by construction; every shard then reads every step).
 # Then on the H200: tests/gpu_shard_h200.sh plan one, then tests/gpu_shard_h200.sh two-on-one,
 # and on a machine with two H200s: tests/gpu_shard_h200.sh one two-gpus (one call each).
 set -u
@@ -22,7 +25,7 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 BIN=$PWD/bin/attnreplay
 TRACE=${TRACE:-out/mooncake300.trace.jsonl.gz}
-OPTS=${OPTS:---layers 32 --verify sample:64 --quiet}
+OPTS=${OPTS:---layers 32 --verify sample:64 --steps 0:99 --quiet}
 DB=${DB:-/tmp/ar_shard}
 mkdir -p "$DB"
 SUMMARY="$OUT/summary.txt"

@@ -263,9 +263,10 @@ static void test_plan_choice(void **state)
     char err[512];
     ar_shard_plan p;
     int64_t steps[6] = {10, 11, 12, 13, 14, 15};
-    double costs[6] = {100, 100, 100, 100, 100, 100}, fixed[6] = {1, 1, 1, 1, 1, 1};
+    double costs[6] = {100, 100, 100, 100, 100, 100}, fixed[6] = {1, 1, 1, 1, 1, 1}, none[6] = {0};
+    ar_shard_costs even = {steps, costs, none, fixed, 6};
     /* many even steps: step ranges */
-    assert_int_equal(ar_shard_plan_make(steps, costs, fixed, 6, 4, 3, AR_SHARD_BY_AUTO, &p, err, sizeof err), 0);
+    assert_int_equal(ar_shard_plan_make(&even, 4, 0, 3, AR_SHARD_BY_AUTO, &p, err, sizeof err), 0);
     assert_int_equal(p.by, AR_SHARD_BY_STEPS);
     assert_int_equal(p.parts[0].step_first, 10);
     assert_int_equal(p.parts[2].step_last, 15);
@@ -273,12 +274,14 @@ static void test_plan_choice(void **state)
         assert_int_equal(p.parts[k].steps, 2);
         assert_int_equal(p.parts[k].layer_first, 0);
         assert_int_equal(p.parts[k].layer_last, 3);
+        assert_true(p.parts[k].cost == 2 * (4 * 100 + 1));
         if (k) assert_int_equal(p.parts[k].step_first, p.parts[k - 1].step_last + 1);
     }
     ar_shard_plan_free(&p);
     /* one step carries nearly all the work: layers, when there are enough */
     double skewed[6] = {5000, 10, 10, 10, 10, 10};
-    assert_int_equal(ar_shard_plan_make(steps, skewed, fixed, 6, 4, 4, AR_SHARD_BY_AUTO, &p, err, sizeof err), 0);
+    ar_shard_costs heavy = {steps, skewed, none, fixed, 6};
+    assert_int_equal(ar_shard_plan_make(&heavy, 4, 0, 4, AR_SHARD_BY_AUTO, &p, err, sizeof err), 0);
     assert_int_equal(p.by, AR_SHARD_BY_LAYERS);
     for (int k = 0; k < 4; k++) {
         assert_int_equal(p.parts[k].layer_first, k);
@@ -289,17 +292,29 @@ static void test_plan_choice(void **state)
     assert_non_null(strstr(p.why, "auto"));
     ar_shard_plan_free(&p);
     /* ... but not with fewer layers than shards */
-    assert_int_equal(ar_shard_plan_make(steps, skewed, fixed, 6, 2, 4, AR_SHARD_BY_AUTO, &p, err, sizeof err), 0);
+    assert_int_equal(ar_shard_plan_make(&heavy, 2, 0, 4, AR_SHARD_BY_AUTO, &p, err, sizeof err), 0);
     assert_int_equal(p.by, AR_SHARD_BY_STEPS);
     ar_shard_plan_free(&p);
-    assert_int_equal(ar_shard_plan_make(steps, costs, fixed, 6, 2, 4, AR_SHARD_BY_LAYERS, &p, err, sizeof err), -1);
+    assert_int_equal(ar_shard_plan_make(&even, 2, 0, 4, AR_SHARD_BY_LAYERS, &p, err, sizeof err), -1);
     assert_non_null(strstr(err, "cannot be split"));
     /* layers dealt out unevenly still cover each layer once */
-    assert_int_equal(ar_shard_plan_make(steps, costs, fixed, 6, 7, 3, AR_SHARD_BY_LAYERS, &p, err, sizeof err), 0);
+    assert_int_equal(ar_shard_plan_make(&even, 7, 0, 3, AR_SHARD_BY_LAYERS, &p, err, sizeof err), 0);
     assert_int_equal(p.parts[0].layer_first, 0);
     for (int k = 1; k < 3; k++) assert_int_equal(p.parts[k].layer_first, p.parts[k - 1].layer_last + 1);
     assert_int_equal(p.parts[2].layer_last, 6);
     ar_shard_plan_free(&p);
+    /* verification moves the boundary: the first steps are heavy kernels, the last have the long
+     * contexts a sampled verification reads */
+    double kernel[6] = {300, 300, 300, 10, 10, 10}, sampled[6] = {10, 10, 10, 1000, 1000, 1000};
+    ar_shard_costs mix = {steps, kernel, sampled, fixed, 6};
+    assert_int_equal(ar_shard_plan_make(&mix, 1, 0, 2, AR_SHARD_BY_STEPS, &p, err, sizeof err), 0);
+    assert_int_equal(p.parts[0].step_last, 11);   /* unverified: the kernels decide */
+    ar_shard_plan_free(&p);
+    assert_int_equal(ar_shard_plan_make(&mix, 1, 1, 2, AR_SHARD_BY_STEPS, &p, err, sizeof err), 0);
+    assert_int_equal(p.parts[0].step_last, 13);   /* verified: the contexts do */
+    ar_shard_plan_free(&p);
+    /* a layer shard past --verify-layers K pays no verification */
+    assert_true(ar_shard_cost(&mix, 0, 6, 0, 0, 1) == ar_shard_cost(&mix, 0, 6, 1, 1, 1) + 3030);
 }
 
 /* ---- end to end --------------------------------------------------------------------------- */
