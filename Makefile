@@ -5,6 +5,8 @@
 #   make demo       replay a sample trace on the best available backend into demo.db
 #   make test-gpu   the GPU tests (run on the H200; uses prebuilt binaries where headers lack)
 #   make bench      benchmarks (reference vs naive on the CPU; kernels on a GPU)
+#   make lab        the kernel lab (kernels/lab/: variants that are not in the product, each with
+#                   its benchmark; CUDA builds only); `make lab-run` runs them on the GPU machine
 #   make asan       the CPU tests again under AddressSanitizer + UBSan
 #   make fuzz       libFuzzer harnesses (clang, ASan + UBSan), each run FUZZ_SECONDS (default 60)
 #   make valgrind   memcheck over a short replay (no leaks, no invalid accesses)
@@ -36,9 +38,14 @@ STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -lz -Wl,-Bdynamic
 LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
-MODULES := traces reference kernels replay sim reports
-C_SRCS  := $(filter-out replay/main.c kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
-CU_SRCS := $(wildcard kernels/*.cu)
+MODULES := traces reference kernels kernels/mla replay sim reports
+STUBS   := kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c
+# test support: the cuda-mla test hook (and its float64 device reference) is linked into the
+# tests, the benchmarks and the lab, never into bin/attnreplay
+TEST_HOOK_CU   := kernels/mla/cuda_mla_case.cu
+TEST_HOOK_STUB := kernels/mla/cuda_mla_case_stub.c
+C_SRCS  := $(filter-out replay/main.c $(STUBS) $(TEST_HOOK_STUB),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+CU_SRCS := $(filter-out $(TEST_HOOK_CU),$(foreach m,kernels kernels/mla,$(wildcard $(m)/*.cu)))
 
 ifneq ($(NVCC),)
 HAVE_CUDA := 1
@@ -47,12 +54,14 @@ NVCCFLAGS ?= -O3 -std=c++17 -lineinfo --use_fast_math -Xcompiler -fno-strict-ali
              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
              -gencode arch=compute_90,code=compute_90
 CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
+TEST_HOOK_OBJ := $(TEST_HOOK_CU:%.cu=$(BUILD)/%.o)
 CFLAGS  += -DAR_HAVE_CUDA=1
 LIBS    += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lstdc++
 else
 HAVE_CUDA := 0
 CU_OBJS :=
-C_SRCS  += kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c
+TEST_HOOK_OBJ := $(TEST_HOOK_STUB:%.c=$(BUILD)/%.o)
+C_SRCS  += $(STUBS)
 endif
 
 C_OBJS  := $(C_SRCS:%.c=$(BUILD)/%.o)
@@ -65,9 +74,11 @@ GPU_TEST_SRCS := $(wildcard tests/gpu_*.c)
 GPU_TESTS     := $(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRCS    := $(wildcard tests/bench_*.c)
 BENCHES       := $(BENCH_SRCS:tests/%.c=$(BUILD)/tests/%)
-TEST_COMMON   := $(BUILD)/tests/testutil.o
+TEST_COMMON   := $(BUILD)/tests/testutil.o $(TEST_HOOK_OBJ)
+LAB_SRCS      := $(wildcard kernels/lab/*.cu)
+LABS          := $(LAB_SRCS:kernels/lab/%.cu=$(BUILD)/lab/%)
 
-.PHONY: all test demo test-gpu bench asan clean deps fuzz fuzz-build valgrind test-gpu-sanitize
+.PHONY: all test demo test-gpu bench asan clean deps fuzz fuzz-build valgrind test-gpu-sanitize lab lab-run
 all: deps $(BIN)
 
 # ---- set-up: install what is missing ---------------------------------------------------------
@@ -112,6 +123,23 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(TEST_COMMON) $(LIB) $(LDFLAGS) -Wl,-rpath,'$$ORIGIN' -lcmocka $(LIBS)
 
+# ---- the kernel lab (kernels/lab/README.md): not part of bin/attnreplay -----------------------
+ifeq ($(HAVE_CUDA),1)
+lab: $(LABS)
+else
+lab:
+	@echo "make lab: the kernel lab needs nvcc (none found); nothing built"
+endif
+
+$(BUILD)/lab/%: kernels/lab/%.cu $(TEST_HOOK_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@.o
+	$(CC) $(LDFLAGS) -o $@ $@.o $(TEST_HOOK_OBJ) $(LIB) $(LIBS)
+
+# On the GPU machine: runs what was built on the development machine.
+lab-run:
+	@AR_SRC=$(CURDIR) tests/run_benches.sh $(LABS)
+
 $(BUILD)/tests/libcmocka.so.0:
 	@mkdir -p $(dir $@)
 	cp -L $$(ldconfig -p | awk '/libcmocka.so.0 /{print $$NF; exit}') $@
@@ -133,7 +161,7 @@ ifeq ($(HAVE_DEV_HEADERS),1)
 test-gpu: $(BIN) $(GPU_TESTS) $(BUILD)/tests/libcmocka.so.0
 test-gpu-sanitize: $(BIN) $(GPU_TESTS) $(BUILD)/tests/libcmocka.so.0
 bench: $(BIN) $(BENCHES)
-gpu-build: $(BIN) $(GPU_TESTS) $(BENCHES) $(BUILD)/tests/libcmocka.so.0
+gpu-build: $(BIN) $(GPU_TESTS) $(BENCHES) $(BUILD)/tests/libcmocka.so.0 $(if $(filter 1,$(HAVE_CUDA)),$(LABS))
 endif
 # On the GPU machine (no dev headers) these run what was built on the development machine.
 test-gpu:
@@ -208,4 +236,4 @@ test-gpu-sanitize:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz bin demo.db demo.db-wal demo.db-shm
 
--include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/replay/main.d
+-include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_HOOK_OBJ:.o=.d) $(LABS:=.d) $(BUILD)/replay/main.d
