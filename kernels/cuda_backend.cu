@@ -15,21 +15,12 @@
  * behind the rule; the cascade suffix pass of a decode batch is such a launch); other
  * launches in the DECODE geometry (every
  * (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches with head
- * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_TMA_QREG (128 x 128 tiles,
- * two ping-pong consumer warpgroups with Q in registers fed by a producer warpgroup whose
- * whole-tile K/V copies are bulk tensor copies; PREFILL_WG_WS, the same with Q in shared memory
- * and cp.async copies, where the driver cannot encode tensor maps).  On the H200, 2026-11-30,
- * same runs: causal prefill B=2 S=8k 1141 us (482 TFLOP/s) for _TMA_QREG against 1165 for
- * _TMA (Q in shared memory) and 1327 for _WS; cascade prefix pass at P 32k 154.2 / 157.6 /
- * 178.3 us; since the TMA producer reads block ids ahead (session 5) 1098 us (500.6 TFLOP/s)
- * for _TMA_QREG against 1101 for _TMA, and 146-148 us for the prefix pass;
- * earlier runs: _WS 1303 against 1343 for PREFILL_WG_PINGPONG, 1339 for _PIPE, 1464 for the
- * lockstep PREFILL_WG and 1520 for _WS_OVERLAP; mma.sync 272 TFLOP/s against 401 for PINGPONG.
- * Everything else runs the mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps
- * the mma.sync kernel everywhere (for comparisons); AR_CUDA_WGMMA=pingpong / overlap / ws /
- * tma / tma-qreg picks PREFILL_WG_PINGPONG / PREFILL_WG_WS_OVERLAP (FlashAttention-3's
- * intra-warpgroup overlap on top of WS) / PREFILL_WG_WS / PREFILL_WG_TMA / PREFILL_WG_TMA_QREG
- * as the automatic wgmma config.
+ * size exactly 128 on a compute-capability 9.0 device whose driver encodes tensor maps take
+ * PREFILL_WG (128 x 128 tiles, two ping-pong consumer warpgroups with Q in registers fed by a
+ * producer warpgroup whose whole-tile K/V copies are bulk tensor copies; H200: causal prefill
+ * B=2 S=8k 500.6 TFLOP/s against 272 for the mma.sync kernel, BENCHMARKS.md).  Everything else
+ * runs the mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps the mma.sync
+ * kernels everywhere (the fallback, for comparisons).
  *
  * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
  * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
@@ -92,11 +83,12 @@ typedef struct cuda_state {
     int device;
     char device_name[256];
     int num_sms;
-    int has_wgmma;                  /* compute capability 9.0: AR_CFG_PREFILL_WG can run */
+    int has_wgmma;                  /* compute capability 9.0 */
     int has_tma;                    /* has_wgmma and the driver encodes tensor maps:
-                                       AR_CFG_PREFILL_WG_TMA can run (else it runs as _WS) */
-    int wgmma_auto;                 /* the wgmma config the automatic plan uses for PREFILL launches
-                                       (has_wgmma, head size 128), 0 = none (AR_CUDA_WGMMA=0) */
+                                       AR_CFG_PREFILL_WG and AR_CFG_DECODE_TMA can run */
+    int wgmma_auto;                 /* the config the automatic plan uses for PREFILL launches:
+                                       AR_CFG_PREFILL_WG (has_tma, head size 128), 0 = none
+                                       (AR_CUDA_WGMMA=0) */
     int decode_tma_auto;            /* 1: the automatic plan may take AR_CFG_DECODE_TMA (has_tma; 0
                                        with AR_CUDA_DECODE_TMA=0 in the environment) */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
@@ -285,17 +277,13 @@ ar_attn_geom ar_attn_geometry(int config, int hd)
 {
     using namespace ar_attn;
     if (ar_attn_config_is_wg(config) && hd == 128) {
-        const int mode = config - AR_CFG_PREFILL_WG;
-        ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, mode >= 3 ? WgStages<3>::THREADS : WgStages<0>::THREADS,
-                          mode == 0 ? WgStages<0>::SMEM : mode >= 3 ? WgStages<3>::SMEM : WgStages<1>::SMEM};
+        ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, WgPipe::THREADS, WgPipe::SMEM};
         return r;
     }
     if (config == AR_CFG_DECODE_TMA && hd == 128) {
         ar_attn_geom r = {16, DecodeTmaGeom::BLOCK, 1, 32 * (DecodeTmaGeom::MAX_KV_HEADS + 1), DecodeTmaGeom::SMEM};
         return r;
     }
-    if (config == AR_CFG_PREFILL_WIDE && hd == 128) return geom_of<PrefillWideG128>();
-    if (config == AR_CFG_PREFILL_TALL && hd == 128) return geom_of<PrefillTallG128>();
     if (config != AR_CFG_DECODE) {
         if (hd == 64) return geom_of<PrefillG64>();
         if (hd == 128) return geom_of<PrefillG128>();
@@ -457,14 +445,8 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     }
     {
         const char *e = getenv("AR_CUDA_WGMMA");
-        int auto_config = s->has_tma ? AR_CFG_PREFILL_WG_TMA_QREG : AR_CFG_PREFILL_WG_WS;
-        if (e != NULL && strcmp(e, "0") == 0) auto_config = 0;
-        if (e != NULL && strcmp(e, "ws") == 0) auto_config = AR_CFG_PREFILL_WG_WS;
-        if (e != NULL && strcmp(e, "tma") == 0 && s->has_tma) auto_config = AR_CFG_PREFILL_WG_TMA;
-        if (e != NULL && strcmp(e, "tma-qreg") == 0 && s->has_tma) auto_config = AR_CFG_PREFILL_WG_TMA_QREG;
-        if (e != NULL && strcmp(e, "overlap") == 0) auto_config = AR_CFG_PREFILL_WG_WS_OVERLAP;
-        if (e != NULL && strcmp(e, "pingpong") == 0) auto_config = AR_CFG_PREFILL_WG_PINGPONG;
-        s->wgmma_auto = s->has_wgmma && s->head_size == 128 ? auto_config : 0;
+        const bool off = e != NULL && strcmp(e, "0") == 0;
+        s->wgmma_auto = s->has_tma && s->head_size == 128 && !off ? AR_CFG_PREFILL_WG : 0;
     }
     {
         const char *e = getenv("AR_CUDA_CASCADE_FOLD");
@@ -638,12 +620,8 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     }
     int config = max_q * s->group <= 16 ? AR_CFG_DECODE : AR_CFG_PREFILL;
     if (force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
-    if (force_config == AR_CFG_PREFILL_WIDE) config = s->template_hd == 128 ? AR_CFG_PREFILL_WIDE : AR_CFG_PREFILL;
-    if (force_config == AR_CFG_PREFILL_TALL) config = s->template_hd == 128 ? AR_CFG_PREFILL_TALL : AR_CFG_PREFILL;
-    const bool wg_ok = s->has_wgmma && s->head_size == 128;
+    const bool wg_ok = s->has_tma && s->head_size == 128;
     if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
-    if ((config == AR_CFG_PREFILL_WG_TMA || config == AR_CFG_PREFILL_WG_TMA_QREG) && !s->has_tma)
-        config = AR_CFG_PREFILL_WG_WS;
     if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = s->wgmma_auto;
     if (config == AR_CFG_DECODE &&
         decode_tma_plan(s, R, query_start_loc, seq_lens, non_causal, force_config, force_splits)) {
