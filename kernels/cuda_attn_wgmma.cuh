@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "cuda_host.cuh"
-#include "cuda_wgmma.cuh"
+#include "common/cuda_wgmma.cuh"
 
 namespace ar_attn {
 

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../kernels/cpu_backend.h"
+#include "../kernels/cpu/cpu_backend.h"
 #include "../kernels/cuda_backend.h"
 #include "../kernels/cuda_mla.h"
 

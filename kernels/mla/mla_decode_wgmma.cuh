@@ -5,7 +5,7 @@
  * (token, head) pairs of one request, a key range), arguments, masks, faults and outputs (o_lat /
  * lse, or a split piece's partials for combine_rows_kernel) as attn_tc_kernel in
  * mla_decode_mma.cuh, with both matrix products on wgmma (warpgroup MMA) instead of mma.sync.
- * The Hopper primitives are ar_wg's (kernels/cuda_wgmma.cuh).
+ * The Hopper primitives are ar_wg's (kernels/common/cuda_wgmma.cuh).
  *
  * Geometry: one CTA = 256 threads = 2 warpgroups on the same 64 rows; key tiles of 64 keys.
  * Shared memory (1024-byte aligned, 231440 bytes with the alignment slack and two mbarriers):
@@ -39,7 +39,7 @@
 #ifndef AR_MLA_DECODE_WGMMA_CUH
 #define AR_MLA_DECODE_WGMMA_CUH
 
-#include "../cuda_wgmma.cuh"
+#include "../common/cuda_wgmma.cuh"
 #include "mla_decode_mma.cuh"
 
 namespace ar_mla {

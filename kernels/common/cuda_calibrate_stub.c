@@ -1,5 +1,5 @@
 /* cuda_calibrate_stub.c - `attnreplay calibrate`'s measurement on a machine without nvcc: the
- * same symbols as kernels/cuda_calibrate.cu, answering that there is no CUDA device.  The
+ * same symbols as kernels/common/cuda_calibrate.cu, answering that there is no CUDA device.  The
  * Makefile compiles this file only when nvcc is absent (like kernels/cuda_stub.c). */
 #include "cuda_calibrate.h"
 
