@@ -65,6 +65,15 @@ C_SRCS  += $(STUBS)
 endif
 
 C_OBJS  := $(C_SRCS:%.c=$(BUILD)/%.o)
+
+# ---- the plugin ABI's CUDA side (replay/plugin_cuda.cu, or its stub without nvcc) -------------
+# Host code of every .cu is compiled position-independent so the same objects also go into
+# libattnreplay.so (below).
+ifeq ($(HAVE_CUDA),1)
+C_OBJS  := $(filter-out $(BUILD)/replay/plugin_cuda_stub.o,$(C_OBJS))
+CU_OBJS += $(BUILD)/replay/plugin_cuda.o
+override NVCCFLAGS += -Xcompiler -fPIC
+endif
 LIB     := $(BUILD)/libattnreplay.a
 BIN     := bin/attnreplay
 
@@ -233,7 +242,91 @@ test-gpu-sanitize:
 	  COMPUTE_SANITIZER=$(COMPUTE_SANITIZER) AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) \
 	  SANITIZE_SHARDS="$(SANITIZE_SHARDS)" tests/gpu_sanitize.sh $(GPU_TESTS)
 
+# ---- bring your own kernel: libattnreplay.so, the example plugins, the Python package ----------
+# (README "Bring your own kernel").  libattnreplay.so is the library again, position-independent,
+# for the Python package (replay/python); jansson and sqlite3 are linked dynamically there (the
+# distribution's static archives are not position-independent) and copied beside it, which its
+# rpath of $ORIGIN finds on a machine without them.  The example plugins and the deliberately
+# broken ones the tests load are plain shared objects that link nothing of ours.
+SHLIB        := $(BUILD)/libattnreplay.so
+PIC_OBJS     := $(C_OBJS:$(BUILD)/%.o=$(BUILD)/pic/%.o)
+SHLIB_LIBS   := -ljansson -lsqlite3 -lz -lm -ldl -lrt
+ifeq ($(HAVE_CUDA),1)
+SHLIB_LIBS   += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lstdc++
+endif
+SHLIB_CARRY  := $(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0
+PLUGIN_DIR   := $(BUILD)/plugins
+PLUGINS      := $(PLUGIN_DIR)/attnreplay-example-cpu.so
+ifeq ($(HAVE_CUDA),1)
+PLUGINS      += $(PLUGIN_DIR)/attnreplay-example-cuda.so
+endif
+BROKEN_KINDS := abi nosym refuse forward initnull badflags openfail
+BROKEN_PLUGINS := $(BROKEN_KINDS:%=$(BUILD)/tests/plugins/broken-%.so) $(BUILD)/tests/plugins/example-flat.so
+PYENV        ?= $(BUILD)/pyenv
+PYTHON       ?= python3
+
+all: $(SHLIB) $(SHLIB_CARRY) $(PLUGINS)
+
+# libattnreplay-lite.so: the same library without attnreplay's own CUDA kernels (their stubs
+# instead; the plugin ABI's CUDA side stays): a few MB instead of ~25, for carrying next to large
+# Python wheels to a GPU machine.  The Python package takes it through ATTNREPLAY_LIB.
+ifeq ($(HAVE_CUDA),1)
+SHLIB_LITE   := $(BUILD)/libattnreplay-lite.so
+LITE_STUBS   := $(patsubst %.c,$(BUILD)/pic/%.o,$(STUBS))
+all: $(SHLIB_LITE)
+$(SHLIB_LITE): $(PIC_OBJS) $(LITE_STUBS) $(filter-out $(BUILD)/kernels/%,$(CU_OBJS))
+	$(CC) -shared $(LDFLAGS) -Wl,--no-undefined -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ $(SHLIB_LIBS)
+endif
+
+$(BUILD)/pic/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -MMD -MP -c $< -o $@
+
+$(SHLIB): $(PIC_OBJS) $(CU_OBJS)
+	$(CC) -shared $(LDFLAGS) -Wl,--no-undefined -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ $(SHLIB_LIBS)
+
+$(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0:
+	@mkdir -p $(dir $@)
+	cp -L $$(ldconfig -p | awk -v n=$(notdir $@) '$$1 == n {print $$NF; exit}') $@
+
+$(PLUGIN_DIR)/attnreplay-example-cpu.so: replay/plugins/example_cpu.c replay/attnreplay_plugin.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -o $@ $< $(LDFLAGS) -lm
+
+$(PLUGIN_DIR)/attnreplay-example-cuda.so: replay/plugins/example_cuda.cu replay/attnreplay_plugin.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -shared -Xcompiler -fvisibility=hidden -o $@ $<
+
+$(BUILD)/tests/plugins/broken-%.so: tests/plugins/broken.c replay/attnreplay_plugin.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -DBROKEN_$* -o $@ $< $(LDFLAGS)
+
+$(BUILD)/tests/plugins/example-flat.so: replay/plugins/example_cpu.c replay/attnreplay_plugin.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -DEXAMPLE_FLAT_ONLY -o $@ $< $(LDFLAGS) -lm
+
+# test_plugin loads the example plugins and the broken ones; gpu_plugin the CUDA example.
+$(BUILD)/tests/test_plugin: $(PLUGINS) $(BROKEN_PLUGINS)
+$(BUILD)/tests/gpu_plugin: $(PLUGINS)
+
+# The Python package's tests (numpy adapter against the float64 reference, the ABI error cases),
+# in a virtual environment with numpy, the package installed from replay/python.
+$(PYENV)/.ready:
+	@command -v $(PYTHON) >/dev/null || { echo "python3 is needed for the Python package tests" >&2; exit 1; }
+	$(PYTHON) -m venv $(PYENV)
+	$(PYENV)/bin/python -m pip install -q --disable-pip-version-check numpy setuptools wheel
+	@touch $@
+
+py-test: $(SHLIB) $(SHLIB_CARRY) $(PLUGINS) $(BROKEN_PLUGINS) $(BIN) $(PYENV)/.ready
+	rm -rf replay/python/build
+	$(PYENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation ./replay/python
+	ATTNREPLAY_LIB=$(abspath $(SHLIB)) AR_BIN=$(abspath $(BIN)) AR_BUILD=$(abspath $(BUILD)) AR_SRC=$(CURDIR) \
+	  $(PYENV)/bin/python -m unittest discover -s replay/python/tests
+
+test: py-test
+.PHONY: py-test
+
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz bin demo.db demo.db-wal demo.db-shm
 
--include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_HOOK_OBJ:.o=.d) $(LABS:=.d) $(BUILD)/replay/main.d
+-include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_HOOK_OBJ:.o=.d) $(LABS:=.d) $(BUILD)/replay/main.d $(PIC_OBJS:.o=.d)

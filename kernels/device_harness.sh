@@ -8,7 +8,9 @@
 #   2b. cascade: tests/bench_cascade.c (cascade vs flat), tests/gpu_cascade.c, a prefix trace
 #       replayed with --cascade on -> cascade_bench.txt, cascade_test.txt, cascade_replay.txt
 #   3. kernels/peers/peer_attention.py (cuDNN SDPA, flex+PagedAttention, FA2; the cascade
-#      shapes' prefix-pass math and flat decode, the GEMM rate) -> peers.txt
+#      shapes' prefix-pass math and flat decode, the GEMM rate) -> peers.txt; then FA3,
+#      FlashMLA and FlashInfer (kernels/peers/fa3_peer.py, flashmla_peer.py, flashinfer_peer.py)
+#      when .peers/built has them
 #   4. make test-gpu (tests/gpu_cuda.c: vLLM grids vs the float64 reference) -> gpu_test.txt
 #   5. attnreplay replay of the sample traces with --backend cuda into SQLite -> replay.txt
 #   6. ncu (--clock-control none) on the prefill kernel, if time is left     -> ncu.txt
@@ -60,6 +62,12 @@ tail -8 "$OUT/cascade_replay.txt"
 stage "peers"
 timeout 200 python3 kernels/peers/peer_attention.py >"$OUT/peers.txt" 2>"$OUT/peers_err.txt"
 echo "peers rc=$?"; cat "$OUT/peers.txt"; tail -5 "$OUT/peers_err.txt"
+# FlashAttention 3, FlashMLA and FlashInfer as built by kernels/peers/build_peers.sh into
+# .peers/built (carried in, or built earlier on this machine): their PEER lines join peers.txt, so
+# the summary puts them beside ours, then the target table.  HARNESS_NATIVE_PEERS=0 leaves them out.
+if [ "${HARNESS_NATIVE_PEERS:-1}" != 0 ]; then
+  OUT="$OUT" bash kernels/peers/native_peers.sh
+fi
 
 stage "test-gpu"
 t=$(( $(left) - 80 )); [ "$t" -lt 30 ] && t=30

@@ -156,6 +156,12 @@ AR_HOSTDEV float ar_kv_roundtrip(ar_dtype kv_dtype, ar_dtype dtype, float kv_sca
 int ar_backend_count(void);
 const ar_backend *ar_backend_at(int i);
 const ar_backend *ar_backend_find(const char *name);
+/* Adds a backend made at run time (a plugin, replay/plugin.h); it is found by name, never picked
+ * by "auto".  0 ok, -1 when the table is full. */
+int ar_backend_register(const ar_backend *b);
+/* False for a backend that never runs cascade (a plugin without ATTNREPLAY_PLUGIN_CASCADE): the
+ * engine then keeps every step's common_prefix_len 0. */
+bool ar_backend_runs_cascade(const ar_backend *b);
 
 #ifdef __cplusplus
 }

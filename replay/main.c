@@ -9,12 +9,14 @@
  *   plan       capacity planning from a workload and measured steps        (reports/, sim/)
  *   calibrate  measure the device ceilings (copy GB/s, bf16 TFLOP/s)        (reports/, kernels/)
  *   gen-samples  regenerate the small sample traces                        (traces/)
+ *   export     steps as FlashInfer-Trace workloads                          (traces/)
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "../reports/reports.h"
 #include "../sim/sim.h"
+#include "../traces/export.h"
 #include "../traces/samples.h"
 #include "../traces/trace.h"
 #include "replay.h"
@@ -39,6 +41,7 @@ static void usage(FILE *f)
         "                                     capacity plan: fitted step time, simulator sweep, SLO answer\n"
         "  calibrate --db DB [--no-cublas]    measure copy GB/s and bf16 TFLOP/s into table ceilings (GPU)\n"
         "  gen-samples DIR                    write the sample traces\n"
+        "  export TRACE --steps A:B --format flashinfer-trace --out DIR   steps as FlashInfer-Trace workloads\n"
         "  version\n");
 }
 
@@ -88,6 +91,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "plan") == 0) return ar_plan_main(sub_argc, sub_argv);
     if (strcmp(cmd, "calibrate") == 0) return ar_calibrate_main(sub_argc, sub_argv);
     if (strcmp(cmd, "gen-samples") == 0) return gen_samples_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "export") == 0) return ar_export_main(sub_argc, sub_argv);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("attnreplay %s (trace format v%d)\n", AR_CODE_REV, AR_TRACE_VERSION);
         return 0;

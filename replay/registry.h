@@ -10,7 +10,7 @@ typedef struct ar_selection_entry {
     const ar_backend *backend;
     bool ok;                  /* check() passed */
     bool chosen;
-    char why[256];            /* check()'s reason, or "supported" */
+    char why[512];            /* check()'s reason, or "supported" */
 } ar_selection_entry;
 
 typedef struct ar_selection {

@@ -589,7 +589,8 @@ static int build_batch(engine *e, const ar_step *st, ar_batch *b, int *num_prefi
     /* Cascade: P as vLLM derives it, then the mode. MLA never cascades (as in vLLM). */
     int P = ar_common_prefix_len(st->num_common_prefix_blocks, bs, e->ctx, b->num_reqs);
     bool use = false;
-    if (P > 0 && e->cfg.model.attention == AR_ATTN_MHA && e->cfg.model.sliding_window == 0) {
+    if (P > 0 && ar_backend_runs_cascade(e->be) && e->cfg.model.attention == AR_ATTN_MHA &&
+        e->cfg.model.sliding_window == 0) {
         if (e->o.cascade_mode == 2) use = true;
         else if (e->o.cascade_mode == 1) {
             int *qlens = malloc((size_t)b->num_reqs * sizeof *qlens);

@@ -11,6 +11,7 @@ Prints one line per measurement:
 plus CEILING copy_gbps=<device-to-device copy, bytes read + written>.
 Timing: CUDA events around each call, 3 warm-ups, median of 20 (METHOD.md).  Each peer runs
 inside try/except so a missing API costs one line ("PEER ... error=...") and not the run."""
+import contextlib
 import math
 import sys
 import traceback
@@ -23,7 +24,10 @@ DT = torch.bfloat16
 VARLEN_LENS = [256, 384, 512, 640, 768, 896, 1024, 1152, 1280, 1408, 1536, 1664, 1792, 1920, 2048, 128]
 
 
-def timed(fn, iters=20, warm=3):
+def timed(fn, iters=20, warm=3, reps=1):
+    """Median over iters samples of the microseconds per call; a sample is one event pair around
+    reps back-to-back calls (reps > 1 hides the Python dispatch of all but the first call behind
+    the GPU work, as a C caller's launches are hidden)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
@@ -32,10 +36,11 @@ def timed(fn, iters=20, warm=3):
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(reps):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
+        times.append(a.elapsed_time(b) * 1e3 / reps)
     times.sort()
     return times[len(times) // 2]
 
@@ -208,11 +213,18 @@ def attention_f32(q, k, v):
     rep_heads = q.shape[1] // k.shape[1]
     kf = k.float().repeat_interleave(rep_heads, dim=1)
     vf = v.float().repeat_interleave(rep_heads, dim=1)
+    with no_tf32():
+        s = torch.matmul(q.float(), kf.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        return torch.matmul(torch.softmax(s, dim=-1), vf)
+
+
+@contextlib.contextmanager
+def no_tf32():
+    """float32 matrix products in full float32 (no TF32) inside the block: for references."""
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        s = torch.matmul(q.float(), kf.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        return torch.matmul(torch.softmax(s, dim=-1), vf)
+        yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 

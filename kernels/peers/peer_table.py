@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""peer_table.py - the targets of the peer comparison in one table, from the outputs of one run
+on the GPU machine: ours from tests/bench_cuda.c, tests/bench_cascade.c and tests/bench_mla.c,
+the peers' PEER lines from kernels/peers/*.py.
+
+For each target: our number, the peer it is measured against (the best of the listed
+implementations when several count), the ratio ours / peer in the target's metric (GB/s for
+decode, TFLOP/s for prefill and MLA at h_q 128, GB/s at h_q 16; for the cascade times, peer time /
+our time), the target ratio and whether it is met.  A row whose side is missing says which.  Targets:
+  paged decode              >= 1.00 x FA3 paged (page 16), >= 0.95 x cuDNN on contiguous K/V
+  causal prefill hd128      >= 0.95 x the best of FA3 (contiguous or paged) and cuDNN
+  causal prefill hd256      >= 0.85 x the same
+  varlen, 16 sequences      >= 1.00 x FA3 (packed or paged)
+  MLA decode h_q 128 / 16   >= 1.00 x FlashMLA at every s_k (ours: the default kernel choice)
+  fp8 KV decode             >= 1.00 x FA3 e4m3 paged
+  cascade (flat-path ratio) ours cascade step vs the peers' cascade / flat, and the prefix pass
+                            against FA3's (no fixed target: the measure is the distance to the floor)
+
+Usage: peer_table.py --bench bench.txt [--cascade cascade_bench.txt] [--mla mla_bench.txt]
+       --peers peers.txt [--markdown]
+Exit codes: 0 table printed, 2 an input file missing or unreadable."""
+import argparse
+import re
+import sys
+
+FP8_DECODE = "decode_b64_s8192_gqa32_8_hd128_fp8"
+MLA_ROW = re.compile(r"^(\d+)\s+(\d+)\s+(bf16|fp8)\s+(\S+)\s+(-?\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+\|")
+
+
+def kv(line):
+    return {k: v.strip('"') for k, v in re.findall(r'(\w+)=("[^"]*"|\S+)', line)}
+
+
+def read(path, what):
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except OSError as e:
+        raise SystemExit(f"peer_table.py: {path} ({what}): {e.strerror}")
+
+
+def parse(args):
+    ours, peers, mla = {}, {}, {}
+    for line in read(args.bench, "tests/bench_cuda.c output"):
+        if line.startswith("RESULT "):
+            d = kv(line)
+            ours[d["name"]] = d
+    if args.cascade:
+        for line in read(args.cascade, "tests/bench_cascade.c output"):
+            if line.startswith("RESULT name=cascade_"):
+                d = kv(line)
+                ours[d["name"]] = d
+    if args.mla:
+        for line in read(args.mla, "tests/bench_mla.c output"):
+            m = MLA_ROW.match(line)
+            if m and m.group(3) == "bf16":   # the first row of a (h_q, s_k) is the default kernel choice
+                mla.setdefault((int(m.group(1)), int(m.group(2))), {"us": float(m.group(6)),
+                                                                     "tflops": float(m.group(7)),
+                                                                     "tbps": float(m.group(8)), "kernel": m.group(4)})
+    for line in read(args.peers, "PEER lines"):
+        if line.startswith("PEER ") and "error=" not in line:
+            d = kv(line)
+            peers.setdefault(d["name"], {})[d["impl"]] = d
+    return ours, peers, mla
+
+
+def best(peers, name, impls, metric):
+    """(impl, value) of the best listed implementation with a number, or (None, None)."""
+    have = [(float(peers[name][i][metric]), i) for i in impls if i in peers.get(name, {})]
+    if not have:
+        return None, None
+    v, i = max(have) if metric != "us" else min(have)
+    return i, v
+
+
+def rows(ours, peers, mla):
+    out = []
+
+    def add(label, name, metric, ours_val, impls, target, ours_note=""):
+        impl, pv = best(peers, name, impls, metric)
+        if ours_val is None or pv is None:
+            missing = "ours" if ours_val is None else "peer (" + " / ".join(impls) + ")"
+            out.append((label, ours_val, impl or "-", pv, None, target, f"missing: {missing}"))
+            return
+        ratio = pv / ours_val if metric == "us" else ours_val / pv
+        verdict = "-" if target is None else ("met" if ratio >= target else "NOT met")
+        out.append((label, ours_val, impl, pv, ratio, target, (verdict + " " + ours_note).strip()))
+
+    def ours_metric(name, metric):
+        return float(ours[name][metric]) if name in ours and metric in ours[name] else None
+
+    dec = "decode_b64_s8192_gqa32_8_hd128"
+    add("paged decode B64/8k GQA 32:8 (GB/s)", dec, "gbps", ours_metric(dec, "gbps"), ["fa3_paged16"], 1.0)
+    add("paged decode vs cuDNN contiguous (GB/s)", dec, "gbps", ours_metric(dec, "gbps"), ["cudnn_sdpa_contiguous"], 0.95)
+    add("paged decode vs FlashInfer (GB/s)", dec, "gbps", ours_metric(dec, "gbps"),
+        ["fi_decode_paged16", "fi_decode_tc_paged16"], None)
+    for hd, target in ((128, 0.95), (256, 0.85)):
+        name = f"prefill_b2_s8192_causal_hd{hd}"
+        add(f"causal prefill B2 S8k hd{hd} (TFLOP/s)", name, "tflops", ours_metric(name, "tflops"),
+            ["fa3_contiguous", "fa3_paged16", "cudnn_sdpa"], target)
+    var = "varlen16_causal_hd128"
+    add("varlen 16 sequences (TFLOP/s)", var, "tflops", ours_metric(var, "tflops"), ["fa3_varlen", "fa3_paged16"], 1.0)
+    add("fp8 KV decode (GB/s)", FP8_DECODE, "gbps", ours_metric(FP8_DECODE, "gbps"), ["fa3_fp8_paged16"], 1.0)
+    for h, metric in ((128, "tflops"), (16, "tbps")):
+        for sk in (4096, 8192, 16384, 32768):
+            o = mla.get((h, sk))
+            name = f"mla_decode_b128_hq{h}_sk{sk}"
+            peer_metric = "tflops" if metric == "tflops" else "gbps"
+            ov = None if o is None else (o[metric] if metric == "tflops" else o[metric] * 1000.0)
+            add(f"MLA decode h_q {h} s_k {sk} ({'TFLOP/s' if h == 128 else 'GB/s'})", name, peer_metric, ov,
+                ["flashmla_dense"], 1.0, o["kernel"] if o else "")
+    for p in (1024, 8192, 32768):
+        for s in (128, 256):
+            name = f"cascade_b128_p{p}_s{s}"
+            add(f"cascade step P {p} S {s} (us)", name, "us", ours_metric(name, "cascade_us"),
+                ["fa3_cascade_paged16", "fa3_flat_paged16", "fi_cascade_paged16"], None)
+        pname = f"cascade_prefix_p{p}_t128_gqa32_8_hd128"
+        cname = f"cascade_b128_p{p}_s128"
+        add(f"cascade prefix pass P {p} (TFLOP/s)", pname, "tflops", ours_metric(cname, "prefix_tflops"),
+            ["fa3_paged16_prefix"], None)
+    return out
+
+
+def fmt(v, nd=1):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="ours against the peers, target by target")
+    ap.add_argument("--bench", required=True)
+    ap.add_argument("--cascade")
+    ap.add_argument("--mla")
+    ap.add_argument("--peers", required=True)
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        table = rows(*parse(args))
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
+    head = ("target", "ours", "peer", "peer value", "ours/peer", "target ratio", "verdict")
+    if args.markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+    for label, ov, impl, pv, ratio, target, verdict in table:
+        cells = (label, fmt(ov), impl, fmt(pv), fmt(ratio, 2), fmt(target, 2), verdict)
+        print("| " + " | ".join(cells) + " |" if args.markdown else
+              f"{cells[0]:42s} {cells[1]:>9s} {cells[2]:22s} {cells[3]:>9s} {cells[4]:>6s} {cells[5]:>6s} {cells[6]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

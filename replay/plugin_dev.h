@@ -1,0 +1,86 @@
+/* plugin_dev.h - the host's CUDA side for CUDA plugins (replay/plugin_cuda.cu; on a build
+ * without nvcc, replay/plugin_cuda_stub.c, where every call fails with "built without CUDA").
+ *
+ * What a CUDA plugin needs from the host and cannot do for itself: a stream and events to be
+ * timed on, device buffers (the paged caches, this step's inputs and outputs, the metadata),
+ * the inputs generated on the device by the project's generator (reference/datagen.h, so they
+ * are bit-identical to what the verifier regenerates), and, for a plugin without
+ * ATTNREPLAY_PLUGIN_WRITES_KV, the write of the new K/V into the cache through slot_mapping
+ * (vLLM's reshape_and_cache).  Everything runs on the one stream, in order; only the calls that
+ * return host data (download, elapsed, guard check) wait for it.  C linkage throughout. */
+#ifndef AR_PLUGIN_DEV_H
+#define AR_PLUGIN_DEV_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../reference/datagen.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ar_pdev ar_pdev;
+
+#define AR_PDEV_EVENTS 16   /* timing events per forward: start, write, marks, end */
+
+/* 0 when device 0 can be used; else why ("built without CUDA support", "no CUDA device"). */
+int ar_pdev_probe(char *why, size_t why_len);
+/* Device 0, a non-blocking stream and AR_PDEV_EVENTS events.  0 ok, else 3 with err set. */
+int ar_pdev_open(ar_pdev **d, char *err, size_t err_len);
+void ar_pdev_close(ar_pdev *d);
+void *ar_pdev_stream(ar_pdev *d);               /* the cudaStream_t */
+int ar_pdev_device_id(const ar_pdev *d);
+void ar_pdev_device_name(const ar_pdev *d, char *buf, size_t len);
+
+int ar_pdev_alloc(ar_pdev *d, void **p, size_t bytes, char *err, size_t err_len);
+void ar_pdev_free(ar_pdev *d, void *p);
+/* Async on the stream: every byte = value (0xff makes NaN of fp32, fp16, bf16 and fp8 e4m3). */
+int ar_pdev_memset(ar_pdev *d, void *p, int value, size_t bytes, char *err, size_t err_len);
+/* Async host -> device on the stream (the host buffer may be reused once this returns). */
+int ar_pdev_upload(ar_pdev *d, void *dst, const void *src, size_t bytes, char *err, size_t err_len);
+/* Device -> host; waits for the stream. */
+int ar_pdev_download(ar_pdev *d, void *dst, const void *src, size_t bytes, char *err, size_t err_len);
+
+/* What the generator and the cache write need to know about the run. */
+typedef struct ar_pdev_gen {
+    uint64_t seed;
+    uint32_t layer;
+    ar_datadist dist;
+    ar_dtype dtype;          /* q, k_new, v_new */
+    ar_dtype kv_dtype;       /* the cache */
+    float kv_scale;
+    int num_q_heads, num_kv_heads, head_size, block_size;
+    int64_t num_blocks;
+} ar_pdev_gen;
+
+/* Q [T, Hq, D] and new K/V [T, Hkv, D] in dtype for the tokens of a step: token t is query
+ * position pos[t] of the request with Q key qkey[t], and offset pos[t] % block_size of the
+ * logical block with content key kvkey[t].  All arrays device memory. */
+int ar_pdev_gen_inputs(ar_pdev *d, const ar_pdev_gen *g, int num_tokens, const uint64_t *qkey,
+                       const int32_t *pos, const uint64_t *kvkey, void *q, void *k_new, void *v_new,
+                       char *err, size_t err_len);
+/* reshape_and_cache: k_new/v_new [T, Hkv, D] into cache [2, num_blocks, block_size, Hkv, D]
+ * at slot_mapping[t] (-1 skipped), converted to kv_dtype (fp8: stored = quantize(x / kv_scale)). */
+int ar_pdev_write_kv(ar_pdev *d, const ar_pdev_gen *g, int num_tokens, const int64_t *slot_mapping,
+                     const void *k_new, const void *v_new, void *cache, char *err, size_t err_len);
+/* The untimed fill: for i < count, the K/V of (content key keys[i], offset offsets[i]) written to
+ * slot slots[i] of the cache, generated on the device. */
+int ar_pdev_fill(ar_pdev *d, const ar_pdev_gen *g, int count, const int64_t *slots,
+                 const uint64_t *keys, const int32_t *offsets, void *cache, char *err, size_t err_len);
+
+/* Timing: records event i (< AR_PDEV_EVENTS) on the stream; elapsed waits for event b. */
+int ar_pdev_record(ar_pdev *d, int i, char *err, size_t err_len);
+int ar_pdev_elapsed_us(ar_pdev *d, int a, int b, double *us, char *err, size_t err_len);
+/* Waits for the stream; reports any error a kernel on it raised. */
+int ar_pdev_sync(ar_pdev *d, char *err, size_t err_len);
+
+/* Guard words: a known pattern written after a buffer, counted back after forward (waits). */
+#define AR_GUARD_WORDS 64
+#define AR_GUARD_PATTERN 0xA5C3F00Du
+int ar_pdev_guard_set(ar_pdev *d, void *p, char *err, size_t err_len);
+int ar_pdev_guard_count(ar_pdev *d, const void *p, int *bad, char *err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1 @@
+"""Adapters: third-party attention kernels as attnreplay backends (imported lazily)."""

@@ -1,0 +1,122 @@
+"""attnreplay-py: the command line of the Python package.
+
+    attnreplay-py replay TRACE --backend SPEC --db DB [every option of `attnreplay replay`]
+    attnreplay-py backends              the Python backends installed (entry points)
+    attnreplay-py ratios DB --base RUN [--run RUN ...]   per-step time ratios by step kind
+
+SPEC is module:Class (a Backend subclass), a short name from the entry-point group
+"attnreplay.backends" (numpy, torch-fa2, torch-cudnn, flex, flashinfer), or anything
+`attnreplay replay --backend` takes (auto, cpu, cuda, plugin:PATH.so), passed on unchanged.
+The replay itself is the C engine's (ar_replay_main): same options, same database, same exit
+codes (0 passed, 1 a step failed, 2 bad input or a backend that cannot run, 3 runtime error).
+"""
+import ctypes
+import importlib
+import sys
+
+from . import _abi
+
+BUILTIN = {
+    "numpy": "attnreplay.adapters.numpy_ref:NumpyPaged",
+    "torch-fa2": "attnreplay.adapters.torch_sdpa:TorchFlashVarlen",
+    "torch-cudnn": "attnreplay.adapters.torch_sdpa:TorchCudnnSDPA",
+    "flex": "attnreplay.adapters.flex:FlexPaged",
+    "flashinfer": "attnreplay.adapters.flashinfer:FlashInferPaged",
+}
+C_BACKENDS = ("auto", "cpu", "cpu-mla", "cuda", "cuda-mla")
+
+
+def _entry_points():
+    try:
+        from importlib.metadata import entry_points
+        eps = entry_points()
+        group = eps.select(group="attnreplay.backends") if hasattr(eps, "select") else eps.get("attnreplay.backends", [])
+        return {ep.name: ep.value for ep in group}
+    except Exception:
+        return {}
+
+
+def resolve(spec):
+    """The Backend class SPEC names, or None when SPEC is one of the C engine's own."""
+    if spec in C_BACKENDS or spec.startswith("plugin:"):
+        return None
+    target = _entry_points().get(spec) or BUILTIN.get(spec) or spec
+    if ":" not in target:
+        raise ValueError("--backend %s: not module:Class, not a C backend (%s, plugin:PATH.so) and not an "
+                         "installed Python backend (%s)" % (spec, ", ".join(C_BACKENDS),
+                                                            ", ".join(sorted(set(BUILTIN) | set(_entry_points())))))
+    module, _, cls = target.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError("--backend %s: cannot import %s: %s" % (spec, module, e)) from e
+    try:
+        return getattr(mod, cls)
+    except AttributeError:
+        raise ValueError("--backend %s: module %s has no %s" % (spec, module, cls)) from None
+
+
+def replay(args):
+    """Runs `attnreplay replay` with args (TRACE and options, as on its command line) through the C
+    engine, after registering a Python backend named by --backend.  Returns the exit code."""
+    args = list(args)
+    for i, a in enumerate(args):
+        spec = None
+        if a == "--backend" and i + 1 < len(args):
+            spec, where = args[i + 1], i + 1
+        elif a.startswith("--backend="):
+            spec, where = a[len("--backend="):], i
+        if spec is None:
+            continue
+        try:
+            cls = resolve(spec)
+            if cls is not None:
+                from .backend import register
+                name = register(cls(), "python %s" % spec)
+                args[where] = name if where == i + 1 else "--backend=" + name
+        except ValueError as e:
+            print("attnreplay-py replay: %s" % e, file=sys.stderr)
+            return 2
+        break
+    argv = [b"replay"] + [a.encode() for a in args]
+    c_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return _abi.lib().ar_replay_main(len(argv), c_argv)
+
+
+def _backends():
+    names = dict(BUILTIN)
+    names.update(_entry_points())
+    for name, target in sorted(names.items()):
+        try:
+            cls = resolve(name)
+            summary = getattr(cls, "summary", "") or cls.__doc__ or ""
+            print("%-12s %-6s %s" % (name, getattr(cls, "device", "?"), summary.strip().splitlines()[0]))
+        except ValueError as e:
+            print("%-12s        unavailable: %s" % (name, e))
+    return 0
+
+
+USAGE = __doc__
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "replay":
+        return replay(rest)
+    if cmd == "backends":
+        return _backends()
+    if cmd == "ratios":
+        from .ratios import main as ratios_main
+        return ratios_main(rest)
+    print("attnreplay-py: unknown command '%s'\n%s" % (cmd, USAGE), file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

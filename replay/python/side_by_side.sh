@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# side_by_side.sh - each backend on real traces, on a CUDA machine (README "Bring your own kernel").
+#
+#   replay/python/side_by_side.sh DB TRACE [TRACE ...]
+#
+# For every trace: replays it through our cuda backend, the example CUDA plugin, and each Python
+# adapter that can run here (torch-fa2, torch-cudnn, flex, flashinfer), every step verified
+# (VERIFY, default sample:8: each step's sampled rows plus each request's last row against the
+# float64 reference), all into DB; then `attnreplay diff` of each run against the cuda run, and
+# `attnreplay-py ratios` (per-step median / p90 time ratios by step kind).  A backend that
+# cannot run here (flashinfer not importable, say) is reported and skipped; a failing step
+# shows in diff and in the run's status.
+#
+# Environment: AR_BIN (default bin/attnreplay), BUILD (default build), LAYERS (default 1),
+# VERIFY (default sample:8), REPEAT (default 3), STEPS (default all, e.g. 0:600), ADAPTERS
+# (default "torch-fa2 torch-cudnn flex flashinfer"), PYTHON (default python3), BASE_BACKEND
+# (default cuda) and PLUGIN (default $BUILD/plugins/attnreplay-example-cuda.so; on a machine
+# without a GPU, BASE_BACKEND=cpu PLUGIN=$BUILD/plugins/attnreplay-example-cpu.so ADAPTERS=numpy
+# runs the same script).
+set -u
+DB=${1:?usage: side_by_side.sh DB TRACE [TRACE ...]}
+shift
+AR_BIN=${AR_BIN:-bin/attnreplay}
+BUILD=${BUILD:-build}
+LAYERS=${LAYERS:-1}
+VERIFY=${VERIFY:-sample:8}
+REPEAT=${REPEAT:-3}
+STEPS=${STEPS:-}
+ADAPTERS=${ADAPTERS:-torch-fa2 torch-cudnn flex flashinfer}
+PYTHON=${PYTHON:-python3}
+BASE_BACKEND=${BASE_BACKEND:-cuda}
+PLUGIN=${PLUGIN:-$BUILD/plugins/attnreplay-example-cuda.so}
+export ATTNREPLAY_LIB=${ATTNREPLAY_LIB:-$PWD/$BUILD/libattnreplay.so}
+export PYTHONPATH=$PWD/replay/python${PYTHONPATH:+:$PYTHONPATH}
+common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --quiet)
+[ -n "$STEPS" ] && common+=(--steps "$STEPS")
+
+last_run() { "$PYTHON" -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT max(id) FROM runs').fetchone()[0])" "$DB"; }
+
+for trace in "$@"; do
+  echo "== $trace"
+  "$AR_BIN" info "$trace" | head -12
+  t0=$(date +%s)
+  "$AR_BIN" replay "$trace" --backend "$BASE_BACKEND" "${common[@]}"
+  echo "$BASE_BACKEND: exit $? ($(( $(date +%s) - t0 )) s)"
+  base=$(last_run)
+  runs=()
+  t0=$(date +%s)
+  "$AR_BIN" replay "$trace" --backend "plugin:$PLUGIN" "${common[@]}"
+  rc=$?; echo "plugin:$PLUGIN: exit $rc ($(( $(date +%s) - t0 )) s)"
+  [ $rc -le 1 ] && runs+=("$(last_run)")
+  for a in $ADAPTERS; do
+    t0=$(date +%s)
+    "$PYTHON" -m attnreplay.cli replay "$trace" --backend "$a" "${common[@]}"
+    rc=$?; echo "$a: exit $rc ($(( $(date +%s) - t0 )) s)"
+    [ $rc -le 1 ] && runs+=("$(last_run)")
+  done
+  for r in "${runs[@]}"; do
+    echo "-- attnreplay diff $DB $base $r"
+    "$AR_BIN" diff "$DB" "$base" "$r" --threshold 5% | tail -15
+  done
+  echo "-- ratios against run $base ($BASE_BACKEND)"
+  rargs=()
+  for r in "${runs[@]}"; do rargs+=(--run "$r"); done
+  "$PYTHON" -m attnreplay.cli ratios "$DB" --base "$base" "${rargs[@]}"
+done

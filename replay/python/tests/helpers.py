@@ -1,0 +1,45 @@
+"""Shared by the package's tests: where things are, running attnreplay-py, reading a database."""
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.environ.get("AR_SRC") or os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+BUILD = os.environ.get("AR_BUILD") or os.path.join(SRC, "build")
+BIN = os.environ.get("AR_BIN") or os.path.join(SRC, "bin", "attnreplay")
+
+
+def sample(name):
+    return os.path.join(SRC, "traces", "samples", name + ".trace.jsonl.gz")
+
+
+def cli():
+    """The installed console script when there is one, else the module."""
+    script = os.path.join(os.path.dirname(sys.executable), "attnreplay-py")
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "attnreplay.cli"]
+
+
+def run(args, cmd=None):
+    """Runs attnreplay-py (or cmd) with args; returns (exit code, stdout + stderr)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("ATTNREPLAY_LIB", os.path.join(BUILD, "libattnreplay.so"))
+    p = subprocess.run((cmd or cli()) + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       env=env, timeout=600)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+def query(db, sql, *params):
+    con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
+    try:
+        return con.execute(sql, params).fetchall()
+    finally:
+        con.close()
+
+
+def tmpdb(testcase, name):
+    d = tempfile.mkdtemp(prefix="attnreplay-py-")
+    testcase.addCleanup(lambda: subprocess.run(["rm", "-rf", d]))
+    return os.path.join(d, name)

@@ -1,0 +1,63 @@
+"""The torch and FlashInfer adapters on a CUDA device (skipped, with the reason, elsewhere): each
+replays the sample traces and passes against the float64 reference; the gathered adapters
+record their gather apart; FlashInfer runs cascade steps; the example CUDA plugin passes through
+the package too."""
+import os
+import unittest
+
+from helpers import BUILD, query, run, sample, tmpdb
+
+
+def _cuda_reason():
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return None
+
+
+REASON = _cuda_reason()
+
+
+@unittest.skipIf(REASON, REASON or "")
+class GpuAdapters(unittest.TestCase):
+    def replay_all(self, backend, extra=(), traces=("mixed", "chunked", "prefix", "preempt")):
+        db = tmpdb(self, backend + ".db")
+        for t in traces:
+            rc, out = run(["replay", sample(t), "--backend", backend, "--db", db, "--layers", "2", "--quiet"]
+                          + list(extra))
+            self.assertEqual(rc, 0, "%s on %s: %s" % (backend, t, out))
+        self.assertEqual(query(db, "SELECT count(*) FROM steps WHERE pass IS NOT 1"), [(0,)])
+        return db
+
+    def test_torch_fa2(self):
+        db = self.replay_all("torch-fa2")
+        self.assertGreater(query(db, "SELECT count(*) FROM kernels WHERE name='gather' AND time_us > 0")[0][0], 0)
+        self.replay_all("torch-fa2", ["--dtype", "fp16"], traces=("mixed",))
+
+    def test_torch_cudnn(self):
+        db = self.replay_all("torch-cudnn")
+        self.assertGreater(query(db, "SELECT count(*) FROM kernels WHERE name='gather'")[0][0], 0)
+
+    def test_flex(self):
+        self.replay_all("flex", ["--repeat", "2"])
+
+    def test_flashinfer(self):
+        try:
+            import flashinfer  # noqa: F401
+        except Exception as e:
+            self.skipTest("flashinfer is not importable: %s" % e)
+        db = self.replay_all("flashinfer", ["--cascade", "on"])
+        self.assertGreater(query(db, "SELECT count(*) FROM steps WHERE cascade=1")[0][0], 0)
+
+    def test_example_cuda_plugin_through_the_package(self):
+        plugin = os.path.join(BUILD, "plugins", "attnreplay-example-cuda.so")
+        if not os.path.exists(plugin):
+            self.skipTest("%s was not built (no nvcc)" % plugin)
+        self.replay_all("plugin:" + plugin)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,108 @@
+/* gpu_plugin.c - the plugin ABI on a CUDA device: the example CUDA plugin
+ * (build/plugins/attnreplay-example-cuda.so, which writes its own K/V and marks its write) replays
+ * every sample trace with two layers and passes against the float64 reference; fp16 and an fp8
+ * KV cache pass; the host's device tensors, stream and time marks reach the database ("write"
+ * and "attn" per layer); a wrong-slot fault applied to the metadata is flagged.  Skips with the
+ * reason when there is no CUDA device or the build has no CUDA. */
+#include "testutil.h"
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../replay/plugin_dev.h"
+
+static bool device_ready(void)
+{
+    char why[256];
+    if (ar_pdev_probe(why, sizeof why) != 0) {
+        print_message("skipping: %s\n", why);
+        return false;
+    }
+    return true;
+}
+
+/* BUILD/plugins/attnreplay-example-cuda.so beside this binary's BUILD/tests. */
+static const char *cuda_plugin(char *buf, size_t len)
+{
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    snprintf(buf, len, "%.3900s/plugins/attnreplay-example-cuda.so", exe);
+    return buf;
+}
+
+static int replay(const char *trace_name, const char *db, const char *log, const char *extra)
+{
+    char plugin[PATH_MAX];
+    cuda_plugin(plugin, sizeof plugin);
+    int rc = tu_run(log, "'%s' replay '%s/traces/samples/%s.trace.jsonl.gz' --db '%s' --backend 'plugin:%s' %s",
+                    tu_bin(), tu_src_dir(), trace_name, db, plugin, extra);
+    if (rc != 0) {
+        char *t = tu_slurp(log);
+        print_message("%s %s: exit %d\n%s\n", trace_name, extra, rc, t ? t : "");
+        free(t);
+    }
+    return rc;
+}
+
+static void test_example_cuda_passes_every_sample(void **state)
+{
+    (void)state;
+    if (!device_ready()) { skip(); return; }
+    static const char *const samples[] = {"mixed", "chunked", "prefix", "preempt"};
+    char db[PATH_MAX], log[PATH_MAX], device[128];
+    tu_tmp("cuda-plugin.db", db, sizeof db);
+    tu_tmp("cuda-plugin.log", log, sizeof log);
+    for (size_t i = 0; i < sizeof samples / sizeof samples[0]; i++)
+        assert_int_equal(replay(samples[i], db, log, "--layers 2 --quiet"), 0);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs WHERE status='passed' AND "
+                                      "backend='plugin:example-cuda'"), 4);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE pass IS NOT 1 OR guard_ok IS NOT 1"), 0);
+    /* its own write, marked, and the attention after the mark; both layers */
+    assert_true(tu_query_int(db, "SELECT count(*) FROM kernels WHERE name='write' AND layer=1 AND time_us > 0") > 0);
+    assert_true(tu_query_int(db, "SELECT count(*) FROM kernels WHERE name='attn' AND time_us > 0") > 0);
+    tu_query_text(db, "SELECT device FROM runs LIMIT 1", device, sizeof device);
+    assert_true(strstr(device, "cpu") == NULL);
+}
+
+static void test_example_cuda_dtypes(void **state)
+{
+    (void)state;
+    if (!device_ready()) { skip(); return; }
+    char db[PATH_MAX], log[PATH_MAX];
+    tu_tmp("cuda-dtypes.db", db, sizeof db);
+    tu_tmp("cuda-dtypes.log", log, sizeof log);
+    assert_int_equal(replay("mixed", db, log, "--dtype fp16 --quiet"), 0);
+    assert_int_equal(replay("mixed", db, log, "--dtype fp32 --quiet"), 0);
+    assert_int_equal(replay("chunked", db, log, "--kv-dtype fp8_e4m3 --kv-scale 0.05 --quiet"), 0);
+    assert_int_equal(replay("mixed", db, log, "--repeat 3 --steps 3:9 --quiet"), 0);
+}
+
+static void test_example_cuda_fault_flagged(void **state)
+{
+    (void)state;
+    if (!device_ready()) { skip(); return; }
+    char db[PATH_MAX], log[PATH_MAX];
+    tu_tmp("cuda-fault.db", db, sizeof db);
+    tu_tmp("cuda-fault.log", log, sizeof log);
+    assert_int_equal(replay("mixed", db, log, "--inject wrong-slot --quiet"), 1);
+    assert_int_equal(replay("mixed", db, log, "--inject causal-off-by-one --quiet"), 2);
+}
+
+int main(void)
+{
+    struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_example_cuda_passes_every_sample),
+        cmocka_unit_test(test_example_cuda_dtypes),
+        cmocka_unit_test(test_example_cuda_fault_flagged),
+    };
+    return tu_run_gpu_tests("gpu_plugin", tests, sizeof tests / sizeof tests[0]);
+}
