@@ -84,6 +84,7 @@ GPU_TESTS     := $(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRCS    := $(wildcard tests/bench_*.c)
 BENCHES       := $(BENCH_SRCS:tests/%.c=$(BUILD)/tests/%)
 TEST_COMMON   := $(BUILD)/tests/testutil.o $(TEST_HOOK_OBJ)
+.SECONDARY: $(TEST_COMMON)   # kept between builds: make test deleted them as intermediates
 LAB_SRCS      := $(wildcard kernels/lab/*.cu)
 LABS          := $(LAB_SRCS:kernels/lab/%.cu=$(BUILD)/lab/%)
 
