@@ -8,7 +8,8 @@
  * >= 3.6 TB/s at h_q = 16.  Rows per h_q: AUTO (the decision function's kernel: on a compute-
  * capability 9.0 device the wgmma kernel) at the four lengths; an fp8 latent cache and the
  * 2-stage key ring (an A100's) at 16k; and the mma.sync fallback forced at the four lengths (the
- * 64-row kernel at h_q = 128, the narrow kernel at h_q = 16).  Times are CUDA events around the
+ * 64-row kernel at h_q = 128, the narrow kernel at h_q = 16); and at h_q = 8 the narrow kernel AUTO
+ * runs under 16 rows a request (on Hopper with a 16-bit cache: attn_narrow_bulk_kernel).  Times are CUDA events around the
  * attention and combine launches, median of 20 after a warm-up; inputs are generated on the
  * device.  Without a GPU it prints why and exits 0.  Kernel variants that are not in the
  * product are measured by kernels/lab/ (`make lab`). */
@@ -33,7 +34,7 @@ static int run_peer(peer_row *rows, char *why, size_t why_len)
 {
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "python3 %s/kernels/peers/mla_peer.py --b 128 --sq 1 --h 128 16 --sk 4096 8192 16384 32768 2>&1",
+             "python3 %s/kernels/peers/mla_peer.py --b 128 --sq 1 --h 128 16 8 --sk 4096 8192 16384 32768 2>&1",
              tu_src_dir());
     FILE *p = popen(cmd, "r");
     snprintf(why, why_len, "could not start python3");
@@ -65,7 +66,7 @@ static const peer_row *find_peer(const peer_row *rows, int n, int h, int sk)
 int main(void)
 {
     const int B = 128, SQ = 1;
-    static const int hqs[] = {128, 16}, sks[] = {4096, 8192, 16384, 32768};
+    static const int hqs[] = {128, 16, 8}, sks[] = {4096, 8192, 16384, 32768};
     int *seqlens = malloc(sizeof(int) * B);
     if (!seqlens) return 1;
     ar_cuda_mla_case c = ar_cuda_mla_bench_case(B, 128, seqlens);
@@ -95,12 +96,13 @@ int main(void)
            "cuda-mla us", "TFLOP/s", "TB/s", "CTAs", "torch us", "TFLOP/s", "TB/s");
     int rc = 0;
     double best_tflops = 0, best_tbps = 0;
-    for (size_t ih = 0; ih < 2; ih++)
-        for (size_t ik = 0; ik < 10; ik++) {
+    for (size_t ih = 0; ih < 3; ih++)
+        for (size_t ik = 0; ik < (ih < 2 ? 10u : 4u); ik++) {
             /* rows: 4 lengths (AUTO: on an sm_90 device the wgmma kernel at h_q 16 and 128; else the
              * narrow kernel at 16, split-QK at 128); fp8 cache at 16k (AUTO: split-QK at 128, the
              * narrow kernel at 16); the 2-stage ring at 16k (what an A100 runs); the mma.sync
-             * fallback forced x 4 (split-QK at 128, the narrow kernel at 16) */
+             * fallback forced x 4 (split-QK at 128, the narrow kernel at 16); at h_q 8 (under 16
+             * rows a request) AUTO's narrow kernel, on Hopper the bulk-copy one, x 4 */
             bool fp8_row = ik == 4, ring2_row = ik == 5, fallback_row = ik >= 6;
             int sk = ik < 4 ? sks[ik] : ik < 6 ? 16384 : sks[ik - 6];
             for (int b = 0; b < B; b++) seqlens[b] = sk;
