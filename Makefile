@@ -39,13 +39,13 @@ LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
 MODULES := traces reference kernels kernels/cpu kernels/common kernels/mla replay sim reports
-STUBS   := kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/common/cuda_calibrate_stub.c
+STUBS   := kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/common/cuda_calibrate_stub.c reference/ref_gpu_stub.c
 # test support: the cuda-mla test hook (and its float64 device reference) is linked into the
 # tests, the benchmarks and the lab, never into bin/attnreplay
 TEST_HOOK_CU   := kernels/mla/cuda_mla_case.cu
 TEST_HOOK_STUB := kernels/mla/cuda_mla_case_stub.c
 C_SRCS  := $(filter-out replay/main.c $(STUBS) $(TEST_HOOK_STUB),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
-CU_SRCS := $(filter-out $(TEST_HOOK_CU),$(foreach m,kernels kernels/common kernels/mla,$(wildcard $(m)/*.cu)))
+CU_SRCS := $(filter-out $(TEST_HOOK_CU),$(foreach m,kernels kernels/common kernels/mla reference,$(wildcard $(m)/*.cu)))
 
 ifneq ($(NVCC),)
 HAVE_CUDA := 1
@@ -118,6 +118,12 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+# The device reference rounds exactly as the host does: no fast math (approximate division,
+# exp and flush-to-zero would change its float values).
+$(BUILD)/reference/%.o: reference/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(filter-out --use_fast_math,$(NVCCFLAGS)) -MMD -MP -c $< -o $@
 
 $(LIB): $(C_OBJS) $(CU_OBJS)
 	@mkdir -p $(dir $@)

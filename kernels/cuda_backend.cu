@@ -73,7 +73,7 @@
 
 #define AR_GUARD_BYTES 4096
 #define AR_GUARD_BYTE 0xA5
-#define AR_CUDA_EVENTS 5
+#define AR_CUDA_EVENTS 6          /* ev[0..4]: timing; ev[5]: the end of a forward's work */
 
 /* A grow-only device buffer. */
 /* dev_buf: kernels/cuda_host.cuh */
@@ -115,8 +115,9 @@ typedef struct cuda_state {
     dev_buf meta, q, knew, vnew, out, lse, part_o, part_lse, fill;
     void *h_meta;                   /* pinned staging */
     size_t h_meta_cap;
-    void *h_out;                    /* pinned: out + guards, then lse + guards */
+    void *h_out;                    /* pinned: out payload, then lse payload (host copies only) */
     size_t h_out_cap;
+    int *d_guard, *h_guard;         /* guard words found overwritten: device counter, pinned copy */
     size_t out_bytes, lse_bytes;    /* payload sizes of the current allocation */
     int force_config, force_splits;
     int force_pre_config, force_pre_splits;   /* prefix pass only (ar_cuda_set_prefix_plan); -1 / 0 = as above */
@@ -469,6 +470,11 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
             cuda_close(s);
             return rc;
         }
+    if ((rc = cuda_fail(cudaMalloc((void **)&s->d_guard, sizeof(int)), "guard counter", err, err_len)) ||
+        (rc = cuda_fail(cudaMallocHost((void **)&s->h_guard, sizeof(int)), "guard counter", err, err_len))) {
+        cuda_close(s);
+        return rc;
+    }
     for (int c = 0; c < AR_CFG_COUNT; c++) {
         /* sm_90a code only; never planned elsewhere */
         if ((ar_attn_config_is_wg(c) || c == AR_CFG_DECODE_TMA) && !s->has_wgmma) {
@@ -538,6 +544,8 @@ static void cuda_close(void *state)
         if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
     if (s->h_meta) cudaFreeHost(s->h_meta);
     if (s->h_out) cudaFreeHost(s->h_out);
+    if (s->d_guard) cudaFree(s->d_guard);
+    if (s->h_guard) cudaFreeHost(s->h_guard);
     for (int i = 0; i < AR_CUDA_EVENTS; i++)
         if (s->ev[i]) cudaEventDestroy(s->ev[i]);
     if (s->stream) cudaStreamDestroy(s->stream);
@@ -1181,17 +1189,6 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static int count_guard(const unsigned char *p, size_t n)
-{
-    int bad = 0;
-    for (size_t i = 0; i < n; i += 4) {
-        uint32_t w;
-        memcpy(&w, p + i, 4);
-        if (w != 0xA5A5A5A5u) bad++;
-    }
-    return bad;
-}
-
 static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_out *o, char *err, size_t err_len)
 {
     cuda_state *s = (cuda_state *)state;
@@ -1249,9 +1246,28 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
         free(times);
         return rc;
     }
+    const bool host_copy = o->out && o->lse;
+    const size_t out_payload = (size_t)T * s->hq * s->head_size * 2, lse_payload = (size_t)s->hq * T * 4;
     for (int i = 0; i < repeat; i++) {
-        if ((rc = cuda_fail(run_pass(s, &a, layer, true), "attention launch", err, err_len)) ||
-            (rc = cuda_fail(cudaEventSynchronize(s->ev[nk_ev]), "attention kernels", err, err_len))) {
+        if ((rc = cuda_fail(run_pass(s, &a, layer, true), "attention launch", err, err_len))) {
+            free(times);
+            return rc;
+        }
+        cudaEvent_t wait_on = s->ev[nk_ev];
+        if (i == repeat - 1) {
+            /* after the last repeat, in the same stream: the guard regions checked on the device
+             * and, only when the engine asked for them, host copies of out and LSE */
+            const ar_cuda_outbufs ob = {s->out.ptr, s->lse.ptr, s->out_bytes, s->lse_bytes, AR_GUARD_BYTES};
+            if ((rc = cuda_fail(ar_cuda_forward_tail(s->stream, &ob, s->d_guard, s->h_guard, host_copy ? s->h_out : NULL,
+                                                   out_payload, lse_payload, s->ev[5]), "forward results", err, err_len))) {
+                free(times);
+                return rc;
+            }
+            wait_on = s->ev[5];
+        }
+        /* the kernel times are this call's result: wait for the repeat's events (the last repeat
+         * also waits for the guard count and the host copies, one wait in all) */
+        if ((rc = cuda_fail(cudaEventSynchronize(wait_on), "attention kernels", err, err_len))) {
             free(times);
             return rc;
         }
@@ -1274,30 +1290,26 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
     o->total_us = median(times + nk * repeat, repeat);
     free(times);
 
-    /* results and guards back */
-    size_t out_total = 2 * AR_GUARD_BYTES + s->out_bytes, lse_total = 2 * AR_GUARD_BYTES + s->lse_bytes;
-    unsigned char *ho = (unsigned char *)s->h_out, *hl = ho + out_total;
-    if ((rc = cuda_fail(cudaMemcpyAsync(ho, s->out.ptr, out_total, cudaMemcpyDeviceToHost, s->stream), "out copy", err, err_len)) ||
-        (rc = cuda_fail(cudaMemcpyAsync(hl, s->lse.ptr, lse_total, cudaMemcpyDeviceToHost, s->stream), "LSE copy", err, err_len)) ||
-        (rc = cuda_fail(cudaStreamSynchronize(s->stream), "forward", err, err_len)))
-        return rc;
-    int bad = count_guard(ho, AR_GUARD_BYTES) + count_guard(ho + AR_GUARD_BYTES + s->out_bytes, AR_GUARD_BYTES) +
-              count_guard(hl, AR_GUARD_BYTES) + count_guard(hl + AR_GUARD_BYTES + s->lse_bytes, AR_GUARD_BYTES);
+    o->dev_out = (const char *)s->out.ptr + AR_GUARD_BYTES;
+    o->dev_out_type = s->cfg.dtype;
+    o->dev_lse = (const float *)((const char *)s->lse.ptr + AR_GUARD_BYTES);
+    o->dev_stream = s->stream;
+    int bad = *s->h_guard;
     o->guard_violations = bad;
-    if (bad) {
-        /* re-stamp for the next forward */
-        cudaMemsetAsync(s->out.ptr, AR_GUARD_BYTE, AR_GUARD_BYTES, s->stream);
-        cudaMemsetAsync((char *)s->out.ptr + AR_GUARD_BYTES + s->out_bytes, AR_GUARD_BYTE, AR_GUARD_BYTES, s->stream);
-        cudaMemsetAsync(s->lse.ptr, AR_GUARD_BYTE, AR_GUARD_BYTES, s->stream);
-        cudaMemsetAsync((char *)s->lse.ptr + AR_GUARD_BYTES + s->lse_bytes, AR_GUARD_BYTE, AR_GUARD_BYTES, s->stream);
+    if (bad) {   /* re-stamp for the next forward */
+        const ar_cuda_outbufs ob = {s->out.ptr, s->lse.ptr, s->out_bytes, s->lse_bytes, AR_GUARD_BYTES};
+        ar_cuda_restamp_guards(s->stream, &ob);
     }
-    const uint16_t *ob = (const uint16_t *)(ho + AR_GUARD_BYTES);
-    int64_t n_out = (int64_t)T * s->hq * s->head_size;
-    if (s->bf16)
-        for (int64_t i = 0; i < n_out; i++) o->out[i] = ar_bf16_to_f32(ob[i]);
-    else
-        for (int64_t i = 0; i < n_out; i++) o->out[i] = ar_fp16_to_f32(ob[i]);
-    memcpy(o->lse, hl + AR_GUARD_BYTES, (size_t)s->hq * T * 4);
+    if (host_copy) {
+        const unsigned char *ho = (const unsigned char *)s->h_out;
+        const uint16_t *ob = (const uint16_t *)ho;
+        int64_t n_out = (int64_t)T * s->hq * s->head_size;
+        if (s->bf16)
+            for (int64_t i = 0; i < n_out; i++) o->out[i] = ar_bf16_to_f32(ob[i]);
+        else
+            for (int64_t i = 0; i < n_out; i++) o->out[i] = ar_fp16_to_f32(ob[i]);
+        memcpy(o->lse, ho + out_payload, lse_payload);
+    }
     return 0;
 }
 

@@ -1,8 +1,8 @@
 /* cuda_host.cuh - host-side helpers both CUDA backends (cuda_backend.cu, cuda_mla.cu) share:
  * a grow-only device buffer, CUDA error text with the backend's name, grow-only device and
- * pinned host allocations, and the encoding of TMA tensor maps (through the driver entry point
- * the runtime hands out, so nothing links libcuda).  Header-only (static) so each .cu keeps its
- * own copy of the code. */
+ * pinned host allocations, the check of the output buffers' guard regions on the device, and
+ * the encoding of TMA tensor maps (through the driver entry point the runtime hands out, so
+ * nothing links libcuda).  Header-only (static) so each .cu keeps its own copy of the code. */
 #ifndef AR_CUDA_HOST_CUH
 #define AR_CUDA_HOST_CUH
 
@@ -56,6 +56,63 @@ static inline int ar_cuda_ensure_host(void **p, size_t *cap, size_t need, const 
     if (e != cudaSuccess) return ar_cuda_fail(e, who, "pinned host buffer", err, err_len);
     *cap = c;
     return 0;
+}
+
+/* Counts the 32-bit words of the four guard regions that lost the 0xA5 pattern: the `guard`
+ * bytes before and after the out payload (out_payload bytes at out + guard) and the same around
+ * the LSE payload; *count += that number.  One block. */
+static __global__ void ar_guard_count_kernel(const unsigned char *out, size_t out_payload, const unsigned char *lse,
+                                             size_t lse_payload, int guard, int *count)
+{
+    const int words = guard / 4;
+    int bad = 0;
+    for (int i = threadIdx.x; i < 4 * words; i += blockDim.x) {
+        const int region = i / words, w = i % words;
+        const unsigned char *base = region == 0 ? out : region == 1 ? out + guard + out_payload
+                                  : region == 2 ? lse : lse + guard + lse_payload;
+        if (reinterpret_cast<const unsigned *>(base)[w] != 0xA5A5A5A5u) bad++;
+    }
+    if (bad) atomicAdd(count, bad);
+}
+
+/* A backend's output buffers: out and LSE payloads of out_payload / lse_payload bytes, each with
+ * `guard` bytes of 0xA5 before and after (out and lse point at the first guard byte). */
+typedef struct ar_cuda_outbufs {
+    void *out, *lse;
+    size_t out_payload, lse_payload;
+    int guard;
+} ar_cuda_outbufs;
+
+/* What ends a forward, enqueued on st after its last repeat: the guard check into d_count with
+ * the count copied to the pinned *h_count; when host is non-NULL, copies of the first out_copy
+ * bytes of the out payload and lse_copy bytes of the LSE payload to host (one after the other);
+ * then the event done.  *h_count and host are valid once done has completed. */
+static inline cudaError_t ar_cuda_forward_tail(cudaStream_t st, const ar_cuda_outbufs *b, int *d_count, int *h_count,
+                                               void *host, size_t out_copy, size_t lse_copy, cudaEvent_t done)
+{
+    cudaError_t e = cudaMemsetAsync(d_count, 0, sizeof *d_count, st);
+    if (e != cudaSuccess) return e;
+    ar_guard_count_kernel<<<1, 256, 0, st>>>((const unsigned char *)b->out, b->out_payload,
+                                             (const unsigned char *)b->lse, b->lse_payload, b->guard, d_count);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if ((e = cudaMemcpyAsync(h_count, d_count, sizeof *h_count, cudaMemcpyDeviceToHost, st)) != cudaSuccess) return e;
+    if (host) {
+        if ((e = cudaMemcpyAsync(host, (const char *)b->out + b->guard, out_copy, cudaMemcpyDeviceToHost, st)) !=
+                cudaSuccess ||
+            (e = cudaMemcpyAsync((char *)host + out_copy, (const char *)b->lse + b->guard, lse_copy,
+                                 cudaMemcpyDeviceToHost, st)) != cudaSuccess)
+            return e;
+    }
+    return cudaEventRecord(done, st);
+}
+
+/* Writes the guard pattern back into the four guard regions (after a forward found them hit). */
+static inline void ar_cuda_restamp_guards(cudaStream_t st, const ar_cuda_outbufs *b)
+{
+    cudaMemsetAsync(b->out, 0xA5, b->guard, st);
+    cudaMemsetAsync((char *)b->out + b->guard + b->out_payload, 0xA5, b->guard, st);
+    cudaMemsetAsync(b->lse, 0xA5, b->guard, st);
+    cudaMemsetAsync((char *)b->lse + b->guard + b->lse_payload, 0xA5, b->guard, st);
 }
 
 /* True when a CUDA device is present; else false with "no CUDA device (...)" in why (the

@@ -81,7 +81,8 @@ typedef struct mla_state {
     void **cache;                   /* [num_layers] -> [num_blocks, block_size, 576] */
     uint16_t **w_uk, **w_uv;        /* [num_layers] -> [H, 512, P] and [H, 512, V], made lazily */
     cudaStream_t stream;
-    cudaEvent_t ev[8];
+    cudaEvent_t ev[8];              /* ev[0..6]: timing; ev[7]: the end of a forward's work */
+    int *d_guard, *h_guard;         /* guard words found overwritten: device counter, pinned copy */
 
     /* the step (prepare) */
     int step_ready;
@@ -102,7 +103,7 @@ typedef struct mla_state {
     dev_buf ws_lat, ws_k, ws_v, pass_o, pass_lse, acc_o, acc_lse;
     void *h_meta;
     size_t h_meta_cap;
-    void *h_out;
+    void *h_out;                    /* pinned: out payload, then lse payload (host copies only) */
     size_t h_out_cap;
     size_t out_bytes, lse_bytes;
     ar_cuda_mla_kernel force_kernel;
@@ -159,6 +160,7 @@ static bool mla_check(const ar_run_config *cfg, char *why, size_t why_len)
 }
 
 static void mla_close(void *state);
+static int ensure_weights(mla_state *s, int layer, char *err, size_t err_len);
 
 static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_t err_len)
 {
@@ -203,6 +205,11 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
             mla_close(s);
             return rc;
         }
+    if ((rc = mla_fail(cudaMalloc((void **)&s->d_guard, sizeof(int)), "guard counter", err, err_len)) ||
+        (rc = mla_fail(cudaMallocHost((void **)&s->h_guard, sizeof(int)), "guard counter", err, err_len))) {
+        mla_close(s);
+        return rc;
+    }
     s->cache_bytes = (size_t)cfg->num_blocks * cfg->block_size * D * (s->fp8 ? 1 : 2);
     size_t weight_bytes = (size_t)s->H * DL * (s->P + s->V) * 2;
     size_t free_b = 0, total_b = 0;
@@ -226,7 +233,8 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     }
     for (int l = 0; l < s->num_layers; l++) {
         if ((rc = mla_fail(cudaMalloc(&s->cache[l], s->cache_bytes), "latent cache allocation", err, err_len)) ||
-            (rc = mla_fail(cudaMemsetAsync(s->cache[l], 0xFF, s->cache_bytes, s->stream), "NaN fill", err, err_len))) {
+            (rc = mla_fail(cudaMemsetAsync(s->cache[l], 0xFF, s->cache_bytes, s->stream), "NaN fill", err, err_len)) ||
+            (rc = ensure_weights(s, l, err, err_len))) {   /* here, not in the first step's forward */
             mla_close(s);
             return rc;
         }
@@ -259,6 +267,8 @@ static void mla_close(void *state)
         if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
     if (s->h_meta) cudaFreeHost(s->h_meta);
     if (s->h_out) cudaFreeHost(s->h_out);
+    if (s->d_guard) cudaFree(s->d_guard);
+    if (s->h_guard) cudaFreeHost(s->h_guard);
     for (int i = 0; i < 8; i++)
         if (s->ev[i]) cudaEventDestroy(s->ev[i]);
     if (s->stream) cudaStreamDestroy(s->stream);
@@ -584,6 +594,7 @@ static int mla_fill(void *state, int layer, const ar_fill *f, char *err, size_t 
         s->cache[layer], f->count, (const int64_t *)d, (const uint64_t *)(d + o_keys), (const int *)(d + o_off),
         s->cfg.seed, (uint32_t)layer, s->cfg.data, s->cfg.dtype, s->cfg.kv_dtype, (float)s->cfg.kv_scale);
     if ((rc = mla_fail(cudaGetLastError(), "fill kernel", err, err_len))) return rc;
+    /* the host arrays are only valid during this call: wait for the copies */
     return mla_fail(cudaStreamSynchronize(s->stream), "fill", err, err_len);
 }
 
@@ -711,17 +722,6 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap 
     return cudaSuccess;
 }
 
-static int count_guard(const unsigned char *p, size_t n)
-{
-    int bad = 0;
-    for (size_t i = 0; i < n; i += 4) {
-        uint32_t w;
-        memcpy(&w, p + i, 4);
-        if (w != 0xA5A5A5A5u) bad++;
-    }
-    return bad;
-}
-
 static int ensure_weights(mla_state *s, int layer, char *err, size_t err_len)
 {
     if (s->w_uk[layer]) return 0;
@@ -795,14 +795,32 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
         snprintf(err, err_len, "cuda-mla backend: out of host memory");
         return 3;
     }
-    if ((rc = mla_fail(run_pass(s, a, tmap_arg, layer, false), "MLA launch (warm-up)", err, err_len)) ||
-        (rc = mla_fail(cudaStreamSynchronize(s->stream), "MLA kernels (warm-up)", err, err_len))) {
+    if ((rc = mla_fail(run_pass(s, a, tmap_arg, layer, false), "MLA launch (warm-up)", err, err_len))) {
         free(times);
         return rc;
     }
+    const bool host_copy = o->out && o->lse;
+    const size_t out_payload = (size_t)T * H * V * 4, lse_payload = (size_t)H * T * 4;
     for (int i = 0; i < repeat; i++) {
-        if ((rc = mla_fail(run_pass(s, a, tmap_arg, layer, true), "MLA launch", err, err_len)) ||
-            (rc = mla_fail(cudaEventSynchronize(s->ev[6]), "MLA kernels", err, err_len))) {
+        if ((rc = mla_fail(run_pass(s, a, tmap_arg, layer, true), "MLA launch", err, err_len))) {
+            free(times);
+            return rc;
+        }
+        cudaEvent_t wait_on = s->ev[6];
+        if (i == repeat - 1) {
+            /* after the last repeat, in the same stream: the guard regions checked on the device
+             * and, only when the engine asked for them, host copies of out and LSE */
+            const ar_cuda_outbufs ob = {s->out.ptr, s->lse.ptr, s->out_bytes, s->lse_bytes, MLA_GUARD_BYTES};
+            if ((rc = mla_fail(ar_cuda_forward_tail(s->stream, &ob, s->d_guard, s->h_guard, host_copy ? s->h_out : NULL,
+                                                   out_payload, lse_payload, s->ev[7]), "forward results", err, err_len))) {
+                free(times);
+                return rc;
+            }
+            wait_on = s->ev[7];
+        }
+        /* the kernel times are this call's result: wait for the repeat's events (the last repeat
+         * also waits for the guard count and the host copies, one wait in all) */
+        if ((rc = mla_fail(cudaEventSynchronize(wait_on), "MLA kernels", err, err_len))) {
             free(times);
             return rc;
         }
@@ -828,23 +846,20 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     o->total_us = median_of(times + 6 * repeat, repeat);
     free(times);
 
-    size_t out_total = 2 * MLA_GUARD_BYTES + s->out_bytes, lse_total = 2 * MLA_GUARD_BYTES + s->lse_bytes;
-    unsigned char *ho = (unsigned char *)s->h_out, *hl = ho + out_total;
-    if ((rc = mla_fail(cudaMemcpyAsync(ho, s->out.ptr, out_total, cudaMemcpyDeviceToHost, s->stream), "out copy", err, err_len)) ||
-        (rc = mla_fail(cudaMemcpyAsync(hl, s->lse.ptr, lse_total, cudaMemcpyDeviceToHost, s->stream), "LSE copy", err, err_len)) ||
-        (rc = mla_fail(cudaStreamSynchronize(s->stream), "forward", err, err_len)))
-        return rc;
-    int bad = count_guard(ho, MLA_GUARD_BYTES) + count_guard(ho + MLA_GUARD_BYTES + s->out_bytes, MLA_GUARD_BYTES) +
-              count_guard(hl, MLA_GUARD_BYTES) + count_guard(hl + MLA_GUARD_BYTES + s->lse_bytes, MLA_GUARD_BYTES);
+    o->dev_out = (const char *)s->out.ptr + MLA_GUARD_BYTES;
+    o->dev_out_type = AR_FP32;   /* float values rounded to the dtype */
+    o->dev_lse = (const float *)((const char *)s->lse.ptr + MLA_GUARD_BYTES);
+    o->dev_stream = s->stream;
+    int bad = *s->h_guard;
     o->guard_violations = bad;
-    if (bad) {
-        cudaMemsetAsync(s->out.ptr, MLA_GUARD_BYTE, MLA_GUARD_BYTES, s->stream);
-        cudaMemsetAsync((char *)s->out.ptr + MLA_GUARD_BYTES + s->out_bytes, MLA_GUARD_BYTE, MLA_GUARD_BYTES, s->stream);
-        cudaMemsetAsync(s->lse.ptr, MLA_GUARD_BYTE, MLA_GUARD_BYTES, s->stream);
-        cudaMemsetAsync((char *)s->lse.ptr + MLA_GUARD_BYTES + s->lse_bytes, MLA_GUARD_BYTE, MLA_GUARD_BYTES, s->stream);
+    if (bad) {   /* re-stamp for the next forward */
+        const ar_cuda_outbufs ob = {s->out.ptr, s->lse.ptr, s->out_bytes, s->lse_bytes, MLA_GUARD_BYTES};
+        ar_cuda_restamp_guards(s->stream, &ob);
     }
-    memcpy(o->out, ho + MLA_GUARD_BYTES, (size_t)T * H * V * 4);
-    memcpy(o->lse, hl + MLA_GUARD_BYTES, (size_t)H * T * 4);
+    if (host_copy) {
+        memcpy(o->out, s->h_out, out_payload);
+        memcpy(o->lse, (const unsigned char *)s->h_out + out_payload, lse_payload);
+    }
     return 0;
 }
 

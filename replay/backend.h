@@ -5,8 +5,9 @@
  *   prepare     - the MetadataBuilder: once per step, ar_batch -> the backend's own metadata;
  *   forward     - the Impl: per layer, generate this step's inputs (Q, new K/V) from the data
  *                 generator on the backend's own device, write new K/V into the paged cache
- *                 through slot_mapping (slot -1 skipped), compute out + LSE, and return them
- *                 to the host for verification, with per-kernel times.
+ *                 through slot_mapping (slot -1 skipped), compute out + LSE, and hand them to
+ *                 verification (device pointers, and host copies when the engine asks), with
+ *                 per-kernel times.
  * The paged cache [2, num_blocks, block_size, num_kv_heads, head_size] (MLA:
  * [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]) lives inside the backend, one per
  * layer, in the run's KV dtype, and every slot starts as NaN so that a read of a slot nobody
@@ -106,8 +107,10 @@ typedef struct ar_kernel_time {
 typedef struct ar_forward_out {
     float *out;                     /* [num_tokens, num_q_heads, v_head_dim], values in dtype; or NULL */
     float *lse;                     /* [num_q_heads, num_tokens], natural log; empty row: -inf; or NULL */
-    const void *dev_out;            /* device [num_tokens, num_q_heads, v_head_dim] in dtype (bf16/fp16
-                                       bits); NULL for a host backend */
+    const void *dev_out;            /* device [num_tokens, num_q_heads, v_head_dim] of dev_out_type;
+                                       NULL for a host backend */
+    ar_dtype dev_out_type;          /* the run's 16-bit dtype (its bits) or AR_FP32 (float values,
+                                       already rounded to the dtype) */
     const float *dev_lse;           /* device [num_q_heads, num_tokens] */
     void *dev_stream;               /* cudaStream_t the output was produced on */
     int num_kernels;

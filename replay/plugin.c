@@ -1030,6 +1030,7 @@ static int plugin_forward(void *state, int layer, const ar_batch *b, ar_forward_
     const size_t n_out = (size_t)r->T * r->hq * r->d, n_lse = (size_t)r->T * r->hq;
     if (r->cuda) {
         o->dev_out = r->out;
+        o->dev_out_type = r->cfg.dtype;   /* the run's dtype: 16-bit bits, or float for fp32 */
         o->dev_lse = r->lse;
         o->dev_stream = ar_pdev_stream(r->dev);
         if (o->out) {

@@ -705,8 +705,9 @@ static int run_step(engine *e, const ar_step *st, char *err, size_t err_len)
         ar_batch flat = kb;
         flat.common_prefix_len = 0;
         memset(&fo, 0, sizeof fo);
-        fo.out = e->out;
-        fo.lse = e->lse;
+        bool host_out = ar_verifier_needs_host_output(e->verifier, &vo);
+        fo.out = host_out ? e->out : NULL;
+        fo.lse = host_out ? e->lse : NULL;
         if (e->be->prepare(e->state, &flat, err, err_len) != 0 ||
             e->be->forward(e->state, 0, &flat, &fo, err, err_len) != 0) {
             rc = 3;
@@ -1083,6 +1084,12 @@ int ar_replay_main(int argc, char **argv)
         if (interrupted) break;
     }
     if (tty) fputc('\n', stderr);
+    char vline[512];   /* the device verifier: its last cross-check, and what it did */
+    if (ar_verifier_finish(e->verifier, vline, sizeof vline, err, sizeof err) != 0 && exit_code == 0) {
+        snprintf(fail_msg, sizeof fail_msg, "%s", err);
+        exit_code = 3;
+    }
+    if (vline[0] && !e->o.quiet) fprintf(stderr, "  %s\n", vline);
     if (in_tx) {
         if (exit_code == 0 || exit_code == 1 || exit_code == 2) {
             if (ar_db_update_progress(e->db, e->run_id, e->steps_done, e->steps_failed, e->last_step,

@@ -1,0 +1,1719 @@
+/* ref_gpu.cu - the device twin of the float64 reference and of the naive yardstick, and the
+ * device half of verification (see ref_gpu.h for what it computes and why).
+ *
+ * Deliberately plain CUDA, sharing nothing with kernels/: SIMT arithmetic only, one tiled GEMM
+ * template for every product and warp-per-row kernels for everything else.  Per step-layer:
+ *
+ *   1. the host plans (ref_gpu_plan.c): items (request, rows, key chunk) in groups that fit the
+ *      scratch, and the block-cache slots of every block an item reads; one upload of that plan;
+ *   2. Q of the checked rows from the generator (MLA: q_nope, q_pe and the yardstick's latent
+ *      query ql = round(W_UK q_nope) | q_pe);
+ *   3. per group: the blocks the cache misses are generated (MHA: K and V after the KV round
+ *      trip; MLA: the latent, then k_nope = c W_UK and v = c W_UV in float64); then
+ *        reference:  S = scale q.k (float64, soft cap)  -> softmax rows (max, exp, sum)
+ *                    -> O = P.V (float64) -> fold the chunk into the row's running result
+ *                    (ar_ref_merge's rule; the first chunk is copied);
+ *        yardstick:  MHA - float products, each score rounded to the dtype (soft cap as three
+ *                    rounded ops), softmax in float with P rounded to the dtype (fp8: also
+ *                    through fp8), P.V in float rounded; MLA - float64 sums, P rounded, the
+ *                    latent output rounded, then W_UV, rounded; folded in float64;
+ *   4. the comparison with the backend's output (replay/verify.c's compare_rows, element by
+ *      element, with per-block partial sums and worst lists reduced in a fixed order), the
+ *      NaN/Inf count over the whole output, one copy of the summary back, one wait.
+ *
+ * The GEMM template: C[m][n] = sum_k A(m, k) B(k, n) over a list of problems (each CTA finds its
+ * problem by binary search over per-problem m-tile counts; blockIdx.y is the n-tile).  A is read
+ * through row handles (base offset, visible key range [lo, hi)) made once per tile; B either
+ * per column n (keys of a score product: contiguous in k) or per row k (values of a P.V
+ * product: contiguous in n).  Tiles no checked row can see are skipped (score products) or
+ * their key range is cut to what the tile's rows see (P.V products).  Two tile shapes: 64 x 64
+ * (4 x 4 per thread) for problems of more than 8 rows, 8 rows x 256 / 128 columns (8 x 2 /
+ * 8 x 1 per thread) for decode-like problems of a few rows. */
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <type_traits>
+
+#include "ref_gpu.h"
+#include "ref_gpu_plan.h"
+#include "datagen.h"
+#include "dtype.h"
+#include "mla_ref.h"
+extern "C" {
+#include "../replay/verify.h"
+}
+
+namespace argpu {
+
+/* ---- device data of a step ------------------------------------------------------------------- */
+
+struct dreq {
+    unsigned long long req_key;
+    int q0, n, ctx, seq, kmin, kmax, row0, nrows;
+};
+
+struct drow {
+    int r, row, pos, t;
+};
+
+struct ditem {
+    int r, row0, nrows, chunk, k0, nkeys, map0, nblocks;
+};
+
+/* One GEMM problem (also the unit of the per-vector kernels): M rows ("vectors": a checked row
+ * and one query head), N columns, K reduction. */
+struct gprob {
+    int item;                 /* index into the step's items (-1: none) */
+    int head;                 /* MHA: KV head; MLA reference / W_UV: head; else -1 */
+    int M, N, K, pad;
+    long long s_off;          /* first score of the problem in the scratch ([M][N]) */
+    long long v_off;          /* first vector in the per-vector scratch */
+    long long aux;            /* MLA W_UV: the item's first yardstick vector */
+};
+
+struct rowh {
+    long long base;           /* -1: a zero row */
+    int lo, hi;               /* A rows: keys visible in the item's chunk (k or n units) */
+};
+
+enum kind {
+    K_MHA_S_REF, K_MHA_PV_REF, K_MHA_S_NV, K_MHA_PV_NV,
+    K_MLA_QL, K_MLA_UP_K, K_MLA_UP_V,
+    K_MLA_S_REF, K_MLA_PV_REF, K_MLA_S_NV, K_MLA_PV_NV, K_MLA_WUV
+};
+
+constexpr int NO_MASK = INT_MAX / 2;
+
+/* Everything the kernels read, by value (one launch parameter). */
+struct gctx {
+    int hq, hkv, group, D, Dv, bs, window, mla;
+    int H, L, R, P, V;
+    double scale, cap;
+    float scale_f, cap_f, kv_scale;
+    ar_dtype dtype, kv_dtype, cd, pool_type;
+    ar_datadist dist;
+    unsigned long long seed;
+    unsigned layer;
+    int num_tokens, num_rows;
+    const dreq *reqs;
+    const drow *rows;
+    const ditem *items;
+    const int *slot_map;
+    const int *miss_slot;
+    const unsigned long long *miss_key;
+    int nmiss;
+    float *q;                 /* MHA [rows, Hq, D]; MLA [rows, H, P + R] = q_nope | q_pe */
+    float *ql;                /* MLA [rows, H, L + R] = round(W_UK q_nope) | q_pe */
+    const float *w_uk, *w_uv; /* MLA [L, H, P], [L, H, V] */
+    void *pool_kv;            /* MHA [slots][2][bs][Hkv][D] of pool_type */
+    double *pool_kn, *pool_v; /* MLA [slots][bs][H][P], [slots][bs][H][V] */
+    float *pool_lat;          /* MLA [slots][bs][L + R] */
+    double *S;                /* scores / P (float view for the MHA yardstick) */
+    double *O;                /* [vectors][Dv] (float view for the MHA yardstick) */
+    float *olat;              /* MLA yardstick [vectors][L] */
+    float *onv;               /* MLA yardstick [vectors][V] */
+    double *stat;             /* [vectors][2] */
+    double *acc_o, *acc_l, *nv_o, *nv_l;   /* [rows][Hq][Dv], [rows][Hq] */
+};
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+/* The keys [lo, hi) of item it (indices into its chunk) that query position pos sees. */
+__device__ __forceinline__ void visible(const gctx &c, const ditem &it, int pos, int *lo, int *hi)
+{
+    int a = 0, b = pos + 1 - it.k0;
+    if (c.window > 0) {
+        int s = pos - c.window + 1 - it.k0;
+        if (s > a) a = s;
+    }
+    if (b > it.nkeys) b = it.nkeys;
+    if (b < 0) b = 0;
+    if (a > b) a = b;
+    *lo = a;
+    *hi = b;
+}
+
+/* Checked row and query head of vector m of problem p. */
+template <int KIND>
+__device__ __forceinline__ void vec_of(const gctx &c, const gprob &p, int m, int *row, int *head)
+{
+    const ditem &it = c.items[p.item];
+    if (KIND == K_MHA_S_REF || KIND == K_MHA_PV_REF || KIND == K_MHA_S_NV || KIND == K_MHA_PV_NV) {
+        *row = it.row0 + m / c.group;
+        *head = p.head * c.group + m % c.group;
+    } else if (KIND == K_MLA_S_NV || KIND == K_MLA_PV_NV) {
+        *row = it.row0 + m / c.H;
+        *head = m % c.H;
+    } else {
+        *row = it.row0 + m;
+        *head = p.head;
+    }
+}
+
+/* Pool token (slot * bs + offset) of key n of item it. */
+__device__ __forceinline__ long long pool_token(const gctx &c, const ditem &it, int n)
+{
+    int pos = it.k0 + n;
+    int slot = c.slot_map[it.map0 + pos / c.bs - it.k0 / c.bs];
+    return (long long)slot * c.bs + pos % c.bs;
+}
+
+__device__ __forceinline__ long long miss_token(const gctx &c, int m)
+{
+    return (long long)c.miss_slot[m / c.bs] * c.bs + m % c.bs;
+}
+
+__device__ __forceinline__ float round_f(ar_dtype t, float x) { return ar_round_to(t, x); }
+
+/* ---- operands of each product ------------------------------------------------------------ */
+
+/* Columns and reduction length of a product.  The P.V and W_UV products run over the score
+ * products' problem lists, whose N is the item's keys and K the QK width. */
+template <int KIND>
+__device__ __forceinline__ int prod_n(const gctx &c, const gprob &p)
+{
+    switch (KIND) {
+    case K_MHA_PV_REF:
+    case K_MHA_PV_NV: return c.Dv;
+    case K_MLA_PV_REF:
+    case K_MLA_WUV: return c.V;
+    case K_MLA_PV_NV: return c.L;
+    case K_MLA_UP_K: return c.H * c.P;
+    case K_MLA_UP_V: return c.H * c.V;
+    default: return p.N;
+    }
+}
+
+template <int KIND>
+__device__ __forceinline__ int prod_k(const gctx &c, const gprob &p)
+{
+    switch (KIND) {
+    case K_MHA_PV_REF:
+    case K_MHA_PV_NV:
+    case K_MLA_PV_REF:
+    case K_MLA_PV_NV: return p.N;   /* the item's keys */
+    case K_MLA_WUV:
+    case K_MLA_UP_K:
+    case K_MLA_UP_V: return c.L;
+    default: return p.K;
+    }
+}
+
+template <int KIND>
+__device__ rowh a_handle(const gctx &c, const gprob &p, int m)
+{
+    rowh h = {-1, 0, NO_MASK};
+    switch (KIND) {
+    case K_MLA_QL:
+        h.base = ((long long)m * c.H + p.head) * (c.P + c.R);
+        return h;
+    case K_MLA_UP_K:
+    case K_MLA_UP_V:
+        h.base = miss_token(c, m) * (c.L + c.R);
+        return h;
+    case K_MLA_WUV:
+        h.base = (p.aux + (long long)m * c.H + p.head) * c.L;
+        return h;
+    default:
+        break;
+    }
+    int row, head;
+    vec_of<KIND>(c, p, m, &row, &head);
+    const ditem &it = c.items[p.item];
+    visible(c, it, c.rows[row].pos, &h.lo, &h.hi);
+    switch (KIND) {
+    case K_MHA_S_REF:
+    case K_MHA_S_NV: h.base = ((long long)row * c.hq + head) * c.D; break;
+    case K_MLA_S_REF: h.base = ((long long)row * c.H + head) * (c.P + c.R); break;
+    case K_MLA_S_NV: h.base = ((long long)row * c.H + head) * (c.L + c.R); break;
+    default: h.base = p.s_off + (long long)m * p.N; break;   /* P.V products: the row of P */
+    }
+    return h;
+}
+
+template <int KIND, typename T>
+__device__ __forceinline__ T a_at(const gctx &c, const rowh &h, int k, int kmax)
+{
+    if (h.base < 0 || k >= kmax) return (T)0;
+    switch (KIND) {
+    case K_MHA_S_REF:
+    case K_MHA_S_NV:
+    case K_MLA_QL:
+    case K_MLA_S_REF: return (T)c.q[h.base + k];
+    case K_MLA_S_NV: return (T)c.ql[h.base + k];
+    case K_MLA_UP_K:
+    case K_MLA_UP_V: return (T)c.pool_lat[h.base + k];
+    case K_MLA_WUV: return (T)c.olat[h.base + k];
+    case K_MHA_PV_NV:
+        if (k < h.lo || k >= h.hi) return (T)0;
+        return (T)((const float *)c.S)[h.base + k];
+    default:   /* K_MHA_PV_REF, K_MLA_PV_REF, K_MLA_PV_NV */
+        if (k < h.lo || k >= h.hi) return (T)0;
+        return (T)c.S[h.base + k];
+    }
+}
+
+/* B handles: per column n (score products, the W_UK product of ql) or per row k (the rest). */
+template <int KIND>
+__device__ rowh b_handle(const gctx &c, const gprob &p, int idx)
+{
+    rowh h = {-1, 0, 0};
+    switch (KIND) {
+    case K_MLA_QL: h.base = ((long long)idx * c.H + p.head) * c.P; return h;            /* n = l */
+    case K_MLA_UP_K: h.base = (long long)idx * c.H * c.P; return h;                      /* k = l */
+    case K_MLA_UP_V: h.base = (long long)idx * c.H * c.V; return h;                      /* k = l */
+    case K_MLA_WUV: h.base = ((long long)idx * c.H + p.head) * c.V; return h;           /* k = l */
+    default: break;
+    }
+    const ditem &it = c.items[p.item];
+    long long tok = pool_token(c, it, idx);   /* key idx of the item */
+    switch (KIND) {
+    case K_MHA_S_REF:
+    case K_MHA_S_NV:   /* K: side 0 */
+        h.base = (((tok / c.bs) * 2 * c.bs + tok % c.bs) * c.hkv + p.head) * (long long)c.D;
+        break;
+    case K_MHA_PV_REF:
+    case K_MHA_PV_NV:  /* V: side 1 */
+        h.base = (((tok / c.bs) * 2 * c.bs + c.bs + tok % c.bs) * c.hkv + p.head) * (long long)c.D;
+        break;
+    default: h.base = tok; break;   /* MLA: the pool token */
+    }
+    return h;
+}
+
+template <int KIND, typename T>
+__device__ __forceinline__ T b_at(const gctx &c, const gprob &p, const rowh &h, int idx, int bound)
+{
+    if (h.base < 0 || idx >= bound) return (T)0;
+    switch (KIND) {
+    case K_MHA_S_REF:
+    case K_MHA_PV_REF:
+    case K_MHA_PV_NV: return (T)ar_load(c.pool_type, c.pool_kv, h.base + idx);
+    case K_MHA_S_NV:   /* the yardstick's K scaled in the dtype: round(k * scale) */
+        return (T)round_f(c.cd, __fmul_rn(ar_load(c.pool_type, c.pool_kv, h.base + idx), c.scale_f));
+    case K_MLA_QL:
+    case K_MLA_UP_K: return (T)c.w_uk[h.base + idx];
+    case K_MLA_UP_V:
+    case K_MLA_WUV: return (T)c.w_uv[h.base + idx];
+    case K_MLA_S_REF:
+        if (idx < c.P) return (T)c.pool_kn[(h.base * c.H + p.head) * c.P + idx];
+        return (T)c.pool_lat[h.base * (c.L + c.R) + c.L + (idx - c.P)];
+    case K_MLA_PV_REF: return (T)c.pool_v[(h.base * c.H + p.head) * c.V + idx];
+    default: return (T)c.pool_lat[h.base * (c.L + c.R) + idx];   /* K_MLA_S_NV, K_MLA_PV_NV */
+    }
+}
+
+template <int KIND, typename T>
+__device__ __forceinline__ void store(const gctx &c, const gprob &p, int m, int n, T acc)
+{
+    switch (KIND) {
+    case K_MHA_S_REF: {
+        double s = c.scale * (double)acc;
+        if (c.cap > 0) s = c.cap * tanh(s / c.cap);
+        c.S[p.s_off + (long long)m * p.N + n] = s;
+        break;
+    }
+    case K_MHA_S_NV: {   /* rounded score; soft cap as three rounded dtype ops */
+        float sc = round_f(c.cd, (float)acc);
+        if (c.cap_f > 0) {
+            sc = round_f(c.cd, __fdiv_rn(sc, c.cap_f));
+            sc = round_f(c.cd, tanhf(sc));
+            sc = round_f(c.cd, __fmul_rn(sc, c.cap_f));
+        }
+        ((float *)c.S)[p.s_off + (long long)m * p.N + n] = sc;
+        break;
+    }
+    case K_MHA_PV_REF: c.O[(p.v_off + m) * c.Dv + n] = (double)acc; break;
+    case K_MLA_PV_REF: c.O[(p.v_off + m) * c.V + n] = (double)acc; break;
+    case K_MHA_PV_NV: ((float *)c.O)[(p.v_off + m) * c.Dv + n] = round_f(c.cd, (float)acc); break;
+    case K_MLA_QL: c.ql[((long long)m * c.H + p.head) * (c.L + c.R) + n] = round_f(c.dtype, (float)acc); break;
+    case K_MLA_UP_K: c.pool_kn[miss_token(c, m) * c.H * c.P + n] = (double)acc; break;
+    case K_MLA_UP_V: c.pool_v[miss_token(c, m) * c.H * c.V + n] = (double)acc; break;
+    case K_MLA_S_REF:
+    case K_MLA_S_NV: c.S[p.s_off + (long long)m * p.N + n] = c.scale * (double)acc; break;
+    case K_MLA_PV_NV: c.olat[(p.v_off + m) * c.L + n] = round_f(c.dtype, (float)acc); break;
+    default: c.onv[(p.aux + (long long)m * c.H + p.head) * c.V + n] = round_f(c.dtype, (float)acc); break;   /* WUV */
+    }
+}
+
+/* ---- the GEMM template ----------------------------------------------------------------------- */
+
+template <typename T, int KIND, int BM, int BN, int BK, int TM, int TN, bool B_PER_K>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
+{
+    constexpr int NT = (BM / TM) * (BN / TN);
+    constexpr int HB = B_PER_K ? BK : BN;
+    __shared__ T As[BK][BM + 1];
+    __shared__ T Bs[BK][BN + 1];
+    __shared__ rowh ha[BM];
+    __shared__ rowh hb[HB];
+    __shared__ int s_lo, s_hi;
+    const int tid = threadIdx.x;
+    const int x = blockIdx.x;
+    int lo = 0, hi = nprobs - 1;   /* the last problem whose first m-tile is <= x */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (mprefix[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    const gprob p = probs[lo];
+    const int PN = prod_n<KIND>(c, p), PK = prod_k<KIND>(c, p);
+    const int m0 = (x - mprefix[lo]) * BM, n0 = blockIdx.y * BN;
+    if (n0 >= PN) return;
+    for (int i = tid; i < BM; i += NT) {
+        rowh h = {-1, 0, 0};
+        if (m0 + i < p.M) h = a_handle<KIND>(c, p, m0 + i);
+        ha[i] = h;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int l = INT_MAX, u = INT_MIN;
+        for (int i = 0; i < BM; i++)
+            if (ha[i].base >= 0 && ha[i].lo < ha[i].hi) {
+                l = min(l, ha[i].lo);
+                u = max(u, ha[i].hi);
+            }
+        s_lo = l;
+        s_hi = u;
+    }
+    __syncthreads();
+    if (s_lo >= s_hi) return;                 /* no row of the tile sees a key of this item */
+    int klo = 0, khi = PK;
+    if (!B_PER_K) {
+        if (n0 >= s_hi || n0 + BN <= s_lo) return;   /* keys nobody here sees */
+        for (int j = tid; j < BN; j += NT) {
+            rowh h = {-1, 0, 0};
+            if (n0 + j < PN) h = b_handle<KIND>(c, p, n0 + j);
+            hb[j] = h;
+        }
+    } else {
+        klo = max(0, s_lo) / BK * BK;
+        khi = min(PK, s_hi);
+    }
+    const int tx = tid % (BN / TN), ty = tid / (BN / TN);
+    T acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) acc[i][j] = (T)0;
+    for (int k0 = klo; k0 < khi; k0 += BK) {
+        if (B_PER_K) {
+            for (int j = tid; j < BK; j += NT) {
+                rowh h = {-1, 0, 0};
+                if (k0 + j < khi) h = b_handle<KIND>(c, p, k0 + j);
+                hb[j] = h;
+            }
+        }
+        __syncthreads();
+        for (int idx = tid; idx < BM * BK; idx += NT) {
+            int kk = idx % BK, mm = idx / BK;
+            As[kk][mm] = a_at<KIND, T>(c, ha[mm], k0 + kk, khi);
+        }
+        if (!B_PER_K) {
+            for (int idx = tid; idx < BN * BK; idx += NT) {
+                int kk = idx % BK, nn = idx / BK;
+                Bs[kk][nn] = b_at<KIND, T>(c, p, hb[nn], k0 + kk, khi);
+            }
+        } else {
+            for (int idx = tid; idx < BN * BK; idx += NT) {
+                int nn = idx % BN, kk = idx / BN;
+                Bs[kk][nn] = b_at<KIND, T>(c, p, hb[kk], n0 + nn, PN);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk++) {
+            T a[TM], bv[TN];
+#pragma unroll
+            for (int i = 0; i < TM; i++) a[i] = As[kk][ty * TM + i];
+#pragma unroll
+            for (int j = 0; j < TN; j++) bv[j] = Bs[kk][tx * TN + j];
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+                for (int j = 0; j < TN; j++) acc[i][j] = fma(a[i], bv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+        int m = ty * TM + i;
+        if (m0 + m >= p.M) continue;
+#pragma unroll
+        for (int j = 0; j < TN; j++) {
+            int n = n0 + tx * TN + j;
+            if (n < PN) store<KIND, T>(c, p, m0 + m, n, acc[i][j]);
+        }
+    }
+}
+
+/* ---- per-vector kernels: one warp per vector ------------------------------------------------ */
+
+/* The problem holding vector v (problems sorted by v_off) and v's index in it. */
+__device__ __forceinline__ int find_vec(const gprob *probs, int nprobs, long long v, int *m)
+{
+    int lo = 0, hi = nprobs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (probs[mid].v_off <= v) lo = mid;
+        else hi = mid - 1;
+    }
+    *m = (int)(v - probs[lo].v_off);
+    return lo;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_max(T x)
+{
+    for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+template <typename T>
+__device__ __forceinline__ T warp_sum(T x)
+{
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* Softmax of one score row over its visible keys, in T.  MODE 0: float64 reference (stores
+ * exp(s - max), stat = max, sum); 1: MHA yardstick (float; stores P rounded to the compute dtype,
+ * and through fp8 for an fp8 run; stat = lse); 2: MLA yardstick (float64; stores P rounded to
+ * the dtype; stat = lse).  NaN scores propagate as in the host code (max ignores them; exp and the
+ * sum carry them). */
+template <typename T, int KIND, int MODE>
+__device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long long v, int lane)
+{
+    int m;
+    const gprob &p = probs[find_vec(probs, nprobs, v, &m)];
+    int row, head, lo, hi;
+    vec_of<KIND>(c, p, m, &row, &head);
+    visible(c, c.items[p.item], c.rows[row].pos, &lo, &hi);
+    double *st = c.stat + 2 * v;
+    if (lo >= hi) {
+        if (lane == 0) {
+            st[0] = -INFINITY;
+            st[1] = 0;
+        }
+        return;
+    }
+    T *s = (T *)c.S + p.s_off + (long long)m * p.N;
+    T mx = -INFINITY;
+    for (int j = lo + lane; j < hi; j += 32) mx = max(mx, s[j]);
+    mx = warp_max(mx);
+    T sum = 0;
+    for (int j = lo + lane; j < hi; j += 32) {
+        T e = exp(s[j] - mx);
+        s[j] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    if (MODE != 0) {
+        for (int j = lo + lane; j < hi; j += 32) {
+            float pr = round_f(MODE == 1 ? c.cd : c.dtype, (float)(s[j] / sum));
+            if (MODE == 1 && c.dtype == AR_FP8_E4M3) pr = round_f(AR_FP8_E4M3, pr);
+            s[j] = (T)pr;
+        }
+    }
+    if (lane == 0) {
+        st[0] = MODE == 0 ? (double)mx : (double)(mx + log(sum));
+        st[1] = (double)sum;
+    }
+}
+
+/* One warp per vector, grid-stride (a launch may cover more vectors than a grid has warps). */
+template <int KIND, int MODE>
+__global__ void softmax_kernel(gctx c, const gprob *probs, int nprobs, long long nvec)
+{
+    const long long warps = (long long)gridDim.x * blockDim.x / 32;
+    for (long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; v < nvec; v += warps)
+        softmax_row<typename std::conditional<MODE == 1, float, double>::type, KIND, MODE>(c, probs, nprobs, v,
+                                                                                          threadIdx.x % 32);
+}
+
+/* ar_ref_merge of (ob, lb) into the running (oa, la), one warp, Dv elements; first: copy. */
+__device__ __forceinline__ void merge_into(double *oa, double *la, int dv, bool first, bool empty, double lb,
+                                           const double *ob, const float *obf, double ob_scale, int lane)
+{
+    if (first) {
+        for (int e = lane; e < dv; e += 32)
+            oa[e] = empty ? 0.0 : (ob ? ob[e] * ob_scale : (double)obf[e]);
+        if (lane == 0) *la = empty ? -INFINITY : lb;
+        return;
+    }
+    if (empty) lb = -INFINITY;
+    double a = *la, b = lb;
+    if (a == INFINITY) a = -INFINITY;
+    if (b == INFINITY) b = -INFINITY;
+    double mx = a > b ? a : b;
+    if (mx == -INFINITY) {
+        __syncwarp();
+        if (lane == 0) *la = -INFINITY;
+        return;
+    }
+    double wa = exp(a - mx), wb = exp(b - mx), total = wa + wb;
+    double sa = wa / total, sb = wb / total;
+    for (int e = lane; e < dv; e += 32) {
+        double bv = empty ? 0.0 : (ob ? ob[e] * ob_scale : (double)obf[e]);
+        oa[e] = __dadd_rn(__dmul_rn(oa[e], sa), __dmul_rn(bv, sb));
+    }
+    __syncwarp();
+    if (lane == 0) *la = log(total) + mx;
+}
+
+/* Folds this chunk's result of every vector into the row's running result.  NV: the yardstick
+ * (chunk outputs already rounded, float; stat[0] = lse), else the reference (O unnormalised,
+ * stat = max, sum). */
+template <int KIND, bool NV>
+__device__ void fold_row(const gctx &c, const gprob *probs, int nprobs, long long v, int lane)
+{
+    int m;
+    const gprob &p = probs[find_vec(probs, nprobs, v, &m)];
+    int row, head, lo, hi;
+    vec_of<KIND>(c, p, m, &row, &head);
+    const ditem &it = c.items[p.item];
+    visible(c, it, c.rows[row].pos, &lo, &hi);
+    const bool empty = lo >= hi, first = it.chunk == 0;
+    const long long at = (long long)row * c.hq + head;
+    if (!NV) {
+        double mx = c.stat[2 * v], sum = c.stat[2 * v + 1];
+        merge_into(c.acc_o + at * c.Dv, c.acc_l + at, c.Dv, first, empty, empty ? 0 : mx + log(sum),
+                   c.O + v * c.Dv, NULL, empty ? 0 : 1.0 / sum, lane);
+    } else {
+        const float *ob = c.mla ? c.onv + v * c.Dv : (const float *)c.O + v * c.Dv;
+        merge_into(c.nv_o + at * c.Dv, c.nv_l + at, c.Dv, first, empty, c.stat[2 * v], NULL, ob, 1.0, lane);
+    }
+}
+
+template <int KIND, bool NV>
+__global__ void fold_kernel(gctx c, const gprob *probs, int nprobs, long long nvec)
+{
+    const long long warps = (long long)gridDim.x * blockDim.x / 32;
+    for (long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; v < nvec; v += warps)
+        fold_row<KIND, NV>(c, probs, nprobs, v, threadIdx.x % 32);
+}
+
+/* ---- inputs from the generator -------------------------------------------------------------- */
+
+__global__ void gen_q_mha_kernel(gctx c)
+{
+    const int nch = (c.D + 7) / 8;
+    long long total = (long long)c.num_rows * c.hq * nch;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        int ch = (int)(idx % nch);
+        long long rh = idx / nch;
+        int h = (int)(rh % c.hq), row = (int)(rh / c.hq);
+        const drow rw = c.rows[row];
+        uint64_t gr = ar_gen_row(c.seed, AR_STREAM_Q, c.layer, c.reqs[rw.r].req_key, (uint64_t)rw.pos, (uint32_t)h);
+        for (int e = 0; e < 8; e++) {
+            int d = ch * 8 + e;
+            if (d < c.D) c.q[rh * c.D + d] = ar_gen(gr, (uint32_t)d, c.dist, c.dtype);
+        }
+    }
+}
+
+__global__ void gen_q_mla_kernel(gctx c)
+{
+    const int W = c.P + c.R, nch = (W + 7) / 8;
+    long long total = (long long)c.num_rows * c.H * nch;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        int ch = (int)(idx % nch);
+        long long rh = idx / nch;
+        int h = (int)(rh % c.H), row = (int)(rh / c.H);
+        const drow rw = c.rows[row];
+        uint64_t key = c.reqs[rw.r].req_key;
+        uint64_t rn = ar_gen_row(c.seed, AR_STREAM_Q_NOPE, c.layer, key, (uint64_t)rw.pos, (uint32_t)h);
+        uint64_t rp = ar_gen_row(c.seed, AR_STREAM_Q_PE, c.layer, key, (uint64_t)rw.pos, (uint32_t)h);
+        for (int e = 0; e < 8; e++) {
+            int k = ch * 8 + e;
+            if (k >= W) break;
+            if (k < c.P) {
+                c.q[rh * W + k] = ar_gen(rn, (uint32_t)k, c.dist, c.dtype);
+            } else {
+                float x = ar_gen(rp, (uint32_t)(k - c.P), c.dist, c.dtype);
+                c.q[rh * W + k] = x;
+                c.ql[rh * (c.L + c.R) + c.L + (k - c.P)] = x;
+            }
+        }
+    }
+}
+
+/* MHA: K and V of the missed blocks after the KV round trip, in pool_type. */
+__global__ void gen_pool_mha_kernel(gctx c)
+{
+    const int nch = (c.D + 7) / 8;
+    long long total = (long long)c.nmiss * c.bs * c.hkv * nch;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        int ch = (int)(idx % nch);
+        long long rest = idx / nch;
+        int g = (int)(rest % c.hkv);
+        rest /= c.hkv;
+        int off = (int)(rest % c.bs), i = (int)(rest / c.bs);
+        long long slot = c.miss_slot[i];
+        uint64_t key = c.miss_key[i];
+        for (int side = 0; side < 2; side++) {
+            uint64_t gr = ar_gen_row(c.seed, side ? AR_STREAM_V : AR_STREAM_K, c.layer, key, (uint64_t)off, (uint32_t)g);
+            long long base = (((slot * 2 + side) * c.bs + off) * c.hkv + g) * c.D;
+            for (int e = 0; e < 8; e++) {
+                int d = ch * 8 + e;
+                if (d >= c.D) break;
+                float x = ar_kv_roundtrip(c.kv_dtype, c.dtype, c.kv_scale, ar_gen(gr, (uint32_t)d, c.dist, c.dtype));
+                ar_store(c.pool_type, c.pool_kv, base + d, x);
+            }
+        }
+    }
+}
+
+/* MLA: the latent entries of the missed blocks after the KV round trip. */
+__global__ void gen_pool_lat_kernel(gctx c)
+{
+    const int E = c.L + c.R, nch = (E + 7) / 8;
+    long long total = (long long)c.nmiss * c.bs * nch;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        int ch = (int)(idx % nch);
+        long long rest = idx / nch;
+        int off = (int)(rest % c.bs), i = (int)(rest / c.bs);
+        uint64_t gr = ar_gen_row(c.seed, AR_STREAM_LATENT, c.layer, c.miss_key[i], (uint64_t)off, 0);
+        long long base = ((long long)c.miss_slot[i] * c.bs + off) * E;
+        for (int e = 0; e < 8; e++) {
+            int k = ch * 8 + e;
+            if (k >= E) break;
+            c.pool_lat[base + k] = ar_kv_roundtrip(c.kv_dtype, c.dtype, c.kv_scale, ar_gen(gr, (uint32_t)k, c.dist, c.dtype));
+        }
+    }
+}
+
+/* MLA: one layer's W_UK [L, H, P] and W_UV [L, H, V] (ar_mla_weight). */
+__global__ void gen_weights_kernel(float *w, int L, int H, int width, uint32_t stream, uint64_t seed, uint32_t layer,
+                                   ar_datadist dist, ar_dtype dtype)
+{
+    long long total = (long long)L * H * width;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        int col = (int)(idx % width);
+        long long lh = idx / width;
+        int h = (int)(lh % H), l = (int)(lh / H);
+        w[idx] = ar_mla_weight(seed, stream, layer, L, l, h, col, dist, dtype);
+    }
+}
+
+__global__ void init_acc_kernel(double *o, double *l, long long n_out, long long n_lse)
+{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_out; i += (long long)gridDim.x * blockDim.x) {
+        o[i] = 0;
+        if (i < n_lse) l[i] = -INFINITY;
+    }
+}
+
+/* ---- comparison and reduction ------------------------------------------------------------ */
+
+struct wentry {
+    double err, got, want;
+    long long idx;            /* (row * Hq + head) * Dv + dim: the host's insertion order */
+};
+
+struct part {
+    double sum_abs, sum_sq_err, sum_sq_ref, naive_sum;
+    double max_abs, max_rel, lse_max, naive_max, naive_lse_max;
+    long long bad, elems;
+    int nworst, pad;
+    wentry w[AR_GPU_REF_WORST];
+};
+
+struct dsum {
+    part total;
+    unsigned long long nan;
+};
+
+/* a before b in the worst list: larger error first, then the earlier element */
+__device__ __forceinline__ bool better(double ea, long long ia, double eb, long long ib)
+{
+    return ea > eb || (ea == eb && ia < ib);
+}
+
+__device__ void worst_insert(wentry *w, int *n, const wentry &x)
+{
+    if (*n == AR_GPU_REF_WORST && !better(x.err, x.idx, w[AR_GPU_REF_WORST - 1].err, w[AR_GPU_REF_WORST - 1].idx))
+        return;
+    int i = *n < AR_GPU_REF_WORST ? (*n)++ : AR_GPU_REF_WORST - 1;
+    while (i > 0 && better(x.err, x.idx, w[i - 1].err, w[i - 1].idx)) {
+        w[i] = w[i - 1];
+        i--;
+    }
+    w[i] = x;
+}
+
+__device__ __forceinline__ double lse_diff(double a, double b)
+{
+    if (isinf(a) && isinf(b) && (a < 0) == (b < 0)) return 0;
+    double d = fabs(a - b);
+    return isnan(d) ? INFINITY : d;
+}
+
+struct cmp_args {
+    const void *out;
+    ar_dtype out_type;
+    const float *lse;
+    double atol, rtol;
+    part *parts;
+};
+
+constexpr int CMP_THREADS = 256;
+
+/* Element by element as replay/verify.c's compare_rows; one partial per block. */
+__global__ void __launch_bounds__(CMP_THREADS) compare_kernel(gctx c, cmp_args a)
+{
+    __shared__ double sh_d[CMP_THREADS / 32][9];
+    __shared__ long long sh_l[CMP_THREADS / 32][2];
+    __shared__ wentry sh_w[CMP_THREADS / 32][AR_GPU_REF_WORST];
+    __shared__ int sh_n[CMP_THREADS / 32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    double sum_abs = 0, sum_sq_err = 0, sum_sq_ref = 0, naive_sum = 0;
+    double max_abs = 0, max_rel = 0, lse_max = 0, naive_max = 0, naive_lse_max = 0;
+    long long bad = 0, elems = 0;
+    wentry w[AR_GPU_REF_WORST];
+    int nw = 0;
+    const long long per_row = (long long)c.hq * c.Dv, total = (long long)c.num_rows * per_row;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        int row = (int)(i / per_row), rem = (int)(i % per_row);
+        int h = rem / c.Dv, e = rem % c.Dv;
+        int t = c.rows[row].t;
+        double got = ar_load(a.out_type, a.out, ((long long)t * c.hq + h) * c.Dv + e);
+        double want = c.acc_o[i];
+        double naive = ar_round_to(c.dtype, (float)c.nv_o[i]);
+        double err = fabs(got - want);
+        if (isnan(err)) err = INFINITY;
+        double ne = fabs(naive - want);
+        elems++;
+        sum_abs += err;
+        sum_sq_err += err * err;
+        sum_sq_ref += want * want;
+        naive_sum += ne;
+        if (ne > naive_max) naive_max = ne;
+        double rel = err / (fabs(want) > 1e-3 ? fabs(want) : 1e-3);
+        if (rel > max_rel) max_rel = rel;
+        if (err > a.atol + a.rtol * fabs(want)) bad++;
+        if (err > max_abs) max_abs = err;
+        wentry x = {err, got, want, i};
+        worst_insert(w, &nw, x);
+        if (e == 0) {
+            long long at = (long long)row * c.hq + h;
+            double gl = a.lse[(long long)h * c.num_tokens + t], rl = c.acc_l[at];
+            double le = lse_diff(gl, rl), nle = lse_diff(c.nv_l[at], rl);
+            if (le > lse_max) lse_max = le;
+            if (nle > naive_lse_max) naive_lse_max = nle;
+        }
+    }
+    /* sums and maxima: warp butterflies, then the block's warps in order */
+    double d[9] = {sum_abs, sum_sq_err, sum_sq_ref, naive_sum, max_abs, max_rel, lse_max, naive_max, naive_lse_max};
+    for (int k = 0; k < 4; k++) d[k] = warp_sum(d[k]);
+    for (int k = 4; k < 9; k++) d[k] = warp_max(d[k]);
+    bad = warp_sum(bad);
+    elems = warp_sum(elems);
+    /* worst: 8 rounds of a warp arg-best over each lane's list head */
+    int head = 0;
+    for (int round = 0; round < AR_GPU_REF_WORST; round++) {
+        double be = head < nw ? w[head].err : -1.0;
+        long long bi = head < nw ? w[head].idx : LLONG_MAX;
+        double bg = head < nw ? w[head].got : 0, bw = head < nw ? w[head].want : 0;
+        for (int o = 16; o > 0; o >>= 1) {
+            double oe = __shfl_xor_sync(0xffffffffu, be, o);
+            long long oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            double og = __shfl_xor_sync(0xffffffffu, bg, o), ow = __shfl_xor_sync(0xffffffffu, bw, o);
+            if (better(oe, oi, be, bi)) {
+                be = oe;
+                bi = oi;
+                bg = og;
+                bw = ow;
+            }
+        }
+        if (head < nw && w[head].idx == bi) head++;
+        if (lane == 0) {
+            if (be >= 0) sh_w[warp][round] = wentry{be, bg, bw, bi};
+            if (be >= 0) sh_n[warp] = round + 1;
+            else if (round == 0) sh_n[warp] = 0;
+        }
+        if (be < 0) break;
+    }
+    if (lane == 0) {
+        for (int k = 0; k < 9; k++) sh_d[warp][k] = d[k];
+        sh_l[warp][0] = bad;
+        sh_l[warp][1] = elems;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        part pt;
+        memset(&pt, 0, sizeof pt);
+        for (int wi = 0; wi < CMP_THREADS / 32; wi++) {
+            pt.sum_abs += sh_d[wi][0];
+            pt.sum_sq_err += sh_d[wi][1];
+            pt.sum_sq_ref += sh_d[wi][2];
+            pt.naive_sum += sh_d[wi][3];
+            pt.max_abs = fmax(pt.max_abs, sh_d[wi][4]);
+            pt.max_rel = fmax(pt.max_rel, sh_d[wi][5]);
+            pt.lse_max = fmax(pt.lse_max, sh_d[wi][6]);
+            pt.naive_max = fmax(pt.naive_max, sh_d[wi][7]);
+            pt.naive_lse_max = fmax(pt.naive_lse_max, sh_d[wi][8]);
+            pt.bad += sh_l[wi][0];
+            pt.elems += sh_l[wi][1];
+            for (int k = 0; k < sh_n[wi]; k++) worst_insert(pt.w, &pt.nworst, sh_w[wi][k]);
+        }
+        a.parts[blockIdx.x] = pt;
+    }
+}
+
+/* The block partials in block order (one thread: a few hundred partials). */
+__global__ void reduce_kernel(const part *parts, int nparts, dsum *out)
+{
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    part t;
+    memset(&t, 0, sizeof t);
+    for (int i = 0; i < nparts; i++) {
+        const part &p = parts[i];
+        t.sum_abs += p.sum_abs;
+        t.sum_sq_err += p.sum_sq_err;
+        t.sum_sq_ref += p.sum_sq_ref;
+        t.naive_sum += p.naive_sum;
+        if (p.max_abs > t.max_abs || isnan(p.max_abs)) t.max_abs = p.max_abs;
+        if (p.max_rel > t.max_rel) t.max_rel = p.max_rel;
+        if (p.lse_max > t.lse_max) t.lse_max = p.lse_max;
+        if (p.naive_max > t.naive_max) t.naive_max = p.naive_max;
+        if (p.naive_lse_max > t.naive_lse_max) t.naive_lse_max = p.naive_lse_max;
+        t.bad += p.bad;
+        t.elems += p.elems;
+        for (int k = 0; k < p.nworst; k++) worst_insert(t.w, &t.nworst, p.w[k]);
+    }
+    out->total = t;
+}
+
+/* NaN/Inf anywhere in the output, NaN/+Inf anywhere in the LSE (integer counts: exact). */
+__global__ void nan_kernel(const void *out, ar_dtype out_type, long long n_out, const float *lse, long long n_lse,
+                           unsigned long long *count)
+{
+    unsigned long long bad = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_out + n_lse;
+         i += (long long)gridDim.x * blockDim.x) {
+        if (i < n_out) {
+            if (!isfinite(ar_load(out_type, out, i))) bad++;
+        } else {
+            float x = lse[i - n_out];
+            if (isnan(x) || x == INFINITY) bad++;
+        }
+    }
+    bad = warp_sum(bad);
+    if (threadIdx.x % 32 == 0 && bad) atomicAdd(count, bad);
+}
+
+} /* namespace argpu */
+
+using namespace argpu;
+
+/* ---- host side ------------------------------------------------------------------------------ */
+
+typedef struct dbuf {
+    void *ptr;
+    size_t cap;
+} dbuf;
+
+struct ar_gpu_ref {
+    ar_run_config cfg;
+    bool mla;
+    int hq, hkv, group, D, Dv, bs;
+    int H, L, R, P, V;
+    int num_sms;
+    ar_dtype pool_type;
+    cudaStream_t stream;
+    cudaEvent_t ev_in, ev_group[2];
+    bool profile;
+    cudaEvent_t ev_prof[4];
+    ar_block_cache *cache;
+    int capacity;
+    size_t entry_bytes;
+    void *pool_kv;
+    double *pool_kn, *pool_v;
+    float *pool_lat;
+    int64_t max_scores, max_vectors;
+    dbuf arena, q, ql, acc, S, O, olat, onv, stat, parts, sum, w;
+    int w_layer;
+    void *h_arena;
+    size_t h_arena_cap;
+    void *h_sum;
+    ar_ref_plan plan;
+    uint64_t stamp;
+    ar_gpu_ref_stats stats;
+};
+
+static int fail(cudaError_t e, const char *what, char *err, size_t err_len)
+{
+    if (e == cudaSuccess) return 0;
+    snprintf(err, err_len, "device reference: %s: %s", what, cudaGetErrorString(e));
+    return -1;
+}
+
+static int ensure(dbuf *b, size_t need, const char *what, char *err, size_t err_len)
+{
+    if (need <= b->cap) return 0;
+    if (b->ptr) cudaFree(b->ptr);
+    b->ptr = NULL;
+    b->cap = 0;
+    size_t cap = (need + need / 4 + 4095) / 4096 * 4096;
+    cudaError_t e = cudaMalloc(&b->ptr, cap);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, err_len, "device reference: %s: cannot allocate %.2f GiB of device memory (%s)", what,
+                 cap / 1073741824.0, cudaGetErrorString(e));
+        return -1;
+    }
+    b->cap = cap;
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int grid_for(long long n, int threads)
+{
+    long long b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65535LL * 16) b = 65535LL * 16;
+    return (int)b;
+}
+
+extern "C" bool ar_gpu_ref_available(char *why, size_t why_len)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        snprintf(why, why_len, "no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        cudaGetLastError();
+        return false;
+    }
+    snprintf(why, why_len, "CUDA device present");
+    return true;
+}
+
+extern "C" void ar_gpu_ref_close(ar_gpu_ref *g)
+{
+    if (!g) return;
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    dbuf *bufs[] = {&g->arena, &g->q, &g->ql, &g->acc, &g->S, &g->O, &g->olat, &g->onv, &g->stat, &g->parts,
+                    &g->sum, &g->w};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
+    if (g->pool_kv) cudaFree(g->pool_kv);
+    if (g->pool_kn) cudaFree(g->pool_kn);
+    if (g->pool_v) cudaFree(g->pool_v);
+    if (g->pool_lat) cudaFree(g->pool_lat);
+    if (g->h_arena) cudaFreeHost(g->h_arena);
+    if (g->h_sum) cudaFreeHost(g->h_sum);
+    if (g->ev_in) cudaEventDestroy(g->ev_in);
+    for (int i = 0; i < 4; i++)
+        if (g->ev_prof[i]) cudaEventDestroy(g->ev_prof[i]);
+    for (int i = 0; i < 2; i++)
+        if (g->ev_group[i]) cudaEventDestroy(g->ev_group[i]);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    ar_block_cache_free(g->cache);
+    ar_ref_plan_free(&g->plan);
+    free(g);
+}
+
+extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_t mem_budget, char *err,
+                               size_t err_len)
+{
+    *out = NULL;
+    char why[256];
+    if (!ar_gpu_ref_available(why, sizeof why)) {
+        snprintf(err, err_len, "device reference: %s", why);
+        return -1;
+    }
+    const ar_model *m = &cfg->model;
+    ar_gpu_ref *g = (ar_gpu_ref *)calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(err, err_len, "device reference: out of host memory");
+        return -1;
+    }
+    g->cfg = *cfg;
+    g->mla = m->attention == AR_ATTN_MLA;
+    g->bs = cfg->block_size;
+    g->w_layer = -1;
+    if (g->mla) {
+        g->H = g->hq = m->num_q_heads;
+        g->hkv = 1;
+        g->group = g->hq;
+        g->L = m->kv_lora_rank;
+        g->R = m->qk_rope_head_dim;
+        g->P = m->qk_nope_head_dim;
+        g->V = g->Dv = m->v_head_dim;
+        g->D = g->P + g->R;
+        if (g->H <= 0 || g->L <= 0 || g->R < 0 || g->P <= 0 || g->V <= 0 || m->head_size != g->L + g->R) {
+            snprintf(err, err_len, "device reference: MLA dims heads %d, kv_lora_rank %d, rope %d, nope %d, v %d, "
+                     "head_size %d are not consistent", g->H, g->L, g->R, g->P, g->V, m->head_size);
+            free(g);
+            return -1;
+        }
+    } else {
+        g->hq = m->num_q_heads;
+        g->hkv = m->num_kv_heads;
+        g->D = m->head_size;
+        g->Dv = m->v_head_dim > 0 ? m->v_head_dim : m->head_size;
+        if (g->hq <= 0 || g->hkv <= 0 || g->hq % g->hkv != 0 || g->D <= 0 || g->Dv != g->D) {
+            snprintf(err, err_len, "device reference: heads %d / %d, head size %d, v dim %d not supported",
+                     g->hq, g->hkv, g->D, g->Dv);
+            free(g);
+            return -1;
+        }
+        g->group = g->hq / g->hkv;
+    }
+    if (g->bs <= 0 || cfg->dtype == AR_DTYPE_COUNT) {
+        snprintf(err, err_len, "device reference: block size %d not supported", g->bs);
+        free(g);
+        return -1;
+    }
+    g->pool_type = (cfg->kv_dtype == cfg->dtype && (cfg->dtype == AR_BF16 || cfg->dtype == AR_FP16)) ? cfg->dtype : AR_FP32;
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (fail(cudaGetDevice(&dev), "cudaGetDevice", err, err_len) ||
+        fail(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties", err, err_len) ||
+        fail(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "stream", err, err_len) ||
+        fail(cudaEventCreateWithFlags(&g->ev_in, cudaEventDisableTiming), "event", err, err_len) ||
+        fail(cudaEventCreateWithFlags(&g->ev_group[0], cudaEventDisableTiming), "event", err, err_len) ||
+        fail(cudaEventCreateWithFlags(&g->ev_group[1], cudaEventDisableTiming), "event", err, err_len) ||
+        fail(cudaMallocHost(&g->h_sum, sizeof(dsum)), "pinned summary", err, err_len)) {
+        ar_gpu_ref_close(g);
+        return -1;
+    }
+    g->num_sms = prop.multiProcessorCount;
+    const char *prof = getenv("ATTNREPLAY_GPU_REF_PROFILE");
+    g->profile = prof && strcmp(prof, "1") == 0;
+    for (int i = 0; g->profile && i < 4; i++)
+        if (fail(cudaEventCreate(&g->ev_prof[i]), "event", err, err_len)) {
+            ar_gpu_ref_close(g);
+            return -1;
+        }
+    /* memory: half for the block cache, the rest for the scratch of one group */
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    size_t budget = mem_budget ? mem_budget : (size_t)(0.6 * (double)free_b);
+    if (g->mla)
+        g->entry_bytes = (size_t)g->bs * g->H * (g->P + g->V) * 8 + (size_t)g->bs * (g->L + g->R) * 4;
+    else
+        g->entry_bytes = (size_t)2 * g->bs * g->hkv * g->D * ar_dtype_size(g->pool_type);
+    const int min_slots = AR_VERIFY_KEY_CHUNK / g->bs + 2;
+    int64_t slots = (int64_t)(budget / 2 / g->entry_bytes);
+    int64_t enough = (int64_t)cfg->num_blocks * (cfg->num_layers > 0 ? cfg->num_layers : 1) + min_slots;
+    if (slots > enough) slots = enough;
+    if (slots > INT_MAX / 2) slots = INT_MAX / 2;
+    if (slots < min_slots) {
+        snprintf(err, err_len, "device reference: needs at least %.2f GiB of device memory for its block cache "
+                 "(%d blocks of %.1f KiB), has a budget of %.2f GiB", min_slots * (double)g->entry_bytes / 1073741824.0,
+                 min_slots, g->entry_bytes / 1024.0, budget / 1073741824.0);
+        ar_gpu_ref_close(g);
+        return -1;
+    }
+    g->capacity = (int)slots;
+    cudaError_t e = cudaSuccess;
+    if (g->mla) {
+        e = cudaMalloc((void **)&g->pool_kn, (size_t)slots * g->bs * g->H * g->P * 8);
+        if (e == cudaSuccess) e = cudaMalloc((void **)&g->pool_v, (size_t)slots * g->bs * g->H * g->V * 8);
+        if (e == cudaSuccess) e = cudaMalloc((void **)&g->pool_lat, (size_t)slots * g->bs * (g->L + g->R) * 4);
+    } else {
+        e = cudaMalloc(&g->pool_kv, (size_t)slots * g->entry_bytes);
+    }
+    g->cache = ar_block_cache_new(g->capacity);
+    if (fail(e, "block cache allocation", err, err_len) || !g->cache) {
+        if (!g->cache && e == cudaSuccess) snprintf(err, err_len, "device reference: out of host memory");
+        ar_gpu_ref_close(g);
+        return -1;
+    }
+    size_t scratch = budget - (size_t)slots * g->entry_bytes;
+    if (scratch < ((size_t)64 << 20)) scratch = (size_t)64 << 20;
+    size_t per_vector = g->mla ? (size_t)g->V * 8 + (size_t)g->L * 4 + (size_t)g->V * 4 + 16 : (size_t)g->Dv * 8 + 16;
+    g->max_scores = (int64_t)(scratch * 3 / 4 / 8);
+    g->max_vectors = (int64_t)(scratch / 4 / per_vector);
+    g->stats.cache_slots = g->capacity;
+    *out = g;
+    return 0;
+}
+
+extern "C" int ar_gpu_ref_test_write(void *dst, const void *src, size_t bytes)
+{
+    return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+}
+
+extern "C" void ar_gpu_ref_get_stats(const ar_gpu_ref *g, ar_gpu_ref_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    if (g) *st = g->stats;
+}
+
+/* The pinned arena: a byte offset per array, 16-byte aligned. */
+static size_t take(size_t *off, size_t bytes)
+{
+    size_t at = *off;
+    *off += (bytes + 15) / 16 * 16;
+    return at;
+}
+
+/* Host view of one group's problem lists inside the arena. */
+typedef struct glists {
+    size_t all, small, big, psmall, pbig;   /* arena offsets */
+    int n_all, n_small, n_big, t_small, t_big, max_n;
+} glists;
+
+typedef struct hgroup {
+    glists ref, nv;           /* MHA: the same lists for both (nv unused); MLA: (item, h) and (item) */
+    size_t up, pup;           /* MLA: the up-projection problem */
+    int t_up;
+    long long nvec_ref, nvec_nv;
+} hgroup;
+
+/* Splits the problems [n] (already in the arena at list->all) into small (M <= 8) and big lists
+ * with their m-tile prefix arrays. */
+static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n, size_t *off)
+{
+    ls->n_all = n;
+    ls->small = take(off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
+    ls->big = take(off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
+    ls->psmall = take(off, sizeof(int) * (size_t)(n + 1));
+    ls->pbig = take(off, sizeof(int) * (size_t)(n + 1));
+    gprob *sm = (gprob *)(h + ls->small), *bg = (gprob *)(h + ls->big);
+    int *ps = (int *)(h + ls->psmall), *pb = (int *)(h + ls->pbig);
+    ls->n_small = ls->n_big = ls->t_small = ls->t_big = ls->max_n = 0;
+    for (int i = 0; i < n; i++) {
+        const gprob *p = &probs[i];
+        if (p->N > ls->max_n) ls->max_n = p->N;
+        if (p->M <= 8) {
+            ps[ls->n_small] = ls->t_small;
+            sm[ls->n_small++] = *p;
+            ls->t_small += (p->M + 7) / 8;
+        } else {
+            pb[ls->n_big] = ls->t_big;
+            bg[ls->n_big++] = *p;
+            ls->t_big += (p->M + 63) / 64;
+        }
+    }
+    ps[ls->n_small] = ls->t_small;
+    pb[ls->n_big] = ls->t_big;
+}
+
+/* Launches one product over a group's lists: small problems on 8-row tiles, the rest on 64 x 64. */
+template <typename T, int KIND, bool B_PER_K>
+static void launch_product(const gctx &c, const glists &ls, const unsigned char *d, int N_hint, cudaStream_t st)
+{
+    constexpr int SBN = B_PER_K ? 128 : 256, STN = B_PER_K ? 1 : 2;
+    const int n = N_hint > 0 ? N_hint : ls.max_n;
+    if (ls.n_small > 0 && ls.t_small > 0) {
+        dim3 grid((unsigned)ls.t_small, (unsigned)((n + SBN - 1) / SBN));
+        gemm_kernel<T, KIND, 8, SBN, 16, 8, STN, B_PER_K><<<grid, (SBN / STN), 0, st>>>(
+            c, (const gprob *)(d + ls.small), (const int *)(d + ls.psmall), ls.n_small);
+    }
+    if (ls.n_big > 0 && ls.t_big > 0) {
+        dim3 grid((unsigned)ls.t_big, (unsigned)((n + 63) / 64));
+        gemm_kernel<T, KIND, 64, 64, 16, 4, 4, B_PER_K><<<grid, 256, 0, st>>>(
+            c, (const gprob *)(d + ls.big), (const int *)(d + ls.pbig), ls.n_big);
+    }
+}
+
+template <int KIND, int MODE>
+static void launch_softmax(const gctx &c, const glists &ls, const unsigned char *d, long long nvec, cudaStream_t st)
+{
+    if (nvec <= 0) return;
+    softmax_kernel<KIND, MODE><<<grid_for(nvec * 32, 256), 256, 0, st>>>(c, (const gprob *)(d + ls.all), ls.n_all, nvec);
+}
+
+template <int KIND, bool NV>
+static void launch_fold(const gctx &c, const glists &ls, const unsigned char *d, long long nvec, cudaStream_t st)
+{
+    if (nvec <= 0) return;
+    fold_kernel<KIND, NV><<<grid_for(nvec * 32, 256), 256, 0, st>>>(c, (const gprob *)(d + ls.all), ls.n_all, nvec);
+}
+
+static gctx make_ctx(const ar_gpu_ref *g, const ar_batch *b, int layer, int num_rows)
+{
+    gctx c;
+    memset(&c, 0, sizeof c);
+    const ar_run_config *cfg = &g->cfg;
+    c.hq = g->hq;
+    c.hkv = g->hkv;
+    c.group = g->group;
+    c.D = g->D;
+    c.Dv = g->Dv;
+    c.bs = g->bs;
+    c.window = g->mla ? 0 : cfg->model.sliding_window;
+    c.mla = g->mla;
+    c.H = g->H;
+    c.L = g->L;
+    c.R = g->R;
+    c.P = g->P;
+    c.V = g->V;
+    c.scale = cfg->model.scale;
+    c.cap = g->mla ? 0 : cfg->model.logits_soft_cap;
+    c.scale_f = (float)c.scale;
+    c.cap_f = (float)c.cap;
+    c.kv_scale = (float)cfg->kv_scale;
+    c.dtype = cfg->dtype;
+    c.kv_dtype = cfg->kv_dtype;
+    c.cd = cfg->dtype == AR_FP8_E4M3 ? AR_BF16 : cfg->dtype;
+    c.pool_type = g->pool_type;
+    c.dist = cfg->data;
+    c.seed = cfg->seed;
+    c.layer = (unsigned)layer;
+    c.num_tokens = b->num_tokens;
+    c.num_rows = num_rows;
+    c.q = (float *)g->q.ptr;
+    c.ql = (float *)g->ql.ptr;
+    c.w_uk = (const float *)g->w.ptr;
+    c.w_uv = g->w.ptr ? (const float *)g->w.ptr + (size_t)g->L * g->H * g->P : NULL;
+    c.pool_kv = g->pool_kv;
+    c.pool_kn = g->pool_kn;
+    c.pool_v = g->pool_v;
+    c.pool_lat = g->pool_lat;
+    c.S = (double *)g->S.ptr;
+    c.O = (double *)g->O.ptr;
+    c.olat = (float *)g->olat.ptr;
+    c.onv = (float *)g->onv.ptr;
+    c.stat = (double *)g->stat.ptr;
+    return c;
+}
+
+extern "C" int ar_gpu_ref_nan_count(ar_gpu_ref *g, const ar_batch *b, const ar_gpu_ref_output *o, int64_t *nan_count,
+                                    char *err, size_t err_len)
+{
+    *nan_count = 0;
+    if (b->num_tokens <= 0) return 0;
+    if (ensure(&g->sum, sizeof(dsum), "summary", err, err_len)) return -1;
+    dsum *ds = (dsum *)g->sum.ptr;
+    long long n_out = (long long)b->num_tokens * g->hq * g->Dv, n_lse = (long long)g->hq * b->num_tokens;
+    if (fail(cudaEventRecord(g->ev_in, (cudaStream_t)o->stream), "event", err, err_len) ||
+        fail(cudaStreamWaitEvent(g->stream, g->ev_in, 0), "stream wait", err, err_len) ||
+        fail(cudaMemsetAsync(&ds->nan, 0, sizeof ds->nan, g->stream), "memset", err, err_len))
+        return -1;
+    nan_kernel<<<grid_for(n_out + n_lse, 256), 256, 0, g->stream>>>(o->out, o->out_type, n_out, o->lse, n_lse, &ds->nan);
+    unsigned long long *h = (unsigned long long *)g->h_sum;
+    /* the count is this call's result: wait for it */
+    if (fail(cudaGetLastError(), "NaN count kernel", err, err_len) ||
+        fail(cudaMemcpyAsync(h, &ds->nan, sizeof *h, cudaMemcpyDeviceToHost, g->stream), "copy", err, err_len) ||
+        fail(cudaStreamSynchronize(g->stream), "NaN count", err, err_len))
+        return -1;
+    *nan_count = (int64_t)*h;
+    return 0;
+}
+
+extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_ref_rows *rows,
+                                const ar_gpu_ref_output *o, const volatile int *cancel, ar_gpu_ref_copy *copy,
+                                ar_gpu_ref_summary *sum, char *err, size_t err_len)
+{
+    memset(sum, 0, sizeof *sum);
+    const double t0 = now_s();
+    const int R = b->num_reqs, NR = rows->num_rows;
+    const int hq = g->hq, Dv = g->Dv, bs = g->bs;
+    const int win = g->mla ? 0 : g->cfg.model.sliding_window;
+    g->stats.checks++;
+
+    /* ---- plan: requests, rows, items, groups ---- */
+    ar_ref_plan_req *preq = (ar_ref_plan_req *)malloc(sizeof *preq * (size_t)(R > 0 ? R : 1));
+    if (!preq) {
+        snprintf(err, err_len, "device reference: out of host memory");
+        return -1;
+    }
+    for (int r = 0; r < R; r++) {
+        ar_ref_plan_req *q = &preq[r];
+        const int ctx = b->context_lens[r], s = b->seq_lens[r];
+        q->row0 = rows->req_row0[r];
+        q->nrows = rows->req_row0[r + 1] - q->row0;
+        q->block_keys = b->block_keys + (size_t)r * b->max_blocks_per_req;
+        q->kmin = q->kmax = 0;
+        if (q->nrows <= 0) continue;
+        /* as replay/verify.c: keys [kmin, kmax) visible to some checked row */
+        int first = ctx + rows->row[q->row0], last = ctx + rows->row[q->row0 + q->nrows - 1];
+        q->kmax = last + 1 < s ? last + 1 : s;
+        if (win > 0 && first - win + 1 > 0) q->kmin = first - win + 1;
+    }
+    ar_ref_budget bud = {AR_VERIFY_KEY_CHUNK, bs, hq, g->max_scores, g->max_vectors};
+    if (ar_ref_plan_build(&g->plan, g->cache, layer, b->step, &g->stamp, R, preq, &bud, err, err_len) != 0) {
+        free(preq);
+        return -1;
+    }
+    const ar_ref_plan *pl = &g->plan;
+
+    /* ---- the arena: everything the kernels read, one upload ---- */
+    size_t off = 0;
+    const size_t o_reqs = take(&off, sizeof(dreq) * (size_t)(R > 0 ? R : 1));
+    const size_t o_rows = take(&off, sizeof(drow) * (size_t)(NR > 0 ? NR : 1));
+    const size_t o_items = take(&off, sizeof(ditem) * (size_t)(pl->num_items > 0 ? pl->num_items : 1));
+    const size_t o_map = take(&off, sizeof(int) * (size_t)(pl->num_map > 0 ? pl->num_map : 1));
+    const size_t o_mslot = take(&off, sizeof(int) * (size_t)(pl->num_miss > 0 ? pl->num_miss : 1));
+    const size_t o_mkey = take(&off, sizeof(unsigned long long) * (size_t)(pl->num_miss > 0 ? pl->num_miss : 1));
+    /* problem lists: sized generously first (items x heads per group, x 2 for MLA), filled below */
+    size_t need = off;
+    for (int gi = 0; gi < pl->num_groups; gi++) {
+        size_t np = (size_t)pl->groups[gi].nitems * (g->mla ? (size_t)g->H + 1 : (size_t)g->hkv) + 2;
+        need += 3 * (sizeof(gprob) * np + 16) + 2 * (sizeof(int) * (np + 1) + 16) + 2 * (3 * sizeof(gprob) + 64);
+        if (g->mla) need += 3 * (sizeof(gprob) * np + 16) + 2 * (sizeof(int) * (np + 1) + 16);
+    }
+    size_t o_qlprobs = 0;
+    if (g->mla) need += 3 * (sizeof(gprob) * (size_t)(g->H + 1) + 16) + 2 * (sizeof(int) * (size_t)(g->H + 2) + 16);
+    need += 256;
+    if (need > g->h_arena_cap) {
+        if (g->h_arena) cudaFreeHost(g->h_arena);
+        g->h_arena = NULL;
+        g->h_arena_cap = 0;
+        if (fail(cudaMallocHost(&g->h_arena, need + need / 4), "pinned arena", err, err_len)) {
+            free(preq);
+            return -1;
+        }
+        g->h_arena_cap = need + need / 4;
+    }
+    unsigned char *h = (unsigned char *)g->h_arena;
+    dreq *hr = (dreq *)(h + o_reqs);
+    for (int r = 0; r < R; r++) {
+        hr[r].req_key = b->req_keys[r];
+        hr[r].q0 = b->query_start_loc[r];
+        hr[r].n = b->query_start_loc[r + 1] - b->query_start_loc[r];
+        hr[r].ctx = b->context_lens[r];
+        hr[r].seq = b->seq_lens[r];
+        hr[r].kmin = preq[r].kmin;
+        hr[r].kmax = preq[r].kmax;
+        hr[r].row0 = preq[r].row0;
+        hr[r].nrows = preq[r].nrows;
+    }
+    drow *hw = (drow *)(h + o_rows);
+    for (int r = 0; r < R; r++)
+        for (int i = rows->req_row0[r]; i < rows->req_row0[r + 1]; i++) {
+            hw[i].r = r;
+            hw[i].row = rows->row[i];
+            hw[i].pos = b->context_lens[r] + rows->row[i];
+            hw[i].t = b->query_start_loc[r] + rows->row[i];
+        }
+    free(preq);
+    ditem *hi = (ditem *)(h + o_items);
+    for (int i = 0; i < pl->num_items; i++) {
+        const ar_ref_item *it = &pl->items[i];
+        hi[i] = ditem{it->r, it->row0, it->nrows, it->chunk, it->k0, it->nkeys, it->map0, it->nblocks};
+    }
+    memcpy(h + o_map, pl->slot_map, sizeof(int) * (size_t)pl->num_map);
+    memcpy(h + o_mslot, pl->miss_slot, sizeof(int) * (size_t)pl->num_miss);
+    memcpy(h + o_mkey, pl->miss_key, sizeof(uint64_t) * (size_t)pl->num_miss);
+
+    hgroup *hg = (hgroup *)calloc((size_t)(pl->num_groups > 0 ? pl->num_groups : 1), sizeof *hg);
+    gprob *tmp = NULL;
+    size_t tmp_cap = 0;
+    int64_t max_scores = 0, max_vec = 0;
+    if (!hg) {
+        snprintf(err, err_len, "device reference: out of host memory");
+        return -1;
+    }
+    for (int gi = 0; gi < pl->num_groups; gi++) {
+        const ar_ref_group *gr = &pl->groups[gi];
+        hgroup *x = &hg[gi];
+        size_t np = (size_t)gr->nitems * (g->mla ? (size_t)g->H : (size_t)g->hkv) + 1;
+        if (np > tmp_cap) {
+            free(tmp);
+            tmp = (gprob *)malloc(sizeof(gprob) * np);
+            tmp_cap = tmp ? np : 0;
+            if (!tmp) {
+                free(hg);
+                snprintf(err, err_len, "device reference: out of host memory");
+                return -1;
+            }
+        }
+        /* reference problems: MHA (item, KV head); MLA (item, head).  Vectors in problem order. */
+        long long s = 0, v = 0, vnv = 0;
+        int n = 0;
+        for (int i = gr->item0; i < gr->item0 + gr->nitems; i++) {
+            const ar_ref_item *it = &pl->items[i];
+            const int heads = g->mla ? g->H : g->hkv, M = g->mla ? it->nrows : it->nrows * g->group;
+            for (int hh = 0; hh < heads; hh++) {
+                gprob p = {i, hh, M, it->nkeys, g->mla ? g->P + g->R : g->D, 0, s, v, vnv};
+                tmp[n++] = p;
+                s += (long long)M * it->nkeys;
+                v += M;
+            }
+            vnv += (long long)it->nrows * g->H;
+        }
+        x->nvec_ref = v;
+        if (s > max_scores) max_scores = s;
+        if (v > max_vec) max_vec = v;
+        x->ref.all = take(&off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
+        memcpy(h + x->ref.all, tmp, sizeof(gprob) * (size_t)n);
+        split_lists(h, &x->ref, tmp, n, &off);
+        if (g->mla) {
+            /* yardstick problems: (item), every head, vectors (row, head) */
+            s = v = 0;
+            n = 0;
+            for (int i = gr->item0; i < gr->item0 + gr->nitems; i++) {
+                const ar_ref_item *it = &pl->items[i];
+                gprob p = {i, -1, it->nrows * g->H, it->nkeys, g->L + g->R, 0, s, v, v};
+                tmp[n++] = p;
+                s += (long long)p.M * it->nkeys;
+                v += p.M;
+            }
+            x->nvec_nv = v;
+            x->nv.all = take(&off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
+            memcpy(h + x->nv.all, tmp, sizeof(gprob) * (size_t)n);
+            split_lists(h, &x->nv, tmp, n, &off);
+            /* the up-projection of the blocks this group misses: one problem */
+            x->up = take(&off, sizeof(gprob));
+            x->pup = take(&off, 2 * sizeof(int));
+            gprob up = {-1, -1, gr->nmiss * bs, g->H * g->P, g->L, 0, 0, 0, 0};
+            *(gprob *)(h + x->up) = up;
+            ((int *)(h + x->pup))[0] = 0;
+            ((int *)(h + x->pup))[1] = x->t_up = (up.M + 63) / 64;
+        }
+    }
+    free(tmp);
+    glists qlists;
+    memset(&qlists, 0, sizeof qlists);
+    if (g->mla) {
+        /* ql = round(W_UK q_nope): one problem per head over every checked row */
+        gprob *qp = (gprob *)malloc(sizeof(gprob) * (size_t)g->H);
+        if (!qp) {
+            free(hg);
+            snprintf(err, err_len, "device reference: out of host memory");
+            return -1;
+        }
+        for (int hh = 0; hh < g->H; hh++) qp[hh] = gprob{-1, hh, NR, g->L, g->P, 0, 0, 0, 0};
+        o_qlprobs = take(&off, sizeof(gprob) * (size_t)g->H);
+        qlists.all = o_qlprobs;
+        memcpy(h + o_qlprobs, qp, sizeof(gprob) * (size_t)g->H);
+        split_lists(h, &qlists, qp, g->H, &off);
+        free(qp);
+    }
+    const size_t arena_bytes = off;
+
+    /* ---- device buffers (grow-only) ---- */
+    const size_t acc_elems = (size_t)(NR > 0 ? NR : 1) * hq * Dv, lse_elems = (size_t)(NR > 0 ? NR : 1) * hq;
+    int nparts = g->num_sms * 2;
+    long long total_cmp = (long long)NR * hq * Dv;
+    if (nparts > grid_for(total_cmp, CMP_THREADS)) nparts = grid_for(total_cmp, CMP_THREADS);
+    if (nparts < 1) nparts = 1;
+    size_t vec_bytes = g->mla ? (size_t)g->V * 8 : (size_t)Dv * 8;
+    if (ensure(&g->arena, arena_bytes, "plan upload", err, err_len) ||
+        ensure(&g->q, (size_t)(NR > 0 ? NR : 1) * hq * g->D * 4, "query buffer", err, err_len) ||
+        (g->mla && ensure(&g->ql, (size_t)(NR > 0 ? NR : 1) * g->H * (g->L + g->R) * 4, "latent query", err, err_len)) ||
+        ensure(&g->acc, (2 * acc_elems + 2 * lse_elems) * 8, "accumulators", err, err_len) ||
+        ensure(&g->S, (size_t)(max_scores > 0 ? max_scores : 1) * 8, "score scratch", err, err_len) ||
+        ensure(&g->O, (size_t)(max_vec > 0 ? max_vec : 1) * vec_bytes, "output scratch", err, err_len) ||
+        ensure(&g->stat, (size_t)(max_vec > 0 ? max_vec : 1) * 16, "row statistics", err, err_len) ||
+        (g->mla && ensure(&g->olat, (size_t)(max_vec > 0 ? max_vec : 1) * g->L * 4, "latent outputs", err, err_len)) ||
+        (g->mla && ensure(&g->onv, (size_t)(max_vec > 0 ? max_vec : 1) * g->V * 4, "yardstick outputs", err, err_len)) ||
+        (g->mla && ensure(&g->w, (size_t)g->L * g->H * (g->P + g->V) * 4, "MLA weights", err, err_len)) ||
+        ensure(&g->parts, sizeof(part) * (size_t)nparts, "partials", err, err_len) ||
+        ensure(&g->sum, sizeof(dsum), "summary", err, err_len)) {
+        free(hg);
+        return -1;
+    }
+    gctx c = make_ctx(g, b, layer, NR);
+    unsigned char *d = (unsigned char *)g->arena.ptr;
+    c.reqs = (const dreq *)(d + o_reqs);
+    c.rows = (const drow *)(d + o_rows);
+    c.items = (const ditem *)(d + o_items);
+    c.slot_map = (const int *)(d + o_map);
+    double *acc = (double *)g->acc.ptr;
+    c.acc_o = acc;
+    c.nv_o = acc + acc_elems;
+    c.acc_l = acc + 2 * acc_elems;
+    c.nv_l = acc + 2 * acc_elems + lse_elems;
+    const double t_plan = now_s();
+    sum->plan_s = t_plan - t0;
+
+    /* ---- device work ---- */
+    cudaStream_t st = g->stream;
+    dsum *ds = (dsum *)g->sum.ptr;
+    int rc = 0;
+    if (fail(cudaEventRecord(g->ev_in, (cudaStream_t)o->stream), "event", err, err_len) ||
+        fail(cudaStreamWaitEvent(st, g->ev_in, 0), "stream wait", err, err_len) ||
+        fail(cudaMemcpyAsync(d, h, arena_bytes, cudaMemcpyHostToDevice, st), "plan upload", err, err_len) ||
+        fail(cudaMemsetAsync(&ds->nan, 0, sizeof ds->nan, st), "memset", err, err_len)) {
+        free(hg);
+        ar_block_cache_clear(g->cache);
+        return -1;
+    }
+    init_acc_kernel<<<grid_for((long long)acc_elems, 256), 256, 0, st>>>(c.acc_o, c.acc_l, (long long)acc_elems, (long long)lse_elems);
+    init_acc_kernel<<<grid_for((long long)acc_elems, 256), 256, 0, st>>>(c.nv_o, c.nv_l, (long long)acc_elems, (long long)lse_elems);
+    if (NR > 0) {
+        if (!g->mla) {
+            gen_q_mha_kernel<<<grid_for((long long)NR * hq * ((g->D + 7) / 8), 256), 256, 0, st>>>(c);
+        } else {
+            if (g->w_layer != layer) {
+                gen_weights_kernel<<<grid_for((long long)g->L * g->H * g->P, 256), 256, 0, st>>>(
+                    (float *)g->w.ptr, g->L, g->H, g->P, AR_STREAM_W_UK, g->cfg.seed, (uint32_t)layer, g->cfg.data, g->cfg.dtype);
+                gen_weights_kernel<<<grid_for((long long)g->L * g->H * g->V, 256), 256, 0, st>>>(
+                    (float *)g->w.ptr + (size_t)g->L * g->H * g->P, g->L, g->H, g->V, AR_STREAM_W_UV, g->cfg.seed,
+                    (uint32_t)layer, g->cfg.data, g->cfg.dtype);
+                g->w_layer = layer;
+            }
+            gen_q_mla_kernel<<<grid_for((long long)NR * g->H * ((g->P + g->R + 7) / 8), 256), 256, 0, st>>>(c);
+            launch_product<double, K_MLA_QL, false>(c, qlists, d, g->L, st);
+        }
+    }
+    if ((rc = fail(cudaGetLastError(), "input kernels", err, err_len))) goto out;
+    for (int gi = 0; gi < pl->num_groups; gi++) {
+        /* at most two groups in flight, so that a raised cancel flag stops the work within about
+         * one group's time (a group is bounded by the scratch budget) */
+        if (gi >= 2 && (rc = fail(cudaEventSynchronize(g->ev_group[gi % 2]), "group", err, err_len))) goto out;
+        if (cancel && *cancel) {
+            cudaStreamSynchronize(st);
+            rc = AR_GPU_REF_CANCELLED;
+            goto out;
+        }
+        const ar_ref_group *gr = &pl->groups[gi];
+        const hgroup *x = &hg[gi];
+        c.miss_slot = (const int *)(d + o_mslot) + gr->miss0;
+        c.miss_key = (const unsigned long long *)(d + o_mkey) + gr->miss0;
+        c.nmiss = gr->nmiss;
+        g->stats.groups++;
+        g->stats.blocks_generated += gr->nmiss;
+        sum->groups++;
+        sum->generated_blocks += gr->nmiss;
+        if (g->profile) cudaEventRecord(g->ev_prof[0], st);
+        if (!g->mla) {
+            if (gr->nmiss > 0)
+                gen_pool_mha_kernel<<<grid_for((long long)gr->nmiss * bs * g->hkv * ((g->D + 7) / 8), 256), 256, 0, st>>>(c);
+            if (g->profile) cudaEventRecord(g->ev_prof[1], st);
+            launch_product<double, K_MHA_S_REF, false>(c, x->ref, d, 0, st);
+            launch_softmax<K_MHA_S_REF, 0>(c, x->ref, d, x->nvec_ref, st);
+            launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
+            launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
+            if (g->profile) cudaEventRecord(g->ev_prof[2], st);
+            launch_product<float, K_MHA_S_NV, false>(c, x->ref, d, 0, st);
+            launch_softmax<K_MHA_S_NV, 1>(c, x->ref, d, x->nvec_ref, st);
+            launch_product<float, K_MHA_PV_NV, true>(c, x->ref, d, Dv, st);
+            launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);
+        } else {
+            if (gr->nmiss > 0) {
+                gen_pool_lat_kernel<<<grid_for((long long)gr->nmiss * bs * ((g->L + g->R + 7) / 8), 256), 256, 0, st>>>(c);
+                const gprob *up = (const gprob *)(d + x->up);
+                const int *pup = (const int *)(d + x->pup);
+                dim3 gk((unsigned)x->t_up, (unsigned)((g->H * g->P + 63) / 64));
+                gemm_kernel<double, K_MLA_UP_K, 64, 64, 16, 4, 4, true><<<gk, 256, 0, st>>>(c, up, pup, 1);
+                /* the V product: the same problem with N = H x V */
+                dim3 gv((unsigned)x->t_up, (unsigned)((g->H * g->V + 63) / 64));
+                gemm_kernel<double, K_MLA_UP_V, 64, 64, 16, 4, 4, true><<<gv, 256, 0, st>>>(c, up + 0, pup, 1);
+            }
+            if (g->profile) cudaEventRecord(g->ev_prof[1], st);
+            launch_product<double, K_MLA_S_REF, false>(c, x->ref, d, 0, st);
+            launch_softmax<K_MLA_S_REF, 0>(c, x->ref, d, x->nvec_ref, st);
+            launch_product<double, K_MLA_PV_REF, true>(c, x->ref, d, g->V, st);
+            launch_fold<K_MLA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
+            if (g->profile) cudaEventRecord(g->ev_prof[2], st);
+            launch_product<double, K_MLA_S_NV, false>(c, x->nv, d, 0, st);
+            launch_softmax<K_MLA_S_NV, 2>(c, x->nv, d, x->nvec_nv, st);
+            launch_product<double, K_MLA_PV_NV, true>(c, x->nv, d, g->L, st);
+            launch_product<double, K_MLA_WUV, true>(c, x->ref, d, g->V, st);
+            launch_fold<K_MLA_PV_NV, true>(c, x->nv, d, x->nvec_nv, st);
+        }
+        if ((rc = fail(cudaGetLastError(), "reference kernels", err, err_len)) ||
+            (rc = fail(cudaEventRecord(g->ev_group[gi % 2], st), "event", err, err_len)))
+            goto out;
+        if (g->profile) {   /* measurements only: wait for the group and read its phases */
+            float ms[3] = {0, 0, 0};
+            cudaEventRecord(g->ev_prof[3], st);
+            if ((rc = fail(cudaEventSynchronize(g->ev_prof[3]), "profile", err, err_len))) goto out;
+            for (int k = 0; k < 3; k++) cudaEventElapsedTime(&ms[k], g->ev_prof[k], g->ev_prof[k + 1]);
+            sum->gen_ms += ms[0];
+            sum->ref_ms += ms[1];
+            sum->naive_ms += ms[2];
+        }
+    }
+    if (cancel && *cancel) {
+        cudaStreamSynchronize(st);
+        rc = AR_GPU_REF_CANCELLED;
+        goto out;
+    }
+    {
+        double atol, rtol;
+        ar_verify_fixed_tolerance(g->cfg.dtype, &atol, &rtol);
+        cmp_args ca = {o->out, o->out_type, o->lse, atol, rtol, (part *)g->parts.ptr};
+        if (g->profile) cudaEventRecord(g->ev_prof[0], st);
+        if (total_cmp > 0) {
+            compare_kernel<<<nparts, CMP_THREADS, 0, st>>>(c, ca);
+            reduce_kernel<<<1, 32, 0, st>>>((const part *)g->parts.ptr, nparts, ds);
+        } else if ((rc = fail(cudaMemsetAsync(&ds->total, 0, sizeof ds->total, st), "memset", err, err_len))) {
+            goto out;
+        }
+        long long n_out = (long long)b->num_tokens * hq * Dv, n_lse = (long long)hq * b->num_tokens;
+        if (n_out + n_lse > 0)
+            nan_kernel<<<grid_for(n_out + n_lse, 256), 256, 0, st>>>(o->out, o->out_type, n_out, o->lse, n_lse, &ds->nan);
+        if (g->profile) cudaEventRecord(g->ev_prof[1], st);
+        if ((rc = fail(cudaGetLastError(), "comparison kernels", err, err_len)) ||
+            (rc = fail(cudaMemcpyAsync(g->h_sum, ds, sizeof *ds, cudaMemcpyDeviceToHost, st), "summary copy", err, err_len)))
+            goto out;
+        if (copy) {
+            size_t row_elems = (size_t)hq * Dv;
+            if (copy->ref_out) cudaMemcpyAsync(copy->ref_out, c.acc_o, (size_t)NR * row_elems * 8, cudaMemcpyDeviceToHost, st);
+            if (copy->ref_lse) cudaMemcpyAsync(copy->ref_lse, c.acc_l, (size_t)NR * hq * 8, cudaMemcpyDeviceToHost, st);
+            if (copy->naive_out) cudaMemcpyAsync(copy->naive_out, c.nv_o, (size_t)NR * row_elems * 8, cudaMemcpyDeviceToHost, st);
+            if (copy->naive_lse) cudaMemcpyAsync(copy->naive_lse, c.nv_l, (size_t)NR * hq * 8, cudaMemcpyDeviceToHost, st);
+            if (copy->probe_heads > 0 && copy->probe_row >= 0 && copy->probe_row < NR && copy->probe_head0 >= 0 &&
+                copy->probe_head0 + copy->probe_heads <= hq) {
+                size_t at = (size_t)copy->probe_row * hq + copy->probe_head0;
+                if (copy->probe_out)
+                    cudaMemcpyAsync(copy->probe_out, c.acc_o + at * Dv, (size_t)copy->probe_heads * Dv * 8,
+                                    cudaMemcpyDeviceToHost, st);
+                if (copy->probe_lse)
+                    cudaMemcpyAsync(copy->probe_lse, c.acc_l + at, (size_t)copy->probe_heads * 8, cudaMemcpyDeviceToHost, st);
+            }
+        }
+        /* the summary is this call's result: wait for it (the only wait of a check besides the
+         * cancellation pacing above) */
+        if ((rc = fail(cudaStreamSynchronize(st), "reference kernels", err, err_len))) goto out;
+    }
+    if (g->profile) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, g->ev_prof[0], g->ev_prof[1]);
+        sum->compare_ms = ms;
+    }
+    {
+        const dsum *hs = (const dsum *)g->h_sum;
+        const part *t = &hs->total;
+        sum->elems = t->elems;
+        sum->sum_abs = t->sum_abs;
+        sum->sum_sq_err = t->sum_sq_err;
+        sum->sum_sq_ref = t->sum_sq_ref;
+        sum->naive_sum_abs = t->naive_sum;
+        sum->max_abs = t->max_abs;
+        sum->max_rel = t->max_rel;
+        sum->lse_max = t->lse_max;
+        sum->naive_max = t->naive_max;
+        sum->naive_lse_max = t->naive_lse_max;
+        sum->bad = t->bad;
+        sum->nan_count = (int64_t)hs->nan;
+        sum->num_worst = t->nworst;
+        for (int k = 0; k < t->nworst; k++) {
+            const wentry &w = t->w[k];
+            long long per_row = (long long)hq * Dv;
+            sum->worst[k].row = (int)(w.idx / per_row);
+            sum->worst[k].head = (int)(w.idx % per_row / Dv);
+            sum->worst[k].dim = (int)(w.idx % Dv);
+            sum->worst[k].got = w.got;
+            sum->worst[k].want = w.want;
+            sum->worst[k].err = w.err;
+        }
+        g->stats.blocks_used += pl->num_map;
+    }
+out:
+    free(hg);
+    if (rc != 0) {
+        /* slots planned but maybe never filled: forget them all */
+        ar_block_cache_clear(g->cache);
+        if (rc != AR_GPU_REF_CANCELLED) cudaStreamSynchronize(st);
+        else rc = AR_GPU_REF_CANCELLED;
+    }
+    sum->device_s = now_s() - t_plan;
+    g->stats.device_s += sum->device_s;
+    return rc;
+}
