@@ -38,14 +38,14 @@ STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -lz -Wl,-Bdynamic
 LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
-MODULES := traces reference kernels kernels/cpu kernels/common kernels/mla replay sim reports
-STUBS   := kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/common/cuda_calibrate_stub.c reference/ref_gpu_stub.c
+MODULES := traces reference kernels/cpu kernels/common kernels/paged kernels/mla replay sim reports
+STUBS   := kernels/paged/cuda_stub.c kernels/mla/cuda_mla_stub.c kernels/common/cuda_calibrate_stub.c reference/ref_gpu_stub.c
 # test support: the cuda-mla test hook (and its float64 device reference) is linked into the
 # tests, the benchmarks and the lab, never into bin/attnreplay
 TEST_HOOK_CU   := kernels/mla/cuda_mla_case.cu
 TEST_HOOK_STUB := kernels/mla/cuda_mla_case_stub.c
 C_SRCS  := $(filter-out replay/main.c $(STUBS) $(TEST_HOOK_STUB),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
-CU_SRCS := $(filter-out $(TEST_HOOK_CU),$(foreach m,kernels kernels/common kernels/mla reference,$(wildcard $(m)/*.cu)))
+CU_SRCS := $(filter-out $(TEST_HOOK_CU),$(foreach m,kernels/common kernels/paged kernels/mla reference,$(wildcard $(m)/*.cu)))
 
 ifneq ($(NVCC),)
 HAVE_CUDA := 1
@@ -279,7 +279,7 @@ all: $(SHLIB) $(SHLIB_CARRY) $(PLUGINS)
 # Python wheels to a GPU machine.  The Python package takes it through ATTNREPLAY_LIB.
 ifeq ($(HAVE_CUDA),1)
 SHLIB_LITE   := $(BUILD)/libattnreplay-lite.so
-LITE_STUBS   := $(patsubst %.c,$(BUILD)/pic/%.o,$(STUBS))
+LITE_STUBS   := $(patsubst %.c,$(BUILD)/pic/%.o,$(filter kernels/%,$(STUBS)))
 all: $(SHLIB_LITE)
 $(SHLIB_LITE): $(PIC_OBJS) $(LITE_STUBS) $(filter-out $(BUILD)/kernels/%,$(CU_OBJS))
 	$(CC) -shared $(LDFLAGS) -Wl,--no-undefined -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ $(SHLIB_LIBS)

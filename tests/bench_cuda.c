@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cuda_backend.h"
+#include "../kernels/paged/cuda_backend.h"
 
 /* The varlen batch; kernels/peers/peer_attention.py lists the same lengths. */
 static const int varlen_lens[16] = {256, 384, 512, 640, 768, 896, 1024, 1152,

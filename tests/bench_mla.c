@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cuda_mla.h"
+#include "../kernels/mla/cuda_mla.h"
 #include "../kernels/mla/cuda_mla_case.h"
 #include "testutil.h"
 

@@ -1,4 +1,4 @@
-/* gpu_cascade.c - GPU tests of cascade attention in the "cuda" backend (kernels/cuda_backend.cu:
+/* gpu_cascade.c - GPU tests of cascade attention in the "cuda" backend (kernels/paged/cuda_backend.cu:
  * prefix pass, suffix pass, merge kernel) against the float64 reference and the backend's own
  * flat path, through the verifier the replay uses (replay/verify.h).
  *
@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cuda_backend.h"
+#include "../kernels/paged/cuda_backend.h"
 #include "../reference/reference.h"
 #include "cascade_cases.h"
 
@@ -152,7 +152,7 @@ static void test_cascade_small_shapes(void **unused)
     assert_int_equal(failures, 0);
 }
 
-enum { CFG_PREFILL = 0, CFG_PREFILL_WG = 2, CFG_DECODE_TMA = 3 };   /* AR_CFG_* (kernels/cuda_attn.cuh) */
+enum { CFG_PREFILL = 0, CFG_PREFILL_WG = 2, CFG_DECODE_TMA = 3 };   /* AR_CFG_* (kernels/paged/cuda_attn.cuh) */
 static void prefix_prefill(void *state) { ar_cuda_set_prefix_plan(state, CFG_PREFILL, 0); }
 static void prefix_prefill_split(void *state) { ar_cuda_set_prefix_plan(state, CFG_PREFILL, 5); }
 static void prefix_wg(void *state) { ar_cuda_set_prefix_plan(state, CFG_PREFILL_WG, 0); }

@@ -1,4 +1,4 @@
-/* gpu_cuda.c - GPU tests of the "cuda" backend (kernels/cuda_backend.cu) against the float64
+/* gpu_cuda.c - GPU tests of the "cuda" backend (kernels/paged/cuda_backend.cu) against the float64
  * reference, through the same verifier the replay uses (replay/verify.h: FlashAttention's
  * rule, 3x the naive same-dtype error + floor, no NaN, guards intact).
  *
@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cuda_backend.h"
+#include "../kernels/paged/cuda_backend.h"
 #include "../replay/verify.h"
 #include "cascade_cases.h"
 
@@ -331,7 +331,7 @@ static void test_every_kernel_instance(void **unused)
 static void test_tma_kernel(void **unused)
 {
     (void)unused;
-    enum { CFG_PREFILL_WG = 2 };   /* AR_CFG_PREFILL_WG (kernels/cuda_attn.cuh) */
+    enum { CFG_PREFILL_WG = 2 };   /* AR_CFG_PREFILL_WG (kernels/paged/cuda_attn.cuh) */
     ar_run_config probe = make_cfg(8, 2, 128, 2048, AR_BF16, 0, 0);
     if (!gpu_ready(&probe)) { skip(); return; }
     static const seq_case long_prefill[] = {{300, 1000}, {1, 700}, {64, 64}, {130, 257}};
@@ -386,7 +386,7 @@ static void test_tma_kernel(void **unused)
 static void test_decode_tma_kernel(void **unused)
 {
     (void)unused;
-    enum { CFG_DECODE = 1, CFG_DECODE_TMA = 3 };   /* kernels/cuda_attn.cuh */
+    enum { CFG_DECODE = 1, CFG_DECODE_TMA = 3 };   /* kernels/paged/cuda_attn.cuh */
     ar_run_config probe = make_cfg(8, 2, 128, 8192, AR_BF16, 0, 0);
     if (!gpu_ready(&probe)) { skip(); return; }
     static const int heads[5][2] = {{4, 4}, {8, 2}, {16, 2}, {32, 2}, {32, 8}};

@@ -1,4 +1,4 @@
-/* gpu_mla.c - GPU tests of the "cuda-mla" backend (kernels/cuda_mla.cu).
+/* gpu_mla.c - GPU tests of the "cuda-mla" backend (kernels/mla/cuda_mla.cu).
  *
  * 1. The latent attention kernel on FlashMLA's dense-decoding grid (tests/test_flash_mla_dense_
  *    decoding.py upstream): b in {1,2,6,64}, s_q in {1,2,4}, s_k in {20,140,4096}, h_q in
@@ -44,7 +44,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../kernels/cuda_mla.h"
+#include "../kernels/mla/cuda_mla.h"
 #include "../kernels/mla/cuda_mla_case.h"
 #include "../reference/mla_ref.h"
 #include "../reference/reference.h"

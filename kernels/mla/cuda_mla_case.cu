@@ -260,12 +260,12 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
     void *d_meta = NULL, *d_q = NULL, *d_cache = NULL, *d_olat = NULL, *d_lse = NULL, *d_po = NULL, *d_pl = NULL;
     void *d_ref_o = NULL, *d_ref_l = NULL;
     size_t off = 0;
-    size_t o_qsl = meta_take(&off, sizeof(int) * (size_t)(B + 1));
-    size_t o_seq = meta_take(&off, sizeof(int) * (size_t)B);
-    size_t o_bt = meta_take(&off, sizeof(int) * (size_t)B * bpr);
-    size_t o_treq = meta_take(&off, sizeof(int) * (size_t)T);
-    size_t o_work = meta_take(&off, sizeof(work_item) * (size_t)(plan.num_work + 1));
-    size_t o_grp = meta_take(&off, sizeof(combine_group) * (size_t)(plan.num_groups + 1));
+    size_t o_qsl = ar_meta_take(&off, sizeof(int) * (size_t)(B + 1));
+    size_t o_seq = ar_meta_take(&off, sizeof(int) * (size_t)B);
+    size_t o_bt = ar_meta_take(&off, sizeof(int) * (size_t)B * bpr);
+    size_t o_treq = ar_meta_take(&off, sizeof(int) * (size_t)T);
+    size_t o_work = ar_meta_take(&off, sizeof(work_item) * (size_t)(plan.num_work + 1));
+    size_t o_grp = ar_meta_take(&off, sizeof(combine_group) * (size_t)(plan.num_groups + 1));
     size_t meta_bytes = ar_round_up(off, 16);
     size_t cache_bytes = (size_t)num_blocks * bs * D * (fp8 ? 1 : 2);
     size_t olat_elems = (size_t)T * H * DL, lse_elems = (size_t)H * T;

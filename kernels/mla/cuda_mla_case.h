@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include "../cuda_mla.h"
+#include "cuda_mla.h"
 
 #ifdef __cplusplus
 extern "C" {

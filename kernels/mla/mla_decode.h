@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cuda_host.cuh"
-#include "../cuda_mla.h"
+#include "../common/cuda_host.cuh"
+#include "cuda_mla.h"
 #include "mla_common.cuh"
 
 namespace ar_mla {
@@ -44,14 +44,6 @@ static inline int mla_grid(int64_t n, int threads)
     if (b < 1) b = 1;
     if (b > 65535 * 8) b = 65535 * 8;
     return (int)b;
-}
-
-/* Places `bytes` at the next 16-byte boundary of a packed metadata buffer; returns the offset. */
-static inline size_t meta_take(size_t *off, size_t bytes)
-{
-    size_t at = ar_round_up(*off, 16);
-    *off = at + bytes;
-    return at;
 }
 
 static inline int mla_cmp_double(const void *pa, const void *pb)

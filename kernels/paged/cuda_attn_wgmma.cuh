@@ -2,7 +2,7 @@
  * (AR_CFG_PREFILL_WG): the same work items, masks, faults and outputs as attn_kernel
  * (cuda_attn.cuh), with the two matrix products on wgmma (warpgroup MMA) instead of mma.sync.
  * Head size 128 exactly, on a compute-capability 9.0 device whose driver encodes tensor maps
- * (build_plan in cuda_backend.cu; elsewhere the mma.sync PREFILL kernel runs).
+ * (build_plan in cuda_plan.cuh; elsewhere the mma.sync PREFILL kernel runs).
  *
  * Geometry: one CTA = a producer warpgroup and two consumer warpgroups (384 threads); the
  * consumers own 128 rows (64 each), key tiles of 128.  Shared memory holds Q [128 rows x 128
@@ -27,8 +27,8 @@
 
 #include <string.h>
 
-#include "cuda_host.cuh"
-#include "common/cuda_wgmma.cuh"
+#include "../common/cuda_host.cuh"
+#include "../common/cuda_wgmma.cuh"
 
 namespace ar_attn {
 
@@ -283,7 +283,7 @@ attn_wgmma_kernel(const ar_attn_args a,
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
     float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
-    /* V read transposed ("MN-major"): the leading byte offset steps between the two 64-dim
+    /* V read transposed ("MN-major"): its descriptor's LBO steps between the two 64-dim
      * atoms along N (a column half apart), the stride byte offset between groups of 8 keys
      * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30. */
     const uint32_t v_lbo = WgGeom::HALF_BYTES, v_sbo = 1024;

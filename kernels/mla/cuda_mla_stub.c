@@ -1,6 +1,6 @@
 /* cuda_mla_stub.c - the "cuda-mla" backend on a machine without nvcc: the same symbols as
  * cuda_mla.cu, but check() always says why it cannot run and every entry point fails cleanly.
- * The Makefile compiles this file only when nvcc is absent (like kernels/cuda_stub.c). */
+ * The Makefile compiles this file only when nvcc is absent (like kernels/paged/cuda_stub.c). */
 #include "cuda_mla.h"
 
 #include <stdio.h>

@@ -30,10 +30,10 @@
 #include <string.h>
 
 #include "cuda_mla.h"
-#include "cuda_host.cuh"
-#include "mla/mla_decode.h"
-#include "mla/mla_inputs.cuh"
-#include "mla/mla_prefill.cuh"
+#include "../common/cuda_host.cuh"
+#include "mla_decode.h"
+#include "mla_inputs.cuh"
+#include "mla_prefill.cuh"
 
 #define MLA_GUARD_BYTES 4096
 #define MLA_GUARD_BYTE 0xA5
@@ -43,8 +43,8 @@ using namespace ar_mla;
 /* ---------------------------------------------------------------------------------------- */
 /* Host helpers                                                                              */
 
-/* dev_buf: kernels/cuda_host.cuh; mla_fail, mla_ensure, mla_grid, meta_take, median_of:
- * mla/mla_decode.h */
+/* dev_buf: kernels/common/cuda_host.cuh; mla_fail, mla_ensure, mla_grid, median_of:
+ * mla_decode.h */
 static size_t mla_round_up(size_t x, size_t a) { return ar_round_up(x, a); }
 
 static int mla_ensure_host(void **p, size_t *cap, size_t need, char *err, size_t err_len)
@@ -289,40 +289,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->step_ready = 0;
     const int R = b->num_reqs, T = b->num_tokens, mbpr = b->max_blocks_per_req;
     const int bs = s->bs, nb = s->cfg.num_blocks, H = s->H;
-    if (R < 0 || T < 0 || (R > 0 && mbpr <= 0)) {
-        snprintf(err, err_len, "step %lld: batch has num_reqs %d, num_tokens %d, max_blocks_per_req %d",
-                 (long long)b->step, R, T, mbpr);
-        return 2;
-    }
-    if (R > 0 && (b->query_start_loc[0] != 0 || b->query_start_loc[R] != T)) {
-        snprintf(err, err_len, "step %lld: query_start_loc must run from 0 to num_tokens %d", (long long)b->step, T);
-        return 2;
-    }
-    for (int r = 0; r < R; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
-        if (ql < 0 || sl < ql || sl > mbpr * bs) {
-            snprintf(err, err_len,
-                     "step %lld: request %d has query_len %d, seq_len %d (rule: 0 <= query_len <= seq_len <= "
-                     "max_blocks_per_req * block_size = %d)", (long long)b->step, r, ql, sl, mbpr * bs);
-            return 2;
-        }
-        for (int i = 0; i < (sl + bs - 1) / bs; i++) {
-            int blk = b->block_table[(int64_t)r * mbpr + i];
-            if (blk < 0 || blk >= nb) {
-                snprintf(err, err_len, "step %lld: request %d block_table[%d] = %d outside [0, %d)",
-                         (long long)b->step, r, i, blk, nb);
-                return 2;
-            }
-        }
-    }
-    for (int t = 0; t < T; t++) {
-        int64_t sl = b->slot_mapping[t];
-        if (sl < -1 || sl >= (int64_t)nb * bs) {
-            snprintf(err, err_len, "step %lld: slot_mapping[%d] = %lld outside [-1, %lld)", (long long)b->step, t,
-                     (long long)sl, (long long)nb * bs);
-            return 2;
-        }
-    }
+    if (ar_cuda_check_batch(b, bs, nb, err, err_len)) return 2;
 
     /* decode / prefill split (semantics 7.3) */
     unsigned char *is_pf = (unsigned char *)calloc((size_t)(R > 0 ? R : 1), 1);
@@ -402,22 +369,15 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
 
     /* metadata layout */
     size_t off = 0;
-    size_t o_qsl = meta_take(&off, (size_t)(R + 1) * 4);
-    size_t o_seq = meta_take(&off, (size_t)R * 4);
-    size_t o_bt = meta_take(&off, (size_t)R * mbpr * 4);
-    size_t o_treq = meta_take(&off, (size_t)T * 4);
-    size_t o_tpos = meta_take(&off, (size_t)T * 4);
-    size_t o_slots = meta_take(&off, (size_t)T * 8);
-    size_t o_rkeys = meta_take(&off, (size_t)R * 8);
-    size_t o_bkeys = meta_take(&off, (size_t)R * mbpr * 8);
-    size_t o_work = meta_take(&off, (size_t)plan.num_work * sizeof(work_item));
-    size_t o_groups = meta_take(&off, (size_t)plan.num_groups * sizeof(combine_group));
-    size_t o_pftok = meta_take(&off, (size_t)n_pf_tok * 4);
+    const ar_batch_meta bm = ar_batch_meta_layout(&off, R, T, mbpr);
+    size_t o_work = ar_meta_take(&off, (size_t)plan.num_work * sizeof(work_item));
+    size_t o_groups = ar_meta_take(&off, (size_t)plan.num_groups * sizeof(combine_group));
+    size_t o_pftok = ar_meta_take(&off, (size_t)n_pf_tok * 4);
     for (int p = 0; p < n_passes; p++) {
-        s->pass_meta_off[4 * p + 0] = meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_req */
-        s->pass_meta_off[4 * p + 1] = meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_pos */
-        s->pass_meta_off[4 * p + 2] = meta_take(&off, (size_t)R * 4);                 /* kb */
-        s->pass_meta_off[4 * p + 3] = meta_take(&off, (size_t)R * 4);                 /* ke */
+        s->pass_meta_off[4 * p + 0] = ar_meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_req */
+        s->pass_meta_off[4 * p + 1] = ar_meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_pos */
+        s->pass_meta_off[4 * p + 2] = ar_meta_take(&off, (size_t)R * 4);                 /* kb */
+        s->pass_meta_off[4 * p + 3] = ar_meta_take(&off, (size_t)R * 4);                 /* ke */
     }
     size_t meta_bytes = mla_round_up(off, 16) + 16;
     int rc;
@@ -429,22 +389,11 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         return rc;
     }
     unsigned char *h = (unsigned char *)s->h_meta;
-    memcpy(h + o_qsl, b->query_start_loc, (size_t)(R + 1) * 4);
-    memcpy(h + o_seq, b->seq_lens, (size_t)R * 4);
-    memcpy(h + o_bt, b->block_table, (size_t)R * mbpr * 4);
-    int *treq = (int *)(h + o_treq), *tpos = (int *)(h + o_tpos), *pftok = (int *)(h + o_pftok);
-    int npf = 0;
-    for (int r = 0; r < R; r++) {
-        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, ctx = b->seq_lens[r] - ql;
-        for (int i = 0; i < ql; i++) {
-            treq[q0 + i] = r;
-            tpos[q0 + i] = ctx + i;
-            if (is_pf[r]) pftok[npf++] = q0 + i;
-        }
-    }
-    memcpy(h + o_slots, b->slot_mapping, (size_t)T * 8);
-    memcpy(h + o_rkeys, b->req_keys, (size_t)R * 8);
-    memcpy(h + o_bkeys, b->block_keys, (size_t)R * mbpr * 8);
+    ar_batch_meta_fill(&bm, h, b);
+    int *pftok = (int *)(h + o_pftok), npf = 0;
+    for (int r = 0; r < R; r++)
+        if (is_pf[r])
+            for (int t = b->query_start_loc[r]; t < b->query_start_loc[r + 1]; t++) pftok[npf++] = t;
     memcpy(h + o_work, plan.work, (size_t)plan.num_work * sizeof(work_item));
     memcpy(h + o_groups, plan.groups, (size_t)plan.num_groups * sizeof(combine_group));
     for (int p = 0; p < n_passes; p++) {
@@ -481,14 +430,14 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         return rc;
     }
     unsigned char *d = (unsigned char *)s->meta.ptr;
-    s->d_qsl = (int *)(d + o_qsl);
-    s->d_seq = (int *)(d + o_seq);
-    s->d_bt = (int *)(d + o_bt);
-    s->d_treq = (int *)(d + o_treq);
-    s->d_tpos = (int *)(d + o_tpos);
-    s->d_slots = (int64_t *)(d + o_slots);
-    s->d_rkeys = (uint64_t *)(d + o_rkeys);
-    s->d_bkeys = (uint64_t *)(d + o_bkeys);
+    s->d_qsl = (int *)(d + bm.qsl);
+    s->d_seq = (int *)(d + bm.seq);
+    s->d_bt = (int *)(d + bm.bt);
+    s->d_treq = (int *)(d + bm.treq);
+    s->d_tpos = (int *)(d + bm.tpos);
+    s->d_slots = (int64_t *)(d + bm.slots);
+    s->d_rkeys = (uint64_t *)(d + bm.rkeys);
+    s->d_bkeys = (uint64_t *)(d + bm.bkeys);
     s->d_work = (work_item *)(d + o_work);
     s->d_groups = (combine_group *)(d + o_groups);
     s->d_pf_tok = (int *)(d + o_pftok);

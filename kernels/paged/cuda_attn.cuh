@@ -17,7 +17,7 @@
  * from query position p iff j <= p), sliding window W (iff j >= p - W + 1), keys >= seq_len
  * never loaded (cp.async zero-fills them, so NaN-filled unused slots are never read).
  *
- * The kernels ("configs"; build_plan in cuda_backend.cu decides which one runs a launch):
+ * The kernels ("configs"; build_plan in cuda_plan.cuh decides which one runs a launch):
  *   PREFILL    : this file's kernel, WARPS_M warps stacked over the rows (16*MT rows each), all
  *                reading one K/V tile (hd 64/128: 4 warps x 32 rows, hd 256: 8 warps x 16 rows;
  *                128 rows per CTA).  The fallback for every launch the wgmma kernel cannot run.
@@ -29,11 +29,11 @@
  *                Hopper kernel of cuda_attn_wgmma.cuh (wgmma, a TMA producer warpgroup, two
  *                ping-pong consumers); the default for every non-decode launch there.
  *   DECODE_TMA : compute capability 9.0, decode batches of many requests (decode_tma_plan in
- *                cuda_backend.cu): cuda_attn_decode_tma.cuh, one CTA per request over every KV
+ *                cuda_plan.cuh): cuda_attn_decode_tma.cuh, one CTA per request over every KV
  *                head, whole cache blocks copied by TMA; never split.
  * Across CTAs, split-KV (a work item covers part of the key range) writes normalised fp32
  * partials + log2 LSE, and ar_attn::combine_kernel merges them (see the split heuristic in
- * cuda_backend.cu).
+ * cuda_plan.cuh).
  *
  * Outputs: out [num_tokens, Hq, head_size] in the run dtype, lse [Hq, num_tokens] fp32, natural
  * log.  A row that sees no key gets out = 0 and lse = -inf (FA3's convention; vLLM's merge
@@ -50,7 +50,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "../replay/backend.h"
+#include "../../replay/backend.h"
 
 #define AR_CFG_PREFILL 0        /* mma.sync, any head size (the fallback) */
 #define AR_CFG_DECODE 1         /* mma.sync, every (request, KV head) within 16 rows */
@@ -149,7 +149,7 @@ static inline int ar_attn_template_hd(int head_size)
 /* Launchers, one per dtype (cuda_attn_bf16.cu / cuda_attn_fp16.cu, so the two compile in
  * parallel); each returns the launch's cudaError_t.  The attributes call raises the dynamic
  * shared-memory limit and reports how many CTAs fit on one SM.  ar_attn_geometry is in
- * cuda_backend.cu. */
+ * cuda_plan.cuh. */
 ar_attn_geom ar_attn_geometry(int config, int hd);
 cudaError_t ar_attn_launch_bf16(int config, int hd, const ar_attn_args *a, int num_work,
                                 cudaStream_t stream);

@@ -2,8 +2,8 @@
  * the latent paged cache [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]) and the
  * overrides its GPU test uses.
  *
- * The backend is kernels/cuda_mla.cu (the decode launch in kernels/mla/); on a machine without
- * nvcc, kernels/cuda_mla_stub.c defines the same symbols and check() says why it cannot run.
+ * The backend is kernels/mla/cuda_mla.cu (the decode launch in kernels/mla/); on a machine without
+ * nvcc, kernels/mla/cuda_mla_stub.c defines the same symbols and check() says why it cannot run.
  * Everything has C linkage.  The test hook that runs single FlashMLA-shaped cases is
  * kernels/mla/cuda_mla_case.h (linked into the tests, not into bin/attnreplay).
  *
@@ -23,7 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "../replay/backend.h"
+#include "../../replay/backend.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -2,15 +2,15 @@
  * paged cache [2, num_blocks, block_size, num_kv_heads, head_size]) and a few hooks the GPU
  * tests and the benchmark use.
  *
- * The backend is kernels/cuda_backend.cu (+ the kernels in cuda_attn.cuh); on a machine
- * without nvcc, kernels/cuda_stub.c defines the same symbols and check() says why it cannot
+ * The backend is kernels/paged/cuda_backend.cu (+ the kernels in cuda_attn.cuh); on a machine
+ * without nvcc, kernels/paged/cuda_stub.c defines the same symbols and check() says why it cannot
  * run.  Everything here has C linkage. */
 #ifndef AR_CUDA_BACKEND_H
 #define AR_CUDA_BACKEND_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include "../replay/backend.h"
+#include "../../replay/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
