@@ -1,8 +1,14 @@
 # Makefile - the one build of attnreplay.
 #
 #   make            bin/attnreplay (C11 host code; CUDA kernels too when nvcc is found)
-#   make test       every CPU test (cmocka, one binary per module); GPU tests skip with a reason
-#   make demo       replay a sample trace on the best available backend into demo.db
+#   make test       every CPU test (cmocka, one binary per module); with nvcc it also builds the
+#                   GPU test and benchmark binaries, so the CUDA code is proven to compile and link
+#   make demo       simulate a slice of a public workload, replay a few steps verified on the best
+#                   backend here, write an HTML report (demo/); without a GPU it builds the host
+#                   binary only (no CUDA kernels: nothing here could run them)
+#   make gpu-build  everything the GPU machine runs (bin/attnreplay with CUDA, GPU tests, benches)
+#   make test-vllm  the vLLM recorder and the sim's step-by-step parity with vLLM 0.33's scheduler
+#   make fidelity   the step-time model calibrated on one public vLLM run, evaluated on the other
 #   make test-gpu   the GPU tests (run on the H200; uses prebuilt binaries where headers lack)
 #   make bench      benchmarks (reference vs naive on the CPU; kernels on a GPU)
 #   make lab        the kernel lab (kernels/lab/: variants that are not in the product, each with
@@ -15,8 +21,21 @@
 #   make clean
 #
 # `make`, `make test` and `make demo` first install missing Debian packages (as root) or print
-# the apt command to run.  Libraries a bare Ubuntu 24.04 GPU machine lacks (jansson, sqlite3)
+# the apt command to run.  Libraries a bare Ubuntu 24.04 GPU machine lacks (jansson, sqlite3, libdeflate)
 # are linked statically; the CUDA runtime is static by nvcc's default.
+#
+# Speed.  Without -j on its command line make uses every core (a -jN given, -j1 included, wins).
+# CUDA code is compiled for CUDA_ARCHS only: the GPU present (9.0 -> 90a), else 90a (the H200
+# the binaries built here are carried to).  CUDA_ARCHS="80 90a compute_90" builds SASS for sm_80
+# and sm_90a plus PTX for compute_90; changing it (or NVCCFLAGS) rebuilds the CUDA objects.
+# The C objects are shared by the CUDA build and the host-only build (only main.c differs), so a
+# `make test` after `make demo` compiles just the CUDA files, longest first.
+
+comma   := ,
+NPROC   := $(shell nproc 2>/dev/null || echo 1)
+ifeq ($(filter -j% --jobs%,$(shell tr '\0' ' ' </proc/$$PPID/cmdline 2>/dev/null) $(MAKEFLAGS) $(shell printenv MAKEFLAGS)),)
+MAKEFLAGS += -j$(NPROC)
+endif
 
 CC      ?= gcc
 ifeq ($(CC),cc)
@@ -34,48 +53,84 @@ CFLAGS  += $(SANITIZE)
 REV     := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS  += -DAR_CODE_REV=\"$(REV)\"
 LDFLAGS += $(SANITIZE) -pthread
-STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -lz -Wl,-Bdynamic
-LIBS    := $(STATIC_LIBS) -lm -ldl -lrt
+STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -ldeflate -lz -Wl,-Bdynamic
+HOST_LIBS := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
 MODULES := traces reference kernels/cpu kernels/common kernels/paged kernels/mla replay sim reports
-STUBS   := kernels/paged/cuda_stub.c kernels/mla/cuda_mla_stub.c kernels/common/cuda_calibrate_stub.c reference/ref_gpu_stub.c
+# each .cu's stand-in for builds without CUDA
+STUB_SRCS   := kernels/paged/cuda_stub.c kernels/mla/cuda_mla_stub.c kernels/common/cuda_calibrate_stub.c \
+               kernels/common/cuda_profile_stub.c reference/ref_gpu_stub.c replay/plugin_cuda_stub.c
 # test support: the cuda-mla test hook (and its float64 device reference) is linked into the
 # tests, the benchmarks and the lab, never into bin/attnreplay
 TEST_HOOK_CU   := kernels/mla/cuda_mla_case.cu
 TEST_HOOK_STUB := kernels/mla/cuda_mla_case_stub.c
-C_SRCS  := $(filter-out replay/main.c $(STUBS) $(TEST_HOOK_STUB),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
-CU_SRCS := $(filter-out $(TEST_HOOK_CU),$(foreach m,kernels/common kernels/paged kernels/mla reference,$(wildcard $(m)/*.cu)))
+COMMON_SRCS := $(filter-out replay/main.c $(STUB_SRCS) $(TEST_HOOK_STUB),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+COMMON_OBJS := $(COMMON_SRCS:%.c=$(BUILD)/%.o)
+STUB_OBJS   := $(STUB_SRCS:%.c=$(BUILD)/%.o)
+# Longest first, so that with -j the slow ones start at once.
+CU_FIRST := kernels/mla/mla_decode.cu kernels/paged/cuda_attn_bf16.cu kernels/paged/cuda_attn_fp16.cu
+CU_SRCS := $(CU_FIRST) \
+           $(filter-out $(CU_FIRST) $(TEST_HOOK_CU),$(foreach m,kernels/mla kernels/paged kernels/common,$(wildcard $(m)/*.cu))) \
+           $(wildcard reference/*.cu) replay/plugin_cuda.cu
+SANITIZE_NOTE := $(if $(strip $(SANITIZE)),$(comma) sanitizers)
+
+# The GPU here, as "90" for compute capability 9.0; empty without one (or without a driver).
+GPU_CC  := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+ifeq ($(GPU_CC),90)
+CUDA_ARCHS ?= 90a
+else ifneq ($(GPU_CC),)
+CUDA_ARCHS ?= $(GPU_CC)
+else
+CUDA_ARCHS ?= 90a
+endif
+CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=$(if $(filter compute_%,$(a)),$(a)$(comma)code=$(a),compute_$(a)$(comma)code=sm_$(a)))
+
+# The host-only build: every C object, the CUDA stubs, a main.o of its own.
+HOST_LIB  := $(BUILD)/libattnreplay-host.a
+HOST_MAIN := $(BUILD)/host/replay/main.o
 
 ifneq ($(NVCC),)
 HAVE_CUDA := 1
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-NVCCFLAGS ?= -O3 -std=c++17 -lineinfo --use_fast_math -Xcompiler -fno-strict-aliasing \
-             -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
-             -gencode arch=compute_90,code=compute_90
-CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
-TEST_HOOK_OBJ := $(TEST_HOOK_CU:%.cu=$(BUILD)/%.o)
-CFLAGS  += -DAR_HAVE_CUDA=1
-LIBS    += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lstdc++
+NVCCFLAGS ?= -O3 -std=c++17 -lineinfo --use_fast_math -Xcompiler -fno-strict-aliasing $(CUDA_GENCODE)
+# host code of every .cu position-independent: the same objects also go into libattnreplay.so
+override NVCCFLAGS += -Xcompiler -fPIC
 else
 HAVE_CUDA := 0
-CU_OBJS :=
-TEST_HOOK_OBJ := $(TEST_HOOK_STUB:%.c=$(BUILD)/%.o)
-C_SRCS  += $(STUBS)
 endif
 
-C_OBJS  := $(C_SRCS:%.c=$(BUILD)/%.o)
-
-# ---- the plugin ABI's CUDA side (replay/plugin_cuda.cu, or its stub without nvcc) -------------
-# Host code of every .cu is compiled position-independent so the same objects also go into
-# libattnreplay.so (below).
 ifeq ($(HAVE_CUDA),1)
-C_OBJS  := $(filter-out $(BUILD)/replay/plugin_cuda_stub.o,$(C_OBJS))
-CU_OBJS += $(BUILD)/replay/plugin_cuda.o
-override NVCCFLAGS += -Xcompiler -fPIC
+CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/%.o)
+TEST_HOOK_OBJ := $(TEST_HOOK_CU:%.cu=$(BUILD)/%.o)
+LIB      := $(BUILD)/libattnreplay.a
+MAIN     := $(BUILD)/replay/main.o
+LIBS     := $(HOST_LIBS) -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lstdc++
+CUDA_CFLAGS := -DAR_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
+BIN_KIND := cuda
+BUILD_TYPE := CUDA kernels for $(CUDA_ARCHS)$(comma) $(OPT)$(SANITIZE_NOTE)
+# NVCCFLAGS as last compiled with: the CUDA objects depend on this file, rewritten only when the
+# flags change, so a new CUDA_ARCHS rebuilds them.
+NVCC_STAMP := $(BUILD)/nvcc-flags.txt
+$(shell mkdir -p $(BUILD) && (echo '$(NVCC) $(NVCCFLAGS)' | cmp -s - $(NVCC_STAMP) || echo '$(NVCC) $(NVCCFLAGS)' > $(NVCC_STAMP)))
+else
+CU_OBJS  :=
+TEST_HOOK_OBJ := $(TEST_HOOK_STUB:%.c=$(BUILD)/%.o)
+LIB      := $(HOST_LIB)
+MAIN     := $(HOST_MAIN)
+LIBS     := $(HOST_LIBS)
+CUDA_CFLAGS :=
+BIN_KIND := host
 endif
-LIB     := $(BUILD)/libattnreplay.a
+HOST_BUILD_TYPE := CPU only$(comma) no CUDA kernels$(comma) $(OPT)$(SANITIZE_NOTE)
+# the C objects of this build's library
+C_OBJS   := $(COMMON_OBJS) $(if $(filter 1,$(HAVE_CUDA)),,$(STUB_OBJS))
+
 BIN     := bin/attnreplay
+# bin/attnreplay is either build; BIN.kind says which, and a different one relinks it.
+ifneq ($(shell cat $(BIN).kind 2>/dev/null),$(BIN_KIND))
+.PHONY: $(BIN)
+endif
 
 TEST_SRCS     := $(wildcard tests/test_*.c)
 TESTS         := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
@@ -84,18 +139,20 @@ GPU_TESTS     := $(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRCS    := $(wildcard tests/bench_*.c)
 BENCHES       := $(BENCH_SRCS:tests/%.c=$(BUILD)/tests/%)
 TEST_COMMON   := $(BUILD)/tests/testutil.o $(TEST_HOOK_OBJ)
-.SECONDARY: $(TEST_COMMON)   # kept between builds: make test deleted them as intermediates
 LAB_SRCS      := $(wildcard kernels/lab/*.cu)
 LABS          := $(LAB_SRCS:kernels/lab/%.cu=$(BUILD)/lab/%)
+# with nvcc, `make test` also builds (not runs) what only a GPU runs
+TEST_GPU_BUILD := $(if $(filter 1,$(HAVE_CUDA)),$(GPU_TESTS) $(BENCHES))
 
-.PHONY: all test demo test-gpu bench asan clean deps fuzz fuzz-build valgrind test-gpu-sanitize lab lab-run
+.PHONY: all test demo test-gpu bench asan clean deps fuzz fuzz-build valgrind test-gpu-sanitize gpu-build test-only lab lab-run
+.SECONDARY: $(TEST_COMMON)
 all: deps $(BIN)
 
 # ---- set-up: install what is missing ---------------------------------------------------------
-APT_PKGS := libcmocka-dev gnuplot-nox libjansson-dev libsqlite3-dev zlib1g-dev
+APT_PKGS := libcmocka-dev gnuplot-nox libjansson-dev libsqlite3-dev zlib1g-dev libdeflate-dev
 deps:
 	@missing=""; \
-	for h in cmocka.h:libcmocka-dev jansson.h:libjansson-dev sqlite3.h:libsqlite3-dev zlib.h:zlib1g-dev; do \
+	for h in cmocka.h:libcmocka-dev jansson.h:libjansson-dev sqlite3.h:libsqlite3-dev zlib.h:zlib1g-dev libdeflate.h:libdeflate-dev; do \
 	  f=$${h%%:*}; p=$${h##*:}; \
 	  [ -f /usr/include/$$f ] || [ -f /usr/local/include/$$f ] || missing="$$missing $$p"; \
 	done; \
@@ -111,33 +168,47 @@ deps:
 	fi
 
 # ---- build ------------------------------------------------------------------------------------
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
 # The device reference rounds exactly as the host does: no fast math (approximate division,
 # exp and flush-to-zero would change its float values).
-$(BUILD)/reference/%.o: reference/%.cu
+$(BUILD)/reference/%.o: reference/%.cu $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(filter-out --use_fast_math,$(NVCCFLAGS)) -MMD -MP -c $< -o $@
 
-$(LIB): $(C_OBJS) $(CU_OBJS)
+# main.o knows its build: CUDA (runtime and driver versions for `version`) or host only.
+$(BUILD)/replay/main.o: replay/main.c $(NVCC_STAMP) | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -DAR_BUILD_TYPE='"$(BUILD_TYPE)"' -MMD -MP -c $< -o $@
+
+$(HOST_MAIN): replay/main.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DAR_BUILD_TYPE='"$(HOST_BUILD_TYPE)"' -MMD -MP -c $< -o $@
+
+$(BUILD)/libattnreplay.a: $(CU_OBJS) $(COMMON_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BIN): $(BUILD)/replay/main.o $(LIB)
-	@mkdir -p bin
-	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+$(HOST_LIB): $(COMMON_OBJS) $(STUB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN): $(MAIN) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(MAIN) $(LIB) $(LIBS)
+	@echo $(BIN_KIND) > $@.kind
 
 # Test binaries get an rpath of $ORIGIN so a copied libcmocka.so.0 beside them is found on the
 # GPU machine, which has no cmocka.
-$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB)
+$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB) | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(TEST_COMMON) $(LIB) $(LDFLAGS) -Wl,-rpath,'$$ORIGIN' -lcmocka $(LIBS)
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(TEST_COMMON) $(LIB) $(LDFLAGS) -Wl,-rpath,'$$ORIGIN' -lcmocka $(LIBS)
 
 # ---- the kernel lab (kernels/lab/README.md): not part of bin/attnreplay -----------------------
 ifeq ($(HAVE_CUDA),1)
@@ -147,7 +218,7 @@ lab:
 	@echo "make lab: the kernel lab needs nvcc (none found); nothing built"
 endif
 
-$(BUILD)/lab/%: kernels/lab/%.cu $(TEST_HOOK_OBJ) $(LIB)
+$(BUILD)/lab/%: kernels/lab/%.cu $(TEST_HOOK_OBJ) $(LIB) $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@.o
 	$(CC) $(LDFLAGS) -o $@ $@.o $(TEST_HOOK_OBJ) $(LIB) $(LIBS)
@@ -161,7 +232,7 @@ $(BUILD)/tests/libcmocka.so.0:
 	cp -L $$(ldconfig -p | awk '/libcmocka.so.0 /{print $$NF; exit}') $@
 
 # ---- test -------------------------------------------------------------------------------------
-test: deps $(BIN) $(TESTS)
+test: deps $(BIN) $(TESTS) $(TEST_GPU_BUILD)
 	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/run_tests.sh $(TESTS)
 
 ASAN_BUILD ?= build-asan
@@ -186,10 +257,27 @@ test-gpu:
 bench:
 	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/run_benches.sh $(BENCHES)
 
-demo: deps $(BIN)
-	@rm -f demo.db demo.db-wal demo.db-shm
-	$(BIN) info traces/samples/mixed.trace.jsonl.gz
-	$(BIN) replay traces/samples/mixed.trace.jsonl.gz --db demo.db --backend auto
+# The demo: a slice of the Azure LLM conversation trace (../shared/traces-public beside the
+# checkout; a shipped sample when it is absent) simulated as Llama-3.1-8B on an H200, a few of its
+# steps replayed and verified on the best backend here, the HTML report (traces/demo.sh).
+# Without a GPU the host-only binary is enough and builds in seconds; a bin/attnreplay already
+# built with CUDA is kept (and brought up to date) rather than replaced.
+DEMO_DIR ?= demo
+demo: deps
+	@if [ -n "$(GPU_CC)" ] || [ "$$(cat $(BIN).kind 2>/dev/null)" = cuda ]; then \
+	  $(MAKE) --no-print-directory $(BIN); \
+	else \
+	  echo "demo: no GPU here, so the host-only build (make test or make gpu-build add the CUDA kernels)"; \
+	  $(MAKE) --no-print-directory HAVE_CUDA=0 NVCC= $(BIN); \
+	fi
+	@AR_BIN=$(BIN) traces/demo.sh $(DEMO_DIR)
+
+# ---- vLLM: the recorder on vLLM's real scheduler, and the sim's parity with it (tests/vllm) ---
+# The first run builds a pinned vLLM 0.33.0 environment outside the clone
+# (traces/vllm_recorder/make_venv.sh; ~6 GB from PyPI); later runs reuse it.
+.PHONY: test-vllm
+test-vllm: deps $(BIN)
+	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/vllm/run.sh
 
 # ---- reliability: fuzzing, valgrind, compute-sanitizer (RELIABILITY.md) ---------------------
 # `make fuzz` builds the library with clang and -fsanitize=fuzzer-no-link,address,undefined in
@@ -257,11 +345,11 @@ test-gpu-sanitize:
 # broken ones the tests load are plain shared objects that link nothing of ours.
 SHLIB        := $(BUILD)/libattnreplay.so
 PIC_OBJS     := $(C_OBJS:$(BUILD)/%.o=$(BUILD)/pic/%.o)
-SHLIB_LIBS   := -ljansson -lsqlite3 -lz -lm -ldl -lrt
+SHLIB_LIBS   := -ljansson -lsqlite3 -ldeflate -lz -lm -ldl -lrt
 ifeq ($(HAVE_CUDA),1)
 SHLIB_LIBS   += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lstdc++
 endif
-SHLIB_CARRY  := $(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0
+SHLIB_CARRY  := $(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0 $(BUILD)/libdeflate.so.0
 PLUGIN_DIR   := $(BUILD)/plugins
 PLUGINS      := $(PLUGIN_DIR)/attnreplay-example-cpu.so
 ifeq ($(HAVE_CUDA),1)
@@ -279,7 +367,7 @@ all: $(SHLIB) $(SHLIB_CARRY) $(PLUGINS)
 # Python wheels to a GPU machine.  The Python package takes it through ATTNREPLAY_LIB.
 ifeq ($(HAVE_CUDA),1)
 SHLIB_LITE   := $(BUILD)/libattnreplay-lite.so
-LITE_STUBS   := $(patsubst %.c,$(BUILD)/pic/%.o,$(filter kernels/%,$(STUBS)))
+LITE_STUBS   := $(patsubst %.c,$(BUILD)/pic/%.o,$(filter kernels/%,$(STUB_SRCS)))
 all: $(SHLIB_LITE)
 $(SHLIB_LITE): $(PIC_OBJS) $(LITE_STUBS) $(filter-out $(BUILD)/kernels/%,$(CU_OBJS))
 	$(CC) -shared $(LDFLAGS) -Wl,--no-undefined -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ $(SHLIB_LIBS)
@@ -292,7 +380,7 @@ $(BUILD)/pic/%.o: %.c
 $(SHLIB): $(PIC_OBJS) $(CU_OBJS)
 	$(CC) -shared $(LDFLAGS) -Wl,--no-undefined -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ $(SHLIB_LIBS)
 
-$(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0:
+$(BUILD)/libjansson.so.4 $(BUILD)/libsqlite3.so.0 $(BUILD)/libdeflate.so.0:
 	@mkdir -p $(dir $@)
 	cp -L $$(ldconfig -p | awk -v n=$(notdir $@) '$$1 == n {print $$NF; exit}') $@
 
@@ -334,6 +422,19 @@ test: py-test
 .PHONY: py-test
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz bin demo.db demo.db-wal demo.db-shm
+	rm -rf $(BUILD) build-asan build-fuzz bin $(DEMO_DIR)
 
--include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_HOOK_OBJ:.o=.d) $(LABS:=.d) $(BUILD)/replay/main.d $(PIC_OBJS:.o=.d)
+-include $(COMMON_OBJS:.o=.d) $(STUB_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_HOOK_OBJ:.o=.d) $(LABS:=.d) $(BUILD)/replay/main.d $(HOST_MAIN:.o=.d) $(PIC_OBJS:.o=.d)
+
+# ---- simulator fidelity against real vLLM runs (tests/fidelity.c) ---------------------------
+# `make fidelity` calibrates the step-time model on one public vLLM run and evaluates it on the
+# other, both ways, then prints the table with the KV-block sensitivity.  CPU only.
+FIDELITY_RUNS ?= $(firstword $(wildcard ../shared/traces-public/vllm-runs-llmservingsim ../../shared/traces-public/vllm-runs-llmservingsim) ../shared/traces-public/vllm-runs-llmservingsim)
+.PHONY: fidelity
+fidelity: $(BUILD)/fidelity
+	$(BUILD)/fidelity $(FIDELITY_RUNS)
+
+$(BUILD)/fidelity: tests/fidelity.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDFLAGS) $(LIBS)
+

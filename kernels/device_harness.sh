@@ -14,6 +14,12 @@
 #   4. make test-gpu (tests/gpu_cuda.c: vLLM grids vs the float64 reference) -> gpu_test.txt
 #   5. attnreplay replay of the sample traces with --backend cuda into SQLite -> replay.txt
 #   6. ncu (--clock-control none) on the prefill kernel, if time is left     -> ncu.txt
+#   7. tests/bench_replay.c, if time is left (whole simulated traces end to end: wall, kernel,
+#      verify, host overhead and its breakdown)                                -> replay_bench.txt
+# `device_harness.sh replay-bench` runs stage 7 alone, with the whole budget (HARNESS_BUDGET):
+# issue 18's four runs (BENCH_REPLAY_ONLY picks some; each stops at its target or at
+# BENCH_REPLAY_MAX_S, default budget / 4).  Its traces come from out/ when simulated there on the
+# development machine (mooncake300.trace.jsonl.gz, dsv3.trace.jsonl.gz; see bench_replay.c).
 # Logs go to $OUT (the device tool brings them back); the table goes to stdout and summary.txt.
 set -u
 OUT=${OUT:-/tmp/ar_harness_out}
@@ -24,6 +30,17 @@ BUDGET=${HARNESS_BUDGET:-450}
 START=$SECONDS
 left() { echo $((BUDGET - (SECONDS - START))); }
 stage() { echo "== $1 ($(date -u +%H:%M:%S), $(left)s left)"; }
+replay_bench() {
+  stage "replay bench"
+  local t=$(( $(left) - 15 )); [ "$t" -lt 60 ] && t=60
+  BENCH_REPLAY_TRACES=$PWD/out BENCH_REPLAY_MAX_S=${BENCH_REPLAY_MAX_S:-$(( t / 4 ))} \
+    timeout "$t" build/tests/bench_replay >"$OUT/replay_bench.txt" 2>&1
+  echo "bench_replay rc=$?"; grep -v "^RESULT" "$OUT/replay_bench.txt" | tail -16
+}
+if [ "${1:-}" = "replay-bench" ]; then
+  replay_bench
+  exit 0
+fi
 
 stage "device"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv;
@@ -141,6 +158,10 @@ for f in re.split(r"\n\s+Function : ", txt)[1:]:
     print("   ", c.most_common(18))
 ' >>"$OUT/ncu.txt" 2>&1
   tail -4 "$OUT/ncu.txt"
+fi
+
+if [ "$(left)" -gt 120 ] && [ -x build/tests/bench_replay ]; then
+  replay_bench
 fi
 
 stage "summary"

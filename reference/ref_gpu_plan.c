@@ -300,8 +300,11 @@ int ar_ref_plan_build(ar_ref_plan *pl, ar_block_cache *cache, int layer, int64_t
                 if (!ar_block_cache_pinned(cache, s, *stamp)) new_pins++;
             }
         }
-        if (!g || g->scores + scores > bud->max_scores || g->vectors + vectors > bud->max_vectors ||
-            pinned + new_pins > capacity) {
+        /* a group holds the items of one key chunk only: its fold launch then merges each row
+         * at most once, after every earlier chunk's launch (two chunks of a row in one launch
+         * would race on the row's running result) */
+        if (!g || it->chunk != pl->items[g->item0].chunk || g->scores + scores > bud->max_scores ||
+            g->vectors + vectors > bud->max_vectors || pinned + new_pins > capacity) {
             if (grow((void **)&pl->groups, &pl->cap_groups, pl->num_groups + 1, sizeof *pl->groups)) goto oom;
             g = &pl->groups[pl->num_groups++];
             memset(g, 0, sizeof *g);

@@ -16,8 +16,8 @@
  *     (request, block of rows, key chunk) and the items into groups that fit the device's
  *     scratch budgets and the cache.  Key chunks are AR_VERIFY_KEY_CHUNK keys from each
  *     request's first visible key, exactly the chunks the host verifier merges by LSE, and every
- *     item of chunk c comes before every item of chunk c + 1, so the device folds each row's
- *     chunks in the host's order. */
+ *     item of chunk c comes before every item of chunk c + 1, and a group holds items of one
+ *     chunk only, so the device folds each row's chunks in the host's order, one launch each. */
 #ifndef AR_REF_GPU_PLAN_H
 #define AR_REF_GPU_PLAN_H
 

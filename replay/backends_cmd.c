@@ -30,13 +30,27 @@ static void default_config(ar_run_config *c)
     c->cascade_mode = 1;
 }
 
+static void backends_usage(FILE *f)
+{
+    fputs("usage: attnreplay backends [--trace TRACE]\n"
+          "  Lists the backends in selector order with their capabilities and whether each can run\n"
+          "  the trace's configuration (a Llama-3.1-8B-like default without --trace), and why not.\n"
+          "  Exit status: 0 listed, 2 usage error or a bad trace.\n", f);
+}
+
 int ar_backends_main(int argc, char **argv)
 {
     const char *trace = NULL;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            backends_usage(stdout);
+            return 0;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc) trace = argv[++i];
         else {
-            fprintf(stderr, "usage: attnreplay backends [--trace TRACE]\n");
+            backends_usage(stderr);
             return 2;
         }
     }

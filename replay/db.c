@@ -1,4 +1,5 @@
-/* db.c - the SQLite results database: schema, WAL, prepared statements, batched transactions.
+/* db.c - the SQLite results database: schema and its migrations, WAL, prepared statements,
+ * short batched transactions, and the writer that owns the database during a replay.
  *
  * Crash safety comes from SQLite itself: every batch of steps and the run's progress counters
  * commit in one transaction, and WAL mode keeps readers (report, diff) working during a replay.
@@ -6,14 +7,25 @@
  * whole steps only; the caller then marks the run 'error'.  That needs a little space, so a
  * writable database keeps PATH-reserve (AR_DB_RESERVE_BYTES, deleted on close) and gives it back
  * when the final status write fails for want of space; if even that fails the run stays
- * 'running' and --resume picks it up.  Error messages name the kind of I/O failure. */
+ * 'running' and --resume picks it up.  Error messages name the kind of I/O failure.
+ *
+ * Locks: the writer's db_mu guards every use of the connection once the writer exists; q_mu
+ * guards the queue of finished records and the pool.  Whoever writes takes db_mu, then q_mu,
+ * and takes ALL pending records, so the steps committed are always a prefix of the steps
+ * handed over (no gap), whether the writer thread, an inline flush or a signal watchdog
+ * (ar_db_writer_abort) writes them. */
 #include "db.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 enum {
@@ -36,6 +48,14 @@ struct ar_db {
     char reserve_path[1040];
     bool have_reserve;
 };
+
+static const char *const phase_names[AR_PHASE_COUNT] = {
+    "parse", "metadata", "generation", "kernel", "verify", "sqlite", "wait", "setup"};
+
+const char *ar_phase_name(ar_phase p)
+{
+    return p >= 0 && p < AR_PHASE_COUNT ? phase_names[p] : "?";
+}
 
 /* Best effort: no reserve (no space even for it, odd file system) only loses the fallback. */
 static void reserve_create(ar_db *db)
@@ -61,6 +81,8 @@ static bool reserve_release(ar_db *db)
     return true;
 }
 
+/* Version 1's tables; version 2's columns are added by migrate() (the same way for a new file
+ * and an old one, so both end with the same schema). */
 static const char *const schema_sql =
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
     "CREATE TABLE IF NOT EXISTS runs("
@@ -91,19 +113,43 @@ static const char *const schema_sql =
     " device TEXT NOT NULL, measured REAL NOT NULL, copy_gbps REAL, bf16_tflops REAL,"
     " method TEXT);";
 
+/* Columns added by schema version 2: table, column, SQL type. */
+static const char *const v2_columns[][3] = {
+    {"runs", "verify_layers", "TEXT"},
+    {"runs", "verify_where", "TEXT"},
+    {"runs", "verified_steps", "INTEGER"},
+    {"runs", "verified_layer_steps", "INTEGER"},
+    {"runs", "verified_rows", "INTEGER"},
+    {"runs", "parse_s", "REAL"},
+    {"runs", "metadata_s", "REAL"},
+    {"runs", "generation_s", "REAL"},
+    {"runs", "kernel_s", "REAL"},
+    {"runs", "verify_s", "REAL"},
+    {"runs", "sqlite_s", "REAL"},
+    {"runs", "wait_s", "REAL"},
+    {"runs", "setup_s", "REAL"},
+    {"runs", "wall_s", "REAL"},
+    {"steps", "layers_verified", "INTEGER"},
+    {"steps", "wall_us", "REAL"},
+};
+#define NUM_V2_COLUMNS (sizeof v2_columns / sizeof v2_columns[0])
+
 static const char *const stmt_sql[ST_COUNT] = {
     [ST_INSERT_STEP] =
         "INSERT INTO steps(run, step, time, num_reqs, num_tokens, num_prefill_reqs,"
         " num_decode_reqs, max_query_len, max_seq_len, total_context, cascade, prefix_len,"
         " time_us, bytes, flops, gbps, tflops, verified, rows_checked, max_abs, max_rel,"
         " mean_abs, nmse, lse_max_abs, nan_count, bad_count, naive_max_abs, naive_mean_abs,"
-        " tol_max_abs, tol_mean_abs, guard_ok, pass) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,"
-        "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        " tol_max_abs, tol_mean_abs, guard_ok, pass, layers_verified, wall_us)"
+        " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
     [ST_INSERT_KERNEL] = "INSERT OR REPLACE INTO kernels(run, step, layer, name, time_us)"
                          " VALUES(?,?,?,?,?)",
     [ST_INSERT_MISMATCH] = "INSERT INTO mismatches(run, step, layer, req, token, head, dim,"
                            " got, want, abs_err) VALUES(?,?,?,?,?,?,?,?,?,?)",
-    [ST_PROGRESS] = "UPDATE runs SET steps_done = ?, steps_failed = ?, last_step = ? WHERE id = ?",
+    [ST_PROGRESS] = "UPDATE runs SET steps_done = ?, steps_failed = ?, last_step = ?,"
+                    " verified_steps = ?, verified_layer_steps = ?, verified_rows = ?,"
+                    " parse_s = ?, metadata_s = ?, generation_s = ?, kernel_s = ?, verify_s = ?,"
+                    " sqlite_s = ?, wait_s = ?, setup_s = ?, wall_s = ? WHERE id = ?",
 };
 
 static int fail(ar_db *db, char *err, size_t err_len, const char *what)
@@ -122,6 +168,128 @@ static int fail(ar_db *db, char *err, size_t err_len, const char *what)
     return -1;
 }
 
+int ar_db_check_writable(const char *path, char *err, size_t err_len)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode)) {
+            snprintf(err, err_len, "%s: cannot use as a database: %s", path, strerror(EISDIR));
+            return -1;
+        }
+        if (access(path, R_OK | W_OK) != 0) {
+            snprintf(err, err_len, "%s: cannot write the database: %s", path, strerror(errno));
+            return -1;
+        }
+    } else if (errno != ENOENT) {
+        snprintf(err, err_len, "%s: cannot use as a database: %s", path, strerror(errno));
+        return -1;
+    }
+    /* The directory must take new files: the database itself, its -wal and -shm files. */
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    if (stat(dir, &sb) != 0) {
+        snprintf(err, err_len, "%s: cannot create the database in %s: %s", path, dir, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(err, err_len, "%s: cannot create the database in %s: %s", path, dir, strerror(ENOTDIR));
+        return -1;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, err_len, "%s: cannot create files in %s: %s", path, dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static int busy_timeout_ms(void)
+{
+    const char *s = getenv("ATTNREPLAY_BUSY_TIMEOUT_MS");
+    if (s && *s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (!*end && v >= 0 && v <= 24L * 3600 * 1000) return (int)v;
+    }
+    return AR_DB_BUSY_TIMEOUT_MS;
+}
+
+/* 1 when table has column, 0 when not, -1 on error. */
+static int has_column(sqlite3 *h, const char *schema, const char *table, const char *column)
+{
+    char sql[160];
+    snprintf(sql, sizeof sql, "PRAGMA %s.table_info(%s)", schema, table);
+    sqlite3_stmt *q = NULL;
+    if (sqlite3_prepare_v2(h, sql, -1, &q, NULL) != SQLITE_OK) return -1;
+    int found = 0, rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        const unsigned char *name = sqlite3_column_text(q, 1);
+        if (name && strcmp((const char *)name, column) == 0) found = 1;
+    }
+    sqlite3_finalize(q);
+    return rc == SQLITE_DONE ? found : -1;
+}
+
+static int read_version(sqlite3 *h)
+{
+    sqlite3_stmt *q = NULL;
+    int version = 0;
+    if (sqlite3_prepare_v2(h, "SELECT value FROM meta WHERE key='schema_version'", -1, &q, NULL) == SQLITE_OK &&
+        sqlite3_step(q) == SQLITE_ROW)
+        version = atoi((const char *)sqlite3_column_text(q, 0));
+    sqlite3_finalize(q);
+    return version;
+}
+
+/* Brings the schema to AR_DB_SCHEMA_VERSION in one write transaction: version 1's tables, the
+ * missing version-2 columns, the version number.  Nothing is written when all is in place. */
+static int migrate(ar_db *db, char *err, size_t err_len)
+{
+    int missing = 0;
+    for (size_t i = 0; i < NUM_V2_COLUMNS; i++) {
+        int has = has_column(db->h, "main", v2_columns[i][0], v2_columns[i][1]);
+        if (has <= 0) missing = 1;   /* also when the table does not exist yet */
+    }
+    if (!missing && read_version(db->h) == AR_DB_SCHEMA_VERSION) return 0;
+    char *msg = NULL;
+    if (sqlite3_exec(db->h, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        return fail(db, err, err_len, "cannot set up the schema");
+    if (sqlite3_exec(db->h, schema_sql, NULL, NULL, &msg) != SQLITE_OK) {
+        snprintf(err, err_len, "%s: cannot set up the schema: %s", db->path, msg ? msg : "?");
+        sqlite3_free(msg);
+        ar_db_rollback(db);
+        return -1;
+    }
+    for (size_t i = 0; i < NUM_V2_COLUMNS; i++) {
+        int has = has_column(db->h, "main", v2_columns[i][0], v2_columns[i][1]);
+        if (has < 0) {
+            ar_db_rollback(db);
+            return fail(db, err, err_len, "cannot read the schema");
+        }
+        if (has) continue;
+        char sql[200];
+        snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN %s %s", v2_columns[i][0], v2_columns[i][1],
+                 v2_columns[i][2]);
+        if (sqlite3_exec(db->h, sql, NULL, NULL, NULL) != SQLITE_OK) {
+            fail(db, err, err_len, "cannot migrate the schema");
+            ar_db_rollback(db);
+            return -1;
+        }
+    }
+    char sql[128];
+    snprintf(sql, sizeof sql, "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '%d')",
+             AR_DB_SCHEMA_VERSION);
+    if (sqlite3_exec(db->h, sql, NULL, NULL, NULL) != SQLITE_OK) {
+        fail(db, err, err_len, "cannot write the schema version");
+        ar_db_rollback(db);
+        return -1;
+    }
+    return ar_db_commit(db, err, err_len);
+}
+
 ar_db *ar_db_open(const char *path, bool readonly, char *err, size_t err_len)
 {
     ar_db *db = calloc(1, sizeof *db);
@@ -131,48 +299,34 @@ ar_db *ar_db_open(const char *path, bool readonly, char *err, size_t err_len)
     }
     snprintf(db->path, sizeof db->path, "%s", path);
     int flags = readonly ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
-    if (sqlite3_open_v2(path, &db->h, flags, NULL) != SQLITE_OK) {
+    if (sqlite3_open_v2(path, &db->h, flags | SQLITE_OPEN_FULLMUTEX, NULL) != SQLITE_OK) {
         fail(db, err, err_len, "cannot open database");
         ar_db_close(db);
         return NULL;
     }
-    sqlite3_busy_timeout(db->h, 5000);
+    sqlite3_busy_timeout(db->h, busy_timeout_ms());
     if (readonly) return db;
     reserve_create(db);
 
     char *msg = NULL;
     if (sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
-                     &msg) != SQLITE_OK ||
-        sqlite3_exec(db->h, schema_sql, NULL, NULL, &msg) != SQLITE_OK) {
-        snprintf(err, err_len, "%s: cannot set up the schema: %s", path, msg ? msg : "?");
+                     &msg) != SQLITE_OK) {
+        snprintf(err, err_len, "%s: cannot set up the database: %s", path, msg ? msg : "?");
         sqlite3_free(msg);
         ar_db_close(db);
         return NULL;
     }
-    /* Schema version: record it, or refuse a database written by a newer schema. */
-    sqlite3_stmt *q = NULL;
-    int version = 0;
-    if (sqlite3_prepare_v2(db->h, "SELECT value FROM meta WHERE key='schema_version'", -1, &q,
-                           NULL) == SQLITE_OK &&
-        sqlite3_step(q) == SQLITE_ROW)
-        version = atoi((const char *)sqlite3_column_text(q, 0));
-    sqlite3_finalize(q);
+    /* Schema version: refuse a database written by a newer schema, migrate an older one. */
+    int version = read_version(db->h);
     if (version > AR_DB_SCHEMA_VERSION) {
         snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", path,
                  version, AR_DB_SCHEMA_VERSION);
         ar_db_close(db);
         return NULL;
     }
-    if (version == 0) {
-        char sql[128];
-        snprintf(sql, sizeof sql,
-                 "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '%d')",
-                 AR_DB_SCHEMA_VERSION);
-        if (sqlite3_exec(db->h, sql, NULL, NULL, NULL) != SQLITE_OK) {
-            fail(db, err, err_len, "cannot write the schema version");
-            ar_db_close(db);
-            return NULL;
-        }
+    if (migrate(db, err, err_len) != 0) {
+        ar_db_close(db);
+        return NULL;
     }
     for (int i = 0; i < ST_COUNT; i++) {
         if (sqlite3_prepare_v2(db->h, stmt_sql[i], -1, &db->st[i], NULL) != SQLITE_OK) {
@@ -194,6 +348,35 @@ void ar_db_close(ar_db *db)
 }
 
 void *ar_db_handle(ar_db *db) { return db->h; }
+
+int ar_db_compat_views(void *sqlite_handle, char *err, size_t err_len)
+{
+    sqlite3 *h = sqlite_handle;
+    const char *const tables[2] = {"runs", "steps"};
+    for (int t = 0; t < 2; t++) {
+        char sql[2048];
+        int n = snprintf(sql, sizeof sql, "CREATE TEMP VIEW %s AS SELECT *", tables[t]);
+        int added = 0;
+        for (size_t i = 0; i < NUM_V2_COLUMNS; i++) {
+            if (strcmp(v2_columns[i][0], tables[t]) != 0) continue;
+            int has = has_column(h, "main", tables[t], v2_columns[i][1]);
+            if (has < 0) {
+                snprintf(err, err_len, "cannot read the schema of %s: %s", tables[t], sqlite3_errmsg(h));
+                return -1;
+            }
+            if (has) continue;
+            n += snprintf(sql + n, sizeof sql - (size_t)n, ", NULL AS %s", v2_columns[i][1]);
+            added++;
+        }
+        if (!added) continue;
+        snprintf(sql + n, sizeof sql - (size_t)n, " FROM main.%s", tables[t]);
+        if (sqlite3_exec(h, sql, NULL, NULL, NULL) != SQLITE_OK) {
+            snprintf(err, err_len, "cannot make the compatibility view of %s: %s", tables[t], sqlite3_errmsg(h));
+            return -1;
+        }
+    }
+    return 0;
+}
 
 static int exec_simple(ar_db *db, const char *sql, char *err, size_t err_len)
 {
@@ -235,8 +418,10 @@ int64_t ar_db_create_run(ar_db *db, const ar_run_row *r, double now, char *err, 
     sqlite3_stmt *st = NULL;
     const char *sql =
         "INSERT INTO runs(trace, trace_hash, backend, device, dtype, kv_dtype, model, layers,"
-        " config, code_rev, seed, verify, inject, cascade, repeat, status, started)"
-        " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,'running',?)";
+        " config, code_rev, seed, verify, inject, cascade, repeat, verify_layers, verify_where,"
+        " status, started, verified_steps, verified_layer_steps, verified_rows, parse_s, metadata_s,"
+        " generation_s, kernel_s, verify_s, sqlite_s, wait_s, setup_s, wall_s)"
+        " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,'running',?,0,0,0,0,0,0,0,0,0,0,0,0)";
     if (sqlite3_prepare_v2(db->h, sql, -1, &st, NULL) != SQLITE_OK)
         return fail(db, err, err_len, "cannot prepare run insert");
     int i = 1;
@@ -255,6 +440,8 @@ int64_t ar_db_create_run(ar_db *db, const ar_run_row *r, double now, char *err, 
     sqlite3_bind_text(st, i++, r->inject, -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(st, i++, r->cascade, -1, SQLITE_TRANSIENT);
     sqlite3_bind_int(st, i++, r->repeat);
+    sqlite3_bind_text(st, i++, r->verify_layers ? r->verify_layers : "all", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, i++, r->verify_where ? r->verify_where : "host", -1, SQLITE_TRANSIENT);
     sqlite3_bind_double(st, i++, now);
     int rc = sqlite3_step(st);
     sqlite3_finalize(st);
@@ -263,11 +450,12 @@ int64_t ar_db_create_run(ar_db *db, const ar_run_row *r, double now, char *err, 
 }
 
 int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, int64_t *run_id,
-                         int64_t *last_step, int64_t *steps_done, int64_t *steps_failed,
-                         char *err, size_t err_len)
+                         ar_run_progress *p, char *err, size_t err_len)
 {
     sqlite3_stmt *st = NULL;
-    const char *sql = "SELECT id, last_step, steps_done, steps_failed FROM runs"
+    const char *sql = "SELECT id, last_step, steps_done, steps_failed, verified_steps,"
+                      " verified_layer_steps, verified_rows, parse_s, metadata_s, generation_s,"
+                      " kernel_s, verify_s, sqlite_s, wait_s, setup_s, wall_s FROM runs"
                       " WHERE trace_hash = ? AND config = ?"
                       " AND status IN ('running', 'interrupted', 'error')"
                       " ORDER BY id DESC LIMIT 1";
@@ -277,10 +465,16 @@ int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, 
     sqlite3_bind_text(st, 2, config, -1, SQLITE_TRANSIENT);
     int rc = sqlite3_step(st), found = 0;
     if (rc == SQLITE_ROW) {
+        memset(p, 0, sizeof *p);
         *run_id = sqlite3_column_int64(st, 0);
-        *last_step = sqlite3_column_int64(st, 1);
-        *steps_done = sqlite3_column_int64(st, 2);
-        *steps_failed = sqlite3_column_int64(st, 3);
+        p->last_step = sqlite3_column_int64(st, 1);
+        p->steps_done = sqlite3_column_int64(st, 2);
+        p->steps_failed = sqlite3_column_int64(st, 3);
+        p->verified_steps = sqlite3_column_int64(st, 4);        /* NULL (version 1) reads 0 */
+        p->verified_layer_steps = sqlite3_column_int64(st, 5);
+        p->verified_rows = sqlite3_column_int64(st, 6);
+        for (int k = 0; k < AR_PHASE_COUNT; k++) p->phase_s[k] = sqlite3_column_double(st, 7 + k);
+        p->wall_s = sqlite3_column_double(st, 7 + AR_PHASE_COUNT);
         found = 1;
     } else if (rc != SQLITE_DONE) {
         sqlite3_finalize(st);
@@ -288,13 +482,35 @@ int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, 
     }
     sqlite3_finalize(st);
     if (found) {
-        /* Steps past last_step cannot exist (same transaction), but clear any to be sure. */
+        /* Steps past last_step cannot exist (same transaction). */
         char sql2[160];
         snprintf(sql2, sizeof sql2, "UPDATE runs SET status='running', error=NULL WHERE id=%lld",
                  (long long)*run_id);
         if (exec_simple(db, sql2, err, err_len) != 0) return -1;
     }
     return found;
+}
+
+int64_t ar_db_count_kernels(ar_db *db, int64_t run, const char *const *names, char *err, size_t err_len)
+{
+    int64_t total = 0;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(db->h, "SELECT count(*) FROM kernels WHERE run = ? AND name = ?", -1, &st,
+                           NULL) != SQLITE_OK)
+        return fail(db, err, err_len, "cannot count kernel rows");
+    for (int i = 0; names[i]; i++) {
+        sqlite3_bind_int64(st, 1, run);
+        sqlite3_bind_text(st, 2, names[i], -1, SQLITE_STATIC);
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) total += sqlite3_column_int64(st, 0);
+        sqlite3_reset(st);
+        if (rc != SQLITE_ROW) {
+            sqlite3_finalize(st);
+            return fail(db, err, err_len, "cannot count kernel rows");
+        }
+    }
+    sqlite3_finalize(st);
+    return total;
 }
 
 int ar_db_insert_step(ar_db *db, const ar_step_row *s, char *err, size_t err_len)
@@ -340,6 +556,8 @@ int ar_db_insert_step(ar_db *db, const ar_step_row *s, char *err, size_t err_len
     sqlite3_bind_int(st, i++, s->guard_ok);
     if (v) sqlite3_bind_int(st, i++, s->pass);
     else sqlite3_bind_null(st, i++);
+    sqlite3_bind_int(st, i++, s->layers_verified);
+    sqlite3_bind_double(st, i++, s->wall_us);
     return step_done(db, st, err, err_len, "cannot insert a step");
 }
 
@@ -350,7 +568,7 @@ int ar_db_insert_kernel(ar_db *db, int64_t run, int64_t step, int layer, const c
     sqlite3_bind_int64(st, 1, run);
     sqlite3_bind_int64(st, 2, step);
     sqlite3_bind_int(st, 3, layer);
-    sqlite3_bind_text(st, 4, name, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 4, name, -1, SQLITE_STATIC);
     sqlite3_bind_double(st, 5, time_us);
     return step_done(db, st, err, err_len, "cannot insert a kernel time");
 }
@@ -372,14 +590,19 @@ int ar_db_insert_mismatch(ar_db *db, int64_t run, int64_t step, const ar_mismatc
     return step_done(db, st, err, err_len, "cannot insert a mismatch");
 }
 
-int ar_db_update_progress(ar_db *db, int64_t run, int64_t steps_done, int64_t steps_failed,
-                          int64_t last_step, char *err, size_t err_len)
+int ar_db_update_progress(ar_db *db, int64_t run, const ar_run_progress *p, char *err, size_t err_len)
 {
     sqlite3_stmt *st = db->st[ST_PROGRESS];
-    sqlite3_bind_int64(st, 1, steps_done);
-    sqlite3_bind_int64(st, 2, steps_failed);
-    sqlite3_bind_int64(st, 3, last_step);
-    sqlite3_bind_int64(st, 4, run);
+    int i = 1;
+    sqlite3_bind_int64(st, i++, p->steps_done);
+    sqlite3_bind_int64(st, i++, p->steps_failed);
+    sqlite3_bind_int64(st, i++, p->last_step);
+    sqlite3_bind_int64(st, i++, p->verified_steps);
+    sqlite3_bind_int64(st, i++, p->verified_layer_steps);
+    sqlite3_bind_int64(st, i++, p->verified_rows);
+    for (int k = 0; k < AR_PHASE_COUNT; k++) sqlite3_bind_double(st, i++, p->phase_s[k]);
+    sqlite3_bind_double(st, i++, p->wall_s);
+    sqlite3_bind_int64(st, i++, run);
     return step_done(db, st, err, err_len, "cannot update the run's progress");
 }
 
@@ -396,12 +619,455 @@ int ar_db_finish_run(ar_db *db, int64_t run, const char *status, const char *err
     sqlite3_bind_double(st, 3, now);
     sqlite3_bind_int64(st, 4, run);
     int rc = sqlite3_step(st);
-    if ((rc == SQLITE_FULL || rc == SQLITE_IOERR) && reserve_release(db)) {
-        /* out of space: give back the reserve and try once more */
+    if (rc == SQLITE_FULL || rc == SQLITE_IOERR) {
+        /* Out of space (or over a file size limit): give back the reserve, move the WAL's
+         * committed pages into the database and empty the WAL, and try once more. */
+        reserve_release(db);
         sqlite3_reset(st);
+        sqlite3_wal_checkpoint_v2(db->h, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
         rc = sqlite3_step(st);
     }
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE) return fail(db, err, err_len, "cannot finish the run");
     return 0;
+}
+
+/* ---- step records ------------------------------------------------------------------------- */
+
+int ar_step_record_add_kernel(ar_step_record *r, int layer, const char *name, double us)
+{
+    if (r->num_kernels == r->cap_kernels) {
+        int cap = r->cap_kernels ? 2 * r->cap_kernels : 16;
+        ar_kernel_row *k = realloc(r->kernels, (size_t)cap * sizeof *k);
+        if (!k) return -1;
+        r->kernels = k;
+        r->cap_kernels = cap;
+    }
+    r->kernels[r->num_kernels++] = (ar_kernel_row){layer, name, us};
+    return 0;
+}
+
+int ar_step_record_add_mismatch(ar_step_record *r, const ar_mismatch_row *m)
+{
+    if (r->num_mismatches >= AR_DB_RECORD_WORST) return 0;
+    size_t len = strlen(m->req) + 1;
+    if (r->req_len + len > r->req_cap) {
+        size_t cap = r->req_cap ? r->req_cap : 256;
+        while (cap < r->req_len + len) cap *= 2;
+        char *t = realloc(r->req_text, cap);
+        if (!t) return -1;
+        r->req_text = t;
+        r->req_cap = cap;
+    }
+    memcpy(r->req_text + r->req_len, m->req, len);
+    ar_mismatch_row *dst = &r->mismatches[r->num_mismatches++];
+    *dst = *m;
+    dst->req = NULL;   /* resolved from req_text when written (the buffer may move until then) */
+    r->req_len += len;
+    return 0;
+}
+
+static void record_clear(ar_step_record *r)
+{
+    ar_kernel_row *k = r->kernels;
+    int cap = r->cap_kernels;
+    char *t = r->req_text;
+    size_t tcap = r->req_cap;
+    memset(r, 0, sizeof *r);
+    r->kernels = k;
+    r->cap_kernels = cap;
+    r->req_text = t;
+    r->req_cap = tcap;
+}
+
+static void record_free(ar_step_record *r)
+{
+    free(r->kernels);
+    free(r->req_text);
+    free(r);
+}
+
+/* ---- the writer -------------------------------------------------------------------------- */
+
+struct ar_db_writer {
+    ar_db *db;
+    int64_t run;
+    bool threaded;
+    pthread_t tid;
+    bool thread_started;
+    pthread_mutex_t db_mu;        /* the connection */
+    pthread_mutex_t q_mu;         /* everything below */
+    pthread_cond_t work_cv;       /* pending records are due, or stopping */
+    pthread_cond_t space_cv;      /* pending fell below AR_DB_MAX_PENDING, or failed */
+    ar_step_record *head, *tail;  /* pending, in step order */
+    int pending;
+    double first_pending_t;       /* monotonic time the oldest pending record arrived */
+    ar_step_record *pool;         /* free records */
+    bool stopping;                /* finish: write what is pending, then the thread ends */
+    bool closed;                  /* abort took over: write nothing more */
+    bool finished;                /* the run's status is written */
+    bool failed;
+    char error[1024];
+    double sqlite_s;              /* time in SQLite this session (written under both locks) */
+    double sqlite_base;           /* ... and in earlier sessions of a resumed run */
+    int64_t kill_after;           /* ATTNREPLAY_TEST_KILL_AFTER_STEP (tests), -1 = off */
+};
+
+double ar_mono_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct timespec ar_deadline_in(double s)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = ts.tv_nsec + (long long)(s * 1e9);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    return ts;
+}
+
+static bool due(const ar_db_writer *w)
+{
+    return w->pending >= AR_DB_COMMIT_STEPS ||
+           (w->pending > 0 && ar_mono_seconds() - w->first_pending_t >= AR_DB_COMMIT_SECONDS);
+}
+
+/* Takes the whole pending list (under q_mu). */
+static ar_step_record *take_pending(ar_db_writer *w)
+{
+    ar_step_record *list = w->head;
+    w->head = w->tail = NULL;
+    w->pending = 0;
+    pthread_cond_broadcast(&w->space_cv);
+    return list;
+}
+
+/* Returns a list of records to the pool (under q_mu). */
+static void give_back(ar_db_writer *w, ar_step_record *list)
+{
+    while (list) {
+        ar_step_record *next = list->next;
+        record_clear(list);
+        list->next = w->pool;
+        w->pool = list;
+        list = next;
+    }
+}
+
+/* sqlite_s changes under db_mu and q_mu both, so either lock reads it. */
+static void add_sqlite_time(ar_db_writer *w, double s)
+{
+    pthread_mutex_lock(&w->q_mu);
+    w->sqlite_s += s;
+    pthread_mutex_unlock(&w->q_mu);
+}
+
+/* Writes list in one transaction with the progress of its last record (under db_mu). */
+static int write_batch(ar_db_writer *w, ar_step_record *list, char *err, size_t err_len)
+{
+    if (!list) return 0;
+    double t0 = ar_mono_seconds();
+    ar_db *db = w->db;
+    const ar_step_record *last = NULL;
+    if (ar_db_begin(db, err, err_len) != 0) goto fail;
+    for (ar_step_record *r = list; r; r = r->next) {
+        if (ar_db_insert_step(db, &r->row, err, err_len) != 0) goto fail;
+        for (int k = 0; k < r->num_kernels; k++)
+            if (ar_db_insert_kernel(db, r->row.run, r->row.step, r->kernels[k].layer, r->kernels[k].name,
+                                    r->kernels[k].us, err, err_len) != 0)
+                goto fail;
+        const char *req = r->req_text;
+        for (int m = 0; m < r->num_mismatches; m++) {
+            ar_mismatch_row row = r->mismatches[m];
+            row.req = req;
+            req += strlen(req) + 1;
+            if (ar_db_insert_mismatch(db, r->row.run, r->row.step, &row, err, err_len) != 0) goto fail;
+        }
+        if (w->kill_after >= 0 && r->row.step >= w->kill_after) raise(SIGKILL);   /* kill test */
+        last = r;
+    }
+    ar_run_progress p = last->progress;
+    p.phase_s[AR_PHASE_SQLITE] = w->sqlite_base + w->sqlite_s + (ar_mono_seconds() - t0);
+    if (ar_db_update_progress(db, w->run, &p, err, err_len) != 0) goto fail;
+    if (ar_db_commit(db, err, err_len) != 0) goto fail;   /* commit rolls back on failure */
+    add_sqlite_time(w, ar_mono_seconds() - t0);
+    return 0;
+fail:
+    ar_db_rollback(db);
+    add_sqlite_time(w, ar_mono_seconds() - t0);
+    return -1;
+}
+
+/* Writes list in order, in transactions of at most AR_DB_COMMIT_STEPS records (short, and the
+ * same batches however far the step loop ran ahead); stops at the first that fails.  0 or -1;
+ * the list stays whole for give_back. */
+static int write_chunks(ar_db_writer *w, ar_step_record *list, char *err, size_t err_len)
+{
+    while (list) {
+        ar_step_record *tail = list;
+        for (int n = 1; n < AR_DB_COMMIT_STEPS && tail->next; n++) tail = tail->next;
+        ar_step_record *rest = tail->next;
+        tail->next = NULL;
+        int rc = write_batch(w, list, err, err_len);
+        tail->next = rest;
+        if (rc != 0) return -1;
+        list = rest;
+    }
+    return 0;
+}
+
+/* Takes and writes everything pending (db_mu then q_mu, see the file comment). */
+static void flush(ar_db_writer *w)
+{
+    char err[1024];
+    pthread_mutex_lock(&w->db_mu);
+    pthread_mutex_lock(&w->q_mu);
+    if (w->closed || w->failed) {
+        pthread_mutex_unlock(&w->q_mu);
+        pthread_mutex_unlock(&w->db_mu);
+        return;
+    }
+    ar_step_record *list = take_pending(w);
+    pthread_mutex_unlock(&w->q_mu);
+    int rc = write_chunks(w, list, err, sizeof err);
+    pthread_mutex_lock(&w->q_mu);
+    if (rc != 0 && !w->failed) {
+        w->failed = true;
+        snprintf(w->error, sizeof w->error, "%s", err);
+        give_back(w, take_pending(w));   /* later steps cannot follow a lost batch */
+    }
+    give_back(w, list);
+    pthread_mutex_unlock(&w->q_mu);
+    pthread_mutex_unlock(&w->db_mu);
+}
+
+static void *writer_main(void *arg)
+{
+    ar_db_writer *w = arg;
+    pthread_mutex_lock(&w->q_mu);
+    for (;;) {
+        while (!w->stopping && !w->closed && !due(w)) {
+            if (w->pending > 0) {
+                double left = w->first_pending_t + AR_DB_COMMIT_SECONDS - ar_mono_seconds();
+                struct timespec ts = ar_deadline_in(left > 0 ? left : 0);
+                pthread_cond_timedwait(&w->work_cv, &w->q_mu, &ts);
+            } else {
+                pthread_cond_wait(&w->work_cv, &w->q_mu);
+            }
+        }
+        if (w->closed || w->failed || (w->stopping && w->pending == 0)) break;
+        pthread_mutex_unlock(&w->q_mu);
+        flush(w);
+        pthread_mutex_lock(&w->q_mu);
+    }
+    pthread_mutex_unlock(&w->q_mu);
+    return NULL;
+}
+
+ar_db_writer *ar_db_writer_start(ar_db *db, int64_t run, bool threaded, double sqlite_base_s,
+                                 char *err, size_t err_len)
+{
+    ar_db_writer *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    w->db = db;
+    w->run = run;
+    w->threaded = threaded;
+    w->sqlite_base = sqlite_base_s;
+    const char *kill_env = getenv("ATTNREPLAY_TEST_KILL_AFTER_STEP");
+    w->kill_after = kill_env ? strtoll(kill_env, NULL, 10) : -1;
+    pthread_mutex_init(&w->db_mu, NULL);
+    pthread_mutex_init(&w->q_mu, NULL);
+    pthread_cond_init(&w->work_cv, NULL);
+    pthread_cond_init(&w->space_cv, NULL);
+    if (threaded) {
+        int rc = pthread_create(&w->tid, NULL, writer_main, w);
+        if (rc != 0) {
+            snprintf(err, err_len, "cannot start the database writer thread: %s", strerror(rc));
+            ar_db_writer_free(w);
+            return NULL;
+        }
+        w->thread_started = true;
+    }
+    return w;
+}
+
+ar_step_record *ar_db_writer_record(ar_db_writer *w)
+{
+    pthread_mutex_lock(&w->q_mu);
+    ar_step_record *r = w->pool;
+    if (r) w->pool = r->next;
+    pthread_mutex_unlock(&w->q_mu);
+    if (!r) r = calloc(1, sizeof *r);
+    if (r) r->next = NULL;
+    return r;
+}
+
+void ar_db_writer_discard(ar_db_writer *w, ar_step_record *r)
+{
+    if (!r) return;
+    r->next = NULL;
+    pthread_mutex_lock(&w->q_mu);
+    give_back(w, r);
+    pthread_mutex_unlock(&w->q_mu);
+}
+
+int ar_db_writer_push(ar_db_writer *w, ar_step_record *r)
+{
+    pthread_mutex_lock(&w->q_mu);
+    while (w->threaded && w->pending >= AR_DB_MAX_PENDING && !w->failed && !w->closed)
+        pthread_cond_wait(&w->space_cv, &w->q_mu);
+    if (w->failed || w->closed) {
+        r->next = NULL;
+        give_back(w, r);
+        int rc = w->failed ? -1 : 0;
+        pthread_mutex_unlock(&w->q_mu);
+        return rc;
+    }
+    r->next = NULL;
+    if (w->tail) w->tail->next = r;
+    else {
+        w->head = r;
+        w->first_pending_t = ar_mono_seconds();
+    }
+    w->tail = r;
+    w->pending++;
+    bool now_due = due(w);
+    /* the first pending record starts the writer's commit clock */
+    if (w->threaded && (now_due || w->pending == 1)) pthread_cond_signal(&w->work_cv);
+    pthread_mutex_unlock(&w->q_mu);
+    if (now_due && !w->threaded) flush(w);
+    pthread_mutex_lock(&w->q_mu);
+    int rc = w->failed ? -1 : 0;
+    pthread_mutex_unlock(&w->q_mu);
+    return rc;
+}
+
+const char *ar_db_writer_error(ar_db_writer *w)
+{
+    pthread_mutex_lock(&w->q_mu);
+    const char *e = w->failed ? w->error : NULL;
+    pthread_mutex_unlock(&w->q_mu);
+    return e;
+}
+
+double ar_db_writer_seconds(ar_db_writer *w)
+{
+    pthread_mutex_lock(&w->q_mu);
+    double s = w->sqlite_base + w->sqlite_s;
+    pthread_mutex_unlock(&w->q_mu);
+    return s;
+}
+
+static void stop_thread(ar_db_writer *w)
+{
+    pthread_mutex_lock(&w->q_mu);
+    w->stopping = true;
+    pthread_cond_broadcast(&w->work_cv);
+    pthread_mutex_unlock(&w->q_mu);
+    if (w->thread_started) {
+        pthread_join(w->tid, NULL);
+        w->thread_started = false;
+    }
+}
+
+int ar_db_writer_drain(ar_db_writer *w)
+{
+    stop_thread(w);   /* the thread writes what is pending before it ends */
+    flush(w);         /* inline mode, or records pushed while it stopped */
+    pthread_mutex_lock(&w->q_mu);
+    int rc = w->failed ? -1 : 0;
+    pthread_mutex_unlock(&w->q_mu);
+    return rc;
+}
+
+int ar_db_writer_finish(ar_db_writer *w, const char *status, const char *error,
+                        const ar_run_progress *final, double now, char *err, size_t err_len)
+{
+    ar_db_writer_drain(w);
+    pthread_mutex_lock(&w->db_mu);
+    pthread_mutex_lock(&w->q_mu);
+    bool closed = w->closed, failed = w->failed;
+    pthread_mutex_unlock(&w->q_mu);
+    if (closed) {     /* an abort wrote the status already */
+        pthread_mutex_unlock(&w->db_mu);
+        return 0;
+    }
+    int rc = -1;
+    double t0 = ar_mono_seconds();
+    if (!failed) {
+        ar_run_progress p = *final;
+        p.phase_s[AR_PHASE_SQLITE] = w->sqlite_base + w->sqlite_s;
+        if (ar_db_begin(w->db, err, err_len) == 0 && ar_db_update_progress(w->db, w->run, &p, err, err_len) == 0 &&
+            ar_db_finish_run(w->db, w->run, status, error, now, err, err_len) == 0 &&
+            ar_db_commit(w->db, err, err_len) == 0)
+            rc = 0;
+        else
+            ar_db_rollback(w->db);
+    }
+    /* After a failed batch, the progress of the last committed batch stands; only the status
+     * is written (with the space reserve if the disk is full). */
+    if (rc != 0) rc = ar_db_finish_run(w->db, w->run, status, error, now, err, err_len);
+    add_sqlite_time(w, ar_mono_seconds() - t0);
+    pthread_mutex_lock(&w->q_mu);
+    if (rc == 0) w->finished = true;
+    pthread_mutex_unlock(&w->q_mu);
+    pthread_mutex_unlock(&w->db_mu);
+    return rc;
+}
+
+int ar_db_writer_abort(ar_db_writer *w, const char *status, const char *error, double now,
+                       double wait_s)
+{
+    double t_end = ar_mono_seconds() + wait_s;
+    struct timespec ts = ar_deadline_in(wait_s);
+    if (pthread_mutex_timedlock(&w->db_mu, &ts) != 0) return -1;
+    pthread_mutex_lock(&w->q_mu);
+    if (w->finished) {
+        pthread_mutex_unlock(&w->q_mu);
+        pthread_mutex_unlock(&w->db_mu);
+        return 1;
+    }
+    w->closed = true;
+    ar_step_record *list = w->failed ? NULL : take_pending(w);
+    pthread_cond_broadcast(&w->work_cv);
+    pthread_cond_broadcast(&w->space_cv);
+    pthread_mutex_unlock(&w->q_mu);
+    double left = t_end - ar_mono_seconds();
+    sqlite3_busy_timeout(w->db->h, left > 0.05 ? (int)(left * 1000) : 50);
+    char err[1024];
+    int rc = write_chunks(w, list, err, sizeof err) == 0 &&
+             ar_db_finish_run(w->db, w->run, status, error, now, err, sizeof err) == 0 ? 0 : -1;
+    pthread_mutex_lock(&w->q_mu);
+    give_back(w, list);
+    if (rc == 0) w->finished = true;
+    pthread_mutex_unlock(&w->q_mu);
+    /* db_mu stays held: the caller ends the process, and nothing else may write. */
+    return rc;
+}
+
+void ar_db_writer_free(ar_db_writer *w)
+{
+    if (!w) return;
+    stop_thread(w);
+    pthread_mutex_lock(&w->q_mu);
+    give_back(w, take_pending(w));
+    ar_step_record *r = w->pool;
+    while (r) {
+        ar_step_record *next = r->next;
+        record_free(r);
+        r = next;
+    }
+    pthread_mutex_unlock(&w->q_mu);
+    pthread_mutex_destroy(&w->db_mu);
+    pthread_mutex_destroy(&w->q_mu);
+    pthread_cond_destroy(&w->work_cv);
+    pthread_cond_destroy(&w->space_cv);
+    free(w);
 }

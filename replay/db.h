@@ -1,23 +1,49 @@
-/* db.h - the results database (DESIGN section 9): SQLite, WAL, one transaction per batch of
- * steps, a schema version, and crash-safe resume.
+/* db.h - the results database (DESIGN section 9): SQLite, WAL, short batched transactions, a
+ * schema version with migrations, crash-safe resume, and the writer that owns the database
+ * during a replay.
  *
- * Schema (version 1; `meta` holds key 'schema_version'):
+ * Schema (version 2; `meta` holds key 'schema_version'):
  *
  *   runs(id INTEGER PRIMARY KEY, trace TEXT, trace_hash TEXT, backend TEXT, device TEXT,
  *        dtype TEXT, kv_dtype TEXT, model TEXT, layers INTEGER, config TEXT (JSON of all
  *        options), code_rev TEXT, seed INTEGER, verify TEXT ('all' | 'sample:N' | 'off'),
  *        inject TEXT ('none' | fault name), cascade TEXT ('auto' | 'on' | 'off'),
- *        repeat INTEGER, status TEXT ('running' | 'passed' | 'failed' | 'unverified' | 'error'
- *        | 'interrupted'), error TEXT, started REAL, finished REAL (unix seconds),
- *        steps_done INTEGER, steps_failed INTEGER, last_step INTEGER)
+ *        repeat INTEGER, status TEXT (see below), error TEXT (why the run did not pass: the
+ *        error message, the signal that interrupted it, or why nothing was verified; NULL for
+ *        'passed', 'failed' and 'unverified'), started REAL, finished REAL (unix seconds),
+ *        steps_done INTEGER, steps_failed INTEGER, last_step INTEGER,
+ *        -- version 2:
+ *        verify_layers TEXT ('all' | 'first' | 'K': the first K layers), verify_where TEXT
+ *        ('host' | 'device'), verified_steps INTEGER (steps with at least one verified layer),
+ *        verified_layer_steps INTEGER (verified layers summed over steps), verified_rows
+ *        INTEGER (query rows checked, summed over steps and layers), and where the replay's
+ *        time went, in seconds, summed over every session of the run (resume adds to them):
+ *        parse_s (reading and validating the trace), metadata_s (building the batch, block
+ *        tables and fill lists; the backend's prepare), generation_s (untimed writes of missing
+ *        context and the forward's time outside its timed kernels: data generation, warm-up,
+ *        launches, waiting, copies), kernel_s (the wall time of the timed kernels: --repeat R
+ *        times their median, summed over layers and steps, the flat comparison forward of
+ *        cascade steps included), verify_s (verification), sqlite_s (database writes), wait_s
+ *        (the step loop waiting for the trace reader or the writer), setup_s (before the first
+ *        step: opening the trace, the backend with its caches, the verifier and the
+ *        database), wall_s)
+ *        -- parse_s, part of metadata_s and sqlite_s run on their own threads, overlapping the
+ *        step loop; the others are the step loop's own.  NULL in runs of schema version 1.
+ *   status: 'running' | 'passed' | 'failed' | 'unverified' (--verify off) | 'error' |
+ *        'interrupted' (SIGINT / SIGTERM) | 'empty' (no step was replayed) |
+ *        'fault-not-fired' (--inject: no step failed, so the planted fault never showed)
  *   steps(run, step, time REAL (trace time, s), num_reqs, num_tokens, num_prefill_reqs,
  *        num_decode_reqs, max_query_len, max_seq_len, total_context (sum of seq_lens),
  *        cascade INTEGER (0/1), prefix_len INTEGER, time_us REAL (timed forward summed over
  *        layers, median of --repeat), bytes INTEGER, flops INTEGER, gbps REAL, tflops REAL,
- *        verified TEXT ('all' | 'sample' | 'off'), rows_checked INTEGER, max_abs REAL,
- *        max_rel REAL, mean_abs REAL, nmse REAL, lse_max_abs REAL, nan_count INTEGER,
- *        bad_count INTEGER, naive_max_abs REAL, naive_mean_abs REAL, tol_max_abs REAL,
- *        tol_mean_abs REAL, guard_ok INTEGER, pass INTEGER (1, 0, NULL = not verified),
+ *        verified TEXT ('all' | 'sample' | 'off'), rows_checked INTEGER (over all verified
+ *        layers), max_abs REAL, max_rel REAL, mean_abs REAL, nmse REAL, lse_max_abs REAL,
+ *        nan_count INTEGER, bad_count INTEGER, naive_max_abs REAL, naive_mean_abs REAL,
+ *        tol_max_abs REAL, tol_mean_abs REAL, guard_ok INTEGER, pass INTEGER (1, 0, NULL =
+ *        not verified),
+ *        -- version 2:
+ *        layers_verified INTEGER, wall_us REAL (the step loop's wall time for the step: batch
+ *        hand-over, prepare, fill, forward, verification),
  *        PRIMARY KEY(run, step))
  *   kernels(run, step, layer, name TEXT, time_us REAL, PRIMARY KEY(run, step, layer, name))
  *        -- names per backend ("write", "attn", "prefix", "suffix", "merge", "combine", ...);
@@ -27,30 +53,48 @@
  *        got REAL, want REAL, abs_err REAL)          -- the worst elements of failing steps
  *   ceilings(device TEXT, measured REAL, copy_gbps REAL, bf16_tflops REAL, method TEXT)
  *
- * A step's rows (steps, kernels, mismatches) and the run's progress (steps_done, last_step)
- * are committed in the same transaction, so a killed replay leaves every step either fully
- * present or absent; --resume continues after runs.last_step. */
+ * A writable open migrates an older database in place (ALTER TABLE ADD COLUMN; the new
+ * columns read NULL in old rows).  Readers that open a database read-only call
+ * ar_db_compat_views so that queries naming version-2 columns work on older files too.
+ *
+ * A step's rows (steps, kernels, mismatches) and the run's progress (steps_done, last_step,
+ * the verified counts, the timings) are committed in the same transaction, so a killed replay
+ * leaves every step either fully present or absent; --resume continues after runs.last_step.
+ * Transactions are short (BEGIN IMMEDIATE, a batch of finished steps, COMMIT): no transaction
+ * is open while a step computes, so several replays can write one database. */
 #ifndef AR_DB_H
 #define AR_DB_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define AR_DB_SCHEMA_VERSION 1
+#define AR_DB_SCHEMA_VERSION 2
+/* How long a writer waits for another writer's lock (ms); ATTNREPLAY_BUSY_TIMEOUT_MS
+ * overrides it. */
+#define AR_DB_BUSY_TIMEOUT_MS 30000
 
 typedef struct ar_db ar_db;
 
-/* Opens (creating and migrating) the database; busy timeout 5 s so a second writer waits,
- * then fails clearly.  readonly for report/diff/plan. NULL + err on failure. */
+/* Checks, before opening, that a database can be created or written at path: its directory
+ * exists, is a directory and is writable, and an existing file is a writable regular file.
+ * 0, or -1 with err naming the path and the system's reason (strerror). */
+int ar_db_check_writable(const char *path, char *err, size_t err_len);
+/* Opens (creating and migrating) the database; busy timeout AR_DB_BUSY_TIMEOUT_MS so a second
+ * writer waits, then fails clearly.  readonly for report/diff/plan. NULL + err on failure. */
 ar_db *ar_db_open(const char *path, bool readonly, char *err, size_t err_len);
 void ar_db_close(ar_db *db);
 /* The raw handle (sqlite3 *) for readers in reports/ and sim/. */
 void *ar_db_handle(ar_db *db);
+/* For a read-only connection (sqlite3 *) to a database of an older schema version: TEMP views
+ * named runs and steps that add the missing version-2 columns as NULL, so the same queries
+ * work on every version.  Nothing is written to the file.  0, or -1 with err set. */
+int ar_db_compat_views(void *sqlite_handle, char *err, size_t err_len);
 
 typedef struct ar_run_row {
     const char *trace, *trace_hash, *backend, *device, *dtype, *kv_dtype, *model;
@@ -60,7 +104,24 @@ typedef struct ar_run_row {
     uint64_t seed;
     const char *verify, *inject, *cascade;
     int repeat;
+    const char *verify_layers, *verify_where;
 } ar_run_row;
+
+/* Where a replay's time goes (runs.*_s columns, in this order). */
+typedef enum ar_phase {
+    AR_PHASE_PARSE, AR_PHASE_METADATA, AR_PHASE_GENERATION, AR_PHASE_KERNEL, AR_PHASE_VERIFY,
+    AR_PHASE_SQLITE, AR_PHASE_WAIT, AR_PHASE_SETUP, AR_PHASE_COUNT
+} ar_phase;
+/* "parse", "metadata", "generation", "kernel", "verify", "sqlite", "wait", "setup". */
+const char *ar_phase_name(ar_phase p);
+
+/* The run's counters as of its last committed step (runs columns). */
+typedef struct ar_run_progress {
+    int64_t steps_done, steps_failed, last_step;
+    int64_t verified_steps, verified_layer_steps, verified_rows;
+    double phase_s[AR_PHASE_COUNT];
+    double wall_s;
+} ar_run_progress;
 
 typedef struct ar_step_row {
     int64_t run, step;
@@ -71,13 +132,15 @@ typedef struct ar_step_row {
     double time_us;
     int64_t bytes, flops;
     double gbps, tflops;
-    const char *verified;    /* "all" | "sample" | "off" */
+    const char *verified;    /* "all" | "sample" | "off" (a string literal) */
     int rows_checked;
     double max_abs, max_rel, mean_abs, nmse, lse_max_abs;
     int64_t nan_count, bad_count;
     double naive_max_abs, naive_mean_abs, tol_max_abs, tol_mean_abs;
     int guard_ok;
     int pass;                /* 1, 0, or -1 = not verified (stored as NULL) */
+    int layers_verified;
+    double wall_us;
 } ar_step_row;
 
 typedef struct ar_mismatch_row {
@@ -90,12 +153,13 @@ typedef struct ar_mismatch_row {
 /* New run with status 'running'; returns its id (> 0) or -1 with err set. */
 int64_t ar_db_create_run(ar_db *db, const ar_run_row *r, double now, char *err, size_t err_len);
 /* The newest run of this trace hash and config whose status is not final ('running',
- * 'interrupted' or 'error'); returns 1 and fills id/last_step/steps_done/steps_failed, 0 if none,
- * -1 on error. */
+ * 'interrupted' or 'error'); returns 1, sets it 'running' and fills id and progress (NULL
+ * columns of an older run read 0), 0 if none, -1 on error. */
 int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, int64_t *run_id,
-                         int64_t *last_step, int64_t *steps_done, int64_t *steps_failed,
-                         char *err, size_t err_len);
-/* Transactions: steps between begin and commit land together. */
+                         ar_run_progress *progress, char *err, size_t err_len);
+/* How many kernel rows of run carry one of the names (NULL-terminated list). -1 on error. */
+int64_t ar_db_count_kernels(ar_db *db, int64_t run, const char *const *names, char *err, size_t err_len);
+/* Transactions: rows between begin and commit land together. */
 int ar_db_begin(ar_db *db, char *err, size_t err_len);
 int ar_db_commit(ar_db *db, char *err, size_t err_len);
 int ar_db_rollback(ar_db *db);
@@ -104,11 +168,90 @@ int ar_db_insert_kernel(ar_db *db, int64_t run, int64_t step, int layer, const c
                         double time_us, char *err, size_t err_len);
 int ar_db_insert_mismatch(ar_db *db, int64_t run, int64_t step, const ar_mismatch_row *m,
                           char *err, size_t err_len);
-int ar_db_update_progress(ar_db *db, int64_t run, int64_t steps_done, int64_t steps_failed,
-                          int64_t last_step, char *err, size_t err_len);
-/* Final status ('passed', 'failed', 'unverified', 'error', 'interrupted') and error text. */
+int ar_db_update_progress(ar_db *db, int64_t run, const ar_run_progress *p, char *err, size_t err_len);
+/* Final status and reason (runs.error; NULL for none). */
 int ar_db_finish_run(ar_db *db, int64_t run, const char *status, const char *error, double now,
                      char *err, size_t err_len);
+
+/* ---- the writer: one per replay, owns the database once the run exists ---------------------
+ * The step loop hands each finished step over as a self-contained record; the writer inserts
+ * records in batches (when AR_DB_COMMIT_STEPS steps wait or the oldest has waited
+ * AR_DB_COMMIT_SECONDS), each transaction holding at most AR_DB_COMMIT_STEPS steps with the
+ * run's progress as of its last one, so transactions stay short.
+ * Threaded, it runs on its own thread; otherwise the batches are written inline by
+ * ar_db_writer_push, at the same points, so both give the same rows.  Records are pooled and
+ * reused (no allocation per step once the pool is warm); at most AR_DB_MAX_PENDING wait, after
+ * which push blocks.  A failed batch (disk full, I/O error) is rolled back, the writer stops
+ * taking records, and ar_db_writer_error says why. */
+#define AR_DB_COMMIT_STEPS 32
+#define AR_DB_COMMIT_SECONDS 1.0
+#define AR_DB_MAX_PENDING 1024
+#define AR_DB_RECORD_WORST 8
+
+typedef struct ar_kernel_row {
+    int layer;
+    const char *name;        /* a backend's string literal (names live as long as the program) */
+    double us;
+} ar_kernel_row;
+
+typedef struct ar_step_record {
+    ar_step_row row;
+    ar_kernel_row *kernels;  /* [num_kernels], capacity cap_kernels (kept across reuse) */
+    int num_kernels, cap_kernels;
+    ar_mismatch_row mismatches[AR_DB_RECORD_WORST];   /* req points into req_text */
+    int num_mismatches;
+    char *req_text;          /* the mismatches' request ids, NUL-separated */
+    size_t req_len, req_cap;
+    ar_run_progress progress;   /* the run as of this step (written with the batch it ends) */
+    struct ar_step_record *next;
+} ar_step_record;
+
+/* Appends a kernel row / a mismatch (its request id copied).  0, or -1 out of memory. */
+int ar_step_record_add_kernel(ar_step_record *r, int layer, const char *name, double us);
+int ar_step_record_add_mismatch(ar_step_record *r, const ar_mismatch_row *m);
+
+typedef struct ar_db_writer ar_db_writer;
+
+/* Takes over db for run; sqlite_base_s is the sqlite phase of earlier sessions (resume).
+ * NULL + err on failure (out of memory, no thread). */
+ar_db_writer *ar_db_writer_start(ar_db *db, int64_t run, bool threaded, double sqlite_base_s,
+                                 char *err, size_t err_len);
+/* A cleared record to fill (from the pool); NULL when out of memory or the writer has failed. */
+ar_step_record *ar_db_writer_record(ar_db_writer *w);
+/* Gives a record to the writer (it returns to the pool once written).  0, or -1 when the
+ * writer has failed (ar_db_writer_error); the record is taken back either way. */
+int ar_db_writer_push(ar_db_writer *w, ar_step_record *r);
+/* Returns an unused record to the pool. */
+void ar_db_writer_discard(ar_db_writer *w, ar_step_record *r);
+/* NULL while all is well, else why the writer stopped. */
+const char *ar_db_writer_error(ar_db_writer *w);
+/* Seconds spent in SQLite so far, earlier sessions included (the sqlite phase, which the
+ * writer also stores with each batch's progress). */
+double ar_db_writer_seconds(ar_db_writer *w);
+/* Writes every pending record and stops the writer thread: 0, or -1 when a batch failed
+ * (ar_db_writer_error says why; the records after the last committed batch are lost). */
+int ar_db_writer_drain(ar_db_writer *w);
+/* Ends the run: writes every pending record (ar_db_writer_drain), then progress (final) and the status in one
+ * transaction, and stops the writer thread.  If pending records cannot be written (the writer
+ * failed), only the status is written, using the database's space reserve if need be.
+ * 0, or -1 with err set (the run then stays 'running' and --resume continues it). */
+int ar_db_writer_finish(ar_db_writer *w, const char *status, const char *error,
+                        const ar_run_progress *final, double now, char *err, size_t err_len);
+/* For a signal watchdog on another thread while the step loop is stuck in a long step: takes
+ * the pending records, writes them, marks the run status/error (progress as of the last record
+ * written), all within about wait_s seconds (lock and busy waits included); the writer takes
+ * nothing after.  The caller then ends the process.  0 done, 1 the run was already finished,
+ * -1 not done in time or failed (the database stays consistent: whole steps, run 'running'). */
+int ar_db_writer_abort(ar_db_writer *w, const char *status, const char *error, double now,
+                       double wait_s);
+/* Stops the thread (if finish was not called, pending records are dropped) and frees the
+ * writer; the database stays open (ar_db_close). */
+void ar_db_writer_free(ar_db_writer *w);
+
+/* Clocks of the writer and the replay engine: monotonic seconds, and the CLOCK_REALTIME
+ * deadline s seconds from now that pthread's timed waits take. */
+double ar_mono_seconds(void);
+struct timespec ar_deadline_in(double s);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,11 @@
  *   calibrate  measure the device ceilings (copy GB/s, bf16 TFLOP/s)        (reports/, kernels/)
  *   gen-samples  regenerate the small sample traces                        (traces/)
  *   export     steps as FlashInfer-Trace workloads                          (traces/)
- */
+ *   version    code revision, trace format, build type, CUDA runtime and driver
+ *
+ * Every command answers -h / --help with its usage on stdout and exit 0; a usage error prints
+ * the usage on stderr and exits 2. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,8 +25,15 @@
 #include "../traces/trace.h"
 #include "replay.h"
 
+#ifdef AR_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #ifndef AR_CODE_REV
 #define AR_CODE_REV "unknown"
+#endif
+#ifndef AR_BUILD_TYPE
+#define AR_BUILD_TYPE "unknown (built outside the Makefile)"
 #endif
 
 static void usage(FILE *f)
@@ -31,7 +42,7 @@ static void usage(FILE *f)
         "attnreplay - replay LLM-serving scheduler traces through attention kernels and a float64\n"
         "reference, check they agree, and store per-step timings and errors in SQLite.\n\n"
         "usage: attnreplay COMMAND [options]   (COMMAND --help for its options)\n"
-        "  info TRACE                         steps, requests, tokens, prefill/decode mix, prefix hits\n"
+        "  info TRACE [--steps]               steps, requests, tokens, prefill/decode mix, prefix hits\n"
         "  replay TRACE --db FILE [...]       replay, verify every step, store results\n"
         "  backends [--trace TRACE]           the backend table and why each can or cannot run\n"
         "  sim --workload KIND:PATH --model PRESET --out TRACE [...]   scheduler simulator\n"
@@ -40,19 +51,66 @@ static void usage(FILE *f)
         "  plan --workload SPEC --model PRESET --device DEV --out DIR [--db DB] [--slo ...]\n"
         "                                     capacity plan: fitted step time, simulator sweep, SLO answer\n"
         "  calibrate --db DB [--no-cublas]    measure copy GB/s and bf16 TFLOP/s into table ceilings (GPU)\n"
+        "  profile --device DEV --model PRESET --db DB   measure GEMM and attention times for\n"
+        "                                     --step-time profile:DB (GPU)\n"
         "  gen-samples DIR                    write the sample traces\n"
         "  export TRACE --steps A:B --format flashinfer-trace --out DIR   steps as FlashInfer-Trace workloads\n"
-        "  version\n");
+        "  version (or --version)             code revision, trace format, build, CUDA runtime and driver\n"
+        "Every command takes -h / --help (usage on stdout, exit 0).\n");
+}
+
+/* True when the arguments ask for help: -h or --help anywhere. */
+static bool wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) return true;
+    return false;
+}
+
+static void info_usage(FILE *f)
+{
+    fputs("usage: attnreplay info TRACE [--steps]\n"
+          "  Reads and checks the whole trace (every rule of traces/trace.c), then prints its header,\n"
+          "  steps, requests, token mix, step kinds, context, prefix hits, cascade-eligible steps,\n"
+          "  preemptions and duration.\n"
+          "  --steps  instead one line per step: step time_s requests tokens prefill_tokens\n"
+          "           max_seq_len kv_tokens qk_pairs cascade_eligible (qk_pairs = causal query-key\n"
+          "           pairs; x 4 x q heads x head_size = the step's attention FLOPs per layer), to\n"
+          "           pick --steps for replay\n"
+          "  Exit status: 0 a valid trace, 2 a bad trace (FILE:LINE: rule) or usage error.\n", f);
+}
+
+static void gen_samples_usage(FILE *f)
+{
+    fputs("usage: attnreplay gen-samples DIR\n"
+          "  Writes the sample traces (traces/samples/) into DIR, creating it if needed.\n"
+          "  Exit status: 0 written, 2 usage error or DIR not writable.\n", f);
 }
 
 static int info_main(int argc, char **argv)
 {
-    if (argc != 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: attnreplay info TRACE\n");
+    if (wants_help(argc, argv)) {
+        info_usage(stdout);
+        return 0;
+    }
+    const char *trace = NULL;
+    bool per_step = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--steps") == 0) per_step = true;
+        else if (argv[i][0] == '-' || trace) {
+            info_usage(stderr);
+            return 2;
+        } else {
+            trace = argv[i];
+        }
+    }
+    if (!trace) {
+        info_usage(stderr);
         return 2;
     }
     char err[AR_ERR_MAX];
-    if (ar_trace_print_info(argv[1], stdout, err, sizeof err) != 0) {
+    if ((per_step ? ar_trace_print_steps(trace, stdout, err, sizeof err)
+                  : ar_trace_print_info(trace, stdout, err, sizeof err)) != 0) {
         fprintf(stderr, "attnreplay info: %s\n", err);
         return 2;
     }
@@ -61,8 +119,12 @@ static int info_main(int argc, char **argv)
 
 static int gen_samples_main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: attnreplay gen-samples DIR\n");
+    if (wants_help(argc, argv)) {
+        gen_samples_usage(stdout);
+        return 0;
+    }
+    if (argc != 2 || argv[1][0] == '-') {
+        gen_samples_usage(stderr);
         return 2;
     }
     char err[AR_ERR_MAX];
@@ -70,6 +132,41 @@ static int gen_samples_main(int argc, char **argv)
         fprintf(stderr, "attnreplay gen-samples: %s\n", err);
         return 2;
     }
+    return 0;
+}
+
+/* `attnreplay version`: what was built and what it runs on. */
+static int version_main(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        printf("usage: attnreplay version (or attnreplay --version)\n"
+               "  Prints the code revision, the trace format version, the build type and, when built\n"
+               "  with CUDA, the CUDA runtime linked in and the driver found (\"none\" without one).\n");
+        return 0;
+    }
+    printf("attnreplay %s\n", AR_CODE_REV);
+    printf("trace format v%d\n", AR_TRACE_VERSION);
+    printf("build: %s\n", AR_BUILD_TYPE);
+#ifdef AR_HAVE_CUDA
+    int runtime = 0, driver = 0, devices = 0;
+    cudaRuntimeGetVersion(&runtime);
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+    printf("CUDA runtime %d.%d, ", runtime / 1000, runtime % 1000 / 10);
+    if (driver > 0) printf("driver %d.%d", driver / 1000, driver % 1000 / 10);
+    else printf("driver none");
+    cudaError_t e = driver > 0 ? cudaGetDeviceCount(&devices) : cudaErrorNoDevice;
+    if (e != cudaSuccess || devices == 0) {
+        printf(", device none\n");
+    } else {
+        struct cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+            printf(", device %s (sm_%d%d)%s\n", prop.name, prop.major, prop.minor, devices > 1 ? " and more" : "");
+        else
+            printf(", %d device(s)\n", devices);
+    }
+#else
+    printf("CUDA runtime none, driver none (built without CUDA: the CPU backends only)\n");
+#endif
     return 0;
 }
 
@@ -82,6 +179,13 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     int sub_argc = argc - 1;
     char **sub_argv = argv + 1;
+    /* -h or --help anywhere: every command gets exactly "CMD --help", so each prints its own
+     * usage on stdout and exits 0, whatever else the line holds */
+    char *help_argv[3] = { argv[1], (char *)"--help", NULL };
+    if (wants_help(sub_argc, sub_argv)) {
+        sub_argc = 2;
+        sub_argv = help_argv;
+    }
     if (strcmp(cmd, "replay") == 0) return ar_replay_main(sub_argc, sub_argv);
     if (strcmp(cmd, "info") == 0) return info_main(sub_argc, sub_argv);
     if (strcmp(cmd, "backends") == 0) return ar_backends_main(sub_argc, sub_argv);
@@ -90,12 +194,10 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "diff") == 0) return ar_diff_main(sub_argc, sub_argv);
     if (strcmp(cmd, "plan") == 0) return ar_plan_main(sub_argc, sub_argv);
     if (strcmp(cmd, "calibrate") == 0) return ar_calibrate_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "profile") == 0) return ar_profile_main(sub_argc, sub_argv);
     if (strcmp(cmd, "gen-samples") == 0) return gen_samples_main(sub_argc, sub_argv);
     if (strcmp(cmd, "export") == 0) return ar_export_main(sub_argc, sub_argv);
-    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        printf("attnreplay %s (trace format v%d)\n", AR_CODE_REV, AR_TRACE_VERSION);
-        return 0;
-    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) return version_main(sub_argc, sub_argv);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return 0;

@@ -1,30 +1,48 @@
 /* replay.c - the replay engine and the `replay` command (DESIGN sections 2, 7-9).
  *
- * Per step: the trace reader validates and applies the step record (block lists, computed
- * tokens); the engine turns it into a backend-independent ar_batch (query_start_loc, seq_lens,
- * block table, content keys, slot_mapping, the cascade prefix), writes any context tokens this
- * run never wrote (a replay that starts mid-trace), runs the backend per layer, verifies each
- * layer against the float64 reference, and stores the step in SQLite.
+ * Three threads share a run, so that reading the trace and writing SQLite overlap the steps:
+ *   reader  reads and validates the trace, applies each step record to the live table and
+ *           builds a self-contained batch (query_start_loc, seq_lens, block table, content
+ *           keys, slot_mapping, the cascade prefix, the fill list of context tokens this run
+ *           never wrote, the planted metadata faults) into a ring of AR_BATCH_SLOTS slots;
+ *   steps   (the calling thread) runs the backend per layer on the next batch, verifies the
+ *           layers the policy names against the float64 reference, and hands the step's rows
+ *           to the writer as one record;
+ *   writer  (replay/db.c) commits records in short batched transactions.
+ * --no-overlap does the same work on the calling thread in the same order (the reader fills
+ * a slot when the step loop asks, the writer flushes inline at the same points), so both give
+ * identical rows.  Slots and records are reused: no allocation per step once they have grown
+ * to the largest step.
  *
- * Steps are committed in batches (AR_COMMIT_EVERY steps or one second), each batch together
- * with the run's progress, so a killed replay leaves whole steps only and --resume continues
- * after the last committed one.  SIGINT finishes the current step, commits, and marks the run
- * 'interrupted'.
+ * Signals: SIGINT and SIGTERM set a flag; the step loop checks it between layers and steps and
+ * verification gives up when it sees it (ar_verify_opts.cancel).  The step in flight is
+ * abandoned, committed steps are kept, the run is marked 'interrupted' and the process exits
+ * 130 (SIGINT) or 143 (SIGTERM).  A watchdog thread makes that hold within 2 s wherever the
+ * loop is: if the loop has not finished the run AR_SIGNAL_GRACE_S after the signal (a long
+ * forward on the CPU, say), the watchdog has the writer commit the whole steps it holds, marks
+ * the run 'interrupted' and ends the process with the same code.
  *
- * Exit codes: 0 every verified step passed, 1 a step failed verification, 2 bad input or
- * usage, 3 a device or runtime error (including a database write failure). */
+ * Exit codes: 0 every verified step passed (or --verify off: 'unverified'), 1 a step failed
+ * verification, 2 bad input or usage, 3 a device or runtime error (including a database write
+ * failure), 4 nothing was verified (no step replayed: 'empty'; a planted fault never showed:
+ * 'fault-not-fired'), 130 SIGINT, 143 SIGTERM. */
 #include "replay.h"
 
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "../reference/cascade.h"
 #include "db.h"
@@ -35,16 +53,14 @@
 #define AR_CODE_REV "unknown"
 #endif
 
-#define AR_COMMIT_EVERY 32
 #define AR_NUM_SMS_DEFAULT 132   /* cascade cost model: an H200's SM count (vLLM uses the device's) */
-
-static volatile sig_atomic_t interrupted;
-
-static void on_sigint(int sig)
-{
-    (void)sig;
-    interrupted = 1;
-}
+#define AR_BATCH_SLOTS 8         /* the step loop's, and up to 7 built ahead */
+#define AR_SIGNAL_GRACE_S 1.2    /* the step loop's time to stop by itself after a signal */
+#define AR_SIGNAL_ABORT_S 0.5    /* then the watchdog's time to commit and mark the run */
+#define AR_PROGRESS_TTY_S 0.2
+#define AR_PROGRESS_LOG_S 10.0
+#define AR_EXIT_NOTHING_VERIFIED 4
+#define AR_STEP_CANCELLED (-2)   /* run_step: a signal came; the step was abandoned */
 
 static double now_wall(void)
 {
@@ -53,11 +69,107 @@ static double now_wall(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static double now_mono(void)
+/* ---- signals and the watchdog -------------------------------------------------------------- */
+
+/* The signal that asked the run to stop (SIGINT / SIGTERM), 0 while none did.  An int (what
+ * sig_atomic_t is here) so that verification can watch it through ar_verify_opts.cancel. */
+static volatile sig_atomic_t stop_signal;
+static sem_t signal_sem;
+static pthread_once_t signal_sem_once = PTHREAD_ONCE_INIT;
+
+static void signal_sem_init(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    sem_init(&signal_sem, 0, 0);
+}
+
+/* Threads read the flag through this (atomic: the handler may run on any thread); the verifier
+ * polls it through ar_verify_opts.cancel. */
+static int signalled(void)
+{
+    return __atomic_load_n(&stop_signal, __ATOMIC_RELAXED);
+}
+
+static void on_signal(int sig)
+{
+    const int saved_errno = errno;
+    int none = 0;
+    __atomic_compare_exchange_n(&stop_signal, &none, sig, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    sem_post(&signal_sem);   /* async-signal-safe: wakes the watchdog */
+    errno = saved_errno;
+}
+
+typedef struct watchdog {
+    pthread_t tid;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool quit;                /* the run is over (set by the step loop) */
+    ar_db_writer *writer;     /* set once the run exists */
+    int64_t run_id;
+    const char *db_path;
+    bool quiet;
+} watchdog;
+
+static void *watchdog_main(void *arg)
+{
+    watchdog *wd = arg;
+    while (sem_wait(&signal_sem) != 0 && errno == EINTR) {}
+    pthread_mutex_lock(&wd->mu);
+    struct timespec ts = ar_deadline_in(AR_SIGNAL_GRACE_S);
+    while (!wd->quit && pthread_cond_timedwait(&wd->cv, &wd->mu, &ts) != ETIMEDOUT) {}
+    if (wd->quit) {
+        pthread_mutex_unlock(&wd->mu);
+        return NULL;
+    }
+    /* The step loop is still inside a step: commit what is whole, mark the run, end here. */
+    const int sig = signalled() ? signalled() : SIGTERM;
+    const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+    char why[160];
+    snprintf(why, sizeof why, "interrupted by %s (the step in flight was abandoned)", name);
+    int rc = wd->writer ? ar_db_writer_abort(wd->writer, "interrupted", why, now_wall(), AR_SIGNAL_ABORT_S) : 0;
+    if (wd->writer && rc == 0)
+        fprintf(stderr, "\nattnreplay replay: %s: stopped inside a step; committed steps kept, run %lld in %s "
+                        "marked interrupted (--resume continues it)\n", name, (long long)wd->run_id, wd->db_path);
+    else if (wd->writer && rc < 0)
+        fprintf(stderr, "\nattnreplay replay: %s: stopped inside a step; the database was busy, so run %lld "
+                        "in %s stays 'running' with its committed steps (--resume continues it)\n", name,
+                (long long)wd->run_id, wd->db_path);
+    else if (!wd->writer)
+        fprintf(stderr, "\nattnreplay replay: %s: stopped before the run started\n", name);
+    fflush(stderr);
+    _exit(128 + sig);
+}
+
+static void watchdog_start(watchdog *wd)
+{
+    pthread_mutex_init(&wd->mu, NULL);
+    pthread_cond_init(&wd->cv, NULL);
+    wd->started = pthread_create(&wd->tid, NULL, watchdog_main, wd) == 0;
+}
+
+static void watchdog_set_writer(watchdog *wd, ar_db_writer *w, int64_t run, const char *db_path)
+{
+    pthread_mutex_lock(&wd->mu);
+    wd->writer = w;
+    wd->run_id = run;
+    wd->db_path = db_path;
+    pthread_mutex_unlock(&wd->mu);
+}
+
+static void watchdog_stop(watchdog *wd)
+{
+    pthread_mutex_lock(&wd->mu);
+    wd->quit = true;
+    pthread_cond_broadcast(&wd->cv);
+    pthread_mutex_unlock(&wd->mu);
+    if (wd->started) {
+        sem_post(&signal_sem);   /* wakes it if it still waits for a signal */
+        pthread_join(wd->tid, NULL);
+        wd->started = false;
+        while (sem_trywait(&signal_sem) == 0) {}
+    }
+    pthread_mutex_destroy(&wd->mu);
+    pthread_cond_destroy(&wd->cv);
 }
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -69,10 +181,14 @@ typedef struct replay_opts {
     const char *dtype;           /* NULL = the trace's */
     const char *kv_dtype;        /* NULL = the trace's */
     double kv_scale;
+    bool kv_scale_given;
     int layers;                  /* 0 = 1 */
     int64_t step_first, step_last;
+    bool steps_given;
     ar_verify_mode verify;
     int sample_rows;
+    int verify_layers;           /* 0 = all replayed layers, else the first K */
+    bool verify_layers_first;    /* spelled "first" */
     bool seed_given;
     uint64_t seed;
     ar_fault fault;
@@ -84,6 +200,7 @@ typedef struct replay_opts {
     int64_t dump_step;           /* -1 = none */
     const char *dump_dir;
     bool quiet;
+    bool no_overlap;
 } replay_opts;
 
 static void replay_usage(FILE *f)
@@ -96,17 +213,32 @@ static void replay_usage(FILE *f)
         "  --layers N               layers to replay (default 1; each has its own cache and data)\n"
         "  --steps A:B              replay steps A..B inclusive (either side may be empty)\n"
         "  --verify all|sample:N|off  check every row, N rows per step (+ each request's last), or none\n"
+        "  --verify-layers all|first|K  verify every replayed layer (default), layer 0 only, or the\n"
+        "                           first K layers; the others get the NaN/Inf and guard checks only\n"
         "  --seed S                 data seed (default: the trace's)\n"
         "  --data normal|outlier|large  input distribution (default normal)\n"
         "  --inject FAULT           plant a fault: causal-off-by-one, wrong-slot, stale-block-table,\n"
-        "                           wrong-kv-head, no-rescale, lse-base2, merge-no-weights, mla-no-wuv\n"
+        "                           wrong-kv-head, no-rescale, lse-base2, merge-no-weights (acts only\n"
+        "                           where a cascade or split-KV merge runs), mla-no-wuv (MLA traces)\n"
         "  --cascade auto|on|off    cascade attention: vLLM's heuristic, whenever legal, or never\n"
         "  --repeat R               timed repetitions per launch, median stored (default 1)\n"
         "  --threads N              CPU threads (default: all cores)\n"
         "  --resume                 continue the newest unfinished run of this trace and config\n"
-        "  --dump-step N --dump-dir DIR  write step N's inputs/outputs/reference as .npy\n"
-        "  --quiet                  no summary\n"
-        "exit: 0 all verified steps pass, 1 a step failed, 2 bad input/usage, 3 device/runtime error\n");
+        "  --dump-step N --dump-dir DIR  write step N's inputs/outputs/reference as .npy (DIR is\n"
+        "                           created if missing) with an index.json\n"
+        "  --no-overlap             read the trace and write the database on the step loop's thread\n"
+        "                           (same results; for comparisons and debugging)\n"
+        "  --quiet                  no progress line, no summary\n"
+        "  -h, --help               this text\n"
+        "progress: on a terminal a live line (step / total, steps/s, ETA); otherwise a line every 10 s\n"
+        "signals: SIGINT or SIGTERM abandons the step in flight within 2 s, keeps every committed step\n"
+        "  and marks the run 'interrupted'; --resume continues it\n"
+        "environment: ATTNREPLAY_BUSY_TIMEOUT_MS  how long to wait for another writer of the\n"
+        "  database (default 30000)\n"
+        "exit: 0 every verified step passed (status 'passed'; with --verify off 'unverified'),\n"
+        "      1 a step failed verification, 2 bad input or usage, 3 device/runtime error,\n"
+        "      4 nothing verified: no step replayed ('empty') or the planted fault never showed\n"
+        "        ('fault-not-fired'), 130 SIGINT, 143 SIGTERM ('interrupted')\n");
 }
 
 static int parse_steps(const char *s, int64_t *a, int64_t *b)
@@ -150,24 +282,25 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
     o->dump_step = -1;
     o->layers = 1;
     enum { O_DB = 256, O_BACKEND, O_DTYPE, O_KVDTYPE, O_KVSCALE, O_LAYERS, O_STEPS, O_VERIFY,
-           O_SEED, O_INJECT, O_RESUME, O_CASCADE, O_REPEAT, O_THREADS, O_DATA, O_DUMPSTEP,
-           O_DUMPDIR, O_QUIET, O_HELP };
+           O_VERIFY_LAYERS, O_SEED, O_INJECT, O_RESUME, O_CASCADE, O_REPEAT, O_THREADS, O_DATA,
+           O_DUMPSTEP, O_DUMPDIR, O_QUIET, O_NO_OVERLAP, O_HELP = 'h' };
     static const struct option longopts[] = {
         {"db", required_argument, 0, O_DB}, {"backend", required_argument, 0, O_BACKEND},
         {"dtype", required_argument, 0, O_DTYPE}, {"kv-dtype", required_argument, 0, O_KVDTYPE},
         {"kv-scale", required_argument, 0, O_KVSCALE}, {"layers", required_argument, 0, O_LAYERS},
         {"steps", required_argument, 0, O_STEPS}, {"verify", required_argument, 0, O_VERIFY},
+        {"verify-layers", required_argument, 0, O_VERIFY_LAYERS},
         {"seed", required_argument, 0, O_SEED}, {"inject", required_argument, 0, O_INJECT},
         {"resume", no_argument, 0, O_RESUME}, {"cascade", required_argument, 0, O_CASCADE},
         {"repeat", required_argument, 0, O_REPEAT}, {"threads", required_argument, 0, O_THREADS},
         {"data", required_argument, 0, O_DATA}, {"dump-step", required_argument, 0, O_DUMPSTEP},
         {"dump-dir", required_argument, 0, O_DUMPDIR}, {"quiet", no_argument, 0, O_QUIET},
-        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"no-overlap", no_argument, 0, O_NO_OVERLAP}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     optind = 0;   /* 0, not 1: glibc then also resets its scan state left by an earlier call */
     opterr = 0;
     int c;
     long v;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case O_DB: o->db = optarg; break;
         case O_BACKEND: o->backend = optarg; break;
@@ -180,6 +313,7 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
                 fprintf(stderr, "attnreplay replay: --kv-scale must be a positive number\n");
                 return -1;
             }
+            o->kv_scale_given = true;
             break;
         }
         case O_LAYERS:
@@ -194,6 +328,7 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
                 fprintf(stderr, "attnreplay replay: --steps takes A:B with 0 <= A <= B (got '%s')\n", optarg);
                 return -1;
             }
+            o->steps_given = true;
             break;
         case O_VERIFY:
             if (strcmp(optarg, "all") == 0) o->verify = AR_VERIFY_ALL;
@@ -203,6 +338,19 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
                 o->sample_rows = (int)v;
             } else {
                 fprintf(stderr, "attnreplay replay: --verify takes all, sample:N or off (got '%s')\n", optarg);
+                return -1;
+            }
+            break;
+        case O_VERIFY_LAYERS:
+            o->verify_layers_first = false;
+            if (strcmp(optarg, "all") == 0) o->verify_layers = 0;
+            else if (strcmp(optarg, "first") == 0) {
+                o->verify_layers = 1;
+                o->verify_layers_first = true;
+            } else if (parse_int(optarg, 1, 4096, &v) == 0) o->verify_layers = (int)v;
+            else {
+                fprintf(stderr, "attnreplay replay: --verify-layers takes all, first or a layer count K "
+                                ">= 1 (got '%s')\n", optarg);
                 return -1;
             }
             break;
@@ -267,6 +415,7 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
             break;
         case O_DUMPDIR: o->dump_dir = optarg; break;
         case O_QUIET: o->quiet = true; break;
+        case O_NO_OVERLAP: o->no_overlap = true; break;
         case O_HELP: replay_usage(stdout); return 1;   /* the caller exits 0 (no exit(): library code) */
         default:
             fprintf(stderr, "attnreplay replay: unknown or incomplete option '%s'\n", argv[optind - 1]);
@@ -284,6 +433,12 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
     }
     if ((o->dump_step >= 0) != (o->dump_dir != NULL)) {
         fprintf(stderr, "attnreplay replay: --dump-step and --dump-dir go together\n");
+        return -1;
+    }
+    if (o->dump_step >= 0 && (o->dump_step < o->step_first || o->dump_step > o->step_last)) {
+        fprintf(stderr, "attnreplay replay: --dump-step %lld is outside --steps %lld:%lld\n",
+                (long long)o->dump_step, (long long)o->step_first,
+                o->step_last == INT64_MAX ? -1LL : (long long)o->step_last);
         return -1;
     }
     return 0;
@@ -327,46 +482,7 @@ int ar_run_config_from_header(const ar_trace_header *h, const char *dtype, const
     return 0;
 }
 
-/* ---- per-step state ---------------------------------------------------------------------- */
-
-typedef struct engine {
-    replay_opts o;
-    ar_run_config cfg;
-    const ar_backend *be;
-    void *state;
-    ar_verifier *verifier;
-    ar_trace_reader *rd;
-    ar_db *db;
-    int64_t run_id;
-    char device[128];
-    /* batch buffers, grown as needed */
-    int cap_reqs, cap_tokens;
-    size_t cap_table;
-    int *qsl, *seq, *ctx, *table, *stale_table;
-    uint64_t *keys, *req_keys;
-    int64_t *slots;
-    const char **ids;
-    float *out, *lse;
-    size_t cap_out;
-    /* fill list */
-    int cap_fill;
-    int64_t *fill_slots;
-    uint64_t *fill_keys;
-    int *fill_offsets;
-    /* per physical block: how many leading offsets this run has written */
-    uint16_t *written;
-    /* previous step's rows (for the stale-block-table fault) */
-    int prev_count, prev_stride;
-    char **prev_ids;
-    int *prev_table;
-    /* totals */
-    int64_t steps_done, steps_failed, steps_unverified, cascade_steps;
-    double time_us_total, cascade_time_us, cascade_flat_us;
-    double worst_max_abs, worst_nmse;
-    int64_t worst_step;
-    int64_t bytes_total, flops_total;
-    int64_t last_step;
-} engine;
+/* ---- batches: built by the reader, run by the step loop ---------------------------------- */
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
 {
@@ -380,123 +496,184 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-static int ensure_batch(engine *e, int reqs, int tokens, int stride)
+enum { SLOT_FREE, SLOT_READY, SLOT_BUSY };
+enum { SLOT_STEP, SLOT_END };
+
+/* One step, self-contained: everything the step loop needs, owned by the slot (the reader's
+ * live table moves on while the step runs). */
+typedef struct batch_slot {
+    int state;                    /* SLOT_FREE / READY / BUSY (under the ring's lock) */
+    int kind;                     /* SLOT_STEP, or SLOT_END: no more steps (end_rc says why) */
+    int end_rc;                   /* 0 end of trace or range, 2 bad trace, 3 out of memory, or
+                                     -1 a signal stopped the reader */
+    char end_msg[AR_ERR_MAX + 64];
+    int64_t step;
+    double time;                  /* the step's trace time */
+    int num_prefill;
+    ar_batch b;                   /* the truth: fill and verification use it */
+    ar_batch kb;                  /* what the kernels see (metadata faults applied) */
+    int fill_count;
+    int64_t bytes, flops;         /* one layer */
+    int64_t total_context;
+    double parse_s, build_s;      /* reader time spent on this slot (skipped steps included) */
+    /* buffers, grown to the largest step and reused */
+    size_t cap_reqs, cap_tokens, cap_table, cap_fill, cap_text;
+    int *qsl, *seq, *ctx, *qlens, *table, *stale;
+    uint64_t *keys, *req_keys;
+    int64_t *slots, *bad_slots;
+    const char **ids;             /* [num_reqs] into text */
+    size_t *id_off;
+    char *text;
+    int64_t *fill_slots;
+    uint64_t *fill_keys;
+    int *fill_offsets;
+} batch_slot;
+
+static void slot_free(batch_slot *s)
 {
-    size_t cr = (size_t)e->cap_reqs, ct = (size_t)e->cap_tokens;
-    if ((size_t)reqs + 1 > cr) {
-        size_t n = (size_t)reqs + 1, c1 = cr, c2 = cr, c3 = cr, c4 = cr, c5 = cr;
-        if (grow((void **)&e->qsl, &c1, n, sizeof(int)) || grow((void **)&e->seq, &c2, n, sizeof(int)) ||
-            grow((void **)&e->ctx, &c3, n, sizeof(int)) ||
-            grow((void **)&e->req_keys, &c4, n, sizeof(uint64_t)) ||
-            grow((void **)&e->ids, &c5, n, sizeof(char *)))
-            return -1;
-        e->cap_reqs = (int)c1;
+    free(s->qsl); free(s->seq); free(s->ctx); free(s->qlens); free(s->table); free(s->stale);
+    free(s->keys); free(s->req_keys); free(s->slots); free(s->bad_slots); free(s->ids);
+    free(s->id_off); free(s->text); free(s->fill_slots); free(s->fill_keys); free(s->fill_offsets);
+}
+
+static int slot_reserve(batch_slot *s, size_t reqs, size_t tokens, size_t table)
+{
+    size_t c;
+    if (reqs + 1 > s->cap_reqs) {
+        const size_t n = reqs + 1;
+        c = s->cap_reqs; if (grow((void **)&s->qsl, &c, n, sizeof(int))) return -1;
+        c = s->cap_reqs; if (grow((void **)&s->seq, &c, n, sizeof(int))) return -1;
+        c = s->cap_reqs; if (grow((void **)&s->ctx, &c, n, sizeof(int))) return -1;
+        c = s->cap_reqs; if (grow((void **)&s->qlens, &c, n, sizeof(int))) return -1;
+        c = s->cap_reqs; if (grow((void **)&s->req_keys, &c, n, sizeof(uint64_t))) return -1;
+        c = s->cap_reqs; if (grow((void **)&s->ids, &c, n, sizeof(char *))) return -1;
+        c = s->cap_reqs; if (grow((void **)&s->id_off, &c, n, sizeof(size_t))) return -1;
+        s->cap_reqs = c;
     }
-    if ((size_t)tokens > ct) {
-        size_t c1 = ct;
-        if (grow((void **)&e->slots, &c1, (size_t)tokens, sizeof(int64_t))) return -1;
-        e->cap_tokens = (int)c1;
+    if (tokens + 1 > s->cap_tokens) {
+        const size_t n = tokens + 1;
+        c = s->cap_tokens; if (grow((void **)&s->slots, &c, n, sizeof(int64_t))) return -1;
+        c = s->cap_tokens; if (grow((void **)&s->bad_slots, &c, n, sizeof(int64_t))) return -1;
+        s->cap_tokens = c;
     }
-    size_t tneed = (size_t)reqs * (size_t)stride;
-    if (tneed > e->cap_table) {
-        size_t c1 = e->cap_table, c2 = e->cap_table, c3 = e->cap_table;
-        if (grow((void **)&e->table, &c1, tneed, sizeof(int)) ||
-            grow((void **)&e->keys, &c2, tneed, sizeof(uint64_t)) ||
-            grow((void **)&e->stale_table, &c3, tneed, sizeof(int)))
-            return -1;
-        e->cap_table = c1;
-    }
-    size_t oneed = (size_t)tokens * e->cfg.model.num_q_heads *
-                   (size_t)(e->cfg.model.attention == AR_ATTN_MLA ? e->cfg.model.v_head_dim
-                                                                  : e->cfg.model.head_size);
-    if (oneed > e->cap_out) {
-        float *o = realloc(e->out, oneed * sizeof(float));
-        if (!o) return -1;
-        e->out = o;
-        float *l = realloc(e->lse, (size_t)tokens * e->cfg.model.num_q_heads * sizeof(float) + 1);
-        if (!l) return -1;
-        e->lse = l;
-        e->cap_out = oneed;
+    if (table + 1 > s->cap_table) {
+        const size_t n = table + 1;
+        c = s->cap_table; if (grow((void **)&s->table, &c, n, sizeof(int))) return -1;
+        c = s->cap_table; if (grow((void **)&s->stale, &c, n, sizeof(int))) return -1;
+        c = s->cap_table; if (grow((void **)&s->keys, &c, n, sizeof(uint64_t))) return -1;
+        s->cap_table = c;
     }
     return 0;
 }
+
+static int slot_reserve_fill(batch_slot *s, size_t n)
+{
+    if (n <= s->cap_fill) return 0;
+    size_t c = s->cap_fill;
+    if (grow((void **)&s->fill_slots, &c, n, sizeof(int64_t))) return -1;
+    c = s->cap_fill;
+    if (grow((void **)&s->fill_keys, &c, n, sizeof(uint64_t))) return -1;
+    c = s->cap_fill;
+    if (grow((void **)&s->fill_offsets, &c, n, sizeof(int))) return -1;
+    s->cap_fill = c;
+    return 0;
+}
+
+/* The reader side: the trace, the per-block written counts, the previous step's table (the
+ * stale-block-table fault), and the ring of slots it fills in step order. */
+typedef struct reader {
+    ar_trace_reader *rd;
+    const ar_run_config *cfg;
+    int cascade_mode;
+    int64_t step_first, step_last, resume_after;
+    uint16_t *written;            /* [num_blocks]: leading offsets this run has written */
+    /* previous step's rows, for the stale-block-table fault */
+    int prev_count, prev_stride;
+    size_t cap_prev_table, cap_prev_text, cap_prev_off;
+    int *prev_table;
+    char *prev_text;
+    size_t *prev_off;
+    /* what it saw, for the 'empty' message */
+    int64_t last_step_seen;       /* -1 = the trace has no steps (so far) */
+    /* the ring */
+    batch_slot slots[AR_BATCH_SLOTS];
+    int next_fill, next_take;
+    bool threaded, thread_started, stop, ended;
+    pthread_t tid;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} reader;
 
 /* Context tokens of the batch that no step of this run wrote: collected from the TRUE table. */
-static int collect_fill(engine *e, const ar_batch *b, int *count)
+static int collect_fill(reader *r, batch_slot *s)
 {
-    const int bs = e->cfg.block_size;
+    const int bs = r->cfg->block_size;
+    const ar_batch *b = &s->b;
     int n = 0;
-    for (int r = 0; r < b->num_reqs; r++) {
-        int ctx = b->context_lens[r];
+    for (int q = 0; q < b->num_reqs; q++) {
+        int ctx = b->context_lens[q];
         for (int i = 0; i * bs < ctx; i++) {
-            int blk = e->table[(size_t)r * b->max_blocks_per_req + i];
+            int blk = s->table[(size_t)q * b->max_blocks_per_req + i];
             int need = ctx - i * bs < bs ? ctx - i * bs : bs;
-            if (e->written[blk] >= need) continue;
-            for (int off = e->written[blk]; off < need; off++) {
-                if (n >= e->cap_fill) {
-                    size_t c1 = (size_t)e->cap_fill, c2 = c1, c3 = c1;
-                    if (grow((void **)&e->fill_slots, &c1, (size_t)n + 1, sizeof(int64_t)) ||
-                        grow((void **)&e->fill_keys, &c2, (size_t)n + 1, sizeof(uint64_t)) ||
-                        grow((void **)&e->fill_offsets, &c3, (size_t)n + 1, sizeof(int)))
-                        return -1;
-                    e->cap_fill = (int)c1;
-                }
-                e->fill_slots[n] = (int64_t)blk * bs + off;
-                e->fill_keys[n] = e->keys[(size_t)r * b->max_blocks_per_req + i];
-                e->fill_offsets[n] = off;
+            if (r->written[blk] >= need) continue;
+            if (slot_reserve_fill(s, (size_t)n + (size_t)(need - r->written[blk]))) return -1;
+            for (int off = r->written[blk]; off < need; off++) {
+                s->fill_slots[n] = (int64_t)blk * bs + off;
+                s->fill_keys[n] = s->keys[(size_t)q * b->max_blocks_per_req + i];
+                s->fill_offsets[n] = off;
                 n++;
             }
-            e->written[blk] = (uint16_t)need;
+            r->written[blk] = (uint16_t)need;
         }
     }
-    *count = n;
+    s->fill_count = n;
     return 0;
 }
 
-static void mark_written(engine *e, const ar_batch *b)
+/* The step's new tokens will be written by its forward. */
+static void mark_written(reader *r, const ar_batch *b)
 {
-    const int bs = e->cfg.block_size;
-    for (int r = 0; r < b->num_reqs; r++) {
-        for (int p = b->context_lens[r]; p < b->seq_lens[r]; p++) {
-            int blk = e->table[(size_t)r * b->max_blocks_per_req + p / bs];
-            if (e->written[blk] < p % bs + 1) e->written[blk] = (uint16_t)(p % bs + 1);
+    const int bs = r->cfg->block_size;
+    for (int q = 0; q < b->num_reqs; q++) {
+        for (int p = b->context_lens[q]; p < b->seq_lens[q]; p++) {
+            int blk = b->block_table[(size_t)q * b->max_blocks_per_req + p / bs];
+            if (r->written[blk] < p % bs + 1) r->written[blk] = (uint16_t)(p % bs + 1);
         }
     }
-}
-
-static int remember_table(engine *e, const ar_batch *b)
-{
-    for (int i = 0; i < e->prev_count; i++) free(e->prev_ids[i]);
-    free(e->prev_ids);
-    free(e->prev_table);
-    e->prev_ids = calloc((size_t)b->num_reqs + 1, sizeof(char *));
-    e->prev_table = malloc(((size_t)b->num_reqs * b->max_blocks_per_req + 1) * sizeof(int));
-    if (!e->prev_ids || !e->prev_table) return -1;
-    for (int r = 0; r < b->num_reqs; r++) {
-        e->prev_ids[r] = strdup(e->ids[r]);
-        if (!e->prev_ids[r]) return -1;
-    }
-    memcpy(e->prev_table, e->table, (size_t)b->num_reqs * b->max_blocks_per_req * sizeof(int));
-    e->prev_count = b->num_reqs;
-    e->prev_stride = b->max_blocks_per_req;
-    return 0;
 }
 
 /* The stale-block-table fault: each request's row as of the previous step; blocks it did not
- * hold then read as the null block 0. */
-static const int *stale_rows(engine *e, const ar_batch *b)
+ * hold then read as the null block 0.  Then remembers this step's rows for the next. */
+static int stale_rows(reader *r, batch_slot *s)
 {
-    memset(e->stale_table, 0, (size_t)b->num_reqs * b->max_blocks_per_req * sizeof(int));
-    for (int r = 0; r < b->num_reqs; r++) {
-        for (int j = 0; j < e->prev_count; j++) {
-            if (strcmp(e->prev_ids[j], e->ids[r]) != 0) continue;
-            int cols = e->prev_stride < b->max_blocks_per_req ? e->prev_stride : b->max_blocks_per_req;
-            memcpy(e->stale_table + (size_t)r * b->max_blocks_per_req,
-                   e->prev_table + (size_t)j * e->prev_stride, (size_t)cols * sizeof(int));
+    const ar_batch *b = &s->b;
+    memset(s->stale, 0, (size_t)b->num_reqs * b->max_blocks_per_req * sizeof(int));
+    for (int q = 0; q < b->num_reqs; q++) {
+        for (int j = 0; j < r->prev_count; j++) {
+            if (strcmp(r->prev_text + r->prev_off[j], s->ids[q]) != 0) continue;
+            int cols = r->prev_stride < b->max_blocks_per_req ? r->prev_stride : b->max_blocks_per_req;
+            memcpy(s->stale + (size_t)q * b->max_blocks_per_req,
+                   r->prev_table + (size_t)j * r->prev_stride, (size_t)cols * sizeof(int));
             break;
         }
     }
-    return e->stale_table;
+    size_t cells = (size_t)b->num_reqs * b->max_blocks_per_req, text = 0;
+    for (int q = 0; q < b->num_reqs; q++) text += strlen(s->ids[q]) + 1;
+    if (grow((void **)&r->prev_table, &r->cap_prev_table, cells + 1, sizeof(int)) ||
+        grow((void **)&r->prev_text, &r->cap_prev_text, text + 1, 1) ||
+        grow((void **)&r->prev_off, &r->cap_prev_off, (size_t)b->num_reqs + 1, sizeof(size_t)))
+        return -1;
+    memcpy(r->prev_table, s->table, cells * sizeof(int));
+    size_t at = 0;
+    for (int q = 0; q < b->num_reqs; q++) {
+        size_t len = strlen(s->ids[q]) + 1;
+        memcpy(r->prev_text + at, s->ids[q], len);
+        r->prev_off[q] = at;
+        at += len;
+    }
+    r->prev_count = b->num_reqs;
+    r->prev_stride = b->max_blocks_per_req;
+    return 0;
 }
 
 /* Bytes and FLOPs of one layer of the step (DESIGN section 8). */
@@ -533,217 +710,493 @@ static void account(const ar_run_config *c, const ar_batch *b, int64_t *bytes, i
     *flops = fl;
 }
 
-/* Builds the batch for step st from the reader's live table.  Returns 0, or -1 (out of memory). */
-static int build_batch(engine *e, const ar_step *st, ar_batch *b, int *num_prefill)
+/* Builds slot s for step st from the reader's live table.  Returns 0, or -1 (out of memory). */
+static int build_batch(reader *r, const ar_step *st, batch_slot *s)
 {
-    const int bs = e->cfg.block_size;
+    const ar_run_config *cfg = r->cfg;
+    const int bs = cfg->block_size;
     int stride = 1, tokens = 0;
+    size_t text = 0;
     for (int i = 0; i < st->num_scheduled; i++) {
-        const ar_live_req *lr = ar_trace_find(e->rd, st->scheduled[i].req);
+        const ar_live_req *lr = ar_trace_find(r->rd, st->scheduled[i].req);
         if (lr && lr->num_blocks > stride) stride = lr->num_blocks;
         tokens += st->scheduled[i].num_tokens;
+        text += strlen(st->scheduled[i].req) + 1;
     }
-    if (ensure_batch(e, st->num_scheduled, tokens, stride) != 0) return -1;
-    memset(e->table, 0, (size_t)st->num_scheduled * stride * sizeof(int));
-    memset(e->keys, 0, (size_t)st->num_scheduled * stride * sizeof(uint64_t));
+    const size_t reqs = (size_t)st->num_scheduled, cells = reqs * (size_t)stride;
+    if (slot_reserve(s, reqs, (size_t)tokens, cells) || grow((void **)&s->text, &s->cap_text, text + 1, 1))
+        return -1;
+    memset(s->table, 0, cells * sizeof(int));
+    memset(s->keys, 0, cells * sizeof(uint64_t));
     int t = 0, max_q = 0, max_s = 0, prefill = 0;
-    e->qsl[0] = 0;
-    for (int r = 0; r < st->num_scheduled; r++) {
-        const ar_live_req *lr = ar_trace_find(e->rd, st->scheduled[r].req);
-        int n = st->scheduled[r].num_tokens;
-        e->ids[r] = lr->req;
-        e->req_keys[r] = lr->req_key;
-        e->ctx[r] = lr->num_computed_tokens;
-        e->seq[r] = lr->num_computed_tokens + n;
-        e->qsl[r + 1] = e->qsl[r] + n;
+    size_t at = 0;
+    int64_t total_ctx = 0;
+    s->qsl[0] = 0;
+    for (int q = 0; q < st->num_scheduled; q++) {
+        const ar_live_req *lr = ar_trace_find(r->rd, st->scheduled[q].req);
+        int n = st->scheduled[q].num_tokens;
+        size_t len = strlen(lr->req) + 1;
+        memcpy(s->text + at, lr->req, len);
+        s->id_off[q] = at;
+        at += len;
+        s->req_keys[q] = lr->req_key;
+        s->ctx[q] = lr->num_computed_tokens;
+        s->seq[q] = lr->num_computed_tokens + n;
+        s->qsl[q + 1] = s->qsl[q] + n;
+        s->qlens[q] = n;
+        total_ctx += s->seq[q];
         if (n > max_q) max_q = n;
-        if (e->seq[r] > max_s) max_s = e->seq[r];
+        if (s->seq[q] > max_s) max_s = s->seq[q];
         if (lr->num_computed_tokens < lr->prompt_len) prefill++;
         uint64_t prev = AR_ROOT_KEY;
         for (int i = 0; i < lr->num_blocks; i++) {
-            e->table[(size_t)r * stride + i] = lr->block_ids[i];
+            s->table[(size_t)q * stride + i] = lr->block_ids[i];
             prev = ar_block_content_key(prev, lr->prompt_keys, lr->num_prompt_keys, lr->req_key, i);
-            e->keys[(size_t)r * stride + i] = prev;
+            s->keys[(size_t)q * stride + i] = prev;
         }
         for (int i = 0; i < n; i++, t++) {
             int p = lr->num_computed_tokens + i;
-            e->slots[t] = (int64_t)lr->block_ids[p / bs] * bs + p % bs;
+            s->slots[t] = (int64_t)lr->block_ids[p / bs] * bs + p % bs;
         }
     }
+    for (int q = 0; q < st->num_scheduled; q++) s->ids[q] = s->text + s->id_off[q];
+    ar_batch *b = &s->b;
     memset(b, 0, sizeof *b);
     b->step = st->step;
     b->num_reqs = st->num_scheduled;
     b->num_tokens = tokens;
-    b->query_start_loc = e->qsl;
-    b->seq_lens = e->seq;
-    b->context_lens = e->ctx;
+    b->query_start_loc = s->qsl;
+    b->seq_lens = s->seq;
+    b->context_lens = s->ctx;
     b->max_query_len = max_q;
     b->max_seq_len = max_s;
     b->max_blocks_per_req = stride;
-    b->block_table = e->table;
-    b->block_keys = e->keys;
-    b->req_keys = e->req_keys;
-    b->slot_mapping = e->slots;
-    *num_prefill = prefill;
+    b->block_table = s->table;
+    b->block_keys = s->keys;
+    b->req_keys = s->req_keys;
+    b->slot_mapping = s->slots;
+    s->step = st->step;
+    s->time = st->time;
+    s->num_prefill = prefill;
+    s->total_context = total_ctx;
 
     /* Cascade: P as vLLM derives it, then the mode. MLA never cascades (as in vLLM). */
-    int P = ar_common_prefix_len(st->num_common_prefix_blocks, bs, e->ctx, b->num_reqs);
+    int P = ar_common_prefix_len(st->num_common_prefix_blocks, bs, s->ctx, b->num_reqs);
     bool use = false;
-    if (P > 0 && ar_backend_runs_cascade(e->be) && e->cfg.model.attention == AR_ATTN_MHA &&
-        e->cfg.model.sliding_window == 0) {
-        if (e->o.cascade_mode == 2) use = true;
-        else if (e->o.cascade_mode == 1) {
-            int *qlens = malloc((size_t)b->num_reqs * sizeof *qlens);
-            if (!qlens) return -1;
-            for (int r = 0; r < b->num_reqs; r++) qlens[r] = e->qsl[r + 1] - e->qsl[r];
-            use = ar_use_cascade(P, qlens, b->num_reqs, e->cfg.model.num_q_heads,
-                                 e->cfg.model.num_kv_heads, false, AR_NUM_SMS_DEFAULT);
-            free(qlens);
-        }
+    if (P > 0 && cfg->model.attention == AR_ATTN_MHA && cfg->model.sliding_window == 0) {
+        if (r->cascade_mode == 2) use = true;
+        else if (r->cascade_mode == 1)
+            use = ar_use_cascade(P, s->qlens, b->num_reqs, cfg->model.num_q_heads, cfg->model.num_kv_heads,
+                                 false, AR_NUM_SMS_DEFAULT);
     }
     b->common_prefix_len = use ? P : 0;
+
+    if (collect_fill(r, s) != 0) return -1;
+    /* Metadata faults: what the kernels see differs from the truth the fill and verify use. */
+    s->kb = *b;
+    if (cfg->fault == AR_FAULT_WRONG_SLOT) {
+        for (int i = 0; i < tokens; i++) s->bad_slots[i] = s->slots[i] < 0 ? -1 : (s->slots[i] ^ 1);
+        s->kb.slot_mapping = s->bad_slots;
+    }
+    if (cfg->fault == AR_FAULT_STALE_BLOCK_TABLE) {
+        if (stale_rows(r, s) != 0) return -1;
+        s->kb.block_table = s->stale;
+    }
+    mark_written(r, b);
+    account(cfg, b, &s->bytes, &s->flops);
     return 0;
 }
+
+/* Fills s with the next step to replay, or with the end (SLOT_END). */
+static void produce(reader *r, batch_slot *s)
+{
+    char err[AR_ERR_MAX];
+    s->parse_s = s->build_s = 0;
+    for (;;) {
+        if (signalled()) {
+            s->kind = SLOT_END;
+            s->end_rc = -1;
+            return;
+        }
+        const ar_step *st = NULL;
+        double t0 = ar_mono_seconds();
+        int rc = ar_trace_next(r->rd, &st, err, sizeof err);
+        s->parse_s += ar_mono_seconds() - t0;
+        if (rc <= 0) {
+            s->kind = SLOT_END;
+            s->end_rc = rc == 0 ? 0 : 2;
+            snprintf(s->end_msg, sizeof s->end_msg, "%s", rc == 0 ? "" : err);
+            return;
+        }
+        r->last_step_seen = st->step;
+        if (st->step < r->step_first || st->step <= r->resume_after) continue;
+        if (st->step > r->step_last) {
+            s->kind = SLOT_END;
+            s->end_rc = 0;
+            s->end_msg[0] = '\0';
+            return;
+        }
+        if (st->num_scheduled == 0) continue;   /* nothing to run: not a replayed step */
+        t0 = ar_mono_seconds();
+        rc = build_batch(r, st, s);
+        s->build_s += ar_mono_seconds() - t0;
+        if (rc != 0) {
+            s->kind = SLOT_END;
+            s->end_rc = 3;
+            snprintf(s->end_msg, sizeof s->end_msg, "step %lld: out of memory building the batch",
+                     (long long)st->step);
+            return;
+        }
+        s->kind = SLOT_STEP;
+        return;
+    }
+}
+
+static void *reader_main(void *arg)
+{
+    reader *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        batch_slot *s = &r->slots[r->next_fill];
+        while (!r->stop && s->state != SLOT_FREE) pthread_cond_wait(&r->cv, &r->mu);
+        if (r->stop) break;
+        pthread_mutex_unlock(&r->mu);
+        produce(r, s);
+        pthread_mutex_lock(&r->mu);
+        s->state = SLOT_READY;
+        r->next_fill = (r->next_fill + 1) % AR_BATCH_SLOTS;
+        pthread_cond_broadcast(&r->cv);
+        if (s->kind == SLOT_END) break;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static int reader_start(reader *r, bool threaded, char *err, size_t err_len)
+{
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->threaded = threaded;
+    if (!threaded) return 0;
+    int rc = pthread_create(&r->tid, NULL, reader_main, r);
+    if (rc != 0) {
+        snprintf(err, err_len, "cannot start the trace reader thread: %s", strerror(rc));
+        return -1;
+    }
+    r->thread_started = true;
+    return 0;
+}
+
+/* The next slot in step order (SLOT_BUSY until reader_release); *wait_s gets the time spent
+ * waiting for the reader. */
+static batch_slot *reader_take(reader *r, double *wait_s)
+{
+    batch_slot *s = &r->slots[r->next_take];
+    if (!r->threaded) {
+        produce(r, s);
+        s->state = SLOT_BUSY;
+        return s;
+    }
+    double t0 = ar_mono_seconds();
+    pthread_mutex_lock(&r->mu);
+    while (s->state != SLOT_READY) pthread_cond_wait(&r->cv, &r->mu);
+    s->state = SLOT_BUSY;
+    pthread_mutex_unlock(&r->mu);
+    *wait_s += ar_mono_seconds() - t0;
+    return s;
+}
+
+static void reader_release(reader *r, batch_slot *s)
+{
+    pthread_mutex_lock(&r->mu);
+    s->state = SLOT_FREE;
+    r->next_take = (r->next_take + 1) % AR_BATCH_SLOTS;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Stops the reader thread and frees the slots (the trace reader itself is closed by the
+ * caller). */
+static void reader_finish(reader *r)
+{
+    if (r->thread_started) {
+        pthread_mutex_lock(&r->mu);
+        r->stop = true;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->tid, NULL);
+        r->thread_started = false;
+    }
+    for (int i = 0; i < AR_BATCH_SLOTS; i++) slot_free(&r->slots[i]);
+    free(r->written);
+    free(r->prev_table);
+    free(r->prev_text);
+    free(r->prev_off);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+}
+
+/* ---- counting the trace's steps (for the progress line) ----------------------------------- */
+
+typedef struct step_counter {
+    const char *path;
+    pthread_t tid;
+    bool started;
+    atomic_bool stop;
+    atomic_llong steps;           /* -1 until counted */
+} step_counter;
+
+/* Lines after the header, read through zlib (plain or gzip).  -1 when unreadable or stopped. */
+static long long count_trace_steps(const char *path, atomic_bool *stop)
+{
+    gzFile f = gzopen(path, "rb");
+    if (!f) return -1;
+    gzbuffer(f, 1 << 18);
+    static const size_t chunk = 1 << 18;
+    char *buf = malloc(chunk);
+    if (!buf) {
+        gzclose(f);
+        return -1;
+    }
+    long long lines = 0;
+    int n;
+    char last = '\n';
+    while ((n = gzread(f, buf, (unsigned)chunk)) > 0) {
+        if (stop && atomic_load(stop)) {
+            lines = -1;
+            break;
+        }
+        for (const char *p = buf, *end = buf + n; (p = memchr(p, '\n', (size_t)(end - p))); p++) lines++;
+        last = buf[n - 1];
+    }
+    if (n < 0) lines = -1;
+    if (lines >= 0 && last != '\n') lines++;
+    free(buf);
+    gzclose(f);
+    return lines > 0 ? lines - 1 : lines;
+}
+
+static void *counter_main(void *arg)
+{
+    step_counter *c = arg;
+    atomic_store(&c->steps, count_trace_steps(c->path, &c->stop));
+    return NULL;
+}
+
+/* ---- the run ------------------------------------------------------------------------------- */
+
+typedef struct engine {
+    replay_opts o;
+    ar_run_config cfg;
+    const ar_backend *be;
+    void *state;
+    ar_verifier *verifier;
+    ar_trace_reader *rd;
+    ar_db *db;
+    ar_db_writer *writer;
+    reader rdr;
+    bool reader_started;
+    step_counter counter;
+    int64_t run_id;
+    char device[128];
+    int verify_k;                 /* layers verified per step (0 when --verify off) */
+    char verify_layers_label[16];
+    /* host output buffers (host verification, dumps), grown to the largest step */
+    float *out, *lse;
+    size_t cap_out, cap_lse;
+    /* the run so far (earlier sessions of a resumed run included) */
+    ar_run_progress prog;
+    double wall_base;             /* wall_s of earlier sessions */
+    double t_start;
+    int64_t session_steps;
+    int64_t cascade_steps, merge_steps;
+    double time_us_total, cascade_time_us, cascade_flat_us;
+    double worst_max_abs, worst_nmse;
+    int64_t worst_step;
+    int64_t bytes_total, flops_total;
+    bool dumped;
+    /* progress line */
+    bool progress_tty, progress_log;
+    double progress_last;
+    int64_t planned;              /* steps this session will replay; -1 unknown */
+} engine;
 
 static const char *verify_label(const replay_opts *o)
 {
     return o->verify == AR_VERIFY_ALL ? "all" : o->verify == AR_VERIFY_SAMPLE ? "sample" : "off";
 }
 
-static void progress(const engine *e, int64_t step, double t0, bool force)
+static int ensure_host_out(engine *e, int tokens)
 {
-    static double last;
-    double t = now_mono();
-    if (!force && t - last < 0.2) return;
-    last = t;
-    fprintf(stderr, "\r  step %lld  done %lld  failed %lld  %.1f steps/s   ", (long long)step,
-            (long long)e->steps_done, (long long)e->steps_failed,
-            e->steps_done / (t - t0 > 1e-9 ? t - t0 : 1e-9));
-    fflush(stderr);
+    const ar_model *m = &e->cfg.model;
+    size_t dv = (size_t)(m->attention == AR_ATTN_MLA ? m->v_head_dim : m->head_size);
+    size_t need_out = (size_t)tokens * m->num_q_heads * dv + 1, need_lse = (size_t)tokens * m->num_q_heads + 1;
+    if (grow((void **)&e->out, &e->cap_out, need_out, sizeof(float))) return -1;
+    if (grow((void **)&e->lse, &e->cap_lse, need_lse, sizeof(float))) return -1;
+    return 0;
 }
 
-/* Runs, verifies and records one step.  Returns 0, or an exit code (2 or 3) with err set. */
-static int run_step(engine *e, const ar_step *st, char *err, size_t err_len)
+/* A cleared forward result, with host out/lse buffers when the verifier needs them for opts
+ * (a device backend then copies its output back).  0, or -1 with err set. */
+static int clear_forward_out(engine *e, const ar_batch *b, const ar_verify_opts *opts, ar_forward_out *fo,
+                             char *err, size_t err_len)
 {
-    ar_batch b;
-    int num_prefill = 0;
-    if (build_batch(e, st, &b, &num_prefill) != 0) {
-        snprintf(err, err_len, "step %lld: out of memory building the batch", (long long)st->step);
-        return 3;
+    memset(fo, 0, sizeof *fo);
+    if (!ar_verifier_needs_host_output(e->verifier, opts)) return 0;
+    if (ensure_host_out(e, b->num_tokens) != 0) {
+        snprintf(err, err_len, "out of memory for the step's output");
+        return -1;
     }
-    if (b.num_reqs == 0) return 0;
-    int fill_count = 0;
-    if (collect_fill(e, &b, &fill_count) != 0) {
-        snprintf(err, err_len, "out of memory");
-        return 3;
-    }
-    /* Metadata faults: what the kernels see differs from the truth the fill and verify use. */
-    ar_batch kb = b;
-    int64_t *bad_slots = NULL;
-    if (e->cfg.fault == AR_FAULT_WRONG_SLOT) {
-        bad_slots = malloc((size_t)b.num_tokens * sizeof *bad_slots + 1);
-        if (!bad_slots) {
-            snprintf(err, err_len, "out of memory");
-            return 3;
-        }
-        for (int i = 0; i < b.num_tokens; i++) bad_slots[i] = b.slot_mapping[i] < 0 ? -1 : (b.slot_mapping[i] ^ 1);
-        kb.slot_mapping = bad_slots;
-    }
-    if (e->cfg.fault == AR_FAULT_STALE_BLOCK_TABLE) kb.block_table = stale_rows(e, &b);
+    fo->out = e->out;
+    fo->lse = e->lse;
+    return 0;
+}
 
+static void snapshot(engine *e, ar_run_progress *p)
+{
+    *p = e->prog;
+    p->phase_s[AR_PHASE_SQLITE] = e->writer ? ar_db_writer_seconds(e->writer) : e->prog.phase_s[AR_PHASE_SQLITE];
+    p->wall_s = e->wall_base + (ar_mono_seconds() - e->t_start);
+}
+
+static bool is_merge_kernel(const char *name)
+{
+    return strcmp(name, "merge") == 0 || strcmp(name, "combine") == 0;
+}
+
+/* One forward of layer `layer`: times it into the phases.  0, or 3 with err set. */
+static int timed_forward(engine *e, int layer, const ar_batch *kb, ar_forward_out *fo, char *err, size_t err_len)
+{
+    double t0 = ar_mono_seconds();
+    if (e->be->forward(e->state, layer, kb, fo, err, err_len) != 0) return 3;
+    double wall = ar_mono_seconds() - t0;
+    /* the timed kernels occupy R x their median of the wall; the rest is generation, launches
+     * and copies */
+    double kernel = fo->total_us * 1e-6 * e->cfg.repeat;
+    if (kernel > wall) kernel = wall;
+    e->prog.phase_s[AR_PHASE_KERNEL] += kernel;
+    e->prog.phase_s[AR_PHASE_GENERATION] += wall - kernel;
+    return 0;
+}
+
+/* Runs, verifies and records one step (slot s).  Returns 0; AR_STEP_CANCELLED when a signal
+ * came (the step is abandoned); or an exit code (3) with err set. */
+static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
+{
+    const double t_step = ar_mono_seconds();
+    const ar_batch *b = &s->b, *kb = &s->kb;
+    ar_step_record *rec = ar_db_writer_record(e->writer);
+    if (!rec) {
+        const char *why = ar_db_writer_error(e->writer);
+        snprintf(err, err_len, "%s", why ? why : "out of memory");
+        return 3;
+    }
     int rc = 0;
-    if (e->be->prepare(e->state, &kb, err, err_len) != 0) {
+    double t0 = ar_mono_seconds();
+    if (e->be->prepare(e->state, kb, err, err_len) != 0) {
         rc = 3;
         goto out;
     }
-    ar_fill fill = {fill_count, e->fill_slots, e->fill_keys, e->fill_offsets};
-    ar_verify_opts vo = {e->o.verify, e->o.sample_rows, e->o.threads, NULL, NULL};
-    bool dumping = e->o.dump_step == st->step;
+    e->prog.phase_s[AR_PHASE_METADATA] += ar_mono_seconds() - t0;
+    ar_fill fill = {s->fill_count, s->fill_slots, s->fill_keys, s->fill_offsets};
+    const bool dumping = e->o.dump_step == s->step;
+    ar_verify_opts vo = {e->o.verify, e->o.sample_rows, e->o.threads, NULL, &stop_signal};
+    int verify_k = e->verify_k;
     if (dumping) {
         vo.mode = AR_VERIFY_ALL;
         vo.dump_dir = e->o.dump_dir;
+        verify_k = e->cfg.num_layers;
     }
+    ar_verify_opts vo_off = vo;
+    vo_off.mode = AR_VERIFY_OFF;
+    vo_off.dump_dir = NULL;
     ar_verify_result step_res, layer_res;
     memset(&step_res, 0, sizeof step_res);
     double time_us = 0;
-    int guard_violations = 0;
+    int guard_violations = 0, fail_layer = -1;
+    bool merged = kb->common_prefix_len > 0;
     ar_forward_out fo;
     for (int layer = 0; layer < e->cfg.num_layers; layer++) {
-        if (fill_count && e->be->fill(e->state, layer, &fill, err, err_len) != 0) {
-            rc = 3;
+        if (signalled()) {
+            rc = AR_STEP_CANCELLED;
             goto out;
         }
-        memset(&fo, 0, sizeof fo);
-        if (ar_verifier_needs_host_output(e->verifier, &vo)) {
-            fo.out = e->out;
-            fo.lse = e->lse;
-        }
-        if (e->be->forward(e->state, layer, &kb, &fo, err, err_len) != 0) {
-            rc = 3;
-            goto out;
-        }
-        time_us += fo.total_us;
-        guard_violations += fo.guard_violations;
-        for (int k = 0; k < fo.num_kernels; k++)
-            if (ar_db_insert_kernel(e->db, e->run_id, st->step, layer, fo.kernels[k].name,
-                                    fo.kernels[k].us, err, err_len) != 0) {
+        const ar_verify_opts *lvo = layer < verify_k ? &vo : &vo_off;
+        if (s->fill_count) {
+            t0 = ar_mono_seconds();
+            if (e->be->fill(e->state, layer, &fill, err, err_len) != 0) {
                 rc = 3;
                 goto out;
             }
-        int vrc = ar_verifier_check_layer(e->verifier, &b, layer, &fo, e->ids, &vo, &layer_res, err,
-                                          err_len);
+            e->prog.phase_s[AR_PHASE_GENERATION] += ar_mono_seconds() - t0;
+        }
+        if (clear_forward_out(e, b, lvo, &fo, err, err_len) != 0) {
+            rc = 3;
+            goto out;
+        }
+        if ((rc = timed_forward(e, layer, kb, &fo, err, err_len)) != 0) goto out;
+        time_us += fo.total_us;
+        guard_violations += fo.guard_violations;
+        for (int k = 0; k < fo.num_kernels; k++) {
+            if (ar_step_record_add_kernel(rec, layer, fo.kernels[k].name, fo.kernels[k].us) != 0) {
+                snprintf(err, err_len, "out of memory");
+                rc = 3;
+                goto out;
+            }
+            if (is_merge_kernel(fo.kernels[k].name)) merged = true;
+        }
+        t0 = ar_mono_seconds();
+        int vrc = ar_verifier_check_layer(e->verifier, b, layer, &fo, s->ids, lvo, &layer_res, err, err_len);
+        e->prog.phase_s[AR_PHASE_VERIFY] += ar_mono_seconds() - t0;
+        if (vrc == AR_VERIFY_CANCELLED || (vrc == 0 && signalled() && layer + 1 < e->cfg.num_layers)) {
+            rc = AR_STEP_CANCELLED;
+            goto out;
+        }
         if (vrc != 0) {
             rc = 3;
             goto out;
         }
+        if (!layer_res.pass && fail_layer < 0) fail_layer = layer;
         ar_verify_accumulate(&step_res, &layer_res, layer == 0);
     }
     /* What cascade bought: the same step run flat (layer 0, timed the same way), so a replay
      * reports the attention time cascade saved.  The flat run rewrites the same K/V. */
     double flat_us = 0;
-    if (kb.common_prefix_len > 0) {
-        ar_batch flat = kb;
+    if (kb->common_prefix_len > 0) {
+        ar_batch flat = *kb;
         flat.common_prefix_len = 0;
-        memset(&fo, 0, sizeof fo);
-        bool host_out = ar_verifier_needs_host_output(e->verifier, &vo);
-        fo.out = host_out ? e->out : NULL;
-        fo.lse = host_out ? e->lse : NULL;
-        if (e->be->prepare(e->state, &flat, err, err_len) != 0 ||
-            e->be->forward(e->state, 0, &flat, &fo, err, err_len) != 0) {
+        if (clear_forward_out(e, b, &vo_off, &fo, err, err_len) != 0) {
             rc = 3;
             goto out;
         }
+        t0 = ar_mono_seconds();
+        if (e->be->prepare(e->state, &flat, err, err_len) != 0) {
+            rc = 3;
+            goto out;
+        }
+        e->prog.phase_s[AR_PHASE_METADATA] += ar_mono_seconds() - t0;
+        if ((rc = timed_forward(e, 0, &flat, &fo, err, err_len)) != 0) goto out;
         flat_us = fo.total_us * e->cfg.num_layers;
-        if (ar_db_insert_kernel(e->db, e->run_id, st->step, -1, "flat_equivalent", flat_us, err,
-                                err_len) != 0) {
+        if (ar_step_record_add_kernel(rec, -1, "flat_equivalent", flat_us) != 0) {
+            snprintf(err, err_len, "out of memory");
             rc = 3;
             goto out;
         }
-    }
-    mark_written(e, &b);
-    if (e->cfg.fault == AR_FAULT_STALE_BLOCK_TABLE && remember_table(e, &b) != 0) {
-        snprintf(err, err_len, "out of memory");
-        rc = 3;
-        goto out;
     }
     if (guard_violations > 0) {
         step_res.pass = false;
         snprintf(step_res.reason, sizeof step_res.reason, "%d guard words overwritten", guard_violations);
     }
 
-    int64_t bytes, flops;
-    account(&e->cfg, &b, &bytes, &flops);
-    bytes *= e->cfg.num_layers;
-    flops *= e->cfg.num_layers;
-    int64_t total_ctx = 0;
-    for (int r = 0; r < b.num_reqs; r++) total_ctx += b.seq_lens[r];
-    bool verified = vo.mode != AR_VERIFY_OFF;
-    ar_step_row row = {
-        .run = e->run_id, .step = st->step, .time = st->time, .num_reqs = b.num_reqs,
-        .num_tokens = b.num_tokens, .num_prefill_reqs = num_prefill,
-        .num_decode_reqs = b.num_reqs - num_prefill, .max_query_len = b.max_query_len,
-        .max_seq_len = b.max_seq_len, .total_context = total_ctx,
-        .cascade = b.common_prefix_len > 0, .prefix_len = b.common_prefix_len,
+    const bool verified = vo.mode != AR_VERIFY_OFF;
+    const int layers_verified = verified ? verify_k : 0;
+    const int64_t bytes = s->bytes * e->cfg.num_layers, flops = s->flops * e->cfg.num_layers;
+    rec->row = (ar_step_row){
+        .run = e->run_id, .step = s->step, .time = s->time, .num_reqs = b->num_reqs,
+        .num_tokens = b->num_tokens, .num_prefill_reqs = s->num_prefill,
+        .num_decode_reqs = b->num_reqs - s->num_prefill, .max_query_len = b->max_query_len,
+        .max_seq_len = b->max_seq_len, .total_context = s->total_context,
+        .cascade = b->common_prefix_len > 0, .prefix_len = b->common_prefix_len,
         .time_us = time_us, .bytes = bytes, .flops = flops,
         .gbps = time_us > 0 ? bytes / (time_us * 1e3) : 0,
         .tflops = time_us > 0 ? flops / (time_us * 1e6) : 0,
@@ -754,33 +1207,39 @@ static int run_step(engine *e, const ar_step *st, char *err, size_t err_len)
         .naive_max_abs = step_res.naive_max_abs, .naive_mean_abs = step_res.naive_mean_abs,
         .tol_max_abs = step_res.tol_max_abs, .tol_mean_abs = step_res.tol_mean_abs,
         .guard_ok = guard_violations == 0,
-        .pass = verified ? (step_res.pass ? 1 : 0) : (step_res.pass ? -1 : 0)};
-    if (ar_db_insert_step(e->db, &row, err, err_len) != 0) {
-        rc = 3;
-        goto out;
-    }
+        .pass = verified ? (step_res.pass ? 1 : 0) : (step_res.pass ? -1 : 0),
+        .layers_verified = layers_verified};
     if (!step_res.pass) {
         for (int i = 0; i < step_res.num_worst; i++) {
             const ar_worst *w = &step_res.worst[i];
-            ar_mismatch_row m = {0, e->ids[w->req], w->token, w->head, w->dim, w->got, w->want, w->err};
-            if (ar_db_insert_mismatch(e->db, e->run_id, st->step, &m, err, err_len) != 0) {
+            ar_mismatch_row m = {fail_layer < 0 ? 0 : fail_layer, s->ids[w->req], w->token, w->head, w->dim,
+                                 w->got, w->want, w->err};
+            if (ar_step_record_add_mismatch(rec, &m) != 0) {
+                snprintf(err, err_len, "out of memory");
                 rc = 3;
                 goto out;
             }
         }
-        if (!e->steps_failed && !e->o.quiet)
-            fprintf(stderr, "%sstep %lld FAILED: %s%s%s\n", isatty(2) ? "\n" : "", (long long)st->step,
+        if (!e->prog.steps_failed && !e->o.quiet)
+            fprintf(stderr, "%sstep %lld FAILED: %s%s%s\n", e->progress_tty ? "\n" : "", (long long)s->step,
                     step_res.reason, step_res.num_worst ? "; worst at request " : "",
-                    step_res.num_worst ? e->ids[step_res.worst[0].req] : "");
-        e->steps_failed++;
+                    step_res.num_worst ? s->ids[step_res.worst[0].req] : "");
+        e->prog.steps_failed++;
     }
-    if (!verified) e->steps_unverified++;
-    e->steps_done++;
-    e->last_step = st->step;
+    e->prog.steps_done++;
+    e->session_steps++;
+    e->prog.last_step = s->step;
+    if (verified) {
+        e->prog.verified_steps++;
+        e->prog.verified_layer_steps += layers_verified;
+        e->prog.verified_rows += step_res.rows_checked;
+    }
+    if (dumping) e->dumped = true;
+    if (merged) e->merge_steps++;
     e->time_us_total += time_us;
     e->bytes_total += bytes;
     e->flops_total += flops;
-    if (b.common_prefix_len > 0) {
+    if (b->common_prefix_len > 0) {
         e->cascade_steps++;
         e->cascade_time_us += time_us;
         e->cascade_flat_us += flat_us;
@@ -788,12 +1247,73 @@ static int run_step(engine *e, const ar_step *st, char *err, size_t err_len)
     if (verified && (step_res.max_abs > e->worst_max_abs || e->worst_step < 0)) {
         e->worst_max_abs = step_res.max_abs;
         e->worst_nmse = step_res.nmse;
-        e->worst_step = st->step;
+        e->worst_step = s->step;
     }
+    rec->row.wall_us = (ar_mono_seconds() - t_step) * 1e6;
+    snapshot(e, &rec->progress);
+    t0 = ar_mono_seconds();
+    int prc = ar_db_writer_push(e->writer, rec);
+    e->prog.phase_s[AR_PHASE_WAIT] += ar_mono_seconds() - t0;
+    if (prc != 0) {
+        const char *why = ar_db_writer_error(e->writer);
+        snprintf(err, err_len, "%s", why ? why : "the database writer stopped");
+        return 3;
+    }
+    return 0;
 out:
-    free(bad_slots);
+    ar_db_writer_discard(e->writer, rec);
     return rc;
 }
+
+/* ---- progress ----------------------------------------------------------------------------- */
+
+static void format_duration(double s, char *buf, size_t len)
+{
+    if (!(s >= 0) || s > 1e8) snprintf(buf, len, "?");
+    else if (s < 60) snprintf(buf, len, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)s % 60);
+    else snprintf(buf, len, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+}
+
+/* Steps this session replays: the trace's step count clipped to --steps and the resume point
+ * (steps that schedule nothing are counted too; they are skipped quickly). */
+static int64_t planned_steps(const engine *e, long long trace_steps, int64_t resume_after)
+{
+    if (trace_steps < 0) return -1;
+    int64_t first = e->o.step_first > resume_after + 1 ? e->o.step_first : resume_after + 1;
+    int64_t last = e->o.step_last < trace_steps - 1 ? e->o.step_last : trace_steps - 1;
+    return last >= first ? last - first + 1 : 0;
+}
+
+static void progress(engine *e, int64_t step, int64_t resume_after, bool final)
+{
+    if (!e->progress_tty && !e->progress_log) return;
+    double t = ar_mono_seconds();
+    if (!final && t - e->progress_last < (e->progress_tty ? AR_PROGRESS_TTY_S : AR_PROGRESS_LOG_S)) return;
+    e->progress_last = t;
+    if (e->planned < 0) {
+        long long n = atomic_load(&e->counter.steps);
+        if (n >= 0) e->planned = planned_steps(e, n, resume_after);
+    }
+    double el = t - e->t_start, rate = el > 1e-9 ? e->session_steps / el : 0;
+    char total[32] = "?", eta[32] = "?", pct[16] = "";
+    if (e->planned >= 0) {
+        snprintf(total, sizeof total, "%lld", (long long)e->planned);
+        if (e->planned > 0)
+            snprintf(pct, sizeof pct, " (%.0f%%)", 100.0 * (double)e->session_steps / (double)e->planned);
+        int64_t left = e->planned - e->session_steps;
+        if (rate > 0) format_duration(left > 0 ? left / rate : 0, eta, sizeof eta);
+    }
+    if (e->progress_tty)
+        fprintf(stderr, "\r  %lld / %s steps%s  %.2f steps/s  ETA %s  (trace step %lld, %lld failed)   ",
+                (long long)e->session_steps, total, pct, rate, eta, (long long)step, (long long)e->prog.steps_failed);
+    else
+        fprintf(stderr, "attnreplay replay: %lld / %s steps%s, %.2f steps/s, ETA %s, trace step %lld, %lld failed\n",
+                (long long)e->session_steps, total, pct, rate, eta, (long long)step, (long long)e->prog.steps_failed);
+    fflush(stderr);
+}
+
+/* ---- run record, summary ------------------------------------------------------------------ */
 
 /* 64-bit FNV-1a over the trace file's bytes, as 16 hex digits. */
 static int hash_file(const char *path, char out[17])
@@ -831,6 +1351,8 @@ static char *config_json(const engine *e)
     json_object_set_new(j, "cascade", json_integer(e->o.cascade_mode));
     json_object_set_new(j, "repeat", json_integer(e->cfg.repeat));
     json_object_set_new(j, "steps", json_string(steps));
+    /* only when not the default, so runs recorded before the option existed still resume */
+    if (e->o.verify_layers > 0) json_object_set_new(j, "verify_layers", json_string(e->verify_layers_label));
     char *s = json_dumps(j, JSON_SORT_KEYS | JSON_COMPACT);
     json_decref(j);
     return s;
@@ -847,7 +1369,8 @@ void ar_cascade_verdict(double cascade_us, double flat_us, char *buf, size_t len
     else snprintf(buf, len, "(cost %.1f%% more: flat was faster on these steps)", -saved);
 }
 
-static void print_summary(const engine *e, const ar_selection *sel, const char *status, double wall)
+static void print_summary(const engine *e, const ar_selection *sel, const char *status, const char *reason,
+                          const ar_run_progress *p)
 {
     const ar_model *m = &e->cfg.model;
     printf("attnreplay replay: %s\n", e->o.trace);
@@ -861,14 +1384,24 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
         if (!sel->entries[i].chosen)
             printf("            passed over %s: %s\n", sel->entries[i].backend->name, sel->entries[i].why);
     printf("  steps     %lld replayed, %lld failed, %lld unverified (verify %s)\n",
-           (long long)e->steps_done, (long long)e->steps_failed, (long long)e->steps_unverified,
+           (long long)p->steps_done, (long long)p->steps_failed, (long long)(p->steps_done - p->verified_steps),
            verify_label(&e->o));
+    if (e->o.verify != AR_VERIFY_OFF || p->verified_steps > 0) {
+        char what[96];
+        if (e->o.verify == AR_VERIFY_SAMPLE)
+            snprintf(what, sizeof what, "up to %d rows a step + each request's last", e->o.sample_rows);
+        else
+            snprintf(what, sizeof what, "every row");
+        printf("  verified  %lld steps x %d of %d layers (%lld layer-steps), %lld rows (%s), on the %s\n",
+               (long long)p->verified_steps, e->verify_k, e->cfg.num_layers, (long long)p->verified_layer_steps,
+               (long long)p->verified_rows, what, ar_verifier_where(e->verifier));
+    }
     if (e->worst_step >= 0)
         printf("  accuracy  worst step %lld: max abs err %.3g, NMSE %.3g\n", (long long)e->worst_step,
                e->worst_max_abs, e->worst_nmse);
-    if (e->steps_done > 0)
+    if (e->session_steps > 0)
         printf("  time      attention %.3f ms total, %.1f us/step mean; %.2f GB/s, %.3f TFLOP/s\n",
-               e->time_us_total / 1e3, e->time_us_total / e->steps_done,
+               e->time_us_total / 1e3, e->time_us_total / e->session_steps,
                e->time_us_total > 0 ? e->bytes_total / (e->time_us_total * 1e3) : 0,
                e->time_us_total > 0 ? e->flops_total / (e->time_us_total * 1e6) : 0);
     if (e->cascade_steps > 0) {
@@ -877,21 +1410,119 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
         printf("  cascade   %lld steps used it: %.3f ms of attention vs %.3f ms flat on the same steps %s\n",
                (long long)e->cascade_steps, e->cascade_time_us / 1e3, e->cascade_flat_us / 1e3, verdict);
     }
-    printf("  result    %s  (run %lld in %s, %.1f s wall)\n", status, (long long)e->run_id, e->o.db, wall);
+    const double wall = p->wall_s > 0 ? p->wall_s : 1e-9, *ph = p->phase_s;
+    const double loop = ph[AR_PHASE_KERNEL] + ph[AR_PHASE_VERIFY] + ph[AR_PHASE_GENERATION] +
+                        ph[AR_PHASE_METADATA] + ph[AR_PHASE_WAIT] + ph[AR_PHASE_SETUP];
+    printf("  phases    wall %.2f s: kernel %.2f, verify %.2f, generation %.2f, metadata %.2f, wait %.2f, "
+           "setup %.2f, other %.2f s\n", p->wall_s, ph[AR_PHASE_KERNEL], ph[AR_PHASE_VERIFY],
+           ph[AR_PHASE_GENERATION], ph[AR_PHASE_METADATA], ph[AR_PHASE_WAIT], ph[AR_PHASE_SETUP],
+           wall - loop > 0 ? wall - loop : 0);
+    printf("            host overhead %.1f%% of the wall (%.3f ms a step besides kernels and setup); on other "
+           "threads: parse %.2f s, sqlite %.2f s\n", 100.0 * (wall - ph[AR_PHASE_KERNEL]) / wall,
+           p->steps_done > 0 ? 1e3 * (wall - ph[AR_PHASE_KERNEL] - ph[AR_PHASE_SETUP]) / (double)p->steps_done : 0.0,
+           ph[AR_PHASE_PARSE], ph[AR_PHASE_SQLITE]);
+    printf("  result    %s  (run %lld in %s)\n", status, (long long)e->run_id, e->o.db);
+    if (reason) printf("            %s\n", reason);
 }
 
 static void engine_free(engine *e)
 {
+    if (e->counter.started) {
+        atomic_store(&e->counter.stop, true);
+        pthread_join(e->counter.tid, NULL);
+        e->counter.started = false;
+    }
+    if (e->reader_started) reader_finish(&e->rdr);
+    else free(e->rdr.written);
+    if (e->writer) ar_db_writer_free(e->writer);
     if (e->verifier) ar_verifier_close(e->verifier);
     if (e->state) e->be->close(e->state);
     if (e->rd) ar_trace_close(e->rd);
     if (e->db) ar_db_close(e->db);
-    free(e->qsl); free(e->seq); free(e->ctx); free(e->table); free(e->stale_table);
-    free(e->keys); free(e->req_keys); free(e->slots); free(e->ids); free(e->out); free(e->lse);
-    free(e->fill_slots); free(e->fill_keys); free(e->fill_offsets); free(e->written);
-    for (int i = 0; i < e->prev_count; i++) free(e->prev_ids[i]);
-    free(e->prev_ids);
-    free(e->prev_table);
+    free(e->out);
+    free(e->lse);
+}
+
+/* Creates dir and its missing parents; checks it is a writable directory.  0 or -1 + err. */
+static int make_dump_dir(const char *dir, char *err, size_t err_len)
+{
+    char path[512];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) {
+        snprintf(err, err_len, "--dump-dir %s: path too long", dir);
+        return -1;
+    }
+    for (char *p = path + 1;; p++) {
+        if (*p != '/' && *p != '\0') continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            snprintf(err, err_len, "--dump-dir: cannot create the directory %s: %s", path, strerror(errno));
+            return -1;
+        }
+        *p = c;
+        if (!c) break;
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        snprintf(err, err_len, "--dump-dir %s: %s", dir, errno ? strerror(errno) : "not a directory");
+        return -1;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, err_len, "--dump-dir %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Checks the options against the trace and the chosen backend before anything is written.
+ * 0, or -1 with err set (a usage error). */
+static int check_options(engine *e, char *err, size_t err_len)
+{
+    const ar_model *m = &e->cfg.model;
+    if (e->o.kv_scale_given && e->cfg.kv_dtype != AR_FP8_E4M3) {
+        snprintf(err, err_len, "--kv-scale applies to an fp8 KV cache only; this run's KV cache is %s "
+                 "(add --kv-dtype fp8_e4m3)", ar_dtype_name(e->cfg.kv_dtype));
+        return -1;
+    }
+    if (e->o.fault == AR_FAULT_MLA_NO_WUV && m->attention != AR_ATTN_MLA) {
+        snprintf(err, err_len, "--inject mla-no-wuv needs an MLA model; %s is MHA, so the fault could never fire",
+                 m->name);
+        return -1;
+    }
+    if (e->o.verify_layers > e->cfg.num_layers) {
+        snprintf(err, err_len, "--verify-layers %d but only %d layer%s replayed (--layers)", e->o.verify_layers,
+                 e->cfg.num_layers, e->cfg.num_layers == 1 ? " is" : "s are");
+        return -1;
+    }
+    if (e->o.dump_step >= 0 && m->attention == AR_ATTN_MLA) {
+        snprintf(err, err_len, "--dump-step is not available for MLA traces yet");
+        return -1;
+    }
+    if (e->o.dump_step >= 0) {
+        long long steps = count_trace_steps(e->o.trace, NULL);
+        if (steps >= 0 && e->o.dump_step >= steps) {
+            snprintf(err, err_len, "--dump-step %lld: the trace has %lld steps (0..%lld), so nothing would be "
+                     "dumped", (long long)e->o.dump_step, steps, steps - 1);
+            return -1;
+        }
+        if (make_dump_dir(e->o.dump_dir, err, err_len) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Why nothing was replayed, for the 'empty' outcome. */
+static void empty_reason(const engine *e, int64_t resume_after, char *buf, size_t len)
+{
+    const int64_t seen = e->rdr.last_step_seen;
+    if (seen < 0)
+        snprintf(buf, len, "no step was replayed: the trace has no steps");
+    else if (e->o.step_first > seen)
+        snprintf(buf, len, "no step was replayed: the trace's steps are 0..%lld and --steps starts at %lld",
+                 (long long)seen, (long long)e->o.step_first);
+    else if (resume_after >= seen || resume_after >= e->o.step_last)
+        snprintf(buf, len, "no step was replayed: every step was committed before this resume");
+    else
+        snprintf(buf, len, "no step was replayed: the steps in range schedule no request");
 }
 
 int ar_replay_main(int argc, char **argv)
@@ -899,7 +1530,10 @@ int ar_replay_main(int argc, char **argv)
     engine E, *e = &E;
     memset(e, 0, sizeof *e);
     e->worst_step = -1;
-    e->last_step = -1;
+    e->prog.last_step = -1;
+    e->planned = -1;
+    atomic_init(&e->counter.steps, -1);
+    atomic_init(&e->counter.stop, false);
     char err[AR_ERR_MAX + 256] = "";
     int parsed = parse_replay_opts(argc, argv, &e->o);
     if (parsed == 1) return 0;   /* --help */
@@ -907,215 +1541,254 @@ int ar_replay_main(int argc, char **argv)
         replay_usage(stderr);
         return 2;
     }
-    double t_start = now_mono();
+    e->t_start = ar_mono_seconds();
+
+    /* Signals from here on: the handler only sets the flag; the watchdog enforces the 2 s. */
+    pthread_once(&signal_sem_once, signal_sem_init);
+    __atomic_store_n(&stop_signal, 0, __ATOMIC_RELAXED);
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    watchdog wd;
+    memset(&wd, 0, sizeof wd);
+    wd.quiet = e->o.quiet;
+    watchdog_start(&wd);
+
+    int exit_code = 0;
+    const char *status = NULL;
+    char fail_msg[AR_ERR_MAX + 512] = "", reason[AR_ERR_MAX + 512] = "";
+    ar_selection sel;
+    memset(&sel, 0, sizeof sel);
+    char *cfg_json = NULL;
+    int64_t resume_after = -1, at_step = -1;
+    bool run_exists = false;   /* a run row exists: its status says how it ended */
+#define SETUP_FAIL(code, ...)                                                                    \
+    do {                                                                                         \
+        fprintf(stderr, "attnreplay replay: " __VA_ARGS__);                                      \
+        fputc('\n', stderr);                                                                     \
+        exit_code = (code);                                                                      \
+        goto done;                                                                               \
+    } while (0)
+
     e->rd = ar_trace_open(e->o.trace, err, sizeof err);
-    if (!e->rd) {
-        fprintf(stderr, "attnreplay replay: %s\n", err);
-        return 2;
-    }
+    if (!e->rd) SETUP_FAIL(2, "%s", err);
     const ar_trace_header *h = ar_trace_header_of(e->rd);
-    if (ar_run_config_from_header(h, e->o.dtype, e->o.kv_dtype, e->o.kv_scale, &e->cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "attnreplay replay: %s\n", err);
-        engine_free(e);
-        return 2;
-    }
+    if (ar_run_config_from_header(h, e->o.dtype, e->o.kv_dtype, e->o.kv_scale, &e->cfg, err, sizeof err) != 0)
+        SETUP_FAIL(2, "%s", err);
     e->cfg.num_layers = e->o.layers;
-    if (e->cfg.num_layers > h->model.num_layers) {
-        fprintf(stderr, "attnreplay replay: --layers %d but the model has %d layers\n",
-                e->cfg.num_layers, h->model.num_layers);
-        engine_free(e);
-        return 2;
-    }
+    if (e->cfg.num_layers > h->model.num_layers)
+        SETUP_FAIL(2, "--layers %d but the model has %d layers", e->cfg.num_layers, h->model.num_layers);
     if (e->o.seed_given) e->cfg.seed = e->o.seed;
     e->cfg.data = e->o.data;
     e->cfg.fault = e->o.fault;
     e->cfg.cascade_mode = e->o.cascade_mode;
     e->cfg.repeat = e->o.repeat;
     e->cfg.threads = e->o.threads;
+    e->verify_k = e->o.verify == AR_VERIFY_OFF ? 0 : e->o.verify_layers > 0 ? e->o.verify_layers : e->cfg.num_layers;
+    if (e->o.verify_layers_first) snprintf(e->verify_layers_label, sizeof e->verify_layers_label, "first");
+    else if (e->o.verify_layers > 0) snprintf(e->verify_layers_label, sizeof e->verify_layers_label, "%d", e->o.verify_layers);
+    else snprintf(e->verify_layers_label, sizeof e->verify_layers_label, "all");
+    if (check_options(e, err, sizeof err) != 0) SETUP_FAIL(2, "%s", err);
+    if (ar_db_check_writable(e->o.db, err, sizeof err) != 0) SETUP_FAIL(2, "--db %s", err);
 
-    ar_selection sel;
     e->be = ar_backend_select(&e->cfg, e->o.backend, &sel);
     if (!e->be) {
         if (sel.failed) {
-            fprintf(stderr, "attnreplay replay: backend %s cannot run this trace: %s\n",
-                    sel.failed->backend->name, sel.failed->why);
             int code = sel.failed->backend->needs_gpu && (strstr(sel.failed->why, "no CUDA device") ||
                                                           strstr(sel.failed->why, "without CUDA")) ? 3 : 2;
-            engine_free(e);
-            return code;
+            SETUP_FAIL(code, "backend %s cannot run this trace: %s", sel.failed->backend->name, sel.failed->why);
         }
-        if (strcmp(e->o.backend, "auto") != 0 && !ar_backend_find(e->o.backend)) {
-            fprintf(stderr, "attnreplay replay: unknown backend '%s'; `attnreplay backends` lists them\n",
-                    e->o.backend);
-        } else {
-            fprintf(stderr, "attnreplay replay: no backend supports this trace:\n");
-            for (int i = 0; i < sel.count; i++)
-                fprintf(stderr, "  %s: %s\n", sel.entries[i].backend->name, sel.entries[i].why);
-        }
-        engine_free(e);
-        return 2;
+        if (strcmp(e->o.backend, "auto") != 0 && !ar_backend_find(e->o.backend))
+            SETUP_FAIL(2, "unknown backend '%s'; `attnreplay backends` lists them", e->o.backend);
+        fprintf(stderr, "attnreplay replay: no backend supports this trace:\n");
+        for (int i = 0; i < sel.count; i++)
+            fprintf(stderr, "  %s: %s\n", sel.entries[i].backend->name, sel.entries[i].why);
+        exit_code = 2;
+        goto done;
     }
     int code = e->be->open(&e->cfg, &e->state, err, sizeof err);
     if (code != 0) {
         e->state = NULL;
-        fprintf(stderr, "attnreplay replay: backend %s: %s\n", e->be->name, err);
-        engine_free(e);
-        return code == 2 ? 2 : 3;
+        SETUP_FAIL(code == 2 ? 2 : 3, "backend %s: %s", e->be->name, err);
     }
     e->be->device_name(e->state, e->device, sizeof e->device);
-    if (ar_verifier_open(&e->verifier, &e->cfg, e->be, err, sizeof err) != 0) {
-        fprintf(stderr, "attnreplay replay: verifier: %s\n", err);
-        engine_free(e);
-        return 3;
-    }
-    e->written = calloc((size_t)e->cfg.num_blocks, sizeof *e->written);
-    if (!e->written) {
-        fprintf(stderr, "attnreplay replay: out of memory\n");
-        engine_free(e);
-        return 3;
-    }
+    if (ar_verifier_open(&e->verifier, &e->cfg, e->be, err, sizeof err) != 0) SETUP_FAIL(3, "verifier: %s", err);
+    e->rdr.written = calloc((size_t)e->cfg.num_blocks, sizeof *e->rdr.written);
+    if (!e->rdr.written) SETUP_FAIL(3, "out of memory");
+    if (signalled()) goto done;
 
     e->db = ar_db_open(e->o.db, false, err, sizeof err);
-    if (!e->db) {
-        fprintf(stderr, "attnreplay replay: %s\n", err);
-        engine_free(e);
-        return 3;
-    }
+    if (!e->db) SETUP_FAIL(3, "%s", err);
     char hash[17];
-    if (hash_file(e->o.trace, hash) != 0) {
-        fprintf(stderr, "attnreplay replay: %s: cannot read: %s\n", e->o.trace, strerror(errno));
-        engine_free(e);
-        return 2;
-    }
-    char *cfg_json = config_json(e);
-    int64_t resume_after = -1;
+    if (hash_file(e->o.trace, hash) != 0) SETUP_FAIL(2, "%s: cannot read: %s", e->o.trace, strerror(errno));
+    cfg_json = config_json(e);
+    if (!cfg_json) SETUP_FAIL(3, "out of memory");
     if (e->o.resume) {
-        int64_t done = 0, failed = 0;
-        int found = ar_db_find_resumable(e->db, hash, cfg_json, &e->run_id, &resume_after, &done,
-                                         &failed, err, sizeof err);
-        if (found < 0) {
-            fprintf(stderr, "attnreplay replay: %s\n", err);
-            free(cfg_json);
-            engine_free(e);
-            return 3;
+        int found = ar_db_find_resumable(e->db, hash, cfg_json, &e->run_id, &e->prog, err, sizeof err);
+        if (found < 0) SETUP_FAIL(3, "%s", err);
+        if (found == 0)
+            SETUP_FAIL(2, "--resume: no unfinished run of %s with these options in %s", e->o.trace, e->o.db);
+        resume_after = e->prog.last_step;
+        e->wall_base = e->prog.wall_s;
+        if (e->o.fault == AR_FAULT_MERGE_NO_WEIGHTS) {
+            static const char *const merge_names[] = {"merge", "combine", NULL};
+            int64_t n = ar_db_count_kernels(e->db, e->run_id, merge_names, err, sizeof err);
+            if (n < 0) SETUP_FAIL(3, "%s", err);
+            e->merge_steps = n;
         }
-        if (found == 0) {
-            fprintf(stderr, "attnreplay replay: --resume: no unfinished run of %s with these options in %s\n",
-                    e->o.trace, e->o.db);
-            free(cfg_json);
-            engine_free(e);
-            return 2;
-        }
-        e->steps_done = done;
-        e->steps_failed = failed;
-        e->last_step = resume_after;
     } else {
         ar_run_row rr = {e->o.trace, hash, e->be->name, e->device, ar_dtype_name(e->cfg.dtype),
                          ar_dtype_name(e->cfg.kv_dtype), h->model.name, e->cfg.num_layers, cfg_json,
                          AR_CODE_REV, e->cfg.seed, verify_label(&e->o), ar_fault_name(e->cfg.fault),
                          e->o.cascade_mode == 0 ? "off" : e->o.cascade_mode == 1 ? "auto" : "on",
-                         e->cfg.repeat};
+                         e->cfg.repeat, e->verify_layers_label, ar_verifier_where(e->verifier)};
         e->run_id = ar_db_create_run(e->db, &rr, now_wall(), err, sizeof err);
-        if (e->run_id < 0) {
-            fprintf(stderr, "attnreplay replay: %s\n", err);
-            free(cfg_json);
-            engine_free(e);
-            return 3;
-        }
+        if (e->run_id < 0) SETUP_FAIL(3, "%s", err);
     }
     free(cfg_json);
+    cfg_json = NULL;
+    run_exists = true;
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    const char *kill_env = getenv("ATTNREPLAY_TEST_KILL_AFTER_STEP");
-    int64_t kill_after = kill_env ? strtoll(kill_env, NULL, 10) : -1;
-    bool tty = isatty(2) && !e->o.quiet;
+    /* The pipeline: writer, reader, step counter (for the progress line). */
+    const bool overlap = !e->o.no_overlap;
+    e->writer = ar_db_writer_start(e->db, e->run_id, overlap, e->prog.phase_s[AR_PHASE_SQLITE], err, sizeof err);
+    if (!e->writer) SETUP_FAIL(3, "%s", err);
+    watchdog_set_writer(&wd, e->writer, e->run_id, e->o.db);
+    reader *r = &e->rdr;
+    r->rd = e->rd;
+    r->cfg = &e->cfg;
+    r->cascade_mode = ar_backend_runs_cascade(e->be) ? e->o.cascade_mode : 0;   /* a flat-only plugin: never */
+    r->step_first = e->o.step_first;
+    r->step_last = e->o.step_last;
+    r->resume_after = resume_after;
+    r->last_step_seen = -1;
+    if (reader_start(r, overlap, err, sizeof err) != 0) {
+        e->reader_started = true;   /* the slots and written[] are freed by reader_finish */
+        snprintf(fail_msg, sizeof fail_msg, "%s", err);
+        exit_code = 3;
+        goto finish;
+    }
+    e->reader_started = true;
+    e->progress_tty = !e->o.quiet && isatty(2);
+    e->progress_log = !e->o.quiet && !e->progress_tty;
+    e->progress_last = ar_mono_seconds();
+    if (!e->o.quiet) {
+        e->counter.path = e->o.trace;
+        e->counter.started = pthread_create(&e->counter.tid, NULL, counter_main, &e->counter) == 0;
+    }
 
-    int exit_code = 0;
-    const char *status = NULL;
-    char fail_msg[AR_ERR_MAX + 512] = "";
-    bool in_tx = false;
-    int in_batch = 0;
-    double last_commit = now_mono();
+    e->prog.phase_s[AR_PHASE_SETUP] += ar_mono_seconds() - e->t_start;
+    at_step = resume_after;
     for (;;) {
-        const ar_step *st = NULL;
-        int r = ar_trace_next(e->rd, &st, err, sizeof err);
-        if (r == 0) break;
-        if (r < 0) {
-            snprintf(fail_msg, sizeof fail_msg, "%s", err);
-            exit_code = 2;
+        batch_slot *s = reader_take(r, &e->prog.phase_s[AR_PHASE_WAIT]);
+        e->prog.phase_s[AR_PHASE_PARSE] += s->parse_s;
+        e->prog.phase_s[AR_PHASE_METADATA] += s->build_s;
+        if (s->kind == SLOT_END) {
+            if (s->end_rc > 0) {
+                snprintf(fail_msg, sizeof fail_msg, "%s", s->end_msg);
+                exit_code = s->end_rc;
+            }
+            reader_release(r, s);
             break;
         }
-        if (st->step < e->o.step_first || st->step <= resume_after) continue;
-        if (st->step > e->o.step_last) break;
-        if (!in_tx) {
-            if (ar_db_begin(e->db, err, sizeof err) != 0) {
-                snprintf(fail_msg, sizeof fail_msg, "%s", err);
-                exit_code = 3;
-                break;
-            }
-            in_tx = true;
+        if (signalled()) {
+            reader_release(r, s);
+            break;
         }
-        int rc = run_step(e, st, err, sizeof err);
+        int rc = run_step(e, s, err, sizeof err);
+        int64_t step = s->step;
+        reader_release(r, s);
+        if (rc == AR_STEP_CANCELLED) break;
         if (rc != 0) {
-            snprintf(fail_msg, sizeof fail_msg, "step %lld: %s", (long long)st->step, err);
+            if (ar_db_writer_error(e->writer))   /* the database, not this step */
+                snprintf(fail_msg, sizeof fail_msg, "%s", ar_db_writer_error(e->writer));
+            else
+                snprintf(fail_msg, sizeof fail_msg, "step %lld: %s", (long long)step, err);
             exit_code = rc;
             break;
         }
-        in_batch++;
-        if (kill_after >= 0 && st->step >= kill_after) raise(SIGKILL);   /* kill-and-resume test */
-        if (in_batch >= AR_COMMIT_EVERY || now_mono() - last_commit > 1.0 || interrupted) {
-            if (ar_db_update_progress(e->db, e->run_id, e->steps_done, e->steps_failed, e->last_step,
-                                      err, sizeof err) != 0 ||
-                ar_db_commit(e->db, err, sizeof err) != 0) {
-                snprintf(fail_msg, sizeof fail_msg, "%s", err);
-                in_tx = false;
-                exit_code = 3;
-                break;
-            }
-            in_tx = false;
-            in_batch = 0;
-            last_commit = now_mono();
-        }
-        if (tty) progress(e, st->step, t_start, false);
-        if (interrupted) break;
+        at_step = step;
+        progress(e, step, resume_after, false);
+        if (signalled()) break;
     }
-    if (tty) fputc('\n', stderr);
+    if (e->progress_tty && e->session_steps > 0) {
+        progress(e, at_step, resume_after, true);
+        fputc('\n', stderr);
+    }
     char vline[512];   /* the device verifier: its last cross-check, and what it did */
     if (ar_verifier_finish(e->verifier, vline, sizeof vline, err, sizeof err) != 0 && exit_code == 0) {
         snprintf(fail_msg, sizeof fail_msg, "%s", err);
         exit_code = 3;
     }
-    if (vline[0] && !e->o.quiet) fprintf(stderr, "  %s\n", vline);
-    if (in_tx) {
-        if (exit_code == 0 || exit_code == 1 || exit_code == 2) {
-            if (ar_db_update_progress(e->db, e->run_id, e->steps_done, e->steps_failed, e->last_step,
-                                      err, sizeof err) != 0 ||
-                ar_db_commit(e->db, err, sizeof err) != 0) {
-                snprintf(fail_msg, sizeof fail_msg, "%s", err);
-                exit_code = 3;
-            }
-        } else {
-            ar_db_rollback(e->db);   /* keep whole steps only */
-        }
+    if (vline[0] && !e->o.quiet) {
+        fprintf(stderr, "  %s\n", vline);
     }
-    if (interrupted && exit_code == 0) status = "interrupted";
-    else if (exit_code != 0) status = "error";
-    else if (e->steps_failed > 0) status = "failed";
-    else if (e->o.verify == AR_VERIFY_OFF) status = "unverified";
-    else status = "passed";
-    if (ar_db_finish_run(e->db, e->run_id, status, fail_msg[0] ? fail_msg : NULL, now_wall(), err,
-                         sizeof err) != 0) {
+
+finish:;
+    /* The outcome.  A signal wins over everything but an error that came first. */
+    const int sig = signalled();
+    if (e->writer && ar_db_writer_drain(e->writer) != 0 && exit_code == 0) {
+        /* the last steps could not be committed (disk full, I/O error) */
+        snprintf(fail_msg, sizeof fail_msg, "%s", ar_db_writer_error(e->writer));
+        exit_code = 3;
+    }
+    ar_run_progress final;
+    snapshot(e, &final);
+    if (exit_code != 0) {
+        status = "error";
+    } else if (sig) {
+        status = "interrupted";
+        exit_code = 128 + sig;
+        snprintf(reason, sizeof reason, "interrupted by %s after step %lld", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                 (long long)at_step);
+    } else if (final.steps_done == 0) {
+        status = "empty";
+        exit_code = AR_EXIT_NOTHING_VERIFIED;
+        empty_reason(e, resume_after, reason, sizeof reason);
+    } else if (final.steps_failed > 0) {
+        status = "failed";
+        exit_code = 1;
+    } else if (e->o.fault != AR_FAULT_NONE && e->o.verify != AR_VERIFY_OFF) {
+        status = "fault-not-fired";
+        exit_code = AR_EXIT_NOTHING_VERIFIED;
+        if (e->o.fault == AR_FAULT_MERGE_NO_WEIGHTS && e->merge_steps == 0)
+            snprintf(reason, sizeof reason, "the planted fault merge-no-weights never fired: no step ran a cascade "
+                     "or split-KV merge%s", e->o.cascade_mode == 0 ? " (--cascade off)" : "");
+        else
+            snprintf(reason, sizeof reason, "the planted fault %s never showed: no step failed verification",
+                     ar_fault_name(e->o.fault));
+    } else if (e->o.verify == AR_VERIFY_OFF) {
+        status = "unverified";
+    } else {
+        status = "passed";
+    }
+    const char *stored_reason = fail_msg[0] ? fail_msg : reason[0] ? reason : NULL;
+    if (e->writer && ar_db_writer_finish(e->writer, status, stored_reason, &final, now_wall(), err, sizeof err) != 0) {
         fprintf(stderr, "attnreplay replay: %s (the run stays 'running'; --resume continues it)\n", err);
-        if (exit_code == 0) exit_code = 3;
+        if (exit_code == 0 || exit_code == 1 || exit_code == AR_EXIT_NOTHING_VERIFIED) exit_code = 3;
     }
+    snapshot(e, &final);
     if (fail_msg[0]) fprintf(stderr, "attnreplay replay: %s\n", fail_msg);
-    if (!e->o.quiet) print_summary(e, &sel, status, now_mono() - t_start);
-    if (exit_code == 0 && e->steps_failed > 0) exit_code = 1;
-    if (exit_code == 0 && interrupted) exit_code = 130;
+    if (exit_code == AR_EXIT_NOTHING_VERIFIED) fprintf(stderr, "attnreplay replay: %s\n", reason);
+    if (!e->o.quiet) print_summary(e, &sel, status, stored_reason, &final);
+    if (exit_code == 0 && e->o.dump_step >= 0 && !e->dumped) {
+        fprintf(stderr, "attnreplay replay: --dump-step %lld: the step was not replayed (it schedules no request "
+                "or was committed before this resume), so nothing was dumped\n", (long long)e->o.dump_step);
+        exit_code = 2;
+    }
+
+done:
+    free(cfg_json);
+    fflush(stdout);
+    watchdog_stop(&wd);   /* before the writer goes: the watchdog may use it */
     engine_free(e);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (exit_code == 0 && signalled() && !run_exists) exit_code = 128 + signalled();   /* during setup */
     return exit_code;
+#undef SETUP_FAIL
 }

@@ -15,6 +15,7 @@
 #include "verify.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -672,31 +673,58 @@ done:
     return rc;
 }
 
+/* index.json: one JSON document for the dumped step (shapes, dtypes, file names, requests) with
+ * the list of layers dumped so far; layer 0 writes it, every later layer adds itself. */
 static int write_dump_index(const ar_run_config *c, const ar_batch *b, int layer,
                             const char *const *ids, const char *dir, char *err, size_t err_len)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/index.json", dir);
-    FILE *f = fopen(path, layer == 0 ? "w" : "a");
-    if (!f) {
-        snprintf(err, err_len, "%s: %s", path, strerror(errno));
-        return -1;
+    json_t *doc = NULL;
+    if (layer > 0) {
+        json_error_t jerr;
+        doc = json_load_file(path, 0, &jerr);
+        if (!doc || !json_is_array(json_object_get(doc, "layers"))) {
+            snprintf(err, err_len, "%s: cannot read back the dump index: %s", path, doc ? "no layers" : jerr.text);
+            json_decref(doc);
+            return -1;
+        }
+    } else {
+        doc = json_object();
+        json_object_set_new(doc, "step", json_integer((json_int_t)b->step));
+        json_object_set_new(doc, "num_q_heads", json_integer(c->model.num_q_heads));
+        json_object_set_new(doc, "num_kv_heads", json_integer(c->model.num_kv_heads));
+        json_object_set_new(doc, "head_size", json_integer(c->model.head_size));
+        json_object_set_new(doc, "scale", json_real(c->model.scale));
+        json_object_set_new(doc, "sliding_window", json_integer(c->model.sliding_window));
+        json_object_set_new(doc, "soft_cap", json_real(c->model.logits_soft_cap));
+        json_object_set_new(doc, "dtype", json_string(ar_dtype_name(c->dtype)));
+        json_object_set_new(doc, "kv_dtype", json_string(ar_dtype_name(c->kv_dtype)));
+        json_object_set_new(doc, "files", json_string("L<layer>_r<i>_{q,k,v,out,lse,ref_out,ref_lse}.npy"));
+        json_t *layout = json_object();
+        json_object_set_new(layout, "q", json_string("[n, Hq, D]"));
+        json_object_set_new(layout, "k", json_string("[seq_len, Hkv, D] logical order"));
+        json_object_set_new(layout, "out", json_string("[n, Hq, D] backend"));
+        json_object_set_new(layout, "lse", json_string("[Hq, n] natural log"));
+        json_object_set_new(doc, "layout", layout);
+        json_t *reqs = json_array();
+        for (int r = 0; r < b->num_reqs; r++) {
+            json_t *q = json_object();
+            json_object_set_new(q, "i", json_integer(r));
+            json_object_set_new(q, "req", json_string(ids[r]));
+            json_object_set_new(q, "context", json_integer(b->context_lens[r]));
+            json_object_set_new(q, "new", json_integer(b->query_start_loc[r + 1] - b->query_start_loc[r]));
+            json_object_set_new(q, "seq_len", json_integer(b->seq_lens[r]));
+            json_array_append_new(reqs, q);
+        }
+        json_object_set_new(doc, "requests", reqs);
+        json_object_set_new(doc, "layers", json_array());
     }
-    fprintf(f, "{\"step\": %lld, \"layer\": %d, \"num_q_heads\": %d, \"num_kv_heads\": %d, "
-               "\"head_size\": %d, \"scale\": %.17g, \"sliding_window\": %d, \"soft_cap\": %.17g, "
-               "\"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"files\": \"L<layer>_r<i>_{q,k,v,out,lse,ref_out,ref_lse}.npy\", "
-               "\"layout\": {\"q\": \"[n, Hq, D]\", \"k\": \"[seq_len, Hkv, D] logical order\", "
-               "\"out\": \"[n, Hq, D] backend\", \"lse\": \"[Hq, n] natural log\"}, \"requests\": [",
-            (long long)b->step, layer, c->model.num_q_heads, c->model.num_kv_heads,
-            c->model.head_size, c->model.scale, c->model.sliding_window, c->model.logits_soft_cap,
-            ar_dtype_name(c->dtype), ar_dtype_name(c->kv_dtype));
-    for (int r = 0; r < b->num_reqs; r++)
-        fprintf(f, "%s{\"i\": %d, \"req\": \"%s\", \"context\": %d, \"new\": %d, \"seq_len\": %d}",
-                r ? ", " : "", r, ids[r], b->context_lens[r],
-                b->query_start_loc[r + 1] - b->query_start_loc[r], b->seq_lens[r]);
-    fprintf(f, "]}\n");
-    if (fclose(f) != 0) {
-        snprintf(err, err_len, "%s: write failed", path);
+    json_array_append_new(json_object_get(doc, "layers"), json_integer(layer));
+    int rc = json_dump_file(doc, path, JSON_INDENT(2));
+    json_decref(doc);
+    if (rc != 0) {
+        snprintf(err, err_len, "%s: write failed: %s", path, strerror(errno));
         return -1;
     }
     return 0;

@@ -9,7 +9,10 @@
  *    changes in coverage (verified in one run only) are reported.
  *  - error growth: over steps verified in both, the worst max_abs of B above error_growth
  *    times A's (floor 1e-9), or the worst NMSE above error_growth^2 times A's (floor 1e-18),
- *    is a regression.  Per-step growth beyond the same factor is counted and listed. */
+ *    is a regression.  Per-step growth beyond the same factor is counted and listed.
+ *  - a run that did not finish (status running, interrupted or error) is refused, naming its
+ *    status and the reason it stopped, unless --allow-unfinished; then it is compared on the
+ *    steps it has, with a warning. */
 #include "reports.h"
 #include "rundata.h"
 
@@ -52,6 +55,13 @@ static int compare_ratio_desc(const void *x, const void *y)
 {
     double a = ((const step_pair *)x)->ratio, b = ((const step_pair *)y)->ratio;
     return (a < b) - (a > b);
+}
+
+/* "run 5 did not finish (status 'error': why; 64 steps stored)" into buf. */
+static void unfinished_text(const ar_run_data *r, char *buf, size_t len)
+{
+    snprintf(buf, len, "run %lld did not finish (status '%s'%s%.300s; %zu steps stored)", (long long)r->id, r->status,
+             r->error[0] ? ": " : "", r->error, r->num_steps);
 }
 
 /* Compares b against a; when report is not NULL also prints the details there. */
@@ -138,6 +148,13 @@ static int diff_compute(const ar_run_data *a, const ar_run_data *b, const ar_dif
         fprintf(report, "steps: %zu in both, %zu only in run %lld, %zu only in run %lld\n",
                 out->common_steps, out->only_in_a, (long long)a->id, out->only_in_b,
                 (long long)b->id);
+        for (int k = 0; k < 2; k++) {
+            const ar_run_data *r = k ? b : a;
+            if (!ar_rd_unfinished(r)) continue;
+            char what[512];
+            unfinished_text(r, what, sizeof what);
+            fprintf(report, "warning: %s; compared anyway (--allow-unfinished)\n", what);
+        }
         if (out->only_in_a)
             fprintf(report, "warning: run %lld (status '%s') lacks %zu of the baseline's steps; "
                     "they are not compared\n", (long long)b->id, b->status, out->only_in_a);
@@ -188,13 +205,24 @@ static int diff_compute(const ar_run_data *a, const ar_run_data *b, const ar_dif
     return 0;
 }
 
-/* Loads both runs and checks they replay the same trace. */
-static int load_pair(void *db, int64_t run_a, int64_t run_b, ar_run_data *a, ar_run_data *b,
-                     char *err, size_t err_len)
+/* Loads both runs and checks they replay the same trace and, unless allowed, that both ran to
+ * their end. */
+static int load_pair(void *db, int64_t run_a, int64_t run_b, const ar_diff_options *opt, ar_run_data *a,
+                     ar_run_data *b, char *err, size_t err_len)
 {
     if (ar_rd_load_run(db, run_a, a, err, err_len) != 0) return -1;
     if (ar_rd_load_run(db, run_b, b, err, err_len) != 0) {
         ar_rd_free_run(a);
+        return -1;
+    }
+    const ar_run_data *unfinished = ar_rd_unfinished(a) ? a : ar_rd_unfinished(b) ? b : NULL;
+    if (unfinished && !opt->allow_unfinished) {
+        char what[512];
+        unfinished_text(unfinished, what, sizeof what);
+        snprintf(err, err_len, "%s; its missing steps would not be compared. Replay it to the end "
+                 "(--resume) or pass --allow-unfinished to compare the steps it has", what);
+        ar_rd_free_run(a);
+        ar_rd_free_run(b);
         return -1;
     }
     int same = a->trace_hash[0] && b->trace_hash[0] ? strcmp(a->trace_hash, b->trace_hash) == 0
@@ -216,7 +244,7 @@ int ar_diff_runs(const char *db_path, int64_t run_a, int64_t run_b, const ar_dif
     void *db = ar_rd_open(db_path, err, err_len);
     if (!db) return -1;
     ar_run_data a, b;
-    int rc = load_pair(db, run_a, run_b, &a, &b, err, err_len);
+    int rc = load_pair(db, run_a, run_b, opt, &a, &b, err, err_len);
     ar_rd_close(db);
     if (rc != 0) return -1;
     rc = diff_compute(&a, &b, opt, out, NULL, err, err_len);
@@ -227,11 +255,14 @@ int ar_diff_runs(const char *db_path, int64_t run_a, int64_t run_b, const ar_dif
 
 static void diff_usage(FILE *f)
 {
-    fputs("usage: attnreplay diff DB RUN_A RUN_B [--threshold 5%] [--error-growth 2]\n"
+    fputs("usage: attnreplay diff DB RUN_A RUN_B [--threshold 5%] [--error-growth 2] [--allow-unfinished]\n"
           "  Compares run RUN_B (candidate) with RUN_A (baseline) of the same trace step by step.\n"
-          "  --threshold T     relative slowdown that counts (\"5%\" or \"0.05\"; default 5%)\n"
-          "  --error-growth F  growth factor of the worst max_abs that counts (default 2)\n"
-          "  Exit status: 0 no regression, 1 regression, 2 usage error or bad input.\n", f);
+          "  --threshold T       relative slowdown that counts (\"5%\" or \"0.05\"; default 5%)\n"
+          "  --error-growth F    growth factor of the worst max_abs that counts (default 2)\n"
+          "  --allow-unfinished  compare a run that did not finish (status running, interrupted or\n"
+          "                      error) on the steps it has; without it such a run is refused\n"
+          "  Exit status: 0 no regression, 1 regression, 2 usage error or bad input (an unfinished\n"
+          "  run without --allow-unfinished).\n", f);
 }
 
 int ar_diff_main(int argc, char **argv)
@@ -244,6 +275,8 @@ int ar_diff_main(int argc, char **argv)
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
             diff_usage(stdout);
             return 0;
+        } else if (!strcmp(arg, "--allow-unfinished")) {
+            opt.allow_unfinished = 1;
         } else if (!strcmp(arg, "--threshold") || !strcmp(arg, "--error-growth")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "diff: %s needs a value\n", arg);
@@ -295,7 +328,7 @@ int ar_diff_main(int argc, char **argv)
         return 2;
     }
     ar_run_data a, b;
-    if (load_pair(db, run_a, run_b, &a, &b, err, sizeof err) != 0) {
+    if (load_pair(db, run_a, run_b, &opt, &a, &b, err, sizeof err) != 0) {
         ar_rd_close(db);
         fprintf(stderr, "diff: %s: %s\n", positional[0], err);
         return 2;

@@ -387,7 +387,8 @@ typedef struct {
 } sweep_point;
 
 typedef struct {
-    const char *workload, *model, *device, *db, *out_dir, *slo_text;
+    const char *workload, *model, *device, *db, *slo_text;
+    char out_dir[3072];       /* --out without trailing slashes */
     int64_t runs[PLAN_MAX_POINTS];
     size_t num_runs;
     double rates[PLAN_MAX_POINTS];
@@ -400,6 +401,7 @@ typedef struct {
     int num_slo;
     bool force_fit;           /* apply the fit even when measured on another device */
     int refine;               /* bisection steps for the largest load meeting the SLO */
+    const char *step_time;    /* --step-time MODEL (e.g. profile:DB) instead of roofline:DEVICE */
 } plan_args;
 
 static void percentiles(double *values, size_t n, double out[3])
@@ -508,19 +510,21 @@ static int refine_rate(const plan_args *a, const ar_model_preset *preset, const 
 static void plan_usage(FILE *f)
 {
     fprintf(f,
-        "usage: attnreplay plan --workload SPEC --model PRESET --device DEVICE [options]\n"
+        "usage: attnreplay plan --workload SPEC --model PRESET --device DEVICE --out DIR [options]\n"
         "  --workload SPEC       as for sim: mooncake:PATH | azure:PATH | vllm-run:PATH | synthetic:SPEC\n"
         "  --model PRESET        %s\n"
         "  --device DEVICE       %s (datasheet numbers from the sim presets)\n"
         "  --db DB [--run ID]    fit attention time from these replay steps (default: runs on DEVICE)\n"
         "  --force-fit           use the fit even when the runs were measured on another device\n"
+        "  --step-time MODEL     the simulator's step-time model instead of roofline:DEVICE, e.g.\n"
+        "                        profile:DB (measured by attnreplay profile); not with --db\n"
         "  --rates LIST          arrival-rate scales (default 0.5,1,2,4); arrivals are divided by each\n"
         "  --kv-blocks LIST      KV-cache sizes in blocks (default 8192,32768), or\n"
         "  --kv-mem LIST         KV-cache sizes in bytes (e.g. 20GiB,40GiB)\n"
         "  --slo TERMS           e.g. ttft_p90=2s,tpot_p90=50ms (metrics ttft, tpot, e2e; p50, p90, p99)\n"
         "  --refine N            bisection steps for the largest load meeting the SLO (default 4)\n"
         "  --block-size B --max-num-batched-tokens N --max-num-seqs N --limit N (first N requests)\n"
-        "  --out DIR             plan.md, plan.csv and plots (PNG, SVG)\n"
+        "  --out DIR             where plan.md, plan.csv and the plots (PNG, SVG) go (required)\n"
         "  Exit status: 0 done, 1 a simulation or plot failed, 2 usage error or bad input.\n",
         ar_model_preset_names(), ar_device_names());
 }
@@ -539,10 +543,13 @@ static void write_points_table(FILE *f, const sweep_point *points, int count, bo
         fputs("| rate x | KV blocks | finished | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | TPOT p50 ms | "
               "TPOT p90 ms | TPOT p99 ms | out tok/s | preempt/req | KV use | SLO |\n"
               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n", f);
-    else
-        fprintf(f, "%7s %9s %9s %9s %9s %9s %9s %9s %9s %10s %8s %6s %s\n", "rate x", "KV blocks",
-                "finished", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99",
-                "out tok/s", "pre/req", "KV use", "SLO");
+    else {
+        fprintf(f, "%7s %9s %9s %9s %9s %9s %9s %9s %9s %10s %8s %6s %s\n", "rate", "KV", "finished",
+                "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90", "TPOT p99", "output", "preempt", "KV use",
+                "SLO");
+        fprintf(f, "%7s %9s %9s %9s %9s %9s %9s %9s %9s %10s %8s %6s\n", "(x)", "(blocks)", "(of reqs)", "(ms)",
+                "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(tok/s)", "(/req)", "(%)");
+    }
     for (int i = 0; i < count; i++) {
         const sweep_point *p = &points[i];
         char fin[32];
@@ -563,15 +570,18 @@ static void write_points_table(FILE *f, const sweep_point *points, int count, bo
 }
 
 /* Writes data/plan_kv<N>.csv per KV size and renders the sweep charts; returns failures. */
+/* answers[k]: the largest rate scale meeting the SLO at kv_blocks[k] (bisected), NAN when
+ * there is none within the sweep; drawn as dashed verticals on the latency charts. */
 static int render_plan_plots(const plan_args *a, const sweep_point *points, const int *kv_blocks,
-                             const fit_sample *samples, size_t num_samples, char notes[][256])
+                             const double *answers, const fit_sample *samples, size_t num_samples,
+                             char notes[][256])
 {
     char err[1024], path[4096];
     int failures = 0;
     for (int k = 0; k < a->num_kv; k++) {
         snprintf(path, sizeof path, "%s/data/plan_kv%d.csv", a->out_dir, kv_blocks[k]);
         FILE *f = fopen(path, "w");
-        if (!f) { fprintf(stderr, "plan: %s: cannot write\n", path); return 1; }
+        if (!f) { fprintf(stderr, "plan: %s: cannot write: %s\n", path, strerror(errno)); return 1; }
         fprintf(f, "# rate_scale,ttft_p50_s,ttft_p90_s,ttft_p99_s,tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,"
                    "output_tokens_per_s,preemptions_per_request,finished_fraction\n");
         for (int r = 0; r < a->num_rates; r++) {
@@ -599,6 +609,21 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
         plot.logx = a->num_rates > 1 && a->rates[a->num_rates - 1] / a->rates[0] > 8;
         plot.xmin = plot.logx ? a->rates[0] / 1.3 : 0;
         plot.xmax = a->rates[a->num_rates - 1] * (plot.logx ? 1.3 : 1.1);
+        size_t used = (size_t)snprintf(plot.xtics, sizeof plot.xtics, "(");   /* a tic at every tested rate */
+        for (int r = 0; r < a->num_rates && used + 24 < sizeof plot.xtics; r++)
+            used += (size_t)snprintf(plot.xtics + used, sizeof plot.xtics - used, "%s%g", r ? ", " : "", a->rates[r]);
+        snprintf(plot.xtics + used, sizeof plot.xtics - used, ")");
+        /* TTFT spans decades once the queue builds: a log axis keeps the part under the SLO
+         * readable.  The range holds the data and every SLO line with room above. */
+        plot.logy = charts[c].slo_metric == SLO_TTFT;
+        double lo = INFINITY, hi = 0;
+        for (int i = 0; i < a->num_rates * a->num_kv; i++) {
+            const sweep_point *p = &points[i];
+            double v = charts[c].col == 3 ? p->ttft[1] : charts[c].col == 6 ? p->tpot[1] * 1e3
+                     : charts[c].col == 8 ? p->throughput : p->preemptions_per_req;
+            if (isfinite(v) && v > 0 && v < lo) lo = v;
+            if (isfinite(v) && v > hi) hi = v;
+        }
         for (int k = 0; k < a->num_kv; k++) {
             char csv[96], label[96], cols[16];
             snprintf(csv, sizeof csv, "data/plan_kv%d.csv", kv_blocks[k]);
@@ -609,9 +634,24 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
         for (int t = 0; t < a->num_slo; t++) {
             if ((int)a->slo[t].metric != charts[c].slo_metric || a->slo[t].quantile != 0.9) continue;
             char function[64], label[96];
-            snprintf(function, sizeof function, "%.9g", a->slo[t].limit_s * charts[c].slo_scale);
+            double limit = a->slo[t].limit_s * charts[c].slo_scale;
+            snprintf(function, sizeof function, "%.9g", limit);
             snprintf(label, sizeof label, "SLO %s", a->slo[t].text);
             ar_plot_add_function(&plot, label, function, "lines lw 2 dt 2 lc rgb '#cc0000'");
+            if (limit > hi) hi = limit;
+            if (limit < lo) lo = limit;
+        }
+        if (hi > 0) {
+            plot.ymin = plot.logy ? lo / 2 : 0;
+            plot.ymax = plot.logy ? hi * 2 : hi * 1.15;
+        }
+        /* the answers: the largest load meeting the SLO, per KV size */
+        for (int k = 0; charts[c].slo_metric >= 0 && k < a->num_kv; k++) {
+            if (!isfinite(answers[k])) continue;
+            char label[160];
+            snprintf(label, sizeof label, "largest rate meeting the SLO, %d KV blocks: x%.3g", kv_blocks[k],
+                     answers[k]);
+            ar_plot_add_vline(&plot, answers[k], k + 1, label);
         }
         if (ar_plot_render(a->out_dir, &plot, err, sizeof err) != 0) {
             fprintf(stderr, "plan: %s\n", err);
@@ -622,7 +662,10 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
     if (samples && num_samples) {
         snprintf(path, sizeof path, "%s/data/plan_fit.csv", a->out_dir);
         FILE *f = fopen(path, "w");
-        if (!f) return failures + 1;
+        if (!f) {
+            fprintf(stderr, "plan: %s: cannot write: %s\n", path, strerror(errno));
+            return failures + 1;
+        }
         fprintf(f, "# measured_us_per_layer,predicted_us_per_layer,held_out\n");
         double lo = INFINITY, hi = 0;
         for (size_t i = 0; i < num_samples; i++) {
@@ -657,6 +700,12 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
 static void write_fit_text(FILE *f, const ar_plan_fit *fit, const ar_steptime *st, bool have_fit,
                            bool applied, const char *db)
 {
+    if (st->kind == AR_STEPTIME_PROFILE) {
+        fprintf(f, "Step-time model: measured profile of %s on '%s' (tp %d): GEMMs and attention interpolated "
+                   "(attention x %.3f from %d replayed steps), overhead %.3g ms.\n", st->profile.model,
+                st->profile.device, st->profile.tp, st->attn_scale, st->profile.replay_steps, st->overhead_s * 1e3);
+        return;
+    }
     if (!have_fit) {
         fprintf(f, "Step-time model: the simulator's roofline with its default efficiencies "
                    "(no --db given): attn_eff %.3g, bw_eff %.3g, gemm_eff %.3g, overhead %.3g ms.\n",
@@ -710,11 +759,12 @@ static int parse_plan_args(int argc, char **argv, plan_args *a)
         else if (!strcmp(arg, "--model")) a->model = v;
         else if (!strcmp(arg, "--device")) a->device = v;
         else if (!strcmp(arg, "--db")) a->db = v;
-        else if (!strcmp(arg, "--out")) a->out_dir = v;
+        else if (!strcmp(arg, "--out")) ar_rd_dir_name(v, a->out_dir, sizeof a->out_dir);
         else if (!strcmp(arg, "--rates")) rates = v;
         else if (!strcmp(arg, "--kv-blocks")) kv_blocks = v;
         else if (!strcmp(arg, "--kv-mem")) kv_mem = v;
         else if (!strcmp(arg, "--slo")) a->slo_text = v;
+        else if (!strcmp(arg, "--step-time")) a->step_time = v;
         else if (!strcmp(arg, "--block-size")) int_target = &a->block_size;
         else if (!strcmp(arg, "--max-num-batched-tokens")) int_target = &a->max_batched;
         else if (!strcmp(arg, "--max-num-seqs")) int_target = &a->max_seqs;
@@ -743,6 +793,11 @@ static int parse_plan_args(int argc, char **argv, plan_args *a)
     }
     if (!a->workload || !a->model || !a->device) {
         fprintf(stderr, "plan: --workload, --model and --device are required\n");
+        plan_usage(stderr);
+        return 2;
+    }
+    if (!a->out_dir[0]) {
+        fprintf(stderr, "plan: --out DIR is required (plan.md, plan.csv and the plots go there)\n");
         plan_usage(stderr);
         return 2;
     }
@@ -795,6 +850,15 @@ int ar_plan_main(int argc, char **argv)
         fprintf(stderr, "plan: unknown --device '%s' (%s)\n", a.device, ar_device_names());
         return 2;
     }
+    {   /* the output directory before any work: a bad one costs nothing */
+        char data_dir[4200], err[4400];
+        snprintf(data_dir, sizeof data_dir, "%s/data", a.out_dir);
+        if (ar_output_dir_prepare(a.out_dir, err, sizeof err) != 0 ||
+            ar_output_dir_prepare(data_dir, err, sizeof err) != 0) {
+            fprintf(stderr, "plan: --out %s\n", err);
+            return 2;
+        }
+    }
     if (a.block_size == 0) a.block_size = preset->default_block_size;
     int kv_blocks[PLAN_MAX_POINTS];
     for (int k = 0; k < a.num_kv; k++) {
@@ -810,12 +874,17 @@ int ar_plan_main(int argc, char **argv)
 
     char err[AR_ERR_MAX + 2048];
     ar_steptime steptime;
-    char spec[64];
+    char spec[1024];
     snprintf(spec, sizeof spec, "roofline:%s", a.device);
-    if (ar_steptime_parse(spec, preset, &steptime, err, sizeof err) != 0) {
+    if (a.step_time && a.db) {
+        fprintf(stderr, "plan: give --db (an attention fit) or --step-time, not both\n");
+        return 2;
+    }
+    if (ar_steptime_parse(a.step_time ? a.step_time : spec, preset, &steptime, err, sizeof err) != 0) {
         fprintf(stderr, "plan: %s\n", err);
         return 2;
     }
+    ar_steptime_set_engine(&steptime, a.max_seqs);
     ar_plan_fit fit;
     memset(&fit, 0, sizeof fit);
     fit_sample *samples = NULL;
@@ -888,8 +957,10 @@ int ar_plan_main(int argc, char **argv)
      * meeting it per rate scale. */
     const char *target = a.num_slo ? a.slo_text : "completion of every request";
     char answers[2 * PLAN_MAX_POINTS][256];
+    double best_rate[PLAN_MAX_POINTS];
     int num_answers = 0;
     for (int k = 0; k < a.num_kv; k++) {
+        best_rate[k] = NAN;
         int last_ok = -1;
         for (int r = 0; r < a.num_rates && points[k * a.num_rates + r].slo_ok; r++) last_ok = r;
         char *answer = answers[num_answers++];
@@ -909,6 +980,7 @@ int ar_plan_main(int argc, char **argv)
             snprintf(answer, 256, "%d KV blocks: largest rate scale meeting %s: about x%.3g "
                      "(x%g met, x%g missed; %d bisection steps)", kv_blocks[k], target, best,
                      a.rates[last_ok], a.rates[last_ok + 1], a.refine);
+            best_rate[k] = best;
         }
     }
     double block_bytes = (double)ar_kv_bytes_per_block(&preset->model, a.block_size, AR_BF16);
@@ -927,18 +999,10 @@ int ar_plan_main(int argc, char **argv)
     }
     for (int i = 0; i < num_answers; i++) printf("%s\n", answers[i]);
 
-    if (a.out_dir) {
-        char data_dir[4096];
-        snprintf(data_dir, sizeof data_dir, "%s/data", a.out_dir);
-        if ((mkdir(a.out_dir, 0755) != 0 && errno != EEXIST) || (mkdir(data_dir, 0755) != 0 && errno != EEXIST)) {
-            fprintf(stderr, "plan: %s: cannot create: %s\n", a.out_dir, strerror(errno));
-            free(points);
-            free(samples);
-            return 2;
-        }
+    {
         char notes[5][256];
         memset(notes, 0, sizeof notes);
-        failures += render_plan_plots(&a, points, kv_blocks, samples, num_samples, notes);
+        failures += render_plan_plots(&a, points, kv_blocks, best_rate, samples, num_samples, notes);
         char path[4096];
         snprintf(path, sizeof path, "%s/plan.md", a.out_dir);
         FILE *f = fopen(path, "w");
@@ -967,6 +1031,7 @@ int ar_plan_main(int argc, char **argv)
         }
         snprintf(path, sizeof path, "%s/plan.csv", a.out_dir);
         f = fopen(path, "w");
+        if (!f) fprintf(stderr, "plan: %s: cannot write: %s\n", path, strerror(errno));
         if (f) {
             fputs("rate_scale,kv_blocks,requests,finished,ttft_p50_s,ttft_p90_s,ttft_p99_s,tpot_p50_s,"
                   "tpot_p90_s,tpot_p99_s,output_tokens_per_s,preemptions_per_request,kv_usage_mean,slo_met\n", f);

@@ -37,6 +37,16 @@ ar_plot_series *ar_plot_add_function(ar_plot *plot, const char *title, const cha
     return s;
 }
 
+int ar_plot_add_vline(ar_plot *plot, double x, int linetype, const char *title)
+{
+    if (plot->num_vlines >= AR_PLOT_MAX_SERIES) return -1;
+    int i = plot->num_vlines++;
+    plot->vline_x[i] = x;
+    plot->vline_linetype[i] = linetype;
+    copy_text(plot->vline_title[i], sizeof plot->vline_title[i], title);
+    return 0;
+}
+
 /* Writes text as a gnuplot single-quoted string ('' stands for one quote inside). */
 static void put_quoted(FILE *f, const char *text)
 {
@@ -70,13 +80,27 @@ static int write_script(FILE *f, const ar_plot *plot)
                                              "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf" };
     for (int i = 0; i < 10; i++) fprintf(f, "set linetype %d lc rgb '%s'\n", i + 1, palette[i]);
     fputs("set linetype cycle 10\n", f);
+    /* the legend under the plot, two entries a row, so the plot keeps the full width */
     fputs("set grid xtics ytics mxtics mytics lc rgb '#dddddd'\n"
-          "set key outside right top Left reverse box opaque\n"
+          "set key below center horizontal Left reverse maxcols 2 spacing 1.1 width 1 height 1\n"
           "set samples 400\n", f);
     if (plot->logx) fputs("set logscale x\n", f);
     if (plot->logy) fputs("set logscale y\n", f);
+    /* a log axis reaching below 1e-3 reads 1e-5, not 0.000010 */
+    const char *xformat = plot->xformat[0] ? plot->xformat
+                        : plot->logx && plot->xmin > 0 && plot->xmin < plot->xmax && plot->xmin < 1e-3 ? "%.0te%T" : "";
+    const char *yformat = plot->yformat[0] ? plot->yformat
+                        : plot->logy && plot->ymin > 0 && plot->ymin < plot->ymax && plot->ymin < 1e-3 ? "%.0te%T" : "";
+    if (xformat[0]) { fputs("set format x ", f); put_quoted(f, xformat); fputc('\n', f); }
+    if (plot->xtics[0]) fprintf(f, "set xtics %s\n", plot->xtics);
+    if (yformat[0]) { fputs("set format y ", f); put_quoted(f, yformat); fputc('\n', f); }
+    /* autoscaled axes get a margin, so no point sits on the border */
+    fputs("set offsets graph 0.02, graph 0.02, graph 0.04, graph 0.04\n", f);
     if (plot->xmin < plot->xmax) fprintf(f, "set xrange [%.9g:%.9g]\n", plot->xmin, plot->xmax);
     if (plot->ymin < plot->ymax) fprintf(f, "set yrange [%.9g:%.9g]\n", plot->ymin, plot->ymax);
+    for (int i = 0; i < plot->num_vlines; i++)
+        fprintf(f, "set arrow %d from %.9g, graph 0 to %.9g, graph 1 nohead lt %d lw 1.5 dt 3\n", i + 1,
+                plot->vline_x[i], plot->vline_x[i], plot->vline_linetype[i]);
     fputs("plot ", f);
     for (int i = 0; i < plot->num_series; i++) {
         const ar_plot_series *s = &plot->series[i];
@@ -89,6 +113,11 @@ static int write_script(FILE *f, const ar_plot *plot)
         }
         fprintf(f, " with %s title ", s->style[0] ? s->style : "points");
         put_quoted(f, s->title);
+    }
+    /* legend entries of the markers, last, so the series keep linetypes 1, 2, ... */
+    for (int i = 0; i < plot->num_vlines; i++) {
+        fprintf(f, ", \\\n     NaN with lines lt %d lw 1.5 dt 3 title ", plot->vline_linetype[i]);
+        put_quoted(f, plot->vline_title[i]);
     }
     fputc('\n', f);
     fputs("set terminal svg noenhanced size 1100,700 font 'Sans,10' background '#ffffff'\n", f);

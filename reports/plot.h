@@ -31,10 +31,17 @@ typedef struct {
     char xlabel[120];         /* with units, e.g. "batch tokens (tokens)" */
     char ylabel[120];
     bool logx, logy;
+    char xformat[32], yformat[32];   /* gnuplot tic formats ("" = gnuplot's own), e.g. "%.0te%T" */
+    char xtics[256];                 /* explicit x tics, e.g. "(0.5, 1, 2, 4)"; "" = gnuplot's */
     /* Optional explicit ranges (used when min < max). */
     double xmin, xmax, ymin, ymax;
     ar_plot_series series[AR_PLOT_MAX_SERIES];
     int num_series;
+    /* vertical markers at x (e.g. an answer on the x axis), dashed, in a series' colour */
+    double vline_x[AR_PLOT_MAX_SERIES];
+    int vline_linetype[AR_PLOT_MAX_SERIES];   /* 1-based, as the series' order */
+    char vline_title[AR_PLOT_MAX_SERIES][160];
+    int num_vlines;
 } ar_plot;
 
 /* Adds a series; returns it (NULL when full). */
@@ -42,6 +49,9 @@ ar_plot_series *ar_plot_add(ar_plot *plot, const char *title, const char *csv,
                             const char *using_cols, const char *style);
 ar_plot_series *ar_plot_add_function(ar_plot *plot, const char *title, const char *function,
                                      const char *style);
+/* Adds a dashed vertical line at x in the colour of linetype (1-based) with a legend entry;
+ * returns 0, or -1 when full. */
+int ar_plot_add_vline(ar_plot *plot, double x, int linetype, const char *title);
 
 /* Writes NAME.gp into out_dir, runs gnuplot there, and checks NAME.png and NAME.svg.
  * Returns 0, or -1 with a message (gnuplot's own error output included) in err. */

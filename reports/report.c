@@ -12,6 +12,7 @@
 #include "reports.h"
 #include "plot.h"
 #include "rundata.h"
+#include "../sim/sim.h"
 
 #include <errno.h>
 #include <math.h>
@@ -23,7 +24,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#define REPORT_MAX_PLOTS 16
+#define REPORT_MAX_TRACES 12       /* per-trace charts for the first 12 traces; the rest are named */
+#define REPORT_MAX_PLOTS (4 * REPORT_MAX_TRACES + 8)
 #define REPORT_MAX_GROUPS 24
 #define REPORT_MAX_DEVICES 8
 
@@ -71,8 +73,13 @@ typedef struct {
     cascade_pair *cascades;
     size_t num_cascades;
     size_t device_rows[REPORT_MAX_DEVICES];   /* first run of each distinct device */
-    bool multiple_traces;                      /* the selected runs replay different traces */
     size_t num_devices;
+    int *trace_of;                             /* [num_runs] index of the run's trace */
+    size_t trace_rows[REPORT_MAX_TRACES];      /* first run of each distinct trace */
+    size_t num_traces;
+    size_t traces_left_out;                    /* distinct traces beyond REPORT_MAX_TRACES */
+    size_t num_faults;                         /* runs with a planted fault */
+    size_t *fault_rows;                        /* [num_faults] their indices in runs */
     plot_result plots[REPORT_MAX_PLOTS];
     size_t num_plots;
     int render_failures;
@@ -87,37 +94,46 @@ static FILE *open_out(const report_ctx *ctx, const char *rel, char *err, size_t 
     return f;
 }
 
-static int make_dir(const char *path, char *err, size_t err_len)
+static bool injected(const ar_run_data *run)
 {
-    if (mkdir(path, 0755) == 0 || errno == EEXIST) {
-        struct stat sb;
-        if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return 0;
-        snprintf(err, err_len, "%s exists and is not a directory", path);
-        return -1;
-    }
-    snprintf(err, err_len, "%s: cannot create directory: %s", path, strerror(errno));
-    return -1;
+    return run->inject[0] && strcmp(run->inject, "none") != 0;
 }
 
-/* Legend text for a run: id, backend, dtypes, and what sets it apart (trace when the report
- * spans several, cascade forced, planted fault). */
-static void run_label(const report_ctx *ctx, const ar_run_data *run, char *buf, size_t len)
+/* The trace's file name without directories and without ".trace.jsonl[.gz]". */
+static void trace_short_name(const char *trace, char *buf, size_t len)
 {
-    char trace[96] = "";
-    if (ctx->multiple_traces) {
-        const char *base = strrchr(run->trace, '/');
-        snprintf(trace, sizeof trace, " [%s", base ? base + 1 : run->trace);
-        char *dot = strstr(trace, ".trace");
-        if (dot) *dot = 0;
-        strcat(trace, "]");
-    }
+    const char *base = strrchr(trace, '/');
+    snprintf(buf, len, "%s", base ? base + 1 : trace);
+    char *dot = strstr(buf, ".trace");
+    if (dot && dot != buf) *dot = 0;
+}
+
+/* Legend text for a run: id, backend, dtypes, and what sets it apart (cascade forced, planted
+ * fault).  Charts hold one trace each, so the trace is in the chart's title, not here. */
+static void run_label(const ar_run_data *run, char *buf, size_t len)
+{
     bool kv_differs = run->kv_dtype[0] && strcmp(run->kv_dtype, run->dtype) != 0;
     bool cascade_forced = strcmp(run->cascade_mode, "on") == 0 || strcmp(run->cascade_mode, "off") == 0;
-    bool injected = run->inject[0] && strcmp(run->inject, "none") != 0;
-    snprintf(buf, len, "run %lld: %s %s%s%s%s%s%s%s%s", (long long)run->id, run->backend, run->dtype,
+    snprintf(buf, len, "run %lld: %s %s%s%s%s%s%s%s", (long long)run->id, run->backend, run->dtype,
              kv_differs ? " kv " : "", kv_differs ? run->kv_dtype : "",
              cascade_forced ? " cascade " : "", cascade_forced ? run->cascade_mode : "",
-             injected ? " inject " : "", injected ? run->inject : "", trace);
+             injected(run) ? " inject " : "", injected(run) ? run->inject : "");
+}
+
+/* Name and title of a chart drawn once per trace: NAME and TITLE for a single trace, else
+ * NAME_traceK and "TITLE - trace NAME". */
+static void per_trace_names(const report_ctx *ctx, size_t t, const char *name, const char *title, char *name_out,
+                            size_t name_len, char *title_out, size_t title_len)
+{
+    if (ctx->num_traces <= 1) {
+        snprintf(name_out, name_len, "%s", name);
+        snprintf(title_out, title_len, "%s", title);
+        return;
+    }
+    char trace[128];
+    trace_short_name(ctx->runs[ctx->trace_rows[t]].trace, trace, sizeof trace);
+    snprintf(name_out, name_len, "%s_trace%zu", name, t + 1);
+    snprintf(title_out, title_len, "%s - trace %s", title, trace);
 }
 
 static bool positive(double v)
@@ -221,18 +237,21 @@ static int write_run_csvs(report_ctx *ctx, char *err, size_t err_len)
     return 0;
 }
 
-/* Charts of time_us against a step column: x_col is 1 (step), 2 (tokens) or 3 (context). */
-static void plot_time_against(report_ctx *ctx, const char *name, const char *title,
+/* Charts of time_us against a step column for the runs of trace t: x_col is 1 (step),
+ * 2 (tokens) or 3 (context). */
+static void plot_time_against(report_ctx *ctx, size_t t, const char *name, const char *title,
                               const char *xlabel, int x_col, const char *style)
 {
-    plot_result *result = new_plot_result(ctx, name, title);
+    char chart_name[64], chart_title[200];
+    per_trace_names(ctx, t, name, title, chart_name, sizeof chart_name, chart_title, sizeof chart_title);
+    plot_result *result = new_plot_result(ctx, chart_name, chart_title);
     ar_plot plot;
     memset(&plot, 0, sizeof plot);
     snprintf(plot.xlabel, sizeof plot.xlabel, "%s", xlabel);
-    snprintf(plot.ylabel, sizeof plot.ylabel, "kernel time per step, all layers (µs)");
     double xlo = INFINITY, xhi = 0, ylo = INFINITY, yhi = 0;
     for (size_t r = 0; r < ctx->num_runs; r++) {
         const ar_run_data *run = &ctx->runs[r];
+        if (ctx->trace_of[r] != (int)t) continue;
         size_t points = 0;
         for (size_t i = 0; i < run->num_steps; i++) {
             const ar_step_row *s = &run->steps[i];
@@ -247,7 +266,7 @@ static void plot_time_against(report_ctx *ctx, const char *name, const char *tit
         }
         if (!points) continue;
         char label[160], csv[96], cols[16];
-        run_label(ctx, run, label, sizeof label);
+        run_label(run, label, sizeof label);
         snprintf(csv, sizeof csv, "data/run%lld.csv", (long long)run->id);
         snprintf(cols, sizeof cols, "%d:4", x_col);
         ar_plot_add(&plot, label, csv, cols, style);
@@ -258,6 +277,21 @@ static void plot_time_against(report_ctx *ctx, const char *name, const char *tit
     }
     plot.logx = x_col != 1 && wide_range(xlo, xhi);
     plot.logy = wide_range(ylo, yhi);
+    /* Times in the unit that reads best: on a log axis seconds with SI prefixes on the tics
+     * (100 µs, 10 ms, 1 s), else one unit for the whole axis. */
+    double divisor = 1.0;
+    const char *unit = "µs";
+    if (plot.logy) {
+        divisor = 1e6;
+        snprintf(plot.yformat, sizeof plot.yformat, "%%.0s %%cs");
+        snprintf(plot.ylabel, sizeof plot.ylabel, "kernel time per step, all layers (log scale)");
+    } else {
+        if (yhi >= 1e6) { divisor = 1e6; unit = "s"; }
+        else if (yhi >= 1e3) { divisor = 1e3; unit = "ms"; }
+        snprintf(plot.ylabel, sizeof plot.ylabel, "kernel time per step, all layers (%s)", unit);
+    }
+    for (int i = 0; i < plot.num_series; i++)
+        snprintf(plot.series[i].using_cols, sizeof plot.series[i].using_cols, "%d:($4/%g)", x_col, divisor);
     render(ctx, result, &plot);
 }
 
@@ -276,6 +310,7 @@ static void plot_errors(report_ctx *ctx)
     if (!group_of) return;
     for (size_t r = 0; r < ctx->num_runs; r++) {
         char key[128];
+        if (injected(&ctx->runs[r])) { group_of[r] = -1; continue; }   /* in the faults table */
         group_key(&ctx->runs[r], key, sizeof key);
         size_t g = 0;
         while (g < ctx->num_groups && strcmp(ctx->groups[g].label, key)) g++;
@@ -304,6 +339,7 @@ static void plot_errors(report_ctx *ctx)
         snprintf(plot.xlabel, sizeof plot.xlabel, "%s", metric_xlabels[m]);
         snprintf(plot.ylabel, sizeof plot.ylabel, "fraction of verified steps ≤ x (ECDF)");
         plot.logx = true;
+        snprintf(plot.xformat, sizeof plot.xformat, "%%.0te%%T");   /* 1e-6, not 0.0000010 */
         plot.ymin = 0;
         plot.ymax = 1.02;
         size_t zero_total = 0;
@@ -365,25 +401,34 @@ static void plot_errors(report_ctx *ctx)
             }
             free(values);
         }
+        char faults[160] = "";
+        if (ctx->num_faults)
+            snprintf(faults, sizeof faults, "%s%zu run(s) with a planted fault are left out (table \"Planted faults\")",
+                     zero_total ? "; " : "", ctx->num_faults);
         if (plot.num_series == 0) {
             snprintf(result->note, sizeof result->note,
-                     "not drawn: no verified step with a positive %s", metric_names[m]);
+                     "not drawn: no verified step with a positive %s%s%s", metric_names[m],
+                     ctx->num_faults ? " outside the runs with a planted fault" : "", "");
             continue;
         }
         if (zero_total)
             snprintf(result->note, sizeof result->note,
                      "%zu verified steps with exactly zero error sit left of the log axis "
                      "(each curve starts at their fraction)", zero_total);
+        size_t used = strlen(result->note);
+        snprintf(result->note + used, sizeof result->note - used, "%s", faults);
         render(ctx, result, &plot);
     }
     free(group_of);
 }
 
-/* Achieved TFLOP/s against arithmetic intensity under each device's roofline. */
-static void plot_roofline(report_ctx *ctx)
+/* Achieved TFLOP/s against arithmetic intensity under each device's roofline, runs of trace t. */
+static void plot_roofline(report_ctx *ctx, size_t t)
 {
-    plot_result *result = new_plot_result(ctx, "roofline",
-        "Roofline: achieved TFLOP/s against arithmetic intensity");
+    char chart_name[64], chart_title[200];
+    per_trace_names(ctx, t, "roofline", "Roofline: achieved TFLOP/s against arithmetic intensity", chart_name,
+                    sizeof chart_name, chart_title, sizeof chart_title);
+    plot_result *result = new_plot_result(ctx, chart_name, chart_title);
     ar_plot plot;
     memset(&plot, 0, sizeof plot);
     snprintf(plot.xlabel, sizeof plot.xlabel, "arithmetic intensity (FLOP/byte)");
@@ -392,6 +437,7 @@ static void plot_roofline(report_ctx *ctx)
     double xlo = INFINITY, xhi = 0, ylo = INFINITY, yhi = 0;
     for (size_t r = 0; r < ctx->num_runs; r++) {
         const ar_run_data *run = &ctx->runs[r];
+        if (ctx->trace_of[r] != (int)t) continue;
         size_t points = 0;
         for (size_t i = 0; i < run->num_steps; i++) {
             const ar_step_row *s = &run->steps[i];
@@ -405,7 +451,7 @@ static void plot_roofline(report_ctx *ctx)
         }
         if (!points) continue;
         char label[160], csv[96];
-        run_label(ctx, run, label, sizeof label);
+        run_label(run, label, sizeof label);
         snprintf(csv, sizeof csv, "data/run%lld.csv", (long long)run->id);
         ar_plot_add(&plot, label, csv, "5:6", "points pt 7 ps 0.6");
     }
@@ -419,6 +465,7 @@ static void plot_roofline(report_ctx *ctx)
     double roof_low[REPORT_MAX_DEVICES];
     size_t num_seen = 0;
     for (size_t r = 0; r < ctx->num_runs && num_seen < REPORT_MAX_DEVICES; r++) {
+        if (ctx->trace_of[r] != (int)t) continue;
         const ar_ceilings *c = &ctx->summaries[r].ceilings;
         bool dup = false;
         for (size_t k = 0; k < num_seen; k++)
@@ -634,7 +681,41 @@ static const char *num(char *buf, size_t len, double v, char style, int precisio
     return buf;
 }
 
-enum { TABLE_RUNS, TABLE_ERRORS, TABLE_CEILINGS, TABLE_CASCADE, NUM_TABLES };
+/* Three significant digits without an exponent for everyday sizes: 3870, 45.2, 0.00421. */
+static const char *sig3(char *buf, size_t len, double v)
+{
+    if (!isfinite(v)) snprintf(buf, len, "-");
+    else if (fabs(v) >= 100) snprintf(buf, len, "%.0f", v);
+    else if (fabs(v) >= 10) snprintf(buf, len, "%.1f", v);
+    else snprintf(buf, len, "%.3g", v);
+    return buf;
+}
+
+/* A duration given in microseconds, in the unit that reads best: 850.2 µs, 12.40 ms, 123.78 s. */
+static const char *duration_us(char *buf, size_t len, double us)
+{
+    if (!isfinite(us)) snprintf(buf, len, "-");
+    else if (us < 1e3) snprintf(buf, len, "%.1f µs", us);
+    else if (us < 1e6) snprintf(buf, len, "%.2f ms", us / 1e3);
+    else snprintf(buf, len, "%.2f s", us / 1e6);
+    return buf;
+}
+
+/* "value (percent of ceiling)" with the significant digits each needs. */
+static void with_fraction(char *buf, size_t len, double value, double ceiling)
+{
+    char a[32], b[32];
+    if (!isfinite(value)) {
+        snprintf(buf, len, "-");
+        return;
+    }
+    double pct = ceiling > 0 ? 100.0 * value / ceiling : NAN;
+    if (pct >= 10 || !isfinite(pct)) snprintf(b, sizeof b, "%.0f", pct);
+    else snprintf(b, sizeof b, "%.2g", pct);
+    snprintf(buf, len, "%s (%s%%)", sig3(a, sizeof a, value), b);
+}
+
+enum { TABLE_RUNS, TABLE_ERRORS, TABLE_CEILINGS, TABLE_CASCADE, TABLE_FAULTS, NUM_TABLES };
 
 /* Writes one table as HTML (html true) or Markdown.  Cells come from table_cell. */
 typedef struct {
@@ -657,27 +738,24 @@ static void table_cell(const report_ctx *ctx, int table, size_t row, int col, ch
         case 2: snprintf(buf, len, "%s", run->backend); break;
         case 3: snprintf(buf, len, "%s", run->device); break;
         case 4: snprintf(buf, len, "%s / %s", run->dtype, run->kv_dtype); break;
-        case 5: snprintf(buf, len, "%s", run->status); break;
-        case 6: snprintf(buf, len, "%zu", run->num_steps); break;
-        case 7: snprintf(buf, len, "%zu / %zu", s->verified - s->failed, s->verified); break;
-        case 8: snprintf(buf, len, "%s", num(a, sizeof a, s->time_median, 'f', 1)); break;
-        case 9: snprintf(buf, len, "%s", num(a, sizeof a, s->time_p90, 'f', 1)); break;
-        case 10: snprintf(buf, len, "%s", num(a, sizeof a, s->time_p99, 'f', 1)); break;
-        case 11: snprintf(buf, len, "%s", num(a, sizeof a, s->time_total_ms, 'f', 2)); break;
-        case 12:
-            if (isfinite(s->gbps_median))
-                snprintf(buf, len, "%.1f (%.0f%%)", s->gbps_median,
-                         100.0 * s->gbps_median / s->ceilings.copy_gbps);
-            else snprintf(buf, len, "-");
+        case 5: snprintf(buf, len, "%s", run->cascade_mode); break;
+        case 6: snprintf(buf, len, "%s", injected(run) ? run->inject : "none"); break;
+        case 7: snprintf(buf, len, "%s", run->verify[0] ? run->verify : "-"); break;
+        case 8:
+            if (run->error[0]) snprintf(buf, len, "%s: %.160s%s", run->status, run->error,
+                                        strlen(run->error) > 160 ? "..." : "");
+            else snprintf(buf, len, "%s", run->status);
             break;
-        case 13:
-            if (isfinite(s->tflops_median))
-                snprintf(buf, len, "%.2f (%.0f%%)", s->tflops_median,
-                         100.0 * s->tflops_median / s->ceilings.bf16_tflops);
-            else snprintf(buf, len, "-");
-            break;
-        case 14: snprintf(buf, len, "%s", num(a, sizeof a, s->nmse_max, 'g', 3)); break;
-        case 15: snprintf(buf, len, "%s", num(a, sizeof a, s->max_abs_max, 'g', 3)); break;
+        case 9: snprintf(buf, len, "%zu", run->num_steps); break;
+        case 10: snprintf(buf, len, "%zu / %zu", s->verified - s->failed, s->verified); break;
+        case 11: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_median)); break;
+        case 12: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_p90)); break;
+        case 13: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_p99)); break;
+        case 14: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_total_ms * 1e3)); break;
+        case 15: with_fraction(buf, len, s->gbps_median, s->ceilings.copy_gbps); break;
+        case 16: with_fraction(buf, len, s->tflops_median, s->ceilings.bf16_tflops); break;
+        case 17: snprintf(buf, len, "%s", num(a, sizeof a, s->nmse_max, 'g', 3)); break;
+        case 18: snprintf(buf, len, "%s", num(a, sizeof a, s->max_abs_max, 'g', 3)); break;
         }
     } else if (table == TABLE_ERRORS) {
         const error_group *g = &ctx->groups[row];
@@ -701,6 +779,25 @@ static void table_cell(const report_ctx *ctx, int table, size_t row, int col, ch
         case 2: snprintf(buf, len, "%.0f", c->bf16_tflops); break;
         case 3: snprintf(buf, len, "%s", c->source); break;
         }
+    } else if (table == TABLE_FAULTS) {
+        size_t r = ctx->fault_rows[row];
+        const ar_run_data *run = &ctx->runs[r];
+        const run_summary *s = &ctx->summaries[r];
+        char trace[128];
+        trace_short_name(run->trace, trace, sizeof trace);
+        switch (col) {
+        case 0: snprintf(buf, len, "%lld", (long long)run->id); break;
+        case 1: snprintf(buf, len, "%s", run->inject); break;
+        case 2: snprintf(buf, len, "%s", run->backend); break;
+        case 3: snprintf(buf, len, "%s", trace); break;
+        case 4: snprintf(buf, len, "%zu", s->verified); break;
+        case 5: snprintf(buf, len, "%zu", s->failed); break;
+        case 6:
+            if (s->verified == 0) snprintf(buf, len, "not checked: no step verified");
+            else if (s->failed) snprintf(buf, len, "caught");
+            else snprintf(buf, len, "NOT caught: every verified step passed");
+            break;
+        }
     } else if (table == TABLE_CASCADE) {
         const cascade_pair *p = &ctx->cascades[row];
         switch (col) {
@@ -715,9 +812,11 @@ static void table_cell(const report_ctx *ctx, int table, size_t row, int col, ch
 }
 
 static const char *const runs_headers[] = {
-    "run", "trace", "backend", "device", "dtype / kv", "status", "steps", "passed / verified",
-    "median µs", "p90 µs", "p99 µs", "total ms", "median GB/s (% copy)",
-    "median TFLOP/s (% bf16)", "max NMSE", "max abs err" };
+    "run", "trace", "backend", "device", "dtype / kv", "cascade", "inject", "verify", "status", "steps",
+    "passed / verified", "median time/step", "p90 time/step", "p99 time/step", "total time",
+    "median GB/s (% copy)", "median TFLOP/s (% bf16)", "max NMSE", "max abs err" };
+static const char *const faults_headers[] = {
+    "run", "planted fault", "backend", "trace", "verified steps", "failing steps", "verdict" };
 static const char *const errors_headers[] = {
     "backend dtype", "runs", "verified steps", "failed", "median NMSE", "p99 NMSE", "max NMSE",
     "median max abs", "max max abs" };
@@ -732,7 +831,10 @@ static table_shape shape_of(const report_ctx *ctx, int table)
     table_shape t = { 0, NULL, 0, 0 };
     switch (table) {
     case TABLE_RUNS:
-        t = (table_shape){ "Runs", runs_headers, 16, ctx->num_runs }; break;
+        t = (table_shape){ "Runs", runs_headers, 19, ctx->num_runs }; break;
+    case TABLE_FAULTS:
+        t = (table_shape){ "Planted faults (left out of the error charts and the errors table)", faults_headers, 7,
+                           ctx->num_faults }; break;
     case TABLE_ERRORS:
         t = (table_shape){ "Errors per backend and dtype", errors_headers, 9, ctx->num_groups }; break;
     case TABLE_CEILINGS:
@@ -752,7 +854,7 @@ typedef struct {
 static const table_markup html_markup = { "<tr>", "<th>", "</th>", "<td>", "</td>", "</tr>\n", html_text };
 static const table_markup md_markup = { "|", " ", " |", " ", " |", "\n", md_text };
 
-#define TABLE_MAX_COLS 16
+#define TABLE_MAX_COLS 24
 
 static void write_row(FILE *f, const table_markup *m, bool header, char cells[][512], int num_cols)
 {
@@ -771,7 +873,8 @@ static void write_table(FILE *f, const report_ctx *ctx, int table, bool html)
     if (t.num_rows == 0 || t.num_cols > TABLE_MAX_COLS) return;
     const table_markup *m = html ? &html_markup : &md_markup;
     char cells[TABLE_MAX_COLS][512];
-    if (html) fprintf(f, "<h2>%s</h2>\n<table>\n", t.title);
+    static const char *const ids[NUM_TABLES] = { "runs", "errors", "ceilings", "cascade", "faults" };
+    if (html) fprintf(f, "<h2>%s</h2>\n<div class=\"scroll\"><table id=\"%s\">\n", t.title, ids[table]);
     else fprintf(f, "## %s\n\n", t.title);
     for (int c = 0; c < t.num_cols; c++) snprintf(cells[c], sizeof cells[c], "%s", t.headers[c]);
     write_row(f, m, true, cells, t.num_cols);
@@ -784,7 +887,32 @@ static void write_table(FILE *f, const report_ctx *ctx, int table, bool html)
         for (int c = 0; c < t.num_cols; c++) table_cell(ctx, table, r, c, cells[c], sizeof cells[c]);
         write_row(f, m, false, cells, t.num_cols);
     }
-    fputs(html ? "</table>\n" : "\n", f);
+    fputs(html ? "</table></div>\n" : "\n", f);
+}
+
+/* The runs that stopped before their last step, with the reason each stopped, as a list. */
+static void write_unfinished(FILE *f, const report_ctx *ctx, bool html)
+{
+    size_t count = 0;
+    for (size_t r = 0; r < ctx->num_runs; r++) count += ar_rd_unfinished(&ctx->runs[r]) != 0;
+    if (!count) return;
+    fputs(html ? "<p>Runs that did not finish (their tables and charts hold only the steps they stored):</p>\n<ul>\n"
+               : "Runs that did not finish (their tables and charts hold only the steps they stored):\n\n", f);
+    for (size_t r = 0; r < ctx->num_runs; r++) {
+        const ar_run_data *run = &ctx->runs[r];
+        if (!ar_rd_unfinished(run)) continue;
+        char text[1200];
+        snprintf(text, sizeof text, "run %lld, status %s after %zu stored steps: %.1000s", (long long)run->id,
+                 run->status, run->num_steps,
+                 run->error[0] ? run->error
+                 : !strcmp(run->status, "running") ? "no reason recorded (still running, or killed)"
+                                                   : "no reason recorded");
+        fputs(html ? "<li>" : "- ", f);
+        if (html) html_text(f, text);
+        else md_text(f, text);
+        fputs(html ? "</li>\n" : "\n", f);
+    }
+    fputs(html ? "</ul>\n" : "\n", f);
 }
 
 static void now_text(char *buf, size_t len)
@@ -803,9 +931,12 @@ static int write_html(const report_ctx *ctx, char *err, size_t err_len)
     now_text(when, sizeof when);
     fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
           "<title>attnreplay report</title>\n<style>\n"
-          "body{font-family:sans-serif;margin:2em;max-width:1200px;color:#222}\n"
-          "table{border-collapse:collapse;margin:0.5em 0 1.5em 0;font-size:0.9em}\n"
-          "th,td{border:1px solid #bbb;padding:3px 8px;text-align:right}\n"
+          "body{font-family:sans-serif;margin:2em;max-width:1600px;color:#222}\n"
+          "table{border-collapse:collapse;margin:0.5em 0 1.5em 0;font-size:0.85em}\n"
+          "th,td{border:1px solid #bbb;padding:3px 8px;text-align:right;white-space:nowrap}\n"
+          "th{white-space:normal}.scroll{overflow-x:auto}\n"
+          "#runs td:nth-child(2){white-space:normal;min-width:10em}\n"
+          "#runs td:nth-child(9),#faults td:nth-child(7){white-space:normal;min-width:16em;text-align:left}\n"
           "th{background:#eee}td:first-child,th:first-child{text-align:left}\n"
           "figure{margin:1.5em 0}img{max-width:100%;border:1px solid #ddd}\n"
           "figcaption{color:#555;font-size:0.9em}.missing{color:#a00}\n"
@@ -815,6 +946,7 @@ static int write_html(const report_ctx *ctx, char *err, size_t err_len)
                "layers (median of --repeat). Percentiles interpolate between order statistics.</p>\n",
             ctx->num_runs, when);
     write_table(f, ctx, TABLE_RUNS, true);
+    write_unfinished(f, ctx, true);
     fputs("<h2>Plots</h2>\n", f);
     for (size_t i = 0; i < ctx->num_plots; i++) {
         const plot_result *p = &ctx->plots[i];
@@ -836,6 +968,7 @@ static int write_html(const report_ctx *ctx, char *err, size_t err_len)
         }
     }
     write_table(f, ctx, TABLE_ERRORS, true);
+    write_table(f, ctx, TABLE_FAULTS, true);
     write_table(f, ctx, TABLE_CASCADE, true);
     write_table(f, ctx, TABLE_CEILINGS, true);
     fputs("</body>\n</html>\n", f);
@@ -857,7 +990,9 @@ static int write_markdown(const report_ctx *ctx, char *err, size_t err_len)
     fprintf(f, "`, %zu run(s), generated %s. Times are the timed forward summed over layers "
                "(median of --repeat).\n\n", ctx->num_runs, when);
     write_table(f, ctx, TABLE_RUNS, false);
+    write_unfinished(f, ctx, false);
     write_table(f, ctx, TABLE_ERRORS, false);
+    write_table(f, ctx, TABLE_FAULTS, false);
     write_table(f, ctx, TABLE_CASCADE, false);
     write_table(f, ctx, TABLE_CEILINGS, false);
     fputs("## Plots\n\n", f);
@@ -895,6 +1030,8 @@ static void free_ctx(report_ctx *ctx)
     free(ctx->runs);
     free(ctx->summaries);
     free(ctx->cascades);
+    free(ctx->trace_of);
+    free(ctx->fault_rows);
     if (ctx->db) ar_rd_close(ctx->db);
 }
 
@@ -923,6 +1060,7 @@ static int add_run_ids(const char *text, int64_t **ids, size_t *count)
 
 int ar_report_main(int argc, char **argv)
 {
+    char out_dir[4096];
     report_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     int64_t *ids = NULL;
@@ -941,7 +1079,8 @@ int ar_report_main(int argc, char **argv)
             }
             const char *value = argv[++i];
             if (!strcmp(arg, "--out")) {
-                ctx.out_dir = value;
+                ar_rd_dir_name(value, out_dir, sizeof out_dir);
+                ctx.out_dir = out_dir;
             } else if (add_run_ids(value, &ids, &num_ids) != 0) {
                 fprintf(stderr, "report: --run '%s': expected run ids like 3 or 1,2\n", value);
                 free(ids);
@@ -986,7 +1125,9 @@ int ar_report_main(int argc, char **argv)
     }
     ctx.runs = calloc(num_ids, sizeof *ctx.runs);
     ctx.summaries = calloc(num_ids, sizeof *ctx.summaries);
-    if (!ctx.runs || !ctx.summaries) {
+    ctx.trace_of = calloc(num_ids, sizeof *ctx.trace_of);
+    ctx.fault_rows = calloc(num_ids, sizeof *ctx.fault_rows);
+    if (!ctx.runs || !ctx.summaries || !ctx.trace_of || !ctx.fault_rows) {
         fprintf(stderr, "report: out of memory\n");
         free_ctx(&ctx);
         free(ids);
@@ -1006,16 +1147,33 @@ int ar_report_main(int argc, char **argv)
     }
     free(ids);
 
-    char data_dir[4096];
+    char data_dir[4200];
     snprintf(data_dir, sizeof data_dir, "%s/data", ctx.out_dir);
-    if (make_dir(ctx.out_dir, err, sizeof err) != 0 || make_dir(data_dir, err, sizeof err) != 0 ||
-        write_run_csvs(&ctx, err, sizeof err) != 0) {
+    if (ar_output_dir_prepare(ctx.out_dir, err, sizeof err) != 0 ||
+        ar_output_dir_prepare(data_dir, err, sizeof err) != 0 || write_run_csvs(&ctx, err, sizeof err) != 0) {
         fprintf(stderr, "report: %s\n", err);
         free_ctx(&ctx);
         return 2;
     }
     for (size_t r = 0; r < ctx.num_runs; r++) {
-        ctx.multiple_traces |= strcmp(ctx.runs[r].trace, ctx.runs[0].trace) != 0;
+        /* one set of per-run charts per trace (same hash, or the same path without one) */
+        const ar_run_data *run = &ctx.runs[r];
+        ctx.trace_of[r] = -1;
+        for (size_t t = 0; t < ctx.num_traces && ctx.trace_of[r] < 0; t++) {
+            const ar_run_data *first = &ctx.runs[ctx.trace_rows[t]];
+            bool same = run->trace_hash[0] && first->trace_hash[0] ? !strcmp(run->trace_hash, first->trace_hash)
+                                                                   : !strcmp(run->trace, first->trace);
+            if (same) ctx.trace_of[r] = (int)t;
+        }
+        if (ctx.trace_of[r] < 0) {
+            if (ctx.num_traces < REPORT_MAX_TRACES) {
+                ctx.trace_rows[ctx.num_traces] = r;
+                ctx.trace_of[r] = (int)ctx.num_traces++;
+            } else {
+                ctx.traces_left_out++;
+            }
+        }
+        if (injected(run)) ctx.fault_rows[ctx.num_faults++] = r;
         summarize_run(&ctx, r);
         bool known = false;
         for (size_t k = 0; k < ctx.num_devices; k++)
@@ -1025,16 +1183,23 @@ int ar_report_main(int argc, char **argv)
 
     if (!ar_plot_have_gnuplot())
         fprintf(stderr, "report: gnuplot is not on PATH (install gnuplot-nox); tables only\n");
-    plot_time_against(&ctx, "step_time", "Per-step kernel time over the run", "step (index in the trace)",
-                      1, "lines lw 1.5");
-    plot_time_against(&ctx, "time_vs_tokens", "Kernel time against batch tokens",
-                      "batch tokens scheduled in the step (tokens)", 2, "points pt 7 ps 0.6");
-    plot_time_against(&ctx, "time_vs_context", "Kernel time against total context",
-                      "total context = sum of sequence lengths in the batch (tokens)", 3,
-                      "points pt 7 ps 0.6");
+    for (size_t t = 0; t < ctx.num_traces; t++) {
+        plot_time_against(&ctx, t, "step_time", "Per-step kernel time over the run", "step (index in the trace)",
+                          1, "linespoints lw 1.5 pt 7 ps 0.4");
+        plot_time_against(&ctx, t, "time_vs_tokens", "Kernel time against batch tokens",
+                          "batch tokens scheduled in the step (tokens)", 2, "points pt 7 ps 0.6");
+        plot_time_against(&ctx, t, "time_vs_context", "Kernel time against total context",
+                          "total context = sum of sequence lengths in the batch (tokens)", 3,
+                          "points pt 7 ps 0.6");
+    }
     plot_errors(&ctx);
-    plot_roofline(&ctx);
+    for (size_t t = 0; t < ctx.num_traces; t++) plot_roofline(&ctx, t);
     plot_cascade(&ctx);
+    if (ctx.traces_left_out) {
+        plot_result *p = new_plot_result(&ctx, "more_traces", "Charts of further traces");
+        snprintf(p->note, sizeof p->note, "not drawn: the runs replay %zu more traces than the %d a report charts; "
+                 "select runs with --run", ctx.traces_left_out, REPORT_MAX_TRACES);
+    }
 
     if (write_html(&ctx, err, sizeof err) != 0 || write_markdown(&ctx, err, sizeof err) != 0) {
         fprintf(stderr, "report: %s\n", err);

@@ -17,15 +17,17 @@ extern "C" {
  * failing), 2 on usage errors or bad input (missing database, unknown run). */
 int ar_report_main(int argc, char **argv);
 
-/* attnreplay diff DB RUN_A RUN_B [--threshold 5%] [--error-growth 2]
+/* attnreplay diff DB RUN_A RUN_B [--threshold 5%] [--error-growth 2] [--allow-unfinished]
  * argv[0] = "diff".  RUN_A is the baseline, RUN_B the candidate.  Returns 0 when there is
- * no regression, 1 on a regression, 2 on usage errors or bad input. */
+ * no regression, 1 on a regression, 2 on usage errors or bad input - a run that did not
+ * finish (status running, interrupted or error) among them unless --allow-unfinished. */
 int ar_diff_main(int argc, char **argv);
 
 /* What diff decides with. */
 typedef struct {
     double threshold;         /* relative slowdown counted as a regression, e.g. 0.05 */
     double error_growth;      /* max_abs (and sqrt NMSE) growth factor counted as a regression */
+    int allow_unfinished;     /* compare runs that stopped early (else refused) */
 } ar_diff_options;
 
 /* What diff found (all ratios are candidate / baseline). */
@@ -49,7 +51,8 @@ typedef struct {
 } ar_diff_result;
 
 /* Compares run_b against run_a in the database at db_path without printing.  Returns 0 and
- * fills out, or -1 with a message (unknown run, different traces, unreadable database). */
+ * fills out, or -1 with a message (unknown run, different traces, unreadable database, a run
+ * that did not finish without opt->allow_unfinished). */
 int ar_diff_runs(const char *db_path, int64_t run_a, int64_t run_b, const ar_diff_options *opt,
                  ar_diff_result *out, char *err, size_t err_len);
 
@@ -58,7 +61,7 @@ int ar_parse_threshold(const char *text, double *out);
 
 /* attnreplay plan --workload SPEC --model PRESET --device DEV [--db DB [--run ID ...]]
  *                 [--rates 0.5,1,2,4] [--kv-blocks N,... | --kv-mem SIZE,...]
- *                 [--slo ttft_p90=2s,tpot_p90=50ms] [--out DIR] [...]
+ *                 [--slo ttft_p90=2s,tpot_p90=50ms] --out DIR [...]
  * argv[0] = "plan".  Fits the attention part of the step-time model from measured replay
  * steps, runs the simulator over a sweep of arrival-rate scales and KV-cache sizes, and
  * reports latency percentiles, throughput, preemptions and the largest load meeting the SLO.

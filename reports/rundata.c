@@ -87,15 +87,36 @@ static double column_double_or_nan(sqlite3_stmt *st, int col)
     return sqlite3_column_type(st, col) == SQLITE_NULL ? NAN : sqlite3_column_double(st, col);
 }
 
+/* True when the runs table has a column of this name (older databases may lack one). */
+static int runs_has_column(sqlite3 *db, const char *name)
+{
+    sqlite3_stmt *st = NULL;
+    int found = 0;
+    if (sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info('runs')", -1, &st, NULL) != SQLITE_OK) return 0;
+    while (!found && sqlite3_step(st) == SQLITE_ROW) {
+        const unsigned char *column = sqlite3_column_text(st, 0);
+        found = column && strcmp((const char *)column, name) == 0;
+    }
+    sqlite3_finalize(st);
+    return found;
+}
+
+int ar_rd_unfinished(const ar_run_data *run)
+{
+    return !strcmp(run->status, "running") || !strcmp(run->status, "interrupted") || !strcmp(run->status, "error");
+}
+
 int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, size_t err_len)
 {
     sqlite3 *db = handle;
     sqlite3_stmt *st = NULL;
     memset(out, 0, sizeof *out);
-    if (sqlite3_prepare_v2(db,
-            "SELECT id, trace, trace_hash, backend, device, dtype, kv_dtype, model, status, "
-            "cascade, layers, steps_done, steps_failed, inject FROM runs WHERE id = ?",
-            -1, &st, NULL) != SQLITE_OK) {
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT id, trace, trace_hash, backend, device, dtype, kv_dtype, model, status, "
+             "cascade, layers, steps_done, steps_failed, inject, %s, %s FROM runs WHERE id = ?",
+             runs_has_column(db, "verify") ? "verify" : "''", runs_has_column(db, "error") ? "error" : "''");
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
         snprintf(err, err_len, "reading run %lld: %s (schema in replay/db.h)",
                  (long long)run_id, sqlite3_errmsg(db));
         return -1;
@@ -120,9 +141,12 @@ int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, si
     out->steps_done = sqlite3_column_int64(st, 11);
     out->steps_failed = sqlite3_column_int64(st, 12);
     out->inject = column_text_dup(st, 13);
+    out->verify = column_text_dup(st, 14);
+    out->error = column_text_dup(st, 15);
     sqlite3_finalize(st);
     if (!out->trace || !out->trace_hash || !out->backend || !out->device || !out->dtype ||
-        !out->kv_dtype || !out->model || !out->status || !out->cascade_mode || !out->inject) {
+        !out->kv_dtype || !out->model || !out->status || !out->cascade_mode || !out->inject ||
+        !out->verify || !out->error) {
         snprintf(err, err_len, "out of memory");
         ar_rd_free_run(out);
         return -1;
@@ -187,6 +211,8 @@ void ar_rd_free_run(ar_run_data *run)
     free(run->status);
     free(run->cascade_mode);
     free(run->inject);
+    free(run->verify);
+    free(run->error);
     free(run->steps);
     memset(run, 0, sizeof *run);
 }
@@ -263,4 +289,11 @@ int ar_rd_parse_run_id(const char *text, int64_t *id)
     if (errno || *end || v < 0) return -1;
     *id = v;
     return 0;
+}
+
+void ar_rd_dir_name(const char *path, char *out, size_t len)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    snprintf(out, len, "%.*s", (int)n, path);
 }

@@ -39,6 +39,8 @@ typedef struct {
     int64_t id;
     char *trace, *trace_hash, *backend, *device, *dtype, *kv_dtype, *model, *status, *cascade_mode;
     char *inject;             /* 'none' or the planted fault */
+    char *verify;             /* 'all', 'sample:N' or 'off' */
+    char *error;              /* why the run stopped ('' when none is recorded; runs.error) */
     int64_t layers;
     int64_t steps_done, steps_failed;
     ar_step_row *steps;       /* [num_steps] ordered by step */
@@ -60,7 +62,12 @@ void ar_rd_close(void *handle);
 /* Lists every run id in the database in ascending order.  *ids is malloc'd [*count]. */
 int ar_rd_list_runs(void *handle, int64_t **ids, size_t *count, char *err, size_t err_len);
 
-/* Loads one run and its steps.  Returns 0, or -1 with a message (unknown run, bad schema). */
+/* True when a run of this status stopped before its last step: 'running' (still going, or
+ * killed), 'interrupted', 'error'. */
+int ar_rd_unfinished(const ar_run_data *run);
+
+/* Loads one run and its steps.  Returns 0, or -1 with a message (unknown run, bad schema).
+ * The reason a run stopped comes from runs.error when the database has that column. */
 int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, size_t err_len);
 void ar_rd_free_run(ar_run_data *run);
 
@@ -73,6 +80,10 @@ void ar_rd_ceilings(void *handle, const char *device, const char *backend, ar_ce
 /* The q-quantile (0..1) of values[n] by linear interpolation between order statistics
  * (numpy's default); sorts values in place.  NAN when n == 0. */
 double ar_rd_quantile(double *values, size_t n, double q);
+
+/* A directory argument without its trailing slashes ("out/" -> "out", "/" stays), so paths
+ * built from it print as out/index.html. */
+void ar_rd_dir_name(const char *path, char *out, size_t len);
 
 /* Parses a run id ("12"); returns 0 on success. */
 int ar_rd_parse_run_id(const char *text, int64_t *id);

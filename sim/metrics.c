@@ -5,13 +5,19 @@
  * none); E2E = last token - arrival; number of preemptions; prefix-hit tokens at admission.
  * A token's time is the end of the step that sampled it.  Written as CSV or as SQLite tables;
  * the summary (p50/p90/p99, throughput, KV usage, prefix-hit rate, preemptions,
- * cascade-eligible steps) is printed as text. */
+ * cascade-eligible steps) is printed as text.  Fidelity (vllm-run workloads): mean, p50 and p90
+ * of TTFT and TPOT, simulated and real, over the same finished requests (ar_sim_fidelity). */
 #include "sim.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -44,7 +50,7 @@ static double tpot_of(const ar_sim_req_info *r)
 static int write_csv(const ar_sim *s, const char *path, char *err, size_t err_len)
 {
     FILE *f = fopen(path, "w");
-    if (!f) { snprintf(err, err_len, "%s: cannot create", path); return -1; }
+    if (!f) { snprintf(err, err_len, "%s: cannot create: %s", path, strerror(errno)); return -1; }
     fprintf(f, "req,arrival,prompt_len,output_len,status,queueing,ttft,tpot,e2e,preemptions,prefix_hit_tokens\n");
     static const char *status_names[] = {"pending", "waiting", "running", "preempted", "finished", "skipped"};
     for (int i = 0; i < ar_sim_num_requests(s); i++) {
@@ -66,7 +72,7 @@ static int write_csv(const ar_sim *s, const char *path, char *err, size_t err_le
     char kv_path[4096];
     snprintf(kv_path, sizeof kv_path, "%s.kv.csv", path);
     f = fopen(kv_path, "w");
-    if (!f) { snprintf(err, err_len, "%s: cannot create", kv_path); return -1; }
+    if (!f) { snprintf(err, err_len, "%s: cannot create: %s", kv_path, strerror(errno)); return -1; }
     fprintf(f, "time,used_blocks,usable_blocks,running,waiting,num_tokens,admitted_prompt_tokens,admitted_hit_tokens\n");
     int64_t n;
     const ar_sim_kv_sample *k = ar_sim_kv_samples(s, &n);
@@ -181,11 +187,92 @@ done:
     return rc;
 }
 
+bool ar_sim_metrics_is_sqlite(const char *path)
+{
+    return ends_with(path, ".db") || ends_with(path, ".sqlite") || ends_with(path, ".sqlite3");
+}
+
 int ar_sim_write_metrics(const ar_sim *s, const char *path, char *err, size_t err_len)
 {
-    if (ends_with(path, ".db") || ends_with(path, ".sqlite") || ends_with(path, ".sqlite3"))
+    if (ar_sim_metrics_is_sqlite(path))
         return write_sqlite(s, path, err, err_len);
     return write_csv(s, path, err, err_len);
+}
+
+int ar_output_file_check(const char *path, char *err, size_t err_len)
+{
+    struct stat st;
+    if (!path || !*path) {
+        snprintf(err, err_len, "(empty path): no file name");
+        return -1;
+    }
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "%s: is a directory", path);
+        return -1;
+    }
+    bool existed = access(path, F_OK) == 0;
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, err_len, "%s: cannot write: %s", path, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    if (!existed) unlink(path);
+    return 0;
+}
+
+int ar_output_dir_prepare(const char *path, char *err, size_t err_len)
+{
+    struct stat st;
+    if (!path || !*path) {
+        snprintf(err, err_len, "(empty path): no directory name");
+        return -1;
+    }
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        snprintf(err, err_len, "%s: cannot create directory: %s", path, strerror(errno));
+        return -1;
+    }
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "%s: exists and is not a directory", path);
+        return -1;
+    }
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.attnreplay-write-check-XXXXXX", path);
+    int fd = mkstemp(probe);
+    if (fd < 0) {
+        snprintf(err, err_len, "%s: cannot write into the directory: %s", path, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+/* path with its directory resolved (realpath) and its last component kept, so two spellings of
+ * a file that does not exist yet compare equal; the path as given when its directory does not
+ * resolve. */
+static void canonical_path(const char *path, char *buf, size_t len)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[4096], resolved[PATH_MAX];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (realpath(dir, resolved)) snprintf(buf, len, "%s/%s", resolved, slash ? slash + 1 : path);
+    else snprintf(buf, len, "%s", path);
+}
+
+bool ar_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (!a || !b) return false;
+    bool a_exists = stat(a, &sa) == 0, b_exists = stat(b, &sb) == 0;
+    if (a_exists && b_exists) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (a_exists != b_exists) return false;
+    char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+    canonical_path(a, ca, sizeof ca);
+    canonical_path(b, cb, sizeof cb);
+    return strcmp(ca, cb) == 0;
 }
 
 /* One line "name mean p50 p90 p99" over values. */
@@ -206,38 +293,139 @@ static double mean_of(const double *v, int n)
     return n ? m / n : 0;
 }
 
-/* For vllm-run workloads: the real engine's TTFT/TPOT next to the simulated ones (sim_ttft and
- * sim_tpot are sorted by the caller's print_dist). */
-static void print_real_engine(const ar_sim *s, FILE *f, double *sim_ttft, int n_ttft, double *sim_tpot, int n_tpot)
+/* mean, p50, p90 of v[n] (sorted in place) */
+static void three_stats(double *v, int n, double out[3])
 {
-    int nr = ar_sim_num_requests(s), n = 0, nt = 0;
-    double *ttft = malloc((size_t)(nr + 1) * sizeof(double)), *tpot = malloc((size_t)(nr + 1) * sizeof(double));
-    if (!ttft || !tpot) { free(ttft); free(tpot); return; }
+    out[0] = mean_of(v, n);
+    out[1] = ar_quantile(v, n, 0.5);
+    out[2] = ar_quantile(v, n, 0.9);
+}
+
+int ar_sim_fidelity(const ar_sim *s, ar_fidelity *out)
+{
+    memset(out, 0, sizeof *out);
+    int nr = ar_sim_num_requests(s);
+    double *buf = malloc((size_t)(4 * nr + 4) * sizeof(double));
+    if (!buf) return -1;
+    double *sim_ttft = buf, *real_ttft = buf + nr + 1, *sim_tpot = buf + 2 * nr + 2, *real_tpot = buf + 3 * nr + 3;
+    int n = 0, nt = 0;
     for (int i = 0; i < nr; i++) {
         const ar_workload_req *w = ar_sim_workload_req(s, i);
-        if (w->real_ttft >= 0) ttft[n++] = w->real_ttft;
-        if (w->real_tpot >= 0) tpot[nt++] = w->real_tpot;
-    }
-    if (n > 0) {
-        fprintf(f, "  real engine (from the workload file), simulated vs real:\n");
-        double qs[3] = {-1, 0.5, 0.9};
-        const char *names[3] = {"mean", "p50", "p90"};
-        for (int m = 0; m < 2; m++) {
-            double *real = m ? tpot : ttft, *sim = m ? sim_tpot : sim_ttft;
-            int nreal = m ? nt : n, nsim = m ? n_tpot : n_ttft;
-            double unit = m ? 1000.0 : 1.0;
-            fprintf(f, "    %-5s", m ? "TPOT" : "TTFT");
-            for (int k = 0; k < 3; k++) {
-                double a = qs[k] < 0 ? mean_of(sim, nsim) : ar_quantile(sim, nsim, qs[k]);
-                double b = qs[k] < 0 ? mean_of(real, nreal) : ar_quantile(real, nreal, qs[k]);
-                fprintf(f, "  %s %.3f vs %.3f %s (%+.1f%%)", names[k], a * unit, b * unit, m ? "ms" : "s",
-                        b != 0 ? 100.0 * (a / b - 1) : 0.0);
-            }
-            fprintf(f, "\n");
+        ar_sim_req_info r;
+        ar_sim_request(s, i, &r);
+        if (r.status != AR_REQ_FINISHED) continue;
+        if (w->real_ttft >= 0) {
+            sim_ttft[n] = r.first_token - r.arrival;
+            real_ttft[n++] = w->real_ttft;
+        }
+        double tpot = tpot_of(&r);
+        if (w->real_tpot >= 0 && tpot >= 0) {
+            sim_tpot[nt] = tpot;
+            real_tpot[nt++] = w->real_tpot;
         }
     }
-    free(ttft);
-    free(tpot);
+    out->num_ttft = n;
+    out->num_tpot = nt;
+    three_stats(sim_ttft, n, out->sim_ttft);
+    three_stats(real_ttft, n, out->real_ttft);
+    three_stats(sim_tpot, nt, out->sim_tpot);
+    three_stats(real_tpot, nt, out->real_tpot);
+    for (int k = 0; k < 3; k++) {
+        out->gap_ttft[k] = out->real_ttft[k] > 0 ? out->sim_ttft[k] / out->real_ttft[k] - 1 : 0;
+        out->gap_tpot[k] = out->real_tpot[k] > 0 ? out->sim_tpot[k] / out->real_tpot[k] - 1 : 0;
+    }
+    free(buf);
+    return n > 0 ? 0 : -1;
+}
+
+/* For vllm-run workloads: the real engine's TTFT/TPOT next to the simulated ones, over the same
+ * finished requests. */
+static void print_real_engine(const ar_sim *s, FILE *f)
+{
+    ar_fidelity fid;
+    if (ar_sim_fidelity(s, &fid) != 0) return;
+    fprintf(f, "  real engine (from the workload file), simulated vs real over %d finished requests:\n", fid.num_ttft);
+    const char *names[3] = {"mean", "p50", "p90"};
+    for (int m = 0; m < 2; m++) {
+        const double *sim = m ? fid.sim_tpot : fid.sim_ttft, *real = m ? fid.real_tpot : fid.real_ttft;
+        const double *gap = m ? fid.gap_tpot : fid.gap_ttft;
+        double unit = m ? 1000.0 : 1.0;
+        fprintf(f, "    %-5s", m ? "TPOT" : "TTFT");
+        for (int k = 0; k < 3; k++)
+            fprintf(f, "  %s %.3f vs %.3f %s (%+.1f%%)", names[k], sim[k] * unit, real[k] * unit, m ? "ms" : "s",
+                    100.0 * gap[k]);
+        fprintf(f, "\n");
+    }
+}
+
+void ar_sim_load_check(const ar_sim *s, ar_sim_load *out)
+{
+    memset(out, 0, sizeof *out);
+    int nr = ar_sim_num_requests(s);
+    double first = -1, last = -1, work = 0;
+    int *admitted = malloc((size_t)(nr + 1) * sizeof *admitted);
+    if (!admitted) return;
+    for (int i = 0; i < nr; i++) {
+        ar_sim_req_info r;
+        ar_sim_request(s, i, &r);
+        if (r.status == AR_REQ_SKIPPED) continue;
+        admitted[out->requests++] = i;
+        if (first < 0 || r.arrival < first) first = r.arrival;
+        if (r.arrival > last) last = r.arrival;
+        work += (double)(r.prompt_len - r.prefix_hit_tokens + r.output_len - 1);
+    }
+    if (out->requests == 0) {
+        free(admitted);
+        return;
+    }
+    out->arrival_span_s = last - first;
+    int64_t n;
+    const ar_sim_kv_sample *k = ar_sim_kv_samples(s, &n);
+    ar_sim_summary sum;
+    ar_sim_summarize(s, &sum);
+    double backlog_tokens = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double end = i + 1 < n ? k[i + 1].time : sum.duration;
+        if (k[i].waiting > 0) {
+            out->backlogged_s += end - k[i].time;
+            backlog_tokens += k[i].num_tokens;
+        }
+        if (k[i].time <= last) out->waiting_at_last_arrival = k[i].waiting;
+    }
+    if (out->arrival_span_s > 0) out->offered_tokens_per_s = work / out->arrival_span_s;
+    if (out->backlogged_s > 0) out->served_tokens_per_s = backlog_tokens / out->backlogged_s;
+    if (out->served_tokens_per_s > 0) out->load = out->offered_tokens_per_s / out->served_tokens_per_s;
+    /* queueing of the first and last tenth of the requests in arrival order (workload order) */
+    int tenth = out->requests / 10 > 0 ? out->requests / 10 : 1;
+    int counted[2] = { 0, 0 };
+    for (int part = 0; part < 2; part++) {
+        double total = 0;
+        for (int j = 0; j < tenth; j++) {
+            ar_sim_req_info r;
+            ar_sim_request(s, admitted[part ? out->requests - tenth + j : j], &r);
+            if (r.first_scheduled < 0) continue;
+            total += r.first_scheduled - r.arrival;
+            counted[part]++;
+        }
+        double mean = counted[part] ? total / counted[part] : 0;
+        if (part) out->queueing_last_tenth_s = mean;
+        else out->queueing_first_tenth_s = mean;
+    }
+    free(admitted);
+    out->overloaded = out->requests >= 10 && out->load > AR_SIM_OVERLOAD && out->waiting_at_last_arrival > 0;
+}
+
+void ar_sim_load_warning(const ar_sim_load *load, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "the offered load exceeds what this engine serves: the requests bring %.0f tokens/s of work over "
+             "%.1f s of arrivals, the engine served %.0f tokens/s while requests waited (load %.2fx), and %d were "
+             "still waiting at the last arrival. Queueing grows without bound: the first tenth of the requests "
+             "waited %.3g s on average, the last tenth %.3g s, so TTFT and E2E measure the queue and the length "
+             "of the workload, not the engine. Lower the rate (--time-scale above 1, --limit) or add capacity "
+             "(--num-blocks or --kv-mem, --max-num-seqs, --max-num-batched-tokens, a faster --step-time, tp=N)",
+             load->offered_tokens_per_s, load->arrival_span_s, load->served_tokens_per_s, load->load,
+             load->waiting_at_last_arrival, load->queueing_first_tenth_s, load->queueing_last_tenth_s);
 }
 
 void ar_sim_print_summary(const ar_sim *s, FILE *f)
@@ -283,7 +471,16 @@ void ar_sim_print_summary(const ar_sim *s, FILE *f)
             sum.prompt_tokens ? 100.0 * (double)sum.prefix_hit_tokens / (double)sum.prompt_tokens : 0.0);
     fprintf(f, "  preemptions: %lld (%d requests); cascade-eligible steps: %lld\n", (long long)sum.preemptions,
             preempted_reqs, (long long)sum.cascade_eligible_steps);
-    print_real_engine(s, f, ttft, n, tpot, nt);
+    ar_sim_load load;
+    ar_sim_load_check(s, &load);
+    if (load.served_tokens_per_s > 0)
+        fprintf(f, "  load: offered %.0f tok/s over %.1f s of arrivals; served %.0f tok/s while requests waited "
+                   "(%.1f s); %.2fx%s\n", load.offered_tokens_per_s, load.arrival_span_s, load.served_tokens_per_s,
+                load.backlogged_s, load.load, load.overloaded ? ": OVERLOADED, queueing grows without bound" : "");
+    else
+        fprintf(f, "  load: offered %.0f tok/s over %.1f s of arrivals; no request ever waited\n",
+                load.offered_tokens_per_s, load.arrival_span_s);
+    print_real_engine(s, f);
     free(ttft);
     free(tpot);
     free(e2e);

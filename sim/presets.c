@@ -46,19 +46,42 @@ static const ar_model_preset presets[] = {
     },
 };
 
-/* Dense bf16 tensor-core peaks with fp32 accumulation (no sparsity) and memory bandwidth. */
+/* Dense bf16 tensor-core peaks with fp32 accumulation (no sparsity), memory bandwidth, the
+ * tensor-parallel interconnect, and each device's efficiency table (the roofline's defaults).
+ *
+ * Interconnect: link_bw is what one device moves each way at once during a ring all-reduce.
+ * NVLink 4 (H100/H200 SXM): 900 GB/s bidirectional per GPU = 450 GB/s each way (datasheets);
+ * NCCL's all-reduce reaches ~80% of it on 8 GPUs (nccl-tests bus bandwidth ~360 GB/s), taken as
+ * 360 GB/s, latency 10 us (a small-message all-reduce: vLLM's custom one-shot all-reduce or NCCL's
+ * LL protocol).  PCIe: 4.0 x16 carries 31.5 GB/s each way, 5.0 x16 63 GB/s (PCI-SIG); GeForce
+ * cards have no peer-to-peer, so NCCL stages through host memory: RTX 4090 taken as 20 GB/s and
+ * 30 us, RTX PRO 6000 (peer-to-peer over PCIe 5.0) as 50 GB/s and 20 us.  The PCIe figures are
+ * estimates from the link rates, not measurements; give link_bw= / link_lat= to replace them.
+ *
+ * Efficiency tables: H200 from `attnreplay calibrate` on the project's H200 (cuBLAS bf16 GEMM
+ * 763.5 of 989 TFLOP/s = 0.77; device copy 4233 of 4800 GB/s = 0.88; BENCHMARKS.md "Device
+ * ceilings"); H100 shares the H200's SM90 core and takes its table (not measured).  The RTX
+ * cards have no measurement: the generic 0.7 / 0.5 / 0.8 (GEMM / attention / bandwidth). */
 static const ar_device_spec devices[] = {
     {"rtx4090", 165.2e12, 1008e9, 128,
      "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): 165.2 dense BF16 TFLOP/s with FP32 "
-     "accumulate (330.3 with sparsity), 1008 GB/s GDDR6X, 128 SMs"},
+     "accumulate (330.3 with sparsity), 1008 GB/s GDDR6X, 128 SMs",
+     "pcie", 20e9, 30e-6, "PCIe 4.0 x16 (31.5 GB/s each way), no peer-to-peer: estimate 20 GB/s, 30 us",
+     0.7, 0.5, 0.8, "generic (no measurement of this device)"},
     {"rtxpro6000", 503.8e12, 1792e9, 188,
      "NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet / RTX Blackwell whitepaper: about "
      "504 dense BF16 TFLOP/s with FP32 accumulate (about 1008 with sparsity), 1792 GB/s GDDR7, 188 SMs; "
-     "the TFLOP/s figure is derived from the 4 PFLOP sparse FP4 headline, not measured"},
+     "the TFLOP/s figure is derived from the 4 PFLOP sparse FP4 headline, not measured",
+     "pcie", 50e9, 20e-6, "PCIe 5.0 x16 (63 GB/s each way), peer-to-peer: estimate 50 GB/s, 20 us",
+     0.7, 0.5, 0.8, "generic (no measurement of this device)"},
     {"h200", 989e12, 4.8e12, 132,
      "NVIDIA H200 SXM datasheet: 989 dense BF16 TFLOP/s, 4.8 TB/s HBM3e, 132 SMs "
-     "(measured on the project H200: ~790 TFLOP/s GEMM, ~4.3 TB/s copy)"},
-    {"h100", 989e12, 3.35e12, 132, "NVIDIA H100 SXM datasheet: 989 dense BF16 TFLOP/s, 3.35 TB/s, 132 SMs"},
+     "(measured on the project H200: ~790 TFLOP/s GEMM, ~4.3 TB/s copy)",
+     "nvlink", 360e9, 10e-6, "NVLink 4, 450 GB/s each way; all-reduce at ~80%: 360 GB/s, 10 us",
+     0.77, 0.5, 0.88, "attnreplay calibrate on the project H200: GEMM 763.5 TFLOP/s, copy 4233 GB/s"},
+    {"h100", 989e12, 3.35e12, 132, "NVIDIA H100 SXM datasheet: 989 dense BF16 TFLOP/s, 3.35 TB/s, 132 SMs",
+     "nvlink", 360e9, 10e-6, "NVLink 4, 450 GB/s each way; all-reduce at ~80%: 360 GB/s, 10 us",
+     0.77, 0.5, 0.88, "the H200's table (same SM90 core; not measured on an H100)"},
 };
 
 const ar_model_preset *ar_model_preset_find(const char *name)
@@ -133,4 +156,14 @@ double ar_preset_total_params(const ar_model_preset *p)
             total += 3.0 * h * p->intermediate;
     }
     return total;
+}
+
+const ar_device_spec *ar_device_match(const char *gpu_name)
+{
+    static const struct { const char *pattern, *preset; } names[] = {
+        {"H200", "h200"}, {"H100", "h100"}, {"RTX PRO 6000", "rtxpro6000"}, {"4090", "rtx4090"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcasestr(gpu_name, names[i].pattern)) return ar_device_find(names[i].preset);
+    return ar_device_find(gpu_name);
 }

@@ -1,7 +1,8 @@
 /* scheduler.c - the step-by-step vLLM V1 scheduler simulation (semantics sections 5.2, 8.4,
- * 8.5): KV block pool with the null block 0, a prefix cache keyed by chained content keys
- * (hash map) with LRU eviction of free cached blocks (intrusive doubly-linked free queue),
- * token budget, max_num_seqs, chunked prefill, long_prefill_token_threshold, preemption by
+ * 8.5; sim/README.md lists every modelled behaviour with its vLLM source): KV block pool with
+ * the null block 0, a prefix cache keyed by chained content keys (hash map) with LRU eviction of
+ * free cached blocks (intrusive doubly-linked free queue), token budget, max_num_seqs, chunked
+ * prefill, long_prefill_token_threshold, admission that reserves the whole prompt, preemption by
  * recompute, num_common_prefix_blocks, and the finished / preempted lists.
  *
  * One ar_sim_step = vLLM's Scheduler.schedule() at time `now`, then the step runs for the
@@ -9,11 +10,14 @@
  * for every request whose computed tokens reach its token count, finished requests freed
  * (listed in the next step's `finished`).
  *
- * Prefix cache: only FULL PROMPT blocks are registered (generated tokens get request-private
- * content in replay, so they are never prefix hits).  A block is registered when it is
- * allocated for tokens that fill it, as vLLM does, so a request admitted later in the same
- * step can already hit it.  When a key is already registered to another block, the new block
- * stays unregistered (vLLM keeps both; either way only equal contents are ever shared). */
+ * Prefix cache: every FULL block is registered under its content key when it is allocated for
+ * tokens that fill it (vLLM's cache_blocks at allocate_slots), so a request admitted later in
+ * the same step can already hit it.  Prompt blocks carry the workload's keys; blocks holding
+ * generated tokens get request-private keys (generated tokens are the request's own), which only
+ * the same request can hit, when it is re-admitted after a preemption.  Equal keys on several
+ * blocks are all kept (BlockHashToBlockMap): a lookup takes the earliest registered one still
+ * cached.  Freeing a request walks its blocks tail first; blocks without a key go to the head
+ * of the free queue (reused first), keyed ones to its tail (evicted last, LRU). */
 #include "sim.h"
 
 #include <math.h>
@@ -30,6 +34,8 @@ typedef struct sim_req {
     int num_output;            /* generated tokens */
     int *blocks;               /* [num_blocks] logical order */
     int num_blocks, cap_blocks;
+    uint64_t *own_keys;        /* [num_own_keys] keys of logical blocks num_keys.., request-private */
+    int num_own_keys, cap_own_keys;
     int num_registered;        /* leading prompt blocks already in (or from) the prefix cache */
     int blocks_at_start;       /* blocks held before this step's allocation */
     int sched_tokens;          /* this step */
@@ -49,6 +55,8 @@ struct ar_sim {
     int *ref;                  /* [num_blocks] */
     uint64_t *block_key;       /* [num_blocks] key when registered */
     unsigned char *registered; /* [num_blocks] */
+    int *dup_next;             /* [num_blocks] next block registered under the same key, -1 = none */
+    int *free_scratch;         /* [num_blocks] blocks freed by one request, in free order */
     int *free_prev, *free_next;/* [num_blocks] free queue links, -1 = none */
     int free_head, free_tail, free_count;
     /* prefix cache: open addressing, linear probing, backward-shift deletion */
@@ -79,6 +87,7 @@ struct ar_sim {
     int *preempted_now;
     int num_preempted_now;
     ar_batch_features feat;
+    int *feat_query_lens, *feat_context_lens;   /* [num_reqs] the step's shape, for feat */
     /* statistics */
     ar_sim_kv_sample *samples;
     int64_t num_samples, cap_samples;
@@ -134,6 +143,15 @@ static void map_put(ar_sim *s, uint64_t key, int block)
     s->map_vals[i] = block;
 }
 
+static void map_set(ar_sim *s, uint64_t key, int block)
+{
+    for (uint32_t i = map_slot(s, key);; i = (i + 1) & s->map_mask)
+        if (s->map_keys[i] == key && s->map_vals[i] >= 0) {
+            s->map_vals[i] = block;
+            return;
+        }
+}
+
 static void map_del(ar_sim *s, uint64_t key)
 {
     uint32_t i = map_slot(s, key);
@@ -155,17 +173,55 @@ static void map_del(ar_sim *s, uint64_t key)
     s->map_vals[i] = -1;
 }
 
+/* ---- prefix-cache entries: key -> blocks in registration order ---------------------------------- */
+
+/* Registers block b under key, after any blocks already registered under it. */
+static void register_block(ar_sim *s, int b, uint64_t key)
+{
+    int head = map_get(s, key);
+    if (head < 0) {
+        map_put(s, key, b);
+    } else {
+        while (s->dup_next[head] >= 0) head = s->dup_next[head];
+        s->dup_next[head] = b;
+    }
+    s->dup_next[b] = -1;
+    s->block_key[b] = key;
+    s->registered[b] = 1;
+}
+
+static void unregister_block(ar_sim *s, int b)
+{
+    uint64_t key = s->block_key[b];
+    int head = map_get(s, key);
+    if (head == b) {
+        if (s->dup_next[b] >= 0) map_set(s, key, s->dup_next[b]);
+        else map_del(s, key);
+    } else {
+        while (s->dup_next[head] != b) head = s->dup_next[head];
+        s->dup_next[head] = s->dup_next[b];
+    }
+    s->dup_next[b] = -1;
+    s->registered[b] = 0;
+}
+
 /* ---- blocks ------------------------------------------------------------------------------------- */
 
-/* Pops the least recently freed block; evicts its prefix-cache entry. */
+static void fq_push_head(ar_sim *s, int b)
+{
+    s->free_next[b] = s->free_head;
+    s->free_prev[b] = -1;
+    if (s->free_head >= 0) s->free_prev[s->free_head] = b; else s->free_tail = b;
+    s->free_head = b;
+    s->free_count++;
+}
+
+/* Pops the head of the free queue; evicts its prefix-cache entry. */
 static int alloc_block(ar_sim *s)
 {
     int b = s->free_head;
     fq_remove(s, b);
-    if (s->registered[b]) {
-        map_del(s, s->block_key[b]);
-        s->registered[b] = 0;
-    }
+    if (s->registered[b]) unregister_block(s, b);
     s->ref[b] = 1;
     return b;
 }
@@ -182,30 +238,68 @@ static int reserve_blocks(sim_req *r, int n)
     return 0;
 }
 
-/* Frees a request's blocks tail first (vLLM frees reversed, so its last blocks are evicted
- * first). */
+/* Frees a request's blocks tail first (KVCacheManager.free -> BlockPool.free_blocks): of the
+ * blocks no request holds any more, those without a prefix-cache key go to the head of the free
+ * queue in that order (the request's last block first), keyed ones to its tail (the last block
+ * nearest the head, so a chain is evicted from its end).  compat.fifo_free: all to the tail. */
 static void free_request_blocks(ar_sim *s, sim_req *r)
 {
+    int n_head = 0;
     for (int i = r->num_blocks - 1; i >= 0; i--) {
         int b = r->blocks[i];
-        if (--s->ref[b] == 0) fq_push_tail(s, b);
+        if (--s->ref[b] != 0) continue;
+        if (s->registered[b] || s->cfg.compat.fifo_free) fq_push_tail(s, b);
+        else s->free_scratch[n_head++] = b;
     }
+    while (n_head > 0) fq_push_head(s, s->free_scratch[--n_head]);
     r->num_blocks = 0;
     r->num_registered = 0;
 }
 
 static int num_tokens(const sim_req *r) { return r->w->prompt_len + r->num_output; }
 
-/* Longest prefix-cache hit for a waiting request: full prompt blocks only, capped so at least
- * one token is computed (hit <= num_tokens - 1).  Fills s->hits; returns the block count. */
-static int lookup_hits(ar_sim *s, const sim_req *r)
+/* Private payload of a request's logical block i beyond its prompt keys (ar_sim_logical_key). */
+static uint64_t private_payload(int req, int block_index)
 {
+    return ar_mix64(((uint64_t)(req + 1) << 32) ^ (uint64_t)block_index ^ 0x5052495600000000ull);
+}
+
+/* Content key of request ri's logical block i: its prompt key, else the request-private chain
+ * (cached per request; extended on demand).  *oom set when the cache cannot grow. */
+static uint64_t block_key_of(ar_sim *s, int ri, int i, int *oom)
+{
+    sim_req *r = &s->reqs[ri];
+    if (i < r->w->num_keys) return r->keys[i];
+    int k = i - r->w->num_keys;
+    if (k >= r->cap_own_keys) {
+        int cap = r->cap_own_keys ? r->cap_own_keys * 2 : 16;
+        while (cap <= k) cap *= 2;
+        uint64_t *p = realloc(r->own_keys, (size_t)cap * sizeof *p);
+        if (!p) { *oom = 1; return 0; }
+        r->own_keys = p;
+        r->cap_own_keys = cap;
+    }
+    while (r->num_own_keys <= k) {
+        int j = r->w->num_keys + r->num_own_keys;
+        uint64_t prev = j == 0 ? AR_ROOT_KEY : j - 1 < r->w->num_keys ? r->keys[j - 1] : r->own_keys[j - 1 - r->w->num_keys];
+        r->own_keys[r->num_own_keys++] = ar_chain_key(prev, private_payload(ri, j));
+    }
+    return r->own_keys[k];
+}
+
+/* Longest prefix-cache hit for a waiting request: full blocks, capped so at least one token is
+ * computed (hit <= num_tokens - 1; a re-admitted request may hit its own generated blocks).
+ * Fills s->hits; returns the block count. */
+static int lookup_hits(ar_sim *s, int ri, int *oom)
+{
+    const sim_req *r = &s->reqs[ri];
     if (!s->cfg.header.sched.prefix_caching) return 0;
     int max_blocks = (num_tokens(r) - 1) / s->block_size;
-    if (max_blocks > r->w->num_keys) max_blocks = r->w->num_keys;
     int n = 0;
     while (n < max_blocks) {
-        int b = map_get(s, r->keys[n]);
+        uint64_t key = block_key_of(s, ri, n, oom);
+        if (*oom) return 0;
+        int b = map_get(s, key);
         if (b < 0) break;
         s->hits[n++] = b;
     }
@@ -213,16 +307,22 @@ static int lookup_hits(ar_sim *s, const sim_req *r)
 }
 
 /* vLLM's KVCacheManager.allocate_slots: room for num_computed + num_new tokens (the request's
- * num_computed already includes the hit), hit blocks first.  false = not enough free blocks,
- * nothing changed. */
-static bool allocate_slots(ar_sim *s, sim_req *r, int num_new, int num_hits, int *oom)
+ * num_computed already includes the hit), hit blocks first.  reserve_tokens > 0 (admission with
+ * scheduler_reserve_full_isl) first requires room for that many tokens.  false = not enough
+ * free blocks, nothing changed. */
+static bool allocate_slots(ar_sim *s, int ri, int num_new, int num_hits, int reserve_tokens, int *oom)
 {
+    sim_req *r = &s->reqs[ri];
     int B = s->block_size;
+    int evictable = 0;
+    for (int i = 0; i < num_hits; i++) evictable += s->ref[s->hits[i]] == 0;
+    if (reserve_tokens > 0) {
+        int full = ceil_div(reserve_tokens, B) - r->num_blocks - num_hits;
+        if ((full > 0 ? full : 0) + evictable > s->free_count) return false;
+    }
     int need = ceil_div(r->num_computed + num_new, B);
     int to_alloc = need - r->num_blocks - num_hits;
     if (to_alloc < 0) to_alloc = 0;
-    int evictable = 0;
-    for (int i = 0; i < num_hits; i++) evictable += s->ref[s->hits[i]] == 0;
     if (to_alloc + evictable > s->free_count) return false;
     if (reserve_blocks(r, r->num_blocks + num_hits + to_alloc) != 0) { *oom = 1; return false; }
     for (int i = 0; i < num_hits; i++) {
@@ -235,17 +335,13 @@ static bool allocate_slots(ar_sim *s, sim_req *r, int num_new, int num_hits, int
     for (int i = 0; i < to_alloc; i++) r->blocks[r->num_blocks++] = alloc_block(s);
     if (s->cfg.header.sched.prefix_caching) {
         int filled = r->num_computed + num_new;
-        if (filled > r->w->prompt_len) filled = r->w->prompt_len;
+        if (filled > num_tokens(r)) filled = num_tokens(r);
         int full = filled / B;
-        if (full > r->w->num_keys) full = r->w->num_keys;
         for (int i = r->num_registered; i < full; i++) {
             int b = r->blocks[i];
-            uint64_t key = r->keys[i];
-            if (!s->registered[b] && map_get(s, key) < 0) {
-                map_put(s, key, b);
-                s->block_key[b] = key;
-                s->registered[b] = 1;
-            }
+            uint64_t key = block_key_of(s, ri, i, oom);
+            if (*oom) return false;
+            if (!s->registered[b]) register_block(s, b, key);
         }
         if (full > r->num_registered) r->num_registered = full;
     }
@@ -280,11 +376,16 @@ static void wq_pop_front(ar_sim *s)
 void ar_sim_destroy(ar_sim *s)
 {
     if (!s) return;
-    for (int i = 0; i < s->num_reqs; i++) free(s->reqs[i].blocks);
+    for (int i = 0; i < s->num_reqs; i++) {
+        free(s->reqs[i].blocks);
+        free(s->reqs[i].own_keys);
+    }
     free(s->reqs);
     free(s->ref);
     free(s->block_key);
     free(s->registered);
+    free(s->dup_next);
+    free(s->free_scratch);
     free(s->free_prev);
     free(s->free_next);
     free(s->map_keys);
@@ -300,6 +401,8 @@ void ar_sim_destroy(ar_sim *s)
     free(s->sched_order);
     free(s->pending_finished);
     free(s->preempted_now);
+    free(s->feat_query_lens);
+    free(s->feat_context_lens);
     free(s->samples);
     free(s);
 }
@@ -335,6 +438,8 @@ ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err
     s->ref = calloc((size_t)nb, sizeof *s->ref);
     s->block_key = calloc((size_t)nb, sizeof *s->block_key);
     s->registered = calloc((size_t)nb, 1);
+    s->dup_next = malloc((size_t)nb * sizeof(int));
+    s->free_scratch = malloc((size_t)nb * sizeof(int));
     s->free_prev = malloc((size_t)nb * sizeof(int));
     s->free_next = malloc((size_t)nb * sizeof(int));
     s->map_keys = malloc((size_t)map_cap * sizeof *s->map_keys);
@@ -346,25 +451,31 @@ ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err
     s->sched_order = malloc((size_t)(nr + 1) * sizeof(int));
     s->pending_finished = malloc((size_t)(nr + 1) * sizeof(int));
     s->preempted_now = malloc((size_t)(nr + 1) * sizeof(int));
+    s->feat_query_lens = malloc((size_t)(nr + 1) * sizeof(int));
+    s->feat_context_lens = malloc((size_t)(nr + 1) * sizeof(int));
     s->out_new = malloc((size_t)(nr + 1) * sizeof *s->out_new);
     s->out_cached = malloc((size_t)(nr + 1) * sizeof *s->out_cached);
     s->out_sched = malloc((size_t)(nr + 1) * sizeof *s->out_sched);
     s->out_finished = malloc((size_t)(nr + 1) * sizeof(char *));
     s->out_preempted = malloc((size_t)(nr + 1) * sizeof(char *));
+    /* a lookup walks at most (prompt + output - 1) / block_size blocks */
     int max_keys = 1;
-    for (int i = 0; i < nr; i++)
-        if (wl->reqs[i].num_keys > max_keys) max_keys = wl->reqs[i].num_keys;
+    for (int i = 0; i < nr; i++) {
+        int64_t n = ((int64_t)wl->reqs[i].prompt_len + wl->reqs[i].output_len) / cc->block_size;
+        if (n > max_keys) max_keys = n > nb ? nb : (int)n;
+    }
     s->hits_cap = max_keys;
     s->hits = malloc((size_t)max_keys * sizeof(int));
-    if (!s->ref || !s->block_key || !s->registered || !s->free_prev || !s->free_next || !s->map_keys ||
+    if (!s->ref || !s->block_key || !s->registered || !s->dup_next || !s->free_scratch || !s->free_prev || !s->free_next || !s->map_keys ||
         !s->map_vals || !s->reqs || !s->waitq || !s->running || !s->sched_order || !s->pending_finished ||
         !s->preempted_now || !s->out_new || !s->out_cached || !s->out_sched || !s->out_finished ||
-        !s->out_preempted || !s->hits) {
+        !s->out_preempted || !s->hits || !s->feat_query_lens || !s->feat_context_lens) {
         ar_sim_destroy(s);
         snprintf(err, err_len, "out of memory");
         return NULL;
     }
     for (uint32_t i = 0; i < map_cap; i++) s->map_vals[i] = -1;
+    for (int b = 0; b < nb; b++) s->dup_next[b] = -1;
     /* block 0 is the null block: never in the free queue, never allocated */
     s->free_head = s->free_tail = -1;
     s->free_prev[0] = s->free_next[0] = -1;
@@ -390,10 +501,15 @@ ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err
         if (need > usable_blocks || too_long) {
             r->status = AR_REQ_SKIPPED;
             s->num_skipped++;
-            if (warned++ < 5)
-                fprintf(stderr, "sim: %s:%ld: skipping request %s: %d prompt + %d output tokens can never fit %s (%d blocks of %d)\n",
-                        wl->path[0] ? wl->path : wl->source, r->w->line, r->id, r->w->prompt_len, r->w->output_len,
-                        too_long ? "max_model_len" : "the KV cache", usable_blocks, s->block_size);
+            if (warned++ < 5) {
+                const char *where = wl->path[0] ? wl->path : wl->source;
+                if (too_long)
+                    fprintf(stderr, "sim: %s:%ld: skipping request %s: %d prompt + %d output tokens exceed max_model_len %d\n",
+                            where, r->w->line, r->id, r->w->prompt_len, r->w->output_len, cfg->max_model_len);
+                else
+                    fprintf(stderr, "sim: %s:%ld: skipping request %s: %d prompt + %d output tokens can never fit the KV cache (%d blocks of %d)\n",
+                            where, r->w->line, r->id, r->w->prompt_len, r->w->output_len, usable_blocks, s->block_size);
+            }
         }
     }
     if (s->num_skipped > 5) fprintf(stderr, "sim: %d requests skipped in all\n", s->num_skipped);
@@ -482,7 +598,9 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
 
     /* ---- schedule: running requests first ---- */
     int budget = sc->max_num_batched_tokens;
+    /* the threshold keeps a long prompt from starving others: none to starve when it is alone */
     int threshold = s->cfg.long_prefill_token_threshold;
+    if (!s->cfg.compat.threshold_when_alone && s->num_running + s->wq_len <= 1) threshold = 0;
     s->num_sched = 0;
     s->num_preempted_now = 0;
     s->step_prompt_tokens = s->step_hit_tokens = 0;
@@ -504,7 +622,7 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
         r->blocks_at_start = r->num_blocks;
         bool scheduled = false;
         for (;;) {
-            if (allocate_slots(s, r, num_new, 0, &oom)) { scheduled = true; break; }
+            if (allocate_slots(s, ri, num_new, 0, 0, &oom)) { scheduled = true; break; }
             if (oom) { snprintf(err, err_len, "out of memory"); return -1; }
             /* preempt the last running request (vLLM's running.pop()) */
             int vi = s->running[--s->num_running];
@@ -533,13 +651,21 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
         while (s->wq_len > 0 && budget > 0 && s->num_running < sc->max_num_seqs) {
             int ri = wq_front(s);
             sim_req *r = &s->reqs[ri];
-            int num_hits = lookup_hits(s, r);
+            int num_hits = lookup_hits(s, ri, &oom);
+            if (oom) { snprintf(err, err_len, "out of memory"); return -1; }
             r->num_computed = num_hits * B;
             int num_new = num_tokens(r) - r->num_computed;
             if (threshold > 0 && num_new > threshold) num_new = threshold;
             if (num_new > budget) num_new = budget;
             r->blocks_at_start = 0;
-            if (!allocate_slots(s, r, num_new, num_hits, &oom)) {
+            /* scheduler_reserve_full_isl: the whole prompt (with the tokens generated before a
+             * preemption) must fit, not just this chunk */
+            int reserve = 0;
+            if (!s->cfg.compat.no_reserve_full_isl) {
+                reserve = num_tokens(r);
+                if (s->cfg.max_model_len > 0 && reserve > s->cfg.max_model_len) reserve = s->cfg.max_model_len;
+            }
+            if (!allocate_slots(s, ri, num_new, num_hits, reserve, &oom)) {
                 r->num_computed = 0;
                 if (oom) { snprintf(err, err_len, "out of memory"); return -1; }
                 break;
@@ -580,6 +706,8 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
     st->preempted = s->out_preempted;
     ar_batch_features *f = &s->feat;
     memset(f, 0, sizeof *f);
+    f->query_lens = s->feat_query_lens;
+    f->context_lens = s->feat_context_lens;
     for (int pass = 0; pass < 2; pass++)   /* cached: running ones, then resumed ones */
         for (int k = 0; k < s->num_sched; k++) {
             sim_req *r = &s->reqs[s->sched_order[k]];
@@ -606,6 +734,8 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
         st->scheduled[st->num_scheduled].req = r->id;
         st->scheduled[st->num_scheduled++].num_tokens = r->sched_tokens;
         int n = r->sched_tokens, c = r->computed_at_start;
+        s->feat_query_lens[f->num_reqs] = n;
+        s->feat_context_lens[f->num_reqs] = c;
         f->num_reqs++;
         f->num_tokens += n;
         bool decode = n == 1 && r->num_output > 0 && c == num_tokens(r) - 1;
@@ -714,8 +844,7 @@ uint64_t ar_sim_logical_key(const ar_sim *s, int req, int block_index)
     const sim_req *r = &s->reqs[req];
     if (block_index < r->w->num_keys) return r->keys[block_index];
     uint64_t key = r->w->num_keys > 0 ? r->keys[r->w->num_keys - 1] : AR_ROOT_KEY;
-    for (int i = r->w->num_keys; i <= block_index; i++)
-        key = ar_chain_key(key, ar_mix64(((uint64_t)(req + 1) << 32) ^ (uint64_t)i ^ 0x5052495600000000ull));
+    for (int i = r->w->num_keys; i <= block_index; i++) key = ar_chain_key(key, private_payload(req, i));
     return key;
 }
 

@@ -96,11 +96,22 @@ typedef struct ar_device_spec {
     double mem_bw;             /* bytes/s */
     int num_sms;
     const char *source;        /* where the numbers come from */
+    /* the interconnect between the devices of one tensor-parallel group */
+    const char *link;          /* "nvlink", "pcie" */
+    double link_bw;            /* bytes/s one device sends (and receives) at once in a ring all-reduce */
+    double link_latency_s;     /* fixed cost of one all-reduce */
+    const char *link_source;
+    /* the device's efficiency table: default fractions of peak / bandwidth the roofline uses */
+    double gemm_eff, attn_eff, bw_eff;
+    const char *eff_source;
 } ar_device_spec;
 
 /* NULL when unknown. */
 const ar_model_preset *ar_model_preset_find(const char *name);
 const ar_device_spec *ar_device_find(const char *name);
+/* The preset of a GPU as the CUDA runtime names it ("NVIDIA H200" -> h200), or of a preset name;
+ * NULL when none matches. */
+const ar_device_spec *ar_device_match(const char *gpu_name);
 /* Comma-separated names, for usage messages. */
 const char *ar_model_preset_names(void);
 const char *ar_device_names(void);
@@ -117,7 +128,8 @@ typedef enum ar_steptime_kind {
     AR_STEPTIME_CONSTANT = 0,
     AR_STEPTIME_LINEAR = 1,
     AR_STEPTIME_ROOFLINE = 2,
-    AR_STEPTIME_FITTED = 3     /* roofline with the attention term fitted from a replay database */
+    AR_STEPTIME_FITTED = 3,    /* roofline with the attention term fitted from a replay database */
+    AR_STEPTIME_PROFILE = 4    /* GEMM and attention times interpolated from a measured profile */
 } ar_steptime_kind;
 
 /* What a step-time model sees of a batch. */
@@ -128,7 +140,37 @@ typedef struct ar_batch_features {
     int num_decode_reqs;       /* requests scheduled for exactly one generated token */
     int64_t kv_tokens_read;    /* sum of seq_len = num_computed + n over scheduled requests */
     double attn_pairs;         /* sum over requests of n * (num_computed + (n + 1) / 2): query-key pairs */
+    /* the batch's shape, one entry per scheduled request (NULL: only the totals above are known) */
+    const int *query_lens;     /* [num_reqs] tokens scheduled this step */
+    const int *context_lens;   /* [num_reqs] num_computed_tokens before the step */
 } ar_batch_features;
+
+/* A measured step-time profile (sim/profile.c: `attnreplay profile`, stored in SQLite): per-call
+ * times of the model's GEMMs over a grid of token counts, and one layer's attention time over
+ * grids of decode batches (requests x context) and single prefills (query x context). */
+#define AR_PROF_MAX_GEMMS 8
+#define AR_PROF_MAX_M 40
+#define AR_PROF_MAX_AXIS 16
+typedef struct ar_profile_table {
+    char device[128];          /* what the profile was measured on (the GPU's name) */
+    char model[64];            /* preset name */
+    int tp;                    /* tensor-parallel degree the GEMM shapes are sharded for */
+    int num_gemms;
+    char gemm_name[AR_PROF_MAX_GEMMS][16];   /* "qkv", "o", "gate_up", "down", "lm_head" */
+    int gemm_k[AR_PROF_MAX_GEMMS], gemm_n[AR_PROF_MAX_GEMMS];
+    int gemm_per_layer[AR_PROF_MAX_GEMMS];   /* 1: once per layer at M = tokens; 0: once at M = requests */
+    int num_m;
+    double m[AR_PROF_MAX_M];                 /* token counts, ascending */
+    double gemm_us[AR_PROF_MAX_GEMMS][AR_PROF_MAX_M];
+    int num_dec_batch, num_dec_ctx;          /* decode: num_dec_batch requests of 1 token each */
+    double dec_batch[AR_PROF_MAX_AXIS], dec_ctx[AR_PROF_MAX_AXIS];
+    double dec_us[AR_PROF_MAX_AXIS][AR_PROF_MAX_AXIS];    /* [batch][context], one layer */
+    int num_pre_q, num_pre_ctx;              /* prefill: one request, q new tokens after ctx */
+    double pre_q[AR_PROF_MAX_AXIS], pre_ctx[AR_PROF_MAX_AXIS];
+    double pre_us[AR_PROF_MAX_AXIS][AR_PROF_MAX_AXIS];    /* [q][context], one layer */
+    int replay_steps;          /* replayed steps measured with the profile (0 none) */
+    double replay_ratio;       /* median of measured / interpolated attention over them (1 none) */
+} ar_profile_table;
 
 typedef struct ar_steptime {
     ar_steptime_kind kind;
@@ -147,6 +189,14 @@ typedef struct ar_steptime {
     double fit_coef[4];
     int fit_steps;             /* steps the fit used */
     ar_dtype weight_dtype, kv_dtype;
+    /* engine behaviour (all kinds but constant and linear) */
+    int cudagraph_max;         /* batches of <= this many tokens run padded to a CUDA-graph size;
+                                  0 = no graphs, -1 = vLLM's default min(2 x max_num_seqs, 512) */
+    bool async_scheduling;     /* the CPU part of a step overlaps the GPU part (vLLM's default) */
+    double link_bw, link_latency_s;   /* tensor-parallel all-reduce (from the device preset) */
+    double attn_scale;         /* PROFILE: multiplies the interpolated attention (replay_ratio) */
+    ar_profile_table profile;  /* PROFILE */
+    double active_params, total_params;   /* the preset's (ar_preset_*_params), set by the parser */
 } ar_steptime;
 
 /* Parses MODEL: "constant:SECONDS", "linear:BASE,PER_TOKEN,PER_REQ,PER_KV_TOKEN" (seconds),
@@ -156,8 +206,48 @@ typedef struct ar_steptime {
  * preset is needed for roofline.  Returns 0 or 2 with err set. */
 int ar_steptime_parse(const char *spec, const ar_model_preset *preset, ar_steptime *st,
                       char *err, size_t err_len);
+/* Resolves what depends on the engine configuration: the CUDA-graph capture limit (-1 becomes
+ * vLLM's min(2 x max_num_seqs, 512)). */
+void ar_steptime_set_engine(ar_steptime *st, int max_num_seqs);
 /* Seconds the step takes. */
 double ar_steptime_eval(const ar_steptime *st, const ar_batch_features *f);
+/* The step's parts in seconds (kinds roofline, fitted, profile; zero otherwise): GPU time of the
+ * linear layers (GEMMs incl. the LM head), attention, tensor-parallel all-reduce, and the CPU
+ * time (overhead + per-request) that async scheduling overlaps with them. */
+typedef struct ar_step_parts {
+    double linear_s, attn_s, allreduce_s, cpu_s;
+    int padded_tokens;         /* tokens the GEMMs ran with after CUDA-graph padding */
+} ar_step_parts;
+void ar_steptime_parts(const ar_steptime *st, const ar_batch_features *f, ar_step_parts *parts);
+/* The CUDA-graph size a batch of n tokens is padded to: vLLM's capture sizes 1, 2, 4, 8..248 in
+ * steps of 8, then steps of 16 up to max_size; n itself when n > max_size or max_size <= 0. */
+int ar_cudagraph_pad(int n, int max_size);
+
+/* ---- measured profiles (sim/profile.c) ------------------------------------------------------ */
+
+/* Reads a profile database written by `attnreplay profile`.  Returns 0, or 2 with "PATH: rule"
+ * in err (missing tables, grids not ascending or incomplete, non-positive times). */
+int ar_profile_load(const char *path, ar_profile_table *p, char *err, size_t err_len);
+/* Writes p (and the command line that made it, for the meta table) to a new database at path
+ * (an existing file is replaced).  Returns 0, or -1 with err set. */
+int ar_profile_save(const char *path, const ar_profile_table *p, const char *command, char *err,
+                    size_t err_len);
+/* One layer's attention time in microseconds for a batch shape, interpolated from the profile:
+ * decode requests (one token) together from the decode grid at their count and mean context,
+ * every other request alone from the prefill grid. */
+double ar_profile_attention_us(const ar_profile_table *p, const int *query_lens /* [n] */,
+                               const int *context_lens /* [n] */, int n);
+/* Time of GEMM g at m tokens in microseconds: linear interpolation on the grid, proportional to
+ * m beyond its end, the first point's time below it. */
+double ar_profile_gemm_us(const ar_profile_table *p, int g, double m);
+/* Times one layer's attention (median of repeat, KV write included) for batch requests of q new
+ * tokens after ctx context tokens each, through the named backend (replay/backend.h), with the
+ * model's heads divided by tp.  Returns 0 with *us set, 2 when the backend cannot run the shape,
+ * 3 on a device/runtime error; err set. */
+int ar_profile_time_attention(const char *backend_name, const ar_model *model, int tp, int batch, int q, int ctx,
+                              int repeat, double *us, char *err, size_t err_len);
+/* `attnreplay profile ...`: 0 done, 2 bad input/usage, 3 device/runtime error. */
+int ar_profile_main(int argc, char **argv);
 /* Least-squares fit of a replay database's measured attention time (steps.time_us, summed over
  * the run's replayed layers, scaled to model_layers) as coef[0] + coef[1]*num_tokens +
  * coef[2]*num_reqs + coef[3]*total_context seconds.  run_id 0 = the newest run with timed
@@ -167,11 +257,23 @@ int ar_steptime_fit_db(const char *db_path, int64_t run_id, int model_layers, do
 
 /* ---- the simulator (sim/scheduler.c) -------------------------------------------------------- */
 
+/* Scheduler behaviours in which vLLM versions differ (sim/README.md gives each with its vLLM
+ * source).  All false = vLLM 0.33's defaults; each true selects the older behaviour. */
+typedef struct ar_sim_compat {
+    bool no_reserve_full_isl;     /* admit a waiting request when its first chunk fits, not its
+                                     whole prompt (SchedulerConfig.scheduler_reserve_full_isl off) */
+    bool threshold_when_alone;    /* long_prefill_token_threshold caps a request even when it is the
+                                     only running or waiting one */
+    bool fifo_free;               /* freed blocks all join the free queue's tail; 0.33 puts blocks
+                                     without a prefix-cache hash at the head (reused first) */
+} ar_sim_compat;
+
 typedef struct ar_sim_config {
     ar_trace_header header;            /* model, cache (block_size, num_blocks), scheduler */
     int long_prefill_token_threshold;  /* 0 = off */
     int max_model_len;                 /* 0 = unlimited */
     int num_sms;                       /* for the cascade-eligibility statistic (132 = H200) */
+    ar_sim_compat compat;              /* zero = vLLM 0.33 */
     ar_steptime steptime;
 } ar_sim_config;
 
@@ -242,10 +344,52 @@ uint64_t ar_sim_logical_key(const ar_sim *s, int req, int block_index);
  * sim_steps_kv, sim_summary), anything else CSV (and PATH.kv.csv with KV usage over time).
  * Returns 0 or -1 with err set. */
 int ar_sim_write_metrics(const ar_sim *s, const char *path, char *err, size_t err_len);
+/* True when ar_sim_write_metrics writes path as SQLite (else CSV plus PATH.kv.csv). */
+bool ar_sim_metrics_is_sqlite(const char *path);
+/* Output paths, checked before any work so a bad one costs nothing: ar_output_file_check says
+ * whether a file can be created (or overwritten) at path - not a directory, its directory
+ * present and writable - leaving nothing behind; ar_output_dir_prepare creates the directory
+ * (not its parents) when missing and checks a file can be created in it.  Both return 0, or -1
+ * with "PATH: why" (the system's own words) in err.  ar_same_file: the two paths name one file
+ * (the same inode, or, for files not yet there, the same resolved directory and name). */
+int ar_output_file_check(const char *path, char *err, size_t err_len);
+int ar_output_dir_prepare(const char *path, char *err, size_t err_len);
+bool ar_same_file(const char *a, const char *b);
 /* Prints the summary (p50/p90/p99 of TTFT, TPOT, E2E, queueing; throughput; KV usage; prefix
  * hit rate; preemptions; cascade-eligible steps) to f.  For vllm-run workloads it adds the real
  * engine's TTFT and TPOT over the same requests and the gaps of mean, p50 and p90. */
 void ar_sim_print_summary(const ar_sim *s, FILE *f);
+/* Simulated against real (vllm-run workloads): mean, p50 and p90 of TTFT and TPOT (seconds) over
+ * the requests that finished in the simulation and have real timings, and the gaps sim / real - 1. */
+typedef struct ar_fidelity {
+    int num_ttft, num_tpot;                  /* requests compared */
+    double sim_ttft[3], real_ttft[3], gap_ttft[3];   /* [mean, p50, p90] */
+    double sim_tpot[3], real_tpot[3], gap_tpot[3];
+} ar_fidelity;
+/* Returns 0, or -1 when no finished request has real timings (not a vllm-run workload). */
+int ar_sim_fidelity(const ar_sim *s, ar_fidelity *out);
+/* Offered load against what the engine serves.  Work = tokens the engine must schedule for a
+ * request (prompt - prefix-hit tokens + output - 1); offered = the work of every admitted
+ * request / the time from the first to the last arrival; served = tokens scheduled per
+ * second over the steps that left requests waiting (the engine's rate when it is the
+ * bottleneck).  Overloaded: offered > AR_SIM_OVERLOAD x served with requests still waiting at
+ * the last arrival - the queue then grows for as long as requests keep coming. */
+#define AR_SIM_OVERLOAD 1.05
+typedef struct ar_sim_load {
+    int requests;                 /* admitted (not skipped) */
+    double arrival_span_s;        /* first to last arrival */
+    double offered_tokens_per_s;
+    double served_tokens_per_s;   /* 0 when no step left a request waiting */
+    double backlogged_s;          /* simulated time with requests waiting */
+    double load;                  /* offered / served (0 when served is 0) */
+    int waiting_at_last_arrival;
+    double queueing_first_tenth_s, queueing_last_tenth_s;  /* mean, by arrival order */
+    bool overloaded;
+} ar_sim_load;
+void ar_sim_load_check(const ar_sim *s, ar_sim_load *out);
+/* The warning sim prints on stderr for an overloaded run (one paragraph, no newline at the end). */
+void ar_sim_load_warning(const ar_sim_load *load, char *buf, size_t len);
+
 /* q-quantile (0..1) of values (sorted in place), linear interpolation; 0 for n == 0. */
 double ar_quantile(double *values /* [n] */, int n, double q);
 

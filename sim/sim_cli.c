@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,16 +28,24 @@ static void usage(FILE *f)
             "  --long-prefill-token-threshold N  (default 0 = off)\n"
             "  --max-model-len N         (default 0 = unlimited)\n"
             "  --no-prefix-caching\n"
+            "  older vLLM behaviour (default: vLLM 0.33's; sim/README.md):\n"
+            "  --no-reserve-full-isl     admit a request when its first chunk fits (scheduler_reserve_full_isl off)\n"
+            "  --threshold-when-alone    --long-prefill-token-threshold caps a request even when it is the only one\n"
+            "  --fifo-free               freed blocks all join the free queue's tail (0.33: unhashed ones its head)\n"
             "  --time-scale X            multiply arrival times by X (default 1)\n"
             "  --limit N                 first N requests only\n"
             "  --step-time MODEL         constant:S | linear:A,B,C,D | roofline:DEVICE[,gemm_eff=E,attn_eff=E,bw_eff=E,overhead=S,per_req=S,tp=N]\n"
             "                            fitted:DB[,run=ID][,device=DEVICE][,roofline keys]: attention term fitted to a replay DB\n"
+            "                            profile:DB[,device=DEVICE][,roofline keys]: GEMMs and attention from `attnreplay profile`\n"
+            "                            more roofline keys: graph=N (CUDA-graph limit), async=0|1, link_bw=B/s, link_lat=S\n"
             "                            (default constant:0.02; devices: %s)\n"
             "  --kv-dtype T              bf16 (default), fp16, fp8_e4m3, fp32\n"
             "  --seed N                  written to the trace header (default 1)\n"
             "  --out TRACE               trace file (.jsonl or .jsonl.gz)\n"
             "  --metrics FILE            per-request table: .db/.sqlite = SQLite, else CSV (+ FILE.kv.csv)\n"
-            "  --quiet                   no summary on stdout\n",
+            "  --quiet                   no summary on stdout\n"
+            "  Exit status: 0 done (a warning on stderr when the offered load exceeds what the engine\n"
+            "  serves), 1 an I/O error while writing, 2 usage error or bad input (FILE:LINE: rule).\n",
             ar_model_preset_names(), ar_device_names());
 }
 
@@ -66,6 +75,49 @@ static double parse_size(const char *s)
     return -1;
 }
 
+/* The file a workload spec reads: PATH of KIND:PATH, a vllm-run directory's requests.jsonl;
+ * "" for synthetic workloads. */
+static void workload_file(const char *spec, char *buf, size_t len)
+{
+    buf[0] = 0;
+    const char *colon = strchr(spec, ':');
+    if (!colon || strncmp(spec, "synthetic:", 10) == 0) return;
+    struct stat st;
+    if (stat(colon + 1, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(buf, len, "%s/requests.jsonl", colon + 1);
+    else snprintf(buf, len, "%s", colon + 1);
+}
+
+/* Every file the run will write, checked before the workload is read: writable, none of them
+ * the workload itself, no two the same.  Returns 0 or 2 (after saying why on stderr). */
+static int check_outputs(const char *workload, const char *out, const char *metrics)
+{
+    char input[4096], kv[4200], err[4400];
+    workload_file(workload, input, sizeof input);
+    const char *paths[3] = { out, metrics, NULL };
+    static const char *const names[3] = { "--out", "--metrics", "--metrics (its KV table)" };
+    if (metrics && !ar_sim_metrics_is_sqlite(metrics)) {
+        snprintf(kv, sizeof kv, "%s.kv.csv", metrics);
+        paths[2] = kv;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (!paths[i]) continue;
+        if (input[0] && ar_same_file(paths[i], input)) {
+            fprintf(stderr, "sim: %s %s is the workload file; writing it would destroy the input\n", names[i], paths[i]);
+            return 2;
+        }
+        for (int j = 0; j < i; j++)
+            if (paths[j] && (strcmp(paths[i], paths[j]) == 0 || ar_same_file(paths[i], paths[j]))) {
+                fprintf(stderr, "sim: %s and %s name the same file %s\n", names[j], names[i], paths[i]);
+                return 2;
+            }
+        if (ar_output_file_check(paths[i], err, sizeof err) != 0) {
+            fprintf(stderr, "sim: %s %s\n", names[i], err);
+            return 2;
+        }
+    }
+    return 0;
+}
+
 int ar_sim_main(int argc, char **argv)
 {
     const char *workload = NULL, *model = NULL, *out = NULL, *metrics = NULL, *kv_mem = NULL;
@@ -73,6 +125,7 @@ int ar_sim_main(int argc, char **argv)
     int num_blocks = 0, block_size = 0, max_batched = 2048, max_seqs = 128, threshold = 0, max_model_len = 0;
     int limit = 0, seed = 1;
     bool prefix_caching = true, quiet = false;
+    ar_sim_compat compat = {0};
     double time_scale = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -81,6 +134,9 @@ int ar_sim_main(int argc, char **argv)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 0; }
         if (strcmp(a, "--no-prefix-caching") == 0) { prefix_caching = false; continue; }
         if (strcmp(a, "--quiet") == 0) { quiet = true; continue; }
+        if (strcmp(a, "--no-reserve-full-isl") == 0) { compat.no_reserve_full_isl = true; continue; }
+        if (strcmp(a, "--threshold-when-alone") == 0) { compat.threshold_when_alone = true; continue; }
+        if (strcmp(a, "--fifo-free") == 0) { compat.fifo_free = true; continue; }
         if (!v) {
             fprintf(stderr, "sim: %s needs a value (or is unknown)\n", a);
             usage(stderr);
@@ -126,6 +182,7 @@ int ar_sim_main(int argc, char **argv)
         fprintf(stderr, "sim: unknown --model %s (%s)\n", model, ar_model_preset_names());
         return 2;
     }
+    if (check_outputs(workload, out, metrics) != 0) return 2;
     if (num_blocks > 0 && kv_mem) {
         fprintf(stderr, "sim: give --num-blocks or --kv-mem, not both\n");
         return 2;
@@ -160,6 +217,7 @@ int ar_sim_main(int argc, char **argv)
         return 2;
     }
     cfg.steptime.kv_dtype = kv_dtype;
+    ar_steptime_set_engine(&cfg.steptime, max_seqs);
     if (cfg.steptime.kind == AR_STEPTIME_FITTED && !quiet) {
         const double *c = cfg.steptime.fit_coef;
         printf("sim: attention time fitted on %d replayed steps: %.3g + %.3g*tokens + %.3g*requests + %.3g*kv_tokens s\n",
@@ -186,7 +244,9 @@ int ar_sim_main(int argc, char **argv)
     h->seed = (uint64_t)seed;
     cfg.long_prefill_token_threshold = threshold;
     cfg.max_model_len = max_model_len;
-    cfg.num_sms = cfg.steptime.kind == AR_STEPTIME_ROOFLINE ? cfg.steptime.device.num_sms : 132;
+    cfg.compat = compat;
+    cfg.num_sms = cfg.steptime.kind == AR_STEPTIME_ROOFLINE || cfg.steptime.kind == AR_STEPTIME_PROFILE
+                      ? cfg.steptime.device.num_sms : 132;
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -238,8 +298,18 @@ int ar_sim_main(int argc, char **argv)
                workload, wl.num_reqs, preset->name, num_blocks, block_size, max_batched, max_seqs,
                prefix_caching ? "on" : "off", step_time);
         ar_sim_print_summary(s, stdout);
+        fflush(stdout);
         printf("  wall time (simulate + write trace): %.3f s -> %s\n",
                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), out);
+    }
+    if (rc == 0) {   /* even with --quiet: an overloaded run's latencies mislead */
+        ar_sim_load load;
+        ar_sim_load_check(s, &load);
+        if (load.overloaded) {
+            char warning[1024];
+            ar_sim_load_warning(&load, warning, sizeof warning);
+            fprintf(stderr, "sim: warning: %s.\n", warning);
+        }
     }
     ar_sim_destroy(s);
     ar_workload_free(&wl);

@@ -2,24 +2,39 @@
  *
  * constant:S   every step takes S seconds.
  * linear:A,B,C,D   A + B * tokens + C * requests + D * (sum of seq_len) seconds.
- * roofline:DEVICE[,gemm_eff=..,attn_eff=..,bw_eff=..,overhead=..,per_req=..]
- *   t = max(GEMM FLOPs / (peak * gemm_eff), weight bytes / (bw * bw_eff))
- *     + max(attention FLOPs / (peak * attn_eff), KV bytes / (bw * bw_eff))
- *     + overhead + per_req * requests
- *   GEMM FLOPs  = 2 * active parameters per token * tokens (every layer's projections and MLP)
- *               + 2 * hidden * vocab * requests (LM head on the sampled positions only)
- *   weight bytes = all weights once per step (MoE: only the experts the batch is expected to
- *               touch, 1 - (1 - k/E)^tokens of them)
- *   attention FLOPs = 2 * layers * q_heads * (qk_dim + v_dim) * query-key pairs
- *               (MHA: qk = v = head_size; MLA absorbed form: 576 + 512)
- *   KV bytes    = layers * (sum of seq_len + tokens written) * KV bytes per token per layer
- * tp=N spreads FLOPs and bytes over N devices with ideal scaling (no communication cost).
+ * roofline:DEVICE[,KEY=VALUE...]   the engine step as vLLM runs it (terms and sources in
+ *   sim/README.md, "Step time"):
+ *     t = async ? max(t_gpu, t_cpu) : t_gpu + t_cpu,   t_cpu = overhead + per_req * requests
+ *     t_gpu = t_linear + t_attention + t_allreduce
+ *   t_linear = max(GEMM FLOPs / (peak * gemm_eff), (weight + activation bytes) / (bw * bw_eff))
+ *     over the tokens padded to the next CUDA-graph capture size (batches of <= graph tokens);
+ *     GEMM FLOPs = 2 * active parameters per token * padded tokens (every layer's projections and
+ *     MLP) + 2 * hidden * vocab * requests (LM head on the sampled rows only); weight bytes = all
+ *     weights but the embedding table (MoE: only the experts the batch is expected to touch,
+ *     1 - (1 - k/E)^tokens of them); activation bytes = each GEMM's input and output rows.
+ *   t_attention = sum over requests of max(attention FLOPs / (peak * attn_eff), KV bytes /
+ *     (bw * bw_eff)): each request is bound on its own (a long prefill by compute, decodes by
+ *     their KV reads), so the cost depends on the batch's shape, not only on its totals.
+ *     FLOPs = 2 * layers * q_heads * (qk + v dims) * query-key pairs (MLA absorbed: 576 + 512);
+ *     KV bytes = layers * (seq_len + new tokens) * KV bytes per token per layer.
+ *   t_allreduce (tp > 1) = 2 * layers * (link_lat + 2 (tp - 1) / tp * padded tokens * hidden *
+ *     2 bytes / link_bw): Megatron-style tensor parallelism all-reduces after attention and after
+ *     the MLP of every layer, as a ring.  FLOPs and bytes above are divided by tp.
+ *   Keys: gemm_eff, attn_eff, bw_eff (default: the device's efficiency table, sim/presets.c),
+ *   overhead (3 ms), per_req (0), tp (1), graph (CUDA-graph limit; default vLLM's
+ *   min(2 * max_num_seqs, 512), 0 = eager), async (1 = on, vLLM's default; 0 = off), link_bw
+ *   (bytes/s), link_lat (s).
  * fitted:DB[,run=ID][,device=DEV][,same keys as roofline]
- *   the roofline's GEMM term, overhead and per_req, plus an attention term fitted by least
- *   squares to a replay database: a + b * tokens + c * requests + d * (sum of seq_len), from the
- *   steps' measured attention time (time_us, summed over the replayed layers), scaled from the
- *   run's replayed layers to all of the model's layers.
- * Defaults: gemm_eff 0.7, attn_eff 0.5, bw_eff 0.8, overhead 3 ms, per_req 0, tp 1. */
+ *   the roofline with its attention term replaced by a least-squares fit to a replay database:
+ *   a + b * tokens + c * requests + d * (sum of seq_len), from the steps' measured attention time
+ *   (time_us, summed over the replayed layers), scaled from the run's replayed layers to all of
+ *   the model's layers.
+ * profile:DB[,device=DEV][,same keys]
+ *   t_linear and t_attention interpolated from a measured profile (sim/profile.c): every GEMM of
+ *   every layer at the padded token count, the LM head at the number of requests, one layer's
+ *   attention for the batch's shape times the layers, scaled by the profile's measured / predicted
+ *   ratio over real replayed steps; all-reduce and CPU terms as in the roofline.  The device (for
+ *   the interconnect) is the preset matching the GPU the profile was measured on, or device=. */
 #include "sim.h"
 
 #include <math.h>
@@ -36,6 +51,9 @@ static int parse_double(const char *s, double *out)
     *out = v;
     return 0;
 }
+
+static int parse_model(const char *kind, char *args, const ar_model_preset *preset, ar_steptime *st, char *err,
+                       size_t err_len);
 
 int ar_steptime_parse(const char *spec, const ar_model_preset *preset, ar_steptime *st,
                       char *err, size_t err_len)
@@ -77,110 +95,234 @@ int ar_steptime_parse(const char *spec, const ar_model_preset *preset, ar_stepti
         }
         return 0;
     }
-    if (strcmp(buf, "roofline") == 0 || strcmp(buf, "fitted") == 0) {
-        bool fitted = strcmp(buf, "fitted") == 0;
-        st->kind = fitted ? AR_STEPTIME_FITTED : AR_STEPTIME_ROOFLINE;
-        st->preset = preset;
-        st->gemm_efficiency = 0.7;
-        st->attn_efficiency = 0.5;
-        st->bw_efficiency = 0.8;
-        st->overhead_s = 0.003;
-        st->tensor_parallel = 1;
-        st->weight_dtype = AR_BF16;
-        st->kv_dtype = AR_BF16;
-        if (!preset) {
-            snprintf(err, err_len, "--step-time roofline needs a --model preset");
-            return 2;
-        }
-        char *save = NULL, *db_path = NULL;
-        double run_id = 0;
-        int i = 0;
-        if (fitted) st->device = *ar_device_find("h200");
-        for (char *tok = strtok_r(args, ",", &save); tok; tok = strtok_r(NULL, ",", &save), i++) {
-            if (i == 0 || strncmp(tok, "device=", 7) == 0) {
-                if (i == 0 && fitted) { db_path = tok; continue; }
-                const char *name = strncmp(tok, "device=", 7) == 0 ? tok + 7 : tok;
-                const ar_device_spec *d = ar_device_find(name);
-                if (!d) {
-                    snprintf(err, err_len, "--step-time %s: unknown device '%s' (%s)", buf, name, ar_device_names());
-                    return 2;
-                }
-                st->device = *d;
-                continue;
-            }
-            char *eq = strchr(tok, '=');
-            double v;
-            if (fitted && eq && strncmp(tok, "run=", 4) == 0 && parse_double(eq + 1, &v) == 0 && v >= 0) {
-                run_id = v;
-                continue;
-            }
-            if (!eq || parse_double(eq + 1, &v) != 0 || v < 0) {
-                snprintf(err, err_len, "--step-time roofline: '%s' is not KEY=non-negative number", tok);
-                return 2;
-            }
-            *eq = 0;
-            if (strcmp(tok, "gemm_eff") == 0) st->gemm_efficiency = v;
-            else if (strcmp(tok, "attn_eff") == 0) st->attn_efficiency = v;
-            else if (strcmp(tok, "bw_eff") == 0) st->bw_efficiency = v;
-            else if (strcmp(tok, "overhead") == 0) st->overhead_s = v;
-            else if (strcmp(tok, "per_req") == 0) st->per_req_overhead_s = v;
-            else if (strcmp(tok, "tp") == 0 && v >= 1 && v <= 1024 && v == floor(v)) st->tensor_parallel = (int)v;
-            else {
-                snprintf(err, err_len, "--step-time roofline: unknown key or bad value '%s' (gemm_eff, attn_eff, bw_eff, overhead, per_req, tp)", tok);
-                return 2;
-            }
-        }
-        if (i == 0) {
-            snprintf(err, err_len, fitted ? "--step-time fitted:DB needs a replay database"
-                                          : "--step-time roofline:DEVICE needs a device (%s)", ar_device_names());
-            return 2;
-        }
-        if (fitted) {
-            int n = ar_steptime_fit_db(db_path, (int64_t)run_id, preset->model.num_layers, st->fit_coef, err, err_len);
-            if (n < 0) return 2;
-            st->fit_steps = n;
-        }
-        if (st->gemm_efficiency <= 0 || st->attn_efficiency <= 0 || st->bw_efficiency <= 0 ||
-            st->gemm_efficiency > 1 || st->attn_efficiency > 1 || st->bw_efficiency > 1) {
-            snprintf(err, err_len, "--step-time roofline: efficiencies must be in (0, 1]");
-            return 2;
-        }
-        return 0;
-    }
-    snprintf(err, err_len, "--step-time %s: want constant:S, linear:A,B,C,D or roofline:DEVICE[,...]", spec);
+    if (strcmp(buf, "roofline") == 0 || strcmp(buf, "fitted") == 0 || strcmp(buf, "profile") == 0)
+        return parse_model(buf, args, preset, st, err, err_len);
+    snprintf(err, err_len, "--step-time %s: want constant:S, linear:A,B,C,D, roofline:DEVICE[,...], fitted:DB[,...] "
+             "or profile:DB[,...]", spec);
     return 2;
 }
 
-static double roofline(const ar_steptime *st, const ar_batch_features *f)
+static void use_device(ar_steptime *st, const ar_device_spec *d)
 {
-    const ar_model_preset *p = st->preset;
-    const ar_model *m = &p->model;
-    int tp = st->tensor_parallel > 0 ? st->tensor_parallel : 1;   /* ideal: no communication cost */
-    double peak = st->device.peak_flops * tp, bw = st->device.mem_bw * st->bw_efficiency * tp;
-    double wbytes = ar_dtype_size(st->weight_dtype);
-    double head = (double)p->hidden * p->vocab;
-    double gemm_flops = 2.0 * ar_preset_active_params(p) * f->num_tokens + 2.0 * head * f->num_reqs;
-    double weights = ar_preset_total_params(p);
-    if (p->num_experts > 0) {
-        double all_experts = 3.0 * p->hidden * p->moe_intermediate * p->num_experts *
-                             (m->num_layers - p->first_dense_layers);
-        double touched = 1.0 - pow(1.0 - (double)p->active_experts / p->num_experts, f->num_tokens);
-        weights -= all_experts * (1.0 - touched);
+    st->device = *d;
+    st->gemm_efficiency = d->gemm_eff;
+    st->attn_efficiency = d->attn_eff;
+    st->bw_efficiency = d->bw_eff;
+    st->link_bw = d->link_bw;
+    st->link_latency_s = d->link_latency_s;
+}
+
+/* roofline:DEVICE, fitted:DB and profile:DB with their KEY=VALUE list. */
+static int parse_model(const char *kind, char *args, const ar_model_preset *preset, ar_steptime *st, char *err,
+                       size_t err_len)
+{
+    bool fitted = strcmp(kind, "fitted") == 0, profiled = strcmp(kind, "profile") == 0;
+    st->kind = fitted ? AR_STEPTIME_FITTED : profiled ? AR_STEPTIME_PROFILE : AR_STEPTIME_ROOFLINE;
+    st->preset = preset;
+    if (preset) {
+        st->active_params = ar_preset_active_params(preset);
+        st->total_params = ar_preset_total_params(preset);
     }
-    weights -= head;   /* the embedding table is gathered, not streamed */
-    double t_gemm = fmax(gemm_flops / (peak * st->gemm_efficiency), weights * wbytes / bw);
+    st->overhead_s = 0.003;
+    st->tensor_parallel = 1;
+    st->weight_dtype = AR_BF16;
+    st->kv_dtype = AR_BF16;
+    st->cudagraph_max = -1;
+    st->async_scheduling = true;
+    st->attn_scale = 1.0;
+    if (!preset) {
+        snprintf(err, err_len, "--step-time %s needs a --model preset", kind);
+        return 2;
+    }
+    /* the device (and its efficiency table) comes first, then the keys override it */
+    char *save = NULL, *db_path = NULL;
+    char *toks[32];
+    int n = 0;
+    for (char *tok = strtok_r(args, ",", &save); tok && n < 32; tok = strtok_r(NULL, ",", &save)) toks[n++] = tok;
+    if (n == 0) {
+        if (fitted || profiled) snprintf(err, err_len, "--step-time %s:DB needs a database", kind);
+        else snprintf(err, err_len, "--step-time roofline:DEVICE needs a device (%s)", ar_device_names());
+        return 2;
+    }
+    const ar_device_spec *dev = fitted ? ar_device_find("h200") : NULL;
+    bool device_given = false;
+    for (int i = 0; i < n; i++) {
+        bool is_key = strncmp(toks[i], "device=", 7) == 0;
+        if (i > 0 && !is_key) continue;
+        if (i == 0 && (fitted || profiled) && !is_key) { db_path = toks[0]; continue; }
+        const char *name = is_key ? toks[i] + 7 : toks[i];
+        if (!(dev = ar_device_find(name))) {
+            snprintf(err, err_len, "--step-time %s: unknown device '%s' (%s)", kind, name, ar_device_names());
+            return 2;
+        }
+        device_given = true;
+    }
+    if (profiled) {
+        if (ar_profile_load(db_path, &st->profile, err, err_len) != 0) return 2;
+        if (strcmp(st->profile.model, preset->name) != 0) {
+            snprintf(err, err_len, "%s: the profile is of model %s, not %s", db_path, st->profile.model, preset->name);
+            return 2;
+        }
+        st->tensor_parallel = st->profile.tp;
+        st->attn_scale = st->profile.replay_ratio > 0 ? st->profile.replay_ratio : 1.0;
+        if (!device_given && !(dev = ar_device_match(st->profile.device))) {
+            snprintf(err, err_len, "%s: measured on '%s', which matches no device preset: give device=NAME (%s) for "
+                     "its interconnect", db_path, st->profile.device, ar_device_names());
+            return 2;
+        }
+    }
+    use_device(st, dev);
+    double run_id = 0;
+    for (int i = 1; i < n; i++) {
+        char *tok = toks[i];
+        if (strncmp(tok, "device=", 7) == 0) continue;
+        char *eq = strchr(tok, '=');
+        double v;
+        if (!eq || parse_double(eq + 1, &v) != 0 || v < 0) {
+            snprintf(err, err_len, "--step-time %s: '%s' is not KEY=non-negative number", kind, tok);
+            return 2;
+        }
+        *eq = 0;
+        bool whole = v == floor(v);
+        if (fitted && strcmp(tok, "run") == 0) run_id = v;
+        else if (strcmp(tok, "gemm_eff") == 0) st->gemm_efficiency = v;
+        else if (strcmp(tok, "attn_eff") == 0) st->attn_efficiency = v;
+        else if (strcmp(tok, "bw_eff") == 0) st->bw_efficiency = v;
+        else if (strcmp(tok, "overhead") == 0) st->overhead_s = v;
+        else if (strcmp(tok, "per_req") == 0) st->per_req_overhead_s = v;
+        else if (strcmp(tok, "tp") == 0 && v >= 1 && v <= 1024 && whole) {
+            if (profiled && (int)v != st->profile.tp) {
+                snprintf(err, err_len, "%s: the profile was measured at tp=%d; tp=%d needs its own profile", db_path,
+                         st->profile.tp, (int)v);
+                return 2;
+            }
+            st->tensor_parallel = (int)v;
+        }
+        else if (strcmp(tok, "graph") == 0 && v <= 1 << 20 && whole) st->cudagraph_max = (int)v;
+        else if (strcmp(tok, "async") == 0 && (v == 0 || v == 1)) st->async_scheduling = v == 1;
+        else if (strcmp(tok, "link_bw") == 0 && v > 0) st->link_bw = v;
+        else if (strcmp(tok, "link_lat") == 0) st->link_latency_s = v;
+        else {
+            snprintf(err, err_len, "--step-time %s: unknown key or bad value '%s' (gemm_eff, attn_eff, bw_eff, overhead, "
+                     "per_req, tp, graph, async, link_bw, link_lat%s)", kind, tok, fitted ? ", run" : "");
+            return 2;
+        }
+    }
+    if (fitted) {
+        int steps = ar_steptime_fit_db(db_path, (int64_t)run_id, preset->model.num_layers, st->fit_coef, err, err_len);
+        if (steps < 0) return 2;
+        st->fit_steps = steps;
+    }
+    if (st->gemm_efficiency <= 0 || st->attn_efficiency <= 0 || st->bw_efficiency <= 0 ||
+        st->gemm_efficiency > 1 || st->attn_efficiency > 1 || st->bw_efficiency > 1) {
+        snprintf(err, err_len, "--step-time %s: efficiencies must be in (0, 1]", kind);
+        return 2;
+    }
+    return 0;
+}
+
+void ar_steptime_set_engine(ar_steptime *st, int max_num_seqs)
+{
+    if (st->cudagraph_max < 0) st->cudagraph_max = 2 * max_num_seqs < 512 ? 2 * max_num_seqs : 512;
+}
+
+int ar_cudagraph_pad(int n, int max_size)
+{
+    if (max_size <= 0 || n <= 0) return n;
+    int size = n <= 2 ? n : n <= 4 ? 4 : n <= 256 ? (n + 7) / 8 * 8 : 256 + (n - 256 + 15) / 16 * 16;
+    return size <= max_size ? size : n;   /* above the largest capture size: eager, unpadded */
+}
+
+/* Bytes of the GEMMs' input and output rows per token, over all layers (bf16 activations). */
+static double activation_bytes_per_token(const ar_model_preset *p)
+{
+    const ar_model *m = &p->model;
+    double h = p->hidden, q = (double)m->num_q_heads * m->head_size, kv = (double)m->num_kv_heads * m->head_size;
+    double mlp = p->num_experts > 0 ? (double)p->moe_intermediate * (p->active_experts + p->shared_experts)
+                                    : (double)p->intermediate;
+    if (m->attention == AR_ATTN_MLA) { q = (double)m->num_q_heads * m->v_head_dim; kv = m->kv_lora_rank; }
+    /* qkv: h in, q + 2 kv out; o: q in, h out; gate_up: h in, 2 mlp out; down: mlp in, h out */
+    return 2.0 * m->num_layers * (h + q + 2 * kv + q + h + h + 2 * mlp + mlp + h);
+}
+
+/* Per-request attention cost on the roofline: FLOPs and bytes of request r. */
+static double attention_roofline(const ar_steptime *st, const ar_batch_features *f, double peak, double bw)
+{
+    const ar_model *m = &st->preset->model;
     double qk_v = m->attention == AR_ATTN_MLA ? (double)(m->kv_lora_rank + m->qk_rope_head_dim) + m->kv_lora_rank
                                               : 2.0 * m->head_size;
     double kv_token_layer = m->attention == AR_ATTN_MLA ? (double)(m->kv_lora_rank + m->qk_rope_head_dim)
                                                         : 2.0 * m->num_kv_heads * m->head_size;
     kv_token_layer *= ar_dtype_size(st->kv_dtype);
-    double attn_flops = 2.0 * m->num_layers * m->num_q_heads * qk_v * f->attn_pairs;
-    double attn_bytes = (double)m->num_layers * ((double)f->kv_tokens_read + f->num_tokens) * kv_token_layer;
-    double t_attn = fmax(attn_flops / (peak * st->attn_efficiency), attn_bytes / bw);
-    if (st->kind == AR_STEPTIME_FITTED)
-        t_attn = fmax(0.0, (st->fit_coef[0] + st->fit_coef[1] * f->num_tokens + st->fit_coef[2] * f->num_reqs +
-                            st->fit_coef[3] * (double)f->kv_tokens_read) / tp);
-    return t_gemm + t_attn + st->overhead_s + st->per_req_overhead_s * f->num_reqs;
+    double flop_per_pair = 2.0 * m->num_layers * m->num_q_heads * qk_v;
+    double byte_per_token = (double)m->num_layers * kv_token_layer;
+    double compute = peak * st->attn_efficiency, stream = bw;
+    if (!f->query_lens || !f->context_lens)
+        return fmax(flop_per_pair * f->attn_pairs / compute,
+                    byte_per_token * ((double)f->kv_tokens_read + f->num_tokens) / stream);
+    double t = 0;
+    for (int r = 0; r < f->num_reqs; r++) {
+        double n = f->query_lens[r], c = f->context_lens[r];
+        double pairs = n * (c + (n + 1) * 0.5);
+        t += fmax(flop_per_pair * pairs / compute, byte_per_token * (c + 2 * n) / stream);
+    }
+    return t;
+}
+
+void ar_steptime_parts(const ar_steptime *st, const ar_batch_features *f, ar_step_parts *parts)
+{
+    memset(parts, 0, sizeof *parts);
+    if (st->kind != AR_STEPTIME_ROOFLINE && st->kind != AR_STEPTIME_FITTED && st->kind != AR_STEPTIME_PROFILE) return;
+    const ar_model_preset *p = st->preset;
+    const ar_model *m = &p->model;
+    int tp = st->tensor_parallel > 0 ? st->tensor_parallel : 1;
+    int tokens = ar_cudagraph_pad(f->num_tokens, st->cudagraph_max);
+    parts->padded_tokens = tokens;
+    double peak = st->device.peak_flops * tp, bw = st->device.mem_bw * st->bw_efficiency * tp;
+    if (st->kind == AR_STEPTIME_PROFILE) {
+        const ar_profile_table *pr = &st->profile;
+        for (int g = 0; g < pr->num_gemms; g++)
+            parts->linear_s += pr->gemm_per_layer[g] ? m->num_layers * ar_profile_gemm_us(pr, g, tokens)
+                                                     : ar_profile_gemm_us(pr, g, f->num_reqs);
+        parts->linear_s *= 1e-6;
+        if (f->query_lens && f->context_lens) {
+            parts->attn_s = 1e-6 * m->num_layers * st->attn_scale *
+                            ar_profile_attention_us(pr, f->query_lens, f->context_lens, f->num_reqs);
+        } else {   /* totals only: an average request */
+            int n = f->num_reqs > 0 ? f->num_reqs : 1;
+            int q = (f->num_tokens + n - 1) / n, c = (int)(f->kv_tokens_read / n) - q;
+            int *ql = malloc((size_t)n * sizeof(int)), *cl = malloc((size_t)n * sizeof(int));
+            if (ql && cl) {
+                for (int r = 0; r < n; r++) { ql[r] = q; cl[r] = c > 0 ? c : 0; }
+                parts->attn_s = 1e-6 * m->num_layers * st->attn_scale * ar_profile_attention_us(pr, ql, cl, n);
+            }
+            free(ql);
+            free(cl);
+        }
+    } else {
+        double wbytes = ar_dtype_size(st->weight_dtype);
+        double head = (double)p->hidden * p->vocab;
+        double gemm_flops = 2.0 * st->active_params * tokens + 2.0 * head * f->num_reqs;
+        double weights = st->total_params;
+        if (p->num_experts > 0) {
+            double all_experts = 3.0 * p->hidden * p->moe_intermediate * p->num_experts *
+                                 (m->num_layers - p->first_dense_layers);
+            double touched = 1.0 - pow(1.0 - (double)p->active_experts / p->num_experts, tokens);
+            weights -= all_experts * (1.0 - touched);
+        }
+        weights -= head;   /* the embedding table is gathered, not streamed */
+        double bytes = weights * wbytes + activation_bytes_per_token(p) * tokens;
+        parts->linear_s = fmax(gemm_flops / (peak * st->gemm_efficiency), bytes / bw);
+        if (st->kind == AR_STEPTIME_FITTED)
+            parts->attn_s = fmax(0.0, (st->fit_coef[0] + st->fit_coef[1] * f->num_tokens + st->fit_coef[2] * f->num_reqs +
+                                       st->fit_coef[3] * (double)f->kv_tokens_read) / tp);
+        else
+            parts->attn_s = attention_roofline(st, f, peak, bw);
+    }
+    if (tp > 1 && st->link_bw > 0)
+        parts->allreduce_s = 2.0 * m->num_layers *
+                             (st->link_latency_s + 2.0 * (tp - 1) / tp * tokens * p->hidden * 2.0 / st->link_bw);
+    parts->cpu_s = st->overhead_s + st->per_req_overhead_s * f->num_reqs;
 }
 
 double ar_steptime_eval(const ar_steptime *st, const ar_batch_features *f)
@@ -193,7 +335,12 @@ double ar_steptime_eval(const ar_steptime *st, const ar_batch_features *f)
                st->lin_per_kv_token_s * (double)f->kv_tokens_read;
     case AR_STEPTIME_ROOFLINE:
     case AR_STEPTIME_FITTED:
-        return roofline(st, f);
+    case AR_STEPTIME_PROFILE: {
+        ar_step_parts parts;
+        ar_steptime_parts(st, f, &parts);
+        double gpu = parts.linear_s + parts.attn_s + parts.allreduce_s;
+        return st->async_scheduling ? fmax(gpu, parts.cpu_s) : gpu + parts.cpu_s;
+    }
     }
     return st->constant_s;
 }

@@ -24,6 +24,7 @@
 #define MOONCAKE_SALT 0x4d4f4f4e00000000ull
 #define GROUP_SALT 0x47525000000000ull
 #define UNIQUE_SALT 0x554e495100000000ull
+#define AR_WORKLOAD_MAX_TOKENS 100000000   /* per prompt or output; beyond it a row is bad */
 
 static uint64_t unique_payload(int request_index, int block_index)
 {
@@ -133,6 +134,38 @@ static bool blank_line(const char *s)
     return true;
 }
 
+/* Opens a workload file for reading; NULL with "PATH: why" in err.  A directory is named as
+ * such (fopen would open it and the first read fail). */
+static FILE *open_input(const char *path, const char *want, char *err, size_t err_len)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "%s: is a directory, not %s", path, want);
+        return NULL;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) snprintf(err, err_len, "%s: %s", path, strerror(errno));
+    return f;
+}
+
+/* After a getline loop: 0, or 2 with "PATH: read error: ..." when the stream failed. */
+static int read_error(FILE *f, const char *path, char *err, size_t err_len)
+{
+    if (!ferror(f)) return 0;
+    snprintf(err, err_len, "%s: read error: %s", path, strerror(errno));
+    return 2;
+}
+
+/* The message for a token count outside [1, AR_WORKLOAD_MAX_TOKENS]. */
+static void bad_length(char *err, size_t err_len, const char *path, long lineno, const char *name, long long value)
+{
+    if (value <= 0)
+        snprintf(err, err_len, "%s:%ld: %s must be positive (got %lld)", path, lineno, name, value);
+    else
+        snprintf(err, err_len, "%s:%ld: %s %lld exceeds the limit of %d tokens", path, lineno, name, value,
+                 AR_WORKLOAD_MAX_TOKENS);
+}
+
 /* One JSON Lines row as an object; NULL with "FILE:LINE: ..." in err. */
 static json_t *parse_row(const char *line, const char *path, long lineno, char *err, size_t err_len)
 {
@@ -155,8 +188,8 @@ static int load_mooncake(const char *path, ar_workload *wl, char *err, size_t er
         snprintf(err, err_len, "%s: block size %d must divide Mooncake's 512-token hash block", path, B);
         return 2;
     }
-    FILE *f = fopen(path, "r");
-    if (!f) { snprintf(err, err_len, "%s: %s", path, strerror(errno)); return 2; }
+    FILE *f = open_input(path, "a Mooncake JSONL file", err, err_len);
+    if (!f) return 2;
     int pages = MOONCAKE_BLOCK / B;
     char *line = NULL;
     size_t cap = 0;
@@ -184,9 +217,9 @@ static int load_mooncake(const char *path, ar_workload *wl, char *err, size_t er
             rc = 2;
             break;
         }
-        if (in_len <= 0 || out_len <= 0 || in_len > 100000000 || out_len > 100000000) {
-            snprintf(err, err_len, "%s:%ld: input_length and output_length must be positive (got %lld, %lld)",
-                     path, lineno, in_len, out_len);
+        if (in_len <= 0 || in_len > AR_WORKLOAD_MAX_TOKENS || out_len <= 0 || out_len > AR_WORKLOAD_MAX_TOKENS) {
+            if (in_len <= 0 || in_len > AR_WORKLOAD_MAX_TOKENS) bad_length(err, err_len, path, lineno, "input_length", in_len);
+            else bad_length(err, err_len, path, lineno, "output_length", out_len);
             json_decref(o);
             rc = 2;
             break;
@@ -231,6 +264,7 @@ static int load_mooncake(const char *path, ar_workload *wl, char *err, size_t er
             break;
         }
     }
+    if (rc == 0) rc = read_error(f, path, err, err_len);
     free(line);
     free(payloads);
     fclose(f);
@@ -281,8 +315,8 @@ static int parse_int_field(const char *s, const char **end, long *out)
 
 static int load_azure(const char *path, ar_workload *wl, char *err, size_t err_len)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) { snprintf(err, err_len, "%s: %s", path, strerror(errno)); return 2; }
+    FILE *f = open_input(path, "an Azure LLM CSV file", err, err_len);
+    if (!f) return 2;
     char *line = NULL;
     size_t cap = 0;
     long lineno = 0;
@@ -309,9 +343,9 @@ static int load_azure(const char *path, ar_workload *wl, char *err, size_t err_l
             rc = 2;
             break;
         }
-        if (ctx <= 0 || gen <= 0 || ctx > 100000000 || gen > 100000000) {
-            snprintf(err, err_len, "%s:%ld: ContextTokens and GeneratedTokens must be positive (got %ld, %ld)",
-                     path, lineno, ctx, gen);
+        if (ctx <= 0 || ctx > AR_WORKLOAD_MAX_TOKENS || gen <= 0 || gen > AR_WORKLOAD_MAX_TOKENS) {
+            if (ctx <= 0 || ctx > AR_WORKLOAD_MAX_TOKENS) bad_length(err, err_len, path, lineno, "ContextTokens", ctx);
+            else bad_length(err, err_len, path, lineno, "GeneratedTokens", gen);
             rc = 2;
             break;
         }
@@ -327,6 +361,7 @@ static int load_azure(const char *path, ar_workload *wl, char *err, size_t err_l
             break;
         }
     }
+    if (rc == 0) rc = read_error(f, path, err, err_len);
     if (rc == 0 && lineno == 0) {
         snprintf(err, err_len, "%s:1: empty file", path);
         rc = 2;
@@ -348,8 +383,8 @@ static int load_vllm_run(const char *path_in, ar_workload *wl, char *err, size_t
         snprintf(path, sizeof path, "%s/requests.jsonl", path_in);
     else
         snprintf(path, sizeof path, "%s", path_in);
-    FILE *f = fopen(path, "r");
-    if (!f) { snprintf(err, err_len, "%s: %s", path, strerror(errno)); return 2; }
+    FILE *f = open_input(path, "a vLLM run's requests.jsonl", err, err_len);
+    if (!f) return 2;
     char *line = NULL;
     size_t cap = 0;
     long lineno = 0;
@@ -376,9 +411,9 @@ static int load_vllm_run(const char *path_in, ar_workload *wl, char *err, size_t
             break;
         }
         json_decref(o);
-        if (in_len <= 0 || out_len <= 0 || in_len > 100000000 || out_len > 100000000) {
-            snprintf(err, err_len, "%s:%ld: input_toks and output_toks must be positive (got %lld, %lld)",
-                     path, lineno, in_len, out_len);
+        if (in_len <= 0 || in_len > AR_WORKLOAD_MAX_TOKENS || out_len <= 0 || out_len > AR_WORKLOAD_MAX_TOKENS) {
+            if (in_len <= 0 || in_len > AR_WORKLOAD_MAX_TOKENS) bad_length(err, err_len, path, lineno, "input_toks", in_len);
+            else bad_length(err, err_len, path, lineno, "output_toks", out_len);
             rc = 2;
             break;
         }
@@ -398,6 +433,7 @@ static int load_vllm_run(const char *path_in, ar_workload *wl, char *err, size_t
             if (out_len > 1) r->real_tpot = (last_token - first_token) / (double)(out_len - 1);
         }
     }
+    if (rc == 0) rc = read_error(f, path, err, err_len);
     free(line);
     fclose(f);
     return rc;
@@ -437,7 +473,7 @@ int ar_workload_synthetic(const char *spec, int block_size, ar_workload *wl, cha
     long groups = 0, prompts = 0, system = 0, question = 0, output = -1, n = 0, input = 0;
     double rate = 10.0, cv = 2.0;
     uint64_t seed = 1;
-    bool gamma = false;
+    bool gamma = false, plain_form = false, group_form = false;
     ar_workload_init(wl, block_size, "synthetic");   /* first: every early return leaves it freeable */
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", spec);
@@ -470,26 +506,39 @@ int ar_workload_synthetic(const char *spec, int block_size, ar_workload *wl, cha
             seed = (uint64_t)d;
         }
         else {
-            if (d != floor(d) || d < 0 || d > 1e8) {
-                snprintf(err, err_len, "synthetic spec: %s must be a non-negative integer", k);
+            long *target = strcmp(k, "groups") == 0 ? &groups : strcmp(k, "prompts") == 0 ? &prompts
+                         : strcmp(k, "system") == 0 ? &system : strcmp(k, "question") == 0 ? &question
+                         : strcmp(k, "output") == 0 ? &output : strcmp(k, "n") == 0 ? &n
+                         : strcmp(k, "input") == 0 ? &input : NULL;
+            if (!target) { snprintf(err, err_len, "synthetic spec: unknown key '%s'", k); return 2; }
+            if (d != floor(d) || d < 0) {
+                snprintf(err, err_len, "synthetic spec: %s=%s must be a non-negative integer", k, v);
                 return 2;
             }
-            long iv = (long)d;
-            if (strcmp(k, "groups") == 0) groups = iv;
-            else if (strcmp(k, "prompts") == 0) prompts = iv;
-            else if (strcmp(k, "system") == 0) system = iv;
-            else if (strcmp(k, "question") == 0) question = iv;
-            else if (strcmp(k, "output") == 0) output = iv;
-            else if (strcmp(k, "n") == 0) n = iv;
-            else if (strcmp(k, "input") == 0) input = iv;
-            else { snprintf(err, err_len, "synthetic spec: unknown key '%s'", k); return 2; }
+            if (d > AR_WORKLOAD_MAX_TOKENS) {
+                snprintf(err, err_len, "synthetic spec: %s=%s exceeds the limit of %d", k, v, AR_WORKLOAD_MAX_TOKENS);
+                return 2;
+            }
+            *target = (long)d;
+            if (target == &n || target == &input) plain_form = true;
+            if (target == &groups || target == &prompts || target == &system || target == &question) group_form = true;
         }
     }
+    if (plain_form && group_form) {
+        snprintf(err, err_len, "synthetic spec: give either groups=,prompts=,system=,question=,output= or "
+                 "n=,input=,output=, not keys of both forms");
+        return 2;
+    }
     if (rate <= 0 || cv <= 0) { snprintf(err, err_len, "synthetic spec: rate and cv must be positive"); return 2; }
-    bool grouped = groups > 0 || prompts > 0;
+    bool grouped = group_form;
     if (grouped) {
-        if (groups <= 0 || prompts <= 0 || system + question <= 0 || output <= 0 || groups * prompts > 10000000) {
+        if (groups <= 0 || prompts <= 0 || system + question <= 0 || output <= 0) {
             snprintf(err, err_len, "synthetic spec: groups, prompts, output must be positive and system+question > 0");
+            return 2;
+        }
+        if (groups * prompts > 10000000) {
+            snprintf(err, err_len, "synthetic spec: groups x prompts = %ld requests exceeds the limit of 10000000",
+                     groups * prompts);
             return 2;
         }
         n = groups * prompts;

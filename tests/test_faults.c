@@ -5,14 +5,25 @@
  *                  database; the database opens, passes integrity_check, the run is 'error',
  *                  every committed step is whole (0..last_step, nothing after), and --resume
  *                  completes it
- *   SIGINT         finishes the step, commits, marks the run 'interrupted', exits 130; the
- *                  committed steps are intact and --resume completes the run
+ *   SIGINT         commits, marks the run 'interrupted', exits 130; the committed steps are
+ *                  intact and --resume completes the run
+ *   SIGTERM        inside a long step (an 8k-token prefill on the CPU, --repeat 5) the run ends
+ *                  within 2 s with 143 through the watchdog, the step in flight abandoned, the
+ *                  committed steps whole, the run 'interrupted'; --resume takes up the same run
+ *                  at that step (and is stopped the same way)
+ *   SIGKILL        inside a write transaction (ATTNREPLAY_TEST_KILL_AFTER_STEP) after earlier
+ *                  batches committed: the committed batches stay whole, --resume completes
  *   readers        while a replay writes (WAL), a read-only connection counts its committed
  *                  steps and `attnreplay report` renders from the same database
- *   second writer  a write lock held elsewhere makes a replay wait (busy timeout) and then fail
- *                  clearly ("locked", exit 3) without touching the database; two replays
- *                  started together on one database each finish, or stop clearly ("locked")
- *                  and finish with --resume; every run whole
+ *   second writer  no write lock is held while a step computes (another connection takes the
+ *                  lock at any moment within 200 ms); a lock held elsewhere makes a replay wait
+ *                  (ATTNREPLAY_BUSY_TIMEOUT_MS) and then fail clearly ("locked", exit 3) without
+ *                  touching the database; two replays started together on one database both
+ *                  finish; every run whole
+ *   errors         a trace that breaks mid-run ends the run 'error' with the reason (FILE:LINE:
+ *                  rule) in runs.error
+ *   migration      a schema-version-1 database: report reads it, the compatibility views give
+ *                  version-2 columns as NULL, a replay migrates it in place and keeps its runs
  *   NaN / Inf      anywhere in a step's output (checked row or not, out or LSE, verify all,
  *                  sample or off) fails the step through the library's verifier
  *   --verify off   is labelled 'unverified' in the summary, the database and the report
@@ -35,6 +46,7 @@
 #include <unistd.h>
 
 #include "../replay/backend.h"
+#include "../replay/db.h"
 #include "../replay/verify.h"
 #include "../sim/sim.h"
 
@@ -55,16 +67,11 @@ static ar_model tiny_model(void)
     return m;
 }
 
-/* Simulates spec (a synthetic workload) on the tiny model and writes the trace to path;
- * returns the number of steps. */
-static int64_t make_trace(const char *path, const char *spec)
+/* Simulates the workload wl on the tiny model (batches of up to max_tokens tokens, a cache of
+ * num_blocks blocks) and writes the trace to path; returns the number of steps. */
+static int64_t simulate_to(const char *path, const ar_workload *wl, int max_tokens, int num_blocks)
 {
     char err[AR_ERR_MAX + 1024];
-    ar_workload wl;
-    if (ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err) != 0) {
-        fprintf(stderr, "workload %s: %s\n", spec, err);
-        return -1;
-    }
     ar_sim_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.steptime.kind = AR_STEPTIME_CONSTANT;
@@ -74,15 +81,15 @@ static int64_t make_trace(const char *path, const char *spec)
     h->version = AR_TRACE_VERSION;
     h->model = tiny_model();
     h->cache.block_size = 16;
-    h->cache.num_blocks = 1024;
+    h->cache.num_blocks = num_blocks;
     h->cache.dtype = AR_BF16;
     h->cache.kv_cache_dtype = AR_BF16;
-    h->sched.max_num_batched_tokens = 256;
+    h->sched.max_num_batched_tokens = max_tokens;
     h->sched.max_num_seqs = 8;
     h->sched.prefix_caching = true;
     snprintf(h->source, sizeof h->source, "test_faults");
     h->seed = 7;
-    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    ar_sim *s = ar_sim_create(&cfg, wl, err, sizeof err);
     assert_non_null(s);
     ar_trace_writer *w = ar_trace_create(path, h, err, sizeof err);
     assert_non_null(w);
@@ -96,6 +103,20 @@ static int64_t make_trace(const char *path, const char *spec)
     assert_int_equal(rc, 0);
     assert_int_equal(ar_trace_finish(w, err, sizeof err), 0);
     ar_sim_destroy(s);
+    return steps;
+}
+
+/* Simulates spec (a synthetic workload) on the tiny model and writes the trace to path;
+ * returns the number of steps. */
+static int64_t make_trace(const char *path, const char *spec)
+{
+    char err[AR_ERR_MAX + 1024];
+    ar_workload wl;
+    if (ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err) != 0) {
+        fprintf(stderr, "workload %s: %s\n", spec, err);
+        return -1;
+    }
+    int64_t steps = simulate_to(path, &wl, 256, 1024);
     ar_workload_free(&wl);
     return steps;
 }
@@ -123,18 +144,20 @@ static void assert_integrity_ok(const char *db)
     assert_string_equal(text, "ok");
 }
 
-/* Starts `attnreplay replay TRACE --db DB --backend cpu ARGS...` with stdout/stderr to log;
- * returns its pid. */
-static pid_t spawn_replay(const char *trace, const char *db, const char *log, const char *extra1,
-                          const char *extra2)
+/* Starts `attnreplay replay TRACE --db DB --backend cpu --threads 1 EXTRA...` (EXTRA
+ * NULL-terminated, at most ten) with stdout/stderr to log; returns its pid. */
+static pid_t spawn_replay(const char *trace, const char *db, const char *log, const char *const *extra)
 {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         FILE *f = freopen(log, "w", stdout);
         if (!f || dup2(fileno(stdout), 2) < 0) _exit(126);
-        execl(tu_bin(), tu_bin(), "replay", trace, "--db", db, "--backend", "cpu", "--threads", "1",
-              extra1, extra2, (char *)NULL);
+        const char *argv[20] = {tu_bin(), "replay", trace, "--db", db, "--backend", "cpu", "--threads", "1"};
+        int n = 9;
+        for (int i = 0; extra[i] && n < 19; i++) argv[n++] = extra[i];
+        argv[n] = NULL;
+        execv(tu_bin(), (char *const *)argv);
         _exit(127);
     }
     return pid;
@@ -261,7 +284,7 @@ static void test_sigint_commits_and_resume_completes(void **state)
     tu_tmp("sigint-report", out, sizeof out);
     tu_tmp("sigint-report.log", rlog, sizeof rlog);
     /* --repeat slows every step down so the run is still going when we look */
-    pid_t pid = spawn_replay(trace, db, log, "--repeat", "20");
+    pid_t pid = spawn_replay(trace, db, log, (const char *const[]){"--repeat", "20", NULL});
     int64_t seen = 0;
     for (int i = 0; i < 400 && seen < 1; i++) {   /* up to 20 s */
         sleep_ms(50);
@@ -298,6 +321,13 @@ static void test_sigint_commits_and_resume_completes(void **state)
 
 /* ---- a second writer -------------------------------------------------------------------- */
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static void test_second_writer_waits_then_fails_clearly(void **state)
 {
     (void)state;
@@ -312,20 +342,57 @@ static void test_second_writer_waits_then_fails_clearly(void **state)
     sqlite3 *h = NULL;
     assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
     assert_int_equal(sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
-    time_t t0 = time(NULL);
-    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:5 --quiet", tu_bin(),
-                    trace, db);
-    time_t waited = time(NULL) - t0;
+    double t0 = mono_s();
+    int rc = tu_run(log, "ATTNREPLAY_BUSY_TIMEOUT_MS=2000 '%s' replay '%s' --db '%s' --backend cpu --threads 1 "
+                         "--steps 0:5 --quiet", tu_bin(), trace, db);
+    double waited = mono_s() - t0;
     assert_int_equal(rc, 3);
-    assert_true(waited >= 4);               /* it waited for the busy timeout (5 s) ... */
+    assert_true(waited >= 1.9);              /* it waited for the busy timeout (2 s) ... */
     assert_true(file_contains(log, "locked"));   /* ... then said why */
     assert_true(file_contains(log, db));
-    print_message("second writer: waited %lld s, then exit 3\n", (long long)waited);
+    print_message("second writer: waited %.1f s, then exit 3\n", waited);
     sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
     sqlite3_close(h);
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);   /* untouched */
     assert_run_whole(db, 1);
     assert_integrity_ok(db);
+}
+
+/* While a replay computes its steps, no write lock is held: another connection gets one
+ * within 200 ms at any moment (the replay holds it only to commit a batch, milliseconds). */
+static void test_no_write_lock_while_steps_compute(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("nolock.db", db, sizeof db);
+    tu_tmp("nolock.log", log, sizeof log);
+    pid_t pid = spawn_replay(trace, db, log, (const char *const[]){"--repeat", "20", NULL});
+    int64_t seen = 0;
+    for (int i = 0; i < 400 && seen < 1; i++) {   /* the first batch committed: the run is going */
+        sleep_ms(50);
+        seen = tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1");
+    }
+    assert_true(seen >= 1);
+    int got = 0, tries = 0;
+    for (; tries < 20 && waitpid(pid, NULL, WNOHANG) == 0; tries++) {
+        sqlite3 *h = NULL;
+        assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+        sqlite3_busy_timeout(h, 200);
+        if (sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK) got++;
+        else print_message("BEGIN IMMEDIATE: %s\n", sqlite3_errmsg(h));
+        sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+        sqlite3_close(h);
+        sleep_ms(97);
+    }
+    print_message("write lock taken %d of %d times during the replay\n", got, tries);
+    assert_true(tries >= 5);
+    assert_int_equal(got, tries);
+    kill(pid, SIGINT);
+    int rc = wait_exit(pid);
+    assert_true(rc == 130 || rc == 0);
+    assert_run_whole(db, 1);
 }
 
 static void test_two_replays_share_a_database(void **state)
@@ -343,22 +410,13 @@ static void test_two_replays_share_a_database(void **state)
     const char *verify[2] = {"sample:1", "off"};
     const char *logs[2] = {log1, log2};
     pid_t pids[2];
-    for (int i = 0; i < 2; i++) pids[i] = spawn_replay(trace, db, logs[i], "--verify", verify[i]);
+    for (int i = 0; i < 2; i++)
+        pids[i] = spawn_replay(trace, db, logs[i], (const char *const[]){"--verify", verify[i], NULL});
     for (int i = 0; i < 2; i++) {
         int rc = wait_exit(pids[i]);
-        /* Each finishes, or - starved of the write lock for the 5 s busy timeout while the other
-         * holds it across its batches - stops with exit 3 saying the database is locked.  Its
-         * committed steps stay whole and --resume (or a new run, if it never got to create
-         * one) finishes the job. */
+        /* short transactions: neither waits long for the other, both finish */
         print_message("concurrent replay %d (verify %s): exit %d\n", i + 1, verify[i], rc);
-        if (rc == 0) continue;
-        assert_int_equal(rc, 3);
-        assert_true(file_contains(logs[i], "locked"));
-        rc = tu_run(logs[i], "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify %s --resume --quiet",
-                    tu_bin(), trace, db, verify[i]);
-        if (rc == 2)
-            rc = tu_run(logs[i], "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify %s --quiet",
-                        tu_bin(), trace, db, verify[i]);
+        if (rc != 0) file_contains(logs[i], "(show the log)");
         assert_int_equal(rc, 0);
     }
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 3);
@@ -372,6 +430,230 @@ static void test_two_replays_share_a_database(void **state)
                text, sizeof text);
     assert_true(strcmp(text, "passed,unverified") == 0 || strcmp(text, "unverified,passed") == 0);
     assert_integrity_ok(db);
+}
+
+/* ---- SIGTERM inside a long step, SIGKILL inside a transaction ------------------------------ */
+
+/* Six short requests at t=0 (64-token prompts, 60 output tokens), then one 8192-token prompt at
+ * t=0.45 s, all in 8k-token batches: about 45 quick steps (the first 32 commit as soon as they
+ * are done), then one long step (an 8k-token prefill: seconds on one CPU thread) while the
+ * short requests decode.  Returns the number of steps. */
+static int64_t big_step_trace(char *buf, size_t len)
+{
+    static int64_t cached = -1;
+    tu_tmp("bigstep.trace.jsonl", buf, len);
+    if (cached >= 0) return cached;
+    char err[512];
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(ar_workload_push(&wl, 0.0, 64, 60, NULL, 0, 0, err, sizeof err), 0);
+    assert_int_equal(ar_workload_push(&wl, 0.45, 8192, 4, NULL, 0, 0, err, sizeof err), 0);
+    cached = simulate_to(buf, &wl, 8192 + 64, 2048);
+    ar_workload_free(&wl);
+    return cached;
+}
+
+/* The index of the long step in big_step_trace (the 8192-token request r6's prefill). */
+static int64_t long_step_index(const char *trace)
+{
+    char *text = tu_slurp(trace);
+    assert_non_null(text);
+    const char *hit = strstr(text, "\"r6\":8192");
+    assert_non_null(hit);
+    int64_t lines = 0;
+    for (const char *p = text; p < hit; p++) lines += *p == '\n';
+    free(text);
+    return lines - 1;   /* line 0 is the header */
+}
+
+/* SIGTERM to a replay (pid) busy in the long step: it ends within 2 s with 143 through the
+ * watchdog, keeping the quick steps before it (all committed) and not the long one. */
+static void sigterm_in_long_step(pid_t pid, const char *db, const char *log, int64_t long_step, int64_t total)
+{
+    assert_int_equal(waitpid(pid, NULL, WNOHANG), 0);   /* still inside the long step */
+    double t0 = mono_s();
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int rc = wait_exit(pid);
+    double took = mono_s() - t0;
+    print_message("SIGTERM: exit %d after %.2f s; %lld of %lld steps committed\n", rc, took,
+                  (long long)tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1"), (long long)total);
+    assert_int_equal(rc, 143);
+    assert_true(took < 2.0);
+    assert_true(file_contains(log, "SIGTERM: stopped inside a step"));
+    char text[256];
+    tu_query_text(db, "SELECT status || ': ' || coalesce(error, '') FROM runs WHERE id=1", text, sizeof text);
+    assert_non_null(strstr(text, "interrupted: interrupted by SIGTERM"));
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), long_step);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);
+    assert_run_whole(db, 1);
+    assert_integrity_ok(db);
+}
+
+static void test_sigterm_inside_a_long_step(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512];
+    int64_t total = big_step_trace(trace, sizeof trace), long_step = long_step_index(trace);
+    assert_true(long_step >= 40 && long_step < total);
+    tu_tmp("sigterm.db", db, sizeof db);
+    tu_tmp("sigterm.log", log, sizeof log);
+    /* --repeat 5 makes the long step last several seconds even on a fast CPU */
+    pid_t pid = spawn_replay(trace, db, log, (const char *const[]){"--verify", "sample:1", "--repeat", "5", NULL});
+    /* every quick step committed (the last batch within a second): the long step is in flight */
+    int64_t seen = 0;
+    for (int i = 0; i < 600 && seen < long_step; i++) {
+        sleep_ms(50);
+        seen = tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1");
+    }
+    assert_int_equal(seen, long_step);
+    sigterm_in_long_step(pid, db, log, long_step, total);
+
+    /* resumable: --resume takes up the same run at the long step (and is stopped there again) */
+    pid = spawn_replay(trace, db, log, (const char *const[]){"--verify", "sample:1", "--repeat", "5", "--resume", NULL});
+    sleep_ms(1000);
+    sigterm_in_long_step(pid, db, log, long_step, total);
+}
+
+static void test_sigkill_inside_a_transaction(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512], text[64];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("kill.db", db, sizeof db);
+    tu_tmp("kill.log", log, sizeof log);
+    /* batches of 32 steps commit; step 100 is inserted inside an open transaction, then -9 */
+    int rc = tu_run(log, "ATTNREPLAY_TEST_KILL_AFTER_STEP=100 '%s' replay '%s' --db '%s' --backend cpu --threads 1 "
+                         "--verify off --quiet", tu_bin(), trace, db);
+    assert_int_equal(rc, 128 + 9);
+    int64_t kept = tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1");
+    print_message("SIGKILL at step 100: %lld steps committed\n", (long long)kept);
+    assert_true(kept > 0 && kept <= 100);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "running");
+    assert_run_whole(db, 1);
+    assert_integrity_ok(db);
+    rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify off --resume --quiet", tu_bin(),
+                trace, db);
+    assert_int_equal(rc, 0);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
+    assert_run_whole(db, 1);
+}
+
+/* ---- an error mid-run keeps its reason --------------------------------------------------- */
+
+static void test_error_reason_is_stored(void **state)
+{
+    (void)state;
+    char trace[512], broken[512], db[512], log[512], text[1024], want[600];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("broken.trace.jsonl", broken, sizeof broken);
+    tu_tmp("broken.db", db, sizeof db);
+    tu_tmp("broken.log", log, sizeof log);
+    /* the first 41 lines (header + steps 0..39), then a step that breaks a rule */
+    assert_int_equal(tu_run(NULL, "head -41 '%s' > '%s' && echo '{\"step\":40,\"time\":9}' >> '%s'", trace, broken,
+                            broken), 0);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify off --quiet",
+                            tu_bin(), broken, db), 2);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "error");
+    tu_query_text(db, "SELECT error FROM runs WHERE id=1", text, sizeof text);
+    snprintf(want, sizeof want, "%s:42:", broken);
+    print_message("runs.error: %s\n", text);
+    assert_non_null(strstr(text, want));
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), 40);   /* whole steps kept */
+    assert_run_whole(db, 1);
+}
+
+/* ---- a database of schema version 1 ------------------------------------------------------ */
+
+static const char *const schema_v1 =
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "INSERT INTO meta VALUES('schema_version', '1');"
+    "CREATE TABLE runs(id INTEGER PRIMARY KEY, trace TEXT NOT NULL, trace_hash TEXT NOT NULL,"
+    " backend TEXT NOT NULL, device TEXT NOT NULL, dtype TEXT NOT NULL, kv_dtype TEXT NOT NULL,"
+    " model TEXT NOT NULL, layers INTEGER NOT NULL, config TEXT NOT NULL, code_rev TEXT NOT NULL,"
+    " seed INTEGER NOT NULL, verify TEXT NOT NULL, inject TEXT NOT NULL, cascade TEXT NOT NULL,"
+    " repeat INTEGER NOT NULL, status TEXT NOT NULL, error TEXT, started REAL NOT NULL,"
+    " finished REAL, steps_done INTEGER NOT NULL DEFAULT 0,"
+    " steps_failed INTEGER NOT NULL DEFAULT 0, last_step INTEGER NOT NULL DEFAULT -1);"
+    "CREATE TABLE steps(run INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, time REAL,"
+    " num_reqs INTEGER, num_tokens INTEGER, num_prefill_reqs INTEGER, num_decode_reqs INTEGER,"
+    " max_query_len INTEGER, max_seq_len INTEGER, total_context INTEGER,"
+    " cascade INTEGER, prefix_len INTEGER, time_us REAL, bytes INTEGER, flops INTEGER,"
+    " gbps REAL, tflops REAL, verified TEXT, rows_checked INTEGER, max_abs REAL, max_rel REAL,"
+    " mean_abs REAL, nmse REAL, lse_max_abs REAL, nan_count INTEGER, bad_count INTEGER,"
+    " naive_max_abs REAL, naive_mean_abs REAL, tol_max_abs REAL, tol_mean_abs REAL,"
+    " guard_ok INTEGER, pass INTEGER, PRIMARY KEY(run, step));"
+    "CREATE TABLE kernels(run INTEGER NOT NULL, step INTEGER NOT NULL, layer INTEGER NOT NULL,"
+    " name TEXT NOT NULL, time_us REAL, PRIMARY KEY(run, step, layer, name));"
+    "CREATE TABLE mismatches(run INTEGER NOT NULL, step INTEGER NOT NULL, layer INTEGER NOT NULL,"
+    " req TEXT, token INTEGER, head INTEGER, dim INTEGER, got REAL, want REAL, abs_err REAL);"
+    "CREATE TABLE ceilings(device TEXT NOT NULL, measured REAL NOT NULL, copy_gbps REAL,"
+    " bf16_tflops REAL, method TEXT);"
+    "INSERT INTO runs VALUES(1, 't.jsonl', 'abc', 'cpu', 'cpu', 'bf16', 'bf16', 'tiny', 1, '{}', 'old', 7,"
+    " 'all', 'none', 'auto', 1, 'passed', NULL, 1.0, 2.0, 2, 0, 1);"
+    "INSERT INTO steps(run, step, time, num_reqs, num_tokens, total_context, cascade, prefix_len, time_us,"
+    " bytes, flops, gbps, tflops, verified, rows_checked, max_abs, nmse, pass)"
+    " VALUES(1, 0, 0.0, 1, 16, 16, 0, 0, 10.0, 1000, 2000, 0.1, 0.2, 'all', 16, 1e-3, 1e-6, 1),"
+    "       (1, 1, 0.01, 1, 1, 17, 0, 0, 5.0, 500, 100, 0.1, 0.02, 'all', 1, 2e-3, 2e-6, 1);";
+
+static void test_schema_v1_database_is_read_and_migrated(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512], out[512], summary[600], text[64];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("v1.db", db, sizeof db);
+    tu_tmp("v1.log", log, sizeof log);
+    tu_tmp("v1-report", out, sizeof out);
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, schema_v1, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(h);
+    /* report reads it as it is */
+    int rrc = tu_run(log, "'%s' report '%s' --out '%s'", tu_bin(), db, out);
+    assert_true(rrc == 0 || rrc == 1);
+    snprintf(summary, sizeof summary, "%s/summary.md", out);
+    assert_true(file_contains(summary, "passed"));
+    /* a read-only reader sees version-2 columns as NULL through the compatibility views */
+    assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    char err[256];
+    assert_int_equal(ar_db_compat_views(h, err, sizeof err), 0);
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(h, "SELECT verified_rows IS NULL, wall_s IS NULL, steps_done,"
+                                           " (SELECT count(*) FROM steps WHERE wall_us IS NULL) FROM runs", -1, &st,
+                                        NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(st, 0), 1);
+    assert_int_equal(sqlite3_column_int(st, 1), 1);
+    assert_int_equal(sqlite3_column_int(st, 2), 2);
+    assert_int_equal(sqlite3_column_int(st, 3), 2);
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    tu_query_text(db, "SELECT value FROM meta WHERE key='schema_version'", text, sizeof text);
+    assert_string_equal(text, "1");   /* reading changed nothing */
+    /* a replay migrates it in place and keeps the old run */
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:9 --quiet", tu_bin(),
+                            trace, db), 0);
+    tu_query_text(db, "SELECT value FROM meta WHERE key='schema_version'", text, sizeof text);
+    assert_string_equal(text, "2");
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), 2);
+    assert_int_equal(tu_query_int(db, "SELECT verified_steps IS NULL FROM runs WHERE id=1"), 1);
+    assert_int_equal(tu_query_int(db, "SELECT verified_steps FROM runs WHERE id=2"), 10);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=2 AND wall_us > 0"), 10);
+    assert_integrity_ok(db);
+    rrc = tu_run(log, "'%s' report '%s' --out '%s'", tu_bin(), db, out);
+    assert_true(rrc == 0 || rrc == 1);
+    /* and a newer writer's database is refused, not damaged */
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, "UPDATE meta SET value='99' WHERE key='schema_version'", NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(h);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --steps 0:1 --quiet", tu_bin(), trace, db), 3);
+    assert_true(file_contains(log, "newer"));
 }
 
 /* ---- --verify off is labelled ------------------------------------------------------------- */
@@ -513,6 +795,11 @@ int main(void)
         cmocka_unit_test(test_sigint_commits_and_resume_completes),
         cmocka_unit_test(test_second_writer_waits_then_fails_clearly),
         cmocka_unit_test(test_two_replays_share_a_database),
+        cmocka_unit_test(test_no_write_lock_while_steps_compute),
+        cmocka_unit_test(test_sigterm_inside_a_long_step),
+        cmocka_unit_test(test_sigkill_inside_a_transaction),
+        cmocka_unit_test(test_error_reason_is_stored),
+        cmocka_unit_test(test_schema_v1_database_is_read_and_migrated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

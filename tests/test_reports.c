@@ -4,9 +4,11 @@
  * exit codes on identical runs, a planted slowdown, a planted verification failure and a
  * planted error growth; bad input gives exit status 2, never a crash.
  *
- * The database is synthetic: a "mixed" trace of 40 steps replayed 7 ways (baseline, an
- * identical rerun, 30% slower, one step failing, 10x error, cascade on, 3% slower) and one
- * CPU fp32 run of another trace.  Expected numbers come from what was planted. */
+ * The database is synthetic: a "mixed" trace of 40 steps replayed 9 ways (baseline, an
+ * identical rerun, 30% slower, one step failing, 10x error, cascade on, 3% slower, a planted
+ * fault failing every step, a run that stopped with an error after 25 steps) and two CPU fp32
+ * runs of another trace (one slow enough to show seconds per step and a tiny TFLOP/s).
+ * Expected numbers come from what was planted. */
 #include "testutil.h"
 
 #include <math.h>
@@ -54,21 +56,39 @@ typedef struct {
     const char *trace, *hash, *backend, *device, *dtype, *cascade_mode;
     double time_scale;        /* every step's time multiplied by this */
     double error_scale;       /* every step's max_abs multiplied by this */
-    int fail_step;            /* this step fails (max_abs x50), -1 for none */
+    int fail_step;            /* this step fails (max_abs x50), -1 for none, -2 for every step */
     int cascade;              /* even steps take the cascade path */
     int cpu;                  /* CPU flavour: small errors, some steps unverified, one exact */
+    const char *inject;       /* planted fault (NULL: none) */
+    const char *error;        /* the run stopped with this error after stored_steps (NULL: finished) */
+    int stored_steps;         /* steps in the database (0: all NUM_STEPS) */
 } planted_run;
 
 static const planted_run planted[] = {
-    { 1, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.0, 1, -1, 0, 0 },
-    { 2, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.0, 1, -1, 0, 0 },
-    { 3, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.3, 1, -1, 0, 0 },
-    { 4, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.0, 1, FAILING_STEP, 0, 0 },
-    { 5, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.0, 10, -1, 0, 0 },
-    { 6, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "on", 1.0, 1, -1, 1, 0 },
-    { 7, "other.trace.jsonl.gz", "def456", "cpu", "cpu (2 cores)", "fp32", "off", 150.0, 1, -1, 0, 1 },
-    { 8, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.03, 1, -1, 0, 0 },
+    { 1, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off",
+      1.0, 1, -1, 0, 0, NULL, NULL, 0 },
+    { 2, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off",
+      1.0, 1, -1, 0, 0, NULL, NULL, 0 },
+    { 3, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off",
+      1.3, 1, -1, 0, 0, NULL, NULL, 0 },
+    { 4, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off",
+      1.0, 1, FAILING_STEP, 0, 0, NULL, NULL, 0 },
+    { 5, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off",
+      1.0, 10, -1, 0, 0, NULL, NULL, 0 },
+    { 6, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "on",
+      1.0, 1, -1, 1, 0, NULL, NULL, 0 },
+    { 7, "other.trace.jsonl.gz", "def456", "cpu", "cpu (2 cores)", "fp32", "off",
+      150.0, 1, -1, 0, 1, NULL, NULL, 0 },
+    { 8, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off",
+      1.03, 1, -1, 0, 0, NULL, NULL, 0 },
+    { 9, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.0, 1, -2, 0, 0,
+      "causal-off-by-one", NULL, 0 },
+    { 10, "mixed.trace.jsonl.gz", "abc123", "cuda_paged", "NVIDIA H200", "bf16", "off", 1.0, 1, -1, 0, 0,
+      NULL, "COMMIT: disk I/O error (a write failed: disk full?)", 25 },
+    { 11, "other.trace.jsonl.gz", "def456", "cpu", "cpu (2 cores)", "fp32", "off",
+      2e5, 1, -1, 0, 1, NULL, NULL, 0 },
 };
+#define ERROR_RUN_REASON "COMMIT: disk I/O error (a write failed: disk full?)"
 
 static int insert_run(sqlite3 *db, const planted_run *p)
 {
@@ -76,9 +96,10 @@ static int insert_run(sqlite3 *db, const planted_run *p)
     if (sqlite3_prepare_v2(db,
             "INSERT INTO runs(id, trace, trace_hash, backend, device, dtype, kv_dtype, model, layers,"
             " config, code_rev, seed, verify, inject, cascade, repeat, status, started, finished,"
-            " steps_done, steps_failed, last_step) VALUES(?,?,?,?,?,?,?,'llama-8b',2,'{}','test',1,"
-            "'all','none',?,3,?,1000,1010,?,?,?)", -1, &st, NULL) != SQLITE_OK)
+            " steps_done, steps_failed, last_step, error) VALUES(?,?,?,?,?,?,?,'llama-8b',2,'{}','test',1,"
+            "'all',?,?,3,?,1000,1010,?,?,?,?)", -1, &st, NULL) != SQLITE_OK)
         return -1;
+    int steps = p->stored_steps ? p->stored_steps : NUM_STEPS;
     sqlite3_bind_int(st, 1, p->id);
     sqlite3_bind_text(st, 2, p->trace, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 3, p->hash, -1, SQLITE_STATIC);
@@ -86,11 +107,14 @@ static int insert_run(sqlite3 *db, const planted_run *p)
     sqlite3_bind_text(st, 5, p->device, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 6, p->dtype, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 7, p->dtype, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 8, p->cascade_mode, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 9, p->fail_step >= 0 ? "failed" : "passed", -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 10, NUM_STEPS);
-    sqlite3_bind_int(st, 11, p->fail_step >= 0);
-    sqlite3_bind_int(st, 12, NUM_STEPS - 1);
+    sqlite3_bind_text(st, 8, p->inject ? p->inject : "none", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 9, p->cascade_mode, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 10, p->error ? "error" : p->fail_step != -1 ? "failed" : "passed", -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 11, steps);
+    sqlite3_bind_int(st, 12, p->fail_step == -2 ? steps : p->fail_step >= 0);
+    sqlite3_bind_int(st, 13, steps - 1);
+    if (p->error) sqlite3_bind_text(st, 14, p->error, -1, SQLITE_STATIC);
+    else sqlite3_bind_null(st, 14);
     int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : -1;
     sqlite3_finalize(st);
     if (rc) return rc;
@@ -102,7 +126,7 @@ static int insert_run(sqlite3 *db, const planted_run *p)
             " mean_abs, nmse, lse_max_abs, nan_count, bad_count, guard_ok, pass)"
             " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,?,1,?)", -1, &st, NULL) != SQLITE_OK)
         return -1;
-    for (int s = 0; s < NUM_STEPS && rc == 0; s++) {
+    for (int s = 0; s < steps && rc == 0; s++) {
         int prefill = s % 8 == 0;
         int reqs = 4 + s % 13;
         long long tokens = prefill ? 1024 + 64LL * s : reqs;
@@ -122,7 +146,7 @@ static int insert_run(sqlite3 *db, const planted_run *p)
         if (cascade) time_us /= 1.0 + (double)prefix / 2000.0;
         double max_abs = (p->cpu ? 2e-6 : 3e-3) * (1.0 + 0.1 * (s % 5)) * p->error_scale;
         int pass = 1;
-        if (s == p->fail_step) { max_abs *= 50; pass = 0; }
+        if (s == p->fail_step || p->fail_step == -2) { max_abs *= 50; pass = 0; }
         double nmse = max_abs * max_abs * 1e-1;
         int verified = !(p->cpu && s % 4 == 3);
         if (p->cpu && s == 2) { max_abs = 0; nmse = 0; }
@@ -276,16 +300,42 @@ static void check_plot(const char *dir, const char *name, const char *title)
     free(svg);
 }
 
+/* The runs replay two traces, so each per-run chart is drawn once per trace. */
 static const char *const all_plots[][2] = {
-    { "step_time", "Per-step kernel time over the run" },
-    { "time_vs_tokens", "Kernel time against batch tokens" },
-    { "time_vs_context", "Kernel time against total context" },
+    { "step_time_trace1", "Per-step kernel time over the run - trace mixed" },
+    { "step_time_trace2", "Per-step kernel time over the run - trace other" },
+    { "time_vs_tokens_trace1", "Kernel time against batch tokens - trace mixed" },
+    { "time_vs_tokens_trace2", "Kernel time against batch tokens - trace other" },
+    { "time_vs_context_trace1", "Kernel time against total context - trace mixed" },
+    { "time_vs_context_trace2", "Kernel time against total context - trace other" },
     { "errors_nmse", "NMSE distribution per backend and dtype (verified steps)" },
     { "errors_max_abs", "Max abs error distribution per backend and dtype (verified steps)" },
-    { "roofline", "Roofline: achieved TFLOP/s against arithmetic intensity" },
+    { "roofline_trace1", "Roofline: achieved TFLOP/s against arithmetic intensity - trace mixed" },
+    { "roofline_trace2", "Roofline: achieved TFLOP/s against arithmetic intensity - trace other" },
     { "cascade_speedup", "Cascade speedup against shared prefix length" },
 };
 #define NUM_PLOTS (sizeof all_plots / sizeof all_plots[0])
+
+/* dir/name holds `present` (unless NULL) and not `absent` (unless NULL). */
+static void expect_in_file(const char *dir, const char *name, const char *present, const char *absent)
+{
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *text = tu_slurp(path);
+    if (!text) fail_msg("%s is missing", path);
+    if (present && !strstr(text, present)) fail_msg("%s lacks '%s'", path, present);
+    if (absent && strstr(text, absent)) fail_msg("%s holds '%s'", path, absent);
+    free(text);
+}
+
+/* The number in the cell after `<td>label</td>` of an HTML table row, or -1. */
+static long cell_after(const char *html, const char *label)
+{
+    char key[256];
+    snprintf(key, sizeof key, "<td>%s</td><td>", label);
+    const char *p = strstr(html, key);
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
 
 /* ---- report --------------------------------------------------------------------------------- */
 
@@ -316,7 +366,38 @@ static void test_report_writes_every_file(void **state)
     /* H200 default ceilings (no calibrate row) are named as such. */
     assert_non_null(strstr(html, "H200 default"));
     assert_non_null(strstr(html, "guess for a CPU"));
+    /* The runs table says how each run was made. */
+    assert_non_null(strstr(html, "<th>cascade</th><th>inject</th><th>verify</th><th>status</th>"));
+    /* The planted fault (run 9) is in its own table, caught, and out of the accuracy summary:
+     * the cuda_paged bf16 group holds runs 1-6, 8 and 10. */
+    assert_non_null(strstr(html, "Planted faults"));
+    assert_non_null(strstr(html, "<td>9</td><td>causal-off-by-one</td>"));
+    assert_non_null(strstr(html, "<td>caught</td>"));
+    assert_int_equal(cell_after(html, "cuda_paged bf16"), 8);
+    /* The run that stopped says why, in its row and in the list of unfinished runs. */
+    assert_non_null(strstr(html, "<td>error: " ERROR_RUN_REASON "</td>"));
+    assert_non_null(strstr(html, "run 10, status error after 25 stored steps: " ERROR_RUN_REASON));
+    /* Times carry the unit that reads best (run 11's steps take seconds), TFLOP/s keeps its
+     * significant digits (run 11: about 0.003), and no cell shows thousands of µs. */
+    assert_non_null(strstr(html, " s</td>"));
+    assert_null(strstr(html, ">0.00 ("));
+    for (const char *p = strstr(html, " µs</td>"); p; p = strstr(p + 1, " µs</td>")) {
+        const char *start = p;
+        while (start > html && start[-1] != '>') start--;
+        if (strtod(start, NULL) >= 1000.0) fail_msg("a time cell reads %.20s", start);
+    }
     free(html);
+    /* Charts of one trace hold only its runs; error ticks read 1e-6, not 0.000001; the legend
+     * sits under the plot */
+    expect_in_file(out, "step_time_trace1.gp", "data/run1.csv", "data/run7.csv");
+    expect_in_file(out, "step_time_trace1.gp", "set key below", "outside right");
+    expect_in_file(out, "errors_nmse.gp", "data/nmse_group", "data/run9");
+    snprintf(path, sizeof path, "%s/errors_nmse.svg", out);
+    char *svg = tu_slurp(path);
+    assert_non_null(svg);
+    assert_true(svg_has_text(svg, "1e-6"));
+    assert_false(svg_has_text(svg, "0.000001"));
+    free(svg);
 
     snprintf(path, sizeof path, "%s/summary.md", out);
     char *md = tu_slurp(path);
@@ -343,6 +424,8 @@ static void test_report_selected_runs(void **state)
     tu_tmp("report_some", out, sizeof out);
     assert_int_equal(run_report(out, "--run", "1", "--run", "7"), 0);
     for (size_t i = 0; i + 1 < NUM_PLOTS; i++) check_plot(out, all_plots[i][0], all_plots[i][1]);
+    /* one run of each trace: run 7 alone in the second trace's charts */
+    expect_in_file(out, "time_vs_tokens_trace2.gp", "data/run7.csv", "data/run1.csv");
     /* No selected run used cascade: no chart, and the report says why. */
     assert_int_equal(size_of(out, "cascade_speedup.png"), -1);
     char path[2048];
@@ -453,6 +536,37 @@ static void test_diff_error_growth(void **state)
     assert_int_equal(run_diff("1", "5", "--error-growth", "20"), 0);
 }
 
+/* A run that stopped early is refused, with its status and reason, unless asked for. */
+static void test_diff_unfinished_run(void **state)
+{
+    (void)state;
+    ar_diff_result r;
+    char err[1024];
+    assert_int_equal(ar_diff_runs(db_path, 1, 10, &default_options, &r, err, sizeof err), -1);
+    if (!strstr(err, "run 10 did not finish (status 'error': " ERROR_RUN_REASON "; 25 steps stored)") ||
+        !strstr(err, "--allow-unfinished"))
+        fail_msg("message '%s'", err);
+    assert_int_equal(ar_diff_runs(db_path, 10, 1, &default_options, &r, err, sizeof err), -1);
+    ar_diff_options allow = default_options;
+    allow.allow_unfinished = 1;
+    assert_int_equal(ar_diff_runs(db_path, 1, 10, &allow, &r, err, sizeof err), 0);
+    assert_int_equal(r.common_steps, 25);
+    assert_int_equal(r.only_in_a, 15);
+    /* the command: exit 2 with the reason on stderr; with the flag a warning heads the output */
+    char log[1024];
+    tu_tmp("diff_unfinished.txt", log, sizeof log);
+    int rc = tu_run(log, "%s diff %s 1 10", tu_bin(), db_path);
+    char *text = tu_slurp(log);
+    assert_non_null(text);
+    if (rc != 2 || !strstr(text, ERROR_RUN_REASON)) fail_msg("rc %d: %s", rc, text);
+    free(text);
+    rc = tu_run(log, "%s diff %s 1 10 --allow-unfinished", tu_bin(), db_path);
+    text = tu_slurp(log);
+    assert_non_null(text);
+    if (rc != 0 || !strstr(text, "warning: run 10 did not finish")) fail_msg("rc %d: %s", rc, text);
+    free(text);
+}
+
 static void test_diff_bad_input(void **state)
 {
     (void)state;
@@ -525,7 +639,7 @@ static void test_plan_fit_recovers_planted_model(void **state)
     assert_non_null(strstr(fit.device, "H200"));
     /* Default selection: runs on a device matching the hint, none with a planted fault. */
     assert_int_equal(ar_plan_fit_db(db_path, NULL, 0, "h200", &fit, err, sizeof err), 0);
-    assert_int_equal(fit.runs, 7);
+    assert_int_equal(fit.runs, 8);
     /* Runs of two devices cannot be fitted together. */
     int64_t mixed[2] = { 1, 7 };
     assert_int_equal(ar_plan_fit_db(db_path, mixed, 2, NULL, &fit, err, sizeof err), -1);
@@ -599,6 +713,36 @@ static void test_plan_small_workload(void **state)
         check_plot(out, "plan_ttft", "Simulated TTFT p90 against arrival rate (llama-3.1-8b, h200)");
         check_plot(out, "plan_fit", "Attention step-time model: predicted against measured");
     }
+    /* TTFT on a log axis; the bisected answer drawn as a vertical at its rate; the TPOT SLO
+     * line below the top of the chart, not on its border */
+    snprintf(path, sizeof path, "%s/plan_ttft.gp", out);
+    char *gp = tu_slurp(path);
+    assert_non_null(gp);
+    assert_non_null(strstr(gp, "set logscale y"));
+    const char *arrow = strstr(gp, "set arrow 1 from ");
+    assert_non_null(arrow);
+    assert_true(fabs(strtod(arrow + strlen("set arrow 1 from "), NULL) - scale) < 0.01 * scale);
+    assert_non_null(strstr(gp, "largest rate meeting the SLO, 8000 KV blocks"));
+    free(gp);
+    snprintf(path, sizeof path, "%s/plan_tpot.gp", out);
+    gp = tu_slurp(path);
+    assert_non_null(gp);
+    const char *yrange = strstr(gp, "set yrange [");
+    assert_non_null(yrange);
+    const char *colon = strchr(yrange, ':');
+    assert_non_null(colon);
+    assert_true(strtod(colon + 1, NULL) > 50.0 * 1.1);
+    free(gp);
+    /* the table on stdout names its units */
+    char log[1024];
+    tu_tmp("plan_stdout.txt", log, sizeof log);
+    assert_int_equal(tu_run(log, "%s plan --workload synthetic:n=40,input=500,output=64,rate=40 --model llama-3.1-8b "
+                            "--device h200 --rates 1 --kv-blocks 8000 --out %s_stdout", tu_bin(), out),
+                     ar_plot_have_gnuplot() ? 0 : 1);
+    char *text = tu_slurp(log);
+    assert_non_null(text);
+    if (!strstr(text, "(blocks)") || !strstr(text, "(ms)") || !strstr(text, "(tok/s)")) fail_msg("table: %s", text);
+    free(text);
 }
 
 static void test_plan_fit_from_other_device_not_applied(void **state)
@@ -643,9 +787,44 @@ static void test_plan_bad_input(void **state)
                           (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200",
                           (char *)"--run", (char *)"1", NULL };
     assert_int_equal(ar_plan_main(9, run_no_db), 2);
+    char out[1024];
+    tu_tmp("plan_bad", out, sizeof out);
     char *bad_workload[] = { (char *)"plan", (char *)"--workload", (char *)"mooncake:/nonexistent.jsonl",
-                             (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200", NULL };
-    assert_int_equal(ar_plan_main(7, bad_workload), 2);
+                             (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200",
+                             (char *)"--out", out, NULL };
+    assert_int_equal(ar_plan_main(9, bad_workload), 2);
+}
+
+/* Every output path of report and plan: checked before the work, the system's reason in the
+ * message, exit 2; a plan with nowhere to write is refused; paths print without "//". */
+static void test_output_paths(void **state)
+{
+    (void)state;
+    char blocker[1024], log[1024], out[1024];
+    tu_tmp("a_file", blocker, sizeof blocker);
+    assert_int_equal(tu_write(blocker, "x"), 0);
+    tu_tmp("paths.log", log, sizeof log);
+    const char *plan = "plan --workload synthetic:n=30,input=300,output=20,rate=20 --model llama-3.1-8b "
+                       "--device h200 --rates 1 --kv-blocks 4000";
+    assert_int_equal(tu_run(log, "%s %s >/dev/null 2>&1", tu_bin(), plan), 2);
+    /* an output directory under a file: refused before the sweep prints anything */
+    int rc = tu_run(log, "%s %s --out %s/plan 2>&1", tu_bin(), plan, blocker);
+    char *text = tu_slurp(log);
+    assert_non_null(text);
+    if (rc != 2 || !strstr(text, "Not a directory") || strstr(text, "rate x")) fail_msg("rc %d: %s", rc, text);
+    free(text);
+    rc = tu_run(log, "%s report %s --out %s/report 2>&1", tu_bin(), db_path, blocker);
+    text = tu_slurp(log);
+    assert_non_null(text);
+    if (rc != 2 || !strstr(text, "Not a directory")) fail_msg("rc %d: %s", rc, text);
+    free(text);
+    /* a trailing slash is not doubled in what report prints */
+    tu_tmp("slash_report", out, sizeof out);
+    rc = tu_run(log, "PATH= %s report %s --run 1 --out %s/ 2>&1", tu_bin(), db_path, out);
+    text = tu_slurp(log);
+    assert_non_null(text);
+    if (strstr(text, "//") || !strstr(text, "slash_report/index.html")) fail_msg("rc %d: %s", rc, text);
+    free(text);
 }
 
 /* ---- helpers of rundata.c and diff.c --------------------------------------------------------- */
@@ -716,12 +895,14 @@ int main(void)
         cmocka_unit_test(test_diff_planted_slowdown),
         cmocka_unit_test(test_diff_planted_accuracy_change),
         cmocka_unit_test(test_diff_error_growth),
+        cmocka_unit_test(test_diff_unfinished_run),
         cmocka_unit_test(test_diff_bad_input),
         cmocka_unit_test(test_end_to_end_with_replay),
         cmocka_unit_test(test_plan_fit_recovers_planted_model),
         cmocka_unit_test(test_plan_small_workload),
         cmocka_unit_test(test_plan_fit_from_other_device_not_applied),
         cmocka_unit_test(test_plan_bad_input),
+        cmocka_unit_test(test_output_paths),
         cmocka_unit_test(test_parse_threshold),
         cmocka_unit_test(test_quantile),
         cmocka_unit_test(test_ceilings_lookup),

@@ -3,7 +3,10 @@
  * max_num_seqs, exact output lengths, monotone computed tokens), vLLM V1 edge cases each on
  * its own (hit cap, full-prompt recompute, LRU eviction, tail-first freeing, preemption of the
  * last running request, resume with a fresh lookup, no admissions in a preempting step,
- * chunked prefill and the long-prefill threshold, num_common_prefix_blocks), the importers
+ * chunked prefill and the long-prefill threshold, num_common_prefix_blocks), vLLM 0.33's
+ * behaviours next to the older ones their compat options select (admission reserving the whole
+ * prompt, the free order of unkeyed blocks, a resumed request hitting its own generated
+ * blocks), the skip messages, the importers
  * and their bad-input errors, the step-time models, and the command end to end (its traces
  * pass the trace reader's validation; replay through the CPU backend when available). */
 #include "testutil.h"
@@ -441,19 +444,159 @@ static void test_chunked_prefill_budget_and_threshold(void **state)
         if (k > 0) assert_int_equal(st->num_cached, 1);
     }
     ar_sim_destroy(s);
+    /* vLLM 0.33 lifts the threshold for a request that is alone (nobody to starve); older vLLM
+     * (compat.threshold_when_alone) chunked it all the same */
     cfg.long_prefill_token_threshold = 32;
     ar_workload_free(&wl);
     ar_workload_init(&wl, 16, "memory");
     push(&wl, 0, 100, 2, NULL, 0);
-    s = ar_sim_create(&cfg, &wl, err, sizeof err);
-    int expect2[] = {32, 32, 32, 4, 1};
-    for (int k = 0; k < 5; k++) {
-        assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);
-        assert_int_equal(st->scheduled[0].num_tokens, expect2[k]);
+    for (int old = 0; old < 2; old++) {
+        cfg.compat.threshold_when_alone = old;
+        s = ar_sim_create(&cfg, &wl, err, sizeof err);
+        int expect_now[] = {100, 1}, expect_old[] = {32, 32, 32, 4, 1};
+        int n = old ? 5 : 2;
+        for (int k = 0; k < n; k++) {
+            assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);
+            assert_int_equal(st->scheduled[0].num_tokens, old ? expect_old[k] : expect_now[k]);
+        }
+        assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 0);
+        ar_sim_destroy(s);
     }
-    assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 0);
+    /* two requests waiting: the threshold applies to both */
+    cfg.compat.threshold_when_alone = false;
+    push(&wl, 0, 100, 2, NULL, 0);
+    s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);
+    assert_int_equal(st->num_scheduled, 2);
+    assert_int_equal(st->scheduled[0].num_tokens, 32);
+    assert_int_equal(st->scheduled[1].num_tokens, 32);
     ar_sim_destroy(s);
     ar_workload_free(&wl);
+}
+
+/* Steps until a step admits `req` as new; returns that entry (valid until the next step). */
+static const ar_new_req *step_until_new(ar_sim *s, const char *req)
+{
+    char err[256];
+    const ar_step *st;
+    while (ar_sim_step(s, &st, err, sizeof err) == 1)
+        for (int i = 0; i < st->num_new; i++)
+            if (strcmp(st->new_reqs[i].req, req) == 0) return &st->new_reqs[i];
+    fail_msg("%s never admitted", req);
+    return NULL;
+}
+
+/* Freed blocks without a key go to the head of the free queue (the request's last block first),
+ * keyed ones to its tail; --fifo-free puts them all at the tail. */
+static void test_free_order(void **state)
+{
+    (void)state;
+    for (int prefix = 0; prefix < 2; prefix++)
+        for (int fifo = 0; fifo < 2; fifo++) {
+            ar_workload wl;
+            ar_workload_init(&wl, 16, "memory");
+            push(&wl, 0, 40, 1, NULL, 0);     /* r0: blocks 1, 2 full, 3 partial */
+            push(&wl, 1.0, 48, 1, NULL, 0);   /* r1: 3 blocks, after r0 is freed */
+            ar_sim_config cfg = make_cfg(16, 8, 2048, 8, prefix);
+            cfg.compat.fifo_free = fifo;
+            char err[256];
+            ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+            assert_non_null(s);
+            const ar_new_req *r = step_until_new(s, "r0");
+            assert_int_equal(r->block_ids[2], 3);
+            r = step_until_new(s, "r1");
+            /* free queue after r0: fifo 4 5 6 7 3 2 1; 0.33 without prefix caching 3 2 1 4 5 6 7,
+             * with it (1 and 2 are keyed) 3 4 5 6 7 2 1 */
+            int want[3][3] = {{4, 5, 6}, {3, 2, 1}, {3, 4, 5}};
+            int *w = fifo ? want[0] : prefix ? want[2] : want[1];
+            for (int k = 0; k < 3; k++) assert_int_equal(r->block_ids[k], w[k]);
+            ar_sim_destroy(s);
+            ar_workload_free(&wl);
+        }
+}
+
+/* A waiting request is admitted only when its whole prompt fits (scheduler_reserve_full_isl);
+ * --no-reserve-full-isl admits it as soon as its first chunk fits. */
+static void test_admission_reserves_the_whole_prompt(void **state)
+{
+    (void)state;
+    for (int old = 0; old < 2; old++) {
+        ar_workload wl;
+        ar_workload_init(&wl, 16, "memory");
+        push(&wl, 0, 64, 20, NULL, 0);   /* r0: 4 blocks, a 5th at its first decode */
+        push(&wl, 0, 64, 20, NULL, 0);   /* r1: 4 blocks; 2 are free while r0 decodes */
+        ar_sim_config cfg = make_cfg(16, 8, 32, 8, true);   /* 7 usable blocks, 32 tokens a step */
+        cfg.compat.no_reserve_full_isl = old;
+        char err[256];
+        ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+        const ar_step *st;
+        for (int k = 0; k < 2; k++) {   /* r0's prompt in two chunks of 32: r1 gets no budget */
+            assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);
+            assert_int_equal(st->num_scheduled, 1);
+            assert_int_equal(st->scheduled[0].num_tokens, 32);
+        }
+        assert_int_equal(ar_sim_step(s, &st, err, sizeof err), 1);   /* r0 decodes into block 5 */
+        assert_int_equal(st->scheduled[0].num_tokens, 1);
+        if (old) {
+            assert_int_equal(st->num_new, 1);   /* r1's first chunk of 31 tokens fits 2 blocks */
+            assert_int_equal(st->scheduled[1].num_tokens, 31);
+        } else {
+            assert_int_equal(st->num_new, 0);   /* r1's 4 blocks do not fit the 2 free */
+            assert_int_equal(st->num_scheduled, 1);
+        }
+        ar_sim_destroy(s);
+        ar_workload_free(&wl);
+    }
+}
+
+/* Generated tokens' full blocks are cached too: a preempted request re-admitted while they are
+ * still cached hits them, past its prompt. */
+static void test_resume_hits_own_generated_blocks(void **state)
+{
+    (void)state;
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    push(&wl, 0, 16, 60, NULL, 0);   /* each grows to 5 blocks; 7 are usable: r1 is preempted */
+    push(&wl, 0, 16, 60, NULL, 0);
+    ar_sim_config cfg = make_cfg(16, 8, 2048, 8, true);
+    char err[256];
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    const ar_step *st;
+    int preempted = 0, resumed_hit = -1;
+    while (ar_sim_step(s, &st, err, sizeof err) == 1) {
+        preempted += st->num_preempted;
+        for (int i = 0; i < st->num_cached; i++)
+            if (st->cached[i].resumed) resumed_hit = st->cached[i].num_computed_tokens;
+    }
+    assert_int_equal(preempted, 1);
+    assert_true(resumed_hit > 16);   /* beyond its one prompt block */
+    assert_int_equal(resumed_hit % 16, 0);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+/* A skipped request's message names the rule: max_model_len with its value, or the cache size. */
+static void test_skip_messages_name_the_rule(void **state)
+{
+    (void)state;
+    char out[512], log[512];
+    tu_tmp("skip.trace.jsonl", out, sizeof out);
+    tu_tmp("skip.log", log, sizeof log);
+    int rc = tu_run(log, "'%s' sim --workload synthetic:n=2,input=100,output=50 --model llama-3.1-8b "
+                    "--max-model-len 120 --out '%s' --quiet", tu_bin(), out);
+    char *text = tu_slurp(log);
+    assert_non_null(text);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(text, "100 prompt + 50 output tokens exceed max_model_len 120"));
+    assert_null(strstr(text, "blocks of"));
+    free(text);
+    rc = tu_run(log, "'%s' sim --workload synthetic:n=2,input=100,output=50 --model llama-3.1-8b "
+                "--num-blocks 5 --out '%s' --quiet", tu_bin(), out);
+    text = tu_slurp(log);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "100 prompt + 50 output tokens can never fit the KV cache (4 blocks of 16)"));
+    assert_null(strstr(text, "max_model_len"));
+    free(text);
 }
 
 static void test_max_num_seqs_and_finished_next_step(void **state)
@@ -706,8 +849,39 @@ static void test_bad_input_messages(void **state)
     expect_error("azure", "a4.csv", "time,ctx,gen\n", 1, "header");
     expect_error("vllm-run", "v1.jsonl", "{\"queued_ts\": 1.0, \"input_toks\": 10}\n", 1, "output_toks");
     expect_error("vllm-run", "v2.jsonl", "[1, 2]\n", 1, "malformed");
+    /* a count too large is named as too large, not as "must be positive" */
+    expect_error("mooncake", "m6.jsonl",
+                 "{\"timestamp\": 0, \"input_length\": 4611686018427387904, \"output_length\": 3, \"hash_ids\": [1]}\n", 1,
+                 "input_length 4611686018427387904 exceeds the limit of 100000000 tokens");
+    expect_error("mooncake", "m7.jsonl", "{\"timestamp\": 0, \"input_length\": 0, \"output_length\": 3, \"hash_ids\": [1]}\n",
+                 1, "input_length must be positive (got 0)");
+    expect_error("azure", "a5.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,900000000\n", 2,
+                 "GeneratedTokens 900000000 exceeds the limit");
+    expect_error("vllm-run", "v3.jsonl", "{\"queued_ts\": 1.0, \"input_toks\": 200000000, \"output_toks\": 4}\n", 1,
+                 "input_toks 200000000 exceeds the limit");
     char err[512];
     ar_workload wl;
+    struct { const char *spec, *words; } synthetic_cases[] = {
+        { "n=1000000000,input=5,output=5", "n=1000000000 exceeds the limit of 100000000" },
+        { "n=2.5,input=5,output=5", "n=2.5 must be a non-negative integer" },
+        { "groups=2,prompts=3,system=64,question=8,output=4,n=6", "not keys of both forms" },
+        { "n=6,input=64,output=4,groups=2", "not keys of both forms" },
+        { "groups=4000,prompts=4000,system=64,question=8,output=4", "groups x prompts = 16000000 requests exceeds" },
+    };
+    for (size_t i = 0; i < sizeof synthetic_cases / sizeof synthetic_cases[0]; i++) {
+        char spec[128];
+        snprintf(spec, sizeof spec, "synthetic:%s", synthetic_cases[i].spec);
+        assert_int_equal(ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err), 2);
+        if (!strstr(err, synthetic_cases[i].words)) fail_msg("%s: error '%s' lacks '%s'", spec, err, synthetic_cases[i].words);
+    }
+    /* a directory is named as one, not as a file without requests */
+    static const char *const kinds[] = { "mooncake", "azure" };
+    for (size_t i = 0; i < 2; i++) {
+        char spec[600];
+        snprintf(spec, sizeof spec, "%s:%s", kinds[i], tu_tmpdir());
+        assert_int_equal(ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err), 2);
+        if (!strstr(err, "is a directory")) fail_msg("%s: error '%s' does not say it is a directory", spec, err);
+    }
     assert_int_equal(ar_workload_load("nosuch:foo", 16, 1.0, 0, &wl, err, sizeof err), 2);
     assert_int_equal(ar_workload_load("mooncake:/nonexistent/x.jsonl", 16, 1.0, 0, &wl, err, sizeof err), 2);
     assert_non_null(strstr(err, "/nonexistent/x.jsonl"));
@@ -838,6 +1012,54 @@ static void test_cli_usage_errors(void **state)
     assert_int_equal(run_main("sim --frobnicate"), 2);
 }
 
+/* Output paths are checked before the workload is read: never the workload itself, never
+ * one file twice, and an unwritable one stops the run with the system's reason and exit 2. */
+static void test_cli_output_paths(void **state)
+{
+    (void)state;
+    char workload[512], copy[512], trace[512], line[2048], out[512], blocker[512];
+    tu_tmp("own.jsonl", workload, sizeof workload);
+    const char *rows = "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n"
+                       "{\"timestamp\": 5, \"input_length\": 40, \"output_length\": 2, \"hash_ids\": [2]}\n";
+    assert_int_equal(tu_write(workload, rows), 0);
+    snprintf(line, sizeof line, "sim --workload mooncake:%s --model llama-3.1-8b --out %s --quiet", workload, workload);
+    assert_int_equal(run_main(line), 2);
+    char *after = tu_slurp(workload);
+    assert_non_null(after);
+    assert_string_equal(after, rows);
+    free(after);
+    /* the same file by another spelling, as the metrics table */
+    tu_tmp("t.jsonl", trace, sizeof trace);
+    snprintf(copy, sizeof copy, "%s/./own.jsonl", tu_tmpdir());
+    snprintf(line, sizeof line, "sim --workload mooncake:%s --model llama-3.1-8b --out %s --metrics %s --quiet",
+             workload, trace, copy);
+    assert_int_equal(run_main(line), 2);
+    /* --out and --metrics naming one file that does not exist yet */
+    snprintf(copy, sizeof copy, "%s/./t.jsonl", tu_tmpdir());
+    snprintf(line, sizeof line, "sim --workload mooncake:%s --model llama-3.1-8b --out %s --metrics %s --quiet",
+             workload, trace, copy);
+    assert_int_equal(run_main(line), 2);
+    assert_int_equal(access(trace, F_OK), -1);
+    /* --metrics where no file can be: stopped before the trace is written, with the reason */
+    tu_tmp("plainfile", blocker, sizeof blocker);
+    assert_int_equal(tu_write(blocker, "x"), 0);
+    tu_tmp("metrics_err.txt", out, sizeof out);
+    int rc = tu_run(out, "%s sim --workload mooncake:%s --model llama-3.1-8b --out %s --metrics %s/m.csv --quiet 2>&1",
+                    tu_bin(), workload, trace, blocker);
+    char *msg = tu_slurp(out);
+    assert_non_null(msg);
+    if (rc != 2 || !strstr(msg, "--metrics") || !strstr(msg, "Not a directory"))
+        fail_msg("rc %d, output '%s'", rc, msg);
+    free(msg);
+    assert_int_equal(access(trace, F_OK), -1);
+    rc = tu_run(out, "%s sim --workload mooncake:%s --model llama-3.1-8b --out %s/t.jsonl --quiet 2>&1", tu_bin(),
+                workload, blocker);
+    msg = tu_slurp(out);
+    assert_non_null(msg);
+    if (rc != 2 || !strstr(msg, "Not a directory")) fail_msg("rc %d, output '%s'", rc, msg);
+    free(msg);
+}
+
 static void test_cli_writes_valid_trace_and_metrics(void **state)
 {
     (void)state;
@@ -899,6 +1121,56 @@ static void test_cli_writes_valid_trace_and_metrics(void **state)
         char *res = tu_slurp(out);
         assert_non_null(strstr(res, "20|20"));
         free(res);
+    }
+}
+
+/* Offered load against served capacity: 256 tokens per 10 ms step serve at most 25,600 tok/s,
+ * so 100 req/s of 549 tokens of work each overload the engine and 5 req/s do not. */
+static void run_load(const char *spec, ar_sim_load *load)
+{
+    char err[AR_ERR_MAX];
+    ar_workload wl;
+    assert_int_equal(ar_workload_synthetic(spec, 16, &wl, err, sizeof err), 0);
+    ar_sim_config cfg = make_cfg(16, 8000, 256, 128, true);
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    assert_non_null(s);
+    const ar_step *st;
+    while (ar_sim_step(s, &st, err, sizeof err) == 1) {}
+    ar_sim_load_check(s, load);
+    ar_sim_destroy(s);
+    ar_workload_free(&wl);
+}
+
+static void test_overload_is_named(void **state)
+{
+    (void)state;
+    ar_sim_load over, under;
+    run_load("n=300,input=500,output=50,rate=100", &over);
+    run_load("n=300,input=500,output=50,rate=5", &under);
+    /* work: 500 prompt + 49 decode tokens a request, no prefix sharing */
+    assert_true(fabs(over.offered_tokens_per_s * over.arrival_span_s - 300.0 * 549) < 1e-6 * 300 * 549);
+    assert_true(over.served_tokens_per_s <= 25600.0 * (1 + 1e-9));
+    assert_true(over.served_tokens_per_s > 0.9 * 25600.0);
+    assert_true(over.load > 1.5);
+    assert_true(over.overloaded);
+    assert_true(over.waiting_at_last_arrival > 0);
+    assert_true(over.queueing_last_tenth_s > 10 * over.queueing_first_tenth_s);
+    assert_false(under.overloaded);
+    assert_true(under.load < 1.0);
+    /* the command says so on stderr, even with --quiet, and still succeeds */
+    char out[512], trace[512];
+    tu_tmp("load.txt", out, sizeof out);
+    tu_tmp("load.trace.jsonl", trace, sizeof trace);
+    static const char *const rates[2] = { "100", "5" };
+    for (int i = 0; i < 2; i++) {
+        int rc = tu_run(out, "%s sim --workload synthetic:n=300,input=500,output=50,rate=%s --model llama-3.1-8b "
+                        "--num-blocks 8000 --max-num-batched-tokens 256 --step-time constant:0.01 --out %s --quiet",
+                        tu_bin(), rates[i], trace);
+        char *text = tu_slurp(out);
+        assert_non_null(text);
+        bool warned = strstr(text, "sim: warning: the offered load exceeds what this engine serves") != NULL;
+        if (rc != 0 || warned != (i == 0)) fail_msg("rate %s: rc %d, output '%s'", rates[i], rc, text);
+        free(text);
     }
 }
 
@@ -1018,6 +1290,10 @@ int main(void)
         cmocka_unit_test(test_preempt_last_running_and_resume),
         cmocka_unit_test(test_resume_recomputes_generated_tokens),
         cmocka_unit_test(test_chunked_prefill_budget_and_threshold),
+        cmocka_unit_test(test_free_order),
+        cmocka_unit_test(test_admission_reserves_the_whole_prompt),
+        cmocka_unit_test(test_resume_hits_own_generated_blocks),
+        cmocka_unit_test(test_skip_messages_name_the_rule),
         cmocka_unit_test(test_max_num_seqs_and_finished_next_step),
         cmocka_unit_test(test_num_common_prefix_blocks),
         cmocka_unit_test(test_request_that_never_fits_is_skipped),
@@ -1029,6 +1305,8 @@ int main(void)
         cmocka_unit_test(test_kv_sizing_and_step_time),
         cmocka_unit_test(test_steptime_fitted_from_db),
         cmocka_unit_test(test_cli_usage_errors),
+        cmocka_unit_test(test_cli_output_paths),
+        cmocka_unit_test(test_overload_is_named),
         cmocka_unit_test(test_cli_writes_valid_trace_and_metrics),
         cmocka_unit_test(test_summary_agrees_with_trace_stats),
         cmocka_unit_test(test_sim_trace_replays_on_cpu),

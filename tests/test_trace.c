@@ -501,6 +501,121 @@ static void test_common_prefix_rules(void **state)
                      3, "num_common_prefix_blocks 3 exceeds the 2 blocks held by a scheduled request");
 }
 
+/* Reads the whole trace and asserts every step is accepted; returns the number of steps. */
+static int expect_accept(const char *text)
+{
+    const char *path = write_trace("good.jsonl", text);
+    char err[AR_ERR_MAX] = "";
+    ar_trace_reader *r = ar_trace_open(path, err, sizeof err);
+    if (!r) {
+        print_error("open failed: %s\n", err);
+        fail();
+    }
+    const ar_step *s;
+    int rc, steps = 0;
+    while ((rc = ar_trace_next(r, &s, err, sizeof err)) == 1) steps++;
+    if (rc != 0) {
+        print_error("rejected: %s\n", err);
+        fail();
+    }
+    ar_trace_close(r);
+    return steps;
+}
+
+/* New request "ID" with prompt PROMPT, num_computed_tokens COMPUTED, blocks BLOCKS, keys KEYS. */
+#define NEWREQ(ID, PROMPT, COMPUTED, BLOCKS, KEYS) \
+    "{\"req\":\"" ID "\",\"prompt_len\":" #PROMPT ",\"num_computed_tokens\":" #COMPUTED ",\"block_ids\":[" BLOCKS "]" \
+    ",\"block_keys\":[" KEYS "]}"
+#define KEY_AA "\"00000000000000aa\""
+#define KEY_BB "\"00000000000000bb\""
+#define KEY_CC "\"00000000000000cc\""
+#define KEY_DD "\"00000000000000dd\""
+/* Step 0: x (prompt 8, keys aa bb) computes blocks 1 and 2. */
+#define KS0 "{\"step\":0,\"time\":0.0,\"new\":[" NEWREQ("x", 8, 0, "1,2", KEY_AA "," KEY_BB) "],\"cached\":[]," \
+            "\"num_scheduled_tokens\":{\"x\":8}}\n"
+
+static void test_block_ownership_rejects(void **state)
+{
+    (void)state;
+    /* a prefix hit on a block a live request holds with other content */
+    expect_reject_at(HDR KS0 "{\"step\":1,\"time\":0.5,\"new\":[" NEWREQ("y", 9, 8, "1,2,3", KEY_AA "," KEY_CC) "],"
+                     "\"cached\":[],\"num_scheduled_tokens\":{\"y\":1}}\n",
+                     3, "block 2 is a prefix hit of 'y' with different content than live request 'x' holds in it");
+    /* the same block handed out fresh (beyond y's 4 computed tokens) while x holds it */
+    expect_reject_at(HDR KS0 "{\"step\":1,\"time\":0.5,\"new\":[" NEWREQ("y", 9, 4, "1,2,3", KEY_AA "," KEY_BB) "],"
+                     "\"cached\":[],\"num_scheduled_tokens\":{\"y\":5}}\n",
+                     3, "block 2 handed to 'y' as a new block while live request 'x' still holds it");
+    /* a running request appends a block another live request holds */
+    expect_reject_at(HDR S0 "{\"step\":1,\"time\":0.5,\"new\":[],\"cached\":[{\"req\":\"a\",\"num_computed_tokens\":10,"
+                     "\"new_block_ids\":[4]}],\"num_scheduled_tokens\":{\"a\":1}}\n",
+                     3, "block 4 handed to 'a' as a new block while live request 'b' still holds it");
+    /* a resumed request's fresh list takes a live request's block */
+    expect_reject_at(HDR S0 "{\"step\":1,\"time\":0.5,\"new\":[],\"cached\":[{\"req\":\"a\",\"num_computed_tokens\":10,"
+                     "\"new_block_ids\":[]}],\"num_scheduled_tokens\":{\"a\":1},\"preempted\":[\"b\"]}\n"
+                     "{\"step\":2,\"time\":0.6,\"new\":[],\"cached\":[{\"req\":\"b\",\"num_computed_tokens\":0,"
+                     "\"new_block_ids\":[3,4],\"resumed\":true}],\"num_scheduled_tokens\":{\"b\":6}}\n",
+                     4, "block 3 handed to 'b' as a new block while live request 'a' still holds it");
+    /* one step hands a free block to two requests */
+    expect_reject_at(HDR "{\"step\":0,\"time\":0.0,\"new\":[{\"req\":\"p\",\"prompt_len\":4,\"num_computed_tokens\":0,"
+                     "\"block_ids\":[7]},{\"req\":\"q\",\"prompt_len\":4,\"num_computed_tokens\":0,\"block_ids\":[7]}],"
+                     "\"cached\":[],\"num_scheduled_tokens\":{\"p\":4,\"q\":4}}\n",
+                     2, "block 7 handed to two requests as a new block in one step ('p' and 'q')");
+    /* one step: q's hit on the block p computes, with other content */
+    expect_reject_at(HDR "{\"step\":0,\"time\":0.0,\"new\":[" NEWREQ("p", 8, 0, "1,2", KEY_AA "," KEY_BB) ","
+                     NEWREQ("q", 12, 8, "1,2,3", KEY_AA "," KEY_CC "," KEY_DD) "],\"cached\":[],"
+                     "\"num_scheduled_tokens\":{\"p\":8,\"q\":4}}\n",
+                     2, "block 2 is claimed in one step by 'p' and 'q' with different content");
+}
+
+static void test_block_ownership_sharing(void **state)
+{
+    (void)state;
+    /* a prefix hit with equal content on blocks x holds */
+    assert_int_equal(expect_accept(HDR KS0 "{\"step\":1,\"time\":0.5,\"new\":[" NEWREQ("y", 9, 8, "1,2,3", KEY_AA "," KEY_BB)
+                                   "],\"cached\":[],\"num_scheduled_tokens\":{\"y\":1}}\n"), 2);
+    /* blocks of a request preempted in this step, and of one finished before it, are free */
+    assert_int_equal(expect_accept(HDR S0 "{\"step\":1,\"time\":0.5,\"new\":[],\"cached\":[{\"req\":\"a\","
+                                   "\"num_computed_tokens\":10,\"new_block_ids\":[4]}],\"num_scheduled_tokens\":{\"a\":1},"
+                                   "\"preempted\":[\"b\"]}\n"), 2);
+    assert_int_equal(expect_accept(HDR S0 "{\"step\":1,\"time\":0.5,\"new\":[],\"cached\":[{\"req\":\"a\","
+                                   "\"num_computed_tokens\":10,\"new_block_ids\":[5]}],\"num_scheduled_tokens\":{\"a\":1},"
+                                   "\"finished\":[\"b\"]}\n"), 2);
+    /* in one step a request hits the blocks another computes, listed before it */
+    assert_int_equal(expect_accept(HDR "{\"step\":0,\"time\":0.0,\"new\":[" NEWREQ("q", 9, 8, "1,2,3", KEY_AA "," KEY_BB)
+                                   "," NEWREQ("p", 8, 0, "1,2", KEY_AA "," KEY_BB) "],\"cached\":[],"
+                                   "\"num_scheduled_tokens\":{\"q\":1,\"p\":8}}\n"), 1);
+}
+
+static void test_block_ownership_rollback(void **state)
+{
+    (void)state;
+    /* line 3 claims b's block 4 and is rejected; line 4, the same step done right, and line 5,
+     * which hands block 4 out again once b finished, must both be accepted: the rejected
+     * claim left no count behind */
+    const char *text = HDR S0
+        "{\"step\":1,\"time\":0.5,\"new\":[],\"cached\":[{\"req\":\"a\",\"num_computed_tokens\":10,\"new_block_ids\":[4]}],"
+        "\"num_scheduled_tokens\":{\"a\":1}}\n"
+        "{\"step\":1,\"time\":0.5,\"new\":[],\"cached\":[{\"req\":\"a\",\"num_computed_tokens\":10,\"new_block_ids\":[6]}],"
+        "\"num_scheduled_tokens\":{\"a\":1}}\n"
+        "{\"step\":2,\"time\":0.6,\"new\":[{\"req\":\"z\",\"prompt_len\":4,\"num_computed_tokens\":0,\"block_ids\":[4]}],"
+        "\"cached\":[],\"num_scheduled_tokens\":{\"z\":4},\"finished\":[\"b\"]}\n";
+    const char *path = write_trace("rollback.jsonl", text);
+    char err[AR_ERR_MAX];
+    ar_trace_reader *r = ar_trace_open(path, err, sizeof err);
+    assert_non_null(r);
+    const ar_step *s;
+    assert_int_equal(ar_trace_next(r, &s, err, sizeof err), 1);
+    assert_int_equal(ar_trace_next(r, &s, err, sizeof err), -1);
+    assert_non_null(strstr(err, ":3: block 4 handed to 'a' as a new block while live request 'b' still holds it"));
+    assert_int_equal(ar_trace_next(r, &s, err, sizeof err), 1);
+    assert_int_equal(s->line, 4);
+    int rc = ar_trace_next(r, &s, err, sizeof err);
+    if (rc != 1) print_error("%s\n", err);
+    assert_int_equal(rc, 1);
+    assert_int_equal(s->line, 5);
+    ar_trace_close(r);
+}
+
 /* ---- reading: keys, live table, state on failure, odd files ----------------------------------- */
 
 static void test_content_keys(void **state)
@@ -561,15 +676,23 @@ static void live_snapshot(const ar_trace_reader *r, char *out, size_t len)
 static void test_live_table_semantics(void **state)
 {
     (void)state;
-    const char *text = HDR S0 S1
+    /* c's first prompt block holds what a's first block holds (a prefix hit must share content) */
+    uint64_t shared = ar_chain_key(AR_ROOT_KEY, ar_private_payload(ar_req_key("a"), 0));
+    char text[4096];
+    snprintf(text, sizeof text, "%s",
+        HDR S0 S1
         /* step 2: c arrives with a prefix hit on a's first block; b preempted; a grows a block */
-        "{\"step\":2,\"time\":0.6,\"new\":[{\"req\":\"c\",\"prompt_len\":7,\"num_computed_tokens\":4,\"block_ids\":[1,9]}],"
+        "{\"step\":2,\"time\":0.6,\"new\":[{\"req\":\"c\",\"prompt_len\":7,\"num_computed_tokens\":4,\"block_ids\":[1,9],"
+        "\"block_keys\":[\"KEY_OF_A0_______\"]}],"
         "\"cached\":[{\"req\":\"a\",\"num_computed_tokens\":11,\"new_block_ids\":[6]}],"
         "\"num_scheduled_tokens\":{\"a\":1,\"c\":3},\"num_common_prefix_blocks\":1,\"finished\":[],\"preempted\":[\"b\"]}\n"
         /* step 3: a finished (dropped first), b resumes with a replacing list */
         "{\"step\":3,\"time\":0.7,\"new\":[],\"cached\":[{\"req\":\"c\",\"num_computed_tokens\":7,\"new_block_ids\":[]},"
         "{\"req\":\"b\",\"num_computed_tokens\":0,\"new_block_ids\":[2,3],\"resumed\":true}],"
-        "\"num_scheduled_tokens\":{\"c\":1,\"b\":8},\"num_common_prefix_blocks\":0,\"finished\":[\"a\"],\"preempted\":[]}\n";
+        "\"num_scheduled_tokens\":{\"c\":1,\"b\":8},\"num_common_prefix_blocks\":0,\"finished\":[\"a\"],\"preempted\":[]}\n");
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)shared);
+    memcpy(strstr(text, "KEY_OF_A0_______"), hex, 16);
     const char *path = write_trace("live.jsonl", text);
     char err[AR_ERR_MAX], snap[1024];
     ar_trace_reader *r = ar_trace_open(path, err, sizeof err);
@@ -994,17 +1117,25 @@ static void test_stats_tokens_independent(void **state)
     assert_true(st.prefill_tokens >= 700);
 }
 
+/* What print (ar_trace_print_info or ar_trace_print_steps) writes for trace; NULL with err set
+ * when it fails. */
+static char *printed(int (*print)(const char *, FILE *, char *, size_t), const char *trace, char *err, size_t err_len)
+{
+    char out[4096];
+    tu_tmp("printed.txt", out, sizeof out);
+    FILE *f = fopen(out, "w");
+    assert_non_null(f);
+    int rc = print(trace, f, err, err_len);
+    fclose(f);
+    return rc == 0 ? tu_slurp(out) : NULL;
+}
+
 static void test_info_output(void **state)
 {
     (void)state;
-    char path[4096], out[4096], err[AR_ERR_MAX];
+    char path[4096], err[AR_ERR_MAX];
     sample_path("preempt.trace.jsonl.gz", path, sizeof path);
-    tu_tmp("info.txt", out, sizeof out);
-    FILE *f = fopen(out, "w");
-    assert_non_null(f);
-    assert_int_equal(ar_trace_print_info(path, f, err, sizeof err), 0);
-    fclose(f);
-    char *text = tu_slurp(out);
+    char *text = printed(ar_trace_print_info, path, err, sizeof err);
     assert_non_null(text);
     assert_non_null(strstr(text, "tiny-gqa"));
     assert_non_null(strstr(text, "preempted  1 times"));
@@ -1013,9 +1144,53 @@ static void test_info_output(void **state)
     free(text);
     /* a broken trace: the error names the line */
     const char *bad = write_trace("info-bad.jsonl", HDR S0 "{\"step\":5}\n");
-    f = fopen(out, "w");
-    assert_int_equal(ar_trace_print_info(bad, f, err, sizeof err), -1);
-    fclose(f);
+    assert_null(printed(ar_trace_print_info, bad, err, sizeof err));
+    assert_non_null(strstr(err, ":3: "));
+}
+
+/* info --steps: one line per step whose numbers are the step's own (checked by hand on a
+ * two-step trace) and add up to info's totals on a sample. */
+static void test_info_steps(void **state)
+{
+    (void)state;
+    char err[AR_ERR_MAX];
+    const char *trace = write_trace("steps.jsonl", HDR S0 S1);
+    char *text = printed(ar_trace_print_steps, trace, err, sizeof err);
+    assert_non_null(text);
+    /* step 0: a prefills 10 tokens (10 x 5.5 pairs), b 6 (6 x 3.5); step 1: both decode one
+     * token after 10 and 6 (11 + 7 pairs, seq_lens 11 + 7) */
+    assert_string_equal(text, "#step time_s requests tokens prefill_tokens max_seq_len kv_tokens qk_pairs "
+                              "cascade_eligible\n"
+                              "0 0.000000 2 16 16 10 16 76 0\n"
+                              "1 0.500000 2 2 0 11 18 18 0\n");
+    free(text);
+    char path[4096];
+    sample_path("chunked.trace.jsonl.gz", path, sizeof path);
+    text = printed(ar_trace_print_steps, path, err, sizeof err);
+    assert_non_null(text);
+    ar_trace_stats st;
+    assert_int_equal(ar_trace_stats_compute(path, &st, NULL, err, sizeof err), 0);
+    long long rows = 0, tokens = 0, prefill = 0, max_seq = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (line[0] == '#') continue;
+        long long step, reqs, tok, pre, seq;
+        double t;
+        assert_int_equal(sscanf(line, "%lld %lf %lld %lld %lld %lld", &step, &t, &reqs, &tok, &pre, &seq), 6);
+        assert_int_equal(step, rows);
+        rows++;
+        tokens += tok;
+        prefill += pre;
+        if (seq > max_seq) max_seq = seq;
+    }
+    free(text);
+    assert_int_equal(rows, st.steps);
+    assert_int_equal(tokens, st.tokens);
+    assert_int_equal(prefill, st.prefill_tokens);
+    assert_int_equal(max_seq, st.max_context);
+    /* a broken trace: FILE:LINE: rule, as for the summary */
+    const char *bad = write_trace("steps-bad.jsonl", HDR S0 "{\"step\":5}\n");
+    assert_null(printed(ar_trace_print_steps, bad, err, sizeof err));
     assert_non_null(strstr(err, ":3: "));
 }
 
@@ -1169,6 +1344,9 @@ int main(void)
         cmocka_unit_test(test_finished_rules),
         cmocka_unit_test(test_preempted_rules),
         cmocka_unit_test(test_common_prefix_rules),
+        cmocka_unit_test(test_block_ownership_rejects),
+        cmocka_unit_test(test_block_ownership_sharing),
+        cmocka_unit_test(test_block_ownership_rollback),
         cmocka_unit_test(test_content_keys),
         cmocka_unit_test(test_live_table_semantics),
         cmocka_unit_test(test_failed_step_leaves_state),
@@ -1181,6 +1359,7 @@ int main(void)
         cmocka_unit_test(test_stats_on_samples),
         cmocka_unit_test(test_stats_tokens_independent),
         cmocka_unit_test(test_info_output),
+        cmocka_unit_test(test_info_steps),
         cmocka_unit_test(test_samples_blocks_consistent),
         cmocka_unit_test(test_samples_regenerate),
         cmocka_unit_test(test_public_files_are_not_traces),

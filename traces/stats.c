@@ -1,4 +1,5 @@
-/* stats.c - whole-trace summary: ar_trace_stats_compute and `attnreplay info` (ar_trace_print_info).
+/* stats.c - whole-trace summary: ar_trace_stats_compute and `attnreplay info` (ar_trace_print_info),
+ * and the per-step table of `attnreplay info TRACE --steps` (ar_trace_print_steps).
  *
  * Both stream the trace through the validating reader, so a broken trace is reported with its
  * file, line and rule.  Definitions:
@@ -13,6 +14,7 @@
  *                    flag; MLA traces never count (vLLM's MLA backends do not use cascade). */
 #include "trace.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +32,53 @@ static int grow_ints(int **v, int *cap, int need)
     return 0;
 }
 
+/* What one step asks of the attention kernels. */
+typedef struct {
+    int64_t tokens, prefill_tokens;
+    int64_t max_seq_len;          /* largest num_computed_tokens + n */
+    int64_t kv_tokens;            /* sum of seq_lens */
+    double qk_pairs;              /* sum of n * (num_computed + (n + 1) / 2): causal query-key pairs */
+    bool cascade_eligible;
+} step_shape;
+
+typedef struct {
+    int *context_lens, *query_lens;   /* [num_scheduled] */
+    int cap_context, cap_query;
+} step_scratch;
+
+/* Measures step s, just returned by r.  Returns 0, or -1 when out of memory. */
+static int measure_step(const ar_trace_reader *r, const ar_step *s, step_scratch *w, step_shape *out)
+{
+    const ar_trace_header *hdr = ar_trace_header_of(r);
+    memset(out, 0, sizeof *out);
+    if (grow_ints(&w->context_lens, &w->cap_context, s->num_scheduled) ||
+        grow_ints(&w->query_lens, &w->cap_query, s->num_scheduled))
+        return -1;
+    for (int i = 0; i < s->num_scheduled; i++) {
+        const ar_live_req *lr = ar_trace_find(r, s->scheduled[i].req);
+        int n = s->scheduled[i].num_tokens;
+        int computed = lr ? lr->num_computed_tokens : 0;
+        int prompt_len = lr ? lr->prompt_len : 0;
+        int64_t prefill = 0;
+        if (computed < prompt_len) prefill = prompt_len - computed < n ? prompt_len - computed : n;
+        out->tokens += n;
+        out->prefill_tokens += prefill;
+        if ((int64_t)computed + n > out->max_seq_len) out->max_seq_len = (int64_t)computed + n;
+        out->kv_tokens += (int64_t)computed + n;
+        out->qk_pairs += (double)n * ((double)computed + (double)(n + 1) / 2.0);
+        w->context_lens[i] = computed;
+        w->query_lens[i] = n;
+    }
+    if (s->num_common_prefix_blocks > 0 && hdr->model.attention == AR_ATTN_MHA) {
+        int p = ar_common_prefix_len(s->num_common_prefix_blocks, hdr->cache.block_size, w->context_lens,
+                                     s->num_scheduled);
+        out->cascade_eligible = ar_use_cascade(p, w->query_lens, s->num_scheduled, hdr->model.num_q_heads,
+                                               hdr->model.num_kv_heads, hdr->model.sliding_window > 0,
+                                               AR_STATS_NUM_SMS);
+    }
+    return 0;
+}
+
 int ar_trace_stats_compute(const char *path, ar_trace_stats *st, ar_trace_header *h,
                            char *err, size_t err_len)
 {
@@ -39,8 +88,7 @@ int ar_trace_stats_compute(const char *path, ar_trace_stats *st, ar_trace_header
     const ar_trace_header *hdr = ar_trace_header_of(r);
     if (h) *h = *hdr;
     int bs = hdr->cache.block_size;
-    int *context_lens = NULL, *query_lens = NULL;   /* [num_scheduled] */
-    int cap_context = 0, cap_query = 0;
+    step_scratch w = { 0 };
     const ar_step *s;
     int rc;
     while ((rc = ar_trace_next(r, &s, err, err_len)) == 1) {
@@ -49,45 +97,56 @@ int ar_trace_stats_compute(const char *path, ar_trace_stats *st, ar_trace_header
         st->preemptions += s->num_preempted;
         st->duration = s->time;
         for (int i = 0; i < s->num_new; i++) st->prefix_hit_blocks += s->new_reqs[i].num_computed_tokens / bs;
-        if (grow_ints(&context_lens, &cap_context, s->num_scheduled) ||
-            grow_ints(&query_lens, &cap_query, s->num_scheduled)) {
+        step_shape shape;
+        if (measure_step(r, s, &w, &shape) != 0) {
             snprintf(err, err_len, "%s:%ld: out of memory", path, s->line);
             rc = -1;
             break;
         }
-        int64_t step_tokens = 0, step_prefill = 0;
-        for (int i = 0; i < s->num_scheduled; i++) {
-            const ar_live_req *lr = ar_trace_find(r, s->scheduled[i].req);
-            int n = s->scheduled[i].num_tokens;
-            int computed = lr ? lr->num_computed_tokens : 0;
-            int prompt_len = lr ? lr->prompt_len : 0;
-            int64_t prefill = 0;
-            if (computed < prompt_len) prefill = prompt_len - computed < n ? prompt_len - computed : n;
-            step_tokens += n;
-            step_prefill += prefill;
-            if ((int64_t)computed + n > st->max_context) st->max_context = (int64_t)computed + n;
-            context_lens[i] = computed;
-            query_lens[i] = n;
-        }
-        st->tokens += step_tokens;
-        st->prefill_tokens += step_prefill;
-        st->decode_tokens += step_tokens - step_prefill;
-        if (step_tokens > st->max_batch_tokens) st->max_batch_tokens = step_tokens;
-        if (step_tokens > 0) {
-            if (step_prefill == step_tokens) st->prefill_only_steps++;
-            else if (step_prefill == 0) st->decode_only_steps++;
+        st->tokens += shape.tokens;
+        st->prefill_tokens += shape.prefill_tokens;
+        st->decode_tokens += shape.tokens - shape.prefill_tokens;
+        if (shape.max_seq_len > st->max_context) st->max_context = shape.max_seq_len;
+        if (shape.tokens > st->max_batch_tokens) st->max_batch_tokens = shape.tokens;
+        if (shape.tokens > 0) {
+            if (shape.prefill_tokens == shape.tokens) st->prefill_only_steps++;
+            else if (shape.prefill_tokens == 0) st->decode_only_steps++;
             else st->mixed_steps++;
         }
-        if (s->num_common_prefix_blocks > 0 && hdr->model.attention == AR_ATTN_MHA) {
-            int p = ar_common_prefix_len(s->num_common_prefix_blocks, bs, context_lens, s->num_scheduled);
-            if (ar_use_cascade(p, query_lens, s->num_scheduled, hdr->model.num_q_heads, hdr->model.num_kv_heads,
-                               hdr->model.sliding_window > 0, AR_STATS_NUM_SMS))
-                st->cascade_eligible_steps++;
-        }
+        st->cascade_eligible_steps += shape.cascade_eligible;
     }
-    free(context_lens);
-    free(query_lens);
+    free(w.context_lens);
+    free(w.query_lens);
     ar_trace_close(r);
+    return rc < 0 ? -1 : 0;
+}
+
+int ar_trace_print_steps(const char *path, FILE *out, char *err, size_t err_len)
+{
+    ar_trace_reader *r = ar_trace_open(path, err, err_len);
+    if (!r) return -1;
+    fprintf(out, "#step time_s requests tokens prefill_tokens max_seq_len kv_tokens qk_pairs cascade_eligible\n");
+    step_scratch w = { 0 };
+    const ar_step *s;
+    int rc;
+    while ((rc = ar_trace_next(r, &s, err, err_len)) == 1) {
+        step_shape shape;
+        if (measure_step(r, s, &w, &shape) != 0) {
+            snprintf(err, err_len, "%s:%ld: out of memory", path, s->line);
+            rc = -1;
+            break;
+        }
+        fprintf(out, "%lld %.6f %d %lld %lld %lld %lld %.0f %d\n", (long long)s->step, s->time, s->num_scheduled,
+                (long long)shape.tokens, (long long)shape.prefill_tokens, (long long)shape.max_seq_len,
+                (long long)shape.kv_tokens, shape.qk_pairs, shape.cascade_eligible);
+    }
+    free(w.context_lens);
+    free(w.query_lens);
+    ar_trace_close(r);
+    if (rc == 0 && ferror(out)) {
+        snprintf(err, err_len, "%s: writing the step table failed", path);
+        return -1;
+    }
     return rc < 0 ? -1 : 0;
 }
 

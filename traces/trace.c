@@ -49,10 +49,15 @@
  *   block_size and 16 hex digits each, prompt_token_ids count = prompt_len; finished and
  *   preempted ids live and not scheduled in the step; 0 <= num_common_prefix_blocks <= the
  *   fewest blocks held by a scheduled request (by a live one when none is scheduled);
+ *   block ownership: a block a live request holds is handed to another request only as a
+ *   prefix hit on the same content key, and two claims of one step on a free block agree on
+ *   its content and hand it out fresh at most once (see "block ownership" below);
  *   corrupt or truncated gzip (complete lines before a cut are still read).
  *
  * Writing: the header and step lines of DESIGN section 3's sketch, gzip when the path ends in
- * ".gz"; block keys always as "block_keys"; every write and the close are checked. */
+ * ".gz"; block keys always as "block_keys"; every write and the close are checked.  gzip output
+ * is a series of members of about 1 MiB each, compressed by libdeflate (level 1) on worker
+ * threads while the caller goes on (see gz_pipe below). */
 #include "trace.h"
 
 #include <errno.h>
@@ -62,6 +67,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <jansson.h>
+#include <libdeflate.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "../reference/datagen.h"
@@ -238,6 +246,7 @@ typedef struct live_entry {
     int prompt_len;
     int num_computed;
     int64_t expected_computed;  /* num_computed + n of the last step that scheduled it */
+    uint64_t last_key;        /* content key of its last block (chained on when blocks are appended) */
     bool preempted;           /* waiting to resume; not in the live order */
     int order;                /* index in the live order, -1 when preempted */
 } live_entry;
@@ -378,6 +387,17 @@ struct ar_trace_reader {
     uint32_t *block_stamp;   /* [num_blocks] duplicate-block detection */
     uint32_t stamp;
     live_table live;
+    /* block ownership (see "Block ownership" below) */
+    int32_t *block_ref;      /* [owner_cap] live requests holding each block */
+    uint64_t *block_key;     /* [owner_cap] the content key its holders see (when ref > 0) */
+    uint32_t *claim_round;   /* [owner_cap] == round: claimed in the step being checked */
+    uint32_t *claim_slot;    /* [owner_cap] its index in claims */
+    int owner_cap;           /* grown to the largest block id seen, not num_blocks up front */
+    uint32_t round;
+    struct block_claim *claims;
+    int num_claims, cap_claims;
+    struct owner_undo *undo; /* changes of the step being checked, undone when it is rejected */
+    size_t num_undo, cap_undo;
 };
 
 static int fail(ar_trace_reader *r, char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -694,6 +714,12 @@ void ar_trace_close(ar_trace_reader *r)
     str_map_free(&r->preempted_ids);
     free(r->cached_entries);
     free(r->block_stamp);
+    free(r->block_ref);
+    free(r->block_key);
+    free(r->claim_round);
+    free(r->claim_slot);
+    free(r->claims);
+    free(r->undo);
     live_table_free(&r->live);
     free(r);
 }
@@ -928,6 +954,221 @@ static int parse_step(ar_trace_reader *r, json_t *root, ar_step *s, char *err, s
     return 0;
 }
 
+/* ---- block ownership -------------------------------------------------------------------------
+ *
+ * Every block id held by a live request has a reference count and the content key its holders
+ * see (ar_block_content_key of the holder's logical block).  A step claims blocks: a new
+ * request its whole list, a cached request the blocks it appends, a resumed one its new list.
+ * A claimed block at logical index i < num_computed_tokens / block_size of a new or resumed
+ * request is a prefix hit; every other claimed block is handed out fresh.  vLLM shares a block
+ * only through prefix hits on the same content, so:
+ *   - a block a live request still holds may be claimed only as a prefix hit with the same
+ *     content key ("handed to ... while live request ... still holds it", "... different
+ *     content");
+ *   - two claims of one step on a free block must agree on the content key, and at most one of
+ *     them may be fresh (a request computing it; the others hit it in the same step).
+ * Blocks of requests that finished before the step or are preempted in it are free first (vLLM
+ * frees a preempted request's blocks while it schedules the step, so they may be handed out in
+ * that very step).  The checks change the counts as they go and log every change, so a
+ * rejected step is undone exactly. */
+
+typedef struct owner_undo {
+    int block;
+    int32_t ref;
+    uint64_t key;
+} owner_undo;
+
+typedef struct block_claim {
+    const char *req;         /* first request claiming the block in this step (arena string) */
+    bool fresh;              /* some claim of this step hands it out fresh */
+    bool held_before;        /* a live request held it before the step's claims */
+} block_claim;
+
+static int owner_set(ar_trace_reader *r, int block, int32_t ref, uint64_t key)
+{
+    if (r->num_undo == r->cap_undo) {
+        size_t ncap = r->cap_undo ? r->cap_undo * 2 : 256;
+        owner_undo *nu = xrealloc_array(r->undo, ncap, sizeof *nu);
+        if (!nu) return -1;
+        r->undo = nu;
+        r->cap_undo = ncap;
+    }
+    r->undo[r->num_undo++] = (owner_undo){ block, r->block_ref[block], r->block_key[block] };
+    r->block_ref[block] = ref;
+    r->block_key[block] = key;
+    return 0;
+}
+
+/* Grows the per-block arrays to hold block ids up to max_id (new entries zero). */
+static int owner_reserve(ar_trace_reader *r, int max_id)
+{
+    if (max_id < r->owner_cap) return 0;
+    int ncap = r->owner_cap ? r->owner_cap : 1024;
+    while (ncap <= max_id) ncap = ncap > INT32_MAX / 2 ? max_id + 1 : ncap * 2;
+    if (ncap > r->header.cache.num_blocks) ncap = r->header.cache.num_blocks;
+    size_t old = (size_t)r->owner_cap, add = (size_t)ncap - old;
+#define AR_GROW(field)                                                                       \
+    do {                                                                                     \
+        void *grown = xrealloc_array(r->field, (size_t)ncap, sizeof *r->field);              \
+        if (!grown) return -1;                                                               \
+        r->field = grown;                                                                    \
+        memset(r->field + old, 0, add * sizeof *r->field);                                   \
+    } while (0)
+    AR_GROW(block_ref);
+    AR_GROW(block_key);
+    AR_GROW(claim_round);
+    AR_GROW(claim_slot);
+#undef AR_GROW
+    r->owner_cap = ncap;
+    return 0;
+}
+
+/* Restores the counts and keys as they were before the step being checked. */
+static void owner_rollback(ar_trace_reader *r)
+{
+    while (r->num_undo > 0) {
+        const owner_undo *u = &r->undo[--r->num_undo];
+        r->block_ref[u->block] = u->ref;
+        r->block_key[u->block] = u->key;
+    }
+}
+
+/* Frees the blocks a live entry holds (it finishes, or is preempted, in this step). */
+static int owner_drop(ar_trace_reader *r, const live_entry *e)
+{
+    for (int i = 0; i < e->num_blocks; i++) {
+        int b = e->blocks[i];
+        if (owner_set(r, b, r->block_ref[b] - 1, r->block_key[b]) != 0) return -1;
+    }
+    return 0;
+}
+
+/* A live request that held `block` before this step and still holds it (for messages). */
+static const char *holder_of(const ar_trace_reader *r, int block, const char *except)
+{
+    for (int i = 0; i < r->live.num_live; i++) {
+        const live_entry *e = r->live.order[i];
+        if (strcmp(e->id, except) == 0 || str_map_get(&r->finished_ids, e->id) >= 0 ||
+            str_map_get(&r->preempted_ids, e->id) >= 0)
+            continue;
+        for (int k = 0; k < e->num_blocks; k++)
+            if (e->blocks[k] == block) return e->id;
+    }
+    return "?";
+}
+
+static int owner_claim(ar_trace_reader *r, const char *req, int block, uint64_t key, bool fresh,
+                       char *err, size_t err_len)
+{
+    block_claim *c;
+    if (r->claim_round[block] != r->round) {
+        if (r->num_claims == r->cap_claims) {
+            int ncap = r->cap_claims ? r->cap_claims * 2 : 256;
+            block_claim *nc = xrealloc_array(r->claims, (size_t)ncap, sizeof *nc);
+            if (!nc) return fail(r, err, err_len, "out of memory");
+            r->claims = nc;
+            r->cap_claims = ncap;
+        }
+        r->claim_round[block] = r->round;
+        r->claim_slot[block] = (uint32_t)r->num_claims;
+        c = &r->claims[r->num_claims++];
+        *c = (block_claim){ req, false, r->block_ref[block] > 0 };
+    } else {
+        c = &r->claims[r->claim_slot[block]];
+    }
+    if (c->held_before) {
+        if (fresh)
+            return fail(r, err, err_len, "block %d handed to '%s' as a new block while live request '%s' still holds it",
+                        block, req, holder_of(r, block, req));
+        if (key != r->block_key[block])
+            return fail(r, err, err_len, "block %d is a prefix hit of '%s' with different content than live request '%s' "
+                        "holds in it (content keys %016" PRIx64 " and %016" PRIx64 "; vLLM shares a block only on equal content)",
+                        block, req, holder_of(r, block, req), key, r->block_key[block]);
+    } else if (r->block_ref[block] > 0) {   /* claimed earlier in this step */
+        if (fresh && c->fresh)
+            return fail(r, err, err_len, "block %d handed to two requests as a new block in one step ('%s' and '%s')",
+                        block, c->req, req);
+        if (key != r->block_key[block])
+            return fail(r, err, err_len, "block %d is claimed in one step by '%s' and '%s' with different content "
+                        "(content keys %016" PRIx64 " and %016" PRIx64 ")", block, c->req, req, r->block_key[block], key);
+    }
+    if (fresh) c->fresh = true;
+    if (owner_set(r, block, r->block_ref[block] + 1, key) != 0) return fail(r, err, err_len, "out of memory");
+    return 0;
+}
+
+/* Claims block_ids[0..n) as logical blocks first, first + 1, ... of a request; the first
+ * `hits` of them (counted from logical block 0) are prefix hits.  prev: the content key of
+ * logical block first - 1 (AR_ROOT_KEY for 0). */
+static int owner_claim_list(ar_trace_reader *r, const char *req, uint64_t req_key, const uint64_t *prompt_keys,
+                            int num_prompt_keys, const int *block_ids, int n, int first, int hits, uint64_t prev,
+                            char *err, size_t err_len)
+{
+    for (int i = 0; i < n; i++) {
+        int index = first + i;
+        prev = ar_block_content_key(prev, prompt_keys, num_prompt_keys, req_key, index);
+        if (owner_claim(r, req, block_ids[i], prev, index >= hits, err, err_len) != 0) return -1;
+    }
+    return 0;
+}
+
+/* The ownership rules for a step that passed every other check (see above). */
+static int check_ownership(ar_trace_reader *r, const ar_step *s, char *err, size_t err_len)
+{
+    int bs = r->header.cache.block_size;
+    int max_id = 0;
+    for (int i = 0; i < s->num_new; i++)
+        for (int k = 0; k < s->new_reqs[i].num_block_ids; k++)
+            if (s->new_reqs[i].block_ids[k] > max_id) max_id = s->new_reqs[i].block_ids[k];
+    for (int i = 0; i < s->num_cached; i++)
+        for (int k = 0; k < s->cached[i].num_new_block_ids; k++)
+            if (s->cached[i].new_block_ids[k] > max_id) max_id = s->cached[i].new_block_ids[k];
+    if (owner_reserve(r, max_id) != 0) return fail(r, err, err_len, "out of memory");
+    if (++r->round == 0) {
+        memset(r->claim_round, 0, (size_t)r->owner_cap * sizeof *r->claim_round);
+        r->round = 1;
+    }
+    r->num_claims = 0;
+    for (int i = 0; i < s->num_finished; i++) {
+        live_entry *e = live_get(&r->live, s->finished[i]);
+        if (e && !e->preempted && owner_drop(r, e) != 0) return fail(r, err, err_len, "out of memory");
+    }
+    for (int i = 0; i < s->num_preempted; i++)
+        if (owner_drop(r, live_get(&r->live, s->preempted[i])) != 0) return fail(r, err, err_len, "out of memory");
+    for (int i = 0; i < s->num_cached; i++) {
+        const ar_cached_req *cr = &s->cached[i];
+        const live_entry *e = r->cached_entries[i];
+        if (cr->resumed) continue;
+        if (owner_claim_list(r, cr->req, e->pub.req_key, e->keys, e->num_keys, cr->new_block_ids,
+                             cr->num_new_block_ids, e->num_blocks, 0, e->last_key, err, err_len) != 0)
+            return -1;
+    }
+    for (int i = 0; i < s->num_new; i++) {
+        const ar_new_req *nr = &s->new_reqs[i];
+        if (owner_claim_list(r, nr->req, ar_req_key(nr->req), nr->block_keys, nr->num_block_keys, nr->block_ids,
+                             nr->num_block_ids, 0, nr->num_computed_tokens / bs, AR_ROOT_KEY, err, err_len) != 0)
+            return -1;
+    }
+    for (int i = 0; i < s->num_cached; i++) {
+        const ar_cached_req *cr = &s->cached[i];
+        const live_entry *e = r->cached_entries[i];
+        if (!cr->resumed) continue;
+        if (owner_claim_list(r, cr->req, e->pub.req_key, e->keys, e->num_keys, cr->new_block_ids,
+                             cr->num_new_block_ids, 0, cr->num_computed_tokens / bs, AR_ROOT_KEY, err, err_len) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The content key of e's last block, chained from `from` (its key of block first - 1). */
+static uint64_t chain_last_key(const live_entry *e, int first, uint64_t from)
+{
+    uint64_t prev = from;
+    for (int i = first; i < e->num_blocks; i++)
+        prev = ar_block_content_key(prev, e->keys, e->num_keys, e->pub.req_key, i);
+    return prev;
+}
+
 /* ---- step validation against the live state ------------------------------------------------ */
 
 /* Checks that no block id repeats in old[0..n_old) + add[0..n_add).  Returns the repeated id or 0. */
@@ -1098,7 +1339,7 @@ static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t
             return fail(r, err, err_len, "num_common_prefix_blocks %d exceeds the %d blocks held by a scheduled request",
                         s->num_common_prefix_blocks, min_held);
     }
-    return 0;
+    return check_ownership(r, s, err, err_len);
 }
 
 /* ---- applying a validated step -------------------------------------------------------------- */
@@ -1149,6 +1390,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         e->prompt_len = nr->prompt_len;
         e->num_computed = nr->num_computed_tokens;
         e->expected_computed = (int64_t)nr->num_computed_tokens + str_map_get(&r->sched_ids, nr->req);
+        e->last_key = chain_last_key(e, 0, AR_ROOT_KEY);
         e->order = -1;
     }
     for (int i = 0; i < s->num_cached; i++) {
@@ -1190,10 +1432,13 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         live_entry *e = r->cached_entries[i];
         if (cr->resumed) {
             set_blocks(e, NULL, 0, cr->new_block_ids, cr->num_new_block_ids);
+            e->last_key = chain_last_key(e, 0, AR_ROOT_KEY);
             e->preempted = false;
             order_push(&r->live, e);
         } else {
+            int first = e->num_blocks;
             set_blocks(e, e->blocks, e->num_blocks, cr->new_block_ids, cr->num_new_block_ids);
+            e->last_key = chain_last_key(e, first, e->last_key);
         }
         e->num_computed = cr->num_computed_tokens;
         e->expected_computed = (int64_t)cr->num_computed_tokens + str_map_get(&r->sched_ids, cr->req);
@@ -1204,6 +1449,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         order_remove(&r->live, e);
         e->preempted = true;
         e->num_blocks = 0;
+        e->last_key = AR_ROOT_KEY;
         e->num_computed = 0;
         entry_refresh(e);
     }
@@ -1231,9 +1477,11 @@ int ar_trace_next(ar_trace_reader *r, const ar_step **step, char *err, size_t er
     if (rc == 0) rc = validate_step(r, &s, err, err_len);
     if (rc == 0) rc = apply_step(r, &s, err, err_len);
     if (rc != 0) {
+        owner_rollback(r);
         memset(&r->step, 0, sizeof r->step);
         return -1;
     }
+    r->num_undo = 0;   /* the step stands: its ownership changes stay */
     r->step = s;
     *step = &r->step;
     return 1;
@@ -1282,6 +1530,12 @@ static void sb_reserve(str_buf *b, size_t extra)
 
 static void sb_add(str_buf *b, const char *s, size_t n)
 {
+    if (b->len + n + 1 <= b->cap) {   /* the common case: room already */
+        memcpy(b->p + b->len, s, n);
+        b->len += n;
+        b->p[b->len] = 0;
+        return;
+    }
     sb_reserve(b, n);
     if (b->oom) return;
     memcpy(b->p + b->len, s, n);
@@ -1333,9 +1587,41 @@ static void sb_json_str(str_buf *b, const char *s)
     sb_add(b, "\"", 1);
 }
 
-/* Shortest of %.15g/%.16g/%.17g that reads back exactly. */
+static void sb_int(str_buf *b, long long v)
+{
+    char tmp[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do { tmp[sizeof tmp - 1 - n++] = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) tmp[sizeof tmp - 1 - n++] = '-';
+    sb_add(b, tmp + sizeof tmp - n, (size_t)n);
+}
+
+/* Shortest of %.15g/%.16g/%.17g that reads back exactly.  Fast path for times in whole
+ * microseconds (what the simulator writes): v = k / 10^6 exactly as a double, 1e-4 <= v < 1e9,
+ * printed as the same digits %.15g gives, without snprintf and strtod. */
 static void sb_double(str_buf *b, double v)
 {
+    if (v >= 1e-4 && v < 1e9) {
+        long long micro = llround(v * 1e6);
+        if ((double)micro / 1e6 == v) {
+            long long whole = micro / 1000000, frac = micro % 1000000;
+            sb_int(b, whole);
+            char tmp[8];
+            int n = 0;
+            tmp[n++] = '.';
+            int digits = 6;
+            if (frac == 0) {
+                tmp[n++] = '0';
+            } else {
+                while (frac % 10 == 0) { frac /= 10; digits--; }
+                for (int i = digits; i >= 1; i--, frac /= 10) tmp[i] = (char)('0' + frac % 10);
+                n += digits;
+            }
+            sb_add(b, tmp, (size_t)n);
+            return;
+        }
+    }
     char tmp[40];
     for (int prec = 15; prec <= 17; prec++) {
         snprintf(tmp, sizeof tmp, "%.*g", prec, v);
@@ -1346,14 +1632,15 @@ static void sb_double(str_buf *b, double v)
     if (!strpbrk(tmp, ".eEn")) sb_puts(b, ".0");
 }
 
-static void sb_int(str_buf *b, long long v)
+
+/* A content key as a JSON string of 16 lower-case hex digits. */
+static void sb_hex_key(str_buf *b, uint64_t key)
 {
-    char tmp[24];
-    int n = 0;
-    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
-    do { tmp[sizeof tmp - 1 - n++] = (char)('0' + u % 10); u /= 10; } while (u);
-    if (v < 0) tmp[sizeof tmp - 1 - n++] = '-';
-    sb_add(b, tmp + sizeof tmp - n, (size_t)n);
+    static const char digits[] = "0123456789abcdef";
+    char tmp[18];
+    tmp[0] = tmp[17] = '"';
+    for (int i = 16; i >= 1; i--, key >>= 4) tmp[i] = digits[key & 15];
+    sb_add(b, tmp, sizeof tmp);
 }
 
 static void sb_int_list(str_buf *b, const int *v, int n)
@@ -1376,14 +1663,217 @@ static void sb_id_list(str_buf *b, char *const *v, int n)
     sb_add(b, "]", 1);
 }
 
+/* gzip output.  Step lines collect in chunks of GZ_CHUNK bytes; each chunk becomes one gzip
+ * member (RFC 1952: a gzip file is a series of members; zlib's gzread, gzip and Python read
+ * them as one stream), compressed by libdeflate at level 1 on a worker thread and written in
+ * chunk order, so compression overlaps the simulator and, with two workers, itself.  Slots
+ * cycle FREE -> OPEN (the writer fills it) -> FILLED -> BUSY (a worker compresses it, then
+ * waits for its turn to write) -> FREE.  The first write error is kept and reported by the
+ * next ar_trace_write_step or by ar_trace_finish. */
+#define GZ_CHUNK (1u << 20)
+#define GZ_LEVEL 1
+#define GZ_MAX_WORKERS 2
+#define GZ_SLOTS (2 * GZ_MAX_WORKERS + 1)
+
+enum { SLOT_FREE = 0, SLOT_OPEN, SLOT_FILLED, SLOT_BUSY };
+
+typedef struct gz_slot {
+    char *in, *out;
+    size_t in_len, in_cap, out_cap;
+    int64_t seq;
+    int state;
+} gz_slot;
+
+typedef struct gz_pipe {
+    pthread_mutex_t mu;
+    pthread_cond_t work;    /* a slot was filled, or stop */
+    pthread_cond_t turn;    /* a chunk was written: the next may go, a slot is free */
+    gz_slot slots[GZ_SLOTS];
+    pthread_t threads[GZ_MAX_WORKERS];
+    int num_threads;
+    int64_t next_seq, next_write;
+    bool stop;
+    int io_errno;           /* first write error (errno), or -1 out of memory; 0 none */
+    FILE *f;
+    gz_slot *open;          /* the slot being filled */
+} gz_pipe;
+
 struct ar_trace_writer {
     char *path;
     bool is_gz;
-    gzFile gz;
+    gz_pipe *gz;
     FILE *f;
     str_buf line;
     bool failed;
 };
+
+/* Compresses slot->in into slot->out as one gzip member; 0, or -1 out of memory. */
+static int gz_compress_slot(struct libdeflate_compressor *c, gz_slot *slot, size_t *out_len)
+{
+    size_t bound = libdeflate_gzip_compress_bound(c, slot->in_len);
+    if (bound > slot->out_cap) {
+        char *np = realloc(slot->out, bound);
+        if (!np) return -1;
+        slot->out = np;
+        slot->out_cap = bound;
+    }
+    *out_len = libdeflate_gzip_compress(c, slot->in, slot->in_len, slot->out, slot->out_cap);
+    return *out_len > 0 ? 0 : -1;
+}
+
+/* Writes a compressed slot when its turn comes (called with mu held; returns with it held). */
+static void gz_write_in_order(gz_pipe *p, gz_slot *slot, size_t out_len, int compress_rc)
+{
+    while (p->next_write != slot->seq) pthread_cond_wait(&p->turn, &p->mu);
+    if (p->io_errno == 0) {
+        if (compress_rc != 0) {
+            p->io_errno = -1;
+        } else {
+            pthread_mutex_unlock(&p->mu);
+            errno = 0;
+            bool ok = fwrite(slot->out, 1, out_len, p->f) == out_len;
+            int saved = errno ? errno : EIO;
+            pthread_mutex_lock(&p->mu);
+            if (!ok && p->io_errno == 0) p->io_errno = saved;
+        }
+    }
+    p->next_write++;
+    slot->in_len = 0;
+    slot->state = SLOT_FREE;
+    pthread_cond_broadcast(&p->turn);
+}
+
+static void *gz_worker(void *arg)
+{
+    gz_pipe *p = arg;
+    struct libdeflate_compressor *c = libdeflate_alloc_compressor(GZ_LEVEL);
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        gz_slot *pick = NULL;
+        for (int i = 0; i < GZ_SLOTS; i++)
+            if (p->slots[i].state == SLOT_FILLED && (!pick || p->slots[i].seq < pick->seq)) pick = &p->slots[i];
+        if (!pick) {
+            if (p->stop) break;
+            pthread_cond_wait(&p->work, &p->mu);
+            continue;
+        }
+        pick->state = SLOT_BUSY;
+        pthread_mutex_unlock(&p->mu);
+        size_t out_len = 0;
+        int rc = c ? gz_compress_slot(c, pick, &out_len) : -1;
+        pthread_mutex_lock(&p->mu);
+        gz_write_in_order(p, pick, out_len, rc);
+    }
+    pthread_mutex_unlock(&p->mu);
+    libdeflate_free_compressor(c);
+    return NULL;
+}
+
+/* Hands the open slot to the workers (compresses it here when there are none) and opens a free
+ * one; with finishing set, opens none. */
+static void gz_submit(gz_pipe *p, bool finishing)
+{
+    pthread_mutex_lock(&p->mu);
+    gz_slot *slot = p->open;
+    p->open = NULL;
+    if (slot && slot->in_len > 0) {
+        slot->seq = p->next_seq++;
+        if (p->num_threads > 0) {
+            slot->state = SLOT_FILLED;
+            pthread_cond_signal(&p->work);
+        } else {
+            slot->state = SLOT_BUSY;
+            pthread_mutex_unlock(&p->mu);
+            struct libdeflate_compressor *c = libdeflate_alloc_compressor(GZ_LEVEL);
+            size_t out_len = 0;
+            int rc = c ? gz_compress_slot(c, slot, &out_len) : -1;
+            libdeflate_free_compressor(c);
+            pthread_mutex_lock(&p->mu);
+            gz_write_in_order(p, slot, out_len, rc);
+        }
+    } else if (slot) {
+        slot->state = SLOT_FREE;
+    }
+    while (!finishing && !p->open) {
+        for (int i = 0; i < GZ_SLOTS && !p->open; i++)
+            if (p->slots[i].state == SLOT_FREE) p->open = &p->slots[i];
+        if (!p->open) pthread_cond_wait(&p->turn, &p->mu);
+    }
+    if (p->open) p->open->state = SLOT_OPEN;
+    pthread_mutex_unlock(&p->mu);
+}
+
+static gz_pipe *gz_pipe_open(FILE *f)
+{
+    gz_pipe *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work, NULL);
+    pthread_cond_init(&p->turn, NULL);
+    p->f = f;
+    p->open = &p->slots[0];
+    p->open->state = SLOT_OPEN;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = cpus >= GZ_MAX_WORKERS ? GZ_MAX_WORKERS : 1;
+    pthread_mutex_lock(&p->mu);   /* the workers read the pipe under mu from their first instant */
+    for (int i = 0; i < want; i++)
+        if (pthread_create(&p->threads[p->num_threads], NULL, gz_worker, p) == 0) p->num_threads++;
+    pthread_mutex_unlock(&p->mu);
+    return p;
+}
+
+/* Submits what is left, stops the workers; returns the first write error (0 none, -1 OOM). */
+static int gz_pipe_close(gz_pipe *p)
+{
+    gz_submit(p, true);
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->work);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->num_threads; i++) pthread_join(p->threads[i], NULL);
+    int io = p->io_errno;
+    for (int i = 0; i < GZ_SLOTS; i++) {
+        free(p->slots[i].in);
+        free(p->slots[i].out);
+    }
+    pthread_cond_destroy(&p->work);
+    pthread_cond_destroy(&p->turn);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+    return io;
+}
+
+static int gz_errno(gz_pipe *p)
+{
+    pthread_mutex_lock(&p->mu);
+    int io = p->io_errno;
+    pthread_mutex_unlock(&p->mu);
+    return io;
+}
+
+/* Appends a finished line to the open slot; submits the slot once it holds GZ_CHUNK bytes. */
+static int gz_append(gz_pipe *p, const char *s, size_t n)
+{
+    gz_slot *slot = p->open;
+    if (slot->in_len + n > slot->in_cap) {
+        size_t cap = slot->in_cap ? slot->in_cap : GZ_CHUNK + (GZ_CHUNK >> 2);
+        while (cap < slot->in_len + n) cap *= 2;
+        char *np = realloc(slot->in, cap);
+        if (!np) return -1;
+        slot->in = np;
+        slot->in_cap = cap;
+    }
+    memcpy(slot->in + slot->in_len, s, n);
+    slot->in_len += n;
+    if (slot->in_len >= GZ_CHUNK) gz_submit(p, false);
+    return 0;
+}
+
+static void write_error(ar_trace_writer *w, int io, char *err, size_t err_len)
+{
+    set_err(err, err_len, "%s: write failed: %s", w->path, io < 0 ? "out of memory" : strerror(io));
+    w->failed = true;
+}
 
 static int writer_emit(ar_trace_writer *w, char *err, size_t err_len)
 {
@@ -1394,16 +1884,14 @@ static int writer_emit(ar_trace_writer *w, char *err, size_t err_len)
     }
     sb_add(&w->line, "\n", 1);
     if (w->is_gz) {
-        if (gzwrite(w->gz, w->line.p, (unsigned)w->line.len) != (int)w->line.len) {
-            int zerr = 0;
-            const char *msg = gzerror(w->gz, &zerr);
-            set_err(err, err_len, "%s: write failed: %s", w->path, zerr == Z_ERRNO ? strerror(errno) : msg);
-            w->failed = true;
+        int io = gz_errno(w->gz);
+        if (io == 0 && gz_append(w->gz, w->line.p, w->line.len) != 0) io = -1;
+        if (io != 0) {
+            write_error(w, io, err, err_len);
             return -1;
         }
     } else if (fwrite(w->line.p, 1, w->line.len, w->f) != w->line.len) {
-        set_err(err, err_len, "%s: write failed: %s", w->path, strerror(errno));
-        w->failed = true;
+        write_error(w, errno ? errno : EIO, err, err_len);
         return -1;
     }
     return 0;
@@ -1416,6 +1904,26 @@ static void writer_free(ar_trace_writer *w)
     free(w);
 }
 
+/* Closes the output; 0, or -1 with err set unless an earlier error was already reported. */
+static int writer_close(ar_trace_writer *w, int rc, char *err, size_t err_len)
+{
+    int io = w->gz ? gz_pipe_close(w->gz) : 0;
+    if (io != 0 && rc == 0) {
+        write_error(w, io, err, err_len);
+        rc = -1;
+    }
+    errno = 0;
+    bool bad = fflush(w->f) != 0 || ferror(w->f);
+    int saved = errno ? errno : EIO;
+    if (fclose(w->f) != 0 && !bad) { bad = true; saved = errno ? errno : EIO; }
+    if (bad && rc == 0) {
+        set_err(err, err_len, "%s: close failed: %s", w->path, strerror(saved));
+        rc = -1;
+    }
+    writer_free(w);
+    return rc;
+}
+
 ar_trace_writer *ar_trace_create(const char *path, const ar_trace_header *h, char *err, size_t err_len)
 {
     ar_trace_writer *w = calloc(1, sizeof *w);
@@ -1426,16 +1934,21 @@ ar_trace_writer *ar_trace_create(const char *path, const ar_trace_header *h, cha
     }
     size_t n = strlen(path);
     w->is_gz = n >= 3 && strcmp(path + n - 3, ".gz") == 0;
-    if (w->is_gz) {
-        w->gz = gzopen(path, "wb1");
-        if (w->gz) gzbuffer(w->gz, 1 << 18);
-    } else {
-        w->f = fopen(path, "wb");
-    }
-    if (w->is_gz ? !w->gz : !w->f) {
+    w->f = fopen(path, "wb");
+    if (!w->f) {
         set_err(err, err_len, "%s: cannot create: %s", path, strerror(errno));
         writer_free(w);
         return NULL;
+    }
+    if (w->is_gz) {
+        if (!(w->gz = gz_pipe_open(w->f))) {
+            set_err(err, err_len, "%s: out of memory", path);
+            fclose(w->f);
+            writer_free(w);
+            return NULL;
+        }
+    } else {
+        setvbuf(w->f, NULL, _IOFBF, 1 << 20);
     }
     const ar_model *m = &h->model;
     str_buf *b = &w->line;
@@ -1468,9 +1981,7 @@ ar_trace_writer *ar_trace_create(const char *path, const ar_trace_header *h, cha
     if (h->seed > (uint64_t)INT64_MAX) sb_printf(b, ",\"seed\":\"%" PRIu64 "\"}", h->seed);   /* beyond JSON readers' int64 */
     else sb_printf(b, ",\"seed\":%" PRIu64 "}", h->seed);
     if (writer_emit(w, err, err_len) != 0) {
-        if (w->is_gz) gzclose_w(w->gz);
-        else fclose(w->f);
-        writer_free(w);
+        writer_close(w, -1, err, err_len);
         return NULL;
     }
     return w;
@@ -1485,20 +1996,27 @@ int ar_trace_write_step(ar_trace_writer *w, const ar_step *s, char *err, size_t 
     str_buf *b = &w->line;
     b->len = 0;
     if (b->p) b->p[0] = 0;
-    sb_printf(b, "{\"step\":%" PRId64 ",\"time\":", s->step);
+    sb_puts(b, "{\"step\":");
+    sb_int(b, s->step);
+    sb_puts(b, ",\"time\":");
     sb_double(b, s->time);
     sb_puts(b, ",\"new\":[");
     for (int i = 0; i < s->num_new; i++) {
         const ar_new_req *nr = &s->new_reqs[i];
         sb_puts(b, i ? ",{\"req\":" : "{\"req\":");
         sb_json_str(b, nr->req);
-        sb_printf(b, ",\"prompt_len\":%d,\"num_computed_tokens\":%d,\"block_ids\":", nr->prompt_len,
-                  nr->num_computed_tokens);
+        sb_puts(b, ",\"prompt_len\":");
+        sb_int(b, nr->prompt_len);
+        sb_puts(b, ",\"num_computed_tokens\":");
+        sb_int(b, nr->num_computed_tokens);
+        sb_puts(b, ",\"block_ids\":");
         sb_int_list(b, nr->block_ids, nr->num_block_ids);
         if (nr->num_block_keys > 0) {
             sb_puts(b, ",\"block_keys\":[");
-            for (int k = 0; k < nr->num_block_keys; k++)
-                sb_printf(b, k ? ",\"%016" PRIx64 "\"" : "\"%016" PRIx64 "\"", nr->block_keys[k]);
+            for (int k = 0; k < nr->num_block_keys; k++) {
+                if (k) sb_add(b, ",", 1);
+                sb_hex_key(b, nr->block_keys[k]);
+            }
             sb_puts(b, "]");
         }
         sb_puts(b, "}");
@@ -1521,7 +2039,9 @@ int ar_trace_write_step(ar_trace_writer *w, const ar_step *s, char *err, size_t 
         sb_add(b, ":", 1);
         sb_int(b, s->scheduled[i].num_tokens);
     }
-    sb_printf(b, "},\"num_common_prefix_blocks\":%d,\"finished\":", s->num_common_prefix_blocks);
+    sb_puts(b, "},\"num_common_prefix_blocks\":");
+    sb_int(b, s->num_common_prefix_blocks);
+    sb_puts(b, ",\"finished\":");
     sb_id_list(b, s->finished, s->num_finished);
     sb_puts(b, ",\"preempted\":");
     sb_id_list(b, s->preempted, s->num_preempted);
@@ -1534,22 +2054,5 @@ int ar_trace_finish(ar_trace_writer *w, char *err, size_t err_len)
     if (!w) return -1;
     int rc = w->failed ? -1 : 0;
     if (w->failed) set_err(err, err_len, "%s: an earlier write failed", w->path);
-    if (w->is_gz) {
-        int zrc = gzclose_w(w->gz);
-        if (zrc != Z_OK && rc == 0) {
-            set_err(err, err_len, "%s: close failed: %s", w->path,
-                    zrc == Z_ERRNO ? strerror(errno) : "zlib error while flushing");
-            rc = -1;
-        }
-    } else {
-        bool bad = fflush(w->f) != 0 || ferror(w->f);
-        int saved = errno;
-        if (fclose(w->f) != 0 && !bad) { bad = true; saved = errno; }
-        if (bad && rc == 0) {
-            set_err(err, err_len, "%s: close failed: %s", w->path, strerror(saved));
-            rc = -1;
-        }
-    }
-    writer_free(w);
-    return rc;
+    return writer_close(w, rc, err, err_len);
 }

@@ -183,6 +183,13 @@ int ar_trace_stats_compute(const char *path, ar_trace_stats *st, ar_trace_header
  * `attnreplay info TRACE`.  Returns 0, or -1 with err set ("PATH:LINE: rule"). */
 int ar_trace_print_info(const char *path, FILE *out, char *err, size_t err_len);
 
+/* Prints one line per step for `attnreplay info TRACE --steps`: step, time_s, requests, tokens,
+ * prefill_tokens, max_seq_len, kv_tokens (sum of seq_lens), qk_pairs (causal query-key pairs,
+ * sum of n * (num_computed_tokens + (n + 1) / 2): the step's attention work is 4 x qk_pairs x
+ * q heads x head_size FLOPs) and cascade_eligible (0/1), after a '#' header line; space
+ * separated, for awk.  Returns 0, or -1 with err set ("PATH:LINE: rule"). */
+int ar_trace_print_steps(const char *path, FILE *out, char *err, size_t err_len);
+
 /* Content key of a logical block: the prompt key if the block is a full prompt block, else a
  * request-private key chained after the previous block (see datagen.h). */
 uint64_t ar_block_content_key(uint64_t prev_key, const uint64_t *prompt_keys, int num_prompt_keys,

@@ -11,13 +11,13 @@ int ar_cuda_calibrate(const ar_calibrate_options *opt, ar_calibration *out, char
 {
     (void)opt;
     memset(out, 0, sizeof *out);
-    snprintf(err, err_len, "no CUDA device (built without CUDA: nvcc not found)");
+    snprintf(err, err_len, "no CUDA device (built without CUDA: a host-only build)");
     return 3;
 }
 
 int ar_cuda_cublas_probe(char *path, size_t path_len, char *err, size_t err_len)
 {
     if (path_len) path[0] = '\0';
-    snprintf(err, err_len, "built without CUDA (nvcc not found): cuBLAS is not used");
+    snprintf(err, err_len, "built without CUDA (a host-only build): cuBLAS is not used");
     return -1;
 }

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char stub_reason[] = "built without CUDA (nvcc not found)";
+static const char stub_reason[] = "built without CUDA (a host-only build: no nvcc, or make demo with no GPU)";
 
 static bool stub_check(const ar_run_config *cfg, char *why, size_t why_len)
 {

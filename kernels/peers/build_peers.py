@@ -390,7 +390,8 @@ def build_flashmla(args, tc):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("peers", nargs="*", default=["fa3", "flashmla"], choices=["fa3", "flashmla"])
+    # no `choices` with nargs="*": argparse checks a list default against them as one value
+    ap.add_argument("peers", nargs="*", help="fa3 and/or flashmla (default: both)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the compile phase")
     ap.add_argument("--src", default=".peers/src")
@@ -399,6 +400,9 @@ def main():
     ap.add_argument("--torch-root", default=None)
     ap.add_argument("--only-light", action="store_true")
     args = ap.parse_args()
+    args.peers = args.peers or ["fa3", "flashmla"]
+    if any(p not in ("fa3", "flashmla") for p in args.peers):
+        ap.error("peers are fa3 and flashmla")
     if not shutil.which("ninja"):
         print("build_peers.py: ninja is not on PATH", file=sys.stderr)
         return 2

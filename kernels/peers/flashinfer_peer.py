@@ -213,10 +213,15 @@ def main():
     global PLAN_ONLY
     parts = {"decode": decode, "prefill": prefill, "varlen": varlen, "cascade": cascade}
     ap = argparse.ArgumentParser(description="FlashInfer peers of our benchmarks")
-    ap.add_argument("parts", nargs="*", default=list(parts), choices=list(parts))
+    # no `choices` with nargs="*": argparse checks a list default against them as one value
+    ap.add_argument("parts", nargs="*", help="any of: " + " ".join(parts) + " (default: all)")
     ap.add_argument("--plan-only", action="store_true")
     ap.add_argument("--keep-modules", default=None)
     args = ap.parse_args()
+    args.parts = args.parts or list(parts)
+    bad = [w for w in args.parts if w not in parts]
+    if bad:
+        ap.error(f"unknown part(s) {' '.join(bad)}; choose from {' '.join(parts)}")
     PLAN_ONLY = args.plan_only
     try:
         import flashinfer

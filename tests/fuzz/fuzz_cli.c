@@ -17,7 +17,7 @@
  * the fuzzer invents land there.
  *
  * Properties: no sanitizer report, no exit() (libFuzzer reports one), and the exit code is one
- * the command documents: 0, 1, 2 or 3 (replay also 130, which needs a signal).
+ * the command documents: 0, 1, 2 or 3 (replay also 4, nothing verified, and 130 or 143, which need a signal).
  *
  * gnuplot is hidden from report (PATH is emptied), so report exercises its parsing and its
  * database reads, then fails with "gnuplot missing" (exit 1) instead of forking. */
@@ -243,7 +243,7 @@ int ar_fuzz_cli_one(const uint8_t *data, size_t size)
         char *copy[FUZZ_CLI_MAX_ARGS + 2];   /* the command may permute argv (getopt) */
         memcpy(copy, argv, sizeof copy);
         int rc = commands[cmd](argc, copy);
-        if (!(rc == 0 || rc == 1 || rc == 2 || rc == 3 || (cmd == 0 && rc == 130))) {
+        if (!(rc == 0 || rc == 1 || rc == 2 || rc == 3 || (cmd == 0 && (rc == 4 || rc == 130 || rc == 143)))) {
             fprintf(stderr, "fuzz_cli: %s returned undocumented exit code %d\n", names[cmd], rc);
             abort();
         }

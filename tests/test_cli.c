@@ -1,0 +1,130 @@
+/* test_cli.c - the command line of bin/attnreplay (replay/main.c): every command answers -h and
+ * --help alike (usage on stdout naming its exit codes, nothing on stderr, exit 0, nothing
+ * created), a usage error prints the usage on stderr with exit 2, and `version` says what was
+ * built (code revision, trace format, build type, CUDA runtime and driver). */
+#include "testutil.h"
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../traces/trace.h"
+
+static const char *const commands[] = {
+    "info", "replay", "backends", "sim", "report", "diff", "plan", "calibrate", "gen-samples", "version",
+};
+#define NUM_COMMANDS (sizeof commands / sizeof commands[0])
+
+/* Runs `attnreplay ARGS` inside a fresh directory; returns the exit status, stdout and stderr
+ * (malloc'd) and whether the directory is still empty afterwards. */
+static int run_in_empty_dir(const char *args, char **out, char **err, int *dir_empty)
+{
+    static int serial;
+    char dir[1024], out_path[1200], err_path[1200];
+    snprintf(dir, sizeof dir, "%s/cwd%d", tu_tmpdir(), serial++);
+    snprintf(out_path, sizeof out_path, "%s.out", dir);
+    snprintf(err_path, sizeof err_path, "%s.err", dir);
+    char bin[PATH_MAX];
+    if (!realpath(tu_bin(), bin)) fail_msg("no binary at %s", tu_bin());
+    int rc = tu_run(NULL, "mkdir -p '%s' && cd '%s' && '%s' %s >'%s' 2>'%s'", dir, dir, bin, args, out_path, err_path);
+    *out = tu_slurp(out_path);
+    *err = tu_slurp(err_path);
+    assert_non_null(*out);
+    assert_non_null(*err);
+    char count_path[1200];
+    snprintf(count_path, sizeof count_path, "%s.count", dir);
+    tu_run(NULL, "ls -A '%s' | wc -l >'%s'", dir, count_path);
+    char *count = tu_slurp(count_path);
+    *dir_empty = count && atoi(count) == 0;
+    free(count);
+    return rc;
+}
+
+static void test_help_every_command(void **state)
+{
+    (void)state;
+    static const char *const forms[] = { "-h", "--help", "--frobnicate -h", "x y --help" };
+    for (size_t c = 0; c < NUM_COMMANDS; c++) {
+        for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+            char args[256], want[128];
+            snprintf(args, sizeof args, "%s %s", commands[c], forms[f]);
+            snprintf(want, sizeof want, "usage: attnreplay %s", commands[c]);
+            char *out, *err;
+            int empty;
+            int rc = run_in_empty_dir(args, &out, &err, &empty);
+            bool exit_codes = strstr(out, "Exit status") || strstr(out, "exit:") || !strcmp(commands[c], "version");
+            if (rc != 0 || !strstr(out, want) || err[0] || !empty || !exit_codes)
+                fail_msg("'attnreplay %s': rc %d, dir %s, stdout '%.300s', stderr '%.300s'", args, rc,
+                         empty ? "empty" : "NOT empty", out, err);
+            free(out);
+            free(err);
+        }
+    }
+    /* the top level too */
+    char *out, *err;
+    int empty;
+    assert_int_equal(run_in_empty_dir("--help", &out, &err, &empty), 0);
+    assert_non_null(strstr(out, "usage: attnreplay COMMAND"));
+    assert_string_equal(err, "");
+    free(out);
+    free(err);
+}
+
+static void test_usage_errors_exit_2_on_stderr(void **state)
+{
+    (void)state;
+    static const char *const lines[][2] = {
+        { "info", "usage: attnreplay info" },
+        { "info a.trace b.trace", "usage: attnreplay info" },
+        { "backends --bogus", "usage: attnreplay backends" },
+        { "gen-samples", "usage: attnreplay gen-samples" },
+        { "sim --frobnicate", "usage: attnreplay sim" },
+        { "nosuchcommand", "unknown command" },
+        { "", "usage: attnreplay COMMAND" },
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        char *out, *err;
+        int empty;
+        int rc = run_in_empty_dir(lines[i][0], &out, &err, &empty);
+        if (rc != 2 || out[0] || !strstr(err, lines[i][1]) || !empty)
+            fail_msg("'attnreplay %s': rc %d, stdout '%.200s', stderr '%.200s'", lines[i][0], rc, out, err);
+        free(out);
+        free(err);
+    }
+}
+
+static void test_version(void **state)
+{
+    (void)state;
+    for (int form = 0; form < 2; form++) {
+        char *out, *err;
+        int empty;
+        assert_int_equal(run_in_empty_dir(form ? "--version" : "version", &out, &err, &empty), 0);
+        char want[64];
+        snprintf(want, sizeof want, "\ntrace format v%d\n", AR_TRACE_VERSION);
+        if (strncmp(out, "attnreplay ", 11) != 0 || !strstr(out, want) || !strstr(out, "\nbuild: ") ||
+            !strstr(out, "\nCUDA runtime ") || !strstr(out, "driver "))
+            fail_msg("version output '%s'", out);
+        /* a build with CUDA names its kernels' architectures and the runtime's version; one
+         * without says so; on a machine without a GPU the driver or device is "none" */
+        if (strstr(out, "CUDA kernels for")) assert_null(strstr(out, "CUDA runtime none"));
+        else assert_non_null(strstr(out, "build: CPU only"));
+        if (access("/dev/nvidia0", F_OK) != 0) assert_true(strstr(out, "driver none") || strstr(out, "device none"));
+        assert_string_equal(err, "");
+        free(out);
+        free(err);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help_every_command),
+        cmocka_unit_test(test_usage_errors_exit_2_on_stderr),
+        cmocka_unit_test(test_version),
+    };
+    return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
+}

@@ -1,0 +1,479 @@
+/* test_steptime.c - the step-time model's terms (sim/steptime.c): CUDA-graph padding against vLLM's
+ * capture-size list, async scheduling, the tensor-parallel all-reduce per interconnect, the
+ * per-device efficiency tables, batch-shape-dependent attention, the parser's rules; and the
+ * measured-profile path (sim/profile.c): the SQLite format, its validation, the interpolation, a
+ * synthetic profile that must reproduce the roofline it was made from, and attention timed through
+ * the CPU backend. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../sim/sim.h"
+
+static const ar_model_preset *l8(void) { return ar_model_preset_find("llama-3.1-8b"); }
+
+static void parse_ok(const char *spec, ar_steptime *st)
+{
+    char err[1024];
+    if (ar_steptime_parse(spec, l8(), st, err, sizeof err) != 0) fail_msg("%s: %s", spec, err);
+}
+
+/* vLLM's capture sizes for max_size: [1, 2, 4] + range(8, 256, 8) + range(256, max_size + 1, 16). */
+static int vllm_sizes(int max_size, int *out)
+{
+    int n = 0;
+    for (int s = 1; s <= 4; s *= 2) if (s <= max_size) out[n++] = s;
+    for (int s = 8; s < 256; s += 8) if (s <= max_size) out[n++] = s;
+    for (int s = 256; s <= max_size; s += 16) out[n++] = s;
+    return n;
+}
+
+static void test_cudagraph_pad_matches_vllm_list(void **state)
+{
+    (void)state;
+    int sizes[128];
+    const int limits[] = {512, 256, 100, 8};
+    for (size_t l = 0; l < sizeof limits / sizeof limits[0]; l++) {
+        int n = vllm_sizes(limits[l], sizes);
+        for (int t = 1; t <= 700; t++) {
+            int want = t;   /* the smallest capture size >= t, or t itself (eager) */
+            for (int i = 0; i < n; i++) if (sizes[i] >= t) { want = sizes[i]; break; }
+            if (ar_cudagraph_pad(t, limits[l]) != want)
+                fail_msg("pad(%d, max %d) = %d, vLLM's list gives %d", t, limits[l], ar_cudagraph_pad(t, limits[l]), want);
+        }
+    }
+    assert_int_equal(ar_cudagraph_pad(3, 0), 3);   /* graphs off */
+    /* the default limit follows vLLM: min(2 x max_num_seqs, 512) */
+    ar_steptime st;
+    parse_ok("roofline:h200", &st);
+    assert_int_equal(st.cudagraph_max, -1);
+    ar_steptime_set_engine(&st, 128);
+    assert_int_equal(st.cudagraph_max, 256);
+    parse_ok("roofline:h200", &st);
+    ar_steptime_set_engine(&st, 1024);
+    assert_int_equal(st.cudagraph_max, 512);
+    parse_ok("roofline:h200,graph=0", &st);
+    ar_steptime_set_engine(&st, 1024);
+    assert_int_equal(st.cudagraph_max, 0);
+}
+
+/* A 3-token decode batch runs its GEMMs as 4 tokens under graphs, as 3 without. */
+static void test_padding_reaches_the_gemms(void **state)
+{
+    (void)state;
+    int q[3] = {1, 1, 1}, c[3] = {100, 200, 300};
+    ar_batch_features f = {.num_reqs = 3, .num_tokens = 3, .num_decode_reqs = 3, .kv_tokens_read = 603,
+                           .attn_pairs = 603, .query_lens = q, .context_lens = c};
+    ar_steptime on, off;
+    parse_ok("roofline:h200,gemm_eff=1,bw_eff=1", &on);
+    parse_ok("roofline:h200,gemm_eff=1,bw_eff=1,graph=0", &off);
+    ar_steptime_set_engine(&on, 256);
+    ar_steptime_set_engine(&off, 256);
+    ar_step_parts a, b;
+    ar_steptime_parts(&on, &f, &a);
+    ar_steptime_parts(&off, &f, &b);
+    assert_int_equal(a.padded_tokens, 4);
+    assert_int_equal(b.padded_tokens, 3);
+    assert_true(a.linear_s > b.linear_s);       /* one more token's activations */
+    assert_true(a.attn_s == b.attn_s);          /* attention sees the real requests */
+}
+
+/* Async: the CPU part hides under the GPU part (max); synchronous: they add. */
+static void test_async_overlaps_cpu(void **state)
+{
+    (void)state;
+    int q[1] = {1}, c[1] = {1000};
+    ar_batch_features f = {.num_reqs = 1, .num_tokens = 1, .num_decode_reqs = 1, .kv_tokens_read = 1001,
+                           .attn_pairs = 1001, .query_lens = q, .context_lens = c};
+    ar_steptime as, sy;
+    parse_ok("roofline:rtx4090,overhead=0.002,per_req=0.001", &as);
+    parse_ok("roofline:rtx4090,overhead=0.002,per_req=0.001,async=0", &sy);
+    assert_true(as.async_scheduling);
+    assert_false(sy.async_scheduling);
+    ar_step_parts p;
+    ar_steptime_parts(&as, &f, &p);
+    double gpu = p.linear_s + p.attn_s + p.allreduce_s;
+    assert_true(fabs(p.cpu_s - 0.003) < 1e-12);
+    assert_true(gpu > p.cpu_s);   /* a 4090 streams 15 GB of weights: ~19 ms */
+    assert_true(fabs(ar_steptime_eval(&as, &f) - gpu) < 1e-12);
+    assert_true(fabs(ar_steptime_eval(&sy, &f) - (gpu + 0.003)) < 1e-12);
+    /* when the CPU part is the longer one, it is the step */
+    parse_ok("roofline:rtx4090,overhead=0.5", &as);
+    assert_true(fabs(ar_steptime_eval(&as, &f) - 0.5) < 1e-12);
+}
+
+/* Two all-reduces per layer over the device's link; PCIe costs more than NVLink. */
+static void test_tp_allreduce_per_interconnect(void **state)
+{
+    (void)state;
+    int q[64], c[64];
+    for (int i = 0; i < 64; i++) { q[i] = 1; c[i] = 2000; }
+    ar_batch_features f = {.num_reqs = 64, .num_tokens = 64, .num_decode_reqs = 64, .kv_tokens_read = 64 * 2001,
+                           .attn_pairs = 64 * 2001.0, .query_lens = q, .context_lens = c};
+    const char *devs[2] = {"rtx4090", "h200"};
+    for (int d = 0; d < 2; d++) {
+        char spec[128];
+        ar_steptime one, two;
+        snprintf(spec, sizeof spec, "roofline:%s,overhead=0,graph=0", devs[d]);
+        parse_ok(spec, &one);
+        snprintf(spec, sizeof spec, "roofline:%s,overhead=0,graph=0,tp=2", devs[d]);
+        parse_ok(spec, &two);
+        ar_step_parts p1, p2;
+        ar_steptime_parts(&one, &f, &p1);
+        ar_steptime_parts(&two, &f, &p2);
+        assert_true(p1.allreduce_s == 0);
+        const ar_device_spec *dev = ar_device_find(devs[d]);
+        double want = 2.0 * 32 * (dev->link_latency_s + 2.0 * 1 / 2 * 64 * 4096 * 2.0 / dev->link_bw);
+        assert_true(fabs(p2.allreduce_s - want) < 1e-12 * want + 1e-15);
+        double speedup = ar_steptime_eval(&one, &f) / ar_steptime_eval(&two, &f);
+        assert_true(speedup > 1.0 && speedup < 2.0);
+    }
+    assert_string_equal(ar_device_find("rtx4090")->link, "pcie");
+    assert_string_equal(ar_device_find("h200")->link, "nvlink");
+    /* the same GPU scales worse over its PCIe link than it would over the H200's NVLink */
+    const ar_device_spec *nv = ar_device_find("h200");
+    char spec[160];
+    ar_steptime one, pcie, nvlink;
+    parse_ok("roofline:rtx4090,overhead=0,graph=0", &one);
+    parse_ok("roofline:rtx4090,overhead=0,graph=0,tp=2", &pcie);
+    snprintf(spec, sizeof spec, "roofline:rtx4090,overhead=0,graph=0,tp=2,link_bw=%g,link_lat=%g", nv->link_bw,
+             nv->link_latency_s);
+    parse_ok(spec, &nvlink);
+    assert_true(ar_steptime_eval(&pcie, &f) > ar_steptime_eval(&nvlink, &f));
+    assert_true(ar_steptime_eval(&one, &f) / ar_steptime_eval(&pcie, &f) < 1.9);
+    /* link_bw / link_lat replace the preset's */
+    ar_steptime st;
+    parse_ok("roofline:rtx4090,graph=0,tp=2,link_bw=1e12,link_lat=0", &st);
+    ar_step_parts p;
+    ar_steptime_parts(&st, &f, &p);
+    assert_true(fabs(p.allreduce_s - 2.0 * 32 * (64 * 4096 * 2.0 / 2 * 2 / 1e12)) < 1e-12);
+}
+
+/* The efficiency table of each device is the roofline's default; keys override it. */
+static void test_device_efficiency_tables(void **state)
+{
+    (void)state;
+    ar_steptime st;
+    parse_ok("roofline:h200", &st);
+    assert_true(st.gemm_efficiency == ar_device_find("h200")->gemm_eff);
+    assert_true(st.bw_efficiency == ar_device_find("h200")->bw_eff);
+    parse_ok("roofline:rtx4090", &st);
+    assert_true(st.gemm_efficiency == ar_device_find("rtx4090")->gemm_eff);
+    assert_true(ar_device_find("h200")->gemm_eff != ar_device_find("rtx4090")->gemm_eff);
+    parse_ok("roofline:h200,gemm_eff=0.5", &st);
+    assert_true(st.gemm_efficiency == 0.5);
+    for (int i = 0; i < 4; i++) {
+        const char *names[4] = {"rtx4090", "rtxpro6000", "h200", "h100"};
+        const ar_device_spec *d = ar_device_find(names[i]);
+        assert_non_null(d->eff_source);
+        assert_non_null(d->link_source);
+        assert_true(d->gemm_eff > 0 && d->gemm_eff <= 1 && d->bw_eff > 0 && d->bw_eff <= 1);
+        assert_true(d->link_bw > 0 && d->link_latency_s > 0);
+    }
+    assert_ptr_equal(ar_device_match("NVIDIA H200"), ar_device_find("h200"));
+    assert_ptr_equal(ar_device_match("NVIDIA GeForce RTX 4090"), ar_device_find("rtx4090"));
+    assert_ptr_equal(ar_device_match("NVIDIA RTX PRO 6000 Blackwell Workstation Edition"), ar_device_find("rtxpro6000"));
+    assert_null(ar_device_match("Tesla T4"));
+}
+
+/* Attention is bound request by request: the batch costs the sum of its requests alone, which
+ * is more than the totals' roofline when a prefill (compute) and decodes (bytes) mix. */
+static void test_attention_depends_on_shape(void **state)
+{
+    (void)state;
+    int q[5] = {2000, 1, 1, 1, 1}, c[5] = {0, 8000, 8000, 8000, 8000};
+    ar_batch_features f = {.num_reqs = 5, .num_tokens = 2004, .num_decode_reqs = 4};
+    for (int r = 0; r < 5; r++) {
+        f.kv_tokens_read += c[r] + q[r];
+        f.attn_pairs += (double)q[r] * (c[r] + (q[r] + 1) * 0.5);
+    }
+    ar_steptime st;
+    parse_ok("roofline:h200,graph=0", &st);
+    ar_step_parts totals, shaped, alone;
+    ar_steptime_parts(&st, &f, &totals);
+    f.query_lens = q;
+    f.context_lens = c;
+    ar_steptime_parts(&st, &f, &shaped);
+    double sum = 0;
+    for (int r = 0; r < 5; r++) {
+        ar_batch_features one = {.num_reqs = 1, .num_tokens = q[r], .query_lens = &q[r], .context_lens = &c[r]};
+        ar_steptime_parts(&st, &one, &alone);
+        sum += alone.attn_s;
+    }
+    assert_true(fabs(shaped.attn_s - sum) < 1e-12 * sum);
+    assert_true(shaped.attn_s > totals.attn_s * 1.01);
+}
+
+static void test_parse_rules(void **state)
+{
+    (void)state;
+    ar_steptime st;
+    char err[1024];
+    const char *bad[] = {"roofline:h200,async=2", "roofline:h200,graph=1.5", "roofline:h200,graph=-1",
+                         "roofline:h200,link_bw=0", "roofline:h200,wobble=1", "profile:", "profile",
+                         "roofline:tpu9", "roofline:h200,tp=3.5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        if (ar_steptime_parse(bad[i], l8(), &st, err, sizeof err) != 2) fail_msg("%s was accepted", bad[i]);
+        assert_true(err[0] != 0);
+    }
+    assert_int_equal(ar_steptime_parse("roofline:h200", NULL, &st, err, sizeof err), 2);
+    assert_non_null(strstr(err, "--model"));
+}
+
+/* ---- profiles ------------------------------------------------------------------------------------ */
+
+static void make_synthetic(const char *db, const char *device, int tp)
+{
+    char tp_arg[8];
+    snprintf(tp_arg, sizeof tp_arg, "%d", tp);
+    char *argv[] = {"profile", "--synthetic", (char *)device, "--model", "llama-3.1-8b", "--db", (char *)db,
+                    "--tp", tp_arg, NULL};
+    assert_int_equal(ar_profile_main(9, argv), 0);
+}
+
+/* A synthetic profile holds the roofline's numbers; --step-time profile:DB gives back the
+ * roofline's step times (the same terms, summed per GEMM instead of over the model). */
+static void test_synthetic_profile_reproduces_roofline(void **state)
+{
+    (void)state;
+    char db[512], spec[600];
+    tu_tmp("syn.db", db, sizeof db);
+    make_synthetic(db, "h200", 1);
+    ar_profile_table p;
+    char err[1024];
+    assert_int_equal(ar_profile_load(db, &p, err, sizeof err), 0);
+    assert_string_equal(p.model, "llama-3.1-8b");
+    assert_string_equal(p.device, "h200");
+    assert_int_equal(p.tp, 1);
+    assert_int_equal(p.num_gemms, 5);
+    assert_true(p.replay_ratio == 1.0);
+    ar_steptime roof, prof;
+    parse_ok("roofline:h200,overhead=0.001", &roof);
+    snprintf(spec, sizeof spec, "profile:%s,overhead=0.001", db);
+    parse_ok(spec, &prof);
+    assert_int_equal(prof.kind, AR_STEPTIME_PROFILE);
+    ar_steptime_set_engine(&roof, 256);
+    ar_steptime_set_engine(&prof, 256);
+    /* decodes at a grid context, a prefill at grid points, and a mix */
+    int q1[64], c1[64];
+    for (int i = 0; i < 64; i++) { q1[i] = 1; c1[i] = 2048; }
+    int q2[1] = {2048}, c2[1] = {512};
+    int q3[9] = {512, 1, 1, 1, 1, 1, 1, 1, 1}, c3[9] = {2048, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024};
+    struct { int *q, *c, n; } cases[3] = {{q1, c1, 64}, {q2, c2, 1}, {q3, c3, 9}};
+    for (int k = 0; k < 3; k++) {
+        ar_batch_features f = {.num_reqs = cases[k].n, .query_lens = cases[k].q, .context_lens = cases[k].c};
+        for (int r = 0; r < cases[k].n; r++) {
+            f.num_tokens += cases[k].q[r];
+            f.kv_tokens_read += cases[k].q[r] + cases[k].c[r];
+        }
+        double a = ar_steptime_eval(&roof, &f), b = ar_steptime_eval(&prof, &f);
+        if (fabs(b / a - 1) > 0.03) fail_msg("case %d: roofline %.6f s, synthetic profile %.6f s", k, a, b);
+    }
+}
+
+static void test_interpolation(void **state)
+{
+    (void)state;
+    char db[512], err[1024];
+    tu_tmp("interp.db", db, sizeof db);
+    make_synthetic(db, "rtx4090", 2);
+    ar_profile_table p;
+    assert_int_equal(ar_profile_load(db, &p, err, sizeof err), 0);
+    assert_int_equal(p.tp, 2);
+    assert_int_equal(p.gemm_n[0], (32 + 2 * 8) * 128 / 2);   /* qkv sharded over 2 ranks */
+    for (int g = 0; g < p.num_gemms; g++) {
+        for (int i = 0; i < p.num_m; i++) assert_true(ar_profile_gemm_us(&p, g, p.m[i]) == p.gemm_us[g][i]);
+        for (int i = 0; i + 1 < p.num_m; i++) {
+            double mid = 0.5 * (p.m[i] + p.m[i + 1]);
+            double want = 0.5 * (p.gemm_us[g][i] + p.gemm_us[g][i + 1]);
+            assert_true(fabs(ar_profile_gemm_us(&p, g, mid) - want) < 1e-9 * want);
+        }
+        int last = p.num_m - 1;
+        assert_true(ar_profile_gemm_us(&p, g, 0.5) == p.gemm_us[g][0]);
+        assert_true(ar_profile_gemm_us(&p, g, 2 * p.m[last]) >= p.gemm_us[g][last]);
+    }
+    /* decode grid: exact at its points, between the rows in between */
+    int q[16], c[16];
+    for (int i = 0; i < 16; i++) { q[i] = 1; c[i] = 1024; }
+    int bi = 4, ci = 2;   /* 16 requests, context 1024 in the default grid */
+    assert_true(p.dec_batch[bi] == 16 && p.dec_ctx[ci] == 1024);
+    assert_true(fabs(ar_profile_attention_us(&p, q, c, 16) - p.dec_us[bi][ci]) < 1e-9);
+    for (int i = 0; i < 16; i++) c[i] = 1536;   /* halfway to 2048 */
+    double mid = ar_profile_attention_us(&p, q, c, 16);
+    assert_true(fabs(mid - 0.5 * (p.dec_us[bi][ci] + p.dec_us[bi][ci + 1])) < 1e-9 * mid);
+    /* a prefill and the decodes add */
+    int qm[3] = {512, 1, 1}, cm[3] = {2048, 1024, 1024};
+    double pre = p.pre_us[4][2];   /* q 512, ctx 2048 */
+    assert_true(p.pre_q[4] == 512 && p.pre_ctx[2] == 2048);
+    assert_true(fabs(ar_profile_attention_us(&p, qm, cm, 3) - (pre + p.dec_us[1][2])) < 1e-9 * pre);
+    /* the profile fixes tp: asking for another is an error */
+    ar_steptime st;
+    char spec[600];
+    snprintf(spec, sizeof spec, "profile:%s,tp=4", db);
+    assert_int_equal(ar_steptime_parse(spec, l8(), &st, err, sizeof err), 2);
+    assert_non_null(strstr(err, "tp=2"));
+    snprintf(spec, sizeof spec, "profile:%s", db);
+    assert_int_equal(ar_steptime_parse(spec, ar_model_preset_find("qwen3-32b"), &st, err, sizeof err), 2);
+    assert_non_null(strstr(err, "llama-3.1-8b"));
+}
+
+/* Damaged databases are refused with the file and the rule. */
+static void test_profile_validation(void **state)
+{
+    (void)state;
+    const char *damage[] = {
+        "DELETE FROM attn_decode WHERE batch = 16 AND ctx = 1024;",
+        "UPDATE attn_prefill SET us = -1 WHERE q = 512 AND ctx = 0;",
+        "DELETE FROM gemm WHERE name = 'o' AND m = 64;",
+        "UPDATE meta SET value = 'something-else' WHERE key = 'format';",
+        "UPDATE meta SET value = '0' WHERE key = 'tp';",
+        "DROP TABLE attn_prefill;",
+        "UPDATE meta SET value = 'x' WHERE key = 'replay_ratio';",
+    };
+    const char *rules[] = {"grid must be complete", "not positive", "every token count", "not an attnreplay-profile",
+                           "tp >= 1", "attn_prefill", "replay_ratio"};
+    char out[512];
+    tu_tmp("damage.txt", out, sizeof out);
+    if (tu_run(out, "sqlite3 -version") != 0) {
+        fprintf(stderr, "skipping: no sqlite3 shell to damage databases with\n");
+        skip();
+    }
+    for (size_t i = 0; i < sizeof damage / sizeof damage[0]; i++) {
+        char db[512], err[1024];
+        char name[32];
+        snprintf(name, sizeof name, "bad%zu.db", i);
+        tu_tmp(name, db, sizeof db);
+        make_synthetic(db, "h200", 1);
+        assert_int_equal(tu_run(out, "sqlite3 %s \"%s\"", db, damage[i]), 0);
+        ar_profile_table p;
+        err[0] = 0;
+        assert_int_equal(ar_profile_load(db, &p, err, sizeof err), 2);
+        if (!strstr(err, rules[i]) || !strstr(err, db)) fail_msg("damage %zu: '%s' lacks '%s' or the path", i, err, rules[i]);
+    }
+    ar_profile_table p;
+    char err[1024];
+    assert_int_equal(ar_profile_load("/nonexistent/profile.db", &p, err, sizeof err), 2);
+    /* not a database at all */
+    char junk[512];
+    tu_tmp("junk.db", junk, sizeof junk);
+    assert_int_equal(tu_write(junk, "this is not sqlite\n"), 0);
+    assert_int_equal(ar_profile_load(junk, &p, err, sizeof err), 2);
+}
+
+/* Attention through the backend API on the CPU backend: a time, growing with the context. */
+static void test_attention_timed_through_backend(void **state)
+{
+    (void)state;
+    const ar_model *m = &l8()->model;
+    double small = 0, large = 0;
+    char err[1024];
+    /* tp 8: 4 query heads, 1 KV head, keeps the CPU work small */
+    if (ar_profile_time_attention("cpu", m, 8, 2, 1, 64, 3, &small, err, sizeof err) != 0) fail_msg("%s", err);
+    if (ar_profile_time_attention("cpu", m, 8, 2, 1, 8192, 3, &large, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_true(small > 0);
+    assert_true(large > small);
+    double pre = 0;
+    if (ar_profile_time_attention("cpu", m, 8, 1, 64, 128, 1, &pre, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_true(pre > 0);
+    assert_int_equal(ar_profile_time_attention("nope", m, 8, 1, 1, 64, 1, &pre, err, sizeof err), 2);
+}
+
+/* The command: usage errors exit 2; without a GPU the measurement exits 3 and writes nothing;
+ * sim runs with --step-time profile:DB. */
+static void test_profile_command(void **state)
+{
+    (void)state;
+    char out[512], db[512], trace[512], syn[512];
+    tu_tmp("profile-cmd.txt", out, sizeof out);
+    tu_tmp("gpu.db", db, sizeof db);
+    tu_tmp("cmd-syn.db", syn, sizeof syn);
+    tu_tmp("p.trace.jsonl", trace, sizeof trace);
+    if (access(tu_bin(), X_OK) != 0) {
+        fprintf(stderr, "skipping: no %s\n", tu_bin());
+        skip();
+    }
+    assert_int_equal(tu_run(out, "%s profile --model llama-3.1-8b --db %s", tu_bin(), db), 2);
+    assert_int_equal(tu_run(out, "%s profile --device h200 --model deepseek-v3 --db %s", tu_bin(), db), 2);
+    assert_int_equal(tu_run(out, "%s profile --device h200 --model llama-3.1-8b --db %s --tp 3", tu_bin(), db), 2);
+    int rc = tu_run(out, "%s profile --device h200 --model llama-3.1-8b --db %s --quick", tu_bin(), db);
+    if (rc == 3) {   /* no GPU here: said so, nothing written */
+        char *log = tu_slurp(out);
+        assert_non_null(log);
+        assert_non_null(strstr(log, "no CUDA device"));
+        free(log);
+        assert_int_not_equal(access(db, F_OK), 0);
+    }
+    assert_int_equal(tu_run(out, "%s profile --synthetic h200 --model llama-3.1-8b --db %s", tu_bin(), syn), 0);
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=40,input=300,output=20,rate=50 --model llama-3.1-8b "
+                                 "--step-time profile:%s --out %s", tu_bin(), syn, trace), 0);
+    char *log = tu_slurp(out);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "finished 40"));
+    free(log);
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=4,input=30,output=2 --model qwen3-32b "
+                                 "--step-time profile:%s --out %s", tu_bin(), syn, trace), 2);
+    /* --trace: replayed steps (CPU backend here) stored beside their interpolation; the median
+     * ratio is kept and scales the attention */
+    char rsyn[512];
+    tu_tmp("replayed.db", rsyn, sizeof rsyn);
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=6,input=64,output=4,rate=100 --model llama-3.1-8b "
+                                 "--out %s --quiet", tu_bin(), trace), 0);
+    rc = tu_run(out, "%s profile --synthetic h200 --model llama-3.1-8b --db %s --trace %s --trace-steps 5 --backend cpu "
+                     "--repeat 1", tu_bin(), rsyn, trace);
+    if (rc != 0) {
+        log = tu_slurp(out);
+        fail_msg("profile --trace failed (%d): %s", rc, log ? log : "");
+    }
+    assert_int_equal(tu_query_int(rsyn, "SELECT COUNT(*) FROM attn_steps WHERE measured_us > 0 AND predicted_us > 0"), 5);
+    ar_profile_table p;
+    char err[1024];
+    assert_int_equal(ar_profile_load(rsyn, &p, err, sizeof err), 0);
+    assert_int_equal(p.replay_steps, 5);
+    assert_true(p.replay_ratio > 0 && p.replay_ratio != 1.0);
+    char spec[600];
+    ar_steptime st;
+    snprintf(spec, sizeof spec, "profile:%s", rsyn);
+    parse_ok(spec, &st);
+    assert_true(fabs(st.attn_scale / p.replay_ratio - 1) < 1e-5);
+    /* a trace of another model is refused */
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=2,input=32,output=2 --model qwen3-32b --out %s --quiet",
+                            tu_bin(), trace), 0);
+    assert_int_equal(tu_run(out, "%s profile --synthetic h200 --model llama-3.1-8b --db %s --trace %s --backend cpu",
+                            tu_bin(), rsyn, trace), 2);
+    /* plan takes the same model through --step-time */
+    char plan_dir[512];
+    tu_tmp("plan-profile", plan_dir, sizeof plan_dir);
+    assert_int_equal(tu_run(out, "%s plan --workload synthetic:n=30,input=300,output=10,rate=20 --model llama-3.1-8b "
+                                 "--device h200 --step-time profile:%s --rates 1 --kv-blocks 2048 --out %s", tu_bin(),
+                            syn, plan_dir), 0);
+    log = tu_slurp(out);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "measured profile of llama-3.1-8b"));
+    free(log);
+    assert_int_equal(tu_run(out, "%s plan --workload synthetic:n=30,input=300,output=10 --model llama-3.1-8b "
+                                 "--device h200 --step-time profile:%s --db %s --out %s", tu_bin(), syn, syn, plan_dir), 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cudagraph_pad_matches_vllm_list),
+        cmocka_unit_test(test_padding_reaches_the_gemms),
+        cmocka_unit_test(test_async_overlaps_cpu),
+        cmocka_unit_test(test_tp_allreduce_per_interconnect),
+        cmocka_unit_test(test_device_efficiency_tables),
+        cmocka_unit_test(test_attention_depends_on_shape),
+        cmocka_unit_test(test_parse_rules),
+        cmocka_unit_test(test_synthetic_profile_reproduces_roofline),
+        cmocka_unit_test(test_interpolation),
+        cmocka_unit_test(test_profile_validation),
+        cmocka_unit_test(test_attention_timed_through_backend),
+        cmocka_unit_test(test_profile_command),
+    };
+    return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
+}
