@@ -27,8 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cuda_backend.h"
-#include "../kernels/cuda_mla.h"
+#include "../kernels/paged/cuda_backend.h"
+#include "../kernels/mla/cuda_mla.h"
 #include "../reference/mla_ref.h"
 #include "../reference/ref_gpu.h"
 #include "../replay/verify.h"
