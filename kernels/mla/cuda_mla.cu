@@ -12,7 +12,8 @@
  * decision function, planner, kernels), mla_prefill.cuh (GEMM and prefill kernels),
  * mla_inputs.cuh (generator and cache write), mla_common.cuh (shapes, arguments, helpers).
  *
- * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): "write"
+ * Timed part of forward (CUDA events; one untimed warm-up at the first forward and before every
+ * series of cfg->repeat > 1; then the median of cfg->repeat): "write"
  * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
  * merge), "wuv" (o_lat x W_UV), and for prefill requests "prefill" (up-projection, chunked
  * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
@@ -112,6 +113,7 @@ typedef struct mla_state {
     int use_prefill;
     int workspace_tokens;
     ar_cuda_mla_plan_info info;
+    int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
 } mla_state;
 
 static bool mla_check(const ar_run_config *cfg, char *why, size_t why_len)
@@ -744,10 +746,14 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
         snprintf(err, err_len, "cuda-mla backend: out of host memory");
         return 3;
     }
-    if ((rc = mla_fail(run_pass(s, a, tmap_arg, layer, false), "MLA launch (warm-up)", err, err_len))) {
+    /* one untimed warm-up: at the first forward and before every --repeat R > 1 series (the
+     * paged backend's rule) */
+    if ((!s->warmed || repeat > 1) &&
+        (rc = mla_fail(run_pass(s, a, tmap_arg, layer, false), "MLA launch (warm-up)", err, err_len))) {
         free(times);
         return rc;
     }
+    s->warmed = 1;
     const bool host_copy = o->out && o->lse;
     const size_t out_payload = (size_t)T * H * V * 4, lse_payload = (size_t)H * T * 4;
     for (int i = 0; i < repeat; i++) {

@@ -11,7 +11,8 @@
  * cuda_attn_wgmma.cuh (wgmma, sm_90a) and cuda_attn_decode_tma.cuh (sm_90a); which one runs a
  * launch, and how it is split over the SMs, is build_plan's choice (cuda_plan.cuh).
  *
- * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): the KV
+ * Timed part of forward (CUDA events; one untimed warm-up at the first forward and before every
+ * series of cfg->repeat > 1; then the median of cfg->repeat): the KV
  * write ("write"), the attention ("attn") and, when the plan splits, the combine ("combine").
  *
  * Cascade attention (b->common_prefix_len P > 0, vLLM's cascade_attention): "prefix" = the
@@ -97,6 +98,7 @@ typedef struct cuda_state {
     int *d_guard, *h_guard;         /* guard words found overwritten: device counter, pinned copy */
     size_t out_bytes, lse_bytes;    /* payload sizes of the current allocation */
     int force_config, force_splits;
+    int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
     int force_pre_config, force_pre_splits;   /* prefix pass only (ar_cuda_set_prefix_plan); -1 / 0 = as above */
 
     /* cascade (b->common_prefix_len P > 0): the plan above is the suffix pass (keys P..seq_len-1
@@ -764,10 +766,15 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
         snprintf(err, err_len, "cuda backend: out of host memory");
         return 3;
     }
-    if ((rc = cuda_fail(run_pass(s, &a, layer, false), "attention launch (warm-up)", err, err_len))) {
+    /* One untimed warm-up: at the first forward (module loading, first-launch costs) and before
+     * every --repeat R > 1 series.  With --repeat 1 a replayed layer runs its kernels once, as an
+     * engine does, and is timed cold. */
+    if ((!s->warmed || repeat > 1) &&
+        (rc = cuda_fail(run_pass(s, &a, layer, false), "attention launch (warm-up)", err, err_len))) {
         free(times);
         return rc;
     }
+    s->warmed = 1;
     const bool host_copy = o->out && o->lse;
     const size_t out_payload = (size_t)T * s->hq * s->head_size * 2, lse_payload = (size_t)s->hq * T * 4;
     for (int i = 0; i < repeat; i++) {
