@@ -11,6 +11,8 @@
 #   make fidelity   the step-time model calibrated on one public vLLM run, evaluated on the other
 #   make test-gpu   the GPU tests (run on the H200; uses prebuilt binaries where headers lack)
 #   make bench      benchmarks (reference vs naive on the CPU; kernels on a GPU)
+#   make lab        the kernel lab (kernels/lab/: variants that are not in the product, each with
+#                   its benchmark; CUDA builds only); `make lab-run` runs them on the GPU machine
 #   make asan       the CPU tests again under AddressSanitizer + UBSan
 #   make fuzz       libFuzzer harnesses (clang, ASan + UBSan), each run FUZZ_SECONDS (default 60)
 #   make valgrind   memcheck over a short replay (no leaks, no invalid accesses)
@@ -56,17 +58,22 @@ STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -ldeflate -lz -Wl,-Bdynamic
 HOST_LIBS := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
-MODULES := traces reference kernels replay sim reports
+MODULES := traces reference kernels/cpu kernels/common kernels/paged kernels/mla replay sim reports
 # each .cu's stand-in for builds without CUDA
-STUB_SRCS   := kernels/cuda_stub.c kernels/cuda_mla_stub.c kernels/cuda_calibrate_stub.c \
-               kernels/cuda_profile_stub.c reference/ref_gpu_stub.c replay/plugin_cuda_stub.c
-COMMON_SRCS := $(filter-out replay/main.c $(STUB_SRCS),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+STUB_SRCS   := kernels/paged/cuda_stub.c kernels/mla/cuda_mla_stub.c kernels/common/cuda_calibrate_stub.c \
+               kernels/common/cuda_profile_stub.c reference/ref_gpu_stub.c replay/plugin_cuda_stub.c
+# test support: the cuda-mla test hook (and its float64 device reference) is linked into the
+# tests, the benchmarks and the lab, never into bin/attnreplay
+TEST_HOOK_CU   := kernels/mla/cuda_mla_case.cu
+TEST_HOOK_STUB := kernels/mla/cuda_mla_case_stub.c
+COMMON_SRCS := $(filter-out replay/main.c $(STUB_SRCS) $(TEST_HOOK_STUB),$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
 COMMON_OBJS := $(COMMON_SRCS:%.c=$(BUILD)/%.o)
 STUB_OBJS   := $(STUB_SRCS:%.c=$(BUILD)/%.o)
 # Longest first, so that with -j the slow ones start at once.
-CU_SRCS := $(filter kernels/cuda_mla.cu,$(wildcard kernels/*.cu)) \
-           $(filter-out kernels/cuda_mla.cu,$(wildcard kernels/*.cu)) $(wildcard reference/*.cu) \
-           replay/plugin_cuda.cu
+CU_FIRST := kernels/mla/mla_decode.cu kernels/paged/cuda_attn_bf16.cu kernels/paged/cuda_attn_fp16.cu
+CU_SRCS := $(CU_FIRST) \
+           $(filter-out $(CU_FIRST) $(TEST_HOOK_CU),$(foreach m,kernels/mla kernels/paged kernels/common,$(wildcard $(m)/*.cu))) \
+           $(wildcard reference/*.cu) replay/plugin_cuda.cu
 SANITIZE_NOTE := $(if $(strip $(SANITIZE)),$(comma) sanitizers)
 
 # The GPU here, as "90" for compute capability 9.0; empty without one (or without a driver).
@@ -96,6 +103,7 @@ endif
 
 ifeq ($(HAVE_CUDA),1)
 CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/%.o)
+TEST_HOOK_OBJ := $(TEST_HOOK_CU:%.cu=$(BUILD)/%.o)
 LIB      := $(BUILD)/libattnreplay.a
 MAIN     := $(BUILD)/replay/main.o
 LIBS     := $(HOST_LIBS) -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lstdc++
@@ -108,6 +116,7 @@ NVCC_STAMP := $(BUILD)/nvcc-flags.txt
 $(shell mkdir -p $(BUILD) && (echo '$(NVCC) $(NVCCFLAGS)' | cmp -s - $(NVCC_STAMP) || echo '$(NVCC) $(NVCCFLAGS)' > $(NVCC_STAMP)))
 else
 CU_OBJS  :=
+TEST_HOOK_OBJ := $(TEST_HOOK_STUB:%.c=$(BUILD)/%.o)
 LIB      := $(HOST_LIB)
 MAIN     := $(HOST_MAIN)
 LIBS     := $(HOST_LIBS)
@@ -130,11 +139,13 @@ GPU_TEST_SRCS := $(wildcard tests/gpu_*.c)
 GPU_TESTS     := $(GPU_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRCS    := $(wildcard tests/bench_*.c)
 BENCHES       := $(BENCH_SRCS:tests/%.c=$(BUILD)/tests/%)
-TEST_COMMON   := $(BUILD)/tests/testutil.o
+TEST_COMMON   := $(BUILD)/tests/testutil.o $(TEST_HOOK_OBJ)
+LAB_SRCS      := $(wildcard kernels/lab/*.cu)
+LABS          := $(LAB_SRCS:kernels/lab/%.cu=$(BUILD)/lab/%)
 # with nvcc, `make test` also builds (not runs) what only a GPU runs
 TEST_GPU_BUILD := $(if $(filter 1,$(HAVE_CUDA)),$(GPU_TESTS) $(BENCHES))
 
-.PHONY: all test demo test-gpu bench asan clean deps fuzz fuzz-build valgrind test-gpu-sanitize gpu-build test-only
+.PHONY: all test demo test-gpu bench asan clean deps fuzz fuzz-build valgrind test-gpu-sanitize gpu-build test-only lab lab-run
 .SECONDARY: $(TEST_COMMON)
 all: deps $(BIN)
 
@@ -201,6 +212,23 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(TEST_COMMON) $(LIB) $(LDFLAGS) -Wl,-rpath,'$$ORIGIN' -lcmocka $(LIBS)
 
+# ---- the kernel lab (kernels/lab/README.md): not part of bin/attnreplay -----------------------
+ifeq ($(HAVE_CUDA),1)
+lab: $(LABS)
+else
+lab:
+	@echo "make lab: the kernel lab needs nvcc (none found); nothing built"
+endif
+
+$(BUILD)/lab/%: kernels/lab/%.cu $(TEST_HOOK_OBJ) $(LIB) $(NVCC_STAMP) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@.o
+	$(CC) $(LDFLAGS) -o $@ $@.o $(TEST_HOOK_OBJ) $(LIB) $(LIBS)
+
+# On the GPU machine: runs what was built on the development machine.
+lab-run:
+	@AR_SRC=$(CURDIR) tests/run_benches.sh $(LABS)
+
 $(BUILD)/tests/libcmocka.so.0:
 	@mkdir -p $(dir $@)
 	cp -L $$(ldconfig -p | awk '/libcmocka.so.0 /{print $$NF; exit}') $@
@@ -222,7 +250,7 @@ ifeq ($(HAVE_DEV_HEADERS),1)
 test-gpu: $(BIN) $(GPU_TESTS) $(BUILD)/tests/libcmocka.so.0
 test-gpu-sanitize: $(BIN) $(GPU_TESTS) $(BUILD)/tests/libcmocka.so.0
 bench: $(BIN) $(BENCHES)
-gpu-build: $(BIN) $(GPU_TESTS) $(BENCHES) $(BUILD)/tests/libcmocka.so.0
+gpu-build: $(BIN) $(GPU_TESTS) $(BENCHES) $(BUILD)/tests/libcmocka.so.0 $(if $(filter 1,$(HAVE_CUDA)),$(LABS))
 endif
 # On the GPU machine (no dev headers) these run what was built on the development machine.
 test-gpu:
@@ -341,7 +369,7 @@ all: $(SHLIB) $(SHLIB_CARRY) $(PLUGINS)
 # Python wheels to a GPU machine.  The Python package takes it through ATTNREPLAY_LIB.
 ifeq ($(HAVE_CUDA),1)
 SHLIB_LITE   := $(BUILD)/libattnreplay-lite.so
-LITE_STUBS   := $(patsubst %.c,$(BUILD)/pic/%.o,$(wildcard kernels/*_stub.c))
+LITE_STUBS   := $(patsubst %.c,$(BUILD)/pic/%.o,$(filter kernels/%,$(STUB_SRCS)))
 all: $(SHLIB_LITE)
 $(SHLIB_LITE): $(PIC_OBJS) $(LITE_STUBS) $(filter-out $(BUILD)/kernels/%,$(CU_OBJS))
 	$(CC) -shared $(LDFLAGS) -Wl,--no-undefined -Wl,--exclude-libs,ALL -Wl,-rpath,'$$ORIGIN' -o $@ $^ $(SHLIB_LIBS)
@@ -398,7 +426,7 @@ test: py-test
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz bin $(DEMO_DIR)
 
--include $(COMMON_OBJS:.o=.d) $(STUB_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(BUILD)/replay/main.d $(HOST_MAIN:.o=.d) $(PIC_OBJS:.o=.d)
+-include $(COMMON_OBJS:.o=.d) $(STUB_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_HOOK_OBJ:.o=.d) $(LABS:=.d) $(BUILD)/replay/main.d $(HOST_MAIN:.o=.d) $(PIC_OBJS:.o=.d)
 
 # ---- simulator fidelity against real vLLM runs (tests/fidelity.c) ---------------------------
 # `make fidelity` calibrates the step-time model on one public vLLM run and evaluates it on the

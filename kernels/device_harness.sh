@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # device_harness.sh - the ONE script for the GPU machine (H200): checks the prebuilt binaries
-# start, then times and checks the CUDA backend in a single device call and prints a short table
+# start, then times and checks the CUDA backend in a single run and prints a short table
 # last.  Build everything first on the development machine (`make gpu-build`), then run this
 # there with the build outputs carried (bin, build/tests).  Stages, each under its own timeout:
 #   1. nvidia-smi + `attnreplay backends` (the binary starts; the cuda backend sees the GPU)
@@ -104,7 +104,7 @@ for tr in traces/samples/*.trace.jsonl.gz; do
   echo "replay $n rc=$?" | tee -a "$OUT/replay.txt"
 done
 # a realistic trace (simulated from the public Azure conversation trace, Llama-3.1-8B shapes,
-# built on the development machine into out/, which the device call carries): as many steps
+# built on the development machine into out/, carried to the GPU machine): as many steps
 # as fit in 60 s, each verified (every decode row is a request's last row, so all are checked)
 if [ -f out/azure_conv_llama8b.trace.jsonl.gz ]; then
   timeout 60 bin/attnreplay replay out/azure_conv_llama8b.trace.jsonl.gz --backend cuda --db "$DB" \
@@ -183,7 +183,7 @@ print(f"{'case':44s} {'impl':26s} {'us':>9s} {'GB/s':>8s} {'TFLOP/s':>8s} {'ours
 for name, d in ours.items():
     metric = "gbps" if name.startswith("decode") else "tflops"
     o = float(d[metric])
-    base = name.replace("_nosplit", "").replace("_split4", "").replace("_wide", "")
+    base = name.replace("_nosplit", "").replace("_split4", "").replace("_mma", "")
     cud = [p for p in peers.get(base, []) if p["impl"].startswith("cudnn")]
     vs = f"{o / float(cud[0][metric]):9.2f}" if cud and float(cud[0][metric]) > 0 else ""
     print(f"{name:44s} {'ours (splits=' + d['splits'] + ')':26s} {float(d['us']):9.1f} {float(d['gbps']):8.1f} {float(d['tflops']):8.1f} {vs}")

@@ -9,9 +9,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../kernels/cpu_backend.h"
-#include "../kernels/cuda_backend.h"
-#include "../kernels/cuda_mla.h"
+#include "../kernels/cpu/cpu_backend.h"
+#include "../kernels/paged/cuda_backend.h"
+#include "../kernels/mla/cuda_mla.h"
 #include "plugin.h"
 
 static const ar_backend *const backends[] = {

@@ -1,5 +1,5 @@
 /* calibrate.c - `attnreplay calibrate`: measures the device ceilings (copy bandwidth and bf16
- * matrix rate, method in kernels/cuda_calibrate.cu) on a GPU and appends them to the results
+ * matrix rate, method in kernels/common/cuda_calibrate.cu) on a GPU and appends them to the results
  * database's `ceilings` table (replay/db.h), which report and plan read (reports/rundata.c: the
  * newest row of the run's device wins).  Numbers taken elsewhere can be stored instead with
  * --copy-gbps and --bf16-tflops; their method is "given".
@@ -16,7 +16,7 @@
 
 #include <sqlite3.h>
 
-#include "../kernels/cuda_calibrate.h"
+#include "../kernels/common/cuda_calibrate.h"
 #include "../replay/db.h"
 #include "reports.h"
 

@@ -92,7 +92,7 @@ int ar_plan_fit_db(const char *db_path, const int64_t *runs /* [num_runs] */, si
 /* attnreplay calibrate --db DB [--no-cublas] [--gemm-n N] [--copy-mib N]
  * attnreplay calibrate --db DB --device NAME --copy-gbps X --bf16-tflops Y
  * argv[0] = "calibrate".  Measures device 0's copy bandwidth and bf16 matrix rate (method in
- * kernels/cuda_calibrate.cu) and appends a `ceilings` row; or stores the given numbers with
+ * kernels/common/cuda_calibrate.cu) and appends a `ceilings` row; or stores the given numbers with
  * method 'given'.  Returns 0 when stored, 2 on usage errors, 3 when there is no CUDA device
  * (the database is then untouched), on a CUDA error, or when the database cannot be written. */
 int ar_calibrate_main(int argc, char **argv);

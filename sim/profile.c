@@ -5,7 +5,7 @@
  *   GEMMs  every linear layer of a layer - qkv (K = hidden, N = (q + 2 kv heads) x head),
  *          o (K = q heads x head, N = hidden), gate_up (K = hidden, N = 2 x MLP),
  *          down (K = MLP, N = hidden) - and the LM head (K = hidden, N = vocab), through cuBLAS
- *          (kernels/cuda_profile.cu) over a grid of token counts M;
+ *          (kernels/common/cuda_profile.cu) over a grid of token counts M;
  *   attention  one layer through the backend API (replay/backend.h: open, prepare, forward with
  *          the run's repeat count, the forward's median total time, KV write included) over a
  *          grid of decode batches (B requests of one new token after C context tokens) and single
@@ -40,7 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../kernels/cuda_profile.h"
+#include "../kernels/common/cuda_profile.h"
 #include "../replay/backend.h"
 #include "../replay/replay.h"
 

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cuda_backend.h"
+#include "../kernels/paged/cuda_backend.h"
 
 #define CASC_BATCH 128
 #define CASC_HQ 32
@@ -94,14 +94,8 @@ static int forward_once(void *st, ar_batch *b, float *out, float *lse, ar_forwar
  * plan's prefix time.  0 ok, 1 error or a variant that disagrees with flat. */
 static int sweep_prefix_plans(void *st, ar_batch *b, const float *out_flat, float *out, float *lse, double auto_us)
 {
-    static const int configs[] = {0, 2, 3, 4, 5, 6, 7, 8, 9, 10}; /* PREFILL (128 x 32 tiles), PREFILL_WIDE (128 x 64),
-                                                          PREFILL_TALL (256 x 32), PREFILL_WG (wgmma 128 x 128,
-                                                          Hopper only), PREFILL_WG_PIPE (its mbarrier pipeline),
-                                                          PREFILL_WG_PINGPONG (pipeline + ping-pong turns),
-                                                          PREFILL_WG_WS (+ a producer warpgroup),
-                                                          PREFILL_WG_WS_OVERLAP (+ intra-warpgroup overlap),
-                                                          PREFILL_WG_TMA (WS with TMA copies),
-                                                          PREFILL_WG_TMA_QREG (+ Q in registers) */
+    static const int configs[] = {0, 2}; /* AR_CFG_PREFILL (mma.sync, 128 x 32 tiles), AR_CFG_PREFILL_WG (wgmma,
+                                            128 x 128, Hopper with tensor maps) */
     static const int splits[] = {0, 4, 7, 8, 12, 16, 24, 33};
     const double flops = 4.0 * b->num_tokens * CASC_HQ * (double)b->common_prefix_len * CASC_HD;
     printf("prefix plan sweep at P %d, T %d (auto: %.1f us):\n", b->common_prefix_len, b->num_tokens, auto_us);
@@ -307,11 +301,11 @@ static int run_case(int P, int S, int repeat, casc_row *row)
                row->prefix_tflops, row->prefix_config, row->prefix_splits, row->prefix_work, row->flat_splits, md);
         if (!row->ok) rc = 1;
     }
-    /* the flat pass on each decode kernel, DECODE (config 1, split-KV) and DECODE_TMA (11, one
+    /* the flat pass on each decode kernel, DECODE (config 1, split-KV) and DECODE_TMA (3, one
      * CTA per request, never split): how they compare, for the automatic rule */
     const char *ft = getenv("AR_CASC_FLAT_TMA");
     for (int fc = 0; fc < 2 && !rc && !(ft && strcmp(ft, "0") == 0); fc++) {
-        const int config = fc ? 11 : 1;
+        const int config = fc ? 3 : 1;
         b.common_prefix_len = 0;
         ar_cuda_set_plan(st, config, 0);
         if (forward_once(st, &b, out_casc, lse, &o, err, sizeof err)) {

@@ -5,6 +5,8 @@
  *             (K/V bytes read once + Q + O over the attention time, combine included);
  *   prefill : B=2, S=8192, causal, hd128 (16 heads) and hd256 (8 heads) -> TFLOP/s;
  *   varlen  : 16 causal sequences of the lengths in varlen_lens (17,408 tokens), hd128, 16 heads.
+ * The "_mma" cases force the mma.sync PREFILL kernel (the fallback) where the automatic plan
+ * runs the wgmma kernel (head size 128 on a compute-capability 9.0 device).
  * FLOPs follow FA3's benchmark: per sequence 2 * H * sq * avg_k * (hd + hd_v) with avg_k the
  * mean number of visible keys of a row (causal, bottom-right).
  *
@@ -17,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cuda_backend.h"
+#include "../kernels/paged/cuda_backend.h"
 
 /* The varlen batch; kernels/peers/peer_attention.py lists the same lengths. */
 static const int varlen_lens[16] = {256, 384, 512, 640, 768, 896, 1024, 1152,
@@ -184,24 +186,10 @@ int main(int argc, char **argv)
         {"decode_b64_s8192_gqa32_8_hd128_nosplit", 32, 8, 128, 64, dec_q, dec_kv, -1, 1},
         {"decode_b64_s8192_gqa32_8_hd128_split4", 32, 8, 128, 64, dec_q, dec_kv, -1, 4},
         {"prefill_b2_s8192_causal_hd128", 16, 16, 128, 2, pre_q, pre_kv, -1, 0},
-        {"prefill_b2_s8192_causal_hd128_wide", 16, 16, 128, 2, pre_q, pre_kv, 2, 0},
-        {"prefill_b2_s8192_causal_hd128_wg", 16, 16, 128, 2, pre_q, pre_kv, 4, 0},
-        {"prefill_b2_s8192_causal_hd128_wgpipe", 16, 16, 128, 2, pre_q, pre_kv, 5, 0},
-        {"prefill_b2_s8192_causal_hd128_wgpingpong", 16, 16, 128, 2, pre_q, pre_kv, 6, 0},
-        {"prefill_b2_s8192_causal_hd128_wgws", 16, 16, 128, 2, pre_q, pre_kv, 7, 0},
-        {"prefill_b2_s8192_causal_hd128_wgoverlap", 16, 16, 128, 2, pre_q, pre_kv, 8, 0},
-        {"prefill_b2_s8192_causal_hd128_wgtma", 16, 16, 128, 2, pre_q, pre_kv, 9, 0},
-        {"prefill_b2_s8192_causal_hd128_wgtmaq", 16, 16, 128, 2, pre_q, pre_kv, 10, 0},
+        {"prefill_b2_s8192_causal_hd128_mma", 16, 16, 128, 2, pre_q, pre_kv, 0, 0},   /* the mma.sync fallback */
         {"prefill_b2_s8192_causal_hd256", 8, 8, 256, 2, pre_q, pre_kv, -1, 0},
         {"varlen16_causal_hd128", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0},
-        {"varlen16_causal_hd128_wide", 16, 16, 128, 16, varlen_lens, varlen_lens, 2, 0},
-        {"varlen16_causal_hd128_wg", 16, 16, 128, 16, varlen_lens, varlen_lens, 4, 0},
-        {"varlen16_causal_hd128_wgpipe", 16, 16, 128, 16, varlen_lens, varlen_lens, 5, 0},
-        {"varlen16_causal_hd128_wgpingpong", 16, 16, 128, 16, varlen_lens, varlen_lens, 6, 0},
-        {"varlen16_causal_hd128_wgws", 16, 16, 128, 16, varlen_lens, varlen_lens, 7, 0},
-        {"varlen16_causal_hd128_wgoverlap", 16, 16, 128, 16, varlen_lens, varlen_lens, 8, 0},
-        {"varlen16_causal_hd128_wgtma", 16, 16, 128, 16, varlen_lens, varlen_lens, 9, 0},
-        {"varlen16_causal_hd128_wgtmaq", 16, 16, 128, 16, varlen_lens, varlen_lens, 10, 0},
+        {"varlen16_causal_hd128_mma", 16, 16, 128, 16, varlen_lens, varlen_lens, 0, 0},
         {"prefill_b2_s8192_causal_hd64", 32, 32, 64, 2, pre_q, pre_kv, -1, 0},
     };
     const char *only = argc > 2 ? argv[2] : NULL;   /* run just this case (for ncu) */

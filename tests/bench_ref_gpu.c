@@ -16,8 +16,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../kernels/cuda_backend.h"
-#include "../kernels/cuda_mla.h"
+#include "../kernels/paged/cuda_backend.h"
+#include "../kernels/mla/cuda_mla.h"
 #include "../reference/ref_gpu.h"
 #include "../replay/verify.h"
 #include "cascade_cases.h"

@@ -1,4 +1,4 @@
-/* gpu_cascade.c - GPU tests of cascade attention in the "cuda" backend (kernels/cuda_backend.cu:
+/* gpu_cascade.c - GPU tests of cascade attention in the "cuda" backend (kernels/paged/cuda_backend.cu:
  * prefix pass, suffix pass, merge kernel) against the float64 reference and the backend's own
  * flat path, through the verifier the replay uses (replay/verify.h).
  *
@@ -15,11 +15,11 @@
  * The float64 reference checks sampled rows (every row of one general case, the first 16
  * requests of the decode set) so that the binary finishes in well under a minute on the H200;
  * cascade == flat is compared on every element.
- * The prefix pass also runs under every geometry (mma.sync PREFILL / WIDE / TALL and the wgmma
- * kernels PREFILL_WG / _PIPE / _PINGPONG, which fall back to PREFILL off Hopper), and every pass of
- * a step on each wgmma kernel.
+ * The prefix pass also runs on both prefill kernels (the mma.sync PREFILL and the wgmma
+ * PREFILL_WG, which falls back to PREFILL off Hopper), with and without a forced split, and every
+ * pass of a step on the wgmma kernel.
  * AR_GPU_SMALL=1 (compute-sanitizer runs) keeps only head size 128 without soft cap, 20 requests
- * of the decode set, a short merge grid and four of the prefix-pass geometries.
+ * of the decode set, a short merge grid and five of the prefix-pass geometries.
  * Every test skips with the backend's reason when there is no GPU. */
 #include "testutil.h"
 
@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cuda_backend.h"
+#include "../kernels/paged/cuda_backend.h"
 #include "../reference/reference.h"
 #include "cascade_cases.h"
 
@@ -152,24 +152,13 @@ static void test_cascade_small_shapes(void **unused)
     assert_int_equal(failures, 0);
 }
 
-static void prefix_wide(void *state) { ar_cuda_set_prefix_plan(state, 2, 0); }
-static void prefix_tall(void *state) { ar_cuda_set_prefix_plan(state, 3, 0); }
-static void prefix_tall_split(void *state) { ar_cuda_set_prefix_plan(state, 3, 5); }
-static void prefix_wg(void *state) { ar_cuda_set_prefix_plan(state, 4, 0); }
-static void prefix_wg_split(void *state) { ar_cuda_set_prefix_plan(state, 4, 5); }
-static void all_wg(void *state) { ar_cuda_set_plan(state, 4, 0); }
-static void prefix_wg_pipe(void *state) { ar_cuda_set_prefix_plan(state, 5, 0); }
-static void all_wg_pipe(void *state) { ar_cuda_set_plan(state, 5, 5); }
-static void prefix_wg_pingpong(void *state) { ar_cuda_set_prefix_plan(state, 6, 3); }
-static void all_wg_pingpong(void *state) { ar_cuda_set_plan(state, 6, 0); }
-static void prefix_wg_ws(void *state) { ar_cuda_set_prefix_plan(state, 7, 0); }
-static void all_wg_ws(void *state) { ar_cuda_set_plan(state, 7, 3); }
-static void prefix_wg_overlap(void *state) { ar_cuda_set_prefix_plan(state, 8, 0); }
-static void all_wg_overlap(void *state) { ar_cuda_set_plan(state, 8, 0); }
-static void prefix_wg_tma(void *state) { ar_cuda_set_prefix_plan(state, 9, 0); }
-static void all_wg_tma_split(void *state) { ar_cuda_set_plan(state, 9, 3); }
-static void prefix_wg_tma_qreg(void *state) { ar_cuda_set_prefix_plan(state, 10, 0); }
-static void all_wg_tma_qreg(void *state) { ar_cuda_set_plan(state, 10, 0); }
+enum { CFG_PREFILL = 0, CFG_PREFILL_WG = 2, CFG_DECODE_TMA = 3 };   /* AR_CFG_* (kernels/paged/cuda_attn.cuh) */
+static void prefix_prefill(void *state) { ar_cuda_set_prefix_plan(state, CFG_PREFILL, 0); }
+static void prefix_prefill_split(void *state) { ar_cuda_set_prefix_plan(state, CFG_PREFILL, 5); }
+static void prefix_wg(void *state) { ar_cuda_set_prefix_plan(state, CFG_PREFILL_WG, 0); }
+static void prefix_wg_split(void *state) { ar_cuda_set_prefix_plan(state, CFG_PREFILL_WG, 5); }
+static void all_wg(void *state) { ar_cuda_set_plan(state, CFG_PREFILL_WG, 0); }
+static void all_wg_split(void *state) { ar_cuda_set_plan(state, CFG_PREFILL_WG, 3); }
 static void merge_separate(void *state) { ar_cuda_set_cascade_merge(state, 0); }
 static void merge_separate_split(void *state)
 {
@@ -177,65 +166,52 @@ static void merge_separate_split(void *state)
     ar_cuda_set_plan(state, -1, 2);
 }
 
-/* A forced wgmma config (4-10) runs as PREFILL (0) off Hopper, and 9 as 7 where the driver
- * cannot encode tensor maps (10 too): the plan hook records whether the device has them. */
-static bool wg_available = true, tma_available = true;
+/* The wgmma config runs as PREFILL (0) where the device has no wgmma kernel or the driver
+ * cannot encode tensor maps: the plan hook records whether it has them. */
+static bool tma_available = true;
 static void wg_plan_hook(void *state, casc_result *res)
 {
     cuda_plan_hook(state, res);
     ar_cuda_plan_info pi;
     ar_cuda_plan_of(state, &pi);
-    wg_available = pi.has_wgmma != 0;
     tma_available = pi.has_tma != 0;
 }
 static int ran_config(int asked)
 {
-    if (asked >= 4 && !wg_available) return 0;
-    return asked >= 9 && !tma_available ? 7 : asked;
+    return asked == CFG_PREFILL_WG && !tma_available ? CFG_PREFILL : asked;
 }
 
-/* The prefix pass under every geometry bench_cascade sweeps (PREFILL_WIDE 128 x 64,
- * PREFILL_TALL 256 x 32 rows, the wgmma configs 4-9 (Hopper) with and without a forced split,
- * and every pass of the step - flat, suffix and prefix, causal prefill chunks included - on
- * them), and the merge run separately (merge_kernel) instead of fused into the suffix pass,
- * with and without a suffix split: verified like the grid. */
+/* The prefix pass on both prefill kernels with and without a forced split, every pass of the
+ * step - flat, suffix and prefix, causal prefill chunks included - on the wgmma kernel, and the
+ * merge run separately (merge_kernel) instead of fused into the suffix pass, with and without a
+ * suffix split: verified like the grid. */
 static void test_cascade_prefix_geometries(void **unused)
 {
     (void)unused;
     if (!casc_gpu_ready()) { skip(); return; }
-    static void (*const setups[])(void *) = {prefix_wide, prefix_tall, prefix_tall_split, prefix_wg,
-                                             prefix_wg_split, all_wg, prefix_wg_pipe, all_wg_pipe,
-                                             prefix_wg_pingpong, all_wg_pingpong, prefix_wg_ws, all_wg_ws,
-                                             prefix_wg_overlap, all_wg_overlap, prefix_wg_tma, all_wg_tma_split,
-                                             merge_separate, merge_separate_split, prefix_wg_tma_qreg,
-                                             all_wg_tma_qreg};
-    /* (the two "merge separate" entries run the automatic prefix config, TMA_QREG) */
-    static const int want_config[] = {2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 10, 10};
-    static const char *const names[] = {"prefix WIDE", "prefix TALL", "prefix TALL split 5", "prefix WG",
-                                        "prefix WG split 5", "every pass WG", "prefix WG_PIPE",
-                                        "every pass WG_PIPE split 5", "prefix WG_PINGPONG split 3",
-                                        "every pass WG_PINGPONG", "prefix WG_WS", "every pass WG_WS split 3",
-                                        "prefix WG_WS_OVERLAP", "every pass WG_WS_OVERLAP", "prefix WG_TMA",
-                                        "every pass WG_TMA split 3", "merge separate",
-                                        "merge separate, suffix split 2", "prefix WG_TMA_QREG",
-                                        "every pass WG_TMA_QREG"};
+    static void (*const setups[])(void *) = {prefix_prefill, prefix_prefill_split, prefix_wg, prefix_wg_split,
+                                             all_wg,         all_wg_split,         merge_separate, merge_separate_split};
+    /* (the two "merge separate" entries run the automatic prefix config, PREFILL_WG) */
+    static const int want_config[] = {CFG_PREFILL,    CFG_PREFILL,    CFG_PREFILL_WG, CFG_PREFILL_WG,
+                                      CFG_PREFILL_WG, CFG_PREFILL_WG, CFG_PREFILL_WG, CFG_PREFILL_WG};
+    static const char *const names[] = {"prefix PREFILL",     "prefix PREFILL split 5",
+                                        "prefix WG",          "prefix WG split 5",
+                                        "every pass WG",      "every pass WG split 3",
+                                        "merge separate",     "merge separate, suffix split 2"};
     enum { NUM_GEOMETRIES = sizeof want_config / sizeof want_config[0] };
     int failures = 0;
     casc_seq many[128];
     for (int i = 0; i < 128; i++) many[i] = (casc_seq){1, 4097 + 5 * i};
     for (int k = 0; k < NUM_GEOMETRIES; k++) {
-        /* under AR_GPU_SMALL (compute-sanitizer): WIDE, the lockstep wgmma prefix pass, every
-         * pass on the pipelined, ping-pong, WS, overlap and TMA wgmma kernels, and the separate
-         * merge with a split suffix pass */
-        if (casc_small() && k != 0 && k != 3 && k != 7 && k != 9 && k != 11 && k != 13 && k != 15 && k != 17 &&
-            k != 19)
-            continue;
-        /* every row verified on the flat run where the flat pass itself is a wgmma config */
-        bool flat_wg = k == 5 || k == 7 || k == 9 || k == 11 || k == 13 || k == 15 || k == 19;
+        /* under AR_GPU_SMALL (compute-sanitizer): the mma.sync prefix pass, the wgmma one split,
+         * every pass on the wgmma kernel, and the separate merge with a split suffix pass */
+        if (casc_small() && k != 0 && k != 3 && k != 4 && k != 5 && k != 7) continue;
+        /* every row verified on the flat run where the flat pass itself is the wgmma config */
+        bool flat_wg = k == 4 || k == 5;
         casc_check check = {flat_wg ? 0 : 8, 32, 0, setups[k]};
         casc_result r;
         char what[96];
-        ar_run_config cfg = casc_cfg(8, 2, 128, 2048, k == 4 || k == 7 || k == 8 ? AR_FP16 : AR_BF16, 0);
+        ar_run_config cfg = casc_cfg(8, 2, 128, 2048, k == 1 || k == 3 || k == 5 ? AR_FP16 : AR_BF16, 0);
         casc_run_checked(&ar_cuda_backend, wg_plan_hook, &cfg, casc_general_seqs, 5, 256, &check, &r);
         snprintf(what, sizeof what, "general 8/2 d128, %s", names[k]);
         failures += casc_report(what, &r);
@@ -262,7 +238,6 @@ static void test_cascade_prefix_geometries(void **unused)
  * must choose it and fold the prefix pass's split combine into it - and once more with the
  * fold turned off (the combine kernel, the prefix rows read up front).  Skips where the device
  * has no tensor maps. */
-enum { CFG_WG_TMA_QREG = 10, CFG_DECODE_TMA = 11 };   /* kernels/cuda_attn.cuh */
 static int suffix_config_seen = -1, suffix_has_tma = 0, suffix_folded = -1;
 static void suffix_plan_hook(void *state, casc_result *res)
 {
@@ -277,7 +252,7 @@ static void no_fold(void *state) { ar_cuda_set_cascade_fold(state, 0); }
 static void suffix_decode_tma(void *state)
 {
     ar_cuda_set_plan(state, CFG_DECODE_TMA, 0);
-    ar_cuda_set_prefix_plan(state, CFG_WG_TMA_QREG, 0);
+    ar_cuda_set_prefix_plan(state, CFG_PREFILL_WG, 0);
 }
 static void suffix_decode_tma_separate(void *state)
 {

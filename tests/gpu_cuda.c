@@ -1,4 +1,4 @@
-/* gpu_cuda.c - GPU tests of the "cuda" backend (kernels/cuda_backend.cu) against the float64
+/* gpu_cuda.c - GPU tests of the "cuda" backend (kernels/paged/cuda_backend.cu) against the float64
  * reference, through the same verifier the replay uses (replay/verify.h: FlashAttention's
  * rule, 3x the naive same-dtype error + floor, no NaN, guards intact).
  *
@@ -10,9 +10,8 @@
  * device generator bit for bit against the CPU's; guards; and every planted fault flagged.
  * test_every_kernel_instance launches each attention kernel instance the backend has - PREFILL
  * and DECODE at template head sizes 64/128/256, each exact (d = 64, 128, 256) and generic
- * (d = 40, 96, 192), plus the forced WIDE and TALL hd-128 geometries and config 4 (the wgmma
- * PREFILL_WG kernel where the backend and device have it) - in bf16 and fp16, on short batches
- * (it is cheap and runs in both modes).
+ * (d = 40, 96, 192), plus the wgmma PREFILL_WG kernel where the device has it - in bf16 and
+ * fp16, on short batches (it is cheap and runs in both modes).
  *
  * AR_GPU_SMALL=1 (compute-sanitizer runs, tests/gpu_sanitize.sh) keeps every kernel config and
  * shrinks the data: the vLLM grid becomes 8 cases (both sequence sets, d 80 generic and 256,
@@ -29,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cuda_backend.h"
+#include "../kernels/paged/cuda_backend.h"
 #include "../replay/verify.h"
 #include "cascade_cases.h"
 
@@ -273,9 +272,10 @@ static void test_triton_unified_cases(void **unused)
 }
 
 /* Every attention kernel instance (dtype x geometry x exact/generic head size) on short
- * batches: a mixed batch must plan PREFILL, a decode batch DECODE, with the expected template
- * head size; the WIDE and TALL geometries are forced at template 128.  Both dtypes' split-KV
- * combine runs on the decode batches (the heuristic splits them). */
+ * batches: a mixed batch must plan PREFILL (PREFILL_WG at head size 128 where the device has it),
+ * a decode batch DECODE, with the expected template head size; at head size 128 PREFILL and
+ * PREFILL_WG are also forced.  Both dtypes' split-KV combine runs on the decode batches (the
+ * heuristic splits them). */
 static void test_every_kernel_instance(void **unused)
 {
     (void)unused;
@@ -295,10 +295,9 @@ static void test_every_kernel_instance(void **unused)
             run_case(&c, short_mixed, 3, &auto_opts, &r);
             snprintf(what, sizeof what, "%s d %d mixed (PREFILL)", ar_dtype_name(dtypes[t]), sizes[d]);
             expect_pass(what, &r);
-            /* head size exactly 128 on a compute-capability 9.0 device: the automatic plan
-             * takes the wgmma kernel (PREFILL_WG_TMA_QREG, config 10; PREFILL_WG_WS, 7,
-             * without tensor maps) */
-            assert_int_equal(r.plan.config, sizes[d] == 128 && r.plan.has_wgmma ? (r.plan.has_tma ? 10 : 7) : 0);
+            /* head size exactly 128 on a compute-capability 9.0 device with tensor maps: the
+             * automatic plan takes the wgmma kernel (PREFILL_WG, config 2) */
+            assert_int_equal(r.plan.config, sizes[d] == 128 && r.plan.has_tma ? 2 : 0);
             assert_int_equal(r.plan.template_hd, templates[d]);
             run_case(&c, short_decode, 3, &auto_opts, &r);
             snprintf(what, sizeof what, "%s d %d decode (DECODE)", ar_dtype_name(dtypes[t]), sizes[d]);
@@ -306,53 +305,40 @@ static void test_every_kernel_instance(void **unused)
             assert_int_equal(r.plan.config, 1);
             assert_int_equal(r.plan.template_hd, templates[d]);
             count += 2;
-            if (templates[d] != 128) continue;
-            for (int forced = 2; forced <= 3; forced++) {
-                run_opts ro = auto_opts;
-                ro.config = forced;
-                run_case(&c, short_mixed, 3, &ro, &r);
-                snprintf(what, sizeof what, "%s d %d mixed (%s)", ar_dtype_name(dtypes[t]), sizes[d],
-                         forced == 2 ? "WIDE" : "TALL");
-                expect_pass(what, &r);
-                assert_int_equal(r.plan.config, forced);
-                count++;
-            }
             if (sizes[d] != 128) continue;
-            /* configs 4-10 ask for the wgmma kernels (PREFILL_WG, _PIPE, _PINGPONG, _WS,
-             * _WS_OVERLAP, _TMA, _TMA_QREG: head size 128 on compute capability 9.0); a device
-             * without them runs PREFILL, one whose driver cannot encode tensor maps runs the TMA
-             * ones as _WS */
-            for (int forced = 4; forced <= 10; forced++) {
+            /* config 0 forces the mma.sync PREFILL kernel; 2 asks for the wgmma kernel (head size
+             * 128 on compute capability 9.0 with tensor maps; PREFILL runs elsewhere) */
+            for (int forced = 0; forced <= 2; forced += 2) {
                 run_opts ro = auto_opts;
                 ro.config = forced;
                 run_case(&c, short_mixed, 3, &ro, &r);
                 snprintf(what, sizeof what, "%s d %d mixed (config %d asked, %d ran)", ar_dtype_name(dtypes[t]),
                          sizes[d], forced, r.plan.config);
                 expect_pass(what, &r);
-                assert_int_equal(r.plan.config, !r.plan.has_wgmma ? 0 : forced >= 9 && !r.plan.has_tma ? 7 : forced);
+                assert_int_equal(r.plan.config, forced == 2 && r.plan.has_tma ? 2 : 0);
                 count++;
             }
         }
     print_message("%d kernel-instance cases passed\n", count);
 }
 
-/* PREFILL_WG_TMA and _TMA_QREG (configs 9, 10) on tiles that lie wholly inside their
- * sequence (bulk tensor copies per page) and on partial last tiles (cp.async, zero-filled past
- * seq_len, where the cache holds NaN): block sizes 16, 32 and 64 (8, 4 and 2 pages per 128-key
- * tile), bf16 and fp16, a sliding window and a soft cap, a split plan, and the wrong-KV-head
- * fault (the copies' head coordinate) flagged (AR_GPU_SMALL: 2 cases and the fault per config).
- * Skips where the device cannot run them. */
+/* PREFILL_WG (config 2, the wgmma kernel) on tiles that lie wholly inside their sequence (bulk
+ * tensor copies per page) and on partial last tiles (cp.async, zero-filled past seq_len, where
+ * the cache holds NaN): block sizes 16, 32 and 64 (8, 4 and 2 pages per 128-key tile), bf16 and
+ * fp16, a sliding window and a soft cap, a split plan, and the wrong-KV-head fault (the copies'
+ * head coordinate) flagged (AR_GPU_SMALL: 2 cases and the fault).  Skips where the device
+ * cannot run it. */
 static void test_tma_kernel(void **unused)
 {
     (void)unused;
-    enum { CFG_WG_TMA = 9, CFG_WG_TMA_QREG = 10 };   /* AR_CFG_PREFILL_WG_TMA, _TMA_QREG (kernels/cuda_attn.cuh) */
+    enum { CFG_PREFILL_WG = 2 };   /* AR_CFG_PREFILL_WG (kernels/paged/cuda_attn.cuh) */
     ar_run_config probe = make_cfg(8, 2, 128, 2048, AR_BF16, 0, 0);
     if (!gpu_ready(&probe)) { skip(); return; }
     static const seq_case long_prefill[] = {{300, 1000}, {1, 700}, {64, 64}, {130, 257}};
     static const int block_sizes[] = {16, 32, 64};
     int count = 0;
     run_result r;
-    for (int config = CFG_WG_TMA; config <= CFG_WG_TMA_QREG; config++) {
+    for (int config = CFG_PREFILL_WG; config <= CFG_PREFILL_WG; config++) {
         for (int b = 0; b < 3; b++)
             for (int variant = 0; variant < 4; variant++) {
                 /* AR_GPU_SMALL (compute-sanitizer): block 16, bf16 unsplit and fp16 split 3 */
@@ -366,7 +352,7 @@ static void test_tma_kernel(void **unused)
                 for (int set = gpu_small() ? 1 : 0; set < 2; set++) {
                     run_case(&c, set ? long_prefill : vllm_seqs_a, set ? 4 : 3, &ro, &r);
                     if (!r.plan.has_wgmma || !r.plan.has_tma) {
-                        print_message("skipping: the TMA configs need compute capability 9.0 and tensor maps\n");
+                        print_message("skipping: the wgmma kernel needs compute capability 9.0 and tensor maps\n");
                         skip();
                         return;
                     }
@@ -387,7 +373,7 @@ static void test_tma_kernel(void **unused)
         report("TMA fault wrong_kv_head", &r);
         assert_false(r.v.pass);
     }
-    print_message("%d TMA cases passed, the fault flagged on both configs\n", count);
+    print_message("%d wgmma-kernel cases passed, the fault flagged\n", count);
 }
 
 /* AR_CFG_DECODE_TMA (one CTA per request, every KV head, whole cache blocks copied by TMA;
@@ -400,7 +386,7 @@ static void test_tma_kernel(void **unused)
 static void test_decode_tma_kernel(void **unused)
 {
     (void)unused;
-    enum { CFG_DECODE = 1, CFG_DECODE_TMA = 11 };   /* kernels/cuda_attn.cuh */
+    enum { CFG_DECODE = 1, CFG_DECODE_TMA = 3 };   /* kernels/paged/cuda_attn.cuh */
     ar_run_config probe = make_cfg(8, 2, 128, 8192, AR_BF16, 0, 0);
     if (!gpu_ready(&probe)) { skip(); return; }
     static const int heads[5][2] = {{4, 4}, {8, 2}, {16, 2}, {32, 2}, {32, 8}};
@@ -478,11 +464,6 @@ static void test_paths_and_dtypes(void **unused)
     run_case(&c, vllm_seqs_a, 3, &ro, &r);
     expect_pass("mixed batch, prefill geometry, 7 splits", &r);
     assert_true(r.plan.num_groups > 0);
-    ro.config = 2;
-    ro.splits = 0;
-    run_case(&c, vllm_seqs_a, 3, &ro, &r);
-    expect_pass("mixed batch, wide prefill geometry", &r);
-    assert_int_equal(r.plan.config, 2);
     ro.config = -1;
     ro.splits = 1;
     run_case(&c, vllm_seqs_b, 3, &ro, &r);

@@ -1,4 +1,4 @@
-/* gpu_mla.c - GPU tests of the "cuda-mla" backend (kernels/cuda_mla.cu).
+/* gpu_mla.c - GPU tests of the "cuda-mla" backend (kernels/mla/cuda_mla.cu).
  *
  * 1. The latent attention kernel on FlashMLA's dense-decoding grid (tests/test_flash_mla_dense_
  *    decoding.py upstream): b in {1,2,6,64}, s_q in {1,2,4}, s_k in {20,140,4096}, h_q in
@@ -14,21 +14,20 @@
  *    (the dense grid: 32 cases, see test_flashmla_dense_grid); AR_GPU_ONLY=PATTERN runs only the
  *    tests whose names match (one process per test under racecheck, the slowest tool)
  *    and drops the 4096-key and 128-head extras and the trace replay (part 4).
- *    test_every_tc_instance runs each tensor-core kernel instance (dtype pair x narrow /
- *    split-score / plain x key-ring depth) once on a small case, in both modes.
- *    test_narrow_variants runs every non-diagnostic variant of the narrow kernel (the h_q = 16
- *    sweep of bench_mla) on shapes that reach its edges.  test_wgmma_kernel_forced runs the
- *    Hopper wgmma kernel (AR_MLA_KERNEL_TC_WGMMA) on every grid case where AUTO picks another
- *    kernel, plus splits, block sizes 16 / 32, fp16, partial row tiles and empty requests, once
- *    per variant of that kernel (AR_GPU_WG_VARIANTS="0 4" runs only those variant numbers; skips
- *    off compute capability 9.0).  A TMA variant (6, 7) whose tensor map was refused runs its
- *    cp.async twin, which the test counts as a failure (the variant that ran is checked).
- * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the split-score variant
- *    (AR_MLA_KERNEL_TC_SPLIT_QK), the SIMT fallback kernel, fp16, fp8 e4m3 latent cache.  The
- *    grid runs AUTO (on a compute-capability 9.0 device with a bf16/fp16 cache the wgmma kernel
- *    when s_q * h_q >= 16 - the grid asserts which ran; else the narrow 16-row kernel when
- *    s_q * h_q <= 16, else split-QK); the plain 64-row kernel (AR_MLA_KERNEL_TC) runs on a grid
- *    subset.
+ *    test_every_tc_instance runs each mma.sync kernel instance (dtype pair x narrow / 64-row x
+ *    key-ring depth) once on a small case, in both modes.  test_narrow_bulk_kernel runs the
+ *    Hopper narrow kernel (bulk copies, persistent plan; AUTO's choice under 16 rows a request)
+ *    on shapes that reach its edges.  test_wgmma_kernel_forced runs the Hopper wgmma kernel
+ *    (AR_MLA_KERNEL_TC_WGMMA) on every grid case where AUTO picks another kernel, plus splits,
+ *    block sizes 16 / 32, fp16, partial row tiles and empty requests, once with its TMA key tiles
+ *    (the default) and once with its cp.async ones (what runs where the tensor map is refused;
+ *    AR_GPU_WG_PATHS=tma or cpasync runs one; skips off compute capability 9.0).  The kernel
+ *    that ran is checked: a TMA case that ran the cp.async path counts as a failure.
+ * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the mma.sync kernels forced
+ *    (AR_MLA_KERNEL_TC_SPLIT_QK, AR_MLA_KERNEL_TC_NARROW), the SIMT fallback kernel, fp16, fp8
+ *    e4m3 latent cache.  The grid runs AUTO (on a compute-capability 9.0 device with a bf16/fp16
+ *    cache the wgmma kernel when s_q * h_q >= 16 - the grid asserts which ran; else the narrow
+ *    16-row kernels when s_q * h_q <= 16, else split-QK).
  * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
@@ -45,7 +44,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../kernels/cuda_mla.h"
+#include "../kernels/mla/cuda_mla.h"
+#include "../kernels/mla/cuda_mla_case.h"
 #include "../reference/mla_ref.h"
 #include "../reference/reference.h"
 
@@ -207,18 +207,11 @@ typedef struct grid_opts {
     int block_size;
     double cos_limit;
     int stages;             /* 0: the most that fit (3 on Hopper), 2: the A100 ring */
-    int narrow_variant;     /* 0: the default narrow kernel, v: variant v (ar_cuda_mla_narrow_variant_name) */
-    int wg_variant;         /* -1: the wgmma kernel's default variant (AR_MLA_WG_VARIANT), v >= 0: variant v */
+    bool wgmma_cpasync;     /* the wgmma kernel's cp.async key loads instead of TMA */
 } grid_opts;
 
-/* Cases in which a narrow variant was asked for and another one ran (a device before sm_90). */
-static int narrow_fallbacks = 0;
-
-/* The kernel the last run_checked case ran ("tc", "tc-split-qk", "tc-narrow", "simt"). */
-static char last_kernel_name[16];
-/* The wgmma variant the last run_checked case ran (-1: not the wgmma kernel) and its name. */
-static int last_wg_variant = -1;
-static char last_wg_variant_name[16];
+/* The kernel the last run_checked case ran (ar_cuda_mla_result.kernel_name). */
+static char last_kernel_name[32];
 
 /* Runs one case and checks it; returns false (with a message) on failure. */
 static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool causal, bool zero_lens,
@@ -258,9 +251,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     c.kernel = go->kernel;
     c.num_splits = go->num_splits;
     c.stages = go->stages;
-    c.narrow_variant = go->narrow_variant;
-    c.force_wg_variant = go->wg_variant >= 0;
-    c.wg_variant = go->wg_variant;
+    c.wgmma_cpasync = go->wgmma_cpasync;
     c.want_reference = true;
     c.ref_requests = sel;
     size_t n_out = (size_t)b * s_q * h_q * 512, n_lse = (size_t)b * h_q * s_q;
@@ -276,19 +267,15 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     bool ok = rc == 0;
     if (!ok) print_message("case b=%d s_q=%d s_k=%d h_q=%d: %s\n", b, s_q, s_k, h_q, err);
     snprintf(last_kernel_name, sizeof last_kernel_name, "%s", ok && r.kernel_name ? r.kernel_name : "?");
-    last_wg_variant = ok ? r.wg_variant : -1;
-    snprintf(last_wg_variant_name, sizeof last_wg_variant_name, "%s", ok && r.wg_variant_name ? r.wg_variant_name : "?");
     case_stats st;
-    if (ok && go->narrow_variant > 0 && r.narrow_variant > 0 && r.narrow_variant != go->narrow_variant)
-        narrow_fallbacks++;
     if (ok) {
         compare_case(&c, &r, sel, &st);
         ok = st.bad_out == 0 && st.bad_lse == 0 && st.nan_out == 0 && st.cos_diff < go->cos_limit;
         if (!ok && fail_lines++ < 30)
-            print_message("FAIL b=%d s_q=%d s_k=%d h_q=%d varlen=%d causal=%d zeros=%d splits=%d kernel=%d (%s wg %s) %s/%s: "
+            print_message("FAIL b=%d s_q=%d s_k=%d h_q=%d varlen=%d causal=%d zeros=%d splits=%d kernel=%d (%s) %s/%s: "
                           "max abs %.3g, cos diff %.3g, bad out %ld, bad lse %ld (lse max abs %.3g), nan %ld; first: %s\n",
                           b, s_q, s_k, h_q, varlen, causal, zero_lens, go->num_splits, (int)go->kernel,
-                          r.kernel_name ? r.kernel_name : "?", r.wg_variant_name ? r.wg_variant_name : "-",
+                          r.kernel_name ? r.kernel_name : "?",
                           ar_dtype_name(go->dtype), ar_dtype_name(go->kv_dtype), st.max_abs, st.cos_diff,
                           st.bad_out, st.bad_lse, st.lse_max_abs, st.nan_out, st.first_bad);
     }
@@ -303,13 +290,13 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
 
 static grid_opts default_opts(void)
 {
-    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_AUTO, 0, 64, 5e-6, 0, 0, -1};
+    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_AUTO, 0, 64, 5e-6, 0, false};
     return g;
 }
 
 /* A tiny case (1 request, 64 heads, 20 keys, bf16 queries, latent cache kv_dtype) forced to the
- * wgmma kernel (variant wg_variant; -1: the default), untimed and unchecked: run_case's code, the kernel that ran in *r. */
-static int wgmma_probe(ar_dtype kv_dtype, int wg_variant, ar_cuda_mla_result *r, char *why, size_t why_len)
+ * wgmma kernel, untimed and unchecked: run_case's code, the kernel that ran in *r. */
+static int wgmma_probe(ar_dtype kv_dtype, ar_cuda_mla_result *r, char *why, size_t why_len)
 {
     int one = 20;
     ar_cuda_mla_case c;
@@ -325,8 +312,6 @@ static int wgmma_probe(ar_dtype kv_dtype, int wg_variant, ar_cuda_mla_result *r,
     c.scale = 1.0 / 24.0;
     c.seed = 1;
     c.kernel = AR_MLA_KERNEL_TC_WGMMA;
-    c.force_wg_variant = wg_variant >= 0;
-    c.wg_variant = wg_variant;
     memset(r, 0, sizeof *r);
     return ar_cuda_mla_run_case(&c, r, why, why_len);
 }
@@ -336,7 +321,7 @@ static int wgmma_probe(ar_dtype kv_dtype, int wg_variant, ar_cuda_mla_result *r,
 static bool wgmma_available(char *why, size_t why_len)
 {
     ar_cuda_mla_result r;
-    int rc = wgmma_probe(AR_BF16, -1, &r, why, why_len);
+    int rc = wgmma_probe(AR_BF16, &r, why, why_len);
     if (rc == 0 && (!r.kernel_name || strcmp(r.kernel_name, "tc-wgmma") != 0)) {
         snprintf(why, why_len, "forced wgmma case ran %s", r.kernel_name ? r.kernel_name : "?");
         return false;
@@ -548,61 +533,24 @@ static void test_forced_splits_and_block16(void **st)
     assert_int_equal(fails, 0);
 }
 
-/* The split-score variant of the tensor-core kernel (not the default) on a grid subset. */
-static void test_plain_tc_variant(void **st)
-{
-    (void)st;
-    SKIP_WITHOUT_GPU();
-    static const int bs_[] = {2, 6}, sqs[] = {1, 2, 4}, sks[] = {140, 4096}, hqs[] = {1, 3, 9, 63, 64, 126, 128};
-    grid_opts go = default_opts();
-    go.kernel = AR_MLA_KERNEL_TC;
-    int fails = 0, runs = 0;
-    for (size_t ib = 0; ib < 2; ib++)
-        for (size_t iq = 0; iq < 3; iq++)
-            for (size_t ik = 0; ik < 2; ik++)
-                for (size_t ih = 0; ih < 7; ih++)
-                    for (int vc = 0; vc < 2; vc++) {
-                        if (small_mode() && (sks[ik] > 140 || sqs[iq] == 2 || (hqs[ih] != 3 && hqs[ih] != 128)))
-                            continue;
-                        runs++;
-                        if (!run_checked(bs_[ib], sqs[iq], sks[ik], hqs[ih], vc, vc, vc && ib == 1, &go)) fails++;
-                    }
-    go.num_splits = 3;
-    if (!run_checked(2, 2, 1000, 128, true, true, false, &go)) fails++;
-    go.num_splits = 0;
-    go.stages = 2;
-    if (!run_checked(6, 4, 140, 16, true, true, false, &go)) fails++;
-    go.stages = 0;
-    go.kv_dtype = AR_FP8_E4M3;
-    go.kv_scale = 0.5;
-    go.cos_limit = 1e-4;
-    if (!run_checked(2, 1, 700, 128, false, false, false, &go)) fails++;
-    go = default_opts();
-    go.kernel = AR_MLA_KERNEL_TC;
-    go.dtype = go.kv_dtype = AR_FP16;
-    if (!run_checked(2, 2, 333, 64, true, true, false, &go)) fails++;
-    print_message("plain 64-row TC kernel: %d grid cases + 4, %d failed\n", runs, fails);
-    assert_int_equal(fails, 0);
-}
-
-/* Every tensor-core kernel instance once on a small case (added for the compute-sanitizer runs,
- * cheap enough to run in both modes): the latent dtype pairs bf16/bf16, bf16/fp8, fp16/fp16,
- * fp16/fp8 x the narrow 16-row kernel (s_q * h_q = 8, AUTO), the split-score 64-row kernel
- * (s_q * h_q = 32, forced: AUTO runs the wgmma kernel there on Hopper with a 16-bit cache) and
- * the plain 64-row kernel (AR_MLA_KERNEL_TC) x the deepest key ring
- * (3 stages, narrow 4, on Hopper) and the 2-stage one.  fp16 with an fp8 cache and several of the
- * 2-stage instances run nowhere else. */
+/* Every mma.sync kernel instance once on a small case (for the compute-sanitizer runs, cheap
+ * enough to run in both modes): the latent dtype pairs bf16/bf16, bf16/fp8, fp16/fp16, fp16/fp8 x
+ * the narrow 16-row kernel (s_q * h_q = 8, AR_MLA_KERNEL_TC_NARROW: on Hopper AUTO runs the bulk
+ * narrow kernel there) and the 64-row kernel (s_q * h_q = 32, AR_MLA_KERNEL_TC_SPLIT_QK: AUTO
+ * runs the wgmma kernel there on Hopper with a 16-bit cache) x the deepest key ring (3 stages,
+ * narrow 4, on Hopper) and the 2-stage one.  fp16 with an fp8 cache and several of the 2-stage
+ * instances run nowhere else. */
 static void test_every_tc_instance(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
     static const ar_dtype dtypes[4][2] = {
         {AR_BF16, AR_BF16}, {AR_BF16, AR_FP8_E4M3}, {AR_FP16, AR_FP16}, {AR_FP16, AR_FP8_E4M3}};
-    static const char *const variants[3] = {"tc-narrow", "tc-split-qk", "tc"};
+    static const char *const variants[2] = {"tc-narrow", "tc-split-qk"};
     int fails = 0, runs = 0;
     for (int t = 0; t < 4; t++)
         for (int stages = 0; stages <= 2; stages += 2)
-            for (int v = 0; v < 3; v++) {
+            for (int v = 0; v < 2; v++) {
                 grid_opts go = default_opts();
                 go.dtype = dtypes[t][0];
                 go.kv_dtype = dtypes[t][1];
@@ -611,7 +559,7 @@ static void test_every_tc_instance(void **st)
                     go.cos_limit = 1e-4;
                 }
                 go.stages = stages;
-                go.kernel = v == 2 ? AR_MLA_KERNEL_TC : v == 1 ? AR_MLA_KERNEL_TC_SPLIT_QK : AR_MLA_KERNEL_AUTO;
+                go.kernel = v == 1 ? AR_MLA_KERNEL_TC_SPLIT_QK : AR_MLA_KERNEL_TC_NARROW;
                 const int s_q = v == 0 ? 1 : 2, h_q = v == 0 ? 8 : 16;
                 runs++;
                 bool ok = run_checked(2, s_q, 140, h_q, true, true, false, &go);
@@ -626,62 +574,63 @@ static void test_every_tc_instance(void **st)
     assert_int_equal(fails, 0);
 }
 
-/* Every non-diagnostic variant of the narrow kernel (the bench sweep's candidates for the
- * default) on shapes that reach its edges: planner splits + combine, s_q x h_q = 16 / 12 / 1
- * rows, causal and not, zero-length requests, fewer key tiles than ring slots, block size 16,
- * fp16, forced splits 1 and 3. */
-static void test_narrow_variants(void **st)
+/* The Hopper narrow kernel (attn_narrow_bulk_kernel: key rows by bulk copies onto mbarriers, one
+ * CTA barrier a tile, 2 CTAs per SM, the persistent plan whose CTAs run several pieces in turn),
+ * AUTO's choice under 16 rows a request on a compute-capability 9.0 device with a 16-bit cache,
+ * on shapes that reach its edges: pieces chained across requests and cut by the combine, s_q x
+ * h_q = 15 / 12 / 8 / 3 / 1 rows, causal and not, zero-length requests, fewer key tiles than ring
+ * slots, block size 16, fp16, forced splits 1 and 3 (one piece per CTA).  Elsewhere the same
+ * cases run the mma.sync narrow kernel (checked all the same). */
+static void test_narrow_bulk_kernel(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
-    int fails = 0, runs = 0;
-    narrow_fallbacks = 0;
-    for (int v = 1; v <= ar_cuda_mla_narrow_variant_count(); v++) {   /* 1 = base, no longer the default */
-        if (ar_cuda_mla_narrow_variant_is_diagnostic(v)) continue;
-        int before = fails;
-        grid_opts go = default_opts();
-        go.narrow_variant = v;
-        fails += !run_checked(6, 1, small_mode() ? 140 : 4096, 16, true, true, false, &go);
-        fails += !run_checked(3, 2, 140, 8, true, true, true, &go);
-        runs += 2;
-        if (small_mode()) {   /* compute-sanitizer time: two cases per variant */
-            print_message("narrow variant %d (%s): 2 cases, %d failed\n", v, ar_cuda_mla_narrow_variant_name(v),
-                          fails - before);
-            continue;
+    char why[512] = "";
+    const bool hopper = wgmma_available(why, sizeof why);
+    const char *expect = hopper ? "tc-narrow-bulk" : "tc-narrow";
+    int fails = 0, runs = 0, wrong_kernel = 0;
+    grid_opts go = default_opts();
+    struct {
+        int b, s_q, s_k, h_q, varlen, causal, zeros, splits, block;
+        ar_dtype dt;
+    } cases[] = {
+        {6, 1, 4096, 15, 1, 1, 0, 0, 64, AR_BF16}, {3, 2, 140, 6, 1, 1, 1, 0, 64, AR_BF16},
+        {5, 4, 333, 3, 1, 0, 0, 0, 64, AR_BF16},   {2, 1, 1000, 1, 0, 1, 0, 0, 64, AR_BF16},
+        {4, 1, 33, 12, 0, 1, 0, 0, 64, AR_BF16},   {3, 1, 5, 8, 0, 0, 0, 0, 64, AR_BF16},
+        {2, 1, 1000, 15, 0, 0, 0, 3, 64, AR_BF16}, {2, 1, 700, 15, 1, 1, 0, 1, 64, AR_BF16},
+        {4, 1, 500, 15, 1, 1, 0, 0, 16, AR_BF16},  {3, 1, 700, 15, 1, 1, 0, 0, 64, AR_FP16},
+        {64, 1, 2000, 8, 1, 1, 1, 0, 64, AR_BF16},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (small_mode() && (i > 1 || cases[i].s_k > 140)) continue;
+        go = default_opts();
+        go.num_splits = cases[i].splits;
+        go.block_size = cases[i].block;
+        go.dtype = go.kv_dtype = cases[i].dt;
+        runs++;
+        bool ok = run_checked(cases[i].b, cases[i].s_q, cases[i].s_k, cases[i].h_q, cases[i].varlen, cases[i].causal,
+                              cases[i].zeros, &go);
+        if (ok && strcmp(last_kernel_name, expect) != 0) {
+            if (wrong_kernel++ < 5) print_message("case %zu ran %s, expected %s\n", i, last_kernel_name, expect);
+            ok = false;
         }
-        fails += !run_checked(5, 4, 333, 3, true, false, false, &go);
-        fails += !run_checked(2, 1, 1000, 1, false, true, false, &go);
-        fails += !run_checked(4, 1, 33, 16, false, true, false, &go);
-        fails += !run_checked(3, 1, 5, 16, false, false, false, &go);
-        go.num_splits = 3;
-        fails += !run_checked(2, 1, 1000, 16, false, false, false, &go);
-        go.num_splits = 1;
-        fails += !run_checked(2, 1, 700, 16, true, true, false, &go);
-        go.num_splits = 0;
-        go.block_size = 16;
-        fails += !run_checked(4, 1, 500, 16, true, true, false, &go);
-        go.block_size = 64;
-        go.dtype = go.kv_dtype = AR_FP16;
-        fails += !run_checked(3, 1, 700, 16, true, true, false, &go);
-        runs += 8;
-        print_message("narrow variant %d (%s): 10 cases, %d failed\n", v, ar_cuda_mla_narrow_variant_name(v),
-                      fails - before);
+        fails += !ok;
     }
-    print_message("narrow variants: %d cases, %d failed, %d ran another variant (device before sm_90)\n", runs,
-                  fails, narrow_fallbacks);
+    print_message("narrow kernel (%s): %d cases, %d failed\n", expect, runs, fails);
     assert_int_equal(fails, 0);
 }
 
-/* test_wgmma_kernel_forced's cases for wgmma variant v; returns the number that failed. */
-static int wgmma_forced_cases(int v)
+/* test_wgmma_kernel_forced's cases on the TMA path or (cpasync) the cp.async one; returns the
+ * number that failed. */
+static int wgmma_forced_cases(bool cpasync)
 {
     static const int bs_[] = {1, 2, 6, 64}, sqs[] = {1, 2, 4}, sks[] = {20, 140, 4096},
                      hqs[] = {1, 3, 9, 63, 64, 126, 128};
     grid_opts go = default_opts();
     go.kernel = AR_MLA_KERNEL_TC_WGMMA;
-    go.wg_variant = v;
+    go.wgmma_cpasync = cpasync;
+    const char *const expect = cpasync ? "tc-wgmma (cp.async)" : "tc-wgmma";
     int fails = 0, runs = 0;
-    const char *vname = "?";
     for (size_t ib = 0; ib < 4; ib++)
         for (size_t iq = 0; iq < 3; iq++)
             for (size_t ik = 0; ik < 3; ik++)
@@ -694,15 +643,13 @@ static int wgmma_forced_cases(int v)
                                 continue;
                             runs++;
                             bool ok = run_checked(bs_[ib], sqs[iq], sks[ik], hqs[ih], varlen, causal, false, &go);
-                            if (ok && (strcmp(last_kernel_name, "tc-wgmma") != 0 || last_wg_variant != v)) {
-                                print_message("forced wgmma variant %d ran %s (variant %d)\n", v, last_kernel_name,
-                                              last_wg_variant);
+                            if (ok && strcmp(last_kernel_name, expect) != 0) {
+                                print_message("forced wgmma kernel (%s) ran %s\n", expect, last_kernel_name);
                                 ok = false;
                             }
-                            if (ok) vname = last_wg_variant_name;
                             fails += !ok;
                         }
-    /* full row tiles (AUTO's wgmma cases in the dense grid) for every variant, many key tiles */
+    /* full row tiles (AUTO's wgmma cases in the dense grid), many key tiles */
     for (int causal = 0; causal < 2; causal++) {
         fails += !run_checked(4, 1, 700, 128, causal == 1, causal == 1, false, &go);
         fails += !run_checked(2, 4, 300, 64, true, causal == 1, false, &go);
@@ -734,8 +681,8 @@ static int wgmma_forced_cases(int v)
     go.num_splits = 3;
     fails += !run_checked(2, 1, 1000, 128, false, false, false, &go);
     runs += small_mode() ? 10 : 11;
-    print_message("wgmma kernel forced, variant %d (%s): %d cases, %d failed\n", v, vname, runs, fails);
-    fflush(stdout);   /* each variant's line out even if a later one hangs and the run is killed */
+    print_message("wgmma kernel forced (%s): %d cases, %d failed\n", expect, runs, fails);
+    fflush(stdout);   /* each path's line out even if the other one hangs and the run is killed */
     return fails;
 }
 
@@ -743,9 +690,9 @@ static int wgmma_forced_cases(int v)
  * tiles (s_q * h_q < 64: row tiles mostly or wholly past the request's rows; under AUTO the
  * grid runs the default variant from 16 rows up, which test_flashmla_dense_grid asserts), then
  * on split pieces merged by the combine kernel, block size 16, fp16, zero-length requests and
- * partial row tiles (h_q 63 / 126) - all of it for every variant of the kernel
- * (AR_MLA_WG_VARIANT, one summary line each), with full row tiles over many key tiles added.
- * Skips off compute capability 9.0. */
+ * partial row tiles (h_q 63 / 126) - all of it with the TMA key tiles and again with the
+ * cp.async ones (one summary line each), with full row tiles over many key tiles added.  Skips
+ * off compute capability 9.0. */
 static void test_wgmma_kernel_forced(void **st)
 {
     (void)st;
@@ -757,19 +704,16 @@ static void test_wgmma_kernel_forced(void **st)
         return;
     }
     int fails = 0;
-    /* AR_GPU_WG_VARIANTS="1 4": only those variant numbers (compute-sanitizer runs one or two
-     * variants per process to stay within its time limit) */
-    const char *only = getenv("AR_GPU_WG_VARIANTS");
-    for (int v = 0; v < AR_CUDA_MLA_WG_VARIANT_COUNT; v++)
-        if (!only || strchr(only, '0' + v)) fails += wgmma_forced_cases(v);
+    /* AR_GPU_WG_PATHS=tma or cpasync: only that path (compute-sanitizer runs one per process to
+     * stay within its time limit) */
+    const char *only = getenv("AR_GPU_WG_PATHS");
+    if (!only || strstr(only, "tma")) fails += wgmma_forced_cases(false);
+    if (!only || strstr(only, "cpasync")) fails += wgmma_forced_cases(true);
     /* an fp8 cache is refused (it stays on the mma.sync kernels) */
     ar_cuda_mla_result r;
     char err[512] = "";
-    assert_int_equal(wgmma_probe(AR_FP8_E4M3, -1, &r, err, sizeof err), 2);
+    assert_int_equal(wgmma_probe(AR_FP8_E4M3, &r, err, sizeof err), 2);
     assert_non_null(strstr(err, "wgmma kernel needs"));
-    /* a variant number past the last is refused, not launched */
-    assert_int_equal(wgmma_probe(AR_BF16, AR_CUDA_MLA_WG_VARIANT_COUNT, &r, err, sizeof err), 2);
-    assert_non_null(strstr(err, "wg_variant"));
     assert_int_equal(fails, 0);
 }
 
@@ -1130,9 +1074,6 @@ static void test_backend_decode(void **st)
     run_e2e(&cfg, big, 3, 3, 1, &r);
     report("decode bf16, 128 heads, tc-wgmma, 3 splits", &r);
     assert_true(e2e_pass(&r));
-    e2e_kernel = AR_MLA_KERNEL_TC;
-    run_e2e(&cfg, big, 3, 0, 1, &r);
-    report("decode bf16, 128 heads, plain TC", &r);
     e2e_kernel = AR_MLA_KERNEL_SIMT;
     e2e_result r2;
     run_e2e(&cfg, big, 3, 0, 1, &r2);
@@ -1265,7 +1206,6 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flashmla_dense_grid, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_zero_length_requests, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_forced_splits_and_block16, test_setup, test_teardown),
-        cmocka_unit_test_setup_teardown(test_plain_tc_variant, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_every_tc_instance, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_wgmma_kernel_forced, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simt_fallback_fp16_fp8, test_setup, test_teardown),
@@ -1273,8 +1213,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_faults_flagged, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simulated_deepseek_trace_replays, test_setup, test_teardown),
-        /* last: a variant that failed on the device (a trapped wait) leaves the context unusable */
-        cmocka_unit_test_setup_teardown(test_narrow_variants, test_setup, test_teardown),
+        /* last: a bulk-copy kernel that failed on the device (a trapped mbarrier wait) leaves the
+         * context unusable */
+        cmocka_unit_test_setup_teardown(test_narrow_bulk_kernel, test_setup, test_teardown),
     };
     int failed = tu_run_gpu_tests("gpu_mla", tests, sizeof tests / sizeof tests[0]);   /* AR_GPU_ONLY / AR_GPU_SHARD */
     ar_cuda_mla_release_case_buffers();

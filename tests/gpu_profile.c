@@ -1,5 +1,5 @@
 /* gpu_profile.c - GPU tests of `attnreplay profile`'s measurements: cuBLAS GEMM times
- * (kernels/cuda_profile.cu) are positive, grow with the token count and stay below the device's
+ * (kernels/common/cuda_profile.cu) are positive, grow with the token count and stay below the device's
  * peak rate; attention through the cuda backend grows with the context; a quick profile written
  * by the command loads and drives the simulator.  Every test skips with the reason when there is
  * no GPU (or no cuBLAS). */
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../kernels/cuda_profile.h"
+#include "../kernels/common/cuda_profile.h"
 #include "../sim/sim.h"
 
 static bool gpu_ready(char *name, size_t len)

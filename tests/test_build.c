@@ -80,7 +80,7 @@ static void test_make_test_builds_gpu_binaries(void **state)
     assert_non_null(text);
     /* the CUDA kernels for sm_90a (the carried H200 binaries) or the GPU here, and the GPU
      * test and benchmark binaries linked against them */
-    if (!strstr(text, "nvcc ") || !strstr(text, "kernels/cuda_mla.cu") || !strstr(text, "tests/gpu_cuda") ||
+    if (!strstr(text, "nvcc ") || !strstr(text, "kernels/mla/cuda_mla.cu") || !strstr(text, "tests/gpu_cuda") ||
         !strstr(text, "tests/bench_cuda") || (!have_gpu() && !strstr(text, "code=sm_90a")))
         fail_msg("make -n test: %.3000s", text);
     free(text);

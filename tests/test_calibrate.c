@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../kernels/cuda_calibrate.h"
+#include "../kernels/common/cuda_calibrate.h"
 #include "../reports/reports.h"
 #include "../reports/rundata.h"
 

@@ -1,5 +1,5 @@
-/* test_cascade_cpu.c - issue 5's cascade tests on the CPU backend (kernels/cpu_backend.c,
- * kernels/cpu_attn.c), the CPU half of what tests/gpu_cascade.c checks on the GPU:
+/* test_cascade_cpu.c - issue 5's cascade tests on the CPU backend (kernels/cpu/cpu_backend.c,
+ * kernels/cpu/cpu_attn.c), the CPU half of what tests/gpu_cascade.c checks on the GPU:
  *   - vLLM test_cascade cases: the general set [(129,871),(18,280),(37,988),(1023,2304),(1,257)]
  *     with P = 256 and the flash-decoding set [(1,1023),(1,879),(1,778),(1,1777)] (x 8 here, x 100
  *     on the GPU) with P = 512, over heads (4,4), (8,2), (16,2), head sizes 128, 192, 256, fp16 and
@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cpu_attn.h"
-#include "../kernels/cpu_backend.h"
+#include "../kernels/cpu/cpu_attn.h"
+#include "../kernels/cpu/cpu_backend.h"
 #include "cascade_cases.h"
 
 typedef struct cpu_case {

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cpu_backend.h"
+#include "../kernels/cpu/cpu_backend.h"
 #include "../reference/datagen.h"
 #include "../reference/mla_ref.h"
 

@@ -2,7 +2,7 @@
  *
  * ar_samples_write regenerates them with a tiny deterministic scheduler (not the real
  * simulator of sim/): a 2-layer GQA model "tiny-gqa", bf16, block 16, 256 blocks, budget 256
- * tokens / 16 sequences.  The lead's `attnreplay gen-samples DIR` calls it. */
+ * tokens / 16 sequences.  `attnreplay gen-samples DIR` calls it. */
 #ifndef AR_SAMPLES_H
 #define AR_SAMPLES_H
 

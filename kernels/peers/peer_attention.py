@@ -1,5 +1,5 @@
 """peer_attention.py - torch peers for the CUDA backend's benchmarks (tests/bench_cuda.c,
-tests/bench_cascade.c), on the same shapes, in the same device call: cuDNN SDPA (contiguous K/V,
+tests/bench_cascade.c), on the same shapes, in the same run: cuDNN SDPA (contiguous K/V,
 the FA3-class reference), flex_attention + PagedAttention (the only paged peer torch 2.11 has
 offline), FA2 varlen_attn, and for the cascade benchmark the prefix pass's math on cuDNN and FA2
 plus the device's dense bf16 GEMM rate (the floor for any kernel doing that math).

@@ -33,8 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../reference/datagen.h"
-#include "../reference/dtype.h"
+#include "../../reference/datagen.h"
+#include "../../reference/dtype.h"
 #include "cpu_attn.h"
 #include "threadpool.h"
 

@@ -36,9 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../reference/datagen.h"
-#include "../reference/dtype.h"
-#include "../reference/mla_ref.h"
+#include "../../reference/datagen.h"
+#include "../../reference/dtype.h"
+#include "../../reference/mla_ref.h"
 #include "cpu_attn.h"
 #include "threadpool.h"
 

@@ -1,49 +1,18 @@
 /* cuda_backend.cu - the "cuda" backend: vLLM FLASH_ATTN semantics on a paged cache on an NVIDIA
  * GPU (sm_80+; built for sm_80 and sm_90a).  It holds
  *   - the backend descriptor (check / open / prepare / fill / forward / close),
- *   - the MetadataBuilder (prepare): the step's work list and the split-KV plan,
+ *   - the MetadataBuilder (prepare): the step's work list and the split-KV plan (build_plan,
+ *     cuda_plan.cuh),
  *   - the device-side data generator kernels (the AR_HOSTDEV code of reference/datagen.h,
- *     compiled by nvcc, so the values are bit-identical to the CPU's),
- *   - the KV-cache write kernel (vLLM reshape_and_cache_flash: slot -1 skipped),
+ *     compiled by nvcc, so the values are bit-identical to the CPU's) and the KV-cache write
+ *     kernel (vLLM reshape_and_cache_flash: slot -1 skipped), in cuda_inputs.cuh,
  *   - the split-KV combine launch, and timing with CUDA events.
- * The attention kernels themselves are in cuda_attn.cuh (mma.sync, sm_80+) and
- * cuda_attn_wgmma.cuh (wgmma, sm_90a), and cuda_attn_decode_tma.cuh (sm_90a).  Which one runs:
- * decode launches (one query token per request) of at least half as many requests as SMs with
- * every context at most 16k keys, or of at least 0.9 x SMs requests, head size 128, block size
- * 16, at most 8 KV heads, on a compute-capability 9.0 device with tensor maps take DECODE_TMA
- * (one CTA per request, whole cache blocks by TMA; see decode_tma_plan for the measurements
- * behind the rule; the cascade suffix pass of a decode batch is such a launch); other
- * launches in the DECODE geometry (every
- * (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches with head
- * size exactly 128 on a compute-capability 9.0 device take PREFILL_WG_TMA_QREG (128 x 128 tiles,
- * two ping-pong consumer warpgroups with Q in registers fed by a producer warpgroup whose
- * whole-tile K/V copies are bulk tensor copies; PREFILL_WG_WS, the same with Q in shared memory
- * and cp.async copies, where the driver cannot encode tensor maps).  On the H200, 2026-11-30,
- * same runs: causal prefill B=2 S=8k 1141 us (482 TFLOP/s) for _TMA_QREG against 1165 for
- * _TMA (Q in shared memory) and 1327 for _WS; cascade prefix pass at P 32k 154.2 / 157.6 /
- * 178.3 us; since the TMA producer reads block ids ahead (session 5) 1098 us (500.6 TFLOP/s)
- * for _TMA_QREG against 1101 for _TMA, and 146-148 us for the prefix pass;
- * earlier runs: _WS 1303 against 1343 for PREFILL_WG_PINGPONG, 1339 for _PIPE, 1464 for the
- * lockstep PREFILL_WG and 1520 for _WS_OVERLAP; mma.sync 272 TFLOP/s against 401 for PINGPONG.
- * Everything else runs the mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps
- * the mma.sync kernel everywhere (for comparisons); AR_CUDA_WGMMA=pingpong / overlap / ws /
- * tma / tma-qreg picks PREFILL_WG_PINGPONG / PREFILL_WG_WS_OVERLAP (FlashAttention-3's
- * intra-warpgroup overlap on top of WS) / PREFILL_WG_WS / PREFILL_WG_TMA / PREFILL_WG_TMA_QREG
- * as the automatic wgmma config.
+ * The attention kernels themselves are in cuda_attn.cuh (mma.sync, sm_80+),
+ * cuda_attn_wgmma.cuh (wgmma, sm_90a) and cuda_attn_decode_tma.cuh (sm_90a); which one runs a
+ * launch, and how it is split over the SMs, is build_plan's choice (cuda_plan.cuh).
  *
- * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
- * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
- * on one SM.  If C >= 0.8 S_slots, do not split.  Otherwise, for s = 1 .. min(64, S_slots,
- * n_blocks) (n_blocks: the most key-tile units any CTA walks; a unit is one key tile per warp
- * column) skip every s that does not change ceil(n_blocks / s) and take the wave efficiency
- * e(s) = w / ceil(w) with w = C s / S_slots; choose the smallest s with e(s) >= 0.85 max e.
- * Our addition (the "tail rule"): when C >= 0.8 S_slots but under 4 waves, the last wave can
- * leave most SMs idle (C = 512 on 396 slots runs 2 waves for 1.29 waves of work), so take the
- * smallest s <= 8 whose ceil(C s / S_slots) / s is within 5% of the best.
- * Each work item is then cut into pieces of ceil(n_blocks / s) units (short ones stay whole),
- * so the split is per request, like FA3's dynamic varlen splits.
- *
- * Timed part of forward (CUDA events, one warm-up, then the median of cfg->repeat): the KV
+ * Timed part of forward (CUDA events; one untimed warm-up at the first forward and before every
+ * series of cfg->repeat > 1; then the median of cfg->repeat): the KV
  * write ("write"), the attention ("attn") and, when the plan splits, the combine ("combine").
  *
  * Cascade attention (b->common_prefix_len P > 0, vLLM's cascade_attention): "prefix" = the
@@ -78,25 +47,26 @@
 #include "cuda_backend.h"
 #define AR_ATTN_KERNEL_BODY 1
 #include "cuda_attn.cuh"
-#include "cuda_host.cuh"
+#include "../common/cuda_host.cuh"
 
 #define AR_GUARD_BYTES 4096
 #define AR_GUARD_BYTE 0xA5
 #define AR_CUDA_EVENTS 6          /* ev[0..4]: timing; ev[5]: the end of a forward's work */
 
 /* A grow-only device buffer. */
-/* dev_buf: kernels/cuda_host.cuh */
+/* dev_buf: kernels/common/cuda_host.cuh */
 
 typedef struct cuda_state {
     ar_run_config cfg;
     int device;
     char device_name[256];
     int num_sms;
-    int has_wgmma;                  /* compute capability 9.0: AR_CFG_PREFILL_WG can run */
+    int has_wgmma;                  /* compute capability 9.0 */
     int has_tma;                    /* has_wgmma and the driver encodes tensor maps:
-                                       AR_CFG_PREFILL_WG_TMA can run (else it runs as _WS) */
-    int wgmma_auto;                 /* the wgmma config the automatic plan uses for PREFILL launches
-                                       (has_wgmma, head size 128), 0 = none (AR_CUDA_WGMMA=0) */
+                                       AR_CFG_PREFILL_WG and AR_CFG_DECODE_TMA can run */
+    int wgmma_auto;                 /* the config the automatic plan uses for PREFILL launches:
+                                       AR_CFG_PREFILL_WG (has_tma, head size 128), 0 = none
+                                       (AR_CUDA_WGMMA=0) */
     int decode_tma_auto;            /* 1: the automatic plan may take AR_CFG_DECODE_TMA (has_tma; 0
                                        with AR_CUDA_DECODE_TMA=0 in the environment) */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
@@ -128,6 +98,7 @@ typedef struct cuda_state {
     int *d_guard, *h_guard;         /* guard words found overwritten: device counter, pinned copy */
     size_t out_bytes, lse_bytes;    /* payload sizes of the current allocation */
     int force_config, force_splits;
+    int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
     int force_pre_config, force_pre_splits;   /* prefix pass only (ar_cuda_set_prefix_plan); -1 / 0 = as above */
 
     /* cascade (b->common_prefix_len P > 0): the plan above is the suffix pass (keys P..seq_len-1
@@ -168,210 +139,8 @@ static int ensure_host(void **p, size_t *cap, size_t need, char *err, size_t err
     return ar_cuda_ensure_host(p, cap, need, "cuda backend", err, err_len);
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* Small kernels                                                                             */
-
-static __device__ __forceinline__ uint16_t to_bits(ar_dtype t, float v)
-{
-    return t == AR_BF16 ? ar_f32_to_bf16(v) : ar_f32_to_fp16(v);
-}
-
-/* dst [num_tokens, num_heads, head_size]: Q (stream Q: key = request key, pos = position) or
- * new K/V (key = content key of the token's logical block, pos = offset in the block). */
-__global__ void gen_rows_kernel(uint16_t *dst, int num_tokens, int num_heads, int head_size,
-                                uint64_t seed, uint32_t stream, uint32_t layer,
-                                const int *tok_req, const int *tok_pos, const uint64_t *req_keys,
-                                const uint64_t *block_keys, int mbpr, int bs_log2,
-                                ar_datadist dist, ar_dtype dtype)
-{
-    int chunks = head_size / 8;
-    int64_t total = (int64_t)num_tokens * num_heads * chunks;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        int c = (int)(idx % chunks);
-        int64_t rh = idx / chunks;
-        int h = (int)(rh % num_heads);
-        int t = (int)(rh / num_heads);
-        int r = tok_req[t], p = tok_pos[t];
-        uint64_t key, pos;
-        if (stream == AR_STREAM_Q) {
-            key = req_keys[r];
-            pos = (uint64_t)p;
-        } else {
-            key = block_keys[(int64_t)r * mbpr + (p >> bs_log2)];
-            pos = (uint64_t)(p & ((1 << bs_log2) - 1));
-        }
-        uint64_t row = ar_gen_row(seed, stream, layer, key, pos, (uint32_t)h);
-        uint16_t v[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) v[e] = to_bits(dtype, ar_gen(row, (uint32_t)(c * 8 + e), dist, dtype));
-        uint4 packed;
-        packed.x = v[0] | ((uint32_t)v[1] << 16);
-        packed.y = v[2] | ((uint32_t)v[3] << 16);
-        packed.z = v[4] | ((uint32_t)v[5] << 16);
-        packed.w = v[6] | ((uint32_t)v[7] << 16);
-        *reinterpret_cast<uint4 *>(dst + rh * head_size + c * 8) = packed;
-    }
-}
-
-/* Untimed fill of missing context tokens straight from the generator into the cache. */
-__global__ void fill_kernel(uint16_t *k_cache, uint16_t *v_cache, int count, const int64_t *slots,
-                            const uint64_t *keys, const int *offsets, int hkv, int head_size,
-                            uint64_t seed, uint32_t layer, ar_datadist dist, ar_dtype dtype)
-{
-    int chunks = head_size / 8;
-    int64_t total = (int64_t)count * hkv * chunks;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        int c = (int)(idx % chunks);
-        int64_t ih = idx / chunks;
-        int h = (int)(ih % hkv);
-        int64_t i = ih / hkv;
-        int64_t slot = slots[i];
-        if (slot < 0) continue;
-        int64_t base = (slot * hkv + h) * head_size + c * 8;
-        for (int side = 0; side < 2; side++) {
-            uint32_t stream = side == 0 ? AR_STREAM_K : AR_STREAM_V;
-            uint64_t row = ar_gen_row(seed, stream, layer, keys[i], (uint64_t)offsets[i], (uint32_t)h);
-            uint16_t *dst = side == 0 ? k_cache : v_cache;
-#pragma unroll
-            for (int e = 0; e < 8; e++) dst[base + e] = to_bits(dtype, ar_gen(row, (uint32_t)(c * 8 + e), dist, dtype));
-        }
-    }
-}
-
-/* reshape_and_cache_flash: token t's K/V rows [hkv * head_size] -> slot_mapping[t]; -1 skipped. */
-__global__ void write_kv_kernel(const uint16_t *k_new, const uint16_t *v_new, const int64_t *slots,
-                                uint16_t *k_cache, uint16_t *v_cache, int row_elems)
-{
-    int t = blockIdx.x;
-    int64_t slot = slots[t];
-    if (slot < 0) return;
-    const uint4 *ks = reinterpret_cast<const uint4 *>(k_new + (int64_t)t * row_elems);
-    const uint4 *vs = reinterpret_cast<const uint4 *>(v_new + (int64_t)t * row_elems);
-    uint4 *kd = reinterpret_cast<uint4 *>(k_cache + slot * row_elems);
-    uint4 *vd = reinterpret_cast<uint4 *>(v_cache + slot * row_elems);
-    for (int i = threadIdx.x; i < row_elems / 8; i += blockDim.x) {
-        kd[i] = ks[i];
-        vd[i] = vs[i];
-    }
-}
-
-__global__ void gen_values_kernel(float *out, uint64_t seed, uint32_t stream, uint32_t layer,
-                                  uint64_t key, uint64_t pos0, uint32_t head, int num_pos, int dim,
-                                  ar_datadist dist, ar_dtype dtype)
-{
-    int64_t total = (int64_t)num_pos * dim;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        int64_t i = idx / dim;
-        int d = (int)(idx % dim);
-        uint64_t row = ar_gen_row(seed, stream, layer, key, pos0 + (uint64_t)i, head);
-        out[idx] = ar_gen(row, (uint32_t)d, dist, dtype);
-    }
-}
-
-static int grid_for(int64_t n, int threads)
-{
-    int64_t b = (n + threads - 1) / threads;
-    if (b < 1) b = 1;
-    if (b > 65535 * 8) b = 65535 * 8;
-    return (int)b;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Geometry and the split heuristic                                                          */
-
-ar_attn_geom ar_attn_geometry(int config, int hd)
-{
-    using namespace ar_attn;
-    if (ar_attn_config_is_wg(config) && hd == 128) {
-        const int mode = config - AR_CFG_PREFILL_WG;
-        ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, mode >= 3 ? WgStages<3>::THREADS : WgStages<0>::THREADS,
-                          mode == 0 ? WgStages<0>::SMEM : mode >= 3 ? WgStages<3>::SMEM : WgStages<1>::SMEM};
-        return r;
-    }
-    if (config == AR_CFG_DECODE_TMA && hd == 128) {
-        ar_attn_geom r = {16, DecodeTmaGeom::BLOCK, 1, 32 * (DecodeTmaGeom::MAX_KV_HEADS + 1), DecodeTmaGeom::SMEM};
-        return r;
-    }
-    if (config == AR_CFG_PREFILL_WIDE && hd == 128) return geom_of<PrefillWideG128>();
-    if (config == AR_CFG_PREFILL_TALL && hd == 128) return geom_of<PrefillTallG128>();
-    if (config != AR_CFG_DECODE) {
-        if (hd == 64) return geom_of<PrefillG64>();
-        if (hd == 128) return geom_of<PrefillG128>();
-        return geom_of<PrefillG256>();
-    }
-    if (hd == 64) return geom_of<DecodeG64>();
-    if (hd == 128) return geom_of<DecodeG128>();
-    return geom_of<DecodeG256>();
-}
-
-/* See the file comment: FlashAttention's 85%-of-best-wave-efficiency rule for an under-filled
- * launch, and the tail rule for an over-filled one with few waves. */
-static int choose_num_splits(int num_ctas, int max_units, int slots)
-{
-    if (num_ctas <= 0 || max_units <= 1 || slots <= 0) return 1;
-    int max_s = AR_MAX_SPLITS;
-    if (max_s > slots) max_s = slots;
-    if (max_s > max_units) max_s = max_units;
-    if ((double)num_ctas >= 0.8 * slots) {
-        /* tail rule: time ~ ceil(C s / S_slots) / s (waves of unsplit work) */
-        if ((double)num_ctas >= 4.0 * slots) return 1;
-        double cost[9], best = 1e30;
-        int top = max_s < 8 ? max_s : 8;
-        for (int s = 1; s <= top; s++) {
-            cost[s] = ceil((double)num_ctas * s / slots) / s;
-            if (cost[s] < best) best = cost[s];
-        }
-        for (int s = 1; s <= top; s++)
-            if (cost[s] <= 1.05 * best) return s;
-        return 1;
-    }
-    double eff[AR_MAX_SPLITS + 1];
-    double best = 0.0;
-    for (int s = 1; s <= max_s; s++) {
-        eff[s] = 0.0;
-        if (s > 1 && (max_units + s - 1) / s == (max_units + s - 2) / (s - 1)) continue;
-        double waves = (double)num_ctas * s / slots;
-        eff[s] = waves / ceil(waves);
-        if (eff[s] > best) best = eff[s];
-    }
-    for (int s = 1; s <= max_s; s++)
-        if (eff[s] >= 0.85 * best) return s;
-    return 1;
-}
-
-/* The cascade prefix pass: one sequence, so every unsplit item has the same length and the
- * time is ~ ceil(C s / S_slots) / s waves of unsplit work.  Take the smallest s within 5% of
- * the best over s <= 64 (no split from 4 waves of unsplit work up), with pieces of at least 2
- * key-tile units (the Q tile load and the partial write are amortised) - e.g. C = 32 items on 264 slots: s = 8 (256 CTAs, one wave)
- * where the FlashAttention rule took 7 (224 CTAs: 15% of the slots idle, 14% longer pieces). */
-static int choose_prefix_splits(int num_ctas, int max_units, int slots)
-{
-    if (num_ctas <= 0 || max_units <= 1 || slots <= 0 || num_ctas >= 4 * slots) return 1;
-    int max_s = max_units / 2;
-    if (max_s > AR_MAX_SPLITS) max_s = AR_MAX_SPLITS;
-    if (max_s < 1) return 1;
-    double best = 1e30;
-    for (int s = 1; s <= max_s; s++) {
-        double cost = ceil((double)num_ctas * s / slots) / s;
-        if (cost < best) best = cost;
-    }
-    for (int s = 1; s <= max_s; s++)
-        if (ceil((double)num_ctas * s / slots) / s <= 1.05 * best) return s;
-    return 1;
-}
-
-static int cmp_work_desc(const void *pa, const void *pb)
-{
-    const ar_attn_work *a = (const ar_attn_work *)pa, *b = (const ar_attn_work *)pb;
-    int la = a->tile_end - a->tile_begin, lb = b->tile_end - b->tile_begin;
-    if (la != lb) return lb - la;
-    if (a->req != b->req) return a->req - b->req;
-    if (a->kv_head != b->kv_head) return a->kv_head - b->kv_head;
-    return a->pair0 - b->pair0;
-}
+#include "cuda_inputs.cuh"   /* the small kernels: generator, cache fill and write */
+#include "cuda_plan.cuh"     /* build_plan: the kernel and split-KV plan of each launch */
 
 /* ---------------------------------------------------------------------------------------- */
 /* Backend functions                                                                         */
@@ -458,14 +227,8 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     }
     {
         const char *e = getenv("AR_CUDA_WGMMA");
-        int auto_config = s->has_tma ? AR_CFG_PREFILL_WG_TMA_QREG : AR_CFG_PREFILL_WG_WS;
-        if (e != NULL && strcmp(e, "0") == 0) auto_config = 0;
-        if (e != NULL && strcmp(e, "ws") == 0) auto_config = AR_CFG_PREFILL_WG_WS;
-        if (e != NULL && strcmp(e, "tma") == 0 && s->has_tma) auto_config = AR_CFG_PREFILL_WG_TMA;
-        if (e != NULL && strcmp(e, "tma-qreg") == 0 && s->has_tma) auto_config = AR_CFG_PREFILL_WG_TMA_QREG;
-        if (e != NULL && strcmp(e, "overlap") == 0) auto_config = AR_CFG_PREFILL_WG_WS_OVERLAP;
-        if (e != NULL && strcmp(e, "pingpong") == 0) auto_config = AR_CFG_PREFILL_WG_PINGPONG;
-        s->wgmma_auto = s->has_wgmma && s->head_size == 128 ? auto_config : 0;
+        const bool off = e != NULL && strcmp(e, "0") == 0;
+        s->wgmma_auto = s->has_tma && s->head_size == 128 && !off ? AR_CFG_PREFILL_WG : 0;
     }
     {
         const char *e = getenv("AR_CUDA_CASCADE_FOLD");
@@ -576,215 +339,6 @@ static void cuda_device_name(void *state, char *buf, size_t len)
     snprintf(buf, len, "%s", s ? s->device_name : "none");
 }
 
-/* Lays out one packed metadata buffer: each piece 16-byte aligned. */
-static size_t meta_take(size_t *off, size_t bytes)
-{
-    size_t at = round_up(*off, 16);
-    *off = at + bytes;
-    return at;
-}
-
-/* One attention launch's plan: geometry, split count and the work list (host, malloc'd). */
-typedef struct pass_plan {
-    int config;
-    ar_attn_geom geom;
-    int num_splits;
-    int64_t num_work, num_groups, num_partials;
-    ar_attn_work *work;             /* [num_work], sorted longest first */
-    ar_combine_group *groups;       /* [num_groups] */
-} pass_plan;
-
-static void pass_plan_free(pass_plan *pl)
-{
-    free(pl->work);
-    free(pl->groups);
-    memset(pl, 0, sizeof *pl);
-}
-
-/* AR_CFG_DECODE_TMA (cuda_attn_decode_tma.cuh) can run this launch: Hopper with tensor maps,
- * head size 128, block size 16, at most 8 KV heads, a group of at most 16, no planted fault
- * (the faults live in the general kernels), causal, and one query token per request.  The
- * automatic plan takes it (force_config -1, no forced split, AR_CUDA_DECODE_TMA not 0) for
- * batches of at least half as many requests as the device has SMs whose longest context is at
- * most DECODE_TMA_MAX_KEYS keys, and for batches of at least 0.9 x SMs requests at any
- * context: one CTA walks a whole request and never splits, so it needs most SMs busy.  On the
- * H200 (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
- * 2026-11-30): 128 keys (the cascade suffix pass) 30.7 us against 36.0 for DECODE; 1152 keys
- * 82.1 against 155.6; 8320 keys 480.0 against 761.4; 32896 keys 1845.8 against 2888.7; 33024
- * keys 1845-2030 against 3105.4.  With fewer requests DECODE's split-KV fills the machine (the
- * decode bench's 64 requests stay on it).  force_config AR_CFG_DECODE_TMA takes it whenever it
- * can run. */
-#define DECODE_TMA_MAX_KEYS 16384
-static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
-                            bool non_causal, int force_config, int force_splits)
-{
-    if (!s->has_tma || non_causal || s->head_size != 128 || s->template_hd != 128 || s->block_size != 16 ||
-        s->hkv > 8 || s->group > 16 || s->cfg.fault != AR_FAULT_NONE)
-        return false;
-    int max_seq = 0;
-    for (int r = 0; r < R; r++) {
-        if (query_start_loc[r + 1] - query_start_loc[r] > 1) return false;
-        if (seq_lens[r] > max_seq) max_seq = seq_lens[r];
-    }
-    if (force_config == AR_CFG_DECODE_TMA) return true;
-    if (force_config >= 0 || force_splits > 0 || !s->decode_tma_auto) return false;
-    return (2 * R >= s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS) || 10 * R >= 9 * s->num_sms;
-}
-
-/* Flattens one launch into work items.  R sequences; query_start_loc [R + 1], seq_lens [R].
- * non_causal: every query of a sequence sees all its seq_len keys (cascade prefix pass: its
- * own split rule), and the sliding window is not applied.  force_config -1 / force_splits 0 =
- * automatic.  0 ok, 3 out of host memory. */
-static int build_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
-                      bool non_causal, int force_config, int force_splits, pass_plan *pl)
-{
-    memset(pl, 0, sizeof *pl);
-    int max_q = 0;
-    for (int r = 0; r < R; r++) {
-        int ql = query_start_loc[r + 1] - query_start_loc[r];
-        if (ql > max_q) max_q = ql;
-    }
-    int config = max_q * s->group <= 16 ? AR_CFG_DECODE : AR_CFG_PREFILL;
-    if (force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
-    if (force_config == AR_CFG_PREFILL_WIDE) config = s->template_hd == 128 ? AR_CFG_PREFILL_WIDE : AR_CFG_PREFILL;
-    if (force_config == AR_CFG_PREFILL_TALL) config = s->template_hd == 128 ? AR_CFG_PREFILL_TALL : AR_CFG_PREFILL;
-    const bool wg_ok = s->has_wgmma && s->head_size == 128;
-    if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
-    if ((config == AR_CFG_PREFILL_WG_TMA || config == AR_CFG_PREFILL_WG_TMA_QREG) && !s->has_tma)
-        config = AR_CFG_PREFILL_WG_WS;
-    if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = s->wgmma_auto;
-    if (config == AR_CFG_DECODE &&
-        decode_tma_plan(s, R, query_start_loc, seq_lens, non_causal, force_config, force_splits)) {
-        /* one unsplit item per request with its token (key blocks from the window's start) */
-        const int window0 = s->cfg.model.sliding_window;
-        ar_attn_work *work = (ar_attn_work *)malloc((size_t)(R > 0 ? R : 1) * sizeof *work);
-        ar_combine_group *groups = (ar_combine_group *)malloc(sizeof *groups);
-        if (!work || !groups) {
-            free(work);
-            free(groups);
-            return 3;
-        }
-        int64_t n = 0;
-        for (int r = 0; r < R; r++) {
-            if (query_start_loc[r + 1] - query_start_loc[r] != 1) continue;
-            int kv_start = window0 > 0 ? seq_lens[r] - window0 : 0;
-            if (kv_start < 0) kv_start = 0;
-            ar_attn_work w = {r, 0, 0, kv_start / 16, (seq_lens[r] + 15) / 16, -1, 0};
-            work[n++] = w;
-        }
-        qsort(work, (size_t)n, sizeof *work, cmp_work_desc);
-        pl->config = AR_CFG_DECODE_TMA;
-        pl->geom = ar_attn_geometry(AR_CFG_DECODE_TMA, 128);
-        pl->num_splits = 1;
-        pl->num_work = n;
-        pl->work = work;
-        pl->groups = groups;
-        return 0;
-    }
-    ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
-    const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
-    const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
-    const int window = non_causal ? 0 : s->cfg.model.sliding_window;
-
-    /* first pass: unsplit items */
-    int64_t n_items = 0;
-    for (int r = 0; r < R; r++) {
-        int ql = query_start_loc[r + 1] - query_start_loc[r];
-        n_items += (int64_t)s->hkv * ((ql * s->group + rows - 1) / rows);
-    }
-    int max_units = 0;
-    ar_attn_work *items = (ar_attn_work *)malloc((size_t)(n_items > 0 ? n_items : 1) * sizeof *items);
-    if (!items) return 3;
-    int64_t k = 0;
-    for (int r = 0; r < R; r++) {
-        int ql = query_start_loc[r + 1] - query_start_loc[r], sl = seq_lens[r], ctx = sl - ql;
-        int pairs = ql * s->group;
-        for (int h = 0; h < s->hkv; h++)
-            for (int p0 = 0; p0 < pairs; p0 += rows) {
-                int tf = p0 / s->group, tl = (p0 + rows - 1) / s->group;
-                if (tl > ql - 1) tl = ql - 1;
-                int kv_end = non_causal ? sl : ctx + tl + 1 + extra;
-                if (kv_end > sl) kv_end = sl;
-                int kv_start = window > 0 ? ctx + tf - window + 1 : 0;
-                if (kv_start < 0) kv_start = 0;
-                ar_attn_work *w = &items[k++];
-                w->req = r;
-                w->kv_head = h;
-                w->pair0 = p0;
-                w->tile_begin = kv_start / bn;
-                w->tile_end = kv_end > kv_start ? (kv_end + bn - 1) / bn : w->tile_begin;
-                w->partial = -1;
-                w->pad_ = 0;
-                int units = (w->tile_end - w->tile_begin + wn - 1) / wn;
-                if (units > max_units) max_units = units;
-            }
-    }
-    int slots = s->num_sms * s->ctas_per_sm[config];
-    int splits = force_splits > 0 ? force_splits
-                 : non_causal ? choose_prefix_splits((int)n_items, max_units, slots)
-                              : choose_num_splits((int)n_items, max_units, slots);
-    if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
-    int chunk_units = splits > 1 ? (max_units + splits - 1) / splits : max_units;
-    if (chunk_units < 1) chunk_units = 1;
-
-    /* second pass: cut items into pieces */
-    int64_t n_work = 0, n_groups = 0, n_partials = 0;
-    for (int64_t i = 0; i < n_items; i++) {
-        int units = (items[i].tile_end - items[i].tile_begin + wn - 1) / wn;
-        int pieces = splits > 1 ? (units + chunk_units - 1) / chunk_units : 1;
-        if (pieces < 1) pieces = 1;
-        n_work += pieces;
-        if (pieces > 1) {
-            n_groups++;
-            n_partials += pieces;
-        }
-    }
-    ar_attn_work *work = (ar_attn_work *)malloc((size_t)(n_work > 0 ? n_work : 1) * sizeof *work);
-    ar_combine_group *groups = (ar_combine_group *)malloc((size_t)(n_groups > 0 ? n_groups : 1) * sizeof *groups);
-    if (!work || !groups) {
-        free(items);
-        free(work);
-        free(groups);
-        return 3;
-    }
-    int64_t wi = 0, gi = 0, pi = 0;
-    for (int64_t i = 0; i < n_items; i++) {
-        ar_attn_work it = items[i];
-        int units = (it.tile_end - it.tile_begin + wn - 1) / wn;
-        int pieces = splits > 1 ? (units + chunk_units - 1) / chunk_units : 1;
-        if (pieces <= 1) {
-            work[wi++] = it;
-            continue;
-        }
-        ar_combine_group *g = &groups[gi++];
-        memset(g, 0, sizeof *g);
-        g->req = it.req;
-        g->kv_head = it.kv_head;
-        g->pair0 = it.pair0;
-        g->first_partial = (int)pi;
-        g->count = pieces;
-        for (int p = 0; p < pieces; p++) {
-            ar_attn_work piece = it;
-            piece.tile_begin = it.tile_begin + p * chunk_units * wn;
-            piece.tile_end = piece.tile_begin + chunk_units * wn;
-            if (piece.tile_end > it.tile_end) piece.tile_end = it.tile_end;
-            piece.partial = (int)(pi++);
-            work[wi++] = piece;
-        }
-    }
-    free(items);
-    qsort(work, (size_t)n_work, sizeof *work, cmp_work_desc);
-    pl->config = config;
-    pl->geom = geom;
-    pl->num_splits = splits;
-    pl->num_work = n_work;
-    pl->num_groups = n_groups;
-    pl->num_partials = n_partials;
-    pl->work = work;
-    pl->groups = groups;
-    return 0;
-}
-
 static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_len)
 {
     cuda_state *s = (cuda_state *)state;
@@ -792,45 +346,14 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     const int R = b->num_reqs, T = b->num_tokens, mbpr = b->max_blocks_per_req;
     const int bs = s->block_size, nb = s->cfg.num_blocks;
     const int P = b->common_prefix_len;
-    if (R < 0 || T < 0 || (R > 0 && mbpr <= 0)) {
-        snprintf(err, err_len, "step %lld: batch has num_reqs %d, num_tokens %d, max_blocks_per_req %d",
-                 (long long)b->step, R, T, mbpr);
-        return 2;
-    }
-    if (R > 0 && (b->query_start_loc[0] != 0 || b->query_start_loc[R] != T)) {
-        snprintf(err, err_len, "step %lld: query_start_loc must run from 0 to num_tokens %d",
-                 (long long)b->step, T);
-        return 2;
-    }
-    for (int r = 0; r < R; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
-        if (ql < 0 || sl < ql || sl > mbpr * bs) {
-            snprintf(err, err_len,
-                     "step %lld: request %d has query_len %d, seq_len %d (rule: 0 <= query_len <= seq_len <= "
-                     "max_blocks_per_req * block_size = %d)",
-                     (long long)b->step, r, ql, sl, mbpr * bs);
-            return 2;
-        }
-        for (int i = 0; i < (sl + bs - 1) / bs; i++) {
-            int blk = b->block_table[(int64_t)r * mbpr + i];
-            if (blk < 0 || blk >= nb) {
-                snprintf(err, err_len, "step %lld: request %d block_table[%d] = %d outside [0, %d)",
-                         (long long)b->step, r, i, blk, nb);
-                return 2;
-            }
-        }
-        if (P > 0 && sl - ql < P) {
+    int rc = ar_cuda_check_batch(b, bs, nb, err, err_len);
+    if (rc) return rc;
+    for (int r = 0; P > 0 && r < R; r++) {
+        int ctx = b->seq_lens[r] - (b->query_start_loc[r + 1] - b->query_start_loc[r]);
+        if (ctx < P) {
             snprintf(err, err_len,
                      "step %lld: common_prefix_len %d exceeds request %d's context %d (rule: P <= every "
-                     "num_computed_tokens)", (long long)b->step, P, r, sl - ql);
-            return 2;
-        }
-    }
-    for (int t = 0; t < T; t++) {
-        int64_t sl = b->slot_mapping[t];
-        if (sl < -1 || sl >= (int64_t)nb * bs) {
-            snprintf(err, err_len, "step %lld: slot_mapping[%d] = %lld outside [-1, %lld)", (long long)b->step,
-                     t, (long long)sl, (long long)nb * bs);
+                     "num_computed_tokens)", (long long)b->step, P, r, ctx);
             return 2;
         }
     }
@@ -847,7 +370,6 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     int pre_qsl[2] = {0, T}, pre_seq[1] = {P};
     pass_plan main_plan, pre_plan;
     memset(&pre_plan, 0, sizeof pre_plan);
-    int rc = 0;
     if (cascade) {
         suf_seq = (int *)malloc(sizeof(int) * (size_t)R);
         if (!suf_seq) rc = 3;
@@ -869,21 +391,14 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     const int rows = main_plan.geom.rows;
 
     size_t off = 0;
-    size_t o_qsl = meta_take(&off, (size_t)(R + 1) * 4);
-    size_t o_seq = meta_take(&off, (size_t)R * 4);
-    size_t o_bt = meta_take(&off, (size_t)R * mbpr * 4);
-    size_t o_treq = meta_take(&off, (size_t)T * 4);
-    size_t o_tpos = meta_take(&off, (size_t)T * 4);
-    size_t o_slots = meta_take(&off, (size_t)T * 8);
-    size_t o_rkeys = meta_take(&off, (size_t)R * 8);
-    size_t o_bkeys = meta_take(&off, (size_t)R * mbpr * 8);
-    size_t o_work = meta_take(&off, (size_t)main_plan.num_work * sizeof(ar_attn_work));
-    size_t o_groups = meta_take(&off, (size_t)main_plan.num_groups * sizeof(ar_combine_group));
-    size_t o_pqsl = meta_take(&off, 2 * 4);
-    size_t o_pseq = meta_take(&off, 4);
-    size_t o_sseq = meta_take(&off, (size_t)R * 4);
-    size_t o_pwork = meta_take(&off, (size_t)pre_plan.num_work * sizeof(ar_attn_work));
-    size_t o_pgroups = meta_take(&off, (size_t)pre_plan.num_groups * sizeof(ar_combine_group));
+    const ar_batch_meta bm = ar_batch_meta_layout(&off, R, T, mbpr);
+    size_t o_work = ar_meta_take(&off, (size_t)main_plan.num_work * sizeof(ar_attn_work));
+    size_t o_groups = ar_meta_take(&off, (size_t)main_plan.num_groups * sizeof(ar_combine_group));
+    size_t o_pqsl = ar_meta_take(&off, 2 * 4);
+    size_t o_pseq = ar_meta_take(&off, 4);
+    size_t o_sseq = ar_meta_take(&off, (size_t)R * 4);
+    size_t o_pwork = ar_meta_take(&off, (size_t)pre_plan.num_work * sizeof(ar_attn_work));
+    size_t o_pgroups = ar_meta_take(&off, (size_t)pre_plan.num_groups * sizeof(ar_combine_group));
     size_t meta_bytes = round_up(off, 16) + 16;
     if ((rc = ensure_host(&s->h_meta, &s->h_meta_cap, meta_bytes, err, err_len)) ||
         (rc = ensure_buf(&s->meta, meta_bytes, "metadata buffer", err, err_len))) {
@@ -893,20 +408,7 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
         return rc;
     }
     unsigned char *h = (unsigned char *)s->h_meta;
-    memcpy(h + o_qsl, b->query_start_loc, (size_t)(R + 1) * 4);
-    memcpy(h + o_seq, b->seq_lens, (size_t)R * 4);
-    memcpy(h + o_bt, b->block_table, (size_t)R * mbpr * 4);
-    int *treq = (int *)(h + o_treq), *tpos = (int *)(h + o_tpos);
-    for (int r = 0; r < R; r++) {
-        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, ctx = b->seq_lens[r] - ql;
-        for (int i = 0; i < ql; i++) {
-            treq[q0 + i] = r;
-            tpos[q0 + i] = ctx + i;
-        }
-    }
-    memcpy(h + o_slots, b->slot_mapping, (size_t)T * 8);
-    memcpy(h + o_rkeys, b->req_keys, (size_t)R * 8);
-    memcpy(h + o_bkeys, b->block_keys, (size_t)R * mbpr * 8);
+    ar_batch_meta_fill(&bm, h, b);
     memcpy(h + o_work, main_plan.work, (size_t)main_plan.num_work * sizeof(ar_attn_work));
     memcpy(h + o_groups, main_plan.groups, (size_t)main_plan.num_groups * sizeof(ar_combine_group));
     memcpy(h + o_pqsl, pre_qsl, sizeof pre_qsl);
@@ -923,14 +425,14 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
         return rc;
     }
     unsigned char *d = (unsigned char *)s->meta.ptr;
-    s->d_qsl = (int *)(d + o_qsl);
-    s->d_seq = (int *)(d + o_seq);
-    s->d_bt = (int *)(d + o_bt);
-    s->d_tok_req = (int *)(d + o_treq);
-    s->d_tok_pos = (int *)(d + o_tpos);
-    s->d_slots = (int64_t *)(d + o_slots);
-    s->d_req_keys = (uint64_t *)(d + o_rkeys);
-    s->d_block_keys = (uint64_t *)(d + o_bkeys);
+    s->d_qsl = (int *)(d + bm.qsl);
+    s->d_seq = (int *)(d + bm.seq);
+    s->d_bt = (int *)(d + bm.bt);
+    s->d_tok_req = (int *)(d + bm.treq);
+    s->d_tok_pos = (int *)(d + bm.tpos);
+    s->d_slots = (int64_t *)(d + bm.slots);
+    s->d_req_keys = (uint64_t *)(d + bm.rkeys);
+    s->d_block_keys = (uint64_t *)(d + bm.bkeys);
     s->d_work = (ar_attn_work *)(d + o_work);
     s->d_groups = (ar_combine_group *)(d + o_groups);
     s->d_pre_qsl = (int *)(d + o_pqsl);
@@ -1264,10 +766,15 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
         snprintf(err, err_len, "cuda backend: out of host memory");
         return 3;
     }
-    if ((rc = cuda_fail(run_pass(s, &a, layer, false), "attention launch (warm-up)", err, err_len))) {
+    /* One untimed warm-up: at the first forward (module loading, first-launch costs) and before
+     * every --repeat R > 1 series.  With --repeat 1 a replayed layer runs its kernels once, as an
+     * engine does, and is timed cold. */
+    if ((!s->warmed || repeat > 1) &&
+        (rc = cuda_fail(run_pass(s, &a, layer, false), "attention launch (warm-up)", err, err_len))) {
         free(times);
         return rc;
     }
+    s->warmed = 1;
     const bool host_copy = o->out && o->lse;
     const size_t out_payload = (size_t)T * s->hq * s->head_size * 2, lse_payload = (size_t)s->hq * T * 4;
     for (int i = 0; i < repeat; i++) {

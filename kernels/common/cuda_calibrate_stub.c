@@ -1,6 +1,6 @@
 /* cuda_calibrate_stub.c - `attnreplay calibrate`'s measurement on a machine without nvcc: the
- * same symbols as kernels/cuda_calibrate.cu, answering that there is no CUDA device.  The
- * Makefile compiles this file only when nvcc is absent (like kernels/cuda_stub.c). */
+ * same symbols as kernels/common/cuda_calibrate.cu, answering that there is no CUDA device.  The
+ * Makefile compiles this file only when nvcc is absent (like kernels/paged/cuda_stub.c). */
 #include "cuda_calibrate.h"
 
 #include <stdio.h>

@@ -19,8 +19,8 @@
 #define AR_CPU_ATTN_H
 
 #include <stdint.h>
-#include "../reference/dtype.h"
-#include "../replay/backend.h"
+#include "../../reference/dtype.h"
+#include "../../replay/backend.h"
 
 #define AR_CPU_KEY_TILE 32       /* keys per online-softmax step */
 #define AR_CPU_MAX_TILE_ROWS 128 /* query rows (tokens x heads of a group) per work item */

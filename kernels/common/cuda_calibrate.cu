@@ -24,7 +24,7 @@
  * against CUDA 13's cublas_api.h and library_types.h) and resolved with dlsym, so the binary runs
  * on machines without cuBLAS and the build needs no cuBLAS headers. */
 #include "cuda_calibrate.h"
-#include "../reference/datagen.h"
+#include "../../reference/datagen.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

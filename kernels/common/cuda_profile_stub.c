@@ -1,6 +1,6 @@
 /* cuda_profile_stub.c - the GPU half of `attnreplay profile` on a machine without nvcc: the same
- * symbols as kernels/cuda_profile.cu, answering that there is no CUDA device.  The Makefile
- * compiles this file only when nvcc is absent (like kernels/cuda_calibrate_stub.c). */
+ * symbols as kernels/common/cuda_profile.cu, answering that there is no CUDA device.  The Makefile
+ * compiles this file only when nvcc is absent (like kernels/common/cuda_calibrate_stub.c). */
 #include "cuda_profile.h"
 
 #include <stdio.h>

@@ -1,6 +1,7 @@
 /* cuda_host.cuh - host-side helpers both CUDA backends (cuda_backend.cu, cuda_mla.cu) share:
  * a grow-only device buffer, CUDA error text with the backend's name, grow-only device and
- * pinned host allocations, the check of the output buffers' guard regions on the device, and
+ * pinned host allocations, the batch's checks and its arrays in the packed metadata buffer,
+ * the check of the output buffers' guard regions on the device, and
  * the encoding of TMA tensor maps (through the driver entry point the runtime hands out, so
  * nothing links libcuda).  Header-only (static) so each .cu keeps its own copy of the code. */
 #ifndef AR_CUDA_HOST_CUH
@@ -11,6 +12,9 @@
 #include <cudaTypedefs.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
+
+#include "../../replay/backend.h"
 
 /* A device allocation that only grows. */
 typedef struct dev_buf {
@@ -56,6 +60,101 @@ static inline int ar_cuda_ensure_host(void **p, size_t *cap, size_t need, const 
     if (e != cudaSuccess) return ar_cuda_fail(e, who, "pinned host buffer", err, err_len);
     *cap = c;
     return 0;
+}
+
+/* 0 when the step's batch fits a cache of nb blocks of bs tokens (request and token counts,
+ * query_start_loc from 0 to num_tokens, 0 <= query_len <= seq_len <= max_blocks_per_req x bs,
+ * the block table's used entries and the slot mapping inside the cache); else 2 with the
+ * broken rule in err. */
+static inline int ar_cuda_check_batch(const ar_batch *b, int bs, int nb, char *err, size_t err_len)
+{
+    const int R = b->num_reqs, T = b->num_tokens, mbpr = b->max_blocks_per_req;
+    if (R < 0 || T < 0 || (R > 0 && mbpr <= 0)) {
+        snprintf(err, err_len, "step %lld: batch has num_reqs %d, num_tokens %d, max_blocks_per_req %d",
+                 (long long)b->step, R, T, mbpr);
+        return 2;
+    }
+    if (R > 0 && (b->query_start_loc[0] != 0 || b->query_start_loc[R] != T)) {
+        snprintf(err, err_len, "step %lld: query_start_loc must run from 0 to num_tokens %d",
+                 (long long)b->step, T);
+        return 2;
+    }
+    for (int r = 0; r < R; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
+        if (ql < 0 || sl < ql || sl > mbpr * bs) {
+            snprintf(err, err_len,
+                     "step %lld: request %d has query_len %d, seq_len %d (rule: 0 <= query_len <= seq_len <= "
+                     "max_blocks_per_req * block_size = %d)",
+                     (long long)b->step, r, ql, sl, mbpr * bs);
+            return 2;
+        }
+        for (int i = 0; i < (sl + bs - 1) / bs; i++) {
+            int blk = b->block_table[(int64_t)r * mbpr + i];
+            if (blk < 0 || blk >= nb) {
+                snprintf(err, err_len, "step %lld: request %d block_table[%d] = %d outside [0, %d)",
+                         (long long)b->step, r, i, blk, nb);
+                return 2;
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        int64_t sl = b->slot_mapping[t];
+        if (sl < -1 || sl >= (int64_t)nb * bs) {
+            snprintf(err, err_len, "step %lld: slot_mapping[%d] = %lld outside [-1, %lld)", (long long)b->step,
+                     t, (long long)sl, (long long)nb * bs);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* Places `bytes` at the next 16-byte boundary of a packed metadata buffer; returns the offset. */
+static inline size_t ar_meta_take(size_t *off, size_t bytes)
+{
+    size_t at = ar_round_up(*off, 16);
+    *off = at + bytes;
+    return at;
+}
+
+/* Where the batch's own arrays sit in a backend's packed metadata buffer (offsets), first in
+ * it: query_start_loc, seq_lens, block_table, each token's request and position, slot_mapping,
+ * request keys, block keys. */
+typedef struct ar_batch_meta {
+    size_t qsl, seq, bt, treq, tpos, slots, rkeys, bkeys;
+} ar_batch_meta;
+
+static inline ar_batch_meta ar_batch_meta_layout(size_t *off, int R, int T, int mbpr)
+{
+    ar_batch_meta m;
+    m.qsl = ar_meta_take(off, (size_t)(R + 1) * 4);
+    m.seq = ar_meta_take(off, (size_t)R * 4);
+    m.bt = ar_meta_take(off, (size_t)R * mbpr * 4);
+    m.treq = ar_meta_take(off, (size_t)T * 4);
+    m.tpos = ar_meta_take(off, (size_t)T * 4);
+    m.slots = ar_meta_take(off, (size_t)T * 8);
+    m.rkeys = ar_meta_take(off, (size_t)R * 8);
+    m.bkeys = ar_meta_take(off, (size_t)R * mbpr * 8);
+    return m;
+}
+
+/* Writes the batch's arrays into the staging copy h of the metadata buffer. */
+static inline void ar_batch_meta_fill(const ar_batch_meta *m, unsigned char *h, const ar_batch *b)
+{
+    const int R = b->num_reqs, T = b->num_tokens, mbpr = b->max_blocks_per_req;
+    memcpy(h + m->qsl, b->query_start_loc, (size_t)(R + 1) * 4);
+    memcpy(h + m->seq, b->seq_lens, (size_t)R * 4);
+    memcpy(h + m->bt, b->block_table, (size_t)R * mbpr * 4);
+    int *treq = (int *)(h + m->treq), *tpos = (int *)(h + m->tpos);
+    for (int r = 0; r < R; r++) {
+        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, ctx = b->seq_lens[r] - ql;
+        for (int i = 0; i < ql; i++) {
+            treq[q0 + i] = r;
+            tpos[q0 + i] = ctx + i;
+        }
+    }
+    memcpy(h + m->slots, b->slot_mapping, (size_t)T * 8);
+    memcpy(h + m->rkeys, b->req_keys, (size_t)R * 8);
+    memcpy(h + m->bkeys, b->block_keys, (size_t)R * mbpr * 8);
 }
 
 /* Counts the 32-bit words of the four guard regions that lost the 0xA5 pattern: the `guard`

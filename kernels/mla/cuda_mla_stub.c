@@ -1,6 +1,6 @@
 /* cuda_mla_stub.c - the "cuda-mla" backend on a machine without nvcc: the same symbols as
  * cuda_mla.cu, but check() always says why it cannot run and every entry point fails cleanly.
- * The Makefile compiles this file only when nvcc is absent (like kernels/cuda_stub.c). */
+ * The Makefile compiles this file only when nvcc is absent (like kernels/paged/cuda_stub.c). */
 #include "cuda_mla.h"
 
 #include <stdio.h>
@@ -91,35 +91,4 @@ void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
 {
     (void)state;
     memset(info, 0, sizeof *info);
-}
-
-int ar_cuda_mla_run_case(const ar_cuda_mla_case *c, ar_cuda_mla_result *res, char *err, size_t err_len)
-{
-    (void)c;
-    (void)res;
-    snprintf(err, err_len, "%s", mla_stub_reason);
-    return 3;
-}
-
-void ar_cuda_mla_release_case_buffers(void) {}
-
-/* No narrow-kernel variants without the CUDA build. */
-int ar_cuda_mla_narrow_variant_count(void) { return 0; }
-
-const char *ar_cuda_mla_narrow_variant_name(int v)
-{
-    (void)v;
-    return NULL;
-}
-
-const char *ar_cuda_mla_narrow_variant_about(int v)
-{
-    (void)v;
-    return NULL;
-}
-
-bool ar_cuda_mla_narrow_variant_is_diagnostic(int v)
-{
-    (void)v;
-    return false;
 }

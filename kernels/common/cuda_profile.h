@@ -2,8 +2,8 @@
  * through cuBLAS on device 0.  Attention is timed by sim/profile.c itself, through the backend
  * API (replay/backend.h), so the same kernels replay runs are the ones profiled.
  *
- * The measurement is kernels/cuda_profile.cu; on a machine without nvcc,
- * kernels/cuda_profile_stub.c defines the same symbols and answers "no CUDA device".
+ * The measurement is kernels/common/cuda_profile.cu; on a machine without nvcc,
+ * kernels/common/cuda_profile_stub.c defines the same symbols and answers "no CUDA device".
  * Everything here has C linkage. */
 #ifndef AR_CUDA_PROFILE_H
 #define AR_CUDA_PROFILE_H

@@ -17,23 +17,23 @@
  * from query position p iff j <= p), sliding window W (iff j >= p - W + 1), keys >= seq_len
  * never loaded (cp.async zero-fills them, so NaN-filled unused slots are never read).
  *
- * Two geometries ("configs"; the instantiated table is near the end of this file):
- *   PREFILL: WARPS_M warps stacked over the rows (16*MT rows each), all reading one K/V tile
- *            (hd 64/128: 4 warps x 32 rows, hd 256: 8 warps x 16 rows; 128 rows per CTA).
- *            PREFILL_WIDE (hd 128 only) is FA2's 128 x 64 tile, kept as a benchmark variant:
- *            it spills registers and measured 3% slower than 128 x 32 on the H200.
- *            PREFILL_TALL (hd 128 only): 8 warps x 32 rows = 256 rows per CTA, 128 x 32 per
- *            warp as PREFILL, one CTA per SM: every K/V tile in shared memory feeds twice the
- *            rows (the cascade prefix pass has 512 rows per KV head at T = 128, group 4).
- *   DECODE : one warp of 16 rows x WARPS_N=4 warps that walk interleaved key tiles with their
- *            own online-softmax state and merge through shared memory at the end (split-KV
- *            inside the CTA).  Chosen when every (request, KV head) fits in 16 rows.
- *   DECODE_TMA (compute capability 9.0, cuda_attn_decode_tma.cuh): decode batches of many
- *            requests (see decode_tma_plan in cuda_backend.cu), one CTA per request over
- *            every KV head, whole cache blocks copied by TMA; never split.
+ * The kernels ("configs"; build_plan in cuda_plan.cuh decides which one runs a launch):
+ *   PREFILL    : this file's kernel, WARPS_M warps stacked over the rows (16*MT rows each), all
+ *                reading one K/V tile (hd 64/128: 4 warps x 32 rows, hd 256: 8 warps x 16 rows;
+ *                128 rows per CTA).  The fallback for every launch the wgmma kernel cannot run.
+ *   DECODE     : this file's kernel with one warp of 16 rows x WARPS_N=4 warps that walk
+ *                interleaved key tiles with their own online-softmax state and merge through
+ *                shared memory at the end (split-KV inside the CTA).  Chosen when every
+ *                (request, KV head) fits in 16 rows; the fallback of DECODE_TMA.
+ *   PREFILL_WG : head size 128 on a compute-capability 9.0 device with tensor maps: the
+ *                Hopper kernel of cuda_attn_wgmma.cuh (wgmma, a TMA producer warpgroup, two
+ *                ping-pong consumers); the default for every non-decode launch there.
+ *   DECODE_TMA : compute capability 9.0, decode batches of many requests (decode_tma_plan in
+ *                cuda_plan.cuh): cuda_attn_decode_tma.cuh, one CTA per request over every KV
+ *                head, whole cache blocks copied by TMA; never split.
  * Across CTAs, split-KV (a work item covers part of the key range) writes normalised fp32
  * partials + log2 LSE, and ar_attn::combine_kernel merges them (see the split heuristic in
- * cuda_backend.cu).
+ * cuda_plan.cuh).
  *
  * Outputs: out [num_tokens, Hq, head_size] in the run dtype, lse [Hq, num_tokens] fp32, natural
  * log.  A row that sees no key gets out = 0 and lse = -inf (FA3's convention; vLLM's merge
@@ -50,30 +50,16 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "../replay/backend.h"
+#include "../../replay/backend.h"
 
-#define AR_CFG_PREFILL 0
-#define AR_CFG_DECODE 1
-#define AR_CFG_PREFILL_WIDE 2   /* hd 128 only (benchmark variant); other head dims run PREFILL */
-#define AR_CFG_PREFILL_TALL 3   /* hd 128 only: 8 warps x 32 rows = 256 rows share each K/V tile
-                                   (cascade prefix-pass candidate); other head dims run PREFILL */
-#define AR_CFG_PREFILL_WG 4     /* hd 128 exactly, compute capability 9.0 only: the wgmma kernel
-                                   (cuda_attn_wgmma.cuh), 2 warpgroups x 64 rows, key tiles of 128 */
-#define AR_CFG_PREFILL_WG_PIPE 5 /* PREFILL_WG with 3 K/V stages handed over by mbarriers instead
-                                   of one __syncthreads per tile (see cuda_attn_wgmma.cuh) */
-#define AR_CFG_PREFILL_WG_PINGPONG 6 /* PREFILL_WG_PIPE plus FlashAttention-3's ping-pong turns */
-#define AR_CFG_PREFILL_WG_WS 7  /* PREFILL_WG_PINGPONG with the loads moved to a producer warpgroup
-                                   (warp specialisation, setmaxnreg; 384 threads) */
-#define AR_CFG_PREFILL_WG_WS_OVERLAP 8 /* PREFILL_WG_WS with FlashAttention-3's intra-warpgroup
-                                   overlap (S of a tile on the tensor cores with P V of the last) */
-#define AR_CFG_PREFILL_WG_TMA 9 /* PREFILL_WG_WS with the producer's K/V copies of whole tiles done
-                                   by the tensor memory accelerator (one bulk tensor copy per
-                                   page and 64-dim half) instead of cp.async */
-#define AR_CFG_PREFILL_WG_TMA_QREG 10 /* PREFILL_WG_TMA with Q held in registers for S = Q K^T */
-#define AR_CFG_DECODE_TMA 11    /* compute capability 9.0, decode batches of many requests: one
+#define AR_CFG_PREFILL 0        /* mma.sync, any head size (the fallback) */
+#define AR_CFG_DECODE 1         /* mma.sync, every (request, KV head) within 16 rows */
+#define AR_CFG_PREFILL_WG 2     /* head size 128 exactly, compute capability 9.0 with tensor maps:
+                                   the wgmma kernel (cuda_attn_wgmma.cuh) */
+#define AR_CFG_DECODE_TMA 3     /* compute capability 9.0, decode batches of many requests: one
                                    CTA per request (every KV head), whole cache blocks copied by
                                    TMA (cuda_attn_decode_tma.cuh) */
-#define AR_CFG_COUNT 12
+#define AR_CFG_COUNT 4
 #define AR_MAX_SPLITS 64
 
 /* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
@@ -122,7 +108,7 @@ typedef struct ar_attn_args {
     int fault;                  /* ar_fault */
     int non_causal;             /* 1: every query sees every key < seq_len (cascade prefix pass) */
     int num_slots;              /* num_blocks x block_size: the rows of each cache (the extent of
-                                   AR_CFG_PREFILL_WG_TMA's tensor maps) */
+                                   the TMA kernels' tensor maps) */
     /* cascade suffix pass with the merge fused into its final writes (else merge_out NULL):
      * each finished row is mixed with the prefix pass's row as merge_kernel does */
     const void *merge_out;      /* [num_tokens, Hq, head_size] dtype: the prefix pass's out */
@@ -147,12 +133,10 @@ typedef struct ar_attn_geom {
     size_t smem;     /* dynamic shared memory bytes */
 } ar_attn_geom;
 
-/* The wgmma configs (head size 128 on a compute-capability 9.0 device only). */
+/* The wgmma config (head size 128 on a compute-capability 9.0 device only). */
 static inline int ar_attn_config_is_wg(int config)
 {
-    return config == AR_CFG_PREFILL_WG || config == AR_CFG_PREFILL_WG_PIPE || config == AR_CFG_PREFILL_WG_PINGPONG ||
-           config == AR_CFG_PREFILL_WG_WS || config == AR_CFG_PREFILL_WG_WS_OVERLAP || config == AR_CFG_PREFILL_WG_TMA ||
-           config == AR_CFG_PREFILL_WG_TMA_QREG;
+    return config == AR_CFG_PREFILL_WG;
 }
 
 /* Template head dim that runs head_size (64, 128 or 256), or 0 when unsupported. */
@@ -165,7 +149,7 @@ static inline int ar_attn_template_hd(int head_size)
 /* Launchers, one per dtype (cuda_attn_bf16.cu / cuda_attn_fp16.cu, so the two compile in
  * parallel); each returns the launch's cudaError_t.  The attributes call raises the dynamic
  * shared-memory limit and reports how many CTAs fit on one SM.  ar_attn_geometry is in
- * cuda_backend.cu. */
+ * cuda_plan.cuh. */
 ar_attn_geom ar_attn_geometry(int config, int hd);
 cudaError_t ar_attn_launch_bf16(int config, int hd, const ar_attn_args *a, int num_work,
                                 cudaStream_t stream);
@@ -823,9 +807,7 @@ __global__ void merge_kernel(const T *p_out, const float *p_lse, const T *s_out,
 
 /* The instantiated geometries: (config, hd) -> Geom. */
 typedef Geom<64, 2, 4, 1, 64> PrefillG64;
-typedef Geom<128, 2, 4, 1, 32> PrefillG128;      /* no register spills */
-typedef Geom<128, 2, 4, 1, 64> PrefillWideG128;  /* AR_CFG_PREFILL_WIDE: FA2's 128 x 64 tile, spills ~100 B */
-typedef Geom<128, 2, 8, 1, 32> PrefillTallG128;  /* AR_CFG_PREFILL_TALL: 256 x 32, one CTA of 8 warps per SM */
+typedef Geom<128, 2, 4, 1, 32> PrefillG128;      /* no register spills (FA2's 128 x 64 tile spills) */
 typedef Geom<256, 1, 8, 1, 32> PrefillG256;
 typedef Geom<64, 1, 1, 4, 32> DecodeG64;
 typedef Geom<128, 1, 1, 4, 16> DecodeG128;
@@ -886,19 +868,9 @@ namespace ar_attn {
 template <typename T>
 cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
-    if (ar_attn_config_is_wg(config)) {
-        if (hd != 128 || a->head_size != 128) return cudaErrorInvalidValue;
-        return config == AR_CFG_PREFILL_WG            ? launch_wgmma<T, 0>(a, num_work, stream)
-               : config == AR_CFG_PREFILL_WG_PIPE     ? launch_wgmma<T, 1>(a, num_work, stream)
-               : config == AR_CFG_PREFILL_WG_PINGPONG ? launch_wgmma<T, 2>(a, num_work, stream)
-               : config == AR_CFG_PREFILL_WG_WS       ? launch_wgmma<T, 3>(a, num_work, stream)
-               : config == AR_CFG_PREFILL_WG_TMA      ? launch_wgmma<T, 5>(a, num_work, stream)
-               : config == AR_CFG_PREFILL_WG_TMA_QREG ? launch_wgmma<T, 6>(a, num_work, stream)
-                                                      : launch_wgmma<T, 4>(a, num_work, stream);
-    }
+    if (config == AR_CFG_PREFILL_WG)
+        return hd == 128 && a->head_size == 128 ? launch_wgmma<T>(a, num_work, stream) : cudaErrorInvalidValue;
     if (config == AR_CFG_DECODE_TMA) return hd == 128 ? launch_decode_tma<T>(a, num_work, stream) : cudaErrorInvalidValue;
-    if (config == AR_CFG_PREFILL_WIDE && hd == 128) return launch_one<T, PrefillWideG128>(a, num_work, stream);
-    if (config == AR_CFG_PREFILL_TALL && hd == 128) return launch_one<T, PrefillTallG128>(a, num_work, stream);
     if (config != AR_CFG_DECODE) {
         if (hd == 64) return launch_one<T, PrefillG64>(a, num_work, stream);
         if (hd == 128) return launch_one<T, PrefillG128>(a, num_work, stream);
@@ -914,16 +886,8 @@ cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work
 template <typename T>
 cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
 {
-    if (config == AR_CFG_PREFILL_WG) return attributes_wgmma<T, 0>(ctas_per_sm);
-    if (config == AR_CFG_PREFILL_WG_PIPE) return attributes_wgmma<T, 1>(ctas_per_sm);
-    if (config == AR_CFG_PREFILL_WG_PINGPONG) return attributes_wgmma<T, 2>(ctas_per_sm);
-    if (config == AR_CFG_PREFILL_WG_WS) return attributes_wgmma<T, 3>(ctas_per_sm);
-    if (config == AR_CFG_PREFILL_WG_WS_OVERLAP) return attributes_wgmma<T, 4>(ctas_per_sm);
-    if (config == AR_CFG_PREFILL_WG_TMA) return attributes_wgmma<T, 5>(ctas_per_sm);
-    if (config == AR_CFG_PREFILL_WG_TMA_QREG) return attributes_wgmma<T, 6>(ctas_per_sm);
+    if (config == AR_CFG_PREFILL_WG) return attributes_wgmma<T>(ctas_per_sm);
     if (config == AR_CFG_DECODE_TMA) return attributes_decode_tma<T>(ctas_per_sm);
-    if (config == AR_CFG_PREFILL_WIDE && hd == 128) return attributes_one<T, PrefillWideG128>(ctas_per_sm);
-    if (config == AR_CFG_PREFILL_TALL && hd == 128) return attributes_one<T, PrefillTallG128>(ctas_per_sm);
     if (config != AR_CFG_DECODE) {
         if (hd == 64) return attributes_one<T, PrefillG64>(ctas_per_sm);
         if (hd == 128) return attributes_one<T, PrefillG128>(ctas_per_sm);

@@ -1,10 +1,10 @@
 /* cuda_calibrate.h - measures a GPU's two ceilings for `attnreplay calibrate` (issue 7 item 3):
  * device-to-device copy bandwidth and the bf16 matrix (GEMM) rate.  The method is documented at
- * the top of kernels/cuda_calibrate.cu and written into ar_calibration.method, which
+ * the top of kernels/common/cuda_calibrate.cu and written into ar_calibration.method, which
  * reports/calibrate.c stores in the `ceilings` table (replay/db.h).
  *
- * The measurement is kernels/cuda_calibrate.cu; on a machine without nvcc,
- * kernels/cuda_calibrate_stub.c defines the same symbols and always answers "no CUDA device".
+ * The measurement is kernels/common/cuda_calibrate.cu; on a machine without nvcc,
+ * kernels/common/cuda_calibrate_stub.c defines the same symbols and always answers "no CUDA device".
  * Everything here has C linkage. */
 #ifndef AR_CUDA_CALIBRATE_H
 #define AR_CUDA_CALIBRATE_H

@@ -2,7 +2,7 @@
  * single-token requests (the cascade suffix pass of a decode batch, and flat decode batches that
  * fill the machine), compute capability 9.0 only.  Same outputs, masks and fused cascade merge
  * as attn_kernel's DECODE geometry (cuda_attn.cuh); it is planned only where it applies (see
- * decode_tma_plan in cuda_backend.cu): head size 128, block size 16, at most 8 KV heads, a
+ * decode_tma_plan in cuda_plan.cuh): head size 128, block size 16, at most 8 KV heads, a
  * group of at most 16 query heads, one query token per request, no planted fault, no split.
  *
  * Why a separate kernel: DECODE runs one CTA per (request, KV head) and gathers 256-byte rows
@@ -12,9 +12,9 @@
  * keeps up to 192 KB in flight.  On the H200, 128 decodes with GQA 32/8: the cascade suffix
  * pass (128 keys, 67 MB from DRAM) 30.7 us against 36.0 for DECODE; flat decodes of 1k, 8k and
  * 32k keys (the shared prefix mostly from L2) 82 / 480 / 1846 us against 156 / 761 / 2889.
- * Copying the block as 4 x Hkv boxes of one head and dim half each instead (the wgmma configs'
- * maps; AR_DECODE_TMA_BOXES=head, or where the driver refuses the 5-D view) gave the same
- * suffix pass but 3003 us at 32k: the number of copies, not the bytes, held the L2-fed stream.
+ * Copying the block as 4 x Hkv boxes of one head and dim half each instead (the wgmma kernel's
+ * maps; what runs where the driver refuses the 5-D view) gave the same suffix pass but 3003 us
+ * at 32k: the number of copies, not the bytes, held the L2-fed stream.
  *
  * Cascade: with the merge fused (a.merge_out), each finished row is mixed with the prefix
  * pass's row (read at the start, under the first copies); when the prefix pass was split
@@ -365,16 +365,10 @@ static cudaError_t launch_decode_tma(const ar_attn_args *a, int num_work, cudaSt
         a->block_size_log2 != 4 || a->group > 16)
         return cudaErrorInvalidValue;
     /* whole-block boxes (a 5-D view of each cache, two copies a block), or, where the driver
-     * refuses that view or AR_DECODE_TMA_BOXES=head asks, the wgmma TMA configs' maps (MODE 5,
-     * box [16][1][64]: 4 x Hkv copies a block) */
-    static int head_boxes = -1;
-    if (head_boxes < 0) {
-        const char *e = getenv("AR_DECODE_TMA_BOXES");
-        head_boxes = e != NULL && strcmp(e, "head") == 0;
-    }
+     * refuses that view, the wgmma kernel's maps (box [16][1][64]: 4 x Hkv copies a block) */
     CUtensorMap mk, mv;
     int whole = 0;
-    if (!head_boxes) {
+    {
         const uint64_t hkv = (uint64_t)a->num_kv_heads;
         const uint64_t dims[5] = {64, 16, hkv, 2, (uint64_t)a->num_slots / 16};
         const uint64_t strides[4] = {hkv * 256, 256, 128, 16 * hkv * 256};
@@ -384,7 +378,7 @@ static cudaError_t launch_decode_tma(const ar_attn_args *a, int num_work, cudaSt
                 !ar_tma_encode(&mv, a->v_cache, 5, dims, strides, box, "cuda", err, sizeof err);
     }
     if (!whole) {
-        cudaError_t e = wgmma_tensor_maps<5>(a, &mk, &mv);
+        cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
         if (e != cudaSuccess) return e;
     }
     attn_decode_tma_kernel<T><<<num_work, 32 * (a->num_kv_heads + 1), DecodeTmaGeom::SMEM, stream>>>(*a, mk, mv, whole);

@@ -2,15 +2,15 @@
  * paged cache [2, num_blocks, block_size, num_kv_heads, head_size]) and a few hooks the GPU
  * tests and the benchmark use.
  *
- * The backend is kernels/cuda_backend.cu (+ the kernels in cuda_attn.cuh); on a machine
- * without nvcc, kernels/cuda_stub.c defines the same symbols and check() says why it cannot
+ * The backend is kernels/paged/cuda_backend.cu (+ the kernels in cuda_attn.cuh); on a machine
+ * without nvcc, kernels/paged/cuda_stub.c defines the same symbols and check() says why it cannot
  * run.  Everything here has C linkage. */
 #ifndef AR_CUDA_BACKEND_H
 #define AR_CUDA_BACKEND_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include "../replay/backend.h"
+#include "../../replay/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,20 +18,12 @@ extern "C" {
 
 extern const ar_backend ar_cuda_backend;
 
-/* Plan overrides for tests and benchmarks (state from ar_cuda_backend.open):
- * config -1 auto, 0 the PREFILL geometry, 1 the DECODE geometry (only legal when every
- * (request, KV head) fits in 16 rows; otherwise auto is used), 2 PREFILL_WIDE (128 x 64 tiles,
- * head dim 128 only; a benchmark variant), 3 PREFILL_TALL (256 x 32 tiles, 8 warps, head dim
- * 128 only; a cascade prefix-pass candidate), 4 PREFILL_WG (the wgmma kernel: head size 128
- * on a compute-capability 9.0 device, else PREFILL runs), 5 PREFILL_WG_PIPE (the same with an
- * mbarrier pipeline; same conditions), 6 PREFILL_WG_PINGPONG (the pipeline with FlashAttention-3's
- * ping-pong turns between the two warpgroups), 7 PREFILL_WG_WS (the ping-pong kernel fed by a
- * producer warpgroup: warp specialisation), 8 PREFILL_WG_WS_OVERLAP (that with S of one tile
- * overlapping P V of the previous in each warpgroup), 9 PREFILL_WG_TMA (_WS with the whole-tile
- * K/V copies by the tensor memory accelerator; runs as _WS where the driver cannot encode
- * tensor maps), 10 PREFILL_WG_TMA_QREG (_TMA with Q in registers for S; runs as _WS without
- * tensor maps); num_splits 0 = the heuristic,
- * N >= 1 = split every work item's key range into up to N pieces. */
+/* Plan overrides for tests and benchmarks (state from ar_cuda_backend.open): config -1 auto,
+ * else one of cuda_attn.cuh's AR_CFG_*: 0 PREFILL (mma.sync, any head size), 1 DECODE (only legal
+ * when every (request, KV head) fits in 16 rows; otherwise auto is used), 2 PREFILL_WG (the wgmma
+ * kernel: head size 128 on a compute-capability 9.0 device with tensor maps, else PREFILL runs),
+ * 3 DECODE_TMA (decode batches on that device; else auto); num_splits 0 = the heuristic, N >= 1 =
+ * split every work item's key range into up to N pieces. */
 void ar_cuda_set_plan(void *state, int config, int num_splits);
 /* The same override for the cascade prefix pass only (config -1 / num_splits 0: as
  * ar_cuda_set_plan says, else its own rule), for the prefix-plan sweep in bench_cascade. */
@@ -48,15 +40,15 @@ void ar_cuda_set_cascade_fold(void *state, int fold);
 
 /* What the last prepare() planned. */
 typedef struct ar_cuda_plan_info {
-    int config;          /* 0 PREFILL, 1 DECODE, 2 PREFILL_WIDE, 3 PREFILL_TALL, 4 PREFILL_WG, 5 _PIPE, 6 _PINGPONG, 7 _WS, 8 _WS_OVERLAP, 9 _TMA, 10 _TMA_QREG (wgmma, sm_90), 11 DECODE_TMA (sm_90) */
+    int config;          /* AR_CFG_*: 0 PREFILL, 1 DECODE, 2 PREFILL_WG (wgmma, sm_90), 3 DECODE_TMA (sm_90) */
     int template_hd;     /* 64, 128 or 256 */
     int num_work;        /* CTAs of the attention launch */
     int num_splits;      /* split count chosen (1 = none) */
     int num_groups;      /* split groups merged by the combine kernel */
     int ctas_per_sm;
     int num_sms;
-    int has_wgmma;       /* the device can run PREFILL_WG (compute capability 9.0) */
-    int has_tma;         /* ... and PREFILL_WG_TMA (the driver encodes tensor maps) */
+    int has_wgmma;       /* compute capability 9.0 */
+    int has_tma;         /* ... and the driver encodes tensor maps: PREFILL_WG and DECODE_TMA can run */
     /* cascade (common_prefix_len > 0): the fields above describe the suffix pass */
     int cascade;           /* 1 when this step runs prefix + suffix + merge */
     int prefix_len;        /* P */

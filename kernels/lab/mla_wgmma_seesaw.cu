@@ -1,0 +1,553 @@
+/* mla_wgmma_seesaw.cu - lab: FlashMLA's "seesaw" schedule for the Hopper MLA decode kernel, the
+ * runner-up to the product's kernel (kernels/mla/mla_decode_wgmma.cuh), with its benchmark.
+ *
+ * The product kernel computes S of every 64-key tile in warpgroup 0 and hands P to warpgroup 1.
+ * Here the two warpgroups compute S of alternate tiles (seesaw), exchange the row max and P, and
+ * each runs P V of both tiles on its 256 output columns, so one's softmax overlaps the other's
+ * tensor work; each warpgroup's own P is read from registers (RS wgmma).  Two kernels:
+ *   seesaw-rs-tma  key tiles by TMA, as the product's default;
+ *   seesaw-rs      the same with cp.async key loads.
+ * Last measured on the H200 (2026-11-30, BENCHMARKS.md): seesaw-rs-tma 500 / 539 / 561 / 572
+ * TFLOP/s at 4k / 8k / 16k / 32k keys against the product's 506 / 541 / 557 / 567 in the same
+ * run (b = 128, h_q = 128): within 1%, ahead from 16k on, behind below.
+ *
+ * The benchmark (main): FlashMLA's shapes (b = 128, s_q = 1, bf16, block 64, h_q = 128; argv[1]
+ * = 16 for h_q = 16), s_k = 4k .. 32k, the product's kernel first and then each lab kernel on the
+ * same case through the test hook (kernels/mla/cuda_mla_case.h: same inputs, plan and combine),
+ * one line each: time of attention + combine (median of 20), TFLOP/s, effective TB/s, the max
+ * error of out and LSE against the float64 device reference on 3 requests, and the max
+ * difference from the product kernel's output.  Exit status 1 when a lab kernel's error exceeds
+ * FlashMLA's tolerance (8e-4) or a case fails; 0 with a line saying why when there is no
+ * compute-capability 9.0 device.
+ *
+ * Build and run: `make lab`, then `build/lab/mla_wgmma_seesaw [16]` on the H200. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../mla/cuda_mla_case.h"
+#include "../mla/mla_decode_wgmma.cuh"
+
+namespace ar_mla {
+
+/* O [64 rows x 256 columns] += P (A fragments in registers: rows 16 (warp % 4) + lane / 4 (+ 8),
+ * keys 2 (lane % 4) (+ 1, + 8, + 9) of the 16-key step) V (desc_b, MN-major). */
+template <bool BF16> __device__ __forceinline__ void wgmma_pv_rs(float (&d)[32][4], const uint32_t (&pa)[4], uint64_t desc_b);
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WGMMA_PV_RS_TEXT(TY) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n256k16.f32" TY TY " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+    "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
+    "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, " \
+    "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
+    "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
+    "%123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+template <bool BF16> __device__ __forceinline__ void wgmma_pv_rs(float (&d)[32][4], const uint32_t (&pa)[4], uint64_t desc_b)
+{
+    if constexpr (BF16)
+        asm volatile(WGMMA_PV_RS_TEXT(".bf16") : WG_ACC_X32(d) : "r"(pa[0]), "r"(pa[1]), "r"(pa[2]), "r"(pa[3]), "l"(desc_b), "r"(1));
+    else
+        asm volatile(WGMMA_PV_RS_TEXT(".f16") : WG_ACC_X32(d) : "r"(pa[0]), "r"(pa[1]), "r"(pa[2]), "r"(pa[3]), "l"(desc_b), "r"(1));
+}
+#undef WGMMA_PV_RS_TEXT
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+/* Named barriers of 256 threads: the 128 of the waiting warpgroup (bar.sync) and the 128 of the
+ * signalling one (bar.arrive).  Id 0 is __syncthreads. */
+__device__ __forceinline__ void wg_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory"); }
+__device__ __forceinline__ void wg_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory"); }
+
+/* Keeps the A-fragment registers of an in-flight RS wgmma alive (unchanged) up to this point. */
+__device__ __forceinline__ void wg_fence_frag(uint32_t (&pa)[4][4])
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(pa[i][e])::"memory");
+}
+
+
+/* FlashMLA's seesaw schedule on the product kernel's per-tile work.  Key tiles go in pairs
+ * (t0 = 2 i in ring slot 0, t1 = 2 i + 1 in slot 1); warpgroup 0 computes S of t0 and warpgroup 1
+ * S of t1 (each m64n64k16 over 576 dims, full rows, as the product kernel), so both warpgroups issue tensor work
+ * and each one's softmax overlaps the other's products.  Output columns stay split (warpgroup w
+ * owns O[:, 256 w ..]), so each warpgroup runs P V of BOTH tiles on its columns:
+ *   wg 0: S0; m_a = max(m, rowmax S0), P0 = 2^(S0 - m_a), alpha0 = 2^(m - m_a), O_0 *= alpha0,
+ *         l_0 = l_0 alpha0 + sum P0; publishes P0 (into atom 8 of slot 0: the rope dims that
+ *         only S reads, free once S0 finished) and m_a; O_0 += P0 V0; then, given m_b and P1:
+ *         beta = 2^(m_a - m_b), O_0 *= beta, l_0 *= beta, O_0 += P1 V1; m = m_b.
+ *   wg 1: S1 (issued at once); given m_a: alpha0 from the same m and m_a (identical arithmetic),
+ *         O_1 *= alpha0, l_1 *= alpha0, O_1 += P0 V0 issued, then (while it runs) m_b = max(m_a,
+ *         rowmax S1), P1 = 2^(S1 - m_b), l_1 = l_1 beta + sum P1; publishes P1 (atom 8 of slot 1)
+ *         and m_b; after P0 V0 landed O_1 *= beta, O_1 += P1 V1; m = m_b.
+ * Both warpgroups hold the same running max m after every pair; l = l_0 + l_1 at the end (both
+ * relative to the final m).  Loads: warpgroup 0 loads tile t0 + 2 into slot 0 once warpgroup 1's
+ * P0 V0 finished (while its own P1 V1 runs), warpgroup 1 loads t1 + 2 into slot 1 once
+ * warpgroup 0's P1 V1 finished; each waits for its own copies with a 128-thread barrier.
+ * Named barriers (256 threads: one warpgroup arrives, the other syncs; once a pair each, and
+ * every arrival of pair i + 1 comes after the matching sync of pair i):
+ *   SS_P0READY (0 -> 1, every pair), SS_P1READY (1 -> 0, when t1 exists), SS_S0FREE (1 -> 0,
+ *   when t0 + 2 exists), SS_S1FREE (0 -> 1, when t1 + 2 exists).
+ * Shared memory: the product kernel's layout (the P tile unused); red holds m_a [ROWS], m_b [ROWS], then the
+ * row sums [2][ROWS] of the epilogue. */
+enum {
+    SS_BAR_P0READY = 1,  /* P0 (slot 0 atom 8) and m_a written (warpgroup 0 -> 1) */
+    SS_BAR_P1READY = 2,  /* P1 (slot 1 atom 8) and m_b written (1 -> 0) */
+    SS_BAR_S0FREE = 3,   /* warpgroup 1's P0 V0 finished: slot 0 may be reloaded (1 -> 0) */
+    SS_BAR_S1FREE = 4,   /* warpgroup 0's P1 V1 finished: slot 1 may be reloaded (0 -> 1) */
+    SS_BAR_WG0 = 5,      /* warpgroup 0 alone (128 threads): its copies / P stores done */
+    SS_BAR_WG1 = 6       /* warpgroup 1 alone */
+};
+__device__ __forceinline__ void wg_bar_sync128(int id) { asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory"); }
+
+/* The factor 2^(m_old - m_new) (m_new == -inf counts as 0), softmax_step's alpha. */
+__device__ __forceinline__ float wg_rescale_factor(float m_old, float m_new)
+{
+    return exp2f(m_old - (m_new == -INFINITY ? 0.f : m_new));
+}
+
+/* S [64 x 64] = Q K^T over 576 dims, K the key tile at sk_addr (issued and committed, not waited). */
+template <bool BF16>
+__device__ __forceinline__ void wg_issue_s(float (&s)[8][4], uint64_t desc_q, uint32_t sk_addr)
+{
+    const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
+    ar_wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+        wgmma_qk64<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
+    }
+    ar_wg::commit();
+}
+
+/* O [64 x 256] += P V[:, 256 wg ..] of the key tile at sk_addr, P in its atom 8 (issued and
+ * committed, not waited). */
+template <bool BF16>
+__device__ __forceinline__ void wg_issue_pv_slot(float (&o)[32][4], uint32_t sk_addr, int wg)
+{
+    const uint64_t desc_p = ar_wg::desc_sw128(sk_addr + (uint32_t)(8 * WG_ATOM), 16, 1024);
+    const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
+    wg_fence_acc(o);
+    ar_wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < WG_KEYS / 16; kk++)
+        wgmma_pv<BF16>(o, desc_p + (uint32_t)((kk * 32) >> 4), desc_v + (uint32_t)((kk * 2048) >> 4));
+    ar_wg::commit();
+}
+
+/* cp.async of key tile t (as wg_load_keys) by the 128 threads of one warpgroup (this one is
+ * number i), two a key: thread i copies the odd or even 16-byte chunks of key i / 2, so it
+ * needs one block-table entry (wg_load_keys<128> keeps 36 live, which spills while the
+ * 128 accumulator registers of an in-flight P V are held). */
+__device__ __forceinline__ void wg_load_keys_by_key(const attn_args &a, const work_item &w, int r, int t,
+                                                    unsigned char *sk, int i)
+{
+    const int key = i >> 1, half = i & 1;
+    const int j = w.key_begin + t * WG_KEYS + key;
+    const bool valid = j < w.key_end;
+    const int64_t slot =
+        valid ? ((int64_t)__ldg(a.block_table + (int64_t)r * a.mbpr + (j >> a.block_size_log2)) << a.block_size_log2) +
+                    (j & (a.block_size - 1))
+              : 0;
+    const uint16_t *const src = (const uint16_t *)a.cache + (int64_t)slot * D;
+#pragma unroll 4
+    for (int k = 0; k < WG_CHUNKS / 2; k++) {
+        const int c = 2 * k + half;
+        cp_async16(sk + wg_swz(key, c), src + c * 8, valid);
+    }
+}
+
+/* Warpgroup 1's side of m_a: reads it (s_ma [ROWS]), alpha0 = 2^(m - m_a) from its own m
+ * (the same arithmetic as warpgroup 0's), o and l rescaled by alpha0, m = m_a. */
+__device__ __forceinline__ void wg_take_max(float (&o)[32][4], const float *s_ma, const int lr[2], float m_run[2],
+                                            float l_run[2], float m_a[2], int fault)
+{
+    float alpha0[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        m_a[h] = s_ma[lr[h]];
+        alpha0[h] = wg_rescale_factor(m_run[h], m_a[h]);
+        l_run[h] *= alpha0[h];
+        m_run[h] = m_a[h];
+    }
+    wg_rescale(o, alpha0, fault);
+}
+
+/* P [64 rows x 64 keys, the S accumulator layout] as the A fragments of P V's 4 key steps
+ * (wgmma_pv_rs: rows 16 (warp % 4) + lane / 4 (+ 8), keys 2 (lane % 4) (+ 1, + 8, + 9)). */
+template <bool BF16>
+__device__ __forceinline__ void wg_pack_p(const float (&s)[8][4], uint32_t (&pa)[4][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            pa[kk][2 * half] = pack2<BF16>(s[2 * kk + half][0], s[2 * kk + half][1]);
+            pa[kk][2 * half + 1] = pack2<BF16>(s[2 * kk + half][2], s[2 * kk + half][3]);
+        }
+}
+
+/* O [64 x 256] += P (pa, registers) V[:, 256 wg ..] of the key tile at sk_addr (issued and
+ * committed, not waited: pa must stay unchanged until the wait). */
+template <bool BF16>
+__device__ __forceinline__ void wg_issue_pv_rs(float (&o)[32][4], uint32_t (&pa)[4][4], uint32_t sk_addr, int wg)
+{
+    const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
+    wg_fence_acc(o);
+    wg_fence_frag(pa);
+    ar_wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < WG_KEYS / 16; kk++) wgmma_pv_rs<BF16>(o, pa[kk], desc_v + (uint32_t)((kk * 2048) >> 4));
+    ar_wg::commit();
+}
+
+/* The seesaw schedule (above) with a TMA switch: attn_wgmma_seesaw_kernel (TMA = false) and
+ * attn_wgmma_seesaw_rs_tma_kernel (P_RS = TMA = true).
+ * ptxas: 217 / 218 registers, no spills.
+ * TMA (with P_RS): the key tiles wholly below key_end come by TMA
+ * (wg_tma_keys) onto the full mbarrier of their slot: the first pair issued by WG_TMA_THREAD
+ * in the prologue, tile t0 + 2 by thread 0 (warpgroup 0) after SS_S0FREE, t1 + 2 by thread
+ * WG_TMA_THREAD (warpgroup 1) after SS_S1FREE - where the cp.async version's warpgroup issued
+ * its 36 copies a thread.  The warpgroup that computes S of a tile waits on its mbarrier
+ * (parity (t >> 1) & 1: slot s's mbarrier completes once per TMA tile s, s + 2, ..., and only
+ * the last tile can be a cp.async one); the other one also waits on it (already complete, so
+ * at once) before its P V of that tile reads the values.  P0 / P1 are written into atom 8 of
+ * their slot by generic stores: each writer fenced them to the async proxy before the named
+ * barrier after which the slot's next TMA tile is issued.  A tile that reaches past key_end
+ * keeps the cp.async path with its zero fill. */
+template <bool BF16, bool P_RS, bool TMA>
+__device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
+    unsigned char *const smem = wg_smem_base(&sq_addr);
+    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sk_addr1 = sk_addr0 + WG_TILE;
+    unsigned char *const sk0 = smem + WG_OFF_K, *const sk1 = sk0 + WG_TILE;
+    float *const s_ma = reinterpret_cast<float *>(smem + WG_OFF_RED);   /* [ROWS] m_a of the pair */
+    float *const s_mb = s_ma + ROWS;                                    /* [ROWS] m_b of the pair */
+    float *const s_sum = s_ma + 2 * ROWS;                               /* [2][ROWS] row sums */
+    uint64_t *const full = reinterpret_cast<uint64_t *>(smem + WG_OFF_BAR);   /* [2] TMA: slot landed */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * a.num_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
+    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+    /* TMA: whether tile t comes by TMA (wholly below key_end) */
+    auto tma_tile = [&](int t) { return TMA && w.key_begin + (t + 1) * WG_KEYS <= w.key_end; };
+    /* warpgroup wg's wait for its tile t in ring slot `slot`: the TMA copies' mbarrier, or its own
+     * cp.async copies and then the warpgroup's named barrier bar_id */
+    auto wait_slot = [&](int t, int slot, int bar_id) {
+        if (tma_tile(t)) {
+            mbar_wait(&full[slot], (uint32_t)(t >> 1) & 1u);
+        } else {
+            cp_async_wait<0>();           /* tile t (this warpgroup's copies) landed */
+            ar_wg::fence_proxy_async();
+            wg_bar_sync128(bar_id);
+        }
+    };
+    if (TMA) wg_tma_init(full, tmap, tid);
+
+    /* Q and the first pair by all 256 threads (TMA tiles by WG_TMA_THREAD) */
+    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
+    for (int t = 0; t < 2 && t < ntiles; t++) {
+        if (!tma_tile(t))
+            wg_load_keys<THREADS>(a, w, r, t, t ? sk1 : sk0, tid);
+        else if (tid == WG_TMA_THREAD)
+            wg_tma_keys(a, tmap, r, w.key_begin + t * WG_KEYS, t ? sk_addr1 : sk_addr0, &full[t]);
+    }
+    cp_async_commit();
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
+    cp_async_wait<0>();
+    ar_wg::fence_proxy_async();
+    __syncthreads();
+
+    for (int t0 = 0; t0 < ntiles; t0 += 2) {
+        const int t1 = t0 + 1;
+        const bool has1 = t1 < ntiles;
+        if (wg == 0) {
+            wait_slot(t0, 0, SS_BAR_WG0);
+            float s[8][4];
+            wg_issue_s<BF16>(s, desc_q, sk_addr0);
+            ar_wg::wait<0>();
+            wg_fence_acc(s);
+            float alpha0[2];
+            wg_softmax_full(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha0, a.fault);
+            wg_rescale(o, alpha0, a.fault);
+            /* P0 into atom 8 of slot 0, m_a (now m_run) into s_ma */
+            wg_store_p<BF16>(sk0 + 8 * WG_ATOM, s_ma, s, lr, tig, m_run);
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(SS_BAR_P0READY);
+            uint32_t pa[4][4];            /* P0 as A fragments (P_RS) */
+            if (P_RS) {
+                wg_pack_p<BF16>(s, pa);
+                wg_issue_pv_rs<BF16>(o, pa, sk_addr0, 0);
+            } else {
+                wg_bar_sync128(SS_BAR_WG0);   /* all of P0 written before this warpgroup reads it */
+                wg_issue_pv_slot<BF16>(o, sk_addr0, 0);
+            }
+            if (has1) {
+                wg_bar_sync(SS_BAR_P1READY);
+                const float m_b[2] = {s_mb[lr[0]], s_mb[lr[1]]};
+                float beta[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    beta[h] = wg_rescale_factor(m_run[h], m_b[h]);
+                    l_run[h] *= beta[h];
+                    m_run[h] = m_b[h];
+                }
+                ar_wg::wait<0>();         /* P0 V0 landed */
+                wg_fence_acc(o);
+                if (P_RS) wg_fence_frag(pa);
+                wg_rescale(o, beta, a.fault);
+                if (tma_tile(t1)) mbar_wait(&full[1], (uint32_t)(t1 >> 1) & 1u);   /* complete: V1 visible here */
+                wg_issue_pv_slot<BF16>(o, sk_addr1, 0);
+                if (t0 + 2 < ntiles) {    /* tile t0 + 2 into slot 0 once warpgroup 1's P0 V0 is done */
+                    wg_bar_sync(SS_BAR_S0FREE);
+                    if (!tma_tile(t0 + 2)) {
+                        wg_load_keys_by_key(a, w, r, t0 + 2, sk0, tid);
+                        cp_async_commit();
+                    } else if (tid == 0) {
+                        wg_tma_keys(a, tmap, r, w.key_begin + (t0 + 2) * WG_KEYS, sk_addr0, &full[0]);
+                    }
+                    __syncwarp();         /* warp 0 converged again before the wgmma wait */
+                }
+                ar_wg::wait<0>();
+                wg_fence_acc(o);
+                if (t1 + 2 < ntiles) wg_bar_arrive(SS_BAR_S1FREE);
+            } else {                      /* the last pair has no t1 */
+                ar_wg::wait<0>();
+                wg_fence_acc(o);
+                if (P_RS) wg_fence_frag(pa);
+            }
+        } else if (has1) {
+            wait_slot(t1, 1, SS_BAR_WG1);
+            float s[8][4];
+            wg_issue_s<BF16>(s, desc_q, sk_addr1);
+            wg_bar_sync(SS_BAR_P0READY);
+            float m_a[2];
+            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
+            if (tma_tile(t0)) mbar_wait(&full[0], (uint32_t)(t0 >> 1) & 1u);   /* complete: V0 visible here */
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
+            ar_wg::wait<1>();             /* S1 landed (P0 V0 may still run) */
+            wg_fence_acc(s);
+            float mx[2];
+            mask_scale_rowmax<8>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, mx);
+            softmax_step<8, 0>(s, mx, m_run, l_run, (float (*)[4])0, a.fault);
+            float beta[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) beta[h] = wg_rescale_factor(m_a[h], m_run[h]);
+            /* P1 into atom 8 of slot 1, m_b (now m_run) into s_mb */
+            wg_store_p<BF16>(sk1 + 8 * WG_ATOM, s_mb, s, lr, tig, m_run);
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(SS_BAR_P1READY);
+            uint32_t pa[4][4];            /* P1 as A fragments (P_RS) */
+            if (P_RS)
+                wg_pack_p<BF16>(s, pa);
+            else
+                wg_bar_sync128(SS_BAR_WG1);   /* all of P1 written before this warpgroup reads it */
+            ar_wg::wait<0>();             /* P0 V0 landed: slot 0 free on this side */
+            wg_fence_acc(o);
+            if (t0 + 2 < ntiles) wg_bar_arrive(SS_BAR_S0FREE);
+            wg_rescale(o, beta, a.fault);
+            if (P_RS)
+                wg_issue_pv_rs<BF16>(o, pa, sk_addr1, 1);
+            else
+                wg_issue_pv_slot<BF16>(o, sk_addr1, 1);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+            if (P_RS) wg_fence_frag(pa);
+            if (t1 + 2 < ntiles) {        /* tile t1 + 2 into slot 1 once warpgroup 0's P1 V1 is done */
+                wg_bar_sync(SS_BAR_S1FREE);
+                if (!tma_tile(t1 + 2)) {
+                    wg_load_keys_by_key(a, w, r, t1 + 2, sk1, tid - 128);
+                    cp_async_commit();
+                } else if (tid == WG_TMA_THREAD) {
+                    wg_tma_keys(a, tmap, r, w.key_begin + (t1 + 2) * WG_KEYS, sk_addr1, &full[1]);
+                }
+                __syncwarp();             /* warp 4 converged again before the next wgmma */
+            }
+        } else {                          /* the last pair has no t1: P0 V0 only */
+            wg_bar_sync(SS_BAR_P0READY);
+            float m_a[2];
+            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
+            if (tma_tile(t0)) mbar_wait(&full[0], (uint32_t)(t0 >> 1) & 1u);   /* complete: V0 visible here */
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+        }
+    }
+    cp_async_wait<0>();
+
+    /* epilogue: l = l_0 + l_1 (both relative to the common final max), normalise, write */
+    quad_sum(l_run);
+    if (tig == 0) {
+        s_sum[wg * ROWS + lr[0]] = l_run[0];
+        s_sum[wg * ROWS + lr[1]] = l_run[1];
+    }
+    __syncthreads();
+    for (int h = 0; h < 2; h++) l_run[h] = s_sum[lr[h]] + s_sum[ROWS + lr[h]];
+    wg_store_rows(a, w, q0, nrows, o, m_run, l_run, lr, wg, tig);
+#else
+    (void)a;
+    (void)tmap;
+    __trap();   /* built without sm_90a: the host never launches this kernel there */
+#endif
+}
+
+/* P_RS ("seesaw-rs"): each warpgroup's P V of the tile whose S it computed takes P
+ * from its registers (RS) instead of the shared copy it wrote for the other warpgroup: 16 KB
+ * less shared-memory reads a pair and no 128-thread barrier before that product.
+ * The body is wg_seesaw_body's with TMA = false. */
+template <bool BF16, bool P_RS>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args a)
+{
+    wg_seesaw_body<BF16, P_RS, false>(a, nullptr);
+}
+
+/* "seesaw-rs-tma": seesaw-rs with the key tiles by TMA (see wg_seesaw_body); tmap as
+ * attn_wgmma_tma_kernel's. */
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_rs_tma_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
+{
+    wg_seesaw_body<BF16, true, true>(a, &tmap);
+}
+
+} /* namespace ar_mla */
+
+/* ---------------------------------------------------------------------------------------- */
+/* The benchmark                                                                              */
+
+using namespace ar_mla;
+
+static cudaError_t launch_seesaw_rs_tma(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
+{
+    if (!tmap) return cudaErrorInvalidValue;   /* the hook made no tensor map: not on the wgmma route */
+    if (a->bf16) attn_wgmma_seesaw_rs_tma_kernel<true><<<num_ctas, THREADS, WG_SMEM_TMA, st>>>(*a, *tmap);
+    else attn_wgmma_seesaw_rs_tma_kernel<false><<<num_ctas, THREADS, WG_SMEM_TMA, st>>>(*a, *tmap);
+    return cudaGetLastError();
+}
+
+static cudaError_t launch_seesaw_rs(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
+{
+    (void)tmap;
+    if (a->bf16) attn_wgmma_seesaw_kernel<true, true><<<num_ctas, THREADS, WG_SMEM, st>>>(*a);
+    else attn_wgmma_seesaw_kernel<false, true><<<num_ctas, THREADS, WG_SMEM, st>>>(*a);
+    return cudaGetLastError();
+}
+
+static bool set_attributes(void)
+{
+    const void *fns[4] = {(const void *)attn_wgmma_seesaw_rs_tma_kernel<true>,
+                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<false>,
+                          (const void *)attn_wgmma_seesaw_kernel<true, true>,
+                          (const void *)attn_wgmma_seesaw_kernel<false, true>};
+    for (int i = 0; i < 4; i++)
+        if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, i < 2 ? WG_SMEM_TMA : WG_SMEM) !=
+            cudaSuccess)
+            return false;
+    return true;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d;   /* a NaN sticks */
+    }
+    return m;
+}
+
+int main(int argc, char **argv)
+{
+    const int B = 128, H = argc > 1 && atoi(argv[1]) == 16 ? 16 : 128;
+    static const int sks[] = {4096, 8192, 16384, 32768};
+    const size_t n_out = (size_t)B * H * 512, n_lse = (size_t)B * H;
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 ||
+        minor != 0) {
+        printf("mla_wgmma_seesaw: skipped: needs a compute-capability 9.0 device\n");
+        return 0;
+    }
+    if (!set_attributes()) {
+        printf("mla_wgmma_seesaw: the kernels' shared memory was refused\n");
+        return 1;
+    }
+    static const ar_cuda_mla_lab_kernel lab[] = {{"seesaw-rs-tma", launch_seesaw_rs_tma},
+                                                 {"seesaw-rs", launch_seesaw_rs}};
+    int *seqlens = (int *)malloc(sizeof(int) * B);
+    unsigned char *sel = (unsigned char *)calloc((size_t)B, 1);
+    float *base_out = (float *)malloc(n_out * sizeof(float));
+    ar_cuda_mla_result r;
+    memset(&r, 0, sizeof r);
+    r.out = (float *)malloc(n_out * sizeof(float));
+    r.lse = (float *)malloc(n_lse * sizeof(float));
+    r.ref_out = (double *)malloc(n_out * sizeof(double));
+    r.ref_lse = (double *)malloc(n_lse * sizeof(double));
+    if (!seqlens || !sel || !base_out || !r.out || !r.lse || !r.ref_out || !r.ref_lse) {
+        printf("mla_wgmma_seesaw: out of host memory\n");
+        return 1;
+    }
+    sel[0] = sel[B / 2] = sel[B - 1] = 1;
+    ar_cuda_mla_case c = ar_cuda_mla_bench_case(B, H, seqlens);
+    c.kernel = AR_MLA_KERNEL_TC_WGMMA;
+    c.want_reference = true;
+    c.ref_requests = sel;
+    printf("lab: the seesaw schedule against the product's wgmma kernel, b=%d s_q=1 h_q=%d bf16 block 64, "
+           "median of %d\n", B, H, c.repeat);
+    printf("%-15s %6s %9s %8s %7s %9s %9s %10s\n", "kernel", "s_k", "us", "TFLOP/s", "TB/s", "err out", "err lse",
+           "vs product");
+    int rc = 0;
+    for (size_t ik = 0; ik < sizeof sks / sizeof sks[0]; ik++) {
+        for (int b = 0; b < B; b++) seqlens[b] = sks[ik];
+        for (int k = -1; k < (int)(sizeof lab / sizeof lab[0]); k++) {
+            char err[512] = "";
+            c.wgmma_cpasync = k >= 0 && strcmp(lab[k].name, "seesaw-rs") == 0;
+            int crc = k < 0 ? ar_cuda_mla_run_case(&c, &r, err, sizeof err)
+                            : ar_cuda_mla_run_case_with(&c, &lab[k], &r, err, sizeof err);
+            if (crc != 0) {
+                printf("%-15s %6d error: %.200s\n", k < 0 ? "product" : lab[k].name, sks[ik], err);
+                rc = 1;
+                continue;
+            }
+            double err_out, err_lse;
+            ar_cuda_mla_ref_errors(&r, sel, B, H, &err_out, &err_lse);
+            if (k < 0) memcpy(base_out, r.out, n_out * sizeof(float));
+            const double keys = (double)B * sks[ik];
+            const double flops = 2.0 * H * keys * (576 + 512), bytes = (keys * 576 + (double)B * H * 1088) * 2.0;
+            const bool bad = !(err_out <= 8e-4);
+            printf("%-15s %6d %9.1f %8.1f %7.2f %9.2e %9.2e %10.2e%s\n", k < 0 ? r.kernel_name : lab[k].name, sks[ik],
+                   r.attn_us, flops / r.attn_us / 1e6, bytes / r.attn_us / 1e6, err_out, err_lse,
+                   max_abs_diff(r.out, base_out, n_out), bad ? "  ERROR > 8e-4" : "");
+            if (bad) rc = 1;
+            fflush(stdout);
+        }
+    }
+    free(seqlens);
+    free(sel);
+    free(base_out);
+    free(r.out);
+    free(r.lse);
+    free(r.ref_out);
+    free(r.ref_lse);
+    ar_cuda_mla_release_case_buffers();
+    return rc;
+}

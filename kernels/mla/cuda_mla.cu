@@ -1,0 +1,861 @@
+/* cuda_mla.cu - the "cuda-mla" backend: DeepSeek-V2/V3 multi-head latent attention (MLA) on an
+ * NVIDIA GPU (sm_80+, built for sm_80 and sm_90a), with vLLM's MLA semantics (semantics
+ * section 7).  This file is the backend's triple, read in one place:
+ *   - the descriptor (ar_cuda_mla_backend: check / open / close, at the end);
+ *   - the MetadataBuilder (mla_prepare): the step's decode and prefill requests, the decode
+ *     launch's kernel (the decision function mla_choose) and plan, the prefill path's
+ *     workspace passes, all packed into one device buffer;
+ *   - the Impl (mla_fill, mla_forward): inputs generated on the device, then per pass the
+ *     latent-cache write, the absorption GEMM, the latent attention and its split combine, the
+ *     W_UV up-projection and the prefill path; timed, guarded, copied back.
+ * The pieces it drives live in kernels/mla/: mla_decode.h / mla_decode.cu (the decode launch:
+ * decision function, planner, kernels), mla_prefill.cuh (GEMM and prefill kernels),
+ * mla_inputs.cuh (generator and cache write), mla_common.cuh (shapes, arguments, helpers).
+ *
+ * Timed part of forward (CUDA events; one untimed warm-up at the first forward and before every
+ * series of cfg->repeat > 1; then the median of cfg->repeat): "write"
+ * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
+ * merge), "wuv" (o_lat x W_UV), and for prefill requests "prefill" (up-projection, chunked
+ * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
+ * guard regions checked after every forward; out/LSE are NaN-poisoned before each forward.
+ * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow forces the decode kernel (for comparisons;
+ * mla_decode.h has the rule).
+ *
+ * LSE convention: [Hq, T], natural log, -inf for a row that sees no key (backend contract). */
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_mla.h"
+#include "../common/cuda_host.cuh"
+#include "mla_decode.h"
+#include "mla_inputs.cuh"
+#include "mla_prefill.cuh"
+
+#define MLA_GUARD_BYTES 4096
+#define MLA_GUARD_BYTE 0xA5
+
+using namespace ar_mla;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Host helpers                                                                              */
+
+/* dev_buf: kernels/common/cuda_host.cuh; mla_fail, mla_ensure, mla_grid, median_of:
+ * mla_decode.h */
+static size_t mla_round_up(size_t x, size_t a) { return ar_round_up(x, a); }
+
+static int mla_ensure_host(void **p, size_t *cap, size_t need, char *err, size_t err_len)
+{
+    return ar_cuda_ensure_host(p, cap, need, "cuda-mla backend", err, err_len);
+}
+
+static ar_cuda_mla_kernel env_kernel(void)
+{
+    const char *e = getenv("AR_MLA_KERNEL");
+    if (e && strcmp(e, "simt") == 0) return AR_MLA_KERNEL_SIMT;
+    if (e && strcmp(e, "tc-split-qk") == 0) return AR_MLA_KERNEL_TC_SPLIT_QK;
+    if (e && strcmp(e, "tc-wgmma") == 0) return AR_MLA_KERNEL_TC_WGMMA;
+    if (e && strcmp(e, "tc-narrow") == 0) return AR_MLA_KERNEL_TC_NARROW;
+    return AR_MLA_KERNEL_AUTO;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The backend                                                                                */
+
+/* Workspace bound of the prefill path, in tokens per context chunk (vLLM: up to 65536; smaller
+ * here so that the up-projected chunk, tokens x heads x (192 + 128) values, stays modest). */
+#define MLA_WORKSPACE_TOKENS 4096
+
+typedef struct mla_state {
+    ar_run_config cfg;
+    int device;
+    char device_name[256];
+    int num_sms;
+    mla_caps caps;                  /* what the device can run (mla_probe) */
+    int H, P, V, bs, num_layers;
+    bool bf16, fp8;
+    size_t cache_bytes;             /* per layer */
+    void **cache;                   /* [num_layers] -> [num_blocks, block_size, 576] */
+    uint16_t **w_uk, **w_uv;        /* [num_layers] -> [H, 512, P] and [H, 512, V], made lazily */
+    cudaStream_t stream;
+    cudaEvent_t ev[8];              /* ev[0..6]: timing; ev[7]: the end of a forward's work */
+    int *d_guard, *h_guard;         /* guard words found overwritten: device counter, pinned copy */
+
+    /* the step (prepare) */
+    int step_ready;
+    int R, T, mbpr;
+    int num_work, num_groups, num_partials;
+    int num_ctas;                   /* CTAs of the latent-attention launch (num_work unless persistent) */
+    int max_rows;                   /* most rows (q_len * H) of an absorbed request */
+    int n_dec_reqs, n_pf_reqs, n_pf_tok, n_passes, ws_rows_max;
+    int *pass_rows;                 /* [n_passes] rows of each pass (host) */
+    size_t *pass_meta_off;          /* [n_passes] offset of the pass's arrays in meta */
+    int *d_qsl, *d_seq, *d_bt, *d_treq, *d_tpos, *d_pf_tok;
+    int64_t *d_slots;
+    uint64_t *d_rkeys, *d_bkeys;
+    work_item *d_work;
+    combine_group *d_groups;
+
+    dev_buf meta, qlat, qnope, lat, olat, out, lse, part_o, part_lse, fill;
+    dev_buf ws_lat, ws_k, ws_v, pass_o, pass_lse, acc_o, acc_lse;
+    void *h_meta;
+    size_t h_meta_cap;
+    void *h_out;                    /* pinned: out payload, then lse payload (host copies only) */
+    size_t h_out_cap;
+    size_t out_bytes, lse_bytes;
+    ar_cuda_mla_kernel force_kernel;
+    mla_route route;                /* the decode kernel of this step (mla_choose) */
+    int force_splits;
+    int use_prefill;
+    int workspace_tokens;
+    ar_cuda_mla_plan_info info;
+    int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
+} mla_state;
+
+static bool mla_check(const ar_run_config *cfg, char *why, size_t why_len)
+{
+    const ar_model *m = &cfg->model;
+    if (m->attention != AR_ATTN_MLA) {
+        snprintf(why, why_len, "not an MLA model (cuda-mla runs model attention \"mla\" only)");
+        return false;
+    }
+    if (m->kv_lora_rank != DL || m->qk_rope_head_dim != DR || m->head_size != D) {
+        snprintf(why, why_len, "MLA dims kv_lora_rank %d, qk_rope_head_dim %d, head_size %d not supported "
+                 "(512, 64, 576 as DeepSeek-V2/V3)", m->kv_lora_rank, m->qk_rope_head_dim, m->head_size);
+        return false;
+    }
+    if (m->qk_nope_head_dim < 8 || m->qk_nope_head_dim > 256 || m->v_head_dim < 8 || m->v_head_dim > 256) {
+        snprintf(why, why_len, "qk_nope_head_dim %d / v_head_dim %d not supported (8..256)", m->qk_nope_head_dim,
+                 m->v_head_dim);
+        return false;
+    }
+    if (m->num_kv_heads != 1 || m->num_q_heads < 1) {
+        snprintf(why, why_len, "MLA needs num_kv_heads 1 and num_q_heads >= 1 (got %d, %d)", m->num_kv_heads,
+                 m->num_q_heads);
+        return false;
+    }
+    if (m->sliding_window != 0 || m->logits_soft_cap != 0) {
+        snprintf(why, why_len, "sliding window / soft cap are not part of MLA");
+        return false;
+    }
+    if (cfg->dtype != AR_FP16 && cfg->dtype != AR_BF16) {
+        snprintf(why, why_len, "dtype %s not supported (fp16, bf16)", ar_dtype_name(cfg->dtype));
+        return false;
+    }
+    if (cfg->kv_dtype != cfg->dtype && cfg->kv_dtype != AR_FP8_E4M3) {
+        snprintf(why, why_len, "KV dtype %s not supported (the model dtype or fp8_e4m3)", ar_dtype_name(cfg->kv_dtype));
+        return false;
+    }
+    if (cfg->kv_dtype == AR_FP8_E4M3 && !(cfg->kv_scale > 0)) {
+        snprintf(why, why_len, "fp8 KV needs kv_scale > 0 (got %g)", cfg->kv_scale);
+        return false;
+    }
+    if (cfg->block_size != 16 && cfg->block_size != 32 && cfg->block_size != 64) {
+        snprintf(why, why_len, "block size %d not supported (16, 32, 64)", cfg->block_size);
+        return false;
+    }
+    return ar_cuda_device_ok(why, why_len);
+}
+
+static void mla_close(void *state);
+static int ensure_weights(mla_state *s, int layer, char *err, size_t err_len);
+
+static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_t err_len)
+{
+    *state_out = NULL;
+    char why[256];
+    if (!mla_check(cfg, why, sizeof why)) {
+        snprintf(err, err_len, "cuda-mla backend: %s", why);
+        return strncmp(why, "no CUDA device", 14) == 0 ? 3 : 2;
+    }
+    mla_state *s = (mla_state *)calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
+    s->cfg = *cfg;
+    s->device = cfg->device_index;   /* chosen by the engine from the local rank (replay/shard.h) */
+    s->H = cfg->model.num_q_heads;
+    s->P = cfg->model.qk_nope_head_dim;
+    s->V = cfg->model.v_head_dim;
+    s->bs = cfg->block_size;
+    s->bf16 = cfg->dtype == AR_BF16;
+    s->fp8 = cfg->kv_dtype == AR_FP8_E4M3;
+    s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
+    s->use_prefill = 1;
+    s->workspace_tokens = MLA_WORKSPACE_TOKENS;
+    s->force_kernel = env_kernel();
+    int rc;
+    cudaDeviceProp prop;
+    if ((rc = mla_fail(cudaSetDevice(s->device), "cudaSetDevice", err, err_len)) ||
+        (rc = mla_fail(cudaGetDeviceProperties(&prop, s->device), "cudaGetDeviceProperties", err, err_len))) {
+        free(s);
+        return rc;
+    }
+    snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
+    s->num_sms = prop.multiProcessorCount;
+    s->caps = mla_probe(s->device);
+    if ((rc = mla_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
+        free(s);
+        return rc;
+    }
+    for (int i = 0; i < 8; i++)
+        if ((rc = mla_fail(cudaEventCreate(&s->ev[i]), "event", err, err_len))) {
+            mla_close(s);
+            return rc;
+        }
+    if ((rc = mla_fail(cudaMalloc((void **)&s->d_guard, sizeof(int)), "guard counter", err, err_len)) ||
+        (rc = mla_fail(cudaMallocHost((void **)&s->h_guard, sizeof(int)), "guard counter", err, err_len))) {
+        mla_close(s);
+        return rc;
+    }
+    s->cache_bytes = (size_t)cfg->num_blocks * cfg->block_size * D * (s->fp8 ? 1 : 2);
+    size_t weight_bytes = (size_t)s->H * DL * (s->P + s->V) * 2;
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    if ((double)(s->cache_bytes + weight_bytes) * s->num_layers > 0.85 * (double)free_b) {
+        snprintf(err, err_len,
+                 "cuda-mla backend: the latent caches and weights need %.2f GiB (%d layers x %.3f GiB) but the "
+                 "device has %.2f GiB free; replay fewer layers or fewer blocks",
+                 (double)(s->cache_bytes + weight_bytes) * s->num_layers / 1073741824.0, s->num_layers,
+                 (double)(s->cache_bytes + weight_bytes) / 1073741824.0, free_b / 1073741824.0);
+        mla_close(s);
+        return 2;
+    }
+    s->cache = (void **)calloc((size_t)s->num_layers, sizeof(void *));
+    s->w_uk = (uint16_t **)calloc((size_t)s->num_layers, sizeof(uint16_t *));
+    s->w_uv = (uint16_t **)calloc((size_t)s->num_layers, sizeof(uint16_t *));
+    if (!s->cache || !s->w_uk || !s->w_uv) {
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        mla_close(s);
+        return 3;
+    }
+    for (int l = 0; l < s->num_layers; l++) {
+        if ((rc = mla_fail(cudaMalloc(&s->cache[l], s->cache_bytes), "latent cache allocation", err, err_len)) ||
+            (rc = mla_fail(cudaMemsetAsync(s->cache[l], 0xFF, s->cache_bytes, s->stream), "NaN fill", err, err_len)) ||
+            (rc = ensure_weights(s, l, err, err_len))) {   /* here, not in the first step's forward */
+            mla_close(s);
+            return rc;
+        }
+    }
+    if ((rc = mla_fail(cudaStreamSynchronize(s->stream), "open", err, err_len))) {
+        mla_close(s);
+        return rc;
+    }
+    *state_out = s;
+    return 0;
+}
+
+static void mla_close(void *state)
+{
+    mla_state *s = (mla_state *)state;
+    if (!s) return;
+    if (s->stream) cudaStreamSynchronize(s->stream);
+    for (int l = 0; l < s->num_layers; l++) {
+        if (s->cache && s->cache[l]) cudaFree(s->cache[l]);
+        if (s->w_uk && s->w_uk[l]) cudaFree(s->w_uk[l]);
+        if (s->w_uv && s->w_uv[l]) cudaFree(s->w_uv[l]);
+    }
+    free(s->cache);
+    free(s->w_uk);
+    free(s->w_uv);
+    dev_buf *bufs[] = {&s->meta, &s->qlat, &s->qnope, &s->lat, &s->olat, &s->out, &s->lse, &s->part_o,
+                       &s->part_lse, &s->fill, &s->ws_lat, &s->ws_k, &s->ws_v, &s->pass_o, &s->pass_lse,
+                       &s->acc_o, &s->acc_lse};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
+    if (s->h_meta) cudaFreeHost(s->h_meta);
+    if (s->h_out) cudaFreeHost(s->h_out);
+    if (s->d_guard) cudaFree(s->d_guard);
+    if (s->h_guard) cudaFreeHost(s->h_guard);
+    for (int i = 0; i < 8; i++)
+        if (s->ev[i]) cudaEventDestroy(s->ev[i]);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    free(s->pass_rows);
+    free(s->pass_meta_off);
+    free(s);
+}
+
+static void mla_device_name(void *state, char *buf, size_t len)
+{
+    mla_state *s = (mla_state *)state;
+    snprintf(buf, len, "%s", s ? s->device_name : "none");
+}
+
+static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len)
+{
+    mla_state *s = (mla_state *)state;
+    s->step_ready = 0;
+    const int R = b->num_reqs, T = b->num_tokens, mbpr = b->max_blocks_per_req;
+    const int bs = s->bs, nb = s->cfg.num_blocks, H = s->H;
+    if (ar_cuda_check_batch(b, bs, nb, err, err_len)) return 2;
+
+    /* decode / prefill split (semantics 7.3) */
+    unsigned char *is_pf = (unsigned char *)calloc((size_t)(R > 0 ? R : 1), 1);
+    unsigned char *is_dec = (unsigned char *)calloc((size_t)(R > 0 ? R : 1), 1);
+    if (!is_pf || !is_dec) {
+        free(is_pf);
+        free(is_dec);
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
+    int n_pf_reqs = 0, n_pf_tok = 0, n_pf_ctx = 0;
+    for (int r = 0; r < R; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
+        is_pf[r] = s->use_prefill && ql > AR_CUDA_MLA_DECODE_THRESHOLD;
+        is_dec[r] = !is_pf[r];
+        if (is_pf[r]) {
+            n_pf_reqs++;
+            n_pf_tok += ql;
+            if (b->seq_lens[r] - ql > 0) n_pf_ctx++;
+        }
+    }
+    const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    mla_plan plan;
+    int plan_rc = build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits);
+    /* the decision function: the decode kernel of this step, and its plan */
+    s->route = mla_choose(s->caps, s->force_kernel, plan.max_rows, s->fp8, 0);
+    if (!plan_rc)
+        plan_rc = mla_replan(&plan, s->route, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms,
+                             s->force_splits);
+    if (plan_rc) {
+        free(is_pf);
+        free(is_dec);
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
+
+    /* prefill passes: context chunks of at most M tokens per request (workspace-bounded,
+     * block-aligned as in vLLM), then one pass over the new tokens */
+    int max_ctx = 0;
+    for (int r = 0; r < R; r++)
+        if (is_pf[r]) {
+            int c = b->seq_lens[r] - (b->query_start_loc[r + 1] - b->query_start_loc[r]);
+            if (c > max_ctx) max_ctx = c;
+        }
+    int chunk_m = n_pf_ctx > 0 ? s->workspace_tokens / n_pf_ctx : s->workspace_tokens;
+    chunk_m = chunk_m / bs * bs;
+    if (chunk_m < bs) chunk_m = bs;
+    int n_ctx_chunks = max_ctx > 0 ? (max_ctx + chunk_m - 1) / chunk_m : 0;
+    int n_passes = n_pf_reqs > 0 ? n_ctx_chunks + 1 : 0;
+    free(s->pass_rows);
+    free(s->pass_meta_off);
+    s->pass_rows = (int *)calloc((size_t)(n_passes + 1), sizeof(int));
+    s->pass_meta_off = (size_t *)calloc((size_t)(n_passes + 1) * 4, sizeof(size_t));
+    if (!s->pass_rows || !s->pass_meta_off) {
+        free(is_pf);
+        free(is_dec);
+        plan_free(&plan);
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
+    int ws_rows_max = 0;
+    for (int p = 0; p < n_passes; p++) {
+        int rows = 0;
+        for (int r = 0; r < R; r++) {
+            if (!is_pf[r]) continue;
+            int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], ctx = b->seq_lens[r] - ql;
+            if (p < n_ctx_chunks) {
+                int lo = p * chunk_m, hi = (p + 1) * chunk_m < ctx ? (p + 1) * chunk_m : ctx;
+                if (hi > lo) rows += hi - lo;
+            } else {
+                rows += ql;
+            }
+        }
+        s->pass_rows[p] = rows;
+        if (rows > ws_rows_max) ws_rows_max = rows;
+    }
+
+    /* metadata layout */
+    size_t off = 0;
+    const ar_batch_meta bm = ar_batch_meta_layout(&off, R, T, mbpr);
+    size_t o_work = ar_meta_take(&off, (size_t)plan.num_work * sizeof(work_item));
+    size_t o_groups = ar_meta_take(&off, (size_t)plan.num_groups * sizeof(combine_group));
+    size_t o_pftok = ar_meta_take(&off, (size_t)n_pf_tok * 4);
+    for (int p = 0; p < n_passes; p++) {
+        s->pass_meta_off[4 * p + 0] = ar_meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_req */
+        s->pass_meta_off[4 * p + 1] = ar_meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_pos */
+        s->pass_meta_off[4 * p + 2] = ar_meta_take(&off, (size_t)R * 4);                 /* kb */
+        s->pass_meta_off[4 * p + 3] = ar_meta_take(&off, (size_t)R * 4);                 /* ke */
+    }
+    size_t meta_bytes = mla_round_up(off, 16) + 16;
+    int rc;
+    if ((rc = mla_ensure_host(&s->h_meta, &s->h_meta_cap, meta_bytes, err, err_len)) ||
+        (rc = mla_ensure(&s->meta, meta_bytes, "metadata buffer", err, err_len))) {
+        free(is_pf);
+        free(is_dec);
+        plan_free(&plan);
+        return rc;
+    }
+    unsigned char *h = (unsigned char *)s->h_meta;
+    ar_batch_meta_fill(&bm, h, b);
+    int *pftok = (int *)(h + o_pftok), npf = 0;
+    for (int r = 0; r < R; r++)
+        if (is_pf[r])
+            for (int t = b->query_start_loc[r]; t < b->query_start_loc[r + 1]; t++) pftok[npf++] = t;
+    memcpy(h + o_work, plan.work, (size_t)plan.num_work * sizeof(work_item));
+    memcpy(h + o_groups, plan.groups, (size_t)plan.num_groups * sizeof(combine_group));
+    for (int p = 0; p < n_passes; p++) {
+        int *row_req = (int *)(h + s->pass_meta_off[4 * p + 0]);
+        int *row_pos = (int *)(h + s->pass_meta_off[4 * p + 1]);
+        int *kb = (int *)(h + s->pass_meta_off[4 * p + 2]);
+        int *ke = (int *)(h + s->pass_meta_off[4 * p + 3]);
+        int w = 0;
+        for (int r = 0; r < R; r++) {
+            kb[r] = ke[r] = w;
+            if (!is_pf[r]) continue;
+            int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], ctx = b->seq_lens[r] - ql;
+            int lo, hi;
+            if (p < n_ctx_chunks) {
+                lo = p * chunk_m;
+                hi = (p + 1) * chunk_m < ctx ? (p + 1) * chunk_m : ctx;
+            } else {
+                lo = ctx;
+                hi = ctx + ql;
+            }
+            for (int pos = lo; pos < hi; pos++) {
+                row_req[w] = r;
+                row_pos[w] = pos;
+                w++;
+            }
+            ke[r] = w;
+        }
+    }
+    if ((rc = mla_fail(cudaMemcpyAsync(s->meta.ptr, s->h_meta, meta_bytes, cudaMemcpyHostToDevice, s->stream),
+                       "metadata upload", err, err_len))) {
+        free(is_pf);
+        free(is_dec);
+        plan_free(&plan);
+        return rc;
+    }
+    unsigned char *d = (unsigned char *)s->meta.ptr;
+    s->d_qsl = (int *)(d + bm.qsl);
+    s->d_seq = (int *)(d + bm.seq);
+    s->d_bt = (int *)(d + bm.bt);
+    s->d_treq = (int *)(d + bm.treq);
+    s->d_tpos = (int *)(d + bm.tpos);
+    s->d_slots = (int64_t *)(d + bm.slots);
+    s->d_rkeys = (uint64_t *)(d + bm.rkeys);
+    s->d_bkeys = (uint64_t *)(d + bm.bkeys);
+    s->d_work = (work_item *)(d + o_work);
+    s->d_groups = (combine_group *)(d + o_groups);
+    s->d_pf_tok = (int *)(d + o_pftok);
+
+    /* per-step buffers */
+    const int P = s->P, V = s->V, QK = P + DR;
+    size_t out_payload = mla_round_up((size_t)T * H * V * 4 + 16, 256);
+    size_t lse_payload = mla_round_up((size_t)H * T * 4 + 16, 256);
+    size_t out_need = 2 * MLA_GUARD_BYTES + out_payload, lse_need = 2 * MLA_GUARD_BYTES + lse_payload;
+    bool out_new = out_need > s->out.cap, lse_new = lse_need > s->lse.cap;
+    size_t ws = (size_t)(ws_rows_max > 0 ? ws_rows_max : 1);
+    size_t tpf = (size_t)(n_pf_tok > 0 ? T : 1);
+    if ((rc = mla_ensure(&s->qlat, (size_t)T * H * D * 2 + 16, "latent query buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->qnope, (size_t)T * H * P * 2 + 16, "q_nope buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->lat, (size_t)T * D * 2 + 16, "new latent buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->olat, (size_t)T * H * DL * 4 + 16, "latent output buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->out, out_need, "out buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->lse, lse_need, "LSE buffer", err, err_len)) ||
+        (rc = mla_ensure(&s->part_o, (size_t)(plan.num_partials + 1) * ROWS * DL * 4, "split partials", err, err_len)) ||
+        (rc = mla_ensure(&s->part_lse, (size_t)(plan.num_partials + 1) * ROWS * 4, "split LSE", err, err_len)) ||
+        (n_pf_reqs > 0 &&
+         ((rc = mla_ensure(&s->ws_lat, ws * D * 2, "prefill latent workspace", err, err_len)) ||
+          (rc = mla_ensure(&s->ws_k, ws * H * QK * 2, "prefill key workspace", err, err_len)) ||
+          (rc = mla_ensure(&s->ws_v, ws * H * V * 2, "prefill value workspace", err, err_len)) ||
+          (rc = mla_ensure(&s->pass_o, tpf * H * V * 4, "prefill pass output", err, err_len)) ||
+          (rc = mla_ensure(&s->pass_lse, tpf * H * 4, "prefill pass LSE", err, err_len)) ||
+          (rc = mla_ensure(&s->acc_o, tpf * H * V * 4, "prefill output", err, err_len)) ||
+          (rc = mla_ensure(&s->acc_lse, tpf * H * 4, "prefill LSE", err, err_len)))) ||
+        (rc = mla_ensure_host(&s->h_out, &s->h_out_cap, out_need + lse_need, err, err_len))) {
+        free(is_pf);
+        free(is_dec);
+        plan_free(&plan);
+        return rc;
+    }
+    s->out_bytes = out_payload;
+    s->lse_bytes = lse_payload;
+    /* prefill tokens' latent rows are never written by the absorbed path, but the W_UV GEMM
+     * reads every row (its prefill rows are overwritten later): keep them defined */
+    if (n_pf_reqs > 0) cudaMemsetAsync(s->olat.ptr, 0, (size_t)T * H * DL * 4, s->stream);
+    if (out_new) cudaMemsetAsync(s->out.ptr, MLA_GUARD_BYTE, s->out.cap, s->stream);
+    if (lse_new) cudaMemsetAsync(s->lse.ptr, MLA_GUARD_BYTE, s->lse.cap, s->stream);
+    /* the payload moves with T: re-stamp the area after it */
+    cudaMemsetAsync((char *)s->out.ptr + MLA_GUARD_BYTES + s->out_bytes, MLA_GUARD_BYTE,
+                    s->out.cap - MLA_GUARD_BYTES - s->out_bytes, s->stream);
+    cudaMemsetAsync((char *)s->lse.ptr + MLA_GUARD_BYTES + s->lse_bytes, MLA_GUARD_BYTE,
+                    s->lse.cap - MLA_GUARD_BYTES - s->lse_bytes, s->stream);
+    if ((rc = mla_fail(cudaGetLastError(), "guard set-up", err, err_len))) {
+        free(is_pf);
+        free(is_dec);
+        plan_free(&plan);
+        return rc;
+    }
+    s->R = R;
+    s->T = T;
+    s->mbpr = mbpr;
+    s->num_work = plan.num_work;
+    s->num_ctas = plan.num_ctas;
+    s->num_groups = plan.num_groups;
+    s->num_partials = plan.num_partials;
+    s->max_rows = plan.max_rows;
+    s->n_pf_reqs = n_pf_reqs;
+    s->n_dec_reqs = R - n_pf_reqs;
+    s->n_pf_tok = n_pf_tok;
+    s->n_passes = n_passes;
+    s->ws_rows_max = ws_rows_max;
+    s->info.num_decode_reqs = R - n_pf_reqs;
+    s->info.num_prefill_reqs = n_pf_reqs;
+    s->info.num_work = plan.num_ctas;
+    s->info.num_groups = plan.num_groups;
+    s->info.num_context_chunks = n_ctx_chunks;
+    s->info.num_sms = s->num_sms;
+    s->step_ready = 1;
+    free(is_pf);
+    free(is_dec);
+    plan_free(&plan);
+    return 0;
+}
+
+static int mla_fill(void *state, int layer, const ar_fill *f, char *err, size_t err_len)
+{
+    mla_state *s = (mla_state *)state;
+    if (layer < 0 || layer >= s->num_layers) {
+        snprintf(err, err_len, "cuda-mla backend: fill: layer %d outside [0, %d)", layer, s->num_layers);
+        return 2;
+    }
+    if (f->count <= 0) return 0;
+    int64_t nslots = (int64_t)s->cfg.num_blocks * s->bs;
+    for (int i = 0; i < f->count; i++)
+        if (f->slots[i] < -1 || f->slots[i] >= nslots || f->offsets[i] < 0 || f->offsets[i] >= s->bs) {
+            snprintf(err, err_len, "cuda-mla backend: fill: entry %d has slot %lld, offset %d (slots [-1, %lld), "
+                     "offsets [0, %d))", i, (long long)f->slots[i], f->offsets[i], (long long)nslots, s->bs);
+            return 2;
+        }
+    size_t o_keys = mla_round_up((size_t)f->count * 8, 16), o_off = o_keys + mla_round_up((size_t)f->count * 8, 16);
+    int rc;
+    if ((rc = mla_ensure(&s->fill, o_off + (size_t)f->count * 4 + 64, "fill buffer", err, err_len))) return rc;
+    unsigned char *d = (unsigned char *)s->fill.ptr;
+    if ((rc = mla_fail(cudaMemcpyAsync(d, f->slots, (size_t)f->count * 8, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)) ||
+        (rc = mla_fail(cudaMemcpyAsync(d + o_keys, f->keys, (size_t)f->count * 8, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)) ||
+        (rc = mla_fail(cudaMemcpyAsync(d + o_off, f->offsets, (size_t)f->count * 4, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)))
+        return rc;
+    fill_latent_kernel<<<mla_grid((int64_t)f->count * D, 256), 256, 0, s->stream>>>(
+        s->cache[layer], f->count, (const int64_t *)d, (const uint64_t *)(d + o_keys), (const int *)(d + o_off),
+        s->cfg.seed, (uint32_t)layer, s->cfg.data, s->cfg.dtype, s->cfg.kv_dtype, (float)s->cfg.kv_scale);
+    if ((rc = mla_fail(cudaGetLastError(), "fill kernel", err, err_len))) return rc;
+    /* the host arrays are only valid during this call: wait for the copies */
+    return mla_fail(cudaStreamSynchronize(s->stream), "fill", err, err_len);
+}
+
+static void fill_attn_args(mla_state *s, int layer, attn_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->q = s->qlat.ptr;
+    a->cache = s->cache[layer];
+    a->o_lat = (float *)s->olat.ptr;
+    a->lse = (float *)((char *)s->lse.ptr + MLA_GUARD_BYTES);
+    a->part_o = (float *)s->part_o.ptr;
+    a->part_lse = (float *)s->part_lse.ptr;
+    a->qsl = s->d_qsl;
+    a->seq_lens = s->d_seq;
+    a->block_table = s->d_bt;
+    a->tok_req = s->d_treq;
+    a->work = s->d_work;
+    a->groups = s->d_groups;
+    a->num_tokens = s->T;
+    a->num_heads = s->H;
+    a->mbpr = s->mbpr;
+    a->block_size = s->bs;
+    a->block_size_log2 = s->bs == 16 ? 4 : s->bs == 32 ? 5 : 6;
+    a->causal = 1;
+    a->fault = (int)s->cfg.fault;
+    a->bf16 = s->bf16;
+    a->fp8_cache = s->fp8;
+    a->scale = (float)s->cfg.model.scale;
+    a->scale_log2 = (float)(s->cfg.model.scale * 1.4426950408889634);
+    a->scale_ref = s->cfg.model.scale;
+    a->kv_scale = (float)s->cfg.kv_scale;
+}
+
+/* The prefill path for this step's long requests (see the file comment). */
+static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
+{
+    const int H = s->H, P = s->P, V = s->V, QK = P + DR, T = s->T;
+    const int wrong_head = s->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? 1 : 0;
+    float *out = (float *)((char *)s->out.ptr + MLA_GUARD_BYTES);
+    cudaError_t e;
+    for (int p = 0; p < s->n_passes; p++) {
+        int rows = s->pass_rows[p];
+        const unsigned char *d = (const unsigned char *)s->meta.ptr;
+        const int *row_req = (const int *)(d + s->pass_meta_off[4 * p + 0]);
+        const int *row_pos = (const int *)(d + s->pass_meta_off[4 * p + 1]);
+        const int *kb = (const int *)(d + s->pass_meta_off[4 * p + 2]);
+        const int *ke = (const int *)(d + s->pass_meta_off[4 * p + 3]);
+        if (rows > 0) {
+            gather_latent_kernel<<<mla_grid((int64_t)rows * D, 256), 256, 0, s->stream>>>(
+                (uint16_t *)s->ws_lat.ptr, rows, row_req, row_pos, a, (const uint16_t *)s->lat.ptr);
+            /* k_nope[w, n, :] = c_w W_UK[n] ; v[w, n, :] = c_w W_UV[n] */
+            gemm_args g = gemm_of(H, rows, P, DL, s->ws_lat.ptr, 1, 0, D, 1, s->w_uk[layer], (int64_t)DL * P, P, 1,
+                                  wrong_head, s->ws_k.ptr, 1, QK, (int64_t)H * QK, 1, s->bf16);
+            if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+            rope_key_kernel<<<mla_grid((int64_t)rows * H * DR, 256), 256, 0, s->stream>>>(
+                (uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_lat.ptr, rows, H, P);
+            if (s->cfg.fault == AR_FAULT_MLA_NO_WUV) {
+                latent_as_value_kernel<<<mla_grid((int64_t)rows * H * V, 256), 256, 0, s->stream>>>(
+                    (uint16_t *)s->ws_v.ptr, (const uint16_t *)s->ws_lat.ptr, rows, H, V);
+            } else {
+                g = gemm_of(H, rows, V, DL, s->ws_lat.ptr, 1, 0, D, 1, s->w_uv[layer], (int64_t)DL * V, V, 1, 0,
+                            s->ws_v.ptr, 1, V, (int64_t)H * V, 1, s->bf16);
+                if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+            }
+        }
+        prefill_attn_kernel<<<s->n_pf_tok * H, SIMT_THREADS, 0, s->stream>>>(
+            a, s->d_pf_tok, s->d_tpos, (const uint16_t *)s->qnope.ptr, (const uint16_t *)s->ws_k.ptr,
+            (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke, P, V, (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
+        prefill_merge_kernel<<<mla_grid((int64_t)s->n_pf_tok * H * V, 256), 256, 0, s->stream>>>(
+            a, s->d_pf_tok, s->n_pf_tok, V, (float *)s->acc_o.ptr, (float *)s->acc_lse.ptr,
+            (const float *)s->pass_o.ptr, (const float *)s->pass_lse.ptr, p == 0);
+        prefill_merge_lse_kernel<<<mla_grid((int64_t)s->n_pf_tok * H, 256), 256, 0, s->stream>>>(
+            a, s->d_pf_tok, s->n_pf_tok, (float *)s->acc_lse.ptr, (const float *)s->pass_lse.ptr, p == 0);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    (void)T;
+    prefill_finish_kernel<<<mla_grid((int64_t)s->n_pf_tok * H * V, 256), 256, 0, s->stream>>>(
+        a, s->d_pf_tok, s->n_pf_tok, V, (const float *)s->acc_o.ptr, (const float *)s->acc_lse.ptr, out, a.lse);
+    return cudaGetLastError();
+}
+
+/* One pass: write, absorb, attention, combine, W_UV, prefill.  Events ev[0..6] when timed. */
+static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap *tmap, int layer, bool timed)
+{
+    const int H = s->H, P = s->P, V = s->V, T = s->T;
+    cudaError_t e;
+    if (timed) cudaEventRecord(s->ev[0], s->stream);
+    if (T > 0)
+        write_latent_kernel<<<T, 128, 0, s->stream>>>((const uint16_t *)s->lat.ptr, s->d_slots, s->cache[layer], T,
+                                                      s->cfg.dtype, s->cfg.kv_dtype, (float)s->cfg.kv_scale, 0);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (timed) cudaEventRecord(s->ev[1], s->stream);
+    bool any_dec = s->n_dec_reqs > 0 && T > s->n_pf_tok;
+    if (any_dec) {
+        /* absorption: ql[t, n, :] = q_nope[t, n, :] W_UK[n]^T -> columns 0..511 of the latent query */
+        gemm_args g = gemm_of(H, T, DL, P, s->qnope.ptr, 1, P, (int64_t)H * P, 1, s->w_uk[layer], (int64_t)DL * P, 1, P,
+                              s->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? 1 : 0, s->qlat.ptr, 1, D, (int64_t)H * D, 1,
+                              s->bf16);
+        if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+    }
+    if (timed) cudaEventRecord(s->ev[2], s->stream);
+    if (any_dec) {
+        e = mla_launch_decode(a, s->route, s->num_ctas, s->num_groups, T, tmap, s->stream, timed ? s->ev[3] : NULL);
+        if (e != cudaSuccess) return e;
+    } else if (timed) {
+        cudaEventRecord(s->ev[3], s->stream);
+    }
+    if (timed) cudaEventRecord(s->ev[4], s->stream);
+    float *out = (float *)((char *)s->out.ptr + MLA_GUARD_BYTES);
+    if (any_dec) {
+        if (s->cfg.fault == AR_FAULT_MLA_NO_WUV) {
+            latent_as_output_kernel<<<mla_grid((int64_t)T * H * V, 256), 256, 0, s->stream>>>(
+                (const float *)s->olat.ptr, out, T, H, V, s->bf16);
+            if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        } else {
+            /* out[t, n, :] = o_lat[t, n, :] W_UV[n] */
+            gemm_args g = gemm_of(H, T, V, DL, s->olat.ptr, 0, DL, (int64_t)H * DL, 1, s->w_uv[layer], (int64_t)DL * V,
+                                  V, 1, 0, out, 0, V, (int64_t)H * V, 1, s->bf16);
+            if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+        }
+    }
+    if (timed) cudaEventRecord(s->ev[5], s->stream);
+    if (s->n_pf_reqs > 0 && (e = run_prefill(s, a, layer)) != cudaSuccess) return e;
+    if (timed) cudaEventRecord(s->ev[6], s->stream);
+    return cudaSuccess;
+}
+
+static int ensure_weights(mla_state *s, int layer, char *err, size_t err_len)
+{
+    if (s->w_uk[layer]) return 0;
+    const int H = s->H, P = s->P, V = s->V;
+    int rc;
+    if ((rc = mla_fail(cudaMalloc(&s->w_uk[layer], (size_t)H * DL * P * 2), "W_UK allocation", err, err_len)) ||
+        (rc = mla_fail(cudaMalloc(&s->w_uv[layer], (size_t)H * DL * V * 2), "W_UV allocation", err, err_len))) {
+        if (s->w_uk[layer]) cudaFree(s->w_uk[layer]);
+        s->w_uk[layer] = NULL;
+        s->w_uv[layer] = NULL;
+        return rc;
+    }
+    const int rank = s->cfg.model.kv_lora_rank;
+    gen_weight_kernel<<<mla_grid((int64_t)H * DL * P, 256), 256, 0, s->stream>>>(
+        s->w_uk[layer], H, P, AR_STREAM_W_UK, s->cfg.seed, (uint32_t)layer, s->cfg.data, s->cfg.dtype, rank);
+    gen_weight_kernel<<<mla_grid((int64_t)H * DL * V, 256), 256, 0, s->stream>>>(
+        s->w_uv[layer], H, V, AR_STREAM_W_UV, s->cfg.seed, (uint32_t)layer, s->cfg.data, s->cfg.dtype, rank);
+    return mla_fail(cudaGetLastError(), "weight generator", err, err_len);
+}
+
+static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out *o, char *err, size_t err_len)
+{
+    mla_state *s = (mla_state *)state;
+    (void)b;
+    if (!s->step_ready) {
+        snprintf(err, err_len, "cuda-mla backend: forward before a successful prepare");
+        return 2;
+    }
+    if (layer < 0 || layer >= s->num_layers) {
+        snprintf(err, err_len, "cuda-mla backend: forward: layer %d outside [0, %d)", layer, s->num_layers);
+        return 2;
+    }
+    const int T = s->T, H = s->H, P = s->P, V = s->V;
+    int rc;
+    o->num_kernels = 0;
+    o->total_us = 0;
+    o->guard_violations = 0;
+    if ((rc = ensure_weights(s, layer, err, err_len))) return rc;
+    if (T > 0) {
+        gen_q_kernel<<<mla_grid((int64_t)T * H * (P + DR), 256), 256, 0, s->stream>>>(
+            (uint16_t *)s->qnope.ptr, (uint16_t *)s->qlat.ptr, T, H, P, s->cfg.seed, (uint32_t)layer, s->d_treq,
+            s->d_tpos, s->d_rkeys, s->cfg.data, s->cfg.dtype);
+        gen_latent_kernel<<<mla_grid((int64_t)T * D, 256), 256, 0, s->stream>>>(
+            (uint16_t *)s->lat.ptr, T, s->cfg.seed, (uint32_t)layer, s->d_treq, s->d_tpos, s->d_bkeys, s->mbpr, s->bs,
+            s->cfg.data, s->cfg.dtype);
+        if ((rc = mla_fail(cudaGetLastError(), "generator kernels", err, err_len))) return rc;
+    }
+    if ((rc = mla_fail(cudaMemsetAsync((char *)s->out.ptr + MLA_GUARD_BYTES, 0xFF, s->out_bytes, s->stream), "poison", err, err_len)) ||
+        (rc = mla_fail(cudaMemsetAsync((char *)s->lse.ptr + MLA_GUARD_BYTES, 0xFF, s->lse_bytes, s->stream), "poison", err, err_len)))
+        return rc;
+    attn_args a;
+    fill_attn_args(s, layer, &a);
+    bool use_tc = s->route.kind != MLA_SIMT;
+    /* the wgmma kernel: this layer's cache as a tensor map, else its cp.async key loads run
+     * (said once on stderr) */
+    CUtensorMap tmap;
+    const CUtensorMap *tmap_arg = NULL;
+    if (s->route.kind == MLA_WGMMA) {
+        char why[256] = "";
+        static bool told = false;
+        if (mla_wgmma_tensor_map(a, s->cache_bytes / (D * 2), &tmap, why, sizeof why) == 0)
+            tmap_arg = &tmap;
+        else if (!told) {
+            fprintf(stderr, "%s: the wgmma kernel runs with cp.async key loads\n", why);
+            told = true;
+        }
+    }
+    int repeat = s->cfg.repeat > 0 ? s->cfg.repeat : 1;
+    double *times = (double *)malloc(sizeof(double) * 7 * (size_t)repeat);
+    if (!times) {
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
+    /* one untimed warm-up: at the first forward and before every --repeat R > 1 series (the
+     * paged backend's rule) */
+    if ((!s->warmed || repeat > 1) &&
+        (rc = mla_fail(run_pass(s, a, tmap_arg, layer, false), "MLA launch (warm-up)", err, err_len))) {
+        free(times);
+        return rc;
+    }
+    s->warmed = 1;
+    const bool host_copy = o->out && o->lse;
+    const size_t out_payload = (size_t)T * H * V * 4, lse_payload = (size_t)H * T * 4;
+    for (int i = 0; i < repeat; i++) {
+        if ((rc = mla_fail(run_pass(s, a, tmap_arg, layer, true), "MLA launch", err, err_len))) {
+            free(times);
+            return rc;
+        }
+        cudaEvent_t wait_on = s->ev[6];
+        if (i == repeat - 1) {
+            /* after the last repeat, in the same stream: the guard regions checked on the device
+             * and, only when the engine asked for them, host copies of out and LSE */
+            const ar_cuda_outbufs ob = {s->out.ptr, s->lse.ptr, s->out_bytes, s->lse_bytes, MLA_GUARD_BYTES};
+            if ((rc = mla_fail(ar_cuda_forward_tail(s->stream, &ob, s->d_guard, s->h_guard, host_copy ? s->h_out : NULL,
+                                                   out_payload, lse_payload, s->ev[7]), "forward results", err, err_len))) {
+                free(times);
+                return rc;
+            }
+            wait_on = s->ev[7];
+        }
+        /* the kernel times are this call's result: wait for the repeat's events (the last repeat
+         * also waits for the guard count and the host copies, one wait in all) */
+        if ((rc = mla_fail(cudaEventSynchronize(wait_on), "MLA kernels", err, err_len))) {
+            free(times);
+            return rc;
+        }
+        float total = 0;
+        for (int k = 0; k < 6; k++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, s->ev[k], s->ev[k + 1]);
+            times[k * repeat + i] = ms * 1e3;
+            total += ms;
+        }
+        times[6 * repeat + i] = total * 1e3;
+    }
+    static const char *const names[6] = {"write", "absorb", "attn", "combine", "wuv", "prefill"};
+    bool present[6] = {true, s->n_dec_reqs > 0, s->n_dec_reqs > 0, s->n_dec_reqs > 0 && use_tc && s->num_groups > 0,
+                       s->n_dec_reqs > 0, s->n_pf_reqs > 0};
+    for (int k = 0; k < 6; k++) {
+        double med = median_of(times + k * repeat, repeat);
+        if (!present[k]) continue;
+        o->kernels[o->num_kernels].name = names[k];
+        o->kernels[o->num_kernels].us = med;
+        o->num_kernels++;
+    }
+    o->total_us = median_of(times + 6 * repeat, repeat);
+    free(times);
+
+    o->dev_out = (const char *)s->out.ptr + MLA_GUARD_BYTES;
+    o->dev_out_type = AR_FP32;   /* float values rounded to the dtype */
+    o->dev_lse = (const float *)((const char *)s->lse.ptr + MLA_GUARD_BYTES);
+    o->dev_stream = s->stream;
+    int bad = *s->h_guard;
+    o->guard_violations = bad;
+    if (bad) {   /* re-stamp for the next forward */
+        const ar_cuda_outbufs ob = {s->out.ptr, s->lse.ptr, s->out_bytes, s->lse_bytes, MLA_GUARD_BYTES};
+        ar_cuda_restamp_guards(s->stream, &ob);
+    }
+    if (host_copy) {
+        memcpy(o->out, s->h_out, out_payload);
+        memcpy(o->lse, (const unsigned char *)s->h_out + out_payload, lse_payload);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Hooks and the descriptor                                                                   */
+
+extern "C" void ar_cuda_mla_set_plan(void *state, ar_cuda_mla_kernel kernel, int num_splits, int use_prefill_path)
+{
+    mla_state *s = (mla_state *)state;
+    if (!s) return;
+    s->force_kernel = kernel;
+    s->force_splits = num_splits;
+    s->use_prefill = use_prefill_path ? 1 : 0;
+}
+
+extern "C" void ar_cuda_mla_set_workspace(void *state, int tokens)
+{
+    mla_state *s = (mla_state *)state;
+    if (s) s->workspace_tokens = tokens < 16 ? 16 : tokens;
+}
+
+extern "C" void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
+{
+    mla_state *s = (mla_state *)state;
+    memset(info, 0, sizeof *info);
+    if (s) *info = s->info;
+}
+
+extern "C" const ar_backend ar_cuda_mla_backend = {
+    "cuda-mla",
+    "CUDA MLA: absorbed latent decode (mma.sync, or wgmma on sm_90; 64-row head tiles, split-KV + combine), chunked "
+    "up-projected prefill merged by LSE",
+    "MLA models (kv_lora_rank 512, rope 64), fp16/bf16, latent cache = dtype or fp8_e4m3 (per-tensor "
+    "scale), block sizes 16/32/64, decode threshold 128; sm_80+",
+    true,
+    mla_check,
+    mla_open,
+    mla_prepare,
+    mla_fill,
+    mla_forward,
+    mla_device_name,
+    mla_close,
+};

@@ -1,0 +1,601 @@
+/* mla_decode.cu - the cuda-mla backend's decode launch: the kernels of mla_decode_mma.cuh and
+ * mla_decode_wgmma.cuh compiled in one place with the split combines and the SIMT fallback, what
+ * the device can run (mla_probe), the decision function (mla_choose), the planner (build_plan,
+ * build_plan_persistent) and the launch (mla_launch_decode).  The interface and the decision
+ * table are in mla_decode.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mla_decode.h"
+#include "mla_decode_mma.cuh"
+#include "mla_decode_wgmma.cuh"
+
+namespace ar_mla {
+
+/* ---------------------------------------------------------------------------------------- */
+/* The split combines                                                                         */
+
+/* The LSE maximum m and the weight sum of row lr of a combine group's pieces (log2 domain). */
+__device__ __forceinline__ void combine_row_stats(const attn_args &a, const combine_group &gp, int lr, float *m_out,
+                                                  float *wsum_out)
+{
+    float m = -INFINITY;
+    for (int p = 0; p < gp.count; p++) m = fmaxf(m, a.part_lse[(int64_t)(gp.first_partial + p) * ROWS + lr]);
+    float wsum = 0.f;
+    for (int p = 0; p < gp.count; p++) {
+        float l = a.part_lse[(int64_t)(gp.first_partial + p) * ROWS + lr];
+        wsum += m == -INFINITY ? 0.f : exp2f(l - m);
+    }
+    *m_out = m;
+    *wsum_out = wsum;
+}
+
+/* Weight of a piece with LSE l (the MERGE_NO_WEIGHTS fault: 1). */
+__device__ __forceinline__ float combine_weight(const attn_args &a, float m, float wsum, float l)
+{
+    if (a.fault == AR_FAULT_MERGE_NO_WEIGHTS) return 1.f;
+    return (m == -INFINITY || wsum <= 0.f) ? 0.f : exp2f(l - m) / wsum;
+}
+
+/* The merged LSE of row gr of the request starting at token q0: natural into lse [H, T]. */
+__device__ __forceinline__ void combine_write_lse(const attn_args &a, int q0, int gr, float m, float wsum)
+{
+    const int H = a.num_heads;
+    float lse2 = (m == -INFINITY || wsum <= 0.f) ? -INFINITY : m + log2f(wsum);
+    int i = gr / H, n = gr % H;
+    a.lse[(int64_t)n * a.num_tokens + q0 + i] = a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
+}
+
+/* combine_kernel with one CTA per (group, row): grid (num_groups, rows per group), 128 threads
+ * x 4 columns; the rows of a group are merged side by side instead of one after another.  The
+ * same arithmetic in the same order as combine_kernel. */
+__global__ void __launch_bounds__(128) combine_rows_kernel(attn_args a)
+{
+    const combine_group gp = a.groups[blockIdx.x];
+    const int H = a.num_heads, lr = blockIdx.y;
+    const int q0 = a.qsl[gp.req], ql = a.qsl[gp.req + 1] - q0;
+    const int gr = gp.row0 + lr;
+    if (gr >= ql * H) return;
+    float m, wsum;
+    combine_row_stats(a, gp, lr, &m, &wsum);
+    const int col = threadIdx.x * 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int p = 0; p < gp.count; p++) {
+        int64_t pi = gp.first_partial + p;
+        float wgt = combine_weight(a, m, wsum, a.part_lse[pi * ROWS + lr]);
+        float4 v = *reinterpret_cast<const float4 *>(a.part_o + (pi * ROWS + lr) * DL + col);
+        acc.x += wgt * v.x;
+        acc.y += wgt * v.y;
+        acc.z += wgt * v.z;
+        acc.w += wgt * v.w;
+    }
+    *reinterpret_cast<float4 *>(a.o_lat + ((int64_t)q0 * H + gr) * DL + col) = acc;
+    if (threadIdx.x == 0) combine_write_lse(a, q0, gr, m, wsum);
+}
+
+/* Merges the split pieces of each row tile by their LSE (vLLM merge_attn_states on N pieces). */
+__global__ void combine_kernel(attn_args a)
+{
+    const combine_group gp = a.groups[blockIdx.x];
+    const int H = a.num_heads;
+    const int q0 = a.qsl[gp.req], ql = a.qsl[gp.req + 1] - q0;
+    const int nrows = ql * H;
+    for (int lr = 0; lr < ROWS; lr++) {
+        int gr = gp.row0 + lr;
+        if (gr >= nrows) break;
+        float m, wsum;
+        combine_row_stats(a, gp, lr, &m, &wsum);
+        float *dst = a.o_lat + ((int64_t)q0 * H + gr) * DL;
+        for (int col = threadIdx.x; col < DL; col += blockDim.x) {
+            float acc = 0.f;
+            for (int p = 0; p < gp.count; p++) {
+                int64_t pi = gp.first_partial + p;
+                acc += combine_weight(a, m, wsum, a.part_lse[pi * ROWS + lr]) * a.part_o[(pi * ROWS + lr) * DL + col];
+            }
+            dst[col] = acc;
+        }
+        if (threadIdx.x == 0) combine_write_lse(a, q0, gr, m, wsum);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* SIMT latent attention, the fallback where the tensor-core kernels' shared memory does not   */
+/* fit (or AR_MLA_KERNEL=simt): one CTA per (token, head); writes o_lat / lse like the         */
+/* tensor-core kernels.                                                                         */
+
+__global__ void __launch_bounds__(SIMT_THREADS) attn_simt_kernel(attn_args a, float *out, float *lse_out)
+{
+    __shared__ float qs[D];
+    __shared__ float ps[SIMT_CHUNK];
+    __shared__ float red[SIMT_THREADS / 32];
+    const int H = a.num_heads;
+    const int t = blockIdx.x / H, n = blockIdx.x % H;
+    const int r = a.tok_req[t];
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int i = t - q0;
+    const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    const int limit = key_limit(a.causal, sl, ql, i, extra);
+    const float smul = a.scale * (a.fp8_cache ? a.kv_scale : 1.f);
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+        qs[d] = from_bits(a.bf16, ((const uint16_t *)a.q)[((int64_t)t * H + n) * D + d]);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float m = -INFINITY, l = 0;
+    float acc[DL / SIMT_THREADS];
+    for (int c = 0; c < DL / SIMT_THREADS; c++) acc[c] = 0;
+    for (int c0 = 0; c0 < limit; c0 += SIMT_CHUNK) {
+        int cnt = limit - c0 < SIMT_CHUNK ? limit - c0 : SIMT_CHUNK;
+        for (int kk = warp; kk < cnt; kk += nw) {
+            int64_t base = key_slot(a, r, c0 + kk) * D;
+            float dot = 0;
+            for (int d = lane; d < D; d += 32) dot += qs[d] * cache_value<float>(a, base + d);
+            for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+            if (lane == 0) ps[kk] = dot * smul;
+        }
+        __syncthreads();
+        float mine = threadIdx.x < cnt ? ps[threadIdx.x] : -INFINITY;
+        float mc = block_reduce<float>(mine, true, red);
+        float m_new = m > mc ? m : mc;
+        float alpha = m == -INFINITY ? 0.f : exp(m - m_new);
+        float p = threadIdx.x < cnt ? exp(mine - m_new) : 0.f;
+        float lsum = block_reduce<float>(p, false, red);
+        if (threadIdx.x < cnt) ps[threadIdx.x] = p;
+        __syncthreads();
+        if (a.fault == AR_FAULT_NO_RESCALE) alpha = 1;
+        l = l * alpha + lsum;
+        for (int c = 0; c < DL / SIMT_THREADS; c++) {
+            int col = threadIdx.x + c * SIMT_THREADS;
+            float sum = 0;
+            for (int kk = 0; kk < cnt; kk++) sum += ps[kk] * cache_value<float>(a, key_slot(a, r, c0 + kk) * D + col);
+            acc[c] = acc[c] * alpha + sum;
+        }
+        m = m_new;
+        __syncthreads();
+    }
+    const float omul = a.fp8_cache ? a.kv_scale : 1.f;
+    for (int c = 0; c < DL / SIMT_THREADS; c++) {
+        int col = threadIdx.x + c * SIMT_THREADS;
+        out[((int64_t)t * H + n) * DL + col] = l > 0 ? acc[c] * omul / l : 0.f;
+    }
+    if (threadIdx.x == 0) {
+        float lse = l > 0 ? m + log(l) : -INFINITY;
+        if (a.fault == AR_FAULT_LSE_BASE2 && lse != -INFINITY) lse = lse * 1.4426950408889634f;
+        lse_out[(int64_t)n * a.num_tokens + t] = lse;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* What the device can run                                                                    */
+
+/* Raises the dynamic shared-memory limit of fn to bytes (and, for kernels that run 2 CTAs an
+ * SM, asks for the whole carveout); false when the device refuses. */
+static bool set_smem(const void *fn, int bytes, bool two_per_sm)
+{
+    bool ok = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+    if (ok && two_per_sm) ok = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100) == cudaSuccess;
+    if (!ok) cudaGetLastError();
+    return ok;
+}
+
+/* The 64-row kernel with a ring of STAGES and the narrow kernel with the ring that goes with it
+ * (3 with 4: 188 KB at most, 2 with 2: 152 KB at most), in all four dtype pairs. */
+template <int STAGES>
+static bool set_mma_attributes(void)
+{
+    constexpr int NSTAGES = STAGES == 3 ? 4 : 2;
+    const int tc = smem_total(STAGES), nw = narrow_smem_total(NSTAGES);
+    return set_smem((const void *)attn_tc_kernel<true, false, STAGES>, tc, false) &&
+           set_smem((const void *)attn_tc_kernel<false, false, STAGES>, tc, false) &&
+           set_smem((const void *)attn_tc_kernel<true, true, STAGES>, tc, false) &&
+           set_smem((const void *)attn_tc_kernel<false, true, STAGES>, tc, false) &&
+           set_smem((const void *)attn_narrow_kernel<true, false, NSTAGES>, nw, false) &&
+           set_smem((const void *)attn_narrow_kernel<false, false, NSTAGES>, nw, false) &&
+           set_smem((const void *)attn_narrow_kernel<true, true, NSTAGES>, nw, false) &&
+           set_smem((const void *)attn_narrow_kernel<false, true, NSTAGES>, nw, false);
+}
+
+mla_caps mla_probe(int device)
+{
+    static int probed = -1;
+    static mla_caps caps;
+    if (probed == device) return caps;
+    memset(&caps, 0, sizeof caps);
+    int major = 0, minor = 0, optin = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return caps;
+    }
+    if (optin >= smem_total(3) && optin >= narrow_smem_total(4) && set_mma_attributes<3>() && set_mma_attributes<2>())
+        caps.tc_stages = 3;
+    else if (optin >= smem_total(2) && set_mma_attributes<2>())
+        caps.tc_stages = 2;
+    caps.narrow_bulk = major >= 9 && optin >= narrow_bulk_smem_total() &&
+                       set_smem((const void *)attn_narrow_bulk_kernel<true>, narrow_bulk_smem_total(), true) &&
+                       set_smem((const void *)attn_narrow_bulk_kernel<false>, narrow_bulk_smem_total(), true);
+    /* the wgmma kernels: the sm_90a code of the fat binary, compute capability 9.0 exactly */
+    caps.wgmma = major == 9 && minor == 0 && optin >= WG_SMEM_TMA &&
+                 set_smem((const void *)attn_wgmma_cpasync_kernel<true>, WG_SMEM, false) &&
+                 set_smem((const void *)attn_wgmma_cpasync_kernel<false>, WG_SMEM, false) &&
+                 set_smem((const void *)attn_wgmma_tma_kernel<true>, WG_SMEM_TMA, false) &&
+                 set_smem((const void *)attn_wgmma_tma_kernel<false>, WG_SMEM_TMA, false);
+    probed = device;
+    return caps;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The decision function                                                                      */
+
+/* Measured on the H200 (BENCHMARKS.md): at h_q = 128 the wgmma kernel with TMA key tiles runs
+ * at 505-576 TFLOP/s (4k-32k keys) against 156-160 for attn_tc_kernel; at h_q = 16 (16 of each
+ * 64-row tile used) it streams the latent cache at 3.37-3.94 TB/s against the bulk narrow
+ * kernel's 3.09-3.72, so it takes requests from 16 rows up; under 16 rows the bulk narrow kernel
+ * (3.72 TB/s at 32k on its own shape) beats attn_narrow_kernel (2.37).  Off Hopper, splitting
+ * the score tile between the column halves (attn_tc_kernel) measured 160 against 135 TFLOP/s
+ * for both halves computing it. */
+mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_rows, bool fp8_cache, int stages_cap)
+{
+    mla_route r;
+    memset(&r, 0, sizeof r);
+    r.ctas_per_sm = 1;
+    if (forced == AR_MLA_KERNEL_SIMT || caps.tc_stages == 0) {
+        r.kind = MLA_SIMT;
+        r.name = "simt";
+        return r;
+    }
+    const int tc_stages = stages_cap == 2 && caps.tc_stages > 2 ? 2 : caps.tc_stages;
+    const bool wgmma = caps.wgmma && !fp8_cache;
+    const bool narrow = max_rows <= NROWS &&
+                        (forced == AR_MLA_KERNEL_TC_NARROW || (forced == AR_MLA_KERNEL_AUTO && (!wgmma || max_rows < NROWS)));
+    if (forced == AR_MLA_KERNEL_TC_SPLIT_QK)
+        r.kind = MLA_TC;
+    else if (narrow && forced == AR_MLA_KERNEL_TC_NARROW)
+        r.kind = MLA_NARROW;
+    else if (narrow)
+        r.kind = caps.narrow_bulk && !fp8_cache && tc_stages >= 3 ? MLA_NARROW_BULK : MLA_NARROW;
+    else
+        r.kind = wgmma ? MLA_WGMMA : MLA_TC;
+    switch (r.kind) {
+    case MLA_WGMMA:
+        r.stages = 2;
+        r.combine_rows = true;
+        r.name = "tc-wgmma";
+        break;
+    case MLA_NARROW_BULK:
+        r.stages = NB_STAGES;
+        r.ctas_per_sm = 2;
+        r.persistent = true;
+        r.combine_rows = true;
+        r.name = "tc-narrow-bulk";
+        break;
+    case MLA_NARROW:
+        r.stages = tc_stages >= 3 ? 4 : 2;
+        r.name = "tc-narrow";
+        break;
+    default:
+        r.stages = tc_stages;
+        r.name = "tc-split-qk";
+        break;
+    }
+    return r;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The planner: row tiles of 64 (token, head) rows per request, cut into key pieces so that   */
+/* the launch fills the SMs (FlashMLA-like: payload per SM = total / SMs, pieces of at least   */
+/* 4 key tiles), then sorted longest first.                                                   */
+
+void plan_free(mla_plan *p)
+{
+    free(p->work);
+    free(p->groups);
+    memset(p, 0, sizeof *p);
+}
+
+static int cmp_work_len(const void *pa, const void *pb)
+{
+    const work_item *a = (const work_item *)pa, *b = (const work_item *)pb;
+    int la = a->key_end - a->key_begin, lb = b->key_end - b->key_begin;
+    if (la != lb) return lb - la;
+    if (a->req != b->req) return a->req - b->req;
+    if (a->row0 != b->row0) return a->row0 - b->row0;
+    return a->key_begin - b->key_begin;
+}
+
+static int host_key_limit(int causal, int sl, int ql, int i, int extra)
+{
+    if (!causal) return sl;
+    int lim = sl - ql + i + 1 + extra;
+    if (lim > sl) lim = sl;
+    return lim < 0 ? 0 : lim;
+}
+
+/* Key limit of the row tile at row0 of a request (its last row's limit: rows are token-major). */
+static int row_tile_key_end(int causal, int sl, int ql, int H, int row0, int nrows, int extra)
+{
+    int last = row0 + ROWS - 1 < nrows - 1 ? row0 + ROWS - 1 : nrows - 1;
+    return host_key_limit(causal, sl, ql, last / H, extra);
+}
+
+/* Key tiles and row tiles of the planned requests, and their most rows. */
+static void plan_totals(int R, const int *qsl, const int *seq_lens, const unsigned char *include, int H, int causal,
+                        int extra, int64_t *total_tiles, int64_t *n_rowtiles, int *max_rows)
+{
+    *total_tiles = *n_rowtiles = 0;
+    *max_rows = 0;
+    for (int r = 0; r < R; r++) {
+        if (include && !include[r]) continue;
+        int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
+        if (nrows > *max_rows) *max_rows = nrows;
+        for (int row0 = 0; row0 < nrows; row0 += ROWS) {
+            *total_tiles += (row_tile_key_end(causal, seq_lens[r], ql, H, row0, nrows, extra) + KEYS - 1) / KEYS;
+            (*n_rowtiles)++;
+        }
+    }
+}
+
+/* See mla_decode.h. */
+int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, const unsigned char *include, int H,
+                      int causal, int extra, int num_sms, int force_splits)
+{
+    memset(p, 0, sizeof *p);
+    int64_t n_items = 0, total_tiles = 0;
+    int max_rows = 0;
+    plan_totals(R, qsl, seq_lens, include, H, causal, extra, &total_tiles, &n_items, &max_rows);
+    int64_t chunk = num_sms > 0 ? (total_tiles + num_sms - 1) / num_sms : total_tiles;
+    if (chunk < 4) chunk = 4;
+    /* count pieces */
+    int64_t n_work = 0, n_groups = 0, n_partials = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t wi = 0, gi = 0, pi = 0;
+        for (int r = 0; r < R; r++) {
+            if (include && !include[r]) continue;
+            int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
+            for (int row0 = 0; row0 < nrows; row0 += ROWS) {
+                int kend = row_tile_key_end(causal, seq_lens[r], ql, H, row0, nrows, extra);
+                int64_t ntiles = (kend + KEYS - 1) / KEYS;
+                int64_t my_chunk = chunk;
+                if (force_splits > 0) my_chunk = ntiles > 0 ? (ntiles + force_splits - 1) / force_splits : 1;
+                int64_t pieces = ntiles > 0 ? (ntiles + my_chunk - 1) / my_chunk : 1;
+                if (pass == 1) {
+                    if (pieces > 1) {
+                        combine_group *g = &p->groups[gi];
+                        g->req = r;
+                        g->row0 = row0;
+                        g->first_partial = (int)pi;
+                        g->count = (int)pieces;
+                    }
+                    for (int64_t k = 0; k < pieces; k++) {
+                        work_item *w = &p->work[wi + k];
+                        memset(w, 0, sizeof *w);
+                        w->req = r;
+                        w->row0 = row0;
+                        w->key_begin = (int)(k * my_chunk * KEYS);
+                        int64_t e = (k + 1) * my_chunk * KEYS;
+                        w->key_end = (int)(e < kend ? e : kend);
+                        if (ntiles == 0) w->key_begin = w->key_end = 0;
+                        w->partial = pieces > 1 ? (int)(pi + k) : -1;
+                        w->next = -1;   /* one piece per CTA (a persistent kernel stops after it) */
+                    }
+                }
+                wi += pieces;
+                if (pieces > 1) {
+                    gi++;
+                    pi += pieces;
+                }
+            }
+        }
+        if (pass == 0) {
+            n_work = wi;
+            n_groups = gi;
+            n_partials = pi;
+            p->work = (work_item *)malloc((size_t)(n_work > 0 ? n_work : 1) * sizeof(work_item));
+            p->groups = (combine_group *)malloc((size_t)(n_groups > 0 ? n_groups : 1) * sizeof(combine_group));
+            if (!p->work || !p->groups) {
+                plan_free(p);
+                return -1;
+            }
+        }
+    }
+    (void)n_items;
+    qsort(p->work, (size_t)n_work, sizeof(work_item), cmp_work_len);
+    p->num_work = (int)n_work;
+    p->num_ctas = (int)n_work;
+    p->num_groups = (int)n_groups;
+    p->num_partials = (int)n_partials;
+    p->max_rows = max_rows;
+    return 0;
+}
+
+/* The persistent plan of attn_narrow_bulk_kernel (FlashMLA's tile scheduler in spirit): the row tiles' key tiles, concatenated in request order, are cut into num_ctas runs
+ * of ceil(total / num_ctas) tiles; CTA c runs the pieces of run c one after another (work[c],
+ * then the chain of work[].next), so every CTA gets the same number of key tiles (a request cut
+ * at a run boundary becomes two pieces merged by the combine kernel).  Empty row tiles (no
+ * visible key) ride with the CTA of the run being filled.  num_ctas of the result may be
+ * smaller than asked (rounding).  Same arguments and return as build_plan. */
+static int build_plan_persistent(mla_plan *p, int R, const int *qsl, const int *seq_lens, const unsigned char *include,
+                                 int H, int causal, int extra, int num_ctas)
+{
+    memset(p, 0, sizeof *p);
+    int64_t total_tiles = 0, n_rowtiles = 0;
+    int max_rows = 0;
+    plan_totals(R, qsl, seq_lens, include, H, causal, extra, &total_tiles, &n_rowtiles, &max_rows);
+    if (num_ctas < 1) num_ctas = 1;
+    const int64_t target = total_tiles > 0 ? (total_tiles + num_ctas - 1) / num_ctas : 1;
+    /* at most one cut per run boundary: n_rowtiles + num_ctas pieces */
+    const int64_t cap = n_rowtiles + num_ctas + 1;
+    work_item *tmp = (work_item *)malloc((size_t)cap * sizeof(work_item));
+    int *cta_of = (int *)malloc((size_t)cap * sizeof(int));
+    p->groups = (combine_group *)malloc((size_t)(n_rowtiles > 0 ? n_rowtiles : 1) * sizeof(combine_group));
+    p->work = (work_item *)malloc((size_t)cap * sizeof(work_item));
+    int *first = (int *)malloc((size_t)num_ctas * sizeof(int)), *last_of = (int *)malloc((size_t)num_ctas * sizeof(int));
+    if (!tmp || !cta_of || !p->groups || !p->work || !first || !last_of) {
+        free(tmp);
+        free(cta_of);
+        free(first);
+        free(last_of);
+        plan_free(p);
+        return -1;
+    }
+    int64_t n = 0, used = 0;
+    int cta = 0, n_groups = 0, n_partials = 0;
+    for (int r = 0; r < R; r++) {
+        if (include && !include[r]) continue;
+        int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
+        for (int row0 = 0; row0 < nrows; row0 += ROWS) {
+            int kend = row_tile_key_end(causal, seq_lens[r], ql, H, row0, nrows, extra);
+            int64_t ntiles = (kend + KEYS - 1) / KEYS;
+            int64_t begin_n = n, start = 0;
+            if (ntiles == 0) {
+                memset(&tmp[n], 0, sizeof tmp[n]);
+                tmp[n].req = r;
+                tmp[n].row0 = row0;
+                cta_of[n++] = cta;
+            }
+            while (start < ntiles) {
+                if (used >= target && cta < num_ctas - 1) {
+                    cta++;
+                    used = 0;
+                }
+                int64_t take = cta == num_ctas - 1 ? ntiles - start : target - used;
+                if (take > ntiles - start) take = ntiles - start;
+                memset(&tmp[n], 0, sizeof tmp[n]);
+                tmp[n].req = r;
+                tmp[n].row0 = row0;
+                tmp[n].key_begin = (int)(start * KEYS);
+                int64_t e = (start + take) * KEYS;
+                tmp[n].key_end = (int)(e < kend ? e : kend);
+                cta_of[n++] = cta;
+                start += take;
+                used += take;
+            }
+            int64_t pieces = n - begin_n;
+            if (pieces > 1) {
+                combine_group *g = &p->groups[n_groups++];
+                g->req = r;
+                g->row0 = row0;
+                g->first_partial = n_partials;
+                g->count = (int)pieces;
+            }
+            for (int64_t k = 0; k < pieces; k++) tmp[begin_n + k].partial = pieces > 1 ? n_partials + (int)k : -1;
+            if (pieces > 1) n_partials += (int)pieces;
+        }
+    }
+    /* CTA c's first piece at index c, the others after the last CTA, chained by next */
+    const int ctas = n > 0 ? cta_of[n - 1] + 1 : 0;
+    for (int c = 0; c < ctas; c++) first[c] = last_of[c] = -1;
+    int64_t next_free = ctas;
+    for (int64_t i = 0; i < n; i++) {
+        int c = cta_of[i];
+        int64_t at = first[c] < 0 ? c : next_free++;
+        p->work[at] = tmp[i];
+        p->work[at].next = -1;
+        if (first[c] < 0)
+            first[c] = (int)at;
+        else
+            p->work[last_of[c]].next = (int)at;
+        last_of[c] = (int)at;
+    }
+    free(tmp);
+    free(cta_of);
+    free(first);
+    free(last_of);
+    p->num_work = (int)n;
+    p->num_ctas = ctas;
+    p->num_groups = n_groups;
+    p->num_partials = n_partials;
+    p->max_rows = max_rows;
+    return 0;
+}
+
+int mla_replan(mla_plan *p, const mla_route &route, int R, const int *qsl, const int *seq_lens,
+               const unsigned char *include, int H, int causal, int extra, int num_sms, int force_splits)
+{
+    if (force_splits > 0 || (!route.persistent && route.ctas_per_sm <= 1)) return 0;
+    plan_free(p);
+    if (route.persistent)
+        return build_plan_persistent(p, R, qsl, seq_lens, include, H, causal, extra, num_sms * route.ctas_per_sm);
+    return build_plan(p, R, qsl, seq_lens, include, H, causal, extra, num_sms * route.ctas_per_sm, force_splits);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The launch                                                                                 */
+
+int mla_wgmma_tensor_map(const attn_args &a, size_t num_slots, CUtensorMap *map, char *err, size_t err_len)
+{
+    memset(map, 0, sizeof *map);
+    if (a.block_size < 16 || num_slots < 1 || num_slots > (size_t)INT32_MAX) {
+        snprintf(err, err_len, "cuda-mla wgmma: tensor map: block size %d, %zu cache slots (rules: block >= 16 keys, "
+                 "1 .. 2^31 - 1 slots)", a.block_size, num_slots);
+        return 3;
+    }
+    const uint64_t dims[2] = {(uint64_t)D, (uint64_t)num_slots};
+    const uint64_t stride_bytes[1] = {(uint64_t)D * 2};
+    const uint32_t box[2] = {64, 1u << wg_tma_rows_log2(a.block_size_log2)};
+    return ar_tma_encode(map, a.cache, 2, dims, stride_bytes, box, "cuda-mla wgmma", err, err_len) != 0 ? 3 : 0;
+}
+
+template <bool BF16, bool FP8>
+static void launch_kernel(const attn_args &a, const mla_route &route, int n, const CUtensorMap *tmap, cudaStream_t st)
+{
+    if constexpr (!FP8) {   /* mla_choose never picks these with an fp8 cache */
+        if (route.kind == MLA_WGMMA) {
+            if (tmap)
+                attn_wgmma_tma_kernel<BF16><<<n, THREADS, WG_SMEM_TMA, st>>>(a, *tmap);
+            else
+                attn_wgmma_cpasync_kernel<BF16><<<n, THREADS, WG_SMEM, st>>>(a);
+            return;
+        }
+        if (route.kind == MLA_NARROW_BULK) {
+            attn_narrow_bulk_kernel<BF16><<<n, THREADS, narrow_bulk_smem_total(), st>>>(a);
+            return;
+        }
+    }
+    if (route.kind == MLA_NARROW && route.stages >= 4)
+        attn_narrow_kernel<BF16, FP8, 4><<<n, THREADS, narrow_smem_total(4), st>>>(a);
+    else if (route.kind == MLA_NARROW)
+        attn_narrow_kernel<BF16, FP8, 2><<<n, THREADS, narrow_smem_total(2), st>>>(a);
+    else if (route.stages >= 3)
+        attn_tc_kernel<BF16, FP8, 3><<<n, THREADS, smem_total(3), st>>>(a);
+    else
+        attn_tc_kernel<BF16, FP8, 2><<<n, THREADS, smem_total(2), st>>>(a);
+}
+
+cudaError_t mla_launch_combine(const attn_args &a, const mla_route &route, int num_groups, cudaStream_t st)
+{
+    /* combine_rows_kernel: one CTA per group row (64-row groups of the wgmma kernel, 16-row ones
+     * of the bulk narrow kernel); combine_kernel: one CTA per group; the same arithmetic */
+    if (num_groups > 0 && route.kind == MLA_WGMMA)
+        combine_rows_kernel<<<dim3((unsigned)num_groups, ROWS), 128, 0, st>>>(a);
+    else if (num_groups > 0 && route.combine_rows)
+        combine_rows_kernel<<<dim3((unsigned)num_groups, NROWS), 128, 0, st>>>(a);
+    else if (num_groups > 0)
+        combine_kernel<<<num_groups, 256, 0, st>>>(a);
+    return cudaGetLastError();
+}
+
+cudaError_t mla_launch_decode(const attn_args &a, const mla_route &route, int num_ctas, int num_groups, int num_tokens,
+                              const CUtensorMap *tmap, cudaStream_t st, cudaEvent_t ev_mid)
+{
+    if (route.kind != MLA_SIMT) {
+        if (num_ctas > 0) {
+            if (a.bf16 && !a.fp8_cache) launch_kernel<true, false>(a, route, num_ctas, tmap, st);
+            else if (a.bf16) launch_kernel<true, true>(a, route, num_ctas, tmap, st);
+            else if (!a.fp8_cache) launch_kernel<false, false>(a, route, num_ctas, tmap, st);
+            else launch_kernel<false, true>(a, route, num_ctas, tmap, st);
+        }
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+        if (ev_mid) cudaEventRecord(ev_mid, st);
+        return mla_launch_combine(a, route, num_groups, st);
+    }
+    if (num_tokens > 0 && a.num_heads > 0)
+        attn_simt_kernel<<<num_tokens * a.num_heads, SIMT_THREADS, 0, st>>>(a, a.o_lat, a.lse);
+    cudaError_t e = cudaGetLastError();
+    if (ev_mid) cudaEventRecord(ev_mid, st);
+    return e;
+}
+
+} /* namespace ar_mla */

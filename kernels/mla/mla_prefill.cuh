@@ -1,0 +1,340 @@
+/* mla_prefill.cuh - the cuda-mla backend's GEMM and prefill path.
+ *   - A batched SIMT GEMM (fp32 accumulate) for the absorption q_nope x W_UK -> the 512-wide
+ *     latent query, the up-projection o_lat x W_UV -> v_head_dim, and the prefill path's
+ *     up-projected keys and values; gemm_of / launch_gemm describe and launch one.
+ *   - The prefill path for requests with query_len > AR_CUDA_MLA_DECODE_THRESHOLD: the new
+ *     tokens' keys / values are up-projected (k_nope = c W_UK, v = c W_UV, k = [k_nope | k_pe], QK
+ *     dim 192, V dim 128) and attended causally; the context is up-projected in chunks bounded
+ *     by a workspace and attended non-causally; the chunk results and the new-token result are
+ *     merged by LSE (vLLM merge_attn_states).
+ * Included by cuda_mla.cu (run_prefill and run_pass drive them). */
+#ifndef AR_MLA_PREFILL_CUH
+#define AR_MLA_PREFILL_CUH
+
+#include "mla_common.cuh"
+
+namespace ar_mla {
+
+/* ---------------------------------------------------------------------------------------- */
+/* Batched GEMM (SIMT, 64 x 64 tiles, fp32 accumulate):                                     */
+/*   C[b][m][n] = sum_k A[b][m][k] * B[(b + b_shift) % batch][k][n]                           */
+/* with element strides; A is float or 16-bit dtype bits, B 16-bit dtype bits, C float        */
+/* (rounded to round_dtype) or 16-bit bits.                                                   */
+
+struct gemm_args {
+    int batch, M, N, K;
+    const void *A;
+    int a_bits16;               /* 1: A holds dtype bits, 0: float */
+    int64_t a_b, a_m, a_k;
+    const uint16_t *B;
+    int64_t b_b, b_k, b_n;
+    int b_shift;
+    void *C;
+    int c_bits16;               /* 1: store dtype bits, 0: float rounded to dtype */
+    int64_t c_b, c_m, c_n;
+    int bf16;                   /* the dtype of 16-bit data and of the rounding */
+};
+
+__global__ void __launch_bounds__(256) gemm_kernel(gemm_args g)
+{
+    __shared__ float As[16][64 + 4];
+    __shared__ float Bs[16][64 + 4];
+    const int bz = blockIdx.z;
+    const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int bb = (bz + g.b_shift) % g.batch;
+    float acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+    for (int k0 = 0; k0 < g.K; k0 += 16) {
+        for (int e = threadIdx.x; e < 64 * 16; e += 256) {
+            int kk = e % 16, mm = e / 16;
+            int m = m0 + mm, k = k0 + kk;
+            float v = 0.f;
+            if (m < g.M && k < g.K) {
+                int64_t idx = bz * g.a_b + m * g.a_m + k * g.a_k;
+                v = g.a_bits16 ? from_bits(g.bf16, ((const uint16_t *)g.A)[idx]) : ((const float *)g.A)[idx];
+            }
+            As[kk][mm] = v;
+            int nn = e % 64, kb = e / 64;
+            int n = n0 + nn, k2 = k0 + kb;
+            float u = 0.f;
+            if (n < g.N && k2 < g.K) u = from_bits(g.bf16, g.B[bb * g.b_b + k2 * g.b_k + n * g.b_n]);
+            Bs[kb][nn] = u;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            float av[4], bv[4];
+            for (int i = 0; i < 4; i++) av[i] = As[kk][ty * 4 + i];
+            for (int j = 0; j < 4; j++) bv[j] = Bs[kk][tx * 4 + j];
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            int m = m0 + ty * 4 + i, n = n0 + tx * 4 + j;
+            if (m >= g.M || n >= g.N) continue;
+            int64_t idx = bz * g.c_b + m * g.c_m + n * g.c_n;
+            if (g.c_bits16)
+                ((uint16_t *)g.C)[idx] = to_bits(g.bf16, acc[i][j]);
+            else
+                ((float *)g.C)[idx] = g.bf16 ? ar_round_to(AR_BF16, acc[i][j]) : ar_round_to(AR_FP16, acc[i][j]);
+        }
+}
+
+/* A GEMM description (see gemm_args): C = A B per batch entry, with element strides. */
+static gemm_args gemm_of(int batch, int M, int N, int K, const void *A, int a_bits16, int64_t a_b, int64_t a_m,
+                         int64_t a_k, const uint16_t *B, int64_t b_b, int64_t b_k, int64_t b_n, int b_shift, void *C,
+                         int c_bits16, int64_t c_b, int64_t c_m, int64_t c_n, int bf16)
+{
+    gemm_args g;
+    g.batch = batch;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.A = A;
+    g.a_bits16 = a_bits16;
+    g.a_b = a_b;
+    g.a_m = a_m;
+    g.a_k = a_k;
+    g.B = B;
+    g.b_b = b_b;
+    g.b_k = b_k;
+    g.b_n = b_n;
+    g.b_shift = b_shift;
+    g.C = C;
+    g.c_bits16 = c_bits16;
+    g.c_b = c_b;
+    g.c_m = c_m;
+    g.c_n = c_n;
+    g.bf16 = bf16;
+    return g;
+}
+
+static cudaError_t launch_gemm(const gemm_args &g, cudaStream_t st)
+{
+    if (g.M <= 0 || g.N <= 0 || g.batch <= 0) return cudaSuccess;
+    dim3 grid((unsigned)((g.N + 63) / 64), (unsigned)((g.M + 63) / 64), (unsigned)g.batch);
+    gemm_kernel<<<grid, 256, 0, st>>>(g);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Prefill path (query_len > threshold): up-projected keys/values in a workspace               */
+
+/* Workspace latent rows: row w = (request row_req[w], position row_pos[w]); a context position
+ * comes from the cache (fp8 dequantised to the dtype), a new token's from the new latents. */
+__global__ void gather_latent_kernel(uint16_t *ws_lat, int n_rows, const int *row_req, const int *row_pos,
+                                     const attn_args a, const uint16_t *lat_new)
+{
+    int64_t total = (int64_t)n_rows * D;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(idx % D);
+        int w = (int)(idx / D);
+        int r = row_req[w], p = row_pos[w];
+        int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, ctx = a.seq_lens[r] - ql;
+        uint16_t v;
+        if (p >= ctx) {
+            /* the verifier (and the CPU backend) read every key through the cache, so an fp8
+             * cache's new tokens take the same quantise / dequantise trip (ar_kv_roundtrip) */
+            v = lat_new[((int64_t)q0 + p - ctx) * D + d];
+            if (a.fp8_cache)
+                v = to_bits(a.bf16, ar_kv_roundtrip(AR_FP8_E4M3, a.bf16 ? AR_BF16 : AR_FP16, a.kv_scale,
+                                                    from_bits(a.bf16, v)));
+        } else {
+            int64_t src = key_slot(a, r, p) * D + d;
+            if (a.fp8_cache)
+                v = to_bits(a.bf16, __fmul_rn(ar_fp8e4m3_to_f32(((const uint8_t *)a.cache)[src]), a.kv_scale));
+            else
+                v = ((const uint16_t *)a.cache)[src];
+        }
+        ws_lat[idx] = v;
+    }
+}
+
+/* k_pe (latent columns 512..575) broadcast to every head: ws_k[w, n, P + d]. */
+__global__ void rope_key_kernel(uint16_t *ws_k, const uint16_t *ws_lat, int n_rows, int H, int P)
+{
+    const int QK = P + DR;
+    int64_t total = (int64_t)n_rows * H * DR;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int d = (int)(idx % DR);
+        int64_t wn = idx / DR;
+        int64_t w = wn / H;
+        ws_k[wn * QK + P + d] = ws_lat[w * D + DL + d];
+    }
+}
+
+/* AR_FAULT_MLA_NO_WUV on the prefill path: values left in latent space (first V columns). */
+__global__ void latent_as_value_kernel(uint16_t *ws_v, const uint16_t *ws_lat, int n_rows, int H, int V)
+{
+    int64_t total = (int64_t)n_rows * H * V;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % V);
+        int64_t w = idx / V / H;
+        ws_v[idx] = ws_lat[w * D + c];
+    }
+}
+
+/* Attention of prefill token pf_tok[blockIdx.x / H], head blockIdx.x % H over workspace rows
+ * [kb[r], ke[r]) of its request; key row w visible iff row_pos[w] <= the query position
+ * (+1 with the off-by-one fault).  q = [q_nope | q_pe] (QK = P + 64), k = ws_k, v = ws_v.
+ * Writes pass_o [T, H, V] (float) and pass_lse [H, T] (natural; -inf when nothing visible). */
+__global__ void __launch_bounds__(SIMT_THREADS) prefill_attn_kernel(
+    const attn_args a, const int *pf_tok, const int *tok_pos, const uint16_t *q_nope, const uint16_t *ws_k,
+    const uint16_t *ws_v, const int *row_pos, const int *kb, const int *ke, int P, int V, float *pass_o,
+    float *pass_lse)
+{
+    __shared__ float qs[256 + DR];
+    __shared__ float ps[SIMT_CHUNK];
+    __shared__ float red[SIMT_THREADS / 32];
+    const int H = a.num_heads, QK = P + DR;
+    const int t = pf_tok[blockIdx.x / H], n = blockIdx.x % H;
+    const int r = a.tok_req[t];
+    const int qpos = tok_pos[t] + (a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0);
+    for (int d = threadIdx.x; d < QK; d += blockDim.x)
+        qs[d] = d < P ? from_bits(a.bf16, q_nope[((int64_t)t * H + n) * P + d])
+                      : from_bits(a.bf16, ((const uint16_t *)a.q)[((int64_t)t * H + n) * D + DL + (d - P)]);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float m = -INFINITY, l = 0.f, acc[2] = {0.f, 0.f};
+    const int k_begin = kb[r], k_end = ke[r];
+    for (int c0 = k_begin; c0 < k_end; c0 += SIMT_CHUNK) {
+        int cnt = k_end - c0 < SIMT_CHUNK ? k_end - c0 : SIMT_CHUNK;
+        for (int kk = warp; kk < cnt; kk += nw) {
+            int w = c0 + kk;
+            const uint16_t *kr = ws_k + ((int64_t)w * H + n) * QK;
+            float dot = 0.f;
+            for (int d = lane; d < QK; d += 32) dot += qs[d] * from_bits(a.bf16, kr[d]);
+            for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+            if (lane == 0) ps[kk] = row_pos[w] <= qpos ? dot * a.scale_log2 : -INFINITY;
+        }
+        __syncthreads();
+        float mine = threadIdx.x < cnt ? ps[threadIdx.x] : -INFINITY;
+        float mc = block_reduce<float>(mine, true, red);
+        float m_new = fmaxf(m, mc);
+        float m_use = m_new == -INFINITY ? 0.f : m_new;
+        float alpha = exp2f(m - m_use);
+        float p = threadIdx.x < cnt ? exp2f(mine - m_use) : 0.f;
+        float lsum = block_reduce<float>(p, false, red);
+        if (threadIdx.x < cnt) ps[threadIdx.x] = p;
+        __syncthreads();
+        if (a.fault == AR_FAULT_NO_RESCALE) alpha = 1.f;
+        l = l * alpha + lsum;
+        for (int c = 0; c < 2; c++) {
+            int col = threadIdx.x + c * SIMT_THREADS;
+            if (col >= V) break;
+            float sum = 0.f;
+            for (int kk = 0; kk < cnt; kk++) {
+                if (ps[kk] == 0.f) continue;
+                sum += ps[kk] * from_bits(a.bf16, ws_v[((int64_t)(c0 + kk) * H + n) * V + col]);
+            }
+            acc[c] = acc[c] * alpha + sum;
+        }
+        m = m_new;
+        __syncthreads();
+    }
+    for (int c = 0; c < 2; c++) {
+        int col = threadIdx.x + c * SIMT_THREADS;
+        if (col < V) pass_o[((int64_t)t * H + n) * V + col] = l > 0.f ? acc[c] / l : 0.f;
+    }
+    if (threadIdx.x == 0)
+        pass_lse[(int64_t)n * a.num_tokens + t] = l > 0.f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
+}
+
+/* acc (out, lse) <- merge(acc, pass) for every prefill token and head (vLLM merge_attn_states);
+ * first: acc <- pass. */
+__global__ void prefill_merge_kernel(const attn_args a, const int *pf_tok, int n_pf, int V, float *acc_o,
+                                     float *acc_lse, const float *pass_o, const float *pass_lse, int first)
+{
+    const int H = a.num_heads;
+    int64_t total = (int64_t)n_pf * H * V;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % V);
+        int64_t rest = idx / V;
+        int n = (int)(rest % H);
+        int t = pf_tok[rest / H];
+        int64_t o = ((int64_t)t * H + n) * V + c, li = (int64_t)n * a.num_tokens + t;
+        float pl = pass_lse[li];
+        if (first) {
+            acc_o[o] = pass_o[o];
+        } else {
+            float al = acc_lse[li];
+            float m = fmaxf(al, pl);
+            if (m == -INFINITY) continue;   /* both empty: keep acc (zeros) */
+            float wa = expf(al - m), wp = expf(pl - m);
+            if (a.fault == AR_FAULT_MERGE_NO_WEIGHTS)
+                acc_o[o] = acc_o[o] + pass_o[o];
+            else
+                acc_o[o] = acc_o[o] * (wa / (wa + wp)) + pass_o[o] * (wp / (wa + wp));
+        }
+    }
+}
+
+/* The LSE half of the merge (one thread per token and head, after prefill_merge_kernel). */
+__global__ void prefill_merge_lse_kernel(const attn_args a, const int *pf_tok, int n_pf, float *acc_lse,
+                                         const float *pass_lse, int first)
+{
+    const int H = a.num_heads;
+    int64_t total = (int64_t)n_pf * H;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int n = (int)(idx % H);
+        int t = pf_tok[idx / H];
+        int64_t li = (int64_t)n * a.num_tokens + t;
+        float pl = pass_lse[li];
+        if (first) {
+            acc_lse[li] = pl;
+            continue;
+        }
+        float al = acc_lse[li];
+        float m = fmaxf(al, pl);
+        acc_lse[li] = m == -INFINITY ? -INFINITY : m + logf(expf(al - m) + expf(pl - m));
+    }
+}
+
+/* Final prefill rows: out (rounded to dtype) and lse (log2 with the LSE_BASE2 fault). */
+__global__ void prefill_finish_kernel(const attn_args a, const int *pf_tok, int n_pf, int V, const float *acc_o,
+                                      const float *acc_lse, float *out, float *lse)
+{
+    const int H = a.num_heads;
+    int64_t total = (int64_t)n_pf * H * V;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % V);
+        int64_t rest = idx / V;
+        int n = (int)(rest % H);
+        int t = pf_tok[rest / H];
+        int64_t o = ((int64_t)t * H + n) * V + c;
+        out[o] = a.bf16 ? ar_round_to(AR_BF16, acc_o[o]) : ar_round_to(AR_FP16, acc_o[o]);
+        if (c == 0) {
+            float v = acc_lse[(int64_t)n * a.num_tokens + t];
+            if (a.fault == AR_FAULT_LSE_BASE2 && v != -INFINITY) v *= 1.4426950408889634f;
+            lse[(int64_t)n * a.num_tokens + t] = v;
+        }
+    }
+}
+
+/* AR_FAULT_MLA_NO_WUV on the absorbed path: out = the first V latent columns, rounded. */
+__global__ void latent_as_output_kernel(const float *o_lat, float *out, int T, int H, int V, int bf16)
+{
+    int64_t total = (int64_t)T * H * V;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % V);
+        int64_t th = idx / V;
+        float v = o_lat[th * DL + c];
+        out[idx] = bf16 ? ar_round_to(AR_BF16, v) : ar_round_to(AR_FP16, v);
+    }
+}
+
+} /* namespace ar_mla */
+
+#endif

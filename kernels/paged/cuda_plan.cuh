@@ -1,0 +1,318 @@
+/* cuda_plan.cuh - the "cuda" backend's decision function: build_plan picks the kernel of each
+ * attention launch (the configs of cuda_attn.cuh) and cuts its work into split-KV pieces.
+ * Part of cuda_backend.cu's translation unit (included once, after cuda_state), kept apart so
+ * that the rule and its measurements read in one place.
+ *
+ * Which kernel runs a launch: decode launches (one query token per request) of at least half as
+ * many requests as SMs with every context at most 16k keys, or of at least 0.9 x SMs requests,
+ * head size 128, block size 16, at most 8 KV heads, on a compute-capability 9.0 device with
+ * tensor maps take DECODE_TMA (one CTA per request, whole cache blocks by TMA; see
+ * decode_tma_plan for the measurements behind the rule; the cascade suffix pass of a decode
+ * batch is such a launch); other launches in the DECODE geometry (every (request, KV head)
+ * within 16 rows) take the mma.sync DECODE kernel; other launches with head size exactly 128 on
+ * a compute-capability 9.0 device whose driver encodes tensor maps take PREFILL_WG (128 x 128
+ * tiles, two ping-pong consumer warpgroups with Q in registers fed by a producer warpgroup
+ * whose whole-tile K/V copies are bulk tensor copies; H200: causal prefill B=2 S=8k 500.6
+ * TFLOP/s against 272 for the mma.sync kernel, BENCHMARKS.md).  Everything else runs the
+ * mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps the mma.sync kernels
+ * everywhere (the fallback, for comparisons).
+ *
+ * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
+ * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
+ * on one SM.  If C >= 0.8 S_slots, do not split.  Otherwise, for s = 1 .. min(64, S_slots,
+ * n_blocks) (n_blocks: the most key-tile units any CTA walks; a unit is one key tile per warp
+ * column) skip every s that does not change ceil(n_blocks / s) and take the wave efficiency
+ * e(s) = w / ceil(w) with w = C s / S_slots; choose the smallest s with e(s) >= 0.85 max e.
+ * Our addition (the "tail rule"): when C >= 0.8 S_slots but under 4 waves, the last wave can
+ * leave most SMs idle (C = 512 on 396 slots runs 2 waves for 1.29 waves of work), so take the
+ * smallest s <= 8 whose ceil(C s / S_slots) / s is within 5% of the best.
+ * Each work item is then cut into pieces of ceil(n_blocks / s) units (short ones stay whole),
+ * so the split is per request, like FA3's dynamic varlen splits. */
+#ifndef AR_PAGED_PLAN_CUH
+#define AR_PAGED_PLAN_CUH
+
+ar_attn_geom ar_attn_geometry(int config, int hd)
+{
+    using namespace ar_attn;
+    if (ar_attn_config_is_wg(config) && hd == 128) {
+        ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, WgPipe::THREADS, WgPipe::SMEM};
+        return r;
+    }
+    if (config == AR_CFG_DECODE_TMA && hd == 128) {
+        ar_attn_geom r = {16, DecodeTmaGeom::BLOCK, 1, 32 * (DecodeTmaGeom::MAX_KV_HEADS + 1), DecodeTmaGeom::SMEM};
+        return r;
+    }
+    if (config != AR_CFG_DECODE) {
+        if (hd == 64) return geom_of<PrefillG64>();
+        if (hd == 128) return geom_of<PrefillG128>();
+        return geom_of<PrefillG256>();
+    }
+    if (hd == 64) return geom_of<DecodeG64>();
+    if (hd == 128) return geom_of<DecodeG128>();
+    return geom_of<DecodeG256>();
+}
+
+/* See this file's comment: FlashAttention's 85%-of-best-wave-efficiency rule for an under-filled
+ * launch, and the tail rule for an over-filled one with few waves. */
+static int choose_num_splits(int num_ctas, int max_units, int slots)
+{
+    if (num_ctas <= 0 || max_units <= 1 || slots <= 0) return 1;
+    int max_s = AR_MAX_SPLITS;
+    if (max_s > slots) max_s = slots;
+    if (max_s > max_units) max_s = max_units;
+    if ((double)num_ctas >= 0.8 * slots) {
+        /* tail rule: time ~ ceil(C s / S_slots) / s (waves of unsplit work) */
+        if ((double)num_ctas >= 4.0 * slots) return 1;
+        double cost[9], best = 1e30;
+        int top = max_s < 8 ? max_s : 8;
+        for (int s = 1; s <= top; s++) {
+            cost[s] = ceil((double)num_ctas * s / slots) / s;
+            if (cost[s] < best) best = cost[s];
+        }
+        for (int s = 1; s <= top; s++)
+            if (cost[s] <= 1.05 * best) return s;
+        return 1;
+    }
+    double eff[AR_MAX_SPLITS + 1];
+    double best = 0.0;
+    for (int s = 1; s <= max_s; s++) {
+        eff[s] = 0.0;
+        if (s > 1 && (max_units + s - 1) / s == (max_units + s - 2) / (s - 1)) continue;
+        double waves = (double)num_ctas * s / slots;
+        eff[s] = waves / ceil(waves);
+        if (eff[s] > best) best = eff[s];
+    }
+    for (int s = 1; s <= max_s; s++)
+        if (eff[s] >= 0.85 * best) return s;
+    return 1;
+}
+
+/* The cascade prefix pass: one sequence, so every unsplit item has the same length and the
+ * time is ~ ceil(C s / S_slots) / s waves of unsplit work.  Take the smallest s within 5% of
+ * the best over s <= 64 (no split from 4 waves of unsplit work up), with pieces of at least 2
+ * key-tile units (the Q tile load and the partial write are amortised) - e.g. C = 32 items on 264 slots: s = 8 (256 CTAs, one wave)
+ * where the FlashAttention rule took 7 (224 CTAs: 15% of the slots idle, 14% longer pieces). */
+static int choose_prefix_splits(int num_ctas, int max_units, int slots)
+{
+    if (num_ctas <= 0 || max_units <= 1 || slots <= 0 || num_ctas >= 4 * slots) return 1;
+    int max_s = max_units / 2;
+    if (max_s > AR_MAX_SPLITS) max_s = AR_MAX_SPLITS;
+    if (max_s < 1) return 1;
+    double best = 1e30;
+    for (int s = 1; s <= max_s; s++) {
+        double cost = ceil((double)num_ctas * s / slots) / s;
+        if (cost < best) best = cost;
+    }
+    for (int s = 1; s <= max_s; s++)
+        if (ceil((double)num_ctas * s / slots) / s <= 1.05 * best) return s;
+    return 1;
+}
+
+static int cmp_work_desc(const void *pa, const void *pb)
+{
+    const ar_attn_work *a = (const ar_attn_work *)pa, *b = (const ar_attn_work *)pb;
+    int la = a->tile_end - a->tile_begin, lb = b->tile_end - b->tile_begin;
+    if (la != lb) return lb - la;
+    if (a->req != b->req) return a->req - b->req;
+    if (a->kv_head != b->kv_head) return a->kv_head - b->kv_head;
+    return a->pair0 - b->pair0;
+}
+
+/* One attention launch's plan: geometry, split count and the work list (host, malloc'd). */
+typedef struct pass_plan {
+    int config;
+    ar_attn_geom geom;
+    int num_splits;
+    int64_t num_work, num_groups, num_partials;
+    ar_attn_work *work;             /* [num_work], sorted longest first */
+    ar_combine_group *groups;       /* [num_groups] */
+} pass_plan;
+
+static void pass_plan_free(pass_plan *pl)
+{
+    free(pl->work);
+    free(pl->groups);
+    memset(pl, 0, sizeof *pl);
+}
+
+/* AR_CFG_DECODE_TMA (cuda_attn_decode_tma.cuh) can run this launch: Hopper with tensor maps,
+ * head size 128, block size 16, at most 8 KV heads, a group of at most 16, no planted fault
+ * (the faults live in the general kernels), causal, and one query token per request.  The
+ * automatic plan takes it (force_config -1, no forced split, AR_CUDA_DECODE_TMA not 0) for
+ * batches of at least half as many requests as the device has SMs whose longest context is at
+ * most DECODE_TMA_MAX_KEYS keys, and for batches of at least 0.9 x SMs requests at any
+ * context: one CTA walks a whole request and never splits, so it needs most SMs busy.  On the
+ * H200 (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
+ * 2026-11-30): 128 keys (the cascade suffix pass) 30.7 us against 36.0 for DECODE; 1152 keys
+ * 82.1 against 155.6; 8320 keys 480.0 against 761.4; 32896 keys 1845.8 against 2888.7; 33024
+ * keys 1845-2030 against 3105.4.  With fewer requests DECODE's split-KV fills the machine (the
+ * decode bench's 64 requests stay on it).  force_config AR_CFG_DECODE_TMA takes it whenever it
+ * can run. */
+#define DECODE_TMA_MAX_KEYS 16384
+static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
+                            bool non_causal, int force_config, int force_splits)
+{
+    if (!s->has_tma || non_causal || s->head_size != 128 || s->template_hd != 128 || s->block_size != 16 ||
+        s->hkv > 8 || s->group > 16 || s->cfg.fault != AR_FAULT_NONE)
+        return false;
+    int max_seq = 0;
+    for (int r = 0; r < R; r++) {
+        if (query_start_loc[r + 1] - query_start_loc[r] > 1) return false;
+        if (seq_lens[r] > max_seq) max_seq = seq_lens[r];
+    }
+    if (force_config == AR_CFG_DECODE_TMA) return true;
+    if (force_config >= 0 || force_splits > 0 || !s->decode_tma_auto) return false;
+    return (2 * R >= s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS) || 10 * R >= 9 * s->num_sms;
+}
+
+/* Flattens one launch into work items.  R sequences; query_start_loc [R + 1], seq_lens [R].
+ * non_causal: every query of a sequence sees all its seq_len keys (cascade prefix pass: its
+ * own split rule), and the sliding window is not applied.  force_config -1 / force_splits 0 =
+ * automatic.  0 ok, 3 out of host memory. */
+static int build_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
+                      bool non_causal, int force_config, int force_splits, pass_plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    int max_q = 0;
+    for (int r = 0; r < R; r++) {
+        int ql = query_start_loc[r + 1] - query_start_loc[r];
+        if (ql > max_q) max_q = ql;
+    }
+    int config = max_q * s->group <= 16 ? AR_CFG_DECODE : AR_CFG_PREFILL;
+    if (force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
+    const bool wg_ok = s->has_tma && s->head_size == 128;
+    if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
+    if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = s->wgmma_auto;
+    if (config == AR_CFG_DECODE &&
+        decode_tma_plan(s, R, query_start_loc, seq_lens, non_causal, force_config, force_splits)) {
+        /* one unsplit item per request with its token (key blocks from the window's start) */
+        const int window0 = s->cfg.model.sliding_window;
+        ar_attn_work *work = (ar_attn_work *)malloc((size_t)(R > 0 ? R : 1) * sizeof *work);
+        ar_combine_group *groups = (ar_combine_group *)malloc(sizeof *groups);
+        if (!work || !groups) {
+            free(work);
+            free(groups);
+            return 3;
+        }
+        int64_t n = 0;
+        for (int r = 0; r < R; r++) {
+            if (query_start_loc[r + 1] - query_start_loc[r] != 1) continue;
+            int kv_start = window0 > 0 ? seq_lens[r] - window0 : 0;
+            if (kv_start < 0) kv_start = 0;
+            ar_attn_work w = {r, 0, 0, kv_start / 16, (seq_lens[r] + 15) / 16, -1, 0};
+            work[n++] = w;
+        }
+        qsort(work, (size_t)n, sizeof *work, cmp_work_desc);
+        pl->config = AR_CFG_DECODE_TMA;
+        pl->geom = ar_attn_geometry(AR_CFG_DECODE_TMA, 128);
+        pl->num_splits = 1;
+        pl->num_work = n;
+        pl->work = work;
+        pl->groups = groups;
+        return 0;
+    }
+    ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
+    const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
+    const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+    const int window = non_causal ? 0 : s->cfg.model.sliding_window;
+
+    /* first pass: unsplit items */
+    int64_t n_items = 0;
+    for (int r = 0; r < R; r++) {
+        int ql = query_start_loc[r + 1] - query_start_loc[r];
+        n_items += (int64_t)s->hkv * ((ql * s->group + rows - 1) / rows);
+    }
+    int max_units = 0;
+    ar_attn_work *items = (ar_attn_work *)malloc((size_t)(n_items > 0 ? n_items : 1) * sizeof *items);
+    if (!items) return 3;
+    int64_t k = 0;
+    for (int r = 0; r < R; r++) {
+        int ql = query_start_loc[r + 1] - query_start_loc[r], sl = seq_lens[r], ctx = sl - ql;
+        int pairs = ql * s->group;
+        for (int h = 0; h < s->hkv; h++)
+            for (int p0 = 0; p0 < pairs; p0 += rows) {
+                int tf = p0 / s->group, tl = (p0 + rows - 1) / s->group;
+                if (tl > ql - 1) tl = ql - 1;
+                int kv_end = non_causal ? sl : ctx + tl + 1 + extra;
+                if (kv_end > sl) kv_end = sl;
+                int kv_start = window > 0 ? ctx + tf - window + 1 : 0;
+                if (kv_start < 0) kv_start = 0;
+                ar_attn_work *w = &items[k++];
+                w->req = r;
+                w->kv_head = h;
+                w->pair0 = p0;
+                w->tile_begin = kv_start / bn;
+                w->tile_end = kv_end > kv_start ? (kv_end + bn - 1) / bn : w->tile_begin;
+                w->partial = -1;
+                w->pad_ = 0;
+                int units = (w->tile_end - w->tile_begin + wn - 1) / wn;
+                if (units > max_units) max_units = units;
+            }
+    }
+    int slots = s->num_sms * s->ctas_per_sm[config];
+    int splits = force_splits > 0 ? force_splits
+                 : non_causal ? choose_prefix_splits((int)n_items, max_units, slots)
+                              : choose_num_splits((int)n_items, max_units, slots);
+    if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
+    int chunk_units = splits > 1 ? (max_units + splits - 1) / splits : max_units;
+    if (chunk_units < 1) chunk_units = 1;
+
+    /* second pass: cut items into pieces */
+    int64_t n_work = 0, n_groups = 0, n_partials = 0;
+    for (int64_t i = 0; i < n_items; i++) {
+        int units = (items[i].tile_end - items[i].tile_begin + wn - 1) / wn;
+        int pieces = splits > 1 ? (units + chunk_units - 1) / chunk_units : 1;
+        if (pieces < 1) pieces = 1;
+        n_work += pieces;
+        if (pieces > 1) {
+            n_groups++;
+            n_partials += pieces;
+        }
+    }
+    ar_attn_work *work = (ar_attn_work *)malloc((size_t)(n_work > 0 ? n_work : 1) * sizeof *work);
+    ar_combine_group *groups = (ar_combine_group *)malloc((size_t)(n_groups > 0 ? n_groups : 1) * sizeof *groups);
+    if (!work || !groups) {
+        free(items);
+        free(work);
+        free(groups);
+        return 3;
+    }
+    int64_t wi = 0, gi = 0, pi = 0;
+    for (int64_t i = 0; i < n_items; i++) {
+        ar_attn_work it = items[i];
+        int units = (it.tile_end - it.tile_begin + wn - 1) / wn;
+        int pieces = splits > 1 ? (units + chunk_units - 1) / chunk_units : 1;
+        if (pieces <= 1) {
+            work[wi++] = it;
+            continue;
+        }
+        ar_combine_group *g = &groups[gi++];
+        memset(g, 0, sizeof *g);
+        g->req = it.req;
+        g->kv_head = it.kv_head;
+        g->pair0 = it.pair0;
+        g->first_partial = (int)pi;
+        g->count = pieces;
+        for (int p = 0; p < pieces; p++) {
+            ar_attn_work piece = it;
+            piece.tile_begin = it.tile_begin + p * chunk_units * wn;
+            piece.tile_end = piece.tile_begin + chunk_units * wn;
+            if (piece.tile_end > it.tile_end) piece.tile_end = it.tile_end;
+            piece.partial = (int)(pi++);
+            work[wi++] = piece;
+        }
+    }
+    free(items);
+    qsort(work, (size_t)n_work, sizeof *work, cmp_work_desc);
+    pl->config = config;
+    pl->geom = geom;
+    pl->num_splits = splits;
+    pl->num_work = n_work;
+    pl->num_groups = n_groups;
+    pl->num_partials = n_partials;
+    pl->work = work;
+    pl->groups = groups;
+    return 0;
+}
+
+#endif
