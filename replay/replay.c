@@ -1336,6 +1336,17 @@ static void format_duration(double s, char *buf, size_t len)
     else snprintf(buf, len, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
 }
 
+/* A time in microseconds with the unit that keeps the number short: "840 ns", "12.3 us",
+ * "4.56 ms", "123.8 s" (a CPU replay's step takes seconds, a GPU decode step microseconds). */
+static void format_time_us(double us, char *buf, size_t len)
+{
+    const double a = fabs(us);
+    if (a < 1) snprintf(buf, len, "%.0f ns", us * 1e3);
+    else if (a < 1e3) snprintf(buf, len, "%.3g us", us);
+    else if (a < 1e6) snprintf(buf, len, "%.3g ms", us / 1e3);
+    else snprintf(buf, len, "%.4g s", us / 1e6);
+}
+
 /* Steps this session replays: the trace's step count clipped to --steps and the resume point
  * (steps that schedule nothing are counted too; they are skipped quickly). */
 static int64_t planned_steps(const engine *e, long long trace_steps, int64_t resume_after)
@@ -1468,11 +1479,14 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
     if (e->worst_step >= 0)
         printf("  accuracy  worst step %lld: max abs err %.3g, NMSE %.3g\n", (long long)e->worst_step,
                e->worst_max_abs, e->worst_nmse);
-    if (e->session_steps > 0)
-        printf("  time      attention %.3f ms total, %.1f us/step mean; %.2f GB/s, %.3f TFLOP/s\n",
-               e->time_us_total / 1e3, e->time_us_total / e->session_steps,
+    if (e->session_steps > 0) {
+        char total[32], mean[32];
+        format_time_us(e->time_us_total, total, sizeof total);
+        format_time_us(e->time_us_total / e->session_steps, mean, sizeof mean);
+        printf("  time      attention %s total, %s/step mean; %.2f GB/s, %.3g TFLOP/s\n", total, mean,
                e->time_us_total > 0 ? e->bytes_total / (e->time_us_total * 1e3) : 0,
                e->time_us_total > 0 ? e->flops_total / (e->time_us_total * 1e6) : 0);
+    }
     if (e->cascade_steps > 0) {
         char verdict[96];
         ar_cascade_verdict(e->cascade_time_us, e->cascade_flat_us, verdict, sizeof verdict);

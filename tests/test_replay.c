@@ -194,6 +194,38 @@ static void test_steps_range_fills_missing_context(void **state)
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE pass != 1"), 0);
 }
 
+/* The summary's time line picks a unit per number: at most three digits before the point, whether
+ * a step takes microseconds (GPU) or seconds (CPU) - never "123784018.4 us/step". */
+static void test_summary_times_have_short_units(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512];
+    tu_tmp("units.db", db, sizeof db);
+    tu_tmp("units.log", log, sizeof log);
+    sample("chunked", trace, sizeof trace);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --verify off", tu_bin(), trace, db), 0);
+    char *text = tu_slurp(log);
+    assert_non_null(text);
+    const char *line = strstr(text, "attention ");
+    if (!line) print_message("--- no time line:\n%s\n", text);
+    assert_non_null(line);
+    double total = 0, mean = 0;
+    char unit_total[8] = "", unit_mean[8] = "";
+    int got = sscanf(line, "attention %lf %7s total, %lf %7[a-z]/step mean", &total, unit_total, &mean, unit_mean);
+    if (got != 4) print_message("--- time line not parsed (%d fields): %.120s\n", got, line);
+    assert_int_equal(got, 4);
+    const char *const units[] = {"ns", "us", "ms", "s"};
+    bool total_ok = false, mean_ok = false;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        total_ok |= strcmp(unit_total, units[i]) == 0;
+        mean_ok |= strcmp(unit_mean, units[i]) == 0;
+    }
+    assert_true(total_ok && mean_ok);
+    assert_true(mean > 0 && mean < 1000);
+    assert_true(total > 0 && (total < 1000 || strcmp(unit_total, "s") == 0));
+    free(text);
+}
+
 static void test_verify_off_and_sample_are_labelled(void **state)
 {
     (void)state;
@@ -527,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_kill_and_resume),
         cmocka_unit_test(test_steps_range_fills_missing_context),
         cmocka_unit_test(test_verify_off_and_sample_are_labelled),
+        cmocka_unit_test(test_summary_times_have_short_units),
         cmocka_unit_test(test_dump_step_writes_npy),
         cmocka_unit_test(test_bad_input_exit_codes),
         cmocka_unit_test(test_backends_table_explains),
