@@ -760,8 +760,8 @@ struct ar_db_writer {
     bool finished;                /* the run's status is written */
     bool failed;
     char error[1024];
-    double sqlite_s;              /* time in SQLite this session (written under both locks) */
-    double sqlite_base;           /* ... and in earlier sessions of a resumed run */
+    double sqlite_s;              /* time in SQLite this invocation (written under both locks) */
+    double sqlite_base;           /* ... and in earlier invocations of a resumed run */
     int64_t kill_after;           /* ATTNREPLAY_TEST_KILL_AFTER_STEP (tests), -1 = off */
 };
 

@@ -17,7 +17,7 @@
  *        ('host' | 'device'), verified_steps INTEGER (steps with at least one verified layer),
  *        verified_layer_steps INTEGER (verified layers summed over steps), verified_rows
  *        INTEGER (query rows checked, summed over steps and layers), and where the replay's
- *        time went, in seconds, summed over every session of the run (resume adds to them):
+ *        time went, in seconds, summed over every invocation of the run (resume adds to them):
  *        parse_s (reading and validating the trace), metadata_s (building the batch, block
  *        tables and fill lists; the backend's prepare), generation_s (untimed writes of missing
  *        context and the forward's time outside its timed kernels: data generation, warm-up,
@@ -251,7 +251,7 @@ int ar_step_record_add_mismatch(ar_step_record *r, const ar_mismatch_row *m);
 
 typedef struct ar_db_writer ar_db_writer;
 
-/* Takes over db for run; sqlite_base_s is the sqlite phase of earlier sessions (resume).
+/* Takes over db for run; sqlite_base_s is the sqlite phase of earlier invocations (resume).
  * NULL + err on failure (out of memory, no thread). */
 ar_db_writer *ar_db_writer_start(ar_db *db, int64_t run, bool threaded, double sqlite_base_s,
                                  char *err, size_t err_len);
@@ -264,7 +264,7 @@ int ar_db_writer_push(ar_db_writer *w, ar_step_record *r);
 void ar_db_writer_discard(ar_db_writer *w, ar_step_record *r);
 /* NULL while all is well, else why the writer stopped. */
 const char *ar_db_writer_error(ar_db_writer *w);
-/* Seconds spent in SQLite so far, earlier sessions included (the sqlite phase, which the
+/* Seconds spent in SQLite so far, earlier invocations included (the sqlite phase, which the
  * writer also stores with each batch's progress). */
 double ar_db_writer_seconds(ar_db_writer *w);
 /* Writes every pending record and stops the writer thread: 0, or -1 when a batch failed

@@ -1042,9 +1042,9 @@ typedef struct engine {
     /* host output buffers (host verification, dumps), grown to the largest step */
     float *out, *lse;
     size_t cap_out, cap_lse;
-    /* the run so far (earlier sessions of a resumed run included) */
+    /* the run so far (earlier invocations of a resumed run included) */
     ar_run_progress prog;
-    double wall_base;             /* wall_s of earlier sessions */
+    double wall_base;             /* wall_s of earlier invocations */
     double t_start;
     int64_t session_steps;
     int64_t cascade_steps, merge_steps;
@@ -1056,7 +1056,7 @@ typedef struct engine {
     /* progress line */
     bool progress_tty, progress_log;
     double progress_last;
-    int64_t planned;              /* steps this session will replay; -1 unknown */
+    int64_t planned;              /* steps this invocation will replay; -1 unknown */
     /* sharding (shard.h) */
     ar_launch launch;
     ar_shard_plan plan;           /* parts == NULL when not sharded */
@@ -1347,7 +1347,7 @@ static void format_time_us(double us, char *buf, size_t len)
     else snprintf(buf, len, "%.4g s", us / 1e6);
 }
 
-/* Steps this session replays: the trace's step count clipped to --steps and the resume point
+/* Steps this invocation replays: the trace's step count clipped to --steps and the resume point
  * (steps that schedule nothing are counted too; they are skipped quickly). */
 static int64_t planned_steps(const engine *e, long long trace_steps, int64_t resume_after)
 {
