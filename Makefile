@@ -419,6 +419,7 @@ py-test: $(SHLIB) $(SHLIB_CARRY) $(PLUGINS) $(BROKEN_PLUGINS) $(BIN) $(PYENV)/.r
 	$(PYENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation ./replay/python
 	ATTNREPLAY_LIB=$(abspath $(SHLIB)) AR_BIN=$(abspath $(BIN)) AR_BUILD=$(abspath $(BUILD)) AR_SRC=$(CURDIR) \
 	  $(PYENV)/bin/python -m unittest discover -s replay/python/tests
+	AR_BIN=$(abspath $(BIN)) $(PYENV)/bin/python -m unittest discover -s kernels/peers -p 'test_*.py'
 
 test: py-test
 .PHONY: py-test
