@@ -65,8 +65,10 @@ class FlexPaged(Backend):
         # per token: its request and absolute position
         token_req = np.repeat(np.arange(n), qsl[1:] - qsl[:-1])
         token_pos = np.arange(T) - qsl[token_req] + (seq - (qsl[1:] - qsl[:-1]))[token_req]
-        # the inverse page table: physical block -> logical block index, per request
-        p2l = np.full((n, NB), -1, dtype=np.int32)
+        kv_chunks = (NB * B + CHUNK - 1) // CHUNK     # 128-slot chunks of the physical sequence
+        # the inverse page table: physical block -> logical block index, per request (over whole
+        # chunks, so the padding slots of a last partial chunk index a -1)
+        p2l = np.full((n, kv_chunks * CHUNK // B), -1, dtype=np.int32)
         for r in range(n):
             p2l[r, table[r, : pages[r]]] = np.arange(pages[r], dtype=np.int32)
         # per 128-query block: the 128-slot chunks holding any page of its requests
@@ -76,14 +78,18 @@ class FlexPaged(Backend):
             reqs = np.unique(token_req[qb * CHUNK: min(T, (qb + 1) * CHUNK)])
             chunks = np.unique(np.concatenate([table[r, : pages[r]] * B // CHUNK for r in reqs]))
             lists.append(chunks)
-        width = max(1, max(len(x) for x in lists))
-        kv_indices = np.zeros((1, 1, q_blocks, width), dtype=np.int32)
+        # the index array spans every key chunk of the cache: flex takes its last dimension as the
+        # block mask's key extent, which must cover the whole physical sequence
+        kv_indices = np.zeros((1, 1, q_blocks, kv_chunks), dtype=np.int32)
         kv_num = np.zeros((1, 1, q_blocks), dtype=np.int32)
         for qb, chunks in enumerate(lists):
             kv_num[0, 0, qb] = len(chunks)
             kv_indices[0, 0, qb, : len(chunks)] = chunks
-        t_req = torch.from_numpy(token_req).to(dev)
-        t_pos = torch.from_numpy(token_pos).to(dev)
+        # the compiled kernel evaluates mask_mod on the padding rows of the last query block too:
+        # they belong to request 0 at position -1, so they see no key and index nothing out of range
+        pad = q_blocks * CHUNK - T
+        t_req = torch.from_numpy(np.concatenate([token_req, np.zeros(pad, np.int64)])).to(dev)
+        t_pos = torch.from_numpy(np.concatenate([token_pos, np.full(pad, -1, np.int64)])).to(dev)
         t_p2l = torch.from_numpy(p2l).to(dev)
         window = c.sliding_window
 
