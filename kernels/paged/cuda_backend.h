@@ -25,6 +25,8 @@ extern const ar_backend ar_cuda_backend;
  * 3 DECODE_TMA (decode batches on that device; else auto); num_splits 0 = the heuristic, N >= 1 =
  * split every work item's key range into up to N pieces. */
 void ar_cuda_set_plan(void *state, int config, int num_splits);
+/* With an fp8 cache a forced PREFILL_WG runs PREFILL and a forced DECODE_TMA runs DECODE (the
+ * fp8-KV kernels are the mma.sync ones). */
 /* The same override for the cascade prefix pass only (config -1 / num_splits 0: as
  * ar_cuda_set_plan says, else its own rule), for the prefix-plan sweep in bench_cascade. */
 void ar_cuda_set_prefix_plan(void *state, int config, int num_splits);
@@ -56,6 +58,10 @@ typedef struct ar_cuda_plan_info {
     int prefix_num_work;   /* CTAs of the prefix pass */
     int prefix_num_splits; /* its split count */
     int prefix_combine_folded; /* 1: its split combine runs inside the suffix pass (no combine kernel) */
+    /* 1: the cache is fp8 e4m3 and every pass above ran the fp8-KV variant of its kernel (config
+     * PREFILL -> route "PREFILL fp8-KV", DECODE -> "DECODE fp8-KV"; PREFILL_WG and DECODE_TMA are
+     * never planned for an fp8 cache, a forced one included) */
+    int kv_fp8;
 } ar_cuda_plan_info;
 void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info);
 
