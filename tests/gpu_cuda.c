@@ -18,7 +18,9 @@
  * size exact and generic, soft cap and window, the launches that would run DECODE_TMA or
  * PREFILL_WG (they run the fp8-KV DECODE / PREFILL: ar_cuda_plan_info.kv_fp8), and two checks
  * that the quantisation is the reference's: the same output verified as if the scale were 0.5,
- * or as if the cache were bf16, fails.
+ * or as if the cache were bf16, fails.  Whole replays with --kv-dtype fp8_e4m3: the shipped
+ * samples (head size 64; prefix with cascade on) and a simulated Llama-3.1-8B trace (head size
+ * 128, GQA 32/8) verified on the CPU and on the device, and a planted fault failing the run.
  *
  * AR_GPU_SMALL=1 (compute-sanitizer runs, tests/gpu_sanitize.sh) keeps every kernel config and
  * shrinks the data: the vLLM grid becomes 8 cases (both sequence sets, d 80 generic and 256,
@@ -744,6 +746,52 @@ static void test_fp8_kv_paths(void **unused)
     }
 }
 
+/* attnreplay replay --backend cuda --kv-dtype fp8_e4m3: every step verified and passed, the run
+ * recorded with its KV dtype; a planted fault fails the run (exit 1). */
+static void test_fp8_kv_replays(void **unused)
+{
+    (void)unused;
+    ar_run_config probe = with_fp8_kv(make_cfg(8, 2, 64, 2048, AR_BF16, 0, 0), 0.05);
+    if (!gpu_ready(&probe)) { skip(); return; }
+    if (gpu_small()) {
+        print_message("skipping under AR_GPU_SMALL: whole replays\n");
+        skip();
+        return;
+    }
+    static const char *const samples[] = {"mixed", "chunked", "prefix", "preempt"};
+    char trace[1024], db[512], log[512];
+    tu_tmp("fp8.log", log, sizeof log);
+    tu_tmp("fp8.db", db, sizeof db);
+    remove(db);
+    for (size_t i = 0; i < sizeof samples / sizeof samples[0]; i++) {
+        snprintf(trace, sizeof trace, "%s/traces/samples/%s.trace.jsonl.gz", tu_src_dir(), samples[i]);
+        int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cuda --kv-dtype fp8_e4m3 --kv-scale 0.05 "
+                             "--layers 2 --verify all --quiet%s", tu_bin(), trace, db,
+                        strcmp(samples[i], "prefix") == 0 ? " --cascade on" : "");
+        print_message("fp8 KV replay of %s: exit %d\n", samples[i], rc);
+        assert_int_equal(rc, 0);
+    }
+    char sim[512];
+    tu_tmp("llama-fp8.trace.jsonl.gz", sim, sizeof sim);
+    assert_int_equal(tu_run(log, "'%s' sim --workload synthetic:n=16,input=700,output=24,rate=40 --model llama-3.1-8b "
+                                 "--num-blocks 4096 --max-num-batched-tokens 1024 --out '%s' --quiet", tu_bin(), sim), 0);
+    static const char *const where[] = {"", "ATTNREPLAY_VERIFY_ON=device "};
+    for (int w = 0; w < 2; w++) {
+        int rc = tu_run(log, "%s'%s' replay '%s' --db '%s' --backend cuda --kv-dtype fp8_e4m3 --kv-scale 0.37 "
+                             "--layers 2 --verify sample:16 --quiet", where[w], tu_bin(), sim, db);
+        print_message("fp8 KV replay of llama-3.1-8b sim (%s): exit %d\n", w ? "device verifier" : "CPU verifier", rc);
+        assert_int_equal(rc, 0);
+    }
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs WHERE status='passed' AND kv_dtype='fp8_e4m3' "
+                                      "AND backend='cuda'"), 6);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE pass IS NOT 1 OR guard_ok IS NOT 1"), 0);
+    assert_true(tu_query_int(db, "SELECT count(*) FROM steps WHERE verified IS NOT NULL AND rows_checked > 0") > 20);
+    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cuda --kv-dtype fp8_e4m3 --kv-scale 0.37 --layers 1 "
+                         "--verify sample:16 --inject wrong-kv-head --quiet", tu_bin(), sim, db);
+    print_message("fp8 KV replay with wrong-kv-head: exit %d\n", rc);
+    assert_int_equal(rc, 1);
+}
+
 int main(void)
 {
     struct CMUnitTest tests[] = {
@@ -758,6 +806,7 @@ int main(void)
         cmocka_unit_test(test_triton_unified_cases),
         cmocka_unit_test(test_fp8_kv_paths),
         cmocka_unit_test(test_vllm_varlen_paged_grid_fp8_kv),
+        cmocka_unit_test(test_fp8_kv_replays),
     };
     return tu_run_gpu_tests("gpu_cuda", tests, sizeof tests / sizeof tests[0]);   /* AR_GPU_ONLY / AR_GPU_SHARD */
 }

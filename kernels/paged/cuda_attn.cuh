@@ -39,6 +39,12 @@
  * log.  A row that sees no key gets out = 0 and lse = -inf (FA3's convention; vLLM's merge
  * reads +inf and -inf alike).
  *
+ * fp8 KV cache (e4m3, one per-tensor kv_scale; the KV8 instantiations of PREFILL and DECODE in
+ * cuda_attn_{bf16,fp16}_kv8.cu): tiles are copied at 1 byte per element into fp8 staging
+ * buffers and widened exactly to the model dtype in shared memory before the MMAs; kv_scale
+ * multiplies the score scale (K) and each finished row (V, args.v_scale).  PREFILL_WG and
+ * DECODE_TMA have no fp8 variant (the plan never picks them for an fp8 cache).
+ *
  * Head sizes: templates for 64, 128, 256; any other multiple of 8 up to 256 runs the next
  * larger template with predicated, zero-filled loads and skips the dims past head_size (the
  * generic path).  Faults (ar_fault) are honoured here through the run-time flag args.fault. */

@@ -1030,9 +1030,8 @@ extern "C" int ar_cuda_gen_values(uint64_t seed, uint32_t stream, uint32_t layer
 extern "C" const ar_backend ar_cuda_backend = {
     "cuda",
     "CUDA paged attention (FlashAttention-2 style mma.sync, GQA-packed tiles, split-KV decode)",
-    "fp16/bf16; KV = model dtype, or fp8_e4m3 with a per-tensor kv_scale (head size a multiple of 16; "
-    "read natively by the mma.sync PREFILL/DECODE kernels, never by wgmma PREFILL_WG or DECODE_TMA); "
-    "head sizes 64/128/256 fast + any multiple of 8 <= 256, "
+    "fp16/bf16; KV = model dtype or fp8_e4m3 (per-tensor kv_scale, head size a multiple of 16, on the "
+    "mma.sync PREFILL/DECODE kernels); head sizes 64/128/256 fast + any multiple of 8 <= 256, "
     "block sizes 16/32/64, causal, sliding window, soft cap, LSE, split-KV, cascade; sm_80+",
     true,
     cuda_check,
