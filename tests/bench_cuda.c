@@ -7,11 +7,12 @@
  *   varlen  : 16 causal sequences of the lengths in varlen_lens (17,408 tokens), hd128, 16 heads.
  * The "_mma" cases force the mma.sync PREFILL kernel (the fallback) where the automatic plan
  * runs the wgmma kernel (head size 128 on a compute-capability 9.0 device).
- * The "_fp8kv" cases run the same shapes with an fp8 e4m3 cache (vLLM kv_cache_dtype=fp8,
- * kv_scale 1): the decode rows beside the bf16-KV ones (their K/V bytes count 1 per element, so
- * GB/s stays comparable with the bytes actually read; FA3's e4m3 paged decode is the peer on
- * that shape), prefill and varlen on the fp8-KV mma.sync PREFILL kernel (the wgmma kernel copies
- * 16-bit tiles and does not take an fp8 cache).
+ * The "_fp8" cases run the same shapes with an fp8 e4m3 cache (vLLM kv_cache_dtype=fp8,
+ * kv_scale 1): the decode rows beside the bf16-KV ones, their K/V bytes counted at 1 per element
+ * (the bytes actually read, as kernels/peers/fa3_peer.py counts them for FA3's e4m3 paged decode,
+ * the peer of decode_b64_s8192_gqa32_8_hd128_fp8 in peer_table.py; FA3 also quantises Q to e4m3,
+ * ours keeps Q and the MMAs in bf16); prefill and varlen on the fp8-KV mma.sync PREFILL kernel
+ * (the wgmma kernel copies 16-bit tiles and does not take an fp8 cache).
  * FLOPs follow FA3's benchmark: per sequence 2 * H * sq * avg_k * (hd + hd_v) with avg_k the
  * mean number of visible keys of a row (causal, bottom-right).
  *
@@ -193,16 +194,16 @@ int main(int argc, char **argv)
         {"decode_b64_s8192_gqa32_8_hd128", 32, 8, 128, 64, dec_q, dec_kv, -1, 0, false},
         {"decode_b64_s8192_gqa32_8_hd128_nosplit", 32, 8, 128, 64, dec_q, dec_kv, -1, 1, false},
         {"decode_b64_s8192_gqa32_8_hd128_split4", 32, 8, 128, 64, dec_q, dec_kv, -1, 4, false},
-        {"decode_b64_s8192_gqa32_8_hd128_fp8kv", 32, 8, 128, 64, dec_q, dec_kv, -1, 0, true},
-        {"decode_b64_s8192_gqa32_8_hd128_nosplit_fp8kv", 32, 8, 128, 64, dec_q, dec_kv, -1, 1, true},
-        {"decode_b64_s8192_gqa32_8_hd128_split4_fp8kv", 32, 8, 128, 64, dec_q, dec_kv, -1, 4, true},
+        {"decode_b64_s8192_gqa32_8_hd128_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 0, true},
+        {"decode_b64_s8192_gqa32_8_hd128_nosplit_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 1, true},
+        {"decode_b64_s8192_gqa32_8_hd128_split4_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 4, true},
         {"prefill_b2_s8192_causal_hd128", 16, 16, 128, 2, pre_q, pre_kv, -1, 0, false},
         {"prefill_b2_s8192_causal_hd128_mma", 16, 16, 128, 2, pre_q, pre_kv, 0, 0, false},   /* the mma.sync fallback */
-        {"prefill_b2_s8192_causal_hd128_fp8kv", 16, 16, 128, 2, pre_q, pre_kv, -1, 0, true},
+        {"prefill_b2_s8192_causal_hd128_fp8", 16, 16, 128, 2, pre_q, pre_kv, -1, 0, true},
         {"prefill_b2_s8192_causal_hd256", 8, 8, 256, 2, pre_q, pre_kv, -1, 0, false},
         {"varlen16_causal_hd128", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0, false},
         {"varlen16_causal_hd128_mma", 16, 16, 128, 16, varlen_lens, varlen_lens, 0, 0, false},
-        {"varlen16_causal_hd128_fp8kv", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0, true},
+        {"varlen16_causal_hd128_fp8", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0, true},
         {"prefill_b2_s8192_causal_hd64", 32, 32, 64, 2, pre_q, pre_kv, -1, 0, false},
     };
     const char *only = argc > 2 ? argv[2] : NULL;   /* run just this case (for ncu) */

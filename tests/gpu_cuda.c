@@ -27,7 +27,9 @@
  * window none and 256, num_blocks 2048 only); the triton cases become 64 x (1,1) and
  * 16 x (48,48) with heads 8/2, soft cap 50 with window 64 on both batches, and heads 5/1; the
  * generator check uses 8 positions and two streams; the path/dtype/fault/guard tests (split-KV
- * + combine in both dtypes, write kernel, every geometry) stay as they are.  About 80 backend
+ * + combine in both dtypes, write kernel, every geometry) stay as they are; with an fp8 cache the
+ * grid is the same 8 cases, the many-decode batch 96 requests, the varlen batch 8 prefills, and
+ * the whole replays are skipped.  About 80 backend
  * steps of at most a few thousand keys: a few seconds without the sanitizer on the H200.
  * Every test skips with the backend's reason when there is no GPU. */
 #include "testutil.h"
