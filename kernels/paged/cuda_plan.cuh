@@ -138,7 +138,7 @@ static void pass_plan_free(pass_plan *pl)
 }
 
 /* AR_CFG_DECODE_TMA (cuda_attn_decode_tma.cuh) can run this launch: Hopper with tensor maps,
- * head size 128, block size 16, at most 8 KV heads, a group of at most 16, no planted fault
+ * a 16-bit cache (not fp8), head size 128, block size 16, at most 8 KV heads, a group of at most 16, no planted fault
  * (the faults live in the general kernels), causal, and one query token per request.  The
  * automatic plan takes it (force_config -1, no forced split, AR_CUDA_DECODE_TMA not 0) for
  * batches of at least half as many requests as the device has SMs whose longest context is at
@@ -154,8 +154,8 @@ static void pass_plan_free(pass_plan *pl)
 static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
                             bool non_causal, int force_config, int force_splits)
 {
-    if (!s->has_tma || s->kv_fp8 || non_causal || s->head_size != 128 || s->template_hd != 128 || s->block_size != 16 ||
-        s->hkv > 8 || s->group > 16 || s->cfg.fault != AR_FAULT_NONE)
+    if (!s->has_tma || s->kv_fp8 || non_causal || s->head_size != 128 || s->template_hd != 128 ||
+        s->block_size != 16 || s->hkv > 8 || s->group > 16 || s->cfg.fault != AR_FAULT_NONE)
         return false;
     int max_seq = 0;
     for (int r = 0; r < R; r++) {
