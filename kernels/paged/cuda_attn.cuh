@@ -40,8 +40,8 @@
  * reads +inf and -inf alike).
  *
  * fp8 KV cache (e4m3, one per-tensor kv_scale; the KV8 instantiations of PREFILL and DECODE in
- * cuda_attn_{bf16,fp16}_kv8.cu): tiles are copied at 1 byte per element into fp8 staging
- * buffers and widened exactly to the model dtype in shared memory before the MMAs; kv_scale
+ * cuda_attn_{bf16,fp16}_kv8.cu): tiles are copied at 1 byte per element into an fp8 staging
+ * ring and widened exactly to the model dtype in shared memory before the MMAs; kv_scale
  * multiplies the score scale (K) and each finished row (V, args.v_scale).  PREFILL_WG and
  * DECODE_TMA have no fp8 variant (the plan never picks them for an fp8 cache).
  *
@@ -284,10 +284,12 @@ struct Geom {
     static constexpr size_t KV_BYTES = (size_t)WARPS_N * STAGES * 2 * TILE_BYTES;
     static constexpr size_t MERGE_BYTES = WARPS_N > 1 ? (size_t)WARPS_N * ROWS * (HD + 2) * 4 : 0;
     static constexpr size_t SMEM = Q_BYTES + (KV_BYTES > MERGE_BYTES ? KV_BYTES : MERGE_BYTES);
-    /* fp8 cache (KV8): per warp column one 16-bit K/V tile pair (what the MMAs read) and STAGES
-     * fp8 staging pairs the copies land in ([BLOCK_N][HD] bytes each, unpadded) */
+    /* fp8 cache (KV8): per warp column one 16-bit tile (what the MMAs read: K, then V, of the
+     * current key tile) and STAGES8 fp8 staging pairs the copies land in ([BLOCK_N][HD] bytes
+     * each, unpadded), two tiles ahead: as many bytes in flight as the 16-bit pipeline's */
+    static constexpr int STAGES8 = 3;
     static constexpr size_t TILE8_BYTES = (size_t)BLOCK_N * HD;
-    static constexpr size_t KV8_BYTES = (size_t)WARPS_N * (2 * TILE_BYTES + STAGES * 2 * TILE8_BYTES);
+    static constexpr size_t KV8_BYTES = (size_t)WARPS_N * (TILE_BYTES + STAGES8 * 2 * TILE8_BYTES);
     static constexpr size_t SMEM8 = Q_BYTES + (KV8_BYTES > MERGE_BYTES ? KV8_BYTES : MERGE_BYTES);
 };
 template <typename G, bool KV8> constexpr size_t smem_bytes() { return KV8 ? G::SMEM8 : G::SMEM; }
@@ -399,9 +401,10 @@ __device__ __forceinline__ void store_lse(const ar_attn_args &a, const ar_attn_w
 
 /* EXACT: head_size == HD (no per-dim predicates in the hot loops); else the generic path.
  * KV8: the cache holds fp8 e4m3 (1 byte per element, head_size a multiple of 16): each K/V tile
- * is copied by cp.async into an fp8 staging area (half the bytes of a 16-bit tile), then widened
- * exactly to T into the tile the MMAs read (one extra barrier per tile); kv_scale is folded into
- * scale_log2 (K) and v_scale (V), so the tensor cores see the stored e4m3 values themselves. */
+ * is copied by cp.async into an fp8 staging ring (three pairs, two tiles ahead), then K and,
+ * after S, V are widened exactly to T into the one 16-bit tile the MMAs read (three barriers
+ * per tile, warp barriers for DECODE); kv_scale is folded into scale_log2 (K) and v_scale (V),
+ * so the tensor cores see the stored e4m3 values themselves. */
 template <typename T, typename G, bool EXACT, bool KV8>
 __global__ void __launch_bounds__(G::THREADS, G::WARPS_N > 1 ? (G::HD > 128 ? 1 : 4) : (G::HD > 128 || G::THREADS > 128 ? 1 : 2))
 attn_kernel(const ar_attn_args a)
@@ -499,13 +502,13 @@ attn_kernel(const ar_attn_args a)
         }
     }
 
-    /* 16-bit cache: this warp column's STAGES K/V tile pairs; fp8 cache: its one 16-bit pair,
-     * and its fp8 staging pairs after every column's 16-bit pairs */
-    T *col_base = skv + (size_t)wn * (KV8 ? 1 : G::STAGES) * 2 * BLOCK_N * LD;
-    uint8_t *col8 = reinterpret_cast<uint8_t *>(skv + (size_t)G::WARPS_N * 2 * BLOCK_N * LD) +
-                    (size_t)wn * G::STAGES * 2 * G::TILE8_BYTES;
+    /* 16-bit cache: this warp column's STAGES K/V tile pairs; fp8 cache: its one 16-bit tile,
+     * and its STAGES8 fp8 staging pairs after every column's 16-bit tile */
+    T *col_base = skv + (size_t)wn * (KV8 ? 1 : G::STAGES * 2) * BLOCK_N * LD;
+    uint8_t *col8 = reinterpret_cast<uint8_t *>(skv + (size_t)G::WARPS_N * BLOCK_N * LD) +
+                    (size_t)wn * G::STAGES8 * 2 * G::TILE8_BYTES;
 
-    /* K/V tile t -> stage (it & 1) (fp8 cache: its fp8 staging pair): each thread owns fixed
+    /* K/V tile t -> stage (it & 1) (fp8 cache: staging pair it % STAGES8): each thread owns fixed
      * 16-byte chunks; the block-table reads of all its keys are issued together (unrolled)
      * before the copies. */
     auto load_kv = [&](int it) {
@@ -515,7 +518,7 @@ attn_kernel(const ar_attn_args a)
         constexpr int ROW_CHUNKS = KV8 ? CHUNKS8 : CHUNKS;    /* 16-byte chunks per row */
         constexpr int ITERS = KV8 ? LOAD_ITERS8 : LOAD_ITERS;
         constexpr int SROW = KV8 ? HD : LD * 2;               /* shared row stride, bytes */
-        const size_t stage = (size_t)((it & 1) * 2);
+        const size_t stage = (size_t)((KV8 ? it % G::STAGES8 : it & 1) * 2);
         unsigned char *sk = KV8 ? col8 + stage * G::TILE8_BYTES
                                 : reinterpret_cast<unsigned char *>(col_base + stage * BLOCK_N * LD);
         unsigned char *sv = sk + (KV8 ? G::TILE8_BYTES : G::TILE_BYTES);
@@ -536,12 +539,12 @@ attn_kernel(const ar_attn_args a)
         }
     };
 
-    /* fp8 cache: the landed staging pair of tile it -> this column's 16-bit pair (K rows then V
-     * rows, contiguous on both sides), 8 elements per step */
-    auto widen_kv = [&](int it) {
+    /* fp8 cache: one side (0 K, 1 V) of tile it's landed staging pair -> this column's 16-bit
+     * tile, 8 elements per step */
+    auto widen_kv = [&](int it, int side) {
         if (w.tile_begin + it * G::WARPS_N + wn >= w.tile_end) return;
-        const uint8_t *src = col8 + (size_t)((it & 1) * 2) * G::TILE8_BYTES;
-        constexpr int PIECES = 2 * BLOCK_N * (HD / 8);
+        const uint8_t *src = col8 + (size_t)((it % G::STAGES8) * 2 + side) * G::TILE8_BYTES;
+        constexpr int PIECES = BLOCK_N * (HD / 8);
         static_assert(PIECES % COL_THREADS == 0, "fp8 widening: whole pieces per thread");
 #pragma unroll
         for (int k = 0; k < PIECES / COL_THREADS; k++) {
@@ -568,28 +571,67 @@ attn_kernel(const ar_attn_args a)
      * iteration it - 1), then compute tile it while that copy flies.
      * DECODE (one warp per column): a warp reads only the tiles it loaded itself, so after the
      * first iteration (which publishes Q to every warp) a warp barrier is enough.
-     * fp8 cache: the copy of tile it + 1 lands in the staging pair tile it - 1 was widened from;
-     * then tile it is widened into the 16-bit pair (free: every thread is past tile it - 1's
-     * MMAs) and a second barrier publishes it. */
-    if (n_iter > 0) load_kv(0);
-    cp_async_commit();
+     * fp8 cache: copies run STAGES8 - 1 tiles ahead (one commit group per tile, empty ones
+     * included, so wait<STAGES8 - 2> means "tile it has landed"); tile it + 2 goes to the staging
+     * pair tile it - 1 was widened from; K of tile it is widened into the 16-bit tile (free: every
+     * thread is past tile it - 1's MMAs), published, used for S; then, after a barrier, V takes
+     * its place for P V. */
+    auto col_sync = [&]() {
+        if (G::WARPS_M == 1) __syncwarp(); else __syncthreads();
+    };
+    if constexpr (KV8) {
+        for (int st = 0; st < G::STAGES8 - 1; st++) {
+            if (st < n_iter) load_kv(st);
+            cp_async_commit();
+        }
+    } else {
+        if (n_iter > 0) load_kv(0);
+        cp_async_commit();
+    }
     for (int it = 0; it < n_iter; it++) {
-        cp_async_wait<0>();
+        if constexpr (KV8) cp_async_wait<G::STAGES8 - 2>(); else cp_async_wait<0>();
         if (G::WARPS_M == 1 && it > 0) __syncwarp(); else __syncthreads();
-        if (it + 1 < n_iter) load_kv(it + 1);
+        const int ahead = KV8 ? G::STAGES8 - 1 : 1;
+        if (it + ahead < n_iter) load_kv(it + ahead);
         cp_async_commit();
         if constexpr (KV8) {
-            widen_kv(it);
-            if (G::WARPS_M == 1) __syncwarp(); else __syncthreads();
+            widen_kv(it, 0);
+            col_sync();
         }
         const int t = w.tile_begin + it * G::WARPS_N + wn;
         const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
         bool active = t < w.tile_end && warp_has_rows && tile_first <= warp_max_qpos + causal_extra &&
                       !(window > 0 && tile_last < warp_min_qpos - window + 1);
+        const T *sk = col_base + (size_t)(KV8 ? 0 : (it & 1) * 2) * BLOCK_N * LD;
+        const T *sv = KV8 ? sk : sk + (size_t)BLOCK_N * LD;
+        float s[MT][NT][4];
+        /* O += P V (s holds P) */
+        auto pv = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+                uint32_t pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < HD / 16; dp++) {
+                    if (!EXACT && dp * 16 >= head_size) break;
+                    uint32_t vb[4];
+                    ldmatrix_x4_trans(vb, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 +
+                                              (lane >> 4) * 8);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816<T>(acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+                        mma16816<T>(acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                    }
+                }
+            }
+        };
         if (active) {
-            const T *sk = col_base + (size_t)(KV8 ? 0 : (it & 1) * 2) * BLOCK_N * LD;
-            const T *sv = sk + (size_t)BLOCK_N * LD;
-            float s[MT][NT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -678,30 +720,13 @@ attn_kernel(const ar_attn_args a)
                         }
                     }
                 }
-            /* O += P V */
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; kk++) {
-                uint32_t pa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                    pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                    pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                    pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-                }
-#pragma unroll
-                for (int dp = 0; dp < HD / 16; dp++) {
-                    if (!EXACT && dp * 16 >= head_size) break;
-                    uint32_t vb[4];
-                    ldmatrix_x4_trans(vb, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 +
-                                              (lane >> 4) * 8);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        mma16816<T>(acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
-                        mma16816<T>(acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-                    }
-                }
-            }
+            if constexpr (!KV8) pv();
+        }
+        if constexpr (KV8) {   /* V of tile it replaces K (every thread of the column is past S) */
+            col_sync();
+            widen_kv(it, 1);
+            col_sync();
+            if (active) pv();
         }
     }
     cp_async_wait<0>();

@@ -41,6 +41,7 @@
  * wgmma PREFILL_WG and the TMA DECODE_TMA kernels copy 16-bit tiles and are never planned for an
  * fp8 cache (build_plan routes those launches to PREFILL / DECODE, forced configs included);
  * ar_cuda_plan_info.kv_fp8 marks such a plan (the routes "PREFILL fp8-KV" and "DECODE fp8-KV").
+ *
  * Q and the new K/V are generated on the device before, untimed (in vLLM they come out of the
  * QKV projection).  Repeats are idempotent: the write stores the same values to the same slots.
  *
