@@ -7,14 +7,21 @@
  *   varlen  : 16 causal sequences of the lengths in varlen_lens (17,408 tokens), hd128, 16 heads.
  * The "_mma" cases force the mma.sync PREFILL kernel (the fallback) where the automatic plan
  * runs the wgmma kernel (head size 128 on a compute-capability 9.0 device).
+ * The "_fp8" cases run the same shapes with an fp8 e4m3 cache (vLLM kv_cache_dtype=fp8,
+ * kv_scale 1): the decode rows beside the bf16-KV ones, their K/V bytes counted at 1 per element
+ * (the bytes actually read, as kernels/peers/fa3_peer.py counts them for FA3's e4m3 paged decode,
+ * the peer of decode_b64_s8192_gqa32_8_hd128_fp8 in peer_table.py; FA3 also quantises Q to e4m3,
+ * ours keeps Q and the MMAs in bf16); prefill and varlen on the fp8-KV mma.sync PREFILL kernel
+ * (the wgmma kernel copies 16-bit tiles and does not take an fp8 cache).
  * FLOPs follow FA3's benchmark: per sequence 2 * H * sq * avg_k * (hd + hd_v) with avg_k the
  * mean number of visible keys of a row (causal, bottom-right).
  *
  * Usage: bench_cuda [REPEAT [CASE]] (default 20 repeats, every case).
- * Each case prints one machine-readable line ("RESULT name=... us=... gbps=... tflops=...")
+ * Each case prints one machine-readable line ("RESULT name=... us=... gbps=... tflops=... kv=...")
  * that kernels/device_harness.sh puts beside the torch peers (kernels/peers/peer_attention.py,
  * which uses the same shapes).  Skips with the backend's reason when there is no GPU. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +40,7 @@ typedef struct bench_case {
     const int *kv_lens;      /* [num_reqs] */
     int force_config;        /* -1 auto */
     int force_splits;        /* 0 auto */
+    bool fp8_kv;             /* fp8 e4m3 cache (kv_scale 1) instead of bf16 */
 } bench_case;
 
 static uint64_t mix(uint64_t x)
@@ -58,7 +66,7 @@ static int run_bench(const bench_case *bc, int repeat)
     c.model.scale = 1.0 / sqrt((double)bc->hd);
     c.block_size = B;
     c.dtype = AR_BF16;
-    c.kv_dtype = AR_BF16;
+    c.kv_dtype = bc->fp8_kv ? AR_FP8_E4M3 : AR_BF16;
     c.kv_scale = 1.0;
     c.num_layers = 1;
     c.seed = 5;
@@ -154,15 +162,16 @@ static int run_bench(const bench_case *bc, int repeat)
         long nan = 0;
         for (int r = 0; r < R; r++) {
             double sq = bc->q_lens[r], sk = bc->kv_lens[r];
-            bytes += sk * bc->hkv * bc->hd * 2.0 * 2.0 + 2.0 * sq * bc->hq * bc->hd * 2.0;
+            bytes += sk * bc->hkv * bc->hd * 2.0 * (bc->fp8_kv ? 1.0 : 2.0) + 2.0 * sq * bc->hq * bc->hd * 2.0;
             double avg_k = (fmax(0.0, sk - sq) + sk) / 2.0;
             flops += 2.0 * bc->hq * sq * avg_k * (2.0 * bc->hd);
         }
         for (long i = 0; i < (long)T * bc->hq * bc->hd; i++)
             if (out[i] != out[i]) nan++;
         printf("RESULT name=%s us=%.2f write_us=%.2f gbps=%.1f tflops=%.1f config=%d splits=%d work=%d "
-               "ctas_per_sm=%d nan=%ld device=\"", bc->name, attn_us, write_us, bytes / attn_us * 1e-3,
-               flops / attn_us * 1e-6, pi.config, pi.num_splits, pi.num_work, pi.ctas_per_sm, nan);
+               "ctas_per_sm=%d nan=%ld kv=%s device=\"", bc->name, attn_us, write_us, bytes / attn_us * 1e-3,
+               flops / attn_us * 1e-6, pi.config, pi.num_splits, pi.num_work, pi.ctas_per_sm, nan,
+               pi.kv_fp8 ? "fp8_e4m3" : "bf16");
         char dev[128];
         ar_cuda_backend.device_name(st, dev, sizeof dev);
         printf("%s\"\n", dev);
@@ -182,15 +191,20 @@ int main(int argc, char **argv)
     for (int i = 0; i < 64; i++) { dec_q[i] = 1; dec_kv[i] = 8192; }
     for (int i = 0; i < 2; i++) { pre_q[i] = 8192; pre_kv[i] = 8192; }
     const bench_case cases[] = {
-        {"decode_b64_s8192_gqa32_8_hd128", 32, 8, 128, 64, dec_q, dec_kv, -1, 0},
-        {"decode_b64_s8192_gqa32_8_hd128_nosplit", 32, 8, 128, 64, dec_q, dec_kv, -1, 1},
-        {"decode_b64_s8192_gqa32_8_hd128_split4", 32, 8, 128, 64, dec_q, dec_kv, -1, 4},
-        {"prefill_b2_s8192_causal_hd128", 16, 16, 128, 2, pre_q, pre_kv, -1, 0},
-        {"prefill_b2_s8192_causal_hd128_mma", 16, 16, 128, 2, pre_q, pre_kv, 0, 0},   /* the mma.sync fallback */
-        {"prefill_b2_s8192_causal_hd256", 8, 8, 256, 2, pre_q, pre_kv, -1, 0},
-        {"varlen16_causal_hd128", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0},
-        {"varlen16_causal_hd128_mma", 16, 16, 128, 16, varlen_lens, varlen_lens, 0, 0},
-        {"prefill_b2_s8192_causal_hd64", 32, 32, 64, 2, pre_q, pre_kv, -1, 0},
+        {"decode_b64_s8192_gqa32_8_hd128", 32, 8, 128, 64, dec_q, dec_kv, -1, 0, false},
+        {"decode_b64_s8192_gqa32_8_hd128_nosplit", 32, 8, 128, 64, dec_q, dec_kv, -1, 1, false},
+        {"decode_b64_s8192_gqa32_8_hd128_split4", 32, 8, 128, 64, dec_q, dec_kv, -1, 4, false},
+        {"decode_b64_s8192_gqa32_8_hd128_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 0, true},
+        {"decode_b64_s8192_gqa32_8_hd128_nosplit_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 1, true},
+        {"decode_b64_s8192_gqa32_8_hd128_split4_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 4, true},
+        {"prefill_b2_s8192_causal_hd128", 16, 16, 128, 2, pre_q, pre_kv, -1, 0, false},
+        {"prefill_b2_s8192_causal_hd128_mma", 16, 16, 128, 2, pre_q, pre_kv, 0, 0, false},   /* the mma.sync fallback */
+        {"prefill_b2_s8192_causal_hd128_fp8", 16, 16, 128, 2, pre_q, pre_kv, -1, 0, true},
+        {"prefill_b2_s8192_causal_hd256", 8, 8, 256, 2, pre_q, pre_kv, -1, 0, false},
+        {"varlen16_causal_hd128", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0, false},
+        {"varlen16_causal_hd128_mma", 16, 16, 128, 16, varlen_lens, varlen_lens, 0, 0, false},
+        {"varlen16_causal_hd128_fp8", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0, true},
+        {"prefill_b2_s8192_causal_hd64", 32, 32, 64, 2, pre_q, pre_kv, -1, 0, false},
     };
     const char *only = argc > 2 ? argv[2] : NULL;   /* run just this case (for ncu) */
     int rc = 0;

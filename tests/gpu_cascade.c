@@ -18,6 +18,9 @@
  * The prefix pass also runs on both prefill kernels (the mma.sync PREFILL and the wgmma
  * PREFILL_WG, which falls back to PREFILL off Hopper), with and without a forced split, and every
  * pass of a step on the wgmma kernel.
+ * The grid runs again with an fp8 e4m3 KV cache (vLLM kv_cache_dtype=fp8; kv_scale 0.37 without
+ * soft cap, 1 with it): every pass of every step must plan an fp8-KV kernel (mma.sync PREFILL or
+ * DECODE; the decode set's suffix pass, DECODE_TMA with a 16-bit cache, runs DECODE).
  * AR_GPU_SMALL=1 (compute-sanitizer runs) keeps only head size 128 without soft cap, 20 requests
  * of the decode set, a short merge grid and five of the prefix-pass geometries.
  * Every test skips with the backend's reason when there is no GPU. */
@@ -31,6 +34,8 @@
 #include "../kernels/paged/cuda_backend.h"
 #include "../reference/reference.h"
 #include "cascade_cases.h"
+
+enum { CFG_PREFILL = 0, CFG_DECODE = 1, CFG_PREFILL_WG = 2, CFG_DECODE_TMA = 3 };   /* AR_CFG_* (kernels/paged/cuda_attn.cuh) */
 
 static bool casc_small(void)
 {
@@ -80,10 +85,20 @@ static void cuda_plan_hook(void *state, casc_result *res)
     res->prefix_num_splits = pi.prefix_num_splits;
 }
 
-/* vLLM test_cascade: both sequence sets x heads x head sizes x dtypes x soft caps. */
-static void test_vllm_cascade_grid(void **unused)
+/* cuda_plan_hook, and both passes on fp8-KV kernels (PREFILL or DECODE). */
+static void cuda_fp8_plan_hook(void *state, casc_result *res)
 {
-    (void)unused;
+    cuda_plan_hook(state, res);
+    ar_cuda_plan_info pi;
+    ar_cuda_plan_of(state, &pi);
+    assert_int_equal(pi.kv_fp8, 1);
+    assert_true(pi.config <= CFG_DECODE && pi.prefix_config <= CFG_DECODE);
+}
+
+/* vLLM test_cascade: both sequence sets x heads x head sizes x dtypes x soft caps; fp8: with an
+ * fp8 e4m3 cache. */
+static void vllm_cascade_grid(bool fp8)
+{
     if (!casc_gpu_ready()) { skip(); return; }
     static const int heads[3][2] = {{4, 4}, {8, 2}, {16, 2}};
     static const int sizes[] = {128, 192, 256};
@@ -102,6 +117,10 @@ static void test_vllm_cascade_grid(void **unused)
                         if (casc_small() && (sizes[d] != 128 || c == 1)) continue;
                         ar_run_config cfg = casc_cfg(heads[h][0], heads[h][1], sizes[d], set ? 32768 : 2048,
                                                      dtypes[dt], caps[c]);
+                        if (fp8) {
+                            cfg.kv_dtype = AR_FP8_E4M3;
+                            cfg.kv_scale = c ? 1.0 : 0.37;
+                        }
                         /* The float64 reference (CPU, the slow part of this test) checks:
                          * general set: every cascade row for heads 8/2, d 128, fp16, no cap
                          * (flat: 16 rows); elsewhere ~24 cascade and ~8 flat rows spread over
@@ -112,17 +131,30 @@ static void test_vllm_cascade_grid(void **unused)
                         casc_check check = {full ? 16 : 8, full ? 0 : 24, 0, NULL};
                         if (set) check = (casc_check){0, 0, 16, NULL};
                         casc_result r;
-                        casc_run_checked(&ar_cuda_backend, cuda_plan_hook, &cfg, set ? fd : casc_general_seqs,
-                                         set ? n_fd : 5, set ? 512 : 256, &check, &r);
+                        casc_run_checked(&ar_cuda_backend, fp8 ? cuda_fp8_plan_hook : cuda_plan_hook, &cfg,
+                                         set ? fd : casc_general_seqs, set ? n_fd : 5, set ? 512 : 256, &check, &r);
                         char what[128];
-                        snprintf(what, sizeof what, "%s heads %d/%d d %d %s cap %g", set ? "decode" : "general",
-                                 heads[h][0], heads[h][1], sizes[d], ar_dtype_name(dtypes[dt]), caps[c]);
+                        snprintf(what, sizeof what, "%s%s heads %d/%d d %d %s cap %g", fp8 ? "fp8 KV " : "",
+                                 set ? "decode" : "general", heads[h][0], heads[h][1], sizes[d],
+                                 ar_dtype_name(dtypes[dt]), caps[c]);
                         failures += casc_report(what, &r);
                         count++;
                     }
     free(fd);
-    print_message("vllm test_cascade grid: %d of %d cases failed\n", failures, count);
+    print_message("%svllm test_cascade grid: %d of %d cases failed\n", fp8 ? "fp8 KV " : "", failures, count);
     assert_int_equal(failures, 0);
+}
+
+static void test_vllm_cascade_grid(void **unused)
+{
+    (void)unused;
+    vllm_cascade_grid(false);
+}
+
+static void test_vllm_cascade_grid_fp8_kv(void **unused)
+{
+    (void)unused;
+    vllm_cascade_grid(true);
 }
 
 /* A decode batch small enough for the DECODE geometry in the prefix pass too, a forced split
@@ -152,7 +184,6 @@ static void test_cascade_small_shapes(void **unused)
     assert_int_equal(failures, 0);
 }
 
-enum { CFG_PREFILL = 0, CFG_PREFILL_WG = 2, CFG_DECODE_TMA = 3 };   /* AR_CFG_* (kernels/paged/cuda_attn.cuh) */
 static void prefix_prefill(void *state) { ar_cuda_set_prefix_plan(state, CFG_PREFILL, 0); }
 static void prefix_prefill_split(void *state) { ar_cuda_set_prefix_plan(state, CFG_PREFILL, 5); }
 static void prefix_wg(void *state) { ar_cuda_set_prefix_plan(state, CFG_PREFILL_WG, 0); }
@@ -418,6 +449,7 @@ int main(void)
         cmocka_unit_test(test_cascade_suffix_decode_tma),
         cmocka_unit_test(test_cascade_faults_flagged),
         cmocka_unit_test(test_vllm_cascade_grid),
+        cmocka_unit_test(test_vllm_cascade_grid_fp8_kv),
     };
     return tu_run_gpu_tests("gpu_cascade", tests, sizeof tests / sizeof tests[0]);   /* AR_GPU_ONLY / AR_GPU_SHARD */
 }

@@ -12,13 +12,24 @@
  * and DECODE at template head sizes 64/128/256, each exact (d = 64, 128, 256) and generic
  * (d = 40, 96, 192), plus the wgmma PREFILL_WG kernel where the device has it - in bf16 and
  * fp16, on short batches (it is cheap and runs in both modes).
+ * fp8 KV cache (kv_dtype fp8_e4m3, kv_scale 0.37 - not a power of two - or 1): the vLLM grid
+ * again at the head sizes fp8 takes (80, 128, 256; 40 and 72 are refused with a reason), decode
+ * (DECODE + split-KV combine), prefill and varlen batches in bf16 and fp16, every template head
+ * size exact and generic, soft cap and window, the launches that would run DECODE_TMA or
+ * PREFILL_WG (they run the fp8-KV DECODE / PREFILL: ar_cuda_plan_info.kv_fp8), and two checks
+ * that the quantisation is the reference's: the same output verified as if the scale were 0.5,
+ * or as if the cache were bf16, fails.  Whole replays with --kv-dtype fp8_e4m3: the shipped
+ * samples (head size 64; prefix with cascade on) and a simulated Llama-3.1-8B trace (head size
+ * 128, GQA 32/8) verified on the CPU and on the device, and a planted fault failing the run.
  *
  * AR_GPU_SMALL=1 (compute-sanitizer runs, tests/gpu_sanitize.sh) keeps every kernel config and
  * shrinks the data: the vLLM grid becomes 8 cases (both sequence sets, d 80 generic and 256,
  * window none and 256, num_blocks 2048 only); the triton cases become 64 x (1,1) and
  * 16 x (48,48) with heads 8/2, soft cap 50 with window 64 on both batches, and heads 5/1; the
  * generator check uses 8 positions and two streams; the path/dtype/fault/guard tests (split-KV
- * + combine in both dtypes, write kernel, every geometry) stay as they are.  About 80 backend
+ * + combine in both dtypes, write kernel, every geometry) stay as they are; with an fp8 cache the
+ * grid is the same 8 cases, the many-decode batch 96 requests, the varlen batch 8 prefills, and
+ * the whole replays are skipped.  About 80 backend
  * steps of at most a few thousand keys: a few seconds without the sanitizer on the H200.
  * Every test skips with the backend's reason when there is no GPU. */
 #include "testutil.h"
@@ -68,6 +79,7 @@ typedef struct run_opts {
     int sample_rows;       /* 0 = verify all rows */
     ar_fault batch_fault;  /* WRONG_SLOT / STALE_BLOCK_TABLE applied to the batch here */
     bool poke_guard;
+    const ar_run_config *verify_as;   /* NULL: verify against cfg; else against this config */
 } run_opts;
 
 typedef struct run_result {
@@ -137,7 +149,8 @@ static void run_case(const ar_run_config *cfg, const seq_case *cases, int n, con
         res->attn_us = o.kernels[1].us;
         res->guard_violations += o.guard_violations;
         ar_verify_result vr;
-        rc = ar_verify_step(cfg, &t.b, layer, out, lse, NULL, &vo, &vr, err, sizeof err);
+        rc = ar_verify_step(ro->verify_as ? ro->verify_as : cfg, &t.b, layer, out, lse, NULL, &vo, &vr, err,
+                            sizeof err);
         if (rc) print_message("verify: %s\n", err);
         assert_int_equal(rc, 0);
         ar_verify_accumulate(&res->v, &vr, layer == 0);
@@ -170,22 +183,33 @@ static void expect_pass(const char *what, const run_result *r)
 
 static const seq_case vllm_seqs_a[] = {{1, 1328}, {5, 18}, {129, 463}};
 static const seq_case vllm_seqs_b[] = {{1, 523}, {1, 37}, {1, 2011}};
-static const run_opts auto_opts = {-1, 0, 0, AR_FAULT_NONE, false};
+static const run_opts auto_opts = {-1, 0, 0, AR_FAULT_NONE, false, NULL};
 
 /* One case of the vLLM grid: sequence set (0 a, 1 b), heads, head size, num_blocks, window. */
 typedef struct vllm_case {
     int seqs, hq, hkv, d, num_blocks, window;
 } vllm_case;
 
-/* vLLM test_varlen_with_paged_kv grid, bf16, block 16 (the full grid; 8 cases with
- * AR_GPU_SMALL). */
-static void test_vllm_varlen_paged_grid(void **unused)
+/* The fp8 e4m3 cache of cfg with kv_scale (vLLM kv_cache_dtype=fp8). */
+static ar_run_config with_fp8_kv(ar_run_config c, double kv_scale)
 {
-    (void)unused;
+    c.kv_dtype = AR_FP8_E4M3;
+    c.kv_scale = kv_scale;
+    return c;
+}
+
+/* vLLM test_varlen_with_paged_kv grid, bf16, block 16 (the full grid; 8 cases with
+ * AR_GPU_SMALL).  fp8: an fp8 e4m3 cache, kv_scale 0.37 with 2048 blocks and 1 with 32768, at the
+ * head sizes it takes (multiples of 16: 80, 128, 256); every plan must be an fp8-KV one. */
+static void vllm_varlen_paged_grid(bool fp8)
+{
     ar_run_config probe = make_cfg(4, 4, 128, 2048, AR_BF16, 0, 0);
+    if (fp8) probe = with_fp8_kv(probe, 0.37);
     if (!gpu_ready(&probe)) { skip(); return; }
     static const int heads[2][2] = {{4, 4}, {8, 2}};
-    static const int sizes[] = {40, 72, 80, 128, 256};
+    static const int all_sizes[] = {40, 72, 80, 128, 256}, fp8_sizes[] = {80, 128, 256};
+    const int *sizes = fp8 ? fp8_sizes : all_sizes;
+    const int num_sizes = fp8 ? 3 : 5;
     static const int blocks[] = {2048, 32768};
     static const int windows[] = {0, 256};
     vllm_case grid[2 * 2 * 5 * 2 * 2];
@@ -200,7 +224,7 @@ static void test_vllm_varlen_paged_grid(void **unused)
     } else {
         for (int s = 0; s < 2; s++)
             for (int h = 0; h < 2; h++)
-                for (int d = 0; d < 5; d++)
+                for (int d = 0; d < num_sizes; d++)
                     for (int nb = 0; nb < 2; nb++)
                         for (int w = 0; w < 2; w++)
                             grid[num_cases++] = (vllm_case){s, heads[h][0], heads[h][1], sizes[d], blocks[nb],
@@ -210,16 +234,34 @@ static void test_vllm_varlen_paged_grid(void **unused)
     for (int i = 0; i < num_cases; i++) {
         const vllm_case *vc = &grid[i];
         ar_run_config c = make_cfg(vc->hq, vc->hkv, vc->d, vc->num_blocks, AR_BF16, vc->window, 0);
+        if (fp8) c = with_fp8_kv(c, vc->num_blocks == 2048 ? 0.37 : 1.0);
         run_result r;
         run_case(&c, vc->seqs ? vllm_seqs_b : vllm_seqs_a, 3, &auto_opts, &r);
         char what[128];
-        snprintf(what, sizeof what, "seqs %c heads %d/%d d %d nb %d sw %d", vc->seqs ? 'b' : 'a', vc->hq, vc->hkv,
-                 vc->d, vc->num_blocks, vc->window);
+        snprintf(what, sizeof what, "%sseqs %c heads %d/%d d %d nb %d sw %d", fp8 ? "fp8 KV " : "",
+                 vc->seqs ? 'b' : 'a', vc->hq, vc->hkv, vc->d, vc->num_blocks, vc->window);
         report(what, &r);
         if (!r.v.pass || r.v.nan_count || r.guard_violations) failures++;
+        if (fp8 && (r.plan.kv_fp8 != 1 || r.plan.config > 1)) {
+            print_message("%s: plan config %d kv_fp8 %d (want an fp8-KV PREFILL or DECODE)\n", what, r.plan.config,
+                          r.plan.kv_fp8);
+            failures++;
+        }
     }
-    print_message("vllm grid: %d of %d cases failed\n", failures, num_cases);
+    print_message("%svllm grid: %d of %d cases failed\n", fp8 ? "fp8 KV " : "", failures, num_cases);
     assert_int_equal(failures, 0);
+}
+
+static void test_vllm_varlen_paged_grid(void **unused)
+{
+    (void)unused;
+    vllm_varlen_paged_grid(false);
+}
+
+static void test_vllm_varlen_paged_grid_fp8_kv(void **unused)
+{
+    (void)unused;
+    vllm_varlen_paged_grid(true);
 }
 
 /* triton unified attention: [(1,1)]*533 and [(533,533)]*533, plus soft cap and small windows
@@ -587,6 +629,171 @@ static void test_faults_flagged(void **unused)
         }
 }
 
+/* fp8 KV cache: the paths (decode with the split-KV combine, prefill, varlen; bf16 and fp16;
+ * every template head size, exact and generic), the routes of launches that would take
+ * DECODE_TMA or PREFILL_WG, soft cap and window, refused head sizes, and the quantisation checked
+ * against the reference's (a wrong scale or no quantisation in the verifier fails). */
+static void test_fp8_kv_paths(void **unused)
+{
+    (void)unused;
+    enum { CFG_PREFILL = 0, CFG_DECODE = 1, CFG_PREFILL_WG = 2, CFG_DECODE_TMA = 3 };   /* cuda_attn.cuh */
+    ar_run_config c = with_fp8_kv(make_cfg(8, 2, 128, 2048, AR_BF16, 0, 0), 0.37);
+    if (!gpu_ready(&c)) { skip(); return; }
+    char why[256] = "";
+    static const int refused[] = {40, 72, 8};
+    for (int i = 0; i < 3; i++) {
+        ar_run_config b = with_fp8_kv(make_cfg(8, 2, refused[i], 2048, AR_BF16, 0, 0), 0.37);
+        assert_false(ar_cuda_backend.check(&b, why, sizeof why));
+        assert_non_null(strstr(why, "multiple of 16"));
+    }
+    ar_run_config zero = with_fp8_kv(c, 0.0);
+    assert_false(ar_cuda_backend.check(&zero, why, sizeof why));
+    assert_non_null(strstr(why, "kv_scale"));
+
+    run_result r;
+    run_opts ro = auto_opts;
+    run_case(&c, vllm_seqs_b, 3, &ro, &r);
+    expect_pass("fp8 KV decode auto", &r);
+    assert_int_equal(r.plan.kv_fp8, 1);
+    assert_int_equal(r.plan.config, CFG_DECODE);
+    assert_true(r.plan.num_groups > 0);          /* 6 CTAs: split, combined */
+    ro.splits = 1;
+    run_case(&c, vllm_seqs_b, 3, &ro, &r);
+    expect_pass("fp8 KV decode unsplit", &r);
+    assert_int_equal(r.plan.num_groups, 0);
+    ro = auto_opts;
+    ro.splits = 7;
+    ro.config = CFG_PREFILL;
+    run_case(&c, vllm_seqs_a, 3, &ro, &r);
+    expect_pass("fp8 KV mixed, PREFILL, 7 splits", &r);
+    assert_true(r.plan.num_groups > 0);
+
+    /* launches that take the sm_90a 16-bit-tile kernels with a bf16 cache run the fp8-KV
+     * mma.sync kernels, asked for or not */
+    ro = auto_opts;
+    run_case(&c, vllm_seqs_a, 3, &ro, &r);
+    expect_pass("fp8 KV mixed auto (PREFILL, not PREFILL_WG)", &r);
+    assert_int_equal(r.plan.config, CFG_PREFILL);
+    ro.config = CFG_PREFILL_WG;
+    run_case(&c, vllm_seqs_a, 3, &ro, &r);
+    expect_pass("fp8 KV mixed, PREFILL_WG asked", &r);
+    assert_int_equal(r.plan.config, CFG_PREFILL);
+    ro.config = CFG_DECODE_TMA;
+    run_case(&c, vllm_seqs_b, 3, &ro, &r);
+    expect_pass("fp8 KV decode, DECODE_TMA asked", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE);
+    const int n_many = gpu_small() ? 96 : 533;
+    seq_case *many = malloc(sizeof(seq_case) * 533);
+    assert_non_null(many);
+    for (int i = 0; i < n_many; i++) many[i] = (seq_case){1, 200 + 37 * (i % 50)};
+    run_case(&c, many, n_many, &auto_opts, &r);
+    expect_pass("fp8 KV many decodes (the DECODE_TMA shape)", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE);
+    assert_int_equal(r.plan.kv_fp8, 1);
+    const int n_pre = gpu_small() ? 8 : 64;
+    for (int i = 0; i < n_pre; i++) many[i] = (seq_case){48 + i % 7, 300 + 11 * i};
+    ro = auto_opts;
+    ro.sample_rows = gpu_small() ? 0 : 2000;
+    run_case(&c, many, n_pre, &ro, &r);
+    expect_pass("fp8 KV varlen chunked prefills with context", &r);
+    free(many);
+
+    /* every template head size, exact and generic, both dtypes, mixed and decode batches */
+    static const ar_dtype dtypes[] = {AR_BF16, AR_FP16};
+    static const int sizes[] = {64, 48, 128, 80, 256, 208};
+    static const int templates[] = {64, 64, 128, 128, 256, 256};
+    char what[96];
+    for (int t = 0; t < 2; t++)
+        for (int d = 0; d < 6; d++) {
+            ar_run_config f = with_fp8_kv(make_cfg(8, 2, sizes[d], 512, dtypes[t], 0, 0), d % 2 ? 1.0 : 0.37);
+            run_case(&f, vllm_seqs_a, 3, &auto_opts, &r);
+            snprintf(what, sizeof what, "fp8 KV %s d %d mixed", ar_dtype_name(dtypes[t]), sizes[d]);
+            expect_pass(what, &r);
+            assert_int_equal(r.plan.config, CFG_PREFILL);
+            assert_int_equal(r.plan.template_hd, templates[d]);
+            run_case(&f, vllm_seqs_b, 3, &auto_opts, &r);
+            snprintf(what, sizeof what, "fp8 KV %s d %d decode", ar_dtype_name(dtypes[t]), sizes[d]);
+            expect_pass(what, &r);
+            assert_int_equal(r.plan.config, CFG_DECODE);
+        }
+    ar_run_config capped = with_fp8_kv(make_cfg(8, 2, 128, 2048, AR_BF16, 64, 50.0), 0.37);
+    run_case(&capped, vllm_seqs_a, 3, &auto_opts, &r);
+    expect_pass("fp8 KV soft cap 50, window 64", &r);
+    run_case(&capped, vllm_seqs_b, 3, &auto_opts, &r);
+    expect_pass("fp8 KV decode soft cap 50, window 64", &r);
+    ar_run_config odd = with_fp8_kv(make_cfg(8, 2, 128, 4096, AR_FP16, 0, 0), 0.37);
+    odd.block_size = 64;
+    odd.data = AR_DATA_OUTLIER;
+    run_case(&odd, vllm_seqs_a, 3, &auto_opts, &r);
+    expect_pass("fp8 KV fp16 block 64, outlier data", &r);
+    odd.block_size = 32;
+    run_case(&odd, vllm_seqs_b, 3, &auto_opts, &r);
+    expect_pass("fp8 KV fp16 block 32 decode, outlier data", &r);
+
+    /* The reference reads quantize(x / 0.37) x 0.37: the same output checked as if the scale
+     * were 0.5, or as if the cache held bf16, must fail. */
+    ar_run_config wrong_scale = with_fp8_kv(c, 0.5), no_quant = c;
+    no_quant.kv_dtype = AR_BF16;
+    no_quant.kv_scale = 1.0;
+    for (int batch = 0; batch < 2; batch++) {
+        ro = auto_opts;
+        ro.verify_as = &wrong_scale;
+        run_case(&c, batch ? vllm_seqs_b : vllm_seqs_a, 3, &ro, &r);
+        report(batch ? "fp8 KV decode verified with scale 0.5" : "fp8 KV mixed verified with scale 0.5", &r);
+        assert_false(r.v.pass);
+        ro.verify_as = &no_quant;
+        run_case(&c, batch ? vllm_seqs_b : vllm_seqs_a, 3, &ro, &r);
+        report(batch ? "fp8 KV decode verified as bf16 KV" : "fp8 KV mixed verified as bf16 KV", &r);
+        assert_false(r.v.pass);
+    }
+}
+
+/* attnreplay replay --backend cuda --kv-dtype fp8_e4m3: every step verified and passed, the run
+ * recorded with its KV dtype; a planted fault fails the run (exit 1). */
+static void test_fp8_kv_replays(void **unused)
+{
+    (void)unused;
+    ar_run_config probe = with_fp8_kv(make_cfg(8, 2, 64, 2048, AR_BF16, 0, 0), 0.05);
+    if (!gpu_ready(&probe)) { skip(); return; }
+    if (gpu_small()) {
+        print_message("skipping under AR_GPU_SMALL: whole replays\n");
+        skip();
+        return;
+    }
+    static const char *const samples[] = {"mixed", "chunked", "prefix", "preempt"};
+    char trace[1024], db[512], log[512];
+    tu_tmp("fp8.log", log, sizeof log);
+    tu_tmp("fp8.db", db, sizeof db);
+    remove(db);
+    for (size_t i = 0; i < sizeof samples / sizeof samples[0]; i++) {
+        snprintf(trace, sizeof trace, "%s/traces/samples/%s.trace.jsonl.gz", tu_src_dir(), samples[i]);
+        int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cuda --kv-dtype fp8_e4m3 --kv-scale 0.05 "
+                             "--layers 2 --verify all --quiet%s", tu_bin(), trace, db,
+                        strcmp(samples[i], "prefix") == 0 ? " --cascade on" : "");
+        print_message("fp8 KV replay of %s: exit %d\n", samples[i], rc);
+        assert_int_equal(rc, 0);
+    }
+    char sim[512];
+    tu_tmp("llama-fp8.trace.jsonl.gz", sim, sizeof sim);
+    assert_int_equal(tu_run(log, "'%s' sim --workload synthetic:n=16,input=700,output=24,rate=40 --model llama-3.1-8b "
+                                 "--num-blocks 4096 --max-num-batched-tokens 1024 --out '%s' --quiet", tu_bin(), sim), 0);
+    static const char *const where[] = {"", "ATTNREPLAY_VERIFY_ON=device "};
+    for (int w = 0; w < 2; w++) {
+        int rc = tu_run(log, "%s'%s' replay '%s' --db '%s' --backend cuda --kv-dtype fp8_e4m3 --kv-scale 0.37 "
+                             "--layers 2 --verify sample:16 --quiet", where[w], tu_bin(), sim, db);
+        print_message("fp8 KV replay of llama-3.1-8b sim (%s): exit %d\n", w ? "device verifier" : "CPU verifier", rc);
+        assert_int_equal(rc, 0);
+    }
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs WHERE status='passed' AND kv_dtype='fp8_e4m3' "
+                                      "AND backend='cuda'"), 6);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE pass IS NOT 1 OR guard_ok IS NOT 1"), 0);
+    assert_true(tu_query_int(db, "SELECT count(*) FROM steps WHERE verified IS NOT NULL AND rows_checked > 0") > 20);
+    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cuda --kv-dtype fp8_e4m3 --kv-scale 0.37 --layers 1 "
+                         "--verify sample:16 --inject wrong-kv-head --quiet", tu_bin(), sim, db);
+    print_message("fp8 KV replay with wrong-kv-head: exit %d\n", rc);
+    assert_int_equal(rc, 1);
+}
+
 int main(void)
 {
     struct CMUnitTest tests[] = {
@@ -599,6 +806,9 @@ int main(void)
         cmocka_unit_test(test_decode_tma_kernel),
         cmocka_unit_test(test_vllm_varlen_paged_grid),
         cmocka_unit_test(test_triton_unified_cases),
+        cmocka_unit_test(test_fp8_kv_paths),
+        cmocka_unit_test(test_vllm_varlen_paged_grid_fp8_kv),
+        cmocka_unit_test(test_fp8_kv_replays),
     };
     return tu_run_gpu_tests("gpu_cuda", tests, sizeof tests / sizeof tests[0]);   /* AR_GPU_ONLY / AR_GPU_SHARD */
 }

@@ -39,6 +39,12 @@
  * log.  A row that sees no key gets out = 0 and lse = -inf (FA3's convention; vLLM's merge
  * reads +inf and -inf alike).
  *
+ * fp8 KV cache (e4m3, one per-tensor kv_scale; the KV8 instantiations of PREFILL and DECODE in
+ * cuda_attn_{bf16,fp16}_kv8.cu): tiles are copied at 1 byte per element into an fp8 staging
+ * ring and widened exactly to the model dtype in shared memory before the MMAs; kv_scale
+ * multiplies the score scale (K) and each finished row (V, args.v_scale).  PREFILL_WG and
+ * DECODE_TMA have no fp8 variant (the plan never picks them for an fp8 cache).
+ *
  * Head sizes: templates for 64, 128, 256; any other multiple of 8 up to 256 runs the next
  * larger template with predicated, zero-filled loads and skips the dims past head_size (the
  * generic path).  Faults (ar_fault) are honoured here through the run-time flag args.fault. */
@@ -48,6 +54,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include "../../replay/backend.h"
@@ -84,8 +91,9 @@ typedef struct ar_combine_group {
 
 typedef struct ar_attn_args {
     const void *q;              /* [num_tokens, Hq, head_size] dtype */
-    const void *k_cache;        /* [num_blocks, block_size, Hkv, head_size] */
-    const void *v_cache;        /* [num_blocks, block_size, Hkv, head_size] */
+    const void *k_cache;        /* [num_blocks, block_size, Hkv, head_size] dtype, or fp8 e4m3
+                                   (the _kv8 launchers) */
+    const void *v_cache;        /* [num_blocks, block_size, Hkv, head_size] as k_cache */
     void *out;                  /* [num_tokens, Hq, head_size] dtype */
     float *lse;                 /* [Hq, num_tokens] natural log */
     float *partial_o;           /* [num_partials, ROWS, HD] fp32, normalised */
@@ -103,7 +111,10 @@ typedef struct ar_attn_args {
     int block_size_log2;
     int max_blocks_per_req;
     int sliding_window;         /* 0 = none */
-    float scale_log2;           /* scale * log2(e) */
+    float scale_log2;           /* scale * log2(e); fp8 cache: times kv_scale (K's dequant scale
+                                   folded into the score scale) */
+    float v_scale;              /* multiplier on every finished output row: kv_scale for an fp8
+                                   cache (V's dequant scale), else 1 */
     float soft_cap;             /* 0 = none */
     int fault;                  /* ar_fault */
     int non_causal;             /* 1: every query sees every key < seq_len (cascade prefix pass) */
@@ -157,6 +168,14 @@ cudaError_t ar_attn_launch_fp16(int config, int hd, const ar_attn_args *a, int n
                                 cudaStream_t stream);
 cudaError_t ar_attn_attributes_bf16(int config, int hd, int *ctas_per_sm);
 cudaError_t ar_attn_attributes_fp16(int config, int hd, int *ctas_per_sm);
+/* The same for an fp8 e4m3 cache (cuda_attn_bf16_kv8.cu / cuda_attn_fp16_kv8.cu): the mma.sync
+ * kernels only (AR_CFG_PREFILL, AR_CFG_DECODE); the others return cudaErrorInvalidValue. */
+cudaError_t ar_attn_launch_bf16_kv8(int config, int hd, const ar_attn_args *a, int num_work,
+                                    cudaStream_t stream);
+cudaError_t ar_attn_launch_fp16_kv8(int config, int hd, const ar_attn_args *a, int num_work,
+                                    cudaStream_t stream);
+cudaError_t ar_attn_attributes_bf16_kv8(int config, int hd, int *ctas_per_sm);
+cudaError_t ar_attn_attributes_fp16_kv8(int config, int hd, int *ctas_per_sm);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Device helpers                                                                            */
@@ -222,6 +241,31 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* Eight fp8 e4m3 values (raw: byte e of the 8 is element e) -> eight T, exactly (every e4m3
+ * value, NaN included, is representable in fp16 and bf16): the hardware's e4m3x2 -> f16x2
+ * conversion, widened through float for bf16. */
+template <typename T> __device__ __forceinline__ uint32_t fp8x2_to(uint32_t two);
+template <> __device__ __forceinline__ uint32_t fp8x2_to<__half>(uint32_t two)
+{
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+template <> __device__ __forceinline__ uint32_t fp8x2_to<__nv_bfloat16>(uint32_t two)
+{
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+    return pack2<__nv_bfloat16>(f.x, f.y);
+}
+template <typename T> __device__ __forceinline__ uint4 fp8x8_to(uint2 raw)
+{
+    uint4 r;
+    r.x = fp8x2_to<T>(raw.x & 0xffffu);
+    r.y = fp8x2_to<T>(raw.x >> 16);
+    r.z = fp8x2_to<T>(raw.y & 0xffffu);
+    r.w = fp8x2_to<T>(raw.y >> 16);
+    return r;
+}
+
 /* Compile-time geometry of one kernel instantiation. */
 template <int HD_, int MT_, int WARPS_M_, int WARPS_N_, int BLOCK_N_>
 struct Geom {
@@ -240,7 +284,15 @@ struct Geom {
     static constexpr size_t KV_BYTES = (size_t)WARPS_N * STAGES * 2 * TILE_BYTES;
     static constexpr size_t MERGE_BYTES = WARPS_N > 1 ? (size_t)WARPS_N * ROWS * (HD + 2) * 4 : 0;
     static constexpr size_t SMEM = Q_BYTES + (KV_BYTES > MERGE_BYTES ? KV_BYTES : MERGE_BYTES);
+    /* fp8 cache (KV8): per warp column one 16-bit tile (what the MMAs read: K, then V, of the
+     * current key tile) and STAGES8 fp8 staging pairs the copies land in ([BLOCK_N][HD] bytes
+     * each, unpadded), two tiles ahead: as many bytes in flight as the 16-bit pipeline's */
+    static constexpr int STAGES8 = 3;
+    static constexpr size_t TILE8_BYTES = (size_t)BLOCK_N * HD;
+    static constexpr size_t KV8_BYTES = (size_t)WARPS_N * (TILE_BYTES + STAGES8 * 2 * TILE8_BYTES);
+    static constexpr size_t SMEM8 = Q_BYTES + (KV8_BYTES > MERGE_BYTES ? KV8_BYTES : MERGE_BYTES);
 };
+template <typename G, bool KV8> constexpr size_t smem_bytes() { return KV8 ? G::SMEM8 : G::SMEM; }
 
 /* The cascade merge of one pair of dims (vLLM merge_attn_states): (a0, a1) of the prefix side
  * with natural-log LSE pl and (b0, b1) of the suffix side with LSE sl into (*o0, *o1); returns
@@ -347,8 +399,13 @@ __device__ __forceinline__ void store_lse(const ar_attn_args &a, const ar_attn_w
     }
 }
 
-/* EXACT: head_size == HD (no per-dim predicates in the hot loops); else the generic path. */
-template <typename T, typename G, bool EXACT>
+/* EXACT: head_size == HD (no per-dim predicates in the hot loops); else the generic path.
+ * KV8: the cache holds fp8 e4m3 (1 byte per element, head_size a multiple of 16): each K/V tile
+ * is copied by cp.async into an fp8 staging ring (three pairs, two tiles ahead), then K and,
+ * after S, V are widened exactly to T into the one 16-bit tile the MMAs read (three barriers
+ * per tile, warp barriers for DECODE); kv_scale is folded into scale_log2 (K) and v_scale (V),
+ * so the tensor cores see the stored e4m3 values themselves. */
+template <typename T, typename G, bool EXACT, bool KV8>
 __global__ void __launch_bounds__(G::THREADS, G::WARPS_N > 1 ? (G::HD > 128 ? 1 : 4) : (G::HD > 128 || G::THREADS > 128 ? 1 : 2))
 attn_kernel(const ar_attn_args a)
 {
@@ -358,7 +415,10 @@ attn_kernel(const ar_attn_args a)
     constexpr int DT = HD / 8;                     /* n8 tiles of O */
     constexpr int COL_THREADS = 32 * G::WARPS_M;   /* threads that load one warp column's tiles */
     constexpr int LOAD_ITERS = BLOCK_N * CHUNKS / COL_THREADS;
+    constexpr int CHUNKS8 = HD / 16;               /* 16-byte chunks per fp8 row */
+    constexpr int LOAD_ITERS8 = BLOCK_N * CHUNKS8 / COL_THREADS;
     static_assert(BLOCK_N * CHUNKS % COL_THREADS == 0, "tile chunks must divide evenly");
+    static_assert(!KV8 || (BLOCK_N * CHUNKS8 % COL_THREADS == 0 && LOAD_ITERS8 > 0), "fp8 tile chunks");
     static_assert(COL_THREADS % CHUNKS == 0 || CHUNKS % COL_THREADS == 0, "chunk mapping");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *sq = reinterpret_cast<T *>(smem_raw);
@@ -386,8 +446,10 @@ attn_kernel(const ar_attn_args a)
     const int bs_log2 = a.block_size_log2, bs_mask = (1 << bs_log2) - 1;   /* slots < 2^31 (open checks) */
     const int64_t head_stride = (int64_t)a.num_kv_heads * head_size;
     const T *qg = reinterpret_cast<const T *>(a.q);
-    const T *kg = reinterpret_cast<const T *>(a.k_cache) + (int64_t)kvh_load * head_size;
-    const T *vg = reinterpret_cast<const T *>(a.v_cache) + (int64_t)kvh_load * head_size;
+    /* this KV head's first row in the caches (bytes: 2 per element, 1 for fp8) */
+    const int64_t head_off = (int64_t)kvh_load * head_size * (KV8 ? 1 : 2);
+    const unsigned char *kg = reinterpret_cast<const unsigned char *>(a.k_cache) + head_off;
+    const unsigned char *vg = reinterpret_cast<const unsigned char *>(a.v_cache) + head_off;
 
     /* Q tile -> smem (invalid rows and dims past head_size zero-filled). */
     for (int i = tid; i < G::ROWS * CHUNKS; i += G::THREADS) {
@@ -440,29 +502,55 @@ attn_kernel(const ar_attn_args a)
         }
     }
 
-    T *col_base = skv + (size_t)wn * G::STAGES * 2 * BLOCK_N * LD;
+    /* 16-bit cache: this warp column's STAGES K/V tile pairs; fp8 cache: its one 16-bit tile,
+     * and its STAGES8 fp8 staging pairs after every column's 16-bit tile */
+    T *col_base = skv + (size_t)wn * (KV8 ? 1 : G::STAGES * 2) * BLOCK_N * LD;
+    uint8_t *col8 = reinterpret_cast<uint8_t *>(skv + (size_t)G::WARPS_N * BLOCK_N * LD) +
+                    (size_t)wn * G::STAGES8 * 2 * G::TILE8_BYTES;
 
-    /* K/V tile t -> stage (it & 1): each thread owns fixed chunks; the block-table reads of
-     * all its keys are issued together (unrolled) before the copies. */
+    /* K/V tile t -> stage (it & 1) (fp8 cache: staging pair it % STAGES8): each thread owns fixed
+     * 16-byte chunks; the block-table reads of all its keys are issued together (unrolled)
+     * before the copies. */
     auto load_kv = [&](int it) {
         int t = w.tile_begin + it * G::WARPS_N + wn;
         if (t >= w.tile_end) return;
-        T *sk = col_base + (size_t)((it & 1) * 2) * BLOCK_N * LD;
-        T *sv = sk + (size_t)BLOCK_N * LD;
-        int slots[LOAD_ITERS];                     /* physical slot, -1 = past seq_len */
+        constexpr int EB = KV8 ? 1 : 2;                       /* bytes per cache element */
+        constexpr int ROW_CHUNKS = KV8 ? CHUNKS8 : CHUNKS;    /* 16-byte chunks per row */
+        constexpr int ITERS = KV8 ? LOAD_ITERS8 : LOAD_ITERS;
+        constexpr int SROW = KV8 ? HD : LD * 2;               /* shared row stride, bytes */
+        const size_t stage = (size_t)((KV8 ? it % G::STAGES8 : it & 1) * 2);
+        unsigned char *sk = KV8 ? col8 + stage * G::TILE8_BYTES
+                                : reinterpret_cast<unsigned char *>(col_base + stage * BLOCK_N * LD);
+        unsigned char *sv = sk + (KV8 ? G::TILE8_BYTES : G::TILE_BYTES);
+        int slots[ITERS];                          /* physical slot, -1 = past seq_len */
 #pragma unroll
-        for (int k = 0; k < LOAD_ITERS; k++) {
-            int j = t * BLOCK_N + (ctid + k * COL_THREADS) / CHUNKS;
+        for (int k = 0; k < ITERS; k++) {
+            int j = t * BLOCK_N + (ctid + k * COL_THREADS) / ROW_CHUNKS;
             slots[k] = j < seq_len ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : -1;
         }
 #pragma unroll
-        for (int k = 0; k < LOAD_ITERS; k++) {
+        for (int k = 0; k < ITERS; k++) {
             int i = ctid + k * COL_THREADS;
-            int kk = i / CHUNKS, c = i % CHUNKS;
-            bool ok = slots[k] >= 0 && (EXACT || c * 8 < head_size);
-            int64_t off = ok ? (int64_t)slots[k] * head_stride + c * 8 : 0;
-            cp_async16(sk + kk * LD + c * 8, kg + off, ok);
-            cp_async16(sv + kk * LD + c * 8, vg + off, ok);
+            int kk = i / ROW_CHUNKS, c = i % ROW_CHUNKS;
+            bool ok = slots[k] >= 0 && (EXACT || c * (16 / EB) < head_size);
+            int64_t off = ok ? ((int64_t)slots[k] * head_stride + c * (16 / EB)) * EB : 0;
+            cp_async16(sk + kk * SROW + c * 16, kg + off, ok);
+            cp_async16(sv + kk * SROW + c * 16, vg + off, ok);
+        }
+    };
+
+    /* fp8 cache: one side (0 K, 1 V) of tile it's landed staging pair -> this column's 16-bit
+     * tile, 8 elements per step */
+    auto widen_kv = [&](int it, int side) {
+        if (w.tile_begin + it * G::WARPS_N + wn >= w.tile_end) return;
+        const uint8_t *src = col8 + (size_t)((it % G::STAGES8) * 2 + side) * G::TILE8_BYTES;
+        constexpr int PIECES = BLOCK_N * (HD / 8);
+        static_assert(PIECES % COL_THREADS == 0, "fp8 widening: whole pieces per thread");
+#pragma unroll
+        for (int k = 0; k < PIECES / COL_THREADS; k++) {
+            const int i = ctid + k * COL_THREADS, row = i / (HD / 8), c = i % (HD / 8);
+            const uint2 raw = *reinterpret_cast<const uint2 *>(src + row * HD + c * 8);
+            *reinterpret_cast<uint4 *>(col_base + row * LD + c * 8) = fp8x8_to<T>(raw);
         }
     };
 
@@ -482,22 +570,68 @@ attn_kernel(const ar_attn_args a)
      * the other stage (every thread has passed this barrier, so nobody still reads it from
      * iteration it - 1), then compute tile it while that copy flies.
      * DECODE (one warp per column): a warp reads only the tiles it loaded itself, so after the
-     * first iteration (which publishes Q to every warp) a warp barrier is enough. */
-    if (n_iter > 0) load_kv(0);
-    cp_async_commit();
-    for (int it = 0; it < n_iter; it++) {
-        cp_async_wait<0>();
-        if (G::WARPS_M == 1 && it > 0) __syncwarp(); else __syncthreads();
-        if (it + 1 < n_iter) load_kv(it + 1);
+     * first iteration (which publishes Q to every warp) a warp barrier is enough.
+     * fp8 cache: copies run STAGES8 - 1 tiles ahead (one commit group per tile, empty ones
+     * included, so wait<STAGES8 - 2> means "tile it has landed"); tile it + 2 goes to the staging
+     * pair tile it - 1 was widened from; K of tile it is widened into the 16-bit tile (free: every
+     * thread is past tile it - 1's MMAs), published, used for S; then, after a barrier, V takes
+     * its place for P V. */
+    auto col_sync = [&]() {
+        if (G::WARPS_M == 1) __syncwarp(); else __syncthreads();
+    };
+    if constexpr (KV8) {
+        for (int st = 0; st < G::STAGES8 - 1; st++) {
+            if (st < n_iter) load_kv(st);
+            cp_async_commit();
+        }
+    } else {
+        if (n_iter > 0) load_kv(0);
         cp_async_commit();
+    }
+    for (int it = 0; it < n_iter; it++) {
+        if constexpr (KV8) cp_async_wait<G::STAGES8 - 2>(); else cp_async_wait<0>();
+        if (G::WARPS_M == 1 && it > 0) __syncwarp(); else __syncthreads();
+        const int ahead = KV8 ? G::STAGES8 - 1 : 1;
+        if (it + ahead < n_iter) load_kv(it + ahead);
+        cp_async_commit();
+        if constexpr (KV8) {
+            widen_kv(it, 0);
+            col_sync();
+        }
         const int t = w.tile_begin + it * G::WARPS_N + wn;
         const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
         bool active = t < w.tile_end && warp_has_rows && tile_first <= warp_max_qpos + causal_extra &&
                       !(window > 0 && tile_last < warp_min_qpos - window + 1);
+        const T *sk = col_base + (size_t)(KV8 ? 0 : (it & 1) * 2) * BLOCK_N * LD;
+        const T *sv = KV8 ? sk : sk + (size_t)BLOCK_N * LD;
+        float s[MT][NT][4];
+        /* O += P V (s holds P) */
+        auto pv = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+                uint32_t pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < HD / 16; dp++) {
+                    if (!EXACT && dp * 16 >= head_size) break;
+                    uint32_t vb[4];
+                    ldmatrix_x4_trans(vb, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 +
+                                              (lane >> 4) * 8);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816<T>(acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+                        mma16816<T>(acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                    }
+                }
+            }
+        };
         if (active) {
-            const T *sk = col_base + (size_t)((it & 1) * 2) * BLOCK_N * LD;
-            const T *sv = sk + (size_t)BLOCK_N * LD;
-            float s[MT][NT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -586,30 +720,13 @@ attn_kernel(const ar_attn_args a)
                         }
                     }
                 }
-            /* O += P V */
-#pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; kk++) {
-                uint32_t pa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                    pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                    pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                    pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-                }
-#pragma unroll
-                for (int dp = 0; dp < HD / 16; dp++) {
-                    if (!EXACT && dp * 16 >= head_size) break;
-                    uint32_t vb[4];
-                    ldmatrix_x4_trans(vb, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 +
-                                              (lane >> 4) * 8);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        mma16816<T>(acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
-                        mma16816<T>(acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-                    }
-                }
-            }
+            if constexpr (!KV8) pv();
+        }
+        if constexpr (KV8) {   /* V of tile it replaces K (every thread of the column is past S) */
+            col_sync();
+            widen_kv(it, 1);
+            col_sync();
+            if (active) pv();
         }
     }
     cp_async_wait<0>();
@@ -635,7 +752,7 @@ attn_kernel(const ar_attn_args a)
                 int pair = w.pair0 + lr, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
                 if (tok >= q_len && w.partial < 0) continue;
                 float l = row_l[mt][r];
-                float inv = l > 0.f ? 1.f / l : 0.f;
+                float inv = (l > 0.f ? 1.f / l : 0.f) * (KV8 ? a.v_scale : 1.f);
                 float lse2 = l > 0.f ? row_m[mt][r] + __log2f(l) : -INFINITY;
 #pragma unroll
                 for (int dt = 0; dt < DT; dt++)
@@ -691,6 +808,10 @@ attn_kernel(const ar_attn_args a)
         float inv = lsum > 0.f ? 1.f / lsum : 0.f;
         if (a.fault != AR_FAULT_MERGE_NO_WEIGHTS) { o0 *= inv; o1 *= inv; }
         else if (lsum <= 0.f) { o0 = 0.f; o1 = 0.f; }
+        if (KV8) {
+            o0 *= a.v_scale;
+            o1 *= a.v_scale;
+        }
         const float lse2 = lsum > 0.f ? mmax + __log2f(lsum) : -INFINITY;
         const int k = (i - tid) / G::THREADS;
         if (pre_on && k < PRE) {                   /* the fused merge with the pair read up front */
@@ -824,37 +945,39 @@ template <typename G> static ar_attn_geom geom_of()
     return r;
 }
 
-template <typename T, typename G>
+template <typename T, typename G, bool KV8>
 static cudaError_t launch_one(const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (num_work <= 0) return cudaSuccess;
+    constexpr size_t smem = smem_bytes<G, KV8>();
     if (a->head_size == G::HD)
-        attn_kernel<T, G, true><<<num_work, G::THREADS, G::SMEM, stream>>>(*a);
+        attn_kernel<T, G, true, KV8><<<num_work, G::THREADS, smem, stream>>>(*a);
     else
-        attn_kernel<T, G, false><<<num_work, G::THREADS, G::SMEM, stream>>>(*a);
+        attn_kernel<T, G, false, KV8><<<num_work, G::THREADS, smem, stream>>>(*a);
     return cudaGetLastError();
 }
 
-template <typename T, typename G, bool EXACT>
+template <typename T, typename G, bool EXACT, bool KV8>
 static cudaError_t attributes_variant(int *ctas_per_sm)
 {
-    cudaError_t e = cudaFuncSetAttribute(attn_kernel<T, G, EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)G::SMEM);
+    constexpr size_t smem = smem_bytes<G, KV8>();
+    cudaError_t e = cudaFuncSetAttribute(attn_kernel<T, G, EXACT, KV8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(attn_kernel<T, G, EXACT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+        e = cudaFuncSetAttribute(attn_kernel<T, G, EXACT, KV8>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared);
     if (e != cudaSuccess) return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_kernel<T, G, EXACT>, G::THREADS, G::SMEM);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_kernel<T, G, EXACT, KV8>, G::THREADS, smem);
 }
 
 /* Sets both variants' attributes; reports the CTAs per SM of the exact (fast) one. */
-template <typename T, typename G>
+template <typename T, typename G, bool KV8>
 static cudaError_t attributes_one(int *ctas_per_sm)
 {
     int generic = 0;
-    cudaError_t e = attributes_variant<T, G, false>(&generic);
+    cudaError_t e = attributes_variant<T, G, false, KV8>(&generic);
     if (e != cudaSuccess) return e;
-    return attributes_variant<T, G, true>(ctas_per_sm);
+    return attributes_variant<T, G, true, KV8>(ctas_per_sm);
 }
 
 } /* namespace ar_attn */
@@ -864,38 +987,48 @@ static cudaError_t attributes_one(int *ctas_per_sm)
 
 namespace ar_attn {
 
-/* The per-dtype launchers; cuda_attn_bf16.cu and cuda_attn_fp16.cu each instantiate one. */
-template <typename T>
+/* The per-dtype launchers; cuda_attn_bf16.cu and cuda_attn_fp16.cu each instantiate one with
+ * KV8 false, cuda_attn_{bf16,fp16}_kv8.cu with KV8 true (an fp8 cache: PREFILL and DECODE
+ * only; the wgmma and TMA kernels copy 16-bit tiles and are never planned for it). */
+template <typename T, bool KV8>
 cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
-    if (config == AR_CFG_PREFILL_WG)
-        return hd == 128 && a->head_size == 128 ? launch_wgmma<T>(a, num_work, stream) : cudaErrorInvalidValue;
-    if (config == AR_CFG_DECODE_TMA) return hd == 128 ? launch_decode_tma<T>(a, num_work, stream) : cudaErrorInvalidValue;
+    if constexpr (!KV8) {
+        if (config == AR_CFG_PREFILL_WG)
+            return hd == 128 && a->head_size == 128 ? launch_wgmma<T>(a, num_work, stream) : cudaErrorInvalidValue;
+        if (config == AR_CFG_DECODE_TMA) return hd == 128 ? launch_decode_tma<T>(a, num_work, stream) : cudaErrorInvalidValue;
+    } else if (config != AR_CFG_PREFILL && config != AR_CFG_DECODE) {
+        return cudaErrorInvalidValue;
+    }
     if (config != AR_CFG_DECODE) {
-        if (hd == 64) return launch_one<T, PrefillG64>(a, num_work, stream);
-        if (hd == 128) return launch_one<T, PrefillG128>(a, num_work, stream);
-        if (hd == 256) return launch_one<T, PrefillG256>(a, num_work, stream);
+        if (hd == 64) return launch_one<T, PrefillG64, KV8>(a, num_work, stream);
+        if (hd == 128) return launch_one<T, PrefillG128, KV8>(a, num_work, stream);
+        if (hd == 256) return launch_one<T, PrefillG256, KV8>(a, num_work, stream);
     } else {
-        if (hd == 64) return launch_one<T, DecodeG64>(a, num_work, stream);
-        if (hd == 128) return launch_one<T, DecodeG128>(a, num_work, stream);
-        if (hd == 256) return launch_one<T, DecodeG256>(a, num_work, stream);
+        if (hd == 64) return launch_one<T, DecodeG64, KV8>(a, num_work, stream);
+        if (hd == 128) return launch_one<T, DecodeG128, KV8>(a, num_work, stream);
+        if (hd == 256) return launch_one<T, DecodeG256, KV8>(a, num_work, stream);
     }
     return cudaErrorInvalidValue;
 }
 
-template <typename T>
+template <typename T, bool KV8>
 cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
 {
-    if (config == AR_CFG_PREFILL_WG) return attributes_wgmma<T>(ctas_per_sm);
-    if (config == AR_CFG_DECODE_TMA) return attributes_decode_tma<T>(ctas_per_sm);
+    if constexpr (!KV8) {
+        if (config == AR_CFG_PREFILL_WG) return attributes_wgmma<T>(ctas_per_sm);
+        if (config == AR_CFG_DECODE_TMA) return attributes_decode_tma<T>(ctas_per_sm);
+    } else if (config != AR_CFG_PREFILL && config != AR_CFG_DECODE) {
+        return cudaErrorInvalidValue;
+    }
     if (config != AR_CFG_DECODE) {
-        if (hd == 64) return attributes_one<T, PrefillG64>(ctas_per_sm);
-        if (hd == 128) return attributes_one<T, PrefillG128>(ctas_per_sm);
-        if (hd == 256) return attributes_one<T, PrefillG256>(ctas_per_sm);
+        if (hd == 64) return attributes_one<T, PrefillG64, KV8>(ctas_per_sm);
+        if (hd == 128) return attributes_one<T, PrefillG128, KV8>(ctas_per_sm);
+        if (hd == 256) return attributes_one<T, PrefillG256, KV8>(ctas_per_sm);
     } else {
-        if (hd == 64) return attributes_one<T, DecodeG64>(ctas_per_sm);
-        if (hd == 128) return attributes_one<T, DecodeG128>(ctas_per_sm);
-        if (hd == 256) return attributes_one<T, DecodeG256>(ctas_per_sm);
+        if (hd == 64) return attributes_one<T, DecodeG64, KV8>(ctas_per_sm);
+        if (hd == 128) return attributes_one<T, DecodeG128, KV8>(ctas_per_sm);
+        if (hd == 256) return attributes_one<T, DecodeG256, KV8>(ctas_per_sm);
     }
     return cudaErrorInvalidValue;
 }

@@ -6,10 +6,10 @@
 cudaError_t ar_attn_launch_fp16(int config, int hd, const ar_attn_args *a, int num_work,
                                 cudaStream_t stream)
 {
-    return ar_attn::launch_typed<__half>(config, hd, a, num_work, stream);
+    return ar_attn::launch_typed<__half, false>(config, hd, a, num_work, stream);
 }
 
 cudaError_t ar_attn_attributes_fp16(int config, int hd, int *ctas_per_sm)
 {
-    return ar_attn::attributes_typed<__half>(config, hd, ctas_per_sm);
+    return ar_attn::attributes_typed<__half, false>(config, hd, ctas_per_sm);
 }

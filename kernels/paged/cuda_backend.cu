@@ -31,6 +31,17 @@
  * prefix pass's split combine runs inside it too (fold_prefix_combine; AR_CUDA_CASCADE_FOLD=0
  * keeps the combine kernel), and the fused merge's "merge" times 0 (no events around it).
  * Sliding window never cascades (prepare refuses it).
+ *
+ * fp8 KV cache (kv_dtype fp8_e4m3, vLLM's kv_cache_dtype=fp8 with one per-tensor kv_scale for K
+ * and V): the cache holds 1 byte per element, the write stores quantize(x / kv_scale) (the
+ * rounding of reference/dtype.h, so the reference's ar_kv_roundtrip reads the same values), and
+ * the mma.sync kernels read the fp8 tiles natively (cp.async of half the bytes, widened exactly
+ * to the model dtype in shared memory; kv_scale folded into the score scale for K and into the
+ * output for V) - decode, split-KV (+ combine), prefill, varlen and both cascade passes.  The
+ * wgmma PREFILL_WG and the TMA DECODE_TMA kernels copy 16-bit tiles and are never planned for an
+ * fp8 cache (build_plan routes those launches to PREFILL / DECODE, forced configs included);
+ * ar_cuda_plan_info.kv_fp8 marks such a plan (the routes "PREFILL fp8-KV" and "DECODE fp8-KV").
+ *
  * Q and the new K/V are generated on the device before, untimed (in vLLM they come out of the
  * QKV projection).  Repeats are idempotent: the write stores the same values to the same slots.
  *
@@ -71,7 +82,10 @@ typedef struct cuda_state {
                                        with AR_CUDA_DECODE_TMA=0 in the environment) */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
     bool bf16;
+    bool kv_fp8;                    /* the cache holds fp8 e4m3 (kv_scale): PREFILL / DECODE only */
+    float kv_scale;                 /* fp8: stored = quantize(x / kv_scale); 1 otherwise */
     size_t side_elems;              /* num_blocks * block_size * hkv * head_size */
+    size_t elem_bytes;              /* of the cache: 2, or 1 for fp8 */
     void **kv;                      /* [num_layers] -> [2, num_blocks, block_size, hkv, head_size] */
     int num_layers;
     cudaStream_t stream;
@@ -140,6 +154,16 @@ static int ensure_host(void **p, size_t *cap, size_t need, char *err, size_t err
 }
 
 #include "cuda_inputs.cuh"   /* the small kernels: generator, cache fill and write */
+
+/* The attention kernels' attributes call for this state's dtype and cache (fp8: the _kv8 ones). */
+static cudaError_t attn_attributes(const cuda_state *s, int config, int *ctas_per_sm)
+{
+    const int hd = s->template_hd;
+    if (s->kv_fp8)
+        return s->bf16 ? ar_attn_attributes_bf16_kv8(config, hd, ctas_per_sm)
+                       : ar_attn_attributes_fp16_kv8(config, hd, ctas_per_sm);
+    return s->bf16 ? ar_attn_attributes_bf16(config, hd, ctas_per_sm) : ar_attn_attributes_fp16(config, hd, ctas_per_sm);
+}
 #include "cuda_plan.cuh"     /* build_plan: the kernel and split-KV plan of each launch */
 
 /* ---------------------------------------------------------------------------------------- */
@@ -156,9 +180,18 @@ static bool cuda_check(const ar_run_config *cfg, char *why, size_t why_len)
         snprintf(why, why_len, "dtype %s not supported (fp16, bf16)", ar_dtype_name(cfg->dtype));
         return false;
     }
-    if (cfg->kv_dtype != cfg->dtype) {
-        snprintf(why, why_len, "KV dtype %s must equal the model dtype %s (fp8 KV not implemented)",
+    if (cfg->kv_dtype != cfg->dtype && cfg->kv_dtype != AR_FP8_E4M3) {
+        snprintf(why, why_len, "KV dtype %s not supported (the model dtype %s or fp8_e4m3)",
                  ar_dtype_name(cfg->kv_dtype), ar_dtype_name(cfg->dtype));
+        return false;
+    }
+    if (cfg->kv_dtype == AR_FP8_E4M3 && !(cfg->kv_scale > 0 && isfinite(cfg->kv_scale))) {
+        snprintf(why, why_len, "fp8 KV needs a finite kv_scale > 0 (got %g)", cfg->kv_scale);
+        return false;
+    }
+    if (cfg->kv_dtype == AR_FP8_E4M3 && m->head_size % 16 != 0) {
+        snprintf(why, why_len, "fp8 KV needs a head size that is a multiple of 16 (16-byte rows); got %d",
+                 m->head_size);
         return false;
     }
     if (ar_attn_template_hd(m->head_size) == 0 || (m->v_head_dim != 0 && m->v_head_dim != m->head_size)) {
@@ -205,6 +238,9 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->block_size_log2 = cfg->block_size == 16 ? 4 : cfg->block_size == 32 ? 5 : 6;
     s->template_hd = ar_attn_template_hd(s->head_size);
     s->bf16 = cfg->dtype == AR_BF16;
+    s->kv_fp8 = cfg->kv_dtype == AR_FP8_E4M3;
+    s->kv_scale = s->kv_fp8 ? (float)cfg->kv_scale : 1.0f;
+    s->elem_bytes = s->kv_fp8 ? 1 : 2;
     s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
     int rc;
     cudaDeviceProp prop;
@@ -228,7 +264,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     {
         const char *e = getenv("AR_CUDA_WGMMA");
         const bool off = e != NULL && strcmp(e, "0") == 0;
-        s->wgmma_auto = s->has_tma && s->head_size == 128 && !off ? AR_CFG_PREFILL_WG : 0;
+        s->wgmma_auto = s->has_tma && s->head_size == 128 && !off && !s->kv_fp8 ? AR_CFG_PREFILL_WG : 0;
     }
     {
         const char *e = getenv("AR_CUDA_CASCADE_FOLD");
@@ -236,7 +272,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     }
     {
         const char *e = getenv("AR_CUDA_DECODE_TMA");
-        s->decode_tma_auto = s->has_tma && !(e != NULL && strcmp(e, "0") == 0);
+        s->decode_tma_auto = s->has_tma && !s->kv_fp8 && !(e != NULL && strcmp(e, "0") == 0);
     }
     {
         const char *e = getenv("AR_CUDA_CASCADE_MERGE");
@@ -257,13 +293,12 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         return rc;
     }
     for (int c = 0; c < AR_CFG_COUNT; c++) {
-        /* sm_90a code only; never planned elsewhere */
-        if ((ar_attn_config_is_wg(c) || c == AR_CFG_DECODE_TMA) && !s->has_wgmma) {
+        /* sm_90a code only; never planned elsewhere (nor for an fp8 cache) */
+        if ((ar_attn_config_is_wg(c) || c == AR_CFG_DECODE_TMA) && (!s->has_wgmma || s->kv_fp8)) {
             s->ctas_per_sm[c] = 1;
             continue;
         }
-        cudaError_t e = s->bf16 ? ar_attn_attributes_bf16(c, s->template_hd, &s->ctas_per_sm[c])
-                                : ar_attn_attributes_fp16(c, s->template_hd, &s->ctas_per_sm[c]);
+        cudaError_t e = attn_attributes(s, c, &s->ctas_per_sm[c]);
         if ((rc = cuda_fail(e, "kernel attributes", err, err_len))) {
             cuda_close(s);
             return rc;
@@ -277,7 +312,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         return 2;
     }
     s->side_elems = (size_t)cfg->num_blocks * cfg->block_size * s->hkv * s->head_size;
-    size_t layer_bytes = 2 * s->side_elems * 2;
+    size_t layer_bytes = 2 * s->side_elems * s->elem_bytes;
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     if ((double)layer_bytes * s->num_layers > 0.9 * (double)free_b) {
@@ -536,12 +571,12 @@ static int cuda_fill(void *state, int layer, const ar_fill *f, char *err, size_t
         (rc = cuda_fail(cudaMemcpyAsync(d + o_keys, f->keys, (size_t)f->count * 8, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)) ||
         (rc = cuda_fail(cudaMemcpyAsync(d + o_off, f->offsets, (size_t)f->count * 4, cudaMemcpyHostToDevice, s->stream), "fill upload", err, err_len)))
         return rc;
-    uint16_t *kc = (uint16_t *)s->kv[layer], *vc = kc + s->side_elems;
+    char *kc = (char *)s->kv[layer], *vc = kc + s->side_elems * s->elem_bytes;
     int64_t total = (int64_t)f->count * s->hkv * (s->head_size / 8);
     fill_kernel<<<grid_for(total, 256), 256, 0, s->stream>>>(kc, vc, f->count, (const int64_t *)d,
                                                           (const uint64_t *)(d + o_keys), (const int *)(d + o_off),
                                                           s->hkv, s->head_size, s->cfg.seed, (uint32_t)layer,
-                                                          s->cfg.data, s->cfg.dtype);
+                                                          s->cfg.data, s->cfg.dtype, s->kv_fp8, s->kv_scale);
     if ((rc = cuda_fail(cudaGetLastError(), "fill kernel", err, err_len))) return rc;
     /* the host arrays are only valid during this call: wait for the copies */
     return cuda_fail(cudaStreamSynchronize(s->stream), "fill", err, err_len);
@@ -550,10 +585,10 @@ static int cuda_fill(void *state, int layer, const ar_fill *f, char *err, size_t
 static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
 {
     memset(a, 0, sizeof *a);
-    uint16_t *kc = (uint16_t *)s->kv[layer];
+    char *kc = (char *)s->kv[layer];
     a->q = s->q.ptr;
     a->k_cache = kc;
-    a->v_cache = kc + s->side_elems;
+    a->v_cache = kc + s->side_elems * s->elem_bytes;
     a->out = (char *)s->out.ptr + AR_GUARD_BYTES;
     a->lse = (float *)((char *)s->lse.ptr + AR_GUARD_BYTES);
     a->partial_o = (float *)s->part_o.ptr;
@@ -571,7 +606,10 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
     a->block_size_log2 = s->block_size_log2;
     a->max_blocks_per_req = s->mbpr;
     a->sliding_window = s->cfg.model.sliding_window;
-    a->scale_log2 = (float)(s->cfg.model.scale * 1.4426950408889634);
+    /* fp8: the kernels multiply the stored e4m3 values; K's kv_scale joins the score scale, V's
+     * scales each finished row */
+    a->scale_log2 = (float)(s->cfg.model.scale * 1.4426950408889634 * s->kv_scale);
+    a->v_scale = s->kv_scale;
     a->soft_cap = (float)s->cfg.model.logits_soft_cap;
     a->fault = (int)s->cfg.fault;
     a->num_slots = s->cfg.num_blocks * s->block_size;   /* < 2^31 (open checks) */
@@ -582,8 +620,11 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
 static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, int config, int num_work,
                                     int num_groups, int rows, cudaEvent_t mid)
 {
-    cudaError_t e = s->bf16 ? ar_attn_launch_bf16(config, s->template_hd, a, num_work, s->stream)
-                            : ar_attn_launch_fp16(config, s->template_hd, a, num_work, s->stream);
+    const int hd = s->template_hd;
+    cudaError_t e = s->kv_fp8 ? (s->bf16 ? ar_attn_launch_bf16_kv8(config, hd, a, num_work, s->stream)
+                                         : ar_attn_launch_fp16_kv8(config, hd, a, num_work, s->stream))
+                              : (s->bf16 ? ar_attn_launch_bf16(config, hd, a, num_work, s->stream)
+                                         : ar_attn_launch_fp16(config, hd, a, num_work, s->stream));
     if (e != cudaSuccess) return e;
     if (mid) cudaEventRecord(mid, s->stream);
     if (num_groups <= 0) return cudaSuccess;
@@ -662,11 +703,13 @@ static void cascade_args(const cuda_state *s, const ar_attn_args *flat, ar_attn_
 static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, bool timed)
 {
     cudaError_t e;
-    uint16_t *kc = (uint16_t *)s->kv[layer];
     if (timed) cudaEventRecord(s->ev[0], s->stream);
-    if (s->num_tokens > 0)
+    if (s->num_tokens > 0) {
+        char *kc = (char *)s->kv[layer];
         write_kv_kernel<<<s->num_tokens, 128, 0, s->stream>>>((const uint16_t *)s->knew.ptr, (const uint16_t *)s->vnew.ptr,
-                                                             s->d_slots, kc, kc + s->side_elems, s->hkv * s->head_size);
+                                                             s->d_slots, kc, kc + s->side_elems * s->elem_bytes,
+                                                             s->hkv * s->head_size, s->kv_fp8, s->cfg.dtype, s->kv_scale);
+    }
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (timed) cudaEventRecord(s->ev[1], s->stream);
     if (!s->cascade) {
@@ -893,6 +936,7 @@ extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
     info->prefix_num_work = s->pre_num_work;
     info->prefix_num_splits = s->pre_num_splits;
     info->prefix_combine_folded = fold_prefix_combine(s) ? 1 : 0;
+    info->kv_fp8 = s->kv_fp8 ? 1 : 0;
 }
 
 extern "C" int ar_cuda_merge_states(ar_dtype dtype, int num_tokens, int num_heads, int head_size,
@@ -987,8 +1031,9 @@ extern "C" int ar_cuda_gen_values(uint64_t seed, uint32_t stream, uint32_t layer
 extern "C" const ar_backend ar_cuda_backend = {
     "cuda",
     "CUDA paged attention (FlashAttention-2 style mma.sync, GQA-packed tiles, split-KV decode)",
-    "fp16/bf16 (KV = model dtype), head sizes 64/128/256 fast + any multiple of 8 <= 256, "
-    "block sizes 16/32/64, causal, sliding window, soft cap, LSE, split-KV; sm_80+",
+    "fp16/bf16; KV = model dtype or fp8_e4m3 (per-tensor kv_scale, head size a multiple of 16, on the "
+    "mma.sync PREFILL/DECODE kernels); head sizes 64/128/256 fast + any multiple of 8 <= 256, "
+    "block sizes 16/32/64, causal, sliding window, soft cap, LSE, split-KV, cascade; sm_80+",
     true,
     cuda_check,
     cuda_open,

@@ -23,7 +23,8 @@ extern const ar_backend ar_cuda_backend;
  * when every (request, KV head) fits in 16 rows; otherwise auto is used), 2 PREFILL_WG (the wgmma
  * kernel: head size 128 on a compute-capability 9.0 device with tensor maps, else PREFILL runs),
  * 3 DECODE_TMA (decode batches on that device; else auto); num_splits 0 = the heuristic, N >= 1 =
- * split every work item's key range into up to N pieces. */
+ * split every work item's key range into up to N pieces.  With an fp8 cache PREFILL_WG runs
+ * PREFILL and DECODE_TMA runs DECODE (the fp8-KV kernels are the mma.sync ones). */
 void ar_cuda_set_plan(void *state, int config, int num_splits);
 /* The same override for the cascade prefix pass only (config -1 / num_splits 0: as
  * ar_cuda_set_plan says, else its own rule), for the prefix-plan sweep in bench_cascade. */
@@ -56,6 +57,10 @@ typedef struct ar_cuda_plan_info {
     int prefix_num_work;   /* CTAs of the prefix pass */
     int prefix_num_splits; /* its split count */
     int prefix_combine_folded; /* 1: its split combine runs inside the suffix pass (no combine kernel) */
+    /* 1: the cache is fp8 e4m3 and every pass above ran the fp8-KV variant of its kernel (config
+     * PREFILL -> route "PREFILL fp8-KV", DECODE -> "DECODE fp8-KV"; PREFILL_WG and DECODE_TMA are
+     * never planned for an fp8 cache, a forced one included) */
+    int kv_fp8;
 } ar_cuda_plan_info;
 void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info);
 

@@ -1,13 +1,25 @@
 /* cuda_inputs.cuh - the "cuda" backend's small kernels: the device-side data generator (the
  * AR_HOSTDEV code of reference/datagen.h compiled by nvcc, so Q and the new K/V are
  * bit-identical to the CPU's), the paged-cache fill and the KV-cache write (vLLM
- * reshape_and_cache_flash).  Part of cuda_backend.cu's translation unit (included once). */
+ * reshape_and_cache_flash; with an fp8 e4m3 cache both store quantize(x / kv_scale), vLLM's
+ * scaled_convert, rounded as reference/dtype.h and ar_kv_roundtrip round it).  Part of
+ * cuda_backend.cu's translation unit (included once). */
 #ifndef AR_PAGED_INPUTS_CUH
 #define AR_PAGED_INPUTS_CUH
 
 static __device__ __forceinline__ uint16_t to_bits(ar_dtype t, float v)
 {
     return t == AR_BF16 ? ar_f32_to_bf16(v) : ar_f32_to_fp16(v);
+}
+static __device__ __forceinline__ float from_bits(ar_dtype t, uint16_t b)
+{
+    return t == AR_BF16 ? ar_bf16_to_f32(b) : ar_fp16_to_f32(b);
+}
+/* The fp8 e4m3 bits a K/V value x is stored as: quantize(x / kv_scale), the division correctly
+ * rounded whatever the compiler flags (as ar_kv_roundtrip on the device). */
+static __device__ __forceinline__ uint8_t to_fp8_scaled(float x, float kv_scale)
+{
+    return ar_f32_to_fp8e4m3(__fdiv_rn(x, kv_scale));
 }
 
 /* dst [num_tokens, num_heads, head_size]: Q (stream Q: key = request key, pos = position) or
@@ -48,10 +60,12 @@ __global__ void gen_rows_kernel(uint16_t *dst, int num_tokens, int num_heads, in
     }
 }
 
-/* Untimed fill of missing context tokens straight from the generator into the cache. */
-__global__ void fill_kernel(uint16_t *k_cache, uint16_t *v_cache, int count, const int64_t *slots,
+/* Untimed fill of missing context tokens straight from the generator into the cache (caches
+ * [num_slots, hkv, head_size] of dtype, or fp8 e4m3 of x / kv_scale when kv_fp8). */
+__global__ void fill_kernel(void *k_cache, void *v_cache, int count, const int64_t *slots,
                             const uint64_t *keys, const int *offsets, int hkv, int head_size,
-                            uint64_t seed, uint32_t layer, ar_datadist dist, ar_dtype dtype)
+                            uint64_t seed, uint32_t layer, ar_datadist dist, ar_dtype dtype, bool kv_fp8,
+                            float kv_scale)
 {
     int chunks = head_size / 8;
     int64_t total = (int64_t)count * hkv * chunks;
@@ -67,27 +81,50 @@ __global__ void fill_kernel(uint16_t *k_cache, uint16_t *v_cache, int count, con
         for (int side = 0; side < 2; side++) {
             uint32_t stream = side == 0 ? AR_STREAM_K : AR_STREAM_V;
             uint64_t row = ar_gen_row(seed, stream, layer, keys[i], (uint64_t)offsets[i], (uint32_t)h);
-            uint16_t *dst = side == 0 ? k_cache : v_cache;
+            void *dst = side == 0 ? k_cache : v_cache;
+            if (kv_fp8) {
 #pragma unroll
-            for (int e = 0; e < 8; e++) dst[base + e] = to_bits(dtype, ar_gen(row, (uint32_t)(c * 8 + e), dist, dtype));
+                for (int e = 0; e < 8; e++)
+                    ((uint8_t *)dst)[base + e] = to_fp8_scaled(ar_gen(row, (uint32_t)(c * 8 + e), dist, dtype), kv_scale);
+                continue;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                ((uint16_t *)dst)[base + e] = to_bits(dtype, ar_gen(row, (uint32_t)(c * 8 + e), dist, dtype));
         }
     }
 }
 
-/* reshape_and_cache_flash: token t's K/V rows [hkv * head_size] -> slot_mapping[t]; -1 skipped. */
+/* reshape_and_cache_flash: token t's K/V rows [hkv * head_size] (dtype bits) -> slot_mapping[t];
+ * -1 skipped.  8 elements per step: copied, or (fp8) each value x stored as the e4m3 bits of
+ * x / kv_scale (row_elems is then a multiple of 16). */
 __global__ void write_kv_kernel(const uint16_t *k_new, const uint16_t *v_new, const int64_t *slots,
-                                uint16_t *k_cache, uint16_t *v_cache, int row_elems)
+                                void *k_cache, void *v_cache, int row_elems, bool fp8, ar_dtype dtype,
+                                float kv_scale)
 {
     int t = blockIdx.x;
     int64_t slot = slots[t];
     if (slot < 0) return;
     const uint4 *ks = reinterpret_cast<const uint4 *>(k_new + (int64_t)t * row_elems);
     const uint4 *vs = reinterpret_cast<const uint4 *>(v_new + (int64_t)t * row_elems);
-    uint4 *kd = reinterpret_cast<uint4 *>(k_cache + slot * row_elems);
-    uint4 *vd = reinterpret_cast<uint4 *>(v_cache + slot * row_elems);
     for (int i = threadIdx.x; i < row_elems / 8; i += blockDim.x) {
-        kd[i] = ks[i];
-        vd[i] = vs[i];
+        if (!fp8) {
+            reinterpret_cast<uint4 *>((uint16_t *)k_cache + slot * row_elems)[i] = ks[i];
+            reinterpret_cast<uint4 *>((uint16_t *)v_cache + slot * row_elems)[i] = vs[i];
+            continue;
+        }
+        for (int side = 0; side < 2; side++) {
+            const uint4 in = side == 0 ? ks[i] : vs[i];
+            const uint32_t words[4] = {in.x, in.y, in.z, in.w};
+            uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const uint16_t bits = (uint16_t)(words[e / 2] >> (16 * (e & 1)));
+                packed[e / 4] |= (uint32_t)to_fp8_scaled(from_bits(dtype, bits), kv_scale) << (8 * (e & 3));
+            }
+            uint8_t *dst = (uint8_t *)(side == 0 ? k_cache : v_cache) + slot * row_elems;
+            reinterpret_cast<uint2 *>(dst)[i] = make_uint2(packed[0], packed[1]);
+        }
     }
 }
 

@@ -15,7 +15,9 @@
  * whose whole-tile K/V copies are bulk tensor copies; H200: causal prefill B=2 S=8k 500.6
  * TFLOP/s against 272 for the mma.sync kernel, BENCHMARKS.md).  Everything else runs the
  * mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps the mma.sync kernels
- * everywhere (the fallback, for comparisons).
+ * everywhere (the fallback, for comparisons).  An fp8 cache runs the fp8-KV variants of the
+ * mma.sync kernels only: launches that would take DECODE_TMA take DECODE, and PREFILL_WG
+ * launches take PREFILL (forced configs too); the split rule then uses those kernels' occupancy.
  *
  * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
  * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
@@ -136,7 +138,7 @@ static void pass_plan_free(pass_plan *pl)
 }
 
 /* AR_CFG_DECODE_TMA (cuda_attn_decode_tma.cuh) can run this launch: Hopper with tensor maps,
- * head size 128, block size 16, at most 8 KV heads, a group of at most 16, no planted fault
+ * a 16-bit cache (not fp8), head size 128, block size 16, at most 8 KV heads, a group of at most 16, no planted fault
  * (the faults live in the general kernels), causal, and one query token per request.  The
  * automatic plan takes it (force_config -1, no forced split, AR_CUDA_DECODE_TMA not 0) for
  * batches of at least half as many requests as the device has SMs whose longest context is at
@@ -152,8 +154,8 @@ static void pass_plan_free(pass_plan *pl)
 static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
                             bool non_causal, int force_config, int force_splits)
 {
-    if (!s->has_tma || non_causal || s->head_size != 128 || s->template_hd != 128 || s->block_size != 16 ||
-        s->hkv > 8 || s->group > 16 || s->cfg.fault != AR_FAULT_NONE)
+    if (!s->has_tma || s->kv_fp8 || non_causal || s->head_size != 128 || s->template_hd != 128 ||
+        s->block_size != 16 || s->hkv > 8 || s->group > 16 || s->cfg.fault != AR_FAULT_NONE)
         return false;
     int max_seq = 0;
     for (int r = 0; r < R; r++) {
@@ -180,7 +182,7 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     }
     int config = max_q * s->group <= 16 ? AR_CFG_DECODE : AR_CFG_PREFILL;
     if (force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
-    const bool wg_ok = s->has_tma && s->head_size == 128;
+    const bool wg_ok = s->has_tma && s->head_size == 128 && !s->kv_fp8;
     if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
     if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = s->wgmma_auto;
     if (config == AR_CFG_DECODE &&
