@@ -2,7 +2,8 @@
  * device half of verification (see ref_gpu.h for what it computes and why).
  *
  * Deliberately plain CUDA, sharing nothing with kernels/: SIMT arithmetic only, one tiled GEMM
- * template for every product and warp-per-row kernels for everything else.  Per step-layer:
+ * template for every product, the fused MHA kernels below and warp-per-row kernels for everything
+ * else.  Per step-layer:
  *
  *   1. the host plans (ref_gpu_plan.c): items (request, rows, key chunk) in groups that fit the
  *      scratch, and the block-cache slots of every block an item reads; one upload of that plan;
@@ -17,6 +18,14 @@
  *                    rounded ops), softmax in float with P rounded to the dtype (fp8: also
  *                    through fp8), P.V in float rounded; MLA - float64 sums, P rounded, the
  *                    latent output rounded, then W_UV, rounded; folded in float64;
+ *      MHA by default takes the fused path instead of the four products: the checked rows are cut
+ *      into problems of at most SK_MAXM vectors (a few rows x the query heads of one KV head:
+ *      GQA grouped), and one kernel makes both twins' scores in one read of K, one makes both
+ *      P.V products in one read of V (one CTA per problem, keys ascending).  Each product is
+ *      summed in exactly the GEMM template's order with its roundings, so the results are
+ *      bit-identical to it (tests/gpu_verify.c checks); ATTNREPLAY_GPU_REF_FUSED=0 at open selects
+ *      the GEMM template (for A/B measurements), as do query groups wider than SK_MAXM and value
+ *      widths above 2 x PV_THREADS;
  *   4. the comparison with the backend's output (replay/verify.c's compare_rows, element by
  *      element, with per-block partial sums and worst lists reduced in a fixed order), the
  *      NaN/Inf count over the whole output, one copy of the summary back, one wait.
@@ -70,7 +79,9 @@ struct ditem {
 struct gprob {
     int item;                 /* index into the step's items (-1: none) */
     int head;                 /* MHA: KV head; MLA reference / W_UV: head; else -1 */
-    int M, N, K, pad;
+    int M, N, K;
+    int r0;                   /* MHA: first row of the problem within its item (a problem may cover
+                                 only some of the item's rows: the fused path's row blocks) */
     long long s_off;          /* first score of the problem in the scratch ([M][N]) */
     long long v_off;          /* first vector in the per-vector scratch */
     long long aux;            /* MLA W_UV: the item's first yardstick vector */
@@ -113,8 +124,10 @@ struct gctx {
     void *pool_kv;            /* MHA [slots][2][bs][Hkv][D] of pool_type */
     double *pool_kn, *pool_v; /* MLA [slots][bs][H][P], [slots][bs][H][V] */
     float *pool_lat;          /* MLA [slots][bs][L + R] */
-    double *S;                /* scores / P (float view for the MHA yardstick) */
-    double *O;                /* [vectors][Dv] (float view for the MHA yardstick) */
+    double *S;                /* scores / P of the reference */
+    double *O;                /* [vectors][Dv] of the reference */
+    float *Snv;               /* MHA yardstick scores / P (fused path: own buffer; else S's float view) */
+    float *Onv;               /* MHA yardstick [vectors][Dv] (fused path: own buffer; else O's float view) */
     float *olat;              /* MLA yardstick [vectors][L] */
     float *onv;               /* MLA yardstick [vectors][V] */
     double *stat;             /* [vectors][2] */
@@ -144,7 +157,7 @@ __device__ __forceinline__ void vec_of(const gctx &c, const gprob &p, int m, int
 {
     const ditem &it = c.items[p.item];
     if (KIND == K_MHA_S_REF || KIND == K_MHA_PV_REF || KIND == K_MHA_S_NV || KIND == K_MHA_PV_NV) {
-        *row = it.row0 + m / c.group;
+        *row = it.row0 + p.r0 + m / c.group;
         *head = p.head * c.group + m % c.group;
     } else if (KIND == K_MLA_S_NV || KIND == K_MLA_PV_NV) {
         *row = it.row0 + m / c.H;
@@ -251,7 +264,7 @@ __device__ __forceinline__ T a_at(const gctx &c, const rowh &h, int k, int kmax)
     case K_MLA_WUV: return (T)c.olat[h.base + k];
     case K_MHA_PV_NV:
         if (k < h.lo || k >= h.hi) return (T)0;
-        return (T)((const float *)c.S)[h.base + k];
+        return (T)c.Snv[h.base + k];
     default:   /* K_MHA_PV_REF, K_MLA_PV_REF, K_MLA_PV_NV */
         if (k < h.lo || k >= h.hi) return (T)0;
         return (T)c.S[h.base + k];
@@ -325,12 +338,12 @@ __device__ __forceinline__ void store(const gctx &c, const gprob &p, int m, int 
             sc = round_f(c.cd, tanhf(sc));
             sc = round_f(c.cd, __fmul_rn(sc, c.cap_f));
         }
-        ((float *)c.S)[p.s_off + (long long)m * p.N + n] = sc;
+        c.Snv[p.s_off + (long long)m * p.N + n] = sc;
         break;
     }
     case K_MHA_PV_REF: c.O[(p.v_off + m) * c.Dv + n] = (double)acc; break;
     case K_MLA_PV_REF: c.O[(p.v_off + m) * c.V + n] = (double)acc; break;
-    case K_MHA_PV_NV: ((float *)c.O)[(p.v_off + m) * c.Dv + n] = round_f(c.cd, (float)acc); break;
+    case K_MHA_PV_NV: c.Onv[(p.v_off + m) * c.Dv + n] = round_f(c.cd, (float)acc); break;
     case K_MLA_QL: c.ql[((long long)m * c.H + p.head) * (c.L + c.R) + n] = round_f(c.dtype, (float)acc); break;
     case K_MLA_UP_K: c.pool_kn[miss_token(c, m) * c.H * c.P + n] = (double)acc; break;
     case K_MLA_UP_V: c.pool_v[miss_token(c, m) * c.H * c.V + n] = (double)acc; break;
@@ -502,7 +515,7 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
         }
         return;
     }
-    T *s = (T *)c.S + p.s_off + (long long)m * p.N;
+    T *s = (MODE == 1 ? (T *)c.Snv : (T *)c.S) + p.s_off + (long long)m * p.N;
     T mx = -INFINITY;
     for (int j = lo + lane; j < hi; j += 32) mx = max(mx, s[j]);
     mx = warp_max(mx);
@@ -585,7 +598,7 @@ __device__ void fold_row(const gctx &c, const gprob *probs, int nprobs, long lon
         merge_into(c.acc_o + at * c.Dv, c.acc_l + at, c.Dv, first, empty, empty ? 0 : mx + log(sum),
                    c.O + v * c.Dv, NULL, empty ? 0 : 1.0 / sum, lane);
     } else {
-        const float *ob = c.mla ? c.onv + v * c.Dv : (const float *)c.O + v * c.Dv;
+        const float *ob = c.mla ? c.onv + v * c.Dv : c.Onv + v * c.Dv;
         merge_into(c.nv_o + at * c.Dv, c.nv_l + at, c.Dv, first, empty, c.stat[2 * v], NULL, ob, 1.0, lane);
     }
 }
@@ -596,6 +609,216 @@ __global__ void fold_kernel(gctx c, const gprob *probs, int nprobs, long long nv
     const long long warps = (long long)gridDim.x * blockDim.x / 32;
     for (long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; v < nvec; v += warps)
         fold_row<KIND, NV>(c, probs, nprobs, v, threadIdx.x % 32);
+}
+
+/* ---- the fused path (MHA): reference and yardstick in one pass over K and over V ---------- */
+
+/* Problems of at most SK_MAXM vectors (row blocks of a few checked rows x the query heads of one
+ * KV head).  Scores: one CTA per (problem, SK_KEYS keys), one thread per key; K is staged through
+ * shared memory SK_DC head dims at a time and each element feeds both the float64 dot products
+ * and the yardstick's float ones (its K scaled and rounded in the dtype), k ascending with one
+ * fma per element: the very operations of the GEMM template, so the scores are bit-identical to
+ * it.  P.V: one CTA per problem, one thread per output dim (two for Dv > 128), keys ascending in
+ * one accumulator per output, P of both twins staged through shared memory: again the GEMM
+ * template's sums exactly.  The pass rule's yardstick thus keeps its roundings; only the reads
+ * and the index work are shared. */
+constexpr int SK_KEYS = 128;
+constexpr int SK_DC = 32;
+constexpr int SK_MAXM = 8;
+constexpr int PV_THREADS = 128;
+constexpr int PV_KT = 64;
+
+/* The last problem whose first tile is <= x. */
+__device__ __forceinline__ int find_tile(const int *prefix, int n, int x)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (prefix[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+template <int MB>
+__global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gprob *probs, const int *tprefix, int nprobs)
+{
+    __shared__ double qd[SK_DC][MB];
+    __shared__ float qf[SK_DC][MB];
+    __shared__ float ks[SK_KEYS][SK_DC + 1];
+    __shared__ long long kb[SK_KEYS];
+    __shared__ long long qb[MB];
+    __shared__ int s_lo, s_hi;
+    const int tid = threadIdx.x;
+    const int pi = find_tile(tprefix, nprobs, (int)blockIdx.x);
+    const gprob p = probs[pi];
+    const ditem &it = c.items[p.item];
+    const int n0 = ((int)blockIdx.x - tprefix[pi]) * SK_KEYS;
+    if (tid < MB) {
+        long long base = -1;
+        if (tid < p.M) {
+            int row, head;
+            vec_of<K_MHA_S_REF>(c, p, tid, &row, &head);
+            base = ((long long)row * c.hq + head) * c.D;
+        }
+        qb[tid] = base;
+    }
+    if (tid == 0) {
+        int l = INT_MAX, u = INT_MIN;
+        for (int m = 0; m < p.M; m++) {
+            int row, head, lo, hi;
+            vec_of<K_MHA_S_REF>(c, p, m, &row, &head);
+            visible(c, it, c.rows[row].pos, &lo, &hi);
+            if (lo < hi) {
+                l = min(l, lo);
+                u = max(u, hi);
+            }
+        }
+        s_lo = l;
+        s_hi = u;
+    }
+    __syncthreads();
+    if (s_lo >= s_hi || n0 >= s_hi || n0 + SK_KEYS <= s_lo) return;   /* keys nobody here sees */
+    const int n = n0 + tid;
+    const bool live = n < p.N;
+    {
+        long long base = -1;
+        if (live) {
+            long long tok = pool_token(c, it, n);
+            base = (((tok / c.bs) * 2 * c.bs + tok % c.bs) * c.hkv + p.head) * (long long)c.D;   /* K: side 0 */
+        }
+        kb[tid] = base;
+    }
+    double accd[MB];
+    float accf[MB];
+#pragma unroll
+    for (int m = 0; m < MB; m++) {
+        accd[m] = 0;
+        accf[m] = 0;
+    }
+    for (int d0 = 0; d0 < c.D; d0 += SK_DC) {
+        const int ne = min(SK_DC, c.D - d0);
+        __syncthreads();   /* kb / qb written; the previous dims consumed */
+        for (int idx = tid; idx < SK_DC * MB; idx += SK_KEYS) {
+            const int e = idx / MB, m = idx % MB;
+            const float v = (qb[m] >= 0 && e < ne) ? c.q[qb[m] + d0 + e] : 0.0f;
+            qd[e][m] = (double)v;
+            qf[e][m] = v;
+        }
+        for (int idx = tid; idx < SK_KEYS * SK_DC; idx += SK_KEYS) {
+            const int e = idx % SK_DC, j = idx / SK_DC;
+            const long long b = kb[j];
+            ks[j][e] = (b >= 0 && e < ne) ? ar_load(c.pool_type, c.pool_kv, b + d0 + e) : 0.0f;
+        }
+        __syncthreads();
+        for (int e = 0; e < ne; e++) {
+            const float k = ks[tid][e];
+            const double kd = (double)k;
+            const float kf = round_f(c.cd, __fmul_rn(k, c.scale_f));   /* the yardstick's round(k * scale) */
+#pragma unroll
+            for (int m = 0; m < MB; m++) {
+                accd[m] = fma(qd[e][m], kd, accd[m]);
+                accf[m] = fmaf(qf[e][m], kf, accf[m]);
+            }
+        }
+    }
+    if (!live) return;
+#pragma unroll
+    for (int m = 0; m < MB; m++)
+        if (m < p.M) {
+            store<K_MHA_S_REF, double>(c, p, m, n, accd[m]);
+            store<K_MHA_S_NV, float>(c, p, m, n, accf[m]);
+        }
+}
+
+template <int MB>
+__global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gprob *probs, int nprobs)
+{
+    __shared__ double pd[PV_KT][MB];
+    __shared__ float pf[PV_KT][MB];
+    __shared__ long long vb[PV_KT];
+    __shared__ int vlo[MB], vhi[MB];
+    __shared__ long long prow[MB];
+    const int tid = threadIdx.x;
+    if ((int)blockIdx.x >= nprobs) return;
+    const gprob p = probs[blockIdx.x];
+    const ditem &it = c.items[p.item];
+    if (tid < MB) {
+        int lo = 0, hi = 0;
+        long long at = 0;
+        if (tid < p.M) {
+            int row, head;
+            vec_of<K_MHA_PV_REF>(c, p, tid, &row, &head);
+            visible(c, it, c.rows[row].pos, &lo, &hi);
+            at = p.s_off + (long long)tid * p.N;
+        }
+        vlo[tid] = lo;
+        vhi[tid] = hi;
+        prow[tid] = at;
+    }
+    __syncthreads();
+    int klo = INT_MAX, khi = INT_MIN;
+    for (int m = 0; m < MB; m++)
+        if (vlo[m] < vhi[m]) {
+            klo = min(klo, vlo[m]);
+            khi = max(khi, vhi[m]);
+        }
+    if (klo >= khi) return;   /* no vector sees a key of this chunk: the fold treats them as empty */
+    double ad[2][MB];
+    float af[2][MB];
+#pragma unroll
+    for (int dd = 0; dd < 2; dd++)
+#pragma unroll
+        for (int m = 0; m < MB; m++) {
+            ad[dd][m] = 0;
+            af[dd][m] = 0;
+        }
+    for (int k0 = klo; k0 < khi; k0 += PV_KT) {
+        const int nk = min(PV_KT, khi - k0);
+        __syncthreads();   /* the previous keys consumed */
+        for (int idx = tid; idx < PV_KT * MB; idx += PV_THREADS) {
+            const int m = idx / PV_KT, j = idx % PV_KT, n = k0 + j;   /* a row of P per warp: coalesced */
+            double x = 0;
+            float y = 0;
+            if (j < nk && n >= vlo[m] && n < vhi[m]) {
+                x = c.S[prow[m] + n];
+                y = c.Snv[prow[m] + n];
+            }
+            pd[j][m] = x;
+            pf[j][m] = y;
+        }
+        for (int j = tid; j < nk; j += PV_THREADS) {
+            const long long tok = pool_token(c, it, k0 + j);
+            vb[j] = (((tok / c.bs) * 2 * c.bs + c.bs + tok % c.bs) * c.hkv + p.head) * (long long)c.D;   /* V: side 1 */
+        }
+        __syncthreads();
+        for (int j = 0; j < nk; j++) {
+#pragma unroll
+            for (int dd = 0; dd < 2; dd++) {
+                const int d = tid + dd * PV_THREADS;
+                if (d < c.Dv) {
+                    const float v = ar_load(c.pool_type, c.pool_kv, vb[j] + d);
+                    const double vd = (double)v;
+#pragma unroll
+                    for (int m = 0; m < MB; m++) {
+                        ad[dd][m] = fma(pd[j][m], vd, ad[dd][m]);
+                        af[dd][m] = fmaf(pf[j][m], v, af[dd][m]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int dd = 0; dd < 2; dd++) {
+        const int d = tid + dd * PV_THREADS;
+        if (d >= c.Dv) continue;
+#pragma unroll
+        for (int m = 0; m < MB; m++)
+            if (m < p.M) {
+                store<K_MHA_PV_REF, double>(c, p, m, d, ad[dd][m]);
+                store<K_MHA_PV_NV, float>(c, p, m, d, af[dd][m]);
+            }
+    }
 }
 
 /* ---- inputs from the generator -------------------------------------------------------------- */
@@ -931,6 +1154,8 @@ struct ar_gpu_ref {
     int H, L, R, P, V;
     int num_sms;
     ar_dtype pool_type;
+    bool fused;               /* MHA: the fused path (default; ATTNREPLAY_GPU_REF_FUSED=0: the GEMM template) */
+    int fused_rows;           /* checked rows per fused problem: SK_MAXM / group */
     cudaStream_t stream;
     cudaEvent_t ev_in, ev_group[2];
     bool profile;
@@ -942,7 +1167,7 @@ struct ar_gpu_ref {
     double *pool_kn, *pool_v;
     float *pool_lat;
     int64_t max_scores, max_vectors;
-    dbuf arena, q, ql, acc, S, O, olat, onv, stat, parts, sum, w;
+    dbuf arena, q, ql, acc, S, O, olat, onv, stat, parts, sum, w, Snv, Onv;
     int w_layer;
     void *h_arena;
     size_t h_arena_cap;
@@ -1010,7 +1235,7 @@ extern "C" void ar_gpu_ref_close(ar_gpu_ref *g)
     if (!g) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
     dbuf *bufs[] = {&g->arena, &g->q, &g->ql, &g->acc, &g->S, &g->O, &g->olat, &g->onv, &g->stat, &g->parts,
-                    &g->sum, &g->w};
+                    &g->sum, &g->w, &g->Snv, &g->Onv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
     if (g->pool_kv) cudaFree(g->pool_kv);
@@ -1097,6 +1322,9 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
         return -1;
     }
     g->num_sms = prop.multiProcessorCount;
+    const char *fz = getenv("ATTNREPLAY_GPU_REF_FUSED");
+    g->fused = !g->mla && !(fz && strcmp(fz, "0") == 0) && g->group <= SK_MAXM && g->Dv <= 2 * PV_THREADS;
+    g->fused_rows = g->fused ? SK_MAXM / g->group : 0;
     const char *prof = getenv("ATTNREPLAY_GPU_REF_PROFILE");
     g->profile = prof && strcmp(prof, "1") == 0;
     for (int i = 0; g->profile && i < 4; i++)
@@ -1141,8 +1369,10 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     }
     size_t scratch = budget - (size_t)slots * g->entry_bytes;
     if (scratch < ((size_t)64 << 20)) scratch = (size_t)64 << 20;
-    size_t per_vector = g->mla ? (size_t)g->V * 8 + (size_t)g->L * 4 + (size_t)g->V * 4 + 16 : (size_t)g->Dv * 8 + 16;
-    g->max_scores = (int64_t)(scratch * 3 / 4 / 8);
+    /* MHA: the yardstick's scores and outputs have their own float buffers (the fused path needs
+     * both twins at once; the GEMM path aliases them, the budget is the same for both) */
+    size_t per_vector = g->mla ? (size_t)g->V * 8 + (size_t)g->L * 4 + (size_t)g->V * 4 + 16 : (size_t)g->Dv * 12 + 16;
+    g->max_scores = (int64_t)(scratch * 3 / 4 / (g->mla ? 8 : 12));
     g->max_vectors = (int64_t)(scratch / 4 / per_vector);
     g->stats.cache_slots = g->capacity;
     *out = g;
@@ -1172,6 +1402,9 @@ static size_t take(size_t *off, size_t bytes)
 typedef struct glists {
     size_t all, small, big, psmall, pbig;   /* arena offsets */
     int n_all, n_small, n_big, t_small, t_big, max_n;
+    /* the fused path's problems: [0] M <= 4, [1] 4 < M <= SK_MAXM, with key-tile prefix arrays */
+    size_t fz[2], pfz[2];
+    int n_fz[2], t_fz[2];
 } glists;
 
 typedef struct hgroup {
@@ -1181,9 +1414,16 @@ typedef struct hgroup {
     long long nvec_ref, nvec_nv;
 } hgroup;
 
+/* Arena bytes split_lists takes for n problems (the sizing of the pinned arena). */
+static size_t lists_bytes(size_t n)
+{
+    return 5 * (sizeof(gprob) * (n + 1) + 16) + 4 * (sizeof(int) * (n + 1) + 16);
+}
+
 /* Splits the problems [n] (already in the arena at list->all) into small (M <= 8) and big lists
- * with their m-tile prefix arrays. */
-static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n, size_t *off)
+ * with their m-tile prefix arrays; with fused, problems of at most SK_MAXM vectors go to the
+ * fused lists instead (by M: up to 4, up to SK_MAXM) with their key-tile prefix arrays. */
+static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n, size_t *off, bool fused)
 {
     ls->n_all = n;
     ls->small = take(off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
@@ -1192,11 +1432,25 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
     ls->pbig = take(off, sizeof(int) * (size_t)(n + 1));
     gprob *sm = (gprob *)(h + ls->small), *bg = (gprob *)(h + ls->big);
     int *ps = (int *)(h + ls->psmall), *pb = (int *)(h + ls->pbig);
+    gprob *fz[2];
+    int *pfz[2];
+    for (int k = 0; k < 2; k++) {
+        ls->fz[k] = take(off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
+        ls->pfz[k] = take(off, sizeof(int) * (size_t)(n + 1));
+        fz[k] = (gprob *)(h + ls->fz[k]);
+        pfz[k] = (int *)(h + ls->pfz[k]);
+        ls->n_fz[k] = ls->t_fz[k] = 0;
+    }
     ls->n_small = ls->n_big = ls->t_small = ls->t_big = ls->max_n = 0;
     for (int i = 0; i < n; i++) {
         const gprob *p = &probs[i];
         if (p->N > ls->max_n) ls->max_n = p->N;
-        if (p->M <= 8) {
+        if (fused && p->M <= SK_MAXM) {
+            const int k = p->M <= 4 ? 0 : 1;
+            pfz[k][ls->n_fz[k]] = ls->t_fz[k];
+            fz[k][ls->n_fz[k]++] = *p;
+            ls->t_fz[k] += (p->N + SK_KEYS - 1) / SK_KEYS;
+        } else if (p->M <= 8) {
             ps[ls->n_small] = ls->t_small;
             sm[ls->n_small++] = *p;
             ls->t_small += (p->M + 7) / 8;
@@ -1208,6 +1462,28 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
     }
     ps[ls->n_small] = ls->t_small;
     pb[ls->n_big] = ls->t_big;
+    for (int k = 0; k < 2; k++) pfz[k][ls->n_fz[k]] = ls->t_fz[k];
+}
+
+/* The fused path over a group's lists: both twins' scores (before the softmaxes) or both P.V
+ * products (after them). */
+static void launch_fused_scores(const gctx &c, const glists &ls, const unsigned char *d, cudaStream_t st)
+{
+    if (ls.n_fz[0] > 0 && ls.t_fz[0] > 0)
+        fused_scores_kernel<4><<<(unsigned)ls.t_fz[0], SK_KEYS, 0, st>>>(
+            c, (const gprob *)(d + ls.fz[0]), (const int *)(d + ls.pfz[0]), ls.n_fz[0]);
+    if (ls.n_fz[1] > 0 && ls.t_fz[1] > 0)
+        fused_scores_kernel<SK_MAXM><<<(unsigned)ls.t_fz[1], SK_KEYS, 0, st>>>(
+            c, (const gprob *)(d + ls.fz[1]), (const int *)(d + ls.pfz[1]), ls.n_fz[1]);
+}
+
+static void launch_fused_pv(const gctx &c, const glists &ls, const unsigned char *d, cudaStream_t st)
+{
+    if (ls.n_fz[0] > 0)
+        fused_pv_kernel<4><<<(unsigned)ls.n_fz[0], PV_THREADS, 0, st>>>(c, (const gprob *)(d + ls.fz[0]), ls.n_fz[0]);
+    if (ls.n_fz[1] > 0)
+        fused_pv_kernel<SK_MAXM><<<(unsigned)ls.n_fz[1], PV_THREADS, 0, st>>>(c, (const gprob *)(d + ls.fz[1]),
+                                                                             ls.n_fz[1]);
 }
 
 /* Launches one product over a group's lists: small problems on 8-row tiles, the rest on 64 x 64. */
@@ -1284,6 +1560,8 @@ static gctx make_ctx(const ar_gpu_ref *g, const ar_batch *b, int layer, int num_
     c.pool_lat = g->pool_lat;
     c.S = (double *)g->S.ptr;
     c.O = (double *)g->O.ptr;
+    c.Snv = g->fused ? (float *)g->Snv.ptr : (float *)g->S.ptr;   /* the GEMM path: after the reference's */
+    c.Onv = g->fused ? (float *)g->Onv.ptr : (float *)g->O.ptr;
     c.olat = (float *)g->olat.ptr;
     c.onv = (float *)g->onv.ptr;
     c.stat = (double *)g->stat.ptr;
@@ -1311,6 +1589,17 @@ extern "C" int ar_gpu_ref_nan_count(ar_gpu_ref *g, const ar_batch *b, const ar_g
         return -1;
     *nan_count = (int64_t)*h;
     return 0;
+}
+
+/* Reference problems of one group (see the problem lists in ar_gpu_ref_check). */
+static size_t group_problems(const ar_gpu_ref *g, const ar_ref_plan *pl, const ar_ref_group *gr)
+{
+    if (g->mla) return (size_t)gr->nitems * (size_t)g->H;
+    if (!g->fused) return (size_t)gr->nitems * (size_t)g->hkv;
+    size_t n = 0;
+    for (int i = gr->item0; i < gr->item0 + gr->nitems; i++)
+        n += (size_t)((pl->items[i].nrows + g->fused_rows - 1) / g->fused_rows) * (size_t)g->hkv;
+    return n;
 }
 
 extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_ref_rows *rows,
@@ -1361,12 +1650,12 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
     /* problem lists: sized generously first (items x heads per group, x 2 for MLA), filled below */
     size_t need = off;
     for (int gi = 0; gi < pl->num_groups; gi++) {
-        size_t np = (size_t)pl->groups[gi].nitems * (g->mla ? (size_t)g->H + 1 : (size_t)g->hkv) + 2;
-        need += 3 * (sizeof(gprob) * np + 16) + 2 * (sizeof(int) * (np + 1) + 16) + 2 * (3 * sizeof(gprob) + 64);
-        if (g->mla) need += 3 * (sizeof(gprob) * np + 16) + 2 * (sizeof(int) * (np + 1) + 16);
+        size_t np = group_problems(g, pl, &pl->groups[gi]) + 2;
+        need += sizeof(gprob) * np + 16 + lists_bytes(np) + 2 * (3 * sizeof(gprob) + 64);
+        if (g->mla) need += sizeof(gprob) * np + 16 + lists_bytes(np);
     }
     size_t o_qlprobs = 0;
-    if (g->mla) need += 3 * (sizeof(gprob) * (size_t)(g->H + 1) + 16) + 2 * (sizeof(int) * (size_t)(g->H + 2) + 16);
+    if (g->mla) need += sizeof(gprob) * (size_t)(g->H + 1) + 16 + lists_bytes((size_t)g->H + 1);
     need += 256;
     if (need > g->h_arena_cap) {
         if (g->h_arena) cudaFreeHost(g->h_arena);
@@ -1420,7 +1709,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
     for (int gi = 0; gi < pl->num_groups; gi++) {
         const ar_ref_group *gr = &pl->groups[gi];
         hgroup *x = &hg[gi];
-        size_t np = (size_t)gr->nitems * (g->mla ? (size_t)g->H : (size_t)g->hkv) + 1;
+        size_t np = group_problems(g, pl, gr) + 1;
         if (np > tmp_cap) {
             free(tmp);
             tmp = (gprob *)malloc(sizeof(gprob) * np);
@@ -1431,18 +1720,23 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
                 return -1;
             }
         }
-        /* reference problems: MHA (item, KV head); MLA (item, head).  Vectors in problem order. */
+        /* reference problems: MHA (item, KV head), on the fused path (item, KV head, block of
+         * fused_rows rows); MLA (item, head).  Vectors in problem order. */
         long long s = 0, v = 0, vnv = 0;
         int n = 0;
         for (int i = gr->item0; i < gr->item0 + gr->nitems; i++) {
             const ar_ref_item *it = &pl->items[i];
-            const int heads = g->mla ? g->H : g->hkv, M = g->mla ? it->nrows : it->nrows * g->group;
-            for (int hh = 0; hh < heads; hh++) {
-                gprob p = {i, hh, M, it->nkeys, g->mla ? g->P + g->R : g->D, 0, s, v, vnv};
-                tmp[n++] = p;
-                s += (long long)M * it->nkeys;
-                v += M;
-            }
+            const int heads = g->mla ? g->H : g->hkv;
+            const int rows_per = g->fused ? g->fused_rows : (it->nrows > 0 ? it->nrows : 1);
+            for (int hh = 0; hh < heads; hh++)
+                for (int r0 = 0; r0 < it->nrows; r0 += rows_per) {
+                    const int nr = it->nrows - r0 < rows_per ? it->nrows - r0 : rows_per;
+                    const int M = g->mla ? nr : nr * g->group;
+                    gprob p = {i, hh, M, it->nkeys, g->mla ? g->P + g->R : g->D, r0, s, v, vnv};
+                    tmp[n++] = p;
+                    s += (long long)M * it->nkeys;
+                    v += M;
+                }
             vnv += (long long)it->nrows * g->H;
         }
         x->nvec_ref = v;
@@ -1450,7 +1744,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         if (v > max_vec) max_vec = v;
         x->ref.all = take(&off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
         memcpy(h + x->ref.all, tmp, sizeof(gprob) * (size_t)n);
-        split_lists(h, &x->ref, tmp, n, &off);
+        split_lists(h, &x->ref, tmp, n, &off, g->fused);
         if (g->mla) {
             /* yardstick problems: (item), every head, vectors (row, head) */
             s = v = 0;
@@ -1465,7 +1759,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
             x->nvec_nv = v;
             x->nv.all = take(&off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
             memcpy(h + x->nv.all, tmp, sizeof(gprob) * (size_t)n);
-            split_lists(h, &x->nv, tmp, n, &off);
+            split_lists(h, &x->nv, tmp, n, &off, false);
             /* the up-projection of the blocks this group misses: one problem */
             x->up = take(&off, sizeof(gprob));
             x->pup = take(&off, 2 * sizeof(int));
@@ -1490,7 +1784,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         o_qlprobs = take(&off, sizeof(gprob) * (size_t)g->H);
         qlists.all = o_qlprobs;
         memcpy(h + o_qlprobs, qp, sizeof(gprob) * (size_t)g->H);
-        split_lists(h, &qlists, qp, g->H, &off);
+        split_lists(h, &qlists, qp, g->H, &off, false);
         free(qp);
     }
     const size_t arena_bytes = off;
@@ -1509,6 +1803,8 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         ensure(&g->S, (size_t)(max_scores > 0 ? max_scores : 1) * 8, "score scratch", err, err_len) ||
         ensure(&g->O, (size_t)(max_vec > 0 ? max_vec : 1) * vec_bytes, "output scratch", err, err_len) ||
         ensure(&g->stat, (size_t)(max_vec > 0 ? max_vec : 1) * 16, "row statistics", err, err_len) ||
+        (g->fused && ensure(&g->Snv, (size_t)(max_scores > 0 ? max_scores : 1) * 4, "yardstick scores", err, err_len)) ||
+        (g->fused && ensure(&g->Onv, (size_t)(max_vec > 0 ? max_vec : 1) * Dv * 4, "yardstick outputs", err, err_len)) ||
         (g->mla && ensure(&g->olat, (size_t)(max_vec > 0 ? max_vec : 1) * g->L * 4, "latent outputs", err, err_len)) ||
         (g->mla && ensure(&g->onv, (size_t)(max_vec > 0 ? max_vec : 1) * g->V * 4, "yardstick outputs", err, err_len)) ||
         (g->mla && ensure(&g->w, (size_t)g->L * g->H * (g->P + g->V) * 4, "MLA weights", err, err_len)) ||
@@ -1585,15 +1881,29 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
             if (gr->nmiss > 0)
                 gen_pool_mha_kernel<<<grid_for((long long)gr->nmiss * bs * g->hkv * ((g->D + 7) / 8), 256), 256, 0, st>>>(c);
             if (g->profile) cudaEventRecord(g->ev_prof[1], st);
-            launch_product<double, K_MHA_S_REF, false>(c, x->ref, d, 0, st);
-            launch_softmax<K_MHA_S_REF, 0>(c, x->ref, d, x->nvec_ref, st);
-            launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
-            launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
-            if (g->profile) cudaEventRecord(g->ev_prof[2], st);
-            launch_product<float, K_MHA_S_NV, false>(c, x->ref, d, 0, st);
-            launch_softmax<K_MHA_S_NV, 1>(c, x->ref, d, x->nvec_ref, st);
-            launch_product<float, K_MHA_PV_NV, true>(c, x->ref, d, Dv, st);
-            launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);
+            if (g->fused) {   /* both twins in each pass; the profile counts it all as the reference's */
+                launch_fused_scores(c, x->ref, d, st);
+                launch_product<double, K_MHA_S_REF, false>(c, x->ref, d, 0, st);   /* problems too wide to fuse */
+                launch_product<float, K_MHA_S_NV, false>(c, x->ref, d, 0, st);
+                launch_softmax<K_MHA_S_REF, 0>(c, x->ref, d, x->nvec_ref, st);
+                launch_softmax<K_MHA_S_NV, 1>(c, x->ref, d, x->nvec_ref, st);
+                launch_fused_pv(c, x->ref, d, st);
+                launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
+                launch_product<float, K_MHA_PV_NV, true>(c, x->ref, d, Dv, st);
+                launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
+                launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);
+                if (g->profile) cudaEventRecord(g->ev_prof[2], st);
+            } else {
+                launch_product<double, K_MHA_S_REF, false>(c, x->ref, d, 0, st);
+                launch_softmax<K_MHA_S_REF, 0>(c, x->ref, d, x->nvec_ref, st);
+                launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
+                launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
+                if (g->profile) cudaEventRecord(g->ev_prof[2], st);
+                launch_product<float, K_MHA_S_NV, false>(c, x->ref, d, 0, st);
+                launch_softmax<K_MHA_S_NV, 1>(c, x->ref, d, x->nvec_ref, st);
+                launch_product<float, K_MHA_PV_NV, true>(c, x->ref, d, Dv, st);
+                launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);
+            }
         } else {
             if (gr->nmiss > 0) {
                 gen_pool_lat_kernel<<<grid_for((long long)gr->nmiss * bs * ((g->L + g->R + 7) / 8), 256), 256, 0, st>>>(c);

@@ -10,7 +10,8 @@
  *    yardstick agrees with the host's up to rare one-ulp roundings of the dtype; the device
  *    verifier's verdict and metrics equal the host verifier's on the same backend output.
  * 2. The plan changes nothing: a tiny device budget (many groups, block-cache evictions) gives
- *    bit-identical results to a large one.
+ *    bit-identical results to a large one, and the fused path bit-identical results to the
+ *    GEMM-template path (ATTNREPLAY_GPU_REF_FUSED=0).
  * 3. On the device path the backend makes no host copy, NaN anywhere fails the step (also with
  *    verification off), a poked guard region is reported, and a cross-check disagreement is a run
  *    error naming step, request, row and head.
@@ -438,6 +439,55 @@ static void test_plan_changes_nothing(void **state)
     }
 }
 
+/* The fused path (reference and yardstick in one pass over K and V, problems of a few rows) gives
+ * the very bits of the GEMM-template path (ATTNREPLAY_GPU_REF_FUSED=0): both sum every product in
+ * the same order with the same roundings.  GQA 8:2 (two rows per problem), 4:4 (eight rows) with
+ * head size 80 and a window, head size 256 (two output dims per thread), a soft cap, fp16. */
+static void test_fused_path_changes_nothing(void **state)
+{
+    (void)state;
+    ar_run_config base = mha_cfg(8, 2, 128, AR_BF16, 0, 0);
+    if (!ready(&ar_cuda_backend, &base)) { skip(); return; }
+    static const casc_seq many[] = {{300, 2500}, {1, 3000}, {40, 900}, {1, 77}, {128, 128}, {1, 9000}};
+    const ar_run_config cfgs[5] = {base, mha_cfg(4, 4, 80, AR_BF16, 256, 0), mha_cfg(4, 4, 256, AR_BF16, 0, 0),
+                                   mha_cfg(8, 2, 128, AR_BF16, 64, 50.0), mha_cfg(8, 2, 128, AR_FP16, 0, 0)};
+    for (int k = 0; k < 5; k++) {
+        const ar_run_config *cfg = &cfgs[k];
+        char why[256] = "";
+        if (!ar_cuda_backend.check(cfg, why, sizeof why)) {
+            print_message("fused vs GEMM path, config %d skipped: %s\n", k, why);
+            continue;
+        }
+        step_run s;
+        step_open(&s, &ar_cuda_backend, cfg, many, 6);
+        step_forward(&s, false);
+        for (int sample = 0; sample < 2; sample++) {
+            ar_verify_opts vo = {sample ? AR_VERIFY_SAMPLE : AR_VERIFY_ALL, sample ? 5 : 0, 0, NULL, NULL};
+            row_set rs;
+            rows_for(&rs, &s.t.b, &vo);
+            dev_copy a, b;
+            setenv("ATTNREPLAY_GPU_REF_FUSED", "0", 1);
+            device_reference(cfg, TEST_BUDGET, &s, &rs, &a);
+            unsetenv("ATTNREPLAY_GPU_REF_FUSED");
+            device_reference(cfg, TEST_BUDGET, &s, &rs, &b);
+            const int hq = cfg->model.num_q_heads;
+            size_t no = (size_t)rs.n * hq * s.dv, nl = (size_t)rs.n * hq;
+            print_message("fused vs GEMM path, heads %d/%d, head size %d, %s: %d rows\n", hq, cfg->model.num_kv_heads,
+                          cfg->model.head_size, sample ? "sample:5" : "every row", rs.n);
+            assert_memory_equal(a.ref_o, b.ref_o, no * sizeof(double));
+            assert_memory_equal(a.ref_l, b.ref_l, nl * sizeof(double));
+            assert_memory_equal(a.nv_o, b.nv_o, no * sizeof(double));
+            assert_memory_equal(a.nv_l, b.nv_l, nl * sizeof(double));
+            assert_true(a.sum.max_abs == b.sum.max_abs && a.sum.sum_abs == b.sum.sum_abs && a.sum.bad == b.sum.bad);
+            assert_true(a.sum.naive_max == b.sum.naive_max && a.sum.nan_count == b.sum.nan_count);
+            dev_copy_free(&a);
+            dev_copy_free(&b);
+            rows_free(&rs);
+        }
+        step_close(&s);
+    }
+}
+
 /* No host copy on the device path; NaN and guards are seen there; a cross-check disagreement is
  * a run error. */
 static void test_device_path_checks(void **state)
@@ -623,6 +673,7 @@ int main(void)
     struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_path_checks),
         cmocka_unit_test(test_plan_changes_nothing),
+        cmocka_unit_test(test_fused_path_changes_nothing),
         cmocka_unit_test(test_mha_grid_matches_c_reference),
         cmocka_unit_test(test_mla_matches_c_reference),
         cmocka_unit_test(test_traces_on_the_device),
