@@ -6,11 +6,16 @@
  * else.  Per step-layer:
  *
  *   1. the host plans (ref_gpu_plan.c): items (request, rows, key chunk) in groups that fit the
- *      scratch, and the block-cache slots of every block an item reads; one upload of that plan;
+ *      scratch, and the block-cache slots of every block an item reads; one upload of that plan.
+ *      MHA on the fused path plans once per step (step-shared slots: a slot holds a block for
+ *      every layer of the run; the plan is reused while batch and rows are the same, checked
+ *      word by word against the inputs it was made from);
  *   2. Q of the checked rows from the generator (MLA: q_nope, q_pe and the yardstick's latent
  *      query ql = round(W_UK q_nope) | q_pe);
  *   3. per group: the blocks the cache misses are generated (MHA: K and V after the KV round
- *      trip; MLA: the latent, then k_nope = c W_UK and v = c W_UV in float64); then
+ *      trip, with step-shared slots every distinct slot of the group is visited and the layer
+ *      made unless the device's record says the slot holds it for this content; MLA: the latent,
+ *      then k_nope = c W_UK and v = c W_UV in float64); then
  *        reference:  S = scale q.k (float64, soft cap)  -> softmax rows (max, exp, sum)
  *                    -> O = P.V (float64) -> fold the chunk into the row's running result
  *                    (ar_ref_merge's rule; the first chunk is copied);
@@ -110,6 +115,8 @@ struct gctx {
     ar_datadist dist;
     unsigned long long seed;
     unsigned layer;
+    int slot_layers;          /* layers per cache slot (MHA step-shared slots: the run's layers; else 1) */
+    int pool_layer;           /* this layer's place in a slot (slot_layers == 1: 0) */
     int num_tokens, num_rows;
     const dreq *reqs;
     const drow *rows;
@@ -172,8 +179,8 @@ __device__ __forceinline__ void vec_of(const gctx &c, const gprob &p, int m, int
 __device__ __forceinline__ long long pool_token(const gctx &c, const ditem &it, int n)
 {
     int pos = it.k0 + n;
-    int slot = c.slot_map[it.map0 + pos / c.bs - it.k0 / c.bs];
-    return (long long)slot * c.bs + pos % c.bs;
+    long long slot = c.slot_map[it.map0 + pos / c.bs - it.k0 / c.bs];
+    return (slot * c.slot_layers + c.pool_layer) * c.bs + pos % c.bs;
 }
 
 __device__ __forceinline__ long long miss_token(const gctx &c, int m)
@@ -619,14 +626,14 @@ __global__ void fold_kernel(gctx c, const gprob *probs, int nprobs, long long nv
  * and the yardstick's float ones (its K scaled and rounded in the dtype), k ascending with one
  * fma per element: the very operations of the GEMM template, so the scores are bit-identical to
  * it.  P.V: one CTA per problem, one thread per output dim (two for Dv > 128), keys ascending in
- * one accumulator per output, P of both twins staged through shared memory: again the GEMM
- * template's sums exactly.  The pass rule's yardstick thus keeps its roundings; only the reads
+ * one accumulator per output, P of both twins and PV_KT keys of V staged through shared
+ * memory: again the GEMM template's sums exactly.  The pass rule's yardstick thus keeps its roundings; only the reads
  * and the index work are shared. */
 constexpr int SK_KEYS = 128;
 constexpr int SK_DC = 32;
 constexpr int SK_MAXM = 8;
 constexpr int PV_THREADS = 128;
-constexpr int PV_KT = 64;
+constexpr int PV_KT = 32;
 
 /* The last problem whose first tile is <= x. */
 __device__ __forceinline__ int find_tile(const int *prefix, int n, int x)
@@ -736,6 +743,7 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
 {
     __shared__ double pd[PV_KT][MB];
     __shared__ float pf[PV_KT][MB];
+    __shared__ float vs[PV_KT][2 * PV_THREADS];   /* V of PV_KT keys (many loads in flight) */
     __shared__ long long vb[PV_KT];
     __shared__ int vlo[MB], vhi[MB];
     __shared__ long long prow[MB];
@@ -792,12 +800,17 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
             vb[j] = (((tok / c.bs) * 2 * c.bs + c.bs + tok % c.bs) * c.hkv + p.head) * (long long)c.D;   /* V: side 1 */
         }
         __syncthreads();
+        for (int idx = tid; idx < nk * c.Dv; idx += PV_THREADS) {
+            const int j = idx / c.Dv, d = idx % c.Dv;
+            vs[j][d] = ar_load(c.pool_type, c.pool_kv, vb[j] + d);
+        }
+        __syncthreads();
         for (int j = 0; j < nk; j++) {
 #pragma unroll
             for (int dd = 0; dd < 2; dd++) {
                 const int d = tid + dd * PV_THREADS;
                 if (d < c.Dv) {
-                    const float v = ar_load(c.pool_type, c.pool_kv, vb[j] + d);
+                    const float v = vs[j][d];
                     const double vd = (double)v;
 #pragma unroll
                     for (int m = 0; m < MB; m++) {
@@ -868,6 +881,21 @@ __global__ void gen_q_mla_kernel(gctx c)
     }
 }
 
+/* Elements [8 ch, 8 ch + 8) of K (side 0) or V (side 1), KV head g, offset off of the block with
+ * content key `key`, after the KV round trip, into pool slot `slot` (in slot units of one layer). */
+__device__ __forceinline__ void gen_kv_chunk(const gctx &c, long long slot, int side, int off, int g, int ch,
+                                             unsigned long long key)
+{
+    uint64_t gr = ar_gen_row(c.seed, side ? AR_STREAM_V : AR_STREAM_K, c.layer, key, (uint64_t)off, (uint32_t)g);
+    long long base = (((slot * 2 + side) * c.bs + off) * c.hkv + g) * c.D;
+    for (int e = 0; e < 8; e++) {
+        int d = ch * 8 + e;
+        if (d >= c.D) break;
+        float x = ar_kv_roundtrip(c.kv_dtype, c.dtype, c.kv_scale, ar_gen(gr, (uint32_t)d, c.dist, c.dtype));
+        ar_store(c.pool_type, c.pool_kv, base + d, x);
+    }
+}
+
 /* MHA: K and V of the missed blocks after the KV round trip, in pool_type. */
 __global__ void gen_pool_mha_kernel(gctx c)
 {
@@ -882,16 +910,42 @@ __global__ void gen_pool_mha_kernel(gctx c)
         int off = (int)(rest % c.bs), i = (int)(rest / c.bs);
         long long slot = c.miss_slot[i];
         uint64_t key = c.miss_key[i];
-        for (int side = 0; side < 2; side++) {
-            uint64_t gr = ar_gen_row(c.seed, side ? AR_STREAM_V : AR_STREAM_K, c.layer, key, (uint64_t)off, (uint32_t)g);
-            long long base = (((slot * 2 + side) * c.bs + off) * c.hkv + g) * c.D;
-            for (int e = 0; e < 8; e++) {
-                int d = ch * 8 + e;
-                if (d >= c.D) break;
-                float x = ar_kv_roundtrip(c.kv_dtype, c.dtype, c.kv_scale, ar_gen(gr, (uint32_t)d, c.dist, c.dtype));
-                ar_store(c.pool_type, c.pool_kv, base + d, x);
-            }
+        for (int side = 0; side < 2; side++) gen_kv_chunk(c, slot, side, off, g, ch, key);
+    }
+}
+
+/* MHA with step-shared slots: layer c.layer of the blocks a group reads (uslot / ukey [n], each
+ * slot once), made unless the slot already holds it.  Per slot the device keeps the content key
+ * it holds and a mask of the layers made for that content (mask_words words): a slot given new
+ * content starts with an empty mask.  One CTA per slot, the mask written after the block. */
+__global__ void gen_slots_mha_kernel(gctx c, const int *uslot, const unsigned long long *ukey, int n,
+                                     unsigned long long *content, unsigned long long *mask, int mask_words)
+{
+    const int nch = (c.D + 7) / 8;
+    const int w = (int)(c.layer / 64);
+    const unsigned long long bit = 1ull << (c.layer % 64);
+    for (int i = blockIdx.x; i < n; i += gridDim.x) {
+        const int slot = uslot[i];
+        const unsigned long long key = ukey[i];
+        unsigned long long *mk = mask + (long long)slot * mask_words;
+        const bool same = content[slot] == key;
+        if (same && (mk[w] & bit)) continue;   /* the same for every thread of the CTA */
+        const long long vslot = (long long)slot * c.slot_layers + c.pool_layer;
+        const int rows_total = 2 * c.bs * c.hkv;
+        for (int idx = threadIdx.x; idx < rows_total * nch; idx += blockDim.x) {
+            const int ch = idx % nch, rowi = idx / nch;
+            const int g = rowi % c.hkv, off = (rowi / c.hkv) % c.bs, side = rowi / (c.hkv * c.bs);
+            gen_kv_chunk(c, vslot, side, off, g, ch, key);
         }
+        __syncthreads();   /* every read of the mask and every write of the block done */
+        if (threadIdx.x == 0) {
+            if (!same) {
+                for (int k = 0; k < mask_words; k++) mk[k] = 0;
+                content[slot] = key;
+            }
+            mk[w] |= bit;
+        }
+        __syncthreads();
     }
 }
 
@@ -1147,6 +1201,32 @@ typedef struct dbuf {
     size_t cap;
 } dbuf;
 
+/* Host view of one group's problem lists inside the arena. */
+typedef struct glists {
+    size_t all, small, big, psmall, pbig;   /* arena offsets */
+    int n_all, n_small, n_big, t_small, t_big, max_n;
+    /* the fused path's problems: [0] M <= 4, [1] 4 < M <= SK_MAXM, with key-tile prefix arrays */
+    size_t fz[2], pfz[2];
+    int n_fz[2], t_fz[2];
+} glists;
+
+typedef struct hgroup {
+    glists ref, nv;           /* MHA: the same lists for both (nv unused); MLA: (item, h) and (item) */
+    int u0, nu;               /* step-shared slots: the group's distinct slots [u0, u0 + nu) */
+    size_t up, pup;           /* MLA: the up-projection problem */
+    int t_up;
+    long long nvec_ref, nvec_nv;
+} hgroup;
+
+/* What a check's plan left in the pinned arena (uploaded to g->arena) and the host needs. */
+typedef struct saved_plan {
+    bool valid;               /* the device arena holds this plan and the last check succeeded */
+    size_t o_reqs, o_rows, o_items, o_map, o_mslot, o_mkey, o_uslot, o_ukey, arena_bytes;
+    int64_t max_scores, max_vec;
+    glists qlists;
+    hgroup *hg;               /* [plan.num_groups] */
+} saved_plan;
+
 struct ar_gpu_ref {
     ar_run_config cfg;
     bool mla;
@@ -1175,6 +1255,18 @@ struct ar_gpu_ref {
     ar_ref_plan plan;
     uint64_t stamp;
     ar_gpu_ref_stats stats;
+    /* step-shared slots (MHA on the fused path): a slot holds one block for each of the run's
+     * slot_layers layers, the device knows per slot the content key it holds and which layers are
+     * made (dev_content [slots], dev_mask [slots][mask_words]); the plan of a step is made at its
+     * first check and reused by its other layers while batch and rows are the same (sig) */
+    bool step_slots;
+    int slot_layers, mask_words;
+    unsigned long long *dev_content, *dev_mask;
+    int *seen;                /* [capacity] the group that last listed a slot (planning) */
+    int seen_serial;
+    uint64_t *sig, *sig_new;
+    size_t sig_len, sig_cap, sig_new_len, sig_new_cap;
+    struct saved_plan sp;
 };
 
 static int fail(cudaError_t e, const char *what, char *err, size_t err_len)
@@ -1242,6 +1334,12 @@ extern "C" void ar_gpu_ref_close(ar_gpu_ref *g)
     if (g->pool_kn) cudaFree(g->pool_kn);
     if (g->pool_v) cudaFree(g->pool_v);
     if (g->pool_lat) cudaFree(g->pool_lat);
+    if (g->dev_content) cudaFree(g->dev_content);
+    if (g->dev_mask) cudaFree(g->dev_mask);
+    free(g->seen);
+    free(g->sig);
+    free(g->sig_new);
+    free(g->sp.hg);
     if (g->h_arena) cudaFreeHost(g->h_arena);
     if (g->h_sum) cudaFreeHost(g->h_sum);
     if (g->ev_in) cudaEventDestroy(g->ev_in);
@@ -1325,6 +1423,9 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     const char *fz = getenv("ATTNREPLAY_GPU_REF_FUSED");
     g->fused = !g->mla && !(fz && strcmp(fz, "0") == 0) && g->group <= SK_MAXM && g->Dv <= 2 * PV_THREADS;
     g->fused_rows = g->fused ? SK_MAXM / g->group : 0;
+    g->step_slots = g->fused;
+    g->slot_layers = g->step_slots && cfg->num_layers > 1 ? cfg->num_layers : 1;
+    g->mask_words = (g->slot_layers + 63) / 64;
     const char *prof = getenv("ATTNREPLAY_GPU_REF_PROFILE");
     g->profile = prof && strcmp(prof, "1") == 0;
     for (int i = 0; g->profile && i < 4; i++)
@@ -1339,10 +1440,10 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     if (g->mla)
         g->entry_bytes = (size_t)g->bs * g->H * (g->P + g->V) * 8 + (size_t)g->bs * (g->L + g->R) * 4;
     else
-        g->entry_bytes = (size_t)2 * g->bs * g->hkv * g->D * ar_dtype_size(g->pool_type);
+        g->entry_bytes = (size_t)2 * g->bs * g->hkv * g->D * ar_dtype_size(g->pool_type) * g->slot_layers;
     const int min_slots = AR_VERIFY_KEY_CHUNK / g->bs + 2;
     int64_t slots = (int64_t)(budget / 2 / g->entry_bytes);
-    int64_t enough = (int64_t)cfg->num_blocks * (cfg->num_layers > 0 ? cfg->num_layers : 1) + min_slots;
+    int64_t enough = (int64_t)cfg->num_blocks * (cfg->num_layers > 0 && !g->step_slots ? cfg->num_layers : 1) + min_slots;
     if (slots > enough) slots = enough;
     if (slots > INT_MAX / 2) slots = INT_MAX / 2;
     if (slots < min_slots) {
@@ -1361,9 +1462,16 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     } else {
         e = cudaMalloc(&g->pool_kv, (size_t)slots * g->entry_bytes);
     }
+    if (e == cudaSuccess && g->step_slots) {
+        e = cudaMalloc((void **)&g->dev_content, (size_t)slots * 8);
+        if (e == cudaSuccess) e = cudaMalloc((void **)&g->dev_mask, (size_t)slots * g->mask_words * 8);
+        if (e == cudaSuccess) e = cudaMemset(g->dev_content, 0, (size_t)slots * 8);
+        if (e == cudaSuccess) e = cudaMemset(g->dev_mask, 0, (size_t)slots * g->mask_words * 8);   /* nothing made */
+        g->seen = (int *)calloc((size_t)slots, sizeof(int));
+    }
     g->cache = ar_block_cache_new(g->capacity);
-    if (fail(e, "block cache allocation", err, err_len) || !g->cache) {
-        if (!g->cache && e == cudaSuccess) snprintf(err, err_len, "device reference: out of host memory");
+    if (fail(e, "block cache allocation", err, err_len) || !g->cache || (g->step_slots && !g->seen)) {
+        if (e == cudaSuccess) snprintf(err, err_len, "device reference: out of host memory");
         ar_gpu_ref_close(g);
         return -1;
     }
@@ -1398,21 +1506,6 @@ static size_t take(size_t *off, size_t bytes)
     return at;
 }
 
-/* Host view of one group's problem lists inside the arena. */
-typedef struct glists {
-    size_t all, small, big, psmall, pbig;   /* arena offsets */
-    int n_all, n_small, n_big, t_small, t_big, max_n;
-    /* the fused path's problems: [0] M <= 4, [1] 4 < M <= SK_MAXM, with key-tile prefix arrays */
-    size_t fz[2], pfz[2];
-    int n_fz[2], t_fz[2];
-} glists;
-
-typedef struct hgroup {
-    glists ref, nv;           /* MHA: the same lists for both (nv unused); MLA: (item, h) and (item) */
-    size_t up, pup;           /* MLA: the up-projection problem */
-    int t_up;
-    long long nvec_ref, nvec_nv;
-} hgroup;
 
 /* Arena bytes split_lists takes for n problems (the sizing of the pinned arena). */
 static size_t lists_bytes(size_t n)
@@ -1548,6 +1641,8 @@ static gctx make_ctx(const ar_gpu_ref *g, const ar_batch *b, int layer, int num_
     c.dist = cfg->data;
     c.seed = cfg->seed;
     c.layer = (unsigned)layer;
+    c.slot_layers = g->slot_layers;
+    c.pool_layer = g->slot_layers > 1 ? layer : 0;
     c.num_tokens = b->num_tokens;
     c.num_rows = num_rows;
     c.q = (float *)g->q.ptr;
@@ -1602,17 +1697,62 @@ static size_t group_problems(const ar_gpu_ref *g, const ar_ref_plan *pl, const a
     return n;
 }
 
-extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_ref_rows *rows,
-                                const ar_gpu_ref_output *o, const volatile int *cancel, ar_gpu_ref_copy *copy,
-                                ar_gpu_ref_summary *sum, char *err, size_t err_len)
+/* The inputs a check's plan depends on besides the layer, into g->sig_new (g->sig_new_len words):
+ * a plan made from equal words is the same plan.  0 or -1 (out of memory). */
+static int plan_signature(ar_gpu_ref *g, const ar_batch *b, const ar_gpu_ref_rows *rows, char *err, size_t err_len)
 {
-    memset(sum, 0, sizeof *sum);
-    const double t0 = now_s();
-    const int R = b->num_reqs, NR = rows->num_rows;
-    const int hq = g->hq, Dv = g->Dv, bs = g->bs;
-    const int win = g->mla ? 0 : g->cfg.model.sliding_window;
-    g->stats.checks++;
+    const int R = b->num_reqs, NR = rows->num_rows, bs = g->bs;
+    size_t n = 5 + (size_t)R * 6 + (size_t)NR;
+    for (int r = 0; r < R; r++)
+        if (rows->req_row0[r + 1] > rows->req_row0[r]) {
+            int nb = (b->seq_lens[r] + bs - 1) / bs;
+            n += (size_t)(nb < b->max_blocks_per_req ? nb : b->max_blocks_per_req);
+        }
+    if (n > g->sig_new_cap) {
+        uint64_t *p = (uint64_t *)realloc(g->sig_new, sizeof(uint64_t) * (n + n / 4));
+        if (!p) {
+            snprintf(err, err_len, "device reference: out of host memory");
+            return -1;
+        }
+        g->sig_new = p;
+        g->sig_new_cap = n + n / 4;
+    }
+    uint64_t *w = g->sig_new;
+    size_t k = 0;
+    w[k++] = (uint64_t)b->step;
+    w[k++] = (uint64_t)(uint32_t)R;
+    w[k++] = (uint64_t)(uint32_t)NR;
+    w[k++] = (uint64_t)(uint32_t)b->num_tokens;
+    w[k++] = (uint64_t)(uint32_t)b->max_blocks_per_req;
+    for (int r = 0; r < R; r++) {
+        w[k++] = b->req_keys[r];
+        w[k++] = (uint64_t)(uint32_t)b->context_lens[r];
+        w[k++] = (uint64_t)(uint32_t)b->seq_lens[r];
+        w[k++] = (uint64_t)(uint32_t)b->query_start_loc[r];
+        w[k++] = (uint64_t)(uint32_t)rows->req_row0[r];
+        w[k++] = (uint64_t)(uint32_t)rows->req_row0[r + 1];
+    }
+    for (int i = 0; i < NR; i++) w[k++] = (uint64_t)(uint32_t)rows->row[i];
+    for (int r = 0; r < R; r++)
+        if (rows->req_row0[r + 1] > rows->req_row0[r]) {
+            int nb = (b->seq_lens[r] + bs - 1) / bs;
+            if (nb > b->max_blocks_per_req) nb = b->max_blocks_per_req;
+            memcpy(w + k, b->block_keys + (size_t)r * b->max_blocks_per_req, sizeof(uint64_t) * (size_t)nb);
+            k += (size_t)nb;
+        }
+    g->sig_new_len = k;
+    return 0;
+}
 
+/* Plans one check (ar_gpu_ref_check's rows of step b at `layer`) into g->sp and the pinned arena:
+ * the block-cache slots, items and groups, and every list the kernels read.  0 or -1. */
+static int plan_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_ref_rows *rows, char *err,
+                      size_t err_len)
+{
+    saved_plan *sp = &g->sp;
+    const int R = b->num_reqs, NR = rows->num_rows;
+    const int hq = g->hq, bs = g->bs;
+    const int win = g->mla ? 0 : g->cfg.model.sliding_window;
     /* ---- plan: requests, rows, items, groups ---- */
     ar_ref_plan_req *preq = (ar_ref_plan_req *)malloc(sizeof *preq * (size_t)(R > 0 ? R : 1));
     if (!preq) {
@@ -1633,7 +1773,10 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         if (win > 0 && first - win + 1 > 0) q->kmin = first - win + 1;
     }
     ar_ref_budget bud = {AR_VERIFY_KEY_CHUNK, bs, hq, g->max_scores, g->max_vectors};
-    if (ar_ref_plan_build(&g->plan, g->cache, layer, b->step, &g->stamp, R, preq, &bud, err, err_len) != 0) {
+    /* step-shared slots: one cache entry per content key for every layer (the device makes each
+     * layer of it on first use); else one per (layer, content key) */
+    if (ar_ref_plan_build(&g->plan, g->cache, g->step_slots ? 0 : layer, b->step, &g->stamp, R, preq, &bud, err,
+                          err_len) != 0) {
         free(preq);
         return -1;
     }
@@ -1641,12 +1784,15 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
 
     /* ---- the arena: everything the kernels read, one upload ---- */
     size_t off = 0;
-    const size_t o_reqs = take(&off, sizeof(dreq) * (size_t)(R > 0 ? R : 1));
-    const size_t o_rows = take(&off, sizeof(drow) * (size_t)(NR > 0 ? NR : 1));
-    const size_t o_items = take(&off, sizeof(ditem) * (size_t)(pl->num_items > 0 ? pl->num_items : 1));
-    const size_t o_map = take(&off, sizeof(int) * (size_t)(pl->num_map > 0 ? pl->num_map : 1));
-    const size_t o_mslot = take(&off, sizeof(int) * (size_t)(pl->num_miss > 0 ? pl->num_miss : 1));
-    const size_t o_mkey = take(&off, sizeof(unsigned long long) * (size_t)(pl->num_miss > 0 ? pl->num_miss : 1));
+    const size_t o_reqs = sp->o_reqs = take(&off, sizeof(dreq) * (size_t)(R > 0 ? R : 1));
+    const size_t o_rows = sp->o_rows = take(&off, sizeof(drow) * (size_t)(NR > 0 ? NR : 1));
+    const size_t o_items = sp->o_items = take(&off, sizeof(ditem) * (size_t)(pl->num_items > 0 ? pl->num_items : 1));
+    const size_t o_map = sp->o_map = take(&off, sizeof(int) * (size_t)(pl->num_map > 0 ? pl->num_map : 1));
+    const size_t o_mslot = sp->o_mslot = take(&off, sizeof(int) * (size_t)(pl->num_miss > 0 ? pl->num_miss : 1));
+    const size_t o_mkey = sp->o_mkey = take(&off, sizeof(unsigned long long) * (size_t)(pl->num_miss > 0 ? pl->num_miss : 1));
+    /* step-shared slots: each group's distinct slots and their content keys (at most num_map) */
+    const size_t o_uslot = sp->o_uslot = take(&off, sizeof(int) * (size_t)(pl->num_map > 0 ? pl->num_map : 1));
+    const size_t o_ukey = sp->o_ukey = take(&off, sizeof(unsigned long long) * (size_t)(pl->num_map > 0 ? pl->num_map : 1));
     /* problem lists: sized generously first (items x heads per group, x 2 for MLA), filled below */
     size_t need = off;
     for (int gi = 0; gi < pl->num_groups; gi++) {
@@ -1688,7 +1834,6 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
             hw[i].pos = b->context_lens[r] + rows->row[i];
             hw[i].t = b->query_start_loc[r] + rows->row[i];
         }
-    free(preq);
     ditem *hi = (ditem *)(h + o_items);
     for (int i = 0; i < pl->num_items; i++) {
         const ar_ref_item *it = &pl->items[i];
@@ -1697,12 +1842,14 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
     memcpy(h + o_map, pl->slot_map, sizeof(int) * (size_t)pl->num_map);
     memcpy(h + o_mslot, pl->miss_slot, sizeof(int) * (size_t)pl->num_miss);
     memcpy(h + o_mkey, pl->miss_key, sizeof(uint64_t) * (size_t)pl->num_miss);
+    int nuniq = 0;
 
     hgroup *hg = (hgroup *)calloc((size_t)(pl->num_groups > 0 ? pl->num_groups : 1), sizeof *hg);
     gprob *tmp = NULL;
     size_t tmp_cap = 0;
     int64_t max_scores = 0, max_vec = 0;
     if (!hg) {
+        free(preq);
         snprintf(err, err_len, "device reference: out of host memory");
         return -1;
     }
@@ -1716,6 +1863,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
             tmp_cap = tmp ? np : 0;
             if (!tmp) {
                 free(hg);
+                free(preq);
                 snprintf(err, err_len, "device reference: out of host memory");
                 return -1;
             }
@@ -1777,6 +1925,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         gprob *qp = (gprob *)malloc(sizeof(gprob) * (size_t)g->H);
         if (!qp) {
             free(hg);
+            free(preq);
             snprintf(err, err_len, "device reference: out of host memory");
             return -1;
         }
@@ -1787,7 +1936,69 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         split_lists(h, &qlists, qp, g->H, &off, false);
         free(qp);
     }
-    const size_t arena_bytes = off;
+    if (g->step_slots) {   /* each group's distinct slots and their content keys */
+        int *us = (int *)(h + o_uslot);
+        unsigned long long *uk = (unsigned long long *)(h + o_ukey);
+        for (int gi = 0; gi < pl->num_groups; gi++) {
+            hg[gi].u0 = nuniq;
+            hg[gi].nu = ar_ref_plan_group_slots(pl, gi, preq, bs, g->seen, &g->seen_serial, us + nuniq,
+                                                (uint64_t *)(uk + nuniq));
+            nuniq += hg[gi].nu;
+        }
+    }
+    free(preq);
+    sp->arena_bytes = off;
+    sp->max_scores = max_scores;
+    sp->max_vec = max_vec;
+    sp->qlists = qlists;
+    free(sp->hg);
+    sp->hg = hg;
+    return 0;
+}
+
+
+extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_ref_rows *rows,
+                                const ar_gpu_ref_output *o, const volatile int *cancel, ar_gpu_ref_copy *copy,
+                                ar_gpu_ref_summary *sum, char *err, size_t err_len)
+{
+    memset(sum, 0, sizeof *sum);
+    const double t0 = now_s();
+    const int NR = rows->num_rows;
+    const int hq = g->hq, Dv = g->Dv, bs = g->bs;
+    g->stats.checks++;
+    saved_plan *sp = &g->sp;
+    /* the step's other layers reuse its plan (step-shared slots: the slots do not depend on the
+     * layer), when the batch and the rows are the same */
+    bool reuse = false;
+    if (g->step_slots) {
+        if (layer < 0 || layer >= g->slot_layers) {
+            snprintf(err, err_len, "device reference: layer %d outside the run's %d layers", layer, g->slot_layers);
+            return -1;
+        }
+        if (plan_signature(g, b, rows, err, err_len)) return -1;
+        reuse = sp->valid && g->sig_new_len == g->sig_len && memcmp(g->sig_new, g->sig, sizeof(uint64_t) * g->sig_len) == 0;
+    }
+    if (!reuse) {
+        sp->valid = false;
+        if (plan_check(g, b, layer, rows, err, err_len)) return -1;
+        if (g->step_slots) {
+            uint64_t *t = g->sig;
+            size_t tc = g->sig_cap;
+            g->sig = g->sig_new;
+            g->sig_cap = g->sig_new_cap;
+            g->sig_len = g->sig_new_len;
+            g->sig_new = t;
+            g->sig_new_cap = tc;
+            sum->generated_blocks = g->plan.num_miss;
+            g->stats.blocks_generated += g->plan.num_miss;
+        }
+    }
+    const ar_ref_plan *pl = &g->plan;
+    const hgroup *hg = sp->hg;
+    const int64_t max_scores = sp->max_scores, max_vec = sp->max_vec;
+    const size_t arena_bytes = sp->arena_bytes;
+    const glists qlists = sp->qlists;
+    unsigned char *h = (unsigned char *)g->h_arena;
 
     /* ---- device buffers (grow-only) ---- */
     const size_t acc_elems = (size_t)(NR > 0 ? NR : 1) * hq * Dv, lse_elems = (size_t)(NR > 0 ? NR : 1) * hq;
@@ -1810,15 +2021,15 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         (g->mla && ensure(&g->w, (size_t)g->L * g->H * (g->P + g->V) * 4, "MLA weights", err, err_len)) ||
         ensure(&g->parts, sizeof(part) * (size_t)nparts, "partials", err, err_len) ||
         ensure(&g->sum, sizeof(dsum), "summary", err, err_len)) {
-        free(hg);
+        sp->valid = false;
         return -1;
     }
     gctx c = make_ctx(g, b, layer, NR);
     unsigned char *d = (unsigned char *)g->arena.ptr;
-    c.reqs = (const dreq *)(d + o_reqs);
-    c.rows = (const drow *)(d + o_rows);
-    c.items = (const ditem *)(d + o_items);
-    c.slot_map = (const int *)(d + o_map);
+    c.reqs = (const dreq *)(d + sp->o_reqs);
+    c.rows = (const drow *)(d + sp->o_rows);
+    c.items = (const ditem *)(d + sp->o_items);
+    c.slot_map = (const int *)(d + sp->o_map);
     double *acc = (double *)g->acc.ptr;
     c.acc_o = acc;
     c.nv_o = acc + acc_elems;
@@ -1833,9 +2044,9 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
     int rc = 0;
     if (fail(cudaEventRecord(g->ev_in, (cudaStream_t)o->stream), "event", err, err_len) ||
         fail(cudaStreamWaitEvent(st, g->ev_in, 0), "stream wait", err, err_len) ||
-        fail(cudaMemcpyAsync(d, h, arena_bytes, cudaMemcpyHostToDevice, st), "plan upload", err, err_len) ||
+        (!reuse && fail(cudaMemcpyAsync(d, h, arena_bytes, cudaMemcpyHostToDevice, st), "plan upload", err, err_len)) ||
         fail(cudaMemsetAsync(&ds->nan, 0, sizeof ds->nan, st), "memset", err, err_len)) {
-        free(hg);
+        sp->valid = false;
         ar_block_cache_clear(g->cache);
         return -1;
     }
@@ -1869,17 +2080,25 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         }
         const ar_ref_group *gr = &pl->groups[gi];
         const hgroup *x = &hg[gi];
-        c.miss_slot = (const int *)(d + o_mslot) + gr->miss0;
-        c.miss_key = (const unsigned long long *)(d + o_mkey) + gr->miss0;
+        c.miss_slot = (const int *)(d + sp->o_mslot) + gr->miss0;
+        c.miss_key = (const unsigned long long *)(d + sp->o_mkey) + gr->miss0;
         c.nmiss = gr->nmiss;
         g->stats.groups++;
-        g->stats.blocks_generated += gr->nmiss;
         sum->groups++;
-        sum->generated_blocks += gr->nmiss;
+        if (!g->step_slots) {   /* step-shared slots: counted when planned (blocks newly cached) */
+            g->stats.blocks_generated += gr->nmiss;
+            sum->generated_blocks += gr->nmiss;
+        }
         if (g->profile) cudaEventRecord(g->ev_prof[0], st);
         if (!g->mla) {
-            if (gr->nmiss > 0)
+            if (g->step_slots) {
+                if (x->nu > 0)
+                    gen_slots_mha_kernel<<<x->nu < 65535 * 8 ? x->nu : 65535 * 8, 256, 0, st>>>(
+                        c, (const int *)(d + sp->o_uslot) + x->u0, (const unsigned long long *)(d + sp->o_ukey) + x->u0,
+                        x->nu, g->dev_content, g->dev_mask, g->mask_words);
+            } else if (gr->nmiss > 0) {
                 gen_pool_mha_kernel<<<grid_for((long long)gr->nmiss * bs * g->hkv * ((g->D + 7) / 8), 256), 256, 0, st>>>(c);
+            }
             if (g->profile) cudaEventRecord(g->ev_prof[1], st);
             if (g->fused) {   /* both twins in each pass; the profile counts it all as the reference's */
                 launch_fused_scores(c, x->ref, d, st);
@@ -2017,7 +2236,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         g->stats.blocks_used += pl->num_map;
     }
 out:
-    free(hg);
+    sp->valid = rc == 0 && g->step_slots;
     if (rc != 0) {
         /* slots planned but maybe never filled: forget them all */
         ar_block_cache_clear(g->cache);
