@@ -25,8 +25,9 @@
  *                    latent output rounded, then W_UV, rounded; folded in float64;
  *      MHA by default takes the fused path instead of the four products: the checked rows are cut
  *      into problems of at most SK_MAXM vectors (a few rows x the query heads of one KV head:
- *      GQA grouped), and one kernel makes both twins' scores in one read of K, one makes both
- *      P.V products in one read of V (one CTA per problem, keys ascending).  Each product is
+ *      GQA grouped), and one kernel makes both twins' scores in one read of K, the softmax
+ *      kernels only their statistics, one kernel both P.V products in one read of V (one CTA
+ *      per problem, keys ascending, P made on the fly).  Each product is
  *      summed in exactly the GEMM template's order with its roundings, so the results are
  *      bit-identical to it (tests/gpu_verify.c checks); ATTNREPLAY_GPU_REF_FUSED=0 at open selects
  *      the GEMM template (for A/B measurements), as do query groups wider than SK_MAXM and value
@@ -137,7 +138,10 @@ struct gctx {
     float *Onv;               /* MHA yardstick [vectors][Dv] (fused path: own buffer; else O's float view) */
     float *olat;              /* MLA yardstick [vectors][L] */
     float *onv;               /* MLA yardstick [vectors][V] */
-    double *stat;             /* [vectors][2] */
+    double *stat;             /* [vectors][2] the reference's softmax statistics */
+    double *stat_nv;          /* [vectors][2] the yardstick's (fused path: own buffer, both are live at
+                                 once; else the same as stat) */
+    float *mx_nv;             /* [vectors] the yardstick's score maximum (fused path) */
     double *acc_o, *acc_l, *nv_o, *nv_l;   /* [rows][Hq][Dv], [rows][Hq] */
 };
 
@@ -503,10 +507,11 @@ __device__ __forceinline__ T warp_sum(T x)
 
 /* Softmax of one score row over its visible keys, in T.  MODE 0: float64 reference (stores
  * exp(s - max), stat = max, sum); 1: MHA yardstick (float; stores P rounded to the compute dtype,
- * and through fp8 for an fp8 run; stat = lse); 2: MLA yardstick (float64; stores P rounded to
- * the dtype; stat = lse).  NaN scores propagate as in the host code (max ignores them; exp and the
- * sum carry them). */
-template <typename T, int KIND, int MODE>
+ * and through fp8 for an fp8 run; stat = lse, sum; its max in mx_nv); 2: MLA yardstick (float64;
+ * stores P rounded to the dtype; stat = lse).  NaN scores propagate as in the host code (max
+ * ignores them; exp and the sum carry them).  STATS: the statistics only, the scores left as they
+ * are (the fused P.V kernel makes P from them with the same operations). */
+template <typename T, int KIND, int MODE, bool STATS = false>
 __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long long v, int lane)
 {
     int m;
@@ -514,7 +519,7 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
     int row, head, lo, hi;
     vec_of<KIND>(c, p, m, &row, &head);
     visible(c, c.items[p.item], c.rows[row].pos, &lo, &hi);
-    double *st = c.stat + 2 * v;
+    double *st = (MODE == 0 ? c.stat : c.stat_nv) + 2 * v;
     if (lo >= hi) {
         if (lane == 0) {
             st[0] = -INFINITY;
@@ -529,11 +534,11 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
     T sum = 0;
     for (int j = lo + lane; j < hi; j += 32) {
         T e = exp(s[j] - mx);
-        s[j] = e;
+        if (!STATS) s[j] = e;
         sum += e;
     }
     sum = warp_sum(sum);
-    if (MODE != 0) {
+    if (MODE != 0 && !STATS) {
         for (int j = lo + lane; j < hi; j += 32) {
             float pr = round_f(MODE == 1 ? c.cd : c.dtype, (float)(s[j] / sum));
             if (MODE == 1 && c.dtype == AR_FP8_E4M3) pr = round_f(AR_FP8_E4M3, pr);
@@ -543,17 +548,18 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
     if (lane == 0) {
         st[0] = MODE == 0 ? (double)mx : (double)(mx + log(sum));
         st[1] = (double)sum;
+        if (MODE == 1 && c.mx_nv) c.mx_nv[v] = (float)mx;   /* the fused path's P.V kernel needs it */
     }
 }
 
 /* One warp per vector, grid-stride (a launch may cover more vectors than a grid has warps). */
-template <int KIND, int MODE>
+template <int KIND, int MODE, bool STATS>
 __global__ void softmax_kernel(gctx c, const gprob *probs, int nprobs, long long nvec)
 {
     const long long warps = (long long)gridDim.x * blockDim.x / 32;
     for (long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; v < nvec; v += warps)
-        softmax_row<typename std::conditional<MODE == 1, float, double>::type, KIND, MODE>(c, probs, nprobs, v,
-                                                                                          threadIdx.x % 32);
+        softmax_row<typename std::conditional<MODE == 1, float, double>::type, KIND, MODE, STATS>(c, probs, nprobs, v,
+                                                                                                 threadIdx.x % 32);
 }
 
 /* ar_ref_merge of (ob, lb) into the running (oa, la), one warp, Dv elements; first: copy. */
@@ -606,7 +612,7 @@ __device__ void fold_row(const gctx &c, const gprob *probs, int nprobs, long lon
                    c.O + v * c.Dv, NULL, empty ? 0 : 1.0 / sum, lane);
     } else {
         const float *ob = c.mla ? c.onv + v * c.Dv : c.Onv + v * c.Dv;
-        merge_into(c.nv_o + at * c.Dv, c.nv_l + at, c.Dv, first, empty, c.stat[2 * v], NULL, ob, 1.0, lane);
+        merge_into(c.nv_o + at * c.Dv, c.nv_l + at, c.Dv, first, empty, c.stat_nv[2 * v], NULL, ob, 1.0, lane);
     }
 }
 
@@ -625,13 +631,17 @@ __global__ void fold_kernel(gctx c, const gprob *probs, int nprobs, long long nv
  * shared memory SK_DC head dims at a time and each element feeds both the float64 dot products
  * and the yardstick's float ones (its K scaled and rounded in the dtype), k ascending with one
  * fma per element: the very operations of the GEMM template, so the scores are bit-identical to
- * it.  P.V: one CTA per problem, one thread per output dim (two for Dv > 128), keys ascending in
- * one accumulator per output, P of both twins and PV_KT keys of V staged through shared
- * memory: again the GEMM template's sums exactly.  The pass rule's yardstick thus keeps its roundings; only the reads
+ * it.  Between them the softmax kernels compute only the statistics (max, sum; the scores stay).
+ * P.V: one CTA per problem, one thread per output dim (two for Dv > 128), keys ascending in one
+ * accumulator per output; P of both twins is made while staged, from the scores and the
+ * statistics with the softmax kernel's very operations (exp(s - max); the yardstick's
+ * exp(s - max) / sum rounded), PV_KT keys of V staged too: again the GEMM template's sums
+ * exactly, without writing P back.  The pass rule's yardstick thus keeps its roundings; only the reads
  * and the index work are shared. */
 constexpr int SK_KEYS = 128;
 constexpr int SK_DC = 32;
-constexpr int SK_MAXM = 8;
+constexpr int SK_MAXM = 16;
+constexpr int SK_BUCKETS = 3;   /* fused lists by M: up to 4, 8, SK_MAXM */
 constexpr int PV_THREADS = 128;
 constexpr int PV_KT = 32;
 
@@ -747,6 +757,8 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
     __shared__ long long vb[PV_KT];
     __shared__ int vlo[MB], vhi[MB];
     __shared__ long long prow[MB];
+    __shared__ double smx[MB];                    /* the reference's row maximum */
+    __shared__ float fmx[MB], fsum[MB];           /* the yardstick's maximum and sum */
     const int tid = threadIdx.x;
     if ((int)blockIdx.x >= nprobs) return;
     const gprob p = probs[blockIdx.x];
@@ -759,6 +771,10 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
             vec_of<K_MHA_PV_REF>(c, p, tid, &row, &head);
             visible(c, it, c.rows[row].pos, &lo, &hi);
             at = p.s_off + (long long)tid * p.N;
+            const long long v = p.v_off + tid;
+            smx[tid] = c.stat[2 * v];
+            fmx[tid] = c.mx_nv[v];
+            fsum[tid] = (float)c.stat_nv[2 * v + 1];
         }
         vlo[tid] = lo;
         vhi[tid] = hi;
@@ -789,8 +805,12 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
             double x = 0;
             float y = 0;
             if (j < nk && n >= vlo[m] && n < vhi[m]) {
-                x = c.S[prow[m] + n];
-                y = c.Snv[prow[m] + n];
+                /* P as softmax_row would have stored it: exp(s - max) for the reference; for the
+                 * yardstick exp(s - max) / sum in float, rounded to the compute dtype (and fp8) */
+                x = exp(c.S[prow[m] + n] - smx[m]);
+                const float e = exp(c.Snv[prow[m] + n] - fmx[m]);
+                y = round_f(c.cd, (float)(e / fsum[m]));
+                if (c.dtype == AR_FP8_E4M3) y = round_f(AR_FP8_E4M3, y);
             }
             pd[j][m] = x;
             pf[j][m] = y;
@@ -1205,9 +1225,9 @@ typedef struct dbuf {
 typedef struct glists {
     size_t all, small, big, psmall, pbig;   /* arena offsets */
     int n_all, n_small, n_big, t_small, t_big, max_n;
-    /* the fused path's problems: [0] M <= 4, [1] 4 < M <= SK_MAXM, with key-tile prefix arrays */
-    size_t fz[2], pfz[2];
-    int n_fz[2], t_fz[2];
+    /* the fused path's problems: [0] M <= 4, [1] M <= 8, [2] M <= SK_MAXM, with key-tile prefix arrays */
+    size_t fz[SK_BUCKETS], pfz[SK_BUCKETS];
+    int n_fz[SK_BUCKETS], t_fz[SK_BUCKETS];
 } glists;
 
 typedef struct hgroup {
@@ -1247,7 +1267,7 @@ struct ar_gpu_ref {
     double *pool_kn, *pool_v;
     float *pool_lat;
     int64_t max_scores, max_vectors;
-    dbuf arena, q, ql, acc, S, O, olat, onv, stat, parts, sum, w, Snv, Onv;
+    dbuf arena, q, ql, acc, S, O, olat, onv, stat, parts, sum, w, Snv, Onv, statnv, mxnv;
     int w_layer;
     void *h_arena;
     size_t h_arena_cap;
@@ -1327,7 +1347,7 @@ extern "C" void ar_gpu_ref_close(ar_gpu_ref *g)
     if (!g) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
     dbuf *bufs[] = {&g->arena, &g->q, &g->ql, &g->acc, &g->S, &g->O, &g->olat, &g->onv, &g->stat, &g->parts,
-                    &g->sum, &g->w, &g->Snv, &g->Onv};
+                    &g->sum, &g->w, &g->Snv, &g->Onv, &g->statnv, &g->mxnv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
     if (g->pool_kv) cudaFree(g->pool_kv);
@@ -1433,7 +1453,7 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
             ar_gpu_ref_close(g);
             return -1;
         }
-    /* memory: half for the block cache, the rest for the scratch of one group */
+    /* memory: a share for the block cache (below), the rest for the scratch of one group */
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     size_t budget = mem_budget ? mem_budget : (size_t)(0.6 * (double)free_b);
@@ -1442,7 +1462,10 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     else
         g->entry_bytes = (size_t)2 * g->bs * g->hkv * g->D * ar_dtype_size(g->pool_type) * g->slot_layers;
     const int min_slots = AR_VERIFY_KEY_CHUNK / g->bs + 2;
-    int64_t slots = (int64_t)(budget / 2 / g->entry_bytes);
+    /* the block cache's share: half, three quarters with step-shared slots (a run of many layers
+     * needs a slot per block for all of them; the sampled checks such runs make need little
+     * scratch, and a run whose blocks all fit leaves the rest to the scratch) */
+    int64_t slots = (int64_t)((g->step_slots ? budget / 4 * 3 : budget / 2) / g->entry_bytes);
     int64_t enough = (int64_t)cfg->num_blocks * (cfg->num_layers > 0 && !g->step_slots ? cfg->num_layers : 1) + min_slots;
     if (slots > enough) slots = enough;
     if (slots > INT_MAX / 2) slots = INT_MAX / 2;
@@ -1479,7 +1502,7 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     if (scratch < ((size_t)64 << 20)) scratch = (size_t)64 << 20;
     /* MHA: the yardstick's scores and outputs have their own float buffers (the fused path needs
      * both twins at once; the GEMM path aliases them, the budget is the same for both) */
-    size_t per_vector = g->mla ? (size_t)g->V * 8 + (size_t)g->L * 4 + (size_t)g->V * 4 + 16 : (size_t)g->Dv * 12 + 16;
+    size_t per_vector = g->mla ? (size_t)g->V * 8 + (size_t)g->L * 4 + (size_t)g->V * 4 + 16 : (size_t)g->Dv * 12 + 36;
     g->max_scores = (int64_t)(scratch * 3 / 4 / (g->mla ? 8 : 12));
     g->max_vectors = (int64_t)(scratch / 4 / per_vector);
     g->stats.cache_slots = g->capacity;
@@ -1510,12 +1533,12 @@ static size_t take(size_t *off, size_t bytes)
 /* Arena bytes split_lists takes for n problems (the sizing of the pinned arena). */
 static size_t lists_bytes(size_t n)
 {
-    return 5 * (sizeof(gprob) * (n + 1) + 16) + 4 * (sizeof(int) * (n + 1) + 16);
+    return (3 + SK_BUCKETS) * (sizeof(gprob) * (n + 1) + 16) + (2 + SK_BUCKETS) * (sizeof(int) * (n + 1) + 16);
 }
 
 /* Splits the problems [n] (already in the arena at list->all) into small (M <= 8) and big lists
  * with their m-tile prefix arrays; with fused, problems of at most SK_MAXM vectors go to the
- * fused lists instead (by M: up to 4, up to SK_MAXM) with their key-tile prefix arrays. */
+ * fused lists instead (by M: up to 4, 8, SK_MAXM) with their key-tile prefix arrays. */
 static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n, size_t *off, bool fused)
 {
     ls->n_all = n;
@@ -1525,9 +1548,9 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
     ls->pbig = take(off, sizeof(int) * (size_t)(n + 1));
     gprob *sm = (gprob *)(h + ls->small), *bg = (gprob *)(h + ls->big);
     int *ps = (int *)(h + ls->psmall), *pb = (int *)(h + ls->pbig);
-    gprob *fz[2];
-    int *pfz[2];
-    for (int k = 0; k < 2; k++) {
+    gprob *fz[SK_BUCKETS];
+    int *pfz[SK_BUCKETS];
+    for (int k = 0; k < SK_BUCKETS; k++) {
         ls->fz[k] = take(off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
         ls->pfz[k] = take(off, sizeof(int) * (size_t)(n + 1));
         fz[k] = (gprob *)(h + ls->fz[k]);
@@ -1539,7 +1562,7 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
         const gprob *p = &probs[i];
         if (p->N > ls->max_n) ls->max_n = p->N;
         if (fused && p->M <= SK_MAXM) {
-            const int k = p->M <= 4 ? 0 : 1;
+            const int k = p->M <= 4 ? 0 : p->M <= 8 ? 1 : 2;
             pfz[k][ls->n_fz[k]] = ls->t_fz[k];
             fz[k][ls->n_fz[k]++] = *p;
             ls->t_fz[k] += (p->N + SK_KEYS - 1) / SK_KEYS;
@@ -1555,28 +1578,28 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
     }
     ps[ls->n_small] = ls->t_small;
     pb[ls->n_big] = ls->t_big;
-    for (int k = 0; k < 2; k++) pfz[k][ls->n_fz[k]] = ls->t_fz[k];
+    for (int k = 0; k < SK_BUCKETS; k++) pfz[k][ls->n_fz[k]] = ls->t_fz[k];
 }
 
 /* The fused path over a group's lists: both twins' scores (before the softmaxes) or both P.V
  * products (after them). */
-static void launch_fused_scores(const gctx &c, const glists &ls, const unsigned char *d, cudaStream_t st)
+template <int MB>
+static void launch_fused_bucket(const gctx &c, const glists &ls, int k, bool scores, const unsigned char *d,
+                                cudaStream_t st)
 {
-    if (ls.n_fz[0] > 0 && ls.t_fz[0] > 0)
-        fused_scores_kernel<4><<<(unsigned)ls.t_fz[0], SK_KEYS, 0, st>>>(
-            c, (const gprob *)(d + ls.fz[0]), (const int *)(d + ls.pfz[0]), ls.n_fz[0]);
-    if (ls.n_fz[1] > 0 && ls.t_fz[1] > 0)
-        fused_scores_kernel<SK_MAXM><<<(unsigned)ls.t_fz[1], SK_KEYS, 0, st>>>(
-            c, (const gprob *)(d + ls.fz[1]), (const int *)(d + ls.pfz[1]), ls.n_fz[1]);
+    if (ls.n_fz[k] <= 0) return;
+    if (scores && ls.t_fz[k] > 0)
+        fused_scores_kernel<MB><<<(unsigned)ls.t_fz[k], SK_KEYS, 0, st>>>(
+            c, (const gprob *)(d + ls.fz[k]), (const int *)(d + ls.pfz[k]), ls.n_fz[k]);
+    if (!scores)
+        fused_pv_kernel<MB><<<(unsigned)ls.n_fz[k], PV_THREADS, 0, st>>>(c, (const gprob *)(d + ls.fz[k]), ls.n_fz[k]);
 }
 
-static void launch_fused_pv(const gctx &c, const glists &ls, const unsigned char *d, cudaStream_t st)
+static void launch_fused(const gctx &c, const glists &ls, bool scores, const unsigned char *d, cudaStream_t st)
 {
-    if (ls.n_fz[0] > 0)
-        fused_pv_kernel<4><<<(unsigned)ls.n_fz[0], PV_THREADS, 0, st>>>(c, (const gprob *)(d + ls.fz[0]), ls.n_fz[0]);
-    if (ls.n_fz[1] > 0)
-        fused_pv_kernel<SK_MAXM><<<(unsigned)ls.n_fz[1], PV_THREADS, 0, st>>>(c, (const gprob *)(d + ls.fz[1]),
-                                                                             ls.n_fz[1]);
+    launch_fused_bucket<4>(c, ls, 0, scores, d, st);
+    launch_fused_bucket<8>(c, ls, 1, scores, d, st);
+    launch_fused_bucket<SK_MAXM>(c, ls, 2, scores, d, st);
 }
 
 /* Launches one product over a group's lists: small problems on 8-row tiles, the rest on 64 x 64. */
@@ -1597,11 +1620,12 @@ static void launch_product(const gctx &c, const glists &ls, const unsigned char 
     }
 }
 
-template <int KIND, int MODE>
+template <int KIND, int MODE, bool STATS = false>
 static void launch_softmax(const gctx &c, const glists &ls, const unsigned char *d, long long nvec, cudaStream_t st)
 {
     if (nvec <= 0) return;
-    softmax_kernel<KIND, MODE><<<grid_for(nvec * 32, 256), 256, 0, st>>>(c, (const gprob *)(d + ls.all), ls.n_all, nvec);
+    softmax_kernel<KIND, MODE, STATS><<<grid_for(nvec * 32, 256), 256, 0, st>>>(c, (const gprob *)(d + ls.all), ls.n_all,
+                                                                              nvec);
 }
 
 template <int KIND, bool NV>
@@ -1660,6 +1684,8 @@ static gctx make_ctx(const ar_gpu_ref *g, const ar_batch *b, int layer, int num_
     c.olat = (float *)g->olat.ptr;
     c.onv = (float *)g->onv.ptr;
     c.stat = (double *)g->stat.ptr;
+    c.stat_nv = g->fused ? (double *)g->statnv.ptr : c.stat;
+    c.mx_nv = g->fused ? (float *)g->mxnv.ptr : NULL;
     return c;
 }
 
@@ -2016,6 +2042,8 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         ensure(&g->stat, (size_t)(max_vec > 0 ? max_vec : 1) * 16, "row statistics", err, err_len) ||
         (g->fused && ensure(&g->Snv, (size_t)(max_scores > 0 ? max_scores : 1) * 4, "yardstick scores", err, err_len)) ||
         (g->fused && ensure(&g->Onv, (size_t)(max_vec > 0 ? max_vec : 1) * Dv * 4, "yardstick outputs", err, err_len)) ||
+        (g->fused && ensure(&g->statnv, (size_t)(max_vec > 0 ? max_vec : 1) * 16, "yardstick statistics", err, err_len)) ||
+        (g->fused && ensure(&g->mxnv, (size_t)(max_vec > 0 ? max_vec : 1) * 4, "yardstick maxima", err, err_len)) ||
         (g->mla && ensure(&g->olat, (size_t)(max_vec > 0 ? max_vec : 1) * g->L * 4, "latent outputs", err, err_len)) ||
         (g->mla && ensure(&g->onv, (size_t)(max_vec > 0 ? max_vec : 1) * g->V * 4, "yardstick outputs", err, err_len)) ||
         (g->mla && ensure(&g->w, (size_t)g->L * g->H * (g->P + g->V) * 4, "MLA weights", err, err_len)) ||
@@ -2101,14 +2129,11 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
             }
             if (g->profile) cudaEventRecord(g->ev_prof[1], st);
             if (g->fused) {   /* both twins in each pass; the profile counts it all as the reference's */
-                launch_fused_scores(c, x->ref, d, st);
-                launch_product<double, K_MHA_S_REF, false>(c, x->ref, d, 0, st);   /* problems too wide to fuse */
-                launch_product<float, K_MHA_S_NV, false>(c, x->ref, d, 0, st);
-                launch_softmax<K_MHA_S_REF, 0>(c, x->ref, d, x->nvec_ref, st);
-                launch_softmax<K_MHA_S_NV, 1>(c, x->ref, d, x->nvec_ref, st);
-                launch_fused_pv(c, x->ref, d, st);
-                launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
-                launch_product<float, K_MHA_PV_NV, true>(c, x->ref, d, Dv, st);
+                /* every problem is in the fused lists (fused_rows rows: at most SK_MAXM vectors) */
+                launch_fused(c, x->ref, true, d, st);
+                launch_softmax<K_MHA_S_REF, 0, true>(c, x->ref, d, x->nvec_ref, st);   /* statistics only */
+                launch_softmax<K_MHA_S_NV, 1, true>(c, x->ref, d, x->nvec_ref, st);
+                launch_fused(c, x->ref, false, d, st);
                 launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
                 launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);
                 if (g->profile) cudaEventRecord(g->ev_prof[2], st);

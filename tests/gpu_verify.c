@@ -421,8 +421,8 @@ static void test_plan_changes_nothing(void **state)
         rows_for(&rs, &s.t.b, &vo);
         dev_copy a, b;
         device_reference(&cfg, TEST_BUDGET, &s, &rs, &a);
-        /* MHA: 768 blocks of 16 KiB and 12 MB of scratch (groups split on scores); MLA: 534 blocks
-         * of 548 KiB for a step reading ~730 (groups split on the cache, blocks evicted) */
+        /* MHA: 1152 blocks of 16 KiB and the least scratch, 64 MiB (groups split on scores); MLA:
+         * 534 blocks of 548 KiB for a step reading ~730 (groups split on the cache, blocks evicted) */
         device_reference(&cfg, mla ? (size_t)600 << 20 : (size_t)24 << 20, &s, &rs, &b);
         print_message("%s: %d groups, %d blocks made with the large budget; %d groups, %d blocks with the small one\n",
                       mla ? "MLA" : "MHA", a.sum.groups, a.sum.generated_blocks, b.sum.groups, b.sum.generated_blocks);
@@ -514,8 +514,8 @@ static void test_layers_share_a_step_plan(void **state)
     const size_t no = (size_t)rs.n * hq * s.dv, nl = (size_t)rs.n * hq;
     static const int order[6] = {0, 1, 2, 3, 2, 0};
     dev_copy first[2][4];
-    /* 80 MiB: 640 slots of 4 layers x 16 KiB for a step reading ~750 blocks */
-    const size_t budgets[2] = {TEST_BUDGET, (size_t)80 << 20};
+    /* 56 MiB: 672 slots (three quarters of it) of 4 layers x 16 KiB for a step reading ~750 blocks */
+    const size_t budgets[2] = {TEST_BUDGET, (size_t)56 << 20};
     for (int bi = 0; bi < 2; bi++) {
         ar_gpu_ref *g = NULL;
         char err[512] = "";
