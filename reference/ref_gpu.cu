@@ -2,14 +2,20 @@
  * device half of verification (see ref_gpu.h for what it computes and why).
  *
  * Deliberately plain CUDA, sharing nothing with kernels/: SIMT arithmetic only, one tiled GEMM
- * template for every product and warp-per-row kernels for everything else.  Per step-layer:
+ * template for every product, the fused MHA kernels below and warp-per-row kernels for everything
+ * else.  Per step-layer:
  *
  *   1. the host plans (ref_gpu_plan.c): items (request, rows, key chunk) in groups that fit the
- *      scratch, and the block-cache slots of every block an item reads; one upload of that plan;
+ *      scratch, and the block-cache slots of every block an item reads; one upload of that plan.
+ *      MHA on the fused path plans once per step (step-shared slots: a slot holds a block for
+ *      every layer of the run; the plan is reused while batch and rows are the same, checked
+ *      word by word against the inputs it was made from);
  *   2. Q of the checked rows from the generator (MLA: q_nope, q_pe and the yardstick's latent
  *      query ql = round(W_UK q_nope) | q_pe);
  *   3. per group: the blocks the cache misses are generated (MHA: K and V after the KV round
- *      trip; MLA: the latent, then k_nope = c W_UK and v = c W_UV in float64); then
+ *      trip, with step-shared slots every distinct slot of the group is visited and the layer
+ *      made unless the device's record says the slot holds it for this content; MLA: the latent,
+ *      then k_nope = c W_UK and v = c W_UV in float64); then
  *        reference:  S = scale q.k (float64, soft cap)  -> softmax rows (max, exp, sum)
  *                    -> O = P.V (float64) -> fold the chunk into the row's running result
  *                    (ar_ref_merge's rule; the first chunk is copied);
@@ -17,6 +23,15 @@
  *                    rounded ops), softmax in float with P rounded to the dtype (fp8: also
  *                    through fp8), P.V in float rounded; MLA - float64 sums, P rounded, the
  *                    latent output rounded, then W_UV, rounded; folded in float64;
+ *      MHA by default takes the fused path instead of the four products: the checked rows are cut
+ *      into problems of at most SK_MAXM vectors (a few rows x the query heads of one KV head:
+ *      GQA grouped), and one kernel makes both twins' scores in one read of K, the softmax
+ *      kernels only their statistics, one kernel both P.V products in one read of V (one CTA
+ *      per problem, keys ascending, P made on the fly).  Each product is
+ *      summed in exactly the GEMM template's order with its roundings, so the results are
+ *      bit-identical to it (tests/gpu_verify.c checks); ATTNREPLAY_GPU_REF_FUSED=0 at open selects
+ *      the GEMM template (for A/B measurements), as do query groups wider than SK_MAXM and value
+ *      widths above 2 x PV_THREADS;
  *   4. the comparison with the backend's output (replay/verify.c's compare_rows, element by
  *      element, with per-block partial sums and worst lists reduced in a fixed order), the
  *      NaN/Inf count over the whole output, one copy of the summary back, one wait.
@@ -70,7 +85,9 @@ struct ditem {
 struct gprob {
     int item;                 /* index into the step's items (-1: none) */
     int head;                 /* MHA: KV head; MLA reference / W_UV: head; else -1 */
-    int M, N, K, pad;
+    int M, N, K;
+    int r0;                   /* MHA: first row of the problem within its item (a problem may cover
+                                 only some of the item's rows: the fused path's row blocks) */
     long long s_off;          /* first score of the problem in the scratch ([M][N]) */
     long long v_off;          /* first vector in the per-vector scratch */
     long long aux;            /* MLA W_UV: the item's first yardstick vector */
@@ -99,6 +116,8 @@ struct gctx {
     ar_datadist dist;
     unsigned long long seed;
     unsigned layer;
+    int slot_layers;          /* layers per cache slot (MHA step-shared slots: the run's layers; else 1) */
+    int pool_layer;           /* this layer's place in a slot (slot_layers == 1: 0) */
     int num_tokens, num_rows;
     const dreq *reqs;
     const drow *rows;
@@ -113,11 +132,16 @@ struct gctx {
     void *pool_kv;            /* MHA [slots][2][bs][Hkv][D] of pool_type */
     double *pool_kn, *pool_v; /* MLA [slots][bs][H][P], [slots][bs][H][V] */
     float *pool_lat;          /* MLA [slots][bs][L + R] */
-    double *S;                /* scores / P (float view for the MHA yardstick) */
-    double *O;                /* [vectors][Dv] (float view for the MHA yardstick) */
+    double *S;                /* scores / P of the reference */
+    double *O;                /* [vectors][Dv] of the reference */
+    float *Snv;               /* MHA yardstick scores / P (fused path: own buffer; else S's float view) */
+    float *Onv;               /* MHA yardstick [vectors][Dv] (fused path: own buffer; else O's float view) */
     float *olat;              /* MLA yardstick [vectors][L] */
     float *onv;               /* MLA yardstick [vectors][V] */
-    double *stat;             /* [vectors][2] */
+    double *stat;             /* [vectors][2] the reference's softmax statistics */
+    double *stat_nv;          /* [vectors][2] the yardstick's (fused path: own buffer, both are live at
+                                 once; else the same as stat) */
+    float *mx_nv;             /* [vectors] the yardstick's score maximum (fused path) */
     double *acc_o, *acc_l, *nv_o, *nv_l;   /* [rows][Hq][Dv], [rows][Hq] */
 };
 
@@ -144,7 +168,7 @@ __device__ __forceinline__ void vec_of(const gctx &c, const gprob &p, int m, int
 {
     const ditem &it = c.items[p.item];
     if (KIND == K_MHA_S_REF || KIND == K_MHA_PV_REF || KIND == K_MHA_S_NV || KIND == K_MHA_PV_NV) {
-        *row = it.row0 + m / c.group;
+        *row = it.row0 + p.r0 + m / c.group;
         *head = p.head * c.group + m % c.group;
     } else if (KIND == K_MLA_S_NV || KIND == K_MLA_PV_NV) {
         *row = it.row0 + m / c.H;
@@ -159,8 +183,8 @@ __device__ __forceinline__ void vec_of(const gctx &c, const gprob &p, int m, int
 __device__ __forceinline__ long long pool_token(const gctx &c, const ditem &it, int n)
 {
     int pos = it.k0 + n;
-    int slot = c.slot_map[it.map0 + pos / c.bs - it.k0 / c.bs];
-    return (long long)slot * c.bs + pos % c.bs;
+    long long slot = c.slot_map[it.map0 + pos / c.bs - it.k0 / c.bs];
+    return (slot * c.slot_layers + c.pool_layer) * c.bs + pos % c.bs;
 }
 
 __device__ __forceinline__ long long miss_token(const gctx &c, int m)
@@ -251,7 +275,7 @@ __device__ __forceinline__ T a_at(const gctx &c, const rowh &h, int k, int kmax)
     case K_MLA_WUV: return (T)c.olat[h.base + k];
     case K_MHA_PV_NV:
         if (k < h.lo || k >= h.hi) return (T)0;
-        return (T)((const float *)c.S)[h.base + k];
+        return (T)c.Snv[h.base + k];
     default:   /* K_MHA_PV_REF, K_MLA_PV_REF, K_MLA_PV_NV */
         if (k < h.lo || k >= h.hi) return (T)0;
         return (T)c.S[h.base + k];
@@ -325,12 +349,12 @@ __device__ __forceinline__ void store(const gctx &c, const gprob &p, int m, int 
             sc = round_f(c.cd, tanhf(sc));
             sc = round_f(c.cd, __fmul_rn(sc, c.cap_f));
         }
-        ((float *)c.S)[p.s_off + (long long)m * p.N + n] = sc;
+        c.Snv[p.s_off + (long long)m * p.N + n] = sc;
         break;
     }
     case K_MHA_PV_REF: c.O[(p.v_off + m) * c.Dv + n] = (double)acc; break;
     case K_MLA_PV_REF: c.O[(p.v_off + m) * c.V + n] = (double)acc; break;
-    case K_MHA_PV_NV: ((float *)c.O)[(p.v_off + m) * c.Dv + n] = round_f(c.cd, (float)acc); break;
+    case K_MHA_PV_NV: c.Onv[(p.v_off + m) * c.Dv + n] = round_f(c.cd, (float)acc); break;
     case K_MLA_QL: c.ql[((long long)m * c.H + p.head) * (c.L + c.R) + n] = round_f(c.dtype, (float)acc); break;
     case K_MLA_UP_K: c.pool_kn[miss_token(c, m) * c.H * c.P + n] = (double)acc; break;
     case K_MLA_UP_V: c.pool_v[miss_token(c, m) * c.H * c.V + n] = (double)acc; break;
@@ -483,10 +507,11 @@ __device__ __forceinline__ T warp_sum(T x)
 
 /* Softmax of one score row over its visible keys, in T.  MODE 0: float64 reference (stores
  * exp(s - max), stat = max, sum); 1: MHA yardstick (float; stores P rounded to the compute dtype,
- * and through fp8 for an fp8 run; stat = lse); 2: MLA yardstick (float64; stores P rounded to
- * the dtype; stat = lse).  NaN scores propagate as in the host code (max ignores them; exp and the
- * sum carry them). */
-template <typename T, int KIND, int MODE>
+ * and through fp8 for an fp8 run; stat = lse, sum; its max in mx_nv); 2: MLA yardstick (float64;
+ * stores P rounded to the dtype; stat = lse).  NaN scores propagate as in the host code (max
+ * ignores them; exp and the sum carry them).  STATS: the statistics only, the scores left as they
+ * are (the fused P.V kernel makes P from them with the same operations). */
+template <typename T, int KIND, int MODE, bool STATS = false>
 __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long long v, int lane)
 {
     int m;
@@ -494,7 +519,7 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
     int row, head, lo, hi;
     vec_of<KIND>(c, p, m, &row, &head);
     visible(c, c.items[p.item], c.rows[row].pos, &lo, &hi);
-    double *st = c.stat + 2 * v;
+    double *st = (MODE == 0 ? c.stat : c.stat_nv) + 2 * v;
     if (lo >= hi) {
         if (lane == 0) {
             st[0] = -INFINITY;
@@ -502,18 +527,18 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
         }
         return;
     }
-    T *s = (T *)c.S + p.s_off + (long long)m * p.N;
+    T *s = (MODE == 1 ? (T *)c.Snv : (T *)c.S) + p.s_off + (long long)m * p.N;
     T mx = -INFINITY;
     for (int j = lo + lane; j < hi; j += 32) mx = max(mx, s[j]);
     mx = warp_max(mx);
     T sum = 0;
     for (int j = lo + lane; j < hi; j += 32) {
         T e = exp(s[j] - mx);
-        s[j] = e;
+        if (!STATS) s[j] = e;
         sum += e;
     }
     sum = warp_sum(sum);
-    if (MODE != 0) {
+    if (MODE != 0 && !STATS) {
         for (int j = lo + lane; j < hi; j += 32) {
             float pr = round_f(MODE == 1 ? c.cd : c.dtype, (float)(s[j] / sum));
             if (MODE == 1 && c.dtype == AR_FP8_E4M3) pr = round_f(AR_FP8_E4M3, pr);
@@ -523,17 +548,18 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
     if (lane == 0) {
         st[0] = MODE == 0 ? (double)mx : (double)(mx + log(sum));
         st[1] = (double)sum;
+        if (MODE == 1 && c.mx_nv) c.mx_nv[v] = (float)mx;   /* the fused path's P.V kernel needs it */
     }
 }
 
 /* One warp per vector, grid-stride (a launch may cover more vectors than a grid has warps). */
-template <int KIND, int MODE>
+template <int KIND, int MODE, bool STATS>
 __global__ void softmax_kernel(gctx c, const gprob *probs, int nprobs, long long nvec)
 {
     const long long warps = (long long)gridDim.x * blockDim.x / 32;
     for (long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; v < nvec; v += warps)
-        softmax_row<typename std::conditional<MODE == 1, float, double>::type, KIND, MODE>(c, probs, nprobs, v,
-                                                                                          threadIdx.x % 32);
+        softmax_row<typename std::conditional<MODE == 1, float, double>::type, KIND, MODE, STATS>(c, probs, nprobs, v,
+                                                                                                 threadIdx.x % 32);
 }
 
 /* ar_ref_merge of (ob, lb) into the running (oa, la), one warp, Dv elements; first: copy. */
@@ -585,8 +611,8 @@ __device__ void fold_row(const gctx &c, const gprob *probs, int nprobs, long lon
         merge_into(c.acc_o + at * c.Dv, c.acc_l + at, c.Dv, first, empty, empty ? 0 : mx + log(sum),
                    c.O + v * c.Dv, NULL, empty ? 0 : 1.0 / sum, lane);
     } else {
-        const float *ob = c.mla ? c.onv + v * c.Dv : (const float *)c.O + v * c.Dv;
-        merge_into(c.nv_o + at * c.Dv, c.nv_l + at, c.Dv, first, empty, c.stat[2 * v], NULL, ob, 1.0, lane);
+        const float *ob = c.mla ? c.onv + v * c.Dv : c.Onv + v * c.Dv;
+        merge_into(c.nv_o + at * c.Dv, c.nv_l + at, c.Dv, first, empty, c.stat_nv[2 * v], NULL, ob, 1.0, lane);
     }
 }
 
@@ -596,6 +622,236 @@ __global__ void fold_kernel(gctx c, const gprob *probs, int nprobs, long long nv
     const long long warps = (long long)gridDim.x * blockDim.x / 32;
     for (long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; v < nvec; v += warps)
         fold_row<KIND, NV>(c, probs, nprobs, v, threadIdx.x % 32);
+}
+
+/* ---- the fused path (MHA): reference and yardstick in one pass over K and over V ---------- */
+
+/* Problems of at most SK_MAXM vectors (row blocks of a few checked rows x the query heads of one
+ * KV head).  Scores: one CTA per (problem, SK_KEYS keys), one thread per key; K is staged through
+ * shared memory SK_DC head dims at a time and each element feeds both the float64 dot products
+ * and the yardstick's float ones (its K scaled and rounded in the dtype), k ascending with one
+ * fma per element: the very operations of the GEMM template, so the scores are bit-identical to
+ * it.  Between them the softmax kernels compute only the statistics (max, sum; the scores stay).
+ * P.V: one CTA per problem, one thread per output dim (two for Dv > 128), keys ascending in one
+ * accumulator per output; P of both twins is made while staged, from the scores and the
+ * statistics with the softmax kernel's very operations (exp(s - max); the yardstick's
+ * exp(s - max) / sum rounded), PV_KT keys of V staged too: again the GEMM template's sums
+ * exactly, without writing P back.  The pass rule's yardstick thus keeps its roundings; only the reads
+ * and the index work are shared. */
+constexpr int SK_KEYS = 128;
+constexpr int SK_DC = 32;
+constexpr int SK_MAXM = 16;
+constexpr int SK_BUCKETS = 3;   /* fused lists by M: up to 4, 8, SK_MAXM */
+constexpr int PV_THREADS = 128;
+constexpr int PV_KT = 32;
+
+/* The last problem whose first tile is <= x. */
+__device__ __forceinline__ int find_tile(const int *prefix, int n, int x)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (prefix[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+template <int MB>
+__global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gprob *probs, const int *tprefix, int nprobs)
+{
+    __shared__ double qd[SK_DC][MB];
+    __shared__ float qf[SK_DC][MB];
+    __shared__ float ks[SK_KEYS][SK_DC + 1];
+    __shared__ long long kb[SK_KEYS];
+    __shared__ long long qb[MB];
+    __shared__ int s_lo, s_hi;
+    const int tid = threadIdx.x;
+    const int pi = find_tile(tprefix, nprobs, (int)blockIdx.x);
+    const gprob p = probs[pi];
+    const ditem &it = c.items[p.item];
+    const int n0 = ((int)blockIdx.x - tprefix[pi]) * SK_KEYS;
+    if (tid < MB) {
+        long long base = -1;
+        if (tid < p.M) {
+            int row, head;
+            vec_of<K_MHA_S_REF>(c, p, tid, &row, &head);
+            base = ((long long)row * c.hq + head) * c.D;
+        }
+        qb[tid] = base;
+    }
+    if (tid == 0) {
+        int l = INT_MAX, u = INT_MIN;
+        for (int m = 0; m < p.M; m++) {
+            int row, head, lo, hi;
+            vec_of<K_MHA_S_REF>(c, p, m, &row, &head);
+            visible(c, it, c.rows[row].pos, &lo, &hi);
+            if (lo < hi) {
+                l = min(l, lo);
+                u = max(u, hi);
+            }
+        }
+        s_lo = l;
+        s_hi = u;
+    }
+    __syncthreads();
+    if (s_lo >= s_hi || n0 >= s_hi || n0 + SK_KEYS <= s_lo) return;   /* keys nobody here sees */
+    const int n = n0 + tid;
+    const bool live = n < p.N;
+    {
+        long long base = -1;
+        if (live) {
+            long long tok = pool_token(c, it, n);
+            base = (((tok / c.bs) * 2 * c.bs + tok % c.bs) * c.hkv + p.head) * (long long)c.D;   /* K: side 0 */
+        }
+        kb[tid] = base;
+    }
+    double accd[MB];
+    float accf[MB];
+#pragma unroll
+    for (int m = 0; m < MB; m++) {
+        accd[m] = 0;
+        accf[m] = 0;
+    }
+    for (int d0 = 0; d0 < c.D; d0 += SK_DC) {
+        const int ne = min(SK_DC, c.D - d0);
+        __syncthreads();   /* kb / qb written; the previous dims consumed */
+        for (int idx = tid; idx < SK_DC * MB; idx += SK_KEYS) {
+            const int e = idx / MB, m = idx % MB;
+            const float v = (qb[m] >= 0 && e < ne) ? c.q[qb[m] + d0 + e] : 0.0f;
+            qd[e][m] = (double)v;
+            qf[e][m] = v;
+        }
+        for (int idx = tid; idx < SK_KEYS * SK_DC; idx += SK_KEYS) {
+            const int e = idx % SK_DC, j = idx / SK_DC;
+            const long long b = kb[j];
+            ks[j][e] = (b >= 0 && e < ne) ? ar_load(c.pool_type, c.pool_kv, b + d0 + e) : 0.0f;
+        }
+        __syncthreads();
+        for (int e = 0; e < ne; e++) {
+            const float k = ks[tid][e];
+            const double kd = (double)k;
+            const float kf = round_f(c.cd, __fmul_rn(k, c.scale_f));   /* the yardstick's round(k * scale) */
+#pragma unroll
+            for (int m = 0; m < MB; m++) {
+                accd[m] = fma(qd[e][m], kd, accd[m]);
+                accf[m] = fmaf(qf[e][m], kf, accf[m]);
+            }
+        }
+    }
+    if (!live) return;
+#pragma unroll
+    for (int m = 0; m < MB; m++)
+        if (m < p.M) {
+            store<K_MHA_S_REF, double>(c, p, m, n, accd[m]);
+            store<K_MHA_S_NV, float>(c, p, m, n, accf[m]);
+        }
+}
+
+template <int MB>
+__global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gprob *probs, int nprobs)
+{
+    __shared__ double pd[PV_KT][MB];
+    __shared__ float pf[PV_KT][MB];
+    __shared__ float vs[PV_KT][2 * PV_THREADS];   /* V of PV_KT keys (many loads in flight) */
+    __shared__ long long vb[PV_KT];
+    __shared__ int vlo[MB], vhi[MB];
+    __shared__ long long prow[MB];
+    __shared__ double smx[MB];                    /* the reference's row maximum */
+    __shared__ float fmx[MB], fsum[MB];           /* the yardstick's maximum and sum */
+    const int tid = threadIdx.x;
+    if ((int)blockIdx.x >= nprobs) return;
+    const gprob p = probs[blockIdx.x];
+    const ditem &it = c.items[p.item];
+    if (tid < MB) {
+        int lo = 0, hi = 0;
+        long long at = 0;
+        if (tid < p.M) {
+            int row, head;
+            vec_of<K_MHA_PV_REF>(c, p, tid, &row, &head);
+            visible(c, it, c.rows[row].pos, &lo, &hi);
+            at = p.s_off + (long long)tid * p.N;
+            const long long v = p.v_off + tid;
+            smx[tid] = c.stat[2 * v];
+            fmx[tid] = c.mx_nv[v];
+            fsum[tid] = (float)c.stat_nv[2 * v + 1];
+        }
+        vlo[tid] = lo;
+        vhi[tid] = hi;
+        prow[tid] = at;
+    }
+    __syncthreads();
+    int klo = INT_MAX, khi = INT_MIN;
+    for (int m = 0; m < MB; m++)
+        if (vlo[m] < vhi[m]) {
+            klo = min(klo, vlo[m]);
+            khi = max(khi, vhi[m]);
+        }
+    if (klo >= khi) return;   /* no vector sees a key of this chunk: the fold treats them as empty */
+    double ad[2][MB];
+    float af[2][MB];
+#pragma unroll
+    for (int dd = 0; dd < 2; dd++)
+#pragma unroll
+        for (int m = 0; m < MB; m++) {
+            ad[dd][m] = 0;
+            af[dd][m] = 0;
+        }
+    for (int k0 = klo; k0 < khi; k0 += PV_KT) {
+        const int nk = min(PV_KT, khi - k0);
+        __syncthreads();   /* the previous keys consumed */
+        for (int idx = tid; idx < PV_KT * MB; idx += PV_THREADS) {
+            const int m = idx / PV_KT, j = idx % PV_KT, n = k0 + j;   /* a row of P per warp: coalesced */
+            double x = 0;
+            float y = 0;
+            if (j < nk && n >= vlo[m] && n < vhi[m]) {
+                /* P as softmax_row would have stored it: exp(s - max) for the reference; for the
+                 * yardstick exp(s - max) / sum in float, rounded to the compute dtype (and fp8) */
+                x = exp(c.S[prow[m] + n] - smx[m]);
+                const float e = exp(c.Snv[prow[m] + n] - fmx[m]);
+                y = round_f(c.cd, (float)(e / fsum[m]));
+                if (c.dtype == AR_FP8_E4M3) y = round_f(AR_FP8_E4M3, y);
+            }
+            pd[j][m] = x;
+            pf[j][m] = y;
+        }
+        for (int j = tid; j < nk; j += PV_THREADS) {
+            const long long tok = pool_token(c, it, k0 + j);
+            vb[j] = (((tok / c.bs) * 2 * c.bs + c.bs + tok % c.bs) * c.hkv + p.head) * (long long)c.D;   /* V: side 1 */
+        }
+        __syncthreads();
+        for (int idx = tid; idx < nk * c.Dv; idx += PV_THREADS) {
+            const int j = idx / c.Dv, d = idx % c.Dv;
+            vs[j][d] = ar_load(c.pool_type, c.pool_kv, vb[j] + d);
+        }
+        __syncthreads();
+        for (int j = 0; j < nk; j++) {
+#pragma unroll
+            for (int dd = 0; dd < 2; dd++) {
+                const int d = tid + dd * PV_THREADS;
+                if (d < c.Dv) {
+                    const float v = vs[j][d];
+                    const double vd = (double)v;
+#pragma unroll
+                    for (int m = 0; m < MB; m++) {
+                        ad[dd][m] = fma(pd[j][m], vd, ad[dd][m]);
+                        af[dd][m] = fmaf(pf[j][m], v, af[dd][m]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int dd = 0; dd < 2; dd++) {
+        const int d = tid + dd * PV_THREADS;
+        if (d >= c.Dv) continue;
+#pragma unroll
+        for (int m = 0; m < MB; m++)
+            if (m < p.M) {
+                store<K_MHA_PV_REF, double>(c, p, m, d, ad[dd][m]);
+                store<K_MHA_PV_NV, float>(c, p, m, d, af[dd][m]);
+            }
+    }
 }
 
 /* ---- inputs from the generator -------------------------------------------------------------- */
@@ -645,6 +901,21 @@ __global__ void gen_q_mla_kernel(gctx c)
     }
 }
 
+/* Elements [8 ch, 8 ch + 8) of K (side 0) or V (side 1), KV head g, offset off of the block with
+ * content key `key`, after the KV round trip, into pool slot `slot` (in slot units of one layer). */
+__device__ __forceinline__ void gen_kv_chunk(const gctx &c, long long slot, int side, int off, int g, int ch,
+                                             unsigned long long key)
+{
+    uint64_t gr = ar_gen_row(c.seed, side ? AR_STREAM_V : AR_STREAM_K, c.layer, key, (uint64_t)off, (uint32_t)g);
+    long long base = (((slot * 2 + side) * c.bs + off) * c.hkv + g) * c.D;
+    for (int e = 0; e < 8; e++) {
+        int d = ch * 8 + e;
+        if (d >= c.D) break;
+        float x = ar_kv_roundtrip(c.kv_dtype, c.dtype, c.kv_scale, ar_gen(gr, (uint32_t)d, c.dist, c.dtype));
+        ar_store(c.pool_type, c.pool_kv, base + d, x);
+    }
+}
+
 /* MHA: K and V of the missed blocks after the KV round trip, in pool_type. */
 __global__ void gen_pool_mha_kernel(gctx c)
 {
@@ -659,16 +930,42 @@ __global__ void gen_pool_mha_kernel(gctx c)
         int off = (int)(rest % c.bs), i = (int)(rest / c.bs);
         long long slot = c.miss_slot[i];
         uint64_t key = c.miss_key[i];
-        for (int side = 0; side < 2; side++) {
-            uint64_t gr = ar_gen_row(c.seed, side ? AR_STREAM_V : AR_STREAM_K, c.layer, key, (uint64_t)off, (uint32_t)g);
-            long long base = (((slot * 2 + side) * c.bs + off) * c.hkv + g) * c.D;
-            for (int e = 0; e < 8; e++) {
-                int d = ch * 8 + e;
-                if (d >= c.D) break;
-                float x = ar_kv_roundtrip(c.kv_dtype, c.dtype, c.kv_scale, ar_gen(gr, (uint32_t)d, c.dist, c.dtype));
-                ar_store(c.pool_type, c.pool_kv, base + d, x);
-            }
+        for (int side = 0; side < 2; side++) gen_kv_chunk(c, slot, side, off, g, ch, key);
+    }
+}
+
+/* MHA with step-shared slots: layer c.layer of the blocks a group reads (uslot / ukey [n], each
+ * slot once), made unless the slot already holds it.  Per slot the device keeps the content key
+ * it holds and a mask of the layers made for that content (mask_words words): a slot given new
+ * content starts with an empty mask.  One CTA per slot, the mask written after the block. */
+__global__ void gen_slots_mha_kernel(gctx c, const int *uslot, const unsigned long long *ukey, int n,
+                                     unsigned long long *content, unsigned long long *mask, int mask_words)
+{
+    const int nch = (c.D + 7) / 8;
+    const int w = (int)(c.layer / 64);
+    const unsigned long long bit = 1ull << (c.layer % 64);
+    for (int i = blockIdx.x; i < n; i += gridDim.x) {
+        const int slot = uslot[i];
+        const unsigned long long key = ukey[i];
+        unsigned long long *mk = mask + (long long)slot * mask_words;
+        const bool same = content[slot] == key;
+        if (same && (mk[w] & bit)) continue;   /* the same for every thread of the CTA */
+        const long long vslot = (long long)slot * c.slot_layers + c.pool_layer;
+        const int rows_total = 2 * c.bs * c.hkv;
+        for (int idx = threadIdx.x; idx < rows_total * nch; idx += blockDim.x) {
+            const int ch = idx % nch, rowi = idx / nch;
+            const int g = rowi % c.hkv, off = (rowi / c.hkv) % c.bs, side = rowi / (c.hkv * c.bs);
+            gen_kv_chunk(c, vslot, side, off, g, ch, key);
         }
+        __syncthreads();   /* every read of the mask and every write of the block done */
+        if (threadIdx.x == 0) {
+            if (!same) {
+                for (int k = 0; k < mask_words; k++) mk[k] = 0;
+                content[slot] = key;
+            }
+            mk[w] |= bit;
+        }
+        __syncthreads();
     }
 }
 
@@ -924,6 +1221,32 @@ typedef struct dbuf {
     size_t cap;
 } dbuf;
 
+/* Host view of one group's problem lists inside the arena. */
+typedef struct glists {
+    size_t all, small, big, psmall, pbig;   /* arena offsets */
+    int n_all, n_small, n_big, t_small, t_big, max_n;
+    /* the fused path's problems: [0] M <= 4, [1] M <= 8, [2] M <= SK_MAXM, with key-tile prefix arrays */
+    size_t fz[SK_BUCKETS], pfz[SK_BUCKETS];
+    int n_fz[SK_BUCKETS], t_fz[SK_BUCKETS];
+} glists;
+
+typedef struct hgroup {
+    glists ref, nv;           /* MHA: the same lists for both (nv unused); MLA: (item, h) and (item) */
+    int u0, nu;               /* step-shared slots: the group's distinct slots [u0, u0 + nu) */
+    size_t up, pup;           /* MLA: the up-projection problem */
+    int t_up;
+    long long nvec_ref, nvec_nv;
+} hgroup;
+
+/* What a check's plan left in the pinned arena (uploaded to g->arena) and the host needs. */
+typedef struct saved_plan {
+    bool valid;               /* the device arena holds this plan and the last check succeeded */
+    size_t o_reqs, o_rows, o_items, o_map, o_mslot, o_mkey, o_uslot, o_ukey, arena_bytes;
+    int64_t max_scores, max_vec;
+    glists qlists;
+    hgroup *hg;               /* [plan.num_groups] */
+} saved_plan;
+
 struct ar_gpu_ref {
     ar_run_config cfg;
     bool mla;
@@ -931,6 +1254,8 @@ struct ar_gpu_ref {
     int H, L, R, P, V;
     int num_sms;
     ar_dtype pool_type;
+    bool fused;               /* MHA: the fused path (default; ATTNREPLAY_GPU_REF_FUSED=0: the GEMM template) */
+    int fused_rows;           /* checked rows per fused problem: SK_MAXM / group */
     cudaStream_t stream;
     cudaEvent_t ev_in, ev_group[2];
     bool profile;
@@ -942,7 +1267,7 @@ struct ar_gpu_ref {
     double *pool_kn, *pool_v;
     float *pool_lat;
     int64_t max_scores, max_vectors;
-    dbuf arena, q, ql, acc, S, O, olat, onv, stat, parts, sum, w;
+    dbuf arena, q, ql, acc, S, O, olat, onv, stat, parts, sum, w, Snv, Onv, statnv, mxnv;
     int w_layer;
     void *h_arena;
     size_t h_arena_cap;
@@ -950,6 +1275,18 @@ struct ar_gpu_ref {
     ar_ref_plan plan;
     uint64_t stamp;
     ar_gpu_ref_stats stats;
+    /* step-shared slots (MHA on the fused path): a slot holds one block for each of the run's
+     * slot_layers layers, the device knows per slot the content key it holds and which layers are
+     * made (dev_content [slots], dev_mask [slots][mask_words]); the plan of a step is made at its
+     * first check and reused by its other layers while batch and rows are the same (sig) */
+    bool step_slots;
+    int slot_layers, mask_words;
+    unsigned long long *dev_content, *dev_mask;
+    int *seen;                /* [capacity] the group that last listed a slot (planning) */
+    int seen_serial;
+    uint64_t *sig, *sig_new;
+    size_t sig_len, sig_cap, sig_new_len, sig_new_cap;
+    struct saved_plan sp;
 };
 
 static int fail(cudaError_t e, const char *what, char *err, size_t err_len)
@@ -1010,13 +1347,19 @@ extern "C" void ar_gpu_ref_close(ar_gpu_ref *g)
     if (!g) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
     dbuf *bufs[] = {&g->arena, &g->q, &g->ql, &g->acc, &g->S, &g->O, &g->olat, &g->onv, &g->stat, &g->parts,
-                    &g->sum, &g->w};
+                    &g->sum, &g->w, &g->Snv, &g->Onv, &g->statnv, &g->mxnv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
     if (g->pool_kv) cudaFree(g->pool_kv);
     if (g->pool_kn) cudaFree(g->pool_kn);
     if (g->pool_v) cudaFree(g->pool_v);
     if (g->pool_lat) cudaFree(g->pool_lat);
+    if (g->dev_content) cudaFree(g->dev_content);
+    if (g->dev_mask) cudaFree(g->dev_mask);
+    free(g->seen);
+    free(g->sig);
+    free(g->sig_new);
+    free(g->sp.hg);
     if (g->h_arena) cudaFreeHost(g->h_arena);
     if (g->h_sum) cudaFreeHost(g->h_sum);
     if (g->ev_in) cudaEventDestroy(g->ev_in);
@@ -1097,6 +1440,12 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
         return -1;
     }
     g->num_sms = prop.multiProcessorCount;
+    const char *fz = getenv("ATTNREPLAY_GPU_REF_FUSED");
+    g->fused = !g->mla && !(fz && strcmp(fz, "0") == 0) && g->group <= SK_MAXM && g->Dv <= 2 * PV_THREADS;
+    g->fused_rows = g->fused ? SK_MAXM / g->group : 0;
+    g->step_slots = g->fused;
+    g->slot_layers = g->step_slots && cfg->num_layers > 1 ? cfg->num_layers : 1;
+    g->mask_words = (g->slot_layers + 63) / 64;
     const char *prof = getenv("ATTNREPLAY_GPU_REF_PROFILE");
     g->profile = prof && strcmp(prof, "1") == 0;
     for (int i = 0; g->profile && i < 4; i++)
@@ -1104,17 +1453,20 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
             ar_gpu_ref_close(g);
             return -1;
         }
-    /* memory: half for the block cache, the rest for the scratch of one group */
+    /* memory: a share for the block cache (below), the rest for the scratch of one group */
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     size_t budget = mem_budget ? mem_budget : (size_t)(0.6 * (double)free_b);
     if (g->mla)
         g->entry_bytes = (size_t)g->bs * g->H * (g->P + g->V) * 8 + (size_t)g->bs * (g->L + g->R) * 4;
     else
-        g->entry_bytes = (size_t)2 * g->bs * g->hkv * g->D * ar_dtype_size(g->pool_type);
+        g->entry_bytes = (size_t)2 * g->bs * g->hkv * g->D * ar_dtype_size(g->pool_type) * g->slot_layers;
     const int min_slots = AR_VERIFY_KEY_CHUNK / g->bs + 2;
-    int64_t slots = (int64_t)(budget / 2 / g->entry_bytes);
-    int64_t enough = (int64_t)cfg->num_blocks * (cfg->num_layers > 0 ? cfg->num_layers : 1) + min_slots;
+    /* the block cache's share: half, three quarters with step-shared slots (a run of many layers
+     * needs a slot per block for all of them; the sampled checks such runs make need little
+     * scratch, and a run whose blocks all fit leaves the rest to the scratch) */
+    int64_t slots = (int64_t)((g->step_slots ? budget / 4 * 3 : budget / 2) / g->entry_bytes);
+    int64_t enough = (int64_t)cfg->num_blocks * (cfg->num_layers > 0 && !g->step_slots ? cfg->num_layers : 1) + min_slots;
     if (slots > enough) slots = enough;
     if (slots > INT_MAX / 2) slots = INT_MAX / 2;
     if (slots < min_slots) {
@@ -1133,16 +1485,25 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     } else {
         e = cudaMalloc(&g->pool_kv, (size_t)slots * g->entry_bytes);
     }
+    if (e == cudaSuccess && g->step_slots) {
+        e = cudaMalloc((void **)&g->dev_content, (size_t)slots * 8);
+        if (e == cudaSuccess) e = cudaMalloc((void **)&g->dev_mask, (size_t)slots * g->mask_words * 8);
+        if (e == cudaSuccess) e = cudaMemset(g->dev_content, 0, (size_t)slots * 8);
+        if (e == cudaSuccess) e = cudaMemset(g->dev_mask, 0, (size_t)slots * g->mask_words * 8);   /* nothing made */
+        g->seen = (int *)calloc((size_t)slots, sizeof(int));
+    }
     g->cache = ar_block_cache_new(g->capacity);
-    if (fail(e, "block cache allocation", err, err_len) || !g->cache) {
-        if (!g->cache && e == cudaSuccess) snprintf(err, err_len, "device reference: out of host memory");
+    if (fail(e, "block cache allocation", err, err_len) || !g->cache || (g->step_slots && !g->seen)) {
+        if (e == cudaSuccess) snprintf(err, err_len, "device reference: out of host memory");
         ar_gpu_ref_close(g);
         return -1;
     }
     size_t scratch = budget - (size_t)slots * g->entry_bytes;
     if (scratch < ((size_t)64 << 20)) scratch = (size_t)64 << 20;
-    size_t per_vector = g->mla ? (size_t)g->V * 8 + (size_t)g->L * 4 + (size_t)g->V * 4 + 16 : (size_t)g->Dv * 8 + 16;
-    g->max_scores = (int64_t)(scratch * 3 / 4 / 8);
+    /* MHA: the yardstick's scores and outputs have their own float buffers (the fused path needs
+     * both twins at once; the GEMM path aliases them, the budget is the same for both) */
+    size_t per_vector = g->mla ? (size_t)g->V * 8 + (size_t)g->L * 4 + (size_t)g->V * 4 + 16 : (size_t)g->Dv * 12 + 36;
+    g->max_scores = (int64_t)(scratch * 3 / 4 / (g->mla ? 8 : 12));
     g->max_vectors = (int64_t)(scratch / 4 / per_vector);
     g->stats.cache_slots = g->capacity;
     *out = g;
@@ -1168,22 +1529,17 @@ static size_t take(size_t *off, size_t bytes)
     return at;
 }
 
-/* Host view of one group's problem lists inside the arena. */
-typedef struct glists {
-    size_t all, small, big, psmall, pbig;   /* arena offsets */
-    int n_all, n_small, n_big, t_small, t_big, max_n;
-} glists;
 
-typedef struct hgroup {
-    glists ref, nv;           /* MHA: the same lists for both (nv unused); MLA: (item, h) and (item) */
-    size_t up, pup;           /* MLA: the up-projection problem */
-    int t_up;
-    long long nvec_ref, nvec_nv;
-} hgroup;
+/* Arena bytes split_lists takes for n problems (the sizing of the pinned arena). */
+static size_t lists_bytes(size_t n)
+{
+    return (3 + SK_BUCKETS) * (sizeof(gprob) * (n + 1) + 16) + (2 + SK_BUCKETS) * (sizeof(int) * (n + 1) + 16);
+}
 
 /* Splits the problems [n] (already in the arena at list->all) into small (M <= 8) and big lists
- * with their m-tile prefix arrays. */
-static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n, size_t *off)
+ * with their m-tile prefix arrays; with fused, problems of at most SK_MAXM vectors go to the
+ * fused lists instead (by M: up to 4, 8, SK_MAXM) with their key-tile prefix arrays. */
+static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n, size_t *off, bool fused)
 {
     ls->n_all = n;
     ls->small = take(off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
@@ -1192,11 +1548,25 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
     ls->pbig = take(off, sizeof(int) * (size_t)(n + 1));
     gprob *sm = (gprob *)(h + ls->small), *bg = (gprob *)(h + ls->big);
     int *ps = (int *)(h + ls->psmall), *pb = (int *)(h + ls->pbig);
+    gprob *fz[SK_BUCKETS];
+    int *pfz[SK_BUCKETS];
+    for (int k = 0; k < SK_BUCKETS; k++) {
+        ls->fz[k] = take(off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
+        ls->pfz[k] = take(off, sizeof(int) * (size_t)(n + 1));
+        fz[k] = (gprob *)(h + ls->fz[k]);
+        pfz[k] = (int *)(h + ls->pfz[k]);
+        ls->n_fz[k] = ls->t_fz[k] = 0;
+    }
     ls->n_small = ls->n_big = ls->t_small = ls->t_big = ls->max_n = 0;
     for (int i = 0; i < n; i++) {
         const gprob *p = &probs[i];
         if (p->N > ls->max_n) ls->max_n = p->N;
-        if (p->M <= 8) {
+        if (fused && p->M <= SK_MAXM) {
+            const int k = p->M <= 4 ? 0 : p->M <= 8 ? 1 : 2;
+            pfz[k][ls->n_fz[k]] = ls->t_fz[k];
+            fz[k][ls->n_fz[k]++] = *p;
+            ls->t_fz[k] += (p->N + SK_KEYS - 1) / SK_KEYS;
+        } else if (p->M <= 8) {
             ps[ls->n_small] = ls->t_small;
             sm[ls->n_small++] = *p;
             ls->t_small += (p->M + 7) / 8;
@@ -1208,6 +1578,28 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
     }
     ps[ls->n_small] = ls->t_small;
     pb[ls->n_big] = ls->t_big;
+    for (int k = 0; k < SK_BUCKETS; k++) pfz[k][ls->n_fz[k]] = ls->t_fz[k];
+}
+
+/* The fused path over a group's lists: both twins' scores (before the softmaxes) or both P.V
+ * products (after them). */
+template <int MB>
+static void launch_fused_bucket(const gctx &c, const glists &ls, int k, bool scores, const unsigned char *d,
+                                cudaStream_t st)
+{
+    if (ls.n_fz[k] <= 0) return;
+    if (scores && ls.t_fz[k] > 0)
+        fused_scores_kernel<MB><<<(unsigned)ls.t_fz[k], SK_KEYS, 0, st>>>(
+            c, (const gprob *)(d + ls.fz[k]), (const int *)(d + ls.pfz[k]), ls.n_fz[k]);
+    if (!scores)
+        fused_pv_kernel<MB><<<(unsigned)ls.n_fz[k], PV_THREADS, 0, st>>>(c, (const gprob *)(d + ls.fz[k]), ls.n_fz[k]);
+}
+
+static void launch_fused(const gctx &c, const glists &ls, bool scores, const unsigned char *d, cudaStream_t st)
+{
+    launch_fused_bucket<4>(c, ls, 0, scores, d, st);
+    launch_fused_bucket<8>(c, ls, 1, scores, d, st);
+    launch_fused_bucket<SK_MAXM>(c, ls, 2, scores, d, st);
 }
 
 /* Launches one product over a group's lists: small problems on 8-row tiles, the rest on 64 x 64. */
@@ -1228,11 +1620,12 @@ static void launch_product(const gctx &c, const glists &ls, const unsigned char 
     }
 }
 
-template <int KIND, int MODE>
+template <int KIND, int MODE, bool STATS = false>
 static void launch_softmax(const gctx &c, const glists &ls, const unsigned char *d, long long nvec, cudaStream_t st)
 {
     if (nvec <= 0) return;
-    softmax_kernel<KIND, MODE><<<grid_for(nvec * 32, 256), 256, 0, st>>>(c, (const gprob *)(d + ls.all), ls.n_all, nvec);
+    softmax_kernel<KIND, MODE, STATS><<<grid_for(nvec * 32, 256), 256, 0, st>>>(c, (const gprob *)(d + ls.all), ls.n_all,
+                                                                              nvec);
 }
 
 template <int KIND, bool NV>
@@ -1272,6 +1665,8 @@ static gctx make_ctx(const ar_gpu_ref *g, const ar_batch *b, int layer, int num_
     c.dist = cfg->data;
     c.seed = cfg->seed;
     c.layer = (unsigned)layer;
+    c.slot_layers = g->slot_layers;
+    c.pool_layer = g->slot_layers > 1 ? layer : 0;
     c.num_tokens = b->num_tokens;
     c.num_rows = num_rows;
     c.q = (float *)g->q.ptr;
@@ -1284,9 +1679,13 @@ static gctx make_ctx(const ar_gpu_ref *g, const ar_batch *b, int layer, int num_
     c.pool_lat = g->pool_lat;
     c.S = (double *)g->S.ptr;
     c.O = (double *)g->O.ptr;
+    c.Snv = g->fused ? (float *)g->Snv.ptr : (float *)g->S.ptr;   /* the GEMM path: after the reference's */
+    c.Onv = g->fused ? (float *)g->Onv.ptr : (float *)g->O.ptr;
     c.olat = (float *)g->olat.ptr;
     c.onv = (float *)g->onv.ptr;
     c.stat = (double *)g->stat.ptr;
+    c.stat_nv = g->fused ? (double *)g->statnv.ptr : c.stat;
+    c.mx_nv = g->fused ? (float *)g->mxnv.ptr : NULL;
     return c;
 }
 
@@ -1313,17 +1712,73 @@ extern "C" int ar_gpu_ref_nan_count(ar_gpu_ref *g, const ar_batch *b, const ar_g
     return 0;
 }
 
-extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_ref_rows *rows,
-                                const ar_gpu_ref_output *o, const volatile int *cancel, ar_gpu_ref_copy *copy,
-                                ar_gpu_ref_summary *sum, char *err, size_t err_len)
+/* Reference problems of one group (see the problem lists in ar_gpu_ref_check). */
+static size_t group_problems(const ar_gpu_ref *g, const ar_ref_plan *pl, const ar_ref_group *gr)
 {
-    memset(sum, 0, sizeof *sum);
-    const double t0 = now_s();
-    const int R = b->num_reqs, NR = rows->num_rows;
-    const int hq = g->hq, Dv = g->Dv, bs = g->bs;
-    const int win = g->mla ? 0 : g->cfg.model.sliding_window;
-    g->stats.checks++;
+    if (g->mla) return (size_t)gr->nitems * (size_t)g->H;
+    if (!g->fused) return (size_t)gr->nitems * (size_t)g->hkv;
+    size_t n = 0;
+    for (int i = gr->item0; i < gr->item0 + gr->nitems; i++)
+        n += (size_t)((pl->items[i].nrows + g->fused_rows - 1) / g->fused_rows) * (size_t)g->hkv;
+    return n;
+}
 
+/* The inputs a check's plan depends on besides the layer, into g->sig_new (g->sig_new_len words):
+ * a plan made from equal words is the same plan.  0 or -1 (out of memory). */
+static int plan_signature(ar_gpu_ref *g, const ar_batch *b, const ar_gpu_ref_rows *rows, char *err, size_t err_len)
+{
+    const int R = b->num_reqs, NR = rows->num_rows, bs = g->bs;
+    size_t n = 5 + (size_t)R * 6 + (size_t)NR;
+    for (int r = 0; r < R; r++)
+        if (rows->req_row0[r + 1] > rows->req_row0[r]) {
+            int nb = (b->seq_lens[r] + bs - 1) / bs;
+            n += (size_t)(nb < b->max_blocks_per_req ? nb : b->max_blocks_per_req);
+        }
+    if (n > g->sig_new_cap) {
+        uint64_t *p = (uint64_t *)realloc(g->sig_new, sizeof(uint64_t) * (n + n / 4));
+        if (!p) {
+            snprintf(err, err_len, "device reference: out of host memory");
+            return -1;
+        }
+        g->sig_new = p;
+        g->sig_new_cap = n + n / 4;
+    }
+    uint64_t *w = g->sig_new;
+    size_t k = 0;
+    w[k++] = (uint64_t)b->step;
+    w[k++] = (uint64_t)(uint32_t)R;
+    w[k++] = (uint64_t)(uint32_t)NR;
+    w[k++] = (uint64_t)(uint32_t)b->num_tokens;
+    w[k++] = (uint64_t)(uint32_t)b->max_blocks_per_req;
+    for (int r = 0; r < R; r++) {
+        w[k++] = b->req_keys[r];
+        w[k++] = (uint64_t)(uint32_t)b->context_lens[r];
+        w[k++] = (uint64_t)(uint32_t)b->seq_lens[r];
+        w[k++] = (uint64_t)(uint32_t)b->query_start_loc[r];
+        w[k++] = (uint64_t)(uint32_t)rows->req_row0[r];
+        w[k++] = (uint64_t)(uint32_t)rows->req_row0[r + 1];
+    }
+    for (int i = 0; i < NR; i++) w[k++] = (uint64_t)(uint32_t)rows->row[i];
+    for (int r = 0; r < R; r++)
+        if (rows->req_row0[r + 1] > rows->req_row0[r]) {
+            int nb = (b->seq_lens[r] + bs - 1) / bs;
+            if (nb > b->max_blocks_per_req) nb = b->max_blocks_per_req;
+            memcpy(w + k, b->block_keys + (size_t)r * b->max_blocks_per_req, sizeof(uint64_t) * (size_t)nb);
+            k += (size_t)nb;
+        }
+    g->sig_new_len = k;
+    return 0;
+}
+
+/* Plans one check (ar_gpu_ref_check's rows of step b at `layer`) into g->sp and the pinned arena:
+ * the block-cache slots, items and groups, and every list the kernels read.  0 or -1. */
+static int plan_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_ref_rows *rows, char *err,
+                      size_t err_len)
+{
+    saved_plan *sp = &g->sp;
+    const int R = b->num_reqs, NR = rows->num_rows;
+    const int hq = g->hq, bs = g->bs;
+    const int win = g->mla ? 0 : g->cfg.model.sliding_window;
     /* ---- plan: requests, rows, items, groups ---- */
     ar_ref_plan_req *preq = (ar_ref_plan_req *)malloc(sizeof *preq * (size_t)(R > 0 ? R : 1));
     if (!preq) {
@@ -1344,7 +1799,10 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         if (win > 0 && first - win + 1 > 0) q->kmin = first - win + 1;
     }
     ar_ref_budget bud = {AR_VERIFY_KEY_CHUNK, bs, hq, g->max_scores, g->max_vectors};
-    if (ar_ref_plan_build(&g->plan, g->cache, layer, b->step, &g->stamp, R, preq, &bud, err, err_len) != 0) {
+    /* step-shared slots: one cache entry per content key for every layer (the device makes each
+     * layer of it on first use); else one per (layer, content key) */
+    if (ar_ref_plan_build(&g->plan, g->cache, g->step_slots ? 0 : layer, b->step, &g->stamp, R, preq, &bud, err,
+                          err_len) != 0) {
         free(preq);
         return -1;
     }
@@ -1352,21 +1810,24 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
 
     /* ---- the arena: everything the kernels read, one upload ---- */
     size_t off = 0;
-    const size_t o_reqs = take(&off, sizeof(dreq) * (size_t)(R > 0 ? R : 1));
-    const size_t o_rows = take(&off, sizeof(drow) * (size_t)(NR > 0 ? NR : 1));
-    const size_t o_items = take(&off, sizeof(ditem) * (size_t)(pl->num_items > 0 ? pl->num_items : 1));
-    const size_t o_map = take(&off, sizeof(int) * (size_t)(pl->num_map > 0 ? pl->num_map : 1));
-    const size_t o_mslot = take(&off, sizeof(int) * (size_t)(pl->num_miss > 0 ? pl->num_miss : 1));
-    const size_t o_mkey = take(&off, sizeof(unsigned long long) * (size_t)(pl->num_miss > 0 ? pl->num_miss : 1));
+    const size_t o_reqs = sp->o_reqs = take(&off, sizeof(dreq) * (size_t)(R > 0 ? R : 1));
+    const size_t o_rows = sp->o_rows = take(&off, sizeof(drow) * (size_t)(NR > 0 ? NR : 1));
+    const size_t o_items = sp->o_items = take(&off, sizeof(ditem) * (size_t)(pl->num_items > 0 ? pl->num_items : 1));
+    const size_t o_map = sp->o_map = take(&off, sizeof(int) * (size_t)(pl->num_map > 0 ? pl->num_map : 1));
+    const size_t o_mslot = sp->o_mslot = take(&off, sizeof(int) * (size_t)(pl->num_miss > 0 ? pl->num_miss : 1));
+    const size_t o_mkey = sp->o_mkey = take(&off, sizeof(unsigned long long) * (size_t)(pl->num_miss > 0 ? pl->num_miss : 1));
+    /* step-shared slots: each group's distinct slots and their content keys (at most num_map) */
+    const size_t o_uslot = sp->o_uslot = take(&off, sizeof(int) * (size_t)(pl->num_map > 0 ? pl->num_map : 1));
+    const size_t o_ukey = sp->o_ukey = take(&off, sizeof(unsigned long long) * (size_t)(pl->num_map > 0 ? pl->num_map : 1));
     /* problem lists: sized generously first (items x heads per group, x 2 for MLA), filled below */
     size_t need = off;
     for (int gi = 0; gi < pl->num_groups; gi++) {
-        size_t np = (size_t)pl->groups[gi].nitems * (g->mla ? (size_t)g->H + 1 : (size_t)g->hkv) + 2;
-        need += 3 * (sizeof(gprob) * np + 16) + 2 * (sizeof(int) * (np + 1) + 16) + 2 * (3 * sizeof(gprob) + 64);
-        if (g->mla) need += 3 * (sizeof(gprob) * np + 16) + 2 * (sizeof(int) * (np + 1) + 16);
+        size_t np = group_problems(g, pl, &pl->groups[gi]) + 2;
+        need += sizeof(gprob) * np + 16 + lists_bytes(np) + 2 * (3 * sizeof(gprob) + 64);
+        if (g->mla) need += sizeof(gprob) * np + 16 + lists_bytes(np);
     }
     size_t o_qlprobs = 0;
-    if (g->mla) need += 3 * (sizeof(gprob) * (size_t)(g->H + 1) + 16) + 2 * (sizeof(int) * (size_t)(g->H + 2) + 16);
+    if (g->mla) need += sizeof(gprob) * (size_t)(g->H + 1) + 16 + lists_bytes((size_t)g->H + 1);
     need += 256;
     if (need > g->h_arena_cap) {
         if (g->h_arena) cudaFreeHost(g->h_arena);
@@ -1399,7 +1860,6 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
             hw[i].pos = b->context_lens[r] + rows->row[i];
             hw[i].t = b->query_start_loc[r] + rows->row[i];
         }
-    free(preq);
     ditem *hi = (ditem *)(h + o_items);
     for (int i = 0; i < pl->num_items; i++) {
         const ar_ref_item *it = &pl->items[i];
@@ -1408,41 +1868,49 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
     memcpy(h + o_map, pl->slot_map, sizeof(int) * (size_t)pl->num_map);
     memcpy(h + o_mslot, pl->miss_slot, sizeof(int) * (size_t)pl->num_miss);
     memcpy(h + o_mkey, pl->miss_key, sizeof(uint64_t) * (size_t)pl->num_miss);
+    int nuniq = 0;
 
     hgroup *hg = (hgroup *)calloc((size_t)(pl->num_groups > 0 ? pl->num_groups : 1), sizeof *hg);
     gprob *tmp = NULL;
     size_t tmp_cap = 0;
     int64_t max_scores = 0, max_vec = 0;
     if (!hg) {
+        free(preq);
         snprintf(err, err_len, "device reference: out of host memory");
         return -1;
     }
     for (int gi = 0; gi < pl->num_groups; gi++) {
         const ar_ref_group *gr = &pl->groups[gi];
         hgroup *x = &hg[gi];
-        size_t np = (size_t)gr->nitems * (g->mla ? (size_t)g->H : (size_t)g->hkv) + 1;
+        size_t np = group_problems(g, pl, gr) + 1;
         if (np > tmp_cap) {
             free(tmp);
             tmp = (gprob *)malloc(sizeof(gprob) * np);
             tmp_cap = tmp ? np : 0;
             if (!tmp) {
                 free(hg);
+                free(preq);
                 snprintf(err, err_len, "device reference: out of host memory");
                 return -1;
             }
         }
-        /* reference problems: MHA (item, KV head); MLA (item, head).  Vectors in problem order. */
+        /* reference problems: MHA (item, KV head), on the fused path (item, KV head, block of
+         * fused_rows rows); MLA (item, head).  Vectors in problem order. */
         long long s = 0, v = 0, vnv = 0;
         int n = 0;
         for (int i = gr->item0; i < gr->item0 + gr->nitems; i++) {
             const ar_ref_item *it = &pl->items[i];
-            const int heads = g->mla ? g->H : g->hkv, M = g->mla ? it->nrows : it->nrows * g->group;
-            for (int hh = 0; hh < heads; hh++) {
-                gprob p = {i, hh, M, it->nkeys, g->mla ? g->P + g->R : g->D, 0, s, v, vnv};
-                tmp[n++] = p;
-                s += (long long)M * it->nkeys;
-                v += M;
-            }
+            const int heads = g->mla ? g->H : g->hkv;
+            const int rows_per = g->fused ? g->fused_rows : (it->nrows > 0 ? it->nrows : 1);
+            for (int hh = 0; hh < heads; hh++)
+                for (int r0 = 0; r0 < it->nrows; r0 += rows_per) {
+                    const int nr = it->nrows - r0 < rows_per ? it->nrows - r0 : rows_per;
+                    const int M = g->mla ? nr : nr * g->group;
+                    gprob p = {i, hh, M, it->nkeys, g->mla ? g->P + g->R : g->D, r0, s, v, vnv};
+                    tmp[n++] = p;
+                    s += (long long)M * it->nkeys;
+                    v += M;
+                }
             vnv += (long long)it->nrows * g->H;
         }
         x->nvec_ref = v;
@@ -1450,7 +1918,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         if (v > max_vec) max_vec = v;
         x->ref.all = take(&off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
         memcpy(h + x->ref.all, tmp, sizeof(gprob) * (size_t)n);
-        split_lists(h, &x->ref, tmp, n, &off);
+        split_lists(h, &x->ref, tmp, n, &off, g->fused);
         if (g->mla) {
             /* yardstick problems: (item), every head, vectors (row, head) */
             s = v = 0;
@@ -1465,7 +1933,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
             x->nvec_nv = v;
             x->nv.all = take(&off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
             memcpy(h + x->nv.all, tmp, sizeof(gprob) * (size_t)n);
-            split_lists(h, &x->nv, tmp, n, &off);
+            split_lists(h, &x->nv, tmp, n, &off, false);
             /* the up-projection of the blocks this group misses: one problem */
             x->up = take(&off, sizeof(gprob));
             x->pup = take(&off, 2 * sizeof(int));
@@ -1483,6 +1951,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         gprob *qp = (gprob *)malloc(sizeof(gprob) * (size_t)g->H);
         if (!qp) {
             free(hg);
+            free(preq);
             snprintf(err, err_len, "device reference: out of host memory");
             return -1;
         }
@@ -1490,10 +1959,72 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         o_qlprobs = take(&off, sizeof(gprob) * (size_t)g->H);
         qlists.all = o_qlprobs;
         memcpy(h + o_qlprobs, qp, sizeof(gprob) * (size_t)g->H);
-        split_lists(h, &qlists, qp, g->H, &off);
+        split_lists(h, &qlists, qp, g->H, &off, false);
         free(qp);
     }
-    const size_t arena_bytes = off;
+    if (g->step_slots) {   /* each group's distinct slots and their content keys */
+        int *us = (int *)(h + o_uslot);
+        unsigned long long *uk = (unsigned long long *)(h + o_ukey);
+        for (int gi = 0; gi < pl->num_groups; gi++) {
+            hg[gi].u0 = nuniq;
+            hg[gi].nu = ar_ref_plan_group_slots(pl, gi, preq, bs, g->seen, &g->seen_serial, us + nuniq,
+                                                (uint64_t *)(uk + nuniq));
+            nuniq += hg[gi].nu;
+        }
+    }
+    free(preq);
+    sp->arena_bytes = off;
+    sp->max_scores = max_scores;
+    sp->max_vec = max_vec;
+    sp->qlists = qlists;
+    free(sp->hg);
+    sp->hg = hg;
+    return 0;
+}
+
+
+extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_ref_rows *rows,
+                                const ar_gpu_ref_output *o, const volatile int *cancel, ar_gpu_ref_copy *copy,
+                                ar_gpu_ref_summary *sum, char *err, size_t err_len)
+{
+    memset(sum, 0, sizeof *sum);
+    const double t0 = now_s();
+    const int NR = rows->num_rows;
+    const int hq = g->hq, Dv = g->Dv, bs = g->bs;
+    g->stats.checks++;
+    saved_plan *sp = &g->sp;
+    /* the step's other layers reuse its plan (step-shared slots: the slots do not depend on the
+     * layer), when the batch and the rows are the same */
+    bool reuse = false;
+    if (g->step_slots) {
+        if (layer < 0 || layer >= g->slot_layers) {
+            snprintf(err, err_len, "device reference: layer %d outside the run's %d layers", layer, g->slot_layers);
+            return -1;
+        }
+        if (plan_signature(g, b, rows, err, err_len)) return -1;
+        reuse = sp->valid && g->sig_new_len == g->sig_len && memcmp(g->sig_new, g->sig, sizeof(uint64_t) * g->sig_len) == 0;
+    }
+    if (!reuse) {
+        sp->valid = false;
+        if (plan_check(g, b, layer, rows, err, err_len)) return -1;
+        if (g->step_slots) {
+            uint64_t *t = g->sig;
+            size_t tc = g->sig_cap;
+            g->sig = g->sig_new;
+            g->sig_cap = g->sig_new_cap;
+            g->sig_len = g->sig_new_len;
+            g->sig_new = t;
+            g->sig_new_cap = tc;
+            sum->generated_blocks = g->plan.num_miss;
+            g->stats.blocks_generated += g->plan.num_miss;
+        }
+    }
+    const ar_ref_plan *pl = &g->plan;
+    const hgroup *hg = sp->hg;
+    const int64_t max_scores = sp->max_scores, max_vec = sp->max_vec;
+    const size_t arena_bytes = sp->arena_bytes;
+    const glists qlists = sp->qlists;
+    unsigned char *h = (unsigned char *)g->h_arena;
 
     /* ---- device buffers (grow-only) ---- */
     const size_t acc_elems = (size_t)(NR > 0 ? NR : 1) * hq * Dv, lse_elems = (size_t)(NR > 0 ? NR : 1) * hq;
@@ -1509,20 +2040,24 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         ensure(&g->S, (size_t)(max_scores > 0 ? max_scores : 1) * 8, "score scratch", err, err_len) ||
         ensure(&g->O, (size_t)(max_vec > 0 ? max_vec : 1) * vec_bytes, "output scratch", err, err_len) ||
         ensure(&g->stat, (size_t)(max_vec > 0 ? max_vec : 1) * 16, "row statistics", err, err_len) ||
+        (g->fused && ensure(&g->Snv, (size_t)(max_scores > 0 ? max_scores : 1) * 4, "yardstick scores", err, err_len)) ||
+        (g->fused && ensure(&g->Onv, (size_t)(max_vec > 0 ? max_vec : 1) * Dv * 4, "yardstick outputs", err, err_len)) ||
+        (g->fused && ensure(&g->statnv, (size_t)(max_vec > 0 ? max_vec : 1) * 16, "yardstick statistics", err, err_len)) ||
+        (g->fused && ensure(&g->mxnv, (size_t)(max_vec > 0 ? max_vec : 1) * 4, "yardstick maxima", err, err_len)) ||
         (g->mla && ensure(&g->olat, (size_t)(max_vec > 0 ? max_vec : 1) * g->L * 4, "latent outputs", err, err_len)) ||
         (g->mla && ensure(&g->onv, (size_t)(max_vec > 0 ? max_vec : 1) * g->V * 4, "yardstick outputs", err, err_len)) ||
         (g->mla && ensure(&g->w, (size_t)g->L * g->H * (g->P + g->V) * 4, "MLA weights", err, err_len)) ||
         ensure(&g->parts, sizeof(part) * (size_t)nparts, "partials", err, err_len) ||
         ensure(&g->sum, sizeof(dsum), "summary", err, err_len)) {
-        free(hg);
+        sp->valid = false;
         return -1;
     }
     gctx c = make_ctx(g, b, layer, NR);
     unsigned char *d = (unsigned char *)g->arena.ptr;
-    c.reqs = (const dreq *)(d + o_reqs);
-    c.rows = (const drow *)(d + o_rows);
-    c.items = (const ditem *)(d + o_items);
-    c.slot_map = (const int *)(d + o_map);
+    c.reqs = (const dreq *)(d + sp->o_reqs);
+    c.rows = (const drow *)(d + sp->o_rows);
+    c.items = (const ditem *)(d + sp->o_items);
+    c.slot_map = (const int *)(d + sp->o_map);
     double *acc = (double *)g->acc.ptr;
     c.acc_o = acc;
     c.nv_o = acc + acc_elems;
@@ -1537,9 +2072,9 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
     int rc = 0;
     if (fail(cudaEventRecord(g->ev_in, (cudaStream_t)o->stream), "event", err, err_len) ||
         fail(cudaStreamWaitEvent(st, g->ev_in, 0), "stream wait", err, err_len) ||
-        fail(cudaMemcpyAsync(d, h, arena_bytes, cudaMemcpyHostToDevice, st), "plan upload", err, err_len) ||
+        (!reuse && fail(cudaMemcpyAsync(d, h, arena_bytes, cudaMemcpyHostToDevice, st), "plan upload", err, err_len)) ||
         fail(cudaMemsetAsync(&ds->nan, 0, sizeof ds->nan, st), "memset", err, err_len)) {
-        free(hg);
+        sp->valid = false;
         ar_block_cache_clear(g->cache);
         return -1;
     }
@@ -1573,27 +2108,46 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         }
         const ar_ref_group *gr = &pl->groups[gi];
         const hgroup *x = &hg[gi];
-        c.miss_slot = (const int *)(d + o_mslot) + gr->miss0;
-        c.miss_key = (const unsigned long long *)(d + o_mkey) + gr->miss0;
+        c.miss_slot = (const int *)(d + sp->o_mslot) + gr->miss0;
+        c.miss_key = (const unsigned long long *)(d + sp->o_mkey) + gr->miss0;
         c.nmiss = gr->nmiss;
         g->stats.groups++;
-        g->stats.blocks_generated += gr->nmiss;
         sum->groups++;
-        sum->generated_blocks += gr->nmiss;
+        if (!g->step_slots) {   /* step-shared slots: counted when planned (blocks newly cached) */
+            g->stats.blocks_generated += gr->nmiss;
+            sum->generated_blocks += gr->nmiss;
+        }
         if (g->profile) cudaEventRecord(g->ev_prof[0], st);
         if (!g->mla) {
-            if (gr->nmiss > 0)
+            if (g->step_slots) {
+                if (x->nu > 0)
+                    gen_slots_mha_kernel<<<x->nu < 65535 * 8 ? x->nu : 65535 * 8, 256, 0, st>>>(
+                        c, (const int *)(d + sp->o_uslot) + x->u0, (const unsigned long long *)(d + sp->o_ukey) + x->u0,
+                        x->nu, g->dev_content, g->dev_mask, g->mask_words);
+            } else if (gr->nmiss > 0) {
                 gen_pool_mha_kernel<<<grid_for((long long)gr->nmiss * bs * g->hkv * ((g->D + 7) / 8), 256), 256, 0, st>>>(c);
+            }
             if (g->profile) cudaEventRecord(g->ev_prof[1], st);
-            launch_product<double, K_MHA_S_REF, false>(c, x->ref, d, 0, st);
-            launch_softmax<K_MHA_S_REF, 0>(c, x->ref, d, x->nvec_ref, st);
-            launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
-            launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
-            if (g->profile) cudaEventRecord(g->ev_prof[2], st);
-            launch_product<float, K_MHA_S_NV, false>(c, x->ref, d, 0, st);
-            launch_softmax<K_MHA_S_NV, 1>(c, x->ref, d, x->nvec_ref, st);
-            launch_product<float, K_MHA_PV_NV, true>(c, x->ref, d, Dv, st);
-            launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);
+            if (g->fused) {   /* both twins in each pass; the profile counts it all as the reference's */
+                /* every problem is in the fused lists (fused_rows rows: at most SK_MAXM vectors) */
+                launch_fused(c, x->ref, true, d, st);
+                launch_softmax<K_MHA_S_REF, 0, true>(c, x->ref, d, x->nvec_ref, st);   /* statistics only */
+                launch_softmax<K_MHA_S_NV, 1, true>(c, x->ref, d, x->nvec_ref, st);
+                launch_fused(c, x->ref, false, d, st);
+                launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
+                launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);
+                if (g->profile) cudaEventRecord(g->ev_prof[2], st);
+            } else {
+                launch_product<double, K_MHA_S_REF, false>(c, x->ref, d, 0, st);
+                launch_softmax<K_MHA_S_REF, 0>(c, x->ref, d, x->nvec_ref, st);
+                launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
+                launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
+                if (g->profile) cudaEventRecord(g->ev_prof[2], st);
+                launch_product<float, K_MHA_S_NV, false>(c, x->ref, d, 0, st);
+                launch_softmax<K_MHA_S_NV, 1>(c, x->ref, d, x->nvec_ref, st);
+                launch_product<float, K_MHA_PV_NV, true>(c, x->ref, d, Dv, st);
+                launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);
+            }
         } else {
             if (gr->nmiss > 0) {
                 gen_pool_lat_kernel<<<grid_for((long long)gr->nmiss * bs * ((g->L + g->R + 7) / 8), 256), 256, 0, st>>>(c);
@@ -1707,7 +2261,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         g->stats.blocks_used += pl->num_map;
     }
 out:
-    free(hg);
+    sp->valid = rc == 0 && g->step_slots;
     if (rc != 0) {
         /* slots planned but maybe never filled: forget them all */
         ar_block_cache_clear(g->cache);

@@ -15,12 +15,18 @@
  * (error sums and maxima, counts, the worst elements) and, for the cross-check against the C
  * reference, one row's reference values come back to the host.
  *
- * Where the work goes: generated K/V (MHA) and up-projected k_nope / v (MLA) are kept per
- * (layer, content key) in a device block cache (ref_gpu_plan.h) that lives across steps, so
- * a block shared by many requests, or seen again at the next step, is made once.  Attention is
- * three passes per group of items: a tiled GEMM for the scores into device scratch, a softmax
- * pass, a tiled GEMM for P.V; the float64 passes run on the FP64 units, the yardstick's (MHA)
- * on the FP32 units.  Everything runs on the verifier's own stream after the backend's output is
+ * Where the work goes: generated K/V (MHA) and up-projected k_nope / v (MLA) are kept in a device
+ * block cache (ref_gpu_plan.h) that lives across steps, so a block shared by many requests, or
+ * seen again at the next step, is made once.  MLA keys it by (layer, content key).  MHA keys it
+ * by content key, a slot holding the block for each of the run's layers: the host plans a step
+ * at its first check and its other layers reuse that plan (same batch and rows), and the device
+ * makes a layer of a slot on first use (it keeps per slot the content key held and the layers
+ * made).  Attention is
+ * three passes per group of items: the scores into device scratch, a softmax pass, P.V; the
+ * float64 passes run on the FP64 units, the yardstick's (MHA) on the FP32 units.  For MHA the
+ * reference and the yardstick share each pass (one read of K for both twins' scores, one read of
+ * V for both P.V products, problems of a few rows x one KV head's query heads, bit-identical to
+ * the separate tiled GEMMs that MLA and ATTNREPLAY_GPU_REF_FUSED=0 use).  Everything runs on the verifier's own stream after the backend's output is
  * ready (an event on the backend's stream).  Results are deterministic: no floating-point
  * atomics, fixed reduction orders. */
 #ifndef AR_REF_GPU_H
@@ -85,9 +91,12 @@ typedef struct ar_gpu_ref_summary {
     ar_gpu_ref_worst worst[AR_GPU_REF_WORST];
     /* where the time went (host wall clock of this call, seconds) */
     double plan_s, device_s;
-    int groups, generated_blocks;
+    int groups;
+    int generated_blocks;     /* blocks made (MHA: blocks newly cached when the step was planned; the
+                                 device then makes each layer of them at its first check) */
     /* device time per phase (CUDA events, milliseconds) when ATTNREPLAY_GPU_REF_PROFILE=1 was set at
-     * open (each group is then waited for: for measurements, not for runs) */
+     * open (each group is then waited for: for measurements, not for runs); on the fused MHA path
+     * ref_ms holds both twins' work and naive_ms stays 0 */
     double gen_ms, ref_ms, naive_ms, compare_ms;
 } ar_gpu_ref_summary;
 

@@ -346,3 +346,23 @@ oom:
     snprintf(err, err_len, "device reference: out of host memory planning a step");
     return -1;
 }
+
+int ar_ref_plan_group_slots(const ar_ref_plan *pl, int gi, const ar_ref_plan_req *reqs, int block_size, int *seen,
+                            int *serial, int *slots, uint64_t *keys)
+{
+    const ar_ref_group *g = &pl->groups[gi];
+    const int mark = ++*serial;
+    int n = 0;
+    for (int i = g->item0; i < g->item0 + g->nitems; i++) {
+        const ar_ref_item *it = &pl->items[i];
+        const uint64_t *bk = reqs[it->r].block_keys + it->k0 / block_size;
+        for (int j = 0; j < it->nblocks; j++) {
+            const int s = pl->slot_map[it->map0 + j];
+            if (seen[s] == mark) continue;
+            seen[s] = mark;
+            slots[n] = s;
+            keys[n++] = bk[j];
+        }
+    }
+    return n;
+}

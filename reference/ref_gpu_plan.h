@@ -111,6 +111,15 @@ int ar_ref_plan_build(ar_ref_plan *pl, ar_block_cache *cache, int layer, int64_t
                       char *err, size_t err_len);
 void ar_ref_plan_free(ar_ref_plan *pl);
 
+/* The distinct slots that the items of group gi read, in first-use order, and the content key of
+ * each (reqs: the requests the plan was built from): written to slots / keys (room for the
+ * group's slot_map entries), returns how many.  seen [cache capacity] and *serial are the
+ * caller's scratch, zeroed before the first call and kept between calls (each call takes a new
+ * serial).  For a block cache whose slots hold every layer of a block, these are the blocks
+ * whose layer the device must make unless the slot holds it already. */
+int ar_ref_plan_group_slots(const ar_ref_plan *pl, int gi, const ar_ref_plan_req *reqs, int block_size, int *seen,
+                            int *serial, int *slots, uint64_t *keys);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,7 +6,9 @@
  * Phases come from CUDA events (ATTNREPLAY_GPU_REF_PROFILE=1, set here): block generation, the
  * float64 reference, the yardstick, the comparison.  FP64 rate = reference FLOPs / reference
  * time, with FLOPs counted as the verified rows' share of the step's attention (4 x visible keys
- * x heads x head size per row; MLA expanded form: 2 x heads x keys x (192 + 128)).
+ * x heads x head size per row; MLA expanded form: 2 x heads x keys x (192 + 128)).  On the fused MHA
+ * path (the default) "ref" is both twins' attention and "naive" 0; ATTNREPLAY_GPU_REF_FUSED=0 in
+ * the environment measures the separate tiled GEMMs instead (same results, bit for bit).
  * Skips with a reason without a device.  Usage: bench_ref_gpu [case-name-substring] */
 #include "testutil.h"
 

@@ -10,7 +10,9 @@
  *    yardstick agrees with the host's up to rare one-ulp roundings of the dtype; the device
  *    verifier's verdict and metrics equal the host verifier's on the same backend output.
  * 2. The plan changes nothing: a tiny device budget (many groups, block-cache evictions) gives
- *    bit-identical results to a large one.
+ *    bit-identical results to a large one, and the fused path bit-identical results to the
+ *    GEMM-template path (ATTNREPLAY_GPU_REF_FUSED=0); the layers of a step share one plan and
+ *    each equals the C reference, also when the block cache holds less than the step reads.
  * 3. On the device path the backend makes no host copy, NaN anywhere fails the step (also with
  *    verification off), a poked guard region is reported, and a cross-check disagreement is a run
  *    error naming step, request, row and head.
@@ -212,7 +214,8 @@ typedef struct agreement {
 } agreement;
 
 /* The device reference and yardstick against the C ones, every checked row and head. */
-static agreement compare_with_host(const ar_run_config *cfg, const step_run *s, const row_set *rs, const dev_copy *dc)
+static agreement compare_with_host(const ar_run_config *cfg, const step_run *s, const row_set *rs, const dev_copy *dc,
+                                   int layer)
 {
     agreement a = {0, 0, 0};
     const int hq = cfg->model.num_q_heads, dv = s->dv;
@@ -225,7 +228,7 @@ static agreement compare_with_host(const ar_run_config *cfg, const step_run *s, 
         double *ho = malloc(sizeof(double) * (size_t)nrows * hq * dv), *hl = malloc(sizeof(double) * (size_t)nrows * hq);
         double *no = malloc(sizeof(double) * (size_t)nrows * hq * dv), *nl = malloc(sizeof(double) * (size_t)nrows * hq);
         assert_true(ho && hl && no && nl);
-        assert_int_equal(ar_verify_host_reference(cfg, &s->t.b, 0, r, nrows, rs->rows + rs->row0[r], 0, hq, ho, hl, no,
+        assert_int_equal(ar_verify_host_reference(cfg, &s->t.b, layer, r, nrows, rs->rows + rs->row0[r], 0, hq, ho, hl, no,
                                                   nl), 0);
         for (int i = 0; i < nrows; i++) {
             const int row = rs->row0[r] + i;
@@ -305,7 +308,7 @@ static bool run_case(const ar_backend *be, const ar_run_config *cfg, const casc_
     rows_for(&rs, &s.t.b, &vo);
     dev_copy dc;
     device_reference(cfg, TEST_BUDGET, &s, &rs, &dc);
-    agreement a = compare_with_host(cfg, &s, &rs, &dc);
+    agreement a = compare_with_host(cfg, &s, &rs, &dc, 0);
     ar_verify_result dres, hres;
     both_verifiers(cfg, be, &s, &vo, &dres, &hres);
     print_message("%-46s rows %5d  ref %.2g  naive %.2g (%.4f%% flips)  max_abs %.3g/%.3g naive %.3g/%.3g  %s/%s\n",
@@ -418,8 +421,8 @@ static void test_plan_changes_nothing(void **state)
         rows_for(&rs, &s.t.b, &vo);
         dev_copy a, b;
         device_reference(&cfg, TEST_BUDGET, &s, &rs, &a);
-        /* MHA: 768 blocks of 16 KiB and 12 MB of scratch (groups split on scores); MLA: 534 blocks
-         * of 548 KiB for a step reading ~730 (groups split on the cache, blocks evicted) */
+        /* MHA: 1152 blocks of 16 KiB and the least scratch, 64 MiB (groups split on scores); MLA:
+         * 534 blocks of 548 KiB for a step reading ~730 (groups split on the cache, blocks evicted) */
         device_reference(&cfg, mla ? (size_t)600 << 20 : (size_t)24 << 20, &s, &rs, &b);
         print_message("%s: %d groups, %d blocks made with the large budget; %d groups, %d blocks with the small one\n",
                       mla ? "MLA" : "MHA", a.sum.groups, a.sum.generated_blocks, b.sum.groups, b.sum.generated_blocks);
@@ -436,6 +439,139 @@ static void test_plan_changes_nothing(void **state)
         rows_free(&rs);
         step_close(&s);
     }
+}
+
+/* The fused path (reference and yardstick in one pass over K and V, problems of a few rows) gives
+ * the very bits of the GEMM-template path (ATTNREPLAY_GPU_REF_FUSED=0): both sum every product in
+ * the same order with the same roundings.  GQA 8:2 (two rows per problem), 4:4 (eight rows) with
+ * head size 80 and a window, head size 256 (two output dims per thread), a soft cap, fp16. */
+static void test_fused_path_changes_nothing(void **state)
+{
+    (void)state;
+    ar_run_config base = mha_cfg(8, 2, 128, AR_BF16, 0, 0);
+    if (!ready(&ar_cuda_backend, &base)) { skip(); return; }
+    static const casc_seq many[] = {{300, 2500}, {1, 3000}, {40, 900}, {1, 77}, {128, 128}, {1, 9000}};
+    const ar_run_config cfgs[5] = {base, mha_cfg(4, 4, 80, AR_BF16, 256, 0), mha_cfg(4, 4, 256, AR_BF16, 0, 0),
+                                   mha_cfg(8, 2, 128, AR_BF16, 64, 50.0), mha_cfg(8, 2, 128, AR_FP16, 0, 0)};
+    for (int k = 0; k < 5; k++) {
+        const ar_run_config *cfg = &cfgs[k];
+        char why[256] = "";
+        if (!ar_cuda_backend.check(cfg, why, sizeof why)) {
+            print_message("fused vs GEMM path, config %d skipped: %s\n", k, why);
+            continue;
+        }
+        step_run s;
+        step_open(&s, &ar_cuda_backend, cfg, many, 6);
+        step_forward(&s, false);
+        for (int sample = 0; sample < 2; sample++) {
+            ar_verify_opts vo = {sample ? AR_VERIFY_SAMPLE : AR_VERIFY_ALL, sample ? 5 : 0, 0, NULL, NULL};
+            row_set rs;
+            rows_for(&rs, &s.t.b, &vo);
+            dev_copy a, b;
+            setenv("ATTNREPLAY_GPU_REF_FUSED", "0", 1);
+            device_reference(cfg, TEST_BUDGET, &s, &rs, &a);
+            unsetenv("ATTNREPLAY_GPU_REF_FUSED");
+            device_reference(cfg, TEST_BUDGET, &s, &rs, &b);
+            const int hq = cfg->model.num_q_heads;
+            size_t no = (size_t)rs.n * hq * s.dv, nl = (size_t)rs.n * hq;
+            print_message("fused vs GEMM path, heads %d/%d, head size %d, %s: %d rows\n", hq, cfg->model.num_kv_heads,
+                          cfg->model.head_size, sample ? "sample:5" : "every row", rs.n);
+            assert_memory_equal(a.ref_o, b.ref_o, no * sizeof(double));
+            assert_memory_equal(a.ref_l, b.ref_l, nl * sizeof(double));
+            assert_memory_equal(a.nv_o, b.nv_o, no * sizeof(double));
+            assert_memory_equal(a.nv_l, b.nv_l, nl * sizeof(double));
+            assert_true(a.sum.max_abs == b.sum.max_abs && a.sum.sum_abs == b.sum.sum_abs && a.sum.bad == b.sum.bad);
+            assert_true(a.sum.naive_max == b.sum.naive_max && a.sum.nan_count == b.sum.nan_count);
+            dev_copy_free(&a);
+            dev_copy_free(&b);
+            rows_free(&rs);
+        }
+        step_close(&s);
+    }
+}
+
+/* The layers of a step share one plan (step-shared slots): layers 0..3 of a 4-layer run and two
+ * of them again through one device reference, with a large budget and with one whose cache holds
+ * fewer blocks than the step reads (slots change content between groups, so the device must
+ * remake a layer it made for the slot's earlier content).  Each layer equals the C reference at
+ * 1e-12 (the yardstick as in the grid), a repeated layer gives the same bits, a reused plan
+ * caches no new block, and both budgets give the same bits. */
+static void test_layers_share_a_step_plan(void **state)
+{
+    (void)state;
+    ar_run_config cfg = mha_cfg(8, 2, 128, AR_BF16, 0, 0);
+    if (!ready(&ar_cuda_backend, &cfg)) { skip(); return; }
+    cfg.num_layers = 4;
+    if (cfg.model.num_layers < 4) cfg.model.num_layers = 4;
+    static const casc_seq many[] = {{300, 2500}, {1, 3000}, {40, 900}, {1, 77}, {128, 128}, {1, 5000}};
+    step_run s;
+    step_open(&s, &ar_cuda_backend, &cfg, many, 6);
+    step_forward(&s, false);
+    ar_verify_opts vo = {AR_VERIFY_SAMPLE, 16, 0, NULL, NULL};
+    row_set rs;
+    rows_for(&rs, &s.t.b, &vo);
+    const int hq = cfg.model.num_q_heads;
+    const size_t no = (size_t)rs.n * hq * s.dv, nl = (size_t)rs.n * hq;
+    static const int order[6] = {0, 1, 2, 3, 2, 0};
+    dev_copy first[2][4];
+    /* 56 MiB: 672 slots (three quarters of it) of 4 layers x 16 KiB for a step reading ~750 blocks */
+    const size_t budgets[2] = {TEST_BUDGET, (size_t)56 << 20};
+    for (int bi = 0; bi < 2; bi++) {
+        ar_gpu_ref *g = NULL;
+        char err[512] = "";
+        int rc = ar_gpu_ref_open(&g, &cfg, budgets[bi], err, sizeof err);
+        if (rc) print_message("device reference: %s\n", err);
+        assert_int_equal(rc, 0);
+        ar_gpu_ref_rows gr = {rs.n, rs.row0, rs.rows};
+        ar_gpu_ref_output go = {s.fo.dev_out, s.fo.dev_out_type, s.fo.dev_lse, s.fo.dev_stream};
+        for (int k = 0; k < 6; k++) {
+            const int layer = order[k];
+            dev_copy dc;
+            dc.ref_o = malloc(no * sizeof(double));
+            dc.nv_o = malloc(no * sizeof(double));
+            dc.ref_l = malloc(nl * sizeof(double));
+            dc.nv_l = malloc(nl * sizeof(double));
+            assert_true(dc.ref_o && dc.nv_o && dc.ref_l && dc.nv_l);
+            ar_gpu_ref_copy copy;
+            memset(&copy, 0, sizeof copy);
+            copy.ref_out = dc.ref_o;
+            copy.ref_lse = dc.ref_l;
+            copy.naive_out = dc.nv_o;
+            copy.naive_lse = dc.nv_l;
+            rc = ar_gpu_ref_check(g, &s.t.b, layer, &gr, &go, NULL, &copy, &dc.sum, err, sizeof err);
+            if (rc) print_message("device check: %s\n", err);
+            assert_int_equal(rc, 0);
+            print_message("budget %d layer %d: %d groups, %d blocks cached\n", bi, layer, dc.sum.groups,
+                          dc.sum.generated_blocks);
+            if (k == 0) assert_true(dc.sum.generated_blocks > 0);
+            else assert_int_equal(dc.sum.generated_blocks, 0);   /* the step's plan, reused */
+            if (k < 4) {
+                agreement a = compare_with_host(&cfg, &s, &rs, &dc, layer);
+                assert_true(a.ref_rel <= 1e-12);
+                assert_true(a.naive_flip <= 0.02);
+                if (bi == 1) {   /* the same bits whatever the budget */
+                    assert_memory_equal(dc.ref_o, first[0][layer].ref_o, no * sizeof(double));
+                    assert_memory_equal(dc.nv_o, first[0][layer].nv_o, no * sizeof(double));
+                    assert_memory_equal(dc.ref_l, first[0][layer].ref_l, nl * sizeof(double));
+                }
+                first[bi][layer] = dc;
+            } else {
+                assert_memory_equal(dc.ref_o, first[bi][layer].ref_o, no * sizeof(double));
+                assert_memory_equal(dc.nv_o, first[bi][layer].nv_o, no * sizeof(double));
+                assert_memory_equal(dc.ref_l, first[bi][layer].ref_l, nl * sizeof(double));
+                assert_memory_equal(dc.nv_l, first[bi][layer].nv_l, nl * sizeof(double));
+                dev_copy_free(&dc);
+            }
+        }
+        if (bi == 1) assert_true(first[1][0].sum.groups > first[0][0].sum.groups);
+        ar_gpu_ref_close(g);
+    }
+    /* different layers differ (each is made from its own generator stream) */
+    assert_true(memcmp(first[0][0].ref_o, first[0][1].ref_o, no * sizeof(double)) != 0);
+    for (int bi = 0; bi < 2; bi++)
+        for (int l = 0; l < 4; l++) dev_copy_free(&first[bi][l]);
+    rows_free(&rs);
+    step_close(&s);
 }
 
 /* No host copy on the device path; NaN and guards are seen there; a cross-check disagreement is
@@ -623,6 +759,8 @@ int main(void)
     struct CMUnitTest tests[] = {
         cmocka_unit_test(test_device_path_checks),
         cmocka_unit_test(test_plan_changes_nothing),
+        cmocka_unit_test(test_fused_path_changes_nothing),
+        cmocka_unit_test(test_layers_share_a_step_plan),
         cmocka_unit_test(test_mha_grid_matches_c_reference),
         cmocka_unit_test(test_mla_matches_c_reference),
         cmocka_unit_test(test_traces_on_the_device),

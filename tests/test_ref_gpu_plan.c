@@ -3,7 +3,8 @@
  * cyclic sweep larger than the cache still hitting, agreement with a plain model over a long
  * random run) and the step plan (chunk order, row blocks and groups within the
  * budgets, shared blocks made once, every item's slots holding its blocks' keys when its group
- * runs, hits across steps, a clear error when one chunk cannot fit). */
+ * runs, hits across steps, a clear error when one chunk cannot fit), and each group's distinct
+ * slots for a cache whose slots hold every layer of a block. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -272,6 +273,74 @@ static void test_plan_chunks_groups_and_sharing(void **state)
     ar_block_cache_free(c4);
 }
 
+/* Each group's distinct slots (for a cache whose slots hold every layer): every slot its items
+ * read exactly once, in first-use order, with the content key its items expect there, its misses
+ * among them; the same list again on a later call. */
+static void test_group_slots_distinct_and_complete(void **state)
+{
+    (void)state;
+    static plan_case pc;
+    const int nrows[4] = {5, 1, 40, 2}, kmax[4] = {20000, 300, 9000, 4000};
+    make_case(&pc, 4, nrows, kmax, 30);   /* 30 shared prefix blocks: one slot, several items */
+    for (int cap_i = 0; cap_i < 2; cap_i++) {
+        const int capacity = cap_i ? 700 : 4000;   /* 700: groups split on the cache, slots reused */
+        ar_block_cache *c = ar_block_cache_new(capacity);
+        assert_non_null(c);
+        ar_ref_plan pl;
+        memset(&pl, 0, sizeof pl);
+        uint64_t stamp = 0;
+        char err[256];
+        ar_ref_budget bud = {8192, 16, 8, 8 * 8192 * 3, 1000};
+        assert_int_equal(ar_ref_plan_build(&pl, c, 0, 0, &stamp, 4, pc.reqs, &bud, err, sizeof err), 0);
+        int *seen = calloc((size_t)capacity, sizeof(int)), serial = 0;
+        int *slots = malloc(sizeof(int) * (size_t)pl.num_map), *again = malloc(sizeof(int) * (size_t)pl.num_map);
+        uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)pl.num_map), *keys2 = malloc(sizeof(uint64_t) * (size_t)pl.num_map);
+        int *pos = malloc(sizeof(int) * (size_t)capacity);
+        assert_true(seen && slots && again && keys && keys2 && pos);
+        int shared_groups = 0;
+        for (int g = 0; g < pl.num_groups; g++) {
+            const ar_ref_group *gr = &pl.groups[g];
+            int n = ar_ref_plan_group_slots(&pl, g, pc.reqs, 16, seen, &serial, slots, keys);
+            for (int s = 0; s < capacity; s++) pos[s] = -1;
+            for (int i = 0; i < n; i++) {
+                assert_true(slots[i] >= 0 && slots[i] < capacity);
+                assert_int_equal(pos[slots[i]], -1);   /* once */
+                pos[slots[i]] = i;
+            }
+            int refs = 0, last_first = -1;
+            for (int i = gr->item0; i < gr->item0 + gr->nitems; i++) {
+                const ar_ref_item *it = &pl.items[i];
+                for (int j = 0; j < it->nblocks; j++) {
+                    int s = pl.slot_map[it->map0 + j];
+                    assert_true(pos[s] >= 0);   /* complete */
+                    assert_int_equal(keys[pos[s]], pc.keys[it->r][it->k0 / 16 + j]);
+                    if (pos[s] > last_first) {   /* first uses come in list order */
+                        assert_int_equal(pos[s], last_first + 1);
+                        last_first = pos[s];
+                    }
+                    refs++;
+                }
+            }
+            assert_int_equal(last_first + 1, n);
+            if (refs > n) shared_groups++;
+            for (int i = gr->miss0; i < gr->miss0 + gr->nmiss; i++) assert_true(pos[pl.miss_slot[i]] >= 0);
+            assert_int_equal(ar_ref_plan_group_slots(&pl, g, pc.reqs, 16, seen, &serial, again, keys2), n);
+            assert_memory_equal(again, slots, sizeof(int) * (size_t)n);
+            assert_memory_equal(keys2, keys, sizeof(uint64_t) * (size_t)n);
+        }
+        assert_true(shared_groups > 0);   /* some group lists a shared slot once for several items */
+        assert_int_equal(serial, 2 * pl.num_groups);
+        free(seen);
+        free(slots);
+        free(again);
+        free(keys);
+        free(keys2);
+        free(pos);
+        ar_ref_plan_free(&pl);
+        ar_block_cache_free(c);
+    }
+}
+
 /* A request whose checked rows see no key (kmax <= kmin) gets no item; windows start chunks at kmin. */
 static void test_plan_window_start_and_empty(void **state)
 {
@@ -307,6 +376,7 @@ int main(void)
         cmocka_unit_test(test_cache_matches_a_plain_model),
         cmocka_unit_test(test_plan_chunks_groups_and_sharing),
         cmocka_unit_test(test_plan_window_start_and_empty),
+        cmocka_unit_test(test_group_slots_distinct_and_complete),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
