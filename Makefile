@@ -402,6 +402,7 @@ $(BUILD)/tests/plugins/example-flat.so: replay/plugins/example_cpu.c replay/attn
 
 # test_plugin loads the example plugins and the broken ones; gpu_plugin the CUDA example.
 $(BUILD)/tests/test_plugin: $(PLUGINS) $(BROKEN_PLUGINS)
+$(BUILD)/tests/test_coverage: $(PLUGINS)
 $(BUILD)/tests/gpu_plugin: $(PLUGINS)
 
 # The Python package's tests (numpy adapter against the float64 reference, the ABI error cases),

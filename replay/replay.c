@@ -61,6 +61,7 @@
 #define AR_PROGRESS_LOG_S 10.0
 #define AR_EXIT_NOTHING_VERIFIED 4
 #define AR_STEP_CANCELLED (-2)   /* run_step: a signal came; the step was abandoned */
+#define AR_SUMMARY_PATHS 32      /* kernel paths the summary line names */
 
 static double now_wall(void)
 {
@@ -1015,6 +1016,10 @@ typedef struct engine {
     int64_t worst_step;
     int64_t bytes_total, flops_total;
     bool dumped;
+    /* kernel paths of this session's steps (the summary's paths line) */
+    const char *path_names[AR_SUMMARY_PATHS];
+    int64_t path_steps[AR_SUMMARY_PATHS];
+    int num_path_names;
     /* progress line */
     bool progress_tty, progress_log;
     double progress_last;
@@ -1057,6 +1062,19 @@ static void snapshot(engine *e, ar_run_progress *p)
     *p = e->prog;
     p->phase_s[AR_PHASE_SQLITE] = e->writer ? ar_db_writer_seconds(e->writer) : e->prog.phase_s[AR_PHASE_SQLITE];
     p->wall_s = e->wall_base + (ar_mono_seconds() - e->t_start);
+}
+
+/* Counts a step that ran kernel path name, for the summary. */
+static void note_path(engine *e, const char *name)
+{
+    for (int i = 0; i < e->num_path_names; i++)
+        if (strcmp(e->path_names[i], name) == 0) {
+            e->path_steps[i]++;
+            return;
+        }
+    if (e->num_path_names == AR_SUMMARY_PATHS) return;
+    e->path_names[e->num_path_names] = name;
+    e->path_steps[e->num_path_names++] = 1;
 }
 
 static bool is_merge_kernel(const char *name)
@@ -1144,6 +1162,13 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
                 goto out;
             }
             if (is_merge_kernel(fo.kernels[k].name)) merged = true;
+        }
+        for (int k = 0; k < fo.num_paths && k < AR_MAX_PATHS; k++) {
+            if (ar_step_record_add_path(rec, fo.paths[k], lvo->mode != AR_VERIFY_OFF) != 0) {
+                snprintf(err, err_len, "out of memory");
+                rc = 3;
+                goto out;
+            }
         }
         t0 = ar_mono_seconds();
         int vrc = ar_verifier_check_layer(e->verifier, b, layer, &fo, s->ids, lvo, &layer_res, err, err_len);
@@ -1249,6 +1274,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         e->worst_nmse = step_res.nmse;
         e->worst_step = s->step;
     }
+    for (int k = 0; k < rec->num_paths; k++) note_path(e, rec->paths[k].name);
     rec->row.wall_us = (ar_mono_seconds() - t_step) * 1e6;
     snapshot(e, &rec->progress);
     t0 = ar_mono_seconds();
@@ -1395,6 +1421,13 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
         printf("  verified  %lld steps x %d of %d layers (%lld layer-steps), %lld rows (%s), on the %s\n",
                (long long)p->verified_steps, e->verify_k, e->cfg.num_layers, (long long)p->verified_layer_steps,
                (long long)p->verified_rows, what, ar_verifier_where(e->verifier));
+    }
+    if (e->num_path_names > 0) {
+        printf("  paths    ");
+        for (int i = 0; i < e->num_path_names; i++)
+            printf("%s %s %lld step%s", i ? "," : "", e->path_names[i], (long long)e->path_steps[i],
+                   e->path_steps[i] == 1 ? "" : "s");
+        printf("%s\n", e->o.resume ? " (this session)" : "");
     }
     if (e->worst_step >= 0)
         printf("  accuracy  worst step %lld: max abs err %.3g, NMSE %.3g\n", (long long)e->worst_step,
