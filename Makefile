@@ -21,7 +21,8 @@
 #   make clean
 #
 # `make`, `make test` and `make demo` first install missing Debian packages (as root) or print
-# the apt command to run.  Libraries a bare Ubuntu 24.04 GPU machine lacks (jansson, sqlite3, libdeflate)
+# the apt command to run; Open MPI's mpirun among them, for the sharded-replay test (as root it
+# runs with OMPI_ALLOW_RUN_AS_ROOT set by tests/shard_mpirun.sh).  Libraries a bare Ubuntu 24.04 GPU machine lacks (jansson, sqlite3, libdeflate)
 # are linked statically; the CUDA runtime is static by nvcc's default.
 #
 # Speed.  Without -j on its command line make uses every core (a -jN given, -j1 included, wins).
@@ -149,7 +150,7 @@ TEST_GPU_BUILD := $(if $(filter 1,$(HAVE_CUDA)),$(GPU_TESTS) $(BENCHES))
 all: deps $(BIN)
 
 # ---- set-up: install what is missing ---------------------------------------------------------
-APT_PKGS := libcmocka-dev gnuplot-nox libjansson-dev libsqlite3-dev zlib1g-dev libdeflate-dev
+APT_PKGS := libcmocka-dev gnuplot-nox libjansson-dev libsqlite3-dev zlib1g-dev libdeflate-dev openmpi-bin
 deps:
 	@missing=""; \
 	for h in cmocka.h:libcmocka-dev jansson.h:libjansson-dev sqlite3.h:libsqlite3-dev zlib.h:zlib1g-dev libdeflate.h:libdeflate-dev; do \
@@ -157,6 +158,7 @@ deps:
 	  [ -f /usr/include/$$f ] || [ -f /usr/local/include/$$f ] || missing="$$missing $$p"; \
 	done; \
 	command -v gnuplot >/dev/null 2>&1 || missing="$$missing gnuplot-nox"; \
+	command -v mpirun >/dev/null 2>&1 || missing="$$missing openmpi-bin"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing:$$missing"; \

@@ -1085,7 +1085,8 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     g->pool_type = (cfg->kv_dtype == cfg->dtype && (cfg->dtype == AR_BF16 || cfg->dtype == AR_FP16)) ? cfg->dtype : AR_FP32;
     int dev = 0;
     cudaDeviceProp prop;
-    if (fail(cudaGetDevice(&dev), "cudaGetDevice", err, err_len) ||
+    if (fail(cudaSetDevice(cfg->device_index), "cudaSetDevice", err, err_len) ||   /* the backend's device */
+        fail(cudaGetDevice(&dev), "cudaGetDevice", err, err_len) ||
         fail(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties", err, err_len) ||
         fail(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "stream", err, err_len) ||
         fail(cudaEventCreateWithFlags(&g->ev_in, cudaEventDisableTiming), "event", err, err_len) ||

@@ -63,6 +63,8 @@ typedef struct ar_run_config {
     int cascade_mode;        /* 0 off, 1 auto (vLLM heuristic), 2 on whenever P > 0 is legal */
     int repeat;              /* timed repetitions per launch (median reported); >= 1 */
     int threads;             /* CPU threads; 0 = all cores */
+    int device_index;        /* CUDA device ordinal among the visible ones (replay/shard.h chooses it
+                                from the local rank); device backends cudaSetDevice it first */
 } ar_run_config;
 
 /* One step's batch, backend-independent (vLLM CommonAttentionMetadata + content keys). */

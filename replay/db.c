@@ -82,8 +82,9 @@ static bool reserve_release(ar_db *db)
     return true;
 }
 
-/* Version 1's tables; version 2's columns are added by migrate() (the same way for a new file
- * and an old one, so both end with the same schema). */
+/* Version 1's tables and version 3's shards table; the columns later versions added to runs
+ * and steps are added by migrate() (the same way for a new file and an old one, so both end
+ * with the same schema). */
 static const char *const schema_sql =
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
     "CREATE TABLE IF NOT EXISTS runs("
@@ -112,10 +113,19 @@ static const char *const schema_sql =
     "CREATE INDEX IF NOT EXISTS mismatches_run_step ON mismatches(run, step);"
     "CREATE TABLE IF NOT EXISTS ceilings("
     " device TEXT NOT NULL, measured REAL NOT NULL, copy_gbps REAL, bf16_tflops REAL,"
-    " method TEXT);";
+    " method TEXT);"
+    "CREATE TABLE IF NOT EXISTS shards("
+    " run INTEGER NOT NULL, shard INTEGER NOT NULL, source TEXT, source_run INTEGER,"
+    " started REAL, finished REAL, host TEXT, device TEXT, device_index INTEGER, code_rev TEXT,"
+    " launcher TEXT, status TEXT, error TEXT, step_first INTEGER, step_last INTEGER,"
+    " layer_first INTEGER, layer_last INTEGER, steps_done INTEGER, steps_failed INTEGER,"
+    " last_step INTEGER, parse_s REAL, metadata_s REAL, generation_s REAL, kernel_s REAL,"
+    " verify_s REAL, sqlite_s REAL, wait_s REAL, setup_s REAL, wall_s REAL, merged REAL,"
+    " PRIMARY KEY(run, shard));";
 
-/* Columns added by schema version 2: table, column, SQL type. */
-static const char *const v2_columns[][3] = {
+/* Columns added after version 1, by the version that added them: table, column, SQL type. */
+static const char *const added_columns[][3] = {
+    /* version 2 */
     {"runs", "verify_layers", "TEXT"},
     {"runs", "verify_where", "TEXT"},
     {"runs", "verified_steps", "INTEGER"},
@@ -132,11 +142,24 @@ static const char *const v2_columns[][3] = {
     {"runs", "wall_s", "REAL"},
     {"steps", "layers_verified", "INTEGER"},
     {"steps", "wall_us", "REAL"},
+    /* version 3: sharded runs and merges */
+    {"runs", "shard_index", "INTEGER"},
+    {"runs", "shard_count", "INTEGER"},
+    {"runs", "shard_by", "TEXT"},
+    {"runs", "shard_step_first", "INTEGER"},
+    {"runs", "shard_step_last", "INTEGER"},
+    {"runs", "shard_layer_first", "INTEGER"},
+    {"runs", "shard_layer_last", "INTEGER"},
+    {"runs", "host", "TEXT"},
+    {"runs", "device_index", "INTEGER"},
+    {"runs", "launcher", "TEXT"},
+    {"runs", "merged_shards", "INTEGER"},
+    {"steps", "shard", "INTEGER"},
 };
-#define NUM_V2_COLUMNS (sizeof v2_columns / sizeof v2_columns[0])
+#define NUM_ADDED_COLUMNS (sizeof added_columns / sizeof added_columns[0])
 
-/* Tables added by schema version 3 (created the same way in a new file and an old one). */
-static const char *const v3_sql =
+/* Tables added by schema version 4 (created the same way in a new file and an old one). */
+static const char *const v4_sql =
     "CREATE TABLE IF NOT EXISTS coverage("
     " run INTEGER NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, layers INTEGER NOT NULL,"
     " verified_layers INTEGER NOT NULL, PRIMARY KEY(run, step, path));";
@@ -147,8 +170,8 @@ static const char *const stmt_sql[ST_COUNT] = {
         " num_decode_reqs, max_query_len, max_seq_len, total_context, cascade, prefix_len,"
         " time_us, bytes, flops, gbps, tflops, verified, rows_checked, max_abs, max_rel,"
         " mean_abs, nmse, lse_max_abs, nan_count, bad_count, naive_max_abs, naive_mean_abs,"
-        " tol_max_abs, tol_mean_abs, guard_ok, pass, layers_verified, wall_us)"
-        " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        " tol_max_abs, tol_mean_abs, guard_ok, pass, layers_verified, wall_us, shard)"
+        " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
     [ST_INSERT_KERNEL] = "INSERT OR REPLACE INTO kernels(run, step, layer, name, time_us)"
                          " VALUES(?,?,?,?,?)",
     [ST_INSERT_MISMATCH] = "INSERT INTO mismatches(run, step, layer, req, token, head, dim,"
@@ -225,9 +248,9 @@ static int busy_timeout_ms(void)
     return AR_DB_BUSY_TIMEOUT_MS;
 }
 
-/* 1 when table has column, 0 when not, -1 on error. */
-static int has_column(sqlite3 *h, const char *schema, const char *table, const char *column)
+int ar_db_has_column(void *sqlite_handle, const char *schema, const char *table, const char *column)
 {
+    sqlite3 *h = sqlite_handle;
     char sql[160];
     snprintf(sql, sizeof sql, "PRAGMA %s.table_info(%s)", schema, table);
     sqlite3_stmt *q = NULL;
@@ -252,14 +275,14 @@ static int read_version(sqlite3 *h)
     return version;
 }
 
-/* Brings the schema to AR_DB_SCHEMA_VERSION in one write transaction: version 1's tables, the
- * missing version-2 columns, version 3's tables, the version number.  Nothing is written when
- * all is in place. */
+/* Brings the schema to AR_DB_SCHEMA_VERSION in one write transaction: version 1's tables (and
+ * version 3's shards table), the missing later columns, version 4's coverage table, the version
+ * number.  Nothing is written when all is in place. */
 static int migrate(ar_db *db, char *err, size_t err_len)
 {
     int missing = 0;
-    for (size_t i = 0; i < NUM_V2_COLUMNS; i++) {
-        int has = has_column(db->h, "main", v2_columns[i][0], v2_columns[i][1]);
+    for (size_t i = 0; i < NUM_ADDED_COLUMNS; i++) {
+        int has = ar_db_has_column(db->h, "main", added_columns[i][0], added_columns[i][1]);
         if (has <= 0) missing = 1;   /* also when the table does not exist yet */
     }
     if (!missing && read_version(db->h) == AR_DB_SCHEMA_VERSION) return 0;
@@ -267,22 +290,22 @@ static int migrate(ar_db *db, char *err, size_t err_len)
     if (sqlite3_exec(db->h, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
         return fail(db, err, err_len, "cannot set up the schema");
     if (sqlite3_exec(db->h, schema_sql, NULL, NULL, &msg) != SQLITE_OK ||
-        sqlite3_exec(db->h, v3_sql, NULL, NULL, &msg) != SQLITE_OK) {
+        sqlite3_exec(db->h, v4_sql, NULL, NULL, &msg) != SQLITE_OK) {
         snprintf(err, err_len, "%s: cannot set up the schema: %s", db->path, msg ? msg : "?");
         sqlite3_free(msg);
         ar_db_rollback(db);
         return -1;
     }
-    for (size_t i = 0; i < NUM_V2_COLUMNS; i++) {
-        int has = has_column(db->h, "main", v2_columns[i][0], v2_columns[i][1]);
+    for (size_t i = 0; i < NUM_ADDED_COLUMNS; i++) {
+        int has = ar_db_has_column(db->h, "main", added_columns[i][0], added_columns[i][1]);
         if (has < 0) {
             ar_db_rollback(db);
             return fail(db, err, err_len, "cannot read the schema");
         }
         if (has) continue;
         char sql[200];
-        snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN %s %s", v2_columns[i][0], v2_columns[i][1],
-                 v2_columns[i][2]);
+        snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN %s %s", added_columns[i][0], added_columns[i][1],
+                 added_columns[i][2]);
         if (sqlite3_exec(db->h, sql, NULL, NULL, NULL) != SQLITE_OK) {
             fail(db, err, err_len, "cannot migrate the schema");
             ar_db_rollback(db);
@@ -367,15 +390,15 @@ int ar_db_compat_views(void *sqlite_handle, char *err, size_t err_len)
         char sql[2048];
         int n = snprintf(sql, sizeof sql, "CREATE TEMP VIEW %s AS SELECT *", tables[t]);
         int added = 0;
-        for (size_t i = 0; i < NUM_V2_COLUMNS; i++) {
-            if (strcmp(v2_columns[i][0], tables[t]) != 0) continue;
-            int has = has_column(h, "main", tables[t], v2_columns[i][1]);
+        for (size_t i = 0; i < NUM_ADDED_COLUMNS; i++) {
+            if (strcmp(added_columns[i][0], tables[t]) != 0) continue;
+            int has = ar_db_has_column(h, "main", tables[t], added_columns[i][1]);
             if (has < 0) {
                 snprintf(err, err_len, "cannot read the schema of %s: %s", tables[t], sqlite3_errmsg(h));
                 return -1;
             }
             if (has) continue;
-            n += snprintf(sql + n, sizeof sql - (size_t)n, ", NULL AS %s", v2_columns[i][1]);
+            n += snprintf(sql + n, sizeof sql - (size_t)n, ", NULL AS %s", added_columns[i][1]);
             added++;
         }
         if (!added) continue;
@@ -429,9 +452,11 @@ int64_t ar_db_create_run(ar_db *db, const ar_run_row *r, double now, char *err, 
     const char *sql =
         "INSERT INTO runs(trace, trace_hash, backend, device, dtype, kv_dtype, model, layers,"
         " config, code_rev, seed, verify, inject, cascade, repeat, verify_layers, verify_where,"
+        " shard_index, shard_count, shard_by, shard_step_first, shard_step_last, shard_layer_first,"
+        " shard_layer_last, host, device_index, launcher,"
         " status, started, verified_steps, verified_layer_steps, verified_rows, parse_s, metadata_s,"
         " generation_s, kernel_s, verify_s, sqlite_s, wait_s, setup_s, wall_s)"
-        " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,'running',?,0,0,0,0,0,0,0,0,0,0,0,0)";
+        " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,'running',?,0,0,0,0,0,0,0,0,0,0,0,0)";
     if (sqlite3_prepare_v2(db->h, sql, -1, &st, NULL) != SQLITE_OK)
         return fail(db, err, err_len, "cannot prepare run insert");
     int i = 1;
@@ -452,6 +477,19 @@ int64_t ar_db_create_run(ar_db *db, const ar_run_row *r, double now, char *err, 
     sqlite3_bind_int(st, i++, r->repeat);
     sqlite3_bind_text(st, i++, r->verify_layers ? r->verify_layers : "all", -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(st, i++, r->verify_where ? r->verify_where : "host", -1, SQLITE_TRANSIENT);
+    const ar_run_shard *sh = &r->shard;
+    sqlite3_bind_int(st, i++, sh->count > 0 ? sh->index : 0);
+    sqlite3_bind_int(st, i++, sh->count > 0 ? sh->count : 1);
+    sqlite3_bind_text(st, i++, sh->by ? sh->by : "steps", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, i++, sh->step_first);
+    sqlite3_bind_int64(st, i++, sh->step_last);
+    sqlite3_bind_int(st, i++, sh->layer_first);
+    sqlite3_bind_int(st, i++, sh->layer_last);
+    if (sh->host) sqlite3_bind_text(st, i++, sh->host, -1, SQLITE_TRANSIENT);
+    else sqlite3_bind_null(st, i++);
+    sqlite3_bind_int(st, i++, sh->device_index);
+    if (sh->launcher) sqlite3_bind_text(st, i++, sh->launcher, -1, SQLITE_TRANSIENT);
+    else sqlite3_bind_null(st, i++);
     sqlite3_bind_double(st, i++, now);
     int rc = sqlite3_step(st);
     sqlite3_finalize(st);
@@ -459,20 +497,32 @@ int64_t ar_db_create_run(ar_db *db, const ar_run_row *r, double now, char *err, 
     return (int64_t)sqlite3_last_insert_rowid(db->h);
 }
 
-int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, int64_t *run_id,
-                         ar_run_progress *p, char *err, size_t err_len)
+int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, const ar_run_shard *shard,
+                         int64_t *run_id, ar_run_progress *p, char *err, size_t err_len)
 {
     sqlite3_stmt *st = NULL;
+    /* runs of older schemas (no shard columns filled) are unsharded: shard 0 of 1, all steps */
     const char *sql = "SELECT id, last_step, steps_done, steps_failed, verified_steps,"
                       " verified_layer_steps, verified_rows, parse_s, metadata_s, generation_s,"
                       " kernel_s, verify_s, sqlite_s, wait_s, setup_s, wall_s FROM runs"
-                      " WHERE trace_hash = ? AND config = ?"
+                      " WHERE trace_hash = ? AND config = ? AND merged_shards IS NULL"
+                      " AND coalesce(shard_index, 0) = ? AND coalesce(shard_count, 1) = ?"
+                      " AND coalesce(shard_by, 'steps') = ? AND coalesce(shard_step_first, ?6) = ?6"
+                      " AND coalesce(shard_step_last, ?7) = ?7 AND coalesce(shard_layer_first, ?8) = ?8"
+                      " AND coalesce(shard_layer_last, ?9) = ?9"
                       " AND status IN ('running', 'interrupted', 'error')"
                       " ORDER BY id DESC LIMIT 1";
     if (sqlite3_prepare_v2(db->h, sql, -1, &st, NULL) != SQLITE_OK)
         return fail(db, err, err_len, "cannot look for a run to resume");
     sqlite3_bind_text(st, 1, trace_hash, -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(st, 2, config, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int(st, 3, shard->count > 0 ? shard->index : 0);
+    sqlite3_bind_int(st, 4, shard->count > 0 ? shard->count : 1);
+    sqlite3_bind_text(st, 5, shard->by ? shard->by : "steps", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, 6, shard->step_first);
+    sqlite3_bind_int64(st, 7, shard->step_last);
+    sqlite3_bind_int(st, 8, shard->layer_first);
+    sqlite3_bind_int(st, 9, shard->layer_last);
     int rc = sqlite3_step(st), found = 0;
     if (rc == SQLITE_ROW) {
         memset(p, 0, sizeof *p);
@@ -568,6 +618,7 @@ int ar_db_insert_step(ar_db *db, const ar_step_row *s, char *err, size_t err_len
     else sqlite3_bind_null(st, i++);
     sqlite3_bind_int(st, i++, s->layers_verified);
     sqlite3_bind_double(st, i++, s->wall_us);
+    sqlite3_bind_int(st, i++, s->shard);
     return step_done(db, st, err, err_len, "cannot insert a step");
 }
 

@@ -2,7 +2,7 @@
  * schema version with migrations, crash-safe resume, and the writer that owns the database
  * during a replay.
  *
- * Schema (version 3; `meta` holds key 'schema_version'):
+ * Schema (version 4; `meta` holds key 'schema_version'):
  *
  *   runs(id INTEGER PRIMARY KEY, trace TEXT, trace_hash TEXT, backend TEXT, device TEXT,
  *        dtype TEXT, kv_dtype TEXT, model TEXT, layers INTEGER, config TEXT (JSON of all
@@ -29,6 +29,16 @@
  *        database), wall_s)
  *        -- parse_s, part of metadata_s and sqlite_s run on their own threads, overlapping the
  *        step loop; the others are the step loop's own.  NULL in runs of schema version 1.
+ *        -- version 3 (replay/shard.h, replay/merge.c):
+ *        shard_index INTEGER, shard_count INTEGER (this run is shard shard_index of
+ *        shard_count; 0 and 1 for an unsharded run; a merged run has shard_index NULL),
+ *        shard_by TEXT ('steps' | 'layers': what the shards split), shard_step_first,
+ *        shard_step_last INTEGER (the steps this shard was given; an unsharded run: its --steps,
+ *        -1 for "to the end"), shard_layer_first, shard_layer_last INTEGER (its layers),
+ *        host TEXT, device_index INTEGER (the CUDA device ordinal it chose), launcher TEXT
+ *        (where the shard came from: "--shard 1/4", "slurm SLURM_PROCID=1 ...", or "none"),
+ *        merged_shards INTEGER (NULL for a replayed run; a merged run: the shards merged so far)
+ *        -- the shard fields read NULL in runs of older versions: shard 0 of 1, all steps.
  *   status: 'running' | 'passed' | 'failed' | 'unverified' (--verify off) | 'error' |
  *        'interrupted' (SIGINT / SIGTERM) | 'empty' (no step was replayed) |
  *        'fault-not-fired' (--inject: no step failed, so the planted fault never showed)
@@ -44,6 +54,9 @@
  *        -- version 2:
  *        layers_verified INTEGER, wall_us REAL (the step loop's wall time for the step: batch
  *        hand-over, prepare, fill, forward, verification),
+ *        -- version 3:
+ *        shard INTEGER (the shard that replayed the step; NULL in a merged run of shards that
+ *        split layers, where every shard replayed part of every step),
  *        PRIMARY KEY(run, step))
  *   kernels(run, step, layer, name TEXT, time_us REAL, PRIMARY KEY(run, step, layer, name))
  *        -- names per backend ("write", "attn", "prefix", "suffix", "merge", "combine", ...);
@@ -52,17 +65,25 @@
  *   mismatches(run, step, layer, req TEXT, token INTEGER, head INTEGER, dim INTEGER,
  *        got REAL, want REAL, abs_err REAL)          -- the worst elements of failing steps
  *   coverage(run, step, path TEXT, layers INTEGER, verified_layers INTEGER,
- *        PRIMARY KEY(run, step, path))                -- version 3: kernel-path coverage
+ *        PRIMARY KEY(run, step, path))                -- version 4: kernel-path coverage
  *        -- one row per kernel path a step ran (names in replay/backend.h, ar_forward_out):
  *        layers = the replayed layers of the step whose forward ran it, verified_layers = those
  *        of them checked against the reference (--verify-layers); the flat comparison forward
  *        of cascade steps is not counted
  *   ceilings(device TEXT, measured REAL, copy_gbps REAL, bf16_tflops REAL, method TEXT)
+ *   shards(run, shard, source TEXT (the shard database merged), source_run INTEGER, started,
+ *        finished REAL, host, device TEXT, device_index INTEGER, code_rev, launcher, status,
+ *        error TEXT, step_first, step_last, layer_first, layer_last, steps_done, steps_failed,
+ *        last_step INTEGER, parse_s .. wall_s REAL (as in runs), merged REAL (unix seconds),
+ *        PRIMARY KEY(run, shard))   -- version 3: a merged run's manifest, one row per shard
+ *   shard_steps   -- made by `attnreplay merge` when shards split layers: the steps table's
+ *        columns; each shard's rows of each step until every shard of the step is merged
+ *        (then steps holds their combination)
  *
  * A writable open migrates an older database in place (ALTER TABLE ADD COLUMN; the new
- * columns read NULL in old rows; version 3's coverage table starts empty, so steps replayed
+ * columns read NULL in old rows; version 4's coverage table starts empty, so steps replayed
  * before the migration have no coverage rows).  Readers that open a database read-only call
- * ar_db_compat_views so that queries naming version-2 columns work on older files too.
+ * ar_db_compat_views so that queries naming later columns work on older files too.
  *
  * A step's rows (steps, kernels, mismatches, coverage) and the run's progress (steps_done, last_step,
  * the verified counts, the timings) are committed in the same transaction, so a killed replay
@@ -81,7 +102,7 @@
 extern "C" {
 #endif
 
-#define AR_DB_SCHEMA_VERSION 3
+#define AR_DB_SCHEMA_VERSION 4
 /* How long a writer waits for another writer's lock (ms); ATTNREPLAY_BUSY_TIMEOUT_MS
  * overrides it. */
 #define AR_DB_BUSY_TIMEOUT_MS 30000
@@ -99,9 +120,24 @@ void ar_db_close(ar_db *db);
 /* The raw handle (sqlite3 *) for readers in reports/ and sim/. */
 void *ar_db_handle(ar_db *db);
 /* For a read-only connection (sqlite3 *) to a database of an older schema version: TEMP views
- * named runs and steps that add the missing version-2 columns as NULL, so the same queries
+ * named runs and steps that add the missing later columns as NULL, so the same queries
  * work on every version.  Nothing is written to the file.  0, or -1 with err set. */
 int ar_db_compat_views(void *sqlite_handle, char *err, size_t err_len);
+
+/* 1 when schema.table (schema "main", or an attached database's name) has column, 0 when not or
+ * when there is no such table, -1 on error.  sqlite_handle is a sqlite3 *. */
+int ar_db_has_column(void *sqlite_handle, const char *schema, const char *table, const char *column);
+
+/* Which shard a run is (runs.shard_* columns); all zero reads as shard 0 of 1. */
+typedef struct ar_run_shard {
+    int index, count;         /* count 0 = unsharded (stored as 0 of 1) */
+    const char *by;           /* "steps" | "layers"; NULL = "steps" */
+    int64_t step_first, step_last;
+    int layer_first, layer_last;
+    const char *host;
+    int device_index;
+    const char *launcher;
+} ar_run_shard;
 
 typedef struct ar_run_row {
     const char *trace, *trace_hash, *backend, *device, *dtype, *kv_dtype, *model;
@@ -112,6 +148,7 @@ typedef struct ar_run_row {
     const char *verify, *inject, *cascade;
     int repeat;
     const char *verify_layers, *verify_where;
+    ar_run_shard shard;
 } ar_run_row;
 
 /* Where a replay's time goes (runs.*_s columns, in this order). */
@@ -148,6 +185,7 @@ typedef struct ar_step_row {
     int pass;                /* 1, 0, or -1 = not verified (stored as NULL) */
     int layers_verified;
     double wall_us;
+    int shard;               /* the run's shard index (0 unsharded) */
 } ar_step_row;
 
 typedef struct ar_mismatch_row {
@@ -159,11 +197,12 @@ typedef struct ar_mismatch_row {
 
 /* New run with status 'running'; returns its id (> 0) or -1 with err set. */
 int64_t ar_db_create_run(ar_db *db, const ar_run_row *r, double now, char *err, size_t err_len);
-/* The newest run of this trace hash and config whose status is not final ('running',
- * 'interrupted' or 'error'); returns 1, sets it 'running' and fills id and progress (NULL
- * columns of an older run read 0), 0 if none, -1 on error. */
-int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, int64_t *run_id,
-                         ar_run_progress *progress, char *err, size_t err_len);
+/* The newest run of this trace hash, config and shard (index, count, split and its step and
+ * layer ranges) whose status is not final ('running', 'interrupted' or 'error'); returns 1,
+ * sets it 'running' and fills id and progress (NULL columns of an older run read 0), 0 if
+ * none, -1 on error.  Merged runs are never resumed. */
+int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, const ar_run_shard *shard,
+                         int64_t *run_id, ar_run_progress *progress, char *err, size_t err_len);
 /* How many kernel rows of run carry one of the names (NULL-terminated list). -1 on error. */
 int64_t ar_db_count_kernels(ar_db *db, int64_t run, const char *const *names, char *err, size_t err_len);
 /* Transactions: rows between begin and commit land together. */

@@ -44,6 +44,7 @@ static void usage(FILE *f)
         "usage: attnreplay COMMAND [options]   (COMMAND --help for its options)\n"
         "  info TRACE [--steps]               steps, requests, tokens, prefill/decode mix, prefix hits\n"
         "  replay TRACE --db FILE [...]       replay, verify every step, store results\n"
+        "  merge OUT.db SHARD.db...           the shard databases of a sharded replay as one run\n"
         "  backends [--trace TRACE]           the backend table and why each can or cannot run\n"
         "  sim --workload KIND:PATH --model PRESET --out TRACE [...]   scheduler simulator\n"
         "  report DB [--run ID ...] --out DIR plots (PNG, SVG), index.html and summary.md\n"
@@ -187,6 +188,7 @@ int main(int argc, char **argv)
         sub_argv = help_argv;
     }
     if (strcmp(cmd, "replay") == 0) return ar_replay_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "merge") == 0) return ar_merge_main(sub_argc, sub_argv);
     if (strcmp(cmd, "info") == 0) return info_main(sub_argc, sub_argv);
     if (strcmp(cmd, "backends") == 0) return ar_backends_main(sub_argc, sub_argv);
     if (strcmp(cmd, "sim") == 0) return ar_sim_main(sub_argc, sub_argv);

@@ -472,7 +472,7 @@ static int slot_open(int i, const ar_run_config *cfg, void **state, char *err, s
     r->hkv = cfg->model.num_kv_heads;
     r->d = cfg->model.head_size;
     r->bs = cfg->block_size;
-    if (r->cuda && ar_pdev_open(&r->dev, err, err_len) != 0) {
+    if (r->cuda && ar_pdev_open(&r->dev, cfg->device_index, err, err_len) != 0) {
         plugin_close(r);
         return 3;
     }

@@ -39,7 +39,17 @@ extern "C" int ar_pdev_probe(char *why, size_t why_len)
     return 0;
 }
 
-extern "C" int ar_pdev_open(ar_pdev **out, char *err, size_t err_len)
+extern "C" int ar_pdev_count(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
+extern "C" int ar_pdev_open(ar_pdev **out, int device, char *err, size_t err_len)
 {
     *out = NULL;
     if (ar_pdev_probe(err, err_len) != 0) return 3;
@@ -48,7 +58,7 @@ extern "C" int ar_pdev_open(ar_pdev **out, char *err, size_t err_len)
         snprintf(err, err_len, "out of memory");
         return 3;
     }
-    d->device = 0;
+    d->device = device;
     cudaDeviceProp prop;
     int rc = cuda_fail(cudaSetDevice(d->device), "cudaSetDevice", err, err_len);
     if (!rc) rc = cuda_fail(cudaGetDeviceProperties(&prop, d->device), "cudaGetDeviceProperties", err, err_len);

@@ -18,8 +18,11 @@ int ar_pdev_probe(char *why, size_t why_len)
     return 3;
 }
 
-int ar_pdev_open(ar_pdev **d, char *err, size_t err_len)
+int ar_pdev_count(void) { return 0; }
+
+int ar_pdev_open(ar_pdev **d, int device, char *err, size_t err_len)
 {
+    (void)device;
     *d = NULL;
     return fail(err, err_len);
 }

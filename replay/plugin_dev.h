@@ -23,10 +23,13 @@ typedef struct ar_pdev ar_pdev;
 
 #define AR_PDEV_EVENTS 16   /* timing events per forward: start, write, marks, end */
 
-/* 0 when device 0 can be used; else why ("built without CUDA support", "no CUDA device"). */
+/* 0 when a CUDA device can be used; else why ("built without CUDA support", "no CUDA device"). */
 int ar_pdev_probe(char *why, size_t why_len);
-/* Device 0, a non-blocking stream and AR_PDEV_EVENTS events.  0 ok, else 3 with err set. */
-int ar_pdev_open(ar_pdev **d, char *err, size_t err_len);
+/* Devices the CUDA runtime sees (CUDA_VISIBLE_DEVICES applied); 0 without CUDA or a device. */
+int ar_pdev_count(void);
+/* Device `device` (an ordinal among the visible ones), a non-blocking stream and
+ * AR_PDEV_EVENTS events.  0 ok, else 3 with err set. */
+int ar_pdev_open(ar_pdev **d, int device, char *err, size_t err_len);
 void ar_pdev_close(ar_pdev *d);
 void *ar_pdev_stream(ar_pdev *d);               /* the cudaStream_t */
 int ar_pdev_device_id(const ar_pdev *d);

@@ -46,8 +46,12 @@
 
 #include "../reference/cascade.h"
 #include "db.h"
+#include "plugin_dev.h"
 #include "registry.h"
+#include "shard.h"
 #include "verify.h"
+
+extern char **environ;
 
 #ifndef AR_CODE_REV
 #define AR_CODE_REV "unknown"
@@ -202,6 +206,10 @@ typedef struct replay_opts {
     const char *dump_dir;
     bool quiet;
     bool no_overlap;
+    const char *shard_text;      /* --shard i/N, or NULL: the launcher's environment */
+    ar_shard_by shard_by;
+    int device;                  /* --device N, or -1: chosen by the local rank */
+    bool plan_only;
 } replay_opts;
 
 static void replay_usage(FILE *f)
@@ -229,6 +237,17 @@ static void replay_usage(FILE *f)
         "                           created if missing) with an index.json\n"
         "  --no-overlap             read the trace and write the database on the step loop's thread\n"
         "                           (same results; for comparisons and debugging)\n"
+        "sharding (README \"Running on a cluster\"):\n"
+        "  --shard i/N              replay shard i of N; without it the launcher's environment says\n"
+        "                           (Slurm, Open MPI, PMI, torchrun; none: one shard)\n"
+        "  --shard-by auto|steps|layers  contiguous step ranges balanced by estimated cost, or the\n"
+        "                           layers of --layers dealt out; auto (default) splits steps unless\n"
+        "                           that leaves a shard 25%% over the mean and layers balance better\n"
+        "  --db PATTERN             %%r the shard index, %%n the count, %%h the host (runs-%%r.db)\n"
+        "  --device N               CUDA device ordinal (default: the local rank modulo the visible\n"
+        "                           devices, CUDA_VISIBLE_DEVICES respected)\n"
+        "  --plan-only              print the shard plan of every shard and exit (no --db needed)\n"
+        "  then `attnreplay merge OUT.db runs-*.db` makes one run of the shards\n"
         "  --quiet                  no progress line, no summary\n"
         "  -h, --help               this text\n"
         "progress: on a terminal a live line (step / total, steps/s, ETA); otherwise a line every 10 s\n"
@@ -282,9 +301,11 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
     o->repeat = 1;
     o->dump_step = -1;
     o->layers = 1;
+    o->device = -1;
     enum { O_DB = 256, O_BACKEND, O_DTYPE, O_KVDTYPE, O_KVSCALE, O_LAYERS, O_STEPS, O_VERIFY,
            O_VERIFY_LAYERS, O_SEED, O_INJECT, O_RESUME, O_CASCADE, O_REPEAT, O_THREADS, O_DATA,
-           O_DUMPSTEP, O_DUMPDIR, O_QUIET, O_NO_OVERLAP, O_HELP = 'h' };
+           O_DUMPSTEP, O_DUMPDIR, O_QUIET, O_NO_OVERLAP, O_SHARD, O_SHARD_BY, O_DEVICE, O_PLAN_ONLY,
+           O_HELP = 'h' };
     static const struct option longopts[] = {
         {"db", required_argument, 0, O_DB}, {"backend", required_argument, 0, O_BACKEND},
         {"dtype", required_argument, 0, O_DTYPE}, {"kv-dtype", required_argument, 0, O_KVDTYPE},
@@ -296,7 +317,9 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
         {"repeat", required_argument, 0, O_REPEAT}, {"threads", required_argument, 0, O_THREADS},
         {"data", required_argument, 0, O_DATA}, {"dump-step", required_argument, 0, O_DUMPSTEP},
         {"dump-dir", required_argument, 0, O_DUMPDIR}, {"quiet", no_argument, 0, O_QUIET},
-        {"no-overlap", no_argument, 0, O_NO_OVERLAP}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"no-overlap", no_argument, 0, O_NO_OVERLAP}, {"shard", required_argument, 0, O_SHARD},
+        {"shard-by", required_argument, 0, O_SHARD_BY}, {"device", required_argument, 0, O_DEVICE},
+        {"plan-only", no_argument, 0, O_PLAN_ONLY}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     optind = 0;   /* 0, not 1: glibc then also resets its scan state left by an earlier call */
     opterr = 0;
     int c;
@@ -417,6 +440,21 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
         case O_DUMPDIR: o->dump_dir = optarg; break;
         case O_QUIET: o->quiet = true; break;
         case O_NO_OVERLAP: o->no_overlap = true; break;
+        case O_SHARD: o->shard_text = optarg; break;
+        case O_SHARD_BY:
+            if (ar_shard_by_parse(optarg, &o->shard_by) != 0) {
+                fprintf(stderr, "attnreplay replay: --shard-by takes auto, steps or layers (got '%s')\n", optarg);
+                return -1;
+            }
+            break;
+        case O_DEVICE:
+            if (parse_int(optarg, 0, 1023, &v)) {
+                fprintf(stderr, "attnreplay replay: --device takes a CUDA device ordinal 0..1023 (got '%s')\n", optarg);
+                return -1;
+            }
+            o->device = (int)v;
+            break;
+        case O_PLAN_ONLY: o->plan_only = true; break;
         case O_HELP: replay_usage(stdout); return 1;   /* the caller exits 0 (no exit(): library code) */
         default:
             fprintf(stderr, "attnreplay replay: unknown or incomplete option '%s'\n", argv[optind - 1]);
@@ -428,7 +466,7 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
         return -1;
     }
     o->trace = argv[optind];
-    if (!o->db) {
+    if (!o->db && !o->plan_only) {
         fprintf(stderr, "attnreplay replay: --db FILE is required\n");
         return -1;
     }
@@ -1024,7 +1062,29 @@ typedef struct engine {
     bool progress_tty, progress_log;
     double progress_last;
     int64_t planned;              /* steps this session will replay; -1 unknown */
+    /* sharding (shard.h) */
+    ar_launch launch;
+    ar_shard_plan plan;           /* parts == NULL when not sharded */
+    int layer_first, layer_last;  /* the layers this run replays, of --layers */
+    int64_t user_first, user_last;   /* --steps as given (the shard's range is in o) */
+    char db_path[4096];           /* --db with its pattern expanded */
+    char host[256];
+    char launcher_text[400];
+    char device_why[200];
 } engine;
+
+/* Layers this run replays. */
+static int replayed_layers(const engine *e)
+{
+    return e->layer_last - e->layer_first + 1;
+}
+
+/* Of those, the ones verified (layer < verify_k). */
+static int verified_layers(const engine *e, int verify_k)
+{
+    int last = verify_k - 1 < e->layer_last ? verify_k - 1 : e->layer_last;
+    return last >= e->layer_first ? last - e->layer_first + 1 : 0;
+}
 
 static const char *verify_label(const replay_opts *o)
 {
@@ -1123,7 +1183,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
     if (dumping) {
         vo.mode = AR_VERIFY_ALL;
         vo.dump_dir = e->o.dump_dir;
-        verify_k = e->cfg.num_layers;
+        verify_k = e->layer_last + 1;
     }
     ar_verify_opts vo_off = vo;
     vo_off.mode = AR_VERIFY_OFF;
@@ -1134,7 +1194,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
     int guard_violations = 0, fail_layer = -1;
     bool merged = kb->common_prefix_len > 0;
     ar_forward_out fo;
-    for (int layer = 0; layer < e->cfg.num_layers; layer++) {
+    for (int layer = e->layer_first; layer <= e->layer_last; layer++) {
         if (signalled()) {
             rc = AR_STEP_CANCELLED;
             goto out;
@@ -1173,7 +1233,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         t0 = ar_mono_seconds();
         int vrc = ar_verifier_check_layer(e->verifier, b, layer, &fo, s->ids, lvo, &layer_res, err, err_len);
         e->prog.phase_s[AR_PHASE_VERIFY] += ar_mono_seconds() - t0;
-        if (vrc == AR_VERIFY_CANCELLED || (vrc == 0 && signalled() && layer + 1 < e->cfg.num_layers)) {
+        if (vrc == AR_VERIFY_CANCELLED || (vrc == 0 && signalled() && layer < e->layer_last)) {
             rc = AR_STEP_CANCELLED;
             goto out;
         }
@@ -1182,10 +1242,10 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
             goto out;
         }
         if (!layer_res.pass && fail_layer < 0) fail_layer = layer;
-        ar_verify_accumulate(&step_res, &layer_res, layer == 0);
+        ar_verify_accumulate(&step_res, &layer_res, layer == e->layer_first);
     }
-    /* What cascade bought: the same step run flat (layer 0, timed the same way), so a replay
-     * reports the attention time cascade saved.  The flat run rewrites the same K/V. */
+    /* What cascade bought: the same step run flat (the first replayed layer, timed the same way),
+     * so a replay reports the attention time cascade saved.  The flat run rewrites the same K/V. */
     double flat_us = 0;
     if (kb->common_prefix_len > 0) {
         ar_batch flat = *kb;
@@ -1200,8 +1260,8 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
             goto out;
         }
         e->prog.phase_s[AR_PHASE_METADATA] += ar_mono_seconds() - t0;
-        if ((rc = timed_forward(e, 0, &flat, &fo, err, err_len)) != 0) goto out;
-        flat_us = fo.total_us * e->cfg.num_layers;
+        if ((rc = timed_forward(e, e->layer_first, &flat, &fo, err, err_len)) != 0) goto out;
+        flat_us = fo.total_us * replayed_layers(e);
         if (ar_step_record_add_kernel(rec, -1, "flat_equivalent", flat_us) != 0) {
             snprintf(err, err_len, "out of memory");
             rc = 3;
@@ -1213,9 +1273,10 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         snprintf(step_res.reason, sizeof step_res.reason, "%d guard words overwritten", guard_violations);
     }
 
-    const bool verified = vo.mode != AR_VERIFY_OFF;
-    const int layers_verified = verified ? verify_k : 0;
-    const int64_t bytes = s->bytes * e->cfg.num_layers, flops = s->flops * e->cfg.num_layers;
+    /* a shard of layers all past --verify-layers K verified nothing of the step */
+    const int layers_verified = vo.mode != AR_VERIFY_OFF ? verified_layers(e, verify_k) : 0;
+    const bool verified = layers_verified > 0;
+    const int64_t bytes = s->bytes * replayed_layers(e), flops = s->flops * replayed_layers(e);
     rec->row = (ar_step_row){
         .run = e->run_id, .step = s->step, .time = s->time, .num_reqs = b->num_reqs,
         .num_tokens = b->num_tokens, .num_prefill_reqs = s->num_prefill,
@@ -1225,7 +1286,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         .time_us = time_us, .bytes = bytes, .flops = flops,
         .gbps = time_us > 0 ? bytes / (time_us * 1e3) : 0,
         .tflops = time_us > 0 ? flops / (time_us * 1e6) : 0,
-        .verified = dumping ? "all" : verify_label(&e->o), .rows_checked = step_res.rows_checked,
+        .verified = dumping ? "all" : verified ? verify_label(&e->o) : "off", .rows_checked = step_res.rows_checked,
         .max_abs = step_res.max_abs, .max_rel = step_res.max_rel, .mean_abs = step_res.mean_abs,
         .nmse = step_res.nmse, .lse_max_abs = step_res.lse_max_abs,
         .nan_count = step_res.nan_count, .bad_count = step_res.bad_count,
@@ -1233,7 +1294,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         .tol_max_abs = step_res.tol_max_abs, .tol_mean_abs = step_res.tol_mean_abs,
         .guard_ok = guard_violations == 0,
         .pass = verified ? (step_res.pass ? 1 : 0) : (step_res.pass ? -1 : 0),
-        .layers_verified = layers_verified};
+        .layers_verified = layers_verified, .shard = e->launch.shard};
     if (!step_res.pass) {
         for (int i = 0; i < step_res.num_worst; i++) {
             const ar_worst *w = &step_res.worst[i];
@@ -1362,13 +1423,13 @@ static char *config_json(const engine *e)
 {
     json_t *j = json_object();
     char steps[64];
-    snprintf(steps, sizeof steps, "%lld:%lld", (long long)e->o.step_first,
-             e->o.step_last == INT64_MAX ? -1LL : (long long)e->o.step_last);
+    snprintf(steps, sizeof steps, "%lld:%lld", (long long)e->user_first,
+             e->user_last == INT64_MAX ? -1LL : (long long)e->user_last);
     json_object_set_new(j, "backend", json_string(e->be->name));
     json_object_set_new(j, "dtype", json_string(ar_dtype_name(e->cfg.dtype)));
     json_object_set_new(j, "kv_dtype", json_string(ar_dtype_name(e->cfg.kv_dtype)));
     json_object_set_new(j, "kv_scale", json_real(e->cfg.kv_scale));
-    json_object_set_new(j, "layers", json_integer(e->cfg.num_layers));
+    json_object_set_new(j, "layers", json_integer(e->o.layers));   /* all shards: the same options */
     json_object_set_new(j, "seed", json_integer((json_int_t)e->cfg.seed));
     json_object_set_new(j, "data", json_integer(e->cfg.data));
     json_object_set_new(j, "verify", json_string(verify_label(&e->o)));
@@ -1400,9 +1461,16 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
 {
     const ar_model *m = &e->cfg.model;
     printf("attnreplay replay: %s\n", e->o.trace);
-    printf("  model     %s (%s, %d q / %d kv heads, head %d, %d of %d layers)\n", m->name,
+    char layers[64];
+    if (e->layer_first > 0) snprintf(layers, sizeof layers, "layers %d..%d of %d", e->layer_first, e->layer_last,
+                                     m->num_layers);
+    else snprintf(layers, sizeof layers, "%d of %d layers", e->layer_last + 1, m->num_layers);
+    printf("  model     %s (%s, %d q / %d kv heads, head %d, %s)\n", m->name,
            m->attention == AR_ATTN_MLA ? "mla" : "mha", m->num_q_heads, m->num_kv_heads,
-           m->head_size, e->cfg.num_layers, m->num_layers);
+           m->head_size, layers);
+    if (e->launch.count > 1)
+        printf("  shard     %d/%d (%s), split by %s\n", e->launch.shard, e->launch.count, e->launcher_text,
+               ar_shard_by_name(e->plan.by));
     printf("  backend   %s on %s, dtype %s, kv %s%s%s\n", e->be->name, e->device,
            ar_dtype_name(e->cfg.dtype), ar_dtype_name(e->cfg.kv_dtype),
            e->cfg.fault ? ", injected fault " : "", e->cfg.fault ? ar_fault_name(e->cfg.fault) : "");
@@ -1419,7 +1487,8 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
         else
             snprintf(what, sizeof what, "every row");
         printf("  verified  %lld steps x %d of %d layers (%lld layer-steps), %lld rows (%s), on the %s\n",
-               (long long)p->verified_steps, e->verify_k, e->cfg.num_layers, (long long)p->verified_layer_steps,
+               (long long)p->verified_steps, verified_layers(e, e->verify_k), replayed_layers(e),
+               (long long)p->verified_layer_steps,
                (long long)p->verified_rows, what, ar_verifier_where(e->verifier));
     }
     if (e->num_path_names > 0) {
@@ -1454,7 +1523,7 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
            "threads: parse %.2f s, sqlite %.2f s\n", 100.0 * (wall - ph[AR_PHASE_KERNEL]) / wall,
            p->steps_done > 0 ? 1e3 * (wall - ph[AR_PHASE_KERNEL] - ph[AR_PHASE_SETUP]) / (double)p->steps_done : 0.0,
            ph[AR_PHASE_PARSE], ph[AR_PHASE_SQLITE]);
-    printf("  result    %s  (run %lld in %s)\n", status, (long long)e->run_id, e->o.db);
+    printf("  result    %s  (run %lld in %s)\n", status, (long long)e->run_id, e->db_path);
     if (reason) printf("            %s\n", reason);
 }
 
@@ -1472,6 +1541,7 @@ static void engine_free(engine *e)
     if (e->state) e->be->close(e->state);
     if (e->rd) ar_trace_close(e->rd);
     if (e->db) ar_db_close(e->db);
+    ar_shard_plan_free(&e->plan);
     free(e->out);
     free(e->lse);
 }
@@ -1541,6 +1611,91 @@ static int check_options(engine *e, char *err, size_t err_len)
         if (make_dump_dir(e->o.dump_dir, err, err_len) != 0) return -1;
     }
     return 0;
+}
+
+/* This process's shard (shard.h): the launcher or --shard, the plan and this shard's part of it
+ * (its steps become the reader's range, its layers the loop's), the database path and the
+ * device.  Without sharding the run replays --steps and every layer, as always.  0, or -1 with
+ * err set (a usage error). */
+static int setup_shard(engine *e, char *err, size_t err_len)
+{
+    e->user_first = e->o.step_first;
+    e->user_last = e->o.step_last;
+    e->layer_first = 0;
+    e->layer_last = e->cfg.num_layers - 1;
+    if (gethostname(e->host, sizeof e->host) != 0) snprintf(e->host, sizeof e->host, "localhost");
+    e->host[sizeof e->host - 1] = '\0';
+    if (ar_launch_detect(e->o.shard_text, environ, &e->launch, err, err_len) != 0) return -1;
+    if (e->launch.count > 1 && e->o.dump_step >= 0) {
+        snprintf(err, err_len, "--dump-step writes one step's tensors: replay it unsharded (this process is shard "
+                 "%d/%d from %s)", e->launch.shard, e->launch.count, e->launch.detail);
+        return -1;
+    }
+    if (e->launch.count > 1 || e->o.plan_only) {
+        const ar_shard_verify verify = e->o.verify == AR_VERIFY_OFF ? AR_SHARD_VERIFY_OFF
+                                       : e->o.verify == AR_VERIFY_SAMPLE ? AR_SHARD_VERIFY_SAMPLE : AR_SHARD_VERIFY_ALL;
+        if (ar_shard_plan_trace(e->o.trace, e->o.step_first, e->o.step_last, e->cfg.num_layers, e->verify_k, verify,
+                                e->launch.count, e->o.shard_by, &e->plan, err, err_len) != 0)
+            return -1;
+        const ar_shard_part *part = &e->plan.parts[e->launch.shard];
+        e->o.step_first = part->step_first;
+        e->o.step_last = part->step_last;
+        e->layer_first = part->layer_first;
+        e->layer_last = part->layer_last;
+        /* backends index caches by layer and generate a layer's data from its index, so a shard
+         * of layers a..b opens b + 1 of them and runs a..b */
+        e->cfg.num_layers = e->layer_last + 1;
+    }
+    if (e->o.plan_only) return 0;
+    if (ar_shard_path(e->o.db, e->launch.shard, e->launch.count, e->host, e->db_path, sizeof e->db_path, err,
+                      err_len) != 0)
+        return -1;
+    if (e->o.device >= 0) {
+        e->cfg.device_index = e->o.device;
+        snprintf(e->device_why, sizeof e->device_why, "device %d (--device)", e->o.device);
+    } else {
+        const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+        /* counting devices starts CUDA: only when the local rank needs it */
+        int count = e->launch.local_rank > 0 && !visible ? ar_pdev_count() : 0;
+        e->cfg.device_index = ar_launch_device(e->launch.local_rank, visible, count, e->device_why,
+                                               sizeof e->device_why);
+    }
+    if (strcmp(e->launch.source, "--shard") == 0)
+        snprintf(e->launcher_text, sizeof e->launcher_text, "%s", e->launch.detail);
+    else if (strcmp(e->launch.source, "none") != 0)
+        snprintf(e->launcher_text, sizeof e->launcher_text, "%s: %s", e->launch.source, e->launch.detail);
+    else
+        snprintf(e->launcher_text, sizeof e->launcher_text, "none");
+    return 0;
+}
+
+/* The shard fields of the run row. */
+static ar_run_shard run_shard(const engine *e)
+{
+    ar_run_shard r = {e->launch.shard, e->launch.count, ar_shard_by_name(e->plan.parts ? e->plan.by : AR_SHARD_BY_STEPS),
+                      e->o.step_first, e->o.step_last == INT64_MAX ? -1 : e->o.step_last, e->layer_first,
+                      e->layer_last, e->host, e->cfg.device_index, e->launcher_text};
+    return r;
+}
+
+/* Which shard this is, and the whole plan from shard 0 (each shard prints the same plan). */
+static void print_shard(const engine *e)
+{
+    if (e->launch.count <= 1) return;
+    if (e->launch.shard == 0) ar_shard_plan_print(stderr, &e->plan, e->o.trace, 0);
+    const ar_shard_part *part = &e->plan.parts[e->launch.shard];
+    char steps[64];
+    if (part->step_first <= part->step_last)
+        snprintf(steps, sizeof steps, "steps %lld..%lld", (long long)part->step_first, (long long)part->step_last);
+    else
+        snprintf(steps, sizeof steps, "no steps");
+    fprintf(stderr, "attnreplay replay: shard %d/%d on %s (%s): %s, layers %d..%d, %s, database %s\n",
+            e->launch.shard, e->launch.count, e->host, e->launcher_text, steps, part->layer_first, part->layer_last,
+            e->device_why, e->db_path);
+    if (!strstr(e->o.db, "%r"))
+        fprintf(stderr, "attnreplay replay: note: --db %s has no %%r, so all %d shards write one database: fine on "
+                "one host's local disk; on a shared file system give each shard its own (runs-%%r.db)\n",
+                e->o.db, e->launch.count);
 }
 
 /* Why nothing was replayed, for the 'empty' outcome. */
@@ -1626,7 +1781,13 @@ int ar_replay_main(int argc, char **argv)
     else if (e->o.verify_layers > 0) snprintf(e->verify_layers_label, sizeof e->verify_layers_label, "%d", e->o.verify_layers);
     else snprintf(e->verify_layers_label, sizeof e->verify_layers_label, "all");
     if (check_options(e, err, sizeof err) != 0) SETUP_FAIL(2, "%s", err);
-    if (ar_db_check_writable(e->o.db, err, sizeof err) != 0) SETUP_FAIL(2, "--db %s", err);
+    if (setup_shard(e, err, sizeof err) != 0) SETUP_FAIL(2, "%s", err);
+    if (e->o.plan_only) {
+        ar_shard_plan_print(stdout, &e->plan, e->o.trace, e->launch.count > 1 ? e->launch.shard : -1);
+        goto done;
+    }
+    if (ar_db_check_writable(e->db_path, err, sizeof err) != 0) SETUP_FAIL(2, "--db %s", err);
+    if (!e->o.quiet) print_shard(e);
 
     e->be = ar_backend_select(&e->cfg, e->o.backend, &sel);
     if (!e->be) {
@@ -1654,17 +1815,23 @@ int ar_replay_main(int argc, char **argv)
     if (!e->rdr.written) SETUP_FAIL(3, "out of memory");
     if (signalled()) goto done;
 
-    e->db = ar_db_open(e->o.db, false, err, sizeof err);
+    e->db = ar_db_open(e->db_path, false, err, sizeof err);
     if (!e->db) SETUP_FAIL(3, "%s", err);
     char hash[17];
     if (hash_file(e->o.trace, hash) != 0) SETUP_FAIL(2, "%s: cannot read: %s", e->o.trace, strerror(errno));
     cfg_json = config_json(e);
     if (!cfg_json) SETUP_FAIL(3, "out of memory");
+    ar_run_shard shard_row = run_shard(e);
     if (e->o.resume) {
-        int found = ar_db_find_resumable(e->db, hash, cfg_json, &e->run_id, &e->prog, err, sizeof err);
+        int found = ar_db_find_resumable(e->db, hash, cfg_json, &shard_row, &e->run_id, &e->prog, err, sizeof err);
         if (found < 0) SETUP_FAIL(3, "%s", err);
+        if (found == 0 && e->launch.count > 1)
+            SETUP_FAIL(2, "--resume: no unfinished run of %s with these options as shard %d/%d (steps %lld..%lld, "
+                       "layers %d..%d) in %s", e->o.trace, e->launch.shard, e->launch.count,
+                       (long long)e->o.step_first, (long long)e->o.step_last, e->layer_first, e->layer_last,
+                       e->db_path);
         if (found == 0)
-            SETUP_FAIL(2, "--resume: no unfinished run of %s with these options in %s", e->o.trace, e->o.db);
+            SETUP_FAIL(2, "--resume: no unfinished run of %s with these options in %s", e->o.trace, e->db_path);
         resume_after = e->prog.last_step;
         e->wall_base = e->prog.wall_s;
         if (e->o.fault == AR_FAULT_MERGE_NO_WEIGHTS) {
@@ -1675,10 +1842,10 @@ int ar_replay_main(int argc, char **argv)
         }
     } else {
         ar_run_row rr = {e->o.trace, hash, e->be->name, e->device, ar_dtype_name(e->cfg.dtype),
-                         ar_dtype_name(e->cfg.kv_dtype), h->model.name, e->cfg.num_layers, cfg_json,
+                         ar_dtype_name(e->cfg.kv_dtype), h->model.name, replayed_layers(e), cfg_json,
                          AR_CODE_REV, e->cfg.seed, verify_label(&e->o), ar_fault_name(e->cfg.fault),
                          e->o.cascade_mode == 0 ? "off" : e->o.cascade_mode == 1 ? "auto" : "on",
-                         e->cfg.repeat, e->verify_layers_label, ar_verifier_where(e->verifier)};
+                         e->cfg.repeat, e->verify_layers_label, ar_verifier_where(e->verifier), shard_row};
         e->run_id = ar_db_create_run(e->db, &rr, now_wall(), err, sizeof err);
         if (e->run_id < 0) SETUP_FAIL(3, "%s", err);
     }
@@ -1690,7 +1857,7 @@ int ar_replay_main(int argc, char **argv)
     const bool overlap = !e->o.no_overlap;
     e->writer = ar_db_writer_start(e->db, e->run_id, overlap, e->prog.phase_s[AR_PHASE_SQLITE], err, sizeof err);
     if (!e->writer) SETUP_FAIL(3, "%s", err);
-    watchdog_set_writer(&wd, e->writer, e->run_id, e->o.db);
+    watchdog_set_writer(&wd, e->writer, e->run_id, e->db_path);
     reader *r = &e->rdr;
     r->rd = e->rd;
     r->cfg = &e->cfg;
@@ -1778,6 +1945,11 @@ finish:;
         exit_code = 128 + sig;
         snprintf(reason, sizeof reason, "interrupted by %s after step %lld", sig == SIGINT ? "SIGINT" : "SIGTERM",
                  (long long)at_step);
+    } else if (final.steps_done == 0 && e->plan.parts && e->plan.parts[e->launch.shard].steps == 0) {
+        /* planned: more shards than steps with work; the merge counts this shard as done */
+        status = "empty";
+        snprintf(reason, sizeof reason, "shard %d/%d: the plan gives it no step with work (%lld among %d shards)",
+                 e->launch.shard, e->launch.count, (long long)e->plan.work_steps, e->launch.count);
     } else if (final.steps_done == 0) {
         status = "empty";
         exit_code = AR_EXIT_NOTHING_VERIFIED;

@@ -1,4 +1,4 @@
-/* replay.h - the commands that live in replay/: replay, info, backends, and the CLI helpers. */
+/* replay.h - the commands that live in replay/: replay, merge, info, backends, and the CLI helpers. */
 #ifndef AR_REPLAY_H
 #define AR_REPLAY_H
 
@@ -6,6 +6,8 @@
 
 /* `attnreplay replay TRACE --db FILE [...]` (argv[0] = "replay"); returns the exit code. */
 int ar_replay_main(int argc, char **argv);
+/* `attnreplay merge OUT.db SHARD.db...` (replay/merge.c): the shards of a sharded replay as one run. */
+int ar_merge_main(int argc, char **argv);
 /* `attnreplay backends [--trace T]`. */
 int ar_backends_main(int argc, char **argv);
 /* The run configuration a trace header implies, with optional --dtype / --kv-dtype overrides. */

@@ -10,9 +10,11 @@
  *  - error growth: over steps verified in both, the worst max_abs of B above error_growth
  *    times A's (floor 1e-9), or the worst NMSE above error_growth^2 times A's (floor 1e-18),
  *    is a regression.  Per-step growth beyond the same factor is counted and listed.
- *  - a run that did not finish (status running, interrupted or error) is refused, naming its
- *    status and the reason it stopped, unless --allow-unfinished; then it is compared on the
- *    steps it has, with a warning. */
+ *  - a run that did not finish (status running, interrupted or error, or a merged run still
+ *    'incomplete') is refused, naming its status and the reason it stopped, unless
+ *    --allow-unfinished; then it is compared on the steps it has, with a warning.
+ *  - a run merged from shards (attnreplay merge) is one run; listed steps name the candidate's
+ *    shard when it has shards. */
 #include "reports.h"
 #include "rundata.h"
 
@@ -45,6 +47,7 @@ static int finite_positive(double v)
 /* One step in both runs, kept for the listings. */
 typedef struct {
     int64_t step;
+    const ar_step_row *b_row;   /* the candidate's row (its shard) */
     double ratio;
     double time_a, time_b;
     double err_a, err_b;
@@ -96,6 +99,7 @@ static int diff_compute(const ar_run_data *a, const ar_run_data *b, const ar_dif
         out->common_steps++;
         step_pair *p = &pairs[num_pairs++];
         p->step = sa->step;
+        p->b_row = sb;
         p->time_a = sa->time_us;
         p->time_b = sb->time_us;
         p->err_a = sa->max_abs;
@@ -173,11 +177,14 @@ static int diff_compute(const ar_run_data *a, const ar_run_data *b, const ar_dif
                 for (size_t i = 0; i < num_pairs; i++)
                     if (isfinite(pairs[i].ratio)) sorted[n++] = pairs[i];
                 qsort(sorted, n, sizeof *sorted, compare_ratio_desc);
-                fprintf(report, "  %-8s %12s %12s %8s\n", "step", "A time_us", "B time_us", "ratio");
+                fprintf(report, "  %-22s %12s %12s %8s\n", "step", "A time_us", "B time_us", "ratio");
                 for (size_t i = 0; i < n && i < DIFF_LIST_LIMIT &&
-                                   sorted[i].ratio > 1.0 + opt->threshold; i++)
-                    fprintf(report, "  %-8lld %12.2f %12.2f %8.3f\n", (long long)sorted[i].step,
+                                   sorted[i].ratio > 1.0 + opt->threshold; i++) {
+                    char name[64];
+                    ar_rd_step_name(b, sorted[i].b_row, name, sizeof name);
+                    fprintf(report, "  %-22s %12.2f %12.2f %8.3f\n", name + 5 /* without "step " */,
                             sorted[i].time_a, sorted[i].time_b, sorted[i].ratio);
+                }
                 free(sorted);
             }
         }
@@ -186,8 +193,10 @@ static int diff_compute(const ar_run_data *a, const ar_run_data *b, const ar_dif
         size_t listed = 0;
         for (size_t i = 0; i < num_pairs && listed < DIFF_LIST_LIMIT; i++) {
             if (pairs[i].pass_a == 1 && pairs[i].pass_b == 0) {
-                fprintf(report, "  step %lld: passed -> FAILED (max_abs %.3g -> %.3g)\n",
-                        (long long)pairs[i].step, pairs[i].err_a, pairs[i].err_b);
+                char name[64];
+                ar_rd_step_name(b, pairs[i].b_row, name, sizeof name);
+                fprintf(report, "  %s: passed -> FAILED (max_abs %.3g -> %.3g)\n", name, pairs[i].err_a,
+                        pairs[i].err_b);
                 listed++;
             }
         }
@@ -259,8 +268,9 @@ static void diff_usage(FILE *f)
           "  Compares run RUN_B (candidate) with RUN_A (baseline) of the same trace step by step.\n"
           "  --threshold T       relative slowdown that counts (\"5%\" or \"0.05\"; default 5%)\n"
           "  --error-growth F    growth factor of the worst max_abs that counts (default 2)\n"
-          "  --allow-unfinished  compare a run that did not finish (status running, interrupted or\n"
-          "                      error) on the steps it has; without it such a run is refused\n"
+          "  --allow-unfinished  compare a run that did not finish (status running, interrupted,\n"
+          "                      error, or a merge still incomplete) on the steps it has; without it\n"
+          "                      such a run is refused\n"
           "  Exit status: 0 no regression, 1 regression, 2 usage error or bad input (an unfinished\n"
           "  run without --allow-unfinished).\n", f);
 }

@@ -20,13 +20,26 @@
  * The sweep runs the simulator for every arrival-rate scale (arrival times divided by the
  * scale) and KV-cache size, and reports TTFT/TPOT percentiles, output-token throughput,
  * preemptions per request, and for each KV size the largest tested scale that meets the
- * SLO with every request finished. */
+ * SLO with every request finished.
+ *
+ * Spread over ranks (--shard i/N or a launcher's environment, replay/shard.h): shard i simulates
+ * the sweep points p (p = kv index x rates + rate index) with p % N == i and writes them to
+ * DIR/data/sweep-shard-i-of-N.csv under a fingerprint of everything the points depend on (the
+ * workload file's bytes, the model, the step-time model with its fit, the sweep and the engine
+ * limits).  The shard that finds all N files present with its fingerprint takes the lock file
+ * DIR/data/sweep-assemble.lock and writes the plan (the bisection for the largest load runs
+ * there); the others stop after their points.  A plan run without shards over a DIR that holds
+ * a complete set with its fingerprint uses those points instead of simulating them again. */
 #include "reports.h"
 #include "plot.h"
 #include "rundata.h"
+#include "../replay/shard.h"
 #include "../sim/sim.h"
 
+extern char **environ;
+
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <sqlite3.h>
 #include <stdbool.h>
@@ -402,6 +415,7 @@ typedef struct {
     bool force_fit;           /* apply the fit even when measured on another device */
     int refine;               /* bisection steps for the largest load meeting the SLO */
     const char *step_time;    /* --step-time MODEL (e.g. profile:DB) instead of roofline:DEVICE */
+    const char *shard_text;   /* --shard i/N, or NULL: the launcher's environment */
 } plan_args;
 
 static void percentiles(double *values, size_t n, double out[3])
@@ -525,7 +539,11 @@ static void plan_usage(FILE *f)
         "  --refine N            bisection steps for the largest load meeting the SLO (default 4)\n"
         "  --block-size B --max-num-batched-tokens N --max-num-seqs N --limit N (first N requests)\n"
         "  --out DIR             where plan.md, plan.csv and the plots (PNG, SVG) go (required)\n"
-        "  Exit status: 0 done, 1 a simulation or plot failed, 2 usage error or bad input.\n",
+        "  --shard i/N           simulate every N-th sweep point from i into DIR/data (default: the\n"
+        "                        launcher's environment, as replay); the shard that completes the set\n"
+        "                        writes the plan; a run without shards reuses a complete set\n"
+        "  Exit status: 0 done (a shard: its points written), 1 a simulation or plot failed, 2 usage\n"
+        "  error or bad input.\n",
         ar_model_preset_names(), ar_device_names());
 }
 
@@ -734,6 +752,135 @@ static void write_fit_text(FILE *f, const ar_plan_fit *fit, const ar_steptime *s
             st->device.mem_bw / 1e9, st->gemm_efficiency, st->overhead_s * 1e3);
 }
 
+/* ---- the sweep over shards ------------------------------------------------------------------- */
+
+static uint64_t fnv_bytes(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* What the sweep points depend on, hashed: the arguments that shape them, the workload file's
+ * bytes, the step-time model as write_fit_text states it (the fit included). */
+static uint64_t sweep_fingerprint(const plan_args *a, const int *kv_blocks, const char *fit_text)
+{
+    uint64_t h = 1469598103934665603ull;
+    char buf[8192];
+    int n = snprintf(buf, sizeof buf, "workload=%s model=%s device=%s step_time=%s block=%d batched=%d seqs=%d "
+                     "limit=%d slo=%s fit=%s rates=", a->workload, a->model, a->device, a->step_time ? a->step_time : "",
+                     a->block_size, a->max_batched, a->max_seqs, a->limit, a->slo_text ? a->slo_text : "", fit_text);
+    h = fnv_bytes(h, buf, n > 0 && (size_t)n < sizeof buf ? (size_t)n : sizeof buf);
+    for (int r = 0; r < a->num_rates; r++) {
+        n = snprintf(buf, sizeof buf, "%.17g,", a->rates[r]);
+        h = fnv_bytes(h, buf, (size_t)n);
+    }
+    for (int k = 0; k < a->num_kv; k++) {
+        n = snprintf(buf, sizeof buf, "kv%d,", kv_blocks[k]);
+        h = fnv_bytes(h, buf, (size_t)n);
+    }
+    const char *colon = strchr(a->workload, ':');
+    FILE *f = colon && strncmp(a->workload, "synthetic:", 10) != 0 ? fopen(colon + 1, "rb") : NULL;
+    size_t got;
+    while (f && (got = fread(buf, 1, sizeof buf, f)) > 0) h = fnv_bytes(h, buf, got);
+    if (f) fclose(f);
+    return h;
+}
+
+static void shard_file(const plan_args *a, int shard, int count, char *path, size_t len)
+{
+    snprintf(path, len, "%s/data/sweep-shard-%d-of-%d.csv", a->out_dir, shard, count);
+}
+
+/* Writes this shard's points (p % count == shard) with the fingerprint; 0 or -1 with err. */
+static int write_shard_points(const plan_args *a, uint64_t fp, int shard, int count, const sweep_point *points,
+                              size_t n, char *err, size_t err_len)
+{
+    char path[4200], tmp[4300];
+    shard_file(a, shard, count, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        snprintf(err, err_len, "%.2000s: cannot write: %s", tmp, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "# attnreplay plan sweep points, shard %d of %d, fingerprint %016llx\n", shard, count,
+            (unsigned long long)fp);
+    fprintf(f, "# point,rate,kv_blocks,requests,finished,skipped,ttft_p50,ttft_p90,ttft_p99,tpot_p50,tpot_p90,"
+               "tpot_p99,e2e_p50,e2e_p90,e2e_p99,throughput,preemptions_per_req,kv_usage_mean,duration,slo_ok\n");
+    for (size_t i = 0; i < n; i++) {
+        if (!ar_shard_owns(i, shard, count)) continue;
+        const sweep_point *p = &points[i];
+        fprintf(f, "%zu,%.17g,%d,%d,%d,%d", i, p->rate, p->kv_blocks, p->requests, p->finished, p->skipped);
+        const double *v[3] = {p->ttft, p->tpot, p->e2e};
+        for (int m = 0; m < 3; m++)
+            for (int q = 0; q < 3; q++) fprintf(f, ",%.17g", v[m][q]);
+        fprintf(f, ",%.17g,%.17g,%.17g,%.17g,%d\n", p->throughput, p->preemptions_per_req, p->kv_usage_mean,
+                p->duration, p->slo_ok);
+    }
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        snprintf(err, err_len, "%.2000s: cannot write: %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* Loads shard's file into points when it carries fingerprint fp and holds each of its points;
+ * true when it did. */
+static bool load_shard_file(const plan_args *a, uint64_t fp, int shard, int count, sweep_point *points, size_t n)
+{
+    char path[4200], line[2048];
+    shard_file(a, shard, count, path, sizeof path);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    unsigned long long got_fp = 0;
+    bool ok = fgets(line, sizeof line, f) && sscanf(line, "# attnreplay plan sweep points, shard %*d of %*d, "
+                                                          "fingerprint %llx", &got_fp) == 1 && got_fp == fp;
+    size_t expected = 0, seen = 0;
+    for (size_t i = 0; i < n; i++) expected += ar_shard_owns(i, shard, count);
+    while (ok && fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        sweep_point p;
+        memset(&p, 0, sizeof p);
+        size_t idx;
+        int slo = 0, used = 0;
+        int fields = sscanf(line, "%zu,%lf,%d,%d,%d,%d,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%lf,%d%n", &idx,
+                            &p.rate, &p.kv_blocks, &p.requests, &p.finished, &p.skipped, &p.ttft[0], &p.ttft[1],
+                            &p.ttft[2], &p.tpot[0], &p.tpot[1], &p.tpot[2], &p.e2e[0], &p.e2e[1], &p.e2e[2],
+                            &p.throughput, &p.preemptions_per_req, &p.kv_usage_mean, &p.duration, &slo, &used);
+        if (fields != 20 || idx >= n || !ar_shard_owns(idx, shard, count)) {
+            ok = false;
+            break;
+        }
+        p.slo_ok = slo != 0;
+        points[idx] = p;
+        seen++;
+    }
+    fclose(f);
+    return ok && seen == expected;
+}
+
+/* Loads every shard's points of a count-shard sweep; true when all are there. */
+static bool load_shard_set(const plan_args *a, uint64_t fp, int count, sweep_point *points, size_t n)
+{
+    for (int k = 0; k < count; k++)
+        if (!load_shard_file(a, fp, k, count, points, n)) return false;
+    return true;
+}
+
+/* A complete set of shard files in DIR/data for this sweep, of any shard count: its count, or 0. */
+static int find_shard_set(const plan_args *a, uint64_t fp, sweep_point *points, size_t n)
+{
+    for (int count = 2; count <= 1024; count++) {
+        char path[4200];
+        shard_file(a, 0, count, path, sizeof path);
+        if (access(path, R_OK) != 0) continue;
+        if (load_shard_set(a, fp, count, points, n)) return count;
+    }
+    return 0;
+}
+
 /* ---- the command ----------------------------------------------------------------------------- */
 
 static int parse_plan_args(int argc, char **argv, plan_args *a)
@@ -765,6 +912,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a)
         else if (!strcmp(arg, "--kv-mem")) kv_mem = v;
         else if (!strcmp(arg, "--slo")) a->slo_text = v;
         else if (!strcmp(arg, "--step-time")) a->step_time = v;
+        else if (!strcmp(arg, "--shard")) a->shard_text = v;
         else if (!strcmp(arg, "--block-size")) int_target = &a->block_size;
         else if (!strcmp(arg, "--max-num-batched-tokens")) int_target = &a->max_batched;
         else if (!strcmp(arg, "--max-num-seqs")) int_target = &a->max_seqs;
@@ -908,6 +1056,22 @@ int ar_plan_main(int argc, char **argv)
     }
     write_fit_text(stdout, &fit, &steptime, a.db != NULL, fit_applied, a.db ? a.db : "");
 
+    ar_launch launch;
+    if (ar_launch_detect(a.shard_text, environ, &launch, err, sizeof err) != 0) {
+        fprintf(stderr, "plan: %s\n", err);
+        free(samples);
+        return 2;
+    }
+    char *fit_text = NULL;
+    size_t fit_len = 0;
+    FILE *mem = open_memstream(&fit_text, &fit_len);
+    if (mem) {
+        write_fit_text(mem, &fit, &steptime, a.db != NULL, fit_applied, a.db ? a.db : "");
+        fclose(mem);
+    }
+    const uint64_t fingerprint = sweep_fingerprint(&a, kv_blocks, fit_text ? fit_text : "");
+    free(fit_text);
+
     size_t num_points = (size_t)a.num_rates * (size_t)a.num_kv;
     sweep_point *points = calloc(num_points, sizeof *points);
     if (!points) {
@@ -917,8 +1081,17 @@ int ar_plan_main(int argc, char **argv)
     }
     bool progress = isatty(STDERR_FILENO);
     int failures = 0;
-    size_t done = 0;
-    for (int r = 0; r < a.num_rates && !failures; r++) {
+    size_t done = 0, mine = 0;
+    for (size_t i = 0; i < num_points; i++) mine += ar_shard_owns(i, launch.shard, launch.count);
+    const int reused = launch.count == 1 ? find_shard_set(&a, fingerprint, points, num_points) : 0;
+    if (reused)
+        printf("plan: the sweep points of %d shards in %s/data match this plan (fingerprint %016llx): no simulation\n",
+               reused, a.out_dir, (unsigned long long)fingerprint);
+    for (int r = 0; r < a.num_rates && !failures && !reused; r++) {
+        bool needed = false;
+        for (int k = 0; k < a.num_kv; k++)
+            needed |= ar_shard_owns((size_t)k * a.num_rates + r, launch.shard, launch.count);
+        if (!needed) continue;
         ar_workload wl;
         if (ar_workload_load(a.workload, a.block_size, 1.0 / a.rates[r], a.limit, &wl, err, sizeof err) != 0) {
             fprintf(stderr, "plan: %s\n", err);
@@ -927,12 +1100,13 @@ int ar_plan_main(int argc, char **argv)
             return 2;
         }
         for (int k = 0; k < a.num_kv; k++) {
+            if (!ar_shard_owns((size_t)k * a.num_rates + r, launch.shard, launch.count)) continue;
             sweep_point *p = &points[k * a.num_rates + r];
             p->rate = a.rates[r];
             p->kv_blocks = kv_blocks[k];
             if (progress)
                 fprintf(stderr, "\rplan: simulating %zu/%zu (rate x%g, %d KV blocks, %d requests)   ",
-                        done + 1, num_points, a.rates[r], kv_blocks[k], wl.num_reqs);
+                        done + 1, mine, a.rates[r], kv_blocks[k], wl.num_reqs);
             if (simulate(&a, preset, &steptime, &wl, kv_blocks[k], p, err, sizeof err) != 0) {
                 fprintf(stderr, "%splan: simulation failed: %s\n", progress ? "\n" : "", err);
                 failures++;
@@ -947,6 +1121,38 @@ int ar_plan_main(int argc, char **argv)
         free(points);
         free(samples);
         return 1;
+    }
+    /* A shard: its points to DIR/data; the one that completes the set writes the plan. */
+    char lock[4200] = "";
+    if (launch.count > 1) {
+        char path[4200];
+        shard_file(&a, launch.shard, launch.count, path, sizeof path);
+        if (write_shard_points(&a, fingerprint, launch.shard, launch.count, points, num_points, err, sizeof err) != 0) {
+            fprintf(stderr, "plan: %s\n", err);
+            free(points);
+            free(samples);
+            return 1;
+        }
+        printf("plan: shard %d/%d (%s): %zu of %zu sweep points -> %s\n", launch.shard, launch.count, launch.detail,
+               mine, num_points, path);
+        if (!load_shard_set(&a, fingerprint, launch.count, points, num_points)) {
+            printf("plan: not every shard's points are in %s/data yet: the shard that completes the set writes the "
+                   "plan (or run plan again without shards once all are there)\n", a.out_dir);
+            free(points);
+            free(samples);
+            return 0;
+        }
+        snprintf(lock, sizeof lock, "%s/data/sweep-assemble.lock", a.out_dir);
+        int fd = open(lock, O_CREAT | O_EXCL | O_WRONLY, 0644);
+        if (fd < 0) {
+            printf("plan: every shard's points are there and another shard is writing the plan (%s)\n", lock);
+            free(points);
+            free(samples);
+            return 0;
+        }
+        close(fd);
+        printf("plan: shard %d/%d completes the set of %d: writing the plan\n", launch.shard, launch.count,
+               launch.count);
     }
 
     printf("\n%s on %s, workload %s, %d rate scale(s) x %d KV size(s):\n", a.model, a.device,
@@ -1048,6 +1254,7 @@ int ar_plan_main(int argc, char **argv)
         }
         printf("plan: wrote %s/plan.md, plan.csv and plots\n", a.out_dir);
     }
+    if (lock[0]) unlink(lock);
     free(points);
     free(samples);
     return failures ? 1 : 0;

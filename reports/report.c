@@ -8,8 +8,13 @@
  * dtype; achieved TFLOP/s against arithmetic intensity under each device's roofline; and,
  * when a run took the cascade path, its speedup over a non-cascade run of the same trace
  * against the shared prefix length.  A chart with no data is left out and the report says
- * why.  A coverage table per run lists the kernel paths its steps ran (the coverage table of
- * schema version 3, replay/db.h): steps, verified steps and failing steps per path. */
+ * why.
+ *
+ * A run merged from shards (attnreplay merge) reads as one run; the table "Shards" lists where
+ * each shard ran and what it stored, "Failing steps" names each failing step's shard, and the
+ * per-step CSV has a shard column.  A coverage table per run lists the kernel paths its steps ran
+ * (the coverage table of schema version 4, replay/db.h): steps, verified steps and failing steps
+ * per path; a merged run's coverage is that of all its shards. */
 #include "reports.h"
 #include "plot.h"
 #include "rundata.h"
@@ -29,6 +34,9 @@
 #define REPORT_MAX_PLOTS (4 * REPORT_MAX_TRACES + 8)
 #define REPORT_MAX_GROUPS 24
 #define REPORT_MAX_DEVICES 8
+#define REPORT_MAX_FAILING_PER_RUN 20
+#define REPORT_MAX_FAILING 200
+#define REPORT_MAX_SHARD_ROWS 512
 
 /* Per-run numbers for the tables. */
 typedef struct {
@@ -60,6 +68,21 @@ typedef struct {
     char path[96];
     int64_t steps, layer_steps, verified_steps, failed_steps;
 } coverage_row;
+/* One shard of a merged run (the shards table of the database). */
+typedef struct {
+    size_t run_row;           /* index of the merged run in runs */
+    int64_t shard;
+    char host[128], device[128], status[32], steps[48], layers[32], launcher[160];
+    int64_t steps_done, steps_failed;
+    double wall_s;            /* the shard's wall time: how even the split was */
+    char failing[200];        /* the failing steps it replayed, from the merged run's rows */
+} shard_row;
+
+/* A failing step of a run. */
+typedef struct {
+    size_t run_row;
+    const ar_step_row *step;
+} failing_step;
 
 /* What became of each chart. */
 typedef struct {
@@ -91,9 +114,13 @@ typedef struct {
     plot_result plots[REPORT_MAX_PLOTS];
     size_t num_plots;
     int render_failures;
-    bool have_coverage;                        /* the database has the coverage table (version 3) */
+    bool have_coverage;                        /* the database has the coverage table (version 4) */
     coverage_row *coverage;                    /* [num_coverage] ordered by run, path */
     size_t num_coverage;
+    shard_row *shards;                         /* [num_shards] shards of the merged runs */
+    size_t num_shards;
+    failing_step *failing;                     /* [num_failing] */
+    size_t num_failing, failing_left_out;
 } report_ctx;
 
 static FILE *open_out(const report_ctx *ctx, const char *rel, char *err, size_t err_len)
@@ -286,15 +313,15 @@ static int write_run_csvs(report_ctx *ctx, char *err, size_t err_len)
         FILE *f = open_out(ctx, rel, err, err_len);
         if (!f) return -1;
         fprintf(f, "# step,num_tokens,total_context,time_us,arith_intensity_flop_per_byte,tflops,"
-                   "gbps,nmse,max_abs,pass,cascade,prefix_len\n");
+                   "gbps,nmse,max_abs,pass,cascade,prefix_len,shard\n");
         for (size_t i = 0; i < run->num_steps; i++) {
             const ar_step_row *s = &run->steps[i];
             double intensity = positive(s->flops) && positive(s->bytes) ? s->flops / s->bytes : NAN;
-            fprintf(f, "%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%d,%d,%lld\n",
+            fprintf(f, "%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%d,%d,%lld,%d\n",
                     (long long)s->step, (long long)s->num_tokens, (long long)s->total_context,
                     positive(s->time_us) ? s->time_us : NAN, intensity,
                     positive(s->tflops) ? s->tflops : NAN, positive(s->gbps) ? s->gbps : NAN,
-                    s->nmse, s->max_abs, s->pass, s->cascade, (long long)s->prefix_len);
+                    s->nmse, s->max_abs, s->pass, s->cascade, (long long)s->prefix_len, s->shard);
         }
         if (fclose(f) != 0) {
             snprintf(err, err_len, "%s/%s: write failed", ctx->out_dir, rel);
@@ -782,7 +809,7 @@ static void with_fraction(char *buf, size_t len, double value, double ceiling)
     snprintf(buf, len, "%s (%s%%)", sig3(a, sizeof a, value), b);
 }
 
-enum { TABLE_RUNS, TABLE_ERRORS, TABLE_CEILINGS, TABLE_CASCADE, TABLE_FAULTS, NUM_TABLES };
+enum { TABLE_RUNS, TABLE_ERRORS, TABLE_CEILINGS, TABLE_CASCADE, TABLE_FAULTS, TABLE_SHARDS, TABLE_FAILING, NUM_TABLES };
 
 /* Writes one table as HTML (html true) or Markdown.  Cells come from table_cell. */
 typedef struct {
@@ -814,15 +841,24 @@ static void table_cell(const report_ctx *ctx, int table, size_t row, int col, ch
             else snprintf(buf, len, "%s", run->status);
             break;
         case 9: snprintf(buf, len, "%zu", run->num_steps); break;
-        case 10: snprintf(buf, len, "%zu / %zu", s->verified - s->failed, s->verified); break;
-        case 11: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_median)); break;
-        case 12: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_p90)); break;
-        case 13: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_p99)); break;
-        case 14: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_total_ms * 1e3)); break;
-        case 15: with_fraction(buf, len, s->gbps_median, s->ceilings.copy_gbps); break;
-        case 16: with_fraction(buf, len, s->tflops_median, s->ceilings.bf16_tflops); break;
-        case 17: snprintf(buf, len, "%s", num(a, sizeof a, s->nmse_max, 'g', 3)); break;
-        case 18: snprintf(buf, len, "%s", num(a, sizeof a, s->max_abs_max, 'g', 3)); break;
+        case 10:
+            if (run->merged_shards >= 0)
+                snprintf(buf, len, "%lld of %lld merged (split by %s)", (long long)run->merged_shards,
+                         (long long)run->shard_count, run->shard_by);
+            else if (run->shard_count > 1)
+                snprintf(buf, len, "shard %lld/%lld", (long long)run->shard_index, (long long)run->shard_count);
+            else
+                snprintf(buf, len, "-");
+            break;
+        case 11: snprintf(buf, len, "%zu / %zu", s->verified - s->failed, s->verified); break;
+        case 12: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_median)); break;
+        case 13: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_p90)); break;
+        case 14: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_p99)); break;
+        case 15: snprintf(buf, len, "%s", duration_us(a, sizeof a, s->time_total_ms * 1e3)); break;
+        case 16: with_fraction(buf, len, s->gbps_median, s->ceilings.copy_gbps); break;
+        case 17: with_fraction(buf, len, s->tflops_median, s->ceilings.bf16_tflops); break;
+        case 18: snprintf(buf, len, "%s", num(a, sizeof a, s->nmse_max, 'g', 3)); break;
+        case 19: snprintf(buf, len, "%s", num(a, sizeof a, s->max_abs_max, 'g', 3)); break;
         }
     } else if (table == TABLE_ERRORS) {
         const error_group *g = &ctx->groups[row];
@@ -865,6 +901,38 @@ static void table_cell(const report_ctx *ctx, int table, size_t row, int col, ch
             else snprintf(buf, len, "NOT caught: every verified step passed");
             break;
         }
+    } else if (table == TABLE_SHARDS) {
+        const shard_row *r = &ctx->shards[row];
+        const ar_run_data *run = &ctx->runs[r->run_row];
+        switch (col) {
+        case 0: snprintf(buf, len, "%lld", (long long)run->id); break;
+        case 1: snprintf(buf, len, "%lld/%lld", (long long)r->shard, (long long)run->shard_count); break;
+        case 2: snprintf(buf, len, "%s", r->host); break;
+        case 3: snprintf(buf, len, "%s", r->device); break;
+        case 4: snprintf(buf, len, "%s", r->launcher); break;
+        case 5: snprintf(buf, len, "%s", r->steps); break;
+        case 6: snprintf(buf, len, "%s", r->layers); break;
+        case 7: snprintf(buf, len, "%s", r->status); break;
+        case 8: snprintf(buf, len, "%lld", (long long)r->steps_done); break;
+        case 9: snprintf(buf, len, "%lld", (long long)r->steps_failed); break;
+        case 10: snprintf(buf, len, "%s", r->failing[0] ? r->failing : "-"); break;
+        case 11: snprintf(buf, len, "%s", num(a, sizeof a, r->wall_s, 'f', 2)); break;
+        }
+    } else if (table == TABLE_FAILING) {
+        const failing_step *f = &ctx->failing[row];
+        const ar_run_data *run = &ctx->runs[f->run_row];
+        switch (col) {
+        case 0: snprintf(buf, len, "%lld", (long long)run->id); break;
+        case 1: snprintf(buf, len, "%lld", (long long)f->step->step); break;
+        case 2:
+            if (run->shard_count <= 1) snprintf(buf, len, "-");
+            else if (f->step->shard < 0) snprintf(buf, len, "all (layer split)");
+            else snprintf(buf, len, "%d/%lld", f->step->shard, (long long)run->shard_count);
+            break;
+        case 3: snprintf(buf, len, "%s", injected(run) ? run->inject : "none"); break;
+        case 4: snprintf(buf, len, "%s", num(a, sizeof a, f->step->max_abs, 'g', 3)); break;
+        case 5: snprintf(buf, len, "%s", num(a, sizeof a, f->step->nmse, 'g', 3)); break;
+        }
     } else if (table == TABLE_CASCADE) {
         const cascade_pair *p = &ctx->cascades[row];
         switch (col) {
@@ -880,7 +948,7 @@ static void table_cell(const report_ctx *ctx, int table, size_t row, int col, ch
 
 static const char *const runs_headers[] = {
     "run", "trace", "backend", "device", "dtype / kv", "cascade", "inject", "verify", "status", "steps",
-    "passed / verified", "median time/step", "p90 time/step", "p99 time/step", "total time",
+    "shards", "passed / verified", "median time/step", "p90 time/step", "p99 time/step", "total time",
     "median GB/s (% copy)", "median TFLOP/s (% bf16)", "max NMSE", "max abs err" };
 static const char *const faults_headers[] = {
     "run", "planted fault", "backend", "trace", "verified steps", "failing steps", "verdict" };
@@ -889,6 +957,11 @@ static const char *const errors_headers[] = {
     "median max abs", "max max abs" };
 static const char *const ceilings_headers[] = {
     "device", "copy GB/s", "bf16 TFLOP/s", "source" };
+static const char *const shards_headers[] = {
+    "run", "shard", "host", "device", "launcher", "steps", "layers", "status", "steps stored", "failed",
+    "failing steps", "wall s" };
+static const char *const failing_headers[] = {
+    "run", "step", "shard", "planted fault", "max abs err", "NMSE" };
 static const char *const cascade_headers[] = {
     "cascade run", "baseline run", "steps compared", "prefix tokens", "median speedup",
     "speedup range" };
@@ -898,7 +971,11 @@ static table_shape shape_of(const report_ctx *ctx, int table)
     table_shape t = { 0, NULL, 0, 0 };
     switch (table) {
     case TABLE_RUNS:
-        t = (table_shape){ "Runs", runs_headers, 19, ctx->num_runs }; break;
+        t = (table_shape){ "Runs", runs_headers, 20, ctx->num_runs }; break;
+    case TABLE_SHARDS:
+        t = (table_shape){ "Shards of merged runs", shards_headers, 12, ctx->num_shards }; break;
+    case TABLE_FAILING:
+        t = (table_shape){ "Failing steps", failing_headers, 6, ctx->num_failing }; break;
     case TABLE_FAULTS:
         t = (table_shape){ "Planted faults (left out of the error charts and the errors table)", faults_headers, 7,
                            ctx->num_faults }; break;
@@ -940,7 +1017,8 @@ static void write_table(FILE *f, const report_ctx *ctx, int table, bool html)
     if (t.num_rows == 0 || t.num_cols > TABLE_MAX_COLS) return;
     const table_markup *m = html ? &html_markup : &md_markup;
     char cells[TABLE_MAX_COLS][512];
-    static const char *const ids[NUM_TABLES] = { "runs", "errors", "ceilings", "cascade", "faults" };
+    static const char *const ids[NUM_TABLES] = { "runs", "errors", "ceilings", "cascade", "faults", "shards",
+                                                 "failing" };
     if (html) fprintf(f, "<h2>%s</h2>\n<div class=\"scroll\"><table id=\"%s\">\n", t.title, ids[table]);
     else fprintf(f, "## %s\n\n", t.title);
     for (int c = 0; c < t.num_cols; c++) snprintf(cells[c], sizeof cells[c], "%s", t.headers[c]);
@@ -1011,7 +1089,7 @@ static void write_coverage(FILE *f, const report_ctx *ctx, bool html)
                      "there cannot show.");
     if (!ctx->have_coverage) {
         write_text_block(f, html, "p", "missing",
-                         "Not recorded: the database predates kernel-path coverage (schema version 3).");
+                         "Not recorded: the database predates kernel-path coverage (schema version 4).");
         return;
     }
     size_t at = 0;
@@ -1047,6 +1125,80 @@ static void write_coverage(FILE *f, const report_ctx *ctx, bool html)
     }
 }
 
+/* Says how many failing steps the table left out. */
+static void write_failing_note(FILE *f, const report_ctx *ctx, bool html)
+{
+    if (!ctx->failing_left_out) return;
+    fprintf(f, html ? "<p>%zu more failing steps are not listed (at most %d a run); the per-step CSV files in "
+                      "<code>data/</code> hold every step.</p>\n"
+                    : "%zu more failing steps are not listed (at most %d a run); the per-step CSV files in "
+                      "`data/` hold every step.\n\n", ctx->failing_left_out, REPORT_MAX_FAILING_PER_RUN);
+}
+
+/* The failing steps of every run (at most REPORT_MAX_FAILING_PER_RUN each) and the shards of the
+ * merged runs, from the database's shards table. */
+static void collect_shards_and_failures(report_ctx *ctx)
+{
+    ctx->failing = calloc(REPORT_MAX_FAILING, sizeof *ctx->failing);
+    ctx->shards = calloc(REPORT_MAX_SHARD_ROWS, sizeof *ctx->shards);
+    for (size_t r = 0; r < ctx->num_runs; r++) {
+        const ar_run_data *run = &ctx->runs[r];
+        size_t listed = 0;
+        for (size_t i = 0; ctx->failing && i < run->num_steps; i++) {
+            if (run->steps[i].pass != 0) continue;
+            if (listed < REPORT_MAX_FAILING_PER_RUN && ctx->num_failing < REPORT_MAX_FAILING) {
+                ctx->failing[ctx->num_failing++] = (failing_step){ r, &run->steps[i] };
+                listed++;
+            } else {
+                ctx->failing_left_out++;
+            }
+        }
+        if (!ctx->shards || run->merged_shards < 0) continue;
+        sqlite3_stmt *st = NULL;
+        if (sqlite3_prepare_v2((sqlite3 *)ctx->db,
+                "SELECT shard, host, device, launcher, status, step_first, step_last, layer_first, layer_last,"
+                " steps_done, steps_failed, wall_s FROM shards WHERE run = ? ORDER BY shard", -1, &st, NULL) != SQLITE_OK)
+            continue;   /* no manifest in this database */
+        sqlite3_bind_int64(st, 1, run->id);
+        while (sqlite3_step(st) == SQLITE_ROW && ctx->num_shards < REPORT_MAX_SHARD_ROWS) {
+            shard_row *row = &ctx->shards[ctx->num_shards++];
+            row->run_row = r;
+            row->shard = sqlite3_column_int64(st, 0);
+            const char *texts[4];
+            for (int k = 0; k < 4; k++) {
+                const unsigned char *t = sqlite3_column_text(st, 1 + k);
+                texts[k] = t ? (const char *)t : "";
+            }
+            snprintf(row->host, sizeof row->host, "%s", texts[0]);
+            snprintf(row->device, sizeof row->device, "%s", texts[1]);
+            snprintf(row->launcher, sizeof row->launcher, "%s", texts[2]);
+            snprintf(row->status, sizeof row->status, "%s", texts[3]);
+            long long first = sqlite3_column_int64(st, 5), last = sqlite3_column_int64(st, 6);
+            if (last < 0 && run->shard_count == 1) snprintf(row->steps, sizeof row->steps, "%lld..end", first);
+            else if (first <= last) snprintf(row->steps, sizeof row->steps, "%lld..%lld", first, last);
+            else snprintf(row->steps, sizeof row->steps, "none");
+            snprintf(row->layers, sizeof row->layers, "%lld..%lld", (long long)sqlite3_column_int64(st, 7),
+                     (long long)sqlite3_column_int64(st, 8));
+            row->steps_done = sqlite3_column_int64(st, 9);
+            row->steps_failed = sqlite3_column_int64(st, 10);
+            row->wall_s = sqlite3_column_type(st, 11) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 11);
+            size_t at = 0, named = 0, more = 0;
+            for (size_t i = 0; i < run->num_steps; i++) {
+                const ar_step_row *step = &run->steps[i];
+                if (step->pass != 0 || step->shard != row->shard) continue;
+                if (named < 8 && at < sizeof row->failing)
+                    at += (size_t)snprintf(row->failing + at, sizeof row->failing - at, "%s%lld", named ? ", " : "",
+                                           (long long)step->step);
+                else more++;
+                named++;
+            }
+            if (more && at < sizeof row->failing)
+                snprintf(row->failing + at, sizeof row->failing - at, " (+%zu more)", more);
+        }
+        sqlite3_finalize(st);
+    }
+}
+
 static void now_text(char *buf, size_t len)
 {
     time_t t = time(NULL);
@@ -1068,7 +1220,8 @@ static int write_html(const report_ctx *ctx, char *err, size_t err_len)
           "th,td{border:1px solid #bbb;padding:3px 8px;text-align:right;white-space:nowrap}\n"
           "th{white-space:normal}.scroll{overflow-x:auto}\n"
           "#runs td:nth-child(2){white-space:normal;min-width:10em}\n"
-          "#runs td:nth-child(9),#faults td:nth-child(7){white-space:normal;min-width:16em;text-align:left}\n"
+          "#runs td:nth-child(9),#faults td:nth-child(7),#shards td:nth-child(5),#shards td:nth-child(11)"
+          "{white-space:normal;min-width:16em;text-align:left}\n"
           "th{background:#eee}td:first-child,th:first-child{text-align:left}\n"
           "figure{margin:1.5em 0}img{max-width:100%;border:1px solid #ddd}\n"
           "figcaption{color:#555;font-size:0.9em}.missing{color:#a00}\n"
@@ -1079,6 +1232,9 @@ static int write_html(const report_ctx *ctx, char *err, size_t err_len)
             ctx->num_runs, when);
     write_table(f, ctx, TABLE_RUNS, true);
     write_unfinished(f, ctx, true);
+    write_table(f, ctx, TABLE_SHARDS, true);
+    write_table(f, ctx, TABLE_FAILING, true);
+    write_failing_note(f, ctx, true);
     fputs("<h2>Plots</h2>\n", f);
     for (size_t i = 0; i < ctx->num_plots; i++) {
         const plot_result *p = &ctx->plots[i];
@@ -1124,6 +1280,9 @@ static int write_markdown(const report_ctx *ctx, char *err, size_t err_len)
                "(median of --repeat).\n\n", ctx->num_runs, when);
     write_table(f, ctx, TABLE_RUNS, false);
     write_unfinished(f, ctx, false);
+    write_table(f, ctx, TABLE_SHARDS, false);
+    write_table(f, ctx, TABLE_FAILING, false);
+    write_failing_note(f, ctx, false);
     write_table(f, ctx, TABLE_ERRORS, false);
     write_coverage(f, ctx, false);
     write_table(f, ctx, TABLE_FAULTS, false);
@@ -1167,6 +1326,8 @@ static void free_ctx(report_ctx *ctx)
     free(ctx->trace_of);
     free(ctx->fault_rows);
     free(ctx->coverage);
+    free(ctx->shards);
+    free(ctx->failing);
     if (ctx->db) ar_rd_close(ctx->db);
 }
 
@@ -1317,6 +1478,7 @@ int ar_report_main(int argc, char **argv)
         if (!known && ctx.num_devices < REPORT_MAX_DEVICES) ctx.device_rows[ctx.num_devices++] = r;
     }
 
+    collect_shards_and_failures(&ctx);
     if (!ar_plot_have_gnuplot())
         fprintf(stderr, "report: gnuplot is not on PATH (install gnuplot-nox); tables only\n");
     for (size_t t = 0; t < ctx.num_traces; t++) {

@@ -20,7 +20,8 @@ int ar_report_main(int argc, char **argv);
 /* attnreplay diff DB RUN_A RUN_B [--threshold 5%] [--error-growth 2] [--allow-unfinished]
  * argv[0] = "diff".  RUN_A is the baseline, RUN_B the candidate.  Returns 0 when there is
  * no regression, 1 on a regression, 2 on usage errors or bad input - a run that did not
- * finish (status running, interrupted or error) among them unless --allow-unfinished. */
+ * finish (status running, interrupted, error, or a merge still 'incomplete') among them unless
+ * --allow-unfinished.  A merged run (attnreplay merge) is one run. */
 int ar_diff_main(int argc, char **argv);
 
 /* What diff decides with. */

@@ -87,12 +87,13 @@ static double column_double_or_nan(sqlite3_stmt *st, int col)
     return sqlite3_column_type(st, col) == SQLITE_NULL ? NAN : sqlite3_column_double(st, col);
 }
 
-/* True when the runs table has a column of this name (older databases may lack one). */
-static int runs_has_column(sqlite3 *db, const char *name)
+/* True when table has a column of this name (older databases may lack one). */
+static int has_column(sqlite3 *db, const char *table, const char *name)
 {
     sqlite3_stmt *st = NULL;
     int found = 0;
-    if (sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info('runs')", -1, &st, NULL) != SQLITE_OK) return 0;
+    if (sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info(?)", -1, &st, NULL) != SQLITE_OK) return 0;
+    sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
     while (!found && sqlite3_step(st) == SQLITE_ROW) {
         const unsigned char *column = sqlite3_column_text(st, 0);
         found = column && strcmp((const char *)column, name) == 0;
@@ -101,9 +102,23 @@ static int runs_has_column(sqlite3 *db, const char *name)
     return found;
 }
 
+static int runs_has_column(sqlite3 *db, const char *name)
+{
+    return has_column(db, "runs", name);
+}
+
 int ar_rd_unfinished(const ar_run_data *run)
 {
-    return !strcmp(run->status, "running") || !strcmp(run->status, "interrupted") || !strcmp(run->status, "error");
+    return !strcmp(run->status, "running") || !strcmp(run->status, "interrupted") || !strcmp(run->status, "error") ||
+           !strcmp(run->status, "incomplete");
+}
+
+void ar_rd_step_name(const ar_run_data *run, const ar_step_row *s, char *buf, size_t len)
+{
+    if (run->shard_count > 1 && s->shard >= 0)
+        snprintf(buf, len, "step %lld (shard %d/%lld)", (long long)s->step, s->shard, (long long)run->shard_count);
+    else
+        snprintf(buf, len, "step %lld", (long long)s->step);
 }
 
 int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, size_t err_len)
@@ -111,11 +126,15 @@ int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, si
     sqlite3 *db = handle;
     sqlite3_stmt *st = NULL;
     memset(out, 0, sizeof *out);
-    char sql[512];
+    char sql[768];
+    const int sharded = runs_has_column(db, "shard_count");
     snprintf(sql, sizeof sql,
              "SELECT id, trace, trace_hash, backend, device, dtype, kv_dtype, model, status, "
-             "cascade, layers, steps_done, steps_failed, inject, %s, %s FROM runs WHERE id = ?",
-             runs_has_column(db, "verify") ? "verify" : "''", runs_has_column(db, "error") ? "error" : "''");
+             "cascade, layers, steps_done, steps_failed, inject, %s, %s, %s FROM runs WHERE id = ?",
+             runs_has_column(db, "verify") ? "verify" : "''", runs_has_column(db, "error") ? "error" : "''",
+             sharded ? "coalesce(shard_count, 1), coalesce(shard_index, CASE WHEN merged_shards IS NULL THEN 0 "
+                       "ELSE -1 END), coalesce(merged_shards, -1), coalesce(shard_by, 'steps')"
+                     : "1, 0, -1, 'steps'");
     if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
         snprintf(err, err_len, "reading run %lld: %s (schema in replay/db.h)",
                  (long long)run_id, sqlite3_errmsg(db));
@@ -143,20 +162,24 @@ int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, si
     out->inject = column_text_dup(st, 13);
     out->verify = column_text_dup(st, 14);
     out->error = column_text_dup(st, 15);
+    out->shard_count = sqlite3_column_int64(st, 16);
+    out->shard_index = sqlite3_column_int64(st, 17);
+    out->merged_shards = sqlite3_column_int64(st, 18);
+    out->shard_by = column_text_dup(st, 19);
     sqlite3_finalize(st);
     if (!out->trace || !out->trace_hash || !out->backend || !out->device || !out->dtype ||
         !out->kv_dtype || !out->model || !out->status || !out->cascade_mode || !out->inject ||
-        !out->verify || !out->error) {
+        !out->verify || !out->error || !out->shard_by) {
         snprintf(err, err_len, "out of memory");
         ar_rd_free_run(out);
         return -1;
     }
 
-    if (sqlite3_prepare_v2(db,
-            "SELECT step, time, num_reqs, num_tokens, total_context, cascade, prefix_len, "
-            "time_us, bytes, flops, gbps, tflops, max_abs, nmse, pass "
-            "FROM steps WHERE run = ? ORDER BY step",
-            -1, &st, NULL) != SQLITE_OK) {
+    snprintf(sql, sizeof sql,
+             "SELECT step, time, num_reqs, num_tokens, total_context, cascade, prefix_len, "
+             "time_us, bytes, flops, gbps, tflops, max_abs, nmse, pass, %s "
+             "FROM steps WHERE run = ? ORDER BY step", has_column(db, "steps", "shard") ? "shard" : "NULL");
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
         snprintf(err, err_len, "reading steps of run %lld: %s (schema in replay/db.h)",
                  (long long)run_id, sqlite3_errmsg(db));
         ar_rd_free_run(out);
@@ -188,6 +211,7 @@ int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, si
         s->max_abs = column_double_or_nan(st, 12);
         s->nmse = column_double_or_nan(st, 13);
         s->pass = sqlite3_column_type(st, 14) == SQLITE_NULL ? -1 : sqlite3_column_int(st, 14) != 0;
+        s->shard = sqlite3_column_type(st, 15) == SQLITE_NULL ? -1 : sqlite3_column_int(st, 15);
     }
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE) {
@@ -213,6 +237,7 @@ void ar_rd_free_run(ar_run_data *run)
     free(run->inject);
     free(run->verify);
     free(run->error);
+    free(run->shard_by);
     free(run->steps);
     memset(run, 0, sizeof *run);
 }

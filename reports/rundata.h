@@ -32,6 +32,7 @@ typedef struct {
     double max_abs;           /* max abs error against the float64 reference */
     double nmse;              /* ||out-ref||^2 / ||ref||^2 */
     int pass;                 /* 1 passed, 0 failed, -1 not verified */
+    int shard;                /* the shard that replayed it; -1 unknown or every shard (a layer split) */
 } ar_step_row;
 
 /* One row of `runs` plus its steps ordered by step. */
@@ -43,6 +44,10 @@ typedef struct {
     char *error;              /* why the run stopped ('' when none is recorded; runs.error) */
     int64_t layers;
     int64_t steps_done, steps_failed;
+    int64_t shard_count;      /* 1 for a run replayed whole */
+    int64_t shard_index;      /* this run's shard; -1 for a merged run */
+    int64_t merged_shards;    /* a merged run: shards merged so far; -1 for a replayed run */
+    char *shard_by;           /* 'steps' or 'layers' */
     ar_step_row *steps;       /* [num_steps] ordered by step */
     size_t num_steps;
 } ar_run_data;
@@ -63,11 +68,12 @@ void ar_rd_close(void *handle);
 int ar_rd_list_runs(void *handle, int64_t **ids, size_t *count, char *err, size_t err_len);
 
 /* True when a run of this status stopped before its last step: 'running' (still going, or
- * killed), 'interrupted', 'error'. */
+ * killed), 'interrupted', 'error', and 'incomplete' (a merged run missing shards or steps). */
 int ar_rd_unfinished(const ar_run_data *run);
 
 /* Loads one run and its steps.  Returns 0, or -1 with a message (unknown run, bad schema).
- * The reason a run stopped comes from runs.error when the database has that column. */
+ * The reason a run stopped comes from runs.error when the database has that column; the shard
+ * fields read as one whole run in databases older than schema version 3. */
 int ar_rd_load_run(void *handle, int64_t run_id, ar_run_data *out, char *err, size_t err_len);
 void ar_rd_free_run(ar_run_data *run);
 
@@ -80,6 +86,9 @@ void ar_rd_ceilings(void *handle, const char *device, const char *backend, ar_ce
 /* The q-quantile (0..1) of values[n] by linear interpolation between order statistics
  * (numpy's default); sorts values in place.  NAN when n == 0. */
 double ar_rd_quantile(double *values, size_t n, double q);
+
+/* "step 12" or, for a run made of shards, "step 12 (shard 1/3)" into buf. */
+void ar_rd_step_name(const ar_run_data *run, const ar_step_row *s, char *buf, size_t len);
 
 /* A directory argument without its trailing slashes ("out/" -> "out", "/" stays), so paths
  * built from it print as out/index.html. */

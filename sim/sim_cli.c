@@ -1,7 +1,14 @@
 /* sim_cli.c - the `attnreplay sim` command: parses the command line, loads the workload,
  * sizes the KV cache from a model preset, runs the simulator step by step while writing the
- * trace, then writes the per-request metrics and prints the summary. */
+ * trace, then writes the per-request metrics and prints the summary.
+ *
+ * --sweep FILE runs one simulation per line of FILE (the line's options added to the command
+ * line's, %i in --out and --metrics naming the row), and spreads the rows over ranks the way
+ * replay spreads steps (--shard i/N or the launcher's environment, replay/shard.h): shard i runs
+ * the rows r with r % N == i.  A simulation is sequential, so a row is the unit; a job array of
+ * one task per row (sbatch --array=0-ROWS-1) runs them all at once. */
 #include "sim.h"
+#include "../replay/shard.h"
 
 #include <errno.h>
 #include <math.h>
@@ -44,6 +51,11 @@ static void usage(FILE *f)
             "  --out TRACE               trace file (.jsonl or .jsonl.gz)\n"
             "  --metrics FILE            per-request table: .db/.sqlite = SQLite, else CSV (+ FILE.kv.csv)\n"
             "  --quiet                   no summary on stdout\n"
+            "  --sweep FILE              one simulation per line of FILE: the line's options are added to\n"
+            "                            these; %%i in --out and --metrics is the row (0, 1, ...); '#' starts\n"
+            "                            a comment.  Rows are spread over ranks: --shard i/N or the\n"
+            "                            launcher's environment (Slurm, Open MPI, PMI, torchrun) runs rows\n"
+            "                            r %% N == i\n"
             "  Exit status: 0 done (a warning on stderr when the offered load exceeds what the engine\n"
             "  serves), 1 an I/O error while writing, 2 usage error or bad input (FILE:LINE: rule).\n",
             ar_model_preset_names(), ar_device_names());
@@ -118,7 +130,7 @@ static int check_outputs(const char *workload, const char *out, const char *metr
     return 0;
 }
 
-int ar_sim_main(int argc, char **argv)
+static int sim_one(int argc, char **argv)
 {
     const char *workload = NULL, *model = NULL, *out = NULL, *metrics = NULL, *kv_mem = NULL;
     const char *step_time = "constant:0.02", *kv_dtype_name = "bf16";
@@ -314,4 +326,135 @@ int ar_sim_main(int argc, char **argv)
     ar_sim_destroy(s);
     ar_workload_free(&wl);
     return rc;
+}
+
+/* ---- --sweep: one simulation per row, rows spread over ranks ---------------------------------- */
+
+#define SIM_SWEEP_MAX_ARGS 256
+
+extern char **environ;
+
+/* Replaces %i in text by row into out; false when too long. */
+static bool expand_row(const char *text, int row, char *out, size_t len)
+{
+    size_t at = 0;
+    for (const char *p = text; *p; p++) {
+        char piece[32];
+        if (p[0] == '%' && p[1] == 'i') {
+            snprintf(piece, sizeof piece, "%d", row);
+            p++;
+        } else {
+            piece[0] = *p;
+            piece[1] = '\0';
+        }
+        size_t n = strlen(piece);
+        if (at + n + 1 > len) return false;
+        memcpy(out + at, piece, n);
+        at += n;
+    }
+    out[at] = '\0';
+    return true;
+}
+
+static int sim_sweep(int argc, char **argv, const char *sweep, const char *shard_text)
+{
+    char err[512];
+    ar_launch launch;
+    if (ar_launch_detect(shard_text, environ, &launch, err, sizeof err) != 0) {
+        fprintf(stderr, "sim: %s\n", err);
+        return 2;
+    }
+    FILE *f = fopen(sweep, "r");
+    if (!f) {
+        fprintf(stderr, "sim: --sweep %s: cannot read: %s\n", sweep, strerror(errno));
+        return 2;
+    }
+    bool out_has_row = false;
+    for (int i = 1; i + 1 < argc; i++)
+        if ((!strcmp(argv[i], "--out") || !strcmp(argv[i], "--metrics")) && strstr(argv[i + 1], "%i"))
+            out_has_row = true;
+    char line[4096];
+    int row = 0, worst = 0, ran = 0, lineno = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = '\0';
+        char *words[SIM_SWEEP_MAX_ARGS];
+        int n = 0;
+        for (char *tok = strtok(line, " \t\r\n"); tok && n < SIM_SWEEP_MAX_ARGS; tok = strtok(NULL, " \t\r\n"))
+            words[n++] = tok;
+        if (n == 0) continue;
+        const int this_row = row++;
+        if (!out_has_row && this_row > 0) {
+            fprintf(stderr, "sim: --sweep %s has more than one row: give --out (and --metrics) a %%i for the row, "
+                    "or every row writes the same file\n", sweep);
+            fclose(f);
+            return 2;
+        }
+        if (!ar_shard_owns((size_t)this_row, launch.shard, launch.count)) continue;
+        if (argc + n >= SIM_SWEEP_MAX_ARGS) {
+            fprintf(stderr, "sim: --sweep %s:%d: too many options\n", sweep, lineno);
+            fclose(f);
+            return 2;
+        }
+        char expanded[2][4096];
+        char *row_argv[SIM_SWEEP_MAX_ARGS + 1];
+        int m = 0, used = 0;
+        for (int i = 0; i < argc; i++) {
+            if (!strcmp(argv[i], "--sweep") || !strcmp(argv[i], "--shard")) {
+                i++;
+                continue;
+            }
+            bool file_opt = i > 0 && (!strcmp(argv[i - 1], "--out") || !strcmp(argv[i - 1], "--metrics"));
+            if (file_opt && used < 2) {
+                if (!expand_row(argv[i], this_row, expanded[used], sizeof expanded[used])) {
+                    fprintf(stderr, "sim: %s: too long\n", argv[i]);
+                    fclose(f);
+                    return 2;
+                }
+                row_argv[m++] = expanded[used++];
+            } else {
+                row_argv[m++] = argv[i];
+            }
+        }
+        for (int k = 0; k < n; k++) row_argv[m++] = words[k];
+        row_argv[m] = NULL;
+        printf("sim: row %d of %s (line %d)%s%s:", this_row, sweep, lineno, launch.count > 1 ? ", " : "",
+               launch.count > 1 ? launch.detail : "");
+        for (int k = 0; k < n; k++) printf(" %s", words[k]);
+        printf("\n");
+        fflush(stdout);
+        int rc = sim_one(m, row_argv);
+        if (rc != 0) fprintf(stderr, "sim: row %d of %s (line %d) ended with exit status %d\n", this_row, sweep,
+                             lineno, rc);
+        if (rc > worst) worst = rc;
+        ran++;
+    }
+    fclose(f);
+    if (row == 0) {
+        fprintf(stderr, "sim: --sweep %s has no rows\n", sweep);
+        return 2;
+    }
+    if (launch.count > 1)
+        printf("sim: shard %d/%d ran %d of the %d rows of %s\n", launch.shard, launch.count, ran, row, sweep);
+    return worst;
+}
+
+int ar_sim_main(int argc, char **argv)
+{
+    const char *sweep = NULL, *shard_text = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return sim_one(argc, argv);
+        if ((!strcmp(argv[i], "--sweep") || !strcmp(argv[i], "--shard")) && i + 1 < argc) {
+            if (!strcmp(argv[i], "--sweep")) sweep = argv[i + 1];
+            else shard_text = argv[i + 1];
+            i++;
+        }
+    }
+    if (!sweep && shard_text) {
+        fprintf(stderr, "sim: --shard spreads the rows of --sweep FILE; one simulation is not split\n");
+        return 2;
+    }
+    if (sweep) return sim_sweep(argc, argv, sweep, shard_text);
+    return sim_one(argc, argv);
 }

@@ -1,4 +1,4 @@
-/* test_coverage.c - kernel-path coverage on the CPU: the `coverage` table (schema version 3)
+/* test_coverage.c - kernel-path coverage on the CPU: the `coverage` table (schema version 4)
  * holds, for every replayed step, exactly the paths the CPU backends ran - recomputed here from
  * the trace independently of the backends (flat or the cascade trio by the step's cascade flag;
  * cpu-mla's absorbed / prefill / context paths from each request's query and context lengths) -

@@ -81,4 +81,4 @@ if [ -f "$DIR/requests.csv" ]; then
     echo "  $TRACE   the simulated trace ($BIN info $TRACE --steps lists its steps)"
     echo "  $DIR/requests.csv        per-request queueing, TTFT, TPOT and E2E of the simulation"
 fi
-echo "Next: README.md, \"A first session\"."
+echo "Next: README.md, \"A first run\"."

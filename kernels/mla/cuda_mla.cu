@@ -178,6 +178,7 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
         return 3;
     }
     s->cfg = *cfg;
+    s->device = cfg->device_index;   /* chosen by the engine from the local rank (replay/shard.h) */
     s->H = cfg->model.num_q_heads;
     s->P = cfg->model.qk_nope_head_dim;
     s->V = cfg->model.v_head_dim;

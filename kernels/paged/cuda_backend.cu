@@ -194,7 +194,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         return 3;
     }
     s->cfg = *cfg;
-    s->device = 0;
+    s->device = cfg->device_index;   /* chosen by the engine from the local rank (replay/shard.h) */
     s->force_config = -1;
     s->force_pre_config = -1;
     s->hq = cfg->model.num_q_heads;
