@@ -359,6 +359,10 @@ PLUGINS      += $(PLUGIN_DIR)/attnreplay-example-cuda.so
 endif
 BROKEN_KINDS := abi nosym refuse forward initnull badflags openfail
 BROKEN_PLUGINS := $(BROKEN_KINDS:%=$(BUILD)/tests/plugins/broken-%.so) $(BUILD)/tests/plugins/example-flat.so
+FAULTY_PLUGINS := $(BUILD)/tests/plugins/faulty-segv.so $(BUILD)/tests/plugins/faulty-hang.so \
+                  $(BUILD)/tests/plugins/faulty-error.so
+FAULTY_CUDA_PLUGINS := $(if $(filter 1,$(HAVE_CUDA)),$(BUILD)/tests/plugins/faulty-cuda-oob.so \
+                  $(BUILD)/tests/plugins/faulty-cuda-hang.so)
 PYENV        ?= $(BUILD)/pyenv
 PYTHON       ?= python3
 
@@ -398,6 +402,17 @@ $(BUILD)/tests/plugins/broken-%.so: tests/plugins/broken.c replay/attnreplay_plu
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -DBROKEN_$* -o $@ $< $(LDFLAGS)
 
+# the example kernel that faults or hangs from a given step on (tests/test_watchdog.c)
+$(BUILD)/tests/plugins/faulty-%.so: tests/plugins/faulty.c replay/plugins/example_cpu.c replay/attnreplay_plugin.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -DFAULTY_$* -o $@ $< $(LDFLAGS) -lm
+
+# the example CUDA kernel with an out-of-bounds write or a kernel that never ends (tests/gpu_faults.c)
+$(BUILD)/tests/plugins/faulty-cuda-%.so: tests/plugins/faulty_cuda.cu replay/plugins/example_cuda.cu \
+                                         replay/attnreplay_plugin.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -shared -Xcompiler -fvisibility=hidden -DFAULTY_$* -o $@ $<
+
 $(BUILD)/tests/plugins/example-flat.so: replay/plugins/example_cpu.c replay/attnreplay_plugin.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -DEXAMPLE_FLAT_ONLY -o $@ $< $(LDFLAGS) -lm
@@ -405,6 +420,8 @@ $(BUILD)/tests/plugins/example-flat.so: replay/plugins/example_cpu.c replay/attn
 # test_plugin loads the example plugins and the broken ones; gpu_plugin the CUDA example.
 $(BUILD)/tests/test_plugin: $(PLUGINS) $(BROKEN_PLUGINS)
 $(BUILD)/tests/test_coverage: $(PLUGINS)
+$(BUILD)/tests/test_watchdog: $(FAULTY_PLUGINS)
+$(BUILD)/tests/gpu_faults: $(FAULTY_CUDA_PLUGINS)
 $(BUILD)/tests/gpu_plugin: $(PLUGINS)
 
 # The Python package's tests (numpy adapter against the float64 reference, the ABI error cases),
