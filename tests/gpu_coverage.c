@@ -11,7 +11,9 @@
  * The expected list is the H200's (132 SMs, compute capability 9.0 with tensor maps): on another
  * device the decisions differ, and the test skips saying so.  The environment overrides of the
  * defaults (AR_CUDA_WGMMA, AR_CUDA_DECODE_TMA, AR_CUDA_CASCADE_FOLD, AR_CUDA_CASCADE_MERGE,
- * AR_MLA_KERNEL) are cleared for the replays.  Skips with the reason when there is no device. */
+ * AR_MLA_KERNEL) are cleared for the replays.  A second test replays with an fp8 KV cache (the MLA
+ * backend, and the paged backend once its check takes fp8 KV): every such run must pass and
+ * record an fp8 path.  Skips with the reason when there is no device. */
 #include "testutil.h"
 
 #include <stdbool.h>
@@ -56,25 +58,33 @@ static const shape_trace traces[] = {
 };
 #define NUM_TRACES (sizeof traces / sizeof traces[0])
 
+/* A small Llama-shaped layer (32 query heads, 8 KV heads, head size 128, bf16, block size 16)
+ * with the given KV cache dtype, for asking the cuda backend what it takes and decides. */
+static void probe_config(ar_run_config *cfg, ar_dtype kv_dtype, double kv_scale)
+{
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->model.name, sizeof cfg->model.name, "probe");
+    cfg->model.attention = AR_ATTN_MHA;
+    cfg->model.num_layers = 1;
+    cfg->model.num_q_heads = 32;
+    cfg->model.num_kv_heads = 8;
+    cfg->model.head_size = 128;
+    cfg->model.v_head_dim = 128;
+    cfg->model.scale = 0.08838834764831845;
+    cfg->block_size = 16;
+    cfg->num_blocks = 64;
+    cfg->dtype = AR_BF16;
+    cfg->kv_dtype = kv_dtype;
+    cfg->kv_scale = kv_scale;
+    cfg->num_layers = 1;
+    cfg->repeat = 1;
+}
+
 /* True on an H200-like device (the expected list's): 132 SMs, wgmma and tensor maps. */
 static bool h200_ready(void)
 {
     ar_run_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    snprintf(cfg.model.name, sizeof cfg.model.name, "probe");
-    cfg.model.attention = AR_ATTN_MHA;
-    cfg.model.num_layers = 1;
-    cfg.model.num_q_heads = 32;
-    cfg.model.num_kv_heads = 8;
-    cfg.model.head_size = 128;
-    cfg.model.v_head_dim = 128;
-    cfg.model.scale = 0.08838834764831845;
-    cfg.block_size = 16;
-    cfg.num_blocks = 64;
-    cfg.dtype = cfg.kv_dtype = AR_BF16;
-    cfg.kv_scale = 1.0;
-    cfg.num_layers = 1;
-    cfg.repeat = 1;
+    probe_config(&cfg, AR_BF16, 1.0);
     char why[256] = "";
     if (!ar_cuda_backend.check(&cfg, why, sizeof why)) {
         print_message("skipping: %s\n", why);
@@ -158,10 +168,68 @@ static void test_shape_samples_cover_every_default_path(void **state)
     assert_int_equal(failures, 0);
 }
 
+/* True when the paged backend takes an fp8 KV cache for the probe's shape (check only: no device
+ * work), so its fp8 paths are part of what must be covered. */
+static bool paged_takes_fp8(void)
+{
+    ar_run_config cfg;
+    probe_config(&cfg, AR_FP8_E4M3, 2.0);
+    char why[256] = "";
+    bool ok = ar_cuda_backend.check(&cfg, why, sizeof why);
+    if (!ok) print_message("the cuda backend takes no fp8 KV cache (%s): its fp8 replays are left out\n", why);
+    return ok;
+}
+
+/* The fp8 KV paths: each fp8 replay (the MLA backend's always, the paged backend's once it takes
+ * fp8 KV) must pass and record, on verified steps, a path that names fp8 (the backends name their
+ * fp8 routes so: "kv-fp8" and the plan's route strings).  Their other paths are printed, not
+ * listed: the bf16 test above owns the list of default paths. */
+static void test_fp8_replays_record_their_fp8_paths(void **state)
+{
+    (void)state;
+    if (!h200_ready()) {
+        skip();
+        return;
+    }
+    static const shape_trace fp8_traces[] = {
+        {"deepseek-v3-tp16", "cuda-mla", "--kv-dtype fp8_e4m3 --kv-scale 2"},
+        {"llama-3.1-8b", "cuda", "--kv-dtype fp8_e4m3 --kv-scale 2"},
+        {"llama-3.1-8b-cascade", "cuda", "--kv-dtype fp8_e4m3 --kv-scale 2 --cascade on"},
+        {"gemma-7b", "cuda", "--kv-dtype fp8_e4m3 --kv-scale 2"},
+    };
+    const bool paged = paged_takes_fp8();
+    char db[512], log[512], trace[1024];
+    tu_tmp("coverage-fp8.db", db, sizeof db);
+    tu_tmp("coverage-fp8.log", log, sizeof log);
+    int64_t run = 0;
+    for (size_t i = 0; i < sizeof fp8_traces / sizeof fp8_traces[0]; i++) {
+        if (strcmp(fp8_traces[i].backend, "cuda") == 0 && !paged) continue;
+        snprintf(trace, sizeof trace, "%s/traces/samples/%s.trace.jsonl.gz", tu_src_dir(), fp8_traces[i].name);
+        int rc = tu_run(log, "env -u AR_CUDA_WGMMA -u AR_CUDA_DECODE_TMA -u AR_CUDA_CASCADE_FOLD "
+                             "-u AR_CUDA_CASCADE_MERGE -u AR_MLA_KERNEL '%s' replay '%s' --db '%s' --backend %s %s",
+                        tu_bin(), trace, db, fp8_traces[i].backend, fp8_traces[i].extra);
+        char *text = tu_slurp(log);
+        const char *paths = text ? strstr(text, "  paths ") : NULL;
+        const char *end = paths ? strchr(paths, '\n') : NULL;
+        print_message("%s (%s, fp8 KV): exit %d; %.*s\n", fp8_traces[i].name, fp8_traces[i].backend, rc,
+                      paths && end ? (int)(end - paths) : 0, paths ? paths : "");
+        if (rc != 0) print_message("%s\n", text ? text : "(no output)");
+        free(text);
+        assert_int_equal(rc, 0);
+        run++;
+        char sql[200];
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM coverage WHERE run = %lld AND path LIKE '%%fp8%%' "
+                 "AND verified_layers > 0", (long long)run);
+        if (tu_query_int(db, sql) <= 0) print_message("  ^ no verified step recorded an fp8 path\n");
+        assert_true(tu_query_int(db, sql) > 0);
+    }
+}
+
 int main(void)
 {
     struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shape_samples_cover_every_default_path),
+        cmocka_unit_test(test_fp8_replays_record_their_fp8_paths),
     };
     return tu_run_gpu_tests("gpu_coverage", tests, sizeof tests / sizeof tests[0]);
 }
