@@ -14,6 +14,8 @@
 #   make lab        the kernel lab (kernels/lab/: variants that are not in the product, each with
 #                   its benchmark; CUDA builds only); `make lab-run` runs them on the GPU machine
 #   make asan       the CPU tests again under AddressSanitizer + UBSan
+#   make mutate     mutation testing: one-token kernel bugs the verifier must catch (mutate-cpu here,
+#                   mutate-gpu-build here and mutate-gpu on the GPU machine; tests/mutations.txt)
 #   make fuzz       libFuzzer harnesses (clang, ASan + UBSan), each run FUZZ_SECONDS (default 60)
 #   make valgrind   memcheck over a short replay (no leaks, no invalid accesses)
 #   make test-gpu-sanitize  compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over
@@ -339,6 +341,37 @@ test-gpu-sanitize:
 	  COMPUTE_SANITIZER=$(COMPUTE_SANITIZER) AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) \
 	  SANITIZE_SHARDS="$(SANITIZE_SHARDS)" tests/gpu_sanitize.sh $(GPU_TESTS)
 
+# ---- mutation testing (tests/mutations.txt, tests/mutate.py; RELIABILITY.md has the scores) -------
+# `make mutate-cpu` builds each CPU mutation of tests/mutations.txt as its own bin/attnreplay (in a
+# scratch copy of the tree: the checkout is never modified) and runs the replays that should kill
+# it; it fails when one survives.  `make mutate-gpu-build` builds the GPU mutations into one
+# archive, MUTATE_OUT/gpu-mutants.tar.xz, that `make mutate-gpu` (tests/run_mutants.sh) runs on
+# the GPU machine.  `make mutate`: the CPU mutants, then the GPU ones where a GPU and the archive
+# are present.  MUTATE_ONLY=id,id limits a run to those mutations.
+MUTATE_OUT  ?= $(BUILD)/mutants
+MUTATE_ONLY ?=
+MUTATE_ARGS  = --src $(CURDIR) --build $(BUILD) --bin $(BIN) --main $(MAIN) --lib $(LIB) --cc '$(CC)' \
+               --cflags '$(CFLAGS)' --link '$(CC) $(LDFLAGS)' --libs '$(LIBS)' $(if $(MUTATE_ONLY),--only $(MUTATE_ONLY))
+.PHONY: mutate mutate-cpu mutate-gpu-build mutate-gpu
+mutate-cpu: deps $(BIN)
+	@$(PYTHON) tests/mutate.py cpu $(MUTATE_ARGS) --out $(MUTATE_OUT)/cpu
+
+ifeq ($(HAVE_CUDA),1)
+mutate-gpu-build: deps $(BIN)
+	@$(PYTHON) tests/mutate.py gpu $(MUTATE_ARGS) --nvcc '$(NVCC) $(NVCCFLAGS)' --out $(MUTATE_OUT)
+else
+mutate-gpu-build:
+	@echo "make mutate-gpu-build: needs nvcc (none found)" >&2; exit 1
+endif
+
+# On the GPU machine: the prebuilt archive, run against the prebuilt bin/attnreplay.
+mutate-gpu:
+	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/run_mutants.sh $(MUTATE_OUT)/gpu-mutants.tar.xz
+
+mutate: mutate-cpu
+	@if [ -n "$(GPU_CC)" ] && [ -f $(MUTATE_OUT)/gpu-mutants.tar.xz ]; then $(MAKE) --no-print-directory mutate-gpu; \
+	 else echo "make mutate: GPU mutants not run (no GPU here, or no $(MUTATE_OUT)/gpu-mutants.tar.xz: make mutate-gpu-build)"; fi
+
 # ---- bring your own kernel: libattnreplay.so, the example plugins, the Python package ----------
 # (README "Bring your own kernel").  libattnreplay.so is the library again, position-independent,
 # for the Python package (replay/python); jansson and sqlite3 are linked dynamically there (the
@@ -359,6 +392,10 @@ PLUGINS      += $(PLUGIN_DIR)/attnreplay-example-cuda.so
 endif
 BROKEN_KINDS := abi nosym refuse forward initnull badflags openfail
 BROKEN_PLUGINS := $(BROKEN_KINDS:%=$(BUILD)/tests/plugins/broken-%.so) $(BUILD)/tests/plugins/example-flat.so
+FAULTY_PLUGINS := $(BUILD)/tests/plugins/faulty-segv.so $(BUILD)/tests/plugins/faulty-hang.so \
+                  $(BUILD)/tests/plugins/faulty-error.so
+FAULTY_CUDA_PLUGINS := $(if $(filter 1,$(HAVE_CUDA)),$(BUILD)/tests/plugins/faulty-cuda-oob.so \
+                  $(BUILD)/tests/plugins/faulty-cuda-hang.so)
 PYENV        ?= $(BUILD)/pyenv
 PYTHON       ?= python3
 
@@ -398,12 +435,26 @@ $(BUILD)/tests/plugins/broken-%.so: tests/plugins/broken.c replay/attnreplay_plu
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -DBROKEN_$* -o $@ $< $(LDFLAGS)
 
+# the example kernel that faults or hangs from a given step on (tests/test_watchdog.c)
+$(BUILD)/tests/plugins/faulty-%.so: tests/plugins/faulty.c replay/plugins/example_cpu.c replay/attnreplay_plugin.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -DFAULTY_$* -o $@ $< $(LDFLAGS) -lm
+
+# the example CUDA kernel with an out-of-bounds write or a kernel that never ends (tests/gpu_faults.c)
+$(BUILD)/tests/plugins/faulty-cuda-%.so: tests/plugins/faulty_cuda.cu replay/plugins/example_cuda.cu \
+                                         replay/attnreplay_plugin.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -shared -Xcompiler -fvisibility=hidden -DFAULTY_$* -o $@ $<
+
 $(BUILD)/tests/plugins/example-flat.so: replay/plugins/example_cpu.c replay/attnreplay_plugin.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -DEXAMPLE_FLAT_ONLY -o $@ $< $(LDFLAGS) -lm
 
 # test_plugin loads the example plugins and the broken ones; gpu_plugin the CUDA example.
 $(BUILD)/tests/test_plugin: $(PLUGINS) $(BROKEN_PLUGINS)
+$(BUILD)/tests/test_coverage: $(PLUGINS)
+$(BUILD)/tests/test_watchdog: $(FAULTY_PLUGINS)
+$(BUILD)/tests/gpu_faults: $(FAULTY_CUDA_PLUGINS)
 $(BUILD)/tests/gpu_plugin: $(PLUGINS)
 
 # The Python package's tests (numpy adapter against the float64 reference, the ABI error cases),

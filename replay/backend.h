@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include "../reference/datagen.h"
 #include "../traces/trace.h"
 
@@ -101,6 +102,29 @@ typedef struct ar_kernel_time {
     double us;                      /* median over repeats */
 } ar_kernel_time;
 
+/* Kernel paths (kernel-path coverage): the code paths one forward ran, by name, so that every
+ * step records which of a backend's decision-function outcomes it exercised (the `coverage`
+ * table, replay/db.h).  A name is "PASS:KERNEL" or a plain word, stable across builds, and a
+ * string literal (or text that lives as long as the backend's registration); a forward lists each
+ * path once.  The names each backend reports:
+ *   cpu       "flat", or on cascade steps "cascade-prefix", "cascade-suffix", "cascade-merge";
+ *             "kv-fp8" when the cache is fp8
+ *   cpu-mla   "mla-decode:absorbed", "mla-prefill:new" (a prefill request's new tokens),
+ *             "mla-prefill:context" (its context, gathered in workspace chunks and merged by LSE);
+ *             "kv-fp8"
+ *   cuda      flat steps "attn:KERNEL", cascade steps "cascade-prefix:KERNEL" and
+ *             "cascade-suffix:KERNEL", KERNEL one of prefill-wg (wgmma), prefill (mma.sync),
+ *             decode (mma.sync), decode-tma, with "+split" when the launch was split and a
+ *             combine merged the pieces; "cascade-prefix-combine:folded" when the suffix pass
+ *             combined the prefix pass's pieces itself; "cascade-merge:fused" or
+ *             "cascade-merge:separate"
+ *   cuda-mla  "mla-decode:ROUTE[+split]" (ROUTE the decision function's kernel: tc-wgmma,
+ *             tc-wgmma-cpasync, tc-narrow-bulk, tc-narrow, tc-split-qk, simt), "mla-prefill:new",
+ *             "mla-prefill:context", "kv-fp8"
+ *   plugins   "plugin:NAME"
+ * Paths are derived from the plan the backend's decision function made (no kernel reports). */
+#define AR_MAX_PATHS 8
+
 /* What forward returns.  out and lse are host buffers allocated by the engine, or NULL when
  * the engine does not need the output on the host (the verifier works on the device, see
  * verify.h ar_verifier_needs_host_output): a device backend then makes no host copy at all.
@@ -119,7 +143,17 @@ typedef struct ar_forward_out {
     ar_kernel_time kernels[AR_MAX_KERNELS];
     double total_us;                /* median wall time of the whole timed part */
     int guard_violations;           /* device guard-region words found overwritten */
+    int num_paths;                  /* kernel paths this forward ran (see AR_MAX_PATHS) */
+    const char *paths[AR_MAX_PATHS];
 } ar_forward_out;
+
+/* Adds a kernel path to o (once; at most AR_MAX_PATHS). */
+static inline void ar_forward_add_path(ar_forward_out *o, const char *name)
+{
+    for (int i = 0; i < o->num_paths; i++)
+        if (o->paths[i] == name || strcmp(o->paths[i], name) == 0) return;
+    if (o->num_paths < AR_MAX_PATHS) o->paths[o->num_paths++] = name;
+}
 
 typedef struct ar_backend {
     const char *name;               /* "cpu", "cuda", "cuda-mla", ... */

@@ -33,6 +33,7 @@ enum {
     ST_INSERT_KERNEL,
     ST_INSERT_MISMATCH,
     ST_PROGRESS,
+    ST_INSERT_COVERAGE,
     ST_COUNT
 };
 
@@ -157,6 +158,12 @@ static const char *const added_columns[][3] = {
 };
 #define NUM_ADDED_COLUMNS (sizeof added_columns / sizeof added_columns[0])
 
+/* Tables added by schema version 4 (created the same way in a new file and an old one). */
+static const char *const v4_sql =
+    "CREATE TABLE IF NOT EXISTS coverage("
+    " run INTEGER NOT NULL, step INTEGER NOT NULL, path TEXT NOT NULL, layers INTEGER NOT NULL,"
+    " verified_layers INTEGER NOT NULL, PRIMARY KEY(run, step, path));";
+
 static const char *const stmt_sql[ST_COUNT] = {
     [ST_INSERT_STEP] =
         "INSERT INTO steps(run, step, time, num_reqs, num_tokens, num_prefill_reqs,"
@@ -173,6 +180,7 @@ static const char *const stmt_sql[ST_COUNT] = {
                     " verified_steps = ?, verified_layer_steps = ?, verified_rows = ?,"
                     " parse_s = ?, metadata_s = ?, generation_s = ?, kernel_s = ?, verify_s = ?,"
                     " sqlite_s = ?, wait_s = ?, setup_s = ?, wall_s = ? WHERE id = ?",
+    [ST_INSERT_COVERAGE] = "INSERT INTO coverage(run, step, path, layers, verified_layers) VALUES(?,?,?,?,?)",
 };
 
 static int fail(ar_db *db, char *err, size_t err_len, const char *what)
@@ -268,8 +276,8 @@ static int read_version(sqlite3 *h)
 }
 
 /* Brings the schema to AR_DB_SCHEMA_VERSION in one write transaction: version 1's tables (and
- * version 3's shards table), the missing later columns, the version number.  Nothing is written
- * when all is in place. */
+ * version 3's shards table), the missing later columns, version 4's coverage table, the version
+ * number.  Nothing is written when all is in place. */
 static int migrate(ar_db *db, char *err, size_t err_len)
 {
     int missing = 0;
@@ -281,7 +289,8 @@ static int migrate(ar_db *db, char *err, size_t err_len)
     char *msg = NULL;
     if (sqlite3_exec(db->h, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
         return fail(db, err, err_len, "cannot set up the schema");
-    if (sqlite3_exec(db->h, schema_sql, NULL, NULL, &msg) != SQLITE_OK) {
+    if (sqlite3_exec(db->h, schema_sql, NULL, NULL, &msg) != SQLITE_OK ||
+        sqlite3_exec(db->h, v4_sql, NULL, NULL, &msg) != SQLITE_OK) {
         snprintf(err, err_len, "%s: cannot set up the schema: %s", db->path, msg ? msg : "?");
         sqlite3_free(msg);
         ar_db_rollback(db);
@@ -625,6 +634,18 @@ int ar_db_insert_kernel(ar_db *db, int64_t run, int64_t step, int layer, const c
     return step_done(db, st, err, err_len, "cannot insert a kernel time");
 }
 
+int ar_db_insert_coverage(ar_db *db, int64_t run, int64_t step, const char *path, int layers,
+                          int verified_layers, char *err, size_t err_len)
+{
+    sqlite3_stmt *st = db->st[ST_INSERT_COVERAGE];
+    sqlite3_bind_int64(st, 1, run);
+    sqlite3_bind_int64(st, 2, step);
+    sqlite3_bind_text(st, 3, path, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 4, layers);
+    sqlite3_bind_int(st, 5, verified_layers);
+    return step_done(db, st, err, err_len, "cannot insert a coverage row");
+}
+
 int ar_db_insert_mismatch(ar_db *db, int64_t run, int64_t step, const ar_mismatch_row *m,
                           char *err, size_t err_len)
 {
@@ -699,6 +720,25 @@ int ar_step_record_add_kernel(ar_step_record *r, int layer, const char *name, do
     return 0;
 }
 
+int ar_step_record_add_path(ar_step_record *r, const char *name, bool verified)
+{
+    for (int i = 0; i < r->num_paths; i++) {
+        if (r->paths[i].name != name && strcmp(r->paths[i].name, name) != 0) continue;
+        r->paths[i].layers++;
+        r->paths[i].verified_layers += verified;
+        return 0;
+    }
+    if (r->num_paths == r->cap_paths) {
+        int cap = r->cap_paths ? 2 * r->cap_paths : 8;
+        ar_path_row *p = realloc(r->paths, (size_t)cap * sizeof *p);
+        if (!p) return -1;
+        r->paths = p;
+        r->cap_paths = cap;
+    }
+    r->paths[r->num_paths++] = (ar_path_row){name, 1, verified ? 1 : 0};
+    return 0;
+}
+
 int ar_step_record_add_mismatch(ar_step_record *r, const ar_mismatch_row *m)
 {
     if (r->num_mismatches >= AR_DB_RECORD_WORST) return 0;
@@ -723,11 +763,15 @@ static void record_clear(ar_step_record *r)
 {
     ar_kernel_row *k = r->kernels;
     int cap = r->cap_kernels;
+    ar_path_row *p = r->paths;
+    int pcap = r->cap_paths;
     char *t = r->req_text;
     size_t tcap = r->req_cap;
     memset(r, 0, sizeof *r);
     r->kernels = k;
     r->cap_kernels = cap;
+    r->paths = p;
+    r->cap_paths = pcap;
     r->req_text = t;
     r->req_cap = tcap;
 }
@@ -735,6 +779,7 @@ static void record_clear(ar_step_record *r)
 static void record_free(ar_step_record *r)
 {
     free(r->kernels);
+    free(r->paths);
     free(r->req_text);
     free(r);
 }
@@ -831,6 +876,10 @@ static int write_batch(ar_db_writer *w, ar_step_record *list, char *err, size_t 
         for (int k = 0; k < r->num_kernels; k++)
             if (ar_db_insert_kernel(db, r->row.run, r->row.step, r->kernels[k].layer, r->kernels[k].name,
                                     r->kernels[k].us, err, err_len) != 0)
+                goto fail;
+        for (int k = 0; k < r->num_paths; k++)
+            if (ar_db_insert_coverage(db, r->row.run, r->row.step, r->paths[k].name, r->paths[k].layers,
+                                      r->paths[k].verified_layers, err, err_len) != 0)
                 goto fail;
         const char *req = r->req_text;
         for (int m = 0; m < r->num_mismatches; m++) {

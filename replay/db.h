@@ -2,7 +2,7 @@
  * schema version with migrations, crash-safe resume, and the writer that owns the database
  * during a replay.
  *
- * Schema (version 3; `meta` holds key 'schema_version'):
+ * Schema (version 4; `meta` holds key 'schema_version'):
  *
  *   runs(id INTEGER PRIMARY KEY, trace TEXT, trace_hash TEXT, backend TEXT, device TEXT,
  *        dtype TEXT, kv_dtype TEXT, model TEXT, layers INTEGER, config TEXT (JSON of all
@@ -64,6 +64,12 @@
  *        step took without cascade (all layers), so reports can say what cascade saved
  *   mismatches(run, step, layer, req TEXT, token INTEGER, head INTEGER, dim INTEGER,
  *        got REAL, want REAL, abs_err REAL)          -- the worst elements of failing steps
+ *   coverage(run, step, path TEXT, layers INTEGER, verified_layers INTEGER,
+ *        PRIMARY KEY(run, step, path))                -- version 4: kernel-path coverage
+ *        -- one row per kernel path a step ran (names in replay/backend.h, ar_forward_out):
+ *        layers = the replayed layers of the step whose forward ran it, verified_layers = those
+ *        of them checked against the reference (--verify-layers); the flat comparison forward
+ *        of cascade steps is not counted
  *   ceilings(device TEXT, measured REAL, copy_gbps REAL, bf16_tflops REAL, method TEXT)
  *   shards(run, shard, source TEXT (the shard database merged), source_run INTEGER, started,
  *        finished REAL, host, device TEXT, device_index INTEGER, code_rev, launcher, status,
@@ -75,10 +81,11 @@
  *        (then steps holds their combination)
  *
  * A writable open migrates an older database in place (ALTER TABLE ADD COLUMN; the new
- * columns read NULL in old rows).  Readers that open a database read-only call
+ * columns read NULL in old rows; version 4's coverage table starts empty, so steps replayed
+ * before the migration have no coverage rows).  Readers that open a database read-only call
  * ar_db_compat_views so that queries naming later columns work on older files too.
  *
- * A step's rows (steps, kernels, mismatches) and the run's progress (steps_done, last_step,
+ * A step's rows (steps, kernels, mismatches, coverage) and the run's progress (steps_done, last_step,
  * the verified counts, the timings) are committed in the same transaction, so a killed replay
  * leaves every step either fully present or absent; --resume continues after runs.last_step.
  * Transactions are short (BEGIN IMMEDIATE, a batch of finished steps, COMMIT): no transaction
@@ -95,7 +102,7 @@
 extern "C" {
 #endif
 
-#define AR_DB_SCHEMA_VERSION 3
+#define AR_DB_SCHEMA_VERSION 4
 /* How long a writer waits for another writer's lock (ms); ATTNREPLAY_BUSY_TIMEOUT_MS
  * overrides it. */
 #define AR_DB_BUSY_TIMEOUT_MS 30000
@@ -207,6 +214,8 @@ int ar_db_insert_kernel(ar_db *db, int64_t run, int64_t step, int layer, const c
                         double time_us, char *err, size_t err_len);
 int ar_db_insert_mismatch(ar_db *db, int64_t run, int64_t step, const ar_mismatch_row *m,
                           char *err, size_t err_len);
+int ar_db_insert_coverage(ar_db *db, int64_t run, int64_t step, const char *path, int layers,
+                          int verified_layers, char *err, size_t err_len);
 int ar_db_update_progress(ar_db *db, int64_t run, const ar_run_progress *p, char *err, size_t err_len);
 /* Final status and reason (runs.error; NULL for none). */
 int ar_db_finish_run(ar_db *db, int64_t run, const char *status, const char *error, double now,
@@ -233,10 +242,18 @@ typedef struct ar_kernel_row {
     double us;
 } ar_kernel_row;
 
+/* A kernel path of a step (the coverage table). */
+typedef struct ar_path_row {
+    const char *name;        /* a backend's path name (backend.h: lives as long as the program) */
+    int layers, verified_layers;
+} ar_path_row;
+
 typedef struct ar_step_record {
     ar_step_row row;
     ar_kernel_row *kernels;  /* [num_kernels], capacity cap_kernels (kept across reuse) */
     int num_kernels, cap_kernels;
+    ar_path_row *paths;      /* [num_paths], capacity cap_paths (kept across reuse) */
+    int num_paths, cap_paths;
     ar_mismatch_row mismatches[AR_DB_RECORD_WORST];   /* req points into req_text */
     int num_mismatches;
     char *req_text;          /* the mismatches' request ids, NUL-separated */
@@ -247,6 +264,9 @@ typedef struct ar_step_record {
 
 /* Appends a kernel row / a mismatch (its request id copied).  0, or -1 out of memory. */
 int ar_step_record_add_kernel(ar_step_record *r, int layer, const char *name, double us);
+/* Counts one layer that ran kernel path name (verified: that layer was checked against the
+ * reference); a path seen before in the step adds to its row.  0, or -1 out of memory. */
+int ar_step_record_add_path(ar_step_record *r, const char *name, bool verified);
 int ar_step_record_add_mismatch(ar_step_record *r, const ar_mismatch_row *m);
 
 typedef struct ar_db_writer ar_db_writer;

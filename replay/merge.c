@@ -1,7 +1,8 @@
 /* merge.c - `attnreplay merge OUT.db SHARD.db...`: the runs of a sharded replay (replay/shard.h),
  * one database per shard, made into one run of OUT.db that report, diff and plan read like any
- * other: every step exactly once, with the shard that replayed it (steps.shard), its kernels and
- * mismatches, and the run's counters and status recomputed from what was merged.
+ * other: every step exactly once, with the shard that replayed it (steps.shard), its kernels,
+ * mismatches and kernel-path coverage, and the run's counters and status recomputed from what
+ * was merged.
  *
  * How:
  *   1. Every shard database is ATTACHed read-only, one at a time, and its runs read.  They must
@@ -13,7 +14,7 @@
  *      it; the manifest (table shards) remembers which run each shard came from, and a shard
  *      index merged from another run (a shard replayed again from scratch) is refused.
  *   3. Each shard is merged in its own transaction (BEGIN IMMEDIATE .. COMMIT): its steps not
- *      yet in the merged run, with their kernels and mismatches, its manifest row, and the
+ *      yet in the merged run, with their kernels, mismatches and coverage, its manifest row, and the
  *      merged run's counters.  So merging twice adds nothing, a shard merged while it ran (or
  *      after it was killed) gains its later steps when merged again after --resume, and a merge
  *      killed midway leaves whole shards.
@@ -568,6 +569,16 @@ static int merge_rows(merge_ctx *m, const shard_run *r, int64_t *added, int64_t 
     if (run_sql(m, "INSERT INTO main.mismatches(run, step, layer, req, token, head, dim, got, want, abs_err)"
                    " SELECT ?1, step, layer, req, token, head, dim, got, want, abs_err FROM s.mismatches"
                    " WHERE run = ?2 AND step IN (SELECT step FROM temp.merge_new)",
+                r->id, r->shard_index, err, err_len) < 0)
+        return -1;
+    /* coverage (schema version 4; a shard of an older schema has none): a layer split's rows of one
+     * step and path add up over the shards, as their layers do */
+    if (ar_db_has_column(m->h, "s", "coverage", "verified_layers") == 1 &&
+        run_sql(m, "INSERT INTO main.coverage(run, step, path, layers, verified_layers)"
+                   " SELECT ?1, step, path, layers, verified_layers FROM s.coverage"
+                   " WHERE run = ?2 AND step IN (SELECT step FROM temp.merge_new)"
+                   " ON CONFLICT(run, step, path) DO UPDATE SET layers = layers + excluded.layers,"
+                   " verified_layers = verified_layers + excluded.verified_layers",
                 r->id, r->shard_index, err, err_len) < 0)
         return -1;
     *completed = *added;

@@ -244,6 +244,7 @@ typedef struct plugin_slot {
     ar_backend be;
     const attnreplay_plugin *p;
     char name[96];           /* prefix + plugin name: the backend's name */
+    char path[80];           /* "plugin:" + plugin name: its one kernel path (backend.h) */
     char source[512];        /* path or a description, for messages */
     char summary[256];
     char capabilities[256];
@@ -1076,6 +1077,8 @@ static int plugin_forward(void *state, int layer, const ar_batch *b, ar_forward_
     o->total_us = median(col, repeat);
     free(col);
     free(times);
+    o->num_paths = 0;
+    ar_forward_add_path(o, s->path);
     return 0;
 }
 
@@ -1158,6 +1161,7 @@ const ar_backend *ar_plugin_register_init(attnreplay_plugin_init_fn init, const 
     memset(s, 0, sizeof *s);
     s->p = p;
     snprintf(s->name, sizeof s->name, "%s", full);
+    snprintf(s->path, sizeof s->path, "plugin:%s", p->name);
     snprintf(s->source, sizeof s->source, "%s", source);
     snprintf(s->summary, sizeof s->summary, "%s", p->summary ? p->summary : "(plugin)");
     snprintf(s->capabilities, sizeof s->capabilities, "%s%s", p->capabilities ? p->capabilities : "",

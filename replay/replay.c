@@ -22,6 +22,21 @@
  * forward on the CPU, say), the watchdog has the writer commit the whole steps it holds, marks
  * the run 'interrupted' and ends the process with the same code.
  *
+ * Broken backends: every call into the backend (open, prepare, fill, a layer's forward) is marked
+ * in flight with a deadline (--forward-timeout; 300 s for a GPU backend, 3600 s on the host).  A
+ * call that faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL on any thread while it is in flight) parks
+ * the faulting thread and wakes the watchdog; a call past its deadline is found by the watchdog
+ * (it looks 4 times a second).  Either way the watchdog has the writer commit the whole steps it
+ * holds, marks the run 'error' with the step, layer and cause, and ends the process with exit 3
+ * (the call's own step has no result and is not recorded); --resume continues the run.  Nothing
+ * is written from the signal handler.  The process does not go on after such a call: the
+ * backend's state (and, for a fault, possibly the process's memory) cannot be trusted, and a
+ * hung thread cannot be stopped.  If the writer cannot finish within AR_BROKEN_ABORT_S (a
+ * faulted thread may hold a lock it needs), the process ends anyway and the run stays 'running'
+ * with its committed steps.  A fault outside any backend call is attnreplay's own bug and takes
+ * its normal course (a core dump).  A CUDA error (an illegal address: sticky, the context is
+ * lost) is returned by the backend as an error: the step fails the same way, exit 3.
+ *
  * Exit codes: 0 every verified step passed (or --verify off: 'unverified'), 1 a step failed
  * verification, 2 bad input or usage, 3 a device or runtime error (including a database write
  * failure), 4 nothing was verified (no step replayed: 'empty'; a planted fault never showed:
@@ -65,6 +80,12 @@ extern char **environ;
 #define AR_PROGRESS_LOG_S 10.0
 #define AR_EXIT_NOTHING_VERIFIED 4
 #define AR_STEP_CANCELLED (-2)   /* run_step: a signal came; the step was abandoned */
+#define AR_SUMMARY_PATHS 32      /* kernel paths the summary line names */
+/* Default seconds a backend call may take before the watchdog fails the run (--forward-timeout):
+ * a GPU layer's forward takes milliseconds, so a minute-long one has hung; a host forward of a
+ * long prefill on few cores can take many minutes. */
+#define AR_FORWARD_TIMEOUT_GPU_S 300
+#define AR_FORWARD_TIMEOUT_HOST_S 3600
 
 static double now_wall(void)
 {
@@ -73,7 +94,7 @@ static double now_wall(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* ---- signals and the watchdog -------------------------------------------------------------- */
+/* ---- signals, backend calls and the watchdog ---------------------------------------------- */
 
 /* The signal that asked the run to stop (SIGINT / SIGTERM), 0 while none did.  An int (what
  * sig_atomic_t is here) so that verification can watch it through ar_verify_opts.cancel. */
@@ -102,6 +123,132 @@ static void on_signal(int sig)
     errno = saved_errno;
 }
 
+/* The backend call in flight (open, prepare, fill or a forward): what it is, which step and
+ * layer, and by when it must return (monotonic ns; 0 = no limit).  Set by the step loop around
+ * every call into the backend, read by the watchdog (a call past its deadline) and the crash
+ * handler (a fault inside the call). */
+enum { CALL_NONE, CALL_OPEN, CALL_PREPARE, CALL_FILL, CALL_FORWARD };
+static int call_kind;
+static int64_t call_step;
+static int call_layer;
+static int64_t call_deadline_ns;
+static double call_timeout_s;
+
+/* A fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL) inside a backend call: the signal and address. */
+static volatile sig_atomic_t crash_signal;
+static void *volatile crash_addr;
+static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+#define NUM_CRASH_SIGNALS (int)(sizeof crash_signals / sizeof crash_signals[0])
+static struct sigaction crash_old[NUM_CRASH_SIGNALS];
+static bool crash_installed;
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void call_begin(int kind, int64_t step, int layer)
+{
+    __atomic_store_n(&call_step, step, __ATOMIC_RELAXED);
+    __atomic_store_n(&call_layer, layer, __ATOMIC_RELAXED);
+    int64_t deadline = call_timeout_s > 0 ? mono_ns() + (int64_t)(call_timeout_s * 1e9) : 0;
+    __atomic_store_n(&call_deadline_ns, deadline, __ATOMIC_RELAXED);
+    __atomic_store_n(&call_kind, kind, __ATOMIC_RELEASE);
+}
+
+static void call_end(void)
+{
+    __atomic_store_n(&call_kind, CALL_NONE, __ATOMIC_RELEASE);
+    __atomic_store_n(&call_deadline_ns, 0, __ATOMIC_RELAXED);
+}
+
+/* A fault inside a backend call: the thread that faulted records it, wakes the watchdog and waits
+ * for the watchdog to end the process (returning would fault again).  A fault outside any backend
+ * call is attnreplay's own: the previous disposition is restored and the fault happens again
+ * there (a core dump, the sanitizer's report). */
+static void on_crash(int sig, siginfo_t *info, void *context)
+{
+    (void)context;
+    if (__atomic_load_n(&call_kind, __ATOMIC_ACQUIRE) == CALL_NONE || crash_signal) {
+        for (int i = 0; i < NUM_CRASH_SIGNALS; i++)
+            if (crash_signals[i] == sig) sigaction(sig, &crash_old[i], NULL);
+        if (crash_signal) for (;;) pause();   /* a second fault while the first is handled */
+        return;
+    }
+    crash_addr = info ? info->si_addr : NULL;
+    crash_signal = sig;
+    sem_post(&signal_sem);
+    for (;;) pause();
+}
+
+/* Installs on_crash (ATTNREPLAY_CRASH_HANDLER=0 leaves faults to the default action, for a core
+ * dump of a backend under development). */
+static void crash_handler_install(void)
+{
+    const char *env = getenv("ATTNREPLAY_CRASH_HANDLER");
+    if (env && strcmp(env, "0") == 0) return;
+    static char alt_stack[1 << 16];   /* the step loop's thread: a stack overflow can still be reported */
+    stack_t ss = {.ss_sp = alt_stack, .ss_size = sizeof alt_stack, .ss_flags = 0};
+    sigaltstack(&ss, NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_crash;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < NUM_CRASH_SIGNALS; i++) sigaction(crash_signals[i], &sa, &crash_old[i]);
+    crash_installed = true;
+}
+
+static void crash_handler_remove(void)
+{
+    if (!crash_installed) return;
+    for (int i = 0; i < NUM_CRASH_SIGNALS; i++) sigaction(crash_signals[i], &crash_old[i], NULL);
+    stack_t ss = {.ss_sp = NULL, .ss_size = 0, .ss_flags = SS_DISABLE};
+    sigaltstack(&ss, NULL);
+    crash_installed = false;
+}
+
+static const char *call_name(int kind)
+{
+    switch (kind) {
+    case CALL_OPEN: return "open";
+    case CALL_PREPARE: return "prepare";
+    case CALL_FILL: return "fill";
+    default: return "forward";
+    }
+}
+
+static const char *crash_signal_name(int sig)
+{
+    return sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "SIGILL";
+}
+
+/* Writes text to stderr without stdio (whose lock a faulted thread may hold). */
+static void say(const char *text)
+{
+    size_t n = strlen(text);
+    while (n > 0) {
+        ssize_t w = write(2, text, n);
+        if (w <= 0) break;
+        text += w;
+        n -= (size_t)w;
+    }
+}
+
+/* The last resort of a watchdog that is ending a broken run: if committing and marking the run
+ * takes longer than this (a faulted backend may hold a lock the writer needs), the process ends
+ * anyway; the database then holds whole steps and the run stays 'running'. */
+#define AR_BROKEN_ABORT_S 5
+static void on_alarm(int sig)
+{
+    (void)sig;
+    say("attnreplay replay: the database could not be updated in time after the backend failed; the run stays "
+        "'running' with its committed steps (--resume continues it)\n");
+    _exit(3);
+}
+
 typedef struct watchdog {
     pthread_t tid;
     bool started;
@@ -111,37 +258,95 @@ typedef struct watchdog {
     ar_db_writer *writer;     /* set once the run exists */
     int64_t run_id;
     const char *db_path;
+    const char *backend;      /* the backend's name, for messages */
     bool quiet;
 } watchdog;
+
+/* A backend call faulted or ran past its deadline: commit the whole steps the writer holds, mark
+ * the run 'error' with why, and end the process with exit code 3.  The call's own step is not
+ * recorded (it has no result). */
+static void watchdog_end_broken(watchdog *wd, const char *why)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, NULL);
+    alarm(AR_BROKEN_ABORT_S);
+    int rc = wd->writer ? ar_db_writer_abort(wd->writer, "error", why, now_wall(), AR_BROKEN_ABORT_S - 1) : 0;
+    char msg[1400];
+    if (wd->writer && rc == 0)
+        snprintf(msg, sizeof msg, "attnreplay replay: %s; the run stops here (a failed backend's state cannot be "
+                 "trusted): committed steps kept, run %lld in %s marked 'error' (--resume continues it)\n", why,
+                 (long long)wd->run_id, wd->db_path);
+    else if (wd->writer && rc < 0)
+        snprintf(msg, sizeof msg, "attnreplay replay: %s; the run stops here: the database was busy, so run %lld in "
+                 "%s stays 'running' with its committed steps (--resume continues it)\n", why,
+                 (long long)wd->run_id, wd->db_path);
+    else
+        snprintf(msg, sizeof msg, "attnreplay replay: %s; the run stops here\n", why);
+    if (isatty(2)) say("\n");   /* after the progress line */
+    say(msg);
+    _exit(3);
+}
 
 static void *watchdog_main(void *arg)
 {
     watchdog *wd = arg;
-    while (sem_wait(&signal_sem) != 0 && errno == EINTR) {}
-    pthread_mutex_lock(&wd->mu);
-    struct timespec ts = ar_deadline_in(AR_SIGNAL_GRACE_S);
-    while (!wd->quit && pthread_cond_timedwait(&wd->cv, &wd->mu, &ts) != ETIMEDOUT) {}
-    if (wd->quit) {
-        pthread_mutex_unlock(&wd->mu);
-        return NULL;
+    for (;;) {
+        struct timespec ts = ar_deadline_in(0.25);   /* a call's deadline is looked at 4 times a second */
+        int woke = sem_timedwait(&signal_sem, &ts) == 0;
+        pthread_mutex_lock(&wd->mu);
+        if (wd->quit) {
+            pthread_mutex_unlock(&wd->mu);
+            return NULL;
+        }
+        const int kind = __atomic_load_n(&call_kind, __ATOMIC_ACQUIRE);
+        const int64_t deadline = __atomic_load_n(&call_deadline_ns, __ATOMIC_RELAXED);
+        char why[600], where[64];
+        const int64_t step = __atomic_load_n(&call_step, __ATOMIC_RELAXED);
+        const int layer = __atomic_load_n(&call_layer, __ATOMIC_RELAXED);
+        if (kind == CALL_OPEN) snprintf(where, sizeof where, "setup");
+        else if (layer < 0) snprintf(where, sizeof where, "step %lld", (long long)step);
+        else snprintf(where, sizeof where, "step %lld, layer %d", (long long)step, layer);
+        if (crash_signal) {
+            snprintf(why, sizeof why, "%s: the %s backend's %s crashed with %s (address %p)", where,
+                     wd->backend ? wd->backend : "?", call_name(kind), crash_signal_name(crash_signal), crash_addr);
+            watchdog_end_broken(wd, why);
+        }
+        if (kind != CALL_NONE && deadline > 0 && mono_ns() > deadline) {
+            snprintf(why, sizeof why, "%s: the %s backend's %s did not return within %g s (--forward-timeout)", where,
+                     wd->backend ? wd->backend : "?", call_name(kind), call_timeout_s);
+            watchdog_end_broken(wd, why);
+        }
+        if (!woke || !signalled()) {
+            pthread_mutex_unlock(&wd->mu);
+            continue;
+        }
+        /* SIGINT / SIGTERM: the step loop has AR_SIGNAL_GRACE_S to stop by itself */
+        ts = ar_deadline_in(AR_SIGNAL_GRACE_S);
+        while (!wd->quit && pthread_cond_timedwait(&wd->cv, &wd->mu, &ts) != ETIMEDOUT) {}
+        if (wd->quit) {
+            pthread_mutex_unlock(&wd->mu);
+            return NULL;
+        }
+        /* The step loop is still inside a step: commit what is whole, mark the run, end here. */
+        const int sig = signalled() ? signalled() : SIGTERM;
+        const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+        snprintf(why, sizeof why, "interrupted by %s (the step in flight was abandoned)", name);
+        int rc = wd->writer ? ar_db_writer_abort(wd->writer, "interrupted", why, now_wall(), AR_SIGNAL_ABORT_S) : 0;
+        if (wd->writer && rc == 0)
+            fprintf(stderr, "\nattnreplay replay: %s: stopped inside a step; committed steps kept, run %lld in %s "
+                            "marked interrupted (--resume continues it)\n", name, (long long)wd->run_id, wd->db_path);
+        else if (wd->writer && rc < 0)
+            fprintf(stderr, "\nattnreplay replay: %s: stopped inside a step; the database was busy, so run %lld "
+                            "in %s stays 'running' with its committed steps (--resume continues it)\n", name,
+                    (long long)wd->run_id, wd->db_path);
+        else if (!wd->writer)
+            fprintf(stderr, "\nattnreplay replay: %s: stopped before the run started\n", name);
+        fflush(stderr);
+        _exit(128 + sig);
     }
-    /* The step loop is still inside a step: commit what is whole, mark the run, end here. */
-    const int sig = signalled() ? signalled() : SIGTERM;
-    const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
-    char why[160];
-    snprintf(why, sizeof why, "interrupted by %s (the step in flight was abandoned)", name);
-    int rc = wd->writer ? ar_db_writer_abort(wd->writer, "interrupted", why, now_wall(), AR_SIGNAL_ABORT_S) : 0;
-    if (wd->writer && rc == 0)
-        fprintf(stderr, "\nattnreplay replay: %s: stopped inside a step; committed steps kept, run %lld in %s "
-                        "marked interrupted (--resume continues it)\n", name, (long long)wd->run_id, wd->db_path);
-    else if (wd->writer && rc < 0)
-        fprintf(stderr, "\nattnreplay replay: %s: stopped inside a step; the database was busy, so run %lld "
-                        "in %s stays 'running' with its committed steps (--resume continues it)\n", name,
-                (long long)wd->run_id, wd->db_path);
-    else if (!wd->writer)
-        fprintf(stderr, "\nattnreplay replay: %s: stopped before the run started\n", name);
-    fflush(stderr);
-    _exit(128 + sig);
 }
 
 static void watchdog_start(watchdog *wd)
@@ -157,6 +362,13 @@ static void watchdog_set_writer(watchdog *wd, ar_db_writer *w, int64_t run, cons
     wd->writer = w;
     wd->run_id = run;
     wd->db_path = db_path;
+    pthread_mutex_unlock(&wd->mu);
+}
+
+static void watchdog_set_backend(watchdog *wd, const char *name)
+{
+    pthread_mutex_lock(&wd->mu);
+    wd->backend = name;
     pthread_mutex_unlock(&wd->mu);
 }
 
@@ -209,6 +421,7 @@ typedef struct replay_opts {
     ar_shard_by shard_by;
     int device;                  /* --device N, or -1: chosen by the local rank */
     bool plan_only;
+    double forward_timeout;      /* seconds a backend call may take; < 0 = the default */
 } replay_opts;
 
 static void replay_usage(FILE *f)
@@ -236,6 +449,10 @@ static void replay_usage(FILE *f)
         "                           created if missing) with an index.json\n"
         "  --no-overlap             read the trace and write the database on the step loop's thread\n"
         "                           (same results; for comparisons and debugging)\n"
+        "  --forward-timeout S      a backend call (open, prepare, fill, a layer's forward) that has not\n"
+        "                           returned after S seconds fails the run (exit 3); 0 = no limit\n"
+        "                           (default %d s for a GPU backend, %d s on the host;\n"
+        "                           ATTNREPLAY_FORWARD_TIMEOUT sets it too)\n"
         "sharding (README \"Running on a cluster\"):\n"
         "  --shard i/N              replay shard i of N; without it the launcher's environment says\n"
         "                           (Slurm, Open MPI, PMI, torchrun; none: one shard)\n"
@@ -252,12 +469,32 @@ static void replay_usage(FILE *f)
         "progress: on a terminal a live line (step / total, steps/s, ETA); otherwise a line every 10 s\n"
         "signals: SIGINT or SIGTERM abandons the step in flight within 2 s, keeps every committed step\n"
         "  and marks the run 'interrupted'; --resume continues it\n"
+        "a backend that faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, a CUDA error) or outlives --forward-timeout\n"
+        "  fails its step: committed steps are kept, the run is marked 'error', exit 3; --resume continues it\n"
         "environment: ATTNREPLAY_BUSY_TIMEOUT_MS  how long to wait for another writer of the\n"
-        "  database (default 30000)\n"
+        "  database (default 30000); ATTNREPLAY_CRASH_HANDLER=0  leaves a backend's faults to the\n"
+        "  default action (a core dump) instead of failing the run cleanly\n"
         "exit: 0 every verified step passed (status 'passed'; with --verify off 'unverified'),\n"
         "      1 a step failed verification, 2 bad input or usage, 3 device/runtime error,\n"
         "      4 nothing verified: no step replayed ('empty') or the planted fault never showed\n"
-        "        ('fault-not-fired'), 130 SIGINT, 143 SIGTERM ('interrupted')\n");
+        "        ('fault-not-fired'), 130 SIGINT, 143 SIGTERM ('interrupted')\n",
+        AR_FORWARD_TIMEOUT_GPU_S, AR_FORWARD_TIMEOUT_HOST_S);
+}
+
+/* Seconds a backend call may take: --forward-timeout, else ATTNREPLAY_FORWARD_TIMEOUT, else the
+ * default for the backend's kind (0 = no limit). */
+static double forward_timeout(const replay_opts *o, const ar_backend *be)
+{
+    if (o->forward_timeout >= 0) return o->forward_timeout;
+    const char *env = getenv("ATTNREPLAY_FORWARD_TIMEOUT");
+    if (env && *env) {
+        char *end;
+        double v = strtod(env, &end);
+        if (!*end && v >= 0 && isfinite(v)) return v;
+        fprintf(stderr, "attnreplay replay: ATTNREPLAY_FORWARD_TIMEOUT='%s' is not a number of seconds >= 0; "
+                        "using the default\n", env);
+    }
+    return be->needs_gpu ? AR_FORWARD_TIMEOUT_GPU_S : AR_FORWARD_TIMEOUT_HOST_S;
 }
 
 static int parse_steps(const char *s, int64_t *a, int64_t *b)
@@ -301,10 +538,11 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
     o->dump_step = -1;
     o->layers = 1;
     o->device = -1;
+    o->forward_timeout = -1;
     enum { O_DB = 256, O_BACKEND, O_DTYPE, O_KVDTYPE, O_KVSCALE, O_LAYERS, O_STEPS, O_VERIFY,
            O_VERIFY_LAYERS, O_SEED, O_INJECT, O_RESUME, O_CASCADE, O_REPEAT, O_THREADS, O_DATA,
            O_DUMPSTEP, O_DUMPDIR, O_QUIET, O_NO_OVERLAP, O_SHARD, O_SHARD_BY, O_DEVICE, O_PLAN_ONLY,
-           O_HELP = 'h' };
+           O_FORWARD_TIMEOUT, O_HELP = 'h' };
     static const struct option longopts[] = {
         {"db", required_argument, 0, O_DB}, {"backend", required_argument, 0, O_BACKEND},
         {"dtype", required_argument, 0, O_DTYPE}, {"kv-dtype", required_argument, 0, O_KVDTYPE},
@@ -318,7 +556,8 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
         {"dump-dir", required_argument, 0, O_DUMPDIR}, {"quiet", no_argument, 0, O_QUIET},
         {"no-overlap", no_argument, 0, O_NO_OVERLAP}, {"shard", required_argument, 0, O_SHARD},
         {"shard-by", required_argument, 0, O_SHARD_BY}, {"device", required_argument, 0, O_DEVICE},
-        {"plan-only", no_argument, 0, O_PLAN_ONLY}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"plan-only", no_argument, 0, O_PLAN_ONLY},
+        {"forward-timeout", required_argument, 0, O_FORWARD_TIMEOUT}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     optind = 0;   /* 0, not 1: glibc then also resets its scan state left by an earlier call */
     opterr = 0;
     int c;
@@ -454,6 +693,16 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
             o->device = (int)v;
             break;
         case O_PLAN_ONLY: o->plan_only = true; break;
+        case O_FORWARD_TIMEOUT: {
+            char *end;
+            o->forward_timeout = strtod(optarg, &end);
+            if (*end || end == optarg || !(o->forward_timeout >= 0) || !isfinite(o->forward_timeout)) {
+                fprintf(stderr, "attnreplay replay: --forward-timeout takes seconds >= 0 (0: no limit), got '%s'\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        }
         case O_HELP: replay_usage(stdout); return 1;   /* the caller exits 0 (no exit(): library code) */
         default:
             fprintf(stderr, "attnreplay replay: unknown or incomplete option '%s'\n", argv[optind - 1]);
@@ -1053,6 +1302,10 @@ typedef struct engine {
     int64_t worst_step;
     int64_t bytes_total, flops_total;
     bool dumped;
+    /* kernel paths of this session's steps (the summary's paths line) */
+    const char *path_names[AR_SUMMARY_PATHS];
+    int64_t path_steps[AR_SUMMARY_PATHS];
+    int num_path_names;
     /* progress line */
     bool progress_tty, progress_log;
     double progress_last;
@@ -1119,6 +1372,19 @@ static void snapshot(engine *e, ar_run_progress *p)
     p->wall_s = e->wall_base + (ar_mono_seconds() - e->t_start);
 }
 
+/* Counts a step that ran kernel path name, for the summary. */
+static void note_path(engine *e, const char *name)
+{
+    for (int i = 0; i < e->num_path_names; i++)
+        if (strcmp(e->path_names[i], name) == 0) {
+            e->path_steps[i]++;
+            return;
+        }
+    if (e->num_path_names == AR_SUMMARY_PATHS) return;
+    e->path_names[e->num_path_names] = name;
+    e->path_steps[e->num_path_names++] = 1;
+}
+
 static bool is_merge_kernel(const char *name)
 {
     return strcmp(name, "merge") == 0 || strcmp(name, "combine") == 0;
@@ -1128,7 +1394,15 @@ static bool is_merge_kernel(const char *name)
 static int timed_forward(engine *e, int layer, const ar_batch *kb, ar_forward_out *fo, char *err, size_t err_len)
 {
     double t0 = ar_mono_seconds();
-    if (e->be->forward(e->state, layer, kb, fo, err, err_len) != 0) return 3;
+    call_begin(CALL_FORWARD, kb->step, layer);
+    int rc = e->be->forward(e->state, layer, kb, fo, err, err_len);
+    call_end();
+    if (rc != 0) {
+        char inner[AR_ERR_MAX];
+        snprintf(inner, sizeof inner, "%s", err);
+        snprintf(err, err_len, "the forward of layer %d failed: %s", layer, inner);
+        return 3;
+    }
     double wall = ar_mono_seconds() - t0;
     /* the timed kernels occupy R x their median of the wall; the rest is generation, launches
      * and copies */
@@ -1153,7 +1427,10 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
     }
     int rc = 0;
     double t0 = ar_mono_seconds();
-    if (e->be->prepare(e->state, kb, err, err_len) != 0) {
+    call_begin(CALL_PREPARE, s->step, -1);
+    rc = e->be->prepare(e->state, kb, err, err_len);
+    call_end();
+    if (rc != 0) {
         rc = 3;
         goto out;
     }
@@ -1184,7 +1461,10 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         const ar_verify_opts *lvo = layer < verify_k ? &vo : &vo_off;
         if (s->fill_count) {
             t0 = ar_mono_seconds();
-            if (e->be->fill(e->state, layer, &fill, err, err_len) != 0) {
+            call_begin(CALL_FILL, s->step, layer);
+            rc = e->be->fill(e->state, layer, &fill, err, err_len);
+            call_end();
+            if (rc != 0) {
                 rc = 3;
                 goto out;
             }
@@ -1204,6 +1484,13 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
                 goto out;
             }
             if (is_merge_kernel(fo.kernels[k].name)) merged = true;
+        }
+        for (int k = 0; k < fo.num_paths && k < AR_MAX_PATHS; k++) {
+            if (ar_step_record_add_path(rec, fo.paths[k], lvo->mode != AR_VERIFY_OFF) != 0) {
+                snprintf(err, err_len, "out of memory");
+                rc = 3;
+                goto out;
+            }
         }
         t0 = ar_mono_seconds();
         int vrc = ar_verifier_check_layer(e->verifier, b, layer, &fo, s->ids, lvo, &layer_res, err, err_len);
@@ -1230,7 +1517,10 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
             goto out;
         }
         t0 = ar_mono_seconds();
-        if (e->be->prepare(e->state, &flat, err, err_len) != 0) {
+        call_begin(CALL_PREPARE, s->step, -1);
+        rc = e->be->prepare(e->state, &flat, err, err_len);
+        call_end();
+        if (rc != 0) {
             rc = 3;
             goto out;
         }
@@ -1310,6 +1600,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         e->worst_nmse = step_res.nmse;
         e->worst_step = s->step;
     }
+    for (int k = 0; k < rec->num_paths; k++) note_path(e, rec->paths[k].name);
     rec->row.wall_us = (ar_mono_seconds() - t_step) * 1e6;
     snapshot(e, &rec->progress);
     t0 = ar_mono_seconds();
@@ -1475,6 +1766,13 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
                (long long)p->verified_steps, verified_layers(e, e->verify_k), replayed_layers(e),
                (long long)p->verified_layer_steps,
                (long long)p->verified_rows, what, ar_verifier_where(e->verifier));
+    }
+    if (e->num_path_names > 0) {
+        printf("  paths    ");
+        for (int i = 0; i < e->num_path_names; i++)
+            printf("%s %s %lld step%s", i ? "," : "", e->path_names[i], (long long)e->path_steps[i],
+                   e->path_steps[i] == 1 ? "" : "s");
+        printf("%s\n", e->o.resume ? " (this session)" : "");
     }
     if (e->worst_step >= 0)
         printf("  accuracy  worst step %lld: max abs err %.3g, NMSE %.3g\n", (long long)e->worst_step,
@@ -1725,7 +2023,10 @@ int ar_replay_main(int argc, char **argv)
     watchdog wd;
     memset(&wd, 0, sizeof wd);
     wd.quiet = e->o.quiet;
+    crash_signal = 0;
+    call_end();
     watchdog_start(&wd);
+    crash_handler_install();
 
     int exit_code = 0;
     const char *status = NULL;
@@ -1785,7 +2086,11 @@ int ar_replay_main(int argc, char **argv)
         exit_code = 2;
         goto done;
     }
+    call_timeout_s = forward_timeout(&e->o, e->be);
+    watchdog_set_backend(&wd, e->be->name);
+    call_begin(CALL_OPEN, -1, -1);
     int code = e->be->open(&e->cfg, &e->state, err, sizeof err);
+    call_end();
     if (code != 0) {
         e->state = NULL;
         SETUP_FAIL(code == 2 ? 2 : 3, "backend %s: %s", e->be->name, err);
@@ -1972,6 +2277,7 @@ done:
     fflush(stdout);
     watchdog_stop(&wd);   /* before the writer goes: the watchdog may use it */
     engine_free(e);
+    crash_handler_remove();
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (exit_code == 0 && signalled() && !run_exists) exit_code = 128 + signalled();   /* during setup */

@@ -12,7 +12,9 @@
  *
  * A run merged from shards (attnreplay merge) reads as one run; the table "Shards" lists where
  * each shard ran and what it stored, "Failing steps" names each failing step's shard, and the
- * per-step CSV has a shard column. */
+ * per-step CSV has a shard column.  A coverage table per run lists the kernel paths its steps ran
+ * (the coverage table of schema version 4, replay/db.h): steps, verified steps and failing steps
+ * per path; a merged run's coverage is that of all its shards. */
 #include "reports.h"
 #include "plot.h"
 #include "rundata.h"
@@ -60,6 +62,12 @@ typedef struct {
     int64_t prefix_min, prefix_max;
 } cascade_pair;
 
+/* One kernel path of one run (the coverage table). */
+typedef struct {
+    int64_t run;
+    char path[96];
+    int64_t steps, layer_steps, verified_steps, failed_steps;
+} coverage_row;
 /* One shard of a merged run (the shards table of the database). */
 typedef struct {
     size_t run_row;           /* index of the merged run in runs */
@@ -106,6 +114,9 @@ typedef struct {
     plot_result plots[REPORT_MAX_PLOTS];
     size_t num_plots;
     int render_failures;
+    bool have_coverage;                        /* the database has the coverage table (version 4) */
+    coverage_row *coverage;                    /* [num_coverage] ordered by run, path */
+    size_t num_coverage;
     shard_row *shards;                         /* [num_shards] shards of the merged runs */
     size_t num_shards;
     failing_step *failing;                     /* [num_failing] */
@@ -169,6 +180,62 @@ static bool positive(double v)
 }
 
 /* ---- per-run statistics ------------------------------------------------------------------ */
+
+/* Loads the kernel-path coverage of the report's runs: per (run, path) the steps that ran it,
+ * the layer-steps, the steps where it ran on a verified layer, and the failing steps among
+ * them.  A database without the coverage table (schema version < 3) leaves have_coverage
+ * false.  0, or -1 with err set. */
+static int load_coverage(report_ctx *ctx, char *err, size_t err_len)
+{
+    sqlite3 *db = ctx->db;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='coverage'", -1,
+                           &st, NULL) != SQLITE_OK || sqlite3_step(st) != SQLITE_ROW) {
+        snprintf(err, err_len, "reading the schema: %s", sqlite3_errmsg(db));
+        sqlite3_finalize(st);
+        return -1;
+    }
+    ctx->have_coverage = sqlite3_column_int(st, 0) > 0;
+    sqlite3_finalize(st);
+    if (!ctx->have_coverage) return 0;
+    const char *sql = "SELECT c.path, count(*), sum(c.layers), sum(c.verified_layers > 0),"
+                      " sum(c.verified_layers > 0 AND s.pass = 0)"
+                      " FROM coverage c LEFT JOIN steps s ON s.run = c.run AND s.step = c.step"
+                      " WHERE c.run = ? GROUP BY c.path ORDER BY c.path";
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
+        snprintf(err, err_len, "reading coverage: %s", sqlite3_errmsg(db));
+        return -1;
+    }
+    size_t cap = 0;
+    int rc = SQLITE_DONE;
+    for (size_t r = 0; r < ctx->num_runs && rc == SQLITE_DONE; r++) {
+        sqlite3_reset(st);
+        sqlite3_bind_int64(st, 1, ctx->runs[r].id);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+            if (ctx->num_coverage == cap) {
+                cap = cap ? 2 * cap : 32;
+                coverage_row *grown = realloc(ctx->coverage, cap * sizeof *grown);
+                if (!grown) {
+                    snprintf(err, err_len, "out of memory");
+                    sqlite3_finalize(st);
+                    return -1;
+                }
+                ctx->coverage = grown;
+            }
+            coverage_row *c = &ctx->coverage[ctx->num_coverage++];
+            const unsigned char *path = sqlite3_column_text(st, 0);
+            c->run = ctx->runs[r].id;
+            snprintf(c->path, sizeof c->path, "%s", path ? (const char *)path : "?");
+            c->steps = sqlite3_column_int64(st, 1);
+            c->layer_steps = sqlite3_column_int64(st, 2);
+            c->verified_steps = sqlite3_column_int64(st, 3);
+            c->failed_steps = sqlite3_column_int64(st, 4);
+        }
+    }
+    if (rc != SQLITE_DONE) snprintf(err, err_len, "reading coverage: %s", sqlite3_errmsg(db));
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : -1;
+}
 
 static void summarize_run(report_ctx *ctx, size_t r)
 {
@@ -993,6 +1060,71 @@ static void write_unfinished(FILE *f, const report_ctx *ctx, bool html)
     fputs(html ? "</ul>\n" : "\n", f);
 }
 
+/* A paragraph (html: <p>, with class cls when given) or a heading (html: <h3>; Markdown ###). */
+static void write_text_block(FILE *f, bool html, const char *kind, const char *cls, const char *text)
+{
+    bool heading = strcmp(kind, "h3") == 0;
+    if (html) {
+        fprintf(f, "<%s%s%s%s>", kind, cls ? " class=\"" : "", cls ? cls : "", cls ? "\"" : "");
+        html_text(f, text);
+        fprintf(f, "</%s>\n", kind);
+    } else {
+        if (heading) fputs("### ", f);
+        md_text(f, text);
+        fputs("\n\n", f);
+    }
+}
+
+/* The kernel-path coverage: one small table per run (path, steps, layer-steps, verified steps,
+ * failing steps), or why a run has none. */
+static void write_coverage(FILE *f, const report_ctx *ctx, bool html)
+{
+    const table_markup *m = html ? &html_markup : &md_markup;
+    static const char *const headers[] = {"kernel path", "steps", "layer-steps", "verified steps", "failing steps"};
+    char cells[5][512];
+    fputs(html ? "<h2>Kernel-path coverage</h2>\n" : "## Kernel-path coverage\n\n", f);
+    write_text_block(f, html, "p", NULL,
+                     "The kernel paths each run's steps took (the backend's decision function: kernel, split, "
+                     "cascade pass, merge). A path that no verified step ran is not checked by the run; a bug "
+                     "there cannot show.");
+    if (!ctx->have_coverage) {
+        write_text_block(f, html, "p", "missing",
+                         "Not recorded: the database predates kernel-path coverage (schema version 4).");
+        return;
+    }
+    size_t at = 0;
+    for (size_t r = 0; r < ctx->num_runs; r++) {
+        const ar_run_data *run = &ctx->runs[r];
+        char title[512], trace[128];
+        trace_short_name(run->trace, trace, sizeof trace);
+        snprintf(title, sizeof title, "run %lld: %s on %s, %s", (long long)run->id, run->backend, trace, run->dtype);
+        size_t first = at;
+        while (at < ctx->num_coverage && ctx->coverage[at].run == run->id) at++;
+        write_text_block(f, html, "h3", NULL, title);
+        if (at == first) {
+            write_text_block(f, html, "p", "missing",
+                             run->num_steps ? "no kernel paths recorded for its steps (replayed before the database "
+                                              "had the coverage table)"
+                                            : "no steps stored");
+            continue;
+        }
+        if (html) fputs("<div class=\"scroll\"><table class=\"coverage\">\n", f);
+        for (int c = 0; c < 5; c++) snprintf(cells[c], sizeof cells[c], "%s", headers[c]);
+        write_row(f, m, true, cells, 5);
+        if (!html) fputs("| --- | ---: | ---: | ---: | ---: |\n", f);
+        for (size_t i = first; i < at; i++) {
+            const coverage_row *c = &ctx->coverage[i];
+            snprintf(cells[0], sizeof cells[0], "%s", c->path);
+            snprintf(cells[1], sizeof cells[1], "%lld", (long long)c->steps);
+            snprintf(cells[2], sizeof cells[2], "%lld", (long long)c->layer_steps);
+            snprintf(cells[3], sizeof cells[3], "%lld", (long long)c->verified_steps);
+            snprintf(cells[4], sizeof cells[4], "%lld", (long long)c->failed_steps);
+            write_row(f, m, false, cells, 5);
+        }
+        fputs(html ? "</table></div>\n" : "\n", f);
+    }
+}
+
 /* Says how many failing steps the table left out. */
 static void write_failing_note(FILE *f, const report_ctx *ctx, bool html)
 {
@@ -1124,6 +1256,7 @@ static int write_html(const report_ctx *ctx, char *err, size_t err_len)
         }
     }
     write_table(f, ctx, TABLE_ERRORS, true);
+    write_coverage(f, ctx, true);
     write_table(f, ctx, TABLE_FAULTS, true);
     write_table(f, ctx, TABLE_CASCADE, true);
     write_table(f, ctx, TABLE_CEILINGS, true);
@@ -1151,6 +1284,7 @@ static int write_markdown(const report_ctx *ctx, char *err, size_t err_len)
     write_table(f, ctx, TABLE_FAILING, false);
     write_failing_note(f, ctx, false);
     write_table(f, ctx, TABLE_ERRORS, false);
+    write_coverage(f, ctx, false);
     write_table(f, ctx, TABLE_FAULTS, false);
     write_table(f, ctx, TABLE_CASCADE, false);
     write_table(f, ctx, TABLE_CEILINGS, false);
@@ -1191,6 +1325,7 @@ static void free_ctx(report_ctx *ctx)
     free(ctx->cascades);
     free(ctx->trace_of);
     free(ctx->fault_rows);
+    free(ctx->coverage);
     free(ctx->shards);
     free(ctx->failing);
     if (ctx->db) ar_rd_close(ctx->db);
@@ -1311,7 +1446,8 @@ int ar_report_main(int argc, char **argv)
     char data_dir[4200];
     snprintf(data_dir, sizeof data_dir, "%s/data", ctx.out_dir);
     if (ar_output_dir_prepare(ctx.out_dir, err, sizeof err) != 0 ||
-        ar_output_dir_prepare(data_dir, err, sizeof err) != 0 || write_run_csvs(&ctx, err, sizeof err) != 0) {
+        ar_output_dir_prepare(data_dir, err, sizeof err) != 0 || write_run_csvs(&ctx, err, sizeof err) != 0 ||
+        load_coverage(&ctx, err, sizeof err) != 0) {
         fprintf(stderr, "report: %s\n", err);
         free_ctx(&ctx);
         return 2;

@@ -641,6 +641,9 @@ static void test_schema_v1_database_is_read_and_migrated(void **state)
     tu_query_text(db, "SELECT value FROM meta WHERE key='schema_version'", text, sizeof text);
     assert_int_equal(atoi(text), AR_DB_SCHEMA_VERSION);
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), 2);
+    /* version 4: the new run's steps carry kernel-path coverage, the old run's none */
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM coverage WHERE run=1"), 0);
+    assert_int_equal(tu_query_int(db, "SELECT count(DISTINCT step) FROM coverage WHERE run=2"), 10);
     assert_int_equal(tu_query_int(db, "SELECT verified_steps IS NULL FROM runs WHERE id=1"), 1);
     assert_int_equal(tu_query_int(db, "SELECT verified_steps FROM runs WHERE id=2"), 10);
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=2 AND wall_us > 0"), 10);

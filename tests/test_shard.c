@@ -351,7 +351,7 @@ static int64_t except_both(sqlite3 *h, const char *cols, const char *table, cons
 
 /* Rows in which run rb of database b differs from run ra of database a, times aside: every
  * step column, the kernels run (names and layers), the mismatches, the run's counters and
- * status. */
+ * status, the kernel-path coverage. */
 static int64_t run_differences(const char *a, int64_t ra, const char *b, int64_t rb)
 {
     sqlite3 *h = NULL;
@@ -359,15 +359,16 @@ static int64_t run_differences(const char *a, int64_t ra, const char *b, int64_t
     char sql[1200];
     snprintf(sql, sizeof sql, "ATTACH 'file:%s?mode=ro' AS b", b);
     assert_int_equal(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK);
-    int64_t parts[4] = {except_both(h, STEP_COLS, "steps", "run", ra, rb),
+    int64_t parts[5] = {except_both(h, STEP_COLS, "steps", "run", ra, rb),
                         except_both(h, "step, layer, name", "kernels", "run", ra, rb),
                         except_both(h, "step, layer, req, token, head, dim, got, want, abs_err", "mismatches", "run",
                                     ra, rb),
                         except_both(h, "steps_done, steps_failed, last_step, verified_steps, verified_layer_steps,"
-                                       " verified_rows, status, layers", "runs", "id", ra, rb)};
+                                       " verified_rows, status, layers", "runs", "id", ra, rb),
+                        except_both(h, "step, path, layers, verified_layers", "coverage", "run", ra, rb)};
     sqlite3_close(h);
     int64_t diff = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         assert_true(parts[i] >= 0);
         diff += parts[i];
     }
@@ -452,6 +453,8 @@ static void test_shards_equal_unsharded(void **state)
             assert_int_equal(tu_query_int(merged, sql), 1);
         }
         if (c == 2) assert_true(tu_query_int(full, "SELECT count(*) FROM mismatches") > 0);
+        /* every step has its kernel paths, so the comparison above covered them */
+        assert_int_equal(tu_query_int(full, "SELECT count(*) FROM steps WHERE step NOT IN (SELECT step FROM coverage)"), 0);
     }
     /* The comparison sees a difference where there is one: a planted wrong-slot write corrupts
      * the cache an unsharded run carries on with, while a shard starts with a clean one. */
@@ -527,6 +530,9 @@ static void test_layer_split_equal_unsharded(void **state)
         /* each shard replayed one layer of every step */
         assert_int_equal(tu_query_int(merged, "SELECT count(*) FROM shards WHERE layer_first != layer_last"), 0);
         if (c == 2) assert_true(tu_query_int(merged, "SELECT count(*) FROM mismatches") > 0);
+        /* each step's kernel paths count the layers of both shards */
+        assert_int_equal(tu_query_int(merged, "SELECT count(*) FROM coverage WHERE layers != 2"), 0);
+        assert_true(tu_query_int(merged, "SELECT count(*) FROM coverage") > 0);
     }
 }
 
@@ -711,6 +717,9 @@ static void test_reports_read_merged_run(void **state)
     char row[160];
     snprintf(row, sizeof row, "| 2 | %lld | %lld/3 | causal-off-by-one |", (long long)first_fail, (long long)its_shard);
     assert_true(file_has(summary, row));
+    /* the merged run's kernel-path coverage is that of all its shards */
+    assert_true(file_has(summary, "## Kernel-path coverage"));
+    assert_false(file_has(summary, "no kernel paths recorded"));
     snprintf(csv, sizeof csv, "%s/data/run2.csv", report);
     assert_true(file_has(csv, ",prefix_len,shard"));
     /* plan fits its step-time model from the merged run like from any run */

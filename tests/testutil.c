@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 static char tmp_root[PATH_MAX];
 
@@ -23,6 +24,22 @@ const char *tu_bin(void)
 {
     const char *s = getenv("AR_BIN");
     return s && *s ? s : "bin/attnreplay";
+}
+
+const char *tu_build_dir(void)
+{
+    static char dir[4096];
+    if (dir[0]) return dir;
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return "build";
+    exe[n] = '\0';
+    for (int up = 0; up < 2; up++) {   /* BUILD/tests/NAME -> BUILD */
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+    }
+    snprintf(dir, sizeof dir, "%s", exe);
+    return dir;
 }
 
 const char *tu_public_trace(const char *rel, char *buf, size_t len)
@@ -86,6 +103,44 @@ char *tu_slurp(const char *path)
     if (b) b[n] = 0;
     fclose(f);
     return b;
+}
+
+char *tu_slurp_gz(const char *path, size_t *len)
+{
+    gzFile gz = gzopen(path, "rb");
+    *len = 0;
+    if (!gz) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    int got;
+    while (buf && (got = gzread(gz, buf + n, (unsigned)(cap - n))) > 0) {
+        n += (size_t)got;
+        if (n == cap) {
+            char *grown = realloc(buf, 2 * cap + 1);
+            if (!grown) free(buf);
+            buf = grown;
+            cap *= 2;
+        }
+    }
+    gzclose(gz);
+    if (buf) buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+bool tu_file_has(const char *path, const char *needle)
+{
+    char *text = tu_slurp(path);
+    bool yes = text && strstr(text, needle);
+    if (!yes) print_message("--- %s (no '%s'):\n%s\n", path, needle, text ? text : "(missing)");
+    free(text);
+    return yes;
+}
+
+const char *tu_sample(const char *name, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/traces/samples/%s.trace.jsonl.gz", tu_src_dir(), name);
+    return buf;
 }
 
 int tu_write(const char *path, const char *text)

@@ -5,6 +5,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -13,6 +14,8 @@
 const char *tu_src_dir(void);
 /* Path of bin/attnreplay (AR_BIN from make, else "bin/attnreplay"). */
 const char *tu_bin(void);
+/* The build directory a test binary BUILD/tests/NAME belongs to (plugins, mutants live there). */
+const char *tu_build_dir(void);
 /* ../shared/traces-public/<rel> beside the checkout, or NULL when absent. */
 const char *tu_public_trace(const char *rel, char *buf, size_t len);
 /* A fresh temporary directory (removed at exit); returns its path. */
@@ -23,6 +26,13 @@ const char *tu_tmp(const char *name, char *buf, size_t len);
 int tu_run(const char *out_path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Reads a whole file into a malloc'd NUL-terminated buffer (NULL if missing). */
 char *tu_slurp(const char *path);
+/* A gzip (or plain) file decompressed into a malloc'd NUL-terminated buffer; *len its length.
+ * NULL when it cannot be read. */
+char *tu_slurp_gz(const char *path, size_t *len);
+/* True when the file holds needle; otherwise prints the file (for the failure) and says false. */
+bool tu_file_has(const char *path, const char *needle);
+/* The path of the shipped sample trace traces/samples/NAME.trace.jsonl.gz in buf. */
+const char *tu_sample(const char *name, char *buf, size_t len);
 /* Writes text to path; returns 0 on success. */
 int tu_write(const char *path, const char *text);
 /* One integer from a read-only SQLite connection (2 s busy timeout); -1 when the query fails. */

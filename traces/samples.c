@@ -1,7 +1,12 @@
 /* samples.c - writes the sample traces of traces/samples/ with a tiny deterministic scheduler.
  *
  * This is not the simulator of sim/: it is a small, fixed script of requests run through a
- * vLLM-V1-like loop, just enough to produce valid, interesting traces:
+ * vLLM-V1-like loop, just enough to produce valid, interesting traces.  Two families share the
+ * loop: the four "tiny-gqa" samples (one small model and cache, AR_NUM_SAMPLES), and the shape
+ * samples (AR_NUM_SHAPE_SAMPLES) with real models' attention shapes (head sizes 64, 128 and 256,
+ * GQA 1, 4 and 8, block sizes 16, 32 and 64, a shared-prefix trace for cascade, an MLA trace),
+ * scripted so that together they exercise every default kernel path of the CUDA backends'
+ * decision functions on an H200 (tests/gpu_coverage.c asserts it).  The loop:
  *   - running requests first (decode 1 token, or the next prefill chunk), then waiting ones in
  *     arrival order while the 256-token budget and 16 sequences allow (chunked prefill);
  *   - a block pool of 255 usable blocks (0 is the null block), freed blocks pushed on a stack so
@@ -21,20 +26,32 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../reference/datagen.h"
 #include "trace.h"
 
-#define SAMPLE_BLOCK_SIZE 16
-#define SAMPLE_NUM_BLOCKS 256
-#define SAMPLE_BUDGET 256
-#define SAMPLE_MAX_SEQS 16
-#define SAMPLE_MAX_REQS 16
-#define SAMPLE_MAX_TOKENS 1024
-#define SAMPLE_MAX_REQ_BLOCKS (SAMPLE_MAX_TOKENS / SAMPLE_BLOCK_SIZE)
+#define SAMPLE_MAX_BLOCK_SIZE 64
+#define SAMPLE_MAX_BLOCKS 2048     /* pool size limit, the null block included */
+#define SAMPLE_MAX_REQS 128
+#define SAMPLE_MAX_TOKENS 2048     /* prompt + output of one request */
+#define SAMPLE_MAX_REQ_BLOCKS (SAMPLE_MAX_TOKENS / 16)
 #define SAMPLE_TICK_MS 25
 #define SAMPLE_HOLD_TICKS 3
+
+/* A sample's model, cache and scheduler limits. */
+typedef struct sample_shape {
+    ar_model model;
+    int block_size, num_blocks, budget, max_seqs;
+} sample_shape;
+
+/* The tiny-gqa samples': 2 layers, 8 q / 2 kv heads, head 64, block 16, 256 blocks, budget 256
+ * tokens / 16 sequences. */
+static const sample_shape tiny_gqa = {
+    {.name = "tiny-gqa", .attention = AR_ATTN_MHA, .num_layers = 2, .num_q_heads = 8, .num_kv_heads = 2,
+     .head_size = 64, .v_head_dim = 64, .scale = 0.125},
+    16, 256, 256, 16};
 
 /* One scripted request. */
 typedef struct sample_spec {
@@ -60,17 +77,19 @@ typedef struct sample_req {
 
 typedef struct sample_sim {
     ar_trace_header header;
+    int bs;                            /* block size */
+    int num_blocks, budget, max_seqs;
     sample_req reqs[SAMPLE_MAX_REQS];
     int num_reqs;
     int running[SAMPLE_MAX_REQS];      /* request indices in running order */
     int num_running;
     int waiting[SAMPLE_MAX_REQS];      /* request indices in queue order */
     int num_waiting;
-    int free_stack[SAMPLE_NUM_BLOCKS];
+    int free_stack[SAMPLE_MAX_BLOCKS];
     int num_free;
-    int ref_count[SAMPLE_NUM_BLOCKS];
-    bool registered[SAMPLE_NUM_BLOCKS];
-    uint64_t block_key[SAMPLE_NUM_BLOCKS];
+    int ref_count[SAMPLE_MAX_BLOCKS];
+    bool registered[SAMPLE_MAX_BLOCKS];
+    uint64_t block_key[SAMPLE_MAX_BLOCKS];
     int finished_pending[SAMPLE_MAX_REQS];
     int num_finished_pending;
     int preempt_tick;                  /* -1: never */
@@ -82,32 +101,29 @@ static int32_t sample_token(uint64_t salt, int req_index, int pos, int shared_pr
     return (int32_t)(ar_mix64(salt ^ (who << 32) ^ (uint64_t)pos) % 50000u);
 }
 
-static void sim_init(sample_sim *sim, const char *source, uint64_t salt, const sample_spec *specs, int n,
-                     int preempt_tick)
+static void sim_init(sample_sim *sim, const sample_shape *shape, const char *source, uint64_t salt,
+                     const sample_spec *specs, int n, int preempt_tick)
 {
     memset(sim, 0, sizeof *sim);
+    sim->bs = shape->block_size;
+    sim->num_blocks = shape->num_blocks;
+    sim->budget = shape->budget;
+    sim->max_seqs = shape->max_seqs;
     ar_trace_header *h = &sim->header;
     h->version = AR_TRACE_VERSION;
-    snprintf(h->model.name, sizeof h->model.name, "tiny-gqa");
-    h->model.attention = AR_ATTN_MHA;
-    h->model.num_layers = 2;
-    h->model.num_q_heads = 8;
-    h->model.num_kv_heads = 2;
-    h->model.head_size = 64;
-    h->model.v_head_dim = 64;
-    h->model.scale = 0.125;          /* 1 / sqrt(64) */
-    h->cache.block_size = SAMPLE_BLOCK_SIZE;
-    h->cache.num_blocks = SAMPLE_NUM_BLOCKS;
+    h->model = shape->model;
+    h->cache.block_size = shape->block_size;
+    h->cache.num_blocks = shape->num_blocks;
     h->cache.dtype = AR_BF16;
     h->cache.kv_cache_dtype = AR_BF16;
-    h->sched.max_num_batched_tokens = SAMPLE_BUDGET;
-    h->sched.max_num_seqs = SAMPLE_MAX_SEQS;
+    h->sched.max_num_batched_tokens = shape->budget;
+    h->sched.max_num_seqs = shape->max_seqs;
     h->sched.prefix_caching = true;
     h->sched.cascade = false;
     snprintf(h->source, sizeof h->source, "%s", source);
     h->seed = 1;
     /* the stack pops 1 first */
-    for (int b = SAMPLE_NUM_BLOCKS - 1; b >= 1; b--) sim->free_stack[sim->num_free++] = b;
+    for (int b = sim->num_blocks - 1; b >= 1; b--) sim->free_stack[sim->num_free++] = b;
     sim->num_reqs = n;
     sim->preempt_tick = preempt_tick;
     for (int i = 0; i < n; i++) {
@@ -115,13 +131,13 @@ static void sim_init(sample_sim *sim, const char *source, uint64_t salt, const s
         snprintf(r->id, sizeof r->id, "%s-%d", source, i);
         r->spec = specs[i];
         r->num_tokens = specs[i].prompt_len;
-        r->num_keys = specs[i].prompt_len / SAMPLE_BLOCK_SIZE;
-        int32_t tokens[SAMPLE_BLOCK_SIZE];
+        r->num_keys = specs[i].prompt_len / sim->bs;
+        int32_t tokens[SAMPLE_MAX_BLOCK_SIZE];
         uint64_t prev = AR_ROOT_KEY;
         for (int k = 0; k < r->num_keys; k++) {
-            for (int t = 0; t < SAMPLE_BLOCK_SIZE; t++)
-                tokens[t] = sample_token(salt, i, k * SAMPLE_BLOCK_SIZE + t, specs[i].shared_prefix_len);
-            prev = ar_chain_key(prev, ar_tokens_payload(tokens, SAMPLE_BLOCK_SIZE));
+            for (int t = 0; t < sim->bs; t++)
+                tokens[t] = sample_token(salt, i, k * sim->bs + t, specs[i].shared_prefix_len);
+            prev = ar_chain_key(prev, ar_tokens_payload(tokens, sim->bs));
             r->keys[k] = prev;
         }
     }
@@ -150,7 +166,7 @@ static void free_blocks(sample_sim *sim, sample_req *r)
 
 static int find_registered(const sample_sim *sim, uint64_t key)
 {
-    for (int b = 1; b < SAMPLE_NUM_BLOCKS; b++)
+    for (int b = 1; b < sim->num_blocks; b++)
         if (sim->registered[b] && sim->ref_count[b] > 0 && sim->block_key[b] == key) return b;
     return 0;
 }
@@ -158,7 +174,7 @@ static int find_registered(const sample_sim *sim, uint64_t key)
 /* Grows r's block list to cover `tokens` tokens.  Returns 0, or -1 when the pool is empty. */
 static int cover(sample_sim *sim, sample_req *r, int tokens)
 {
-    int need = (tokens + SAMPLE_BLOCK_SIZE - 1) / SAMPLE_BLOCK_SIZE;
+    int need = (tokens + sim->bs - 1) / sim->bs;
     while (r->num_blocks < need) {
         if (r->num_blocks >= SAMPLE_MAX_REQ_BLOCKS) return -1;
         int b = pop_block(sim);
@@ -223,7 +239,7 @@ static int sim_run(sample_sim *sim, const char *path, char *err, size_t err_len)
             preempted[s.num_preempted++] = r->id;
         }
 
-        int budget = SAMPLE_BUDGET;
+        int budget = sim->budget;
         for (int k = 0; k < sim->num_running && budget > 0; k++) {
             sample_req *r = &sim->reqs[sim->running[k]];
             int n = r->num_tokens - r->num_computed;
@@ -243,12 +259,12 @@ static int sim_run(sample_sim *sim, const char *path, char *err, size_t err_len)
         }
         if (s.num_preempted == 0) {
             for (int k = 0; k < sim->num_waiting && rc == 0; k++) {
-                if (budget == 0 || sim->num_running >= SAMPLE_MAX_SEQS) break;
+                if (budget == 0 || sim->num_running >= sim->max_seqs) break;
                 int idx = sim->waiting[k];
                 sample_req *r = &sim->reqs[idx];
                 if (r->hold_until_tick > tick) continue;
                 /* prefix-cache lookup: the longest run of registered full blocks */
-                int max_hit = (r->num_tokens - 1) / SAMPLE_BLOCK_SIZE;
+                int max_hit = (r->num_tokens - 1) / sim->bs;
                 if (max_hit > r->num_keys) max_hit = r->num_keys;
                 r->num_blocks = 0;
                 for (int b = 0; b < max_hit; b++) {
@@ -257,7 +273,7 @@ static int sim_run(sample_sim *sim, const char *path, char *err, size_t err_len)
                     sim->ref_count[blk]++;
                     r->blocks[r->num_blocks++] = blk;
                 }
-                r->num_computed = r->num_blocks * SAMPLE_BLOCK_SIZE;
+                r->num_computed = r->num_blocks * sim->bs;
                 int n = r->num_tokens - r->num_computed;
                 if (n > budget) n = budget;
                 if (cover(sim, r, r->num_computed + n) != 0) { rc = -1; break; }
@@ -311,7 +327,7 @@ static int sim_run(sample_sim *sim, const char *path, char *err, size_t err_len)
         for (int k = 0; k < s.num_scheduled; k++) {
             sample_req *r = &sim->reqs[sched_req[k]];
             r->num_computed += sched[k].num_tokens;
-            for (int b = 0; b < r->num_keys && (b + 1) * SAMPLE_BLOCK_SIZE <= r->num_computed; b++) {
+            for (int b = 0; b < r->num_keys && (b + 1) * sim->bs <= r->num_computed; b++) {
                 int blk = r->blocks[b];
                 if (!sim->registered[blk] && !find_registered(sim, r->keys[b])) {
                     sim->registered[blk] = true;
@@ -362,23 +378,122 @@ static const sample_spec preempt_specs[] = {
     {0, 0, 48, 20}, {0, 0, 64, 20}, {1, 0, 80, 24}, {2, 0, 33, 20},
 };
 
+/* ---- the shape samples ------------------------------------------------------------------------ */
+
+/* Models as vLLM sees them on one GPU (tensor-parallel shards where the model is larger). */
+#define MHA_MODEL(nm, hq, hkv, d) \
+    {.name = nm, .attention = AR_ATTN_MHA, .num_layers = 2, .num_q_heads = hq, .num_kv_heads = hkv, \
+     .head_size = d, .v_head_dim = d, .scale = SCALE_##d}
+#define SCALE_64 0.125
+#define SCALE_128 0.08838834764831845
+#define SCALE_256 0.0625
+
+/* Llama-3.1-8B (32 q / 8 kv heads, head 128, GQA 4), block 16. */
+static const sample_shape llama_8b = {MHA_MODEL("llama-3.1-8b", 32, 8, 128), 16, 1024, 256, 128};
+/* Llama-3.1-70B on 8-way tensor parallelism: 8 q / 1 kv heads per GPU (GQA 8), head 128, block 32. */
+static const sample_shape llama_70b_tp8 = {MHA_MODEL("llama-3.1-70b-tp8", 8, 1, 128), 32, 256, 512, 16};
+/* Gemma-7B (16 q / 16 kv heads, head 256, GQA 1), block 64. */
+static const sample_shape gemma_7b = {MHA_MODEL("gemma-7b", 16, 16, 256), 64, 128, 512, 16};
+/* Llama-3.2-1B (32 q / 8 kv heads, head 64, GQA 4), block 32. */
+static const sample_shape llama_1b = {MHA_MODEL("llama-3.2-1b", 32, 8, 64), 32, 256, 512, 16};
+/* DeepSeek-V3 on 16-way tensor parallelism: 8 of its 128 heads per GPU, MLA (latent 512, rope 64,
+ * nope 128, v 128, scale 192^-0.5 x mscale^2), FlashMLA's block 64. */
+static const sample_shape deepseek_tp16 = {
+    {.name = "deepseek-v3-tp16", .attention = AR_ATTN_MLA, .num_layers = 2, .num_q_heads = 8, .num_kv_heads = 1,
+     .head_size = 576, .kv_lora_rank = 512, .qk_rope_head_dim = 64, .qk_nope_head_dim = 128, .v_head_dim = 128,
+     .scale = 0.1352338},
+    64, 256, 256, 16};
+
+/* Spec lists too long to write out: made by formula into a static table. */
+static sample_spec made_specs[SAMPLE_MAX_REQS];
+
+/* Llama-3.1-8B: 72 short requests arriving over 4 ticks (18 a tick) beside two long prompts, so
+ * that after the prefills 74 requests decode together (DECODE_TMA takes a decode batch of at least
+ * half as many requests as the H200's 132 SMs), then fewer as they finish (the mma.sync DECODE
+ * kernel, split when few CTAs are left: the two long requests decode alone at the end); a third
+ * long prompt arrives late, alone, so its later chunks run the wgmma prefill kernel split-KV over a
+ * long context; last, two short requests alone (single-tile launches, never split). */
+static int llama_8b_specs(const sample_spec **out)
+{
+    int n = 0;
+    for (int i = 0; i < 72; i++) made_specs[n++] = (sample_spec){i / 18, 0, 24 + (i * 13) % 24, 28 + (i * 7) % 12};
+    made_specs[n++] = (sample_spec){0, 0, 880, 64};
+    made_specs[n++] = (sample_spec){0, 0, 900, 72};
+    made_specs[n++] = (sample_spec){70, 0, 1000, 4};
+    made_specs[n++] = (sample_spec){95, 0, 30, 20};
+    made_specs[n++] = (sample_spec){95, 0, 24, 16};
+    *out = made_specs;
+    return n;
+}
+
+/* Shared prefix (cascade) on Llama-3.1-8B: one request computes a 512-token system prompt, then 72
+ * more hit it in the prefix cache (32 shared blocks): 8 with long questions (560-700 tokens, so
+ * their own keys outweigh the shared ones in the LSE merge), then 64 short ones; they prefill their
+ * questions and decode together: cascade steps whose suffix pass is a decode batch of >= 66
+ * requests (DECODE_TMA) and whose prefix pass is split over 512 keys (its combine folded into the
+ * suffix pass), and prefill steps whose suffix pass is a prefill. */
+static int cascade_specs(const sample_spec **out)
+{
+    int n = 0;
+    made_specs[n++] = (sample_spec){0, 512, 530, 48};
+    for (int i = 0; i < 8; i++) made_specs[n++] = (sample_spec){2, 512, 1072 + i * 20, 60};
+    for (int i = 0; i < 64; i++) made_specs[n++] = (sample_spec){3, 512, 528 + (i * 11) % 24, 24 + (i * 5) % 8};
+    *out = made_specs;
+    return n;
+}
+
+/* The MHA shapes below: a few requests with contexts of a few hundred tokens (split launches: few
+ * CTAs), then two short ones alone (launches of one key tile: never split). */
+static const sample_spec llama_70b_specs[] = {
+    {0, 0, 600, 20}, {0, 0, 230, 24}, {1, 0, 410, 18}, {2, 0, 120, 30}, {6, 0, 700, 12}, {9, 0, 64, 20},
+    {45, 0, 30, 16}, {45, 0, 20, 18},
+};
+
+static const sample_spec gemma_specs[] = {
+    {0, 0, 520, 16}, {0, 0, 150, 20}, {1, 0, 330, 14}, {3, 0, 610, 10}, {8, 0, 96, 18}, {10, 0, 260, 12},
+    {40, 0, 28, 14}, {40, 0, 20, 16},
+};
+
+static const sample_spec llama_1b_specs[] = {
+    {0, 0, 480, 16}, {0, 0, 100, 22}, {1, 0, 260, 18}, {2, 0, 700, 12}, {5, 0, 150, 20}, {5, 0, 40, 24},
+    {9, 0, 330, 14}, {12, 0, 90, 16}, {45, 0, 40, 20}, {45, 0, 30, 20},
+};
+
+/* DeepSeek-V3 (8 heads a GPU): prompts over 128 tokens take the MLA prefill path (the 600- and
+ * 700-token ones are chunked by the budget, so their later chunks gather context), prompts of at
+ * most 128 the absorbed path with 8 x query rows (the wgmma kernel from 16 rows), and decodes have 8
+ * rows (the narrow bulk kernel); few requests, so the latent attention splits; last, two short
+ * requests alone (launches too short to split). */
+static const sample_spec deepseek_specs[] = {
+    {0, 0, 600, 12}, {0, 0, 90, 16}, {1, 0, 40, 20}, {2, 0, 300, 10}, {4, 0, 700, 8}, {6, 0, 120, 14},
+    {11, 0, 24, 10}, {30, 0, 100, 4}, {40, 0, 16, 10},
+};
+
 typedef struct sample_def {
     const char *file;
     const char *source;
     uint64_t salt;
+    const sample_shape *shape;
     const sample_spec *specs;
     int num_specs;
+    int (*make_specs)(const sample_spec **out);   /* instead of specs when set */
     int preempt_tick;
 } sample_def;
 
-static const sample_def sample_defs[AR_NUM_SAMPLES] = {
-    {"mixed.trace.jsonl.gz", "mixed", 0x6d69786564ull, mixed_specs, (int)(sizeof mixed_specs / sizeof mixed_specs[0]), -1},
-    {"chunked.trace.jsonl.gz", "chunked", 0x6368756e6bull, chunked_specs,
-     (int)(sizeof chunked_specs / sizeof chunked_specs[0]), -1},
-    {"prefix.trace.jsonl.gz", "prefix", 0x707265666978ull, prefix_specs,
-     (int)(sizeof prefix_specs / sizeof prefix_specs[0]), -1},
-    {"preempt.trace.jsonl.gz", "preempt", 0x707265656d70ull, preempt_specs,
-     (int)(sizeof preempt_specs / sizeof preempt_specs[0]), 8},
+#define SPECS(a) a, (int)(sizeof a / sizeof a[0]), NULL
+
+static const sample_def sample_defs[AR_NUM_SAMPLES + AR_NUM_SHAPE_SAMPLES] = {
+    {"mixed.trace.jsonl.gz", "mixed", 0x6d69786564ull, &tiny_gqa, SPECS(mixed_specs), -1},
+    {"chunked.trace.jsonl.gz", "chunked", 0x6368756e6bull, &tiny_gqa, SPECS(chunked_specs), -1},
+    {"prefix.trace.jsonl.gz", "prefix", 0x707265666978ull, &tiny_gqa, SPECS(prefix_specs), -1},
+    {"preempt.trace.jsonl.gz", "preempt", 0x707265656d70ull, &tiny_gqa, SPECS(preempt_specs), 8},
+    /* the shape samples */
+    {"llama-3.1-8b.trace.jsonl.gz", "llama8b", 0x6c6c616d6138ull, &llama_8b, NULL, 0, llama_8b_specs, -1},
+    {"llama-3.1-8b-cascade.trace.jsonl.gz", "casc", 0x63617363ull, &llama_8b, NULL, 0, cascade_specs, -1},
+    {"llama-3.1-70b-tp8.trace.jsonl.gz", "llama70b", 0x6c6c37306bull, &llama_70b_tp8, SPECS(llama_70b_specs), -1},
+    {"gemma-7b.trace.jsonl.gz", "gemma", 0x67656d6d61ull, &gemma_7b, SPECS(gemma_specs), -1},
+    {"llama-3.2-1b.trace.jsonl.gz", "llama1b", 0x6c6c316bull, &llama_1b, SPECS(llama_1b_specs), -1},
+    {"deepseek-v3-tp16.trace.jsonl.gz", "dsv3", 0x64737633ull, &deepseek_tp16, SPECS(deepseek_specs), -1},
 };
 
 const char *ar_sample_name(int i)
@@ -386,19 +501,33 @@ const char *ar_sample_name(int i)
     return i >= 0 && i < AR_NUM_SAMPLES ? sample_defs[i].file : NULL;
 }
 
+const char *ar_shape_sample_name(int i)
+{
+    return i >= 0 && i < AR_NUM_SHAPE_SAMPLES ? sample_defs[AR_NUM_SAMPLES + i].file : NULL;
+}
+
 int ar_samples_write(const char *dir, char *err, size_t err_len)
 {
-    sample_sim sim;
-    for (int i = 0; i < AR_NUM_SAMPLES; i++) {
+    sample_sim *sim = malloc(sizeof *sim);
+    if (!sim) {
+        snprintf(err, err_len, "%s: out of memory for the sample generator", dir);
+        return -1;
+    }
+    int rc = 0;
+    for (int i = 0; i < AR_NUM_SAMPLES + AR_NUM_SHAPE_SAMPLES && rc == 0; i++) {
         const sample_def *d = &sample_defs[i];
         char path[4096];
         int n = snprintf(path, sizeof path, "%s/%s", dir, d->file);
         if (n < 0 || (size_t)n >= sizeof path) {
             snprintf(err, err_len, "%s: directory name too long", dir);
-            return -1;
+            rc = -1;
+            break;
         }
-        sim_init(&sim, d->source, d->salt, d->specs, d->num_specs, d->preempt_tick);
-        if (sim_run(&sim, path, err, err_len) != 0) return -1;
+        const sample_spec *specs = d->specs;
+        int num_specs = d->make_specs ? d->make_specs(&specs) : d->num_specs;
+        sim_init(sim, d->shape, d->source, d->salt, specs, num_specs, d->preempt_tick);
+        rc = sim_run(sim, path, err, err_len);
     }
-    return 0;
+    free(sim);
+    return rc;
 }

@@ -26,7 +26,13 @@ typedef struct dev_buf {
 static inline int ar_cuda_fail(cudaError_t e, const char *who, const char *what, char *err, size_t err_len)
 {
     if (e == cudaSuccess) return 0;
-    snprintf(err, err_len, "%s: %s: %s", who, what, cudaGetErrorString(e));
+    /* the errors that leave the context unusable (every later call fails the same way) */
+    const bool sticky = e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure || e == cudaErrorAssert ||
+                        e == cudaErrorIllegalInstruction || e == cudaErrorMisalignedAddress ||
+                        e == cudaErrorInvalidAddressSpace || e == cudaErrorInvalidPc ||
+                        e == cudaErrorHardwareStackError || e == cudaErrorLaunchTimeout;
+    snprintf(err, err_len, "%s: %s: %s%s", who, what, cudaGetErrorString(e),
+             sticky ? " (a kernel fault: the CUDA context is unusable from here on, so the run stops)" : "");
     return 3;
 }
 

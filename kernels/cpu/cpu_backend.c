@@ -459,6 +459,15 @@ static int cpu_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     static const int all_used[] = {1, 1, 1, 1};
     ar_cpu_report_times(times, repeat, nk, cascade ? cascade_names : flat_names, all_used, o);
     free(times);
+    o->num_paths = 0;
+    if (cascade) {
+        ar_forward_add_path(o, "cascade-prefix");
+        ar_forward_add_path(o, "cascade-suffix");
+        ar_forward_add_path(o, "cascade-merge");
+    } else {
+        ar_forward_add_path(o, "flat");
+    }
+    if (s->cfg.kv_dtype == AR_FP8_E4M3) ar_forward_add_path(o, "kv-fp8");
     return 0;
 }
 

@@ -755,6 +755,11 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
                          s->num_prefill_reqs > 0, s->num_prefill_reqs > 0};
     ar_cpu_report_times(times, repeat, K_COUNT, kernel_names, used, o);
     free(times);
+    o->num_paths = 0;
+    if (s->num_decode_tokens > 0) ar_forward_add_path(o, "mla-decode:absorbed");
+    if (s->num_prefill_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
+    if (s->num_prefill_reqs > 0 && s->max_prefill_ctx > 0) ar_forward_add_path(o, "mla-prefill:context");
+    if (s->cfg.kv_dtype == AR_FP8_E4M3) ar_forward_add_path(o, "kv-fp8");
     return 0;
 }
 

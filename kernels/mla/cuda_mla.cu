@@ -694,6 +694,22 @@ static int ensure_weights(mla_state *s, int layer, char *err, size_t err_len)
     return mla_fail(cudaGetLastError(), "weight generator", err, err_len);
 }
 
+/* The decode launch's kernel path (backend.h): the route mla_choose picked (the wgmma kernel
+ * with cp.async key loads when the cache's tensor map could not be made), "+split" when a combine
+ * merged split pieces. */
+static const char *decode_path(const mla_route &route, bool cpasync, bool split)
+{
+    switch (route.kind) {
+    case MLA_WGMMA:
+        if (cpasync) return split ? "mla-decode:tc-wgmma-cpasync+split" : "mla-decode:tc-wgmma-cpasync";
+        return split ? "mla-decode:tc-wgmma+split" : "mla-decode:tc-wgmma";
+    case MLA_NARROW_BULK: return split ? "mla-decode:tc-narrow-bulk+split" : "mla-decode:tc-narrow-bulk";
+    case MLA_NARROW: return split ? "mla-decode:tc-narrow+split" : "mla-decode:tc-narrow";
+    case MLA_TC: return split ? "mla-decode:tc-split-qk+split" : "mla-decode:tc-split-qk";
+    default: return "mla-decode:simt";
+    }
+}
+
 static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out *o, char *err, size_t err_len)
 {
     mla_state *s = (mla_state *)state;
@@ -801,6 +817,12 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     }
     o->total_us = median_of(times + 6 * repeat, repeat);
     free(times);
+    o->num_paths = 0;
+    if (s->n_dec_reqs > 0 && T > s->n_pf_tok)
+        ar_forward_add_path(o, decode_path(s->route, s->route.kind == MLA_WGMMA && !tmap_arg, present[3]));
+    if (s->n_pf_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
+    if (s->n_pf_reqs > 0 && s->info.num_context_chunks > 0) ar_forward_add_path(o, "mla-prefill:context");
+    if (s->fp8) ar_forward_add_path(o, "kv-fp8");
 
     o->dev_out = (const char *)s->out.ptr + MLA_GUARD_BYTES;
     o->dev_out_type = AR_FP32;   /* float values rounded to the dtype */

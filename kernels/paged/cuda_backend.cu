@@ -756,6 +756,40 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* The kernel path of one launch of the step's plan (backend.h): pass 0 flat, 1 cascade prefix,
+ * 2 cascade suffix; the config build_plan chose; split: the launch was cut into pieces that a
+ * combine merged. */
+static const char *kernel_path(int pass, int config, bool split)
+{
+    static const char *const names[3][AR_CFG_COUNT][2] = {
+        {{"attn:prefill", "attn:prefill+split"}, {"attn:decode", "attn:decode+split"},
+         {"attn:prefill-wg", "attn:prefill-wg+split"}, {"attn:decode-tma", "attn:decode-tma+split"}},
+        {{"cascade-prefix:prefill", "cascade-prefix:prefill+split"},
+         {"cascade-prefix:decode", "cascade-prefix:decode+split"},
+         {"cascade-prefix:prefill-wg", "cascade-prefix:prefill-wg+split"},
+         {"cascade-prefix:decode-tma", "cascade-prefix:decode-tma+split"}},
+        {{"cascade-suffix:prefill", "cascade-suffix:prefill+split"},
+         {"cascade-suffix:decode", "cascade-suffix:decode+split"},
+         {"cascade-suffix:prefill-wg", "cascade-suffix:prefill-wg+split"},
+         {"cascade-suffix:decode-tma", "cascade-suffix:decode-tma+split"}}};
+    if (pass < 0 || pass > 2 || config < 0 || config >= AR_CFG_COUNT) return "attn:unknown";
+    return names[pass][config][split ? 1 : 0];
+}
+
+/* Every kernel path of the step's plan, as run_pass launches it. */
+static void report_paths(const cuda_state *s, ar_forward_out *o)
+{
+    o->num_paths = 0;
+    if (!s->cascade) {
+        ar_forward_add_path(o, kernel_path(0, s->config, s->num_groups > 0));
+        return;
+    }
+    ar_forward_add_path(o, kernel_path(1, s->pre_config, s->pre_num_groups > 0));
+    ar_forward_add_path(o, kernel_path(2, s->config, s->num_groups > 0));
+    if (fold_prefix_combine(s)) ar_forward_add_path(o, "cascade-prefix-combine:folded");
+    ar_forward_add_path(o, s->fused_merge ? "cascade-merge:fused" : "cascade-merge:separate");
+}
+
 static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_out *o, char *err, size_t err_len)
 {
     cuda_state *s = (cuda_state *)state;
@@ -861,6 +895,7 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
     o->num_kernels = s->cascade || s->num_groups > 0 ? nk : 2;
     o->total_us = median(times + nk * repeat, repeat);
     free(times);
+    report_paths(s, o);
 
     o->dev_out = (const char *)s->out.ptr + AR_GUARD_BYTES;
     o->dev_out_type = s->cfg.dtype;
