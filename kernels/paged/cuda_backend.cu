@@ -780,6 +780,7 @@ static const char *kernel_path(int pass, int config, bool split)
 static void report_paths(const cuda_state *s, ar_forward_out *o)
 {
     o->num_paths = 0;
+    if (s->kv_fp8) ar_forward_add_path(o, "kv-fp8");   /* the KV8 kernels and the fp8 cache write */
     if (!s->cascade) {
         ar_forward_add_path(o, kernel_path(0, s->config, s->num_groups > 0));
         return;
