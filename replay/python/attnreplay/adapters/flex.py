@@ -15,6 +15,13 @@ vLLM's metadata builder):
 flex_attention is compiled once (dynamic shapes): the first step of a run pays the compile in
 its timed forward (use --repeat, whose median drops it, or ignore the first steps).  LSE comes
 from return_lse.  Flat only; the host writes the new K/V into the cache first.
+
+flex computes whole 128-slot chunks: a masked slot's probability is 0, but it still enters P.V
+as 0 x V, so a slot that holds NaN turns the row into NaN.  attnreplay's cache holds NaN in every
+slot until it is written (the canary that shows reads of unwritten memory); vLLM's cache starts
+zeroed.  So plan() sets the NaN slots of the chunks a step reads to 0 (untimed, like the block
+mask; a cache first seen in forward is cleaned there once, in the first step's timed call): the
+values of written slots are finite and stay untouched.
 """
 from ..backend import Backend
 
@@ -49,6 +56,16 @@ class FlexPaged(Backend):
         from torch.nn.attention.flex_attention import flex_attention
         self.cfg = config
         self.flex = torch.compile(flex_attention, dynamic=True)
+        self.caches = {}          # layer -> the kv_cache tensor forward received
+        self.slots = None         # the slots of the chunks this step reads (a device index)
+
+    def _zero_unwritten(self, kv_cache):
+        """The NaN (never written) slots of this step's chunks set to 0 (see the module text)."""
+        import torch
+        c = self.cfg
+        flat = kv_cache.view(2, c.num_blocks * c.block_size, c.num_kv_heads, c.head_size)
+        sub = flat.index_select(1, self.slots)
+        flat.index_copy_(1, self.slots, torch.where(torch.isnan(sub), torch.zeros_like(sub), sub))
 
     def plan(self, step):
         import numpy as np
@@ -91,6 +108,11 @@ class FlexPaged(Backend):
         t_req = torch.from_numpy(np.concatenate([token_req, np.zeros(pad, np.int64)])).to(dev)
         t_pos = torch.from_numpy(np.concatenate([token_pos, np.full(pad, -1, np.int64)])).to(dev)
         t_p2l = torch.from_numpy(p2l).to(dev)
+        read = np.unique(np.concatenate(lists)) if lists else np.zeros(0, np.int64)
+        slots = (read[:, None] * CHUNK + np.arange(CHUNK)[None, :]).reshape(-1)
+        self.slots = torch.from_numpy(slots[slots < NB * B].astype(np.int64)).to(dev)
+        for cache in self.caches.values():
+            self._zero_unwritten(cache)
         window = c.sliding_window
 
         def mask_mod(b, h, q_idx, kv_idx):
@@ -114,6 +136,9 @@ class FlexPaged(Backend):
 
     def forward(self, layer, q, k_new, v_new, kv_cache, out, lse):
         c = self.cfg
+        if layer not in self.caches:
+            self.caches[layer] = kv_cache
+            self._zero_unwritten(kv_cache)
         S = c.num_blocks * c.block_size
         k = kv_cache[0].reshape(S, c.num_kv_heads, c.head_size).permute(1, 0, 2).unsqueeze(0)
         v = kv_cache[1].reshape(S, c.num_kv_heads, c.head_size).permute(1, 0, 2).unsqueeze(0)
