@@ -206,7 +206,8 @@ static void test_summary_times_have_short_units(void **state)
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --verify off", tu_bin(), trace, db), 0);
     char *text = tu_slurp(log);
     assert_non_null(text);
-    const char *line = strstr(text, "attention ");
+    const char *line = strstr(text, "time      attention ");
+    if (line) line += strlen("time      ");
     if (!line) print_message("--- no time line:\n%s\n", text);
     assert_non_null(line);
     double total = 0, mean = 0;
