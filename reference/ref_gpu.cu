@@ -654,9 +654,9 @@ __global__ void fold_kernel(gctx c, const gprob *probs, int nprobs, long long nv
  * a request of more (a prefill chunk checked row by row) takes the GEMM template, whose 64 x 64
  * tiles read each key once for 64 vectors of its dense rows against SK_MAXM here (measured on an
  * H200 at llama-3.1-8b shapes: a prefill of 8192 rows, every row, 1.26x faster on the GEMM
- * template; decodes 1.6x faster here, and rows sampled 64 per step, spread thin over their
- * chunks, 1.5x).  Both kinds of problem may share a group: the score buffers are separate for
- * the twins, each problem's softmax does what its path needs. */
+ * template; 128 decodes 1.6x faster here, a mixed step with 64 rows sampled, about 31 per
+ * prefill chunk spread thin over it, 1.5x).  Both kinds of problem may share a group: the twins'
+ * score buffers are separate, each problem's softmax does what its path needs. */
 constexpr int FUSED_MAX_ROWS = 64;
 constexpr int SK_KEYS = 128;
 constexpr int SK_DC = 32;
