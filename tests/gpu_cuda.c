@@ -686,7 +686,9 @@ static void test_fp8_kv_paths(void **unused)
     seq_case *many = malloc(sizeof(seq_case) * 533);
     assert_non_null(many);
     for (int i = 0; i < n_many; i++) many[i] = (seq_case){1, 200 + 37 * (i % 50)};
-    run_case(&c, many, n_many, &auto_opts, &r);
+    /* 533 contexts of ~1100 tokens take ~37k blocks of 16 (1 byte a value: 0.3 GB) */
+    ar_run_config big = with_fp8_kv(make_cfg(8, 2, 128, 40000, AR_BF16, 0, 0), 0.37);
+    run_case(&big, many, n_many, &auto_opts, &r);
     expect_pass("fp8 KV many decodes (the DECODE_TMA shape)", &r);
     assert_int_equal(r.plan.config, CFG_DECODE);
     assert_int_equal(r.plan.kv_fp8, 1);
@@ -694,7 +696,7 @@ static void test_fp8_kv_paths(void **unused)
     for (int i = 0; i < n_pre; i++) many[i] = (seq_case){48 + i % 7, 300 + 11 * i};
     ro = auto_opts;
     ro.sample_rows = gpu_small() ? 0 : 2000;
-    run_case(&c, many, n_pre, &ro, &r);
+    run_case(&big, many, n_pre, &ro, &r);
     expect_pass("fp8 KV varlen chunked prefills with context", &r);
     free(many);
 

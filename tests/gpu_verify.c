@@ -330,8 +330,10 @@ static bool run_case(const ar_backend *be, const ar_run_config *cfg, const casc_
     assert_true(a.ref_rel <= 1e-12);
     /* the yardstick rounds in float: summation order differs between the device and the host,
      * so some elements round one dtype ulp apart; over two key chunks (each rounded, then
-     * merged in float) 1.0% was measured on the H200, hence the bound of 2% */
-    assert_true(a.naive_flip <= 0.02);
+     * merged in float) 1.0% was measured on the H200, hence the bound of 2%; a case of a few
+     * rows counts a few hundred elements, where one flip is 0.2%: there, up to 16 elements */
+    const double elems = (double)rs.n * cfg->model.num_q_heads * s.dv;
+    assert_true(a.naive_flip <= 0.02 || a.naive_flip * elems <= 16.5);
     assert_true(a.naive_rel <= (cfg->dtype == AR_FP16 ? 1.0 / 256 : 1.0 / 32));
     assert_int_equal(dres.rows_checked, hres.rows_checked);
     assert_int_equal(dres.nan_count, hres.nan_count);
