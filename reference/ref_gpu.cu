@@ -7,9 +7,9 @@
  *
  *   1. the host plans (ref_gpu_plan.c): items (request, rows, key chunk) in groups that fit the
  *      scratch, and the block-cache slots of every block an item reads; one upload of that plan.
- *      MHA on the fused path plans once per step (step-shared slots: a slot holds a block for
- *      every layer of the run; the plan is reused while batch and rows are the same, checked
- *      word by word against the inputs it was made from);
+ *      MHA (unless ATTNREPLAY_GPU_REF_FUSED=0) plans once per step (step-shared slots: a slot
+ *      holds a block for every layer of the run; the plan is reused while batch and rows are the
+ *      same, checked word by word against the inputs it was made from);
  *   2. Q of the checked rows from the generator (MLA: q_nope, q_pe and the yardstick's latent
  *      query ql = round(W_UK q_nope) | q_pe);
  *   3. per group: the blocks the cache misses are generated (MHA: K and V after the KV round
@@ -23,15 +23,18 @@
  *                    rounded ops), softmax in float with P rounded to the dtype (fp8: also
  *                    through fp8), P.V in float rounded; MLA - float64 sums, P rounded, the
  *                    latent output rounded, then W_UV, rounded; folded in float64;
- *      MHA by default takes the fused path instead of the four products: the checked rows are cut
- *      into problems of at most SK_MAXM vectors (a few rows x the query heads of one KV head:
- *      GQA grouped), and one kernel makes both twins' scores in one read of K, the softmax
- *      kernels only their statistics, one kernel both P.V products in one read of V (one CTA
- *      per problem, keys ascending, P made on the fly).  Each product is
- *      summed in exactly the GEMM template's order with its roundings, so the results are
- *      bit-identical to it (tests/gpu_verify.c checks); ATTNREPLAY_GPU_REF_FUSED=0 at open selects
- *      the GEMM template (for A/B measurements), as do query groups wider than SK_MAXM and value
- *      widths above 2 x PV_THREADS;
+ *      MHA by default takes the fused path instead of the four products for the requests of at
+ *      most FUSED_MAX_ROWS checked rows (decodes, sampled rows): their rows are cut into problems
+ *      of at most SK_MAXM vectors (a few rows x the query heads of one KV head: GQA grouped), and
+ *      one kernel makes both twins' scores in one read of K, the softmax kernels only their
+ *      statistics, one kernel both P.V products in one read of V (one CTA per problem, keys
+ *      ascending, P made on the fly).  Each product is summed in exactly the GEMM template's order
+ *      with its roundings, so the results are bit-identical to it (tests/gpu_verify.c checks).  A
+ *      request of more checked rows (a prefill chunk checked row by row) takes the GEMM template
+ *      in the same group, reading the same step-shared slots (its dense rows fill 64 x 64 tiles).
+ *      ATTNREPLAY_GPU_REF_FUSED at open: 0 selects the GEMM template for every row with per-layer
+ *      planning (as do query groups wider than SK_MAXM and value widths above 2 x PV_THREADS),
+ *      1 the fused path for every row (both for A/B measurements);
  *   4. the comparison with the backend's output (replay/verify.c's compare_rows, element by
  *      element, with per-block partial sums and worst lists reduced in a fixed order), the
  *      NaN/Inf count over the whole output, one copy of the summary back, one wait.
@@ -92,6 +95,11 @@ struct gprob {
     long long v_off;          /* first vector in the per-vector scratch */
     long long aux;            /* MLA W_UV: the item's first yardstick vector */
 };
+
+/* MHA problems of at most SK_MAXM vectors take the fused kernels when the check uses them (see
+ * "the fused path" below); larger ones the GEMM template. */
+constexpr int SK_MAXM = 16;
+__host__ __device__ constexpr bool fused_sized(int M) { return M <= SK_MAXM; }
 
 struct rowh {
     long long base;           /* -1: a zero row */
@@ -509,9 +517,11 @@ __device__ __forceinline__ T warp_sum(T x)
  * exp(s - max), stat = max, sum); 1: MHA yardstick (float; stores P rounded to the compute dtype,
  * and through fp8 for an fp8 run; stat = lse, sum; its max in mx_nv); 2: MLA yardstick (float64;
  * stores P rounded to the dtype; stat = lse).  NaN scores propagate as in the host code (max
- * ignores them; exp and the sum carry them).  STATS: the statistics only, the scores left as they
- * are (the fused P.V kernel makes P from them with the same operations). */
-template <typename T, int KIND, int MODE, bool STATS = false>
+ * ignores them; exp and the sum carry them).  FUSED (MHA, the check uses the fused kernels): a
+ * problem on the fused path (fused_sized) gets the statistics only, its scores left as they are
+ * (the fused P.V kernel makes P from them with the same operations); the others, on the GEMM
+ * template, as above. */
+template <typename T, int KIND, int MODE, bool FUSED = false>
 __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long long v, int lane)
 {
     int m;
@@ -528,17 +538,18 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
         return;
     }
     T *s = (MODE == 1 ? (T *)c.Snv : (T *)c.S) + p.s_off + (long long)m * p.N;
+    const bool stats_only = FUSED && fused_sized(p.M);
     T mx = -INFINITY;
     for (int j = lo + lane; j < hi; j += 32) mx = max(mx, s[j]);
     mx = warp_max(mx);
     T sum = 0;
     for (int j = lo + lane; j < hi; j += 32) {
         T e = exp(s[j] - mx);
-        if (!STATS) s[j] = e;
+        if (!stats_only) s[j] = e;
         sum += e;
     }
     sum = warp_sum(sum);
-    if (MODE != 0 && !STATS) {
+    if (MODE != 0 && !stats_only) {
         for (int j = lo + lane; j < hi; j += 32) {
             float pr = round_f(MODE == 1 ? c.cd : c.dtype, (float)(s[j] / sum));
             if (MODE == 1 && c.dtype == AR_FP8_E4M3) pr = round_f(AR_FP8_E4M3, pr);
@@ -553,12 +564,12 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
 }
 
 /* One warp per vector, grid-stride (a launch may cover more vectors than a grid has warps). */
-template <int KIND, int MODE, bool STATS>
+template <int KIND, int MODE, bool FUSED>
 __global__ void softmax_kernel(gctx c, const gprob *probs, int nprobs, long long nvec)
 {
     const long long warps = (long long)gridDim.x * blockDim.x / 32;
     for (long long v = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; v < nvec; v += warps)
-        softmax_row<typename std::conditional<MODE == 1, float, double>::type, KIND, MODE, STATS>(c, probs, nprobs, v,
+        softmax_row<typename std::conditional<MODE == 1, float, double>::type, KIND, MODE, FUSED>(c, probs, nprobs, v,
                                                                                                  threadIdx.x % 32);
 }
 
@@ -637,10 +648,18 @@ __global__ void fold_kernel(gctx c, const gprob *probs, int nprobs, long long nv
  * statistics with the softmax kernel's very operations (exp(s - max); the yardstick's
  * exp(s - max) / sum rounded), PV_KT keys of V staged too: again the GEMM template's sums
  * exactly, without writing P back.  The pass rule's yardstick thus keeps its roundings; only the reads
- * and the index work are shared. */
+ * and the index work are shared.
+ *
+ * Which requests take it: those of at most FUSED_MAX_ROWS checked rows (decodes, sampled rows);
+ * a request of more (a prefill chunk checked row by row) takes the GEMM template, whose 64 x 64
+ * tiles read each key once for 64 vectors of its dense rows against SK_MAXM here (measured on an
+ * H200 at llama-3.1-8b shapes: a prefill of 8192 rows, every row, 1.26x faster on the GEMM
+ * template; 128 decodes 1.6x faster here, a mixed step with 64 rows sampled, about 31 per
+ * prefill chunk spread thin over it, 1.5x).  Both kinds of problem may share a group: the twins'
+ * score buffers are separate, each problem's softmax does what its path needs. */
+constexpr int FUSED_MAX_ROWS = 64;
 constexpr int SK_KEYS = 128;
 constexpr int SK_DC = 32;
-constexpr int SK_MAXM = 16;
 constexpr int SK_BUCKETS = 3;   /* fused lists by M: up to 4, 8, SK_MAXM */
 constexpr int PV_THREADS = 128;
 constexpr int PV_KT = 32;
@@ -1243,6 +1262,7 @@ typedef struct saved_plan {
     bool valid;               /* the device arena holds this plan and the last check succeeded */
     size_t o_reqs, o_rows, o_items, o_map, o_mslot, o_mkey, o_uslot, o_ukey, arena_bytes;
     int64_t max_scores, max_vec;
+    int rows_fused;           /* checked rows on the fused path */
     glists qlists;
     hgroup *hg;               /* [plan.num_groups] */
 } saved_plan;
@@ -1254,8 +1274,11 @@ struct ar_gpu_ref {
     int H, L, R, P, V;
     int num_sms;
     ar_dtype pool_type;
-    bool fused;               /* MHA: the fused path (default; ATTNREPLAY_GPU_REF_FUSED=0: the GEMM template) */
+    bool fused;               /* MHA: the fused kernels and step-shared slots (default; ATTNREPLAY_GPU_REF_FUSED=0:
+                                 the GEMM template only, per-layer slots) */
     int fused_rows;           /* checked rows per fused problem: SK_MAXM / group */
+    int fused_max_rows;       /* with fused: a request of more checked rows takes the GEMM template
+                                 (FUSED_MAX_ROWS; ATTNREPLAY_GPU_REF_FUSED=1: INT_MAX, none does) */
     cudaStream_t stream;
     cudaEvent_t ev_in, ev_group[2];
     bool profile;
@@ -1275,7 +1298,7 @@ struct ar_gpu_ref {
     ar_ref_plan plan;
     uint64_t stamp;
     ar_gpu_ref_stats stats;
-    /* step-shared slots (MHA on the fused path): a slot holds one block for each of the run's
+    /* step-shared slots (MHA with fused): a slot holds one block for each of the run's
      * slot_layers layers, the device knows per slot the content key it holds and which layers are
      * made (dev_content [slots], dev_mask [slots][mask_words]); the plan of a step is made at its
      * first check and reused by its other layers while batch and rows are the same (sig) */
@@ -1443,6 +1466,7 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     const char *fz = getenv("ATTNREPLAY_GPU_REF_FUSED");
     g->fused = !g->mla && !(fz && strcmp(fz, "0") == 0) && g->group <= SK_MAXM && g->Dv <= 2 * PV_THREADS;
     g->fused_rows = g->fused ? SK_MAXM / g->group : 0;
+    g->fused_max_rows = fz && strcmp(fz, "1") == 0 ? INT_MAX : FUSED_MAX_ROWS;
     g->step_slots = g->fused;
     g->slot_layers = g->step_slots && cfg->num_layers > 1 ? cfg->num_layers : 1;
     g->mask_words = (g->slot_layers + 63) / 64;
@@ -1561,7 +1585,7 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
     for (int i = 0; i < n; i++) {
         const gprob *p = &probs[i];
         if (p->N > ls->max_n) ls->max_n = p->N;
-        if (fused && p->M <= SK_MAXM) {
+        if (fused && fused_sized(p->M)) {
             const int k = p->M <= 4 ? 0 : p->M <= 8 ? 1 : 2;
             pfz[k][ls->n_fz[k]] = ls->t_fz[k];
             fz[k][ls->n_fz[k]++] = *p;
@@ -1620,11 +1644,11 @@ static void launch_product(const gctx &c, const glists &ls, const unsigned char 
     }
 }
 
-template <int KIND, int MODE, bool STATS = false>
+template <int KIND, int MODE, bool FUSED = false>
 static void launch_softmax(const gctx &c, const glists &ls, const unsigned char *d, long long nvec, cudaStream_t st)
 {
     if (nvec <= 0) return;
-    softmax_kernel<KIND, MODE, STATS><<<grid_for(nvec * 32, 256), 256, 0, st>>>(c, (const gprob *)(d + ls.all), ls.n_all,
+    softmax_kernel<KIND, MODE, FUSED><<<grid_for(nvec * 32, 256), 256, 0, st>>>(c, (const gprob *)(d + ls.all), ls.n_all,
                                                                               nvec);
 }
 
@@ -1712,14 +1736,24 @@ extern "C" int ar_gpu_ref_nan_count(ar_gpu_ref *g, const ar_batch *b, const ar_g
     return 0;
 }
 
-/* Reference problems of one group (see the problem lists in ar_gpu_ref_check). */
-static size_t group_problems(const ar_gpu_ref *g, const ar_ref_plan *pl, const ar_ref_group *gr)
+/* Checked rows per reference problem of item it (MHA: per KV head): fused_rows on the fused path
+ * (its request has at most fused_max_rows checked rows), else all the item's rows. */
+static int problem_rows(const ar_gpu_ref *g, const ar_gpu_ref_rows *rows, const ar_ref_item *it)
+{
+    if (g->fused && rows->req_row0[it->r + 1] - rows->req_row0[it->r] <= g->fused_max_rows) return g->fused_rows;
+    return it->nrows > 0 ? it->nrows : 1;
+}
+
+/* Reference problems of one group (see the problem lists in plan_check). */
+static size_t group_problems(const ar_gpu_ref *g, const ar_gpu_ref_rows *rows, const ar_ref_plan *pl,
+                             const ar_ref_group *gr)
 {
     if (g->mla) return (size_t)gr->nitems * (size_t)g->H;
-    if (!g->fused) return (size_t)gr->nitems * (size_t)g->hkv;
     size_t n = 0;
-    for (int i = gr->item0; i < gr->item0 + gr->nitems; i++)
-        n += (size_t)((pl->items[i].nrows + g->fused_rows - 1) / g->fused_rows) * (size_t)g->hkv;
+    for (int i = gr->item0; i < gr->item0 + gr->nitems; i++) {
+        const int per = problem_rows(g, rows, &pl->items[i]);
+        n += (size_t)((pl->items[i].nrows + per - 1) / per) * (size_t)g->hkv;
+    }
     return n;
 }
 
@@ -1822,7 +1856,7 @@ static int plan_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_
     /* problem lists: sized generously first (items x heads per group, x 2 for MLA), filled below */
     size_t need = off;
     for (int gi = 0; gi < pl->num_groups; gi++) {
-        size_t np = group_problems(g, pl, &pl->groups[gi]) + 2;
+        size_t np = group_problems(g, rows, pl, &pl->groups[gi]) + 2;
         need += sizeof(gprob) * np + 16 + lists_bytes(np) + 2 * (3 * sizeof(gprob) + 64);
         if (g->mla) need += sizeof(gprob) * np + 16 + lists_bytes(np);
     }
@@ -1882,7 +1916,7 @@ static int plan_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_
     for (int gi = 0; gi < pl->num_groups; gi++) {
         const ar_ref_group *gr = &pl->groups[gi];
         hgroup *x = &hg[gi];
-        size_t np = group_problems(g, pl, gr) + 1;
+        size_t np = group_problems(g, rows, pl, gr) + 1;
         if (np > tmp_cap) {
             free(tmp);
             tmp = (gprob *)malloc(sizeof(gprob) * np);
@@ -1895,13 +1929,14 @@ static int plan_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_
             }
         }
         /* reference problems: MHA (item, KV head), on the fused path (item, KV head, block of
-         * fused_rows rows); MLA (item, head).  Vectors in problem order. */
+         * fused_rows rows); MLA (item, head).  Vectors in problem order.  A request's rows take one
+         * path in all its items (problem_rows). */
         long long s = 0, v = 0, vnv = 0;
         int n = 0;
         for (int i = gr->item0; i < gr->item0 + gr->nitems; i++) {
             const ar_ref_item *it = &pl->items[i];
             const int heads = g->mla ? g->H : g->hkv;
-            const int rows_per = g->fused ? g->fused_rows : (it->nrows > 0 ? it->nrows : 1);
+            const int rows_per = problem_rows(g, rows, it);
             for (int hh = 0; hh < heads; hh++)
                 for (int r0 = 0; r0 < it->nrows; r0 += rows_per) {
                     const int nr = it->nrows - r0 < rows_per ? it->nrows - r0 : rows_per;
@@ -1976,6 +2011,11 @@ static int plan_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_
     sp->arena_bytes = off;
     sp->max_scores = max_scores;
     sp->max_vec = max_vec;
+    sp->rows_fused = 0;
+    for (int r = 0; g->fused && r < R; r++) {
+        const int nr = rows->req_row0[r + 1] - rows->req_row0[r];
+        if (nr <= g->fused_max_rows) sp->rows_fused += nr;
+    }
     sp->qlists = qlists;
     free(sp->hg);
     sp->hg = hg;
@@ -2065,6 +2105,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
     c.nv_l = acc + 2 * acc_elems + lse_elems;
     const double t_plan = now_s();
     sum->plan_s = t_plan - t0;
+    sum->rows_fused = sp->rows_fused;
 
     /* ---- device work ---- */
     cudaStream_t st = g->stream;
@@ -2129,11 +2170,17 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
             }
             if (g->profile) cudaEventRecord(g->ev_prof[1], st);
             if (g->fused) {   /* both twins in each pass; the profile counts it all as the reference's */
-                /* every problem is in the fused lists (fused_rows rows: at most SK_MAXM vectors) */
+                /* problems of at most SK_MAXM vectors are in the fused lists, those of the requests
+                 * with many checked rows in the GEMM template's (each twin has its own scores, P and
+                 * outputs here, so the order of the two paths' launches does not matter) */
                 launch_fused(c, x->ref, true, d, st);
-                launch_softmax<K_MHA_S_REF, 0, true>(c, x->ref, d, x->nvec_ref, st);   /* statistics only */
+                launch_product<double, K_MHA_S_REF, false>(c, x->ref, d, 0, st);
+                launch_product<float, K_MHA_S_NV, false>(c, x->ref, d, 0, st);
+                launch_softmax<K_MHA_S_REF, 0, true>(c, x->ref, d, x->nvec_ref, st);   /* fused: statistics only */
                 launch_softmax<K_MHA_S_NV, 1, true>(c, x->ref, d, x->nvec_ref, st);
                 launch_fused(c, x->ref, false, d, st);
+                launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
+                launch_product<float, K_MHA_PV_NV, true>(c, x->ref, d, Dv, st);
                 launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
                 launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);
                 if (g->profile) cudaEventRecord(g->ev_prof[2], st);

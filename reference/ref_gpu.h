@@ -24,10 +24,13 @@
  * made).  Attention is
  * three passes per group of items: the scores into device scratch, a softmax pass, P.V; the
  * float64 passes run on the FP64 units, the yardstick's (MHA) on the FP32 units.  For MHA the
- * reference and the yardstick share each pass (one read of K for both twins' scores, one read of
- * V for both P.V products, problems of a few rows x one KV head's query heads, bit-identical to
- * the separate tiled GEMMs that MLA and ATTNREPLAY_GPU_REF_FUSED=0 use).  Everything runs on the verifier's own stream after the backend's output is
- * ready (an event on the backend's stream).  Results are deterministic: no floating-point
+ * rows of a request with few checked rows (decodes, sampled rows) take fused kernels where the
+ * reference and the yardstick share each pass (one read of K for both twins' scores, one read
+ * of V for both P.V products, problems of a few rows x one KV head's query heads); a request
+ * with many (a prefill chunk checked row by row) takes separate tiled GEMMs, as MLA does; both
+ * give the same bits (ATTNREPLAY_GPU_REF_FUSED=0 at open: the GEMMs for every row, =1: the fused
+ * kernels for every row, for A/B).  Everything runs on the verifier's own stream after the
+ * backend's output is ready (an event on the backend's stream).  Results are deterministic: no floating-point
  * atomics, fixed reduction orders. */
 #ifndef AR_REF_GPU_H
 #define AR_REF_GPU_H
@@ -94,9 +97,11 @@ typedef struct ar_gpu_ref_summary {
     int groups;
     int generated_blocks;     /* blocks made (MHA: blocks newly cached when the step was planned; the
                                  device then makes each layer of them at its first check) */
+    int rows_fused;           /* MHA: checked rows of the requests on the fused kernels (those of few
+                                 checked rows; the others take the tiled GEMMs) */
     /* device time per phase (CUDA events, milliseconds) when ATTNREPLAY_GPU_REF_PROFILE=1 was set at
-     * open (each group is then waited for: for measurements, not for runs); on the fused MHA path
-     * ref_ms holds both twins' work and naive_ms stays 0 */
+     * open (each group is then waited for: for measurements, not for runs); for MHA, unless
+     * ATTNREPLAY_GPU_REF_FUSED=0, ref_ms holds both twins' work and naive_ms stays 0 */
     double gen_ms, ref_ms, naive_ms, compare_ms;
 } ar_gpu_ref_summary;
 

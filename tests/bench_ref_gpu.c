@@ -6,9 +6,11 @@
  * Phases come from CUDA events (ATTNREPLAY_GPU_REF_PROFILE=1, set here): block generation, the
  * float64 reference, the yardstick, the comparison.  FP64 rate = reference FLOPs / reference
  * time, with FLOPs counted as the verified rows' share of the step's attention (4 x visible keys
- * x heads x head size per row; MLA expanded form: 2 x heads x keys x (192 + 128)).  On the fused MHA
- * path (the default) "ref" is both twins' attention and "naive" 0; ATTNREPLAY_GPU_REF_FUSED=0 in
- * the environment measures the separate tiled GEMMs instead (same results, bit for bit).
+ * x heads x head size per row; MLA expanded form: 2 x heads x keys x (192 + 128)).  For MHA by
+ * default the requests of few checked rows take the fused kernels, those of many the tiled GEMMs
+ * ("fused" counts the rows on the fused kernels), "ref" is both twins' attention and "naive" 0;
+ * ATTNREPLAY_GPU_REF_FUSED=0 in the environment measures the separate tiled GEMMs for every row
+ * (ref and naive apart), =1 the fused kernels for every row (same results, bit for bit).
  * Skips with a reason without a device.  Usage: bench_ref_gpu [case-name-substring] */
 #include "testutil.h"
 
@@ -120,10 +122,10 @@ static void run(const bench_case *bc)
                 break;
             }
             printf("%-34s %-4s rows %6d  ref %8.1f GFLOP  wall %8.1f ms (plan %5.1f)  gen %7.1f  ref %8.1f  naive "
-                   "%8.1f  cmp %5.1f ms  FP64 %5.1f TFLOP/s  blocks %6d  groups %3d  backend attn %8.1f us\n",
+                   "%8.1f  cmp %5.1f ms  FP64 %5.1f TFLOP/s  blocks %6d  groups %3d  fused %6d  backend attn %8.1f us\n",
                    bc->name, pass ? "warm" : "cold", nrows, flops / 1e9, wall * 1e3, s.plan_s * 1e3, s.gen_ms, s.ref_ms,
                    s.naive_ms, s.compare_ms, s.ref_ms > 0 ? flops / (s.ref_ms * 1e-3) / 1e12 : 0, s.generated_blocks,
-                   s.groups, attn_us);
+                   s.groups, s.rows_fused, attn_us);
         }
         ar_gpu_ref_close(g);
     }

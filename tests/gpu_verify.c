@@ -10,9 +10,11 @@
  *    yardstick agrees with the host's up to rare one-ulp roundings of the dtype; the device
  *    verifier's verdict and metrics equal the host verifier's on the same backend output.
  * 2. The plan changes nothing: a tiny device budget (many groups, block-cache evictions) gives
- *    bit-identical results to a large one, and the fused path bit-identical results to the
- *    GEMM-template path (ATTNREPLAY_GPU_REF_FUSED=0); the layers of a step share one plan and
- *    each equals the C reference, also when the block cache holds less than the step reads.
+ *    bit-identical results to a large one, and the paths give the same bits: the GEMM template
+ *    for every row (ATTNREPLAY_GPU_REF_FUSED=0), the fused kernels for every row (=1) and the
+ *    default, which mixes them in one check (long prefills on the GEMM template, decodes and
+ *    short chunks fused); the layers of a step share one plan and each equals the C reference,
+ *    sampled and every row, also when the block cache holds less than the step reads.
  * 3. On the device path the backend makes no host copy, NaN anywhere fails the step (also with
  *    verification off), a poked guard region is reported, and a cross-check disagreement is a run
  *    error naming step, request, row and head.
@@ -54,6 +56,17 @@ static bool ready(const ar_backend *be, const ar_run_config *cfg)
         return false;
     }
     return true;
+}
+
+/* Sets ATTNREPLAY_GPU_REF_FUSED (NULL: unset) for the device references opened next; returns a
+ * copy of the value it had (NULL: unset), to restore with the same call (and free). */
+static char *fused_setting(const char *value)
+{
+    const char *was = getenv("ATTNREPLAY_GPU_REF_FUSED");
+    char *saved = was ? strdup(was) : NULL;
+    if (value) setenv("ATTNREPLAY_GPU_REF_FUSED", value, 1);
+    else unsetenv("ATTNREPLAY_GPU_REF_FUSED");
+    return saved;
 }
 
 static ar_run_config mha_cfg(int hq, int hkv, int d, ar_dtype dt, int window, double cap)
@@ -444,10 +457,14 @@ static void test_plan_changes_nothing(void **state)
     }
 }
 
-/* The fused path (reference and yardstick in one pass over K and V, problems of a few rows) gives
- * the very bits of the GEMM-template path (ATTNREPLAY_GPU_REF_FUSED=0): both sum every product in
- * the same order with the same roundings.  GQA 8:2 (two rows per problem), 4:4 (eight rows) with
- * head size 80 and a window, head size 256 (two output dims per thread), a soft cap, fp16. */
+/* The two paths give the same bits: the fused kernels (reference and yardstick in one pass over K
+ * and V, problems of a few rows) and the GEMM template both sum every product in the same order
+ * with the same roundings.  ATTNREPLAY_GPU_REF_FUSED=0 (the GEMM template for every row, per-layer
+ * planning), =1 (the fused kernels for every row) and the default, whose one check of every row
+ * sends the 300- and 128-row prefills (more than 64 checked rows) to the GEMM template and the
+ * 40-row chunk and the decodes to the fused kernels, in the same groups (sampled rows: all fused).
+ * GQA 8:2 (four rows per fused problem), 4:4 (sixteen) with head size 80 and a window, head size
+ * 256 (two output dims per thread), a soft cap, fp16. */
 static void test_fused_path_changes_nothing(void **state)
 {
     (void)state;
@@ -456,6 +473,7 @@ static void test_fused_path_changes_nothing(void **state)
     static const casc_seq many[] = {{300, 2500}, {1, 3000}, {40, 900}, {1, 77}, {128, 128}, {1, 9000}};
     const ar_run_config cfgs[5] = {base, mha_cfg(4, 4, 80, AR_BF16, 256, 0), mha_cfg(4, 4, 256, AR_BF16, 0, 0),
                                    mha_cfg(8, 2, 128, AR_BF16, 64, 50.0), mha_cfg(8, 2, 128, AR_FP16, 0, 0)};
+    static const char *const settings[3] = {"0", "1", NULL};   /* NULL: unset, the default */
     for (int k = 0; k < 5; k++) {
         const ar_run_config *cfg = &cfgs[k];
         char why[256] = "";
@@ -470,23 +488,33 @@ static void test_fused_path_changes_nothing(void **state)
             ar_verify_opts vo = {sample ? AR_VERIFY_SAMPLE : AR_VERIFY_ALL, sample ? 5 : 0, 0, NULL, NULL};
             row_set rs;
             rows_for(&rs, &s.t.b, &vo);
-            dev_copy a, b;
-            setenv("ATTNREPLAY_GPU_REF_FUSED", "0", 1);
-            device_reference(cfg, TEST_BUDGET, &s, &rs, &a);
-            unsetenv("ATTNREPLAY_GPU_REF_FUSED");
-            device_reference(cfg, TEST_BUDGET, &s, &rs, &b);
+            dev_copy res[3];
+            for (int i = 0; i < 3; i++) {
+                char *was = fused_setting(settings[i]);
+                device_reference(cfg, TEST_BUDGET, &s, &rs, &res[i]);
+                free(fused_setting(was));
+                free(was);
+            }
             const int hq = cfg->model.num_q_heads;
             size_t no = (size_t)rs.n * hq * s.dv, nl = (size_t)rs.n * hq;
-            print_message("fused vs GEMM path, heads %d/%d, head size %d, %s: %d rows\n", hq, cfg->model.num_kv_heads,
-                          cfg->model.head_size, sample ? "sample:5" : "every row", rs.n);
-            assert_memory_equal(a.ref_o, b.ref_o, no * sizeof(double));
-            assert_memory_equal(a.ref_l, b.ref_l, nl * sizeof(double));
-            assert_memory_equal(a.nv_o, b.nv_o, no * sizeof(double));
-            assert_memory_equal(a.nv_l, b.nv_l, nl * sizeof(double));
-            assert_true(a.sum.max_abs == b.sum.max_abs && a.sum.sum_abs == b.sum.sum_abs && a.sum.bad == b.sum.bad);
-            assert_true(a.sum.naive_max == b.sum.naive_max && a.sum.nan_count == b.sum.nan_count);
-            dev_copy_free(&a);
-            dev_copy_free(&b);
+            /* the default: every row of the two long prefills on the GEMM template, the rest fused */
+            const int mixed_fused = sample ? rs.n : rs.n - 300 - 128;
+            print_message("fused vs GEMM path, heads %d/%d, head size %d, %s: %d rows, %d of them fused by default\n",
+                          hq, cfg->model.num_kv_heads, cfg->model.head_size, sample ? "sample:5" : "every row", rs.n,
+                          res[2].sum.rows_fused);
+            assert_int_equal(res[0].sum.rows_fused, 0);
+            assert_int_equal(res[1].sum.rows_fused, rs.n);
+            assert_int_equal(res[2].sum.rows_fused, mixed_fused);
+            for (int i = 1; i < 3; i++) {
+                const dev_copy *a = &res[0], *b = &res[i];
+                assert_memory_equal(a->ref_o, b->ref_o, no * sizeof(double));
+                assert_memory_equal(a->ref_l, b->ref_l, nl * sizeof(double));
+                assert_memory_equal(a->nv_o, b->nv_o, no * sizeof(double));
+                assert_memory_equal(a->nv_l, b->nv_l, nl * sizeof(double));
+                assert_true(a->sum.max_abs == b->sum.max_abs && a->sum.sum_abs == b->sum.sum_abs && a->sum.bad == b->sum.bad);
+                assert_true(a->sum.naive_max == b->sum.naive_max && a->sum.nan_count == b->sum.nan_count);
+            }
+            for (int i = 0; i < 3; i++) dev_copy_free(&res[i]);
             rows_free(&rs);
         }
         step_close(&s);
@@ -496,9 +524,10 @@ static void test_fused_path_changes_nothing(void **state)
 /* The layers of a step share one plan (step-shared slots): layers 0..3 of a 4-layer run and two
  * of them again through one device reference, with a large budget and with one whose cache holds
  * fewer blocks than the step reads (slots change content between groups, so the device must
- * remake a layer it made for the slot's earlier content).  Each layer equals the C reference at
- * 1e-12 (the yardstick as in the grid), a repeated layer gives the same bits, a reused plan
- * caches no new block, and both budgets give the same bits. */
+ * remake a layer it made for the slot's earlier content); sampled rows (all on the fused
+ * kernels) and every row (the long prefills on the GEMM template, reading the same slots).
+ * Each layer equals the C reference at 1e-12 (the yardstick as in the grid), a repeated layer
+ * gives the same bits, a reused plan caches no new block, and both budgets give the same bits. */
 static void test_layers_share_a_step_plan(void **state)
 {
     (void)state;
@@ -510,70 +539,81 @@ static void test_layers_share_a_step_plan(void **state)
     step_run s;
     step_open(&s, &ar_cuda_backend, &cfg, many, 6);
     step_forward(&s, false);
-    ar_verify_opts vo = {AR_VERIFY_SAMPLE, 16, 0, NULL, NULL};
-    row_set rs;
-    rows_for(&rs, &s.t.b, &vo);
-    const int hq = cfg.model.num_q_heads;
-    const size_t no = (size_t)rs.n * hq * s.dv, nl = (size_t)rs.n * hq;
-    static const int order[6] = {0, 1, 2, 3, 2, 0};
-    dev_copy first[2][4];
-    /* 56 MiB: 672 slots (three quarters of it) of 4 layers x 16 KiB for a step reading ~750 blocks */
-    const size_t budgets[2] = {TEST_BUDGET, (size_t)56 << 20};
-    for (int bi = 0; bi < 2; bi++) {
-        ar_gpu_ref *g = NULL;
-        char err[512] = "";
-        int rc = ar_gpu_ref_open(&g, &cfg, budgets[bi], err, sizeof err);
-        if (rc) print_message("device reference: %s\n", err);
-        assert_int_equal(rc, 0);
-        ar_gpu_ref_rows gr = {rs.n, rs.row0, rs.rows};
-        ar_gpu_ref_output go = {s.fo.dev_out, s.fo.dev_out_type, s.fo.dev_lse, s.fo.dev_stream};
-        for (int k = 0; k < 6; k++) {
-            const int layer = order[k];
-            dev_copy dc;
-            dc.ref_o = malloc(no * sizeof(double));
-            dc.nv_o = malloc(no * sizeof(double));
-            dc.ref_l = malloc(nl * sizeof(double));
-            dc.nv_l = malloc(nl * sizeof(double));
-            assert_true(dc.ref_o && dc.nv_o && dc.ref_l && dc.nv_l);
-            ar_gpu_ref_copy copy;
-            memset(&copy, 0, sizeof copy);
-            copy.ref_out = dc.ref_o;
-            copy.ref_lse = dc.ref_l;
-            copy.naive_out = dc.nv_o;
-            copy.naive_lse = dc.nv_l;
-            rc = ar_gpu_ref_check(g, &s.t.b, layer, &gr, &go, NULL, &copy, &dc.sum, err, sizeof err);
-            if (rc) print_message("device check: %s\n", err);
+    char *setting = fused_setting(NULL);   /* the default, whatever the environment says */
+    for (int every = 0; every < 2; every++) {
+        ar_verify_opts vo = {every ? AR_VERIFY_ALL : AR_VERIFY_SAMPLE, every ? 0 : 16, 0, NULL, NULL};
+        row_set rs;
+        rows_for(&rs, &s.t.b, &vo);
+        const int hq = cfg.model.num_q_heads;
+        const size_t no = (size_t)rs.n * hq * s.dv, nl = (size_t)rs.n * hq;
+        static const int order[6] = {0, 1, 2, 3, 2, 0};
+        dev_copy first[2][4];
+        /* 56 MiB: 672 slots (three quarters of it) of 4 layers x 16 KiB for a step reading ~750 blocks */
+        const size_t budgets[2] = {TEST_BUDGET, (size_t)56 << 20};
+        for (int bi = 0; bi < 2; bi++) {
+            ar_gpu_ref *g = NULL;
+            char err[512] = "";
+            int rc = ar_gpu_ref_open(&g, &cfg, budgets[bi], err, sizeof err);
+            if (rc) print_message("device reference: %s\n", err);
             assert_int_equal(rc, 0);
-            print_message("budget %d layer %d: %d groups, %d blocks cached\n", bi, layer, dc.sum.groups,
-                          dc.sum.generated_blocks);
-            if (k == 0) assert_true(dc.sum.generated_blocks > 0);
-            else assert_int_equal(dc.sum.generated_blocks, 0);   /* the step's plan, reused */
-            if (k < 4) {
-                agreement a = compare_with_host(&cfg, &s, &rs, &dc, layer);
-                assert_true(a.ref_rel <= 1e-12);
-                assert_true(a.naive_flip <= 0.02);
-                if (bi == 1) {   /* the same bits whatever the budget */
-                    assert_memory_equal(dc.ref_o, first[0][layer].ref_o, no * sizeof(double));
-                    assert_memory_equal(dc.nv_o, first[0][layer].nv_o, no * sizeof(double));
-                    assert_memory_equal(dc.ref_l, first[0][layer].ref_l, nl * sizeof(double));
+            ar_gpu_ref_rows gr = {rs.n, rs.row0, rs.rows};
+            ar_gpu_ref_output go = {s.fo.dev_out, s.fo.dev_out_type, s.fo.dev_lse, s.fo.dev_stream};
+            for (int k = 0; k < 6; k++) {
+                const int layer = order[k];
+                dev_copy dc;
+                dc.ref_o = malloc(no * sizeof(double));
+                dc.nv_o = malloc(no * sizeof(double));
+                dc.ref_l = malloc(nl * sizeof(double));
+                dc.nv_l = malloc(nl * sizeof(double));
+                assert_true(dc.ref_o && dc.nv_o && dc.ref_l && dc.nv_l);
+                ar_gpu_ref_copy copy;
+                memset(&copy, 0, sizeof copy);
+                copy.ref_out = dc.ref_o;
+                copy.ref_lse = dc.ref_l;
+                copy.naive_out = dc.nv_o;
+                copy.naive_lse = dc.nv_l;
+                rc = ar_gpu_ref_check(g, &s.t.b, layer, &gr, &go, NULL, &copy, &dc.sum, err, sizeof err);
+                if (rc) print_message("device check: %s\n", err);
+                assert_int_equal(rc, 0);
+                print_message("%s, budget %d layer %d: %d groups, %d blocks cached, %d of %d rows fused\n",
+                              every ? "every row" : "sample:16", bi, layer, dc.sum.groups, dc.sum.generated_blocks,
+                              dc.sum.rows_fused, rs.n);
+                /* every row: the 300- and 128-row prefills on the GEMM template, the rest fused */
+                assert_int_equal(dc.sum.rows_fused, every ? rs.n - 300 - 128 : rs.n);
+                if (k == 0) assert_true(dc.sum.generated_blocks > 0);
+                else assert_int_equal(dc.sum.generated_blocks, 0);   /* the step's plan, reused */
+                if (k < 4) {
+                    if (bi == 0 || !every) {   /* every row, small budget: the large budget's bits */
+                        agreement a = compare_with_host(&cfg, &s, &rs, &dc, layer);
+                        assert_true(a.ref_rel <= 1e-12);
+                        assert_true(a.naive_flip <= 0.02);
+                    }
+                    if (bi == 1) {   /* the same bits whatever the budget */
+                        assert_memory_equal(dc.ref_o, first[0][layer].ref_o, no * sizeof(double));
+                        assert_memory_equal(dc.nv_o, first[0][layer].nv_o, no * sizeof(double));
+                        assert_memory_equal(dc.ref_l, first[0][layer].ref_l, nl * sizeof(double));
+                        assert_memory_equal(dc.nv_l, first[0][layer].nv_l, nl * sizeof(double));
+                    }
+                    first[bi][layer] = dc;
+                } else {
+                    assert_memory_equal(dc.ref_o, first[bi][layer].ref_o, no * sizeof(double));
+                    assert_memory_equal(dc.nv_o, first[bi][layer].nv_o, no * sizeof(double));
+                    assert_memory_equal(dc.ref_l, first[bi][layer].ref_l, nl * sizeof(double));
+                    assert_memory_equal(dc.nv_l, first[bi][layer].nv_l, nl * sizeof(double));
+                    dev_copy_free(&dc);
                 }
-                first[bi][layer] = dc;
-            } else {
-                assert_memory_equal(dc.ref_o, first[bi][layer].ref_o, no * sizeof(double));
-                assert_memory_equal(dc.nv_o, first[bi][layer].nv_o, no * sizeof(double));
-                assert_memory_equal(dc.ref_l, first[bi][layer].ref_l, nl * sizeof(double));
-                assert_memory_equal(dc.nv_l, first[bi][layer].nv_l, nl * sizeof(double));
-                dev_copy_free(&dc);
             }
+            if (bi == 1) assert_true(first[1][0].sum.groups > first[0][0].sum.groups);
+            ar_gpu_ref_close(g);
         }
-        if (bi == 1) assert_true(first[1][0].sum.groups > first[0][0].sum.groups);
-        ar_gpu_ref_close(g);
+        /* different layers differ (each is made from its own generator stream) */
+        assert_true(memcmp(first[0][0].ref_o, first[0][1].ref_o, no * sizeof(double)) != 0);
+        for (int bi = 0; bi < 2; bi++)
+            for (int l = 0; l < 4; l++) dev_copy_free(&first[bi][l]);
+        rows_free(&rs);
     }
-    /* different layers differ (each is made from its own generator stream) */
-    assert_true(memcmp(first[0][0].ref_o, first[0][1].ref_o, no * sizeof(double)) != 0);
-    for (int bi = 0; bi < 2; bi++)
-        for (int l = 0; l < 4; l++) dev_copy_free(&first[bi][l]);
-    rows_free(&rs);
+    free(fused_setting(setting));
+    free(setting);
     step_close(&s);
 }
 

@@ -7,7 +7,9 @@
 #              verdicts, plan invariance, NaN/guards/cross-check, traces, planted faults)
 #              and build/tests/gpu_cuda + gpu_mla (the backends' result path changed)  ~4 min
 #   bench      build/tests/bench_ref_gpu: phases and the FP64 rate on step shapes      ~1 min
-#   bench-gemm the same with ATTNREPLAY_GPU_REF_FUSED=0 (the GEMM-template path, for A/B)  ~2 min
+#              (the default: fused kernels for requests of few checked rows, GEMMs for many)
+#   bench-gemm the same with ATTNREPLAY_GPU_REF_FUSED=0 (the GEMM template for every row)  ~2 min
+#   bench-fused the same with ATTNREPLAY_GPU_REF_FUSED=1 (the fused kernels for every row)  ~1 min
 #   ds         DeepSeek-V3 on cuda-mla, --verify all, the 41-step trace (target <= 60 s)
 #   mc-all     the 1,537-step Mooncake trace, --verify all --layers 1 (target <= 5 min)
 #   mc-sample  the same trace, --verify sample:64 --layers 32 (target <= 5 min)
@@ -65,10 +67,16 @@ for stage in "$@"; do
       cat "$OUT/bench_ref_gpu.txt" | tee -a "$SUMMARY"
       ;;
     bench-gemm)
-      # the same cases on the GEMM-template path (the fused path's A/B baseline, same results)
+      # the same cases on the GEMM template for every row (A/B baseline, same results)
       ATTNREPLAY_GPU_REF_FUSED=0 timeout 300 build/tests/bench_ref_gpu >"$OUT/bench_ref_gpu_gemm.txt" 2>&1
       note "bench_ref_gpu (ATTNREPLAY_GPU_REF_FUSED=0): exit $?"
       cat "$OUT/bench_ref_gpu_gemm.txt" | tee -a "$SUMMARY"
+      ;;
+    bench-fused)
+      # the same cases on the fused kernels for every row (A/B, same results)
+      ATTNREPLAY_GPU_REF_FUSED=1 timeout 300 build/tests/bench_ref_gpu >"$OUT/bench_ref_gpu_fused.txt" 2>&1
+      note "bench_ref_gpu (ATTNREPLAY_GPU_REF_FUSED=1): exit $?"
+      cat "$OUT/bench_ref_gpu_fused.txt" | tee -a "$SUMMARY"
       ;;
     ds)
       replay_timed ds_all 120 out/ds41.trace.jsonl.gz --backend cuda-mla --verify all
@@ -82,7 +90,7 @@ for stage in "$@"; do
     mc-off)
       replay_timed mc_off 300 out/mooncake300.trace.jsonl.gz --backend cuda --verify off --layers 1
       ;;
-    *) note "unknown stage $stage (tests bench bench-gemm ds mc-all mc-sample mc-off)" ;;
+    *) note "unknown stage $stage (tests bench bench-gemm bench-fused ds mc-all mc-sample mc-off)" ;;
   esac
 done
 echo "== summary"
