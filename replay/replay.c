@@ -1302,7 +1302,7 @@ typedef struct engine {
     int64_t worst_step;
     int64_t bytes_total, flops_total;
     bool dumped;
-    /* kernel paths of this session's steps (the summary's paths line) */
+    /* kernel paths of this invocation's steps (the summary's paths line) */
     const char *path_names[AR_SUMMARY_PATHS];
     int64_t path_steps[AR_SUMMARY_PATHS];
     int num_path_names;
@@ -1772,7 +1772,7 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
         for (int i = 0; i < e->num_path_names; i++)
             printf("%s %s %lld step%s", i ? "," : "", e->path_names[i], (long long)e->path_steps[i],
                    e->path_steps[i] == 1 ? "" : "s");
-        printf("%s\n", e->o.resume ? " (this session)" : "");
+        printf("%s\n", e->o.resume ? " (this invocation)" : "");
     }
     if (e->worst_step >= 0)
         printf("  accuracy  worst step %lld: max abs err %.3g, NMSE %.3g\n", (long long)e->worst_step,
