@@ -339,18 +339,15 @@ static bool expand_row(const char *text, int row, char *out, size_t len)
 {
     size_t at = 0;
     for (const char *p = text; *p; p++) {
-        char piece[32];
+        if (at + 1 >= len) return false;
         if (p[0] == '%' && p[1] == 'i') {
-            snprintf(piece, sizeof piece, "%d", row);
+            int n = snprintf(out + at, len - at, "%d", row);
+            if (n < 0 || (size_t)n >= len - at) return false;
+            at += (size_t)n;
             p++;
         } else {
-            piece[0] = *p;
-            piece[1] = '\0';
+            out[at++] = *p;
         }
-        size_t n = strlen(piece);
-        if (at + n + 1 > len) return false;
-        memcpy(out + at, piece, n);
-        at += n;
     }
     out[at] = '\0';
     return true;
