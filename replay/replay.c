@@ -17,9 +17,9 @@
  * Signals: SIGINT and SIGTERM set a flag; the step loop checks it between layers and steps and
  * verification gives up when it sees it (ar_verify_opts.cancel).  The step in flight is
  * abandoned, committed steps are kept, the run is marked 'interrupted' and the process exits
- * 130 (SIGINT) or 143 (SIGTERM).  A watchdog thread makes that hold within 2 s wherever the
- * loop is: if the loop has not finished the run AR_SIGNAL_GRACE_S after the signal (a long
- * forward on the CPU, say), the watchdog has the writer commit the whole steps it holds, marks
+ * 130 (SIGINT) or 143 (SIGTERM).  A watchdog thread (watchdog.c) makes that hold within 2 s
+ * wherever the loop is: if the loop has not finished the run AR_SIGNAL_GRACE_S after the signal
+ * (a long forward on the CPU, say), the watchdog has the writer commit the whole steps it holds, marks
  * the run 'interrupted' and ends the process with the same code.
  *
  * Broken backends: every call into the backend (open, prepare, fill, a layer's forward) is marked
@@ -65,6 +65,7 @@
 #include "registry.h"
 #include "shard.h"
 #include "verify.h"
+#include "watchdog.h"
 
 extern char **environ;
 
@@ -74,8 +75,6 @@ extern char **environ;
 
 #define AR_NUM_SMS_DEFAULT 132   /* cascade cost model: an H200's SM count (vLLM uses the device's) */
 #define AR_BATCH_SLOTS 8         /* the step loop's, and up to 7 built ahead */
-#define AR_SIGNAL_GRACE_S 1.2    /* the step loop's time to stop by itself after a signal */
-#define AR_SIGNAL_ABORT_S 0.5    /* then the watchdog's time to commit and mark the run */
 #define AR_PROGRESS_TTY_S 0.2
 #define AR_PROGRESS_LOG_S 10.0
 #define AR_EXIT_NOTHING_VERIFIED 4
@@ -92,300 +91,6 @@ static double now_wall(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* ---- signals, backend calls and the watchdog ---------------------------------------------- */
-
-/* The signal that asked the run to stop (SIGINT / SIGTERM), 0 while none did.  An int (what
- * sig_atomic_t is here) so that verification can watch it through ar_verify_opts.cancel. */
-static volatile sig_atomic_t stop_signal;
-static sem_t signal_sem;
-static pthread_once_t signal_sem_once = PTHREAD_ONCE_INIT;
-
-static void signal_sem_init(void)
-{
-    sem_init(&signal_sem, 0, 0);
-}
-
-/* Threads read the flag through this (atomic: the handler may run on any thread); the verifier
- * polls it through ar_verify_opts.cancel. */
-static int signalled(void)
-{
-    return __atomic_load_n(&stop_signal, __ATOMIC_RELAXED);
-}
-
-static void on_signal(int sig)
-{
-    const int saved_errno = errno;
-    int none = 0;
-    __atomic_compare_exchange_n(&stop_signal, &none, sig, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-    sem_post(&signal_sem);   /* async-signal-safe: wakes the watchdog */
-    errno = saved_errno;
-}
-
-/* The backend call in flight (open, prepare, fill or a forward): what it is, which step and
- * layer, and by when it must return (monotonic ns; 0 = no limit).  Set by the step loop around
- * every call into the backend, read by the watchdog (a call past its deadline) and the crash
- * handler (a fault inside the call). */
-enum { CALL_NONE, CALL_OPEN, CALL_PREPARE, CALL_FILL, CALL_FORWARD };
-static int call_kind;
-static int64_t call_step;
-static int call_layer;
-static int64_t call_deadline_ns;
-static double call_timeout_s;
-
-/* A fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL) inside a backend call: the signal and address. */
-static volatile sig_atomic_t crash_signal;
-static void *volatile crash_addr;
-static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
-#define NUM_CRASH_SIGNALS (int)(sizeof crash_signals / sizeof crash_signals[0])
-static struct sigaction crash_old[NUM_CRASH_SIGNALS];
-static bool crash_installed;
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void call_begin(int kind, int64_t step, int layer)
-{
-    __atomic_store_n(&call_step, step, __ATOMIC_RELAXED);
-    __atomic_store_n(&call_layer, layer, __ATOMIC_RELAXED);
-    int64_t deadline = call_timeout_s > 0 ? mono_ns() + (int64_t)(call_timeout_s * 1e9) : 0;
-    __atomic_store_n(&call_deadline_ns, deadline, __ATOMIC_RELAXED);
-    __atomic_store_n(&call_kind, kind, __ATOMIC_RELEASE);
-}
-
-static void call_end(void)
-{
-    __atomic_store_n(&call_kind, CALL_NONE, __ATOMIC_RELEASE);
-    __atomic_store_n(&call_deadline_ns, 0, __ATOMIC_RELAXED);
-}
-
-/* A fault inside a backend call: the thread that faulted records it, wakes the watchdog and waits
- * for the watchdog to end the process (returning would fault again).  A fault outside any backend
- * call is attnreplay's own: the previous disposition is restored and the fault happens again
- * there (a core dump, the sanitizer's report). */
-static void on_crash(int sig, siginfo_t *info, void *context)
-{
-    (void)context;
-    if (__atomic_load_n(&call_kind, __ATOMIC_ACQUIRE) == CALL_NONE || crash_signal) {
-        for (int i = 0; i < NUM_CRASH_SIGNALS; i++)
-            if (crash_signals[i] == sig) sigaction(sig, &crash_old[i], NULL);
-        if (crash_signal) for (;;) pause();   /* a second fault while the first is handled */
-        return;
-    }
-    crash_addr = info ? info->si_addr : NULL;
-    crash_signal = sig;
-    sem_post(&signal_sem);
-    for (;;) pause();
-}
-
-/* Installs on_crash (ATTNREPLAY_CRASH_HANDLER=0 leaves faults to the default action, for a core
- * dump of a backend under development). */
-static void crash_handler_install(void)
-{
-    const char *env = getenv("ATTNREPLAY_CRASH_HANDLER");
-    if (env && strcmp(env, "0") == 0) return;
-    static char alt_stack[1 << 16];   /* the step loop's thread: a stack overflow can still be reported */
-    stack_t ss = {.ss_sp = alt_stack, .ss_size = sizeof alt_stack, .ss_flags = 0};
-    sigaltstack(&ss, NULL);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_crash;
-    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < NUM_CRASH_SIGNALS; i++) sigaction(crash_signals[i], &sa, &crash_old[i]);
-    crash_installed = true;
-}
-
-static void crash_handler_remove(void)
-{
-    if (!crash_installed) return;
-    for (int i = 0; i < NUM_CRASH_SIGNALS; i++) sigaction(crash_signals[i], &crash_old[i], NULL);
-    stack_t ss = {.ss_sp = NULL, .ss_size = 0, .ss_flags = SS_DISABLE};
-    sigaltstack(&ss, NULL);
-    crash_installed = false;
-}
-
-static const char *call_name(int kind)
-{
-    switch (kind) {
-    case CALL_OPEN: return "open";
-    case CALL_PREPARE: return "prepare";
-    case CALL_FILL: return "fill";
-    default: return "forward";
-    }
-}
-
-static const char *crash_signal_name(int sig)
-{
-    return sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "SIGILL";
-}
-
-/* Writes text to stderr without stdio (whose lock a faulted thread may hold). */
-static void say(const char *text)
-{
-    size_t n = strlen(text);
-    while (n > 0) {
-        ssize_t w = write(2, text, n);
-        if (w <= 0) break;
-        text += w;
-        n -= (size_t)w;
-    }
-}
-
-/* The last resort of a watchdog that is ending a broken run: if committing and marking the run
- * takes longer than this (a faulted backend may hold a lock the writer needs), the process ends
- * anyway; the database then holds whole steps and the run stays 'running'. */
-#define AR_BROKEN_ABORT_S 5
-static void on_alarm(int sig)
-{
-    (void)sig;
-    say("attnreplay replay: the database could not be updated in time after the backend failed; the run stays "
-        "'running' with its committed steps (--resume continues it)\n");
-    _exit(3);
-}
-
-typedef struct watchdog {
-    pthread_t tid;
-    bool started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool quit;                /* the run is over (set by the step loop) */
-    ar_db_writer *writer;     /* set once the run exists */
-    int64_t run_id;
-    const char *db_path;
-    const char *backend;      /* the backend's name, for messages */
-    bool quiet;
-} watchdog;
-
-/* A backend call faulted or ran past its deadline: commit the whole steps the writer holds, mark
- * the run 'error' with why, and end the process with exit code 3.  The call's own step is not
- * recorded (it has no result). */
-static void watchdog_end_broken(watchdog *wd, const char *why)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_alarm;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGALRM, &sa, NULL);
-    alarm(AR_BROKEN_ABORT_S);
-    int rc = wd->writer ? ar_db_writer_abort(wd->writer, "error", why, now_wall(), AR_BROKEN_ABORT_S - 1) : 0;
-    char msg[1400];
-    if (wd->writer && rc == 0)
-        snprintf(msg, sizeof msg, "attnreplay replay: %s; the run stops here (a failed backend's state cannot be "
-                 "trusted): committed steps kept, run %lld in %s marked 'error' (--resume continues it)\n", why,
-                 (long long)wd->run_id, wd->db_path);
-    else if (wd->writer && rc < 0)
-        snprintf(msg, sizeof msg, "attnreplay replay: %s; the run stops here: the database was busy, so run %lld in "
-                 "%s stays 'running' with its committed steps (--resume continues it)\n", why,
-                 (long long)wd->run_id, wd->db_path);
-    else
-        snprintf(msg, sizeof msg, "attnreplay replay: %s; the run stops here\n", why);
-    if (isatty(2)) say("\n");   /* after the progress line */
-    say(msg);
-    _exit(3);
-}
-
-static void *watchdog_main(void *arg)
-{
-    watchdog *wd = arg;
-    for (;;) {
-        struct timespec ts = ar_deadline_in(0.25);   /* a call's deadline is looked at 4 times a second */
-        int woke = sem_timedwait(&signal_sem, &ts) == 0;
-        pthread_mutex_lock(&wd->mu);
-        if (wd->quit) {
-            pthread_mutex_unlock(&wd->mu);
-            return NULL;
-        }
-        const int kind = __atomic_load_n(&call_kind, __ATOMIC_ACQUIRE);
-        const int64_t deadline = __atomic_load_n(&call_deadline_ns, __ATOMIC_RELAXED);
-        char why[600], where[64];
-        const int64_t step = __atomic_load_n(&call_step, __ATOMIC_RELAXED);
-        const int layer = __atomic_load_n(&call_layer, __ATOMIC_RELAXED);
-        if (kind == CALL_OPEN) snprintf(where, sizeof where, "setup");
-        else if (layer < 0) snprintf(where, sizeof where, "step %lld", (long long)step);
-        else snprintf(where, sizeof where, "step %lld, layer %d", (long long)step, layer);
-        if (crash_signal) {
-            snprintf(why, sizeof why, "%s: the %s backend's %s crashed with %s (address %p)", where,
-                     wd->backend ? wd->backend : "?", call_name(kind), crash_signal_name(crash_signal), crash_addr);
-            watchdog_end_broken(wd, why);
-        }
-        if (kind != CALL_NONE && deadline > 0 && mono_ns() > deadline) {
-            snprintf(why, sizeof why, "%s: the %s backend's %s did not return within %g s (--forward-timeout)", where,
-                     wd->backend ? wd->backend : "?", call_name(kind), call_timeout_s);
-            watchdog_end_broken(wd, why);
-        }
-        if (!woke || !signalled()) {
-            pthread_mutex_unlock(&wd->mu);
-            continue;
-        }
-        /* SIGINT / SIGTERM: the step loop has AR_SIGNAL_GRACE_S to stop by itself */
-        ts = ar_deadline_in(AR_SIGNAL_GRACE_S);
-        while (!wd->quit && pthread_cond_timedwait(&wd->cv, &wd->mu, &ts) != ETIMEDOUT) {}
-        if (wd->quit) {
-            pthread_mutex_unlock(&wd->mu);
-            return NULL;
-        }
-        /* The step loop is still inside a step: commit what is whole, mark the run, end here. */
-        const int sig = signalled() ? signalled() : SIGTERM;
-        const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
-        snprintf(why, sizeof why, "interrupted by %s (the step in flight was abandoned)", name);
-        int rc = wd->writer ? ar_db_writer_abort(wd->writer, "interrupted", why, now_wall(), AR_SIGNAL_ABORT_S) : 0;
-        if (wd->writer && rc == 0)
-            fprintf(stderr, "\nattnreplay replay: %s: stopped inside a step; committed steps kept, run %lld in %s "
-                            "marked interrupted (--resume continues it)\n", name, (long long)wd->run_id, wd->db_path);
-        else if (wd->writer && rc < 0)
-            fprintf(stderr, "\nattnreplay replay: %s: stopped inside a step; the database was busy, so run %lld "
-                            "in %s stays 'running' with its committed steps (--resume continues it)\n", name,
-                    (long long)wd->run_id, wd->db_path);
-        else if (!wd->writer)
-            fprintf(stderr, "\nattnreplay replay: %s: stopped before the run started\n", name);
-        fflush(stderr);
-        _exit(128 + sig);
-    }
-}
-
-static void watchdog_start(watchdog *wd)
-{
-    pthread_mutex_init(&wd->mu, NULL);
-    pthread_cond_init(&wd->cv, NULL);
-    wd->started = pthread_create(&wd->tid, NULL, watchdog_main, wd) == 0;
-}
-
-static void watchdog_set_writer(watchdog *wd, ar_db_writer *w, int64_t run, const char *db_path)
-{
-    pthread_mutex_lock(&wd->mu);
-    wd->writer = w;
-    wd->run_id = run;
-    wd->db_path = db_path;
-    pthread_mutex_unlock(&wd->mu);
-}
-
-static void watchdog_set_backend(watchdog *wd, const char *name)
-{
-    pthread_mutex_lock(&wd->mu);
-    wd->backend = name;
-    pthread_mutex_unlock(&wd->mu);
-}
-
-static void watchdog_stop(watchdog *wd)
-{
-    pthread_mutex_lock(&wd->mu);
-    wd->quit = true;
-    pthread_cond_broadcast(&wd->cv);
-    pthread_mutex_unlock(&wd->mu);
-    if (wd->started) {
-        sem_post(&signal_sem);   /* wakes it if it still waits for a signal */
-        pthread_join(wd->tid, NULL);
-        wd->started = false;
-        while (sem_trywait(&signal_sem) == 0) {}
-    }
-    pthread_mutex_destroy(&wd->mu);
-    pthread_cond_destroy(&wd->cv);
 }
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -1100,7 +805,7 @@ static void produce(reader *r, batch_slot *s)
     char err[AR_ERR_MAX];
     s->parse_s = s->build_s = 0;
     for (;;) {
-        if (signalled()) {
+        if (ar_stop_signalled()) {
             s->kind = SLOT_END;
             s->end_rc = -1;
             return;
@@ -1394,9 +1099,9 @@ static bool is_merge_kernel(const char *name)
 static int timed_forward(engine *e, int layer, const ar_batch *kb, ar_forward_out *fo, char *err, size_t err_len)
 {
     double t0 = ar_mono_seconds();
-    call_begin(CALL_FORWARD, kb->step, layer);
+    ar_call_begin(AR_CALL_FORWARD, kb->step, layer);
     int rc = e->be->forward(e->state, layer, kb, fo, err, err_len);
-    call_end();
+    ar_call_end();
     if (rc != 0) {
         char inner[AR_ERR_MAX];
         snprintf(inner, sizeof inner, "%s", err);
@@ -1427,9 +1132,9 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
     }
     int rc = 0;
     double t0 = ar_mono_seconds();
-    call_begin(CALL_PREPARE, s->step, -1);
+    ar_call_begin(AR_CALL_PREPARE, s->step, -1);
     rc = e->be->prepare(e->state, kb, err, err_len);
-    call_end();
+    ar_call_end();
     if (rc != 0) {
         rc = 3;
         goto out;
@@ -1437,7 +1142,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
     e->prog.phase_s[AR_PHASE_METADATA] += ar_mono_seconds() - t0;
     ar_fill fill = {s->fill_count, s->fill_slots, s->fill_keys, s->fill_offsets};
     const bool dumping = e->o.dump_step == s->step;
-    ar_verify_opts vo = {e->o.verify, e->o.sample_rows, e->o.threads, NULL, &stop_signal};
+    ar_verify_opts vo = {e->o.verify, e->o.sample_rows, e->o.threads, NULL, ar_stop_flag()};
     int verify_k = e->verify_k;
     if (dumping) {
         vo.mode = AR_VERIFY_ALL;
@@ -1454,16 +1159,16 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
     bool merged = kb->common_prefix_len > 0;
     ar_forward_out fo;
     for (int layer = e->layer_first; layer <= e->layer_last; layer++) {
-        if (signalled()) {
+        if (ar_stop_signalled()) {
             rc = AR_STEP_CANCELLED;
             goto out;
         }
         const ar_verify_opts *lvo = layer < verify_k ? &vo : &vo_off;
         if (s->fill_count) {
             t0 = ar_mono_seconds();
-            call_begin(CALL_FILL, s->step, layer);
+            ar_call_begin(AR_CALL_FILL, s->step, layer);
             rc = e->be->fill(e->state, layer, &fill, err, err_len);
-            call_end();
+            ar_call_end();
             if (rc != 0) {
                 rc = 3;
                 goto out;
@@ -1495,7 +1200,7 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
         t0 = ar_mono_seconds();
         int vrc = ar_verifier_check_layer(e->verifier, b, layer, &fo, s->ids, lvo, &layer_res, err, err_len);
         e->prog.phase_s[AR_PHASE_VERIFY] += ar_mono_seconds() - t0;
-        if (vrc == AR_VERIFY_CANCELLED || (vrc == 0 && signalled() && layer < e->layer_last)) {
+        if (vrc == AR_VERIFY_CANCELLED || (vrc == 0 && ar_stop_signalled() && layer < e->layer_last)) {
             rc = AR_STEP_CANCELLED;
             goto out;
         }
@@ -1517,9 +1222,9 @@ static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
             goto out;
         }
         t0 = ar_mono_seconds();
-        call_begin(CALL_PREPARE, s->step, -1);
+        ar_call_begin(AR_CALL_PREPARE, s->step, -1);
         rc = e->be->prepare(e->state, &flat, err, err_len);
-        call_end();
+        ar_call_end();
         if (rc != 0) {
             rc = 3;
             goto out;
@@ -2011,22 +1716,10 @@ int ar_replay_main(int argc, char **argv)
     e->t_start = ar_mono_seconds();
 
     /* Signals from here on: the handler only sets the flag; the watchdog enforces the 2 s. */
-    pthread_once(&signal_sem_once, signal_sem_init);
-    __atomic_store_n(&stop_signal, 0, __ATOMIC_RELAXED);
-    struct sigaction sa, old_int, old_term;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    watchdog wd;
-    memset(&wd, 0, sizeof wd);
-    wd.quiet = e->o.quiet;
-    crash_signal = 0;
-    call_end();
-    watchdog_start(&wd);
-    crash_handler_install();
+    struct sigaction old_int, old_term;
+    ar_stop_signals_install(&old_int, &old_term);
+    ar_watchdog wd;
+    ar_watchdog_start(&wd, e->o.quiet);
 
     int exit_code = 0;
     const char *status = NULL;
@@ -2086,11 +1779,11 @@ int ar_replay_main(int argc, char **argv)
         exit_code = 2;
         goto done;
     }
-    call_timeout_s = forward_timeout(&e->o, e->be);
-    watchdog_set_backend(&wd, e->be->name);
-    call_begin(CALL_OPEN, -1, -1);
+    ar_call_set_timeout(forward_timeout(&e->o, e->be));
+    ar_watchdog_set_backend(&wd, e->be->name);
+    ar_call_begin(AR_CALL_OPEN, -1, -1);
     int code = e->be->open(&e->cfg, &e->state, err, sizeof err);
-    call_end();
+    ar_call_end();
     if (code != 0) {
         e->state = NULL;
         SETUP_FAIL(code == 2 ? 2 : 3, "backend %s: %s", e->be->name, err);
@@ -2099,7 +1792,7 @@ int ar_replay_main(int argc, char **argv)
     if (ar_verifier_open(&e->verifier, &e->cfg, e->be, err, sizeof err) != 0) SETUP_FAIL(3, "verifier: %s", err);
     e->rdr.written = calloc((size_t)e->cfg.num_blocks, sizeof *e->rdr.written);
     if (!e->rdr.written) SETUP_FAIL(3, "out of memory");
-    if (signalled()) goto done;
+    if (ar_stop_signalled()) goto done;
 
     e->db = ar_db_open(e->db_path, false, err, sizeof err);
     if (!e->db) SETUP_FAIL(3, "%s", err);
@@ -2143,7 +1836,7 @@ int ar_replay_main(int argc, char **argv)
     const bool overlap = !e->o.no_overlap;
     e->writer = ar_db_writer_start(e->db, e->run_id, overlap, e->prog.phase_s[AR_PHASE_SQLITE], err, sizeof err);
     if (!e->writer) SETUP_FAIL(3, "%s", err);
-    watchdog_set_writer(&wd, e->writer, e->run_id, e->db_path);
+    ar_watchdog_set_writer(&wd, e->writer, e->run_id, e->db_path);
     reader *r = &e->rdr;
     r->rd = e->rd;
     r->cfg = &e->cfg;
@@ -2181,7 +1874,7 @@ int ar_replay_main(int argc, char **argv)
             reader_release(r, s);
             break;
         }
-        if (signalled()) {
+        if (ar_stop_signalled()) {
             reader_release(r, s);
             break;
         }
@@ -2199,7 +1892,7 @@ int ar_replay_main(int argc, char **argv)
         }
         at_step = step;
         progress(e, step, resume_after, false);
-        if (signalled()) break;
+        if (ar_stop_signalled()) break;
     }
     if (e->progress_tty && e->session_steps > 0) {
         progress(e, at_step, resume_after, true);
@@ -2216,7 +1909,7 @@ int ar_replay_main(int argc, char **argv)
 
 finish:;
     /* The outcome.  A signal wins over everything but an error that came first. */
-    const int sig = signalled();
+    const int sig = ar_stop_signalled();
     if (e->writer && ar_db_writer_drain(e->writer) != 0 && exit_code == 0) {
         /* the last steps could not be committed (disk full, I/O error) */
         snprintf(fail_msg, sizeof fail_msg, "%s", ar_db_writer_error(e->writer));
@@ -2275,12 +1968,11 @@ finish:;
 done:
     free(cfg_json);
     fflush(stdout);
-    watchdog_stop(&wd);   /* before the writer goes: the watchdog may use it */
+    ar_watchdog_stop(&wd);   /* before the writer goes: the watchdog may use it */
     engine_free(e);
-    crash_handler_remove();
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    if (exit_code == 0 && signalled() && !run_exists) exit_code = 128 + signalled();   /* during setup */
+    ar_crash_handler_remove();
+    ar_stop_signals_restore(&old_int, &old_term);
+    if (exit_code == 0 && ar_stop_signalled() && !run_exists) exit_code = 128 + ar_stop_signalled();   /* during setup */
     return exit_code;
 #undef SETUP_FAIL
 }
