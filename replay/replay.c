@@ -202,24 +202,6 @@ static double forward_timeout(const replay_opts *o, const ar_backend *be)
     return be->needs_gpu ? AR_FORWARD_TIMEOUT_GPU_S : AR_FORWARD_TIMEOUT_HOST_S;
 }
 
-static int parse_steps(const char *s, int64_t *a, int64_t *b)
-{
-    const char *colon = strchr(s, ':');
-    char *end;
-    if (!colon) return -1;
-    *a = 0;
-    *b = INT64_MAX;
-    if (colon != s) {
-        *a = strtoll(s, &end, 10);
-        if (end != colon || *a < 0) return -1;
-    }
-    if (colon[1]) {
-        *b = strtoll(colon + 1, &end, 10);
-        if (*end || *b < *a) return -1;
-    }
-    return 0;
-}
-
 static int parse_int(const char *s, long lo, long hi, long *out)
 {
     char *end;
@@ -291,7 +273,7 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
             o->layers = (int)v;
             break;
         case O_STEPS:
-            if (parse_steps(optarg, &o->step_first, &o->step_last)) {
+            if (ar_parse_step_range(optarg, &o->step_first, &o->step_last)) {
                 fprintf(stderr, "attnreplay replay: --steps takes A:B with 0 <= A <= B (got '%s')\n", optarg);
                 return -1;
             }
@@ -1383,23 +1365,6 @@ static void progress(engine *e, int64_t step, int64_t resume_after, bool final)
 
 /* ---- run record, summary ------------------------------------------------------------------ */
 
-/* 64-bit FNV-1a over the trace file's bytes, as 16 hex digits. */
-static int hash_file(const char *path, char out[17])
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    uint64_t h = 1469598103934665603ull;
-    unsigned char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        for (size_t i = 0; i < n; i++) h = (h ^ buf[i]) * 1099511628211ull;
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) return -1;
-    snprintf(out, 17, "%016llx", (unsigned long long)h);
-    return 0;
-}
-
 static char *config_json(const engine *e)
 {
     json_t *j = json_object();
@@ -1797,7 +1762,7 @@ int ar_replay_main(int argc, char **argv)
     e->db = ar_db_open(e->db_path, false, err, sizeof err);
     if (!e->db) SETUP_FAIL(3, "%s", err);
     char hash[17];
-    if (hash_file(e->o.trace, hash) != 0) SETUP_FAIL(2, "%s: cannot read: %s", e->o.trace, strerror(errno));
+    if (ar_trace_file_hash(e->o.trace, hash) != 0) SETUP_FAIL(2, "%s: cannot read: %s", e->o.trace, strerror(errno));
     cfg_json = config_json(e);
     if (!cfg_json) SETUP_FAIL(3, "out of memory");
     ar_run_shard shard_row = run_shard(e);

@@ -97,23 +97,6 @@ fail:
     return -1;
 }
 
-/* FNV-1a 64 of the file, as the runs table's trace_hash. */
-static int file_hash(const char *path, char out[17])
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    uint64_t h = 1469598103934665603ull;
-    unsigned char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        for (size_t i = 0; i < n; i++) h = (h ^ buf[i]) * 1099511628211ull;
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) return -1;
-    snprintf(out, 17, "%016llx", (unsigned long long)h);
-    return 0;
-}
-
 /* A UUID-shaped id, a pure function of the trace hash and the step (re-exports give the same). */
 static void step_uuid(const char *hash, int64_t step, char out[37])
 {
@@ -235,24 +218,6 @@ static void usage(FILE *f)
                "  writes the steps as FlashInfer-Trace definitions, workloads (jsonl) and safetensors blobs\n");
 }
 
-static int parse_range(const char *s, int64_t *a, int64_t *b)
-{
-    const char *colon = strchr(s, ':');
-    char *end;
-    if (!colon) return -1;
-    *a = 0;
-    *b = INT64_MAX;
-    if (colon != s) {
-        *a = strtoll(s, &end, 10);
-        if (end != colon || *a < 0) return -1;
-    }
-    if (colon[1]) {
-        *b = strtoll(colon + 1, &end, 10);
-        if (*end || *b < *a) return -1;
-    }
-    return 0;
-}
-
 int ar_export_main(int argc, char **argv)
 {
     const char *out = NULL, *format = NULL;
@@ -268,7 +233,7 @@ int ar_export_main(int argc, char **argv)
         case 'o': out = optarg; break;
         case 'f': format = optarg; break;
         case 's':
-            if (parse_range(optarg, &first, &last)) {
+            if (ar_parse_step_range(optarg, &first, &last)) {
                 fprintf(stderr, "attnreplay export: --steps takes A:B with 0 <= A <= B (got '%s')\n", optarg);
                 return 2;
             }
@@ -305,7 +270,7 @@ int ar_export_main(int argc, char **argv)
         return 2;
     }
     char hash[17];
-    if (file_hash(trace, hash) != 0) {
+    if (ar_trace_file_hash(trace, hash) != 0) {
         fprintf(stderr, "attnreplay export: %s: cannot read: %s\n", trace, strerror(errno));
         ar_trace_close(rd);
         return 2;

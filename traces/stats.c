@@ -196,3 +196,37 @@ int ar_trace_print_info(const char *path, FILE *out, char *err, size_t err_len)
     }
     return 0;
 }
+
+int ar_parse_step_range(const char *s, int64_t *a, int64_t *b)
+{
+    const char *colon = strchr(s, ':');
+    char *end;
+    if (!colon) return -1;
+    *a = 0;
+    *b = INT64_MAX;
+    if (colon != s) {
+        *a = strtoll(s, &end, 10);
+        if (end != colon || *a < 0) return -1;
+    }
+    if (colon[1]) {
+        *b = strtoll(colon + 1, &end, 10);
+        if (*end || *b < *a) return -1;
+    }
+    return 0;
+}
+
+int ar_trace_file_hash(const char *path, char out[17])
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    uint64_t h = 1469598103934665603ull;
+    unsigned char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        for (size_t i = 0; i < n; i++) h = (h ^ buf[i]) * 1099511628211ull;
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) return -1;
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+    return 0;
+}

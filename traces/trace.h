@@ -195,6 +195,16 @@ int ar_trace_print_steps(const char *path, FILE *out, char *err, size_t err_len)
 uint64_t ar_block_content_key(uint64_t prev_key, const uint64_t *prompt_keys, int num_prompt_keys,
                               uint64_t req_key, int block_index);
 
+/* The trace's identity in the runs table (trace_hash, which resume and merge compare): FNV-1a's
+ * 64-bit step over the file's bytes from the basis 1469598103934665603 (not FNV's published
+ * one; kept, since stored hashes depend on it), as 16 hex digits into out; 0, or -1 when the file
+ * cannot be read. */
+int ar_trace_file_hash(const char *path, char out[17]);
+
+/* A --steps range "A:B", "A:" or ":B" (inclusive, A >= 0, B >= A; an open end is 0 or
+ * INT64_MAX) into *a and *b; 0, or -1 when s is not one. */
+int ar_parse_step_range(const char *s, int64_t *a, int64_t *b);
+
 #ifdef __cplusplus
 }
 #endif
