@@ -14,9 +14,11 @@
 # Environment: AR_BIN (default bin/attnreplay), BUILD (default build), LAYERS (default 1),
 # VERIFY (default sample:8), REPEAT (default 3), STEPS (default all, e.g. 0:600), ADAPTERS
 # (default "torch-fa2 torch-cudnn flex flashinfer"), PYTHON (default python3), BASE_BACKEND
-# (default cuda) and PLUGIN (default $BUILD/plugins/attnreplay-example-cuda.so; on a machine
-# without a GPU, BASE_BACKEND=cpu PLUGIN=$BUILD/plugins/attnreplay-example-cpu.so ADAPTERS=numpy
-# runs the same script).
+# (default cuda), PLUGIN (default $BUILD/plugins/attnreplay-example-cuda.so, "none" leaves it out;
+# on a machine without a GPU, BASE_BACKEND=cpu PLUGIN=$BUILD/plugins/attnreplay-example-cpu.so
+# ADAPTERS=numpy runs the same script) and PER_RUN_S (default none: each backend's replay is sent
+# SIGTERM after that many seconds; it ends `interrupted` with exit 143 and its committed steps
+# whole, and those steps still enter the diff and the ratios, the run's status saying so).
 set -u
 DB=${1:?usage: side_by_side.sh DB TRACE [TRACE ...]}
 shift
@@ -32,6 +34,9 @@ BASE_BACKEND=${BASE_BACKEND:-cuda}
 PLUGIN=${PLUGIN:-$BUILD/plugins/attnreplay-example-cuda.so}
 export ATTNREPLAY_LIB=${ATTNREPLAY_LIB:-$PWD/$BUILD/libattnreplay.so}
 export PYTHONPATH=$PWD/replay/python${PYTHONPATH:+:$PYTHONPATH}
+PER_RUN_S=${PER_RUN_S:-}
+limit=()
+[ -n "$PER_RUN_S" ] && limit=(timeout -s TERM "$PER_RUN_S")
 common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --quiet)
 [ -n "$STEPS" ] && common+=(--steps "$STEPS")
 
@@ -41,19 +46,21 @@ for trace in "$@"; do
   echo "== $trace"
   "$AR_BIN" info "$trace" | head -12
   t0=$(date +%s)
-  "$AR_BIN" replay "$trace" --backend "$BASE_BACKEND" "${common[@]}"
+  "${limit[@]}" "$AR_BIN" replay "$trace" --backend "$BASE_BACKEND" "${common[@]}"
   echo "$BASE_BACKEND: exit $? ($(( $(date +%s) - t0 )) s)"
   base=$(last_run)
   runs=()
-  t0=$(date +%s)
-  "$AR_BIN" replay "$trace" --backend "plugin:$PLUGIN" "${common[@]}"
-  rc=$?; echo "plugin:$PLUGIN: exit $rc ($(( $(date +%s) - t0 )) s)"
-  [ $rc -le 1 ] && runs+=("$(last_run)")
+  if [ "$PLUGIN" != none ]; then
+    t0=$(date +%s)
+    "${limit[@]}" "$AR_BIN" replay "$trace" --backend "plugin:$PLUGIN" "${common[@]}"
+    rc=$?; echo "plugin:$PLUGIN: exit $rc ($(( $(date +%s) - t0 )) s)"
+    { [ $rc -le 1 ] || [ $rc -eq 143 ]; } && runs+=("$(last_run)")
+  fi
   for a in $ADAPTERS; do
     t0=$(date +%s)
-    "$PYTHON" -m attnreplay.cli replay "$trace" --backend "$a" "${common[@]}"
+    "${limit[@]}" "$PYTHON" -m attnreplay.cli replay "$trace" --backend "$a" "${common[@]}"
     rc=$?; echo "$a: exit $rc ($(( $(date +%s) - t0 )) s)"
-    [ $rc -le 1 ] && runs+=("$(last_run)")
+    { [ $rc -le 1 ] || [ $rc -eq 143 ]; } && runs+=("$(last_run)")
   done
   for r in "${runs[@]}"; do
     echo "-- attnreplay diff $DB $base $r"
