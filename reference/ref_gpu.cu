@@ -1,9 +1,11 @@
 /* ref_gpu.cu - the device twin of the float64 reference and of the naive yardstick, and the
  * device half of verification (see ref_gpu.h for what it computes and why).
  *
- * Deliberately plain CUDA, sharing nothing with kernels/: SIMT arithmetic only, one tiled GEMM
- * template for every product, the fused MHA kernels below and warp-per-row kernels for everything
- * else.  Per step-layer:
+ * Deliberately plain CUDA, sharing nothing with kernels/: one tiled GEMM template for every
+ * product, the fused MHA kernels below and warp-per-row kernels for everything else, on the SIMT
+ * units except the MHA reference's 64 x 64 GEMM tiles (long prefills checked row by row), whose
+ * products run on the FP64 tensor cores (mma.sync m8n8k4: float64 products and sums, four keys
+ * per instruction).  Per step-layer:
  *
  *   1. the host plans (ref_gpu_plan.c): items (request, rows, key chunk) in groups that fit the
  *      scratch, and the block-cache slots of every block an item reads; one upload of that plan.
@@ -27,9 +29,12 @@
  *      most FUSED_MAX_ROWS checked rows (decodes, sampled rows): their rows are cut into problems
  *      of at most SK_MAXM vectors (a few rows x the query heads of one KV head: GQA grouped), and
  *      one kernel makes both twins' scores in one read of K, the softmax kernels only their
- *      statistics, one kernel both P.V products in one read of V (one CTA per problem, keys
- *      ascending, P made on the fly).  Each product is summed in exactly the GEMM template's order
- *      with its roundings, so the results are bit-identical to it (tests/gpu_verify.c checks).  A
+ *      statistics, one kernel both P.V products in one read of V (one CTA per problem and
+ *      key split of PV_SPLIT keys, keys ascending, P made on the fly; the splits added in order).
+ *      Each product is summed in exactly the SIMT GEMM template's order with its roundings (the
+ *      template folds its P.V sums at the same key splits), so the yardstick is bit-identical to
+ *      it and the reference too, except against the tensor-core tiles (last bits; tests/
+ *      gpu_verify.c checks both).  A
  *      request of more checked rows (a prefill chunk checked row by row) takes the GEMM template
  *      in the same group, reading the same step-shared slots (its dense rows fill 64 x 64 tiles).
  *      ATTNREPLAY_GPU_REF_FUSED at open: 0 selects the GEMM template for every row with per-layer
@@ -84,9 +89,10 @@ typedef struct dbuf {
 typedef struct glists {
     size_t all, small, big, psmall, pbig;   /* arena offsets */
     int n_all, n_small, n_big, t_small, t_big, max_n;
-    /* the fused path's problems: [0] M <= 4, [1] M <= 8, [2] M <= SK_MAXM, with key-tile prefix arrays */
-    size_t fz[SK_BUCKETS], pfz[SK_BUCKETS];
-    int n_fz[SK_BUCKETS], t_fz[SK_BUCKETS];
+    /* the fused path's problems: [0] M <= 4, [1] M <= 8, [2] M <= SK_MAXM, with key-tile prefix
+     * arrays (scores) and P.V key-split prefix arrays */
+    size_t fz[SK_BUCKETS], pfz[SK_BUCKETS], sfz[SK_BUCKETS];
+    int n_fz[SK_BUCKETS], t_fz[SK_BUCKETS], s_fz[SK_BUCKETS];
 } glists;
 
 typedef struct hgroup {
@@ -102,6 +108,7 @@ typedef struct saved_plan {
     bool valid;               /* the device arena holds this plan and the last check succeeded */
     size_t o_reqs, o_rows, o_items, o_map, o_mslot, o_mkey, o_uslot, o_ukey, arena_bytes;
     int64_t max_scores, max_vec;
+    int64_t max_pv_part;      /* fused P.V partial sums of a bucket of several splits: split tiles x MB */
     int rows_fused;           /* checked rows on the fused path */
     glists qlists;
     hgroup *hg;               /* [plan.num_groups] */
@@ -130,7 +137,7 @@ struct ar_gpu_ref {
     double *pool_kn, *pool_v;
     float *pool_lat;
     int64_t max_scores, max_vectors;
-    dbuf arena, q, ql, acc, S, O, olat, onv, stat, parts, sum, w, Snv, Onv, statnv, mxnv;
+    dbuf arena, q, ql, acc, S, O, olat, onv, stat, parts, sum, w, Snv, Onv, statnv, mxnv, pvpart;
     int w_layer;
     void *h_arena;
     size_t h_arena_cap;
@@ -210,7 +217,7 @@ extern "C" void ar_gpu_ref_close(ar_gpu_ref *g)
     if (!g) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
     dbuf *bufs[] = {&g->arena, &g->q, &g->ql, &g->acc, &g->S, &g->O, &g->olat, &g->onv, &g->stat, &g->parts,
-                    &g->sum, &g->w, &g->Snv, &g->Onv, &g->statnv, &g->mxnv};
+                    &g->sum, &g->w, &g->Snv, &g->Onv, &g->statnv, &g->mxnv, &g->pvpart};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
     if (g->pool_kv) cudaFree(g->pool_kv);
@@ -397,12 +404,13 @@ static size_t take(size_t *off, size_t bytes)
 /* Arena bytes split_lists takes for n problems (the sizing of the pinned arena). */
 static size_t lists_bytes(size_t n)
 {
-    return (3 + SK_BUCKETS) * (sizeof(gprob) * (n + 1) + 16) + (2 + SK_BUCKETS) * (sizeof(int) * (n + 1) + 16);
+    return (3 + SK_BUCKETS) * (sizeof(gprob) * (n + 1) + 16) + (2 + 2 * SK_BUCKETS) * (sizeof(int) * (n + 1) + 16);
 }
 
 /* Splits the problems [n] (already in the arena at list->all) into small (M <= 8) and big lists
  * with their m-tile prefix arrays; with fused, problems of at most SK_MAXM vectors go to the
- * fused lists instead (by M: up to 4, 8, SK_MAXM) with their key-tile prefix arrays. */
+ * fused lists instead (by M: up to 4, 8, SK_MAXM) with their key-tile and key-split prefix
+ * arrays. */
 static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n, size_t *off, bool fused)
 {
     ls->n_all = n;
@@ -413,13 +421,15 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
     gprob *sm = (gprob *)(h + ls->small), *bg = (gprob *)(h + ls->big);
     int *ps = (int *)(h + ls->psmall), *pb = (int *)(h + ls->pbig);
     gprob *fz[SK_BUCKETS];
-    int *pfz[SK_BUCKETS];
+    int *pfz[SK_BUCKETS], *sfz[SK_BUCKETS];
     for (int k = 0; k < SK_BUCKETS; k++) {
         ls->fz[k] = take(off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
         ls->pfz[k] = take(off, sizeof(int) * (size_t)(n + 1));
+        ls->sfz[k] = take(off, sizeof(int) * (size_t)(n + 1));
         fz[k] = (gprob *)(h + ls->fz[k]);
         pfz[k] = (int *)(h + ls->pfz[k]);
-        ls->n_fz[k] = ls->t_fz[k] = 0;
+        sfz[k] = (int *)(h + ls->sfz[k]);
+        ls->n_fz[k] = ls->t_fz[k] = ls->s_fz[k] = 0;
     }
     ls->n_small = ls->n_big = ls->t_small = ls->t_big = ls->max_n = 0;
     for (int i = 0; i < n; i++) {
@@ -428,8 +438,10 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
         if (fused && fused_sized(p->M)) {
             const int k = p->M <= 4 ? 0 : p->M <= 8 ? 1 : 2;
             pfz[k][ls->n_fz[k]] = ls->t_fz[k];
+            sfz[k][ls->n_fz[k]] = ls->s_fz[k];
             fz[k][ls->n_fz[k]++] = *p;
-            ls->t_fz[k] += (p->N + SK_KEYS - 1) / SK_KEYS;
+            ls->t_fz[k] += (p->N + SK_TILE - 1) / SK_TILE;
+            ls->s_fz[k] += pv_splits(p->N);
         } else if (p->M <= 8) {
             ps[ls->n_small] = ls->t_small;
             sm[ls->n_small++] = *p;
@@ -442,7 +454,23 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
     }
     ps[ls->n_small] = ls->t_small;
     pb[ls->n_big] = ls->t_big;
-    for (int k = 0; k < SK_BUCKETS; k++) pfz[k][ls->n_fz[k]] = ls->t_fz[k];
+    for (int k = 0; k < SK_BUCKETS; k++) {
+        pfz[k][ls->n_fz[k]] = ls->t_fz[k];
+        sfz[k][ls->n_fz[k]] = ls->s_fz[k];
+    }
+}
+
+static const int bucket_rows[SK_BUCKETS] = {4, 8, SK_MAXM};
+
+/* Partial-sum vectors the fused P.V of a group's buckets needs at once (the buckets run in turn
+ * on one stream and share the buffer): split tiles x MB of the largest bucket with several splits. */
+static int64_t pv_part_vectors(const glists *ls)
+{
+    int64_t most = 0;
+    for (int k = 0; k < SK_BUCKETS; k++)
+        if (ls->s_fz[k] > ls->n_fz[k] && (int64_t)ls->s_fz[k] * bucket_rows[k] > most)
+            most = (int64_t)ls->s_fz[k] * bucket_rows[k];
+    return most;
 }
 
 /* The fused path over a group's lists: both twins' scores (before the softmaxes) or both P.V
@@ -455,12 +483,18 @@ static void launch_fused_bucket(const gctx &c, const glists &ls, int k, bool sco
     if (scores && ls.t_fz[k] > 0)
         fused_scores_kernel<MB><<<(unsigned)ls.t_fz[k], SK_KEYS, 0, st>>>(
             c, (const gprob *)(d + ls.fz[k]), (const int *)(d + ls.pfz[k]), ls.n_fz[k]);
-    if (!scores)
-        fused_pv_kernel<MB><<<(unsigned)ls.n_fz[k], PV_THREADS, 0, st>>>(c, (const gprob *)(d + ls.fz[k]), ls.n_fz[k]);
+    if (!scores) {
+        const gprob *probs = (const gprob *)(d + ls.fz[k]);
+        const int *sprefix = (const int *)(d + ls.sfz[k]);
+        fused_pv_kernel<MB><<<(unsigned)ls.s_fz[k], PV_THREADS, 0, st>>>(c, probs, sprefix, ls.n_fz[k]);
+        if (ls.s_fz[k] > ls.n_fz[k])   /* some problem has several splits */
+            fused_pv_combine_kernel<MB><<<(unsigned)ls.n_fz[k], PV_THREADS, 0, st>>>(c, probs, sprefix, ls.n_fz[k]);
+    }
 }
 
 static void launch_fused(const gctx &c, const glists &ls, bool scores, const unsigned char *d, cudaStream_t st)
 {
+    static_assert(SK_BUCKETS == 3 && SK_MAXM == 16, "bucket_rows lists the buckets' MB");
     launch_fused_bucket<4>(c, ls, 0, scores, d, st);
     launch_fused_bucket<8>(c, ls, 1, scores, d, st);
     launch_fused_bucket<SK_MAXM>(c, ls, 2, scores, d, st);
@@ -478,8 +512,10 @@ static void launch_product(const gctx &c, const glists &ls, const unsigned char 
             c, (const gprob *)(d + ls.small), (const int *)(d + ls.psmall), ls.n_small);
     }
     if (ls.n_big > 0 && ls.t_big > 0) {
+        /* the MHA reference's products on the FP64 tensor cores (see the file's comment) */
+        constexpr bool TC = KIND == K_MHA_S_REF || KIND == K_MHA_PV_REF;
         dim3 grid((unsigned)ls.t_big, (unsigned)((n + 63) / 64));
-        gemm_kernel<T, KIND, 64, 64, 16, 4, 4, B_PER_K><<<grid, 256, 0, st>>>(
+        gemm_kernel<T, KIND, 64, 64, 16, 4, 4, B_PER_K, TC><<<grid, 256, 0, st>>>(
             c, (const gprob *)(d + ls.big), (const int *)(d + ls.pbig), ls.n_big);
     }
 }
@@ -747,7 +783,7 @@ static int plan_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_
     hgroup *hg = (hgroup *)calloc((size_t)(pl->num_groups > 0 ? pl->num_groups : 1), sizeof *hg);
     gprob *tmp = NULL;
     size_t tmp_cap = 0;
-    int64_t max_scores = 0, max_vec = 0;
+    int64_t max_scores = 0, max_vec = 0, max_pv_part = 0;
     if (!hg) {
         free(preq);
         snprintf(err, err_len, "device reference: out of host memory");
@@ -794,6 +830,7 @@ static int plan_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_
         x->ref.all = take(&off, sizeof(gprob) * (size_t)(n > 0 ? n : 1));
         memcpy(h + x->ref.all, tmp, sizeof(gprob) * (size_t)n);
         split_lists(h, &x->ref, tmp, n, &off, g->fused);
+        if (pv_part_vectors(&x->ref) > max_pv_part) max_pv_part = pv_part_vectors(&x->ref);
         if (g->mla) {
             /* yardstick problems: (item), every head, vectors (row, head) */
             s = v = 0;
@@ -851,6 +888,7 @@ static int plan_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_
     sp->arena_bytes = off;
     sp->max_scores = max_scores;
     sp->max_vec = max_vec;
+    sp->max_pv_part = max_pv_part;
     sp->rows_fused = 0;
     for (int r = 0; g->fused && r < R; r++) {
         const int nr = rows->req_row0[r + 1] - rows->req_row0[r];
@@ -924,6 +962,8 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         (g->fused && ensure(&g->Onv, (size_t)(max_vec > 0 ? max_vec : 1) * Dv * 4, "yardstick outputs", err, err_len)) ||
         (g->fused && ensure(&g->statnv, (size_t)(max_vec > 0 ? max_vec : 1) * 16, "yardstick statistics", err, err_len)) ||
         (g->fused && ensure(&g->mxnv, (size_t)(max_vec > 0 ? max_vec : 1) * 4, "yardstick maxima", err, err_len)) ||
+        (g->fused && ensure(&g->pvpart, (size_t)(sp->max_pv_part > 0 ? sp->max_pv_part : 1) * Dv * 12, "P.V partial sums",
+                            err, err_len)) ||
         (g->mla && ensure(&g->olat, (size_t)(max_vec > 0 ? max_vec : 1) * g->L * 4, "latent outputs", err, err_len)) ||
         (g->mla && ensure(&g->onv, (size_t)(max_vec > 0 ? max_vec : 1) * g->V * 4, "yardstick outputs", err, err_len)) ||
         (g->mla && ensure(&g->w, (size_t)g->L * g->H * (g->P + g->V) * 4, "MLA weights", err, err_len)) ||
@@ -943,6 +983,10 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
     c.nv_o = acc + acc_elems;
     c.acc_l = acc + 2 * acc_elems;
     c.nv_l = acc + 2 * acc_elems + lse_elems;
+    if (g->fused) {
+        c.pv_part = (double *)g->pvpart.ptr;
+        c.pv_part_nv = (float *)(c.pv_part + (size_t)(sp->max_pv_part > 0 ? sp->max_pv_part : 1) * Dv);
+    }
     const double t_plan = now_s();
     sum->plan_s = t_plan - t0;
     sum->rows_fused = sp->rows_fused;

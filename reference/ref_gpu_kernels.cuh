@@ -54,6 +54,16 @@ enum kind {
 
 constexpr int NO_MASK = INT_MAX / 2;
 
+/* The MHA P.V products are summed in key splits of PV_SPLIT keys (of the item's chunk): each split
+ * is one chain of fmas from zero, keys ascending, and the splits are added in order, from zero.
+ * The fused path runs a CTA per split (a long context fills the GPU however few rows are checked)
+ * and the GEMM template folds its accumulator at the same key boundaries, so the two paths keep
+ * giving the same bits.  A multiple of the GEMM template's BK (16) and of PV_KT (32). */
+constexpr int PV_SPLIT = 1024;
+template <int KIND> struct pv_split_kind {
+    static constexpr bool value = KIND == K_MHA_PV_REF || KIND == K_MHA_PV_NV;
+};
+
 /* Everything the kernels read, by value (one launch parameter). */
 struct gctx {
     int hq, hkv, group, D, Dv, bs, window, mla;
@@ -91,6 +101,8 @@ struct gctx {
                                  once; else the same as stat) */
     float *mx_nv;             /* [vectors] the yardstick's score maximum (fused path) */
     double *acc_o, *acc_l, *nv_o, *nv_l;   /* [rows][Hq][Dv], [rows][Hq] */
+    double *pv_part;          /* fused P.V key splits: [split tiles][MB][Dv] the reference's partial sums */
+    float *pv_part_nv;        /* [split tiles][MB][Dv] the yardstick's */
 };
 
 /* ---- small helpers ------------------------------------------------------------------------- */
@@ -315,14 +327,37 @@ __device__ __forceinline__ void store(const gctx &c, const gprob &p, int m, int 
 
 /* ---- the GEMM template ----------------------------------------------------------------------- */
 
-template <typename T, int KIND, int BM, int BN, int BK, int TM, int TN, bool B_PER_K>
+/* FP64 tensor-core product of one 8 x 4 by 4 x 8 fragment pair into an 8 x 8 accumulator
+ * (mma.sync m8n8k4, sm_80 and later): lane = 4 g + t holds a = A[g][t], b = B[t][g] and
+ * c = C[g][2t], C[g][2t + 1]. */
+__device__ __forceinline__ void dmma_8x8x4(double &c0, double &c1, double a, double b)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
+                 : "+d"(c0), "+d"(c1)
+                 : "d"(a), "d"(b));
+#else
+    (void)c0; (void)c1; (void)a; (void)b;
+    __trap();
+#endif
+}
+
+/* TC (float64 only, 64 x 64 tiles of 256 threads): the products on the FP64 tensor cores, each
+ * warp a 32 x 16 block of the tile as 4 x 2 fragments of 8 x 8 (acc[i][2 j + h] is row
+ * 8 i + g, column 8 j + 2 t + h of the warp's block); the sums then run in groups of four keys
+ * inside the instruction instead of one fma per key, so they differ from the SIMT sums in the
+ * last bits (ref_gpu.cu says where each is used). */
+template <typename T, int KIND, int BM, int BN, int BK, int TM, int TN, bool B_PER_K, bool TC = false>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
 {
     constexpr int NT = (BM / TM) * (BN / TN);
     constexpr int HB = B_PER_K ? BK : BN;
-    __shared__ T As[BK][BM + 1];
-    __shared__ T Bs[BK][BN + 1];
+    static_assert(!TC || (std::is_same<T, double>::value && BM == 64 && BN == 64 && TM == 4 && TN == 4 && BK % 4 == 0),
+                  "the tensor-core tiles are 64 x 64 float64 with 256 threads");
+    constexpr int PAD = TC ? 4 : 1;   /* TC: fragment reads of a warp hit 16 distinct 8-byte banks per half */
+    __shared__ T As[BK][BM + PAD];
+    __shared__ T Bs[BK][BN + PAD];
     __shared__ rowh ha[BM];
     __shared__ rowh hb[HB];
     __shared__ int s_lo, s_hi;
@@ -369,12 +404,28 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
         khi = min(PK, s_hi);
     }
     const int tx = tid % (BN / TN), ty = tid / (BN / TN);
-    T acc[TM][TN];
+    constexpr bool SPLIT = pv_split_kind<KIND>::value;
+    T acc[TM][TN], tot[SPLIT ? TM : 1][SPLIT ? TN : 1];
 #pragma unroll
     for (int i = 0; i < TM; i++)
 #pragma unroll
         for (int j = 0; j < TN; j++) acc[i][j] = (T)0;
+    if (SPLIT) {
+#pragma unroll
+        for (int i = 0; i < (SPLIT ? TM : 1); i++)
+#pragma unroll
+            for (int j = 0; j < (SPLIT ? TN : 1); j++) tot[i][j] = (T)0;
+    }
     for (int k0 = klo; k0 < khi; k0 += BK) {
+        if (SPLIT && k0 != klo && k0 % PV_SPLIT == 0) {   /* a key split ends: add it to the total */
+#pragma unroll
+            for (int i = 0; i < (SPLIT ? TM : 1); i++)
+#pragma unroll
+                for (int j = 0; j < (SPLIT ? TN : 1); j++) {
+                    tot[i][j] = tot[i][j] + acc[i][j];
+                    acc[i][j] = (T)0;
+                }
+        }
         if (B_PER_K) {
             for (int j = tid; j < BK; j += NT) {
                 rowh h = {-1, 0, 0};
@@ -399,28 +450,47 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
             }
         }
         __syncthreads();
+        if constexpr (TC) {
+            const int lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+            const int wm = (warp & 1) * 32, wn = (warp >> 1) * 16;
 #pragma unroll
-        for (int kk = 0; kk < BK; kk++) {
-            T a[TM], bv[TN];
+            for (int kk = 0; kk < BK; kk += 4) {
+                double a[4], bv[2];
 #pragma unroll
-            for (int i = 0; i < TM; i++) a[i] = As[kk][ty * TM + i];
+                for (int i = 0; i < 4; i++) a[i] = As[kk + t4][wm + 8 * i + g8];
 #pragma unroll
-            for (int j = 0; j < TN; j++) bv[j] = Bs[kk][tx * TN + j];
+                for (int j = 0; j < 2; j++) bv[j] = Bs[kk + t4][wn + 8 * j + g8];
 #pragma unroll
-            for (int i = 0; i < TM; i++)
+                for (int i = 0; i < 4; i++)
 #pragma unroll
-                for (int j = 0; j < TN; j++) acc[i][j] = fma(a[i], bv[j], acc[i][j]);
+                    for (int j = 0; j < 2; j++)
+                        dmma_8x8x4(acc[i][2 * j], acc[i][2 * j + 1], a[i], bv[j]);
+            }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < BK; kk++) {
+                T a[TM], bv[TN];
+#pragma unroll
+                for (int i = 0; i < TM; i++) a[i] = As[kk][ty * TM + i];
+#pragma unroll
+                for (int j = 0; j < TN; j++) bv[j] = Bs[kk][tx * TN + j];
+#pragma unroll
+                for (int i = 0; i < TM; i++)
+#pragma unroll
+                    for (int j = 0; j < TN; j++) acc[i][j] = fma(a[i], bv[j], acc[i][j]);
+            }
         }
         __syncthreads();
     }
 #pragma unroll
     for (int i = 0; i < TM; i++) {
-        int m = ty * TM + i;
+        const int lane = tid & 31, warp = tid >> 5;
+        int m = TC ? (warp & 1) * 32 + 8 * i + (lane >> 2) : ty * TM + i;
         if (m0 + m >= p.M) continue;
 #pragma unroll
         for (int j = 0; j < TN; j++) {
-            int n = n0 + tx * TN + j;
-            if (n < PN) store<KIND, T>(c, p, m0 + m, n, acc[i][j]);
+            int n = n0 + (TC ? (warp >> 1) * 16 + 8 * (j >> 1) + 2 * (lane & 3) + (j & 1) : tx * TN + j);
+            if (n < PN) store<KIND, T>(c, p, m0 + m, n, SPLIT ? tot[SPLIT ? i : 0][SPLIT ? j : 0] + acc[i][j] : acc[i][j]);
         }
     }
 }
@@ -578,16 +648,18 @@ __global__ void fold_kernel(gctx c, const gprob *probs, int nprobs, long long nv
 /* ---- the fused path (MHA): reference and yardstick in one pass over K and over V ---------- */
 
 /* Problems of at most SK_MAXM vectors (row blocks of a few checked rows x the query heads of one
- * KV head).  Scores: one CTA per (problem, SK_KEYS keys), one thread per key; K is staged through
+ * KV head).  Scores: one CTA per (problem, SK_TILE keys), SK_TILE / SK_KEYS keys per thread; K is staged through
  * shared memory SK_DC head dims at a time and each element feeds both the float64 dot products
  * and the yardstick's float ones (its K scaled and rounded in the dtype), k ascending with one
  * fma per element: the very operations of the GEMM template, so the scores are bit-identical to
  * it.  Between them the softmax kernels compute only the statistics (max, sum; the scores stay).
- * P.V: one CTA per problem, one thread per output dim (two for Dv > 128), keys ascending in one
- * accumulator per output; P of both twins is made while staged, from the scores and the
- * statistics with the softmax kernel's very operations (exp(s - max); the yardstick's
- * exp(s - max) / sum rounded), PV_KT keys of V staged too: again the GEMM template's sums
- * exactly, without writing P back.  The pass rule's yardstick thus keeps its roundings; only the reads
+ * P.V: one CTA per (problem, key split of PV_SPLIT keys), one thread per output dim (two for
+ * Dv > 128), keys ascending in one accumulator per output; P of both twins is made while staged,
+ * from the scores and the statistics with the softmax kernel's very operations (exp(s - max); the
+ * yardstick's exp(s - max) / sum rounded), PV_KT keys of V staged too.  A problem of one split
+ * stores its sums at once; the splits of a longer one go to the partial buffers and
+ * fused_pv_combine_kernel adds them in order: again the GEMM template's sums exactly (it folds
+ * at the same boundaries), without writing P back.  The pass rule's yardstick thus keeps its roundings; only the reads
  * and the index work are shared.
  *
  * Which requests take it: those of at most FUSED_MAX_ROWS checked rows (decodes, sampled rows);
@@ -598,7 +670,8 @@ __global__ void fold_kernel(gctx c, const gprob *probs, int nprobs, long long nv
  * prefill chunk spread thin over it, 1.5x).  Both kinds of problem may share a group: the twins'
  * score buffers are separate, each problem's softmax does what its path needs. */
 constexpr int FUSED_MAX_ROWS = 64;
-constexpr int SK_KEYS = 128;
+constexpr int SK_KEYS = 128;   /* threads of a scores CTA */
+constexpr int SK_TILE = 256;   /* keys of a scores CTA (SK_TILE / SK_KEYS per thread) */
 constexpr int SK_DC = 32;
 constexpr int SK_BUCKETS = 3;   /* fused lists by M: up to 4, 8, SK_MAXM */
 constexpr int PV_THREADS = 128;
@@ -619,17 +692,18 @@ __device__ __forceinline__ int find_tile(const int *prefix, int n, int x)
 template <int MB>
 __global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gprob *probs, const int *tprefix, int nprobs)
 {
+    constexpr int KPT = SK_TILE / SK_KEYS;   /* keys per thread: each staged q element feeds KPT keys */
     __shared__ double qd[SK_DC][MB];
     __shared__ float qf[SK_DC][MB];
-    __shared__ float ks[SK_KEYS][SK_DC + 1];
-    __shared__ long long kb[SK_KEYS];
+    __shared__ float ks[SK_TILE][SK_DC + 1];
+    __shared__ long long kb[SK_TILE];
     __shared__ long long qb[MB];
     __shared__ int s_lo, s_hi;
     const int tid = threadIdx.x;
     const int pi = find_tile(tprefix, nprobs, (int)blockIdx.x);
     const gprob p = probs[pi];
     const ditem &it = c.items[p.item];
-    const int n0 = ((int)blockIdx.x - tprefix[pi]) * SK_KEYS;
+    const int n0 = ((int)blockIdx.x - tprefix[pi]) * SK_TILE;
     if (tid < MB) {
         long long base = -1;
         if (tid < p.M) {
@@ -654,24 +728,24 @@ __global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gpr
         s_hi = u;
     }
     __syncthreads();
-    if (s_lo >= s_hi || n0 >= s_hi || n0 + SK_KEYS <= s_lo) return;   /* keys nobody here sees */
-    const int n = n0 + tid;
-    const bool live = n < p.N;
-    {
+    if (s_lo >= s_hi || n0 >= s_hi || n0 + SK_TILE <= s_lo) return;   /* keys nobody here sees */
+    for (int j = tid; j < SK_TILE; j += SK_KEYS) {
         long long base = -1;
-        if (live) {
-            long long tok = pool_token(c, it, n);
+        if (n0 + j < p.N) {
+            long long tok = pool_token(c, it, n0 + j);
             base = (((tok / c.bs) * 2 * c.bs + tok % c.bs) * c.hkv + p.head) * (long long)c.D;   /* K: side 0 */
         }
-        kb[tid] = base;
+        kb[j] = base;
     }
-    double accd[MB];
-    float accf[MB];
+    double accd[KPT][MB];
+    float accf[KPT][MB];
 #pragma unroll
-    for (int m = 0; m < MB; m++) {
-        accd[m] = 0;
-        accf[m] = 0;
-    }
+    for (int u = 0; u < KPT; u++)
+#pragma unroll
+        for (int m = 0; m < MB; m++) {
+            accd[u][m] = 0;
+            accf[u][m] = 0;
+        }
     for (int d0 = 0; d0 < c.D; d0 += SK_DC) {
         const int ne = min(SK_DC, c.D - d0);
         __syncthreads();   /* kb / qb written; the previous dims consumed */
@@ -681,34 +755,51 @@ __global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gpr
             qd[e][m] = (double)v;
             qf[e][m] = v;
         }
-        for (int idx = tid; idx < SK_KEYS * SK_DC; idx += SK_KEYS) {
+        for (int idx = tid; idx < SK_TILE * SK_DC; idx += SK_KEYS) {
             const int e = idx % SK_DC, j = idx / SK_DC;
             const long long b = kb[j];
             ks[j][e] = (b >= 0 && e < ne) ? ar_load(c.pool_type, c.pool_kv, b + d0 + e) : 0.0f;
         }
         __syncthreads();
         for (int e = 0; e < ne; e++) {
-            const float k = ks[tid][e];
-            const double kd = (double)k;
-            const float kf = round_f(c.cd, __fmul_rn(k, c.scale_f));   /* the yardstick's round(k * scale) */
+            double kd[KPT];
+            float kf[KPT];
+#pragma unroll
+            for (int u = 0; u < KPT; u++) {
+                const float k = ks[tid + u * SK_KEYS][e];
+                kd[u] = (double)k;
+                kf[u] = round_f(c.cd, __fmul_rn(k, c.scale_f));   /* the yardstick's round(k * scale) */
+            }
 #pragma unroll
             for (int m = 0; m < MB; m++) {
-                accd[m] = fma(qd[e][m], kd, accd[m]);
-                accf[m] = fmaf(qf[e][m], kf, accf[m]);
+                const double q = qd[e][m];
+                const float qs = qf[e][m];
+#pragma unroll
+                for (int u = 0; u < KPT; u++) {
+                    accd[u][m] = fma(q, kd[u], accd[u][m]);
+                    accf[u][m] = fmaf(qs, kf[u], accf[u][m]);
+                }
             }
         }
     }
-    if (!live) return;
 #pragma unroll
-    for (int m = 0; m < MB; m++)
-        if (m < p.M) {
-            store<K_MHA_S_REF, double>(c, p, m, n, accd[m]);
-            store<K_MHA_S_NV, float>(c, p, m, n, accf[m]);
-        }
+    for (int u = 0; u < KPT; u++) {
+        const int n = n0 + tid + u * SK_KEYS;
+        if (n >= p.N) continue;
+#pragma unroll
+        for (int m = 0; m < MB; m++)
+            if (m < p.M) {
+                store<K_MHA_S_REF, double>(c, p, m, n, accd[u][m]);
+                store<K_MHA_S_NV, float>(c, p, m, n, accf[u][m]);
+            }
+    }
 }
 
+/* Splits of problem p: its keys in PV_SPLIT pieces (at least one). */
+__host__ __device__ __forceinline__ int pv_splits(int N) { return N > PV_SPLIT ? (N + PV_SPLIT - 1) / PV_SPLIT : 1; }
+
 template <int MB>
-__global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gprob *probs, int nprobs)
+__global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gprob *probs, const int *sprefix, int nprobs)
 {
     __shared__ double pd[PV_KT][MB];
     __shared__ float pf[PV_KT][MB];
@@ -719,9 +810,11 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
     __shared__ double smx[MB];                    /* the reference's row maximum */
     __shared__ float fmx[MB], fsum[MB];           /* the yardstick's maximum and sum */
     const int tid = threadIdx.x;
-    if ((int)blockIdx.x >= nprobs) return;
-    const gprob p = probs[blockIdx.x];
+    const int pi = find_tile(sprefix, nprobs, (int)blockIdx.x);
+    const gprob p = probs[pi];
     const ditem &it = c.items[p.item];
+    const int split = (int)blockIdx.x - sprefix[pi], nsplit = sprefix[pi + 1] - sprefix[pi];
+    const int s0 = split * PV_SPLIT, s1 = min(p.N, s0 + PV_SPLIT);   /* this CTA's keys */
     if (tid < MB) {
         int lo = 0, hi = 0;
         long long at = 0;
@@ -746,7 +839,11 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
             klo = min(klo, vlo[m]);
             khi = max(khi, vhi[m]);
         }
-    if (klo >= khi) return;   /* no vector sees a key of this chunk: the fold treats them as empty */
+    klo = max(klo, s0);
+    khi = min(khi, s1);
+    /* no vector sees a key of this chunk: the fold treats them as empty (one split: nothing to
+     * store; several: this split's partial sums are zero) */
+    if (klo >= khi && nsplit == 1) return;
     double ad[2][MB];
     float af[2][MB];
 #pragma unroll
@@ -807,9 +904,40 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
 #pragma unroll
         for (int m = 0; m < MB; m++)
             if (m < p.M) {
-                store<K_MHA_PV_REF, double>(c, p, m, d, ad[dd][m]);
-                store<K_MHA_PV_NV, float>(c, p, m, d, af[dd][m]);
+                if (nsplit == 1) {   /* the total, from zero, as the GEMM template adds it */
+                    store<K_MHA_PV_REF, double>(c, p, m, d, 0.0 + ad[dd][m]);
+                    store<K_MHA_PV_NV, float>(c, p, m, d, 0.0f + af[dd][m]);
+                } else {
+                    const long long at = ((long long)blockIdx.x * MB + m) * c.Dv + d;
+                    c.pv_part[at] = ad[dd][m];
+                    c.pv_part_nv[at] = af[dd][m];
+                }
             }
+    }
+}
+
+/* The splits of each problem of more than one, added in order from zero (the GEMM template's
+ * fold): one CTA per problem, threads over its vectors and output dims. */
+template <int MB>
+__global__ void __launch_bounds__(PV_THREADS) fused_pv_combine_kernel(gctx c, const gprob *probs, const int *sprefix,
+                                                                    int nprobs)
+{
+    const int pi = (int)blockIdx.x;
+    if (pi >= nprobs) return;
+    const int t0 = sprefix[pi], t1 = sprefix[pi + 1];
+    if (t1 - t0 < 2) return;
+    const gprob p = probs[pi];
+    for (int e = threadIdx.x; e < p.M * c.Dv; e += PV_THREADS) {
+        const int m = e / c.Dv, d = e % c.Dv;
+        double td = 0.0;
+        float tf = 0.0f;
+        for (int t = t0; t < t1; t++) {
+            const long long at = ((long long)t * MB + m) * c.Dv + d;
+            td = td + c.pv_part[at];
+            tf = tf + c.pv_part_nv[at];
+        }
+        store<K_MHA_PV_REF, double>(c, p, m, d, td);
+        store<K_MHA_PV_NV, float>(c, p, m, d, tf);
     }
 }
 

@@ -36,7 +36,7 @@ export ATTNREPLAY_LIB=${ATTNREPLAY_LIB:-$PWD/$BUILD/libattnreplay.so}
 export PYTHONPATH=$PWD/replay/python${PYTHONPATH:+:$PYTHONPATH}
 PER_RUN_S=${PER_RUN_S:-}
 limit=()
-[ -n "$PER_RUN_S" ] && limit=(timeout -s TERM "$PER_RUN_S")
+[ -n "$PER_RUN_S" ] && limit=(timeout --preserve-status -s TERM "$PER_RUN_S")
 common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --quiet)
 [ -n "$STEPS" ] && common+=(--steps "$STEPS")
 

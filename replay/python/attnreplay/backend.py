@@ -12,6 +12,7 @@ in open() refuses it too (exit 2); an exception in plan() or forward() is a runt
 (exit 3).  The host shows the message, so say what went wrong.
 """
 import ctypes
+import sys
 import traceback
 
 from . import _abi, dlpack
@@ -157,7 +158,13 @@ class _Bridge:
         return 1
 
     def _exception(self, where):
-        return self._error("%s raised %s" % (where, traceback.format_exc(limit=3).strip().splitlines()[-1]))
+        # the message names the exception by its type and first line (the last line of a
+        # traceback can be a hint, as torch.compile's errors end); the whole traceback goes to
+        # stderr, where the run's log keeps it
+        e = sys.exc_info()[1]
+        first = (str(e).strip().splitlines() or [""])[0]
+        sys.stderr.write(traceback.format_exc())
+        return self._error("%s raised %s: %s" % (where, type(e).__name__, first))
 
     def _convert(self, t):
         return dlpack.as_torch(t) if self.cuda else dlpack.as_numpy(t)
