@@ -61,19 +61,28 @@ static const ar_model_preset presets[] = {
  * Efficiency tables: H200 from `attnreplay calibrate` on the project's H200 (cuBLAS bf16 GEMM
  * 763.5 of 989 TFLOP/s = 0.77; device copy 4233 of 4800 GB/s = 0.88; BENCHMARKS.md "Device
  * ceilings"); H100 shares the H200's SM90 core and takes its table (not measured).  The RTX
- * cards have no measurement: the generic 0.7 / 0.5 / 0.8 (GEMM / attention / bandwidth). */
+ * cards' GEMM efficiency is a published measurement, not the project's: PyTorch 2.7 (CUDA 12.8)
+ * bf16 matmul of 8192 x 8192 square matrices, from the public collection
+ * github.com/zzc0721/torch-performance-test-data (issue #78: GeForce RTX 4090, 160.17 TFLOP/s of
+ * 165.2 = 0.97; issue #160: RTX PRO 6000 Blackwell Workstation Edition, 350.31 of 503.8 = 0.695;
+ * 8192 is the median of the 2048 / 4096 / 8192 results on both: 164.8 / 151.5 / 160.2 and
+ * 288.7 / 368.4 / 350.3).  One contributor's card each, so a spread of ~10% between cards and
+ * editions is to be expected (the PRO 6000 Server Edition measured 417 at 8192, issue #162).
+ * Their attention and bandwidth entries are the generic 0.5 / 0.8 (no measurement). */
 static const ar_device_spec devices[] = {
     {"rtx4090", 165.2e12, 1008e9, 128,
      "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): 165.2 dense BF16 TFLOP/s with FP32 "
      "accumulate (330.3 with sparsity), 1008 GB/s GDDR6X, 128 SMs",
      "pcie", 20e9, 30e-6, "PCIe 4.0 x16 (31.5 GB/s each way), no peer-to-peer: estimate 20 GB/s, 30 us",
-     0.7, 0.5, 0.8, "generic (no measurement of this device)"},
+     0.97, 0.5, 0.8, "GEMM: published PyTorch bf16 matmul 8192^3, 160.2 of 165.2 TFLOP/s (torch-performance-test-data "
+     "#78); attention and bandwidth generic (not measured)"},
     {"rtxpro6000", 503.8e12, 1792e9, 188,
      "NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet / RTX Blackwell whitepaper: about "
      "504 dense BF16 TFLOP/s with FP32 accumulate (about 1008 with sparsity), 1792 GB/s GDDR7, 188 SMs; "
      "the TFLOP/s figure is derived from the 4 PFLOP sparse FP4 headline, not measured",
      "pcie", 50e9, 20e-6, "PCIe 5.0 x16 (63 GB/s each way), peer-to-peer: estimate 50 GB/s, 20 us",
-     0.7, 0.5, 0.8, "generic (no measurement of this device)"},
+     0.695, 0.5, 0.8, "GEMM: published PyTorch bf16 matmul 8192^3 on the Workstation Edition, 350.3 of 503.8 TFLOP/s "
+     "(torch-performance-test-data #160); attention and bandwidth generic (not measured)"},
     {"h200", 989e12, 4.8e12, 132,
      "NVIDIA H200 SXM datasheet: 989 dense BF16 TFLOP/s, 4.8 TB/s HBM3e, 132 SMs "
      "(measured on the project H200: ~790 TFLOP/s GEMM, ~4.3 TB/s copy)",

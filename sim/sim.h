@@ -181,9 +181,13 @@ typedef struct ar_steptime {
     ar_device_spec device;
     double gemm_efficiency;    /* fraction of peak FLOP/s reached by the GEMMs */
     double attn_efficiency;    /* fraction of peak FLOP/s reached by attention */
-    double bw_efficiency;      /* fraction of memory bandwidth reached */
+    double bw_efficiency;      /* fraction of memory bandwidth reached streaming weights */
+    double kv_efficiency;      /* fraction of memory bandwidth reached by attention's KV reads
+                                  (paged, block-sized gathers); default bw_efficiency */
     double overhead_s;         /* fixed per-step cost (scheduler, launch, sampling) */
     double per_req_overhead_s; /* per scheduled request */
+    double gpu_gap_s;          /* per-step serial time on the GPU's stream that async scheduling does not
+                                  hide (sampling, input copies, graph launches); adds to t_gpu */
     int tensor_parallel;       /* devices sharing the model (ideal scaling) */
     /* FITTED: attention seconds for ALL layers = a + b*tokens + c*requests + d*sum(seq_len) */
     double fit_coef[4];

@@ -41,7 +41,7 @@ static void usage(FILE *f)
             "  --fifo-free               freed blocks all join the free queue's tail (0.33: unhashed ones its head)\n"
             "  --time-scale X            multiply arrival times by X (default 1)\n"
             "  --limit N                 first N requests only\n"
-            "  --step-time MODEL         constant:S | linear:A,B,C,D | roofline:DEVICE[,gemm_eff=E,attn_eff=E,bw_eff=E,overhead=S,per_req=S,tp=N]\n"
+            "  --step-time MODEL         constant:S | linear:A,B,C,D | roofline:DEVICE[,gemm_eff=E,attn_eff=E,bw_eff=E,kv_eff=E,gap=S,overhead=S,per_req=S,tp=N]\n"
             "                            fitted:DB[,run=ID][,device=DEVICE][,roofline keys]: attention term fitted to a replay DB\n"
             "                            profile:DB[,device=DEVICE][,roofline keys]: GEMMs and attention from `attnreplay profile`\n"
             "                            more roofline keys: graph=N (CUDA-graph limit), async=0|1, link_bw=B/s, link_lat=S\n"

@@ -5,7 +5,7 @@
  * roofline:DEVICE[,KEY=VALUE...]   the engine step as vLLM runs it (terms and sources in
  *   sim/README.md, "Step time"):
  *     t = async ? max(t_gpu, t_cpu) : t_gpu + t_cpu,   t_cpu = overhead + per_req * requests
- *     t_gpu = t_linear + t_attention + t_allreduce
+ *     t_gpu = t_linear + t_attention + t_allreduce + gap
  *   t_linear = max(GEMM FLOPs / (peak * gemm_eff), (weight + activation bytes) / (bw * bw_eff))
  *     over the tokens padded to the next CUDA-graph capture size (batches of <= graph tokens);
  *     GEMM FLOPs = 2 * active parameters per token * padded tokens (every layer's projections and
@@ -13,15 +13,16 @@
  *     weights but the embedding table (MoE: only the experts the batch is expected to touch,
  *     1 - (1 - k/E)^tokens of them); activation bytes = each GEMM's input and output rows.
  *   t_attention = sum over requests of max(attention FLOPs / (peak * attn_eff), KV bytes /
- *     (bw * bw_eff)): each request is bound on its own (a long prefill by compute, decodes by
+ *     (bw * kv_eff)): each request is bound on its own (a long prefill by compute, decodes by
  *     their KV reads), so the cost depends on the batch's shape, not only on its totals.
  *     FLOPs = 2 * layers * q_heads * (qk + v dims) * query-key pairs (MLA absorbed: 576 + 512);
  *     KV bytes = layers * (seq_len + new tokens) * KV bytes per token per layer.
  *   t_allreduce (tp > 1) = 2 * layers * (link_lat + 2 (tp - 1) / tp * padded tokens * hidden *
  *     2 bytes / link_bw): Megatron-style tensor parallelism all-reduces after attention and after
  *     the MLP of every layer, as a ring.  FLOPs and bytes above are divided by tp.
+ *   gap: per-step serial GPU time async scheduling does not hide (sampler, input copies, launches).
  *   Keys: gemm_eff, attn_eff, bw_eff (default: the device's efficiency table, sim/presets.c),
- *   overhead (3 ms), per_req (0), tp (1), graph (CUDA-graph limit; default vLLM's
+ *   kv_eff (attention's KV reads; default bw_eff), gap (0), overhead (3 ms), per_req (0), tp (1), graph (CUDA-graph limit; default vLLM's
  *   min(2 * max_num_seqs, 512), 0 = eager), async (1 = on, vLLM's default; 0 = off), link_bw
  *   (bytes/s), link_lat (s).
  * fitted:DB[,run=ID][,device=DEV][,same keys as roofline]
@@ -130,6 +131,7 @@ static int parse_model(const char *kind, char *args, const ar_model_preset *pres
     st->cudagraph_max = -1;
     st->async_scheduling = true;
     st->attn_scale = 1.0;
+    st->kv_efficiency = -1;   /* unset: bw_eff */
     if (!preset) {
         snprintf(err, err_len, "--step-time %s needs a --model preset", kind);
         return 2;
@@ -188,8 +190,10 @@ static int parse_model(const char *kind, char *args, const ar_model_preset *pres
         else if (strcmp(tok, "gemm_eff") == 0) st->gemm_efficiency = v;
         else if (strcmp(tok, "attn_eff") == 0) st->attn_efficiency = v;
         else if (strcmp(tok, "bw_eff") == 0) st->bw_efficiency = v;
+        else if (strcmp(tok, "kv_eff") == 0) st->kv_efficiency = v;
         else if (strcmp(tok, "overhead") == 0) st->overhead_s = v;
         else if (strcmp(tok, "per_req") == 0) st->per_req_overhead_s = v;
+        else if (strcmp(tok, "gap") == 0) st->gpu_gap_s = v;
         else if (strcmp(tok, "tp") == 0 && v >= 1 && v <= 1024 && whole) {
             if (profiled && (int)v != st->profile.tp) {
                 snprintf(err, err_len, "%s: the profile was measured at tp=%d; tp=%d needs its own profile", db_path,
@@ -203,8 +207,8 @@ static int parse_model(const char *kind, char *args, const ar_model_preset *pres
         else if (strcmp(tok, "link_bw") == 0 && v > 0) st->link_bw = v;
         else if (strcmp(tok, "link_lat") == 0) st->link_latency_s = v;
         else {
-            snprintf(err, err_len, "--step-time %s: unknown key or bad value '%s' (gemm_eff, attn_eff, bw_eff, overhead, "
-                     "per_req, tp, graph, async, link_bw, link_lat%s)", kind, tok, fitted ? ", run" : "");
+            snprintf(err, err_len, "--step-time %s: unknown key or bad value '%s' (gemm_eff, attn_eff, bw_eff, kv_eff, overhead, "
+                     "per_req, gap, tp, graph, async, link_bw, link_lat%s)", kind, tok, fitted ? ", run" : "");
             return 2;
         }
     }
@@ -213,8 +217,9 @@ static int parse_model(const char *kind, char *args, const ar_model_preset *pres
         if (steps < 0) return 2;
         st->fit_steps = steps;
     }
-    if (st->gemm_efficiency <= 0 || st->attn_efficiency <= 0 || st->bw_efficiency <= 0 ||
-        st->gemm_efficiency > 1 || st->attn_efficiency > 1 || st->bw_efficiency > 1) {
+    if (st->kv_efficiency < 0) st->kv_efficiency = st->bw_efficiency;
+    if (st->gemm_efficiency <= 0 || st->attn_efficiency <= 0 || st->bw_efficiency <= 0 || st->kv_efficiency <= 0 ||
+        st->gemm_efficiency > 1 || st->attn_efficiency > 1 || st->bw_efficiency > 1 || st->kv_efficiency > 1) {
         snprintf(err, err_len, "--step-time %s: efficiencies must be in (0, 1]", kind);
         return 2;
     }
@@ -246,7 +251,7 @@ static double activation_bytes_per_token(const ar_model_preset *p)
 }
 
 /* Per-request attention cost on the roofline: FLOPs and bytes of request r. */
-static double attention_roofline(const ar_steptime *st, const ar_batch_features *f, double peak, double bw)
+static double attention_roofline(const ar_steptime *st, const ar_batch_features *f, double peak, double kv_bw)
 {
     const ar_model *m = &st->preset->model;
     double qk_v = m->attention == AR_ATTN_MLA ? (double)(m->kv_lora_rank + m->qk_rope_head_dim) + m->kv_lora_rank
@@ -256,7 +261,7 @@ static double attention_roofline(const ar_steptime *st, const ar_batch_features 
     kv_token_layer *= ar_dtype_size(st->kv_dtype);
     double flop_per_pair = 2.0 * m->num_layers * m->num_q_heads * qk_v;
     double byte_per_token = (double)m->num_layers * kv_token_layer;
-    double compute = peak * st->attn_efficiency, stream = bw;
+    double compute = peak * st->attn_efficiency, stream = kv_bw;
     if (!f->query_lens || !f->context_lens)
         return fmax(flop_per_pair * f->attn_pairs / compute,
                     byte_per_token * ((double)f->kv_tokens_read + f->num_tokens) / stream);
@@ -317,7 +322,7 @@ void ar_steptime_parts(const ar_steptime *st, const ar_batch_features *f, ar_ste
             parts->attn_s = fmax(0.0, (st->fit_coef[0] + st->fit_coef[1] * f->num_tokens + st->fit_coef[2] * f->num_reqs +
                                        st->fit_coef[3] * (double)f->kv_tokens_read) / tp);
         else
-            parts->attn_s = attention_roofline(st, f, peak, bw);
+            parts->attn_s = attention_roofline(st, f, peak, st->device.mem_bw * st->kv_efficiency * tp);
     }
     if (tp > 1 && st->link_bw > 0)
         parts->allreduce_s = 2.0 * m->num_layers *
@@ -338,7 +343,7 @@ double ar_steptime_eval(const ar_steptime *st, const ar_batch_features *f)
     case AR_STEPTIME_PROFILE: {
         ar_step_parts parts;
         ar_steptime_parts(st, f, &parts);
-        double gpu = parts.linear_s + parts.attn_s + parts.allreduce_s;
+        double gpu = parts.linear_s + parts.attn_s + parts.allreduce_s + st->gpu_gap_s;
         return st->async_scheduling ? fmax(gpu, parts.cpu_s) : gpu + parts.cpu_s;
     }
     }

@@ -106,6 +106,40 @@ static void test_async_overlaps_cpu(void **state)
     assert_true(fabs(ar_steptime_eval(&as, &f) - 0.5) < 1e-12);
 }
 
+/* kv_eff scales the decode attention's KV reads and nothing else; by default it is bw_eff.  gap
+ * adds to the GPU part, so async scheduling does not hide it. */
+static void test_kv_eff_and_gap(void **state)
+{
+    (void)state;
+    int q[4] = {1, 1, 1, 1}, c[4] = {4000, 4000, 4000, 4000};
+    ar_batch_features f = {.num_reqs = 4, .num_tokens = 4, .num_decode_reqs = 4, .kv_tokens_read = 16004,
+                           .attn_pairs = 16004, .query_lens = q, .context_lens = c};
+    ar_steptime tied, half, gap, big_cpu;
+    parse_ok("roofline:rtx4090,bw_eff=0.8", &tied);
+    parse_ok("roofline:rtx4090,bw_eff=0.8,kv_eff=0.4", &half);
+    assert_true(tied.kv_efficiency == 0.8);
+    assert_true(half.kv_efficiency == 0.4);
+    ar_step_parts a, b;
+    ar_steptime_parts(&tied, &f, &a);
+    ar_steptime_parts(&half, &f, &b);
+    assert_true(a.linear_s == b.linear_s);                       /* weights keep bw_eff */
+    assert_true(fabs(b.attn_s / a.attn_s - 2.0) < 1e-9);         /* decodes are bound by their KV reads */
+    /* the KV bytes at kv_eff: 4 x 4002 tokens x 32 layers x 2 x 8 heads x 128 x 2 bytes */
+    double bytes = 4.0 * (4000 + 2) * 32 * 2 * 8 * 128 * 2;
+    assert_true(fabs(b.attn_s - bytes / (1008e9 * 0.4)) < 1e-12);
+    parse_ok("roofline:rtx4090,bw_eff=0.8,gap=0.002", &gap);
+    assert_true(fabs(ar_steptime_eval(&gap, &f) - ar_steptime_eval(&tied, &f) - 0.002) < 1e-12);
+    /* a CPU part longer than GPU + gap is still the step (async), and the gap sits under it */
+    parse_ok("roofline:rtx4090,gap=0.002,overhead=0.5", &big_cpu);
+    assert_true(fabs(ar_steptime_eval(&big_cpu, &f) - 0.5) < 1e-12);
+    ar_steptime bad;
+    char err[256];
+    assert_int_equal(ar_steptime_parse("roofline:rtx4090,kv_eff=0", ar_model_preset_find("llama-3.1-8b"), &bad, err,
+                                       sizeof err), 2);
+    assert_int_equal(ar_steptime_parse("roofline:rtx4090,kv_eff=1.5", ar_model_preset_find("llama-3.1-8b"), &bad, err,
+                                       sizeof err), 2);
+}
+
 /* Two all-reduces per layer over the device's link; PCIe costs more than NVLink. */
 static void test_tp_allreduce_per_interconnect(void **state)
 {
@@ -465,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_cudagraph_pad_matches_vllm_list),
         cmocka_unit_test(test_padding_reaches_the_gemms),
         cmocka_unit_test(test_async_overlaps_cpu),
+        cmocka_unit_test(test_kv_eff_and_gap),
         cmocka_unit_test(test_tp_allreduce_per_interconnect),
         cmocka_unit_test(test_device_efficiency_tables),
         cmocka_unit_test(test_attention_depends_on_shape),
