@@ -13,7 +13,12 @@ vLLM's metadata builder):
     key when it is one of the token's own request's, at or before its position (and inside the
     sliding window).
 flex_attention is compiled once (dynamic shapes): the first step of a run pays the compile in
-its timed forward (use --repeat, whose median drops it, or ignore the first steps).  LSE comes
+its timed forward (use --repeat, whose median drops it, or ignore the first steps).  The query
+sequence is padded with zero rows to whole 128-query blocks (the padding rows see no key and are
+dropped): with fewer than 128 queries (a decode step of few requests) torch's lowering takes its
+flex-decoding template, which on torch 2.11 found no valid kernel for a 524,288-slot cache
+(InductorError NoValidChoicesError at the first all-decode step of a Mooncake trace); whole
+blocks keep every step on the one template.  LSE comes
 from return_lse.  Flat only; the host writes the new K/V into the cache first.
 
 flex computes whole 128-slot chunks: a masked slot's probability is 0, but it still enters P.V
@@ -123,9 +128,10 @@ class FlexPaged(Backend):
                 keep = keep & (logical > t_pos[q_idx] - window)
             return keep
 
+        self.q_rows = q_blocks * CHUNK   # the query sequence, padded to whole blocks (module text)
         self.block_mask = BlockMask.from_kv_blocks(
             torch.from_numpy(kv_num).to(dev), torch.from_numpy(kv_indices).to(dev), BLOCK_SIZE=CHUNK,
-            mask_mod=mask_mod, seq_lengths=(T, NB * B))
+            mask_mod=mask_mod, seq_lengths=(self.q_rows, NB * B))
         self.score_mod = None
         if c.logits_soft_cap > 0:
             cap = c.logits_soft_cap
@@ -142,8 +148,12 @@ class FlexPaged(Backend):
         S = c.num_blocks * c.block_size
         k = kv_cache[0].reshape(S, c.num_kv_heads, c.head_size).permute(1, 0, 2).unsqueeze(0)
         v = kv_cache[1].reshape(S, c.num_kv_heads, c.head_size).permute(1, 0, 2).unsqueeze(0)
+        T = q.shape[0]
+        if self.q_rows > T:   # q [T, Hq, D] -> [q_rows, Hq, D], zero rows after the step's tokens
+            import torch
+            q = torch.cat([q, q.new_zeros((self.q_rows - T,) + tuple(q.shape[1:]))])
         o, l = self.flex(q.transpose(0, 1).unsqueeze(0), k, v, score_mod=self.score_mod,
                          block_mask=self.block_mask, scale=c.scale, enable_gqa=c.num_q_heads != c.num_kv_heads,
                          return_lse=True)
-        out.copy_(o[0].transpose(0, 1))
-        lse.copy_(l[0])
+        out.copy_(o[0, :, :T].transpose(0, 1))
+        lse.copy_(l[0, :, :T])
