@@ -352,7 +352,7 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
 {
     constexpr int NT = (BM / TM) * (BN / TN);
-    constexpr int HB = B_PER_K ? BK : BN;
+    constexpr int HB = B_PER_K ? 1 : BN;   /* per-column B handles (per-k ones: hbk below) */
     static_assert(!TC || (std::is_same<T, double>::value && BM == 64 && BN == 64 && TM == 4 && TN == 4 && BK % 4 == 0),
                   "the tensor-core tiles are 64 x 64 float64 with 256 threads");
     constexpr int PAD = TC ? 4 : 1;   /* TC: fragment reads of a warp hit 16 distinct 8-byte banks per half */
@@ -416,7 +416,58 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
 #pragma unroll
             for (int j = 0; j < (SPLIT ? TN : 1); j++) tot[i][j] = (T)0;
     }
-    for (int k0 = klo; k0 < khi; k0 += BK) {
+    /* The k loop is software-pipelined: tile t + 1 is read from global memory into registers
+     * while tile t is multiplied out of shared memory, then stored there after a barrier (the
+     * B handles of a per-k product are made a tile ahead, double-buffered).  The sums and their
+     * order are those of the plain loop. */
+    constexpr int AR = (BM * BK + NT - 1) / NT, BR = (BN * BK + NT - 1) / NT;
+    __shared__ rowh hbk[2][B_PER_K ? BK : 1];
+    T ra[AR], rb[BR];
+    auto make_hb = [&](int k0, int buf) {
+        if (B_PER_K)
+            for (int j = tid; j < BK; j += NT) {
+                rowh h = {-1, 0, 0};
+                if (k0 + j < khi) h = b_handle<KIND>(c, p, k0 + j);
+                hbk[buf][j] = h;
+            }
+    };
+    auto load = [&](int k0, int buf) {
+#pragma unroll
+        for (int r = 0; r < AR; r++) {
+            const int idx = tid + r * NT;
+            if (AR * NT == BM * BK || idx < BM * BK) ra[r] = a_at<KIND, T>(c, ha[idx / BK], k0 + idx % BK, khi);
+        }
+#pragma unroll
+        for (int r = 0; r < BR; r++) {
+            const int idx = tid + r * NT;
+            if (BR * NT != BN * BK && idx >= BN * BK) continue;
+            if (!B_PER_K) rb[r] = b_at<KIND, T>(c, p, hb[idx / BK], k0 + idx % BK, khi);
+            else rb[r] = b_at<KIND, T>(c, p, hbk[buf][idx / BN], n0 + idx % BN, PN);
+        }
+    };
+    auto stash = [&]() {
+#pragma unroll
+        for (int r = 0; r < AR; r++) {
+            const int idx = tid + r * NT;
+            if (AR * NT == BM * BK || idx < BM * BK) As[idx % BK][idx / BK] = ra[r];
+        }
+#pragma unroll
+        for (int r = 0; r < BR; r++) {
+            const int idx = tid + r * NT;
+            if (BR * NT != BN * BK && idx >= BN * BK) continue;
+            if (!B_PER_K) Bs[idx % BK][idx / BK] = rb[r];
+            else Bs[idx / BN][idx % BN] = rb[r];
+        }
+    };
+    if (klo < khi) {
+        make_hb(klo, 0);
+        __syncthreads();
+        load(klo, 0);
+        stash();
+        if (klo + BK < khi) make_hb(klo + BK, 1);
+        __syncthreads();
+    }
+    for (int k0 = klo, t = 0; k0 < khi; k0 += BK, t++) {
         if (SPLIT && k0 != klo && k0 % PV_SPLIT == 0) {   /* a key split ends: add it to the total */
 #pragma unroll
             for (int i = 0; i < (SPLIT ? TM : 1); i++)
@@ -426,30 +477,8 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
                     acc[i][j] = (T)0;
                 }
         }
-        if (B_PER_K) {
-            for (int j = tid; j < BK; j += NT) {
-                rowh h = {-1, 0, 0};
-                if (k0 + j < khi) h = b_handle<KIND>(c, p, k0 + j);
-                hb[j] = h;
-            }
-        }
-        __syncthreads();
-        for (int idx = tid; idx < BM * BK; idx += NT) {
-            int kk = idx % BK, mm = idx / BK;
-            As[kk][mm] = a_at<KIND, T>(c, ha[mm], k0 + kk, khi);
-        }
-        if (!B_PER_K) {
-            for (int idx = tid; idx < BN * BK; idx += NT) {
-                int kk = idx % BK, nn = idx / BK;
-                Bs[kk][nn] = b_at<KIND, T>(c, p, hb[nn], k0 + kk, khi);
-            }
-        } else {
-            for (int idx = tid; idx < BN * BK; idx += NT) {
-                int nn = idx % BN, kk = idx / BN;
-                Bs[kk][nn] = b_at<KIND, T>(c, p, hb[kk], n0 + nn, PN);
-            }
-        }
-        __syncthreads();
+        const bool more = k0 + BK < khi;
+        if (more) load(k0 + BK, (t + 1) & 1);   /* in flight during the products below */
         if constexpr (TC) {
             const int lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
             const int wm = (warp & 1) * 32, wn = (warp >> 1) * 16;
@@ -479,6 +508,11 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
 #pragma unroll
                     for (int j = 0; j < TN; j++) acc[i][j] = fma(a[i], bv[j], acc[i][j]);
             }
+        }
+        __syncthreads();   /* tile t consumed */
+        if (more) {
+            stash();
+            if (k0 + 2 * BK < khi) make_hb(k0 + 2 * BK, t & 1);   /* tile t's handles are free */
         }
         __syncthreads();
     }
