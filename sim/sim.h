@@ -227,6 +227,72 @@ void ar_steptime_parts(const ar_steptime *st, const ar_batch_features *f, ar_ste
  * steps of 8, then steps of 16 up to max_size; n itself when n > max_size or max_size <= 0. */
 int ar_cudagraph_pad(int n, int max_size);
 
+/* ---- step timings of a real run (sim/stepfit.c) -------------------------------------------- */
+
+/* One request of a real vLLM run (requests.jsonl), times on the engine's clock in seconds. */
+typedef struct ar_run_req {
+    int prompt_len, output_len;
+    double scheduled, first_token, last_token;
+} ar_run_req;
+/* Reads a run's requests.jsonl (PATH or the folder holding it): input_toks, output_toks,
+ * scheduled_ts, first_token_ts, last_token_ts.  Returns 0 with *out malloc'ed, or 2 with
+ * "FILE:LINE: rule" in err. */
+int ar_run_load(const char *path, ar_run_req **out, int *num, char *err, size_t err_len);
+
+/* Two observed step ends and the number of engine steps between them, (start, end]. */
+typedef struct ar_step_interval {
+    double start, end;
+    int steps;
+} ar_step_interval;
+typedef struct ar_step_interval_stats {
+    int num_nodes;            /* distinct first/last-token stamps: step ends seen */
+    int num_components;       /* groups of stamps with step indices known relative to each other */
+    int num_bad_components;   /* components whose requests disagree on a step count (preemption) */
+    int num_dropped;          /* intervals of those components, left out */
+    int num_inconsistent;     /* later stamp with no more steps: left out */
+    int num_intervals;
+} ar_step_interval_stats;
+/* The step ends a run's requests reveal and the exact step counts between them (stepfit.c's
+ * comment): stamps as nodes, requests as edges of output_len - 1 steps, each component's nodes
+ * adjacent in time as one interval.  Returns the number of intervals (*out malloc'ed), -1 when
+ * out of memory. */
+int ar_step_intervals(const ar_run_req *reqs, int num_reqs, ar_step_interval **out, ar_step_interval_stats *stats);
+
+/* The intervals cut into equal pieces of time, each with its batches rebuilt: the decodes at its
+ * middle, and one mixed step of those decodes plus the prompts scheduled in the piece. */
+typedef struct ar_stepfit_sample {
+    size_t offset;            /* into query_lens / context_lens: decodes first, then prompts */
+    int num_reqs;             /* entries of the mixed step */
+    int num_decode;           /* decodes (the first entries) */
+    double prefill_tokens;    /* prompt tokens computed in the piece (prompts spread over their windows) */
+    double length_s;          /* the piece's length */
+} ar_stepfit_sample;
+typedef struct ar_stepfit_set {
+    ar_step_interval *intervals;      /* [stats.num_intervals] */
+    ar_step_interval_stats stats;
+    int *sample_start;                /* [num_intervals + 1]: interval k's samples */
+    ar_stepfit_sample *samples;
+    int *query_lens, *context_lens;   /* per sampled request */
+    bool *keep;                       /* [num_intervals]: false once rejected as an outlier */
+} ar_stepfit_set;
+/* Builds the intervals of a run, each cut into min(steps, samples_per_interval) pieces, with the
+ * scheduler's token budget.  Returns 0, or 2 with err set. */
+int ar_stepfit_build(const ar_run_req *reqs, int num_reqs, int budget, int samples_per_interval,
+                     ar_stepfit_set *set, char *err, size_t err_len);
+void ar_stepfit_free(ar_stepfit_set *set);
+/* One piece's decode-only step, or with mixed its mixed step (pointers into set). */
+void ar_stepfit_features(const ar_stepfit_set *set, int sample, bool mixed, ar_batch_features *f);
+/* The steps the model fits into interval k: per piece, the mixed steps its prompt tokens need
+ * (prefill_tokens / the mixed step's prompt tokens) and decode steps in the time they leave. */
+double ar_stepfit_predicted_steps(const ar_stepfit_set *set, int k, const ar_steptime *st);
+/* log(predicted / observed steps) of interval k; NAN when the model predicts none. */
+double ar_stepfit_residual(const ar_stepfit_set *set, int k, const ar_steptime *st);
+/* Mean absolute residual over the kept intervals (least absolute deviations). */
+double ar_stepfit_loss(const ar_stepfit_set *set, const ar_steptime *st);
+/* Keeps only intervals whose residual under st lies within k_mad scaled median absolute
+ * deviations (1.4826 MAD) of the median residual.  Returns the number rejected, -1 out of memory. */
+int ar_stepfit_reject(ar_stepfit_set *set, const ar_steptime *st, double k_mad);
+
 /* ---- measured profiles (sim/profile.c) ------------------------------------------------------ */
 
 /* Reads a profile database written by `attnreplay profile`.  Returns 0, or 2 with "PATH: rule"
