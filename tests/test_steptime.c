@@ -3,7 +3,9 @@
  * per-device efficiency tables, batch-shape-dependent attention, the parser's rules; and the
  * measured-profile path (sim/profile.c): the SQLite format, its validation, the interpolation, a
  * synthetic profile that must reproduce the roofline it was made from, and attention timed through
- * the CPU backend. */
+ * the CPU backend; and the step timings of a real run (sim/stepfit.c): exact step counts between
+ * request stamps on hand-made, random and simulated runs, a preemption's disagreement detected,
+ * the model's residuals on a simulated run, outlier rejection, the requests.jsonl rules. */
 #include "testutil.h"
 
 #include <math.h>
@@ -493,6 +495,200 @@ static void test_profile_command(void **state)
                                  "--device h200 --step-time profile:%s --db %s --out %s", tu_bin(), syn, syn, plan_dir), 2);
 }
 
+/* ---- step timings of a real run (sim/stepfit.c) --------------------------------------------- */
+
+/* A hand-made run: step k ends at ends[k]; a request is (first step, output tokens, last step). */
+static ar_run_req run_req(const double *ends, int prompt, int first_step, int output, int last_step)
+{
+    return (ar_run_req){prompt, output, ends[first_step] - 0.004, ends[first_step], ends[last_step]};
+}
+
+static void test_step_intervals_exact_counts(void **state)
+{
+    (void)state;
+    double ends[40];
+    for (int k = 0; k < 40; k++) ends[k] = 100.0 + 0.02 * k + 0.001 * (k * k % 7);   /* uneven steps */
+    ar_run_req reqs[6] = {
+        run_req(ends, 100, 0, 11, 10),   /* one component: steps 0, 5, 10, 12 */
+        run_req(ends, 100, 0, 6, 5),
+        run_req(ends, 100, 5, 8, 12),
+        run_req(ends, 100, 20, 5, 24),   /* another: steps 20, 24 */
+        run_req(ends, 100, 30, 1, 30),   /* one token: a lone stamp, no interval */
+        run_req(ends, 100, 24, 1, 24),   /* a one-token request on a stamp already seen */
+    };
+    ar_step_interval *iv;
+    ar_step_interval_stats st;
+    assert_int_equal(ar_step_intervals(reqs, 6, &iv, &st), 4);
+    assert_int_equal(st.num_nodes, 7);
+    assert_int_equal(st.num_components, 3);
+    assert_int_equal(st.num_bad_components, 0);
+    const int want[4][2] = {{0, 5}, {5, 10}, {10, 12}, {20, 24}};
+    for (int i = 0; i < 4; i++) {
+        assert_true(fabs(iv[i].start - ends[want[i][0]]) < 1e-9);
+        assert_true(fabs(iv[i].end - ends[want[i][1]]) < 1e-9);
+        assert_int_equal(iv[i].steps, want[i][1] - want[i][0]);
+    }
+    free(iv);
+    /* a preempted request: 3 tokens from step 5 but its last at step 12 (7 steps, not 2) - its
+     * component's step counts disagree, so that component gives nothing; the other stays */
+    ar_run_req more[7];
+    memcpy(more, reqs, sizeof reqs);
+    more[6] = run_req(ends, 100, 5, 3, 12);
+    assert_int_equal(ar_step_intervals(more, 7, &iv, &st), 1);
+    assert_int_equal(st.num_bad_components, 1);
+    assert_int_equal(st.num_dropped, 3);
+    assert_int_equal(iv[0].steps, 4);
+    free(iv);
+}
+
+/* The same on a random run: every interval's count equals the true step difference. */
+static void test_step_intervals_random_run(void **state)
+{
+    (void)state;
+    enum { STEPS = 3000, REQS = 400 };
+    static double ends[STEPS];
+    static ar_run_req reqs[REQS];
+    static int last_of[REQS];
+    uint64_t x = 12345;
+    double t = 5000;
+    for (int k = 0; k < STEPS; k++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        t += 0.01 + 0.05 * (double)(x >> 40) / (double)(1ULL << 24);
+        ends[k] = t;
+    }
+    for (int i = 0; i < REQS; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        int first = (int)((x >> 33) % (STEPS - 400)), out = 1 + (int)((x >> 13) % 300);
+        last_of[i] = first + out - 1;
+        reqs[i] = run_req(ends, 200, first, out, last_of[i]);
+    }
+    ar_step_interval *iv;
+    ar_step_interval_stats st;
+    int n = ar_step_intervals(reqs, REQS, &iv, &st);
+    assert_true(n > 100);
+    assert_int_equal(st.num_bad_components + st.num_inconsistent, 0);
+    for (int i = 0; i < n; i++) {
+        int a = -1, b = -1;
+        for (int k = 0; k < STEPS; k++) {
+            if (fabs(ends[k] - iv[i].start) < 1e-9) a = k;
+            if (fabs(ends[k] - iv[i].end) < 1e-9) b = k;
+        }
+        assert_true(a >= 0 && b > a);
+        if (iv[i].steps != b - a) fail_msg("interval %d: %d steps, the run had %d", i, iv[i].steps, b - a);
+    }
+    free(iv);
+}
+
+/* A run of the simulator with a known step time stands in for a real one: the intervals count
+ * its steps exactly, the true model predicts them closely, and a model with half the weight
+ * bandwidth predicts too few (negative residuals) at a clearly larger loss. */
+static void test_stepfit_on_simulated_run(void **state)
+{
+    (void)state;
+    char err[AR_ERR_MAX + 1024];
+    const char *spec = "roofline:h200,gemm_eff=0.6,bw_eff=0.9,kv_eff=0.6,gap=0.001,overhead=0.0005";
+    ar_workload wl;
+    ar_workload_init(&wl, 16, "memory");
+    uint64_t x = 77;
+    for (int i = 0; i < 120; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        int prompt = 64 + (int)((x >> 33) % 1500), out = 8 + (int)((x >> 17) % 200);
+        assert_int_equal(ar_workload_push(&wl, 0.02 * i, prompt, out, NULL, 0, i + 1, err, sizeof err), 0);
+    }
+    ar_sim_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    parse_ok(spec, &cfg.steptime);
+    ar_steptime_set_engine(&cfg.steptime, 32);
+    ar_trace_header *h = &cfg.header;
+    h->version = AR_TRACE_VERSION;
+    h->model = l8()->model;
+    h->cache.block_size = 16;
+    h->cache.num_blocks = 8192;
+    h->cache.dtype = h->cache.kv_cache_dtype = AR_BF16;
+    h->sched.max_num_batched_tokens = 512;
+    h->sched.max_num_seqs = 32;
+    h->sched.prefix_caching = true;
+    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    if (!s) fail_msg("%s", err);
+    static double ends[100000];
+    int num_steps = 0;
+    const ar_step *step;
+    int rc;
+    while ((rc = ar_sim_step(s, &step, err, sizeof err)) == 1 && num_steps < 100000)   /* the scheduler's clock */
+        ends[num_steps++] = round((step->time + ar_steptime_eval(&cfg.steptime, ar_sim_last_features(s))) * 1e6) / 1e6;
+    assert_int_equal(rc, 0);
+    int n = ar_sim_num_requests(s);
+    ar_run_req *reqs = calloc((size_t)n, sizeof *reqs);
+    for (int i = 0; i < n; i++) {
+        ar_sim_req_info q;
+        ar_sim_request(s, i, &q);
+        assert_int_equal(q.status, AR_REQ_FINISHED);
+        assert_int_equal(q.num_preemptions, 0);
+        reqs[i] = (ar_run_req){ar_sim_workload_req(s, i)->prompt_len, ar_sim_workload_req(s, i)->output_len,
+                               q.first_scheduled, q.first_token, q.last_token};
+    }
+    ar_sim_destroy(s);
+    ar_stepfit_set set;
+    assert_int_equal(ar_stepfit_build(reqs, n, 512, 8, &set, err, sizeof err), 0);
+    assert_true(set.stats.num_intervals > 30);
+    for (int k = 0; k < set.stats.num_intervals; k++) {
+        int count = 0;
+        for (int j = 0; j < num_steps; j++)
+            count += ends[j] > set.intervals[k].start + 5e-7 && ends[j] <= set.intervals[k].end + 5e-7;
+        if (count != set.intervals[k].steps)
+            fail_msg("interval %d: %d steps, the simulator ran %d", k, set.intervals[k].steps, count);
+    }
+    ar_steptime truth, slow;
+    parse_ok(spec, &truth);
+    ar_steptime_set_engine(&truth, 32);
+    parse_ok("roofline:h200,gemm_eff=0.6,bw_eff=0.45,kv_eff=0.6,gap=0.001,overhead=0.0005", &slow);
+    ar_steptime_set_engine(&slow, 32);
+    double loss_true = ar_stepfit_loss(&set, &truth), loss_slow = ar_stepfit_loss(&set, &slow);
+    int below = 0;
+    for (int k = 0; k < set.stats.num_intervals; k++) below += ar_stepfit_residual(&set, k, &slow) < 0;
+    if (!(loss_true < 0.06 && loss_slow > 2 * loss_true && below > 0.9 * set.stats.num_intervals))
+        fail_msg("loss %.4f at the true model, %.4f at half the bandwidth (%d of %d intervals below)", loss_true,
+                 loss_slow, below, set.stats.num_intervals);
+    /* the rejection keeps the bulk and drops the far residuals of a planted wrong interval */
+    set.intervals[0].steps *= 3;
+    int rejected = ar_stepfit_reject(&set, &truth, 3.0);
+    assert_true(rejected >= 1 && rejected < set.stats.num_intervals / 4);
+    assert_false(set.keep[0]);
+    ar_stepfit_free(&set);
+    free(reqs);
+    ar_workload_free(&wl);
+}
+
+/* requests.jsonl rows: a missing stamp or stamps out of order name the file and line. */
+static void test_run_load_rules(void **state)
+{
+    (void)state;
+    char path[1024], err[2048];
+    ar_run_req *reqs;
+    int n;
+    tu_tmp("run.jsonl", path, sizeof path);
+    assert_int_equal(tu_write(path, "{\"input_toks\": 10, \"output_toks\": 3, \"scheduled_ts\": 1.0, "
+                                    "\"first_token_ts\": 1.5, \"last_token_ts\": 2.0}\n\n"
+                                    "{\"input_toks\": 12, \"output_toks\": 2, \"scheduled_ts\": 1.1, "
+                                    "\"first_token_ts\": 1.5, \"last_token_ts\": 1.7}\n"), 0);
+    assert_int_equal(ar_run_load(path, &reqs, &n, err, sizeof err), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(reqs[1].prompt_len, 12);
+    assert_true(reqs[1].last_token == 1.7);
+    free(reqs);
+    assert_int_equal(tu_write(path, "{\"input_toks\": 10, \"output_toks\": 3, \"scheduled_ts\": 1.0, "
+                                    "\"first_token_ts\": 1.5, \"last_token_ts\": 2.0}\n"
+                                    "{\"input_toks\": 10, \"output_toks\": 3, \"first_token_ts\": 1.5, \"last_token_ts\": 2.0}\n"), 0);
+    assert_int_equal(ar_run_load(path, &reqs, &n, err, sizeof err), 2);
+    assert_non_null(strstr(err, "run.jsonl:2:"));
+    assert_int_equal(tu_write(path, "{\"input_toks\": 10, \"output_toks\": 3, \"scheduled_ts\": 1.0, "
+                                    "\"first_token_ts\": 2.5, \"last_token_ts\": 2.0}\n"), 0);
+    assert_int_equal(ar_run_load(path, &reqs, &n, err, sizeof err), 2);
+    assert_non_null(strstr(err, "run.jsonl:1:"));
+    assert_int_equal(ar_run_load(tu_tmpdir(), &reqs, &n, err, sizeof err), 2);   /* a folder without requests.jsonl */
+    assert_non_null(strstr(err, "requests.jsonl: cannot open"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -509,6 +705,10 @@ int main(void)
         cmocka_unit_test(test_profile_validation),
         cmocka_unit_test(test_attention_timed_through_backend),
         cmocka_unit_test(test_profile_command),
+        cmocka_unit_test(test_step_intervals_exact_counts),
+        cmocka_unit_test(test_step_intervals_random_run),
+        cmocka_unit_test(test_stepfit_on_simulated_run),
+        cmocka_unit_test(test_run_load_rules),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
 }
