@@ -4,7 +4,7 @@
 #   replay/python/side_by_side.sh DB TRACE [TRACE ...]
 #
 # For every trace: replays it through our cuda backend, the example CUDA plugin, and each Python
-# adapter that can run here (torch-fa2, torch-cudnn, flex, flashinfer), every step verified
+# adapter that can run here (torch-fa2, torch-cudnn, flex, flashinfer, fa3), every step verified
 # (VERIFY, default sample:8: each step's sampled rows plus each request's last row against the
 # float64 reference), all into DB; then `attnreplay diff` of each run against the cuda run, and
 # `attnreplay-py ratios` (per-step median / p90 time ratios by step kind).  A backend that
@@ -13,7 +13,7 @@
 #
 # Environment: AR_BIN (default bin/attnreplay), BUILD (default build), LAYERS (default 1),
 # VERIFY (default sample:8), REPEAT (default 3), STEPS (default all, e.g. 0:600), ADAPTERS
-# (default "torch-fa2 torch-cudnn flex flashinfer"), PYTHON (default python3), BASE_BACKEND
+# (default "torch-fa2 torch-cudnn flex flashinfer fa3"), PYTHON (default python3), BASE_BACKEND
 # (default cuda), PLUGIN (default $BUILD/plugins/attnreplay-example-cuda.so, "none" leaves it out;
 # on a machine without a GPU, BASE_BACKEND=cpu PLUGIN=$BUILD/plugins/attnreplay-example-cpu.so
 # ADAPTERS=numpy runs the same script) and PER_RUN_S (default none: each backend's replay is sent
@@ -28,7 +28,7 @@ LAYERS=${LAYERS:-1}
 VERIFY=${VERIFY:-sample:8}
 REPEAT=${REPEAT:-3}
 STEPS=${STEPS:-}
-ADAPTERS=${ADAPTERS:-torch-fa2 torch-cudnn flex flashinfer}
+ADAPTERS=${ADAPTERS:-torch-fa2 torch-cudnn flex flashinfer fa3}
 PYTHON=${PYTHON:-python3}
 BASE_BACKEND=${BASE_BACKEND:-cuda}
 PLUGIN=${PLUGIN:-$BUILD/plugins/attnreplay-example-cuda.so}

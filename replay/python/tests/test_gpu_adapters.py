@@ -1,4 +1,4 @@
-"""The torch and FlashInfer adapters on a CUDA device (skipped, with the reason, elsewhere): each
+"""The torch, FlashInfer and FA3 adapters on a CUDA device (skipped, with the reason, elsewhere): each
 replays the sample traces and passes against the float64 reference; the gathered adapters
 record their gather apart; FlashInfer runs cascade steps; the example CUDA plugin passes through
 the package too."""
@@ -52,6 +52,14 @@ class GpuAdapters(unittest.TestCase):
             self.skipTest("flashinfer is not importable: %s" % e)
         db = self.replay_all("flashinfer", ["--cascade", "on"])
         self.assertGreater(query(db, "SELECT count(*) FROM steps WHERE cascade=1")[0][0], 0)
+
+    def test_fa3(self):
+        try:
+            from attnreplay.adapters.fa3 import _import_fa3
+            _import_fa3()
+        except Exception as e:
+            self.skipTest("FlashAttention 3 is not importable: %s" % e)
+        self.replay_all("fa3")
 
     def test_example_cuda_plugin_through_the_package(self):
         plugin = os.path.join(BUILD, "plugins", "attnreplay-example-cuda.so")
