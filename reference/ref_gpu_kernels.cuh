@@ -242,6 +242,44 @@ __device__ __forceinline__ T a_at(const gctx &c, const rowh &h, int k, int kmax)
     }
 }
 
+/* The softmax statistics of a P.V product's A row when P is made on the fly from the scores
+ * (PFLY: the softmax kernels stored only the statistics): the reference's maximum, the
+ * yardstick's maximum and sum. */
+struct pstat {
+    double mx;
+    float fmx, fsum;
+};
+
+__device__ __forceinline__ pstat p_stats(const gctx &c, const gprob &p, int m)
+{
+    const long long v = p.v_off + m;
+    pstat s;
+    s.mx = c.stat[2 * v];
+    s.fmx = c.mx_nv[v];
+    s.fsum = (float)c.stat_nv[2 * v + 1];
+    return s;
+}
+
+/* Element k of a P.V product's A row, P made from the score as softmax_row would have stored it:
+ * exp(s - max) for the reference; for the yardstick exp(s - max) / sum in float, rounded to the
+ * compute dtype (and through fp8 for an fp8 run) - the fused P.V kernel's very operations. */
+__device__ __forceinline__ double p_ref_of(double s, double mx) { return exp(s - mx); }
+
+__device__ __forceinline__ float p_nv_of(const gctx &c, float s, float fmx, float fsum)
+{
+    const float e = exp(s - fmx);
+    const float y = round_f(c.cd, (float)(e / fsum));
+    return c.dtype == AR_FP8_E4M3 ? round_f(AR_FP8_E4M3, y) : y;
+}
+
+template <int KIND, typename T>
+__device__ __forceinline__ T p_at(const gctx &c, const rowh &h, const pstat &st, int k, int kmax)
+{
+    if (h.base < 0 || k >= kmax || k < h.lo || k >= h.hi) return (T)0;
+    if (KIND == K_MHA_PV_REF) return (T)p_ref_of(c.S[h.base + k], st.mx);
+    return (T)p_nv_of(c, c.Snv[h.base + k], st.fmx, st.fsum);
+}
+
 /* B handles: per column n (score products, the W_UK product of ql) or per row k (the rest). */
 template <int KIND>
 __device__ rowh b_handle(const gctx &c, const gprob &p, int idx)
@@ -342,12 +380,58 @@ __device__ __forceinline__ void dmma_8x8x4(double &c0, double &c1, double a, dou
 #endif
 }
 
+/* Four consecutive elements from 16-byte-aligned shared memory: one float4 or two double2 loads. */
+__device__ __forceinline__ void vec_load4(float *x, const float *at)
+{
+    const float4 v = *reinterpret_cast<const float4 *>(at);
+    x[0] = v.x;
+    x[1] = v.y;
+    x[2] = v.z;
+    x[3] = v.w;
+}
+__device__ __forceinline__ void vec_load4(double *x, const double *at)
+{
+    const double2 u = reinterpret_cast<const double2 *>(at)[0], v = reinterpret_cast<const double2 *>(at)[1];
+    x[0] = u.x;
+    x[1] = u.y;
+    x[2] = v.x;
+    x[3] = v.y;
+}
+
+/* Elements e0 .. e0 + 7 of the pool row at base (the first n of them; the rest, and all when
+ * base < 0, are zero), converted to float as ar_load does: one 16-byte load (8-byte for fp8, two
+ * for float) where the whole group is there and aligned, else element by element. */
+__device__ __forceinline__ void load8(const gctx &c, long long base, int e0, int n, float *v)
+{
+    const long long i = base + e0;
+    if (base >= 0 && n >= 8 && (i & 7) == 0) {
+        if (c.pool_type == AR_BF16 || c.pool_type == AR_FP16) {
+            const uint4 w = *reinterpret_cast<const uint4 *>((const uint16_t *)c.pool_kv + i);
+            const uint16_t *h = reinterpret_cast<const uint16_t *>(&w);
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = ar_load(c.pool_type, h, u);
+        } else if (c.pool_type == AR_FP8_E4M3) {
+            const uint2 w = *reinterpret_cast<const uint2 *>((const uint8_t *)c.pool_kv + i);
+            const uint8_t *b = reinterpret_cast<const uint8_t *>(&w);
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = ar_load(c.pool_type, b, u);
+        } else {
+            const float4 a = reinterpret_cast<const float4 *>((const float *)c.pool_kv + i)[0];
+            const float4 b = reinterpret_cast<const float4 *>((const float *)c.pool_kv + i)[1];
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        }
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) v[u] = (base >= 0 && u < n) ? ar_load(c.pool_type, c.pool_kv, i + u) : 0.0f;
+}
+
 /* TC (float64 only, 64 x 64 tiles of 256 threads): the products on the FP64 tensor cores, each
  * warp a 32 x 16 block of the tile as 4 x 2 fragments of 8 x 8 (acc[i][2 j + h] is row
  * 8 i + g, column 8 j + 2 t + h of the warp's block); the sums then run in groups of four keys
  * inside the instruction instead of one fma per key, so they differ from the SIMT sums in the
  * last bits (ref_gpu.cu says where each is used). */
-template <typename T, int KIND, int BM, int BN, int BK, int TM, int TN, bool B_PER_K, bool TC = false>
+template <typename T, int KIND, int BM, int BN, int BK, int TM, int TN, bool B_PER_K, bool TC = false, bool PFLY = false>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
 {
@@ -355,10 +439,16 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
     constexpr int HB = B_PER_K ? 1 : BN;   /* per-column B handles (per-k ones: hbk below) */
     static_assert(!TC || (std::is_same<T, double>::value && BM == 64 && BN == 64 && TM == 4 && TN == 4 && BK % 4 == 0),
                   "the tensor-core tiles are 64 x 64 float64 with 256 threads");
-    constexpr int PAD = TC ? 4 : 1;   /* TC: fragment reads of a warp hit 16 distinct 8-byte banks per half */
-    __shared__ T As[BK][BM + PAD];
-    __shared__ T Bs[BK][BN + PAD];
+    static_assert(!PFLY || KIND == K_MHA_PV_REF || KIND == K_MHA_PV_NV, "P is made on the fly for the MHA P.V only");
+    /* VEC: the SIMT 4 x 4 thread tiles read their TM a's and TN b's of each k with 16-byte
+     * shared loads (rows padded to 16 bytes) instead of one load per element */
+    constexpr bool VEC = !TC && TM == 4 && TN == 4;
+    /* TC: fragment reads of a warp hit 16 distinct 8-byte banks per half */
+    constexpr int PAD = TC ? 4 : VEC ? 16 / (int)sizeof(T) : 1;
+    __shared__ __align__(16) T As[BK][BM + PAD];
+    __shared__ __align__(16) T Bs[BK][BN + PAD];
     __shared__ rowh ha[BM];
+    __shared__ pstat hs[PFLY ? BM : 1];
     __shared__ rowh hb[HB];
     __shared__ int s_lo, s_hi;
     const int tid = threadIdx.x;
@@ -375,7 +465,10 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
     if (n0 >= PN) return;
     for (int i = tid; i < BM; i += NT) {
         rowh h = {-1, 0, 0};
-        if (m0 + i < p.M) h = a_handle<KIND>(c, p, m0 + i);
+        if (m0 + i < p.M) {
+            h = a_handle<KIND>(c, p, m0 + i);
+            if (PFLY) hs[PFLY ? i : 0] = p_stats(c, p, m0 + i);
+        }
         ha[i] = h;
     }
     __syncthreads();
@@ -435,7 +528,9 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
 #pragma unroll
         for (int r = 0; r < AR; r++) {
             const int idx = tid + r * NT;
-            if (AR * NT == BM * BK || idx < BM * BK) ra[r] = a_at<KIND, T>(c, ha[idx / BK], k0 + idx % BK, khi);
+            if (AR * NT == BM * BK || idx < BM * BK)
+                ra[r] = PFLY ? p_at<KIND, T>(c, ha[idx / BK], hs[PFLY ? idx / BK : 0], k0 + idx % BK, khi)
+                             : a_at<KIND, T>(c, ha[idx / BK], k0 + idx % BK, khi);
         }
 #pragma unroll
         for (int r = 0; r < BR; r++) {
@@ -499,10 +594,15 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
 #pragma unroll
             for (int kk = 0; kk < BK; kk++) {
                 T a[TM], bv[TN];
+                if constexpr (VEC) {
+                    vec_load4(a, &As[kk][ty * TM]);
+                    vec_load4(bv, &Bs[kk][tx * TN]);
+                } else {
 #pragma unroll
-                for (int i = 0; i < TM; i++) a[i] = As[kk][ty * TM + i];
+                    for (int i = 0; i < TM; i++) a[i] = As[kk][ty * TM + i];
 #pragma unroll
-                for (int j = 0; j < TN; j++) bv[j] = Bs[kk][tx * TN + j];
+                    for (int j = 0; j < TN; j++) bv[j] = Bs[kk][tx * TN + j];
+                }
 #pragma unroll
                 for (int i = 0; i < TM; i++)
 #pragma unroll
@@ -561,10 +661,10 @@ __device__ __forceinline__ T warp_sum(T x)
  * exp(s - max), stat = max, sum); 1: MHA yardstick (float; stores P rounded to the compute dtype,
  * and through fp8 for an fp8 run; stat = lse, sum; its max in mx_nv); 2: MLA yardstick (float64;
  * stores P rounded to the dtype; stat = lse).  NaN scores propagate as in the host code (max
- * ignores them; exp and the sum carry them).  FUSED (MHA, the check uses the fused kernels): a
- * problem on the fused path (fused_sized) gets the statistics only, its scores left as they are
- * (the fused P.V kernel makes P from them with the same operations); the others, on the GEMM
- * template, as above. */
+ * ignores them; exp and the sum carry them).  FUSED (MHA, the check uses the fused kernels):
+ * every problem gets the statistics only, its scores left as they are: the fused P.V kernel and
+ * the GEMM template's P.V (PFLY) make P from them with the same operations (p_ref_of, p_nv_of),
+ * which saves writing P over the scores and reading it back. */
 template <typename T, int KIND, int MODE, bool FUSED = false>
 __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long long v, int lane)
 {
@@ -582,7 +682,7 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
         return;
     }
     T *s = (MODE == 1 ? (T *)c.Snv : (T *)c.S) + p.s_off + (long long)m * p.N;
-    const bool stats_only = FUSED && fused_sized(p.M);
+    const bool stats_only = FUSED;
     T mx = -INFINITY;
     for (int j = lo + lane; j < hi; j += 32) mx = max(mx, s[j]);
     mx = warp_max(mx);
@@ -723,12 +823,33 @@ __device__ __forceinline__ int find_tile(const int *prefix, int n, int x)
     return lo;
 }
 
+/* Both twins' multiply-adds of one operand pair into MB accumulators each: accd[m] += ad[m] xd and
+ * accf[m] += af[m] xf, one fma per accumulator, ad and af read from shared memory 16 bytes at a
+ * time (16-byte aligned rows, MB a multiple of 4). */
+template <int MB>
+__device__ __forceinline__ void fma_twins(double *accd, float *accf, const double *ad, const float *af, double xd, float xf)
+{
+#pragma unroll
+    for (int m0 = 0; m0 < MB; m0 += 4) {
+        double a[4];
+        float f[4];
+        vec_load4(a, ad + m0);
+        vec_load4(f, af + m0);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            accd[m0 + i] = fma(a[i], xd, accd[m0 + i]);
+            accf[m0 + i] = fmaf(f[i], xf, accf[m0 + i]);
+        }
+    }
+}
+
 template <int MB>
 __global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gprob *probs, const int *tprefix, int nprobs)
 {
     constexpr int KPT = SK_TILE / SK_KEYS;   /* keys per thread: each staged q element feeds KPT keys */
-    __shared__ double qd[SK_DC][MB];
-    __shared__ float qf[SK_DC][MB];
+    static_assert(MB % 4 == 0 && SK_DC % 8 == 0, "16-byte shared reads of the queries, 8-element K loads");
+    __shared__ __align__(16) double qd[SK_DC][MB];
+    __shared__ __align__(16) float qf[SK_DC][MB];
     __shared__ float ks[SK_TILE][SK_DC + 1];
     __shared__ long long kb[SK_TILE];
     __shared__ long long qb[MB];
@@ -789,10 +910,12 @@ __global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gpr
             qd[e][m] = (double)v;
             qf[e][m] = v;
         }
-        for (int idx = tid; idx < SK_TILE * SK_DC; idx += SK_KEYS) {
-            const int e = idx % SK_DC, j = idx / SK_DC;
-            const long long b = kb[j];
-            ks[j][e] = (b >= 0 && e < ne) ? ar_load(c.pool_type, c.pool_kv, b + d0 + e) : 0.0f;
+        for (int idx = tid; idx < SK_TILE * (SK_DC / 8); idx += SK_KEYS) {
+            const int e = idx % (SK_DC / 8) * 8, j = idx / (SK_DC / 8);
+            float k8[8];
+            load8(c, kb[j], d0 + e, ne - e, k8);
+#pragma unroll
+            for (int u = 0; u < 8; u++) ks[j][e + u] = k8[u];
         }
         __syncthreads();
         for (int e = 0; e < ne; e++) {
@@ -805,15 +928,7 @@ __global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gpr
                 kf[u] = round_f(c.cd, __fmul_rn(k, c.scale_f));   /* the yardstick's round(k * scale) */
             }
 #pragma unroll
-            for (int m = 0; m < MB; m++) {
-                const double q = qd[e][m];
-                const float qs = qf[e][m];
-#pragma unroll
-                for (int u = 0; u < KPT; u++) {
-                    accd[u][m] = fma(q, kd[u], accd[u][m]);
-                    accf[u][m] = fmaf(qs, kf[u], accf[u][m]);
-                }
-            }
+            for (int u = 0; u < KPT; u++) fma_twins<MB>(accd[u], accf[u], qd[e], qf[e], kd[u], kf[u]);
         }
     }
 #pragma unroll
@@ -835,9 +950,10 @@ __host__ __device__ __forceinline__ int pv_splits(int N) { return N > PV_SPLIT ?
 template <int MB>
 __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gprob *probs, const int *sprefix, int nprobs)
 {
-    __shared__ double pd[PV_KT][MB];
-    __shared__ float pf[PV_KT][MB];
-    __shared__ float vs[PV_KT][2 * PV_THREADS];   /* V of PV_KT keys (many loads in flight) */
+    static_assert(MB % 4 == 0, "16-byte shared reads of P");
+    __shared__ __align__(16) double pd[PV_KT][MB];
+    __shared__ __align__(16) float pf[PV_KT][MB];
+    __shared__ __align__(16) float vs[PV_KT][2 * PV_THREADS];   /* V of PV_KT keys (many loads in flight) */
     __shared__ long long vb[PV_KT];
     __shared__ int vlo[MB], vhi[MB];
     __shared__ long long prow[MB];
@@ -895,12 +1011,9 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
             double x = 0;
             float y = 0;
             if (j < nk && n >= vlo[m] && n < vhi[m]) {
-                /* P as softmax_row would have stored it: exp(s - max) for the reference; for the
-                 * yardstick exp(s - max) / sum in float, rounded to the compute dtype (and fp8) */
-                x = exp(c.S[prow[m] + n] - smx[m]);
-                const float e = exp(c.Snv[prow[m] + n] - fmx[m]);
-                y = round_f(c.cd, (float)(e / fsum[m]));
-                if (c.dtype == AR_FP8_E4M3) y = round_f(AR_FP8_E4M3, y);
+                /* P as softmax_row would have stored it (p_ref_of, p_nv_of) */
+                x = p_ref_of(c.S[prow[m] + n], smx[m]);
+                y = p_nv_of(c, c.Snv[prow[m] + n], fmx[m], fsum[m]);
             }
             pd[j][m] = x;
             pf[j][m] = y;
@@ -910,9 +1023,14 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
             vb[j] = (((tok / c.bs) * 2 * c.bs + c.bs + tok % c.bs) * c.hkv + p.head) * (long long)c.D;   /* V: side 1 */
         }
         __syncthreads();
-        for (int idx = tid; idx < nk * c.Dv; idx += PV_THREADS) {
-            const int j = idx / c.Dv, d = idx % c.Dv;
-            vs[j][d] = ar_load(c.pool_type, c.pool_kv, vb[j] + d);
+        const int g8 = (c.Dv + 7) / 8;   /* 8-element loads per key (Dv <= 2 x PV_THREADS here) */
+        for (int idx = tid; idx < nk * g8; idx += PV_THREADS) {
+            const int j = idx / g8, d = idx % g8 * 8;
+            float v8[8];
+            load8(c, vb[j], d, c.Dv - d, v8);
+            *reinterpret_cast<float4 *>(&vs[j][d]) = make_float4(v8[0], v8[1], v8[2], v8[3]);
+            if (d + 4 < 2 * PV_THREADS)
+                *reinterpret_cast<float4 *>(&vs[j][d + 4]) = make_float4(v8[4], v8[5], v8[6], v8[7]);
         }
         __syncthreads();
         for (int j = 0; j < nk; j++) {
@@ -921,12 +1039,7 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
                 const int d = tid + dd * PV_THREADS;
                 if (d < c.Dv) {
                     const float v = vs[j][d];
-                    const double vd = (double)v;
-#pragma unroll
-                    for (int m = 0; m < MB; m++) {
-                        ad[dd][m] = fma(pd[j][m], vd, ad[dd][m]);
-                        af[dd][m] = fmaf(pf[j][m], v, af[dd][m]);
-                    }
+                    fma_twins<MB>(ad[dd], af[dd], pd[j], pf[j], (double)v, v);
                 }
             }
         }

@@ -11,7 +11,9 @@
  * ("fused" counts the rows on the fused kernels), "ref" is both twins' attention and "naive" 0;
  * ATTNREPLAY_GPU_REF_FUSED=0 in the environment measures the separate tiled GEMMs for every row
  * (ref and naive apart), =1 the fused kernels for every row (same results, bit for bit).
- * Skips with a reason without a device.  Usage: bench_ref_gpu [case-name-substring] */
+ * Each pass also prints the verdict's sums to the last bit, so two builds of the reference can be
+ * compared on the same steps.  Skips with a reason without a device.
+ * Usage: bench_ref_gpu [case-name-substring] */
 #include "testutil.h"
 
 #include <math.h>
@@ -126,6 +128,10 @@ static void run(const bench_case *bc)
                    bc->name, pass ? "warm" : "cold", nrows, flops / 1e9, wall * 1e3, s.plan_s * 1e3, s.gen_ms, s.ref_ms,
                    s.naive_ms, s.compare_ms, s.ref_ms > 0 ? flops / (s.ref_ms * 1e-3) / 1e12 : 0, s.generated_blocks,
                    s.groups, s.rows_fused, attn_us);
+            /* the verdict's sums, to the last bit: two builds of the reference can be compared */
+            printf("%-34s %-4s result: sum_abs %.17g max_abs %.17g naive_sum %.17g naive_max %.17g bad %lld nan %lld\n",
+                   bc->name, pass ? "warm" : "cold", s.sum_abs, s.max_abs, s.naive_sum_abs, s.naive_max, (long long)s.bad,
+                   (long long)s.nan_count);
         }
         ar_gpu_ref_close(g);
     }
