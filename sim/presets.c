@@ -68,21 +68,35 @@ static const ar_model_preset presets[] = {
  * 8192 is the median of the 2048 / 4096 / 8192 results on both: 164.8 / 151.5 / 160.2 and
  * 288.7 / 368.4 / 350.3).  One contributor's card each, so a spread of ~10% between cards and
  * editions is to be expected (the PRO 6000 Server Edition measured 417 at 8192, issue #162).
- * Their attention and bandwidth entries are the generic 0.5 / 0.8 (no measurement). */
+ * Their bandwidth efficiency is a published read+write stream over buffers far larger than L2, as
+ * the H200's device copy is (bytes read plus bytes written over time, of the data-sheet bandwidth):
+ * RTX 4090 921.85 of 1008 GB/s = 0.915, a CUDA copy kernel (float4 loads and stores, 2^28 floats:
+ * github.com/xytpai/nvbench, README "global_memory_bandwidth", standard/global_memory_bandwidth.cu;
+ * an OpenCL read kernel on another 4090 gives the same, 921.3 GB/s, github.com/krrishnarraj/clpeak
+ * issue #106); RTX PRO 6000 Blackwell Workstation Edition 1.472 TB/s of 1792 GB/s = 0.82, CUB's
+ * device-wide exclusive scan of 2^28 int8 values (2^28 bytes read and 2^28 written in 364.7 us;
+ * 2^32 values: 5.846 ms, 1.469 TB/s), nvbench on that card (github.com/NVIDIA/cccl pull request
+ * #8658).  No plain copy of the Workstation Edition is published; cross-checks: the same scan on
+ * the Server Edition (1.6 TB/s data sheet) moves 1.452 TB/s (cccl issue #8682, nvbench's 90.9% of
+ * that card's peak), and the GeForce RTX 5090, the same GB202 die with the same 1792 GB/s GDDR7,
+ * streams 1.52-1.57 TB/s in CUB's BabelStream-style transforms at 2^28 elements (0.85-0.87; cccl
+ * pull requests #9881 and #9764).  The scan is a lower bound on the card's copy rate, so 0.82 may
+ * be up to ~5% low.  Their attention entry is the generic 0.5 (no measurement). */
 static const ar_device_spec devices[] = {
     {"rtx4090", 165.2e12, 1008e9, 128,
      "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): 165.2 dense BF16 TFLOP/s with FP32 "
      "accumulate (330.3 with sparsity), 1008 GB/s GDDR6X, 128 SMs",
      "pcie", 20e9, 30e-6, "PCIe 4.0 x16 (31.5 GB/s each way), no peer-to-peer: estimate 20 GB/s, 30 us",
-     0.97, 0.5, 0.8, "GEMM: published PyTorch bf16 matmul 8192^3, 160.2 of 165.2 TFLOP/s (torch-performance-test-data "
-     "#78); attention and bandwidth generic (not measured)"},
+     0.97, 0.5, 0.915, "GEMM: published PyTorch bf16 matmul 8192^3, 160.2 of 165.2 TFLOP/s (torch-performance-test-data "
+     "#78); bandwidth: published CUDA copy kernel, 921.85 of 1008 GB/s (xytpai/nvbench); attention generic (not measured)"},
     {"rtxpro6000", 503.8e12, 1792e9, 188,
      "NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet / RTX Blackwell whitepaper: about "
      "504 dense BF16 TFLOP/s with FP32 accumulate (about 1008 with sparsity), 1792 GB/s GDDR7, 188 SMs; "
      "the TFLOP/s figure is derived from the 4 PFLOP sparse FP4 headline, not measured",
      "pcie", 50e9, 20e-6, "PCIe 5.0 x16 (63 GB/s each way), peer-to-peer: estimate 50 GB/s, 20 us",
-     0.695, 0.5, 0.8, "GEMM: published PyTorch bf16 matmul 8192^3 on the Workstation Edition, 350.3 of 503.8 TFLOP/s "
-     "(torch-performance-test-data #160); attention and bandwidth generic (not measured)"},
+     0.695, 0.5, 0.82, "GEMM: published PyTorch bf16 matmul 8192^3 on the Workstation Edition, 350.3 of 503.8 TFLOP/s "
+     "(torch-performance-test-data #160); bandwidth: published CUB int8 scan on the Workstation Edition, 2^28 bytes "
+     "read and written at 1.472 of 1792 GB/s (NVIDIA/cccl #8658); attention generic (not measured)"},
     {"h200", 989e12, 4.8e12, 132,
      "NVIDIA H200 SXM datasheet: 989 dense BF16 TFLOP/s, 4.8 TB/s HBM3e, 132 SMs "
      "(measured on the project H200: ~790 TFLOP/s GEMM, ~4.3 TB/s copy)",

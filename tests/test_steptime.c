@@ -200,6 +200,19 @@ static void test_device_efficiency_tables(void **state)
     parse_ok("roofline:rtx4090", &st);
     assert_true(st.gemm_efficiency == ar_device_find("rtx4090")->gemm_eff);
     assert_true(ar_device_find("h200")->gemm_eff != ar_device_find("rtx4090")->gemm_eff);
+    /* the RTX cards' bw_eff is each card's own published copy measurement, the value the fidelity
+     * fit pins (tests/fidelity.c); KV reads default to it */
+    static const char *const rtx[2] = {"rtx4090", "rtxpro6000"};
+    for (int i = 0; i < 2; i++) {
+        const ar_device_spec *d = ar_device_find(rtx[i]);
+        char spec[64];
+        snprintf(spec, sizeof spec, "roofline:%s", rtx[i]);
+        parse_ok(spec, &st);
+        assert_true(st.bw_efficiency == d->bw_eff);
+        assert_true(st.kv_efficiency == d->bw_eff);
+        assert_non_null(strstr(d->eff_source, "bandwidth: published"));
+    }
+    assert_true(ar_device_find("rtx4090")->bw_eff != ar_device_find("rtxpro6000")->bw_eff);
     parse_ok("roofline:h200,gemm_eff=0.5", &st);
     assert_true(st.gemm_efficiency == 0.5);
     for (int i = 0; i < 4; i++) {
