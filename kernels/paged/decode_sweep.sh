@@ -10,14 +10,15 @@
 #   no arguments: the built-in settings below; else each argument is one setting ("" = default).
 #   REPEAT (default 50): bench_cuda's repeats (median); BENCH (default build/tests/bench_cuda);
 #   PER_RUN_S (default 15): each run is killed (timeout -s KILL) after this; TOTAL_S (default
-#   80): no run starts after this many seconds, so the sweep ends within ~TOTAL_S + PER_RUN_S.
+#   70): no run starts after this many seconds, so the sweep ends within ~TOTAL_S + PER_RUN_S
+#   (85 s; one run takes a few seconds: CUDA start, the 2.1 GB cache filled, REPEAT + 1 steps).
 # A run that fails, times out or writes NaN shows its exit code instead of numbers.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 BENCH=${BENCH:-build/tests/bench_cuda}
 REPEAT=${REPEAT:-50}
 PER_RUN_S=${PER_RUN_S:-15}
-TOTAL_S=${TOTAL_S:-80}
+TOTAL_S=${TOTAL_S:-70}
 CASE=decode_b64_s8192_gqa32_8_hd128
 [ -x "$BENCH" ] || { echo "decode_sweep: $BENCH not built (make first)" >&2; exit 2; }
 
