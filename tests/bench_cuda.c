@@ -16,8 +16,11 @@
  * FLOPs follow FA3's benchmark: per sequence 2 * H * sq * avg_k * (hd + hd_v) with avg_k the
  * mean number of visible keys of a row (causal, bottom-right).
  *
- * Usage: bench_cuda [REPEAT [CASE]] (default 20 repeats, every case).
- * Each case prints one machine-readable line ("RESULT name=... us=... gbps=... tflops=... kv=...")
+ * Usage: bench_cuda [REPEAT [CASE]] (default 20 repeats, every case).  The backend's environment
+ * knobs (kernels/paged/cuda_backend.cu) apply to the automatic cases; kernels/paged/decode_sweep.sh
+ * runs the decode case under each.
+ * Each case prints one machine-readable line ("RESULT name=... us=... combine_us=... gbps=...
+ * tflops=... kv=..."; us includes the split combine, combine_us is its part)
  * that kernels/device_harness.sh puts beside the torch peers (kernels/peers/peer_attention.py,
  * which uses the same shapes).  Skips with the backend's reason when there is no GPU. */
 #include <math.h>
@@ -153,10 +156,11 @@ static int run_bench(const bench_case *bc, int repeat)
     if (!rc) {
         ar_cuda_plan_info pi;
         ar_cuda_plan_of(st, &pi);
-        double attn_us = 0, write_us = 0;
+        double attn_us = 0, write_us = 0, combine_us = 0;
         for (int k = 0; k < o.num_kernels; k++) {
             if (strcmp(o.kernels[k].name, "write") == 0) write_us = o.kernels[k].us;
             else attn_us += o.kernels[k].us;
+            if (strcmp(o.kernels[k].name, "combine") == 0) combine_us = o.kernels[k].us;
         }
         double bytes = 0, flops = 0;
         long nan = 0;
@@ -168,10 +172,10 @@ static int run_bench(const bench_case *bc, int repeat)
         }
         for (long i = 0; i < (long)T * bc->hq * bc->hd; i++)
             if (out[i] != out[i]) nan++;
-        printf("RESULT name=%s us=%.2f write_us=%.2f gbps=%.1f tflops=%.1f config=%d splits=%d work=%d "
-               "ctas_per_sm=%d nan=%ld kv=%s device=\"", bc->name, attn_us, write_us, bytes / attn_us * 1e-3,
-               flops / attn_us * 1e-6, pi.config, pi.num_splits, pi.num_work, pi.ctas_per_sm, nan,
-               pi.kv_fp8 ? "fp8_e4m3" : "bf16");
+        printf("RESULT name=%s us=%.2f write_us=%.2f combine_us=%.2f gbps=%.1f tflops=%.1f config=%d splits=%d "
+               "work=%d ctas_per_sm=%d nan=%ld kv=%s device=\"", bc->name, attn_us, write_us, combine_us,
+               bytes / attn_us * 1e-3, flops / attn_us * 1e-6, pi.config, pi.num_splits, pi.num_work,
+               pi.ctas_per_sm, nan, pi.kv_fp8 ? "fp8_e4m3" : "bf16");
         char dev[128];
         ar_cuda_backend.device_name(st, dev, sizeof dev);
         printf("%s\"\n", dev);

@@ -30,7 +30,8 @@
  *                ping-pong consumers); the default for every non-decode launch there.
  *   DECODE_TMA : compute capability 9.0, decode batches of many requests (decode_tma_plan in
  *                cuda_plan.cuh): cuda_attn_decode_tma.cuh, one CTA per request over every KV
- *                head, whole cache blocks copied by TMA; never split.
+ *                head, whole cache blocks copied by TMA; unsplit unless a sweep knob or a
+ *                forced split asks (cuda_plan.cuh: decode_tma_splits).
  * Across CTAs, split-KV (a work item covers part of the key range) writes normalised fp32
  * partials + log2 LSE, and ar_attn::combine_kernel merges them (see the split heuristic in
  * cuda_plan.cuh).
@@ -76,7 +77,8 @@ typedef struct ar_attn_work {
     int pair0;
     int tile_begin, tile_end;   /* key tiles [begin, end) of BLOCK_N keys */
     int partial;                /* -1: write out/lse; else this split's partial slot */
-    int pad_;
+    int partial_stride;         /* DECODE_TMA pieces (one item, every KV head): KV head h writes
+                                   partial slot partial + h x partial_stride; 0 elsewhere */
 } ar_attn_work;
 
 /* One split-KV group for the combine kernel: partials first .. first + count - 1. */
@@ -120,6 +122,11 @@ typedef struct ar_attn_args {
     int non_causal;             /* 1: every query sees every key < seq_len (cascade prefix pass) */
     int num_slots;              /* num_blocks x block_size: the rows of each cache (the extent of
                                    the TMA kernels' tensor maps) */
+    int partial_live_only;      /* 1: split partials are written only for rows that hold a query
+                                   token (the rows combine_kernel reads; AR_CUDA_SPLIT_LIVE_ROWS=1),
+                                   0: for every row of the tile (the mma.sync kernels) */
+    int decode_tma_stages;      /* DECODE_TMA's ring depth (AR_CUDA_DECODE_TMA_STAGES); 0 or more than
+                                   fit: the most that fit (3 stages at 8 KV heads) */
     /* cascade suffix pass with the merge fused into its final writes (else merge_out NULL):
      * each finished row is mixed with the prefix pass's row as merge_kernel does */
     const void *merge_out;      /* [num_tokens, Hq, head_size] dtype: the prefix pass's out */
@@ -750,7 +757,7 @@ attn_kernel(const ar_attn_args a)
             for (int r = 0; r < 2; r++) {
                 int lr = warp_row0 + mt * 16 + g + 8 * r;
                 int pair = w.pair0 + lr, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
-                if (tok >= q_len && w.partial < 0) continue;
+                if (tok >= q_len && (w.partial < 0 || a.partial_live_only)) continue;
                 float l = row_l[mt][r];
                 float inv = (l > 0.f ? 1.f / l : 0.f) * (KV8 ? a.v_scale : 1.f);
                 float lse2 = l > 0.f ? row_m[mt][r] + __log2f(l) : -INFINITY;
@@ -785,7 +792,7 @@ attn_kernel(const ar_attn_args a)
     for (int i = tid; i < G::ROWS * (HD / 2); i += G::THREADS) {
         int lr = i / (HD / 2), d = (i % (HD / 2)) * 2;
         int pair = w.pair0 + lr, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
-        if (tok >= q_len && w.partial < 0) continue;
+        if (tok >= q_len && (w.partial < 0 || a.partial_live_only)) continue;
         if (!EXACT && d >= head_size) continue;
         float mmax = -INFINITY;
 #pragma unroll
@@ -847,16 +854,18 @@ __device__ __forceinline__ float partials_lse(float mmax, float wsum, float *inv
 
 /* Split-KV combine: blockIdx.x = the group, blockIdx.y = a slice of its rows x dim pairs (the
  * launch gives one thread per (row, dim pair): a 128-row prefix-pass group is 32 CTAs, not one
- * CTA walking 32 latency-bound iterations); LSE-weighted merge of the normalised partials. */
+ * CTA walking 32 latency-bound iterations); LSE-weighted merge of the normalised partials.
+ * rows: the rows of one partial (its stride); live_rows <= rows: the rows covered, from the
+ * first (rows past the last query token of every group are skipped either way). */
 template <typename T>
-__global__ void combine_kernel(const ar_attn_args a, int rows, int hd)
+__global__ void combine_kernel(const ar_attn_args a, int rows, int live_rows, int hd)
 {
     const ar_combine_group cg = a.groups[blockIdx.x];
     const int qstart = a.query_start_loc[cg.req];
     const int q_len = a.query_start_loc[cg.req + 1] - qstart;
     const int grp = a.group;
     T *out = reinterpret_cast<T *>(a.out);
-    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < rows * (hd / 2); i += blockDim.x * gridDim.y) {
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < live_rows * (hd / 2); i += blockDim.x * gridDim.y) {
         int lr = i / (hd / 2), d = (i % (hd / 2)) * 2;
         int pair = cg.pair0 + lr, tok = pair / grp, hq = cg.kv_head * grp + pair % grp;
         if (tok >= q_len || d >= a.head_size) continue;

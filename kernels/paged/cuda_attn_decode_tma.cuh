@@ -3,7 +3,12 @@
  * fill the machine), compute capability 9.0 only.  Same outputs, masks and fused cascade merge
  * as attn_kernel's DECODE geometry (cuda_attn.cuh); it is planned only where it applies (see
  * decode_tma_plan in cuda_plan.cuh): head size 128, block size 16, at most 8 KV heads, a
- * group of at most 16 query heads, one query token per request, no planted fault, no split.
+ * group of at most 16 query heads, one query token per request, no planted fault.  By default
+ * one work item is a whole request; a split plan (AR_CUDA_DECODE_TMA_SPLITS, AR_CUDA_DECODE_TMA=split
+ * in cuda_backend.cu, flat launches only) cuts a request's key blocks into pieces, and each piece
+ * writes, per KV head h, its fp32 partial and LSE into slot w.partial + h x w.partial_stride for
+ * combine_kernel, exactly as a DECODE split piece does (the fused cascade merge then happens in
+ * the combine; the folded prefix combine never meets a split piece).
  *
  * Why a separate kernel: DECODE runs one CTA per (request, KV head) and gathers 256-byte rows
  * through the block table with cp.async.  Here one CTA takes a whole request: a producer warp
@@ -25,7 +30,8 @@
  * query heads are the rows of one m16n8k16 tile (rows g and g + 8 of lane (g, tq), rows past
  * the group zero), S = Q K^T and O += P V on mma.sync per cache block of 16 keys, the online
  * softmax of attn_kernel.  Warp Hkv is the producer.  Shared memory holds STAGES (up to 8;
- * three at 8 KV heads) stages of one cache block, K then V, each side made of [16 keys][128
+ * three at 8 KV heads; fewer with AR_CUDA_DECODE_TMA_STAGES, the shared memory reserved stays
+ * the same) stages of one cache block, K then V, each side made of [16 keys][128
  * bytes] pieces, one per (dim half, head):
  *   whole-block boxes (the default): [2 dim halves][Hkv][16][128 B], the box of a 5-D view
  *     [blocks][halves][heads][16 slots][64 dims] of the cache;
@@ -73,10 +79,11 @@ __global__ void __launch_bounds__(32 * (DecodeTmaGeom::MAX_KV_HEADS + 1), 1)
 attn_decode_tma_kernel(const ar_attn_args a,
                        const __grid_constant__ CUtensorMap tmap_k,  /* K cache, see whole_box */
                        const __grid_constant__ CUtensorMap tmap_v,  /* the same for the V cache */
-                       int whole_box)  /* 1: the maps view a cache as [blocks][2 halves][Hkv][16 slots][64
+                       int whole_box,  /* 1: the maps view a cache as [blocks][2 halves][Hkv][16 slots][64
                                           dims] and one box is a whole block (stage layout
                                           [half][head][16][128 B]); 0: as [num_slots][Hkv][128]
                                           with boxes [16][1][64] (layout [head][half][16][128 B]) */
+                       int num_stages) /* stages of the ring: 1 .. DecodeTmaGeom::stages(Hkv) */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using G = DecodeTmaGeom;
@@ -87,7 +94,6 @@ attn_decode_tma_kernel(const ar_attn_args a,
     unsigned char *smem = dt_smem_raw + pad;
     const uint32_t stage_addr0 = base0 + pad;
     const int hkv = a.num_kv_heads, grp = a.group;
-    const int num_stages = G::stages(hkv);
     const uint32_t side_bytes = (uint32_t)(hkv * G::HEAD_BYTES);   /* K (or V) of one block */
     const uint32_t head_bytes = whole_box ? BLOCK * 128 : G::HEAD_BYTES;       /* head h's first piece at h x */
     const uint32_t half_stride = whole_box ? (uint32_t)hkv * BLOCK * 128 : BLOCK * 128;
@@ -170,7 +176,10 @@ attn_decode_tma_kernel(const ar_attn_args a,
     /* fused cascade merge: the prefix pass's pairs and LSEs of this lane's rows, read now,
      * under the first copies (row r, dims 8 n + 2 tq); with the prefix combine folded in
      * (merge_groups), its split partials are read at the end instead */
-    const bool fused = a.merge_out != nullptr, fold = a.merge_groups != nullptr;
+    /* a split piece (w.partial >= 0) writes its fp32 partial and LSE; combine_kernel then
+     * combines the pieces (and does the fused merge) */
+    const bool split = w.partial >= 0;
+    const bool fused = a.merge_out != nullptr && !split, fold = a.merge_groups != nullptr && !split;
     uint32_t pre_pair[2][HD / 8];
     float pre_lse[2];
 #pragma unroll
@@ -288,7 +297,7 @@ attn_decode_tma_kernel(const ar_attn_args a,
 
     /* the epilogue of attn_kernel's single-warp rows: row sums across the quad, out = acc / l,
      * LSE (log2) = m + log2 l; mixed with the prefix pass's row when the merge is fused */
-    const ar_attn_work w_out = {w.req, h, 0, 0, 0, -1, 0};
+    const ar_attn_work w_out = {w.req, h, 0, 0, 0, split ? w.partial + h * w.partial_stride : -1, 0};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float l = row_l[r];
@@ -361,6 +370,9 @@ template <typename T>
 static cudaError_t launch_decode_tma(const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (num_work <= 0) return cudaSuccess;
+    /* a->decode_tma_stages, or the most that fit when 0 or more */
+    const int most = DecodeTmaGeom::stages(a->num_kv_heads);
+    const int num_stages = a->decode_tma_stages > 0 && a->decode_tma_stages < most ? a->decode_tma_stages : most;
     if (a->head_size != DecodeTmaGeom::HD || a->num_kv_heads > DecodeTmaGeom::MAX_KV_HEADS ||
         a->block_size_log2 != 4 || a->group > 16)
         return cudaErrorInvalidValue;
@@ -381,7 +393,8 @@ static cudaError_t launch_decode_tma(const ar_attn_args *a, int num_work, cudaSt
         cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
         if (e != cudaSuccess) return e;
     }
-    attn_decode_tma_kernel<T><<<num_work, 32 * (a->num_kv_heads + 1), DecodeTmaGeom::SMEM, stream>>>(*a, mk, mv, whole);
+    attn_decode_tma_kernel<T><<<num_work, 32 * (a->num_kv_heads + 1), DecodeTmaGeom::SMEM, stream>>>(
+        *a, mk, mv, whole, num_stages);
     return cudaGetLastError();
 }
 

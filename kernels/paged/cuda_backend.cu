@@ -42,6 +42,28 @@
  * fp8 cache (build_plan routes those launches to PREFILL / DECODE, forced configs included);
  * ar_cuda_plan_info.kv_fp8 marks such a plan (the routes "PREFILL fp8-KV" and "DECODE fp8-KV").
  *
+ * Environment (read once at open; unset = the defaults described above and in cuda_plan.cuh):
+ *   AR_CUDA_WGMMA=0          the mma.sync kernels everywhere (no PREFILL_WG);
+ *   AR_CUDA_DECODE_TMA=0     no DECODE_TMA in the automatic plan;
+ *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
+ * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
+ *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
+ *                            (instead of choose_num_splits; B 64 / 8k on the H200: 3);
+ *   AR_CUDA_DECODE_TMA=split the automatic plan takes DECODE_TMA for every flat decode launch it can
+ *                            run, below decode_tma_rule's batch sizes too, there cutting each
+ *                            request into choose_num_splits pieces over SMs x 1 CTA (B 64 on 132
+ *                            SMs: 2 pieces, 128 CTAs); the pieces' partials are combined by
+ *                            combine_kernel;
+ *   AR_CUDA_DECODE_TMA_SPLITS=N  (1..64) every flat DECODE_TMA launch without a forced split cuts
+ *                            each request into N pieces (with AR_CUDA_DECODE_TMA=split: N for the
+ *                            small batches too; alone: the batches the rule already gives it);
+ *   AR_CUDA_DECODE_TMA_STAGES=N  (1..8) DECODE_TMA's ring depth, at most the stages that fit (3 at
+ *                            8 KV heads: 64 KB a stage);
+ *   AR_CUDA_SPLIT_LIVE_ROWS=1  split pieces of the mma.sync kernels write partials only for rows
+ *                            that hold a query token (the rows combine_kernel reads: 4 of 16 for a
+ *                            decode with GQA 4), and combine_kernel's grid covers only those rows.
+ * A value out of range leaves its knob at the default.
+ *
  * Q and the new K/V are generated on the device before, untimed (in vLLM they come out of the
  * QKV projection).  Repeats are idempotent: the write stores the same values to the same slots.
  *
@@ -80,6 +102,13 @@ typedef struct cuda_state {
                                        (AR_CUDA_WGMMA=0) */
     int decode_tma_auto;            /* 1: the automatic plan may take AR_CFG_DECODE_TMA (has_tma; 0
                                        with AR_CUDA_DECODE_TMA=0 in the environment) */
+    /* the sweep knobs (environment, read at open; see this file's opening comment) */
+    int decode_tma_all;             /* AR_CUDA_DECODE_TMA=split: DECODE_TMA on every flat decode launch */
+    int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
+    int decode_tma_stages;          /* AR_CUDA_DECODE_TMA_STAGES: ring depth, 0 = the most that fit */
+    int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the heuristic */
+    int split_live_rows;            /* AR_CUDA_SPLIT_LIVE_ROWS=1: partials and combine threads only
+                                       for rows that hold a query token */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
     bool bf16;
     bool kv_fp8;                    /* the cache holds fp8 e4m3 (kv_scale): PREFILL / DECODE only */
@@ -95,6 +124,7 @@ typedef struct cuda_state {
     /* the step's plan (prepare) */
     int step_ready;
     int num_reqs, num_tokens, mbpr;
+    int max_query_len;              /* the longest query of the step (combine's live rows) */
     int config;
     ar_attn_geom geom;
     int num_work, num_groups, num_partials, num_splits;
@@ -213,6 +243,17 @@ static bool cuda_check(const ar_run_config *cfg, char *why, size_t why_len)
 
 static void cuda_close(void *state);
 
+/* A sweep knob's value from the environment: an integer 1..most, else 0 (unset, or not such a
+ * number: the knob keeps its default). */
+static int env_count(const char *name, int most)
+{
+    const char *e = getenv(name);
+    if (!e || !*e) return 0;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    return *end == '\0' && v >= 1 && v <= most ? (int)v : 0;
+}
+
 static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size_t err_len)
 {
     *state_out = NULL;
@@ -273,6 +314,12 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     {
         const char *e = getenv("AR_CUDA_DECODE_TMA");
         s->decode_tma_auto = s->has_tma && !s->kv_fp8 && !(e != NULL && strcmp(e, "0") == 0);
+        s->decode_tma_all = e != NULL && strcmp(e, "split") == 0;
+        s->decode_tma_splits = env_count("AR_CUDA_DECODE_TMA_SPLITS", AR_MAX_SPLITS);
+        s->decode_tma_stages = env_count("AR_CUDA_DECODE_TMA_STAGES", ar_attn::DecodeTmaGeom::MAX_STAGES);
+        s->decode_splits = env_count("AR_CUDA_DECODE_SPLITS", AR_MAX_SPLITS);
+        const char *lr = getenv("AR_CUDA_SPLIT_LIVE_ROWS");
+        s->split_live_rows = lr != NULL && strcmp(lr, "1") == 0;
     }
     {
         const char *e = getenv("AR_CUDA_CASCADE_MERGE");
@@ -410,11 +457,12 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
         if (!suf_seq) rc = 3;
         for (int r = 0; !rc && r < R; r++) suf_seq[r] = b->seq_lens[r] - P;
     }
-    if (!rc) rc = build_plan(s, R, b->query_start_loc, cascade ? suf_seq : b->seq_lens, false, s->force_config,
-                             s->force_splits, &main_plan);
+    if (!rc) rc = build_plan(s, R, b->query_start_loc, cascade ? suf_seq : b->seq_lens, false, !cascade,
+                             s->force_config, s->force_splits, &main_plan);
     else memset(&main_plan, 0, sizeof main_plan);
     if (!rc && cascade)
-        rc = build_plan(s, 1, pre_qsl, pre_seq, true, s->force_pre_config >= 0 ? s->force_pre_config : s->force_config,
+        rc = build_plan(s, 1, pre_qsl, pre_seq, true, false,
+                        s->force_pre_config >= 0 ? s->force_pre_config : s->force_config,
                         s->force_pre_splits > 0 ? s->force_pre_splits : s->force_splits, &pre_plan);
     if (rc) {
         free(suf_seq);
@@ -526,6 +574,10 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     s->num_reqs = R;
     s->num_tokens = T;
     s->mbpr = mbpr;
+    s->max_query_len = 0;
+    for (int r = 0; r < R; r++)
+        if (b->query_start_loc[r + 1] - b->query_start_loc[r] > s->max_query_len)
+            s->max_query_len = b->query_start_loc[r + 1] - b->query_start_loc[r];
     s->config = main_plan.config;
     s->geom = main_plan.geom;
     s->num_work = (int)main_plan.num_work;
@@ -613,12 +665,16 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
     a->soft_cap = (float)s->cfg.model.logits_soft_cap;
     a->fault = (int)s->cfg.fault;
     a->num_slots = s->cfg.num_blocks * s->block_size;   /* < 2^31 (open checks) */
+    a->partial_live_only = s->split_live_rows;
+    a->decode_tma_stages = s->decode_tma_stages;
 }
 
 /* One attention launch and, when it splits, its combine; between the two, the event `mid` is
- * recorded when given. */
+ * recorded when given.  rows: the rows of a work item; max_pairs: the most (token, query head)
+ * pairs of one (sequence, KV head) (the combine covers only those rows under
+ * AR_CUDA_SPLIT_LIVE_ROWS=1; every row otherwise, the rows past them skipped thread by thread). */
 static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, int config, int num_work,
-                                    int num_groups, int rows, cudaEvent_t mid)
+                                    int num_groups, int rows, int64_t max_pairs, cudaEvent_t mid)
 {
     const int hd = s->template_hd;
     cudaError_t e = s->kv_fp8 ? (s->bf16 ? ar_attn_launch_bf16_kv8(config, hd, a, num_work, s->stream)
@@ -629,11 +685,12 @@ static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, 
     if (mid) cudaEventRecord(mid, s->stream);
     if (num_groups <= 0) return cudaSuccess;
     /* one thread per (row, dim pair) of every group: rows x hd / 2 <= 256 x 128 -> y <= 128 */
-    dim3 grid((unsigned)num_groups, (unsigned)((rows * (s->template_hd / 2) + 255) / 256));
+    const int live = s->split_live_rows && max_pairs < rows ? (int)(max_pairs > 0 ? max_pairs : 1) : rows;
+    dim3 grid((unsigned)num_groups, (unsigned)((live * (s->template_hd / 2) + 255) / 256));
     if (s->bf16)
-        ar_attn::combine_kernel<__nv_bfloat16><<<grid, 256, 0, s->stream>>>(*a, rows, s->template_hd);
+        ar_attn::combine_kernel<__nv_bfloat16><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd);
     else
-        ar_attn::combine_kernel<__half><<<grid, 256, 0, s->stream>>>(*a, rows, s->template_hd);
+        ar_attn::combine_kernel<__half><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd);
     return cudaGetLastError();
 }
 
@@ -650,7 +707,7 @@ static int prefix_row_blocks(const cuda_state *s)   /* row blocks per KV head of
 static bool fold_prefix_combine(const cuda_state *s)
 {
     return s->cascade && s->fused_merge && s->fold_combine && s->config == AR_CFG_DECODE_TMA &&
-           s->pre_num_groups > 0 && s->pre_num_groups == s->hkv * prefix_row_blocks(s) &&
+           s->num_groups == 0 && s->pre_num_groups > 0 && s->pre_num_groups == s->hkv * prefix_row_blocks(s) &&
            s->pre_num_work == s->pre_num_partials;
 }
 
@@ -713,7 +770,8 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (timed) cudaEventRecord(s->ev[1], s->stream);
     if (!s->cascade) {
-        e = launch_attention(s, a, s->config, s->num_work, s->num_groups, s->geom.rows, timed ? s->ev[2] : NULL);
+        e = launch_attention(s, a, s->config, s->num_work, s->num_groups, s->geom.rows,
+                             (int64_t)s->max_query_len * s->group, timed ? s->ev[2] : NULL);
         if (e != cudaSuccess) return e;
         if (timed) cudaEventRecord(s->ev[3], s->stream);
         return cudaSuccess;
@@ -721,10 +779,11 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
     ar_attn_args pre, suf;
     cascade_args(s, a, &pre, &suf);
     e = launch_attention(s, &pre, s->pre_config, s->pre_num_work, suf.merge_groups ? 0 : s->pre_num_groups,
-                         s->pre_geom.rows, NULL);
+                         s->pre_geom.rows, (int64_t)s->num_tokens * s->group, NULL);
     if (e != cudaSuccess) return e;
     if (timed) cudaEventRecord(s->ev[2], s->stream);
-    e = launch_attention(s, &suf, s->config, s->num_work, s->num_groups, s->geom.rows, NULL);
+    e = launch_attention(s, &suf, s->config, s->num_work, s->num_groups, s->geom.rows,
+                         (int64_t)s->max_query_len * s->group, NULL);
     if (e != cudaSuccess) return e;
     if (timed) cudaEventRecord(s->ev[3], s->stream);
     int64_t pairs = s->fused_merge ? 0 : (int64_t)s->num_tokens * s->hq * (s->head_size / 2);

@@ -23,7 +23,8 @@ extern const ar_backend ar_cuda_backend;
  * when every (request, KV head) fits in 16 rows; otherwise auto is used), 2 PREFILL_WG (the wgmma
  * kernel: head size 128 on a compute-capability 9.0 device with tensor maps, else PREFILL runs),
  * 3 DECODE_TMA (decode batches on that device; else auto); num_splits 0 = the heuristic, N >= 1 =
- * split every work item's key range into up to N pieces.  With an fp8 cache PREFILL_WG runs
+ * split every work item's key range into up to N pieces (DECODE_TMA: each request's, in flat
+ * launches; its cascade suffix pass stays unsplit).  With an fp8 cache PREFILL_WG runs
  * PREFILL and DECODE_TMA runs DECODE (the fp8-KV kernels are the mma.sync ones). */
 void ar_cuda_set_plan(void *state, int config, int num_splits);
 /* The same override for the cascade prefix pass only (config -1 / num_splits 0: as

@@ -29,7 +29,12 @@
  * leave most SMs idle (C = 512 on 396 slots runs 2 waves for 1.29 waves of work), so take the
  * smallest s <= 8 whose ceil(C s / S_slots) / s is within 5% of the best.
  * Each work item is then cut into pieces of ceil(n_blocks / s) units (short ones stay whole),
- * so the split is per request, like FA3's dynamic varlen splits. */
+ * so the split is per request, like FA3's dynamic varlen splits.
+ *
+ * The environment's sweep knobs (cuda_backend.cu's opening comment) change these choices for
+ * measurements: AR_CUDA_DECODE_SPLITS fixes DECODE's s; AR_CUDA_DECODE_TMA=split lets DECODE_TMA
+ * take the flat decode batches below its rule too, its requests cut into pieces (decode_tma_splits);
+ * AR_CUDA_DECODE_TMA_SPLITS fixes that cut. */
 #ifndef AR_PAGED_PLAN_CUH
 #define AR_PAGED_PLAN_CUH
 
@@ -143,16 +148,23 @@ static void pass_plan_free(pass_plan *pl)
  * automatic plan takes it (force_config -1, no forced split, AR_CUDA_DECODE_TMA not 0) for
  * batches of at least half as many requests as the device has SMs whose longest context is at
  * most DECODE_TMA_MAX_KEYS keys, and for batches of at least 0.9 x SMs requests at any
- * context: one CTA walks a whole request and never splits, so it needs most SMs busy.  On the
- * H200 (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
+ * context: one CTA walks a whole request and (by default) never splits, so it needs most SMs
+ * busy.  On the H200 (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
  * 2026-11-30): 128 keys (the cascade suffix pass) 30.7 us against 36.0 for DECODE; 1152 keys
  * 82.1 against 155.6; 8320 keys 480.0 against 761.4; 32896 keys 1845.8 against 2888.7; 33024
  * keys 1845-2030 against 3105.4.  With fewer requests DECODE's split-KV fills the machine (the
  * decode bench's 64 requests stay on it).  force_config AR_CFG_DECODE_TMA takes it whenever it
  * can run. */
 #define DECODE_TMA_MAX_KEYS 16384
+static bool decode_tma_rule(const cuda_state *s, int R, int max_seq)
+{
+    return (2 * R >= s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS) || 10 * R >= 9 * s->num_sms;
+}
+/* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split (s->decode_tma_all) lets the
+ * automatic plan take DECODE_TMA for every flat decode launch it can run, below the rule's batch
+ * sizes too (decode_tma_splits then cuts the requests so that the pieces fill the SMs). */
 static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
-                            bool non_causal, int force_config, int force_splits)
+                            bool non_causal, int force_config, int force_splits, bool flat)
 {
     if (!s->has_tma || s->kv_fp8 || non_causal || s->head_size != 128 || s->template_hd != 128 ||
         s->block_size != 16 || s->hkv > 8 || s->group > 16 || s->cfg.fault != AR_FAULT_NONE)
@@ -164,15 +176,33 @@ static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_l
     }
     if (force_config == AR_CFG_DECODE_TMA) return true;
     if (force_config >= 0 || force_splits > 0 || !s->decode_tma_auto) return false;
-    return (2 * R >= s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS) || 10 * R >= 9 * s->num_sms;
+    return decode_tma_rule(s, R, max_seq) || (flat && s->decode_tma_all);
+}
+
+/* The pieces per request of a DECODE_TMA launch (1: whole requests, the default).  Only flat
+ * launches split: a forced split with force_config AR_CFG_DECODE_TMA, else
+ * AR_CUDA_DECODE_TMA_SPLITS (s->decode_tma_splits), else, under AR_CUDA_DECODE_TMA=split, for a
+ * batch below decode_tma_rule's sizes, choose_num_splits over SMs x CTAs per SM (B 64 on 132
+ * SMs: 2, 128 CTAs in one wave).  max_blocks: the most key blocks of any request. */
+static int decode_tma_splits(const cuda_state *s, int R, int max_seq, int max_blocks, int force_config,
+                             int force_splits, bool flat)
+{
+    if (!flat) return 1;
+    int n = 1;
+    if (force_config == AR_CFG_DECODE_TMA && force_splits > 0) n = force_splits;
+    else if (force_splits <= 0 && s->decode_tma_splits > 0) n = s->decode_tma_splits;
+    else if (force_splits <= 0 && force_config < 0 && s->decode_tma_all && !decode_tma_rule(s, R, max_seq))
+        n = choose_num_splits(R, max_blocks, s->num_sms * s->ctas_per_sm[AR_CFG_DECODE_TMA]);
+    return n < 1 ? 1 : n > AR_MAX_SPLITS ? AR_MAX_SPLITS : n;
 }
 
 /* Flattens one launch into work items.  R sequences; query_start_loc [R + 1], seq_lens [R].
  * non_causal: every query of a sequence sees all its seq_len keys (cascade prefix pass: its
- * own split rule), and the sliding window is not applied.  force_config -1 / force_splits 0 =
- * automatic.  0 ok, 3 out of host memory. */
+ * own split rule), and the sliding window is not applied.  flat: a flat launch (not a cascade
+ * pass; DECODE_TMA splits only these).  force_config -1 / force_splits 0 = automatic, then the
+ * environment's knobs (cuda_backend.cu's opening comment).  0 ok, 3 out of host memory. */
 static int build_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
-                      bool non_causal, int force_config, int force_splits, pass_plan *pl)
+                      bool non_causal, bool flat, int force_config, int force_splits, pass_plan *pl)
 {
     memset(pl, 0, sizeof *pl);
     int max_q = 0;
@@ -186,29 +216,74 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
     if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = s->wgmma_auto;
     if (config == AR_CFG_DECODE &&
-        decode_tma_plan(s, R, query_start_loc, seq_lens, non_causal, force_config, force_splits)) {
-        /* one unsplit item per request with its token (key blocks from the window's start) */
+        decode_tma_plan(s, R, query_start_loc, seq_lens, non_causal, force_config, force_splits, flat)) {
+        /* one item per request with its token (key blocks from the window's start), or, split,
+         * pieces of chunk blocks: piece p of a request cut into n writes partial slots base + p +
+         * h x n for KV head h, and (request, h) is a combine group of the n slots from base + h x n */
         const int window0 = s->cfg.model.sliding_window;
-        ar_attn_work *work = (ar_attn_work *)malloc((size_t)(R > 0 ? R : 1) * sizeof *work);
-        ar_combine_group *groups = (ar_combine_group *)malloc(sizeof *groups);
+        int max_seq = 0, max_blocks = 0;
+        for (int r = 0; r < R; r++) {
+            int kv_start = window0 > 0 ? seq_lens[r] - window0 : 0;
+            if (kv_start < 0) kv_start = 0;
+            const int blocks = (seq_lens[r] + 15) / 16 - kv_start / 16;
+            if (blocks > max_blocks) max_blocks = blocks;
+            if (seq_lens[r] > max_seq) max_seq = seq_lens[r];
+        }
+        const int splits = decode_tma_splits(s, R, max_seq, max_blocks, force_config, force_splits, flat);
+        const int chunk = splits > 1 ? (max_blocks + splits - 1) / splits : (max_blocks > 0 ? max_blocks : 1);
+        int64_t n_work = 0, n_groups = 0;
+        for (int r = 0; r < R; r++) {
+            if (query_start_loc[r + 1] - query_start_loc[r] != 1) continue;
+            int kv_start = window0 > 0 ? seq_lens[r] - window0 : 0;
+            if (kv_start < 0) kv_start = 0;
+            const int blocks = (seq_lens[r] + 15) / 16 - kv_start / 16;
+            const int pieces = splits > 1 && blocks > chunk ? (blocks + chunk - 1) / chunk : 1;
+            n_work += pieces;
+            if (pieces > 1) n_groups += s->hkv;
+        }
+        ar_attn_work *work = (ar_attn_work *)malloc((size_t)(n_work > 0 ? n_work : 1) * sizeof *work);
+        ar_combine_group *groups = (ar_combine_group *)malloc((size_t)(n_groups > 0 ? n_groups : 1) * sizeof *groups);
         if (!work || !groups) {
             free(work);
             free(groups);
             return 3;
         }
-        int64_t n = 0;
+        int64_t n = 0, gi = 0, n_partials = 0;
         for (int r = 0; r < R; r++) {
             if (query_start_loc[r + 1] - query_start_loc[r] != 1) continue;
             int kv_start = window0 > 0 ? seq_lens[r] - window0 : 0;
             if (kv_start < 0) kv_start = 0;
-            ar_attn_work w = {r, 0, 0, kv_start / 16, (seq_lens[r] + 15) / 16, -1, 0};
-            work[n++] = w;
+            const int begin = kv_start / 16, end = (seq_lens[r] + 15) / 16;
+            const int pieces = splits > 1 && end - begin > chunk ? (end - begin + chunk - 1) / chunk : 1;
+            if (pieces == 1) {
+                ar_attn_work w = {r, 0, 0, begin, end, -1, 0};
+                work[n++] = w;
+                continue;
+            }
+            const int base = (int)n_partials;
+            for (int h = 0; h < s->hkv; h++) {
+                ar_combine_group *g = &groups[gi++];
+                memset(g, 0, sizeof *g);
+                g->req = r;
+                g->kv_head = h;
+                g->pair0 = 0;
+                g->first_partial = base + h * pieces;
+                g->count = pieces;
+            }
+            for (int p = 0; p < pieces; p++) {
+                const int b0 = begin + p * chunk, b1 = b0 + chunk < end ? b0 + chunk : end;
+                ar_attn_work w = {r, 0, 0, b0, b1, base + p, pieces};
+                work[n++] = w;
+            }
+            n_partials += (int64_t)pieces * s->hkv;
         }
         qsort(work, (size_t)n, sizeof *work, cmp_work_desc);
         pl->config = AR_CFG_DECODE_TMA;
         pl->geom = ar_attn_geometry(AR_CFG_DECODE_TMA, 128);
-        pl->num_splits = 1;
+        pl->num_splits = splits;
         pl->num_work = n;
+        pl->num_groups = gi;
+        pl->num_partials = n_partials;
         pl->work = work;
         pl->groups = groups;
         return 0;
@@ -246,15 +321,16 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
                 w->tile_begin = kv_start / bn;
                 w->tile_end = kv_end > kv_start ? (kv_end + bn - 1) / bn : w->tile_begin;
                 w->partial = -1;
-                w->pad_ = 0;
+                w->partial_stride = 0;
                 int units = (w->tile_end - w->tile_begin + wn - 1) / wn;
                 if (units > max_units) max_units = units;
             }
     }
     int slots = s->num_sms * s->ctas_per_sm[config];
-    int splits = force_splits > 0 ? force_splits
-                 : non_causal ? choose_prefix_splits((int)n_items, max_units, slots)
-                              : choose_num_splits((int)n_items, max_units, slots);
+    int splits = force_splits > 0                                       ? force_splits
+                 : non_causal                                           ? choose_prefix_splits((int)n_items, max_units, slots)
+                 : config == AR_CFG_DECODE && s->decode_splits > 0      ? s->decode_splits
+                                                                        : choose_num_splits((int)n_items, max_units, slots);
     if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
     int chunk_units = splits > 1 ? (max_units + splits - 1) / splits : max_units;
     if (chunk_units < 1) chunk_units = 1;
