@@ -36,9 +36,7 @@
  *      it and the reference too, except against the tensor-core tiles (last bits; tests/
  *      gpu_verify.c checks both).  A request of more checked rows (a prefill chunk checked row
  *      by row) takes the GEMM template in the same group, reading the same step-shared slots (its
- *      dense rows fill 64 x 64 tiles); there too the softmax kernels keep only the statistics
- *      and the P.V products make P from the scores as they load them (the same operations, so
- *      the same bits).
+ *      dense rows fill 64 x 64 tiles).
  *      ATTNREPLAY_GPU_REF_FUSED at open: 0 selects the GEMM template for every row with per-layer
  *      planning (as do query groups wider than SK_MAXM and value widths above 2 x PV_THREADS),
  *      1 the fused path for every row (both for A/B measurements);
@@ -504,21 +502,21 @@ static void launch_fused(const gctx &c, const glists &ls, bool scores, const uns
 }
 
 /* Launches one product over a group's lists: small problems on 8-row tiles, the rest on 64 x 64. */
-template <typename T, int KIND, bool B_PER_K, bool PFLY = false>
+template <typename T, int KIND, bool B_PER_K>
 static void launch_product(const gctx &c, const glists &ls, const unsigned char *d, int N_hint, cudaStream_t st)
 {
     constexpr int SBN = B_PER_K ? 128 : 256, STN = B_PER_K ? 1 : 2;
     const int n = N_hint > 0 ? N_hint : ls.max_n;
     if (ls.n_small > 0 && ls.t_small > 0) {
         dim3 grid((unsigned)ls.t_small, (unsigned)((n + SBN - 1) / SBN));
-        gemm_kernel<T, KIND, 8, SBN, 16, 8, STN, B_PER_K, false, PFLY><<<grid, (SBN / STN), 0, st>>>(
+        gemm_kernel<T, KIND, 8, SBN, 16, 8, STN, B_PER_K><<<grid, (SBN / STN), 0, st>>>(
             c, (const gprob *)(d + ls.small), (const int *)(d + ls.psmall), ls.n_small);
     }
     if (ls.n_big > 0 && ls.t_big > 0) {
         /* the MHA reference's products on the FP64 tensor cores (see the file's comment) */
         constexpr bool TC = KIND == K_MHA_S_REF || KIND == K_MHA_PV_REF;
         dim3 grid((unsigned)ls.t_big, (unsigned)((n + 63) / 64));
-        gemm_kernel<T, KIND, 64, 64, 16, 4, 4, B_PER_K, TC, PFLY><<<grid, 256, 0, st>>>(
+        gemm_kernel<T, KIND, 64, 64, 16, 4, 4, B_PER_K, TC><<<grid, 256, 0, st>>>(
             c, (const gprob *)(d + ls.big), (const int *)(d + ls.pbig), ls.n_big);
     }
 }
@@ -1066,8 +1064,8 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
                 launch_softmax<K_MHA_S_REF, 0, true>(c, x->ref, d, x->nvec_ref, st);   /* fused: statistics only */
                 launch_softmax<K_MHA_S_NV, 1, true>(c, x->ref, d, x->nvec_ref, st);
                 launch_fused(c, x->ref, false, d, st);
-                launch_product<double, K_MHA_PV_REF, true, true>(c, x->ref, d, Dv, st);   /* P from the scores */
-                launch_product<float, K_MHA_PV_NV, true, true>(c, x->ref, d, Dv, st);
+                launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
+                launch_product<float, K_MHA_PV_NV, true>(c, x->ref, d, Dv, st);
                 launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
                 launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);
                 if (g->profile) cudaEventRecord(g->ev_prof[2], st);

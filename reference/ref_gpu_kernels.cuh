@@ -6,6 +6,12 @@
 #ifndef AR_REF_GPU_KERNELS_CUH
 #define AR_REF_GPU_KERNELS_CUH
 
+/* AR_REF_GEMM_VEC=0 at compile time: the SIMT tiles read shared memory one element at a time
+ * (for A/B measurements of the 16-byte reads; the results are the same). */
+#ifndef AR_REF_GEMM_VEC
+#define AR_REF_GEMM_VEC 1
+#endif
+
 namespace argpu {
 
 /* ---- device data of a step ------------------------------------------------------------------- */
@@ -242,27 +248,9 @@ __device__ __forceinline__ T a_at(const gctx &c, const rowh &h, int k, int kmax)
     }
 }
 
-/* The softmax statistics of a P.V product's A row when P is made on the fly from the scores
- * (PFLY: the softmax kernels stored only the statistics): the reference's maximum, the
- * yardstick's maximum and sum. */
-struct pstat {
-    double mx;
-    float fmx, fsum;
-};
-
-__device__ __forceinline__ pstat p_stats(const gctx &c, const gprob &p, int m)
-{
-    const long long v = p.v_off + m;
-    pstat s;
-    s.mx = c.stat[2 * v];
-    s.fmx = c.mx_nv[v];
-    s.fsum = (float)c.stat_nv[2 * v + 1];
-    return s;
-}
-
-/* Element k of a P.V product's A row, P made from the score as softmax_row would have stored it:
- * exp(s - max) for the reference; for the yardstick exp(s - max) / sum in float, rounded to the
- * compute dtype (and through fp8 for an fp8 run) - the fused P.V kernel's very operations. */
+/* P as softmax_row stores it, made again from a score by the fused P.V kernel: exp(s - max) for the
+ * reference; for the yardstick exp(s - max) / sum in float, rounded to the compute dtype (and
+ * through fp8 for an fp8 run). */
 __device__ __forceinline__ double p_ref_of(double s, double mx) { return exp(s - mx); }
 
 __device__ __forceinline__ float p_nv_of(const gctx &c, float s, float fmx, float fsum)
@@ -270,14 +258,6 @@ __device__ __forceinline__ float p_nv_of(const gctx &c, float s, float fmx, floa
     const float e = exp(s - fmx);
     const float y = round_f(c.cd, (float)(e / fsum));
     return c.dtype == AR_FP8_E4M3 ? round_f(AR_FP8_E4M3, y) : y;
-}
-
-template <int KIND, typename T>
-__device__ __forceinline__ T p_at(const gctx &c, const rowh &h, const pstat &st, int k, int kmax)
-{
-    if (h.base < 0 || k >= kmax || k < h.lo || k >= h.hi) return (T)0;
-    if (KIND == K_MHA_PV_REF) return (T)p_ref_of(c.S[h.base + k], st.mx);
-    return (T)p_nv_of(c, c.Snv[h.base + k], st.fmx, st.fsum);
 }
 
 /* B handles: per column n (score products, the W_UK product of ql) or per row k (the rest). */
@@ -431,7 +411,7 @@ __device__ __forceinline__ void load8(const gctx &c, long long base, int e0, int
  * 8 i + g, column 8 j + 2 t + h of the warp's block); the sums then run in groups of four keys
  * inside the instruction instead of one fma per key, so they differ from the SIMT sums in the
  * last bits (ref_gpu.cu says where each is used). */
-template <typename T, int KIND, int BM, int BN, int BK, int TM, int TN, bool B_PER_K, bool TC = false, bool PFLY = false>
+template <typename T, int KIND, int BM, int BN, int BK, int TM, int TN, bool B_PER_K, bool TC = false>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
 {
@@ -439,16 +419,14 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
     constexpr int HB = B_PER_K ? 1 : BN;   /* per-column B handles (per-k ones: hbk below) */
     static_assert(!TC || (std::is_same<T, double>::value && BM == 64 && BN == 64 && TM == 4 && TN == 4 && BK % 4 == 0),
                   "the tensor-core tiles are 64 x 64 float64 with 256 threads");
-    static_assert(!PFLY || KIND == K_MHA_PV_REF || KIND == K_MHA_PV_NV, "P is made on the fly for the MHA P.V only");
     /* VEC: the SIMT 4 x 4 thread tiles read their TM a's and TN b's of each k with 16-byte
      * shared loads (rows padded to 16 bytes) instead of one load per element */
-    constexpr bool VEC = !TC && TM == 4 && TN == 4;
+    constexpr bool VEC = AR_REF_GEMM_VEC && !TC && TM == 4 && TN == 4;
     /* TC: fragment reads of a warp hit 16 distinct 8-byte banks per half */
     constexpr int PAD = TC ? 4 : VEC ? 16 / (int)sizeof(T) : 1;
     __shared__ __align__(16) T As[BK][BM + PAD];
     __shared__ __align__(16) T Bs[BK][BN + PAD];
     __shared__ rowh ha[BM];
-    __shared__ pstat hs[PFLY ? BM : 1];
     __shared__ rowh hb[HB];
     __shared__ int s_lo, s_hi;
     const int tid = threadIdx.x;
@@ -465,10 +443,7 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
     if (n0 >= PN) return;
     for (int i = tid; i < BM; i += NT) {
         rowh h = {-1, 0, 0};
-        if (m0 + i < p.M) {
-            h = a_handle<KIND>(c, p, m0 + i);
-            if (PFLY) hs[PFLY ? i : 0] = p_stats(c, p, m0 + i);
-        }
+        if (m0 + i < p.M) h = a_handle<KIND>(c, p, m0 + i);
         ha[i] = h;
     }
     __syncthreads();
@@ -528,9 +503,7 @@ gemm_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
 #pragma unroll
         for (int r = 0; r < AR; r++) {
             const int idx = tid + r * NT;
-            if (AR * NT == BM * BK || idx < BM * BK)
-                ra[r] = PFLY ? p_at<KIND, T>(c, ha[idx / BK], hs[PFLY ? idx / BK : 0], k0 + idx % BK, khi)
-                             : a_at<KIND, T>(c, ha[idx / BK], k0 + idx % BK, khi);
+            if (AR * NT == BM * BK || idx < BM * BK) ra[r] = a_at<KIND, T>(c, ha[idx / BK], k0 + idx % BK, khi);
         }
 #pragma unroll
         for (int r = 0; r < BR; r++) {
@@ -661,10 +634,12 @@ __device__ __forceinline__ T warp_sum(T x)
  * exp(s - max), stat = max, sum); 1: MHA yardstick (float; stores P rounded to the compute dtype,
  * and through fp8 for an fp8 run; stat = lse, sum; its max in mx_nv); 2: MLA yardstick (float64;
  * stores P rounded to the dtype; stat = lse).  NaN scores propagate as in the host code (max
- * ignores them; exp and the sum carry them).  FUSED (MHA, the check uses the fused kernels):
- * every problem gets the statistics only, its scores left as they are: the fused P.V kernel and
- * the GEMM template's P.V (PFLY) make P from them with the same operations (p_ref_of, p_nv_of),
- * which saves writing P over the scores and reading it back. */
+ * ignores them; exp and the sum carry them).  FUSED (MHA, the check uses the fused kernels): a
+ * problem on the fused path (fused_sized) gets the statistics only, its scores left as they are
+ * (the fused P.V kernel makes P from them with the same operations: p_ref_of, p_nv_of); the
+ * others, on the GEMM template, as above.  (Making P on the fly in the GEMM template's P.V too
+ * was measured slower on the H200: every row of a mixed step 789 -> 938 ms, as each of its
+ * column tiles makes every P element again.) */
 template <typename T, int KIND, int MODE, bool FUSED = false>
 __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long long v, int lane)
 {
@@ -682,7 +657,7 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
         return;
     }
     T *s = (MODE == 1 ? (T *)c.Snv : (T *)c.S) + p.s_off + (long long)m * p.N;
-    const bool stats_only = FUSED;
+    const bool stats_only = FUSED && fused_sized(p.M);
     T mx = -INFINITY;
     for (int j = lo + lane; j < hi; j += 32) mx = max(mx, s[j]);
     mx = warp_max(mx);

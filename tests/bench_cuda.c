@@ -2,7 +2,8 @@
  * own forward() (data generated on the device, CUDA events, one warm-up, median of --repeat).
  *
  *   decode  : B=64, context 8192, Hq=32, Hkv=8, hd128, bf16, block 16 -> effective GB/s
- *             (K/V bytes read once + Q + O over the attention time, combine included);
+ *             (K/V bytes read once + Q + O over the attention time, combine included); also
+ *             B=32 and B=48 (the batches of cuda_plan.cuh's decode_tma_small_rule);
  *   prefill : B=2, S=8192, causal, hd128 (16 heads) and hd256 (8 heads) -> TFLOP/s;
  *   varlen  : 16 causal sequences of the lengths in varlen_lens (17,408 tokens), hd128, 16 heads.
  * The "_mma" cases force the mma.sync PREFILL kernel (the fallback) where the automatic plan
@@ -197,6 +198,8 @@ int main(int argc, char **argv)
     const bench_case cases[] = {
         {"decode_b64_s8192_gqa32_8_hd128", 32, 8, 128, 64, dec_q, dec_kv, -1, 0, false},
         {"decode_b64_s8192_gqa32_8_hd128_nosplit", 32, 8, 128, 64, dec_q, dec_kv, -1, 1, false},
+        {"decode_b32_s8192_gqa32_8_hd128", 32, 8, 128, 32, dec_q, dec_kv, -1, 0, false},   /* the plan's small batches */
+        {"decode_b48_s8192_gqa32_8_hd128", 32, 8, 128, 48, dec_q, dec_kv, -1, 0, false},
         {"decode_b64_s8192_gqa32_8_hd128_split4", 32, 8, 128, 64, dec_q, dec_kv, -1, 4, false},
         {"decode_b64_s8192_gqa32_8_hd128_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 0, true},
         {"decode_b64_s8192_gqa32_8_hd128_nosplit_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 1, true},

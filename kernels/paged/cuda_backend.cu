@@ -45,6 +45,9 @@
  * Environment (read once at open; unset = the defaults described above and in cuda_plan.cuh):
  *   AR_CUDA_WGMMA=0          the mma.sync kernels everywhere (no PREFILL_WG);
  *   AR_CUDA_DECODE_TMA=0     no DECODE_TMA in the automatic plan;
+ *   AR_CUDA_DECODE_TMA=rule  DECODE_TMA only by decode_tma_rule (not for the smaller flat decode
+ *                            batches of decode_tma_small_rule: those take DECODE, as before
+ *                            2026-12-02);
  *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
@@ -104,6 +107,7 @@ typedef struct cuda_state {
                                        with AR_CUDA_DECODE_TMA=0 in the environment) */
     /* the sweep knobs (environment, read at open; see this file's opening comment) */
     int decode_tma_all;             /* AR_CUDA_DECODE_TMA=split: DECODE_TMA on every flat decode launch */
+    int decode_tma_small;           /* decode_tma_small_rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_tma_stages;          /* AR_CUDA_DECODE_TMA_STAGES: ring depth, 0 = the most that fit */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the heuristic */
@@ -315,6 +319,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         const char *e = getenv("AR_CUDA_DECODE_TMA");
         s->decode_tma_auto = s->has_tma && !s->kv_fp8 && !(e != NULL && strcmp(e, "0") == 0);
         s->decode_tma_all = e != NULL && strcmp(e, "split") == 0;
+        s->decode_tma_small = !(e != NULL && strcmp(e, "rule") == 0);
         s->decode_tma_splits = env_count("AR_CUDA_DECODE_TMA_SPLITS", AR_MAX_SPLITS);
         s->decode_tma_stages = env_count("AR_CUDA_DECODE_TMA_STAGES", ar_attn::DecodeTmaGeom::MAX_STAGES);
         s->decode_splits = env_count("AR_CUDA_DECODE_SPLITS", AR_MAX_SPLITS);

@@ -8,7 +8,9 @@
  * head size 128, block size 16, at most 8 KV heads, on a compute-capability 9.0 device with
  * tensor maps take DECODE_TMA (one CTA per request, whole cache blocks by TMA; see
  * decode_tma_plan for the measurements behind the rule; the cascade suffix pass of a decode
- * batch is such a launch); other launches in the DECODE geometry (every (request, KV head)
+ * batch is such a launch), and so do flat decode launches of a quarter to half as many requests
+ * as SMs with contexts of at most 16k keys, each request whole or in two pieces
+ * (decode_tma_small_rule); other launches in the DECODE geometry (every (request, KV head)
  * within 16 rows) take the mma.sync DECODE kernel; other launches with head size exactly 128 on
  * a compute-capability 9.0 device whose driver encodes tensor maps take PREFILL_WG (128 x 128
  * tiles, two ping-pong consumer warpgroups with Q in registers fed by a producer warpgroup
@@ -32,7 +34,8 @@
  * so the split is per request, like FA3's dynamic varlen splits.
  *
  * The environment's sweep knobs (cuda_backend.cu's opening comment) change these choices for
- * measurements: AR_CUDA_DECODE_SPLITS fixes DECODE's s; AR_CUDA_DECODE_TMA=split lets DECODE_TMA
+ * measurements: AR_CUDA_DECODE_SPLITS fixes DECODE's s; AR_CUDA_DECODE_TMA=rule keeps the
+ * small-batch launches of decode_tma_small_rule on DECODE; AR_CUDA_DECODE_TMA=split lets DECODE_TMA
  * take the flat decode batches below its rule too, its requests cut into pieces (decode_tma_splits);
  * AR_CUDA_DECODE_TMA_SPLITS fixes that cut. */
 #ifndef AR_PAGED_PLAN_CUH
@@ -160,6 +163,17 @@ static bool decode_tma_rule(const cuda_state *s, int R, int max_seq)
 {
     return (2 * R >= s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS) || 10 * R >= 9 * s->num_sms;
 }
+/* Below that rule, a flat decode launch of at least a quarter as many requests as SMs, contexts
+ * of at most DECODE_TMA_MAX_KEYS keys, takes DECODE_TMA too, each request cut into SMs / (2 R)
+ * pieces (1 or 2; the pieces' partials merged by combine_kernel): about half the SMs or more then
+ * hold a piece, and one DECODE_TMA CTA keeps 3 x 64 KB of whole cache blocks in flight.  On the
+ * H200 (kernels/paged/decode_sweep.sh, B 64 at 8k, GQA 32:8, 2026-12-02): whole requests, 64
+ * CTAs, 509.4 us (4218 GB/s) against 542.8 us for DECODE (3 splits, 1536 CTAs, + combine) and
+ * 524.5 us for two pieces each.  AR_CUDA_DECODE_TMA=rule keeps these launches on DECODE. */
+static bool decode_tma_small_rule(const cuda_state *s, int R, int max_seq)
+{
+    return s->decode_tma_small && 4 * R >= s->num_sms && 2 * R < s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS;
+}
 /* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split (s->decode_tma_all) lets the
  * automatic plan take DECODE_TMA for every flat decode launch it can run, below the rule's batch
  * sizes too (decode_tma_splits then cuts the requests so that the pieces fill the SMs). */
@@ -176,7 +190,7 @@ static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_l
     }
     if (force_config == AR_CFG_DECODE_TMA) return true;
     if (force_config >= 0 || force_splits > 0 || !s->decode_tma_auto) return false;
-    return decode_tma_rule(s, R, max_seq) || (flat && s->decode_tma_all);
+    return decode_tma_rule(s, R, max_seq) || (flat && (s->decode_tma_all || decode_tma_small_rule(s, R, max_seq)));
 }
 
 /* The pieces per request of a DECODE_TMA launch (1: whole requests, the default).  Only flat
@@ -193,6 +207,8 @@ static int decode_tma_splits(const cuda_state *s, int R, int max_seq, int max_bl
     else if (force_splits <= 0 && s->decode_tma_splits > 0) n = s->decode_tma_splits;
     else if (force_splits <= 0 && force_config < 0 && s->decode_tma_all && !decode_tma_rule(s, R, max_seq))
         n = choose_num_splits(R, max_blocks, s->num_sms * s->ctas_per_sm[AR_CFG_DECODE_TMA]);
+    else if (force_splits <= 0 && force_config < 0 && decode_tma_small_rule(s, R, max_seq))
+        n = s->num_sms / (2 * R);
     return n < 1 ? 1 : n > AR_MAX_SPLITS ? AR_MAX_SPLITS : n;
 }
 

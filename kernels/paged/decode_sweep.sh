@@ -8,6 +8,7 @@
 #
 # Usage (repository root, after `make`): kernels/paged/decode_sweep.sh ['VAR=V ...' ...]
 #   no arguments: the built-in settings below; else each argument is one setting ("" = default).
+#   CASE (default decode_b64_s8192_gqa32_8_hd128; also decode_b32_/decode_b48_s8192_gqa32_8_hd128);
 #   REPEAT (default 50): bench_cuda's repeats (median); BENCH (default build/tests/bench_cuda);
 #   PER_RUN_S (default 15): each run is killed (timeout -s KILL) after this; TOTAL_S (default
 #   70): no run starts after this many seconds, so the sweep ends within ~TOTAL_S + PER_RUN_S
@@ -19,7 +20,7 @@ BENCH=${BENCH:-build/tests/bench_cuda}
 REPEAT=${REPEAT:-50}
 PER_RUN_S=${PER_RUN_S:-15}
 TOTAL_S=${TOTAL_S:-70}
-CASE=decode_b64_s8192_gqa32_8_hd128
+CASE=${CASE:-decode_b64_s8192_gqa32_8_hd128}
 [ -x "$BENCH" ] || { echo "decode_sweep: $BENCH not built (make first)" >&2; exit 2; }
 
 if [ $# -gt 0 ]; then
@@ -27,13 +28,13 @@ if [ $# -gt 0 ]; then
 else
   settings=(
     ""
-    "AR_CUDA_SPLIT_LIVE_ROWS=1"
+    "AR_CUDA_DECODE_TMA=rule"
+    "AR_CUDA_DECODE_TMA=rule AR_CUDA_SPLIT_LIVE_ROWS=1"
     "AR_CUDA_DECODE_SPLITS=1"
     "AR_CUDA_DECODE_SPLITS=2"
     "AR_CUDA_DECODE_SPLITS=4"
     "AR_CUDA_DECODE_SPLITS=6"
-    "AR_CUDA_DECODE_SPLITS=8"
-    "AR_CUDA_DECODE_SPLITS=4 AR_CUDA_SPLIT_LIVE_ROWS=1"
+    "AR_CUDA_DECODE_TMA=rule AR_CUDA_DECODE_SPLITS=4 AR_CUDA_SPLIT_LIVE_ROWS=1"
     "AR_CUDA_DECODE_TMA=split"
     "AR_CUDA_DECODE_TMA=split AR_CUDA_DECODE_TMA_SPLITS=1"
     "AR_CUDA_DECODE_TMA=split AR_CUDA_DECODE_TMA_SPLITS=3"
