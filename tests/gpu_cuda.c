@@ -468,20 +468,16 @@ static void test_decode_tma_kernel(void **unused)
     run_case(&c, vllm_seqs_b, 3, &auto_opts, &r);
     expect_pass("auto, 3 decodes 32/8", &r);
     assert_int_equal(r.plan.config, CFG_DECODE);
-    /* a quarter to half as many requests as SMs (cuda_plan.cuh's decode_tma_small_rule): whole
-     * requests from SMs / 4 + 1, two pieces each at SMs / 4 (split, combined); past it DECODE */
-    const int sms = r.plan.num_sms, quarter = (sms + 3) / 4;
-    if (2 * quarter < sms && quarter + 1 <= 150 && 2 * (quarter + 1) < sms) {
-        run_case(&c, short_many, quarter + 1, &auto_opts, &r);
-        expect_pass("auto, SMs / 4 + 1 short decodes", &r);
+    /* from 0.48 x SMs requests (cuda_plan.cuh's decode_tma_small_rule) whole requests take it;
+     * one request fewer takes DECODE */
+    const int from = (12 * r.plan.num_sms + 24) / 25;
+    if (from <= 150) {
+        run_case(&c, short_many, from, &auto_opts, &r);
+        expect_pass("auto, 0.48 x SMs short decodes", &r);
         assert_int_equal(r.plan.config, CFG_DECODE_TMA);
-        assert_int_equal(r.plan.num_splits, sms / (2 * (quarter + 1)));
-        run_case(&c, short_many, quarter, &auto_opts, &r);
-        expect_pass("auto, SMs / 4 short decodes", &r);
-        assert_int_equal(r.plan.config, CFG_DECODE_TMA);
-        assert_int_equal(r.plan.num_splits, sms / (2 * quarter));
-        run_case(&c, short_many, quarter - 1, &auto_opts, &r);
-        expect_pass("auto, fewer than SMs / 4 short decodes", &r);
+        assert_int_equal(r.plan.num_splits, 1);
+        run_case(&c, short_many, from - 1, &auto_opts, &r);
+        expect_pass("auto, one fewer", &r);
         assert_int_equal(r.plan.config, CFG_DECODE);
     }
     /* where it cannot run, forcing it runs DECODE: block size 32, a planted fault (flagged) */

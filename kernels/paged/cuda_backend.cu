@@ -45,9 +45,9 @@
  * Environment (read once at open; unset = the defaults described above and in cuda_plan.cuh):
  *   AR_CUDA_WGMMA=0          the mma.sync kernels everywhere (no PREFILL_WG);
  *   AR_CUDA_DECODE_TMA=0     no DECODE_TMA in the automatic plan;
- *   AR_CUDA_DECODE_TMA=rule  DECODE_TMA only by decode_tma_rule (not for the smaller flat decode
- *                            batches of decode_tma_small_rule: those take DECODE, as before
- *                            2026-12-02);
+ *   AR_CUDA_DECODE_TMA=rule  DECODE_TMA only by decode_tma_rule (the flat decode batches of
+ *                            decode_tma_small_rule, 0.48 to 0.5 x SMs requests, take DECODE, as
+ *                            before 2026-12-02);
  *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split

@@ -8,11 +8,11 @@
  * head size 128, block size 16, at most 8 KV heads, on a compute-capability 9.0 device with
  * tensor maps take DECODE_TMA (one CTA per request, whole cache blocks by TMA; see
  * decode_tma_plan for the measurements behind the rule; the cascade suffix pass of a decode
- * batch is such a launch), and so do flat decode launches of a quarter to half as many requests
- * as SMs with contexts of at most 16k keys, each request whole or in two pieces
- * (decode_tma_small_rule); other launches in the DECODE geometry (every (request, KV head)
- * within 16 rows) take the mma.sync DECODE kernel; other launches with head size exactly 128 on
- * a compute-capability 9.0 device whose driver encodes tensor maps take PREFILL_WG (128 x 128
+ * batch is such a launch), and so do flat decode launches of 0.48 to 0.5 x SMs requests with
+ * contexts of at most 16k keys (decode_tma_small_rule); other launches in the DECODE geometry
+ * (every (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches
+ * with head size exactly 128 on a compute-capability 9.0 device whose driver encodes tensor
+ * maps take PREFILL_WG (128 x 128
  * tiles, two ping-pong consumer warpgroups with Q in registers fed by a producer warpgroup
  * whose whole-tile K/V copies are bulk tensor copies; H200: causal prefill B=2 S=8k 500.6
  * TFLOP/s against 272 for the mma.sync kernel, BENCHMARKS.md).  Everything else runs the
@@ -163,16 +163,18 @@ static bool decode_tma_rule(const cuda_state *s, int R, int max_seq)
 {
     return (2 * R >= s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS) || 10 * R >= 9 * s->num_sms;
 }
-/* Below that rule, a flat decode launch of at least a quarter as many requests as SMs, contexts
- * of at most DECODE_TMA_MAX_KEYS keys, takes DECODE_TMA too, each request cut into SMs / (2 R)
- * pieces (1 or 2; the pieces' partials merged by combine_kernel): about half the SMs or more then
- * hold a piece, and one DECODE_TMA CTA keeps 3 x 64 KB of whole cache blocks in flight.  On the
- * H200 (kernels/paged/decode_sweep.sh, B 64 at 8k, GQA 32:8, 2026-12-02): whole requests, 64
- * CTAs, 509.4 us (4218 GB/s) against 542.8 us for DECODE (3 splits, 1536 CTAs, + combine) and
- * 524.5 us for two pieces each.  AR_CUDA_DECODE_TMA=rule keeps these launches on DECODE. */
+/* Just below that rule, a flat decode launch of at least 0.48 x SMs requests with contexts of at
+ * most DECODE_TMA_MAX_KEYS keys takes DECODE_TMA too, whole requests: one DECODE_TMA CTA streams
+ * about 67 GB/s (H200, kernels/paged/decode_sweep.sh, 8k contexts, GQA 32:8, 2026-12-02: B 48 in
+ * 500.2 us = 3.22 TB/s over 48 CTAs, B 64 in 505.3 us = 4.25 TB/s over 64), so it takes about
+ * the copy ceiling (4.23 TB/s) / 67 GB/s = 64 CTAs, 0.48 of the 132 SMs, to read at the rate of
+ * the DRAM.  There B 64 runs in 505.3-509.1 us against 542.8 us on DECODE (3 splits, 1536 CTAs
+ * and their combine) and 528.8 us for FA3's paged decode in the same run; at B 48 DECODE keeps it
+ * (395.1 us; cut into pieces, DECODE_TMA took 413.6).  AR_CUDA_DECODE_TMA=rule keeps these
+ * launches on DECODE. */
 static bool decode_tma_small_rule(const cuda_state *s, int R, int max_seq)
 {
-    return s->decode_tma_small && 4 * R >= s->num_sms && 2 * R < s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS;
+    return s->decode_tma_small && 25 * R >= 12 * s->num_sms && max_seq <= DECODE_TMA_MAX_KEYS;
 }
 /* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split (s->decode_tma_all) lets the
  * automatic plan take DECODE_TMA for every flat decode launch it can run, below the rule's batch
@@ -207,8 +209,6 @@ static int decode_tma_splits(const cuda_state *s, int R, int max_seq, int max_bl
     else if (force_splits <= 0 && s->decode_tma_splits > 0) n = s->decode_tma_splits;
     else if (force_splits <= 0 && force_config < 0 && s->decode_tma_all && !decode_tma_rule(s, R, max_seq))
         n = choose_num_splits(R, max_blocks, s->num_sms * s->ctas_per_sm[AR_CFG_DECODE_TMA]);
-    else if (force_splits <= 0 && force_config < 0 && decode_tma_small_rule(s, R, max_seq))
-        n = s->num_sms / (2 * R);
     return n < 1 ? 1 : n > AR_MAX_SPLITS ? AR_MAX_SPLITS : n;
 }
 
