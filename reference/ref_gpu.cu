@@ -2,10 +2,11 @@
  * device half of verification (see ref_gpu.h for what it computes and why).
  *
  * Deliberately plain CUDA, sharing nothing with kernels/: one tiled GEMM template for every
- * product, the fused MHA kernels below and warp-per-row kernels for everything else, on the SIMT
- * units except the MHA reference's 64 x 64 GEMM tiles (long prefills checked row by row), whose
- * products run on the FP64 tensor cores (mma.sync m8n8k4: float64 products and sums, four keys
- * per instruction).  Per step-layer:
+ * product, the fused MHA kernels below, a flash-style kernel for the MHA reference of long
+ * prefills checked row by row, and warp-per-row kernels for everything else, on the SIMT units
+ * except the MHA reference's 64 x 64 GEMM tiles and the flash kernel, whose products run on the
+ * FP64 tensor cores (mma.sync m8n8k4: float64 products and sums, four keys per instruction).
+ * Per step-layer:
  *
  *   1. the host plans (ref_gpu_plan.c): items (request, rows, key chunk) in groups that fit the
  *      scratch, and the block-cache slots of every block an item reads; one upload of that plan.
@@ -36,7 +37,11 @@
  *      it and the reference too, except against the tensor-core tiles (last bits; tests/
  *      gpu_verify.c checks both).  A request of more checked rows (a prefill chunk checked row
  *      by row) takes the GEMM template in the same group, reading the same step-shared slots (its
- *      dense rows fill 64 x 64 tiles).
+ *      dense rows fill 64 x 64 tiles); there the reference comes from flash_ref_kernel instead
+ *      (head sizes multiples of 8 up to 128; ATTNREPLAY_GPU_REF_FLASH=0 at open: the GEMM
+ *      template's products): S, the online softmax and P.V for 64 vectors per CTA in one pass
+ *      over the keys, no scores in memory, its sums in another order (the reference's last
+ *      bits; tests/gpu_verify.c), the yardstick still on the GEMM template.
  *      ATTNREPLAY_GPU_REF_FUSED at open: 0 selects the GEMM template for every row with per-layer
  *      planning (as do query groups wider than SK_MAXM and value widths above 2 x PV_THREADS),
  *      1 the fused path for every row (both for A/B measurements);
@@ -124,6 +129,9 @@ struct ar_gpu_ref {
     bool fused;               /* MHA: the fused kernels and step-shared slots (default; ATTNREPLAY_GPU_REF_FUSED=0:
                                  the GEMM template only, per-layer slots) */
     int fused_rows;           /* checked rows per fused problem: SK_MAXM / group */
+    bool flash;               /* with fused: the GEMM template's problems get their reference from
+                                 flash_ref_kernel (head sizes multiples of 8 up to FR_DMAX;
+                                 ATTNREPLAY_GPU_REF_FLASH=0: the GEMM template's products) */
     int fused_max_rows;       /* with fused: a request of more checked rows takes the GEMM template
                                  (FUSED_MAX_ROWS; ATTNREPLAY_GPU_REF_FUSED=1: INT_MAX, none does) */
     cudaStream_t stream;
@@ -314,6 +322,15 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     g->fused = !g->mla && !(fz && strcmp(fz, "0") == 0) && g->group <= SK_MAXM && g->Dv <= 2 * PV_THREADS;
     g->fused_rows = g->fused ? SK_MAXM / g->group : 0;
     g->fused_max_rows = fz && strcmp(fz, "1") == 0 ? INT_MAX : FUSED_MAX_ROWS;
+    const char *fl = getenv("ATTNREPLAY_GPU_REF_FLASH");
+    g->flash = g->fused && !(fl && strcmp(fl, "0") == 0) && g->D % 8 == 0 && g->Dv % 8 == 0 && g->D <= FR_DMAX &&
+               g->Dv <= FR_DMAX;
+    if (g->flash && fail(cudaFuncSetAttribute(flash_ref_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)sizeof(fr_smem)),
+                         "flash reference shared memory", err, err_len)) {
+        ar_gpu_ref_close(g);
+        return -1;
+    }
     g->step_slots = g->fused;
     g->slot_layers = g->step_slots && cfg->num_layers > 1 ? cfg->num_layers : 1;
     g->mask_words = (g->slot_layers + 63) / 64;
@@ -587,6 +604,7 @@ static gctx make_ctx(const ar_gpu_ref *g, const ar_batch *b, int layer, int num_
     c.stat = (double *)g->stat.ptr;
     c.stat_nv = g->fused ? (double *)g->statnv.ptr : c.stat;
     c.mx_nv = g->fused ? (float *)g->mxnv.ptr : NULL;
+    c.flash_ref = g->flash;
     return c;
 }
 
@@ -1059,12 +1077,18 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
                  * with many checked rows in the GEMM template's (each twin has its own scores, P and
                  * outputs here, so the order of the two paths' launches does not matter) */
                 launch_fused(c, x->ref, true, d, st);
-                launch_product<double, K_MHA_S_REF, false>(c, x->ref, d, 0, st);
+                if (g->flash) {   /* the reference of the GEMM template's problems in one pass */
+                    if (x->ref.n_big > 0 && x->ref.t_big > 0)
+                        flash_ref_kernel<<<(unsigned)x->ref.t_big, FR_THREADS, sizeof(fr_smem), st>>>(
+                            c, (const gprob *)(d + x->ref.big), (const int *)(d + x->ref.pbig), x->ref.n_big);
+                } else {
+                    launch_product<double, K_MHA_S_REF, false>(c, x->ref, d, 0, st);
+                }
                 launch_product<float, K_MHA_S_NV, false>(c, x->ref, d, 0, st);
                 launch_softmax<K_MHA_S_REF, 0, true>(c, x->ref, d, x->nvec_ref, st);   /* fused: statistics only */
                 launch_softmax<K_MHA_S_NV, 1, true>(c, x->ref, d, x->nvec_ref, st);
                 launch_fused(c, x->ref, false, d, st);
-                launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
+                if (!g->flash) launch_product<double, K_MHA_PV_REF, true>(c, x->ref, d, Dv, st);
                 launch_product<float, K_MHA_PV_NV, true>(c, x->ref, d, Dv, st);
                 launch_fold<K_MHA_PV_REF, false>(c, x->ref, d, x->nvec_ref, st);
                 launch_fold<K_MHA_PV_NV, true>(c, x->ref, d, x->nvec_ref, st);

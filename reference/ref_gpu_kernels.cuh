@@ -106,6 +106,8 @@ struct gctx {
     double *stat_nv;          /* [vectors][2] the yardstick's (fused path: own buffer, both are live at
                                  once; else the same as stat) */
     float *mx_nv;             /* [vectors] the yardstick's score maximum (fused path) */
+    int flash_ref;            /* 1: flash_ref_kernel makes the reference of the GEMM template's MHA problems
+                                 (their scores, softmax and P.V products are skipped) */
     double *acc_o, *acc_l, *nv_o, *nv_l;   /* [rows][Hq][Dv], [rows][Hq] */
     double *pv_part;          /* fused P.V key splits: [split tiles][MB][Dv] the reference's partial sums */
     float *pv_part_nv;        /* [split tiles][MB][Dv] the yardstick's */
@@ -657,6 +659,7 @@ __device__ void softmax_row(const gctx &c, const gprob *probs, int nprobs, long 
         return;
     }
     T *s = (MODE == 1 ? (T *)c.Snv : (T *)c.S) + p.s_off + (long long)m * p.N;
+    if (MODE == 0 && FUSED && c.flash_ref && !fused_sized(p.M)) return;   /* flash_ref_kernel's vectors */
     const bool stats_only = FUSED && fused_sized(p.M);
     T mx = -INFINITY;
     for (int j = lo + lane; j < hi; j += 32) mx = max(mx, s[j]);
@@ -1061,6 +1064,162 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_combine_kernel(gctx c, co
         store<K_MHA_PV_REF, double>(c, p, m, d, td);
         store<K_MHA_PV_NV, float>(c, p, m, d, tf);
     }
+}
+
+/* ---- the flash reference (MHA, the GEMM template's problems on the fused check) -------------- */
+
+/* The float64 reference of a problem of many vectors (the dense rows of a prefill chunk checked
+ * row by row: rows x the query heads of one KV head) in one pass over its keys, the scores never
+ * leaving the chip: one CTA per 64-vector tile of the GEMM template's problem lists, 8 warps of 8
+ * vectors, FR_KT keys at a time.  S = Q K^T and O += P V on the FP64 tensor cores (mma.sync
+ * m8n8k4), the softmax online (FlashAttention's running maximum and sum; O and the sum are
+ * rescaled when the maximum grows), so O leaves unnormalised with stat = (max, sum) as
+ * softmax_row and the P.V product leave it and the fold is unchanged.  The sums run in another
+ * order than the GEMM template's (rescaled partial sums, four keys per instruction): the
+ * reference agrees with it to the last bits (tests/gpu_verify.c: within 1e-13, and the C
+ * reference to 1e-12); the yardstick keeps its own kernels.  Masked keys get P = 0, NaN scores
+ * are ignored by the maximum and carried by the sums, as in softmax_row.  Head sizes (QK and V)
+ * multiples of 8 up to FR_DMAX. */
+constexpr int FR_ROWS = 64;
+constexpr int FR_KT = 16;
+constexpr int FR_DMAX = 128;
+constexpr int FR_THREADS = 256;
+/* row strides in doubles: a warp's fragment reads hit each 8-byte bank pair at most twice (Q, K and
+ * P rows 4 apart mod 16, V rows 8 apart) */
+constexpr int FR_QS = FR_DMAX + 4, FR_KS = FR_DMAX + 4, FR_VS = FR_DMAX + 8, FR_PS = FR_KT + 4;
+
+struct fr_smem {
+    double q[FR_ROWS][FR_QS];   /* the tile's queries, float64 */
+    double k[FR_KT][FR_KS];     /* K of FR_KT keys */
+    double v[FR_KT][FR_VS];     /* V of the same keys */
+    double p[FR_ROWS][FR_PS];   /* P of each warp's 8 rows (written and read by that warp only) */
+    long long qb[FR_ROWS], kb[FR_KT], vb[FR_KT];
+    int lo[FR_ROWS], hi[FR_ROWS];
+    int s_lo, s_hi;
+};
+
+__global__ void __launch_bounds__(FR_THREADS, 2) flash_ref_kernel(gctx c, const gprob *probs, const int *mprefix, int nprobs)
+{
+    extern __shared__ __align__(16) unsigned char fr_raw[];
+    fr_smem &s = *reinterpret_cast<fr_smem *>(fr_raw);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+    const int pi = find_tile(mprefix, nprobs, (int)blockIdx.x);
+    const gprob p = probs[pi];
+    const int m0 = ((int)blockIdx.x - mprefix[pi]) * FR_ROWS;
+    if (tid < FR_ROWS) {
+        rowh h = {-1, 0, 0};
+        if (m0 + tid < p.M) h = a_handle<K_MHA_S_REF>(c, p, m0 + tid);
+        s.qb[tid] = h.base;
+        s.lo[tid] = h.base >= 0 ? h.lo : 0;
+        s.hi[tid] = h.base >= 0 ? h.hi : 0;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int l = INT_MAX, u = INT_MIN;
+        for (int i = 0; i < FR_ROWS; i++)
+            if (s.lo[i] < s.hi[i]) {
+                l = min(l, s.lo[i]);
+                u = max(u, s.hi[i]);
+            }
+        s.s_lo = l;
+        s.s_hi = u;
+    }
+    for (int idx = tid; idx < FR_ROWS * c.D; idx += FR_THREADS) {
+        const int i = idx / c.D, d = idx % c.D;
+        s.q[i][d] = s.qb[i] >= 0 ? (double)c.q[s.qb[i] + d] : 0.0;
+    }
+    __syncthreads();
+    const int r = 8 * warp + g8;   /* this lane's row: fragment row g8 of the warp's 8 */
+    const int rlo = s.lo[r], rhi = s.hi[r], nvf = c.Dv / 8;
+    double o[FR_DMAX / 8][2];
+#pragma unroll
+    for (int f = 0; f < FR_DMAX / 8; f++) o[f][0] = o[f][1] = 0.0;
+    double mrow = -INFINITY, lrow = 0.0;
+    for (int n0 = s.s_lo; n0 < s.s_hi; n0 += FR_KT) {
+        __syncthreads();   /* the previous keys consumed */
+        if (tid < FR_KT) {
+            const bool in = n0 + tid < p.N;
+            s.kb[tid] = in ? b_handle<K_MHA_S_REF>(c, p, n0 + tid).base : -1;
+            s.vb[tid] = in ? b_handle<K_MHA_PV_REF>(c, p, n0 + tid).base : -1;
+        }
+        __syncthreads();
+        const int gk = c.D / 8, gv = c.Dv / 8;
+        for (int idx = tid; idx < FR_KT * (gk + gv); idx += FR_THREADS) {
+            const bool isk = idx < FR_KT * gk;
+            const int t = isk ? idx : idx - FR_KT * gk, g = isk ? gk : gv;
+            const int j = t / g, e = t % g * 8;
+            float x[8];
+            load8(c, isk ? s.kb[j] : s.vb[j], e, (isk ? c.D : c.Dv) - e, x);
+            double *dst = isk ? &s.k[j][e] : &s.v[j][e];
+#pragma unroll
+            for (int u = 0; u < 8; u += 2) *reinterpret_cast<double2 *>(dst + u) = make_double2(x[u], x[u + 1]);
+        }
+        __syncthreads();
+        /* scores of the warp's 8 rows x FR_KT keys: FR_KT / 8 fragments; lane (g8, t4) holds keys
+         * 8 j + 2 t4 + h of row r */
+        double sc[FR_KT / 8][2];
+#pragma unroll
+        for (int j = 0; j < FR_KT / 8; j++) sc[j][0] = sc[j][1] = 0.0;
+        for (int kk = 0; kk < c.D; kk += 4) {
+            const double a = s.q[r][kk + t4];
+#pragma unroll
+            for (int j = 0; j < FR_KT / 8; j++) dmma_8x8x4(sc[j][0], sc[j][1], a, s.k[8 * j + g8][kk + t4]);
+        }
+        double tmax = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < FR_KT / 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int n = n0 + 8 * j + 2 * t4 + h;
+                double x = c.scale * sc[j][h];
+                if (c.cap > 0) x = c.cap * tanh(x / c.cap);
+                sc[j][h] = x;
+                if (n >= rlo && n < rhi) tmax = fmax(tmax, x);
+            }
+        tmax = fmax(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmax(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const double mnew = fmax(mrow, tmax);
+        const double alpha = mnew == -INFINITY ? 1.0 : exp(mrow - mnew);
+        double psum = 0.0;
+#pragma unroll
+        for (int j = 0; j < FR_KT / 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int n = n0 + 8 * j + 2 * t4 + h;
+                const double e = (n >= rlo && n < rhi) ? exp(sc[j][h] - mnew) : 0.0;
+                psum += e;
+                s.p[r][8 * j + 2 * t4 + h] = e;
+            }
+        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+        psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+        lrow = lrow * alpha + psum;
+        mrow = mnew;
+#pragma unroll
+        for (int f = 0; f < FR_DMAX / 8; f++) {
+            o[f][0] *= alpha;
+            o[f][1] *= alpha;
+        }
+        __syncwarp();   /* the warp's P rows written */
+#pragma unroll
+        for (int kk = 0; kk < FR_KT; kk += 4) {
+            const double a = s.p[r][kk + t4];
+#pragma unroll
+            for (int f = 0; f < FR_DMAX / 8; f++)
+                if (f < nvf) dmma_8x8x4(o[f][0], o[f][1], a, s.v[kk + t4][8 * f + g8]);
+        }
+    }
+    if (m0 + r >= p.M) return;
+    const long long v = p.v_off + m0 + r;
+    if (t4 == 0) {
+        c.stat[2 * v] = mrow;
+        c.stat[2 * v + 1] = lrow;
+    }
+#pragma unroll
+    for (int f = 0; f < FR_DMAX / 8; f++)
+        if (f < nvf) {
+            c.O[v * c.Dv + 8 * f + 2 * t4] = o[f][0];
+            c.O[v * c.Dv + 8 * f + 2 * t4 + 1] = o[f][1];
+        }
 }
 
 /* ---- inputs from the generator -------------------------------------------------------------- */

@@ -14,7 +14,8 @@
  *    (ATTNREPLAY_GPU_REF_FUSED=0), the fused kernels for every row (=1) and the default, which
  *    mixes them in one check (long prefills on the GEMM template, decodes and short chunks
  *    fused) give the same yardstick bits and references within 1e-13 (the same bits where
- *    neither runs on the FP64 tensor cores); the layers of a step share one plan and each equals
+ *    neither runs on the FP64 tensor cores; the default's long prefills take the flash reference
+ *    kernel, online softmax, within 1e-13 too); the layers of a step share one plan and each equals
  *    the C reference, sampled and every row, also when the block cache holds less than the step
  *    reads.
  * 3. On the device path the backend makes no host copy, NaN anywhere fails the step (also with
@@ -516,7 +517,10 @@ static void test_fused_path_changes_nothing(void **state)
                 const dev_copy *a = &res[0], *b = &res[i];
                 assert_memory_equal(a->nv_o, b->nv_o, no * sizeof(double));
                 assert_memory_equal(a->nv_l, b->nv_l, nl * sizeof(double));
-                assert_true(a->sum.naive_max == b->sum.naive_max && a->sum.nan_count == b->sum.nan_count);
+                /* the yardstick's error is measured against the reference: its maximum moves with
+                 * the reference's last bits (the flash kernel's), like max_abs below */
+                assert_true(fabs(a->sum.naive_max - b->sum.naive_max) <= 1e-9 * fabs(a->sum.naive_max));
+                assert_true(a->sum.nan_count == b->sum.nan_count);
                 assert_true(a->sum.bad == b->sum.bad);
                 double worst = 0;
                 for (int row = 0; row < rs.n; row++) {
