@@ -81,30 +81,51 @@ static const ar_model_preset presets[] = {
  * that card's peak), and the GeForce RTX 5090, the same GB202 die with the same 1792 GB/s GDDR7,
  * streams 1.52-1.57 TB/s in CUB's BabelStream-style transforms at 2^28 elements (0.85-0.87; cccl
  * pull requests #9881 and #9764).  The scan is a lower bound on the card's copy rate, so 0.82 may
- * be up to ~5% low.  Their attention entry is the generic 0.5 (no measurement). */
+ * be up to ~5% low.  Their attention entry is the generic 0.5 (no measurement).
+ *
+ * Their kv_eff (attention's paged KV reads) is a published measurement of vLLM 0.19's own decode
+ * attention on each card: the per-layer profiles of Llama-3.1-8B bf16 (TP 1, block 16, the
+ * attention backend vLLM picks by default, kernel time of vLLM's Attention module per call, KV
+ * write included, eager) in github.com/casys-kaist/LLMServingSim at commit 5daddb2,
+ * profiler/perf/{RTX4090,RTXPRO6000}/meta-llama/Llama-3.1-8B/bf16/tp1/attention.csv (profiled
+ * 2026-08-17 on a GeForce RTX 4090 and 2026-04-24 on an RTX PRO 6000 Blackwell Server Edition;
+ * the same repository's vLLM runs are the fidelity runs, its own simulator models that card at
+ * 1597 GB/s).  Every decode-only row (n_decode 1..256 requests x kv_decode 16..16384 tokens: 99 and
+ * 171 rows) fitted as time = a + KV bytes / rate (bytes = n x kv x 2 x 8 heads x 128 x 2),
+ * least squares of the relative error, the form and the error measure the step-time model and
+ * its fit use: RTX 4090 a = 12.7 us, 873.2 GB/s = 0.866 of 1008; RTX PRO 6000 a = 12.4 us,
+ * 1397.9 GB/s = 0.780 of 1792 (0.875 of the Server Edition's 1597).  The largest shape (256 x
+ * 16384) streams 954 / 1529 GB/s; the rate is below that at the short contexts that dominate
+ * serving.  The rate is the card's own, so the preset holds it as a fraction of the preset's
+ * data-sheet bandwidth.  H200 and H100: none (kv_eff = bw_eff). */
 static const ar_device_spec devices[] = {
     {"rtx4090", 165.2e12, 1008e9, 128,
      "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): 165.2 dense BF16 TFLOP/s with FP32 "
      "accumulate (330.3 with sparsity), 1008 GB/s GDDR6X, 128 SMs",
      "pcie", 20e9, 30e-6, "PCIe 4.0 x16 (31.5 GB/s each way), no peer-to-peer: estimate 20 GB/s, 30 us",
-     0.97, 0.5, 0.915, "GEMM: published PyTorch bf16 matmul 8192^3, 160.2 of 165.2 TFLOP/s (torch-performance-test-data "
-     "#78); bandwidth: published CUDA copy kernel, 921.85 of 1008 GB/s (xytpai/nvbench); attention generic (not measured)"},
+     0.97, 0.5, 0.915, 0.866,
+     "GEMM: published PyTorch bf16 matmul 8192^3, 160.2 of 165.2 TFLOP/s (torch-performance-test-data "
+     "#78); bandwidth: published CUDA copy kernel, 921.85 of 1008 GB/s (xytpai/nvbench); KV reads: vLLM 0.19 decode "
+     "attention, 873.2 of 1008 GB/s (LLMServingSim profile, fitted over its decode grid); attention generic (not measured)"},
     {"rtxpro6000", 503.8e12, 1792e9, 188,
      "NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet / RTX Blackwell whitepaper: about "
      "504 dense BF16 TFLOP/s with FP32 accumulate (about 1008 with sparsity), 1792 GB/s GDDR7, 188 SMs; "
      "the TFLOP/s figure is derived from the 4 PFLOP sparse FP4 headline, not measured",
      "pcie", 50e9, 20e-6, "PCIe 5.0 x16 (63 GB/s each way), peer-to-peer: estimate 50 GB/s, 20 us",
-     0.695, 0.5, 0.82, "GEMM: published PyTorch bf16 matmul 8192^3 on the Workstation Edition, 350.3 of 503.8 TFLOP/s "
+     0.695, 0.5, 0.82, 0.780,
+     "GEMM: published PyTorch bf16 matmul 8192^3 on the Workstation Edition, 350.3 of 503.8 TFLOP/s "
      "(torch-performance-test-data #160); bandwidth: published CUB int8 scan on the Workstation Edition, 2^28 bytes "
-     "read and written at 1.472 of 1792 GB/s (NVIDIA/cccl #8658); attention generic (not measured)"},
+     "read and written at 1.472 of 1792 GB/s (NVIDIA/cccl #8658); KV reads: vLLM 0.19 decode attention on the "
+     "Server Edition, 1397.9 GB/s = 0.780 of 1792 (LLMServingSim profile, fitted over its decode grid); attention "
+     "generic (not measured)"},
     {"h200", 989e12, 4.8e12, 132,
      "NVIDIA H200 SXM datasheet: 989 dense BF16 TFLOP/s, 4.8 TB/s HBM3e, 132 SMs "
      "(measured on the project H200: ~790 TFLOP/s GEMM, ~4.3 TB/s copy)",
      "nvlink", 360e9, 10e-6, "NVLink 4, 450 GB/s each way; all-reduce at ~80%: 360 GB/s, 10 us",
-     0.77, 0.5, 0.88, "attnreplay calibrate on the project H200: GEMM 763.5 TFLOP/s, copy 4233 GB/s"},
+     0.77, 0.5, 0.88, 0, "attnreplay calibrate on the project H200: GEMM 763.5 TFLOP/s, copy 4233 GB/s"},
     {"h100", 989e12, 3.35e12, 132, "NVIDIA H100 SXM datasheet: 989 dense BF16 TFLOP/s, 3.35 TB/s, 132 SMs",
      "nvlink", 360e9, 10e-6, "NVLink 4, 450 GB/s each way; all-reduce at ~80%: 360 GB/s, 10 us",
-     0.77, 0.5, 0.88, "the H200's table (same SM90 core; not measured on an H100)"},
+     0.77, 0.5, 0.88, 0, "the H200's table (same SM90 core; not measured on an H100)"},
 };
 
 const ar_model_preset *ar_model_preset_find(const char *name)

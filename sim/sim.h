@@ -103,6 +103,7 @@ typedef struct ar_device_spec {
     const char *link_source;
     /* the device's efficiency table: default fractions of peak / bandwidth the roofline uses */
     double gemm_eff, attn_eff, bw_eff;
+    double kv_eff;             /* attention's paged KV reads, a fraction of mem_bw; 0 = none measured (bw_eff) */
     const char *eff_source;
 } ar_device_spec;
 
@@ -183,7 +184,8 @@ typedef struct ar_steptime {
     double attn_efficiency;    /* fraction of peak FLOP/s reached by attention */
     double bw_efficiency;      /* fraction of memory bandwidth reached streaming weights */
     double kv_efficiency;      /* fraction of memory bandwidth reached by attention's KV reads
-                                  (paged, block-sized gathers); default bw_efficiency */
+                                  (paged, block-sized gathers); default the device's kv_eff,
+                                  else bw_efficiency */
     double overhead_s;         /* fixed per-step cost (scheduler, launch, sampling) */
     double per_req_overhead_s; /* per scheduled request */
     double gpu_gap_s;          /* per-step serial time on the GPU's stream that async scheduling does not

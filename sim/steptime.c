@@ -22,7 +22,8 @@
  *     the MLP of every layer, as a ring.  FLOPs and bytes above are divided by tp.
  *   gap: per-step serial GPU time async scheduling does not hide (sampler, input copies, launches).
  *   Keys: gemm_eff, attn_eff, bw_eff (default: the device's efficiency table, sim/presets.c),
- *   kv_eff (attention's KV reads; default bw_eff), gap (0), overhead (3 ms), per_req (0), tp (1), graph (CUDA-graph limit; default vLLM's
+ *   kv_eff (attention's KV reads; default the device table's measured kv_eff, else bw_eff), gap (0),
+ *   overhead (3 ms), per_req (0), tp (1), graph (CUDA-graph limit; default vLLM's
  *   min(2 * max_num_seqs, 512), 0 = eager), async (1 = on, vLLM's default; 0 = off), link_bw
  *   (bytes/s), link_lat (s).
  * fitted:DB[,run=ID][,device=DEV][,same keys as roofline]
@@ -217,7 +218,8 @@ static int parse_model(const char *kind, char *args, const ar_model_preset *pres
         if (steps < 0) return 2;
         st->fit_steps = steps;
     }
-    if (st->kv_efficiency < 0) st->kv_efficiency = st->bw_efficiency;
+    if (st->kv_efficiency < 0)   /* the device's measured KV-read rate, else the weight stream's */
+        st->kv_efficiency = st->device.kv_eff > 0 ? st->device.kv_eff : st->bw_efficiency;
     if (st->gemm_efficiency <= 0 || st->attn_efficiency <= 0 || st->bw_efficiency <= 0 || st->kv_efficiency <= 0 ||
         st->gemm_efficiency > 1 || st->attn_efficiency > 1 || st->bw_efficiency > 1 || st->kv_efficiency > 1) {
         snprintf(err, err_len, "--step-time %s: efficiencies must be in (0, 1]", kind);

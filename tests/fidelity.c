@@ -5,9 +5,10 @@
  * calibration run alone, in two stages.  Each device's bw_eff (the weight stream's fraction of the
  * data-sheet bandwidth) is not fitted: it is the device table's published copy measurement
  * (sim/presets.c), since one run's step timings cannot split a step's fixed cost between the weight
- * stream and gap (the ridge below).  Stage 1, without simulation: gemm_scale, kv_eff (attention's KV
- * reads, as a fraction of the device's bw_eff) and gap (serial per-step GPU time) by Nelder-Mead against the
- * run's own step timings (sim/stepfit.c: the step ends its requests' first and last tokens reveal,
+ * stream and gap (the ridge below).  Nor is kv_eff (attention's KV reads): it is the device table's
+ * published measurement of vLLM's decode attention on that card, since the RTX 4090 run, its KV
+ * cache full, cannot split its KV reads from gap either.  Stage 1, without simulation: gemm_scale
+ * and gap (serial per-step GPU time) by Nelder-Mead against the run's own step timings (sim/stepfit.c: the step ends its requests' first and last tokens reveal,
  * the exact step counts between them, the batches rebuilt from the requests), least absolute
  * deviations of log(predicted / observed steps), then again without the intervals beyond 3 scaled
  * MADs of that fit.  Stage 2, by simulation: attn_eff, overhead and per_req by coordinate descent,
@@ -21,8 +22,8 @@
  * stays far below).  Then the KV-block sensitivity (the RTX 4090 run with 90..110% of its 2588
  * blocks), stage 1 along bw_eff (the calibration device's held at 0.6..1.0, the other stage-1 terms
  * refitted: on one device the weight stream and gap are both a constant per step), stage 1 along
- * gap (0..5 ms, the others refitted), and each term switched off (bw_eff fitted among them),
- * recalibrated and evaluated.
+ * gap (0..5 ms, the others refitted), and each term switched off (bw_eff fitted, and kv_eff
+ * fitted as a fraction of the device's bw_eff, among them), recalibrated and evaluated.
  *
  * Prints one table; exit 0 (the numbers are a report, not a pass/fail test), 2 when the public
  * runs are missing. */
@@ -45,8 +46,9 @@ typedef struct fid_params {
     double bw_scale;       /* the weight stream's rate as a fraction of the device's measured copy bandwidth
                               (its table's bw_eff); 1 = pinned to the table; only the ridge below moves it */
     double bw_eff;         /* with bw_free only: one fitted bw_eff for both devices (a fraction of the data sheet) */
-    double kv_eff;         /* KV reads: a fraction of the device's weight-stream rate (kv_eff x bw_eff); with
-                              kv_absolute or bw_free, a fraction of the data-sheet bandwidth shared by both devices */
+    double kv_eff;         /* with kv_fitted, KV reads: a fraction of the device's weight-stream rate (kv_eff x
+                              bw_eff); with kv_absolute or bw_free, a fraction of the data-sheet bandwidth shared by
+                              both devices; otherwise unused (the device table's measured kv_eff) */
     double attn_eff, overhead, per_req;
     double gap;            /* per-step serial GPU time (the step-time key gap) */
     const char *variant;   /* extra step-time keys ("" = the full model) */
@@ -56,6 +58,7 @@ typedef struct fid_params {
     bool gap_fixed;        /* gap stays at its start value (the second ridge below) */
     bool bw_free;          /* bw_eff fitted and shared by both devices (free along the ridge), not the tables' */
     bool kv_absolute;      /* kv_eff a fraction of the data sheet, shared, not of the device's bw_eff */
+    bool kv_fitted;        /* kv_eff fitted in stage 1 rather than the device table's measured value */
 } fid_params;
 
 /* The gemm_eff one device runs with: the shared scale times the device's measured GEMM
@@ -73,12 +76,13 @@ static double device_bw_eff(const fid_params *p, const char *device)
     return p->bw_free ? p->bw_eff : fmin(1.0, p->bw_scale * ar_device_find(device)->bw_eff);
 }
 
-/* The kv_eff one device runs with: kv_eff times the device's bw_eff (the KV gather's rate relative
- * to what a dense stream reaches on that device, as gemm_scale is for the GEMMs), or the shared
- * absolute value. */
+/* The kv_eff one device runs with: the device table's measured decode-attention rate; when fitted,
+ * kv_eff times the device's bw_eff (the KV gather's rate relative to what a dense stream reaches on
+ * that device, as gemm_scale is for the GEMMs), or the shared absolute value. */
 static double device_kv_eff(const fid_params *p, const char *device)
 {
     if (p->kv_tied) return device_bw_eff(p, device);
+    if (!p->kv_fitted) return ar_device_find(device)->kv_eff;
     if (p->kv_absolute || p->bw_free) return p->kv_eff;
     return fmin(1.0, p->kv_eff * device_bw_eff(p, device));
 }
@@ -211,7 +215,7 @@ static double step_timing_loss(const fid_run *r, const fid_params *p)
 }
 
 /* Stage 1's free terms as a vector: gemm_scale, bw_eff (with bw_free only: otherwise each device's
- * table pins it), kv_eff, gap in ms; each kept within its bounds (a point outside is evaluated at the
+ * table pins it), kv_eff (with kv_fitted only, likewise), gap in ms; each kept within its bounds (a point outside is evaluated at the
  * bound plus a penalty, so the search turns back).  kv_eff relative to the device's bw_eff may exceed 1
  * (KV reads a little faster than the copy benchmark); the rate it gives is capped at the data sheet. */
 static const double fit_lo[4] = {0.2, 0.2, 0.2, 0}, fit_hi[4] = {1.5, 1.0, 1.2, 10};
@@ -241,7 +245,9 @@ static fid_params nelder_mead(fid_run *r, const fid_params *base, double *loss_o
 {
     int dims[4], nd = 0;
     for (int i = 0; i < 4; i++)
-        if (!((i == 1 && !base->bw_free) || (i == 2 && base->kv_tied) || (i == 3 && (base->no_gap || base->gap_fixed)))) dims[nd++] = i;
+        if (!((i == 1 && !base->bw_free) || (i == 2 && (base->kv_tied || !base->kv_fitted)) ||
+              (i == 3 && (base->no_gap || base->gap_fixed))))
+            dims[nd++] = i;
     double x0[4] = {base->gemm_scale, base->bw_eff, base->kv_eff, 1e3 * base->gap};
     double simplex[5][4], f[5];
     for (int restart = 0; restart < 2; restart++) {
@@ -432,10 +438,10 @@ int main(int argc, char **argv)
             return 2;
         printf("### Calibrated on %s (%d simulations), evaluated on %s\n\n", cal->label, sims, eval->label);
         printf("parameters: gemm_scale=%.3g (gemm_eff %s %.3g, %s %.3g), bw_eff from the device tables (%s %.3g, "
-               "%s %.3g), kv_eff=%.3g x bw_eff (%s %.3g, %s %.3g), attn_eff=%.3g, gap=%.3g, overhead=%.3g, per_req=%.3g "
-               "(async on, CUDA-graph padding)\n\n", p.gemm_scale, cal->device, device_gemm_eff(&p, cal->device),
+               "%s %.3g), kv_eff from the device tables (%s %.3g, %s %.3g), attn_eff=%.3g, gap=%.3g, overhead=%.3g, "
+               "per_req=%.3g (async on, CUDA-graph padding)\n\n", p.gemm_scale, cal->device, device_gemm_eff(&p, cal->device),
                eval->device, device_gemm_eff(&p, eval->device), cal->device, device_bw_eff(&p, cal->device),
-               eval->device, device_bw_eff(&p, eval->device), p.kv_eff, cal->device, device_kv_eff(&p, cal->device),
+               eval->device, device_bw_eff(&p, eval->device), cal->device, device_kv_eff(&p, cal->device),
                eval->device, device_kv_eff(&p, eval->device), p.attn_eff, p.gap, p.overhead, p.per_req);
         const ar_step_interval_stats *is = &cal->steps.stats;
         printf("stage 1 on %s: %d step ends seen in %d components (%d with disagreeing step counts, %d intervals "
@@ -487,7 +493,7 @@ int main(int argc, char **argv)
      * rows show where the tables' values sit on the ridge and what the freedom would do to the
      * transfer.  They are printed, never used to choose. */
     printf("### Stage 1 along bw_eff (the other stage-1 terms refitted; stage 2 as calibrated)\n\n");
-    printf("| calibrated on | bw_eff (calibration / evaluation device) | fitted gemm_scale / kv_eff / gap "
+    printf("| calibrated on | bw_eff (calibration / evaluation device) | fitted gemm_scale / gap, kv_eff (table) "
            "| stage-1 loss (kept) | calibration TTFT / TPOT gap | evaluation TTFT / TPOT gap |\n"
            "| --- | --- | --- | --- | --- | --- |\n");
     for (int dir = 0; dir < 2; dir++) {
@@ -500,18 +506,20 @@ int main(int argc, char **argv)
             fid_params p;
             ar_fidelity fc, fe;
             if (ridge_point(cal, eval, start, &p, &s1, &fc, &fe) != 0) return 2;
-            printf("| %s | %.3g / %.3g%s | %.3g / %.3g / %.2g | %.4f (%d) | %+.1f / %+.1f %% | %+.1f / %+.1f %% |\n",
+            printf("| %s | %.3g / %.3g%s | %.3g / %.2g, %.3g | %.4f (%d) | %+.1f / %+.1f %% | %+.1f / %+.1f %% |\n",
                    cal->label, device_bw_eff(&p, cal->device), device_bw_eff(&p, eval->device), b < 5 ? "" : " (tables)",
-                   p.gemm_scale, p.kv_eff, p.gap, s1.loss, s1.kept, 100 * fc.gap_ttft[0], 100 * fc.gap_tpot[0],
+                   p.gemm_scale, p.gap, device_kv_eff(&p, cal->device), s1.loss, s1.kept, 100 * fc.gap_ttft[0],
+                   100 * fc.gap_tpot[0],
                    100 * fe.gap_ttft[0], 100 * fe.gap_tpot[0]);
         }
     }
     printf("\n");
-    /* The second ridge: gap held at each value, bw_eff from the tables, the other stage-1 terms
+    /* The second ridge: gap held at each value, bw_eff and kv_eff from the tables, gemm_scale
      * refitted.  In the RTX 4090 run the KV cache stays full, so a step's KV reads are nearly a
-     * constant too and trade against gap.  Printed, never used to choose. */
-    printf("### Stage 1 along gap (bw_eff from the tables; the other stage-1 terms refitted; stage 2 as calibrated)\n\n");
-    printf("| calibrated on | gap (ms) | fitted gemm_scale / kv_eff | stage-1 loss (kept) | calibration TTFT / TPOT gap "
+     * constant too and would trade against gap if kv_eff were fitted; with it pinned the rows show
+     * how sharply each run's step timings decide gap.  Printed, never used to choose. */
+    printf("### Stage 1 along gap (bw_eff and kv_eff from the tables; gemm_scale refitted; stage 2 as calibrated)\n\n");
+    printf("| calibrated on | gap (ms) | fitted gemm_scale | stage-1 loss (kept) | calibration TTFT / TPOT gap "
            "| evaluation TTFT / TPOT gap |\n| --- | ---: | --- | --- | --- | --- |\n");
     for (int dir = 0; dir < 2; dir++) {
         fid_run *cal = &runs[dir], *eval = &runs[1 - dir];
@@ -523,8 +531,8 @@ int main(int argc, char **argv)
             fid_params p;
             ar_fidelity fc, fe;
             if (ridge_point(cal, eval, start, &p, &s1, &fc, &fe) != 0) return 2;
-            printf("| %s | %d | %.3g / %.3g x bw_eff | %.4f (%d) | %+.1f / %+.1f %% | %+.1f / %+.1f %% |\n", cal->label, g,
-                   p.gemm_scale, p.kv_eff, s1.loss, s1.kept, 100 * fc.gap_ttft[0], 100 * fc.gap_tpot[0],
+            printf("| %s | %d | %.3g | %.4f (%d) | %+.1f / %+.1f %% | %+.1f / %+.1f %% |\n", cal->label, g,
+                   p.gemm_scale, s1.loss, s1.kept, 100 * fc.gap_ttft[0], 100 * fc.gap_tpot[0],
                    100 * fe.gap_ttft[0], 100 * fe.gap_tpot[0]);
         }
     }
@@ -532,18 +540,22 @@ int main(int argc, char **argv)
     /* each term switched off in turn, recalibrated, evaluated: what the term does to the transfer */
     static const struct {
         const char *keys, *what;
-        bool datasheet_gemm, kv_tied, no_gap, bw_free, kv_absolute;
+        bool datasheet_gemm, kv_tied, no_gap, bw_free, kv_absolute, kv_fitted;
     } variants[] = {
-        {"", "full model", false, false, false, false, false},
+        {"", "full model", false, false, false, false, false, false},
+        {"", "kv_eff fitted, a fraction of the device's bw_eff (no measured KV-read rate)", false, false, false, false,
+         false, true},
         {"", "bw_eff fitted, one value for both devices (free along the ridge; kv_eff absolute)", false, false, false, true,
-         true},
-        {"", "kv_eff a fraction of the data sheet, shared (not of the device's bw_eff)", false, false, false, false, true},
-        {"", "GEMMs on the data-sheet peak (no measured GEMM ceiling)", true, false, false, false, false},
-        {"", "one bandwidth efficiency for weights and KV reads (kv_eff = bw_eff)", false, true, false, false, false},
-        {"", "no serial per-step GPU time (gap = 0)", false, false, true, false, false},
-        {"", "none of these (one fitted bandwidth and GEMM efficiency: the first model)", true, true, true, true, true},
-        {",async=0", "no async scheduling (CPU time adds to the GPU's)", false, false, false, false, false},
-        {",graph=0", "no CUDA-graph padding", false, false, false, false, false},
+         true, true},
+        {"", "kv_eff fitted, a fraction of the data sheet, shared (not of the device's bw_eff)", false, false, false, false,
+         true, true},
+        {"", "GEMMs on the data-sheet peak (no measured GEMM ceiling)", true, false, false, false, false, false},
+        {"", "one bandwidth efficiency for weights and KV reads (kv_eff = bw_eff)", false, true, false, false, false, false},
+        {"", "no serial per-step GPU time (gap = 0)", false, false, true, false, false, false},
+        {"", "none of these (one fitted bandwidth and GEMM efficiency: the first model)", true, true, true, true, true,
+         false},
+        {",async=0", "no async scheduling (CPU time adds to the GPU's)", false, false, false, false, false, false},
+        {",graph=0", "no CUDA-graph padding", false, false, false, false, false, false},
     };
     printf("### Each term off, recalibrated: evaluation gaps (mean TTFT / mean TPOT)\n\n");
     static char fitted[16][2][240];
@@ -559,6 +571,7 @@ int main(int argc, char **argv)
             start.no_gap = variants[v].no_gap;
             start.bw_free = variants[v].bw_free;
             start.kv_absolute = variants[v].kv_absolute;
+            start.kv_fitted = variants[v].kv_fitted;
             if (start.bw_free) start.bw_eff = 0.8;   /* the generic value the RTX tables held before measuring */
             if (start.kv_absolute) start.kv_eff = start.bw_free ? start.bw_eff : device_bw_eff(&start, cal->device);
             int sims = 0;
@@ -567,9 +580,10 @@ int main(int argc, char **argv)
             if (simulate(eval, &p, eval->num_blocks, &fe, NULL, NULL) != 0) return 2;
             printf(" %+.1f / %+.1f %% |", 100 * fe.gap_ttft[0], 100 * fe.gap_tpot[0]);
             snprintf(fitted[v][dir], sizeof fitted[v][dir], "gemm_scale=%.3g,attn_eff=%.3g,bw_eff=%.3g,kv_eff=%.3g%s,gap=%.3g,"
-                     "overhead=%.3g,per_req=%.3g", p.gemm_scale, p.attn_eff, device_bw_eff(&p, cal->device), p.kv_eff,
-                     p.kv_tied ? " (= bw_eff)" : p.kv_absolute || p.bw_free ? "" : " x bw_eff", p.gap, p.overhead,
-                     p.per_req);
+                     "overhead=%.3g,per_req=%.3g", p.gemm_scale, p.attn_eff, device_bw_eff(&p, cal->device),
+                     p.kv_fitted ? p.kv_eff : device_kv_eff(&p, cal->device),
+                     p.kv_tied ? " (= bw_eff)" : !p.kv_fitted ? " (table)" : p.kv_absolute || p.bw_free ? "" : " x bw_eff",
+                     p.gap, p.overhead, p.per_req);
         }
         printf("\n");
     }

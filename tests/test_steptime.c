@@ -108,29 +108,33 @@ static void test_async_overlaps_cpu(void **state)
     assert_true(fabs(ar_steptime_eval(&as, &f) - 0.5) < 1e-12);
 }
 
-/* kv_eff scales the decode attention's KV reads and nothing else; by default it is bw_eff.  gap
- * adds to the GPU part, so async scheduling does not hide it. */
+/* kv_eff scales the decode attention's KV reads and nothing else; by default it is the device
+ * table's measured KV-read rate, on a device without one bw_eff.  gap adds to the GPU part, so
+ * async scheduling does not hide it. */
 static void test_kv_eff_and_gap(void **state)
 {
     (void)state;
     int q[4] = {1, 1, 1, 1}, c[4] = {4000, 4000, 4000, 4000};
     ar_batch_features f = {.num_reqs = 4, .num_tokens = 4, .num_decode_reqs = 4, .kv_tokens_read = 16004,
                            .attn_pairs = 16004, .query_lens = q, .context_lens = c};
-    ar_steptime tied, half, gap, big_cpu;
-    parse_ok("roofline:rtx4090,bw_eff=0.8", &tied);
+    ar_steptime tied, table, half, gap, big_cpu;
+    double table_kv = ar_device_find("rtx4090")->kv_eff;
+    parse_ok("roofline:h200,bw_eff=0.8", &tied);                /* no measured KV rate: bw_eff */
+    parse_ok("roofline:rtx4090,bw_eff=0.8", &table);             /* the table's, whatever bw_eff */
     parse_ok("roofline:rtx4090,bw_eff=0.8,kv_eff=0.4", &half);
     assert_true(tied.kv_efficiency == 0.8);
+    assert_true(table.kv_efficiency == table_kv && table_kv != 0.8);
     assert_true(half.kv_efficiency == 0.4);
     ar_step_parts a, b;
-    ar_steptime_parts(&tied, &f, &a);
+    ar_steptime_parts(&table, &f, &a);
     ar_steptime_parts(&half, &f, &b);
     assert_true(a.linear_s == b.linear_s);                       /* weights keep bw_eff */
-    assert_true(fabs(b.attn_s / a.attn_s - 2.0) < 1e-9);         /* decodes are bound by their KV reads */
+    assert_true(fabs(b.attn_s / a.attn_s - table_kv / 0.4) < 1e-9);   /* decodes are bound by their KV reads */
     /* the KV bytes at kv_eff: 4 x 4002 tokens x 32 layers x 2 x 8 heads x 128 x 2 bytes */
     double bytes = 4.0 * (4000 + 2) * 32 * 2 * 8 * 128 * 2;
     assert_true(fabs(b.attn_s - bytes / (1008e9 * 0.4)) < 1e-12);
     parse_ok("roofline:rtx4090,bw_eff=0.8,gap=0.002", &gap);
-    assert_true(fabs(ar_steptime_eval(&gap, &f) - ar_steptime_eval(&tied, &f) - 0.002) < 1e-12);
+    assert_true(fabs(ar_steptime_eval(&gap, &f) - ar_steptime_eval(&table, &f) - 0.002) < 1e-12);
     /* a CPU part longer than GPU + gap is still the step (async), and the gap sits under it */
     parse_ok("roofline:rtx4090,gap=0.002,overhead=0.5", &big_cpu);
     assert_true(fabs(ar_steptime_eval(&big_cpu, &f) - 0.5) < 1e-12);
@@ -200,8 +204,9 @@ static void test_device_efficiency_tables(void **state)
     parse_ok("roofline:rtx4090", &st);
     assert_true(st.gemm_efficiency == ar_device_find("rtx4090")->gemm_eff);
     assert_true(ar_device_find("h200")->gemm_eff != ar_device_find("rtx4090")->gemm_eff);
-    /* the RTX cards' bw_eff is each card's own published copy measurement, the value the fidelity
-     * fit pins (tests/fidelity.c); KV reads default to it */
+    /* the RTX cards' bw_eff is each card's own published copy measurement and their kv_eff its own
+     * published decode-attention measurement, the values the fidelity fit pins (tests/fidelity.c);
+     * the H200 has no KV-read measurement, so its KV reads default to bw_eff */
     static const char *const rtx[2] = {"rtx4090", "rtxpro6000"};
     for (int i = 0; i < 2; i++) {
         const ar_device_spec *d = ar_device_find(rtx[i]);
@@ -209,9 +214,13 @@ static void test_device_efficiency_tables(void **state)
         snprintf(spec, sizeof spec, "roofline:%s", rtx[i]);
         parse_ok(spec, &st);
         assert_true(st.bw_efficiency == d->bw_eff);
-        assert_true(st.kv_efficiency == d->bw_eff);
+        assert_true(st.kv_efficiency == d->kv_eff);
+        assert_true(d->kv_eff > 0 && d->kv_eff <= 1 && d->kv_eff != d->bw_eff);
         assert_non_null(strstr(d->eff_source, "bandwidth: published"));
+        assert_non_null(strstr(d->eff_source, "KV reads: vLLM 0.19 decode attention"));
     }
+    parse_ok("roofline:h200", &st);
+    assert_true(ar_device_find("h200")->kv_eff == 0 && st.kv_efficiency == st.bw_efficiency);
     assert_true(ar_device_find("rtx4090")->bw_eff != ar_device_find("rtxpro6000")->bw_eff);
     parse_ok("roofline:h200,gemm_eff=0.5", &st);
     assert_true(st.gemm_efficiency == 0.5);
