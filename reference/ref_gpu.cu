@@ -58,8 +58,10 @@
  * (4 x 4 per thread) for problems of more than 8 rows, 8 rows x 256 / 128 columns (8 x 2 /
  * 8 x 1 per thread) for decode-like problems of a few rows.
  *
- * The kernels are in ref_gpu_kernels.cuh (included below); this file is the host side: the
- * buffers, the block cache, the plan's upload and the launches of each check. */
+ * The kernels are in ref_gpu_kernels.cuh (step data, operands, the GEMM template, per-vector,
+ * generator and comparison kernels) and ref_gpu_attn.cuh (the fused path and the flash
+ * reference), included below; this file is the host side: the buffers, the block cache, the
+ * plan's upload and the launches of each check. */
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -80,6 +82,7 @@ extern "C" {
 }
 
 #include "ref_gpu_kernels.cuh"
+#include "ref_gpu_attn.cuh"
 
 using namespace argpu;
 
