@@ -97,13 +97,31 @@ static const ar_model_preset presets[] = {
  * 1397.9 GB/s = 0.780 of 1792 (0.875 of the Server Edition's 1597).  The largest shape (256 x
  * 16384) streams 954 / 1529 GB/s; the rate is below that at the short contexts that dominate
  * serving.  The rate is the card's own, so the preset holds it as a fraction of the preset's
- * data-sheet bandwidth.  H200 and H100: none (kv_eff = bw_eff). */
+ * data-sheet bandwidth.  H200 and H100: none (kv_eff = bw_eff).
+ *
+ * A candidate linear-layer table (linear_gemm_eff, linear_bw_eff), not the default: vLLM 0.19's own
+ * linear layers on each card, from the same profiles (dense.csv: the CUDA kernel time per call of
+ * each module of one layer at 152 token counts from 1 to 2048; per_sequence.csv: the LM head at
+ * 1..256 sequences).  A layer's linear time T(n) = qkv_proj + o_proj + gate_up_proj + down_proj at
+ * n tokens; its FLOPs 2 n x 218,103,808 parameters, its bytes the roofline's (2 per weight + each
+ * GEMM's input and output rows).  The rule, fixed before any simulation: gemm_eff from the
+ * compute-bound rows n >= 1024 (65 rows; the runs' prefill chunks are 2048 tokens), T = FLOPs /
+ * rate, least squares of the relative error; bw_eff from the weight stream of a decode step of
+ * n <= 16 sequences (16 rows: 32 x T(n) + the LM head at n sequences, against 32 layers' and the LM
+ * head's bytes), the same fit.  RTX 4090: 158.8 TFLOP/s = 0.961 of 165.2 (rows 146.7..165.2),
+ * 916.7 GB/s = 0.909 of 1008.  RTX PRO 6000 Server Edition: 379.9 TFLOP/s = 0.754 of 503.8 (rows
+ * 340.5..415.4; 395.7 at 2048 tokens), 1450.6 GB/s = 0.809 of 1792.  The weight streams agree with
+ * the copy figures above within 1.3%, the RTX 4090's GEMMs with its matmul figure within 1%; the
+ * RTX PRO 6000's GEMMs do not match its own run: the run's step timings put them at 0.62 of the
+ * peak (`make fidelity`, stage 1: gemm_scale 0.82 x 0.754, or 0.89 x 0.695), and with 0.754 pinned
+ * its stage-1 loss is 0.021 against 0.0091.  A burst of profiled kernels may run at clocks the
+ * sustained serving run does not hold; that is not measured, so the default stays. */
 static const ar_device_spec devices[] = {
     {"rtx4090", 165.2e12, 1008e9, 128,
      "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): 165.2 dense BF16 TFLOP/s with FP32 "
      "accumulate (330.3 with sparsity), 1008 GB/s GDDR6X, 128 SMs",
      "pcie", 20e9, 30e-6, "PCIe 4.0 x16 (31.5 GB/s each way), no peer-to-peer: estimate 20 GB/s, 30 us",
-     0.97, 0.5, 0.915, 0.866,
+     0.97, 0.5, 0.915, 0.866, 0.961, 0.909,
      "GEMM: published PyTorch bf16 matmul 8192^3, 160.2 of 165.2 TFLOP/s (torch-performance-test-data "
      "#78); bandwidth: published CUDA copy kernel, 921.85 of 1008 GB/s (xytpai/nvbench); KV reads: vLLM 0.19 decode "
      "attention, 873.2 of 1008 GB/s (LLMServingSim profile, fitted over its decode grid); attention generic (not measured)"},
@@ -112,7 +130,7 @@ static const ar_device_spec devices[] = {
      "504 dense BF16 TFLOP/s with FP32 accumulate (about 1008 with sparsity), 1792 GB/s GDDR7, 188 SMs; "
      "the TFLOP/s figure is derived from the 4 PFLOP sparse FP4 headline, not measured",
      "pcie", 50e9, 20e-6, "PCIe 5.0 x16 (63 GB/s each way), peer-to-peer: estimate 50 GB/s, 20 us",
-     0.695, 0.5, 0.82, 0.780,
+     0.695, 0.5, 0.82, 0.780, 0.754, 0.809,
      "GEMM: published PyTorch bf16 matmul 8192^3 on the Workstation Edition, 350.3 of 503.8 TFLOP/s "
      "(torch-performance-test-data #160); bandwidth: published CUB int8 scan on the Workstation Edition, 2^28 bytes "
      "read and written at 1.472 of 1792 GB/s (NVIDIA/cccl #8658); KV reads: vLLM 0.19 decode attention on the "
@@ -122,10 +140,10 @@ static const ar_device_spec devices[] = {
      "NVIDIA H200 SXM datasheet: 989 dense BF16 TFLOP/s, 4.8 TB/s HBM3e, 132 SMs "
      "(measured on the project H200: ~790 TFLOP/s GEMM, ~4.3 TB/s copy)",
      "nvlink", 360e9, 10e-6, "NVLink 4, 450 GB/s each way; all-reduce at ~80%: 360 GB/s, 10 us",
-     0.77, 0.5, 0.88, 0, "attnreplay calibrate on the project H200: GEMM 763.5 TFLOP/s, copy 4233 GB/s"},
+     0.77, 0.5, 0.88, 0, 0, 0, "attnreplay calibrate on the project H200: GEMM 763.5 TFLOP/s, copy 4233 GB/s"},
     {"h100", 989e12, 3.35e12, 132, "NVIDIA H100 SXM datasheet: 989 dense BF16 TFLOP/s, 3.35 TB/s, 132 SMs",
      "nvlink", 360e9, 10e-6, "NVLink 4, 450 GB/s each way; all-reduce at ~80%: 360 GB/s, 10 us",
-     0.77, 0.5, 0.88, 0, "the H200's table (same SM90 core; not measured on an H100)"},
+     0.77, 0.5, 0.88, 0, 0, 0, "the H200's table (same SM90 core; not measured on an H100)"},
 };
 
 const ar_model_preset *ar_model_preset_find(const char *name)

@@ -104,6 +104,9 @@ typedef struct ar_device_spec {
     /* the device's efficiency table: default fractions of peak / bandwidth the roofline uses */
     double gemm_eff, attn_eff, bw_eff;
     double kv_eff;             /* attention's paged KV reads, a fraction of mem_bw; 0 = none measured (bw_eff) */
+    /* a candidate linear-layer table, not the default: gemm_eff and bw_eff measured from vLLM's own linear
+     * layers on the card (sim/presets.c); 0 = none.  `make fidelity` reports the model with it */
+    double linear_gemm_eff, linear_bw_eff;
     const char *eff_source;
 } ar_device_spec;
 

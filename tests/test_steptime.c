@@ -218,7 +218,12 @@ static void test_device_efficiency_tables(void **state)
         assert_true(d->kv_eff > 0 && d->kv_eff <= 1 && d->kv_eff != d->bw_eff);
         assert_non_null(strstr(d->eff_source, "bandwidth: published"));
         assert_non_null(strstr(d->eff_source, "KV reads: vLLM 0.19 decode attention"));
+        /* the candidate table of vLLM's measured linear layers is carried, not the default */
+        assert_true(d->linear_gemm_eff > 0 && d->linear_gemm_eff <= 1 && d->linear_bw_eff > 0 && d->linear_bw_eff <= 1);
+        assert_true(st.gemm_efficiency == d->gemm_eff && d->gemm_eff != d->linear_gemm_eff);
+        assert_true(fabs(d->linear_bw_eff / d->bw_eff - 1) < 0.02);   /* the weight stream agrees with the copy */
     }
+    assert_true(ar_device_find("h200")->linear_gemm_eff == 0 && ar_device_find("h200")->linear_bw_eff == 0);
     parse_ok("roofline:h200", &st);
     assert_true(ar_device_find("h200")->kv_eff == 0 && st.kv_efficiency == st.bw_efficiency);
     assert_true(ar_device_find("rtx4090")->bw_eff != ar_device_find("rtxpro6000")->bw_eff);
