@@ -23,7 +23,9 @@
  * blocks), stage 1 along bw_eff (the calibration device's held at 0.6..1.0, the other stage-1 terms
  * refitted: on one device the weight stream and gap are both a constant per step), stage 1 along
  * gap (0..5 ms, the others refitted), and each term switched off (bw_eff fitted, and kv_eff
- * fitted as a fraction of the device's bw_eff, among them), recalibrated and evaluated.
+ * fitted as a fraction of the device's bw_eff, among them), recalibrated and evaluated; two rows
+ * take the linear term from the candidate table of vLLM's measured linear layers (sim/presets.c),
+ * pinned (stage 1 then fits gap alone) and with gemm_scale fitted over it.
  *
  * Prints one table; exit 0 (the numbers are a report, not a pass/fail test), 2 when the public
  * runs are missing. */
@@ -59,13 +61,17 @@ typedef struct fid_params {
     bool bw_free;          /* bw_eff fitted and shared by both devices (free along the ridge), not the tables' */
     bool kv_absolute;      /* kv_eff a fraction of the data sheet, shared, not of the device's bw_eff */
     bool kv_fitted;        /* kv_eff fitted in stage 1 rather than the device table's measured value */
+    bool gemm_pinned;      /* gemm_scale stays 1 (the device table's measured GEMM rate as it is) */
+    bool profiled_linear;  /* gemm_eff and bw_eff from the device's candidate table of vLLM's measured linear
+                              layers (linear_gemm_eff, linear_bw_eff in sim/presets.c) */
 } fid_params;
 
 /* The gemm_eff one device runs with: the shared scale times the device's measured GEMM
  * efficiency (its preset's table), at most 1. */
 static double device_gemm_eff(const fid_params *p, const char *device)
 {
-    double table = p->datasheet_gemm ? 1.0 : ar_device_find(device)->gemm_eff;
+    const ar_device_spec *d = ar_device_find(device);
+    double table = p->datasheet_gemm ? 1.0 : p->profiled_linear ? d->linear_gemm_eff : d->gemm_eff;
     return fmin(1.0, p->gemm_scale * table);
 }
 
@@ -73,7 +79,9 @@ static double device_gemm_eff(const fid_params *p, const char *device)
  * the ridge), or with bw_free the one fitted value. */
 static double device_bw_eff(const fid_params *p, const char *device)
 {
-    return p->bw_free ? p->bw_eff : fmin(1.0, p->bw_scale * ar_device_find(device)->bw_eff);
+    const ar_device_spec *d = ar_device_find(device);
+    double table = p->profiled_linear ? d->linear_bw_eff : d->bw_eff;
+    return p->bw_free ? p->bw_eff : fmin(1.0, p->bw_scale * table);
 }
 
 /* The kv_eff one device runs with: the device table's measured decode-attention rate; when fitted,
@@ -245,7 +253,8 @@ static fid_params nelder_mead(fid_run *r, const fid_params *base, double *loss_o
 {
     int dims[4], nd = 0;
     for (int i = 0; i < 4; i++)
-        if (!((i == 1 && !base->bw_free) || (i == 2 && (base->kv_tied || !base->kv_fitted)) ||
+        if (!((i == 0 && base->gemm_pinned && !base->datasheet_gemm) || (i == 1 && !base->bw_free) ||
+              (i == 2 && (base->kv_tied || !base->kv_fitted)) ||
               (i == 3 && (base->no_gap || base->gap_fixed))))
             dims[nd++] = i;
     double x0[4] = {base->gemm_scale, base->bw_eff, base->kv_eff, 1e3 * base->gap};
@@ -540,22 +549,28 @@ int main(int argc, char **argv)
     /* each term switched off in turn, recalibrated, evaluated: what the term does to the transfer */
     static const struct {
         const char *keys, *what;
-        bool datasheet_gemm, kv_tied, no_gap, bw_free, kv_absolute, kv_fitted;
+        bool datasheet_gemm, kv_tied, no_gap, bw_free, kv_absolute, kv_fitted, gemm_pinned, profiled_linear;
     } variants[] = {
-        {"", "full model", false, false, false, false, false, false},
-        {"", "kv_eff fitted, a fraction of the device's bw_eff (no measured KV-read rate)", false, false, false, false,
+        {"", "full model", false, false, false, false, false, false, false, false},
+        {"", "linear term from vLLM's measured linear layers (candidate table), pinned: stage 1 fits gap alone", false,
+         false, false, false, false, false, true, true},
+        {"", "linear term from the candidate table, gemm_scale fitted over it", false, false, false, false, false, false,
          false, true},
+        {"", "kv_eff fitted, a fraction of the device's bw_eff (no measured KV-read rate)", false, false, false, false,
+         false, true, false, false},
         {"", "bw_eff fitted, one value for both devices (free along the ridge; kv_eff absolute)", false, false, false, true,
-         true, true},
+         true, true, false, false},
         {"", "kv_eff fitted, a fraction of the data sheet, shared (not of the device's bw_eff)", false, false, false, false,
-         true, true},
-        {"", "GEMMs on the data-sheet peak (no measured GEMM ceiling)", true, false, false, false, false, false},
-        {"", "one bandwidth efficiency for weights and KV reads (kv_eff = bw_eff)", false, true, false, false, false, false},
-        {"", "no serial per-step GPU time (gap = 0)", false, false, true, false, false, false},
-        {"", "none of these (one fitted bandwidth and GEMM efficiency: the first model)", true, true, true, true, true,
+         true, true, false, false},
+        {"", "GEMMs on the data-sheet peak (no measured GEMM ceiling)", true, false, false, false, false, false, false,
          false},
-        {",async=0", "no async scheduling (CPU time adds to the GPU's)", false, false, false, false, false, false},
-        {",graph=0", "no CUDA-graph padding", false, false, false, false, false, false},
+        {"", "one bandwidth efficiency for weights and KV reads (kv_eff = bw_eff)", false, true, false, false, false, false,
+         false, false},
+        {"", "no serial per-step GPU time (gap = 0)", false, false, true, false, false, false, false, false},
+        {"", "none of these (one fitted bandwidth and GEMM efficiency: the first model)", true, true, true, true, true,
+         false, false, false},
+        {",async=0", "no async scheduling (CPU time adds to the GPU's)", false, false, false, false, false, false, false, false},
+        {",graph=0", "no CUDA-graph padding", false, false, false, false, false, false, false, false},
     };
     printf("### Each term off, recalibrated: evaluation gaps (mean TTFT / mean TPOT)\n\n");
     static char fitted[16][2][240];
@@ -572,18 +587,22 @@ int main(int argc, char **argv)
             start.bw_free = variants[v].bw_free;
             start.kv_absolute = variants[v].kv_absolute;
             start.kv_fitted = variants[v].kv_fitted;
+            start.gemm_pinned = variants[v].gemm_pinned;
+            start.profiled_linear = variants[v].profiled_linear;
             if (start.bw_free) start.bw_eff = 0.8;   /* the generic value the RTX tables held before measuring */
             if (start.kv_absolute) start.kv_eff = start.bw_free ? start.bw_eff : device_bw_eff(&start, cal->device);
             int sims = 0;
-            fid_params p = calibrate(cal, start, &sims, NULL, NULL);
+            fid_stage1 vs1;
+            fid_params p = calibrate(cal, start, &sims, NULL, &vs1);
             ar_fidelity fe;
             if (simulate(eval, &p, eval->num_blocks, &fe, NULL, NULL) != 0) return 2;
             printf(" %+.1f / %+.1f %% |", 100 * fe.gap_ttft[0], 100 * fe.gap_tpot[0]);
-            snprintf(fitted[v][dir], sizeof fitted[v][dir], "gemm_scale=%.3g,attn_eff=%.3g,bw_eff=%.3g,kv_eff=%.3g%s,gap=%.3g,"
-                     "overhead=%.3g,per_req=%.3g", p.gemm_scale, p.attn_eff, device_bw_eff(&p, cal->device),
+            snprintf(fitted[v][dir], sizeof fitted[v][dir], "gemm_eff=%.3g (gemm_scale %.3g),attn_eff=%.3g,bw_eff=%.3g,"
+                     "kv_eff=%.3g%s,gap=%.3g,overhead=%.3g,per_req=%.3g (stage-1 loss %.4f)",
+                     device_gemm_eff(&p, cal->device), p.gemm_scale, p.attn_eff, device_bw_eff(&p, cal->device),
                      p.kv_fitted ? p.kv_eff : device_kv_eff(&p, cal->device),
                      p.kv_tied ? " (= bw_eff)" : !p.kv_fitted ? " (table)" : p.kv_absolute || p.bw_free ? "" : " x bw_eff",
-                     p.gap, p.overhead, p.per_req);
+                     p.gap, p.overhead, p.per_req, vs1.loss);
         }
         printf("\n");
     }
