@@ -408,8 +408,8 @@ static const sample_shape deepseek_tp16 = {
 static sample_spec made_specs[SAMPLE_MAX_REQS];
 
 /* Llama-3.1-8B: 72 short requests arriving over 4 ticks (18 a tick) beside two long prompts, so
- * that after the prefills 74 requests decode together (DECODE_TMA takes a decode batch of at least
- * half as many requests as the H200's 132 SMs), then fewer as they finish (the mma.sync DECODE
+ * that after the prefills 74 requests decode together (DECODE_TMA takes a flat decode batch of at
+ * least 0.48 x the H200's 132 SMs requests, 64), then fewer as they finish (the mma.sync DECODE
  * kernel, split when few CTAs are left: the two long requests decode alone at the end); a third
  * long prompt arrives late, alone, so its later chunks run the wgmma prefill kernel split-KV over a
  * long context; last, two short requests alone (single-tile launches, never split). */
