@@ -62,6 +62,7 @@
  * generator and comparison kernels) and ref_gpu_attn.cuh (the fused path and the flash
  * reference), included below; this file is the host side: the buffers, the block cache, the
  * plan's upload and the launches of each check. */
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -344,19 +345,30 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
             ar_gpu_ref_close(g);
             return -1;
         }
-    /* memory: a share for the block cache (below), the rest for the scratch of one group */
-    size_t free_b = 0, total_b = 0;
-    cudaMemGetInfo(&free_b, &total_b);
-    size_t budget = mem_budget ? mem_budget : (size_t)(0.6 * (double)free_b);
+    /* memory: the backend's caches are allocated by now; of what is free the reference takes all
+     * but a reserve (REF_RESERVE: the backend's grow-only step buffers, which grow with the first
+     * large steps, and the driver), the block cache first (below), the rest for the scratch of one
+     * group */
     if (g->mla)
         g->entry_bytes = (size_t)g->bs * g->H * (g->P + g->V) * 8 + (size_t)g->bs * (g->L + g->R) * 4;
     else
         g->entry_bytes = (size_t)2 * g->bs * g->hkv * g->D * ar_dtype_size(g->pool_type) * g->slot_layers;
     const int min_slots = AR_VERIFY_KEY_CHUNK / g->bs + 2;
-    /* the block cache's share: half, three quarters with step-shared slots (a run of many layers
-     * needs a slot per block for all of them; the sampled checks such runs make need little
-     * scratch, and a run whose blocks all fit leaves the rest to the scratch) */
-    int64_t slots = (int64_t)((g->step_slots ? budget / 4 * 3 : budget / 2) / g->entry_bytes);
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    const size_t reserve = ((size_t)3 << 30) + free_b / 32;
+    size_t budget = mem_budget ? mem_budget : free_b > 2 * reserve ? free_b - reserve : free_b / 2;
+    if (mem_budget == AR_GPU_REF_LEAST)   /* the cache's least and a small scratch (over its floor) */
+        budget = (size_t)min_slots * g->entry_bytes * 4 / 3 + ((size_t)1 << 30) + ((size_t)64 << 20);
+    /* the block cache's share: half; with step-shared slots all but a scratch floor (1/32 of the
+     * budget, at least 1 GiB, at most a quarter): a run of many layers needs a slot per block for
+     * all of them, or every layer of a step makes its blocks again once a step's blocks outgrow
+     * the cache (llama-3.1-8b at 32 layers: 2 MiB a slot, a Mooncake step reads up to 32k blocks),
+     * while the sampled checks such runs make need little scratch; a run whose blocks all fit
+     * leaves the rest to the scratch */
+    size_t floor_b = budget / 32 > ((size_t)1 << 30) ? budget / 32 : ((size_t)1 << 30);
+    if (floor_b > budget / 4) floor_b = budget / 4;
+    int64_t slots = (int64_t)((g->step_slots ? budget - floor_b : budget / 2) / g->entry_bytes);
     int64_t enough = (int64_t)cfg->num_blocks * (cfg->num_layers > 0 && !g->step_slots ? cfg->num_layers : 1) + min_slots;
     if (slots > enough) slots = enough;
     if (slots > INT_MAX / 2) slots = INT_MAX / 2;
@@ -397,6 +409,8 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
     g->max_scores = (int64_t)(scratch * 3 / 4 / (g->mla ? 8 : 12));
     g->max_vectors = (int64_t)(scratch / 4 / per_vector);
     g->stats.cache_slots = g->capacity;
+    g->stats.cache_gib = (double)slots * g->entry_bytes / 1073741824.0;
+    g->stats.scratch_gib = (double)scratch / 1073741824.0;
     *out = g;
     return 0;
 }
@@ -460,7 +474,8 @@ static void split_lists(unsigned char *h, glists *ls, const gprob *probs, int n,
             pfz[k][ls->n_fz[k]] = ls->t_fz[k];
             sfz[k][ls->n_fz[k]] = ls->s_fz[k];
             fz[k][ls->n_fz[k]++] = *p;
-            ls->t_fz[k] += (p->N + SK_TILE - 1) / SK_TILE;
+            const int tile = sk_tile(k == 0 ? 4 : k == 1 ? 8 : SK_MAXM);   /* bucket_rows[k] */
+            ls->t_fz[k] += (p->N + tile - 1) / tile;
             ls->s_fz[k] += pv_splits(p->N);
         } else if (p->M <= 8) {
             ps[ls->n_small] = ls->t_small;
@@ -497,28 +512,40 @@ static int64_t pv_part_vectors(const glists *ls)
 
 /* The fused path over a group's lists: both twins' scores (before the softmaxes) or both P.V
  * products (after them). */
-template <int MB>
+template <int MB, int DT>
 static void launch_fused_bucket(const gctx &c, const glists &ls, int k, bool scores, const unsigned char *d,
                                 cudaStream_t st)
 {
     if (ls.n_fz[k] <= 0) return;
     if (scores && ls.t_fz[k] > 0)
-        fused_scores_kernel<MB><<<(unsigned)ls.t_fz[k], SK_KEYS, 0, st>>>(
+        fused_scores_kernel<MB, DT><<<(unsigned)ls.t_fz[k], SK_KEYS, 0, st>>>(
             c, (const gprob *)(d + ls.fz[k]), (const int *)(d + ls.pfz[k]), ls.n_fz[k]);
     if (!scores) {
         const gprob *probs = (const gprob *)(d + ls.fz[k]);
         const int *sprefix = (const int *)(d + ls.sfz[k]);
-        fused_pv_kernel<MB><<<(unsigned)ls.s_fz[k], PV_THREADS, 0, st>>>(c, probs, sprefix, ls.n_fz[k]);
+        const size_t vs_bytes = (size_t)PV_KT * pv_vs_stride(c.Dv) * sizeof(float);
+        fused_pv_kernel<MB, DT><<<(unsigned)ls.s_fz[k], PV_THREADS, vs_bytes, st>>>(c, probs, sprefix, ls.n_fz[k]);
         if (ls.s_fz[k] > ls.n_fz[k])   /* some problem has several splits */
             fused_pv_combine_kernel<MB><<<(unsigned)ls.n_fz[k], PV_THREADS, 0, st>>>(c, probs, sprefix, ls.n_fz[k]);
     }
 }
 
+/* bf16 runs (pool, queries and yardstick in bf16) of value widths up to PV_THREADS on kernels with
+ * the dtype compiled in; any other on the generic ones */
+template <int DT>
+static void launch_fused_dt(const gctx &c, const glists &ls, bool scores, const unsigned char *d, cudaStream_t st)
+{
+    launch_fused_bucket<4, DT>(c, ls, 0, scores, d, st);
+    launch_fused_bucket<8, DT>(c, ls, 1, scores, d, st);
+    launch_fused_bucket<SK_MAXM, DT>(c, ls, 2, scores, d, st);
+}
+
 static void launch_fused(const gctx &c, const glists &ls, bool scores, const unsigned char *d, cudaStream_t st)
 {
-    launch_fused_bucket<4>(c, ls, 0, scores, d, st);
-    launch_fused_bucket<8>(c, ls, 1, scores, d, st);
-    launch_fused_bucket<SK_MAXM>(c, ls, 2, scores, d, st);
+    if (c.pool_type == AR_BF16 && c.cd == AR_BF16 && c.dtype == AR_BF16 && c.Dv <= PV_THREADS)
+        launch_fused_dt<AR_BF16>(c, ls, scores, d, st);
+    else
+        launch_fused_dt<DT_ANY>(c, ls, scores, d, st);
 }
 
 /* Launches one product over a group's lists: small problems on 8-row tiles, the rest on 64 x 64. */
@@ -1141,6 +1168,9 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
             sum->gen_ms += ms[0];
             sum->ref_ms += ms[1];
             sum->naive_ms += ms[2];
+            g->stats.gen_ms += ms[0];
+            g->stats.ref_ms += ms[1];
+            g->stats.naive_ms += ms[2];
         }
     }
     if (cancel && *cancel) {
@@ -1190,6 +1220,7 @@ extern "C" int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, con
         float ms = 0;
         cudaEventElapsedTime(&ms, g->ev_prof[0], g->ev_prof[1]);
         sum->compare_ms = ms;
+        g->stats.compare_ms += ms;
     }
     {
         const dsum *hs = (const dsum *)g->h_sum;

@@ -113,6 +113,9 @@ bool ar_gpu_ref_available(char *why, size_t why_len);
  * may use for its block cache and scratch (0: a share of the memory free now).  0, or -1 with err
  * set (no device, unsupported shape, out of device memory). */
 int ar_gpu_ref_open(ar_gpu_ref **g, const ar_run_config *cfg, size_t mem_budget, char *err, size_t err_len);
+/* mem_budget for a run that checks nothing but NaN counts (--verify off) and perhaps a dumped
+ * step: the least block cache that works and a small scratch */
+#define AR_GPU_REF_LEAST ((size_t)1)
 
 /* Counts NaN/Inf in the output (all rows) without checking anything else.  0 or -1. */
 int ar_gpu_ref_nan_count(ar_gpu_ref *g, const ar_batch *b, const ar_gpu_ref_output *o, int64_t *nan_count,
@@ -129,7 +132,10 @@ int ar_gpu_ref_check(ar_gpu_ref *g, const ar_batch *b, int layer, const ar_gpu_r
 typedef struct ar_gpu_ref_stats {
     int64_t checks, groups, blocks_used, blocks_generated;
     int cache_slots;
+    double cache_gib, scratch_gib;   /* device memory of the block cache and of the scratch */
     double device_s;
+    /* with ATTNREPLAY_GPU_REF_PROFILE=1: the summaries' per-phase times added up (milliseconds) */
+    double gen_ms, ref_ms, naive_ms, compare_ms;
 } ar_gpu_ref_stats;
 void ar_gpu_ref_get_stats(const ar_gpu_ref *g, ar_gpu_ref_stats *st);
 

@@ -13,7 +13,7 @@ namespace argpu {
 /* ---- the fused path (MHA): reference and yardstick in one pass over K and over V ---------- */
 
 /* Problems of at most SK_MAXM vectors (row blocks of a few checked rows x the query heads of one
- * KV head).  Scores: one CTA per (problem, SK_TILE keys), SK_TILE / SK_KEYS keys per thread; K is staged through
+ * KV head).  Scores: one CTA per (problem, sk_tile keys), sk_tile / SK_KEYS keys per thread; K is staged through
  * shared memory SK_DC head dims at a time and each element feeds both the float64 dot products
  * and the yardstick's float ones (its K scaled and rounded in the dtype), k ascending with one
  * fma per element: the very operations of the GEMM template, so the scores are bit-identical to
@@ -25,7 +25,10 @@ namespace argpu {
  * stores its sums at once; the splits of a longer one go to the partial buffers and
  * fused_pv_combine_kernel adds them in order: again the GEMM template's sums exactly (it folds
  * at the same boundaries), without writing P back.  The pass rule's yardstick thus keeps its roundings; only the reads
- * and the index work are shared.
+ * and the index work are shared.  Runs in bf16 (pool, queries and yardstick) take instances with the
+ * type compiled in (DT = AR_BF16: each thread's 16-byte loads of K or V all issued before the first
+ * is staged, the conversions and the yardstick's bf16 roundings in the hardware's instructions, one
+ * output dim a thread); any other type the generic ones (DT_ANY).  Same values either way.
  *
  * Which requests take it: those of at most FUSED_MAX_ROWS checked rows (decodes, sampled rows);
  * a request of more (a prefill chunk checked row by row) takes the GEMM template, whose 64 x 64
@@ -36,7 +39,9 @@ namespace argpu {
  * score buffers are separate, each problem's softmax does what its path needs. */
 constexpr int FUSED_MAX_ROWS = 64;
 constexpr int SK_KEYS = 128;   /* threads of a scores CTA */
-constexpr int SK_TILE = 256;   /* keys of a scores CTA (SK_TILE / SK_KEYS per thread) */
+/* Keys of a scores CTA for problems of up to MB vectors (sk_tile / SK_KEYS per thread): 256, 128
+ * for the widest bucket (its 2 x 16 accumulators a key would hold too many registers) */
+__host__ __device__ constexpr int sk_tile(int MB) { return MB >= 16 ? 128 : 256; }
 constexpr int SK_DC = 32;
 constexpr int SK_BUCKETS = 3;   /* fused lists by M: up to 4, 8, SK_MAXM */
 constexpr int PV_THREADS = 128;
@@ -74,10 +79,30 @@ __device__ __forceinline__ void fma_twins(double *accd, float *accf, const doubl
     }
 }
 
-template <int MB>
-__global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gprob *probs, const int *tprefix, int nprobs)
+/* 16-bit pool (bf16 here): the raw bits of elements e0 .. e0 + 7 of the row at base (zeros when
+ * base < 0 or !there), one 16-byte load; and those bits as floats. */
+__device__ __forceinline__ uint4 load8_bits(const gctx &c, long long base, int e0, bool there)
 {
+    if (base < 0 || !there) return make_uint4(0, 0, 0, 0);
+    return *reinterpret_cast<const uint4 *>((const uint16_t *)c.pool_kv + base + e0);
+}
+__device__ __forceinline__ void bf16x8_to_float(uint4 w, float *v)
+{
+    const unsigned x[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        v[2 * u] = __uint_as_float(x[u] << 16);
+        v[2 * u + 1] = __uint_as_float(x[u] & 0xffff0000u);
+    }
+}
+
+template <int MB, int DT>
+__global__ void __launch_bounds__(SK_KEYS, MB <= 4 ? 6 : 4) fused_scores_kernel(gctx c, const gprob *probs, const int *tprefix, int nprobs)
+{
+    constexpr int SK_TILE = sk_tile(MB);
     constexpr int KPT = SK_TILE / SK_KEYS;   /* keys per thread: each staged q element feeds KPT keys */
+    constexpr int LPT = SK_TILE * (SK_DC / 8) / SK_KEYS;   /* 8-element K loads per thread and dim chunk */
+    constexpr int UNROLL = MB <= 4 ? 8 : MB <= 8 ? 4 : 2;   /* of the dim loop (registers) */
     static_assert(MB % 4 == 0 && SK_DC % 8 == 0, "16-byte shared reads of the queries, 8-element K loads");
     __shared__ __align__(16) double qd[SK_DC][MB];
     __shared__ __align__(16) float qf[SK_DC][MB];
@@ -141,25 +166,60 @@ __global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gpr
             qd[e][m] = (double)v;
             qf[e][m] = v;
         }
-        for (int idx = tid; idx < SK_TILE * (SK_DC / 8); idx += SK_KEYS) {
-            const int e = idx % (SK_DC / 8) * 8, j = idx / (SK_DC / 8);
-            float k8[8];
-            load8(c, kb[j], d0 + e, ne - e, k8);
+        if (DT == AR_BF16 && c.D % 8 == 0) {   /* all of a thread's loads in flight before the first store */
+            uint4 w[LPT];
 #pragma unroll
-            for (int u = 0; u < 8; u++) ks[j][e + u] = k8[u];
+            for (int r = 0; r < LPT; r++) {
+                const int idx = tid + r * SK_KEYS, e = idx % (SK_DC / 8) * 8, j = idx / (SK_DC / 8);
+                w[r] = load8_bits(c, kb[j], d0 + e, e < ne);
+            }
+#pragma unroll
+            for (int r = 0; r < LPT; r++) {
+                const int idx = tid + r * SK_KEYS, e = idx % (SK_DC / 8) * 8, j = idx / (SK_DC / 8);
+                float k8[8];
+                bf16x8_to_float(w[r], k8);
+#pragma unroll
+                for (int u = 0; u < 8; u++) ks[j][e + u] = k8[u];
+            }
+        } else {
+            for (int idx = tid; idx < SK_TILE * (SK_DC / 8); idx += SK_KEYS) {
+                const int e = idx % (SK_DC / 8) * 8, j = idx / (SK_DC / 8);
+                float k8[8];
+                load8<DT>(c, kb[j], d0 + e, ne - e, k8);
+#pragma unroll
+                for (int u = 0; u < 8; u++) ks[j][e + u] = k8[u];
+            }
         }
         __syncthreads();
-        for (int e = 0; e < ne; e++) {
+        auto dim = [&](int e) {
             double kd[KPT];
             float kf[KPT];
 #pragma unroll
             for (int u = 0; u < KPT; u++) {
                 const float k = ks[tid + u * SK_KEYS][e];
                 kd[u] = (double)k;
-                kf[u] = round_f(c.cd, __fmul_rn(k, c.scale_f));   /* the yardstick's round(k * scale) */
+                kf[u] = __fmul_rn(k, c.scale_f);
+            }
+            /* the yardstick's round(k * scale); bf16: two keys in one packed conversion */
+            if (DT == AR_BF16 && KPT % 2 == 0) {
+#pragma unroll
+                for (int u = 0; u < KPT; u += 2) {
+                    const __nv_bfloat162 r = __floats2bfloat162_rn(kf[u], kf[u + 1]);
+                    kf[u] = __low2float(r);
+                    kf[u + 1] = __high2float(r);
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < KPT; u++) kf[u] = round_cd<DT>(c, kf[u]);
             }
 #pragma unroll
             for (int u = 0; u < KPT; u++) fma_twins<MB>(accd[u], accf[u], qd[e], qf[e], kd[u], kf[u]);
+        };
+        if (ne == SK_DC) {
+#pragma unroll(UNROLL)
+            for (int e = 0; e < SK_DC; e++) dim(e);
+        } else {
+            for (int e = 0; e < ne; e++) dim(e);
         }
     }
 #pragma unroll
@@ -178,13 +238,19 @@ __global__ void __launch_bounds__(SK_KEYS) fused_scores_kernel(gctx c, const gpr
 /* Splits of problem p: its keys in PV_SPLIT pieces (at least one). */
 __host__ __device__ __forceinline__ int pv_splits(int N) { return N > PV_SPLIT ? (N + PV_SPLIT - 1) / PV_SPLIT : 1; }
 
-template <int MB>
+/* Shared memory of a fused P.V CTA besides P: V of PV_KT keys, rows of vs_stride floats (Dv
+ * rounded up to 8). */
+__host__ __device__ __forceinline__ int pv_vs_stride(int Dv) { return (Dv + 7) / 8 * 8; }
+
+template <int MB, int DT>
 __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gprob *probs, const int *sprefix, int nprobs)
 {
     static_assert(MB % 4 == 0, "16-byte shared reads of P");
+    constexpr int VPT = PV_KT * (PV_THREADS / 8) / PV_THREADS;   /* 8-element V loads per thread, Dv <= PV_THREADS */
     __shared__ __align__(16) double pd[PV_KT][MB];
     __shared__ __align__(16) float pf[PV_KT][MB];
-    __shared__ __align__(16) float vs[PV_KT][2 * PV_THREADS];   /* V of PV_KT keys (many loads in flight) */
+    extern __shared__ __align__(16) float vs_raw[];   /* [PV_KT][vs_stride]: V of PV_KT keys */
+    const int vs_stride = pv_vs_stride(c.Dv);
     __shared__ long long vb[PV_KT];
     __shared__ int vlo[MB], vhi[MB];
     __shared__ long long prow[MB];
@@ -225,10 +291,11 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
     /* no vector sees a key of this chunk: the fold treats them as empty (one split: nothing to
      * store; several: this split's partial sums are zero) */
     if (klo >= khi && nsplit == 1) return;
-    double ad[2][MB];
-    float af[2][MB];
+    constexpr int ND = DT == DT_ANY ? 2 : 1;   /* output dims a thread (the typed kernels: Dv <= PV_THREADS) */
+    double ad[ND][MB];
+    float af[ND][MB];
 #pragma unroll
-    for (int dd = 0; dd < 2; dd++)
+    for (int dd = 0; dd < ND; dd++)
 #pragma unroll
         for (int m = 0; m < MB; m++) {
             ad[dd][m] = 0;
@@ -244,7 +311,7 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
             if (j < nk && n >= vlo[m] && n < vhi[m]) {
                 /* P as softmax_row would have stored it (p_ref_of, p_nv_of) */
                 x = p_ref_of(c.S[prow[m] + n], smx[m]);
-                y = p_nv_of(c, c.Snv[prow[m] + n], fmx[m], fsum[m]);
+                y = p_nv_of<DT>(c, c.Snv[prow[m] + n], fmx[m], fsum[m]);
             }
             pd[j][m] = x;
             pf[j][m] = y;
@@ -254,29 +321,57 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
             vb[j] = (((tok / c.bs) * 2 * c.bs + c.bs + tok % c.bs) * c.hkv + p.head) * (long long)c.D;   /* V: side 1 */
         }
         __syncthreads();
-        const int g8 = (c.Dv + 7) / 8;   /* 8-element loads per key (Dv <= 2 x PV_THREADS here) */
-        for (int idx = tid; idx < nk * g8; idx += PV_THREADS) {
+        const int g8 = vs_stride / 8;   /* 8-element loads per key (Dv <= 2 x PV_THREADS here) */
+        auto stage = [&](int idx, const float *v8) {
             const int j = idx / g8, d = idx % g8 * 8;
-            float v8[8];
-            load8(c, vb[j], d, c.Dv - d, v8);
-            *reinterpret_cast<float4 *>(&vs[j][d]) = make_float4(v8[0], v8[1], v8[2], v8[3]);
-            if (d + 4 < 2 * PV_THREADS)
-                *reinterpret_cast<float4 *>(&vs[j][d + 4]) = make_float4(v8[4], v8[5], v8[6], v8[7]);
+            *reinterpret_cast<float4 *>(&vs_raw[j * vs_stride + d]) = make_float4(v8[0], v8[1], v8[2], v8[3]);
+            *reinterpret_cast<float4 *>(&vs_raw[j * vs_stride + d + 4]) = make_float4(v8[4], v8[5], v8[6], v8[7]);
+        };
+        if (DT == AR_BF16 && c.Dv == PV_THREADS) {   /* all of a thread's loads in flight at once */
+            uint4 w[VPT];
+#pragma unroll
+            for (int r = 0; r < VPT; r++) {
+                const int idx = tid + r * PV_THREADS, j = idx / g8;
+                w[r] = load8_bits(c, j < nk ? vb[j] : -1, idx % g8 * 8, true);
+            }
+#pragma unroll
+            for (int r = 0; r < VPT; r++) {
+                float v8[8];
+                bf16x8_to_float(w[r], v8);
+                stage(tid + r * PV_THREADS, v8);
+            }
+        } else {
+            for (int idx = tid; idx < nk * g8; idx += PV_THREADS) {
+                float v8[8];
+                load8<DT>(c, vb[idx / g8], idx % g8 * 8, c.Dv - idx % g8 * 8, v8);
+                stage(idx, v8);
+            }
         }
         __syncthreads();
-        for (int j = 0; j < nk; j++) {
-#pragma unroll
-            for (int dd = 0; dd < 2; dd++) {
-                const int d = tid + dd * PV_THREADS;
-                if (d < c.Dv) {
-                    const float v = vs[j][d];
-                    fma_twins<MB>(ad[dd], af[dd], pd[j], pf[j], (double)v, v);
+        const float *v0 = vs_raw + tid, *v1 = vs_raw + tid + PV_THREADS;
+        if (ND == 2 && tid + PV_THREADS < c.Dv) {   /* two output dims a thread */
+            for (int j = 0; j < nk; j++) {
+                const float x0 = v0[j * vs_stride], x1 = v1[j * vs_stride];
+                fma_twins<MB>(ad[0], af[0], pd[j], pf[j], (double)x0, x0);
+                fma_twins<MB>(ad[ND - 1], af[ND - 1], pd[j], pf[j], (double)x1, x1);
+            }
+        } else if (tid < c.Dv) {
+            if (nk == PV_KT) {
+#pragma unroll 8
+                for (int j = 0; j < PV_KT; j++) {
+                    const float x0 = v0[j * vs_stride];
+                    fma_twins<MB>(ad[0], af[0], pd[j], pf[j], (double)x0, x0);
+                }
+            } else {
+                for (int j = 0; j < nk; j++) {
+                    const float x0 = v0[j * vs_stride];
+                    fma_twins<MB>(ad[0], af[0], pd[j], pf[j], (double)x0, x0);
                 }
             }
         }
     }
 #pragma unroll
-    for (int dd = 0; dd < 2; dd++) {
+    for (int dd = 0; dd < ND; dd++) {
         const int d = tid + dd * PV_THREADS;
         if (d >= c.Dv) continue;
 #pragma unroll

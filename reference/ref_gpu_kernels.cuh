@@ -254,13 +254,30 @@ __device__ __forceinline__ T a_at(const gctx &c, const rowh &h, int k, int kmax)
 /* P as softmax_row stores it, made again from a score by the fused P.V kernel: exp(s - max) for the
  * reference; for the yardstick exp(s - max) / sum in float, rounded to the compute dtype (and
  * through fp8 for an fp8 run). */
+/* The element type of the block pool and of the yardstick's roundings as the fused kernels see
+ * it: DT_ANY reads c.pool_type and c.cd at run time (a switch per element); a dtype (AR_BF16) is a
+ * run whose pool and compute types are both that dtype (so its queries too: never fp8), known at
+ * compile time, the conversions and roundings inlined.  Same values either way. */
+constexpr int DT_ANY = -1;
+template <int DT>
+__device__ __forceinline__ ar_dtype pool_dt(const gctx &c) { return DT == DT_ANY ? c.pool_type : (ar_dtype)DT; }
+/* x rounded to the yardstick's compute type: for bf16 the hardware's round-to-nearest-even
+ * conversion, the same value as ar_round_to's (a NaN may carry another payload) */
+template <int DT>
+__device__ __forceinline__ float round_cd(const gctx &c, float x)
+{
+    if (DT == AR_BF16) return __bfloat162float(__float2bfloat16_rn(x));
+    return round_f(DT == DT_ANY ? c.cd : (ar_dtype)DT, x);
+}
+
 __device__ __forceinline__ double p_ref_of(double s, double mx) { return exp(s - mx); }
 
+template <int DT = DT_ANY>
 __device__ __forceinline__ float p_nv_of(const gctx &c, float s, float fmx, float fsum)
 {
     const float e = exp(s - fmx);
-    const float y = round_f(c.cd, (float)(e / fsum));
-    return c.dtype == AR_FP8_E4M3 ? round_f(AR_FP8_E4M3, y) : y;
+    const float y = round_cd<DT>(c, (float)(e / fsum));
+    return DT == DT_ANY && c.dtype == AR_FP8_E4M3 ? round_f(AR_FP8_E4M3, y) : y;   /* DT set: the queries are DT */
 }
 
 /* B handles: per column n (score products, the W_UK product of ql) or per row k (the rest). */
@@ -384,20 +401,22 @@ __device__ __forceinline__ void vec_load4(double *x, const double *at)
 /* Elements e0 .. e0 + 7 of the pool row at base (the first n of them; the rest, and all when
  * base < 0, are zero), converted to float as ar_load does: one 16-byte load (8-byte for fp8, two
  * for float) where the whole group is there and aligned, else element by element. */
+template <int DT = DT_ANY>
 __device__ __forceinline__ void load8(const gctx &c, long long base, int e0, int n, float *v)
 {
     const long long i = base + e0;
+    const ar_dtype pt = pool_dt<DT>(c);
     if (base >= 0 && n >= 8 && (i & 7) == 0) {
-        if (c.pool_type == AR_BF16 || c.pool_type == AR_FP16) {
+        if (pt == AR_BF16 || pt == AR_FP16) {
             const uint4 w = *reinterpret_cast<const uint4 *>((const uint16_t *)c.pool_kv + i);
             const uint16_t *h = reinterpret_cast<const uint16_t *>(&w);
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = ar_load(c.pool_type, h, u);
-        } else if (c.pool_type == AR_FP8_E4M3) {
+            for (int u = 0; u < 8; u++) v[u] = ar_load(pt, h, u);
+        } else if (pt == AR_FP8_E4M3) {
             const uint2 w = *reinterpret_cast<const uint2 *>((const uint8_t *)c.pool_kv + i);
             const uint8_t *b = reinterpret_cast<const uint8_t *>(&w);
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = ar_load(c.pool_type, b, u);
+            for (int u = 0; u < 8; u++) v[u] = ar_load(pt, b, u);
         } else {
             const float4 a = reinterpret_cast<const float4 *>((const float *)c.pool_kv + i)[0];
             const float4 b = reinterpret_cast<const float4 *>((const float *)c.pool_kv + i)[1];
@@ -406,7 +425,7 @@ __device__ __forceinline__ void load8(const gctx &c, long long base, int e0, int
         return;
     }
 #pragma unroll
-    for (int u = 0; u < 8; u++) v[u] = (base >= 0 && u < n) ? ar_load(c.pool_type, c.pool_kv, i + u) : 0.0f;
+    for (int u = 0; u < 8; u++) v[u] = (base >= 0 && u < n) ? ar_load(pt, c.pool_kv, i + u) : 0.0f;
 }
 
 /* TC (float64 only, 64 x 64 tiles of 256 threads): the products on the FP64 tensor cores, each
@@ -1072,28 +1091,40 @@ __global__ void __launch_bounds__(CMP_THREADS) compare_kernel(gctx c, cmp_args a
     }
 }
 
-/* The block partials in block order (one thread: a few hundred partials). */
-__global__ void reduce_kernel(const part *parts, int nparts, dsum *out)
+/* p folded into t: sums added, maxima kept (a NaN max_abs sticks), worst lists merged. */
+__device__ void fold_part(part &t, const part &p)
 {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    t.sum_abs += p.sum_abs;
+    t.sum_sq_err += p.sum_sq_err;
+    t.sum_sq_ref += p.sum_sq_ref;
+    t.naive_sum += p.naive_sum;
+    if (p.max_abs > t.max_abs || isnan(p.max_abs)) t.max_abs = p.max_abs;
+    if (p.max_rel > t.max_rel) t.max_rel = p.max_rel;
+    if (p.lse_max > t.lse_max) t.lse_max = p.lse_max;
+    if (p.naive_max > t.naive_max) t.naive_max = p.naive_max;
+    if (p.naive_lse_max > t.naive_lse_max) t.naive_lse_max = p.naive_lse_max;
+    t.bad += p.bad;
+    t.elems += p.elems;
+    for (int k = 0; k < p.nworst; k++) worst_insert(t.w, &t.nworst, p.w[k]);
+}
+
+/* The block partials in a fixed order: lane l of one warp folds partials l, l + 32, ... in turn,
+ * then lane 0 the 32 lanes' in lane order (a lone thread over a few hundred partials took most of
+ * a sampled check's comparison time). */
+__global__ void __launch_bounds__(32) reduce_kernel(const part *parts, int nparts, dsum *out)
+{
+    __shared__ part lanes[32];
+    const int lane = threadIdx.x;
     part t;
     memset(&t, 0, sizeof t);
-    for (int i = 0; i < nparts; i++) {
-        const part &p = parts[i];
-        t.sum_abs += p.sum_abs;
-        t.sum_sq_err += p.sum_sq_err;
-        t.sum_sq_ref += p.sum_sq_ref;
-        t.naive_sum += p.naive_sum;
-        if (p.max_abs > t.max_abs || isnan(p.max_abs)) t.max_abs = p.max_abs;
-        if (p.max_rel > t.max_rel) t.max_rel = p.max_rel;
-        if (p.lse_max > t.lse_max) t.lse_max = p.lse_max;
-        if (p.naive_max > t.naive_max) t.naive_max = p.naive_max;
-        if (p.naive_lse_max > t.naive_lse_max) t.naive_lse_max = p.naive_lse_max;
-        t.bad += p.bad;
-        t.elems += p.elems;
-        for (int k = 0; k < p.nworst; k++) worst_insert(t.w, &t.nworst, p.w[k]);
-    }
-    out->total = t;
+    for (int i = lane; i < nparts; i += 32) fold_part(t, parts[i]);
+    lanes[lane] = t;
+    __syncwarp();
+    if (lane != 0) return;
+    part u;
+    memset(&u, 0, sizeof u);
+    for (int l = 0; l < 32; l++) fold_part(u, lanes[l]);
+    out->total = u;
 }
 
 /* NaN/Inf anywhere in the output, NaN/+Inf anywhere in the LSE (integer counts: exact). */

@@ -60,6 +60,7 @@
 #include <zlib.h>
 
 #include "../reference/cascade.h"
+#include "../reference/ref_gpu.h"
 #include "db.h"
 #include "plugin_dev.h"
 #include "registry.h"
@@ -1754,7 +1755,10 @@ int ar_replay_main(int argc, char **argv)
         SETUP_FAIL(code == 2 ? 2 : 3, "backend %s: %s", e->be->name, err);
     }
     e->be->device_name(e->state, e->device, sizeof e->device);
-    if (ar_verifier_open(&e->verifier, &e->cfg, e->be, err, sizeof err) != 0) SETUP_FAIL(3, "verifier: %s", err);
+    /* a run that verifies nothing (NaN and guard checks, a dumped step) keeps the device's memory */
+    const ar_verifier_options vopen = {.device_mem = e->o.verify == AR_VERIFY_OFF ? AR_GPU_REF_LEAST : 0};
+    if (ar_verifier_open_with(&e->verifier, &e->cfg, e->be, &vopen, err, sizeof err) != 0)
+        SETUP_FAIL(3, "verifier: %s", err);
     e->rdr.written = calloc((size_t)e->cfg.num_blocks, sizeof *e->rdr.written);
     if (!e->rdr.written) SETUP_FAIL(3, "out of memory");
     if (ar_stop_signalled()) goto done;
@@ -1863,7 +1867,7 @@ int ar_replay_main(int argc, char **argv)
         progress(e, at_step, resume_after, true);
         fputc('\n', stderr);
     }
-    char vline[512];   /* the device verifier: its last cross-check, and what it did */
+    char vline[1024];   /* the device verifier: its last cross-check, and what it did */
     if (ar_verifier_finish(e->verifier, vline, sizeof vline, err, sizeof err) != 0 && exit_code == 0) {
         snprintf(fail_msg, sizeof fail_msg, "%s", err);
         exit_code = 3;
