@@ -1425,12 +1425,18 @@ int ar_verifier_finish(ar_verifier *v, char *line, size_t line_len, char *err, s
     if (line && line_len) {
         ar_gpu_ref_stats gs;
         ar_gpu_ref_get_stats(v->gpu, &gs);
-        snprintf(line, line_len,
-                 "verified on the device: %lld checks in %.1f s (planning %.1f s), %lld blocks made into a cache of "
-                 "%d; C reference cross-check: %lld rows (%lld skipped while one ran), max relative difference "
-                 "%.2g, %.1f s of host time",
-                 (long long)v->checks, v->device_s + v->plan_s, v->plan_s, (long long)gs.blocks_generated,
-                 gs.cache_slots, (long long)xs.done, (long long)xs.skipped, xs.max_diff, xs.host_s);
+        int at = snprintf(line, line_len,
+                          "verified on the device: %lld checks in %.1f s (planning %.1f s), %lld blocks made into a "
+                          "cache of %d (%.1f GiB, scratch up to %.1f GiB); C reference cross-check: %lld rows (%lld "
+                          "skipped while one ran), max relative difference %.2g, %.1f s of host time",
+                          (long long)v->checks, v->device_s + v->plan_s, v->plan_s, (long long)gs.blocks_generated,
+                          gs.cache_slots, gs.cache_gib, gs.scratch_gib, (long long)xs.done, (long long)xs.skipped,
+                          xs.max_diff, xs.host_s);
+        if (gs.gen_ms + gs.ref_ms + gs.naive_ms + gs.compare_ms > 0 && at > 0 && (size_t)at < line_len)
+            snprintf(line + at, line_len - (size_t)at,
+                     "; device phases (ATTNREPLAY_GPU_REF_PROFILE=1): blocks made %.1f s, reference %.1f s, "
+                     "yardstick apart %.1f s, comparison %.1f s",
+                     gs.gen_ms / 1e3, gs.ref_ms / 1e3, gs.naive_ms / 1e3, gs.compare_ms / 1e3);
     }
     return take_failure(v, err, err_len);
 }

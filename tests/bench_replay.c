@@ -200,6 +200,8 @@ static bool make_trace(const char *name, const char *sim_args, char *trace, size
     return true;
 }
 
+static bool device_runs;   /* the CUDA runs (else the CPU configuration) */
+
 /* One replay: prints a table row; returns the child's result. */
 static child_result bench_run(const char *name, const char *trace, const char *args, double target_s,
                               bool target_is_ratio, long long *steps_out)
@@ -207,7 +209,10 @@ static child_result bench_run(const char *name, const char *trace, const char *a
     char db[600], log[600], cmd[4096];
     snprintf(db, sizeof db, "%s/%s.db", tu_tmpdir(), name);
     snprintf(log, sizeof log, "%s/%s.log", tu_tmpdir(), name);
-    snprintf(cmd, sizeof cmd, "'%s' replay '%s' --db '%s' --quiet %s", tu_bin(), trace, db, args);
+    /* device runs log their progress (a line every 10 s) and the device verifier's closing line,
+     * shown below the row */
+    snprintf(cmd, sizeof cmd, "'%s' replay '%s' --db '%s'%s %s", tu_bin(), trace, db, device_runs ? "" : " --quiet",
+             args);
     double limit = target_is_ratio ? limit_for(600) : limit_for(target_s);
     child_result c = run_child(cmd, log, limit);
     run_row r = newest_run(db);
@@ -232,6 +237,13 @@ static child_result bench_run(const char *name, const char *trace, const char *a
            "metadata_s=%.3f generation_s=%.3f wait_s=%.3f sqlite_s=%.3f setup_s=%.3f host_ms_per_step=%.3f "
            "rss_kib=%ld status=%s\n", name, r.steps_done, total, r.wall, r.kernel, r.verify, r.parse, r.metadata,
            r.generation, r.wait, r.sqlite, r.setup, per_step, c.max_rss_kib, r.found ? r.status : "none");
+    char *logged = device_runs ? tu_slurp(log) : NULL;
+    const char *vline = logged ? strstr(logged, "verified on the device:") : NULL;
+    if (vline) {
+        const char *eol = strchr(vline, '\n');
+        printf("%-14s %.*s\n", "", eol ? (int)(eol - vline) : (int)strlen(vline), vline);
+    }
+    free(logged);
     /* a planted-fault-free run must not fail; a stop at the limit is expected (143) */
     if (!(c.rc == 0 || (c.stopped && c.rc == 143)) || r.steps_failed > 0) {
         char *text = tu_slurp(log);
@@ -283,7 +295,7 @@ int main(void)
              "--max-num-batched-tokens 8192 --max-num-seqs 256 --step-time roofline:h200 --limit 300",
              mc ? mc : "(missing)");
     const bool have_mc = make_trace("mooncake300", args, mc_trace, sizeof mc_trace);
-    const bool gpu = cuda_present();
+    const bool gpu = device_runs = cuda_present();
     printf("bench_replay: %s\n\n", gpu ? "CUDA device: issue 18's four runs" : "no CUDA device: the CPU configuration");
     header();
     if (gpu) {
