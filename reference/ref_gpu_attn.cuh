@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(PV_THREADS) fused_pv_kernel(gctx c, const gpro
             *reinterpret_cast<float4 *>(&vs_raw[j * vs_stride + d]) = make_float4(v8[0], v8[1], v8[2], v8[3]);
             *reinterpret_cast<float4 *>(&vs_raw[j * vs_stride + d + 4]) = make_float4(v8[4], v8[5], v8[6], v8[7]);
         };
-        if (DT == AR_BF16 && c.Dv == PV_THREADS) {   /* all of a thread's loads in flight at once */
+        if (DT == AR_BF16 && c.Dv == PV_THREADS && c.D % 8 == 0) {   /* all loads in flight at once (aligned rows) */
             uint4 w[VPT];
 #pragma unroll
             for (int r = 0; r < VPT; r++) {
