@@ -15,7 +15,8 @@
  * remaining prompt shrinking linearly over that time); a step gives the budget left after the
  * decodes to the prefilling requests in the order they were first scheduled.  A model's step time
  * tau(t) at sample points across the interval predicts interval / harmonic mean(tau) steps; the
- * residual is log(predicted / observed steps). */
+ * residual is log(predicted / observed steps).  Prompt tokens that no stamp shows (recomputation
+ * after a preemption) can be added per interval from a simulation of the run (set_recompute). */
 #include "sim.h"
 
 #include <jansson.h>
@@ -267,7 +268,10 @@ int ar_stepfit_build(const ar_run_req *reqs, int num_reqs, int budget, int sampl
     set->query_lens = malloc(cap_lens * sizeof(int));
     set->context_lens = malloc(cap_lens * sizeof(int));
     set->keep = malloc((size_t)(ni + 1) * sizeof(bool));
-    if (!order || !set->sample_start || !set->samples || !set->query_lens || !set->context_lens || !set->keep) {
+    set->recompute_tokens = calloc((size_t)(ni + 1), sizeof(double));
+    set->budget = budget;
+    if (!order || !set->sample_start || !set->samples || !set->query_lens || !set->context_lens || !set->keep ||
+        !set->recompute_tokens) {
         free(order);
         ar_stepfit_free(set);
         snprintf(err, err_len, "step fit: out of memory");
@@ -284,8 +288,8 @@ int ar_stepfit_build(const ar_run_req *reqs, int num_reqs, int budget, int sampl
         set->sample_start[k] = ns;
         int m = iv->steps < samples_per_interval ? iv->steps : samples_per_interval;
         for (int j = 0; j < m; j++) {
-            if (num_lens + (size_t)num_reqs > cap_lens) {
-                while (num_lens + (size_t)num_reqs > cap_lens) cap_lens *= 2;
+            if (num_lens + (size_t)num_reqs + 1 > cap_lens) {   /* + 1: the recompute chunk's slot */
+                while (num_lens + (size_t)num_reqs + 1 > cap_lens) cap_lens *= 2;
                 int *qg = realloc(set->query_lens, cap_lens * sizeof(int));
                 if (qg) set->query_lens = qg;
                 int *cg = realloc(set->context_lens, cap_lens * sizeof(int));
@@ -302,8 +306,9 @@ int ar_stepfit_build(const ar_run_req *reqs, int num_reqs, int budget, int sampl
             double prefill;
             int n = batch_in(reqs, order, num_reqs, budget, t0, t0 + len, set->query_lens + num_lens,
                              set->context_lens + num_lens, &num_decode, &prefill);
-            set->samples[ns++] = (ar_stepfit_sample){num_lens, n, num_decode, prefill, len};
-            num_lens += (size_t)n;
+            set->samples[ns++] = (ar_stepfit_sample){num_lens, n, num_decode, prefill, len, 0, 0};
+            set->query_lens[num_lens + (size_t)n] = set->context_lens[num_lens + (size_t)n] = 0;
+            num_lens += (size_t)n + 1;
         }
     }
     set->sample_start[ni] = ns;
@@ -319,6 +324,7 @@ void ar_stepfit_free(ar_stepfit_set *set)
     free(set->query_lens);
     free(set->context_lens);
     free(set->keep);
+    free(set->recompute_tokens);
     memset(set, 0, sizeof *set);
 }
 
@@ -327,7 +333,7 @@ void ar_stepfit_features(const ar_stepfit_set *set, int sample, bool mixed, ar_b
     const ar_stepfit_sample *s = &set->samples[sample];
     const int *q = set->query_lens + s->offset, *c = set->context_lens + s->offset;
     memset(f, 0, sizeof *f);
-    f->num_reqs = mixed ? s->num_reqs : s->num_decode;
+    f->num_reqs = mixed ? s->num_reqs + s->recompute_chunk : s->num_decode;
     for (int i = 0; i < f->num_reqs; i++) {
         f->num_tokens += q[i];
         if (i < s->num_decode) f->num_decode_reqs++;
@@ -339,6 +345,21 @@ void ar_stepfit_features(const ar_stepfit_set *set, int sample, bool mixed, ar_b
     f->context_lens = c;
 }
 
+void ar_stepfit_set_recompute(ar_stepfit_set *set, int k, double tokens)
+{
+    set->recompute_tokens[k] = tokens;
+    int first = set->sample_start[k], m = set->sample_start[k + 1] - first;
+    for (int j = first; j < first + m; j++) {
+        ar_stepfit_sample *s = &set->samples[j];
+        int used = 0;
+        for (int i = 0; i < s->num_reqs; i++) used += set->query_lens[s->offset + (size_t)i];
+        s->recompute_tokens = tokens / m;
+        int chunk = (int)fmin(ceil(s->recompute_tokens), (double)(set->budget - used));
+        s->recompute_chunk = s->num_reqs == s->num_decode && chunk > 0;
+        set->query_lens[s->offset + (size_t)s->num_reqs] = s->recompute_chunk ? chunk : 0;
+    }
+}
+
 double ar_stepfit_predicted_steps(const ar_stepfit_set *set, int k, const ar_steptime *st)
 {
     double steps = 0;
@@ -346,10 +367,11 @@ double ar_stepfit_predicted_steps(const ar_stepfit_set *set, int k, const ar_ste
         const ar_stepfit_sample *s = &set->samples[j];
         ar_batch_features f;
         double mixed_steps = 0, mixed_s = 0;
-        if (s->prefill_tokens > 0 && s->num_reqs > s->num_decode) {
+        double prompt_tokens = s->prefill_tokens + s->recompute_tokens;
+        if (prompt_tokens > 0 && s->num_reqs + s->recompute_chunk > s->num_decode) {
             ar_stepfit_features(set, j, true, &f);
             double tau = ar_steptime_eval(st, &f);
-            mixed_steps = s->prefill_tokens / f.num_prefill_tokens;
+            mixed_steps = prompt_tokens / f.num_prefill_tokens;
             mixed_s = mixed_steps * tau;
             if (mixed_s >= s->length_s) {   /* the prompts alone overfill the piece */
                 steps += s->length_s / tau;

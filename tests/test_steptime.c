@@ -686,6 +686,60 @@ static void test_stepfit_on_simulated_run(void **state)
     ar_workload_free(&wl);
 }
 
+/* Hidden recompute prefill given to an interval of decodes only: each piece gets its share as a
+ * recompute chunk (context 0) in one mixed step, so it predicts 1 + (length - tau(mixed)) /
+ * tau(decode) steps; a share beyond the budget fills the piece with mixed steps at the budget;
+ * setting 0 gives back the prediction without it. */
+static void test_stepfit_recompute_tokens(void **state)
+{
+    (void)state;
+    char err[AR_ERR_MAX + 1024];
+    double ends[40];
+    for (int k = 0; k < 40; k++) ends[k] = 100.0 + 0.02 * k;
+    ar_run_req reqs[3] = {
+        run_req(ends, 300, 0, 11, 10),   /* intervals (0, 5], (5, 10], (10, 12] */
+        run_req(ends, 300, 0, 6, 5),
+        run_req(ends, 700, 5, 8, 12),
+    };
+    ar_stepfit_set set;
+    assert_int_equal(ar_stepfit_build(reqs, 3, 512, 8, &set, err, sizeof err), 0);
+    assert_int_equal(set.stats.num_intervals, 3);
+    const int k = 1;   /* (5, 10]: requests 0 and 2 decode, no prompt window overlaps */
+    assert_true(fabs(set.intervals[k].start - ends[5]) < 1e-9);
+    ar_steptime st;
+    parse_ok("roofline:h200,gemm_eff=0.6,bw_eff=0.9,kv_eff=0.6,gap=0.001,overhead=0.0005", &st);
+    ar_steptime_set_engine(&st, 32);
+    const double before = ar_stepfit_predicted_steps(&set, k, &st);
+    const int first = set.sample_start[k], m = set.sample_start[k + 1] - first;
+    assert_int_equal(m, 5);
+    for (int round = 0; round < 2; round++) {
+        const double share = round == 0 ? 100 : 10000;   /* per piece: within the budget, then far beyond */
+        ar_stepfit_set_recompute(&set, k, share * m);
+        double want = 0;
+        for (int j = first; j < first + m; j++) {
+            ar_batch_features dec, mixed;
+            ar_stepfit_features(&set, j, false, &dec);
+            assert_int_equal(dec.num_reqs, 2);
+            int chunk = (int)fmin(share, 512 - 2);
+            int q[3] = {1, 1, chunk}, c[3] = {dec.context_lens[0], dec.context_lens[1], 0};
+            mixed = (ar_batch_features){.num_reqs = 3, .num_tokens = 2 + chunk, .num_decode_reqs = 2,
+                                        .num_prefill_tokens = chunk, .query_lens = q, .context_lens = c,
+                                        .kv_tokens_read = c[0] + c[1] + 2 + chunk,
+                                        .attn_pairs = c[0] + 1 + c[1] + 1 + chunk * (chunk + 1) / 2.0};
+            double tau_mixed = ar_steptime_eval(&st, &mixed), tau_decode = ar_steptime_eval(&st, &dec);
+            double len = set.samples[j].length_s, mixed_steps = share / chunk;
+            want += mixed_steps * tau_mixed >= len ? len / tau_mixed
+                                                   : mixed_steps + (len - mixed_steps * tau_mixed) / tau_decode;
+        }
+        double got = ar_stepfit_predicted_steps(&set, k, &st);
+        if (fabs(got - want) > 1e-9 * want || !(got < before))
+            fail_msg("share %.0f: predicted %.6f steps, want %.6f (without recompute %.6f)", share, got, want, before);
+    }
+    ar_stepfit_set_recompute(&set, k, 0);
+    assert_true(ar_stepfit_predicted_steps(&set, k, &st) == before);
+    ar_stepfit_free(&set);
+}
+
 /* requests.jsonl rows: a missing stamp or stamps out of order name the file and line. */
 static void test_run_load_rules(void **state)
 {
@@ -735,6 +789,7 @@ int main(void)
         cmocka_unit_test(test_step_intervals_exact_counts),
         cmocka_unit_test(test_step_intervals_random_run),
         cmocka_unit_test(test_stepfit_on_simulated_run),
+        cmocka_unit_test(test_stepfit_recompute_tokens),
         cmocka_unit_test(test_run_load_rules),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
