@@ -11,7 +11,10 @@
  * and gap (serial per-step GPU time) by Nelder-Mead against the run's own step timings (sim/stepfit.c: the step ends its requests' first and last tokens reveal,
  * the exact step counts between them, the batches rebuilt from the requests), least absolute
  * deviations of log(predicted / observed steps), then again without the intervals beyond 3 scaled
- * MADs of that fit.  Stage 2, by simulation: attn_eff, overhead and per_req by coordinate descent,
+ * MADs of that fit; a run the simulation preempts is then calibrated again with the recompute prefill
+ * a simulation of it shows in each stage-1 interval (calibrate(), sim/README.md), until no term moves
+ * by 1% (at most 3 refits).
+ * Stage 2, by simulation: attn_eff, overhead and per_req by coordinate descent,
  * minimising the per-request errors (RMS of the TTFT errors over the mean real TTFT plus RMS of
  * log TPOT ratios).  gemm_scale multiplies each device's measured GEMM efficiency (its preset's
  * table, sim/presets.c), so the GEMM rate transfers relative to what the device is measured to
@@ -41,6 +44,7 @@ typedef struct fid_run {
     int num_blocks, max_seqs;
     ar_workload wl;
     ar_stepfit_set steps;      /* the run's step timings (stage 1) */
+    double origin;             /* the engine clock at the simulation's time 0 (the first row's queued_ts) */
 } fid_run;
 
 typedef struct fid_params {
@@ -152,8 +156,36 @@ static int make_steptime(const fid_run *r, const fid_params *p, ar_steptime *st)
     return 0;
 }
 
-static int simulate(fid_run *r, const fid_params *p, int num_blocks, ar_fidelity *fid, ar_sim_summary *sum,
-                    fid_per_req *per_req)
+/* The recompute prefill of one simulated step: each scheduled request's tokens that lie below the
+ * furthest it had computed before (recomputation after a preemption; prefix-cache hits on
+ * resumption are not computed, so not counted).  furthest[] holds each request's furthest computed
+ * token, indexed like ids (sorted request ids of the simulation). */
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static double step_recompute(const ar_step *st, const char **ids, int n, int *furthest)
+{
+    double tokens = 0;
+    for (int e = 0; e < st->num_scheduled; e++) {
+        const char *id = st->scheduled[e].req;
+        int before = -1;
+        for (int k = 0; k < st->num_new && before < 0; k++)
+            if (strcmp(st->new_reqs[k].req, id) == 0) before = st->new_reqs[k].num_computed_tokens;
+        for (int k = 0; k < st->num_cached && before < 0; k++)
+            if (strcmp(st->cached[k].req, id) == 0) before = st->cached[k].num_computed_tokens;
+        const char **hit = bsearch(&id, ids, (size_t)n, sizeof *ids, cmp_str);
+        if (before < 0 || !hit) continue;
+        int *far = &furthest[hit - ids], after = before + st->scheduled[e].num_tokens;
+        if (*far > before) tokens += (after < *far ? after : *far) - before;
+        if (after > *far) *far = after;
+    }
+    return tokens;
+}
+
+/* recompute: when not NULL, each stage-1 interval of r gets the recompute prefill of the simulated
+ * steps that end in it (start, end] (the simulation's clock taken as the run's), [num_intervals],
+ * and recompute[num_intervals] the run's total. */
+static int simulate_recording(fid_run *r, const fid_params *p, int num_blocks, ar_fidelity *fid, ar_sim_summary *sum,
+                              fid_per_req *per_req, double *recompute)
 {
     const ar_model_preset *preset = ar_model_preset_find("llama-3.1-8b");
     char err[AR_ERR_MAX + 2048];
@@ -176,13 +208,41 @@ static int simulate(fid_run *r, const fid_params *p, int num_blocks, ar_fidelity
         return -1;
     }
     const ar_step *st;
-    int rc;
-    while ((rc = ar_sim_step(s, &st, err, sizeof err)) == 1) {}
+    int rc, n = ar_sim_num_requests(s), ni = r->steps.stats.num_intervals;
+    const char **ids = recompute ? malloc((size_t)(n + 1) * sizeof *ids) : NULL;
+    int *furthest = recompute ? calloc((size_t)n + 1, sizeof *furthest) : NULL;
+    if (recompute) {
+        if (!ids || !furthest) { free(ids); free(furthest); ar_sim_destroy(s); return -1; }
+        for (int i = 0; i < n; i++) {
+            ar_sim_req_info q;
+            ar_sim_request(s, i, &q);
+            ids[i] = q.id;
+        }
+        qsort(ids, (size_t)n, sizeof *ids, cmp_str);
+        for (int k = 0; k <= ni; k++) recompute[k] = 0;
+    }
+    while ((rc = ar_sim_step(s, &st, err, sizeof err)) == 1) {
+        if (!recompute) continue;
+        double tokens = step_recompute(st, ids, n, furthest);
+        if (tokens <= 0) continue;
+        recompute[ni] += tokens;
+        double end = r->origin + st->time + ar_steptime_eval(&cfg.steptime, ar_sim_last_features(s));
+        for (int k = 0; k < ni; k++)
+            if (end > r->steps.intervals[k].start && end <= r->steps.intervals[k].end) recompute[k] += tokens;
+    }
+    free(ids);
+    free(furthest);
     if (rc == 0) rc = ar_sim_fidelity(s, fid);
     if (sum) ar_sim_summarize(s, sum);
     if (per_req) per_request_errors(s, per_req);
     ar_sim_destroy(s);
     return rc;
+}
+
+static int simulate(fid_run *r, const fid_params *p, int num_blocks, ar_fidelity *fid, ar_sim_summary *sum,
+                    fid_per_req *per_req)
+{
+    return simulate_recording(r, p, num_blocks, fid, sum, per_req, NULL);
 }
 
 static double objective(const ar_fidelity *f, const fid_per_req *pr)
@@ -213,6 +273,10 @@ static void remember(fid_tried *t, const fid_params *p, double obj)
 typedef struct fid_stage1 {
     double loss;
     int kept, rejected;
+    int rounds;                /* calibrations run (1 + recompute-aware refits) */
+    double recompute_tokens;   /* the simulated recompute prefill given to stage 1 in the last round */
+    fid_params round_params[4];    /* each calibration's result, [rounds] */
+    double round_recompute[4];     /* the recompute prefill each calibration was given (0 for the first) */
 } fid_stage1;
 
 static double step_timing_loss(const fid_run *r, const fid_params *p)
@@ -338,7 +402,7 @@ static fid_params fit_step_timings(fid_run *r, fid_params start, bool keep_set, 
 }
 
 /* Coordinate descent over each stage-2 parameter's grid, from stage 1's result, three rounds. */
-static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *tried, fid_stage1 *stage1)
+static fid_params calibrate_once(fid_run *r, fid_params start, int *sims, fid_tried *tried, fid_stage1 *stage1)
 {
     static const double effs[] = {0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0};
     static const double scales[] = {0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3};
@@ -372,6 +436,61 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
             }
         }
     return best;
+}
+
+/* Largest relative change of the fitted terms between two calibrations (absolute below 1e-9). */
+static double params_change(const fid_params *a, const fid_params *b)
+{
+    const double x[6] = {a->gemm_scale, a->kv_eff, a->gap, a->attn_eff, a->overhead, a->per_req};
+    const double y[6] = {b->gemm_scale, b->kv_eff, b->gap, b->attn_eff, b->overhead, b->per_req};
+    double worst = 0;
+    for (int i = 0; i < 6; i++) {
+        double scale = fmax(fabs(x[i]), fabs(y[i]));
+        if (scale > 1e-9) worst = fmax(worst, fabs(x[i] - y[i]) / scale);
+    }
+    return worst;
+}
+
+/* Recompute-aware calibration.  Stage 1 cannot see the prompt tokens an engine recomputes after a
+ * preemption (no stamp shows them), so in a run that preempts they pass for slower steps, and the
+ * simulation then recomputes them again on top.  So: calibrate; simulate the calibration run with
+ * the result and give each stage-1 interval the recompute prefill of the simulated steps that end
+ * in it, as extra prompt tokens; calibrate again (both stages, from the same start); repeat until
+ * no term moves by 1% or more, at most 3 refits.  A run the simulation never preempts gets no
+ * recompute and the first calibration stands. */
+static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *tried, fid_stage1 *stage1)
+{
+    int ni = r->steps.stats.num_intervals;
+    for (int k = 0; k < ni; k++) ar_stepfit_set_recompute(&r->steps, k, 0);
+    fid_stage1 s1 = {0};
+    fid_params p = calibrate_once(r, start, sims, tried, &s1);
+    s1.rounds = 1;
+    s1.round_params[0] = p;
+    double *recompute = malloc((size_t)(ni + 1) * sizeof *recompute);
+    for (int round = 0; recompute && round < 3; round++) {
+        ar_fidelity f;
+        if (simulate_recording(r, &p, r->num_blocks, &f, NULL, NULL, recompute) != 0) break;
+        (*sims)++;
+        double total = recompute[ni];
+        if (total <= 0 && s1.recompute_tokens <= 0) break;   /* no preemption: nothing hidden */
+        for (int k = 0; k < ni; k++) ar_stepfit_set_recompute(&r->steps, k, recompute[k]);
+        if (tried) tried->n = 0;
+        fid_stage1 next = {0};
+        fid_params q = calibrate_once(r, start, sims, tried, &next);
+        next.rounds = s1.rounds + 1;
+        next.recompute_tokens = total;
+        memcpy(next.round_params, s1.round_params, sizeof s1.round_params);
+        memcpy(next.round_recompute, s1.round_recompute, sizeof s1.round_recompute);
+        next.round_params[s1.rounds] = q;
+        next.round_recompute[s1.rounds] = total;
+        double change = params_change(&p, &q);
+        p = q;
+        s1 = next;
+        if (change < 0.01) break;
+    }
+    free(recompute);
+    if (stage1) *stage1 = s1;
+    return p;
 }
 
 /* One point of a ridge: stage 1 refitted on the calibration run from start (its held term held,
@@ -427,6 +546,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "fidelity: %s\n", err);
             return 2;
         }
+        /* both readers keep the file's order; the workload's times start at the first row's queued_ts */
+        runs[i].origin = reqs[0].first_token - runs[i].wl.reqs[0].real_ttft;
         free(reqs);
     }
     printf("Simulator fidelity against real vLLM 0.19 runs (Llama-3.1-8B, TP 1, budget 2048, block 16).\n"
@@ -457,6 +578,22 @@ int main(int argc, char **argv)
                "left out; %d inconsistent), %d intervals, %d kept after rejection, mean |log(model / observed "
                "steps)| %.3f\n\n", cal->label, is->num_nodes, is->num_components, is->num_bad_components,
                is->num_dropped, is->num_inconsistent, is->num_intervals, s1.kept, s1.loss);
+        printf("recompute-aware stage 1: %d calibration%s", s1.rounds, s1.rounds == 1 ? " (the simulated run does "
+               "not preempt: nothing hidden)\n\n" : "s; each round's recompute prefill (simulated with the previous "
+               "round's parameters), result and self-fit:\n\n");
+        if (s1.rounds > 1) {
+            printf("| round | recompute tokens | gemm_scale | gap (ms) | attn_eff | overhead | per_req | "
+                   "calibration TTFT / TPOT gap |\n| ---: | ---: | --- | --- | --- | --- | --- | --- |\n");
+            for (int k = 0; k < s1.rounds; k++) {
+                const fid_params *q = &s1.round_params[k];
+                ar_fidelity fr;
+                if (simulate(cal, q, cal->num_blocks, &fr, NULL, NULL) != 0) return 2;
+                printf("| %d | %.0f | %.3g | %.3g | %.3g | %.3g | %.3g | %+.1f / %+.1f %% |\n", k,
+                       s1.round_recompute[k], q->gemm_scale, 1e3 * q->gap, q->attn_eff, q->overhead, q->per_req,
+                       100 * fr.gap_ttft[0], 100 * fr.gap_tpot[0]);
+            }
+            printf("\n");
+        }
         printf("| run | role | TTFT sim | TTFT real | TTFT gap | TPOT sim | TPOT real | TPOT gap |\n");
         printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
         print_row(cal->label, "calibration", &fc);
