@@ -79,7 +79,7 @@ enum { FID_STAMPS = 0, FID_RECOMPUTE = 1, FID_RECOMPUTE_WAITING = 2 };
 static const char *const hidden_names[] = {"stamps", "recompute", "recompute+waiting"};
 /* The full model's stage 1 (FIDELITY_STAGE1 in the environment replaces it for every calibration:
  * stamps, recompute or recompute+waiting). */
-static int default_hidden = FID_STAMPS;
+static int default_hidden = FID_RECOMPUTE_WAITING;
 
 /* The gemm_eff one device runs with: the shared scale times the device's measured GEMM
  * efficiency (its preset's table), at most 1. */
