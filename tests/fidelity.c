@@ -547,10 +547,11 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
         return p;
     }
     double *recompute = malloc((size_t)(ni + 1) * sizeof *recompute);
-    bool *waiting = start.hidden == FID_RECOMPUTE_WAITING ? malloc((size_t)num_pieces * (size_t)n + 1) : NULL;
-    if (!recompute || (start.hidden == FID_RECOMPUTE_WAITING && !waiting)) s1.converged = false;
-    for (int round = 0; !(!recompute || (start.hidden == FID_RECOMPUTE_WAITING && !waiting)) && round < FID_MAX_REFITS;
-         round++) {
+    bool *waiting = start.hidden == FID_RECOMPUTE_WAITING
+                        ? malloc(((size_t)num_pieces * (size_t)n + 1) * sizeof *waiting) : NULL;
+    bool ready = recompute && (start.hidden != FID_RECOMPUTE_WAITING || waiting);
+    if (!ready) s1.converged = false;
+    for (int round = 0; ready && round < FID_MAX_REFITS; round++) {
         ar_fidelity f;
         if (simulate_recording(r, &p, r->num_blocks, &f, NULL, NULL, recompute, waiting) != 0) {
             s1.converged = false;
