@@ -266,11 +266,19 @@ int ar_step_intervals(const ar_run_req *reqs, int num_reqs, ar_step_interval **o
 /* The intervals cut into equal pieces of time, each with its batches rebuilt: the decodes at its
  * middle, and one mixed step of those decodes plus the prompts scheduled in the piece. */
 typedef struct ar_stepfit_sample {
-    size_t offset;            /* into query_lens / context_lens: decodes first, then prompts */
+    size_t offset;            /* into query_lens / context_lens / entry_req: decodes first, then prompts */
+    int capacity;             /* entries reserved at offset (every decode and prompt window, + 1) */
     int num_reqs;             /* entries of the mixed step */
     int num_decode;           /* decodes (the first entries) */
+    int num_waiting;          /* requests between their first and last token left out of the decodes
+                                 (preempted and waiting, from a simulation; 0 unless set) */
     double prefill_tokens;    /* prompt tokens computed in the piece (prompts spread over their windows) */
+    double start_s;           /* the piece's start (the run's clock) */
     double length_s;          /* the piece's length */
+    double recompute_tokens;  /* extra prompt tokens the piece computes that no stamp shows (recomputation
+                                 after preemption, from a simulation; 0 unless set) */
+    int recompute_chunk;      /* 1 when the mixed step carries a recompute chunk in the slot after its
+                                 entries (a piece whose decodes leave budget), else 0 */
 } ar_stepfit_sample;
 typedef struct ar_stepfit_set {
     ar_step_interval *intervals;      /* [stats.num_intervals] */
@@ -278,7 +286,13 @@ typedef struct ar_stepfit_set {
     int *sample_start;                /* [num_intervals + 1]: interval k's samples */
     ar_stepfit_sample *samples;
     int *query_lens, *context_lens;   /* per sampled request */
+    int *entry_req;                   /* per sampled request: its index in reqs (-1: the recompute chunk) */
     bool *keep;                       /* [num_intervals]: false once rejected as an outlier */
+    double *recompute_tokens;         /* [num_intervals]: hidden recompute prefill per interval (0 = none) */
+    int budget;                       /* the scheduler's token budget per step */
+    ar_run_req *reqs;                 /* [num_reqs]: a copy of the run's requests (pieces are rebuilt) */
+    int *sched_order;                 /* [num_reqs]: request indices in the order first scheduled */
+    int num_reqs;
 } ar_stepfit_set;
 /* Builds the intervals of a run, each cut into min(steps, samples_per_interval) pieces, with the
  * scheduler's token budget.  Returns 0, or 2 with err set. */
@@ -287,8 +301,19 @@ int ar_stepfit_build(const ar_run_req *reqs, int num_reqs, int budget, int sampl
 void ar_stepfit_free(ar_stepfit_set *set);
 /* One piece's decode-only step, or with mixed its mixed step (pointers into set). */
 void ar_stepfit_features(const ar_stepfit_set *set, int sample, bool mixed, ar_batch_features *f);
-/* The steps the model fits into interval k: per piece, the mixed steps its prompt tokens need
- * (prefill_tokens / the mixed step's prompt tokens) and decode steps in the time they leave. */
+/* Sets interval k's hidden recompute prefill (tokens >= 0): spread evenly over its pieces, each
+ * piece's share added to its prompt tokens; a piece whose mixed step holds no prompt gets a
+ * recompute chunk (context 0) of its share, up to the budget its decodes leave. */
+void ar_stepfit_set_recompute(ar_stepfit_set *set, int k, double tokens);
+/* Sets which requests wait preempted during piece `sample` (waiting: [num_reqs] indexed like the
+ * run's requests, from a simulation; NULL = none): they are not counted as decoding there although
+ * between their first and last token, and the budget they leave goes to the piece's prompts as
+ * the build gives it.  Replaces the piece's previous setting; keeps its recompute share.  Returns
+ * the decodes left out. */
+int ar_stepfit_set_waiting(ar_stepfit_set *set, int sample, const bool *waiting);
+/* The steps the model fits into interval k: per piece, the mixed steps its prompt and recompute
+ * tokens need ((prefill_tokens + recompute_tokens) / the mixed step's prompt tokens) and decode
+ * steps in the time they leave. */
 double ar_stepfit_predicted_steps(const ar_stepfit_set *set, int k, const ar_steptime *st);
 /* log(predicted / observed steps) of interval k; NAN when the model predicts none. */
 double ar_stepfit_residual(const ar_stepfit_set *set, int k, const ar_steptime *st);

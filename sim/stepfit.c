@@ -15,7 +15,10 @@
  * remaining prompt shrinking linearly over that time); a step gives the budget left after the
  * decodes to the prefilling requests in the order they were first scheduled.  A model's step time
  * tau(t) at sample points across the interval predicts interval / harmonic mean(tau) steps; the
- * residual is log(predicted / observed steps). */
+ * residual is log(predicted / observed steps).  Two things no stamp shows can be supplied from a
+ * simulation of the run: prompt tokens recomputed after a preemption, per interval
+ * (set_recompute), and, per piece, the requests waiting preempted there, which then do not count
+ * as decoding although between their first and last token (set_waiting). */
 #include "sim.h"
 
 #include <jansson.h>
@@ -203,25 +206,31 @@ done:
  * then at the request's own mean rate), written first, then the prompts whose scheduling window
  * [first schedule, first token) overlaps the piece, in the order they were scheduled, each whole
  * (context 0) up to the budget the decodes leave: one mixed step.  *prefill_tokens = the prompt
- * tokens the piece must compute: each prompt spread evenly over its window.  q and c need room for
- * num_reqs entries.  Returns the entries written; *num_decode the decodes among them. */
+ * tokens the piece must compute: each prompt spread evenly over its window.  waiting (NULL = none,
+ * else [num_reqs]): requests not decoding in the piece although between their first and last token
+ * (preempted, waiting).  q, c and who (each entry's request) need room for the decodes plus
+ * *windows entries.  Returns the entries written; *num_decode the decodes among them, *windows the
+ * prompt windows overlapping the piece (written or not). */
 static int batch_in(const ar_run_req *reqs, const int *sched_order, int num_reqs, int budget, double t0, double t1,
-                    int *q, int *c, int *num_decode, double *prefill_tokens)
+                    const bool *waiting, int *q, int *c, int *who, int *num_decode, double *prefill_tokens,
+                    int *windows)
 {
     int n = 0;
     double t = 0.5 * (t0 + t1);
     for (int i = 0; i < num_reqs; i++) {
         const ar_run_req *r = &reqs[i];
-        if (t < r->first_token || t >= r->last_token || r->output_len < 2) continue;
+        if (t < r->first_token || t >= r->last_token || r->output_len < 2 || (waiting && waiting[i])) continue;
         double per_token = (r->last_token - r->first_token) / (r->output_len - 1);
         int generated = 1 + (int)((t - r->first_token) / per_token);
         if (generated > r->output_len - 1) generated = r->output_len - 1;
         q[n] = 1;
         c[n] = r->prompt_len + generated - 1;
+        who[n] = i;
         n++;
     }
     *num_decode = n;
     *prefill_tokens = 0;
+    *windows = 0;
     int left = budget - n;
     for (int k = 0; k < num_reqs; k++) {
         const ar_run_req *r = &reqs[sched_order[k]];
@@ -229,10 +238,12 @@ static int batch_in(const ar_run_req *reqs, const int *sched_order, int num_reqs
         if (hi <= lo && !(r->first_token == r->scheduled && r->scheduled >= t0 && r->scheduled < t1)) continue;
         *prefill_tokens += r->first_token > r->scheduled ? r->prompt_len * (hi - lo) / (r->first_token - r->scheduled)
                                                          : r->prompt_len;
+        (*windows)++;
         if (left <= 0) continue;
         int take = r->prompt_len < left ? r->prompt_len : left;
         q[n] = take;
         c[n] = 0;
+        who[n] = sched_order[k];
         n++;
         left -= take;
     }
@@ -244,6 +255,34 @@ static int cmp_sched(const void *a, const void *b)
 {
     double x = sort_reqs[*(const int *)a].scheduled, y = sort_reqs[*(const int *)b].scheduled;
     return x < y ? -1 : x > y ? 1 : (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);
+}
+
+/* Grows the per-entry arrays to hold at least need entries; false when out of memory. */
+static bool reserve_entries(ar_stepfit_set *set, size_t need, size_t *cap)
+{
+    if (need <= *cap) return true;
+    while (*cap < need) *cap *= 2;
+    int *qg = realloc(set->query_lens, *cap * sizeof(int));
+    if (qg) set->query_lens = qg;
+    int *cg = realloc(set->context_lens, *cap * sizeof(int));
+    if (cg) set->context_lens = cg;
+    int *wg = realloc(set->entry_req, *cap * sizeof(int));
+    if (wg) set->entry_req = wg;
+    return qg && cg && wg;
+}
+
+/* Rebuilds piece j's batches (waiting as batch_in's) in its reserved entries, then lays out its
+ * recompute chunk. */
+static void layout_recompute(ar_stepfit_set *set, int j);
+static void rebuild_piece(ar_stepfit_set *set, int j, const bool *waiting)
+{
+    ar_stepfit_sample *s = &set->samples[j];
+    int windows;
+    s->num_reqs = batch_in(set->reqs, set->sched_order, set->num_reqs, set->budget, s->start_s,
+                           s->start_s + s->length_s, waiting, set->query_lens + s->offset,
+                           set->context_lens + s->offset, set->entry_req + s->offset, &s->num_decode,
+                           &s->prefill_tokens, &windows);
+    layout_recompute(set, j);
 }
 
 int ar_stepfit_build(const ar_run_req *reqs, int num_reqs, int budget, int samples_per_interval,
@@ -259,23 +298,29 @@ int ar_stepfit_build(const ar_run_req *reqs, int num_reqs, int budget, int sampl
         return 2;
     }
     int ni = set->stats.num_intervals;
-    int *order = malloc((size_t)num_reqs * sizeof(int));
     set->sample_start = malloc((size_t)(ni + 1) * sizeof(int));
     size_t cap_samples = (size_t)ni * (size_t)samples_per_interval + 1;
     set->samples = malloc(cap_samples * sizeof *set->samples);
     size_t cap_lens = 1024;
     set->query_lens = malloc(cap_lens * sizeof(int));
     set->context_lens = malloc(cap_lens * sizeof(int));
+    set->entry_req = malloc(cap_lens * sizeof(int));
     set->keep = malloc((size_t)(ni + 1) * sizeof(bool));
-    if (!order || !set->sample_start || !set->samples || !set->query_lens || !set->context_lens || !set->keep) {
-        free(order);
+    set->recompute_tokens = calloc((size_t)(ni + 1), sizeof(double));
+    set->reqs = malloc((size_t)num_reqs * sizeof *set->reqs);
+    set->sched_order = malloc((size_t)num_reqs * sizeof(int));
+    set->num_reqs = num_reqs;
+    set->budget = budget;
+    if (!set->sample_start || !set->samples || !set->query_lens || !set->context_lens || !set->entry_req ||
+        !set->keep || !set->recompute_tokens || !set->reqs || !set->sched_order) {
         ar_stepfit_free(set);
         snprintf(err, err_len, "step fit: out of memory");
         return 2;
     }
-    for (int i = 0; i < num_reqs; i++) order[i] = i;
-    sort_reqs = reqs;
-    qsort(order, (size_t)num_reqs, sizeof(int), cmp_sched);
+    memcpy(set->reqs, reqs, (size_t)num_reqs * sizeof *reqs);
+    for (int i = 0; i < num_reqs; i++) set->sched_order[i] = i;
+    sort_reqs = set->reqs;
+    qsort(set->sched_order, (size_t)num_reqs, sizeof(int), cmp_sched);
     size_t num_lens = 0;
     int ns = 0;
     for (int k = 0; k < ni; k++) {
@@ -284,30 +329,28 @@ int ar_stepfit_build(const ar_run_req *reqs, int num_reqs, int budget, int sampl
         set->sample_start[k] = ns;
         int m = iv->steps < samples_per_interval ? iv->steps : samples_per_interval;
         for (int j = 0; j < m; j++) {
-            if (num_lens + (size_t)num_reqs > cap_lens) {
-                while (num_lens + (size_t)num_reqs > cap_lens) cap_lens *= 2;
-                int *qg = realloc(set->query_lens, cap_lens * sizeof(int));
-                if (qg) set->query_lens = qg;
-                int *cg = realloc(set->context_lens, cap_lens * sizeof(int));
-                if (cg) set->context_lens = cg;
-                if (!qg || !cg) {
-                    free(order);
-                    ar_stepfit_free(set);
-                    snprintf(err, err_len, "step fit: out of memory");
-                    return 2;
-                }
+            /* room for every request (+ 1: the recompute chunk's slot) while the piece is built */
+            if (!reserve_entries(set, num_lens + (size_t)num_reqs + 1, &cap_lens)) {
+                ar_stepfit_free(set);
+                snprintf(err, err_len, "step fit: out of memory");
+                return 2;
             }
-            double len = (iv->end - iv->start) / m, t0 = iv->start + j * len;
-            int num_decode;
-            double prefill;
-            int n = batch_in(reqs, order, num_reqs, budget, t0, t0 + len, set->query_lens + num_lens,
-                             set->context_lens + num_lens, &num_decode, &prefill);
-            set->samples[ns++] = (ar_stepfit_sample){num_lens, n, num_decode, prefill, len};
-            num_lens += (size_t)n;
+            double len = (iv->end - iv->start) / m;
+            ar_stepfit_sample *s = &set->samples[ns];
+            *s = (ar_stepfit_sample){.offset = num_lens, .start_s = iv->start + j * len, .length_s = len};
+            int windows;
+            s->num_reqs = batch_in(set->reqs, set->sched_order, num_reqs, budget, s->start_s, s->start_s + len, NULL,
+                                   set->query_lens + num_lens, set->context_lens + num_lens,
+                                   set->entry_req + num_lens, &s->num_decode, &s->prefill_tokens, &windows);
+            /* reserved: every decode and every prompt window (leaving decodes out frees budget for
+             * more prompts), then the recompute chunk's slot */
+            s->capacity = s->num_decode + windows + 1;
+            layout_recompute(set, ns);
+            num_lens += (size_t)s->capacity;
+            ns++;
         }
     }
     set->sample_start[ni] = ns;
-    free(order);
     return 0;
 }
 
@@ -318,7 +361,11 @@ void ar_stepfit_free(ar_stepfit_set *set)
     free(set->samples);
     free(set->query_lens);
     free(set->context_lens);
+    free(set->entry_req);
     free(set->keep);
+    free(set->recompute_tokens);
+    free(set->reqs);
+    free(set->sched_order);
     memset(set, 0, sizeof *set);
 }
 
@@ -327,7 +374,7 @@ void ar_stepfit_features(const ar_stepfit_set *set, int sample, bool mixed, ar_b
     const ar_stepfit_sample *s = &set->samples[sample];
     const int *q = set->query_lens + s->offset, *c = set->context_lens + s->offset;
     memset(f, 0, sizeof *f);
-    f->num_reqs = mixed ? s->num_reqs : s->num_decode;
+    f->num_reqs = mixed ? s->num_reqs + s->recompute_chunk : s->num_decode;
     for (int i = 0; i < f->num_reqs; i++) {
         f->num_tokens += q[i];
         if (i < s->num_decode) f->num_decode_reqs++;
@@ -339,6 +386,40 @@ void ar_stepfit_features(const ar_stepfit_set *set, int sample, bool mixed, ar_b
     f->context_lens = c;
 }
 
+/* Piece j's recompute chunk: its share of the recompute prefill in the slot after its entries,
+ * when its mixed step holds no prompt, up to the budget its entries leave. */
+static void layout_recompute(ar_stepfit_set *set, int j)
+{
+    ar_stepfit_sample *s = &set->samples[j];
+    int used = 0;
+    for (int i = 0; i < s->num_reqs; i++) used += set->query_lens[s->offset + (size_t)i];
+    int chunk = (int)fmin(ceil(s->recompute_tokens), (double)(set->budget - used));
+    s->recompute_chunk = s->num_reqs == s->num_decode && chunk > 0;
+    size_t slot = s->offset + (size_t)s->num_reqs;
+    set->query_lens[slot] = s->recompute_chunk ? chunk : 0;
+    set->context_lens[slot] = 0;
+    set->entry_req[slot] = -1;
+}
+
+void ar_stepfit_set_recompute(ar_stepfit_set *set, int k, double tokens)
+{
+    set->recompute_tokens[k] = tokens;
+    int first = set->sample_start[k], m = set->sample_start[k + 1] - first;
+    for (int j = first; j < first + m; j++) {
+        set->samples[j].recompute_tokens = tokens / m;
+        layout_recompute(set, j);
+    }
+}
+
+int ar_stepfit_set_waiting(ar_stepfit_set *set, int sample, const bool *waiting)
+{
+    ar_stepfit_sample *s = &set->samples[sample];
+    int decoding = s->num_decode + s->num_waiting;   /* as the stamps alone have it */
+    rebuild_piece(set, sample, waiting);
+    s->num_waiting = decoding - s->num_decode;
+    return s->num_waiting;
+}
+
 double ar_stepfit_predicted_steps(const ar_stepfit_set *set, int k, const ar_steptime *st)
 {
     double steps = 0;
@@ -346,10 +427,11 @@ double ar_stepfit_predicted_steps(const ar_stepfit_set *set, int k, const ar_ste
         const ar_stepfit_sample *s = &set->samples[j];
         ar_batch_features f;
         double mixed_steps = 0, mixed_s = 0;
-        if (s->prefill_tokens > 0 && s->num_reqs > s->num_decode) {
+        double prompt_tokens = s->prefill_tokens + s->recompute_tokens;
+        if (prompt_tokens > 0 && s->num_reqs + s->recompute_chunk > s->num_decode) {
             ar_stepfit_features(set, j, true, &f);
             double tau = ar_steptime_eval(st, &f);
-            mixed_steps = s->prefill_tokens / f.num_prefill_tokens;
+            mixed_steps = prompt_tokens / f.num_prefill_tokens;
             mixed_s = mixed_steps * tau;
             if (mixed_s >= s->length_s) {   /* the prompts alone overfill the piece */
                 steps += s->length_s / tau;

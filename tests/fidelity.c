@@ -11,7 +11,12 @@
  * and gap (serial per-step GPU time) by Nelder-Mead against the run's own step timings (sim/stepfit.c: the step ends its requests' first and last tokens reveal,
  * the exact step counts between them, the batches rebuilt from the requests), least absolute
  * deviations of log(predicted / observed steps), then again without the intervals beyond 3 scaled
- * MADs of that fit.  Stage 2, by simulation: attn_eff, overhead and per_req by coordinate descent,
+ * MADs of that fit.  What no stamp shows can be given to stage 1 from a simulation of the
+ * calibration run (calibrate(), sim/README.md; default_hidden, FIDELITY_STAGE1 in the environment):
+ * each interval's recompute prefill after preemptions, and each piece's requests held preempted
+ * (waiting, so not decoding); both stages then refit until no term moves by 1% (at most
+ * FID_MAX_REFITS refits).  The modes the full model does not use are reported at the end.
+ * Stage 2, by simulation: attn_eff, overhead and per_req by coordinate descent,
  * minimising the per-request errors (RMS of the TTFT errors over the mean real TTFT plus RMS of
  * log TPOT ratios).  gemm_scale multiplies each device's measured GEMM efficiency (its preset's
  * table, sim/presets.c), so the GEMM rate transfers relative to what the device is measured to
@@ -41,6 +46,7 @@ typedef struct fid_run {
     int num_blocks, max_seqs;
     ar_workload wl;
     ar_stepfit_set steps;      /* the run's step timings (stage 1) */
+    double origin;             /* the engine clock at the simulation's time 0 (the first row's queued_ts) */
 } fid_run;
 
 typedef struct fid_params {
@@ -64,7 +70,16 @@ typedef struct fid_params {
     bool gemm_pinned;      /* gemm_scale stays 1 (the device table's measured GEMM rate as it is) */
     bool profiled_linear;  /* gemm_eff and bw_eff from the device's candidate table of vLLM's measured linear
                               layers (linear_gemm_eff, linear_bw_eff in sim/presets.c) */
+    int hidden;            /* what stage 1 is told of the work no stamp shows (calibrate()): FID_STAMPS nothing,
+                              FID_RECOMPUTE the simulated recompute prefill, FID_RECOMPUTE_WAITING that and the
+                              requests the simulation holds preempted */
 } fid_params;
+
+enum { FID_STAMPS = 0, FID_RECOMPUTE = 1, FID_RECOMPUTE_WAITING = 2 };
+static const char *const hidden_names[] = {"stamps", "recompute", "recompute+waiting"};
+/* The full model's stage 1 (FIDELITY_STAGE1 in the environment replaces it for every calibration:
+ * stamps, recompute or recompute+waiting). */
+static int default_hidden = FID_RECOMPUTE_WAITING;
 
 /* The gemm_eff one device runs with: the shared scale times the device's measured GEMM
  * efficiency (its preset's table), at most 1. */
@@ -101,7 +116,7 @@ static fid_params start_params(const char *device, const char *variant)
 {
     const ar_device_spec *d = ar_device_find(device);
     return (fid_params){.gemm_scale = 1.0, .bw_scale = 1.0, .bw_eff = d->bw_eff, .kv_eff = 1.0,
-                        .attn_eff = d->attn_eff, .overhead = 0.003, .variant = variant};
+                        .attn_eff = d->attn_eff, .overhead = 0.003, .variant = variant, .hidden = default_hidden};
 }
 
 static int make_steptime(const fid_run *r, const fid_params *p, ar_steptime *st);
@@ -152,8 +167,51 @@ static int make_steptime(const fid_run *r, const fid_params *p, ar_steptime *st)
     return 0;
 }
 
-static int simulate(fid_run *r, const fid_params *p, int num_blocks, ar_fidelity *fid, ar_sim_summary *sum,
-                    fid_per_req *per_req)
+/* The recompute prefill of one simulated step: each scheduled request's tokens that lie below the
+ * furthest it had computed before (recomputation after a preemption; prefix-cache hits on
+ * resumption are not computed, so not counted).  furthest[] holds each request's furthest computed
+ * token, indexed like ids (sorted request ids of the simulation). */
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static double step_recompute(const ar_step *st, const char **ids, int n, int *furthest)
+{
+    double tokens = 0;
+    for (int e = 0; e < st->num_scheduled; e++) {
+        const char *id = st->scheduled[e].req;
+        int before = -1;
+        for (int k = 0; k < st->num_new && before < 0; k++)
+            if (strcmp(st->new_reqs[k].req, id) == 0) before = st->new_reqs[k].num_computed_tokens;
+        for (int k = 0; k < st->num_cached && before < 0; k++)
+            if (strcmp(st->cached[k].req, id) == 0) before = st->cached[k].num_computed_tokens;
+        const char **hit = bsearch(&id, ids, (size_t)n, sizeof *ids, cmp_str);
+        if (before < 0 || !hit) continue;
+        int *far = &furthest[hit - ids], after = before + st->scheduled[e].num_tokens;
+        if (*far > before) tokens += (after < *far ? after : *far) - before;
+        if (after > *far) *far = after;
+    }
+    return tokens;
+}
+
+/* Stage-1 pieces in the order of their middles (the run's clock), for simulate_recording. */
+typedef struct fid_piece {
+    double middle;
+    int sample;
+} fid_piece;
+
+static int cmp_piece(const void *a, const void *b)
+{
+    double x = ((const fid_piece *)a)->middle, y = ((const fid_piece *)b)->middle;
+    return x < y ? -1 : x > y;
+}
+
+/* recompute: when not NULL, each stage-1 interval of r gets the recompute prefill of the simulated
+ * steps that end in it (start, end] (the simulation's clock taken as the run's), [num_intervals],
+ * and recompute[num_intervals] the run's total.  waiting: when not NULL, [stage-1 pieces x
+ * requests]: for each piece, which requests the simulation holds preempted (waiting) in the step
+ * that runs at the piece's middle (the first step to end after it; the same clock), the rows
+ * indexed like the run's requests (the simulation's requests are the file's rows in order). */
+static int simulate_recording(fid_run *r, const fid_params *p, int num_blocks, ar_fidelity *fid, ar_sim_summary *sum,
+                              fid_per_req *per_req, double *recompute, bool *waiting)
 {
     const ar_model_preset *preset = ar_model_preset_find("llama-3.1-8b");
     char err[AR_ERR_MAX + 2048];
@@ -176,13 +234,69 @@ static int simulate(fid_run *r, const fid_params *p, int num_blocks, ar_fidelity
         return -1;
     }
     const ar_step *st;
-    int rc;
-    while ((rc = ar_sim_step(s, &st, err, sizeof err)) == 1) {}
+    int rc, n = ar_sim_num_requests(s), ni = r->steps.stats.num_intervals;
+    const char **ids = recompute ? malloc((size_t)(n + 1) * sizeof *ids) : NULL;
+    int *furthest = recompute ? calloc((size_t)n + 1, sizeof *furthest) : NULL;
+    if (recompute) {
+        if (!ids || !furthest) { free(ids); free(furthest); ar_sim_destroy(s); return -1; }
+        for (int i = 0; i < n; i++) {
+            ar_sim_req_info q;
+            ar_sim_request(s, i, &q);
+            ids[i] = q.id;
+        }
+        qsort(ids, (size_t)n, sizeof *ids, cmp_str);
+        for (int k = 0; k <= ni; k++) recompute[k] = 0;
+    }
+    int num_pieces = r->steps.sample_start[ni], next_piece = 0;
+    fid_piece *pieces = waiting ? malloc((size_t)(num_pieces + 1) * sizeof *pieces) : NULL;
+    if (waiting) {
+        bool same = n == r->steps.num_reqs;
+        for (int i = 0; same && i < n; i++) same = ar_sim_workload_req(s, i)->prompt_len == r->steps.reqs[i].prompt_len;
+        if (!pieces || !same) {
+            if (pieces) fprintf(stderr, "fidelity: %s: the simulated requests (%d) are not the run's rows (%d) in order\n",
+                                r->label, n, r->steps.num_reqs);
+            free(ids); free(furthest); free(pieces); ar_sim_destroy(s);
+            return -1;
+        }
+        for (int j = 0; j < num_pieces; j++) {
+            const ar_stepfit_sample *sp = &r->steps.samples[j];
+            pieces[j] = (fid_piece){sp->start_s + 0.5 * sp->length_s, j};
+        }
+        qsort(pieces, (size_t)num_pieces, sizeof *pieces, cmp_piece);
+        memset(waiting, 0, (size_t)num_pieces * (size_t)n * sizeof *waiting);
+    }
+    while ((rc = ar_sim_step(s, &st, err, sizeof err)) == 1) {
+        if (!recompute && !waiting) continue;
+        double end = r->origin + st->time + ar_steptime_eval(&cfg.steptime, ar_sim_last_features(s));
+        for (; waiting && next_piece < num_pieces && pieces[next_piece].middle < end; next_piece++) {
+            bool *row = waiting + (size_t)pieces[next_piece].sample * (size_t)n;
+            for (int i = 0; i < n; i++) {
+                ar_sim_req_info q;
+                ar_sim_request(s, i, &q);
+                row[i] = q.status == AR_REQ_PREEMPTED;
+            }
+        }
+        if (!recompute) continue;
+        double tokens = step_recompute(st, ids, n, furthest);
+        if (tokens <= 0) continue;
+        recompute[ni] += tokens;
+        for (int k = 0; k < ni; k++)
+            if (end > r->steps.intervals[k].start && end <= r->steps.intervals[k].end) recompute[k] += tokens;
+    }
+    free(ids);
+    free(furthest);
+    free(pieces);
     if (rc == 0) rc = ar_sim_fidelity(s, fid);
     if (sum) ar_sim_summarize(s, sum);
     if (per_req) per_request_errors(s, per_req);
     ar_sim_destroy(s);
     return rc;
+}
+
+static int simulate(fid_run *r, const fid_params *p, int num_blocks, ar_fidelity *fid, ar_sim_summary *sum,
+                    fid_per_req *per_req)
+{
+    return simulate_recording(r, p, num_blocks, fid, sum, per_req, NULL, NULL);
 }
 
 static double objective(const ar_fidelity *f, const fid_per_req *pr)
@@ -208,11 +322,20 @@ static void remember(fid_tried *t, const fid_params *p, double obj)
     }
 }
 
+#define FID_MAX_REFITS 6
+
 /* What stage 1 found: its loss (mean |log(predicted / observed steps)|) over the kept intervals,
  * and how many of the run's intervals it kept. */
 typedef struct fid_stage1 {
     double loss;
     int kept, rejected;
+    int rounds;                /* calibrations run (1 + refits with the simulated hidden work) */
+    bool converged;            /* the last refit moved no term by 1% (or the run hides nothing) */
+    double recompute_tokens;   /* the simulated recompute prefill given to stage 1 in the last round */
+    fid_params round_params[FID_MAX_REFITS + 1];   /* each calibration's result, [rounds] */
+    double round_recompute[FID_MAX_REFITS + 1];    /* the recompute prefill each calibration was given */
+    long round_waiting[FID_MAX_REFITS + 1];        /* the decodes each was told are waiting (piece entries) */
+    double round_change[FID_MAX_REFITS + 1];       /* the largest relative move of a term from the round before */
 } fid_stage1;
 
 static double step_timing_loss(const fid_run *r, const fid_params *p)
@@ -338,7 +461,7 @@ static fid_params fit_step_timings(fid_run *r, fid_params start, bool keep_set, 
 }
 
 /* Coordinate descent over each stage-2 parameter's grid, from stage 1's result, three rounds. */
-static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *tried, fid_stage1 *stage1)
+static fid_params calibrate_once(fid_run *r, fid_params start, int *sims, fid_tried *tried, fid_stage1 *stage1)
 {
     static const double effs[] = {0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0};
     static const double scales[] = {0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3};
@@ -374,6 +497,94 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
     return best;
 }
 
+/* Largest relative change of the fitted terms between two calibrations (absolute below 1e-9). */
+static double params_change(const fid_params *a, const fid_params *b)
+{
+    const double x[6] = {a->gemm_scale, a->kv_eff, a->gap, a->attn_eff, a->overhead, a->per_req};
+    const double y[6] = {b->gemm_scale, b->kv_eff, b->gap, b->attn_eff, b->overhead, b->per_req};
+    double worst = 0;
+    for (int i = 0; i < 6; i++) {
+        double scale = fmax(fabs(x[i]), fabs(y[i]));
+        if (scale > 1e-9) worst = fmax(worst, fabs(x[i] - y[i]) / scale);
+    }
+    return worst;
+}
+
+/* Gives stage 1 of r the hidden work a simulation shows (recompute: [num_intervals], NULL = none;
+ * waiting: [pieces x requests], NULL = none); returns the decodes left out over all pieces. */
+static long set_hidden(fid_run *r, const double *recompute, const bool *waiting)
+{
+    int ni = r->steps.stats.num_intervals, n = r->steps.num_reqs;
+    long left_out = 0;
+    for (int k = 0; k < ni; k++) ar_stepfit_set_recompute(&r->steps, k, recompute ? recompute[k] : 0);
+    for (int j = 0; j < r->steps.sample_start[ni]; j++)
+        left_out += ar_stepfit_set_waiting(&r->steps, j, waiting ? waiting + (size_t)j * (size_t)n : NULL);
+    return left_out;
+}
+
+/* Calibration with the work no stamp shows (start.hidden).  Stage 1 cannot see the prompt tokens
+ * an engine recomputes after a preemption, so in a run that preempts they pass for slower steps,
+ * and the simulation then recomputes them again on top; nor can it see that a preempted request
+ * waits for a while between its first and last token, so it counts it as decoding there (the
+ * other way: faster steps).  So: calibrate; simulate the calibration run with the result and give
+ * each stage-1 interval the recompute prefill of the simulated steps that end in it, as extra
+ * prompt tokens (FID_RECOMPUTE), and (FID_RECOMPUTE_WAITING) each piece's requests the simulation
+ * holds preempted at its middle, not counted as decoding there; calibrate again (both stages, from
+ * the same start); repeat until no term moves by 1% or more, at most FID_MAX_REFITS refits.  A run
+ * the simulation never preempts gets nothing and its first calibration stands.  FID_STAMPS: one
+ * calibration on the stamps alone. */
+static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *tried, fid_stage1 *stage1)
+{
+    int ni = r->steps.stats.num_intervals, n = r->steps.num_reqs, num_pieces = r->steps.sample_start[ni];
+    set_hidden(r, NULL, NULL);
+    fid_stage1 s1 = {0};
+    fid_params p = calibrate_once(r, start, sims, tried, &s1);
+    s1.rounds = 1;
+    s1.converged = true;
+    s1.round_params[0] = p;
+    if (start.hidden == FID_STAMPS) {
+        if (stage1) *stage1 = s1;
+        return p;
+    }
+    double *recompute = malloc((size_t)(ni + 1) * sizeof *recompute);
+    bool *waiting = start.hidden == FID_RECOMPUTE_WAITING
+                        ? malloc(((size_t)num_pieces * (size_t)n + 1) * sizeof *waiting) : NULL;
+    bool ready = recompute && (start.hidden != FID_RECOMPUTE_WAITING || waiting);
+    if (!ready) s1.converged = false;
+    for (int round = 0; ready && round < FID_MAX_REFITS; round++) {
+        ar_fidelity f;
+        if (simulate_recording(r, &p, r->num_blocks, &f, NULL, NULL, recompute, waiting) != 0) {
+            s1.converged = false;
+            break;
+        }
+        (*sims)++;
+        double total = recompute[ni];
+        if (total <= 0 && s1.rounds == 1) break;   /* no preemption: nothing hidden */
+        long left_out = set_hidden(r, recompute, waiting);
+        if (tried) tried->n = 0;
+        fid_stage1 next = {0};
+        fid_params q = calibrate_once(r, start, sims, tried, &next);
+        next.rounds = s1.rounds + 1;
+        next.recompute_tokens = total;
+        memcpy(next.round_params, s1.round_params, sizeof s1.round_params);
+        memcpy(next.round_recompute, s1.round_recompute, sizeof s1.round_recompute);
+        memcpy(next.round_waiting, s1.round_waiting, sizeof s1.round_waiting);
+        memcpy(next.round_change, s1.round_change, sizeof s1.round_change);
+        next.round_params[s1.rounds] = q;
+        next.round_recompute[s1.rounds] = total;
+        next.round_waiting[s1.rounds] = left_out;
+        next.round_change[s1.rounds] = params_change(&p, &q);
+        next.converged = next.round_change[s1.rounds] < 0.01;
+        p = q;
+        s1 = next;
+        if (s1.converged) break;
+    }
+    free(recompute);
+    free(waiting);
+    if (stage1) *stage1 = s1;
+    return p;
+}
+
 /* One point of a ridge: stage 1 refitted on the calibration run from start (its held term held,
  * the kept intervals kept), stage 2's terms as they are; both runs simulated with the result. */
 static int ridge_point(fid_run *cal, fid_run *eval, fid_params start, fid_params *p, fid_stage1 *s1, ar_fidelity *fc,
@@ -395,6 +606,35 @@ static void print_row(const char *run, const char *role, const ar_fidelity *f)
            100 * f->gap_tpot[0], 100 * f->gap_tpot[1], 100 * f->gap_tpot[2]);
 }
 
+/* How stage 1 was told of the work no stamp shows, and with hidden work each calibration round:
+ * what it was given (simulated with the round before's parameters), its result and self-fit. */
+static int print_rounds(fid_run *cal, const fid_params *p, const fid_stage1 *s1)
+{
+    if (p->hidden == FID_STAMPS) {
+        printf("stage 1 on the stamps alone (no simulated recompute or waiting)\n\n");
+        return 0;
+    }
+    printf("stage 1 told of the simulated %s: %d calibration%s", hidden_names[p->hidden], s1->rounds,
+           s1->rounds == 1 ? " (the simulated run does not preempt: nothing hidden)\n\n" : "s, ");
+    if (s1->rounds == 1) return 0;
+    printf("%s after %d refit%s; each round's hidden work (simulated with the round before's parameters), result, "
+           "largest move of a term and self-fit:\n\n", s1->converged ? "converged (no term moved 1%)" : "NOT converged",
+           s1->rounds - 1, s1->rounds == 2 ? "" : "s");
+    printf("| round | recompute tokens | decodes left out (piece entries) | gemm_scale | gap (ms) | attn_eff | overhead "
+           "| per_req | largest move | calibration TTFT / TPOT gap |\n"
+           "| ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: | --- |\n");
+    for (int k = 0; k < s1->rounds; k++) {
+        const fid_params *q = &s1->round_params[k];
+        ar_fidelity fr;
+        if (simulate(cal, q, cal->num_blocks, &fr, NULL, NULL) != 0) return -1;
+        printf("| %d | %.0f | %ld | %.3g | %.3g | %.3g | %.3g | %.3g | %.1f %% | %+.1f / %+.1f %% |\n", k,
+               s1->round_recompute[k], s1->round_waiting[k], q->gemm_scale, 1e3 * q->gap, q->attn_eff, q->overhead,
+               q->per_req, 100 * s1->round_change[k], 100 * fr.gap_ttft[0], 100 * fr.gap_tpot[0]);
+    }
+    printf("\n");
+    return 0;
+}
+
 static const char *verdict(const ar_fidelity *f)
 {
     bool mean_ok = fabs(f->gap_ttft[0]) <= 0.05 && fabs(f->gap_tpot[0]) <= 0.05;
@@ -405,6 +645,16 @@ static const char *verdict(const ar_fidelity *f)
 int main(int argc, char **argv)
 {
     const char *root = argc > 1 ? argv[1] : "../shared/traces-public/vllm-runs-llmservingsim";
+    const char *mode = getenv("FIDELITY_STAGE1");
+    if (mode && *mode) {
+        int m = 0;
+        while (m < 3 && strcmp(mode, hidden_names[m]) != 0) m++;
+        if (m == 3) {
+            fprintf(stderr, "fidelity: FIDELITY_STAGE1=%s: must be stamps, recompute or recompute+waiting\n", mode);
+            return 2;
+        }
+        default_hidden = m;
+    }
     fid_run runs[2] = {
         {.label = "RTXPRO6000", .dir = "RTXPRO6000-Llama-3.1-8B", .device = "rtxpro6000", .max_seqs = 128},
         {.label = "RTX4090", .dir = "RTX4090-Llama-3.1-8B", .device = "rtx4090", .num_blocks = 2588, .max_seqs = 256},
@@ -427,6 +677,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "fidelity: %s\n", err);
             return 2;
         }
+        /* both readers keep the file's order; the workload's times start at the first row's queued_ts */
+        runs[i].origin = reqs[0].first_token - runs[i].wl.reqs[0].real_ttft;
         free(reqs);
     }
     printf("Simulator fidelity against real vLLM 0.19 runs (Llama-3.1-8B, TP 1, budget 2048, block 16).\n"
@@ -457,6 +709,7 @@ int main(int argc, char **argv)
                "left out; %d inconsistent), %d intervals, %d kept after rejection, mean |log(model / observed "
                "steps)| %.3f\n\n", cal->label, is->num_nodes, is->num_components, is->num_bad_components,
                is->num_dropped, is->num_inconsistent, is->num_intervals, s1.kept, s1.loss);
+        if (print_rounds(cal, &p, &s1) != 0) return 2;
         printf("| run | role | TTFT sim | TTFT real | TTFT gap | TPOT sim | TPOT real | TPOT gap |\n");
         printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
         print_row(cal->label, "calibration", &fc);
@@ -573,7 +826,7 @@ int main(int argc, char **argv)
         {",graph=0", "no CUDA-graph padding", false, false, false, false, false, false, false, false},
     };
     printf("### Each term off, recalibrated: evaluation gaps (mean TTFT / mean TPOT)\n\n");
-    static char fitted[16][2][240];
+    static char fitted[16][2][320];
     printf("| model | calibrated on RTXPRO6000 -> RTX4090 | calibrated on RTX4090 -> RTXPRO6000 |\n");
     printf("| --- | --- | --- |\n");
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -598,17 +851,50 @@ int main(int argc, char **argv)
             if (simulate(eval, &p, eval->num_blocks, &fe, NULL, NULL) != 0) return 2;
             printf(" %+.1f / %+.1f %% |", 100 * fe.gap_ttft[0], 100 * fe.gap_tpot[0]);
             snprintf(fitted[v][dir], sizeof fitted[v][dir], "gemm_eff=%.3g (gemm_scale %.3g),attn_eff=%.3g,bw_eff=%.3g,"
-                     "kv_eff=%.3g%s,gap=%.3g,overhead=%.3g,per_req=%.3g (stage-1 loss %.4f)",
+                     "kv_eff=%.3g%s,gap=%.3g,overhead=%.3g,per_req=%.3g (stage-1 loss %.4f; %d refit%s%s)",
                      device_gemm_eff(&p, cal->device), p.gemm_scale, p.attn_eff, device_bw_eff(&p, cal->device),
                      p.kv_fitted ? p.kv_eff : device_kv_eff(&p, cal->device),
                      p.kv_tied ? " (= bw_eff)" : !p.kv_fitted ? " (table)" : p.kv_absolute || p.bw_free ? "" : " x bw_eff",
-                     p.gap, p.overhead, p.per_req, vs1.loss);
+                     p.gap, p.overhead, p.per_req, vs1.loss, vs1.rounds - 1, vs1.rounds == 2 ? "" : "s",
+                     vs1.converged ? "" : ", not converged");
         }
         printf("\n");
     }
     printf("\nCalibrated parameters of each row (on RTXPRO6000 / on RTX4090):\n\n");
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++)
         printf("- %s: %s / %s\n", variants[v].what, fitted[v][0], fitted[v][1]);
+    /* Stage 1 in each mode the full model does not use (the stamps alone, or told of the simulated
+     * recompute, or of the recompute and the waiting): each direction recalibrated so, its rounds,
+     * its parameters, its self-fit and its evaluation. */
+    printf("\n### Stage 1's other modes (calibrate()): the stamps alone or the simulated hidden work, as the full "
+           "model does not use them\n\n");
+    for (int m = FID_STAMPS; m <= FID_RECOMPUTE_WAITING; m++) {
+        if (m == default_hidden) continue;
+        for (int dir = 0; dir < 2; dir++) {
+            fid_run *cal = &runs[dir], *eval = &runs[1 - dir];
+            fid_params start = start_params(cal->device, "");
+            start.hidden = m;
+            int sims = 0;
+            fid_stage1 s1;
+            fid_params p = calibrate(cal, start, &sims, NULL, &s1);
+            ar_fidelity fc, fe;
+            if (simulate(cal, &p, cal->num_blocks, &fc, NULL, NULL) != 0 ||
+                simulate(eval, &p, eval->num_blocks, &fe, NULL, NULL) != 0)
+                return 2;
+            printf("#### %s, calibrated on %s (%d simulations), evaluated on %s\n\n", hidden_names[m], cal->label, sims,
+                   eval->label);
+            printf("parameters: gemm_scale=%.3g (gemm_eff %s %.3g, %s %.3g), attn_eff=%.3g, gap=%.3g, overhead=%.3g, "
+                   "per_req=%.3g; stage-1 loss %.4f over %d kept intervals\n\n", p.gemm_scale, cal->device,
+                   device_gemm_eff(&p, cal->device), eval->device, device_gemm_eff(&p, eval->device), p.attn_eff, p.gap,
+                   p.overhead, p.per_req, s1.loss, s1.kept);
+            if (print_rounds(cal, &p, &s1) != 0) return 2;
+            printf("| run | role | TTFT sim | TTFT real | TTFT gap | TPOT sim | TPOT real | TPOT gap |\n");
+            printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+            print_row(cal->label, "calibration", &fc);
+            print_row(eval->label, "**evaluation**", &fe);
+            printf("\nevaluation: %s\n\n", verdict(&fe));
+        }
+    }
     for (int i = 0; i < 2; i++) {
         ar_workload_free(&runs[i].wl);
         ar_stepfit_free(&runs[i].steps);

@@ -686,6 +686,130 @@ static void test_stepfit_on_simulated_run(void **state)
     ar_workload_free(&wl);
 }
 
+/* Three requests over steps 0..12, 20 ms apart, as stage 1 sees them (budget 512, 8 pieces an
+ * interval): intervals (0, 5], (5, 10], (10, 12]; in k = (5, 10] (5 pieces from first) requests 0
+ * and 2 decode and no prompt window overlaps.  st: an H200 roofline with a small gap; before: the
+ * steps it predicts in k. */
+typedef struct three_request_run {
+    ar_stepfit_set set;
+    ar_steptime st;
+    int k, first;
+    double before;
+} three_request_run;
+
+static void three_request_run_build(three_request_run *x)
+{
+    char err[AR_ERR_MAX + 1024];
+    double ends[40];
+    for (int k = 0; k < 40; k++) ends[k] = 100.0 + 0.02 * k;
+    ar_run_req reqs[3] = {
+        run_req(ends, 300, 0, 11, 10),
+        run_req(ends, 300, 0, 6, 5),
+        run_req(ends, 700, 5, 8, 12),
+    };
+    assert_int_equal(ar_stepfit_build(reqs, 3, 512, 8, &x->set, err, sizeof err), 0);
+    assert_int_equal(x->set.stats.num_intervals, 3);
+    x->k = 1;
+    assert_true(fabs(x->set.intervals[x->k].start - ends[5]) < 1e-9);
+    x->first = x->set.sample_start[x->k];
+    assert_int_equal(x->set.sample_start[x->k + 1] - x->first, 5);
+    parse_ok("roofline:h200,gemm_eff=0.6,bw_eff=0.9,kv_eff=0.6,gap=0.001,overhead=0.0005", &x->st);
+    ar_steptime_set_engine(&x->st, 32);
+    x->before = ar_stepfit_predicted_steps(&x->set, x->k, &x->st);
+}
+
+/* Hidden recompute prefill given to an interval of decodes only: each piece gets its share as a
+ * recompute chunk (context 0) in one mixed step, so it predicts 1 + (length - tau(mixed)) /
+ * tau(decode) steps; a share beyond the budget fills the piece with mixed steps at the budget;
+ * setting 0 gives back the prediction without it. */
+static void test_stepfit_recompute_tokens(void **state)
+{
+    (void)state;
+    three_request_run x;
+    three_request_run_build(&x);
+    const int m = 5;
+    for (int round = 0; round < 2; round++) {
+        const double share = round == 0 ? 100 : 10000;   /* per piece: within the budget, then far beyond */
+        ar_stepfit_set_recompute(&x.set, x.k, share * m);
+        double want = 0;
+        for (int j = x.first; j < x.first + m; j++) {
+            ar_batch_features dec, mixed;
+            ar_stepfit_features(&x.set, j, false, &dec);
+            assert_int_equal(dec.num_reqs, 2);
+            int chunk = (int)fmin(share, 512 - 2);
+            int q[3] = {1, 1, chunk}, c[3] = {dec.context_lens[0], dec.context_lens[1], 0};
+            mixed = (ar_batch_features){.num_reqs = 3, .num_tokens = 2 + chunk, .num_decode_reqs = 2,
+                                        .num_prefill_tokens = chunk, .query_lens = q, .context_lens = c,
+                                        .kv_tokens_read = c[0] + c[1] + 2 + chunk,
+                                        .attn_pairs = c[0] + 1 + c[1] + 1 + chunk * (chunk + 1) / 2.0};
+            double tau_mixed = ar_steptime_eval(&x.st, &mixed), tau_decode = ar_steptime_eval(&x.st, &dec);
+            double len = x.set.samples[j].length_s, mixed_steps = share / chunk;
+            want += mixed_steps * tau_mixed >= len ? len / tau_mixed
+                                                   : mixed_steps + (len - mixed_steps * tau_mixed) / tau_decode;
+        }
+        double got = ar_stepfit_predicted_steps(&x.set, x.k, &x.st);
+        if (fabs(got - want) > 1e-9 * want || !(got < x.before))
+            fail_msg("share %.0f: predicted %.6f steps, want %.6f (without recompute %.6f)", share, got, want, x.before);
+    }
+    ar_stepfit_set_recompute(&x.set, x.k, 0);
+    assert_true(ar_stepfit_predicted_steps(&x.set, x.k, &x.st) == x.before);
+    ar_stepfit_free(&x.set);
+}
+
+/* A request the simulation has preempted (waiting) during a piece is not counted as decoding there:
+ * the piece's decode step loses it, so the piece predicts length / tau(the other decodes) steps and
+ * the interval more steps than before; a request not decoding in the piece changes nothing; the
+ * piece keeps its recompute share (a chunk after the remaining decode); clearing gives back the
+ * prediction without it. */
+static void test_stepfit_waiting_not_decoding(void **state)
+{
+    (void)state;
+    three_request_run x;
+    three_request_run_build(&x);
+    const int j = x.first + 1;
+    ar_batch_features both;
+    ar_stepfit_features(&x.set, j, false, &both);
+    assert_int_equal(both.num_reqs, 2);
+    assert_int_equal(x.set.entry_req[x.set.samples[j].offset], 0);
+    assert_int_equal(x.set.entry_req[x.set.samples[j].offset + 1], 2);
+    const double tau_both = ar_steptime_eval(&x.st, &both);
+    int q1[1] = {1}, c1[1] = {both.context_lens[0]};
+    ar_batch_features alone = {.num_reqs = 1, .num_tokens = 1, .num_decode_reqs = 1, .query_lens = q1,
+                               .context_lens = c1, .kv_tokens_read = c1[0] + 1, .attn_pairs = c1[0] + 1};
+    const double tau_alone = ar_steptime_eval(&x.st, &alone), len = x.set.samples[j].length_s;
+
+    bool waiting[3] = {false, true, false};   /* request 1 has finished by then: nothing to leave out */
+    assert_int_equal(ar_stepfit_set_waiting(&x.set, j, waiting), 0);
+    assert_true(ar_stepfit_predicted_steps(&x.set, x.k, &x.st) == x.before);
+    waiting[2] = true;                         /* request 2 waits preempted during piece j only */
+    assert_int_equal(ar_stepfit_set_waiting(&x.set, j, waiting), 1);
+    assert_int_equal(x.set.samples[j].num_decode, 1);
+    assert_int_equal(x.set.samples[j].num_waiting, 1);
+    ar_batch_features f;
+    ar_stepfit_features(&x.set, j, false, &f);
+    assert_int_equal(f.num_reqs, 1);
+    assert_int_equal(f.context_lens[0], c1[0]);
+    const double want = x.before - len / tau_both + len / tau_alone;
+    const double got = ar_stepfit_predicted_steps(&x.set, x.k, &x.st);
+    if (fabs(got - want) > 1e-9 * want || !(got > x.before))
+        fail_msg("waiting: predicted %.6f steps, want %.6f (all decoding %.6f)", got, want, x.before);
+
+    ar_stepfit_set_recompute(&x.set, x.k, 100.0 * 5);   /* 100 tokens a piece: a chunk after the one decode */
+    ar_stepfit_features(&x.set, j, true, &f);
+    assert_int_equal(f.num_reqs, 2);
+    assert_int_equal(f.num_decode_reqs, 1);
+    assert_true(f.num_prefill_tokens == 100 && f.query_lens[1] == 100 && f.context_lens[1] == 0);
+    assert_int_equal(ar_stepfit_set_waiting(&x.set, j, waiting), 1);   /* set again: the share stays */
+    ar_stepfit_features(&x.set, j, true, &f);
+    assert_true(f.num_reqs == 2 && f.num_prefill_tokens == 100);
+    ar_stepfit_set_recompute(&x.set, x.k, 0);
+
+    assert_int_equal(ar_stepfit_set_waiting(&x.set, j, NULL), 0);
+    assert_int_equal(x.set.samples[j].num_waiting, 0);
+    assert_true(ar_stepfit_predicted_steps(&x.set, x.k, &x.st) == x.before);
+    ar_stepfit_free(&x.set);
+}
+
 /* requests.jsonl rows: a missing stamp or stamps out of order name the file and line. */
 static void test_run_load_rules(void **state)
 {
@@ -735,6 +859,8 @@ int main(void)
         cmocka_unit_test(test_step_intervals_exact_counts),
         cmocka_unit_test(test_step_intervals_random_run),
         cmocka_unit_test(test_stepfit_on_simulated_run),
+        cmocka_unit_test(test_stepfit_recompute_tokens),
+        cmocka_unit_test(test_stepfit_waiting_not_decoding),
         cmocka_unit_test(test_run_load_rules),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
