@@ -346,9 +346,9 @@ extern "C" int ar_gpu_ref_open(ar_gpu_ref **out, const ar_run_config *cfg, size_
             return -1;
         }
     /* memory: the backend's caches are allocated by now; of what is free the reference takes all
-     * but a reserve (REF_RESERVE: the backend's grow-only step buffers, which grow with the first
-     * large steps, and the driver), the block cache first (below), the rest for the scratch of one
-     * group */
+     * but a reserve (3 GiB and 1/32 of it: the backend's grow-only step buffers, which grow with
+     * the first large steps, and the driver), the block cache first (below), the rest for the
+     * scratch of one group */
     if (g->mla)
         g->entry_bytes = (size_t)g->bs * g->H * (g->P + g->V) * 8 + (size_t)g->bs * (g->L + g->R) * 4;
     else
