@@ -14,8 +14,8 @@
  * MADs of that fit.  What no stamp shows can be given to stage 1 from a simulation of the
  * calibration run (calibrate(), sim/README.md; default_hidden, FIDELITY_STAGE1 in the environment):
  * each interval's recompute prefill after preemptions, and each piece's requests held preempted
- * (waiting, so not decoding); both stages then refit until no term moves by 1% (at most
- * FID_MAX_REFITS refits).  The modes the full model does not use are reported at the end.
+ * (waiting, so not decoding), placed by the simulation's clock or per request on its own real
+ * decode span; both stages then refit until no term moves by 1% (at most FID_MAX_REFITS refits).  The modes the full model does not use are reported at the end.
  * Stage 2, by simulation: attn_eff, overhead and per_req by coordinate descent,
  * minimising the per-request errors (RMS of the TTFT errors over the mean real TTFT plus RMS of
  * log TPOT ratios).  gemm_scale multiplies each device's measured GEMM efficiency (its preset's
@@ -72,13 +72,14 @@ typedef struct fid_params {
                               layers (linear_gemm_eff, linear_bw_eff in sim/presets.c) */
     int hidden;            /* what stage 1 is told of the work no stamp shows (calibrate()): FID_STAMPS nothing,
                               FID_RECOMPUTE the simulated recompute prefill, FID_RECOMPUTE_WAITING that and the
-                              requests the simulation holds preempted */
+                              requests the simulation holds preempted (both placed by the simulation's clock),
+                              FID_PER_REQUEST both placed per request on its own real decode span */
 } fid_params;
 
-enum { FID_STAMPS = 0, FID_RECOMPUTE = 1, FID_RECOMPUTE_WAITING = 2 };
-static const char *const hidden_names[] = {"stamps", "recompute", "recompute+waiting"};
+enum { FID_STAMPS = 0, FID_RECOMPUTE = 1, FID_RECOMPUTE_WAITING = 2, FID_PER_REQUEST = 3, FID_NUM_MODES = 4 };
+static const char *const hidden_names[FID_NUM_MODES] = {"stamps", "recompute", "recompute+waiting", "per-request"};
 /* The full model's stage 1 (FIDELITY_STAGE1 in the environment replaces it for every calibration:
- * stamps, recompute or recompute+waiting). */
+ * stamps, recompute, recompute+waiting or per-request). */
 static int default_hidden = FID_RECOMPUTE_WAITING;
 
 /* The gemm_eff one device runs with: the shared scale times the device's measured GEMM
@@ -169,11 +170,19 @@ static int make_steptime(const fid_run *r, const fid_params *p, ar_steptime *st)
 
 /* The recompute prefill of one simulated step: each scheduled request's tokens that lie below the
  * furthest it had computed before (recomputation after a preemption; prefix-cache hits on
- * resumption are not computed, so not counted).  furthest[] holds each request's furthest computed
- * token, indexed like ids (sorted request ids of the simulation). */
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+ * resumption are not computed, so not counted).  ids: the simulation's request ids, sorted, each
+ * with its request index; furthest[] holds each request's furthest computed token, indexed like
+ * ids; per_req (NULL = not kept) gathers each request's recompute, indexed like the requests. */
+typedef struct fid_req_id {
+    const char *id;
+    int req;
+} fid_req_id;
+static int cmp_id(const void *a, const void *b)
+{
+    return strcmp(((const fid_req_id *)a)->id, ((const fid_req_id *)b)->id);
+}
 
-static double step_recompute(const ar_step *st, const char **ids, int n, int *furthest)
+static double step_recompute(const ar_step *st, const fid_req_id *ids, int n, int *furthest, double *per_req)
 {
     double tokens = 0;
     for (int e = 0; e < st->num_scheduled; e++) {
@@ -183,10 +192,14 @@ static double step_recompute(const ar_step *st, const char **ids, int n, int *fu
             if (strcmp(st->new_reqs[k].req, id) == 0) before = st->new_reqs[k].num_computed_tokens;
         for (int k = 0; k < st->num_cached && before < 0; k++)
             if (strcmp(st->cached[k].req, id) == 0) before = st->cached[k].num_computed_tokens;
-        const char **hit = bsearch(&id, ids, (size_t)n, sizeof *ids, cmp_str);
+        const fid_req_id key = {id, -1}, *hit = bsearch(&key, ids, (size_t)n, sizeof *ids, cmp_id);
         if (before < 0 || !hit) continue;
         int *far = &furthest[hit - ids], after = before + st->scheduled[e].num_tokens;
-        if (*far > before) tokens += (after < *far ? after : *far) - before;
+        if (*far > before) {
+            int recomputed = (after < *far ? after : *far) - before;
+            tokens += recomputed;
+            if (per_req) per_req[hit->req] += recomputed;
+        }
         if (after > *far) *far = after;
     }
     return tokens;
@@ -204,15 +217,30 @@ static int cmp_piece(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* recompute: when not NULL, each stage-1 interval of r gets the recompute prefill of the simulated
- * steps that end in it (start, end] (the simulation's clock taken as the run's), [num_intervals],
- * and recompute[num_intervals] the run's total.  waiting: when not NULL, [stage-1 pieces x
- * requests]: for each piece, which requests the simulation holds preempted (waiting) in the step
- * that runs at the piece's middle (the first step to end after it; the same clock), the rows
- * indexed like the run's requests (the simulation's requests are the file's rows in order). */
+/* What a simulation of the run shows of the work no stamp shows (each output NULL = not kept).
+ * recompute: each stage-1 interval of r gets the recompute prefill of the simulated steps that end
+ * in it (start, end] (the simulation's clock taken as the run's), [num_intervals], and
+ * recompute[num_intervals] the run's total.  waiting: [stage-1 pieces x requests]: for each piece,
+ * which requests the simulation holds preempted (waiting) in the step that runs at the piece's
+ * middle (the first step to end after it; the same clock).  Per request, with no clock shared:
+ * req_recompute [requests] its recompute prefill, req_waiting [requests] the fraction of its
+ * simulated decode span [first token, last token] it spent preempted.  Rows are indexed like the
+ * run's requests (the simulation's requests are the file's rows in order, checked). */
+typedef struct fid_hidden_out {
+    double *recompute;
+    bool *waiting;
+    double *req_recompute, *req_waiting;
+} fid_hidden_out;
+
 static int simulate_recording(fid_run *r, const fid_params *p, int num_blocks, ar_fidelity *fid, ar_sim_summary *sum,
-                              fid_per_req *per_req, double *recompute, bool *waiting)
+                              fid_per_req *per_req, const fid_hidden_out *out)
 {
+    fid_hidden_out none = {0};
+    if (!out) out = &none;
+    double *recompute = out->recompute;
+    bool *waiting = out->waiting;
+    bool per_request = out->req_recompute || out->req_waiting;
+    bool track = recompute || per_request;
     const ar_model_preset *preset = ar_model_preset_find("llama-3.1-8b");
     char err[AR_ERR_MAX + 2048];
     ar_sim_config cfg;
@@ -235,29 +263,39 @@ static int simulate_recording(fid_run *r, const fid_params *p, int num_blocks, a
     }
     const ar_step *st;
     int rc, n = ar_sim_num_requests(s), ni = r->steps.stats.num_intervals;
-    const char **ids = recompute ? malloc((size_t)(n + 1) * sizeof *ids) : NULL;
-    int *furthest = recompute ? calloc((size_t)n + 1, sizeof *furthest) : NULL;
-    if (recompute) {
-        if (!ids || !furthest) { free(ids); free(furthest); ar_sim_destroy(s); return -1; }
+    fid_req_id *ids = track ? malloc((size_t)(n + 1) * sizeof *ids) : NULL;
+    int *furthest = track ? calloc((size_t)n + 1, sizeof *furthest) : NULL;
+    double *preempted_s = per_request ? calloc((size_t)n + 1, sizeof *preempted_s) : NULL;
+    double *req_recompute = out->req_recompute;
+    if (track) {
+        if (!ids || !furthest || (per_request && !preempted_s)) {
+            free(ids); free(furthest); free(preempted_s); ar_sim_destroy(s);
+            return -1;
+        }
         for (int i = 0; i < n; i++) {
             ar_sim_req_info q;
             ar_sim_request(s, i, &q);
-            ids[i] = q.id;
+            ids[i] = (fid_req_id){q.id, i};
         }
-        qsort(ids, (size_t)n, sizeof *ids, cmp_str);
-        for (int k = 0; k <= ni; k++) recompute[k] = 0;
+        qsort(ids, (size_t)n, sizeof *ids, cmp_id);
+        if (recompute)
+            for (int k = 0; k <= ni; k++) recompute[k] = 0;
+        if (req_recompute)
+            for (int i = 0; i < n; i++) req_recompute[i] = 0;
     }
     int num_pieces = r->steps.sample_start[ni], next_piece = 0;
     fid_piece *pieces = waiting ? malloc((size_t)(num_pieces + 1) * sizeof *pieces) : NULL;
-    if (waiting) {
+    if (waiting || per_request) {
         bool same = n == r->steps.num_reqs;
         for (int i = 0; same && i < n; i++) same = ar_sim_workload_req(s, i)->prompt_len == r->steps.reqs[i].prompt_len;
-        if (!pieces || !same) {
-            if (pieces) fprintf(stderr, "fidelity: %s: the simulated requests (%d) are not the run's rows (%d) in order\n",
-                                r->label, n, r->steps.num_reqs);
-            free(ids); free(furthest); free(pieces); ar_sim_destroy(s);
+        if ((waiting && !pieces) || !same) {
+            if (!same) fprintf(stderr, "fidelity: %s: the simulated requests (%d) are not the run's rows (%d) in order\n",
+                               r->label, n, r->steps.num_reqs);
+            free(ids); free(furthest); free(preempted_s); free(pieces); ar_sim_destroy(s);
             return -1;
         }
+    }
+    if (waiting) {
         for (int j = 0; j < num_pieces; j++) {
             const ar_stepfit_sample *sp = &r->steps.samples[j];
             pieces[j] = (fid_piece){sp->start_s + 0.5 * sp->length_s, j};
@@ -266,8 +304,13 @@ static int simulate_recording(fid_run *r, const fid_params *p, int num_blocks, a
         memset(waiting, 0, (size_t)num_pieces * (size_t)n * sizeof *waiting);
     }
     while ((rc = ar_sim_step(s, &st, err, sizeof err)) == 1) {
-        if (!recompute && !waiting) continue;
-        double end = r->origin + st->time + ar_steptime_eval(&cfg.steptime, ar_sim_last_features(s));
+        if (!track && !waiting) continue;
+        double duration = ar_steptime_eval(&cfg.steptime, ar_sim_last_features(s)), end = r->origin + st->time + duration;
+        for (int i = 0; preempted_s && i < n; i++) {   /* preempted after its first token: waiting in its span */
+            ar_sim_req_info q;
+            ar_sim_request(s, i, &q);
+            if (q.status == AR_REQ_PREEMPTED && q.first_token >= 0) preempted_s[i] += duration;
+        }
         for (; waiting && next_piece < num_pieces && pieces[next_piece].middle < end; next_piece++) {
             bool *row = waiting + (size_t)pieces[next_piece].sample * (size_t)n;
             for (int i = 0; i < n; i++) {
@@ -276,15 +319,22 @@ static int simulate_recording(fid_run *r, const fid_params *p, int num_blocks, a
                 row[i] = q.status == AR_REQ_PREEMPTED;
             }
         }
-        if (!recompute) continue;
-        double tokens = step_recompute(st, ids, n, furthest);
-        if (tokens <= 0) continue;
+        if (!track) continue;
+        double tokens = step_recompute(st, ids, n, furthest, req_recompute);
+        if (tokens <= 0 || !recompute) continue;
         recompute[ni] += tokens;
         for (int k = 0; k < ni; k++)
             if (end > r->steps.intervals[k].start && end <= r->steps.intervals[k].end) recompute[k] += tokens;
     }
+    for (int i = 0; out->req_waiting && i < n; i++) {
+        ar_sim_req_info q;
+        ar_sim_request(s, i, &q);
+        double span = q.last_token - q.first_token;
+        out->req_waiting[i] = q.first_token >= 0 && span > 0 ? fmin(1.0, preempted_s[i] / span) : 0;
+    }
     free(ids);
     free(furthest);
+    free(preempted_s);
     free(pieces);
     if (rc == 0) rc = ar_sim_fidelity(s, fid);
     if (sum) ar_sim_summarize(s, sum);
@@ -296,7 +346,7 @@ static int simulate_recording(fid_run *r, const fid_params *p, int num_blocks, a
 static int simulate(fid_run *r, const fid_params *p, int num_blocks, ar_fidelity *fid, ar_sim_summary *sum,
                     fid_per_req *per_req)
 {
-    return simulate_recording(r, p, num_blocks, fid, sum, per_req, NULL, NULL);
+    return simulate_recording(r, p, num_blocks, fid, sum, per_req, NULL);
 }
 
 static double objective(const ar_fidelity *f, const fid_per_req *pr)
@@ -530,7 +580,12 @@ static long set_hidden(fid_run *r, const double *recompute, const bool *waiting)
  * each stage-1 interval the recompute prefill of the simulated steps that end in it, as extra
  * prompt tokens (FID_RECOMPUTE), and (FID_RECOMPUTE_WAITING) each piece's requests the simulation
  * holds preempted at its middle, not counted as decoding there; calibrate again (both stages, from
- * the same start); repeat until no term moves by 1% or more, at most FID_MAX_REFITS refits.  A run
+ * the same start); repeat until no term moves by 1% or more, at most FID_MAX_REFITS refits.
+ * FID_PER_REQUEST places the same two per request, with no clock shared between the simulation and
+ * the run: each request's simulated recompute spread evenly over its own real decode span, and
+ * the fraction of its simulated decode span it spent preempted as that fraction of the pieces of
+ * its real span, evenly spaced, in which it is not counted as decoding (sim/stepfit.c,
+ * ar_stepfit_spread_recompute and ar_stepfit_spread_waiting).  A run
  * the simulation never preempts gets nothing and its first calibration stands.  FID_STAMPS: one
  * calibration on the stamps alone. */
 static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *tried, fid_stage1 *stage1)
@@ -546,20 +601,31 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
         if (stage1) *stage1 = s1;
         return p;
     }
+    const bool per_request = start.hidden == FID_PER_REQUEST;
     double *recompute = malloc((size_t)(ni + 1) * sizeof *recompute);
-    bool *waiting = start.hidden == FID_RECOMPUTE_WAITING
-                        ? malloc(((size_t)num_pieces * (size_t)n + 1) * sizeof *waiting) : NULL;
-    bool ready = recompute && (start.hidden != FID_RECOMPUTE_WAITING || waiting);
+    bool *waiting = start.hidden != FID_RECOMPUTE ? malloc(((size_t)num_pieces * (size_t)n + 1) * sizeof *waiting) : NULL;
+    double *req_recompute = per_request ? malloc((size_t)(n + 1) * sizeof *req_recompute) : NULL;
+    double *req_waiting = per_request ? malloc((size_t)(n + 1) * sizeof *req_waiting) : NULL;
+    /* by the simulation's clock: the intervals' recompute and the pieces' waiting straight from it;
+     * per request: each request's recompute and waiting fraction, placed on its own span below */
+    fid_hidden_out out = per_request ? (fid_hidden_out){recompute, NULL, req_recompute, req_waiting}
+                                     : (fid_hidden_out){recompute, waiting, NULL, NULL};
+    bool ready = recompute && (start.hidden == FID_RECOMPUTE || waiting) && (!per_request || (req_recompute && req_waiting));
     if (!ready) s1.converged = false;
     for (int round = 0; ready && round < FID_MAX_REFITS; round++) {
         ar_fidelity f;
-        if (simulate_recording(r, &p, r->num_blocks, &f, NULL, NULL, recompute, waiting) != 0) {
+        if (simulate_recording(r, &p, r->num_blocks, &f, NULL, NULL, &out) != 0) {
             s1.converged = false;
             break;
         }
         (*sims)++;
         double total = recompute[ni];
         if (total <= 0 && s1.rounds == 1) break;   /* no preemption: nothing hidden */
+        if (per_request) ar_stepfit_spread_recompute(&r->steps, req_recompute, recompute);
+        if (per_request && ar_stepfit_spread_waiting(&r->steps, req_waiting, waiting) < 0) {
+            s1.converged = false;
+            break;
+        }
         long left_out = set_hidden(r, recompute, waiting);
         if (tried) tried->n = 0;
         fid_stage1 next = {0};
@@ -581,6 +647,8 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
     }
     free(recompute);
     free(waiting);
+    free(req_recompute);
+    free(req_waiting);
     if (stage1) *stage1 = s1;
     return p;
 }
@@ -648,9 +716,10 @@ int main(int argc, char **argv)
     const char *mode = getenv("FIDELITY_STAGE1");
     if (mode && *mode) {
         int m = 0;
-        while (m < 3 && strcmp(mode, hidden_names[m]) != 0) m++;
-        if (m == 3) {
-            fprintf(stderr, "fidelity: FIDELITY_STAGE1=%s: must be stamps, recompute or recompute+waiting\n", mode);
+        while (m < FID_NUM_MODES && strcmp(mode, hidden_names[m]) != 0) m++;
+        if (m == FID_NUM_MODES) {
+            fprintf(stderr, "fidelity: FIDELITY_STAGE1=%s: must be stamps, recompute, recompute+waiting or per-request\n",
+                    mode);
             return 2;
         }
         default_hidden = m;
@@ -868,7 +937,7 @@ int main(int argc, char **argv)
      * its parameters, its self-fit and its evaluation. */
     printf("\n### Stage 1's other modes (calibrate()): the stamps alone or the simulated hidden work, as the full "
            "model does not use them\n\n");
-    for (int m = FID_STAMPS; m <= FID_RECOMPUTE_WAITING; m++) {
+    for (int m = FID_STAMPS; m < FID_NUM_MODES; m++) {
         if (m == default_hidden) continue;
         for (int dir = 0; dir < 2; dir++) {
             fid_run *cal = &runs[dir], *eval = &runs[1 - dir];
