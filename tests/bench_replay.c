@@ -19,7 +19,10 @@
  *
  * A run is stopped with SIGTERM at its time limit (the target, or BENCH_REPLAY_MAX_S if
  * smaller); it then ends 'interrupted' with its committed steps and its timings stored, and the
- * table shows the steps done and the whole-trace time projected from them.
+ * table shows the steps done and the whole-trace time projected from them (by steps: the
+ * Mooncake slice's early steps are its heaviest, so a projection overstates).  Under each device
+ * run the device verifier's closing line (checks, cache and scratch, the C cross-check; with
+ * ATTNREPLAY_GPU_REF_PROFILE=1 its phases) is copied from the run's log.
  * Environment: BENCH_REPLAY_ONLY=name[,name...] runs a subset; BENCH_REPLAY_MAX_S caps each run;
  * BENCH_REPLAY_TRACES names a directory with traces simulated elsewhere (mooncake300, dsv3,
  * decode, long .trace.jsonl.gz: the device harness carries them); AR_PUBLIC_TRACES names the
