@@ -61,6 +61,7 @@
 
 #include "../reference/cascade.h"
 #include "../reference/ref_gpu.h"
+#include "../sim/sim.h"
 #include "db.h"
 #include "plugin_dev.h"
 #include "registry.h"
@@ -111,6 +112,7 @@ typedef struct replay_opts {
     int sample_rows;
     int verify_layers;           /* 0 = all replayed layers, else the first K */
     bool verify_layers_first;    /* spelled "first" */
+    size_t verify_mem;           /* --verify-mem bytes for the device verifier; 0 = its default share */
     bool seed_given;
     uint64_t seed;
     ar_fault fault;
@@ -142,6 +144,9 @@ static void replay_usage(FILE *f)
         "  --verify all|sample:N|off  check every row, N rows per step (+ each request's last), or none\n"
         "  --verify-layers all|first|K  verify every replayed layer (default), layer 0 only, or the\n"
         "                           first K layers; the others get the NaN/Inf and guard checks only\n"
+        "  --verify-mem SIZE        device memory of the GPU verifier (block cache and scratch), e.g.\n"
+        "                           40GiB (default: all that is free after the backend's caches but\n"
+        "                           a reserve of 3 GiB + 1/32)\n"
         "  --seed S                 data seed (default: the trace's)\n"
         "  --data normal|outlier|large  input distribution (default normal)\n"
         "  --inject FAULT           plant a fault: causal-off-by-one, wrong-slot, stale-block-table,\n"
@@ -230,13 +235,13 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
     enum { O_DB = 256, O_BACKEND, O_DTYPE, O_KVDTYPE, O_KVSCALE, O_LAYERS, O_STEPS, O_VERIFY,
            O_VERIFY_LAYERS, O_SEED, O_INJECT, O_RESUME, O_CASCADE, O_REPEAT, O_THREADS, O_DATA,
            O_DUMPSTEP, O_DUMPDIR, O_QUIET, O_NO_OVERLAP, O_SHARD, O_SHARD_BY, O_DEVICE, O_PLAN_ONLY,
-           O_FORWARD_TIMEOUT, O_HELP = 'h' };
+           O_FORWARD_TIMEOUT, O_VERIFY_MEM, O_HELP = 'h' };
     static const struct option longopts[] = {
         {"db", required_argument, 0, O_DB}, {"backend", required_argument, 0, O_BACKEND},
         {"dtype", required_argument, 0, O_DTYPE}, {"kv-dtype", required_argument, 0, O_KVDTYPE},
         {"kv-scale", required_argument, 0, O_KVSCALE}, {"layers", required_argument, 0, O_LAYERS},
         {"steps", required_argument, 0, O_STEPS}, {"verify", required_argument, 0, O_VERIFY},
-        {"verify-layers", required_argument, 0, O_VERIFY_LAYERS},
+        {"verify-layers", required_argument, 0, O_VERIFY_LAYERS}, {"verify-mem", required_argument, 0, O_VERIFY_MEM},
         {"seed", required_argument, 0, O_SEED}, {"inject", required_argument, 0, O_INJECT},
         {"resume", no_argument, 0, O_RESUME}, {"cascade", required_argument, 0, O_CASCADE},
         {"repeat", required_argument, 0, O_REPEAT}, {"threads", required_argument, 0, O_THREADS},
@@ -304,6 +309,16 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
                 return -1;
             }
             break;
+        case O_VERIFY_MEM: {
+            const double bytes = ar_parse_size(optarg);
+            if (!(bytes >= (double)(64 << 20)) || bytes > 1e15) {
+                fprintf(stderr, "attnreplay replay: --verify-mem takes a size of at least 64MiB, like 40GiB "
+                                "(got '%s')\n", optarg);
+                return -1;
+            }
+            o->verify_mem = (size_t)bytes;
+            break;
+        }
         case O_SEED: {
             char *end;
             errno = 0;
@@ -1756,7 +1771,7 @@ int ar_replay_main(int argc, char **argv)
     }
     e->be->device_name(e->state, e->device, sizeof e->device);
     /* a run that verifies nothing (NaN and guard checks, a dumped step) keeps the device's memory */
-    const ar_verifier_options vopen = {.device_mem = e->o.verify == AR_VERIFY_OFF ? AR_GPU_REF_LEAST : 0};
+    const ar_verifier_options vopen = {.device_mem = e->o.verify == AR_VERIFY_OFF ? AR_GPU_REF_LEAST : e->o.verify_mem};
     if (ar_verifier_open_with(&e->verifier, &e->cfg, e->be, &vopen, err, sizeof err) != 0)
         SETUP_FAIL(3, "verifier: %s", err);
     e->rdr.written = calloc((size_t)e->cfg.num_blocks, sizeof *e->rdr.written);

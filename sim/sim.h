@@ -508,6 +508,9 @@ const ar_sim_kv_sample *ar_sim_kv_samples(const ar_sim *s, int64_t *count);
 
 /* `attnreplay sim ...` (argv[0] = "sim"): returns 0, or 2 on bad input/usage, 1 on I/O error. */
 int ar_sim_main(int argc, char **argv);
+/* A size on the command line ("123", "5.4GiB", "40GB", "512MiB", "2G") in bytes; -1 when malformed
+ * or not positive (the commands' --kv-mem and --verify-mem). */
+double ar_parse_size(const char *s);
 
 #ifdef __cplusplus
 }

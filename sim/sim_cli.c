@@ -71,8 +71,7 @@ static int parse_int(const char *s, long lo, long hi, int *out)
     return 0;
 }
 
-/* "123", "5.4GiB", "40GB", "512MiB", "2G" -> bytes; -1 when malformed. */
-static double parse_size(const char *s)
+double ar_parse_size(const char *s)
 {
     char *end;
     double v = strtod(s, &end);
@@ -206,7 +205,7 @@ static int sim_one(int argc, char **argv)
     }
     if (block_size == 0) block_size = preset->default_block_size;
     if (kv_mem) {
-        double bytes = parse_size(kv_mem);
+        double bytes = ar_parse_size(kv_mem);
         if (bytes < 0) {
             fprintf(stderr, "sim: bad --kv-mem '%s' (e.g. 5.4GiB, 40GB, 123456789)\n", kv_mem);
             return 2;

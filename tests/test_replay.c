@@ -458,7 +458,15 @@ static void test_nothing_verified_is_not_passed(void **state)
                             tu_bin(), trace, db, tu_tmpdir()), 2);
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --kv-scale 2", tu_bin(), trace, db), 2);
     assert_true(file_has(log, "fp8 KV cache only"));
+    /* the device verifier's memory: a size, at least 64 MiB */
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --verify-mem lots", tu_bin(), trace, db), 2);
+    assert_true(file_has(log, "--verify-mem takes a size"));
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --verify-mem 1MiB", tu_bin(), trace, db), 2);
+    assert_true(file_has(log, "at least 64MiB"));
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 4);
+    /* ... and on a host backend it changes nothing */
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --verify-mem 2GiB --steps 0:3 --quiet",
+                            tu_bin(), trace, db), 0);
     /* --kv-scale with an fp8 cache is fine */
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --kv-dtype fp8_e4m3 --kv-scale 2 "
                                  "--steps 0:3 --quiet", tu_bin(), trace, db), 0);
