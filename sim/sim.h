@@ -311,6 +311,21 @@ void ar_stepfit_set_recompute(ar_stepfit_set *set, int k, double tokens);
  * the build gives it.  Replaces the piece's previous setting; keeps its recompute share.  Returns
  * the decodes left out. */
 int ar_stepfit_set_waiting(ar_stepfit_set *set, int sample, const bool *waiting);
+/* Places each request's hidden recompute prefill on its own real decode span (per request, with no
+ * clock shared with the simulation that measured it): recompute_per_req [num_reqs] tokens, indexed
+ * like the run's requests, spread evenly over [first token, last token] (the prompt window
+ * [scheduled, first token] when that is empty), each interval k getting the tokens times the
+ * overlap of the span with (start, end] over the span's length (intervals of different components
+ * overlap in time, and each counts what ran in its own time).  recompute: [num_intervals] written,
+ * for set_recompute.  Returns the sum written. */
+double ar_stepfit_spread_recompute(const ar_stepfit_set *set, const double *recompute_per_req, double *recompute);
+/* Places each request's waiting on its own span: waiting_frac [num_reqs] in [0, 1], the fraction of
+ * its simulated decode span it waited preempted.  The pieces in which the request decodes (their
+ * middle in [first token, last token)), taken in the order of their middles (ties by index), leave it
+ * out at the m-th (from 0) when round((m + 1) w) > round(m w) (rounded half up): round(M w) of its M
+ * pieces, evenly spaced, deterministic.  waiting: [pieces x num_reqs] written, for set_waiting (row j = piece j).
+ * Returns the entries marked, -1 out of memory. */
+long ar_stepfit_spread_waiting(const ar_stepfit_set *set, const double *waiting_frac, bool *waiting);
 /* The steps the model fits into interval k: per piece, the mixed steps its prompt and recompute
  * tokens need ((prefill_tokens + recompute_tokens) / the mixed step's prompt tokens) and decode
  * steps in the time they leave. */

@@ -840,6 +840,53 @@ static void test_run_load_rules(void **state)
     assert_non_null(strstr(err, "requests.jsonl: cannot open"));
 }
 
+/* Hidden work placed per request on its own real span (no clock shared with the simulation).
+ * Recompute: request 0's 550 tokens over its span [step 0, step 10] land half in (0, 5] and half in
+ * (5, 10]; request 2's 700 over [step 5, step 12] land 500 in (5, 10] and 200 in (10, 12], by
+ * overlap.  Waiting: request 0 decodes in the 10 pieces of the first two intervals; at a fraction
+ * 0.3 it is left out of 3 of them, the 2nd, 5th and 9th in time; request 2 decodes in the last 7
+ * pieces; at 0.5 it is left out of 4, the 1st, 3rd, 5th and 7th of them.  Each such piece then
+ * decodes one request fewer. */
+static void test_stepfit_hidden_per_request(void **state)
+{
+    (void)state;
+    three_request_run x;
+    three_request_run_build(&x);
+    const double per_req[3] = {550, 0, 700};
+    double rec[3] = {-1, -1, -1};
+    const double placed = ar_stepfit_spread_recompute(&x.set, per_req, rec);
+    const double want_rec[3] = {275, 775, 200};
+    for (int k = 0; k < 3; k++)
+        if (fabs(rec[k] - want_rec[k]) > 1e-6) fail_msg("interval %d: recompute %.6f, want %.0f", k, rec[k], want_rec[k]);
+    assert_true(fabs(placed - 1250) < 1e-6);
+
+    const int np = x.set.sample_start[3], n = 3;
+    assert_int_equal(np, 12);
+    bool *waiting = calloc((size_t)np * n, sizeof *waiting);
+    assert_non_null(waiting);
+    int before[12];
+    for (int j = 0; j < np; j++) before[j] = x.set.samples[j].num_decode;
+    const double frac[3] = {0.3, 0.9, 0.5};   /* request 1 alone in 5 pieces at 0.9: 5 x 0.9 = 4.5 -> 5 */
+    assert_int_equal(ar_stepfit_spread_waiting(&x.set, frac, waiting), 3 + 5 + 4);
+    const int out0[3] = {1, 4, 8}, out2[4] = {5, 7, 9, 11};
+    for (int j = 0; j < np; j++) {
+        bool want0 = false, want2 = false;
+        for (int m = 0; m < 3; m++) want0 |= out0[m] == j;
+        for (int m = 0; m < 4; m++) want2 |= out2[m] == j;
+        if (waiting[j * n + 0] != want0 || waiting[j * n + 2] != want2 || waiting[j * n + 1] != (j < 5))
+            fail_msg("piece %d: waiting %d %d %d, want %d %d %d", j, waiting[j * n], waiting[j * n + 1],
+                     waiting[j * n + 2], want0, j < 5, want2);
+        int left_out = ar_stepfit_set_waiting(&x.set, j, waiting + j * n);
+        assert_int_equal(left_out, want0 + (j < 5) + want2);
+        assert_int_equal(x.set.samples[j].num_decode, before[j] - left_out);
+    }
+    const double none[3] = {0, 0, 0};
+    assert_int_equal(ar_stepfit_spread_waiting(&x.set, none, waiting), 0);
+    for (int j = 0; j < np; j++) assert_false(waiting[j * n] || waiting[j * n + 1] || waiting[j * n + 2]);
+    free(waiting);
+    ar_stepfit_free(&x.set);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -861,6 +908,7 @@ int main(void)
         cmocka_unit_test(test_stepfit_on_simulated_run),
         cmocka_unit_test(test_stepfit_recompute_tokens),
         cmocka_unit_test(test_stepfit_waiting_not_decoding),
+        cmocka_unit_test(test_stepfit_hidden_per_request),
         cmocka_unit_test(test_run_load_rules),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
