@@ -326,6 +326,18 @@ double ar_stepfit_spread_recompute(const ar_stepfit_set *set, const double *reco
  * pieces, evenly spaced, deterministic.  waiting: [pieces x num_reqs] written, for set_waiting (row j = piece j).
  * Returns the entries marked, -1 out of memory. */
 long ar_stepfit_spread_waiting(const ar_stepfit_set *set, const double *waiting_frac, bool *waiting);
+/* The hidden work of each request estimated from the run's own stamps and a fitted model st (no
+ * simulation).  Request i's decode span D = last - first token (output_len >= 2) holds, by the
+ * model, steps_est[i] = D x the mean predicted step rate (steps / length) of the kept pieces its
+ * span overlaps, weighted by overlap (NAN and no hidden work when it overlaps none).  Its own steps
+ * are output_len - 1; when log(steps_est / (output_len - 1)) > threshold it is taken as preempted
+ * once: waiting_frac[i] = 1 - (output_len - 1) / steps_est (the share of its span spent waiting)
+ * and recompute_per_req[i] = prompt_len + (output_len - 1) / 2 (the prompt and the tokens decoded
+ * before a preemption taken at the middle of its decoding; prefix-cache hits on resumption are not
+ * visible, so not subtracted); otherwise both 0.  All three [num_reqs].  Returns the requests taken
+ * as preempted, -1 out of memory. */
+int ar_stepfit_estimate_hidden(const ar_stepfit_set *set, const ar_steptime *st, double threshold, double *steps_est,
+                               double *waiting_frac, double *recompute_per_req);
 /* The steps the model fits into interval k: per piece, the mixed steps its prompt and recompute
  * tokens need ((prefill_tokens + recompute_tokens) / the mixed step's prompt tokens) and decode
  * steps in the time they leave. */

@@ -428,30 +428,31 @@ int ar_stepfit_set_waiting(ar_stepfit_set *set, int sample, const bool *waiting)
     return s->num_waiting;
 }
 
+/* The steps the model fits into piece j (ar_stepfit_predicted_steps, one piece). */
+static double piece_predicted_steps(const ar_stepfit_set *set, int j, const ar_steptime *st)
+{
+    const ar_stepfit_sample *s = &set->samples[j];
+    ar_batch_features f;
+    double mixed_steps = 0, mixed_s = 0;
+    double prompt_tokens = s->prefill_tokens + s->recompute_tokens;
+    if (prompt_tokens > 0 && s->num_reqs + s->recompute_chunk > s->num_decode) {
+        ar_stepfit_features(set, j, true, &f);
+        double tau = ar_steptime_eval(st, &f);
+        mixed_steps = prompt_tokens / f.num_prefill_tokens;
+        mixed_s = mixed_steps * tau;
+        if (mixed_s >= s->length_s) return s->length_s / tau;   /* the prompts alone overfill the piece */
+    }
+    if (s->num_decode > 0) {
+        ar_stepfit_features(set, j, false, &f);
+        return mixed_steps + (s->length_s - mixed_s) / ar_steptime_eval(st, &f);
+    }
+    return mixed_steps;
+}
+
 double ar_stepfit_predicted_steps(const ar_stepfit_set *set, int k, const ar_steptime *st)
 {
     double steps = 0;
-    for (int j = set->sample_start[k]; j < set->sample_start[k + 1]; j++) {
-        const ar_stepfit_sample *s = &set->samples[j];
-        ar_batch_features f;
-        double mixed_steps = 0, mixed_s = 0;
-        double prompt_tokens = s->prefill_tokens + s->recompute_tokens;
-        if (prompt_tokens > 0 && s->num_reqs + s->recompute_chunk > s->num_decode) {
-            ar_stepfit_features(set, j, true, &f);
-            double tau = ar_steptime_eval(st, &f);
-            mixed_steps = prompt_tokens / f.num_prefill_tokens;
-            mixed_s = mixed_steps * tau;
-            if (mixed_s >= s->length_s) {   /* the prompts alone overfill the piece */
-                steps += s->length_s / tau;
-                continue;
-            }
-        }
-        steps += mixed_steps;
-        if (s->num_decode > 0) {
-            ar_stepfit_features(set, j, false, &f);
-            steps += (s->length_s - mixed_s) / ar_steptime_eval(st, &f);
-        }
-    }
+    for (int j = set->sample_start[k]; j < set->sample_start[k + 1]; j++) steps += piece_predicted_steps(set, j, st);
     return steps;
 }
 
@@ -563,4 +564,40 @@ long ar_stepfit_spread_waiting(const ar_stepfit_set *set, const double *waiting_
     }
     free(order);
     return marked;
+}
+
+int ar_stepfit_estimate_hidden(const ar_stepfit_set *set, const ar_steptime *st, double threshold, double *steps_est,
+                               double *waiting_frac, double *recompute_per_req)
+{
+    int ni = set->stats.num_intervals, np = set->sample_start[ni], flagged = 0;
+    double *rate = malloc((size_t)(np + 1) * sizeof *rate);
+    if (!rate) return -1;
+    for (int k = 0; k < ni; k++)
+        for (int j = set->sample_start[k]; j < set->sample_start[k + 1]; j++)
+            rate[j] = set->keep[k] && set->samples[j].length_s > 0
+                          ? piece_predicted_steps(set, j, st) / set->samples[j].length_s : NAN;
+    for (int i = 0; i < set->num_reqs; i++) {
+        const ar_run_req *r = &set->reqs[i];
+        steps_est[i] = NAN;
+        waiting_frac[i] = 0;
+        recompute_per_req[i] = 0;
+        double span = r->last_token - r->first_token, covered = 0, steps = 0;
+        if (r->output_len < 2 || !(span > 0)) continue;
+        for (int j = 0; j < np; j++) {   /* the mean predicted rate over the kept pieces its span overlaps */
+            const ar_stepfit_sample *s = &set->samples[j];
+            double overlap = fmin(r->last_token, s->start_s + s->length_s) - fmax(r->first_token, s->start_s);
+            if (!(overlap > 0) || isnan(rate[j])) continue;
+            covered += overlap;
+            steps += overlap * rate[j];
+        }
+        if (!(covered > 0)) continue;
+        steps_est[i] = span * steps / covered;
+        const double own = r->output_len - 1;
+        if (!(log(steps_est[i] / own) > threshold)) continue;
+        waiting_frac[i] = 1 - own / steps_est[i];
+        recompute_per_req[i] = r->prompt_len + 0.5 * own;
+        flagged++;
+    }
+    free(rate);
+    return flagged;
 }

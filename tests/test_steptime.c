@@ -887,6 +887,39 @@ static void test_stepfit_hidden_per_request(void **state)
     ar_stepfit_free(&x.set);
 }
 
+/* The hidden work estimated from the run's own stamps.  Request 0's span covers intervals 0 and 1
+ * exactly, request 2's 1 and 2, request 1's 0: each span's estimate is the predicted steps of the
+ * intervals it covers.  Request 1 is then made to claim 2 steps (output 3) over its 5-step span: it
+ * alone exceeds a threshold between its log ratio and the others', so it is taken as preempted once,
+ * waiting 1 - 2 / estimate of its span, recomputing its prompt and 1 decoded token.  With interval 0
+ * rejected, request 1 overlaps no kept piece (no estimate) and request 0's span is estimated at
+ * interval 1's rate, twice its predicted steps (intervals 0 and 1 are equally long). */
+static void test_stepfit_estimate_hidden(void **state)
+{
+    (void)state;
+    three_request_run x;
+    three_request_run_build(&x);
+    double p[3], est[3], frac[3], tokens[3];
+    for (int k = 0; k < 3; k++) p[k] = ar_stepfit_predicted_steps(&x.set, k, &x.st);
+    x.set.reqs[1].output_len = 3;
+    assert_int_equal(ar_stepfit_estimate_hidden(&x.set, &x.st, 1e9, est, frac, tokens), 0);
+    const double want[3] = {p[0] + p[1], p[0], p[1] + p[2]};
+    for (int i = 0; i < 3; i++)
+        if (fabs(est[i] - want[i]) > 1e-9 * want[i] || frac[i] != 0 || tokens[i] != 0)
+            fail_msg("request %d: %.6f steps (want %.6f), waiting %.3f, recompute %.0f", i, est[i], want[i], frac[i],
+                     tokens[i]);
+    const double ratio1 = log(est[1] / 2), others = fmax(log(est[0] / 10), log(est[2] / 7));
+    assert_true(ratio1 > others);
+    assert_int_equal(ar_stepfit_estimate_hidden(&x.set, &x.st, 0.5 * (ratio1 + others), est, frac, tokens), 1);
+    assert_true(frac[0] == 0 && tokens[0] == 0 && frac[2] == 0 && tokens[2] == 0);
+    assert_true(fabs(frac[1] - (1 - 2 / p[0])) < 1e-9 && tokens[1] == 300 + 1);
+    x.set.keep[0] = false;
+    assert_int_equal(ar_stepfit_estimate_hidden(&x.set, &x.st, 0.5 * (ratio1 + others), est, frac, tokens), 0);
+    assert_true(isnan(est[1]) && frac[1] == 0 && tokens[1] == 0);
+    if (fabs(est[0] - 2 * p[1]) > 1e-9 * p[1]) fail_msg("request 0: %.6f steps, want %.6f", est[0], 2 * p[1]);
+    ar_stepfit_free(&x.set);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -909,6 +942,7 @@ int main(void)
         cmocka_unit_test(test_stepfit_recompute_tokens),
         cmocka_unit_test(test_stepfit_waiting_not_decoding),
         cmocka_unit_test(test_stepfit_hidden_per_request),
+        cmocka_unit_test(test_stepfit_estimate_hidden),
         cmocka_unit_test(test_run_load_rules),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
