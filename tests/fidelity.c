@@ -72,13 +72,15 @@ typedef struct fid_params {
                               layers (linear_gemm_eff, linear_bw_eff in sim/presets.c) */
     int hidden;            /* what stage 1 is told of the work no stamp shows (calibrate()): FID_STAMPS nothing,
                               FID_RECOMPUTE the simulated recompute prefill, FID_RECOMPUTE_WAITING that and the
-                              requests the simulation holds preempted */
+                              requests the simulation holds preempted, FID_OWN_STAMPS the recompute and waiting
+                              estimated from the run's own stamps (ar_stepfit_estimate_hidden) */
 } fid_params;
 
-enum { FID_STAMPS = 0, FID_RECOMPUTE = 1, FID_RECOMPUTE_WAITING = 2 };
-static const char *const hidden_names[] = {"stamps", "recompute", "recompute+waiting"};
+enum { FID_STAMPS = 0, FID_RECOMPUTE = 1, FID_RECOMPUTE_WAITING = 2, FID_OWN_STAMPS = 3 };
+static const char *const hidden_names[] = {"stamps", "recompute", "recompute+waiting", "own-stamps"};
 /* The full model's stage 1 (FIDELITY_STAGE1 in the environment replaces it for every calibration:
- * stamps, recompute or recompute+waiting). */
+ * stamps, recompute, recompute+waiting or own-stamps; own-stamps runs only so, not as an extra
+ * mode). */
 static int default_hidden = FID_RECOMPUTE_WAITING;
 
 /* The gemm_eff one device runs with: the shared scale times the device's measured GEMM
@@ -336,6 +338,7 @@ typedef struct fid_stage1 {
     double round_recompute[FID_MAX_REFITS + 1];    /* the recompute prefill each calibration was given */
     long round_waiting[FID_MAX_REFITS + 1];        /* the decodes each was told are waiting (piece entries) */
     double round_change[FID_MAX_REFITS + 1];       /* the largest relative move of a term from the round before */
+    int round_flagged[FID_MAX_REFITS + 1];         /* FID_OWN_STAMPS: the requests taken as preempted */
 } fid_stage1;
 
 static double step_timing_loss(const fid_run *r, const fid_params *p)
@@ -549,15 +552,30 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
     double *recompute = malloc((size_t)(ni + 1) * sizeof *recompute);
     bool *waiting = start.hidden == FID_RECOMPUTE_WAITING
                         ? malloc(((size_t)num_pieces * (size_t)n + 1) * sizeof *waiting) : NULL;
-    bool ready = recompute && (start.hidden != FID_RECOMPUTE_WAITING || waiting);
+    bool own = start.hidden == FID_OWN_STAMPS;
+    if (own) waiting = malloc(((size_t)num_pieces * (size_t)n + 1) * sizeof *waiting);
+    double *per_req = own ? malloc(3 * ((size_t)n + 1) * sizeof *per_req) : NULL;
+    bool ready = recompute && (start.hidden != FID_RECOMPUTE_WAITING || waiting) && (!own || (waiting && per_req));
     if (!ready) s1.converged = false;
     for (int round = 0; ready && round < FID_MAX_REFITS; round++) {
         ar_fidelity f;
-        if (simulate_recording(r, &p, r->num_blocks, &f, NULL, NULL, recompute, waiting) != 0) {
+        int flagged = 0;
+        if (own) {   /* from the run's own stamps and the last fit, preemptions beyond 3x its stage-1 loss */
+            ar_steptime st;
+            double *steps_est = per_req, *frac = per_req + n + 1, *tokens = per_req + 2 * ((size_t)n + 1);
+            if (make_steptime(r, &p, &st) != 0 ||
+                (flagged = ar_stepfit_estimate_hidden(&r->steps, &st, 3 * s1.loss, steps_est, frac, tokens)) < 0 ||
+                ar_stepfit_spread_waiting(&r->steps, frac, waiting) < 0) {
+                s1.converged = false;
+                break;
+            }
+            recompute[ni] = ar_stepfit_spread_recompute(&r->steps, tokens, recompute);
+        } else if (simulate_recording(r, &p, r->num_blocks, &f, NULL, NULL, recompute, waiting) != 0) {
             s1.converged = false;
             break;
+        } else {
+            (*sims)++;
         }
-        (*sims)++;
         double total = recompute[ni];
         if (total <= 0 && s1.rounds == 1) break;   /* no preemption: nothing hidden */
         long left_out = set_hidden(r, recompute, waiting);
@@ -570,6 +588,8 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
         memcpy(next.round_recompute, s1.round_recompute, sizeof s1.round_recompute);
         memcpy(next.round_waiting, s1.round_waiting, sizeof s1.round_waiting);
         memcpy(next.round_change, s1.round_change, sizeof s1.round_change);
+        memcpy(next.round_flagged, s1.round_flagged, sizeof s1.round_flagged);
+        next.round_flagged[s1.rounds] = flagged;
         next.round_params[s1.rounds] = q;
         next.round_recompute[s1.rounds] = total;
         next.round_waiting[s1.rounds] = left_out;
@@ -581,6 +601,7 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
     }
     free(recompute);
     free(waiting);
+    free(per_req);
     if (stage1) *stage1 = s1;
     return p;
 }
@@ -614,12 +635,15 @@ static int print_rounds(fid_run *cal, const fid_params *p, const fid_stage1 *s1)
         printf("stage 1 on the stamps alone (no simulated recompute or waiting)\n\n");
         return 0;
     }
-    printf("stage 1 told of the simulated %s: %d calibration%s", hidden_names[p->hidden], s1->rounds,
-           s1->rounds == 1 ? " (the simulated run does not preempt: nothing hidden)\n\n" : "s, ");
+    bool own = p->hidden == FID_OWN_STAMPS;
+    printf("stage 1 told of the %s %s: %d calibration%s", own ? "estimated" : "simulated",
+           own ? "recompute+waiting from the run's own stamps" : hidden_names[p->hidden], s1->rounds,
+           s1->rounds > 1 ? "s, " : own ? " (no request's span holds more than its steps: nothing hidden)\n\n"
+                                        : " (the simulated run does not preempt: nothing hidden)\n\n");
     if (s1->rounds == 1) return 0;
-    printf("%s after %d refit%s; each round's hidden work (simulated with the round before's parameters), result, "
+    printf("%s after %d refit%s; each round's hidden work (%s with the round before's parameters), result, "
            "largest move of a term and self-fit:\n\n", s1->converged ? "converged (no term moved 1%)" : "NOT converged",
-           s1->rounds - 1, s1->rounds == 2 ? "" : "s");
+           s1->rounds - 1, s1->rounds == 2 ? "" : "s", own ? "estimated from the stamps" : "simulated");
     printf("| round | recompute tokens | decodes left out (piece entries) | gemm_scale | gap (ms) | attn_eff | overhead "
            "| per_req | largest move | calibration TTFT / TPOT gap |\n"
            "| ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: | --- |\n");
@@ -630,6 +654,11 @@ static int print_rounds(fid_run *cal, const fid_params *p, const fid_stage1 *s1)
         printf("| %d | %.0f | %ld | %.3g | %.3g | %.3g | %.3g | %.3g | %.1f %% | %+.1f / %+.1f %% |\n", k,
                s1->round_recompute[k], s1->round_waiting[k], q->gemm_scale, 1e3 * q->gap, q->attn_eff, q->overhead,
                q->per_req, 100 * s1->round_change[k], 100 * fr.gap_ttft[0], 100 * fr.gap_tpot[0]);
+    }
+    if (own) {
+        printf("\nrequests taken as preempted in each round:");
+        for (int k = 1; k < s1->rounds; k++) printf(" %d", s1->round_flagged[k]);
+        printf("\n");
     }
     printf("\n");
     return 0;
@@ -648,9 +677,10 @@ int main(int argc, char **argv)
     const char *mode = getenv("FIDELITY_STAGE1");
     if (mode && *mode) {
         int m = 0;
-        while (m < 3 && strcmp(mode, hidden_names[m]) != 0) m++;
-        if (m == 3) {
-            fprintf(stderr, "fidelity: FIDELITY_STAGE1=%s: must be stamps, recompute or recompute+waiting\n", mode);
+        while (m < 4 && strcmp(mode, hidden_names[m]) != 0) m++;
+        if (m == 4) {
+            fprintf(stderr, "fidelity: FIDELITY_STAGE1=%s: must be stamps, recompute, recompute+waiting or own-stamps\n",
+                    mode);
             return 2;
         }
         default_hidden = m;
