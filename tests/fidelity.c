@@ -338,7 +338,8 @@ typedef struct fid_stage1 {
     double round_recompute[FID_MAX_REFITS + 1];    /* the recompute prefill each calibration was given */
     long round_waiting[FID_MAX_REFITS + 1];        /* the decodes each was told are waiting (piece entries) */
     double round_change[FID_MAX_REFITS + 1];       /* the largest relative move of a term from the round before */
-    int round_flagged[FID_MAX_REFITS + 1];         /* FID_OWN_STAMPS: the requests taken as preempted */
+    int round_flagged[FID_MAX_REFITS + 1];         /* FID_OWN_STAMPS: the requests taken as preempted, */
+    double round_wait_s[FID_MAX_REFITS + 1];       /* the seconds they wait in all (over their spans) */
 } fid_stage1;
 
 static double step_timing_loss(const fid_run *r, const fid_params *p)
@@ -560,6 +561,7 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
     for (int round = 0; ready && round < FID_MAX_REFITS; round++) {
         ar_fidelity f;
         int flagged = 0;
+        double wait_s = 0;
         if (own) {   /* from the run's own stamps and the last fit, preemptions beyond 3x its stage-1 loss */
             ar_steptime st;
             double *steps_est = per_req, *frac = per_req + n + 1, *tokens = per_req + 2 * ((size_t)n + 1);
@@ -569,7 +571,12 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
                 s1.converged = false;
                 break;
             }
-            recompute[ni] = ar_stepfit_spread_recompute(&r->steps, tokens, recompute);
+            ar_stepfit_spread_recompute(&r->steps, tokens, recompute);   /* intervals overlap: their sum is more */
+            recompute[ni] = wait_s = 0;
+            for (int i = 0; i < n; i++) {
+                recompute[ni] += tokens[i];
+                wait_s += frac[i] * (r->steps.reqs[i].last_token - r->steps.reqs[i].first_token);
+            }
         } else if (simulate_recording(r, &p, r->num_blocks, &f, NULL, NULL, recompute, waiting) != 0) {
             s1.converged = false;
             break;
@@ -589,7 +596,9 @@ static fid_params calibrate(fid_run *r, fid_params start, int *sims, fid_tried *
         memcpy(next.round_waiting, s1.round_waiting, sizeof s1.round_waiting);
         memcpy(next.round_change, s1.round_change, sizeof s1.round_change);
         memcpy(next.round_flagged, s1.round_flagged, sizeof s1.round_flagged);
+        memcpy(next.round_wait_s, s1.round_wait_s, sizeof s1.round_wait_s);
         next.round_flagged[s1.rounds] = flagged;
+        next.round_wait_s[s1.rounds] = wait_s;
         next.round_params[s1.rounds] = q;
         next.round_recompute[s1.rounds] = total;
         next.round_waiting[s1.rounds] = left_out;
@@ -656,8 +665,10 @@ static int print_rounds(fid_run *cal, const fid_params *p, const fid_stage1 *s1)
                q->per_req, 100 * s1->round_change[k], 100 * fr.gap_ttft[0], 100 * fr.gap_tpot[0]);
     }
     if (own) {
-        printf("\nrequests taken as preempted in each round:");
-        for (int k = 1; k < s1->rounds; k++) printf(" %d", s1->round_flagged[k]);
+        printf("\nrequests taken as preempted in rounds 1..%d (recompute tokens as above), with their waiting:",
+               s1->rounds - 1);
+        for (int k = 1; k < s1->rounds; k++)
+            printf("%s %d (%.0f s)", k > 1 ? "," : "", s1->round_flagged[k], s1->round_wait_s[k]);
         printf("\n");
     }
     printf("\n");
