@@ -20,7 +20,9 @@
  * (set_recompute), and, per piece, the requests waiting preempted there, which then do not count
  * as decoding although between their first and last token (set_waiting).  Both can be placed per
  * request rather than per moment (spread_recompute, spread_waiting): a request's recompute spread
- * over its own real decode span, and a fraction of the pieces of that span in which it waits. */
+ * over its own real decode span, and a fraction of the pieces of that span in which it waits.  Or
+ * both estimated from the stamps and a fitted model alone (estimate_hidden): a request whose span
+ * holds, at the model's predicted step rate, more steps than its own is taken as preempted once. */
 #include "sim.h"
 
 #include <jansson.h>
