@@ -314,9 +314,9 @@ static void test_triton_unified_cases(void **unused)
 }
 
 /* Every attention kernel instance (dtype x geometry x exact/generic head size) on short
- * batches: a mixed batch must plan PREFILL (PREFILL_WG at head size 128 where the device has it),
- * a decode batch DECODE, with the expected template head size; at head size 128 PREFILL and
- * PREFILL_WG are also forced.  Both dtypes' split-KV combine runs on the decode batches (the
+ * batches: a mixed batch must plan PREFILL (PREFILL_WG at head sizes exactly 128 and 256 where
+ * the device has it), a decode batch DECODE, with the expected template head size; at head sizes
+ * 128 and 256 PREFILL and PREFILL_WG are also forced.  Both dtypes' split-KV combine runs on the decode batches (the
  * heuristic splits them). */
 static void test_every_kernel_instance(void **unused)
 {
@@ -337,9 +337,10 @@ static void test_every_kernel_instance(void **unused)
             run_case(&c, short_mixed, 3, &auto_opts, &r);
             snprintf(what, sizeof what, "%s d %d mixed (PREFILL)", ar_dtype_name(dtypes[t]), sizes[d]);
             expect_pass(what, &r);
-            /* head size exactly 128 on a compute-capability 9.0 device with tensor maps: the
-             * automatic plan takes the wgmma kernel (PREFILL_WG, config 2) */
-            assert_int_equal(r.plan.config, sizes[d] == 128 && r.plan.has_tma ? 2 : 0);
+            /* head size exactly 128 or 256 on a compute-capability 9.0 device with tensor maps:
+             * the automatic plan takes the wgmma kernel (PREFILL_WG, config 2) */
+            const bool wg_size = sizes[d] == 128 || sizes[d] == 256;
+            assert_int_equal(r.plan.config, wg_size && r.plan.has_tma ? 2 : 0);
             assert_int_equal(r.plan.template_hd, templates[d]);
             run_case(&c, short_decode, 3, &auto_opts, &r);
             snprintf(what, sizeof what, "%s d %d decode (DECODE)", ar_dtype_name(dtypes[t]), sizes[d]);
@@ -347,9 +348,9 @@ static void test_every_kernel_instance(void **unused)
             assert_int_equal(r.plan.config, 1);
             assert_int_equal(r.plan.template_hd, templates[d]);
             count += 2;
-            if (sizes[d] != 128) continue;
+            if (!wg_size) continue;
             /* config 0 forces the mma.sync PREFILL kernel; 2 asks for the wgmma kernel (head size
-             * 128 on compute capability 9.0 with tensor maps; PREFILL runs elsewhere) */
+             * 128 or 256 on compute capability 9.0 with tensor maps; PREFILL runs elsewhere) */
             for (int forced = 0; forced <= 2; forced += 2) {
                 run_opts ro = auto_opts;
                 ro.config = forced;
@@ -364,12 +365,13 @@ static void test_every_kernel_instance(void **unused)
     print_message("%d kernel-instance cases passed\n", count);
 }
 
-/* PREFILL_WG (config 2, the wgmma kernel) on tiles that lie wholly inside their sequence (bulk
- * tensor copies per page) and on partial last tiles (cp.async, zero-filled past seq_len, where
- * the cache holds NaN): block sizes 16, 32 and 64 (8, 4 and 2 pages per 128-key tile), bf16 and
- * fp16, a sliding window and a soft cap, a split plan, and the wrong-KV-head fault (the copies'
- * head coordinate) flagged (AR_GPU_SMALL: 2 cases and the fault).  Skips where the device
- * cannot run it. */
+/* PREFILL_WG (config 2, the wgmma kernel) at head sizes 128 (128-key tiles, Q in registers) and
+ * 256 (64-key tiles, Q read from shared memory) on tiles that lie wholly inside their sequence
+ * (bulk tensor copies per page) and on partial last tiles (cp.async, zero-filled past seq_len,
+ * where the cache holds NaN): block sizes 16, 32 and 64 (8, 4 and 2 pages per 128-key tile; 4, 2
+ * and 1 per 64-key tile), bf16 and fp16, a sliding window and a soft cap, a split plan, and the
+ * wrong-KV-head fault (the copies' head coordinate) flagged at each head size (AR_GPU_SMALL: 2
+ * cases a head size and the faults).  Skips where the device cannot run it. */
 static void test_tma_kernel(void **unused)
 {
     (void)unused;
@@ -380,13 +382,14 @@ static void test_tma_kernel(void **unused)
     static const int block_sizes[] = {16, 32, 64};
     int count = 0;
     run_result r;
-    for (int config = CFG_PREFILL_WG; config <= CFG_PREFILL_WG; config++) {
+    const int config = CFG_PREFILL_WG;
+    for (int hd = 128; hd <= 256; hd += 128) {
         for (int b = 0; b < 3; b++)
             for (int variant = 0; variant < 4; variant++) {
                 /* AR_GPU_SMALL (compute-sanitizer): block 16, bf16 unsplit and fp16 split 3 */
                 if (gpu_small() && (b != 0 || variant > 1)) continue;
                 const bool fp16 = variant & 1, windowed = variant == 2, capped = variant == 3;
-                ar_run_config c = make_cfg(8, 2, 128, 4096, fp16 ? AR_FP16 : AR_BF16, windowed ? 256 : 0, capped ? 50 : 0);
+                ar_run_config c = make_cfg(8, 2, hd, 4096, fp16 ? AR_FP16 : AR_BF16, windowed ? 256 : 0, capped ? 50 : 0);
                 c.block_size = block_sizes[b];
                 run_opts ro = auto_opts;
                 ro.config = config;
@@ -399,7 +402,7 @@ static void test_tma_kernel(void **unused)
                         return;
                     }
                     char what[128];
-                    snprintf(what, sizeof what, "config %d block %d %s%s%s%s set %d", config, block_sizes[b],
+                    snprintf(what, sizeof what, "config %d d %d block %d %s%s%s%s set %d", config, hd, block_sizes[b],
                              fp16 ? "fp16" : "bf16", windowed ? " window 256" : "", capped ? " cap 50" : "",
                              variant == 1 ? " split 3" : "", set);
                     expect_pass(what, &r);
@@ -407,7 +410,7 @@ static void test_tma_kernel(void **unused)
                     count++;
                 }
             }
-        ar_run_config f = make_cfg(8, 2, 128, 4096, AR_BF16, 0, 0);
+        ar_run_config f = make_cfg(8, 2, hd, 4096, AR_BF16, 0, 0);
         f.fault = AR_FAULT_WRONG_KV_HEAD;
         run_opts ro = auto_opts;
         ro.config = config;

@@ -25,9 +25,10 @@
  *                interleaved key tiles with their own online-softmax state and merge through
  *                shared memory at the end (split-KV inside the CTA).  Chosen when every
  *                (request, KV head) fits in 16 rows; the fallback of DECODE_TMA.
- *   PREFILL_WG : head size 128 on a compute-capability 9.0 device with tensor maps: the
- *                Hopper kernel of cuda_attn_wgmma.cuh (wgmma, a TMA producer warpgroup, two
- *                ping-pong consumers); the default for every non-decode launch there.
+ *   PREFILL_WG : head size exactly 128 or 256 on a compute-capability 9.0 device with tensor
+ *                maps: the Hopper kernel of cuda_attn_wgmma.cuh (wgmma, a TMA producer
+ *                warpgroup, two ping-pong consumers); the default for every non-decode launch
+ *                there.
  *   DECODE_TMA : compute capability 9.0, decode batches of many requests (decode_tma_plan in
  *                cuda_plan.cuh): cuda_attn_decode_tma.cuh, one CTA per request over every KV
  *                head, whole cache blocks copied by TMA; unsplit unless a sweep knob or a
@@ -62,7 +63,7 @@
 
 #define AR_CFG_PREFILL 0        /* mma.sync, any head size (the fallback) */
 #define AR_CFG_DECODE 1         /* mma.sync, every (request, KV head) within 16 rows */
-#define AR_CFG_PREFILL_WG 2     /* head size 128 exactly, compute capability 9.0 with tensor maps:
+#define AR_CFG_PREFILL_WG 2     /* head size 128 or 256 exactly, compute capability 9.0 with tensor maps:
                                    the wgmma kernel (cuda_attn_wgmma.cuh) */
 #define AR_CFG_DECODE_TMA 3     /* compute capability 9.0, decode batches of many requests: one
                                    CTA per request (every KV head), whole cache blocks copied by
@@ -151,7 +152,7 @@ typedef struct ar_attn_geom {
     size_t smem;     /* dynamic shared memory bytes */
 } ar_attn_geom;
 
-/* The wgmma config (head size 128 on a compute-capability 9.0 device only). */
+/* The wgmma config (head size 128 or 256 on a compute-capability 9.0 device only). */
 static inline int ar_attn_config_is_wg(int config)
 {
     return config == AR_CFG_PREFILL_WG;
@@ -1004,7 +1005,9 @@ cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work
 {
     if constexpr (!KV8) {
         if (config == AR_CFG_PREFILL_WG)
-            return hd == 128 && a->head_size == 128 ? launch_wgmma<T>(a, num_work, stream) : cudaErrorInvalidValue;
+            return hd == 128 && a->head_size == 128   ? launch_wgmma<T, 128>(a, num_work, stream)
+                   : hd == 256 && a->head_size == 256 ? launch_wgmma<T, 256>(a, num_work, stream)
+                                                      : cudaErrorInvalidValue;
         if (config == AR_CFG_DECODE_TMA) return hd == 128 ? launch_decode_tma<T>(a, num_work, stream) : cudaErrorInvalidValue;
     } else if (config != AR_CFG_PREFILL && config != AR_CFG_DECODE) {
         return cudaErrorInvalidValue;
@@ -1025,7 +1028,8 @@ template <typename T, bool KV8>
 cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
 {
     if constexpr (!KV8) {
-        if (config == AR_CFG_PREFILL_WG) return attributes_wgmma<T>(ctas_per_sm);
+        if (config == AR_CFG_PREFILL_WG)
+            return hd == 256 ? attributes_wgmma<T, 256>(ctas_per_sm) : attributes_wgmma<T, 128>(ctas_per_sm);
         if (config == AR_CFG_DECODE_TMA) return attributes_decode_tma<T>(ctas_per_sm);
     } else if (config != AR_CFG_PREFILL && config != AR_CFG_DECODE) {
         return cudaErrorInvalidValue;

@@ -1,25 +1,31 @@
 /* cuda_attn_wgmma.cuh - the Hopper (sm_90a) prefill kernel of the paged backend
  * (AR_CFG_PREFILL_WG): the same work items, masks, faults and outputs as attn_kernel
  * (cuda_attn.cuh), with the two matrix products on wgmma (warpgroup MMA) instead of mma.sync.
- * Head size 128 exactly, on a compute-capability 9.0 device whose driver encodes tensor maps
- * (build_plan in cuda_plan.cuh; elsewhere the mma.sync PREFILL kernel runs).
+ * Head size 128 or 256 exactly (one template instance each), on a compute-capability 9.0 device
+ * whose driver encodes tensor maps (build_plan in cuda_plan.cuh; elsewhere the mma.sync PREFILL
+ * kernel runs).
  *
  * Geometry: one CTA = a producer warpgroup and two consumer warpgroups (384 threads); the
- * consumers own 128 rows (64 each), key tiles of 128.  Shared memory holds Q [128 rows x 128
- * dims] and three stages of K and V [128 keys x 128 dims], all in the 128-byte-swizzled K-major
- * layout wgmma reads: each tile is two column halves (dims 0-63, 64-127) of [rows][128 bytes], and
- * the 16-byte chunk c of row r is stored at chunk position c ^ (r & 7) (every half starts on a
- * 1024-byte boundary, so the hardware's address swizzle and ours agree).
- *   S = Q K^T : wgmma m64n128k16, A = Q from registers (each consumer's Q fragments, loaded once
- *               by ldmatrix), B = K from shared memory (K-major), 8 steps of 16 dims.
+ * consumers own 128 rows (64 each).  Key tiles of 128 at head size 128, of 64 at 256 (the
+ * 64 x 256 output accumulator takes 128 registers a thread).  Shared memory holds the Q tile
+ * [128 rows x HD dims] and the K/V stages [BLOCK_N keys x HD dims] (three at head size 128, two
+ * at 256), all in the 128-byte-swizzled K-major layout wgmma reads: each tile is HD / 64 column
+ * parts (dims 0-63, 64-127, ...) of [rows][128 bytes], and the 16-byte chunk c of row r is
+ * stored at chunk position c ^ (r & 7) (every part starts on a 1024-byte boundary, so the
+ * hardware's address swizzle and ours agree).
+ *   S = Q K^T : head size 128: wgmma m64n128k16, A = Q from registers (each consumer's Q
+ *               fragments, loaded once by ldmatrix), B = K from shared memory (K-major), 8
+ *               steps of 16 dims.  Head size 256: wgmma m64n64k16 with A = Q and B = K both
+ *               from shared memory, 16 steps.
  *   O += P V  : wgmma m64n128k16 with A = P from registers (the S accumulator converted in
  *               place: the accumulator layout of one product is the A-fragment layout of the
  *               next) and B = V from shared memory read transposed (dims are the N side and
- *               are contiguous: "MN-major"), 8 steps of 16 keys.
+ *               are contiguous: "MN-major"), BLOCK_N / 16 steps of 16 keys; at head size 256
+ *               once for dims 0-127 and once for 128-255.
  * The online softmax is the one of attn_kernel (log2 domain, skip the rescale when no row max
- * moved).  Feeding (FlashAttention-3's structure): the producer warpgroup alone fills the three
+ * moved).  Feeding (FlashAttention-3's structure): the producer warpgroup alone fills the
  * stages - every tile that lies wholly inside the sequence by TMA bulk tensor copies (one per
- * cache page and 64-dim half), the last, partial tile by cp.async with zero fill - and the two
+ * cache page and 64-dim part), the last, partial tile by cp.async with zero fill - and the two
  * consumers take ping-pong turns, so one's softmax runs while the other's products occupy the
  * tensor cores.  The kernel body exists only in the sm_90a build. */
 #ifndef AR_CUDA_ATTN_WGMMA_CUH
@@ -32,30 +38,37 @@
 
 namespace ar_attn {
 
-struct WgGeom {
-    static constexpr int HD = 128;
-    static constexpr int ROWS = 128;            /* 2 warpgroups x 64 rows */
-    static constexpr int BLOCK_N = 128;
-    static constexpr int THREADS = 256;
-    static constexpr int HALF_BYTES = 128 * 128; /* one column half of a 128-row tile: [128][128 B] */
-    static constexpr int TILE_BYTES = 2 * HALF_BYTES;
+template <int HD_> struct WgGeom {
+    static constexpr int HD = HD_;
+    static constexpr int ROWS = 128;                    /* 2 warpgroups x 64 rows */
+    static constexpr int BLOCK_N = HD_ == 128 ? 128 : 64; /* keys per tile */
+    static constexpr int THREADS = 256;                 /* the two consumer warpgroups */
+    static constexpr int PARTS = HD_ / 64;              /* 64-dim (128-byte) column parts of a row */
+    static constexpr int Q_PART_BYTES = ROWS * 128;     /* one column part of the Q tile: [128][128 B] */
+    static constexpr int KV_PART_BYTES = BLOCK_N * 128; /* one column part of a K or V tile */
+    static constexpr int Q_BYTES = PARTS * Q_PART_BYTES;
+    static constexpr int KV_BYTES = PARTS * KV_PART_BYTES;
+    static constexpr bool Q_IN_REGS = HD_ == 128;       /* else S = Q K^T reads Q from shared memory */
 };
 
-/* The pipeline: three K/V stages handed over by mbarriers.  "full[s]" completes when K of stage
- * s has landed, "full_v[s]" when its V has (separate, so S = Q K^T can start before V lands),
- * "empty[s]" when all 256 consumer threads are done reading it.  A full / full_v phase takes 129
- * arrivals: every producer thread's cp.async arrival (at once when it issued none) and producer
- * thread 0's (with the byte count of the TMA copies, or plain).  setmaxnreg moves registers from
- * the producer (40: its cp.async tail path spills at 32) to the consumers (232); waits ask the
- * hardware to suspend the waiting warp (mbar_wait_suspend) rather than spin on the schedulers
- * the consumers issue from.  Each consumer's Q fragments sit in 32 registers; they are zeroed
- * before the conditional load: left undefined on the path without tiles, ptxas (13.0) treated
- * them as dead across the key loop and gave their registers to P (seen in the SASS on the H200). */
-struct WgPipe {
+/* The pipeline: K/V stages handed over by mbarriers (three at head size 128, two at 256, as
+ * shared memory allows: 32 + 6 x 32 KiB and 64 + 4 x 32 KiB).  "full[s]" completes when K of
+ * stage s has landed, "full_v[s]" when its V has (separate, so S = Q K^T can start before V
+ * lands), "empty[s]" when all 256 consumer threads are done reading it.  A full / full_v phase
+ * takes 129 arrivals: every producer thread's cp.async arrival (at once when it issued none) and
+ * producer thread 0's (with the byte count of the TMA copies, or plain).  setmaxnreg moves
+ * registers from the producer (40: its cp.async tail path spills at 32) to the consumers (232);
+ * waits ask the hardware to suspend the waiting warp (mbar_wait_suspend) rather than spin on the
+ * schedulers the consumers issue from.  At head size 128 each consumer's Q fragments sit in 32
+ * registers; they are zeroed before the conditional load: left undefined on the path without
+ * tiles, ptxas (13.0) treated them as dead across the key loop and gave their registers to P
+ * (seen in the SASS on the H200).  At head size 256 the output accumulator alone takes 128
+ * registers, so Q stays in shared memory and S is a shared-by-shared product. */
+template <int HD> struct WgPipe {
     static constexpr int THREADS = 384;                 /* producer + 2 consumer warpgroups */
-    static constexpr int STAGES = 3;
+    static constexpr int STAGES = HD == 128 ? 3 : 2;
     static constexpr int NUM_BARS = 3 * STAGES;         /* full, empty, full_v */
-    static constexpr size_t BAR_OFFSET = (size_t)WgGeom::TILE_BYTES * (1 + 2 * STAGES);
+    static constexpr size_t BAR_OFFSET = (size_t)WgGeom<HD>::Q_BYTES + (size_t)2 * STAGES * WgGeom<HD>::KV_BYTES;
     static constexpr size_t SMEM = 1024 /* alignment slack */ + BAR_OFFSET + NUM_BARS * 8;
 };
 
@@ -82,10 +95,11 @@ __device__ __forceinline__ void pingpong_turn(int wg, bool last)
     pingpong_turn_issued(wg, last);
 }
 
-/* Byte offset of (row, 16-byte chunk 0..15) in a swizzled 128-row tile. */
-__device__ __forceinline__ uint32_t wg_swizzle(int row, int chunk)
+/* Byte offset of (row, 16-byte chunk) in a swizzled tile whose 64-dim column parts are
+ * PART_BYTES apart. */
+template <int PART_BYTES> __device__ __forceinline__ uint32_t wg_swizzle(int row, int chunk)
 {
-    return (uint32_t)((chunk >> 3) * WgGeom::HALF_BYTES + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+    return (uint32_t)((chunk >> 3) * PART_BYTES + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
 /* d += A (a: this thread's 4 registers of the 64 x 16 A tile) B (desc_b, read transposed). */
@@ -93,6 +107,10 @@ template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], cons
 /* d [64 x 128] (+)= A (a: registers) B (desc_b, K-major like wgmma_ss's B): S = Q K^T with Q in
  * registers. */
 template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64], const uint32_t a[4], uint64_t desc_b, int accumulate);
+
+/* d [64 x 64] (+)= A B with both operands in shared memory and K-major (desc_a: 64 rows of A,
+ * desc_b: 64 rows of B): S = Q K^T at head size 256, Q read from its shared tile. */
+template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate);
 
 /* true for __nv_bfloat16, false for __half: which operand type a wrapper's instruction names */
 template <typename T> struct wg_is_bf16 { static constexpr bool value = false; };
@@ -137,39 +155,65 @@ template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64
     else
         asm volatile(WGMMA_RS_TEXT(".f16", "0") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
+#define WG_ACC32(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+/* A and B from shared memory, both K-major; the accumulate flag is operand 34 */
+#define WGMMA_SS64_TEXT(TY) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32" TY TY " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+
+template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    if constexpr (wg_is_bf16<T>::value)
+        asm volatile(WGMMA_SS64_TEXT(".bf16") : WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile(WGMMA_SS64_TEXT(".f16") : WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
 #undef WG_ACC64
+#undef WG_ACC32
+#undef WGMMA_SS64_TEXT
 #undef WGMMA_RS_TEXT
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* The kernel (see the file comment).  Consumer warpgroup w owns rows 64 w .. 64 w + 63 of the
  * CTA's 128; the producer's threads are numbered from 0 too, so the code below reads the same
  * for both. */
-template <typename T>
-__global__ void __launch_bounds__(WgPipe::THREADS, 1)
+template <typename T, int HD_>
+__global__ void __launch_bounds__(WgPipe<HD_>::THREADS, 1)
 attn_wgmma_kernel(const ar_attn_args a,
-                  const __grid_constant__ CUtensorMap tmap_k,  /* K cache [num_slots][Hkv][128], box [bs][1][64] */
+                  const __grid_constant__ CUtensorMap tmap_k,  /* K cache [num_slots][Hkv][HD], box [bs][1][64] */
                   const __grid_constant__ CUtensorMap tmap_v)  /* the same for the V cache */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int HD = WgGeom::HD, BLOCK_N = WgGeom::BLOCK_N, ROWS = WgGeom::ROWS;
+    using G = WgGeom<HD_>;
+    constexpr int HD = G::HD, BLOCK_N = G::BLOCK_N, ROWS = G::ROWS, PARTS = G::PARTS;
     constexpr int CHUNKS = HD / 8;                       /* 16-byte chunks per row */
     constexpr int LOADERS = 128;                         /* the producer warpgroup issues the copies */
+    constexpr int NS = BLOCK_N / 2;                      /* S accumulator registers: 64 x BLOCK_N / 128 */
+    constexpr int NACC = HD / 2;                         /* output accumulator registers: 64 x HD / 128 */
+    constexpr int PV_STEPS = BLOCK_N / 16;               /* k-steps of P V */
+    constexpr int BLOCK_N_LOG2 = BLOCK_N == 128 ? 7 : 6;
     extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
     const uint32_t smem_base0 = (uint32_t)__cvta_generic_to_shared(wg_smem_raw);
     const uint32_t pad = (1024 - (smem_base0 & 1023)) & 1023;
     unsigned char *smem = wg_smem_raw + pad;
     const uint32_t sq_addr = smem_base0 + pad;          /* Q tile */
-    const uint32_t skv_addr = sq_addr + WgGeom::TILE_BYTES; /* stage s: K at + 2s tiles, V at + 2s+1 */
-    constexpr int STAGES = WgPipe::STAGES;
+    const uint32_t skv_addr = sq_addr + G::Q_BYTES;     /* stage s: K at + 2s tiles, V at + 2s+1 */
+    constexpr int STAGES = WgPipe<HD_>::STAGES;
     /* full[STAGES] (K of a stage landed), empty[STAGES] (both consumer warpgroups are done with
      * a stage), full_v[STAGES] (V landed) */
-    const uint32_t full_bar = sq_addr + (uint32_t)WgPipe::BAR_OFFSET;
+    const uint32_t full_bar = sq_addr + (uint32_t)WgPipe<HD_>::BAR_OFFSET;
     const uint32_t empty_bar = full_bar + STAGES * 8;
     const uint32_t full_v_bar = empty_bar + STAGES * 8;
     if (threadIdx.x == 0) {
         for (int st = 0; st < STAGES; st++) {
             ar_wg::mbar_init(full_bar + st * 8, LOADERS + 1);
-            ar_wg::mbar_init(empty_bar + st * 8, WgGeom::THREADS);
+            ar_wg::mbar_init(empty_bar + st * 8, G::THREADS);
             ar_wg::mbar_init(full_v_bar + st * 8, LOADERS + 1);
         }
     }
@@ -208,7 +252,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             int pair = w.pair0 + r, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
             bool ok = tok < q_len;
             const T *src = ok ? qg + ((int64_t)(qstart + tok) * a.num_q_heads + hq) * HD + c * 8 : qg;
-            cp_async16(smem + wg_swizzle(r, c), src, ok);
+            cp_async16(smem + wg_swizzle<G::Q_PART_BYTES>(r, c), src, ok);
         }
         cp_async_commit();
     }
@@ -229,108 +273,124 @@ attn_wgmma_kernel(const ar_attn_args a,
     }
 
     const int n_tiles = w.tile_end - w.tile_begin;
-    /* The producer's copies.  Producer warp pw copies keys 32 pw .. 32 pw + 31 of a tile; lane
-     * j first looks up the cache slot of key 32 pw + j (-1 past the sequence: zero fill), once
-     * per tile for K and V; then lane l copies 16-byte chunk l % 16 of keys 32 pw + l / 16 + 2 m
-     * (m = 0..15, two whole 256-byte rows per instruction), taking each slot from its owner lane
-     * by a shuffle instead of a block-table load per copy. */
+    /* The producer's copies of a partial tile.  Producer warp pw copies keys KPW pw .. KPW pw +
+     * KPW - 1 of a tile (KPW = BLOCK_N / 4); lane j first looks up the cache slot of key KPW pw +
+     * j (-1 past the sequence: zero fill), once per tile for K and V; then lane l copies 16-byte
+     * chunk l % CHUNKS of keys KPW pw + l / CHUNKS + RPI m (RPI = 32 / CHUNKS whole rows per
+     * instruction, m = 0 .. KPW / RPI - 1), taking each slot from its owner lane by a shuffle
+     * instead of a block-table load per copy. */
+    constexpr int KPW = BLOCK_N / 4, RPI = 32 / CHUNKS;
     auto producer_slot = [&](int it) {
-        const int j = (w.tile_begin + it) * BLOCK_N + (tid & ~31) + (tid & 31);
+        const int j = (w.tile_begin + it) * BLOCK_N + warp * KPW + lane;
         return j < seq_len ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : -1;
     };
     auto produce = [&](int it, int v, int my_slot) {
-        const int c = tid & 15, half_row = (tid >> 4) & 1, key_base = tid & ~31;
-        const uint32_t dst0 = sq_addr + (uint32_t)((1 + 2 * (it % STAGES) + v) * WgGeom::TILE_BYTES +
-                                                   (c >> 3) * WgGeom::HALF_BYTES);
+        const int c = lane % CHUNKS, sub_row = lane / CHUNKS, key_base = warp * KPW;
+        const uint32_t dst0 = sq_addr + (uint32_t)(G::Q_BYTES + (2 * (it % STAGES) + v) * G::KV_BYTES +
+                                                   (c >> 3) * G::KV_PART_BYTES);
         const T *src = (v ? vg : kg) + c * 8;
 #pragma unroll 4
-        for (int m = 0; m < 16; m++) {
-            const int key = key_base + half_row + 2 * m;
-            const int slot = __shfl_sync(0xffffffffu, my_slot, half_row + 2 * m);
+        for (int m = 0; m < KPW / RPI; m++) {
+            const int key = key_base + sub_row + RPI * m;
+            const int slot = __shfl_sync(0xffffffffu, my_slot, sub_row + RPI * m);
             const uint32_t dst = dst0 + (uint32_t)(key * 128 + (((c & 7) ^ (key & 7)) << 4));
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
                          "l"(src + (int64_t)(slot < 0 ? 0 : slot) * head_stride), "r"(slot < 0 ? 0 : 16));
         }
     };
 
-    /* The cache block lane l of producer warp 0 copies for tile it.  The producer
-     * reads it before it waits for the stage to empty, so the block-table latency is off the
-     * refill's path (5% of the cascade prefix pass on the H200, BENCHMARKS.md). */
+    /* The cache block lane l of producer warp 0 copies for tile it (page l % pages of the tile;
+     * pages = BLOCK_N / block size, a power of two).
+     * The producer reads it before it waits for the stage to empty, so the block-table latency is
+     * off the refill's path (5% of the cascade prefix pass on the H200, BENCHMARKS.md). */
     auto tma_block = [&](int it) {
         const int pages = BLOCK_N >> bs_log2;
-        if (lane >= 2 * pages) return 0;
-        return __ldg(bt + (((w.tile_begin + it) * BLOCK_N) >> bs_log2) + (lane >= pages ? lane - pages : lane));
+        if (lane >= PARTS * pages) return 0;
+        return __ldg(bt + (((w.tile_begin + it) * BLOCK_N) >> bs_log2) + (lane & (pages - 1)));
     };
     /* Tile it (wholly inside the sequence) into its stage by TMA; K (v = 0) or V (v = 1).
      * Run by producer warp 0: lane 0 raises the barrier's byte count by the whole tile, then
-     * lane l < 2 x pages copies page l % pages (cache block `block`, from tma_block) of the
-     * tile's column half l / pages. */
+     * lane l < PARTS x pages copies page l % pages (cache block `block`, from tma_block) of the
+     * tile's column part l / pages. */
     auto produce_tma = [&](int it, int v, int block) {
         const int pages = BLOCK_N >> bs_log2;
         const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)((it % STAGES) * 8);
-        const uint32_t dst0 = sq_addr + (uint32_t)((1 + 2 * (it % STAGES) + v) * WgGeom::TILE_BYTES);
-        if (lane == 0) ar_wg::mbar_arrive_expect_tx(bar, WgGeom::TILE_BYTES);
+        const uint32_t dst0 = sq_addr + (uint32_t)(G::Q_BYTES + (2 * (it % STAGES) + v) * G::KV_BYTES);
+        if (lane == 0) ar_wg::mbar_arrive_expect_tx(bar, G::KV_BYTES);
         __syncwarp();
-        if (lane < 2 * pages) {
-            const int half = lane >= pages ? 1 : 0, page = lane - half * pages;
-            ar_wg::tma_load_3d(dst0 + (uint32_t)(half * WgGeom::HALF_BYTES + (page << bs_log2) * 128),
-                               v ? (const void *)&tmap_v : (const void *)&tmap_k, bar, half * 64, kvh_load,
+        if (lane < PARTS * pages) {
+            const int part = lane >> (BLOCK_N_LOG2 - bs_log2), page = lane & (pages - 1);
+            ar_wg::tma_load_3d(dst0 + (uint32_t)(part * G::KV_PART_BYTES + (page << bs_log2) * 128),
+                               v ? (const void *)&tmap_v : (const void *)&tmap_k, bar, part * 64, kvh_load,
                                block << bs_log2);
         }
     };
 
-    float acc[64];
+    float acc[NACC];
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    for (int i = 0; i < NACC; i++) acc[i] = 0.f;
     float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
     /* V read transposed ("MN-major"): its descriptor's LBO steps between the two 64-dim
-     * atoms along N (a column half apart), the stride byte offset between groups of 8 keys
-     * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30. */
-    const uint32_t v_lbo = WgGeom::HALF_BYTES, v_sbo = 1024;
+     * atoms along N (a column part apart), the stride byte offset between groups of 8 keys
+     * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30.
+     * One P V instruction covers 128 dims (N = 128): at head size 256 two of them, on the V
+     * tile's parts 0-1 and 2-3, into acc[0..63] and acc[64..127]. */
+    const uint32_t v_lbo = G::KV_PART_BYTES, v_sbo = 1024;
 
-    /* this thread's A fragments of its warpgroup's 64 Q rows, 8 k-steps of 16 dims (loaded once
-     * the Q tile has landed, below; zero until then, see WgPipe) */
-    uint32_t qa[HD / 16][4];
+    /* head size 128: this thread's A fragments of its warpgroup's 64 Q rows, 8 k-steps of 16
+     * dims (loaded once the Q tile has landed, below; zero until then, see WgPipe) */
+    uint32_t qa[G::Q_IN_REGS ? HD / 16 : 1][4];
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) qa[kk][0] = qa[kk][1] = qa[kk][2] = qa[kk][3] = 0u;
+    for (int kk = 0; kk < (G::Q_IN_REGS ? HD / 16 : 1); kk++) qa[kk][0] = qa[kk][1] = qa[kk][2] = qa[kk][3] = 0u;
     /* S = Q K^T of the tile in stage sk_addr into sd (issued, not waited for) */
     /* The k-steps' descriptors are the tile's plus the step's offset in 16-byte units: shared
      * addresses stay below 2^18, so the 14-bit address field never carries into the next. */
-    auto issue_s = [&](float (&sd)[64], uint32_t sk_addr) {
+    auto issue_s = [&](float (&sd)[NS], uint32_t sk_addr) {
         ar_wg::fence();
         const uint64_t db0 = ar_wg::desc_sw128(sk_addr, 16, 1024);
+        if constexpr (G::Q_IN_REGS) {
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            const uint32_t koff16 = (uint32_t)((kk >> 2) * WgGeom::HALF_BYTES + (kk & 3) * 32) >> 4;
-            wgmma_rs_kmajor<T>(sd, qa[kk], db0 + koff16, kk > 0);
+            for (int kk = 0; kk < HD / 16; kk++) {
+                const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
+                wgmma_rs_kmajor<T>(sd, qa[kk], db0 + koff16, kk > 0);
+            }
+        } else {
+            /* this warpgroup's 64 Q rows start 64 x 128 bytes into each column part */
+            const uint64_t da0 = ar_wg::desc_sw128(sq_addr + (uint32_t)(wg * 64 * 128), 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                const uint32_t qoff16 = (uint32_t)((kk >> 2) * G::Q_PART_BYTES + (kk & 3) * 32) >> 4;
+                const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
+                wgmma_ss_n64<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
+            }
         }
     };
-    /* P [64 x 128 of this warpgroup, accumulator layout] -> pa, the A fragments of the 8
+    /* P [64 x BLOCK_N of this warpgroup, accumulator layout] -> pa, the A fragments of the
      * k-steps of 16 keys (the accumulator layout of one product is the A layout of the next) */
-    auto pack_p = [&](const float (&sc)[64], uint32_t (&pa)[8][4]) {
+    auto pack_p = [&](const float (&sc)[NS], uint32_t (&pa)[PV_STEPS][4]) {
 #pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
+        for (int kk = 0; kk < PV_STEPS; kk++) {
             pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
             pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
             pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
             pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
         }
     };
-    /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of 8
+    /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
      * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
-    auto softmax_to_p = [&](float (&sc)[64], int t, uint32_t (&pa)[8][4], float (&alpha_out)[2]) {
+    auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
         const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
         if (a.soft_cap > 0.f) {
             const float scale = scale_log2 * 0.6931471805599453f;
             const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
 #pragma unroll
-            for (int i = 0; i < 64; i++) sc[i] = cap_over_scale * tanhf(sc[i] * inv_cap);
+            for (int i = 0; i < NS; i++) sc[i] = cap_over_scale * tanhf(sc[i] * inv_cap);
         }
         const bool need_mask = tile_last > wg_min_qpos + causal_extra || tile_last >= seq_len ||
                                (window > 0 && tile_first < wg_max_qpos - window + 1);
         if (need_mask) {
 #pragma unroll
-            for (int i = 0; i < 64; i++) {
+            for (int i = 0; i < NS; i++) {
                 int j = tile_first + (i >> 2) * 8 + 2 * tq + (i & 1);
                 int p = qpos[(i >> 1) & 1];
                 bool vis = j < seq_len && j <= p + causal_extra && (window <= 0 || j >= p - window + 1);
@@ -342,7 +402,7 @@ attn_wgmma_kernel(const ar_attn_args a,
         for (int r = 0; r < 2; r++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int n = 0; n < 16; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
+            for (int n = 0; n < NS / 4; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             float m_new = fmaxf(row_m[r], mx);
@@ -351,7 +411,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             row_m[r] = m_new;
             float rs = 0.f;
 #pragma unroll
-            for (int n = 0; n < 16; n++) {
+            for (int n = 0; n < NS / 4; n++) {
                 float p0 = exp2f(fmaf(sc[4 * n + 2 * r], scale_log2, -m_scaled));
                 float p1 = exp2f(fmaf(sc[4 * n + 2 * r + 1], scale_log2, -m_scaled));
                 sc[4 * n + 2 * r] = p0;
@@ -368,19 +428,22 @@ attn_wgmma_kernel(const ar_attn_args a,
         for (int r = 0; r < 2; r++)
             if (!no_rescale && __any_sync(0xffffffffu, alpha[r] != 1.f)) {
 #pragma unroll
-                for (int n = 0; n < 16; n++) {
+                for (int n = 0; n < NACC / 4; n++) {
                     acc[4 * n + 2 * r] *= alpha[r];
                     acc[4 * n + 2 * r + 1] *= alpha[r];
                 }
             }
     };
     /* O += P V of the tile in stage sv_addr (issued, not waited for) */
-    auto issue_pv = [&](const uint32_t (&pa)[8][4], uint32_t sv_addr) {
+    auto issue_pv = [&](const uint32_t (&pa)[PV_STEPS][4], uint32_t sv_addr) {
         ar_wg::fence_regs(acc);
         ar_wg::fence();
-        const uint64_t dv0 = ar_wg::desc_sw128(sv_addr, v_lbo, v_sbo);
 #pragma unroll
-        for (int kk = 0; kk < 8; kk++) wgmma_rs<T>(acc, pa[kk], dv0 + (uint64_t)(kk * 2048 >> 4));
+        for (int h = 0; h < HD / 128; h++) {
+            const uint64_t dv0 = ar_wg::desc_sw128(sv_addr + (uint32_t)(h * 2 * G::KV_PART_BYTES), v_lbo, v_sbo);
+#pragma unroll
+            for (int kk = 0; kk < PV_STEPS; kk++) wgmma_rs<T>(acc + 64 * h, pa[kk], dv0 + (uint64_t)(kk * 2048 >> 4));
+        }
     };
 
     __syncthreads();                                    /* the barriers are initialised */
@@ -419,14 +482,15 @@ attn_wgmma_kernel(const ar_attn_args a,
         return;
     }
     ar_wg::setmaxnreg_inc<232>();
-    if (n_tiles > 0) {
+    if (G::Q_IN_REGS && n_tiles > 0) {
         /* Q landed with the first stage's K (its copies are older); ldmatrix x4: lanes 0-15
          * address rows 0-15 of this warp's 16 at the k-step's first 8 dims, lanes 16-31 the same
          * rows at its second 8 (the A-fragment order, checked against a CPU product on the H200) */
         ar_wg::mbar_wait_suspend(full_bar, 0);
         const int q_row = wg_row0 + (warp & 3) * 16 + (lane & 15);
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) ldmatrix_x4(qa[kk], smem + wg_swizzle(q_row, 2 * kk + (lane >> 4)));
+        for (int kk = 0; kk < (G::Q_IN_REGS ? HD / 16 : 1); kk++)
+            ldmatrix_x4(qa[kk], smem + wg_swizzle<G::Q_PART_BYTES>(q_row, 2 * kk + (lane >> 4)));
     }
     if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
     for (int it = 0; it < n_tiles; it++) {
@@ -442,17 +506,17 @@ attn_wgmma_kernel(const ar_attn_args a,
         }
         ar_wg::mbar_wait_suspend(full_bar + stage * 8, (uint32_t)((it / STAGES) & 1));
         ar_wg::fence_proxy_async();                            /* TMA / cp.async writes -> the async proxy */
-        const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * WgGeom::TILE_BYTES);
-        const uint32_t sv_addr = sk_addr + WgGeom::TILE_BYTES;
+        const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES);
+        const uint32_t sv_addr = sk_addr + G::KV_BYTES;
 
-        float s[64];
+        float s[NS];
         pingpong_wait(wg);
         issue_s(s, sk_addr);
         pingpong_turn_issued(wg, it == n_tiles - 1);
         ar_wg::commit();
         ar_wg::wait<0>();
         ar_wg::fence_regs(s);
-        uint32_t pa[8][4];
+        uint32_t pa[PV_STEPS][4];
         float alpha[2];
         softmax_to_p(s, t, pa, alpha);
         rescale_acc(alpha);
@@ -483,7 +547,7 @@ attn_wgmma_kernel(const ar_attn_args a,
         float inv = l > 0.f ? 1.f / l : 0.f;
         float lse2 = l > 0.f ? row_m[r] + __log2f(l) : -INFINITY;
 #pragma unroll
-        for (int n = 0; n < 16; n++)
+        for (int n = 0; n < NACC / 4; n++)
             store_pair<T>(a, w, ROWS, HD, lr, qstart + tok, hq, n * 8 + 2 * tq, acc[4 * n + 2 * r] * inv,
                           acc[4 * n + 2 * r + 1] * inv, lse2);
         if (tq == 0) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
@@ -493,7 +557,7 @@ attn_wgmma_kernel(const ar_attn_args a,
 #endif
 }
 
-/* The kernel's tensor maps: each cache as [num_slots][Hkv][128] 16-bit elements, one copy =
+/* The kernel's tensor maps: each cache as [num_slots][Hkv][head size] 16-bit elements, one copy =
  * [block_size slots][1 head][64 dims], 128-byte swizzled (DECODE_TMA uses them too, where the
  * driver refuses its 5-D view).  The encoding is host arithmetic (no device work), redone per
  * launch.  cudaErrorNotSupported when the driver cannot encode them (the backend checks this at
@@ -502,8 +566,9 @@ static cudaError_t wgmma_tensor_maps(const ar_attn_args *a, CUtensorMap *mk, CUt
 {
     memset(mk, 0, sizeof *mk);
     memset(mv, 0, sizeof *mv);
-    const uint64_t dims[3] = {(uint64_t)WgGeom::HD, (uint64_t)a->num_kv_heads, (uint64_t)a->num_slots};
-    const uint64_t strides[2] = {(uint64_t)WgGeom::HD * 2, (uint64_t)a->num_kv_heads * WgGeom::HD * 2};
+    const uint64_t hd = (uint64_t)a->head_size;
+    const uint64_t dims[3] = {hd, (uint64_t)a->num_kv_heads, (uint64_t)a->num_slots};
+    const uint64_t strides[2] = {hd * 2, (uint64_t)a->num_kv_heads * hd * 2};
     const uint32_t box[3] = {64, 1, 1u << a->block_size_log2};
     char err[256];
     if (ar_tma_encode(mk, a->k_cache, 3, dims, strides, box, "cuda", err, sizeof err) ||
@@ -512,24 +577,25 @@ static cudaError_t wgmma_tensor_maps(const ar_attn_args *a, CUtensorMap *mk, CUt
     return cudaSuccess;
 }
 
-template <typename T>
+/* HD: 128 or 256, the launch's exact head size */
+template <typename T, int HD>
 static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (num_work <= 0) return cudaSuccess;
     CUtensorMap mk, mv;
     cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
     if (e != cudaSuccess) return e;
-    attn_wgmma_kernel<T><<<num_work, WgPipe::THREADS, WgPipe::SMEM, stream>>>(*a, mk, mv);
+    attn_wgmma_kernel<T, HD><<<num_work, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv);
     return cudaGetLastError();
 }
 
-template <typename T>
+template <typename T, int HD>
 static cudaError_t attributes_wgmma(int *ctas_per_sm)
 {
-    const int smem = (int)WgPipe::SMEM;
-    cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    const int smem = (int)WgPipe<HD>::SMEM;
+    cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T>, WgPipe::THREADS, smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T, HD>, WgPipe<HD>::THREADS, smem);
 }
 
 } /* namespace ar_attn */

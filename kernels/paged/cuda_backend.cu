@@ -101,7 +101,7 @@ typedef struct cuda_state {
     int has_tma;                    /* has_wgmma and the driver encodes tensor maps:
                                        AR_CFG_PREFILL_WG and AR_CFG_DECODE_TMA can run */
     int wgmma_auto;                 /* the config the automatic plan uses for PREFILL launches:
-                                       AR_CFG_PREFILL_WG (has_tma, head size 128), 0 = none
+                                       AR_CFG_PREFILL_WG (has_tma, head size 128 or 256), 0 = none
                                        (AR_CUDA_WGMMA=0) */
     int decode_tma_auto;            /* 1: the automatic plan may take AR_CFG_DECODE_TMA (has_tma; 0
                                        with AR_CUDA_DECODE_TMA=0 in the environment) */
@@ -309,7 +309,9 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     {
         const char *e = getenv("AR_CUDA_WGMMA");
         const bool off = e != NULL && strcmp(e, "0") == 0;
-        s->wgmma_auto = s->has_tma && s->head_size == 128 && !off && !s->kv_fp8 ? AR_CFG_PREFILL_WG : 0;
+        s->wgmma_auto = s->has_tma && (s->head_size == 128 || s->head_size == 256) && !off && !s->kv_fp8
+                            ? AR_CFG_PREFILL_WG
+                            : 0;
     }
     {
         const char *e = getenv("AR_CUDA_CASCADE_FOLD");

@@ -11,11 +11,11 @@
  * batch is such a launch), and so do flat decode launches of 0.48 to 0.5 x SMs requests with
  * contexts of at most 16k keys (decode_tma_small_rule); other launches in the DECODE geometry
  * (every (request, KV head) within 16 rows) take the mma.sync DECODE kernel; other launches
- * with head size exactly 128 on a compute-capability 9.0 device whose driver encodes tensor
- * maps take PREFILL_WG (128 x 128
- * tiles, two ping-pong consumer warpgroups with Q in registers fed by a producer warpgroup
- * whose whole-tile K/V copies are bulk tensor copies; H200: causal prefill B=2 S=8k 500.6
- * TFLOP/s against 272 for the mma.sync kernel, BENCHMARKS.md).  Everything else runs the
+ * with head size exactly 128 or 256 on a compute-capability 9.0 device whose driver encodes
+ * tensor maps take PREFILL_WG (128-row tiles over 128 keys at head size 128, 64 keys at 256; two
+ * ping-pong consumer warpgroups fed by a producer warpgroup whose whole-tile K/V copies are bulk
+ * tensor copies; H200: causal prefill B=2 S=8k hd 128 500.6 TFLOP/s against 272 for the mma.sync
+ * kernel, BENCHMARKS.md).  Everything else runs the
  * mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps the mma.sync kernels
  * everywhere (the fallback, for comparisons).  An fp8 cache runs the fp8-KV variants of the
  * mma.sync kernels only: launches that would take DECODE_TMA take DECODE, and PREFILL_WG
@@ -45,7 +45,11 @@ ar_attn_geom ar_attn_geometry(int config, int hd)
 {
     using namespace ar_attn;
     if (ar_attn_config_is_wg(config) && hd == 128) {
-        ar_attn_geom r = {WgGeom::ROWS, WgGeom::BLOCK_N, 1, WgPipe::THREADS, WgPipe::SMEM};
+        ar_attn_geom r = {WgGeom<128>::ROWS, WgGeom<128>::BLOCK_N, 1, WgPipe<128>::THREADS, WgPipe<128>::SMEM};
+        return r;
+    }
+    if (ar_attn_config_is_wg(config) && hd == 256) {
+        ar_attn_geom r = {WgGeom<256>::ROWS, WgGeom<256>::BLOCK_N, 1, WgPipe<256>::THREADS, WgPipe<256>::SMEM};
         return r;
     }
     if (config == AR_CFG_DECODE_TMA && hd == 128) {
@@ -228,7 +232,7 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     }
     int config = max_q * s->group <= 16 ? AR_CFG_DECODE : AR_CFG_PREFILL;
     if (force_config == AR_CFG_PREFILL) config = AR_CFG_PREFILL;
-    const bool wg_ok = s->has_tma && s->head_size == 128 && !s->kv_fp8;
+    const bool wg_ok = s->has_tma && (s->head_size == 128 || s->head_size == 256) && !s->kv_fp8;
     if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
     if (force_config < 0 && config == AR_CFG_PREFILL && s->wgmma_auto && wg_ok) config = s->wgmma_auto;
     if (config == AR_CFG_DECODE &&
