@@ -126,6 +126,8 @@ typedef struct ar_attn_args {
     int partial_live_only;      /* 1: split partials are written only for rows that hold a query
                                    token (the rows combine_kernel reads; AR_CUDA_SPLIT_LIVE_ROWS=1),
                                    0: for every row of the tile (the mma.sync kernels) */
+    int persistent_ctas;        /* PREFILL_WG: > 0 launches at most this many CTAs, each walking
+                                   several work items (AR_CUDA_WG_PERSIST); 0: a CTA per item */
     int decode_tma_stages;      /* DECODE_TMA's ring depth (AR_CUDA_DECODE_TMA_STAGES); 0 or more than
                                    fit: the most that fit (3 stages at 8 KV heads) */
     /* cascade suffix pass with the merge fused into its final writes (else merge_out NULL):

@@ -44,6 +44,9 @@
  *
  * Environment (read once at open; unset = the defaults described above and in cuda_plan.cuh):
  *   AR_CUDA_WGMMA=0          the mma.sync kernels everywhere (no PREFILL_WG);
+ *   AR_CUDA_WG_PERSIST=0     PREFILL_WG launches one CTA per work item (by default a launch of
+ *                            more items than SMs x CTAs per SM is persistent: that many CTAs,
+ *                            each walking several items, cuda_attn_wgmma.cuh);
  *   AR_CUDA_DECODE_TMA=0     no DECODE_TMA in the automatic plan;
  *   AR_CUDA_DECODE_TMA=rule  DECODE_TMA only by decode_tma_rule (the flat decode batches of
  *                            decode_tma_small_rule, 0.48 to 0.5 x SMs requests, take DECODE, as
@@ -110,6 +113,7 @@ typedef struct cuda_state {
     int decode_tma_small;           /* decode_tma_small_rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_tma_stages;          /* AR_CUDA_DECODE_TMA_STAGES: ring depth, 0 = the most that fit */
+    int wg_persist;                 /* 1: PREFILL_WG launches are persistent (AR_CUDA_WG_PERSIST) */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the heuristic */
     int split_live_rows;            /* AR_CUDA_SPLIT_LIVE_ROWS=1: partials and combine threads only
                                        for rows that hold a query token */
@@ -324,6 +328,8 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         s->decode_tma_small = !(e != NULL && strcmp(e, "rule") == 0);
         s->decode_tma_splits = env_count("AR_CUDA_DECODE_TMA_SPLITS", AR_MAX_SPLITS);
         s->decode_tma_stages = env_count("AR_CUDA_DECODE_TMA_STAGES", ar_attn::DecodeTmaGeom::MAX_STAGES);
+        const char *wp = getenv("AR_CUDA_WG_PERSIST");
+        s->wg_persist = !(wp != NULL && strcmp(wp, "0") == 0);
         s->decode_splits = env_count("AR_CUDA_DECODE_SPLITS", AR_MAX_SPLITS);
         const char *lr = getenv("AR_CUDA_SPLIT_LIVE_ROWS");
         s->split_live_rows = lr != NULL && strcmp(lr, "1") == 0;
@@ -674,6 +680,7 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
     a->num_slots = s->cfg.num_blocks * s->block_size;   /* < 2^31 (open checks) */
     a->partial_live_only = s->split_live_rows;
     a->decode_tma_stages = s->decode_tma_stages;
+    a->persistent_ctas = s->wg_persist ? s->num_sms * s->ctas_per_sm[AR_CFG_PREFILL_WG] : 0;
 }
 
 /* One attention launch and, when it splits, its combine; between the two, the event `mid` is
