@@ -126,8 +126,6 @@ typedef struct ar_attn_args {
     int partial_live_only;      /* 1: split partials are written only for rows that hold a query
                                    token (the rows combine_kernel reads; AR_CUDA_SPLIT_LIVE_ROWS=1),
                                    0: for every row of the tile (the mma.sync kernels) */
-    int wg_overlap;             /* PREFILL_WG: 1 overlaps each tile's softmax with the previous
-                                   tile's P V in the same warpgroup (AR_CUDA_WG_OVERLAP) */
     int persistent_ctas;        /* PREFILL_WG: > 0 launches at most this many CTAs, each walking
                                    several work items (AR_CUDA_WG_PERSIST); 0: a CTA per item */
     int decode_tma_stages;      /* DECODE_TMA's ring depth (AR_CUDA_DECODE_TMA_STAGES); 0 or more than

@@ -185,7 +185,7 @@ template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], 
 /* The kernel (see the file comment).  Consumer warpgroup w owns rows 64 w .. 64 w + 63 of the
  * CTA's 128; the producer's threads are numbered from 0 too, so the code below reads the same
  * for both. */
-template <typename T, int HD_, bool OVERLAP>
+template <typename T, int HD_>
 __global__ void __launch_bounds__(WgPipe<HD_>::THREADS, 1)
 attn_wgmma_kernel(const ar_attn_args a,
                   const __grid_constant__ CUtensorMap tmap_k,  /* K cache [num_slots][Hkv][HD], box [bs][1][64] */
@@ -403,10 +403,9 @@ attn_wgmma_kernel(const ar_attn_args a,
                 pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
             }
         };
-        /* soft cap, mask, online softmax of the scores sc of tile t: P in place of the scores (pack_p
-         * makes the A fragments of it) and each row's rescale factor for acc -> alpha (rescale_acc
-         * applies it) */
-        auto softmax_step = [&](float (&sc)[NS], int t, float (&alpha_out)[2]) {
+        /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
+         * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
+        auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
             const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
             if (a.soft_cap > 0.f) {
                 const float scale = scale_log2 * 0.6931471805599453f;
@@ -449,6 +448,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 row_l[r] = row_l[r] * alpha + rs;
                 alpha_out[r] = alpha;
             }
+            pack_p(sc, pa);
         };
         auto rescale_acc = [&](const float (&alpha)[2]) {
 #pragma unroll
@@ -523,86 +523,16 @@ attn_wgmma_kernel(const ar_attn_args a,
             }
         }
         if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
-        uint32_t pa[PV_STEPS][4];                       /* P of the last softmax: A fragments */
-        auto tile_active = [&](int t) {
-            const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
-            return wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
-                   !(window > 0 && tile_last < wg_min_qpos - window + 1);
-        };
-        auto skip_tile = [&](int it) {                  /* a tile with no visible key for this warpgroup */
-            pingpong_turn(wg, it == n_tiles - 1);
-            ar_wg::mbar_arrive(empty_bar + (int)((tiles_before + (uint32_t)it) % STAGES) * 8);
-        };
-        if constexpr (OVERLAP) {
-            /* The warpgroup's active tiles are one run [a0, a1) (causal: a prefix of the item's
-             * tiles; a sliding window: a suffix).  In each turn after the run's first tile the
-             * warpgroup issues S of tile it and P V of tile it - 1, and the softmax of tile it runs
-             * while that P V is on the tensor cores; the run's last P V follows the loop.  The
-             * wgmma sequence has no branch (a conditional P V made ptxas serialise every wgmma). */
-            int a0 = 0, a1 = 0;
-            while (a0 < n_tiles && !tile_active(w.tile_begin + a0)) a0++;
-            a1 = a0;
-            while (a1 < n_tiles && tile_active(w.tile_begin + a1)) a1++;
-            for (int it = 0; it < a0; it++) skip_tile(it);
-            if (a0 < a1) {
-                uint32_t prev_gt = tiles_before + (uint32_t)a0;
-                {
-                    const int stage = (int)(prev_gt % STAGES);
-                    ar_wg::mbar_wait_suspend(full_bar + stage * 8, (prev_gt / STAGES) & 1);
-                    ar_wg::fence_proxy_async();
-                    float s[NS];
-                    float alpha[2];
-                    pingpong_wait(wg);
-                    issue_s(s, skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES));
-                    pingpong_turn_issued(wg, a0 == n_tiles - 1);
-                    ar_wg::commit();
-                    ar_wg::wait<0>();
-                    ar_wg::fence_regs(s);
-                    softmax_step(s, w.tile_begin + a0, alpha);
-                    pack_p(s, pa);
-                }
-                for (int it = a0 + 1; it < a1; it++) {
-                    const uint32_t gt = tiles_before + (uint32_t)it;
-                    const int stage = (int)(gt % STAGES), prev_stage = (int)(prev_gt % STAGES);
-                    ar_wg::mbar_wait_suspend(full_bar + stage * 8, (gt / STAGES) & 1);
-                    ar_wg::fence_proxy_async();
-                    float s[NS];
-                    float alpha[2];
-                    pingpong_wait(wg);
-                    issue_s(s, skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES));
-                    ar_wg::commit();
-                    ar_wg::mbar_wait_suspend(full_v_bar + prev_stage * 8, (prev_gt / STAGES) & 1);
-                    ar_wg::fence_proxy_async();
-                    issue_pv(pa, skv_addr + (uint32_t)(prev_stage * 2 * G::KV_BYTES) + G::KV_BYTES);
-                    ar_wg::commit();
-                    pingpong_turn_issued(wg, it == n_tiles - 1);
-                    ar_wg::wait<1>();                   /* S of tile it */
-                    ar_wg::fence_regs(s);
-                    softmax_step(s, w.tile_begin + it, alpha);
-                    ar_wg::wait<0>();                   /* P V of tile it - 1 */
-                    ar_wg::fence_regs(acc);
-                    ar_wg::mbar_arrive(empty_bar + prev_stage * 8);
-                    rescale_acc(alpha);
-                    pack_p(s, pa);
-                    prev_gt = gt;
-                }
-                const int prev_stage = (int)(prev_gt % STAGES);
-                ar_wg::mbar_wait_suspend(full_v_bar + prev_stage * 8, (prev_gt / STAGES) & 1);
-                ar_wg::fence_proxy_async();
-                issue_pv(pa, skv_addr + (uint32_t)(prev_stage * 2 * G::KV_BYTES) + G::KV_BYTES);
-                ar_wg::commit();
-                ar_wg::wait<0>();
-                ar_wg::fence_regs(acc);
-                ar_wg::mbar_arrive(empty_bar + prev_stage * 8);
-            }
-            for (int it = a1 > a0 ? a1 : a0; it < n_tiles; it++) skip_tile(it);
-        } else {
         for (int it = 0; it < n_tiles; it++) {
             const uint32_t gt = tiles_before + (uint32_t)it;
             const int stage = (int)(gt % STAGES);
             const int t = w.tile_begin + it;
-            if (!tile_active(t)) {                      /* warpgroup-uniform */
-                skip_tile(it);
+            const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+            const bool active = wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
+                                !(window > 0 && tile_last < wg_min_qpos - window + 1);
+            if (!active) {                                  /* warpgroup-uniform */
+                pingpong_turn(wg, it == n_tiles - 1);
+                ar_wg::mbar_arrive(empty_bar + stage * 8);
                 continue;
             }
             ar_wg::mbar_wait_suspend(full_bar + stage * 8, (gt / STAGES) & 1);
@@ -611,15 +541,15 @@ attn_wgmma_kernel(const ar_attn_args a,
             const uint32_t sv_addr = sk_addr + G::KV_BYTES;
 
             float s[NS];
-            float alpha[2];
             pingpong_wait(wg);
             issue_s(s, sk_addr);
             pingpong_turn_issued(wg, it == n_tiles - 1);
             ar_wg::commit();
             ar_wg::wait<0>();
             ar_wg::fence_regs(s);
-            softmax_step(s, t, alpha);
-            pack_p(s, pa);
+            uint32_t pa[PV_STEPS][4];
+            float alpha[2];
+            softmax_to_p(s, t, pa, alpha);
             rescale_acc(alpha);
             ar_wg::mbar_wait_suspend(full_v_bar + stage * 8, (gt / STAGES) & 1);
             ar_wg::fence_proxy_async();
@@ -628,7 +558,6 @@ attn_wgmma_kernel(const ar_attn_args a,
             ar_wg::wait<0>();
             ar_wg::fence_regs(acc);
             ar_wg::mbar_arrive(empty_bar + stage * 8);
-        }
         }
         if (n_tiles > 0) {
             if constexpr (!G::Q_IN_REGS) ar_wg::mbar_arrive(q_empty_bar);   /* every S of the item has completed */
@@ -707,10 +636,7 @@ static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_
     cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
     if (e != cudaSuccess) return e;
     const int ctas = a->persistent_ctas > 0 && a->persistent_ctas < num_work ? a->persistent_ctas : num_work;
-    if (a->wg_overlap)
-        attn_wgmma_kernel<T, HD, true><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, num_work);
-    else
-        attn_wgmma_kernel<T, HD, false><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, num_work);
+    attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, num_work);
     return cudaGetLastError();
 }
 
@@ -718,11 +644,9 @@ template <typename T, int HD>
 static cudaError_t attributes_wgmma(int *ctas_per_sm)
 {
     const int smem = (int)WgPipe<HD>::SMEM;
-    cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T, HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
-    e = cudaFuncSetAttribute(attn_wgmma_kernel<T, HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T, HD, false>, WgPipe<HD>::THREADS, smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T, HD>, WgPipe<HD>::THREADS, smem);
 }
 
 } /* namespace ar_attn */

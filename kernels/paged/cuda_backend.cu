@@ -114,7 +114,6 @@ typedef struct cuda_state {
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_tma_stages;          /* AR_CUDA_DECODE_TMA_STAGES: ring depth, 0 = the most that fit */
     int wg_persist;                 /* 1: PREFILL_WG launches are persistent (AR_CUDA_WG_PERSIST) */
-    int wg_overlap;                 /* AR_CUDA_WG_OVERLAP=1: ar_attn_args.wg_overlap */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the heuristic */
     int split_live_rows;            /* AR_CUDA_SPLIT_LIVE_ROWS=1: partials and combine threads only
                                        for rows that hold a query token */
@@ -331,8 +330,6 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         s->decode_tma_stages = env_count("AR_CUDA_DECODE_TMA_STAGES", ar_attn::DecodeTmaGeom::MAX_STAGES);
         const char *wp = getenv("AR_CUDA_WG_PERSIST");
         s->wg_persist = !(wp != NULL && strcmp(wp, "0") == 0);
-        const char *wo = getenv("AR_CUDA_WG_OVERLAP");
-        s->wg_overlap = wo != NULL && strcmp(wo, "1") == 0;
         s->decode_splits = env_count("AR_CUDA_DECODE_SPLITS", AR_MAX_SPLITS);
         const char *lr = getenv("AR_CUDA_SPLIT_LIVE_ROWS");
         s->split_live_rows = lr != NULL && strcmp(lr, "1") == 0;
@@ -683,7 +680,6 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
     a->num_slots = s->cfg.num_blocks * s->block_size;   /* < 2^31 (open checks) */
     a->partial_live_only = s->split_live_rows;
     a->decode_tma_stages = s->decode_tma_stages;
-    a->wg_overlap = s->wg_overlap;
     a->persistent_ctas = s->wg_persist ? s->num_sms * s->ctas_per_sm[AR_CFG_PREFILL_WG] : 0;
 }
 
