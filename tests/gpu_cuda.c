@@ -421,6 +421,58 @@ static void test_tma_kernel(void **unused)
     print_message("%d wgmma-kernel cases passed, the fault flagged\n", count);
 }
 
+/* PREFILL_WG launches with more work items than SMs x CTAs per SM run persistent CTAs, each
+ * walking several items with its pipeline's stages and barrier phases running on across them:
+ * 96 chunked prefills of 37-336 new tokens over 0-603 tokens of context (GQA 8:2: 1,170 items of
+ * 128 rows at either head size, 8-9 of different lengths a CTA on 132 SMs), bf16 and fp16, a
+ * sliding window of 200 (items whose first tiles are skipped), and the same batch with
+ * AR_CUDA_WG_PERSIST=0 (a CTA per item); rows verified on a sample (AR_GPU_SMALL: 24 prefills,
+ * 280 items, every row).  Skips where the device cannot run the wgmma kernel. */
+static void test_wgmma_persistent(void **unused)
+{
+    (void)unused;
+    enum { CFG_PREFILL_WG = 2 };
+    ar_run_config probe = make_cfg(8, 2, 128, 2048, AR_BF16, 0, 0);
+    if (!gpu_ready(&probe)) { skip(); return; }
+    const int n = gpu_small() ? 24 : 96;
+    seq_case *cases = malloc(sizeof(seq_case) * 96);
+    assert_non_null(cases);
+    for (int i = 0; i < n; i++) {
+        const int q = 37 + (i * 53) % 300, ctx = (i * 131) % 604;
+        cases[i] = (seq_case){q, q + ctx};
+    }
+    int count = 0;
+    for (int hd = 128; hd <= 256; hd += 128)
+        for (int variant = 0; variant < 4; variant++) {
+            /* 0: bf16, 1: fp16, 2: window 200, 3: bf16 with a CTA per item */
+            ar_run_config c = make_cfg(8, 2, hd, 16384, variant == 1 ? AR_FP16 : AR_BF16, variant == 2 ? 200 : 0, 0);
+            if (variant == 3) setenv("AR_CUDA_WG_PERSIST", "0", 1);
+            run_opts ro = auto_opts;
+            ro.sample_rows = gpu_small() ? 0 : 3000;
+            run_result r;
+            run_case(&c, cases, n, &ro, &r);
+            unsetenv("AR_CUDA_WG_PERSIST");
+            if (!r.plan.has_wgmma || !r.plan.has_tma) {
+                print_message("skipping: the wgmma kernel needs compute capability 9.0 and tensor maps\n");
+                free(cases);
+                skip();
+                return;
+            }
+            char what[96];
+            snprintf(what, sizeof what, "persistent d %d variant %d (%d items on %d CTAs)", hd, variant,
+                     r.plan.num_work, r.plan.num_ctas);
+            expect_pass(what, &r);
+            assert_int_equal(r.plan.config, CFG_PREFILL_WG);
+            const int slots = r.plan.num_sms * r.plan.ctas_per_sm;
+            if (variant == 3 || r.plan.num_work <= slots) assert_int_equal(r.plan.num_ctas, r.plan.num_work);
+            else assert_int_equal(r.plan.num_ctas, slots);
+            if (variant != 3) assert_true(r.plan.num_ctas < r.plan.num_work);
+            count++;
+        }
+    free(cases);
+    print_message("%d persistent wgmma cases passed\n", count);
+}
+
 /* AR_CFG_DECODE_TMA (one CTA per request, every KV head, whole cache blocks copied by TMA;
  * Hopper with tensor maps) forced on decode batches: heads 4/4, 8/2, 16/2, 32/2 and 32/8
  * (groups 1-16, 1-8 KV heads), bf16 and fp16, a sliding window of 100 and a soft cap of 50, on
@@ -820,6 +872,7 @@ int main(void)
         cmocka_unit_test(test_paths_and_dtypes),
         cmocka_unit_test(test_every_kernel_instance),
         cmocka_unit_test(test_tma_kernel),
+        cmocka_unit_test(test_wgmma_persistent),
         cmocka_unit_test(test_decode_tma_kernel),
         cmocka_unit_test(test_vllm_varlen_paged_grid),
         cmocka_unit_test(test_triton_unified_cases),

@@ -1033,6 +1033,10 @@ extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
     info->config = s->config;
     info->template_hd = s->template_hd;
     info->num_work = s->num_work;
+    {
+        const int slots = s->num_sms * s->ctas_per_sm[s->config];
+        info->num_ctas = s->config == AR_CFG_PREFILL_WG && s->wg_persist && s->num_work > slots ? slots : s->num_work;
+    }
     info->num_splits = s->num_splits;
     info->num_groups = s->num_groups;
     info->ctas_per_sm = s->ctas_per_sm[s->config];

@@ -44,7 +44,9 @@ void ar_cuda_set_cascade_fold(void *state, int fold);
 typedef struct ar_cuda_plan_info {
     int config;          /* AR_CFG_*: 0 PREFILL, 1 DECODE, 2 PREFILL_WG (wgmma, sm_90), 3 DECODE_TMA (sm_90) */
     int template_hd;     /* 64, 128 or 256 */
-    int num_work;        /* CTAs of the attention launch */
+    int num_work;        /* work items of the attention launch (a CTA each, but see num_ctas) */
+    int num_ctas;        /* CTAs launched: num_work, or SMs x ctas_per_sm for a persistent
+                            PREFILL_WG launch of more items (each CTA walks several) */
     int num_splits;      /* split count chosen (1 = none) */
     int num_groups;      /* split groups merged by the combine kernel */
     int ctas_per_sm;
