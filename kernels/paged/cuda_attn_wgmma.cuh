@@ -236,8 +236,6 @@ attn_wgmma_kernel(const ar_attn_args a,
     const int g = lane >> 2, tq = lane & 3;
 
     __syncthreads();                                    /* the barriers are initialised */
-    /* 168 registers at entry (384 threads, 64K registers); the producer keeps 40, 128 x (168 -
-     * 40) = 2 x 128 x (232 - 168) */
     /* The CTA's work items: one (blockIdx.x) when the grid has a CTA per item; in a persistent
      * launch (fewer CTAs) round r takes item r x gridDim.x + blockIdx.x, in reverse CTA order on
      * odd rounds, so that over the longest-first list every CTA's share of the work evens out.
@@ -246,351 +244,357 @@ attn_wgmma_kernel(const ar_attn_args a,
      * is written once and instantiated twice (role: the producer's or the consumers'), each
      * copy after its own register reallocation, so ptxas allocates each with its own budget. */
     auto run_items = [&](auto role) {
-    constexpr bool PRODUCER_ROLE = decltype(role)::value;
-    uint32_t tiles_before = 0, q_items_before = 0;
-    for (int round = 0; round * (int)gridDim.x < num_work; round++) {
-        const int item = round * (int)gridDim.x + ((round & 1) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x);
-        if (item >= num_work) continue;
-        const ar_attn_work w = a.work[item];
+        constexpr bool PRODUCER_ROLE = decltype(role)::value;
+        uint32_t tiles_before = 0, q_items_before = 0;
+        for (int round = 0; round * (int)gridDim.x < num_work; round++) {
+            const int ctas = (int)gridDim.x, cta = (int)blockIdx.x;
+            const int item = round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
+            if (item >= num_work) continue;
+            const ar_attn_work w = a.work[item];
 
-        const int qstart = a.query_start_loc[w.req];
-        const int q_len = a.query_start_loc[w.req + 1] - qstart;
-        const int seq_len = a.seq_lens[w.req];
-        const int ctx = seq_len - q_len;
-        const int grp = a.group;
-        const int kvh_load = a.fault == AR_FAULT_WRONG_KV_HEAD ? (w.kv_head + 1) % a.num_kv_heads : w.kv_head;
-        const int causal_extra = a.non_causal ? (1 << 30) : a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
-        const bool no_rescale = a.fault == AR_FAULT_NO_RESCALE;
-        const int window = a.sliding_window;
-        const float scale_log2 = a.scale_log2;
-        const int *bt = a.block_table + (int64_t)w.req * a.max_blocks_per_req;
-        const int bs_log2 = a.block_size_log2, bs_mask = (1 << bs_log2) - 1;
-        const int64_t head_stride = (int64_t)a.num_kv_heads * HD;
-        const T *qg = reinterpret_cast<const T *>(a.q);
-        const T *kg = reinterpret_cast<const T *>(a.k_cache) + (int64_t)kvh_load * HD;
-        const T *vg = reinterpret_cast<const T *>(a.v_cache) + (int64_t)kvh_load * HD;
+            const int qstart = a.query_start_loc[w.req];
+            const int q_len = a.query_start_loc[w.req + 1] - qstart;
+            const int seq_len = a.seq_lens[w.req];
+            const int ctx = seq_len - q_len;
+            const int grp = a.group;
+            const int kvh_load = a.fault == AR_FAULT_WRONG_KV_HEAD ? (w.kv_head + 1) % a.num_kv_heads : w.kv_head;
+            const int causal_extra = a.non_causal ? (1 << 30) : a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+            const bool no_rescale = a.fault == AR_FAULT_NO_RESCALE;
+            const int window = a.sliding_window;
+            const float scale_log2 = a.scale_log2;
+            const int *bt = a.block_table + (int64_t)w.req * a.max_blocks_per_req;
+            const int bs_log2 = a.block_size_log2, bs_mask = (1 << bs_log2) - 1;
+            const int64_t head_stride = (int64_t)a.num_kv_heads * HD;
+            const T *qg = reinterpret_cast<const T *>(a.q);
+            const T *kg = reinterpret_cast<const T *>(a.k_cache) + (int64_t)kvh_load * HD;
+            const T *vg = reinterpret_cast<const T *>(a.v_cache) + (int64_t)kvh_load * HD;
 
-        /* Q tile -> shared (rows past the request zero-filled), by the producer; completes on
-         * q_full */
-        auto produce_q = [&]() {
+            /* Q tile -> shared (rows past the request zero-filled), by the producer; completes on
+             * q_full */
+            auto produce_q = [&]() {
 #pragma unroll 2
-            for (int k = 0; k < ROWS * CHUNKS / LOADERS; k++) {
-                int i = tid + k * LOADERS, r = i / CHUNKS, c = i % CHUNKS;
-                int pair = w.pair0 + r, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
-                bool ok = tok < q_len;
-                const T *src = ok ? qg + ((int64_t)(qstart + tok) * a.num_q_heads + hq) * HD + c * 8 : qg;
-                cp_async16(smem + wg_swizzle<G::Q_PART_BYTES>(r, c), src, ok);
-            }
-            ar_wg::mbar_arrive_cp_async(q_full_bar);
-        };
-
-        /* this warpgroup's rows, and this thread's two rows (lo = r, hi = r + 8) */
-        const int wg_row0 = wg * 64;
-        const int tok_first = (w.pair0 + wg_row0) / grp;
-        const int tok_last_raw = (w.pair0 + wg_row0 + 63) / grp;
-        const bool wg_has_rows = tok_first < q_len;
-        const int tok_last = tok_last_raw < q_len ? tok_last_raw : q_len - 1;
-        const int wg_min_qpos = ctx + tok_first, wg_max_qpos = ctx + tok_last;
-        const int my_row = wg_row0 + (warp & 3) * 16 + g;   /* local row of lo; hi = + 8 */
-        int qpos[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int tok = (w.pair0 + my_row + 8 * r) / grp;
-            qpos[r] = tok < q_len ? ctx + tok : -2;
-        }
-
-        const int n_tiles = w.tile_end - w.tile_begin;
-        /* The producer's copies of a partial tile.  Producer warp pw copies keys KPW pw .. KPW pw +
-         * KPW - 1 of a tile (KPW = BLOCK_N / 4); lane j first looks up the cache slot of key KPW pw +
-         * j (-1 past the sequence: zero fill), once per tile for K and V; then lane l copies 16-byte
-         * chunk l % CHUNKS of keys KPW pw + l / CHUNKS + RPI m (RPI = 32 / CHUNKS whole rows per
-         * instruction, m = 0 .. KPW / RPI - 1), taking each slot from its owner lane by a shuffle
-         * instead of a block-table load per copy. */
-        constexpr int KPW = BLOCK_N / 4, RPI = 32 / CHUNKS;
-        auto producer_slot = [&](int it) {
-            const int j = (w.tile_begin + it) * BLOCK_N + warp * KPW + lane;
-            return j < seq_len ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : -1;
-        };
-        auto produce = [&](int it, int v, int my_slot, int stage) {
-            const int c = lane % CHUNKS, sub_row = lane / CHUNKS, key_base = warp * KPW;
-            const uint32_t dst0 = sq_addr + (uint32_t)(G::Q_BYTES + (2 * stage + v) * G::KV_BYTES +
-                                                       (c >> 3) * G::KV_PART_BYTES);
-            const T *src = (v ? vg : kg) + c * 8;
-#pragma unroll 4
-            for (int m = 0; m < KPW / RPI; m++) {
-                const int key = key_base + sub_row + RPI * m;
-                const int slot = __shfl_sync(0xffffffffu, my_slot, sub_row + RPI * m);
-                const uint32_t dst = dst0 + (uint32_t)(key * 128 + (((c & 7) ^ (key & 7)) << 4));
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-                             "l"(src + (int64_t)(slot < 0 ? 0 : slot) * head_stride), "r"(slot < 0 ? 0 : 16));
-            }
-        };
-
-        /* The cache block lane l of producer warp 0 copies for tile it (page l % pages of the tile;
-         * pages = BLOCK_N / block size, a power of two).
-         * The producer reads it before it waits for the stage to empty, so the block-table latency is
-         * off the refill's path (5% of the cascade prefix pass on the H200, BENCHMARKS.md). */
-        auto tma_block = [&](int it) {
-            const int pages = BLOCK_N >> bs_log2;
-            if (lane >= PARTS * pages) return 0;
-            return __ldg(bt + (((w.tile_begin + it) * BLOCK_N) >> bs_log2) + (lane & (pages - 1)));
-        };
-        /* Tile it (wholly inside the sequence) into its stage by TMA; K (v = 0) or V (v = 1).
-         * Run by producer warp 0: lane 0 raises the barrier's byte count by the whole tile, then
-         * lane l < PARTS x pages copies page l % pages (cache block `block`, from tma_block) of the
-         * tile's column part l / pages. */
-        auto produce_tma = [&](int it, int v, int block, int stage) {
-            const int pages = BLOCK_N >> bs_log2;
-            const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)(stage * 8);
-            const uint32_t dst0 = sq_addr + (uint32_t)(G::Q_BYTES + (2 * stage + v) * G::KV_BYTES);
-            if (lane == 0) ar_wg::mbar_arrive_expect_tx(bar, G::KV_BYTES);
-            __syncwarp();
-            if (lane < PARTS * pages) {
-                const int part = lane >> (BLOCK_N_LOG2 - bs_log2), page = lane & (pages - 1);
-                ar_wg::tma_load_3d(dst0 + (uint32_t)(part * G::KV_PART_BYTES + (page << bs_log2) * 128),
-                                   v ? (const void *)&tmap_v : (const void *)&tmap_k, bar, part * 64, kvh_load,
-                                   block << bs_log2);
-            }
-        };
-
-        float acc[NACC];
-#pragma unroll
-        for (int i = 0; i < NACC; i++) acc[i] = 0.f;
-        float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
-        /* V read transposed ("MN-major"): its descriptor's LBO steps between the two 64-dim
-         * atoms along N (a column part apart), the stride byte offset between groups of 8 keys
-         * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30.
-         * One P V instruction covers 128 dims (N = 128): at head size 256 two of them, on the V
-         * tile's parts 0-1 and 2-3, into acc[0..63] and acc[64..127]. */
-        const uint32_t v_lbo = G::KV_PART_BYTES, v_sbo = 1024;
-
-        /* head size 128: this thread's A fragments of its warpgroup's 64 Q rows, 8 k-steps of 16
-         * dims (loaded once the Q tile has landed, below; zero until then, see WgPipe) */
-        uint32_t qa[G::Q_IN_REGS ? HD / 16 : 1][4];
-#pragma unroll
-        for (int kk = 0; kk < (G::Q_IN_REGS ? HD / 16 : 1); kk++) qa[kk][0] = qa[kk][1] = qa[kk][2] = qa[kk][3] = 0u;
-        /* S = Q K^T of the tile in stage sk_addr into sd (issued, not waited for) */
-        /* The k-steps' descriptors are the tile's plus the step's offset in 16-byte units: shared
-         * addresses stay below 2^18, so the 14-bit address field never carries into the next. */
-        auto issue_s = [&](float (&sd)[NS], uint32_t sk_addr) {
-            ar_wg::fence();
-            const uint64_t db0 = ar_wg::desc_sw128(sk_addr, 16, 1024);
-            if constexpr (G::Q_IN_REGS) {
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++) {
-                    const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                    wgmma_rs_kmajor<T>(sd, qa[kk], db0 + koff16, kk > 0);
+                for (int k = 0; k < ROWS * CHUNKS / LOADERS; k++) {
+                    int i = tid + k * LOADERS, r = i / CHUNKS, c = i % CHUNKS;
+                    int pair = w.pair0 + r, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
+                    bool ok = tok < q_len;
+                    const T *src = ok ? qg + ((int64_t)(qstart + tok) * a.num_q_heads + hq) * HD + c * 8 : qg;
+                    cp_async16(smem + wg_swizzle<G::Q_PART_BYTES>(r, c), src, ok);
                 }
-            } else {
-                /* this warpgroup's 64 Q rows start 64 x 128 bytes into each column part */
-                const uint64_t da0 = ar_wg::desc_sw128(sq_addr + (uint32_t)(wg * 64 * 128), 16, 1024);
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++) {
-                    const uint32_t qoff16 = (uint32_t)((kk >> 2) * G::Q_PART_BYTES + (kk & 3) * 32) >> 4;
-                    const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                    wgmma_ss_n64<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
-                }
-            }
-        };
-        /* P [64 x BLOCK_N of this warpgroup, accumulator layout] -> pa, the A fragments of the
-         * k-steps of 16 keys (the accumulator layout of one product is the A layout of the next) */
-        auto pack_p = [&](const float (&sc)[NS], uint32_t (&pa)[PV_STEPS][4]) {
-#pragma unroll
-            for (int kk = 0; kk < PV_STEPS; kk++) {
-                pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
-                pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
-                pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
-                pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
-            }
-        };
-        /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
-         * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
-        auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
-            const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
-            if (a.soft_cap > 0.f) {
-                const float scale = scale_log2 * 0.6931471805599453f;
-                const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
-#pragma unroll
-                for (int i = 0; i < NS; i++) sc[i] = cap_over_scale * tanhf(sc[i] * inv_cap);
-            }
-            const bool need_mask = tile_last > wg_min_qpos + causal_extra || tile_last >= seq_len ||
-                                   (window > 0 && tile_first < wg_max_qpos - window + 1);
-            if (need_mask) {
-#pragma unroll
-                for (int i = 0; i < NS; i++) {
-                    int j = tile_first + (i >> 2) * 8 + 2 * tq + (i & 1);
-                    int p = qpos[(i >> 1) & 1];
-                    bool vis = j < seq_len && j <= p + causal_extra && (window <= 0 || j >= p - window + 1);
-                    if (!vis) sc[i] = -INFINITY;
-                }
-            }
-            /* online softmax (log2 domain); element i is row (i >> 1) & 1, column (i >> 2) * 8 + 2 tq + (i & 1) */
+                ar_wg::mbar_arrive_cp_async(q_full_bar);
+            };
+
+            /* this warpgroup's rows, and this thread's two rows (lo = r, hi = r + 8) */
+            const int wg_row0 = wg * 64;
+            const int tok_first = (w.pair0 + wg_row0) / grp;
+            const int tok_last_raw = (w.pair0 + wg_row0 + 63) / grp;
+            const bool wg_has_rows = tok_first < q_len;
+            const int tok_last = tok_last_raw < q_len ? tok_last_raw : q_len - 1;
+            const int wg_min_qpos = ctx + tok_first, wg_max_qpos = ctx + tok_last;
+            const int my_row = wg_row0 + (warp & 3) * 16 + g;   /* local row of lo; hi = + 8 */
+            int qpos[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < NS / 4; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                float m_new = fmaxf(row_m[r], mx);
-                float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-                float alpha = exp2f(row_m[r] * scale_log2 - m_scaled);
-                row_m[r] = m_new;
-                float rs = 0.f;
-#pragma unroll
-                for (int n = 0; n < NS / 4; n++) {
-                    float p0 = exp2f(fmaf(sc[4 * n + 2 * r], scale_log2, -m_scaled));
-                    float p1 = exp2f(fmaf(sc[4 * n + 2 * r + 1], scale_log2, -m_scaled));
-                    sc[4 * n + 2 * r] = p0;
-                    sc[4 * n + 2 * r + 1] = p1;
-                    rs += p0 + p1;
-                }
-                row_l[r] = row_l[r] * alpha + rs;
-                alpha_out[r] = alpha;
+                int tok = (w.pair0 + my_row + 8 * r) / grp;
+                qpos[r] = tok < q_len ? ctx + tok : -2;
             }
-            pack_p(sc, pa);
-        };
-        auto rescale_acc = [&](const float (&alpha)[2]) {
+
+            const int n_tiles = w.tile_end - w.tile_begin;
+            /* The producer's copies of a partial tile.  Producer warp pw copies keys KPW pw .. KPW pw +
+             * KPW - 1 of a tile (KPW = BLOCK_N / 4); lane j first looks up the cache slot of key KPW pw +
+             * j (-1 past the sequence: zero fill), once per tile for K and V; then lane l copies 16-byte
+             * chunk l % CHUNKS of keys KPW pw + l / CHUNKS + RPI m (RPI = 32 / CHUNKS whole rows per
+             * instruction, m = 0 .. KPW / RPI - 1), taking each slot from its owner lane by a shuffle
+             * instead of a block-table load per copy. */
+            constexpr int KPW = BLOCK_N / 4, RPI = 32 / CHUNKS;
+            auto producer_slot = [&](int it) {
+                const int j = (w.tile_begin + it) * BLOCK_N + warp * KPW + lane;
+                return j < seq_len ? (__ldg(bt + (j >> bs_log2)) << bs_log2) + (j & bs_mask) : -1;
+            };
+            auto produce = [&](int it, int v, int my_slot, int stage) {
+                const int c = lane % CHUNKS, sub_row = lane / CHUNKS, key_base = warp * KPW;
+                const uint32_t dst0 = sq_addr + (uint32_t)(G::Q_BYTES + (2 * stage + v) * G::KV_BYTES +
+                                                           (c >> 3) * G::KV_PART_BYTES);
+                const T *src = (v ? vg : kg) + c * 8;
+#pragma unroll 4
+                for (int m = 0; m < KPW / RPI; m++) {
+                    const int key = key_base + sub_row + RPI * m;
+                    const int slot = __shfl_sync(0xffffffffu, my_slot, sub_row + RPI * m);
+                    const uint32_t dst = dst0 + (uint32_t)(key * 128 + (((c & 7) ^ (key & 7)) << 4));
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                                 "l"(src + (int64_t)(slot < 0 ? 0 : slot) * head_stride), "r"(slot < 0 ? 0 : 16));
+                }
+            };
+
+            /* The cache block lane l of producer warp 0 copies for tile it (page l % pages of the tile;
+             * pages = BLOCK_N / block size, a power of two).
+             * The producer reads it before it waits for the stage to empty, so the block-table latency is
+             * off the refill's path (5% of the cascade prefix pass on the H200, BENCHMARKS.md). */
+            auto tma_block = [&](int it) {
+                const int pages = BLOCK_N >> bs_log2;
+                if (lane >= PARTS * pages) return 0;
+                return __ldg(bt + (((w.tile_begin + it) * BLOCK_N) >> bs_log2) + (lane & (pages - 1)));
+            };
+            /* Tile it (wholly inside the sequence) into its stage by TMA; K (v = 0) or V (v = 1).
+             * Run by producer warp 0: lane 0 raises the barrier's byte count by the whole tile, then
+             * lane l < PARTS x pages copies page l % pages (cache block `block`, from tma_block) of the
+             * tile's column part l / pages. */
+            auto produce_tma = [&](int it, int v, int block, int stage) {
+                const int pages = BLOCK_N >> bs_log2;
+                const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)(stage * 8);
+                const uint32_t dst0 = sq_addr + (uint32_t)(G::Q_BYTES + (2 * stage + v) * G::KV_BYTES);
+                if (lane == 0) ar_wg::mbar_arrive_expect_tx(bar, G::KV_BYTES);
+                __syncwarp();
+                if (lane < PARTS * pages) {
+                    const int part = lane >> (BLOCK_N_LOG2 - bs_log2), page = lane & (pages - 1);
+                    ar_wg::tma_load_3d(dst0 + (uint32_t)(part * G::KV_PART_BYTES + (page << bs_log2) * 128),
+                                       v ? (const void *)&tmap_v : (const void *)&tmap_k, bar, part * 64, kvh_load,
+                                       block << bs_log2);
+                }
+            };
+
+            float acc[NACC];
 #pragma unroll
-            for (int r = 0; r < 2; r++)
-                if (!no_rescale && __any_sync(0xffffffffu, alpha[r] != 1.f)) {
+            for (int i = 0; i < NACC; i++) acc[i] = 0.f;
+            float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
+            /* V read transposed ("MN-major"): its descriptor's LBO steps between the two 64-dim
+             * atoms along N (a column part apart), the stride byte offset between groups of 8 keys
+             * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30.
+             * One P V instruction covers 128 dims (N = 128): at head size 256 two of them, on the V
+             * tile's parts 0-1 and 2-3, into acc[0..63] and acc[64..127]. */
+            const uint32_t v_lbo = G::KV_PART_BYTES, v_sbo = 1024;
+
+            /* head size 128: this thread's A fragments of its warpgroup's 64 Q rows, 8 k-steps of 16
+             * dims (loaded once the Q tile has landed, below; zero until then, see WgPipe) */
+            uint32_t qa[G::Q_IN_REGS ? HD / 16 : 1][4];
 #pragma unroll
-                    for (int n = 0; n < NACC / 4; n++) {
-                        acc[4 * n + 2 * r] *= alpha[r];
-                        acc[4 * n + 2 * r + 1] *= alpha[r];
+            for (int kk = 0; kk < (G::Q_IN_REGS ? HD / 16 : 1); kk++)
+                qa[kk][0] = qa[kk][1] = qa[kk][2] = qa[kk][3] = 0u;
+            /* S = Q K^T of the tile in stage sk_addr into sd (issued, not waited for) */
+            /* The k-steps' descriptors are the tile's plus the step's offset in 16-byte units: shared
+             * addresses stay below 2^18, so the 14-bit address field never carries into the next. */
+            auto issue_s = [&](float (&sd)[NS], uint32_t sk_addr) {
+                ar_wg::fence();
+                const uint64_t db0 = ar_wg::desc_sw128(sk_addr, 16, 1024);
+                if constexpr (G::Q_IN_REGS) {
+#pragma unroll
+                    for (int kk = 0; kk < HD / 16; kk++) {
+                        const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
+                        wgmma_rs_kmajor<T>(sd, qa[kk], db0 + koff16, kk > 0);
+                    }
+                } else {
+                    /* this warpgroup's 64 Q rows start 64 x 128 bytes into each column part */
+                    const uint64_t da0 = ar_wg::desc_sw128(sq_addr + (uint32_t)(wg * 64 * 128), 16, 1024);
+#pragma unroll
+                    for (int kk = 0; kk < HD / 16; kk++) {
+                        const uint32_t qoff16 = (uint32_t)((kk >> 2) * G::Q_PART_BYTES + (kk & 3) * 32) >> 4;
+                        const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
+                        wgmma_ss_n64<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
                     }
                 }
-        };
-        /* O += P V of the tile in stage sv_addr (issued, not waited for) */
-        auto issue_pv = [&](const uint32_t (&pa)[PV_STEPS][4], uint32_t sv_addr) {
-            ar_wg::fence_regs(acc);
-            ar_wg::fence();
+            };
+            /* P [64 x BLOCK_N of this warpgroup, accumulator layout] -> pa, the A fragments of the
+             * k-steps of 16 keys (the accumulator layout of one product is the A layout of the next) */
+            auto pack_p = [&](const float (&sc)[NS], uint32_t (&pa)[PV_STEPS][4]) {
 #pragma unroll
-            for (int h = 0; h < HD / 128; h++) {
-                const uint64_t dv0 = ar_wg::desc_sw128(sv_addr + (uint32_t)(h * 2 * G::KV_PART_BYTES), v_lbo, v_sbo);
+                for (int kk = 0; kk < PV_STEPS; kk++) {
+                    pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
+                    pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+                    pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+                    pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
+                }
+            };
+            /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
+             * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
+            auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
+                const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+                if (a.soft_cap > 0.f) {
+                    const float scale = scale_log2 * 0.6931471805599453f;
+                    const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
 #pragma unroll
-                for (int kk = 0; kk < PV_STEPS; kk++) wgmma_rs<T>(acc + 64 * h, pa[kk], dv0 + (uint64_t)(kk * 2048 >> 4));
-            }
-        };
+                    for (int i = 0; i < NS; i++) sc[i] = cap_over_scale * tanhf(sc[i] * inv_cap);
+                }
+                const bool need_mask = tile_last > wg_min_qpos + causal_extra || tile_last >= seq_len ||
+                                       (window > 0 && tile_first < wg_max_qpos - window + 1);
+                if (need_mask) {
+#pragma unroll
+                    for (int i = 0; i < NS; i++) {
+                        int j = tile_first + (i >> 2) * 8 + 2 * tq + (i & 1);
+                        int p = qpos[(i >> 1) & 1];
+                        bool vis = j < seq_len && j <= p + causal_extra && (window <= 0 || j >= p - window + 1);
+                        if (!vis) sc[i] = -INFINITY;
+                    }
+                }
+                /* online softmax (log2 domain); element i is row (i >> 1) & 1, column (i >> 2) * 8 + 2 tq + (i & 1) */
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int n = 0; n < NS / 4; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    float m_new = fmaxf(row_m[r], mx);
+                    float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+                    float alpha = exp2f(row_m[r] * scale_log2 - m_scaled);
+                    row_m[r] = m_new;
+                    float rs = 0.f;
+#pragma unroll
+                    for (int n = 0; n < NS / 4; n++) {
+                        float p0 = exp2f(fmaf(sc[4 * n + 2 * r], scale_log2, -m_scaled));
+                        float p1 = exp2f(fmaf(sc[4 * n + 2 * r + 1], scale_log2, -m_scaled));
+                        sc[4 * n + 2 * r] = p0;
+                        sc[4 * n + 2 * r + 1] = p1;
+                        rs += p0 + p1;
+                    }
+                    row_l[r] = row_l[r] * alpha + rs;
+                    alpha_out[r] = alpha;
+                }
+                pack_p(sc, pa);
+            };
+            auto rescale_acc = [&](const float (&alpha)[2]) {
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    if (!no_rescale && __any_sync(0xffffffffu, alpha[r] != 1.f)) {
+#pragma unroll
+                        for (int n = 0; n < NACC / 4; n++) {
+                            acc[4 * n + 2 * r] *= alpha[r];
+                            acc[4 * n + 2 * r + 1] *= alpha[r];
+                        }
+                    }
+            };
+            /* O += P V of the tile in stage sv_addr (issued, not waited for) */
+            auto issue_pv = [&](const uint32_t (&pa)[PV_STEPS][4], uint32_t sv_addr) {
+                ar_wg::fence_regs(acc);
+                ar_wg::fence();
+#pragma unroll
+                for (int h = 0; h < HD / 128; h++) {
+                    const uint32_t sv_half = sv_addr + (uint32_t)(h * 2 * G::KV_PART_BYTES);
+                    const uint64_t dv0 = ar_wg::desc_sw128(sv_half, v_lbo, v_sbo);
+#pragma unroll
+                    for (int kk = 0; kk < PV_STEPS; kk++)
+                        wgmma_rs<T>(acc + 64 * h, pa[kk], dv0 + (uint64_t)(kk * 2048 >> 4));
+                }
+            };
 
-        if constexpr (PRODUCER_ROLE) {
-            /* the producer warpgroup: fills stage (tiles_before + it) % STAGES with tile it as soon as
-             * both consumers released the tile STAGES before it in that stage; K and V complete on
-             * separate barriers so S = Q K^T starts before V has landed.  The item's Q tile comes
-             * after its first K/V tile, once the consumers are done with the previous item's Q. */
-            for (int it = 0; it < n_tiles; it++) {
-                const uint32_t gt = tiles_before + (uint32_t)it;   /* the CTA's tile count */
-                const int stage = (int)(gt % STAGES);
-                const bool by_tma = (w.tile_begin + it + 1) * BLOCK_N <= seq_len;
-                const int my_slot = by_tma ? (warp == 0 ? tma_block(it) : 0) : producer_slot(it);
-                if (gt >= STAGES) ar_wg::mbar_wait_suspend(empty_bar + stage * 8, (gt / STAGES - 1) & 1);
-                if (by_tma) {
-                    if (warp == 0) produce_tma(it, 0, my_slot, stage);
-                } else {
-                    produce(it, 0, my_slot, stage);
-                    if (tid == 0) ar_wg::mbar_arrive(full_bar + stage * 8);
+            if constexpr (PRODUCER_ROLE) {
+                /* the producer warpgroup: fills stage (tiles_before + it) % STAGES with tile it as soon as
+                 * both consumers released the tile STAGES before it in that stage; K and V complete on
+                 * separate barriers so S = Q K^T starts before V has landed.  The item's Q tile comes
+                 * after its first K/V tile, once the consumers are done with the previous item's Q. */
+                for (int it = 0; it < n_tiles; it++) {
+                    const uint32_t gt = tiles_before + (uint32_t)it;   /* the CTA's tile count */
+                    const int stage = (int)(gt % STAGES);
+                    const bool by_tma = (w.tile_begin + it + 1) * BLOCK_N <= seq_len;
+                    const int my_slot = by_tma ? (warp == 0 ? tma_block(it) : 0) : producer_slot(it);
+                    if (gt >= STAGES) ar_wg::mbar_wait_suspend(empty_bar + stage * 8, (gt / STAGES - 1) & 1);
+                    if (by_tma) {
+                        if (warp == 0) produce_tma(it, 0, my_slot, stage);
+                    } else {
+                        produce(it, 0, my_slot, stage);
+                        if (tid == 0) ar_wg::mbar_arrive(full_bar + stage * 8);
+                    }
+                    ar_wg::mbar_arrive_cp_async(full_bar + stage * 8);
+                    if (by_tma) {
+                        if (warp == 0) produce_tma(it, 1, my_slot, stage);
+                    } else {
+                        produce(it, 1, my_slot, stage);
+                        if (tid == 0) ar_wg::mbar_arrive(full_v_bar + stage * 8);
+                    }
+                    ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
+                    if (it == 0) {
+                        if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
+                        produce_q();
+                    }
                 }
-                ar_wg::mbar_arrive_cp_async(full_bar + stage * 8);
-                if (by_tma) {
-                    if (warp == 0) produce_tma(it, 1, my_slot, stage);
-                } else {
-                    produce(it, 1, my_slot, stage);
-                    if (tid == 0) ar_wg::mbar_arrive(full_v_bar + stage * 8);
-                }
-                ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
-                if (it == 0) {
-                    if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
-                    produce_q();
-                }
-            }
-            if (n_tiles > 0) q_items_before++;
-            tiles_before += (uint32_t)n_tiles;
-            continue;
-        }
-        if (n_tiles > 0) {
-            ar_wg::mbar_wait_suspend(q_full_bar, q_items_before & 1);
-            if constexpr (G::Q_IN_REGS) {
-                /* ldmatrix x4: lanes 0-15 address rows 0-15 of this warp's 16 at the k-step's first 8
-                 * dims, lanes 16-31 the same rows at its second 8 (the A-fragment order, checked
-                 * against a CPU product on the H200); then the Q tile is free for the next item */
-                const int q_row = wg_row0 + (warp & 3) * 16 + (lane & 15);
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++)
-                    ldmatrix_x4(qa[kk], smem + wg_swizzle<G::Q_PART_BYTES>(q_row, 2 * kk + (lane >> 4)));
-                ar_wg::mbar_arrive(q_empty_bar);
-            } else {
-                ar_wg::fence_proxy_async();                 /* cp.async writes -> wgmma's reads */
-            }
-        }
-        if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
-        for (int it = 0; it < n_tiles; it++) {
-            const uint32_t gt = tiles_before + (uint32_t)it;
-            const int stage = (int)(gt % STAGES);
-            const int t = w.tile_begin + it;
-            const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
-            const bool active = wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
-                                !(window > 0 && tile_last < wg_min_qpos - window + 1);
-            if (!active) {                                  /* warpgroup-uniform */
-                pingpong_turn(wg, it == n_tiles - 1);
-                ar_wg::mbar_arrive(empty_bar + stage * 8);
+                if (n_tiles > 0) q_items_before++;
+                tiles_before += (uint32_t)n_tiles;
                 continue;
             }
-            ar_wg::mbar_wait_suspend(full_bar + stage * 8, (gt / STAGES) & 1);
-            ar_wg::fence_proxy_async();                            /* TMA / cp.async writes -> the async proxy */
-            const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES);
-            const uint32_t sv_addr = sk_addr + G::KV_BYTES;
+            if (n_tiles > 0) {
+                ar_wg::mbar_wait_suspend(q_full_bar, q_items_before & 1);
+                if constexpr (G::Q_IN_REGS) {
+                    /* ldmatrix x4: lanes 0-15 address rows 0-15 of this warp's 16 at the k-step's first 8
+                     * dims, lanes 16-31 the same rows at its second 8 (the A-fragment order, checked
+                     * against a CPU product on the H200); then the Q tile is free for the next item */
+                    const int q_row = wg_row0 + (warp & 3) * 16 + (lane & 15);
+#pragma unroll
+                    for (int kk = 0; kk < HD / 16; kk++)
+                        ldmatrix_x4(qa[kk], smem + wg_swizzle<G::Q_PART_BYTES>(q_row, 2 * kk + (lane >> 4)));
+                    ar_wg::mbar_arrive(q_empty_bar);
+                } else {
+                    ar_wg::fence_proxy_async();                 /* cp.async writes -> wgmma's reads */
+                }
+            }
+            if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
+            for (int it = 0; it < n_tiles; it++) {
+                const uint32_t gt = tiles_before + (uint32_t)it;
+                const int stage = (int)(gt % STAGES);
+                const int t = w.tile_begin + it;
+                const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+                const bool active = wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
+                                    !(window > 0 && tile_last < wg_min_qpos - window + 1);
+                if (!active) {                                  /* warpgroup-uniform */
+                    pingpong_turn(wg, it == n_tiles - 1);
+                    ar_wg::mbar_arrive(empty_bar + stage * 8);
+                    continue;
+                }
+                ar_wg::mbar_wait_suspend(full_bar + stage * 8, (gt / STAGES) & 1);
+                ar_wg::fence_proxy_async();                            /* TMA / cp.async writes -> the async proxy */
+                const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES);
+                const uint32_t sv_addr = sk_addr + G::KV_BYTES;
 
-            float s[NS];
-            pingpong_wait(wg);
-            issue_s(s, sk_addr);
-            pingpong_turn_issued(wg, it == n_tiles - 1);
-            ar_wg::commit();
-            ar_wg::wait<0>();
-            ar_wg::fence_regs(s);
-            uint32_t pa[PV_STEPS][4];
-            float alpha[2];
-            softmax_to_p(s, t, pa, alpha);
-            rescale_acc(alpha);
-            ar_wg::mbar_wait_suspend(full_v_bar + stage * 8, (gt / STAGES) & 1);
-            ar_wg::fence_proxy_async();
-            issue_pv(pa, sv_addr);
-            ar_wg::commit();
-            ar_wg::wait<0>();
-            ar_wg::fence_regs(acc);
-            ar_wg::mbar_arrive(empty_bar + stage * 8);
-        }
-        if (n_tiles > 0) {
-            if constexpr (!G::Q_IN_REGS) ar_wg::mbar_arrive(q_empty_bar);   /* every S of the item has completed */
-            q_items_before++;
-        }
-        tiles_before += (uint32_t)n_tiles;
+                float s[NS];
+                pingpong_wait(wg);
+                issue_s(s, sk_addr);
+                pingpong_turn_issued(wg, it == n_tiles - 1);
+                ar_wg::commit();
+                ar_wg::wait<0>();
+                ar_wg::fence_regs(s);
+                uint32_t pa[PV_STEPS][4];
+                float alpha[2];
+                softmax_to_p(s, t, pa, alpha);
+                rescale_acc(alpha);
+                ar_wg::mbar_wait_suspend(full_v_bar + stage * 8, (gt / STAGES) & 1);
+                ar_wg::fence_proxy_async();
+                issue_pv(pa, sv_addr);
+                ar_wg::commit();
+                ar_wg::wait<0>();
+                ar_wg::fence_regs(acc);
+                ar_wg::mbar_arrive(empty_bar + stage * 8);
+            }
+            if (n_tiles > 0) {
+                if constexpr (!G::Q_IN_REGS) ar_wg::mbar_arrive(q_empty_bar);   /* every S of the item has completed */
+                q_items_before++;
+            }
+            tiles_before += (uint32_t)n_tiles;
 
 
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float l = row_l[r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            row_l[r] = l;
-            row_m[r] = row_m[r] == -INFINITY ? -INFINITY : row_m[r] * scale_log2;
-        }
+            for (int r = 0; r < 2; r++) {
+                float l = row_l[r];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                row_l[r] = l;
+                row_m[r] = row_m[r] == -INFINITY ? -INFINITY : row_m[r] * scale_log2;
+            }
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int lr = my_row + 8 * r;
-            int pair = w.pair0 + lr, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
-            if (tok >= q_len && w.partial < 0) continue;
-            float l = row_l[r];
-            float inv = l > 0.f ? 1.f / l : 0.f;
-            float lse2 = l > 0.f ? row_m[r] + __log2f(l) : -INFINITY;
+            for (int r = 0; r < 2; r++) {
+                int lr = my_row + 8 * r;
+                int pair = w.pair0 + lr, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
+                if (tok >= q_len && w.partial < 0) continue;
+                float l = row_l[r];
+                float inv = l > 0.f ? 1.f / l : 0.f;
+                float lse2 = l > 0.f ? row_m[r] + __log2f(l) : -INFINITY;
 #pragma unroll
-            for (int n = 0; n < NACC / 4; n++)
-                store_pair<T>(a, w, ROWS, HD, lr, qstart + tok, hq, n * 8 + 2 * tq, acc[4 * n + 2 * r] * inv,
-                              acc[4 * n + 2 * r + 1] * inv, lse2);
-            if (tq == 0) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
-        }
-    } /* the item loop */
-    if constexpr (PRODUCER_ROLE) cp_async_wait<0>();
+                for (int n = 0; n < NACC / 4; n++)
+                    store_pair<T>(a, w, ROWS, HD, lr, qstart + tok, hq, n * 8 + 2 * tq, acc[4 * n + 2 * r] * inv,
+                                  acc[4 * n + 2 * r + 1] * inv, lse2);
+                if (tq == 0) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
+            }
+        } /* the item loop */
+        if constexpr (PRODUCER_ROLE) cp_async_wait<0>();
     };
+    /* 168 registers at entry (384 threads, 64K registers); the producer keeps 40, 128 x (168 -
+     * 40) = 2 x 128 x (232 - 168) */
     if (producer) {
         ar_wg::setmaxnreg_dec<40>();
         if (tid == 0) {
@@ -646,7 +650,8 @@ static cudaError_t attributes_wgmma(int *ctas_per_sm)
     const int smem = (int)WgPipe<HD>::SMEM;
     cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T, HD>, WgPipe<HD>::THREADS, smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, attn_wgmma_kernel<T, HD>, WgPipe<HD>::THREADS,
+                                                         smem);
 }
 
 } /* namespace ar_attn */
