@@ -58,9 +58,11 @@ template <int HD_> struct WgGeom {
  * stage s has landed, "full_v[s]" when its V has (separate, so S = Q K^T can start before V
  * lands), "empty[s]" when all 256 consumer threads are done reading it.  A full / full_v phase
  * takes 129 arrivals: every producer thread's cp.async arrival (at once when it issued none) and
- * producer thread 0's (with the byte count of the TMA copies, or plain).  setmaxnreg moves
- * registers from the producer (40: its cp.async tail path spills at 32) to the consumers (232);
- * waits ask the hardware to suspend the waiting warp (mbar_wait_suspend) rather than spin on the
+ * producer thread 0's (with the byte count of the TMA copies, or plain).  "q_full" completes when
+ * the Q tile of the CTA's current work item has landed (128 cp.async arrivals), "q_empty" when
+ * both consumers are done with it (the next item's Q may then come).  setmaxnreg moves registers
+ * from the producer (40: its cp.async tail path spills at 32; at 40 its Q copies in the item loop
+ * spill 48-60 bytes, off the consumers' path) to the consumers (232, no spills); waits ask the hardware to suspend the waiting warp (mbar_wait_suspend) rather than spin on the
  * schedulers the consumers issue from.  At head size 128 each consumer's Q fragments sit in 32
  * registers; they are zeroed before the conditional load: left undefined on the path without
  * tiles, ptxas (13.0) treated them as dead across the key loop and gave their registers to P
