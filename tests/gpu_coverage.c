@@ -27,8 +27,8 @@
  * sample's README entry says which). */
 static const char *const expected_paths[] = {
     /* cuda, flat steps: the kernel of the launch, and whether it was split and combined */
-    "attn:prefill", "attn:prefill+split",                /* mma.sync prefill: head sizes 64, 256 */
-    "attn:prefill-wg", "attn:prefill-wg+split",          /* wgmma prefill: head size 128 */
+    "attn:prefill", "attn:prefill+split",                /* mma.sync prefill: head size 64 */
+    "attn:prefill-wg", "attn:prefill-wg+split",          /* wgmma prefill: head sizes 128, 256 */
     "attn:decode", "attn:decode+split",                  /* mma.sync decode */
     "attn:decode-tma",                                   /* >= 66 decodes, head 128, block 16 */
     /* cuda, cascade steps (llama-3.1-8b-cascade, --cascade on) */
