@@ -7,7 +7,7 @@
  *   prefill : B=2, S=8192, causal, hd128 (16 heads) and hd256 (8 heads) -> TFLOP/s;
  *   varlen  : 16 causal sequences of the lengths in varlen_lens (17,408 tokens), hd128, 16 heads.
  * The "_mma" cases force the mma.sync PREFILL kernel (the fallback) where the automatic plan
- * runs the wgmma kernel (head size 128 on a compute-capability 9.0 device).
+ * runs the wgmma kernel (head sizes 128 and 256 on a compute-capability 9.0 device).
  * The "_fp8" cases run the same shapes with an fp8 e4m3 cache (vLLM kv_cache_dtype=fp8,
  * kv_scale 1): the decode rows beside the bf16-KV ones, their K/V bytes counted at 1 per element
  * (the bytes actually read, as kernels/peers/fa3_peer.py counts them for FA3's e4m3 paged decode,
@@ -208,6 +208,7 @@ int main(int argc, char **argv)
         {"prefill_b2_s8192_causal_hd128_mma", 16, 16, 128, 2, pre_q, pre_kv, 0, 0, false},   /* the mma.sync fallback */
         {"prefill_b2_s8192_causal_hd128_fp8", 16, 16, 128, 2, pre_q, pre_kv, -1, 0, true},
         {"prefill_b2_s8192_causal_hd256", 8, 8, 256, 2, pre_q, pre_kv, -1, 0, false},
+        {"prefill_b2_s8192_causal_hd256_mma", 8, 8, 256, 2, pre_q, pre_kv, 0, 0, false},     /* the mma.sync fallback */
         {"varlen16_causal_hd128", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0, false},
         {"varlen16_causal_hd128_mma", 16, 16, 128, 16, varlen_lens, varlen_lens, 0, 0, false},
         {"varlen16_causal_hd128_fp8", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0, true},
