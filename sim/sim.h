@@ -264,12 +264,16 @@ typedef struct ar_step_interval_stats {
 int ar_step_intervals(const ar_run_req *reqs, int num_reqs, ar_step_interval **out, ar_step_interval_stats *stats);
 
 /* The intervals cut into equal pieces of time, each with its batches rebuilt: the decodes at its
- * middle, and one mixed step of those decodes plus the prompts scheduled in the piece. */
+ * middle (or, with ar_stepfit_set_presence, every decode overlapping the piece, weighted by the
+ * share of it each covers), and one mixed step of those decodes plus the prompts scheduled in the
+ * piece. */
 typedef struct ar_stepfit_sample {
     size_t offset;            /* into query_lens / context_lens / entry_req: decodes first, then prompts */
     int capacity;             /* entries reserved at offset (every decode and prompt window, + 1) */
     int num_reqs;             /* entries of the mixed step */
     int num_decode;           /* decodes (the first entries) */
+    int num_partial;          /* of them, the first ones, covering only part of the piece (fraction mode) */
+    double partial_weight;    /* their shares of the piece, summed (each counts that share of a decode row) */
     int num_waiting;          /* requests between their first and last token left out of the decodes
                                  (preempted and waiting, from a simulation; 0 unless set) */
     double prefill_tokens;    /* prompt tokens computed in the piece (prompts spread over their windows) */
@@ -293,6 +297,7 @@ typedef struct ar_stepfit_set {
     ar_run_req *reqs;                 /* [num_reqs]: a copy of the run's requests (pieces are rebuilt) */
     int *sched_order;                 /* [num_reqs]: request indices in the order first scheduled */
     int num_reqs;
+    bool fraction;                    /* decodes weighted by their share of each piece (else: at its middle) */
 } ar_stepfit_set;
 /* Builds the intervals of a run, each cut into min(steps, samples_per_interval) pieces, with the
  * scheduler's token budget.  Returns 0, or 2 with err set. */
@@ -301,6 +306,12 @@ int ar_stepfit_build(const ar_run_req *reqs, int num_reqs, int budget, int sampl
 void ar_stepfit_free(ar_stepfit_set *set);
 /* One piece's decode-only step, or with mixed its mixed step (pointers into set). */
 void ar_stepfit_features(const ar_stepfit_set *set, int sample, bool mixed, ar_batch_features *f);
+/* How a piece's decodes are counted: fraction false (the build's), the requests decoding at its
+ * middle, each a whole row; true, every request whose decode span [first token, last token)
+ * overlaps the piece, covering a share w of it, counted as w of a decode row: the piece's step
+ * time is the whole decodes' plus the partial ones' mean share times what they add together.
+ * Rebuilds every piece with no waiting requests (keeps the recompute shares). */
+void ar_stepfit_set_presence(ar_stepfit_set *set, bool fraction);
 /* Sets interval k's hidden recompute prefill (tokens >= 0): spread evenly over its pieces, each
  * piece's share added to its prompt tokens; a piece whose mixed step holds no prompt gets a
  * recompute chunk (context 0) of its share, up to the budget its decodes leave. */

@@ -16,6 +16,8 @@
  * each interval's recompute prefill after preemptions, and each piece's requests held preempted
  * (waiting, so not decoding); both stages then refit until no term moves by 1% (at most
  * FID_MAX_REFITS refits).  The modes the full model does not use are reported at the end.
+ * FIDELITY_PRESENCE=fraction in the environment counts each piece's decodes by the share of the
+ * piece they cover instead of at its middle (ar_stepfit_set_presence), for every calibration.
  * Stage 2, by simulation: attn_eff, overhead and per_req by coordinate descent,
  * minimising the per-request errors (RMS of the TTFT errors over the mean real TTFT plus RMS of
  * log TPOT ratios).  gemm_scale multiplies each device's measured GEMM efficiency (its preset's
@@ -655,6 +657,13 @@ int main(int argc, char **argv)
         }
         default_hidden = m;
     }
+    /* how stage 1 counts a piece's decodes: at its middle (the default) or by the share of it covered */
+    const char *presence = getenv("FIDELITY_PRESENCE");
+    bool fraction = presence && strcmp(presence, "fraction") == 0;
+    if (presence && *presence && !fraction && strcmp(presence, "middle") != 0) {
+        fprintf(stderr, "fidelity: FIDELITY_PRESENCE=%s: must be middle or fraction\n", presence);
+        return 2;
+    }
     fid_run runs[2] = {
         {.label = "RTXPRO6000", .dir = "RTXPRO6000-Llama-3.1-8B", .device = "rtxpro6000", .max_seqs = 128},
         {.label = "RTX4090", .dir = "RTX4090-Llama-3.1-8B", .device = "rtx4090", .num_blocks = 2588, .max_seqs = 256},
@@ -677,12 +686,14 @@ int main(int argc, char **argv)
             fprintf(stderr, "fidelity: %s\n", err);
             return 2;
         }
+        ar_stepfit_set_presence(&runs[i].steps, fraction);
         /* both readers keep the file's order; the workload's times start at the first row's queued_ts */
         runs[i].origin = reqs[0].first_token - runs[i].wl.reqs[0].real_ttft;
         free(reqs);
     }
     printf("Simulator fidelity against real vLLM 0.19 runs (Llama-3.1-8B, TP 1, budget 2048, block 16).\n"
            "TTFT in s, TPOT in ms, each mean / p50 / p90; gap = sim / real - 1.  Goal: means within 5%%, p90 within 10%%.\n\n");
+    if (fraction) printf("Stage 1 counts each piece's decodes by the share of the piece they cover (FIDELITY_PRESENCE=fraction).\n\n");
     fid_params calibrated[2];
     for (int dir = 0; dir < 2; dir++) {
         fid_run *cal = &runs[dir], *eval = &runs[1 - dir];

@@ -5,7 +5,8 @@
  * synthetic profile that must reproduce the roofline it was made from, and attention timed through
  * the CPU backend; and the step timings of a real run (sim/stepfit.c): exact step counts between
  * request stamps on hand-made, random and simulated runs, a preemption's disagreement detected,
- * the model's residuals on a simulated run, outlier rejection, the requests.jsonl rules. */
+ * the model's residuals on a simulated run, outlier rejection, decodes counted by their share of a
+ * piece, the requests.jsonl rules. */
 #include "testutil.h"
 
 #include <math.h>
@@ -810,6 +811,69 @@ static void test_stepfit_waiting_not_decoding(void **state)
     ar_stepfit_free(&x.set);
 }
 
+/* Decodes counted by the share of the piece they cover (ar_stepfit_set_presence): requests 0 and 1
+ * decode across the whole interval (100.0, 100.1] (one piece: samples_per_interval 1; request 1
+ * ends at its end), request 2 (its own component, stamps 99.95 and 100.05) through exactly its
+ * first half.  Counted by share,
+ * request 2 is half a decode row: the piece's step time is halfway between the whole decodes'
+ * alone and all three, with request 2's context at the middle of its overlap (100.025: 2 tokens
+ * generated); at the middle (100.05, its last token) it is not decoding; waiting, it is left out;
+ * back at the middle, the prediction is the build's again. */
+static void test_stepfit_fractional_presence(void **state)
+{
+    (void)state;
+    char err[AR_ERR_MAX + 1024];
+    double ends[20];
+    for (int k = 0; k < 20; k++) ends[k] = 100.0 + 0.02 * k;
+    ar_run_req reqs[3] = {
+        run_req(ends, 300, 0, 11, 10),
+        run_req(ends, 500, 0, 6, 5),
+        {700, 3, 99.9, 99.95, 100.05},
+    };
+    ar_stepfit_set set;
+    assert_int_equal(ar_stepfit_build(reqs, 3, 512, 1, &set, err, sizeof err), 0);
+    int k = -1;
+    for (int i = 0; i < set.stats.num_intervals; i++)
+        if (fabs(set.intervals[i].start - 100.0) < 1e-9 && fabs(set.intervals[i].end - ends[5]) < 1e-9) k = i;
+    assert_true(k >= 0);
+    const int j = set.sample_start[k];
+    assert_int_equal(set.sample_start[k + 1] - j, 1);
+    ar_steptime st;
+    parse_ok("roofline:h200,gemm_eff=0.6,bw_eff=0.9,kv_eff=0.6,gap=0.001,overhead=0.0005", &st);
+    ar_steptime_set_engine(&st, 32);
+    const double before = ar_stepfit_predicted_steps(&set, k, &st), len = set.samples[j].length_s;
+
+    ar_stepfit_set_presence(&set, true);
+    const ar_stepfit_sample *s = &set.samples[j];
+    assert_int_equal(s->num_decode, 3);
+    assert_int_equal(s->num_partial, 1);
+    assert_true(fabs(s->partial_weight - 0.5) < 1e-9);
+    assert_int_equal(set.entry_req[s->offset], 2);   /* the partial decode first */
+    assert_int_equal(set.context_lens[s->offset], 700 + 1);
+    int q[3] = {1, 1, 1}, c[3] = {700 + 1, set.context_lens[s->offset + 1], set.context_lens[s->offset + 2]};
+    ar_batch_features all = {.num_reqs = 3, .num_tokens = 3, .num_decode_reqs = 3, .query_lens = q, .context_lens = c,
+                             .kv_tokens_read = c[0] + c[1] + c[2] + 3, .attn_pairs = c[0] + c[1] + c[2] + 3};
+    ar_batch_features whole = {.num_reqs = 2, .num_tokens = 2, .num_decode_reqs = 2, .query_lens = q + 1,
+                               .context_lens = c + 1, .kv_tokens_read = c[1] + c[2] + 2, .attn_pairs = c[1] + c[2] + 2};
+    const double tau_all = ar_steptime_eval(&st, &all), tau_whole = ar_steptime_eval(&st, &whole);
+    assert_true(tau_all > tau_whole);
+    const double want = len / (0.5 * (tau_whole + tau_all));
+    const double got = ar_stepfit_predicted_steps(&set, k, &st);
+    if (fabs(got - want) > 1e-9 * want)
+        fail_msg("half a decode row: predicted %.6f steps, want %.6f (whole rows only %.6f, all three %.6f)", got,
+                 want, len / tau_whole, len / tau_all);
+
+    bool waiting[3] = {false, false, true};
+    assert_int_equal(ar_stepfit_set_waiting(&set, j, waiting), 1);
+    assert_int_equal(set.samples[j].num_partial, 0);
+    assert_true(fabs(ar_stepfit_predicted_steps(&set, k, &st) - len / tau_whole) < 1e-9 * want);
+
+    ar_stepfit_set_presence(&set, false);
+    assert_int_equal(set.samples[j].num_partial, 0);
+    assert_true(ar_stepfit_predicted_steps(&set, k, &st) == before);
+    ar_stepfit_free(&set);
+}
+
 /* requests.jsonl rows: a missing stamp or stamps out of order name the file and line. */
 static void test_run_load_rules(void **state)
 {
@@ -861,6 +925,7 @@ int main(void)
         cmocka_unit_test(test_stepfit_on_simulated_run),
         cmocka_unit_test(test_stepfit_recompute_tokens),
         cmocka_unit_test(test_stepfit_waiting_not_decoding),
+        cmocka_unit_test(test_stepfit_fractional_presence),
         cmocka_unit_test(test_run_load_rules),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
