@@ -718,7 +718,7 @@ int main(int argc, char **argv)
         const ar_step_interval_stats *is = &cal->steps.stats;
         printf("stage 1 on %s: %d step ends seen in %d components (%d with disagreeing step counts, %d intervals "
                "left out; %d inconsistent), %d intervals, %d kept after rejection, mean |log(model / observed "
-               "steps)| %.3f\n\n", cal->label, is->num_nodes, is->num_components, is->num_bad_components,
+               "steps)| %.5f\n\n", cal->label, is->num_nodes, is->num_components, is->num_bad_components,
                is->num_dropped, is->num_inconsistent, is->num_intervals, s1.kept, s1.loss);
         if (print_rounds(cal, &p, &s1) != 0) return 2;
         printf("| run | role | TTFT sim | TTFT real | TTFT gap | TPOT sim | TPOT real | TPOT gap |\n");
