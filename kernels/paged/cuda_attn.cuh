@@ -154,6 +154,13 @@ typedef struct ar_attn_geom {
     size_t smem;     /* dynamic shared memory bytes */
 } ar_attn_geom;
 
+/* The CTAs of a PREFILL_WG launch of num_work items: persistent_ctas (ar_attn_args) when that is
+ * set and smaller, else one a work item.  The launcher and the backend's plan report share it. */
+static inline int ar_attn_wg_ctas(int persistent_ctas, int num_work)
+{
+    return persistent_ctas > 0 && persistent_ctas < num_work ? persistent_ctas : num_work;
+}
+
 /* The wgmma config (head size 128 or 256 on a compute-capability 9.0 device only). */
 static inline int ar_attn_config_is_wg(int config)
 {

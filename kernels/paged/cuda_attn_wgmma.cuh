@@ -641,7 +641,7 @@ static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_
     CUtensorMap mk, mv;
     cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
     if (e != cudaSuccess) return e;
-    const int ctas = a->persistent_ctas > 0 && a->persistent_ctas < num_work ? a->persistent_ctas : num_work;
+    const int ctas = ar_attn_wg_ctas(a->persistent_ctas, num_work);
     attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, num_work);
     return cudaGetLastError();
 }

@@ -647,6 +647,12 @@ static int cuda_fill(void *state, int layer, const ar_fill *f, char *err, size_t
     return cuda_fail(cudaStreamSynchronize(s->stream), "fill", err, err_len);
 }
 
+/* ar_attn_args.persistent_ctas: SMs x PREFILL_WG CTAs per SM, 0 under AR_CUDA_WG_PERSIST=0 */
+static int wg_persistent_ctas(const cuda_state *s)
+{
+    return s->wg_persist ? s->num_sms * s->ctas_per_sm[AR_CFG_PREFILL_WG] : 0;
+}
+
 static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
 {
     memset(a, 0, sizeof *a);
@@ -680,7 +686,7 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
     a->num_slots = s->cfg.num_blocks * s->block_size;   /* < 2^31 (open checks) */
     a->partial_live_only = s->split_live_rows;
     a->decode_tma_stages = s->decode_tma_stages;
-    a->persistent_ctas = s->wg_persist ? s->num_sms * s->ctas_per_sm[AR_CFG_PREFILL_WG] : 0;
+    a->persistent_ctas = wg_persistent_ctas(s);
 }
 
 /* One attention launch and, when it splits, its combine; between the two, the event `mid` is
@@ -1033,10 +1039,7 @@ extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
     info->config = s->config;
     info->template_hd = s->template_hd;
     info->num_work = s->num_work;
-    {
-        const int slots = s->num_sms * s->ctas_per_sm[s->config];
-        info->num_ctas = s->config == AR_CFG_PREFILL_WG && s->wg_persist && s->num_work > slots ? slots : s->num_work;
-    }
+    info->num_ctas = s->config == AR_CFG_PREFILL_WG ? ar_attn_wg_ctas(wg_persistent_ctas(s), s->num_work) : s->num_work;
     info->num_splits = s->num_splits;
     info->num_groups = s->num_groups;
     info->ctas_per_sm = s->ctas_per_sm[s->config];
