@@ -38,13 +38,6 @@
 #include "../common/cuda_host.cuh"
 #include "../common/cuda_wgmma.cuh"
 
-#ifndef AR_WG_EPI
-#define AR_WG_EPI 0
-#endif
-#ifndef AR_WG_PP
-#define AR_WG_PP 0
-#endif
-
 namespace ar_attn {
 
 template <int HD_> struct WgGeom {
@@ -57,11 +50,7 @@ template <int HD_> struct WgGeom {
     static constexpr int KV_PART_BYTES = BLOCK_N * 128; /* one column part of a K or V tile */
     static constexpr int Q_BYTES = PARTS * Q_PART_BYTES;
     static constexpr int KV_BYTES = PARTS * KV_PART_BYTES;
-#ifndef AR_WG_Q_SMEM
     static constexpr bool Q_IN_REGS = HD_ == 128;       /* else S = Q K^T reads Q from shared memory */
-#else
-    static constexpr bool Q_IN_REGS = false;
-#endif
 };
 
 /* The pipeline: K/V stages handed over by mbarriers (three at head size 128, two at 256, as
@@ -127,9 +116,6 @@ template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64
  * desc_b: 64 rows of B): S = Q K^T at head size 256, Q read from its shared tile. */
 template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate);
 
-/* the same at N = 128: S = Q K^T at head size 128 with Q read from shared memory */
-template <typename T> __device__ __forceinline__ void wgmma_ss_n128(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate);
-
 /* true for __nv_bfloat16, false for __half: which operand type a wrapper's instruction names */
 template <typename T> struct wg_is_bf16 { static constexpr bool value = false; };
 template <> struct wg_is_bf16<__nv_bfloat16> { static constexpr bool value = true; };
@@ -192,21 +178,6 @@ template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], 
     else
         asm volatile(WGMMA_SS64_TEXT(".f16") : WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
-#define WGMMA_SS128_TEXT(TY) \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " " \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
-    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
-    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-template <typename T> __device__ __forceinline__ void wgmma_ss_n128(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate)
-{
-    if constexpr (wg_is_bf16<T>::value)
-        asm volatile(WGMMA_SS128_TEXT(".bf16") : WG_ACC64(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-    else
-        asm volatile(WGMMA_SS128_TEXT(".f16") : WG_ACC64(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-#undef WGMMA_SS128_TEXT
 #undef WG_ACC64
 #undef WG_ACC32
 #undef WGMMA_SS64_TEXT
@@ -419,8 +390,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     for (int kk = 0; kk < HD / 16; kk++) {
                         const uint32_t qoff16 = (uint32_t)((kk >> 2) * G::Q_PART_BYTES + (kk & 3) * 32) >> 4;
                         const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                        if constexpr (NS == 64) wgmma_ss_n128<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
-                        else wgmma_ss_n64<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
+                        wgmma_ss_n64<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
                     }
                 }
             };
@@ -556,14 +526,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     ar_wg::fence_proxy_async();                 /* cp.async writes -> wgmma's reads */
                 }
             }
-#if AR_WG_PP
-            if (n_tiles > 0) {
-                if (wg == 1) pingpong_signal(0);               /* warpgroup 0 goes first */
-                pingpong_wait(wg);                             /* the first turn: S of the first tile */
-            }
-#else
             if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
-#endif
             for (int it = 0; it < n_tiles; it++) {
                 const uint32_t gt = tiles_before + (uint32_t)it;
                 const int stage = (int)(gt % STAGES);
@@ -572,12 +535,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 const bool active = wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
                                     !(window > 0 && tile_last < wg_min_qpos - window + 1);
                 if (!active) {                                  /* warpgroup-uniform */
-#if AR_WG_PP
-                    pingpong_signal(1 - wg);
-                    pingpong_wait(wg);
-#else
                     pingpong_turn(wg, it == n_tiles - 1);
-#endif
                     ar_wg::mbar_arrive(empty_bar + stage * 8);
                     continue;
                 }
@@ -587,16 +545,10 @@ attn_wgmma_kernel(const ar_attn_args a,
                 const uint32_t sv_addr = sk_addr + G::KV_BYTES;
 
                 float s[NS];
-#if AR_WG_PP
-                issue_s(s, sk_addr);
-                ar_wg::commit();
-                pingpong_signal(1 - wg);
-#else
                 pingpong_wait(wg);
                 issue_s(s, sk_addr);
                 pingpong_turn_issued(wg, it == n_tiles - 1);
                 ar_wg::commit();
-#endif
                 ar_wg::wait<0>();
                 ar_wg::fence_regs(s);
                 uint32_t pa[PV_STEPS][4];
@@ -605,18 +557,12 @@ attn_wgmma_kernel(const ar_attn_args a,
                 rescale_acc(alpha);
                 ar_wg::mbar_wait_suspend(full_v_bar + stage * 8, (gt / STAGES) & 1);
                 ar_wg::fence_proxy_async();
-#if AR_WG_PP
-                pingpong_wait(wg);
-#endif
                 issue_pv(pa, sv_addr);
                 ar_wg::commit();
                 ar_wg::wait<0>();
                 ar_wg::fence_regs(acc);
                 ar_wg::mbar_arrive(empty_bar + stage * 8);
             }
-#if AR_WG_PP
-            if (n_tiles > 0 && wg == 0) pingpong_signal(1);   /* warpgroup 1's last P V */
-#endif
             if (n_tiles > 0) {
                 if constexpr (!G::Q_IN_REGS) ar_wg::mbar_arrive(q_empty_bar);   /* every S of the item has completed */
                 q_items_before++;
@@ -639,27 +585,28 @@ attn_wgmma_kernel(const ar_attn_args a,
                 float l = row_l[r];
                 float inv = l > 0.f ? 1.f / l : 0.f;
                 float lse2 = l > 0.f ? row_m[r] + __log2f(l) : -INFINITY;
-#if AR_WG_EPI == 1
                 if (w.partial < 0 && !a.merge_out) {
-                    /* the plain output: the quad's four threads hold row lr's dims in pairs (thread tq:
-                     * dims 8n + 2tq, +1); a 4 x 4 exchange of packed pairs across the quad gives
-                     * thread tq the 8 whole dims 8 (4k + tq) .. + 7 of each 32-dim group k, written
-                     * as one 16-byte store (quad-uniform rows: the shuffles run on every lane) */
+                    /* the plain output as 16-byte stores: the quad's four threads hold row lr's dims
+                     * in pairs (thread tq: dims 8n + 2tq, 8n + 2tq + 1), and a 4 x 4 exchange of
+                     * packed pairs across the quad gives thread tq the 8 whole dims 8 (4k + tq) ..
+                     * + 7 of each 32-dim group k.  A quarter of the store instructions of one pair
+                     * each, whole 32-byte sectors: 1.11x at head size 256, 1.01x at 128 (H200,
+                     * BENCHMARKS.md).  Rows are quad-uniform, so every lane runs the shuffles. */
                     T *orow = (T *)a.out + out_index(a, qstart + tok, hq, 0);
                     const bool row_ok = tok < q_len;
 #pragma unroll
                     for (int k = 0; k < HD / 32; k++) {
-                        uint32_t p[4], got[4];
+                        uint32_t mine[4], got[4];   /* mine[j]: my pair of group 4k + j; got[x]: from thread tq ^ x */
 #pragma unroll
                         for (int j = 0; j < 4; j++)
-                            p[j] = pack2<T>(acc[4 * (4 * k + j) + 2 * r] * inv, acc[4 * (4 * k + j) + 2 * r + 1] * inv);
+                            mine[j] = pack2<T>(acc[4 * (4 * k + j) + 2 * r] * inv, acc[4 * (4 * k + j) + 2 * r + 1] * inv);
 #pragma unroll
-                        for (int x = 0; x < 4; x++) {        /* partner tq ^ x wants my pair of its group */
-                            const int want = tq ^ x;
-                            const uint32_t send = want == 0 ? p[0] : want == 1 ? p[1] : want == 2 ? p[2] : p[3];
+                        for (int x = 0; x < 4; x++) {     /* thread tq ^ x takes my pair of its group */
+                            const int to = tq ^ x;
+                            const uint32_t send = to == 0 ? mine[0] : to == 1 ? mine[1] : to == 2 ? mine[2] : mine[3];
                             got[x] = x ? __shfl_xor_sync(0xffffffffu, send, x) : send;
                         }
-                        uint4 v;                             /* slot s came from thread s = tq ^ x */
+                        uint4 v;                          /* dims 2s, 2s + 1 of the 8 came from thread s = tq ^ x */
                         v.x = tq == 0 ? got[0] : tq == 1 ? got[1] : tq == 2 ? got[2] : got[3];
                         v.y = tq == 0 ? got[1] : tq == 1 ? got[0] : tq == 2 ? got[3] : got[2];
                         v.z = tq == 0 ? got[2] : tq == 1 ? got[3] : tq == 2 ? got[0] : got[1];
@@ -669,11 +616,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     if (tq == 0 && row_ok) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
                     continue;
                 }
-#endif
-                if (tok >= q_len && w.partial < 0) continue;
-#if AR_WG_EPI == 2
-                if (a.num_q_heads != 123457) continue;       /* diagnostic: no output stores */
-#endif
+                if (tok >= q_len && w.partial < 0) continue;   /* fused merge: rows past the request */
 #pragma unroll
                 for (int n = 0; n < NACC / 4; n++)
                     store_pair<T>(a, w, ROWS, HD, lr, qstart + tok, hq, n * 8 + 2 * tq, acc[4 * n + 2 * r] * inv,

@@ -132,21 +132,6 @@ static int cmp_work_desc(const void *pa, const void *pb)
     return a->pair0 - b->pair0;
 }
 
-/* The grouped order (AR_CUDA_WG_ORDER=group): the work items of one (request, KV head) next to
- * each other, so that the CTAs running at one time share their K/V in L2; groups longest first
- * (by their longest item), within a group longest first. */
-static __thread const int *wg_group_len;   /* [requests x KV heads]: the group's longest item */
-static __thread int wg_group_hkv;
-static int cmp_work_grouped(const void *pa, const void *pb)
-{
-    const ar_attn_work *a = (const ar_attn_work *)pa, *b = (const ar_attn_work *)pb;
-    int ga = wg_group_len[a->req * wg_group_hkv + a->kv_head], gb = wg_group_len[b->req * wg_group_hkv + b->kv_head];
-    if (ga != gb) return gb - ga;
-    if (a->req != b->req) return a->req - b->req;
-    if (a->kv_head != b->kv_head) return a->kv_head - b->kv_head;
-    return cmp_work_desc(pa, pb);
-}
-
 /* One attention launch's plan: geometry, split count and the work list (host, malloc'd). */
 typedef struct pass_plan {
     int config;
@@ -417,20 +402,6 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
     }
     free(items);
     qsort(work, (size_t)n_work, sizeof *work, cmp_work_desc);
-    const char *order = getenv("AR_CUDA_WG_ORDER");
-    if (config == AR_CFG_PREFILL_WG && order && strcmp(order, "group") == 0 && n_work > 0) {
-        int *glen = (int *)calloc((size_t)R * s->hkv, sizeof *glen);
-        if (glen) {
-            for (int64_t i = 0; i < n_work; i++) {
-                int *g = &glen[work[i].req * s->hkv + work[i].kv_head], len = work[i].tile_end - work[i].tile_begin;
-                if (len > *g) *g = len;
-            }
-            wg_group_len = glen;
-            wg_group_hkv = s->hkv;
-            qsort(work, (size_t)n_work, sizeof *work, cmp_work_grouped);
-            free(glen);
-        }
-    }
     pl->config = config;
     pl->geom = geom;
     pl->num_splits = splits;
