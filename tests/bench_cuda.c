@@ -5,7 +5,10 @@
  *             (K/V bytes read once + Q + O over the attention time, combine included); also
  *             B=32 and B=48 (the batches of cuda_plan.cuh's decode_tma_small_rule);
  *   prefill : B=2, S=8192, causal, hd128 (16 heads) and hd256 (8 heads) -> TFLOP/s;
- *   varlen  : 16 causal sequences of the lengths in varlen_lens (17,408 tokens), hd128, 16 heads.
+ *   varlen  : 16 causal sequences of the lengths in varlen_lens (17,408 tokens), hd128, 16 heads;
+ *   chunk   : one chunked-prefill step of a long request, 8,192 new tokens after 90,112 cached
+ *             ones, Hq=32, Hkv=8, hd128: the shape of the Mooncake trace's long mixed steps
+ *             (BENCHMARKS.md, real traces), nearly every key tile unmasked -> TFLOP/s.
  * The "_mma" cases force the mma.sync PREFILL kernel (the fallback) where the automatic plan
  * runs the wgmma kernel (head sizes 128 and 256 on a compute-capability 9.0 device).
  * The "_fp8" cases run the same shapes with an fp8 e4m3 cache (vLLM kv_cache_dtype=fp8,
@@ -193,6 +196,7 @@ int main(int argc, char **argv)
     int repeat = argc > 1 ? atoi(argv[1]) : 20;
     if (repeat < 1) repeat = 20;
     static int dec_q[64], dec_kv[64], pre_q[2], pre_kv[2];
+    static const int chunk_q[1] = {8192}, chunk_kv[1] = {98304};
     for (int i = 0; i < 64; i++) { dec_q[i] = 1; dec_kv[i] = 8192; }
     for (int i = 0; i < 2; i++) { pre_q[i] = 8192; pre_kv[i] = 8192; }
     const bench_case cases[] = {
@@ -213,6 +217,7 @@ int main(int argc, char **argv)
         {"varlen16_causal_hd128_mma", 16, 16, 128, 16, varlen_lens, varlen_lens, 0, 0, false},
         {"varlen16_causal_hd128_fp8", 16, 16, 128, 16, varlen_lens, varlen_lens, -1, 0, true},
         {"prefill_b2_s8192_causal_hd64", 32, 32, 64, 2, pre_q, pre_kv, -1, 0, false},
+        {"chunk_q8192_ctx98304_gqa32_8_hd128", 32, 8, 128, 1, chunk_q, chunk_kv, -1, 0, false},
     };
     const char *only = argc > 2 ? argv[2] : NULL;   /* run just this case (for ncu) */
     int rc = 0;

@@ -9,6 +9,9 @@ same run as them:
            page size 16 (fa3_paged16)
   varlen   varlen16_causal_hd128: flash_attn_varlen_func on packed K/V (fa3_varlen) and the same
            sequences over a paged cache (fa3_paged16)
+  chunk    chunk_q8192_ctx98304_gqa32_8_hd128: one chunked-prefill step, 8,192 new tokens over a
+           98,304-token paged cache, causal bottom-right, GQA 32:8 (fa3_paged16), as vLLM calls
+           it on the Mooncake trace's long mixed steps
   cascade  tests/bench_cascade.c (128 requests sharing a prefix of 1k / 8k / 32k tokens, unique
            suffixes of 128 / 256, GQA 32:8, hd128, page 16): flat decode over the shared blocks
            (fa3_flat_paged16); vLLM's cascade recipe on FA3 (all 128 queries as one sequence over
@@ -23,7 +26,7 @@ back-to-back calls (peer_attention.timed reps) so the Python dispatch of the int
 as a C caller's launches are.  Paged calls pass FA3's scheduler metadata computed once per shape
 (get_scheduler_metadata), as vLLM does once per step, when the build accepts it (sched= on the line).
 
-Usage: python3 fa3_peer.py [decode|fp8|prefill|varlen|cascade ...] (default: all).
+Usage: python3 fa3_peer.py [decode|fp8|prefill|varlen|chunk|cascade ...] (default: all).
 Output: the PEER lines of peer_attention.py.  Without the built extension every part prints one
 "PEER name=<part> impl=fa3 error=..." line saying what is missing, and the script exits 0."""
 import math
@@ -45,6 +48,7 @@ PREFILL_B, PREFILL_S = 2, 8192
 PREFILL_HEADS = ((128, 16), (256, 8))             # (head size, heads)
 VARLEN_HEADS, VARLEN_D = 16, 128
 CASC_PREFIXES, CASC_SUFFIXES = (1024, 8192, 32768), (128, 256)
+CHUNK_SHAPE = (8192, 98304, 32, 8, 128)           # new tokens, keys in the cache, query heads, KV heads, head size
 
 
 def built_dir(peer):
@@ -211,6 +215,25 @@ def prefill(fa3):
         torch.cuda.empty_cache()
 
 
+def chunk(fa3):
+    Sq, Sk, Hq, Hkv, D = CHUNK_SHAPE
+    name = f"chunk_q{Sq}_ctx{Sk}_gqa{Hq}_{Hkv}_hd{D}"
+    q = torch.randn(1, Sq, Hq, D, dtype=DT, device=DEV)
+    k, v = (torch.randn(1, Sk, Hkv, D, dtype=DT, device=DEV) for _ in range(2))
+    rows = sorted(set(range(0, 64)) | set(range(Sq // 2, Sq // 2 + 32)) | set(range(Sq - 64, Sq)))
+    ref = ref_rows(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rows, True).transpose(1, 2)
+    kc, table = paged_from_contiguous(k, PAGE)
+    vc = torch.empty_like(kc)
+    vc[table.reshape(-1).long()] = v.reshape(-1, PAGE, Hkv, D)
+    del k, v
+    seqlens = torch.full((1,), Sk, dtype=torch.int32, device=DEV)
+    sched = sched_kwargs(fa3, 1, Sq, Sk, Hq, Hkv, D, seqlens, DT, True)
+    make = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table,
+                                                           causal=True, num_splits=0, **(sched if use else {}))
+    checked_sched(name, "fa3_paged16", make, bool(sched), lambda o: o[:, rows], ref, TOL_BF16,
+                  flops=causal_flops(Hq, Sq, Sk, D))
+
+
 def varlen_inputs():
     """The varlen case: (name, lengths, cu_seqlens [n + 1] int32, q, k, v [tokens, heads, hd],
     the float32 causal reference of every sequence [tokens, heads, hd])."""
@@ -343,7 +366,7 @@ def cascade_case(fa3, B, Hq, Hkv, D, P, S):
 
 def main():
     parts = {"decode": lambda m: decode(m), "fp8": lambda m: decode(m, fp8=True), "prefill": prefill,
-             "varlen": varlen, "cascade": cascade}
+             "varlen": varlen, "chunk": chunk, "cascade": cascade}
     wanted = sys.argv[1:] or list(parts)
     for w in wanted:
         if w not in parts:
