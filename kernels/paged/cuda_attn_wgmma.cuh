@@ -407,7 +407,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             };
             /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
              * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
-            auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
+            auto softmax_scores = [&](float (&sc)[NS], int t, float (&alpha_out)[2]) {
                 const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
                 if (a.soft_cap > 0.f) {
                     const float scale = scale_log2 * 0.6931471805599453f;
@@ -450,6 +450,9 @@ attn_wgmma_kernel(const ar_attn_args a,
                     row_l[r] = row_l[r] * alpha + rs;
                     alpha_out[r] = alpha;
                 }
+            };
+            auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
+                softmax_scores(sc, t, alpha_out);
                 pack_p(sc, pa);
             };
             auto rescale_acc = [&](const float (&alpha)[2]) {
@@ -527,6 +530,77 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
             }
             if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
+#ifdef AR_WG_OVERLAP
+            if constexpr (HD == 128) {
+            auto tile_active = [&](int t) {
+                const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+                return wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
+                       !(window > 0 && tile_last < wg_min_qpos - window + 1);
+            };
+            auto skip_tile = [&](int it) {
+                pingpong_turn(wg, it == n_tiles - 1);
+                ar_wg::mbar_arrive(empty_bar + (int)((tiles_before + (uint32_t)it) % STAGES) * 8);
+            };
+            int a0 = 0, a1 = 0;
+            while (a0 < n_tiles && !tile_active(w.tile_begin + a0)) a0++;
+            a1 = a0;
+            while (a1 < n_tiles && tile_active(w.tile_begin + a1)) a1++;
+            for (int it = 0; it < a0; it++) skip_tile(it);
+            if (a0 < a1) {
+                uint32_t pa[PV_STEPS][4];
+                uint32_t prev_gt = tiles_before + (uint32_t)a0;
+                {
+                    const int stage = (int)(prev_gt % STAGES);
+                    ar_wg::mbar_wait_suspend(full_bar + stage * 8, (prev_gt / STAGES) & 1);
+                    ar_wg::fence_proxy_async();
+                    float s[NS];
+                    float alpha[2];
+                    pingpong_wait(wg);
+                    issue_s(s, skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES));
+                    pingpong_turn_issued(wg, a0 == n_tiles - 1);
+                    ar_wg::commit();
+                    ar_wg::wait<0>();
+                    ar_wg::fence_regs(s);
+                    softmax_scores(s, w.tile_begin + a0, alpha);
+                    pack_p(s, pa);
+                }
+                for (int it = a0 + 1; it < a1; it++) {
+                    const uint32_t gt = tiles_before + (uint32_t)it;
+                    const int stage = (int)(gt % STAGES), prev_stage = (int)(prev_gt % STAGES);
+                    ar_wg::mbar_wait_suspend(full_bar + stage * 8, (gt / STAGES) & 1);
+                    ar_wg::fence_proxy_async();
+                    float s[NS];
+                    float alpha[2];
+                    pingpong_wait(wg);
+                    issue_s(s, skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES));
+                    ar_wg::commit();
+                    ar_wg::mbar_wait_suspend(full_v_bar + prev_stage * 8, (prev_gt / STAGES) & 1);
+                    ar_wg::fence_proxy_async();
+                    issue_pv(pa, skv_addr + (uint32_t)(prev_stage * 2 * G::KV_BYTES) + G::KV_BYTES);
+                    ar_wg::commit();
+                    pingpong_turn_issued(wg, it == n_tiles - 1);
+                    ar_wg::wait<1>();
+                    ar_wg::fence_regs(s);
+                    softmax_scores(s, w.tile_begin + it, alpha);
+                    ar_wg::wait<0>();
+                    ar_wg::fence_regs(acc);
+                    ar_wg::mbar_arrive(empty_bar + prev_stage * 8);
+                    rescale_acc(alpha);
+                    pack_p(s, pa);
+                    prev_gt = gt;
+                }
+                const int prev_stage = (int)(prev_gt % STAGES);
+                ar_wg::mbar_wait_suspend(full_v_bar + prev_stage * 8, (prev_gt / STAGES) & 1);
+                ar_wg::fence_proxy_async();
+                issue_pv(pa, skv_addr + (uint32_t)(prev_stage * 2 * G::KV_BYTES) + G::KV_BYTES);
+                ar_wg::commit();
+                ar_wg::wait<0>();
+                ar_wg::fence_regs(acc);
+                ar_wg::mbar_arrive(empty_bar + prev_stage * 8);
+            }
+            for (int it = a1 > a0 ? a1 : a0; it < n_tiles; it++) skip_tile(it);
+            } else
+#endif
             for (int it = 0; it < n_tiles; it++) {
                 const uint32_t gt = tiles_before + (uint32_t)it;
                 const int stage = (int)(gt % STAGES);
