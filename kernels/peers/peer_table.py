@@ -100,6 +100,9 @@ def rows(ours, peers, mla):
             ["fa3_contiguous", "fa3_paged16", "cudnn_sdpa"], target)
     var = "varlen16_causal_hd128"
     add("varlen 16 sequences (TFLOP/s)", var, "tflops", ours_metric(var, "tflops"), ["fa3_varlen", "fa3_paged16"], 1.0)
+    chunk = "chunk_q8192_ctx98304_gqa32_8_hd128"   # the Mooncake trace's long mixed step; no target of its own
+    add("chunked prefill 8k over 98k GQA 32:8 (TFLOP/s)", chunk, "tflops", ours_metric(chunk, "tflops"), ["fa3_paged16"],
+        None)
     add("fp8 KV decode (GB/s)", FP8_DECODE, "gbps", ours_metric(FP8_DECODE, "gbps"), ["fa3_fp8_paged16"], 1.0)
     for h, metric in ((128, "tflops"), (16, "tbps")):
         for sk in (4096, 8192, 16384, 32768):

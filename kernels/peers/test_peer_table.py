@@ -16,6 +16,7 @@ import peer_table  # noqa: E402
 BENCH = """RESULT name=decode_b64_s8192_gqa32_8_hd128 us=545.0 write_us=1.0 gbps=3940.0 tflops=0.0 splits=1 device="H200"
 RESULT name=prefill_b2_s8192_causal_hd128 us=2200.0 write_us=1.0 gbps=0 tflops=500.0 splits=1 device="H200"
 RESULT name=prefill_b2_s8192_causal_hd256 us=5200.0 write_us=1.0 gbps=0 tflops=200.0 splits=1 device="H200"
+RESULT name=chunk_q8192_ctx98304_gqa32_8_hd128 us=25000.0 write_us=1.0 gbps=0 tflops=500.0 splits=1 device="H200"
 """
 CASCADE = """RESULT name=cascade_b128_p32768_s128 flat_us=500.0 cascade_us=200.0 speedup=2.5 prefix_tflops=500.0 max_diff=0.001
 """
@@ -33,6 +34,7 @@ PEER name=mla_decode_b128_hq128_sk4096 impl=flashmla_dense us=190.0 gbps=700.0 t
 PEER name=mla_decode_b128_hq16_sk4096 impl=flashmla_dense us=160.0 gbps=5000.0 tflops=60.0
 PEER name=cascade_b128_p32768_s128 impl=fa3_cascade_paged16 us=100.0 gbps=1.0 tflops=0.0
 PEER name=cascade_b128_p32768_s128 impl=fa3_flat_paged16 us=400.0 gbps=1.0 tflops=0.0
+PEER name=chunk_q8192_ctx98304_gqa32_8_hd128 impl=fa3_paged16 us=22000.0 gbps=0.0 tflops=575.0 relerr=2e-3
 """
 
 
@@ -62,6 +64,13 @@ class PeerTableTest(unittest.TestCase):
         self.assertEqual((r[2], r[3]), ("fa3_contiguous", 625.0))
         self.assertAlmostEqual(r[4], 0.8)
         self.assertTrue(r[6].startswith("NOT met"))
+
+    def test_chunk_row_has_no_target(self):
+        r = self.table()["chunked prefill 8k over 98k GQA 32:8 (TFLOP/s)"]
+        self.assertEqual((r[2], r[3]), ("fa3_paged16", 575.0))
+        self.assertAlmostEqual(r[4], 500.0 / 575.0)
+        self.assertIsNone(r[5])
+        self.assertEqual(r[6], "-")                       # a ratio, no verdict
 
     def test_error_lines_and_missing_sides(self):
         t = self.table()
