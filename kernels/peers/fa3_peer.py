@@ -126,14 +126,17 @@ def ref_rows(q, k, v, rows, causal):
         return torch.matmul(torch.softmax(s, dim=-1), vf)
 
 
-def paged_from_contiguous(k, page):
-    """k [B, S, H, D] -> (cache [B*S/page, page, H, D] in a random page order, table [B, S/page] int32)."""
+def paged_from_contiguous(k, v, page):
+    """k, v [B, S, H, D] -> (k cache, v cache [B*S/page, page, H, D] in one random page order,
+    table [B, S/page] int32)."""
     B, S, H, D = k.shape
     ppr = S // page
     perm = torch.randperm(B * ppr, device=k.device)
-    cache = torch.empty(B * ppr, page, H, D, dtype=k.dtype, device=k.device)
-    cache[perm] = k.reshape(B * ppr, page, H, D)
-    return cache, perm.view(B, ppr).to(torch.int32)
+    kc = torch.empty(B * ppr, page, H, D, dtype=k.dtype, device=k.device)
+    vc = torch.empty_like(kc)
+    kc[perm] = k.reshape(B * ppr, page, H, D)
+    vc[perm] = v.reshape(B * ppr, page, H, D)
+    return kc, vc, perm.view(B, ppr).to(torch.int32)
 
 
 def sched_kwargs(fa3, B, sq, sk, hq, hkv, d, seqlens, dtype, causal, cu_seqlens_q=None):
@@ -200,9 +203,7 @@ def prefill(fa3):
             checked(name, "fa3_contiguous", fn, fn()[:, rows], ref, TOL_BF16, flops=flops)
 
         def paged():
-            kc, table = paged_from_contiguous(k, PAGE)
-            vc = torch.empty_like(kc)
-            vc[table.reshape(-1).long()] = v.reshape(-1, PAGE, H, hd)
+            kc, vc, table = paged_from_contiguous(k, v, PAGE)
             seqlens = torch.full((B,), S, dtype=torch.int32, device=DEV)
             sched = sched_kwargs(fa3, B, S, S, H, H, hd, seqlens, DT, True)
             make = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table,
@@ -222,9 +223,7 @@ def chunk(fa3):
     k, v = (torch.randn(1, Sk, Hkv, D, dtype=DT, device=DEV) for _ in range(2))
     rows = sorted(set(range(0, 64)) | set(range(Sq // 2, Sq // 2 + 32)) | set(range(Sq - 64, Sq)))
     ref = ref_rows(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rows, True).transpose(1, 2)
-    kc, table = paged_from_contiguous(k, PAGE)
-    vc = torch.empty_like(kc)
-    vc[table.reshape(-1).long()] = v.reshape(-1, PAGE, Hkv, D)
+    kc, vc, table = paged_from_contiguous(k, v, PAGE)
     del k, v
     seqlens = torch.full((1,), Sk, dtype=torch.int32, device=DEV)
     sched = sched_kwargs(fa3, 1, Sq, Sk, Hq, Hkv, D, seqlens, DT, True)

@@ -110,9 +110,7 @@ def prefill(fi):
         ref = ref_rows(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rows, True).transpose(1, 2)
 
         def one():
-            kc, table = fa3_peer.paged_from_contiguous(k, PAGE)
-            vc = torch.empty_like(kc)
-            vc[table.reshape(-1).long()] = v.reshape(-1, PAGE, H, hd)
+            kc, vc, table = fa3_peer.paged_from_contiguous(k, v, PAGE)
             qo = torch.arange(B + 1, dtype=torch.int32, device=DEV) * S
             w = prefill_wrapper(fi, qo, table, None, H, hd, True)
             qf = q.reshape(B * S, H, hd)
