@@ -9,6 +9,7 @@
 #   make gpu-build  everything the GPU machine runs (bin/attnreplay with CUDA, GPU tests, benches)
 #   make test-vllm  the vLLM recorder and the sim's step-by-step parity with vLLM 0.33's scheduler
 #   make fidelity   the step-time model calibrated on one public vLLM run, evaluated on the other
+#                   (`make fidelity-profiles`: with the RTX cards' measured per-layer profiles)
 #   make test-gpu   the GPU tests (run on the H200; uses prebuilt binaries where headers lack)
 #   make bench      benchmarks (reference vs naive on the CPU; kernels on a GPU)
 #   make lab        the kernel lab (kernels/lab/: variants that are not in the product, each with
@@ -484,9 +485,14 @@ clean:
 # `make fidelity` calibrates the step-time model on one public vLLM run and evaluates it on the
 # other, both ways, then prints the table with the KV-block sensitivity.  CPU only.
 FIDELITY_RUNS ?= $(firstword $(wildcard ../shared/traces-public/vllm-runs-llmservingsim ../../shared/traces-public/vllm-runs-llmservingsim) ../shared/traces-public/vllm-runs-llmservingsim)
-.PHONY: fidelity
+.PHONY: fidelity fidelity-profiles
 fidelity: $(BUILD)/fidelity
 	$(BUILD)/fidelity $(FIDELITY_RUNS)
+
+# the same protocol with each RTX card's step time from its measured per-layer profile
+# (sim/profiles/*.llmservingsim.profile.db) instead of the roofline: only gap, overhead, per_req fitted
+fidelity-profiles: $(BUILD)/fidelity
+	FIDELITY_STEPTIME=profile $(BUILD)/fidelity $(FIDELITY_RUNS)
 
 $(BUILD)/fidelity: tests/fidelity.c $(LIB)
 	@mkdir -p $(dir $@)

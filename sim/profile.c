@@ -20,12 +20,19 @@
  * device, model, tp, command, code_rev, created, gemm_engine, attn_backend, replay_steps,
  * replay_ratio; gemm(name, per_layer, k, n, m, us); attn_decode(batch, ctx, us);
  * attn_prefill(q, ctx, us); attn_steps(trace, step, num_reqs, num_tokens, measured_us,
- * predicted_us).  Times are microseconds per call (GEMM) or per layer (attention).
+ * predicted_us).  Times are microseconds per call (GEMM) or per layer (attention).  Version 2
+ * (profiles imported from LLMServingSim, sim/profile_import.c; a few hundred KB) adds: gemm rows
+ * of operations that are not GEMMs (k = n = 0), gemm.per_layer as calls per layer (2: a layer's
+ * two norms), 0 once per step at the requests, -1 once per step at the tokens; an operation at
+ * the requests timed on a first part of the token grid only; and attn_mixed(q, ctx, batch, dctx,
+ * us), one prefill with a decode batch in one kernel.  Version 1 profiles are written as before.
  *
  * Interpolation: piecewise linear along each axis; beyond the last grid point the last segment
  * is extended (never below the last value); below the first point the first value holds.  Two
  * axes: along the inner axis first, then the outer.  A step's attention = the decode requests
- * together at their count and mean context + each other request alone at its (query, context).
+ * together at their count and mean context + each other request alone at its (query, context);
+ * with attn_mixed, a step with decodes and prefills takes its largest prefill and the decodes
+ * from the mixed grid, the other prefills alone.
  *
  * --synthetic DEVICE writes the same tables from the roofline of a device preset instead of a
  * measurement (no GPU): a profile whose every number is known, for tests of the format and the
@@ -45,7 +52,7 @@
 #include "../replay/replay.h"
 
 #define PROFILE_FORMAT "attnreplay-profile"
-#define PROFILE_VERSION 1
+#define PROFILE_VERSION 2   /* read: 1 and 2; written: 1 unless the profile needs 2 (profile_version) */
 
 /* ---- interpolation ------------------------------------------------------------------------------ */
 
@@ -72,29 +79,86 @@ static double interp2(const double *xa, int na, const double *xb, int nb,
 double ar_profile_gemm_us(const ar_profile_table *p, int g, double m)
 {
     if (g < 0 || g >= p->num_gemms) return 0;
-    return interp1(p->m, p->gemm_us[g], p->num_m, m);
+    int n = p->gemm_num_m[g] > 0 && p->gemm_num_m[g] <= p->num_m ? p->gemm_num_m[g] : p->num_m;
+    return interp1(p->m, p->gemm_us[g], n, m);
+}
+
+/* The points of an axis interp1 would use at x: *off and 1 or 2 points from there. */
+static int segment(const double *xs, int n, double x, int *off)
+{
+    if (n <= 1 || x <= xs[0]) { *off = 0; return 1; }
+    int i = 1;
+    while (i < n - 1 && xs[i] < x) i++;
+    *off = i - 1;
+    return 2;
+}
+
+/* The mixed grid at (q, ctx, batch, dctx): piecewise linear along each axis as interp1 (the last
+ * segment extended beyond the grid, never below its last value; the first value held below it),
+ * dctx innermost, then batch, ctx, q; only the bracketing points of each axis are read. */
+static double mixed_us(const ar_profile_table *p, double q, double ctx, double batch, double dctx)
+{
+    int oq, oc, ob, od;
+    int lq = segment(p->mix_q, p->num_mix_q, q, &oq), lc = segment(p->mix_ctx, p->num_mix_ctx, ctx, &oc);
+    int lb = segment(p->mix_batch, p->num_mix_batch, batch, &ob), ld = segment(p->mix_dctx, p->num_mix_dctx, dctx, &od);
+    size_t nc = (size_t)p->num_mix_ctx, nb = (size_t)p->num_mix_batch, nd = (size_t)p->num_mix_dctx;
+    double by_q[2], by_ctx[2], by_batch[2];
+    for (int i = 0; i < lq; i++) {
+        for (int j = 0; j < lc; j++) {
+            for (int k = 0; k < lb; k++) {
+                const double *row = p->mix_us + (((size_t)(oq + i) * nc + (size_t)(oc + j)) * nb + (size_t)(ob + k)) * nd;
+                by_batch[k] = interp1(p->mix_dctx + od, row + od, ld, dctx);
+            }
+            by_ctx[j] = interp1(p->mix_batch + ob, by_batch, lb, batch);
+        }
+        by_q[i] = interp1(p->mix_ctx + oc, by_ctx, lc, ctx);
+    }
+    return interp1(p->mix_q + oq, by_q, lq, q);
 }
 
 double ar_profile_attention_us(const ar_profile_table *p, const int *query_lens, const int *context_lens, int n)
 {
     double us = 0, decode_ctx = 0;
-    int decodes = 0;
+    int decodes = 0, largest = -1;
     for (int r = 0; r < n; r++) {
         if (query_lens[r] == 1) {
             decodes++;
             decode_ctx += context_lens[r];
-        } else {
-            us += interp2(p->pre_q, p->num_pre_q, p->pre_ctx, p->num_pre_ctx, p->pre_us, query_lens[r],
-                          context_lens[r]);
+        } else if (query_lens[r] > 1 && (largest < 0 || query_lens[r] > query_lens[largest])) {
+            largest = r;
         }
     }
-    if (decodes > 0)
+    bool mixed = p->num_mix_q > 0 && decodes > 0 && largest >= 0;
+    for (int r = 0; r < n; r++)
+        if (query_lens[r] > 1 && !(mixed && r == largest))
+            us += interp2(p->pre_q, p->num_pre_q, p->pre_ctx, p->num_pre_ctx, p->pre_us, query_lens[r],
+                          context_lens[r]);
+    if (mixed)
+        us += mixed_us(p, query_lens[largest], context_lens[largest], decodes, decode_ctx / decodes);
+    else if (decodes > 0)
         us += interp2(p->dec_batch, p->num_dec_batch, p->dec_ctx, p->num_dec_ctx, p->dec_us, decodes,
                       decode_ctx / decodes);
     return us;
 }
 
 /* ---- the database --------------------------------------------------------------------------------- */
+
+/* The token counts operation g is timed at (a prefix of p->m). */
+static int gemm_points(const ar_profile_table *p, int g)
+{
+    return p->gemm_num_m[g] > 0 && p->gemm_num_m[g] <= p->num_m ? p->gemm_num_m[g] : p->num_m;
+}
+
+/* Version 2 adds what version 1 readers would misread: operations other than once per layer or
+ * once at the requests (gemm.per_layer not 0 or 1), an operation timed on part of the token grid,
+ * and the attn_mixed table.  A profile without them is written as version 1. */
+static int profile_version(const ar_profile_table *p)
+{
+    bool v2 = p->num_mix_q > 0;
+    for (int g = 0; g < p->num_gemms; g++)
+        v2 = v2 || (p->gemm_per_layer[g] != 0 && p->gemm_per_layer[g] != 1) || gemm_points(p, g) != p->num_m;
+    return v2 ? 2 : 1;
+}
 
 static int sql_fail(sqlite3 *db, const char *path, char *err, size_t err_len)
 {
@@ -125,12 +189,17 @@ int ar_profile_save(const char *path, const ar_profile_table *p, const char *com
                      " measured_us REAL, predicted_us REAL);",
                      NULL, NULL, NULL) != SQLITE_OK)
         goto fail;
+    if (p->num_mix_q > 0 &&
+        sqlite3_exec(db, "CREATE TABLE attn_mixed(q INTEGER NOT NULL, ctx INTEGER NOT NULL, batch INTEGER NOT NULL,"
+                         " dctx INTEGER NOT NULL, us REAL NOT NULL, PRIMARY KEY(q, ctx, batch, dctx)) WITHOUT ROWID;",
+                     NULL, NULL, NULL) != SQLITE_OK)
+        goto fail;
     char tp[16], steps[32], ratio[32], created[32], version[16];
     snprintf(tp, sizeof tp, "%d", p->tp);
     snprintf(steps, sizeof steps, "%d", p->replay_steps);
     snprintf(ratio, sizeof ratio, "%.6f", p->replay_ratio > 0 ? p->replay_ratio : 1.0);
     snprintf(created, sizeof created, "%lld", (long long)time(NULL));
-    snprintf(version, sizeof version, "%d", PROFILE_VERSION);
+    snprintf(version, sizeof version, "%d", profile_version(p));
     const char *meta[][2] = {
         {"format", PROFILE_FORMAT}, {"version", version}, {"device", p->device}, {"model", p->model},
         {"tp", tp}, {"command", command ? command : ""}, {"code_rev", AR_CODE_REV}, {"created", created},
@@ -146,7 +215,7 @@ int ar_profile_save(const char *path, const ar_profile_table *p, const char *com
     sqlite3_finalize(st);
     if (sqlite3_prepare_v2(db, "INSERT INTO gemm VALUES(?, ?, ?, ?, ?, ?)", -1, &st, NULL) != SQLITE_OK) goto fail;
     for (int g = 0; g < p->num_gemms; g++)
-        for (int i = 0; i < p->num_m; i++) {
+        for (int i = 0; i < gemm_points(p, g); i++) {
             sqlite3_reset(st);
             sqlite3_bind_text(st, 1, p->gemm_name[g], -1, SQLITE_STATIC);
             sqlite3_bind_int(st, 2, p->gemm_per_layer[g]);
@@ -172,6 +241,24 @@ int ar_profile_save(const char *path, const ar_profile_table *p, const char *com
         sqlite3_finalize(st);
     }
     st = NULL;
+    if (p->num_mix_q > 0) {
+        if (sqlite3_prepare_v2(db, "INSERT INTO attn_mixed VALUES(?, ?, ?, ?, ?)", -1, &st, NULL) != SQLITE_OK) goto fail;
+        size_t cell = 0;
+        for (int i = 0; i < p->num_mix_q; i++)
+            for (int j = 0; j < p->num_mix_ctx; j++)
+                for (int k = 0; k < p->num_mix_batch; k++)
+                    for (int l = 0; l < p->num_mix_dctx; l++, cell++) {
+                        sqlite3_reset(st);
+                        sqlite3_bind_int64(st, 1, (sqlite3_int64)p->mix_q[i]);
+                        sqlite3_bind_int64(st, 2, (sqlite3_int64)p->mix_ctx[j]);
+                        sqlite3_bind_int64(st, 3, (sqlite3_int64)p->mix_batch[k]);
+                        sqlite3_bind_int64(st, 4, (sqlite3_int64)p->mix_dctx[l]);
+                        sqlite3_bind_double(st, 5, p->mix_us[cell]);
+                        if (sqlite3_step(st) != SQLITE_DONE) goto fail;
+                    }
+        sqlite3_finalize(st);
+        st = NULL;
+    }
     if (sqlite3_exec(db, "COMMIT;", NULL, NULL, NULL) != SQLITE_OK) goto fail;
     rc = 0;
     goto done;
@@ -220,8 +307,8 @@ static int load_meta(sqlite3 *db, const char *path, ar_profile_table *p, char *e
         else if (strcmp(k, "replay_ratio") == 0) p->replay_ratio = atof(v);
     }
     sqlite3_finalize(st);
-    if (!format_ok || version != PROFILE_VERSION) {
-        snprintf(err, err_len, "%s: meta says this is not an %s version %d database", path, PROFILE_FORMAT,
+    if (!format_ok || version < 1 || version > PROFILE_VERSION) {
+        snprintf(err, err_len, "%s: meta says this is not an %s database of version 1 to %d", path, PROFILE_FORMAT,
                  PROFILE_VERSION);
         return 2;
     }
@@ -276,6 +363,73 @@ static int load_grid(sqlite3 *db, const char *path, const char *table, const cha
     return rc;
 }
 
+/* Index of v in xs[n] (exact), -1 when absent. */
+static int axis_index(const double *xs, int n, double v)
+{
+    for (int i = 0; i < n; i++)
+        if (xs[i] == v) return i;
+    return -1;
+}
+
+/* The optional attn_mixed table: complete over its four axes, positive times, at most
+ * AR_PROF_MAX_MIX cells. */
+static int load_mixed(sqlite3 *db, const char *path, ar_profile_table *p, char *err, size_t err_len)
+{
+    sqlite3_stmt *st = NULL;
+    bool present = sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'attn_mixed'",
+                                      -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW;
+    sqlite3_finalize(st);
+    st = NULL;
+    if (!present) return 0;
+    p->num_mix_q = distinct_values(db, "SELECT DISTINCT q FROM attn_mixed ORDER BY q", p->mix_q, AR_PROF_MAX_AXIS);
+    p->num_mix_ctx = distinct_values(db, "SELECT DISTINCT ctx FROM attn_mixed ORDER BY ctx", p->mix_ctx, AR_PROF_MAX_AXIS);
+    p->num_mix_batch = distinct_values(db, "SELECT DISTINCT batch FROM attn_mixed ORDER BY batch", p->mix_batch,
+                                       AR_PROF_MAX_AXIS);
+    p->num_mix_dctx = distinct_values(db, "SELECT DISTINCT dctx FROM attn_mixed ORDER BY dctx", p->mix_dctx,
+                                      AR_PROF_MAX_AXIS);
+    if (p->num_mix_q < 1 || p->num_mix_ctx < 1 || p->num_mix_batch < 1 || p->num_mix_dctx < 1 || p->mix_q[0] < 2 ||
+        p->mix_batch[0] < 1 ||
+        (double)p->num_mix_q * p->num_mix_ctx * p->num_mix_batch * p->num_mix_dctx > AR_PROF_MAX_MIX) {
+        snprintf(err, err_len, "%s: table attn_mixed empty, with q < 2 or batch < 1, over %d values on an axis or over "
+                 "%d cells", path, AR_PROF_MAX_AXIS, AR_PROF_MAX_MIX);
+        p->num_mix_q = 0;
+        return 2;
+    }
+    size_t cells = (size_t)p->num_mix_q * p->num_mix_ctx * p->num_mix_batch * p->num_mix_dctx;
+    for (size_t c = 0; c < cells; c++) p->mix_us[c] = NAN;
+    int rc = 0;
+    if (sqlite3_prepare_v2(db, "SELECT q, ctx, batch, dctx, us FROM attn_mixed", -1, &st, NULL) != SQLITE_OK) {
+        snprintf(err, err_len, "%s: %s", path, sqlite3_errmsg(db));
+        rc = 2;
+    }
+    while (rc == 0 && sqlite3_step(st) == SQLITE_ROW) {
+        double x[4], us = sqlite3_column_double(st, 4);
+        for (int a = 0; a < 4; a++) x[a] = sqlite3_column_double(st, a);
+        int i = axis_index(p->mix_q, p->num_mix_q, x[0]), j = axis_index(p->mix_ctx, p->num_mix_ctx, x[1]);
+        int k = axis_index(p->mix_batch, p->num_mix_batch, x[2]), l = axis_index(p->mix_dctx, p->num_mix_dctx, x[3]);
+        size_t c = (((size_t)i * p->num_mix_ctx + j) * p->num_mix_batch + k) * p->num_mix_dctx + l;
+        if (i < 0 || j < 0 || k < 0 || l < 0 || !isnan(p->mix_us[c]) || !(us > 0) || !isfinite(us)) {
+            snprintf(err, err_len, "%s: table attn_mixed: row (q, ctx, batch, dctx) = (%g, %g, %g, %g) has a time that "
+                     "is not positive or repeats", path, x[0], x[1], x[2], x[3]);
+            rc = 2;
+        } else {
+            p->mix_us[c] = us;
+        }
+    }
+    sqlite3_finalize(st);
+    for (size_t c = 0; c < cells && rc == 0; c++)
+        if (isnan(p->mix_us[c])) {
+            size_t l = c % p->num_mix_dctx, k = c / p->num_mix_dctx % p->num_mix_batch;
+            size_t j = c / p->num_mix_dctx / p->num_mix_batch % p->num_mix_ctx;
+            size_t i = c / p->num_mix_dctx / p->num_mix_batch / p->num_mix_ctx;
+            snprintf(err, err_len, "%s: table attn_mixed lacks (q, ctx, batch, dctx) = (%g, %g, %g, %g): the grid must be "
+                     "complete", path, p->mix_q[i], p->mix_ctx[j], p->mix_batch[k], p->mix_dctx[l]);
+            rc = 2;
+        }
+    if (rc) p->num_mix_q = 0;
+    return rc;
+}
+
 int ar_profile_load(const char *path, ar_profile_table *p, char *err, size_t err_len)
 {
     memset(p, 0, sizeof *p);
@@ -311,7 +465,12 @@ int ar_profile_load(const char *path, ar_profile_table *p, char *err, size_t err
                 rc = 2;
             }
         snprintf(p->gemm_name[g], sizeof p->gemm_name[g], "%s", name);
-        p->gemm_per_layer[g] = sqlite3_column_int(st, 1) != 0;
+        p->gemm_per_layer[g] = sqlite3_column_int(st, 1);
+        if (p->gemm_per_layer[g] < -1 || p->gemm_per_layer[g] > 64) {
+            snprintf(err, err_len, "%s: table gemm: shape %s has per_layer %d (calls per layer, 0 once at the requests, "
+                     "-1 once at the tokens)", path, name, p->gemm_per_layer[g]);
+            rc = 2;
+        }
         p->gemm_k[g] = sqlite3_column_int(st, 2);
         p->gemm_n[g] = sqlite3_column_int(st, 3);
         p->num_gemms++;
@@ -322,13 +481,20 @@ int ar_profile_load(const char *path, ar_profile_table *p, char *err, size_t err
         double grid[AR_PROF_MAX_M];
         char sql[160];
         snprintf(sql, sizeof sql, "SELECT us FROM gemm WHERE name = '%s' ORDER BY m", p->gemm_name[g]);
+        char msql[160];
+        snprintf(msql, sizeof msql, "SELECT m FROM gemm WHERE name = '%s' ORDER BY m", p->gemm_name[g]);
+        double ms[AR_PROF_MAX_M];
         int n = strchr(p->gemm_name[g], '\'') ? -1 : distinct_values(db, sql, grid, AR_PROF_MAX_M);
-        if (n != p->num_m) {
-            snprintf(err, err_len, "%s: table gemm: shape %s is not timed at every token count of the grid", path,
-                     p->gemm_name[g]);
+        bool prefix = n >= 1 && distinct_values(db, msql, ms, AR_PROF_MAX_M) == n;
+        for (int i = 0; prefix && i < n; i++) prefix = ms[i] == p->m[i];
+        /* an operation run at the number of requests may stop early (a prefix of the grid) */
+        if (n != p->num_m && !(p->gemm_per_layer[g] == 0 && prefix)) {
+            snprintf(err, err_len, "%s: table gemm: shape %s is not timed at every token count of the grid%s", path,
+                     p->gemm_name[g], p->gemm_per_layer[g] == 0 ? " (or at a first part of it)" : "");
             rc = 2;
         }
-        for (int i = 0; i < p->num_m && rc == 0; i++) {
+        p->gemm_num_m[g] = n;
+        for (int i = 0; i < n && rc == 0; i++) {
             if (!(grid[i] > 0) || !isfinite(grid[i])) {
                 snprintf(err, err_len, "%s: table gemm: shape %s at M = %g has a time that is not positive", path,
                          p->gemm_name[g], p->m[i]);
@@ -359,6 +525,7 @@ int ar_profile_load(const char *path, ar_profile_table *p, char *err, size_t err
     if (rc == 0)
         rc = load_grid(db, path, "attn_prefill", "q, ctx", p->pre_q, p->num_pre_q, p->pre_ctx, p->num_pre_ctx,
                        p->pre_us, err, err_len);
+    if (rc == 0) rc = load_mixed(db, path, p, err, err_len);
     sqlite3_close(db);
     return rc;
 }
@@ -421,6 +588,7 @@ static void setup_table(ar_profile_table *p, const ar_model_preset *preset, int 
     p->replay_ratio = 1.0;
     p->num_m = g->num_m;
     for (int i = 0; i < g->num_m; i++) p->m[i] = g->m[i];
+    for (int i = 0; i < p->num_gemms; i++) p->gemm_num_m[i] = g->num_m;
     p->num_dec_batch = g->num_dec_batch;
     p->num_dec_ctx = g->num_dec_ctx;
     p->num_pre_q = g->num_pre_q;
@@ -675,6 +843,7 @@ static void profile_usage(FILE *f)
     fprintf(f,
             "usage: attnreplay profile --device DEVICE --model PRESET --db DB [options]\n"
             "       attnreplay profile --synthetic DEVICE --model PRESET --db DB [--tp N] [--quick]\n"
+            "       attnreplay profile --from-llmservingsim DIR --device DEVICE --model PRESET --db DB [--tp N]\n"
             "Measures on GPU 0 the model's GEMMs (cuBLAS, every layer's shapes over %d token counts) and one\n"
             "layer's attention through a backend (decode batches x contexts, prefills x contexts; with\n"
             "--trace also real replayed steps), and writes a profile database for --step-time profile:DB.\n"
@@ -688,13 +857,64 @@ static void profile_usage(FILE *f)
             "                    interpolated attention by the median measured / interpolated ratio\n"
             "  --quick           a small grid (for smoke tests)\n"
             "  --synthetic DEVICE  no measurement: the roofline's numbers of a device preset (tests)\n"
+            "  --from-llmservingsim DIR  no measurement: convert LLMServingSim's per-layer profiles of --model on\n"
+            "                    --device (DIR = profiler/perf/<card>/<model>/<variant>/tp<N>, with --tp N)\n"
             "Exit status: 0 written, 2 usage or bad input, 3 no GPU, CUDA or backend error.\n",
             COUNT(full_m), ar_device_names());
 }
 
+/* --from-llmservingsim DIR: the bundle's folder for one tp (sim/profile_import.c).  The GPU it was
+ * measured on is the `gpu:` line of DIR/../meta.yaml when there is one (it must be --device's
+ * card), else --device's preset name. */
+static int import_main(const char *dir, const ar_model_preset *preset, int tp, const char *device, const char *db_path,
+                       const char *command)
+{
+    const ar_device_spec *dev = device ? ar_device_find(device) : NULL;
+    if (!dev) {
+        fprintf(stderr, "profile: --from-llmservingsim needs --device, one of %s\n", ar_device_names());
+        return 2;
+    }
+    char gpu[128], meta[1200], line[512];
+    snprintf(gpu, sizeof gpu, "%s", dev->name);
+    snprintf(meta, sizeof meta, "%s/../meta.yaml", dir);
+    FILE *f = fopen(meta, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "gpu:", 4) != 0) continue;
+        char *v = line + 4;
+        while (*v == ' ' || *v == '\'' || *v == '"') v++;
+        size_t len = strlen(v);
+        while (len > 0 && strchr(" \r\n'\"", v[len - 1])) v[--len] = 0;
+        snprintf(gpu, sizeof gpu, "%s", v);
+        break;
+    }
+    if (f) fclose(f);
+    if (ar_device_match(gpu) != dev) {
+        fprintf(stderr, "profile: %s says gpu '%s', which is not --device %s\n", meta, gpu, device);
+        return 2;
+    }
+    ar_profile_table *p = calloc(1, sizeof *p);
+    char err[AR_ERR_MAX + 2048], note[512], full[2600];
+    if (!p) { fprintf(stderr, "profile: out of memory\n"); return 3; }
+    int rc = ar_profile_import_llmservingsim(dir, preset, tp, gpu, p, note, sizeof note, err, sizeof err);
+    if (rc == 0) {
+        snprintf(full, sizeof full, "%s (LLMServingSim profile bundle; attention grids kept: %s)", command, note);
+        if (ar_profile_save(db_path, p, full, err, sizeof err) != 0) rc = 3;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "profile: %s\n", err);
+        free(p);
+        return rc;
+    }
+    printf("imported %s: %s (tp %d) on %s: %d operations x up to %d token counts; attention grids kept: %s -> %s\n", dir,
+           p->model, p->tp, p->device, p->num_gemms, p->num_m, note, db_path);
+    free(p);
+    return 0;
+}
+
 int ar_profile_main(int argc, char **argv)
 {
-    const char *device = NULL, *model = NULL, *db_path = NULL, *backend = "cuda", *trace = NULL, *synthetic = NULL;
+    const char *device = NULL, *model = NULL, *db_path = NULL, *backend = "cuda", *trace = NULL, *synthetic = NULL,
+               *import_dir = NULL;
     int tp = 1, repeat = 20, trace_steps = 200;
     bool quick = false;
     char command[2048] = "attnreplay";
@@ -720,6 +940,7 @@ int ar_profile_main(int argc, char **argv)
         else if (strcmp(a, "--backend") == 0) backend = v;
         else if (strcmp(a, "--trace") == 0) trace = v;
         else if (strcmp(a, "--synthetic") == 0) synthetic = v;
+        else if (strcmp(a, "--from-llmservingsim") == 0) import_dir = v;
         else if (strcmp(a, "--tp") == 0 && num_ok && n >= 1 && n <= 64) tp = (int)n;
         else if (strcmp(a, "--repeat") == 0 && num_ok && n >= 1 && n <= 1000) repeat = (int)n;
         else if (strcmp(a, "--trace-steps") == 0 && num_ok && n >= 1 && n <= 100000) trace_steps = (int)n;
@@ -729,7 +950,7 @@ int ar_profile_main(int argc, char **argv)
             return 2;
         }
     }
-    if (!model || !db_path || (!device && !synthetic)) {
+    if (!model || !db_path || (!device && !synthetic && !import_dir)) {
         fprintf(stderr, "profile: --model, --db and --device (or --synthetic) are required\n");
         profile_usage(stderr);
         return 2;
@@ -743,6 +964,7 @@ int ar_profile_main(int argc, char **argv)
         fprintf(stderr, "profile: %s: only dense MHA/GQA models are profiled (MLA and MoE shapes are not)\n", model);
         return 2;
     }
+    if (import_dir) return import_main(import_dir, preset, tp, device, db_path, command);
     const ar_model *m = &preset->model;
     if (m->num_kv_heads % tp != 0 || preset->intermediate % tp != 0 || preset->vocab % tp != 0) {
         fprintf(stderr, "profile: --tp %d does not divide %s's KV heads, MLP or vocabulary\n", tp, model);

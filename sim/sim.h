@@ -150,21 +150,28 @@ typedef struct ar_batch_features {
 } ar_batch_features;
 
 /* A measured step-time profile (sim/profile.c: `attnreplay profile`, stored in SQLite): per-call
- * times of the model's GEMMs over a grid of token counts, and one layer's attention time over
- * grids of decode batches (requests x context) and single prefills (query x context). */
-#define AR_PROF_MAX_GEMMS 8
-#define AR_PROF_MAX_M 40
-#define AR_PROF_MAX_AXIS 16
+ * times of the model's GEMMs (and other per-token operations) over a grid of token counts, and one
+ * layer's attention time over grids of decode batches (requests x context) and single prefills
+ * (query x context); optionally (profiles imported from LLMServingSim, sim/profile_import.c) a
+ * grid of mixed batches, one prefill and a decode batch in one kernel. */
+#define AR_PROF_MAX_GEMMS 12
+#define AR_PROF_MAX_M 160
+#define AR_PROF_MAX_AXIS 24
+#define AR_PROF_MAX_MIX 12288      /* cells of the mixed grid */
 typedef struct ar_profile_table {
     char device[128];          /* what the profile was measured on (the GPU's name) */
     char model[64];            /* preset name */
     int tp;                    /* tensor-parallel degree the GEMM shapes are sharded for */
     int num_gemms;
-    char gemm_name[AR_PROF_MAX_GEMMS][16];   /* "qkv", "o", "gate_up", "down", "lm_head" */
-    int gemm_k[AR_PROF_MAX_GEMMS], gemm_n[AR_PROF_MAX_GEMMS];
-    int gemm_per_layer[AR_PROF_MAX_GEMMS];   /* 1: once per layer at M = tokens; 0: once at M = requests */
+    char gemm_name[AR_PROF_MAX_GEMMS][16];   /* "qkv", "o", "gate_up", "down", "lm_head", ... */
+    int gemm_k[AR_PROF_MAX_GEMMS], gemm_n[AR_PROF_MAX_GEMMS];   /* 0 for an operation that is not a GEMM */
+    /* calls per layer at M = tokens (1 for a GEMM, 2 for a layer's two norms); 0: once per step at
+       M = requests (LM head, sampler); -1: once per step at M = tokens (embedding, final norm) */
+    int gemm_per_layer[AR_PROF_MAX_GEMMS];
     int num_m;
     double m[AR_PROF_MAX_M];                 /* token counts, ascending */
+    int gemm_num_m[AR_PROF_MAX_GEMMS];       /* points of m timed for each operation: all (num_m), or
+                                                for one run at M = requests a prefix of them */
     double gemm_us[AR_PROF_MAX_GEMMS][AR_PROF_MAX_M];
     int num_dec_batch, num_dec_ctx;          /* decode: num_dec_batch requests of 1 token each */
     double dec_batch[AR_PROF_MAX_AXIS], dec_ctx[AR_PROF_MAX_AXIS];
@@ -172,6 +179,11 @@ typedef struct ar_profile_table {
     int num_pre_q, num_pre_ctx;              /* prefill: one request, q new tokens after ctx */
     double pre_q[AR_PROF_MAX_AXIS], pre_ctx[AR_PROF_MAX_AXIS];
     double pre_us[AR_PROF_MAX_AXIS][AR_PROF_MAX_AXIS];    /* [q][context], one layer */
+    /* mixed: one prefill of q tokens after ctx together with batch decodes after dctx each, one
+       layer; num_mix_q == 0: none (then a step's prefills and decodes are timed apart and added) */
+    int num_mix_q, num_mix_ctx, num_mix_batch, num_mix_dctx;
+    double mix_q[AR_PROF_MAX_AXIS], mix_ctx[AR_PROF_MAX_AXIS], mix_batch[AR_PROF_MAX_AXIS], mix_dctx[AR_PROF_MAX_AXIS];
+    double mix_us[AR_PROF_MAX_MIX];          /* [q][ctx][batch][dctx], row-major */
     int replay_steps;          /* replayed steps measured with the profile (0 none) */
     double replay_ratio;       /* median of measured / interpolated attention over them (1 none) */
 } ar_profile_table;
@@ -334,7 +346,9 @@ int ar_profile_save(const char *path, const ar_profile_table *p, const char *com
                     size_t err_len);
 /* One layer's attention time in microseconds for a batch shape, interpolated from the profile:
  * decode requests (one token) together from the decode grid at their count and mean context,
- * every other request alone from the prefill grid. */
+ * every other request alone from the prefill grid; with a mixed grid, a step holding decodes and
+ * prefills takes its largest prefill (most tokens, the first of equals) and the decodes from the
+ * mixed grid, every other prefill alone.  Requests of no tokens cost nothing. */
 double ar_profile_attention_us(const ar_profile_table *p, const int *query_lens /* [n] */,
                                const int *context_lens /* [n] */, int n);
 /* Time of GEMM g at m tokens in microseconds: linear interpolation on the grid, proportional to
@@ -346,6 +360,13 @@ double ar_profile_gemm_us(const ar_profile_table *p, int g, double m);
  * 3 on a device/runtime error; err set. */
 int ar_profile_time_attention(const char *backend_name, const ar_model *model, int tp, int batch, int q, int ctx,
                               int repeat, double *us, char *err, size_t err_len);
+/* Reads one tensor-parallel folder of an LLMServingSim profile bundle (dense.csv,
+ * per_sequence.csv, attention.csv: github.com/casys-kaist/LLMServingSim, profiler/perf/<card>/
+ * <model>/<variant>/tp<N>/) of a Llama-architecture model into p (sim/profile_import.c).  device
+ * is what p records as measured on.  note (may be NULL) receives a line on the grids kept.
+ * Returns 0, or 2 with "FILE:LINE: rule" or "FILE: rule" in err. */
+int ar_profile_import_llmservingsim(const char *dir, const ar_model_preset *preset, int tp, const char *device,
+                                    ar_profile_table *p, char *note, size_t note_len, char *err, size_t err_len);
 /* `attnreplay profile ...`: 0 done, 2 bad input/usage, 3 device/runtime error. */
 int ar_profile_main(int argc, char **argv);
 /* Least-squares fit of a replay database's measured attention time (steps.time_us, summed over

@@ -33,7 +33,8 @@
  *   the model's layers.
  * profile:DB[,device=DEV][,same keys]
  *   t_linear and t_attention interpolated from a measured profile (sim/profile.c): every GEMM of
- *   every layer at the padded token count, the LM head at the number of requests, one layer's
+ *   every layer at the padded token count (and any other per-token operation the profile holds, as
+ *   many calls per layer as it says, or once per step), the LM head at the number of requests, one layer's
  *   attention for the batch's shape times the layers, scaled by the profile's measured / predicted
  *   ratio over real replayed steps; all-reduce and CPU terms as in the roofline.  The device (for
  *   the interconnect) is the preset matching the GPU the profile was measured on, or device=. */
@@ -288,9 +289,12 @@ void ar_steptime_parts(const ar_steptime *st, const ar_batch_features *f, ar_ste
     double peak = st->device.peak_flops * tp, bw = st->device.mem_bw * st->bw_efficiency * tp;
     if (st->kind == AR_STEPTIME_PROFILE) {
         const ar_profile_table *pr = &st->profile;
-        for (int g = 0; g < pr->num_gemms; g++)
-            parts->linear_s += pr->gemm_per_layer[g] ? m->num_layers * ar_profile_gemm_us(pr, g, tokens)
-                                                     : ar_profile_gemm_us(pr, g, f->num_reqs);
+        for (int g = 0; g < pr->num_gemms; g++) {   /* per_layer: calls per layer; 0 at the requests; -1 once */
+            int calls = pr->gemm_per_layer[g];
+            parts->linear_s += calls > 0    ? (double)calls * m->num_layers * ar_profile_gemm_us(pr, g, tokens)
+                               : calls == 0 ? ar_profile_gemm_us(pr, g, f->num_reqs)
+                                            : ar_profile_gemm_us(pr, g, tokens);
+        }
         parts->linear_s *= 1e-6;
         if (f->query_lens && f->context_lens) {
             parts->attn_s = 1e-6 * m->num_layers * st->attn_scale *

@@ -32,6 +32,12 @@
  * take the linear term from the candidate table of vLLM's measured linear layers (sim/presets.c),
  * pinned (stage 1 then fits gap alone) and with gemm_scale fitted over it.
  *
+ * FIDELITY_STEPTIME=profile (`make fidelity-profiles`) runs the same protocol with each RTX card's
+ * step time from its measured per-layer profile (profile:DB of LLMServingSim's profiles, converted
+ * into sim/profiles/; FIDELITY_PROFILES names another folder) in place of the roofline: stage 1 fits
+ * gap alone, stage 2 overhead and per_req; then stage 1 along gap and the per-step terms switched
+ * off.
+ *
  * Prints one table; exit 0 (the numbers are a report, not a pass/fail test), 2 when the public
  * runs are missing. */
 #include <math.h>
@@ -81,6 +87,13 @@ static const char *const hidden_names[] = {"stamps", "recompute", "recompute+wai
  * stamps, recompute or recompute+waiting). */
 static int default_hidden = FID_RECOMPUTE_WAITING;
 
+/* FIDELITY_STEPTIME=profile (`make fidelity-profiles`): each device's step time is profile:DB of its
+ * card's measured per-layer profile (LLMServingSim's, converted: sim/profiles/), in place of the
+ * roofline's efficiencies; only gap (stage 1), overhead and per_req (stage 2) are fitted.  The
+ * databases are looked for in FIDELITY_PROFILES (default sim/profiles). */
+static bool profile_mode = false;
+static const char *profile_dir = "sim/profiles";
+
 /* The gemm_eff one device runs with: the shared scale times the device's measured GEMM
  * efficiency (its preset's table), at most 1. */
 static double device_gemm_eff(const fid_params *p, const char *device)
@@ -115,8 +128,10 @@ static double device_kv_eff(const fid_params *p, const char *device)
 static fid_params start_params(const char *device, const char *variant)
 {
     const ar_device_spec *d = ar_device_find(device);
+    /* profile mode: the linear layers and attention are measured, so stage 1 fits gap alone */
     return (fid_params){.gemm_scale = 1.0, .bw_scale = 1.0, .bw_eff = d->bw_eff, .kv_eff = 1.0,
-                        .attn_eff = d->attn_eff, .overhead = 0.003, .variant = variant, .hidden = default_hidden};
+                        .attn_eff = d->attn_eff, .overhead = 0.003, .variant = variant, .hidden = default_hidden,
+                        .gemm_pinned = profile_mode};
 }
 
 static int make_steptime(const fid_run *r, const fid_params *p, ar_steptime *st);
@@ -152,8 +167,38 @@ static void per_request_errors(const ar_sim *s, fid_per_req *out)
     out->tpot_rms = nt ? sqrt(tpot_sq / nt) : INFINITY;
 }
 
+/* profile mode: the device's profile step time with the variant's keys, parsed once (a profile is
+ * read from its database, ~130 KB), then given p's CPU terms and gap. */
+static int make_profile_steptime(const fid_run *r, const fid_params *p, ar_steptime *st)
+{
+    static struct { char key[96]; ar_steptime st; } cache[8];
+    static int cached = 0;
+    char key[96], spec[1400], err[AR_ERR_MAX + 2048];
+    snprintf(key, sizeof key, "%s%s", r->device, p->variant);
+    int i = 0;
+    while (i < cached && strcmp(cache[i].key, key) != 0) i++;
+    if (i == cached) {
+        if (cached == 8) { fprintf(stderr, "fidelity: too many profile step times\n"); return -1; }
+        snprintf(spec, sizeof spec, "profile:%s/llama-3.1-8b.%s.llmservingsim.profile.db,device=%s%s", profile_dir,
+                 r->device, r->device, p->variant);
+        if (ar_steptime_parse(spec, ar_model_preset_find("llama-3.1-8b"), &cache[i].st, err, sizeof err) != 0) {
+            fprintf(stderr, "fidelity: %s\n", err);
+            return -1;
+        }
+        snprintf(cache[i].key, sizeof cache[i].key, "%s", key);
+        cached++;
+    }
+    *st = cache[i].st;
+    st->overhead_s = p->overhead;
+    st->per_req_overhead_s = p->per_req;
+    st->gpu_gap_s = p->no_gap ? 0 : p->gap;
+    ar_steptime_set_engine(st, r->max_seqs);
+    return 0;
+}
+
 static int make_steptime(const fid_run *r, const fid_params *p, ar_steptime *st)
 {
+    if (profile_mode) return make_profile_steptime(r, p, st);
     const ar_model_preset *preset = ar_model_preset_find("llama-3.1-8b");
     char spec[256], err[AR_ERR_MAX + 2048];
     snprintf(spec, sizeof spec, "roofline:%s,gemm_eff=%g,attn_eff=%g,bw_eff=%g,kv_eff=%g,overhead=%g,per_req=%g,gap=%g%s",
@@ -478,6 +523,7 @@ static fid_params calibrate_once(fid_run *r, fid_params start, int *sims, fid_tr
     for (int round = 0; round < 3; round++)
         for (int k = 0; k < 6; k++) {
             if (k == 0 || k == 2 || k == 3) continue;   /* fixed by stage 1 */
+            if (k == 1 && profile_mode) continue;        /* attention is measured: no attn_eff */
             const double *grid = k == 0 ? scales : k < 4 ? effs : k == 4 ? overheads : per_reqs;
             int n = k == 0 ? (int)(sizeof scales / sizeof scales[0]) : k < 4 ? (int)(sizeof effs / sizeof effs[0])
                   : k == 4 ? (int)(sizeof overheads / sizeof overheads[0]) : (int)(sizeof per_reqs / sizeof per_reqs[0]);
@@ -642,6 +688,114 @@ static const char *verdict(const ar_fidelity *f)
     return mean_ok && p90_ok ? "met" : mean_ok ? "means met, p90 missed" : "missed";
 }
 
+/* A model variant for terms_off: extra step-time keys and the fid_params flags it sets. */
+typedef struct fid_variant {
+    const char *keys, *what;
+    bool datasheet_gemm, kv_tied, no_gap, bw_free, kv_absolute, kv_fitted, gemm_pinned, profiled_linear;
+} fid_variant;
+
+/* Each variant recalibrated on each run and evaluated on the other: one table row of evaluation
+ * gaps each, then the calibrated parameters.  Printed, never used to choose. */
+static int terms_off(fid_run *runs, const fid_variant *variants, size_t num)
+{
+    printf("### Each term off, recalibrated: evaluation gaps (mean TTFT / mean TPOT)\n\n");
+    static char fitted[16][2][640];
+    printf("| model | calibrated on RTXPRO6000 -> RTX4090 | calibrated on RTX4090 -> RTXPRO6000 |\n");
+    printf("| --- | --- | --- |\n");
+    for (size_t v = 0; v < num && v < 16; v++) {
+        printf("| %s |", variants[v].what);
+        for (int dir = 0; dir < 2; dir++) {
+            fid_run *cal = &runs[dir], *eval = &runs[1 - dir];
+            fid_params start = start_params(cal->device, variants[v].keys);
+            start.datasheet_gemm = variants[v].datasheet_gemm;
+            start.kv_tied = variants[v].kv_tied;
+            start.no_gap = variants[v].no_gap;
+            start.bw_free = variants[v].bw_free;
+            start.kv_absolute = variants[v].kv_absolute;
+            start.kv_fitted = variants[v].kv_fitted;
+            start.gemm_pinned = variants[v].gemm_pinned || profile_mode;
+            start.profiled_linear = variants[v].profiled_linear;
+            if (start.bw_free) start.bw_eff = 0.8;   /* the generic value the RTX tables held before measuring */
+            if (start.kv_absolute) start.kv_eff = start.bw_free ? start.bw_eff : device_bw_eff(&start, cal->device);
+            int sims = 0;
+            fid_stage1 vs1;
+            fid_params p = calibrate(cal, start, &sims, NULL, &vs1);
+            ar_fidelity fc, fe;
+            if (simulate(cal, &p, cal->num_blocks, &fc, NULL, NULL) != 0 ||
+                simulate(eval, &p, eval->num_blocks, &fe, NULL, NULL) != 0)
+                return 2;
+            printf(" %+.1f / %+.1f %% |", 100 * fe.gap_ttft[0], 100 * fe.gap_tpot[0]);
+            char terms[200];
+            if (profile_mode)
+                snprintf(terms, sizeof terms, "the profiles");
+            else
+                snprintf(terms, sizeof terms, "gemm_eff=%.3g (gemm_scale %.3g),attn_eff=%.3g,bw_eff=%.3g,kv_eff=%.3g%s",
+                         device_gemm_eff(&p, cal->device), p.gemm_scale, p.attn_eff, device_bw_eff(&p, cal->device),
+                         p.kv_fitted ? p.kv_eff : device_kv_eff(&p, cal->device),
+                         p.kv_tied ? " (= bw_eff)" : !p.kv_fitted ? " (table)" : p.kv_absolute || p.bw_free ? "" : " x bw_eff");
+            snprintf(fitted[v][dir], sizeof fitted[v][dir], "%s,gap=%.3g,overhead=%.3g,per_req=%.3g (stage-1 loss %.4f; "
+                     "%d refit%s%s; self-fit %+.1f / %+.1f %%)", terms, p.gap, p.overhead, p.per_req, vs1.loss,
+                     vs1.rounds - 1, vs1.rounds == 2 ? "" : "s", vs1.converged ? "" : ", not converged",
+                     100 * fc.gap_ttft[0], 100 * fc.gap_tpot[0]);
+        }
+        printf("\n");
+    }
+    printf("\nCalibrated parameters of each row (on RTXPRO6000 / on RTX4090):\n\n");
+    for (size_t v = 0; v < num && v < 16; v++) printf("- %s: %s / %s\n", variants[v].what, fitted[v][0], fitted[v][1]);
+    return 0;
+}
+
+/* The second ridge: gap held at each value, the other stage-1 terms refitted (with the roofline:
+ * gemm_scale, bw_eff and kv_eff from the tables; with the profiles none).  In the RTX 4090 run the
+ * KV cache stays full, so a step's KV reads are nearly a constant too and would trade against gap
+ * if kv_eff were fitted; with it pinned the rows show how sharply each run's step timings decide
+ * gap.  Printed, never used to choose. */
+static int gap_ridge(fid_run *runs, const fid_params *calibrated)
+{
+    printf("### Stage 1 along gap (%s; stage 2 as calibrated)\n\n",
+           profile_mode ? "the measured profiles" : "bw_eff and kv_eff from the tables; gemm_scale refitted");
+    printf("| calibrated on | gap (ms) | fitted gemm_scale | stage-1 loss (kept) | calibration TTFT / TPOT gap "
+           "| evaluation TTFT / TPOT gap |\n| --- | ---: | --- | --- | --- | --- |\n");
+    for (int dir = 0; dir < 2; dir++) {
+        fid_run *cal = &runs[dir], *eval = &runs[1 - dir];
+        for (int g = 0; g < 6; g++) {
+            fid_params start = calibrated[dir];
+            start.gap = 1e-3 * g;
+            start.gap_fixed = true;
+            fid_stage1 s1;
+            fid_params p;
+            ar_fidelity fc, fe;
+            if (ridge_point(cal, eval, start, &p, &s1, &fc, &fe) != 0) return 2;
+            char scale[32];
+            snprintf(scale, sizeof scale, profile_mode ? "-" : "%.3g", p.gemm_scale);
+            printf("| %s | %d | %s | %.4f (%d) | %+.1f / %+.1f %% | %+.1f / %+.1f %% |\n", cal->label, g, scale,
+                   s1.loss, s1.kept, 100 * fc.gap_ttft[0], 100 * fc.gap_tpot[0], 100 * fe.gap_ttft[0],
+                   100 * fe.gap_tpot[0]);
+        }
+    }
+    printf("\n");
+    return 0;
+}
+
+/* The rest of the profile mode's report: stage 1 along gap, and the per-step terms switched off
+ * (each recalibrated, evaluated).  Printed, never used to choose. */
+static int profile_report(fid_run *runs, const fid_params *calibrated)
+{
+    if (gap_ridge(runs, calibrated) != 0) return 2;
+    static const fid_variant variants[] = {
+        {"", "profiles, full model", .no_gap = false},
+        {"", "no serial per-step GPU time (gap = 0)", .no_gap = true},
+        {",async=0", "no async scheduling (CPU time adds to the GPU's)", .no_gap = false},
+        {",graph=0", "no CUDA-graph padding", .no_gap = false},
+    };
+    if (terms_off(runs, variants, sizeof variants / sizeof variants[0]) != 0) return 2;
+    for (int i = 0; i < 2; i++) {
+        ar_workload_free(&runs[i].wl);
+        ar_stepfit_free(&runs[i].steps);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *root = argc > 1 ? argv[1] : "../shared/traces-public/vllm-runs-llmservingsim";
@@ -655,6 +809,16 @@ int main(int argc, char **argv)
         }
         default_hidden = m;
     }
+    const char *steptime_mode = getenv("FIDELITY_STEPTIME");
+    if (steptime_mode && *steptime_mode) {
+        if (strcmp(steptime_mode, "profile") != 0 && strcmp(steptime_mode, "roofline") != 0) {
+            fprintf(stderr, "fidelity: FIDELITY_STEPTIME=%s: must be roofline or profile\n", steptime_mode);
+            return 2;
+        }
+        profile_mode = strcmp(steptime_mode, "profile") == 0;
+    }
+    const char *dir_env = getenv("FIDELITY_PROFILES");
+    if (dir_env && *dir_env) profile_dir = dir_env;
     fid_run runs[2] = {
         {.label = "RTXPRO6000", .dir = "RTXPRO6000-Llama-3.1-8B", .device = "rtxpro6000", .max_seqs = 128},
         {.label = "RTX4090", .dir = "RTX4090-Llama-3.1-8B", .device = "rtx4090", .num_blocks = 2588, .max_seqs = 256},
@@ -683,6 +847,10 @@ int main(int argc, char **argv)
     }
     printf("Simulator fidelity against real vLLM 0.19 runs (Llama-3.1-8B, TP 1, budget 2048, block 16).\n"
            "TTFT in s, TPOT in ms, each mean / p50 / p90; gap = sim / real - 1.  Goal: means within 5%%, p90 within 10%%.\n\n");
+    if (profile_mode)
+        printf("Step time: profile:%s/llama-3.1-8b.DEVICE.llmservingsim.profile.db, each card's measured per-layer "
+               "profile (LLMServingSim, converted); fitted: gap (stage 1), overhead and per_req (stage 2).\n\n",
+               profile_dir);
     fid_params calibrated[2];
     for (int dir = 0; dir < 2; dir++) {
         fid_run *cal = &runs[dir], *eval = &runs[1 - dir];
@@ -698,7 +866,10 @@ int main(int argc, char **argv)
         if (simulate(cal, &p, cal->num_blocks, &fc, NULL, NULL) != 0 || simulate(eval, &p, eval->num_blocks, &fe, &se, NULL) != 0)
             return 2;
         printf("### Calibrated on %s (%d simulations), evaluated on %s\n\n", cal->label, sims, eval->label);
-        printf("parameters: gemm_scale=%.3g (gemm_eff %s %.3g, %s %.3g), bw_eff from the device tables (%s %.3g, "
+        if (profile_mode)
+            printf("parameters: the measured profiles (linear layers, LM head and sampler, attention), gap=%.4g, "
+                   "overhead=%.3g, per_req=%.3g (async on, CUDA-graph padding)\n\n", p.gap, p.overhead, p.per_req);
+        else printf("parameters: gemm_scale=%.3g (gemm_eff %s %.3g, %s %.3g), bw_eff from the device tables (%s %.3g, "
                "%s %.3g), kv_eff from the device tables (%s %.3g, %s %.3g), attn_eff=%.3g, gap=%.3g, overhead=%.3g, "
                "per_req=%.3g (async on, CUDA-graph padding)\n\n", p.gemm_scale, cal->device, device_gemm_eff(&p, cal->device),
                eval->device, device_gemm_eff(&p, eval->device), cal->device, device_bw_eff(&p, cal->device),
@@ -747,6 +918,7 @@ int main(int argc, char **argv)
             printf("\n");
         }
     }
+    if (profile_mode) return profile_report(runs, calibrated);
     /* The ridge of stage 1: the calibration device's bw_eff held at each value (and the evaluation
      * device's moved by the same factor from its table), the other stage-1 terms refitted to the
      * calibration run's step timings; stage 2's terms stay as calibrated.  On one device the weight
@@ -776,34 +948,9 @@ int main(int argc, char **argv)
         }
     }
     printf("\n");
-    /* The second ridge: gap held at each value, bw_eff and kv_eff from the tables, gemm_scale
-     * refitted.  In the RTX 4090 run the KV cache stays full, so a step's KV reads are nearly a
-     * constant too and would trade against gap if kv_eff were fitted; with it pinned the rows show
-     * how sharply each run's step timings decide gap.  Printed, never used to choose. */
-    printf("### Stage 1 along gap (bw_eff and kv_eff from the tables; gemm_scale refitted; stage 2 as calibrated)\n\n");
-    printf("| calibrated on | gap (ms) | fitted gemm_scale | stage-1 loss (kept) | calibration TTFT / TPOT gap "
-           "| evaluation TTFT / TPOT gap |\n| --- | ---: | --- | --- | --- | --- |\n");
-    for (int dir = 0; dir < 2; dir++) {
-        fid_run *cal = &runs[dir], *eval = &runs[1 - dir];
-        for (int g = 0; g < 6; g++) {
-            fid_params start = calibrated[dir];
-            start.gap = 1e-3 * g;
-            start.gap_fixed = true;
-            fid_stage1 s1;
-            fid_params p;
-            ar_fidelity fc, fe;
-            if (ridge_point(cal, eval, start, &p, &s1, &fc, &fe) != 0) return 2;
-            printf("| %s | %d | %.3g | %.4f (%d) | %+.1f / %+.1f %% | %+.1f / %+.1f %% |\n", cal->label, g,
-                   p.gemm_scale, s1.loss, s1.kept, 100 * fc.gap_ttft[0], 100 * fc.gap_tpot[0],
-                   100 * fe.gap_ttft[0], 100 * fe.gap_tpot[0]);
-        }
-    }
-    printf("\n");
+    if (gap_ridge(runs, calibrated) != 0) return 2;
     /* each term switched off in turn, recalibrated, evaluated: what the term does to the transfer */
-    static const struct {
-        const char *keys, *what;
-        bool datasheet_gemm, kv_tied, no_gap, bw_free, kv_absolute, kv_fitted, gemm_pinned, profiled_linear;
-    } variants[] = {
+    static const fid_variant variants[] = {
         {"", "full model", false, false, false, false, false, false, false, false},
         {"", "linear term from vLLM's measured linear layers (candidate table), pinned: stage 1 fits gap alone", false,
          false, false, false, false, false, true, true},
@@ -825,44 +972,7 @@ int main(int argc, char **argv)
         {",async=0", "no async scheduling (CPU time adds to the GPU's)", false, false, false, false, false, false, false, false},
         {",graph=0", "no CUDA-graph padding", false, false, false, false, false, false, false, false},
     };
-    printf("### Each term off, recalibrated: evaluation gaps (mean TTFT / mean TPOT)\n\n");
-    static char fitted[16][2][320];
-    printf("| model | calibrated on RTXPRO6000 -> RTX4090 | calibrated on RTX4090 -> RTXPRO6000 |\n");
-    printf("| --- | --- | --- |\n");
-    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
-        printf("| %s |", variants[v].what);
-        for (int dir = 0; dir < 2; dir++) {
-            fid_run *cal = &runs[dir], *eval = &runs[1 - dir];
-            fid_params start = start_params(cal->device, variants[v].keys);
-            start.datasheet_gemm = variants[v].datasheet_gemm;
-            start.kv_tied = variants[v].kv_tied;
-            start.no_gap = variants[v].no_gap;
-            start.bw_free = variants[v].bw_free;
-            start.kv_absolute = variants[v].kv_absolute;
-            start.kv_fitted = variants[v].kv_fitted;
-            start.gemm_pinned = variants[v].gemm_pinned;
-            start.profiled_linear = variants[v].profiled_linear;
-            if (start.bw_free) start.bw_eff = 0.8;   /* the generic value the RTX tables held before measuring */
-            if (start.kv_absolute) start.kv_eff = start.bw_free ? start.bw_eff : device_bw_eff(&start, cal->device);
-            int sims = 0;
-            fid_stage1 vs1;
-            fid_params p = calibrate(cal, start, &sims, NULL, &vs1);
-            ar_fidelity fe;
-            if (simulate(eval, &p, eval->num_blocks, &fe, NULL, NULL) != 0) return 2;
-            printf(" %+.1f / %+.1f %% |", 100 * fe.gap_ttft[0], 100 * fe.gap_tpot[0]);
-            snprintf(fitted[v][dir], sizeof fitted[v][dir], "gemm_eff=%.3g (gemm_scale %.3g),attn_eff=%.3g,bw_eff=%.3g,"
-                     "kv_eff=%.3g%s,gap=%.3g,overhead=%.3g,per_req=%.3g (stage-1 loss %.4f; %d refit%s%s)",
-                     device_gemm_eff(&p, cal->device), p.gemm_scale, p.attn_eff, device_bw_eff(&p, cal->device),
-                     p.kv_fitted ? p.kv_eff : device_kv_eff(&p, cal->device),
-                     p.kv_tied ? " (= bw_eff)" : !p.kv_fitted ? " (table)" : p.kv_absolute || p.bw_free ? "" : " x bw_eff",
-                     p.gap, p.overhead, p.per_req, vs1.loss, vs1.rounds - 1, vs1.rounds == 2 ? "" : "s",
-                     vs1.converged ? "" : ", not converged");
-        }
-        printf("\n");
-    }
-    printf("\nCalibrated parameters of each row (on RTXPRO6000 / on RTX4090):\n\n");
-    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++)
-        printf("- %s: %s / %s\n", variants[v].what, fitted[v][0], fitted[v][1]);
+    if (terms_off(runs, variants, sizeof variants / sizeof variants[0]) != 0) return 2;
     /* Stage 1 in each mode the full model does not use (the stamps alone, or told of the simulated
      * recompute, or of the recompute and the waiting): each direction recalibrated so, its rounds,
      * its parameters, its self-fit and its evaluation. */

@@ -1,0 +1,558 @@
+/* profile_import.c - reads LLMServingSim's published per-layer profiles into the step-time
+ * profile format (sim/profile.c), for `attnreplay profile --from-llmservingsim DIR`.
+ *
+ * LLMServingSim (github.com/casys-kaist/LLMServingSim, MIT licence) profiles vLLM's own modules on
+ * a GPU, one tensor-parallel degree per folder profiler/perf/<card>/<model>/<variant>/tp<N>/:
+ *   dense.csv         layer,tokens,time_us         CUDA time of one call of each per-token module
+ *                                                  (embedding, layernorm, qkv_proj, rotary_emb,
+ *                                                  o_proj, gate_up_proj, act_fn, down_proj,
+ *                                                  final_layernorm) at a token count
+ *   per_sequence.csv  layer,sequences,time_us      the LM head (logits) and the sampler at a number
+ *                                                  of sequences
+ *   attention.csv     prefill_chunk,kv_prefill,n_decode,kv_decode,time_us
+ *                                                  one call of vLLM's Attention module (KV write
+ *                                                  included): a prefill chunk after kv_prefill
+ *                                                  tokens with n_decode decodes after kv_decode
+ * (their docs/docs/profiler/output-bundle.md).  The Llama layer set is mapped onto the profile's
+ * operations: qkv, o, gate_up, down (GEMMs, once per layer), layernorm (twice per layer: the input
+ * and post-attention RMSNorms), rotary_emb and act_fn (once per layer), embedding and
+ * final_layernorm (once per step at the tokens), lm_head and sampler (once per step at the
+ * requests).  attention.csv splits into decode-only rows (the decode grid), prefill-only rows (the
+ * prefill grid) and mixed rows (the mixed grid).  The profile format needs complete grids; a
+ * bundle whose rows merge two grids (the RTX PRO 6000's: a doubling grid and a x1.5 one) keeps the
+ * largest complete part found by dropping, one at a time, the axis value whose cells are most
+ * often missing (the largest share; the first such in axis order, values ascending); what was
+ * kept is reported.
+ *
+ * Bad input is refused with "FILE:LINE: rule" (a row) or "FILE: rule" (the file): a header other
+ * than the one above, a wrong field count, a number that is not one (or not positive where a time
+ * or a count must be), a repeated key, an unknown or missing layer, token grids that differ
+ * between layers, an empty batch. */
+#include "sim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define IMP_MAX_FIELDS 8
+#define IMP_MAX_ROWS 200000
+#define IMP_MAX_VALUES 64   /* distinct values per attention axis before a complete grid is chosen */
+
+typedef struct imp_row {
+    char layer[32];
+    double x[4];
+    double us;
+    int line;
+} imp_row;
+
+/* Reads FILE (dir/name) with the given header; each row's first text column (when text_first)
+ * into layer and its numbers into x[] and us.  Returns the row count, or -1 with err set. */
+static int read_csv(const char *dir, const char *name, const char *header, bool text_first, imp_row **out,
+                    char *err, size_t err_len)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, err_len, "%s: cannot open (%s)", path, strerror(errno));
+        return -1;
+    }
+    int want = 1;
+    for (const char *c = header; *c; c++) want += *c == ',';
+    int n = 0, cap = 1024, line = 0, rc = 0;
+    imp_row *rows = malloc((size_t)cap * sizeof *rows);
+    char buf[1024];
+    while (rows && rc == 0 && fgets(buf, sizeof buf, f)) {
+        line++;
+        size_t len = strlen(buf);
+        if (len == sizeof buf - 1 && buf[len - 1] != '\n') {
+            snprintf(err, err_len, "%s:%d: line longer than %zu characters", path, line, sizeof buf - 2);
+            rc = -1;
+            break;
+        }
+        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r')) buf[--len] = 0;
+        if (line == 1) {
+            if (strcmp(buf, header) != 0) {
+                snprintf(err, err_len, "%s:1: header must be '%s'", path, header);
+                rc = -1;
+            }
+            continue;
+        }
+        if (len == 0) continue;
+        char *fields[IMP_MAX_FIELDS];
+        int nf = 0;
+        for (char *tok = buf, *comma; nf < IMP_MAX_FIELDS; tok = comma + 1) {
+            fields[nf++] = tok;
+            if (!(comma = strchr(tok, ','))) break;
+            *comma = 0;
+        }
+        if (nf != want || strchr(fields[nf - 1], ',')) {
+            snprintf(err, err_len, "%s:%d: %d fields, the header has %d", path, line, nf, want);
+            rc = -1;
+            break;
+        }
+        if (n >= IMP_MAX_ROWS) {
+            snprintf(err, err_len, "%s:%d: more than %d rows", path, line, IMP_MAX_ROWS);
+            rc = -1;
+            break;
+        }
+        if (n == cap) {
+            imp_row *g = realloc(rows, (size_t)(cap *= 2) * sizeof *rows);
+            if (!g) { free(rows); rows = NULL; break; }
+            rows = g;
+        }
+        imp_row *r = &rows[n];
+        memset(r, 0, sizeof *r);
+        r->line = line;
+        int first = 0;
+        if (text_first) {
+            if (!fields[0][0] || strlen(fields[0]) >= sizeof r->layer) {
+                snprintf(err, err_len, "%s:%d: the layer name must be 1 to %zu characters", path, line,
+                         sizeof r->layer - 1);
+                rc = -1;
+                break;
+            }
+            snprintf(r->layer, sizeof r->layer, "%s", fields[0]);
+            first = 1;
+        }
+        for (int i = first; i < nf; i++) {
+            char *end;
+            errno = 0;
+            double v = strtod(fields[i], &end);
+            bool last = i == nf - 1;
+            if (end == fields[i] || *end || errno || !isfinite(v) || (last ? !(v > 0) : (v < 0 || v != floor(v)))) {
+                snprintf(err, err_len, "%s:%d: field %d ('%s') must be %s", path, line, i + 1, fields[i],
+                         last ? "a positive time in microseconds" : "a non-negative whole number");
+                rc = -1;
+                break;
+            }
+            if (last) r->us = v;
+            else r->x[i - first] = v;
+        }
+        n++;
+    }
+    fclose(f);
+    if (!rows) {
+        snprintf(err, err_len, "%s: out of memory", path);
+        return -1;
+    }
+    if (rc == 0 && line < 2) {
+        snprintf(err, err_len, "%s: no rows", path);
+        rc = -1;
+    }
+    if (rc != 0) {
+        free(rows);
+        return -1;
+    }
+    *out = rows;
+    return n;
+}
+
+/* The Llama layer set: LLMServingSim's name, the profile's, calls (gemm_per_layer), the GEMM's K
+ * and N (0 for other operations), which file. */
+typedef struct imp_op {
+    const char *csv_name, *name;
+    int calls, k, n;
+    bool per_sequence;
+} imp_op;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorted distinct values of v[n] into out; returns their count. */
+static int distinct(double *v, int n, double *out)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (m == 0 || v[i] != out[m - 1]) out[m++] = v[i];
+    return m;
+}
+
+static int find_value(const double *xs, int n, double v)
+{
+    for (int i = 0; i < n; i++)
+        if (xs[i] == v) return i;
+    return -1;
+}
+
+/* dense.csv and per_sequence.csv into p's operations. */
+static int import_linear(const char *dir, const ar_model_preset *preset, int tp, ar_profile_table *p, char *err,
+                         size_t err_len)
+{
+    const ar_model *m = &preset->model;
+    int hd = m->head_size, h = preset->hidden;
+    const imp_op ops[] = {
+        {"qkv_proj", "qkv", 1, h, (m->num_q_heads + 2 * m->num_kv_heads) * hd / tp, false},
+        {"o_proj", "o", 1, m->num_q_heads * hd / tp, h, false},
+        {"gate_up_proj", "gate_up", 1, h, 2 * preset->intermediate / tp, false},
+        {"down_proj", "down", 1, preset->intermediate / tp, h, false},
+        {"lm_head", "lm_head", 0, h, preset->vocab / tp, true},
+        {"layernorm", "layernorm", 2, 0, 0, false},
+        {"rotary_emb", "rotary_emb", 1, 0, 0, false},
+        {"act_fn", "act_fn", 1, 0, 0, false},
+        {"embedding", "embedding", -1, 0, 0, false},
+        {"final_layernorm", "final_layernorm", -1, 0, 0, false},
+        {"sampler", "sampler", 0, 0, 0, true},
+    };
+    int num_ops = (int)(sizeof ops / sizeof ops[0]);
+    imp_row *rows[2] = {NULL, NULL};
+    int nrows[2];
+    const char *files[2] = {"dense.csv", "per_sequence.csv"};
+    char path[2][1200];
+    nrows[0] = read_csv(dir, files[0], "layer,tokens,time_us", true, &rows[0], err, err_len);
+    nrows[1] = nrows[0] < 0 ? -1 : read_csv(dir, files[1], "layer,sequences,time_us", true, &rows[1], err, err_len);
+    int rc = nrows[0] < 0 || nrows[1] < 0 ? 2 : 0;
+    for (int f = 0; f < 2; f++) snprintf(path[f], sizeof path[f], "%s/%s", dir, files[f]);
+    /* every row names a known layer of its file, once per token count */
+    for (int f = 0; f < 2 && rc == 0; f++)
+        for (int i = 0; i < nrows[f] && rc == 0; i++) {
+            const imp_row *r = &rows[f][i];
+            int o = 0;
+            while (o < num_ops && !(strcmp(ops[o].csv_name, r->layer) == 0 && ops[o].per_sequence == (f == 1))) o++;
+            if (o == num_ops) {
+                snprintf(err, err_len, "%s:%d: unknown layer '%s' (a Llama model's %s are: %s)", path[f], r->line,
+                         r->layer, f ? "per-sequence layers" : "dense layers",
+                         f ? "lm_head, sampler"
+                           : "embedding, layernorm, qkv_proj, rotary_emb, o_proj, gate_up_proj, act_fn, down_proj, "
+                             "final_layernorm");
+                rc = 2;
+            } else if (r->x[0] < 1) {
+                snprintf(err, err_len, "%s:%d: %s must be at least 1", path[f], r->line, f ? "sequences" : "tokens");
+                rc = 2;
+            }
+            for (int j = 0; j < i && rc == 0; j++)
+                if (strcmp(rows[f][j].layer, r->layer) == 0 && rows[f][j].x[0] == r->x[0]) {
+                    snprintf(err, err_len, "%s:%d: layer %s at %g repeats line %d", path[f], r->line, r->layer, r->x[0],
+                             rows[f][j].line);
+                    rc = 2;
+                }
+        }
+    /* the token grid: the first dense layer's; every dense layer on it, every per-sequence layer on a first part */
+    double *vals = rc == 0 ? malloc((size_t)(nrows[0] + 1) * sizeof *vals) : NULL;
+    if (rc == 0 && !vals) {
+        snprintf(err, err_len, "%s: out of memory", path[0]);
+        rc = 2;
+    }
+    p->num_gemms = 0;
+    for (int o = 0; o < num_ops && rc == 0; o++) {
+        int f = ops[o].per_sequence, n = 0;
+        const imp_row *first = NULL;
+        for (int i = 0; i < nrows[f]; i++)
+            if (strcmp(rows[f][i].layer, ops[o].csv_name) == 0) {
+                vals[n++] = rows[f][i].x[0];
+                if (!first) first = &rows[f][i];
+            }
+        if (n == 0) {
+            snprintf(err, err_len, "%s: lacks layer %s", path[f], ops[o].csv_name);
+            rc = 2;
+            break;
+        }
+        double grid[AR_PROF_MAX_M];
+        if (n > AR_PROF_MAX_M) {
+            snprintf(err, err_len, "%s:%d: layer %s has %d %s; the profile holds at most %d", path[f], first->line,
+                     ops[o].csv_name, n, f ? "sequence counts" : "token counts", AR_PROF_MAX_M);
+            rc = 2;
+            break;
+        }
+        n = distinct(vals, n, grid);
+        if (p->num_gemms == 0) {
+            p->num_m = n;
+            memcpy(p->m, grid, (size_t)n * sizeof *grid);
+        }
+        bool same = f ? n <= p->num_m : n == p->num_m;
+        for (int i = 0; same && i < n; i++) same = grid[i] == p->m[i];
+        if (!same) {
+            snprintf(err, err_len, "%s:%d: layer %s is timed at other %s than %s (%s)", path[f], first->line,
+                     ops[o].csv_name, f ? "sequence counts" : "token counts", ops[0].csv_name,
+                     f ? "they must be the first of its token counts" : "every dense layer must share one grid");
+            rc = 2;
+            break;
+        }
+        int g = p->num_gemms++;
+        snprintf(p->gemm_name[g], sizeof p->gemm_name[g], "%s", ops[o].name);
+        p->gemm_per_layer[g] = ops[o].calls;
+        p->gemm_k[g] = ops[o].k;
+        p->gemm_n[g] = ops[o].n;
+        p->gemm_num_m[g] = n;
+        for (int i = 0; i < nrows[f]; i++)
+            if (strcmp(rows[f][i].layer, ops[o].csv_name) == 0)
+                p->gemm_us[g][find_value(p->m, n, rows[f][i].x[0])] = rows[f][i].us;
+    }
+    free(vals);
+    free(rows[0]);
+    free(rows[1]);
+    return rc;
+}
+
+/* A grid over up to 4 axes filled from rows; cells without a row are NaN. */
+typedef struct imp_grid {
+    int dims, size[4];
+    double axis[4][IMP_MAX_VALUES];
+    bool keep[4][IMP_MAX_VALUES];
+    double *cell;
+} imp_grid;
+
+static size_t grid_index(const imp_grid *g, const int *idx)
+{
+    size_t c = 0;
+    for (int a = 0; a < g->dims; a++) c = c * (size_t)g->size[a] + (size_t)idx[a];
+    return c;
+}
+
+/* Advances idx over the kept values of every axis; false when done. */
+static bool next_kept(const imp_grid *g, int *idx)
+{
+    for (int a = g->dims - 1; a >= 0; a--) {
+        do idx[a]++;
+        while (idx[a] < g->size[a] && !g->keep[a][idx[a]]);
+        if (idx[a] < g->size[a]) return true;
+        idx[a] = 0;
+        while (!g->keep[a][idx[a]]) idx[a]++;
+    }
+    return false;
+}
+
+static bool first_kept(const imp_grid *g, int *idx)
+{
+    for (int a = 0; a < g->dims; a++) {
+        idx[a] = 0;
+        while (idx[a] < g->size[a] && !g->keep[a][idx[a]]) idx[a]++;
+        if (idx[a] == g->size[a]) return false;
+    }
+    return true;
+}
+
+/* Drops, one at a time, the axis value with the largest share of missing cells among the kept
+ * ones until the kept grid is complete.  Returns the cells dropped, -1 when an axis ran empty. */
+static long complete_grid(imp_grid *g)
+{
+    long dropped = 0;
+    for (;;) {
+        long missing[4][IMP_MAX_VALUES] = {{0}}, total = 0, cells = 0;
+        int idx[4];
+        if (!first_kept(g, idx)) return -1;
+        do {
+            cells++;
+            if (isnan(g->cell[grid_index(g, idx)])) {
+                total++;
+                for (int a = 0; a < g->dims; a++) missing[a][idx[a]]++;
+            }
+        } while (next_kept(g, idx));
+        if (total == 0) return dropped;
+        int ba = 0, bv = -1;
+        double worst = -1;
+        for (int a = 0; a < g->dims; a++) {
+            long kept_values = 0;
+            for (int v = 0; v < g->size[a]; v++) kept_values += g->keep[a][v];
+            double line = (double)cells / (double)kept_values;   /* cells of one value's line */
+            for (int v = 0; v < g->size[a]; v++)
+                if (g->keep[a][v] && missing[a][v] / line > worst) {
+                    worst = missing[a][v] / line;
+                    ba = a;
+                    bv = v;
+                }
+        }
+        long kept_values = 0;
+        for (int v = 0; v < g->size[ba]; v++) kept_values += g->keep[ba][v];
+        dropped += cells / kept_values - missing[ba][bv];   /* the rows the dropped line held */
+        g->keep[ba][bv] = false;
+    }
+}
+
+/* Copies the kept values of axis a into out; returns how many. */
+static int kept_axis(const imp_grid *g, int a, double *out)
+{
+    int n = 0;
+    for (int v = 0; v < g->size[a]; v++)
+        if (g->keep[a][v]) out[n++] = g->axis[a][v];
+    return n;
+}
+
+/* Builds the grid of rows[i] whose x[col[0..dims-1]] are the axes (rows chosen by pick). */
+static int build_grid(imp_grid *g, int dims, const int *col, const imp_row *rows, const bool *pick, int n,
+                      const char *path, const char *what, char *err, size_t err_len)
+{
+    memset(g, 0, sizeof *g);
+    g->dims = dims;
+    double *vals = malloc((size_t)(n + 1) * sizeof *vals);
+    if (!vals) {
+        snprintf(err, err_len, "%s: out of memory", path);
+        return 2;
+    }
+    size_t cells = 1;
+    for (int a = 0; a < dims; a++) {
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (pick[i]) vals[k++] = rows[i].x[col[a]];
+        if (k == 0) {
+            free(vals);
+            snprintf(err, err_len, "%s: no %s rows", path, what);
+            return 2;
+        }
+        double tmp[IMP_MAX_VALUES + 1];
+        qsort(vals, (size_t)k, sizeof *vals, cmp_double);
+        int m = 0;
+        for (int i = 0; i < k && m <= IMP_MAX_VALUES; i++)
+            if (m == 0 || vals[i] != tmp[m - 1]) tmp[m++] = vals[i];
+        if (m > IMP_MAX_VALUES) {
+            free(vals);
+            snprintf(err, err_len, "%s: the %s rows have over %d values on one axis", path, what, IMP_MAX_VALUES);
+            return 2;
+        }
+        g->size[a] = m;
+        memcpy(g->axis[a], tmp, (size_t)m * sizeof *tmp);
+        for (int v = 0; v < m; v++) g->keep[a][v] = true;
+        cells *= (size_t)m;
+    }
+    free(vals);
+    g->cell = malloc(cells * sizeof *g->cell);
+    if (!g->cell) {
+        snprintf(err, err_len, "%s: out of memory", path);
+        return 2;
+    }
+    for (size_t c = 0; c < cells; c++) g->cell[c] = NAN;
+    int *seen_line = calloc(cells, sizeof *seen_line);
+    if (!seen_line) {
+        snprintf(err, err_len, "%s: out of memory", path);
+        return 2;
+    }
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (!pick[i]) continue;
+        int idx[4];
+        for (int a = 0; a < dims; a++) idx[a] = find_value(g->axis[a], g->size[a], rows[i].x[col[a]]);
+        size_t c = grid_index(g, idx);
+        if (seen_line[c]) {
+            snprintf(err, err_len, "%s:%d: the same shape as line %d", path, rows[i].line, seen_line[c]);
+            rc = 2;
+        }
+        seen_line[c] = rows[i].line;
+        g->cell[c] = rows[i].us;
+    }
+    free(seen_line);
+    return rc;
+}
+
+int ar_profile_import_llmservingsim(const char *dir, const ar_model_preset *preset, int tp, const char *device,
+                                    ar_profile_table *p, char *note, size_t note_len, char *err, size_t err_len)
+{
+    memset(p, 0, sizeof *p);
+    if (note && note_len) note[0] = 0;
+    const ar_model *m = &preset->model;
+    if (m->attention != AR_ATTN_MHA || preset->num_experts > 0) {
+        snprintf(err, err_len, "%s: only dense MHA/GQA models are imported (%s is not)", dir, preset->name);
+        return 2;
+    }
+    if (tp < 1 || m->num_kv_heads % tp != 0 || preset->intermediate % tp != 0 || preset->vocab % tp != 0) {
+        snprintf(err, err_len, "%s: tp %d does not divide %s's KV heads, MLP or vocabulary", dir, tp, preset->name);
+        return 2;
+    }
+    snprintf(p->device, sizeof p->device, "%s", device);
+    snprintf(p->model, sizeof p->model, "%s", preset->name);
+    p->tp = tp;
+    p->replay_ratio = 1.0;
+    int rc = import_linear(dir, preset, tp, p, err, err_len);
+    if (rc != 0) return rc;
+    imp_row *rows = NULL;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/attention.csv", dir);
+    int n = read_csv(dir, "attention.csv", "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us", false, &rows, err,
+                     err_len);
+    if (n < 0) return 2;
+    bool *pick[3];
+    for (int t = 0; t < 3; t++) pick[t] = calloc((size_t)n + 1, sizeof **pick);
+    if (!pick[0] || !pick[1] || !pick[2]) {
+        snprintf(err, err_len, "%s: out of memory", path);
+        rc = 2;
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        const double *x = rows[i].x;   /* prefill_chunk, kv_prefill, n_decode, kv_decode */
+        if (x[0] == 0 && x[2] == 0) {
+            snprintf(err, err_len, "%s:%d: neither a prefill chunk nor decodes: an empty batch", path, rows[i].line);
+            rc = 2;
+        } else if ((x[0] == 0 && x[1] != 0) || (x[2] == 0 && x[3] != 0)) {
+            snprintf(err, err_len, "%s:%d: a context without its requests (kv_prefill needs a prefill chunk, kv_decode "
+                     "decodes)", path, rows[i].line);
+            rc = 2;
+        } else if (x[0] == 1) {
+            snprintf(err, err_len, "%s:%d: a prefill chunk of one token is a decode", path, rows[i].line);
+            rc = 2;
+        } else {
+            pick[x[0] == 0 ? 0 : x[2] == 0 ? 1 : 2][i] = true;
+        }
+    }
+    static const int cols_decode[2] = {2, 3}, cols_prefill[2] = {0, 1}, cols_mixed[4] = {0, 1, 2, 3};
+    static const char *what[3] = {"decode-only", "prefill-only", "mixed"};
+    imp_grid *g = calloc(3, sizeof *g);
+    if (!g && rc == 0) {
+        snprintf(err, err_len, "%s: out of memory", path);
+        rc = 2;
+    }
+    long dropped[3] = {0, 0, 0};
+    size_t used = 0;
+    for (int t = 0; t < 3 && rc == 0; t++) {
+        rc = build_grid(&g[t], t == 2 ? 4 : 2, t == 0 ? cols_decode : t == 1 ? cols_prefill : cols_mixed, rows, pick[t],
+                        n, path, what[t], err, err_len);
+        if (rc == 0 && (dropped[t] = complete_grid(&g[t])) < 0) {
+            snprintf(err, err_len, "%s: the %s rows hold no complete grid", path, what[t]);
+            rc = 2;
+        }
+        double tmp[IMP_MAX_VALUES];
+        size_t cells = 1;
+        for (int a = 0; a < g[t].dims && rc == 0; a++) {
+            int k = kept_axis(&g[t], a, tmp);
+            cells *= (size_t)k;
+            if (k > AR_PROF_MAX_AXIS || (t == 2 && cells > AR_PROF_MAX_MIX)) {
+                snprintf(err, err_len, "%s: the complete %s grid has %d values on an axis or %zu cells (at most %d, %d)",
+                         path, what[t], k, cells, AR_PROF_MAX_AXIS, AR_PROF_MAX_MIX);
+                rc = 2;
+            }
+        }
+        if (rc == 0 && note && note_len > used) {
+            int k0 = kept_axis(&g[t], 0, tmp), k1 = kept_axis(&g[t], 1, tmp);
+            int k2 = t == 2 ? kept_axis(&g[t], 2, tmp) : 0, k3 = t == 2 ? kept_axis(&g[t], 3, tmp) : 0;
+            int w = t == 2 ? snprintf(note + used, note_len - used, "%s%s %d x %d x %d x %d", used ? "; " : "", what[t],
+                                      k0, k1, k2, k3)
+                           : snprintf(note + used, note_len - used, "%s%s %d x %d", used ? "; " : "", what[t], k0, k1);
+            if (w > 0) used += (size_t)w;
+            if (dropped[t] > 0 && note_len > used) {
+                w = snprintf(note + used, note_len - used, " (%ld rows off the complete grid left out)", dropped[t]);
+                if (w > 0) used += (size_t)w;
+            }
+        }
+    }
+    if (rc == 0) {
+        int idx[4];
+        p->num_dec_batch = kept_axis(&g[0], 0, p->dec_batch);
+        p->num_dec_ctx = kept_axis(&g[0], 1, p->dec_ctx);
+        p->num_pre_q = kept_axis(&g[1], 0, p->pre_q);
+        p->num_pre_ctx = kept_axis(&g[1], 1, p->pre_ctx);
+        p->num_mix_q = kept_axis(&g[2], 0, p->mix_q);
+        p->num_mix_ctx = kept_axis(&g[2], 1, p->mix_ctx);
+        p->num_mix_batch = kept_axis(&g[2], 2, p->mix_batch);
+        p->num_mix_dctx = kept_axis(&g[2], 3, p->mix_dctx);
+        for (int t = 0; t < 3; t++) {
+            size_t k = 0;
+            first_kept(&g[t], idx);
+            do {
+                double us = g[t].cell[grid_index(&g[t], idx)];
+                if (t == 2) p->mix_us[k] = us;
+                else if (t == 0) p->dec_us[k / p->num_dec_ctx][k % p->num_dec_ctx] = us;
+                else p->pre_us[k / p->num_pre_ctx][k % p->num_pre_ctx] = us;
+                k++;
+            } while (next_kept(&g[t], idx));
+        }
+    }
+    if (g)
+        for (int t = 0; t < 3; t++) free(g[t].cell);
+    free(g);
+    for (int t = 0; t < 3; t++) free(pick[t]);
+    free(rows);
+    return rc;
+}

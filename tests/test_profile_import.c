@@ -1,0 +1,323 @@
+/* test_profile_import.c - LLMServingSim's per-layer profiles read into the step-time profile format
+ * (sim/profile_import.c, `attnreplay profile --from-llmservingsim`): a hand-made bundle whose every
+ * time follows a known formula is imported, saved and loaded back (format version 2: operations run
+ * twice per layer or once per step, an operation on the first part of the token grid, the mixed
+ * attention grid), and --step-time profile:DB must give exactly the formula's step time; a bundle
+ * whose rows merge two grids keeps the complete part; every malformed input is refused naming the
+ * file, the line and the rule; a damaged database is refused by the loader; and the shipped RTX
+ * profiles (sim/profiles/) load and match their source rows. */
+#include "testutil.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../sim/sim.h"
+
+static const ar_model_preset *l8(void) { return ar_model_preset_find("llama-3.1-8b"); }
+
+/* The hand-made bundle's times: per-token modules (dense.csv) us = base + slope * tokens; the
+ * per-sequence ones likewise; attention linear in each of its four axes. */
+static const char *const dense_layers[] = {"embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj",
+                                           "gate_up_proj", "act_fn", "down_proj", "final_layernorm"};
+#define NUM_DENSE 9
+static double dense_us(int layer, double tokens) { return 1.0 + layer + (0.5 + layer) * tokens; }
+static double seq_us(int which, double seqs) { return which ? 20.0 + 2.0 * seqs : 500.0 + 5.0 * seqs; }
+static double attn_us(double pc, double kp, double nd, double kd)
+{
+    return 7.0 + 0.25 * pc + 0.125 * kp + 3.0 * nd + 0.5 * kd + (pc > 0 && nd > 0 ? 11.0 : 0.0);
+}
+
+static const int tokens_grid[] = {1, 2, 4, 8, 16};
+static const int seqs_grid[] = {1, 2, 4};
+static const int pcs[] = {16, 32}, kps[] = {0, 16}, nds[] = {1, 2}, kds[] = {16, 32};
+
+/* Writes the bundle into dir/tp1 (and dir/meta.yaml); extra_attention: rows appended to
+ * attention.csv. */
+static void write_bundle(const char *dir, const char *extra_attention)
+{
+    char path[600];
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/tp1", dir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/meta.yaml", dir);
+    assert_int_equal(tu_write(path, "vllm_version: 0.19.0\ngpu: NVIDIA GeForce RTX 4090\nhardware: RTX4090\n"), 0);
+    static char text[1 << 16];
+    size_t n = (size_t)snprintf(text, sizeof text, "layer,tokens,time_us\n");
+    for (int l = 0; l < NUM_DENSE; l++)
+        for (size_t i = 0; i < sizeof tokens_grid / sizeof tokens_grid[0]; i++)
+            n += (size_t)snprintf(text + n, sizeof text - n, "%s,%d,%g\n", dense_layers[l], tokens_grid[i],
+                                  dense_us(l, tokens_grid[i]));
+    snprintf(path, sizeof path, "%s/tp1/dense.csv", dir);
+    assert_int_equal(tu_write(path, text), 0);
+    n = (size_t)snprintf(text, sizeof text, "layer,sequences,time_us\n");
+    for (int w = 0; w < 2; w++)
+        for (size_t i = 0; i < sizeof seqs_grid / sizeof seqs_grid[0]; i++)
+            n += (size_t)snprintf(text + n, sizeof text - n, "%s,%d,%g\n", w ? "sampler" : "lm_head", seqs_grid[i],
+                                  seq_us(w, seqs_grid[i]));
+    snprintf(path, sizeof path, "%s/tp1/per_sequence.csv", dir);
+    assert_int_equal(tu_write(path, text), 0);
+    n = (size_t)snprintf(text, sizeof text, "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n");
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            n += (size_t)snprintf(text + n, sizeof text - n, "0,0,%d,%d,%g\n", nds[a], kds[b], attn_us(0, 0, nds[a], kds[b]));
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) {
+            n += (size_t)snprintf(text + n, sizeof text - n, "%d,%d,0,0,%g\n", pcs[a], kps[b], attn_us(pcs[a], kps[b], 0, 0));
+            for (int c = 0; c < 2; c++)
+                for (int d = 0; d < 2; d++)
+                    n += (size_t)snprintf(text + n, sizeof text - n, "%d,%d,%d,%d,%g\n", pcs[a], kps[b], nds[c], kds[d],
+                                          attn_us(pcs[a], kps[b], nds[c], kds[d]));
+        }
+    if (extra_attention) n += (size_t)snprintf(text + n, sizeof text - n, "%s", extra_attention);
+    snprintf(path, sizeof path, "%s/tp1/attention.csv", dir);
+    assert_int_equal(tu_write(path, text), 0);
+}
+
+static int find_op(const ar_profile_table *p, const char *name)
+{
+    for (int g = 0; g < p->num_gemms; g++)
+        if (strcmp(p->gemm_name[g], name) == 0) return g;
+    fail_msg("no operation %s", name);
+    return -1;
+}
+
+static void test_import_save_load_and_step_time(void **state)
+{
+    (void)state;
+    char dir[512], tp1[600], db[512], err[1024], note[256];
+    tu_tmp("bundle", dir, sizeof dir);
+    write_bundle(dir, NULL);
+    snprintf(tp1, sizeof tp1, "%s/tp1", dir);
+    static ar_profile_table p, q;
+    assert_int_equal(ar_profile_import_llmservingsim(tp1, l8(), 1, "NVIDIA GeForce RTX 4090", &p, note, sizeof note, err,
+                                                     sizeof err), 0);
+    assert_non_null(strstr(note, "mixed 2 x 2 x 2 x 2"));
+    assert_null(strstr(note, "left out"));
+    assert_int_equal(p.num_gemms, 11);
+    assert_int_equal(p.num_m, 5);
+    assert_int_equal(p.gemm_per_layer[find_op(&p, "layernorm")], 2);
+    assert_int_equal(p.gemm_per_layer[find_op(&p, "embedding")], -1);
+    assert_int_equal(p.gemm_per_layer[find_op(&p, "lm_head")], 0);
+    assert_int_equal(p.gemm_num_m[find_op(&p, "lm_head")], 3);
+    assert_int_equal(p.gemm_n[find_op(&p, "qkv")], (32 + 2 * 8) * 128);
+    assert_int_equal(p.gemm_k[find_op(&p, "down")], 14336);
+    /* saved and read back: the same table, as format version 2 */
+    tu_tmp("imported.profile.db", db, sizeof db);
+    assert_int_equal(ar_profile_save(db, &p, "test", err, sizeof err), 0);
+    assert_int_equal(tu_query_int(db, "SELECT value FROM meta WHERE key = 'version'"), 2);
+    assert_int_equal(ar_profile_load(db, &q, err, sizeof err), 0);
+    assert_int_equal(q.num_gemms, 11);
+    assert_int_equal(q.gemm_num_m[find_op(&q, "sampler")], 3);
+    assert_int_equal(q.num_mix_q * q.num_mix_ctx * q.num_mix_batch * q.num_mix_dctx, 16);
+    for (int g = 0; g < q.num_gemms; g++)
+        for (int i = 0; i < q.gemm_num_m[g]; i++) assert_true(q.gemm_us[g][i] == p.gemm_us[g][i]);
+    /* the step time through profile:DB: every operation by its calls, attention by shape */
+    ar_steptime st;
+    char spec[700];
+    snprintf(spec, sizeof spec, "profile:%s,overhead=0,gap=0,graph=0,async=0", db);
+    if (ar_steptime_parse(spec, l8(), &st, err, sizeof err) != 0) fail_msg("%s", err);
+    /* 4 steps: decodes alone; a prefill alone; a mixed step with a second prompt; a request of no tokens */
+    int q1[3] = {1, 1, 0}, c1[3] = {16, 32, 7};
+    int q2[1] = {32}, c2[1] = {16};
+    int q3[4] = {24, 1, 16, 1}, c3[4] = {8, 16, 0, 32};
+    struct { int *q, *c, n; double attn; } cases[3] = {
+        {q1, c1, 3, attn_us(0, 0, 2, 24)},
+        {q2, c2, 1, attn_us(32, 16, 0, 0)},
+        /* the largest prompt with the decodes from the mixed grid, the other prompt alone */
+        {q3, c3, 4, attn_us(24, 8, 2, 24) + attn_us(16, 0, 0, 0)},
+    };
+    for (int k = 0; k < 3; k++) {
+        ar_batch_features f = {.query_lens = cases[k].q, .context_lens = cases[k].c};
+        for (int r = 0; r < cases[k].n; r++) f.num_tokens += cases[k].q[r];
+        f.num_reqs = cases[k].n;
+        double want_linear = 0;
+        for (int l = 0; l < NUM_DENSE; l++) {
+            int calls = l == 0 || l == 8 ? 0 : l == 1 ? 2 : 1;   /* embedding, final norm once; two norms */
+            want_linear += (calls ? calls * 32.0 : 1.0) * dense_us(l, f.num_tokens);
+        }
+        want_linear += seq_us(0, f.num_reqs) + seq_us(1, f.num_reqs);
+        double want = 1e-6 * (want_linear + 32.0 * cases[k].attn), got = ar_steptime_eval(&st, &f);
+        if (fabs(got / want - 1) > 1e-9) fail_msg("case %d: step %.9f s, want %.9f s", k, got, want);
+    }
+}
+
+/* Rows of a second grid beside the first: the complete part is kept and the rest reported. */
+static void test_merged_grids_keep_complete_part(void **state)
+{
+    (void)state;
+    char dir[512], tp1[600], err[1024], note[256];
+    tu_tmp("bundle-merged", dir, sizeof dir);
+    /* a prefill chunk of 24 measured at one context only, and a decode context of 24 at one count */
+    write_bundle(dir, "24,0,0,0,30\n0,0,1,24,40\n");
+    snprintf(tp1, sizeof tp1, "%s/tp1", dir);
+    static ar_profile_table p;
+    assert_int_equal(ar_profile_import_llmservingsim(tp1, l8(), 1, "x", &p, note, sizeof note, err, sizeof err), 0);
+    assert_int_equal(p.num_pre_q, 2);
+    assert_true(p.pre_q[0] == 16 && p.pre_q[1] == 32);
+    assert_int_equal(p.num_dec_ctx, 2);
+    assert_true(p.dec_ctx[0] == 16 && p.dec_ctx[1] == 32);
+    assert_non_null(strstr(note, "decode-only 2 x 2 (1 rows off the complete grid left out)"));
+    assert_non_null(strstr(note, "prefill-only 2 x 2 (1 rows off"));
+}
+
+/* Each damage to a file of the bundle, and the "FILE:LINE: rule" it must be refused with. */
+static void test_malformed_bundles(void **state)
+{
+    (void)state;
+    static const struct { const char *file, *from, *to, *where, *rule; } cases[] = {
+        {"dense.csv", "layer,tokens,time_us", "layer,tokens,us", "dense.csv:", "1: header must be"},
+        {"dense.csv", "qkv_proj,2,", "qkv_proj,2,0\nx,", "dense.csv:", "positive time"},
+        {"dense.csv", "o_proj,4,", "o_proj,4.5,", "dense.csv:", "non-negative whole number"},
+        {"dense.csv", "act_fn,1,", "qk_norm,1,", "dense.csv:", "unknown layer 'qk_norm'"},
+        {"dense.csv", "act_fn,2,", "act_fn,1,", "dense.csv:", "repeats line"},
+        {"dense.csv", "down_proj,8,", "down_proj,8,1,", "dense.csv:", "fields, the header has 3"},
+        {"dense.csv", "o_proj,16,", "o_proj,32,", "dense.csv:", "other token counts"},
+        {"per_sequence.csv", "lm_head,1,", "lm_head,3,", "per_sequence.csv:", "first of its token counts"},
+        {"attention.csv", "0,0,1,16,", "0,0,0,0,", "attention.csv:", "empty batch"},
+        {"attention.csv", "0,0,1,16,", "0,16,1,16,", "attention.csv:", "a context without its requests"},
+        {"attention.csv", "0,0,1,32,", "0,0,1,16,", "attention.csv:", "the same shape as line"},
+        {"attention.csv", "16,0,1,16,", "1,0,1,16,", "attention.csv:", "one token is a decode"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[512], tp1[600], path[700], err[1024], name[32];
+        snprintf(name, sizeof name, "bundle-bad%zu", i);
+        tu_tmp(name, dir, sizeof dir);
+        write_bundle(dir, NULL);
+        snprintf(tp1, sizeof tp1, "%s/tp1", dir);
+        snprintf(path, sizeof path, "%s/%s", tp1, cases[i].file);
+        char *text = tu_slurp(path), *at = text ? strstr(text, cases[i].from) : NULL;
+        assert_non_null(at);
+        static char out[1 << 16];
+        snprintf(out, sizeof out, "%.*s%s%s", (int)(at - text), text, cases[i].to, at + strlen(cases[i].from));
+        free(text);
+        assert_int_equal(tu_write(path, out), 0);
+        static ar_profile_table p;
+        err[0] = 0;
+        assert_int_equal(ar_profile_import_llmservingsim(tp1, l8(), 1, "x", &p, NULL, 0, err, sizeof err), 2);
+        /* the file with a line number (FILE:N:), then the rule */
+        const char *w = strstr(err, cases[i].where);
+        if (!w || !isdigit((unsigned char)w[strlen(cases[i].where)]) || !strstr(err, cases[i].rule))
+            fail_msg("case %zu: '%s' lacks '%sLINE:' or '%s'", i, err, cases[i].where, cases[i].rule);
+    }
+    /* a missing file, a missing layer */
+    char dir[512], tp1[600], path[700], err[1024];
+    tu_tmp("bundle-missing", dir, sizeof dir);
+    write_bundle(dir, NULL);
+    snprintf(tp1, sizeof tp1, "%s/tp1", dir);
+    snprintf(path, sizeof path, "%s/per_sequence.csv", tp1);
+    assert_int_equal(tu_write(path, "layer,sequences,time_us\nlm_head,1,5\n"), 0);
+    static ar_profile_table p;
+    assert_int_equal(ar_profile_import_llmservingsim(tp1, l8(), 1, "x", &p, NULL, 0, err, sizeof err), 2);
+    assert_non_null(strstr(err, "per_sequence.csv: lacks layer sampler"));
+    remove(path);
+    assert_int_equal(ar_profile_import_llmservingsim(tp1, l8(), 1, "x", &p, NULL, 0, err, sizeof err), 2);
+    assert_non_null(strstr(err, "per_sequence.csv: cannot open"));
+}
+
+static void damage(const char *db, const char *sql)
+{
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(h);
+}
+
+/* The loader's rules for what version 2 adds. */
+static void test_loader_rules_for_version_2(void **state)
+{
+    (void)state;
+    char dir[512], tp1[600], db[512], err[1024];
+    tu_tmp("bundle-loader", dir, sizeof dir);
+    write_bundle(dir, NULL);
+    snprintf(tp1, sizeof tp1, "%s/tp1", dir);
+    static ar_profile_table p, q;
+    assert_int_equal(ar_profile_import_llmservingsim(tp1, l8(), 1, "x", &p, NULL, 0, err, sizeof err), 0);
+    static const struct { const char *sql, *rule; int ok; } cases[] = {
+        {"DELETE FROM gemm WHERE name = 'lm_head' AND m = 4;", NULL, 1},   /* a shorter first part: fine */
+        {"DELETE FROM gemm WHERE name = 'lm_head' AND m = 1;", "or at a first part of it", 0},
+        {"DELETE FROM gemm WHERE name = 'layernorm' AND m = 16;", "every token count", 0},
+        {"UPDATE gemm SET per_layer = -2 WHERE name = 'act_fn';", "per_layer -2", 0},
+        {"DELETE FROM attn_mixed WHERE q = 32 AND ctx = 16 AND batch = 2 AND dctx = 16;", "attn_mixed lacks", 0},
+        {"UPDATE attn_mixed SET us = 0 WHERE q = 16 AND ctx = 0 AND batch = 1 AND dctx = 16;", "not positive", 0},
+        {"UPDATE meta SET value = '3' WHERE key = 'version';", "version 1 to 2", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "v2-%zu.profile.db", i);
+        tu_tmp(name, db, sizeof db);
+        assert_int_equal(ar_profile_save(db, &p, "test", err, sizeof err), 0);
+        damage(db, cases[i].sql);
+        err[0] = 0;
+        int rc = ar_profile_load(db, &q, err, sizeof err);
+        if (cases[i].ok) {
+            if (rc != 0) fail_msg("case %zu: %s", i, err);
+            assert_int_equal(q.gemm_num_m[find_op(&q, "lm_head")], 2);
+        } else if (rc != 2 || !strstr(err, cases[i].rule) || !strstr(err, db)) {
+            fail_msg("case %zu: rc %d, '%s' lacks '%s' or the path", i, rc, err, cases[i].rule);
+        }
+    }
+}
+
+/* The command: the GPU of meta.yaml must be --device's card, and is recorded. */
+static void test_command(void **state)
+{
+    (void)state;
+    char dir[512], tp1[600], db[512];
+    tu_tmp("bundle-cli", dir, sizeof dir);
+    write_bundle(dir, NULL);
+    snprintf(tp1, sizeof tp1, "%s/tp1", dir);
+    tu_tmp("cli.profile.db", db, sizeof db);
+    char *bad[] = {"profile", "--from-llmservingsim", tp1, "--device", "rtxpro6000", "--model", "llama-3.1-8b", "--db", db, NULL};
+    assert_int_equal(ar_profile_main(9, bad), 2);
+    char *good[] = {"profile", "--from-llmservingsim", tp1, "--device", "rtx4090", "--model", "llama-3.1-8b", "--db", db, NULL};
+    assert_int_equal(ar_profile_main(9, good), 0);
+    char device[128];
+    tu_query_text(db, "SELECT value FROM meta WHERE key = 'device'", device, sizeof device);
+    assert_string_equal(device, "NVIDIA GeForce RTX 4090");
+    ar_steptime st;
+    char spec[600], err[1024];
+    snprintf(spec, sizeof spec, "profile:%s", db);
+    assert_int_equal(ar_steptime_parse(spec, l8(), &st, err, sizeof err), 0);
+    assert_string_equal(st.device.name, "rtx4090");   /* the interconnect's preset, from the recorded GPU */
+}
+
+/* The shipped profiles: each loads, and a few of its numbers are the source rows'. */
+static void test_shipped_profiles(void **state)
+{
+    (void)state;
+    static const struct { const char *device; double lm_head_1, qkv_2048, dec_32_1024; } ship[] = {
+        {"rtx4090", 1096.93, 631.1, 181.391},
+        {"rtxpro6000", 714.006, 303.0, 119.286},
+    };
+    for (int i = 0; i < 2; i++) {
+        char db[700], err[1024];
+        snprintf(db, sizeof db, "%s/sim/profiles/llama-3.1-8b.%s.llmservingsim.profile.db", tu_src_dir(), ship[i].device);
+        static ar_profile_table p;
+        if (ar_profile_load(db, &p, err, sizeof err) != 0) fail_msg("%s", err);
+        assert_true(ar_device_match(p.device) == ar_device_find(ship[i].device));
+        assert_true(fabs(ar_profile_gemm_us(&p, find_op(&p, "lm_head"), 1) - ship[i].lm_head_1) < 1e-6);
+        assert_true(fabs(ar_profile_gemm_us(&p, find_op(&p, "qkv"), 2048) / ship[i].qkv_2048 - 1) < 1e-3);
+        int ql[32], cl[32];
+        for (int r = 0; r < 32; r++) { ql[r] = 1; cl[r] = 1024; }
+        assert_true(fabs(ar_profile_attention_us(&p, ql, cl, 32) - ship[i].dec_32_1024) < 1e-6);
+        assert_true(p.num_mix_q > 0);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_import_save_load_and_step_time),
+        cmocka_unit_test(test_merged_grids_keep_complete_part),
+        cmocka_unit_test(test_malformed_bundles),
+        cmocka_unit_test(test_loader_rules_for_version_2),
+        cmocka_unit_test(test_command),
+        cmocka_unit_test(test_shipped_profiles),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
