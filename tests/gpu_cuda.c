@@ -15,8 +15,9 @@
  * fp8 KV cache (kv_dtype fp8_e4m3, kv_scale 0.37 - not a power of two - or 1): the vLLM grid
  * again at the head sizes fp8 takes (80, 128, 256; 40 and 72 are refused with a reason), decode
  * (DECODE + split-KV combine), prefill and varlen batches in bf16 and fp16, every template head
- * size exact and generic, soft cap and window, the launches that would run DECODE_TMA or
- * PREFILL_WG (they run the fp8-KV DECODE / PREFILL: ar_cuda_plan_info.kv_fp8), and two checks
+ * size exact and generic, soft cap and window, the fp8 DECODE_TMA (many decodes: bf16 and fp16,
+ * GQA 8:2 and 32:8, outlier data, soft cap and window, whole and split requests), launches that
+ * would run PREFILL_WG (they run the fp8-KV PREFILL: ar_cuda_plan_info.kv_fp8), and two checks
  * that the quantisation is the reference's: the same output verified as if the scale were 0.5,
  * or as if the cache were bf16, fails.  Whole replays with --kv-dtype fp8_e4m3: the shipped
  * samples (head size 64; prefix with cascade on) and a simulated Llama-3.1-8B trace (head size
@@ -242,8 +243,8 @@ static void vllm_varlen_paged_grid(bool fp8)
                  vc->seqs ? 'b' : 'a', vc->hq, vc->hkv, vc->d, vc->num_blocks, vc->window);
         report(what, &r);
         if (!r.v.pass || r.v.nan_count || r.guard_violations) failures++;
-        if (fp8 && (r.plan.kv_fp8 != 1 || r.plan.config > 1)) {
-            print_message("%s: plan config %d kv_fp8 %d (want an fp8-KV PREFILL or DECODE)\n", what, r.plan.config,
+        if (fp8 && (r.plan.kv_fp8 != 1 || r.plan.config == 2 /* PREFILL_WG */)) {
+            print_message("%s: plan config %d kv_fp8 %d (want an fp8-KV PREFILL, DECODE or DECODE_TMA)\n", what, r.plan.config,
                           r.plan.kv_fp8);
             failures++;
         }
@@ -735,8 +736,8 @@ static void test_fp8_kv_paths(void **unused)
     expect_pass("fp8 KV mixed, PREFILL, 7 splits", &r);
     assert_true(r.plan.num_groups > 0);
 
-    /* launches that take the sm_90a 16-bit-tile kernels with a bf16 cache run the fp8-KV
-     * mma.sync kernels, asked for or not */
+    /* launches that take the wgmma kernel with a bf16 cache run the fp8-KV mma.sync PREFILL,
+     * asked for or not; DECODE_TMA has an fp8 variant */
     ro = auto_opts;
     run_case(&c, vllm_seqs_a, 3, &ro, &r);
     expect_pass("fp8 KV mixed auto (PREFILL, not PREFILL_WG)", &r);
@@ -748,7 +749,13 @@ static void test_fp8_kv_paths(void **unused)
     ro.config = CFG_DECODE_TMA;
     run_case(&c, vllm_seqs_b, 3, &ro, &r);
     expect_pass("fp8 KV decode, DECODE_TMA asked", &r);
-    assert_int_equal(r.plan.config, CFG_DECODE);
+    assert_int_equal(r.plan.config, CFG_DECODE_TMA);
+    assert_int_equal(r.plan.kv_fp8, 1);
+    ro.splits = 3;
+    run_case(&c, vllm_seqs_b, 3, &ro, &r);
+    expect_pass("fp8 KV decode, DECODE_TMA in 3 pieces", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE_TMA);
+    assert_true(r.plan.num_groups > 0);
     const int n_many = gpu_small() ? 96 : 533;
     seq_case *many = malloc(sizeof(seq_case) * 533);
     assert_non_null(many);
@@ -756,9 +763,31 @@ static void test_fp8_kv_paths(void **unused)
     /* 533 contexts of ~1100 tokens take ~37k blocks of 16 (1 byte a value: 0.3 GB) */
     ar_run_config big = with_fp8_kv(make_cfg(8, 2, 128, 40000, AR_BF16, 0, 0), 0.37);
     run_case(&big, many, n_many, &auto_opts, &r);
-    expect_pass("fp8 KV many decodes (the DECODE_TMA shape)", &r);
-    assert_int_equal(r.plan.config, CFG_DECODE);
+    expect_pass("fp8 KV many decodes (DECODE_TMA)", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE_TMA);
     assert_int_equal(r.plan.kv_fp8, 1);
+    /* the fp8 DECODE_TMA: fp16 model with GQA 32:8 (six stages of 32 KB), bf16 Q rows of
+     * outliers (each row scaled into fp16's range), soft cap with a window; and the same output
+     * verified as if the scale were 0.5 fails */
+    ar_run_config big8 = with_fp8_kv(make_cfg(32, 8, 128, 40000, AR_FP16, 0, 0), 1.0);
+    run_case(&big8, many, n_many, &auto_opts, &r);
+    expect_pass("fp8 KV fp16 GQA 32:8 many decodes (DECODE_TMA)", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE_TMA);
+    ar_run_config big_out = big;
+    big_out.data = AR_DATA_OUTLIER;
+    run_case(&big_out, many, n_many, &auto_opts, &r);
+    expect_pass("fp8 KV many decodes, outlier data (DECODE_TMA)", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE_TMA);
+    ar_run_config big_cap = with_fp8_kv(make_cfg(8, 2, 128, 40000, AR_BF16, 256, 30.0), 0.37);
+    run_case(&big_cap, many, n_many, &auto_opts, &r);
+    expect_pass("fp8 KV many decodes, soft cap 30, window 256 (DECODE_TMA)", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE_TMA);
+    ar_run_config big_wrong = with_fp8_kv(big, 0.5);
+    ro = auto_opts;
+    ro.verify_as = &big_wrong;
+    run_case(&big, many, n_many, &ro, &r);
+    report("fp8 KV many decodes verified with scale 0.5", &r);
+    assert_false(r.v.pass);
     const int n_pre = gpu_small() ? 8 : 64;
     for (int i = 0; i < n_pre; i++) many[i] = (seq_case){48 + i % 7, 300 + 11 * i};
     ro = auto_opts;

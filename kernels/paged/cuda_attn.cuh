@@ -41,11 +41,13 @@
  * log.  A row that sees no key gets out = 0 and lse = -inf (FA3's convention; vLLM's merge
  * reads +inf and -inf alike).
  *
- * fp8 KV cache (e4m3, one per-tensor kv_scale; the KV8 instantiations of PREFILL and DECODE in
- * cuda_attn_{bf16,fp16}_kv8.cu): tiles are copied at 1 byte per element into an fp8 staging
- * ring and widened exactly to the model dtype in shared memory before the MMAs; kv_scale
- * multiplies the score scale (K) and each finished row (V, args.v_scale).  PREFILL_WG and
- * DECODE_TMA have no fp8 variant (the plan never picks them for an fp8 cache).
+ * fp8 KV cache (e4m3, one per-tensor kv_scale; the KV8 instantiations of PREFILL, DECODE and
+ * DECODE_TMA in cuda_attn_{bf16,fp16}_kv8.cu): PREFILL and DECODE copy tiles at 1 byte per
+ * element into an fp8 staging ring and widen them exactly to the model dtype in shared memory
+ * before the MMAs; DECODE_TMA copies whole fp8 blocks by TMA and widens them to fp16 in
+ * registers (cuda_attn_decode_tma.cuh); kv_scale multiplies the score scale (K) and each
+ * finished row (V, args.v_scale).  PREFILL_WG has no fp8 variant (the plan never picks it for an
+ * fp8 cache).
  *
  * Head sizes: templates for 64, 128, 256; any other multiple of 8 up to 256 runs the next
  * larger template with predicated, zero-filled loads and skips the dims past head_size (the
@@ -58,6 +60,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
+#include <type_traits>
 
 #include "../../replay/backend.h"
 
@@ -1007,17 +1010,17 @@ static cudaError_t attributes_one(int *ctas_per_sm)
 namespace ar_attn {
 
 /* The per-dtype launchers; cuda_attn_bf16.cu and cuda_attn_fp16.cu each instantiate one with
- * KV8 false, cuda_attn_{bf16,fp16}_kv8.cu with KV8 true (an fp8 cache: PREFILL and DECODE
- * only; the wgmma and TMA kernels copy 16-bit tiles and are never planned for it). */
+ * KV8 false, cuda_attn_{bf16,fp16}_kv8.cu with KV8 true (an fp8 cache: PREFILL, DECODE and
+ * DECODE_TMA; the wgmma kernel copies 16-bit tiles and is never planned for it). */
 template <typename T, bool KV8>
 cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
+    if (config == AR_CFG_DECODE_TMA) return hd == 128 ? launch_decode_tma<T, KV8>(a, num_work, stream) : cudaErrorInvalidValue;
     if constexpr (!KV8) {
         if (config == AR_CFG_PREFILL_WG)
             return hd == 128 && a->head_size == 128   ? launch_wgmma<T, 128>(a, num_work, stream)
                    : hd == 256 && a->head_size == 256 ? launch_wgmma<T, 256>(a, num_work, stream)
                                                       : cudaErrorInvalidValue;
-        if (config == AR_CFG_DECODE_TMA) return hd == 128 ? launch_decode_tma<T>(a, num_work, stream) : cudaErrorInvalidValue;
     } else if (config != AR_CFG_PREFILL && config != AR_CFG_DECODE) {
         return cudaErrorInvalidValue;
     }
@@ -1036,10 +1039,10 @@ cudaError_t launch_typed(int config, int hd, const ar_attn_args *a, int num_work
 template <typename T, bool KV8>
 cudaError_t attributes_typed(int config, int hd, int *ctas_per_sm)
 {
+    if (config == AR_CFG_DECODE_TMA) return attributes_decode_tma<T, KV8>(ctas_per_sm);
     if constexpr (!KV8) {
         if (config == AR_CFG_PREFILL_WG)
             return hd == 256 ? attributes_wgmma<T, 256>(ctas_per_sm) : attributes_wgmma<T, 128>(ctas_per_sm);
-        if (config == AR_CFG_DECODE_TMA) return attributes_decode_tma<T>(ctas_per_sm);
     } else if (config != AR_CFG_PREFILL && config != AR_CFG_DECODE) {
         return cudaErrorInvalidValue;
     }

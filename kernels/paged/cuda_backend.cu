@@ -37,10 +37,11 @@
  * rounding of reference/dtype.h, so the reference's ar_kv_roundtrip reads the same values), and
  * the mma.sync kernels read the fp8 tiles natively (cp.async of half the bytes, widened exactly
  * to the model dtype in shared memory; kv_scale folded into the score scale for K and into the
- * output for V) - decode, split-KV (+ combine), prefill, varlen and both cascade passes.  The
- * wgmma PREFILL_WG and the TMA DECODE_TMA kernels copy 16-bit tiles and are never planned for an
- * fp8 cache (build_plan routes those launches to PREFILL / DECODE, forced configs included);
- * ar_cuda_plan_info.kv_fp8 marks such a plan (the routes "PREFILL fp8-KV" and "DECODE fp8-KV").
+ * output for V) - decode, split-KV (+ combine), prefill, varlen and both cascade passes; the
+ * DECODE_TMA kernel copies whole fp8 blocks by TMA and widens them in registers (fp16 MMAs).
+ * The wgmma PREFILL_WG kernel copies 16-bit tiles and is never planned for an fp8 cache
+ * (build_plan routes its launches to PREFILL, forced configs included); ar_cuda_plan_info.kv_fp8
+ * marks such a plan (the routes "PREFILL fp8-KV", "DECODE fp8-KV" and "DECODE_TMA fp8-KV").
  *
  * Environment (read once at open; unset = the defaults described above and in cuda_plan.cuh):
  *   AR_CUDA_WGMMA=0          the mma.sync kernels everywhere (no PREFILL_WG);
@@ -119,7 +120,7 @@ typedef struct cuda_state {
                                        for rows that hold a query token */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
     bool bf16;
-    bool kv_fp8;                    /* the cache holds fp8 e4m3 (kv_scale): PREFILL / DECODE only */
+    bool kv_fp8;                    /* the cache holds fp8 e4m3 (kv_scale): no PREFILL_WG */
     float kv_scale;                 /* fp8: stored = quantize(x / kv_scale); 1 otherwise */
     size_t side_elems;              /* num_blocks * block_size * hkv * head_size */
     size_t elem_bytes;              /* of the cache: 2, or 1 for fp8 */
@@ -323,7 +324,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     }
     {
         const char *e = getenv("AR_CUDA_DECODE_TMA");
-        s->decode_tma_auto = s->has_tma && !s->kv_fp8 && !(e != NULL && strcmp(e, "0") == 0);
+        s->decode_tma_auto = s->has_tma && !(e != NULL && strcmp(e, "0") == 0);
         s->decode_tma_all = e != NULL && strcmp(e, "split") == 0;
         s->decode_tma_small = !(e != NULL && strcmp(e, "rule") == 0);
         s->decode_tma_splits = env_count("AR_CUDA_DECODE_TMA_SPLITS", AR_MAX_SPLITS);
@@ -353,8 +354,8 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         return rc;
     }
     for (int c = 0; c < AR_CFG_COUNT; c++) {
-        /* sm_90a code only; never planned elsewhere (nor for an fp8 cache) */
-        if ((ar_attn_config_is_wg(c) || c == AR_CFG_DECODE_TMA) && (!s->has_wgmma || s->kv_fp8)) {
+        /* sm_90a code only; never planned elsewhere (nor PREFILL_WG for an fp8 cache) */
+        if ((ar_attn_config_is_wg(c) || c == AR_CFG_DECODE_TMA) && (!s->has_wgmma || (s->kv_fp8 && c != AR_CFG_DECODE_TMA))) {
             s->ctas_per_sm[c] = 1;
             continue;
         }

@@ -17,9 +17,9 @@
  * tensor copies; H200: causal prefill B=2 S=8k hd 128 500.6 TFLOP/s against 272 for the mma.sync
  * kernel, BENCHMARKS.md).  Everything else runs the
  * mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps the mma.sync kernels
- * everywhere (the fallback, for comparisons).  An fp8 cache runs the fp8-KV variants of the
- * mma.sync kernels only: launches that would take DECODE_TMA take DECODE, and PREFILL_WG
- * launches take PREFILL (forced configs too); the split rule then uses those kernels' occupancy.
+ * everywhere (the fallback, for comparisons).  An fp8 cache runs the fp8-KV variants of
+ * DECODE_TMA, DECODE and PREFILL, by the same rule, except that PREFILL_WG launches take PREFILL
+ * (forced too); the split rule then uses those kernels' occupancy.
  *
  * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
  * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
@@ -150,7 +150,7 @@ static void pass_plan_free(pass_plan *pl)
 }
 
 /* AR_CFG_DECODE_TMA (cuda_attn_decode_tma.cuh) can run this launch: Hopper with tensor maps,
- * a 16-bit cache (not fp8), head size 128, block size 16, at most 8 KV heads, a group of at most 16, no planted fault
+ * a 16-bit or an fp8 cache, head size 128, block size 16, at most 8 KV heads, a group of at most 16, no planted fault
  * (the faults live in the general kernels), causal, and one query token per request.  The
  * automatic plan takes it (force_config -1, no forced split, AR_CUDA_DECODE_TMA not 0) for
  * batches of at least half as many requests as the device has SMs whose longest context is at
@@ -186,7 +186,7 @@ static bool decode_tma_small_rule(const cuda_state *s, int R, int max_seq)
 static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_loc, const int *seq_lens,
                             bool non_causal, int force_config, int force_splits, bool flat)
 {
-    if (!s->has_tma || s->kv_fp8 || non_causal || s->head_size != 128 || s->template_hd != 128 ||
+    if (!s->has_tma || non_causal || s->head_size != 128 || s->template_hd != 128 ||
         s->block_size != 16 || s->hkv > 8 || s->group > 16 || s->cfg.fault != AR_FAULT_NONE)
         return false;
     int max_seq = 0;
@@ -201,9 +201,13 @@ static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_l
 
 /* The pieces per request of a DECODE_TMA launch (1: whole requests, the default).  Only flat
  * launches split: a forced split with force_config AR_CFG_DECODE_TMA, else
- * AR_CUDA_DECODE_TMA_SPLITS (s->decode_tma_splits), else, under AR_CUDA_DECODE_TMA=split, for a
- * batch below decode_tma_rule's sizes, choose_num_splits over SMs x CTAs per SM (B 64 on 132
- * SMs: 2, 128 CTAs in one wave).  max_blocks: the most key blocks of any request. */
+ * AR_CUDA_DECODE_TMA_SPLITS (s->decode_tma_splits), else, with an fp8 cache or under
+ * AR_CUDA_DECODE_TMA=split, for a batch below decode_tma_rule's sizes, choose_num_splits over SMs
+ * x CTAs per SM (B 64 on 132 SMs: 2, 128 CTAs in one wave).  An fp8 CTA is bound by its
+ * consumers' widening and MMAs, not by its copies: on the H200, B 64 x 8k keys, GQA 32:8
+ * (bench_cuda, 2026-12-02 16:37 UTC), whole requests 570.8 us, 2 pieces 302.2-304.2, 3 pieces
+ * (192 CTAs, two waves) 399.3, fp8 DECODE 459.8.  max_blocks: the most key blocks of any
+ * request. */
 static int decode_tma_splits(const cuda_state *s, int R, int max_seq, int max_blocks, int force_config,
                              int force_splits, bool flat)
 {
@@ -211,7 +215,7 @@ static int decode_tma_splits(const cuda_state *s, int R, int max_seq, int max_bl
     int n = 1;
     if (force_config == AR_CFG_DECODE_TMA && force_splits > 0) n = force_splits;
     else if (force_splits <= 0 && s->decode_tma_splits > 0) n = s->decode_tma_splits;
-    else if (force_splits <= 0 && force_config < 0 && s->decode_tma_all && !decode_tma_rule(s, R, max_seq))
+    else if (force_splits <= 0 && force_config < 0 && (s->decode_tma_all || s->kv_fp8) && !decode_tma_rule(s, R, max_seq))
         n = choose_num_splits(R, max_blocks, s->num_sms * s->ctas_per_sm[AR_CFG_DECODE_TMA]);
     return n < 1 ? 1 : n > AR_MAX_SPLITS ? AR_MAX_SPLITS : n;
 }
