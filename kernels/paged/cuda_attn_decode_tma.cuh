@@ -97,20 +97,6 @@ __device__ __forceinline__ uint32_t dt_fp8x2_to_f16x2(uint32_t two)
     return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
 
-#ifdef AR_DT8_BITS
-/* bytes 1 and 3 of x -> f16x2 of 2^-8 x their e4m3 values (sign to bit 15, the 7 other bits to
- * 13..7; subnormals included) */
-__device__ __forceinline__ uint32_t dt8_bits_hi(uint32_t x)
-{
-    return ((x >> 1) & 0x3f803f80u) | (x & 0x80008000u);
-}
-/* bytes 0 and 2 of x, the same */
-__device__ __forceinline__ uint32_t dt8_bits_lo(uint32_t x)
-{
-    return ((x << 7) & 0x3f803f80u) | ((x << 8) & 0x80008000u);
-}
-#endif
-
 /* T: the model dtype (Q, the output); KV8: the cache holds fp8 e4m3 (the MMAs then run in fp16) */
 template <typename T, bool KV8>
 __global__ void __launch_bounds__(32 * (DecodeTmaGeom::MAX_KV_HEADS + 1), 1)
@@ -251,17 +237,9 @@ attn_decode_tma_kernel(const ar_attn_args a,
             scale_log2[r] = a.scale_log2 * __uint_as_float((uint32_t)(127 - sh) << 23);
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
-#ifdef AR_DT8_BITS
-                qa[kk][r] = pack2<__half>(qf[r][kk][0] * up, qf[r][kk][2] * up);
-                qa[kk][r + 2] = pack2<__half>(qf[r][kk][1] * up, qf[r][kk][3] * up);
-#else
                 qa[kk][r] = pack2<__half>(qf[r][kk][0] * up, qf[r][kk][1] * up);
                 qa[kk][r + 2] = pack2<__half>(qf[r][kk][2] * up, qf[r][kk][3] * up);
-#endif
             }
-#ifdef AR_DT8_BITS
-            scale_log2[r] *= 256.f;
-#endif
         }
     }
     /* the output dims of this lane's pair n (0 .. 15) of a row: 16-bit cache 8 n + 2 tq, + 1;
@@ -317,36 +295,26 @@ attn_decode_tma_kernel(const ar_attn_args a,
                 mma16816<M>(s[1], qa[kk], kb[2], kb[3]);
             }
         } else {
-#ifdef AR_DT8_CHAINS
+            /* the odd chunks' products in their own accumulators: two chains of four MMAs per
+             * n-tile instead of one of eight (H200, B 64 x 8k: 299.5-301.4 us against 304.2-305.0;
+             * widening by shifts and masks instead of the conversion instruction: 367-369 us) */
             float s_odd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#endif
 #pragma unroll
             for (int p = 0; p < HD / 32; p++) {
                 uint32_t kb[4];   /* keys g / g + 8 of chunk 2 p, then of chunk 2 p + 1: dims 4 tq .. + 3 */
                 ldmatrix_x4(kb, sk + dt_swizzle(k_row, 2 * p + k_chunk, 0));
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-#ifdef AR_DT8_CHAINS
                     float (&sc)[2][4] = c ? s_odd : s;
-#else
-                    float (&sc)[2][4] = s;
-#endif
-#ifdef AR_DT8_BITS
-                    mma16816<M>(sc[0], qa[2 * p + c], dt8_bits_lo(kb[2 * c]), dt8_bits_hi(kb[2 * c]));
-                    mma16816<M>(sc[1], qa[2 * p + c], dt8_bits_lo(kb[2 * c + 1]), dt8_bits_hi(kb[2 * c + 1]));
-#else
                     mma16816<M>(sc[0], qa[2 * p + c], dt_fp8x2_to_f16x2(kb[2 * c]), dt_fp8x2_to_f16x2(kb[2 * c] >> 16));
                     mma16816<M>(sc[1], qa[2 * p + c], dt_fp8x2_to_f16x2(kb[2 * c + 1]),
                                 dt_fp8x2_to_f16x2(kb[2 * c + 1] >> 16));
-#endif
                 }
             }
-#ifdef AR_DT8_CHAINS
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[nt][e] += s_odd[nt][e];
-#endif
         }
         if (a.soft_cap > 0.f) {
 #pragma unroll
@@ -436,15 +404,9 @@ attn_decode_tma_kernel(const ar_attn_args a,
                 const uint32_t v3 = *reinterpret_cast<const uint32_t *>(sv + dt_swizzle(2 * tq + 9, chunk, 0) + col);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-#ifdef AR_DT8_BITS
-                    const uint32_t sel = (uint32_t)((e << 4) | ((4 + e) << 12));
-                    mma16816<M>(acc[4 * j + e], pa, dt8_bits_hi(__byte_perm(v0, v1, sel)),
-                                dt8_bits_hi(__byte_perm(v2, v3, sel)));
-#else
                     const uint32_t sel = (uint32_t)(e | ((4 + e) << 4));
                     mma16816<M>(acc[4 * j + e], pa, dt_fp8x2_to_f16x2(__byte_perm(v0, v1, sel)),
                                 dt_fp8x2_to_f16x2(__byte_perm(v2, v3, sel)));
-#endif
                 }
             }
         }
@@ -475,11 +437,7 @@ attn_decode_tma_kernel(const ar_attn_args a,
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         if (!row_ok[r]) continue;
         const float m2 = row_m[r] == -INFINITY ? -INFINITY : row_m[r] * scale_log2[r];
-#ifdef AR_DT8_BITS
-        const float inv = (l > 0.f ? 1.f / l : 0.f) * (KV8 ? a.v_scale * 256.f : 1.f);
-#else
         const float inv = (l > 0.f ? 1.f / l : 0.f) * (KV8 ? a.v_scale : 1.f);
-#endif
         const float lse2 = l > 0.f ? m2 + __log2f(l) : -INFINITY;
         float merged_lse = lse2;
         if (fold) {
