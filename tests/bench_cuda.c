@@ -15,7 +15,8 @@
  * kv_scale 1): the decode rows beside the bf16-KV ones, their K/V bytes counted at 1 per element
  * (the bytes actually read, as kernels/peers/fa3_peer.py counts them for FA3's e4m3 paged decode,
  * the peer of decode_b64_s8192_gqa32_8_hd128_fp8 in peer_table.py; FA3 also quantises Q to e4m3,
- * ours keeps Q and the MMAs in bf16); prefill and varlen on the fp8-KV mma.sync PREFILL kernel
+ * ours keeps Q in bf16 and multiplies in fp16 or bf16: the automatic plan runs the fp8
+ * DECODE_TMA, the nosplit / split4 rows the fp8 DECODE); prefill and varlen on the fp8-KV mma.sync PREFILL kernel
  * (the wgmma kernel copies 16-bit tiles and does not take an fp8 cache).
  * FLOPs follow FA3's benchmark: per sequence 2 * H * sq * avg_k * (hd + hd_v) with avg_k the
  * mean number of visible keys of a row (causal, bottom-right).
