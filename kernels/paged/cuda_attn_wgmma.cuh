@@ -50,7 +50,11 @@ template <int HD_> struct WgGeom {
     static constexpr int KV_PART_BYTES = BLOCK_N * 128; /* one column part of a K or V tile */
     static constexpr int Q_BYTES = PARTS * Q_PART_BYTES;
     static constexpr int KV_BYTES = PARTS * KV_PART_BYTES;
+#ifndef AR_WG_Q_SMEM
     static constexpr bool Q_IN_REGS = HD_ == 128;       /* else S = Q K^T reads Q from shared memory */
+#else
+    static constexpr bool Q_IN_REGS = false;
+#endif
 };
 
 /* The pipeline: K/V stages handed over by mbarriers (three at head size 128, two at 256, as
@@ -115,6 +119,7 @@ template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64
 /* d [64 x 64] (+)= A B with both operands in shared memory and K-major (desc_a: 64 rows of A,
  * desc_b: 64 rows of B): S = Q K^T at head size 256, Q read from its shared tile. */
 template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate);
+template <typename T> __device__ __forceinline__ void wgmma_ss_n128(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate);
 
 /* true for __nv_bfloat16, false for __half: which operand type a wrapper's instruction names */
 template <typename T> struct wg_is_bf16 { static constexpr bool value = false; };
@@ -178,11 +183,87 @@ template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], 
     else
         asm volatile(WGMMA_SS64_TEXT(".f16") : WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
+#define WGMMA_SS128_TEXT(TY) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+template <typename T> __device__ __forceinline__ void wgmma_ss_n128(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    if constexpr (wg_is_bf16<T>::value)
+        asm volatile(WGMMA_SS128_TEXT(".bf16") : WG_ACC64(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile(WGMMA_SS128_TEXT(".f16") : WG_ACC64(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+#undef WGMMA_SS128_TEXT
 #undef WG_ACC64
 #undef WG_ACC32
 #undef WGMMA_SS64_TEXT
 #undef WGMMA_RS_TEXT
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+#ifdef AR_WG_HANGDIAG
+/* Hang diagnostic (build with -DAR_WG_HANGDIAG; never in the product): every warp's lane 0 notes
+ * its last step in ar_wg_diag[CTA % 4096][warp] (work item, tile, which wait, parity, stage, a
+ * step count), and the mbarrier waits give up after about 2 s (4e9 cycles): the warp that gives
+ * up prints its own wait and every warp's last step of its CTA, then traps, so the launch fails
+ * with the state printed instead of hanging.  Named barriers (ping-pong turns) cannot time out:
+ * they are noted on entry (what 8-10) and on leaving (what + 16), so a warp stuck in bar.sync
+ * shows as "entered" in the dump of the warp that times out.  What: 1 producer empty, 2 producer
+ * q_empty, 3 q_full, 4 full (run's first tile), 5 full, 6 full_v, 7 full_v (run's last P V),
+ * 11 full (plain loop), 12 full_v (plain loop), 8 turn of the run's first tile, 9 turn in the
+ * run, 10 turn of a skipped tile, 20 item done, 21 item start (tile = its tile count). */
+__device__ unsigned long long ar_wg_diag[4096][12];
+__device__ __forceinline__ unsigned long long wg_diag_pack(int item, int tile, int what, uint32_t parity, int stage,
+                                                           unsigned long long step)
+{
+    return ((unsigned long long)(item & 0xFFFFF) << 44) | ((unsigned long long)(tile & 0xFFFF) << 28) |
+           ((unsigned long long)(what & 0xFF) << 20) | ((unsigned long long)(parity & 1) << 19) |
+           ((unsigned long long)(stage & 7) << 16) | (step & 0xFFFF);
+}
+__device__ __forceinline__ void wg_diag_note(int item, int tile, int what, uint32_t parity, int stage)
+{
+    if ((threadIdx.x & 31) != 0) return;
+    volatile unsigned long long *slot = &ar_wg_diag[blockIdx.x & 4095][threadIdx.x >> 5];
+    const unsigned long long step = (*slot & 0xFFFF) + 1;
+    *slot = wg_diag_pack(item, tile, what, parity, stage, step);
+    __threadfence();
+}
+__device__ void wg_diag_dump(int item, int tile, int what, uint32_t parity, int stage, uint32_t bar)
+{
+    printf("HANGDIAG block %d warp %d (tid %d): gave up on mbarrier what=%d smem 0x%x parity %u stage %d item %d tile %d\n",
+           (int)blockIdx.x, (int)(threadIdx.x >> 5), (int)threadIdx.x, what, bar, parity, stage, item, tile);
+    for (int wp = 0; wp < 12; wp++) {
+        const unsigned long long v = ((volatile unsigned long long *)ar_wg_diag[blockIdx.x & 4095])[wp];
+        printf("HANGDIAG block %d  warp %2d last: item %d tile %d what %d parity %d stage %d step %d\n",
+               (int)blockIdx.x, wp, (int)((v >> 44) & 0xFFFFF), (int)((v >> 28) & 0xFFFF), (int)((v >> 20) & 0xFF),
+               (int)((v >> 19) & 1), (int)((v >> 16) & 7), (int)(v & 0xFFFF));
+    }
+}
+__device__ __forceinline__ void wg_diag_wait(uint32_t bar, uint32_t parity, int what, int item, int tile, int stage)
+{
+    wg_diag_note(item, tile, what, parity, stage);
+    const long long t0 = clock64();
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity), "r"(1000000u) : "memory");
+        if (!done && clock64() - t0 > 4000000000LL) {
+            if ((threadIdx.x & 31) == 0) wg_diag_dump(item, tile, what, parity, stage, bar);
+            __syncwarp();
+            __trap();
+        }
+    } while (!done);
+}
+#define WG_WAIT(bar, parity, what, tile, stage) wg_diag_wait((bar), (parity), (what), item, (tile), (stage))
+#define WG_NOTE(what, tile) wg_diag_note(item, (tile), (what), 0u, 0)
+#else
+#define WG_WAIT(bar, parity, what, tile, stage) ar_wg::mbar_wait_suspend((bar), (parity))
+#define WG_NOTE(what, tile) ((void)0)
+#endif
 
 /* The kernel (see the file comment).  Consumer warpgroup w owns rows 64 w .. 64 w + 63 of the
  * CTA's 128; the producer's threads are numbered from 0 too, so the code below reads the same
@@ -253,6 +334,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             const int item = round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
             if (item >= num_work) continue;
             const ar_attn_work w = a.work[item];
+            WG_NOTE(21, w.tile_end - w.tile_begin);
 
             const int qstart = a.query_start_loc[w.req];
             const int q_len = a.query_start_loc[w.req + 1] - qstart;
@@ -390,7 +472,8 @@ attn_wgmma_kernel(const ar_attn_args a,
                     for (int kk = 0; kk < HD / 16; kk++) {
                         const uint32_t qoff16 = (uint32_t)((kk >> 2) * G::Q_PART_BYTES + (kk & 3) * 32) >> 4;
                         const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                        wgmma_ss_n64<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
+                        if constexpr (NS == 64) wgmma_ss_n128<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
+                        else wgmma_ss_n64<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
                     }
                 }
             };
@@ -407,7 +490,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             };
             /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
              * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
-            auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
+            auto softmax_scores = [&](float (&sc)[NS], int t, float (&alpha_out)[2]) {
                 const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
                 if (a.soft_cap > 0.f) {
                     const float scale = scale_log2 * 0.6931471805599453f;
@@ -450,6 +533,9 @@ attn_wgmma_kernel(const ar_attn_args a,
                     row_l[r] = row_l[r] * alpha + rs;
                     alpha_out[r] = alpha;
                 }
+            };
+            auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
+                softmax_scores(sc, t, alpha_out);
                 pack_p(sc, pa);
             };
             auto rescale_acc = [&](const float (&alpha)[2]) {
@@ -487,7 +573,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     const int stage = (int)(gt % STAGES);
                     const bool by_tma = (w.tile_begin + it + 1) * BLOCK_N <= seq_len;
                     const int my_slot = by_tma ? (warp == 0 ? tma_block(it) : 0) : producer_slot(it);
-                    if (gt >= STAGES) ar_wg::mbar_wait_suspend(empty_bar + stage * 8, (gt / STAGES - 1) & 1);
+                    if (gt >= STAGES) WG_WAIT(empty_bar + stage * 8, (gt / STAGES - 1) & 1, 1, it, stage);
                     if (by_tma) {
                         if (warp == 0) produce_tma(it, 0, my_slot, stage);
                     } else {
@@ -503,7 +589,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     }
                     ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
                     if (it == 0) {
-                        if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
+                        if (q_items_before > 0) WG_WAIT(q_empty_bar, (q_items_before - 1) & 1, 2, it, 0);
                         produce_q();
                     }
                 }
@@ -512,7 +598,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 continue;
             }
             if (n_tiles > 0) {
-                ar_wg::mbar_wait_suspend(q_full_bar, q_items_before & 1);
+                WG_WAIT(q_full_bar, q_items_before & 1, 3, -1, 0);
                 if constexpr (G::Q_IN_REGS) {
                     /* ldmatrix x4: lanes 0-15 address rows 0-15 of this warp's 16 at the k-step's first 8
                      * dims, lanes 16-31 the same rows at its second 8 (the A-fragment order, checked
@@ -527,6 +613,86 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
             }
             if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
+#ifdef AR_WG_OVERLAP
+            if constexpr (HD == 128) {
+            auto tile_active = [&](int t) {
+                const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
+                return wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
+                       !(window > 0 && tile_last < wg_min_qpos - window + 1);
+            };
+            auto skip_tile = [&](int it) {
+                WG_NOTE(10, it);
+                pingpong_turn(wg, it == n_tiles - 1);
+                WG_NOTE(10 + 16, it);
+                ar_wg::mbar_arrive(empty_bar + (int)((tiles_before + (uint32_t)it) % STAGES) * 8);
+            };
+            int a0 = 0, a1 = 0;
+            while (a0 < n_tiles && !tile_active(w.tile_begin + a0)) a0++;
+            a1 = a0;
+            while (a1 < n_tiles && tile_active(w.tile_begin + a1)) a1++;
+            for (int it = 0; it < a0; it++) skip_tile(it);
+            if (a0 < a1) {
+                uint32_t pa[PV_STEPS][4];
+                uint32_t prev_gt = tiles_before + (uint32_t)a0;
+                {
+                    const int stage = (int)(prev_gt % STAGES);
+                    WG_WAIT(full_bar + stage * 8, (prev_gt / STAGES) & 1, 4, a0, stage);
+                    ar_wg::fence_proxy_async();
+                    float s[NS];
+                    float alpha[2];
+                    WG_NOTE(8, a0);
+                    pingpong_wait(wg);
+                    WG_NOTE(8 + 16, a0);
+                    issue_s(s, skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES));
+                    pingpong_turn_issued(wg, a0 == n_tiles - 1);
+                    ar_wg::commit();
+                    ar_wg::wait<0>();
+                    ar_wg::fence_regs(s);
+                    softmax_scores(s, w.tile_begin + a0, alpha);
+                    pack_p(s, pa);
+                }
+                for (int it = a0 + 1; it < a1; it++) {
+                    const uint32_t gt = tiles_before + (uint32_t)it;
+                    const int stage = (int)(gt % STAGES), prev_stage = (int)(prev_gt % STAGES);
+                    WG_WAIT(full_bar + stage * 8, (gt / STAGES) & 1, 5, it, stage);
+                    ar_wg::fence_proxy_async();
+                    float s[NS];
+                    float alpha[2];
+                    WG_NOTE(9, it);
+                    pingpong_wait(wg);
+                    WG_NOTE(9 + 16, it);
+                    issue_s(s, skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES));
+                    ar_wg::commit();
+                    WG_WAIT(full_v_bar + prev_stage * 8, (prev_gt / STAGES) & 1, 6, it - 1, prev_stage);
+                    ar_wg::fence_proxy_async();
+                    issue_pv(pa, skv_addr + (uint32_t)(prev_stage * 2 * G::KV_BYTES) + G::KV_BYTES);
+                    ar_wg::commit();
+                    pingpong_turn_issued(wg, it == n_tiles - 1);
+                    ar_wg::wait<1>();
+                    ar_wg::fence_regs(s);
+                    softmax_scores(s, w.tile_begin + it, alpha);
+                    ar_wg::wait<0>();
+                    ar_wg::fence_regs(acc);
+                    ar_wg::mbar_arrive(empty_bar + prev_stage * 8);
+                    rescale_acc(alpha);
+                    pack_p(s, pa);
+                    prev_gt = gt;
+                }
+                const int prev_stage = (int)(prev_gt % STAGES);
+                WG_WAIT(full_v_bar + prev_stage * 8, (prev_gt / STAGES) & 1, 7, a1 - 1, prev_stage);
+                ar_wg::fence_proxy_async();
+                issue_pv(pa, skv_addr + (uint32_t)(prev_stage * 2 * G::KV_BYTES) + G::KV_BYTES);
+                ar_wg::commit();
+                ar_wg::wait<0>();
+                ar_wg::fence_regs(acc);
+                ar_wg::mbar_arrive(empty_bar + prev_stage * 8);
+            }
+            for (int it = a1 > a0 ? a1 : a0; it < n_tiles; it++) skip_tile(it);
+            } else
+#endif
+            {   /* braced: with an unbraced for-statement as the discarded else of the if constexpr
+                 * above, nvcc 13.0 also dropped the two statements after the loop (the counters'
+                 * updates) from the head-size-128 instance */
             for (int it = 0; it < n_tiles; it++) {
                 const uint32_t gt = tiles_before + (uint32_t)it;
                 const int stage = (int)(gt % STAGES);
@@ -539,7 +705,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     ar_wg::mbar_arrive(empty_bar + stage * 8);
                     continue;
                 }
-                ar_wg::mbar_wait_suspend(full_bar + stage * 8, (gt / STAGES) & 1);
+                WG_WAIT(full_bar + stage * 8, (gt / STAGES) & 1, 11, it, stage);
                 ar_wg::fence_proxy_async();                            /* TMA / cp.async writes -> the async proxy */
                 const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES);
                 const uint32_t sv_addr = sk_addr + G::KV_BYTES;
@@ -555,7 +721,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 float alpha[2];
                 softmax_to_p(s, t, pa, alpha);
                 rescale_acc(alpha);
-                ar_wg::mbar_wait_suspend(full_v_bar + stage * 8, (gt / STAGES) & 1);
+                WG_WAIT(full_v_bar + stage * 8, (gt / STAGES) & 1, 12, it, stage);
                 ar_wg::fence_proxy_async();
                 issue_pv(pa, sv_addr);
                 ar_wg::commit();
@@ -563,12 +729,13 @@ attn_wgmma_kernel(const ar_attn_args a,
                 ar_wg::fence_regs(acc);
                 ar_wg::mbar_arrive(empty_bar + stage * 8);
             }
+            }
             if (n_tiles > 0) {
                 if constexpr (!G::Q_IN_REGS) ar_wg::mbar_arrive(q_empty_bar);   /* every S of the item has completed */
                 q_items_before++;
             }
             tiles_before += (uint32_t)n_tiles;
-
+            WG_NOTE(20, n_tiles);
 
 #pragma unroll
             for (int r = 0; r < 2; r++) {
