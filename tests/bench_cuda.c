@@ -3,7 +3,8 @@
  *
  *   decode  : B=64, context 8192, Hq=32, Hkv=8, hd128, bf16, block 16 -> effective GB/s
  *             (K/V bytes read once + Q + O over the attention time, combine included); also
- *             B=32 and B=48 (the batches of cuda_plan.cuh's decode_tma_small_rule);
+ *             B=32 and B=48 (the batches of cuda_plan.cuh's decode_tma_small_rule), and B=96
+ *             and B=128 (its rule's sizes) with an fp8 cache and B=128 with a bf16 one;
  *   prefill : B=2, S=8192, causal, hd128 (16 heads) and hd256 (8 heads) -> TFLOP/s;
  *   varlen  : 16 causal sequences of the lengths in varlen_lens (17,408 tokens), hd128, 16 heads;
  *   chunk   : one chunked-prefill step of a long request, 8,192 new tokens after 90,112 cached
@@ -196,9 +197,9 @@ int main(int argc, char **argv)
 {
     int repeat = argc > 1 ? atoi(argv[1]) : 20;
     if (repeat < 1) repeat = 20;
-    static int dec_q[64], dec_kv[64], pre_q[2], pre_kv[2];
+    static int dec_q[128], dec_kv[128], pre_q[2], pre_kv[2];
     static const int chunk_q[1] = {8192}, chunk_kv[1] = {98304};
-    for (int i = 0; i < 64; i++) { dec_q[i] = 1; dec_kv[i] = 8192; }
+    for (int i = 0; i < 128; i++) { dec_q[i] = 1; dec_kv[i] = 8192; }
     for (int i = 0; i < 2; i++) { pre_q[i] = 8192; pre_kv[i] = 8192; }
     const bench_case cases[] = {
         {"decode_b64_s8192_gqa32_8_hd128", 32, 8, 128, 64, dec_q, dec_kv, -1, 0, false},
@@ -209,6 +210,9 @@ int main(int argc, char **argv)
         {"decode_b64_s8192_gqa32_8_hd128_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 0, true},
         {"decode_b64_s8192_gqa32_8_hd128_nosplit_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 1, true},
         {"decode_b64_s8192_gqa32_8_hd128_split4_fp8", 32, 8, 128, 64, dec_q, dec_kv, -1, 4, true},
+        {"decode_b96_s8192_gqa32_8_hd128_fp8", 32, 8, 128, 96, dec_q, dec_kv, -1, 0, true},    /* DECODE_TMA's rule sizes */
+        {"decode_b128_s8192_gqa32_8_hd128_fp8", 32, 8, 128, 128, dec_q, dec_kv, -1, 0, true},
+        {"decode_b128_s8192_gqa32_8_hd128", 32, 8, 128, 128, dec_q, dec_kv, -1, 0, false},
         {"prefill_b2_s8192_causal_hd128", 16, 16, 128, 2, pre_q, pre_kv, -1, 0, false},
         {"prefill_b2_s8192_causal_hd128_mma", 16, 16, 128, 2, pre_q, pre_kv, 0, 0, false},   /* the mma.sync fallback */
         {"prefill_b2_s8192_causal_hd128_fp8", 16, 16, 128, 2, pre_q, pre_kv, -1, 0, true},

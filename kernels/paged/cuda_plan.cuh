@@ -19,7 +19,8 @@
  * mma.sync PREFILL kernel.  AR_CUDA_WGMMA=0 in the environment keeps the mma.sync kernels
  * everywhere (the fallback, for comparisons).  An fp8 cache runs the fp8-KV variants of
  * DECODE_TMA, DECODE and PREFILL, by the same rule, except that PREFILL_WG launches take PREFILL
- * (forced too); the split rule then uses those kernels' occupancy.
+ * (forced too) and that fp8 DECODE_TMA batches are cut into pieces that fill the SMs
+ * (decode_tma_splits); the split rule then uses those kernels' occupancy.
  *
  * Split heuristic (FlashAttention 2/3's num_splits_heuristic, the "85% of the best wave
  * efficiency" rule): let C be the CTAs of the unsplit launch and S_slots = SMs x CTAs that fit
@@ -201,13 +202,16 @@ static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_l
 
 /* The pieces per request of a DECODE_TMA launch (1: whole requests, the default).  Only flat
  * launches split: a forced split with force_config AR_CFG_DECODE_TMA, else
- * AR_CUDA_DECODE_TMA_SPLITS (s->decode_tma_splits), else, with an fp8 cache or under
- * AR_CUDA_DECODE_TMA=split, for a batch below decode_tma_rule's sizes, choose_num_splits over SMs
- * x CTAs per SM (B 64 on 132 SMs: 2, 128 CTAs in one wave).  An fp8 CTA is bound by its
- * consumers' widening and MMAs, not by its copies: on the H200, B 64 x 8k keys, GQA 32:8
- * (bench_cuda, 2026-12-02 16:37 UTC), whole requests 570.8 us, 2 pieces 302.2-304.2, 3 pieces
- * (192 CTAs, two waves) 399.3, fp8 DECODE 459.8.  max_blocks: the most key blocks of any
- * request. */
+ * AR_CUDA_DECODE_TMA_SPLITS (s->decode_tma_splits), else choose_num_splits over SMs x CTAs per
+ * SM for every batch with an fp8 cache, and under AR_CUDA_DECODE_TMA=split for a 16-bit batch
+ * below decode_tma_rule's sizes (B 64 on 132 SMs: 2, 128 CTAs in one wave).  An fp8 CTA is bound
+ * by its consumers' widening and MMAs, not by its copies, so the number of CTAs at work sets the
+ * rate; on the H200, 8k keys, GQA 32:8 (bench_cuda, 2026-12-02 16:37 and 17:04 UTC), us by
+ * pieces per request 1 / 2 / 3 / 4 (fp8 DECODE): B 64 570.8 / 302.2-304.2 / 399.3 / - (459.8);
+ * B 96 565.0-565.3 / 581.6 / 585.0 / 456.1 (648.0), where choose_num_splits takes 4 (2.9 waves);
+ * B 128 570.9-571.2 / 588.0 / 595.0 / 600.3 (897.4), where it takes 1.  A 16-bit cache streams
+ * at the DRAM's rate from 64 CTAs on and keeps whole requests (B 128: 1015.3-1019.0 / 1030.3 /
+ * 1033.9 / 1041.0).  max_blocks: the most key blocks of any request. */
 static int decode_tma_splits(const cuda_state *s, int R, int max_seq, int max_blocks, int force_config,
                              int force_splits, bool flat)
 {
@@ -215,7 +219,8 @@ static int decode_tma_splits(const cuda_state *s, int R, int max_seq, int max_bl
     int n = 1;
     if (force_config == AR_CFG_DECODE_TMA && force_splits > 0) n = force_splits;
     else if (force_splits <= 0 && s->decode_tma_splits > 0) n = s->decode_tma_splits;
-    else if (force_splits <= 0 && force_config < 0 && (s->decode_tma_all || s->kv_fp8) && !decode_tma_rule(s, R, max_seq))
+    else if (force_splits <= 0 && force_config < 0 &&
+             (s->kv_fp8 || (s->decode_tma_all && !decode_tma_rule(s, R, max_seq))))
         n = choose_num_splits(R, max_blocks, s->num_sms * s->ctas_per_sm[AR_CFG_DECODE_TMA]);
     return n < 1 ? 1 : n > AR_MAX_SPLITS ? AR_MAX_SPLITS : n;
 }
