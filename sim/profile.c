@@ -884,7 +884,12 @@ static int import_main(const char *dir, const ar_model_preset *preset, int tp, c
         while (*v == ' ' || *v == '\'' || *v == '"') v++;
         size_t len = strlen(v);
         while (len > 0 && strchr(" \r\n'\"", v[len - 1])) v[--len] = 0;
-        snprintf(gpu, sizeof gpu, "%s", v);
+        if (len >= sizeof gpu) {
+            fprintf(stderr, "profile: %s: the gpu name is longer than %zu characters\n", meta, sizeof gpu - 1);
+            fclose(f);
+            return 2;
+        }
+        memcpy(gpu, v, len + 1);
         break;
     }
     if (f) fclose(f);
@@ -893,7 +898,7 @@ static int import_main(const char *dir, const ar_model_preset *preset, int tp, c
         return 2;
     }
     ar_profile_table *p = calloc(1, sizeof *p);
-    char err[AR_ERR_MAX + 2048], note[512], full[2600];
+    char err[AR_ERR_MAX + 2048], note[512], full[2048 + 512 + 64];
     if (!p) { fprintf(stderr, "profile: out of memory\n"); return 3; }
     int rc = ar_profile_import_llmservingsim(dir, preset, tp, gpu, p, note, sizeof note, err, sizeof err);
     if (rc == 0) {
