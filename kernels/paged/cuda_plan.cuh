@@ -211,7 +211,9 @@ static bool decode_tma_plan(const cuda_state *s, int R, const int *query_start_l
  * B 96 565.0-565.3 / 581.6 / 585.0 / 456.1 (648.0), where choose_num_splits takes 4 (2.9 waves);
  * B 128 570.9-571.2 / 588.0 / 595.0 / 600.3 (897.4), where it takes 1.  A 16-bit cache streams
  * at the DRAM's rate from 64 CTAs on and keeps whole requests (B 128: 1015.3-1019.0 / 1030.3 /
- * 1033.9 / 1041.0).  max_blocks: the most key blocks of any request. */
+ * 1033.9 / 1041.0; B 64, 17:19 UTC, three repeats: 530.9-533.3 / 522.9-527.0 / 582.2-582.8, 2
+ * pieces 1.2% ahead, within the run-to-run spread of other calls, so not taken).  max_blocks: the
+ * most key blocks of any request. */
 static int decode_tma_splits(const cuda_state *s, int R, int max_seq, int max_blocks, int force_config,
                              int force_splits, bool flat)
 {
