@@ -25,14 +25,23 @@
  * of operations that are not GEMMs (k = n = 0), gemm.per_layer as calls per layer (2: a layer's
  * two norms), 0 once per step at the requests, -1 once per step at the tokens; an operation at
  * the requests timed on a first part of the token grid only; and attn_mixed(q, ctx, batch, dctx,
- * us), one prefill with a decode batch in one kernel.  Version 1 profiles are written as before.
+ * us), one prefill with a decode batch in one kernel.  Version 3 (the same, with LLMServingSim's
+ * attention lookup) adds meta attn_prompts ("together": a step's prompts are one lookup at their
+ * summed tokens and contexts; "alone" otherwise) and skew_alpha_default, attn_skew_axis(axis, bin,
+ * upper) (axes 0..3: decodes, skew rate, largest decode context, prompt context; a bin holds the
+ * values up to its bound, the last also those beyond) and attn_skew(pc, n, rate, largest, kp,
+ * alpha), LLMServingSim's per-bucket alpha (pc: the prompt tokens, matched exactly; the others bin
+ * numbers).  Profiles without them are written as version 1 or 2, as before.
  *
  * Interpolation: piecewise linear along each axis; beyond the last grid point the last segment
  * is extended (never below the last value); below the first point the first value holds.  Two
  * axes: along the inner axis first, then the outer.  A step's attention = the decode requests
  * together at their count and mean context + each other request alone at its (query, context);
  * with attn_mixed, a step with decodes and prefills takes its largest prefill and the decodes
- * from the mixed grid, the other prefills alone.
+ * from the mixed grid, the other prefills alone; with attn_prompts "together" the prompts are one
+ * lookup at their summed tokens and contexts instead.  With attn_skew, decodes of unequal contexts
+ * take t(mean) + alpha x (t(largest) - t(mean)) when alpha is not 0 and t(largest) > t(mean)
+ * (LLMServingSim's _lookup_attention_with_skew).
  *
  * --synthetic DEVICE writes the same tables from the roofline of a device preset instead of a
  * measurement (no GPU): a profile whose every number is known, for tests of the format and the
@@ -52,7 +61,7 @@
 #include "../replay/replay.h"
 
 #define PROFILE_FORMAT "attnreplay-profile"
-#define PROFILE_VERSION 2   /* read: 1 and 2; written: 1 unless the profile needs 2 (profile_version) */
+#define PROFILE_VERSION 3   /* read: 1 to 3; written: the lowest the profile needs (profile_version) */
 
 /* ---- interpolation ------------------------------------------------------------------------------ */
 
@@ -116,29 +125,74 @@ static double mixed_us(const ar_profile_table *p, double q, double ctx, double b
     return interp1(p->mix_q + oq, by_q, lq, q);
 }
 
+/* The skew table's bin of v on axis a: the first whose bound v does not exceed, else the last. */
+static int skew_bin(const ar_profile_table *p, int a, double v)
+{
+    int i = 0;
+    while (i < p->skew_bins[a] - 1 && v > p->skew_upper[a][i]) i++;
+    return i;
+}
+
+/* alpha for a decode batch (LLMServingSim's _skew_alpha): the cell of (pc exactly, decodes, skew
+ * rate clipped to [0, 1], largest context, prompt context), skew_alpha_default without one. */
+static double skew_alpha(const ar_profile_table *p, double pc, int decodes, double rate, double largest, double kp)
+{
+    int ip = 0;
+    while (ip < p->num_skew_pc && p->skew_pc[ip] != pc) ip++;
+    if (ip == p->num_skew_pc) return p->skew_alpha_default;
+    double v[4] = {decodes, rate < 0 ? 0 : rate > 1 ? 1 : rate, largest, kp};
+    size_t c = (size_t)ip;
+    for (int a = 0; a < 4; a++) c = c * (size_t)p->skew_bins[a] + (size_t)skew_bin(p, a, v[a]);
+    double alpha = p->skew_alpha[c];
+    return isnan(alpha) ? p->skew_alpha_default : alpha;
+}
+
 double ar_profile_attention_us(const ar_profile_table *p, const int *query_lens, const int *context_lens, int n)
 {
-    double us = 0, decode_ctx = 0;
-    int decodes = 0, largest = -1;
+    double us = 0, decode_ctx = 0, dmin = 0, dmax = 0, q_sum = 0, ctx_sum = 0;
+    int decodes = 0, largest = -1, prompts = 0;
     for (int r = 0; r < n; r++) {
         if (query_lens[r] == 1) {
+            double c = context_lens[r];
+            dmin = decodes == 0 || c < dmin ? c : dmin;
+            dmax = decodes == 0 || c > dmax ? c : dmax;
             decodes++;
-            decode_ctx += context_lens[r];
-        } else if (query_lens[r] > 1 && (largest < 0 || query_lens[r] > query_lens[largest])) {
-            largest = r;
+            decode_ctx += c;
+        } else if (query_lens[r] > 1) {
+            prompts++;
+            q_sum += query_lens[r];
+            ctx_sum += context_lens[r];
+            if (largest < 0 || query_lens[r] > query_lens[largest]) largest = r;
         }
     }
     bool mixed = p->num_mix_q > 0 && decodes > 0 && largest >= 0;
-    for (int r = 0; r < n; r++)
-        if (query_lens[r] > 1 && !(mixed && r == largest))
-            us += interp2(p->pre_q, p->num_pre_q, p->pre_ctx, p->num_pre_ctx, p->pre_us, query_lens[r],
-                          context_lens[r]);
-    if (mixed)
-        us += mixed_us(p, query_lens[largest], context_lens[largest], decodes, decode_ctx / decodes);
-    else if (decodes > 0)
-        us += interp2(p->dec_batch, p->num_dec_batch, p->dec_ctx, p->num_dec_ctx, p->dec_us, decodes,
-                      decode_ctx / decodes);
-    return us;
+    /* the prompt the decodes share a lookup with: all of them summed, or the largest */
+    double pq = prompts == 0 ? 0 : p->prompts_together ? q_sum : query_lens[largest];
+    double pc = prompts == 0 ? 0 : p->prompts_together ? ctx_sum : context_lens[largest];
+    if (p->prompts_together) {
+        if (prompts > 0 && !mixed) us += interp2(p->pre_q, p->num_pre_q, p->pre_ctx, p->num_pre_ctx, p->pre_us, pq, pc);
+    } else {
+        for (int r = 0; r < n; r++)
+            if (query_lens[r] > 1 && !(mixed && r == largest))
+                us += interp2(p->pre_q, p->num_pre_q, p->pre_ctx, p->num_pre_ctx, p->pre_us, query_lens[r],
+                              context_lens[r]);
+    }
+    if (decodes == 0) return us;
+    double mean = decode_ctx / decodes;
+    double t_mean = mixed ? mixed_us(p, pq, pc, decodes, mean)
+                          : interp2(p->dec_batch, p->num_dec_batch, p->dec_ctx, p->num_dec_ctx, p->dec_us, decodes, mean);
+    /* LLMServingSim's skew correction (_lookup_attention_with_skew): toward the largest context */
+    if (p->num_skew_pc > 0 && decodes > 1 && dmax > mean) {
+        double alpha = skew_alpha(p, mixed ? pq : 0, decodes, dmax > dmin ? (mean - dmin) / (dmax - dmin) : 0.5, dmax,
+                                  mixed ? pc : 0);
+        if (alpha != 0) {
+            double t_max = mixed ? mixed_us(p, pq, pc, decodes, dmax)
+                                 : interp2(p->dec_batch, p->num_dec_batch, p->dec_ctx, p->num_dec_ctx, p->dec_us,
+                                           decodes, dmax);
+            if (t_max > t_mean) t_mean += alpha * (t_max - t_mean);
+        }
+    }
+    return us + t_mean;
 }
 
 /* ---- the database --------------------------------------------------------------------------------- */
@@ -151,13 +205,14 @@ static int gemm_points(const ar_profile_table *p, int g)
 
 /* Version 2 adds what version 1 readers would misread: operations other than once per layer or
  * once at the requests (gemm.per_layer not 0 or 1), an operation timed on part of the token grid,
- * and the attn_mixed table.  A profile without them is written as version 1. */
+ * and the attn_mixed table.  Version 3 adds LLMServingSim's attention lookup (meta attn_prompts
+ * "together", the attn_skew tables).  A profile without them is written as version 1 or 2. */
 static int profile_version(const ar_profile_table *p)
 {
     bool v2 = p->num_mix_q > 0;
     for (int g = 0; g < p->num_gemms; g++)
         v2 = v2 || (p->gemm_per_layer[g] != 0 && p->gemm_per_layer[g] != 1) || gemm_points(p, g) != p->num_m;
-    return v2 ? 2 : 1;
+    return p->prompts_together || p->num_skew_pc > 0 ? 3 : v2 ? 2 : 1;
 }
 
 static int sql_fail(sqlite3 *db, const char *path, char *err, size_t err_len)
@@ -194,19 +249,22 @@ int ar_profile_save(const char *path, const ar_profile_table *p, const char *com
                          " dctx INTEGER NOT NULL, us REAL NOT NULL, PRIMARY KEY(q, ctx, batch, dctx)) WITHOUT ROWID;",
                      NULL, NULL, NULL) != SQLITE_OK)
         goto fail;
-    char tp[16], steps[32], ratio[32], created[32], version[16];
+    char tp[16], steps[32], ratio[32], created[32], version[16], alpha[32];
     snprintf(tp, sizeof tp, "%d", p->tp);
     snprintf(steps, sizeof steps, "%d", p->replay_steps);
     snprintf(ratio, sizeof ratio, "%.6f", p->replay_ratio > 0 ? p->replay_ratio : 1.0);
     snprintf(created, sizeof created, "%lld", (long long)time(NULL));
     snprintf(version, sizeof version, "%d", profile_version(p));
+    snprintf(alpha, sizeof alpha, "%.17g", p->skew_alpha_default);
     const char *meta[][2] = {
         {"format", PROFILE_FORMAT}, {"version", version}, {"device", p->device}, {"model", p->model},
         {"tp", tp}, {"command", command ? command : ""}, {"code_rev", AR_CODE_REV}, {"created", created},
         {"replay_steps", steps}, {"replay_ratio", ratio},
+        {"attn_prompts", p->prompts_together ? "together" : "alone"}, {"skew_alpha_default", alpha},
     };
     if (sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO meta VALUES(?, ?)", -1, &st, NULL) != SQLITE_OK) goto fail;
-    for (size_t i = 0; i < sizeof meta / sizeof meta[0]; i++) {
+    size_t num_meta = sizeof meta / sizeof meta[0] - (profile_version(p) < 3 ? 2 : 0);   /* v1/v2 files as before */
+    for (size_t i = 0; i < num_meta; i++) {
         sqlite3_reset(st);
         sqlite3_bind_text(st, 1, meta[i][0], -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 2, meta[i][1], -1, SQLITE_STATIC);
@@ -259,6 +317,46 @@ int ar_profile_save(const char *path, const ar_profile_table *p, const char *com
         sqlite3_finalize(st);
         st = NULL;
     }
+    if (p->num_skew_pc > 0) {
+        if (sqlite3_exec(db,
+                         "CREATE TABLE attn_skew_axis(axis INTEGER NOT NULL, bin INTEGER NOT NULL, upper REAL NOT NULL,"
+                         " PRIMARY KEY(axis, bin));"
+                         "CREATE TABLE attn_skew(pc INTEGER NOT NULL, n INTEGER NOT NULL, rate INTEGER NOT NULL,"
+                         " largest INTEGER NOT NULL, kp INTEGER NOT NULL, alpha REAL NOT NULL,"
+                         " PRIMARY KEY(pc, n, rate, largest, kp)) WITHOUT ROWID;",
+                         NULL, NULL, NULL) != SQLITE_OK ||
+            sqlite3_prepare_v2(db, "INSERT INTO attn_skew_axis VALUES(?, ?, ?)", -1, &st, NULL) != SQLITE_OK)
+            goto fail;
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < p->skew_bins[a]; b++) {
+                sqlite3_reset(st);
+                sqlite3_bind_int(st, 1, a);
+                sqlite3_bind_int(st, 2, b);
+                sqlite3_bind_double(st, 3, p->skew_upper[a][b]);
+                if (sqlite3_step(st) != SQLITE_DONE) goto fail;
+            }
+        sqlite3_finalize(st);
+        st = NULL;
+        if (sqlite3_prepare_v2(db, "INSERT INTO attn_skew VALUES(?, ?, ?, ?, ?, ?)", -1, &st, NULL) != SQLITE_OK)
+            goto fail;
+        size_t cells = (size_t)p->num_skew_pc * p->skew_bins[0] * p->skew_bins[1] * p->skew_bins[2] * p->skew_bins[3];
+        for (size_t c = 0; c < cells; c++) {
+            if (isnan(p->skew_alpha[c])) continue;
+            size_t rest = c;
+            int idx[4];
+            for (int a = 3; a >= 0; a--) {
+                idx[a] = (int)(rest % (size_t)p->skew_bins[a]);
+                rest /= (size_t)p->skew_bins[a];
+            }
+            sqlite3_reset(st);
+            sqlite3_bind_int64(st, 1, (sqlite3_int64)p->skew_pc[rest]);
+            for (int a = 0; a < 4; a++) sqlite3_bind_int(st, 2 + a, idx[a]);
+            sqlite3_bind_double(st, 6, p->skew_alpha[c]);
+            if (sqlite3_step(st) != SQLITE_DONE) goto fail;
+        }
+        sqlite3_finalize(st);
+        st = NULL;
+    }
     if (sqlite3_exec(db, "COMMIT;", NULL, NULL, NULL) != SQLITE_OK) goto fail;
     rc = 0;
     goto done;
@@ -293,6 +391,7 @@ static int load_meta(sqlite3 *db, const char *path, ar_profile_table *p, char *e
     }
     bool format_ok = false;
     int version = 0;
+    char prompts[16] = "alone", alpha[48] = "0";
     p->tp = 0;
     p->replay_ratio = 1.0;
     while (sqlite3_step(st) == SQLITE_ROW) {
@@ -305,6 +404,8 @@ static int load_meta(sqlite3 *db, const char *path, ar_profile_table *p, char *e
         else if (strcmp(k, "tp") == 0) p->tp = atoi(v);
         else if (strcmp(k, "replay_steps") == 0) p->replay_steps = atoi(v);
         else if (strcmp(k, "replay_ratio") == 0) p->replay_ratio = atof(v);
+        else if (strcmp(k, "attn_prompts") == 0) snprintf(prompts, sizeof prompts, "%.15s", v);
+        else if (strcmp(k, "skew_alpha_default") == 0) snprintf(alpha, sizeof alpha, "%.47s", v);
     }
     sqlite3_finalize(st);
     if (!format_ok || version < 1 || version > PROFILE_VERSION) {
@@ -318,6 +419,15 @@ static int load_meta(sqlite3 *db, const char *path, ar_profile_table *p, char *e
     }
     if (!(p->replay_ratio > 0) || !isfinite(p->replay_ratio)) {
         snprintf(err, err_len, "%s: meta replay_ratio must be a positive number", path);
+        return 2;
+    }
+    char *end;
+    p->skew_alpha_default = strtod(alpha, &end);
+    p->prompts_together = strcmp(prompts, "together") == 0;
+    if ((!p->prompts_together && strcmp(prompts, "alone") != 0) || end == alpha || *end ||
+        !isfinite(p->skew_alpha_default)) {
+        snprintf(err, err_len, "%s: meta attn_prompts must be 'together' or 'alone' and skew_alpha_default a number",
+                 path);
         return 2;
     }
     return 0;
@@ -371,16 +481,23 @@ static int axis_index(const double *xs, int n, double v)
     return -1;
 }
 
+/* Whether the database has a table of that name. */
+static bool has_table(sqlite3 *db, const char *name)
+{
+    sqlite3_stmt *st = NULL;
+    bool present = sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", -1, &st,
+                                      NULL) == SQLITE_OK && sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC) == SQLITE_OK &&
+                   sqlite3_step(st) == SQLITE_ROW;
+    sqlite3_finalize(st);
+    return present;
+}
+
 /* The optional attn_mixed table: complete over its four axes, positive times, at most
  * AR_PROF_MAX_MIX cells. */
 static int load_mixed(sqlite3 *db, const char *path, ar_profile_table *p, char *err, size_t err_len)
 {
     sqlite3_stmt *st = NULL;
-    bool present = sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'attn_mixed'",
-                                      -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW;
-    sqlite3_finalize(st);
-    st = NULL;
-    if (!present) return 0;
+    if (!has_table(db, "attn_mixed")) return 0;
     p->num_mix_q = distinct_values(db, "SELECT DISTINCT q FROM attn_mixed ORDER BY q", p->mix_q, AR_PROF_MAX_AXIS);
     p->num_mix_ctx = distinct_values(db, "SELECT DISTINCT ctx FROM attn_mixed ORDER BY ctx", p->mix_ctx, AR_PROF_MAX_AXIS);
     p->num_mix_batch = distinct_values(db, "SELECT DISTINCT batch FROM attn_mixed ORDER BY batch", p->mix_batch,
@@ -427,6 +544,67 @@ static int load_mixed(sqlite3 *db, const char *path, ar_profile_table *p, char *
             rc = 2;
         }
     if (rc) p->num_mix_q = 0;
+    return rc;
+}
+
+/* The optional attn_skew tables (version 3): every axis 1 to AR_PROF_SKEW_AXIS bins with bounds
+ * ascending, every row's bins on them, its pc one of at most AR_PROF_SKEW_AXIS values, one row a
+ * cell, a finite alpha. */
+static int load_skew(sqlite3 *db, const char *path, ar_profile_table *p, char *err, size_t err_len)
+{
+    sqlite3_stmt *st = NULL;
+    if (!has_table(db, "attn_skew")) return 0;
+    int rc = 0;
+    for (int a = 0; a < 4 && rc == 0; a++) {
+        char sql[96];
+        snprintf(sql, sizeof sql, "SELECT upper FROM attn_skew_axis WHERE axis = %d ORDER BY bin", a);
+        int k = distinct_values(db, sql, p->skew_upper[a], AR_PROF_SKEW_AXIS);
+        bool ascending = k >= 1;
+        for (int b = 1; ascending && b < k; b++) ascending = p->skew_upper[a][b] > p->skew_upper[a][b - 1];
+        if (!ascending) {
+            snprintf(err, err_len, "%s: table attn_skew_axis: axis %d needs 1 to %d bins with ascending bounds", path, a,
+                     AR_PROF_SKEW_AXIS);
+            rc = 2;
+        }
+        p->skew_bins[a] = k;
+    }
+    if (rc == 0) {
+        p->num_skew_pc = distinct_values(db, "SELECT DISTINCT pc FROM attn_skew ORDER BY pc", p->skew_pc,
+                                         AR_PROF_SKEW_AXIS);
+        size_t cells = (size_t)(p->num_skew_pc > 0 ? p->num_skew_pc : 0);
+        for (int a = 0; a < 4; a++) cells *= (size_t)p->skew_bins[a];
+        if (p->num_skew_pc < 1 || cells > AR_PROF_MAX_SKEW) {
+            snprintf(err, err_len, "%s: table attn_skew empty, over %d prompt-token values or over %d cells", path,
+                     AR_PROF_SKEW_AXIS, AR_PROF_MAX_SKEW);
+            rc = 2;
+        }
+        for (size_t c = 0; c < cells && rc == 0; c++) p->skew_alpha[c] = NAN;
+    }
+    if (rc == 0 && sqlite3_prepare_v2(db, "SELECT pc, n, rate, largest, kp, alpha FROM attn_skew", -1, &st, NULL) !=
+                       SQLITE_OK) {
+        snprintf(err, err_len, "%s: %s", path, sqlite3_errmsg(db));
+        rc = 2;
+    }
+    while (rc == 0 && sqlite3_step(st) == SQLITE_ROW) {
+        int ip = axis_index(p->skew_pc, p->num_skew_pc, sqlite3_column_double(st, 0));
+        size_t c = (size_t)(ip < 0 ? 0 : ip);
+        bool ok = ip >= 0;
+        for (int a = 0; a < 4; a++) {
+            int b = sqlite3_column_int(st, 1 + a);
+            ok = ok && b >= 0 && b < p->skew_bins[a];
+            c = c * (size_t)p->skew_bins[a] + (size_t)(ok ? b : 0);
+        }
+        double alpha = sqlite3_column_double(st, 5);
+        if (!ok || !isnan(p->skew_alpha[c]) || !isfinite(alpha)) {
+            snprintf(err, err_len, "%s: table attn_skew: row (pc %g) has a bin off its axis, repeats a cell or has no "
+                     "finite alpha", path, sqlite3_column_double(st, 0));
+            rc = 2;
+        } else {
+            p->skew_alpha[c] = alpha;
+        }
+    }
+    sqlite3_finalize(st);
+    if (rc != 0) p->num_skew_pc = 0;
     return rc;
 }
 
@@ -526,6 +704,7 @@ int ar_profile_load(const char *path, ar_profile_table *p, char *err, size_t err
         rc = load_grid(db, path, "attn_prefill", "q, ctx", p->pre_q, p->num_pre_q, p->pre_ctx, p->num_pre_ctx,
                        p->pre_us, err, err_len);
     if (rc == 0) rc = load_mixed(db, path, p, err, err_len);
+    if (rc == 0) rc = load_skew(db, path, p, err, err_len);
     sqlite3_close(db);
     return rc;
 }

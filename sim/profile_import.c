@@ -24,10 +24,20 @@
  * often missing (the largest share; the first such in axis order, values ascending); what was
  * kept is reported.
  *
+ * Where the folder also holds skew.csv (regime,n,nb,ratio,skew,pc,kp,kvs,kv_big,kv_mean,t_mean_us,
+ * t_max_us,t_skew_us,alpha: bimodal decode batches timed as they are, all at their mean context
+ * and all at their largest) and skew_fit.csv (pc,n_label,skew_rate_label,kv_big_label,kp_label,
+ * alpha,n_samples: LLMServingSim's alpha per bucket; docs/docs/profiler/skew-alpha-fit.md), the
+ * profile takes LLMServingSim's correction for decodes of unequal contexts: the bucket axes and the
+ * pooled alpha_default are derived from skew.csv as its profiler/core/fit_alpha.py does, and every
+ * skew_fit.csv row must name bins of those axes.  Imported profiles time a step's prompts as
+ * LLMServingSim does, as one lookup at their summed tokens and contexts (attn_prompts "together").
+ *
  * Bad input is refused with "FILE:LINE: rule" (a row) or "FILE: rule" (the file): a header other
  * than the one above, a wrong field count, a number that is not one (or not positive where a time
  * or a count must be), a repeated key, an unknown or missing layer, token grids that differ
- * between layers, an empty batch. */
+ * between layers, an empty batch; in the skew files a missing regime, a decode count below 2, a
+ * bucket label that is none of the derived bins, a repeated bucket, one file without the other. */
 #include "sim.h"
 
 #include <errno.h>
@@ -439,6 +449,320 @@ static int build_grid(imp_grid *g, int dims, const int *col, const imp_row *rows
     return rc;
 }
 
+/* ---- the skew correction: skew.csv and skew_fit.csv ---------------------------------------- */
+
+#define SKEW_HEADER "regime,n,nb,ratio,skew,pc,kp,kvs,kv_big,kv_mean,t_mean_us,t_max_us,t_skew_us,alpha"
+#define SKEW_FIT_HEADER "pc,n_label,skew_rate_label,kv_big_label,kp_label,alpha,n_samples"
+#define SKEW_LABEL 32
+
+/* One CSV file read a row at a time: fields split at commas, the header checked. */
+typedef struct csv_in {
+    FILE *f;
+    char path[1200];
+    int line;
+    char buf[1024];
+    char *field[16];
+    int nf;
+} csv_in;
+
+/* Opens dir/name and checks its header.  1 opened, 0 absent, -1 error (err set). */
+static int csv_open(csv_in *c, const char *dir, const char *name, const char *header, char *err, size_t err_len)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->path, sizeof c->path, "%s/%s", dir, name);
+    if (!(c->f = fopen(c->path, "r"))) {
+        if (errno == ENOENT) return 0;
+        snprintf(err, err_len, "%s: cannot open (%s)", c->path, strerror(errno));
+        return -1;
+    }
+    char *h = fgets(c->buf, sizeof c->buf, c->f);
+    c->line = 1;
+    size_t len = h ? strlen(c->buf) : 0;
+    while (len > 0 && (c->buf[len - 1] == '\n' || c->buf[len - 1] == '\r')) c->buf[--len] = 0;
+    if (!h || strcmp(c->buf, header) != 0) {
+        snprintf(err, err_len, "%s:1: header must be '%s'", c->path, header);
+        fclose(c->f);
+        c->f = NULL;
+        return -1;
+    }
+    return 1;
+}
+
+/* The next non-empty row of want fields.  1 a row, 0 the end, -1 error (err set). */
+static int csv_next(csv_in *c, int want, char *err, size_t err_len)
+{
+    while (fgets(c->buf, sizeof c->buf, c->f)) {
+        c->line++;
+        size_t len = strlen(c->buf);
+        if (len == sizeof c->buf - 1 && c->buf[len - 1] != '\n') {
+            snprintf(err, err_len, "%s:%d: line longer than %zu characters", c->path, c->line, sizeof c->buf - 2);
+            return -1;
+        }
+        while (len > 0 && (c->buf[len - 1] == '\n' || c->buf[len - 1] == '\r')) c->buf[--len] = 0;
+        if (len == 0) continue;
+        c->nf = 0;
+        for (char *tok = c->buf, *comma; c->nf < 16; tok = comma + 1) {
+            c->field[c->nf++] = tok;
+            if (!(comma = strchr(tok, ','))) break;
+            *comma = 0;
+        }
+        if (c->nf != want || strchr(c->field[c->nf - 1], ',')) {
+            snprintf(err, err_len, "%s:%d: %d fields, the header has %d", c->path, c->line, c->nf, want);
+            return -1;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Field i as a finite number: whole and >= 0 (kind 'w'), > 0 ('p'), >= 0 ('n') or any ('a'). */
+static int csv_number(const csv_in *c, int i, char kind, double *v, char *err, size_t err_len)
+{
+    char *end;
+    errno = 0;
+    *v = strtod(c->field[i], &end);
+    bool ok = end != c->field[i] && !*end && !errno && isfinite(*v);
+    if (ok && kind == 'w') ok = *v >= 0 && *v == floor(*v);
+    if (ok && kind == 'p') ok = *v > 0;
+    if (ok && kind == 'n') ok = *v >= 0;
+    if (!ok)
+        snprintf(err, err_len, "%s:%d: field %d ('%s') must be %s", c->path, c->line, i + 1, c->field[i],
+                 kind == 'w' ? "a non-negative whole number" : kind == 'p' ? "a positive number"
+                 : kind == 'n' ? "a non-negative number" : "a number");
+    return ok ? 0 : -1;
+}
+
+/* LLMServingSim's short form of a context length (fit_alpha.py's _short_kv): 1024 -> "1k". */
+static void short_kv(char *out, size_t len, double v)
+{
+    long x = (long)v;
+    if (x >= 1024 && x % 1024 == 0) snprintf(out, len, "%ldk", x / 1024);
+    else snprintf(out, len, "%ld", x);
+}
+
+/* One axis of the bucket table: inclusive upper bounds and the labels fit_alpha.py writes. */
+typedef struct skew_axis {
+    int bins;
+    double upper[AR_PROF_SKEW_AXIS];
+    char label[AR_PROF_SKEW_AXIS][SKEW_LABEL];
+} skew_axis;
+
+static int axis_label(const skew_axis *ax, const char *label)
+{
+    for (int b = 0; b < ax->bins; b++)
+        if (strcmp(ax->label[b], label) == 0) return b;
+    return -1;
+}
+
+/* skew.csv and skew_fit.csv of dir (both or neither) into p's skew table: the axes derived from
+ * skew.csv's rows with an alpha as fit_alpha.py derives them (the decode counts and the nonzero
+ * prompt contexts profiled, each plus an overflow bin; the largest context on 4x steps from 1k to
+ * its largest; the skew rate's five fixed bins), alpha_default its pooled weighted least squares
+ * sum((t_max - t_mean)(t_skew - t_mean)) / sum((t_max - t_mean)^2) rounded to 4 places as
+ * fit_alpha.py stores it, and every skew_fit.csv row a cell.  0 (also when neither file is
+ * there: no table), or 2 with err set; *buckets and *rows_used report what was read. */
+static int import_skew(const char *dir, ar_profile_table *p, int *buckets, int *rows_used, char *err, size_t err_len)
+{
+    csv_in raw, fit;
+    *buckets = *rows_used = 0;
+    int has_raw = csv_open(&raw, dir, "skew.csv", SKEW_HEADER, err, err_len);
+    if (has_raw < 0) return 2;
+    int has_fit = csv_open(&fit, dir, "skew_fit.csv", SKEW_FIT_HEADER, err, err_len);
+    if (has_fit < 0) {
+        if (raw.f) fclose(raw.f);
+        return 2;
+    }
+    if (has_raw != has_fit) {
+        snprintf(err, err_len, "%s: skew.csv and skew_fit.csv come together (the bucket axes and alpha_default are "
+                 "derived from skew.csv)", has_raw ? fit.path : raw.path);
+        if (raw.f) fclose(raw.f);
+        if (fit.f) fclose(fit.f);
+        return 2;
+    }
+    if (!has_raw) return 0;
+    skew_axis *ax = calloc(4, sizeof *ax);
+    double n_vals[AR_PROF_SKEW_AXIS], kp_vals[AR_PROF_SKEW_AXIS], kv_max = 0, num = 0, den = 0;
+    int num_n = 0, num_kp = 0, rc = ax ? 0 : 2, got;
+    if (!ax) snprintf(err, err_len, "%s: out of memory", raw.path);
+    while (rc == 0 && (got = csv_next(&raw, 14, err, err_len)) != 0) {
+        double v[14];
+        if (got < 0 || !raw.field[0][0]) {
+            if (got > 0) snprintf(err, err_len, "%s:%d: field 1 (regime) is empty", raw.path, raw.line);
+            rc = 2;
+            break;
+        }
+        for (int i = 1; i < 13 && rc == 0; i++)
+            if (csv_number(&raw, i, i >= 10 ? 'p' : i == 1 || i == 5 || i == 6 || i == 8 ? 'w' : 'n', &v[i], err,
+                           err_len) != 0)
+                rc = 2;
+        if (rc != 0) break;
+        if (v[1] < 2) {
+            snprintf(err, err_len, "%s:%d: n %g: a skewed batch has at least 2 decodes", raw.path, raw.line, v[1]);
+            rc = 2;
+            break;
+        }
+        if (!raw.field[13][0]) continue;   /* no alpha (t_max <= t_mean): left out, as fit_alpha.py drops it */
+        if (csv_number(&raw, 13, 'a', &v[13], err, err_len) != 0) {
+            rc = 2;
+            break;
+        }
+        (*rows_used)++;
+        double dtm = v[11] - v[10], dts = v[12] - v[10];
+        num += dtm * dts;
+        den += dtm * dtm;
+        kv_max = fmax(kv_max, v[8]);
+        double *vals[2] = {n_vals, kp_vals};
+        int *count[2] = {&num_n, &num_kp}, cap[2] = {AR_PROF_SKEW_AXIS - 1, AR_PROF_SKEW_AXIS - 2};
+        double x[2] = {v[1], v[6]};
+        for (int a = 0; a < 2 && rc == 0; a++) {
+            if (a == 1 && x[a] == 0) continue;   /* kp = 0 has its own bin */
+            if (find_value(vals[a], *count[a], x[a]) >= 0) continue;
+            if (*count[a] == cap[a]) {
+                snprintf(err, err_len, "%s:%d: over %d distinct %s", raw.path, raw.line, cap[a],
+                         a ? "prompt contexts (kp)" : "decode counts (n)");
+                rc = 2;
+            } else {
+                vals[a][(*count[a])++] = x[a];
+            }
+        }
+    }
+    fclose(raw.f);
+    if (rc == 0 && *rows_used == 0) {
+        snprintf(err, err_len, "%s: no row with an alpha", raw.path);
+        rc = 2;
+    }
+    if (rc == 0) {
+        qsort(n_vals, (size_t)num_n, sizeof *n_vals, cmp_double);
+        qsort(kp_vals, (size_t)num_kp, sizeof *kp_vals, cmp_double);
+        char a_[24], b_[24];
+        for (int i = 0; i < num_n; i++) {
+            ax[0].upper[i] = n_vals[i];
+            snprintf(ax[0].label[i], SKEW_LABEL, "n<=%ld", (long)n_vals[i]);
+        }
+        ax[0].upper[num_n] = 1e6;
+        snprintf(ax[0].label[num_n], SKEW_LABEL, "n>%ld", (long)n_vals[num_n - 1]);
+        ax[0].bins = num_n + 1;
+        static const double rate_upper[5] = {0.05, 0.15, 0.40, 0.70, 1.01};
+        static const char *rate_label[5] = {"sr<=5%", "sr<=15%", "sr<=40%", "sr<=70%", "sr>70%"};
+        for (int i = 0; i < 5; i++) {
+            ax[1].upper[i] = rate_upper[i];
+            snprintf(ax[1].label[i], SKEW_LABEL, "%s", rate_label[i]);
+        }
+        ax[1].bins = 5;
+        int k = 0;
+        for (double e = 1024; e <= kv_max && k < AR_PROF_SKEW_AXIS - 2; e *= 4) ax[2].upper[k++] = e;
+        if (k == 0) ax[2].upper[k++] = 1024;
+        if (ax[2].upper[k - 1] < kv_max) ax[2].upper[k++] = kv_max;
+        for (int i = 0; i < k; i++) {
+            short_kv(a_, sizeof a_, ax[2].upper[i]);
+            snprintf(ax[2].label[i], SKEW_LABEL, "kvB<=%s", a_);
+        }
+        short_kv(b_, sizeof b_, ax[2].upper[k - 1]);
+        snprintf(ax[2].label[k], SKEW_LABEL, "kvB>%s", b_);
+        ax[2].upper[k] = 1e9;
+        ax[2].bins = k + 1;
+        ax[3].upper[0] = 0;
+        snprintf(ax[3].label[0], SKEW_LABEL, "kp=0");
+        for (int i = 0; i < num_kp; i++) {
+            ax[3].upper[i + 1] = kp_vals[i];
+            short_kv(a_, sizeof a_, kp_vals[i]);
+            snprintf(ax[3].label[i + 1], SKEW_LABEL, "kp<=%s", a_);
+        }
+        if (num_kp > 0) {
+            short_kv(b_, sizeof b_, kp_vals[num_kp - 1]);
+            snprintf(ax[3].label[num_kp + 1], SKEW_LABEL, "kp>%s", b_);
+            ax[3].upper[num_kp + 1] = 1e9;
+            ax[3].bins = num_kp + 2;
+        } else {   /* fit_alpha.py's default prompt-context axis */
+            ax[3].upper[1] = 2048;
+            ax[3].upper[2] = 1e9;
+            snprintf(ax[3].label[1], SKEW_LABEL, "kp<=2k");
+            snprintf(ax[3].label[2], SKEW_LABEL, "kp>2k");
+            ax[3].bins = 3;
+        }
+        p->skew_alpha_default = den > 0 ? round(num / den * 1e4) / 1e4 : 0;
+    }
+    /* skew_fit.csv: every row one bucket of the axes above */
+    typedef struct { double pc, alpha; int bin[4], line; } fit_row;
+    int nrows = 0, cap = 0;
+    fit_row *rows = NULL;
+    while (rc == 0 && (got = csv_next(&fit, 7, err, err_len)) != 0) {
+        fit_row r = {.line = fit.line};
+        double samples;
+        if (got < 0 || csv_number(&fit, 0, 'w', &r.pc, err, err_len) != 0 ||
+            csv_number(&fit, 5, 'a', &r.alpha, err, err_len) != 0 ||
+            csv_number(&fit, 6, 'w', &samples, err, err_len) != 0) {
+            rc = 2;
+            break;
+        }
+        for (int a = 0; a < 4 && rc == 0; a++)
+            if ((r.bin[a] = axis_label(&ax[a], fit.field[1 + a])) < 0) {
+                snprintf(err, err_len, "%s:%d: field %d ('%s') is none of the bins skew.csv's rows give (%s ... %s)",
+                         fit.path, fit.line, 2 + a, fit.field[1 + a], ax[a].label[0], ax[a].label[ax[a].bins - 1]);
+                rc = 2;
+            }
+        if (rc == 0 && samples < 1) {
+            snprintf(err, err_len, "%s:%d: n_samples must be at least 1", fit.path, fit.line);
+            rc = 2;
+        }
+        for (int j = 0; j < nrows && rc == 0; j++)
+            if (rows[j].pc == r.pc && !memcmp(rows[j].bin, r.bin, sizeof r.bin)) {
+                snprintf(err, err_len, "%s:%d: the bucket of line %d again", fit.path, fit.line, rows[j].line);
+                rc = 2;
+            }
+        if (rc == 0 && nrows == cap) {
+            fit_row *g = realloc(rows, (size_t)(cap = cap ? 2 * cap : 1024) * sizeof *rows);
+            if (!g) {
+                snprintf(err, err_len, "%s: out of memory", fit.path);
+                rc = 2;
+                break;
+            }
+            rows = g;
+        }
+        if (rc == 0) rows[nrows++] = r;
+    }
+    fclose(fit.f);
+    if (rc == 0 && nrows == 0) {
+        snprintf(err, err_len, "%s: no rows", fit.path);
+        rc = 2;
+    }
+    p->num_skew_pc = 0;
+    for (int j = 0; j < nrows && rc == 0; j++) {
+        if (find_value(p->skew_pc, p->num_skew_pc, rows[j].pc) >= 0) continue;
+        if (p->num_skew_pc == AR_PROF_SKEW_AXIS) {
+            snprintf(err, err_len, "%s:%d: over %d distinct pc values", fit.path, rows[j].line, AR_PROF_SKEW_AXIS);
+            rc = 2;
+        } else {
+            p->skew_pc[p->num_skew_pc++] = rows[j].pc;
+        }
+    }
+    size_t cells = (size_t)p->num_skew_pc;
+    for (int a = 0; a < 4 && rc == 0; a++) cells *= (size_t)ax[a].bins;
+    if (rc == 0 && cells > AR_PROF_MAX_SKEW) {
+        snprintf(err, err_len, "%s: %zu buckets in all; the profile holds at most %d", fit.path, cells, AR_PROF_MAX_SKEW);
+        rc = 2;
+    }
+    if (rc == 0) {
+        qsort(p->skew_pc, (size_t)p->num_skew_pc, sizeof *p->skew_pc, cmp_double);
+        for (int a = 0; a < 4; a++) {
+            p->skew_bins[a] = ax[a].bins;
+            memcpy(p->skew_upper[a], ax[a].upper, sizeof ax[a].upper);
+        }
+        for (size_t c = 0; c < cells; c++) p->skew_alpha[c] = NAN;
+        for (int j = 0; j < nrows; j++) {
+            size_t c = (size_t)find_value(p->skew_pc, p->num_skew_pc, rows[j].pc);
+            for (int a = 0; a < 4; a++) c = c * (size_t)ax[a].bins + (size_t)rows[j].bin[a];
+            p->skew_alpha[c] = rows[j].alpha;
+        }
+        *buckets = nrows;
+    } else {
+        p->num_skew_pc = 0;
+    }
+    free(rows);
+    free(ax);
+    return rc;
+}
+
 int ar_profile_import_llmservingsim(const char *dir, const ar_model_preset *preset, int tp, const char *device,
                                     ar_profile_table *p, char *note, size_t note_len, char *err, size_t err_len)
 {
@@ -554,5 +878,16 @@ int ar_profile_import_llmservingsim(const char *dir, const ar_model_preset *pres
     free(g);
     for (int t = 0; t < 3; t++) free(pick[t]);
     free(rows);
+    /* LLMServingSim's attention lookup: a step's prompts together, and its skew table if the folder has one */
+    p->prompts_together = true;
+    int buckets = 0, skew_rows = 0;
+    if (rc == 0) rc = import_skew(dir, p, &buckets, &skew_rows, err, err_len);
+    if (rc == 0 && note && note_len > used) {
+        if (buckets > 0)
+            snprintf(note + used, note_len - used, "; skew %d buckets over %d prompt-token values, alpha_default %.4f "
+                     "from %d rows of skew.csv", buckets, p->num_skew_pc, p->skew_alpha_default, skew_rows);
+        else
+            snprintf(note + used, note_len - used, "; no skew.csv: no skew correction");
+    }
     return rc;
 }

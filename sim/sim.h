@@ -158,6 +158,8 @@ typedef struct ar_batch_features {
 #define AR_PROF_MAX_M 160
 #define AR_PROF_MAX_AXIS 24
 #define AR_PROF_MAX_MIX 12288      /* cells of the mixed grid */
+#define AR_PROF_SKEW_AXIS 24       /* values or bins of one axis of the skew table */
+#define AR_PROF_MAX_SKEW 12288     /* cells of the skew table */
 typedef struct ar_profile_table {
     char device[128];          /* what the profile was measured on (the GPU's name) */
     char model[64];            /* preset name */
@@ -186,6 +188,20 @@ typedef struct ar_profile_table {
     double mix_us[AR_PROF_MAX_MIX];          /* [q][ctx][batch][dctx], row-major */
     int replay_steps;          /* replayed steps measured with the profile (0 none) */
     double replay_ratio;       /* median of measured / interpolated attention over them (1 none) */
+    /* LLMServingSim's attention lookup (version 3, profiles imported from it): a step's prompts as
+       one lookup at their summed query tokens and contexts (else the largest with the decodes and
+       each other alone), and its correction for decodes of unequal contexts: t(mean context) +
+       alpha x (t(largest) - t(mean)), alpha per bucket of (prompt tokens pc, decodes, skew rate
+       (mean - min) / (max - min), largest context, prompt context), skew_alpha_default where the
+       table has no row (NaN cell) */
+    bool prompts_together;
+    int num_skew_pc;           /* 0: no skew correction */
+    double skew_pc[AR_PROF_SKEW_AXIS];       /* the bucket's prompt tokens, matched exactly */
+    int skew_bins[4];          /* decodes, skew rate, largest context, prompt context */
+    double skew_upper[4][AR_PROF_SKEW_AXIS]; /* bin i: values <= upper[i] (and above upper[i-1]);
+                                                beyond the last bound: the last bin */
+    double skew_alpha[AR_PROF_MAX_SKEW];     /* [pc][n][rate][largest][prompt ctx], row-major */
+    double skew_alpha_default;
 } ar_profile_table;
 
 typedef struct ar_steptime {
@@ -348,7 +364,10 @@ int ar_profile_save(const char *path, const ar_profile_table *p, const char *com
  * decode requests (one token) together from the decode grid at their count and mean context,
  * every other request alone from the prefill grid; with a mixed grid, a step holding decodes and
  * prefills takes its largest prefill (most tokens, the first of equals) and the decodes from the
- * mixed grid, every other prefill alone.  Requests of no tokens cost nothing. */
+ * mixed grid, every other prefill alone.  With prompts_together (LLMServingSim's lookup) the
+ * prefills are one lookup at their summed tokens and contexts (with the decodes, one mixed cell).
+ * With a skew table the decodes' lookup is corrected for their unequal contexts.  Requests of no
+ * tokens cost nothing. */
 double ar_profile_attention_us(const ar_profile_table *p, const int *query_lens /* [n] */,
                                const int *context_lens /* [n] */, int n);
 /* Time of GEMM g at m tokens in microseconds: linear interpolation on the grid, proportional to
@@ -361,8 +380,10 @@ double ar_profile_gemm_us(const ar_profile_table *p, int g, double m);
 int ar_profile_time_attention(const char *backend_name, const ar_model *model, int tp, int batch, int q, int ctx,
                               int repeat, double *us, char *err, size_t err_len);
 /* Reads one tensor-parallel folder of an LLMServingSim profile bundle (dense.csv,
- * per_sequence.csv, attention.csv: github.com/casys-kaist/LLMServingSim, profiler/perf/<card>/
- * <model>/<variant>/tp<N>/) of a Llama-architecture model into p (sim/profile_import.c).  device
+ * per_sequence.csv, attention.csv and, where present, skew.csv with skew_fit.csv:
+ * github.com/casys-kaist/LLMServingSim, profiler/perf/<card>/<model>/<variant>/tp<N>/) of a
+ * Llama-architecture model into p (sim/profile_import.c), with LLMServingSim's attention lookup
+ * (prompts_together, the skew table when the folder has one).  device
  * is what p records as measured on.  note (may be NULL) receives a line on the grids kept.
  * Returns 0, or 2 with "FILE:LINE: rule" or "FILE: rule" in err. */
 int ar_profile_import_llmservingsim(const char *dir, const ar_model_preset *preset, int tp, const char *device,

@@ -37,7 +37,11 @@
  *   many calls per layer as it says, or once per step), the LM head at the number of requests, one layer's
  *   attention for the batch's shape times the layers, scaled by the profile's measured / predicted
  *   ratio over real replayed steps; all-reduce and CPU terms as in the roofline.  The device (for
- *   the interconnect) is the preset matching the GPU the profile was measured on, or device=. */
+ *   the interconnect) is the preset matching the GPU the profile was measured on, or device=.
+ *   Keys of its own: prompts_together (1: a step's prompts are one attention lookup at their summed
+ *   tokens and contexts, LLMServingSim's; 0: each alone, the largest with the decodes; default the
+ *   profile's attn_prompts) and skew (0 leaves out the profile's correction for decodes of unequal
+ *   contexts; default on where the profile has one). */
 #include "sim.h"
 
 #include <math.h>
@@ -208,9 +212,19 @@ static int parse_model(const char *kind, char *args, const ar_model_preset *pres
         else if (strcmp(tok, "async") == 0 && (v == 0 || v == 1)) st->async_scheduling = v == 1;
         else if (strcmp(tok, "link_bw") == 0 && v > 0) st->link_bw = v;
         else if (strcmp(tok, "link_lat") == 0) st->link_latency_s = v;
+        else if (profiled && strcmp(tok, "prompts_together") == 0 && (v == 0 || v == 1))
+            st->profile.prompts_together = v == 1;
+        else if (profiled && strcmp(tok, "skew") == 0 && (v == 0 || v == 1)) {
+            if (v == 1 && st->profile.num_skew_pc == 0) {
+                snprintf(err, err_len, "%s: skew=1: the profile has no skew table (attn_skew)", db_path);
+                return 2;
+            }
+            if (v == 0) st->profile.num_skew_pc = 0;
+        }
         else {
             snprintf(err, err_len, "--step-time %s: unknown key or bad value '%s' (gemm_eff, attn_eff, bw_eff, kv_eff, overhead, "
-                     "per_req, gap, tp, graph, async, link_bw, link_lat%s)", kind, tok, fitted ? ", run" : "");
+                     "per_req, gap, tp, graph, async, link_bw, link_lat%s)", kind, tok,
+                     fitted ? ", run" : profiled ? ", skew, prompts_together" : "");
             return 2;
         }
     }

@@ -36,7 +36,8 @@
  * step time from its measured per-layer profile (profile:DB of LLMServingSim's profiles, converted
  * into sim/profiles/; FIDELITY_PROFILES names another folder) in place of the roofline: stage 1 fits
  * gap alone, stage 2 overhead and per_req; then stage 1 along gap and the per-step terms switched
- * off.
+ * off.  FIDELITY_PROFILE_ATTN chooses how the profiles' attention is looked up (llmservingsim,
+ * separate, skew or prompts; below).
  *
  * Prints one table; exit 0 (the numbers are a report, not a pass/fail test), 2 when the public
  * runs are missing. */
@@ -93,6 +94,14 @@ static int default_hidden = FID_RECOMPUTE_WAITING;
  * databases are looked for in FIDELITY_PROFILES (default sim/profiles). */
 static bool profile_mode = false;
 static const char *profile_dir = "sim/profiles";
+/* FIDELITY_PROFILE_ATTN: how the profile mode looks attention up (sim/profile.c):
+ * llmservingsim (the profiles' own, LLMServingSim's: a step's prompts as one lookup, the skew
+ * correction for decodes of unequal contexts), separate (each prompt alone, no skew correction:
+ * the mode as first measured), skew (the correction alone), prompts (the prompts together alone). */
+static const char *const profile_attn_names[] = {"llmservingsim", "separate", "skew", "prompts"};
+static const char *const profile_attn_keys[] = {"", ",prompts_together=0,skew=0", ",prompts_together=0",
+                                                ",skew=0"};
+static int profile_attn = 0;
 
 /* The gemm_eff one device runs with: the shared scale times the device's measured GEMM
  * efficiency (its preset's table), at most 1. */
@@ -179,8 +188,8 @@ static int make_profile_steptime(const fid_run *r, const fid_params *p, ar_stept
     while (i < cached && strcmp(cache[i].key, key) != 0) i++;
     if (i == cached) {
         if (cached == 8) { fprintf(stderr, "fidelity: too many profile step times\n"); return -1; }
-        snprintf(spec, sizeof spec, "profile:%s/llama-3.1-8b.%s.llmservingsim.profile.db,device=%s%s", profile_dir,
-                 r->device, r->device, p->variant);
+        snprintf(spec, sizeof spec, "profile:%s/llama-3.1-8b.%s.llmservingsim.profile.db,device=%s%s%s", profile_dir,
+                 r->device, r->device, profile_attn_keys[profile_attn], p->variant);
         if (ar_steptime_parse(spec, ar_model_preset_find("llama-3.1-8b"), &cache[i].st, err, sizeof err) != 0) {
             fprintf(stderr, "fidelity: %s\n", err);
             return -1;
@@ -817,6 +826,17 @@ int main(int argc, char **argv)
         }
         profile_mode = strcmp(steptime_mode, "profile") == 0;
     }
+    const char *attn_env = getenv("FIDELITY_PROFILE_ATTN");
+    if (attn_env && *attn_env) {
+        int a = 0;
+        while (a < 4 && strcmp(attn_env, profile_attn_names[a]) != 0) a++;
+        if (a == 4) {
+            fprintf(stderr, "fidelity: FIDELITY_PROFILE_ATTN=%s: must be llmservingsim, separate, skew or prompts\n",
+                    attn_env);
+            return 2;
+        }
+        profile_attn = a;
+    }
     const char *dir_env = getenv("FIDELITY_PROFILES");
     if (dir_env && *dir_env) profile_dir = dir_env;
     fid_run runs[2] = {
@@ -849,8 +869,14 @@ int main(int argc, char **argv)
            "TTFT in s, TPOT in ms, each mean / p50 / p90; gap = sim / real - 1.  Goal: means within 5%%, p90 within 10%%.\n\n");
     if (profile_mode)
         printf("Step time: profile:%s/llama-3.1-8b.DEVICE.llmservingsim.profile.db, each card's measured per-layer "
-               "profile (LLMServingSim, converted); fitted: gap (stage 1), overhead and per_req (stage 2).\n\n",
-               profile_dir);
+               "profile (LLMServingSim, converted); attention looked up %s (FIDELITY_PROFILE_ATTN=%s); fitted: gap "
+               "(stage 1), overhead and per_req (stage 2).\n\n",
+               profile_dir,
+               profile_attn == 0   ? "as LLMServingSim does (a step's prompts together, the skew correction)"
+               : profile_attn == 1 ? "with each prompt alone and no skew correction"
+               : profile_attn == 2 ? "with each prompt alone and the skew correction"
+                                   : "with a step's prompts together and no skew correction",
+               profile_attn_names[profile_attn]);
     fid_params calibrated[2];
     for (int dir = 0; dir < 2; dir++) {
         fid_run *cal = &runs[dir], *eval = &runs[1 - dir];

@@ -7,7 +7,8 @@
 # LLMSERVINGSIM_GIT_DIR is a clone (or bare mirror) of github.com/casys-kaist/LLMServingSim holding
 # commit 5daddb2 (the profiles used here; MIT licence, sim/profiles/LLMSERVINGSIM-LICENSE).  Run
 # from the repository root with bin/attnreplay built (AR_BIN overrides).  Writes
-# OUT_DIR/llama-3.1-8b.{rtx4090,rtxpro6000}.llmservingsim.profile.db (~0.3-0.4 MB each).
+# OUT_DIR/llama-3.1-8b.{rtx4090,rtxpro6000}.llmservingsim.profile.db (~0.45-0.5 MB each; format
+# version 3: with each card's skew.csv and skew_fit.csv, LLMServingSim's attention lookup).
 set -euo pipefail
 src=${1:?usage: $0 LLMSERVINGSIM_GIT_DIR [OUT_DIR]}
 out=$(cd "${2:-sim/profiles}" && pwd)
