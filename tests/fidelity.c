@@ -94,14 +94,15 @@ static int default_hidden = FID_RECOMPUTE_WAITING;
  * databases are looked for in FIDELITY_PROFILES (default sim/profiles). */
 static bool profile_mode = false;
 static const char *profile_dir = "sim/profiles";
-/* FIDELITY_PROFILE_ATTN: how the profile mode looks attention up (sim/profile.c):
- * llmservingsim (the profiles' own, LLMServingSim's: a step's prompts as one lookup, the skew
- * correction for decodes of unequal contexts), separate (each prompt alone, no skew correction:
- * the mode as first measured), skew (the correction alone), prompts (the prompts together alone). */
+/* FIDELITY_PROFILE_ATTN: how the profile mode looks attention up (sim/profile.c): separate (the
+ * default: each prompt alone, the largest with the decodes, no skew correction), llmservingsim
+ * (the profiles' own, LLMServingSim's: a step's prompts as one lookup, the skew correction for
+ * decodes of unequal contexts; measured and not adopted by its rule, sim/README.md), skew (the
+ * correction alone), prompts (the prompts together alone). */
 static const char *const profile_attn_names[] = {"llmservingsim", "separate", "skew", "prompts"};
 static const char *const profile_attn_keys[] = {"", ",prompts_together=0,skew=0", ",prompts_together=0",
                                                 ",skew=0"};
-static int profile_attn = 0;
+static int profile_attn = 1;
 
 /* The gemm_eff one device runs with: the shared scale times the device's measured GEMM
  * efficiency (its preset's table), at most 1. */
