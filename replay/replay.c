@@ -62,6 +62,7 @@
 #include "../reference/cascade.h"
 #include "../reference/ref_gpu.h"
 #include "../sim/sim.h"
+#include "batch_reader.h"
 #include "db.h"
 #include "plugin_dev.h"
 #include "registry.h"
@@ -75,8 +76,6 @@ extern char **environ;
 #define AR_CODE_REV "unknown"
 #endif
 
-#define AR_NUM_SMS_DEFAULT 132   /* cascade cost model: an H200's SM count (vLLM uses the device's) */
-#define AR_BATCH_SLOTS 8         /* the step loop's, and up to 7 built ahead */
 #define AR_PROGRESS_TTY_S 0.2
 #define AR_PROGRESS_LOG_S 10.0
 #define AR_EXIT_NOTHING_VERIFIED 4
@@ -472,507 +471,6 @@ int ar_run_config_from_header(const ar_trace_header *h, const char *dtype, const
     return 0;
 }
 
-/* ---- batches: built by the reader, run by the step loop ---------------------------------- */
-
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap) return 0;
-    size_t n = *cap ? *cap : 64;
-    while (n < need) n *= 2;
-    void *q = realloc(*p, n * elem);
-    if (!q) return -1;
-    *p = q;
-    *cap = n;
-    return 0;
-}
-
-enum { SLOT_FREE, SLOT_READY, SLOT_BUSY };
-enum { SLOT_STEP, SLOT_END };
-
-/* One step, self-contained: everything the step loop needs, owned by the slot (the reader's
- * live table moves on while the step runs). */
-typedef struct batch_slot {
-    int state;                    /* SLOT_FREE / READY / BUSY (under the ring's lock) */
-    int kind;                     /* SLOT_STEP, or SLOT_END: no more steps (end_rc says why) */
-    int end_rc;                   /* 0 end of trace or range, 2 bad trace, 3 out of memory, or
-                                     -1 a signal stopped the reader */
-    char end_msg[AR_ERR_MAX + 64];
-    int64_t step;
-    double time;                  /* the step's trace time */
-    int num_prefill;
-    ar_batch b;                   /* the truth: fill and verification use it */
-    ar_batch kb;                  /* what the kernels see (metadata faults applied) */
-    int fill_count;
-    int64_t bytes, flops;         /* one layer */
-    int64_t total_context;
-    double parse_s, build_s;      /* reader time spent on this slot (skipped steps included) */
-    /* buffers, grown to the largest step and reused */
-    size_t cap_reqs, cap_tokens, cap_table, cap_fill, cap_text;
-    int *qsl, *seq, *ctx, *qlens, *table, *stale;
-    uint64_t *keys, *req_keys;
-    int64_t *slots, *bad_slots;
-    const char **ids;             /* [num_reqs] into text */
-    size_t *id_off;
-    char *text;
-    int64_t *fill_slots;
-    uint64_t *fill_keys;
-    int *fill_offsets;
-} batch_slot;
-
-static void slot_free(batch_slot *s)
-{
-    free(s->qsl); free(s->seq); free(s->ctx); free(s->qlens); free(s->table); free(s->stale);
-    free(s->keys); free(s->req_keys); free(s->slots); free(s->bad_slots); free(s->ids);
-    free(s->id_off); free(s->text); free(s->fill_slots); free(s->fill_keys); free(s->fill_offsets);
-}
-
-static int slot_reserve(batch_slot *s, size_t reqs, size_t tokens, size_t table)
-{
-    size_t c;
-    if (reqs + 1 > s->cap_reqs) {
-        const size_t n = reqs + 1;
-        c = s->cap_reqs; if (grow((void **)&s->qsl, &c, n, sizeof(int))) return -1;
-        c = s->cap_reqs; if (grow((void **)&s->seq, &c, n, sizeof(int))) return -1;
-        c = s->cap_reqs; if (grow((void **)&s->ctx, &c, n, sizeof(int))) return -1;
-        c = s->cap_reqs; if (grow((void **)&s->qlens, &c, n, sizeof(int))) return -1;
-        c = s->cap_reqs; if (grow((void **)&s->req_keys, &c, n, sizeof(uint64_t))) return -1;
-        c = s->cap_reqs; if (grow((void **)&s->ids, &c, n, sizeof(char *))) return -1;
-        c = s->cap_reqs; if (grow((void **)&s->id_off, &c, n, sizeof(size_t))) return -1;
-        s->cap_reqs = c;
-    }
-    if (tokens + 1 > s->cap_tokens) {
-        const size_t n = tokens + 1;
-        c = s->cap_tokens; if (grow((void **)&s->slots, &c, n, sizeof(int64_t))) return -1;
-        c = s->cap_tokens; if (grow((void **)&s->bad_slots, &c, n, sizeof(int64_t))) return -1;
-        s->cap_tokens = c;
-    }
-    if (table + 1 > s->cap_table) {
-        const size_t n = table + 1;
-        c = s->cap_table; if (grow((void **)&s->table, &c, n, sizeof(int))) return -1;
-        c = s->cap_table; if (grow((void **)&s->stale, &c, n, sizeof(int))) return -1;
-        c = s->cap_table; if (grow((void **)&s->keys, &c, n, sizeof(uint64_t))) return -1;
-        s->cap_table = c;
-    }
-    return 0;
-}
-
-static int slot_reserve_fill(batch_slot *s, size_t n)
-{
-    if (n <= s->cap_fill) return 0;
-    size_t c = s->cap_fill;
-    if (grow((void **)&s->fill_slots, &c, n, sizeof(int64_t))) return -1;
-    c = s->cap_fill;
-    if (grow((void **)&s->fill_keys, &c, n, sizeof(uint64_t))) return -1;
-    c = s->cap_fill;
-    if (grow((void **)&s->fill_offsets, &c, n, sizeof(int))) return -1;
-    s->cap_fill = c;
-    return 0;
-}
-
-/* The reader side: the trace, the per-block written counts, the previous step's table (the
- * stale-block-table fault), and the ring of slots it fills in step order. */
-typedef struct reader {
-    ar_trace_reader *rd;
-    const ar_run_config *cfg;
-    int cascade_mode;
-    int64_t step_first, step_last, resume_after;
-    uint16_t *written;            /* [num_blocks]: leading offsets this run has written */
-    /* previous step's rows, for the stale-block-table fault */
-    int prev_count, prev_stride;
-    size_t cap_prev_table, cap_prev_text, cap_prev_off;
-    int *prev_table;
-    char *prev_text;
-    size_t *prev_off;
-    /* what it saw, for the 'empty' message */
-    int64_t last_step_seen;       /* -1 = the trace has no steps (so far) */
-    /* the ring */
-    batch_slot slots[AR_BATCH_SLOTS];
-    int next_fill, next_take;
-    bool threaded, thread_started, stop, ended;
-    pthread_t tid;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-} reader;
-
-/* Context tokens of the batch that no step of this run wrote: collected from the TRUE table. */
-static int collect_fill(reader *r, batch_slot *s)
-{
-    const int bs = r->cfg->block_size;
-    const ar_batch *b = &s->b;
-    int n = 0;
-    for (int q = 0; q < b->num_reqs; q++) {
-        int ctx = b->context_lens[q];
-        for (int i = 0; i * bs < ctx; i++) {
-            int blk = s->table[(size_t)q * b->max_blocks_per_req + i];
-            int need = ctx - i * bs < bs ? ctx - i * bs : bs;
-            if (r->written[blk] >= need) continue;
-            if (slot_reserve_fill(s, (size_t)n + (size_t)(need - r->written[blk]))) return -1;
-            for (int off = r->written[blk]; off < need; off++) {
-                s->fill_slots[n] = (int64_t)blk * bs + off;
-                s->fill_keys[n] = s->keys[(size_t)q * b->max_blocks_per_req + i];
-                s->fill_offsets[n] = off;
-                n++;
-            }
-            r->written[blk] = (uint16_t)need;
-        }
-    }
-    s->fill_count = n;
-    return 0;
-}
-
-/* The step's new tokens will be written by its forward. */
-static void mark_written(reader *r, const ar_batch *b)
-{
-    const int bs = r->cfg->block_size;
-    for (int q = 0; q < b->num_reqs; q++) {
-        for (int p = b->context_lens[q]; p < b->seq_lens[q]; p++) {
-            int blk = b->block_table[(size_t)q * b->max_blocks_per_req + p / bs];
-            if (r->written[blk] < p % bs + 1) r->written[blk] = (uint16_t)(p % bs + 1);
-        }
-    }
-}
-
-/* The stale-block-table fault: each request's row as of the previous step; blocks it did not
- * hold then read as the null block 0.  Then remembers this step's rows for the next. */
-static int stale_rows(reader *r, batch_slot *s)
-{
-    const ar_batch *b = &s->b;
-    memset(s->stale, 0, (size_t)b->num_reqs * b->max_blocks_per_req * sizeof(int));
-    for (int q = 0; q < b->num_reqs; q++) {
-        for (int j = 0; j < r->prev_count; j++) {
-            if (strcmp(r->prev_text + r->prev_off[j], s->ids[q]) != 0) continue;
-            int cols = r->prev_stride < b->max_blocks_per_req ? r->prev_stride : b->max_blocks_per_req;
-            memcpy(s->stale + (size_t)q * b->max_blocks_per_req,
-                   r->prev_table + (size_t)j * r->prev_stride, (size_t)cols * sizeof(int));
-            break;
-        }
-    }
-    size_t cells = (size_t)b->num_reqs * b->max_blocks_per_req, text = 0;
-    for (int q = 0; q < b->num_reqs; q++) text += strlen(s->ids[q]) + 1;
-    if (grow((void **)&r->prev_table, &r->cap_prev_table, cells + 1, sizeof(int)) ||
-        grow((void **)&r->prev_text, &r->cap_prev_text, text + 1, 1) ||
-        grow((void **)&r->prev_off, &r->cap_prev_off, (size_t)b->num_reqs + 1, sizeof(size_t)))
-        return -1;
-    memcpy(r->prev_table, s->table, cells * sizeof(int));
-    size_t at = 0;
-    for (int q = 0; q < b->num_reqs; q++) {
-        size_t len = strlen(s->ids[q]) + 1;
-        memcpy(r->prev_text + at, s->ids[q], len);
-        r->prev_off[q] = at;
-        at += len;
-    }
-    r->prev_count = b->num_reqs;
-    r->prev_stride = b->max_blocks_per_req;
-    return 0;
-}
-
-/* Bytes and FLOPs of one layer of the step (DESIGN section 8). */
-static void account(const ar_run_config *c, const ar_batch *b, int64_t *bytes, int64_t *flops)
-{
-    const ar_model *m = &c->model;
-    int64_t kvs = ar_dtype_size(c->kv_dtype), ds = ar_dtype_size(c->dtype);
-    int64_t by = 0, fl = 0;
-    for (int r = 0; r < b->num_reqs; r++) {
-        int n = b->query_start_loc[r + 1] - b->query_start_loc[r];
-        int s = b->seq_lens[r], ctx = b->context_lens[r];
-        int64_t keys_read = s;
-        if (m->sliding_window > 0 && keys_read > m->sliding_window + n - 1)
-            keys_read = m->sliding_window + n - 1;
-        for (int i = 0; i < n; i++) {
-            int64_t vis = ctx + i + 1;
-            if (m->sliding_window > 0 && vis > m->sliding_window) vis = m->sliding_window;
-            if (m->attention == AR_ATTN_MLA)
-                fl += 2 * vis * m->num_q_heads * (int64_t)(m->kv_lora_rank + m->qk_rope_head_dim + m->kv_lora_rank);
-            else
-                fl += 4 * vis * m->num_q_heads * (int64_t)m->head_size;
-        }
-        if (m->attention == AR_ATTN_MLA) {
-            by += keys_read * (int64_t)m->head_size * kvs;                       /* latent cache */
-            by += (int64_t)n * m->num_q_heads * (m->qk_nope_head_dim + m->qk_rope_head_dim + m->v_head_dim) * ds;
-            by += (int64_t)n * m->head_size * kvs;                               /* new latents */
-        } else {
-            by += keys_read * m->num_kv_heads * (int64_t)m->head_size * 2 * kvs;  /* K and V read once */
-            by += (int64_t)n * m->num_q_heads * m->head_size * 2 * ds;            /* Q in, O out */
-            by += (int64_t)n * m->num_kv_heads * m->head_size * 2 * kvs;          /* new K/V written */
-        }
-    }
-    *bytes = by;
-    *flops = fl;
-}
-
-/* Builds slot s for step st from the reader's live table.  Returns 0, or -1 (out of memory). */
-static int build_batch(reader *r, const ar_step *st, batch_slot *s)
-{
-    const ar_run_config *cfg = r->cfg;
-    const int bs = cfg->block_size;
-    int stride = 1, tokens = 0;
-    size_t text = 0;
-    for (int i = 0; i < st->num_scheduled; i++) {
-        const ar_live_req *lr = ar_trace_find(r->rd, st->scheduled[i].req);
-        if (lr && lr->num_blocks > stride) stride = lr->num_blocks;
-        tokens += st->scheduled[i].num_tokens;
-        text += strlen(st->scheduled[i].req) + 1;
-    }
-    const size_t reqs = (size_t)st->num_scheduled, cells = reqs * (size_t)stride;
-    if (slot_reserve(s, reqs, (size_t)tokens, cells) || grow((void **)&s->text, &s->cap_text, text + 1, 1))
-        return -1;
-    memset(s->table, 0, cells * sizeof(int));
-    memset(s->keys, 0, cells * sizeof(uint64_t));
-    int t = 0, max_q = 0, max_s = 0, prefill = 0;
-    size_t at = 0;
-    int64_t total_ctx = 0;
-    s->qsl[0] = 0;
-    for (int q = 0; q < st->num_scheduled; q++) {
-        const ar_live_req *lr = ar_trace_find(r->rd, st->scheduled[q].req);
-        int n = st->scheduled[q].num_tokens;
-        size_t len = strlen(lr->req) + 1;
-        memcpy(s->text + at, lr->req, len);
-        s->id_off[q] = at;
-        at += len;
-        s->req_keys[q] = lr->req_key;
-        s->ctx[q] = lr->num_computed_tokens;
-        s->seq[q] = lr->num_computed_tokens + n;
-        s->qsl[q + 1] = s->qsl[q] + n;
-        s->qlens[q] = n;
-        total_ctx += s->seq[q];
-        if (n > max_q) max_q = n;
-        if (s->seq[q] > max_s) max_s = s->seq[q];
-        if (lr->num_computed_tokens < lr->prompt_len) prefill++;
-        uint64_t prev = AR_ROOT_KEY;
-        for (int i = 0; i < lr->num_blocks; i++) {
-            s->table[(size_t)q * stride + i] = lr->block_ids[i];
-            prev = ar_block_content_key(prev, lr->prompt_keys, lr->num_prompt_keys, lr->req_key, i);
-            s->keys[(size_t)q * stride + i] = prev;
-        }
-        for (int i = 0; i < n; i++, t++) {
-            int p = lr->num_computed_tokens + i;
-            s->slots[t] = (int64_t)lr->block_ids[p / bs] * bs + p % bs;
-        }
-    }
-    for (int q = 0; q < st->num_scheduled; q++) s->ids[q] = s->text + s->id_off[q];
-    ar_batch *b = &s->b;
-    memset(b, 0, sizeof *b);
-    b->step = st->step;
-    b->num_reqs = st->num_scheduled;
-    b->num_tokens = tokens;
-    b->query_start_loc = s->qsl;
-    b->seq_lens = s->seq;
-    b->context_lens = s->ctx;
-    b->max_query_len = max_q;
-    b->max_seq_len = max_s;
-    b->max_blocks_per_req = stride;
-    b->block_table = s->table;
-    b->block_keys = s->keys;
-    b->req_keys = s->req_keys;
-    b->slot_mapping = s->slots;
-    s->step = st->step;
-    s->time = st->time;
-    s->num_prefill = prefill;
-    s->total_context = total_ctx;
-
-    /* Cascade: P as vLLM derives it, then the mode. MLA never cascades (as in vLLM). */
-    int P = ar_common_prefix_len(st->num_common_prefix_blocks, bs, s->ctx, b->num_reqs);
-    bool use = false;
-    if (P > 0 && cfg->model.attention == AR_ATTN_MHA && cfg->model.sliding_window == 0) {
-        if (r->cascade_mode == 2) use = true;
-        else if (r->cascade_mode == 1)
-            use = ar_use_cascade(P, s->qlens, b->num_reqs, cfg->model.num_q_heads, cfg->model.num_kv_heads,
-                                 false, AR_NUM_SMS_DEFAULT);
-    }
-    b->common_prefix_len = use ? P : 0;
-
-    if (collect_fill(r, s) != 0) return -1;
-    /* Metadata faults: what the kernels see differs from the truth the fill and verify use. */
-    s->kb = *b;
-    if (cfg->fault == AR_FAULT_WRONG_SLOT) {
-        for (int i = 0; i < tokens; i++) s->bad_slots[i] = s->slots[i] < 0 ? -1 : (s->slots[i] ^ 1);
-        s->kb.slot_mapping = s->bad_slots;
-    }
-    if (cfg->fault == AR_FAULT_STALE_BLOCK_TABLE) {
-        if (stale_rows(r, s) != 0) return -1;
-        s->kb.block_table = s->stale;
-    }
-    mark_written(r, b);
-    account(cfg, b, &s->bytes, &s->flops);
-    return 0;
-}
-
-/* Fills s with the next step to replay, or with the end (SLOT_END). */
-static void produce(reader *r, batch_slot *s)
-{
-    char err[AR_ERR_MAX];
-    s->parse_s = s->build_s = 0;
-    for (;;) {
-        if (ar_stop_signalled()) {
-            s->kind = SLOT_END;
-            s->end_rc = -1;
-            return;
-        }
-        const ar_step *st = NULL;
-        double t0 = ar_mono_seconds();
-        int rc = ar_trace_next(r->rd, &st, err, sizeof err);
-        s->parse_s += ar_mono_seconds() - t0;
-        if (rc <= 0) {
-            s->kind = SLOT_END;
-            s->end_rc = rc == 0 ? 0 : 2;
-            snprintf(s->end_msg, sizeof s->end_msg, "%s", rc == 0 ? "" : err);
-            return;
-        }
-        r->last_step_seen = st->step;
-        if (st->step < r->step_first || st->step <= r->resume_after) continue;
-        if (st->step > r->step_last) {
-            s->kind = SLOT_END;
-            s->end_rc = 0;
-            s->end_msg[0] = '\0';
-            return;
-        }
-        if (st->num_scheduled == 0) continue;   /* nothing to run: not a replayed step */
-        t0 = ar_mono_seconds();
-        rc = build_batch(r, st, s);
-        s->build_s += ar_mono_seconds() - t0;
-        if (rc != 0) {
-            s->kind = SLOT_END;
-            s->end_rc = 3;
-            snprintf(s->end_msg, sizeof s->end_msg, "step %lld: out of memory building the batch",
-                     (long long)st->step);
-            return;
-        }
-        s->kind = SLOT_STEP;
-        return;
-    }
-}
-
-static void *reader_main(void *arg)
-{
-    reader *r = arg;
-    pthread_mutex_lock(&r->mu);
-    for (;;) {
-        batch_slot *s = &r->slots[r->next_fill];
-        while (!r->stop && s->state != SLOT_FREE) pthread_cond_wait(&r->cv, &r->mu);
-        if (r->stop) break;
-        pthread_mutex_unlock(&r->mu);
-        produce(r, s);
-        pthread_mutex_lock(&r->mu);
-        s->state = SLOT_READY;
-        r->next_fill = (r->next_fill + 1) % AR_BATCH_SLOTS;
-        pthread_cond_broadcast(&r->cv);
-        if (s->kind == SLOT_END) break;
-    }
-    pthread_mutex_unlock(&r->mu);
-    return NULL;
-}
-
-static int reader_start(reader *r, bool threaded, char *err, size_t err_len)
-{
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    r->threaded = threaded;
-    if (!threaded) return 0;
-    int rc = pthread_create(&r->tid, NULL, reader_main, r);
-    if (rc != 0) {
-        snprintf(err, err_len, "cannot start the trace reader thread: %s", strerror(rc));
-        return -1;
-    }
-    r->thread_started = true;
-    return 0;
-}
-
-/* The next slot in step order (SLOT_BUSY until reader_release); *wait_s gets the time spent
- * waiting for the reader. */
-static batch_slot *reader_take(reader *r, double *wait_s)
-{
-    batch_slot *s = &r->slots[r->next_take];
-    if (!r->threaded) {
-        produce(r, s);
-        s->state = SLOT_BUSY;
-        return s;
-    }
-    double t0 = ar_mono_seconds();
-    pthread_mutex_lock(&r->mu);
-    while (s->state != SLOT_READY) pthread_cond_wait(&r->cv, &r->mu);
-    s->state = SLOT_BUSY;
-    pthread_mutex_unlock(&r->mu);
-    *wait_s += ar_mono_seconds() - t0;
-    return s;
-}
-
-static void reader_release(reader *r, batch_slot *s)
-{
-    pthread_mutex_lock(&r->mu);
-    s->state = SLOT_FREE;
-    r->next_take = (r->next_take + 1) % AR_BATCH_SLOTS;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
-/* Stops the reader thread and frees the slots (the trace reader itself is closed by the
- * caller). */
-static void reader_finish(reader *r)
-{
-    if (r->thread_started) {
-        pthread_mutex_lock(&r->mu);
-        r->stop = true;
-        pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
-        pthread_join(r->tid, NULL);
-        r->thread_started = false;
-    }
-    for (int i = 0; i < AR_BATCH_SLOTS; i++) slot_free(&r->slots[i]);
-    free(r->written);
-    free(r->prev_table);
-    free(r->prev_text);
-    free(r->prev_off);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-}
-
-/* ---- counting the trace's steps (for the progress line) ----------------------------------- */
-
-typedef struct step_counter {
-    const char *path;
-    pthread_t tid;
-    bool started;
-    atomic_bool stop;
-    atomic_llong steps;           /* -1 until counted */
-} step_counter;
-
-/* Lines after the header, read through zlib (plain or gzip).  -1 when unreadable or stopped. */
-static long long count_trace_steps(const char *path, atomic_bool *stop)
-{
-    gzFile f = gzopen(path, "rb");
-    if (!f) return -1;
-    gzbuffer(f, 1 << 18);
-    static const size_t chunk = 1 << 18;
-    char *buf = malloc(chunk);
-    if (!buf) {
-        gzclose(f);
-        return -1;
-    }
-    long long lines = 0;
-    int n;
-    char last = '\n';
-    while ((n = gzread(f, buf, (unsigned)chunk)) > 0) {
-        if (stop && atomic_load(stop)) {
-            lines = -1;
-            break;
-        }
-        for (const char *p = buf, *end = buf + n; (p = memchr(p, '\n', (size_t)(end - p))); p++) lines++;
-        last = buf[n - 1];
-    }
-    if (n < 0) lines = -1;
-    if (lines >= 0 && last != '\n') lines++;
-    free(buf);
-    gzclose(f);
-    return lines > 0 ? lines - 1 : lines;
-}
-
-static void *counter_main(void *arg)
-{
-    step_counter *c = arg;
-    atomic_store(&c->steps, count_trace_steps(c->path, &c->stop));
-    return NULL;
-}
-
 /* ---- the run ------------------------------------------------------------------------------- */
 
 typedef struct engine {
@@ -984,9 +482,9 @@ typedef struct engine {
     ar_trace_reader *rd;
     ar_db *db;
     ar_db_writer *writer;
-    reader rdr;
+    ar_batch_reader rdr;
     bool reader_started;
-    step_counter counter;
+    ar_step_counter counter;
     int64_t run_id;
     char device[128];
     int verify_k;                 /* layers verified per step (0 when --verify off) */
@@ -1047,8 +545,8 @@ static int ensure_host_out(engine *e, int tokens)
     const ar_model *m = &e->cfg.model;
     size_t dv = (size_t)(m->attention == AR_ATTN_MLA ? m->v_head_dim : m->head_size);
     size_t need_out = (size_t)tokens * m->num_q_heads * dv + 1, need_lse = (size_t)tokens * m->num_q_heads + 1;
-    if (grow((void **)&e->out, &e->cap_out, need_out, sizeof(float))) return -1;
-    if (grow((void **)&e->lse, &e->cap_lse, need_lse, sizeof(float))) return -1;
+    if (ar_grow((void **)&e->out, &e->cap_out, need_out, sizeof(float))) return -1;
+    if (ar_grow((void **)&e->lse, &e->cap_lse, need_lse, sizeof(float))) return -1;
     return 0;
 }
 
@@ -1118,7 +616,7 @@ static int timed_forward(engine *e, int layer, const ar_batch *kb, ar_forward_ou
 
 /* Runs, verifies and records one step (slot s).  Returns 0; AR_STEP_CANCELLED when a signal
  * came (the step is abandoned); or an exit code (3) with err set. */
-static int run_step(engine *e, batch_slot *s, char *err, size_t err_len)
+static int run_step(engine *e, ar_batch_slot *s, char *err, size_t err_len)
 {
     const double t_step = ar_mono_seconds();
     const ar_batch *b = &s->b, *kb = &s->kb;
@@ -1494,12 +992,8 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
 
 static void engine_free(engine *e)
 {
-    if (e->counter.started) {
-        atomic_store(&e->counter.stop, true);
-        pthread_join(e->counter.tid, NULL);
-        e->counter.started = false;
-    }
-    if (e->reader_started) reader_finish(&e->rdr);
+    ar_step_counter_stop(&e->counter);
+    if (e->reader_started) ar_reader_finish(&e->rdr);
     else free(e->rdr.written);
     if (e->writer) ar_db_writer_free(e->writer);
     if (e->verifier) ar_verifier_close(e->verifier);
@@ -1567,7 +1061,7 @@ static int check_options(engine *e, char *err, size_t err_len)
         return -1;
     }
     if (e->o.dump_step >= 0) {
-        long long steps = count_trace_steps(e->o.trace, NULL);
+        long long steps = ar_count_trace_steps(e->o.trace, NULL);
         if (steps >= 0 && e->o.dump_step >= steps) {
             snprintf(err, err_len, "--dump-step %lld: the trace has %lld steps (0..%lld), so nothing would be "
                      "dumped", (long long)e->o.dump_step, steps, steps - 1);
@@ -1685,8 +1179,7 @@ int ar_replay_main(int argc, char **argv)
     e->worst_step = -1;
     e->prog.last_step = -1;
     e->planned = -1;
-    atomic_init(&e->counter.steps, -1);
-    atomic_init(&e->counter.stop, false);
+    ar_step_counter_init(&e->counter);
     char err[AR_ERR_MAX + 256] = "";
     int parsed = parse_replay_opts(argc, argv, &e->o);
     if (parsed == 1) return 0;   /* --help */
@@ -1821,7 +1314,7 @@ int ar_replay_main(int argc, char **argv)
     e->writer = ar_db_writer_start(e->db, e->run_id, overlap, e->prog.phase_s[AR_PHASE_SQLITE], err, sizeof err);
     if (!e->writer) SETUP_FAIL(3, "%s", err);
     ar_watchdog_set_writer(&wd, e->writer, e->run_id, e->db_path);
-    reader *r = &e->rdr;
+    ar_batch_reader *r = &e->rdr;
     r->rd = e->rd;
     r->cfg = &e->cfg;
     r->cascade_mode = ar_backend_runs_cascade(e->be) ? e->o.cascade_mode : 0;   /* a flat-only plugin: never */
@@ -1829,7 +1322,7 @@ int ar_replay_main(int argc, char **argv)
     r->step_last = e->o.step_last;
     r->resume_after = resume_after;
     r->last_step_seen = -1;
-    if (reader_start(r, overlap, err, sizeof err) != 0) {
+    if (ar_reader_start(r, overlap, err, sizeof err) != 0) {
         e->reader_started = true;   /* the slots and written[] are freed by reader_finish */
         snprintf(fail_msg, sizeof fail_msg, "%s", err);
         exit_code = 3;
@@ -1840,14 +1333,13 @@ int ar_replay_main(int argc, char **argv)
     e->progress_log = !e->o.quiet && !e->progress_tty;
     e->progress_last = ar_mono_seconds();
     if (!e->o.quiet) {
-        e->counter.path = e->o.trace;
-        e->counter.started = pthread_create(&e->counter.tid, NULL, counter_main, &e->counter) == 0;
+        ar_step_counter_start(&e->counter, e->o.trace);
     }
 
     e->prog.phase_s[AR_PHASE_SETUP] += ar_mono_seconds() - e->t_start;
     at_step = resume_after;
     for (;;) {
-        batch_slot *s = reader_take(r, &e->prog.phase_s[AR_PHASE_WAIT]);
+        ar_batch_slot *s = ar_reader_take(r, &e->prog.phase_s[AR_PHASE_WAIT]);
         e->prog.phase_s[AR_PHASE_PARSE] += s->parse_s;
         e->prog.phase_s[AR_PHASE_METADATA] += s->build_s;
         if (s->kind == SLOT_END) {
@@ -1855,16 +1347,16 @@ int ar_replay_main(int argc, char **argv)
                 snprintf(fail_msg, sizeof fail_msg, "%s", s->end_msg);
                 exit_code = s->end_rc;
             }
-            reader_release(r, s);
+            ar_reader_release(r, s);
             break;
         }
         if (ar_stop_signalled()) {
-            reader_release(r, s);
+            ar_reader_release(r, s);
             break;
         }
         int rc = run_step(e, s, err, sizeof err);
         int64_t step = s->step;
-        reader_release(r, s);
+        ar_reader_release(r, s);
         if (rc == AR_STEP_CANCELLED) break;
         if (rc != 0) {
             if (ar_db_writer_error(e->writer))   /* the database, not this step */
