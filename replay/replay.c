@@ -1,7 +1,7 @@
 /* replay.c - the replay engine and the `replay` command (DESIGN sections 2, 7-9).
  *
  * Three threads share a run, so that reading the trace and writing SQLite overlap the steps:
- *   reader  reads and validates the trace, applies each step record to the live table and
+ *   reader  (batch_reader.c) reads and validates the trace, applies each step record to the live table and
  *           builds a self-contained batch (query_start_loc, seq_lens, block table, content
  *           keys, slot_mapping, the cascade prefix, the fill list of context tokens this run
  *           never wrote, the planted metadata faults) into a ring of AR_BATCH_SLOTS slots;
