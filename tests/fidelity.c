@@ -664,6 +664,18 @@ static void print_row(const char *run, const char *role, const ar_fidelity *f)
 
 /* How stage 1 was told of the work no stamp shows, and with hidden work each calibration round:
  * what it was given (simulated with the round before's parameters), its result and self-fit. */
+/* Calibrates on cal from start (calibrate()), then simulates the calibration run and the evaluation
+ * run with the result: fc, fe (se: the evaluation's summary, may be NULL).  0 ok, 2 a run could not
+ * be simulated. */
+static int calibrate_and_evaluate(fid_run *cal, fid_run *eval, fid_params start, int *sims, fid_tried *tried,
+                                  fid_stage1 *s1, fid_params *p, ar_fidelity *fc, ar_fidelity *fe, ar_sim_summary *se)
+{
+    *p = calibrate(cal, start, sims, tried, s1);
+    if (simulate(cal, p, cal->num_blocks, fc, NULL, NULL) != 0 || simulate(eval, p, eval->num_blocks, fe, se, NULL) != 0)
+        return 2;
+    return 0;
+}
+
 static int print_rounds(fid_run *cal, const fid_params *p, const fid_stage1 *s1)
 {
     if (p->hidden == FID_STAMPS) {
@@ -729,11 +741,9 @@ static int terms_off(fid_run *runs, const fid_variant *variants, size_t num)
             if (start.kv_absolute) start.kv_eff = start.bw_free ? start.bw_eff : device_bw_eff(&start, cal->device);
             int sims = 0;
             fid_stage1 vs1;
-            fid_params p = calibrate(cal, start, &sims, NULL, &vs1);
+            fid_params p;
             ar_fidelity fc, fe;
-            if (simulate(cal, &p, cal->num_blocks, &fc, NULL, NULL) != 0 ||
-                simulate(eval, &p, eval->num_blocks, &fe, NULL, NULL) != 0)
-                return 2;
+            if (calibrate_and_evaluate(cal, eval, start, &sims, NULL, &vs1, &p, &fc, &fe, NULL) != 0) return 2;
             printf(" %+.1f / %+.1f %% |", 100 * fe.gap_ttft[0], 100 * fe.gap_tpot[0]);
             char terms[200];
             if (profile_mode)
@@ -886,12 +896,11 @@ int main(int argc, char **argv)
         static fid_tried tried;
         tried.n = 0;
         fid_stage1 s1;
-        fid_params p = calibrate(cal, start, &sims, &tried, &s1);
-        calibrated[dir] = p;
+        fid_params p;
         ar_fidelity fc, fe;
         ar_sim_summary se;
-        if (simulate(cal, &p, cal->num_blocks, &fc, NULL, NULL) != 0 || simulate(eval, &p, eval->num_blocks, &fe, &se, NULL) != 0)
-            return 2;
+        if (calibrate_and_evaluate(cal, eval, start, &sims, &tried, &s1, &p, &fc, &fe, &se) != 0) return 2;
+        calibrated[dir] = p;
         printf("### Calibrated on %s (%d simulations), evaluated on %s\n\n", cal->label, sims, eval->label);
         if (profile_mode)
             printf("parameters: the measured profiles (linear layers, LM head and sampler, attention), gap=%.4g, "
@@ -1013,11 +1022,9 @@ int main(int argc, char **argv)
             start.hidden = m;
             int sims = 0;
             fid_stage1 s1;
-            fid_params p = calibrate(cal, start, &sims, NULL, &s1);
+            fid_params p;
             ar_fidelity fc, fe;
-            if (simulate(cal, &p, cal->num_blocks, &fc, NULL, NULL) != 0 ||
-                simulate(eval, &p, eval->num_blocks, &fe, NULL, NULL) != 0)
-                return 2;
+            if (calibrate_and_evaluate(cal, eval, start, &sims, NULL, &s1, &p, &fc, &fe, NULL) != 0) return 2;
             printf("#### %s, calibrated on %s (%d simulations), evaluated on %s\n\n", hidden_names[m], cal->label, sims,
                    eval->label);
             printf("parameters: gemm_scale=%.3g (gemm_eff %s %.3g, %s %.3g), attn_eff=%.3g, gap=%.3g, overhead=%.3g, "
