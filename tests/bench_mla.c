@@ -12,7 +12,9 @@
  * runs under 16 rows a request (on Hopper with a 16-bit cache: attn_narrow_bulk_kernel).  Times are CUDA events around the
  * attention and combine launches, median of 20 after a warm-up; inputs are generated on the
  * device.  Without a GPU it prints why and exits 0.  Kernel variants that are not in the
- * product are measured by kernels/lab/ (`make lab`). */
+ * product are measured by kernels/lab/ (`make lab`).  `bench_mla --only H_Q S_K [SPLITS]` runs the
+ * AUTO row of that one shape (SPLITS: pieces a row tile, forced) and no torch peer (for a
+ * profiler: one kernel, warm-up + 20 launches). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,9 +65,19 @@ static const peer_row *find_peer(const peer_row *rows, int n, int h, int sk)
     return NULL;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     const int B = 128, SQ = 1;
+    int only_h = 0, only_sk = 0, only_splits = 0;   /* --only H_Q S_K [SPLITS]: that AUTO row alone */
+    if ((argc == 4 || argc == 5) && strcmp(argv[1], "--only") == 0) {
+        only_h = atoi(argv[2]);
+        only_sk = atoi(argv[3]);
+        if (argc == 5) only_splits = atoi(argv[4]);
+    }
+    if (argc != 1 && (only_h <= 0 || only_sk <= 0 || only_splits < 0)) {
+        fprintf(stderr, "usage: bench_mla [--only H_Q S_K [SPLITS]]\n");
+        return 2;
+    }
     static const int hqs[] = {128, 16, 8}, sks[] = {4096, 8192, 16384, 32768};
     int *seqlens = malloc(sizeof(int) * B);
     if (!seqlens) return 1;
@@ -88,7 +100,8 @@ int main(void)
     }
     peer_row peer[MAX_PEER];
     char peer_why[256] = "";
-    int n_peer = run_peer(peer, peer_why, sizeof peer_why);
+    int n_peer = only_h ? 0 : run_peer(peer, peer_why, sizeof peer_why);
+    if (only_h) snprintf(peer_why, sizeof peer_why, "not run (--only)");
 
     printf("CUDA MLA decode (cuda-mla latent attention + combine) vs plain torch einsum, b=%d s_q=%d, d=576 dv=512, "
            "block 64, median of %d\n", B, SQ, c.repeat);
@@ -105,10 +118,12 @@ int main(void)
              * rows a request) AUTO's narrow kernel, on Hopper the bulk-copy one, x 4 */
             bool fp8_row = ik == 4, ring2_row = ik == 5, fallback_row = ik >= 6;
             int sk = ik < 4 ? sks[ik] : ik < 6 ? 16384 : sks[ik - 6];
+            if (only_h && (hqs[ih] != only_h || sk != only_sk || ik >= 4)) continue;
             for (int b = 0; b < B; b++) seqlens[b] = sk;
             c.h_q = hqs[ih];
             c.kv_dtype = fp8_row ? AR_FP8_E4M3 : AR_BF16;
             c.stages = ring2_row ? 2 : 0;
+            c.num_splits = only_splits;   /* 0: the planner's */
             c.kernel = !(fallback_row || ring2_row) ? AR_MLA_KERNEL_AUTO
                        : c.h_q >= 64                ? AR_MLA_KERNEL_TC_SPLIT_QK
                                                     : AR_MLA_KERNEL_TC_NARROW;
