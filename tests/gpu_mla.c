@@ -15,10 +15,11 @@
  *    tests whose names match (one process per test under racecheck, the slowest tool)
  *    and drops the 4096-key and 128-head extras and the trace replay (part 4).
  *    test_every_tc_instance runs each mma.sync kernel instance (dtype pair x narrow / 64-row x
- *    key-ring depth) once on a small case, in both modes.  test_narrow_bulk_kernel runs the
- *    Hopper narrow kernel (bulk copies, persistent plan; AUTO's choice under 16 rows a request)
- *    on shapes that reach its edges.  test_wgmma_kernel_forced runs the Hopper wgmma kernel
- *    (AR_MLA_KERNEL_TC_WGMMA) on every grid case where AUTO picks another kernel, plus splits,
+ *    key-ring depth) once on a small case, in both modes.  test_narrow_bulk_kernel (forced) and
+ *    test_wgmma16_kernel (AUTO: the transposed wgmma kernel, the default for at most 16 rows a
+ *    request on Hopper) run the kernels for at most 16 rows on shapes that reach their edges.
+ *    test_wgmma_kernel_forced runs the Hopper 64-row wgmma kernel (AR_MLA_KERNEL_TC_WGMMA) on
+ *    every grid case with fewer than 64 rows a request, plus splits,
  *    block sizes 16 / 32, fp16, partial row tiles and empty requests, once with its TMA key tiles
  *    (the default) and once with its cp.async ones (what runs where the tensor map is refused;
  *    AR_GPU_WG_PATHS=tma or cpasync runs one; skips off compute capability 9.0).  The kernel
@@ -26,8 +27,9 @@
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the mma.sync kernels forced
  *    (AR_MLA_KERNEL_TC_SPLIT_QK, AR_MLA_KERNEL_TC_NARROW), the SIMT fallback kernel, fp16, fp8
  *    e4m3 latent cache.  The grid runs AUTO (on a compute-capability 9.0 device with a bf16/fp16
- *    cache the wgmma kernel when s_q * h_q >= 16 - the grid asserts which ran; else the narrow
- *    16-row kernels when s_q * h_q <= 16, else split-QK).
+ *    cache the 64-row wgmma kernel when s_q * h_q > 16 and the transposed one below - the grid
+ *    asserts which ran; elsewhere the narrow 16-row kernels when s_q * h_q <= 16, else
+ *    split-QK).
  * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
@@ -329,6 +331,16 @@ static bool wgmma_available(char *why, size_t why_len)
     return rc == 0;
 }
 
+/* Skips the calling test (with the reason) where the wgmma kernels cannot run. */
+static void require_wgmma(void)
+{
+    char why[512] = "";
+    if (!wgmma_available(why, sizeof why)) {
+        print_message("skipping: %s\n", why);
+        skip();
+    }
+}
+
 /* The float64 device reference against the host reference (reference.h: ar_ref_attend with
  * one KV head, head size 576, V size 512), inputs regenerated on the host by the hook's recipe. */
 static void test_device_reference_matches_host(void **st)
@@ -449,7 +461,7 @@ static void test_flashmla_dense_grid(void **st)
     grid_opts go = default_opts();
     char why[512] = "";
     const bool wg = wgmma_available(why, sizeof why);
-    int fails = 0, runs = 0, n_wgmma = 0, wrong_kernel = 0;
+    int fails = 0, runs = 0, n_wgmma = 0, n_wgmma16 = 0, wrong_kernel = 0;
     for (size_t ib = 0; ib < 4; ib++)
         for (size_t iq = 0; iq < 3; iq++)
             for (size_t ik = 0; ik < 3; ik++)
@@ -467,18 +479,23 @@ static void test_flashmla_dense_grid(void **st)
                                 fails++;
                                 continue;
                             }
-                            /* AUTO on an sm_90 device: the wgmma kernel for every case with 16
-                             * rows or more (s_q * h_q >= 16), never below */
+                            /* AUTO on an sm_90 device: the 64-row wgmma kernel for every case
+                             * with more than 16 rows (s_q * h_q), its transposed twin for the
+                             * others; neither elsewhere */
+                            const int rows = sqs[iq] * hqs[ih];
                             const bool is_wg = strcmp(last_kernel_name, "tc-wgmma") == 0;
+                            const bool is_wg16 = strcmp(last_kernel_name, "tc-wgmma16") == 0;
                             n_wgmma += is_wg;
-                            if (is_wg != (wg && sqs[iq] * hqs[ih] >= 16)) {
+                            n_wgmma16 += is_wg16;
+                            if (is_wg != (wg && rows > 16) || is_wg16 != (wg && rows <= 16)) {
                                 if (wrong_kernel++ < 5)
                                     print_message("b=%d s_q=%d s_k=%d h_q=%d: AUTO ran %s\n", bs_[ib], sqs[iq],
                                                   sks[ik], hqs[ih], last_kernel_name);
                             }
                         }
-    print_message("FlashMLA dense grid: %d cases (%d on the wgmma kernel%s%s), %d failed, %d ran an unexpected "
-                  "kernel\n", runs, n_wgmma, wg ? "" : "; not here: ", wg ? "" : why, fails, wrong_kernel);
+    print_message("FlashMLA dense grid: %d cases (%d on the wgmma kernel, %d on wgmma16%s%s), %d failed, %d ran an "
+                  "unexpected kernel\n", runs, n_wgmma, n_wgmma16, wg ? "" : "; not here: ", wg ? "" : why, fails,
+                  wrong_kernel);
     assert_int_equal(fails, 0);
     assert_int_equal(wrong_kernel, 0);
 }
@@ -574,20 +591,13 @@ static void test_every_tc_instance(void **st)
     assert_int_equal(fails, 0);
 }
 
-/* The Hopper narrow kernel (attn_narrow_bulk_kernel: key rows by bulk copies onto mbarriers, one
- * CTA barrier a tile, 2 CTAs per SM, the persistent plan whose CTAs run several pieces in turn),
- * AUTO's choice under 16 rows a request on a compute-capability 9.0 device with a 16-bit cache,
- * on shapes that reach its edges: pieces chained across requests and cut by the combine, s_q x
- * h_q = 15 / 12 / 8 / 3 / 1 rows, causal and not, zero-length requests, fewer key tiles than ring
- * slots, block size 16, fp16, forced splits 1 and 3 (one piece per CTA).  Elsewhere the same
- * cases run the mma.sync narrow kernel (checked all the same). */
-static void test_narrow_bulk_kernel(void **st)
+/* Shapes at the edges of the kernels for at most 16 rows a request: pieces chained across
+ * requests and cut by the combine, s_q x h_q = 16 / 15 / 12 / 8 / 3 / 1 rows, causal and not,
+ * zero-length requests, fewer key tiles than ring slots, a last tile of one key, block sizes 16
+ * and 32, fp16, forced splits 1, 3 and 5 - run with `kernel` forced (AUTO: the decision
+ * function's); each case must pass and run `expect`.  Returns the cases that failed. */
+static int narrow_cases(ar_cuda_mla_kernel kernel, const char *expect)
 {
-    (void)st;
-    SKIP_WITHOUT_GPU();
-    char why[512] = "";
-    const bool hopper = wgmma_available(why, sizeof why);
-    const char *expect = hopper ? "tc-narrow-bulk" : "tc-narrow";
     int fails = 0, runs = 0, wrong_kernel = 0;
     grid_opts go = default_opts();
     struct {
@@ -599,11 +609,14 @@ static void test_narrow_bulk_kernel(void **st)
         {4, 1, 33, 12, 0, 1, 0, 0, 64, AR_BF16},   {3, 1, 5, 8, 0, 0, 0, 0, 64, AR_BF16},
         {2, 1, 1000, 15, 0, 0, 0, 3, 64, AR_BF16}, {2, 1, 700, 15, 1, 1, 0, 1, 64, AR_BF16},
         {4, 1, 500, 15, 1, 1, 0, 0, 16, AR_BF16},  {3, 1, 700, 15, 1, 1, 0, 0, 64, AR_FP16},
-        {64, 1, 2000, 8, 1, 1, 1, 0, 64, AR_BF16},
+        {64, 1, 2000, 8, 1, 1, 1, 0, 64, AR_BF16}, {8, 1, 2049, 16, 0, 1, 0, 0, 64, AR_BF16},
+        {5, 2, 1000, 8, 1, 1, 0, 5, 32, AR_BF16},  {3, 1, 65, 16, 0, 0, 0, 0, 16, AR_FP16},
+        {200, 1, 300, 16, 1, 1, 1, 0, 64, AR_BF16},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (small_mode() && (i > 1 || cases[i].s_k > 140)) continue;
         go = default_opts();
+        go.kernel = kernel;
         go.num_splits = cases[i].splits;
         go.block_size = cases[i].block;
         go.dtype = go.kv_dtype = cases[i].dt;
@@ -616,8 +629,34 @@ static void test_narrow_bulk_kernel(void **st)
         }
         fails += !ok;
     }
-    print_message("narrow kernel (%s): %d cases, %d failed\n", expect, runs, fails);
-    assert_int_equal(fails, 0);
+    print_message("kernel for <= 16 rows (%s): %d cases, %d failed\n", expect, runs, fails);
+    return fails;
+}
+
+/* The bulk narrow kernel (attn_narrow_bulk_kernel: key rows by bulk copies onto mbarriers, one
+ * CTA barrier a tile, 2 CTAs per SM, the persistent plan whose CTAs run several pieces in turn),
+ * AUTO's choice under 16 rows a request on devices of compute capability 9 or more without the
+ * wgmma kernels, forced here (AR_MLA_KERNEL_TC_NARROW_BULK) on narrow_cases.  Where it cannot
+ * run, the same cases run the mma.sync narrow kernel (checked all the same). */
+static void test_narrow_bulk_kernel(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    char why[512] = "";
+    const bool hopper = wgmma_available(why, sizeof why);
+    assert_int_equal(narrow_cases(AR_MLA_KERNEL_TC_NARROW_BULK, hopper ? "tc-narrow-bulk" : "tc-narrow"), 0);
+}
+
+/* The transposed wgmma kernel (attn_wgmma16_kernel), AUTO's choice for at most 16 rows a request
+ * on a compute-capability 9.0 device with a 16-bit cache, on narrow_cases (a case of exactly 16
+ * rows, 1-key last tiles, 5 forced pieces, 200 requests among them).  Skips where the wgmma
+ * kernels cannot run (AUTO then runs the narrow kernels, which test_narrow_bulk_kernel covers). */
+static void test_wgmma16_kernel(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    require_wgmma();
+    assert_int_equal(narrow_cases(AR_MLA_KERNEL_AUTO, "tc-wgmma16"), 0);
 }
 
 /* test_wgmma_kernel_forced's cases on the TMA path or (cpasync) the cp.async one; returns the
@@ -697,12 +736,7 @@ static void test_wgmma_kernel_forced(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
-    char why[512] = "";
-    if (!wgmma_available(why, sizeof why)) {
-        print_message("skipping: %s\n", why);
-        skip();
-        return;
-    }
+    require_wgmma();
     int fails = 0;
     /* AR_GPU_WG_PATHS=tma or cpasync: only that path (compute-sanitizer runs one per process to
      * stay within its time limit) */
@@ -1216,6 +1250,7 @@ int main(void)
         /* last: a bulk-copy kernel that failed on the device (a trapped mbarrier wait) leaves the
          * context unusable */
         cmocka_unit_test_setup_teardown(test_narrow_bulk_kernel, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_wgmma16_kernel, test_setup, test_teardown),
     };
     int failed = tu_run_gpu_tests("gpu_mla", tests, sizeof tests / sizeof tests[0]);   /* AR_GPU_ONLY / AR_GPU_SHARD */
     ar_cuda_mla_release_case_buffers();

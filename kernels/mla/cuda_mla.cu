@@ -18,7 +18,7 @@
  * merge), "wuv" (o_lat x W_UV), and for prefill requests "prefill" (up-projection, chunked
  * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
  * guard regions checked after every forward; out/LSE are NaN-poisoned before each forward.
- * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow forces the decode kernel (for comparisons;
+ * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk forces the decode kernel (for comparisons;
  * mla_decode.h has the rule).
  *
  * LSE convention: [Hq, T], natural log, -inf for a row that sees no key (backend contract). */
@@ -60,6 +60,7 @@ static ar_cuda_mla_kernel env_kernel(void)
     if (e && strcmp(e, "tc-split-qk") == 0) return AR_MLA_KERNEL_TC_SPLIT_QK;
     if (e && strcmp(e, "tc-wgmma") == 0) return AR_MLA_KERNEL_TC_WGMMA;
     if (e && strcmp(e, "tc-narrow") == 0) return AR_MLA_KERNEL_TC_NARROW;
+    if (e && strcmp(e, "tc-narrow-bulk") == 0) return AR_MLA_KERNEL_TC_NARROW_BULK;
     return AR_MLA_KERNEL_AUTO;
 }
 
@@ -702,6 +703,7 @@ static const char *decode_path(const mla_route &route, bool cpasync, bool split)
     switch (route.kind) {
     case MLA_WGMMA:
         if (cpasync) return split ? "mla-decode:tc-wgmma-cpasync+split" : "mla-decode:tc-wgmma-cpasync";
+        if (route.rows16) return split ? "mla-decode:tc-wgmma16+split" : "mla-decode:tc-wgmma16";
         return split ? "mla-decode:tc-wgmma+split" : "mla-decode:tc-wgmma";
     case MLA_NARROW_BULK: return split ? "mla-decode:tc-narrow-bulk+split" : "mla-decode:tc-narrow-bulk";
     case MLA_NARROW: return split ? "mla-decode:tc-narrow+split" : "mla-decode:tc-narrow";

@@ -40,15 +40,19 @@ extern const ar_backend ar_cuda_mla_backend;
  * Hopper or with an fp8 cache the mma.sync kernels; SIMT where their shared memory does not
  * fit).  The others force a kernel where it can run: SIMT the plain SIMT kernel; TC_SPLIT_QK the
  * mma.sync 64-row kernel; TC_WGMMA the wgmma kernel (compute capability 9.0 and a bf16/fp16 cache;
- * elsewhere TC_SPLIT_QK); TC_NARROW the mma.sync narrow 16-row kernel where every request has at
- * most 16 rows (else AUTO's choice).  The environment variable AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|
- * tc-narrow selects one for the backend. */
+ * elsewhere TC_SPLIT_QK; forced, it is the 64-row kernel also for requests of at most 16 rows,
+ * which AUTO gives its transposed twin); TC_NARROW the mma.sync narrow 16-row kernel where every
+ * request has at most 16 rows (else AUTO's choice); TC_NARROW_BULK the bulk-copy narrow kernel
+ * likewise (compute capability 9 or more and a bf16/fp16 cache; else TC_NARROW's).  The
+ * environment variable AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk selects
+ * one for the backend. */
 typedef enum ar_cuda_mla_kernel {
     AR_MLA_KERNEL_AUTO = 0,
     AR_MLA_KERNEL_SIMT = 1,
     AR_MLA_KERNEL_TC_SPLIT_QK = 2,
     AR_MLA_KERNEL_TC_WGMMA = 3,
-    AR_MLA_KERNEL_TC_NARROW = 4
+    AR_MLA_KERNEL_TC_NARROW = 4,
+    AR_MLA_KERNEL_TC_NARROW_BULK = 5
 } ar_cuda_mla_kernel;
 
 /* Overrides for tests (state from ar_cuda_mla_backend.open): kernel, forced split count

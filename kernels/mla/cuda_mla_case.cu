@@ -209,7 +209,8 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
     const mla_caps caps = mla_probe(dev);
-    if ((c->kernel == AR_MLA_KERNEL_TC_SPLIT_QK || c->kernel == AR_MLA_KERNEL_TC_NARROW) && caps.tc_stages == 0) {
+    if ((c->kernel == AR_MLA_KERNEL_TC_SPLIT_QK || c->kernel == AR_MLA_KERNEL_TC_NARROW ||
+         c->kernel == AR_MLA_KERNEL_TC_NARROW_BULK) && caps.tc_stages == 0) {
         snprintf(err, err_len, "cuda-mla case: the tensor-core kernels do not fit this device's shared memory");
         return 2;
     }

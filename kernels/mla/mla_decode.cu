@@ -10,6 +10,7 @@
 #include "mla_decode.h"
 #include "mla_decode_mma.cuh"
 #include "mla_decode_wgmma.cuh"
+#include "mla_decode_wgmma16.cuh"
 
 namespace ar_mla {
 
@@ -221,6 +222,8 @@ mla_caps mla_probe(int device)
                  set_smem((const void *)attn_wgmma_cpasync_kernel<false>, WG_SMEM, false) &&
                  set_smem((const void *)attn_wgmma_tma_kernel<true>, WG_SMEM_TMA, false) &&
                  set_smem((const void *)attn_wgmma_tma_kernel<false>, WG_SMEM_TMA, false);
+    caps.wgmma16 = caps.wgmma && set_smem((const void *)attn_wgmma16_kernel<true>, W16_SMEM, false) &&
+                   set_smem((const void *)attn_wgmma16_kernel<false>, W16_SMEM, false);
     probed = device;
     return caps;
 }
@@ -229,12 +232,14 @@ mla_caps mla_probe(int device)
 /* The decision function                                                                      */
 
 /* Measured on the H200 (BENCHMARKS.md): at h_q = 128 the wgmma kernel with TMA key tiles runs
- * at 505-576 TFLOP/s (4k-32k keys) against 156-160 for attn_tc_kernel; at h_q = 16 (16 of each
- * 64-row tile used) it streams the latent cache at 3.37-3.94 TB/s against the bulk narrow
- * kernel's 3.09-3.72, so it takes requests from 16 rows up; under 16 rows the bulk narrow kernel
- * (3.72 TB/s at 32k on its own shape) beats attn_narrow_kernel (2.37).  Off Hopper, splitting
- * the score tile between the column halves (attn_tc_kernel) measured 160 against 135 TFLOP/s
- * for both halves computing it. */
+ * at 505-576 TFLOP/s (4k-32k keys) against 156-160 for attn_tc_kernel; up to 16 rows a request
+ * its transposed twin attn_wgmma16_kernel streams the latent cache at 3.93-4.24 TB/s (h_q = 16,
+ * 2026-12-02) against the 64-row kernel's 3.39-3.96 (16 of each tile's 64 rows used) and the
+ * bulk narrow kernel's 3.16-3.74 (h_q = 8).  The bulk narrow kernel stays AUTO's choice for at
+ * most 16 rows on a device of compute capability 9 or more without the wgmma kernels (it beats
+ * attn_narrow_kernel, 3.72 against 2.37 TB/s at 32k).  Off Hopper, splitting the score tile
+ * between the column halves (attn_tc_kernel) measured 160 against 135 TFLOP/s for both halves
+ * computing it. */
 mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_rows, bool fp8_cache, int stages_cap)
 {
     mla_route r;
@@ -247,21 +252,25 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
     }
     const int tc_stages = stages_cap == 2 && caps.tc_stages > 2 ? 2 : caps.tc_stages;
     const bool wgmma = caps.wgmma && !fp8_cache;
-    const bool narrow = max_rows <= NROWS &&
-                        (forced == AR_MLA_KERNEL_TC_NARROW || (forced == AR_MLA_KERNEL_AUTO && (!wgmma || max_rows < NROWS)));
+    const bool auto16 = forced == AR_MLA_KERNEL_AUTO && wgmma && caps.wgmma16 && max_rows <= W16_ROWS;
+    const bool bulk_ok = caps.narrow_bulk && !fp8_cache && tc_stages >= 3;
+    const bool narrow = max_rows <= NROWS && !auto16 &&
+                        (forced == AR_MLA_KERNEL_TC_NARROW || forced == AR_MLA_KERNEL_TC_NARROW_BULK ||
+                         (forced == AR_MLA_KERNEL_AUTO && (!wgmma || max_rows < NROWS)));
     if (forced == AR_MLA_KERNEL_TC_SPLIT_QK)
         r.kind = MLA_TC;
     else if (narrow && forced == AR_MLA_KERNEL_TC_NARROW)
         r.kind = MLA_NARROW;
     else if (narrow)
-        r.kind = caps.narrow_bulk && !fp8_cache && tc_stages >= 3 ? MLA_NARROW_BULK : MLA_NARROW;
+        r.kind = bulk_ok ? MLA_NARROW_BULK : MLA_NARROW;
     else
         r.kind = wgmma ? MLA_WGMMA : MLA_TC;
     switch (r.kind) {
     case MLA_WGMMA:
         r.stages = 2;
         r.combine_rows = true;
-        r.name = "tc-wgmma";
+        r.rows16 = auto16;
+        r.name = r.rows16 ? "tc-wgmma16" : "tc-wgmma";
         break;
     case MLA_NARROW_BULK:
         r.stages = NB_STAGES;
@@ -336,6 +345,95 @@ static void plan_totals(int R, const int *qsl, const int *seq_lens, const unsign
     }
 }
 
+/* The time the launch's CTAs take when the hardware hands them, longest first, to the first of
+ * `slots` free SMs (list scheduling): costs[n] sorted longest first, in key tiles.  heap: room
+ * for min(n, slots) loads. */
+static int64_t list_makespan(const int64_t *costs, int64_t n, int slots, int64_t *heap)
+{
+    int64_t used = 0, makespan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t load;
+        if (used < slots) {   /* an idle SM */
+            load = costs[i];
+            int64_t k = used++;
+            heap[k] = load;
+            while (k > 0 && heap[(k - 1) / 2] > heap[k]) {
+                int64_t up = (k - 1) / 2, tmp = heap[up];
+                heap[up] = heap[k];
+                heap[k] = tmp;
+                k = up;
+            }
+        } else {              /* the SM that frees first */
+            load = heap[0] + costs[i];
+            heap[0] = load;
+            for (int64_t k = 0;;) {
+                int64_t l = 2 * k + 1, m = k;
+                if (l < used && heap[l] < heap[m]) m = l;
+                if (l + 1 < used && heap[l + 1] < heap[m]) m = l + 1;
+                if (m == k) break;
+                int64_t tmp = heap[m];
+                heap[m] = heap[k];
+                heap[k] = tmp;
+                k = m;
+            }
+        }
+        if (load > makespan) makespan = load;
+    }
+    return makespan;
+}
+
+static int cmp_int64_desc(const void *pa, const void *pb)
+{
+    int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+    return a < b ? 1 : a > b ? -1 : 0;
+}
+
+/* Whether cutting the row tiles (KEYS-key tiles each: tiles[n]) into pieces of `chunk` tiles
+ * finishes sooner on num_sms SMs than leaving them whole, by list scheduling with a CTA's
+ * start-up (Q tile, the first key tile's latency, the epilogue) at PIECE_COST key tiles and the
+ * combine launch at COMBINE_COST.  Measured on the H200 (2026-12-02, b = 128, h_q = 16, the wgmma16
+ * kernel): whole row tiles 9.5% faster at 4k keys a request (chunk 63 of 64 tiles: a second
+ * wave of 1-tile pieces and a combine), 5% at 8k; 64-row kernel, one piece against the planner's
+ * at 16k / 32k: 1-2% slower.  -1 when out of memory. */
+static int split_pays(const int64_t *tiles, int64_t n, int64_t chunk, int num_sms)
+{
+    enum { PIECE_COST = 4, COMBINE_COST = 4 };
+    int64_t n_pieces = 0;
+    bool any_split = false;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t pieces = tiles[i] > 0 ? (tiles[i] + chunk - 1) / chunk : 1;
+        n_pieces += pieces;
+        any_split |= pieces > 1;
+    }
+    if (!any_split) return 0;
+    int64_t *whole = (int64_t *)malloc((size_t)n * sizeof(int64_t));
+    int64_t *cut = (int64_t *)malloc((size_t)n_pieces * sizeof(int64_t));
+    int64_t *heap = (int64_t *)malloc((size_t)(num_sms > 0 ? num_sms : 1) * sizeof(int64_t));
+    if (!whole || !cut || !heap) {
+        free(whole);
+        free(cut);
+        free(heap);
+        return -1;
+    }
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        whole[i] = tiles[i] + PIECE_COST;
+        for (int64_t b = 0; b < tiles[i] || (b == 0 && tiles[i] == 0); b += chunk) {
+            int64_t len = tiles[i] - b < chunk ? tiles[i] - b : chunk;
+            cut[k++] = len + PIECE_COST;
+        }
+    }
+    qsort(whole, (size_t)n, sizeof(int64_t), cmp_int64_desc);
+    qsort(cut, (size_t)k, sizeof(int64_t), cmp_int64_desc);
+    const int slots = num_sms > 0 ? num_sms : 1;
+    const int64_t t_whole = list_makespan(whole, n, slots, heap);
+    const int64_t t_cut = list_makespan(cut, k, slots, heap) + COMBINE_COST;
+    free(whole);
+    free(cut);
+    free(heap);
+    return t_cut < t_whole ? 1 : 0;
+}
+
 /* See mla_decode.h. */
 int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, const unsigned char *include, int H,
                       int causal, int extra, int num_sms, int force_splits)
@@ -346,6 +444,21 @@ int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, const un
     plan_totals(R, qsl, seq_lens, include, H, causal, extra, &total_tiles, &n_items, &max_rows);
     int64_t chunk = num_sms > 0 ? (total_tiles + num_sms - 1) / num_sms : total_tiles;
     if (chunk < 4) chunk = 4;
+    if (force_splits <= 0 && n_items > 0) {   /* cut only where it finishes sooner */
+        int64_t *tiles = (int64_t *)malloc((size_t)n_items * sizeof(int64_t));
+        if (!tiles) return -1;
+        int64_t i = 0;
+        for (int r = 0; r < R; r++) {
+            if (include && !include[r]) continue;
+            int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
+            for (int row0 = 0; row0 < nrows; row0 += ROWS)
+                tiles[i++] = (row_tile_key_end(causal, seq_lens[r], ql, H, row0, nrows, extra) + KEYS - 1) / KEYS;
+        }
+        int pays = split_pays(tiles, i, chunk, num_sms);
+        free(tiles);
+        if (pays < 0) return -1;
+        if (!pays) chunk = INT32_MAX;
+    }
     /* count pieces */
     int64_t n_work = 0, n_groups = 0, n_partials = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -542,7 +655,9 @@ static void launch_kernel(const attn_args &a, const mla_route &route, int n, con
 {
     if constexpr (!FP8) {   /* mla_choose never picks these with an fp8 cache */
         if (route.kind == MLA_WGMMA) {
-            if (tmap)
+            if (tmap && route.rows16)
+                attn_wgmma16_kernel<BF16><<<n, THREADS, W16_SMEM, st>>>(a, *tmap);
+            else if (tmap)
                 attn_wgmma_tma_kernel<BF16><<<n, THREADS, WG_SMEM_TMA, st>>>(a, *tmap);
             else
                 attn_wgmma_cpasync_kernel<BF16><<<n, THREADS, WG_SMEM, st>>>(a);
