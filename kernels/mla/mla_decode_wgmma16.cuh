@@ -4,40 +4,40 @@
  * or a split piece's partials for combine_rows_kernel) as attn_wgmma_tma_kernel
  * (mla_decode_wgmma.cuh), whose 64-row products spend three quarters of their tensor time on
  * empty rows here.  Both products are transposed so that the 16 query rows are the small N side
- * of the instruction and the 64 keys (or 64 latent dims) its M side:
- *   S^T = K Q^T     [64 keys x 16 rows]: wgmma m64n16k16, A = the key tile (K-major, as it lands),
- *                   B = the Q tile [16 rows x 576] (K-major), 36 steps of 16 dims;
+ * of the instruction and the keys (or the latent dims) its M side:
+ *   S^T = K Q^T     [64 x 16 rows, of which the tile's 32 keys are the first 32]: wgmma
+ *                   m64n16k16, A = the key tile (K-major, as it lands; M rows 32-63 read the next
+ *                   32 rows of shared memory and are masked), B = the Q tile [16 rows x 576]
+ *                   (K-major), 36 steps of 16 dims;
  *   O^T += V^T P^T  [512 dims x 16 rows]: 8 x wgmma m64n16k16 a step, A = the key tile's first
  *                   512 dims read transposed (MN-major: the dims are contiguous), B = P^T stored
- *                   [16 rows x 64 keys] (K-major), 4 steps of 16 keys.
+ *                   [16 rows x 32 keys] (K-major), 2 steps of 16 keys.
+ * The key tiles are 32 keys in a ring of 5 slots (180 KB), so that while one tile is computed
+ * four are being copied: the kernel streams the latent cache, and what it has in flight sets its
+ * rate (with 2 slots of 64 keys: 4.11-4.13 TB/s at 32k keys, 2026-12-02).
  * Geometry: 256 threads, two warpgroups with their own jobs, so that one's softmax runs under the
  * other's products:
- *   warpgroup 0: S^T of tile t, the online softmax (the row maxima across its 4 warps through
+ *   warpgroup 0: S^T of tile t, the online softmax (the row maxima across its warps through
  *                shared memory), P^T(t) and the rescale factors into the P buffer t & 1;
- *   warpgroup 1: O^T of the tile from P buffer t & 1 (64 fp32 registers a thread) in two
- *                groups, dims 0-255 then 256-511; as soon as the first has completed, the TMA
- *                copies of tile t + 2 into that part of the slot and its rope atom (S^T of tile
- *                t is done), then into the rest once the second has.
- * Shared memory (1024-byte aligned, 172,208 bytes with the slack): Q [16 x 576] as 9 atoms of
- * [16 rows][128 B] (18 KB), 2 key slots [64 keys x 576] as 9 atoms of [64][128 B] (72 KB each),
- * 2 P^T buffers [16 rows][128 B], the reduction floats and the mbarriers:
- *   landed[s][c] atom c of the tile in slot s has landed (its TMA bytes): S^T waits atom by atom,
- *                so it starts on the first 64 dims;
- *   p_full[b]    P^T and the rescale factors in P buffer b (tile t, b = t & 1) are written
- *                (warpgroup 0's 128 threads);
- *   p_empty[b]   warpgroup 1 is done with P buffer b (128 threads).
- * Every tile comes by TMA (boxes of {64 dims, 16 or 32 keys}, wg_tma_rows_log2), marked
- * evict-first in L2 (each line is read once); in a tile that reaches past key_end the runs past
- * it re-read the last valid key's page, and warpgroup 0 zeroes the V rows past key_end after its
- * S^T (P = 0 times the NaN a free cache slot may hold would be NaN), before P^T is published.  Atoms are 128-byte swizzled: the 16-byte chunk c of row r at
- * r * 128 + ((c ^ (r & 7)) << 4) (every atom starts on a 1024-byte boundary).
+ *   warpgroup 1: O^T of the tile from P buffer t & 1 (64 fp32 registers a thread), then the TMA
+ *                copies of tile t + 5 into the slot it has just finished with.
+ * Shared memory (1024-byte aligned, 209,000 bytes with the slack): Q [16 x 576] as 9 atoms of
+ * [16 rows][128 B] (18 KB), 5 key slots [32 keys x 576] as 9 atoms of [32][128 B] (36 KB each),
+ * 2 P^T buffers [16 rows][128 B] (also what the last slot's masked M rows read), the reduction
+ * floats and the mbarriers:
+ *   landed[s]  the tile in slot s has landed (the TMA bytes);
+ *   p_full[b]  P^T and the rescale factors in P buffer b are written (warpgroup 0's 128 threads);
+ *   p_empty[b] warpgroup 1 is done with P buffer b and its tile's slot (128 threads).
+ * Every tile comes by TMA (boxes of {64 dims, 16 or 32 keys}, each inside one cache block); in a
+ * tile that reaches past key_end the runs past it re-read the last valid key's page, and
+ * warpgroup 0 zeroes the V rows past key_end after its S^T (P = 0 times the NaN a free cache slot
+ * may hold would be NaN), before P^T is published.  Atoms are 128-byte swizzled: the 16-byte
+ * chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4) (every atom starts on a 1024-byte boundary).
  *
- * Count per key tile: 64 x 16 x (576 + 512) x 2 = 2.2 MFLOP (a quarter of the 64-row kernel's);
- * the operands are read from shared memory once per instruction (2.5 KB per m64n16k16), so the
- * tile costs about 1,400 cycles of shared-memory bandwidth, under the ~4,000 cycles its 73.7 KB
- * take at the H200's HBM rate shared by 132 SMs.  Measured (BENCHMARKS.md): 3.90-4.26 TB/s at
- * h_q = 16, 0.98-1.01x FlashMLA in the same run; a ring of 5 slots of 32 keys was 3-4% slower.
- * The kernel body exists only in the sm_90a build; the host picks it only on a
+ * Count per 32-key tile: 32 x 16 x (576 + 512) x 2 = 1.1 MFLOP; the operands are read from shared
+ * memory once per instruction (2.5 KB per m64n16k16, 52 a tile), about 1,000 cycles of
+ * shared-memory bandwidth, under the ~2,000 cycles its 36.9 KB take at the H200's HBM rate shared
+ * by 132 SMs.  The kernel body exists only in the sm_90a build; the host picks it only on a
  * compute-capability 9.0 device. */
 
 #ifndef AR_MLA_DECODE_WGMMA16_CUH
@@ -48,19 +48,22 @@
 namespace ar_mla {
 
 constexpr int W16_ROWS = 16;                                /* query rows of a work item */
+constexpr int W16_KEYS = 32;                                /* keys a tile */
+constexpr int W16_SLOTS = 5;                                /* the key ring */
 constexpr int W16_QATOM = W16_ROWS * 128;                   /* one 64-dim atom of Q or P^T: [16][128 B] */
-constexpr int W16_OFF_K = 9 * W16_QATOM;                    /* the 2 key slots, after Q (18 x 1024) */
-constexpr int W16_OFF_P = W16_OFF_K + 2 * WG_TILE;          /* P^T [2][16 rows][64 keys] */
+constexpr int W16_KATOM = W16_KEYS * 128;                   /* one 64-dim atom of a key tile: [32][128 B] */
+constexpr int W16_TILE = 9 * W16_KATOM;                     /* a key tile: [32 keys x 576] 16-bit */
+constexpr int W16_OFF_K = 9 * W16_QATOM;                    /* the key slots, after Q */
+constexpr int W16_OFF_P = W16_OFF_K + W16_SLOTS * W16_TILE; /* P^T [2][16 rows][128 B] */
 constexpr int W16_OFF_RED = W16_OFF_P + 2 * W16_QATOM;
 /* floats at W16_OFF_RED: alpha [2][16], tile maxima [2][4 warps][16], final m and l [2][16],
  * row-sum parts [4 warps][16] */
 constexpr int W16_RED_ALPHA = 0, W16_RED_WMAX = 32, W16_RED_FIN = 160, W16_RED_LSUM = 192, W16_RED_FLOATS = 256;
 constexpr int W16_OFF_BAR = W16_OFF_RED + W16_RED_FLOATS * 4;
-/* mbarriers: landed [2 slots][9 atoms], p_full [2], p_empty [2] */
-constexpr int W16_BARS = 2 * 9 + 4;
+constexpr int W16_BARS = W16_SLOTS + 4;                     /* landed [5], p_full [2], p_empty [2] */
 constexpr int W16_SMEM = 1024 /* alignment slack */ + W16_OFF_BAR + W16_BARS * 8;
-
-static_assert(W16_OFF_K % 1024 == 0 && W16_OFF_P % 1024 == 0 && W16_OFF_BAR % 8 == 0, "wgmma16: alignment");
+static_assert(W16_OFF_K % 1024 == 0 && W16_TILE % 1024 == 0 && W16_OFF_P % 1024 == 0, "wgmma16: alignment");
+static_assert(W16_OFF_RED - W16_OFF_P >= W16_KATOM, "wgmma16: the last slot's masked M rows stay inside the block");
 static_assert(W16_SMEM <= 232448, "wgmma16: more shared memory than an sm_90 block gets");
 
 /* d [64 x 16, accumulator layout: element (nt, e) is M row 16 (warp % 4) + lane / 4 + 8 (e >> 1),
@@ -98,34 +101,27 @@ __device__ __forceinline__ void w16_wg_sync(int wg)
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 
-/* TMA copies of atoms [c_lo, c_hi) of the 64 keys k0 .. k0 + 63 of request r into the slot at
- * sk_addr, by one thread: atom c completes on bar + 8 c (its expected bytes, 8 KB, raised first),
- * as 64 / rows runs of rows = 2^wg_tma_rows_log2 keys, one box [rows keys][64 dims] each.  A run
- * that starts at or past key_end copies from the last valid key's slot instead (its rows are
- * zeroed before use), so the block table is read only inside the request's blocks and the byte
- * count stays whole.  The lines are marked evict-first in L2 (each is read once). */
-__device__ __forceinline__ void w16_tma_atoms(const attn_args &a, const void *tmap, int r, int k0, int key_end,
-                                              uint32_t sk_addr, uint32_t bar, int c_lo, int c_hi)
+/* TMA copies of the 32 keys k0 .. k0 + 31 of request r into the slot at sk_addr, by one thread,
+ * completing on bar (its expected bytes raised by the whole tile first): 32 / rows runs of rows =
+ * 2^wg_tma_rows_log2 keys (a run never leaves its cache block), each as 9 boxes [rows keys][64
+ * dims].  A run that starts at or past key_end copies from the last valid key's slot instead
+ * (its rows are zeroed before use), so the block table is read only inside the request's blocks
+ * and the byte count stays whole.  The lines are marked evict-first in L2 (each is read once). */
+__device__ __forceinline__ void w16_tma_tile(const attn_args &a, const void *tmap, int r, int k0, int key_end,
+                                             uint32_t sk_addr, uint32_t bar)
 {
     const int rows_log2 = wg_tma_rows_log2(a.block_size_log2);
-    const int runs = WG_KEYS >> rows_log2;        /* 2 or 4 */
+    const int runs = W16_KEYS >> rows_log2;       /* 1 or 2 */
     const int *const bt = a.block_table + (int64_t)r * a.mbpr;
-    int slot[4];
-#pragma unroll
-    for (int p = 0; p < 4; p++) {
+    const uint64_t policy = ar_wg::l2_evict_first_policy();
+    ar_wg::mbar_arrive_expect_tx(bar, (uint32_t)W16_TILE);
+    for (int p = 0; p < runs; p++) {
         int j = k0 + (p << rows_log2);
         if (j >= key_end) j = key_end - 1;
-        slot[p] = p < runs ? (__ldg(bt + (j >> a.block_size_log2)) << a.block_size_log2) + (j & (a.block_size - 1)) : 0;
-    }
-    const uint64_t policy = ar_wg::l2_evict_first_policy();
-    for (int c = c_lo; c < c_hi; c++) {
-        ar_wg::mbar_arrive_expect_tx(bar + (uint32_t)(8 * c), (uint32_t)WG_ATOM);
+        const int slot = (__ldg(bt + (j >> a.block_size_log2)) << a.block_size_log2) + (j & (a.block_size - 1));
+        const uint32_t dst = sk_addr + (uint32_t)((p << rows_log2) * 128);
 #pragma unroll
-        for (int p = 0; p < 4; p++) {
-            if (p >= runs) break;
-            ar_wg::tma_load_2d_hint(sk_addr + (uint32_t)(c * WG_ATOM + (p << rows_log2) * 128), tmap, bar + (uint32_t)(8 * c),
-                                    c * 64, slot[p], policy);
-        }
+        for (int c = 0; c < 9; c++) ar_wg::tma_load_2d_hint(dst + (uint32_t)(c * W16_KATOM), tmap, bar, c * 64, slot, policy);
     }
 }
 
@@ -139,9 +135,10 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
     const uint32_t sk_addr0 = sq_addr + W16_OFF_K, sp_addr0 = sq_addr + W16_OFF_P;
     float *const red = reinterpret_cast<float *>(smem + W16_OFF_RED);
     const uint32_t bar0 = sq_addr + W16_OFF_BAR;
-    auto landed_bar = [&](int s) { return bar0 + (uint32_t)(72 * s); };   /* + 8 c: atom c of slot s */
-    auto p_full_bar = [&](int s) { return bar0 + (uint32_t)(144 + 8 * s); };
-    auto p_empty_bar = [&](int s) { return bar0 + (uint32_t)(160 + 8 * s); };
+    auto landed_bar = [&](int s) { return bar0 + (uint32_t)(8 * s); };
+    auto p_full_bar = [&](int b) { return bar0 + (uint32_t)(8 * (W16_SLOTS + b)); };
+    auto p_empty_bar = [&](int b) { return bar0 + (uint32_t)(8 * (W16_SLOTS + 2 + b)); };
+    auto slot_addr = [&](int t) { return sk_addr0 + (uint32_t)((t % W16_SLOTS) * W16_TILE); };
 
     const work_item w = a.work[blockIdx.x];
     const int r = w.req;
@@ -149,7 +146,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
     const int H = a.num_heads, nrows = ql * H;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     const int g = lane >> 2, tq = lane & 3;
-    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + W16_KEYS - 1) / W16_KEYS : 0;
     /* this thread's 4 query rows in both accumulator layouts: index i = 2 nt + (e & 1) is row
      * 8 nt + 2 tq + (e & 1) */
     int qrow[4];
@@ -157,19 +154,18 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
     for (int i = 0; i < 4; i++) qrow[i] = 8 * (i >> 1) + 2 * tq + (i & 1);
 
     if (tid == 0) {
-        for (int s = 0; s < 2; s++) {
-            for (int c = 0; c < 9; c++) ar_wg::mbar_init(landed_bar(s) + (uint32_t)(8 * c), 1);
-            ar_wg::mbar_init(p_full_bar(s), 128);
-            ar_wg::mbar_init(p_empty_bar(s), 128);
+        for (int s = 0; s < W16_SLOTS; s++) ar_wg::mbar_init(landed_bar(s), 1);
+        for (int b = 0; b < 2; b++) {
+            ar_wg::mbar_init(p_full_bar(b), 128);
+            ar_wg::mbar_init(p_empty_bar(b), 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         ar_wg::tma_prefetch_map(&tmap);
     }
     __syncthreads();
     if (tid == 0)
-        for (int t = 0; t < 2 && t < ntiles; t++)
-            w16_tma_atoms(a, &tmap, r, w.key_begin + t * WG_KEYS, w.key_end, sk_addr0 + (uint32_t)(t * WG_TILE),
-                          landed_bar(t), 0, 9);
+        for (int t = 0; t < W16_SLOTS && t < ntiles; t++)
+            w16_tma_tile(a, &tmap, r, w.key_begin + t * W16_KEYS, w.key_end, slot_addr(t), landed_bar(t));
 
     if (wg == 0) {
         /* ---- warpgroup 0: Q, then S^T and the softmax of every tile ---- */
@@ -189,7 +185,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
 
         const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
         int lim[4];
-        float m_run[4], l_part[4];   /* l_part: this thread's share of the row sums (its 2 keys a tile) */
+        float m_run[4], l_part[4];   /* l_part: this thread's share of the row sums (its keys) */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int gr = w.row0 + qrow[i];
@@ -201,33 +197,34 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
         const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
         float *const s_alpha = red + W16_RED_ALPHA, *const s_wmax = red + W16_RED_WMAX;
         for (int t = 0; t < ntiles; t++) {
-            const int s = t & 1;
-            const uint32_t sk_addr = sk_addr0 + (uint32_t)(s * WG_TILE);
+            const int b = t & 1;
+            const uint32_t sk_addr = slot_addr(t);
+            ar_wg::mbar_wait(landed_bar(t % W16_SLOTS), (uint32_t)(t / W16_SLOTS) & 1u);
             float acc[2][4];
             const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
             ar_wg::fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
-                /* each atom's products start as soon as that atom has landed */
-                if ((kk & 3) == 0) ar_wg::mbar_wait(landed_bar(s) + (uint32_t)(8 * (kk >> 2)), (uint32_t)(t >> 1) & 1u);
-                const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+                const uint32_t koff = (uint32_t)((kk >> 2) * W16_KATOM + (kk & 3) * 32) >> 4;
                 const uint32_t qoff = (uint32_t)((kk >> 2) * W16_QATOM + (kk & 3) * 32) >> 4;
                 wgmma_m64n16<BF16, 0>(acc, desc_k + koff, desc_q + qoff, kk > 0);
             }
             ar_wg::commit();
             ar_wg::wait<0>();
             wg_fence_acc(acc);
-            const int k0 = w.key_begin + t * WG_KEYS;
+            const int k0 = w.key_begin + t * W16_KEYS;
             const int valid_keys = w.key_end - k0;
-            if (valid_keys < WG_KEYS) {   /* the V rows past key_end -> zeros (dims 0-511) */
-                for (int idx = tid; idx < (WG_KEYS - valid_keys) * 64; idx += 128) {
+            if (valid_keys < W16_KEYS) {   /* the V rows past key_end -> zeros (dims 0-511) */
+                for (int idx = tid; idx < (W16_KEYS - valid_keys) * 64; idx += 128) {
                     const int row = valid_keys + (idx >> 6), c = idx & 63;
-                    *reinterpret_cast<uint4 *>(smem + W16_OFF_K + s * WG_TILE + wg_swz(row, c)) = make_uint4(0, 0, 0, 0);
+                    *reinterpret_cast<uint4 *>(smem + (sk_addr - sq_addr) + (c >> 3) * W16_KATOM + row * 128 +
+                                               (((c & 7) ^ (row & 7)) << 4)) = make_uint4(0, 0, 0, 0);
                 }
                 ar_wg::fence_proxy_async();
             }
-            /* mask and scale (log2 domain); the tile's row maxima: this thread's 2 keys, the 8
-             * lanes of its column, then the 4 warps through shared memory */
+            /* mask (M rows 32-63 are not keys of the tile) and scale (log2 domain); the tile's row
+             * maxima: this thread's 2 keys, the 8 lanes of its column, then the warps through
+             * shared memory */
             float mx[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) mx[i] = -INFINITY;
@@ -235,8 +232,8 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int i = 2 * nt + (e & 1), key = k0 + 16 * wq + g + 8 * (e >> 1);
-                    const float x = key < lim[i] ? acc[nt][e] * a.scale_log2 : -INFINITY;
+                    const int i = 2 * nt + (e & 1), kt = 16 * wq + g + 8 * (e >> 1);
+                    const float x = kt < W16_KEYS && k0 + kt < lim[i] ? acc[nt][e] * a.scale_log2 : -INFINITY;
                     acc[nt][e] = x;
                     mx[i] = fmaxf(mx[i], x);
                 }
@@ -246,48 +243,41 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                 mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
                 mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
             }
-            if (g == 0)
+            if (g == 0 && wq < 2)
 #pragma unroll
-                for (int i = 0; i < 4; i++) s_wmax[(s * 4 + wq) * 16 + qrow[i]] = mx[i];
+                for (int i = 0; i < 4; i++) s_wmax[(b * 4 + wq) * 16 + qrow[i]] = mx[i];
             w16_wg_sync(0);
             float alpha[4], m_use[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const float *wm = s_wmax + s * 64 + qrow[i];
-                const float m_tile = fmaxf(fmaxf(wm[0], wm[16]), fmaxf(wm[32], wm[48]));
-                const float m_new = fmaxf(m_run[i], m_tile);
+                const float *wm = s_wmax + b * 64 + qrow[i];
+                const float m_new = fmaxf(m_run[i], fmaxf(wm[0], wm[16]));
                 m_use[i] = m_new == -INFINITY ? 0.f : m_new;
                 alpha[i] = exp2f(m_run[i] - m_use[i]);
                 m_run[i] = m_new;
                 l_part[i] *= alpha[i];
             }
+            /* P^T [16 rows][32 keys] into buffer b once warpgroup 1 is done with tile t - 2 */
+            if (t >= 2) ar_wg::mbar_wait(p_empty_bar(b), (uint32_t)((t >> 1) - 1) & 1u);
+            unsigned char *const sp = smem + W16_OFF_P + b * W16_QATOM;
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int i = 2 * nt + (e & 1);
+                    const int i = 2 * nt + (e & 1), row = qrow[i], kt = 16 * wq + g + 8 * (e >> 1);
                     const float p = exp2f(acc[nt][e] - m_use[i]);
-                    acc[nt][e] = p;
                     l_part[i] += p;
-                }
-            /* P^T [16 rows][64 keys] into buffer s once warpgroup 1 is done with tile t - 2 */
-            if (t >= 2) ar_wg::mbar_wait(p_empty_bar(s), (uint32_t)((t >> 1) - 1) & 1u);
-            unsigned char *const sp = smem + W16_OFF_P + s * W16_QATOM;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int row = qrow[2 * nt + (e & 1)], key = 16 * wq + g + 8 * (e >> 1);
-                    *reinterpret_cast<uint16_t *>(sp + row * 128 + ((((key >> 3) ^ (row & 7))) << 4) + (key & 7) * 2) =
-                        to_bits(BF16, acc[nt][e]);
+                    if (wq < 2)
+                        *reinterpret_cast<uint16_t *>(sp + row * 128 + (((kt >> 3) ^ (row & 7)) << 4) + (kt & 7) * 2) =
+                            to_bits(BF16, p);
                 }
             if (wq == 0 && g == 0)
 #pragma unroll
-                for (int i = 0; i < 4; i++) s_alpha[s * 16 + qrow[i]] = alpha[i];
+                for (int i = 0; i < 4; i++) s_alpha[b * 16 + qrow[i]] = alpha[i];
             ar_wg::fence_proxy_async();   /* P^T stores -> wgmma's reads */
-            ar_wg::mbar_arrive(p_full_bar(s));
+            ar_wg::mbar_arrive(p_full_bar(b));
         }
-        /* the row sums: the 8 lanes of a column, then the 4 warps */
+        /* the row sums: the 8 lanes of a column, then the warps */
         float *const s_lsum = red + W16_RED_LSUM, *const s_fin = red + W16_RED_FIN;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -332,11 +322,11 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
             for (int e = 0; e < 4; e++) o[mt][nt][e] = 0.f;
     const float *const s_alpha = red + W16_RED_ALPHA;
     for (int t = 0; t < ntiles; t++) {
-        const int s = t & 1;
-        ar_wg::mbar_wait(p_full_bar(s), (uint32_t)(t >> 1) & 1u);
+        const int b = t & 1;
+        ar_wg::mbar_wait(p_full_bar(b), (uint32_t)(t >> 1) & 1u);
         float al[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) al[i] = s_alpha[s * 16 + qrow[i]];
+        for (int i = 0; i < 4; i++) al[i] = s_alpha[b * 16 + qrow[i]];
         if (a.fault != AR_FAULT_NO_RESCALE &&
             __any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f || al[2] != 1.f || al[3] != 1.f)) {
 #pragma unroll
@@ -349,41 +339,25 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
 #pragma unroll
         for (int mt = 0; mt < 8; mt++) wg_fence_acc(o[mt]);
         ar_wg::fence();
-        const uint32_t sk_addr = sk_addr0 + (uint32_t)(s * WG_TILE);
-        const uint64_t desc_p = ar_wg::desc_sw128(sp_addr0 + (uint32_t)(s * W16_QATOM), 16, 1024);
-        /* two groups: dims 0-255 (atoms 0-3), then 256-511 (atoms 4-7); each part of the slot is
-         * refilled with tile t + 2 as soon as its group has completed (atom 8, the rope dims, with
-         * the first: S^T of tile t completed before P^T(t) was published) */
+        const uint32_t sk_addr = slot_addr(t);
+        const uint64_t desc_p = ar_wg::desc_sw128(sp_addr0 + (uint32_t)(b * W16_QATOM), 16, 1024);
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
+        for (int kk = 0; kk < W16_KEYS / 16; kk++)
 #pragma unroll
-            for (int kk = 0; kk < WG_KEYS / 16; kk++)
-#pragma unroll
-                for (int m4 = 0; m4 < 4; m4++) {
-                    const int mt = 4 * half + m4;
-                    const uint64_t desc_v =
-                        ar_wg::desc_sw128(sk_addr + (uint32_t)(mt * WG_ATOM + kk * 2048), WG_ATOM, 1024);
-                    wgmma_m64n16<BF16, 1>(o[mt], desc_v, desc_p + (uint32_t)((kk * 32) >> 4), 1);
-                }
-            ar_wg::commit();
-        }
-        const bool refill = t + 2 < ntiles;
-        const int k2 = w.key_begin + (t + 2) * WG_KEYS;
-        ar_wg::wait<1>();
-        if (refill) {
-            w16_wg_sync(1);
-            if (tid == 128) {
-                w16_tma_atoms(a, &tmap, r, k2, w.key_end, sk_addr, landed_bar(s), 0, 4);
-                w16_tma_atoms(a, &tmap, r, k2, w.key_end, sk_addr, landed_bar(s), 8, 9);
+            for (int mt = 0; mt < 8; mt++) {
+                const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(mt * W16_KATOM + kk * 2048), W16_KATOM, 1024);
+                wgmma_m64n16<BF16, 1>(o[mt], desc_v, desc_p + (uint32_t)((kk * 32) >> 4), 1);
             }
-        }
+        ar_wg::commit();
         ar_wg::wait<0>();
 #pragma unroll
         for (int mt = 0; mt < 8; mt++) wg_fence_acc(o[mt]);
-        ar_wg::mbar_arrive(p_empty_bar(s));
-        if (refill) {
+        ar_wg::mbar_arrive(p_empty_bar(b));
+        if (t + W16_SLOTS < ntiles) {   /* the slot is free (S^T of tile t completed before P^T(t) was published) */
             w16_wg_sync(1);
-            if (tid == 128) w16_tma_atoms(a, &tmap, r, k2, w.key_end, sk_addr, landed_bar(s), 4, 8);
+            if (tid == 128)
+                w16_tma_tile(a, &tmap, r, w.key_begin + (t + W16_SLOTS) * W16_KEYS, w.key_end, sk_addr,
+                             landed_bar(t % W16_SLOTS));
         }
     }
     __syncthreads();   /* warpgroup 0's final maxima and sums */
