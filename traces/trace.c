@@ -70,6 +70,7 @@
 #include <zlib.h>
 
 #include "../reference/datagen.h"
+#include "step_arena.h"
 
 #define AR_MAX_HEADS 1024
 #define AR_MAX_HEAD_SIZE 1024
@@ -88,147 +89,6 @@ static void set_err(char *err, size_t err_len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err, err_len, fmt, ap);
     va_end(ap);
-}
-
-static uint64_t fnv1a(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
-static void *xrealloc_array(void *p, size_t n, size_t elem)
-{
-    if (n == 0) n = 1;
-    if (n > SIZE_MAX / elem) return NULL;
-    return realloc(p, n * elem);
-}
-
-/* ---- per-step arena: every allocation of one step, freed together ------------------------ */
-
-typedef struct arena_chunk {
-    struct arena_chunk *next;
-    size_t cap, used;
-    max_align_t data[];      /* the memory handed out; max_align_t keeps it aligned */
-} arena_chunk;
-
-typedef struct arena {
-    arena_chunk *head;
-} arena;
-
-static void arena_reset(arena *a)
-{
-    /* keep the first (largest) chunk, free the rest */
-    arena_chunk *c = a->head;
-    if (!c) return;
-    arena_chunk *rest = c->next;
-    while (rest) {
-        arena_chunk *n = rest->next;
-        free(rest);
-        rest = n;
-    }
-    c->next = NULL;
-    c->used = 0;
-}
-
-static void arena_free(arena *a)
-{
-    arena_chunk *c = a->head;
-    while (c) {
-        arena_chunk *n = c->next;
-        free(c);
-        c = n;
-    }
-    a->head = NULL;
-}
-
-static void *arena_alloc(arena *a, size_t n)
-{
-    n = (n + 15u) & ~(size_t)15u;
-    if (n == 0) n = 16;
-    arena_chunk *c = a->head;
-    if (!c || c->cap - c->used < n) {
-        size_t cap = c ? c->cap * 2 : 65536;
-        while (cap < n) cap *= 2;
-        arena_chunk *nc = malloc(offsetof(arena_chunk, data) + cap);
-        if (!nc) return NULL;
-        nc->cap = cap;
-        nc->used = 0;
-        nc->next = c;
-        a->head = nc;
-        c = nc;
-    }
-    void *p = (char *)c->data + c->used;
-    c->used += n;
-    return p;
-}
-
-static char *arena_strdup(arena *a, const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *p = arena_alloc(a, n);
-    if (p) memcpy(p, s, n);
-    return p;
-}
-
-/* ---- per-step string set / map (reset every step) ---------------------------------------- */
-
-typedef struct str_map {
-    const char **keys;   /* [cap] NULL = empty */
-    int *values;         /* [cap] */
-    size_t cap;          /* power of two */
-} str_map;
-
-static int str_map_reset(str_map *m, size_t n)
-{
-    size_t want = 16;
-    while (want < 2 * n + 2) want *= 2;
-    if (want > m->cap) {
-        const char **k = xrealloc_array(m->keys, want, sizeof *k);
-        if (!k) return -1;
-        m->keys = k;
-        int *v = xrealloc_array(m->values, want, sizeof *v);
-        if (!v) return -1;
-        m->values = v;
-        m->cap = want;
-    }
-    memset(m->keys, 0, m->cap * sizeof *m->keys);
-    return 0;
-}
-
-/* Inserts key; returns 1 when it was new, 0 when present already (value untouched). */
-static int str_map_put(str_map *m, const char *key, int value)
-{
-    size_t mask = m->cap - 1, i = (size_t)fnv1a(key) & mask;
-    while (m->keys[i]) {
-        if (strcmp(m->keys[i], key) == 0) return 0;
-        i = (i + 1) & mask;
-    }
-    m->keys[i] = key;
-    m->values[i] = value;
-    return 1;
-}
-
-/* Returns the value, or -1 when absent. */
-static int str_map_get(const str_map *m, const char *key)
-{
-    if (m->cap == 0) return -1;
-    size_t mask = m->cap - 1, i = (size_t)fnv1a(key) & mask;
-    while (m->keys[i]) {
-        if (strcmp(m->keys[i], key) == 0) return m->values[i];
-        i = (i + 1) & mask;
-    }
-    return -1;
-}
-
-static void str_map_free(str_map *m)
-{
-    free(m->keys);
-    free(m->values);
-    memset(m, 0, sizeof *m);
 }
 
 /* ---- the live-request table --------------------------------------------------------------- */
@@ -257,7 +117,7 @@ typedef struct live_table {
 
 static size_t live_slot(const live_table *t, const char *id)
 {
-    size_t mask = t->cap - 1, i = (size_t)fnv1a(id) & mask;
+    size_t mask = t->cap - 1, i = (size_t)ar_fnv1a(id) & mask;
     while (t->slots[i] && strcmp(t->slots[i]->id, id) != 0) i = (i + 1) & mask;
     return i;
 }
@@ -300,7 +160,7 @@ static void live_unhash(live_table *t, live_entry *e)
     for (;;) {
         j = (j + 1) & mask;
         if (!t->slots[j]) break;
-        size_t home = (size_t)fnv1a(t->slots[j]->id) & mask;
+        size_t home = (size_t)ar_fnv1a(t->slots[j]->id) & mask;
         /* can slot j's entry move to i?  yes when home is cyclically outside (i, j] */
         bool in_range = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
         if (!in_range) {
@@ -316,7 +176,7 @@ static int order_push(live_table *t, live_entry *e)
 {
     if (t->num_live == t->cap_order) {
         int ncap = t->cap_order ? t->cap_order * 2 : 64;
-        live_entry **no = xrealloc_array(t->order, (size_t)ncap, sizeof *no);
+        live_entry **no = ar_xrealloc_array(t->order, (size_t)ncap, sizeof *no);
         if (!no) return -1;
         t->order = no;
         t->cap_order = ncap;
@@ -377,8 +237,8 @@ struct ar_trace_reader {
     int64_t prev_step;
     double prev_time;
     ar_step step;            /* the step returned last; its arrays live in the arena */
-    arena mem;
-    str_map union_ids, sched_ids, finished_ids, preempted_ids;
+    ar_arena mem;
+    ar_str_map union_ids, sched_ids, finished_ids, preempted_ids;
     live_entry **cached_entries;   /* [num_cached] looked up during validation */
     int cap_cached_entries;
     uint32_t *block_stamp;   /* [num_blocks] duplicate-block detection */
@@ -704,11 +564,11 @@ void ar_trace_close(ar_trace_reader *r)
     if (r->gz) gzclose_r(r->gz);
     free(r->path);
     free(r->buf);
-    arena_free(&r->mem);
-    str_map_free(&r->union_ids);
-    str_map_free(&r->sched_ids);
-    str_map_free(&r->finished_ids);
-    str_map_free(&r->preempted_ids);
+    ar_arena_free(&r->mem);
+    ar_str_map_free(&r->union_ids);
+    ar_str_map_free(&r->sched_ids);
+    ar_str_map_free(&r->finished_ids);
+    ar_str_map_free(&r->preempted_ids);
     free(r->cached_entries);
     free(r->block_stamp);
     free(r->block_ref);
@@ -729,13 +589,13 @@ static int parse_id_list(ar_trace_reader *r, json_t *arr, const char *what, char
 {
     size_t n = arr ? json_array_size(arr) : 0;
     *count = (int)n;
-    *out = arena_alloc(&r->mem, (n ? n : 1) * sizeof **out);
+    *out = ar_arena_alloc(&r->mem, (n ? n : 1) * sizeof **out);
     if (!*out) return fail(r, err, err_len, "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(arr, i);
         if (!json_is_string(v))
             return fail(r, err, err_len, "wrong-typed field '%s[%zu]': expected a request id string", what, i);
-        (*out)[i] = arena_strdup(&r->mem, json_string_value(v));
+        (*out)[i] = ar_arena_strdup(&r->mem, json_string_value(v));
         if (!(*out)[i]) return fail(r, err, err_len, "out of memory");
     }
     return 0;
@@ -748,7 +608,7 @@ static int parse_block_ids(ar_trace_reader *r, json_t *arr, const char *where, i
     if (n > (size_t)AR_MAX_NUM_BLOCKS)
         return fail(r, err, err_len, "%s holds more blocks (%zu) than any cache", where, n);
     *count = (int)n;
-    *out = arena_alloc(&r->mem, (n ? n : 1) * sizeof **out);
+    *out = ar_arena_alloc(&r->mem, (n ? n : 1) * sizeof **out);
     if (!*out) return fail(r, err, err_len, "out of memory");
     int num_blocks = r->header.cache.num_blocks;
     for (size_t i = 0; i < n; i++) {
@@ -799,7 +659,7 @@ static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *
     if (computed < 0 || computed >= prompt_len)
         return fail(r, err, err_len, "num_computed_tokens %lld of new request '%s' must be in [0, prompt_len %lld)",
                     computed, id, prompt_len);
-    nr->req = arena_strdup(&r->mem, id);
+    nr->req = ar_arena_strdup(&r->mem, id);
     if (!nr->req) return fail(r, err, err_len, "out of memory");
     nr->prompt_len = (int)prompt_len;
     nr->num_computed_tokens = (int)computed;
@@ -812,7 +672,7 @@ static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *
     int bs = r->header.cache.block_size;
     int nkeys = (int)(prompt_len / bs);
     nr->num_block_keys = nkeys;
-    nr->block_keys = arena_alloc(&r->mem, (size_t)(nkeys ? nkeys : 1) * sizeof *nr->block_keys);
+    nr->block_keys = ar_arena_alloc(&r->mem, (size_t)(nkeys ? nkeys : 1) * sizeof *nr->block_keys);
     if (!nr->block_keys) return fail(r, err, err_len, "out of memory");
     json_t *keys = json_object_get(o, "block_keys");
     json_t *toks = json_object_get(o, "prompt_token_ids");
@@ -834,7 +694,7 @@ static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *
         if (json_array_size(toks) != (size_t)prompt_len)
             return fail(r, err, err_len, "prompt_token_ids of new request '%s' has %zu entries, must equal prompt_len %lld",
                         id, json_array_size(toks), prompt_len);
-        int32_t *t = arena_alloc(&r->mem, (size_t)prompt_len * sizeof *t);
+        int32_t *t = ar_arena_alloc(&r->mem, (size_t)prompt_len * sizeof *t);
         if (!t) return fail(r, err, err_len, "out of memory");
         for (long long i = 0; i < prompt_len; i++) {
             json_t *v = json_array_get(toks, (size_t)i);
@@ -873,14 +733,14 @@ static int parse_cached_req(ar_trace_reader *r, json_t *o, size_t idx, ar_cached
         return fail(r, err, err_len, "num_computed_tokens %lld of cached request '%s' must be in [0, %d]", computed, id,
                     AR_MAX_TOKENS_PER_REQ);
     if (need_bool(r, o, where, "resumed", false, false, &cr->resumed, err, err_len)) return -1;
-    cr->req = arena_strdup(&r->mem, id);
+    cr->req = ar_arena_strdup(&r->mem, id);
     if (!cr->req) return fail(r, err, err_len, "out of memory");
     cr->num_computed_tokens = (int)computed;
     json_t *blocks = json_object_get(o, "new_block_ids");
     char bwhere[96];
     snprintf(bwhere, sizeof bwhere, "%snew_block_ids", where);
     if (!blocks || json_is_null(blocks)) {
-        cr->new_block_ids = arena_alloc(&r->mem, sizeof *cr->new_block_ids);
+        cr->new_block_ids = ar_arena_alloc(&r->mem, sizeof *cr->new_block_ids);
         cr->num_new_block_ids = 0;
         if (!cr->new_block_ids) return fail(r, err, err_len, "out of memory");
         return 0;
@@ -922,9 +782,9 @@ static int parse_step(ar_trace_reader *r, json_t *root, ar_step *s, char *err, s
     s->num_new = (int)nnew;
     s->num_cached = (int)ncached;
     s->num_scheduled = (int)nsched;
-    s->new_reqs = arena_alloc(&r->mem, (nnew ? nnew : 1) * sizeof *s->new_reqs);
-    s->cached = arena_alloc(&r->mem, (ncached ? ncached : 1) * sizeof *s->cached);
-    s->scheduled = arena_alloc(&r->mem, (nsched ? nsched : 1) * sizeof *s->scheduled);
+    s->new_reqs = ar_arena_alloc(&r->mem, (nnew ? nnew : 1) * sizeof *s->new_reqs);
+    s->cached = ar_arena_alloc(&r->mem, (ncached ? ncached : 1) * sizeof *s->cached);
+    s->scheduled = ar_arena_alloc(&r->mem, (nsched ? nsched : 1) * sizeof *s->scheduled);
     if (!s->new_reqs || !s->cached || !s->scheduled) return fail(r, err, err_len, "out of memory");
     for (size_t i = 0; i < nnew; i++)
         if (parse_new_req(r, json_array_get(jnew, i), i, &s->new_reqs[i], err, err_len)) return -1;
@@ -939,7 +799,7 @@ static int parse_step(ar_trace_reader *r, json_t *root, ar_step *s, char *err, s
         json_int_t n = json_integer_value(val);
         if (n < 1 || n > AR_MAX_TOKENS_PER_REQ)
             return fail(r, err, err_len, "num_scheduled_tokens of '%s' is %lld, must be >= 1", key, (long long)n);
-        s->scheduled[k].req = arena_strdup(&r->mem, key);
+        s->scheduled[k].req = ar_arena_strdup(&r->mem, key);
         if (!s->scheduled[k].req) return fail(r, err, err_len, "out of memory");
         s->scheduled[k].num_tokens = (int)n;
         k++;
@@ -985,7 +845,7 @@ static int owner_set(ar_trace_reader *r, int block, int32_t ref, uint64_t key)
 {
     if (r->num_undo == r->cap_undo) {
         size_t ncap = r->cap_undo ? r->cap_undo * 2 : 256;
-        owner_undo *nu = xrealloc_array(r->undo, ncap, sizeof *nu);
+        owner_undo *nu = ar_xrealloc_array(r->undo, ncap, sizeof *nu);
         if (!nu) return -1;
         r->undo = nu;
         r->cap_undo = ncap;
@@ -1006,7 +866,7 @@ static int owner_reserve(ar_trace_reader *r, int max_id)
     size_t old = (size_t)r->owner_cap, add = (size_t)ncap - old;
 #define AR_GROW(field)                                                                       \
     do {                                                                                     \
-        void *grown = xrealloc_array(r->field, (size_t)ncap, sizeof *r->field);              \
+        void *grown = ar_xrealloc_array(r->field, (size_t)ncap, sizeof *r->field);              \
         if (!grown) return -1;                                                               \
         r->field = grown;                                                                    \
         memset(r->field + old, 0, add * sizeof *r->field);                                   \
@@ -1045,8 +905,8 @@ static const char *holder_of(const ar_trace_reader *r, int block, const char *ex
 {
     for (int i = 0; i < r->live.num_live; i++) {
         const live_entry *e = r->live.order[i];
-        if (strcmp(e->id, except) == 0 || str_map_get(&r->finished_ids, e->id) >= 0 ||
-            str_map_get(&r->preempted_ids, e->id) >= 0)
+        if (strcmp(e->id, except) == 0 || ar_str_map_get(&r->finished_ids, e->id) >= 0 ||
+            ar_str_map_get(&r->preempted_ids, e->id) >= 0)
             continue;
         for (int k = 0; k < e->num_blocks; k++)
             if (e->blocks[k] == block) return e->id;
@@ -1061,7 +921,7 @@ static int owner_claim(ar_trace_reader *r, const char *req, int block, uint64_t 
     if (r->claim_round[block] != r->round) {
         if (r->num_claims == r->cap_claims) {
             int ncap = r->cap_claims ? r->cap_claims * 2 : 256;
-            block_claim *nc = xrealloc_array(r->claims, (size_t)ncap, sizeof *nc);
+            block_claim *nc = ar_xrealloc_array(r->claims, (size_t)ncap, sizeof *nc);
             if (!nc) return fail(r, err, err_len, "out of memory");
             r->claims = nc;
             r->cap_claims = ncap;
@@ -1198,40 +1058,40 @@ static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t
         return fail(r, err, err_len, "time must not decrease: %.17g after %.17g", s->time, r->prev_time);
 
     /* duplicates and the set of new + cached ids */
-    if (str_map_reset(&r->union_ids, (size_t)(s->num_new + s->num_cached)) ||
-        str_map_reset(&r->sched_ids, (size_t)s->num_scheduled) ||
-        str_map_reset(&r->finished_ids, (size_t)s->num_finished) ||
-        str_map_reset(&r->preempted_ids, (size_t)s->num_preempted))
+    if (ar_str_map_reset(&r->union_ids, (size_t)(s->num_new + s->num_cached)) ||
+        ar_str_map_reset(&r->sched_ids, (size_t)s->num_scheduled) ||
+        ar_str_map_reset(&r->finished_ids, (size_t)s->num_finished) ||
+        ar_str_map_reset(&r->preempted_ids, (size_t)s->num_preempted))
         return fail(r, err, err_len, "out of memory");
     for (int i = 0; i < s->num_new; i++)
-        if (!str_map_put(&r->union_ids, s->new_reqs[i].req, i))
+        if (!ar_str_map_put(&r->union_ids, s->new_reqs[i].req, i))
             return fail(r, err, err_len, "duplicate request id '%s' in new", s->new_reqs[i].req);
     for (int i = 0; i < s->num_cached; i++)
-        if (!str_map_put(&r->union_ids, s->cached[i].req, s->num_new + i))
+        if (!ar_str_map_put(&r->union_ids, s->cached[i].req, s->num_new + i))
             return fail(r, err, err_len, "duplicate request id '%s' in new/cached", s->cached[i].req);
     for (int i = 0; i < s->num_scheduled; i++)
-        if (!str_map_put(&r->sched_ids, s->scheduled[i].req, s->scheduled[i].num_tokens))
+        if (!ar_str_map_put(&r->sched_ids, s->scheduled[i].req, s->scheduled[i].num_tokens))
             return fail(r, err, err_len, "duplicate request id '%s' in num_scheduled_tokens", s->scheduled[i].req);
     for (int i = 0; i < s->num_finished; i++)
-        if (!str_map_put(&r->finished_ids, s->finished[i], i))
+        if (!ar_str_map_put(&r->finished_ids, s->finished[i], i))
             return fail(r, err, err_len, "duplicate request id '%s' in finished", s->finished[i]);
     for (int i = 0; i < s->num_preempted; i++)
-        if (!str_map_put(&r->preempted_ids, s->preempted[i], i))
+        if (!ar_str_map_put(&r->preempted_ids, s->preempted[i], i))
             return fail(r, err, err_len, "duplicate request id '%s' in preempted", s->preempted[i]);
 
     /* num_scheduled_tokens keys == new U cached */
     int64_t total = 0;
     for (int i = 0; i < s->num_scheduled; i++) {
-        if (str_map_get(&r->union_ids, s->scheduled[i].req) < 0)
+        if (ar_str_map_get(&r->union_ids, s->scheduled[i].req) < 0)
             return fail(r, err, err_len, "num_scheduled_tokens lists '%s', which is in neither new nor cached",
                         s->scheduled[i].req);
         total += s->scheduled[i].num_tokens;
     }
     for (int i = 0; i < s->num_new; i++)
-        if (str_map_get(&r->sched_ids, s->new_reqs[i].req) < 0)
+        if (ar_str_map_get(&r->sched_ids, s->new_reqs[i].req) < 0)
             return fail(r, err, err_len, "new request '%s' is missing from num_scheduled_tokens", s->new_reqs[i].req);
     for (int i = 0; i < s->num_cached; i++)
-        if (str_map_get(&r->sched_ids, s->cached[i].req) < 0)
+        if (ar_str_map_get(&r->sched_ids, s->cached[i].req) < 0)
             return fail(r, err, err_len, "cached request '%s' is missing from num_scheduled_tokens", s->cached[i].req);
     if (total > h->sched.max_num_batched_tokens)
         return fail(r, err, err_len, "sum of num_scheduled_tokens %" PRId64 " exceeds max_num_batched_tokens %d", total,
@@ -1244,7 +1104,7 @@ static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t
         const char *id = s->finished[i];
         if (!live_get(&r->live, id))
             return fail(r, err, err_len, "finished request '%s' is not live", id);
-        if (str_map_get(&r->sched_ids, id) >= 0)
+        if (ar_str_map_get(&r->sched_ids, id) >= 0)
             return fail(r, err, err_len, "finished request '%s' is also scheduled in this step", id);
     }
 
@@ -1254,13 +1114,13 @@ static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t
     for (int i = 0; i < s->num_new; i++) {
         const ar_new_req *nr = &s->new_reqs[i];
         live_entry *e = live_get(&r->live, nr->req);
-        if (e && str_map_get(&r->finished_ids, nr->req) < 0) {
+        if (e && ar_str_map_get(&r->finished_ids, nr->req) < 0) {
             if (e->preempted)
                 return fail(r, err, err_len, "new request '%s' was preempted; it must come back as cached with \"resumed\": true",
                             nr->req);
             return fail(r, err, err_len, "new request id '%s' is already live", nr->req);
         }
-        int n = str_map_get(&r->sched_ids, nr->req);
+        int n = ar_str_map_get(&r->sched_ids, nr->req);
         if (nr->num_computed_tokens % bs != 0)
             return fail(r, err, err_len, "num_computed_tokens %d of new request '%s' must be a multiple of block_size %d (prefix hits are whole blocks)",
                         nr->num_computed_tokens, nr->req, bs);
@@ -1278,7 +1138,7 @@ static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t
 
     /* cached requests */
     if (s->num_cached > r->cap_cached_entries) {
-        live_entry **ne = xrealloc_array(r->cached_entries, (size_t)s->num_cached, sizeof *ne);
+        live_entry **ne = ar_xrealloc_array(r->cached_entries, (size_t)s->num_cached, sizeof *ne);
         if (!ne) return fail(r, err, err_len, "out of memory");
         r->cached_entries = ne;
         r->cap_cached_entries = s->num_cached;
@@ -1286,13 +1146,13 @@ static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t
     for (int i = 0; i < s->num_cached; i++) {
         const ar_cached_req *cr = &s->cached[i];
         live_entry *e = live_get(&r->live, cr->req);
-        if (!e || str_map_get(&r->finished_ids, cr->req) >= 0)
+        if (!e || ar_str_map_get(&r->finished_ids, cr->req) >= 0)
             return fail(r, err, err_len, "cached request '%s' is not live", cr->req);
         if (cr->resumed && !e->preempted)
             return fail(r, err, err_len, "cached request '%s' has \"resumed\": true but was not preempted", cr->req);
         if (!cr->resumed && e->preempted)
             return fail(r, err, err_len, "cached request '%s' was preempted and must have \"resumed\": true", cr->req);
-        int n = str_map_get(&r->sched_ids, cr->req);
+        int n = ar_str_map_get(&r->sched_ids, cr->req);
         if (!cr->resumed && cr->num_computed_tokens != e->expected_computed)
             return fail(r, err, err_len, "num_computed_tokens of cached request '%s' is %d, expected %" PRId64
                         " (previous num_computed_tokens + scheduled tokens)", cr->req, cr->num_computed_tokens,
@@ -1315,9 +1175,9 @@ static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t
     for (int i = 0; i < s->num_preempted; i++) {
         const char *id = s->preempted[i];
         live_entry *e = live_get(&r->live, id);
-        if (!e || e->preempted || str_map_get(&r->finished_ids, id) >= 0)
+        if (!e || e->preempted || ar_str_map_get(&r->finished_ids, id) >= 0)
             return fail(r, err, err_len, "preempted request '%s' is not live", id);
-        if (str_map_get(&r->sched_ids, id) >= 0)
+        if (ar_str_map_get(&r->sched_ids, id) >= 0)
             return fail(r, err, err_len, "preempted request '%s' is also scheduled in this step", id);
     }
 
@@ -1327,7 +1187,7 @@ static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t
         if (min_held < 0) {
             for (int i = 0; i < r->live.num_live; i++) {
                 live_entry *e = r->live.order[i];
-                if (str_map_get(&r->finished_ids, e->id) >= 0) continue;
+                if (ar_str_map_get(&r->finished_ids, e->id) >= 0) continue;
                 if (min_held < 0 || e->num_blocks < min_held) min_held = e->num_blocks;
             }
         }
@@ -1347,7 +1207,7 @@ static int set_blocks(live_entry *e, const int *old, int n_old, const int *add, 
     if (n > e->cap_blocks) {
         int ncap = e->cap_blocks ? e->cap_blocks : 8;
         while (ncap < n) ncap *= 2;
-        int *nb = xrealloc_array(e->blocks, (size_t)ncap, sizeof *nb);
+        int *nb = ar_xrealloc_array(e->blocks, (size_t)ncap, sizeof *nb);
         if (!nb) return -1;
         e->blocks = nb;
         e->cap_blocks = ncap;
@@ -1370,7 +1230,7 @@ static void drop_entry(ar_trace_reader *r, live_entry *e)
 static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t err_len)
 {
     /* reserve: entries for new requests, block capacity for cached ones, table room */
-    live_entry **fresh = arena_alloc(&r->mem, (size_t)(s->num_new ? s->num_new : 1) * sizeof *fresh);
+    live_entry **fresh = ar_arena_alloc(&r->mem, (size_t)(s->num_new ? s->num_new : 1) * sizeof *fresh);
     if (!fresh) return fail(r, err, err_len, "out of memory");
     int made = 0;
     for (int i = 0; i < s->num_new; i++) {
@@ -1386,7 +1246,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         e->num_keys = nr->num_block_keys;
         e->prompt_len = nr->prompt_len;
         e->num_computed = nr->num_computed_tokens;
-        e->expected_computed = (int64_t)nr->num_computed_tokens + str_map_get(&r->sched_ids, nr->req);
+        e->expected_computed = (int64_t)nr->num_computed_tokens + ar_str_map_get(&r->sched_ids, nr->req);
         e->last_key = chain_last_key(e, 0, AR_ROOT_KEY);
         e->order = -1;
     }
@@ -1396,7 +1256,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         if (n > e->cap_blocks) {
             int ncap = e->cap_blocks ? e->cap_blocks : 8;
             while (ncap < n) ncap *= 2;
-            int *nb = xrealloc_array(e->blocks, (size_t)ncap, sizeof *nb);
+            int *nb = ar_xrealloc_array(e->blocks, (size_t)ncap, sizeof *nb);
             if (!nb) goto oom;
             e->blocks = nb;
             e->cap_blocks = ncap;
@@ -1409,7 +1269,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         if (need_order > r->live.cap_order) {
             int ncap = r->live.cap_order ? r->live.cap_order : 64;
             while (ncap < need_order) ncap *= 2;
-            live_entry **no = xrealloc_array(r->live.order, (size_t)ncap, sizeof *no);
+            live_entry **no = ar_xrealloc_array(r->live.order, (size_t)ncap, sizeof *no);
             if (!no) goto oom;
             r->live.order = no;
             r->live.cap_order = ncap;
@@ -1438,7 +1298,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
             e->last_key = chain_last_key(e, first, e->last_key);
         }
         e->num_computed = cr->num_computed_tokens;
-        e->expected_computed = (int64_t)cr->num_computed_tokens + str_map_get(&r->sched_ids, cr->req);
+        e->expected_computed = (int64_t)cr->num_computed_tokens + ar_str_map_get(&r->sched_ids, cr->req);
         entry_refresh(e);
     }
     for (int i = 0; i < s->num_preempted; i++) {
@@ -1467,7 +1327,7 @@ int ar_trace_next(ar_trace_reader *r, const ar_step **step, char *err, size_t er
     if (rc <= 0) return rc;
     json_t *root = parse_line(r, len, err, err_len);
     if (!root) return -1;
-    arena_reset(&r->mem);
+    ar_arena_reset(&r->mem);
     ar_step s;
     rc = parse_step(r, root, &s, err, err_len);
     json_decref(root);
