@@ -6,10 +6,10 @@
  * 2 x h_q x s_q x keys x (576 + 512)) and h_q = 16 (effective TB/s, FlashMLA's byte count
  * (keys x 576 + b x s_q x h_q x (576 + 512)) x 2 bytes).  Targets: >= 450 TFLOP/s at h_q = 128,
  * >= 3.6 TB/s at h_q = 16.  Rows per h_q: AUTO (the decision function's kernel: on a compute-
- * capability 9.0 device the wgmma kernel) at the four lengths; an fp8 latent cache and the
- * 2-stage key ring (an A100's) at 16k; and the mma.sync fallback forced at the four lengths (the
- * 64-row kernel at h_q = 128, the narrow kernel at h_q = 16); and at h_q = 8 the narrow kernel AUTO
- * runs under 16 rows a request (on Hopper with a 16-bit cache: attn_narrow_bulk_kernel).  Times are CUDA events around the
+ * capability 9.0 device the 64-row wgmma kernel at h_q = 128, the transposed one at 16 and 8) at
+ * the four lengths; an fp8 latent cache and the 2-stage key ring (an A100's) at 16k; and the
+ * mma.sync fallback forced at the four lengths (the 64-row kernel at h_q = 128, the narrow kernel
+ * at h_q = 16); and at h_q = 8 AUTO at the four lengths (elsewhere a narrow kernel).  Times are CUDA events around the
  * attention and combine launches, median of 20 after a warm-up; inputs are generated on the
  * device.  Without a GPU it prints why and exits 0.  Kernel variants that are not in the
  * product are measured by kernels/lab/ (`make lab`).  `bench_mla --only H_Q S_K [SPLITS]` runs the
@@ -111,11 +111,11 @@ int main(int argc, char **argv)
     double best_tflops = 0, best_tbps = 0;
     for (size_t ih = 0; ih < 3; ih++)
         for (size_t ik = 0; ik < (ih < 2 ? 10u : 4u); ik++) {
-            /* rows: 4 lengths (AUTO: on an sm_90 device the wgmma kernel at h_q 16 and 128; else the
-             * narrow kernel at 16, split-QK at 128); fp8 cache at 16k (AUTO: split-QK at 128, the
-             * narrow kernel at 16); the 2-stage ring at 16k (what an A100 runs); the mma.sync
-             * fallback forced x 4 (split-QK at 128, the narrow kernel at 16); at h_q 8 (under 16
-             * rows a request) AUTO's narrow kernel, on Hopper the bulk-copy one, x 4 */
+            /* rows: 4 lengths (AUTO: on an sm_90 device the wgmma kernels, transposed at h_q 16;
+             * else the narrow kernel at 16, split-QK at 128); fp8 cache at 16k (AUTO: split-QK at
+             * 128, the narrow kernel at 16); the 2-stage ring at 16k (what an A100 runs); the
+             * mma.sync fallback forced x 4 (split-QK at 128, the narrow kernel at 16); at h_q 8
+             * (under 16 rows a request) AUTO x 4 (on Hopper the transposed wgmma kernel) */
             bool fp8_row = ik == 4, ring2_row = ik == 5, fallback_row = ik >= 6;
             int sk = ik < 4 ? sks[ik] : ik < 6 ? 16384 : sks[ik - 6];
             if (only_h && (hqs[ih] != only_h || sk != only_sk || ik >= 4)) continue;
