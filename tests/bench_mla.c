@@ -12,9 +12,10 @@
  * at h_q = 16); and at h_q = 8 AUTO at the four lengths (elsewhere a narrow kernel).  Times are CUDA events around the
  * attention and combine launches, median of 20 after a warm-up; inputs are generated on the
  * device.  Without a GPU it prints why and exits 0.  Kernel variants that are not in the
- * product are measured by kernels/lab/ (`make lab`).  `bench_mla --only H_Q S_K [SPLITS]` runs the
- * AUTO row of that one shape (SPLITS: pieces a row tile, forced) and no torch peer (for a
- * profiler: one kernel, warm-up + 20 launches). */
+ * product are measured by kernels/lab/ (`make lab`).  `bench_mla --only H_Q S_K [SPLITS [KERNEL]]`
+ * runs that one shape at any h_q (SPLITS: pieces a row tile, forced; KERNEL: auto or tc-wgmma,
+ * the 64-row kernel forced) and no torch peer (for a profiler: one kernel, warm-up + 20
+ * launches). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,17 +69,23 @@ static const peer_row *find_peer(const peer_row *rows, int n, int h, int sk)
 int main(int argc, char **argv)
 {
     const int B = 128, SQ = 1;
-    int only_h = 0, only_sk = 0, only_splits = 0;   /* --only H_Q S_K [SPLITS]: that AUTO row alone */
-    if ((argc == 4 || argc == 5) && strcmp(argv[1], "--only") == 0) {
+    /* --only H_Q S_K [SPLITS [KERNEL]]: that one row alone (any h_q; KERNEL auto or tc-wgmma) */
+    int only_h = 0, only_sk = 0, only_splits = 0;
+    ar_cuda_mla_kernel only_kernel = AR_MLA_KERNEL_AUTO;
+    if (argc >= 4 && argc <= 6 && strcmp(argv[1], "--only") == 0) {
         only_h = atoi(argv[2]);
         only_sk = atoi(argv[3]);
-        if (argc == 5) only_splits = atoi(argv[4]);
+        if (argc >= 5) only_splits = atoi(argv[4]);
+        if (argc == 6 && strcmp(argv[5], "tc-wgmma") == 0) only_kernel = AR_MLA_KERNEL_TC_WGMMA;
+        else if (argc == 6 && strcmp(argv[5], "auto") != 0) only_h = 0;
     }
     if (argc != 1 && (only_h <= 0 || only_sk <= 0 || only_splits < 0)) {
-        fprintf(stderr, "usage: bench_mla [--only H_Q S_K [SPLITS]]\n");
+        fprintf(stderr, "usage: bench_mla [--only H_Q S_K [SPLITS [auto|tc-wgmma]]]\n");
         return 2;
     }
-    static const int hqs[] = {128, 16, 8}, sks[] = {4096, 8192, 16384, 32768};
+    static const int sks[] = {4096, 8192, 16384, 32768};
+    int hqs[] = {128, 16, 8};
+    if (only_h) hqs[0] = hqs[1] = hqs[2] = only_h;   /* --only: the one h_q (run once: ih 0) */
     int *seqlens = malloc(sizeof(int) * B);
     if (!seqlens) return 1;
     ar_cuda_mla_case c = ar_cuda_mla_bench_case(B, 128, seqlens);
@@ -118,7 +125,7 @@ int main(int argc, char **argv)
              * (under 16 rows a request) AUTO x 4 (on Hopper the transposed wgmma kernel) */
             bool fp8_row = ik == 4, ring2_row = ik == 5, fallback_row = ik >= 6;
             int sk = ik < 4 ? sks[ik] : ik < 6 ? 16384 : sks[ik - 6];
-            if (only_h && (hqs[ih] != only_h || sk != only_sk || ik >= 4)) continue;
+            if (only_h && (ih > 0 || sk != only_sk || ik >= 4)) continue;
             for (int b = 0; b < B; b++) seqlens[b] = sk;
             c.h_q = hqs[ih];
             c.kv_dtype = fp8_row ? AR_FP8_E4M3 : AR_BF16;
@@ -127,6 +134,7 @@ int main(int argc, char **argv)
             c.kernel = !(fallback_row || ring2_row) ? AR_MLA_KERNEL_AUTO
                        : c.h_q >= 64                ? AR_MLA_KERNEL_TC_SPLIT_QK
                                                     : AR_MLA_KERNEL_TC_NARROW;
+            if (only_h) c.kernel = only_kernel;
             memset(&res, 0, sizeof res);
             if (ar_cuda_mla_run_case(&c, &res, err, sizeof err) != 0) {
                 printf("%-5d %-8d error: %s\n", c.h_q, sk, err);

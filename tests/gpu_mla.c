@@ -16,8 +16,9 @@
  *    and drops the 4096-key and 128-head extras and the trace replay (part 4).
  *    test_every_tc_instance runs each mma.sync kernel instance (dtype pair x narrow / 64-row x
  *    key-ring depth) once on a small case, in both modes.  test_narrow_bulk_kernel (forced) and
- *    test_wgmma16_kernel (AUTO: the transposed wgmma kernel, the default for at most 16 rows a
- *    request on Hopper) run the kernels for at most 16 rows on shapes that reach their edges.
+ *    test_wgmma16_kernel (AUTO: the transposed wgmma kernel, the default for at most 32 rows a
+ *    request on Hopper, 16 or 32 rows wide) run the kernels for at most 16 (32) rows on shapes
+ *    that reach their edges.
  *    test_wgmma_kernel_forced runs the Hopper 64-row wgmma kernel (AR_MLA_KERNEL_TC_WGMMA) on
  *    every grid case with fewer than 64 rows a request, plus splits,
  *    block sizes 16 / 32, fp16, partial row tiles and empty requests, once with its TMA key tiles
@@ -27,7 +28,7 @@
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the mma.sync kernels forced
  *    (AR_MLA_KERNEL_TC_SPLIT_QK, AR_MLA_KERNEL_TC_NARROW), the SIMT fallback kernel, fp16, fp8
  *    e4m3 latent cache.  The grid runs AUTO (on a compute-capability 9.0 device with a bf16/fp16
- *    cache the 64-row wgmma kernel when s_q * h_q > 16 and the transposed one below - the grid
+ *    cache the 64-row wgmma kernel when s_q * h_q > 32 and the transposed one below - the grid
  *    asserts which ran; elsewhere the narrow 16-row kernels when s_q * h_q <= 16, else
  *    split-QK).
  * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
@@ -480,20 +481,22 @@ static void test_flashmla_dense_grid(void **st)
                                 continue;
                             }
                             /* AUTO on an sm_90 device: the 64-row wgmma kernel for every case
-                             * with more than 16 rows (s_q * h_q), its transposed twin for the
-                             * others; neither elsewhere */
+                             * with more than 32 rows (s_q * h_q), its transposed twin for the
+                             * others (16 or 32 rows wide); none of them elsewhere */
                             const int rows = sqs[iq] * hqs[ih];
                             const bool is_wg = strcmp(last_kernel_name, "tc-wgmma") == 0;
                             const bool is_wg16 = strcmp(last_kernel_name, "tc-wgmma16") == 0;
+                            const bool is_wg32 = strcmp(last_kernel_name, "tc-wgmma32") == 0;
                             n_wgmma += is_wg;
-                            n_wgmma16 += is_wg16;
-                            if (is_wg != (wg && rows > 16) || is_wg16 != (wg && rows <= 16)) {
+                            n_wgmma16 += is_wg16 || is_wg32;
+                            if (is_wg != (wg && rows > 32) || is_wg16 != (wg && rows <= 16) ||
+                                is_wg32 != (wg && rows > 16 && rows <= 32)) {
                                 if (wrong_kernel++ < 5)
                                     print_message("b=%d s_q=%d s_k=%d h_q=%d: AUTO ran %s\n", bs_[ib], sqs[iq],
                                                   sks[ik], hqs[ih], last_kernel_name);
                             }
                         }
-    print_message("FlashMLA dense grid: %d cases (%d on the wgmma kernel, %d on wgmma16%s%s), %d failed, %d ran an "
+    print_message("FlashMLA dense grid: %d cases (%d on the wgmma kernel, %d on wgmma16/32%s%s), %d failed, %d ran an "
                   "unexpected kernel\n", runs, n_wgmma, n_wgmma16, wg ? "" : "; not here: ", wg ? "" : why, fails,
                   wrong_kernel);
     assert_int_equal(fails, 0);
@@ -596,26 +599,20 @@ static void test_every_tc_instance(void **st)
  * zero-length requests, fewer key tiles than ring slots, a last tile of one key, block sizes 16
  * and 32, fp16, forced splits 1, 3 and 5 - run with `kernel` forced (AUTO: the decision
  * function's); each case must pass and run `expect`.  Returns the cases that failed. */
-static int narrow_cases(ar_cuda_mla_kernel kernel, const char *expect)
+typedef struct row_case {
+    int b, s_q, s_k, h_q, varlen, causal, zeros, splits, block;
+    ar_dtype dt;
+} row_case;
+
+/* Runs cases[n] (in small mode the first two with s_k <= 140) with `kernel` forced; each must
+ * pass and run `expect`; one summary line named `what`.  Returns the cases that failed. */
+static int run_row_cases(const row_case *cases, size_t n, ar_cuda_mla_kernel kernel, const char *expect,
+                         const char *what)
 {
     int fails = 0, runs = 0, wrong_kernel = 0;
-    grid_opts go = default_opts();
-    struct {
-        int b, s_q, s_k, h_q, varlen, causal, zeros, splits, block;
-        ar_dtype dt;
-    } cases[] = {
-        {6, 1, 4096, 15, 1, 1, 0, 0, 64, AR_BF16}, {3, 2, 140, 6, 1, 1, 1, 0, 64, AR_BF16},
-        {5, 4, 333, 3, 1, 0, 0, 0, 64, AR_BF16},   {2, 1, 1000, 1, 0, 1, 0, 0, 64, AR_BF16},
-        {4, 1, 33, 12, 0, 1, 0, 0, 64, AR_BF16},   {3, 1, 5, 8, 0, 0, 0, 0, 64, AR_BF16},
-        {2, 1, 1000, 15, 0, 0, 0, 3, 64, AR_BF16}, {2, 1, 700, 15, 1, 1, 0, 1, 64, AR_BF16},
-        {4, 1, 500, 15, 1, 1, 0, 0, 16, AR_BF16},  {3, 1, 700, 15, 1, 1, 0, 0, 64, AR_FP16},
-        {64, 1, 2000, 8, 1, 1, 1, 0, 64, AR_BF16}, {8, 1, 2049, 16, 0, 1, 0, 0, 64, AR_BF16},
-        {5, 2, 1000, 8, 1, 1, 0, 5, 32, AR_BF16},  {3, 1, 65, 16, 0, 0, 0, 0, 16, AR_FP16},
-        {200, 1, 300, 16, 1, 1, 1, 0, 64, AR_BF16},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (size_t i = 0; i < n; i++) {
         if (small_mode() && (i > 1 || cases[i].s_k > 140)) continue;
-        go = default_opts();
+        grid_opts go = default_opts();
         go.kernel = kernel;
         go.num_splits = cases[i].splits;
         go.block_size = cases[i].block;
@@ -629,8 +626,23 @@ static int narrow_cases(ar_cuda_mla_kernel kernel, const char *expect)
         }
         fails += !ok;
     }
-    print_message("kernel for <= 16 rows (%s): %d cases, %d failed\n", expect, runs, fails);
+    print_message("kernel for %s (%s): %d cases, %d failed\n", what, expect, runs, fails);
     return fails;
+}
+
+static int narrow_cases(ar_cuda_mla_kernel kernel, const char *expect)
+{
+    static const row_case cases[] = {
+        {6, 1, 4096, 15, 1, 1, 0, 0, 64, AR_BF16}, {3, 2, 140, 6, 1, 1, 1, 0, 64, AR_BF16},
+        {5, 4, 333, 3, 1, 0, 0, 0, 64, AR_BF16},   {2, 1, 1000, 1, 0, 1, 0, 0, 64, AR_BF16},
+        {4, 1, 33, 12, 0, 1, 0, 0, 64, AR_BF16},   {3, 1, 5, 8, 0, 0, 0, 0, 64, AR_BF16},
+        {2, 1, 1000, 15, 0, 0, 0, 3, 64, AR_BF16}, {2, 1, 700, 15, 1, 1, 0, 1, 64, AR_BF16},
+        {4, 1, 500, 15, 1, 1, 0, 0, 16, AR_BF16},  {3, 1, 700, 15, 1, 1, 0, 0, 64, AR_FP16},
+        {64, 1, 2000, 8, 1, 1, 1, 0, 64, AR_BF16}, {8, 1, 2049, 16, 0, 1, 0, 0, 64, AR_BF16},
+        {5, 2, 1000, 8, 1, 1, 0, 5, 32, AR_BF16},  {3, 1, 65, 16, 0, 0, 0, 0, 16, AR_FP16},
+        {200, 1, 300, 16, 1, 1, 1, 0, 64, AR_BF16},
+    };
+    return run_row_cases(cases, sizeof cases / sizeof cases[0], kernel, expect, "<= 16 rows");
 }
 
 /* The bulk narrow kernel (attn_narrow_bulk_kernel: key rows by bulk copies onto mbarriers, one
@@ -647,16 +659,27 @@ static void test_narrow_bulk_kernel(void **st)
     assert_int_equal(narrow_cases(AR_MLA_KERNEL_TC_NARROW_BULK, hopper ? "tc-narrow-bulk" : "tc-narrow"), 0);
 }
 
-/* The transposed wgmma kernel (attn_wgmma16_kernel), AUTO's choice for at most 16 rows a request
- * on a compute-capability 9.0 device with a 16-bit cache, on narrow_cases (a case of exactly 16
- * rows, 1-key last tiles, 5 forced pieces, 200 requests among them).  Skips where the wgmma
+/* The transposed wgmma kernel (attn_wgmma16_kernel), AUTO's choice for at most 32 rows a request
+ * on a compute-capability 9.0 device with a 16-bit cache: its 16-row instance on narrow_cases (a
+ * case of exactly 16 rows, 1-key last tiles, 5 forced pieces, 200 requests among them), its
+ * 32-row one on 17-32 rows (32 exactly, causal multi-token queries, block sizes 16 and 32, fp16,
+ * forced pieces, 128 requests).  Skips where the wgmma
  * kernels cannot run (AUTO then runs the narrow kernels, which test_narrow_bulk_kernel covers). */
 static void test_wgmma16_kernel(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
     require_wgmma();
-    assert_int_equal(narrow_cases(AR_MLA_KERNEL_AUTO, "tc-wgmma16"), 0);
+    int fails = narrow_cases(AR_MLA_KERNEL_AUTO, "tc-wgmma16");
+    /* 17-32 rows: the 32-row instance (DeepSeek at tensor parallelism 4, or 8 with two query
+     * tokens of multi-token prediction) */
+    static const row_case wide[] = {
+        {3, 3, 65, 6, 0, 0, 0, 0, 32, AR_FP16},    {2, 2, 100, 16, 1, 1, 0, 0, 64, AR_BF16},
+        {8, 2, 2049, 16, 0, 1, 0, 0, 64, AR_BF16}, {6, 1, 1000, 32, 1, 1, 1, 0, 64, AR_BF16},
+        {5, 4, 333, 8, 1, 1, 0, 3, 16, AR_BF16},   {128, 1, 300, 17, 1, 0, 0, 0, 64, AR_BF16},
+    };
+    fails += run_row_cases(wide, sizeof wide / sizeof wide[0], AR_MLA_KERNEL_AUTO, "tc-wgmma32", "17-32 rows");
+    assert_int_equal(fails, 0);
 }
 
 /* test_wgmma_kernel_forced's cases on the TMA path or (cpasync) the cp.async one; returns the

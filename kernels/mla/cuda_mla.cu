@@ -703,7 +703,8 @@ static const char *decode_path(const mla_route &route, bool cpasync, bool split)
     switch (route.kind) {
     case MLA_WGMMA:
         if (cpasync) return split ? "mla-decode:tc-wgmma-cpasync+split" : "mla-decode:tc-wgmma-cpasync";
-        if (route.rows16) return split ? "mla-decode:tc-wgmma16+split" : "mla-decode:tc-wgmma16";
+        if (route.rows_t == 16) return split ? "mla-decode:tc-wgmma16+split" : "mla-decode:tc-wgmma16";
+        if (route.rows_t == 32) return split ? "mla-decode:tc-wgmma32+split" : "mla-decode:tc-wgmma32";
         return split ? "mla-decode:tc-wgmma+split" : "mla-decode:tc-wgmma";
     case MLA_NARROW_BULK: return split ? "mla-decode:tc-narrow-bulk+split" : "mla-decode:tc-narrow-bulk";
     case MLA_NARROW: return split ? "mla-decode:tc-narrow+split" : "mla-decode:tc-narrow";

@@ -222,8 +222,10 @@ mla_caps mla_probe(int device)
                  set_smem((const void *)attn_wgmma_cpasync_kernel<false>, WG_SMEM, false) &&
                  set_smem((const void *)attn_wgmma_tma_kernel<true>, WG_SMEM_TMA, false) &&
                  set_smem((const void *)attn_wgmma_tma_kernel<false>, WG_SMEM_TMA, false);
-    caps.wgmma16 = caps.wgmma && set_smem((const void *)attn_wgmma16_kernel<true>, W16_SMEM, false) &&
-                   set_smem((const void *)attn_wgmma16_kernel<false>, W16_SMEM, false);
+    caps.wgmma16 = caps.wgmma && set_smem((const void *)attn_wgmma16_kernel<true, 16>, W16Geom<16>::SMEM, false) &&
+                   set_smem((const void *)attn_wgmma16_kernel<false, 16>, W16Geom<16>::SMEM, false) &&
+                   set_smem((const void *)attn_wgmma16_kernel<true, 32>, W16Geom<32>::SMEM, false) &&
+                   set_smem((const void *)attn_wgmma16_kernel<false, 32>, W16Geom<32>::SMEM, false);
     probed = device;
     return caps;
 }
@@ -232,12 +234,13 @@ mla_caps mla_probe(int device)
 /* The decision function                                                                      */
 
 /* Measured on the H200 (BENCHMARKS.md): at h_q = 128 the wgmma kernel with TMA key tiles runs
- * at 505-576 TFLOP/s (4k-32k keys) against 156-160 for attn_tc_kernel; up to 16 rows a request
- * its transposed twin attn_wgmma16_kernel streams the latent cache at 3.93-4.24 TB/s (h_q = 16,
- * 2026-12-02) against the 64-row kernel's 3.39-3.96 (16 of each tile's 64 rows used) and the
- * bulk narrow kernel's 3.16-3.74 (h_q = 8).  The bulk narrow kernel stays AUTO's choice for at
- * most 16 rows on a device of compute capability 9 or more without the wgmma kernels (it beats
- * attn_narrow_kernel, 3.72 against 2.37 TB/s at 32k).  Off Hopper, splitting the score tile
+ * at 505-576 TFLOP/s (4k-32k keys) against 156-160 for attn_tc_kernel; up to 32 rows a request
+ * its transposed twin attn_wgmma16_kernel (16 or 32 rows wide) streams the latent cache at
+ * 3.93-4.24 TB/s (h_q = 16, 2026-12-02) against the 64-row kernel's 3.39-3.96 (16 of each
+ * tile's 64 rows used) and the bulk narrow kernel's 3.16-3.74 (h_q = 8); at h_q = 32 the 32-row
+ * instance 3.76-4.18 against the 64-row kernel's 3.61-3.85.  The bulk narrow kernel stays AUTO's
+ * choice for at most 16 rows on a device of compute capability 9 or more without the wgmma
+ * kernels (it beats attn_narrow_kernel, 3.72 against 2.37 TB/s at 32k).  Off Hopper, splitting the score tile
  * between the column halves (attn_tc_kernel) measured 160 against 135 TFLOP/s for both halves
  * computing it. */
 mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_rows, bool fp8_cache, int stages_cap)
@@ -252,7 +255,7 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
     }
     const int tc_stages = stages_cap == 2 && caps.tc_stages > 2 ? 2 : caps.tc_stages;
     const bool wgmma = caps.wgmma && !fp8_cache;
-    const bool auto16 = forced == AR_MLA_KERNEL_AUTO && wgmma && caps.wgmma16 && max_rows <= W16_ROWS;
+    const bool auto16 = forced == AR_MLA_KERNEL_AUTO && wgmma && caps.wgmma16 && max_rows <= W32_ROWS;
     const bool bulk_ok = caps.narrow_bulk && !fp8_cache && tc_stages >= 3;
     const bool narrow = max_rows <= NROWS && !auto16 &&
                         (forced == AR_MLA_KERNEL_TC_NARROW || forced == AR_MLA_KERNEL_TC_NARROW_BULK ||
@@ -269,8 +272,8 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
     case MLA_WGMMA:
         r.stages = 2;
         r.combine_rows = true;
-        r.rows16 = auto16;
-        r.name = r.rows16 ? "tc-wgmma16" : "tc-wgmma";
+        r.rows_t = !auto16 ? 0 : max_rows <= W16_ROWS ? W16_ROWS : W32_ROWS;
+        r.name = r.rows_t == W16_ROWS ? "tc-wgmma16" : r.rows_t ? "tc-wgmma32" : "tc-wgmma";
         break;
     case MLA_NARROW_BULK:
         r.stages = NB_STAGES;
@@ -656,8 +659,10 @@ static void launch_kernel(const attn_args &a, const mla_route &route, int n, con
 {
     if constexpr (!FP8) {   /* mla_choose never picks these with an fp8 cache */
         if (route.kind == MLA_WGMMA) {
-            if (tmap && route.rows16)
-                attn_wgmma16_kernel<BF16><<<n, THREADS, W16_SMEM, st>>>(a, *tmap);
+            if (tmap && route.rows_t == W16_ROWS)
+                attn_wgmma16_kernel<BF16, 16><<<n, THREADS, W16Geom<16>::SMEM, st>>>(a, *tmap);
+            else if (tmap && route.rows_t == W32_ROWS)
+                attn_wgmma16_kernel<BF16, 32><<<n, THREADS, W16Geom<32>::SMEM, st>>>(a, *tmap);
             else if (tmap)
                 attn_wgmma_tma_kernel<BF16><<<n, THREADS, WG_SMEM_TMA, st>>>(a, *tmap);
             else

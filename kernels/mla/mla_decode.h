@@ -5,11 +5,11 @@
  *
  * The decision (mla_choose), by rows a request (query tokens x heads) and the device:
  *   compute capability 9.0, 16-bit latent cache:
- *     some request with > 16 rows      attn_wgmma_tma_kernel (the default; attn_wgmma_cpasync_kernel
+ *     some request with > 32 rows      attn_wgmma_tma_kernel (the default; attn_wgmma_cpasync_kernel
  *                                      where the cache's tensor map cannot be made)
- *     every request with <= 16 rows    attn_wgmma16_kernel (the same products transposed: the rows
- *                                      are the instructions' N side; the 64-row cp.async kernel
- *                                      where the tensor map cannot be made)
+ *     every request with <= 32 rows    attn_wgmma16_kernel<., 16 or 32> (the same products
+ *                                      transposed: the rows are the instructions' N side; the
+ *                                      64-row cp.async kernel where the tensor map cannot be made)
  *   compute capability 9 or more without the wgmma kernels, 16-bit cache:
  *     every request under 16 rows      attn_narrow_bulk_kernel
  *   other devices, or an fp8 cache (the fallback):
@@ -71,7 +71,7 @@ typedef struct mla_caps {
                            even 2 do not fit (the SIMT kernel then) */
     bool wgmma;         /* compute capability 9.0 and the wgmma kernel's shared memory granted */
     bool narrow_bulk;   /* attn_narrow_bulk_kernel can run: sm_90, its shared memory at 2 CTAs per SM */
-    bool wgmma16;       /* attn_wgmma16_kernel's shared memory granted (with wgmma) */
+    bool wgmma16;       /* attn_wgmma16_kernel's shared memory granted, both row counts (with wgmma) */
 } mla_caps;
 
 /* Probes the device once (per process) and sets the kernels' shared-memory attributes. */
@@ -87,10 +87,10 @@ typedef struct mla_route {
     int ctas_per_sm;    /* the planner aims at this many CTAs per SM */
     bool persistent;    /* the persistent plan (build_plan_persistent) */
     bool combine_rows;  /* split pieces merged by combine_rows_kernel (else combine_kernel) */
-    bool rows16;        /* MLA_WGMMA with at most 16 rows a request: attn_wgmma16_kernel where the
-                           tensor map is made */
-    const char *name;   /* "tc-wgmma", "tc-wgmma16", "tc-narrow-bulk", "tc-narrow", "tc-split-qk" or
-                           "simt" */
+    int rows_t;         /* MLA_WGMMA with at most 16 (or 32) rows a request: 16 (32), the transposed
+                           attn_wgmma16_kernel<., rows_t> where the tensor map is made; else 0 */
+    const char *name;   /* "tc-wgmma", "tc-wgmma16", "tc-wgmma32", "tc-narrow-bulk", "tc-narrow",
+                           "tc-split-qk" or "simt" */
 } mla_route;
 
 /* The decision function (see the file comment).  forced: AR_MLA_KERNEL_AUTO, or a kernel to run

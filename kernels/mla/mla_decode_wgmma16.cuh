@@ -1,6 +1,8 @@
 /* mla_decode_wgmma16.cuh - the Hopper (sm_90a) MLA decode kernel for work items of at most 16
- * rows (h_q x s_q <= 16: DeepSeek's 128 heads at tensor parallelism 8, one query token):
- * attn_wgmma16_kernel.  The same work items, arguments, masks, faults and outputs (o_lat / lse,
+ * rows (h_q x s_q <= 16: DeepSeek's 128 heads at tensor parallelism 8, one query token), and its
+ * 32-row instance (tensor parallelism 4, or two query tokens of multi-token prediction at 8):
+ * attn_wgmma16_kernel<BF16, NR>.  Described below for NR = 16; at 32 every "16 rows" is 32, the
+ * products are m64n32k16 and Q takes 36 KB.  The same work items, arguments, masks, faults and outputs (o_lat / lse,
  * or a split piece's partials for combine_rows_kernel) as attn_wgmma_tma_kernel
  * (mla_decode_wgmma.cuh), whose 64-row products spend three quarters of their tensor time on
  * empty rows here.  Both products are transposed so that the 16 query rows are the small N side
@@ -47,49 +49,66 @@
 
 namespace ar_mla {
 
-constexpr int W16_ROWS = 16;                                /* query rows of a work item */
-constexpr int W16_QATOM = W16_ROWS * 128;                   /* one 64-dim atom of Q or P^T: [16][128 B] */
-constexpr int W16_OFF_K = 9 * W16_QATOM;                    /* the 2 key slots, after Q (18 x 1024) */
-constexpr int W16_OFF_P = W16_OFF_K + 2 * WG_TILE;          /* P^T [2][16 rows][64 keys] */
-constexpr int W16_OFF_RED = W16_OFF_P + 2 * W16_QATOM;
-/* floats at W16_OFF_RED: alpha [2][16], tile maxima [2][4 warps][16], final m and l [2][16],
- * row-sum parts [4 warps][16] */
-constexpr int W16_RED_ALPHA = 0, W16_RED_WMAX = 32, W16_RED_FIN = 160, W16_RED_LSUM = 192, W16_RED_FLOATS = 256;
-constexpr int W16_OFF_BAR = W16_OFF_RED + W16_RED_FLOATS * 4;
-/* mbarriers: landed [2 slots][9 atoms], p_full [2], p_empty [2] */
-constexpr int W16_BARS = 2 * 9 + 4;
-constexpr int W16_SMEM = 1024 /* alignment slack */ + W16_OFF_BAR + W16_BARS * 8;
+/* The shared-memory plan of the kernel for NR = 16 or 32 query rows a work item. */
+template <int NR> struct W16Geom {
+    static constexpr int ROWS = NR;                             /* query rows of a work item */
+    static constexpr int NT = NR / 8;                           /* 8-row column tiles of an accumulator */
+    static constexpr int QATOM = NR * 128;                      /* one 64-dim atom of Q or P^T: [NR][128 B] */
+    static constexpr int OFF_K = 9 * QATOM;                     /* the 2 key slots, after Q */
+    static constexpr int OFF_P = OFF_K + 2 * WG_TILE;           /* P^T [2][NR rows][64 keys] */
+    static constexpr int OFF_RED = OFF_P + 2 * QATOM;
+    /* floats at OFF_RED: alpha [2][NR], tile maxima [2][4 warps][NR], final m and l [2][NR],
+     * row-sum parts [4 warps][NR] */
+    static constexpr int RED_ALPHA = 0, RED_WMAX = 2 * NR, RED_FIN = 10 * NR, RED_LSUM = 12 * NR, RED_FLOATS = 16 * NR;
+    static constexpr int OFF_BAR = OFF_RED + RED_FLOATS * 4;
+    /* mbarriers: landed [2 slots][9 atoms], p_full [2], p_empty [2] */
+    static constexpr int BARS = 2 * 9 + 4;
+    static constexpr int SMEM = 1024 /* alignment slack */ + OFF_BAR + BARS * 8;
+    static_assert(NR == 16 || NR == 32, "wgmma16: 16 or 32 rows");
+    static_assert(OFF_K % 1024 == 0 && OFF_P % 1024 == 0 && OFF_BAR % 8 == 0, "wgmma16: alignment");
+    static_assert(SMEM <= 232448, "wgmma16: more shared memory than an sm_90 block gets");
+};
+constexpr int W16_ROWS = 16, W32_ROWS = 32;                     /* the two instances */
 
-static_assert(W16_OFF_K % 1024 == 0 && W16_OFF_P % 1024 == 0 && W16_OFF_BAR % 8 == 0, "wgmma16: alignment");
-static_assert(W16_SMEM <= 232448, "wgmma16: more shared memory than an sm_90 block gets");
-
-/* d [64 x 16, accumulator layout: element (nt, e) is M row 16 (warp % 4) + lane / 4 + 8 (e >> 1),
+/* d [64 x 8 NT, accumulator layout: element (nt, e) is M row 16 (warp % 4) + lane / 4 + 8 (e >> 1),
  * N column 8 nt + 2 (lane % 4) + (e & 1)] (+)= A B, both from shared memory; B K-major; A K-major
- * (TRANS_A 0) or MN-major (TRANS_A 1). */
-template <bool BF16, int TRANS_A>
-__device__ __forceinline__ void wgmma_m64n16(float (&d)[2][4], uint64_t desc_a, uint64_t desc_b, int accumulate);
+ * (TRANS_A 0) or MN-major (TRANS_A 1); NT = 2 (m64n16k16) or 4 (m64n32k16). */
+template <bool BF16, int TRANS_A, int NT>
+__device__ __forceinline__ void wgmma_m64n(float (&d)[NT][4], uint64_t desc_a, uint64_t desc_b, int accumulate);
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define W16_ACC8(d) "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
-                    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-#define W16_TEXT(TY, TA) \
+#define W16_ACC4(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define W16_TEXT16(TY, TA) \
     "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n" \
     "wgmma.mma_async.sync.aligned.m64n16k16.f32" TY TY " " \
     "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, " TA ", 0;\n}\n"
-template <bool BF16, int TRANS_A>
-__device__ __forceinline__ void wgmma_m64n16(float (&d)[2][4], uint64_t desc_a, uint64_t desc_b, int accumulate)
+#define W16_TEXT32(TY, TA) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n32k16.f32" TY TY " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, " TA ", 0;\n}\n"
+#define W16_ASM(TEXT, ...) \
+    do { \
+        if constexpr (BF16 && TRANS_A) \
+            asm volatile(TEXT(".bf16", "1") : __VA_ARGS__ : "l"(desc_a), "l"(desc_b), "r"(accumulate)); \
+        else if constexpr (BF16) \
+            asm volatile(TEXT(".bf16", "0") : __VA_ARGS__ : "l"(desc_a), "l"(desc_b), "r"(accumulate)); \
+        else if constexpr (TRANS_A) \
+            asm volatile(TEXT(".f16", "1") : __VA_ARGS__ : "l"(desc_a), "l"(desc_b), "r"(accumulate)); \
+        else \
+            asm volatile(TEXT(".f16", "0") : __VA_ARGS__ : "l"(desc_a), "l"(desc_b), "r"(accumulate)); \
+    } while (0)
+template <bool BF16, int TRANS_A, int NT>
+__device__ __forceinline__ void wgmma_m64n(float (&d)[NT][4], uint64_t desc_a, uint64_t desc_b, int accumulate)
 {
-    if constexpr (BF16 && TRANS_A)
-        asm volatile(W16_TEXT(".bf16", "1") : W16_ACC8(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-    else if constexpr (BF16)
-        asm volatile(W16_TEXT(".bf16", "0") : W16_ACC8(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-    else if constexpr (TRANS_A)
-        asm volatile(W16_TEXT(".f16", "1") : W16_ACC8(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    if constexpr (NT == 2)
+        W16_ASM(W16_TEXT16, W16_ACC4(d, 0), W16_ACC4(d, 1));
     else
-        asm volatile(W16_TEXT(".f16", "0") : W16_ACC8(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+        W16_ASM(W16_TEXT32, W16_ACC4(d, 0), W16_ACC4(d, 1), W16_ACC4(d, 2), W16_ACC4(d, 3));
 }
-#undef W16_ACC8
-#undef W16_TEXT
+#undef W16_ASM
+#undef W16_ACC4
+#undef W16_TEXT16
+#undef W16_TEXT32
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* Barrier among the 128 threads of one warpgroup (named barrier id 1 + wg; 0 is __syncthreads). */
@@ -129,16 +148,19 @@ __device__ __forceinline__ void w16_tma_atoms(const attn_args &a, const void *tm
     }
 }
 
-/* The kernel (see the file comment).  tmap: the latent cache as attn_wgmma_tma_kernel's. */
-template <bool BF16>
+/* The kernel (see the file comment) for work items of at most NR = 16 or 32 rows.  tmap: the
+ * latent cache as attn_wgmma_tma_kernel's. */
+template <bool BF16, int NR>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using G = W16Geom<NR>;
+    constexpr int NT = G::NT, NI = 2 * G::NT;   /* column tiles; query rows a thread holds */
     uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
     unsigned char *const smem = wg_smem_base(&sq_addr);
-    const uint32_t sk_addr0 = sq_addr + W16_OFF_K, sp_addr0 = sq_addr + W16_OFF_P;
-    float *const red = reinterpret_cast<float *>(smem + W16_OFF_RED);
-    const uint32_t bar0 = sq_addr + W16_OFF_BAR;
+    const uint32_t sk_addr0 = sq_addr + G::OFF_K, sp_addr0 = sq_addr + G::OFF_P;
+    float *const red = reinterpret_cast<float *>(smem + G::OFF_RED);
+    const uint32_t bar0 = sq_addr + G::OFF_BAR;
     auto landed_bar = [&](int s) { return bar0 + (uint32_t)(72 * s); };   /* + 8 c: atom c of slot s */
     auto p_full_bar = [&](int s) { return bar0 + (uint32_t)(144 + 8 * s); };
     auto p_empty_bar = [&](int s) { return bar0 + (uint32_t)(160 + 8 * s); };
@@ -150,11 +172,11 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     const int g = lane >> 2, tq = lane & 3;
     const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
-    /* this thread's 4 query rows in both accumulator layouts: index i = 2 nt + (e & 1) is row
+    /* this thread's NI query rows in both accumulator layouts: index i = 2 nt + (e & 1) is row
      * 8 nt + 2 tq + (e & 1) */
-    int qrow[4];
+    int qrow[NI];
 #pragma unroll
-    for (int i = 0; i < 4; i++) qrow[i] = 8 * (i >> 1) + 2 * tq + (i & 1);
+    for (int i = 0; i < NI; i++) qrow[i] = 8 * (i >> 1) + 2 * tq + (i & 1);
 
     if (tid == 0) {
         for (int s = 0; s < 2; s++) {
@@ -175,11 +197,11 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
         /* ---- warpgroup 0: Q, then S^T and the softmax of every tile ---- */
         const uint16_t *const qg = (const uint16_t *)a.q;
 #pragma unroll
-        for (int k = 0; k < W16_ROWS * WG_CHUNKS / 128; k++) {
+        for (int k = 0; k < NR * WG_CHUNKS / 128; k++) {
             const int idx = tid + k * 128, row = idx / WG_CHUNKS, c = idx % WG_CHUNKS;
             const int gr = w.row0 + row;
             const bool valid = gr < nrows;
-            cp_async16(smem + (c >> 3) * W16_QATOM + row * 128 + (((c & 7) ^ (row & 7)) << 4),
+            cp_async16(smem + (c >> 3) * G::QATOM + row * 128 + (((c & 7) ^ (row & 7)) << 4),
                        qg + ((int64_t)q0 * H + (valid ? gr : 0)) * D + c * 8, valid);
         }
         cp_async_commit();
@@ -188,10 +210,10 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
         w16_wg_sync(0);
 
         const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
-        int lim[4];
-        float m_run[4], l_part[4];   /* l_part: this thread's share of the row sums (its 2 keys a tile) */
+        int lim[NI];
+        float m_run[NI], l_part[NI];   /* l_part: this thread's share of the row sums (its 2 keys a tile) */
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < NI; i++) {
             const int gr = w.row0 + qrow[i];
             lim[i] = gr < nrows ? key_limit(a.causal, sl, ql, gr / H, extra) : 0;
             if (lim[i] > w.key_end) lim[i] = w.key_end;
@@ -199,11 +221,11 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
             l_part[i] = 0.f;
         }
         const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
-        float *const s_alpha = red + W16_RED_ALPHA, *const s_wmax = red + W16_RED_WMAX;
+        float *const s_alpha = red + G::RED_ALPHA, *const s_wmax = red + G::RED_WMAX;
         for (int t = 0; t < ntiles; t++) {
             const int s = t & 1;
             const uint32_t sk_addr = sk_addr0 + (uint32_t)(s * WG_TILE);
-            float acc[2][4];
+            float acc[NT][4];
             const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
             ar_wg::fence();
 #pragma unroll
@@ -211,8 +233,8 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                 /* each atom's products start as soon as that atom has landed */
                 if ((kk & 3) == 0) ar_wg::mbar_wait(landed_bar(s) + (uint32_t)(8 * (kk >> 2)), (uint32_t)(t >> 1) & 1u);
                 const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
-                const uint32_t qoff = (uint32_t)((kk >> 2) * W16_QATOM + (kk & 3) * 32) >> 4;
-                wgmma_m64n16<BF16, 0>(acc, desc_k + koff, desc_q + qoff, kk > 0);
+                const uint32_t qoff = (uint32_t)((kk >> 2) * G::QATOM + (kk & 3) * 32) >> 4;
+                wgmma_m64n<BF16, 0, NT>(acc, desc_k + koff, desc_q + qoff, kk > 0);
             }
             ar_wg::commit();
             ar_wg::wait<0>();
@@ -222,17 +244,17 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
             if (valid_keys < WG_KEYS) {   /* the V rows past key_end -> zeros (dims 0-511) */
                 for (int idx = tid; idx < (WG_KEYS - valid_keys) * 64; idx += 128) {
                     const int row = valid_keys + (idx >> 6), c = idx & 63;
-                    *reinterpret_cast<uint4 *>(smem + W16_OFF_K + s * WG_TILE + wg_swz(row, c)) = make_uint4(0, 0, 0, 0);
+                    *reinterpret_cast<uint4 *>(smem + G::OFF_K + s * WG_TILE + wg_swz(row, c)) = make_uint4(0, 0, 0, 0);
                 }
                 ar_wg::fence_proxy_async();
             }
             /* mask and scale (log2 domain); the tile's row maxima: this thread's 2 keys, the 8
              * lanes of its column, then the 4 warps through shared memory */
-            float mx[4];
+            float mx[NI];
 #pragma unroll
-            for (int i = 0; i < 4; i++) mx[i] = -INFINITY;
+            for (int i = 0; i < NI; i++) mx[i] = -INFINITY;
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = 2 * nt + (e & 1), key = k0 + 16 * wq + g + 8 * (e >> 1);
@@ -241,20 +263,20 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                     mx[i] = fmaxf(mx[i], x);
                 }
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < NI; i++) {
                 mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 4));
                 mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
                 mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
             }
             if (g == 0)
 #pragma unroll
-                for (int i = 0; i < 4; i++) s_wmax[(s * 4 + wq) * 16 + qrow[i]] = mx[i];
+                for (int i = 0; i < NI; i++) s_wmax[(s * 4 + wq) * NR + qrow[i]] = mx[i];
             w16_wg_sync(0);
-            float alpha[4], m_use[4];
+            float alpha[NI], m_use[NI];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float *wm = s_wmax + s * 64 + qrow[i];
-                const float m_tile = fmaxf(fmaxf(wm[0], wm[16]), fmaxf(wm[32], wm[48]));
+            for (int i = 0; i < NI; i++) {
+                const float *wm = s_wmax + s * 4 * NR + qrow[i];
+                const float m_tile = fmaxf(fmaxf(wm[0], wm[NR]), fmaxf(wm[2 * NR], wm[3 * NR]));
                 const float m_new = fmaxf(m_run[i], m_tile);
                 m_use[i] = m_new == -INFINITY ? 0.f : m_new;
                 alpha[i] = exp2f(m_run[i] - m_use[i]);
@@ -262,7 +284,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                 l_part[i] *= alpha[i];
             }
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = 2 * nt + (e & 1);
@@ -270,11 +292,11 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                     acc[nt][e] = p;
                     l_part[i] += p;
                 }
-            /* P^T [16 rows][64 keys] into buffer s once warpgroup 1 is done with tile t - 2 */
+            /* P^T [NR rows][64 keys] into buffer s once warpgroup 1 is done with tile t - 2 */
             if (t >= 2) ar_wg::mbar_wait(p_empty_bar(s), (uint32_t)((t >> 1) - 1) & 1u);
-            unsigned char *const sp = smem + W16_OFF_P + s * W16_QATOM;
+            unsigned char *const sp = smem + G::OFF_P + s * G::QATOM;
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int row = qrow[2 * nt + (e & 1)], key = 16 * wq + g + 8 * (e >> 1);
@@ -283,32 +305,32 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                 }
             if (wq == 0 && g == 0)
 #pragma unroll
-                for (int i = 0; i < 4; i++) s_alpha[s * 16 + qrow[i]] = alpha[i];
+                for (int i = 0; i < NI; i++) s_alpha[s * NR + qrow[i]] = alpha[i];
             ar_wg::fence_proxy_async();   /* P^T stores -> wgmma's reads */
             ar_wg::mbar_arrive(p_full_bar(s));
         }
         /* the row sums: the 8 lanes of a column, then the 4 warps */
-        float *const s_lsum = red + W16_RED_LSUM, *const s_fin = red + W16_RED_FIN;
+        float *const s_lsum = red + G::RED_LSUM, *const s_fin = red + G::RED_FIN;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < NI; i++) {
             float l = l_part[i];
             l += __shfl_xor_sync(0xffffffffu, l, 4);
             l += __shfl_xor_sync(0xffffffffu, l, 8);
             l += __shfl_xor_sync(0xffffffffu, l, 16);
-            if (g == 0) s_lsum[wq * 16 + qrow[i]] = l;
+            if (g == 0) s_lsum[wq * NR + qrow[i]] = l;
         }
         w16_wg_sync(0);
         if (wq == 0 && g == 0)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < NI; i++) {
                 const int c = qrow[i];
                 s_fin[c] = m_run[i];
-                s_fin[16 + c] = s_lsum[c] + s_lsum[16 + c] + s_lsum[32 + c] + s_lsum[48 + c];
+                s_fin[NR + c] = s_lsum[c] + s_lsum[NR + c] + s_lsum[2 * NR + c] + s_lsum[3 * NR + c];
             }
         __syncthreads();   /* the final maxima and sums -> warpgroup 1 */
-        if (tid < W16_ROWS) {   /* the LSE of row tid */
+        if (tid < NR) {   /* the LSE of row tid */
             const int gr = w.row0 + tid;
-            const float m = s_fin[tid], l = s_fin[16 + tid];
+            const float m = s_fin[tid], l = s_fin[NR + tid];
             const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
             if (gr < nrows) {
                 if (w.partial < 0) {
@@ -323,26 +345,29 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
     }
 
     /* ---- warpgroup 1: O^T += V^T P^T of every tile, and the refills ---- */
-    float o[8][2][4];   /* dims 64 mt + 16 wq + g + 8 (e >> 1), query row qrow[2 nt + (e & 1)] */
+    float o[8][NT][4];   /* dims 64 mt + 16 wq + g + 8 (e >> 1), query row qrow[2 nt + (e & 1)] */
 #pragma unroll
     for (int mt = 0; mt < 8; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) o[mt][nt][e] = 0.f;
-    const float *const s_alpha = red + W16_RED_ALPHA;
+    const float *const s_alpha = red + G::RED_ALPHA;
     for (int t = 0; t < ntiles; t++) {
         const int s = t & 1;
         ar_wg::mbar_wait(p_full_bar(s), (uint32_t)(t >> 1) & 1u);
-        float al[4];
+        float al[NI];
+        bool moved = false;
 #pragma unroll
-        for (int i = 0; i < 4; i++) al[i] = s_alpha[s * 16 + qrow[i]];
-        if (a.fault != AR_FAULT_NO_RESCALE &&
-            __any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f || al[2] != 1.f || al[3] != 1.f)) {
+        for (int i = 0; i < NI; i++) {
+            al[i] = s_alpha[s * NR + qrow[i]];
+            moved |= al[i] != 1.f;
+        }
+        if (a.fault != AR_FAULT_NO_RESCALE && __any_sync(0xffffffffu, moved)) {
 #pragma unroll
             for (int mt = 0; mt < 8; mt++)
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) o[mt][nt][e] *= al[2 * nt + (e & 1)];
         }
@@ -350,7 +375,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
         for (int mt = 0; mt < 8; mt++) wg_fence_acc(o[mt]);
         ar_wg::fence();
         const uint32_t sk_addr = sk_addr0 + (uint32_t)(s * WG_TILE);
-        const uint64_t desc_p = ar_wg::desc_sw128(sp_addr0 + (uint32_t)(s * W16_QATOM), 16, 1024);
+        const uint64_t desc_p = ar_wg::desc_sw128(sp_addr0 + (uint32_t)(s * G::QATOM), 16, 1024);
         /* two groups: dims 0-255 (atoms 0-3), then 256-511 (atoms 4-7); each part of the slot is
          * refilled with tile t + 2 as soon as its group has completed (atom 8, the rope dims, with
          * the first: S^T of tile t completed before P^T(t) was published) */
@@ -363,7 +388,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                     const int mt = 4 * half + m4;
                     const uint64_t desc_v =
                         ar_wg::desc_sw128(sk_addr + (uint32_t)(mt * WG_ATOM + kk * 2048), WG_ATOM, 1024);
-                    wgmma_m64n16<BF16, 1>(o[mt], desc_v, desc_p + (uint32_t)((kk * 32) >> 4), 1);
+                    wgmma_m64n<BF16, 1, NT>(o[mt], desc_v, desc_p + (uint32_t)((kk * 32) >> 4), 1);
                 }
             ar_wg::commit();
         }
@@ -387,12 +412,12 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
         }
     }
     __syncthreads();   /* warpgroup 0's final maxima and sums */
-    const float *const s_fin = red + W16_RED_FIN;
+    const float *const s_fin = red + G::RED_FIN;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NI; i++) {
         const int c = qrow[i], gr = w.row0 + c;
         if (gr >= nrows) continue;
-        const float l = s_fin[16 + c];
+        const float l = s_fin[NR + c];
         const float inv = l > 0.f ? 1.f / l : 0.f;
         float *const dst = w.partial < 0 ? a.o_lat + ((int64_t)q0 * H + gr) * DL
                                          : a.part_o + ((int64_t)w.partial * ROWS + c) * DL;
