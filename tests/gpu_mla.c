@@ -602,6 +602,8 @@ static void test_every_tc_instance(void **st)
 typedef struct row_case {
     int b, s_q, s_k, h_q, varlen, causal, zeros, splits, block;
     ar_dtype dt;
+    ar_dtype kv;       /* the latent cache's dtype: AR_FP32 (0, never a cache dtype here) = dt */
+    double kv_scale;   /* an fp8 cache's scale */
 } row_case;
 
 /* Runs cases[n] (in small mode the first two with s_k <= 140) with `kernel` forced; each must
@@ -617,6 +619,11 @@ static int run_row_cases(const row_case *cases, size_t n, ar_cuda_mla_kernel ker
         go.num_splits = cases[i].splits;
         go.block_size = cases[i].block;
         go.dtype = go.kv_dtype = cases[i].dt;
+        if (cases[i].kv == AR_FP8_E4M3) {   /* FlashMLA's fp8 test relaxes the cosine rule to 1e-4 */
+            go.kv_dtype = AR_FP8_E4M3;
+            go.kv_scale = cases[i].kv_scale;
+            go.cos_limit = 1e-4;
+        }
         runs++;
         bool ok = run_checked(cases[i].b, cases[i].s_q, cases[i].s_k, cases[i].h_q, cases[i].varlen, cases[i].causal,
                               cases[i].zeros, &go);
@@ -633,14 +640,14 @@ static int run_row_cases(const row_case *cases, size_t n, ar_cuda_mla_kernel ker
 static int narrow_cases(ar_cuda_mla_kernel kernel, const char *expect)
 {
     static const row_case cases[] = {
-        {6, 1, 4096, 15, 1, 1, 0, 0, 64, AR_BF16}, {3, 2, 140, 6, 1, 1, 1, 0, 64, AR_BF16},
-        {5, 4, 333, 3, 1, 0, 0, 0, 64, AR_BF16},   {2, 1, 1000, 1, 0, 1, 0, 0, 64, AR_BF16},
-        {4, 1, 33, 12, 0, 1, 0, 0, 64, AR_BF16},   {3, 1, 5, 8, 0, 0, 0, 0, 64, AR_BF16},
-        {2, 1, 1000, 15, 0, 0, 0, 3, 64, AR_BF16}, {2, 1, 700, 15, 1, 1, 0, 1, 64, AR_BF16},
-        {4, 1, 500, 15, 1, 1, 0, 0, 16, AR_BF16},  {3, 1, 700, 15, 1, 1, 0, 0, 64, AR_FP16},
-        {64, 1, 2000, 8, 1, 1, 1, 0, 64, AR_BF16}, {8, 1, 2049, 16, 0, 1, 0, 0, 64, AR_BF16},
-        {5, 2, 1000, 8, 1, 1, 0, 5, 32, AR_BF16},  {3, 1, 65, 16, 0, 0, 0, 0, 16, AR_FP16},
-        {200, 1, 300, 16, 1, 1, 1, 0, 64, AR_BF16},
+        {6, 1, 4096, 15, 1, 1, 0, 0, 64, AR_BF16, AR_FP32, 0}, {3, 2, 140, 6, 1, 1, 1, 0, 64, AR_BF16, AR_FP32, 0},
+        {5, 4, 333, 3, 1, 0, 0, 0, 64, AR_BF16, AR_FP32, 0},   {2, 1, 1000, 1, 0, 1, 0, 0, 64, AR_BF16, AR_FP32, 0},
+        {4, 1, 33, 12, 0, 1, 0, 0, 64, AR_BF16, AR_FP32, 0},   {3, 1, 5, 8, 0, 0, 0, 0, 64, AR_BF16, AR_FP32, 0},
+        {2, 1, 1000, 15, 0, 0, 0, 3, 64, AR_BF16, AR_FP32, 0}, {2, 1, 700, 15, 1, 1, 0, 1, 64, AR_BF16, AR_FP32, 0},
+        {4, 1, 500, 15, 1, 1, 0, 0, 16, AR_BF16, AR_FP32, 0},  {3, 1, 700, 15, 1, 1, 0, 0, 64, AR_FP16, AR_FP32, 0},
+        {64, 1, 2000, 8, 1, 1, 1, 0, 64, AR_BF16, AR_FP32, 0}, {8, 1, 2049, 16, 0, 1, 0, 0, 64, AR_BF16, AR_FP32, 0},
+        {5, 2, 1000, 8, 1, 1, 0, 5, 32, AR_BF16, AR_FP32, 0},  {3, 1, 65, 16, 0, 0, 0, 0, 16, AR_FP16, AR_FP32, 0},
+        {200, 1, 300, 16, 1, 1, 1, 0, 64, AR_BF16, AR_FP32, 0},
     };
     return run_row_cases(cases, sizeof cases / sizeof cases[0], kernel, expect, "<= 16 rows");
 }
@@ -663,7 +670,8 @@ static void test_narrow_bulk_kernel(void **st)
  * on a compute-capability 9.0 device with a 16-bit cache: its 16-row instance on narrow_cases (a
  * case of exactly 16 rows, 1-key last tiles, 5 forced pieces, 200 requests among them), its
  * 32-row one on 17-32 rows (32 exactly, causal multi-token queries, block sizes 16 and 32, fp16,
- * forced pieces, 128 requests).  Skips where the wgmma
+ * forced pieces, 128 requests), and its fp8-cache form (<= 16 rows, kv_scale 0.37 / 0.5 / 2,
+ * bf16 and fp16 queries, block sizes 16 / 32 / 64, a partial last tile, forced pieces).  Skips where the wgmma
  * kernels cannot run (AUTO then runs the narrow kernels, which test_narrow_bulk_kernel covers). */
 static void test_wgmma16_kernel(void **st)
 {
@@ -674,11 +682,21 @@ static void test_wgmma16_kernel(void **st)
     /* 17-32 rows: the 32-row instance (DeepSeek at tensor parallelism 4, or 8 with two query
      * tokens of multi-token prediction) */
     static const row_case wide[] = {
-        {3, 3, 65, 6, 0, 0, 0, 0, 32, AR_FP16},    {2, 2, 100, 16, 1, 1, 0, 0, 64, AR_BF16},
-        {8, 2, 2049, 16, 0, 1, 0, 0, 64, AR_BF16}, {6, 1, 1000, 32, 1, 1, 1, 0, 64, AR_BF16},
-        {5, 4, 333, 8, 1, 1, 0, 3, 16, AR_BF16},   {128, 1, 300, 17, 1, 0, 0, 0, 64, AR_BF16},
+        {3, 3, 65, 6, 0, 0, 0, 0, 32, AR_FP16, AR_FP32, 0},    {2, 2, 100, 16, 1, 1, 0, 0, 64, AR_BF16, AR_FP32, 0},
+        {8, 2, 2049, 16, 0, 1, 0, 0, 64, AR_BF16, AR_FP32, 0}, {6, 1, 1000, 32, 1, 1, 1, 0, 64, AR_BF16, AR_FP32, 0},
+        {5, 4, 333, 8, 1, 1, 0, 3, 16, AR_BF16, AR_FP32, 0},   {128, 1, 300, 17, 1, 0, 0, 0, 64, AR_BF16, AR_FP32, 0},
     };
     fails += run_row_cases(wide, sizeof wide / sizeof wide[0], AR_MLA_KERNEL_AUTO, "tc-wgmma32", "17-32 rows");
+    /* an fp8 e4m3 cache (<= 16 rows): staged by bulk copies, widened in shared memory; kv_scale
+     * 0.5 and one that is not a power of two */
+    static const row_case fp8[] = {
+        {3, 1, 100, 16, 1, 1, 0, 0, 64, AR_BF16, AR_FP8_E4M3, 0.5},
+        {2, 2, 130, 6, 0, 1, 1, 0, 16, AR_FP16, AR_FP8_E4M3, 0.37},
+        {8, 1, 2049, 16, 0, 1, 0, 0, 64, AR_BF16, AR_FP8_E4M3, 0.37},
+        {64, 1, 1000, 15, 1, 1, 1, 0, 32, AR_BF16, AR_FP8_E4M3, 0.5},
+        {4, 1, 3000, 8, 1, 0, 0, 3, 64, AR_FP16, AR_FP8_E4M3, 2.0},
+    };
+    fails += run_row_cases(fp8, sizeof fp8 / sizeof fp8[0], AR_MLA_KERNEL_AUTO, "tc-wgmma16", "<= 16 rows, fp8 cache");
     assert_int_equal(fails, 0);
 }
 

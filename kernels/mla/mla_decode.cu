@@ -226,6 +226,9 @@ mla_caps mla_probe(int device)
                    set_smem((const void *)attn_wgmma16_kernel<false, 16>, W16Geom<16>::SMEM, false) &&
                    set_smem((const void *)attn_wgmma16_kernel<true, 32>, W16Geom<32>::SMEM, false) &&
                    set_smem((const void *)attn_wgmma16_kernel<false, 32>, W16Geom<32>::SMEM, false);
+    caps.wgmma16_fp8 = caps.wgmma16 &&
+                       set_smem((const void *)attn_wgmma16_kernel<true, 16, true>, W16Geom<16, true>::SMEM, false) &&
+                       set_smem((const void *)attn_wgmma16_kernel<false, 16, true>, W16Geom<16, true>::SMEM, false);
     probed = device;
     return caps;
 }
@@ -255,7 +258,8 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
     }
     const int tc_stages = stages_cap == 2 && caps.tc_stages > 2 ? 2 : caps.tc_stages;
     const bool wgmma = caps.wgmma && !fp8_cache;
-    const bool auto16 = forced == AR_MLA_KERNEL_AUTO && wgmma && caps.wgmma16 && max_rows <= W32_ROWS;
+    const bool auto16 = forced == AR_MLA_KERNEL_AUTO &&
+                        (fp8_cache ? caps.wgmma16_fp8 && max_rows <= W16_ROWS : wgmma && caps.wgmma16 && max_rows <= W32_ROWS);
     const bool bulk_ok = caps.narrow_bulk && !fp8_cache && tc_stages >= 3;
     const bool narrow = max_rows <= NROWS && !auto16 &&
                         (forced == AR_MLA_KERNEL_TC_NARROW || forced == AR_MLA_KERNEL_TC_NARROW_BULK ||
@@ -267,7 +271,7 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
     else if (narrow)
         r.kind = bulk_ok ? MLA_NARROW_BULK : MLA_NARROW;
     else
-        r.kind = wgmma ? MLA_WGMMA : MLA_TC;
+        r.kind = wgmma || auto16 ? MLA_WGMMA : MLA_TC;
     switch (r.kind) {
     case MLA_WGMMA:
         r.stages = 2;
@@ -657,6 +661,13 @@ int mla_wgmma_tensor_map(const attn_args &a, size_t num_slots, CUtensorMap *map,
 template <bool BF16, bool FP8>
 static void launch_kernel(const attn_args &a, const mla_route &route, int n, const CUtensorMap *tmap, cudaStream_t st)
 {
+    if constexpr (FP8) {   /* with an fp8 cache mla_choose picks the wgmma kinds only as this one */
+        if (route.kind == MLA_WGMMA) {
+            const CUtensorMap none = {};   /* unused: the fp8 tiles come by bulk copies */
+            attn_wgmma16_kernel<BF16, 16, true><<<n, THREADS, W16Geom<16, true>::SMEM, st>>>(a, none);
+            return;
+        }
+    }
     if constexpr (!FP8) {   /* mla_choose never picks these with an fp8 cache */
         if (route.kind == MLA_WGMMA) {
             if (tmap && route.rows_t == W16_ROWS)

@@ -12,7 +12,10 @@
  *                                      64-row cp.async kernel where the tensor map cannot be made)
  *   compute capability 9 or more without the wgmma kernels, 16-bit cache:
  *     every request under 16 rows      attn_narrow_bulk_kernel
- *   other devices, or an fp8 cache (the fallback):
+ *   compute capability 9.0, fp8 e4m3 cache:
+ *     every request with <= 16 rows    attn_wgmma16_kernel<., 16, fp8> (tiles staged, widened in
+ *                                      shared memory)
+ *   other devices, or an fp8 cache otherwise (the fallback):
  *     every request with <= 16 rows    attn_narrow_kernel
  *     else                             attn_tc_kernel
  *   the tensor-core kernels' shared memory does not fit (under ~150 KB a block): attn_simt_kernel.
@@ -72,6 +75,7 @@ typedef struct mla_caps {
     bool wgmma;         /* compute capability 9.0 and the wgmma kernel's shared memory granted */
     bool narrow_bulk;   /* attn_narrow_bulk_kernel can run: sm_90, its shared memory at 2 CTAs per SM */
     bool wgmma16;       /* attn_wgmma16_kernel's shared memory granted, both row counts (with wgmma) */
+    bool wgmma16_fp8;   /* its fp8-cache instance (16 rows) granted too */
 } mla_caps;
 
 /* Probes the device once (per process) and sets the kernels' shared-memory attributes. */

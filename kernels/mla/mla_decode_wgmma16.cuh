@@ -1,9 +1,13 @@
 /* mla_decode_wgmma16.cuh - the Hopper (sm_90a) MLA decode kernel for work items of at most 16
  * rows (h_q x s_q <= 16: DeepSeek's 128 heads at tensor parallelism 8, one query token), and its
  * 32-row instance (tensor parallelism 4, or two query tokens of multi-token prediction at 8):
- * attn_wgmma16_kernel<BF16, NR>.  Described below for NR = 16; at 32 every "16 rows" is 32, the
- * products are m64n32k16 and Q takes 36 KB.  The same work items, arguments, masks, faults and outputs (o_lat / lse,
- * or a split piece's partials for combine_rows_kernel) as attn_wgmma_tma_kernel
+ * attn_wgmma16_kernel<BF16, NR, FP8>.  Described below for NR = 16 and a 16-bit cache; at 32 every
+ * "16 rows" is 32, the products are m64n32k16 and Q takes 36 KB.  With an fp8 e4m3 cache (FP8, 16
+ * rows): each tile is staged [64 keys][576 B] by 64 bulk copies (one warp) and warpgroup 1 widens
+ * it into the key slot (the hardware's e4m3x2 -> f16x2, through float for bf16: exact) while the
+ * previous tile's products run; kv_scale multiplies the score scale and the output.  The same
+ * work items, arguments, masks, faults and outputs (o_lat / lse, or a split piece's partials for
+ * combine_rows_kernel) as attn_wgmma_tma_kernel
  * (mla_decode_wgmma.cuh), whose 64-row products spend three quarters of their tensor time on
  * empty rows here.  Both products are transposed so that the 16 query rows are the small N side
  * of the instruction and the 64 keys (or 64 latent dims) its M side:
@@ -45,26 +49,33 @@
 #ifndef AR_MLA_DECODE_WGMMA16_CUH
 #define AR_MLA_DECODE_WGMMA16_CUH
 
+#include <cuda_fp8.h>
+
 #include "mla_decode_wgmma.cuh"
 
 namespace ar_mla {
 
-/* The shared-memory plan of the kernel for NR = 16 or 32 query rows a work item. */
-template <int NR> struct W16Geom {
+/* The shared-memory plan of the kernel for NR = 16 or 32 query rows a work item; FP8: the
+ * latent cache holds fp8 e4m3, staged [64 keys][576 B] by bulk copies and widened into the key
+ * slots by warpgroup 1. */
+template <int NR, bool FP8 = false> struct W16Geom {
     static constexpr int ROWS = NR;                             /* query rows of a work item */
     static constexpr int NT = NR / 8;                           /* 8-row column tiles of an accumulator */
     static constexpr int QATOM = NR * 128;                      /* one 64-dim atom of Q or P^T: [NR][128 B] */
     static constexpr int OFF_K = 9 * QATOM;                     /* the 2 key slots, after Q */
     static constexpr int OFF_P = OFF_K + 2 * WG_TILE;           /* P^T [2][NR rows][64 keys] */
-    static constexpr int OFF_RED = OFF_P + 2 * QATOM;
+    static constexpr int OFF_STG = OFF_P + 2 * QATOM;           /* FP8: the staging tile */
+    static constexpr int STG_BYTES = FP8 ? WG_KEYS * D : 0;
+    static constexpr int OFF_RED = OFF_STG + STG_BYTES;
     /* floats at OFF_RED: alpha [2][NR], tile maxima [2][4 warps][NR], final m and l [2][NR],
      * row-sum parts [4 warps][NR] */
     static constexpr int RED_ALPHA = 0, RED_WMAX = 2 * NR, RED_FIN = 10 * NR, RED_LSUM = 12 * NR, RED_FLOATS = 16 * NR;
     static constexpr int OFF_BAR = OFF_RED + RED_FLOATS * 4;
-    /* mbarriers: landed [2 slots][9 atoms], p_full [2], p_empty [2] */
-    static constexpr int BARS = 2 * 9 + 4;
+    /* mbarriers: landed [2 slots][9 atoms], p_full [2], p_empty [2]; FP8: staged */
+    static constexpr int BARS = 2 * 9 + 4 + (FP8 ? 1 : 0);
     static constexpr int SMEM = 1024 /* alignment slack */ + OFF_BAR + BARS * 8;
     static_assert(NR == 16 || NR == 32, "wgmma16: 16 or 32 rows");
+    static_assert(!FP8 || NR == 16, "wgmma16: the fp8 staging tile fits next to 16 rows only");
     static_assert(OFF_K % 1024 == 0 && OFF_P % 1024 == 0 && OFF_BAR % 8 == 0, "wgmma16: alignment");
     static_assert(SMEM <= 232448, "wgmma16: more shared memory than an sm_90 block gets");
 };
@@ -116,6 +127,12 @@ __device__ __forceinline__ void w16_wg_sync(int wg)
 {
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
+/* Barrier among all 256 threads after the warpgroups went their own ways (named barrier 3 with
+ * its count: __syncthreads from two code paths is undefined, and synccheck says so). */
+__device__ __forceinline__ void w16_cta_sync()
+{
+    asm volatile("bar.sync 3, 256;\n" ::: "memory");
+}
 
 /* TMA copies of atoms [c_lo, c_hi) of the 64 keys k0 .. k0 + 63 of request r into the slot at
  * sk_addr, by one thread: atom c completes on bar + 8 c (its expected bytes, 8 KB, raised first),
@@ -148,13 +165,74 @@ __device__ __forceinline__ void w16_tma_atoms(const attn_args &a, const void *tm
     }
 }
 
+/* FP8: the 64 keys k0 .. k0 + 63 of request r (rows past key_end re-read the last valid key, to
+ * be zeroed before use) as 64 bulk copies of a whole 576-byte row into the staging tile stg
+ * ([64][576 B]), by one warp (lane l: keys l and l + 32, their block-table entries read at
+ * once), completing on bar. */
+__device__ __forceinline__ void w16_stage_fp8(const attn_args &a, int r, int k0, int key_end, unsigned char *stg,
+                                              uint64_t *bar, int lane)
+{
+    const int *const bt = a.block_table + (int64_t)r * a.mbpr;
+    const uint8_t *const cache = (const uint8_t *)a.cache;
+    int64_t slot[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int j = lane + 32 * h, key = k0 + j < key_end ? k0 + j : key_end - 1;
+        slot[h] = ((int64_t)__ldg(bt + (key >> a.block_size_log2)) << a.block_size_log2) + (key & (a.block_size - 1));
+    }
+    fence_proxy_async();   /* the staging tile's earlier reads (widening) before the copies' writes */
+    if (lane == 0) mbar_expect_tx(bar, (uint32_t)(WG_KEYS * D));
+    __syncwarp();
+#pragma unroll
+    for (int h = 0; h < 2; h++) bulk_copy(stg + (lane + 32 * h) * D, cache + slot[h] * D, (uint32_t)D, bar);
+}
+
+/* Two e4m3 values (byte 0 the first) -> two 16-bit compute values, exactly (every e4m3 value is
+ * representable in fp16 and bf16): the hardware's e4m3x2 -> f16x2, through float for bf16. */
+template <bool BF16> __device__ __forceinline__ uint32_t w16_fp8x2(uint32_t two)
+{
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    if constexpr (BF16) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+        return pack2<true>(f.x, f.y);
+    } else {
+        return (uint32_t)h.x | ((uint32_t)h.y << 16);
+    }
+}
+
+/* FP8: warpgroup 1's 128 threads (i = its thread number) widen the staging tile into the key
+ * slot at sk (swizzled 16-bit atoms, as a TMA tile lands): 16 bytes (16 dims) a step, 18 steps a
+ * thread, the two 16-byte chunks of 8 dims each to their swizzled places. */
+template <bool BF16>
+__device__ __forceinline__ void w16_widen_fp8(const unsigned char *stg, unsigned char *sk, int i)
+{
+#pragma unroll 6
+    for (int k = 0; k < WG_KEYS * (D / 16) / 128; k++) {
+        const int idx = i + 128 * k, row = idx / (D / 16), p = idx % (D / 16);
+        const uint4 raw = *reinterpret_cast<const uint4 *>(stg + row * D + p * 16);
+        uint4 lo, hi;
+        lo.x = w16_fp8x2<BF16>(raw.x & 0xffffu);
+        lo.y = w16_fp8x2<BF16>(raw.x >> 16);
+        lo.z = w16_fp8x2<BF16>(raw.y & 0xffffu);
+        lo.w = w16_fp8x2<BF16>(raw.y >> 16);
+        hi.x = w16_fp8x2<BF16>(raw.z & 0xffffu);
+        hi.y = w16_fp8x2<BF16>(raw.z >> 16);
+        hi.z = w16_fp8x2<BF16>(raw.w & 0xffffu);
+        hi.w = w16_fp8x2<BF16>(raw.w >> 16);
+        unsigned char *const dst = sk + (p >> 2) * WG_ATOM + row * 128;
+        const int c = 2 * (p & 3);
+        *reinterpret_cast<uint4 *>(dst + ((c ^ (row & 7)) << 4)) = lo;
+        *reinterpret_cast<uint4 *>(dst + (((c + 1) ^ (row & 7)) << 4)) = hi;
+    }
+}
+
 /* The kernel (see the file comment) for work items of at most NR = 16 or 32 rows.  tmap: the
- * latent cache as attn_wgmma_tma_kernel's. */
-template <bool BF16, int NR>
+ * latent cache as attn_wgmma_tma_kernel's (FP8: unused; the staging tile comes by bulk copies). */
+template <bool BF16, int NR, bool FP8 = false>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using G = W16Geom<NR>;
+    using G = W16Geom<NR, FP8>;
     constexpr int NT = G::NT, NI = 2 * G::NT;   /* column tiles; query rows a thread holds */
     uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
     unsigned char *const smem = wg_smem_base(&sq_addr);
@@ -164,6 +242,8 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
     auto landed_bar = [&](int s) { return bar0 + (uint32_t)(72 * s); };   /* + 8 c: atom c of slot s */
     auto p_full_bar = [&](int s) { return bar0 + (uint32_t)(144 + 8 * s); };
     auto p_empty_bar = [&](int s) { return bar0 + (uint32_t)(160 + 8 * s); };
+    uint64_t *const staged = reinterpret_cast<uint64_t *>(smem + G::OFF_BAR + 176);   /* FP8 */
+    unsigned char *const stg = smem + G::OFF_STG;                                      /* FP8 */
 
     const work_item w = a.work[blockIdx.x];
     const int r = w.req;
@@ -180,15 +260,19 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
 
     if (tid == 0) {
         for (int s = 0; s < 2; s++) {
-            for (int c = 0; c < 9; c++) ar_wg::mbar_init(landed_bar(s) + (uint32_t)(8 * c), 1);
+            /* FP8: atom 0's barrier stands for the whole slot, arrived at by warpgroup 1's 128
+             * threads when they have widened it */
+            for (int c = 0; c < 9; c++) ar_wg::mbar_init(landed_bar(s) + (uint32_t)(8 * c), FP8 ? 128 : 1);
             ar_wg::mbar_init(p_full_bar(s), 128);
             ar_wg::mbar_init(p_empty_bar(s), 128);
         }
+        if (FP8) ar_wg::mbar_init(bar0 + 176, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        ar_wg::tma_prefetch_map(&tmap);
+        if (!FP8) ar_wg::tma_prefetch_map(&tmap);
     }
     __syncthreads();
-    if (tid == 0)
+    if (FP8 && warp == 0 && ntiles > 0) w16_stage_fp8(a, r, w.key_begin, w.key_end, stg, staged, lane);
+    if (!FP8 && tid == 0)
         for (int t = 0; t < 2 && t < ntiles; t++)
             w16_tma_atoms(a, &tmap, r, w.key_begin + t * WG_KEYS, w.key_end, sk_addr0 + (uint32_t)(t * WG_TILE),
                           landed_bar(t), 0, 9);
@@ -222,6 +306,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
         }
         const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
         float *const s_alpha = red + G::RED_ALPHA, *const s_wmax = red + G::RED_WMAX;
+        const float score_mul = FP8 ? a.scale_log2 * a.kv_scale : a.scale_log2;   /* K = kv_scale x its e4m3 */
         for (int t = 0; t < ntiles; t++) {
             const int s = t & 1;
             const uint32_t sk_addr = sk_addr0 + (uint32_t)(s * WG_TILE);
@@ -231,7 +316,8 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
                 /* each atom's products start as soon as that atom has landed */
-                if ((kk & 3) == 0) ar_wg::mbar_wait(landed_bar(s) + (uint32_t)(8 * (kk >> 2)), (uint32_t)(t >> 1) & 1u);
+                if ((kk & 3) == 0 && (!FP8 || kk == 0))
+                    ar_wg::mbar_wait(landed_bar(s) + (uint32_t)(FP8 ? 0 : 8 * (kk >> 2)), (uint32_t)(t >> 1) & 1u);
                 const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
                 const uint32_t qoff = (uint32_t)((kk >> 2) * G::QATOM + (kk & 3) * 32) >> 4;
                 wgmma_m64n<BF16, 0, NT>(acc, desc_k + koff, desc_q + qoff, kk > 0);
@@ -258,7 +344,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = 2 * nt + (e & 1), key = k0 + 16 * wq + g + 8 * (e >> 1);
-                    const float x = key < lim[i] ? acc[nt][e] * a.scale_log2 : -INFINITY;
+                    const float x = key < lim[i] ? acc[nt][e] * score_mul : -INFINITY;
                     acc[nt][e] = x;
                     mx[i] = fmaxf(mx[i], x);
                 }
@@ -327,7 +413,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                 s_fin[c] = m_run[i];
                 s_fin[NR + c] = s_lsum[c] + s_lsum[NR + c] + s_lsum[2 * NR + c] + s_lsum[3 * NR + c];
             }
-        __syncthreads();   /* the final maxima and sums -> warpgroup 1 */
+        w16_cta_sync();   /* the final maxima and sums -> warpgroup 1 */
         if (tid < NR) {   /* the LSE of row tid */
             const int gr = w.row0 + tid;
             const float m = s_fin[tid], l = s_fin[NR + tid];
@@ -353,6 +439,18 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
 #pragma unroll
             for (int e = 0; e < 4; e++) o[mt][nt][e] = 0.f;
     const float *const s_alpha = red + G::RED_ALPHA;
+    /* FP8: widens staged tile u into slot u & 1 (free: its tile u - 2 is done), publishes it to
+     * warpgroup 0, then stages tile u + 1 (the staging tile is free once all 128 have widened) */
+    auto widen_and_stage = [&](int u) {
+        mbar_wait(staged, (uint32_t)u & 1u);
+        w16_widen_fp8<BF16>(stg, smem + G::OFF_K + (u & 1) * WG_TILE, tid - 128);
+        ar_wg::fence_proxy_async();   /* the widened tile -> wgmma's reads */
+        ar_wg::mbar_arrive(landed_bar(u & 1));
+        w16_wg_sync(1);
+        if (warp == 4 && u + 1 < ntiles)
+            w16_stage_fp8(a, r, w.key_begin + (u + 1) * WG_KEYS, w.key_end, stg, staged, lane);
+    };
+    if (FP8 && ntiles > 0) widen_and_stage(0);
     for (int t = 0; t < ntiles; t++) {
         const int s = t & 1;
         ar_wg::mbar_wait(p_full_bar(s), (uint32_t)(t >> 1) & 1u);
@@ -392,7 +490,8 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                 }
             ar_wg::commit();
         }
-        const bool refill = t + 2 < ntiles;
+        if (FP8 && t + 1 < ntiles) widen_and_stage(t + 1);   /* under this tile's products */
+        const bool refill = !FP8 && t + 2 < ntiles;
         const int k2 = w.key_begin + (t + 2) * WG_KEYS;
         ar_wg::wait<1>();
         if (refill) {
@@ -411,14 +510,14 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
             if (tid == 128) w16_tma_atoms(a, &tmap, r, k2, w.key_end, sk_addr, landed_bar(s), 4, 8);
         }
     }
-    __syncthreads();   /* warpgroup 0's final maxima and sums */
+    w16_cta_sync();   /* warpgroup 0's final maxima and sums */
     const float *const s_fin = red + G::RED_FIN;
 #pragma unroll
     for (int i = 0; i < NI; i++) {
         const int c = qrow[i], gr = w.row0 + c;
         if (gr >= nrows) continue;
         const float l = s_fin[NR + c];
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float inv = l > 0.f ? (FP8 ? a.kv_scale : 1.f) / l : 0.f;   /* V = kv_scale x its e4m3 */
         float *const dst = w.partial < 0 ? a.o_lat + ((int64_t)q0 * H + gr) * DL
                                          : a.part_o + ((int64_t)w.partial * ROWS + c) * DL;
         const int nt = i >> 1, e0 = i & 1;
