@@ -28,29 +28,29 @@ void *ar_xrealloc_array(void *p, size_t n, size_t elem)
 /* ---- the arena: every allocation of one step, freed together ---- */
 
 
+/* Frees the chain of chunks from c on. */
+static void free_chunks(ar_arena_chunk *c)
+{
+    while (c) {
+        ar_arena_chunk *n = c->next;
+        free(c);
+        c = n;
+    }
+}
+
 void ar_arena_reset(ar_arena *a)
 {
     /* keep the first (largest) chunk, free the rest */
     ar_arena_chunk *c = a->head;
     if (!c) return;
-    ar_arena_chunk *rest = c->next;
-    while (rest) {
-        ar_arena_chunk *n = rest->next;
-        free(rest);
-        rest = n;
-    }
+    free_chunks(c->next);
     c->next = NULL;
     c->used = 0;
 }
 
 void ar_arena_free(ar_arena *a)
 {
-    ar_arena_chunk *c = a->head;
-    while (c) {
-        ar_arena_chunk *n = c->next;
-        free(c);
-        c = n;
-    }
+    free_chunks(a->head);
     a->head = NULL;
 }
 

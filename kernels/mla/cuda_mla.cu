@@ -750,7 +750,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
      * (said once on stderr); with an fp8 cache it stages its tiles by bulk copies instead */
     CUtensorMap tmap;
     const CUtensorMap *tmap_arg = NULL;
-    if (s->route.kind == MLA_WGMMA && !s->fp8) {
+    if (s->route.tensor_map) {
         char why[256] = "";
         static bool told = false;
         if (mla_wgmma_tensor_map(a, s->cache_bytes / (D * 2), &tmap, why, sizeof why) == 0)
@@ -822,7 +822,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     free(times);
     o->num_paths = 0;
     if (s->n_dec_reqs > 0 && T > s->n_pf_tok)
-        ar_forward_add_path(o, decode_path(s->route, s->route.kind == MLA_WGMMA && !tmap_arg && !s->fp8, present[3]));
+        ar_forward_add_path(o, decode_path(s->route, s->route.tensor_map && !tmap_arg, present[3]));
     if (s->n_pf_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
     if (s->n_pf_reqs > 0 && s->info.num_context_chunks > 0) ar_forward_add_path(o, "mla-prefill:context");
     if (s->fp8) ar_forward_add_path(o, "kv-fp8");

@@ -353,7 +353,7 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
          * result's kernel name says so) */
         CUtensorMap tmap;
         const CUtensorMap *tmap_arg = NULL;
-        if (route.kind == MLA_WGMMA && !c->wgmma_cpasync && !fp8) {
+        if (route.tensor_map && !c->wgmma_cpasync) {
             char why[256] = "";
             if (mla_wgmma_tensor_map(a, (size_t)num_blocks * bs, &tmap, why, sizeof why) == 0)
                 tmap_arg = &tmap;
@@ -446,7 +446,7 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
         res->num_work = use_tc ? plan.num_ctas : T * H;
         res->num_groups = use_tc ? plan.num_groups : 0;
         res->stages = route.stages;
-        res->kernel_name = lab ? lab->name : route.kind == MLA_WGMMA && !tmap_arg && !fp8 ? "tc-wgmma (cp.async)" : route.name;
+        res->kernel_name = lab ? lab->name : route.tensor_map && !tmap_arg ? "tc-wgmma (cp.async)" : route.name;
     }
     plan_free(&plan);
     free(h_qsl);

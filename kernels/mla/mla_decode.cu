@@ -258,10 +258,10 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
     }
     const int tc_stages = stages_cap == 2 && caps.tc_stages > 2 ? 2 : caps.tc_stages;
     const bool wgmma = caps.wgmma && !fp8_cache;
-    const bool auto16 = forced == AR_MLA_KERNEL_AUTO &&
+    const bool transposed = forced == AR_MLA_KERNEL_AUTO &&
                         (fp8_cache ? caps.wgmma16_fp8 && max_rows <= W16_ROWS : wgmma && caps.wgmma16 && max_rows <= W32_ROWS);
     const bool bulk_ok = caps.narrow_bulk && !fp8_cache && tc_stages >= 3;
-    const bool narrow = max_rows <= NROWS && !auto16 &&
+    const bool narrow = max_rows <= NROWS && !transposed &&
                         (forced == AR_MLA_KERNEL_TC_NARROW || forced == AR_MLA_KERNEL_TC_NARROW_BULK ||
                          (forced == AR_MLA_KERNEL_AUTO && (!wgmma || max_rows < NROWS)));
     if (forced == AR_MLA_KERNEL_TC_SPLIT_QK)
@@ -271,12 +271,13 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
     else if (narrow)
         r.kind = bulk_ok ? MLA_NARROW_BULK : MLA_NARROW;
     else
-        r.kind = wgmma || auto16 ? MLA_WGMMA : MLA_TC;
+        r.kind = wgmma || transposed ? MLA_WGMMA : MLA_TC;
     switch (r.kind) {
     case MLA_WGMMA:
         r.stages = 2;
         r.combine_rows = true;
-        r.rows_t = !auto16 ? 0 : max_rows <= W16_ROWS ? W16_ROWS : W32_ROWS;
+        r.rows_t = !transposed ? 0 : max_rows <= W16_ROWS ? W16_ROWS : W32_ROWS;
+        r.tensor_map = !fp8_cache;
         r.name = r.rows_t == W16_ROWS ? "tc-wgmma16" : r.rows_t ? "tc-wgmma32" : "tc-wgmma";
         break;
     case MLA_NARROW_BULK:

@@ -93,6 +93,9 @@ typedef struct mla_route {
     bool combine_rows;  /* split pieces merged by combine_rows_kernel (else combine_kernel) */
     int rows_t;         /* MLA_WGMMA with at most 16 (or 32) rows a request: 16 (32), the transposed
                            attn_wgmma16_kernel<., rows_t> where the tensor map is made; else 0 */
+    bool tensor_map;    /* the launch reads the cache through a tensor map (mla_wgmma_tensor_map):
+                           MLA_WGMMA with a 16-bit cache; without one the 64-row kernel runs its
+                           cp.async key loads (an fp8 cache stages its tiles by bulk copies) */
     const char *name;   /* "tc-wgmma", "tc-wgmma16", "tc-wgmma32", "tc-narrow-bulk", "tc-narrow",
                            "tc-split-qk" or "simt" */
 } mla_route;
