@@ -71,8 +71,8 @@ template <int NR, bool FP8 = false> struct W16Geom {
      * row-sum parts [4 warps][NR] */
     static constexpr int RED_ALPHA = 0, RED_WMAX = 2 * NR, RED_FIN = 10 * NR, RED_LSUM = 12 * NR, RED_FLOATS = 16 * NR;
     static constexpr int OFF_BAR = OFF_RED + RED_FLOATS * 4;
-    /* mbarriers: landed [2 slots][9 atoms], p_full [2], p_empty [2]; FP8: staged */
-    static constexpr int BARS = 2 * 9 + 4 + (FP8 ? 1 : 0);
+    /* mbarriers: landed [2 slots][9 atoms], p_full [2], p_empty [2], staged (FP8 only), final */
+    static constexpr int BARS = 2 * 9 + 4 + 2;
     static constexpr int SMEM = 1024 /* alignment slack */ + OFF_BAR + BARS * 8;
     static_assert(NR == 16 || NR == 32, "wgmma16: 16 or 32 rows");
     static_assert(!FP8 || NR == 16, "wgmma16: the fp8 staging tile fits next to 16 rows only");
@@ -127,13 +127,6 @@ __device__ __forceinline__ void w16_wg_sync(int wg)
 {
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
-/* Barrier among all 256 threads after the warpgroups went their own ways (named barrier 3 with
- * its count: __syncthreads from two code paths is undefined, and synccheck says so). */
-__device__ __forceinline__ void w16_cta_sync()
-{
-    asm volatile("bar.sync 3, 256;\n" ::: "memory");
-}
-
 /* TMA copies of atoms [c_lo, c_hi) of the 64 keys k0 .. k0 + 63 of request r into the slot at
  * sk_addr, by one thread: atom c completes on bar + 8 c (its expected bytes, 8 KB, raised first),
  * as 64 / rows runs of rows = 2^wg_tma_rows_log2 keys, one box [rows keys][64 dims] each.  A run
@@ -242,6 +235,9 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
     auto landed_bar = [&](int s) { return bar0 + (uint32_t)(72 * s); };   /* + 8 c: atom c of slot s */
     auto p_full_bar = [&](int s) { return bar0 + (uint32_t)(144 + 8 * s); };
     auto p_empty_bar = [&](int s) { return bar0 + (uint32_t)(160 + 8 * s); };
+    /* warpgroup 0's final maxima and sums are in shared memory (its 128 arrivals; an mbarrier
+     * rather than a named barrier, so that racecheck sees the hand-over) */
+    const uint32_t final_bar = bar0 + 184;
     uint64_t *const staged = reinterpret_cast<uint64_t *>(smem + G::OFF_BAR + 176);   /* FP8 */
     unsigned char *const stg = smem + G::OFF_STG;                                      /* FP8 */
 
@@ -267,6 +263,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
             ar_wg::mbar_init(p_empty_bar(s), 128);
         }
         if (FP8) ar_wg::mbar_init(bar0 + 176, 1);
+        ar_wg::mbar_init(final_bar, 128);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         if (!FP8) ar_wg::tma_prefetch_map(&tmap);
     }
@@ -413,7 +410,8 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                 s_fin[c] = m_run[i];
                 s_fin[NR + c] = s_lsum[c] + s_lsum[NR + c] + s_lsum[2 * NR + c] + s_lsum[3 * NR + c];
             }
-        w16_cta_sync();   /* the final maxima and sums -> warpgroup 1 */
+        ar_wg::mbar_arrive(final_bar);   /* the final maxima and sums -> warpgroup 1 */
+        w16_wg_sync(0);                  /* ... and to warpgroup 0's own threads */
         if (tid < NR) {   /* the LSE of row tid */
             const int gr = w.row0 + tid;
             const float m = s_fin[tid], l = s_fin[NR + tid];
@@ -510,7 +508,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
             if (tid == 128) w16_tma_atoms(a, &tmap, r, k2, w.key_end, sk_addr, landed_bar(s), 4, 8);
         }
     }
-    w16_cta_sync();   /* warpgroup 0's final maxima and sums */
+    ar_wg::mbar_wait(final_bar, 0u);   /* warpgroup 0's final maxima and sums */
     const float *const s_fin = red + G::RED_FIN;
 #pragma unroll
     for (int i = 0; i < NI; i++) {
