@@ -13,9 +13,9 @@
  * attention and combine launches, median of 20 after a warm-up; inputs are generated on the
  * device.  Without a GPU it prints why and exits 0.  Kernel variants that are not in the
  * product are measured by kernels/lab/ (`make lab`).  `bench_mla --only H_Q S_K [SPLITS [KERNEL]]`
- * runs that one shape at any h_q (SPLITS: pieces a row tile, forced; KERNEL: auto or tc-wgmma,
- * the 64-row kernel forced) and no torch peer (for a profiler: one kernel, warm-up + 20
- * launches). */
+ * runs that one shape at any h_q (SPLITS: pieces a row tile, forced; KERNEL: auto, tc-wgmma =
+ * the 64-row kernel forced, or fp8 = AUTO over an fp8 e4m3 cache) and no torch peer (for a
+ * profiler: one kernel, warm-up + 20 launches). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,18 +69,21 @@ static const peer_row *find_peer(const peer_row *rows, int n, int h, int sk)
 int main(int argc, char **argv)
 {
     const int B = 128, SQ = 1;
-    /* --only H_Q S_K [SPLITS [KERNEL]]: that one row alone (any h_q; KERNEL auto or tc-wgmma) */
+    /* --only H_Q S_K [SPLITS [KERNEL]]: that one row alone (any h_q; KERNEL auto, tc-wgmma, or
+     * fp8: AUTO's kernel over an fp8 e4m3 cache) */
     int only_h = 0, only_sk = 0, only_splits = 0;
+    bool only_fp8 = false;
     ar_cuda_mla_kernel only_kernel = AR_MLA_KERNEL_AUTO;
     if (argc >= 4 && argc <= 6 && strcmp(argv[1], "--only") == 0) {
         only_h = atoi(argv[2]);
         only_sk = atoi(argv[3]);
         if (argc >= 5) only_splits = atoi(argv[4]);
         if (argc == 6 && strcmp(argv[5], "tc-wgmma") == 0) only_kernel = AR_MLA_KERNEL_TC_WGMMA;
+        else if (argc == 6 && strcmp(argv[5], "fp8") == 0) only_fp8 = true;
         else if (argc == 6 && strcmp(argv[5], "auto") != 0) only_h = 0;
     }
     if (argc != 1 && (only_h <= 0 || only_sk <= 0 || only_splits < 0)) {
-        fprintf(stderr, "usage: bench_mla [--only H_Q S_K [SPLITS [auto|tc-wgmma]]]\n");
+        fprintf(stderr, "usage: bench_mla [--only H_Q S_K [SPLITS [auto|tc-wgmma|fp8]]]\n");
         return 2;
     }
     static const int sks[] = {4096, 8192, 16384, 32768};
@@ -125,7 +128,8 @@ int main(int argc, char **argv)
              * (under 16 rows a request) AUTO x 4 (on Hopper the transposed wgmma kernel) */
             bool fp8_row = ik == 4, ring2_row = ik == 5, fallback_row = ik >= 6;
             int sk = ik < 4 ? sks[ik] : ik < 6 ? 16384 : sks[ik - 6];
-            if (only_h && (ih > 0 || sk != only_sk || ik >= 4)) continue;
+            if (only_fp8 && fp8_row) sk = only_sk;
+            if (only_h && (ih > 0 || sk != only_sk || (only_fp8 ? !fp8_row : ik >= 4))) continue;
             for (int b = 0; b < B; b++) seqlens[b] = sk;
             c.h_q = hqs[ih];
             c.kv_dtype = fp8_row ? AR_FP8_E4M3 : AR_BF16;
