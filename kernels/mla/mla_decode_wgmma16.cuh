@@ -71,8 +71,10 @@ template <int NR, bool FP8 = false> struct W16Geom {
      * row-sum parts [4 warps][NR] */
     static constexpr int RED_ALPHA = 0, RED_WMAX = 2 * NR, RED_FIN = 10 * NR, RED_LSUM = 12 * NR, RED_FLOATS = 16 * NR;
     static constexpr int OFF_BAR = OFF_RED + RED_FLOATS * 4;
-    /* mbarriers: landed [2 slots][9 atoms], p_full [2], p_empty [2], staged (FP8 only), final */
-    static constexpr int BARS = 2 * 9 + 4 + 2;
+    /* mbarriers (byte offsets from OFF_BAR): landed [2 slots][9 atoms], p_full [2], p_empty [2],
+     * staged (FP8 only), final */
+    static constexpr int BAR_LANDED = 0, BAR_P_FULL = BAR_LANDED + 2 * 9 * 8, BAR_P_EMPTY = BAR_P_FULL + 2 * 8,
+                         BAR_STAGED = BAR_P_EMPTY + 2 * 8, BAR_FINAL = BAR_STAGED + 8, BARS = (BAR_FINAL + 8) / 8;
     static constexpr int SMEM = 1024 /* alignment slack */ + OFF_BAR + BARS * 8;
     static_assert(NR == 16 || NR == 32, "wgmma16: 16 or 32 rows");
     static_assert(!FP8 || NR == 16, "wgmma16: the fp8 staging tile fits next to 16 rows only");
@@ -232,13 +234,13 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
     const uint32_t sk_addr0 = sq_addr + G::OFF_K, sp_addr0 = sq_addr + G::OFF_P;
     float *const red = reinterpret_cast<float *>(smem + G::OFF_RED);
     const uint32_t bar0 = sq_addr + G::OFF_BAR;
-    auto landed_bar = [&](int s) { return bar0 + (uint32_t)(72 * s); };   /* + 8 c: atom c of slot s */
-    auto p_full_bar = [&](int s) { return bar0 + (uint32_t)(144 + 8 * s); };
-    auto p_empty_bar = [&](int s) { return bar0 + (uint32_t)(160 + 8 * s); };
+    auto landed_bar = [&](int s) { return bar0 + (uint32_t)(G::BAR_LANDED + 72 * s); };   /* + 8 c: atom c of slot s */
+    auto p_full_bar = [&](int s) { return bar0 + (uint32_t)(G::BAR_P_FULL + 8 * s); };
+    auto p_empty_bar = [&](int s) { return bar0 + (uint32_t)(G::BAR_P_EMPTY + 8 * s); };
     /* warpgroup 0's final maxima and sums are in shared memory (its 128 arrivals; an mbarrier
      * rather than a named barrier, so that racecheck sees the hand-over) */
-    const uint32_t final_bar = bar0 + 184;
-    uint64_t *const staged = reinterpret_cast<uint64_t *>(smem + G::OFF_BAR + 176);   /* FP8 */
+    const uint32_t final_bar = bar0 + G::BAR_FINAL;
+    uint64_t *const staged = reinterpret_cast<uint64_t *>(smem + G::OFF_BAR + G::BAR_STAGED);   /* FP8 */
     unsigned char *const stg = smem + G::OFF_STG;                                      /* FP8 */
 
     const work_item w = a.work[blockIdx.x];
@@ -262,7 +264,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
             ar_wg::mbar_init(p_full_bar(s), 128);
             ar_wg::mbar_init(p_empty_bar(s), 128);
         }
-        if (FP8) ar_wg::mbar_init(bar0 + 176, 1);
+        if (FP8) ar_wg::mbar_init(bar0 + G::BAR_STAGED, 1);
         ar_wg::mbar_init(final_bar, 128);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         if (!FP8) ar_wg::tma_prefetch_map(&tmap);
