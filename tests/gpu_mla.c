@@ -211,6 +211,7 @@ typedef struct grid_opts {
     double cos_limit;
     int stages;             /* 0: the most that fit (3 on Hopper), 2: the A100 ring */
     bool wgmma_cpasync;     /* the wgmma kernel's cp.async key loads instead of TMA */
+    bool q_spread;          /* query rows 2^32 apart in magnitude (ar_cuda_mla_case.q_spread) */
 } grid_opts;
 
 /* The kernel the last run_checked case ran (ar_cuda_mla_result.kernel_name). */
@@ -255,6 +256,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     c.num_splits = go->num_splits;
     c.stages = go->stages;
     c.wgmma_cpasync = go->wgmma_cpasync;
+    c.q_spread = go->q_spread;
     c.want_reference = true;
     c.ref_requests = sel;
     size_t n_out = (size_t)b * s_q * h_q * 512, n_lse = (size_t)b * h_q * s_q;
@@ -293,7 +295,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
 
 static grid_opts default_opts(void)
 {
-    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_AUTO, 0, 64, 5e-6, 0, false};
+    grid_opts g = {AR_BF16, AR_BF16, 1.0, AR_MLA_KERNEL_AUTO, 0, 64, 5e-6, 0, false, false};
     return g;
 }
 
@@ -671,7 +673,9 @@ static void test_narrow_bulk_kernel(void **st)
  * case of exactly 16 rows, 1-key last tiles, 5 forced pieces, 200 requests among them), its
  * 32-row one on 17-32 rows (32 exactly, causal multi-token queries, block sizes 16 and 32, fp16,
  * forced pieces, 128 requests), and its fp8-cache form (<= 16 rows, kv_scale 0.37 / 0.5 / 2,
- * bf16 and fp16 queries, block sizes 16 / 32 / 64, a partial last tile, forced pieces).  Skips where the wgmma
+ * bf16 and fp16 queries, block sizes 16 / 32 / 64, a partial last tile, forced pieces; bf16
+ * query rows 2^32 apart in magnitude, which its fp16 products take only through its per-row
+ * scaling).  Skips where the wgmma
  * kernels cannot run (AUTO then runs the narrow kernels, which test_narrow_bulk_kernel covers). */
 static void test_wgmma16_kernel(void **st)
 {
@@ -697,6 +701,21 @@ static void test_wgmma16_kernel(void **st)
         {4, 1, 3000, 8, 1, 0, 0, 3, 64, AR_FP16, AR_FP8_E4M3, 2.0},
     };
     fails += run_row_cases(fp8, sizeof fp8 / sizeof fp8[0], AR_MLA_KERNEL_AUTO, "tc-wgmma16", "<= 16 rows, fp8 cache");
+    /* the fp8 form's products are fp16: bf16 query rows 2^32 apart in magnitude (2^16 would
+     * overflow fp16 unscaled, 2^-16 fall below its normal range) must come out as exactly */
+    int spread_fails = 0;
+    for (int i = 0; i < 2; i++) {
+        grid_opts go = default_opts();
+        go.kv_dtype = AR_FP8_E4M3;
+        go.kv_scale = i ? 0.37 : 0.5;
+        go.cos_limit = 1e-4;
+        go.q_spread = true;
+        bool ok = run_checked(i ? 4 : 3, 1, i ? 700 : 100, i ? 15 : 16, i, 1, 0, &go);
+        if (ok && strcmp(last_kernel_name, "tc-wgmma16") != 0) ok = false;
+        spread_fails += !ok;
+    }
+    print_message("fp8 cache, bf16 queries with rows 2^32 apart (tc-wgmma16): 2 cases, %d failed\n", spread_fails);
+    fails += spread_fails;
     assert_int_equal(fails, 0);
 }
 

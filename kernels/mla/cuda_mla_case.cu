@@ -18,7 +18,7 @@ namespace ar_mla {
 /* Test-case inputs (FlashMLA's distribution, ar_cuda_mla_case_value): q [T, H, 576] and the
  * cache entries of every request's tokens; one thread per 16 elements of a row, so the row hash
  * is computed once per 16 values. */
-__global__ void case_q_kernel(uint16_t *q, int batch, int s_q, int H, uint64_t seed, ar_dtype dtype)
+__global__ void case_q_kernel(uint16_t *q, int batch, int s_q, int H, uint64_t seed, ar_dtype dtype, int spread)
 {
     const int pieces = D / 16;
     int64_t total = (int64_t)batch * s_q * H * pieces;
@@ -30,9 +30,10 @@ __global__ void case_q_kernel(uint16_t *q, int batch, int s_q, int H, uint64_t s
         int64_t t = rest / H;
         int i = (int)(t % s_q), b = (int)(t / s_q);
         uint64_t row = ar_gen_row(seed, AR_STREAM_Q, 0, (uint64_t)b, (uint64_t)i, (uint32_t)n);
+        const float mul = spread ? exp2f((float)(8 * (n % 5) - 16)) : 1.f;   /* a power of two: exact */
         for (int d = d0; d < d0 + 16; d++)
             q[rest * D + d] = to_bits(dtype == AR_BF16,
-                                      ar_cuda_mla_case_value(ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype), dtype));
+                                      ar_cuda_mla_case_value(ar_gen(row, (uint32_t)d, AR_DATA_NORMAL, dtype), dtype) * mul);
     }
 }
 
@@ -315,7 +316,8 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
         cudaMemset(d_cache, 0xFF, cache_bytes);   /* NaN in bf16, fp16 and fp8 e4m3 */
         cudaMemset(d_olat, 0xFF, olat_elems * 4);
         cudaMemset(d_lse, 0xFF, lse_elems * 4);
-        case_q_kernel<<<mla_grid((int64_t)T * H * (D / 16), 256), 256>>>((uint16_t *)d_q, B, SQ, H, c->seed, c->dtype);
+        case_q_kernel<<<mla_grid((int64_t)T * H * (D / 16), 256), 256>>>((uint16_t *)d_q, B, SQ, H, c->seed, c->dtype,
+                                                                          c->q_spread ? 1 : 0);
         if (max_sk > 0)
             case_cache_kernel<<<mla_grid((int64_t)B * max_sk * (D / 16), 256), 256>>>(
                 d_cache, B, (const int *)(d + o_seq), max_sk, bs, bpr, c->contiguous_blocks ? 1 : 0, num_blocks, c->seed,

@@ -9,7 +9,8 @@
  * Inputs follow FlashMLA's test (randn / 10 clamped to [-1, 1], tests/test_flash_mla_dense_
  * decoding.py) and are made on the device without weights: q[b, i, n, d] =
  * ar_cuda_mla_case_value(ar_gen(ar_gen_row(seed, AR_STREAM_Q, 0, b, i, n), d, AR_DATA_NORMAL,
- * dtype), dtype), d < 576; the cache entry of logical token j of request b =
+ * dtype), dtype), d < 576 (times 2^(8 (n % 5) - 16) with q_spread); the cache entry of logical
+ * token j of request b =
  * ar_kv_roundtrip(kv_dtype, dtype, kv_scale, ar_cuda_mla_case_value(ar_gen(ar_gen_row(seed,
  * AR_STREAM_LATENT, 0, 1000003 + b, j, 0), d, AR_DATA_NORMAL, dtype), dtype)), d < 576; logical
  * block k of request b lives in physical block ar_cuda_mla_case_block(b, k, blocks_per_req,
@@ -53,6 +54,8 @@ typedef struct ar_cuda_mla_case {
                                  the cache's tensor map cannot be made) instead of TMA */
     bool contiguous_blocks;   /* logical block k of request b in physical block 1 + b * blocks_per_req + k
                                  (FlashMLA's benchmark: block_table = arange) instead of the permutation */
+    bool q_spread;            /* query head n scaled by 2^(8 (n % 5) - 16): rows 2^32 apart in magnitude
+                                 (bf16 queries; an fp16 one would overflow) */
 } ar_cuda_mla_case;
 
 /* Results (host arrays allocated by the caller; any may be NULL).  LSE follows FlashMLA: a row

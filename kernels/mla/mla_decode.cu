@@ -226,8 +226,7 @@ mla_caps mla_probe(int device)
                    set_smem((const void *)attn_wgmma16_kernel<false, 16>, W16Geom<16>::SMEM, false) &&
                    set_smem((const void *)attn_wgmma16_kernel<true, 32>, W16Geom<32>::SMEM, false) &&
                    set_smem((const void *)attn_wgmma16_kernel<false, 32>, W16Geom<32>::SMEM, false);
-    caps.wgmma16_fp8 = caps.wgmma16 &&
-                       set_smem((const void *)attn_wgmma16_kernel<true, 16, true>, W16Geom<16, true>::SMEM, false) &&
+    caps.wgmma16_fp8 = caps.wgmma16 &&   /* one instance: fp16 products for either query dtype */
                        set_smem((const void *)attn_wgmma16_kernel<false, 16, true>, W16Geom<16, true>::SMEM, false);
     probed = device;
     return caps;
@@ -665,7 +664,9 @@ static void launch_kernel(const attn_args &a, const mla_route &route, int n, con
     if constexpr (FP8) {   /* with an fp8 cache mla_choose picks the wgmma kinds only as this one */
         if (route.kind == MLA_WGMMA) {
             const CUtensorMap none = {};   /* unused: the fp8 tiles come by bulk copies */
-            attn_wgmma16_kernel<BF16, 16, true><<<n, THREADS, W16Geom<16, true>::SMEM, st>>>(a, none);
+            /* fp16 products whatever the query dtype: e4m3 widens to fp16 by one instruction a
+             * pair, bf16 queries are scaled into fp16 in the kernel (a.bf16) */
+            attn_wgmma16_kernel<false, 16, true><<<n, THREADS, W16Geom<16, true>::SMEM, st>>>(a, none);
             return;
         }
     }

@@ -3,9 +3,13 @@
  * 32-row instance (tensor parallelism 4, or two query tokens of multi-token prediction at 8):
  * attn_wgmma16_kernel<BF16, NR, FP8>.  Described below for NR = 16 and a 16-bit cache; at 32 every
  * "16 rows" is 32, the products are m64n32k16 and Q takes 36 KB.  With an fp8 e4m3 cache (FP8, 16
- * rows): each tile is staged [64 keys][576 B] by 64 bulk copies (one warp) and warpgroup 1 widens
- * it into the key slot (the hardware's e4m3x2 -> f16x2, through float for bf16: exact) while the
- * previous tile's products run; kv_scale multiplies the score scale and the output.  The same
+ * rows): the tiles come as halves of 32 keys [32][576 B], one bulk copy a key (one warp), into a
+ * ring of three staging buffers (so up to 96 keys are in flight), and warpgroup 1 widens each
+ * half into the key slot (the hardware's e4m3x2 -> f16x2, one instruction a pair: exact) while
+ * the previous tile's products run, restaging the buffer at once; the products are fp16 whatever
+ * the query dtype (one instance, <false, 16, true>): bf16 queries are scaled into fp16 row by
+ * row in shared memory (w16_q_bf16_to_f16) and each row's scores multiplied back; kv_scale
+ * multiplies the score scale and the output.  The same
  * work items, arguments, masks, faults and outputs (o_lat / lse, or a split piece's partials for
  * combine_rows_kernel) as attn_wgmma_tma_kernel
  * (mla_decode_wgmma.cuh), whose 64-row products spend three quarters of their tensor time on
@@ -55,8 +59,12 @@
 
 namespace ar_mla {
 
+/* FP8: keys a staging buffer holds (half a key tile), and the ring's buffers */
+constexpr int W16_HALF = WG_KEYS / 2;
+constexpr int W16_STAGES = 3;
+
 /* The shared-memory plan of the kernel for NR = 16 or 32 query rows a work item; FP8: the
- * latent cache holds fp8 e4m3, staged [64 keys][576 B] by bulk copies and widened into the key
+ * latent cache holds fp8 e4m3, staged [32 keys][576 B] a buffer by bulk copies and widened into the key
  * slots by warpgroup 1. */
 template <int NR, bool FP8 = false> struct W16Geom {
     static constexpr int ROWS = NR;                             /* query rows of a work item */
@@ -64,20 +72,22 @@ template <int NR, bool FP8 = false> struct W16Geom {
     static constexpr int QATOM = NR * 128;                      /* one 64-dim atom of Q or P^T: [NR][128 B] */
     static constexpr int OFF_K = 9 * QATOM;                     /* the 2 key slots, after Q */
     static constexpr int OFF_P = OFF_K + 2 * WG_TILE;           /* P^T [2][NR rows][64 keys] */
-    static constexpr int OFF_STG = OFF_P + 2 * QATOM;           /* FP8: the staging tile */
-    static constexpr int STG_BYTES = FP8 ? WG_KEYS * D : 0;
+    static constexpr int OFF_STG = OFF_P + 2 * QATOM;           /* FP8: the staging ring */
+    static constexpr int STG_BYTES = FP8 ? W16_STAGES * W16_HALF * D : 0;
     static constexpr int OFF_RED = OFF_STG + STG_BYTES;
     /* floats at OFF_RED: alpha [2][NR], tile maxima [2][4 warps][NR], final m and l [2][NR],
-     * row-sum parts [4 warps][NR] */
-    static constexpr int RED_ALPHA = 0, RED_WMAX = 2 * NR, RED_FIN = 10 * NR, RED_LSUM = 12 * NR, RED_FLOATS = 16 * NR;
+     * row-sum parts [4 warps][NR], the query rows' largest magnitudes, then their scales [NR] */
+    static constexpr int RED_ALPHA = 0, RED_WMAX = 2 * NR, RED_FIN = 10 * NR, RED_LSUM = 12 * NR, RED_QMAX = 16 * NR,
+                         RED_FLOATS = 18 * NR;
     static constexpr int OFF_BAR = OFF_RED + RED_FLOATS * 4;
     /* mbarriers (byte offsets from OFF_BAR): landed [2 slots][9 atoms], p_full [2], p_empty [2],
-     * staged (FP8 only), final */
+     * final, staged [W16_STAGES] (FP8 only) */
     static constexpr int BAR_LANDED = 0, BAR_P_FULL = BAR_LANDED + 2 * 9 * 8, BAR_P_EMPTY = BAR_P_FULL + 2 * 8,
-                         BAR_STAGED = BAR_P_EMPTY + 2 * 8, BAR_FINAL = BAR_STAGED + 8, BARS = (BAR_FINAL + 8) / 8;
+                         BAR_FINAL = BAR_P_EMPTY + 2 * 8, BAR_STAGED = BAR_FINAL + 8,
+                         BARS = (BAR_STAGED + W16_STAGES * 8) / 8;
     static constexpr int SMEM = 1024 /* alignment slack */ + OFF_BAR + BARS * 8;
     static_assert(NR == 16 || NR == 32, "wgmma16: 16 or 32 rows");
-    static_assert(!FP8 || NR == 16, "wgmma16: the fp8 staging tile fits next to 16 rows only");
+    static_assert(!FP8 || NR == 16, "wgmma16: the fp8 staging ring fits next to 16 rows only");
     static_assert(OFF_K % 1024 == 0 && OFF_P % 1024 == 0 && OFF_BAR % 8 == 0, "wgmma16: alignment");
     static_assert(SMEM <= 232448, "wgmma16: more shared memory than an sm_90 block gets");
 };
@@ -160,65 +170,106 @@ __device__ __forceinline__ void w16_tma_atoms(const attn_args &a, const void *tm
     }
 }
 
-/* FP8: the 64 keys k0 .. k0 + 63 of request r (rows past key_end re-read the last valid key, to
- * be zeroed before use) as 64 bulk copies of a whole 576-byte row into the staging tile stg
- * ([64][576 B]), by one warp (lane l: keys l and l + 32, their block-table entries read at
- * once), completing on bar. */
+/* FP8: the 32 keys k0 .. k0 + 31 of request r (rows past key_end re-read the last valid key,
+ * masked before use) as 32 bulk copies of a whole 576-byte row into the staging buffer stg
+ * ([32][576 B]), by one warp (lane l: key k0 + l, its block-table entry), completing on bar. */
 __device__ __forceinline__ void w16_stage_fp8(const attn_args &a, int r, int k0, int key_end, unsigned char *stg,
                                               uint64_t *bar, int lane)
 {
     const int *const bt = a.block_table + (int64_t)r * a.mbpr;
     const uint8_t *const cache = (const uint8_t *)a.cache;
-    int64_t slot[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int j = lane + 32 * h, key = k0 + j < key_end ? k0 + j : key_end - 1;
-        slot[h] = ((int64_t)__ldg(bt + (key >> a.block_size_log2)) << a.block_size_log2) + (key & (a.block_size - 1));
-    }
-    fence_proxy_async();   /* the staging tile's earlier reads (widening) before the copies' writes */
-    if (lane == 0) mbar_expect_tx(bar, (uint32_t)(WG_KEYS * D));
+    const int key = k0 + lane < key_end ? k0 + lane : key_end - 1;
+    const int64_t slot = ((int64_t)__ldg(bt + (key >> a.block_size_log2)) << a.block_size_log2) + (key & (a.block_size - 1));
+    fence_proxy_async();   /* the buffer's earlier reads (widening) before the copies' writes */
+    if (lane == 0) mbar_expect_tx(bar, (uint32_t)(W16_HALF * D));
     __syncwarp();
-#pragma unroll
-    for (int h = 0; h < 2; h++) bulk_copy(stg + (lane + 32 * h) * D, cache + slot[h] * D, (uint32_t)D, bar);
+    bulk_copy(stg + lane * D, cache + slot * D, (uint32_t)D, bar);
 }
 
-/* Two e4m3 values (byte 0 the first) -> two 16-bit compute values, exactly (every e4m3 value is
- * representable in fp16 and bf16): the hardware's e4m3x2 -> f16x2, through float for bf16. */
-template <bool BF16> __device__ __forceinline__ uint32_t w16_fp8x2(uint32_t two)
+/* Two e4m3 values (byte 0 the first) -> two fp16 values, exactly (every e4m3 value is an fp16
+ * one): the hardware's e4m3x2 -> f16x2, one instruction. */
+__device__ __forceinline__ uint32_t w16_fp8x2(uint32_t two)
 {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
-    if constexpr (BF16) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
-        return pack2<true>(f.x, f.y);
-    } else {
-        return (uint32_t)h.x | ((uint32_t)h.y << 16);
-    }
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
 
-/* FP8: warpgroup 1's 128 threads (i = its thread number) widen the staging tile into the key
- * slot at sk (swizzled 16-bit atoms, as a TMA tile lands): 16 bytes (16 dims) a step, 18 steps a
- * thread, the two 16-byte chunks of 8 dims each to their swizzled places. */
-template <bool BF16>
-__device__ __forceinline__ void w16_widen_fp8(const unsigned char *stg, unsigned char *sk, int i)
+/* FP8: warpgroup 1's 128 threads (i = its thread number) widen a staging buffer (32 keys) into
+ * rows row0 .. row0 + 31 of the key slot at sk (swizzled 16-bit atoms, as a TMA tile lands): 16
+ * bytes (16 dims) a step, 9 steps a thread, the two 16-byte chunks of 8 dims each to their
+ * swizzled places. */
+__device__ __forceinline__ void w16_widen_fp8(const unsigned char *stg, unsigned char *sk, int row0, int i)
 {
-#pragma unroll 6
-    for (int k = 0; k < WG_KEYS * (D / 16) / 128; k++) {
-        const int idx = i + 128 * k, row = idx / (D / 16), p = idx % (D / 16);
-        const uint4 raw = *reinterpret_cast<const uint4 *>(stg + row * D + p * 16);
+#pragma unroll 3
+    for (int k = 0; k < W16_HALF * (D / 16) / 128; k++) {
+        const int idx = i + 128 * k, row = row0 + idx / (D / 16), p = idx % (D / 16);
+        const uint4 raw = *reinterpret_cast<const uint4 *>(stg + (row - row0) * D + p * 16);
         uint4 lo, hi;
-        lo.x = w16_fp8x2<BF16>(raw.x & 0xffffu);
-        lo.y = w16_fp8x2<BF16>(raw.x >> 16);
-        lo.z = w16_fp8x2<BF16>(raw.y & 0xffffu);
-        lo.w = w16_fp8x2<BF16>(raw.y >> 16);
-        hi.x = w16_fp8x2<BF16>(raw.z & 0xffffu);
-        hi.y = w16_fp8x2<BF16>(raw.z >> 16);
-        hi.z = w16_fp8x2<BF16>(raw.w & 0xffffu);
-        hi.w = w16_fp8x2<BF16>(raw.w >> 16);
+        lo.x = w16_fp8x2(raw.x & 0xffffu);
+        lo.y = w16_fp8x2(raw.x >> 16);
+        lo.z = w16_fp8x2(raw.y & 0xffffu);
+        lo.w = w16_fp8x2(raw.y >> 16);
+        hi.x = w16_fp8x2(raw.z & 0xffffu);
+        hi.y = w16_fp8x2(raw.z >> 16);
+        hi.z = w16_fp8x2(raw.w & 0xffffu);
+        hi.w = w16_fp8x2(raw.w >> 16);
         unsigned char *const dst = sk + (p >> 2) * WG_ATOM + row * 128;
         const int c = 2 * (p & 3);
         *reinterpret_cast<uint4 *>(dst + ((c ^ (row & 7)) << 4)) = lo;
         *reinterpret_cast<uint4 *>(dst + (((c + 1) ^ (row & 7)) << 4)) = hi;
     }
+}
+
+/* FP8 with bf16 queries: warpgroup 0 (thread i of 128) turns the bf16 Q tile in shared memory
+ * (as the cp.async loop put it: chunk c of row idx / 72 for idx = i + 128 k) into fp16, each row
+ * multiplied by a power of two 2^e_r that brings its largest magnitude into [2^14, 2^15): exact
+ * for every element within 2^28 of its row's largest (fp16 keeps bf16's 8 mantissa bits, 11 of
+ * its own).  2^-e_r -> qscale[r], by which the row's scores are multiplied back.  qmax: NR
+ * floats of scratch.  Ends with the tile in place for wgmma (proxy fence, warpgroup barrier). */
+template <int NR>
+__device__ __forceinline__ void w16_q_bf16_to_f16(unsigned char *smem, float *qmax, float *qscale, int i)
+{
+    constexpr int QATOM = NR * 128, STEPS = NR * WG_CHUNKS / 128;
+    auto chunk = [&](int k) {
+        const int idx = i + 128 * k, row = idx / WG_CHUNKS, c = idx % WG_CHUNKS;
+        return reinterpret_cast<uint4 *>(smem + (c >> 3) * QATOM + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+    };
+    if (i < NR) qmax[i] = 0.f;
+    w16_wg_sync(0);
+#pragma unroll
+    for (int k = 0; k < STEPS; k++) {
+        const uint4 v = *chunk(k);
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        uint32_t m = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) m = max(m, max((w[j] & 0x7fffu) << 16, w[j] & 0x7fff0000u));
+        atomicMax(reinterpret_cast<unsigned int *>(qmax) + (i + 128 * k) / WG_CHUNKS, m);   /* |x| as bits: monotonic */
+    }
+    w16_wg_sync(0);
+    if (i < NR) {
+        const uint32_t mb = __float_as_uint(qmax[i]);
+        int e = mb == 0u ? 0 : 14 - ((int)(mb >> 23) - 127);   /* 2^e x the largest in [2^14, 2^15) */
+        e = e < -120 ? -120 : e > 120 ? 120 : e;
+        qmax[i] = exp2f((float)e);
+        qscale[i] = exp2f((float)-e);
+    }
+    w16_wg_sync(0);
+#pragma unroll
+    for (int k = 0; k < STEPS; k++) {
+        uint4 *const pc = chunk(k);
+        const float f = qmax[(i + 128 * k) / WG_CHUNKS];
+        uint4 v = *pc;
+        uint32_t *const w = reinterpret_cast<uint32_t *>(&v);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float lo = __uint_as_float(w[j] << 16) * f, hi = __uint_as_float(w[j] & 0xffff0000u) * f;
+            const __half2 h = __floats2half2_rn(lo, hi);
+            w[j] = *reinterpret_cast<const uint32_t *>(&h);
+        }
+        *pc = v;
+    }
+    ar_wg::fence_proxy_async();   /* the converted tile -> wgmma's reads */
+    w16_wg_sync(0);
 }
 
 /* The kernel (see the file comment) for work items of at most NR = 16 or 32 rows.  tmap: the
@@ -228,6 +279,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using G = W16Geom<NR, FP8>;
+    static_assert(!(FP8 && BF16), "wgmma16: the fp8 form runs fp16 products (bf16 queries are scaled into fp16)");
     constexpr int NT = G::NT, NI = 2 * G::NT;   /* column tiles; query rows a thread holds */
     uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
     unsigned char *const smem = wg_smem_base(&sq_addr);
@@ -240,8 +292,10 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
     /* warpgroup 0's final maxima and sums are in shared memory (its 128 arrivals; an mbarrier
      * rather than a named barrier, so that racecheck sees the hand-over) */
     const uint32_t final_bar = bar0 + G::BAR_FINAL;
-    uint64_t *const staged = reinterpret_cast<uint64_t *>(smem + G::OFF_BAR + G::BAR_STAGED);   /* FP8 */
-    unsigned char *const stg = smem + G::OFF_STG;                                      /* FP8 */
+    /* FP8: staged[b] completes when staging buffer b has landed (half h of the item in buffer
+     * h % 3, its (h / 3)-th phase) */
+    uint64_t *const staged = reinterpret_cast<uint64_t *>(smem + G::OFF_BAR + G::BAR_STAGED);
+    unsigned char *const stg = smem + G::OFF_STG;
 
     const work_item w = a.work[blockIdx.x];
     const int r = w.req;
@@ -264,13 +318,16 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
             ar_wg::mbar_init(p_full_bar(s), 128);
             ar_wg::mbar_init(p_empty_bar(s), 128);
         }
-        if (FP8) ar_wg::mbar_init(bar0 + G::BAR_STAGED, 1);
+        if (FP8)
+            for (int b = 0; b < W16_STAGES; b++) ar_wg::mbar_init(bar0 + (uint32_t)(G::BAR_STAGED + 8 * b), 1);
         ar_wg::mbar_init(final_bar, 128);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         if (!FP8) ar_wg::tma_prefetch_map(&tmap);
     }
     __syncthreads();
-    if (FP8 && warp == 0 && ntiles > 0) w16_stage_fp8(a, r, w.key_begin, w.key_end, stg, staged, lane);
+    if (FP8 && warp == 0)
+        for (int h = 0; h < W16_STAGES && h < 2 * ntiles; h++)
+            w16_stage_fp8(a, r, w.key_begin + h * W16_HALF, w.key_end, stg + h * W16_HALF * D, staged + h, lane);
     if (!FP8 && tid == 0)
         for (int t = 0; t < 2 && t < ntiles; t++)
             w16_tma_atoms(a, &tmap, r, w.key_begin + t * WG_KEYS, w.key_end, sk_addr0 + (uint32_t)(t * WG_TILE),
@@ -291,6 +348,11 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
         cp_async_wait<0>();
         ar_wg::fence_proxy_async();
         w16_wg_sync(0);
+        /* FP8 runs in fp16 (one conversion an e4m3 pair, see widen_and_stage): bf16 queries are
+         * scaled into fp16 row by row, and each row's scores multiplied back (qscale) */
+        float *const s_qscale = red + G::RED_QMAX + NR;   /* [NR] after the scratch */
+        const bool q_scaled = FP8 && !BF16 && a.bf16;
+        if (q_scaled) w16_q_bf16_to_f16<NR>(smem, red + G::RED_QMAX, s_qscale, tid);
 
         const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
         int lim[NI];
@@ -306,6 +368,9 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
         const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
         float *const s_alpha = red + G::RED_ALPHA, *const s_wmax = red + G::RED_WMAX;
         const float score_mul = FP8 ? a.scale_log2 * a.kv_scale : a.scale_log2;   /* K = kv_scale x its e4m3 */
+        float row_mul[NI];   /* score_mul, times each row's query scale where Q was scaled */
+#pragma unroll
+        for (int i = 0; i < NI; i++) row_mul[i] = q_scaled ? score_mul * s_qscale[qrow[i]] : score_mul;
         for (int t = 0; t < ntiles; t++) {
             const int s = t & 1;
             const uint32_t sk_addr = sk_addr0 + (uint32_t)(s * WG_TILE);
@@ -343,7 +408,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = 2 * nt + (e & 1), key = k0 + 16 * wq + g + 8 * (e >> 1);
-                    const float x = key < lim[i] ? acc[nt][e] * score_mul : -INFINITY;
+                    const float x = key < lim[i] ? acc[nt][e] * row_mul[i] : -INFINITY;
                     acc[nt][e] = x;
                     mx[i] = fmaxf(mx[i], x);
                 }
@@ -439,16 +504,24 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
 #pragma unroll
             for (int e = 0; e < 4; e++) o[mt][nt][e] = 0.f;
     const float *const s_alpha = red + G::RED_ALPHA;
-    /* FP8: widens staged tile u into slot u & 1 (free: its tile u - 2 is done), publishes it to
-     * warpgroup 0, then stages tile u + 1 (the staging tile is free once all 128 have widened) */
+    /* FP8: widens the two staged halves of tile u into slot u & 1 (free: its tile u - 2 is done)
+     * and publishes it to warpgroup 0; each buffer is restaged with the half three on as soon as
+     * all 128 threads have widened it */
     auto widen_and_stage = [&](int u) {
-        mbar_wait(staged, (uint32_t)u & 1u);
-        w16_widen_fp8<BF16>(stg, smem + G::OFF_K + (u & 1) * WG_TILE, tid - 128);
-        ar_wg::fence_proxy_async();   /* the widened tile -> wgmma's reads */
-        ar_wg::mbar_arrive(landed_bar(u & 1));
-        w16_wg_sync(1);
-        if (warp == 4 && u + 1 < ntiles)
-            w16_stage_fp8(a, r, w.key_begin + (u + 1) * WG_KEYS, w.key_end, stg, staged, lane);
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int h = 2 * u + hh, b = h % W16_STAGES;
+            unsigned char *const buf = stg + b * W16_HALF * D;
+            mbar_wait(staged + b, (uint32_t)(h / W16_STAGES) & 1u);
+            w16_widen_fp8(buf, smem + G::OFF_K + (u & 1) * WG_TILE, hh * W16_HALF, tid - 128);
+            if (hh == 1) {
+                ar_wg::fence_proxy_async();   /* the widened tile -> wgmma's reads */
+                ar_wg::mbar_arrive(landed_bar(u & 1));
+            }
+            w16_wg_sync(1);
+            if (warp == 4 && h + W16_STAGES < 2 * ntiles)
+                w16_stage_fp8(a, r, w.key_begin + (h + W16_STAGES) * W16_HALF, w.key_end, buf, staged + b, lane);
+        }
     };
     if (FP8 && ntiles > 0) widen_and_stage(0);
     for (int t = 0; t < ntiles; t++) {
