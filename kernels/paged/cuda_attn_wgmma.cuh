@@ -25,9 +25,11 @@
  * The online softmax is the one of attn_kernel (log2 domain, skip the rescale when no row max
  * moved).  Feeding (FlashAttention-3's structure): the producer warpgroup alone fills the
  * stages - every tile that lies wholly inside the sequence by TMA bulk tensor copies (one per
- * cache page and 64-dim part), the last, partial tile by cp.async with zero fill - and the two
- * consumers take ping-pong turns, so one's softmax runs while the other's products occupy the
- * tensor cores.  The kernel body exists only in the sm_90a build. */
+ * cache page and 64-dim part, K by two of its warps and V by the other two), the last, partial
+ * tile by cp.async with zero fill - and the two consumers take ping-pong turns, so one's softmax
+ * runs while the other's products occupy the tensor cores.  At head size 128 a turn issues the
+ * previous tile's P V and this tile's S together (FlashAttention-3's order); at 256 a turn holds
+ * S alone.  The kernel body exists only in the sm_90a build. */
 #ifndef AR_CUDA_ATTN_WGMMA_CUH
 #define AR_CUDA_ATTN_WGMMA_CUH
 
@@ -79,8 +81,9 @@ template <int HD> struct WgPipe {
 /* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's): 256 threads
  * each, the 128 of the waiting warpgroup (bar.sync) and the 128 of the signalling one
  * (bar.arrive).  Per tile every warpgroup waits for its turn once and hands the turn over once,
- * active or not; warpgroup 1 signals once before the loop and skips its last hand-over, so
- * arrivals and waits pair up exactly on both barriers. */
+ * active or not (at head size 128 once more after the last tile, for its P V); warpgroup 1
+ * signals once before the loop and skips its last hand-over, so arrivals and waits pair up
+ * exactly on both barriers. */
 __device__ __forceinline__ void pingpong_signal(int to_wg)
 {
     asm volatile("bar.arrive %0, 256;\n" :: "r"(1 + to_wg) : "memory");
@@ -202,7 +205,6 @@ attn_wgmma_kernel(const ar_attn_args a,
     constexpr int NS = BLOCK_N / 2;                      /* S accumulator registers: 64 x BLOCK_N / 128 */
     constexpr int NACC = HD / 2;                         /* output accumulator registers: 64 x HD / 128 */
     constexpr int PV_STEPS = BLOCK_N / 16;               /* k-steps of P V */
-    constexpr int BLOCK_N_LOG2 = BLOCK_N == 128 ? 7 : 6;
     extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
     const uint32_t smem_base0 = (uint32_t)__cvta_generic_to_shared(wg_smem_raw);
     const uint32_t pad = (1024 - (smem_base0 & 1023)) & 1023;
@@ -327,27 +329,31 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
             };
 
-            /* The cache block lane l of producer warp 0 copies for tile it (page l % pages of the tile;
-             * pages = BLOCK_N / block size, a power of two).
+            /* The cache block lane l of each producer warp copies for tile it (page l % pages of the
+             * tile; pages = BLOCK_N / block size, a power of two; lanes past (PARTS / 2) x pages none).
              * The producer reads it before it waits for the stage to empty, so the block-table latency is
              * off the refill's path (5% of the cascade prefix pass on the H200, BENCHMARKS.md). */
             auto tma_block = [&](int it) {
                 const int pages = BLOCK_N >> bs_log2;
-                if (lane >= PARTS * pages) return 0;
+                if (lane >= (PARTS / 2) * pages) return 0;
                 return __ldg(bt + (((w.tile_begin + it) * BLOCK_N) >> bs_log2) + (lane & (pages - 1)));
             };
-            /* Tile it (wholly inside the sequence) into its stage by TMA; K (v = 0) or V (v = 1).
-             * Run by producer warp 0: lane 0 raises the barrier's byte count by the whole tile, then
-             * lane l < PARTS x pages copies page l % pages (cache block `block`, from tma_block) of the
-             * tile's column part l / pages. */
-            auto produce_tma = [&](int it, int v, int block, int stage) {
+            /* A tile wholly inside the sequence into its stage by TMA, issued by all four producer
+             * warps: warp w copies K (w < 2) or V (w >= 2), column parts (w & 1) x PARTS / 2 .. + PARTS
+             * / 2 - 1, lane l one cache page (l % pages) of part l / pages.  A warp issues its copies
+             * one after another at about 19 bytes a cycle (2 KB pages and 8 KB pages alike, H200): with
+             * one warp issuing all 32 copies of a K + V tile the producer took as long as the consumers
+             * (BENCHMARKS.md, 2026-12-03).  Warps 0 and 2 raise their barrier's byte count by the whole
+             * tile; the other warp's copies may complete first (the count goes below zero meanwhile;
+             * the phase still waits for the arrival). */
+            auto produce_tma_quarter = [&](int block, int stage) {
                 const int pages = BLOCK_N >> bs_log2;
+                const int v = warp >> 1, half = warp & 1;
                 const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)(stage * 8);
                 const uint32_t dst0 = sq_addr + (uint32_t)(G::Q_BYTES + (2 * stage + v) * G::KV_BYTES);
-                if (lane == 0) ar_wg::mbar_arrive_expect_tx(bar, G::KV_BYTES);
-                __syncwarp();
-                if (lane < PARTS * pages) {
-                    const int part = lane >> (BLOCK_N_LOG2 - bs_log2), page = lane & (pages - 1);
+                if (half == 0 && lane == 0) ar_wg::mbar_arrive_expect_tx(bar, G::KV_BYTES);
+                if (lane < (PARTS / 2) * pages) {
+                    const int part = half * (PARTS / 2) + lane / pages, page = lane & (pages - 1);
                     ar_wg::tma_load_3d(dst0 + (uint32_t)(part * G::KV_PART_BYTES + (page << bs_log2) * 128),
                                        v ? (const void *)&tmap_v : (const void *)&tmap_k, bar, part * 64, kvh_load,
                                        block << bs_log2);
@@ -486,18 +492,16 @@ attn_wgmma_kernel(const ar_attn_args a,
                     const uint32_t gt = tiles_before + (uint32_t)it;   /* the CTA's tile count */
                     const int stage = (int)(gt % STAGES);
                     const bool by_tma = (w.tile_begin + it + 1) * BLOCK_N <= seq_len;
-                    const int my_slot = by_tma ? (warp == 0 ? tma_block(it) : 0) : producer_slot(it);
+                    const int my_slot = by_tma ? tma_block(it) : producer_slot(it);
                     if (gt >= STAGES) ar_wg::mbar_wait_suspend(empty_bar + stage * 8, (gt / STAGES - 1) & 1);
                     if (by_tma) {
-                        if (warp == 0) produce_tma(it, 0, my_slot, stage);
+                        produce_tma_quarter(my_slot, stage);
                     } else {
                         produce(it, 0, my_slot, stage);
                         if (tid == 0) ar_wg::mbar_arrive(full_bar + stage * 8);
                     }
                     ar_wg::mbar_arrive_cp_async(full_bar + stage * 8);
-                    if (by_tma) {
-                        if (warp == 0) produce_tma(it, 1, my_slot, stage);
-                    } else {
+                    if (!by_tma) {
                         produce(it, 1, my_slot, stage);
                         if (tid == 0) ar_wg::mbar_arrive(full_v_bar + stage * 8);
                     }
@@ -527,6 +531,81 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
             }
             if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
+            if constexpr (HD == 128) {
+            /* FlashAttention-3's turn order: a warpgroup's turn issues P V of its previous active tile
+             * and S of this one together, so its softmax runs while the other warpgroup's turn holds
+             * the tensor cores.  Turns per item: n_tiles + 1 for both warpgroups (one per tile, active
+             * or not, and a last one for the last P V).  The active tiles of a warpgroup are one run
+             * [a0, a1) (causal: a suffix is inactive; a window: a prefix). */
+            if (n_tiles > 0) {
+                auto tile_active = [&](int it) {
+                    const int tf = (w.tile_begin + it) * BLOCK_N, tl = tf + BLOCK_N - 1;
+                    return wg_has_rows && tf <= wg_max_qpos + causal_extra && !(window > 0 && tl < wg_min_qpos - window + 1);
+                };
+                auto stage_of = [&](int it) { return (int)((tiles_before + (uint32_t)it) % STAGES); };
+                auto parity_of = [&](int it) { return ((tiles_before + (uint32_t)it) / STAGES) & 1; };
+                auto sk_of = [&](int it) { return skv_addr + (uint32_t)(stage_of(it) * 2 * G::KV_BYTES); };
+                auto plain_turn = [&](int it) {                 /* no product: tile it inactive (or it == n_tiles) */
+                    pingpong_turn(wg, it == n_tiles);
+                    if (it < n_tiles) ar_wg::mbar_arrive(empty_bar + stage_of(it) * 8);
+                };
+                int a0 = 0;
+                while (a0 < n_tiles && !tile_active(a0)) a0++;
+                int a1 = a0;
+                while (a1 < n_tiles && tile_active(a1)) a1++;
+                for (int it = 0; it < a0; it++) plain_turn(it);
+                if (a0 < a1) {
+                    uint32_t pa[PV_STEPS][4];
+                    float alpha[2];
+                    {   /* the first active tile: S alone */
+                        float sc[NS];
+                        ar_wg::mbar_wait_suspend(full_bar + stage_of(a0) * 8, parity_of(a0));
+                        ar_wg::fence_proxy_async();
+                        pingpong_wait(wg);
+                        issue_s(sc, sk_of(a0));
+                        ar_wg::commit();
+                        pingpong_turn_issued(wg, false);
+                        ar_wg::wait<0>();
+                        ar_wg::fence_regs(sc);
+                        softmax_to_p(sc, w.tile_begin + a0, pa, alpha);
+                        rescale_acc(alpha);
+                    }
+                    for (int it = a0 + 1; it < a1; it++) {      /* P V of it - 1 and S of it in one turn */
+                        float sc[NS];
+                        ar_wg::mbar_wait_suspend(full_v_bar + stage_of(it - 1) * 8, parity_of(it - 1));
+                        ar_wg::mbar_wait_suspend(full_bar + stage_of(it) * 8, parity_of(it));
+                        ar_wg::fence_proxy_async();
+                        pingpong_wait(wg);
+                        issue_pv(pa, sk_of(it - 1) + G::KV_BYTES);
+                        ar_wg::commit();
+                        issue_s(sc, sk_of(it));
+                        ar_wg::commit();
+                        pingpong_turn_issued(wg, false);
+                        ar_wg::wait<0>();
+                        ar_wg::fence_regs(acc);
+                        ar_wg::fence_regs(sc);
+                        ar_wg::mbar_arrive(empty_bar + stage_of(it - 1) * 8);
+                        softmax_to_p(sc, w.tile_begin + it, pa, alpha);
+                        rescale_acc(alpha);
+                    }
+                    /* turn a1 (an inactive tile's, or the last one): P V of a1 - 1 */
+                    ar_wg::mbar_wait_suspend(full_v_bar + stage_of(a1 - 1) * 8, parity_of(a1 - 1));
+                    ar_wg::fence_proxy_async();
+                    pingpong_wait(wg);
+                    issue_pv(pa, sk_of(a1 - 1) + G::KV_BYTES);
+                    ar_wg::commit();
+                    pingpong_turn_issued(wg, a1 == n_tiles);
+                    ar_wg::wait<0>();
+                    ar_wg::fence_regs(acc);
+                    ar_wg::mbar_arrive(empty_bar + stage_of(a1 - 1) * 8);
+                    if (a1 < n_tiles) ar_wg::mbar_arrive(empty_bar + stage_of(a1) * 8);
+                    for (int it = a1 + 1; it <= n_tiles; it++) plain_turn(it);
+                } else {
+                    for (int it = a0; it <= n_tiles; it++) plain_turn(it);
+                }
+            }
+            } else {
+            /* head size 256: a turn holds S alone (the turn order above spills at this size) */
             for (int it = 0; it < n_tiles; it++) {
                 const uint32_t gt = tiles_before + (uint32_t)it;
                 const int stage = (int)(gt % STAGES);
@@ -562,6 +641,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 ar_wg::wait<0>();
                 ar_wg::fence_regs(acc);
                 ar_wg::mbar_arrive(empty_bar + stage * 8);
+            }
             }
             if (n_tiles > 0) {
                 if constexpr (!G::Q_IN_REGS) ar_wg::mbar_arrive(q_empty_bar);   /* every S of the item has completed */
