@@ -22,7 +22,8 @@
  * FLOPs follow FA3's benchmark: per sequence 2 * H * sq * avg_k * (hd + hd_v) with avg_k the
  * mean number of visible keys of a row (causal, bottom-right).
  *
- * Usage: bench_cuda [REPEAT [CASE]] (default 20 repeats, every case).  The backend's environment
+ * Usage: bench_cuda [REPEAT [CASE]] (default 20 repeats, every case).  AR_BENCH_BLOCK_SIZE=32 or
+ * 64 runs every case on a cache of that block size instead of 16 (each RESULT line says which).  The backend's environment
  * knobs (kernels/paged/cuda_backend.cu) apply to the automatic cases; kernels/paged/decode_sweep.sh
  * runs the decode case under each.
  * Each case prints one machine-readable line ("RESULT name=... us=... combine_us=... gbps=...
@@ -62,7 +63,9 @@ static uint64_t mix(uint64_t x)
 
 static int run_bench(const bench_case *bc, int repeat)
 {
-    const int B = 16;
+    /* the cache's block size: 16 (vLLM's default), or AR_BENCH_BLOCK_SIZE (32 or 64) */
+    const char *bs_env = getenv("AR_BENCH_BLOCK_SIZE");
+    const int B = bs_env && (atoi(bs_env) == 32 || atoi(bs_env) == 64) ? atoi(bs_env) : 16;
     ar_run_config c;
     memset(&c, 0, sizeof c);
     snprintf(c.model.name, sizeof c.model.name, "bench");
@@ -179,9 +182,9 @@ static int run_bench(const bench_case *bc, int repeat)
         for (long i = 0; i < (long)T * bc->hq * bc->hd; i++)
             if (out[i] != out[i]) nan++;
         printf("RESULT name=%s us=%.2f write_us=%.2f combine_us=%.2f gbps=%.1f tflops=%.1f config=%d splits=%d "
-               "work=%d ctas_per_sm=%d nan=%ld kv=%s device=\"", bc->name, attn_us, write_us, combine_us,
+               "work=%d ctas_per_sm=%d nan=%ld kv=%s block=%d device=\"", bc->name, attn_us, write_us, combine_us,
                bytes / attn_us * 1e-3, flops / attn_us * 1e-6, pi.config, pi.num_splits, pi.num_work,
-               pi.ctas_per_sm, nan, pi.kv_fp8 ? "fp8_e4m3" : "bf16");
+               pi.ctas_per_sm, nan, pi.kv_fp8 ? "fp8_e4m3" : "bf16", B);
         char dev[128];
         ar_cuda_backend.device_name(st, dev, sizeof dev);
         printf("%s\"\n", dev);

@@ -184,6 +184,16 @@ template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], 
 #undef WGMMA_RS_TEXT
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
+#ifdef AR_WG_TIMELINE
+/* diagnostic only: clock64 stamps of CTA 0's first item, tiles TL0 .. TL0 + 63: [warp role][tile][point] */
+#define AR_TL0 64
+__device__ long long ar_wg_tl[3][64][8];
+#define TL_STAMP(role, it, pt) do { if (blockIdx.x == 0 && round == 0 && lane == 0 && (warp & 3) == 0 && \
+    (it) >= AR_TL0 && (it) < AR_TL0 + 64) ar_wg_tl[role][(it) - AR_TL0][pt] = clock64(); } while (0)
+#else
+#define TL_STAMP(role, it, pt) ((void)0)
+#endif
+
 /* The kernel (see the file comment).  Consumer warpgroup w owns rows 64 w .. 64 w + 63 of the
  * CTA's 128; the producer's threads are numbered from 0 too, so the code below reads the same
  * for both. */
@@ -331,15 +341,37 @@ attn_wgmma_kernel(const ar_attn_args a,
              * pages = BLOCK_N / block size, a power of two).
              * The producer reads it before it waits for the stage to empty, so the block-table latency is
              * off the refill's path (5% of the cascade prefix pass on the H200, BENCHMARKS.md). */
+#ifdef AR_TMA_KV_FOUR_WARPS
+            constexpr int TMA_PARTS_PER_WARP = PARTS / 2;   /* warp w: K (w < 2) or V, column parts of half w & 1 */
+#else
+            constexpr int TMA_PARTS_PER_WARP = PARTS;
+#endif
             auto tma_block = [&](int it) {
                 const int pages = BLOCK_N >> bs_log2;
-                if (lane >= PARTS * pages) return 0;
+                if (lane >= TMA_PARTS_PER_WARP * pages) return 0;
                 return __ldg(bt + (((w.tile_begin + it) * BLOCK_N) >> bs_log2) + (lane & (pages - 1)));
             };
             /* Tile it (wholly inside the sequence) into its stage by TMA; K (v = 0) or V (v = 1).
              * Run by producer warp 0: lane 0 raises the barrier's byte count by the whole tile, then
              * lane l < PARTS x pages copies page l % pages (cache block `block`, from tma_block) of the
              * tile's column part l / pages. */
+            /* four warps: warp w copies the pages of column parts (w & 1) x PARTS / 2 .. of K (w < 2) or V;
+             * warps 0 and 2 raise their barrier's byte count by the whole tile (the other warp's copies
+             * may complete first: the count may go below zero meanwhile, the phase still needs the
+             * arrival) */
+            auto produce_tma_quarter = [&](int block, int stage) {
+                const int pages = BLOCK_N >> bs_log2;
+                const int v = warp >> 1, half = warp & 1;
+                const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)(stage * 8);
+                const uint32_t dst0 = sq_addr + (uint32_t)(G::Q_BYTES + (2 * stage + v) * G::KV_BYTES);
+                if (half == 0 && lane == 0) ar_wg::mbar_arrive_expect_tx(bar, G::KV_BYTES);
+                if (lane < (PARTS / 2) * pages) {
+                    const int part = half * (PARTS / 2) + lane / pages, page = lane & (pages - 1);
+                    ar_wg::tma_load_3d(dst0 + (uint32_t)(part * G::KV_PART_BYTES + (page << bs_log2) * 128),
+                                       v ? (const void *)&tmap_v : (const void *)&tmap_k, bar, part * 64, kvh_load,
+                                       block << bs_log2);
+                }
+            };
             auto produce_tma = [&](int it, int v, int block, int stage) {
                 const int pages = BLOCK_N >> bs_log2;
                 const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)(stage * 8);
@@ -486,22 +518,43 @@ attn_wgmma_kernel(const ar_attn_args a,
                     const uint32_t gt = tiles_before + (uint32_t)it;   /* the CTA's tile count */
                     const int stage = (int)(gt % STAGES);
                     const bool by_tma = (w.tile_begin + it + 1) * BLOCK_N <= seq_len;
-                    const int my_slot = by_tma ? (warp == 0 ? tma_block(it) : 0) : producer_slot(it);
+#if defined(AR_TMA_KV_TWO_WARPS) || defined(AR_TMA_KV_FOUR_WARPS)
+                    constexpr int V_WARP = 1;
+#else
+                    constexpr int V_WARP = 0;
+#endif
+#ifdef AR_TMA_KV_FOUR_WARPS
+                    const int my_slot = by_tma ? tma_block(it) : producer_slot(it);
+#else
+                    const int my_slot = by_tma ? (warp == 0 || warp == V_WARP ? tma_block(it) : 0) : producer_slot(it);
+#endif
+                    TL_STAMP(0, it, 0);
                     if (gt >= STAGES) ar_wg::mbar_wait_suspend(empty_bar + stage * 8, (gt / STAGES - 1) & 1);
+                    TL_STAMP(0, it, 1);
                     if (by_tma) {
+#ifdef AR_TMA_KV_FOUR_WARPS
+                        produce_tma_quarter(my_slot, stage);
+#else
                         if (warp == 0) produce_tma(it, 0, my_slot, stage);
+#endif
                     } else {
                         produce(it, 0, my_slot, stage);
                         if (tid == 0) ar_wg::mbar_arrive(full_bar + stage * 8);
                     }
+                    TL_STAMP(0, it, 2);
                     ar_wg::mbar_arrive_cp_async(full_bar + stage * 8);
+                    TL_STAMP(0, it, 3);
                     if (by_tma) {
-                        if (warp == 0) produce_tma(it, 1, my_slot, stage);
+#ifndef AR_TMA_KV_FOUR_WARPS
+                        if (warp == V_WARP) produce_tma(it, 1, my_slot, stage);
+#endif
                     } else {
                         produce(it, 1, my_slot, stage);
                         if (tid == 0) ar_wg::mbar_arrive(full_v_bar + stage * 8);
                     }
+                    TL_STAMP(0, it, 4);
                     ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
+                    TL_STAMP(0, it, 5);
                     if (it == 0) {
                         if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
                         produce_q();
@@ -527,6 +580,80 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
             }
             if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
+#ifdef AR_WG_TURN_PVS
+            /* FlashAttention-3's turn order: a warpgroup's turn issues P V of its previous active tile
+             * and S of this one together, so its softmax runs while the other warpgroup's turn holds
+             * the tensor cores.  Turns per item: n_tiles + 1 for both warpgroups (one per tile, active
+             * or not, and a last one for the last P V).  The active tiles of a warpgroup are one run
+             * [a0, a1) (causal: a suffix is inactive; a window: a prefix). */
+            if (n_tiles > 0) {
+                auto tile_active = [&](int it) {
+                    const int tf = (w.tile_begin + it) * BLOCK_N, tl = tf + BLOCK_N - 1;
+                    return wg_has_rows && tf <= wg_max_qpos + causal_extra && !(window > 0 && tl < wg_min_qpos - window + 1);
+                };
+                auto stage_of = [&](int it) { return (int)((tiles_before + (uint32_t)it) % STAGES); };
+                auto parity_of = [&](int it) { return ((tiles_before + (uint32_t)it) / STAGES) & 1; };
+                auto sk_of = [&](int it) { return skv_addr + (uint32_t)(stage_of(it) * 2 * G::KV_BYTES); };
+                auto plain_turn = [&](int it) {                 /* no product: tile it inactive (or it == n_tiles) */
+                    pingpong_turn(wg, it == n_tiles);
+                    if (it < n_tiles) ar_wg::mbar_arrive(empty_bar + stage_of(it) * 8);
+                };
+                int a0 = 0;
+                while (a0 < n_tiles && !tile_active(a0)) a0++;
+                int a1 = a0;
+                while (a1 < n_tiles && tile_active(a1)) a1++;
+                for (int it = 0; it < a0; it++) plain_turn(it);
+                if (a0 < a1) {
+                    uint32_t pa[PV_STEPS][4];
+                    float alpha[2];
+                    {   /* the first active tile: S alone */
+                        float sc[NS];
+                        ar_wg::mbar_wait_suspend(full_bar + stage_of(a0) * 8, parity_of(a0));
+                        ar_wg::fence_proxy_async();
+                        pingpong_wait(wg);
+                        issue_s(sc, sk_of(a0));
+                        ar_wg::commit();
+                        pingpong_turn_issued(wg, false);
+                        ar_wg::wait<0>();
+                        ar_wg::fence_regs(sc);
+                        softmax_to_p(sc, w.tile_begin + a0, pa, alpha);
+                        rescale_acc(alpha);
+                    }
+                    for (int it = a0 + 1; it < a1; it++) {      /* P V of it - 1 and S of it in one turn */
+                        float sc[NS];
+                        ar_wg::mbar_wait_suspend(full_v_bar + stage_of(it - 1) * 8, parity_of(it - 1));
+                        ar_wg::mbar_wait_suspend(full_bar + stage_of(it) * 8, parity_of(it));
+                        ar_wg::fence_proxy_async();
+                        pingpong_wait(wg);
+                        issue_pv(pa, sk_of(it - 1) + G::KV_BYTES);
+                        ar_wg::commit();
+                        issue_s(sc, sk_of(it));
+                        ar_wg::commit();
+                        pingpong_turn_issued(wg, false);
+                        ar_wg::wait<0>();
+                        ar_wg::fence_regs(acc);
+                        ar_wg::fence_regs(sc);
+                        ar_wg::mbar_arrive(empty_bar + stage_of(it - 1) * 8);
+                        softmax_to_p(sc, w.tile_begin + it, pa, alpha);
+                        rescale_acc(alpha);
+                    }
+                    /* turn a1 (an inactive tile's, or the last one): P V of a1 - 1 */
+                    ar_wg::mbar_wait_suspend(full_v_bar + stage_of(a1 - 1) * 8, parity_of(a1 - 1));
+                    ar_wg::fence_proxy_async();
+                    pingpong_wait(wg);
+                    issue_pv(pa, sk_of(a1 - 1) + G::KV_BYTES);
+                    ar_wg::commit();
+                    pingpong_turn_issued(wg, a1 == n_tiles);
+                    ar_wg::wait<0>();
+                    ar_wg::fence_regs(acc);
+                    ar_wg::mbar_arrive(empty_bar + stage_of(a1 - 1) * 8);
+                    if (a1 < n_tiles) ar_wg::mbar_arrive(empty_bar + stage_of(a1) * 8);
+                    for (int it = a1 + 1; it <= n_tiles; it++) plain_turn(it);
+                } else {
+                    for (int it = a0; it <= n_tiles; it++) plain_turn(it);
+                }
+            }
+#else
             for (int it = 0; it < n_tiles; it++) {
                 const uint32_t gt = tiles_before + (uint32_t)it;
                 const int stage = (int)(gt % STAGES);
@@ -539,30 +666,39 @@ attn_wgmma_kernel(const ar_attn_args a,
                     ar_wg::mbar_arrive(empty_bar + stage * 8);
                     continue;
                 }
+                TL_STAMP(1 + wg, it, 0);
                 ar_wg::mbar_wait_suspend(full_bar + stage * 8, (gt / STAGES) & 1);
+                TL_STAMP(1 + wg, it, 1);
                 ar_wg::fence_proxy_async();                            /* TMA / cp.async writes -> the async proxy */
                 const uint32_t sk_addr = skv_addr + (uint32_t)(stage * 2 * G::KV_BYTES);
                 const uint32_t sv_addr = sk_addr + G::KV_BYTES;
 
                 float s[NS];
                 pingpong_wait(wg);
+                TL_STAMP(1 + wg, it, 2);
                 issue_s(s, sk_addr);
                 pingpong_turn_issued(wg, it == n_tiles - 1);
                 ar_wg::commit();
                 ar_wg::wait<0>();
                 ar_wg::fence_regs(s);
+                TL_STAMP(1 + wg, it, 3);
                 uint32_t pa[PV_STEPS][4];
                 float alpha[2];
                 softmax_to_p(s, t, pa, alpha);
                 rescale_acc(alpha);
+                TL_STAMP(1 + wg, it, 4);
                 ar_wg::mbar_wait_suspend(full_v_bar + stage * 8, (gt / STAGES) & 1);
+                TL_STAMP(1 + wg, it, 5);
                 ar_wg::fence_proxy_async();
                 issue_pv(pa, sv_addr);
                 ar_wg::commit();
                 ar_wg::wait<0>();
                 ar_wg::fence_regs(acc);
+                TL_STAMP(1 + wg, it, 6);
                 ar_wg::mbar_arrive(empty_bar + stage * 8);
+                TL_STAMP(1 + wg, it, 7);
             }
+#endif
             if (n_tiles > 0) {
                 if constexpr (!G::Q_IN_REGS) ar_wg::mbar_arrive(q_empty_bar);   /* every S of the item has completed */
                 q_items_before++;
@@ -674,6 +810,22 @@ static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_
     if (e != cudaSuccess) return e;
     const int ctas = ar_attn_wg_ctas(a->persistent_ctas, num_work);
     attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, num_work);
+#ifdef AR_WG_TIMELINE
+    static int tl_calls = 0;
+    if (HD == 128 && ++tl_calls == 2) {
+        static long long h[3][64][8];
+        cudaStreamSynchronize(stream);
+        cudaMemcpyFromSymbol(h, ar_wg_tl, sizeof h);
+        long long t0 = h[0][0][0];
+        for (int r = 0; r < 3; r++) for (int i = 0; i < 64; i++) for (int p = 0; p < 8; p++) if (h[r][i][p] && h[r][i][p] < t0) t0 = h[r][i][p];
+        for (int i = 0; i < 64; i++) {
+            printf("TL tile %2d P", i + AR_TL0);
+            for (int p = 0; p < 6; p++) printf(" %7lld", h[0][i][p] - t0);
+            for (int r = 1; r < 3; r++) { printf(" | W%d", r - 1); for (int p = 0; p < 8; p++) printf(" %7lld", h[r][i][p] - t0); }
+            printf("\n");
+        }
+    }
+#endif
     return cudaGetLastError();
 }
 

@@ -26,7 +26,9 @@ back-to-back calls (peer_attention.timed reps) so the Python dispatch of the int
 as a C caller's launches are.  Paged calls pass FA3's scheduler metadata computed once per shape
 (get_scheduler_metadata), as vLLM does once per step, when the build accepts it (sched= on the line).
 
-Usage: python3 fa3_peer.py [decode|fp8|prefill|varlen|chunk|cascade ...] (default: all).
+Usage: python3 fa3_peer.py [decode|fp8|prefill|varlen|chunk|cascade ...] (default: all).  FA3_PAGE=32
+or 64 gives the paged calls that page size (impl names fa3_paged32 / fa3_paged64), beside
+bench_cuda's AR_BENCH_BLOCK_SIZE.
 Output: the PEER lines of peer_attention.py.  Without the built extension every part prints one
 "PEER name=<part> impl=fa3 error=..." line saying what is missing, and the script exits 0."""
 import math
@@ -40,7 +42,8 @@ sys.path.insert(0, HERE)
 from peer_attention import (CASC_D, CASC_HKV, CASC_HQ, CASC_R, DEV, DT, VARLEN_LENS,  # noqa: E402
                             attention_f32, causal_flops, emit, guard, no_tf32, timed)
 
-PAGE = 16
+PAGE = int(os.environ.get("FA3_PAGE", "16"))   # page size of the paged calls (16, or FA3_PAGE)
+P16 = f"paged{PAGE}"                              # in the impl names: fa3_paged16 at the default
 TOL_BF16, TOL_FP8 = 2e-2, 1e-1
 # the benchmarks' shapes (the case names below are built from them)
 DECODE_SHAPE = (64, 32, 8, 8192, 128)             # requests, query heads, KV heads, context, head size
@@ -160,7 +163,7 @@ def decode(fa3, fp8=False):
     q = torch.randn(B, 1, Hq, D, dtype=DT, device=DEV)
     table = torch.randperm(B * ppr, device=DEV).view(B, ppr).to(torch.int32)
     seqlens = torch.full((B,), S, dtype=torch.int32, device=DEV)
-    kw, impl, tol = {}, "fa3_paged16", TOL_BF16
+    kw, impl, tol = {}, "fa3_"+P16, TOL_BF16
     kv_bytes = 2
     if fp8:   # e4m3 with one scale per tensor (vLLM's kv_cache_dtype=fp8), descales per (request, KV head)
         f8 = torch.float8_e4m3fn
@@ -169,7 +172,7 @@ def decode(fa3, fp8=False):
         kw = {f"{n}_descale": torch.full((B, Hkv), scales[n].item(), dtype=torch.float32, device=DEV)
               for n in ("q", "k", "v")}
         deq = {n: scales[n].item() for n in scales}
-        impl, tol, kv_bytes = "fa3_fp8_paged16", TOL_FP8, 1
+        impl, tol, kv_bytes = "fa3_fp8_"+P16, TOL_FP8, 1
     else:
         deq = {"q": 1.0, "k": 1.0, "v": 1.0}
     sched = sched_kwargs(fa3, B, 1, S, Hq, Hkv, D, seqlens, q.dtype, False)
@@ -208,10 +211,10 @@ def prefill(fa3):
             sched = sched_kwargs(fa3, B, S, S, H, H, hd, seqlens, DT, True)
             make = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table,
                                                                    causal=True, num_splits=0, **(sched if use else {}))
-            checked_sched(name, "fa3_paged16", make, bool(sched), lambda o: o[:, rows], ref, TOL_BF16, flops=flops)
+            checked_sched(name, "fa3_"+P16, make, bool(sched), lambda o: o[:, rows], ref, TOL_BF16, flops=flops)
 
         guard(name, "fa3_contiguous", contiguous)
-        guard(name, "fa3_paged16", paged)
+        guard(name, "fa3_"+P16, paged)
         del q, k, v, ref
         torch.cuda.empty_cache()
 
@@ -229,7 +232,7 @@ def chunk(fa3):
     sched = sched_kwargs(fa3, 1, Sq, Sk, Hq, Hkv, D, seqlens, DT, True)
     make = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table,
                                                            causal=True, num_splits=0, **(sched if use else {}))
-    checked_sched(name, "fa3_paged16", make, bool(sched), lambda o: o[:, rows], ref, TOL_BF16,
+    checked_sched(name, "fa3_"+P16, make, bool(sched), lambda o: o[:, rows], ref, TOL_BF16,
                   flops=causal_flops(Hq, Sq, Sk, D))
 
 
@@ -276,10 +279,10 @@ def varlen(fa3):
         make = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table,
                                                                cu_seqlens_q=cu, max_seqlen_q=mx, causal=True,
                                                                num_splits=0, **(sched if use else {}))
-        checked_sched(name, "fa3_paged16", make, bool(sched), lambda o: o, ref, TOL_BF16, flops=flops)
+        checked_sched(name, "fa3_"+P16, make, bool(sched), lambda o: o, ref, TOL_BF16, flops=flops)
 
     guard(name, "fa3_varlen", packed)
-    guard(name, "fa3_paged16", paged)
+    guard(name, "fa3_"+P16, paged)
 
 
 def merge_states(o_a, lse_a, o_b, lse_b):
@@ -321,7 +324,7 @@ def cascade_case(fa3, B, Hq, Hkv, D, P, S):
     sched_flat = sched_kwargs(fa3, B, 1, P + S, Hq, Hkv, D, flat_len, DT, False)
     make_flat = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=flat_len, page_table=flat_table,
                                                                 num_splits=0, **(sched_flat if use else {}))
-    checked_sched(name, "fa3_flat_paged16", make_flat, bool(sched_flat), lambda o: o[sample], ref, TOL_BF16,
+    checked_sched(name, "fa3_flat_"+P16, make_flat, bool(sched_flat), lambda o: o[sample], ref, TOL_BF16,
                   nbytes=nbytes)
 
     # vLLM's cascade: the B query tokens as one sequence over the prefix (non-causal), each
@@ -351,7 +354,7 @@ def cascade_case(fa3, B, Hq, Hkv, D, P, S):
         return casc
 
     has_sched = bool(sched_p) and bool(sched_s)
-    checked_sched(name, "fa3_cascade_paged16", make_cascade, has_sched, lambda o: o[sample], ref, TOL_BF16,
+    checked_sched(name, "fa3_cascade_"+P16, make_cascade, has_sched, lambda o: o[sample], ref, TOL_BF16,
                   nbytes=nbytes)
     # the prefix pass alone (its own reference: the prefix keys only), under peer_attention's name
     pref = []
@@ -359,7 +362,7 @@ def cascade_case(fa3, B, Hq, Hkv, D, P, S):
         kb = kc[prefix_ids.long()].reshape(1, P, Hkv, D).transpose(1, 2)
         vb = vc[prefix_ids.long()].reshape(1, P, Hkv, D).transpose(1, 2)
         pref.append(attention_f32(q[b:b + 1].transpose(1, 2), kb, vb).transpose(1, 2))
-    checked_sched(f"cascade_prefix_p{P}_t{B}_gqa{Hq}_{Hkv}_hd{D}", "fa3_paged16_prefix", make_prefix, bool(sched_p),
+    checked_sched(f"cascade_prefix_p{P}_t{B}_gqa{Hq}_{Hkv}_hd{D}", "fa3_"+P16+"_prefix", make_prefix, bool(sched_p),
                   lambda o: o[0][0, sample].unsqueeze(1), torch.cat(pref), TOL_BF16, flops=4.0 * B * Hq * P * D)
 
 
