@@ -411,9 +411,8 @@ attn_wgmma_kernel(const ar_attn_args a,
                     pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
                 }
             };
-            /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
-             * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
-            auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
+            /* the soft cap and the mask of tile t, in place on the scores sc */
+            auto cap_and_mask = [&](float (&sc)[NS], int t) {
                 const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
                 if (a.soft_cap > 0.f) {
                     const float scale = scale_log2 * 0.6931471805599453f;
@@ -432,7 +431,10 @@ attn_wgmma_kernel(const ar_attn_args a,
                         if (!vis) sc[i] = -INFINITY;
                     }
                 }
-                /* online softmax (log2 domain); element i is row (i >> 1) & 1, column (i >> 2) * 8 + 2 tq + (i & 1) */
+            };
+            /* online softmax of capped and masked scores (log2 domain) */
+            auto softmax_exact = [&](float (&sc)[NS], float (&alpha_out)[2]) {
+                /* element i is row (i >> 1) & 1, column (i >> 2) * 8 + 2 tq + (i & 1) */
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     float mx = -INFINITY;
@@ -456,6 +458,47 @@ attn_wgmma_kernel(const ar_attn_args a,
                     row_l[r] = row_l[r] * alpha + rs;
                     alpha_out[r] = alpha;
                 }
+            };
+            /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
+             * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
+            auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
+                cap_and_mask(sc, t);
+                /* Head size 256: once every row of the warp has a running maximum, P against it
+                 * straight away (no reduction or shuffle before the exponentials), kept unless a
+                 * row's maximum in this tile exceeds it by more than 2^8; then the exact form below,
+                 * from the scores, which are still intact.  P then lies in [0, 256], exact in bf16's
+                 * range.  1.09x at head size 256 on the H200 (BENCHMARKS.md, 2026-12-03); at 128 the
+                 * scores, P and the turn order's registers spill (0.89x), so 128 keeps the exact form. */
+                if constexpr (HD == 256) {
+                if (__all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)) {
+                    const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
+                    float rs0 = 0.f, rs1 = 0.f, mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+                    for (int kk = 0; kk < PV_STEPS; kk++) {
+                        const float *e = sc + 8 * kk;
+                        const float p0 = exp2f(fmaf(e[0], scale_log2, -ms0)), p1 = exp2f(fmaf(e[1], scale_log2, -ms0));
+                        const float p2 = exp2f(fmaf(e[2], scale_log2, -ms1)), p3 = exp2f(fmaf(e[3], scale_log2, -ms1));
+                        const float p4 = exp2f(fmaf(e[4], scale_log2, -ms0)), p5 = exp2f(fmaf(e[5], scale_log2, -ms0));
+                        const float p6 = exp2f(fmaf(e[6], scale_log2, -ms1)), p7 = exp2f(fmaf(e[7], scale_log2, -ms1));
+                        mx0 = fmaxf(mx0, fmaxf(fmaxf(e[0], e[1]), fmaxf(e[4], e[5])));
+                        mx1 = fmaxf(mx1, fmaxf(fmaxf(e[2], e[3]), fmaxf(e[6], e[7])));
+                        rs0 += (p0 + p1) + (p4 + p5);
+                        rs1 += (p2 + p3) + (p6 + p7);
+                        pa[kk][0] = pack2<T>(p0, p1);
+                        pa[kk][1] = pack2<T>(p2, p3);
+                        pa[kk][2] = pack2<T>(p4, p5);
+                        pa[kk][3] = pack2<T>(p6, p7);
+                    }
+                    const bool grew = mx0 * scale_log2 > ms0 + 8.f || mx1 * scale_log2 > ms1 + 8.f;
+                    if (!__any_sync(0xffffffffu, grew)) {
+                        row_l[0] += rs0;
+                        row_l[1] += rs1;
+                        alpha_out[0] = alpha_out[1] = 1.f;
+                        return;
+                    }
+                }
+                }
+                softmax_exact(sc, alpha_out);
                 pack_p(sc, pa);
             };
             auto rescale_acc = [&](const float (&alpha)[2]) {
