@@ -35,6 +35,7 @@ PEER name=mla_decode_b128_hq16_sk4096 impl=flashmla_dense us=160.0 gbps=5000.0 t
 PEER name=cascade_b128_p32768_s128 impl=fa3_cascade_paged16 us=100.0 gbps=1.0 tflops=0.0
 PEER name=cascade_b128_p32768_s128 impl=fa3_flat_paged16 us=400.0 gbps=1.0 tflops=0.0
 PEER name=chunk_q8192_ctx98304_gqa32_8_hd128 impl=fa3_paged16 us=22000.0 gbps=0.0 tflops=575.0 relerr=2e-3
+PEER name=prefill_b2_s8192_causal_hd128 impl=fa3_paged16 us=2000.0 gbps=0.0 tflops=450.0 relerr=1e-3 sched=precomputed
 """
 
 
@@ -71,6 +72,18 @@ class PeerTableTest(unittest.TestCase):
         self.assertAlmostEqual(r[4], 500.0 / 575.0)
         self.assertIsNone(r[5])
         self.assertEqual(r[6], "-")                       # a ratio, no verdict
+
+    def test_paged_rows_beside_the_best(self):
+        t = self.table()
+        r = t["causal prefill B2 S8k hd128 (TFLOP/s)"]     # the paged peer is slower: the best stays contiguous
+        self.assertEqual((r[2], r[3]), ("fa3_contiguous", 625.0))
+        r = t["causal prefill hd128 vs FA3 paged 16 (TFLOP/s)"]
+        self.assertEqual((r[2], r[3]), ("fa3_paged16", 450.0))
+        self.assertAlmostEqual(r[4], 500.0 / 450.0)
+        self.assertIsNone(r[5])
+        self.assertEqual(r[6], "-")
+        self.assertIn("missing: peer", t["causal prefill hd256 vs FA3 paged 16 (TFLOP/s)"][6])
+        self.assertIn("missing: ours", t["varlen 16 vs FA3 paged 16 (TFLOP/s)"][6])
 
     def test_error_lines_and_missing_sides(self):
         t = self.table()
