@@ -23,9 +23,9 @@
  * mean number of visible keys of a row (causal, bottom-right).
  *
  * Usage: bench_cuda [REPEAT [CASE]] (default 20 repeats, every case).  AR_BENCH_BLOCK_SIZE=32 or
- * 64 runs every case on a cache of that block size instead of 16 (each RESULT line says which).  The backend's environment
- * knobs (kernels/paged/cuda_backend.cu) apply to the automatic cases; kernels/paged/decode_sweep.sh
- * runs the decode case under each.
+ * 64 runs every case on a cache of that block size instead of 16 (each RESULT line says which;
+ * any other value: exit 2).  The backend's environment knobs (kernels/paged/cuda_backend.cu)
+ * apply to the automatic cases; kernels/paged/decode_sweep.sh runs the decode case under each.
  * Each case prints one machine-readable line ("RESULT name=... us=... combine_us=... gbps=...
  * tflops=... kv=..."; us includes the split combine, combine_us is its part)
  * that kernels/device_harness.sh puts beside the torch peers (kernels/peers/peer_attention.py,
@@ -61,11 +61,9 @@ static uint64_t mix(uint64_t x)
     return x;
 }
 
-static int run_bench(const bench_case *bc, int repeat)
+/* B: the cache's block size */
+static int run_bench(const bench_case *bc, int repeat, int B)
 {
-    /* the cache's block size: 16 (vLLM's default), or AR_BENCH_BLOCK_SIZE (32 or 64) */
-    const char *bs_env = getenv("AR_BENCH_BLOCK_SIZE");
-    const int B = bs_env && (atoi(bs_env) == 32 || atoi(bs_env) == 64) ? atoi(bs_env) : 16;
     ar_run_config c;
     memset(&c, 0, sizeof c);
     snprintf(c.model.name, sizeof c.model.name, "bench");
@@ -200,6 +198,19 @@ int main(int argc, char **argv)
 {
     int repeat = argc > 1 ? atoi(argv[1]) : 20;
     if (repeat < 1) repeat = 20;
+    /* the cache's block size: 16 (vLLM's default), or AR_BENCH_BLOCK_SIZE */
+    const char *bs_env = getenv("AR_BENCH_BLOCK_SIZE");
+    int block_size = 16;
+    if (bs_env && *bs_env) {
+        char *end;
+        long v = strtol(bs_env, &end, 10);
+        if (*end || (v != 16 && v != 32 && v != 64)) {
+            fprintf(stderr, "bench_cuda: AR_BENCH_BLOCK_SIZE=%s: must be 16, 32 or 64 (the backend's block sizes)\n",
+                    bs_env);
+            return 2;
+        }
+        block_size = (int)v;
+    }
     static int dec_q[128], dec_kv[128], pre_q[2], pre_kv[2];
     static const int chunk_q[1] = {8192}, chunk_kv[1] = {98304};
     for (int i = 0; i < 128; i++) { dec_q[i] = 1; dec_kv[i] = 8192; }
@@ -230,6 +241,6 @@ int main(int argc, char **argv)
     const char *only = argc > 2 ? argv[2] : NULL;   /* run just this case (for ncu) */
     int rc = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (!only || strcmp(only, cases[i].name) == 0) rc |= run_bench(&cases[i], repeat);
+        if (!only || strcmp(only, cases[i].name) == 0) rc |= run_bench(&cases[i], repeat, block_size);
     return rc;
 }

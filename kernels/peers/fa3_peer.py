@@ -28,7 +28,7 @@ as a C caller's launches are.  Paged calls pass FA3's scheduler metadata compute
 
 Usage: python3 fa3_peer.py [decode|fp8|prefill|varlen|chunk|cascade ...] (default: all).  FA3_PAGE=32
 or 64 gives the paged calls that page size (impl names fa3_paged32 / fa3_paged64), beside
-bench_cuda's AR_BENCH_BLOCK_SIZE.
+bench_cuda's AR_BENCH_BLOCK_SIZE; any other value exits 2 with a message.
 Output: the PEER lines of peer_attention.py.  Without the built extension every part prints one
 "PEER name=<part> impl=fa3 error=..." line saying what is missing, and the script exits 0."""
 import math
@@ -42,8 +42,19 @@ sys.path.insert(0, HERE)
 from peer_attention import (CASC_D, CASC_HKV, CASC_HQ, CASC_R, DEV, DT, VARLEN_LENS,  # noqa: E402
                             attention_f32, causal_flops, emit, guard, no_tf32, timed)
 
-PAGE = int(os.environ.get("FA3_PAGE", "16"))   # page size of the paged calls (16, or FA3_PAGE)
-P16 = f"paged{PAGE}"                              # in the impl names: fa3_paged16 at the default
+PAGE = 16                                         # the benchmarks' page size (flashinfer_peer.py's too)
+PAGE_SIZES = (16, 32, 64)                         # FA3_PAGE's choices, bench_cuda's block sizes
+PAGE_FA3 = PAGE                                   # FA3's paged calls: main() takes FA3_PAGE
+PAGED = f"paged{PAGE_FA3}"                        # in the impl names: fa3_paged16 at the default
+
+
+def page_size(env):
+    """The page size FA3_PAGE in env asks for (16 when unset); ValueError naming the rule
+    otherwise."""
+    text = env.get("FA3_PAGE", "") or str(PAGE)
+    if not text.isdigit() or int(text) not in PAGE_SIZES:
+        raise ValueError(f"FA3_PAGE={text}: must be one of {', '.join(map(str, PAGE_SIZES))}")
+    return int(text)
 TOL_BF16, TOL_FP8 = 2e-2, 1e-1
 # the benchmarks' shapes (the case names below are built from them)
 DECODE_SHAPE = (64, 32, 8, 8192, 128)             # requests, query heads, KV heads, context, head size
@@ -145,7 +156,7 @@ def paged_from_contiguous(k, v, page):
 def sched_kwargs(fa3, B, sq, sk, hq, hkv, d, seqlens, dtype, causal, cu_seqlens_q=None):
     """FA3's scheduler metadata for a paged call, computed once; {} when the build refuses it."""
     try:
-        md = fa3.get_scheduler_metadata(B, sq, sk, hq, hkv, d, seqlens, qkv_dtype=dtype, page_size=PAGE,
+        md = fa3.get_scheduler_metadata(B, sq, sk, hq, hkv, d, seqlens, qkv_dtype=dtype, page_size=PAGE_FA3,
                                         causal=causal, cu_seqlens_q=cu_seqlens_q)
         return {"scheduler_metadata": md}
     except Exception as e:  # noqa: BLE001 - falls back to per-call metadata
@@ -157,13 +168,13 @@ def sched_kwargs(fa3, B, sq, sk, hq, hkv, d, seqlens, dtype, causal, cu_seqlens_
 def decode(fa3, fp8=False):
     B, Hq, Hkv, S, D = DECODE_SHAPE
     name = f"decode_b{B}_s{S}_gqa{Hq}_{Hkv}_hd{D}" + ("_fp8" if fp8 else "")
-    ppr = S // PAGE
-    kc = torch.randn(B * ppr, PAGE, Hkv, D, dtype=DT, device=DEV)
+    ppr = S // PAGE_FA3
+    kc = torch.randn(B * ppr, PAGE_FA3, Hkv, D, dtype=DT, device=DEV)
     vc = torch.randn_like(kc)
     q = torch.randn(B, 1, Hq, D, dtype=DT, device=DEV)
     table = torch.randperm(B * ppr, device=DEV).view(B, ppr).to(torch.int32)
     seqlens = torch.full((B,), S, dtype=torch.int32, device=DEV)
-    kw, impl, tol = {}, "fa3_"+P16, TOL_BF16
+    kw, impl, tol = {}, "fa3_"+PAGED, TOL_BF16
     kv_bytes = 2
     if fp8:   # e4m3 with one scale per tensor (vLLM's kv_cache_dtype=fp8), descales per (request, KV head)
         f8 = torch.float8_e4m3fn
@@ -172,7 +183,7 @@ def decode(fa3, fp8=False):
         kw = {f"{n}_descale": torch.full((B, Hkv), scales[n].item(), dtype=torch.float32, device=DEV)
               for n in ("q", "k", "v")}
         deq = {n: scales[n].item() for n in scales}
-        impl, tol, kv_bytes = "fa3_fp8_"+P16, TOL_FP8, 1
+        impl, tol, kv_bytes = "fa3_fp8_"+PAGED, TOL_FP8, 1
     else:
         deq = {"q": 1.0, "k": 1.0, "v": 1.0}
     sched = sched_kwargs(fa3, B, 1, S, Hq, Hkv, D, seqlens, q.dtype, False)
@@ -206,15 +217,15 @@ def prefill(fa3):
             checked(name, "fa3_contiguous", fn, fn()[:, rows], ref, TOL_BF16, flops=flops)
 
         def paged():
-            kc, vc, table = paged_from_contiguous(k, v, PAGE)
+            kc, vc, table = paged_from_contiguous(k, v, PAGE_FA3)
             seqlens = torch.full((B,), S, dtype=torch.int32, device=DEV)
             sched = sched_kwargs(fa3, B, S, S, H, H, hd, seqlens, DT, True)
             make = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table,
                                                                    causal=True, num_splits=0, **(sched if use else {}))
-            checked_sched(name, "fa3_"+P16, make, bool(sched), lambda o: o[:, rows], ref, TOL_BF16, flops=flops)
+            checked_sched(name, "fa3_"+PAGED, make, bool(sched), lambda o: o[:, rows], ref, TOL_BF16, flops=flops)
 
         guard(name, "fa3_contiguous", contiguous)
-        guard(name, "fa3_"+P16, paged)
+        guard(name, "fa3_"+PAGED, paged)
         del q, k, v, ref
         torch.cuda.empty_cache()
 
@@ -226,13 +237,13 @@ def chunk(fa3):
     k, v = (torch.randn(1, Sk, Hkv, D, dtype=DT, device=DEV) for _ in range(2))
     rows = sorted(set(range(0, 64)) | set(range(Sq // 2, Sq // 2 + 32)) | set(range(Sq - 64, Sq)))
     ref = ref_rows(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), rows, True).transpose(1, 2)
-    kc, vc, table = paged_from_contiguous(k, v, PAGE)
+    kc, vc, table = paged_from_contiguous(k, v, PAGE_FA3)
     del k, v
     seqlens = torch.full((1,), Sk, dtype=torch.int32, device=DEV)
     sched = sched_kwargs(fa3, 1, Sq, Sk, Hq, Hkv, D, seqlens, DT, True)
     make = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table,
                                                            causal=True, num_splits=0, **(sched if use else {}))
-    checked_sched(name, "fa3_"+P16, make, bool(sched), lambda o: o[:, rows], ref, TOL_BF16,
+    checked_sched(name, "fa3_"+PAGED, make, bool(sched), lambda o: o[:, rows], ref, TOL_BF16,
                   flops=causal_flops(Hq, Sq, Sk, D))
 
 
@@ -263,12 +274,12 @@ def varlen(fa3):
 
     def paged():
         # each sequence's K/V in its own pages of one cache, in a random page order
-        pages = [s // PAGE for s in lens]
+        pages = [s // PAGE_FA3 for s in lens]
         perm = torch.randperm(sum(pages), device=DEV)
-        kc = torch.empty(sum(pages), PAGE, H, D, dtype=DT, device=DEV)
+        kc = torch.empty(sum(pages), PAGE_FA3, H, D, dtype=DT, device=DEV)
         vc = torch.empty_like(kc)
-        kc[perm] = k.view(-1, PAGE, H, D)
-        vc[perm] = v.view(-1, PAGE, H, D)
+        kc[perm] = k.view(-1, PAGE_FA3, H, D)
+        vc[perm] = v.view(-1, PAGE_FA3, H, D)
         table = torch.zeros(len(lens), max(pages), dtype=torch.int32, device=DEV)
         first = 0
         for i, p in enumerate(pages):
@@ -279,10 +290,10 @@ def varlen(fa3):
         make = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table,
                                                                cu_seqlens_q=cu, max_seqlen_q=mx, causal=True,
                                                                num_splits=0, **(sched if use else {}))
-        checked_sched(name, "fa3_"+P16, make, bool(sched), lambda o: o, ref, TOL_BF16, flops=flops)
+        checked_sched(name, "fa3_"+PAGED, make, bool(sched), lambda o: o, ref, TOL_BF16, flops=flops)
 
     guard(name, "fa3_varlen", packed)
-    guard(name, "fa3_"+P16, paged)
+    guard(name, "fa3_"+PAGED, paged)
 
 
 def merge_states(o_a, lse_a, o_b, lse_b):
@@ -304,8 +315,8 @@ def cascade(fa3):
 
 def cascade_case(fa3, B, Hq, Hkv, D, P, S):
     name = f"cascade_b{B}_p{P}_s{S}"
-    pp, sp = P // PAGE, S // PAGE
-    kc = torch.randn(pp + B * sp, PAGE, Hkv, D, dtype=DT, device=DEV)
+    pp, sp = P // PAGE_FA3, S // PAGE_FA3
+    kc = torch.randn(pp + B * sp, PAGE_FA3, Hkv, D, dtype=DT, device=DEV)
     vc = torch.randn_like(kc)
     perm = torch.randperm(pp + B * sp, device=DEV).to(torch.int32)
     prefix_ids, suffix_ids = perm[:pp], perm[pp:].view(B, sp)
@@ -324,7 +335,7 @@ def cascade_case(fa3, B, Hq, Hkv, D, P, S):
     sched_flat = sched_kwargs(fa3, B, 1, P + S, Hq, Hkv, D, flat_len, DT, False)
     make_flat = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=flat_len, page_table=flat_table,
                                                                 num_splits=0, **(sched_flat if use else {}))
-    checked_sched(name, "fa3_flat_"+P16, make_flat, bool(sched_flat), lambda o: o[sample], ref, TOL_BF16,
+    checked_sched(name, "fa3_flat_"+PAGED, make_flat, bool(sched_flat), lambda o: o[sample], ref, TOL_BF16,
                   nbytes=nbytes)
 
     # vLLM's cascade: the B query tokens as one sequence over the prefix (non-causal), each
@@ -354,7 +365,7 @@ def cascade_case(fa3, B, Hq, Hkv, D, P, S):
         return casc
 
     has_sched = bool(sched_p) and bool(sched_s)
-    checked_sched(name, "fa3_cascade_"+P16, make_cascade, has_sched, lambda o: o[sample], ref, TOL_BF16,
+    checked_sched(name, "fa3_cascade_"+PAGED, make_cascade, has_sched, lambda o: o[sample], ref, TOL_BF16,
                   nbytes=nbytes)
     # the prefix pass alone (its own reference: the prefix keys only), under peer_attention's name
     pref = []
@@ -362,13 +373,20 @@ def cascade_case(fa3, B, Hq, Hkv, D, P, S):
         kb = kc[prefix_ids.long()].reshape(1, P, Hkv, D).transpose(1, 2)
         vb = vc[prefix_ids.long()].reshape(1, P, Hkv, D).transpose(1, 2)
         pref.append(attention_f32(q[b:b + 1].transpose(1, 2), kb, vb).transpose(1, 2))
-    checked_sched(f"cascade_prefix_p{P}_t{B}_gqa{Hq}_{Hkv}_hd{D}", "fa3_"+P16+"_prefix", make_prefix, bool(sched_p),
+    checked_sched(f"cascade_prefix_p{P}_t{B}_gqa{Hq}_{Hkv}_hd{D}", "fa3_"+PAGED+"_prefix", make_prefix, bool(sched_p),
                   lambda o: o[0][0, sample].unsqueeze(1), torch.cat(pref), TOL_BF16, flops=4.0 * B * Hq * P * D)
 
 
 def main():
     parts = {"decode": lambda m: decode(m), "fp8": lambda m: decode(m, fp8=True), "prefill": prefill,
              "varlen": varlen, "chunk": chunk, "cascade": cascade}
+    global PAGE_FA3, PAGED
+    try:
+        PAGE_FA3 = page_size(os.environ)
+    except ValueError as e:
+        print(f"fa3_peer.py: {e}", file=sys.stderr)
+        return 2
+    PAGED = f"paged{PAGE_FA3}"
     wanted = sys.argv[1:] or list(parts)
     for w in wanted:
         if w not in parts:
