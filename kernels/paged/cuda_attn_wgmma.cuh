@@ -433,32 +433,47 @@ attn_wgmma_kernel(const ar_attn_args a,
                     }
                 }
             };
-            /* online softmax of capped and masked scores (log2 domain) */
+            /* online softmax of capped and masked scores (log2 domain).  Both rows' maxima first,
+             * each on four chains of the thread's pairs (element i is row (i >> 1) & 1, column
+             * (i >> 2) * 8 + 2 tq + (i & 1)), then the quad's shuffles, then the exponentials with
+             * two sum chains a row: 1.01-1.04x over one chain a row, row by row (BENCHMARKS.md,
+             * 2026-12-03) */
             auto softmax_exact = [&](float (&sc)[NS], float (&alpha_out)[2]) {
-                /* element i is row (i >> 1) & 1, column (i >> 2) * 8 + 2 tq + (i & 1) */
+                float part_max[2][4];
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) part_max[r][c] = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < NS / 4; n++) {
+                    part_max[0][n & 3] = fmaxf(part_max[0][n & 3], fmaxf(sc[4 * n], sc[4 * n + 1]));
+                    part_max[1][n & 3] = fmaxf(part_max[1][n & 3], fmaxf(sc[4 * n + 2], sc[4 * n + 3]));
+                }
+                float mx[2], m_scaled[2], rs[2][2];
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    mx[r] = fmaxf(fmaxf(part_max[r][0], part_max[r][1]), fmaxf(part_max[r][2], part_max[r][3]));
+#pragma unroll
+                for (int r = 0; r < 2; r++) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+#pragma unroll
+                for (int r = 0; r < 2; r++) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int n = 0; n < NS / 4; n++) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    float m_new = fmaxf(row_m[r], mx);
-                    float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-                    float alpha = exp2f(row_m[r] * scale_log2 - m_scaled);
+                    const float m_new = fmaxf(row_m[r], mx[r]);
+                    m_scaled[r] = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+                    alpha_out[r] = exp2f(row_m[r] * scale_log2 - m_scaled[r]);
                     row_m[r] = m_new;
-                    float rs = 0.f;
-#pragma unroll
-                    for (int n = 0; n < NS / 4; n++) {
-                        float p0 = exp2f(fmaf(sc[4 * n + 2 * r], scale_log2, -m_scaled));
-                        float p1 = exp2f(fmaf(sc[4 * n + 2 * r + 1], scale_log2, -m_scaled));
-                        sc[4 * n + 2 * r] = p0;
-                        sc[4 * n + 2 * r + 1] = p1;
-                        rs += p0 + p1;
-                    }
-                    row_l[r] = row_l[r] * alpha + rs;
-                    alpha_out[r] = alpha;
+                    rs[r][0] = rs[r][1] = 0.f;
                 }
+#pragma unroll
+                for (int n = 0; n < NS / 4; n++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sc[4 * n + e] = exp2f(fmaf(sc[4 * n + e], scale_log2, -m_scaled[e >> 1]));
+                    rs[0][n & 1] += sc[4 * n] + sc[4 * n + 1];
+                    rs[1][n & 1] += sc[4 * n + 2] + sc[4 * n + 3];
+                }
+#pragma unroll
+                for (int r = 0; r < 2; r++) row_l[r] = row_l[r] * alpha_out[r] + (rs[r][0] + rs[r][1]);
             };
             /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
              * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
@@ -468,8 +483,8 @@ attn_wgmma_kernel(const ar_attn_args a,
                  * straight away (no reduction or shuffle before the exponentials), kept unless a
                  * row's maximum in this tile exceeds it by more than 2^8; then the exact form below,
                  * from the scores, which are still intact.  P then lies in [0, 256], exact in bf16's
-                 * range.  1.09x at head size 256 on the H200 (BENCHMARKS.md, 2026-12-03); at 128 the
-                 * scores, P and the turn order's registers spill (0.89x), so 128 keeps the exact form. */
+                 * range.  1.09x at head size 256 on the H200 (BENCHMARKS.md, 2026-12-03).  Neither
+                 * form runs under the planted no-rescale fault, which must show on the exact path. */
                 if constexpr (HD == 256) {
                 if (!no_rescale && __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)) {
                     const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
@@ -500,11 +515,11 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
                 }
                 if constexpr (HD == 128) {
-                /* Head size 128: the scores stay in place (no registers to spare beside the turn
-                 * order's), so the thread's own row maxima are taken first, without the quad's
-                 * shuffles; if no row of the warp grew by more than 2^8 past its running maximum,
-                 * P against the running maximum, no rescale (not under the planted no-rescale
-                 * fault, which must show on the exact path) */
+                /* Head size 128: the scores stay in place (keeping them beside P and the turn
+                 * order's registers spills, 0.89x), so the thread's own row maxima are taken first,
+                 * without the quad's shuffles; if no row of the warp grew by more than 2^8 past its
+                 * running maximum, P against the running maximum and no rescale.  1.02x causal,
+                 * 1.04x on the chunked-prefill case (BENCHMARKS.md, 2026-12-03). */
                 if (!no_rescale && __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)) {
                     const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
                     float mx0 = -INFINITY, mx1 = -INFINITY;
