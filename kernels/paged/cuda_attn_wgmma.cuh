@@ -499,6 +499,40 @@ attn_wgmma_kernel(const ar_attn_args a,
                     }
                 }
                 }
+                if constexpr (HD == 128) {
+                /* Head size 128: the scores stay in place (no registers to spare beside the turn
+                 * order's), so the thread's own row maxima are taken first, without the quad's
+                 * shuffles; if no row of the warp grew by more than 2^8 past its running maximum,
+                 * P against the running maximum, no rescale (not under the planted no-rescale
+                 * fault, which must show on the exact path) */
+                if (!no_rescale && __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)) {
+                    const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
+                    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+                    for (int n = 0; n < NS / 4; n++) {
+                        mx0 = fmaxf(mx0, fmaxf(sc[4 * n], sc[4 * n + 1]));
+                        mx1 = fmaxf(mx1, fmaxf(sc[4 * n + 2], sc[4 * n + 3]));
+                    }
+                    const bool grew = mx0 * scale_log2 > ms0 + 8.f || mx1 * scale_log2 > ms1 + 8.f;
+                    if (!__any_sync(0xffffffffu, grew)) {
+                        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+                        for (int n = 0; n < NS / 4; n++) {
+                            sc[4 * n] = exp2f(fmaf(sc[4 * n], scale_log2, -ms0));
+                            sc[4 * n + 1] = exp2f(fmaf(sc[4 * n + 1], scale_log2, -ms0));
+                            sc[4 * n + 2] = exp2f(fmaf(sc[4 * n + 2], scale_log2, -ms1));
+                            sc[4 * n + 3] = exp2f(fmaf(sc[4 * n + 3], scale_log2, -ms1));
+                            rs0 += sc[4 * n] + sc[4 * n + 1];
+                            rs1 += sc[4 * n + 2] + sc[4 * n + 3];
+                        }
+                        row_l[0] += rs0;
+                        row_l[1] += rs1;
+                        alpha_out[0] = alpha_out[1] = 1.f;
+                        pack_p(sc, pa);
+                        return;
+                    }
+                }
+                }
                 softmax_exact(sc, alpha_out);
                 pack_p(sc, pa);
             };
