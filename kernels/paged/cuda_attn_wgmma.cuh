@@ -471,7 +471,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                  * range.  1.09x at head size 256 on the H200 (BENCHMARKS.md, 2026-12-03); at 128 the
                  * scores, P and the turn order's registers spill (0.89x), so 128 keeps the exact form. */
                 if constexpr (HD == 256) {
-                if (__all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)) {
+                if (!no_rescale && __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)) {
                     const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
                     float rs0 = 0.f, rs1 = 0.f, mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
