@@ -110,6 +110,48 @@ template <int PART_BYTES> __device__ __forceinline__ uint32_t wg_swizzle(int row
     return (uint32_t)((chunk >> 3) * PART_BYTES + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
+#ifndef AR_X_LAZY128
+#define AR_X_LAZY128 0
+#endif
+#ifndef AR_X_MAX4
+#define AR_X_MAX4 0
+#endif
+#ifndef AR_X_POLY
+#define AR_X_POLY 0
+#endif
+#ifdef AR_WG_TIMELINE
+/* diagnostic only: clock64 stamps of CTA 0's first item, tiles AR_TL0 .. + 63: [warpgroup][tile][point] */
+#define AR_TL0 64
+__device__ long long ar_wg_tl[2][64][8];
+#define TL_STAMP(it, pt) do { if (blockIdx.x == 0 && round == 0 && lane == 0 && (warp & 3) == 0 && \
+    (it) >= AR_TL0 && (it) < AR_TL0 + 64) ar_wg_tl[wg][(it) - AR_TL0][pt] = clock64(); } while (0)
+#else
+#define TL_STAMP(it, pt) ((void)0)
+#endif
+#ifndef AR_X_POLY256
+#define AR_X_POLY256 0
+#endif
+#ifndef AR_X_PACK
+#define AR_X_PACK 0
+#endif
+/* two non-negative finite floats -> bf16x2 on the integer pipe (rounded half up by the bits) */
+template <typename T> __device__ __forceinline__ uint32_t pack2_p(float lo, float hi)
+{
+    if constexpr (AR_X_PACK && std::is_same<T, __nv_bfloat16>::value)
+        return __byte_perm(__float_as_uint(lo) + 0x8000u, __float_as_uint(hi) + 0x8000u, 0x7632);
+    else
+        return pack2<T>(lo, hi);
+}
+/* 2^x on the FMA pipe: x rounded to j + f, f in [-1/2, 1/2], 2^f by a degree-3 polynomial
+ * (relative error 1.0e-4), j added to the exponent field; x below -126 taken as -126 */
+__device__ __forceinline__ float exp2_poly(float x)
+{
+    x = fmaxf(x, -126.f);
+    const float r = __fadd_rn(x, 12582912.f);           /* 1.5 * 2^23: j in the low bits */
+    const float f = __fsub_rn(x, __fsub_rn(r, 12582912.f));
+    const float p = fmaf(fmaf(fmaf(0.0550089309f, f, 0.242210969f), f, 0.693282928f), f, 1.f);
+    return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+}
 /* d += A (a: this thread's 4 registers of the 64 x 16 A tile) B (desc_b, read transposed). */
 template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], const uint32_t a[4], uint64_t desc_b);
 /* d [64 x 128] (+)= A (a: registers) B (desc_b, K-major like wgmma_ss's B): S = Q K^T with Q in
@@ -406,10 +448,10 @@ attn_wgmma_kernel(const ar_attn_args a,
             auto pack_p = [&](const float (&sc)[NS], uint32_t (&pa)[PV_STEPS][4]) {
 #pragma unroll
                 for (int kk = 0; kk < PV_STEPS; kk++) {
-                    pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
-                    pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
-                    pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
-                    pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
+                    pa[kk][0] = pack2_p<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
+                    pa[kk][1] = pack2_p<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+                    pa[kk][2] = pack2_p<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+                    pa[kk][3] = pack2_p<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
                 }
             };
             /* the soft cap and the mask of tile t, in place on the scores sc */
@@ -434,6 +476,47 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
             };
             /* online softmax of capped and masked scores (log2 domain) */
+#if AR_X_MAX4
+            auto softmax_exact = [&](float (&sc)[NS], float (&alpha_out)[2]) {
+                float m4[2][4];
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) m4[r][j] = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < NS / 4; n++) {
+                    m4[0][n & 3] = fmaxf(m4[0][n & 3], fmaxf(sc[4 * n], sc[4 * n + 1]));
+                    m4[1][n & 3] = fmaxf(m4[1][n & 3], fmaxf(sc[4 * n + 2], sc[4 * n + 3]));
+                }
+                float mx[2], ms[2], rs[2][2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) mx[r] = fmaxf(fmaxf(m4[r][0], m4[r][1]), fmaxf(m4[r][2], m4[r][3]));
+#pragma unroll
+                for (int r = 0; r < 2; r++) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+#pragma unroll
+                for (int r = 0; r < 2; r++) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float m_new = fmaxf(row_m[r], mx[r]);
+                    ms[r] = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+                    alpha_out[r] = exp2f(row_m[r] * scale_log2 - ms[r]);
+                    row_m[r] = m_new;
+                    rs[r][0] = rs[r][1] = 0.f;
+                }
+#pragma unroll
+                for (int n = 0; n < NS / 4; n++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float x = fmaf(sc[4 * n + e], scale_log2, -ms[e >> 1]);
+                        sc[4 * n + e] = (AR_X_POLY && (n & AR_X_POLY) == AR_X_POLY) ? exp2_poly(x) : exp2f(x);
+                    }
+                    rs[0][n & 1] += sc[4 * n] + sc[4 * n + 1];
+                    rs[1][n & 1] += sc[4 * n + 2] + sc[4 * n + 3];
+                }
+#pragma unroll
+                for (int r = 0; r < 2; r++) row_l[r] = row_l[r] * alpha_out[r] + (rs[r][0] + rs[r][1]);
+            };
+#else
             auto softmax_exact = [&](float (&sc)[NS], float (&alpha_out)[2]) {
                 /* element i is row (i >> 1) & 1, column (i >> 2) * 8 + 2 tq + (i & 1) */
 #pragma unroll
@@ -460,6 +543,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     alpha_out[r] = alpha;
                 }
             };
+#endif
             /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
              * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
             auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
@@ -479,8 +563,16 @@ attn_wgmma_kernel(const ar_attn_args a,
                         const float *e = sc + 8 * kk;
                         const float p0 = exp2f(fmaf(e[0], scale_log2, -ms0)), p1 = exp2f(fmaf(e[1], scale_log2, -ms0));
                         const float p2 = exp2f(fmaf(e[2], scale_log2, -ms1)), p3 = exp2f(fmaf(e[3], scale_log2, -ms1));
+#if AR_X_POLY256
+                        const bool pe = (kk & 1) != 0;
+                        const float x4 = fmaf(e[4], scale_log2, -ms0), x5 = fmaf(e[5], scale_log2, -ms0);
+                        const float x6 = fmaf(e[6], scale_log2, -ms1), x7 = fmaf(e[7], scale_log2, -ms1);
+                        const float p4 = pe ? exp2_poly(x4) : exp2f(x4), p5 = pe ? exp2_poly(x5) : exp2f(x5);
+                        const float p6 = pe ? exp2_poly(x6) : exp2f(x6), p7 = pe ? exp2_poly(x7) : exp2f(x7);
+#else
                         const float p4 = exp2f(fmaf(e[4], scale_log2, -ms0)), p5 = exp2f(fmaf(e[5], scale_log2, -ms0));
                         const float p6 = exp2f(fmaf(e[6], scale_log2, -ms1)), p7 = exp2f(fmaf(e[7], scale_log2, -ms1));
+#endif
                         mx0 = fmaxf(mx0, fmaxf(fmaxf(e[0], e[1]), fmaxf(e[4], e[5])));
                         mx1 = fmaxf(mx1, fmaxf(fmaxf(e[2], e[3]), fmaxf(e[6], e[7])));
                         rs0 += (p0 + p1) + (p4 + p5);
@@ -499,7 +591,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     }
                 }
                 }
-                if constexpr (HD == 128) {
+                if constexpr (HD == 128 && AR_X_LAZY128) {
                 /* Head size 128: the scores stay in place (no registers to spare beside the turn
                  * order's), so the thread's own row maxima are taken first, without the quad's
                  * shuffles; if no row of the warp grew by more than 2^8 past its running maximum,
@@ -507,21 +599,32 @@ attn_wgmma_kernel(const ar_attn_args a,
                  * fault, which must show on the exact path) */
                 if (!no_rescale && __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)) {
                     const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
+#if AR_X_LZ4
+                    float q0[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, q1[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+                    for (int n = 0; n < NS / 4; n++) {
+                        q0[n & 3] = fmaxf(q0[n & 3], fmaxf(sc[4 * n], sc[4 * n + 1]));
+                        q1[n & 3] = fmaxf(q1[n & 3], fmaxf(sc[4 * n + 2], sc[4 * n + 3]));
+                    }
+                    const float mx0 = fmaxf(fmaxf(q0[0], q0[1]), fmaxf(q0[2], q0[3]));
+                    const float mx1 = fmaxf(fmaxf(q1[0], q1[1]), fmaxf(q1[2], q1[3]));
+#else
                     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
                     for (int n = 0; n < NS / 4; n++) {
                         mx0 = fmaxf(mx0, fmaxf(sc[4 * n], sc[4 * n + 1]));
                         mx1 = fmaxf(mx1, fmaxf(sc[4 * n + 2], sc[4 * n + 3]));
                     }
+#endif
                     const bool grew = mx0 * scale_log2 > ms0 + 8.f || mx1 * scale_log2 > ms1 + 8.f;
                     if (!__any_sync(0xffffffffu, grew)) {
                         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
                         for (int n = 0; n < NS / 4; n++) {
-                            sc[4 * n] = exp2f(fmaf(sc[4 * n], scale_log2, -ms0));
-                            sc[4 * n + 1] = exp2f(fmaf(sc[4 * n + 1], scale_log2, -ms0));
-                            sc[4 * n + 2] = exp2f(fmaf(sc[4 * n + 2], scale_log2, -ms1));
-                            sc[4 * n + 3] = exp2f(fmaf(sc[4 * n + 3], scale_log2, -ms1));
+                            sc[4 * n] = ((AR_X_POLY && (n & AR_X_POLY) == AR_X_POLY) ? exp2_poly(fmaf(sc[4 * n], scale_log2, -ms0)) : exp2f(fmaf(sc[4 * n], scale_log2, -ms0)));
+                            sc[4 * n + 1] = ((AR_X_POLY && (n & AR_X_POLY) == AR_X_POLY) ? exp2_poly(fmaf(sc[4 * n + 1], scale_log2, -ms0)) : exp2f(fmaf(sc[4 * n + 1], scale_log2, -ms0)));
+                            sc[4 * n + 2] = ((AR_X_POLY && (n & AR_X_POLY) == AR_X_POLY) ? exp2_poly(fmaf(sc[4 * n + 2], scale_log2, -ms1)) : exp2f(fmaf(sc[4 * n + 2], scale_log2, -ms1)));
+                            sc[4 * n + 3] = ((AR_X_POLY && (n & AR_X_POLY) == AR_X_POLY) ? exp2_poly(fmaf(sc[4 * n + 3], scale_log2, -ms1)) : exp2f(fmaf(sc[4 * n + 3], scale_log2, -ms1)));
                             rs0 += sc[4 * n] + sc[4 * n + 1];
                             rs1 += sc[4 * n + 2] + sc[4 * n + 3];
                         }
@@ -650,21 +753,28 @@ attn_wgmma_kernel(const ar_attn_args a,
                     }
                     for (int it = a0 + 1; it < a1; it++) {      /* P V of it - 1 and S of it in one turn */
                         float sc[NS];
+                        TL_STAMP(it, 0);
                         ar_wg::mbar_wait_suspend(full_v_bar + stage_of(it - 1) * 8, parity_of(it - 1));
                         ar_wg::mbar_wait_suspend(full_bar + stage_of(it) * 8, parity_of(it));
+                        TL_STAMP(it, 1);
                         ar_wg::fence_proxy_async();
                         pingpong_wait(wg);
+                        TL_STAMP(it, 2);
                         issue_pv(pa, sk_of(it - 1) + G::KV_BYTES);
                         ar_wg::commit();
                         issue_s(sc, sk_of(it));
                         ar_wg::commit();
                         pingpong_turn_issued(wg, false);
+                        TL_STAMP(it, 3);
                         ar_wg::wait<0>();
                         ar_wg::fence_regs(acc);
                         ar_wg::fence_regs(sc);
+                        TL_STAMP(it, 4);
                         ar_wg::mbar_arrive(empty_bar + stage_of(it - 1) * 8);
                         softmax_to_p(sc, w.tile_begin + it, pa, alpha);
+                        TL_STAMP(it, 5);
                         rescale_acc(alpha);
+                        TL_STAMP(it, 6);
                     }
                     /* turn a1 (an inactive tile's, or the last one): P V of a1 - 1 */
                     ar_wg::mbar_wait_suspend(full_v_bar + stage_of(a1 - 1) * 8, parity_of(a1 - 1));
@@ -832,6 +942,21 @@ static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_
     if (e != cudaSuccess) return e;
     const int ctas = ar_attn_wg_ctas(a->persistent_ctas, num_work);
     attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, num_work);
+#ifdef AR_WG_TIMELINE
+    static int tl_calls = 0;
+    if (HD == 128 && ++tl_calls == 2) {
+        static long long h[2][64][8];
+        cudaStreamSynchronize(stream);
+        cudaMemcpyFromSymbol(h, ar_wg_tl, sizeof h);
+        long long t0 = 0;
+        for (int r = 0; r < 2; r++) for (int i = 0; i < 64; i++) for (int p = 0; p < 8; p++) if (h[r][i][p] && (!t0 || h[r][i][p] < t0)) t0 = h[r][i][p];
+        for (int i = 0; i < 64; i++) {
+            printf("TL tile %2d", i + AR_TL0);
+            for (int r = 0; r < 2; r++) { printf(" | W%d", r); for (int p = 0; p < 7; p++) printf(" %7lld", h[r][i][p] ? h[r][i][p] - t0 : -1); }
+            printf("\n");
+        }
+    }
+#endif
     return cudaGetLastError();
 }
 
