@@ -110,6 +110,22 @@ template <int PART_BYTES> __device__ __forceinline__ uint32_t wg_swizzle(int row
     return (uint32_t)((chunk >> 3) * PART_BYTES + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
+#ifndef AR_Y_A
+#define AR_Y_A 0
+#endif
+#ifndef AR_Y_B
+#define AR_Y_B 0
+#endif
+#ifndef AR_Y_C
+#define AR_Y_C 0
+#endif
+#if AR_Y_C
+#define AR_COLD(x) __builtin_expect(!!(x), 0)
+#define AR_HOT(x) __builtin_expect(!!(x), 1)
+#else
+#define AR_COLD(x) (x)
+#define AR_HOT(x) (x)
+#endif
 /* d += A (a: this thread's 4 registers of the 64 x 16 A tile) B (desc_b, read transposed). */
 template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], const uint32_t a[4], uint64_t desc_b);
 /* d [64 x 128] (+)= A (a: registers) B (desc_b, K-major like wgmma_ss's B): S = Q K^T with Q in
@@ -365,6 +381,7 @@ attn_wgmma_kernel(const ar_attn_args a,
 #pragma unroll
             for (int i = 0; i < NACC; i++) acc[i] = 0.f;
             float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
+            bool lazy_ready = false;
             /* V read transposed ("MN-major"): its descriptor's LBO steps between the two 64-dim
              * atoms along N (a column part apart), the stride byte offset between groups of 8 keys
              * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30.
@@ -415,7 +432,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             /* the soft cap and the mask of tile t, in place on the scores sc */
             auto cap_and_mask = [&](float (&sc)[NS], int t) {
                 const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
-                if (a.soft_cap > 0.f) {
+                if (AR_COLD(a.soft_cap > 0.f)) {
                     const float scale = scale_log2 * 0.6931471805599453f;
                     const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
 #pragma unroll
@@ -423,7 +440,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
                 const bool need_mask = tile_last > wg_min_qpos + causal_extra || tile_last >= seq_len ||
                                        (window > 0 && tile_first < wg_max_qpos - window + 1);
-                if (need_mask) {
+                if (AR_COLD(need_mask)) {
 #pragma unroll
                     for (int i = 0; i < NS; i++) {
                         int j = tile_first + (i >> 2) * 8 + 2 * tq + (i & 1);
@@ -477,7 +494,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             };
             /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
              * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies it) */
-            auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) {
+            auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) -> bool {
                 cap_and_mask(sc, t);
                 /* Head size 256: once every row of the warp has a running maximum, P against it
                  * straight away (no reduction or shuffle before the exponentials), kept unless a
@@ -506,11 +523,11 @@ attn_wgmma_kernel(const ar_attn_args a,
                         pa[kk][3] = pack2<T>(p6, p7);
                     }
                     const bool grew = mx0 * scale_log2 > ms0 + 8.f || mx1 * scale_log2 > ms1 + 8.f;
-                    if (!__any_sync(0xffffffffu, grew)) {
+                    if (AR_HOT(!__any_sync(0xffffffffu, grew))) {
                         row_l[0] += rs0;
                         row_l[1] += rs1;
                         alpha_out[0] = alpha_out[1] = 1.f;
-                        return;
+                        return false;
                     }
                 }
                 }
@@ -520,7 +537,11 @@ attn_wgmma_kernel(const ar_attn_args a,
                  * without the quad's shuffles; if no row of the warp grew by more than 2^8 past its
                  * running maximum, P against the running maximum and no rescale.  1.02x causal,
                  * 1.04x on the chunked-prefill case (BENCHMARKS.md, 2026-12-03). */
+#if AR_Y_B
+                if (!no_rescale && (lazy_ready || (lazy_ready = __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)))) {
+#else
                 if (!no_rescale && __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)) {
+#endif
                     const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
                     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -529,7 +550,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                         mx1 = fmaxf(mx1, fmaxf(sc[4 * n + 2], sc[4 * n + 3]));
                     }
                     const bool grew = mx0 * scale_log2 > ms0 + 8.f || mx1 * scale_log2 > ms1 + 8.f;
-                    if (!__any_sync(0xffffffffu, grew)) {
+                    if (AR_HOT(!__any_sync(0xffffffffu, grew))) {
                         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
                         for (int n = 0; n < NS / 4; n++) {
@@ -544,12 +565,13 @@ attn_wgmma_kernel(const ar_attn_args a,
                         row_l[1] += rs1;
                         alpha_out[0] = alpha_out[1] = 1.f;
                         pack_p(sc, pa);
-                        return;
+                        return false;
                     }
                 }
                 }
                 softmax_exact(sc, alpha_out);
                 pack_p(sc, pa);
+                return true;
             };
             auto rescale_acc = [&](const float (&alpha)[2]) {
 #pragma unroll
@@ -678,8 +700,12 @@ attn_wgmma_kernel(const ar_attn_args a,
                         ar_wg::fence_regs(acc);
                         ar_wg::fence_regs(sc);
                         ar_wg::mbar_arrive(empty_bar + stage_of(it - 1) * 8);
+#if AR_Y_A
+                        if (softmax_to_p(sc, w.tile_begin + it, pa, alpha)) rescale_acc(alpha);
+#else
                         softmax_to_p(sc, w.tile_begin + it, pa, alpha);
                         rescale_acc(alpha);
+#endif
                     }
                     /* turn a1 (an inactive tile's, or the last one): P V of a1 - 1 */
                     ar_wg::mbar_wait_suspend(full_v_bar + stage_of(a1 - 1) * 8, parity_of(a1 - 1));
