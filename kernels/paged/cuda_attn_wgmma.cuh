@@ -23,8 +23,9 @@
  *               are contiguous: "MN-major"), BLOCK_N / 16 steps of 16 keys; at head size 256
  *               once for dims 0-127 and once for 128-255.
  * The online softmax is the one of attn_kernel (log2 domain, skip the rescale when no row max
- * moved); at head size 256, once every row has a maximum, P is taken against the running maximum
- * until a row's maximum grows by more than 2^8 (softmax_to_p).  Feeding (FlashAttention-3's structure): the producer warpgroup alone fills the
+ * moved); once every row of a warp has a maximum, P is taken against the running maximum until a
+ * row's maximum grows by more than 2^8 (softmax_to_p; at head size 128 after the thread's own
+ * maxima, at 256 beside the exponentials), and the exact form runs only then.  Feeding (FlashAttention-3's structure): the producer warpgroup alone fills the
  * stages - every tile that lies wholly inside the sequence by TMA bulk tensor copies (one per
  * cache page and 64-dim part, K by two of its warps and V by the other two), the last, partial
  * tile by cp.async with zero fill - and the two consumers take ping-pong turns, so one's softmax
