@@ -438,8 +438,9 @@ attn_wgmma_kernel(const ar_attn_args a,
             /* online softmax of capped and masked scores (log2 domain).  Both rows' maxima first,
              * each on four chains of the thread's pairs (element i is row (i >> 1) & 1, column
              * (i >> 2) * 8 + 2 tq + (i & 1)), then the quad's shuffles, then the exponentials with
-             * two sum chains a row: 1.01-1.04x over one chain a row, row by row (BENCHMARKS.md,
-             * 2026-12-03) */
+             * two sum chains a row.  Beside the running-maximum path below (which leaves this form
+             * to an item's first tile and to grown maxima) 1.00x causal and 1.01x chunked against
+             * one chain a row, row by row; without that path 0.99x (BENCHMARKS.md, 2026-12-03) */
             auto softmax_exact = [&](float (&sc)[NS], float (&alpha_out)[2]) {
                 float part_max[2][4];
 #pragma unroll
@@ -480,9 +481,10 @@ attn_wgmma_kernel(const ar_attn_args a,
             /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
              * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies
              * it).  Returns false when P was taken against the running maximum (alpha 1, nothing to
-             * rescale), true from the exact form.  The mask, soft-cap and growth branches are marked
-             * cold so that the common path runs straight (with the two trims at head size 128 below,
-             * BENCHMARKS.md 2026-12-03). */
+             * rescale: the head-size-128 turns then skip rescale_acc and its votes), true from the
+             * exact form.  The mask, soft-cap and growth branches are marked cold so that the common
+             * path runs straight.  Those trims and the vote kept once true (below) together: 1.02x
+             * causal and chunked at head size 128, 1.00x at 256 (BENCHMARKS.md, 2026-12-03). */
             auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) -> bool {
                 cap_and_mask(sc, t);
                 /* Head size 256: once every row of the warp has a running maximum, P against it
@@ -525,7 +527,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                  * order's registers spills, 0.89x), so the thread's own row maxima are taken first,
                  * without the quad's shuffles; if no row of the warp grew by more than 2^8 past its
                  * running maximum, P against the running maximum and no rescale.  1.02x causal,
-                 * 1.04x on the chunked-prefill case (BENCHMARKS.md, 2026-12-03).  Once every row of
+                 * 1.03x on the chunked-prefill case (BENCHMARKS.md, 2026-12-03).  Once every row of
                  * the warp has a maximum it keeps one for the item, so the vote stops. */
                 if (!no_rescale && (row_m_ready || (row_m_ready = __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)))) {
                     const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
