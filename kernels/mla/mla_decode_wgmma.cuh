@@ -398,7 +398,7 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
                 const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
-                wgmma_qk64<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
+                wgmma_qk64<BF16>(s, ar_wg::desc_advance(desc_q, koff), ar_wg::desc_advance(desc_k, koff), kk > 0);
             }
             ar_wg::commit();
             if (t + 1 < ntiles) load_tile(t + 1);
@@ -425,7 +425,7 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
         const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
 #pragma unroll
         for (int kk = 0; kk < WG_KEYS / 16; kk++)
-            wgmma_pv<BF16>(o, desc_p + (uint32_t)((kk * 32) >> 4), desc_v + (uint32_t)((kk * 2048) >> 4));
+            wgmma_pv<BF16>(o, ar_wg::desc_advance(desc_p, (uint32_t)((kk * 32) >> 4)), ar_wg::desc_advance(desc_v, (uint32_t)((kk * 2048) >> 4)));
         ar_wg::commit();
         ar_wg::wait<0>();
         wg_fence_acc(o);

@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                     ar_wg::mbar_wait(landed_bar(s) + (uint32_t)(FP8 ? 0 : 8 * (kk >> 2)), (uint32_t)(t >> 1) & 1u);
                 const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
                 const uint32_t qoff = (uint32_t)((kk >> 2) * G::QATOM + (kk & 3) * 32) >> 4;
-                wgmma_m64n<BF16, 0, NT>(acc, desc_k + koff, desc_q + qoff, kk > 0);
+                wgmma_m64n<BF16, 0, NT>(acc, ar_wg::desc_advance(desc_k, koff), ar_wg::desc_advance(desc_q, qoff), kk > 0);
             }
             ar_wg::commit();
             ar_wg::wait<0>();
@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                     const int mt = 4 * half + m4;
                     const uint64_t desc_v =
                         ar_wg::desc_sw128(sk_addr + (uint32_t)(mt * WG_ATOM + kk * 2048), WG_ATOM, 1024);
-                    wgmma_m64n<BF16, 1, NT>(o[mt], desc_v, desc_p + (uint32_t)((kk * 32) >> 4), 1);
+                    wgmma_m64n<BF16, 1, NT>(o[mt], desc_v, ar_wg::desc_advance(desc_p, (uint32_t)((kk * 32) >> 4)), 1);
                 }
             ar_wg::commit();
         }

@@ -390,7 +390,7 @@ attn_wgmma_kernel(const ar_attn_args a,
 #pragma unroll
                     for (int kk = 0; kk < HD / 16; kk++) {
                         const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                        wgmma_rs_kmajor<T>(sd, qa[kk], db0 + koff16, kk > 0);
+                        wgmma_rs_kmajor<T>(sd, qa[kk], ar_wg::desc_advance(db0, koff16), kk > 0);
                     }
                 } else {
                     /* this warpgroup's 64 Q rows start 64 x 128 bytes into each column part */
@@ -399,7 +399,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     for (int kk = 0; kk < HD / 16; kk++) {
                         const uint32_t qoff16 = (uint32_t)((kk >> 2) * G::Q_PART_BYTES + (kk & 3) * 32) >> 4;
                         const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                        wgmma_ss_n64<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
+                        wgmma_ss_n64<T>(sd, ar_wg::desc_advance(da0, qoff16), ar_wg::desc_advance(db0, koff16), kk > 0);
                     }
                 }
             };
@@ -582,7 +582,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     const uint64_t dv0 = ar_wg::desc_sw128(sv_half, v_lbo, v_sbo);
 #pragma unroll
                     for (int kk = 0; kk < PV_STEPS; kk++)
-                        wgmma_rs<T>(acc + 64 * h, pa[kk], dv0 + (uint64_t)(kk * 2048 >> 4));
+                        wgmma_rs<T>(acc + 64 * h, pa[kk], ar_wg::desc_advance(dv0, (uint32_t)(kk * 2048 >> 4)));
                 }
             };
 
