@@ -44,6 +44,19 @@
 
 namespace ar_attn {
 
+#ifndef AR_DESC32
+#define AR_DESC32 0   /* experiment: descriptor steps added to the low 32 bits only (no carry) */
+#endif
+/* descriptor d advanced by off16 16-byte units (the address field never carries) */
+__device__ __forceinline__ uint64_t wg_desc_step(uint64_t d, uint32_t off16)
+{
+#if AR_DESC32
+    return (d & 0xFFFFFFFF00000000ull) | (uint64_t)((uint32_t)d + off16);
+#else
+    return d + off16;
+#endif
+}
+
 template <int HD_> struct WgGeom {
     static constexpr int HD = HD_;
     static constexpr int ROWS = 128;                    /* 2 warpgroups x 64 rows */
@@ -390,7 +403,7 @@ attn_wgmma_kernel(const ar_attn_args a,
 #pragma unroll
                     for (int kk = 0; kk < HD / 16; kk++) {
                         const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                        wgmma_rs_kmajor<T>(sd, qa[kk], db0 + koff16, kk > 0);
+                        wgmma_rs_kmajor<T>(sd, qa[kk], wg_desc_step(db0, koff16), kk > 0);
                     }
                 } else {
                     /* this warpgroup's 64 Q rows start 64 x 128 bytes into each column part */
@@ -399,7 +412,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     for (int kk = 0; kk < HD / 16; kk++) {
                         const uint32_t qoff16 = (uint32_t)((kk >> 2) * G::Q_PART_BYTES + (kk & 3) * 32) >> 4;
                         const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                        wgmma_ss_n64<T>(sd, da0 + qoff16, db0 + koff16, kk > 0);
+                        wgmma_ss_n64<T>(sd, wg_desc_step(da0, qoff16), wg_desc_step(db0, koff16), kk > 0);
                     }
                 }
             };
@@ -582,7 +595,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     const uint64_t dv0 = ar_wg::desc_sw128(sv_half, v_lbo, v_sbo);
 #pragma unroll
                     for (int kk = 0; kk < PV_STEPS; kk++)
-                        wgmma_rs<T>(acc + 64 * h, pa[kk], dv0 + (uint64_t)(kk * 2048 >> 4));
+                        wgmma_rs<T>(acc + 64 * h, pa[kk], wg_desc_step(dv0, (uint32_t)(kk * 2048 >> 4)));
                 }
             };
 
