@@ -57,6 +57,12 @@ __device__ __forceinline__ uint64_t wg_desc_step(uint64_t d, uint32_t off16)
 #endif
 }
 
+#ifndef AR_Q_SMEM128
+#define AR_Q_SMEM128 0      /* experiment: head size 128 with Q in shared memory (S by SS wgmma) */
+#endif
+#ifndef AR_LAZY_ONEPASS
+#define AR_LAZY_ONEPASS 0   /* experiment: head size 128 with the one-pass running-maximum path of 256 */
+#endif
 template <int HD_> struct WgGeom {
     static constexpr int HD = HD_;
     static constexpr int ROWS = 128;                    /* 2 warpgroups x 64 rows */
@@ -67,7 +73,7 @@ template <int HD_> struct WgGeom {
     static constexpr int KV_PART_BYTES = BLOCK_N * 128; /* one column part of a K or V tile */
     static constexpr int Q_BYTES = PARTS * Q_PART_BYTES;
     static constexpr int KV_BYTES = PARTS * KV_PART_BYTES;
-    static constexpr bool Q_IN_REGS = HD_ == 128;       /* else S = Q K^T reads Q from shared memory */
+    static constexpr bool Q_IN_REGS = HD_ == 128 && !AR_Q_SMEM128;   /* else S = Q K^T reads Q from shared memory */
 };
 
 /* The pipeline: K/V stages handed over by mbarriers (three at head size 128, two at 256, as
@@ -189,6 +195,23 @@ template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
 
+/* d [64 x 128] (+)= A B, both from shared memory and K-major (S = Q K^T at head size 128 with Q
+ * in shared memory) */
+#define WGMMA_SS128_TEXT(TY) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+template <typename T> __device__ __forceinline__ void wgmma_ss_n128(float d[64], uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    if constexpr (wg_is_bf16<T>::value)
+        asm volatile(WGMMA_SS128_TEXT(".bf16") : WG_ACC64(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile(WGMMA_SS128_TEXT(".f16") : WG_ACC64(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+#undef WGMMA_SS128_TEXT
 template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate)
 {
     if constexpr (wg_is_bf16<T>::value)
@@ -412,7 +435,10 @@ attn_wgmma_kernel(const ar_attn_args a,
                     for (int kk = 0; kk < HD / 16; kk++) {
                         const uint32_t qoff16 = (uint32_t)((kk >> 2) * G::Q_PART_BYTES + (kk & 3) * 32) >> 4;
                         const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                        wgmma_ss_n64<T>(sd, wg_desc_step(da0, qoff16), wg_desc_step(db0, koff16), kk > 0);
+                        if constexpr (BLOCK_N == 128)
+                            wgmma_ss_n128<T>(sd, wg_desc_step(da0, qoff16), wg_desc_step(db0, koff16), kk > 0);
+                        else
+                            wgmma_ss_n64<T>(sd, wg_desc_step(da0, qoff16), wg_desc_step(db0, koff16), kk > 0);
                     }
                 }
             };
@@ -506,7 +532,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                  * from the scores, which are still intact.  P then lies in [0, 256], exact in bf16's
                  * range.  1.09x at head size 256 on the H200 (BENCHMARKS.md, 2026-12-03).  Neither
                  * form runs under the planted no-rescale fault, which must show on the exact path. */
-                if constexpr (HD == 256) {
+                if constexpr (HD == 256 || AR_LAZY_ONEPASS) {
                 if (!no_rescale && __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)) {
                     const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
                     float rs0 = 0.f, rs1 = 0.f, mx0 = -INFINITY, mx1 = -INFINITY;
@@ -535,7 +561,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     }
                 }
                 }
-                if constexpr (HD == 128) {
+                if constexpr (HD == 128 && !AR_LAZY_ONEPASS) {
                 /* Head size 128: the scores stay in place (keeping them beside P and the turn
                  * order's registers spills, 0.89x), so the thread's own row maxima are taken first,
                  * without the quad's shuffles; if no row of the warp grew by more than 2^8 past its
