@@ -60,6 +60,12 @@ __device__ __forceinline__ uint64_t wg_desc_step(uint64_t d, uint32_t off16)
 #ifndef AR_Q_SMEM128
 #define AR_Q_SMEM128 0      /* experiment: head size 128 with Q in shared memory (S by SS wgmma) */
 #endif
+#ifndef AR_OVL
+#define AR_OVL 0   /* experiment: head size 128 with FA3's intra-warpgroup overlap (S first, softmax under P V) */
+#endif
+#ifndef AR_PF
+#define AR_PF 0   /* experiment: the consumers load the next item's descriptor during this one */
+#endif
 #ifndef AR_LAZY_ONEPASS
 #define AR_LAZY_ONEPASS 0   /* experiment: head size 128 with the one-pass running-maximum path of 256 */
 #endif
@@ -288,15 +294,32 @@ attn_wgmma_kernel(const ar_attn_args a,
     auto run_items = [&](auto role) {
         constexpr bool PRODUCER_ROLE = decltype(role)::value;
         uint32_t tiles_before = 0, q_items_before = 0;
-        for (int round = 0; round * (int)gridDim.x < num_work; round++) {
+        auto item_at = [&](int round) {
             const int ctas = (int)gridDim.x, cta = (int)blockIdx.x;
-            const int item = round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
+            return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
+        };
+        [[maybe_unused]] ar_attn_work w_next{};
+        [[maybe_unused]] int qs_next = 0, qe_next = 0, sl_next = 0;
+        if constexpr (AR_PF && !PRODUCER_ROLE) {
+            if (item_at(0) < num_work) {
+                w_next = a.work[item_at(0)];
+                qs_next = a.query_start_loc[w_next.req];
+                qe_next = a.query_start_loc[w_next.req + 1];
+                sl_next = a.seq_lens[w_next.req];
+            }
+        }
+        for (int round = 0; round * (int)gridDim.x < num_work; round++) {
+            const int item = item_at(round);
             if (item >= num_work) continue;
-            const ar_attn_work w = a.work[item];
-
-            const int qstart = a.query_start_loc[w.req];
-            const int q_len = a.query_start_loc[w.req + 1] - qstart;
-            const int seq_len = a.seq_lens[w.req];
+            const bool pf = AR_PF && !PRODUCER_ROLE;
+            const ar_attn_work w = pf ? w_next : a.work[item];
+            const int qstart = pf ? qs_next : a.query_start_loc[w.req];
+            const int q_len = (pf ? qe_next : a.query_start_loc[w.req + 1]) - qstart;
+            const int seq_len = pf ? sl_next : a.seq_lens[w.req];
+            [[maybe_unused]] const bool has_next = item_at(round + 1) < num_work;
+            if constexpr (AR_PF && !PRODUCER_ROLE) {
+                if (has_next) w_next = a.work[item_at(round + 1)];   /* in flight during this item */
+            }
             const int ctx = seq_len - q_len;
             const int grp = a.group;
             const int kvh_load = a.fault == AR_FAULT_WRONG_KV_HEAD ? (w.kv_head + 1) % a.num_kv_heads : w.kv_head;
@@ -591,13 +614,13 @@ attn_wgmma_kernel(const ar_attn_args a,
                         row_l[0] += rs0;
                         row_l[1] += rs1;
                         alpha_out[0] = alpha_out[1] = 1.f;
-                        pack_p(sc, pa);
+                        if constexpr (!(AR_OVL && HD == 128)) pack_p(sc, pa);
                         return false;
                     }
                 }
                 }
                 softmax_exact(sc, alpha_out);
-                pack_p(sc, pa);
+                if constexpr (!(AR_OVL && HD == 128)) pack_p(sc, pa);
                 return true;
             };
             auto rescale_acc = [&](const float (&alpha)[2]) {
@@ -710,6 +733,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                         ar_wg::wait<0>();
                         ar_wg::fence_regs(sc);
                         softmax_to_p(sc, w.tile_begin + a0, pa, alpha);
+                        if constexpr (AR_OVL) pack_p(sc, pa);
                         rescale_acc(alpha);
                     }
                     for (int it = a0 + 1; it < a1; it++) {      /* P V of it - 1 and S of it in one turn */
@@ -718,6 +742,21 @@ attn_wgmma_kernel(const ar_attn_args a,
                         ar_wg::mbar_wait_suspend(full_bar + stage_of(it) * 8, parity_of(it));
                         ar_wg::fence_proxy_async();
                         pingpong_wait(wg);
+#if AR_OVL
+                        issue_s(sc, sk_of(it));
+                        ar_wg::commit();
+                        issue_pv(pa, sk_of(it - 1) + G::KV_BYTES);
+                        ar_wg::commit();
+                        pingpong_turn_issued(wg, false);
+                        ar_wg::wait<1>();
+                        ar_wg::fence_regs(sc);
+                        const bool exact = softmax_to_p(sc, w.tile_begin + it, pa, alpha);
+                        ar_wg::wait<0>();
+                        ar_wg::fence_regs(acc);
+                        ar_wg::mbar_arrive(empty_bar + stage_of(it - 1) * 8);
+                        if (exact) rescale_acc(alpha);
+                        pack_p(sc, pa);
+#else
                         issue_pv(pa, sk_of(it - 1) + G::KV_BYTES);
                         ar_wg::commit();
                         issue_s(sc, sk_of(it));
@@ -728,6 +767,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                         ar_wg::fence_regs(sc);
                         ar_wg::mbar_arrive(empty_bar + stage_of(it - 1) * 8);
                         if (softmax_to_p(sc, w.tile_begin + it, pa, alpha)) rescale_acc(alpha);   /* nothing to rescale otherwise */
+#endif
                     }
                     /* turn a1 (an inactive tile's, or the last one): P V of a1 - 1 */
                     ar_wg::mbar_wait_suspend(full_v_bar + stage_of(a1 - 1) * 8, parity_of(a1 - 1));
@@ -789,6 +829,13 @@ attn_wgmma_kernel(const ar_attn_args a,
                 q_items_before++;
             }
             tiles_before += (uint32_t)n_tiles;
+            if constexpr (AR_PF && !PRODUCER_ROLE) {
+                if (has_next) {
+                    qs_next = a.query_start_loc[w_next.req];
+                    qe_next = a.query_start_loc[w_next.req + 1];
+                    sl_next = a.seq_lens[w_next.req];
+                }
+            }
 
 
 #pragma unroll
