@@ -115,7 +115,10 @@ static int run_bench(const bench_case *bc, int repeat, int B)
         printf("ERROR %s: out of memory\n", bc->name);
         return 1;
     }
-    /* blocks dealt out in a scrambled order (a real cache is not contiguous) */
+    /* blocks dealt out in a scrambled order (a real cache is not contiguous), or in order with
+     * AR_BENCH_BLOCK_ORDER=sequential (a fresh engine's first requests) */
+    const char *order_env = getenv("AR_BENCH_BLOCK_ORDER");
+    const int sequential = order_env && strcmp(order_env, "sequential") == 0;
     int next = 0, tok = 0, fk = 0;
     const int nb = total_blocks - 1;
     for (int r = 0; r < R; r++) {
@@ -123,7 +126,7 @@ static int run_bench(const bench_case *bc, int repeat, int B)
         ctx[r] = bc->kv_lens[r] - bc->q_lens[r];
         rkeys[r] = mix(1000 + (uint64_t)r);
         for (int i = 0; i < (seq[r] + B - 1) / B; i++) {
-            bt[r * mbpr + i] = 1 + (int)(((int64_t)next++ * 7919) % nb);
+            bt[r * mbpr + i] = sequential ? 1 + next++ : 1 + (int)(((int64_t)next++ * 7919) % nb);
             bkeys[r * mbpr + i] = mix((uint64_t)r * 100003 + (uint64_t)i);
         }
         for (int p = 0; p < ctx[r]; p++) {

@@ -63,6 +63,9 @@ __device__ __forceinline__ uint64_t wg_desc_step(uint64_t d, uint32_t off16)
 #ifndef AR_OVL
 #define AR_OVL 0   /* experiment: head size 128 with FA3's intra-warpgroup overlap (S first, softmax under P V) */
 #endif
+#ifndef AR_COAL
+#define AR_COAL 0   /* experiment: a tile whose cache pages are consecutive as one TMA box per part */
+#endif
 #ifndef AR_PF
 #define AR_PF 0   /* experiment: the consumers load the next item's descriptor during this one */
 #endif
@@ -239,6 +242,8 @@ __global__ void __launch_bounds__(WgPipe<HD_>::THREADS, 1)
 attn_wgmma_kernel(const ar_attn_args a,
                   const __grid_constant__ CUtensorMap tmap_k,  /* K cache [num_slots][Hkv][HD], box [bs][1][64] */
                   const __grid_constant__ CUtensorMap tmap_v,  /* the same for the V cache */
+                  const __grid_constant__ CUtensorMap tmap_kt, /* K cache, box [BLOCK_N][1][64] */
+                  const __grid_constant__ CUtensorMap tmap_vt, /* V cache, box [BLOCK_N][1][64] */
                   int num_work)                                /* items in a.work */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -413,6 +418,18 @@ attn_wgmma_kernel(const ar_attn_args a,
                 const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)(stage * 8);
                 const uint32_t dst0 = sq_addr + (uint32_t)(G::Q_BYTES + (2 * stage + v) * G::KV_BYTES);
                 if (half == 0 && lane == 0) ar_wg::mbar_arrive_expect_tx(bar, G::KV_BYTES);
+                if constexpr (AR_COAL) {
+                    const int b0 = __shfl_sync(0xffffffffu, block, 0);
+                    if (__all_sync(0xffffffffu, lane >= (PARTS / 2) * pages || block == b0 + (lane & (pages - 1)))) {
+                        if (lane < PARTS / 2) {
+                            const int part = half * (PARTS / 2) + lane;
+                            ar_wg::tma_load_3d(dst0 + (uint32_t)(part * G::KV_PART_BYTES),
+                                               v ? (const void *)&tmap_vt : (const void *)&tmap_kt, bar, part * 64,
+                                               kvh_load, b0 << bs_log2);
+                        }
+                        return;
+                    }
+                }
                 if (lane < (PARTS / 2) * pages) {
                     const int part = half * (PARTS / 2) + lane / pages, page = lane & (pages - 1);
                     ar_wg::tma_load_3d(dst0 + (uint32_t)(part * G::KV_PART_BYTES + (page << bs_log2) * 128),
@@ -937,11 +954,23 @@ template <typename T, int HD>
 static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (num_work <= 0) return cudaSuccess;
-    CUtensorMap mk, mv;
+    CUtensorMap mk, mv, mkt, mvt;
     cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
     if (e != cudaSuccess) return e;
+    {
+        const uint64_t hd = (uint64_t)a->head_size;
+        const uint64_t dims[3] = {hd, (uint64_t)a->num_kv_heads, (uint64_t)a->num_slots};
+        const uint64_t strides[2] = {hd * 2, (uint64_t)a->num_kv_heads * hd * 2};
+        const uint32_t box[3] = {64, 1, (uint32_t)WgGeom<HD>::BLOCK_N};
+        char err[256];
+        memset(&mkt, 0, sizeof mkt);
+        memset(&mvt, 0, sizeof mvt);
+        if (ar_tma_encode(&mkt, a->k_cache, 3, dims, strides, box, "cuda", err, sizeof err) ||
+            ar_tma_encode(&mvt, a->v_cache, 3, dims, strides, box, "cuda", err, sizeof err))
+            return cudaErrorNotSupported;
+    }
     const int ctas = ar_attn_wg_ctas(a->persistent_ctas, num_work);
-    attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, num_work);
+    attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, mkt, mvt, num_work);
     return cudaGetLastError();
 }
 
