@@ -23,8 +23,10 @@
  * mean number of visible keys of a row (causal, bottom-right).
  *
  * Usage: bench_cuda [REPEAT [CASE]] (default 20 repeats, every case).  AR_BENCH_BLOCK_SIZE=32 or
- * 64 runs every case on a cache of that block size instead of 16 (each RESULT line says which;
- * any other value: exit 2).  The backend's environment knobs (kernels/paged/cuda_backend.cu)
+ * 64 runs every case on a cache of that block size instead of 16; AR_BENCH_BLOCK_ORDER=sequential
+ * deals the cache blocks out in order (a fresh engine's first requests, whose tiles the prefill
+ * kernel copies whole) instead of scrambled (each RESULT line says which; any other value of
+ * either: exit 2).  The backend's environment knobs (kernels/paged/cuda_backend.cu)
  * apply to the automatic cases; kernels/paged/decode_sweep.sh runs the decode case under each.
  * Each case prints one machine-readable line ("RESULT name=... us=... combine_us=... gbps=...
  * tflops=... kv=..."; us includes the split combine, combine_us is its part)
@@ -62,7 +64,7 @@ static uint64_t mix(uint64_t x)
 }
 
 /* B: the cache's block size */
-static int run_bench(const bench_case *bc, int repeat, int B)
+static int run_bench(const bench_case *bc, int repeat, int B, int sequential)
 {
     ar_run_config c;
     memset(&c, 0, sizeof c);
@@ -115,7 +117,7 @@ static int run_bench(const bench_case *bc, int repeat, int B)
         printf("ERROR %s: out of memory\n", bc->name);
         return 1;
     }
-    /* blocks dealt out in a scrambled order (a real cache is not contiguous) */
+    /* blocks dealt out in a scrambled order (a long-running cache is not contiguous), or in order */
     int next = 0, tok = 0, fk = 0;
     const int nb = total_blocks - 1;
     for (int r = 0; r < R; r++) {
@@ -123,7 +125,7 @@ static int run_bench(const bench_case *bc, int repeat, int B)
         ctx[r] = bc->kv_lens[r] - bc->q_lens[r];
         rkeys[r] = mix(1000 + (uint64_t)r);
         for (int i = 0; i < (seq[r] + B - 1) / B; i++) {
-            bt[r * mbpr + i] = 1 + (int)(((int64_t)next++ * 7919) % nb);
+            bt[r * mbpr + i] = sequential ? 1 + next++ : 1 + (int)(((int64_t)next++ * 7919) % nb);
             bkeys[r * mbpr + i] = mix((uint64_t)r * 100003 + (uint64_t)i);
         }
         for (int p = 0; p < ctx[r]; p++) {
@@ -180,9 +182,9 @@ static int run_bench(const bench_case *bc, int repeat, int B)
         for (long i = 0; i < (long)T * bc->hq * bc->hd; i++)
             if (out[i] != out[i]) nan++;
         printf("RESULT name=%s us=%.2f write_us=%.2f combine_us=%.2f gbps=%.1f tflops=%.1f config=%d splits=%d "
-               "work=%d ctas_per_sm=%d nan=%ld kv=%s block=%d device=\"", bc->name, attn_us, write_us, combine_us,
-               bytes / attn_us * 1e-3, flops / attn_us * 1e-6, pi.config, pi.num_splits, pi.num_work,
-               pi.ctas_per_sm, nan, pi.kv_fp8 ? "fp8_e4m3" : "bf16", B);
+               "work=%d ctas_per_sm=%d nan=%ld kv=%s block=%d order=%s device=\"", bc->name, attn_us, write_us,
+               combine_us, bytes / attn_us * 1e-3, flops / attn_us * 1e-6, pi.config, pi.num_splits, pi.num_work,
+               pi.ctas_per_sm, nan, pi.kv_fp8 ? "fp8_e4m3" : "bf16", B, sequential ? "sequential" : "scrambled");
         char dev[128];
         ar_cuda_backend.device_name(st, dev, sizeof dev);
         printf("%s\"\n", dev);
@@ -210,6 +212,15 @@ int main(int argc, char **argv)
             return 2;
         }
         block_size = (int)v;
+    }
+    const char *order_env = getenv("AR_BENCH_BLOCK_ORDER");
+    int sequential = 0;
+    if (order_env && *order_env) {
+        if (strcmp(order_env, "sequential") && strcmp(order_env, "scrambled")) {
+            fprintf(stderr, "bench_cuda: AR_BENCH_BLOCK_ORDER=%s: must be scrambled or sequential\n", order_env);
+            return 2;
+        }
+        sequential = strcmp(order_env, "sequential") == 0;
     }
     static int dec_q[128], dec_kv[128], pre_q[2], pre_kv[2];
     static const int chunk_q[1] = {8192}, chunk_kv[1] = {98304};
@@ -241,6 +252,6 @@ int main(int argc, char **argv)
     const char *only = argc > 2 ? argv[2] : NULL;   /* run just this case (for ncu) */
     int rc = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (!only || strcmp(only, cases[i].name) == 0) rc |= run_bench(&cases[i], repeat, block_size);
+        if (!only || strcmp(only, cases[i].name) == 0) rc |= run_bench(&cases[i], repeat, block_size, sequential);
     return rc;
 }

@@ -27,7 +27,8 @@
  * row's maximum grows by more than 2^8 (softmax_to_p; at head size 128 after the thread's own
  * maxima, at 256 beside the exponentials), and the exact form runs only then.  Feeding (FlashAttention-3's structure): the producer warpgroup alone fills the
  * stages - every tile that lies wholly inside the sequence by TMA bulk tensor copies (one per
- * cache page and 64-dim part, K by two of its warps and V by the other two), the last, partial
+ * cache page and 64-dim part, K by two of its warps and V by the other two; one per part where
+ * the tile's pages are consecutive blocks), the last, partial
  * tile by cp.async with zero fill - and the two consumers take ping-pong turns, so one's softmax
  * runs while the other's products occupy the tensor cores.  At head size 128 a turn issues the
  * previous tile's P V and this tile's S together (FlashAttention-3's order); at 256 a turn holds
@@ -197,6 +198,8 @@ __global__ void __launch_bounds__(WgPipe<HD_>::THREADS, 1)
 attn_wgmma_kernel(const ar_attn_args a,
                   const __grid_constant__ CUtensorMap tmap_k,  /* K cache [num_slots][Hkv][HD], box [bs][1][64] */
                   const __grid_constant__ CUtensorMap tmap_v,  /* the same for the V cache */
+                  const __grid_constant__ CUtensorMap tmap_k_tile, /* the K cache again, box [BLOCK_N][1][64] */
+                  const __grid_constant__ CUtensorMap tmap_v_tile, /* the V cache again, box [BLOCK_N][1][64] */
                   int num_work)                                /* items in a.work */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -347,13 +350,26 @@ attn_wgmma_kernel(const ar_attn_args a,
              * one warp issuing all 32 copies of a K + V tile the producer took as long as the consumers
              * (BENCHMARKS.md, 2026-12-03).  Warps 0 and 2 raise their barrier's byte count by the whole
              * tile; the other warp's copies may complete first (the count goes below zero meanwhile;
-             * the phase still waits for the arrival). */
+             * the phase still waits for the arrival).  A tile whose cache pages are consecutive blocks
+             * (a request's blocks as a fresh cache hands them out) is one copy of BLOCK_N rows per
+             * column part instead, from the tile-box maps: the pages' boxes land at the same offsets,
+             * and the swizzle follows the shared address, so the stage's bytes are the same. */
             auto produce_tma_quarter = [&](int block, int stage) {
                 const int pages = BLOCK_N >> bs_log2;
                 const int v = warp >> 1, half = warp & 1;
                 const uint32_t bar = (v ? full_v_bar : full_bar) + (uint32_t)(stage * 8);
                 const uint32_t dst0 = sq_addr + (uint32_t)(G::Q_BYTES + (2 * stage + v) * G::KV_BYTES);
                 if (half == 0 && lane == 0) ar_wg::mbar_arrive_expect_tx(bar, G::KV_BYTES);
+                const int first_block = __shfl_sync(0xffffffffu, block, 0);
+                if (__all_sync(0xffffffffu, lane >= (PARTS / 2) * pages || block == first_block + (lane & (pages - 1)))) {
+                    if (lane < PARTS / 2) {
+                        const int part = half * (PARTS / 2) + lane;
+                        ar_wg::tma_load_3d(dst0 + (uint32_t)(part * G::KV_PART_BYTES),
+                                           v ? (const void *)&tmap_v_tile : (const void *)&tmap_k_tile, bar, part * 64,
+                                           kvh_load, first_block << bs_log2);
+                    }
+                    return;
+                }
                 if (lane < (PARTS / 2) * pages) {
                     const int part = half * (PARTS / 2) + lane / pages, page = lane & (pages - 1);
                     ar_wg::tma_load_3d(dst0 + (uint32_t)(part * G::KV_PART_BYTES + (page << bs_log2) * 128),
@@ -815,6 +831,8 @@ attn_wgmma_kernel(const ar_attn_args a,
         if (tid == 0) {
             ar_wg::tma_prefetch_map(&tmap_k);
             ar_wg::tma_prefetch_map(&tmap_v);
+            ar_wg::tma_prefetch_map(&tmap_k_tile);
+            ar_wg::tma_prefetch_map(&tmap_v_tile);
         }
         run_items(std::true_type{});
     } else {
@@ -827,18 +845,18 @@ attn_wgmma_kernel(const ar_attn_args a,
 }
 
 /* The kernel's tensor maps: each cache as [num_slots][Hkv][head size] 16-bit elements, one copy =
- * [block_size slots][1 head][64 dims], 128-byte swizzled (DECODE_TMA uses them too, where the
- * driver refuses its 5-D view).  The encoding is host arithmetic (no device work), redone per
+ * [box_rows slots][1 head][64 dims], 128-byte swizzled: box_rows 0 = a cache block (DECODE_TMA uses
+ * these too, where the driver refuses its 5-D view), else a whole key tile of consecutive blocks.  The encoding is host arithmetic (no device work), redone per
  * launch.  cudaErrorNotSupported when the driver cannot encode them (the backend checks this at
  * open and then never plans the kernel). */
-static cudaError_t wgmma_tensor_maps(const ar_attn_args *a, CUtensorMap *mk, CUtensorMap *mv)
+static cudaError_t wgmma_tensor_maps(const ar_attn_args *a, CUtensorMap *mk, CUtensorMap *mv, uint32_t box_rows = 0)
 {
     memset(mk, 0, sizeof *mk);
     memset(mv, 0, sizeof *mv);
     const uint64_t hd = (uint64_t)a->head_size;
     const uint64_t dims[3] = {hd, (uint64_t)a->num_kv_heads, (uint64_t)a->num_slots};
     const uint64_t strides[2] = {hd * 2, (uint64_t)a->num_kv_heads * hd * 2};
-    const uint32_t box[3] = {64, 1, 1u << a->block_size_log2};
+    const uint32_t box[3] = {64, 1, box_rows ? box_rows : 1u << a->block_size_log2};
     char err[256];
     if (ar_tma_encode(mk, a->k_cache, 3, dims, strides, box, "cuda", err, sizeof err) ||
         ar_tma_encode(mv, a->v_cache, 3, dims, strides, box, "cuda", err, sizeof err))
@@ -851,11 +869,13 @@ template <typename T, int HD>
 static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (num_work <= 0) return cudaSuccess;
-    CUtensorMap mk, mv;
+    CUtensorMap mk, mv, mk_tile, mv_tile;
     cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
+    if (e == cudaSuccess) e = wgmma_tensor_maps(a, &mk_tile, &mv_tile, (uint32_t)WgGeom<HD>::BLOCK_N);
     if (e != cudaSuccess) return e;
     const int ctas = ar_attn_wg_ctas(a->persistent_ctas, num_work);
-    attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, num_work);
+    attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, mk_tile, mv_tile,
+                                                                                        num_work);
     return cudaGetLastError();
 }
 
