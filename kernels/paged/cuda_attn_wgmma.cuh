@@ -381,8 +381,8 @@ attn_wgmma_kernel(const ar_attn_args a,
             for (int kk = 0; kk < (G::Q_IN_REGS ? HD / 16 : 1); kk++)
                 qa[kk][0] = qa[kk][1] = qa[kk][2] = qa[kk][3] = 0u;
             /* S = Q K^T of the tile in stage sk_addr into sd (issued, not waited for) */
-            /* The k-steps' descriptors are the tile's plus the step's offset in 16-byte units: shared
-             * addresses stay below 2^18, so the 14-bit address field never carries into the next. */
+            /* The k-steps' descriptors are the tile's plus the step's offset in 16-byte units
+             * (ar_wg::desc_advance). */
             auto issue_s = [&](float (&sd)[NS], uint32_t sk_addr) {
                 ar_wg::fence();
                 const uint64_t db0 = ar_wg::desc_sw128(sk_addr, 16, 1024);
