@@ -734,8 +734,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 ar_wg::fence_regs(s);
                 uint32_t pa[PV_STEPS][4];
                 float alpha[2];
-                softmax_to_p(s, t, pa, alpha);
-                rescale_acc(alpha);
+                if (softmax_to_p(s, t, pa, alpha)) rescale_acc(alpha);   /* nothing to rescale otherwise */
                 ar_wg::mbar_wait_suspend(full_v_bar + stage * 8, (gt / STAGES) & 1);
                 ar_wg::fence_proxy_async();
                 issue_pv(pa, sv_addr);
