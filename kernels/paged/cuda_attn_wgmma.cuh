@@ -481,10 +481,11 @@ attn_wgmma_kernel(const ar_attn_args a,
             /* soft cap, mask, online softmax of the scores sc of tile t; P -> pa (A fragments of the
              * k-steps of 16 keys) and each row's rescale factor for acc -> alpha (rescale_acc applies
              * it).  Returns false when P was taken against the running maximum (alpha 1, nothing to
-             * rescale: the head-size-128 turns then skip rescale_acc and its votes), true from the
-             * exact form.  The mask, soft-cap and growth branches are marked cold so that the common
-             * path runs straight.  Those trims and the vote kept once true (below) together: 1.02x
-             * causal and chunked at head size 128, 1.00x at 256 (BENCHMARKS.md, 2026-12-03). */
+             * rescale: the turns then skip rescale_acc and its votes), true from the exact form.  The
+             * mask, soft-cap and growth branches are marked cold so that the common path runs
+             * straight.  Those trims and the vote kept once true (below) together: 1.02x causal and
+             * chunked at head size 128; the skipped rescale at head size 256 1.02x (BENCHMARKS.md,
+             * 2026-12-03). */
             auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) -> bool {
                 cap_and_mask(sc, t);
                 /* Head size 256: once every row of the warp has a running maximum, P against it
