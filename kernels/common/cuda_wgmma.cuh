@@ -59,6 +59,19 @@ __device__ __forceinline__ void mbar_wait_suspend(uint32_t bar, uint32_t parity)
     } while (!done);
 }
 
+/* ---- 32-bit words addressed by their shared-memory address (a 32-bit register, where a
+ * generic pointer takes two) ---- */
+__device__ __forceinline__ void st_shared_s32(uint32_t addr, int v)
+{
+    asm volatile("st.shared.s32 [%0], %1;\n" :: "r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_shared_s32(uint32_t addr)
+{
+    int v;
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
 /* ---- wgmma ---- */
 /* Shared-memory matrix descriptor: start address, leading and stride byte offsets (stored in
  * 16-byte units), 128-byte swizzle (the tile's 1024-byte-aligned 8-row groups of 128-byte rows

@@ -131,6 +131,8 @@ typedef struct ar_attn_args {
                                    0: for every row of the tile (the mma.sync kernels) */
     int persistent_ctas;        /* PREFILL_WG: > 0 launches at most this many CTAs, each walking
                                    several work items (AR_CUDA_WG_PERSIST); 0: a CTA per item */
+    int *wg_next_item;          /* PREFILL_WG: the launch's item counter (device, one int): 0
+                                   before the launch, left 0 after it (cuda_attn_wgmma.cuh) */
     int decode_tma_stages;      /* DECODE_TMA's ring depth (AR_CUDA_DECODE_TMA_STAGES); 0 or more than
                                    fit: the most that fit (3 stages at 8 KV heads) */
     /* cascade suffix pass with the merge fused into its final writes (else merge_out NULL):

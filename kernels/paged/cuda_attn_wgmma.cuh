@@ -66,7 +66,9 @@ template <int HD_> struct WgGeom {
  * the Q tile of the CTA's current work item has landed (128 cp.async arrivals), "q_empty" when
  * both consumers are done with it (the next item's Q may then come).  setmaxnreg moves registers
  * from the producer (40: its cp.async tail path spills at 32; at 40 its Q copies in the item loop
- * spill 48-60 bytes, off the consumers' path) to the consumers (232, no spills); waits ask the hardware to suspend the waiting warp (mbar_wait_suspend) rather than spin on the
+ * spill 48-60 bytes, off the consumers' path) to the consumers (232; they spill 8 bytes at head size
+ * 128 since the item queue, the warpgroup index and the item's partial slot, reloaded a few times
+ * an item, outside the key loop); waits ask the hardware to suspend the waiting warp (mbar_wait_suspend) rather than spin on the
  * schedulers the consumers issue from.  At head size 128 each consumer's Q fragments sit in 32
  * registers; they are zeroed before the conditional load: left undefined on the path without
  * tiles, ptxas (13.0) treated them as dead across the key loop and gave their registers to P
@@ -75,9 +77,12 @@ template <int HD_> struct WgGeom {
 template <int HD> struct WgPipe {
     static constexpr int THREADS = 384;                 /* producer + 2 consumer warpgroups */
     static constexpr int STAGES = HD == 128 ? 3 : 2;
-    static constexpr int NUM_BARS = 3 * STAGES + 2;     /* full, empty, full_v; q_full, q_empty */
+    static constexpr int ITEM_SLOTS = 2;                /* work-item indices posted ahead (the item queue) */
+    /* full, empty, full_v; q_full, q_empty; item_full, item_empty */
+    static constexpr int NUM_BARS = 3 * STAGES + 2 + 2 * ITEM_SLOTS;
     static constexpr size_t BAR_OFFSET = (size_t)WgGeom<HD>::Q_BYTES + (size_t)2 * STAGES * WgGeom<HD>::KV_BYTES;
-    static constexpr size_t SMEM = 1024 /* alignment slack */ + BAR_OFFSET + NUM_BARS * 8;
+    static constexpr size_t ITEM_OFFSET = BAR_OFFSET + NUM_BARS * 8;   /* int [ITEM_SLOTS] */
+    static constexpr size_t SMEM = 1024 /* alignment slack */ + ITEM_OFFSET + ITEM_SLOTS * 4;
 };
 
 /* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's): 256 threads
@@ -224,6 +229,12 @@ attn_wgmma_kernel(const ar_attn_args a,
      * registers; 256: the item's last S issued and completed), so the next item's Q may come */
     const uint32_t q_full_bar = full_v_bar + STAGES * 8;
     const uint32_t q_empty_bar = q_full_bar + 8;
+    /* the item queue: item_full[j] completes when slot j holds the CTA's next item index (one
+     * arrival, producer thread 0's), item_empty[j] when every warp has read it (12 arrivals) */
+    constexpr int ITEM_SLOTS = WgPipe<HD_>::ITEM_SLOTS;
+    const uint32_t item_full_bar = q_empty_bar + 8;
+    const uint32_t item_empty_bar = item_full_bar + ITEM_SLOTS * 8;
+    const uint32_t item_slot = sq_addr + (uint32_t)WgPipe<HD_>::ITEM_OFFSET;   /* int [ITEM_SLOTS] */
     if (threadIdx.x == 0) {
         for (int st = 0; st < STAGES; st++) {
             ar_wg::mbar_init(full_bar + st * 8, LOADERS + 1);
@@ -232,6 +243,10 @@ attn_wgmma_kernel(const ar_attn_args a,
         }
         ar_wg::mbar_init(q_full_bar, LOADERS);
         ar_wg::mbar_init(q_empty_bar, G::THREADS);
+        for (int j = 0; j < ITEM_SLOTS; j++) {
+            ar_wg::mbar_init(item_full_bar + j * 8, 1);
+            ar_wg::mbar_init(item_empty_bar + j * 8, WgPipe<HD_>::THREADS / 32);
+        }
     }
     /* warpgroup 0 of the CTA is the producer (tid < 128, loads only); the consumer threads are
      * numbered from 0 after it */
@@ -242,20 +257,40 @@ attn_wgmma_kernel(const ar_attn_args a,
     const int g = lane >> 2, tq = lane & 3;
 
     __syncthreads();                                    /* the barriers are initialised */
-    /* The CTA's work items: one (blockIdx.x) when the grid has a CTA per item; in a persistent
-     * launch (fewer CTAs) round r takes item r x gridDim.x + blockIdx.x, in reverse CTA order on
-     * odd rounds, so that over the longest-first list every CTA's share of the work evens out.
+    /* The CTA's work items come from the launch's queue: a.wg_next_item counts the items taken,
+     * in the plan's order (cuda_plan.cuh: longest first within sections of (request, KV head)
+     * groups whose K/V fit in the L2), so a CTA takes its next item when it is free, whatever
+     * the lengths of the items before.  Producer thread 0 takes the CTA's k-th item (atomicAdd)
+     * and posts its index in slot k % ITEM_SLOTS; every warp reads it there.  The producer takes
+     * an item when it starts filling it, up to the pipeline's depth ahead of the consumers.  An
+     * index of num_work or more ends the loop: every CTA takes exactly one such index, its last,
+     * so the CTA that takes num_work + gridDim.x - 1 is the launch's last taker and sets the
+     * counter back to 0 for the next launch (launches of one backend run in stream order).
      * The pipeline's stages and barrier phases run on across items: tiles_before and
      * q_items_before count the tiles and the Q tiles the CTA took before this item.  The loop
      * is written once and instantiated twice (role: the producer's or the consumers'), each
      * copy after its own register reallocation, so ptxas allocates each with its own budget. */
     auto run_items = [&](auto role) {
         constexpr bool PRODUCER_ROLE = decltype(role)::value;
+        auto next_item = [&](uint32_t k) {
+            const uint32_t j = k % ITEM_SLOTS, use = k / ITEM_SLOTS;
+            if (PRODUCER_ROLE && tid == 0) {
+                if (use > 0) ar_wg::mbar_wait_suspend(item_empty_bar + j * 8, (use - 1) & 1);
+                const int taken = atomicAdd(a.wg_next_item, 1);
+                if (taken == num_work + (int)gridDim.x - 1) atomicExch(a.wg_next_item, 0);
+                ar_wg::st_shared_s32(item_slot + j * 4, taken);
+                ar_wg::mbar_arrive(item_full_bar + j * 8);   /* release: the slot's store first */
+            }
+            ar_wg::mbar_wait_suspend(item_full_bar + j * 8, use & 1);
+            const int item = ar_wg::ld_shared_s32(item_slot + j * 4);
+            __syncwarp();
+            if (lane == 0) ar_wg::mbar_arrive(item_empty_bar + j * 8);
+            return item;
+        };
         uint32_t tiles_before = 0, q_items_before = 0;
-        for (int round = 0; round * (int)gridDim.x < num_work; round++) {
-            const int ctas = (int)gridDim.x, cta = (int)blockIdx.x;
-            const int item = round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
-            if (item >= num_work) continue;
+        for (uint32_t k = 0;; k++) {
+            const int item = next_item(k);
+            if (item >= num_work) break;
             const ar_attn_work w = a.work[item];
 
             const int qstart = a.query_start_loc[w.req];
@@ -851,6 +886,7 @@ template <typename T, int HD>
 static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_t stream)
 {
     if (num_work <= 0) return cudaSuccess;
+    if (!a->wg_next_item) return cudaErrorInvalidValue;
     CUtensorMap mk, mv;
     cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
     if (e != cudaSuccess) return e;

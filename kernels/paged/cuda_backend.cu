@@ -47,7 +47,11 @@
  *   AR_CUDA_WGMMA=0          the mma.sync kernels everywhere (no PREFILL_WG);
  *   AR_CUDA_WG_PERSIST=0     PREFILL_WG launches one CTA per work item (by default a launch of
  *                            more items than SMs x CTAs per SM is persistent: that many CTAs,
- *                            each walking several items, cuda_attn_wgmma.cuh);
+ *                            each taking items from the launch's queue, cuda_attn_wgmma.cuh);
+ *   AR_CUDA_WG_SECTION_MB=N  (0..4096) PREFILL_WG's items run in sections of (request, KV head)
+ *                            groups whose K/V take at most N MiB (item_order.h; default a third
+ *                            of the device's L2, 16.7 MiB on the H200); 0: one section, longest
+ *                            first over the launch (the order before 2026-12-03);
  *   AR_CUDA_DECODE_TMA=0     no DECODE_TMA in the automatic plan;
  *   AR_CUDA_DECODE_TMA=rule  DECODE_TMA only by decode_tma_rule (the flat decode batches of
  *                            decode_tma_small_rule, 0.48 to 0.5 x SMs requests, take DECODE, as
@@ -85,6 +89,7 @@
 #include <string.h>
 
 #include "cuda_backend.h"
+#include "item_order.h"
 #define AR_ATTN_KERNEL_BODY 1
 #include "cuda_attn.cuh"
 #include "../common/cuda_host.cuh"
@@ -115,6 +120,8 @@ typedef struct cuda_state {
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_tma_stages;          /* AR_CUDA_DECODE_TMA_STAGES: ring depth, 0 = the most that fit */
     int wg_persist;                 /* 1: PREFILL_WG launches are persistent (AR_CUDA_WG_PERSIST) */
+    int64_t wg_section_bytes;       /* PREFILL_WG item order's L2 section (item_order.h): a third of
+                                       the L2, or AR_CUDA_WG_SECTION_MB; 0: longest first */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the heuristic */
     int split_live_rows;            /* AR_CUDA_SPLIT_LIVE_ROWS=1: partials and combine threads only
                                        for rows that hold a query token */
@@ -149,6 +156,7 @@ typedef struct cuda_state {
     void *h_out;                    /* pinned: out payload, then lse payload (host copies only) */
     size_t h_out_cap;
     int *d_guard, *h_guard;         /* guard words found overwritten: device counter, pinned copy */
+    int *d_wg_next_item;            /* PREFILL_WG launches' item counter (ar_attn_args.wg_next_item) */
     size_t out_bytes, lse_bytes;    /* payload sizes of the current allocation */
     int force_config, force_splits;
     int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
@@ -331,6 +339,11 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         s->decode_tma_stages = env_count("AR_CUDA_DECODE_TMA_STAGES", ar_attn::DecodeTmaGeom::MAX_STAGES);
         const char *wp = getenv("AR_CUDA_WG_PERSIST");
         s->wg_persist = !(wp != NULL && strcmp(wp, "0") == 0);
+        const char *ws = getenv("AR_CUDA_WG_SECTION_MB");
+        char *ws_end = NULL;
+        const long ws_mb = ws && *ws ? strtol(ws, &ws_end, 10) : -1;
+        s->wg_section_bytes = ws_mb >= 0 && ws_mb <= 4096 && *ws_end == '\0' ? (int64_t)ws_mb << 20
+                                                                              : (int64_t)prop.l2CacheSize / 3;
         s->decode_splits = env_count("AR_CUDA_DECODE_SPLITS", AR_MAX_SPLITS);
         const char *lr = getenv("AR_CUDA_SPLIT_LIVE_ROWS");
         s->split_live_rows = lr != NULL && strcmp(lr, "1") == 0;
@@ -349,7 +362,9 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
             return rc;
         }
     if ((rc = cuda_fail(cudaMalloc((void **)&s->d_guard, sizeof(int)), "guard counter", err, err_len)) ||
-        (rc = cuda_fail(cudaMallocHost((void **)&s->h_guard, sizeof(int)), "guard counter", err, err_len))) {
+        (rc = cuda_fail(cudaMallocHost((void **)&s->h_guard, sizeof(int)), "guard counter", err, err_len)) ||
+        (rc = cuda_fail(cudaMalloc((void **)&s->d_wg_next_item, sizeof(int)), "item counter", err, err_len)) ||
+        (rc = cuda_fail(cudaMemset(s->d_wg_next_item, 0, sizeof(int)), "item counter", err, err_len))) {
         cuda_close(s);
         return rc;
     }
@@ -422,6 +437,7 @@ static void cuda_close(void *state)
     if (s->h_meta) cudaFreeHost(s->h_meta);
     if (s->h_out) cudaFreeHost(s->h_out);
     if (s->d_guard) cudaFree(s->d_guard);
+    if (s->d_wg_next_item) cudaFree(s->d_wg_next_item);
     if (s->h_guard) cudaFreeHost(s->h_guard);
     for (int i = 0; i < AR_CUDA_EVENTS; i++)
         if (s->ev[i]) cudaEventDestroy(s->ev[i]);
@@ -688,6 +704,7 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
     a->partial_live_only = s->split_live_rows;
     a->decode_tma_stages = s->decode_tma_stages;
     a->persistent_ctas = wg_persistent_ctas(s);
+    a->wg_next_item = s->d_wg_next_item;
 }
 
 /* One attention launch and, when it splits, its combine; between the two, the event `mid` is
