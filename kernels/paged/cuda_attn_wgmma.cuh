@@ -706,8 +706,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                         pingpong_turn_issued(wg, false);
                         ar_wg::wait<0>();
                         ar_wg::fence_regs(sc);
-                        softmax_to_p(sc, w.tile_begin + a0, pa, alpha);
-                        rescale_acc(alpha);
+                        softmax_to_p(sc, w.tile_begin + a0, pa, alpha);   /* acc is still 0: no rescale */
                     }
                     for (int it = a0 + 1; it < a1; it++) {      /* P V of it - 1 and S of it in one turn */
                         float sc[NS];
