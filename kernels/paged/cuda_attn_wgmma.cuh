@@ -66,9 +66,8 @@ template <int HD_> struct WgGeom {
  * the Q tile of the CTA's current work item has landed (128 cp.async arrivals), "q_empty" when
  * both consumers are done with it (the next item's Q may then come).  setmaxnreg moves registers
  * from the producer (40: its cp.async tail path spills at 32; at 40 its Q copies in the item loop
- * spill 48-60 bytes, off the consumers' path) to the consumers (232; they spill 8 bytes at head size
- * 128 since the item queue, the warpgroup index and the item's partial slot, reloaded a few times
- * an item, outside the key loop); waits ask the hardware to suspend the waiting warp (mbar_wait_suspend) rather than spin on the
+ * spill 48-60 bytes, off the consumers' path) to the consumers (232: no spills at head size 128;
+ * at 256, 12 bytes reloaded once an item, outside the key loop); waits ask the hardware to suspend the waiting warp (mbar_wait_suspend) rather than spin on the
  * schedulers the consumers issue from.  At head size 128 each consumer's Q fragments sit in 32
  * registers; they are zeroed before the conditional load: left undefined on the path without
  * tiles, ptxas (13.0) treated them as dead across the key loop and gave their registers to P
@@ -802,32 +801,41 @@ attn_wgmma_kernel(const ar_attn_args a,
                 float inv = l > 0.f ? 1.f / l : 0.f;
                 float lse2 = l > 0.f ? row_m[r] + __log2f(l) : -INFINITY;
                 if (w.partial < 0 && !a.merge_out) {
-                    /* the plain output as 16-byte stores: the quad's four threads hold row lr's dims
-                     * in pairs (thread tq: dims 8n + 2tq, 8n + 2tq + 1), and a 4 x 4 exchange of
-                     * packed pairs across the quad gives thread tq the 8 whole dims 8 (4k + tq) ..
-                     * + 7 of each 32-dim group k.  A quarter of the store instructions of one pair
-                     * each, whole 32-byte sectors: 1.11x at head size 256, 1.01x at 128 (H200,
-                     * BENCHMARKS.md).  Rows are quad-uniform, so every lane runs the shuffles. */
+                    /* the plain output as 8-byte stores: the quad's four threads hold row lr's dims
+                     * in pairs (thread tq: dims 8n + 2tq, 8n + 2tq + 1 of each 8-dim block n).  One
+                     * exchange with the neighbour (tq ^ 1) gives each thread two adjacent pairs of
+                     * two blocks of each 32-dim group: an even thread keeps blocks 0 and 2 of the
+                     * group and takes its odd neighbour's pairs of them (dims 2tq .. 2tq + 3), an
+                     * odd thread blocks 1 and 3, after its even neighbour's pairs.  The four threads'
+                     * stores of one instruction fill whole 32-byte sectors.  Against the earlier
+                     * 4 x 4 exchange with one 16-byte store (three shuffles and some twenty selects
+                     * a group): 376 fewer instructions at head size 128, no spills there, varlen
+                     * 1.04x, causal 1.01x at both head sizes (H200, BENCHMARKS.md).  Rows are
+                     * quad-uniform, so every lane runs the shuffles. */
                     T *orow = (T *)a.out + out_index(a, qstart + tok, hq, 0);
                     const bool row_ok = tok < q_len;
+                    const bool odd = tq & 1;
+                    const int dim0 = 2 * (tq & 2);             /* the thread's first dim in its blocks */
 #pragma unroll
                     for (int k = 0; k < HD / 32; k++) {
-                        uint32_t mine[4], got[4];   /* mine[j]: my pair of group 4k + j; got[x]: from thread tq ^ x */
+                        uint32_t mine[4];                      /* mine[j]: my pair of block 4k + j */
 #pragma unroll
                         for (int j = 0; j < 4; j++)
                             mine[j] = pack2<T>(acc[4 * (4 * k + j) + 2 * r] * inv, acc[4 * (4 * k + j) + 2 * r + 1] * inv);
-#pragma unroll
-                        for (int x = 0; x < 4; x++) {     /* thread tq ^ x takes my pair of its group */
-                            const int to = tq ^ x;
-                            const uint32_t send = to == 0 ? mine[0] : to == 1 ? mine[1] : to == 2 ? mine[2] : mine[3];
-                            got[x] = x ? __shfl_xor_sync(0xffffffffu, send, x) : send;
+                        const uint32_t send0 = odd ? mine[0] : mine[1], send1 = odd ? mine[2] : mine[3];
+                        const uint32_t keep0 = odd ? mine[1] : mine[0], keep1 = odd ? mine[3] : mine[2];
+                        const uint32_t got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+                        const uint32_t got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+                        uint2 v0, v1;                          /* the lower thread's pair first */
+                        v0.x = odd ? got0 : keep0;
+                        v0.y = odd ? keep0 : got0;
+                        v1.x = odd ? got1 : keep1;
+                        v1.y = odd ? keep1 : got1;
+                        const int block0 = 4 * k + (odd ? 1 : 0);
+                        if (row_ok) {
+                            *reinterpret_cast<uint2 *>(orow + block0 * 8 + dim0) = v0;
+                            *reinterpret_cast<uint2 *>(orow + (block0 + 2) * 8 + dim0) = v1;
                         }
-                        uint4 v;                          /* dims 2s, 2s + 1 of the 8 came from thread s = tq ^ x */
-                        v.x = tq == 0 ? got[0] : tq == 1 ? got[1] : tq == 2 ? got[2] : got[3];
-                        v.y = tq == 0 ? got[1] : tq == 1 ? got[0] : tq == 2 ? got[3] : got[2];
-                        v.z = tq == 0 ? got[2] : tq == 1 ? got[3] : tq == 2 ? got[0] : got[1];
-                        v.w = tq == 0 ? got[3] : tq == 1 ? got[2] : tq == 2 ? got[1] : got[0];
-                        if (row_ok) *reinterpret_cast<uint4 *>(orow + (4 * k + tq) * 8) = v;
                     }
                     if (tq == 0 && row_ok) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
                     continue;
