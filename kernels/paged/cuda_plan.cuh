@@ -34,8 +34,8 @@
  * Each work item is then cut into pieces of ceil(n_blocks / s) units (short ones stay whole),
  * so the split is per request, like FA3's dynamic varlen splits.
  *
- * Item order: the work list is sorted longest first; a PREFILL_WG launch's CTAs take their items
- * from a queue, and wg_l2_order reorders its list by item_order.h: longest first within sections
+ * Item order: the work list is sorted longest first, except a PREFILL_WG launch's: its CTAs take
+ * their items from a queue, and wg_l2_order puts its list in item_order.h's order: longest first within sections
  * of (request, KV head) groups whose K/V take at most a third of the L2, so that the items at
  * work at one time share their keys through the L2 (H200, 2026-12-03 14:05 UTC, bench_cuda 10,
  * two rounds, TFLOP/s, before / after: varlen 375.2-377.0 / 409.3-409.6, DRAM bytes read 782 /
@@ -149,7 +149,8 @@ typedef struct pass_plan {
     ar_attn_geom geom;
     int num_splits;
     int64_t num_work, num_groups, num_partials;
-    ar_attn_work *work;             /* [num_work], sorted longest first */
+    ar_attn_work *work;             /* [num_work], sorted longest first (PREFILL_WG: in
+                                       item_order.h's L2 sections, wg_l2_order) */
     ar_combine_group *groups;       /* [num_groups] */
 } pass_plan;
 
@@ -239,10 +240,12 @@ static int decode_tma_splits(const cuda_state *s, int R, int max_seq, int max_bl
 
 /* PREFILL_WG takes its items from a queue (cuda_attn_wgmma.cuh) in the order of item_order.h:
  * longest first within sections of (request, KV head) groups whose K/V fit in
- * s->wg_section_bytes.  work [n] comes sorted longest first and is reordered in place.  0 ok,
+ * s->wg_section_bytes.  work [n] is put in that order in place (whatever order it came in: the
+ * order's keys break every tie); where item_order refuses its arguments, longest first.  0 ok,
  * 3 out of host memory. */
 static int wg_l2_order(const cuda_state *s, int R, const int *seq_lens, int config, ar_attn_work *work, int64_t n)
 {
+    if (n <= 1) return 0;
     ar_order_item *items = (ar_order_item *)malloc((size_t)n * sizeof *items);
     int64_t *order = (int64_t *)malloc((size_t)n * sizeof *order);
     int64_t *group_bytes = (int64_t *)malloc((size_t)(R > 0 ? R : 1) * sizeof *group_bytes);
@@ -262,6 +265,8 @@ static int wg_l2_order(const cuda_state *s, int R, const int *seq_lens, int conf
         else if (got > 0) {
             memcpy(copy, work, (size_t)n * sizeof *copy);
             for (int64_t i = 0; i < n; i++) work[i] = copy[order[i]];
+        } else {
+            qsort(work, (size_t)n, sizeof *work, cmp_work_desc);
         }
     }
     free(items);
@@ -456,8 +461,8 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
         }
     }
     free(items);
-    qsort(work, (size_t)n_work, sizeof *work, cmp_work_desc);
-    if (ar_attn_config_is_wg(config) && n_work > 1 && wg_l2_order(s, R, seq_lens, config, work, n_work)) {
+    if (!ar_attn_config_is_wg(config)) qsort(work, (size_t)n_work, sizeof *work, cmp_work_desc);
+    else if (wg_l2_order(s, R, seq_lens, config, work, n_work)) {
         free(work);
         free(groups);
         return 3;

@@ -12,7 +12,8 @@ typedef struct group_info {
 } group_info;
 
 typedef struct sort_key {
-    int section, tiles, req, kv_head, pair0, tile_begin;
+    int section;
+    ar_order_item item;
     int64_t index;
 } sort_key;
 
@@ -31,14 +32,15 @@ static int cmp_group(const void *pa, const void *pb)
 
 static int cmp_key(const void *pa, const void *pb)
 {
-    const sort_key *a = (const sort_key *)pa, *b = (const sort_key *)pb;
-    if (a->section != b->section) return a->section < b->section ? -1 : 1;
+    const sort_key *ka = (const sort_key *)pa, *kb = (const sort_key *)pb;
+    const ar_order_item *a = &ka->item, *b = &kb->item;
+    if (ka->section != kb->section) return ka->section < kb->section ? -1 : 1;
     if (a->tiles != b->tiles) return a->tiles > b->tiles ? -1 : 1;
     if (a->req != b->req) return a->req < b->req ? -1 : 1;
     if (a->kv_head != b->kv_head) return a->kv_head < b->kv_head ? -1 : 1;
     if (a->pair0 != b->pair0) return a->pair0 < b->pair0 ? -1 : 1;
     if (a->tile_begin != b->tile_begin) return a->tile_begin < b->tile_begin ? -1 : 1;
-    return a->index < b->index ? -1 : a->index > b->index;
+    return ka->index < kb->index ? -1 : ka->index > kb->index;
 }
 
 int ar_item_order(const ar_order_item *items, int64_t n, const int64_t *group_bytes, int num_reqs, int num_kv_heads,
@@ -106,15 +108,9 @@ int ar_item_order(const ar_order_item *items, int64_t n, const int64_t *group_by
         if (groups[by_length[k].index].section > tail) groups[by_length[k].index].section = tail;
 
     for (int64_t i = 0; i < n; i++) {
-        const ar_order_item *it = &items[i];
-        sort_key *key = &keys[i];
-        key->section = groups[(int64_t)it->req * num_kv_heads + it->kv_head].section;
-        key->tiles = it->tiles;
-        key->req = it->req;
-        key->kv_head = it->kv_head;
-        key->pair0 = it->pair0;
-        key->tile_begin = it->tile_begin;
-        key->index = i;
+        keys[i].section = groups[(int64_t)items[i].req * num_kv_heads + items[i].kv_head].section;
+        keys[i].item = items[i];
+        keys[i].index = i;
     }
     qsort(keys, (size_t)n, sizeof *keys, cmp_key);
     for (int64_t i = 0; i < n; i++) order[i] = keys[i].index;
