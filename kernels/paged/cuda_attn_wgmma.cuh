@@ -30,9 +30,8 @@
  * cache page and 64-dim part, K by two of its warps and V by the other two), the last, partial
  * tile by cp.async with zero fill - and the two consumers take ping-pong turns, so one's softmax
  * runs while the other's products occupy the tensor cores.  At head size 128 a turn issues the
- * previous tile's P V and this tile's S together (FlashAttention-3's order), across items too:
- * an item's last P V shares a turn with the CTA's next item's first S, and its rows are written
- * after that turn; at 256 a turn holds S alone.  The kernel body exists only in the sm_90a build. */
+ * previous tile's P V and this tile's S together (FlashAttention-3's order); at 256 a turn holds
+ * S alone.  The kernel body exists only in the sm_90a build. */
 #ifndef AR_CUDA_ATTN_WGMMA_CUH
 #define AR_CUDA_ATTN_WGMMA_CUH
 
@@ -82,14 +81,7 @@ template <int HD> struct WgPipe {
     static constexpr int NUM_BARS = 3 * STAGES + 2 + 2 * ITEM_SLOTS;
     static constexpr size_t BAR_OFFSET = (size_t)WgGeom<HD>::Q_BYTES + (size_t)2 * STAGES * WgGeom<HD>::KV_BYTES;
     static constexpr size_t ITEM_OFFSET = BAR_OFFSET + NUM_BARS * 8;   /* int [ITEM_SLOTS] */
-    /* head size 128: float2 [ROWS] (sum, maximum) of each row of the item whose rows are written
-     * after its last turn (the deferred item, see attn_wgmma_kernel) */
-    static constexpr size_t ROW_STATS_OFFSET = (ITEM_OFFSET + ITEM_SLOTS * 4 + 7) / 8 * 8;
-    /* head size 128: int [8 consumer warps][9], each warp's copy of the deferred item (its
-     * ar_attn_work, its request's first token and token count) */
-    static constexpr size_t DEFERRED_OFFSET = ROW_STATS_OFFSET + WgGeom<HD>::ROWS * 8;
-    static constexpr size_t SMEM = 1024 /* alignment slack */ + (HD == 128 ? DEFERRED_OFFSET + 8 * 9 * 4 : ROW_STATS_OFFSET);
-    static_assert(SMEM <= 232448, "more shared memory than an sm_90 block gets");
+    static constexpr size_t SMEM = 1024 /* alignment slack */ + ITEM_OFFSET + ITEM_SLOTS * 4;
 };
 
 /* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's): 256 threads
@@ -285,10 +277,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 if (use > 0) ar_wg::mbar_wait_suspend(item_empty_bar + j * 8, (use - 1) & 1);
                 const int taken = atomicAdd(a.wg_next_item, 1);
                 if (taken == num_work + (int)gridDim.x - 1) atomicExch(a.wg_next_item, 0);
-                /* an item without key tiles is posted as -1 - its index (the consumers end a run
-                 * of items before it without reading it) */
-                const bool no_tiles = taken < num_work && a.work[taken].tile_end == a.work[taken].tile_begin;
-                ar_wg::st_shared_s32(item_slot + j * 4, no_tiles ? -1 - taken : taken);
+                ar_wg::st_shared_s32(item_slot + j * 4, taken);
                 ar_wg::mbar_arrive(item_full_bar + j * 8);   /* release: the slot's store first */
             }
             ar_wg::mbar_wait_suspend(item_full_bar + j * 8, use & 1);
@@ -297,213 +286,9 @@ attn_wgmma_kernel(const ar_attn_args a,
             if (lane == 0) ar_wg::mbar_arrive(item_empty_bar + j * 8);
             return item;
         };
-        float acc[NACC];
-#pragma unroll
-        for (int i = 0; i < NACC; i++) acc[i] = 0.f;
-        const int my_row = wg * 64 + (warp & 3) * 16 + g;   /* local row of lo; hi = + 8 */
-        /* V read transposed ("MN-major"): its descriptor's LBO steps between the two 64-dim
-         * atoms along N (a column part apart), the stride byte offset between groups of 8 keys
-         * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30.
-         * One P V instruction covers 128 dims (N = 128): at head size 256 two of them, on the V
-         * tile's parts 0-1 and 2-3, into acc[0..63] and acc[64..127]. */
-        const uint32_t v_lbo = G::KV_PART_BYTES, v_sbo = 1024;
-
-        /* head size 128: this thread's A fragments of its warpgroup's 64 Q rows, 8 k-steps of 16
-         * dims (loaded once the Q tile has landed, below; zero until then, see WgPipe) */
-        uint32_t qa[G::Q_IN_REGS ? HD / 16 : 1][4];
-#pragma unroll
-        for (int kk = 0; kk < (G::Q_IN_REGS ? HD / 16 : 1); kk++)
-            qa[kk][0] = qa[kk][1] = qa[kk][2] = qa[kk][3] = 0u;
-        /* head size 128: the warpgroup's Q rows from the landed Q tile into qa.  ldmatrix x4: lanes
-         * 0-15 address rows 0-15 of this warp's 16 at the k-step's first 8 dims, lanes 16-31 the
-         * same rows at its second 8 (the A-fragment order, checked against a CPU product on the
-         * H200) */
-        auto load_qa = [&]() {
-            const int q_row = wg * 64 + (warp & 3) * 16 + (lane & 15);
-#pragma unroll
-            for (int kk = 0; kk < (G::Q_IN_REGS ? HD / 16 : 0); kk++)
-                ldmatrix_x4(qa[kk], smem + wg_swizzle<G::Q_PART_BYTES>(q_row, 2 * kk + (lane >> 4)));
-        };
-        /* S = Q K^T of the tile in stage sk_addr into sd (issued, not waited for) */
-        /* The k-steps' descriptors are the tile's plus the step's offset in 16-byte units
-         * (ar_wg::desc_advance). */
-        auto issue_s = [&](float (&sd)[NS], uint32_t sk_addr) {
-            ar_wg::fence();
-            const uint64_t db0 = ar_wg::desc_sw128(sk_addr, 16, 1024);
-            if constexpr (G::Q_IN_REGS) {
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++) {
-                    const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                    wgmma_rs_kmajor<T>(sd, qa[kk], ar_wg::desc_advance(db0, koff16), kk > 0);
-                }
-            } else {
-                /* this warpgroup's 64 Q rows start 64 x 128 bytes into each column part */
-                const uint64_t da0 = ar_wg::desc_sw128(sq_addr + (uint32_t)(wg * 64 * 128), 16, 1024);
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++) {
-                    const uint32_t qoff16 = (uint32_t)((kk >> 2) * G::Q_PART_BYTES + (kk & 3) * 32) >> 4;
-                    const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                    wgmma_ss_n64<T>(sd, ar_wg::desc_advance(da0, qoff16), ar_wg::desc_advance(db0, koff16), kk > 0);
-                }
-            }
-        };
-        /* O += P V of the tile in stage sv_addr (issued, not waited for) */
-        auto issue_pv = [&](const uint32_t (&pa)[PV_STEPS][4], uint32_t sv_addr) {
-            ar_wg::fence_regs(acc);
-            ar_wg::fence();
-#pragma unroll
-            for (int h = 0; h < HD / 128; h++) {
-                const uint32_t sv_half = sv_addr + (uint32_t)(h * 2 * G::KV_PART_BYTES);
-                const uint64_t dv0 = ar_wg::desc_sw128(sv_half, v_lbo, v_sbo);
-#pragma unroll
-                for (int kk = 0; kk < PV_STEPS; kk++)
-                    wgmma_rs<T>(acc + 64 * h, pa[kk], ar_wg::desc_advance(dv0, (uint32_t)(kk * 2048 >> 4)));
-            }
-        };
-        /* row_l: this thread's partial sums of its rows lo and hi -> the rows' sums (the quad's) */
-        auto quad_sum_rows = [&](float (&row_l)[2]) {
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                row_l[r] += __shfl_xor_sync(0xffffffffu, row_l[r], 1);
-                row_l[r] += __shfl_xor_sync(0xffffffffu, row_l[r], 2);
-            }
-        };
-        /* The item's output rows from the finished accumulator: each row normalised by its sum
-         * (row_l: the sums of this thread's rows lo and hi, row_m: their maxima), with its
-         * log-sum-exp; then acc is zeroed for the next item. */
-        auto write_rows = [&](const ar_attn_work &w, int qstart, int q_len, float (&row_l)[2], float (&row_m)[2]) {
-#pragma unroll
-            for (int r = 0; r < 2; r++) row_m[r] = row_m[r] == -INFINITY ? -INFINITY : row_m[r] * a.scale_log2;
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                int lr = my_row + 8 * r;
-                int pair = w.pair0 + lr, tok = pair / a.group, hq = w.kv_head * a.group + pair % a.group;
-                float l = row_l[r];
-                float inv = l > 0.f ? 1.f / l : 0.f;
-                float lse2 = l > 0.f ? row_m[r] + __log2f(l) : -INFINITY;
-                if (w.partial < 0 && !a.merge_out) {
-                    /* the plain output as 8-byte stores: the quad's four threads hold row lr's dims
-                     * in pairs (thread tq: dims 8n + 2tq, 8n + 2tq + 1 of each 8-dim block n).  One
-                     * exchange with the neighbour (tq ^ 1) gives each thread two adjacent pairs of
-                     * two blocks of each 32-dim group: an even thread keeps blocks 0 and 2 of the
-                     * group and takes its odd neighbour's pairs of them (dims 2tq .. 2tq + 3), an
-                     * odd thread blocks 1 and 3, after its even neighbour's pairs.  The four threads'
-                     * stores of one instruction fill whole 32-byte sectors.  Against the earlier
-                     * 4 x 4 exchange with one 16-byte store (three shuffles and some twenty selects
-                     * a group): 376 fewer instructions at head size 128, no spills there, varlen
-                     * 1.04x, causal 1.01x at both head sizes (H200, BENCHMARKS.md).  Rows are
-                     * quad-uniform, so every lane runs the shuffles. */
-                    T *orow = (T *)a.out + out_index(a, qstart + tok, hq, 0);
-                    const bool row_ok = tok < q_len;
-                    const bool odd = tq & 1;
-                    const int dim0 = 2 * (tq & 2);             /* the thread's first dim in its blocks */
-#pragma unroll
-                    for (int k = 0; k < HD / 32; k++) {
-                        uint32_t mine[4];                      /* mine[j]: my pair of block 4k + j */
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-                            mine[j] = pack2<T>(acc[4 * (4 * k + j) + 2 * r] * inv, acc[4 * (4 * k + j) + 2 * r + 1] * inv);
-                        const uint32_t send0 = odd ? mine[0] : mine[1], send1 = odd ? mine[2] : mine[3];
-                        const uint32_t keep0 = odd ? mine[1] : mine[0], keep1 = odd ? mine[3] : mine[2];
-                        const uint32_t got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-                        const uint32_t got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-                        uint2 v0, v1;                          /* the lower thread's pair first */
-                        v0.x = odd ? got0 : keep0;
-                        v0.y = odd ? keep0 : got0;
-                        v1.x = odd ? got1 : keep1;
-                        v1.y = odd ? keep1 : got1;
-                        const int block0 = 4 * k + (odd ? 1 : 0);
-                        if (row_ok) {
-                            *reinterpret_cast<uint2 *>(orow + block0 * 8 + dim0) = v0;
-                            *reinterpret_cast<uint2 *>(orow + (block0 + 2) * 8 + dim0) = v1;
-                        }
-                    }
-                    if (tq == 0 && row_ok) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
-                    continue;
-                }
-                if (tok >= q_len && w.partial < 0) continue;   /* fused merge: rows past the request */
-#pragma unroll
-                for (int n = 0; n < NACC / 4; n++)
-                    store_pair<T>(a, w, ROWS, HD, lr, qstart + tok, hq, n * 8 + 2 * tq, acc[4 * n + 2 * r] * inv,
-                                  acc[4 * n + 2 * r + 1] * inv, lse2);
-                if (tq == 0) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
-            }
-#pragma unroll
-            for (int i = 0; i < NACC; i++) acc[i] = 0.f;
-        };
         uint32_t tiles_before = 0, q_items_before = 0;
-        /* Head size 128: the turns of the CTA's items run on without a break.  An item's last turn
-         * (P V of its last tile, or a turn without products where that tile is inactive for the
-         * warpgroup) is also the first turn of the CTA's next item with tiles, beside that item's
-         * first S, and the item's rows are written after it ("deferred": deferred_item, its row
-         * sums and maxima in row_stats; pa holds its last P meanwhile).  Before an item without
-         * tiles and after the CTA's last item the last turn runs alone.  So the tensor cores get
-         * the next item's first S while one item's last P V and its output are finished; both
-         * warpgroups take n_tiles turns an item and one more at the end of each run of items.
-         * Turn helpers name tiles by their index it in the current item (-1: the previous item's
-         * last tile); stage_of and parity_of count the CTA's tiles. */
-        [[maybe_unused]] uint32_t pa[PV_STEPS][4];
-        [[maybe_unused]] bool deferred = false, deferred_pv = false;
-        [[maybe_unused]] int *const deferred_copy = reinterpret_cast<int *>(smem + WgPipe<HD_>::DEFERRED_OFFSET);
-        /* the deferred item's row sums and maxima: float2 [ROWS] in shared memory */
-        [[maybe_unused]] float2 *const row_stats = reinterpret_cast<float2 *>(smem + WgPipe<HD_>::ROW_STATS_OFFSET);
-        auto stage_of = [&](int it) { return (int)((tiles_before + (uint32_t)it) % STAGES); };
-        auto parity_of = [&](int it) { return ((tiles_before + (uint32_t)it) / STAGES) & 1; };
-        auto sk_of = [&](int it) { return skv_addr + (uint32_t)(stage_of(it) * 2 * G::KV_BYTES); };
-        /* a turn with S of tile it alone (into sc, waited for) */
-        auto turn_s = [&](float (&sc)[NS], int it) {
-            ar_wg::mbar_wait_suspend(full_bar + stage_of(it) * 8, parity_of(it));
-            ar_wg::fence_proxy_async();
-            pingpong_wait(wg);
-            issue_s(sc, sk_of(it));
-            ar_wg::commit();
-            pingpong_turn_issued(wg, false);
-            ar_wg::wait<0>();
-            ar_wg::fence_regs(sc);
-        };
-        /* a turn with P V of tile it - 1 (P in pa) and S of tile it; tile it - 1 released */
-        auto turn_pv_s = [&](float (&sc)[NS], int it) {
-            ar_wg::mbar_wait_suspend(full_v_bar + stage_of(it - 1) * 8, parity_of(it - 1));
-            ar_wg::mbar_wait_suspend(full_bar + stage_of(it) * 8, parity_of(it));
-            ar_wg::fence_proxy_async();
-            pingpong_wait(wg);
-            issue_pv(pa, sk_of(it - 1) + G::KV_BYTES);
-            ar_wg::commit();
-            issue_s(sc, sk_of(it));
-            ar_wg::commit();
-            pingpong_turn_issued(wg, false);
-            ar_wg::wait<0>();
-            ar_wg::fence_regs(acc);
-            ar_wg::fence_regs(sc);
-            ar_wg::mbar_arrive(empty_bar + stage_of(it - 1) * 8);
-        };
-        /* a turn with P V of tile it alone (tile it released); last: the last turn of a run of items */
-        auto turn_pv = [&](int it, bool last) {
-            ar_wg::mbar_wait_suspend(full_v_bar + stage_of(it) * 8, parity_of(it));
-            ar_wg::fence_proxy_async();
-            pingpong_wait(wg);
-            issue_pv(pa, sk_of(it) + G::KV_BYTES);
-            ar_wg::commit();
-            pingpong_turn_issued(wg, last);
-            ar_wg::wait<0>();
-            ar_wg::fence_regs(acc);
-            ar_wg::mbar_arrive(empty_bar + stage_of(it) * 8);
-        };
-        auto write_deferred = [&]() {
-            __syncwarp();                                   /* a warp's rows and copy are its own */
-            const int *const d = deferred_copy + warp * 9;
-            const ar_attn_work dw = {d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
-            const int dq = d[7], dlen = d[8];
-            const float2 lo = row_stats[my_row], hi = row_stats[my_row + 8];
-            float l[2] = {lo.x, hi.x}, m[2] = {lo.y, hi.y};
-            write_rows(dw, dq, dlen, l, m);
-            deferred = false;
-        };
-        [[maybe_unused]] int fetched = -1;   /* head size 128, consumers: item k's index, taken at the end of item k - 1 */
         for (uint32_t k = 0;; k++) {
-            const int posted = fetched >= 0 ? fetched : next_item(k);
-            const int item = posted < 0 ? -1 - posted : posted;
-            fetched = -1;
+            const int item = next_item(k);
             if (item >= num_work) break;
             const ar_attn_work w = a.work[item];
 
@@ -545,15 +330,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             const bool wg_has_rows = tok_first < q_len;
             const int tok_last = tok_last_raw < q_len ? tok_last_raw : q_len - 1;
             const int wg_min_qpos = ctx + tok_first, wg_max_qpos = ctx + tok_last;
-            /* the warpgroup's tiles t that need the mask are t >= mask_hi (a key past a row's causal
-             * limit or past the sequence) and t < mask_lo (a key before a row's window): the last
-             * key of tile t, (t + 1) BLOCK_N - 1, exceeds mask_last exactly from t = (mask_last + 1)
-             * / BLOCK_N on; the first, t BLOCK_N, is below the window's first key (> 0) up to its
-             * ceiling over BLOCK_N.  Two values in the key loop instead of five. */
-            const int mask_last = min(wg_min_qpos + causal_extra, seq_len - 1);
-            const int mask_hi = (mask_last + 1) / BLOCK_N;
-            const int window_first = window > 0 ? wg_max_qpos - window + 1 : 0;
-            const int mask_lo = window_first > 0 ? (window_first + BLOCK_N - 1) / BLOCK_N : 0;
+            const int my_row = wg_row0 + (warp & 3) * 16 + g;   /* local row of lo; hi = + 8 */
             int qpos[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -619,8 +396,47 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
             };
 
+            float acc[NACC];
+#pragma unroll
+            for (int i = 0; i < NACC; i++) acc[i] = 0.f;
             float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
             [[maybe_unused]] bool row_m_ready = false;   /* head size 128: every row of the warp has a maximum */
+            /* V read transposed ("MN-major"): its descriptor's LBO steps between the two 64-dim
+             * atoms along N (a column part apart), the stride byte offset between groups of 8 keys
+             * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30.
+             * One P V instruction covers 128 dims (N = 128): at head size 256 two of them, on the V
+             * tile's parts 0-1 and 2-3, into acc[0..63] and acc[64..127]. */
+            const uint32_t v_lbo = G::KV_PART_BYTES, v_sbo = 1024;
+
+            /* head size 128: this thread's A fragments of its warpgroup's 64 Q rows, 8 k-steps of 16
+             * dims (loaded once the Q tile has landed, below; zero until then, see WgPipe) */
+            uint32_t qa[G::Q_IN_REGS ? HD / 16 : 1][4];
+#pragma unroll
+            for (int kk = 0; kk < (G::Q_IN_REGS ? HD / 16 : 1); kk++)
+                qa[kk][0] = qa[kk][1] = qa[kk][2] = qa[kk][3] = 0u;
+            /* S = Q K^T of the tile in stage sk_addr into sd (issued, not waited for) */
+            /* The k-steps' descriptors are the tile's plus the step's offset in 16-byte units
+             * (ar_wg::desc_advance). */
+            auto issue_s = [&](float (&sd)[NS], uint32_t sk_addr) {
+                ar_wg::fence();
+                const uint64_t db0 = ar_wg::desc_sw128(sk_addr, 16, 1024);
+                if constexpr (G::Q_IN_REGS) {
+#pragma unroll
+                    for (int kk = 0; kk < HD / 16; kk++) {
+                        const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
+                        wgmma_rs_kmajor<T>(sd, qa[kk], ar_wg::desc_advance(db0, koff16), kk > 0);
+                    }
+                } else {
+                    /* this warpgroup's 64 Q rows start 64 x 128 bytes into each column part */
+                    const uint64_t da0 = ar_wg::desc_sw128(sq_addr + (uint32_t)(wg * 64 * 128), 16, 1024);
+#pragma unroll
+                    for (int kk = 0; kk < HD / 16; kk++) {
+                        const uint32_t qoff16 = (uint32_t)((kk >> 2) * G::Q_PART_BYTES + (kk & 3) * 32) >> 4;
+                        const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
+                        wgmma_ss_n64<T>(sd, ar_wg::desc_advance(da0, qoff16), ar_wg::desc_advance(db0, koff16), kk > 0);
+                    }
+                }
+            };
             /* P [64 x BLOCK_N of this warpgroup, accumulator layout] -> pa, the A fragments of the
              * k-steps of 16 keys (the accumulator layout of one product is the A layout of the next) */
             auto pack_p = [&](const float (&sc)[NS], uint32_t (&pa)[PV_STEPS][4]) {
@@ -634,14 +450,15 @@ attn_wgmma_kernel(const ar_attn_args a,
             };
             /* the soft cap and the mask of tile t, in place on the scores sc */
             auto cap_and_mask = [&](float (&sc)[NS], int t) {
-                const int tile_first = t * BLOCK_N;
+                const int tile_first = t * BLOCK_N, tile_last = tile_first + BLOCK_N - 1;
                 if (__builtin_expect(a.soft_cap > 0.f, 0)) {
                     const float scale = scale_log2 * 0.6931471805599453f;
                     const float cap_over_scale = a.soft_cap / scale, inv_cap = scale / a.soft_cap;
 #pragma unroll
                     for (int i = 0; i < NS; i++) sc[i] = cap_over_scale * tanhf(sc[i] * inv_cap);
                 }
-                const bool need_mask = t >= mask_hi || t < mask_lo;
+                const bool need_mask = tile_last > wg_min_qpos + causal_extra || tile_last >= seq_len ||
+                                       (window > 0 && tile_first < wg_max_qpos - window + 1);
                 if (__builtin_expect(need_mask, 0)) {
 #pragma unroll
                     for (int i = 0; i < NS; i++) {
@@ -790,19 +607,25 @@ attn_wgmma_kernel(const ar_attn_args a,
                         }
                     }
             };
+            /* O += P V of the tile in stage sv_addr (issued, not waited for) */
+            auto issue_pv = [&](const uint32_t (&pa)[PV_STEPS][4], uint32_t sv_addr) {
+                ar_wg::fence_regs(acc);
+                ar_wg::fence();
+#pragma unroll
+                for (int h = 0; h < HD / 128; h++) {
+                    const uint32_t sv_half = sv_addr + (uint32_t)(h * 2 * G::KV_PART_BYTES);
+                    const uint64_t dv0 = ar_wg::desc_sw128(sv_half, v_lbo, v_sbo);
+#pragma unroll
+                    for (int kk = 0; kk < PV_STEPS; kk++)
+                        wgmma_rs<T>(acc + 64 * h, pa[kk], ar_wg::desc_advance(dv0, (uint32_t)(kk * 2048 >> 4)));
+                }
+            };
+
             if constexpr (PRODUCER_ROLE) {
                 /* the producer warpgroup: fills stage (tiles_before + it) % STAGES with tile it as soon as
                  * both consumers released the tile STAGES before it in that stage; K and V complete on
                  * separate barriers so S = Q K^T starts before V has landed.  The item's Q tile comes
-                 * once the consumers are done with the previous item's Q: at head size 128 before the
-                 * item's first K/V tile (the consumers need it at the previous item's last turn, which
-                 * is this item's first; the producer is there a few tiles ahead of them, waiting for a
-                 * stage to empty), at 256 after it (the previous item's Q is read until its last S). */
-                auto item_q = [&]() {
-                    if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
-                    produce_q();
-                };
-                if (HD == 128 && n_tiles > 0) item_q();
+                 * after its first K/V tile, once the consumers are done with the previous item's Q. */
                 for (int it = 0; it < n_tiles; it++) {
                     const uint32_t gt = tiles_before + (uint32_t)it;   /* the CTA's tile count */
                     const int stage = (int)(gt % STAGES);
@@ -821,7 +644,10 @@ attn_wgmma_kernel(const ar_attn_args a,
                         if (tid == 0) ar_wg::mbar_arrive(full_v_bar + stage * 8);
                     }
                     ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
-                    if (HD != 128 && it == 0) item_q();
+                    if (it == 0) {
+                        if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
+                        produce_q();
+                    }
                 }
                 if (n_tiles > 0) q_items_before++;
                 tiles_before += (uint32_t)n_tiles;
@@ -830,105 +656,88 @@ attn_wgmma_kernel(const ar_attn_args a,
             if (n_tiles > 0) {
                 ar_wg::mbar_wait_suspend(q_full_bar, q_items_before & 1);
                 if constexpr (G::Q_IN_REGS) {
-                    /* then the Q tile is free for the next item, unless this item's first turn writes
-                     * the previous item's rows: Q is loaded again after them (load_qa) */
-                    load_qa();
-                    if (!deferred) ar_wg::mbar_arrive(q_empty_bar);
+                    /* ldmatrix x4: lanes 0-15 address rows 0-15 of this warp's 16 at the k-step's first 8
+                     * dims, lanes 16-31 the same rows at its second 8 (the A-fragment order, checked
+                     * against a CPU product on the H200); then the Q tile is free for the next item */
+                    const int q_row = wg_row0 + (warp & 3) * 16 + (lane & 15);
+#pragma unroll
+                    for (int kk = 0; kk < HD / 16; kk++)
+                        ldmatrix_x4(qa[kk], smem + wg_swizzle<G::Q_PART_BYTES>(q_row, 2 * kk + (lane >> 4)));
+                    ar_wg::mbar_arrive(q_empty_bar);
                 } else {
                     ar_wg::fence_proxy_async();                 /* cp.async writes -> wgmma's reads */
                 }
             }
-            if (wg == 1 && n_tiles > 0 && !deferred) pingpong_signal(0);   /* warpgroup 0 goes first */
+            if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
             if constexpr (HD == 128) {
             /* FlashAttention-3's turn order: a warpgroup's turn issues P V of its previous active tile
              * and S of this one together, so its softmax runs while the other warpgroup's turn holds
-             * the tensor cores.  Turns per item: n_tiles for both warpgroups (one per tile, active or
-             * not), the first of them shared with the previous item's last turn (see deferred).  The
-             * active tiles of a warpgroup are one run [a0, a1) (causal: a suffix is inactive; a
-             * window: a prefix). */
+             * the tensor cores.  Turns per item: n_tiles + 1 for both warpgroups (one per tile, active
+             * or not, and a last one for the last P V).  The active tiles of a warpgroup are one run
+             * [a0, a1) (causal: a suffix is inactive; a window: a prefix). */
             if (n_tiles > 0) {
                 auto tile_active = [&](int it) {
                     const int tf = (w.tile_begin + it) * BLOCK_N, tl = tf + BLOCK_N - 1;
                     return wg_has_rows && tf <= wg_max_qpos + causal_extra && !(window > 0 && tl < wg_min_qpos - window + 1);
                 };
-                auto plain_turn = [&](int it) {                 /* no product: tile it inactive */
-                    pingpong_turn(wg, false);
-                    ar_wg::mbar_arrive(empty_bar + stage_of(it) * 8);
+                auto stage_of = [&](int it) { return (int)((tiles_before + (uint32_t)it) % STAGES); };
+                auto parity_of = [&](int it) { return ((tiles_before + (uint32_t)it) / STAGES) & 1; };
+                auto sk_of = [&](int it) { return skv_addr + (uint32_t)(stage_of(it) * 2 * G::KV_BYTES); };
+                auto plain_turn = [&](int it) {                 /* no product: tile it inactive (or it == n_tiles) */
+                    pingpong_turn(wg, it == n_tiles);
+                    if (it < n_tiles) ar_wg::mbar_arrive(empty_bar + stage_of(it) * 8);
                 };
                 int a0 = 0;
                 while (a0 < n_tiles && !tile_active(a0)) a0++;
                 int a1 = a0;
                 while (a1 < n_tiles && tile_active(a1)) a1++;
-                float alpha[2];
-                int it = 0;                                     /* the next turn */
-                bool s_done = false;                            /* the first active tile's S */
-                if (deferred) {
-                    /* turn 0, also the previous item's last: its P V (when its last tile is active
-                     * for this warpgroup) beside S of tile 0 (when active); then its rows.  The first
-                     * active tile's P needs no rescale (acc is 0, or still holds the previous item's
-                     * output, written below).  qa is loaded again after the rows, so that its
-                     * registers are free for them. */
-                    if (a0 == 0) {
-                        float sc[NS];
-                        if (deferred_pv)
-                            turn_pv_s(sc, 0);
-                        else
-                            turn_s(sc, 0);
-                        softmax_to_p(sc, w.tile_begin, pa, alpha);
-                        s_done = true;
-                    } else {
-                        if (deferred_pv)
-                            turn_pv(-1, false);
-                        else
-                            pingpong_turn(wg, false);
-                        ar_wg::mbar_arrive(empty_bar + stage_of(0) * 8);   /* tile 0: inactive here */
-                    }
-                    write_deferred();
-                    load_qa();
-                    ar_wg::mbar_arrive(q_empty_bar);
-                    it = 1;
-                }
-                for (; it < a0; it++) plain_turn(it);
+                for (int it = 0; it < a0; it++) plain_turn(it);
                 if (a0 < a1) {
-                    if (!s_done) {                              /* the first active tile: S alone */
+                    uint32_t pa[PV_STEPS][4];
+                    float alpha[2];
+                    {   /* the first active tile: S alone */
                         float sc[NS];
-                        turn_s(sc, a0);
-                        softmax_to_p(sc, w.tile_begin + a0, pa, alpha);   /* acc is 0: no rescale */
-                        it = a0 + 1;
+                        ar_wg::mbar_wait_suspend(full_bar + stage_of(a0) * 8, parity_of(a0));
+                        ar_wg::fence_proxy_async();
+                        pingpong_wait(wg);
+                        issue_s(sc, sk_of(a0));
+                        ar_wg::commit();
+                        pingpong_turn_issued(wg, false);
+                        ar_wg::wait<0>();
+                        ar_wg::fence_regs(sc);
+                        softmax_to_p(sc, w.tile_begin + a0, pa, alpha);   /* acc is still 0: no rescale */
                     }
-                    for (; it < a1; it++) {                     /* P V of it - 1 and S of it in one turn */
+                    for (int it = a0 + 1; it < a1; it++) {      /* P V of it - 1 and S of it in one turn */
                         float sc[NS];
-                        turn_pv_s(sc, it);
+                        ar_wg::mbar_wait_suspend(full_v_bar + stage_of(it - 1) * 8, parity_of(it - 1));
+                        ar_wg::mbar_wait_suspend(full_bar + stage_of(it) * 8, parity_of(it));
+                        ar_wg::fence_proxy_async();
+                        pingpong_wait(wg);
+                        issue_pv(pa, sk_of(it - 1) + G::KV_BYTES);
+                        ar_wg::commit();
+                        issue_s(sc, sk_of(it));
+                        ar_wg::commit();
+                        pingpong_turn_issued(wg, false);
+                        ar_wg::wait<0>();
+                        ar_wg::fence_regs(acc);
+                        ar_wg::fence_regs(sc);
+                        ar_wg::mbar_arrive(empty_bar + stage_of(it - 1) * 8);
                         if (softmax_to_p(sc, w.tile_begin + it, pa, alpha)) rescale_acc(alpha);   /* nothing to rescale otherwise */
                     }
-                    if (a1 < n_tiles) {                         /* turn a1, an inactive tile's: P V of a1 - 1 */
-                        turn_pv(a1 - 1, false);
-                        ar_wg::mbar_arrive(empty_bar + stage_of(a1) * 8);
-                        for (it = a1 + 1; it < n_tiles; it++) plain_turn(it);
-                    }
+                    /* turn a1 (an inactive tile's, or the last one): P V of a1 - 1 */
+                    ar_wg::mbar_wait_suspend(full_v_bar + stage_of(a1 - 1) * 8, parity_of(a1 - 1));
+                    ar_wg::fence_proxy_async();
+                    pingpong_wait(wg);
+                    issue_pv(pa, sk_of(a1 - 1) + G::KV_BYTES);
+                    ar_wg::commit();
+                    pingpong_turn_issued(wg, a1 == n_tiles);
+                    ar_wg::wait<0>();
+                    ar_wg::fence_regs(acc);
+                    ar_wg::mbar_arrive(empty_bar + stage_of(a1 - 1) * 8);
+                    if (a1 < n_tiles) ar_wg::mbar_arrive(empty_bar + stage_of(a1) * 8);
+                    for (int it = a1 + 1; it <= n_tiles; it++) plain_turn(it);
                 } else {
-                    for (; it < n_tiles; it++) plain_turn(it);
-                }
-                /* turn n_tiles (P V of the last tile, or no product): the next item's turn 0, unless
-                 * the run of items ends here (the CTA's next item has no tiles, or there is none).
-                 * The next item's index is taken now, when the producer has posted it (it posts an
-                 * item after filling the one before). */
-                const int posted_next = next_item(k + 1);
-                fetched = posted_next < 0 ? -1 - posted_next : posted_next;
-                const bool last_pv = a1 == n_tiles && a0 < a1;
-                if (posted_next < 0 || posted_next >= num_work) {
-                    if (last_pv)
-                        turn_pv(n_tiles - 1, true);
-                    else
-                        pingpong_turn(wg, true);
-                } else {
-                    deferred = true;
-                    deferred_pv = last_pv;
-                    if (lane == 0) {
-                        int *const d = deferred_copy + warp * 9;
-                        d[0] = w.req, d[1] = w.kv_head, d[2] = w.pair0, d[3] = w.tile_begin, d[4] = w.tile_end;
-                        d[5] = w.partial, d[6] = w.partial_stride, d[7] = qstart, d[8] = q_len;
-                    }
+                    for (int it = a0; it <= n_tiles; it++) plain_turn(it);
                 }
             }
             } else {
@@ -974,18 +783,70 @@ attn_wgmma_kernel(const ar_attn_args a,
                 q_items_before++;
             }
             tiles_before += (uint32_t)n_tiles;
-            if constexpr (HD == 128) {
-                if (deferred) {         /* written after the item's last turn, in the next item's first */
-                    quad_sum_rows(row_l);
-                    if (tq == 0) {
-                        row_stats[my_row] = make_float2(row_l[0], row_m[0]);
-                        row_stats[my_row + 8] = make_float2(row_l[1], row_m[1]);
+
+
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float l = row_l[r];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                row_l[r] = l;
+                row_m[r] = row_m[r] == -INFINITY ? -INFINITY : row_m[r] * scale_log2;
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int lr = my_row + 8 * r;
+                int pair = w.pair0 + lr, tok = pair / grp, hq = w.kv_head * grp + pair % grp;
+                float l = row_l[r];
+                float inv = l > 0.f ? 1.f / l : 0.f;
+                float lse2 = l > 0.f ? row_m[r] + __log2f(l) : -INFINITY;
+                if (w.partial < 0 && !a.merge_out) {
+                    /* the plain output as 8-byte stores: the quad's four threads hold row lr's dims
+                     * in pairs (thread tq: dims 8n + 2tq, 8n + 2tq + 1 of each 8-dim block n).  One
+                     * exchange with the neighbour (tq ^ 1) gives each thread two adjacent pairs of
+                     * two blocks of each 32-dim group: an even thread keeps blocks 0 and 2 of the
+                     * group and takes its odd neighbour's pairs of them (dims 2tq .. 2tq + 3), an
+                     * odd thread blocks 1 and 3, after its even neighbour's pairs.  The four threads'
+                     * stores of one instruction fill whole 32-byte sectors.  Against the earlier
+                     * 4 x 4 exchange with one 16-byte store (three shuffles and some twenty selects
+                     * a group): 376 fewer instructions at head size 128, no spills there, varlen
+                     * 1.04x, causal 1.01x at both head sizes (H200, BENCHMARKS.md).  Rows are
+                     * quad-uniform, so every lane runs the shuffles. */
+                    T *orow = (T *)a.out + out_index(a, qstart + tok, hq, 0);
+                    const bool row_ok = tok < q_len;
+                    const bool odd = tq & 1;
+                    const int dim0 = 2 * (tq & 2);             /* the thread's first dim in its blocks */
+#pragma unroll
+                    for (int k = 0; k < HD / 32; k++) {
+                        uint32_t mine[4];                      /* mine[j]: my pair of block 4k + j */
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            mine[j] = pack2<T>(acc[4 * (4 * k + j) + 2 * r] * inv, acc[4 * (4 * k + j) + 2 * r + 1] * inv);
+                        const uint32_t send0 = odd ? mine[0] : mine[1], send1 = odd ? mine[2] : mine[3];
+                        const uint32_t keep0 = odd ? mine[1] : mine[0], keep1 = odd ? mine[3] : mine[2];
+                        const uint32_t got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+                        const uint32_t got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+                        uint2 v0, v1;                          /* the lower thread's pair first */
+                        v0.x = odd ? got0 : keep0;
+                        v0.y = odd ? keep0 : got0;
+                        v1.x = odd ? got1 : keep1;
+                        v1.y = odd ? keep1 : got1;
+                        const int block0 = 4 * k + (odd ? 1 : 0);
+                        if (row_ok) {
+                            *reinterpret_cast<uint2 *>(orow + block0 * 8 + dim0) = v0;
+                            *reinterpret_cast<uint2 *>(orow + (block0 + 2) * 8 + dim0) = v1;
+                        }
                     }
+                    if (tq == 0 && row_ok) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
                     continue;
                 }
+                if (tok >= q_len && w.partial < 0) continue;   /* fused merge: rows past the request */
+#pragma unroll
+                for (int n = 0; n < NACC / 4; n++)
+                    store_pair<T>(a, w, ROWS, HD, lr, qstart + tok, hq, n * 8 + 2 * tq, acc[4 * n + 2 * r] * inv,
+                                  acc[4 * n + 2 * r + 1] * inv, lse2);
+                if (tq == 0) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
             }
-            quad_sum_rows(row_l);
-            write_rows(w, qstart, q_len, row_l, row_m);
         } /* the item loop */
         if constexpr (PRODUCER_ROLE) cp_async_wait<0>();
     };
