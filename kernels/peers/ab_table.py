@@ -14,12 +14,15 @@ Exit 0 with the table; 1 when no result line was read; 2 on a result line withou
 a metric (the line is named).
 """
 import argparse
+import os
 import re
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_table import kv  # noqa: E402  (a result line's key=value fields)
+
 LINE = re.compile(r"^AB variant=(\S+) RESULT (.*)$")
-FIELD = re.compile(r"(\w+)=(\S+)")
 METRICS = (("tflops", True, "TFLOP/s"), ("gbps", True, "GB/s"), ("cascade_us", False, "us"))
 
 
@@ -31,7 +34,7 @@ def parse(lines, source="<stdin>"):
         m = LINE.match(line.strip())
         if not m:
             continue
-        fields = dict(FIELD.findall(m.group(2)))
+        fields = kv(m.group(2))
         case = fields.get("name")
         if not case:
             raise ValueError(f"{source}:{lineno}: result line without name=")
