@@ -60,21 +60,23 @@ build)
     else
       wt=$(mktemp -d /tmp/ar_ab.XXXXXX)
       git worktree add -q --detach "$wt" "$rev" || exit 2
+      trap 'git worktree remove --force "$wt"' EXIT   # also when the build fails or is interrupted
       tar --exclude=build/ab --exclude=build/mutants -cf - build | tar -C "$wt" -xf -
       # the checkout's sources older than every output, the files that differ from this tree newer
       find "$wt" -path "$wt/build" -prune -o -type f -exec touch -d '2 minutes ago' {} +
       find "$wt/build" -type f -exec touch -d '1 minute ago' {} +
-      git diff --name-only "$rev" -- . | while read -r f; do [ -f "$wt/$f" ] && touch "$wt/$f"; done
-      echo "== $name ($rev): $(git diff --name-only "$rev" -- . | wc -l) files differ from the tree"
+      differ=$(git diff --name-only "$rev" -- .)
+      for f in $differ; do [ -f "$wt/$f" ] && touch "$wt/$f"; done
+      echo "== $name ($rev): $(echo "$differ" | grep -c .) files differ from the tree"
       if ! make -C "$wt" -s build/tests/bench_cuda build/tests/bench_cascade >"$AB/$name/build.log" 2>&1; then
         tail -20 "$AB/$name/build.log" >&2
-        git worktree remove --force "$wt"
         echo "$0: $name: build failed (log: $AB/$name/build.log)" >&2
         exit 1
       fi
       cp "$wt/build/tests/bench_cuda" "$wt/build/tests/bench_cascade" "$AB/$name/"
       git rev-parse "$rev" >"$AB/$name/REV.txt"
       git worktree remove --force "$wt"
+      trap - EXIT
     fi
     echo "$name" >>"$AB/ORDER"
   done

@@ -3,6 +3,7 @@ python3 kernels/peers/test_ab_table.py (make test runs it with the other kernels
 import io
 import os
 import sys
+import tempfile
 import unittest
 from contextlib import redirect_stderr, redirect_stdout
 
@@ -68,8 +69,9 @@ class AbTableTest(unittest.TestCase):
         self.assertIn("log:2", str(ctx.exception))
 
     def test_main_exit_codes(self):
-        with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()) as out:
-            path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "ab_table_test.txt")
+        with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()) as out, \
+                tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "ab.txt")
             with open(path, "w", encoding="utf-8") as f:
                 f.write(LOG)
             self.assertEqual(ab_table.main([path, "--markdown"]), 0)
@@ -80,7 +82,6 @@ class AbTableTest(unittest.TestCase):
                 f.write("AB variant=a RESULT name=x\n")
             self.assertEqual(ab_table.main([path]), 2)
             self.assertEqual(ab_table.main([path + ".missing"]), 2)
-            os.unlink(path)
         self.assertIn("| varlen16_causal_hd128 | exp | 366.5 TFLOP/s | 2 | 0.856 |", out.getvalue())
 
 
