@@ -23,9 +23,9 @@
  *               are contiguous: "MN-major"), BLOCK_N / 16 steps of 16 keys; at head size 256
  *               once for dims 0-127 and once for 128-255.
  * The online softmax is the one of attn_kernel (log2 domain, skip the rescale when no row max
- * moved); once every row of a warp has a maximum, P is taken against the running maximum until a
- * row's maximum grows by more than 2^8 (softmax_to_p; at head size 128 after the thread's own
- * maxima, at 256 beside the exponentials), and the exact form runs only then.  Feeding (FlashAttention-3's structure): the producer warpgroup alone fills the
+ * moved); once every row of a warp has a maximum, P is taken against the running maximum while
+ * each of a thread's row sums of P stays within 2^8 (softmax_to_p: no row maximum on that path),
+ * and the exact form runs only when one does not.  Feeding (FlashAttention-3's structure): the producer warpgroup alone fills the
  * stages - every tile that lies wholly inside the sequence by TMA bulk tensor copies (one per
  * cache page and 64-dim part, K by two of its warps and V by the other two), the last, partial
  * tile by cp.async with zero fill - and the two consumers take ping-pong turns, so one's softmax
@@ -66,9 +66,10 @@ template <int HD_> struct WgGeom {
  * the Q tile of the CTA's current work item has landed (128 cp.async arrivals), "q_empty" when
  * both consumers are done with it (the next item's Q may then come).  setmaxnreg moves registers
  * from the producer (40: its cp.async tail path spills at 32; at 40 its Q copies in the item loop
- * spill 48-60 bytes, off the consumers' path) to the consumers (232: no spills at head size 128;
- * at 256, 12 bytes reloaded once an item, outside the key loop); waits ask the hardware to suspend the waiting warp (mbar_wait_suspend) rather than spin on the
- * schedulers the consumers issue from.  At head size 128 each consumer's Q fragments sit in 32
+ * spill 48-60 bytes, off the consumers' path) to the consumers (232; ptxas 13.0: in the key loop
+ * one 2-byte flag, row_m_ready, stored and reloaded once a tile at head size 128, the rest of
+ * the 24-54 spilled bytes at an item's start and end).  Waits ask the hardware to suspend the
+ * waiting warp (mbar_wait_suspend) rather than spin on the schedulers the consumers issue from.  At head size 128 each consumer's Q fragments sit in 32
  * registers; they are zeroed before the conditional load: left undefined on the path without
  * tiles, ptxas (13.0) treated them as dead across the key loop and gave their registers to P
  * (seen in the SASS on the H200).  At head size 256 the output accumulator alone takes 128
@@ -400,7 +401,7 @@ attn_wgmma_kernel(const ar_attn_args a,
 #pragma unroll
             for (int i = 0; i < NACC; i++) acc[i] = 0.f;
             float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
-            [[maybe_unused]] bool row_m_ready = false;   /* head size 128: every row of the warp has a maximum */
+            bool row_m_ready = false;                    /* every row of the warp has a maximum */
             /* V read transposed ("MN-major"): its descriptor's LBO steps between the two 64-dim
              * atoms along N (a column part apart), the stride byte offset between groups of 8 keys
              * (1024 bytes); checked against a CPU product on the H200 by a layout probe, 2026-11-30.
@@ -522,16 +523,20 @@ attn_wgmma_kernel(const ar_attn_args a,
              * 2026-12-03). */
             auto softmax_to_p = [&](float (&sc)[NS], int t, uint32_t (&pa)[PV_STEPS][4], float (&alpha_out)[2]) -> bool {
                 cap_and_mask(sc, t);
-                /* Head size 256: once every row of the warp has a running maximum, P against it
-                 * straight away (no reduction or shuffle before the exponentials), kept unless a
-                 * row's maximum in this tile exceeds it by more than 2^8; then the exact form below,
-                 * from the scores, which are still intact.  P then lies in [0, 256], exact in bf16's
-                 * range.  1.09x at head size 256 on the H200 (BENCHMARKS.md, 2026-12-03).  Neither
-                 * form runs under the planted no-rescale fault, which must show on the exact path. */
-                if constexpr (HD == 256) {
-                if (!no_rescale && __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)) {
+                /* Once every row of the warp has a running maximum, P against it straight away (no
+                 * reduction or shuffle before the exponentials), packed into pa with the scores
+                 * left intact; kept unless one of the thread's row sums of P exceeds 2^8 (every P
+                 * is at most its row sum, so P then lies in [0, 256], exact in bf16's range; a
+                 * NaN fails the test too), else the exact form below from the scores.  The sums
+                 * stand in for a row maximum of the scores, so this path has no FMNMX at all:
+                 * against a row maximum test on the thread's scores (head size 128) or beside the
+                 * exponentials (256), 1.035x causal and 1.031x chunked at head size 128, 1.017x
+                 * causal at 256 (BENCHMARKS.md, 2026-12-03).  Neither form runs under the planted
+                 * no-rescale fault, which must show on the exact path.  Once every row of the warp
+                 * has a maximum it keeps one for the item, so the vote stops. */
+                if (!no_rescale && (row_m_ready || (row_m_ready = __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)))) {
                     const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
-                    float rs0 = 0.f, rs1 = 0.f, mx0 = -INFINITY, mx1 = -INFINITY;
+                    float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
                     for (int kk = 0; kk < PV_STEPS; kk++) {
                         const float *e = sc + 8 * kk;
@@ -539,8 +544,6 @@ attn_wgmma_kernel(const ar_attn_args a,
                         const float p2 = exp2f(fmaf(e[2], scale_log2, -ms1)), p3 = exp2f(fmaf(e[3], scale_log2, -ms1));
                         const float p4 = exp2f(fmaf(e[4], scale_log2, -ms0)), p5 = exp2f(fmaf(e[5], scale_log2, -ms0));
                         const float p6 = exp2f(fmaf(e[6], scale_log2, -ms1)), p7 = exp2f(fmaf(e[7], scale_log2, -ms1));
-                        mx0 = fmaxf(mx0, fmaxf(fmaxf(e[0], e[1]), fmaxf(e[4], e[5])));
-                        mx1 = fmaxf(mx1, fmaxf(fmaxf(e[2], e[3]), fmaxf(e[6], e[7])));
                         rs0 += (p0 + p1) + (p4 + p5);
                         rs1 += (p2 + p3) + (p6 + p7);
                         pa[kk][0] = pack2<T>(p0, p1);
@@ -548,49 +551,13 @@ attn_wgmma_kernel(const ar_attn_args a,
                         pa[kk][2] = pack2<T>(p4, p5);
                         pa[kk][3] = pack2<T>(p6, p7);
                     }
-                    const bool grew = mx0 * scale_log2 > ms0 + 8.f || mx1 * scale_log2 > ms1 + 8.f;
+                    const bool grew = !(rs0 <= 256.f) || !(rs1 <= 256.f);
                     if (__builtin_expect(!__any_sync(0xffffffffu, grew), 1)) {
                         row_l[0] += rs0;
                         row_l[1] += rs1;
                         alpha_out[0] = alpha_out[1] = 1.f;
                         return false;
                     }
-                }
-                }
-                if constexpr (HD == 128) {
-                /* Head size 128: the scores stay in place (keeping them beside P and the turn
-                 * order's registers spills, 0.89x), so the thread's own row maxima are taken first,
-                 * without the quad's shuffles; if no row of the warp grew by more than 2^8 past its
-                 * running maximum, P against the running maximum and no rescale.  1.02x causal,
-                 * 1.03x on the chunked-prefill case (BENCHMARKS.md, 2026-12-03).  Once every row of
-                 * the warp has a maximum it keeps one for the item, so the vote stops. */
-                if (!no_rescale && (row_m_ready || (row_m_ready = __all_sync(0xffffffffu, row_m[0] != -INFINITY && row_m[1] != -INFINITY)))) {
-                    const float ms0 = row_m[0] * scale_log2, ms1 = row_m[1] * scale_log2;
-                    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-                    for (int n = 0; n < NS / 4; n++) {
-                        mx0 = fmaxf(mx0, fmaxf(sc[4 * n], sc[4 * n + 1]));
-                        mx1 = fmaxf(mx1, fmaxf(sc[4 * n + 2], sc[4 * n + 3]));
-                    }
-                    const bool grew = mx0 * scale_log2 > ms0 + 8.f || mx1 * scale_log2 > ms1 + 8.f;
-                    if (__builtin_expect(!__any_sync(0xffffffffu, grew), 1)) {
-                        float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-                        for (int n = 0; n < NS / 4; n++) {
-                            sc[4 * n] = exp2f(fmaf(sc[4 * n], scale_log2, -ms0));
-                            sc[4 * n + 1] = exp2f(fmaf(sc[4 * n + 1], scale_log2, -ms0));
-                            sc[4 * n + 2] = exp2f(fmaf(sc[4 * n + 2], scale_log2, -ms1));
-                            sc[4 * n + 3] = exp2f(fmaf(sc[4 * n + 3], scale_log2, -ms1));
-                            rs0 += sc[4 * n] + sc[4 * n + 1];
-                            rs1 += sc[4 * n + 2] + sc[4 * n + 3];
-                        }
-                        row_l[0] += rs0;
-                        row_l[1] += rs1;
-                        alpha_out[0] = alpha_out[1] = 1.f;
-                        pack_p(sc, pa);
-                        return false;
-                    }
-                }
                 }
                 softmax_exact(sc, alpha_out);
                 pack_p(sc, pa);
