@@ -19,7 +19,10 @@
  *   S = Q K^T         warpgroup 0 alone, wgmma m64n64k16 SS, 36 steps of 16 dims (full rows: no
  *                     row-max exchange between warpgroups);
  *   softmax           warpgroup 0: P = 2^(S - m) rounded to the compute dtype into the P tile,
- *                     the per-row rescale factors into red;
+ *                     the per-row rescale factors into red; once every row of a warp has a
+ *                     maximum, against the running maximum while each of a thread's row sums
+ *                     of P stays within 2^8 (wg_softmax_running: no masks, maxima or rescale on
+ *                     a tile wholly inside the rows' key limits; 1.04-1.06x at h_q = 128);
  *   O_w += P V[:, 256 w ..]   both warpgroups, wgmma m64n256k16 SS, A = P, B = the key tile's
  *                     first 512 dims read MN-major (leading byte offset one atom, 8192 bytes,
  *                     between 64-dim groups; stride byte offset 1024 between groups of 8 keys),
@@ -253,6 +256,45 @@ __device__ __forceinline__ void wg_softmax_full(float (&s)[8][4], int k0, int ti
     for (int h = 0; h < 2; h++) alpha[h] = exp2f(m_old[h] - (m_run[h] == -INFINITY ? 0.f : m_run[h]));
 }
 
+/* Warpgroup 0's softmax of one tile against the running maxima, fused with the P store: once
+ * every row of the warp has a maximum (ready) and the tile lies wholly below both of the
+ * thread's key limits, P = 2^(s x score_mul - m_run) goes straight into the swizzled P tile,
+ * without masks, row maxima or their shuffles, and the rows' rescale factors stay 1.  Kept unless
+ * one of the thread's row sums of P exceeds 2^8 (every P is at most its row sum, so P lies in
+ * [0, 256]; a NaN fails too): then false, and the caller runs the exact form (wg_softmax_full,
+ * wg_store_p), which rewrites the P tile from the scores s, left intact.  Not under the planted
+ * NO_RESCALE fault, which must show on the exact path.  Same-run A/B on the H200 (2026-12-03,
+ * BENCHMARKS.md), b = 128, h_q = 128, 4k / 8k / 16k / 32k keys: 1.057 / 1.055 / 1.036 / 1.044x. */
+template <bool BF16>
+__device__ __forceinline__ bool wg_softmax_running(const float (&s)[8][4], int k0, int tig, const int lim[2],
+                                                   float score_mul, const float m_run[2], float l_run[2],
+                                                   unsigned char *sp, float *s_alpha, const int lr[2], int fault,
+                                                   bool &ready)
+{
+    if (fault == AR_FAULT_NO_RESCALE) return false;
+    if (!ready) ready = __all_sync(0xffffffffu, m_run[0] != -INFINITY && m_run[1] != -INFINITY);
+    if (!ready || !__all_sync(0xffffffffu, k0 + WG_KEYS <= lim[0] && k0 + WG_KEYS <= lim[1])) return false;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const float p0 = exp2f(fmaf(s[nt][0], score_mul, -m_run[0])), p1 = exp2f(fmaf(s[nt][1], score_mul, -m_run[0]));
+        const float p2 = exp2f(fmaf(s[nt][2], score_mul, -m_run[1])), p3 = exp2f(fmaf(s[nt][3], score_mul, -m_run[1]));
+        rs0 += p0 + p1;
+        rs1 += p2 + p3;
+        *reinterpret_cast<uint32_t *>(sp + lr[0] * 128 + ((nt ^ (lr[0] & 7)) << 4) + 4 * tig) = pack2<BF16>(p0, p1);
+        *reinterpret_cast<uint32_t *>(sp + lr[1] * 128 + ((nt ^ (lr[1] & 7)) << 4) + 4 * tig) = pack2<BF16>(p2, p3);
+    }
+    const bool grew = !(rs0 <= 256.f) || !(rs1 <= 256.f);
+    if (__any_sync(0xffffffffu, grew)) return false;
+    l_run[0] += rs0;
+    l_run[1] += rs1;
+    if (tig == 0) {
+        s_alpha[lr[0]] = 1.f;
+        s_alpha[lr[1]] = 1.f;
+    }
+    return true;
+}
+
 /* o *= alpha (per row), skipped when no row of the warp moved or with the NO_RESCALE fault. */
 __device__ __forceinline__ void wg_rescale(float (&o)[32][4], const float alpha[2], int fault)
 {
@@ -378,6 +420,7 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    bool m_ready = false;                                       /* warpgroup 0: every row of the warp has a maximum */
     const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
     const uint64_t desc_p = ar_wg::desc_sw128(sp_addr, 16, 1024);
 
@@ -405,11 +448,14 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
             cp_async_commit();
             ar_wg::wait<0>();
             wg_fence_acc(s);
-            float alpha[2];
-            wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha, a.fault);
-            wg_rescale(o, alpha, a.fault);
-            wg_fence_acc(o);
-            wg_store_p<BF16>(smem + WG_OFF_P, s_alpha, s, lr, tig, alpha);
+            if (!wg_softmax_running<BF16>(s, w.key_begin + t * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run,
+                                          smem + WG_OFF_P, s_alpha, lr, a.fault, m_ready)) {
+                float alpha[2];
+                wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha, a.fault);
+                wg_rescale(o, alpha, a.fault);
+                wg_fence_acc(o);
+                wg_store_p<BF16>(smem + WG_OFF_P, s_alpha, s, lr, tig, alpha);
+            }
         } else {
             if (t + 1 < ntiles) load_tile(t + 1);
             cp_async_commit();
