@@ -421,6 +421,7 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
         for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
     bool m_ready = false;                                       /* warpgroup 0: every row of the warp has a maximum */
+    const float score_mul = a.scale_log2;                       /* scores to the log2 domain (both softmax forms) */
     const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
     const uint64_t desc_p = ar_wg::desc_sw128(sp_addr, 16, 1024);
 
@@ -448,10 +449,10 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
             cp_async_commit();
             ar_wg::wait<0>();
             wg_fence_acc(s);
-            if (!wg_softmax_running<BF16>(s, w.key_begin + t * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run,
+            if (!wg_softmax_running<BF16>(s, w.key_begin + t * WG_KEYS, tig, lim, score_mul, m_run, l_run,
                                           smem + WG_OFF_P, s_alpha, lr, a.fault, m_ready)) {
                 float alpha[2];
-                wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha, a.fault);
+                wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, score_mul, m_run, l_run, alpha, a.fault);
                 wg_rescale(o, alpha, a.fault);
                 wg_fence_acc(o);
                 wg_store_p<BF16>(smem + WG_OFF_P, s_alpha, s, lr, tig, alpha);
