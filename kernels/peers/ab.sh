@@ -18,7 +18,8 @@
 # On the GPU machine (carry build/ab.tar.xz and build/tests/libcmocka.so.0, or build/ab):
 #   kernels/peers/ab.sh run [ROUNDS [REPEAT]] [CASE ...]
 # runs, for each round, each build in the order given at build time, each CASE: a bench_cuda case
-# name (tests/bench_cuda.c lists them) or "cascade" (bench_cascade without its plan sweeps).
+# name (tests/bench_cuda.c lists them), "cascade" (bench_cascade without its plan sweeps), or
+# "mla128" / "mla16" (bench_mla --only at 128 / 16 heads, 4k-32k keys: FlashMLA's shapes).
 # Default: 2 rounds of bench_cuda 10 on the causal hd 128 / hd 256, varlen and chunked-prefill
 # cases, and cascade.  Writes $OUT/ab.txt (the raw lines, "AB variant=NAME RESULT ...") and
 # prints the table.  Each benchmark runs under `timeout -s KILL` (AB_CASE_TIMEOUT, default 60 s).
@@ -45,7 +46,7 @@ build)
     names+=("$name")
   done
   # the build folder must match the working tree first: the revisions' builds start from it
-  make -s build/tests/bench_cuda build/tests/bench_cascade || exit 1
+  make -s build/tests/bench_cuda build/tests/bench_cascade build/tests/bench_mla || exit 1
   rm -rf "$AB" "$AB.tar.xz"
   mkdir -p "$AB"
   : >"$AB/ORDER"
@@ -55,7 +56,7 @@ build)
     names=("${names[@]:1}")
     mkdir -p "$AB/$name"
     if [ "$rev" = . ]; then
-      cp build/tests/bench_cuda build/tests/bench_cascade "$AB/$name/"
+      cp build/tests/bench_cuda build/tests/bench_cascade build/tests/bench_mla "$AB/$name/"
       echo "the working tree of $(git rev-parse --short HEAD) as built" >"$AB/$name/REV.txt"
     else
       wt=$(mktemp -d /tmp/ar_ab.XXXXXX)
@@ -68,12 +69,12 @@ build)
       differ=$(git diff --name-only "$rev" -- .)
       for f in $differ; do [ -f "$wt/$f" ] && touch "$wt/$f"; done
       echo "== $name ($rev): $(echo "$differ" | grep -c .) files differ from the tree"
-      if ! make -C "$wt" -s build/tests/bench_cuda build/tests/bench_cascade >"$AB/$name/build.log" 2>&1; then
+      if ! make -C "$wt" -s build/tests/bench_cuda build/tests/bench_cascade build/tests/bench_mla >"$AB/$name/build.log" 2>&1; then
         tail -20 "$AB/$name/build.log" >&2
         echo "$0: $name: build failed (log: $AB/$name/build.log)" >&2
         exit 1
       fi
-      cp "$wt/build/tests/bench_cuda" "$wt/build/tests/bench_cascade" "$AB/$name/"
+      cp "$wt/build/tests/bench_cuda" "$wt/build/tests/bench_cascade" "$wt/build/tests/bench_mla" "$AB/$name/"
       git rev-parse "$rev" >"$AB/$name/REV.txt"
       git worktree remove --force "$wt"
       trap - EXIT
@@ -101,10 +102,16 @@ run)
     echo "== round $r ($(date -u +%H:%M:%S))" | tee -a "$OUT/ab.txt"
     while read -r v; do
       # the build's binaries beside build/tests/libcmocka.so.0 (their rpath is $ORIGIN)
-      cp "$AB/$v/bench_cuda" build/tests/bench_cuda_ab && cp "$AB/$v/bench_cascade" build/tests/bench_cascade_ab
+      cp "$AB/$v/bench_cuda" build/tests/bench_cuda_ab && cp "$AB/$v/bench_cascade" build/tests/bench_cascade_ab &&
+        { [ ! -f "$AB/$v/bench_mla" ] || cp "$AB/$v/bench_mla" build/tests/bench_mla_ab; }
       for c in "${cases[@]}"; do
         if [ "$c" = cascade ]; then
           AR_CASC_SWEEPS=0 timeout -s KILL "$limit" build/tests/bench_cascade_ab "$repeat" >"$OUT/last.txt" 2>&1
+        elif [ "$c" = mla128 ] || [ "$c" = mla16 ]; then
+          : >"$OUT/last.txt"
+          for sk in 4096 8192 16384 32768; do
+            timeout -s KILL "$limit" build/tests/bench_mla_ab --only "${c#mla}" "$sk" >>"$OUT/last.txt" 2>&1
+          done
         else
           timeout -s KILL "$limit" build/tests/bench_cuda_ab "$repeat" "$c" >"$OUT/last.txt" 2>&1
         fi
@@ -114,7 +121,7 @@ run)
       done
     done <"$AB/ORDER"
   done
-  rm -f build/tests/bench_cuda_ab build/tests/bench_cascade_ab "$OUT/last.txt"
+  rm -f build/tests/bench_cuda_ab build/tests/bench_cascade_ab build/tests/bench_mla_ab "$OUT/last.txt"
   python3 kernels/peers/ab_table.py "$OUT/ab.txt"
   ;;
 *)

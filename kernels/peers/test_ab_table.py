@@ -18,6 +18,10 @@ AB variant=main RESULT name=decode_b64_s8192_gqa32_8_hd128 us=510.0 gbps=4100.0 
 AB variant=exp RESULT name=decode_b64_s8192_gqa32_8_hd128 us=500.0 gbps=4182.0 tflops=0.0
 AB variant=main RESULT name=cascade_b128_p32768_s128 flat_us=1900 cascade_us=160.0 prefix_tflops=530
 AB variant=exp RESULT name=cascade_b128_p32768_s128 flat_us=1900 cascade_us=180.0 prefix_tflops=460
+AB variant=main RESULT name=mla_h128_sk4096 us=289.0 tflops=505.4 gbps=0.0 kernel="tc-wgmma (cp.async)" ctas=256
+AB variant=exp RESULT name=mla_h128_sk4096 us=274.0 tflops=533.1 gbps=0.0 kernel="tc-wgmma (cp.async)" ctas=256
+AB variant=main RESULT name=mla_h16_sk4096 us=80.0 tflops=0.0 gbps=3900.0 kernel="tc-wgmma16" ctas=128
+AB variant=exp RESULT name=mla_h16_sk4096 us=78.0 tflops=0.0 gbps=4000.0 kernel="tc-wgmma16" ctas=128
 == round 2
 AB variant=main RESULT name=varlen16_causal_hd128 us=240.1 gbps=0.0 tflops=428.0 config=2
 AB variant=exp RESULT name=varlen16_causal_hd128 us=280.0 gbps=0.0 tflops=367.0 config=2
@@ -32,8 +36,10 @@ class AbTableTest(unittest.TestCase):
 
     def test_metric_per_line(self):
         rows = self.rows()
-        self.assertEqual(len(rows), 9)
+        self.assertEqual(len(rows), 13)
         kinds = {(case, key) for _v, case, key, _u, _h, _x in rows}
+        self.assertIn(("mla_h128_sk4096", "tflops"), kinds)                # bench_mla: 128 heads
+        self.assertIn(("mla_h16_sk4096", "gbps"), kinds)                    # 16 heads: tflops=0.0
         self.assertIn(("varlen16_causal_hd128", "tflops"), kinds)
         self.assertIn(("decode_b64_s8192_gqa32_8_hd128", "gbps"), kinds)   # tflops=0.0 is absent
         self.assertIn(("cascade_b128_p32768_s128", "cascade_us"), kinds)
@@ -51,6 +57,10 @@ class AbTableTest(unittest.TestCase):
         self.assertAlmostEqual(e[3], 4182.0 / 4100.0)
         _m, e = result["cascade_b128_p32768_s128"]      # time: reference / build, below 1 slower
         self.assertAlmostEqual(e[3], 160.0 / 180.0)
+        _m, e = result["mla_h128_sk4096"]               # a quoted kernel name with a space parses
+        self.assertAlmostEqual(e[3], 533.1 / 505.4)
+        _m, e = result["mla_h16_sk4096"]
+        self.assertAlmostEqual(e[3], 4000.0 / 3900.0)
 
     def test_reference_missing_for_a_case(self):
         text = "AB variant=a RESULT name=x tflops=10\nAB variant=b RESULT name=y tflops=20\n"
