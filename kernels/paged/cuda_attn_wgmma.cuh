@@ -25,13 +25,13 @@
  * The online softmax is the one of attn_kernel (log2 domain, skip the rescale when no row max
  * moved); once every row of a warp has a maximum, P is taken against the running maximum while
  * each of a thread's row sums of P stays within 2^8 (softmax_to_p: no row maximum on that path),
- * and the exact form runs only when one does not.  Feeding (FlashAttention-3's structure): the producer warpgroup alone fills the
- * stages - every tile that lies wholly inside the sequence by TMA bulk tensor copies (one per
- * cache page and 64-dim part, K by two of its warps and V by the other two), the last, partial
- * tile by cp.async with zero fill - and the two consumers take ping-pong turns, so one's softmax
- * runs while the other's products occupy the tensor cores.  At head size 128 a turn issues the
- * previous tile's P V and this tile's S together (FlashAttention-3's order); at 256 a turn holds
- * S alone.  The kernel body exists only in the sm_90a build. */
+ * and the exact form runs only when one does not.  Feeding (FlashAttention-3's structure): the
+ * producer warpgroup alone fills the stages - every tile that lies wholly inside the sequence by
+ * TMA bulk tensor copies (one per cache page and 64-dim part, K by two of its warps and V by the
+ * other two), the last, partial tile by cp.async with zero fill - and the two consumers take
+ * ping-pong turns, so one's softmax runs while the other's products occupy the tensor cores.  At
+ * head size 128 a turn issues the previous tile's P V and this tile's S together
+ * (FlashAttention-3's order); at 256 a turn holds S alone.  The kernel body exists only in the sm_90a build. */
 #ifndef AR_CUDA_ATTN_WGMMA_CUH
 #define AR_CUDA_ATTN_WGMMA_CUH
 
@@ -69,11 +69,12 @@ template <int HD_> struct WgGeom {
  * spill 48-60 bytes, off the consumers' path) to the consumers (232; ptxas 13.0: in the key loop
  * one 2-byte flag, row_m_ready, stored and reloaded once a tile at head size 128, the rest of
  * the 24-54 spilled bytes at an item's start and end).  Waits ask the hardware to suspend the
- * waiting warp (mbar_wait_suspend) rather than spin on the schedulers the consumers issue from.  At head size 128 each consumer's Q fragments sit in 32
- * registers; they are zeroed before the conditional load: left undefined on the path without
- * tiles, ptxas (13.0) treated them as dead across the key loop and gave their registers to P
- * (seen in the SASS on the H200).  At head size 256 the output accumulator alone takes 128
- * registers, so Q stays in shared memory and S is a shared-by-shared product. */
+ * waiting warp (mbar_wait_suspend) rather than spin on the schedulers the consumers issue from.
+ * At head size 128 each consumer's Q fragments sit in 32 registers; they are zeroed before the
+ * conditional load: left undefined on the path without tiles, ptxas (13.0) treated them as dead
+ * across the key loop and gave their registers to P (seen in the SASS on the H200).  At head
+ * size 256 the output accumulator alone takes 128 registers, so Q stays in shared memory and S is
+ * a shared-by-shared product. */
 template <int HD> struct WgPipe {
     static constexpr int THREADS = 384;                 /* producer + 2 consumer warpgroups */
     static constexpr int STAGES = HD == 128 ? 3 : 2;

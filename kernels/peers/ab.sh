@@ -102,6 +102,8 @@ run)
     echo "== round $r ($(date -u +%H:%M:%S))" | tee -a "$OUT/ab.txt"
     while read -r v; do
       # the build's binaries beside build/tests/libcmocka.so.0 (their rpath is $ORIGIN)
+      # (a build without bench_mla leaves none: the previous build's must not stand in for it)
+      rm -f build/tests/bench_mla_ab
       cp "$AB/$v/bench_cuda" build/tests/bench_cuda_ab && cp "$AB/$v/bench_cascade" build/tests/bench_cascade_ab &&
         { [ ! -f "$AB/$v/bench_mla" ] || cp "$AB/$v/bench_mla" build/tests/bench_mla_ab; }
       for c in "${cases[@]}"; do
