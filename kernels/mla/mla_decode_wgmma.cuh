@@ -256,6 +256,12 @@ __device__ __forceinline__ void wg_softmax_full(float (&s)[8][4], int k0, int ti
     for (int h = 0; h < 2; h++) alpha[h] = exp2f(m_old[h] - (m_run[h] == -INFINITY ? 0.f : m_run[h]));
 }
 
+/* The thread's pair of P (keys 8 nt + 2 tig and + 1) in row `row` of the swizzled P tile at sp. */
+__device__ __forceinline__ uint32_t *wg_p_pair(unsigned char *sp, int row, int nt, int tig)
+{
+    return reinterpret_cast<uint32_t *>(sp + row * 128 + ((nt ^ (row & 7)) << 4) + 4 * tig);
+}
+
 /* Warpgroup 0's softmax of one tile against the running maxima, fused with the P store: once
  * every row of the warp has a maximum (ready) and the tile lies wholly below both of the
  * thread's key limits, P = 2^(s x score_mul - m_run) goes straight into the swizzled P tile,
@@ -281,8 +287,8 @@ __device__ __forceinline__ bool wg_softmax_running(const float (&s)[8][4], int k
         const float p2 = exp2f(fmaf(s[nt][2], score_mul, -m_run[1])), p3 = exp2f(fmaf(s[nt][3], score_mul, -m_run[1]));
         rs0 += p0 + p1;
         rs1 += p2 + p3;
-        *reinterpret_cast<uint32_t *>(sp + lr[0] * 128 + ((nt ^ (lr[0] & 7)) << 4) + 4 * tig) = pack2<BF16>(p0, p1);
-        *reinterpret_cast<uint32_t *>(sp + lr[1] * 128 + ((nt ^ (lr[1] & 7)) << 4) + 4 * tig) = pack2<BF16>(p2, p3);
+        *wg_p_pair(sp, lr[0], nt, tig) = pack2<BF16>(p0, p1);
+        *wg_p_pair(sp, lr[1], nt, tig) = pack2<BF16>(p2, p3);
     }
     const bool grew = !(rs0 <= 256.f) || !(rs1 <= 256.f);
     if (__any_sync(0xffffffffu, grew)) return false;
@@ -316,11 +322,7 @@ __device__ __forceinline__ void wg_store_p(unsigned char *sp, float *s_alpha, co
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = lr[h];
-            *reinterpret_cast<uint32_t *>(sp + row * 128 + ((nt ^ (row & 7)) << 4) + 4 * tig) =
-                pack2<BF16>(s[nt][2 * h], s[nt][2 * h + 1]);
-        }
+        for (int h = 0; h < 2; h++) *wg_p_pair(sp, lr[h], nt, tig) = pack2<BF16>(s[nt][2 * h], s[nt][2 * h + 1]);
     if (tig == 0) {
         s_alpha[lr[0]] = alpha[0];
         s_alpha[lr[1]] = alpha[1];

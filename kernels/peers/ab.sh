@@ -19,7 +19,8 @@
 #   kernels/peers/ab.sh run [ROUNDS [REPEAT]] [CASE ...]
 # runs, for each round, each build in the order given at build time, each CASE: a bench_cuda case
 # name (tests/bench_cuda.c lists them), "cascade" (bench_cascade without its plan sweeps), or
-# "mla128" / "mla16" (bench_mla --only at 128 / 16 heads, 4k-32k keys: FlashMLA's shapes).
+# "mla128" / "mla16" (bench_mla --only at 128 / 16 heads, 4k-32k keys: FlashMLA's shapes; its
+# repeat count is its own, 20, whatever REPEAT says).
 # Default: 2 rounds of bench_cuda 10 on the causal hd 128 / hd 256, varlen and chunked-prefill
 # cases, and cascade.  Writes $OUT/ab.txt (the raw lines, "AB variant=NAME RESULT ...") and
 # prints the table.  Each benchmark runs under `timeout -s KILL` (AB_CASE_TIMEOUT, default 60 s).
