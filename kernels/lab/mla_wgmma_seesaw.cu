@@ -4,10 +4,13 @@
  * The product kernel computes S of every 64-key tile in warpgroup 0 and hands P to warpgroup 1.
  * Here the two warpgroups compute S of alternate tiles (seesaw), exchange the row max and P, and
  * each runs P V of both tiles on its 256 output columns, so one's softmax overlaps the other's
- * tensor work; each warpgroup's own P is read from registers (RS wgmma).  Two kernels:
- *   seesaw-rs-tma  key tiles by TMA, as the product's default;
- *   seesaw-rs      the same with cp.async key loads.
- * Last measured on the H200 (2026-11-30, BENCHMARKS.md): seesaw-rs-tma 500 / 539 / 561 / 572
+ * tensor work; each warpgroup's own P is read from registers (RS wgmma).  Three kernels:
+ *   seesaw-rs-tma    key tiles by TMA, as the product's default;
+ *   seesaw-fast-tma  the same with each warpgroup's softmax against the running maximum, as the
+ *                    product's (ss_softmax_running): 0.3-1.9% ahead of the product at 4k-32k
+ *                    keys on 2026-12-04 (kernels/lab/README.md);
+ *   seesaw-rs        the same as seesaw-rs-tma with cp.async key loads.
+ * Measured on the H200 (2026-11-30, BENCHMARKS.md): seesaw-rs-tma 500 / 539 / 561 / 572
  * TFLOP/s at 4k / 8k / 16k / 32k keys against the product's 506 / 541 / 557 / 567 in the same
  * run (b = 128, h_q = 128): within 1%, ahead from 16k on, behind below.
  *
@@ -192,6 +195,46 @@ __device__ __forceinline__ void wg_pack_p(const float (&s)[8][4], uint32_t (&pa)
         }
 }
 
+/* The softmax of one warpgroup's tile against the running maximum (the product's
+ * wg_softmax_running, for this schedule): once every row of the warp has a maximum (ready) and
+ * the tile lies wholly below both of the thread's key limits, P = 2^(s x score_mul - m_run) goes
+ * straight into the A fragments pa and the slot's P atom sp, the maxima stay (the factor of the
+ * other warpgroup's rescale is 1) and are published into s_m; kept unless one of the thread's row
+ * sums of P exceeds 2^8 (or is NaN): then false, s intact, and the caller runs the exact form,
+ * which rewrites the P atom.  Not under the NO_RESCALE fault. */
+template <bool BF16>
+__device__ __forceinline__ bool ss_softmax_running(const float (&s)[8][4], int k0, int tig, const int lim[2],
+                                                   float score_mul, const float m_run[2], float l_run[2],
+                                                   unsigned char *sp, float *s_m, const int lr[2], int fault,
+                                                   bool &ready, uint32_t (&pa)[4][4])
+{
+    if (fault == AR_FAULT_NO_RESCALE) return false;
+    if (!ready) ready = __all_sync(0xffffffffu, m_run[0] != -INFINITY && m_run[1] != -INFINITY);
+    if (!ready || !__all_sync(0xffffffffu, k0 + WG_KEYS <= lim[0] && k0 + WG_KEYS <= lim[1])) return false;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const float p0 = exp2f(fmaf(s[nt][0], score_mul, -m_run[0])), p1 = exp2f(fmaf(s[nt][1], score_mul, -m_run[0]));
+        const float p2 = exp2f(fmaf(s[nt][2], score_mul, -m_run[1])), p3 = exp2f(fmaf(s[nt][3], score_mul, -m_run[1]));
+        rs0 += p0 + p1;
+        rs1 += p2 + p3;
+        const uint32_t lo = pack2<BF16>(p0, p1), hi = pack2<BF16>(p2, p3);
+        pa[nt >> 1][2 * (nt & 1)] = lo;
+        pa[nt >> 1][2 * (nt & 1) + 1] = hi;
+        *wg_p_pair(sp, lr[0], nt, tig) = lo;
+        *wg_p_pair(sp, lr[1], nt, tig) = hi;
+    }
+    const bool grew = !(rs0 <= 256.f) || !(rs1 <= 256.f);
+    if (__any_sync(0xffffffffu, grew)) return false;
+    l_run[0] += rs0;
+    l_run[1] += rs1;
+    if (tig == 0) {
+        s_m[lr[0]] = m_run[0];
+        s_m[lr[1]] = m_run[1];
+    }
+    return true;
+}
+
 /* O [64 x 256] += P (pa, registers) V[:, 256 wg ..] of the key tile at sk_addr (issued and
  * committed, not waited: pa must stay unchanged until the wait). */
 template <bool BF16>
@@ -220,7 +263,7 @@ __device__ __forceinline__ void wg_issue_pv_rs(float (&o)[32][4], uint32_t (&pa)
  * their slot by generic stores: each writer fenced them to the async proxy before the named
  * barrier after which the slot's next TMA tile is issued.  A tile that reaches past key_end
  * keeps the cp.async path with its zero fill. */
-template <bool BF16, bool P_RS, bool TMA>
+template <bool BF16, bool P_RS, bool TMA, bool FAST = false>
 __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -272,6 +315,7 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    bool m_ready = false;                                       /* FAST: every row of the warp has a maximum */
     const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
     cp_async_wait<0>();
     ar_wg::fence_proxy_async();
@@ -286,16 +330,21 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
             wg_issue_s<BF16>(s, desc_q, sk_addr0);
             ar_wg::wait<0>();
             wg_fence_acc(s);
-            float alpha0[2];
-            wg_softmax_full(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha0, a.fault);
-            wg_rescale(o, alpha0, a.fault);
-            /* P0 into atom 8 of slot 0, m_a (now m_run) into s_ma */
-            wg_store_p<BF16>(sk0 + 8 * WG_ATOM, s_ma, s, lr, tig, m_run);
+            uint32_t pa[4][4];            /* P0 as A fragments (P_RS) */
+            const bool fast = FAST && P_RS &&
+                              ss_softmax_running<BF16>(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run,
+                                                       l_run, sk0 + 8 * WG_ATOM, s_ma, lr, a.fault, m_ready, pa);
+            if (!fast) {
+                float alpha0[2];
+                wg_softmax_full(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha0, a.fault);
+                wg_rescale(o, alpha0, a.fault);
+                /* P0 into atom 8 of slot 0, m_a (now m_run) into s_ma */
+                wg_store_p<BF16>(sk0 + 8 * WG_ATOM, s_ma, s, lr, tig, m_run);
+            }
             ar_wg::fence_proxy_async();
             wg_bar_arrive(SS_BAR_P0READY);
-            uint32_t pa[4][4];            /* P0 as A fragments (P_RS) */
             if (P_RS) {
-                wg_pack_p<BF16>(s, pa);
+                if (!fast) wg_pack_p<BF16>(s, pa);
                 wg_issue_pv_rs<BF16>(o, pa, sk_addr0, 0);
             } else {
                 wg_bar_sync128(SS_BAR_WG0);   /* all of P0 written before this warpgroup reads it */
@@ -346,20 +395,25 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
             wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
             ar_wg::wait<1>();             /* S1 landed (P0 V0 may still run) */
             wg_fence_acc(s);
-            float mx[2];
-            mask_scale_rowmax<8>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, mx);
-            softmax_step<8, 0>(s, mx, m_run, l_run, (float (*)[4])0, a.fault);
-            float beta[2];
+            uint32_t pa[4][4];            /* P1 as A fragments (P_RS) */
+            float beta[2] = {1.f, 1.f};
+            const bool fast = FAST && P_RS &&
+                              ss_softmax_running<BF16>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, m_run,
+                                                       l_run, sk1 + 8 * WG_ATOM, s_mb, lr, a.fault, m_ready, pa);
+            if (!fast) {
+                float mx[2];
+                mask_scale_rowmax<8>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, mx);
+                softmax_step<8, 0>(s, mx, m_run, l_run, (float (*)[4])0, a.fault);
 #pragma unroll
-            for (int h = 0; h < 2; h++) beta[h] = wg_rescale_factor(m_a[h], m_run[h]);
-            /* P1 into atom 8 of slot 1, m_b (now m_run) into s_mb */
-            wg_store_p<BF16>(sk1 + 8 * WG_ATOM, s_mb, s, lr, tig, m_run);
+                for (int h = 0; h < 2; h++) beta[h] = wg_rescale_factor(m_a[h], m_run[h]);
+                /* P1 into atom 8 of slot 1, m_b (now m_run) into s_mb */
+                wg_store_p<BF16>(sk1 + 8 * WG_ATOM, s_mb, s, lr, tig, m_run);
+            }
             ar_wg::fence_proxy_async();
             wg_bar_arrive(SS_BAR_P1READY);
-            uint32_t pa[4][4];            /* P1 as A fragments (P_RS) */
-            if (P_RS)
-                wg_pack_p<BF16>(s, pa);
-            else
+            if (P_RS) {
+                if (!fast) wg_pack_p<BF16>(s, pa);
+            } else
                 wg_bar_sync128(SS_BAR_WG1);   /* all of P1 written before this warpgroup reads it */
             ar_wg::wait<0>();             /* P0 V0 landed: slot 0 free on this side */
             wg_fence_acc(o);
@@ -422,10 +476,10 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_kernel(attn_args
 
 /* "seesaw-rs-tma": seesaw-rs with the key tiles by TMA (see wg_seesaw_body); tmap as
  * attn_wgmma_tma_kernel's. */
-template <bool BF16>
+template <bool BF16, bool FAST = false>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_rs_tma_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
 {
-    wg_seesaw_body<BF16, true, true>(a, &tmap);
+    wg_seesaw_body<BF16, true, true, FAST>(a, &tmap);
 }
 
 } /* namespace ar_mla */
@@ -443,6 +497,16 @@ static cudaError_t launch_seesaw_rs_tma(const attn_args *a, int num_ctas, const 
     return cudaGetLastError();
 }
 
+/* "seesaw-fast-tma": seesaw-rs-tma with each warpgroup's softmax against the running maximum
+ * (ss_softmax_running) */
+static cudaError_t launch_seesaw_fast_tma(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
+{
+    if (!tmap) return cudaErrorInvalidValue;
+    if (a->bf16) attn_wgmma_seesaw_rs_tma_kernel<true, true><<<num_ctas, THREADS, WG_SMEM_TMA, st>>>(*a, *tmap);
+    else attn_wgmma_seesaw_rs_tma_kernel<false, true><<<num_ctas, THREADS, WG_SMEM_TMA, st>>>(*a, *tmap);
+    return cudaGetLastError();
+}
+
 static cudaError_t launch_seesaw_rs(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
 {
     (void)tmap;
@@ -453,12 +517,14 @@ static cudaError_t launch_seesaw_rs(const attn_args *a, int num_ctas, const CUte
 
 static bool set_attributes(void)
 {
-    const void *fns[4] = {(const void *)attn_wgmma_seesaw_rs_tma_kernel<true>,
+    const void *fns[6] = {(const void *)attn_wgmma_seesaw_rs_tma_kernel<true>,
                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<false>,
+                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<true, true>,
+                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<false, true>,
                           (const void *)attn_wgmma_seesaw_kernel<true, true>,
                           (const void *)attn_wgmma_seesaw_kernel<false, true>};
-    for (int i = 0; i < 4; i++)
-        if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, i < 2 ? WG_SMEM_TMA : WG_SMEM) !=
+    for (int i = 0; i < 6; i++)
+        if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, i < 4 ? WG_SMEM_TMA : WG_SMEM) !=
             cudaSuccess)
             return false;
     return true;
@@ -492,6 +558,7 @@ int main(int argc, char **argv)
         return 1;
     }
     static const ar_cuda_mla_lab_kernel lab[] = {{"seesaw-rs-tma", launch_seesaw_rs_tma},
+                                                 {"seesaw-fast-tma", launch_seesaw_fast_tma},
                                                  {"seesaw-rs", launch_seesaw_rs}};
     int *seqlens = (int *)malloc(sizeof(int) * B);
     unsigned char *sel = (unsigned char *)calloc((size_t)B, 1);
