@@ -16,7 +16,8 @@
  * runs that one shape at any h_q (SPLITS: pieces a row tile, forced; KERNEL: auto, tc-wgmma =
  * the 64-row kernel forced, or fp8 = AUTO over an fp8 e4m3 cache) and no torch peer (for a
  * profiler: one kernel, warm-up + 20 launches).  Each row is also printed as a result line,
- * "RESULT name=mla_h<H>_sk<S_K>[_fp8|_ring2|_fallback] us= tflops= gbps= kernel= ctas=" (TFLOP/s
+ * "RESULT name=mla_h<H>_sk<S_K>[_fp8|_ring2|_fallback] us= tflops= gbps= kernel= ctas= pieces=
+ * combine_us=" (the CTAs, the pieces they ran and the combine's share of us; TFLOP/s
  * from 64 heads up, GB/s below, the other 0), which kernels/peers/ab.sh collects. */
 #include <math.h>
 #include <stdio.h>
@@ -163,10 +164,11 @@ int main(int argc, char **argv)
                 printf("%12s\n", ik >= 4 ? "-" : "n/a");
             /* the row as a result line (kernels/peers/ab.sh collects these): TFLOP/s from 64 heads
              * up, where FlashMLA counts the compute, GB/s below */
-            printf("RESULT name=mla_h%d_sk%d%s us=%.2f tflops=%.1f gbps=%.1f kernel=\"%s\" ctas=%d\n", c.h_q, sk,
+            printf("RESULT name=mla_h%d_sk%d%s us=%.2f tflops=%.1f gbps=%.1f kernel=\"%s\" ctas=%d pieces=%d "
+                   "combine_us=%.2f\n", c.h_q, sk,
                    fp8_row ? "_fp8" : ring2_row ? "_ring2" : fallback_row ? "_fallback" : "", res.attn_us,
                    c.h_q >= 64 ? tflops : 0.0, c.h_q >= 64 ? 0.0 : tbps * 1000.0,
-                   res.kernel_name ? res.kernel_name : "?", res.num_work);
+                   res.kernel_name ? res.kernel_name : "?", res.num_work, res.num_pieces, res.combine_us);
         }
     if (n_peer == 0) printf("torch peer: %s\n", peer_why[0] ? peer_why : "no result");
     printf("targets: >= 450 TFLOP/s at h_q=128 (best AUTO %.1f: %s), >= 3.6 TB/s at h_q=16 (best AUTO %.2f: %s)\n",

@@ -214,8 +214,10 @@ typedef struct grid_opts {
     bool q_spread;          /* query rows 2^32 apart in magnitude (ar_cuda_mla_case.q_spread) */
 } grid_opts;
 
-/* The kernel the last run_checked case ran (ar_cuda_mla_result.kernel_name). */
+/* The kernel the last run_checked case ran (ar_cuda_mla_result.kernel_name), its CTAs and the
+ * pieces they ran (num_work, num_pieces). */
 static char last_kernel_name[32];
+static int last_num_ctas, last_num_pieces;
 
 /* Runs one case and checks it; returns false (with a message) on failure. */
 static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool causal, bool zero_lens,
@@ -272,6 +274,8 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     bool ok = rc == 0;
     if (!ok) print_message("case b=%d s_q=%d s_k=%d h_q=%d: %s\n", b, s_q, s_k, h_q, err);
     snprintf(last_kernel_name, sizeof last_kernel_name, "%s", ok && r.kernel_name ? r.kernel_name : "?");
+    last_num_ctas = ok ? r.num_work : 0;
+    last_num_pieces = ok ? r.num_pieces : 0;
     case_stats st;
     if (ok) {
         compare_case(&c, &r, sel, &st);
@@ -811,6 +815,54 @@ static void test_wgmma_kernel_forced(void **st)
     assert_int_equal(fails, 0);
 }
 
+/* The 64-row wgmma kernel's persistent plan (build_plan_lanes): with every request at the same
+ * number of row tiles, the requests' key tiles are cut into runs of equal length, one CTA a row
+ * tile a run, each CTA running its pieces in turn with the next piece's Q and first key tile
+ * loaded under the last one's end.  Cases where CTAs chain several pieces (`chained`: asserted
+ * num_pieces > CTAs): whole requests two a CTA (132 x 33 tiles, a partial last tile each, so a
+ * cp.async tile precedes the next piece's TMA one), uneven lengths cut at run boundaries (combine
+ * groups), 4 row tiles a request (causal multi-token queries: the row tiles' key limits differ,
+ * empty pieces), a partial second row tile (h_q 126), zero-length requests inside the chains,
+ * fp16, block size 16, and the cp.async key loads; each checked against the float64 reference and
+ * run by "tc-wgmma".  Skips off compute capability 9.0. */
+static void test_wgmma_persistent_plan(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    require_wgmma();
+    static const struct {
+        int b, s_q, s_k, h_q, varlen, causal, zeros, block, fp16, cpasync, chained;
+    } cases[] = {
+        {132, 1, 2049, 128, 0, 0, 0, 64, 0, 0, 1}, {96, 1, 1000, 128, 1, 1, 0, 64, 0, 0, 1},
+        {40, 4, 300, 64, 1, 1, 0, 64, 0, 0, 1},    {70, 1, 700, 126, 1, 0, 1, 64, 0, 0, 1},
+        {80, 2, 500, 64, 1, 1, 1, 16, 1, 0, 1},    {100, 1, 900, 128, 1, 1, 0, 64, 0, 1, 1},
+        {1, 1, 3000, 128, 0, 0, 0, 64, 0, 0, 0},   {3, 2, 4096, 96, 1, 1, 0, 32, 0, 0, 0},
+    };
+    int fails = 0, runs = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (small_mode() && i > 1) continue;
+        grid_opts go = default_opts();
+        go.block_size = cases[i].block;
+        if (cases[i].fp16) go.dtype = go.kv_dtype = AR_FP16;
+        go.wgmma_cpasync = cases[i].cpasync != 0;
+        const char *const expect = go.wgmma_cpasync ? "tc-wgmma (cp.async)" : "tc-wgmma";
+        runs++;
+        bool ok = run_checked(cases[i].b, cases[i].s_q, cases[i].s_k, cases[i].h_q, cases[i].varlen, cases[i].causal,
+                              cases[i].zeros, &go);
+        if (ok && strcmp(last_kernel_name, expect) != 0) {
+            print_message("persistent plan case %zu ran %s, not %s\n", i, last_kernel_name, expect);
+            ok = false;
+        }
+        if (ok && cases[i].chained && last_num_pieces <= last_num_ctas) {
+            print_message("persistent plan case %zu: %d pieces on %d CTAs (no chain)\n", i, last_num_pieces, last_num_ctas);
+            ok = false;
+        }
+        fails += !ok;
+    }
+    print_message("wgmma persistent plan: %d cases, %d failed\n", runs, fails);
+    assert_int_equal(fails, 0);
+}
+
 static void test_simt_fallback_fp16_fp8(void **st)
 {
     (void)st;
@@ -1302,6 +1354,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_forced_splits_and_block16, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_every_tc_instance, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_wgmma_kernel_forced, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_wgmma_persistent_plan, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simt_fallback_fp16_fp8, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_decode, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),

@@ -186,7 +186,7 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
     res->attn_us = 0;
     res->combine_us = 0;
     res->kernel_name = NULL;
-    res->num_work = res->num_groups = 0;
+    res->num_work = res->num_groups = res->num_pieces = 0;
     if (c->batch < 1 || c->s_q < 1 || c->h_q < 1 ||
         (c->block_size != 16 && c->block_size != 32 && c->block_size != 64) ||
         (c->dtype != AR_BF16 && c->dtype != AR_FP16) ||
@@ -253,7 +253,8 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
     }
     const mla_route route = mla_choose(caps, c->kernel, plan.max_rows, fp8, c->stages);
     const bool use_tc = route.kind != MLA_SIMT;
-    if (!rc && mla_replan(&plan, route, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0, num_sms, c->num_splits)) {
+    /* a lab kernel runs one piece a CTA: build_plan's plan, not the route's persistent one */
+    if (!rc && !lab && mla_replan(&plan, route, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0, num_sms, c->num_splits)) {
         snprintf(err, err_len, "cuda-mla case: out of host memory");
         rc = 3;
     }
@@ -447,6 +448,7 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
         free(lse_d);
         res->num_work = use_tc ? plan.num_ctas : T * H;
         res->num_groups = use_tc ? plan.num_groups : 0;
+        res->num_pieces = use_tc ? plan.num_work : T * H;
         res->stages = route.stages;
         res->kernel_name = lab ? lab->name : route.tensor_map && !tmap_arg ? "tc-wgmma (cp.async)" : route.name;
     }

@@ -68,6 +68,8 @@ typedef struct ar_cuda_mla_result {
     double attn_us;           /* median time of attention + combine (repeat > 0) */
     double combine_us;        /* median time of the combine launch alone (inside attn_us) */
     int num_work, num_groups;
+    int num_pieces;           /* the plan's pieces (work items): more than num_work where a
+                                 persistent plan chains several pieces on one CTA */
     int stages;               /* key-ring slots used (0: the SIMT kernel ran) */
     const char *kernel_name;  /* the kernel that ran: "tc-wgmma", "tc-wgmma (cp.async)", "tc-narrow-bulk",
                                  "tc-narrow", "tc-split-qk" or "simt" (or the lab kernel's name) */

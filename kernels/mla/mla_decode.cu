@@ -276,6 +276,7 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
         r.stages = 2;
         r.combine_rows = true;
         r.rows_t = !transposed ? 0 : max_rows <= W16_ROWS ? W16_ROWS : W32_ROWS;
+        r.persistent = r.rows_t == 0;   /* the 64-row kernel on build_plan_lanes's plan */
         r.tensor_map = !fp8_cache;
         r.name = r.rows_t == W16_ROWS ? "tc-wgmma16" : r.rows_t ? "tc-wgmma32" : "tc-wgmma";
         break;
@@ -631,11 +632,151 @@ static int build_plan_persistent(mla_plan *p, int R, const int *qsl, const int *
     return 0;
 }
 
+/* The persistent plan of the 64-row wgmma kernel (FlashMLA's split in spirit).  When every
+ * planned request has the same number L of 64-row tiles (h_q = 128 at one query token: L = 2),
+ * the requests' 64-key tiles (a request's count: its last row tile's, the most keys), concatenated
+ * in request order, are cut into `runs` runs of ceil(total / runs) tiles, runs = SMs / L (fewer
+ * when runs would be under LANE_MIN_RUN tiles), and run k goes to the L CTAs k L .. k L + L - 1,
+ * one per row tile: the CTAs that read the same keys run side by side, so the second read of a
+ * key tile comes from L2 (a run of one CTA over both row tiles of a request would read its keys
+ * from DRAM twice).  Each CTA runs its pieces in turn (work[c], then the chain of .next, indices
+ * rising), the next piece's start under the last one's end; a row tile cut at a run boundary
+ * becomes pieces merged by the combine, and a row tile whose causal key limit lies below a
+ * piece's keys gets an empty piece there (LSE -inf: weight 0 in the merge).  Against one piece
+ * per CTA, b = 128 requests at h_q = 128 make 132 CTAs of ~124 tiles at 4k keys instead of two
+ * waves of 256 CTAs of 64 (BENCHMARKS.md).  Requests of unequal row-tile counts, or more row tiles
+ * a request than SMs: build_plan's plan (one piece per CTA).  Same arguments and return as
+ * build_plan. */
+static int build_plan_lanes(mla_plan *p, int R, const int *qsl, const int *seq_lens, const unsigned char *include,
+                            int H, int causal, int extra, int num_sms)
+{
+    enum { LANE_MIN_RUN = 4 };
+    int lanes = 0, n_req = 0;
+    int64_t total = 0;
+    for (int r = 0; r < R; r++) {
+        if (include && !include[r]) continue;
+        const int ql = qsl[r + 1] - qsl[r], nrows = ql * H, nrt = (nrows + ROWS - 1) / ROWS;
+        if (nrt == 0) continue;
+        if (lanes != 0 && nrt != lanes) return build_plan(p, R, qsl, seq_lens, include, H, causal, extra, num_sms, 0);
+        lanes = nrt;
+        n_req++;
+        total += (row_tile_key_end(causal, seq_lens[r], ql, H, (nrt - 1) * ROWS, nrows, extra) + WG_KEYS - 1) / WG_KEYS;
+    }
+    if (lanes == 0 || num_sms / lanes < 1) return build_plan(p, R, qsl, seq_lens, include, H, causal, extra, num_sms, 0);
+    int64_t runs = num_sms / lanes;
+    const int64_t short_runs = (total + LANE_MIN_RUN - 1) / LANE_MIN_RUN;
+    if (runs > short_runs) runs = short_runs;
+    if (runs < 1) runs = 1;
+    const int64_t target = total > 0 ? (total + runs - 1) / runs : 1;
+    memset(p, 0, sizeof *p);
+    /* pieces of a request's key tiles: at most one more than its runs, n_req + runs in all */
+    const int64_t cap_pieces = n_req + runs + 1;
+    int64_t *pc_begin = (int64_t *)malloc((size_t)cap_pieces * sizeof(int64_t));
+    int64_t *pc_end = (int64_t *)malloc((size_t)cap_pieces * sizeof(int64_t));
+    int *pc_run = (int *)malloc((size_t)cap_pieces * sizeof(int));
+    int *cta_of = (int *)malloc((size_t)(cap_pieces * lanes) * sizeof(int));
+    work_item *tmp = (work_item *)malloc((size_t)(cap_pieces * lanes) * sizeof(work_item));
+    p->work = (work_item *)malloc((size_t)(cap_pieces * lanes) * sizeof(work_item));
+    p->groups = (combine_group *)malloc((size_t)(n_req * lanes + 1) * sizeof(combine_group));
+    int *first = (int *)malloc((size_t)(runs * lanes) * sizeof(int)), *last_of = (int *)malloc((size_t)(runs * lanes) * sizeof(int));
+    if (!pc_begin || !pc_end || !pc_run || !cta_of || !tmp || !p->work || !p->groups || !first || !last_of) {
+        free(pc_begin);
+        free(pc_end);
+        free(pc_run);
+        free(cta_of);
+        free(tmp);
+        free(first);
+        free(last_of);
+        plan_free(p);
+        return -1;
+    }
+    int64_t n = 0, used = 0;
+    int run = 0, n_groups = 0, n_partials = 0, max_rows = 0;
+    for (int r = 0; r < R; r++) {
+        if (include && !include[r]) continue;
+        const int ql = qsl[r + 1] - qsl[r], nrows = ql * H;
+        if (nrows == 0) continue;
+        if (nrows > max_rows) max_rows = nrows;
+        const int64_t ntiles = (row_tile_key_end(causal, seq_lens[r], ql, H, (lanes - 1) * ROWS, nrows, extra) + WG_KEYS - 1) / WG_KEYS;
+        int np = 0;                   /* the request's pieces (an empty request: one empty piece) */
+        if (ntiles == 0) {
+            pc_begin[0] = pc_end[0] = 0;
+            pc_run[np++] = run;
+        }
+        for (int64_t start = 0; start < ntiles;) {
+            if (used >= target && run < runs - 1) {
+                run++;
+                used = 0;
+            }
+            int64_t take = run == runs - 1 ? ntiles - start : target - used;
+            if (take > ntiles - start) take = ntiles - start;
+            pc_begin[np] = start;
+            pc_end[np] = start + take;
+            pc_run[np++] = run;
+            start += take;
+            used += take;
+        }
+        for (int l = 0; l < lanes; l++) {
+            const int row0 = l * ROWS;
+            const int kend = row_tile_key_end(causal, seq_lens[r], ql, H, row0, nrows, extra);
+            if (np > 1) {
+                combine_group *g = &p->groups[n_groups++];
+                g->req = r;
+                g->row0 = row0;
+                g->first_partial = n_partials;
+                g->count = np;
+            }
+            for (int k = 0; k < np; k++) {
+                work_item *w = &tmp[n];
+                memset(w, 0, sizeof *w);
+                w->req = r;
+                w->row0 = row0;
+                const int64_t b = pc_begin[k] * WG_KEYS, e = pc_end[k] * WG_KEYS;
+                w->key_begin = (int)(b < kend ? b : kend);
+                w->key_end = (int)(e < kend ? e : kend);
+                w->partial = np > 1 ? n_partials + k : -1;
+                cta_of[n++] = pc_run[k] * lanes + l;
+            }
+            if (np > 1) n_partials += np;
+        }
+    }
+    /* CTA c's first piece at index c, the others after the last CTA in plan order, chained by next */
+    const int ctas = (run + 1) * lanes;
+    for (int c = 0; c < ctas; c++) first[c] = last_of[c] = -1;
+    int64_t next_free = ctas;
+    for (int64_t i = 0; i < n; i++) {
+        const int c = cta_of[i];
+        const int64_t at = first[c] < 0 ? c : next_free++;
+        p->work[at] = tmp[i];
+        p->work[at].next = -1;
+        if (first[c] < 0)
+            first[c] = (int)at;
+        else
+            p->work[last_of[c]].next = (int)at;
+        last_of[c] = (int)at;
+    }
+    free(pc_begin);
+    free(pc_end);
+    free(pc_run);
+    free(cta_of);
+    free(tmp);
+    free(first);
+    free(last_of);
+    p->num_work = (int)n;
+    p->num_ctas = n > 0 ? ctas : 0;
+    p->num_groups = n_groups;
+    p->num_partials = n_partials;
+    p->max_rows = max_rows;
+    return 0;
+}
+
 int mla_replan(mla_plan *p, const mla_route &route, int R, const int *qsl, const int *seq_lens,
                const unsigned char *include, int H, int causal, int extra, int num_sms, int force_splits)
 {
     if (force_splits > 0 || (!route.persistent && route.ctas_per_sm <= 1)) return 0;
     plan_free(p);
+    if (route.persistent && route.kind == MLA_WGMMA)
+        return build_plan_lanes(p, R, qsl, seq_lens, include, H, causal, extra, num_sms);
     if (route.persistent)
         return build_plan_persistent(p, R, qsl, seq_lens, include, H, causal, extra, num_sms * route.ctas_per_sm);
     return build_plan(p, R, qsl, seq_lens, include, H, causal, extra, num_sms * route.ctas_per_sm, force_splits);

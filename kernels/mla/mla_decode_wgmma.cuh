@@ -377,10 +377,18 @@ __device__ __forceinline__ void wg_finish_rows(const attn_args &a, const work_it
  * mbarrier before the barrier of tile t + 1), so the compute threads no longer issue 18 cp.async
  * a tile with their address and block-table arithmetic.  A tile that reaches past key_end (the
  * last of a piece, at most) keeps the cp.async path by all threads with its zero fill: keys past
- * the sequence must read as zeros (P = 0 times the NaN a free cache slot may hold is NaN).  Slot
- * s's mbarrier completes once for each of its TMA tiles, t = s, s + 2, ... in order (only the
- * last tile can be a cp.async one), so tile t waits for parity (t >> 1) & 1.  A slot is refilled
- * only after the CTA barrier that follows both warpgroups' last reads of it (wgmma waited). */
+ * the sequence must read as zeros (P = 0 times the NaN a free cache slot may hold is NaN).  A
+ * slot is refilled only after the CTA barrier that follows both warpgroups' last reads of it
+ * (wgmma waited).
+ *
+ * Persistent: the CTA runs work[blockIdx.x] and then the chain of work[].next (always to a later
+ * index: anything else ends it, so a plan without chains cannot loop; build_plan_lanes makes the
+ * chains).  The ring runs on across pieces: gt counts the CTA's key tiles (slot gt & 1), and
+ * `phase` holds each slot's next mbarrier parity (a slot completes once per TMA tile, and a
+ * cp.async tile in between leaves it alone).  The next piece's start overlaps this one's end:
+ * its first key tile is issued during this piece's last tile (into the free slot, as any
+ * tile t + 1), and its Q tile once this piece's last S has read Q (after the last tile's second
+ * barrier), both in flight while this piece's rows are normalised and stored. */
 template <bool BF16, bool TMA>
 __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
 {
@@ -392,95 +400,130 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
     float *const s_sum = s_alpha + 2 * ROWS;                               /* [2][ROWS] sums, maxima */
     uint64_t *const full = reinterpret_cast<uint64_t *>(smem + WG_OFF_BAR);   /* [2] TMA: slot landed */
 
-    const work_item w = a.work[blockIdx.x];
-    const int r = w.req;
-    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
-    const int nrows = ql * a.num_heads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
     const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
-    int lim[2];
-    row_limits(a, w, sl, ql, nrows, lr, lim);
-    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
-    /* TMA: whether tile t comes by TMA (wholly below key_end); loads tile t into slot t & 1 (the
-     * TMA copies by WG_TMA_THREAD alone, the cp.async ones by every thread) */
-    auto tma_tile = [&](int t) { return TMA && w.key_begin + (t + 1) * WG_KEYS <= w.key_end; };
-    auto load_tile = [&](int t) {
-        if (tma_tile(t)) {
+    /* TMA: whether tile t of piece x comes by TMA (wholly below key_end); loads it into ring
+     * slot `slot` (the TMA copies by WG_TMA_THREAD alone, the cp.async ones by every thread) */
+    auto tma_tile = [&](const work_item &x, int t) { return TMA && x.key_begin + (t + 1) * WG_KEYS <= x.key_end; };
+    auto load_tile = [&](const work_item &x, int t, uint32_t slot) {
+        if (tma_tile(x, t)) {
             if (tid == WG_TMA_THREAD)
-                wg_tma_keys(a, tmap, r, w.key_begin + t * WG_KEYS, sk_addr0 + (uint32_t)((t & 1) * WG_TILE), &full[t & 1]);
+                wg_tma_keys(a, tmap, x.req, x.key_begin + t * WG_KEYS, sk_addr0 + slot * (uint32_t)WG_TILE, &full[slot]);
         } else {
-            wg_load_keys<THREADS>(a, w, r, t, smem + WG_OFF_K + (t & 1) * WG_TILE, tid);
+            wg_load_keys<THREADS>(a, x, x.req, t, smem + WG_OFF_K + slot * WG_TILE, tid);
         }
     };
     if (TMA) wg_tma_init(full, tmap, tid);
 
-    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
-    cp_async_commit();
-    float o[32][4];
-#pragma unroll
-    for (int nt = 0; nt < 32; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    bool m_ready = false;                                       /* warpgroup 0: every row of the warp has a maximum */
     const float score_mul = a.scale_log2;                       /* scores to the log2 domain (both softmax forms) */
     const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
     const uint64_t desc_p = ar_wg::desc_sw128(sp_addr, 16, 1024);
+    uint32_t gt = 0;                                            /* key tiles of the CTA's earlier pieces */
+    uint32_t phase = 0;                                         /* bit s: slot s's next TMA parity */
+    bool q_issued = false, tile0_issued = false;                /* this piece's Q / first tile already in flight */
+    for (int wi = blockIdx.x; wi >= 0;) {
+        const work_item w = a.work[wi];
+        const int wn = w.next > wi ? w.next : -1;
+        const int r = w.req;
+        const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+        const int nrows = ql * a.num_heads;
+        int lim[2];
+        row_limits(a, w, sl, ql, nrows, lr, lim);
+        const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
 
-    if (ntiles > 0) load_tile(0);
-    cp_async_commit();
-    for (int t = 0; t < ntiles; t++) {
-        if (TMA && tma_tile(t)) mbar_wait(&full[t & 1], (uint32_t)(t >> 1) & 1u);
-        if (!TMA || t == 0 || !tma_tile(t)) {   /* Q and a cp.async tile */
-            cp_async_wait<0>();
-            ar_wg::fence_proxy_async();
-        }
-        __syncthreads();                  /* tile t complete; tile t - 1's slot, P and alpha free */
-        const uint32_t sk_addr = sk_addr0 + (uint32_t)((t & 1) * WG_TILE);
-        if (wg == 0) {
-            float s[8][4];
-            const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
-            ar_wg::fence();
+        if (!q_issued) wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
+        if (ntiles > 0 && !tile0_issued) load_tile(w, 0, gt & 1);
+        cp_async_commit();
+        float o[32][4];
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
-                wgmma_qk64<BF16>(s, ar_wg::desc_advance(desc_q, koff), ar_wg::desc_advance(desc_k, koff), kk > 0);
+        for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+        bool m_ready = false;                                   /* warpgroup 0: every row of the warp has a maximum */
+        /* the tile after tile t: t + 1 of this piece, or the next piece's first */
+        auto load_next = [&](int t, uint32_t slot) {
+            if (t + 1 < ntiles) {
+                load_tile(w, t + 1, slot);
+            } else if (wn >= 0) {
+                const work_item x = a.work[wn];
+                if (x.key_end > x.key_begin) load_tile(x, 0, slot);
             }
-            ar_wg::commit();
-            if (t + 1 < ntiles) load_tile(t + 1);
-            cp_async_commit();
-            ar_wg::wait<0>();
-            wg_fence_acc(s);
-            if (!wg_softmax_running<BF16>(s, w.key_begin + t * WG_KEYS, tig, lim, score_mul, m_run, l_run,
-                                          smem + WG_OFF_P, s_alpha, lr, a.fault, m_ready)) {
-                float alpha[2];
-                wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, score_mul, m_run, l_run, alpha, a.fault);
+        };
+
+        for (int t = 0; t < ntiles; t++, gt++) {
+            const uint32_t slot = gt & 1;
+            if (tma_tile(w, t)) {
+                mbar_wait(&full[slot], (phase >> slot) & 1u);
+                phase ^= 1u << slot;
+            }
+            if (!TMA || t == 0 || !tma_tile(w, t)) {   /* Q and a cp.async tile */
+                cp_async_wait<0>();
+                ar_wg::fence_proxy_async();
+            }
+            __syncthreads();              /* tile t complete; tile t - 1's slot, P and alpha free */
+            const uint32_t sk_addr = sk_addr0 + slot * (uint32_t)WG_TILE;
+            if (wg == 0) {
+                float s[8][4];
+                const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
+                ar_wg::fence();
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) {
+                    const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+                    wgmma_qk64<BF16>(s, ar_wg::desc_advance(desc_q, koff), ar_wg::desc_advance(desc_k, koff), kk > 0);
+                }
+                ar_wg::commit();
+                load_next(t, slot ^ 1u);
+                cp_async_commit();
+                ar_wg::wait<0>();
+                wg_fence_acc(s);
+                if (!wg_softmax_running<BF16>(s, w.key_begin + t * WG_KEYS, tig, lim, score_mul, m_run, l_run,
+                                              smem + WG_OFF_P, s_alpha, lr, a.fault, m_ready)) {
+                    float alpha[2];
+                    wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, score_mul, m_run, l_run, alpha, a.fault);
+                    wg_rescale(o, alpha, a.fault);
+                    wg_fence_acc(o);
+                    wg_store_p<BF16>(smem + WG_OFF_P, s_alpha, s, lr, tig, alpha);
+                }
+            } else {
+                load_next(t, slot ^ 1u);
+                cp_async_commit();
+            }
+            ar_wg::fence_proxy_async();   /* P stores -> the async proxy */
+            __syncthreads();
+            if (wg == 1) {
+                const float alpha[2] = {s_alpha[lr[0]], s_alpha[lr[1]]};
                 wg_rescale(o, alpha, a.fault);
-                wg_fence_acc(o);
-                wg_store_p<BF16>(smem + WG_OFF_P, s_alpha, s, lr, tig, alpha);
             }
-        } else {
-            if (t + 1 < ntiles) load_tile(t + 1);
-            cp_async_commit();
-        }
-        ar_wg::fence_proxy_async();       /* P stores -> the async proxy */
-        __syncthreads();
-        if (wg == 1) {
-            const float alpha[2] = {s_alpha[lr[0]], s_alpha[lr[1]]};
-            wg_rescale(o, alpha, a.fault);
-        }
-        wg_fence_acc(o);
-        ar_wg::fence();
-        const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
+            wg_fence_acc(o);
+            ar_wg::fence();
+            const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
 #pragma unroll
-        for (int kk = 0; kk < WG_KEYS / 16; kk++)
-            wgmma_pv<BF16>(o, ar_wg::desc_advance(desc_p, (uint32_t)((kk * 32) >> 4)), ar_wg::desc_advance(desc_v, (uint32_t)((kk * 2048) >> 4)));
-        ar_wg::commit();
-        ar_wg::wait<0>();
-        wg_fence_acc(o);
+            for (int kk = 0; kk < WG_KEYS / 16; kk++)
+                wgmma_pv<BF16>(o, ar_wg::desc_advance(desc_p, (uint32_t)((kk * 32) >> 4)), ar_wg::desc_advance(desc_v, (uint32_t)((kk * 2048) >> 4)));
+            ar_wg::commit();
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+        }
+        /* Q is free (this piece's last S is past the last tile's second barrier, or the piece had
+         * no tile and its Q copies are waited here): the next piece's Q goes in now, under the
+         * epilogue, beside its first key tile issued in the last tile */
+        tile0_issued = false;
+        q_issued = false;
+        if (wn >= 0) {
+            if (ntiles == 0) cp_async_wait<0>();
+            const work_item x = a.work[wn];
+            const int xq0 = a.qsl[x.req];
+            wg_load_q<THREADS>(a, x, xq0, (a.qsl[x.req + 1] - xq0) * a.num_heads, smem, tid);
+            cp_async_commit();
+            q_issued = true;
+            tile0_issued = ntiles > 0 && x.key_end > x.key_begin;
+        }
+        if (ntiles == 0) __syncthreads();   /* warpgroup 1 has read the previous piece's sums from red */
+        wg_finish_rows(a, w, q0, nrows, s_sum, o, m_run, l_run, lr, wg, tig);
+        wi = wn;
     }
     cp_async_wait<0>();
-    wg_finish_rows(a, w, q0, nrows, s_sum, o, m_run, l_run, lr, wg, tig);
 #else
     (void)a;
     (void)tmap;
