@@ -443,12 +443,15 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
         bool m_ready = false;                                   /* warpgroup 0: every row of the warp has a maximum */
         /* the tile after tile t: t + 1 of this piece, or the next piece's first */
         auto load_next = [&](int t, uint32_t slot) {
-            if (t + 1 < ntiles) {
-                load_tile(w, t + 1, slot);
-            } else if (wn >= 0) {
-                const work_item x = a.work[wn];
-                if (x.key_end > x.key_begin) load_tile(x, 0, slot);
+            work_item x = w;
+            int tt = t + 1;
+            if (tt >= ntiles) {
+                if (wn < 0) return;
+                x = a.work[wn];
+                tt = 0;
+                if (x.key_end <= x.key_begin) return;
             }
+            load_tile(x, tt, slot);
         };
 
         for (int t = 0; t < ntiles; t++, gt++) {
