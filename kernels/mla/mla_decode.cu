@@ -276,7 +276,7 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
         r.stages = 2;
         r.combine_rows = true;
         r.rows_t = !transposed ? 0 : max_rows <= W16_ROWS ? W16_ROWS : W32_ROWS;
-        r.persistent = r.rows_t == 0;   /* the 64-row kernel on build_plan_lanes's plan */
+        r.persistent = false;
         r.tensor_map = !fp8_cache;
         r.name = r.rows_t == W16_ROWS ? "tc-wgmma16" : r.rows_t ? "tc-wgmma32" : "tc-wgmma";
         break;
