@@ -276,7 +276,7 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
         r.stages = 2;
         r.combine_rows = true;
         r.rows_t = !transposed ? 0 : max_rows <= W16_ROWS ? W16_ROWS : W32_ROWS;
-        r.persistent = false;
+        r.persistent = r.rows_t == 0;   /* the 64-row kernel on build_plan_lanes's plan */
         r.tensor_map = !fp8_cache;
         r.name = r.rows_t == W16_ROWS ? "tc-wgmma16" : r.rows_t ? "tc-wgmma32" : "tc-wgmma";
         break;
@@ -703,7 +703,17 @@ static int build_plan_lanes(mla_plan *p, int R, const int *qsl, const int *seq_l
             pc_begin[0] = pc_end[0] = 0;
             pc_run[np++] = run;
         }
-        for (int64_t start = 0; start < ntiles;) {
+        if (ntiles > 0 && used > 0 && used + ntiles / 2 > target && run < runs - 1) {   /* exp: whole requests */
+            run++;
+            used = 0;
+        }
+        if (ntiles > 0) {
+            pc_begin[np] = 0;
+            pc_end[np] = ntiles;
+            pc_run[np++] = run;
+            used += ntiles;
+        }
+        for (int64_t start = ntiles; start < ntiles;) {
             if (used >= target && run < runs - 1) {
                 run++;
                 used = 0;
