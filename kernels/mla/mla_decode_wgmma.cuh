@@ -234,12 +234,13 @@ __device__ __forceinline__ void wg_tma_keys(const attn_args &a, const void *tmap
     }
     const uint32_t bar_addr = (uint32_t)__cvta_generic_to_shared(bar);
     ar_wg::mbar_arrive_expect_tx(bar_addr, (uint32_t)WG_TILE);
+    const uint64_t policy = ar_wg::l2_evict_first_policy();
 #pragma unroll
     for (int p = 0; p < 4; p++) {
         if (p >= runs) break;
         const uint32_t dst = sk_addr + (uint32_t)((p << rows_log2) * 128);
 #pragma unroll
-        for (int c = 0; c < 9; c++) ar_wg::tma_load_2d(dst + (uint32_t)(c * WG_ATOM), tmap, bar_addr, c * 64, slot[p]);
+        for (int c = 0; c < 9; c++) ar_wg::tma_load_2d_hint(dst + (uint32_t)(c * WG_ATOM), tmap, bar_addr, c * 64, slot[p], policy);
     }
 }
 
