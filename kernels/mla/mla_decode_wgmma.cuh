@@ -221,7 +221,7 @@ __device__ __forceinline__ void wg_tma_init(uint64_t *full, const void *tmap, in
  * (the atoms are 1024-byte aligned, a run starts at a multiple of 16 rows = 2048 bytes), so the
  * boxes land exactly where wg_swz puts the chunks. */
 __device__ __forceinline__ void wg_tma_keys(const attn_args &a, const void *tmap, int r, int k0, uint32_t sk_addr,
-                                            uint64_t *bar)
+                                            uint64_t *bar, bool evict_first = true)
 {
     const int rows_log2 = wg_tma_rows_log2(a.block_size_log2);
     const int runs = WG_KEYS >> rows_log2;        /* 2 or 4 */
@@ -234,7 +234,11 @@ __device__ __forceinline__ void wg_tma_keys(const attn_args &a, const void *tmap
     }
     const uint32_t bar_addr = (uint32_t)__cvta_generic_to_shared(bar);
     ar_wg::mbar_arrive_expect_tx(bar_addr, (uint32_t)WG_TILE);
-    const uint64_t policy = ar_wg::l2_evict_first_policy();
+    uint64_t policy;
+    if (evict_first)
+        policy = ar_wg::l2_evict_first_policy();
+    else
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
 #pragma unroll
     for (int p = 0; p < 4; p++) {
         if (p >= runs) break;
@@ -408,7 +412,7 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
     auto load_tile = [&](int t) {
         if (tma_tile(t)) {
             if (tid == WG_TMA_THREAD)
-                wg_tma_keys(a, tmap, r, w.key_begin + t * WG_KEYS, sk_addr0 + (uint32_t)((t & 1) * WG_TILE), &full[t & 1]);
+                wg_tma_keys(a, tmap, r, w.key_begin + t * WG_KEYS, sk_addr0 + (uint32_t)((t & 1) * WG_TILE), &full[t & 1], w.row0 >= 64);
         } else {
             wg_load_keys<THREADS>(a, w, r, t, smem + WG_OFF_K + (t & 1) * WG_TILE, tid);
         }
