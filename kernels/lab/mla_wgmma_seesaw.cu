@@ -464,6 +464,237 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
 #endif
 }
 
+/* "seesaw-parts-tma": seesaw-fast-tma with each key slot refilled in two parts, each by the
+ * warpgroup that reads it last, as soon as that warpgroup is done with it (no cross-warpgroup
+ * slot-free barriers): warpgroup 0 reads V columns 0-255 (atoms 0-3) of both slots, warpgroup 1
+ * columns 256-511 (atoms 4-7), and atom 8 holds the rope dims (read by S) and then P of the
+ * slot's tile (read from shared memory by the other warpgroup).  Slot 0: part A = atoms 0-3
+ * (warpgroup 0 after its P0 V0), part B = atoms 4-8 (warpgroup 1 after its P0 V0, which read P0
+ * from atom 8); slot 1: part A = atoms 0-3 and 8 (warpgroup 0 after its P1 V1, which read P1 from
+ * atom 8), part B = atoms 4-7 (warpgroup 1 after its P1 V1).  One mbarrier per part and slot
+ * (SP_BARS: [slot][part]); S waits part A before atom 0 and part B before atom 4.  TMA key tiles
+ * only, every tile whole (the benchmark's shapes; a partial tile traps). */
+constexpr int SP_OFF_BARS = WG_OFF_RED + 4 * ROWS * 4;   /* [2 slots][2 parts] mbarriers */
+constexpr int SP_SMEM = WG_SMEM + 4 * 8;
+static_assert(SP_OFF_BARS % 8 == 0 && SP_SMEM <= 232448, "seesaw-parts: the mbarriers fit");
+
+/* The atoms of part `part` of slot `slot` as a bit mask (bit c = atom c). */
+__device__ __forceinline__ uint32_t sp_atoms(int slot, int part)
+{
+    return part == 0 ? (slot == 0 ? 0x00Fu : 0x10Fu) : (slot == 0 ? 0x1F0u : 0x0F0u);
+}
+
+/* TMA copies of the atoms `mask` of the 64 keys k0 .. of request r into the tile at sk_addr,
+ * all onto bar (its expected bytes raised by theirs first). */
+__device__ __forceinline__ void sp_tma_atoms(const attn_args &a, const void *tmap, int r, int k0, uint32_t sk_addr,
+                                             uint64_t *bar, uint32_t mask)
+{
+    const int rows_log2 = wg_tma_rows_log2(a.block_size_log2);
+    const int runs = WG_KEYS >> rows_log2;
+    const int *const bt = a.block_table + (int64_t)r * a.mbpr;
+    int slot[4];
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const int j = k0 + (p << rows_log2);
+        slot[p] = p < runs ? (__ldg(bt + (j >> a.block_size_log2)) << a.block_size_log2) + (j & (a.block_size - 1)) : 0;
+    }
+    const uint32_t bar_addr = (uint32_t)__cvta_generic_to_shared(bar);
+    ar_wg::mbar_arrive_expect_tx(bar_addr, (uint32_t)(__popc(mask) * WG_ATOM));
+#pragma unroll
+    for (int c = 0; c < 9; c++) {
+        if (!((mask >> c) & 1u)) continue;
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            if (p >= runs) break;
+            ar_wg::tma_load_2d(sk_addr + (uint32_t)(c * WG_ATOM + (p << rows_log2) * 128), tmap, bar_addr, c * 64, slot[p]);
+        }
+    }
+}
+
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_parts_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    uint32_t sq_addr;
+    unsigned char *const smem = wg_smem_base(&sq_addr);
+    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sk_addr1 = sk_addr0 + WG_TILE;
+    unsigned char *const sk0 = smem + WG_OFF_K, *const sk1 = sk0 + WG_TILE;
+    float *const s_ma = reinterpret_cast<float *>(smem + WG_OFF_RED);
+    float *const s_mb = s_ma + ROWS;
+    float *const s_sum = s_ma + 2 * ROWS;
+    uint64_t *const bars = reinterpret_cast<uint64_t *>(smem + SP_OFF_BARS);   /* [slot][part] */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * a.num_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
+    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+    if ((w.key_end - w.key_begin) % WG_KEYS != 0) __trap();   /* lab restriction: whole tiles */
+    /* part `part` of tile t into its slot (t & 1), issued by one thread */
+    auto refill = [&](int t, int part) {
+        const int sl_ = t & 1;
+        sp_tma_atoms(a, &tmap, r, w.key_begin + t * WG_KEYS, sl_ ? sk_addr1 : sk_addr0, &bars[2 * sl_ + part],
+                     sp_atoms(sl_, part));
+    };
+    auto wait_part = [&](int t, int part) { mbar_wait(&bars[2 * (t & 1) + part], (uint32_t)(t >> 1) & 1u); };
+    /* S of tile t: part A, atoms 0-3, part B, atoms 4-8 */
+    auto issue_s = [&](float (&s)[8][4], uint64_t desc_q, int t) {
+        const uint64_t desc_k = ar_wg::desc_sw128((t & 1) ? sk_addr1 : sk_addr0, 16, 1024);
+        ar_wg::fence();
+        wait_part(t, 0);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            if (kk == 16)   /* the plain wait: a trap path between the products would serialise them */
+                ar_wg::mbar_wait((uint32_t)__cvta_generic_to_shared(&bars[2 * (t & 1) + 1]), (uint32_t)(t >> 1) & 1u);
+            const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+            wgmma_qk64<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
+        }
+        ar_wg::commit();
+    };
+    if (tid == WG_TMA_THREAD) {
+        for (int i = 0; i < 4; i++) mbar_init(&bars[i], 1);
+        mbar_init_fence();
+        ar_wg::tma_prefetch_map(&tmap);
+    }
+    __syncthreads();
+    if (tid == WG_TMA_THREAD)
+        for (int t = 0; t < 2 && t < ntiles; t++) {
+            refill(t, 0);
+            refill(t, 1);
+        }
+    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
+    cp_async_commit();
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    bool m_ready = false;
+    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
+    cp_async_wait<0>();
+    ar_wg::fence_proxy_async();
+    __syncthreads();
+
+    bool pending_a1 = false;              /* warpgroup 0: slot 1's part A of tile t1 still to issue */
+    for (int t0 = 0; t0 < ntiles; t0 += 2) {
+        const int t1 = t0 + 1;
+        const bool has1 = t1 < ntiles;
+        if (wg == 0) {
+            float s[8][4];
+            issue_s(s, desc_q, t0);
+            if (pending_a1 && tid == 0) refill(t1, 0);   /* slot 1's part A of tile t1, under S0 */
+            __syncwarp();
+            pending_a1 = false;
+            ar_wg::wait<0>();
+            wg_fence_acc(s);
+            uint32_t pa[4][4];
+            const bool fast = ss_softmax_running<BF16>(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run,
+                                                       l_run, sk0 + 8 * WG_ATOM, s_ma, lr, a.fault, m_ready, pa);
+            if (!fast) {
+                float alpha0[2];
+                wg_softmax_full(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha0, a.fault);
+                wg_rescale(o, alpha0, a.fault);
+                wg_store_p<BF16>(sk0 + 8 * WG_ATOM, s_ma, s, lr, tig, m_run);
+            }
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(SS_BAR_P0READY);
+            if (!fast) wg_pack_p<BF16>(s, pa);
+            wg_issue_pv_rs<BF16>(o, pa, sk_addr0, 0);
+            if (has1) {
+                wg_bar_sync(SS_BAR_P1READY);
+                const float m_b[2] = {s_mb[lr[0]], s_mb[lr[1]]};
+                float beta[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    beta[h] = wg_rescale_factor(m_run[h], m_b[h]);
+                    l_run[h] *= beta[h];
+                    m_run[h] = m_b[h];
+                }
+                ar_wg::wait<0>();         /* P0 V0 landed: this warpgroup is done with slot 0's part A */
+                wg_fence_acc(o);
+                wg_fence_frag(pa);
+                wg_rescale(o, beta, a.fault);
+                wait_part(t1, 0);         /* complete: V1's columns 0-255 visible here */
+                wg_issue_pv_slot<BF16>(o, sk_addr1, 0);
+                /* the copies issued while P1 V1 runs (their block-table reads off the products' path) */
+                if (t0 + 2 < ntiles && tid == 0) refill(t0 + 2, 0);
+                __syncwarp();
+                ar_wg::wait<0>();         /* P1 V1 landed: slot 1's part A (with P1 in atom 8) done */
+                wg_fence_acc(o);
+                pending_a1 = t1 + 2 < ntiles;   /* refilled once the next S0 is issued */
+            } else {
+                ar_wg::wait<0>();
+                wg_fence_acc(o);
+                wg_fence_frag(pa);
+            }
+        } else if (has1) {
+            float s[8][4];
+            issue_s(s, desc_q, t1);
+            wg_bar_sync(SS_BAR_P0READY);
+            float m_a[2];
+            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
+            wait_part(t0, 1);             /* complete: V0's columns 256-511 visible here */
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
+            ar_wg::wait<1>();             /* S1 landed (P0 V0 may still run) */
+            wg_fence_acc(s);
+            uint32_t pa[4][4];
+            float beta[2] = {1.f, 1.f};
+            const bool fast = ss_softmax_running<BF16>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, m_run,
+                                                       l_run, sk1 + 8 * WG_ATOM, s_mb, lr, a.fault, m_ready, pa);
+            if (!fast) {
+                float mx[2];
+                mask_scale_rowmax<8>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, mx);
+                softmax_step<8, 0>(s, mx, m_run, l_run, (float (*)[4])0, a.fault);
+#pragma unroll
+                for (int h = 0; h < 2; h++) beta[h] = wg_rescale_factor(m_a[h], m_run[h]);
+                wg_store_p<BF16>(sk1 + 8 * WG_ATOM, s_mb, s, lr, tig, m_run);
+            }
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(SS_BAR_P1READY);
+            if (!fast) wg_pack_p<BF16>(s, pa);
+            ar_wg::wait<0>();             /* P0 V0 landed: slot 0's part B (with P0 in atom 8) done */
+            wg_fence_acc(o);
+            wg_rescale(o, beta, a.fault);
+            wg_issue_pv_rs<BF16>(o, pa, sk_addr1, 1);
+            /* the copies issued while P1 V1 runs */
+            if (t0 + 2 < ntiles && tid == WG_TMA_THREAD) refill(t0 + 2, 1);
+            __syncwarp();
+            ar_wg::wait<0>();             /* P1 V1 landed: slot 1's part B done */
+            wg_fence_acc(o);
+            wg_fence_frag(pa);
+            if (t1 + 2 < ntiles && tid == WG_TMA_THREAD) refill(t1 + 2, 1);
+            __syncwarp();
+        } else {                          /* the last pair has no t1: P0 V0 only */
+            wg_bar_sync(SS_BAR_P0READY);
+            float m_a[2];
+            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
+            wait_part(t0, 1);
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+        }
+    }
+
+    quad_sum(l_run);
+    if (tig == 0) {
+        s_sum[wg * ROWS + lr[0]] = l_run[0];
+        s_sum[wg * ROWS + lr[1]] = l_run[1];
+    }
+    __syncthreads();
+    for (int h = 0; h < 2; h++) l_run[h] = s_sum[lr[h]] + s_sum[ROWS + lr[h]];
+    wg_store_rows(a, w, q0, nrows, o, m_run, l_run, lr, wg, tig);
+#else
+    (void)a;
+    (void)tmap;
+    __trap();
+#endif
+}
+
 /* P_RS ("seesaw-rs"): each warpgroup's P V of the tile whose S it computed takes P
  * from its registers (RS) instead of the shared copy it wrote for the other warpgroup: 16 KB
  * less shared-memory reads a pair and no 128-thread barrier before that product.
@@ -507,6 +738,15 @@ static cudaError_t launch_seesaw_fast_tma(const attn_args *a, int num_ctas, cons
     return cudaGetLastError();
 }
 
+/* "seesaw-parts-tma": attn_wgmma_seesaw_parts_kernel (whole 64-key tiles only) */
+static cudaError_t launch_seesaw_parts_tma(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
+{
+    if (!tmap) return cudaErrorInvalidValue;
+    if (a->bf16) attn_wgmma_seesaw_parts_kernel<true><<<num_ctas, THREADS, SP_SMEM, st>>>(*a, *tmap);
+    else attn_wgmma_seesaw_parts_kernel<false><<<num_ctas, THREADS, SP_SMEM, st>>>(*a, *tmap);
+    return cudaGetLastError();
+}
+
 static cudaError_t launch_seesaw_rs(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
 {
     (void)tmap;
@@ -527,7 +767,10 @@ static bool set_attributes(void)
         if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, i < 4 ? WG_SMEM_TMA : WG_SMEM) !=
             cudaSuccess)
             return false;
-    return true;
+    return cudaFuncSetAttribute((const void *)attn_wgmma_seesaw_parts_kernel<true>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, SP_SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute((const void *)attn_wgmma_seesaw_parts_kernel<false>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, SP_SMEM) == cudaSuccess;
 }
 
 static double max_abs_diff(const float *a, const float *b, size_t n)
@@ -559,6 +802,7 @@ int main(int argc, char **argv)
     }
     static const ar_cuda_mla_lab_kernel lab[] = {{"seesaw-rs-tma", launch_seesaw_rs_tma},
                                                  {"seesaw-fast-tma", launch_seesaw_fast_tma},
+                                                 {"seesaw-parts-tma", launch_seesaw_parts_tma},
                                                  {"seesaw-rs", launch_seesaw_rs}};
     int *seqlens = (int *)malloc(sizeof(int) * B);
     unsigned char *sel = (unsigned char *)calloc((size_t)B, 1);
