@@ -148,6 +148,9 @@ typedef struct ar_attn_args {
     const float *merge_partial_lse;       /* [partials, merge_rows] log2 */
     int merge_rows;                       /* rows per prefix-pass CTA */
     int merge_row_blocks;                 /* row blocks per KV head: ceil(T x group / merge_rows) */
+    int pdl_launch;             /* DECODE_TMA: launched with programmatic dependent launch, so it may
+                                   start before the previous kernel in the stream ends; it waits for
+                                   that kernel (griddepcontrol.wait) before reading its outputs */
 } ar_attn_args;
 
 /* Geometry of a (config, template head dim) pair; the same table the kernels instantiate. */

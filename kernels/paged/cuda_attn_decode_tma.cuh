@@ -254,6 +254,8 @@ attn_decode_tma_kernel(const ar_attn_args a,
     const bool fused = a.merge_out != nullptr && !split, fold = a.merge_groups != nullptr && !split;
     uint32_t pre_pair[2][HD / 8];
     float pre_lse[2];
+    /* launched programmatically behind the prefix pass: its rows exist only once it has ended */
+    if (fused && !fold) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         pre_lse[r] = -INFINITY;
@@ -442,7 +444,9 @@ attn_decode_tma_kernel(const ar_attn_args a,
         float merged_lse = lse2;
         if (fold) {
             /* the prefix side of this row from its split partials, as combine_kernel computes
-             * it (kept in fp32), then vLLM's merge with this row */
+             * it (kept in fp32), then vLLM's merge with this row; launched programmatically
+             * behind the prefix pass, the partials exist only once it has ended */
+            asm volatile("griddepcontrol.wait;\n" ::: "memory");
             const int pair = qstart * grp + g + 8 * r, rows = a.merge_rows;
             const ar_combine_group cg = a.merge_groups[h * a.merge_row_blocks + pair / rows];
             const int64_t row0 = (int64_t)cg.first_partial * rows + pair % rows;
@@ -548,6 +552,20 @@ static cudaError_t launch_decode_tma(const ar_attn_args *a, int num_work, cudaSt
     } else if (!whole) {
         cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
         if (e != cudaSuccess) return e;
+    }
+    if (a->pdl_launch) {
+        cudaLaunchConfig_t cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = dim3((unsigned)num_work);
+        cfg.blockDim = dim3((unsigned)(32 * (a->num_kv_heads + 1)));
+        cfg.dynamicSmemBytes = DecodeTmaGeom::SMEM;
+        cfg.stream = stream;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, attn_decode_tma_kernel<T, KV8>, *a, mk, mv, whole, num_stages);
     }
     attn_decode_tma_kernel<T, KV8><<<num_work, 32 * (a->num_kv_heads + 1), DecodeTmaGeom::SMEM, stream>>>(
         *a, mk, mv, whole, num_stages);

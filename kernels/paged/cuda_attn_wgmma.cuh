@@ -206,6 +206,9 @@ attn_wgmma_kernel(const ar_attn_args a,
                   int num_work)                                /* items in a.work */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    /* a kernel launched after this one with programmatic dependent launch may start its CTAs now
+     * (on SMs this launch leaves free); it waits for this grid before reading its outputs */
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     using G = WgGeom<HD_>;
     constexpr int HD = G::HD, BLOCK_N = G::BLOCK_N, ROWS = G::ROWS, PARTS = G::PARTS;
     constexpr int CHUNKS = HD / 8;                       /* 16-byte chunks per row */

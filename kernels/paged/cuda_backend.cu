@@ -174,6 +174,9 @@ typedef struct cuda_state {
     int fold_combine;               /* 1: fold the prefix pass's split combine into the suffix pass
                                        where fold_prefix_combine allows (the default); 0: never
                                        (AR_CUDA_CASCADE_FOLD=0, ar_cuda_set_cascade_fold) */
+    int cascade_pdl;                /* AR_CUDA_CASCADE_PDL=1: the DECODE_TMA suffix pass launched
+                                       programmatically behind the prefix pass (prefix and suffix
+                                       then time as one: "prefix" 0) */
     int pre_config;
     ar_attn_geom pre_geom;
     int pre_num_work, pre_num_groups, pre_num_partials, pre_num_splits;
@@ -329,6 +332,8 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     {
         const char *e = getenv("AR_CUDA_CASCADE_FOLD");
         s->fold_combine = !(e != NULL && strcmp(e, "0") == 0);
+        const char *pdl = getenv("AR_CUDA_CASCADE_PDL");
+        s->cascade_pdl = pdl != NULL && strcmp(pdl, "1") == 0;
     }
     {
         const char *e = getenv("AR_CUDA_DECODE_TMA");
@@ -816,10 +821,16 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
     }
     ar_attn_args pre, suf;
     cascade_args(s, a, &pre, &suf);
+    /* programmatic launch of the suffix pass: only right behind the prefix kernel (no combine
+     * kernel or event between them) */
+    const bool pdl = s->cascade_pdl && s->config == AR_CFG_DECODE_TMA && s->fused_merge &&
+                     (suf.merge_groups != NULL || s->pre_num_groups == 0);
+    suf.pdl_launch = pdl ? 1 : 0;
+    if (timed && pdl) cudaEventRecord(s->ev[2], s->stream);   /* the two passes time as one */
     e = launch_attention(s, &pre, s->pre_config, s->pre_num_work, suf.merge_groups ? 0 : s->pre_num_groups,
                          s->pre_geom.rows, (int64_t)s->num_tokens * s->group, NULL);
     if (e != cudaSuccess) return e;
-    if (timed) cudaEventRecord(s->ev[2], s->stream);
+    if (timed && !pdl) cudaEventRecord(s->ev[2], s->stream);
     e = launch_attention(s, &suf, s->config, s->num_work, s->num_groups, s->geom.rows,
                          (int64_t)s->max_query_len * s->group, NULL);
     if (e != cudaSuccess) return e;
