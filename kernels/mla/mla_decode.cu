@@ -676,7 +676,22 @@ static void launch_kernel(const attn_args &a, const mla_route &route, int n, con
                 attn_wgmma16_kernel<BF16, 16><<<n, THREADS, W16Geom<16>::SMEM, st>>>(a, *tmap);
             else if (tmap && route.rows_t == W32_ROWS)
                 attn_wgmma16_kernel<BF16, 32><<<n, THREADS, W16Geom<32>::SMEM, st>>>(a, *tmap);
-            else if (tmap)
+            else if (tmap && n % 2 == 0) {   /* exp: the two row tiles of a request as a cluster of 2 */
+                cudaLaunchConfig_t cfg;
+                memset(&cfg, 0, sizeof cfg);
+                cudaLaunchAttribute attr[1];
+                attr[0].id = cudaLaunchAttributeClusterDimension;
+                attr[0].val.clusterDim.x = 2;
+                attr[0].val.clusterDim.y = 1;
+                attr[0].val.clusterDim.z = 1;
+                cfg.gridDim = dim3((unsigned)n);
+                cfg.blockDim = dim3(THREADS);
+                cfg.dynamicSmemBytes = WG_SMEM_TMA;
+                cfg.stream = st;
+                cfg.attrs = attr;
+                cfg.numAttrs = 1;
+                cudaLaunchKernelEx(&cfg, attn_wgmma_tma_kernel<BF16>, a, *tmap);
+            } else if (tmap)
                 attn_wgmma_tma_kernel<BF16><<<n, THREADS, WG_SMEM_TMA, st>>>(a, *tmap);
             else
                 attn_wgmma_cpasync_kernel<BF16><<<n, THREADS, WG_SMEM, st>>>(a);
