@@ -464,6 +464,243 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
 #endif
 }
 
+/* "seesaw-mc-tma": seesaw-fast-tma on a cluster of 2 CTAs, the two 64-row tiles of one request
+ * (CTAs 2i and 2i + 1 of the plan, the same key range), each key tile copied once for both by
+ * TMA multicast: the CTA of rank k issues atoms 0-4 (k = 0) or 5-8 (k = 1) to both CTAs'
+ * shared memory and "landed" mbarriers.  A slot is refilled only when both CTAs are done with
+ * it: each CTA's issuing thread raises its own landed barrier's expected bytes (the whole tile)
+ * and then arrives on its own and on the peer's "free" mbarrier (count 2), and issues its half
+ * once its "free" barrier has both arrivals (so no byte lands before the expectation is set).
+ * Cluster barriers after the set-up and before the exit.  Lab restriction: whole tiles, pairs of
+ * the same key range (anything else traps). */
+constexpr int MC_OFF_FREE = WG_OFF_BAR + 2 * 8;          /* [2] "slot free in both CTAs" mbarriers */
+constexpr int MC_SMEM = WG_SMEM_TMA + 2 * 8;
+static_assert(MC_SMEM <= 232448, "seesaw-mc: the free mbarriers fit");
+
+__device__ __forceinline__ uint32_t mc_rank()
+{
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void mc_cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+/* one arrival on the mbarrier at shared address bar of cluster CTA `rank` */
+__device__ __forceinline__ void mc_arrive_remote(uint32_t bar, uint32_t rank)
+{
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" :: "r"(bar), "r"(rank) : "memory");
+}
+__device__ __forceinline__ void mc_tma_load_2d(uint32_t dst, const void *tmap, uint32_t bar, int c0, int c1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%3, %4}], [%2], %5;\n"
+                 :: "r"(dst), "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "h"((unsigned short)3) : "memory");
+}
+
+/* Tile t (keys k0 ..) into slot `slot` of both CTAs, by this CTA's issuing thread: the protocol
+ * above, then this rank's atoms multicast. */
+__device__ __forceinline__ void mc_load_tile(const attn_args &a, const void *tmap, int r, int k0, uint32_t sk_addr,
+                                             uint32_t full_bar, uint32_t free_bar, uint32_t free_parity, uint32_t rank)
+{
+    ar_wg::mbar_arrive_expect_tx(full_bar, (uint32_t)WG_TILE);
+    ar_wg::mbar_arrive(free_bar);
+    mc_arrive_remote(free_bar, rank ^ 1u);
+    ar_wg::mbar_wait(free_bar, free_parity);
+    const int rows_log2 = wg_tma_rows_log2(a.block_size_log2);
+    const int runs = WG_KEYS >> rows_log2;
+    const int *const bt = a.block_table + (int64_t)r * a.mbpr;
+    const int c_lo = rank ? 5 : 0, c_hi = rank ? 9 : 5;
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        if (p >= runs) break;
+        const int j = k0 + (p << rows_log2);
+        const int slot_key = (__ldg(bt + (j >> a.block_size_log2)) << a.block_size_log2) + (j & (a.block_size - 1));
+        for (int c = c_lo; c < c_hi; c++)
+            mc_tma_load_2d(sk_addr + (uint32_t)(c * WG_ATOM + (p << rows_log2) * 128), tmap, full_bar, c * 64, slot_key);
+    }
+}
+
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_mc_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    uint32_t sq_addr;
+    unsigned char *const smem = wg_smem_base(&sq_addr);
+    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sk_addr1 = sk_addr0 + WG_TILE;
+    unsigned char *const sk0 = smem + WG_OFF_K, *const sk1 = sk0 + WG_TILE;
+    float *const s_ma = reinterpret_cast<float *>(smem + WG_OFF_RED);
+    float *const s_mb = s_ma + ROWS;
+    float *const s_sum = s_ma + 2 * ROWS;
+    uint64_t *const full = reinterpret_cast<uint64_t *>(smem + WG_OFF_BAR);
+    uint64_t *const freeb = reinterpret_cast<uint64_t *>(smem + MC_OFF_FREE);
+    const uint32_t full_a[2] = {(uint32_t)__cvta_generic_to_shared(&full[0]), (uint32_t)__cvta_generic_to_shared(&full[1])};
+    const uint32_t free_a[2] = {(uint32_t)__cvta_generic_to_shared(&freeb[0]), (uint32_t)__cvta_generic_to_shared(&freeb[1])};
+    const uint32_t rank = mc_rank();
+
+    const work_item w = a.work[blockIdx.x];
+    const work_item wp = a.work[blockIdx.x ^ 1u];
+    const int r = w.req;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * a.num_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
+    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+    if ((w.key_end - w.key_begin) % WG_KEYS != 0 || wp.req != w.req || wp.key_begin != w.key_begin ||
+        wp.key_end != w.key_end)
+        __trap();   /* lab restriction */
+    auto load = [&](int t) {   /* by the slot's issuing thread */
+        const int sl_ = t & 1;
+        mc_load_tile(a, &tmap, r, w.key_begin + t * WG_KEYS, sl_ ? sk_addr1 : sk_addr0, full_a[sl_], free_a[sl_],
+                     (uint32_t)(t >> 1) & 1u, rank);
+    };
+    if (tid == 0) {
+        ar_wg::mbar_init(full_a[0], 1);
+        ar_wg::mbar_init(full_a[1], 1);
+        ar_wg::mbar_init(free_a[0], 2);
+        ar_wg::mbar_init(free_a[1], 2);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        ar_wg::tma_prefetch_map(&tmap);
+    }
+    __syncthreads();
+    mc_cluster_sync();                    /* the peer's barriers exist before anything reaches them */
+    if (tid == 0 && ntiles > 0) load(0);
+    if (tid == WG_TMA_THREAD && ntiles > 1) load(1);
+    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
+    cp_async_commit();
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    bool m_ready = false;
+    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
+    cp_async_wait<0>();
+    ar_wg::fence_proxy_async();
+    __syncthreads();
+
+    for (int t0 = 0; t0 < ntiles; t0 += 2) {
+        const int t1 = t0 + 1;
+        const bool has1 = t1 < ntiles;
+        if (wg == 0) {
+            ar_wg::mbar_wait(full_a[0], (uint32_t)(t0 >> 1) & 1u);
+            float s[8][4];
+            wg_issue_s<BF16>(s, desc_q, sk_addr0);
+            ar_wg::wait<0>();
+            wg_fence_acc(s);
+            uint32_t pa[4][4];
+            const bool fast = ss_softmax_running<BF16>(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run,
+                                                       l_run, sk0 + 8 * WG_ATOM, s_ma, lr, a.fault, m_ready, pa);
+            if (!fast) {
+                float alpha0[2];
+                wg_softmax_full(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha0, a.fault);
+                wg_rescale(o, alpha0, a.fault);
+                wg_store_p<BF16>(sk0 + 8 * WG_ATOM, s_ma, s, lr, tig, m_run);
+            }
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(SS_BAR_P0READY);
+            if (!fast) wg_pack_p<BF16>(s, pa);
+            wg_issue_pv_rs<BF16>(o, pa, sk_addr0, 0);
+            if (has1) {
+                wg_bar_sync(SS_BAR_P1READY);
+                const float m_b[2] = {s_mb[lr[0]], s_mb[lr[1]]};
+                float beta[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    beta[h] = wg_rescale_factor(m_run[h], m_b[h]);
+                    l_run[h] *= beta[h];
+                    m_run[h] = m_b[h];
+                }
+                ar_wg::wait<0>();
+                wg_fence_acc(o);
+                wg_fence_frag(pa);
+                wg_rescale(o, beta, a.fault);
+                ar_wg::mbar_wait(full_a[1], (uint32_t)(t1 >> 1) & 1u);
+                wg_issue_pv_slot<BF16>(o, sk_addr1, 0);
+                if (t0 + 2 < ntiles) {    /* tile t0 + 2 into slot 0 once warpgroup 1's P0 V0 is done */
+                    wg_bar_sync(SS_BAR_S0FREE);
+                    if (tid == 0) load(t0 + 2);
+                    __syncwarp();
+                }
+                ar_wg::wait<0>();
+                wg_fence_acc(o);
+                if (t1 + 2 < ntiles) wg_bar_arrive(SS_BAR_S1FREE);
+            } else {
+                ar_wg::wait<0>();
+                wg_fence_acc(o);
+                wg_fence_frag(pa);
+            }
+        } else if (has1) {
+            ar_wg::mbar_wait(full_a[1], (uint32_t)(t1 >> 1) & 1u);
+            float s[8][4];
+            wg_issue_s<BF16>(s, desc_q, sk_addr1);
+            wg_bar_sync(SS_BAR_P0READY);
+            float m_a[2];
+            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
+            ar_wg::mbar_wait(full_a[0], (uint32_t)(t0 >> 1) & 1u);
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
+            ar_wg::wait<1>();
+            wg_fence_acc(s);
+            uint32_t pa[4][4];
+            float beta[2] = {1.f, 1.f};
+            const bool fast = ss_softmax_running<BF16>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, m_run,
+                                                       l_run, sk1 + 8 * WG_ATOM, s_mb, lr, a.fault, m_ready, pa);
+            if (!fast) {
+                float mx[2];
+                mask_scale_rowmax<8>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, mx);
+                softmax_step<8, 0>(s, mx, m_run, l_run, (float (*)[4])0, a.fault);
+#pragma unroll
+                for (int h = 0; h < 2; h++) beta[h] = wg_rescale_factor(m_a[h], m_run[h]);
+                wg_store_p<BF16>(sk1 + 8 * WG_ATOM, s_mb, s, lr, tig, m_run);
+            }
+            ar_wg::fence_proxy_async();
+            wg_bar_arrive(SS_BAR_P1READY);
+            if (!fast) wg_pack_p<BF16>(s, pa);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+            if (t0 + 2 < ntiles) wg_bar_arrive(SS_BAR_S0FREE);
+            wg_rescale(o, beta, a.fault);
+            wg_issue_pv_rs<BF16>(o, pa, sk_addr1, 1);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+            wg_fence_frag(pa);
+            if (t1 + 2 < ntiles) {        /* tile t1 + 2 into slot 1 once warpgroup 0's P1 V1 is done */
+                wg_bar_sync(SS_BAR_S1FREE);
+                if (tid == WG_TMA_THREAD) load(t1 + 2);
+                __syncwarp();
+            }
+        } else {
+            wg_bar_sync(SS_BAR_P0READY);
+            float m_a[2];
+            wg_take_max(o, s_ma, lr, m_run, l_run, m_a, a.fault);
+            ar_wg::mbar_wait(full_a[0], (uint32_t)(t0 >> 1) & 1u);
+            wg_issue_pv_slot<BF16>(o, sk_addr0, 1);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+        }
+    }
+
+    quad_sum(l_run);
+    if (tig == 0) {
+        s_sum[wg * ROWS + lr[0]] = l_run[0];
+        s_sum[wg * ROWS + lr[1]] = l_run[1];
+    }
+    __syncthreads();
+    for (int h = 0; h < 2; h++) l_run[h] = s_sum[lr[h]] + s_sum[ROWS + lr[h]];
+    wg_store_rows(a, w, q0, nrows, o, m_run, l_run, lr, wg, tig);
+    mc_cluster_sync();                    /* nothing of the peer's reaches this CTA after it exits */
+#else
+    (void)a;
+    (void)tmap;
+    __trap();
+#endif
+}
+
 /* P_RS ("seesaw-rs"): each warpgroup's P V of the tile whose S it computed takes P
  * from its registers (RS) instead of the shared copy it wrote for the other warpgroup: 16 KB
  * less shared-memory reads a pair and no 128-thread barrier before that product.
@@ -507,6 +744,27 @@ static cudaError_t launch_seesaw_fast_tma(const attn_args *a, int num_ctas, cons
     return cudaGetLastError();
 }
 
+/* "seesaw-mc-tma": attn_wgmma_seesaw_mc_kernel on clusters of 2 (the plan's CTAs 2i, 2i + 1) */
+static cudaError_t launch_seesaw_mc_tma(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
+{
+    if (!tmap || num_ctas % 2 != 0) return cudaErrorInvalidValue;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)num_ctas);
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = MC_SMEM;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (a->bf16) return cudaLaunchKernelEx(&cfg, attn_wgmma_seesaw_mc_kernel<true>, *a, *tmap);
+    return cudaLaunchKernelEx(&cfg, attn_wgmma_seesaw_mc_kernel<false>, *a, *tmap);
+}
+
 static cudaError_t launch_seesaw_rs(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
 {
     (void)tmap;
@@ -527,7 +785,10 @@ static bool set_attributes(void)
         if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, i < 4 ? WG_SMEM_TMA : WG_SMEM) !=
             cudaSuccess)
             return false;
-    return true;
+    return cudaFuncSetAttribute((const void *)attn_wgmma_seesaw_mc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                MC_SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute((const void *)attn_wgmma_seesaw_mc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                MC_SMEM) == cudaSuccess;
 }
 
 static double max_abs_diff(const float *a, const float *b, size_t n)
@@ -559,6 +820,7 @@ int main(int argc, char **argv)
     }
     static const ar_cuda_mla_lab_kernel lab[] = {{"seesaw-rs-tma", launch_seesaw_rs_tma},
                                                  {"seesaw-fast-tma", launch_seesaw_fast_tma},
+                                                 {"seesaw-mc-tma", launch_seesaw_mc_tma},
                                                  {"seesaw-rs", launch_seesaw_rs}};
     int *seqlens = (int *)malloc(sizeof(int) * B);
     unsigned char *sel = (unsigned char *)calloc((size_t)B, 1);
