@@ -6,9 +6,10 @@
  * each runs P V of both tiles on its 256 output columns, so one's softmax overlaps the other's
  * tensor work; each warpgroup's own P is read from registers (RS wgmma).  Three kernels:
  *   seesaw-rs-tma    key tiles by TMA, as the product's default;
- *   seesaw-fast-tma  the same with each warpgroup's softmax against the running maximum, as the
- *                    product's (ss_softmax_running): 0.3-1.9% ahead of the product at 4k-32k
- *                    keys on 2026-12-04 (kernels/lab/README.md);
+ *   seesaw-fast-tma  the same with each warpgroup's softmax against the running maximum, the
+ *                    product's wg_softmax_running keeping P's A fragments and publishing the
+ *                    unchanged maxima: 0.3-1.9% ahead of the product at 4k-32k keys on 2026-12-04
+ *                    (kernels/lab/README.md);
  *   seesaw-rs        the same as seesaw-rs-tma with cp.async key loads.
  * Measured on the H200 (2026-11-30, BENCHMARKS.md): seesaw-rs-tma 500 / 539 / 561 / 572
  * TFLOP/s at 4k / 8k / 16k / 32k keys against the product's 506 / 541 / 557 / 567 in the same
@@ -195,46 +196,6 @@ __device__ __forceinline__ void wg_pack_p(const float (&s)[8][4], uint32_t (&pa)
         }
 }
 
-/* The softmax of one warpgroup's tile against the running maximum (the product's
- * wg_softmax_running, for this schedule): once every row of the warp has a maximum (ready) and
- * the tile lies wholly below both of the thread's key limits, P = 2^(s x score_mul - m_run) goes
- * straight into the A fragments pa and the slot's P atom sp, the maxima stay (the factor of the
- * other warpgroup's rescale is 1) and are published into s_m; kept unless one of the thread's row
- * sums of P exceeds 2^8 (or is NaN): then false, s intact, and the caller runs the exact form,
- * which rewrites the P atom.  Not under the NO_RESCALE fault. */
-template <bool BF16>
-__device__ __forceinline__ bool ss_softmax_running(const float (&s)[8][4], int k0, int tig, const int lim[2],
-                                                   float score_mul, const float m_run[2], float l_run[2],
-                                                   unsigned char *sp, float *s_m, const int lr[2], int fault,
-                                                   bool &ready, uint32_t (&pa)[4][4])
-{
-    if (fault == AR_FAULT_NO_RESCALE) return false;
-    if (!ready) ready = __all_sync(0xffffffffu, m_run[0] != -INFINITY && m_run[1] != -INFINITY);
-    if (!ready || !__all_sync(0xffffffffu, k0 + WG_KEYS <= lim[0] && k0 + WG_KEYS <= lim[1])) return false;
-    float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-        const float p0 = exp2f(fmaf(s[nt][0], score_mul, -m_run[0])), p1 = exp2f(fmaf(s[nt][1], score_mul, -m_run[0]));
-        const float p2 = exp2f(fmaf(s[nt][2], score_mul, -m_run[1])), p3 = exp2f(fmaf(s[nt][3], score_mul, -m_run[1]));
-        rs0 += p0 + p1;
-        rs1 += p2 + p3;
-        const uint32_t lo = pack2<BF16>(p0, p1), hi = pack2<BF16>(p2, p3);
-        pa[nt >> 1][2 * (nt & 1)] = lo;
-        pa[nt >> 1][2 * (nt & 1) + 1] = hi;
-        *wg_p_pair(sp, lr[0], nt, tig) = lo;
-        *wg_p_pair(sp, lr[1], nt, tig) = hi;
-    }
-    const bool grew = !(rs0 <= 256.f) || !(rs1 <= 256.f);
-    if (__any_sync(0xffffffffu, grew)) return false;
-    l_run[0] += rs0;
-    l_run[1] += rs1;
-    if (tig == 0) {
-        s_m[lr[0]] = m_run[0];
-        s_m[lr[1]] = m_run[1];
-    }
-    return true;
-}
-
 /* O [64 x 256] += P (pa, registers) V[:, 256 wg ..] of the key tile at sk_addr (issued and
  * committed, not waited: pa must stay unchanged until the wait). */
 template <bool BF16>
@@ -332,8 +293,8 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
             wg_fence_acc(s);
             uint32_t pa[4][4];            /* P0 as A fragments (P_RS) */
             const bool fast = FAST && P_RS &&
-                              ss_softmax_running<BF16>(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run,
-                                                       l_run, sk0 + 8 * WG_ATOM, s_ma, lr, a.fault, m_ready, pa);
+                              wg_softmax_running<BF16, true>(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run,
+                                                             l_run, sk0 + 8 * WG_ATOM, s_ma, m_run, lr, a.fault, m_ready, pa);
             if (!fast) {
                 float alpha0[2];
                 wg_softmax_full(s, w.key_begin + t0 * WG_KEYS, tig, lim, a.scale_log2, m_run, l_run, alpha0, a.fault);
@@ -398,8 +359,8 @@ __device__ __forceinline__ void wg_seesaw_body(attn_args a, const void *tmap)
             uint32_t pa[4][4];            /* P1 as A fragments (P_RS) */
             float beta[2] = {1.f, 1.f};
             const bool fast = FAST && P_RS &&
-                              ss_softmax_running<BF16>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, m_run,
-                                                       l_run, sk1 + 8 * WG_ATOM, s_mb, lr, a.fault, m_ready, pa);
+                              wg_softmax_running<BF16, true>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, m_run,
+                                                             l_run, sk1 + 8 * WG_ATOM, s_mb, m_run, lr, a.fault, m_ready, pa);
             if (!fast) {
                 float mx[2];
                 mask_scale_rowmax<8>(s, w.key_begin + t1 * WG_KEYS, tig, lim, a.scale_log2, mx);
@@ -498,7 +459,7 @@ static cudaError_t launch_seesaw_rs_tma(const attn_args *a, int num_ctas, const 
 }
 
 /* "seesaw-fast-tma": seesaw-rs-tma with each warpgroup's softmax against the running maximum
- * (ss_softmax_running) */
+ * (wg_softmax_running<BF16, true>) */
 static cudaError_t launch_seesaw_fast_tma(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
 {
     if (!tmap) return cudaErrorInvalidValue;

@@ -35,7 +35,7 @@
  *
  * Count per key tile: 64 x 64 x (576 + 512) x 2 = 8.91 MFLOP (FlashMLA's count) from 73.7 KB of
  * latent cache; at the H200's ~4096 dense bf16 FLOP/cycle/SM, 2176 cycles of tensor time.
- * ptxas (nvcc 13.0, sm_90a): 248 registers (TMA) / 254 (cp.async), no spills; one CTA per SM.
+ * ptxas (nvcc 13.0, sm_90a): 248 registers (TMA) / 255 (cp.async), no spills; one CTA per SM.
  * The kernel body exists only in the sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere it
  * traps, and the host picks it only on a compute-capability 9.0 device. */
 
@@ -270,12 +270,17 @@ __device__ __forceinline__ uint32_t *wg_p_pair(unsigned char *sp, int row, int n
  * [0, 256]; a NaN fails too): then false, and the caller runs the exact form (wg_softmax_full,
  * wg_store_p), which rewrites the P tile from the scores s, left intact.  Not under the planted
  * NO_RESCALE fault, which must show on the exact path.  Same-run A/B on the H200 (2026-12-03,
- * BENCHMARKS.md), b = 128, h_q = 128, 4k / 8k / 16k / 32k keys: 1.057 / 1.055 / 1.036 / 1.044x. */
-template <bool BF16>
+ * BENCHMARKS.md), b = 128, h_q = 128, 4k / 8k / 16k / 32k keys: 1.057 / 1.055 / 1.036 / 1.044x.
+ * On success one thread a row writes pub[h] into s_pub[row]: this kernel publishes the rescale
+ * factor 1 (s_pub = the alpha array); the lab's seesaw publishes the unchanged maxima.  With FRAGS,
+ * P also goes into *pa as the A fragments of P V's four key steps (the layout of the lab's
+ * register-operand P V). */
+template <bool BF16, bool FRAGS = false>
 __device__ __forceinline__ bool wg_softmax_running(const float (&s)[8][4], int k0, int tig, const int lim[2],
                                                    float score_mul, const float m_run[2], float l_run[2],
-                                                   unsigned char *sp, float *s_alpha, const int lr[2], int fault,
-                                                   bool &ready)
+                                                   unsigned char *sp, float *s_pub, const float pub[2],
+                                                   const int lr[2], int fault, bool &ready,
+                                                   uint32_t (*pa)[4] = nullptr)
 {
     if (fault == AR_FAULT_NO_RESCALE) return false;
     if (!ready) ready = __all_sync(0xffffffffu, m_run[0] != -INFINITY && m_run[1] != -INFINITY);
@@ -287,16 +292,21 @@ __device__ __forceinline__ bool wg_softmax_running(const float (&s)[8][4], int k
         const float p2 = exp2f(fmaf(s[nt][2], score_mul, -m_run[1])), p3 = exp2f(fmaf(s[nt][3], score_mul, -m_run[1]));
         rs0 += p0 + p1;
         rs1 += p2 + p3;
-        *wg_p_pair(sp, lr[0], nt, tig) = pack2<BF16>(p0, p1);
-        *wg_p_pair(sp, lr[1], nt, tig) = pack2<BF16>(p2, p3);
+        const uint32_t lo = pack2<BF16>(p0, p1), hi = pack2<BF16>(p2, p3);
+        if constexpr (FRAGS) {
+            pa[nt >> 1][2 * (nt & 1)] = lo;
+            pa[nt >> 1][2 * (nt & 1) + 1] = hi;
+        }
+        *wg_p_pair(sp, lr[0], nt, tig) = lo;
+        *wg_p_pair(sp, lr[1], nt, tig) = hi;
     }
     const bool grew = !(rs0 <= 256.f) || !(rs1 <= 256.f);
     if (__any_sync(0xffffffffu, grew)) return false;
     l_run[0] += rs0;
     l_run[1] += rs1;
     if (tig == 0) {
-        s_alpha[lr[0]] = 1.f;
-        s_alpha[lr[1]] = 1.f;
+        s_pub[lr[0]] = pub[0];
+        s_pub[lr[1]] = pub[1];
     }
     return true;
 }
@@ -424,6 +434,7 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
     bool m_ready = false;                                       /* warpgroup 0: every row of the warp has a maximum */
     const float score_mul = a.scale_log2;                       /* scores to the log2 domain (both softmax forms) */
+    const float alpha_one[2] = {1.f, 1.f};                      /* the running form's rescale factors */
     const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
     const uint64_t desc_p = ar_wg::desc_sw128(sp_addr, 16, 1024);
 
@@ -452,7 +463,7 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
             ar_wg::wait<0>();
             wg_fence_acc(s);
             if (!wg_softmax_running<BF16>(s, w.key_begin + t * WG_KEYS, tig, lim, score_mul, m_run, l_run,
-                                          smem + WG_OFF_P, s_alpha, lr, a.fault, m_ready)) {
+                                          smem + WG_OFF_P, s_alpha, alpha_one, lr, a.fault, m_ready)) {
                 float alpha[2];
                 wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, score_mul, m_run, l_run, alpha, a.fault);
                 wg_rescale(o, alpha, a.fault);
@@ -489,7 +500,7 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
 }
 
 /* Where the cache's tensor map cannot be made: every key tile by cp.async (all 256 threads; the
- * tile is loaded while S of the current one runs on the tensor cores).  ptxas: 254 registers. */
+ * tile is loaded while S of the current one runs on the tensor cores).  ptxas: 255 registers. */
 template <bool BF16>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_cpasync_kernel(attn_args a)
 {
