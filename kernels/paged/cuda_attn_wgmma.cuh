@@ -28,7 +28,8 @@
  * and the exact form runs only when one does not.  Feeding (FlashAttention-3's structure): the
  * producer warpgroup alone fills the stages - every tile that lies wholly inside the sequence by
  * TMA bulk tensor copies (one per cache page and 64-dim part, K by two of its warps and V by the
- * other two), the last, partial tile by cp.async with zero fill - and the two consumers take
+ * other two), the last, partial tile by cp.async with zero fill, and each item's Q tile by TMA
+ * where the GQA group divides 128 (else by cp.async) - and the two consumers take
  * ping-pong turns, so one's softmax runs while the other's products occupy the tensor cores.  At
  * head size 128 a turn issues the previous tile's P V and this tile's S together
  * (FlashAttention-3's order); at 256 a turn holds S alone.  The kernel body exists only in the sm_90a build. */
@@ -63,10 +64,11 @@ template <int HD_> struct WgGeom {
  * lands), "empty[s]" when all 256 consumer threads are done reading it.  A full / full_v phase
  * takes 129 arrivals: every producer thread's cp.async arrival (at once when it issued none) and
  * producer thread 0's (with the byte count of the TMA copies, or plain).  "q_full" completes when
- * the Q tile of the CTA's current work item has landed (128 cp.async arrivals), "q_empty" when
+ * the Q tile of the CTA's current work item has landed (128 producer arrivals: thread 0's with the
+ * TMA byte count and plain ones, or one per thread after its cp.async copies), "q_empty" when
  * both consumers are done with it (the next item's Q may then come).  setmaxnreg moves registers
- * from the producer (40: its cp.async tail path spills at 32; at 40 its Q copies in the item loop
- * spill 48-60 bytes, off the consumers' path) to the consumers (232; ptxas 13.0: in the key loop
+ * from the producer (40: its cp.async tail path spills at 32; at 40 its cp.async Q copies in the
+ * item loop spill 48-60 bytes) to the consumers (232; ptxas 13.0: in the key loop
  * one 2-byte flag, row_m_ready, stored and reloaded once a tile at head size 128, the rest of
  * the 24-54 spilled bytes at an item's start and end).  Waits ask the hardware to suspend the
  * waiting warp (mbar_wait_suspend) rather than spin on the schedulers the consumers issue from.
@@ -203,6 +205,9 @@ __global__ void __launch_bounds__(WgPipe<HD_>::THREADS, 1)
 attn_wgmma_kernel(const ar_attn_args a,
                   const __grid_constant__ CUtensorMap tmap_k,  /* K cache [num_slots][Hkv][HD], box [bs][1][64] */
                   const __grid_constant__ CUtensorMap tmap_v,  /* the same for the V cache */
+                  const __grid_constant__ CUtensorMap tmap_q,  /* Q [num_tokens][Hq][HD], box [128 / group][group][64]
+                                                                  (q_by_tma only) */
+                  int q_by_tma,                                /* the Q tile comes by TMA (128 % group == 0) */
                   int num_work)                                /* items in a.work */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -311,9 +316,28 @@ attn_wgmma_kernel(const ar_attn_args a,
             const T *kg = reinterpret_cast<const T *>(a.k_cache) + (int64_t)kvh_load * HD;
             const T *vg = reinterpret_cast<const T *>(a.v_cache) + (int64_t)kvh_load * HD;
 
-            /* Q tile -> shared (rows past the request zero-filled), by the producer; completes on
-             * q_full */
+            /* Q tile -> shared, by the producer; completes on q_full.  By TMA where the group
+             * divides 128 (a tile's rows are then 128 / group whole tokens, each the group's
+             * adjacent heads: one box [128 / group tokens][group heads][64 dims] per 64-dim part,
+             * landing in the swizzled layout row by row; rows past the request hold the next
+             * tokens' queries, or zeros past the last token, and their outputs are never
+             * stored): producer thread 0 issues the copies, the other threads arrive.  Else by
+             * cp.async, rows past the request zero-filled.  The cp.async form took the producer
+             * about 6,000 cycles an item to issue (integer divisions per chunk at 40 registers),
+             * so that the consumers waited for Q at most item starts (H200, BENCHMARKS.md). */
             auto produce_q = [&]() {
+                if (q_by_tma && w.pair0 % grp == 0) {
+                    if (tid == 0) {
+                        ar_wg::mbar_arrive_expect_tx(q_full_bar, G::Q_BYTES);
+#pragma unroll
+                        for (int part = 0; part < PARTS; part++)
+                            ar_wg::tma_load_3d(sq_addr + (uint32_t)(part * G::Q_PART_BYTES), &tmap_q, q_full_bar, part * 64,
+                                               w.kv_head * grp, qstart + w.pair0 / grp);
+                    } else {
+                        ar_wg::mbar_arrive(q_full_bar);
+                    }
+                    return;
+                }
 #pragma unroll 2
                 for (int k = 0; k < ROWS * CHUNKS / LOADERS; k++) {
                     int i = tid + k * LOADERS, r = i / CHUNKS, c = i % CHUNKS;
@@ -825,6 +849,7 @@ attn_wgmma_kernel(const ar_attn_args a,
         if (tid == 0) {
             ar_wg::tma_prefetch_map(&tmap_k);
             ar_wg::tma_prefetch_map(&tmap_v);
+            if (q_by_tma) ar_wg::tma_prefetch_map(&tmap_q);
         }
         run_items(std::true_type{});
     } else {
@@ -856,6 +881,22 @@ static cudaError_t wgmma_tensor_maps(const ar_attn_args *a, CUtensorMap *mk, CUt
     return cudaSuccess;
 }
 
+/* The Q tensor map of the kernel: Q as [num_tokens][Hq][head size] 16-bit elements, one copy =
+ * [128 / group tokens][group heads][64 dims], 128-byte swizzled.  1 when encoded (the group
+ * divides 128 and the driver took the shape), else 0 (the kernel copies Q by cp.async). */
+static int wgmma_q_map(const ar_attn_args *a, CUtensorMap *mq)
+{
+    memset(mq, 0, sizeof *mq);
+    const int grp = a->group;
+    if (grp < 1 || grp > 128 || 128 % grp != 0 || a->num_tokens < 1) return 0;
+    const uint64_t hd = (uint64_t)a->head_size;
+    const uint64_t dims[3] = {hd, (uint64_t)a->num_q_heads, (uint64_t)a->num_tokens};
+    const uint64_t strides[2] = {hd * 2, (uint64_t)a->num_q_heads * hd * 2};
+    const uint32_t box[3] = {64, (uint32_t)grp, (uint32_t)(128 / grp)};
+    char err[256];
+    return ar_tma_encode(mq, a->q, 3, dims, strides, box, "cuda", err, sizeof err) == 0;
+}
+
 /* HD: 128 or 256, the launch's exact head size */
 template <typename T, int HD>
 static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_t stream)
@@ -865,8 +906,11 @@ static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_
     CUtensorMap mk, mv;
     cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
     if (e != cudaSuccess) return e;
+    /* Q by TMA where a tile's 128 rows are whole tokens' head groups (wgmma_q_map) */
+    CUtensorMap mq;
+    const int q_by_tma = wgmma_q_map(a, &mq);
     const int ctas = ar_attn_wg_ctas(a->persistent_ctas, num_work);
-    attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, num_work);
+    attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, mq, q_by_tma, num_work);
     return cudaGetLastError();
 }
 
