@@ -89,9 +89,12 @@ template <int HD> struct WgPipe {
 /* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's): 256 threads
  * each, the 128 of the waiting warpgroup (bar.sync) and the 128 of the signalling one
  * (bar.arrive).  Per tile every warpgroup waits for its turn once and hands the turn over once,
- * active or not (at head size 128 once more after the last tile, for its P V); warpgroup 1
- * signals once before the loop and skips its last hand-over, so arrivals and waits pair up
- * exactly on both barriers. */
+ * active or not (at head size 128 once more after the last tile, for its P V), so both take the
+ * same number of turns in every item and the chain of turns runs on across the CTA's items:
+ * warpgroup 0 takes the first turn of the next item as soon as warpgroup 1 has issued its last
+ * product of this one, while warpgroup 1 waits for that product and stores its rows.  Warpgroup
+ * 1 signals once before the item loop and warpgroup 0 waits once after it, so arrivals and waits
+ * pair up exactly on both barriers. */
 __device__ __forceinline__ void pingpong_signal(int to_wg)
 {
     asm volatile("bar.arrive %0, 256;\n" :: "r"(1 + to_wg) : "memory");
@@ -100,14 +103,14 @@ __device__ __forceinline__ void pingpong_wait(int wg)
 {
     asm volatile("bar.sync %0, 256;\n" :: "r"(1 + wg) : "memory");
 }
-__device__ __forceinline__ void pingpong_turn_issued(int wg, bool last)
+__device__ __forceinline__ void pingpong_turn_issued(int wg)
 {
-    if (wg == 0 || !last) pingpong_signal(1 - wg);
+    pingpong_signal(1 - wg);
 }
-__device__ __forceinline__ void pingpong_turn(int wg, bool last)
+__device__ __forceinline__ void pingpong_turn(int wg)
 {
     pingpong_wait(wg);
-    pingpong_turn_issued(wg, last);
+    pingpong_turn_issued(wg);
 }
 
 /* Byte offset of (row, 16-byte chunk) in a swizzled tile whose 64-dim column parts are
@@ -289,6 +292,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             return item;
         };
         uint32_t tiles_before = 0, q_items_before = 0;
+        if (!PRODUCER_ROLE && wg == 1) pingpong_signal(0);   /* warpgroup 0 takes the first turn */
         for (uint32_t k = 0;; k++) {
             const int item = next_item(k);
             if (item >= num_work) break;
@@ -636,7 +640,6 @@ attn_wgmma_kernel(const ar_attn_args a,
                     ar_wg::fence_proxy_async();                 /* cp.async writes -> wgmma's reads */
                 }
             }
-            if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
             if constexpr (HD == 128) {
             /* FlashAttention-3's turn order: a warpgroup's turn issues P V of its previous active tile
              * and S of this one together, so its softmax runs while the other warpgroup's turn holds
@@ -652,7 +655,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 auto parity_of = [&](int it) { return ((tiles_before + (uint32_t)it) / STAGES) & 1; };
                 auto sk_of = [&](int it) { return skv_addr + (uint32_t)(stage_of(it) * 2 * G::KV_BYTES); };
                 auto plain_turn = [&](int it) {                 /* no product: tile it inactive (or it == n_tiles) */
-                    pingpong_turn(wg, it == n_tiles);
+                    pingpong_turn(wg);
                     if (it < n_tiles) ar_wg::mbar_arrive(empty_bar + stage_of(it) * 8);
                 };
                 int a0 = 0;
@@ -670,7 +673,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                         pingpong_wait(wg);
                         issue_s(sc, sk_of(a0));
                         ar_wg::commit();
-                        pingpong_turn_issued(wg, false);
+                        pingpong_turn_issued(wg);
                         ar_wg::wait<0>();
                         ar_wg::fence_regs(sc);
                         softmax_to_p(sc, w.tile_begin + a0, pa, alpha);   /* acc is still 0: no rescale */
@@ -685,7 +688,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                         ar_wg::commit();
                         issue_s(sc, sk_of(it));
                         ar_wg::commit();
-                        pingpong_turn_issued(wg, false);
+                        pingpong_turn_issued(wg);
                         ar_wg::wait<0>();
                         ar_wg::fence_regs(acc);
                         ar_wg::fence_regs(sc);
@@ -698,7 +701,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     pingpong_wait(wg);
                     issue_pv(pa, sk_of(a1 - 1) + G::KV_BYTES);
                     ar_wg::commit();
-                    pingpong_turn_issued(wg, a1 == n_tiles);
+                    pingpong_turn_issued(wg);
                     ar_wg::wait<0>();
                     ar_wg::fence_regs(acc);
                     ar_wg::mbar_arrive(empty_bar + stage_of(a1 - 1) * 8);
@@ -718,7 +721,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 const bool active = wg_has_rows && tile_first <= wg_max_qpos + causal_extra &&
                                     !(window > 0 && tile_last < wg_min_qpos - window + 1);
                 if (!active) {                                  /* warpgroup-uniform */
-                    pingpong_turn(wg, it == n_tiles - 1);
+                    pingpong_turn(wg);
                     ar_wg::mbar_arrive(empty_bar + stage * 8);
                     continue;
                 }
@@ -730,7 +733,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 float s[NS];
                 pingpong_wait(wg);
                 issue_s(s, sk_addr);
-                pingpong_turn_issued(wg, it == n_tiles - 1);
+                pingpong_turn_issued(wg);
                 ar_wg::commit();
                 ar_wg::wait<0>();
                 ar_wg::fence_regs(s);
@@ -817,6 +820,7 @@ attn_wgmma_kernel(const ar_attn_args a,
             }
         } /* the item loop */
         if constexpr (PRODUCER_ROLE) cp_async_wait<0>();
+        else if (wg == 0) pingpong_wait(0);                  /* warpgroup 1's hand-over after its last turn */
     };
     /* 168 registers at entry (384 threads, 64K registers); the producer keeps 40, 128 x (168 -
      * 40) = 2 x 128 x (232 - 168) */
