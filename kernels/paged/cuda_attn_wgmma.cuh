@@ -82,8 +82,11 @@ template <int HD> struct WgPipe {
     /* full, empty, full_v; q_full, q_empty; item_full, item_empty */
     static constexpr int NUM_BARS = 3 * STAGES + 2 + 2 * ITEM_SLOTS;
     static constexpr size_t BAR_OFFSET = (size_t)WgGeom<HD>::Q_BYTES + (size_t)2 * STAGES * WgGeom<HD>::KV_BYTES;
-    static constexpr size_t ITEM_OFFSET = BAR_OFFSET + NUM_BARS * 8;   /* int [ITEM_SLOTS] */
-    static constexpr size_t SMEM = 1024 /* alignment slack */ + ITEM_OFFSET + ITEM_SLOTS * 4;
+    /* an item slot: the item's index, its ar_attn_work (7 ints), the request's query start, query
+     * end and sequence length, one int spare */
+    static constexpr int ITEM_INTS = 12;
+    static constexpr size_t ITEM_OFFSET = BAR_OFFSET + NUM_BARS * 8;   /* int [ITEM_SLOTS][ITEM_INTS] */
+    static constexpr size_t SMEM = 1024 /* alignment slack */ + ITEM_OFFSET + ITEM_SLOTS * ITEM_INTS * 4;
 };
 
 /* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's): 256 threads
@@ -235,7 +238,7 @@ attn_wgmma_kernel(const ar_attn_args a,
     constexpr int ITEM_SLOTS = WgPipe<HD_>::ITEM_SLOTS;
     const uint32_t item_full_bar = q_empty_bar + 8;
     const uint32_t item_empty_bar = item_full_bar + ITEM_SLOTS * 8;
-    const uint32_t item_slot = sq_addr + (uint32_t)WgPipe<HD_>::ITEM_OFFSET;   /* int [ITEM_SLOTS] */
+    const uint32_t item_slot = sq_addr + (uint32_t)WgPipe<HD_>::ITEM_OFFSET;   /* int [ITEM_SLOTS][ITEM_INTS] */
     if (threadIdx.x == 0) {
         for (int st = 0; st < STAGES; st++) {
             ar_wg::mbar_init(full_bar + st * 8, LOADERS + 1);
@@ -273,30 +276,56 @@ attn_wgmma_kernel(const ar_attn_args a,
      * copy after its own register reallocation, so ptxas allocates each with its own budget. */
     auto run_items = [&](auto role) {
         constexpr bool PRODUCER_ROLE = decltype(role)::value;
-        auto next_item = [&](uint32_t k) {
+        /* The item's description comes with its index: producer thread 0 reads the work item and
+         * its request's query start, query end and sequence length from global memory when it
+         * takes the index, ahead of the consumers, and every warp reads them from the slot (two
+         * dependent global loads off each consumer's item start). */
+        constexpr int ITEM_INTS = WgPipe<HD_>::ITEM_INTS;
+        auto next_item = [&](uint32_t k, ar_attn_work &wk, int &qs, int &qe, int &sl) {
             const uint32_t j = k % ITEM_SLOTS, use = k / ITEM_SLOTS;
+            const uint32_t slot = item_slot + j * ITEM_INTS * 4;
             if (PRODUCER_ROLE && tid == 0) {
                 if (use > 0) ar_wg::mbar_wait_suspend(item_empty_bar + j * 8, (use - 1) & 1);
                 const int taken = atomicAdd(a.wg_next_item, 1);
                 if (taken == num_work + (int)gridDim.x - 1) atomicExch(a.wg_next_item, 0);
-                ar_wg::st_shared_s32(item_slot + j * 4, taken);
-                ar_wg::mbar_arrive(item_full_bar + j * 8);   /* release: the slot's store first */
+                ar_wg::st_shared_s32(slot, taken);
+                if (taken < num_work) {
+                    const ar_attn_work t = a.work[taken];
+                    const int v[10] = {t.req, t.kv_head, t.pair0, t.tile_begin, t.tile_end, t.partial, t.partial_stride,
+                                       a.query_start_loc[t.req], a.query_start_loc[t.req + 1], a.seq_lens[t.req]};
+#pragma unroll
+                    for (int i = 0; i < 10; i++) ar_wg::st_shared_s32(slot + 4 + i * 4, v[i]);
+                }
+                ar_wg::mbar_arrive(item_full_bar + j * 8);   /* release: the slot's stores first */
             }
             ar_wg::mbar_wait_suspend(item_full_bar + j * 8, use & 1);
-            const int item = ar_wg::ld_shared_s32(item_slot + j * 4);
+            const int item = ar_wg::ld_shared_s32(slot);
+            if (item < num_work) {
+                int v[10];
+#pragma unroll
+                for (int i = 0; i < 10; i++) v[i] = ar_wg::ld_shared_s32(slot + 4 + i * 4);
+                wk.req = v[0];
+                wk.kv_head = v[1];
+                wk.pair0 = v[2];
+                wk.tile_begin = v[3];
+                wk.tile_end = v[4];
+                wk.partial = v[5];
+                wk.partial_stride = v[6];
+                qs = v[7];
+                qe = v[8];
+                sl = v[9];
+            }
             __syncwarp();
             if (lane == 0) ar_wg::mbar_arrive(item_empty_bar + j * 8);
             return item;
         };
         uint32_t tiles_before = 0, q_items_before = 0;
         for (uint32_t k = 0;; k++) {
-            const int item = next_item(k);
+            ar_attn_work w;
+            int qstart, qend, seq_len;
+            const int item = next_item(k, w, qstart, qend, seq_len);
             if (item >= num_work) break;
-            const ar_attn_work w = a.work[item];
-
-            const int qstart = a.query_start_loc[w.req];
-            const int q_len = a.query_start_loc[w.req + 1] - qstart;
-            const int seq_len = a.seq_lens[w.req];
+            const int q_len = qend - qstart;
             const int ctx = seq_len - q_len;
             const int grp = a.group;
             const int kvh_load = a.fault == AR_FAULT_WRONG_KV_HEAD ? (w.kv_head + 1) % a.num_kv_heads : w.kv_head;
