@@ -123,6 +123,11 @@ template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], cons
  * registers. */
 template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64], const uint32_t a[4], uint64_t desc_b, int accumulate);
 
+/* d [64 x 64] (+)= A (a: registers) B (desc_b, K-major, its first 64 rows): S = Q K^T of the
+ * first 64 keys of a tile, with Q in registers; d holds the first 32 registers of the 64 x 128
+ * accumulator's layout (columns 0-63). */
+template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor_n64(float d[32], const uint32_t a[4], uint64_t desc_b, int accumulate);
+
 /* d [64 x 64] (+)= A B with both operands in shared memory and K-major (desc_a: 64 rows of A,
  * desc_b: 64 rows of B): S = Q K^T at head size 256, Q read from its shared tile. */
 template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate);
@@ -175,6 +180,21 @@ template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
     "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
     "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+/* A from registers, B K-major, N = 64; the accumulate flag is operand 37 */
+#define WGMMA_RS64_TEXT(TY) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32" TY TY " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, " \
+    "1, 1, 0;\n}\n"
+template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor_n64(float d[32], const uint32_t a[4], uint64_t desc_b, int accumulate)
+{
+    if constexpr (wg_is_bf16<T>::value)
+        asm volatile(WGMMA_RS64_TEXT(".bf16") : WG_ACC32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile(WGMMA_RS64_TEXT(".f16") : WG_ACC32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
 /* A and B from shared memory, both K-major; the accumulate flag is operand 34 */
 #define WGMMA_SS64_TEXT(TY) \
     "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
@@ -192,6 +212,7 @@ template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], 
 #undef WG_ACC64
 #undef WG_ACC32
 #undef WGMMA_SS64_TEXT
+#undef WGMMA_RS64_TEXT
 #undef WGMMA_RS_TEXT
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
@@ -419,14 +440,27 @@ attn_wgmma_kernel(const ar_attn_args a,
             /* S = Q K^T of the tile in stage sk_addr into sd (issued, not waited for) */
             /* The k-steps' descriptors are the tile's plus the step's offset in 16-byte units
              * (ar_wg::desc_advance). */
-            auto issue_s = [&](float (&sd)[NS], uint32_t sk_addr) {
+            /* half (head size 128): S of the tile's first 64 keys only, into sd[0..31] (the
+             * accumulator layout's columns 0-63; sd[32..63] are left as they are: the warpgroup's
+             * causal mask hides those keys from all its rows, see key_half below, and cap_and_mask
+             * sets them to -infinity); a compile-time flag, as a run-time branch between wgmma
+             * instructions makes ptxas serialise every wgmma of the kernel (C7520) */
+            auto issue_s = [&](float (&sd)[NS], uint32_t sk_addr, bool half) {
                 ar_wg::fence();
                 const uint64_t db0 = ar_wg::desc_sw128(sk_addr, 16, 1024);
                 if constexpr (G::Q_IN_REGS) {
+                    if (half) {
 #pragma unroll
-                    for (int kk = 0; kk < HD / 16; kk++) {
-                        const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
-                        wgmma_rs_kmajor<T>(sd, qa[kk], ar_wg::desc_advance(db0, koff16), kk > 0);
+                        for (int kk = 0; kk < HD / 16; kk++) {
+                            const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
+                            wgmma_rs_kmajor_n64<T>(sd, qa[kk], ar_wg::desc_advance(db0, koff16), kk > 0);
+                        }
+                    } else {
+#pragma unroll
+                        for (int kk = 0; kk < HD / 16; kk++) {
+                            const uint32_t koff16 = (uint32_t)((kk >> 2) * G::KV_PART_BYTES + (kk & 3) * 32) >> 4;
+                            wgmma_rs_kmajor<T>(sd, qa[kk], ar_wg::desc_advance(db0, koff16), kk > 0);
+                        }
                     }
                 } else {
                     /* this warpgroup's 64 Q rows start 64 x 128 bytes into each column part */
@@ -576,16 +610,23 @@ attn_wgmma_kernel(const ar_attn_args a,
                     }
             };
             /* O += P V of the tile in stage sv_addr (issued, not waited for) */
-            auto issue_pv = [&](const uint32_t (&pa)[PV_STEPS][4], uint32_t sv_addr) {
+            /* half: the tile's first 64 keys only (P is 0 on the rest: issue_s's half) */
+            auto issue_pv = [&](const uint32_t (&pa)[PV_STEPS][4], uint32_t sv_addr, bool half) {
                 ar_wg::fence_regs(acc);
                 ar_wg::fence();
 #pragma unroll
                 for (int h = 0; h < HD / 128; h++) {
                     const uint32_t sv_half = sv_addr + (uint32_t)(h * 2 * G::KV_PART_BYTES);
                     const uint64_t dv0 = ar_wg::desc_sw128(sv_half, v_lbo, v_sbo);
+                    if (half) {
 #pragma unroll
-                    for (int kk = 0; kk < PV_STEPS; kk++)
-                        wgmma_rs<T>(acc + 64 * h, pa[kk], ar_wg::desc_advance(dv0, (uint32_t)(kk * 2048 >> 4)));
+                        for (int kk = 0; kk < PV_STEPS / 2; kk++)
+                            wgmma_rs<T>(acc + 64 * h, pa[kk], ar_wg::desc_advance(dv0, (uint32_t)(kk * 2048 >> 4)));
+                    } else {
+#pragma unroll
+                        for (int kk = 0; kk < PV_STEPS; kk++)
+                            wgmma_rs<T>(acc + 64 * h, pa[kk], ar_wg::desc_advance(dv0, (uint32_t)(kk * 2048 >> 4)));
+                    }
                 }
             };
 
@@ -637,6 +678,29 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
             }
             if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
+            /* The active tiles of this warpgroup are one run [a0, a1) (causal: a suffix is
+             * inactive; a window: a prefix). */
+            auto tile_active = [&](int it) {
+                const int tf = (w.tile_begin + it) * BLOCK_N, tl = tf + BLOCK_N - 1;
+                return wg_has_rows && tf <= wg_max_qpos + causal_extra && !(window > 0 && tl < wg_min_qpos - window + 1);
+            };
+            /* keys 64-127 of tile it lie past every row of this warpgroup (the causal mask's
+             * diagonal tile, for the upper 64 rows of a 128-row tile): its products take the
+             * first 64 keys only, a quarter of the diagonal tile's tensor work saved */
+            auto key_half = [&](int it) {
+                return (w.tile_begin + it) * BLOCK_N + BLOCK_N / 2 > wg_max_qpos + causal_extra;
+            };
+            int a0 = 0;
+            while (a0 < n_tiles && !tile_active(a0)) a0++;
+            int a1 = a0;
+            while (a1 < n_tiles && tile_active(a1)) a1++;
+            /* the rest of the item, from the turns to the output; half: the last active tile
+             * is a half one (key_half, head size 128).  Called with a constant, so that each
+             * instance's wgmma instructions are fixed at compile time and the run-time branch
+             * between the two encloses whole items (ptxas serialises every wgmma of the kernel
+             * when a branch between two wgmma sequences joins with the accumulators live:
+             * C7511, C7520) */
+            auto finish_item = [&](bool half) {
             if constexpr (HD == 128) {
             /* FlashAttention-3's turn order: a warpgroup's turn issues P V of its previous active tile
              * and S of this one together, so its softmax runs while the other warpgroup's turn holds
@@ -644,10 +708,6 @@ attn_wgmma_kernel(const ar_attn_args a,
              * or not, and a last one for the last P V).  The active tiles of a warpgroup are one run
              * [a0, a1) (causal: a suffix is inactive; a window: a prefix). */
             if (n_tiles > 0) {
-                auto tile_active = [&](int it) {
-                    const int tf = (w.tile_begin + it) * BLOCK_N, tl = tf + BLOCK_N - 1;
-                    return wg_has_rows && tf <= wg_max_qpos + causal_extra && !(window > 0 && tl < wg_min_qpos - window + 1);
-                };
                 auto stage_of = [&](int it) { return (int)((tiles_before + (uint32_t)it) % STAGES); };
                 auto parity_of = [&](int it) { return ((tiles_before + (uint32_t)it) / STAGES) & 1; };
                 auto sk_of = [&](int it) { return skv_addr + (uint32_t)(stage_of(it) * 2 * G::KV_BYTES); };
@@ -655,52 +715,70 @@ attn_wgmma_kernel(const ar_attn_args a,
                     pingpong_turn(wg, it == n_tiles);
                     if (it < n_tiles) ar_wg::mbar_arrive(empty_bar + stage_of(it) * 8);
                 };
-                int a0 = 0;
-                while (a0 < n_tiles && !tile_active(a0)) a0++;
-                int a1 = a0;
-                while (a1 < n_tiles && tile_active(a1)) a1++;
+                /* A turn's products, from the wait for the turn to their completion: P V of tile
+                 * pv_it (none when pv_it < 0) and S of tile s_it (none when s_it < 0) into sc.
+                 * HALF_PV / HALF_S: key_half of those tiles, as template flags (issue_s). */
+                auto products = [&](float (&sc)[NS], const uint32_t (&pa)[PV_STEPS][4], int pv_it, int s_it, bool last,
+                                    bool half_pv, bool half_s) {
+                    pingpong_wait(wg);
+                    if (pv_it >= 0) {
+                        issue_pv(pa, sk_of(pv_it) + G::KV_BYTES, half_pv);
+                        ar_wg::commit();
+                    }
+                    if (s_it >= 0) {
+                        issue_s(sc, sk_of(s_it), half_s);
+                        ar_wg::commit();
+                    }
+                    pingpong_turn_issued(wg, last);
+                    ar_wg::wait<0>();
+                    ar_wg::fence_regs(acc);
+                    if (s_it >= 0) ar_wg::fence_regs(sc);
+                    if (s_it >= 0 && half_s) {
+#pragma unroll
+                        for (int i = NS / 2; i < NS; i++) sc[i] = -INFINITY;
+                    }
+                };
                 for (int it = 0; it < a0; it++) plain_turn(it);
-                if (a0 < a1) {
+                /* The turns of the active tiles [a0, a1).  half: the last active tile is a half one
+                 * (key_half; only the last can be: the tile after it starts past every row of the
+                 * warpgroup).  Called with a constant, so each instance's products are fixed at
+                 * compile time, and a run-time branch encloses whole turn sequences only
+                 * (issue_s); a single active tile has a sequence of its own for the same reason. */
+                auto active_turns = [&](bool half) {
                     uint32_t pa[PV_STEPS][4];
                     float alpha[2];
-                    {   /* the first active tile: S alone */
-                        float sc[NS];
-                        ar_wg::mbar_wait_suspend(full_bar + stage_of(a0) * 8, parity_of(a0));
-                        ar_wg::fence_proxy_async();
-                        pingpong_wait(wg);
-                        issue_s(sc, sk_of(a0));
-                        ar_wg::commit();
-                        pingpong_turn_issued(wg, false);
-                        ar_wg::wait<0>();
-                        ar_wg::fence_regs(sc);
-                        softmax_to_p(sc, w.tile_begin + a0, pa, alpha);   /* acc is still 0: no rescale */
-                    }
-                    for (int it = a0 + 1; it < a1; it++) {      /* P V of it - 1 and S of it in one turn */
+                    /* P V of tile it - 1 and S of tile it in one turn; half_s: tile it is a half one */
+                    auto pv_s_turn = [&](int it, bool half_s) {
                         float sc[NS];
                         ar_wg::mbar_wait_suspend(full_v_bar + stage_of(it - 1) * 8, parity_of(it - 1));
                         ar_wg::mbar_wait_suspend(full_bar + stage_of(it) * 8, parity_of(it));
                         ar_wg::fence_proxy_async();
-                        pingpong_wait(wg);
-                        issue_pv(pa, sk_of(it - 1) + G::KV_BYTES);
-                        ar_wg::commit();
-                        issue_s(sc, sk_of(it));
-                        ar_wg::commit();
-                        pingpong_turn_issued(wg, false);
-                        ar_wg::wait<0>();
-                        ar_wg::fence_regs(acc);
-                        ar_wg::fence_regs(sc);
+                        products(sc, pa, it - 1, it, false, false, half_s);
                         ar_wg::mbar_arrive(empty_bar + stage_of(it - 1) * 8);
                         if (softmax_to_p(sc, w.tile_begin + it, pa, alpha)) rescale_acc(alpha);   /* nothing to rescale otherwise */
+                    };
+                    {   /* the first active tile: S alone */
+                        float sc[NS];
+                        ar_wg::mbar_wait_suspend(full_bar + stage_of(a0) * 8, parity_of(a0));
+                        ar_wg::fence_proxy_async();
+                        if (a1 - a0 == 1) products(sc, pa, -1, a0, false, false, half);
+                        else products(sc, pa, -1, a0, false, false, false);
+                        softmax_to_p(sc, w.tile_begin + a0, pa, alpha);   /* acc is still 0: no rescale */
+                    }
+                    if (a1 - a0 > 1) {
+                        for (int it = a0 + 1; it < a1 - 1; it++) pv_s_turn(it, false);
+                        pv_s_turn(a1 - 1, half);
                     }
                     /* turn a1 (an inactive tile's, or the last one): P V of a1 - 1 */
-                    ar_wg::mbar_wait_suspend(full_v_bar + stage_of(a1 - 1) * 8, parity_of(a1 - 1));
-                    ar_wg::fence_proxy_async();
-                    pingpong_wait(wg);
-                    issue_pv(pa, sk_of(a1 - 1) + G::KV_BYTES);
-                    ar_wg::commit();
-                    pingpong_turn_issued(wg, a1 == n_tiles);
-                    ar_wg::wait<0>();
-                    ar_wg::fence_regs(acc);
+                    {
+                        float unused[NS];
+                        ar_wg::mbar_wait_suspend(full_v_bar + stage_of(a1 - 1) * 8, parity_of(a1 - 1));
+                        ar_wg::fence_proxy_async();
+                        products(unused, pa, a1 - 1, -1, a1 == n_tiles, half, false);
+                    }
+                };
+                if (a0 < a1) {
+                    active_turns(half);
                     ar_wg::mbar_arrive(empty_bar + stage_of(a1 - 1) * 8);
                     if (a1 < n_tiles) ar_wg::mbar_arrive(empty_bar + stage_of(a1) * 8);
                     for (int it = a1 + 1; it <= n_tiles; it++) plain_turn(it);
@@ -729,7 +807,7 @@ attn_wgmma_kernel(const ar_attn_args a,
 
                 float s[NS];
                 pingpong_wait(wg);
-                issue_s(s, sk_addr);
+                issue_s(s, sk_addr, false);
                 pingpong_turn_issued(wg, it == n_tiles - 1);
                 ar_wg::commit();
                 ar_wg::wait<0>();
@@ -739,7 +817,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 if (softmax_to_p(s, t, pa, alpha)) rescale_acc(alpha);   /* nothing to rescale otherwise */
                 ar_wg::mbar_wait_suspend(full_v_bar + stage * 8, (gt / STAGES) & 1);
                 ar_wg::fence_proxy_async();
-                issue_pv(pa, sv_addr);
+                issue_pv(pa, sv_addr, false);
                 ar_wg::commit();
                 ar_wg::wait<0>();
                 ar_wg::fence_regs(acc);
@@ -815,6 +893,9 @@ attn_wgmma_kernel(const ar_attn_args a,
                                   acc[4 * n + 2 * r + 1] * inv, lse2);
                 if (tq == 0) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
             }
+            };
+            if (HD == 128 && a0 < a1 && key_half(a1 - 1)) finish_item(true);
+            else finish_item(false);
         } /* the item loop */
         if constexpr (PRODUCER_ROLE) cp_async_wait<0>();
     };
