@@ -156,6 +156,23 @@ template <> struct wg_is_bf16<__nv_bfloat16> { static constexpr bool value = tru
     "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, " \
     "1, 1, " TNSP ";\n}\n"
 
+/* wgmma_rs issued only where issue != 0 (a guard predicate on the instruction, uniform over the
+ * warpgroup) */
+#define WGMMA_RS_GUARD_TEXT(TY) \
+    "{\n.reg .pred p, g;\nsetp.ne.b32 g, %69, 0;\nsetp.ne.b32 p, 1, 0;\n" \
+    "@g wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, " \
+    "1, 1, 1;\n}\n"
+template <typename T> __device__ __forceinline__ void wgmma_rs_guarded(float d[64], const uint32_t a[4], uint64_t desc_b, int issue)
+{
+    if constexpr (wg_is_bf16<T>::value)
+        asm volatile(WGMMA_RS_GUARD_TEXT(".bf16") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(issue));
+    else
+        asm volatile(WGMMA_RS_GUARD_TEXT(".f16") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(issue));
+}
 template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], const uint32_t a[4], uint64_t desc_b)
 {
     if constexpr (wg_is_bf16<T>::value)
@@ -193,6 +210,7 @@ template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], 
 #undef WG_ACC32
 #undef WGMMA_SS64_TEXT
 #undef WGMMA_RS_TEXT
+#undef WGMMA_RS_GUARD_TEXT
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* The kernel (see the file comment).  Consumer warpgroup w owns rows 64 w .. 64 w + 63 of the
@@ -576,7 +594,8 @@ attn_wgmma_kernel(const ar_attn_args a,
                     }
             };
             /* O += P V of the tile in stage sv_addr (issued, not waited for) */
-            auto issue_pv = [&](const uint32_t (&pa)[PV_STEPS][4], uint32_t sv_addr) {
+            /* half: the second half of the tile's keys skipped (their P is 0: key_half) */
+            auto issue_pv = [&](const uint32_t (&pa)[PV_STEPS][4], uint32_t sv_addr, bool half = false) {
                 ar_wg::fence_regs(acc);
                 ar_wg::fence();
 #pragma unroll
@@ -584,8 +603,12 @@ attn_wgmma_kernel(const ar_attn_args a,
                     const uint32_t sv_half = sv_addr + (uint32_t)(h * 2 * G::KV_PART_BYTES);
                     const uint64_t dv0 = ar_wg::desc_sw128(sv_half, v_lbo, v_sbo);
 #pragma unroll
-                    for (int kk = 0; kk < PV_STEPS; kk++)
-                        wgmma_rs<T>(acc + 64 * h, pa[kk], ar_wg::desc_advance(dv0, (uint32_t)(kk * 2048 >> 4)));
+                    for (int kk = 0; kk < PV_STEPS; kk++) {
+                        if (HD == 128 && kk >= PV_STEPS / 2)
+                            wgmma_rs_guarded<T>(acc + 64 * h, pa[kk], ar_wg::desc_advance(dv0, (uint32_t)(kk * 2048 >> 4)), !half);
+                        else
+                            wgmma_rs<T>(acc + 64 * h, pa[kk], ar_wg::desc_advance(dv0, (uint32_t)(kk * 2048 >> 4)));
+                    }
                 }
             };
 
@@ -651,6 +674,11 @@ attn_wgmma_kernel(const ar_attn_args a,
                 auto stage_of = [&](int it) { return (int)((tiles_before + (uint32_t)it) % STAGES); };
                 auto parity_of = [&](int it) { return ((tiles_before + (uint32_t)it) / STAGES) & 1; };
                 auto sk_of = [&](int it) { return skv_addr + (uint32_t)(stage_of(it) * 2 * G::KV_BYTES); };
+                /* keys 64-127 of tile it lie past every row of this warpgroup (the causal mask's
+                 * diagonal tile, for the upper 64 rows of a 128-row tile) */
+                auto key_half = [&](int it) {
+                    return (w.tile_begin + it) * BLOCK_N + BLOCK_N / 2 > wg_max_qpos + causal_extra;
+                };
                 auto plain_turn = [&](int it) {                 /* no product: tile it inactive (or it == n_tiles) */
                     pingpong_turn(wg, it == n_tiles);
                     if (it < n_tiles) ar_wg::mbar_arrive(empty_bar + stage_of(it) * 8);
@@ -681,7 +709,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                         ar_wg::mbar_wait_suspend(full_bar + stage_of(it) * 8, parity_of(it));
                         ar_wg::fence_proxy_async();
                         pingpong_wait(wg);
-                        issue_pv(pa, sk_of(it - 1) + G::KV_BYTES);
+                        issue_pv(pa, sk_of(it - 1) + G::KV_BYTES, key_half(it - 1));
                         ar_wg::commit();
                         issue_s(sc, sk_of(it));
                         ar_wg::commit();
@@ -696,7 +724,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                     ar_wg::mbar_wait_suspend(full_v_bar + stage_of(a1 - 1) * 8, parity_of(a1 - 1));
                     ar_wg::fence_proxy_async();
                     pingpong_wait(wg);
-                    issue_pv(pa, sk_of(a1 - 1) + G::KV_BYTES);
+                    issue_pv(pa, sk_of(a1 - 1) + G::KV_BYTES, key_half(a1 - 1));
                     ar_wg::commit();
                     pingpong_turn_issued(wg, a1 == n_tiles);
                     ar_wg::wait<0>();
