@@ -134,6 +134,9 @@ typedef struct cuda_state {
     void **kv;                      /* [num_layers] -> [2, num_blocks, block_size, hkv, head_size] */
     int num_layers;
     cudaStream_t stream;
+    cudaStream_t side_stream;       /* the cascade suffix pass beside the prefix pass (concurrent) */
+    cudaEvent_t fork_ev, join_ev;   /* side_stream's start after the write, and its end */
+    int concurrent;                 /* AR_CUDA_CASCADE_CONCURRENT=1 (with the merge separate) */
     cudaEvent_t ev[AR_CUDA_EVENTS];
     int ctas_per_sm[AR_CFG_COUNT];
 
@@ -351,9 +354,17 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     {
         const char *e = getenv("AR_CUDA_CASCADE_MERGE");
         s->fused_merge = !(e != NULL && strcmp(e, "separate") == 0);
+        const char *c = getenv("AR_CUDA_CASCADE_CONCURRENT");
+        s->concurrent = c != NULL && strcmp(c, "1") == 0;
     }
     if ((rc = cuda_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
+        return rc;
+    }
+    if ((rc = cuda_fail(cudaStreamCreateWithFlags(&s->side_stream, cudaStreamNonBlocking), "stream", err, err_len)) ||
+        (rc = cuda_fail(cudaEventCreateWithFlags(&s->fork_ev, cudaEventDisableTiming), "event", err, err_len)) ||
+        (rc = cuda_fail(cudaEventCreateWithFlags(&s->join_ev, cudaEventDisableTiming), "event", err, err_len))) {
+        cuda_close(s);
         return rc;
     }
     for (int i = 0; i < AR_CUDA_EVENTS; i++)
@@ -442,6 +453,9 @@ static void cuda_close(void *state)
     for (int i = 0; i < AR_CUDA_EVENTS; i++)
         if (s->ev[i]) cudaEventDestroy(s->ev[i]);
     if (s->stream) cudaStreamDestroy(s->stream);
+    if (s->side_stream) cudaStreamDestroy(s->side_stream);
+    if (s->fork_ev) cudaEventDestroy(s->fork_ev);
+    if (s->join_ev) cudaEventDestroy(s->join_ev);
     free(s);
 }
 
@@ -712,23 +726,25 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
  * pairs of one (sequence, KV head) (the combine covers only those rows under
  * AR_CUDA_SPLIT_LIVE_ROWS=1; every row otherwise, the rows past them skipped thread by thread). */
 static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, int config, int num_work,
-                                    int num_groups, int rows, int64_t max_pairs, cudaEvent_t mid)
+                                    int num_groups, int rows, int64_t max_pairs, cudaEvent_t mid,
+                                    cudaStream_t stream = NULL)
 {
     const int hd = s->template_hd;
-    cudaError_t e = s->kv_fp8 ? (s->bf16 ? ar_attn_launch_bf16_kv8(config, hd, a, num_work, s->stream)
-                                         : ar_attn_launch_fp16_kv8(config, hd, a, num_work, s->stream))
-                              : (s->bf16 ? ar_attn_launch_bf16(config, hd, a, num_work, s->stream)
-                                         : ar_attn_launch_fp16(config, hd, a, num_work, s->stream));
+    cudaStream_t st = stream ? stream : s->stream;
+    cudaError_t e = s->kv_fp8 ? (s->bf16 ? ar_attn_launch_bf16_kv8(config, hd, a, num_work, st)
+                                         : ar_attn_launch_fp16_kv8(config, hd, a, num_work, st))
+                              : (s->bf16 ? ar_attn_launch_bf16(config, hd, a, num_work, st)
+                                         : ar_attn_launch_fp16(config, hd, a, num_work, st));
     if (e != cudaSuccess) return e;
-    if (mid) cudaEventRecord(mid, s->stream);
+    if (mid) cudaEventRecord(mid, st);
     if (num_groups <= 0) return cudaSuccess;
     /* one thread per (row, dim pair) of every group: rows x hd / 2 <= 256 x 128 -> y <= 128 */
     const int live = s->split_live_rows && max_pairs < rows ? (int)(max_pairs > 0 ? max_pairs : 1) : rows;
     dim3 grid((unsigned)num_groups, (unsigned)((live * (s->template_hd / 2) + 255) / 256));
     if (s->bf16)
-        ar_attn::combine_kernel<__nv_bfloat16><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd);
+        ar_attn::combine_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(*a, rows, live, s->template_hd);
     else
-        ar_attn::combine_kernel<__half><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd);
+        ar_attn::combine_kernel<__half><<<grid, 256, 0, st>>>(*a, rows, live, s->template_hd);
     return cudaGetLastError();
 }
 
@@ -816,6 +832,23 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
     }
     ar_attn_args pre, suf;
     cascade_args(s, a, &pre, &suf);
+    const bool conc = s->concurrent && !s->fused_merge && s->config != AR_CFG_PREFILL_WG;
+    if (conc) {
+        /* the suffix pass on the side stream, launched after the prefix pass so that its CTAs
+         * take the SMs the prefix pass leaves free, and then those its CTAs free at its end */
+        cudaEventRecord(s->fork_ev, s->stream);
+        e = launch_attention(s, &pre, s->pre_config, s->pre_num_work, s->pre_num_groups, s->pre_geom.rows,
+                             (int64_t)s->num_tokens * s->group, NULL);
+        if (e != cudaSuccess) return e;
+        if (timed) cudaEventRecord(s->ev[2], s->stream);
+        cudaStreamWaitEvent(s->side_stream, s->fork_ev, 0);
+        e = launch_attention(s, &suf, s->config, s->num_work, s->num_groups, s->geom.rows,
+                             (int64_t)s->max_query_len * s->group, NULL, s->side_stream);
+        if (e != cudaSuccess) return e;
+        cudaEventRecord(s->join_ev, s->side_stream);
+        cudaStreamWaitEvent(s->stream, s->join_ev, 0);
+        if (timed) cudaEventRecord(s->ev[3], s->stream);
+    } else {
     e = launch_attention(s, &pre, s->pre_config, s->pre_num_work, suf.merge_groups ? 0 : s->pre_num_groups,
                          s->pre_geom.rows, (int64_t)s->num_tokens * s->group, NULL);
     if (e != cudaSuccess) return e;
@@ -824,6 +857,7 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
                          (int64_t)s->max_query_len * s->group, NULL);
     if (e != cudaSuccess) return e;
     if (timed) cudaEventRecord(s->ev[3], s->stream);
+    }
     int64_t pairs = s->fused_merge ? 0 : (int64_t)s->num_tokens * s->hq * (s->head_size / 2);
     int nofw = s->cfg.fault == AR_FAULT_MERGE_NO_WEIGHTS, base2 = s->cfg.fault == AR_FAULT_LSE_BASE2;
     if (pairs > 0) {
