@@ -676,8 +676,13 @@ static void launch_kernel(const attn_args &a, const mla_route &route, int n, con
                 attn_wgmma16_kernel<BF16, 16><<<n, THREADS, W16Geom<16>::SMEM, st>>>(a, *tmap);
             else if (tmap && route.rows_t == W32_ROWS)
                 attn_wgmma16_kernel<BF16, 32><<<n, THREADS, W16Geom<32>::SMEM, st>>>(a, *tmap);
-            else if (tmap)
+            else if (tmap) {
                 attn_wgmma_tma_kernel<BF16><<<n, THREADS, WG_SMEM_TMA, st>>>(a, *tmap);
+                if (getenv("AR_MLA_PROF")) {
+                    mla_prof_dump<<<1, 1, 0, st>>>(n);
+                    cudaStreamSynchronize(st);
+                }
+            }
             else
                 attn_wgmma_cpasync_kernel<BF16><<<n, THREADS, WG_SMEM, st>>>(a);
             return;

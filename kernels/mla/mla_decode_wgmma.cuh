@@ -391,9 +391,40 @@ __device__ __forceinline__ void wg_finish_rows(const attn_args &a, const work_it
  * s's mbarrier completes once for each of its TMA tiles, t = s, s + 2, ... in order (only the
  * last tile can be a cp.async one), so tile t waits for parity (t >> 1) & 1.  A slot is refilled
  * only after the CTA barrier that follows both warpgroups' last reads of it (wgmma waited). */
+/* DIAGNOSTIC (exp-mlaprof): per CTA: smid, globaltimer at start and end, cycles of the start
+ * (to the first tile's barrier), the key loop, the epilogue */
+static __device__ long long mla_prof[4096][6];
+static __global__ void mla_prof_dump(int ctas)
+{
+    long long tmin = 0x7fffffffffffffffLL, tmax = 0;
+    double st = 0, lp = 0, ep = 0, busy = 0;
+    long long sm_first[256], sm_last[256];
+    double sm_busy[256];
+    for (int i = 0; i < 256; i++) { sm_first[i] = 0x7fffffffffffffffLL; sm_last[i] = 0; sm_busy[i] = 0; }
+    int n = ctas < 4096 ? ctas : 4096;
+    for (int c = 0; c < n; c++) {
+        const long long *r = mla_prof[c];
+        if (r[1] < tmin) tmin = r[1];
+        if (r[2] > tmax) tmax = r[2];
+        st += r[3]; lp += r[4]; ep += r[5]; busy += (double)(r[2] - r[1]);
+        int sm = (int)r[0] & 255;
+        if (r[1] < sm_first[sm]) sm_first[sm] = r[1];
+        if (r[2] > sm_last[sm]) sm_last[sm] = r[2];
+        sm_busy[sm] += (double)(r[2] - r[1]);
+    }
+    double gap = 0; int sms = 0;
+    for (int i = 0; i < 256; i++) if (sm_last[i] > 0) { sms++; gap += (double)(tmax - tmin) - sm_busy[i]; }
+    printf("MLAPROF ctas=%d span_us=%.1f mean_cta_us=%.1f start_kcyc=%.2f loop_kcyc=%.1f epi_kcyc=%.2f sms=%d idle_us_per_sm=%.2f\n", n,
+           (tmax - tmin) / 1e3, busy / n / 1e3, st / n / 1e3, lp / n / 1e3, ep / n / 1e3, sms, gap / (sms ? sms : 1) / 1e3);
+}
+
 template <bool BF16, bool TMA>
 __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
 {
+    long long pg0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg0));
+    const unsigned pc0 = (unsigned)clock();
+    unsigned pc1 = pc0;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     uint32_t sq_addr;                                           /* the Q tile, at the aligned start */
     unsigned char *const smem = wg_smem_base(&sq_addr);
@@ -447,6 +478,7 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
             ar_wg::fence_proxy_async();
         }
         __syncthreads();                  /* tile t complete; tile t - 1's slot, P and alpha free */
+        if (t == 0) pc1 = (unsigned)clock();
         const uint32_t sk_addr = sk_addr0 + (uint32_t)((t & 1) * WG_TILE);
         if (wg == 0) {
             float s[8][4];
@@ -491,7 +523,18 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
         wg_fence_acc(o);
     }
     cp_async_wait<0>();
+    const unsigned pc2 = (unsigned)clock();
     wg_finish_rows(a, w, q0, nrows, s_sum, o, m_run, l_run, lr, wg, tig);
+    __syncthreads();
+    if (TMA && tid == 0 && blockIdx.x < 4096) {
+        const unsigned pc3 = (unsigned)clock();
+        long long pg1;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(pg1));
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        long long *r = mla_prof[blockIdx.x];
+        r[0] = smid; r[1] = pg0; r[2] = pg1; r[3] = pc1 - pc0; r[4] = pc2 - pc1; r[5] = pc3 - pc2;
+    }
 #else
     (void)a;
     (void)tmap;
