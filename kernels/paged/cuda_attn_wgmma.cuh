@@ -832,7 +832,37 @@ attn_wgmma_kernel(const ar_attn_args a,
                     if (tq == 0 && row_ok) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
                     continue;
                 }
-                if (tok >= q_len && w.partial < 0) continue;   /* fused merge: rows past the request */
+                if (w.partial >= 0) {
+                    /* a split piece's fp32 partial as 16-byte stores, by the exchange of the plain
+                     * output above with float pairs: an even thread writes dims 2tq .. 2tq + 3 of
+                     * blocks 4k and 4k + 2, an odd one of blocks 4k + 1 and 4k + 3 (every row of
+                     * the tile, as combine_kernel reads them) */
+                    float *prow = a.partial_o + ((int64_t)w.partial * ROWS + lr) * HD;
+                    const bool odd = tq & 1;
+                    const int dim0 = 2 * (tq & 2);
+#pragma unroll
+                    for (int k = 0; k < HD / 32; k++) {
+                        float2 mine[4];
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            mine[j] = make_float2(acc[4 * (4 * k + j) + 2 * r] * inv, acc[4 * (4 * k + j) + 2 * r + 1] * inv);
+                        const float2 send0 = odd ? mine[0] : mine[1], send1 = odd ? mine[2] : mine[3];
+                        const float2 keep0 = odd ? mine[1] : mine[0], keep1 = odd ? mine[3] : mine[2];
+                        float2 got0, got1;
+                        got0.x = __shfl_xor_sync(0xffffffffu, send0.x, 1);
+                        got0.y = __shfl_xor_sync(0xffffffffu, send0.y, 1);
+                        got1.x = __shfl_xor_sync(0xffffffffu, send1.x, 1);
+                        got1.y = __shfl_xor_sync(0xffffffffu, send1.y, 1);
+                        const float2 lo0 = odd ? got0 : keep0, hi0 = odd ? keep0 : got0;
+                        const float2 lo1 = odd ? got1 : keep1, hi1 = odd ? keep1 : got1;
+                        const int block0 = 4 * k + (odd ? 1 : 0);
+                        *reinterpret_cast<float4 *>(prow + block0 * 8 + dim0) = make_float4(lo0.x, lo0.y, hi0.x, hi0.y);
+                        *reinterpret_cast<float4 *>(prow + (block0 + 2) * 8 + dim0) = make_float4(lo1.x, lo1.y, hi1.x, hi1.y);
+                    }
+                    if (tq == 0) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
+                    continue;
+                }
+                if (tok >= q_len) continue;                    /* fused merge: rows past the request */
 #pragma unroll
                 for (int n = 0; n < NACC / 4; n++)
                     store_pair<T>(a, w, ROWS, HD, lr, qstart + tok, hq, n * 8 + 2 * tq, acc[4 * n + 2 * r] * inv,
