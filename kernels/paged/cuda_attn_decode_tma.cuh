@@ -97,6 +97,25 @@ __device__ __forceinline__ uint32_t dt_fp8x2_to_f16x2(uint32_t two)
     return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
 
+/* DIAGNOSTIC (exp-dtprof): per CTA the globaltimer at its start and its last consumer warp's end */
+static __device__ unsigned long long dt_prof[4096][2];
+static __global__ void dt_prof_dump(int ctas)
+{
+    unsigned long long t0 = ~0ull, t1 = 0, smax = 0;
+    double dur = 0;
+    const int n = ctas < 4096 ? ctas : 4096;
+    for (int c = 0; c < n; c++) {
+        if (dt_prof[c][0] < t0) t0 = dt_prof[c][0];
+        if (dt_prof[c][1] > t1) t1 = dt_prof[c][1];
+    }
+    for (int c = 0; c < n; c++) {
+        dur += (double)(dt_prof[c][1] - dt_prof[c][0]);
+        if (dt_prof[c][0] - t0 > smax) smax = dt_prof[c][0] - t0;
+        dt_prof[c][0] = dt_prof[c][1] = 0;
+    }
+    printf("DTPROF ctas=%d span_us=%.2f mean_cta_us=%.2f last_start_us=%.2f\n", n, (t1 - t0) / 1e3, dur / n / 1e3, smax / 1e3);
+}
+
 /* T: the model dtype (Q, the output); KV8: the cache holds fp8 e4m3 (the MMAs then run in fp16) */
 template <typename T, bool KV8>
 __global__ void __launch_bounds__(32 * (DecodeTmaGeom::MAX_KV_HEADS + 1), 1)
@@ -134,6 +153,11 @@ attn_decode_tma_kernel(const ar_attn_args a,
             ar_wg::mbar_init(empty_bar + s * 8, hkv);
         }
     __syncthreads();
+    if (threadIdx.x == 0 && blockIdx.x < 4096) {
+        unsigned long long g;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+        dt_prof[blockIdx.x][0] = g;
+    }
 
     const ar_attn_work w = a.work[blockIdx.x];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -499,6 +523,11 @@ attn_decode_tma_kernel(const ar_attn_args a,
             else store_lse<T>(a, w_out, 16, g + 8 * r, qstart, hq[r], lse2);
         }
     }
+    if (lane == 0 && blockIdx.x < 4096) {
+        unsigned long long g;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+        atomicMax(&dt_prof[blockIdx.x][1], g);
+    }
 #else
     __trap();   /* built without sm_90a: the host never launches this config there */
 #endif
@@ -551,6 +580,10 @@ static cudaError_t launch_decode_tma(const ar_attn_args *a, int num_work, cudaSt
     }
     attn_decode_tma_kernel<T, KV8><<<num_work, 32 * (a->num_kv_heads + 1), DecodeTmaGeom::SMEM, stream>>>(
         *a, mk, mv, whole, num_stages);
+    if (getenv("AR_DT_PROF")) {
+        dt_prof_dump<<<1, 1, 0, stream>>>(num_work);
+        cudaStreamSynchronize(stream);
+    }
     return cudaGetLastError();
 }
 
