@@ -197,6 +197,30 @@ template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], 
 #undef WGMMA_RS_TEXT
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
+/* DIAGNOSTIC (exp-prof): per CTA and consumer warpgroup, clock cycles summed over its items:
+ * [0] item start (next item .. before the turns), [1] turns, [2] output, [3] items, [4] tiles */
+static __device__ unsigned long long wg_prof[1024][2][9];
+static __global__ void wg_prof_dump(int ctas)
+{
+    unsigned long long sum[2][9] = {}, mx[2][9] = {};
+    for (int c = 0; c < ctas; c++)
+        for (int w = 0; w < 2; w++)
+            for (int i = 0; i < 9; i++) {
+                sum[w][i] += wg_prof[c][w][i];
+                if (wg_prof[c][w][i] > mx[w][i]) mx[w][i] = wg_prof[c][w][i];
+            }
+    for (int w = 0; w < 2; w++)
+        printf("WGPROF wg=%d ctas=%d start=%.1f turns=%.1f out=%.1f (mean kcycles per CTA) items=%.2f tiles=%.2f | max start=%.1f turns=%.1f out=%.1f total_max=%.1f\n", w, ctas,
+               sum[w][0] / 1e3 / ctas, sum[w][1] / 1e3 / ctas, sum[w][2] / 1e3 / ctas, (double)sum[w][3] / ctas, (double)sum[w][4] / ctas,
+               mx[w][0] / 1e3, mx[w][1] / 1e3, mx[w][2] / 1e3, 0.0);
+    for (int w = 0; w < 2; w++)
+        printf("WGPROF2 wg=%d next_item=%.1f meta=%.1f q=%.1f reduce=%.1f (kcycles per CTA)\n", w, sum[w][5] / 1e3 / ctas,
+               sum[w][6] / 1e3 / ctas, sum[w][7] / 1e3 / ctas, sum[w][8] / 1e3 / ctas);
+    for (int c = 0; c < ctas; c++)
+        for (int w = 0; w < 2; w++)
+            for (int i = 0; i < 9; i++) wg_prof[c][w][i] = 0;
+}
+
 /* The kernel (see the file comment).  Consumer warpgroup w owns rows 64 w .. 64 w + 63 of the
  * CTA's 128; the producer's threads are numbered from 0 too, so the code below reads the same
  * for both. */
@@ -294,8 +318,11 @@ attn_wgmma_kernel(const ar_attn_args a,
             return item;
         };
         uint32_t tiles_before = 0, q_items_before = 0;
+        unsigned prof[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
         for (uint32_t k = 0;; k++) {
+            const unsigned pt0 = (unsigned)clock();
             const int item = next_item(k);
+            const unsigned ptA = (unsigned)clock();
             if (item >= num_work) break;
             const ar_attn_work w = a.work[item];
 
@@ -645,6 +672,8 @@ attn_wgmma_kernel(const ar_attn_args a,
                 tiles_before += (uint32_t)n_tiles;
                 continue;
             }
+            asm volatile("" :: "r"(n_tiles), "r"(qstart), "r"(q_len), "r"(seq_len) : "memory");
+            const unsigned ptB = (unsigned)clock();
             if (n_tiles > 0) {
                 ar_wg::mbar_wait_suspend(q_full_bar, q_items_before & 1);
                 if constexpr (G::Q_IN_REGS) {
@@ -661,6 +690,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 }
             }
             if (wg == 1 && n_tiles > 0) pingpong_signal(0);   /* warpgroup 0 goes first */
+            const unsigned pt1 = (unsigned)clock();
             if constexpr (HD == 128) {
             /* FlashAttention-3's turn order: a warpgroup's turn issues P V of its previous active tile
              * and S of this one together, so its softmax runs while the other warpgroup's turn holds
@@ -770,6 +800,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                 ar_wg::mbar_arrive(empty_bar + stage * 8);
             }
             }
+            const unsigned pt2 = (unsigned)clock();
             if (n_tiles > 0) {
                 if constexpr (!G::Q_IN_REGS) ar_wg::mbar_arrive(q_empty_bar);   /* every S of the item has completed */
                 q_items_before++;
@@ -785,6 +816,8 @@ attn_wgmma_kernel(const ar_attn_args a,
                 row_l[r] = l;
                 row_m[r] = row_m[r] == -INFINITY ? -INFINITY : row_m[r] * scale_log2;
             }
+            asm volatile("" :: "f"(row_l[0]), "f"(row_l[1]), "f"(row_m[0]), "f"(row_m[1]) : "memory");
+            const unsigned ptD = (unsigned)clock();
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 int lr = my_row + 8 * r;
@@ -839,8 +872,20 @@ attn_wgmma_kernel(const ar_attn_args a,
                                   acc[4 * n + 2 * r + 1] * inv, lse2);
                 if (tq == 0) store_lse<T>(a, w, ROWS, lr, qstart + tok, hq, lse2);
             }
+            const unsigned pt3 = (unsigned)clock();
+            prof[0] += pt1 - pt0;
+            prof[1] += pt2 - pt1;
+            prof[2] += pt3 - pt2;
+            prof[3] += 1;
+            prof[4] += (unsigned)n_tiles;
+            prof[5] += ptA - pt0;
+            prof[6] += ptB - ptA;
+            prof[7] += pt1 - ptB;
+            prof[8] += ptD - pt2;
         } /* the item loop */
         if constexpr (PRODUCER_ROLE) cp_async_wait<0>();
+        if (!PRODUCER_ROLE && (tid & 127) == 0 && blockIdx.x < 1024)
+            for (int i = 0; i < 9; i++) wg_prof[blockIdx.x][wg][i] += prof[i];
     };
     /* 168 registers at entry (384 threads, 64K registers); the producer keeps 40, 128 x (168 -
      * 40) = 2 x 128 x (232 - 168) */
@@ -911,6 +956,10 @@ static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_
     const int q_by_tma = wgmma_q_map(a, &mq);
     const int ctas = ar_attn_wg_ctas(a->persistent_ctas, num_work);
     attn_wgmma_kernel<T, HD><<<ctas, WgPipe<HD>::THREADS, WgPipe<HD>::SMEM, stream>>>(*a, mk, mv, mq, q_by_tma, num_work);
+    if (getenv("AR_WG_PROF")) {
+        wg_prof_dump<<<1, 1, 0, stream>>>(ctas);
+        cudaStreamSynchronize(stream);
+    }
     return cudaGetLastError();
 }
 
