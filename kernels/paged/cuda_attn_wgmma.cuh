@@ -85,7 +85,7 @@ template <int HD> struct WgPipe {
     static constexpr int NUM_BARS = 3 * STAGES + 2 + 2 * ITEM_SLOTS;
     static constexpr size_t BAR_OFFSET = (size_t)WgGeom<HD>::Q_BYTES + (size_t)2 * STAGES * WgGeom<HD>::KV_BYTES;
     static constexpr size_t ITEM_OFFSET = BAR_OFFSET + NUM_BARS * 8;   /* int [ITEM_SLOTS] */
-    static constexpr size_t SMEM = 1024 /* alignment slack */ + ITEM_OFFSET + ITEM_SLOTS * 4;
+    static constexpr size_t SMEM = 1024 /* alignment slack */ + ITEM_OFFSET + ITEM_SLOTS * 4 + 16;
 };
 
 /* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's): 256 threads
@@ -199,26 +199,24 @@ template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], 
 
 /* DIAGNOSTIC (exp-prof): per CTA and consumer warpgroup, clock cycles summed over its items:
  * [0] item start (next item .. before the turns), [1] turns, [2] output, [3] items, [4] tiles */
-static __device__ unsigned long long wg_prof[1024][2][9];
+static __device__ long long wg_prof[1024][3][12];
 static __global__ void wg_prof_dump(int ctas)
 {
-    unsigned long long sum[2][9] = {}, mx[2][9] = {};
+    double sum[3][12] = {};
     for (int c = 0; c < ctas; c++)
-        for (int w = 0; w < 2; w++)
-            for (int i = 0; i < 9; i++) {
-                sum[w][i] += wg_prof[c][w][i];
-                if (wg_prof[c][w][i] > mx[w][i]) mx[w][i] = wg_prof[c][w][i];
-            }
+        for (int w = 0; w < 3; w++)
+            for (int i = 0; i < 12; i++) sum[w][i] += (double)wg_prof[c][w][i];
     for (int w = 0; w < 2; w++)
-        printf("WGPROF wg=%d ctas=%d start=%.1f turns=%.1f out=%.1f (mean kcycles per CTA) items=%.2f tiles=%.2f | max start=%.1f turns=%.1f out=%.1f total_max=%.1f\n", w, ctas,
-               sum[w][0] / 1e3 / ctas, sum[w][1] / 1e3 / ctas, sum[w][2] / 1e3 / ctas, (double)sum[w][3] / ctas, (double)sum[w][4] / ctas,
-               mx[w][0] / 1e3, mx[w][1] / 1e3, mx[w][2] / 1e3, 0.0);
-    for (int w = 0; w < 2; w++)
-        printf("WGPROF2 wg=%d next_item=%.1f meta=%.1f q=%.1f reduce=%.1f (kcycles per CTA)\n", w, sum[w][5] / 1e3 / ctas,
-               sum[w][6] / 1e3 / ctas, sum[w][7] / 1e3 / ctas, sum[w][8] / 1e3 / ctas);
+        printf("WGPROF wg=%d start=%.1f turns=%.1f out=%.1f items=%.2f tiles=%.2f next_item=%.1f meta=%.1f q=%.1f reduce=%.1f qwait=%.1f lead_per_item=%.0f (kcycles per CTA)\n",
+               w, sum[w][0] / 1e3 / ctas, sum[w][1] / 1e3 / ctas, sum[w][2] / 1e3 / ctas, sum[w][3] / ctas, sum[w][4] / ctas,
+               sum[w][5] / 1e3 / ctas, sum[w][6] / 1e3 / ctas, sum[w][7] / 1e3 / ctas, sum[w][8] / 1e3 / ctas,
+               sum[w][9] / 1e3 / ctas, sum[w][10] / (sum[w][3] > 0 ? sum[w][3] : 1));
+    printf("WGPROF producer next_item=%.1f empty_wait=%.1f q_empty_wait=%.1f items=%.2f q_issue=%.1f meta=%.1f (kcycles per CTA)\n",
+           sum[2][0] / 1e3 / ctas, sum[2][1] / 1e3 / ctas, sum[2][2] / 1e3 / ctas, sum[2][3] / ctas, sum[2][4] / 1e3 / ctas,
+           sum[2][5] / 1e3 / ctas);
     for (int c = 0; c < ctas; c++)
-        for (int w = 0; w < 2; w++)
-            for (int i = 0; i < 9; i++) wg_prof[c][w][i] = 0;
+        for (int w = 0; w < 3; w++)
+            for (int i = 0; i < 12; i++) wg_prof[c][w][i] = 0;
 }
 
 /* The kernel (see the file comment).  Consumer warpgroup w owns rows 64 w .. 64 w + 63 of the
@@ -318,7 +316,8 @@ attn_wgmma_kernel(const ar_attn_args a,
             return item;
         };
         uint32_t tiles_before = 0, q_items_before = 0;
-        unsigned prof[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+        long long prof[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        const uint32_t q_clk_addr = item_slot + ITEM_SLOTS * 4;
         for (uint32_t k = 0;; k++) {
             const unsigned pt0 = (unsigned)clock();
             const int item = next_item(k);
@@ -645,12 +644,18 @@ attn_wgmma_kernel(const ar_attn_args a,
                  * both consumers released the tile STAGES before it in that stage; K and V complete on
                  * separate barriers so S = Q K^T starts before V has landed.  The item's Q tile comes
                  * after its first K/V tile, once the consumers are done with the previous item's Q. */
+                const unsigned pm = (unsigned)clock();
+                prof[0] += ptA - pt0;
+                prof[3] += 1;
                 for (int it = 0; it < n_tiles; it++) {
                     const uint32_t gt = tiles_before + (uint32_t)it;   /* the CTA's tile count */
                     const int stage = (int)(gt % STAGES);
                     const bool by_tma = (w.tile_begin + it + 1) * BLOCK_N <= seq_len;
                     const int my_slot = by_tma ? tma_block(it) : producer_slot(it);
+                    if (it == 0) prof[5] += (unsigned)clock() - pm;
+                    const unsigned pe = (unsigned)clock();
                     if (gt >= STAGES) ar_wg::mbar_wait_suspend(empty_bar + stage * 8, (gt / STAGES - 1) & 1);
+                    prof[1] += (unsigned)clock() - pe;
                     if (by_tma) {
                         produce_tma_quarter(my_slot, stage);
                     } else {
@@ -664,8 +669,14 @@ attn_wgmma_kernel(const ar_attn_args a,
                     }
                     ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
                     if (it == 0) {
+                        const unsigned pq = (unsigned)clock();
                         if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
+                        const unsigned pq2 = (unsigned)clock();
+                        prof[2] += pq2 - pq;
                         produce_q();
+                        const unsigned pq3 = (unsigned)clock();
+                        prof[4] += pq3 - pq2;
+                        if (tid == 0) ar_wg::st_shared_s32(q_clk_addr, (int)pq3);
                     }
                 }
                 if (n_tiles > 0) q_items_before++;
@@ -674,8 +685,12 @@ attn_wgmma_kernel(const ar_attn_args a,
             }
             asm volatile("" :: "r"(n_tiles), "r"(qstart), "r"(q_len), "r"(seq_len) : "memory");
             const unsigned ptB = (unsigned)clock();
+            const int q_issued = ar_wg::ld_shared_s32(q_clk_addr);
             if (n_tiles > 0) {
                 ar_wg::mbar_wait_suspend(q_full_bar, q_items_before & 1);
+                const unsigned ptQ = (unsigned)clock();
+                prof[9] += ptQ - ptB;
+                prof[10] += (long long)(int)(ptB - (unsigned)q_issued);
                 if constexpr (G::Q_IN_REGS) {
                     /* ldmatrix x4: lanes 0-15 address rows 0-15 of this warp's 16 at the k-step's first 8
                      * dims, lanes 16-31 the same rows at its second 8 (the A-fragment order, checked
@@ -884,8 +899,8 @@ attn_wgmma_kernel(const ar_attn_args a,
             prof[8] += ptD - pt2;
         } /* the item loop */
         if constexpr (PRODUCER_ROLE) cp_async_wait<0>();
-        if (!PRODUCER_ROLE && (tid & 127) == 0 && blockIdx.x < 1024)
-            for (int i = 0; i < 9; i++) wg_prof[blockIdx.x][wg][i] += prof[i];
+        if ((tid & 127) == 0 && blockIdx.x < 1024)
+            for (int i = 0; i < 12; i++) wg_prof[blockIdx.x][PRODUCER_ROLE ? 2 : wg][i] += prof[i];
     };
     /* 168 registers at entry (384 threads, 64K registers); the producer keeps 40, 128 x (168 -
      * 40) = 2 x 128 x (232 - 168) */
