@@ -59,6 +59,16 @@ __device__ __forceinline__ void mbar_wait_suspend(uint32_t bar, uint32_t parity)
     } while (!done);
 }
 
+/* whether the phase with the given parity has completed, without waiting */
+__device__ __forceinline__ bool mbar_done(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done != 0;
+}
+
 /* ---- 32-bit words addressed by their shared-memory address (a 32-bit register, where a
  * generic pointer takes two) ---- */
 __device__ __forceinline__ void st_shared_s32(uint32_t addr, int v)

@@ -618,6 +618,15 @@ attn_wgmma_kernel(const ar_attn_args a,
                  * both consumers released the tile STAGES before it in that stage; K and V complete on
                  * separate barriers so S = Q K^T starts before V has landed.  The item's Q tile comes
                  * after its first K/V tile, once the consumers are done with the previous item's Q. */
+                /* The item's Q goes ahead of its first K/V tile when the consumers are already
+                 * done with the previous item's (a thread that finds them not yet done copies
+                 * it after the tile, as before): the first tile waits for a free stage, and with
+                 * Q behind that wait the consumers waited for Q at item starts (BENCHMARKS.md). */
+                bool q_issued = false;
+                if (n_tiles > 0 && (q_items_before == 0 || ar_wg::mbar_done(q_empty_bar, (q_items_before - 1) & 1))) {
+                    produce_q();
+                    q_issued = true;
+                }
                 for (int it = 0; it < n_tiles; it++) {
                     const uint32_t gt = tiles_before + (uint32_t)it;   /* the CTA's tile count */
                     const int stage = (int)(gt % STAGES);
@@ -636,7 +645,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                         if (tid == 0) ar_wg::mbar_arrive(full_v_bar + stage * 8);
                     }
                     ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
-                    if (it == 0) {
+                    if (it == 0 && !q_issued) {
                         if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
                         produce_q();
                     }
