@@ -82,10 +82,13 @@ template <int HD> struct WgPipe {
     static constexpr int STAGES = HD == 128 ? 3 : 2;
     static constexpr int ITEM_SLOTS = 2;                /* work-item indices posted ahead (the item queue) */
     /* full, empty, full_v; q_full, q_empty; item_full, item_empty */
-    static constexpr int NUM_BARS = 3 * STAGES + 2 + 2 * ITEM_SLOTS;
+    static constexpr int NUM_BARS = 3 * STAGES + 2 + 3 * ITEM_SLOTS;   /* + meta_full */
     static constexpr size_t BAR_OFFSET = (size_t)WgGeom<HD>::Q_BYTES + (size_t)2 * STAGES * WgGeom<HD>::KV_BYTES;
-    static constexpr size_t ITEM_OFFSET = BAR_OFFSET + NUM_BARS * 8;   /* int [ITEM_SLOTS] */
-    static constexpr size_t SMEM = 1024 /* alignment slack */ + ITEM_OFFSET + ITEM_SLOTS * 4;
+    /* a slot: the item's index, then its description for the consumers (the 7 ints of its
+     * ar_attn_work, the request's query start and end and its sequence length), one spare */
+    static constexpr int ITEM_INTS = 12;
+    static constexpr size_t ITEM_OFFSET = BAR_OFFSET + NUM_BARS * 8;   /* int [ITEM_SLOTS][ITEM_INTS] */
+    static constexpr size_t SMEM = 1024 /* alignment slack */ + ITEM_OFFSET + ITEM_SLOTS * ITEM_INTS * 4;
 };
 
 /* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's): 256 threads
@@ -240,7 +243,8 @@ attn_wgmma_kernel(const ar_attn_args a,
     constexpr int ITEM_SLOTS = WgPipe<HD_>::ITEM_SLOTS;
     const uint32_t item_full_bar = q_empty_bar + 8;
     const uint32_t item_empty_bar = item_full_bar + ITEM_SLOTS * 8;
-    const uint32_t item_slot = sq_addr + (uint32_t)WgPipe<HD_>::ITEM_OFFSET;   /* int [ITEM_SLOTS] */
+    const uint32_t meta_full_bar = item_empty_bar + ITEM_SLOTS * 8;   /* slot j's description written */
+    const uint32_t item_slot = sq_addr + (uint32_t)WgPipe<HD_>::ITEM_OFFSET;   /* int [ITEM_SLOTS][ITEM_INTS] */
     if (threadIdx.x == 0) {
         for (int st = 0; st < STAGES; st++) {
             ar_wg::mbar_init(full_bar + st * 8, LOADERS + 1);
@@ -252,6 +256,7 @@ attn_wgmma_kernel(const ar_attn_args a,
         for (int j = 0; j < ITEM_SLOTS; j++) {
             ar_wg::mbar_init(item_full_bar + j * 8, 1);
             ar_wg::mbar_init(item_empty_bar + j * 8, WgPipe<HD_>::THREADS / 32);
+            ar_wg::mbar_init(meta_full_bar + j * 8, 1);
         }
     }
     /* warpgroup 0 of the CTA is the producer (tid < 128, loads only); the consumer threads are
@@ -278,30 +283,66 @@ attn_wgmma_kernel(const ar_attn_args a,
      * copy after its own register reallocation, so ptxas allocates each with its own budget. */
     auto run_items = [&](auto role) {
         constexpr bool PRODUCER_ROLE = decltype(role)::value;
-        auto next_item = [&](uint32_t k) {
+        /* The consumers find the item's description in its slot: producer thread 96 (warp 3,
+         * after producer thread 0 has posted the index) reads it from global memory ahead of them
+         * and completes meta_full, so their item start has no dependent global loads.  The
+         * producer's threads load the description themselves. */
+        constexpr int ITEM_INTS = WgPipe<HD_>::ITEM_INTS;
+        auto next_item = [&](uint32_t k, ar_attn_work &wk, int &qs, int &qe, int &sl) {
             const uint32_t j = k % ITEM_SLOTS, use = k / ITEM_SLOTS;
+            const uint32_t slot = item_slot + j * ITEM_INTS * 4;
             if (PRODUCER_ROLE && tid == 0) {
                 if (use > 0) ar_wg::mbar_wait_suspend(item_empty_bar + j * 8, (use - 1) & 1);
                 const int taken = atomicAdd(a.wg_next_item, 1);
                 if (taken == num_work + (int)gridDim.x - 1) atomicExch(a.wg_next_item, 0);
-                ar_wg::st_shared_s32(item_slot + j * 4, taken);
+                ar_wg::st_shared_s32(slot, taken);
                 ar_wg::mbar_arrive(item_full_bar + j * 8);   /* release: the slot's store first */
             }
             ar_wg::mbar_wait_suspend(item_full_bar + j * 8, use & 1);
-            const int item = ar_wg::ld_shared_s32(item_slot + j * 4);
+            const int item = ar_wg::ld_shared_s32(slot);
+            if (PRODUCER_ROLE) {
+                if (item < num_work) {
+                    wk = a.work[item];
+                    qs = a.query_start_loc[wk.req];
+                    qe = a.query_start_loc[wk.req + 1];
+                    sl = a.seq_lens[wk.req];
+                }
+                if (tid == 96) {
+                    if (item < num_work) {
+                        const int v[10] = {wk.req, wk.kv_head, wk.pair0, wk.tile_begin, wk.tile_end, wk.partial,
+                                           wk.partial_stride, qs, qe, sl};
+#pragma unroll
+                        for (int i = 0; i < 10; i++) ar_wg::st_shared_s32(slot + 4 + i * 4, v[i]);
+                    }
+                    ar_wg::mbar_arrive(meta_full_bar + j * 8);   /* release: the stores first */
+                }
+            } else if (item < num_work) {
+                ar_wg::mbar_wait_suspend(meta_full_bar + j * 8, use & 1);
+                int v[10];
+#pragma unroll
+                for (int i = 0; i < 10; i++) v[i] = ar_wg::ld_shared_s32(slot + 4 + i * 4);
+                wk.req = v[0];
+                wk.kv_head = v[1];
+                wk.pair0 = v[2];
+                wk.tile_begin = v[3];
+                wk.tile_end = v[4];
+                wk.partial = v[5];
+                wk.partial_stride = v[6];
+                qs = v[7];
+                qe = v[8];
+                sl = v[9];
+            }
             __syncwarp();
             if (lane == 0) ar_wg::mbar_arrive(item_empty_bar + j * 8);
             return item;
         };
         uint32_t tiles_before = 0, q_items_before = 0;
         for (uint32_t k = 0;; k++) {
-            const int item = next_item(k);
+            ar_attn_work w;
+            int qstart, qend, seq_len;
+            const int item = next_item(k, w, qstart, qend, seq_len);
             if (item >= num_work) break;
-            const ar_attn_work w = a.work[item];
-
-            const int qstart = a.query_start_loc[w.req];
-            const int q_len = a.query_start_loc[w.req + 1] - qstart;
-            const int seq_len = a.seq_lens[w.req];
+            const int q_len = qend - qstart;
             const int ctx = seq_len - q_len;
             const int grp = a.group;
             const int kvh_load = a.fault == AR_FAULT_WRONG_KV_HEAD ? (w.kv_head + 1) % a.num_kv_heads : w.kv_head;
