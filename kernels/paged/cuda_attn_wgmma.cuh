@@ -326,6 +326,9 @@ attn_wgmma_kernel(const ar_attn_args a,
              * about 6,000 cycles an item to issue (integer divisions per chunk at 40 registers),
              * so that the consumers waited for Q at most item starts (H200, BENCHMARKS.md). */
             auto produce_q = [&]() {
+                /* build_plan starts every item at a multiple of 128 rows, so with the group
+                 * dividing 128 an item starts on a token; the test keeps an item that did not
+                 * on the cp.async copies */
                 if (q_by_tma && w.pair0 % grp == 0) {
                     if (tid == 0) {
                         ar_wg::mbar_arrive_expect_tx(q_full_bar, G::Q_BYTES);
