@@ -205,9 +205,9 @@ __global__ void __launch_bounds__(WgPipe<HD_>::THREADS, 1)
 attn_wgmma_kernel(const ar_attn_args a,
                   const __grid_constant__ CUtensorMap tmap_k,  /* K cache [num_slots][Hkv][HD], box [bs][1][64] */
                   const __grid_constant__ CUtensorMap tmap_v,  /* the same for the V cache */
-                  const __grid_constant__ CUtensorMap tmap_q,  /* Q [num_tokens][Hq][HD], box [128 / group][group][64]
+                  const __grid_constant__ CUtensorMap tmap_q,  /* Q [num_tokens][Hq][HD], box [ROWS / group][group][64]
                                                                   (q_by_tma only) */
-                  int q_by_tma,                                /* the Q tile comes by TMA (128 % group == 0) */
+                  int q_by_tma,                                /* the Q tile comes by TMA (ROWS % group == 0) */
                   int num_work)                                /* items in a.work */
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -326,8 +326,8 @@ attn_wgmma_kernel(const ar_attn_args a,
              * about 6,000 cycles an item to issue (integer divisions per chunk at 40 registers),
              * so that the consumers waited for Q at most item starts (H200, BENCHMARKS.md). */
             auto produce_q = [&]() {
-                /* build_plan starts every item at a multiple of 128 rows, so with the group
-                 * dividing 128 an item starts on a token; the test keeps an item that did not
+                /* build_plan starts every item at a multiple of ROWS rows, so with the group
+                 * dividing ROWS an item starts on a token; the test keeps an item that did not
                  * on the cp.async copies */
                 if (q_by_tma && w.pair0 % grp == 0) {
                     if (tid == 0) {
@@ -885,17 +885,20 @@ static cudaError_t wgmma_tensor_maps(const ar_attn_args *a, CUtensorMap *mk, CUt
 }
 
 /* The Q tensor map of the kernel: Q as [num_tokens][Hq][head size] 16-bit elements, one copy =
- * [128 / group tokens][group heads][64 dims], 128-byte swizzled.  1 when encoded (the group
- * divides 128 and the driver took the shape), else 0 (the kernel copies Q by cp.async). */
+ * [ROWS / group tokens][group heads][64 dims] (ROWS = 128, a tile's rows at either head size),
+ * 128-byte swizzled.  1 when encoded (the group divides ROWS and the driver took the shape), else
+ * 0 (the kernel copies Q by cp.async). */
 static int wgmma_q_map(const ar_attn_args *a, CUtensorMap *mq)
 {
+    constexpr int ROWS = WgGeom<128>::ROWS;
+    static_assert(WgGeom<256>::ROWS == ROWS, "one Q box for both head sizes");
     memset(mq, 0, sizeof *mq);
     const int grp = a->group;
-    if (grp < 1 || grp > 128 || 128 % grp != 0 || a->num_tokens < 1) return 0;
+    if (grp < 1 || grp > ROWS || ROWS % grp != 0 || a->num_tokens < 1) return 0;
     const uint64_t hd = (uint64_t)a->head_size;
     const uint64_t dims[3] = {hd, (uint64_t)a->num_q_heads, (uint64_t)a->num_tokens};
     const uint64_t strides[2] = {hd * 2, (uint64_t)a->num_q_heads * hd * 2};
-    const uint32_t box[3] = {64, (uint32_t)grp, (uint32_t)(128 / grp)};
+    const uint32_t box[3] = {64, (uint32_t)grp, (uint32_t)(ROWS / grp)};
     char err[256];
     return ar_tma_encode(mq, a->q, 3, dims, strides, box, "cuda", err, sizeof err) == 0;
 }
@@ -909,7 +912,7 @@ static cudaError_t launch_wgmma(const ar_attn_args *a, int num_work, cudaStream_
     CUtensorMap mk, mv;
     cudaError_t e = wgmma_tensor_maps(a, &mk, &mv);
     if (e != cudaSuccess) return e;
-    /* Q by TMA where a tile's 128 rows are whole tokens' head groups (wgmma_q_map) */
+    /* Q by TMA where a tile's ROWS rows are whole tokens' head groups (wgmma_q_map) */
     CUtensorMap mq;
     const int q_by_tma = wgmma_q_map(a, &mq);
     const int ctas = ar_attn_wg_ctas(a->persistent_ctas, num_work);
