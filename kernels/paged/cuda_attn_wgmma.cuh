@@ -278,14 +278,22 @@ attn_wgmma_kernel(const ar_attn_args a,
      * copy after its own register reallocation, so ptxas allocates each with its own budget. */
     auto run_items = [&](auto role) {
         constexpr bool PRODUCER_ROLE = decltype(role)::value;
+        /* Producer thread 0 takes each index one item ahead: the next item's atomicAdd is issued
+         * right after this item's index is posted, and its result is needed only at the next
+         * item's start, so the round trip to the counter is off the producer's item boundary.
+         * A CTA still takes exactly one index past the end (it takes no more after posting
+         * it). */
+        int pending = -1;                                 /* producer thread 0: the next item's index */
         auto next_item = [&](uint32_t k) {
             const uint32_t j = k % ITEM_SLOTS, use = k / ITEM_SLOTS;
             if (PRODUCER_ROLE && tid == 0) {
+                if (k == 0) pending = atomicAdd(a.wg_next_item, 1);
+                const int taken = pending;
                 if (use > 0) ar_wg::mbar_wait_suspend(item_empty_bar + j * 8, (use - 1) & 1);
-                const int taken = atomicAdd(a.wg_next_item, 1);
                 if (taken == num_work + (int)gridDim.x - 1) atomicExch(a.wg_next_item, 0);
                 ar_wg::st_shared_s32(item_slot + j * 4, taken);
                 ar_wg::mbar_arrive(item_full_bar + j * 8);   /* release: the slot's store first */
+                if (taken < num_work) pending = atomicAdd(a.wg_next_item, 1);
             }
             ar_wg::mbar_wait_suspend(item_full_bar + j * 8, use & 1);
             const int item = ar_wg::ld_shared_s32(item_slot + j * 4);
