@@ -650,6 +650,17 @@ attn_wgmma_kernel(const ar_attn_args a,
                     if (it == 0) {
                         if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
                         produce_q();
+                        /* the next item's description into this SM's L1, an item ahead of its use */
+                        if (tid == 0 && pending < num_work)
+                            asm volatile("prefetch.global.L1 [%0];\n" ::"l"(a.work + pending));
+                    }
+                    if (it == (n_tiles > 1 ? 1 : 0) && tid == 0 && pending < num_work) {
+                        /* then its request's bounds and its first block-table entry */
+                        const ar_attn_work nw = a.work[pending];
+                        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(a.query_start_loc + nw.req));
+                        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(a.seq_lens + nw.req));
+                        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(a.block_table + (int64_t)nw.req * a.max_blocks_per_req +
+                                                                        ((nw.tile_begin * BLOCK_N) >> bs_log2)));
                     }
                 }
                 if (n_tiles > 0) q_items_before++;
