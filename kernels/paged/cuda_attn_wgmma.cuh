@@ -621,6 +621,7 @@ attn_wgmma_kernel(const ar_attn_args a,
                  * both consumers released the tile STAGES before it in that stage; K and V complete on
                  * separate barriers so S = Q K^T starts before V has landed.  The item's Q tile comes
                  * after its first K/V tile, once the consumers are done with the previous item's Q. */
+                if (q_items_before == 0 && n_tiles > 0) produce_q();   /* the CTA's first Q: nothing to wait for */
                 for (int it = 0; it < n_tiles; it++) {
                     const uint32_t gt = tiles_before + (uint32_t)it;   /* the CTA's tile count */
                     const int stage = (int)(gt % STAGES);
@@ -639,8 +640,8 @@ attn_wgmma_kernel(const ar_attn_args a,
                         if (tid == 0) ar_wg::mbar_arrive(full_v_bar + stage * 8);
                     }
                     ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
-                    if (it == 0) {
-                        if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
+                    if (it == 0 && q_items_before > 0) {
+                        ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
                         produce_q();
                     }
                 }
