@@ -245,25 +245,61 @@ attn_decode_tma_kernel(const ar_attn_args a,
     /* the output dims of this lane's pair n (0 .. 15) of a row: 16-bit cache 8 n + 2 tq, + 1;
      * fp8 32 (n / 4) + 8 tq + 2 (n % 4), + 1 (pair_o below reads them from acc) */
     auto pair_dim = [&](int n) { return KV8 ? 32 * (n >> 2) + 8 * tq + 2 * (n & 3) : 8 * n + 2 * tq; };
-    /* fused cascade merge: the prefix pass's pairs and LSEs of this lane's rows, read now,
-     * under the first copies (row r, pair n); with the prefix combine folded in
-     * (merge_groups), its split partials are read at the end instead */
+    /* fused cascade merge: the prefix side of this lane's rows, read now, under the first copies
+     * (row r, pair n).  Without a fold, the prefix pass's output pair (packed T) in pre[r][n][0]
+     * and its LSE in pre_lse[r].  With the prefix combine folded in (merge_groups), its split
+     * partials combined as combine_kernel does (in fp32), each pair already divided by the
+     * weights' sum, in pre[r][n][0..1] as float bits, and the combined LSE (natural log) in
+     * pre_lse[r]: the partials were written by the prefix pass just before this launch, so they
+     * are read while still in the L2, not after this pass has streamed its K/V through it. */
     /* a split piece (w.partial >= 0) writes its fp32 partial and LSE; combine_kernel then
      * combines the pieces (and does the fused merge) */
     const bool split = w.partial >= 0;
     const bool fused = a.merge_out != nullptr && !split, fold = a.merge_groups != nullptr && !split;
-    uint32_t pre_pair[2][HD / 8];
+    uint32_t pre[2][HD / 8][2];
     float pre_lse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         pre_lse[r] = -INFINITY;
-        const bool rd = fused && !fold && row_ok[r];
-        const T *p_out = reinterpret_cast<const T *>(a.merge_out);
 #pragma unroll
-        for (int n = 0; n < HD / 8; n++)
-            pre_pair[r][n] = rd ? *reinterpret_cast<const uint32_t *>(p_out + out_index(a, qstart, hq[r], pair_dim(n)))
-                                : 0u;
-        if (rd) pre_lse[r] = a.merge_lse[merge_lse_index(a, qstart, hq[r])];
+        for (int n = 0; n < HD / 8; n++) pre[r][n][0] = pre[r][n][1] = 0u;
+        if (fold && row_ok[r]) {
+            const int pair = qstart * grp + g + 8 * r, rows = a.merge_rows;
+            const ar_combine_group cg = a.merge_groups[h * a.merge_row_blocks + pair / rows];
+            const int64_t row0 = (int64_t)cg.first_partial * rows + pair % rows;
+            const float pm = partials_max_lse(a.merge_partial_lse + row0, rows, cg.count);
+            const float pm_use = pm == -INFINITY ? 0.f : pm;
+            float po[HD / 8][2], wsum = 0.f;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) po[n][0] = po[n][1] = 0.f;
+#pragma unroll 2
+            for (int k = 0; k < cg.count; k++) {
+                const int64_t pr = row0 + (int64_t)k * rows;
+                const float wk = exp2f(a.merge_partial_lse[pr] - pm_use);
+                const float *src = a.merge_partial_o + pr * HD;
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++) {
+                    const float2 v = *reinterpret_cast<const float2 *>(src + pair_dim(n));
+                    po[n][0] += v.x * wk;
+                    po[n][1] += v.y * wk;
+                }
+                wsum += wk;
+            }
+            float pinv;
+            const float p_lse2 = partials_lse(pm, wsum, &pinv);
+            pre_lse[r] = p_lse2 == -INFINITY ? -INFINITY : p_lse2 * 0.6931471805599453f;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) {
+                pre[r][n][0] = __float_as_uint(po[n][0] * pinv);
+                pre[r][n][1] = __float_as_uint(po[n][1] * pinv);
+            }
+        } else if (fused && !fold && row_ok[r]) {
+            const T *p_out = reinterpret_cast<const T *>(a.merge_out);
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++)
+                pre[r][n][0] = *reinterpret_cast<const uint32_t *>(p_out + out_index(a, qstart, hq[r], pair_dim(n)));
+            pre_lse[r] = a.merge_lse[merge_lse_index(a, qstart, hq[r])];
+        }
     }
 
     float acc[HD / 8][4];
@@ -441,32 +477,9 @@ attn_decode_tma_kernel(const ar_attn_args a,
         const float lse2 = l > 0.f ? m2 + __log2f(l) : -INFINITY;
         float merged_lse = lse2;
         if (fold) {
-            /* the prefix side of this row from its split partials, as combine_kernel computes
-             * it (kept in fp32), then vLLM's merge with this row */
-            const int pair = qstart * grp + g + 8 * r, rows = a.merge_rows;
-            const ar_combine_group cg = a.merge_groups[h * a.merge_row_blocks + pair / rows];
-            const int64_t row0 = (int64_t)cg.first_partial * rows + pair % rows;
-            const float pm = partials_max_lse(a.merge_partial_lse + row0, rows, cg.count);
-            const float pm_use = pm == -INFINITY ? 0.f : pm;
-            float po[HD / 8][2], wsum = 0.f;
-#pragma unroll
-            for (int n = 0; n < HD / 8; n++) po[n][0] = po[n][1] = 0.f;
-#pragma unroll 2
-            for (int k = 0; k < cg.count; k++) {
-                const int64_t pr = row0 + (int64_t)k * rows;
-                const float wk = exp2f(a.merge_partial_lse[pr] - pm_use);
-                const float *src = a.merge_partial_o + pr * HD;
-#pragma unroll
-                for (int n = 0; n < HD / 8; n++) {
-                    const float2 v = *reinterpret_cast<const float2 *>(src + pair_dim(n));
-                    po[n][0] += v.x * wk;
-                    po[n][1] += v.y * wk;
-                }
-                wsum += wk;
-            }
-            float pinv;
-            const float p_lse2 = partials_lse(pm, wsum, &pinv);
-            const float p_lse = p_lse2 == -INFINITY ? -INFINITY : p_lse2 * 0.6931471805599453f;
+            /* the prefix side of this row (combined at the start), then vLLM's merge with this
+             * row */
+            const float p_lse = pre_lse[r];
             const float s_lse = lse2 == -INFINITY ? -INFINITY : lse2 * 0.6931471805599453f;
 #pragma unroll
             for (int n = 0; n < HD / 8; n++) {
@@ -474,7 +487,8 @@ attn_decode_tma_kernel(const ar_attn_args a,
                 pair_o(n, r, o0, o1);
                 o0 *= inv;
                 o1 *= inv;
-                merged_lse = merge_pair(p_lse, s_lse, false, po[n][0] * pinv, po[n][1] * pinv, o0, o1, &o0, &o1);
+                merged_lse = merge_pair(p_lse, s_lse, false, __uint_as_float(pre[r][n][0]), __uint_as_float(pre[r][n][1]), o0, o1,
+                                        &o0, &o1);
                 *reinterpret_cast<uint32_t *>((T *)a.out + out_index(a, qstart, hq[r], pair_dim(n))) = pack2<T>(o0, o1);
             }
             if (a.merge_lse_base2) merged_lse *= 1.4426950408889634f;
@@ -488,7 +502,7 @@ attn_decode_tma_kernel(const ar_attn_args a,
             o0 *= inv;
             o1 *= inv;
             if (fused) {
-                merged_lse = fused_merge_with<T>(a, pre_pair[r][n], pre_lse[r], lse2, o0, o1);
+                merged_lse = fused_merge_with<T>(a, pre[r][n][0], pre_lse[r], lse2, o0, o1);
                 *reinterpret_cast<uint32_t *>((T *)a.out + out_index(a, qstart, hq[r], pair_dim(n))) = pack2<T>(o0, o1);
             } else {
                 store_pair<T>(a, w_out, 16, HD, g + 8 * r, qstart, hq[r], pair_dim(n), o0, o1, lse2);
