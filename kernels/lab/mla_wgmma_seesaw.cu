@@ -1,79 +1,42 @@
-/* mla_wgmma_seesaw.cu - lab: FlashMLA's "seesaw" schedule for the Hopper MLA decode kernel, the
- * runner-up to the product's kernel (kernels/mla/mla_decode_wgmma.cuh), with its benchmark.
- *
- * The product kernel computes S of every 64-key tile in warpgroup 0 and hands P to warpgroup 1.
- * Here the two warpgroups compute S of alternate tiles (seesaw), exchange the row max and P, and
- * each runs P V of both tiles on its 256 output columns, so one's softmax overlaps the other's
- * tensor work; each warpgroup's own P is read from registers (RS wgmma).  Three kernels:
- *   seesaw-rs-tma    key tiles by TMA, as the product's default;
- *   seesaw-fast-tma  the same with each warpgroup's softmax against the running maximum, the
+/* mla_wgmma_seesaw.cu - lab: variants of the Hopper MLA decode kernel for 64-row tiles beside
+ * the product's (attn_wgmma_pairs_kernel, kernels/mla/mla_decode_wgmma_pairs.cuh: FlashMLA's own
+ * order of the "seesaw"), with their benchmark.  Four kernels:
+ *   s1-tma           the product's default until 2026-12-04: warpgroup 0 computes S and the
+ *                    softmax of every 64-key tile and hands P to warpgroup 1, key tiles by TMA
+ *                    (wg_kernel_body's TMA form, kernels/mla/mla_decode_wgmma.cuh);
+ *   seesaw-rs-tma    an earlier seesaw: the two warpgroups compute S of alternate tiles, exchange
+ *                    the row max and P, and each runs P V of both tiles on its 256 output
+ *                    columns, its own P from registers (RS wgmma), whole key tiles refilled by TMA
+ *                    once both warpgroups are done with them;
+ *   seesaw-fast-tma  the same with each warpgroup's softmax against the running maximum (the
  *                    product's wg_softmax_running keeping P's A fragments and publishing the
- *                    unchanged maxima: 0.3-1.9% ahead of the product at 4k-32k keys on 2026-12-04
- *                    (kernels/lab/README.md);
- *   seesaw-rs        the same as seesaw-rs-tma with cp.async key loads.
- * Measured on the H200 (2026-11-30, BENCHMARKS.md): seesaw-rs-tma 500 / 539 / 561 / 572
- * TFLOP/s at 4k / 8k / 16k / 32k keys against the product's 506 / 541 / 557 / 567 in the same
- * run (b = 128, h_q = 128): within 1%, ahead from 16k on, behind below.
+ *                    unchanged maxima);
+ *   seesaw-rs        seesaw-rs-tma with cp.async key loads.
+ * Measured on the H200 (2026-12-04 19:13 UTC, b = 128, h_q = 128, TFLOP/s at 4k / 8k / 16k / 32k
+ * keys): s1-tma 532.1 / 569.9 / 586.5 / 593.3, seesaw-fast-tma 540.1 / 576.2 / 590.6 / 594.9, the
+ * pairs kernel (then a lab row) 540.0 / 585.0 / 607.0 / 619.1 (BENCHMARKS.md).
  *
  * The benchmark (main): FlashMLA's shapes (b = 128, s_q = 1, bf16, block 64, h_q = 128; argv[1]
- * = 16 for h_q = 16), s_k = 4k .. 32k, the product's kernel first and then each lab kernel on the
- * same case through the test hook (kernels/mla/cuda_mla_case.h: same inputs, plan and combine),
- * one line each: time of attention + combine (median of 20), TFLOP/s, effective TB/s, the max
- * error of out and LSE against the float64 device reference on 3 requests, and the max
- * difference from the product kernel's output.  Exit status 1 when a lab kernel's error exceeds
- * FlashMLA's tolerance (8e-4) or a case fails; 0 with a line saying why when there is no
- * compute-capability 9.0 device.
+ * = 16 for h_q = 16; argv[2] .. = the names of the lab kernels to run, all without), s_k = 4k
+ * .. 32k, the product's kernel first and then each lab kernel on the same case through the test
+ * hook (kernels/mla/cuda_mla_case.h: same inputs, plan and combine), one line each: time of
+ * attention + combine (median of 20), TFLOP/s, effective TB/s, the max error of out and LSE
+ * against the float64 device reference on 3 requests, and the max difference from the product
+ * kernel's output.  Exit status 1 when a lab kernel's error exceeds FlashMLA's tolerance (8e-4)
+ * or a case fails; 0 with a line saying why when there is no compute-capability 9.0 device.
  *
- * Build and run: `make lab`, then `build/lab/mla_wgmma_seesaw [16]` on the H200. */
+ * Build and run: `make lab`, then `build/lab/mla_wgmma_seesaw [16|128 [NAME ...]]` on the H200. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../mla/cuda_mla_case.h"
-#include "../mla/mla_decode_wgmma.cuh"
+#include "../mla/mla_decode_wgmma_pairs.cuh"
 
 namespace ar_mla {
 
-/* O [64 rows x 256 columns] += P (A fragments in registers: rows 16 (warp % 4) + lane / 4 (+ 8),
- * keys 2 (lane % 4) (+ 1, + 8, + 9) of the 16-key step) V (desc_b, MN-major). */
-template <bool BF16> __device__ __forceinline__ void wgmma_pv_rs(float (&d)[32][4], const uint32_t (&pa)[4], uint64_t desc_b);
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WGMMA_PV_RS_TEXT(TY) \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n256k16.f32" TY TY " " \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
-    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
-    "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
-    "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, " \
-    "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
-    "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
-    "%123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-template <bool BF16> __device__ __forceinline__ void wgmma_pv_rs(float (&d)[32][4], const uint32_t (&pa)[4], uint64_t desc_b)
-{
-    if constexpr (BF16)
-        asm volatile(WGMMA_PV_RS_TEXT(".bf16") : WG_ACC_X32(d) : "r"(pa[0]), "r"(pa[1]), "r"(pa[2]), "r"(pa[3]), "l"(desc_b), "r"(1));
-    else
-        asm volatile(WGMMA_PV_RS_TEXT(".f16") : WG_ACC_X32(d) : "r"(pa[0]), "r"(pa[1]), "r"(pa[2]), "r"(pa[3]), "l"(desc_b), "r"(1));
-}
-#undef WGMMA_PV_RS_TEXT
-#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
-
-/* Named barriers of 256 threads: the 128 of the waiting warpgroup (bar.sync) and the 128 of the
- * signalling one (bar.arrive).  Id 0 is __syncthreads. */
-__device__ __forceinline__ void wg_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory"); }
-__device__ __forceinline__ void wg_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory"); }
-
-/* Keeps the A-fragment registers of an in-flight RS wgmma alive (unchanged) up to this point. */
-__device__ __forceinline__ void wg_fence_frag(uint32_t (&pa)[4][4])
-{
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(pa[i][e])::"memory");
-}
 
 
 /* FlashMLA's seesaw schedule on the product kernel's per-tile work.  Key tiles go in pairs
@@ -107,7 +70,6 @@ enum {
     SS_BAR_WG0 = 5,      /* warpgroup 0 alone (128 threads): its copies / P stores done */
     SS_BAR_WG1 = 6       /* warpgroup 1 alone */
 };
-__device__ __forceinline__ void wg_bar_sync128(int id) { asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory"); }
 
 /* The factor 2^(m_old - m_new) (m_new == -inf counts as 0), softmax_step's alpha. */
 __device__ __forceinline__ float wg_rescale_factor(float m_old, float m_new)
@@ -115,19 +77,6 @@ __device__ __forceinline__ float wg_rescale_factor(float m_old, float m_new)
     return exp2f(m_old - (m_new == -INFINITY ? 0.f : m_new));
 }
 
-/* S [64 x 64] = Q K^T over 576 dims, K the key tile at sk_addr (issued and committed, not waited). */
-template <bool BF16>
-__device__ __forceinline__ void wg_issue_s(float (&s)[8][4], uint64_t desc_q, uint32_t sk_addr)
-{
-    const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
-    ar_wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-        const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
-        wgmma_qk64<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
-    }
-    ar_wg::commit();
-}
 
 /* O [64 x 256] += P V[:, 256 wg ..] of the key tile at sk_addr, P in its atom 8 (issued and
  * committed, not waited). */
@@ -182,33 +131,6 @@ __device__ __forceinline__ void wg_take_max(float (&o)[32][4], const float *s_ma
     wg_rescale(o, alpha0, fault);
 }
 
-/* P [64 rows x 64 keys, the S accumulator layout] as the A fragments of P V's 4 key steps
- * (wgmma_pv_rs: rows 16 (warp % 4) + lane / 4 (+ 8), keys 2 (lane % 4) (+ 1, + 8, + 9)). */
-template <bool BF16>
-__device__ __forceinline__ void wg_pack_p(const float (&s)[8][4], uint32_t (&pa)[4][4])
-{
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            pa[kk][2 * half] = pack2<BF16>(s[2 * kk + half][0], s[2 * kk + half][1]);
-            pa[kk][2 * half + 1] = pack2<BF16>(s[2 * kk + half][2], s[2 * kk + half][3]);
-        }
-}
-
-/* O [64 x 256] += P (pa, registers) V[:, 256 wg ..] of the key tile at sk_addr (issued and
- * committed, not waited: pa must stay unchanged until the wait). */
-template <bool BF16>
-__device__ __forceinline__ void wg_issue_pv_rs(float (&o)[32][4], uint32_t (&pa)[4][4], uint32_t sk_addr, int wg)
-{
-    const uint64_t desc_v = ar_wg::desc_sw128(sk_addr + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
-    wg_fence_acc(o);
-    wg_fence_frag(pa);
-    ar_wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < WG_KEYS / 16; kk++) wgmma_pv_rs<BF16>(o, pa[kk], desc_v + (uint32_t)((kk * 2048) >> 4));
-    ar_wg::commit();
-}
 
 /* The seesaw schedule (above) with a TMA switch: attn_wgmma_seesaw_kernel (TMA = false) and
  * attn_wgmma_seesaw_rs_tma_kernel (P_RS = TMA = true).
@@ -443,12 +365,29 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_rs_tma_kernel(at
     wg_seesaw_body<BF16, true, true, FAST>(a, &tmap);
 }
 
+/* "s1-tma": the product's default until 2026-12-04 (before attn_wgmma_pairs_kernel): warpgroup 0
+ * computes S and the softmax of every tile, both warpgroups their half of P V, key tiles by TMA
+ * (wg_kernel_body's TMA form); tmap as mla_wgmma_tensor_map makes it. */
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_tma_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
+{
+    wg_kernel_body<BF16, true>(a, &tmap);
+}
+
 } /* namespace ar_mla */
 
 /* ---------------------------------------------------------------------------------------- */
 /* The benchmark                                                                              */
 
 using namespace ar_mla;
+
+static cudaError_t launch_s1_tma(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
+{
+    if (!tmap) return cudaErrorInvalidValue;
+    if (a->bf16) attn_wgmma_tma_kernel<true><<<num_ctas, THREADS, WG_SMEM_TMA, st>>>(*a, *tmap);
+    else attn_wgmma_tma_kernel<false><<<num_ctas, THREADS, WG_SMEM_TMA, st>>>(*a, *tmap);
+    return cudaGetLastError();
+}
 
 static cudaError_t launch_seesaw_rs_tma(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
 {
@@ -478,14 +417,16 @@ static cudaError_t launch_seesaw_rs(const attn_args *a, int num_ctas, const CUte
 
 static bool set_attributes(void)
 {
-    const void *fns[6] = {(const void *)attn_wgmma_seesaw_rs_tma_kernel<true>,
+    const void *fns[8] = {(const void *)attn_wgmma_tma_kernel<true>,
+                          (const void *)attn_wgmma_tma_kernel<false>,
+                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<true>,
                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<false>,
                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<true, true>,
                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<false, true>,
                           (const void *)attn_wgmma_seesaw_kernel<true, true>,
                           (const void *)attn_wgmma_seesaw_kernel<false, true>};
-    for (int i = 0; i < 6; i++)
-        if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, i < 4 ? WG_SMEM_TMA : WG_SMEM) !=
+    for (int i = 0; i < 8; i++)
+        if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, i < 6 ? WG_SMEM_TMA : WG_SMEM) !=
             cudaSuccess)
             return false;
     return true;
@@ -518,9 +459,17 @@ int main(int argc, char **argv)
         printf("mla_wgmma_seesaw: the kernels' shared memory was refused\n");
         return 1;
     }
-    static const ar_cuda_mla_lab_kernel lab[] = {{"seesaw-rs-tma", launch_seesaw_rs_tma},
+    static const ar_cuda_mla_lab_kernel lab[] = {{"s1-tma", launch_s1_tma},
+                                                 {"seesaw-rs-tma", launch_seesaw_rs_tma},
                                                  {"seesaw-fast-tma", launch_seesaw_fast_tma},
                                                  {"seesaw-rs", launch_seesaw_rs}};
+    /* argv[2] ..: the lab rows to run (all without) */
+    auto wanted = [&](const char *name) {
+        if (argc <= 2) return true;
+        for (int i = 2; i < argc; i++)
+            if (strcmp(argv[i], name) == 0) return true;
+        return false;
+    };
     int *seqlens = (int *)malloc(sizeof(int) * B);
     unsigned char *sel = (unsigned char *)calloc((size_t)B, 1);
     float *base_out = (float *)malloc(n_out * sizeof(float));
@@ -541,18 +490,19 @@ int main(int argc, char **argv)
     c.ref_requests = sel;
     printf("lab: the seesaw schedule against the product's wgmma kernel, b=%d s_q=1 h_q=%d bf16 block 64, "
            "median of %d\n", B, H, c.repeat);
-    printf("%-15s %6s %9s %8s %7s %9s %9s %10s\n", "kernel", "s_k", "us", "TFLOP/s", "TB/s", "err out", "err lse",
+    printf("%-18s %6s %9s %8s %7s %9s %9s %10s\n", "kernel", "s_k", "us", "TFLOP/s", "TB/s", "err out", "err lse",
            "vs product");
     int rc = 0;
     for (size_t ik = 0; ik < sizeof sks / sizeof sks[0]; ik++) {
         for (int b = 0; b < B; b++) seqlens[b] = sks[ik];
         for (int k = -1; k < (int)(sizeof lab / sizeof lab[0]); k++) {
+            if (k >= 0 && !wanted(lab[k].name)) continue;
             char err[512] = "";
             c.wgmma_cpasync = k >= 0 && strcmp(lab[k].name, "seesaw-rs") == 0;
             int crc = k < 0 ? ar_cuda_mla_run_case(&c, &r, err, sizeof err)
                             : ar_cuda_mla_run_case_with(&c, &lab[k], &r, err, sizeof err);
             if (crc != 0) {
-                printf("%-15s %6d error: %.200s\n", k < 0 ? "product" : lab[k].name, sks[ik], err);
+                printf("%-18s %6d error: %.200s\n", k < 0 ? "product" : lab[k].name, sks[ik], err);
                 rc = 1;
                 continue;
             }
@@ -562,7 +512,7 @@ int main(int argc, char **argv)
             const double keys = (double)B * sks[ik];
             const double flops = 2.0 * H * keys * (576 + 512), bytes = (keys * 576 + (double)B * H * 1088) * 2.0;
             const bool bad = !(err_out <= 8e-4);
-            printf("%-15s %6d %9.1f %8.1f %7.2f %9.2e %9.2e %10.2e%s\n", k < 0 ? r.kernel_name : lab[k].name, sks[ik],
+            printf("%-18s %6d %9.1f %8.1f %7.2f %9.2e %9.2e %10.2e%s\n", k < 0 ? r.kernel_name : lab[k].name, sks[ik],
                    r.attn_us, flops / r.attn_us / 1e6, bytes / r.attn_us / 1e6, err_out, err_lse,
                    max_abs_diff(r.out, base_out, n_out), bad ? "  ERROR > 8e-4" : "");
             if (bad) rc = 1;

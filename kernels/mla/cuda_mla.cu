@@ -19,7 +19,8 @@
  * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
  * guard regions checked after every forward; out/LSE are NaN-poisoned before each forward.
  * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk forces the decode kernel (for comparisons;
- * mla_decode.h has the rule).
+ * mla_decode.h has the rule); AR_MLA_TMA=0 makes no tensor map of the cache, so the wgmma route
+ * runs its cp.async fallback (attn_wgmma_cpasync_kernel), as where the driver refuses the map.
  *
  * LSE convention: [Hq, T], natural log, -inf for a row that sees no key (backend contract). */
 #include <cuda_runtime.h>
@@ -750,7 +751,8 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
      * (said once on stderr); with an fp8 cache it stages its tiles by bulk copies instead */
     CUtensorMap tmap;
     const CUtensorMap *tmap_arg = NULL;
-    if (s->route.tensor_map) {
+    const char *tma_env = getenv("AR_MLA_TMA");
+    if (s->route.tensor_map && !(tma_env && strcmp(tma_env, "0") == 0)) {
         char why[256] = "";
         static bool told = false;
         if (mla_wgmma_tensor_map(a, s->cache_bytes / (D * 2), &tmap, why, sizeof why) == 0)
@@ -822,7 +824,9 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     free(times);
     o->num_paths = 0;
     if (s->n_dec_reqs > 0 && T > s->n_pf_tok)
-        ar_forward_add_path(o, decode_path(s->route, s->route.tensor_map && !tmap_arg, present[3]));
+        ar_forward_add_path(o, decode_path(s->route, s->route.tensor_map && (!tmap_arg || (s->route.rows_t == 0 &&
+                                                                                         a.block_size < PAIRS_MIN_BLOCK)),
+                                           present[3]));
     if (s->n_pf_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
     if (s->n_pf_reqs > 0 && s->info.num_context_chunks > 0) ar_forward_add_path(o, "mla-prefill:context");
     if (s->fp8) ar_forward_add_path(o, "kv-fp8");

@@ -26,6 +26,7 @@ constexpr int STRIDE = D + 8;   /* shared row stride in 16-bit elements (conflic
 constexpr int THREADS = 256;    /* 8 warps */
 constexpr int SIMT_THREADS = 128; /* the SIMT kernels (decode fallback, prefill attention) */
 constexpr int SIMT_CHUNK = 128;   /* keys a SIMT CTA scores at once */
+constexpr int PAIRS_MIN_BLOCK = 32; /* attn_wgmma_pairs_kernel: two 32-key TMA boxes a 64-dim atom */
 
 /* One CTA of the latent attention: rows row0 .. row0 + 63 of request req (row = i * H + n),
  * keys [key_begin, key_end) (key_begin a multiple of KEYS). */

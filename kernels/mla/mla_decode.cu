@@ -1,8 +1,8 @@
-/* mla_decode.cu - the cuda-mla backend's decode launch: the kernels of mla_decode_mma.cuh and
- * mla_decode_wgmma.cuh compiled in one place with the split combines and the SIMT fallback, what
- * the device can run (mla_probe), the decision function (mla_choose), the planner (build_plan,
- * build_plan_persistent) and the launch (mla_launch_decode).  The interface and the decision
- * table are in mla_decode.h. */
+/* mla_decode.cu - the cuda-mla backend's decode launch: the kernels of mla_decode_mma.cuh,
+ * mla_decode_wgmma.cuh, mla_decode_wgmma_pairs.cuh and mla_decode_wgmma16.cuh compiled in one
+ * place with the split combines and the SIMT fallback, what the device can run (mla_probe), the
+ * decision function (mla_choose), the planner (build_plan, build_plan_persistent) and the launch
+ * (mla_launch_decode).  The interface and the decision table are in mla_decode.h. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +11,7 @@
 #include "mla_decode_mma.cuh"
 #include "mla_decode_wgmma.cuh"
 #include "mla_decode_wgmma16.cuh"
+#include "mla_decode_wgmma_pairs.cuh"
 
 namespace ar_mla {
 
@@ -217,11 +218,11 @@ mla_caps mla_probe(int device)
                        set_smem((const void *)attn_narrow_bulk_kernel<true>, narrow_bulk_smem_total(), true) &&
                        set_smem((const void *)attn_narrow_bulk_kernel<false>, narrow_bulk_smem_total(), true);
     /* the wgmma kernels: the sm_90a code of the fat binary, compute capability 9.0 exactly */
-    caps.wgmma = major == 9 && minor == 0 && optin >= WG_SMEM_TMA &&
+    caps.wgmma = major == 9 && minor == 0 && optin >= PAIRS_SMEM &&
                  set_smem((const void *)attn_wgmma_cpasync_kernel<true>, WG_SMEM, false) &&
                  set_smem((const void *)attn_wgmma_cpasync_kernel<false>, WG_SMEM, false) &&
-                 set_smem((const void *)attn_wgmma_tma_kernel<true>, WG_SMEM_TMA, false) &&
-                 set_smem((const void *)attn_wgmma_tma_kernel<false>, WG_SMEM_TMA, false);
+                 set_smem((const void *)attn_wgmma_pairs_kernel<true>, PAIRS_SMEM, false) &&
+                 set_smem((const void *)attn_wgmma_pairs_kernel<false>, PAIRS_SMEM, false);
     caps.wgmma16 = caps.wgmma && set_smem((const void *)attn_wgmma16_kernel<true, 16>, W16Geom<16>::SMEM, false) &&
                    set_smem((const void *)attn_wgmma16_kernel<false, 16>, W16Geom<16>::SMEM, false) &&
                    set_smem((const void *)attn_wgmma16_kernel<true, 32>, W16Geom<32>::SMEM, false) &&
@@ -235,8 +236,9 @@ mla_caps mla_probe(int device)
 /* ---------------------------------------------------------------------------------------- */
 /* The decision function                                                                      */
 
-/* Measured on the H200 (BENCHMARKS.md): at h_q = 128 the wgmma kernel with TMA key tiles runs
- * at 505-576 TFLOP/s (4k-32k keys) against 156-160 for attn_tc_kernel; up to 32 rows a request
+/* Measured on the H200 (BENCHMARKS.md): at h_q = 128 the wgmma kernels with TMA key tiles run
+ * at 505-619 TFLOP/s (4k-32k keys; attn_wgmma_pairs_kernel 540-619) against 156-160 for
+ * attn_tc_kernel; up to 32 rows a request
  * its transposed twin attn_wgmma16_kernel (16 or 32 rows wide) streams the latent cache at
  * 3.93-4.24 TB/s (h_q = 16, 2026-12-02) against the 64-row kernel's 3.39-3.96 (16 of each
  * tile's 64 rows used) and the bulk narrow kernel's 3.16-3.74 (h_q = 8); at h_q = 32 the 32-row
@@ -676,8 +678,8 @@ static void launch_kernel(const attn_args &a, const mla_route &route, int n, con
                 attn_wgmma16_kernel<BF16, 16><<<n, THREADS, W16Geom<16>::SMEM, st>>>(a, *tmap);
             else if (tmap && route.rows_t == W32_ROWS)
                 attn_wgmma16_kernel<BF16, 32><<<n, THREADS, W16Geom<32>::SMEM, st>>>(a, *tmap);
-            else if (tmap)
-                attn_wgmma_tma_kernel<BF16><<<n, THREADS, WG_SMEM_TMA, st>>>(a, *tmap);
+            else if (tmap && a.block_size >= PAIRS_MIN_BLOCK)
+                attn_wgmma_pairs_kernel<BF16><<<n, THREADS, PAIRS_SMEM, st>>>(a, *tmap);
             else
                 attn_wgmma_cpasync_kernel<BF16><<<n, THREADS, WG_SMEM, st>>>(a);
             return;

@@ -5,8 +5,9 @@
  *
  * The decision (mla_choose), by rows a request (query tokens x heads) and the device:
  *   compute capability 9.0, 16-bit latent cache:
- *     some request with > 32 rows      attn_wgmma_tma_kernel (the default; attn_wgmma_cpasync_kernel
- *                                      where the cache's tensor map cannot be made)
+ *     some request with > 32 rows      attn_wgmma_pairs_kernel (the default; attn_wgmma_cpasync_kernel
+ *                                      where the cache's tensor map cannot be made or the block
+ *                                      size is 16)
  *     every request with <= 32 rows    attn_wgmma16_kernel<., 16 or 32> (the same products
  *                                      transposed: the rows are the instructions' N side; the
  *                                      64-row cp.async kernel where the tensor map cannot be made)
@@ -136,8 +137,8 @@ int mla_replan(mla_plan *p, const mla_route &route, int R, const int *qsl, const
 
 /* ---- the launch ---- */
 
-/* The TMA view of the latent cache a.cache ([num_slots][576] 16-bit) that attn_wgmma_tma_kernel
- * reads, in *map.  0 ok; 3 with "cuda-mla wgmma: tensor map: <why>" in err when it cannot be made
+/* The TMA view of the latent cache a.cache ([num_slots][576] 16-bit) that attn_wgmma_pairs_kernel
+ * and attn_wgmma16_kernel read, in *map.  0 ok; 3 with "cuda-mla wgmma: tensor map: <why>" in err when it cannot be made
  * (no driver entry point, a block size below 16, more than 2^31 slots, the driver refused): the
  * launch then runs attn_wgmma_cpasync_kernel. */
 int mla_wgmma_tensor_map(const attn_args &a, size_t num_slots, CUtensorMap *map, char *err, size_t err_len);

@@ -1,7 +1,10 @@
-/* mla_decode_wgmma.cuh - the Hopper (sm_90a) MLA decode kernel: attn_wgmma_tma_kernel, the
- * default for launches with 16 or more rows a request on a compute-capability 9.0 device with a
- * 16-bit latent cache (mla_choose in mla_decode.cu), and attn_wgmma_kernel, the same with
- * cp.async key loads where the cache's tensor map cannot be made.  The same work items (64 rows =
+/* mla_decode_wgmma.cuh - the Hopper (sm_90a) MLA decode kernels' shared pieces (layout,
+ * descriptors, Q and key loads, softmax forms, output stores) and attn_wgmma_cpasync_kernel, the
+ * 64-row kernel with cp.async key loads that runs where attn_wgmma_pairs_kernel
+ * (mla_decode_wgmma_pairs.cuh, the default for more than 32 rows a request) cannot: no tensor
+ * map of the cache, or a block size of 16.  Its body, wg_kernel_body, also has a TMA form (the
+ * default before the pairs kernel, 2026-12-04), which kernels/lab/mla_wgmma_seesaw.cu runs as its
+ * s1-tma row.  The same work items (64 rows =
  * (token, head) pairs of one request, a key range), arguments, masks, faults and outputs (o_lat /
  * lse, or a split piece's partials for combine_rows_kernel) as attn_tc_kernel in
  * mla_decode_mma.cuh, with both matrix products on wgmma (warpgroup MMA) instead of mma.sync.
@@ -378,9 +381,10 @@ __device__ __forceinline__ void wg_finish_rows(const attn_args &a, const work_it
     wg_store_rows(a, w, q0, nrows, o, m_run, l_run, lr, wg, tig);
 }
 
-/* The kernel body with a TMA switch: attn_wgmma_cpasync_kernel (TMA = false) and
- * attn_wgmma_tma_kernel (TMA = true).  Per tile: warpgroup 0 computes S and the softmax and
- * writes P and the rescale factors (red); both warpgroups then run their half of P V.
+/* The kernel body with a TMA switch: attn_wgmma_cpasync_kernel (TMA = false) and the lab's
+ * attn_wgmma_tma_kernel (TMA = true; kernels/lab/mla_wgmma_seesaw.cu, its s1-tma row).  Per
+ * tile: warpgroup 0 computes S and the softmax and writes P and the rescale factors (red); both
+ * warpgroups then run their half of P V.
  * TMA: the key tiles that lie wholly below key_end come by TMA instead
  * (wg_tma_keys: one thread, WG_TMA_THREAD of warpgroup 1, issues tile t + 1's boxes right after
  * tile t's first barrier, onto the full mbarrier of its ring slot; every thread waits on that
@@ -505,15 +509,6 @@ template <bool BF16>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_cpasync_kernel(attn_args a)
 {
     wg_kernel_body<BF16, false>(a, nullptr);
-}
-
-/* The default: key tiles by TMA (see wg_kernel_body); tmap = the latent cache [num_slots, 576]
- * 16-bit as a 2-D tensor, boxes of [2^wg_tma_rows_log2(block size) keys][64 dims] with the
- * 128-byte swizzle (mla_wgmma_tensor_map in mla_decode.cu).  ptxas: 248 registers. */
-template <bool BF16>
-__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_tma_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
-{
-    wg_kernel_body<BF16, true>(a, &tmap);
 }
 
 } /* namespace ar_mla */

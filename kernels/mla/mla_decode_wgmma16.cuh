@@ -11,8 +11,8 @@
  * row in shared memory (w16_q_bf16_to_f16) and each row's scores multiplied back; kv_scale
  * multiplies the score scale and the output.  The same
  * work items, arguments, masks, faults and outputs (o_lat / lse, or a split piece's partials for
- * combine_rows_kernel) as attn_wgmma_tma_kernel
- * (mla_decode_wgmma.cuh), whose 64-row products spend three quarters of their tensor time on
+ * combine_rows_kernel) as the 64-row kernels
+ * (mla_decode_wgmma_pairs.cuh, mla_decode_wgmma.cuh), whose 64-row products spend three quarters of their tensor time on
  * empty rows here.  Both products are transposed so that the 16 query rows are the small N side
  * of the instruction and the 64 keys (or 64 latent dims) its M side:
  *   S^T = K Q^T     [64 keys x 16 rows]: wgmma m64n16k16, A = the key tile (K-major, as it lands),
@@ -273,7 +273,7 @@ __device__ __forceinline__ void w16_q_bf16_to_f16(unsigned char *smem, float *qm
 }
 
 /* The kernel (see the file comment) for work items of at most NR = 16 or 32 rows.  tmap: the
- * latent cache as attn_wgmma_tma_kernel's (FP8: unused; the staging tile comes by bulk copies). */
+ * latent cache as mla_wgmma_tensor_map makes it (FP8: unused; the staging tile comes by bulk copies). */
 template <bool BF16, int NR, bool FP8 = false>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
 {
