@@ -4,7 +4,7 @@
  * The product kernel computes S of every 64-key tile in warpgroup 0 and hands P to warpgroup 1.
  * Here the two warpgroups compute S of alternate tiles (seesaw), exchange the row max and P, and
  * each runs P V of both tiles on its 256 output columns, so one's softmax overlaps the other's
- * tensor work; each warpgroup's own P is read from registers (RS wgmma).  Four kernels:
+ * tensor work; each warpgroup's own P is read from registers (RS wgmma).  Five kernels:
  *   seesaw-rs-tma    key tiles by TMA, as the product's default;
  *   seesaw-fast-tma  the same with each warpgroup's softmax against the running maximum, the
  *                    product's wg_softmax_running keeping P's A fragments and publishing the
@@ -17,7 +17,11 @@
  *                    behind the P V products, each key slot refilled in two parts (atoms 0-3 by
  *                    warpgroup 0, 4-8 by warpgroup 1) as soon as each part's last product is
  *                    done, one mbarrier an atom, Q's atom 8 in registers and P1 in its place
- *                    (attn_wgmma_fmorder_kernel; written, not yet run on a GPU).
+ *                    (attn_wgmma_fmorder_kernel; written, not yet run on a GPU);
+ *   flashmla-order-fast-tma  the same order with each warpgroup's softmax against the running
+ *                    maximum where it holds, as seesaw-fast-tma's: the maximum left as it is and
+ *                    the factor 1 published (attn_wgmma_fmorder_kernel<BF16, true>; written, not
+ *                    yet run on a GPU).
  * Measured on the H200 (2026-11-30, BENCHMARKS.md): seesaw-rs-tma 500 / 539 / 561 / 572
  * TFLOP/s at 4k / 8k / 16k / 32k keys against the product's 506 / 541 / 557 / 567 in the same
  * run (b = 128, h_q = 128): within 1%, ahead from 16k on, behind below.
@@ -494,7 +498,21 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_seesaw_rs_tma_kernel(at
  * warpgroup that reads the other one's key tile for P V waits on that tile's mbarriers too (they
  * are complete); the product's plan (one row tile and key range a CTA, the row-parallel
  * combine), not FlashMLA's persistent tile scheduler with PDL; O stored as the product's.
- * Blocks of >= 32 keys only (the launcher refuses 16). */
+ * Blocks of >= 32 keys only (the launcher refuses 16).
+ *
+ * FAST ("flashmla-order-fast-tma"): each warpgroup first tries its softmax against the running
+ * maximum (fm_softmax_running, the product's wg_softmax_running): a warp whose rows all have a
+ * maximum in m, on a tile wholly inside its rows' key limits, takes P = 2^(S mul - m) with no
+ * row maxima, shuffles or rescale, and keeps it unless a thread's row sum of P passes 2^8 (then
+ * the exact form, from the intact scores).  Kept, it leaves m as it is and publishes its factor
+ * (f0 or f1) as 1, at the same place and between the same barriers as the exact form's, so the
+ * exchange is unchanged: m has one copy, in shared memory, written only by the warpgroup whose
+ * softmax step it is, and the other one reads it and the factor after the barrier; rows are a
+ * warp's (warp w of warpgroup 0 and warp w of warpgroup 1 the same 16), the decision is a vote
+ * of the warp, so a row never mixes the two forms within a step.  Warpgroup 0 keeps the scores
+ * of a kept tile rather than P0 (no registers more: the exact form keeps P0 in the same array);
+ * where warpgroup 1 then moved a row's maximum (f1 != 1), it recomputes P0 f1 = 2^(S0 mul - m1)
+ * from m1 in shared memory rather than scaling P0.  No branch on the choice holds a wgmma. */
 constexpr int FM_OFF_M = WG_OFF_RED;                     /* float [ROWS] running maximum (log2 domain) */
 constexpr int FM_OFF_F0 = FM_OFF_M + ROWS * 4;           /* float [ROWS] warpgroup 0's factor f0 of the pair */
 constexpr int FM_OFF_F1 = FM_OFF_F0 + ROWS * 4;          /* float [ROWS] warpgroup 1's factor f1 */
@@ -666,6 +684,60 @@ __device__ __forceinline__ void fm_softmax(const fm_ctx &c, float (&s)[8][4], in
     wg_pack_p<BF16>(s, pa);
 }
 
+/* FAST ("flashmla-order-fast-tma"): a warpgroup's softmax of its tile against the running
+ * maximum without moving it, the product's wg_softmax_running in this order's terms.  Once every
+ * row of the warp has a maximum in m and the tile (keys k0 ..) lies wholly inside both of the
+ * thread's key limits, P = 2^(s mul - m) goes straight into pa (P V's A fragments; no shared
+ * store here: the caller stores P as in the exact form), without masks, row maxima or their
+ * shuffles.  Kept unless one of the thread's row sums of P exceeds 2^8 (every P is at most its
+ * row sum; a NaN fails too): then false with s, m and f_out untouched, and the caller runs
+ * fm_softmax on the intact scores.  On success m stays as it is, f = 1, and one thread a row
+ * writes the factor 1 into f_out, so the other warpgroup reads the same m and a factor 1 (its
+ * O and P rescale skipped on those rows); psum the thread's part of its row sums.  The decision
+ * is warp-wide (a vote), so both softmax forms cover whole rows.  Not under the planted
+ * NO_RESCALE fault, which must show on the exact path. */
+template <bool BF16>
+__device__ __forceinline__ bool fm_softmax_running(const fm_ctx &c, const float (&s)[8][4], int k0, float *f_out,
+                                                   float f[2], float psum[2], uint32_t (&pa)[4][4])
+{
+    if (c.fault == AR_FAULT_NO_RESCALE) return false;
+    const float m_old[2] = {c.m[c.lr[0]], c.m[c.lr[1]]};
+    if (!__all_sync(0xffffffffu, m_old[0] != -INFINITY && m_old[1] != -INFINITY && k0 + WG_KEYS <= c.lim[0] &&
+                                     k0 + WG_KEYS <= c.lim[1]))
+        return false;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const float p0 = exp2f(fmaf(s[nt][0], c.mul, -m_old[0])), p1 = exp2f(fmaf(s[nt][1], c.mul, -m_old[0]));
+        const float p2 = exp2f(fmaf(s[nt][2], c.mul, -m_old[1])), p3 = exp2f(fmaf(s[nt][3], c.mul, -m_old[1]));
+        rs0 += p0 + p1;
+        rs1 += p2 + p3;
+        pa[nt >> 1][2 * (nt & 1)] = pack2<BF16>(p0, p1);        /* wg_pack_p's layout */
+        pa[nt >> 1][2 * (nt & 1) + 1] = pack2<BF16>(p2, p3);
+    }
+    if (__any_sync(0xffffffffu, !(rs0 <= 256.f) || !(rs1 <= 256.f))) return false;
+    f[0] = f[1] = 1.f;
+    psum[0] = rs0;
+    psum[1] = rs1;
+    if (c.tig == 0) {
+        f_out[c.lr[0]] = 1.f;
+        f_out[c.lr[1]] = 1.f;
+    }
+    return true;
+}
+
+/* The softmax of a pair step: with FAST the running form first (fm_softmax_running), the exact
+ * fm_softmax where that declines.  Returns whether the running form was kept (warp-uniform): s
+ * then still holds the scores, otherwise P. */
+template <bool BF16, bool FAST>
+__device__ __forceinline__ bool fm_softmax_step(const fm_ctx &c, float (&s)[8][4], int k0, float *f_out, float f[2],
+                                                float psum[2], uint32_t (&pa)[4][4])
+{
+    if (FAST && fm_softmax_running<BF16>(c, s, k0, f_out, f, psum, pa)) return true;
+    fm_softmax<BF16>(c, s, k0, f_out, f, psum, pa);
+    return false;
+}
+
 /* P (A fragments pa) into the swizzled [64 rows][64 keys] atom at shared address atom: four
  * stmatrix .x4 a thread. */
 __device__ __forceinline__ void fm_store_p(const fm_ctx &c, uint32_t atom, const uint32_t (&pa)[4][4])
@@ -718,8 +790,11 @@ __device__ __forceinline__ void fm_issue_pv_ss(float (&o)[32][4], uint32_t p_ato
 
 /* Warpgroup 0's steps of the pair (t0, t0 + 1) (FlashMLA's wg0_subroutine).  s: S0 of t0 on
  * entry, S0 of t0 + 2 on exit (LAST = 0).  LAST: 0, tile t0 + 2 exists; 1, t0 + 1 is the
- * piece's last tile; 2, t0 is (no t1). */
-template <bool BF16, int LAST>
+ * piece's last tile; 2, t0 is (no t1).  FAST: the softmax against the running maximum where it
+ * holds (fm_softmax_step); a warp that kept it has the scores in s, so where warpgroup 1 moved
+ * the maximum of one of its rows (f1 != 1) it recomputes P0 f1 as 2^(s mul - m1) from m1 in
+ * shared memory instead of scaling P. */
+template <bool BF16, int LAST, bool FAST>
 __device__ __forceinline__ void fm_wg0_pair(const fm_ctx &c, float (&s)[8][4], float (&o)[32][4], float l[2],
                                             const uint32_t (&rq8)[4][4], int t0)
 {
@@ -733,7 +808,7 @@ __device__ __forceinline__ void fm_wg0_pair(const fm_ctx &c, float (&s)[8][4], f
     }
     uint32_t pa[4][4];
     float f0[2], psum[2];
-    fm_softmax<BF16>(c, s, c.key_begin + t0 * WG_KEYS, c.f0, f0, psum, pa);
+    const bool fast = fm_softmax_step<BF16, FAST>(c, s, c.key_begin + t0 * WG_KEYS, c.f0, f0, psum, pa);
     wg_rescale(o, f0, c.fault);
 #pragma unroll
     for (int h = 0; h < 2; h++) l[h] = l[h] * f0[h] + psum[h];
@@ -750,12 +825,20 @@ __device__ __forceinline__ void fm_wg0_pair(const fm_ctx &c, float (&s)[8][4], f
     }
     const float f1[2] = {c.f1[c.lr[0]], c.f1[c.lr[1]]};
     if (__any_sync(0xffffffffu, f1[0] != 1.f || f1[1] != 1.f)) {   /* P0 relative to m1 */
+        if (FAST && fast) {                                 /* s: the scores; m (= m1) finite */
+            const float m1[2] = {c.m[c.lr[0]], c.m[c.lr[1]]};
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            s[nt][0] *= f1[0];
-            s[nt][1] *= f1[0];
-            s[nt][2] *= f1[1];
-            s[nt][3] *= f1[1];
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = exp2f(fmaf(s[nt][e], c.mul, -m1[e >> 1]));
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                s[nt][0] *= f1[0];
+                s[nt][1] *= f1[0];
+                s[nt][2] *= f1[1];
+                s[nt][3] *= f1[1];
+            }
         }
         wg_pack_p<BF16>(s, pa);
     }
@@ -787,8 +870,9 @@ __device__ __forceinline__ void fm_wg0_pair(const fm_ctx &c, float (&s)[8][4], f
 
 /* Warpgroup 1's steps of the pair (t0, t0 + 1) (FlashMLA's wg1_subroutine).  s: S1 of t0 + 1 on
  * entry (unless L0), S1 of t0 + 3 on exit (all false).  L0: t0 is the piece's last tile (no t1);
- * L1: t0 + 1 is; L2: t0 + 2 is. */
-template <bool BF16, bool L0, bool L1, bool L2>
+ * L1: t0 + 1 is; L2: t0 + 2 is.  FAST: the softmax against the running maximum where it holds
+ * (fm_softmax_step: f1 = 1 published, m left at m0). */
+template <bool BF16, bool L0, bool L1, bool L2, bool FAST>
 __device__ __forceinline__ void fm_wg1_pair(const fm_ctx &c, float (&s)[8][4], float (&o)[32][4], float l[2],
                                             const uint32_t (&rq8)[4][4], int t0)
 {
@@ -804,7 +888,7 @@ __device__ __forceinline__ void fm_wg1_pair(const fm_ctx &c, float (&s)[8][4], f
     float g[2];                                             /* O_1's factor f0 f1 */
     if (!L0) {
         float f1[2], psum[2];
-        fm_softmax<BF16>(c, s, c.key_begin + t1 * WG_KEYS, c.f1, f1, psum, pa);
+        fm_softmax_step<BF16, FAST>(c, s, c.key_begin + t1 * WG_KEYS, c.f1, f1, psum, pa);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             g[h] = f1[h] * c.f0[c.lr[h]];
@@ -856,8 +940,10 @@ __device__ __forceinline__ void fm_wg1_pair(const fm_ctx &c, float (&s)[8][4], f
     if (!L0) wg_fence_frag(pa);
 }
 
-/* "flashmla-order-tma" (above); tmap as attn_wgmma_tma_kernel's, blocks of >= 32 keys. */
-template <bool BF16>
+/* "flashmla-order-tma" (above); tmap as attn_wgmma_tma_kernel's, blocks of >= 32 keys.  FAST
+ * ("flashmla-order-fast-tma"): each warpgroup's softmax against the running maximum where it
+ * holds (fm_softmax_running). */
+template <bool BF16, bool FAST = false>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_fmorder_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -939,11 +1025,11 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_fmorder_kernel(attn_arg
         wg_fence_acc(s);
         int t0 = 0;
 #pragma unroll 1
-        for (; t0 + 2 < n; t0 += 2) fm_wg0_pair<BF16, 0>(c, s, o, l, rq8, t0);
+        for (; t0 + 2 < n; t0 += 2) fm_wg0_pair<BF16, 0, FAST>(c, s, o, l, rq8, t0);
         if (t0 + 1 < n)
-            fm_wg0_pair<BF16, 1>(c, s, o, l, rq8, t0);
+            fm_wg0_pair<BF16, 1, FAST>(c, s, o, l, rq8, t0);
         else if (t0 < n)
-            fm_wg0_pair<BF16, 2>(c, s, o, l, rq8, t0);
+            fm_wg0_pair<BF16, 2, FAST>(c, s, o, l, rq8, t0);
     } else {
         if (n > 1) {                      /* S1 of tile 1, atom by atom: 4-8, then 0-3 */
             const uint64_t desc_k = ar_wg::desc_sw128(c.sk1, 16, 1024);
@@ -954,14 +1040,14 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_fmorder_kernel(attn_arg
         wg_fence_acc(s);
         int t0 = 0;
 #pragma unroll 1
-        for (; t0 + 3 < n; t0 += 2) fm_wg1_pair<BF16, false, false, false>(c, s, o, l, rq8, t0);
+        for (; t0 + 3 < n; t0 += 2) fm_wg1_pair<BF16, false, false, false, FAST>(c, s, o, l, rq8, t0);
         if (t0 + 2 < n) {
-            fm_wg1_pair<BF16, false, false, true>(c, s, o, l, rq8, t0);
-            fm_wg1_pair<BF16, true, false, false>(c, s, o, l, rq8, t0 + 2);
+            fm_wg1_pair<BF16, false, false, true, FAST>(c, s, o, l, rq8, t0);
+            fm_wg1_pair<BF16, true, false, false, FAST>(c, s, o, l, rq8, t0 + 2);
         } else if (t0 + 1 < n) {
-            fm_wg1_pair<BF16, false, true, false>(c, s, o, l, rq8, t0);
+            fm_wg1_pair<BF16, false, true, false, FAST>(c, s, o, l, rq8, t0);
         } else if (t0 < n) {
-            fm_wg1_pair<BF16, true, false, false>(c, s, o, l, rq8, t0);
+            fm_wg1_pair<BF16, true, false, false, FAST>(c, s, o, l, rq8, t0);
         }
     }
 
@@ -1029,17 +1115,29 @@ static cudaError_t launch_flashmla_order_tma(const attn_args *a, int num_ctas, c
     return cudaGetLastError();
 }
 
+/* "flashmla-order-fast-tma": attn_wgmma_fmorder_kernel<BF16, true>, the same order with each
+ * warpgroup's softmax against the running maximum (fm_softmax_running) */
+static cudaError_t launch_flashmla_order_fast_tma(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
+{
+    if (!tmap || a->block_size < 32) return cudaErrorInvalidValue;
+    if (a->bf16) attn_wgmma_fmorder_kernel<true, true><<<num_ctas, THREADS, FM_SMEM, st>>>(*a, *tmap);
+    else attn_wgmma_fmorder_kernel<false, true><<<num_ctas, THREADS, FM_SMEM, st>>>(*a, *tmap);
+    return cudaGetLastError();
+}
+
 static bool set_attributes(void)
 {
-    const void *fns[8] = {(const void *)attn_wgmma_seesaw_rs_tma_kernel<true>,
-                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<false>,
-                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<true, true>,
-                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<false, true>,
-                          (const void *)attn_wgmma_seesaw_kernel<true, true>,
-                          (const void *)attn_wgmma_seesaw_kernel<false, true>,
-                          (const void *)attn_wgmma_fmorder_kernel<true>,
-                          (const void *)attn_wgmma_fmorder_kernel<false>};
-    for (int i = 0; i < 8; i++)
+    const void *fns[10] = {(const void *)attn_wgmma_seesaw_rs_tma_kernel<true>,
+                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<false>,
+                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<true, true>,
+                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<false, true>,
+                           (const void *)attn_wgmma_seesaw_kernel<true, true>,
+                           (const void *)attn_wgmma_seesaw_kernel<false, true>,
+                           (const void *)attn_wgmma_fmorder_kernel<true>,
+                           (const void *)attn_wgmma_fmorder_kernel<false>,
+                           (const void *)attn_wgmma_fmorder_kernel<true, true>,
+                           (const void *)attn_wgmma_fmorder_kernel<false, true>};
+    for (int i = 0; i < 10; i++)
         if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  i < 4 ? WG_SMEM_TMA : i < 6 ? WG_SMEM : FM_SMEM) != cudaSuccess)
             return false;
@@ -1076,7 +1174,8 @@ int main(int argc, char **argv)
     static const ar_cuda_mla_lab_kernel lab[] = {{"seesaw-rs-tma", launch_seesaw_rs_tma},
                                                  {"seesaw-fast-tma", launch_seesaw_fast_tma},
                                                  {"seesaw-rs", launch_seesaw_rs},
-                                                 {"flashmla-order-tma", launch_flashmla_order_tma}};
+                                                 {"flashmla-order-tma", launch_flashmla_order_tma},
+                                                 {"flashmla-order-fast-tma", launch_flashmla_order_fast_tma}};
     /* argv[2] ..: the lab rows to run (all without) */
     auto wanted = [&](const char *name) {
         if (argc <= 2) return true;
@@ -1104,7 +1203,7 @@ int main(int argc, char **argv)
     c.ref_requests = sel;
     printf("lab: the seesaw schedule against the product's wgmma kernel, b=%d s_q=1 h_q=%d bf16 block 64, "
            "median of %d\n", B, H, c.repeat);
-    printf("%-18s %6s %9s %8s %7s %9s %9s %10s\n", "kernel", "s_k", "us", "TFLOP/s", "TB/s", "err out", "err lse",
+    printf("%-23s %6s %9s %8s %7s %9s %9s %10s\n", "kernel", "s_k", "us", "TFLOP/s", "TB/s", "err out", "err lse",
            "vs product");
     int rc = 0;
     for (size_t ik = 0; ik < sizeof sks / sizeof sks[0]; ik++) {
@@ -1116,7 +1215,7 @@ int main(int argc, char **argv)
             int crc = k < 0 ? ar_cuda_mla_run_case(&c, &r, err, sizeof err)
                             : ar_cuda_mla_run_case_with(&c, &lab[k], &r, err, sizeof err);
             if (crc != 0) {
-                printf("%-18s %6d error: %.200s\n", k < 0 ? "product" : lab[k].name, sks[ik], err);
+                printf("%-23s %6d error: %.200s\n", k < 0 ? "product" : lab[k].name, sks[ik], err);
                 rc = 1;
                 continue;
             }
@@ -1126,7 +1225,7 @@ int main(int argc, char **argv)
             const double keys = (double)B * sks[ik];
             const double flops = 2.0 * H * keys * (576 + 512), bytes = (keys * 576 + (double)B * H * 1088) * 2.0;
             const bool bad = !(err_out <= 8e-4);
-            printf("%-18s %6d %9.1f %8.1f %7.2f %9.2e %9.2e %10.2e%s\n", k < 0 ? r.kernel_name : lab[k].name, sks[ik],
+            printf("%-23s %6d %9.1f %8.1f %7.2f %9.2e %9.2e %10.2e%s\n", k < 0 ? r.kernel_name : lab[k].name, sks[ik],
                    r.attn_us, flops / r.attn_us / 1e6, bytes / r.attn_us / 1e6, err_out, err_lse,
                    max_abs_diff(r.out, base_out, n_out), bad ? "  ERROR > 8e-4" : "");
             if (bad) rc = 1;
