@@ -61,6 +61,12 @@ STATIC_LIBS := -Wl,-Bstatic -ljansson -lsqlite3 -ldeflate -lz -Wl,-Bdynamic
 HOST_LIBS := $(STATIC_LIBS) -lm -ldl -lrt
 
 BUILD   ?= build
+# The revision as last compiled in: rewritten only when it changes, and the objects that record it
+# (a run's code_rev in the database, `attnreplay --version`, a profile's code_rev) depend on it, so
+# an incremental build after a commit or a pull records the new revision, not the one of the
+# build that last compiled them.
+REV_STAMP := $(BUILD)/code-rev.txt
+$(shell mkdir -p $(BUILD) && (echo '$(REV)' | cmp -s - $(REV_STAMP) || echo '$(REV)' > $(REV_STAMP)))
 MODULES := traces reference kernels/cpu kernels/common kernels/paged kernels/mla replay sim reports
 # each .cu's stand-in for builds without CUDA
 STUB_SRCS   := kernels/paged/cuda_stub.c kernels/mla/cuda_mla_stub.c kernels/common/cuda_calibrate_stub.c \
@@ -239,6 +245,7 @@ $(BUILD)/tests/libcmocka.so.0:
 # ---- test -------------------------------------------------------------------------------------
 test: deps $(BIN) $(TESTS) $(TEST_GPU_BUILD)
 	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/run_tests.sh $(TESTS)
+	@tests/build_rev_check.sh $(BUILD)
 
 ASAN_BUILD ?= build-asan
 asan:
@@ -479,6 +486,9 @@ test: py-test
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz bin $(DEMO_DIR)
 
+# the objects that compile AR_CODE_REV in (REV_STAMP above)
+REV_OBJS := $(foreach f,replay/replay sim/profile,$(BUILD)/$(f).o $(BUILD)/pic/$(f).o) $(BUILD)/replay/main.o $(HOST_MAIN)
+$(REV_OBJS): $(REV_STAMP)
 -include $(COMMON_OBJS:.o=.d) $(STUB_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_HOOK_OBJ:.o=.d) $(LABS:=.d) $(BUILD)/replay/main.d $(HOST_MAIN:.o=.d) $(PIC_OBJS:.o=.d)
 
 # ---- simulator fidelity against real vLLM runs (tests/fidelity.c) ---------------------------
