@@ -824,9 +824,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     free(times);
     o->num_paths = 0;
     if (s->n_dec_reqs > 0 && T > s->n_pf_tok)
-        ar_forward_add_path(o, decode_path(s->route, s->route.tensor_map && (!tmap_arg || (s->route.rows_t == 0 &&
-                                                                                         a.block_size < PAIRS_MIN_BLOCK)),
-                                           present[3]));
+        ar_forward_add_path(o, decode_path(s->route, mla_wgmma_cpasync(s->route, a.block_size, tmap_arg != NULL), present[3]));
     if (s->n_pf_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
     if (s->n_pf_reqs > 0 && s->info.num_context_chunks > 0) ar_forward_add_path(o, "mla-prefill:context");
     if (s->fp8) ar_forward_add_path(o, "kv-fp8");

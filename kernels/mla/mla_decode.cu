@@ -237,16 +237,15 @@ mla_caps mla_probe(int device)
 /* The decision function                                                                      */
 
 /* Measured on the H200 (BENCHMARKS.md): at h_q = 128 the wgmma kernels with TMA key tiles run
- * at 505-619 TFLOP/s (4k-32k keys; attn_wgmma_pairs_kernel 540-619) against 156-160 for
- * attn_tc_kernel; up to 32 rows a request
- * its transposed twin attn_wgmma16_kernel (16 or 32 rows wide) streams the latent cache at
- * 3.93-4.24 TB/s (h_q = 16, 2026-12-02) against the 64-row kernel's 3.39-3.96 (16 of each
- * tile's 64 rows used) and the bulk narrow kernel's 3.16-3.74 (h_q = 8); at h_q = 32 the 32-row
- * instance 3.76-4.18 against the 64-row kernel's 3.61-3.85.  The bulk narrow kernel stays AUTO's
- * choice for at most 16 rows on a device of compute capability 9 or more without the wgmma
- * kernels (it beats attn_narrow_kernel, 3.72 against 2.37 TB/s at 32k).  Off Hopper, splitting the score tile
- * between the column halves (attn_tc_kernel) measured 160 against 135 TFLOP/s for both halves
- * computing it. */
+ * at 505-619 TFLOP/s (4k-32k keys; attn_wgmma_pairs_kernel 528-619) against 156-160 for
+ * attn_tc_kernel; up to 32 rows a request its transposed twin attn_wgmma16_kernel (16 or 32 rows
+ * wide) streams the latent cache at 3.93-4.24 TB/s (h_q = 16, 2026-12-02) against the 64-row
+ * kernel's 3.39-3.96 (16 of each tile's 64 rows used) and the bulk narrow kernel's 3.16-3.74
+ * (h_q = 8); at h_q = 32 the 32-row instance 3.76-4.18 against the 64-row kernel's 3.61-3.85.
+ * The bulk narrow kernel stays AUTO's choice for at most 16 rows on a device of compute
+ * capability 9 or more without the wgmma kernels (it beats attn_narrow_kernel, 3.72 against 2.37
+ * TB/s at 32k).  Off Hopper, splitting the score tile between the column halves (attn_tc_kernel)
+ * measured 160 against 135 TFLOP/s for both halves computing it. */
 mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_rows, bool fp8_cache, int stages_cap)
 {
     mla_route r;
@@ -674,14 +673,14 @@ static void launch_kernel(const attn_args &a, const mla_route &route, int n, con
     }
     if constexpr (!FP8) {   /* mla_choose never picks these with an fp8 cache */
         if (route.kind == MLA_WGMMA) {
-            if (tmap && route.rows_t == W16_ROWS)
-                attn_wgmma16_kernel<BF16, 16><<<n, THREADS, W16Geom<16>::SMEM, st>>>(a, *tmap);
-            else if (tmap && route.rows_t == W32_ROWS)
-                attn_wgmma16_kernel<BF16, 32><<<n, THREADS, W16Geom<32>::SMEM, st>>>(a, *tmap);
-            else if (tmap && a.block_size >= PAIRS_MIN_BLOCK)
-                attn_wgmma_pairs_kernel<BF16><<<n, THREADS, PAIRS_SMEM, st>>>(a, *tmap);
-            else
+            if (mla_wgmma_cpasync(route, a.block_size, tmap != nullptr))
                 attn_wgmma_cpasync_kernel<BF16><<<n, THREADS, WG_SMEM, st>>>(a);
+            else if (route.rows_t == W16_ROWS)
+                attn_wgmma16_kernel<BF16, 16><<<n, THREADS, W16Geom<16>::SMEM, st>>>(a, *tmap);
+            else if (route.rows_t == W32_ROWS)
+                attn_wgmma16_kernel<BF16, 32><<<n, THREADS, W16Geom<32>::SMEM, st>>>(a, *tmap);
+            else
+                attn_wgmma_pairs_kernel<BF16><<<n, THREADS, PAIRS_SMEM, st>>>(a, *tmap);
             return;
         }
         if (route.kind == MLA_NARROW_BULK) {

@@ -101,6 +101,15 @@ typedef struct mla_route {
                            "tc-split-qk" or "simt" */
 } mla_route;
 
+/* Whether a launch on the wgmma route runs the 64-row cp.async kernel (attn_wgmma_cpasync_kernel)
+ * instead of the pairs kernel or the transposed one: no tensor map of the cache (have_tmap false),
+ * or 64-row tiles on blocks of fewer than PAIRS_MIN_BLOCK keys.  The launch and the coverage path
+ * (tc-wgmma-cpasync) both ask this. */
+static inline bool mla_wgmma_cpasync(const mla_route &r, int block_size, bool have_tmap)
+{
+    return r.kind == MLA_WGMMA && r.tensor_map && (!have_tmap || (r.rows_t == 0 && block_size < PAIRS_MIN_BLOCK));
+}
+
 /* The decision function (see the file comment).  forced: AR_MLA_KERNEL_AUTO, or a kernel to run
  * where it can (ar_cuda_mla_kernel in cuda_mla.h: TC_WGMMA where the wgmma kernel cannot run runs
  * TC_SPLIT_QK; TC_NARROW is attn_narrow_kernel where every request has at most 16 rows); max_rows:
@@ -138,9 +147,9 @@ int mla_replan(mla_plan *p, const mla_route &route, int R, const int *qsl, const
 /* ---- the launch ---- */
 
 /* The TMA view of the latent cache a.cache ([num_slots][576] 16-bit) that attn_wgmma_pairs_kernel
- * and attn_wgmma16_kernel read, in *map.  0 ok; 3 with "cuda-mla wgmma: tensor map: <why>" in err when it cannot be made
- * (no driver entry point, a block size below 16, more than 2^31 slots, the driver refused): the
- * launch then runs attn_wgmma_cpasync_kernel. */
+ * and attn_wgmma16_kernel read, in *map.  0 ok; 3 with "cuda-mla wgmma: tensor map: <why>" in
+ * err when it cannot be made (no driver entry point, a block size below 16, more than 2^31
+ * slots, the driver refused): the launch then runs attn_wgmma_cpasync_kernel. */
 int mla_wgmma_tensor_map(const attn_args &a, size_t num_slots, CUtensorMap *map, char *err, size_t err_len);
 
 /* The latent attention (+ the split combine) of a planned launch on stream st: the route's kernel
