@@ -110,6 +110,7 @@ typedef struct mla_state {
     size_t h_out_cap;
     size_t out_bytes, lse_bytes;
     ar_cuda_mla_kernel force_kernel;
+    bool no_tensor_map;             /* AR_MLA_TMA=0: the wgmma route without the cache's tensor map */
     mla_route route;                /* the decode kernel of this step (mla_choose) */
     int force_splits;
     int use_prefill;
@@ -191,6 +192,8 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->use_prefill = 1;
     s->workspace_tokens = MLA_WORKSPACE_TOKENS;
     s->force_kernel = env_kernel();
+    const char *tma_env = getenv("AR_MLA_TMA");
+    s->no_tensor_map = tma_env && strcmp(tma_env, "0") == 0;
     int rc;
     cudaDeviceProp prop;
     if ((rc = mla_fail(cudaSetDevice(s->device), "cudaSetDevice", err, err_len)) ||
@@ -751,8 +754,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
      * (said once on stderr); with an fp8 cache it stages its tiles by bulk copies instead */
     CUtensorMap tmap;
     const CUtensorMap *tmap_arg = NULL;
-    const char *tma_env = getenv("AR_MLA_TMA");
-    if (s->route.tensor_map && !(tma_env && strcmp(tma_env, "0") == 0)) {
+    if (s->route.tensor_map && !s->no_tensor_map) {
         char why[256] = "";
         static bool told = false;
         if (mla_wgmma_tensor_map(a, s->cache_bytes / (D * 2), &tmap, why, sizeof why) == 0)

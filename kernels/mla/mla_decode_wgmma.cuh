@@ -314,17 +314,38 @@ __device__ __forceinline__ bool wg_softmax_running(const float (&s)[8][4], int k
     return true;
 }
 
+/* S [64 x 64] = Q K^T over 576 dims (36 steps of 16), Q at desc_q, K the key tile at sk_addr
+ * (issued and committed, not waited). */
+template <bool BF16>
+__device__ __forceinline__ void wg_issue_s(float (&s)[8][4], uint64_t desc_q, uint32_t sk_addr)
+{
+    const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
+    ar_wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+        wgmma_qk64<BF16>(s, ar_wg::desc_advance(desc_q, koff), ar_wg::desc_advance(desc_k, koff), kk > 0);
+    }
+    ar_wg::commit();
+}
+
+/* x *= f (per row: f[0] for the thread's row lr[0], f[1] for lr[1]) on N accumulator n-tiles */
+template <int N> __device__ __forceinline__ void wg_scale_rows(float (&x)[N][4], const float f[2])
+{
+#pragma unroll
+    for (int nt = 0; nt < N; nt++) {
+        x[nt][0] *= f[0];
+        x[nt][1] *= f[0];
+        x[nt][2] *= f[1];
+        x[nt][3] *= f[1];
+    }
+}
+
 /* o *= alpha (per row), skipped when no row of the warp moved or with the NO_RESCALE fault. */
 __device__ __forceinline__ void wg_rescale(float (&o)[32][4], const float alpha[2], int fault)
 {
     if (fault == AR_FAULT_NO_RESCALE || !__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
-#pragma unroll
-    for (int nt = 0; nt < 32; nt++) {
-        o[nt][0] *= alpha[0];
-        o[nt][1] *= alpha[0];
-        o[nt][2] *= alpha[1];
-        o[nt][3] *= alpha[1];
-    }
+    wg_scale_rows(o, alpha);
 }
 
 /* Warpgroup 0 writes P (s, full rows) into the swizzled P tile and (one thread a row) alpha. */
@@ -454,14 +475,7 @@ __device__ __forceinline__ void wg_kernel_body(attn_args a, const void *tmap)
         const uint32_t sk_addr = sk_addr0 + (uint32_t)((t & 1) * WG_TILE);
         if (wg == 0) {
             float s[8][4];
-            const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
-            ar_wg::fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
-                wgmma_qk64<BF16>(s, ar_wg::desc_advance(desc_q, koff), ar_wg::desc_advance(desc_k, koff), kk > 0);
-            }
-            ar_wg::commit();
+            wg_issue_s<BF16>(s, desc_q, sk_addr);
             if (t + 1 < ntiles) load_tile(t + 1);
             cp_async_commit();
             ar_wg::wait<0>();

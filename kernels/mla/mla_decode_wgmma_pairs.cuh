@@ -15,9 +15,10 @@
  * rescale factors pass through shared memory, S of the next tiles is issued atom by atom (64 of
  * the 576 dims at a time, each on its own mbarrier) behind the P V products, and each key slot is
  * refilled in two parts as soon as each part's last reader is done.  Measured on the H200
- * (2026-12-04, b = 128, h_q = 128, BENCHMARKS.md): 540 / 585 / 607 / 619 TFLOP/s at 4k / 8k / 16k /
- * 32k keys against 532 / 570 / 587 / 593 for attn_wgmma_kernel's one-warpgroup-S schedule with
- * TMA key tiles, the default before (kept as the lab's s1-tma row). */
+ * (2026-12-04, b = 128, h_q = 128, BENCHMARKS.md), TFLOP/s at 4k / 8k / 16k / 32k keys against
+ * the default before (wg_kernel_body's one-warpgroup-S schedule with TMA key tiles, the lab's
+ * s1-tma row) in the same call: 540 / 585 / 607 / 619 against 532 / 570 / 587 / 593 (19:13 UTC)
+ * and 528 / 562 / 579 / 586 against 529 / 561 / 573 / 576 (19:21 UTC): 0-4%, most at long keys. */
 #ifndef AR_MLA_DECODE_WGMMA_PAIRS_CUH
 #define AR_MLA_DECODE_WGMMA_PAIRS_CUH
 
@@ -67,20 +68,6 @@ __device__ __forceinline__ void wg_fence_frag(uint32_t (&pa)[4][4])
 
 /* A named barrier of one warpgroup's 128 threads. */
 __device__ __forceinline__ void wg_bar_sync128(int id) { asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory"); }
-
-/* S [64 x 64] = Q K^T over 576 dims, K the key tile at sk_addr (issued and committed, not waited). */
-template <bool BF16>
-__device__ __forceinline__ void wg_issue_s(float (&s)[8][4], uint64_t desc_q, uint32_t sk_addr)
-{
-    const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
-    ar_wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-        const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
-        wgmma_qk64<BF16>(s, desc_q + koff, desc_k + koff, kk > 0);
-    }
-    ar_wg::commit();
-}
 
 /* P [64 rows x 64 keys, the S accumulator layout] as the A fragments of P V's 4 key steps
  * (wgmma_pv_rs: rows 16 (warp % 4) + lane / 4 (+ 8), keys 2 (lane % 4) (+ 1, + 8, + 9)). */
@@ -408,13 +395,7 @@ __device__ __forceinline__ void pairs_wg0_pair(const pairs_ctx &c, float (&s)[8]
     }
     const float f1[2] = {c.f1[c.lr[0]], c.f1[c.lr[1]]};
     if (__any_sync(0xffffffffu, f1[0] != 1.f || f1[1] != 1.f)) {   /* P0 relative to m1 */
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            s[nt][0] *= f1[0];
-            s[nt][1] *= f1[0];
-            s[nt][2] *= f1[1];
-            s[nt][3] *= f1[1];
-        }
+        wg_scale_rows(s, f1);
         wg_pack_p<BF16>(s, pa);
     }
     pairs_store_p(c, c.sp0, pa);
