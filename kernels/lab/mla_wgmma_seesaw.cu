@@ -389,6 +389,15 @@ static cudaError_t launch_s1_tma(const attn_args *a, int num_ctas, const CUtenso
     return cudaGetLastError();
 }
 
+/* "pairs-exact": the product's pairs kernel with the exact softmax only (FAST off) */
+static cudaError_t launch_pairs_exact(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
+{
+    if (!tmap || a->block_size < PAIRS_MIN_BLOCK) return cudaErrorInvalidValue;
+    if (a->bf16) attn_wgmma_pairs_kernel<true, false><<<num_ctas, THREADS, PAIRS_SMEM, st>>>(*a, *tmap);
+    else attn_wgmma_pairs_kernel<false, false><<<num_ctas, THREADS, PAIRS_SMEM, st>>>(*a, *tmap);
+    return cudaGetLastError();
+}
+
 static cudaError_t launch_seesaw_rs_tma(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
 {
     if (!tmap) return cudaErrorInvalidValue;   /* the hook made no tensor map: not on the wgmma route */
@@ -417,17 +426,19 @@ static cudaError_t launch_seesaw_rs(const attn_args *a, int num_ctas, const CUte
 
 static bool set_attributes(void)
 {
-    const void *fns[8] = {(const void *)attn_wgmma_tma_kernel<true>,
-                          (const void *)attn_wgmma_tma_kernel<false>,
-                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<true>,
-                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<false>,
-                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<true, true>,
-                          (const void *)attn_wgmma_seesaw_rs_tma_kernel<false, true>,
-                          (const void *)attn_wgmma_seesaw_kernel<true, true>,
-                          (const void *)attn_wgmma_seesaw_kernel<false, true>};
-    for (int i = 0; i < 8; i++)
-        if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, i < 6 ? WG_SMEM_TMA : WG_SMEM) !=
-            cudaSuccess)
+    const void *fns[10] = {(const void *)attn_wgmma_tma_kernel<true>,
+                           (const void *)attn_wgmma_tma_kernel<false>,
+                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<true>,
+                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<false>,
+                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<true, true>,
+                           (const void *)attn_wgmma_seesaw_rs_tma_kernel<false, true>,
+                           (const void *)attn_wgmma_seesaw_kernel<true, true>,
+                           (const void *)attn_wgmma_seesaw_kernel<false, true>,
+                           (const void *)attn_wgmma_pairs_kernel<true, false>,
+                           (const void *)attn_wgmma_pairs_kernel<false, false>};
+    for (int i = 0; i < 10; i++)
+        if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 i < 6 ? WG_SMEM_TMA : i < 8 ? WG_SMEM : PAIRS_SMEM) != cudaSuccess)
             return false;
     return true;
 }
@@ -460,6 +471,7 @@ int main(int argc, char **argv)
         return 1;
     }
     static const ar_cuda_mla_lab_kernel lab[] = {{"s1-tma", launch_s1_tma},
+                                                 {"pairs-exact", launch_pairs_exact},
                                                  {"seesaw-rs-tma", launch_seesaw_rs_tma},
                                                  {"seesaw-fast-tma", launch_seesaw_fast_tma},
                                                  {"seesaw-rs", launch_seesaw_rs}};

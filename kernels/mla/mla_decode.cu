@@ -221,8 +221,8 @@ mla_caps mla_probe(int device)
     caps.wgmma = major == 9 && minor == 0 && optin >= PAIRS_SMEM &&
                  set_smem((const void *)attn_wgmma_cpasync_kernel<true>, WG_SMEM, false) &&
                  set_smem((const void *)attn_wgmma_cpasync_kernel<false>, WG_SMEM, false) &&
-                 set_smem((const void *)attn_wgmma_pairs_kernel<true>, PAIRS_SMEM, false) &&
-                 set_smem((const void *)attn_wgmma_pairs_kernel<false>, PAIRS_SMEM, false);
+                 set_smem((const void *)attn_wgmma_pairs_kernel<true, true>, PAIRS_SMEM, false) &&
+                 set_smem((const void *)attn_wgmma_pairs_kernel<false, true>, PAIRS_SMEM, false);
     caps.wgmma16 = caps.wgmma && set_smem((const void *)attn_wgmma16_kernel<true, 16>, W16Geom<16>::SMEM, false) &&
                    set_smem((const void *)attn_wgmma16_kernel<false, 16>, W16Geom<16>::SMEM, false) &&
                    set_smem((const void *)attn_wgmma16_kernel<true, 32>, W16Geom<32>::SMEM, false) &&
@@ -680,7 +680,7 @@ static void launch_kernel(const attn_args &a, const mla_route &route, int n, con
             else if (route.rows_t == W32_ROWS)
                 attn_wgmma16_kernel<BF16, 32><<<n, THREADS, W16Geom<32>::SMEM, st>>>(a, *tmap);
             else
-                attn_wgmma_pairs_kernel<BF16><<<n, THREADS, PAIRS_SMEM, st>>>(a, *tmap);
+                attn_wgmma_pairs_kernel<BF16, true><<<n, THREADS, PAIRS_SMEM, st>>>(a, *tmap);
             return;
         }
         if (route.kind == MLA_NARROW_BULK) {

@@ -139,7 +139,21 @@ __device__ __forceinline__ void wg_issue_pv_rs(float (&o)[32][4], uint32_t (&pa)
  * are complete); mla_decode.cu's plan (one row tile and key range a CTA, the row-parallel
  * combine), not FlashMLA's persistent tile scheduler with PDL; O stored by wg_store_rows.
  * Blocks of >= 32 keys only (PAIRS_MIN_BLOCK; with 16-key blocks mla_launch_decode runs
- * attn_wgmma_cpasync_kernel). */
+ * attn_wgmma_cpasync_kernel).
+ *
+ * FAST (the product's instance): each warpgroup first tries its softmax against the running
+ * maximum (pairs_softmax_running, wg_softmax_running's form): a warp whose rows all have a
+ * maximum in m, on a tile wholly inside its rows' key limits, takes P = 2^(S mul - m) with no
+ * row maxima, shuffles or rescale, and keeps it unless a thread's row sum of P passes 2^8 (then
+ * the exact form, from the intact scores).  Kept, it leaves m as it is and publishes its factor
+ * (f0 or f1) as 1, at the same place and between the same barriers as the exact form's, so the
+ * exchange is unchanged: m has one copy, in shared memory, written only by the warpgroup whose
+ * softmax step it is, and the other one reads it and the factor after the barrier; rows are a
+ * warp's (warp w of warpgroup 0 and warp w of warpgroup 1 the same 16), the decision is a vote
+ * of the warp, so a row never mixes the two forms within a step.  Warpgroup 0 keeps the scores
+ * of a kept tile rather than P0 (no registers more: the exact form keeps P0 in the same array);
+ * where warpgroup 1 then moved a row's maximum (f1 != 1), it recomputes P0 f1 = 2^(S0 mul - m1)
+ * from m1 in shared memory rather than scaling P0.  No branch on the choice holds a wgmma. */
 constexpr int PAIRS_OFF_M = WG_OFF_RED;                    /* float [ROWS] running maximum (log2 domain) */
 constexpr int PAIRS_OFF_F0 = PAIRS_OFF_M + ROWS * 4;       /* float [ROWS] warpgroup 0's factor f0 of the pair */
 constexpr int PAIRS_OFF_F1 = PAIRS_OFF_F0 + ROWS * 4;      /* float [ROWS] warpgroup 1's factor f1 */
@@ -311,6 +325,60 @@ __device__ __forceinline__ void pairs_softmax(const pairs_ctx &c, float (&s)[8][
     wg_pack_p<BF16>(s, pa);
 }
 
+/* FAST: a warpgroup's softmax of its tile against the running maximum without moving it,
+ * wg_softmax_running's form in this order's terms.  Once every
+ * row of the warp has a maximum in m and the tile (keys k0 ..) lies wholly inside both of the
+ * thread's key limits, P = 2^(s mul - m) goes straight into pa (P V's A fragments; no shared
+ * store here: the caller stores P as in the exact form), without masks, row maxima or their
+ * shuffles.  Kept unless one of the thread's row sums of P exceeds 2^8 (every P is at most its
+ * row sum; a NaN fails too): then false with s, m and f_out untouched, and the caller runs
+ * pairs_softmax on the intact scores.  On success m stays as it is, f = 1, and one thread a row
+ * writes the factor 1 into f_out, so the other warpgroup reads the same m and a factor 1 (its
+ * O and P rescale skipped on those rows); psum the thread's part of its row sums.  The decision
+ * is warp-wide (a vote), so both softmax forms cover whole rows.  Not under the planted
+ * NO_RESCALE fault, which must show on the exact path. */
+template <bool BF16>
+__device__ __forceinline__ bool pairs_softmax_running(const pairs_ctx &c, const float (&s)[8][4], int k0, float *f_out,
+                                                   float f[2], float psum[2], uint32_t (&pa)[4][4])
+{
+    if (c.fault == AR_FAULT_NO_RESCALE) return false;
+    const float m_old[2] = {c.m[c.lr[0]], c.m[c.lr[1]]};
+    if (!__all_sync(0xffffffffu, m_old[0] != -INFINITY && m_old[1] != -INFINITY && k0 + WG_KEYS <= c.lim[0] &&
+                                     k0 + WG_KEYS <= c.lim[1]))
+        return false;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const float p0 = exp2f(fmaf(s[nt][0], c.mul, -m_old[0])), p1 = exp2f(fmaf(s[nt][1], c.mul, -m_old[0]));
+        const float p2 = exp2f(fmaf(s[nt][2], c.mul, -m_old[1])), p3 = exp2f(fmaf(s[nt][3], c.mul, -m_old[1]));
+        rs0 += p0 + p1;
+        rs1 += p2 + p3;
+        pa[nt >> 1][2 * (nt & 1)] = pack2<BF16>(p0, p1);        /* wg_pack_p's layout */
+        pa[nt >> 1][2 * (nt & 1) + 1] = pack2<BF16>(p2, p3);
+    }
+    if (__any_sync(0xffffffffu, !(rs0 <= 256.f) || !(rs1 <= 256.f))) return false;
+    f[0] = f[1] = 1.f;
+    psum[0] = rs0;
+    psum[1] = rs1;
+    if (c.tig == 0) {
+        f_out[c.lr[0]] = 1.f;
+        f_out[c.lr[1]] = 1.f;
+    }
+    return true;
+}
+
+/* The softmax of a pair step: with FAST the running form first (pairs_softmax_running), the exact
+ * pairs_softmax where that declines.  Returns whether the running form was kept (warp-uniform): s
+ * then still holds the scores, otherwise P. */
+template <bool BF16, bool FAST>
+__device__ __forceinline__ bool pairs_softmax_step(const pairs_ctx &c, float (&s)[8][4], int k0, float *f_out, float f[2],
+                                                float psum[2], uint32_t (&pa)[4][4])
+{
+    if (FAST && pairs_softmax_running<BF16>(c, s, k0, f_out, f, psum, pa)) return true;
+    pairs_softmax<BF16>(c, s, k0, f_out, f, psum, pa);
+    return false;
+}
+
 /* P (A fragments pa) into the swizzled [64 rows][64 keys] atom at shared address atom: four
  * stmatrix .x4 a thread. */
 __device__ __forceinline__ void pairs_store_p(const pairs_ctx &c, uint32_t atom, const uint32_t (&pa)[4][4])
@@ -363,8 +431,11 @@ __device__ __forceinline__ void pairs_issue_pv_ss(float (&o)[32][4], uint32_t p_
 
 /* Warpgroup 0's steps of the pair (t0, t0 + 1) (FlashMLA's wg0_subroutine).  s: S0 of t0 on
  * entry, S0 of t0 + 2 on exit (LAST = 0).  LAST: 0, tile t0 + 2 exists; 1, t0 + 1 is the
- * piece's last tile; 2, t0 is (no t1). */
-template <bool BF16, int LAST>
+ * piece's last tile; 2, t0 is (no t1).  FAST: the softmax against the running maximum where it
+ * holds (pairs_softmax_step); a warp that kept it has the scores in s, so where warpgroup 1 moved
+ * the maximum of one of its rows (f1 != 1) it recomputes P0 f1 as 2^(s mul - m1) from m1 in
+ * shared memory instead of scaling P. */
+template <bool BF16, int LAST, bool FAST>
 __device__ __forceinline__ void pairs_wg0_pair(const pairs_ctx &c, float (&s)[8][4], float (&o)[32][4], float l[2],
                                             const uint32_t (&rq8)[4][4], int t0)
 {
@@ -378,7 +449,7 @@ __device__ __forceinline__ void pairs_wg0_pair(const pairs_ctx &c, float (&s)[8]
     }
     uint32_t pa[4][4];
     float f0[2], psum[2];
-    pairs_softmax<BF16>(c, s, c.key_begin + t0 * WG_KEYS, c.f0, f0, psum, pa);
+    const bool fast = pairs_softmax_step<BF16, FAST>(c, s, c.key_begin + t0 * WG_KEYS, c.f0, f0, psum, pa);
     wg_rescale(o, f0, c.fault);
 #pragma unroll
     for (int h = 0; h < 2; h++) l[h] = l[h] * f0[h] + psum[h];
@@ -395,7 +466,15 @@ __device__ __forceinline__ void pairs_wg0_pair(const pairs_ctx &c, float (&s)[8]
     }
     const float f1[2] = {c.f1[c.lr[0]], c.f1[c.lr[1]]};
     if (__any_sync(0xffffffffu, f1[0] != 1.f || f1[1] != 1.f)) {   /* P0 relative to m1 */
-        wg_scale_rows(s, f1);
+        if (FAST && fast) {                                 /* s: the scores; m (= m1) finite */
+            const float m1[2] = {c.m[c.lr[0]], c.m[c.lr[1]]};
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = exp2f(fmaf(s[nt][e], c.mul, -m1[e >> 1]));
+        } else {
+            wg_scale_rows(s, f1);
+        }
         wg_pack_p<BF16>(s, pa);
     }
     pairs_store_p(c, c.sp0, pa);
@@ -426,8 +505,9 @@ __device__ __forceinline__ void pairs_wg0_pair(const pairs_ctx &c, float (&s)[8]
 
 /* Warpgroup 1's steps of the pair (t0, t0 + 1) (FlashMLA's wg1_subroutine).  s: S1 of t0 + 1 on
  * entry (unless L0), S1 of t0 + 3 on exit (all false).  L0: t0 is the piece's last tile (no t1);
- * L1: t0 + 1 is; L2: t0 + 2 is. */
-template <bool BF16, bool L0, bool L1, bool L2>
+ * L1: t0 + 1 is; L2: t0 + 2 is.  FAST: the softmax against the running maximum where it holds
+ * (pairs_softmax_step: f1 = 1 published, m left at m0). */
+template <bool BF16, bool L0, bool L1, bool L2, bool FAST>
 __device__ __forceinline__ void pairs_wg1_pair(const pairs_ctx &c, float (&s)[8][4], float (&o)[32][4], float l[2],
                                             const uint32_t (&rq8)[4][4], int t0)
 {
@@ -443,7 +523,7 @@ __device__ __forceinline__ void pairs_wg1_pair(const pairs_ctx &c, float (&s)[8]
     float g[2];                                             /* O_1's factor f0 f1 */
     if (!L0) {
         float f1[2], psum[2];
-        pairs_softmax<BF16>(c, s, c.key_begin + t1 * WG_KEYS, c.f1, f1, psum, pa);
+        pairs_softmax_step<BF16, FAST>(c, s, c.key_begin + t1 * WG_KEYS, c.f1, f1, psum, pa);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             g[h] = f1[h] * c.f0[c.lr[h]];
@@ -497,8 +577,10 @@ __device__ __forceinline__ void pairs_wg1_pair(const pairs_ctx &c, float (&s)[8]
 
 /* The kernel (above).  tmap: the latent cache [num_slots, 576] 16-bit as a 2-D tensor, boxes of
  * [32 keys][64 dims] with the 128-byte swizzle (mla_wgmma_tensor_map in mla_decode.cu); blocks of
- * at least PAIRS_MIN_BLOCK keys.  ptxas (nvcc 13.0, sm_90a): 245 registers, no spills. */
-template <bool BF16>
+ * at least PAIRS_MIN_BLOCK keys.  FAST: the softmax against the running maximum where it holds
+ * (the product launches that instance; the exact form alone is the lab's pairs-exact row).
+ * ptxas (nvcc 13.0, sm_90a): 237 registers with FAST, 245 without; no spills. */
+template <bool BF16, bool FAST>
 __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_pairs_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -580,11 +662,11 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_pairs_kernel(attn_args 
         wg_fence_acc(s);
         int t0 = 0;
 #pragma unroll 1
-        for (; t0 + 2 < n; t0 += 2) pairs_wg0_pair<BF16, 0>(c, s, o, l, rq8, t0);
+        for (; t0 + 2 < n; t0 += 2) pairs_wg0_pair<BF16, 0, FAST>(c, s, o, l, rq8, t0);
         if (t0 + 1 < n)
-            pairs_wg0_pair<BF16, 1>(c, s, o, l, rq8, t0);
+            pairs_wg0_pair<BF16, 1, FAST>(c, s, o, l, rq8, t0);
         else if (t0 < n)
-            pairs_wg0_pair<BF16, 2>(c, s, o, l, rq8, t0);
+            pairs_wg0_pair<BF16, 2, FAST>(c, s, o, l, rq8, t0);
     } else {
         if (n > 1) {                      /* S1 of tile 1, atom by atom: 4-8, then 0-3 */
             const uint64_t desc_k = ar_wg::desc_sw128(c.sk1, 16, 1024);
@@ -595,14 +677,14 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_pairs_kernel(attn_args 
         wg_fence_acc(s);
         int t0 = 0;
 #pragma unroll 1
-        for (; t0 + 3 < n; t0 += 2) pairs_wg1_pair<BF16, false, false, false>(c, s, o, l, rq8, t0);
+        for (; t0 + 3 < n; t0 += 2) pairs_wg1_pair<BF16, false, false, false, FAST>(c, s, o, l, rq8, t0);
         if (t0 + 2 < n) {
-            pairs_wg1_pair<BF16, false, false, true>(c, s, o, l, rq8, t0);
-            pairs_wg1_pair<BF16, true, false, false>(c, s, o, l, rq8, t0 + 2);
+            pairs_wg1_pair<BF16, false, false, true, FAST>(c, s, o, l, rq8, t0);
+            pairs_wg1_pair<BF16, true, false, false, FAST>(c, s, o, l, rq8, t0 + 2);
         } else if (t0 + 1 < n) {
-            pairs_wg1_pair<BF16, false, true, false>(c, s, o, l, rq8, t0);
+            pairs_wg1_pair<BF16, false, true, false, FAST>(c, s, o, l, rq8, t0);
         } else if (t0 < n) {
-            pairs_wg1_pair<BF16, true, false, false>(c, s, o, l, rq8, t0);
+            pairs_wg1_pair<BF16, true, false, false, FAST>(c, s, o, l, rq8, t0);
         }
     }
 
