@@ -19,7 +19,11 @@ our time), the target ratio and whether it is met.  A row whose side is missing 
 
 Usage: peer_table.py --bench bench.txt [--cascade cascade_bench.txt] [--mla mla_bench.txt]
        --peers peers.txt [--markdown]
-Exit codes: 0 table printed, 2 an input file missing or unreadable."""
+Rounds: each option may be given N times (run_peers.sh ROUNDS=N: ours then the peers, N times in
+one call, round k's files in round-k/); each side of a row is then the median of its N readings,
+the ratio the ratio of the medians, and the verdict says "N rounds, ratios LO-HI" (the spread of
+the per-round ratios: a peer whose reading moves 5% between rounds shows it here).
+Exit codes: 0 table printed, 2 an input file missing or unreadable, or the options' counts differ."""
 import argparse
 import re
 import sys
@@ -38,6 +42,13 @@ def read(path, what):
             return f.read().splitlines()
     except OSError as e:
         raise SystemExit(f"peer_table.py: {path} ({what}): {e.strerror}")
+
+
+def one_round(args, k):
+    """The k-th file of each option (options given once: that file)."""
+    pick = lambda v: v if v is None or isinstance(v, str) else v[k]   # noqa: E731
+    return argparse.Namespace(bench=pick(args.bench), cascade=pick(args.cascade), mla=pick(args.mla),
+                              peers=pick(args.peers))
 
 
 def parse(args):
@@ -81,11 +92,11 @@ def rows(ours, peers, mla):
         impl, pv = best(peers, name, impls, metric)
         if ours_val is None or pv is None:
             missing = "ours" if ours_val is None else "peer (" + " / ".join(impls) + ")"
-            out.append((label, ours_val, impl or "-", pv, None, target, f"missing: {missing}"))
+            out.append((label, ours_val, impl or "-", pv, None, target, f"missing: {missing}", metric == "us", ours_note))
             return
         ratio = pv / ours_val if metric == "us" else ours_val / pv
         verdict = "-" if target is None else ("met" if ratio >= target else "NOT met")
-        out.append((label, ours_val, impl, pv, ratio, target, (verdict + " " + ours_note).strip()))
+        out.append((label, ours_val, impl, pv, ratio, target, (verdict + " " + ours_note).strip(), metric == "us", ours_note))
 
     def ours_metric(name, metric):
         return float(ours[name][metric]) if name in ours and metric in ours[name] else None
@@ -128,20 +139,60 @@ def rows(ours, peers, mla):
     return out
 
 
+def median(values):
+    v = sorted(values)
+    n = len(v)
+    return None if n == 0 else v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+def merge_rounds(tables):
+    """One table from the tables of N rounds (same rows, same order): the median of each side."""
+    if len(tables) == 1:
+        return tables[0]
+    out = []
+    for per_round in zip(*tables):
+        label, target, inverse = per_round[0][0], per_round[0][5], per_round[0][7]
+        ovs = [r[1] for r in per_round if r[1] is not None]
+        pvs = [r[3] for r in per_round if r[3] is not None]
+        impls = [r[2] for r in per_round if r[3] is not None]
+        impl = max(set(impls), key=impls.count) if impls else "-"
+        notes = [r[8] for r in per_round if r[8]]
+        note = max(set(notes), key=notes.count) if notes else ""
+        ov, pv = median(ovs), median(pvs)
+        if ov is None or pv is None:
+            missing = "ours" if ov is None else "peer"
+            out.append((label, ov, impl, pv, None, target, f"missing: {missing} in every round", inverse, note))
+            continue
+        ratio = pv / ov if inverse else ov / pv
+        ratios = [r[4] for r in per_round if r[4] is not None]
+        spread = f"{len(tables)} rounds, ratios {min(ratios):.2f}-{max(ratios):.2f}" if ratios else ""
+        if len(ratios) < len(tables):
+            spread += f" ({len(tables) - len(ratios)} round(s) missing a side)"
+        verdict = "-" if target is None else ("met" if ratio >= target else "NOT met")
+        out.append((label, ov, impl, pv, ratio, target, " ".join(x for x in (verdict, note, spread) if x), inverse, note))
+    return out
+
+
 def fmt(v, nd=1):
     return "-" if v is None else f"{v:.{nd}f}"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="ours against the peers, target by target")
-    ap.add_argument("--bench", required=True)
-    ap.add_argument("--cascade")
-    ap.add_argument("--mla")
-    ap.add_argument("--peers", required=True)
+    ap.add_argument("--bench", required=True, action="append")
+    ap.add_argument("--cascade", action="append")
+    ap.add_argument("--mla", action="append")
+    ap.add_argument("--peers", required=True, action="append")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
+    n = len(args.bench)
+    counts = {k: len(v) for k, v in vars(args).items() if isinstance(v, list)}
+    if any(c != n for c in counts.values()):
+        print("peer_table.py: each of --bench, --peers (and --cascade, --mla when given) once a round: got "
+              + ", ".join(f"{k} {c}" for k, c in sorted(counts.items())), file=sys.stderr)
+        return 2
     try:
-        table = rows(*parse(args))
+        table = merge_rounds([rows(*parse(one_round(args, k))) for k in range(n)])
     except SystemExit as e:
         print(e, file=sys.stderr)
         return 2
@@ -149,8 +200,8 @@ def main(argv=None):
     if args.markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
-    for label, ov, impl, pv, ratio, target, verdict in table:
-        cells = (label, fmt(ov), impl, fmt(pv), fmt(ratio, 2), fmt(target, 2), verdict)
+    for label, ov, impl, pv, ratio, target, verdict, _, _ in table:
+        cells = (label, fmt(ov), impl, fmt(pv), fmt(ratio, 3), fmt(target, 2), verdict)
         print("| " + " | ".join(cells) + " |" if args.markdown else
               f"{cells[0]:42s} {cells[1]:>9s} {cells[2]:22s} {cells[3]:>9s} {cells[4]:>6s} {cells[5]:>6s} {cells[6]}")
     return 0

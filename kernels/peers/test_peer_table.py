@@ -107,6 +107,47 @@ class PeerTableTest(unittest.TestCase):
         self.assertAlmostEqual(r[4], 0.5)                  # peer time / our time
         self.assertIn("missing: peer", t["cascade prefix pass P 32768 (TFLOP/s)"][6])
 
+    def rounds(self, n, peer_scale):
+        """n rounds: round k's FA3 decode peer scaled by peer_scale[k], ours as in BENCH."""
+        args = {"bench": [], "cascade": [], "mla": [], "peers": []}
+        for k in range(n):
+            for name in args:
+                text = self.files[name]
+                if name == "peers":
+                    with open(text) as f:
+                        body = f.read().replace("gbps=3940.0", f"gbps={3940.0 * peer_scale[k]:.1f}")
+                    text = os.path.join(self.tmp, f"peers{k}.txt")
+                    with open(text, "w") as f:
+                        f.write(body)
+                args[name] += ["--" + name, text]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = peer_table.main(sum(args.values(), []))
+        return rc, {line[:42].strip(): line for line in out.getvalue().splitlines()}
+
+    def test_rounds_take_the_median_and_show_the_spread(self):
+        rc, t = self.rounds(3, [1.10, 0.95, 1.00])      # peer 4334, 3743, 3940: median 3940
+        self.assertEqual(rc, 0)
+        line = t["paged decode B64/8k GQA 32:8 (GB/s)"]
+        self.assertIn("3940.0", line)
+        self.assertIn(" 1.000 ", line)                   # ours 3940 / the median 3940
+        self.assertIn("met", line)
+        self.assertIn("3 rounds, ratios 0.91-1.05", line)  # 3940/4334 .. 3940/3743
+        line = t["causal prefill B2 S8k hd256 (TFLOP/s)"]
+        self.assertIn("missing: peer in every round", line)
+
+    def test_rounds_median_of_even_count_is_the_mean_of_the_middle_two(self):
+        self.assertEqual(peer_table.median([4.0, 1.0, 3.0, 2.0]), 2.5)
+        self.assertIsNone(peer_table.median([]))
+
+    def test_rounds_counts_must_match(self):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = peer_table.main(["--bench", self.files["bench"], "--bench", self.files["bench"],
+                                  "--peers", self.files["peers"]])
+        self.assertEqual(rc, 2)
+        self.assertIn("once a round", err.getvalue())
+
     def test_missing_file_exit_2(self):
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
