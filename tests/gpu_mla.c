@@ -23,7 +23,8 @@
  *    every grid case with fewer than 64 rows a request, plus splits,
  *    block sizes 16 / 32, fp16, partial row tiles and empty requests, once with its TMA key tiles
  *    (the default) and once with its cp.async ones (what runs where the tensor map is refused;
- *    AR_GPU_WG_PATHS=tma or cpasync runs one; skips off compute capability 9.0).  The kernel
+ *    AR_GPU_WG_PATHS=tma or cpasync runs one, AR_GPU_WG_CASES=N only the grid's first N cases;
+ *    skips off compute capability 9.0).  The kernel
  *    that ran is checked: a TMA case that ran the cp.async path counts as a failure.
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the mma.sync kernels forced
  *    (AR_MLA_KERNEL_TC_SPLIT_QK, AR_MLA_KERNEL_TC_NARROW), the SIMT fallback kernel, fp16, fp8
@@ -730,6 +731,9 @@ static int wgmma_forced_cases(bool cpasync)
     go.wgmma_cpasync = cpasync;
     const char *const expect = cpasync ? "tc-wgmma (cp.async)" : "tc-wgmma";
     int fails = 0, runs = 0;
+    /* AR_GPU_WG_CASES=N: only the grid's first N cases (racecheck, the slowest tool, in its limit) */
+    const char *cases_env = getenv("AR_GPU_WG_CASES");
+    const int max_cases = cases_env ? atoi(cases_env) : 0;
     for (size_t ib = 0; ib < 4; ib++)
         for (size_t iq = 0; iq < 3; iq++)
             for (size_t ik = 0; ik < 3; ik++)
@@ -737,6 +741,7 @@ static int wgmma_forced_cases(bool cpasync)
                     for (int varlen = 0; varlen < 2; varlen++)
                         for (int causal = 0; causal < 2; causal++) {
                             if (sqs[iq] * hqs[ih] >= 64) continue;
+                            if (max_cases > 0 && runs >= max_cases) continue;
                             if (small_mode() && (sks[ik] > 140 || (bs_[ib] != 1 && bs_[ib] != 6) || sqs[iq] == 2 ||
                                                  (hqs[ih] != 3 && hqs[ih] != 63) || causal != varlen))
                                 continue;
@@ -748,6 +753,12 @@ static int wgmma_forced_cases(bool cpasync)
                             }
                             fails += !ok;
                         }
+    if (max_cases > 0) {
+        print_message("wgmma kernel forced (%s): the first %d grid cases (AR_GPU_WG_CASES), %d failed\n", expect, runs,
+                      fails);
+        fflush(stdout);
+        return fails;
+    }
     /* full row tiles (AUTO's wgmma cases in the dense grid), many key tiles */
     for (int causal = 0; causal < 2; causal++) {
         fails += !run_checked(4, 1, 700, 128, causal == 1, causal == 1, false, &go);

@@ -159,7 +159,14 @@ constexpr int PAIRS_OFF_F0 = PAIRS_OFF_M + ROWS * 4;       /* float [ROWS] warpg
 constexpr int PAIRS_OFF_F1 = PAIRS_OFF_F0 + ROWS * 4;      /* float [ROWS] warpgroup 1's factor f1 */
 constexpr int PAIRS_OFF_SUM = PAIRS_OFF_F1 + ROWS * 4;     /* float [2][ROWS] row sums (epilogue) */
 constexpr int PAIRS_OFF_BARS = PAIRS_OFF_SUM + 2 * ROWS * 4; /* uint64 [2 slots][9 atoms]: atom landed */
-constexpr int PAIRS_SMEM = 1024 /* alignment slack */ + PAIRS_OFF_BARS + 18 * 8;
+/* AR_PAIRS_HANDOVER_MBAR=1 (a compute-sanitizer build, never the product's): the four hand-overs
+ * between the warpgroups on mbarriers (4 more after the 18) instead of named barriers, so that
+ * racecheck, which does not take a named barrier's arrive as ordering the arriving threads'
+ * writes, can check the kernel's shared-memory traffic; everything else the same. */
+#ifndef AR_PAIRS_HANDOVER_MBAR
+#define AR_PAIRS_HANDOVER_MBAR 0
+#endif
+constexpr int PAIRS_SMEM = 1024 /* alignment slack */ + PAIRS_OFF_BARS + (18 + 4 * AR_PAIRS_HANDOVER_MBAR) * 8;
 static_assert(PAIRS_OFF_BARS % 8 == 0 && PAIRS_SMEM <= 232448, "pairs kernel: shared memory fits");
 
 enum {
@@ -170,6 +177,27 @@ enum {
     PAIRS_BAR_WG0 = 5,      /* warpgroup 0 alone (128 threads): its zeroed V rows written */
     PAIRS_BAR_WG1 = 6       /* warpgroup 1 alone */
 };
+
+/* The hand-over id (PAIRS_BAR_SCALE0 .. P1) of pair t0 / 2: the arriving warpgroup's side and the
+ * waiting one's.  Named barriers of 256 threads (one warpgroup arrives, the other syncs), or
+ * under AR_PAIRS_HANDOVER_MBAR mbarrier id - 1 after the 18 of the key slots (128 arrivals, one
+ * phase a pair: neither side gets a pair ahead of the other), the waiting warpgroup's 128
+ * threads then meeting on their own barrier as bar.sync 256 made them meet. */
+__device__ __forceinline__ void pairs_hand_arrive(uint32_t bars, int id)
+{
+    if (AR_PAIRS_HANDOVER_MBAR)
+        ar_wg::mbar_arrive(bars + 8u * (uint32_t)(17 + id));
+    else
+        wg_bar_arrive(id);
+}
+__device__ __forceinline__ void pairs_hand_sync(uint32_t bars, int id, int t0)
+{
+    if (AR_PAIRS_HANDOVER_MBAR) {
+        ar_wg::mbar_wait(bars + 8u * (uint32_t)(17 + id), (uint32_t)(t0 >> 1) & 1u);
+        wg_bar_sync128(id == PAIRS_BAR_SCALE0 || id == PAIRS_BAR_P0 ? PAIRS_BAR_WG1 : PAIRS_BAR_WG0);
+    } else
+        wg_bar_sync(id);
+}
 
 /* S [64 x 64] (+)= A B over 16 dims, A = 16 dims of Q from registers (rows 16 (warp % 4) +
  * lane / 4 (+ 8), dims 2 (lane % 4) (+ 1, + 8, + 9)), B (desc_b) K-major. */
@@ -453,13 +481,13 @@ __device__ __forceinline__ void pairs_wg0_pair(const pairs_ctx &c, float (&s)[8]
     wg_rescale(o, f0, c.fault);
 #pragma unroll
     for (int h = 0; h < 2; h++) l[h] = l[h] * f0[h] + psum[h];
-    wg_bar_arrive(PAIRS_BAR_SCALE0);
+    pairs_hand_arrive(c.bars, PAIRS_BAR_SCALE0);
     if (LAST == 2) pairs_v_ready<0, false, true>(c, t0);
     wg_issue_pv_rs<BF16>(o, pa, c.sk0, 0);                  /* O_0 += P0 V0_0 */
     ar_wg::wait<0>();
     wg_fence_acc(o);
     wg_fence_frag(pa);
-    wg_bar_sync(PAIRS_BAR_SCALE1);                             /* f1 and m1 written */
+    pairs_hand_sync(c.bars, PAIRS_BAR_SCALE1, t0);                             /* f1 and m1 written */
     if (LAST == 0) {                                        /* slot 0's atoms 0-3 are free */
         if (c.tiw == 0) pairs_tma_atoms<0, 4>(c.tmap, c.sk0, bars0, nx0);
         __syncwarp();
@@ -479,10 +507,10 @@ __device__ __forceinline__ void pairs_wg0_pair(const pairs_ctx &c, float (&s)[8]
     }
     pairs_store_p(c, c.sp0, pa);
     ar_wg::fence_proxy_async();                             /* the P0 stores -> the async proxy */
-    wg_bar_arrive(PAIRS_BAR_P0);
+    pairs_hand_arrive(c.bars, PAIRS_BAR_P0);
     if (LAST != 2) {
         pairs_v_ready<0, true, LAST == 1>(c, t1);
-        wg_bar_sync(PAIRS_BAR_P1);                             /* P1 stored */
+        pairs_hand_sync(c.bars, PAIRS_BAR_P1, t0);                             /* P1 stored */
         wg_rescale(o, f1, c.fault);
 #pragma unroll
         for (int h = 0; h < 2; h++) l[h] *= f1[h];
@@ -518,7 +546,7 @@ __device__ __forceinline__ void pairs_wg1_pair(const pairs_ctx &c, float (&s)[8]
     int nx0[2], nx1[2];
     if (NEXT0) pairs_tile_runs(c, t0 + 2, nx0);
     if (NEXT1) pairs_tile_runs(c, t1 + 2, nx1);
-    wg_bar_sync(PAIRS_BAR_SCALE0);                             /* f0 and m0 written */
+    pairs_hand_sync(c.bars, PAIRS_BAR_SCALE0, t0);                             /* f0 and m0 written */
     uint32_t pa[4][4];
     float g[2];                                             /* O_1's factor f0 f1 */
     if (!L0) {
@@ -541,17 +569,17 @@ __device__ __forceinline__ void pairs_wg1_pair(const pairs_ctx &c, float (&s)[8]
         }
     }
     wg_rescale(o, g, c.fault);
-    wg_bar_arrive(PAIRS_BAR_SCALE1);
+    pairs_hand_arrive(c.bars, PAIRS_BAR_SCALE1);
     if (!L0) {
         pairs_store_p(c, c.sq + 8u * WG_ATOM, pa);             /* P1 into Q's atom 8 */
         if (L1) pairs_v_ready<1, false, true>(c, t1);
         wg_issue_pv_rs<BF16>(o, pa, c.sk1, 1);              /* O_1 += P1 V1_1 */
         ar_wg::fence_proxy_async();                         /* the P1 stores -> the async proxy */
     }
-    wg_bar_sync(PAIRS_BAR_P0);                                 /* P0 f1 stored */
+    pairs_hand_sync(c.bars, PAIRS_BAR_P0, t0);                                 /* P0 f1 stored */
     pairs_v_ready<1, true, L0>(c, t0);
     pairs_issue_pv_ss<BF16, 1>(o, c.sp0, c.sk0);               /* O_1 += P0 V0_1 */
-    if (!L0) wg_bar_arrive(PAIRS_BAR_P1);
+    if (!L0) pairs_hand_arrive(c.bars, PAIRS_BAR_P1);
     if (NEXT1) {
         ar_wg::wait<1>();                                   /* P1 V1_1 done: slot 1's atoms 4-8 free */
         wg_fence_frag(pa);
@@ -620,6 +648,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_pairs_kernel(attn_args 
 
     if (tid == 0) {
         for (int i = 0; i < 18; i++) ar_wg::mbar_init(c.bars + 8u * (uint32_t)i, 1);
+        for (int i = 18; i < 18 + 4 * AR_PAIRS_HANDOVER_MBAR; i++) ar_wg::mbar_init(c.bars + 8u * (uint32_t)i, 128);
         mbar_init_fence();
         ar_wg::tma_prefetch_map(&tmap);
     }
