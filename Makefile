@@ -221,6 +221,21 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(TEST_COMMON) $(LIB) $(LDFLAGS) -Wl,-rpath,'$$ORIGIN' -lcmocka $(LIBS)
 
+# ---- a compute-sanitizer build of gpu_mla -----------------------------------------------------
+# gpu_mla_handover: gpu_mla linked with the MLA pairs kernel's warpgroup hand-overs on mbarriers
+# (AR_PAIRS_HANDOVER_MBAR=1 in kernels/mla/mla_decode_wgmma_pairs.cuh) instead of named barriers,
+# which racecheck does not take as ordering the arriving threads' writes (RELIABILITY.md); built
+# by `make gpu-build`, run by `make test-gpu-sanitize` beside the product's binaries.
+SANITIZE_TESTS := $(if $(filter 1,$(HAVE_CUDA)),$(BUILD)/tests/gpu_mla_handover)
+$(BUILD)/sanitize/mla_decode.o: kernels/mla/mla_decode.cu $(NVCC_STAMP) | deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DAR_PAIRS_HANDOVER_MBAR=1 -MMD -MP -c $< -o $@
+$(BUILD)/sanitize/libattnreplay.a: $(LIB) $(BUILD)/sanitize/mla_decode.o
+	cp $(LIB) $@.tmp && ar d $@.tmp mla_decode.o && ar rcs $@.tmp $(BUILD)/sanitize/mla_decode.o && mv $@.tmp $@
+$(BUILD)/tests/gpu_mla_handover: tests/gpu_mla.c $(TEST_COMMON) $(BUILD)/sanitize/libattnreplay.a | deps
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< $(TEST_COMMON) $(BUILD)/sanitize/libattnreplay.a $(LDFLAGS) \
+	  -Wl,-rpath,'$$ORIGIN' -lcmocka $(LIBS)
+
 # ---- the kernel lab (kernels/lab/README.md): not part of bin/attnreplay -----------------------
 ifeq ($(HAVE_CUDA),1)
 lab: $(LABS)
@@ -258,9 +273,9 @@ test-only: $(BIN) $(TESTS)
 HAVE_DEV_HEADERS := $(shell [ -f /usr/include/sqlite3.h ] && [ -f /usr/include/cmocka.h ] && echo 1)
 ifeq ($(HAVE_DEV_HEADERS),1)
 test-gpu: $(BIN) $(GPU_TESTS) $(BUILD)/tests/libcmocka.so.0
-test-gpu-sanitize: $(BIN) $(GPU_TESTS) $(BUILD)/tests/libcmocka.so.0
+test-gpu-sanitize: $(BIN) $(GPU_TESTS) $(SANITIZE_TESTS) $(BUILD)/tests/libcmocka.so.0
 bench: $(BIN) $(BENCHES)
-gpu-build: $(BIN) $(GPU_TESTS) $(BENCHES) $(BUILD)/tests/libcmocka.so.0 $(if $(filter 1,$(HAVE_CUDA)),$(LABS))
+gpu-build: $(BIN) $(GPU_TESTS) $(SANITIZE_TESTS) $(BENCHES) $(BUILD)/tests/libcmocka.so.0 $(if $(filter 1,$(HAVE_CUDA)),$(LABS))
 endif
 # On the GPU machine (no dev headers) these run what was built on the development machine.
 test-gpu:
@@ -341,13 +356,13 @@ valgrind: $(BIN)
 # tool's ERROR SUMMARY) in GPU_SANITIZE_OUT.
 GPU_SANITIZE_OUT ?= $(BUILD)/gpu-sanitize-summary.txt
 # racecheck on gpu_mla runs as 7 processes (AR_GPU_SHARD): one ran past 480 s on the H200
-SANITIZE_SHARDS ?= gpu_mla:racecheck:7
+SANITIZE_SHARDS ?= gpu_mla:racecheck:7 gpu_mla_handover:racecheck:7
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 test-gpu-sanitize:
 	@[ -n "$(COMPUTE_SANITIZER)" ] || { echo "compute-sanitizer not found (CUDA toolkit bin/)" >&2; exit 1; }
 	@OUT=$(abspath $(dir $(GPU_SANITIZE_OUT))) SUMMARY=$(abspath $(GPU_SANITIZE_OUT)) \
 	  COMPUTE_SANITIZER=$(COMPUTE_SANITIZER) AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) \
-	  SANITIZE_SHARDS="$(SANITIZE_SHARDS)" tests/gpu_sanitize.sh $(GPU_TESTS)
+	  SANITIZE_SHARDS="$(SANITIZE_SHARDS)" tests/gpu_sanitize.sh $(GPU_TESTS) $(wildcard $(BUILD)/tests/gpu_mla_handover)
 
 # ---- mutation testing (tests/mutations.txt, tests/mutate.py; RELIABILITY.md has the scores) -------
 # `make mutate-cpu` builds each CPU mutation of tests/mutations.txt as its own bin/attnreplay (in a
@@ -489,7 +504,7 @@ clean:
 # the objects that compile AR_CODE_REV in (REV_STAMP above)
 REV_OBJS := $(foreach f,replay/replay sim/profile,$(BUILD)/$(f).o $(BUILD)/pic/$(f).o) $(BUILD)/replay/main.o $(HOST_MAIN)
 $(REV_OBJS): $(REV_STAMP)
--include $(COMMON_OBJS:.o=.d) $(STUB_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_HOOK_OBJ:.o=.d) $(LABS:=.d) $(BUILD)/replay/main.d $(HOST_MAIN:.o=.d) $(PIC_OBJS:.o=.d)
+-include $(COMMON_OBJS:.o=.d) $(STUB_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(TEST_HOOK_OBJ:.o=.d) $(LABS:=.d) $(BUILD)/replay/main.d $(HOST_MAIN:.o=.d) $(PIC_OBJS:.o=.d) $(BUILD)/sanitize/mla_decode.d
 
 # ---- simulator fidelity against real vLLM runs (tests/fidelity.c) ---------------------------
 # `make fidelity` calibrates the step-time model on one public vLLM run and evaluates it on the
