@@ -23,7 +23,8 @@
  *    every grid case with fewer than 64 rows a request, plus splits,
  *    block sizes 16 / 32, fp16, partial row tiles and empty requests, once with its TMA key tiles
  *    (the default) and once with its cp.async ones (what runs where the tensor map is refused;
- *    AR_GPU_WG_PATHS=tma or cpasync runs one, AR_GPU_WG_CASES=N only the grid's first N cases;
+ *    AR_GPU_WG_PATHS=tma or cpasync runs one, AR_GPU_WG_CASES=N only the grid's first N cases
+ *    (AR_GPU_CASE_LOG=1 prints every case before it runs, so that a sanitizer's reports name it);
  *    skips off compute capability 9.0).  The kernel
  *    that ran is checked: a TMA case that ran the cp.async path counts as a failure.
  * 2. Forced split-KV (the combine kernel), the 2-stage key ring, the mma.sync kernels forced
@@ -269,6 +270,13 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     r.ref_lse = malloc(n_lse * sizeof(double));
     assert_true(r.out && r.ref_out && r.lse && r.ref_lse);
     char err[512] = "";
+    if (getenv("AR_GPU_CASE_LOG")) {   /* each case before it runs: a sanitizer's reports fall between */
+        printf("case b=%d s_q=%d h_q=%d varlen=%d causal=%d splits=%d block=%d s_k:", b, s_q, h_q, varlen, causal,
+               go->num_splits, go->block_size);
+        for (int i = 0; i < b && i < 8; i++) printf(" %d", seqlens[i]);
+        printf(b > 8 ? " ...\n" : "\n");
+        fflush(stdout);
+    }
     int rc = ar_cuda_mla_run_case(&c, &r, err, sizeof err);
     bool ok = rc == 0;
     if (!ok) print_message("case b=%d s_q=%d s_k=%d h_q=%d: %s\n", b, s_q, s_k, h_q, err);
