@@ -3,7 +3,7 @@
  * pinned host allocations, the batch's checks and its arrays in the packed metadata buffer,
  * the check of the output buffers' guard regions on the device, and
  * the encoding of TMA tensor maps (through the driver entry point the runtime hands out, so
- * nothing links libcuda).  Header-only (static) so each .cu keeps its own copy of the code. */
+ * nothing links libcuda), and the sweep knobs' integers from the environment.  Header-only (static) so each .cu keeps its own copy of the code. */
 #ifndef AR_CUDA_HOST_CUH
 #define AR_CUDA_HOST_CUH
 
@@ -12,9 +12,21 @@
 #include <cudaTypedefs.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../replay/backend.h"
+
+/* A sweep knob's value from the environment: an integer 1..most, else 0 (unset, or not such a
+ * number: the knob keeps its default). */
+static inline int ar_env_count(const char *name, int most)
+{
+    const char *e = getenv(name);
+    if (!e || !*e) return 0;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    return *end == '\0' && v >= 1 && v <= most ? (int)v : 0;
+}
 
 /* A device allocation that only grows. */
 typedef struct dev_buf {

@@ -194,10 +194,7 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->force_kernel = env_kernel();
     const char *tma_env = getenv("AR_MLA_TMA");
     s->no_tensor_map = tma_env && strcmp(tma_env, "0") == 0;
-    const char *splits_env = getenv("AR_MLA_SPLITS");   /* 1..1024: every row tile in <= N pieces */
-    char *splits_end = NULL;
-    const long splits = splits_env && *splits_env ? strtol(splits_env, &splits_end, 10) : 0;
-    s->force_splits = splits >= 1 && splits <= 1024 && *splits_end == '\0' ? (int)splits : 0;
+    s->force_splits = ar_env_count("AR_MLA_SPLITS", 1024);   /* every row tile in <= N pieces */
     int rc;
     cudaDeviceProp prop;
     if ((rc = mla_fail(cudaSetDevice(s->device), "cudaSetDevice", err, err_len)) ||

@@ -260,17 +260,6 @@ static bool cuda_check(const ar_run_config *cfg, char *why, size_t why_len)
 
 static void cuda_close(void *state);
 
-/* A sweep knob's value from the environment: an integer 1..most, else 0 (unset, or not such a
- * number: the knob keeps its default). */
-static int env_count(const char *name, int most)
-{
-    const char *e = getenv(name);
-    if (!e || !*e) return 0;
-    char *end = NULL;
-    long v = strtol(e, &end, 10);
-    return *end == '\0' && v >= 1 && v <= most ? (int)v : 0;
-}
-
 static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size_t err_len)
 {
     *state_out = NULL;
@@ -335,8 +324,8 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         s->decode_tma_auto = s->has_tma && !(e != NULL && strcmp(e, "0") == 0);
         s->decode_tma_all = e != NULL && strcmp(e, "split") == 0;
         s->decode_tma_small = !(e != NULL && strcmp(e, "rule") == 0);
-        s->decode_tma_splits = env_count("AR_CUDA_DECODE_TMA_SPLITS", AR_MAX_SPLITS);
-        s->decode_tma_stages = env_count("AR_CUDA_DECODE_TMA_STAGES", ar_attn::DecodeTmaGeom::MAX_STAGES);
+        s->decode_tma_splits = ar_env_count("AR_CUDA_DECODE_TMA_SPLITS", AR_MAX_SPLITS);
+        s->decode_tma_stages = ar_env_count("AR_CUDA_DECODE_TMA_STAGES", ar_attn::DecodeTmaGeom::MAX_STAGES);
         const char *wp = getenv("AR_CUDA_WG_PERSIST");
         s->wg_persist = !(wp != NULL && strcmp(wp, "0") == 0);
         const char *ws = getenv("AR_CUDA_WG_SECTION_MB");
@@ -344,7 +333,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         const long ws_mb = ws && *ws ? strtol(ws, &ws_end, 10) : -1;
         s->wg_section_bytes = ws_mb >= 0 && ws_mb <= 4096 && *ws_end == '\0' ? (int64_t)ws_mb << 20
                                                                               : (int64_t)prop.l2CacheSize / 3;
-        s->decode_splits = env_count("AR_CUDA_DECODE_SPLITS", AR_MAX_SPLITS);
+        s->decode_splits = ar_env_count("AR_CUDA_DECODE_SPLITS", AR_MAX_SPLITS);
         const char *lr = getenv("AR_CUDA_SPLIT_LIVE_ROWS");
         s->split_live_rows = lr != NULL && strcmp(lr, "1") == 0;
     }
