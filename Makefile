@@ -183,9 +183,17 @@ $(BUILD)/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+# A product kernel whose wgmma ptxas had to serialize (its info C7520: every wgmma of the kernel
+# waited on before the next, typically after a wait or branch between the wgmma of one product
+# that ptxas cannot prove warp-uniform) is slower and still correct, so no test would notice:
+# the build fails on it instead.
+NVCC_WGMMA_GUARD = 2> $@.ptxas; s=$$?; cat $@.ptxas >&2; \
+	if grep -q C7520 $@.ptxas; then echo "$<: ptxas serialized wgmma (C7520 above): make the waits and branches between one product's wgmma warp-uniform" >&2; \
+	rm -f $@ $@.ptxas; exit 1; fi; rm -f $@.ptxas; exit $$s
+
 $(BUILD)/%.o: %.cu $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@ $(NVCC_WGMMA_GUARD)
 
 # The device reference rounds exactly as the host does: no fast math (approximate division,
 # exp and flush-to-zero would change its float values).
@@ -229,7 +237,7 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB) | deps
 SANITIZE_TESTS := $(if $(filter 1,$(HAVE_CUDA)),$(BUILD)/tests/gpu_mla_handover)
 $(BUILD)/sanitize/mla_decode.o: kernels/mla/mla_decode.cu $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -DAR_PAIRS_HANDOVER_MBAR=1 -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -DAR_PAIRS_HANDOVER_MBAR=1 -MMD -MP -c $< -o $@ $(NVCC_WGMMA_GUARD)
 $(BUILD)/sanitize/libattnreplay.a: $(LIB) $(BUILD)/sanitize/mla_decode.o
 	cp $(LIB) $@.tmp && ar d $@.tmp mla_decode.o && ar rcs $@.tmp $(BUILD)/sanitize/mla_decode.o && mv $@.tmp $@
 $(BUILD)/tests/gpu_mla_handover: tests/gpu_mla.c $(TEST_COMMON) $(BUILD)/sanitize/libattnreplay.a | deps
