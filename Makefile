@@ -272,6 +272,7 @@ $(BUILD)/tests/libcmocka.so.0:
 test: deps $(BIN) $(TESTS) $(TEST_GPU_BUILD)
 	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/run_tests.sh $(TESTS)
 	@tests/build_rev_check.sh $(BUILD)
+	@tests/wgmma_guard_check.sh
 
 ASAN_BUILD ?= build-asan
 asan:
