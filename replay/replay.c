@@ -982,7 +982,7 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
            "setup %.2f, other %.2f s\n", p->wall_s, ph[AR_PHASE_KERNEL], ph[AR_PHASE_VERIFY],
            ph[AR_PHASE_GENERATION], ph[AR_PHASE_METADATA], ph[AR_PHASE_WAIT], ph[AR_PHASE_SETUP],
            wall - loop > 0 ? wall - loop : 0);
-    printf("            host overhead %.1f%% of the wall (%.3f ms a step besides kernels and setup); on other "
+    printf("            outside the kernels %.1f%% of the wall (%.3f ms a step, setup aside); on other "
            "threads: parse %.2f s, sqlite %.2f s\n", 100.0 * (wall - ph[AR_PHASE_KERNEL]) / wall,
            p->steps_done > 0 ? 1e3 * (wall - ph[AR_PHASE_KERNEL] - ph[AR_PHASE_SETUP]) / (double)p->steps_done : 0.0,
            ph[AR_PHASE_PARSE], ph[AR_PHASE_SQLITE]);
