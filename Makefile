@@ -183,20 +183,13 @@ $(BUILD)/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-# A product kernel whose wgmma ptxas had to serialize (its "Potential Performance Loss:
-# wgmma.mma_async instructions are serialized", C7515-C7520: every wgmma of the kernel waited on
-# before the next; e.g. C7520 after a wait or branch between the wgmma of one product that ptxas
-# cannot prove warp-uniform, C7515 after other instructions wrote an accumulator in flight) is
-# slower and still correct, so no test would notice: the build fails on it instead (the lab's
-# too, whose measurements decide what the product runs).
-NVCC_WGMMA_GUARD = 2> $@.ptxas; s=$$?; cat $@.ptxas >&2; \
-	if grep -q 'wgmma.mma_async instructions are serialized' $@.ptxas; then \
-	echo "$<: ptxas serialized wgmma (above): make the waits and branches between one product's wgmma warp-uniform, and leave its accumulators alone while it runs" >&2; \
-	rm -f $@ $@.ptxas; exit 1; fi; rm -f $@.ptxas; exit $$s
+# Every CUDA file of the product and the lab compiles through kernels/nvcc_guard.sh, which fails
+# the build when ptxas serialized a kernel's wgmma (correct and slower, so no test would notice).
+NVCC_GUARDED = kernels/nvcc_guard.sh $(NVCC)
 
 $(BUILD)/%.o: %.cu $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@ $(NVCC_WGMMA_GUARD)
+	$(NVCC_GUARDED) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
 # The device reference rounds exactly as the host does: no fast math (approximate division,
 # exp and flush-to-zero would change its float values).
@@ -240,7 +233,7 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB) | deps
 SANITIZE_TESTS := $(if $(filter 1,$(HAVE_CUDA)),$(BUILD)/tests/gpu_mla_handover)
 $(BUILD)/sanitize/mla_decode.o: kernels/mla/mla_decode.cu $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -DAR_PAIRS_HANDOVER_MBAR=1 -MMD -MP -c $< -o $@ $(NVCC_WGMMA_GUARD)
+	$(NVCC_GUARDED) $(NVCCFLAGS) -DAR_PAIRS_HANDOVER_MBAR=1 -MMD -MP -c $< -o $@
 $(BUILD)/sanitize/libattnreplay.a: $(LIB) $(BUILD)/sanitize/mla_decode.o
 	cp $(LIB) $@.tmp && ar d $@.tmp mla_decode.o && ar rcs $@.tmp $(BUILD)/sanitize/mla_decode.o && mv $@.tmp $@
 $(BUILD)/tests/gpu_mla_handover: tests/gpu_mla.c $(TEST_COMMON) $(BUILD)/sanitize/libattnreplay.a | deps
@@ -257,7 +250,7 @@ endif
 
 $(BUILD)/lab/%: kernels/lab/%.cu $(TEST_HOOK_OBJ) $(LIB) $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@.o $(NVCC_WGMMA_GUARD)
+	$(NVCC_GUARDED) $(NVCCFLAGS) -MMD -MP -c $< -o $@.o
 	$(CC) $(LDFLAGS) -o $@ $@.o $(TEST_HOOK_OBJ) $(LIB) $(LIBS)
 
 # On the GPU machine: runs what was built on the development machine.

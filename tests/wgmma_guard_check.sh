@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# wgmma_guard_check.sh - the Makefile's NVCC_WGMMA_GUARD still works: through the .cu rule,
+# wgmma_guard_check.sh - kernels/nvcc_guard.sh still works: through the Makefile's .cu rule,
 # tests/wgmma_guard/serialized.cu (a kernel ptxas must serialize) fails to build with the guard's
 # message, and clean.cu (the same kernel without the fault) builds. A CUDA update that renamed
 # ptxas's message would otherwise turn the guard off silently. Run by `make test`; without nvcc

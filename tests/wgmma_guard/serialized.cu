@@ -1,7 +1,8 @@
 /* serialized.cu - a kernel that ptxas must serialize, for tests/wgmma_guard_check.sh: one of its
- * accumulators is written while the wgmma that accumulates into it is in flight (ptxas C7515).
+ * accumulators is written while the wgmma that accumulates into it is in flight (CUDA 13.0's ptxas
+ * reports C7511 for it).
  * Not part of any build; the check compiles it through the Makefile's .cu rule, whose
- * NVCC_WGMMA_GUARD must then fail the build.  clean.cu is the same kernel without that write. */
+ * guard (kernels/nvcc_guard.sh) must then fail the build.  clean.cu is the same kernel without that write. */
 #include <cstdint>
 
 __global__ void wgmma_guard_probe(float *out, uint64_t desc_a, uint64_t desc_b)
