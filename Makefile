@@ -184,7 +184,7 @@ $(BUILD)/%.o: %.c | deps
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 # Every CUDA file of the product and the lab compiles through kernels/nvcc_guard.sh, which fails
-# the build when ptxas serialized a kernel's wgmma (correct and slower, so no test would notice).
+# the build when ptxas serialised a kernel's wgmma (correct and slower, so no test would notice).
 NVCC_GUARDED = kernels/nvcc_guard.sh $(NVCC)
 
 $(BUILD)/%.o: %.cu $(NVCC_STAMP) | deps

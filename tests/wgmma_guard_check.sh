@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # wgmma_guard_check.sh - kernels/nvcc_guard.sh still works: through the Makefile's .cu rule,
-# tests/wgmma_guard/serialized.cu (a kernel ptxas must serialize) fails to build with the guard's
+# tests/wgmma_guard/serialized.cu (a kernel ptxas must serialise) fails to build with the guard's
 # message, and clean.cu (the same kernel without the fault) builds. A CUDA update that renamed
 # ptxas's message would otherwise turn the guard off silently. Run by `make test`; without nvcc
 # it says so and passes (CI has no CUDA toolkit).
@@ -18,8 +18,8 @@ build() {   # build OBJ: the Makefile's own rule, into a scratch build directory
 }
 # the clean twin first: an nvcc that cannot build sm_90a wgmma at all has nothing to guard
 if ! build tests/wgmma_guard/clean.o; then
-    if grep -q "ptxas serialized wgmma" "$tmp/log"; then
-        echo "wgmma_guard_check: FAILED: the guard refused tests/wgmma_guard/clean.cu, which ptxas does not serialize"
+    if grep -q "ptxas serialised wgmma" "$tmp/log"; then
+        echo "wgmma_guard_check: FAILED: the guard refused tests/wgmma_guard/clean.cu, which ptxas does not serialise"
         exit 1
     fi
     echo "wgmma_guard_check: skipped ($nvcc does not build sm_90a wgmma here:"
@@ -28,10 +28,10 @@ if ! build tests/wgmma_guard/clean.o; then
     exit 0
 fi
 if build tests/wgmma_guard/serialized.o; then
-    echo "wgmma_guard_check: FAILED: tests/wgmma_guard/serialized.cu built; the guard let serialized wgmma through"
+    echo "wgmma_guard_check: FAILED: tests/wgmma_guard/serialized.cu built; the guard let serialised wgmma through"
     exit 1
 fi
-if ! grep -q "ptxas serialized wgmma" "$tmp/log"; then
+if ! grep -q "ptxas serialised wgmma" "$tmp/log"; then
     echo "wgmma_guard_check: FAILED: serialized.cu failed to build, but not on the guard:"
     tail -5 "$tmp/log"
     exit 1

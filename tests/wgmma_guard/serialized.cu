@@ -1,4 +1,4 @@
-/* serialized.cu - a kernel that ptxas must serialize, for tests/wgmma_guard_check.sh: one of its
+/* serialized.cu - a kernel that ptxas must serialise, for tests/wgmma_guard_check.sh: one of its
  * accumulators is written while the wgmma that accumulates into it is in flight (CUDA 13.0's ptxas
  * reports C7511 for it).
  * Not part of any build; the check compiles it through the Makefile's .cu rule, whose
