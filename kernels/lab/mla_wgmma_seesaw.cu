@@ -458,18 +458,6 @@ int main(int argc, char **argv)
     const int B = 128, H = argc > 1 && atoi(argv[1]) == 16 ? 16 : 128;
     static const int sks[] = {4096, 8192, 16384, 32768};
     const size_t n_out = (size_t)B * H * 512, n_lse = (size_t)B * H;
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 ||
-        minor != 0) {
-        printf("mla_wgmma_seesaw: skipped: needs a compute-capability 9.0 device\n");
-        return 0;
-    }
-    if (!set_attributes()) {
-        printf("mla_wgmma_seesaw: the kernels' shared memory was refused\n");
-        return 1;
-    }
     static const ar_cuda_mla_lab_kernel lab[] = {{"s1-tma", launch_s1_tma},
                                                  {"pairs-exact", launch_pairs_exact},
                                                  {"seesaw-rs-tma", launch_seesaw_rs_tma},
@@ -482,6 +470,33 @@ int main(int argc, char **argv)
             if (strcmp(argv[i], name) == 0) return true;
         return false;
     };
+    if (argc > 1 && strcmp(argv[1], "16") != 0 && strcmp(argv[1], "128") != 0) {
+        fprintf(stderr, "mla_wgmma_seesaw: h_q is 16 or 128, not '%s' (usage: mla_wgmma_seesaw [16|128] [ROW ...])\n", argv[1]);
+        return 2;
+    }
+    /* every name asked for must be a row, before anything runs (a typo is not a row "skipped") */
+    for (int i = 2; i < argc; i++) {
+        bool known = false;
+        for (const ar_cuda_mla_lab_kernel &k : lab) known |= strcmp(argv[i], k.name) == 0;
+        if (!known) {
+            fprintf(stderr, "mla_wgmma_seesaw: no lab row '%s'; the rows:", argv[i]);
+            for (const ar_cuda_mla_lab_kernel &k : lab) fprintf(stderr, " %s", k.name);
+            fprintf(stderr, "\n");
+            return 2;
+        }
+    }
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 ||
+        minor != 0) {
+        printf("mla_wgmma_seesaw: skipped: needs a compute-capability 9.0 device\n");
+        return 0;
+    }
+    if (!set_attributes()) {
+        printf("mla_wgmma_seesaw: the kernels' shared memory was refused\n");
+        return 1;
+    }
     int *seqlens = (int *)malloc(sizeof(int) * B);
     unsigned char *sel = (unsigned char *)calloc((size_t)B, 1);
     float *base_out = (float *)malloc(n_out * sizeof(float));
