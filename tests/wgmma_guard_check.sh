@@ -3,7 +3,7 @@
 # tests/wgmma_guard/serialized.cu (a kernel ptxas must serialise) fails to build with the guard's
 # message, and clean.cu (the same kernel without the fault) builds. A CUDA update that renamed
 # ptxas's message would otherwise turn the guard off silently. Run by `make test`; without nvcc
-# it says so and passes (CI has no CUDA toolkit).
+# it says so and passes (a machine without the CUDA toolkit builds no kernels to guard).
 set -u
 cd "$(dirname "$0")/.."
 nvcc=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
