@@ -185,6 +185,8 @@ $(BUILD)/%.o: %.c | deps
 
 # Every CUDA file of the product and the lab compiles through kernels/nvcc_guard.sh, which fails
 # the build when ptxas serialised a kernel's wgmma (correct and slower, so no test would notice).
+# Not the example plugins (teaching kernels) nor the mutants of `make mutate-gpu-build`, which
+# are judged by their results only.
 NVCC_GUARDED = kernels/nvcc_guard.sh $(NVCC)
 
 $(BUILD)/%.o: %.cu $(NVCC_STAMP) | deps
@@ -195,7 +197,7 @@ $(BUILD)/%.o: %.cu $(NVCC_STAMP) | deps
 # exp and flush-to-zero would change its float values).
 $(BUILD)/reference/%.o: reference/%.cu $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
-	$(NVCC) $(filter-out --use_fast_math,$(NVCCFLAGS)) -MMD -MP -c $< -o $@
+	$(NVCC_GUARDED) $(filter-out --use_fast_math,$(NVCCFLAGS)) -MMD -MP -c $< -o $@
 
 # main.o knows its build: CUDA (runtime and driver versions for `version`) or host only.
 $(BUILD)/replay/main.o: replay/main.c $(NVCC_STAMP) | deps
