@@ -265,6 +265,35 @@ __device__ __forceinline__ uint32_t *wg_p_pair(unsigned char *sp, int row, int n
     return reinterpret_cast<uint32_t *>(sp + row * 128 + ((nt ^ (row & 7)) << 4) + 4 * tig);
 }
 
+/* The running softmax's tile of P, shared by warpgroup 0's form below and the pairs kernel's
+ * (pairs_softmax_running): P = 2^(s x mul - m[h]) for the thread's two rows h, its parts of the
+ * row sums in rs, P packed into pa as P V's A fragments (four key steps of 16; wg_pack_p's layout)
+ * and, with STORE, written into the swizzled P tile at sp (rows lr) as it goes.  Returns whether
+ * every row sum of the warp stays within 2^8 (a NaN fails too): a warp-wide vote. */
+template <bool BF16, bool STORE>
+__device__ __forceinline__ bool wg_running_p(const float (&s)[8][4], float mul, const float m[2], float rs[2],
+                                             uint32_t (&pa)[4][4], unsigned char *sp, const int lr[2], int tig)
+{
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const float p0 = exp2f(fmaf(s[nt][0], mul, -m[0])), p1 = exp2f(fmaf(s[nt][1], mul, -m[0]));
+        const float p2 = exp2f(fmaf(s[nt][2], mul, -m[1])), p3 = exp2f(fmaf(s[nt][3], mul, -m[1]));
+        rs0 += p0 + p1;
+        rs1 += p2 + p3;
+        const uint32_t lo = pack2<BF16>(p0, p1), hi = pack2<BF16>(p2, p3);
+        pa[nt >> 1][2 * (nt & 1)] = lo;
+        pa[nt >> 1][2 * (nt & 1) + 1] = hi;
+        if constexpr (STORE) {
+            *wg_p_pair(sp, lr[0], nt, tig) = lo;
+            *wg_p_pair(sp, lr[1], nt, tig) = hi;
+        }
+    }
+    rs[0] = rs0;
+    rs[1] = rs1;
+    return !__any_sync(0xffffffffu, !(rs0 <= 256.f) || !(rs1 <= 256.f));
+}
+
 /* Warpgroup 0's softmax of one tile against the running maxima, fused with the P store: once
  * every row of the warp has a maximum (ready) and the tile lies wholly below both of the
  * thread's key limits, P = 2^(s x score_mul - m_run) goes straight into the swizzled P tile,
@@ -288,25 +317,17 @@ __device__ __forceinline__ bool wg_softmax_running(const float (&s)[8][4], int k
     if (fault == AR_FAULT_NO_RESCALE) return false;
     if (!ready) ready = __all_sync(0xffffffffu, m_run[0] != -INFINITY && m_run[1] != -INFINITY);
     if (!ready || !__all_sync(0xffffffffu, k0 + WG_KEYS <= lim[0] && k0 + WG_KEYS <= lim[1])) return false;
-    float rs0 = 0.f, rs1 = 0.f;
+    uint32_t frags[4][4];
+    float rs[2];
+    if (!wg_running_p<BF16, true>(s, score_mul, m_run, rs, frags, sp, lr, tig)) return false;
+    if constexpr (FRAGS) {
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-        const float p0 = exp2f(fmaf(s[nt][0], score_mul, -m_run[0])), p1 = exp2f(fmaf(s[nt][1], score_mul, -m_run[0]));
-        const float p2 = exp2f(fmaf(s[nt][2], score_mul, -m_run[1])), p3 = exp2f(fmaf(s[nt][3], score_mul, -m_run[1]));
-        rs0 += p0 + p1;
-        rs1 += p2 + p3;
-        const uint32_t lo = pack2<BF16>(p0, p1), hi = pack2<BF16>(p2, p3);
-        if constexpr (FRAGS) {
-            pa[nt >> 1][2 * (nt & 1)] = lo;
-            pa[nt >> 1][2 * (nt & 1) + 1] = hi;
-        }
-        *wg_p_pair(sp, lr[0], nt, tig) = lo;
-        *wg_p_pair(sp, lr[1], nt, tig) = hi;
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) pa[k][e] = frags[k][e];
     }
-    const bool grew = !(rs0 <= 256.f) || !(rs1 <= 256.f);
-    if (__any_sync(0xffffffffu, grew)) return false;
-    l_run[0] += rs0;
-    l_run[1] += rs1;
+    l_run[0] += rs[0];
+    l_run[1] += rs[1];
     if (tig == 0) {
         s_pub[lr[0]] = pub[0];
         s_pub[lr[1]] = pub[1];

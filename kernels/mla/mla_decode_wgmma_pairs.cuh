@@ -354,17 +354,17 @@ __device__ __forceinline__ void pairs_softmax(const pairs_ctx &c, float (&s)[8][
 }
 
 /* FAST: a warpgroup's softmax of its tile against the running maximum without moving it,
- * wg_softmax_running's form in this order's terms.  Once every
- * row of the warp has a maximum in m and the tile (keys k0 ..) lies wholly inside both of the
- * thread's key limits, P = 2^(s mul - m) goes straight into pa (P V's A fragments; no shared
- * store here: the caller stores P as in the exact form), without masks, row maxima or their
- * shuffles.  Kept unless one of the thread's row sums of P exceeds 2^8 (every P is at most its
- * row sum; a NaN fails too): then false with s, m and f_out untouched, and the caller runs
- * pairs_softmax on the intact scores.  On success m stays as it is, f = 1, and one thread a row
- * writes the factor 1 into f_out, so the other warpgroup reads the same m and a factor 1 (its
- * O and P rescale skipped on those rows); psum the thread's part of its row sums.  The decision
- * is warp-wide (a vote), so both softmax forms cover whole rows.  Not under the planted
- * NO_RESCALE fault, which must show on the exact path. */
+ * wg_softmax_running's form in this order's terms.  Once every row of the warp has a maximum in
+ * m and the tile (keys k0 ..) lies wholly inside both of the thread's key limits, P = 2^(s mul -
+ * m) goes straight into pa (P V's A fragments, by wg_running_p; no shared store here: the caller
+ * stores P as in the exact form), without masks, row maxima or their shuffles.  Kept unless one
+ * of the thread's row sums of P exceeds 2^8 (every P is at most its row sum; a NaN fails too):
+ * then false with s, m and f_out untouched, and the caller runs pairs_softmax on the intact
+ * scores.  On success m stays as it is, f = 1, and one thread a row writes the factor 1 into
+ * f_out, so the other warpgroup reads the same m and a factor 1 (its O and P rescale skipped on
+ * those rows); psum the thread's part of its row sums.  The decision is warp-wide (a vote), so
+ * both softmax forms cover whole rows.  Not under the planted NO_RESCALE fault, which must show
+ * on the exact path. */
 template <bool BF16>
 __device__ __forceinline__ bool pairs_softmax_running(const pairs_ctx &c, const float (&s)[8][4], int k0, float *f_out,
                                                    float f[2], float psum[2], uint32_t (&pa)[4][4])
@@ -374,20 +374,11 @@ __device__ __forceinline__ bool pairs_softmax_running(const pairs_ctx &c, const 
     if (!__all_sync(0xffffffffu, m_old[0] != -INFINITY && m_old[1] != -INFINITY && k0 + WG_KEYS <= c.lim[0] &&
                                      k0 + WG_KEYS <= c.lim[1]))
         return false;
-    float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-        const float p0 = exp2f(fmaf(s[nt][0], c.mul, -m_old[0])), p1 = exp2f(fmaf(s[nt][1], c.mul, -m_old[0]));
-        const float p2 = exp2f(fmaf(s[nt][2], c.mul, -m_old[1])), p3 = exp2f(fmaf(s[nt][3], c.mul, -m_old[1]));
-        rs0 += p0 + p1;
-        rs1 += p2 + p3;
-        pa[nt >> 1][2 * (nt & 1)] = pack2<BF16>(p0, p1);        /* wg_pack_p's layout */
-        pa[nt >> 1][2 * (nt & 1) + 1] = pack2<BF16>(p2, p3);
-    }
-    if (__any_sync(0xffffffffu, !(rs0 <= 256.f) || !(rs1 <= 256.f))) return false;
+    float rs[2];
+    if (!wg_running_p<BF16, false>(s, c.mul, m_old, rs, pa, nullptr, c.lr, c.tig)) return false;
     f[0] = f[1] = 1.f;
-    psum[0] = rs0;
-    psum[1] = rs1;
+    psum[0] = rs[0];
+    psum[1] = rs[1];
     if (c.tig == 0) {
         f_out[c.lr[0]] = 1.f;
         f_out[c.lr[1]] = 1.f;
