@@ -2,7 +2,8 @@
 
     attnreplay-py replay TRACE --backend SPEC --db DB [every option of `attnreplay replay`]
     attnreplay-py backends              the Python backends installed (entry points)
-    attnreplay-py ratios DB --base RUN [--run RUN ...]   per-step time ratios by step kind
+    attnreplay-py ratios DB [--base RUN] [--run RUN ...] [--runs-in DB2] [--text]
+                                        per-step time ratios against a base run, by step kind
 
 SPEC is module:Class (a Backend subclass), a short name from the entry-point group
 "attnreplay.backends" (numpy, torch-fa2, torch-cudnn, flex, flashinfer, fa3), or anything

@@ -1,23 +1,36 @@
-"""attnreplay-py ratios: each backend against a base run on the same trace, per step, by step kind.
+"""attnreplay-py ratios: other runs of a trace against a base run, per step, by step kind.
 
-    attnreplay-py ratios DB --base RUN [--run RUN ...]
+    attnreplay-py ratios DB [--base RUN] [--run RUN ...] [--runs-in DB2] [--text]
 
-For every run (all other runs of the base's trace by default) the steps both runs replayed and
-verified as passing are paired by step number; ratio = time_us(run) / time_us(base), so below 1
-means the run was faster on that step.  Steps are grouped by the base's step kind: decode (no
-request in its prompt), prefill (no decoding request), mixed, and cascade (the base ran the
-shared prefix as cascade).  Printed as a Markdown table: steps paired, median and p90 ratio,
-the share of steps the run won, and for adapters that gather K/V first, the gather's share of
-their time.  The database is only read.
+The base is a run of DB (default: its newest run); the compared runs are read from DB2 when it
+is given (a peer's database of the same trace), from DB otherwise, by default every run of the
+base's trace there.  Each must have replayed the same trace (trace_hash) with the same number of
+layers.  Steps are paired by step number when both runs timed them (time_us > 0) and neither
+failed verification (pass = 0; steps that were never verified are kept); ratio = time_us(run) /
+time_us(base), so below 1 means the run was faster on that step.  Steps are grouped by the
+base's step kind: decode (no request in its prompt), prefill (no decoding request), mixed, and
+cascade (either run took the cascade path on that step), then all.  Printed as a Markdown table
+(--text: aligned columns): steps paired, the total-time ratio, median, p10 and p90 of the
+per-step ratios, the share of steps the run won, the steps both timed that failed verification
+on each side, and for adapters that gather K/V first the gather's share of their time.  The
+databases are only read.  Exit codes: 0 table printed; 2 bad input (a missing or unreadable
+database, no such run, another trace or layer count, no step to pair).
 """
 import argparse
+import os
 import sqlite3
 import sys
 
-KINDS = ("decode", "prefill", "mixed", "cascade", "all")
+KINDS = ("decode", "prefill", "mixed", "cascade")
+PROG = "attnreplay-py ratios"
 
 
-def _kind(prefill, decode, cascade):
+class InputError(Exception):
+    pass
+
+
+def step_kind(prefill, decode, cascade):
+    """The kind of a step from its request counts and whether cascade ran it."""
     if cascade:
         return "cascade"
     if prefill == 0:
@@ -27,7 +40,8 @@ def _kind(prefill, decode, cascade):
     return "mixed"
 
 
-def _quantile(sorted_vals, q):
+def quantile(sorted_vals, q):
+    """Linear-interpolated quantile of an ascending list (q in [0, 1])."""
     if not sorted_vals:
         return float("nan")
     pos = q * (len(sorted_vals) - 1)
@@ -36,60 +50,145 @@ def _quantile(sorted_vals, q):
     return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
 
 
-def table(con, base, runs):
-    """Rows (run, backend, kind, steps, median, p90, wins, gather share) for the Markdown table."""
+def open_db(path):
+    if not os.path.isfile(path):
+        raise InputError("%s: no such file" % path)
+    try:
+        con = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
+        con.execute("SELECT count(*) FROM steps").fetchone()
+        con.execute("SELECT id, trace, trace_hash, backend, device, layers, status FROM runs LIMIT 1").fetchall()
+    except sqlite3.Error as e:
+        raise InputError("%s: not an attnreplay database (%s)" % (path, e))
+    return con
+
+
+RUN_COLS = ("id", "trace", "trace_hash", "backend", "device", "layers", "status")
+
+
+def get_run(con, path, run_id):
+    """The run `run_id` of the database (None: its newest) as a dict of RUN_COLS."""
+    cols = ", ".join(RUN_COLS)
+    if run_id is None:
+        row = con.execute("SELECT %s FROM runs ORDER BY id DESC LIMIT 1" % cols).fetchone()
+    else:
+        row = con.execute("SELECT %s FROM runs WHERE id = ?" % cols, (run_id,)).fetchone()
+    if row is None:
+        raise InputError("%s: %s" % (path, "no runs" if run_id is None else "no run %d" % run_id))
+    return dict(zip(RUN_COLS, row))
+
+
+def load_steps(con, run):
+    """{step: (num_prefill_reqs, num_decode_reqs, cascade, time_us, pass)} of the run's timed steps."""
+    return {r[0]: r[1:] for r in con.execute(
+        "SELECT step, num_prefill_reqs, num_decode_reqs, cascade, time_us, pass FROM steps "
+        "WHERE run = ? AND time_us > 0", (run,))}
+
+
+def ratio_rows(base_steps, run_steps):
+    """Rows (kind, paired, total, median, p10, p90, wins, failed_base, failed_run) for each kind with
+    steps, then 'all'.  total = sum of the run's times / sum of the base's over the paired steps."""
+    groups = {k: [] for k in KINDS}
+    failed = {k: [0, 0] for k in KINDS}
+    for step, b in base_steps.items():
+        r = run_steps.get(step)
+        if r is None:
+            continue
+        kind = step_kind(b[0], b[1], b[2] or r[2])
+        if b[4] == 0 or r[4] == 0:
+            failed[kind][0] += b[4] == 0
+            failed[kind][1] += r[4] == 0
+            continue
+        groups[kind].append((r[3] / b[3], b[3], r[3]))
     rows = []
-    base_steps = {s: (p, d, c, t) for s, p, d, c, t in con.execute(
-        "SELECT step, num_prefill_reqs, num_decode_reqs, cascade, time_us FROM steps "
-        "WHERE run=? AND pass=1 AND time_us > 0", (base,))}
-    for run in runs:
-        backend = con.execute("SELECT backend FROM runs WHERE id=?", (run,)).fetchone()[0]
-        ratios = {k: [] for k in KINDS}
-        for s, t in con.execute("SELECT step, time_us FROM steps WHERE run=? AND pass=1 AND time_us > 0", (run,)):
-            if s not in base_steps:
-                continue
-            p, d, c, tb = base_steps[s]
-            r = t / tb
-            ratios[_kind(p, d, c)].append(r)
-            ratios["all"].append(r)
-        total, gather = con.execute(
-            "SELECT sum(time_us), sum(CASE WHEN name='gather' THEN time_us ELSE 0 END) FROM kernels "
-            "WHERE run=? AND layer >= 0", (run,)).fetchone()
-        share = (gather / total) if total and gather else None
-        for k in KINDS:
-            v = sorted(ratios[k])
-            if not v:
-                continue
-            wins = sum(1 for x in v if x < 1.0) / len(v)
-            rows.append((run, backend, k, len(v), _quantile(v, 0.5), _quantile(v, 0.9), wins, share))
+    for kind in KINDS + ("all",):
+        items = [x for k in KINDS for x in groups[k]] if kind == "all" else groups[kind]
+        fb = sum(failed[k][0] for k in KINDS) if kind == "all" else failed[kind][0]
+        fr = sum(failed[k][1] for k in KINDS) if kind == "all" else failed[kind][1]
+        if not items and not (fb or fr):
+            continue
+        v = sorted(x[0] for x in items)
+        total = sum(x[2] for x in items) / sum(x[1] for x in items) if items else float("nan")
+        wins = sum(1 for x in v if x < 1.0) / len(v) if v else float("nan")
+        rows.append((kind, len(v), total, quantile(v, 0.5), quantile(v, 0.1), quantile(v, 0.9), wins, fb, fr))
     return rows
 
 
+def gather_share(con, run):
+    """The share of the run's timed marks that went to a 'gather' (K/V copied out of the paged
+    cache by an adapter before its kernel), or None."""
+    total, gather = con.execute(
+        "SELECT sum(time_us), sum(CASE WHEN name='gather' THEN time_us ELSE 0 END) FROM kernels "
+        "WHERE run=? AND layer >= 0", (run,)).fetchone()
+    return (gather / total) if total and gather else None
+
+
+def compare(db, base_id=None, run_ids=None, runs_db=None):
+    """(base run, [(run, rows, gather share)]) or InputError."""
+    con = open_db(db)
+    base = get_run(con, db, base_id)
+    other_path = runs_db or db
+    other = open_db(runs_db) if runs_db else con
+    if run_ids:
+        runs = [get_run(other, other_path, r) for r in run_ids]
+    else:
+        ids = [r for (r,) in other.execute("SELECT id FROM runs WHERE trace_hash = ? ORDER BY id",
+                                           (base["trace_hash"],))
+               if runs_db or r != base["id"]]
+        if not ids:
+            raise InputError("%s: no other run of the base's trace (%s)" % (other_path, base["trace"]))
+        runs = [get_run(other, other_path, r) for r in ids]
+    base_steps = load_steps(con, base["id"])
+    out = []
+    for run in runs:
+        where = "%s run %d" % (other_path, run["id"])
+        if run["trace_hash"] != base["trace_hash"]:
+            raise InputError("%s (%s) replayed another trace than the base, %s run %d (%s): trace_hash differs"
+                             % (where, run["trace"], db, base["id"], base["trace"]))
+        if run["layers"] != base["layers"]:
+            raise InputError("%s timed %s layers, the base (%s run %d) %s: per-step times are not comparable"
+                             % (where, run["layers"], db, base["id"], base["layers"]))
+        rows = ratio_rows(base_steps, load_steps(other, run["id"]))
+        if not rows:
+            raise InputError("%s and the base (%s run %d): no step timed by both" % (where, db, base["id"]))
+        out.append((run, rows, gather_share(other, run["id"])))
+    return base, out
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="attnreplay-py ratios", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("db")
-    ap.add_argument("--base", type=int, required=True, help="run id everything is compared with")
-    ap.add_argument("--run", type=int, action="append", help="run ids (default: every other run of the trace)")
+    ap.add_argument("--base", type=int, help="run id of DB everything is compared with (default: its newest run)")
+    ap.add_argument("--run", type=int, action="append",
+                    help="run ids to compare (default: every other run of the base's trace)")
+    ap.add_argument("--runs-in", metavar="DB2", help="read the compared runs from DB2 (default: DB)")
+    ap.add_argument("--text", action="store_true", help="aligned columns instead of a Markdown table")
     a = ap.parse_args(argv)
-    con = sqlite3.connect("file:%s?mode=ro" % a.db, uri=True)
-    base = con.execute("SELECT backend, trace_hash, device FROM runs WHERE id=?", (a.base,)).fetchone()
-    if not base:
-        print("attnreplay-py ratios: %s has no run %d" % (a.db, a.base), file=sys.stderr)
+    try:
+        base, results = compare(a.db, a.base, a.run, a.runs_in)
+    except InputError as e:
+        print("%s: %s" % (PROG, e), file=sys.stderr)
         return 2
-    runs = a.run or [r for (r,) in con.execute("SELECT id FROM runs WHERE trace_hash=? AND id != ? ORDER BY id",
-                                               (base[1], a.base))]
-    for r in runs:
-        row = con.execute("SELECT trace_hash FROM runs WHERE id=?", (r,)).fetchone()
-        if not row or row[0] != base[1]:
-            print("attnreplay-py ratios: run %d is not of the base's trace" % r, file=sys.stderr)
-            return 2
-    print("Base: run %d, %s on %s. Ratio = time(run) / time(base) per verified step; < 1 is faster.\n"
-          % (a.base, base[0], base[2]))
-    print("| run | backend | steps | paired | median | p90 | wins | gather share |")
-    print("|---|---|---|---|---|---|---|---|")
-    for run, backend, kind, n, med, p90, wins, share in table(con, a.base, runs):
-        print("| %d | %s | %s | %d | %.3f | %.3f | %.0f%% | %s |" % (
-            run, backend, kind, n, med, p90, 100 * wins, "%.1f%%" % (100 * share) if share else "-"))
+    print("Base: %s run %d, %s on %s (%s layers, %s), trace %s. Ratio = time(run) / time(base) per step; "
+          "< 1 is faster. Steps failed on either side are not paired.\n"
+          % (a.db, base["id"], base["backend"], base["device"], base["layers"], base["status"], base["trace"]))
+    head = ("run", "backend", "kind", "paired", "total", "median", "p10", "p90", "wins", "failed base / run",
+            "gather share")
+    if a.text:
+        print("%5s %-22s %-8s %6s %7s %7s %7s %7s %5s %9s %7s" % (head[:9] + ("failed b/r", "gather")))
+    else:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+    for run, rows, share in results:
+        share_s = "%.1f%%" % (100 * share) if share else "-"
+        for kind, n, total, med, p10, p90, wins, fb, fr in rows:
+            nums = ["%.3f" % x if n else "-" for x in (total, med, p10, p90)]
+            wins_s = "%.0f%%" % (100 * wins) if n else "-"
+            if a.text:
+                print("%5d %-22s %-8s %6d %7s %7s %7s %7s %5s %9s %7s" % (
+                    run["id"], run["backend"][:22], kind, n, *nums, wins_s, "%d/%d" % (fb, fr), share_s))
+            else:
+                print("| %d | %s | %s | %d | %s | %s | %s | %s | %s | %d / %d | %s |" % (
+                    run["id"], run["backend"], kind, n, *nums, wins_s, fb, fr, share_s))
     return 0
 
 

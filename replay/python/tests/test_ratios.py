@@ -1,0 +1,123 @@
+"""attnreplay-py ratios on real databases: the CPU backend replays sample traces, a copy of the
+database plays a peer with its step times scaled by known factors, and the table must show
+exactly those ratios, the right step kinds and failure counts; bad input exits 2 naming the file."""
+import os
+import shutil
+import sqlite3
+import sys
+import unittest
+
+from helpers import BIN, run, sample, tmpdb
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from attnreplay import ratios  # noqa: E402
+
+
+def replay(db, name, *extra):
+    rc, out = run(["replay", sample(name), "--backend", "cpu", "--db", db, "--layers", "1", "--quiet"] + list(extra),
+                  cmd=[BIN])
+    assert rc == 0, out
+
+
+def table_rows(out):
+    """{(run, kind): [cells]} of a Markdown table printed by ratios."""
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 11 and cells[0].isdigit():
+            rows[(int(cells[0]), cells[2])] = cells
+    return rows
+
+
+@unittest.skipUnless(os.access(BIN, os.X_OK), "%s not built (make)" % BIN)
+class Ratios(unittest.TestCase):
+    def setUp(self):
+        self.mixed = tmpdb(self, "mixed.db")
+        replay(self.mixed, "mixed")
+
+    def peer(self, src, sql):
+        dst = os.path.join(os.path.dirname(src), "peer.db")
+        shutil.copy(src, dst)
+        con = sqlite3.connect(dst)
+        con.executescript(sql)
+        con.commit()
+        con.close()
+        return dst
+
+    def test_known_ratios_by_kind(self):
+        # the peer is 2x slower on decode steps and 4x slower on every other step
+        peer = self.peer(self.mixed, "UPDATE steps SET time_us = time_us * "
+                                     "(CASE WHEN num_prefill_reqs = 0 THEN 2 ELSE 4 END);")
+        base, results = ratios.compare(self.mixed, runs_db=peer)
+        self.assertEqual(len(results), 1)
+        rows = {r[0]: r for r in results[0][1]}
+        con = sqlite3.connect(self.mixed)
+        n, n_decode = con.execute("SELECT count(*), sum(num_prefill_reqs = 0) FROM steps WHERE time_us > 0").fetchone()
+        self.assertGreater(n_decode, 0)
+        self.assertEqual(rows["all"][1], n)
+        self.assertEqual(rows["decode"][1], n_decode)
+        for q in (2, 3, 4, 5):                      # total, median, p10, p90
+            self.assertAlmostEqual(rows["decode"][q], 2.0, places=9)
+            self.assertAlmostEqual(rows["mixed"][q], 4.0, places=9)
+        self.assertEqual(rows["decode"][6], 0.0)    # the peer won no step
+        self.assertEqual(sum(r[1] for k, r in rows.items() if k != "all"), n)
+        self.assertNotIn("cascade", rows)
+        self.assertTrue(2.0 < rows["all"][2] < 4.0)
+
+    def test_cascade_steps_and_percentiles(self):
+        prefix = tmpdb(self, "prefix.db")
+        replay(prefix, "prefix", "--cascade", "on")
+        # step i of the peer takes (1 + i) times the base's: ratios 1..n, so the quantiles are known
+        peer = self.peer(prefix, "UPDATE steps SET time_us = time_us * (1 + step);")
+        rows = {r[0]: r for r in ratios.compare(prefix, runs_db=peer)[1][0][1]}
+        con = sqlite3.connect(prefix)
+        self.assertGreater(con.execute("SELECT sum(cascade) FROM steps").fetchone()[0], 0)
+        self.assertEqual(rows["cascade"][1], con.execute("SELECT sum(cascade) FROM steps").fetchone()[0])
+        want = sorted(1.0 + s for (s,) in con.execute("SELECT step FROM steps WHERE time_us > 0"))
+        self.assertAlmostEqual(rows["all"][3], ratios.quantile(want, 0.5))
+        self.assertAlmostEqual(ratios.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.1), 1.4)
+        self.assertAlmostEqual(ratios.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.9), 4.6)
+
+    def test_failed_steps_not_paired_but_counted(self):
+        peer = self.peer(self.mixed, "UPDATE steps SET pass = 0 WHERE step < 3;")
+        rows = {r[0]: r for r in ratios.compare(self.mixed, runs_db=peer)[1][0][1]}
+        n = sqlite3.connect(self.mixed).execute("SELECT count(*) FROM steps WHERE time_us > 0").fetchone()[0]
+        self.assertEqual(rows["all"][1], n - 3)
+        self.assertEqual((rows["all"][7], rows["all"][8]), (0, 3))
+
+    def test_one_database_and_the_printed_table(self):
+        replay(self.mixed, "mixed")                 # run 2 of the same trace
+        rc, out = run(["ratios", self.mixed, "--base", "1"])
+        self.assertEqual(rc, 0, out)
+        rows = table_rows(out)
+        steps = sqlite3.connect(self.mixed).execute("SELECT count(*) FROM steps WHERE run = 1").fetchone()[0]
+        self.assertEqual(int(rows[(2, "all")][3]), steps)
+        self.assertNotIn((1, "all"), rows)          # the base is not compared with itself
+        rc, out = run(["ratios", self.mixed, "--runs-in", self.mixed, "--base", "1", "--run", "1", "--text"])
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out, r"\n\s+1 cpu\s+all\s+%d\s+1\.000\s+1\.000\s+1\.000\s+1\.000\s+0%%" % steps)
+
+    def test_bad_input_exit_2(self):
+        d = os.path.dirname(self.mixed)
+        other = tmpdb(self, "other.db")
+        replay(other, "chunked")
+        layers = self.peer(self.mixed, "UPDATE runs SET layers = layers + 1;")
+        not_db = os.path.join(d, "not.db")
+        with open(not_db, "w") as f:
+            f.write("plain text\n")
+        for args, message in (
+                ([os.path.join(d, "absent.db")], "absent.db: no such file"),
+                ([not_db], "not.db: not an attnreplay database"),
+                ([self.mixed, "--base", "9"], "mixed.db: no run 9"),
+                ([self.mixed, "--runs-in", self.mixed, "--run", "7"], "mixed.db: no run 7"),
+                ([self.mixed], "no other run of the base's trace"),
+                ([self.mixed, "--runs-in", other, "--run", "1"], "replayed another trace than the base"),
+                ([self.mixed, "--runs-in", layers], "per-step times are not comparable")):
+            rc, out = run(["ratios"] + args)
+            self.assertEqual(rc, 2, "%s: %s" % (args, out))
+            self.assertIn(message, out, args)
+            self.assertNotIn("Traceback", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
