@@ -322,7 +322,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     }
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
     mla_plan plan;
-    int plan_rc = build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits);
+    int plan_rc = ar_mla_build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits);
     /* the decision function: the decode kernel of this step, and its plan */
     s->route = mla_choose(s->caps, s->force_kernel, plan.max_rows, s->fp8, 0);
     if (!plan_rc)
@@ -355,7 +355,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     if (!s->pass_rows || !s->pass_meta_off) {
         free(is_pf);
         free(is_dec);
-        plan_free(&plan);
+        ar_mla_plan_free(&plan);
         snprintf(err, err_len, "cuda-mla backend: out of host memory");
         return 3;
     }
@@ -394,7 +394,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         (rc = mla_ensure(&s->meta, meta_bytes, "metadata buffer", err, err_len))) {
         free(is_pf);
         free(is_dec);
-        plan_free(&plan);
+        ar_mla_plan_free(&plan);
         return rc;
     }
     unsigned char *h = (unsigned char *)s->h_meta;
@@ -435,7 +435,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
                        "metadata upload", err, err_len))) {
         free(is_pf);
         free(is_dec);
-        plan_free(&plan);
+        ar_mla_plan_free(&plan);
         return rc;
     }
     unsigned char *d = (unsigned char *)s->meta.ptr;
@@ -478,7 +478,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         (rc = mla_ensure_host(&s->h_out, &s->h_out_cap, out_need + lse_need, err, err_len))) {
         free(is_pf);
         free(is_dec);
-        plan_free(&plan);
+        ar_mla_plan_free(&plan);
         return rc;
     }
     s->out_bytes = out_payload;
@@ -496,7 +496,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     if ((rc = mla_fail(cudaGetLastError(), "guard set-up", err, err_len))) {
         free(is_pf);
         free(is_dec);
-        plan_free(&plan);
+        ar_mla_plan_free(&plan);
         return rc;
     }
     s->R = R;
@@ -521,7 +521,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->step_ready = 1;
     free(is_pf);
     free(is_dec);
-    plan_free(&plan);
+    ar_mla_plan_free(&plan);
     return 0;
 }
 

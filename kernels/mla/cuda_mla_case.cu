@@ -247,13 +247,13 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
             h_bt[(int64_t)b * bpr + k] = c->contiguous_blocks ? 1 + b * bpr + k : ar_cuda_mla_case_block(b, k, bpr, num_blocks);
     for (int t = 0; t < T; t++) h_treq[t] = t / SQ;
     int rc = 0;
-    if (build_plan(&plan, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0, num_sms, c->num_splits)) {
+    if (ar_mla_build_plan(&plan, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0, num_sms, c->num_splits)) {
         snprintf(err, err_len, "cuda-mla case: out of host memory");
         rc = 3;
     }
     const mla_route route = mla_choose(caps, c->kernel, plan.max_rows, fp8, c->stages);
     const bool use_tc = route.kind != MLA_SIMT;
-    /* a lab kernel runs one piece a CTA: build_plan's plan, not the route's persistent one */
+    /* a lab kernel runs one piece a CTA: ar_mla_build_plan's plan, not the route's persistent one */
     if (!rc && !lab && mla_replan(&plan, route, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0, num_sms, c->num_splits)) {
         snprintf(err, err_len, "cuda-mla case: out of host memory");
         rc = 3;
@@ -452,7 +452,7 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
         res->stages = route.stages;
         res->kernel_name = lab ? lab->name : route.tensor_map && !tmap_arg ? "tc-wgmma (cp.async)" : route.name;
     }
-    plan_free(&plan);
+    ar_mla_plan_free(&plan);
     free(h_qsl);
     free(h_bt);
     free(h_treq);

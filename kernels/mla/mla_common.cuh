@@ -14,39 +14,25 @@
 
 #include "../../reference/mla_ref.h"
 #include "../../replay/backend.h"
+#include "mla_plan.h"
 
 namespace ar_mla {
 
 constexpr int D = 576;          /* latent cache entry: kv_lora_rank + rope dim */
 constexpr int DL = 512;         /* kv_lora_rank: latent part, = values of the latent attention */
 constexpr int DR = 64;          /* qk_rope_head_dim */
-constexpr int ROWS = 64;        /* rows of one CTA tile (query token, head) */
-constexpr int KEYS = 32;        /* keys per shared-memory tile */
+constexpr int ROWS = AR_MLA_PLAN_ROWS; /* rows of one CTA tile (query token, head) */
+constexpr int KEYS = AR_MLA_PLAN_KEYS; /* keys per shared-memory tile (and the planner's key tile) */
 constexpr int STRIDE = D + 8;   /* shared row stride in 16-bit elements (conflict-free fragments) */
 constexpr int THREADS = 256;    /* 8 warps */
 constexpr int SIMT_THREADS = 128; /* the SIMT kernels (decode fallback, prefill attention) */
 constexpr int SIMT_CHUNK = 128;   /* keys a SIMT CTA scores at once */
 constexpr int PAIRS_MIN_BLOCK = 32; /* attn_wgmma_pairs_kernel: two 32-key TMA boxes a 64-dim atom */
 
-/* One CTA of the latent attention: rows row0 .. row0 + 63 of request req (row = i * H + n),
- * keys [key_begin, key_end) (key_begin a multiple of KEYS). */
-struct work_item {
-    int req;
-    int row0;
-    int key_begin;
-    int key_end;
-    int partial;        /* -1: write o_lat / lse; else the partial slot of this piece */
-    int next;           /* persistent plans: the CTA's next piece, -1 none (else unused) */
-    int pad1, pad2;
-};
-
-/* Pieces first_partial .. + count - 1 of one row tile, merged by the combine kernel. */
-struct combine_group {
-    int req;
-    int row0;
-    int first_partial;
-    int count;
-};
+/* The planner's items as the kernels read them (mla_plan.h: plain C, so that the plans are
+ * tested without a GPU). */
+typedef ar_mla_work_item work_item;
+typedef ar_mla_combine_group combine_group;
 
 struct attn_args {
     const void *q;              /* [T, H, 576] compute dtype bits: [ql_nope (512) | q_pe (64)] */

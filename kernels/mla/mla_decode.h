@@ -1,6 +1,6 @@
 /* mla_decode.h - the host side of the cuda-mla backend's decode launch (mla_decode.cu): what the
- * device can run, the decision function that picks the kernel, the planner that cuts the work
- * into CTAs, and the launch.  Shared by the backend (cuda_mla.cu), the test hook
+ * device can run, the decision function that picks the kernel, the plan of its route (the
+ * planner itself: mla_plan.h, plain C), and the launch.  Shared by the backend (cuda_mla.cu), the test hook
  * (cuda_mla_case.cu) and kernels/lab/; C++ (nvcc) only.
  *
  * The decision (mla_choose), by rows a request (query tokens x heads) and the device:
@@ -90,7 +90,7 @@ typedef struct mla_route {
     int stages;         /* key-ring slots: attn_tc_kernel 2 or 3, attn_narrow_kernel 2 or 4, 2 for
                            the bulk and wgmma kernels, 0 for SIMT */
     int ctas_per_sm;    /* the planner aims at this many CTAs per SM */
-    bool persistent;    /* the persistent plan (build_plan_persistent) */
+    bool persistent;    /* the persistent plan (ar_mla_build_plan_persistent) */
     bool combine_rows;  /* split pieces merged by combine_rows_kernel (else combine_kernel) */
     int rows_t;         /* MLA_WGMMA with at most 16 (or 32) rows a request: 16 (32), the transposed
                            attn_wgmma16_kernel<., rows_t> where the tensor map is made; else 0 */
@@ -117,30 +117,14 @@ static inline bool mla_wgmma_cpasync(const mla_route &r, int block_size, bool ha
  * ring (tests), 0 no cap. */
 mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_rows, bool fp8_cache, int stages_cap);
 
-/* ---- the planner: work items of 64 (or 16) rows and a key range, split to fill the SMs ---- */
+/* ---- the plan: work items of 64 rows and a key range, split to fill the SMs (mla_plan.h) ---- */
 
-typedef struct mla_plan {
-    work_item *work;
-    combine_group *groups;
-    int num_work, num_groups, num_partials;
-    int num_ctas;       /* CTAs of the launch: num_work, or fewer for a persistent plan */
-    int max_rows;       /* most rows (q_len * H) of a planned request */
-} mla_plan;
+typedef ar_mla_plan mla_plan;   /* mla_plan.h: ar_mla_build_plan, ar_mla_build_plan_persistent */
 
-void plan_free(mla_plan *p);
-
-/* Row tiles of ROWS rows per request, each cut into key pieces so that the launch fills num_sms
- * SMs (FlashMLA-like: payload per SM = total / SMs, pieces of at least 4 key tiles), sorted
- * longest first; force_splits N >= 1 cuts every row tile into <= N pieces instead.  R requests;
- * qsl [R + 1], seq_lens [R]; include[r] != 0 selects the requests to plan (NULL: all); H heads;
- * extra: 1 with the causal off-by-one fault.  0 ok, -1 out of memory. */
-int build_plan(mla_plan *p, int R, const int *qsl, const int *seq_lens, const unsigned char *include, int H,
-               int causal, int extra, int num_sms, int force_splits);
-
-/* The plan of a route in place of p (built by build_plan with num_sms): the persistent plan over
- * ctas_per_sm x SMs CTAs, or build_plan aiming at that many CTAs; p unchanged when the route
- * needs neither or the split count is forced.  Same arguments as build_plan; 0 ok, -1 out of
- * memory. */
+/* The plan of a route in place of p (built by ar_mla_build_plan with num_sms): the persistent
+ * plan over ctas_per_sm x SMs CTAs, or ar_mla_build_plan aiming at that many CTAs; p unchanged
+ * when the route needs neither or the split count is forced.  Same arguments as
+ * ar_mla_build_plan; 0 ok, -1 out of memory. */
 int mla_replan(mla_plan *p, const mla_route &route, int R, const int *qsl, const int *seq_lens,
                const unsigned char *include, int H, int causal, int extra, int num_sms, int force_splits);
 

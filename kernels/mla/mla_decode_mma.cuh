@@ -624,7 +624,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
  *     waits on): no per-thread copies;
  *   - a ring of 2 slots at 2 CTAs per SM (128 registers), so one CTA's loads overlap the other's
  *     compute;
- *   - a persistent plan (build_plan_persistent): the CTA runs work[blockIdx.x] and then the
+ *   - a persistent plan (ar_mla_build_plan_persistent): the CTA runs work[blockIdx.x] and then the
  *     chain of work[].next (always to a later index: anything else ends the chain, so a plan
  *     without chains cannot loop); gtile counts the key tiles of the CTA's earlier pieces, so
  *     ring slot and mbarrier phase run on across pieces.

@@ -1,0 +1,81 @@
+/* mla_plan.h - the cuda-mla decode planner: how a launch's rows (query token x head) and keys
+ * are cut into the CTAs of the latent attention and the combine that merges cut pieces.
+ *
+ * A request's rows are taken ROWS (64) at a time ("row tiles"); a row tile's keys, in tiles of
+ * KEYS (32) keys, are its own or cut into key pieces, each one work item (a CTA's task), and a
+ * row tile cut into several pieces becomes a combine group whose partial outputs the combine
+ * kernel merges.  Two plans:
+ *   - ar_mla_build_plan: one piece a CTA; row tiles cut into pieces of total / SMs key tiles
+ *     (FlashMLA's payload per SM, at least 4 tiles) only where list scheduling says the cut
+ *     finishes sooner, or into force_splits pieces; longest first;
+ *   - ar_mla_build_plan_persistent: the row tiles' key tiles in request order cut into num_ctas
+ *     runs of equal length; CTA c runs the pieces of run c one after another (work[c], then the
+ *     chain of work[].next).
+ * Plain C, host only, so that tests/test_mla_plan.c checks the plans without a GPU; the kernels
+ * (mla_common.cuh: work_item, combine_group) read the items exactly as laid out here, and
+ * mla_replan (mla_decode.h) picks the plan of a kernel route. */
+#ifndef AR_MLA_PLAN_H
+#define AR_MLA_PLAN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AR_MLA_PLAN_ROWS 64   /* rows of one CTA tile (query token, head); row = token * H + head */
+#define AR_MLA_PLAN_KEYS 32   /* keys of one key tile; pieces start at multiples of it */
+
+/* One CTA of the latent attention: rows row0 .. row0 + 63 of request req, keys [key_begin,
+ * key_end) (key_begin a multiple of AR_MLA_PLAN_KEYS). */
+typedef struct ar_mla_work_item {
+    int req;
+    int row0;
+    int key_begin;
+    int key_end;
+    int partial;        /* -1: write o_lat / lse; else the partial slot of this piece */
+    int next;           /* persistent plans: the CTA's next piece, -1 none (else unused) */
+    int pad1, pad2;
+} ar_mla_work_item;
+
+/* Pieces first_partial .. + count - 1 of one row tile, merged by the combine kernel. */
+typedef struct ar_mla_combine_group {
+    int req;
+    int row0;
+    int first_partial;
+    int count;
+} ar_mla_combine_group;
+
+typedef struct ar_mla_plan {
+    ar_mla_work_item *work;         /* [num_work] */
+    ar_mla_combine_group *groups;   /* [num_groups] */
+    int num_work, num_groups, num_partials;
+    int num_ctas;       /* CTAs of the launch: num_work, or fewer for a persistent plan */
+    int max_rows;       /* most rows (q_len * H) of a planned request */
+} ar_mla_plan;
+
+/* Frees the plan's arrays and zeroes it (a zeroed plan may be freed again). */
+void ar_mla_plan_free(ar_mla_plan *p);
+
+/* Row tiles of each request, each cut into key pieces so that the launch fills num_sms SMs,
+ * sorted longest first (see the file comment); force_splits N >= 1 cuts every row tile into at
+ * most N pieces instead.  R requests; qsl [R + 1] (query_start_loc), seq_lens [R]; include[r]
+ * != 0 selects the requests to plan (NULL: all); H heads; causal 1: a query token sees the keys
+ * up to its own position (seq_len - q_len + i); extra: 1 with the causal off-by-one fault.
+ * 0 ok, -1 out of memory (p then zeroed). */
+int ar_mla_build_plan(ar_mla_plan *p, int R, const int *qsl, const int *seq_lens, const unsigned char *include,
+                      int H, int causal, int extra, int num_sms, int force_splits);
+
+/* The persistent plan over num_ctas CTAs (see the file comment): every CTA gets the same number
+ * of key tiles, ceil(total / num_ctas), the last one the rest; a row tile cut at a run boundary
+ * becomes pieces merged by the combine; row tiles without a visible key ride with the run being
+ * filled.  num_ctas of the result may be fewer than asked (rounding).  Same arguments and
+ * return as ar_mla_build_plan. */
+int ar_mla_build_plan_persistent(ar_mla_plan *p, int R, const int *qsl, const int *seq_lens,
+                                 const unsigned char *include, int H, int causal, int extra, int num_ctas);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
