@@ -121,6 +121,7 @@ static int64_t check_coverage(const batch *b, const ar_mla_plan *p)
     for (int k = 0; k < p->num_groups; k++) assert_int_equal(group_seen[k], 1);
     for (int k = 0; k < p->num_partials; k++) assert_int_equal(partial_seen[k], 1);
     assert_int_equal(p->max_rows, max_rows);
+    assert_int_equal(p->total_tiles, total);
     free(sorted);
     free(partial_seen);
     free(group_seen);

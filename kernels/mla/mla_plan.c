@@ -241,6 +241,7 @@ int ar_mla_build_plan(ar_mla_plan *p, int R, const int *qsl, const int *seq_lens
     p->num_groups = (int)n_groups;
     p->num_partials = (int)n_partials;
     p->max_rows = max_rows;
+    p->total_tiles = total_tiles;
     return 0;
 }
 
@@ -335,6 +336,7 @@ int ar_mla_build_plan_persistent(ar_mla_plan *p, int R, const int *qsl, const in
     p->num_groups = n_groups;
     p->num_partials = n_partials;
     p->max_rows = max_rows;
+    p->total_tiles = total_tiles;
     return 0;
 }
 

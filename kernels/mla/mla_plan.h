@@ -52,6 +52,7 @@ typedef struct ar_mla_plan {
     int num_work, num_groups, num_partials;
     int num_ctas;       /* CTAs of the launch: num_work, or fewer for a persistent plan */
     int max_rows;       /* most rows (q_len * H) of a planned request */
+    int64_t total_tiles; /* key tiles of all the row tiles (AR_MLA_PLAN_KEYS keys each, rounded up a row tile) */
 } ar_mla_plan;
 
 /* Frees the plan's arrays and zeroes it (a zeroed plan may be freed again). */
