@@ -83,17 +83,7 @@ static ar_run_config mla_cfg(int heads, int block_size, int num_blocks, ar_dtype
 {
     ar_run_config c;
     memset(&c, 0, sizeof c);
-    snprintf(c.model.name, sizeof c.model.name, "deepseek-v3-test");
-    c.model.attention = AR_ATTN_MLA;
-    c.model.num_layers = 1;
-    c.model.num_q_heads = heads;
-    c.model.num_kv_heads = 1;
-    c.model.head_size = 576;
-    c.model.kv_lora_rank = 512;
-    c.model.qk_rope_head_dim = 64;
-    c.model.qk_nope_head_dim = 128;
-    c.model.v_head_dim = 128;
-    c.model.scale = AR_MLA_DEEPSEEK_SCALE;
+    tu_mla_model(&c.model, "deepseek-v3-test", heads, 1);
     c.block_size = block_size;
     c.num_blocks = num_blocks;
     c.dtype = dt;

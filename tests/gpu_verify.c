@@ -85,13 +85,7 @@ static ar_run_config mha_cfg(int hq, int hkv, int d, ar_dtype dt, int window, do
 static ar_run_config mla_cfg(int heads, int block_size, ar_dtype dt, ar_dtype kv_dt, double kv_scale)
 {
     ar_run_config c = casc_cfg(heads, 1, 576, 2048, dt, 0);
-    snprintf(c.model.name, sizeof c.model.name, "deepseek-v3-test");
-    c.model.attention = AR_ATTN_MLA;
-    c.model.kv_lora_rank = 512;
-    c.model.qk_rope_head_dim = 64;
-    c.model.qk_nope_head_dim = 128;
-    c.model.v_head_dim = 128;
-    c.model.scale = AR_MLA_DEEPSEEK_SCALE;
+    tu_mla_model(&c.model, "deepseek-v3-test", heads, 1);   /* casc_cfg's one layer */
     c.block_size = block_size;
     c.kv_dtype = kv_dt;
     c.kv_scale = kv_scale;

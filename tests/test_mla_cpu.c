@@ -125,17 +125,7 @@ static ar_run_config mla_cfg(int heads, ar_dtype dt, ar_dtype kv_dt, int block_s
 {
     ar_run_config c;
     memset(&c, 0, sizeof c);
-    snprintf(c.model.name, sizeof c.model.name, "deepseek-test");
-    c.model.attention = AR_ATTN_MLA;
-    c.model.num_layers = 2;
-    c.model.num_q_heads = heads;
-    c.model.num_kv_heads = 1;
-    c.model.head_size = 576;
-    c.model.kv_lora_rank = 512;
-    c.model.qk_rope_head_dim = 64;
-    c.model.qk_nope_head_dim = 128;
-    c.model.v_head_dim = 128;
-    c.model.scale = AR_MLA_DEEPSEEK_SCALE;
+    tu_mla_model(&c.model, "deepseek-test", heads, 2);
     c.block_size = block_size;
     c.num_blocks = 64;
     c.dtype = dt;

@@ -10,6 +10,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "../reference/mla_ref.h"
+#include "../traces/trace.h"
 #include <zlib.h>
 
 static char tmp_root[PATH_MAX];
@@ -197,4 +200,20 @@ int tu_run_gpu_tests(const char *group, struct CMUnitTest *tests, size_t n)
     const char *only = getenv("AR_GPU_ONLY");
     if (only && *only) cmocka_set_test_filter(only);
     return _cmocka_run_group_tests(group, tests, tu_gpu_shard(tests, n), NULL, NULL);
+}
+
+void tu_mla_model(struct ar_model *m, const char *name, int heads, int layers)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->attention = AR_ATTN_MLA;
+    m->num_layers = layers;
+    m->num_q_heads = heads;
+    m->num_kv_heads = 1;
+    m->head_size = 576;
+    m->kv_lora_rank = 512;
+    m->qk_rope_head_dim = 64;
+    m->qk_nope_head_dim = 128;
+    m->v_head_dim = 128;
+    m->scale = AR_MLA_DEEPSEEK_SCALE;
 }

@@ -40,6 +40,12 @@ int64_t tu_query_int(const char *db, const char *sql);
 /* The first column of the first row as text ("" when none). */
 void tu_query_text(const char *db, const char *sql, char *out, size_t len);
 
+/* DeepSeek-V3's MLA attention (one latent KV head of 576 = 512 + 64 rope dims, nope 128, v 128,
+ * its softmax scale) with `heads` query heads and `layers` layers, named `name`, in *m (an
+ * ar_model of traces/trace.h; the test's config holds it). */
+struct ar_model;
+void tu_mla_model(struct ar_model *m, const char *name, int heads, int layers);
+
 /* Keeps only this process's share of tests [n] when AR_GPU_SHARD=K/N is set (the tests whose
  * index i has i % N == K, in order; compacted in place) and returns how many remain; n when
  * unset or malformed.  Lets tests/gpu_sanitize.sh split a slow (binary, tool) pair over N
