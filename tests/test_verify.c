@@ -164,19 +164,12 @@ static void one_req_make(one_req *o, bool mla, int hq, int hkv, int d, int ctx, 
 {
     memset(o, 0, sizeof *o);
     ar_model *m = &o->cfg.model;
-    snprintf(m->name, sizeof m->name, "verify-test");
-    m->num_layers = 1;
-    m->num_q_heads = hq;
     if (mla) {
-        m->attention = AR_ATTN_MLA;
-        m->num_kv_heads = 1;
-        m->head_size = 576;
-        m->kv_lora_rank = 512;
-        m->qk_rope_head_dim = 64;
-        m->qk_nope_head_dim = 128;
-        m->v_head_dim = 128;
-        m->scale = 0.1352338;
+        tu_mla_model(m, "verify-test", hq, 1);
     } else {
+        snprintf(m->name, sizeof m->name, "verify-test");
+        m->num_layers = 1;
+        m->num_q_heads = hq;
         m->attention = AR_ATTN_MHA;
         m->num_kv_heads = hkv;
         m->head_size = d;
