@@ -63,6 +63,7 @@
 #include <type_traits>
 
 #include "../../replay/backend.h"
+#include "attn_plan.h"
 
 #define AR_CFG_PREFILL 0        /* mma.sync, any head size (the fallback) */
 #define AR_CFG_DECODE 1         /* mma.sync, every (request, KV head) within 16 rows */
@@ -72,28 +73,8 @@
                                    CTA per request (every KV head), whole cache blocks copied by
                                    TMA (cuda_attn_decode_tma.cuh) */
 #define AR_CFG_COUNT 4
-#define AR_MAX_SPLITS 64
-
-/* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
-typedef struct ar_attn_work {
-    int req;
-    int kv_head;
-    int pair0;
-    int tile_begin, tile_end;   /* key tiles [begin, end) of BLOCK_N keys */
-    int partial;                /* -1: write out/lse; else this split's partial slot */
-    int partial_stride;         /* DECODE_TMA pieces (one item, every KV head): KV head h writes
-                                   partial slot partial + h x partial_stride; 0 elsewhere */
-} ar_attn_work;
-
-/* One split-KV group for the combine kernel: partials first .. first + count - 1. */
-typedef struct ar_combine_group {
-    int req;
-    int kv_head;
-    int pair0;
-    int first_partial;
-    int count;
-    int pad_[3];
-} ar_combine_group;
+/* AR_MAX_SPLITS, ar_attn_work (one CTA's job) and ar_combine_group (a split-KV group of the
+ * combine kernel): attn_plan.h, plain C, so that the planner's items are tested without a GPU. */
 
 typedef struct ar_attn_args {
     const void *q;              /* [num_tokens, Hq, head_size] dtype */

@@ -1,7 +1,8 @@
 /* cuda_plan.cuh - the "cuda" backend's decision function: build_plan picks the kernel of each
- * attention launch (the configs of cuda_attn.cuh) and cuts its work into split-KV pieces.
- * Part of cuda_backend.cu's translation unit (included once, after cuda_state), kept apart so
- * that the rule and its measurements read in one place.
+ * attention launch (the configs of cuda_attn.cuh) and its split count, and has its work cut
+ * into split-KV pieces (the items, the cut and the split rules themselves are attn_plan.c's,
+ * plain C, tested without a GPU).  Part of cuda_backend.cu's translation unit (included once,
+ * after cuda_state), kept apart so that the rule and its measurements read in one place.
  *
  * Which kernel runs a launch: decode launches (one query token per request) of at least half as
  * many requests as SMs with every context at most 16k keys, or of at least 0.9 x SMs requests,
@@ -77,71 +78,9 @@ ar_attn_geom ar_attn_geometry(int config, int hd)
     return geom_of<DecodeG256>();
 }
 
-/* See this file's comment: FlashAttention's 85%-of-best-wave-efficiency rule for an under-filled
- * launch, and the tail rule for an over-filled one with few waves. */
-static int choose_num_splits(int num_ctas, int max_units, int slots)
-{
-    if (num_ctas <= 0 || max_units <= 1 || slots <= 0) return 1;
-    int max_s = AR_MAX_SPLITS;
-    if (max_s > slots) max_s = slots;
-    if (max_s > max_units) max_s = max_units;
-    if ((double)num_ctas >= 0.8 * slots) {
-        /* tail rule: time ~ ceil(C s / S_slots) / s (waves of unsplit work) */
-        if ((double)num_ctas >= 4.0 * slots) return 1;
-        double cost[9], best = 1e30;
-        int top = max_s < 8 ? max_s : 8;
-        for (int s = 1; s <= top; s++) {
-            cost[s] = ceil((double)num_ctas * s / slots) / s;
-            if (cost[s] < best) best = cost[s];
-        }
-        for (int s = 1; s <= top; s++)
-            if (cost[s] <= 1.05 * best) return s;
-        return 1;
-    }
-    double eff[AR_MAX_SPLITS + 1];
-    double best = 0.0;
-    for (int s = 1; s <= max_s; s++) {
-        eff[s] = 0.0;
-        if (s > 1 && (max_units + s - 1) / s == (max_units + s - 2) / (s - 1)) continue;
-        double waves = (double)num_ctas * s / slots;
-        eff[s] = waves / ceil(waves);
-        if (eff[s] > best) best = eff[s];
-    }
-    for (int s = 1; s <= max_s; s++)
-        if (eff[s] >= 0.85 * best) return s;
-    return 1;
-}
-
-/* The cascade prefix pass: one sequence, so every unsplit item has the same length and the
- * time is ~ ceil(C s / S_slots) / s waves of unsplit work.  Take the smallest s within 5% of
- * the best over s <= 64 (no split from 4 waves of unsplit work up), with pieces of at least 2
- * key-tile units (the Q tile load and the partial write are amortised) - e.g. C = 32 items on 264 slots: s = 8 (256 CTAs, one wave)
- * where the FlashAttention rule took 7 (224 CTAs: 15% of the slots idle, 14% longer pieces). */
-static int choose_prefix_splits(int num_ctas, int max_units, int slots)
-{
-    if (num_ctas <= 0 || max_units <= 1 || slots <= 0 || num_ctas >= 4 * slots) return 1;
-    int max_s = max_units / 2;
-    if (max_s > AR_MAX_SPLITS) max_s = AR_MAX_SPLITS;
-    if (max_s < 1) return 1;
-    double best = 1e30;
-    for (int s = 1; s <= max_s; s++) {
-        double cost = ceil((double)num_ctas * s / slots) / s;
-        if (cost < best) best = cost;
-    }
-    for (int s = 1; s <= max_s; s++)
-        if (ceil((double)num_ctas * s / slots) / s <= 1.05 * best) return s;
-    return 1;
-}
-
-static int cmp_work_desc(const void *pa, const void *pb)
-{
-    const ar_attn_work *a = (const ar_attn_work *)pa, *b = (const ar_attn_work *)pb;
-    int la = a->tile_end - a->tile_begin, lb = b->tile_end - b->tile_begin;
-    if (la != lb) return lb - la;
-    if (a->req != b->req) return a->req - b->req;
-    if (a->kv_head != b->kv_head) return a->kv_head - b->kv_head;
-    return a->pair0 - b->pair0;
-}
+/* The split rules (ar_attn_split_count: FlashAttention's 85% rule and the tail rule;
+ * ar_attn_prefix_split_count: the cascade prefix pass), the items and their cut into pieces are
+ * attn_plan.c's, plain C. */
 
 /* One attention launch's plan: geometry, split count and the work list (host, malloc'd). */
 typedef struct pass_plan {
@@ -159,6 +98,19 @@ static void pass_plan_free(pass_plan *pl)
     free(pl->work);
     free(pl->groups);
     memset(pl, 0, sizeof *pl);
+}
+
+/* The plan of a launch: its config, geometry and split count, and the pieces (taken over). */
+static void pass_plan_take(pass_plan *pl, int config, ar_attn_geom geom, int splits, const ar_attn_pieces *pc)
+{
+    pl->config = config;
+    pl->geom = geom;
+    pl->num_splits = splits;
+    pl->num_work = pc->num_work;
+    pl->num_groups = pc->num_groups;
+    pl->num_partials = pc->num_partials;
+    pl->work = pc->work;
+    pl->groups = pc->groups;
 }
 
 /* AR_CFG_DECODE_TMA (cuda_attn_decode_tma.cuh) can run this launch: Hopper with tensor maps,
@@ -234,7 +186,7 @@ static int decode_tma_splits(const cuda_state *s, int R, int max_seq, int max_bl
     else if (force_splits <= 0 && s->decode_tma_splits > 0) n = s->decode_tma_splits;
     else if (force_splits <= 0 && force_config < 0 &&
              (s->kv_fp8 || (s->decode_tma_all && !decode_tma_rule(s, R, max_seq))))
-        n = choose_num_splits(R, max_blocks, s->num_sms * s->ctas_per_sm[AR_CFG_DECODE_TMA]);
+        n = ar_attn_split_count(R, max_blocks, s->num_sms * s->ctas_per_sm[AR_CFG_DECODE_TMA]);
     return n < 1 ? 1 : n > AR_MAX_SPLITS ? AR_MAX_SPLITS : n;
 }
 
@@ -266,7 +218,7 @@ static int wg_l2_order(const cuda_state *s, int R, const int *seq_lens, int conf
             memcpy(copy, work, (size_t)n * sizeof *copy);
             for (int64_t i = 0; i < n; i++) work[i] = copy[order[i]];
         } else {
-            qsort(work, (size_t)n, sizeof *work, cmp_work_desc);
+            ar_attn_sort_longest_first(work, n);
         }
     }
     free(items);
@@ -302,179 +254,39 @@ static int build_plan(const cuda_state *s, int R, const int *query_start_loc, co
          * h x n for KV head h, and (request, h) is a combine group of the n slots from base + h x n */
         const int window0 = s->cfg.model.sliding_window;
         int max_seq = 0, max_blocks = 0;
-        for (int r = 0; r < R; r++) {
-            int kv_start = window0 > 0 ? seq_lens[r] - window0 : 0;
-            if (kv_start < 0) kv_start = 0;
-            const int blocks = (seq_lens[r] + 15) / 16 - kv_start / 16;
-            if (blocks > max_blocks) max_blocks = blocks;
-            if (seq_lens[r] > max_seq) max_seq = seq_lens[r];
-        }
+        ar_attn_decode_tma_extent(R, query_start_loc, seq_lens, window0, &max_blocks, &max_seq);
         const int splits = decode_tma_splits(s, R, max_seq, max_blocks, force_config, force_splits, flat);
-        const int chunk = splits > 1 ? (max_blocks + splits - 1) / splits : (max_blocks > 0 ? max_blocks : 1);
-        int64_t n_work = 0, n_groups = 0;
-        for (int r = 0; r < R; r++) {
-            if (query_start_loc[r + 1] - query_start_loc[r] != 1) continue;
-            int kv_start = window0 > 0 ? seq_lens[r] - window0 : 0;
-            if (kv_start < 0) kv_start = 0;
-            const int blocks = (seq_lens[r] + 15) / 16 - kv_start / 16;
-            const int pieces = splits > 1 && blocks > chunk ? (blocks + chunk - 1) / chunk : 1;
-            n_work += pieces;
-            if (pieces > 1) n_groups += s->hkv;
-        }
-        ar_attn_work *work = (ar_attn_work *)malloc((size_t)(n_work > 0 ? n_work : 1) * sizeof *work);
-        ar_combine_group *groups = (ar_combine_group *)malloc((size_t)(n_groups > 0 ? n_groups : 1) * sizeof *groups);
-        if (!work || !groups) {
-            free(work);
-            free(groups);
+        ar_attn_pieces pieces;
+        if (ar_attn_decode_tma_items(R, query_start_loc, seq_lens, window0, s->hkv, splits, max_blocks, &pieces))
             return 3;
-        }
-        int64_t n = 0, gi = 0, n_partials = 0;
-        for (int r = 0; r < R; r++) {
-            if (query_start_loc[r + 1] - query_start_loc[r] != 1) continue;
-            int kv_start = window0 > 0 ? seq_lens[r] - window0 : 0;
-            if (kv_start < 0) kv_start = 0;
-            const int begin = kv_start / 16, end = (seq_lens[r] + 15) / 16;
-            const int pieces = splits > 1 && end - begin > chunk ? (end - begin + chunk - 1) / chunk : 1;
-            if (pieces == 1) {
-                ar_attn_work w = {r, 0, 0, begin, end, -1, 0};
-                work[n++] = w;
-                continue;
-            }
-            const int base = (int)n_partials;
-            for (int h = 0; h < s->hkv; h++) {
-                ar_combine_group *g = &groups[gi++];
-                memset(g, 0, sizeof *g);
-                g->req = r;
-                g->kv_head = h;
-                g->pair0 = 0;
-                g->first_partial = base + h * pieces;
-                g->count = pieces;
-            }
-            for (int p = 0; p < pieces; p++) {
-                const int b0 = begin + p * chunk, b1 = b0 + chunk < end ? b0 + chunk : end;
-                ar_attn_work w = {r, 0, 0, b0, b1, base + p, pieces};
-                work[n++] = w;
-            }
-            n_partials += (int64_t)pieces * s->hkv;
-        }
-        qsort(work, (size_t)n, sizeof *work, cmp_work_desc);
-        pl->config = AR_CFG_DECODE_TMA;
-        pl->geom = ar_attn_geometry(AR_CFG_DECODE_TMA, 128);
-        pl->num_splits = splits;
-        pl->num_work = n;
-        pl->num_groups = gi;
-        pl->num_partials = n_partials;
-        pl->work = work;
-        pl->groups = groups;
+        ar_attn_sort_longest_first(pieces.work, pieces.num_work);
+        pass_plan_take(pl, AR_CFG_DECODE_TMA, ar_attn_geometry(AR_CFG_DECODE_TMA, 128), splits, &pieces);
         return 0;
     }
     ar_attn_geom geom = ar_attn_geometry(config, s->template_hd);
-    const int rows = geom.rows, bn = geom.block_n, wn = geom.warps_n;
-    const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
-    const int window = non_causal ? 0 : s->cfg.model.sliding_window;
-
-    /* first pass: unsplit items */
-    int64_t n_items = 0;
-    for (int r = 0; r < R; r++) {
-        int ql = query_start_loc[r + 1] - query_start_loc[r];
-        n_items += (int64_t)s->hkv * ((ql * s->group + rows - 1) / rows);
-    }
-    int max_units = 0;
-    ar_attn_work *items = (ar_attn_work *)malloc((size_t)(n_items > 0 ? n_items : 1) * sizeof *items);
-    if (!items) return 3;
-    int64_t k = 0;
-    for (int r = 0; r < R; r++) {
-        int ql = query_start_loc[r + 1] - query_start_loc[r], sl = seq_lens[r], ctx = sl - ql;
-        int pairs = ql * s->group;
-        for (int h = 0; h < s->hkv; h++)
-            for (int p0 = 0; p0 < pairs; p0 += rows) {
-                int tf = p0 / s->group, tl = (p0 + rows - 1) / s->group;
-                if (tl > ql - 1) tl = ql - 1;
-                int kv_end = non_causal ? sl : ctx + tl + 1 + extra;
-                if (kv_end > sl) kv_end = sl;
-                int kv_start = window > 0 ? ctx + tf - window + 1 : 0;
-                if (kv_start < 0) kv_start = 0;
-                ar_attn_work *w = &items[k++];
-                w->req = r;
-                w->kv_head = h;
-                w->pair0 = p0;
-                w->tile_begin = kv_start / bn;
-                w->tile_end = kv_end > kv_start ? (kv_end + bn - 1) / bn : w->tile_begin;
-                w->partial = -1;
-                w->partial_stride = 0;
-                int units = (w->tile_end - w->tile_begin + wn - 1) / wn;
-                if (units > max_units) max_units = units;
-            }
-    }
+    const ar_attn_shape shape = {R, query_start_loc, seq_lens, s->hkv, s->group, geom.rows, geom.block_n, geom.warps_n,
+                                 non_causal, s->cfg.model.sliding_window,
+                                 s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0};
+    ar_attn_work *items;
+    int64_t n_items;
+    int max_units;
+    if (ar_attn_items(&shape, &items, &n_items, &max_units)) return 3;
     int slots = s->num_sms * s->ctas_per_sm[config];
     int splits = force_splits > 0                                       ? force_splits
-                 : non_causal                                           ? choose_prefix_splits((int)n_items, max_units, slots)
+                 : non_causal                                           ? ar_attn_prefix_split_count((int)n_items, max_units, slots)
                  : config == AR_CFG_DECODE && s->decode_splits > 0      ? s->decode_splits
-                                                                        : choose_num_splits((int)n_items, max_units, slots);
+                                                                        : ar_attn_split_count((int)n_items, max_units, slots);
     if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
-    int chunk_units = splits > 1 ? (max_units + splits - 1) / splits : max_units;
-    if (chunk_units < 1) chunk_units = 1;
-
-    /* second pass: cut items into pieces */
-    int64_t n_work = 0, n_groups = 0, n_partials = 0;
-    for (int64_t i = 0; i < n_items; i++) {
-        int units = (items[i].tile_end - items[i].tile_begin + wn - 1) / wn;
-        int pieces = splits > 1 ? (units + chunk_units - 1) / chunk_units : 1;
-        if (pieces < 1) pieces = 1;
-        n_work += pieces;
-        if (pieces > 1) {
-            n_groups++;
-            n_partials += pieces;
-        }
-    }
-    ar_attn_work *work = (ar_attn_work *)malloc((size_t)(n_work > 0 ? n_work : 1) * sizeof *work);
-    ar_combine_group *groups = (ar_combine_group *)malloc((size_t)(n_groups > 0 ? n_groups : 1) * sizeof *groups);
-    if (!work || !groups) {
-        free(items);
-        free(work);
-        free(groups);
-        return 3;
-    }
-    int64_t wi = 0, gi = 0, pi = 0;
-    for (int64_t i = 0; i < n_items; i++) {
-        ar_attn_work it = items[i];
-        int units = (it.tile_end - it.tile_begin + wn - 1) / wn;
-        int pieces = splits > 1 ? (units + chunk_units - 1) / chunk_units : 1;
-        if (pieces <= 1) {
-            work[wi++] = it;
-            continue;
-        }
-        ar_combine_group *g = &groups[gi++];
-        memset(g, 0, sizeof *g);
-        g->req = it.req;
-        g->kv_head = it.kv_head;
-        g->pair0 = it.pair0;
-        g->first_partial = (int)pi;
-        g->count = pieces;
-        for (int p = 0; p < pieces; p++) {
-            ar_attn_work piece = it;
-            piece.tile_begin = it.tile_begin + p * chunk_units * wn;
-            piece.tile_end = piece.tile_begin + chunk_units * wn;
-            if (piece.tile_end > it.tile_end) piece.tile_end = it.tile_end;
-            piece.partial = (int)(pi++);
-            work[wi++] = piece;
-        }
-    }
+    ar_attn_pieces pieces;
+    const int cut_rc = ar_attn_cut(items, n_items, splits, max_units, geom.warps_n, &pieces);
     free(items);
-    if (!ar_attn_config_is_wg(config)) qsort(work, (size_t)n_work, sizeof *work, cmp_work_desc);
-    else if (wg_l2_order(s, R, seq_lens, config, work, n_work)) {
-        free(work);
-        free(groups);
+    if (cut_rc) return 3;
+    if (!ar_attn_config_is_wg(config)) ar_attn_sort_longest_first(pieces.work, pieces.num_work);
+    else if (wg_l2_order(s, R, seq_lens, config, pieces.work, pieces.num_work)) {
+        ar_attn_pieces_free(&pieces);
         return 3;
     }
-    pl->config = config;
-    pl->geom = geom;
-    pl->num_splits = splits;
-    pl->num_work = n_work;
-    pl->num_groups = n_groups;
-    pl->num_partials = n_partials;
-    pl->work = work;
-    pl->groups = groups;
+    pass_plan_take(pl, config, geom, splits, &pieces);
     return 0;
 }
 
