@@ -193,7 +193,8 @@ static void random_batch(batch *b)
 {
     memset(b, 0, sizeof *b);
     b->R = 1 + rnd(MAX_REQS);
-    b->H = rnd(2) ? 16 : 128;
+    static const int heads[] = {8, 16, 32, 64, 128};   /* DeepSeek-V3 at TP 16 .. 1 */
+    b->H = heads[rnd(5)];
     b->causal = rnd(4) != 0;
     b->extra = rnd(8) == 0;
     b->use_include = rnd(3) == 0;
