@@ -268,6 +268,7 @@ test: deps $(BIN) $(TESTS) $(TEST_GPU_BUILD)
 	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/run_tests.sh $(TESTS)
 	@tests/build_rev_check.sh $(BUILD)
 	@tests/wgmma_guard_check.sh
+	@$(PYTHON) tests/mutate.py check   # every mutation's text still in its file (code moves break them)
 
 ASAN_BUILD ?= build-asan
 asan:
