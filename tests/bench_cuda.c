@@ -3,7 +3,7 @@
  *
  *   decode  : B=64, context 8192, Hq=32, Hkv=8, hd128, bf16, block 16 -> effective GB/s
  *             (K/V bytes read once + Q + O over the attention time, combine included); also
- *             B=32 and B=48 (the batches of cuda_plan.cuh's decode_tma_small_rule), and B=96
+ *             B=32 and B=48 (the batches of attn_plan.c's decode_tma_small_rule), and B=96
  *             and B=128 (its rule's sizes) with an fp8 cache and B=128 with a bf16 one;
  *   prefill : B=2, S=8192, causal, hd128 (16 heads) and hd256 (8 heads) -> TFLOP/s;
  *   varlen  : 16 causal sequences of the lengths in varlen_lens (17,408 tokens), hd128, 16 heads;

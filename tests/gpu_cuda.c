@@ -524,7 +524,7 @@ static void test_decode_tma_kernel(void **unused)
     run_case(&c, vllm_seqs_b, 3, &auto_opts, &r);
     expect_pass("auto, 3 decodes 32/8", &r);
     assert_int_equal(r.plan.config, CFG_DECODE);
-    /* from 0.48 x SMs requests (cuda_plan.cuh's decode_tma_small_rule) whole requests take it;
+    /* from 0.48 x SMs requests (attn_plan.c's decode_tma_small_rule) whole requests take it;
      * one request fewer takes DECODE */
     const int from = (12 * r.plan.num_sms + 24) / 25;
     if (from <= 150) {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../kernels/paged/attn_plan.h"
+#include "../replay/backend.h"
 
 enum { MAX_REQS = 24 };
 
@@ -110,6 +111,16 @@ static void check_items(const ar_attn_shape *sh, const ar_attn_work *items, int6
     }
     assert_int_equal(n, want);
     assert_int_equal(max_units, longest);
+}
+
+/* Pieces in their items' order: request, KV head, row, first key tile. */
+static int cmp_item_pos(const void *pa, const void *pb)
+{
+    const ar_attn_work *a = pa, *b = pb;
+    if (a->req != b->req) return a->req < b->req ? -1 : 1;
+    if (a->kv_head != b->kv_head) return a->kv_head < b->kv_head ? -1 : 1;
+    if (a->pair0 != b->pair0) return a->pair0 < b->pair0 ? -1 : 1;
+    return (a->tile_begin > b->tile_begin) - (a->tile_begin < b->tile_begin);
 }
 
 /* The pieces cover each item's tiles in order, in pieces of ceil(max_units / splits) units
@@ -298,12 +309,237 @@ static void test_split_rules(void **state)
     }
 }
 
+
+/* ---- the decision function ---------------------------------------------------------------- */
+
+/* An H200 running a llama-like model: 132 SMs, head size 128, blocks of 16, GQA 32:8, tensor
+ * maps, the automatic choices on.  The geometries are the shapes of the configs' tiles (the
+ * decision only reads rows, block_n and warps_n). */
+static ar_attn_device h200(void)
+{
+    ar_attn_device d;
+    memset(&d, 0, sizeof d);
+    d.num_sms = 132;
+    const ar_attn_geom geoms[AR_CFG_COUNT] = {{64, 64, 1, 128, 0}, {16, 64, 4, 128, 0}, {128, 128, 1, 384, 0},
+                                              {16, 16, 1, 288, 0}};
+    for (int c = 0; c < AR_CFG_COUNT; c++) {
+        d.geom[c] = geoms[c];
+        d.ctas_per_sm[c] = c == AR_CFG_DECODE ? 4 : 1;
+    }
+    d.has_tma = 1;
+    d.head_size = d.template_hd = 128;
+    d.block_size = 16;
+    d.num_kv_heads = 8;
+    d.group = 4;
+    d.elem_bytes = 2;
+    d.fault = AR_FAULT_NONE;
+    d.wgmma_auto = AR_CFG_PREFILL_WG;
+    d.decode_tma_auto = 1;
+    d.decode_tma_small = 1;
+    d.wg_section_bytes = (int64_t)16 << 20;
+    return d;
+}
+
+/* n requests of q_len query tokens over seq_len keys each. */
+static void uniform(int n, int q_len, int seq_len, int *qsl, int *seq)
+{
+    qsl[0] = 0;
+    for (int r = 0; r < n; r++) {
+        qsl[r + 1] = qsl[r] + q_len;
+        seq[r] = seq_len;
+    }
+}
+
+/* The plan's config and split count for n requests of q_len tokens over seq_len keys. */
+static int plan_of(const ar_attn_device *d, int n, int q_len, int seq_len, bool flat, int force_config,
+                   int force_splits, int *splits)
+{
+    static int qsl[1025], seq[1024];
+    uniform(n, q_len, seq_len, qsl, seq);
+    ar_attn_plan pl;
+    assert_int_equal(ar_attn_build_plan(d, n, qsl, seq, false, flat, force_config, force_splits, &pl), 0);
+    const int config = pl.config;
+    if (splits) *splits = pl.num_splits;
+    ar_attn_plan_free(&pl);
+    return config;
+}
+
+/* The rule as the decision's comment states it, case by case. */
+static void test_decision_rule(void **state)
+{
+    (void)state;
+    ar_attn_device d = h200();
+    int s;
+    /* DECODE_TMA: at least half as many requests as SMs up to 16k keys, or 0.9 x SMs at any length */
+    assert_int_equal(plan_of(&d, 128, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 1);   /* whole requests with a 16-bit cache */
+    assert_int_equal(plan_of(&d, 66, 1, 16384, true, -1, 0, NULL), AR_CFG_DECODE_TMA);
+    assert_int_equal(plan_of(&d, 66, 1, 8192, false, -1, 0, NULL), AR_CFG_DECODE_TMA);   /* a cascade suffix pass */
+    assert_int_equal(plan_of(&d, 65, 1, 8192, false, -1, 0, NULL), AR_CFG_DECODE);
+    assert_int_equal(plan_of(&d, 128, 2, 8192, true, -1, 0, NULL), AR_CFG_DECODE);      /* two query tokens */
+    assert_int_equal(plan_of(&d, 66, 1, 16385, true, -1, 0, NULL), AR_CFG_DECODE);
+    assert_int_equal(plan_of(&d, 119, 1, 32768, true, -1, 0, NULL), AR_CFG_DECODE_TMA);   /* 10 x 119 >= 9 x 132 */
+    assert_int_equal(plan_of(&d, 118, 1, 32768, true, -1, 0, NULL), AR_CFG_DECODE);
+    /* just below: 0.48 x SMs on a flat launch (the small rule), not a cascade pass, not with it off */
+    assert_int_equal(plan_of(&d, 64, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE_TMA);
+    assert_int_equal(plan_of(&d, 64, 1, 8192, false, -1, 0, NULL), AR_CFG_DECODE);
+    assert_int_equal(plan_of(&d, 63, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE);
+    d.decode_tma_small = 0;   /* AR_CUDA_DECODE_TMA=rule */
+    assert_int_equal(plan_of(&d, 64, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE);
+    d.decode_tma_all = 1;     /* AR_CUDA_DECODE_TMA=split: every flat decode launch, cut to fill the SMs */
+    assert_int_equal(plan_of(&d, 8, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_true(s > 1);
+    d = h200();
+    /* what DECODE_TMA cannot run stays on DECODE */
+    const ar_attn_device base = d;
+    d.head_size = d.template_hd = 64;
+    assert_int_equal(plan_of(&d, 128, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE);
+    d = base;
+    d.block_size = 32;
+    assert_int_equal(plan_of(&d, 128, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE);
+    d = base;
+    d.num_kv_heads = 16;
+    assert_int_equal(plan_of(&d, 128, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE);
+    d = base;
+    d.fault = AR_FAULT_CAUSAL_OFF_BY_ONE;
+    assert_int_equal(plan_of(&d, 128, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE);
+    d = base;
+    d.has_tma = 0;
+    d.decode_tma_auto = 0;
+    assert_int_equal(plan_of(&d, 128, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE);
+    d = base;
+    /* an fp8 cache cuts DECODE_TMA batches to fill the SMs (bench_cuda, 8k keys: B 64 in 2
+     * pieces a request, B 96 in 4, B 128 whole) */
+    d.kv_fp8 = 1;
+    d.elem_bytes = 1;
+    d.wgmma_auto = 0;
+    assert_int_equal(plan_of(&d, 64, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 2);
+    assert_int_equal(plan_of(&d, 96, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 4);
+    assert_int_equal(plan_of(&d, 128, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 1);
+    assert_int_equal(plan_of(&d, 100, 1, 8192, false, -1, 0, &s), AR_CFG_DECODE_TMA);   /* cascade passes stay whole */
+    assert_int_equal(s, 1);
+    /* prefill: PREFILL_WG at head size 128 or 256 with tensor maps, else the mma.sync PREFILL */
+    assert_int_equal(plan_of(&d, 2, 8192, 8192, true, -1, 0, NULL), AR_CFG_PREFILL);   /* fp8 */
+    assert_int_equal(plan_of(&d, 2, 8192, 8192, true, AR_CFG_PREFILL_WG, 0, NULL), AR_CFG_PREFILL);
+    d = base;
+    assert_int_equal(plan_of(&d, 2, 8192, 8192, true, -1, 0, NULL), AR_CFG_PREFILL_WG);
+    assert_int_equal(plan_of(&d, 2, 8192, 8192, true, AR_CFG_PREFILL, 0, NULL), AR_CFG_PREFILL);
+    d.decode_splits = 5;   /* AR_CUDA_DECODE_SPLITS fixes DECODE's split count only */
+    assert_int_equal(plan_of(&d, 4, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE);
+    assert_int_equal(s, 5);
+    assert_int_equal(plan_of(&d, 2, 8192, 8192, true, -1, 0, &s), AR_CFG_PREFILL_WG);
+    assert_int_equal(s, 1);
+    d.decode_splits = 0;
+    d.wgmma_auto = 0;   /* AR_CUDA_WGMMA=0 */
+    assert_int_equal(plan_of(&d, 2, 8192, 8192, true, -1, 0, NULL), AR_CFG_PREFILL);
+    d = base;
+    d.head_size = d.template_hd = 64;
+    assert_int_equal(plan_of(&d, 2, 8192, 8192, true, -1, 0, NULL), AR_CFG_PREFILL);
+    d = base;
+    /* a step of 4-token queries: 16 rows a (request, KV head) at group 4, so DECODE; 5 tokens do not fit */
+    assert_int_equal(plan_of(&d, 32, 4, 4096, true, -1, 0, NULL), AR_CFG_DECODE);
+    assert_int_equal(plan_of(&d, 32, 5, 4096, true, -1, 0, NULL), AR_CFG_PREFILL_WG);
+    /* forced splits are taken as they are */
+    assert_int_equal(plan_of(&d, 4, 1, 8192, true, AR_CFG_DECODE, 7, &s), AR_CFG_DECODE);
+    assert_int_equal(s, 7);
+    assert_int_equal(plan_of(&d, 4, 1, 8192, true, AR_CFG_DECODE_TMA, 3, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 3);
+}
+
+/* On random devices and launches: the config chosen can run the launch, and the plan's pieces
+ * are the cut of that config's items (or DECODE_TMA's items) at the plan's split count. */
+static void test_random_plans(void **state)
+{
+    (void)state;
+    for (int it = 0; it < 600; it++) {
+        ar_attn_device d = h200();
+        const int hds[3] = {64, 128, 256};
+        d.head_size = d.template_hd = hds[rnd(3)];
+        d.block_size = rnd(4) ? 16 : 32;
+        d.num_kv_heads = 1 + rnd(16);
+        d.group = 1 << rnd(4);
+        d.has_tma = rnd(5) != 0;
+        d.kv_fp8 = rnd(5) == 0;
+        d.elem_bytes = d.kv_fp8 ? 1 : 2;
+        d.wgmma_auto = d.has_tma && rnd(4) ? AR_CFG_PREFILL_WG : 0;
+        d.decode_tma_auto = d.has_tma && rnd(5);
+        d.decode_tma_all = rnd(4) == 0;
+        d.decode_tma_small = rnd(2);
+        d.decode_splits = rnd(5) == 0 ? 1 + rnd(6) : 0;
+        d.sliding_window = rnd(4) == 0 ? 1 + rnd(4000) : 0;
+        d.fault = rnd(10) == 0 ? AR_FAULT_CAUSAL_OFF_BY_ONE : AR_FAULT_NONE;
+        static int qsl[257], seq[256];
+        const int kind = rnd(3), R = 1 + rnd(kind == 0 ? 256 : 24);
+        qsl[0] = 0;
+        int max_q = 0;
+        for (int r = 0; r < R; r++) {
+            const int ql = kind == 0 ? 1 : kind == 1 ? 1 + rnd(200) : 1 + rnd(2000);
+            qsl[r + 1] = qsl[r] + ql;
+            seq[r] = ql + (kind == 2 ? 0 : rnd(20000));
+            if (ql > max_q) max_q = ql;
+        }
+        const bool non_causal = rnd(6) == 0, flat = rnd(3) != 0;
+        const int fc = rnd(4) == 0 ? rnd(AR_CFG_COUNT) : -1, fs = rnd(5) == 0 ? 1 + rnd(8) : 0;
+        ar_attn_plan pl;
+        assert_int_equal(ar_attn_build_plan(&d, R, qsl, seq, non_causal, flat, fc, fs, &pl), 0);
+        assert_true(pl.num_splits >= 1 && pl.num_splits <= AR_MAX_SPLITS);
+        assert_memory_equal(&pl.geom, &d.geom[pl.config], sizeof pl.geom);
+        if (pl.config == AR_CFG_PREFILL_WG)
+            assert_true(d.has_tma && (d.head_size == 128 || d.head_size == 256) && !d.kv_fp8);
+        if (pl.config == AR_CFG_DECODE_TMA) {
+            assert_true(d.has_tma && d.head_size == 128 && d.block_size == 16 && d.num_kv_heads <= 8 && d.group <= 16);
+            assert_true(d.fault == AR_FAULT_NONE && !non_causal && max_q == 1);
+            int max_blocks, max_seq;
+            ar_attn_decode_tma_extent(R, qsl, seq, d.sliding_window, &max_blocks, &max_seq);
+            ar_attn_pieces want;
+            assert_int_equal(ar_attn_decode_tma_items(R, qsl, seq, d.sliding_window, d.num_kv_heads, pl.num_splits,
+                                                      max_blocks, &want), 0);
+            ar_attn_sort_longest_first(want.work, want.num_work);
+            assert_int_equal(pl.num_work, want.num_work);
+            assert_memory_equal(pl.work, want.work, sizeof *pl.work * (size_t)pl.num_work);
+            ar_attn_pieces_free(&want);
+        } else {
+            if (pl.config == AR_CFG_DECODE) assert_true(max_q * d.group <= 16 || fc == AR_CFG_DECODE);
+            const ar_attn_geom *g = &pl.geom;
+            const ar_attn_shape sh = {R, qsl, seq, d.num_kv_heads, d.group, g->rows, g->block_n, g->warps_n,
+                                      non_causal, d.sliding_window, d.fault == AR_FAULT_CAUSAL_OFF_BY_ONE};
+            ar_attn_work *items;
+            int64_t n;
+            int max_units;
+            assert_int_equal(ar_attn_items(&sh, &items, &n, &max_units), 0);
+            ar_attn_work *sorted = malloc(sizeof *sorted * (size_t)(pl.num_work > 0 ? pl.num_work : 1));
+            assert_non_null(sorted);
+            memcpy(sorted, pl.work, sizeof *sorted * (size_t)pl.num_work);
+            qsort(sorted, (size_t)pl.num_work, sizeof *sorted, cmp_item_pos);
+            const ar_attn_pieces got = {sorted, pl.groups, pl.num_work, pl.num_groups, pl.num_partials};
+            check_cut(items, n, pl.num_splits, max_units, g->warps_n, &got);
+            /* the split count is the rule's for the launch (forced or fixed counts aside) */
+            const int slots = d.num_sms * d.ctas_per_sm[pl.config];
+            if (fs == 0 && !(pl.config == AR_CFG_DECODE && d.decode_splits > 0))
+                assert_int_equal(pl.num_splits, non_causal ? ar_attn_prefix_split_count((int)n, max_units, slots)
+                                                           : ar_attn_split_count((int)n, max_units, slots));
+            if (!ar_attn_config_is_wg(pl.config))   /* PREFILL_WG's order is item_order's */
+                for (int64_t k = 1; k < pl.num_work; k++)
+                    assert_true(pl.work[k - 1].tile_end - pl.work[k - 1].tile_begin >=
+                                pl.work[k].tile_end - pl.work[k].tile_begin);
+            free(sorted);
+            free(items);
+        }
+        ar_attn_plan_free(&pl);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_items_and_cuts),
         cmocka_unit_test(test_decode_tma_items),
         cmocka_unit_test(test_split_rules),
+        cmocka_unit_test(test_decision_rule),
+        cmocka_unit_test(test_random_plans),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,20 +1,47 @@
-/* attn_plan.h - the "cuda" backend's work items, and the parts of its planner that are plain
- * arithmetic: the split rules, a launch's items (a tile of query-head rows of one request and KV
- * head over the key tiles those rows see), their cut into split-KV pieces with combine groups,
- * and the DECODE_TMA launch's items (one a request, every KV head).  cuda_plan.cuh's build_plan
- * picks the kernel and the split count from the device and the environment, then calls these.
- * Plain C, host only, so that tests/test_attn_plan.c checks the items and pieces without a GPU;
- * the kernels (cuda_attn.cuh) read ar_attn_work and ar_combine_group as laid out here. */
+/* attn_plan.h - the "cuda" backend's planner: its kernel configs and their geometry, its work
+ * items, and the decision function that picks the kernel of each attention launch and cuts its
+ * work into split-KV pieces: the split rules, a launch's items (a tile of query-head rows of one
+ * request and KV head over the key tiles those rows see), their cut with combine groups, the
+ * DECODE_TMA launch's items (one a request, every KV head), and ar_attn_build_plan over them.
+ * The backend (cuda_plan.cuh) hands it the device's facts and its environment knobs
+ * (ar_attn_device) and each config's geometry from the kernels' templates.  Plain C, host only,
+ * so that tests/test_attn_plan.c checks the plans without a GPU; the kernels (cuda_attn.cuh)
+ * read ar_attn_work and ar_combine_group as laid out here. */
 #ifndef AR_ATTN_PLAN_H
 #define AR_ATTN_PLAN_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+#define AR_CFG_PREFILL 0        /* mma.sync, any head size (the fallback) */
+#define AR_CFG_DECODE 1         /* mma.sync, every (request, KV head) within 16 rows */
+#define AR_CFG_PREFILL_WG 2     /* head size 128 or 256 exactly, compute capability 9.0 with tensor maps:
+                                   the wgmma kernel (cuda_attn_wgmma.cuh) */
+#define AR_CFG_DECODE_TMA 3     /* compute capability 9.0, decode batches of many requests: one
+                                   CTA per request (every KV head), whole cache blocks copied by
+                                   TMA (cuda_attn_decode_tma.cuh) */
+#define AR_CFG_COUNT 4
 #define AR_MAX_SPLITS 64
+
+/* Geometry of a (config, template head dim) pair; the same table the kernels instantiate. */
+typedef struct ar_attn_geom {
+    int rows;        /* rows per CTA */
+    int block_n;     /* keys per tile */
+    int warps_n;     /* warps walking different key tiles (DECODE) */
+    int threads;
+    size_t smem;     /* dynamic shared memory bytes */
+} ar_attn_geom;
+
+/* The wgmma config (head size 128 or 256 on a compute-capability 9.0 device only). */
+static inline int ar_attn_config_is_wg(int config)
+{
+    return config == AR_CFG_PREFILL_WG;
+}
 
 /* One CTA's job.  Rows are pairs pair0 .. pair0 + ROWS - 1 of (req, kv_head). */
 typedef struct ar_attn_work {
@@ -94,6 +121,49 @@ int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int
 
 /* Sorts work[n] longest first (ties: request, KV head, row). */
 void ar_attn_sort_longest_first(ar_attn_work *work, int64_t n);
+
+/* What the decision function needs of the device and the run (cuda_backend.cu fills it from
+ * its state: cuda_plan.cuh's device_of). */
+typedef struct ar_attn_device {
+    int num_sms;
+    int ctas_per_sm[AR_CFG_COUNT];  /* CTAs of each config that fit on one SM */
+    ar_attn_geom geom[AR_CFG_COUNT];/* each config's geometry at template_hd (DECODE_TMA: 128) */
+    int has_tma;                    /* compute capability 9.0 and the driver encodes tensor maps */
+    int head_size, template_hd, block_size, num_kv_heads, group;
+    int kv_fp8;                     /* the cache holds fp8 e4m3: no PREFILL_WG */
+    int elem_bytes;                 /* of the cache: 2, or 1 for fp8 */
+    int sliding_window;             /* tokens, 0 none */
+    int fault;                      /* the planted fault (replay/backend.h ar_fault), AR_FAULT_NONE */
+    int wgmma_auto;                 /* the config PREFILL launches take automatically: AR_CFG_PREFILL_WG, or 0 */
+    int decode_tma_auto;            /* the automatic plan may take DECODE_TMA */
+    int decode_tma_all;             /* AR_CUDA_DECODE_TMA=split: DECODE_TMA on every flat decode launch */
+    int decode_tma_small;           /* the small-batch rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
+    int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
+    int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the rule's */
+    int64_t wg_section_bytes;       /* PREFILL_WG item order's L2 section (item_order.h) */
+} ar_attn_device;
+
+/* One attention launch's plan: config, geometry, split count and the work list (malloc'd). */
+typedef struct ar_attn_plan {
+    int config;
+    ar_attn_geom geom;
+    int num_splits;
+    int64_t num_work, num_groups, num_partials;
+    ar_attn_work *work;             /* [num_work], sorted longest first (PREFILL_WG: in
+                                       item_order.h's L2 sections) */
+    ar_combine_group *groups;       /* [num_groups] */
+} ar_attn_plan;
+
+void ar_attn_plan_free(ar_attn_plan *pl);
+
+/* The decision function (attn_plan.c's comment has the rule): the kernel of one launch and its
+ * split-KV plan.  R sequences; query_start_loc [R + 1], seq_lens [R].  non_causal: every query
+ * of a sequence sees all its seq_len keys (cascade prefix pass: its own split rule), and the
+ * sliding window is not applied.  flat: a flat launch (not a cascade pass; DECODE_TMA splits
+ * only these).  force_config -1 / force_splits 0 = automatic, then the device's knobs.  0 ok, 3
+ * out of host memory. */
+int ar_attn_build_plan(const ar_attn_device *d, int R, const int *query_start_loc, const int *seq_lens,
+                       bool non_causal, bool flat, int force_config, int force_splits, ar_attn_plan *pl);
 
 #ifdef __cplusplus
 }

@@ -30,9 +30,9 @@
  *                warpgroup, two ping-pong consumers); the default for every non-decode launch
  *                there.
  *   DECODE_TMA : compute capability 9.0, decode batches of many requests (decode_tma_plan in
- *                cuda_plan.cuh): cuda_attn_decode_tma.cuh, one CTA per request over every KV
+ *                attn_plan.c): cuda_attn_decode_tma.cuh, one CTA per request over every KV
  *                head, whole cache blocks copied by TMA; unsplit unless a sweep knob or a
- *                forced split asks (cuda_plan.cuh: decode_tma_splits).
+ *                forced split asks (attn_plan.c: decode_tma_splits).
  * Across CTAs, split-KV (a work item covers part of the key range) writes normalised fp32
  * partials + log2 LSE, and ar_attn::combine_kernel merges them (see the split heuristic in
  * cuda_plan.cuh).
@@ -65,16 +65,9 @@
 #include "../../replay/backend.h"
 #include "attn_plan.h"
 
-#define AR_CFG_PREFILL 0        /* mma.sync, any head size (the fallback) */
-#define AR_CFG_DECODE 1         /* mma.sync, every (request, KV head) within 16 rows */
-#define AR_CFG_PREFILL_WG 2     /* head size 128 or 256 exactly, compute capability 9.0 with tensor maps:
-                                   the wgmma kernel (cuda_attn_wgmma.cuh) */
-#define AR_CFG_DECODE_TMA 3     /* compute capability 9.0, decode batches of many requests: one
-                                   CTA per request (every KV head), whole cache blocks copied by
-                                   TMA (cuda_attn_decode_tma.cuh) */
-#define AR_CFG_COUNT 4
-/* AR_MAX_SPLITS, ar_attn_work (one CTA's job) and ar_combine_group (a split-KV group of the
- * combine kernel): attn_plan.h, plain C, so that the planner's items are tested without a GPU. */
+/* The configs (AR_CFG_*), their geometry (ar_attn_geom), AR_MAX_SPLITS, ar_attn_work (one CTA's
+ * job) and ar_combine_group (a split-KV group of the combine kernel): attn_plan.h, plain C, so
+ * that the planner is tested without a GPU. */
 
 typedef struct ar_attn_args {
     const void *q;              /* [num_tokens, Hq, head_size] dtype */
@@ -131,14 +124,6 @@ typedef struct ar_attn_args {
     int merge_row_blocks;                 /* row blocks per KV head: ceil(T x group / merge_rows) */
 } ar_attn_args;
 
-/* Geometry of a (config, template head dim) pair; the same table the kernels instantiate. */
-typedef struct ar_attn_geom {
-    int rows;        /* rows per CTA */
-    int block_n;     /* keys per tile */
-    int warps_n;     /* warps walking different key tiles (DECODE) */
-    int threads;
-    size_t smem;     /* dynamic shared memory bytes */
-} ar_attn_geom;
 
 /* The CTAs of a PREFILL_WG launch of num_work items: persistent_ctas (ar_attn_args) when that is
  * set and smaller, else one a work item.  The launcher and the backend's plan report share it. */
@@ -147,11 +132,6 @@ static inline int ar_attn_wg_ctas(int persistent_ctas, int num_work)
     return persistent_ctas > 0 && persistent_ctas < num_work ? persistent_ctas : num_work;
 }
 
-/* The wgmma config (head size 128 or 256 on a compute-capability 9.0 device only). */
-static inline int ar_attn_config_is_wg(int config)
-{
-    return config == AR_CFG_PREFILL_WG;
-}
 
 /* Template head dim that runs head_size (64, 128 or 256), or 0 when unsupported. */
 static inline int ar_attn_template_hd(int head_size)

@@ -2,7 +2,7 @@
  * single-token requests (the cascade suffix pass of a decode batch, and flat decode batches that
  * fill the machine), compute capability 9.0 only.  Same outputs, masks and fused cascade merge
  * as attn_kernel's DECODE geometry (cuda_attn.cuh); it is planned only where it applies (see
- * decode_tma_plan in cuda_plan.cuh): head size 128, block size 16, at most 8 KV heads, a
+ * decode_tma_plan in attn_plan.c): head size 128, block size 16, at most 8 KV heads, a
  * group of at most 16 query heads, one query token per request, no planted fault.  By default
  * one work item is a whole request; a split plan (AR_CUDA_DECODE_TMA_SPLITS, AR_CUDA_DECODE_TMA=split
  * in cuda_backend.cu, flat launches only) cuts a request's key blocks into pieces, and each piece

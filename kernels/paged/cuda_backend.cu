@@ -21,7 +21,7 @@
  * and streams the shared K/V tiles through shared memory once for all of them (GQA-packed), so
  * the prefix is read ceil(T x group / 128) times per KV head instead of once per request;
  * split-KV across CTAs fills the machine when T is small (its own split rule: whole waves, see
- * choose_prefix_splits; the split combine runs one thread per row x dim pair).  "suffix" = the flat plan over keys
+ * ar_attn_prefix_split_count; the split combine runs one thread per row x dim pair).  "suffix" = the flat plan over keys
  * P..seq_len-1 (seq_lens - P, block table shifted by P / block_size, causal bottom-right).
  * "merge" = vLLM merge_attn_states, by default fused into the suffix pass's final writes (each
  * finished row mixed with the prefix pass's in store_pair / combine_kernel, so "merge" times
@@ -59,10 +59,10 @@
  *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
- *                            (instead of choose_num_splits; B 64 / 8k on the H200: 3);
+ *                            (instead of ar_attn_split_count; B 64 / 8k on the H200: 3);
  *   AR_CUDA_DECODE_TMA=split the automatic plan takes DECODE_TMA for every flat decode launch it can
  *                            run, below decode_tma_rule's batch sizes too, there cutting each
- *                            request into choose_num_splits pieces over SMs x 1 CTA (B 64 on 132
+ *                            request into ar_attn_split_count pieces over SMs x 1 CTA (B 64 on 132
  *                            SMs: 2 pieces, 128 CTAs); the pieces' partials are combined by
  *                            combine_kernel;
  *   AR_CUDA_DECODE_TMA_SPLITS=N  (1..64) every flat DECODE_TMA launch without a forced split cuts
