@@ -208,6 +208,7 @@ typedef struct grid_opts {
 
 /* The kernel the last run_checked case ran (ar_cuda_mla_result.kernel_name). */
 static char last_kernel_name[32];
+static int chained_cases;   /* cases whose plan chained several pieces on a CTA (num_pieces > CTAs) */
 
 /* Runs one case and checks it; returns false (with a message) on failure. */
 static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool causal, bool zero_lens,
@@ -271,6 +272,7 @@ static bool run_checked(int b, int s_q, int s_k, int h_q, bool varlen, bool caus
     bool ok = rc == 0;
     if (!ok) print_message("case b=%d s_q=%d s_k=%d h_q=%d: %s\n", b, s_q, s_k, h_q, err);
     snprintf(last_kernel_name, sizeof last_kernel_name, "%s", ok && r.kernel_name ? r.kernel_name : "?");
+    if (ok && r.num_pieces > r.num_work) chained_cases++;
     case_stats st;
     if (ok) {
         compare_case(&c, &r, sel, &st);
@@ -715,6 +717,28 @@ static void test_wgmma16_kernel(void **st)
     }
     print_message("fp8 cache, bf16 queries with rows 2^32 apart (tc-wgmma16): 2 cases, %d failed\n", spread_fails);
     fails += spread_fails;
+    /* the chained plan (each CTA a run of pieces, the runs equal over all SMs, the requests cut
+     * at their ends combined) at every length (AR_MLA_W16_CHAIN=all): the 16- and 32-row cases
+     * again, pieces of one tile and empty requests included */
+    const int chained_before = chained_cases;
+    setenv("AR_MLA_W16_CHAIN", "all", 1);
+    fails += narrow_cases(AR_MLA_KERNEL_AUTO, "tc-wgmma16");
+    fails += run_row_cases(wide, sizeof wide / sizeof wide[0], AR_MLA_KERNEL_AUTO, "tc-wgmma32", "17-32 rows, chained");
+    unsetenv("AR_MLA_W16_CHAIN");
+    print_message("chained plans: %d cases\n", chained_cases - chained_before);
+    if (!small_mode()) assert_true(chained_cases - chained_before >= 2);   /* the chains ran (not one piece a CTA) */
+    /* where the default chains (from W16_CHAIN_MIN_TILES key tiles an SM): FlashMLA's h_q 16 shape at 8k */
+    if (!small_mode()) {
+        static const row_case chained[] = {
+            {128, 1, 8192, 16, 0, 0, 0, 0, 64, AR_BF16, AR_FP32, 0},
+            {200, 1, 8192, 16, 1, 1, 1, 0, 64, AR_BF16, AR_FP32, 0},
+            {128, 2, 8192, 8, 1, 1, 0, 0, 64, AR_BF16, AR_FP32, 0},
+        };
+        const int before = chained_cases;
+        fails += run_row_cases(chained, sizeof chained / sizeof chained[0], AR_MLA_KERNEL_AUTO, "tc-wgmma16",
+                               "chained by default");
+        assert_int_equal(chained_cases - before, 3);
+    }
     assert_int_equal(fails, 0);
 }
 

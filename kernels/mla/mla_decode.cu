@@ -280,6 +280,14 @@ mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_ro
         r.rows_t = !transposed ? 0 : max_rows <= W16_ROWS ? W16_ROWS : W32_ROWS;
         r.tensor_map = !fp8_cache;
         r.name = r.rows_t == W16_ROWS ? "tc-wgmma16" : r.rows_t ? "tc-wgmma32" : "tc-wgmma";
+        /* the transposed kernel on a 16-bit cache runs chains of pieces: the persistent plan, one
+         * CTA an SM, from W16_CHAIN_MIN_TILES key tiles an SM (AR_MLA_W16_CHAIN=0: one piece a
+         * CTA always; =all: chains at every length, for the tests) */
+        if (r.rows_t && !fp8_cache) {
+            const char *e = getenv("AR_MLA_W16_CHAIN");
+            r.persistent = !(e && strcmp(e, "0") == 0);
+            r.chain_all = e && strcmp(e, "all") == 0;
+        }
         break;
     case MLA_NARROW_BULK:
         r.stages = NB_STAGES;
@@ -307,6 +315,9 @@ int mla_replan(mla_plan *p, const mla_route &route, int R, const int *qsl, const
                const unsigned char *include, int H, int causal, int extra, int num_sms, int force_splits)
 {
     if (force_splits > 0 || (!route.persistent && route.ctas_per_sm <= 1)) return 0;
+    /* the transposed kernel chains only long runs: p (build_plan's) stays below that */
+    if (route.persistent && route.rows_t && !route.chain_all && p->total_tiles < (int64_t)W16_CHAIN_MIN_TILES * num_sms)
+        return 0;
     ar_mla_plan_free(p);
     if (route.persistent)
         return ar_mla_build_plan_persistent(p, R, qsl, seq_lens, include, H, causal, extra, num_sms * route.ctas_per_sm);

@@ -84,13 +84,22 @@ mla_caps mla_probe(int device);
 
 typedef enum mla_kernel_kind { MLA_SIMT, MLA_TC, MLA_NARROW, MLA_NARROW_BULK, MLA_WGMMA } mla_kernel_kind;
 
+/* The transposed wgmma kernel runs the persistent plan (chains of pieces over all SMs, the cut
+ * requests combined) from this many 64-key tiles an SM on; below it one piece a CTA.  At
+ * FlashMLA's h_q 16 shape (128 requests) that is from 8k keys on: runs of 125 tiles an SM
+ * against 128 (4 of 132 SMs idle), the combine ~1% of the step; at 4k the runs' rounding (63
+ * against 64) would not pay for the combine. */
+#define W16_CHAIN_MIN_TILES 96
+
 /* What the decision function picked for a launch. */
 typedef struct mla_route {
     mla_kernel_kind kind;
     int stages;         /* key-ring slots: attn_tc_kernel 2 or 3, attn_narrow_kernel 2 or 4, 2 for
                            the bulk and wgmma kernels, 0 for SIMT */
     int ctas_per_sm;    /* the planner aims at this many CTAs per SM */
-    bool persistent;    /* the persistent plan (ar_mla_build_plan_persistent) */
+    bool persistent;    /* the persistent plan (ar_mla_build_plan_persistent); for the transposed kernel
+                           only where the keys come to W16_CHAIN_MIN_TILES tiles an SM or more */
+    bool chain_all;     /* the transposed kernel's persistent plan at every length (AR_MLA_W16_CHAIN=all) */
     bool combine_rows;  /* split pieces merged by combine_rows_kernel (else combine_kernel) */
     int rows_t;         /* MLA_WGMMA with at most 16 (or 32) rows a request: 16 (32), the transposed
                            attn_wgmma16_kernel<., rows_t> where the tensor map is made; else 0 */

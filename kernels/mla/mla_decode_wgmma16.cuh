@@ -13,7 +13,11 @@
  * work items, arguments, masks, faults and outputs (o_lat / lse, or a split piece's partials for
  * combine_rows_kernel) as the 64-row kernels
  * (mla_decode_wgmma_pairs.cuh, mla_decode_wgmma.cuh), whose 64-row products spend three quarters of their tensor time on
- * empty rows here.  Both products are transposed so that the 16 query rows are the small N side
+ * empty rows here.  With a 16-bit cache a CTA runs work[blockIdx.x] and then the chain of
+ * work[].next (the persistent plan, from W16_CHAIN_MIN_TILES key tiles an SM: every SM busy),
+ * the key ring, its mbarrier phases and the P buffers running on across pieces (global tile
+ * index), each piece with its own Q tile, softmax and output; s_fin is handed back by
+ * fin_empty before warpgroup 0 writes the next piece's.  Both products are transposed so that the 16 query rows are the small N side
  * of the instruction and the 64 keys (or 64 latent dims) its M side:
  *   S^T = K Q^T     [64 keys x 16 rows]: wgmma m64n16k16, A = the key tile (K-major, as it lands),
  *                   B = the Q tile [16 rows x 576] (K-major), 36 steps of 16 dims;
@@ -83,7 +87,8 @@ template <int NR, bool FP8 = false> struct W16Geom {
     /* mbarriers (byte offsets from OFF_BAR): landed [2 slots][9 atoms], p_full [2], p_empty [2],
      * final, staged [W16_STAGES] (FP8 only) */
     static constexpr int BAR_LANDED = 0, BAR_P_FULL = BAR_LANDED + 2 * 9 * 8, BAR_P_EMPTY = BAR_P_FULL + 2 * 8,
-                         BAR_FINAL = BAR_P_EMPTY + 2 * 8, BAR_STAGED = BAR_FINAL + 8,
+                         BAR_FINAL = BAR_P_EMPTY + 2 * 8, BAR_FIN_EMPTY = BAR_FINAL + 8,
+                         BAR_STAGED = BAR_FIN_EMPTY + 8,
                          BARS = (BAR_STAGED + W16_STAGES * 8) / 8;
     static constexpr int SMEM = 1024 /* alignment slack */ + OFF_BAR + BARS * 8;
     static_assert(NR == 16 || NR == 32, "wgmma16: 16 or 32 rows");
@@ -292,18 +297,47 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
     /* warpgroup 0's final maxima and sums are in shared memory (its 128 arrivals; an mbarrier
      * rather than a named barrier, so that racecheck sees the hand-over) */
     const uint32_t final_bar = bar0 + G::BAR_FINAL;
+    /* warpgroup 1 has read them (its 128 arrivals): warpgroup 0 may write the next piece's */
+    const uint32_t fin_empty_bar = bar0 + G::BAR_FIN_EMPTY;
     /* FP8: staged[b] completes when staging buffer b has landed (half h of the item in buffer
      * h % 3, its (h / 3)-th phase) */
     uint64_t *const staged = reinterpret_cast<uint64_t *>(smem + G::OFF_BAR + G::BAR_STAGED);
     unsigned char *const stg = smem + G::OFF_STG;
 
-    const work_item w = a.work[blockIdx.x];
-    const int r = w.req;
-    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
-    const int H = a.num_heads, nrows = ql * H;
+    /* the CTA's pieces: work[blockIdx.x], then (a persistent plan, 16-bit caches only) the chain
+     * of work[].next to later indices; the ring, its mbarrier phases and the P buffers run on
+     * across pieces (the chain's tile index gt), each piece with its own Q, softmax and output */
+    const int first_wi = blockIdx.x;
+    auto next_wi = [&](int wi) {
+        const int n = a.work[wi].next;
+        return !FP8 && n > wi ? n : -1;
+    };
+    auto tiles_of = [&](const work_item &it) {
+        return it.key_end > it.key_begin ? (it.key_end - it.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+    };
+    /* a cursor over the chain's key tiles: piece wi (-1 past the chain's end), its tile t */
+    struct cursor {
+        int wi, t;
+    };
+    auto advance = [&](cursor &c) {   /* to the next tile, over empty pieces */
+        c.t++;
+        while (c.wi >= 0 && c.t >= tiles_of(a.work[c.wi])) {
+            c.wi = next_wi(c.wi);
+            c.t = 0;
+        }
+    };
+    auto start = [&]() {
+        cursor c = {first_wi, -1};
+        advance(c);
+        return c;
+    };
+    auto copy_tile = [&](const cursor &c, uint32_t sk_addr, uint32_t bar, int c_lo, int c_hi) {
+        const work_item &it = a.work[c.wi];
+        w16_tma_atoms(a, &tmap, it.req, it.key_begin + c.t * WG_KEYS, it.key_end, sk_addr, bar, c_lo, c_hi);
+    };
+    const int H = a.num_heads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     const int g = lane >> 2, tq = lane & 3;
-    const int ntiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
     /* this thread's NI query rows in both accumulator layouts: index i = 2 nt + (e & 1) is row
      * 8 nt + 2 tq + (e & 1) */
     int qrow[NI];
@@ -321,192 +355,204 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
         if (FP8)
             for (int b = 0; b < W16_STAGES; b++) ar_wg::mbar_init(bar0 + (uint32_t)(G::BAR_STAGED + 8 * b), 1);
         ar_wg::mbar_init(final_bar, 128);
+        ar_wg::mbar_init(fin_empty_bar, 128);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         if (!FP8) ar_wg::tma_prefetch_map(&tmap);
     }
     __syncthreads();
+    /* FP8 (one piece a CTA): its first halves into the staging ring */
+    const work_item w_first = a.work[first_wi];
+    const int ntiles_first = tiles_of(w_first);
     if (FP8 && warp == 0)
-        for (int h = 0; h < W16_STAGES && h < 2 * ntiles; h++)
-            w16_stage_fp8(a, r, w.key_begin + h * W16_HALF, w.key_end, stg + h * W16_HALF * D, staged + h, lane);
-    if (!FP8 && tid == 0)
-        for (int t = 0; t < 2 && t < ntiles; t++)
-            w16_tma_atoms(a, &tmap, r, w.key_begin + t * WG_KEYS, w.key_end, sk_addr0 + (uint32_t)(t * WG_TILE),
-                          landed_bar(t), 0, 9);
+        for (int h = 0; h < W16_STAGES && h < 2 * ntiles_first; h++)
+            w16_stage_fp8(a, w_first.req, w_first.key_begin + h * W16_HALF, w_first.key_end, stg + h * W16_HALF * D,
+                          staged + h, lane);
+    if (!FP8 && tid == 0) {   /* the chain's first two tiles */
+        cursor c = start();
+        for (int t = 0; t < 2 && c.wi >= 0; t++, advance(c))
+            copy_tile(c, sk_addr0 + (uint32_t)(t * WG_TILE), landed_bar(t), 0, 9);
+    }
 
     if (wg == 0) {
-        /* ---- warpgroup 0: Q, then S^T and the softmax of every tile ---- */
+        /* ---- warpgroup 0: per piece its Q, then S^T and the softmax of every tile ---- */
         const uint16_t *const qg = (const uint16_t *)a.q;
-#pragma unroll
-        for (int k = 0; k < NR * WG_CHUNKS / 128; k++) {
-            const int idx = tid + k * 128, row = idx / WG_CHUNKS, c = idx % WG_CHUNKS;
-            const int gr = w.row0 + row;
-            const bool valid = gr < nrows;
-            cp_async16(smem + (c >> 3) * G::QATOM + row * 128 + (((c & 7) ^ (row & 7)) << 4),
-                       qg + ((int64_t)q0 * H + (valid ? gr : 0)) * D + c * 8, valid);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        ar_wg::fence_proxy_async();
-        w16_wg_sync(0);
-        /* FP8 runs in fp16 (one conversion an e4m3 pair, see widen_and_stage): bf16 queries are
-         * scaled into fp16 row by row, and each row's scores multiplied back (qscale) */
         float *const s_qscale = red + G::RED_QMAX + NR;   /* [NR] after the scratch */
-        const bool q_scaled = FP8 && !BF16 && a.bf16;
-        if (q_scaled) w16_q_bf16_to_f16<NR>(smem, red + G::RED_QMAX, s_qscale, tid);
-
-        const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
-        int lim[NI];
-        float m_run[NI], l_part[NI];   /* l_part: this thread's share of the row sums (its 2 keys a tile) */
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-            const int gr = w.row0 + qrow[i];
-            lim[i] = gr < nrows ? key_limit(a.causal, sl, ql, gr / H, extra) : 0;
-            if (lim[i] > w.key_end) lim[i] = w.key_end;
-            m_run[i] = -INFINITY;
-            l_part[i] = 0.f;
-        }
         const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
         float *const s_alpha = red + G::RED_ALPHA, *const s_wmax = red + G::RED_WMAX;
+        float *const s_lsum = red + G::RED_LSUM, *const s_fin = red + G::RED_FIN;
         const float score_mul = FP8 ? a.scale_log2 * a.kv_scale : a.scale_log2;   /* K = kv_scale x its e4m3 */
-        float row_mul[NI];   /* score_mul, times each row's query scale where Q was scaled */
+        const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+        int gt = 0;   /* the chain's tile index */
+        int j = 0;    /* the piece's index in the chain */
+        for (int wi = first_wi; wi >= 0; wi = next_wi(wi), j++) {
+            const work_item w = a.work[wi];
+            const int r = w.req;
+            const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+            const int nrows = ql * H;
+            const int ntiles = tiles_of(w);
 #pragma unroll
-        for (int i = 0; i < NI; i++) row_mul[i] = q_scaled ? score_mul * s_qscale[qrow[i]] : score_mul;
-        for (int t = 0; t < ntiles; t++) {
-            const int s = t & 1;
-            const uint32_t sk_addr = sk_addr0 + (uint32_t)(s * WG_TILE);
-            float acc[NT][4];
-            const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
-            ar_wg::fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                /* each atom's products start as soon as that atom has landed */
-                if ((kk & 3) == 0 && (!FP8 || kk == 0))
-                    ar_wg::mbar_wait(landed_bar(s) + (uint32_t)(FP8 ? 0 : 8 * (kk >> 2)), (uint32_t)(t >> 1) & 1u);
-                const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
-                const uint32_t qoff = (uint32_t)((kk >> 2) * G::QATOM + (kk & 3) * 32) >> 4;
-                wgmma_m64n<BF16, 0, NT>(acc, ar_wg::desc_advance(desc_k, koff), ar_wg::desc_advance(desc_q, qoff), kk > 0);
+            for (int k = 0; k < NR * WG_CHUNKS / 128; k++) {
+                const int idx = tid + k * 128, row = idx / WG_CHUNKS, c = idx % WG_CHUNKS;
+                const int gr = w.row0 + row;
+                const bool valid = gr < nrows;
+                cp_async16(smem + (c >> 3) * G::QATOM + row * 128 + (((c & 7) ^ (row & 7)) << 4),
+                           qg + ((int64_t)q0 * H + (valid ? gr : 0)) * D + c * 8, valid);
             }
-            ar_wg::commit();
-            ar_wg::wait<0>();
-            wg_fence_acc(acc);
-            const int k0 = w.key_begin + t * WG_KEYS;
-            const int valid_keys = w.key_end - k0;
-            if (valid_keys < WG_KEYS) {   /* the V rows past key_end -> zeros (dims 0-511) */
-                for (int idx = tid; idx < (WG_KEYS - valid_keys) * 64; idx += 128) {
-                    const int row = valid_keys + (idx >> 6), c = idx & 63;
-                    *reinterpret_cast<uint4 *>(smem + G::OFF_K + s * WG_TILE + wg_swz(row, c)) = make_uint4(0, 0, 0, 0);
-                }
-                ar_wg::fence_proxy_async();
-            }
-            /* mask and scale (log2 domain); the tile's row maxima: this thread's 2 keys, the 8
-             * lanes of its column, then the 4 warps through shared memory */
-            float mx[NI];
-#pragma unroll
-            for (int i = 0; i < NI; i++) mx[i] = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int i = 2 * nt + (e & 1), key = k0 + 16 * wq + g + 8 * (e >> 1);
-                    const float x = key < lim[i] ? acc[nt][e] * row_mul[i] : -INFINITY;
-                    acc[nt][e] = x;
-                    mx[i] = fmaxf(mx[i], x);
-                }
-#pragma unroll
-            for (int i = 0; i < NI; i++) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 4));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
-            }
-            if (g == 0)
-#pragma unroll
-                for (int i = 0; i < NI; i++) s_wmax[(s * 4 + wq) * NR + qrow[i]] = mx[i];
+            cp_async_commit();
+            cp_async_wait<0>();
+            ar_wg::fence_proxy_async();
             w16_wg_sync(0);
-            float alpha[NI], m_use[NI];
+            /* FP8 runs in fp16 (one conversion an e4m3 pair, see widen_and_stage): bf16 queries are
+             * scaled into fp16 row by row, and each row's scores multiplied back (qscale) */
+            const bool q_scaled = FP8 && !BF16 && a.bf16;
+            if (q_scaled) w16_q_bf16_to_f16<NR>(smem, red + G::RED_QMAX, s_qscale, tid);
+
+            int lim[NI];
+            float m_run[NI], l_part[NI];   /* l_part: this thread's share of the row sums (its 2 keys a tile) */
 #pragma unroll
             for (int i = 0; i < NI; i++) {
-                const float *wm = s_wmax + s * 4 * NR + qrow[i];
-                const float m_tile = fmaxf(fmaxf(wm[0], wm[NR]), fmaxf(wm[2 * NR], wm[3 * NR]));
-                const float m_new = fmaxf(m_run[i], m_tile);
-                m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-                alpha[i] = exp2f(m_run[i] - m_use[i]);
-                m_run[i] = m_new;
-                l_part[i] *= alpha[i];
+                const int gr = w.row0 + qrow[i];
+                lim[i] = gr < nrows ? key_limit(a.causal, sl, ql, gr / H, extra) : 0;
+                if (lim[i] > w.key_end) lim[i] = w.key_end;
+                m_run[i] = -INFINITY;
+                l_part[i] = 0.f;
             }
+            float row_mul[NI];   /* score_mul, times each row's query scale where Q was scaled */
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int i = 0; i < NI; i++) row_mul[i] = q_scaled ? score_mul * s_qscale[qrow[i]] : score_mul;
+            for (int t = 0; t < ntiles; t++, gt++) {
+                const int s = gt & 1;
+                const uint32_t sk_addr = sk_addr0 + (uint32_t)(s * WG_TILE);
+                float acc[NT][4];
+                const uint64_t desc_k = ar_wg::desc_sw128(sk_addr, 16, 1024);
+                ar_wg::fence();
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int i = 2 * nt + (e & 1);
-                    const float p = exp2f(acc[nt][e] - m_use[i]);
-                    acc[nt][e] = p;
-                    l_part[i] += p;
+                for (int kk = 0; kk < D / 16; kk++) {
+                    /* each atom's products start as soon as that atom has landed */
+                    if ((kk & 3) == 0 && (!FP8 || kk == 0))
+                        ar_wg::mbar_wait(landed_bar(s) + (uint32_t)(FP8 ? 0 : 8 * (kk >> 2)), (uint32_t)(gt >> 1) & 1u);
+                    const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
+                    const uint32_t qoff = (uint32_t)((kk >> 2) * G::QATOM + (kk & 3) * 32) >> 4;
+                    wgmma_m64n<BF16, 0, NT>(acc, ar_wg::desc_advance(desc_k, koff), ar_wg::desc_advance(desc_q, qoff), kk > 0);
                 }
-            /* P^T [NR rows][64 keys] into buffer s once warpgroup 1 is done with tile t - 2 */
-            if (t >= 2) ar_wg::mbar_wait(p_empty_bar(s), (uint32_t)((t >> 1) - 1) & 1u);
-            unsigned char *const sp = smem + G::OFF_P + s * G::QATOM;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int row = qrow[2 * nt + (e & 1)], key = 16 * wq + g + 8 * (e >> 1);
-                    *reinterpret_cast<uint16_t *>(sp + row * 128 + ((((key >> 3) ^ (row & 7))) << 4) + (key & 7) * 2) =
-                        to_bits(BF16, acc[nt][e]);
+                ar_wg::commit();
+                ar_wg::wait<0>();
+                wg_fence_acc(acc);
+                const int k0 = w.key_begin + t * WG_KEYS;
+                const int valid_keys = w.key_end - k0;
+                if (valid_keys < WG_KEYS) {   /* the V rows past key_end -> zeros (dims 0-511) */
+                    for (int idx = tid; idx < (WG_KEYS - valid_keys) * 64; idx += 128) {
+                        const int row = valid_keys + (idx >> 6), c = idx & 63;
+                        *reinterpret_cast<uint4 *>(smem + G::OFF_K + s * WG_TILE + wg_swz(row, c)) = make_uint4(0, 0, 0, 0);
+                    }
+                    ar_wg::fence_proxy_async();
                 }
+                /* mask and scale (log2 domain); the tile's row maxima: this thread's 2 keys, the 8
+                 * lanes of its column, then the 4 warps through shared memory */
+                float mx[NI];
+#pragma unroll
+                for (int i = 0; i < NI; i++) mx[i] = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int i = 2 * nt + (e & 1), key = k0 + 16 * wq + g + 8 * (e >> 1);
+                        const float x = key < lim[i] ? acc[nt][e] * row_mul[i] : -INFINITY;
+                        acc[nt][e] = x;
+                        mx[i] = fmaxf(mx[i], x);
+                    }
+#pragma unroll
+                for (int i = 0; i < NI; i++) {
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 4));
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
+                }
+                if (g == 0)
+#pragma unroll
+                    for (int i = 0; i < NI; i++) s_wmax[(s * 4 + wq) * NR + qrow[i]] = mx[i];
+                w16_wg_sync(0);
+                float alpha[NI], m_use[NI];
+#pragma unroll
+                for (int i = 0; i < NI; i++) {
+                    const float *wm = s_wmax + s * 4 * NR + qrow[i];
+                    const float m_tile = fmaxf(fmaxf(wm[0], wm[NR]), fmaxf(wm[2 * NR], wm[3 * NR]));
+                    const float m_new = fmaxf(m_run[i], m_tile);
+                    m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+                    alpha[i] = exp2f(m_run[i] - m_use[i]);
+                    m_run[i] = m_new;
+                    l_part[i] *= alpha[i];
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int i = 2 * nt + (e & 1);
+                        const float p = exp2f(acc[nt][e] - m_use[i]);
+                        acc[nt][e] = p;
+                        l_part[i] += p;
+                    }
+                /* P^T [NR rows][64 keys] into buffer s once warpgroup 1 is done with tile gt - 2 */
+                if (gt >= 2) ar_wg::mbar_wait(p_empty_bar(s), (uint32_t)((gt >> 1) - 1) & 1u);
+                unsigned char *const sp = smem + G::OFF_P + s * G::QATOM;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int row = qrow[2 * nt + (e & 1)], key = 16 * wq + g + 8 * (e >> 1);
+                        *reinterpret_cast<uint16_t *>(sp + row * 128 + ((((key >> 3) ^ (row & 7))) << 4) + (key & 7) * 2) =
+                            to_bits(BF16, acc[nt][e]);
+                    }
+                if (wq == 0 && g == 0)
+#pragma unroll
+                    for (int i = 0; i < NI; i++) s_alpha[s * NR + qrow[i]] = alpha[i];
+                ar_wg::fence_proxy_async();   /* P^T stores -> wgmma's reads */
+                ar_wg::mbar_arrive(p_full_bar(s));
+            }
+            /* the row sums: the 8 lanes of a column, then the 4 warps */
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                float l = l_part[i];
+                l += __shfl_xor_sync(0xffffffffu, l, 4);
+                l += __shfl_xor_sync(0xffffffffu, l, 8);
+                l += __shfl_xor_sync(0xffffffffu, l, 16);
+                if (g == 0) s_lsum[wq * NR + qrow[i]] = l;
+            }
+            w16_wg_sync(0);
+            /* s_fin is free once warpgroup 1 has read the previous piece's */
+            if (j > 0) ar_wg::mbar_wait(fin_empty_bar, (uint32_t)(j - 1) & 1u);
             if (wq == 0 && g == 0)
 #pragma unroll
-                for (int i = 0; i < NI; i++) s_alpha[s * NR + qrow[i]] = alpha[i];
-            ar_wg::fence_proxy_async();   /* P^T stores -> wgmma's reads */
-            ar_wg::mbar_arrive(p_full_bar(s));
-        }
-        /* the row sums: the 8 lanes of a column, then the 4 warps */
-        float *const s_lsum = red + G::RED_LSUM, *const s_fin = red + G::RED_FIN;
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-            float l = l_part[i];
-            l += __shfl_xor_sync(0xffffffffu, l, 4);
-            l += __shfl_xor_sync(0xffffffffu, l, 8);
-            l += __shfl_xor_sync(0xffffffffu, l, 16);
-            if (g == 0) s_lsum[wq * NR + qrow[i]] = l;
-        }
-        w16_wg_sync(0);
-        if (wq == 0 && g == 0)
-#pragma unroll
-            for (int i = 0; i < NI; i++) {
-                const int c = qrow[i];
-                s_fin[c] = m_run[i];
-                s_fin[NR + c] = s_lsum[c] + s_lsum[NR + c] + s_lsum[2 * NR + c] + s_lsum[3 * NR + c];
-            }
-        ar_wg::mbar_arrive(final_bar);   /* the final maxima and sums -> warpgroup 1 */
-        w16_wg_sync(0);                  /* ... and to warpgroup 0's own threads */
-        if (tid < NR) {   /* the LSE of row tid */
-            const int gr = w.row0 + tid;
-            const float m = s_fin[tid], l = s_fin[NR + tid];
-            const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
-            if (gr < nrows) {
-                if (w.partial < 0) {
-                    const float lse = a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
-                    a.lse[(int64_t)(gr % H) * a.num_tokens + q0 + gr / H] = lse;
-                } else {
-                    a.part_lse[(int64_t)w.partial * ROWS + tid] = lse2;
+                for (int i = 0; i < NI; i++) {
+                    const int c = qrow[i];
+                    s_fin[c] = m_run[i];
+                    s_fin[NR + c] = s_lsum[c] + s_lsum[NR + c] + s_lsum[2 * NR + c] + s_lsum[3 * NR + c];
+                }
+            ar_wg::mbar_arrive(final_bar);   /* the final maxima and sums -> warpgroup 1 */
+            w16_wg_sync(0);                  /* ... and to warpgroup 0's own threads */
+            if (tid < NR) {   /* the LSE of row tid */
+                const int gr = w.row0 + tid;
+                const float m = s_fin[tid], l = s_fin[NR + tid];
+                const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
+                if (gr < nrows) {
+                    if (w.partial < 0) {
+                        const float lse = a.fault == AR_FAULT_LSE_BASE2 ? lse2 : lse2 * 0.6931471805599453f;
+                        a.lse[(int64_t)(gr % H) * a.num_tokens + q0 + gr / H] = lse;
+                    } else {
+                        a.part_lse[(int64_t)w.partial * ROWS + tid] = lse2;
+                    }
                 }
             }
+            w16_wg_sync(0);   /* the LSE reads of s_fin and every S of this piece before the next Q */
         }
         return;
     }
 
-    /* ---- warpgroup 1: O^T += V^T P^T of every tile, and the refills ---- */
-    float o[8][NT][4];   /* dims 64 mt + 16 wq + g + 8 (e >> 1), query row qrow[2 nt + (e & 1)] */
-#pragma unroll
-    for (int mt = 0; mt < 8; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) o[mt][nt][e] = 0.f;
+    /* ---- warpgroup 1: per piece O^T += V^T P^T of every tile, and the refills ---- */
     const float *const s_alpha = red + G::RED_ALPHA;
-    /* FP8: widens the two staged halves of tile u into slot u & 1 (free: its tile u - 2 is done)
-     * and publishes it to warpgroup 0; each buffer is restaged with the half three on as soon as
-     * all 128 threads have widened it */
+    const float *const s_fin = red + G::RED_FIN;
+    /* FP8 (one piece a CTA): widens the two staged halves of tile u into slot u & 1 (free: its
+     * tile u - 2 is done) and publishes it to warpgroup 0; each buffer is restaged with the half
+     * three on as soon as all 128 threads have widened it */
     auto widen_and_stage = [&](int u) {
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
@@ -519,85 +565,107 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                 ar_wg::mbar_arrive(landed_bar(u & 1));
             }
             w16_wg_sync(1);
-            if (warp == 4 && h + W16_STAGES < 2 * ntiles)
-                w16_stage_fp8(a, r, w.key_begin + (h + W16_STAGES) * W16_HALF, w.key_end, buf, staged + b, lane);
+            if (warp == 4 && h + W16_STAGES < 2 * ntiles_first)
+                w16_stage_fp8(a, w_first.req, w_first.key_begin + (h + W16_STAGES) * W16_HALF, w_first.key_end, buf,
+                              staged + b, lane);
         }
     };
-    if (FP8 && ntiles > 0) widen_and_stage(0);
-    for (int t = 0; t < ntiles; t++) {
-        const int s = t & 1;
-        ar_wg::mbar_wait(p_full_bar(s), (uint32_t)(t >> 1) & 1u);
-        float al[NI];
-        bool moved = false;
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-            al[i] = s_alpha[s * NR + qrow[i]];
-            moved |= al[i] != 1.f;
-        }
-        if (a.fault != AR_FAULT_NO_RESCALE && __any_sync(0xffffffffu, moved)) {
-#pragma unroll
-            for (int mt = 0; mt < 8; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) o[mt][nt][e] *= al[2 * nt + (e & 1)];
-        }
-#pragma unroll
-        for (int mt = 0; mt < 8; mt++) wg_fence_acc(o[mt]);
-        ar_wg::fence();
-        const uint32_t sk_addr = sk_addr0 + (uint32_t)(s * WG_TILE);
-        const uint64_t desc_p = ar_wg::desc_sw128(sp_addr0 + (uint32_t)(s * G::QATOM), 16, 1024);
-        /* two groups: dims 0-255 (atoms 0-3), then 256-511 (atoms 4-7); each part of the slot is
-         * refilled with tile t + 2 as soon as its group has completed (atom 8, the rope dims, with
-         * the first: S^T of tile t completed before P^T(t) was published) */
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-#pragma unroll
-            for (int kk = 0; kk < WG_KEYS / 16; kk++)
-#pragma unroll
-                for (int m4 = 0; m4 < 4; m4++) {
-                    const int mt = 4 * half + m4;
-                    const uint64_t desc_v =
-                        ar_wg::desc_sw128(sk_addr + (uint32_t)(mt * WG_ATOM + kk * 2048), WG_ATOM, 1024);
-                    wgmma_m64n<BF16, 1, NT>(o[mt], desc_v, ar_wg::desc_advance(desc_p, (uint32_t)((kk * 32) >> 4)), 1);
-                }
-            ar_wg::commit();
-        }
-        if (FP8 && t + 1 < ntiles) widen_and_stage(t + 1);   /* under this tile's products */
-        const bool refill = !FP8 && t + 2 < ntiles;
-        const int k2 = w.key_begin + (t + 2) * WG_KEYS;
-        ar_wg::wait<1>();
-        if (refill) {
-            w16_wg_sync(1);
-            if (tid == 128) {
-                w16_tma_atoms(a, &tmap, r, k2, w.key_end, sk_addr, landed_bar(s), 0, 4);
-                w16_tma_atoms(a, &tmap, r, k2, w.key_end, sk_addr, landed_bar(s), 8, 9);
-            }
-        }
-        ar_wg::wait<0>();
-#pragma unroll
-        for (int mt = 0; mt < 8; mt++) wg_fence_acc(o[mt]);
-        ar_wg::mbar_arrive(p_empty_bar(s));
-        if (refill) {
-            w16_wg_sync(1);
-            if (tid == 128) w16_tma_atoms(a, &tmap, r, k2, w.key_end, sk_addr, landed_bar(s), 4, 8);
-        }
-    }
-    ar_wg::mbar_wait(final_bar, 0u);   /* warpgroup 0's final maxima and sums */
-    const float *const s_fin = red + G::RED_FIN;
-#pragma unroll
-    for (int i = 0; i < NI; i++) {
-        const int c = qrow[i], gr = w.row0 + c;
-        if (gr >= nrows) continue;
-        const float l = s_fin[NR + c];
-        const float inv = l > 0.f ? (FP8 ? a.kv_scale : 1.f) / l : 0.f;   /* V = kv_scale x its e4m3 */
-        float *const dst = w.partial < 0 ? a.o_lat + ((int64_t)q0 * H + gr) * DL
-                                         : a.part_o + ((int64_t)w.partial * ROWS + c) * DL;
-        const int nt = i >> 1, e0 = i & 1;
+    cursor refill_at = start();   /* the chain's tile gt + 2, copied while tile gt's products run */
+    if (refill_at.wi >= 0) advance(refill_at);
+    if (refill_at.wi >= 0) advance(refill_at);
+    if (FP8 && ntiles_first > 0) widen_and_stage(0);
+    int gt = 0, j = 0;
+    for (int wi = first_wi; wi >= 0; wi = next_wi(wi), j++) {
+        const work_item w = a.work[wi];
+        const int r = w.req;
+        const int q0 = a.qsl[r], nrows = (a.qsl[r + 1] - q0) * H;
+        const int ntiles = tiles_of(w);
+        float o[8][NT][4];   /* dims 64 mt + 16 wq + g + 8 (e >> 1), query row qrow[2 nt + (e & 1)] */
 #pragma unroll
         for (int mt = 0; mt < 8; mt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) dst[64 * mt + 16 * wq + g + 8 * h] = o[mt][nt][2 * h + e0] * inv;
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) o[mt][nt][e] = 0.f;
+        for (int t = 0; t < ntiles; t++, gt++) {
+            const int s = gt & 1;
+            ar_wg::mbar_wait(p_full_bar(s), (uint32_t)(gt >> 1) & 1u);
+            float al[NI];
+            bool moved = false;
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                al[i] = s_alpha[s * NR + qrow[i]];
+                moved |= al[i] != 1.f;
+            }
+            if (a.fault != AR_FAULT_NO_RESCALE && __any_sync(0xffffffffu, moved)) {
+#pragma unroll
+                for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) o[mt][nt][e] *= al[2 * nt + (e & 1)];
+            }
+#pragma unroll
+            for (int mt = 0; mt < 8; mt++) wg_fence_acc(o[mt]);
+            ar_wg::fence();
+            const uint32_t sk_addr = sk_addr0 + (uint32_t)(s * WG_TILE);
+            const uint64_t desc_p = ar_wg::desc_sw128(sp_addr0 + (uint32_t)(s * G::QATOM), 16, 1024);
+            /* two groups: dims 0-255 (atoms 0-3), then 256-511 (atoms 4-7); each part of the slot is
+             * refilled with the chain's tile gt + 2 as soon as its group has completed (atom 8, the
+             * rope dims, with the first: S^T of tile gt completed before P^T(gt) was published) */
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+#pragma unroll
+                for (int kk = 0; kk < WG_KEYS / 16; kk++)
+#pragma unroll
+                    for (int m4 = 0; m4 < 4; m4++) {
+                        const int mt = 4 * half + m4;
+                        const uint64_t desc_v =
+                            ar_wg::desc_sw128(sk_addr + (uint32_t)(mt * WG_ATOM + kk * 2048), WG_ATOM, 1024);
+                        wgmma_m64n<BF16, 1, NT>(o[mt], desc_v, ar_wg::desc_advance(desc_p, (uint32_t)((kk * 32) >> 4)), 1);
+                    }
+                ar_wg::commit();
+            }
+            if (FP8 && t + 1 < ntiles) widen_and_stage(t + 1);   /* under this tile's products */
+            const bool refill = !FP8 && refill_at.wi >= 0;
+            ar_wg::wait<1>();
+            if (refill) {
+                w16_wg_sync(1);
+                if (tid == 128) {
+                    copy_tile(refill_at, sk_addr, landed_bar(s), 0, 4);
+                    copy_tile(refill_at, sk_addr, landed_bar(s), 8, 9);
+                }
+            }
+            ar_wg::wait<0>();
+#pragma unroll
+            for (int mt = 0; mt < 8; mt++) wg_fence_acc(o[mt]);
+            ar_wg::mbar_arrive(p_empty_bar(s));
+            if (refill) {
+                w16_wg_sync(1);
+                if (tid == 128) copy_tile(refill_at, sk_addr, landed_bar(s), 4, 8);
+                advance(refill_at);
+            }
+        }
+        ar_wg::mbar_wait(final_bar, (uint32_t)j & 1u);   /* warpgroup 0's final maxima and sums */
+        float inv[NI];
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            const float l = s_fin[NR + qrow[i]];
+            inv[i] = l > 0.f ? (FP8 ? a.kv_scale : 1.f) / l : 0.f;   /* V = kv_scale x its e4m3 */
+        }
+        ar_wg::mbar_arrive(fin_empty_bar);   /* s_fin read: warpgroup 0 may write the next piece's */
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            const int c = qrow[i], gr = w.row0 + c;
+            if (gr >= nrows) continue;
+            float *const dst = w.partial < 0 ? a.o_lat + ((int64_t)q0 * H + gr) * DL
+                                             : a.part_o + ((int64_t)w.partial * ROWS + c) * DL;
+            const int nt = i >> 1, e0 = i & 1;
+#pragma unroll
+            for (int mt = 0; mt < 8; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) dst[64 * mt + 16 * wq + g + 8 * h] = o[mt][nt][2 * h + e0] * inv[i];
+        }
     }
 #else
     (void)a;
