@@ -46,6 +46,22 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
     } while (!done);
 }
 
+/* The same wait with a warp-uniform exit: the warp leaves the loop together, on a vote.  For a
+ * wait between the wgmma of one product inside a loop whose trip count ptxas cannot prove
+ * uniform (the MLA transposed kernel's chain of pieces): there a per-thread exit puts the
+ * warpgroup.arrive that ptxas inserts on a divergent path, and ptxas then serializes every wgmma
+ * of the kernel (its C7520 "wgmma.mma_async instructions are serialized").  Every lane of the
+ * warp must take part. */
+__device__ __forceinline__ void mbar_wait_warp(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!__all_sync(0xffffffffu, done));
+}
+
 /* The same wait, asking the hardware to suspend the thread until the phase completes (for
  * at most about 10 ms per try) instead of returning at once: a waiting warp stops competing for
  * issue slots with the warps that do the work on its scheduler. */

@@ -428,9 +428,10 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                 ar_wg::fence();
 #pragma unroll
                 for (int kk = 0; kk < D / 16; kk++) {
-                    /* each atom's products start as soon as that atom has landed */
+                    /* each atom's products start as soon as that atom has landed (the warp leaves
+                     * the wait together, or ptxas serializes every wgmma: mbar_wait_warp) */
                     if ((kk & 3) == 0 && (!FP8 || kk == 0))
-                        ar_wg::mbar_wait(landed_bar(s) + (uint32_t)(FP8 ? 0 : 8 * (kk >> 2)), (uint32_t)(gt >> 1) & 1u);
+                        ar_wg::mbar_wait_warp(landed_bar(s) + (uint32_t)(FP8 ? 0 : 8 * (kk >> 2)), (uint32_t)(gt >> 1) & 1u);
                     const uint32_t koff = (uint32_t)((kk >> 2) * WG_ATOM + (kk & 3) * 32) >> 4;
                     const uint32_t qoff = (uint32_t)((kk >> 2) * G::QATOM + (kk & 3) * 32) >> 4;
                     wgmma_m64n<BF16, 0, NT>(acc, ar_wg::desc_advance(desc_k, koff), ar_wg::desc_advance(desc_q, qoff), kk > 0);
@@ -508,7 +509,9 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma16_kernel(attn_args a, c
                 ar_wg::fence_proxy_async();   /* P^T stores -> wgmma's reads */
                 ar_wg::mbar_arrive(p_full_bar(s));
             }
-            /* the row sums: the 8 lanes of a column, then the 4 warps */
+            /* the row sums: the 8 lanes of a column, then the 4 warps (the warp converged first,
+             * so that ptxas needs no divergent fallback for the shuffles) */
+            __syncwarp();
 #pragma unroll
             for (int i = 0; i < NI; i++) {
                 float l = l_part[i];
