@@ -374,6 +374,195 @@ __global__ void __launch_bounds__(THREADS, 1) attn_wgmma_tma_kernel(attn_args a,
     wg_kernel_body<BF16, true>(a, &tmap);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* "early-s-tma": the product's schedule (warpgroup 0 computes S and the softmax, both run P V  */
+/* on their columns) with S of the next tile issued right behind this tile's P V, so the      */
+/* tensor cores see P V(t) and S(t + 1) back to back instead of two CTA barriers between them. */
+/* Key tiles land atom by atom (one mbarrier per 64-dim atom and slot, 18 in all; FlashMLA's   */
+/* per-atom barriers), so S(t + 1) starts on its first atoms while the rest still arrive: the  */
+/* next tile is issued only once both warpgroups' P V of the slot's previous tile is done.     */
+/* Named barriers (256 threads, one warpgroup arrives, the other syncs; counts matched):       */
+/*   EB_PREADY  0 -> 1  P(t) and alpha(t) written, S(t) done (every tile);                     */
+/*   EB_PFREE   1 -> 0  warpgroup 1's P V(t) done: P and alpha may be rewritten (t + 1 < n);   */
+/*   EB_SFREE   0 -> 1  warpgroup 0's P V(t) done: slot t & 1 may take tile t + 2 (t + 2 < n). */
+/* Lab restriction: every tile whole (pieces of whole 64-key tiles, as the benchmark's); a     */
+/* partial tile traps.                                                                         */
+enum { EB_PREADY = 1, EB_PFREE = 2, EB_SFREE = 3 };
+constexpr int EB_OFF_BARS = WG_OFF_RED + 4 * ROWS * 4;   /* [2 slots][9 atoms] mbarriers */
+constexpr int EB_SMEM = WG_SMEM + 18 * 8;
+static_assert(EB_OFF_BARS % 8 == 0 && EB_SMEM <= 232448, "early-s: the per-atom mbarriers fit");
+
+/* mbar_wait with a warp-uniform exit (the warp leaves on a vote): a per-thread exit between the
+ * wgmma of one product makes ptxas serialize every wgmma of the kernel (its C7520), which is what
+ * the first measurement of this kernel (2026-12-04 16:01 UTC, 0.57x) ran into. */
+__device__ __forceinline__ void eb_wait_warp(uint64_t *bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
+    } while (!__all_sync(0xffffffffu, done));
+}
+
+/* TMA copies of the 64 keys k0 .. of request r into the tile at sk_addr, atom by atom, each atom
+ * onto its own mbarrier (bars [9]: 8192 bytes each), the first atoms first. */
+__device__ __forceinline__ void eb_tma_keys(const attn_args &a, const void *tmap, int r, int k0, uint32_t sk_addr,
+                                            uint64_t *bars)
+{
+    const int rows_log2 = wg_tma_rows_log2(a.block_size_log2);
+    const int runs = WG_KEYS >> rows_log2;
+    const int *const bt = a.block_table + (int64_t)r * a.mbpr;
+    int slot[4];
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const int j = k0 + (p << rows_log2);
+        slot[p] = p < runs ? (__ldg(bt + (j >> a.block_size_log2)) << a.block_size_log2) + (j & (a.block_size - 1)) : 0;
+    }
+#pragma unroll
+    for (int c = 0; c < 9; c++) {
+        const uint32_t bar_addr = (uint32_t)__cvta_generic_to_shared(&bars[c]);
+        ar_wg::mbar_arrive_expect_tx(bar_addr, (uint32_t)WG_ATOM);
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            if (p >= runs) break;
+            ar_wg::tma_load_2d(sk_addr + (uint32_t)(c * WG_ATOM + (p << rows_log2) * 128), tmap, bar_addr, c * 64, slot[p]);
+        }
+    }
+}
+
+template <bool BF16>
+__global__ void __launch_bounds__(THREADS, 1) attn_wgmma_early_s_kernel(attn_args a, const __grid_constant__ CUtensorMap tmap)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    uint32_t sq_addr;
+    unsigned char *const smem = wg_smem_base(&sq_addr);
+    const uint32_t sk_addr0 = sq_addr + WG_OFF_K, sp_addr = sq_addr + WG_OFF_P;
+    float *const s_alpha = reinterpret_cast<float *>(smem + WG_OFF_RED);
+    float *const s_sum = s_alpha + 2 * ROWS;
+    uint64_t *const bars = reinterpret_cast<uint64_t *>(smem + EB_OFF_BARS);   /* [2][9] */
+
+    const work_item w = a.work[blockIdx.x];
+    const int r = w.req;
+    const int q0 = a.qsl[r], ql = a.qsl[r + 1] - q0, sl = a.seq_lens[r];
+    const int nrows = ql * a.num_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tig = lane & 3;
+    const int lr[2] = {(warp & 3) * 16 + (lane >> 2), (warp & 3) * 16 + (lane >> 2) + 8};
+    int lim[2];
+    row_limits(a, w, sl, ql, nrows, lr, lim);
+    const int n = w.key_end > w.key_begin ? (w.key_end - w.key_begin + WG_KEYS - 1) / WG_KEYS : 0;
+    if ((w.key_end - w.key_begin) % WG_KEYS != 0) __trap();   /* lab restriction: whole tiles */
+    if (tid == WG_TMA_THREAD) {
+        for (int i = 0; i < 18; i++) mbar_init(&bars[i], 1);
+        mbar_init_fence();
+        ar_wg::tma_prefetch_map(&tmap);
+    }
+    __syncthreads();
+    if (tid == WG_TMA_THREAD)
+        for (int t = 0; t < 2 && t < n; t++)
+            eb_tma_keys(a, &tmap, r, w.key_begin + t * WG_KEYS, sk_addr0 + (uint32_t)(t * WG_TILE), &bars[9 * t]);
+    wg_load_q<THREADS>(a, w, q0, nrows, smem, tid);
+    cp_async_commit();
+    float o[32][4];
+#pragma unroll
+    for (int nt = 0; nt < 32; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    wg_fence_acc(o);   /* the zeros written here, not inside S(0)'s wgmma (ptxas then serializes them: C7515) */
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    bool m_ready = false;
+    const float alpha_one[2] = {1.f, 1.f};   /* the running form's rescale factors */
+    const float score_mul = a.scale_log2;
+    const uint64_t desc_q = ar_wg::desc_sw128(sq_addr, 16, 1024);
+    const uint64_t desc_p = ar_wg::desc_sw128(sp_addr, 16, 1024);
+    cp_async_wait<0>();
+    ar_wg::fence_proxy_async();
+    __syncthreads();                      /* Q landed */
+
+    /* S(t) into s: per atom, wait for it and issue its 4 steps (warpgroup 0) */
+    auto issue_s = [&](int t, float (&s)[8][4]) {
+        const uint32_t slot = (uint32_t)(t & 1), par = (uint32_t)(t >> 1) & 1u;
+        const uint64_t desc_k = ar_wg::desc_sw128(sk_addr0 + slot * (uint32_t)WG_TILE, 16, 1024);
+        ar_wg::fence();
+#pragma unroll
+        for (int c = 0; c < 9; c++) {
+            eb_wait_warp(&bars[9 * slot + c], par);
+#pragma unroll
+            for (int k4 = 0; k4 < 4; k4++) {
+                const int kk = 4 * c + k4;
+                const uint32_t koff = (uint32_t)(c * WG_ATOM + k4 * 32) >> 4;
+                wgmma_qk64<BF16>(s, ar_wg::desc_advance(desc_q, koff), ar_wg::desc_advance(desc_k, koff), kk > 0);
+            }
+        }
+        ar_wg::commit();
+    };
+    auto issue_pv = [&](int t) {
+        const uint32_t slot = (uint32_t)(t & 1);
+        const uint64_t desc_v = ar_wg::desc_sw128(sk_addr0 + slot * (uint32_t)WG_TILE + (uint32_t)(4 * wg * WG_ATOM), WG_ATOM, 1024);
+        wg_fence_acc(o);
+        ar_wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < WG_KEYS / 16; kk++)
+            wgmma_pv<BF16>(o, ar_wg::desc_advance(desc_p, (uint32_t)((kk * 32) >> 4)), ar_wg::desc_advance(desc_v, (uint32_t)((kk * 2048) >> 4)));
+        ar_wg::commit();
+    };
+
+    if (wg == 0) {
+        float s[8][4];
+        if (n > 0) issue_s(0, s);
+        for (int t = 0; t < n; t++) {
+            if (t > 0) {
+                ar_wg::wait<1>();         /* P V(t - 1) done; S(t) may still run */
+                wg_fence_acc(o);
+                if (t + 1 < n) wg_bar_arrive(EB_SFREE);
+            }
+            ar_wg::wait<0>();             /* S(t) done */
+            wg_fence_acc(s);
+            wg_fence_acc(o);
+            if (t > 0) wg_bar_sync(EB_PFREE);   /* warpgroup 1 is done with P(t - 1) and alpha(t - 1) */
+            if (!wg_softmax_running<BF16>(s, w.key_begin + t * WG_KEYS, tig, lim, score_mul, m_run, l_run,
+                                          smem + WG_OFF_P, s_alpha, alpha_one, lr, a.fault, m_ready)) {
+                float alpha[2];
+                wg_softmax_full(s, w.key_begin + t * WG_KEYS, tig, lim, score_mul, m_run, l_run, alpha, a.fault);
+                wg_rescale(o, alpha, a.fault);
+                wg_fence_acc(o);
+                wg_store_p<BF16>(smem + WG_OFF_P, s_alpha, s, lr, tig, alpha);
+            }
+            ar_wg::fence_proxy_async();   /* P stores -> the async proxy */
+            wg_bar_arrive(EB_PREADY);
+            issue_pv(t);
+            if (t + 1 < n) issue_s(t + 1, s);
+        }
+        ar_wg::wait<0>();
+        wg_fence_acc(o);
+    } else {
+        for (int t = 0; t < n; t++) {
+            wg_bar_sync(EB_PREADY);
+            const float alpha[2] = {s_alpha[lr[0]], s_alpha[lr[1]]};
+            wg_rescale(o, alpha, a.fault);
+            const uint32_t slot = (uint32_t)(t & 1), par = (uint32_t)(t >> 1) & 1u;
+#pragma unroll 1
+            for (int c = 0; c < 8; c++) eb_wait_warp(&bars[9 * slot + c], par);   /* complete: V(t) visible here */
+            issue_pv(t);
+            ar_wg::wait<0>();
+            wg_fence_acc(o);
+            if (t + 1 < n) wg_bar_arrive(EB_PFREE);
+            if (t + 2 < n) {
+                wg_bar_sync(EB_SFREE);
+                if (tid == WG_TMA_THREAD)
+                    eb_tma_keys(a, &tmap, r, w.key_begin + (t + 2) * WG_KEYS, sk_addr0 + slot * (uint32_t)WG_TILE, &bars[9 * slot]);
+                __syncwarp();
+            }
+        }
+    }
+    wg_finish_rows(a, w, q0, nrows, s_sum, o, m_run, l_run, lr, wg, tig);
+#else
+    (void)a;
+    (void)tmap;
+    __trap();
+#endif
+}
+
 } /* namespace ar_mla */
 
 /* ---------------------------------------------------------------------------------------- */
@@ -416,6 +605,15 @@ static cudaError_t launch_seesaw_fast_tma(const attn_args *a, int num_ctas, cons
     return cudaGetLastError();
 }
 
+/* "early-s-tma": attn_wgmma_early_s_kernel (whole 64-key tiles only) */
+static cudaError_t launch_early_s_tma(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
+{
+    if (!tmap) return cudaErrorInvalidValue;
+    if (a->bf16) attn_wgmma_early_s_kernel<true><<<num_ctas, THREADS, EB_SMEM, st>>>(*a, *tmap);
+    else attn_wgmma_early_s_kernel<false><<<num_ctas, THREADS, EB_SMEM, st>>>(*a, *tmap);
+    return cudaGetLastError();
+}
+
 static cudaError_t launch_seesaw_rs(const attn_args *a, int num_ctas, const CUtensorMap *tmap, cudaStream_t st)
 {
     (void)tmap;
@@ -440,7 +638,10 @@ static bool set_attributes(void)
         if (cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  i < 6 ? WG_SMEM_TMA : i < 8 ? WG_SMEM : PAIRS_SMEM) != cudaSuccess)
             return false;
-    return true;
+    return cudaFuncSetAttribute((const void *)attn_wgmma_early_s_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                EB_SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute((const void *)attn_wgmma_early_s_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                EB_SMEM) == cudaSuccess;
 }
 
 static double max_abs_diff(const float *a, const float *b, size_t n)
@@ -462,6 +663,7 @@ int main(int argc, char **argv)
                                                  {"pairs-exact", launch_pairs_exact},
                                                  {"seesaw-rs-tma", launch_seesaw_rs_tma},
                                                  {"seesaw-fast-tma", launch_seesaw_fast_tma},
+                                                 {"early-s-tma", launch_early_s_tma},
                                                  {"seesaw-rs", launch_seesaw_rs}};
     /* argv[2] ..: the lab rows to run (all without) */
     auto wanted = [&](const char *name) {
