@@ -77,6 +77,7 @@ typedef struct mla_state {
     int device;
     char device_name[256];
     int num_sms;
+    int plan_sms;   /* the SMs the decode planner fills: num_sms, or AR_MLA_SMS */
     mla_caps caps;                  /* what the device can run (mla_probe) */
     int H, P, V, bs, num_layers;
     bool bf16, fp8;
@@ -204,6 +205,10 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     }
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->num_sms = prop.multiProcessorCount;
+    /* AR_MLA_SMS=N: plan as if the device had N SMs (1 .. its count): fewer, longer pieces, so
+     * that small batches chain on the persistent plans too (the tests' and mutants' replays) */
+    const int plan_sms = ar_env_count("AR_MLA_SMS", s->num_sms);
+    s->plan_sms = plan_sms > 0 ? plan_sms : s->num_sms;
     s->caps = mla_probe(s->device);
     if ((rc = mla_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
@@ -322,11 +327,11 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     }
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
     mla_plan plan;
-    int plan_rc = ar_mla_build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits);
+    int plan_rc = ar_mla_build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->plan_sms, s->force_splits);
     /* the decision function: the decode kernel of this step, and its plan */
     s->route = mla_choose(s->caps, s->force_kernel, plan.max_rows, s->fp8, 0);
     if (!plan_rc)
-        plan_rc = mla_replan(&plan, s->route, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms,
+        plan_rc = mla_replan(&plan, s->route, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->plan_sms,
                              s->force_splits);
     if (plan_rc) {
         free(is_pf);
