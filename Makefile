@@ -378,13 +378,16 @@ test-gpu-sanitize:
 # it; it fails when one survives.  `make mutate-gpu-build` builds the GPU mutations into one
 # archive, MUTATE_OUT/gpu-mutants.tar.xz, that `make mutate-gpu` (tests/run_mutants.sh) runs on
 # the GPU machine.  `make mutate`: the CPU mutants, then the GPU ones where a GPU and the archive
-# are present.  MUTATE_ONLY=id,id limits a run to those mutations.
+# are present.  MUTATE_ONLY=id,id limits a run to those mutations.  A CPU mutation of host code
+# that no CPU replay runs (the GPU backends' planners) is killed by its unit test instead
+# ("kill: test:NAME": tests/NAME.c linked against the mutant's objects).
 MUTATE_OUT  ?= $(BUILD)/mutants
 MUTATE_ONLY ?=
 MUTATE_ARGS  = --src $(CURDIR) --build $(BUILD) --bin $(BIN) --main $(MAIN) --lib $(LIB) --cc '$(CC)' \
-               --cflags '$(CFLAGS)' --link '$(CC) $(LDFLAGS)' --libs '$(LIBS)' $(if $(MUTATE_ONLY),--only $(MUTATE_ONLY))
+               --cflags '$(CFLAGS)' --link '$(CC) $(LDFLAGS)' --libs '$(LIBS)' $(if $(MUTATE_ONLY),--only $(MUTATE_ONLY)) \
+               --test-objs '$(TEST_COMMON)' --test-cflags '$(CFLAGS) $(CUDA_CFLAGS)'
 .PHONY: mutate mutate-cpu mutate-gpu-build mutate-gpu
-mutate-cpu: deps $(BIN)
+mutate-cpu: deps $(BIN) $(TESTS)
 	@$(PYTHON) tests/mutate.py cpu $(MUTATE_ARGS) --out $(MUTATE_OUT)/cpu
 
 ifeq ($(HAVE_CUDA),1)

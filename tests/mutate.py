@@ -18,11 +18,14 @@ takes the mutant's objects first, so the library's originals are never pulled in
 A mutant is killed when a kill replay exits 1 (a step failed verification), 3 (a runtime
 error: the watchdog, a CUDA fault), or dies on a signal or the time limit; exit 0 means it
 survived that replay.  Exit 2 or 4 from a kill replay is an error in the mutation's list entry.
+A cpu mutation's kill may also be "test:NAME", a cmocka test of tests/NAME.c (for host code no
+sample replay reaches on the CPU, such as the GPU backends' planners): the test is linked
+against the mutant's objects and kills it by failing; the pristine build/tests/NAME must pass.
 
 Usage: mutate.py check [SRC [LIST]]       (every entry still applies to the source)
        mutate.py cpu|gpu --src DIR --build DIR --out DIR --main OBJ --lib LIB
                  --cc CMD --cflags FLAGS --link CMD --libs LIBS [--nvcc CMD] [--only ID,...]
-                 [--timeout S]
+                 [--test-objs OBJS --test-cflags FLAGS] [--timeout S]
 """
 import argparse
 import os
@@ -85,6 +88,8 @@ def parse_mutations(path):
             sys.exit(f"{path}:{e['line']}: {e['id']}: expect takes exit3 (the run must end with a run error)")
         if e["find"] == e["replace"]:
             sys.exit(f"{path}:{e['line']}: {e['id']}: find and replace are the same")
+        if any(k.startswith("test:") for k in e["kill"]) and (e["kind"] != "cpu" or e.get("expect")):
+            sys.exit(f"{path}:{e['line']}: {e['id']}: test: kills are for cpu mutations without expect")
         seen.add(e["id"])
     return entries
 
@@ -169,7 +174,8 @@ def archive_members(lib):
 
 
 def build_mutant(a, e, scratch, mdir):
-    """Compiles the mutated translation units and links mdir/attnreplay; returns (ok, log, line)."""
+    """Compiles the mutated translation units and links mdir/attnreplay; returns (ok, log, line).
+    The mutated objects stay in mdir/obj (e["objs"]) for test: kills."""
     os.makedirs(mdir, exist_ok=True)
     members = archive_members(a.lib)
     units = [u for u in dependents(a.build, a.main, e["file"])
@@ -206,11 +212,46 @@ def build_mutant(a, e, scratch, mdir):
     if mobjs:
         main = mobjs[0]
         objs = [o for o in objs if o != main]
+    e["objs"] = objs
     cmd = (f"{a.link} -o {shlex.quote(os.path.join(mdir, 'attnreplay'))} {shlex.quote(main)} "
            f"{' '.join(shlex.quote(o) for o in objs)} {shlex.quote(os.path.abspath(a.lib))} {a.libs}")
     rc, text, _ = run(cmd)
     log.append(f"$ {cmd}\n{text}")
     return rc == 0, "\n".join(log), lineno
+
+
+def test_name(kill):
+    """NAME of a "test:NAME" kill, else None."""
+    return kill[5:] if kill.startswith("test:") else None
+
+
+def run_test(a, binary):
+    """Runs a cmocka test binary as make test does (AR_SRC, AR_BIN); (rc, output)."""
+    env = dict(os.environ, AR_SRC=os.path.abspath(a.src), AR_BIN=os.path.abspath(a.bin))
+    rc, text, _ = run([binary], cwd=a.src, timeout=a.timeout, env=env)
+    return rc, text
+
+
+def mutant_test(a, e, mdir, name):
+    """Links tests/NAME.c against the mutant's objects and runs it; (rc, output)."""
+    out = os.path.join(mdir, name)
+    cmd = (f"{a.link} {a.test_cflags} -o {shlex.quote(out)} {shlex.quote(os.path.join(a.src, 'tests', name + '.c'))} "
+           f"{a.test_objs} {' '.join(shlex.quote(o) for o in e['objs'])} {shlex.quote(os.path.abspath(a.lib))} "
+           f"-lcmocka {a.libs}")
+    rc, text, _ = run(cmd, cwd=a.src)
+    if rc != 0:
+        return 2, f"test {name} does not link: {text[-500:]}"
+    return run_test(a, out)
+
+
+def failed_test_line(text):
+    """The first failing assertion or test of a cmocka run, or its last line."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    for key in ("FAILED", "Failure!", "error:"):
+        for line in lines:
+            if key in line:
+                return line[:160]
+    return lines[-1][:160] if lines else ""
 
 
 def kill_command(src, binary, kill, db):
@@ -296,6 +337,12 @@ def cmd_cpu(a, entries):
             if kill in checked:
                 continue
             checked.add(kill)
+            if test_name(kill):
+                rc, text = run_test(a, os.path.join(a.build, "tests", test_name(kill)))
+                if rc != 0:
+                    broken += 1
+                    print(f"  pristine FAILS {kill}: exit {rc}: {failed_test_line(text)}")
+                continue
             db = os.path.join(a.out, "pristine.db")
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(db + suffix):
@@ -320,6 +367,15 @@ def cmd_cpu(a, entries):
             continue
         outcome, by = "survived", "every kill replay passed"
         for kill in e["kill"]:
+            if test_name(kill):
+                rc, text = mutant_test(a, e, mdir, test_name(kill))
+                if rc == 2 and text.startswith("test "):
+                    outcome, by = "broken", text
+                    break
+                if rc != 0:
+                    outcome, by = "killed", f"{kill}: failed (exit {rc}); {failed_test_line(text)}"
+                    break
+                continue
             db = os.path.join(mdir, "kill.db")
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(db + suffix):
@@ -417,6 +473,8 @@ def main():
     p.add_argument("--link", required=True)
     p.add_argument("--libs", required=True)
     p.add_argument("--only", default="", help="comma-separated mutation ids")
+    p.add_argument("--test-objs", default="", help="objects a test binary links besides the library (test: kills)")
+    p.add_argument("--test-cflags", default="", help="the flags test binaries compile with (test: kills)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a kill replay may run")
     a = p.parse_args()
     a.src = os.path.abspath(a.src)
