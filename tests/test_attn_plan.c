@@ -19,13 +19,7 @@ enum { MAX_REQS = 24 };
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
-static int rnd(int n)   /* 0 .. n - 1 */
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (int)(rng_state % (uint64_t)n);
-}
+static int rnd(int n) { return tu_rnd(&rng_state, n); }   /* 0 .. n - 1 */
 
 typedef struct launch {
     int qsl[MAX_REQS + 1], seq_lens[MAX_REQS];

@@ -27,13 +27,7 @@ typedef struct batch {
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-static int rnd(int n)   /* 0 .. n - 1 */
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (int)(rng_state % (uint64_t)n);
-}
+static int rnd(int n) { return tu_rnd(&rng_state, n); }   /* 0 .. n - 1 */
 
 /* The keys the last row of the row tile at row0 of request r sees: its query token i =
  * last_row / H sees keys 0 .. seq_len - q_len + i (+ extra) when causal, all of them otherwise. */

@@ -217,3 +217,11 @@ void tu_mla_model(struct ar_model *m, const char *name, int heads, int layers)
     m->v_head_dim = 128;
     m->scale = AR_MLA_DEEPSEEK_SCALE;
 }
+
+int tu_rnd(uint64_t *state, int n)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return (int)(*state % (uint64_t)n);
+}

@@ -40,6 +40,10 @@ int64_t tu_query_int(const char *db, const char *sql);
 /* The first column of the first row as text ("" when none). */
 void tu_query_text(const char *db, const char *sql, char *out, size_t len);
 
+/* A number in 0 .. n - 1 from the xorshift generator *state (a fixed seed gives the same
+ * sequence on every machine: the tests' random cases are reproducible). */
+int tu_rnd(uint64_t *state, int n);
+
 /* DeepSeek-V3's MLA attention (one latent KV head of 576 = 512 + 64 rope dims, nope 128, v 128,
  * its softmax scale) with `heads` query heads and `layers` layers, named `name`, in *m (an
  * ar_model of traces/trace.h; the test's config holds it). */
