@@ -212,7 +212,7 @@ static void test_decode_tma_items(void **state)
             seq[r] = 1 + rnd(20000);
         }
         int max_blocks, max_seq;
-        ar_attn_decode_tma_extent(R, qsl, seq, window, &max_blocks, &max_seq);
+        ar_attn_decode_tma_extent(R, seq, window, &max_blocks, &max_seq);
         int want_blocks = 0, want_seq = 0;
         for (int r = 0; r < R; r++) {
             const int first_key = window > 0 && seq[r] > window ? seq[r] - window : 0;
@@ -487,7 +487,7 @@ static void test_random_plans(void **state)
             assert_true(d.has_tma && d.head_size == 128 && d.block_size == 16 && d.num_kv_heads <= 8 && d.group <= 16);
             assert_true(d.fault == AR_FAULT_NONE && !non_causal && max_q == 1);
             int max_blocks, max_seq;
-            ar_attn_decode_tma_extent(R, qsl, seq, d.sliding_window, &max_blocks, &max_seq);
+            ar_attn_decode_tma_extent(R, seq, d.sliding_window, &max_blocks, &max_seq);
             ar_attn_pieces want;
             assert_int_equal(ar_attn_decode_tma_items(R, qsl, seq, d.sliding_window, d.num_kv_heads, pl.num_splits,
                                                       max_blocks, &want), 0);

@@ -209,10 +209,9 @@ static void decode_blocks(int seq_len, int window, int *begin, int *end)
     *end = (seq_len + 15) / 16;
 }
 
-void ar_attn_decode_tma_extent(int num_reqs, const int *query_start_loc, const int *seq_lens, int window,
+void ar_attn_decode_tma_extent(int num_reqs, const int *seq_lens, int window,
                                int *max_blocks, int *max_seq)
 {
-    (void)query_start_loc;
     *max_blocks = *max_seq = 0;
     for (int r = 0; r < num_reqs; r++) {
         int begin, end;
@@ -482,7 +481,7 @@ int ar_attn_build_plan(const ar_attn_device *d, int R, const int *query_start_lo
          * h x n for KV head h, and (request, h) is a combine group of the n slots from base + h x n */
         const int window0 = d->sliding_window;
         int max_seq = 0, max_blocks = 0;
-        ar_attn_decode_tma_extent(R, query_start_loc, seq_lens, window0, &max_blocks, &max_seq);
+        ar_attn_decode_tma_extent(R, seq_lens, window0, &max_blocks, &max_seq);
         const int splits = decode_tma_splits(d, R, max_seq, max_blocks, force_config, force_splits, flat);
         ar_attn_pieces pieces;
         if (ar_attn_decode_tma_items(R, query_start_loc, seq_lens, window0, d->num_kv_heads, splits, max_blocks, &pieces))

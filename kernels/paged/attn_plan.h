@@ -107,9 +107,9 @@ int ar_attn_items(const ar_attn_shape *sh, ar_attn_work **items, int64_t *n, int
 int ar_attn_cut(const ar_attn_work *items, int64_t n_items, int splits, int max_units, int warps_n,
                 ar_attn_pieces *out);
 
-/* A DECODE_TMA launch (one query token a request; other requests are left out): the most key
- * blocks (16 keys) a request reads from its window's start, and its longest context. */
-void ar_attn_decode_tma_extent(int num_reqs, const int *query_start_loc, const int *seq_lens, int window,
+/* A DECODE_TMA launch's extent: the most key blocks (16 keys) any of its num_reqs requests reads
+ * from its window's start, and the longest context. */
+void ar_attn_decode_tma_extent(int num_reqs, const int *seq_lens, int window,
                                int *max_blocks, int *max_seq);
 
 /* Its items: one a request (every KV head, blocks from the window's start), or with splits > 1
