@@ -233,15 +233,15 @@ def run_test(a, binary):
 
 
 def mutant_test(a, e, mdir, name):
-    """Links tests/NAME.c against the mutant's objects and runs it; (rc, output)."""
+    """Links tests/NAME.c against the mutant's objects and runs it; (linked, rc, output)."""
     out = os.path.join(mdir, name)
     cmd = (f"{a.link} {a.test_cflags} -o {shlex.quote(out)} {shlex.quote(os.path.join(a.src, 'tests', name + '.c'))} "
            f"{a.test_objs} {' '.join(shlex.quote(o) for o in e['objs'])} {shlex.quote(os.path.abspath(a.lib))} "
            f"-lcmocka {a.libs}")
     rc, text, _ = run(cmd, cwd=a.src)
     if rc != 0:
-        return 2, f"test {name} does not link: {text[-500:]}"
-    return run_test(a, out)
+        return False, rc, f"test {name} does not link: {text[-500:]}"
+    return (True,) + run_test(a, out)
 
 
 def failed_test_line(text):
@@ -368,8 +368,8 @@ def cmd_cpu(a, entries):
         outcome, by = "survived", "every kill replay passed"
         for kill in e["kill"]:
             if test_name(kill):
-                rc, text = mutant_test(a, e, mdir, test_name(kill))
-                if rc == 2 and text.startswith("test "):
+                linked, rc, text = mutant_test(a, e, mdir, test_name(kill))
+                if not linked:
                     outcome, by = "broken", text
                     break
                 if rc != 0:

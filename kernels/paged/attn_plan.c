@@ -152,7 +152,6 @@ int ar_attn_cut(const ar_attn_work *items, int64_t n_items, int splits, int max_
                 ar_attn_pieces *out)
 {
     const int wn = warps_n;
-    memset(out, 0, sizeof *out);
     int chunk_units = splits > 1 ? (max_units + splits - 1) / splits : max_units;
     if (chunk_units < 1) chunk_units = 1;
     int64_t n_work = 0, n_groups = 0, n_partials = 0;
@@ -224,7 +223,6 @@ void ar_attn_decode_tma_extent(int num_reqs, const int *seq_lens, int window,
 int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int *seq_lens, int window,
                              int num_kv_heads, int splits, int max_blocks, ar_attn_pieces *out)
 {
-    memset(out, 0, sizeof *out);
     const int chunk = splits > 1 ? (max_blocks + splits - 1) / splits : (max_blocks > 0 ? max_blocks : 1);
     int64_t n_work = 0, n_groups = 0;
     for (int r = 0; r < num_reqs; r++) {
