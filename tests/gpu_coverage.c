@@ -3,7 +3,7 @@
  * replayed with --cascade on; a DeepSeek-V3 MLA trace) replayed through bin/attnreplay on the
  * "cuda" and "cuda-mla" backends with their default settings, verified against the reference,
  * must together run every default path of the two decision functions (build_plan in
- * kernels/paged/cuda_plan.cuh, mla_choose and the MLA planner in kernels/mla/mla_decode.cu), as
+ * kernels/paged/cuda_plan.cuh, ar_mla_choose and the MLA planner in kernels/mla/mla_route.c and mla_plan.c), as
  * the coverage table records them (path names in replay/backend.h).  Both ways: every expected
  * path ran (a trace that stopped reaching one fails), and every path that ran is in the list (a
  * new path, or a default that changed, fails until the list and a trace cover it).

@@ -3,13 +3,14 @@
  * section 7).  This file is the backend's triple, read in one place:
  *   - the descriptor (ar_cuda_mla_backend: check / open / close, at the end);
  *   - the MetadataBuilder (mla_prepare): the step's decode and prefill requests, the decode
- *     launch's kernel (the decision function mla_choose) and plan, the prefill path's
+ *     launch's kernel (the decision function ar_mla_choose, mla_route.c) and plan, the prefill path's
  *     workspace passes, all packed into one device buffer;
  *   - the Impl (mla_fill, mla_forward): inputs generated on the device, then per pass the
  *     latent-cache write, the absorption GEMM, the latent attention and its split combine, the
  *     W_UV up-projection and the prefill path; timed, guarded, copied back.
- * The pieces it drives live in kernels/mla/: mla_decode.h / mla_decode.cu (the decode launch:
- * decision function, planner, kernels), mla_prefill.cuh (GEMM and prefill kernels),
+ * The pieces it drives live in kernels/mla/: mla_route.c (the decision function and a route's
+ * plan), mla_plan.c (the planner), mla_decode.h / mla_decode.cu (the decode launch and its
+ * kernels), mla_prefill.cuh (GEMM and prefill kernels),
  * mla_inputs.cuh (generator and cache write), mla_common.cuh (shapes, arguments, helpers).
  *
  * Timed part of forward (CUDA events; one untimed warm-up at the first forward and before every
@@ -19,7 +20,7 @@
  * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
  * guard regions checked after every forward; out/LSE are NaN-poisoned before each forward.
  * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk forces the decode kernel (for comparisons;
- * mla_decode.h has the rule); AR_MLA_TMA=0 makes no tensor map of the cache, so the wgmma route
+ * mla_route.h has the rule); AR_MLA_TMA=0 makes no tensor map of the cache, so the wgmma route
  * runs its cp.async fallback (attn_wgmma_cpasync_kernel), as where the driver refuses the map.
  *
  * LSE convention: [Hq, T], natural log, -inf for a row that sees no key (backend contract). */
@@ -111,7 +112,7 @@ typedef struct mla_state {
     size_t out_bytes, lse_bytes;
     ar_cuda_mla_kernel force_kernel;
     bool no_tensor_map;             /* AR_MLA_TMA=0: the wgmma route without the cache's tensor map */
-    mla_route route;                /* the decode kernel of this step (mla_choose) */
+    mla_route route;                /* the decode kernel of this step (ar_mla_choose) */
     int force_splits;
     int use_prefill;
     int workspace_tokens;
@@ -324,9 +325,9 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     mla_plan plan;
     int plan_rc = ar_mla_build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits);
     /* the decision function: the decode kernel of this step, and its plan */
-    s->route = mla_choose(s->caps, s->force_kernel, plan.max_rows, s->fp8, 0);
+    s->route = ar_mla_choose(&s->caps, s->force_kernel, plan.max_rows, s->fp8, 0);
     if (!plan_rc)
-        plan_rc = mla_replan(&plan, s->route, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms,
+        plan_rc = ar_mla_replan(&plan, &s->route, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms,
                              s->force_splits);
     if (plan_rc) {
         free(is_pf);
@@ -700,20 +701,20 @@ static int ensure_weights(mla_state *s, int layer, char *err, size_t err_len)
     return mla_fail(cudaGetLastError(), "weight generator", err, err_len);
 }
 
-/* The decode launch's kernel path (backend.h): the route mla_choose picked (the wgmma kernel
+/* The decode launch's kernel path (backend.h): the route ar_mla_choose picked (the wgmma kernel
  * with cp.async key loads when the cache's tensor map could not be made), "+split" when a combine
  * merged split pieces. */
 static const char *decode_path(const mla_route &route, bool cpasync, bool split)
 {
     switch (route.kind) {
-    case MLA_WGMMA:
+    case AR_MLA_ROUTE_WGMMA:
         if (cpasync) return split ? "mla-decode:tc-wgmma-cpasync+split" : "mla-decode:tc-wgmma-cpasync";
         if (route.rows_t == 16) return split ? "mla-decode:tc-wgmma16+split" : "mla-decode:tc-wgmma16";
         if (route.rows_t == 32) return split ? "mla-decode:tc-wgmma32+split" : "mla-decode:tc-wgmma32";
         return split ? "mla-decode:tc-wgmma+split" : "mla-decode:tc-wgmma";
-    case MLA_NARROW_BULK: return split ? "mla-decode:tc-narrow-bulk+split" : "mla-decode:tc-narrow-bulk";
-    case MLA_NARROW: return split ? "mla-decode:tc-narrow+split" : "mla-decode:tc-narrow";
-    case MLA_TC: return split ? "mla-decode:tc-split-qk+split" : "mla-decode:tc-split-qk";
+    case AR_MLA_ROUTE_NARROW_BULK: return split ? "mla-decode:tc-narrow-bulk+split" : "mla-decode:tc-narrow-bulk";
+    case AR_MLA_ROUTE_NARROW: return split ? "mla-decode:tc-narrow+split" : "mla-decode:tc-narrow";
+    case AR_MLA_ROUTE_TC: return split ? "mla-decode:tc-split-qk+split" : "mla-decode:tc-split-qk";
     default: return "mla-decode:simt";
     }
 }
@@ -750,7 +751,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
         return rc;
     attn_args a;
     fill_attn_args(s, layer, &a);
-    bool use_tc = s->route.kind != MLA_SIMT;
+    bool use_tc = s->route.kind != AR_MLA_ROUTE_SIMT;
     /* the wgmma kernel: this layer's cache as a tensor map, else its cp.async key loads run
      * (said once on stderr); with an fp8 cache it stages its tiles by bulk copies instead */
     CUtensorMap tmap;
@@ -827,7 +828,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     free(times);
     o->num_paths = 0;
     if (s->n_dec_reqs > 0 && T > s->n_pf_tok)
-        ar_forward_add_path(o, decode_path(s->route, mla_wgmma_cpasync(s->route, a.block_size, tmap_arg != NULL), present[3]));
+        ar_forward_add_path(o, decode_path(s->route, ar_mla_wgmma_cpasync(&s->route, a.block_size, tmap_arg != NULL), present[3]));
     if (s->n_pf_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
     if (s->n_pf_reqs > 0 && s->info.num_context_chunks > 0) ar_forward_add_path(o, "mla-prefill:context");
     if (s->fp8) ar_forward_add_path(o, "kv-fp8");

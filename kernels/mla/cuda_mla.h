@@ -35,14 +35,14 @@ extern const ar_backend ar_cuda_mla_backend;
  * reorder_batch_threshold; longer ones take the prefill path (semantics 7.3). */
 #define AR_CUDA_MLA_DECODE_THRESHOLD 128
 
-/* Latent-attention kernel: AUTO is the decision function's choice (kernels/mla/mla_decode.h:
+/* Latent-attention kernel: AUTO is the decision function's choice (kernels/mla/mla_route.h:
  * on Hopper the 64-row wgmma kernel over 32 rows a request, its transposed twin up to 32 (with
  * an fp8 cache up to 16); off Hopper or with an fp8 cache over 16 rows the mma.sync kernels;
  * SIMT where their shared memory does not fit).  The others force a kernel where it can run: SIMT the plain SIMT kernel; TC_SPLIT_QK the
  * mma.sync 64-row kernel; TC_WGMMA the wgmma kernel (compute capability 9.0 and a bf16/fp16 cache;
  * elsewhere TC_SPLIT_QK; forced, it is the 64-row kernel also for requests of at most 32 rows,
  * which AUTO gives its transposed twin); TC_NARROW the mma.sync narrow 16-row kernel where every
- * request has at most 16 rows (else AUTO's choice); TC_NARROW_BULK the bulk-copy narrow kernel
+ * request has at most 16 rows (else as TC_WGMMA); TC_NARROW_BULK the bulk-copy narrow kernel
  * likewise (compute capability 9 or more and a bf16/fp16 cache; else TC_NARROW's).  The
  * environment variable AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk selects
  * one for the backend. */

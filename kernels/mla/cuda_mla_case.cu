@@ -251,10 +251,10 @@ static int run_case(const ar_cuda_mla_case *c, const ar_cuda_mla_lab_kernel *lab
         snprintf(err, err_len, "cuda-mla case: out of host memory");
         rc = 3;
     }
-    const mla_route route = mla_choose(caps, c->kernel, plan.max_rows, fp8, c->stages);
-    const bool use_tc = route.kind != MLA_SIMT;
+    const mla_route route = ar_mla_choose(&caps, c->kernel, plan.max_rows, fp8, c->stages);
+    const bool use_tc = route.kind != AR_MLA_ROUTE_SIMT;
     /* a lab kernel runs one piece a CTA: ar_mla_build_plan's plan, not the route's persistent one */
-    if (!rc && !lab && mla_replan(&plan, route, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0, num_sms, c->num_splits)) {
+    if (!rc && !lab && ar_mla_replan(&plan, &route, B, h_qsl, c->seqlens_k, NULL, H, c->causal ? 1 : 0, 0, num_sms, c->num_splits)) {
         snprintf(err, err_len, "cuda-mla case: out of host memory");
         rc = 3;
     }

@@ -15,6 +15,7 @@
 #include "../../reference/mla_ref.h"
 #include "../../replay/backend.h"
 #include "mla_plan.h"
+#include "mla_route.h"
 
 namespace ar_mla {
 
@@ -27,7 +28,7 @@ constexpr int STRIDE = D + 8;   /* shared row stride in 16-bit elements (conflic
 constexpr int THREADS = 256;    /* 8 warps */
 constexpr int SIMT_THREADS = 128; /* the SIMT kernels (decode fallback, prefill attention) */
 constexpr int SIMT_CHUNK = 128;   /* keys a SIMT CTA scores at once */
-constexpr int PAIRS_MIN_BLOCK = 32; /* attn_wgmma_pairs_kernel: two 32-key TMA boxes a 64-dim atom */
+constexpr int PAIRS_MIN_BLOCK = AR_MLA_PAIRS_MIN_BLOCK; /* attn_wgmma_pairs_kernel: two 32-key TMA boxes a 64-dim atom */
 
 /* The planner's items as the kernels read them (mla_plan.h: plain C, so that the plans are
  * tested without a GPU). */

@@ -1,9 +1,8 @@
 /* mla_decode.cu - the cuda-mla backend's decode launch: the kernels of mla_decode_mma.cuh,
  * mla_decode_wgmma.cuh, mla_decode_wgmma_pairs.cuh and mla_decode_wgmma16.cuh compiled in one
- * place with the split combines and the SIMT fallback, what the device can run (mla_probe), the
- * decision function (mla_choose), the plan of a route (mla_replan; the planner itself is
- * mla_plan.c) and the launch (mla_launch_decode).  The interface and the decision table are in
- * mla_decode.h. */
+ * place with the split combines and the SIMT fallback, what the device can run (mla_probe) and
+ * the launch (mla_launch_decode).  The interface is in mla_decode.h; the decision function that
+ * picks a launch's kernel and the plan of its route are plain C (mla_route.c, mla_plan.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,85 +234,6 @@ mla_caps mla_probe(int device)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* The decision function                                                                      */
-
-/* Measured on the H200 (BENCHMARKS.md): at h_q = 128 the wgmma kernels with TMA key tiles run
- * at 505-619 TFLOP/s (4k-32k keys; attn_wgmma_pairs_kernel 528-619) against 156-160 for
- * attn_tc_kernel; up to 32 rows a request its transposed twin attn_wgmma16_kernel (16 or 32 rows
- * wide) streams the latent cache at 3.93-4.24 TB/s (h_q = 16, 2026-12-02) against the 64-row
- * kernel's 3.39-3.96 (16 of each tile's 64 rows used) and the bulk narrow kernel's 3.16-3.74
- * (h_q = 8); at h_q = 32 the 32-row instance 3.76-4.18 against the 64-row kernel's 3.61-3.85.
- * The bulk narrow kernel stays AUTO's choice for at most 16 rows on a device of compute
- * capability 9 or more without the wgmma kernels (it beats attn_narrow_kernel, 3.72 against 2.37
- * TB/s at 32k).  Off Hopper, splitting the score tile between the column halves (attn_tc_kernel)
- * measured 160 against 135 TFLOP/s for both halves computing it. */
-mla_route mla_choose(const mla_caps &caps, ar_cuda_mla_kernel forced, int max_rows, bool fp8_cache, int stages_cap)
-{
-    mla_route r;
-    memset(&r, 0, sizeof r);
-    r.ctas_per_sm = 1;
-    if (forced == AR_MLA_KERNEL_SIMT || caps.tc_stages == 0) {
-        r.kind = MLA_SIMT;
-        r.name = "simt";
-        return r;
-    }
-    const int tc_stages = stages_cap == 2 && caps.tc_stages > 2 ? 2 : caps.tc_stages;
-    const bool wgmma = caps.wgmma && !fp8_cache;
-    const bool transposed = forced == AR_MLA_KERNEL_AUTO &&
-                        (fp8_cache ? caps.wgmma16_fp8 && max_rows <= W16_ROWS : wgmma && caps.wgmma16 && max_rows <= W32_ROWS);
-    const bool bulk_ok = caps.narrow_bulk && !fp8_cache && tc_stages >= 3;
-    const bool narrow = max_rows <= NROWS && !transposed &&
-                        (forced == AR_MLA_KERNEL_TC_NARROW || forced == AR_MLA_KERNEL_TC_NARROW_BULK ||
-                         (forced == AR_MLA_KERNEL_AUTO && (!wgmma || max_rows < NROWS)));
-    if (forced == AR_MLA_KERNEL_TC_SPLIT_QK)
-        r.kind = MLA_TC;
-    else if (narrow && forced == AR_MLA_KERNEL_TC_NARROW)
-        r.kind = MLA_NARROW;
-    else if (narrow)
-        r.kind = bulk_ok ? MLA_NARROW_BULK : MLA_NARROW;
-    else
-        r.kind = wgmma || transposed ? MLA_WGMMA : MLA_TC;
-    switch (r.kind) {
-    case MLA_WGMMA:
-        r.stages = 2;
-        r.combine_rows = true;
-        r.rows_t = !transposed ? 0 : max_rows <= W16_ROWS ? W16_ROWS : W32_ROWS;
-        r.tensor_map = !fp8_cache;
-        r.name = r.rows_t == W16_ROWS ? "tc-wgmma16" : r.rows_t ? "tc-wgmma32" : "tc-wgmma";
-        break;
-    case MLA_NARROW_BULK:
-        r.stages = NB_STAGES;
-        r.ctas_per_sm = 2;
-        r.persistent = true;
-        r.combine_rows = true;
-        r.name = "tc-narrow-bulk";
-        break;
-    case MLA_NARROW:
-        r.stages = tc_stages >= 3 ? 4 : 2;
-        r.name = "tc-narrow";
-        break;
-    default:
-        r.stages = tc_stages;
-        r.name = "tc-split-qk";
-        break;
-    }
-    return r;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* The plan of a route (the planner itself: mla_plan.c)                                       */
-
-int mla_replan(mla_plan *p, const mla_route &route, int R, const int *qsl, const int *seq_lens,
-               const unsigned char *include, int H, int causal, int extra, int num_sms, int force_splits)
-{
-    if (force_splits > 0 || (!route.persistent && route.ctas_per_sm <= 1)) return 0;
-    ar_mla_plan_free(p);
-    if (route.persistent)
-        return ar_mla_build_plan_persistent(p, R, qsl, seq_lens, include, H, causal, extra, num_sms * route.ctas_per_sm);
-    return ar_mla_build_plan(p, R, qsl, seq_lens, include, H, causal, extra, num_sms * route.ctas_per_sm, force_splits);
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* The launch                                                                                 */
 
 int mla_wgmma_tensor_map(const attn_args &a, size_t num_slots, CUtensorMap *map, char *err, size_t err_len)
@@ -333,8 +253,8 @@ int mla_wgmma_tensor_map(const attn_args &a, size_t num_slots, CUtensorMap *map,
 template <bool BF16, bool FP8>
 static void launch_kernel(const attn_args &a, const mla_route &route, int n, const CUtensorMap *tmap, cudaStream_t st)
 {
-    if constexpr (FP8) {   /* with an fp8 cache mla_choose picks the wgmma kinds only as this one */
-        if (route.kind == MLA_WGMMA) {
+    if constexpr (FP8) {   /* with an fp8 cache ar_mla_choose picks the wgmma kinds only as this one */
+        if (route.kind == AR_MLA_ROUTE_WGMMA) {
             const CUtensorMap none = {};   /* unused: the fp8 tiles come by bulk copies */
             /* fp16 products whatever the query dtype: e4m3 widens to fp16 by one instruction a
              * pair, bf16 queries are scaled into fp16 in the kernel (a.bf16) */
@@ -342,9 +262,9 @@ static void launch_kernel(const attn_args &a, const mla_route &route, int n, con
             return;
         }
     }
-    if constexpr (!FP8) {   /* mla_choose never picks these with an fp8 cache */
-        if (route.kind == MLA_WGMMA) {
-            if (mla_wgmma_cpasync(route, a.block_size, tmap != nullptr))
+    if constexpr (!FP8) {   /* ar_mla_choose never picks these with an fp8 cache */
+        if (route.kind == AR_MLA_ROUTE_WGMMA) {
+            if (ar_mla_wgmma_cpasync(&route, a.block_size, tmap != nullptr))
                 attn_wgmma_cpasync_kernel<BF16><<<n, THREADS, WG_SMEM, st>>>(a);
             else if (route.rows_t == W16_ROWS)
                 attn_wgmma16_kernel<BF16, 16><<<n, THREADS, W16Geom<16>::SMEM, st>>>(a, *tmap);
@@ -354,14 +274,14 @@ static void launch_kernel(const attn_args &a, const mla_route &route, int n, con
                 attn_wgmma_pairs_kernel<BF16, true><<<n, THREADS, PAIRS_SMEM, st>>>(a, *tmap);
             return;
         }
-        if (route.kind == MLA_NARROW_BULK) {
+        if (route.kind == AR_MLA_ROUTE_NARROW_BULK) {
             attn_narrow_bulk_kernel<BF16><<<n, THREADS, narrow_bulk_smem_total(), st>>>(a);
             return;
         }
     }
-    if (route.kind == MLA_NARROW && route.stages >= 4)
+    if (route.kind == AR_MLA_ROUTE_NARROW && route.stages >= 4)
         attn_narrow_kernel<BF16, FP8, 4><<<n, THREADS, narrow_smem_total(4), st>>>(a);
-    else if (route.kind == MLA_NARROW)
+    else if (route.kind == AR_MLA_ROUTE_NARROW)
         attn_narrow_kernel<BF16, FP8, 2><<<n, THREADS, narrow_smem_total(2), st>>>(a);
     else if (route.stages >= 3)
         attn_tc_kernel<BF16, FP8, 3><<<n, THREADS, smem_total(3), st>>>(a);
@@ -373,7 +293,7 @@ cudaError_t mla_launch_combine(const attn_args &a, const mla_route &route, int n
 {
     /* combine_rows_kernel: one CTA per group row (64-row groups of the wgmma kernel, 16-row ones
      * of the bulk narrow kernel); combine_kernel: one CTA per group; the same arithmetic */
-    if (num_groups > 0 && route.kind == MLA_WGMMA)
+    if (num_groups > 0 && route.kind == AR_MLA_ROUTE_WGMMA)
         combine_rows_kernel<<<dim3((unsigned)num_groups, ROWS), 128, 0, st>>>(a);
     else if (num_groups > 0 && route.combine_rows)
         combine_rows_kernel<<<dim3((unsigned)num_groups, NROWS), 128, 0, st>>>(a);
@@ -385,7 +305,7 @@ cudaError_t mla_launch_combine(const attn_args &a, const mla_route &route, int n
 cudaError_t mla_launch_decode(const attn_args &a, const mla_route &route, int num_ctas, int num_groups, int num_tokens,
                               const CUtensorMap *tmap, cudaStream_t st, cudaEvent_t ev_mid)
 {
-    if (route.kind != MLA_SIMT) {
+    if (route.kind != AR_MLA_ROUTE_SIMT) {
         if (num_ctas > 0) {
             if (a.bf16 && !a.fp8_cache) launch_kernel<true, false>(a, route, num_ctas, tmap, st);
             else if (a.bf16) launch_kernel<true, true>(a, route, num_ctas, tmap, st);

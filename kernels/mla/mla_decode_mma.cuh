@@ -2,7 +2,7 @@
  * fallback: the absorbed latent attention of the cuda-mla backend (weight-absorbed queries of
  * 576 dims against the latent cache; values = the first 512 dims of the same key rows), the
  * split-KV combines, and what they share.  Included by mla_decode.cu; which kernel runs a launch
- * is decided there (mla_choose).
+ * is decided by ar_mla_choose (mla_route.c).
  *
  * A row is a (query token, head) pair numbered token-major inside a request, so every latent
  * block is read once for all heads of a tile.  Keys are gathered through the block table in
@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_tc_kernel(attn_args a)
 /* half keeps its own online softmax over its (disjoint) keys; the two halves are merged by   */
 /* their maxima and sums at the end, like two split-KV pieces.                                 */
 
-constexpr int NROWS = 16;                                   /* rows of a narrow tile */
+constexpr int NROWS = AR_MLA_NARROW_ROWS;                    /* rows of a narrow tile */
 constexpr int SMEM_QN = NROWS * STRIDE * 2;                 /* Q tile */
 constexpr int SMEM_SPART = 2 * 4 * NROWS * 16 * 4;          /* partial scores [kh][cq][row][16 keys] */
 constexpr int SMEM_XML = 2 * NROWS * 4;                     /* key half 1's row max and sum */
@@ -630,7 +630,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_narrow_kernel(attn_args a)
  *     ring slot and mbarrier phase run on across pieces.
  * Built for sm_90 only (a trap elsewhere: the decision function runs attn_narrow_kernel on
  * older devices and with an fp8 cache). */
-constexpr int NB_STAGES = 2;
+constexpr int NB_STAGES = AR_MLA_NB_STAGES;
 constexpr int SMEM_SPART2 = 2 * SMEM_SPART;   /* double-buffered partial scores */
 constexpr int narrow_bulk_smem_total(void)
 {

@@ -91,7 +91,7 @@ template <int NR, bool FP8 = false> struct W16Geom {
     static_assert(OFF_K % 1024 == 0 && OFF_P % 1024 == 0 && OFF_BAR % 8 == 0, "wgmma16: alignment");
     static_assert(SMEM <= 232448, "wgmma16: more shared memory than an sm_90 block gets");
 };
-constexpr int W16_ROWS = 16, W32_ROWS = 32;                     /* the two instances */
+constexpr int W16_ROWS = AR_MLA_W16_ROWS, W32_ROWS = AR_MLA_W32_ROWS; /* the two instances */
 
 /* d [64 x 8 NT, accumulator layout: element (nt, e) is M row 16 (warp % 4) + lane / 4 + 8 (e >> 1),
  * N column 8 nt + 2 (lane % 4) + (e & 1)] (+)= A B, both from shared memory; B K-major; A K-major

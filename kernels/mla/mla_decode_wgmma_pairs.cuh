@@ -1,5 +1,5 @@
 /* mla_decode_wgmma_pairs.cuh - the default Hopper (sm_90a) MLA decode kernel for 64-row tiles:
- * attn_wgmma_pairs_kernel, chosen by mla_choose (mla_decode.cu) for launches with more than 32
+ * attn_wgmma_pairs_kernel, chosen by ar_mla_choose (mla_route.c) for launches with more than 32
  * rows a request on a compute-capability 9.0 device with a 16-bit latent cache whose tensor map
  * can be made (else attn_wgmma_cpasync_kernel of mla_decode_wgmma.cuh runs).  The same work
  * items (64 rows = (token, head) pairs of one request, a key range), arguments, masks, faults and

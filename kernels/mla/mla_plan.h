@@ -13,7 +13,7 @@
  *     chain of work[].next).
  * Plain C, host only, so that tests/test_mla_plan.c checks the plans without a GPU; the kernels
  * (mla_common.cuh: work_item, combine_group) read the items exactly as laid out here, and
- * mla_replan (mla_decode.h) picks the plan of a kernel route. */
+ * ar_mla_replan (mla_route.h) picks the plan of a kernel route. */
 #ifndef AR_MLA_PLAN_H
 #define AR_MLA_PLAN_H
 
