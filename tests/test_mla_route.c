@@ -3,9 +3,11 @@
  * wgmma kernels, an A100-sized part, one where no tensor-core kernel fits), each forced kernel,
  * the fp8 cache and the stage cap; then 20,000 random devices, forced kernels and row counts,
  * where the route must be a kernel that device can run on that launch; then which wgmma launches
- * fall back to the cp.async kernel, and which routes take which plan (ar_mla_replan). */
+ * fall back to the cp.async kernel, the kernel path each route records, and which routes take
+ * which plan (ar_mla_replan). */
 #include "testutil.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "../kernels/mla/mla_route.h"
@@ -223,6 +225,27 @@ static void test_wgmma_cpasync(void **state)
     assert_false(ar_mla_wgmma_cpasync(&bulk, 16, false));
 }
 
+/* The coverage path of every route, worked out from its name: "mla-decode:" name, "-cpasync"
+ * on the wgmma route's cp.async kernel, "+split" with a combine; SIMT has no split form. */
+static void test_route_paths(void **state)
+{
+    (void)state;
+    const ar_mla_route routes[] = {auto_route(&H200, 128, false), auto_route(&H200, 16, false),
+                                   auto_route(&H200, 32, false), auto_route(&H200, 16, true),
+                                   auto_route(&HOPPER_NO_WGMMA, 16, false), auto_route(&A100, 16, false),
+                                   auto_route(&A100, 128, false), auto_route(&TINY, 16, false)};
+    for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++)
+        for (int cpasync = 0; cpasync < 2; cpasync++)
+            for (int split = 0; split < 2; split++) {
+                const ar_mla_route *r = &routes[i];
+                char want[96];
+                const bool cp = cpasync && r->kind == AR_MLA_ROUTE_WGMMA;
+                snprintf(want, sizeof want, "mla-decode:%s%s%s", cp ? "tc-wgmma" : r->name, cp ? "-cpasync" : "",
+                         split && r->kind != AR_MLA_ROUTE_SIMT ? "+split" : "");
+                assert_string_equal(ar_mla_route_path(r, cpasync, split), want);
+            }
+}
+
 static void test_replan(void **state)
 {
     (void)state;
@@ -270,6 +293,7 @@ int main(void)
         cmocka_unit_test(test_forced_kernels),
         cmocka_unit_test(test_random_routes_can_run),
         cmocka_unit_test(test_wgmma_cpasync),
+        cmocka_unit_test(test_route_paths),
         cmocka_unit_test(test_replan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -701,24 +701,6 @@ static int ensure_weights(mla_state *s, int layer, char *err, size_t err_len)
     return mla_fail(cudaGetLastError(), "weight generator", err, err_len);
 }
 
-/* The decode launch's kernel path (backend.h): the route ar_mla_choose picked (the wgmma kernel
- * with cp.async key loads when the cache's tensor map could not be made), "+split" when a combine
- * merged split pieces. */
-static const char *decode_path(const mla_route &route, bool cpasync, bool split)
-{
-    switch (route.kind) {
-    case AR_MLA_ROUTE_WGMMA:
-        if (cpasync) return split ? "mla-decode:tc-wgmma-cpasync+split" : "mla-decode:tc-wgmma-cpasync";
-        if (route.rows_t == 16) return split ? "mla-decode:tc-wgmma16+split" : "mla-decode:tc-wgmma16";
-        if (route.rows_t == 32) return split ? "mla-decode:tc-wgmma32+split" : "mla-decode:tc-wgmma32";
-        return split ? "mla-decode:tc-wgmma+split" : "mla-decode:tc-wgmma";
-    case AR_MLA_ROUTE_NARROW_BULK: return split ? "mla-decode:tc-narrow-bulk+split" : "mla-decode:tc-narrow-bulk";
-    case AR_MLA_ROUTE_NARROW: return split ? "mla-decode:tc-narrow+split" : "mla-decode:tc-narrow";
-    case AR_MLA_ROUTE_TC: return split ? "mla-decode:tc-split-qk+split" : "mla-decode:tc-split-qk";
-    default: return "mla-decode:simt";
-    }
-}
-
 static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out *o, char *err, size_t err_len)
 {
     mla_state *s = (mla_state *)state;
@@ -828,7 +810,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     free(times);
     o->num_paths = 0;
     if (s->n_dec_reqs > 0 && T > s->n_pf_tok)
-        ar_forward_add_path(o, decode_path(s->route, ar_mla_wgmma_cpasync(&s->route, a.block_size, tmap_arg != NULL), present[3]));
+        ar_forward_add_path(o, ar_mla_route_path(&s->route, ar_mla_wgmma_cpasync(&s->route, a.block_size, tmap_arg != NULL), present[3]));
     if (s->n_pf_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
     if (s->n_pf_reqs > 0 && s->info.num_context_chunks > 0) ar_forward_add_path(o, "mla-prefill:context");
     if (s->fp8) ar_forward_add_path(o, "kv-fp8");

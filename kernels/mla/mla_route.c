@@ -65,6 +65,21 @@ bool ar_mla_wgmma_cpasync(const ar_mla_route *r, int block_size, bool have_tmap)
            (!have_tmap || (r->rows_t == 0 && block_size < AR_MLA_PAIRS_MIN_BLOCK));
 }
 
+const char *ar_mla_route_path(const ar_mla_route *route, bool cpasync, bool split)
+{
+    switch (route->kind) {
+    case AR_MLA_ROUTE_WGMMA:
+        if (cpasync) return split ? "mla-decode:tc-wgmma-cpasync+split" : "mla-decode:tc-wgmma-cpasync";
+        if (route->rows_t == AR_MLA_W16_ROWS) return split ? "mla-decode:tc-wgmma16+split" : "mla-decode:tc-wgmma16";
+        if (route->rows_t == AR_MLA_W32_ROWS) return split ? "mla-decode:tc-wgmma32+split" : "mla-decode:tc-wgmma32";
+        return split ? "mla-decode:tc-wgmma+split" : "mla-decode:tc-wgmma";
+    case AR_MLA_ROUTE_NARROW_BULK: return split ? "mla-decode:tc-narrow-bulk+split" : "mla-decode:tc-narrow-bulk";
+    case AR_MLA_ROUTE_NARROW: return split ? "mla-decode:tc-narrow+split" : "mla-decode:tc-narrow";
+    case AR_MLA_ROUTE_TC: return split ? "mla-decode:tc-split-qk+split" : "mla-decode:tc-split-qk";
+    default: return "mla-decode:simt";
+    }
+}
+
 int ar_mla_replan(ar_mla_plan *p, const ar_mla_route *route, int R, const int *qsl, const int *seq_lens,
                   const unsigned char *include, int H, int causal, int extra, int num_sms, int force_splits)
 {

@@ -1,8 +1,8 @@
 /* mla_route.h - the cuda-mla backend's decision function: which decode kernel runs a launch (the
  * route), from what the device can run and the most rows (query tokens x heads) of a request,
- * and the plan that route takes (mla_plan.h).  Plain C, host only, so that tests/test_mla_plan.c
- * checks every decision without a GPU; mla_decode.cu probes the device (mla_probe) and launches
- * the route's kernel.
+ * the plan that route takes (mla_plan.h) and the kernel path it records.  Plain C, host only, so
+ * that tests/test_mla_route.c checks every decision without a GPU; mla_decode.cu probes the
+ * device (mla_probe) and launches the route's kernel.
  *
  * The decision (ar_mla_choose):
  *   compute capability 9.0, 16-bit latent cache:
@@ -102,6 +102,11 @@ ar_mla_route ar_mla_choose(const ar_mla_caps *caps, ar_cuda_mla_kernel forced, i
  * or 64-row tiles on blocks of fewer than AR_MLA_PAIRS_MIN_BLOCK keys.  The launch and the
  * coverage path (tc-wgmma-cpasync) both ask this. */
 bool ar_mla_wgmma_cpasync(const ar_mla_route *r, int block_size, bool have_tmap);
+
+/* The decode launch's kernel path (replay/backend.h, the coverage table): "mla-decode:" and the
+ * route's name, "-cpasync" where the wgmma route ran its cp.async kernel (cpasync: what
+ * ar_mla_wgmma_cpasync said), "+split" where a combine merged split pieces. */
+const char *ar_mla_route_path(const ar_mla_route *route, bool cpasync, bool split);
 
 /* The plan of a route in place of p (built by ar_mla_build_plan with num_sms): the persistent
  * plan over ctas_per_sm x SMs CTAs, or ar_mla_build_plan aiming at that many CTAs; p unchanged
