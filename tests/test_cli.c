@@ -1,7 +1,9 @@
 /* test_cli.c - the command line of bin/attnreplay (replay/main.c): every command answers -h and
  * --help alike (usage on stdout naming its exit codes, nothing on stderr, exit 0, nothing
  * created), a usage error prints the usage on stderr with exit 2, and `version` says what was
- * built (code revision, trace format, build type, CUDA runtime and driver). */
+ * built (code revision, trace format, build type, CUDA runtime and driver).  The top-level help
+ * lists exactly the commands tested here, and the README's Commands block names every command
+ * and every option of `replay --help`. */
 #include "testutil.h"
 
 #include <limits.h>
@@ -14,7 +16,8 @@
 #include "../traces/trace.h"
 
 static const char *const commands[] = {
-    "info", "replay", "backends", "sim", "report", "diff", "plan", "calibrate", "gen-samples", "version",
+    "info", "replay", "merge", "backends", "sim", "report", "diff", "plan", "calibrate", "profile",
+    "gen-samples", "export", "version",
 };
 #define NUM_COMMANDS (sizeof commands / sizeof commands[0])
 
@@ -119,12 +122,100 @@ static void test_version(void **state)
     }
 }
 
+/* The command names of `attnreplay --help`: each line "  NAME ..." of the command list. */
+static int listed_commands(const char *help, char names[][32], int max)
+{
+    int n = 0;
+    for (const char *line = help; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (line[0] != ' ' || line[1] != ' ' || line[2] < 'a' || line[2] > 'z') continue;
+        size_t len = strcspn(line + 2, " \n");
+        if (n < max && len < 32) {
+            memcpy(names[n], line + 2, len);
+            names[n][len] = '\0';
+            n++;
+        }
+    }
+    return n;
+}
+
+static void test_help_lists_the_commands(void **state)
+{
+    (void)state;
+    char *out, *err;
+    int empty;
+    assert_int_equal(run_in_empty_dir("--help", &out, &err, &empty), 0);
+    char names[64][32];
+    const int n = listed_commands(out, names, 64);
+    for (int i = 0; i < n; i++) {
+        bool known = false;
+        for (size_t c = 0; c < NUM_COMMANDS; c++) known |= !strcmp(names[i], commands[c]);
+        if (!known) fail_msg("`attnreplay --help` lists '%s', which this test does not know", names[i]);
+    }
+    for (size_t c = 0; c < NUM_COMMANDS; c++) {
+        bool listed = false;
+        for (int i = 0; i < n; i++) listed |= !strcmp(names[i], commands[c]);
+        if (!listed) fail_msg("`attnreplay --help` does not list '%s'", commands[c]);
+    }
+    free(out);
+    free(err);
+}
+
+/* The README's Commands block (the first ``` block after "## Commands") names every command as
+ * "attnreplay NAME" and every option that `replay --help` lists. */
+static void test_readme_names_every_command_and_replay_option(void **state)
+{
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/README.md", tu_src_dir());
+    char *readme = tu_slurp(path);
+    assert_non_null(readme);
+    char *section = strstr(readme, "\n## Commands\n");
+    assert_non_null(section);
+    char *open = strstr(section, "```\n");
+    assert_non_null(open);
+    char *close = strstr(open + 4, "```");
+    assert_non_null(close);
+    *close = '\0';
+    const char *block = open + 4;
+    for (size_t c = 0; c < NUM_COMMANDS; c++) {
+        char want[64];
+        snprintf(want, sizeof want, "attnreplay %s", commands[c]);
+        if (!strstr(block, want)) fail_msg("README.md's Commands block has no '%s'", want);
+    }
+    char *out, *err;
+    int empty;
+    assert_int_equal(run_in_empty_dir("replay --help", &out, &err, &empty), 0);
+    int options = 0;
+    for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (strncmp(line, "  --", 4) != 0) continue;
+        char opt[64];
+        size_t len = strcspn(line + 2, " \n");
+        if (len >= sizeof opt - 1) continue;
+        memcpy(opt, line + 2, len);
+        opt[len] = '\0';
+        /* whole options only: "--steps" must not be found inside "--steps-x" */
+        bool found = false;
+        for (const char *at = block; (at = strstr(at, opt)) != NULL; at += len) {
+            const char next = at[len];
+            if (!((next >= 'a' && next <= 'z') || next == '-')) { found = true; break; }
+        }
+        if (!found) fail_msg("README.md's Commands block does not name replay's %s", opt);
+        options++;
+    }
+    assert_true(options >= 20);   /* the help was read */
+    free(out);
+    free(err);
+    free(readme);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_every_command),
         cmocka_unit_test(test_usage_errors_exit_2_on_stderr),
         cmocka_unit_test(test_version),
+        cmocka_unit_test(test_help_lists_the_commands),
+        cmocka_unit_test(test_readme_names_every_command_and_replay_option),
     };
     return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
 }

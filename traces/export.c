@@ -215,7 +215,10 @@ typedef struct kind_out {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: attnreplay export TRACE --format flashinfer-trace --out DIR [--steps A:B]\n"
-               "  writes the steps as FlashInfer-Trace definitions, workloads (jsonl) and safetensors blobs\n");
+               "  writes the steps as FlashInfer-Trace definitions, workloads (jsonl) and safetensors blobs\n"
+               "  Exit status: 0 written, 2 bad input or usage (an unreadable or malformed trace, a model\n"
+               "  the format cannot hold: MLA, a sliding window, a soft cap), 3 a write failed (the\n"
+               "  directory, a full disk) or out of memory.\n");
 }
 
 int ar_export_main(int argc, char **argv)
