@@ -122,11 +122,18 @@ static void test_version(void **state)
     }
 }
 
+/* The line after line (NULL after the last). */
+static const char *next_line(const char *line)
+{
+    const char *nl = strchr(line, '\n');
+    return nl ? nl + 1 : NULL;
+}
+
 /* The command names of `attnreplay --help`: each line "  NAME ..." of the command list. */
 static int listed_commands(const char *help, char names[][32], int max)
 {
     int n = 0;
-    for (const char *line = help; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    for (const char *line = help; line && *line; line = next_line(line)) {
         if (line[0] != ' ' || line[1] != ' ' || line[2] < 'a' || line[2] > 'z') continue;
         size_t len = strcspn(line + 2, " \n");
         if (n < max && len < 32) {
@@ -186,7 +193,7 @@ static void test_readme_names_every_command_and_replay_option(void **state)
     int empty;
     assert_int_equal(run_in_empty_dir("replay --help", &out, &err, &empty), 0);
     int options = 0;
-    for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    for (const char *line = out; line && *line; line = next_line(line)) {
         if (strncmp(line, "  --", 4) != 0) continue;
         char opt[64];
         size_t len = strcspn(line + 2, " \n");

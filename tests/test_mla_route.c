@@ -143,7 +143,6 @@ static void test_forced_kernels(void **state)
 static void test_random_routes_can_run(void **state)
 {
     (void)state;
-    static const char *names[] = {"simt", "tc-split-qk", "tc-narrow", "tc-narrow-bulk", NULL};
     uint64_t rng = 0x5eed1234abcdull;
     for (int it = 0; it < 20000; it++) {
         ar_mla_caps c;
@@ -166,19 +165,19 @@ static void test_random_routes_can_run(void **state)
         assert_true((r.kind == AR_MLA_ROUTE_SIMT) == (forced == AR_MLA_KERNEL_SIMT || c.tc_stages == 0));
         switch (r.kind) {
         case AR_MLA_ROUTE_SIMT:
-            assert_string_equal(r.name, names[0]);
+            assert_string_equal(r.name, "simt");
             break;
         case AR_MLA_ROUTE_TC:
-            assert_string_equal(r.name, names[1]);
+            assert_string_equal(r.name, "tc-split-qk");
             assert_int_equal(r.stages, stage_limit);
             break;
         case AR_MLA_ROUTE_NARROW:
-            assert_string_equal(r.name, names[2]);
+            assert_string_equal(r.name, "tc-narrow");
             assert_true(max_rows <= AR_MLA_NARROW_ROWS);
             assert_int_equal(r.stages, stage_limit >= 3 ? 4 : 2);
             break;
         case AR_MLA_ROUTE_NARROW_BULK:
-            assert_string_equal(r.name, names[3]);
+            assert_string_equal(r.name, "tc-narrow-bulk");
             assert_true(max_rows <= AR_MLA_NARROW_ROWS && c.narrow_bulk && !fp8 && stage_limit >= 3);
             break;
         case AR_MLA_ROUTE_WGMMA:
@@ -198,11 +197,10 @@ static void test_random_routes_can_run(void **state)
         default:
             fail_msg("kind %d", (int)r.kind);
         }
-        /* AUTO on a 16-bit cache of a wgmma device never leaves the wgmma kernels for rows they
-         * take (the measured winners), nor takes them off such a device */
+        /* AUTO on a 16-bit cache of a device with both wgmma kernels always picks one of them
+         * (the measured winners at every row count) */
         if (forced == AR_MLA_KERNEL_AUTO && c.tc_stages > 0 && !fp8 && c.wgmma && c.wgmma16)
             assert_int_equal(r.kind, AR_MLA_ROUTE_WGMMA);
-        if (r.kind == AR_MLA_ROUTE_WGMMA && !fp8) assert_true(c.wgmma);
     }
 }
 
