@@ -415,10 +415,22 @@ static const struct mla_weights_slot *mla_weights_for(const ar_run_config *c, in
     return w;
 }
 
+/* One step of a yardstick sum: in double, or for fp32 runs rounded to float after each add (a
+ * float multiply-add: the product of two float values is exact in double). */
+static inline double yard_add(bool f32, double acc, double x)
+{
+    return f32 ? (double)(float)(acc + x) : acc + x;
+}
+
 /* The MLA yardstick: the absorbed data path with the roundings any dtype implementation
  * makes - ql = W_UK q_nope rounded to dtype, softmax probabilities rounded to dtype before
- * P.V, the latent output rounded to dtype before W_UV, the output rounded to dtype; sums in
- * double.  Its error against the expanded float64 reference is the yardstick of the pass rule.
+ * P.V, the latent output rounded to dtype before W_UV, the output rounded to dtype.  Sums in
+ * double for the 16-bit dtypes (their roundings dominate; the device twin in ref_gpu sums the
+ * same way); in float for fp32, as a plain fp32 implementation (and the MHA twin,
+ * ar_naive_dtype_attend) accumulates: with double sums the fp32 yardstick's error was ~1e-7,
+ * and correct float kernels (cpu-mla, the example plugin) failed at 2-5e-6 over the DeepSeek
+ * sample's 576-wide scores and 512-wide W_UV products.  Its error against the expanded float64
+ * reference is the yardstick of the pass rule.
  *   q_nope [rows, N, P], q_pe [rows, N, R], latent [keys, L + R], out [rows, N, V], lse [N, rows] */
 static int mla_naive_absorbed(const ar_mla_dims *d, ar_dtype t, int rows, const double *q_nope,
                               const double *q_pe, const int *q_pos, int num_keys,
@@ -427,6 +439,7 @@ static int mla_naive_absorbed(const ar_mla_dims *d, ar_dtype t, int rows, const 
 {
     const int N = d->num_heads, L = d->kv_lora_rank, R = d->qk_rope_head_dim;
     const int P = d->qk_nope_head_dim, V = d->v_head_dim, E = L + R;
+    const bool f32 = t == AR_FP32;
     double *ql = malloc((size_t)L * sizeof *ql), *s = malloc((size_t)(num_keys + 1) * sizeof *s);
     double *olat = malloc((size_t)L * sizeof *olat);
     if (!ql || !s || !olat) {
@@ -441,30 +454,30 @@ static int mla_naive_absorbed(const ar_mla_dims *d, ar_dtype t, int rows, const 
             for (int l = 0; l < L; l++) {
                 double acc = 0;
                 const double *wk = w_uk + ((size_t)l * N + n) * P;
-                for (int c = 0; c < P; c++) acc += wk[c] * qn[c];
+                for (int c = 0; c < P; c++) acc = yard_add(f32, acc, wk[c] * qn[c]);
                 ql[l] = ar_round_to(t, (float)acc);
             }
             double mx = -INFINITY;
             for (int j = 0; j < visible; j++) {
                 const double *e = latent + (size_t)j * E;
                 double acc = 0;
-                for (int l = 0; l < L; l++) acc += ql[l] * e[l];
-                for (int r = 0; r < R; r++) acc += qp[r] * e[L + r];
-                s[j] = d->scale * acc;
+                for (int l = 0; l < L; l++) acc = yard_add(f32, acc, ql[l] * e[l]);
+                for (int r = 0; r < R; r++) acc = yard_add(f32, acc, qp[r] * e[L + r]);
+                s[j] = f32 ? (double)(float)(d->scale * acc) : d->scale * acc;
                 if (s[j] > mx) mx = s[j];
             }
             double sum = 0;
-            for (int j = 0; j < visible; j++) sum += exp(s[j] - mx);
+            for (int j = 0; j < visible; j++) sum = yard_add(f32, sum, exp(s[j] - mx));
             for (int l = 0; l < L; l++) olat[l] = 0;
             for (int j = 0; j < visible; j++) {
                 double p = ar_round_to(t, (float)(exp(s[j] - mx) / sum));
                 const double *e = latent + (size_t)j * E;
-                for (int l = 0; l < L; l++) olat[l] += p * e[l];
+                for (int l = 0; l < L; l++) olat[l] = yard_add(f32, olat[l], p * e[l]);
             }
             for (int l = 0; l < L; l++) olat[l] = ar_round_to(t, (float)olat[l]);
             for (int v = 0; v < V; v++) {
                 double acc = 0;
-                for (int l = 0; l < L; l++) acc += olat[l] * w_uv[((size_t)l * N + n) * V + v];
+                for (int l = 0; l < L; l++) acc = yard_add(f32, acc, olat[l] * w_uv[((size_t)l * N + n) * V + v]);
                 out[((size_t)i * N + n) * V + v] = visible ? ar_round_to(t, (float)acc) : 0;
             }
             lse[(size_t)n * rows + i] = visible ? mx + log(sum) : -INFINITY;

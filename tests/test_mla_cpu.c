@@ -7,7 +7,9 @@
  * new-token chunks merged by LSE.  Every request's output is compared with
  * ar_mla_ref_attend (expanded form) built from LOGICAL positions: latents regenerated from
  * the data generator (rounded to dtype, through the fp8 quantisation when the cache is fp8),
- * never read from the cache.  Each kernel fault must push the comparison out of tolerance. */
+ * never read from the cache.  Each kernel fault must push the comparison out of tolerance.
+ * Through the binary: the DeepSeek sample in fp32 passes the verifier's rule (its yardstick
+ * sums in float for fp32, as the backend does) and each planted fault still fails it. */
 #include "testutil.h"
 
 #include <math.h>
@@ -420,6 +422,27 @@ static void test_faults_are_caught(void **unused)
     }
 }
 
+/* cpu-mla in fp32 over the sample's longest decodes (about 700 keys): a correct float kernel
+ * passes the pass rule, and a fault still fails it. */
+static void test_fp32_replay_passes_and_faults_fail(void **unused)
+{
+    (void)unused;
+    char trace[4096], db[4096], log[4096];
+    tu_sample("deepseek-v3-tp16", trace, sizeof trace);
+    tu_tmp("mla_fp32.db", db, sizeof db);
+    tu_tmp("mla_fp32.log", log, sizeof log);
+    int rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu-mla --dtype fp32 --layers 1 --steps 20:22 --quiet",
+                    tu_bin(), trace, db);
+    if (rc != 0) {
+        char *t = tu_slurp(log);
+        print_message("%s\n", t ? t : "");
+        free(t);
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu-mla --dtype fp32 --layers 1 --steps 20:22 "
+                                 "--inject no-rescale --quiet", tu_bin(), trace, db), 1);
+}
+
 static void test_check_verdicts(void **unused)
 {
     (void)unused;
@@ -460,6 +483,7 @@ int main(void)
         cmocka_unit_test(test_deepseek_128_heads),
         cmocka_unit_test(test_faults_are_caught),
         cmocka_unit_test(test_check_verdicts),
+        cmocka_unit_test(test_fp32_replay_passes_and_faults_fail),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
