@@ -12,11 +12,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../traces/trace.h"
 #include "reference.h"
 
 ar_mla_dims ar_mla_deepseek_dims(int num_heads)
 {
     ar_mla_dims d = {num_heads, 512, 64, 128, 128, AR_MLA_DEEPSEEK_SCALE};
+    return d;
+}
+
+ar_mla_dims ar_mla_model_dims(const ar_model *m)
+{
+    ar_mla_dims d = ar_mla_deepseek_dims(m->num_q_heads);
+    if (m->kv_lora_rank > 0) d.kv_lora_rank = m->kv_lora_rank;
+    if (m->qk_rope_head_dim > 0) d.qk_rope_head_dim = m->qk_rope_head_dim;
+    if (m->qk_nope_head_dim > 0) d.qk_nope_head_dim = m->qk_nope_head_dim;
+    if (m->v_head_dim > 0) d.v_head_dim = m->v_head_dim;
+    if (m->scale > 0) d.scale = m->scale;
     return d;
 }
 

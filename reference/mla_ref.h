@@ -38,6 +38,10 @@ typedef struct ar_mla_dims {
 /* DeepSeek-V3 dims with num_heads heads. */
 ar_mla_dims ar_mla_deepseek_dims(int num_heads);
 
+/* An MLA model's dims (traces/trace.h's ar_model): its own where set, DeepSeek-V3's where zero. */
+struct ar_model;
+ar_mla_dims ar_mla_model_dims(const struct ar_model *m);
+
 /* Element (row l, head n, column c) of W_UK or W_UV (stream AR_STREAM_W_UK / AR_STREAM_W_UV)
  * as the backends and the reference use it: generated, times 1/sqrt(kv_lora_rank) in float,
  * rounded to dtype t. */

@@ -1,4 +1,4 @@
-/* attnreplay_plugin.h - the plugin ABI of attnreplay (version 1): bring your own attention kernel.
+/* attnreplay_plugin.h - the plugin ABI of attnreplay (version 2): bring your own attention kernel.
  *
  * A plugin is a shared library that exports one C symbol,
  *
@@ -37,8 +37,10 @@
  *
  * Versioning.  ATTNREPLAY_PLUGIN_ABI_VERSION changes whenever a struct below changes layout or a
  * rule changes meaning.  The host passes its version to init and refuses a plugin whose
- * attnreplay_plugin.abi_version differs, with a message naming both versions.  A plugin may
- * itself return NULL (after set_error) when host_abi_version is not the one it was built for.
+ * attnreplay_plugin.abi_version it does not speak, with a message naming both versions.  A plugin
+ * may itself return NULL (after set_error) when host_abi_version is not the one it was built for.
+ * Version 2 appended the MLA fields to attnreplay_config (nothing moved), so this host still
+ * loads a version-1 plugin; such a plugin is never offered an MLA model.
  *
  * Semantics of the attention (DESIGN section 5): request r with context c = seq_lens[r] - q_len
  * and q_len new tokens; query token i (absolute position p = c + i) of head h sees keys 0..p
@@ -56,7 +58,9 @@
 extern "C" {
 #endif
 
-#define ATTNREPLAY_PLUGIN_ABI_VERSION 1
+#define ATTNREPLAY_PLUGIN_ABI_VERSION 2
+#define ATTNREPLAY_PLUGIN_ABI_STRING "2"   /* the same, for messages */
+#define ATTNREPLAY_PLUGIN_ABI_OLDEST 1   /* the oldest plugin version this host still loads */
 
 /* ---- DLPack ------------------------------------------------------------------------------
  * The tensor description of DLPack (https://dmlc.github.io/dlpack/latest/c_api.html), data
@@ -181,7 +185,14 @@ typedef struct attnreplay_config {
                                             by the host to the metadata and show as "none" */
     int32_t repeat;                      /* --repeat: forward runs this many times per layer */
     DLDevice device;                     /* where the host puts tensors: the plugin's device */
+    /* version 2: */
+    int32_t attention;                   /* ATTNREPLAY_ATTENTION_MHA (GQA, MQA) or _MLA (see MLA above) */
+    int32_t kv_lora_rank;                /* MLA: L, the latent width and out's head dim (512); else 0 */
+    int32_t qk_rope_head_dim;            /* MLA: R, the rope part of q and of a cache entry (64); else 0 */
 } attnreplay_config;
+
+#define ATTNREPLAY_ATTENTION_MHA 0
+#define ATTNREPLAY_ATTENTION_MLA 1
 
 /* ---- per-step metadata (plan) -----------------------------------------------------------
  * vLLM's FlashAttentionMetadata, field for field.  Each tensor is on the plugin's device; the
@@ -220,11 +231,13 @@ typedef struct attnreplay_forward_args {
     const attnreplay_metadata *md;       /* the last plan()'s */
     DLTensor q;                          /* [T, num_q_heads, head_size] dtype */
     DLTensor k_new;                      /* [T, num_kv_heads, head_size] dtype */
-    DLTensor v_new;                      /* [T, num_kv_heads, head_size] dtype */
+    DLTensor v_new;                      /* [T, num_kv_heads, head_size] dtype; MLA: absent (data NULL) */
     DLTensor kv_cache;                   /* [2, num_blocks, block_size, num_kv_heads, head_size]
                                             kv_dtype, this layer's; [0] keys, [1] values.  Holds
-                                            k_new/v_new already unless the plugin writes them */
-    DLTensor out;                        /* [T, num_q_heads, head_size] dtype: write here */
+                                            k_new/v_new already unless the plugin writes them.
+                                            MLA: [num_blocks, block_size, L + R] */
+    DLTensor out;                        /* [T, num_q_heads, head_size] dtype: write here (MLA:
+                                            [T, num_q_heads, L]) */
     DLTensor lse;                        /* [num_q_heads, T] float32, natural log: write here */
     void *stream;                        /* cudaStream_t of a CUDA plugin; NULL on the CPU */
 } attnreplay_forward_args;
@@ -239,6 +252,8 @@ typedef struct attnreplay_forward_args {
 #define ATTNREPLAY_PLUGIN_CASCADE 0x2u   /* plan/forward handle use_cascade (prefix + suffix
                                             passes merged by LSE); without it the host never
                                             asks for cascade and every step runs flat */
+#define ATTNREPLAY_PLUGIN_MLA 0x4u       /* (version 2) runs MLA models' latent attention (see MLA
+                                            above); without it the host never offers an MLA model */
 
 typedef struct attnreplay_plugin {
     int32_t abi_version;                 /* ATTNREPLAY_PLUGIN_ABI_VERSION the plugin was built with */

@@ -3,7 +3,8 @@
  * ar_backend (replay/backend.h).
  *
  * The adapter does the host's half of the contract:
- *   check    the ABI covers MHA/GQA paged attention; then the plugin's own check;
+ *   check    the ABI covers the model (MHA/GQA/MQA paged attention; MLA for a CPU plugin with
+ *            ATTNREPLAY_PLUGIN_MLA); then the plugin's own check;
  *   open     allocates each layer's cache [2, num_blocks, block_size, Hkv, D] in the KV dtype on
  *            the plugin's device, every byte 0xff (NaN in every supported dtype), then the
  *            plugin's open;
@@ -15,6 +16,11 @@
  *            write K/V ("write"), and the plugin's forward, split at the plugin's time marks
  *            ("attn" after the last); guard words counted; the output handed to the verifier
  *            (host floats when asked for, the device pointers for a CUDA plugin).
+ * MLA (CPU plugins): the cache is [num_blocks, block_size, L + R]; forward generates q_nope, q_pe
+ * and the new latents as the cpu-mla backend does, absorbs q_nope through W_UK into the plugin's
+ * query (untimed), and after the plugin's latent attention multiplies its out by W_UV (untimed)
+ * into the output the verifier sees.  The projection faults (wrong-kv-head: head n's weights
+ * from head n + 1; mla-no-wuv) are applied there, by the host.
  * The CPU path is here; the CUDA one goes through plugin_dev.h.
  *
  * ar_backend's check and open carry no context, so each registered plugin gets one of
@@ -30,6 +36,7 @@
 
 #include "../reference/datagen.h"
 #include "../reference/dtype.h"
+#include "../reference/mla_ref.h"
 #include "plugin_dev.h"
 #include "registry.h"
 
@@ -211,6 +218,8 @@ long ar_plugin_abi_offsetof(int which, const char *field)
         FIELD(attnreplay_config, kv_dtype); FIELD(attnreplay_config, kv_scale);
         FIELD(attnreplay_config, cascade); FIELD(attnreplay_config, inject);
         FIELD(attnreplay_config, repeat); FIELD(attnreplay_config, device);
+        FIELD(attnreplay_config, attention); FIELD(attnreplay_config, kv_lora_rank);
+        FIELD(attnreplay_config, qk_rope_head_dim);
         break;
     case 3:
         FIELD(attnreplay_metadata, step); FIELD(attnreplay_metadata, num_reqs);
@@ -284,6 +293,13 @@ struct plugin_run {
     ar_pdev *dev;
     DLDevice device;
     int hq, hkv, d, bs;
+    int dout;                        /* out's head dim: d, or L for MLA */
+    /* MLA (mla true): hkv 1, d = E = L + R; the host's projections around the plugin */
+    bool mla;
+    ar_mla_dims mdims;               /* N, L, R, P, V and the scale */
+    float *q_nope, *q_pe;            /* [T, N, P], [T, N, R] this layer's, before absorption */
+    float **w_uk, **w_uv;            /* [num_layers] -> [N, L, P] / [N, L, V], generated on first use */
+    int keep_all_weights, weights_layer;
     size_t cache_bytes;              /* one layer's cache */
     void **cache;                    /* [num_layers] host or device */
     /* step capacity and host arrays */
@@ -344,11 +360,13 @@ static void host_time_mark(const char *name)
 
 /* ---- check --------------------------------------------------------------------------------- */
 
-static const char *kernel_fault_name(ar_fault f)
+static const char *kernel_fault_name(ar_fault f, bool mla)
 {
-    /* Metadata faults are the host's to apply (to slot_mapping and block_table); the plugin sees
-     * only the kernel faults it must reproduce. */
+    /* Metadata faults are the host's to apply (to slot_mapping and block_table), and with MLA the
+     * projection faults too (W_UK / W_UV are the host's); the plugin sees only the kernel faults it
+     * must reproduce. */
     if (f == AR_FAULT_NONE || f == AR_FAULT_WRONG_SLOT || f == AR_FAULT_STALE_BLOCK_TABLE) return "none";
+    if (mla && (f == AR_FAULT_WRONG_KV_HEAD || f == AR_FAULT_MLA_NO_WUV)) return "none";
     return ar_fault_name(f);
 }
 
@@ -356,6 +374,7 @@ static void fill_config(const plugin_slot *s, const ar_run_config *cfg, attnrepl
                         int device_id)
 {
     const ar_model *m = &cfg->model;
+    const bool mla = m->attention == AR_ATTN_MLA;
     memset(pc, 0, sizeof *pc);
     pc->struct_size = (int32_t)sizeof *pc;
     pc->model_name = m->name;
@@ -363,6 +382,15 @@ static void fill_config(const plugin_slot *s, const ar_run_config *cfg, attnrepl
     pc->num_kv_heads = m->num_kv_heads;
     pc->head_size = m->head_size;
     pc->scale = (float)(m->scale > 0 ? m->scale : 1.0 / sqrt((double)(m->head_size > 0 ? m->head_size : 1)));
+    if (mla) {
+        ar_mla_dims d = ar_mla_model_dims(m);
+        pc->attention = ATTNREPLAY_ATTENTION_MLA;
+        pc->kv_lora_rank = d.kv_lora_rank;
+        pc->qk_rope_head_dim = d.qk_rope_head_dim;
+        pc->num_kv_heads = 1;
+        pc->head_size = d.kv_lora_rank + d.qk_rope_head_dim;
+        pc->scale = (float)d.scale;
+    }
     pc->sliding_window = m->sliding_window;
     pc->logits_soft_cap = (float)m->logits_soft_cap;
     pc->block_size = cfg->block_size;
@@ -371,21 +399,49 @@ static void fill_config(const plugin_slot *s, const ar_run_config *cfg, attnrepl
     pc->dtype = dl_dtype(cfg->dtype);
     pc->kv_dtype = dl_dtype(cfg->kv_dtype);
     pc->kv_scale = cfg->kv_dtype == AR_FP8_E4M3 ? (float)cfg->kv_scale : 1.0f;
-    pc->cascade = (s->p->flags & ATTNREPLAY_PLUGIN_CASCADE) ? cfg->cascade_mode : 0;
-    pc->inject = kernel_fault_name(cfg->fault);
+    pc->cascade = (s->p->flags & ATTNREPLAY_PLUGIN_CASCADE) && !mla ? cfg->cascade_mode : 0;
+    pc->inject = kernel_fault_name(cfg->fault, mla);
     pc->repeat = cfg->repeat < 1 ? 1 : cfg->repeat;
     pc->device.device_type = s->p->device_type == kDLCUDA ? kDLCUDA : kDLCPU;
     pc->device.device_id = device_id;
 }
 
-/* What the ABI itself cannot carry, whatever the plugin says. */
-static bool abi_covers(const ar_run_config *cfg, char *why, size_t why_len)
+/* What the ABI itself cannot carry for plugin s, whatever the plugin says. */
+static bool abi_covers(const plugin_slot *s, const ar_run_config *cfg, char *why, size_t why_len)
 {
     const ar_model *m = &cfg->model;
-    if (m->attention != AR_ATTN_MHA) {
-        snprintf(why, why_len, "MLA model: plugin ABI v%d covers MHA/GQA/MQA paged attention only",
-                 ATTNREPLAY_PLUGIN_ABI_VERSION);
-        return false;
+    if (m->attention == AR_ATTN_MLA) {
+        if (s->p->abi_version < 2 || !(s->p->flags & ATTNREPLAY_PLUGIN_MLA)) {
+            snprintf(why, why_len, "MLA model: the plugin does not run MLA (no ATTNREPLAY_PLUGIN_MLA flag%s)",
+                     s->p->abi_version < 2 ? "; plugin ABI v1 has none" : "");
+            return false;
+        }
+        if (s->p->device_type == kDLCUDA) {
+            snprintf(why, why_len, "MLA model: a CUDA plugin is not offered MLA yet (the host's device half of "
+                     "the W_UK / W_UV projections is not built); a CPU plugin is, and cuda-mla runs it");
+            return false;
+        }
+        ar_mla_dims d = ar_mla_model_dims(m);
+        if (m->num_q_heads <= 0 || m->num_kv_heads > 1) {
+            snprintf(why, why_len, "MLA model with %d q heads and %d KV heads: need positive q heads and one "
+                     "latent KV head", m->num_q_heads, m->num_kv_heads);
+            return false;
+        }
+        if (m->head_size > 0 && m->head_size != d.kv_lora_rank + d.qk_rope_head_dim) {
+            snprintf(why, why_len, "MLA head_size %d != kv_lora_rank %d + qk_rope_head_dim %d", m->head_size,
+                     d.kv_lora_rank, d.qk_rope_head_dim);
+            return false;
+        }
+        if (d.v_head_dim > d.kv_lora_rank || d.qk_nope_head_dim <= 0 || d.v_head_dim <= 0) {
+            snprintf(why, why_len, "MLA dims: nope %d, v %d, kv_lora_rank %d: need positive nope and v, v <= "
+                     "kv_lora_rank", d.qk_nope_head_dim, d.v_head_dim, d.kv_lora_rank);
+            return false;
+        }
+        if (m->sliding_window != 0 || m->logits_soft_cap != 0) {
+            snprintf(why, why_len, "MLA runs without sliding window and soft cap (as in vLLM)");
+            return false;
+        }
+        return true;
     }
     if (m->num_q_heads <= 0 || m->num_kv_heads <= 0 || m->num_q_heads % m->num_kv_heads != 0 ||
         m->head_size <= 0) {
@@ -403,7 +459,7 @@ static bool abi_covers(const ar_run_config *cfg, char *why, size_t why_len)
 static bool slot_check(int i, const ar_run_config *cfg, char *why, size_t why_len)
 {
     plugin_slot *s = &slots[i];
-    if (!abi_covers(cfg, why, why_len)) return false;
+    if (!abi_covers(s, cfg, why, why_len)) return false;
     if (s->p->device_type == kDLCUDA && ar_pdev_probe(why, why_len) != 0) return false;
     attnreplay_config pc;
     fill_config(s, cfg, &pc, 0);
@@ -429,7 +485,45 @@ static void run_free_buffers(plugin_run *r)
         free(r->q); free(r->k_new); free(r->v_new); free(r->out); free(r->lse);
     }
     free(r->qsl); free(r->seq); free(r->ctx); free(r->table); free(r->suffix); free(r->slots);
-    free(r->qkey); free(r->kvkey); free(r->pos); free(r->stage);
+    free(r->qkey); free(r->kvkey); free(r->pos); free(r->stage); free(r->q_nope); free(r->q_pe);
+}
+
+/* MLA: the weights of one layer, [N, L, P] and [N, L, V]. */
+static void free_layer_weights(plugin_run *r, int layer)
+{
+    free(r->w_uk[layer]);
+    free(r->w_uv[layer]);
+    r->w_uk[layer] = r->w_uv[layer] = NULL;
+}
+
+#define MLA_WEIGHT_BUDGET ((size_t)1 << 30)   /* bytes of weights kept across layers, as cpu-mla */
+
+/* MLA: layer's W_UK and W_UV (ar_mla_weight), generated on first use; all layers are kept when
+ * they fit in MLA_WEIGHT_BUDGET, otherwise only the layer in use.  0 ok, -1 out of memory. */
+static int layer_weights(plugin_run *r, int layer)
+{
+    if (r->w_uk[layer]) return 0;
+    if (!r->keep_all_weights && r->weights_layer >= 0) free_layer_weights(r, r->weights_layer);
+    const ar_mla_dims *d = &r->mdims;
+    const int N = d->num_heads, L = d->kv_lora_rank, P = d->qk_nope_head_dim, V = d->v_head_dim;
+    r->w_uk[layer] = malloc(sizeof(float) * (size_t)N * L * P);
+    r->w_uv[layer] = malloc(sizeof(float) * (size_t)N * L * V);
+    if (!r->w_uk[layer] || !r->w_uv[layer]) {
+        free_layer_weights(r, layer);
+        return -1;
+    }
+    for (int n = 0; n < N; n++)
+        for (int l = 0; l < L; l++) {
+            float *uk = r->w_uk[layer] + ((size_t)n * L + l) * P, *uv = r->w_uv[layer] + ((size_t)n * L + l) * V;
+            for (int c = 0; c < P; c++)
+                uk[c] = ar_mla_weight(r->cfg.seed, AR_STREAM_W_UK, (uint32_t)layer, L, l, n, c, r->cfg.data,
+                                      r->cfg.dtype);
+            for (int c = 0; c < V; c++)
+                uv[c] = ar_mla_weight(r->cfg.seed, AR_STREAM_W_UV, (uint32_t)layer, L, l, n, c, r->cfg.data,
+                                      r->cfg.dtype);
+        }
+    r->weights_layer = layer;
+    return 0;
 }
 
 static void plugin_close(void *state)
@@ -446,6 +540,10 @@ static void plugin_close(void *state)
         free(r->cache);
     }
     run_free_buffers(r);
+    if (r->w_uk)
+        for (int l = 0; l < r->cfg.num_layers; l++) free_layer_weights(r, l);
+    free(r->w_uk);
+    free(r->w_uv);
     if (r->dev) ar_pdev_close(r->dev);
     if (active_run == r) active_run = NULL;
     free(r);
@@ -470,8 +568,26 @@ static int slot_open(int i, const ar_run_config *cfg, void **state, char *err, s
     r->cuda = s->p->device_type == kDLCUDA;
     r->hq = cfg->model.num_q_heads;
     r->hkv = cfg->model.num_kv_heads;
-    r->d = cfg->model.head_size;
+    r->d = r->dout = cfg->model.head_size;
     r->bs = cfg->block_size;
+    r->mla = cfg->model.attention == AR_ATTN_MLA;
+    r->weights_layer = -1;
+    if (r->mla) {
+        r->mdims = ar_mla_model_dims(&cfg->model);
+        r->hkv = 1;
+        r->d = r->mdims.kv_lora_rank + r->mdims.qk_rope_head_dim;
+        r->dout = r->mdims.kv_lora_rank;
+        size_t per_layer = sizeof(float) * (size_t)r->hq * r->mdims.kv_lora_rank *
+                           (size_t)(r->mdims.qk_nope_head_dim + r->mdims.v_head_dim);
+        r->keep_all_weights = per_layer * (size_t)cfg->num_layers <= MLA_WEIGHT_BUDGET;
+        r->w_uk = calloc((size_t)cfg->num_layers, sizeof *r->w_uk);
+        r->w_uv = calloc((size_t)cfg->num_layers, sizeof *r->w_uv);
+        if (!r->w_uk || !r->w_uv) {
+            snprintf(err, err_len, "out of memory");
+            plugin_close(r);
+            return 3;
+        }
+    }
     if (r->cuda && ar_pdev_open(&r->dev, cfg->device_index, err, err_len) != 0) {
         plugin_close(r);
         return 3;
@@ -482,9 +598,9 @@ static int slot_open(int i, const ar_run_config *cfg, void **state, char *err, s
     snprintf(r->inject, sizeof r->inject, "%s", r->pc.inject);
     r->pc.inject = r->inject;
 
-    /* The caches, NaN everywhere (0xff bytes) until written. */
-    r->cache_bytes = (size_t)2 * (size_t)cfg->num_blocks * (size_t)r->bs * (size_t)r->hkv * (size_t)r->d *
-                     (size_t)ar_dtype_size(cfg->kv_dtype);
+    /* The caches, NaN everywhere (0xff bytes) until written; MLA has one side, the entries. */
+    r->cache_bytes = (size_t)(r->mla ? 1 : 2) * (size_t)cfg->num_blocks * (size_t)r->bs * (size_t)r->hkv *
+                     (size_t)r->d * (size_t)ar_dtype_size(cfg->kv_dtype);
     r->cache = calloc((size_t)cfg->num_layers, sizeof *r->cache);
     if (!r->cache) {
         snprintf(err, err_len, "out of memory");
@@ -509,7 +625,12 @@ static int slot_open(int i, const ar_run_config *cfg, void **state, char *err, s
         }
     }
     int64_t cache_shape[5] = {2, cfg->num_blocks, r->bs, r->hkv, r->d};
-    tensor_set(&r->t_cache, NULL, r->device, dl_dtype(cfg->kv_dtype), 5, cache_shape);
+    if (r->mla) {
+        int64_t mla_shape[3] = {cfg->num_blocks, r->bs, r->d};
+        tensor_set(&r->t_cache, NULL, r->device, dl_dtype(cfg->kv_dtype), 3, mla_shape);
+    } else {
+        tensor_set(&r->t_cache, NULL, r->device, dl_dtype(cfg->kv_dtype), 5, cache_shape);
+    }
 
     call_error[0] = '\0';
     active_run = r;
@@ -585,6 +706,7 @@ static int ensure_step(plugin_run *r, int num_reqs, int T, int stride, char *err
         size_t esize = (size_t)ar_dtype_size(r->cfg.dtype);
         size_t q_bytes = nt * (size_t)r->hq * (size_t)r->d * esize;
         size_t kv_bytes = nt * (size_t)r->hkv * (size_t)r->d * esize;
+        size_t out_bytes = nt * (size_t)r->hq * (size_t)r->dout * esize;
         size_t guard = sizeof(uint32_t) * AR_GUARD_WORDS + 16;
         size_t lse_bytes = sizeof(float) * nt * (size_t)r->hq;
         if (grow_bytes((void **)&r->slots, sizeof(int64_t) * nt) ||
@@ -592,21 +714,24 @@ static int ensure_step(plugin_run *r, int num_reqs, int T, int stride, char *err
             grow_bytes((void **)&r->kvkey, sizeof(uint64_t) * nt) ||
             grow_bytes((void **)&r->pos, sizeof(int32_t) * nt))
             goto oom;
+        if (r->mla && (grow_bytes((void **)&r->q_nope, sizeof(float) * nt * r->hq * r->mdims.qk_nope_head_dim) ||
+                       grow_bytes((void **)&r->q_pe, sizeof(float) * nt * r->hq * r->mdims.qk_rope_head_dim)))
+            goto oom;
         if (r->cuda) {
             void **bufs[] = {(void **)&r->d_slots, (void **)&r->d_qkey, (void **)&r->d_kvkey, (void **)&r->d_pos,
                              &r->q, &r->k_new, &r->v_new, &r->out, (void **)&r->lse};
             size_t sizes[] = {sizeof(int64_t) * nt, sizeof(uint64_t) * nt, sizeof(uint64_t) * nt,
-                              sizeof(int32_t) * nt, q_bytes, kv_bytes, kv_bytes, q_bytes + guard,
+                              sizeof(int32_t) * nt, q_bytes, kv_bytes, kv_bytes, out_bytes + guard,
                               lse_bytes + guard};
             for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
                 ar_pdev_free(r->dev, *bufs[i]);
                 *bufs[i] = NULL;
                 if (ar_pdev_alloc(r->dev, bufs[i], sizes[i], err, err_len)) return 3;
             }
-            if (grow_bytes(&r->stage, q_bytes > lse_bytes ? q_bytes : lse_bytes)) goto oom;
+            if (grow_bytes(&r->stage, out_bytes > lse_bytes ? out_bytes : lse_bytes)) goto oom;
         } else {
             if (grow_bytes(&r->q, q_bytes) || grow_bytes(&r->k_new, kv_bytes) || grow_bytes(&r->v_new, kv_bytes) ||
-                grow_bytes(&r->out, q_bytes + guard) || grow_bytes((void **)&r->lse, lse_bytes + guard))
+                grow_bytes(&r->out, out_bytes + guard) || grow_bytes((void **)&r->lse, lse_bytes + guard))
                 goto oom;
         }
         r->cap_tokens = n;
@@ -706,13 +831,14 @@ static int plugin_prepare(void *state, const ar_batch *b, char *err, size_t err_
 
     /* The per-layer views that do not change between layers. */
     int64_t s_q[3] = {T, r->hq, r->d}, s_kv[3] = {T, r->hkv, r->d}, s_lse[2] = {r->hq, T};
+    int64_t s_out[3] = {T, r->hq, r->dout};
     DLDataType dt = dl_dtype(r->cfg.dtype), f32 = {kDLFloat, 32, 1};
     tensor_set(&r->t_q, r->q, r->device, dt, 3, s_q);
     tensor_set(&r->t_k, r->k_new, r->device, dt, 3, s_kv);
-    tensor_set(&r->t_v, r->v_new, r->device, dt, 3, s_kv);
-    tensor_set(&r->t_out, r->out, r->device, dt, 3, s_q);
+    tensor_set(&r->t_v, r->mla ? NULL : r->v_new, r->device, dt, 3, s_kv);   /* MLA: absent */
+    tensor_set(&r->t_out, r->out, r->device, dt, 3, s_out);
     tensor_set(&r->t_lse, r->lse, r->device, f32, 2, s_lse);
-    r->out_bytes = (size_t)T * r->hq * r->d * (size_t)ar_dtype_size(r->cfg.dtype);
+    r->out_bytes = (size_t)T * r->hq * r->dout * (size_t)ar_dtype_size(r->cfg.dtype);
     r->lse_bytes = sizeof(float) * (size_t)T * r->hq;
     r->T = T;
     r->num_reqs = n;
@@ -757,6 +883,11 @@ static void host_write_kv(plugin_run *r, int layer)
     for (int t = 0; t < r->T; t++) {
         int64_t slot = r->slots[t];
         if (slot < 0) continue;
+        if (r->mla) {   /* concat_and_cache_mla: the entry, one side */
+            for (int64_t e = 0; e < row; e++)
+                cache_store(r, cache, slot * row + e, ar_load(r->cfg.dtype, r->k_new, (int64_t)t * row + e));
+            continue;
+        }
         for (int64_t e = 0; e < row; e++) {
             cache_store(r, cache, slot * row + e, ar_load(r->cfg.dtype, r->k_new, (int64_t)t * row + e));
             cache_store(r, cache, side + slot * row + e, ar_load(r->cfg.dtype, r->v_new, (int64_t)t * row + e));
@@ -819,7 +950,12 @@ static int plugin_fill(void *state, int layer, const ar_fill *f, char *err, size
         snprintf(err, err_len, "%s: out of memory", s->name);
         return 3;
     }
-    for (int i = 0; i < f->count; i++) {
+    for (int i = 0; r->mla && i < f->count; i++) {   /* MLA: the latent entry (head 0) */
+        uint64_t g = ar_gen_row(r->cfg.seed, AR_STREAM_LATENT, (uint32_t)layer, f->keys[i], (uint64_t)f->offsets[i], 0);
+        for (int d = 0; d < r->d; d++) cache_store(r, r->cache[layer], f->slots[i] * r->d + d,
+                                                   ar_gen(g, (uint32_t)d, r->cfg.data, r->cfg.dtype));
+    }
+    for (int i = 0; !r->mla && i < f->count; i++) {
         for (int h = 0; h < r->hkv; h++) {
             for (int sd = 0; sd < 2; sd++) {
                 uint64_t g = ar_gen_row(r->cfg.seed, sd == 0 ? AR_STREAM_K : AR_STREAM_V, (uint32_t)layer,
@@ -848,8 +984,78 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* Query head n's weights (the wrong-kv-head fault takes head n + 1's, as cpu-mla does). */
+static int mla_weight_head(const plugin_run *r, int n)
+{
+    return r->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? (n + 1) % r->hq : n;
+}
+
+/* MLA, untimed: q_nope, q_pe and the new entries of this layer (the cpu-mla backend's streams),
+ * then the plugin's query [q_nope W_UK (rounded to dtype) | q_pe]. */
+static void gen_inputs_mla_cpu(plugin_run *r, int layer)
+{
+    const ar_mla_dims *md = &r->mdims;
+    const int N = r->hq, L = md->kv_lora_rank, R = md->qk_rope_head_dim, P = md->qk_nope_head_dim, E = r->d;
+    const float *w_uk = r->w_uk[layer];
+    for (int t = 0; t < r->T; t++) {
+        for (int n = 0; n < N; n++) {
+            uint64_t rn = ar_gen_row(r->cfg.seed, AR_STREAM_Q_NOPE, (uint32_t)layer, r->qkey[t], (uint64_t)r->pos[t],
+                                     (uint32_t)n);
+            uint64_t rp = ar_gen_row(r->cfg.seed, AR_STREAM_Q_PE, (uint32_t)layer, r->qkey[t], (uint64_t)r->pos[t],
+                                     (uint32_t)n);
+            float *qn = r->q_nope + ((size_t)t * N + n) * P, *qp = r->q_pe + ((size_t)t * N + n) * R;
+            for (int d = 0; d < P; d++) qn[d] = ar_gen(rn, (uint32_t)d, r->cfg.data, r->cfg.dtype);
+            for (int d = 0; d < R; d++) qp[d] = ar_gen(rp, (uint32_t)d, r->cfg.data, r->cfg.dtype);
+            const float *w = w_uk + (size_t)mla_weight_head(r, n) * L * P;
+            const int64_t first = ((int64_t)t * N + n) * E;
+            for (int l = 0; l < L; l++) {
+                double acc = 0;
+                for (int c = 0; c < P; c++) acc += (double)qn[c] * w[(size_t)l * P + c];
+                ar_store(r->cfg.dtype, r->q, first + l, ar_round_to(r->cfg.dtype, (float)acc));
+            }
+            for (int d = 0; d < R; d++) ar_store(r->cfg.dtype, r->q, first + L + d, qp[d]);
+        }
+        gen_row(r, AR_STREAM_LATENT, (uint32_t)layer, r->kvkey[t], (uint64_t)(r->pos[t] % r->bs), 0, r->k_new,
+                (int64_t)t * E);
+    }
+}
+
+/* MLA, untimed: out[t, n] = the plugin's latent output . W_UV_n, rounded to dtype ([T, N, V]);
+ * with mla-no-wuv the first V latent values instead. */
+static void vproj_mla_cpu(const plugin_run *r, int layer, float *out)
+{
+    const ar_mla_dims *md = &r->mdims;
+    const int N = r->hq, L = md->kv_lora_rank, V = md->v_head_dim;
+    const float *w_uv = r->w_uv[layer];
+    double acc[1024];
+    for (int t = 0; t < r->T; t++)
+        for (int n = 0; n < N; n++) {
+            const int64_t lat = ((int64_t)t * N + n) * L;
+            float *o = out + ((size_t)t * N + n) * V;
+            if (r->cfg.fault == AR_FAULT_MLA_NO_WUV) {
+                for (int v = 0; v < V; v++) o[v] = ar_load(r->cfg.dtype, r->out, lat + v);
+                continue;
+            }
+            const float *w = w_uv + (size_t)mla_weight_head(r, n) * L * V;
+            for (int v0 = 0; v0 < V; v0 += 1024) {
+                const int nv = V - v0 < 1024 ? V - v0 : 1024;
+                for (int v = 0; v < nv; v++) acc[v] = 0;
+                for (int l = 0; l < L; l++) {
+                    const double x = ar_load(r->cfg.dtype, r->out, lat + l);
+                    const float *wl = w + (size_t)l * V + v0;
+                    for (int v = 0; v < nv; v++) acc[v] += x * wl[v];
+                }
+                for (int v = 0; v < nv; v++) o[v0 + v] = ar_round_to(r->cfg.dtype, (float)acc[v]);
+            }
+        }
+}
+
 static void gen_inputs_cpu(plugin_run *r, int layer)
 {
+    if (r->mla) {
+        gen_inputs_mla_cpu(r, layer);
+        return;
+    }
     for (int t = 0; t < r->T; t++) {
         for (int h = 0; h < r->hq; h++)
             gen_row(r, AR_STREAM_Q, (uint32_t)layer, r->qkey[t], (uint64_t)r->pos[t], (uint32_t)h, r->q,
@@ -973,6 +1179,10 @@ static int plugin_forward(void *state, int layer, const ar_batch *b, ar_forward_
             ar_pdev_guard_set(r->dev, (char *)r->lse + guard_at(r->lse_bytes), err, err_len))
             return 3;
     } else {
+        if (r->mla && layer_weights(r, layer) != 0) {
+            snprintf(err, err_len, "%s: out of memory for the MLA weights of layer %d", s->name, layer);
+            return 3;
+        }
         gen_inputs_cpu(r, layer);
         guard_set_host((char *)r->out + guard_at(r->out_bytes));
         guard_set_host((char *)r->lse + guard_at(r->lse_bytes));
@@ -1028,7 +1238,7 @@ static int plugin_forward(void *state, int layer, const ar_batch *b, ar_forward_
         bad_lse = guard_count_host((char *)r->lse + guard_at(r->lse_bytes));
     }
     o->guard_violations = bad_out + bad_lse;
-    const size_t n_out = (size_t)r->T * r->hq * r->d, n_lse = (size_t)r->T * r->hq;
+    const size_t n_out = (size_t)r->T * r->hq * r->dout, n_lse = (size_t)r->T * r->hq;
     if (r->cuda) {
         o->dev_out = r->out;
         o->dev_out_type = r->cfg.dtype;   /* the run's dtype: 16-bit bits, or float for fp32 */
@@ -1046,7 +1256,8 @@ static int plugin_forward(void *state, int layer, const ar_batch *b, ar_forward_
             return 3;
         }
     } else {
-        if (o->out)
+        if (o->out && r->mla) vproj_mla_cpu(r, layer, o->out);
+        else if (o->out)
             for (size_t i = 0; i < n_out; i++) o->out[i] = ar_load(r->cfg.dtype, r->out, (int64_t)i);
         if (o->lse) memcpy(o->lse, r->lse, sizeof(float) * n_lse);
     }
@@ -1105,10 +1316,10 @@ const ar_backend *ar_plugin_register_init(attnreplay_plugin_init_fn init, const 
         snprintf(err, err_len, "%s: attnreplay_plugin_init refused to initialise: %s", source, take_error());
         return NULL;
     }
-    if (p->abi_version != ATTNREPLAY_PLUGIN_ABI_VERSION) {
-        snprintf(err, err_len, "%s: plugin ABI version %d, but this attnreplay speaks version %d: rebuild the "
-                 "plugin against this attnreplay's replay/attnreplay_plugin.h", source, (int)p->abi_version,
-                 ATTNREPLAY_PLUGIN_ABI_VERSION);
+    if (p->abi_version < ATTNREPLAY_PLUGIN_ABI_OLDEST || p->abi_version > ATTNREPLAY_PLUGIN_ABI_VERSION) {
+        snprintf(err, err_len, "%s: plugin ABI version %d, but this attnreplay speaks versions %d to %d: rebuild "
+                 "the plugin against this attnreplay's replay/attnreplay_plugin.h", source, (int)p->abi_version,
+                 ATTNREPLAY_PLUGIN_ABI_OLDEST, ATTNREPLAY_PLUGIN_ABI_VERSION);
         return NULL;
     }
     if (p->struct_size != (int32_t)sizeof(attnreplay_plugin)) {
@@ -1131,7 +1342,8 @@ const ar_backend *ar_plugin_register_init(attnreplay_plugin_init_fn init, const 
                  (int)p->device_type);
         return NULL;
     }
-    const uint32_t known = ATTNREPLAY_PLUGIN_WRITES_KV | ATTNREPLAY_PLUGIN_CASCADE;
+    const uint32_t known = ATTNREPLAY_PLUGIN_WRITES_KV | ATTNREPLAY_PLUGIN_CASCADE |
+                           (p->abi_version >= 2 ? ATTNREPLAY_PLUGIN_MLA : 0u);
     if (p->flags & ~known) {
         snprintf(err, err_len, "%s: unknown capability flags 0x%x (this host knows 0x%x)", source,
                  (unsigned)(p->flags & ~known), (unsigned)known);

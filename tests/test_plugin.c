@@ -1,5 +1,7 @@
 /* test_plugin.c - the plugin ABI (replay/attnreplay_plugin.h) end to end: the example CPU plugin
- * replays every sample trace and passes, with cascade and with more layers, repeats and dtypes;
+ * replays every sample trace and passes, with cascade and with more layers, repeats and dtypes,
+ * and the DeepSeek sample through its MLA path (the host's projections around its latent
+ * attention, their faults caught; MLA offered only to CPU plugins of ABI v2 with the flag);
  * a plugin without the cascade flag is never asked for cascade; the host's cache write and the
  * metadata faults reach a plugin (the verifier flags them); and each broken plugin (ABI
  * mismatch, missing symbol, init refusing, unknown flags, check refusing, open refusing, forward
@@ -168,7 +170,7 @@ static void test_broken_plugins_fail_clearly(void **state)
 {
     (void)state;
     static const broken_case cases[] = {
-        {"tests/plugins/broken-abi.so", 2, "plugin ABI version 99, but this attnreplay speaks version 1"},
+        {"tests/plugins/broken-abi.so", 2, "plugin ABI version 99, but this attnreplay speaks versions 1 to 2"},
         {"tests/plugins/broken-nosym.so", 2, "does not export attnreplay_plugin_init"},
         {"tests/plugins/broken-initnull.so", 2, "refused to initialise: broken-initnull needs a GPU driver"},
         {"tests/plugins/broken-badflags.so", 2, "unknown capability flags 0x80"},
@@ -198,6 +200,139 @@ static void test_broken_plugins_fail_clearly(void **state)
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend plugin: --quiet", tu_bin(),
                             sample("mixed", trace, sizeof trace), db), 2);
     assert_true(log_has(log, "needs the path of a plugin"));
+}
+
+/* MLA through the example plugin: the host absorbs W_UK into q, the plugin attends over the latent
+ * cache, the host applies W_UV and verifies every row against the float64 expanded form. */
+static void test_example_cpu_runs_mla(void **state)
+{
+    (void)state;
+    char db[PATH_MAX], log[PATH_MAX], name[128];
+    tu_tmp("mla.db", db, sizeof db);
+    tu_tmp("mla.log", log, sizeof log);
+    /* both layers (each its own weights); the context before step 7 filled, a mixed step, decodes */
+    int rc = replay_with("plugins/attnreplay-example-cpu.so", "deepseek-v3-tp16", db, log, "--steps 7:9 --layers 2");
+    if (rc != 0) show_log(log);
+    assert_int_equal(rc, 0);
+    assert_true(log_has(log, "mla, 8 q / 1 kv heads, head 576"));
+    tu_query_text(db, "SELECT status FROM runs WHERE id = 1", name, sizeof name);
+    assert_string_equal(name, "passed");
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run = 1"), 3);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run = 1 AND (pass IS NOT 1 OR "
+                                      "rows_checked <= 0 OR guard_ok IS NOT 1)"), 0);
+    assert_true(tu_query_int(db, "SELECT count(*) FROM kernels WHERE run = 1 AND name = 'attn' AND layer = 1") > 0);
+    assert_true(tu_query_int(db, "SELECT count(*) FROM kernels WHERE run = 1 AND name = 'write'") > 0);
+    /* fp16, fp32, and --repeat */
+    rc = replay_with("plugins/attnreplay-example-cpu.so", "deepseek-v3-tp16", db, log,
+                     "--steps 20:23 --layers 1 --dtype fp16 --quiet");
+    if (rc != 0) show_log(log);
+    assert_int_equal(rc, 0);
+    rc = replay_with("plugins/attnreplay-example-cpu.so", "deepseek-v3-tp16", db, log,
+                     "--steps 20:22 --layers 1 --dtype fp32 --quiet");
+    if (rc != 0) show_log(log);
+    assert_int_equal(rc, 0);
+    rc = replay_with("plugins/attnreplay-example-cpu.so", "deepseek-v3-tp16", db, log,
+                     "--steps 20:22 --layers 1 --repeat 2 --quiet");
+    if (rc != 0) show_log(log);
+    assert_int_equal(rc, 0);
+}
+
+/* The projection faults are the host's with MLA (W_UK, W_UV), the metadata faults as ever: the
+ * verifier flags each in the plugin's run; a kernel fault the example lacks is refused. */
+static void test_mla_faults_through_the_plugin(void **state)
+{
+    (void)state;
+    static const char *const caught[] = {"wrong-kv-head", "mla-no-wuv", "wrong-slot"};
+    char db[PATH_MAX], log[PATH_MAX], extra[128];
+    tu_tmp("mlafault.db", db, sizeof db);
+    tu_tmp("mlafault.log", log, sizeof log);
+    for (size_t i = 0; i < sizeof caught / sizeof caught[0]; i++) {
+        snprintf(extra, sizeof extra, "--steps 6:8 --layers 1 --inject %s --quiet", caught[i]);
+        int rc = replay_with("plugins/attnreplay-example-cpu.so", "deepseek-v3-tp16", db, log, extra);
+        if (rc != 1) {
+            print_message("--inject %s: exit %d, want 1\n", caught[i], rc);
+            show_log(log);
+        }
+        assert_int_equal(rc, 1);
+    }
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs WHERE status = 'failed'"), 3);
+    assert_int_equal(replay_with("plugins/attnreplay-example-cpu.so", "deepseek-v3-tp16", db, log,
+                                 "--steps 0:3 --layers 1 --inject causal-off-by-one --quiet"), 2);
+    assert_true(log_has(log, "planted fault 'causal-off-by-one' is not implemented"));
+    /* a plugin without the MLA flag is not offered the model */
+    assert_int_equal(replay_with("tests/plugins/example-flat.so", "deepseek-v3-tp16", db, log, "--quiet"), 2);
+    assert_true(log_has(log, "the plugin does not run MLA (no ATTNREPLAY_PLUGIN_MLA flag)"));
+}
+
+/* In-process descriptors for the version and device rules. */
+static const attnreplay_host_api *fake_host;
+static int fake_check(const attnreplay_config *c) { (void)c; return 0; }
+static int fake_open(const attnreplay_config *c, void **st) { (void)c; *st = NULL; return 0; }
+static int fake_plan(void *st, const attnreplay_metadata *md) { (void)st; (void)md; return 0; }
+static int fake_forward(void *st, const attnreplay_forward_args *a) { (void)st; (void)a; return 1; }
+static void fake_close(void *st) { (void)st; }
+/* One descriptor per registration (the host keeps the pointer): version, flags, device. */
+static attnreplay_plugin fakes[4] = {
+    {1, sizeof(attnreplay_plugin), "fake-v1-mla", "fake", "fake", kDLCPU, ATTNREPLAY_PLUGIN_MLA,
+     fake_check, fake_open, fake_plan, fake_forward, fake_close},
+    {1, sizeof(attnreplay_plugin), "fake-v1", "fake", "fake", kDLCPU, 0,
+     fake_check, fake_open, fake_plan, fake_forward, fake_close},
+    {ATTNREPLAY_PLUGIN_ABI_VERSION, sizeof(attnreplay_plugin), "fake-cuda-mla", "fake", "fake", kDLCUDA,
+     ATTNREPLAY_PLUGIN_MLA, fake_check, fake_open, fake_plan, fake_forward, fake_close},
+    {ATTNREPLAY_PLUGIN_ABI_VERSION, sizeof(attnreplay_plugin), "fake-cpu-mla", "fake", "fake", kDLCPU,
+     ATTNREPLAY_PLUGIN_MLA, fake_check, fake_open, fake_plan, fake_forward, fake_close},
+};
+static int next_fake;
+static const attnreplay_plugin *fake_init(const attnreplay_host_api *h, int v)
+{
+    (void)v;
+    fake_host = h;
+    return &fakes[next_fake];
+}
+
+static void test_mla_offered_by_version_flag_and_device(void **state)
+{
+    (void)state;
+    char err[1024];
+    ar_run_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    tu_mla_model(&cfg.model, "deepseek-v3-test", 16, 1);
+    cfg.block_size = 64;
+    cfg.num_blocks = 16;
+    cfg.num_layers = 1;
+    cfg.dtype = cfg.kv_dtype = AR_BF16;
+    cfg.kv_scale = 1;
+    char why[512];
+    /* version 1 with the MLA bit: a flag version 1 does not have */
+    next_fake = 0;
+    assert_null(ar_plugin_register_init(fake_init, "plugin:", "fake-v1-mla", err, sizeof err));
+    assert_non_null(strstr(err, "unknown capability flags 0x4"));
+    /* version 1 without it: loads, and is never offered MLA */
+    next_fake = 1;
+    const ar_backend *v1 = ar_plugin_register_init(fake_init, "plugin:", "fake-v1", err, sizeof err);
+    if (!v1) print_message("%s\n", err);
+    assert_non_null(v1);
+    assert_false(v1->check(&cfg, why, sizeof why));
+    assert_non_null(strstr(why, "plugin ABI v1 has none"));
+    /* version 2, MLA flag, on the GPU: not offered yet, with the reason */
+    next_fake = 2;
+    const ar_backend *gpu = ar_plugin_register_init(fake_init, "plugin:", "fake-cuda-mla", err, sizeof err);
+    assert_non_null(gpu);
+    assert_false(gpu->check(&cfg, why, sizeof why));
+    assert_non_null(strstr(why, "a CUDA plugin is not offered MLA yet"));
+    /* on the host: offered; MLA dims it cannot carry are refused by the host first */
+    next_fake = 3;
+    const ar_backend *cpu = ar_plugin_register_init(fake_init, "plugin:", "fake-cpu-mla", err, sizeof err);
+    assert_non_null(cpu);
+    if (!cpu->check(&cfg, why, sizeof why)) print_message("%s\n", why);
+    assert_true(cpu->check(&cfg, why, sizeof why));
+    cfg.model.head_size = 500;
+    assert_false(cpu->check(&cfg, why, sizeof why));
+    assert_non_null(strstr(why, "head_size 500 != kv_lora_rank 512 + qk_rope_head_dim 64"));
+    cfg.model.head_size = 576;
+    cfg.model.sliding_window = 128;
+    assert_false(cpu->check(&cfg, why, sizeof why));
+    assert_non_null(strstr(why, "without sliding window"));
 }
 
 /* The loader in-process: registration, lookup by name, the same path twice, ABI layout. */
@@ -237,15 +372,16 @@ static void test_loader_in_process(void **state)
     assert_true(strncmp(chosen->name, "plugin:", 7) != 0);
     assert_ptr_equal(ar_backend_select(&cfg, "plugin:example-cpu", &sel), b);
     assert_int_equal(sel.count, 1);
-    /* an MLA model is outside ABI v1, whatever the plugin says */
+    /* an MLA model: the flat build has no MLA flag */
     cfg.model.attention = AR_ATTN_MLA;
-    assert_null(ar_backend_select(&cfg, "plugin:example-cpu", &sel));
+    assert_null(ar_backend_select(&cfg, "plugin:example-cpu-flat", &sel));
     assert_non_null(sel.failed);
-    assert_non_null(strstr(sel.failed->why, "covers MHA/GQA/MQA"));
+    assert_non_null(strstr(sel.failed->why, "does not run MLA"));
     /* layouts the Python binding mirrors */
     assert_int_equal(ar_plugin_abi_version(), ATTNREPLAY_PLUGIN_ABI_VERSION);
     assert_int_equal(ar_plugin_abi_sizeof(0), (long)sizeof(DLTensor));
     assert_int_equal(ar_plugin_abi_offsetof(4, "out"), (long)offsetof(attnreplay_forward_args, out));
+    assert_int_equal(ar_plugin_abi_offsetof(2, "qk_rope_head_dim"), (long)offsetof(attnreplay_config, qk_rope_head_dim));
     assert_int_equal(ar_plugin_abi_offsetof(4, "no_such_field"), -1);
     assert_int_equal(ar_plugin_abi_sizeof(9), -1);
 }
@@ -281,6 +417,9 @@ int main(void)
         cmocka_unit_test(test_example_cpu_dtypes_and_repeat),
         cmocka_unit_test(test_cascade_only_for_plugins_that_have_it),
         cmocka_unit_test(test_faults_reach_the_plugin),
+        cmocka_unit_test(test_example_cpu_runs_mla),
+        cmocka_unit_test(test_mla_faults_through_the_plugin),
+        cmocka_unit_test(test_mla_offered_by_version_flag_and_device),
         cmocka_unit_test(test_broken_plugins_fail_clearly),
         cmocka_unit_test(test_loader_in_process),
         cmocka_unit_test(test_dlpack_wrap),

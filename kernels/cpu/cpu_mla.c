@@ -99,18 +99,6 @@ typedef struct mla_state {
     int *ws_pos;             /* [workspace rows] key position of each row */
 } mla_state;
 
-/* Dimensions of an MLA model, zeros meaning DeepSeek-V3's. */
-static ar_mla_dims dims_of(const ar_model *m)
-{
-    ar_mla_dims d = ar_mla_deepseek_dims(m->num_q_heads);
-    if (m->kv_lora_rank > 0) d.kv_lora_rank = m->kv_lora_rank;
-    if (m->qk_rope_head_dim > 0) d.qk_rope_head_dim = m->qk_rope_head_dim;
-    if (m->qk_nope_head_dim > 0) d.qk_nope_head_dim = m->qk_nope_head_dim;
-    if (m->v_head_dim > 0) d.v_head_dim = m->v_head_dim;
-    if (m->scale > 0) d.scale = m->scale;
-    return d;
-}
-
 static bool mla_check(const ar_run_config *cfg, char *why, size_t why_len)
 {
     const ar_model *m = &cfg->model;
@@ -118,7 +106,7 @@ static bool mla_check(const ar_run_config *cfg, char *why, size_t why_len)
         snprintf(why, why_len, "not an MLA model (use cpu for MHA/GQA/MQA)");
         return false;
     }
-    ar_mla_dims d = dims_of(m);
+    ar_mla_dims d = ar_mla_model_dims(m);
     if (m->num_q_heads <= 0) {
         snprintf(why, why_len, "num_q_heads %d must be positive", m->num_q_heads);
         return false;
@@ -182,7 +170,7 @@ static int mla_open(const ar_run_config *cfg, void **state, char *err, size_t er
     mla_state *s = calloc(1, sizeof *s);
     if (!s) { snprintf(err, err_len, WHO ": out of memory"); return 3; }
     s->cfg = *cfg;
-    s->dims = dims_of(&cfg->model);
+    s->dims = ar_mla_model_dims(&cfg->model);
     s->N = s->dims.num_heads;
     s->L = s->dims.kv_lora_rank;
     s->R = s->dims.qk_rope_head_dim;

@@ -13,9 +13,14 @@
  * It does cascade (ATTNREPLAY_PLUGIN_CASCADE): a prefix pass (every query against the P shared
  * keys, no mask), a suffix pass (each request against its own keys after P, causal) and the
  * LSE-weighted merge, as vLLM's cascade_attention.  Arithmetic: float32, two passes per row
- * (max, then exp-sum and the weighted values), output rounded to the run's dtype. */
+ * (max, then exp-sum and the weighted values), output rounded to the run's dtype.
+ * It also runs MLA models (ATTNREPLAY_PLUGIN_MLA): the same loop over the latent cache
+ * [num_blocks, block_size, L + R], one KV head, keys the whole entries and values their first L
+ * elements, as FlashMLA's decode kernel computes it; the host absorbs W_UK into q before and
+ * applies W_UV to out after. */
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,19 +179,26 @@ static int ex_plan(void *st, const attnreplay_metadata *md)
     return 0;
 }
 
+static bool is_mla(const attnreplay_config *c) { return c->attention == ATTNREPLAY_ATTENTION_MLA; }
+
+/* out's head dim: head_size, or the latent width L for MLA. */
+static int value_dim(const attnreplay_config *c) { return is_mla(c) ? c->kv_lora_rank : c->head_size; }
+
 /* Attention of one query row q (already in float) against keys [lo, hi) of block_table row
- * `row`, KV head kvh: acc[D] = softmax-weighted values, *lse = log of the denominator (-inf and
- * acc 0 for an empty range). */
+ * `row`, KV head kvh: acc[value_dim] = softmax-weighted values, *lse = log of the denominator
+ * (-inf and acc 0 for an empty range).  MLA: a key is a whole cache entry, its value the entry's
+ * first L elements. */
 static void attend(state *s, const attnreplay_forward_args *a, const float *q, int row, int lo, int hi, int kvh,
                    float *acc, float *lse)
 {
     const attnreplay_config *c = &s->cfg;
-    const int D = c->head_size, B = c->block_size, Hkv = c->num_kv_heads;
+    const int D = c->head_size, DV = value_dim(c), B = c->block_size, Hkv = c->num_kv_heads;
     const int64_t stride = a->md->block_table.shape[1];
     const int32_t *table = (const int32_t *)a->md->block_table.data + (int64_t)row * stride;
-    const int64_t side = a->kv_cache.shape[1] * a->kv_cache.shape[2] * Hkv * D;   /* one of K, V */
+    /* the V side: one of K, V further on; MLA: the entries themselves */
+    const int64_t side = is_mla(c) ? 0 : a->kv_cache.shape[1] * a->kv_cache.shape[2] * Hkv * D;
     const void *cache = a->kv_cache.data;
-    for (int d = 0; d < D; d++) acc[d] = 0;
+    for (int d = 0; d < DV; d++) acc[d] = 0;
     if (hi <= lo) {
         *lse = -INFINITY;
         return;
@@ -206,9 +218,9 @@ static void attend(state *s, const attnreplay_forward_args *a, const float *q, i
         float p = expf(s->scores[j] - m);
         sum += p;
         int64_t base = side + (((int64_t)table[j / B] * B + j % B) * Hkv + kvh) * D;
-        for (int d = 0; d < D; d++) acc[d] += p * load(s->kvt, cache, base + d);
+        for (int d = 0; d < DV; d++) acc[d] += p * load(s->kvt, cache, base + d);
     }
-    for (int d = 0; d < D; d++) acc[d] /= sum;
+    for (int d = 0; d < DV; d++) acc[d] /= sum;
     *lse = m + logf(sum);
 }
 
@@ -217,7 +229,7 @@ static int ex_forward(void *st, const attnreplay_forward_args *a)
     state *s = st;
     const attnreplay_config *c = &s->cfg;
     const attnreplay_metadata *md = a->md;
-    const int Hq = c->num_q_heads, D = c->head_size, group = c->num_q_heads / c->num_kv_heads;
+    const int Hq = c->num_q_heads, D = c->head_size, DV = value_dim(c), group = c->num_q_heads / c->num_kv_heads;
     const int T = md->num_actual_tokens, P = md->use_cascade ? md->common_prefix_len : 0;
     const int32_t *qsl = md->query_start_loc.data, *seq = md->seq_lens.data;
     float *out_acc = s->acc, *pre = s->acc + D, *suf = s->acc + 2 * D;
@@ -242,15 +254,15 @@ static int ex_forward(void *st, const attnreplay_forward_args *a)
                     attend(s, a, q, r, P, p + 1, h / group, suf, &ls);
                     float m = lp > ls ? lp : ls;
                     if (m == -INFINITY) {
-                        for (int d = 0; d < D; d++) out_acc[d] = 0;
+                        for (int d = 0; d < DV; d++) out_acc[d] = 0;
                         l = -INFINITY;
                     } else {
                         float wp = expf(lp - m), ws = expf(ls - m);
-                        for (int d = 0; d < D; d++) out_acc[d] = (wp * pre[d] + ws * suf[d]) / (wp + ws);
+                        for (int d = 0; d < DV; d++) out_acc[d] = (wp * pre[d] + ws * suf[d]) / (wp + ws);
                         l = m + logf(wp + ws);
                     }
                 }
-                for (int d = 0; d < D; d++) store(s->dt, a->out.data, ((int64_t)t * Hq + h) * D + d, out_acc[d]);
+                for (int d = 0; d < DV; d++) store(s->dt, a->out.data, ((int64_t)t * Hq + h) * DV + d, out_acc[d]);
                 lse[(int64_t)h * T + t] = l;
             }
         }
@@ -269,10 +281,11 @@ static const attnreplay_plugin example_cpu = {
     .flags = 0,
 #else
     .name = "example-cpu",
-    .flags = ATTNREPLAY_PLUGIN_CASCADE,
+    .flags = ATTNREPLAY_PLUGIN_CASCADE | ATTNREPLAY_PLUGIN_MLA,
 #endif
     .summary = "example plugin: paged attention in plain C on the host (float32, two-pass softmax)",
-    .capabilities = "dtypes fp32/fp16/bf16, KV cache in the same dtype; GQA/MQA; window; soft cap; cascade",
+    .capabilities = "dtypes fp32/fp16/bf16, KV cache in the same dtype; GQA/MQA; window; soft cap; cascade; "
+                    "MLA (latent attention)",
     .device_type = kDLCPU,
     .check = ex_check,
     .open = ex_open,
@@ -286,7 +299,7 @@ ATTNREPLAY_PLUGIN_EXPORT const attnreplay_plugin *attnreplay_plugin_init(const a
 {
     host = h;
     if (host_abi_version != ATTNREPLAY_PLUGIN_ABI_VERSION) {
-        h->set_error("example-cpu was built for plugin ABI version 1");
+        h->set_error("example-cpu was built for plugin ABI version " ATTNREPLAY_PLUGIN_ABI_STRING);
         return NULL;
     }
     return &example_cpu;

@@ -257,7 +257,7 @@ extern "C" ATTNREPLAY_PLUGIN_EXPORT const attnreplay_plugin *attnreplay_plugin_i
 {
     host = h;
     if (host_abi_version != ATTNREPLAY_PLUGIN_ABI_VERSION) {
-        h->set_error("example-cuda was built for plugin ABI version 1");
+        h->set_error("example-cuda was built for plugin ABI version " ATTNREPLAY_PLUGIN_ABI_STRING);
         return NULL;
     }
     return &example_cuda;

@@ -1,4 +1,4 @@
-"""ctypes mirrors of replay/attnreplay_plugin.h (plugin ABI version 1) and of libattnreplay's C API.
+"""ctypes mirrors of replay/attnreplay_plugin.h (plugin ABI version 2) and of libattnreplay's C API.
 
 Every struct here has the layout of its C twin; tests/test_abi.py checks sizes and offsets
 against the library's own (ar_plugin_abi_sizeof / ar_plugin_abi_offsetof).
@@ -9,7 +9,7 @@ import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_float, c_int, c_int32, c_int64,
                     c_long, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # DLPack (1.1 layout)
 kDLCPU, kDLCUDA = 1, 2
@@ -18,6 +18,8 @@ kDLFloat8_e4m3fn = 10
 
 WRITES_KV = 0x1
 CASCADE = 0x2
+MLA = 0x4
+ATTENTION_MHA, ATTENTION_MLA = 0, 1
 MAX_MARKS = 5
 
 
@@ -51,7 +53,8 @@ class Config(Structure):
                 ("sliding_window", c_int32), ("logits_soft_cap", c_float), ("block_size", c_int32),
                 ("num_blocks", c_int32), ("num_layers", c_int32), ("dtype", DLDataType),
                 ("kv_dtype", DLDataType), ("kv_scale", c_float), ("cascade", c_int32),
-                ("inject", c_char_p), ("repeat", c_int32), ("device", DLDevice)]
+                ("inject", c_char_p), ("repeat", c_int32), ("device", DLDevice),
+                ("attention", c_int32), ("kv_lora_rank", c_int32), ("qk_rope_head_dim", c_int32)]
 
 
 METADATA_TENSORS = ("query_start_loc", "seq_lens", "block_table", "slot_mapping")

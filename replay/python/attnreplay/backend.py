@@ -42,6 +42,9 @@ class Config:
         self.inject = (c.inject or b"none").decode()
         self.repeat = c.repeat
         self.device = "cuda:%d" % c.device.device_id if c.device.device_type == _abi.kDLCUDA else "cpu"
+        self.attention = "mla" if c.attention == _abi.ATTENTION_MLA else "mha"
+        self.kv_lora_rank = c.kv_lora_rank
+        self.qk_rope_head_dim = c.qk_rope_head_dim
 
     def __repr__(self):
         return "Config(%s)" % ", ".join("%s=%r" % kv for kv in sorted(vars(self).items()))
@@ -75,7 +78,11 @@ class Backend:
     writes k_new/v_new into kv_cache itself) and cascade (plan/forward handle use_cascade), and
     implement forward.  Shapes: q [T, Hq, D], k_new / v_new [T, Hkv, D], kv_cache [2, num_blocks,
     block_size, Hkv, D] (already holding k_new/v_new unless writes_kv), out [T, Hq, D] in the
-    run's dtype, lse [Hq, T] float32 natural log; write out and lse in place."""
+    run's dtype, lse [Hq, T] float32 natural log; write out and lse in place.  A backend with
+    mla = True is also offered MLA models (config.attention "mla", CPU backends only for now):
+    then q [T, Hq, L + R] is the absorbed query, k_new [T, 1, L + R] the new latent entries,
+    v_new None, kv_cache [num_blocks, block_size, L + R], values the first L = kv_lora_rank
+    elements of each entry, and out [T, Hq, L] the latent output (the host applies W_UV)."""
 
     name = None
     summary = ""
@@ -83,6 +90,7 @@ class Backend:
     device = "cpu"
     writes_kv = False
     cascade = False
+    mla = False
 
     def check(self, config):
         """None when this backend can run config, else the reason (a string)."""
@@ -143,7 +151,8 @@ class _Bridge:
         self.cache_views = {}
         self.stream_ctx = None
         name = backend.name or type(backend).__name__
-        flags = (_abi.WRITES_KV if backend.writes_kv else 0) | (_abi.CASCADE if backend.cascade else 0)
+        flags = ((_abi.WRITES_KV if backend.writes_kv else 0) | (_abi.CASCADE if backend.cascade else 0)
+                 | (_abi.MLA if backend.mla else 0))
         self._strings = [s.encode() for s in (name, backend.summary or name, backend.capabilities or "")]
         self.callbacks = [_abi.CheckFn(self._check), _abi.OpenFn(self._open), _abi.PlanFn(self._plan),
                           _abi.ForwardFn(self._forward), _abi.CloseFn(self._close)]

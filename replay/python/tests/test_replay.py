@@ -32,6 +32,17 @@ class NumpyAdapter(unittest.TestCase):
         self.assertEqual(query(db, "SELECT count(*) FROM steps WHERE run=3"), [(8,)])
         self.assertEqual(query(db, "SELECT verify FROM runs WHERE id=4"), [("sample",)])
 
+    def test_mla_sample_passes(self):
+        # the host absorbs W_UK into q and applies W_UV to the adapter's latent output
+        db = tmpdb(self, "mla.db")
+        rc, out = run(["replay", sample("deepseek-v3-tp16"), "--backend", "numpy", "--db", db, "--steps", "7:9",
+                       "--layers", "2", "--quiet"])
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(query(db, "SELECT count(*), min(pass), min(rows_checked) > 0 FROM steps"), [(3, 1, 1)])
+        rc, out = run(["replay", sample("deepseek-v3-tp16"), "--backend", "numpy", "--db", db, "--steps", "7:8",
+                       "--inject", "mla-no-wuv", "--quiet"])
+        self.assertEqual(rc, 1, out)
+
     def test_same_database_as_the_c_binary(self):
         db = tmpdb(self, "same.db")
         rc, out = run(["replay", sample("chunked"), "--backend", "cpu", "--db", db, "--quiet"], cmd=[BIN])
@@ -118,7 +129,7 @@ class Failures(unittest.TestCase):
     def test_broken_c_plugins_through_the_package(self):
         plugins = os.path.join(BUILD, "tests", "plugins")
         self.expect("plugin:" + os.path.join(plugins, "broken-abi.so"), 2,
-                    "plugin ABI version 99, but this attnreplay speaks version 1")
+                    "plugin ABI version 99, but this attnreplay speaks versions 1 to 2")
         self.expect("plugin:" + os.path.join(plugins, "broken-nosym.so"), 2, "does not export attnreplay_plugin_init")
         self.expect("plugin:" + os.path.join(plugins, "broken-forward.so"), 3, "forward failed at step 1")
 

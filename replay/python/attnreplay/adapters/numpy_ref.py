@@ -5,7 +5,10 @@ its block table into contiguous arrays (timed apart as "gather" through host.tim
 computes bottom-right causal attention per request in float64 (GQA by head groups, sliding
 window, soft cap) and writes out rounded to the run's dtype and the natural-log LSE.  Flat
 only (no cascade flag): the host runs every step flat.  bfloat16 arrives as uint16 bit
-patterns (numpy has no bfloat16) and is converted here; an fp8 cache is refused.
+patterns (numpy has no bfloat16) and is converted here; an fp8 cache is refused.  MLA models
+too (mla = True): the same per-request loop over the latent cache [num_blocks, block_size,
+L + R] with one KV head, the whole entries as keys and their first L elements as values; the
+host absorbs W_UK into q before and applies W_UV to out after.
 """
 import numpy as np
 
@@ -30,8 +33,9 @@ class NumpyPaged(Backend):
 
     name = "numpy"
     summary = "numpy on the host: K/V gathered from the paged cache per request, float64 softmax"
-    capabilities = "dtypes fp32/fp16/bf16, cache in the same dtype; GQA/MQA; window; soft cap; flat only"
+    capabilities = "dtypes fp32/fp16/bf16, cache in the same dtype; GQA/MQA; window; soft cap; MLA; flat only"
     device = "cpu"
+    mla = True
 
     def check(self, config):
         if config.dtype not in ("float32", "float16", "bfloat16"):
@@ -56,8 +60,12 @@ class NumpyPaged(Backend):
         c, s = self.cfg, self.step
         B, Hq, Hkv, D = c.block_size, c.num_q_heads, c.num_kv_heads, c.head_size
         qsl, seq, table = s.query_start_loc_cpu, s.seq_lens_cpu, s.block_table_cpu
-        flat_k = kv_cache[0].reshape(-1, Hkv, D)     # [num_blocks * block_size, Hkv, D]
-        flat_v = kv_cache[1].reshape(-1, Hkv, D)
+        if c.attention == "mla":
+            flat_k = kv_cache.reshape(-1, 1, D)              # [num_blocks * block_size, 1, L + R]
+            flat_v = flat_k[:, :, :c.kv_lora_rank]           # values: the latent part of each entry
+        else:
+            flat_k = kv_cache[0].reshape(-1, Hkv, D)     # [num_blocks * block_size, Hkv, D]
+            flat_v = kv_cache[1].reshape(-1, Hkv, D)
         gathered = []
         for r in range(s.num_reqs):
             n_keys = int(seq[r])
@@ -86,7 +94,7 @@ class NumpyPaged(Backend):
             m = scores.max(axis=2, keepdims=True)
             p = np.exp(scores - m)
             denom = p.sum(axis=2, keepdims=True)
-            o = np.matmul(p / denom, V.transpose(1, 0, 2)).transpose(1, 0, 2)             # [n, Hq, D]
+            o = np.matmul(p / denom, V.transpose(1, 0, 2)).transpose(1, 0, 2)             # [n, Hq, Dv]
             if self.bf16:
                 out[t0:t1] = f32_to_bf16(o.astype(np.float32))
             else:
