@@ -582,8 +582,14 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
     if (s->num_running == 0 && s->wq_len == 0) {
         if (s->next_arrival >= s->num_reqs) return 0;
         double a = s->reqs[s->next_arrival].w->arrival;
+        if (!isfinite(a)) {
+            snprintf(err, err_len, "step %lld: workload request %d arrives at %g s, not a finite time",
+                     (long long)s->step_no, s->next_arrival, a);
+            return -2;
+        }
         double t = ceil(a * 1e6) / 1e6;
-        if (t < a) t = a;   /* beyond 2^53 us (~285 years) the rounding can land below a */
+        /* beyond 2^53 us (~285 years) the rounding can land below a; beyond ~1.8e302 s it overflows */
+        if (t < a || !isfinite(t)) t = a;
         if (t > s->now) s->now = t;
     }
     /* arrivals up to now (half a microsecond of slack for the clock's rounding) */
@@ -759,7 +765,12 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
 
     /* ---- run the step ---- */
     double dur = ar_steptime_eval(&s->cfg.steptime, f);
-    if (!(dur > 0) || !isfinite(dur)) dur = 1e-6;
+    if (!isfinite(dur)) {   /* an absurd model (--step-time constant:1e308, linear:1e308,...) */
+        snprintf(err, err_len, "step %lld: the step-time model gives a duration of %g s, not a finite number "
+                 "(check --step-time)", (long long)s->step_no, dur);
+        return -2;
+    }
+    if (!(dur > 0)) dur = 1e-6;
     if (add_sample(s, s->now, f->num_tokens) != 0) { snprintf(err, err_len, "out of memory"); return -1; }
     double used = (double)(s->num_blocks - 1 - s->free_count) / (double)(s->num_blocks - 1);
     s->usage_integral += used * dur;
@@ -767,6 +778,12 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
     /* the clock ticks in whole microseconds: trace times stay short and exact in decimal */
     double t_end = round((s->now + dur) * 1e6) / 1e6;
     if (t_end <= s->now) t_end = s->now + 1e-6;
+    if (!isfinite(t_end)) {   /* a trace's times must be finite numbers (JSON has no inf) */
+        snprintf(err, err_len, "step %lld: the simulated clock overflows: %g s + a step of %g s counted in "
+                 "microseconds is not a finite number (check --step-time and --time-scale)", (long long)s->step_no,
+                 s->now, dur);
+        return -2;
+    }
     s->scheduled_tokens += f->num_tokens;
 
     /* ---- update_from_output ---- */

@@ -460,7 +460,9 @@ typedef struct ar_sim ar_sim;
  * NULL with err set on bad configuration. */
 ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err, size_t err_len);
 /* Runs one step.  Returns 1 with *step set (owned by the simulator, valid until the next
- * call), 0 when every request has finished, -1 on an internal error (err set). */
+ * call), 0 when every request has finished, -1 on an internal error (err set), -2 when the
+ * inputs cannot be simulated: the step-time model gives a non-finite duration, or the clock
+ * would pass the largest finite number of seconds (err set; bad input, not a fault). */
 int ar_sim_step(ar_sim *s, const ar_step **step, char *err, size_t err_len);
 /* Features of the last step (for tests and reports). */
 const ar_batch_features *ar_sim_last_features(const ar_sim *s);

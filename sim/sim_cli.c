@@ -285,7 +285,7 @@ static int sim_one(int argc, char **argv)
             fprintf(stderr, "\r  sim step %lld, simulated time %.1f s   ", (long long)step->step, step->time);
         if (r < 0) {
             fprintf(stderr, "sim: %s\n", err);
-            rc = 1;
+            rc = r == -2 ? 2 : 1;   /* -2: inputs that cannot be simulated (bad input) */
             break;
         }
         if (ar_trace_write_step(w, step, err, sizeof err) != 0) {

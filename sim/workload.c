@@ -630,6 +630,19 @@ int ar_workload_load(const char *spec, int block_size, double time_scale, int li
         wl->num_keys_total = wl->reqs[limit - 1].key_offset + wl->reqs[limit - 1].num_keys;
     }
     double t0 = wl->reqs[0].arrival;
-    for (int i = 0; i < wl->num_reqs; i++) wl->reqs[i].arrival = (wl->reqs[i].arrival - t0) * time_scale;
+    for (int i = 0; i < wl->num_reqs; i++) {
+        double a = (wl->reqs[i].arrival - t0) * time_scale;
+        if (!isfinite(a)) {   /* a trace's times must be finite numbers (JSON has no inf) */
+            if (wl->reqs[i].line > 0)
+                snprintf(err, err_len, "%s:%ld: arrival %.17g s after the first request, times --time-scale %g, is not a "
+                         "finite number of seconds", arg, wl->reqs[i].line, wl->reqs[i].arrival - t0, time_scale);
+            else
+                snprintf(err, err_len, "%s: arrival of request %d, times --time-scale %g, is not a finite number of "
+                         "seconds (rate too small?)", spec, i, time_scale);
+            ar_workload_free(wl);
+            return 2;
+        }
+        wl->reqs[i].arrival = a;
+    }
     return 0;
 }

@@ -1012,6 +1012,46 @@ static void test_cli_usage_errors(void **state)
     assert_int_equal(run_main("sim --frobnicate"), 2);
 }
 
+/* A simulated clock that overflows (an absurd step time, arrivals scaled or spread past the
+ * largest double) is bad input: exit 2 with the reason, never a trace line holding "inf" that
+ * no reader takes, and never a non-finite step time quietly replaced by a microsecond. */
+static void test_clock_overflow_is_refused(void **state)
+{
+    (void)state;
+    char trace[512], workload[512], out[512], line[2048];
+    tu_tmp("overflow.trace.jsonl", trace, sizeof trace);
+    tu_tmp("overflow_err.txt", out, sizeof out);
+    tu_tmp("overflow.jsonl", workload, sizeof workload);
+    assert_int_equal(tu_write(workload, "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n"
+                                        "{\"timestamp\": 5e9, \"input_length\": 40, \"output_length\": 2, \"hash_ids\": [2]}\n"), 0);
+    struct { const char *args, *words; } cases[] = {
+        { "--workload synthetic:n=5,input=10,output=3 --step-time constant:1e308", "simulated clock overflows" },
+        { "--workload synthetic:n=5,input=10,output=3 --step-time linear:1e308,1e308,0,0", "not a finite number" },
+        { "--workload synthetic:n=5,input=10,output=3 --step-time roofline:h200,gap=1e308", "simulated clock overflows" },
+        { "--workload synthetic:n=5,input=10,output=2,rate=5e-324", "not a finite number of seconds" },
+        { "--workload mooncake:@W --time-scale 1e308", "overflow.jsonl:2: arrival" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[1024];
+        const char *at = strstr(cases[i].args, "@W");
+        if (at) snprintf(args, sizeof args, "%.*s%s%s", (int)(at - cases[i].args), cases[i].args, workload, at + 2);
+        else snprintf(args, sizeof args, "%s", cases[i].args);
+        unlink(trace);
+        snprintf(line, sizeof line, "%s sim %s --model llama-3.1-8b --out %s --quiet 2>&1", tu_bin(), args, trace);
+        int rc = tu_run(out, "%s", line);
+        char *msg = tu_slurp(out);
+        assert_non_null(msg);
+        if (rc != 2 || !strstr(msg, cases[i].words)) fail_msg("%s: rc %d, output '%s'", args, rc, msg);
+        free(msg);
+        /* whatever was written reads back: no line with a time JSON cannot hold */
+        char *text = tu_slurp(trace);
+        if (text) {
+            if (strstr(text, "inf") || strstr(text, "nan")) fail_msg("%s: the trace holds a non-finite time", args);
+            free(text);
+        }
+    }
+}
+
 /* Output paths are checked before the workload is read: never the workload itself, never
  * one file twice, and an unwritable one stops the run with the system's reason and exit 2. */
 static void test_cli_output_paths(void **state)
@@ -1306,6 +1346,7 @@ int main(void)
         cmocka_unit_test(test_steptime_fitted_from_db),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_cli_output_paths),
+        cmocka_unit_test(test_clock_overflow_is_refused),
         cmocka_unit_test(test_overload_is_named),
         cmocka_unit_test(test_cli_writes_valid_trace_and_metrics),
         cmocka_unit_test(test_summary_agrees_with_trace_stats),

@@ -191,6 +191,34 @@ static void test_step_times_exact(void **state)
     ar_trace_close(r);
 }
 
+/* A step time JSON cannot hold (inf, nan) is refused with the path and step, never written as
+ * a line no reader takes; the steps before it read back. */
+static void test_non_finite_time_is_refused(void **state)
+{
+    (void)state;
+    char path[512], err[AR_ERR_MAX] = "";
+    tu_tmp("inf.trace.jsonl", path, sizeof path);
+    ar_sim_config cfg = make_cfg();
+    ar_trace_writer *w = ar_trace_create(path, &cfg.header, err, sizeof err);
+    assert_non_null(w);
+    ar_step st;
+    memset(&st, 0, sizeof st);
+    st.time = 1.5;
+    assert_int_equal(ar_trace_write_step(w, &st, err, sizeof err), 0);
+    st.step = 1;
+    st.time = INFINITY;
+    assert_int_equal(ar_trace_write_step(w, &st, err, sizeof err), -1);
+    if (!strstr(err, path) || !strstr(err, "step 1") || !strstr(err, "not a finite number")) fail_msg("%s", err);
+    st.time = NAN;
+    assert_int_equal(ar_trace_write_step(w, &st, err, sizeof err), -1);
+    assert_int_equal(ar_trace_finish(w, err, sizeof err), 0);
+    char *text = tu_slurp(path);
+    assert_non_null(text);
+    assert_null(strstr(text, "inf"));
+    assert_null(strstr(text, "nan"));
+    free(text);
+}
+
 /* A full disk (/dev/full behind a .gz or a plain name) is reported by a write or the finish. */
 static void test_full_disk_is_reported(void **state)
 {
@@ -231,6 +259,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gzip_matches_plain_and_reads_back),
         cmocka_unit_test(test_step_times_exact),
+        cmocka_unit_test(test_non_finite_time_is_refused),
         cmocka_unit_test(test_full_disk_is_reported),
     };
     return cmocka_run_group_tests_name("tracewrite", tests, NULL, NULL);

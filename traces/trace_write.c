@@ -497,6 +497,11 @@ int ar_trace_write_step(ar_trace_writer *w, const ar_step *s, char *err, size_t 
         snprintf(err, err_len, "%s: an earlier write failed", w->path);
         return -1;
     }
+    if (!isfinite(s->time)) {   /* JSON has no inf or nan: the line could never be read back */
+        snprintf(err, err_len, "%s: step %lld: time %g is not a finite number of seconds", w->path,
+                 (long long)s->step, s->time);
+        return -1;
+    }
     str_buf *b = &w->line;
     b->len = 0;
     if (b->p) b->p[0] = 0;
