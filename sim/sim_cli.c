@@ -27,11 +27,11 @@ static void usage(FILE *f)
             "      SPEC: groups=G,prompts=P,system=S,question=Q,output=O[,rate=R][,arrival=poisson|gamma][,cv=C][,seed=X]\n"
             "         or n=N,input=I,output=O[,rate=R][,arrival=...]\n"
             "  --model PRESET            %s\n"
-            "  --num-blocks N            KV blocks including the null block 0 (default 32768)\n"
+            "  --num-blocks N            KV blocks including the null block 0 (default 32768; 2 .. 2^24)\n"
             "  --kv-mem SIZE             KV memory (e.g. 5.4GiB, 40GB, 123456789); blocks = SIZE / bytes per block\n"
-            "  --block-size B            tokens per block (default 16)\n"
-            "  --max-num-batched-tokens N  token budget per step (default 2048, vLLM SchedulerConfig)\n"
-            "  --max-num-seqs N          (default 128)\n"
+            "  --block-size B            tokens per block (default 16; 1 .. 4096)\n"
+            "  --max-num-batched-tokens N  token budget per step (default 2048, vLLM SchedulerConfig; up to 2^30)\n"
+            "  --max-num-seqs N          (default 128; 1 .. 2^20)\n"
             "  --long-prefill-token-threshold N  (default 0 = off)\n"
             "  --max-model-len N         (default 0 = unlimited)\n"
             "  --no-prefix-caching\n"
@@ -161,10 +161,11 @@ static int sim_one(int argc, char **argv)
         else if (strcmp(a, "--kv-mem") == 0) kv_mem = v;
         else if (strcmp(a, "--step-time") == 0) step_time = v;
         else if (strcmp(a, "--kv-dtype") == 0) kv_dtype_name = v;
-        else if (strcmp(a, "--num-blocks") == 0) bad = parse_int(v, 2, 1 << 30, &num_blocks);
-        else if (strcmp(a, "--block-size") == 0) bad = parse_int(v, 1, 1 << 20, &block_size);
-        else if (strcmp(a, "--max-num-batched-tokens") == 0) bad = parse_int(v, 1, 1 << 30, &max_batched);
-        else if (strcmp(a, "--max-num-seqs") == 0) bad = parse_int(v, 1, 1 << 24, &max_seqs);
+        /* the trace reader's header ranges (traces/trace.h), so the trace written reads back */
+        else if (strcmp(a, "--num-blocks") == 0) bad = parse_int(v, 2, AR_TRACE_MAX_NUM_BLOCKS, &num_blocks);
+        else if (strcmp(a, "--block-size") == 0) bad = parse_int(v, 1, AR_TRACE_MAX_BLOCK_SIZE, &block_size);
+        else if (strcmp(a, "--max-num-batched-tokens") == 0) bad = parse_int(v, 1, AR_TRACE_MAX_TOKENS, &max_batched);
+        else if (strcmp(a, "--max-num-seqs") == 0) bad = parse_int(v, 1, AR_TRACE_MAX_NUM_SEQS, &max_seqs);
         else if (strcmp(a, "--long-prefill-token-threshold") == 0) bad = parse_int(v, 0, 1 << 30, &threshold);
         else if (strcmp(a, "--max-model-len") == 0) bad = parse_int(v, 0, 1 << 30, &max_model_len);
         else if (strcmp(a, "--limit") == 0) bad = parse_int(v, 0, 1 << 30, &limit);
@@ -179,7 +180,7 @@ static int sim_one(int argc, char **argv)
             return 2;
         }
         if (bad) {
-            fprintf(stderr, "sim: bad value '%s' for %s\n", v, a);
+            fprintf(stderr, "sim: bad value '%s' for %s (see the ranges in `attnreplay sim --help`)\n", v, a);
             return 2;
         }
     }
@@ -212,8 +213,9 @@ static int sim_one(int argc, char **argv)
         }
         double per_block = (double)ar_kv_bytes_per_block(&preset->model, block_size, kv_dtype);
         double nb = floor(bytes / per_block);
-        if (nb < 2 || nb > 1 << 30) {
-            fprintf(stderr, "sim: --kv-mem %s gives %.0f blocks of %.0f bytes; need 2 .. 2^30\n", kv_mem, nb, per_block);
+        if (nb < 2 || nb > AR_TRACE_MAX_NUM_BLOCKS) {
+            fprintf(stderr, "sim: --kv-mem %s gives %.0f blocks of %.0f bytes; need 2 .. %d\n", kv_mem, nb, per_block,
+                    AR_TRACE_MAX_NUM_BLOCKS);
             return 2;
         }
         num_blocks = (int)nb;

@@ -1052,6 +1052,33 @@ static void test_clock_overflow_is_refused(void **state)
     }
 }
 
+/* The engine options stop where the trace reader's header ranges stop (traces/trace.h): a
+ * value past them is a usage error, not a trace that `info` and `replay` then refuse; the
+ * largest accepted values give a trace that reads back. */
+static void test_cli_limits_match_the_reader(void **state)
+{
+    (void)state;
+    char trace[512], line[1024];
+    tu_tmp("limits.trace.jsonl.gz", trace, sizeof trace);
+    static const char *const too_big[] = { "--block-size 4097", "--num-blocks 16777217", "--max-num-seqs 1048577",
+                                           "--max-num-batched-tokens 1073741825", "--kv-mem 1PB" };
+    for (size_t i = 0; i < sizeof too_big / sizeof too_big[0]; i++) {
+        unlink(trace);
+        snprintf(line, sizeof line, "sim --workload synthetic:n=3,input=100,output=2 --model llama-3.1-8b --out %s --quiet %s",
+                 trace, too_big[i]);
+        if (run_main(line) != 2) fail_msg("%s was accepted", too_big[i]);
+        assert_int_equal(access(trace, F_OK), -1);
+    }
+    static const char *const largest[] = { "--block-size 4096", "--max-num-seqs 1048576",
+                                           "--max-num-batched-tokens 1073741824" };
+    for (size_t i = 0; i < sizeof largest / sizeof largest[0]; i++) {
+        snprintf(line, sizeof line, "sim --workload synthetic:n=3,input=100,output=2 --model llama-3.1-8b --out %s --quiet %s",
+                 trace, largest[i]);
+        if (run_main(line) != 0) fail_msg("%s was refused", largest[i]);
+        expect_valid_trace(trace, 3);
+    }
+}
+
 /* Output paths are checked before the workload is read: never the workload itself, never
  * one file twice, and an unwritable one stops the run with the system's reason and exit 2. */
 static void test_cli_output_paths(void **state)
@@ -1346,6 +1373,7 @@ int main(void)
         cmocka_unit_test(test_steptime_fitted_from_db),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_cli_output_paths),
+        cmocka_unit_test(test_cli_limits_match_the_reader),
         cmocka_unit_test(test_clock_overflow_is_refused),
         cmocka_unit_test(test_overload_is_named),
         cmocka_unit_test(test_cli_writes_valid_trace_and_metrics),

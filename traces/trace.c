@@ -75,9 +75,9 @@
 #define AR_MAX_HEADS 1024
 #define AR_MAX_HEAD_SIZE 1024
 #define AR_MAX_LAYERS 1024
-#define AR_MAX_BLOCK_SIZE 4096
-#define AR_MAX_NUM_BLOCKS (1 << 24)
-#define AR_MAX_TOKENS_PER_REQ (1 << 30)
+#define AR_MAX_BLOCK_SIZE AR_TRACE_MAX_BLOCK_SIZE
+#define AR_MAX_NUM_BLOCKS AR_TRACE_MAX_NUM_BLOCKS
+#define AR_MAX_TOKENS_PER_REQ AR_TRACE_MAX_TOKENS
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
@@ -496,7 +496,7 @@ static int read_header(ar_trace_reader *r, json_t *root, char *err, size_t err_l
     ar_sched_config *sc = &h->sched;
     if (header_int(r, sched, "scheduler.", "max_num_batched_tokens", true, 0, 1, AR_MAX_TOKENS_PER_REQ,
                    &sc->max_num_batched_tokens, err, err_len)) return -1;
-    if (header_int(r, sched, "scheduler.", "max_num_seqs", true, 0, 1, 1 << 20, &sc->max_num_seqs, err, err_len)) return -1;
+    if (header_int(r, sched, "scheduler.", "max_num_seqs", true, 0, 1, AR_TRACE_MAX_NUM_SEQS, &sc->max_num_seqs, err, err_len)) return -1;
     if (need_bool(r, sched, "scheduler.", "prefix_caching", false, true, &sc->prefix_caching, err, err_len)) return -1;
     if (need_bool(r, sched, "scheduler.", "cascade", false, false, &sc->cascade, err, err_len)) return -1;
 

@@ -25,6 +25,13 @@ extern "C" {
 #define AR_NAME_MAX 64
 #define AR_ERR_MAX 512
 
+/* The largest header values the reader accepts (each header value's range is in trace.c);
+ * whatever writes a trace (attnreplay sim) keeps to them, so its traces read back. */
+#define AR_TRACE_MAX_BLOCK_SIZE 4096
+#define AR_TRACE_MAX_NUM_BLOCKS (1 << 24)
+#define AR_TRACE_MAX_NUM_SEQS (1 << 20)
+#define AR_TRACE_MAX_TOKENS (1 << 30)   /* max_num_batched_tokens; prompt_len and tokens of one request */
+
 typedef enum ar_attention { AR_ATTN_MHA = 0, AR_ATTN_MLA = 1 } ar_attention;
 
 typedef struct ar_model {
