@@ -44,6 +44,7 @@
 #include "replay.h"
 
 #include <errno.h>
+#include <float.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
@@ -263,8 +264,11 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
         case O_KVSCALE: {
             char *end;
             o->kv_scale = strtod(optarg, &end);
-            if (*end || !(o->kv_scale > 0) || !isfinite(o->kv_scale)) {
-                fprintf(stderr, "attnreplay replay: --kv-scale must be a positive number\n");
+            /* the backends keep the scale as a float (vLLM's k_scale): outside float's normal
+             * range it becomes 0 or inf there while the reference divides by the double */
+            if (*end || end == optarg || !(o->kv_scale >= FLT_MIN && o->kv_scale <= FLT_MAX)) {
+                fprintf(stderr, "attnreplay replay: --kv-scale must be a positive number in float32's normal range "
+                                "(%g .. %g), got '%s'\n", (double)FLT_MIN, (double)FLT_MAX, optarg);
                 return -1;
             }
             o->kv_scale_given = true;

@@ -458,6 +458,14 @@ static void test_nothing_verified_is_not_passed(void **state)
                             tu_bin(), trace, db, tu_tmpdir()), 2);
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --kv-scale 2", tu_bin(), trace, db), 2);
     assert_true(file_has(log, "fp8 KV cache only"));
+    /* a scale the backends' float cannot hold (0 or inf there) is refused, not replayed into
+     * a verification failure that blames the kernel */
+    static const char *const bad_scales[] = { "1e39", "1e-45", "1e-300", "0", "-2", "nan", "inf", "" };
+    for (size_t i = 0; i < sizeof bad_scales / sizeof bad_scales[0]; i++) {
+        assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --kv-dtype fp8_e4m3 --kv-scale '%s' "
+                                     "--steps 0:1 --quiet", tu_bin(), trace, db, bad_scales[i]), 2);
+        assert_true(file_has(log, "--kv-scale must be a positive number"));
+    }
     /* the device verifier's memory: a size, at least 64 MiB */
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --verify-mem lots", tu_bin(), trace, db), 2);
     assert_true(file_has(log, "--verify-mem takes a size"));
