@@ -428,6 +428,29 @@ static void test_new_computed_range(void **state)
                      2, "prompt_len 0 of new request 'a' must be in [1,");
 }
 
+/* A prompt longer than the whole cache (31 blocks of 4 here) is refused before its content keys
+ * are made: one line with prompt_len 2^30 and block_size 1 once made 2^30 keys (16 GB). */
+static void test_new_prompt_fits_the_cache(void **state)
+{
+    (void)state;
+    expect_reject_at(HDR "{\"step\":0,\"time\":0.0,\"new\":[{\"req\":\"a\",\"prompt_len\":125,\"num_computed_tokens\":0,"
+                     "\"block_ids\":[1]}],\"cached\":[],\"num_scheduled_tokens\":{\"a\":4}}\n",
+                     2, "prompt_len 125 of new request 'a' exceeds the KV cache: 31 blocks of 4 tokens hold 124 tokens");
+    expect_reject_at(HDR "{\"step\":0,\"time\":0.0,\"new\":[{\"req\":\"a\",\"prompt_len\":1073741824,"
+                     "\"num_computed_tokens\":0,\"block_ids\":[1]}],\"cached\":[],\"num_scheduled_tokens\":{\"a\":4}}\n",
+                     2, "prompt_len 1073741824 of new request 'a' exceeds the KV cache");
+    /* the whole cache is fine */
+    const char *path = write_trace("fits.jsonl", HDR "{\"step\":0,\"time\":0.0,\"new\":[{\"req\":\"a\",\"prompt_len\":124,"
+                                   "\"num_computed_tokens\":0,\"block_ids\":[1]}],\"cached\":[],\"num_scheduled_tokens\":{\"a\":4}}\n");
+    char err[AR_ERR_MAX] = "";
+    ar_trace_reader *r = ar_trace_open(path, err, sizeof err);
+    if (!r) fail_msg("%s", err);
+    const ar_step *st;
+    if (ar_trace_next(r, &st, err, sizeof err) != 1) fail_msg("%s", err);
+    assert_int_equal(st->new_reqs[0].num_block_keys, 31);
+    ar_trace_close(r);
+}
+
 static void test_new_past_prompt(void **state)
 {
     (void)state;
@@ -1337,6 +1360,7 @@ int main(void)
         cmocka_unit_test(test_block_twice),
         cmocka_unit_test(test_computed_continuity),
         cmocka_unit_test(test_new_computed_range),
+        cmocka_unit_test(test_new_prompt_fits_the_cache),
         cmocka_unit_test(test_new_past_prompt),
         cmocka_unit_test(test_new_computed_whole_blocks),
         cmocka_unit_test(test_block_keys_count),

@@ -44,7 +44,8 @@
  *   max_num_batched_tokens, number scheduled <= max_num_seqs; block ids in [1, num_blocks);
  *   a block list covering num_computed_tokens + n; no block twice in one request's list;
  *   num_computed_tokens of a cached, not resumed request = its previous value + previous n;
- *   a new request: 1 <= prompt_len, 0 <= num_computed_tokens < prompt_len, num_computed a
+ *   a new request: 1 <= prompt_len <= (num_blocks - 1) * block_size (the cache holds the whole
+ *   prompt, as vLLM requires), 0 <= num_computed_tokens < prompt_len, num_computed a
  *   multiple of block_size, num_computed + n <= prompt_len, block_keys count = prompt_len /
  *   block_size and 16 hex digits each, prompt_token_ids count = prompt_len; finished and
  *   preempted ids live and not scheduled in the step; 0 <= num_common_prefix_blocks <= the
@@ -659,6 +660,13 @@ static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *
     if (computed < 0 || computed >= prompt_len)
         return fail(r, err, err_len, "num_computed_tokens %lld of new request '%s' must be in [0, prompt_len %lld)",
                     computed, id, prompt_len);
+    /* vLLM never admits a prompt the whole cache cannot hold (max_model_len <= the KV capacity);
+     * checked before the prompt's content keys are made, which are as many as its full blocks */
+    int64_t cache_tokens = (int64_t)(r->header.cache.num_blocks - 1) * r->header.cache.block_size;
+    if (prompt_len > cache_tokens)
+        return fail(r, err, err_len, "prompt_len %lld of new request '%s' exceeds the KV cache: %d blocks of %d tokens "
+                    "hold %" PRId64 " tokens", prompt_len, id, r->header.cache.num_blocks - 1,
+                    r->header.cache.block_size, cache_tokens);
     nr->req = ar_arena_strdup(&r->mem, id);
     if (!nr->req) return fail(r, err, err_len, "out of memory");
     nr->prompt_len = (int)prompt_len;
