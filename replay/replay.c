@@ -326,7 +326,8 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
             char *end;
             errno = 0;
             o->seed = strtoull(optarg, &end, 0);
-            if (errno || *end || end == optarg) {
+            /* strtoull takes "-1" as 2^64 - 1: a negative seed is refused, as in a trace header */
+            if (errno || *end || end == optarg || strchr(optarg, '-')) {
                 fprintf(stderr, "attnreplay replay: --seed must be an unsigned integer\n");
                 return -1;
             }

@@ -466,6 +466,10 @@ static void test_nothing_verified_is_not_passed(void **state)
                                      "--steps 0:1 --quiet", tu_bin(), trace, db, bad_scales[i]), 2);
         assert_true(file_has(log, "--kv-scale must be a positive number"));
     }
+    /* a negative seed is refused, not wrapped to 2^64 - 1 */
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --seed -1 --steps 0:1 --quiet", tu_bin(),
+                            trace, db), 2);
+    assert_true(file_has(log, "--seed must be an unsigned integer"));
     /* the device verifier's memory: a size, at least 64 MiB */
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --verify-mem lots", tu_bin(), trace, db), 2);
     assert_true(file_has(log, "--verify-mem takes a size"));
