@@ -323,8 +323,90 @@ static int migrate(ar_db *db, char *err, size_t err_len)
     return ar_db_commit(db, err, err_len);
 }
 
-ar_db *ar_db_open(const char *path, bool readonly, char *err, size_t err_len)
+/* SQLite's verdict on the file itself: not a database, or a damaged one (bad input, not I/O). */
+static bool not_a_database(sqlite3 *h)
 {
+    int code = h ? sqlite3_errcode(h) & 0xff : 0;
+    return code == SQLITE_NOTADB || code == SQLITE_CORRUPT;
+}
+
+/* Before anything is written: every table of this schema that the file already holds must have
+ * the columns version 1 gave it (the tables schema_sql and v4_sql make in a scratch database
+ * are the reference), so that another program's 'runs' or 'steps' is refused rather than
+ * altered.  0; -1 with err (*input_error set for a foreign or damaged file). */
+static int check_tables(ar_db *db, bool *input_error, char *err, size_t err_len)
+{
+    sqlite3 *ref = NULL;
+    sqlite3_stmt *tables = NULL, *kind = NULL, *cols = NULL;
+    int rc = -1;
+    if (sqlite3_open_v2(":memory:", &ref, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK ||
+        sqlite3_exec(ref, schema_sql, NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_exec(ref, v4_sql, NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(ref, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name", -1, &tables,
+                           NULL) != SQLITE_OK) {
+        snprintf(err, err_len, "%s: cannot check the schema: %s", db->path, ref ? sqlite3_errmsg(ref) : "out of memory");
+        goto done;
+    }
+    if (sqlite3_prepare_v2(db->h, "SELECT type FROM main.sqlite_master WHERE name = ?", -1, &kind, NULL) != SQLITE_OK) {
+        if (input_error) *input_error = not_a_database(db->h);
+        fail(db, err, err_len, not_a_database(db->h) ? "not a readable SQLite database" : "cannot read the schema");
+        goto done;
+    }
+    while (sqlite3_step(tables) == SQLITE_ROW) {
+        const char *table = (const char *)sqlite3_column_text(tables, 0);
+        sqlite3_reset(kind);
+        sqlite3_bind_text(kind, 1, table, -1, SQLITE_TRANSIENT);
+        int step = sqlite3_step(kind);
+        if (step == SQLITE_DONE) continue;   /* not there yet: migrate() makes it */
+        if (step != SQLITE_ROW) {
+            if (input_error) *input_error = not_a_database(db->h);
+            fail(db, err, err_len, "cannot read the schema");
+            goto done;
+        }
+        const char *type = (const char *)sqlite3_column_text(kind, 0);
+        if (!type || strcmp(type, "table") != 0) {
+            snprintf(err, err_len, "%s: not an attnreplay results database: %s is a %s, not a table (another "
+                     "program's? schema in replay/db.h); nothing was written", db->path, table, type ? type : "?");
+            if (input_error) *input_error = true;
+            goto done;
+        }
+        char sql[160];
+        snprintf(sql, sizeof sql, "PRAGMA main.table_info(%s)", table);
+        if (sqlite3_prepare_v2(ref, sql, -1, &cols, NULL) != SQLITE_OK) {
+            snprintf(err, err_len, "%s: cannot check the schema: %s", db->path, sqlite3_errmsg(ref));
+            goto done;
+        }
+        while (sqlite3_step(cols) == SQLITE_ROW) {
+            const char *col = (const char *)sqlite3_column_text(cols, 1);
+            int has = ar_db_has_column(db->h, "main", table, col);
+            if (has < 0) {
+                if (input_error) *input_error = not_a_database(db->h);
+                fail(db, err, err_len, not_a_database(db->h) ? "not a readable SQLite database" : "cannot read the schema");
+                goto done;
+            }
+            if (!has) {
+                snprintf(err, err_len, "%s: not an attnreplay results database: its table %s has no column %s "
+                         "(another program's table of that name? schema in replay/db.h); nothing was written",
+                         db->path, table, col);
+                if (input_error) *input_error = true;
+                goto done;
+            }
+        }
+        sqlite3_finalize(cols);
+        cols = NULL;
+    }
+    rc = 0;
+done:
+    sqlite3_finalize(cols);
+    sqlite3_finalize(kind);
+    sqlite3_finalize(tables);
+    sqlite3_close(ref);
+    return rc;
+}
+
+ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err, size_t err_len)
+{
+    if (input_error) *input_error = false;
     ar_db *db = calloc(1, sizeof *db);
     if (!db) {
         snprintf(err, err_len, "%s: out of memory", path);
@@ -339,13 +421,11 @@ ar_db *ar_db_open(const char *path, bool readonly, char *err, size_t err_len)
     }
     sqlite3_busy_timeout(db->h, busy_timeout_ms());
     if (readonly) return db;
-    reserve_create(db);
 
-    char *msg = NULL;
-    if (sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
-                     &msg) != SQLITE_OK) {
-        snprintf(err, err_len, "%s: cannot set up the database: %s", path, msg ? msg : "?");
-        sqlite3_free(msg);
+    /* Whose file it is, before anything is written to it (the WAL switch included): a file that
+     * is not SQLite, a damaged one, another program's tables of our names and a newer schema
+     * are refused as they are. */
+    if (check_tables(db, input_error, err, err_len) != 0) {
         ar_db_close(db);
         return NULL;
     }
@@ -354,6 +434,17 @@ ar_db *ar_db_open(const char *path, bool readonly, char *err, size_t err_len)
     if (version > AR_DB_SCHEMA_VERSION) {
         snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", path,
                  version, AR_DB_SCHEMA_VERSION);
+        if (input_error) *input_error = true;
+        ar_db_close(db);
+        return NULL;
+    }
+    reserve_create(db);
+    char *msg = NULL;
+    if (sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
+                     &msg) != SQLITE_OK) {
+        snprintf(err, err_len, "%s: cannot set up the database: %s", path, msg ? msg : "?");
+        if (input_error) *input_error = not_a_database(db->h);
+        sqlite3_free(msg);
         ar_db_close(db);
         return NULL;
     }

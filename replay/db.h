@@ -114,8 +114,11 @@ typedef struct ar_db ar_db;
  * 0, or -1 with err naming the path and the system's reason (strerror). */
 int ar_db_check_writable(const char *path, char *err, size_t err_len);
 /* Opens (creating and migrating) the database; busy timeout AR_DB_BUSY_TIMEOUT_MS so a second
- * writer waits, then fails clearly.  readonly for report/diff/plan. NULL + err on failure. */
-ar_db *ar_db_open(const char *path, bool readonly, char *err, size_t err_len);
+ * writer waits, then fails clearly.  readonly for report/diff/plan. NULL + err on failure;
+ * *input_error (NULL: not wanted) then says whether the file itself is the problem - not SQLite,
+ * damaged, another program's tables named like ours, a newer schema: bad input, refused before
+ * anything is written - rather than I/O, a lock or memory. */
+ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err, size_t err_len);
 void ar_db_close(ar_db *db);
 /* The raw handle (sqlite3 *) for readers in reports/ and sim/. */
 void *ar_db_handle(ar_db *db);

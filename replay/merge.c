@@ -27,7 +27,8 @@
  * says which), else what the engine would have said of the merged steps: 'failed', 'empty',
  * 'fault-not-fired', 'unverified' or 'passed'.  Phase times add up over the shards; wall_s is
  * the longest shard's.  Exit: 0 merged (the run's status says how complete it is), 2 bad input
- * (unreadable or mismatched shards), 3 a database error. */
+ * (unreadable or mismatched shards, an OUT that is not an attnreplay database: ar_db_open),
+ * 3 a database error. */
 #include "replay.h"
 
 #include <errno.h>
@@ -785,8 +786,8 @@ static void merge_usage(FILE *f)
           "  needs a new OUT.  Each shard is merged in one transaction.\n"
           "  The merged run's status is 'incomplete' while a shard is missing or unfinished, else what\n"
           "  a single replay of those steps would say (passed, failed, ...).\n"
-          "  Exit status: 0 merged, 2 bad input (a shard unreadable or not of this replay), 3 a database\n"
-          "  error.\n", f);
+          "  Exit status: 0 merged, 2 bad input (a shard unreadable or not of this replay, an OUT that is\n"
+          "  not an attnreplay results database), 3 a database error (I/O, a lock).\n", f);
 }
 
 int ar_merge_main(int argc, char **argv)
@@ -879,9 +880,10 @@ int ar_merge_main(int argc, char **argv)
     sqlite3_close(m->h);
     m->h = NULL;
     {   /* create or migrate OUT with the schema of this version */
-        ar_db *db = ar_db_open(m->out_path, false, err, sizeof err);
+        bool bad_out = false;
+        ar_db *db = ar_db_open(m->out_path, false, &bad_out, err, sizeof err);
         if (!db) {
-            code = 3;
+            code = bad_out ? 2 : 3;
             goto out;
         }
         ar_db_close(db);

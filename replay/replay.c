@@ -1276,8 +1276,9 @@ int ar_replay_main(int argc, char **argv)
     if (!e->rdr.written) SETUP_FAIL(3, "out of memory");
     if (ar_stop_signalled()) goto done;
 
-    e->db = ar_db_open(e->db_path, false, err, sizeof err);
-    if (!e->db) SETUP_FAIL(3, "%s", err);
+    bool bad_db = false;
+    e->db = ar_db_open(e->db_path, false, &bad_db, err, sizeof err);
+    if (!e->db) SETUP_FAIL(bad_db ? 2 : 3, "%s", err);
     char hash[17];
     if (ar_trace_file_hash(e->o.trace, hash) != 0) SETUP_FAIL(2, "%s: cannot read: %s", e->o.trace, strerror(errno));
     cfg_json = config_json(e);

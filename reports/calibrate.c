@@ -93,7 +93,7 @@ static int check_writable(const char *path, char *err, size_t err_len)
 int ar_calibrate_store(const char *db_path, const char *device, double measured, double copy_gbps,
                        double bf16_tflops, const char *method, char *err, size_t err_len)
 {
-    ar_db *db = ar_db_open(db_path, false, err, err_len);
+    ar_db *db = ar_db_open(db_path, false, NULL, err, err_len);
     if (!db) return -1;
     sqlite3 *handle = ar_db_handle(db);
     sqlite3_stmt *insert = NULL;

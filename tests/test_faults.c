@@ -23,7 +23,11 @@
  *   errors         a trace that breaks mid-run ends the run 'error' with the reason (FILE:LINE:
  *                  rule) in runs.error
  *   migration      a schema-version-1 database: report reads it, the compatibility views give
- *                  version-2 columns as NULL, a replay migrates it in place and keeps its runs
+ *                  version-2 columns as NULL, a replay migrates it in place and keeps its runs;
+ *                  a newer schema is refused (exit 2)
+ *   not ours       a --db or merge OUT that is text, a truncated SQLite file or another
+ *                  program's database with tables named runs and steps: exit 2 naming the
+ *                  file, the file byte for byte as it was
  *   NaN / Inf      anywhere in a step's output (checked row or not, out or LSE, verify all,
  *                  sample or off) fails the step through the library's verifier
  *   --verify off   is labelled 'unverified' in the summary, the database and the report
@@ -670,8 +674,86 @@ static void test_schema_v1_database_is_read_and_migrated(void **state)
     assert_int_equal(sqlite3_exec(h, "UPDATE meta SET value='99' WHERE key='schema_version'", NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(h);
-    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --steps 0:1 --quiet", tu_bin(), trace, db), 3);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --steps 0:1 --quiet", tu_bin(), trace, db), 2);
     assert_true(file_contains(log, "newer"));
+}
+
+/* The bytes of a file, or NULL; *len its size. */
+static unsigned char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    unsigned char *buf = malloc(1 << 20);
+    *len = buf ? fread(buf, 1, 1 << 20, f) : 0;
+    fclose(f);
+    return buf;
+}
+
+/* A --db (or merge's OUT) that is not an attnreplay results database is bad input: a text file,
+ * a truncated SQLite file, another program's database with tables named runs and steps.  Each is
+ * refused with exit 2 naming the file, and left byte for byte as it was (before, the last was
+ * migrated - 27 columns added to its tables, ours created beside them - and then refused with
+ * exit 3; the first two exited 3). */
+static void test_foreign_or_damaged_database_refused_untouched(void **state)
+{
+    (void)state;
+    char trace[512], good[512], db[512], log[512], out[512];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("foreign.log", log, sizeof log);
+    tu_tmp("foreign-good.db", good, sizeof good);
+    unlink(good);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:3 --quiet",
+                            tu_bin(), trace, good), 0);
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(good, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(h);
+    for (int kind = 0; kind < 3; kind++) {
+        static const char *const names[] = {"text", "truncated", "another program's"};
+        snprintf(out, sizeof out, "foreign-%d.db", kind);
+        tu_tmp(out, db, sizeof db);
+        unlink(db);
+        if (kind == 0) {
+            assert_int_equal(tu_write(db, "run,step,time_us\n1,0,12.5\n"), 0);
+        } else if (kind == 1) {
+            size_t n = 0;
+            unsigned char *bytes = read_all(good, &n);
+            assert_non_null(bytes);
+            assert_true(n > 8192);
+            FILE *f = fopen(db, "wb");
+            assert_non_null(f);
+            assert_int_equal(fwrite(bytes, 1, 6000, f), 6000);
+            fclose(f);
+            free(bytes);
+        } else {
+            assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+            assert_int_equal(sqlite3_exec(h, "CREATE TABLE runs(id INTEGER PRIMARY KEY, name TEXT);"
+                                             "INSERT INTO runs VALUES(1, 'kept');"
+                                             "CREATE TABLE steps(run INTEGER, step INTEGER, note TEXT);",
+                                          NULL, NULL, NULL), SQLITE_OK);
+            sqlite3_close(h);
+        }
+        size_t before_len = 0, after_len = 0;
+        unsigned char *before = read_all(db, &before_len);
+        assert_non_null(before);
+        for (int cmd = 0; cmd < 2; cmd++) {
+            int rc = cmd == 0 ? tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:1 --quiet",
+                                       tu_bin(), trace, db)
+                              : tu_run(log, "'%s' merge '%s' '%s' --quiet", tu_bin(), db, good);
+            print_message("%s file, %s: exit %d\n", names[kind], cmd == 0 ? "replay --db" : "merge OUT", rc);
+            assert_int_equal(rc, 2);
+            assert_true(file_contains(log, db));
+            assert_true(file_contains(log, kind == 2 ? "not an attnreplay results database"
+                                                     : "not a readable SQLite database"));
+            unsigned char *after = read_all(db, &after_len);
+            assert_non_null(after);
+            assert_int_equal(after_len, before_len);
+            assert_memory_equal(after, before, before_len);
+            free(after);
+        }
+        free(before);
+    }
 }
 
 /* ---- --verify off is labelled ------------------------------------------------------------- */
@@ -818,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_sigkill_inside_a_transaction),
         cmocka_unit_test(test_error_reason_is_stored),
         cmocka_unit_test(test_schema_v1_database_is_read_and_migrated),
+        cmocka_unit_test(test_foreign_or_damaged_database_refused_untouched),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
