@@ -592,6 +592,8 @@ int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, 
                          int64_t *run_id, ar_run_progress *p, char *err, size_t err_len)
 {
     sqlite3_stmt *st = NULL;
+    /* the look-up and the claim in one write transaction: no other writer between them */
+    if (ar_db_begin(db, err, err_len) != 0) return -1;
     /* runs of older schemas (no shard columns filled) are unsharded: shard 0 of 1, all steps */
     const char *sql = "SELECT id, last_step, steps_done, steps_failed, verified_steps,"
                       " verified_layer_steps, verified_rows, parse_s, metadata_s, generation_s,"
@@ -603,8 +605,11 @@ int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, 
                       " AND coalesce(shard_layer_last, ?9) = ?9"
                       " AND status IN ('running', 'interrupted', 'error')"
                       " ORDER BY id DESC LIMIT 1";
-    if (sqlite3_prepare_v2(db->h, sql, -1, &st, NULL) != SQLITE_OK)
-        return fail(db, err, err_len, "cannot look for a run to resume");
+    if (sqlite3_prepare_v2(db->h, sql, -1, &st, NULL) != SQLITE_OK) {
+        fail(db, err, err_len, "cannot look for a run to resume");
+        ar_db_rollback(db);
+        return -1;
+    }
     sqlite3_bind_text(st, 1, trace_hash, -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(st, 2, config, -1, SQLITE_TRANSIENT);
     sqlite3_bind_int(st, 3, shard->count > 0 ? shard->index : 0);
@@ -629,7 +634,9 @@ int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, 
         found = 1;
     } else if (rc != SQLITE_DONE) {
         sqlite3_finalize(st);
-        return fail(db, err, err_len, "cannot look for a run to resume");
+        fail(db, err, err_len, "cannot look for a run to resume");
+        ar_db_rollback(db);
+        return -1;
     }
     sqlite3_finalize(st);
     if (found) {
@@ -637,9 +644,12 @@ int ar_db_find_resumable(ar_db *db, const char *trace_hash, const char *config, 
         char sql2[160];
         snprintf(sql2, sizeof sql2, "UPDATE runs SET status='running', error=NULL WHERE id=%lld",
                  (long long)*run_id);
-        if (exec_simple(db, sql2, err, err_len) != 0) return -1;
+        if (exec_simple(db, sql2, err, err_len) != 0) {
+            ar_db_rollback(db);
+            return -1;
+        }
     }
-    return found;
+    return ar_db_commit(db, err, err_len) == 0 ? found : -1;
 }
 
 int64_t ar_db_count_kernels(ar_db *db, int64_t run, const char *const *names, char *err, size_t err_len)
@@ -770,11 +780,14 @@ int ar_db_update_progress(ar_db *db, int64_t run, const ar_run_progress *p, char
     return step_done(db, st, err, err_len, "cannot update the run's progress");
 }
 
-int ar_db_finish_run(ar_db *db, int64_t run, const char *status, const char *error, double now,
-                     char *err, size_t err_len)
+/* The status write; with owned_last (not NULL) only while runs.last_step is still *owned_last,
+ * in the same statement: 1 when it was not (another process wrote the run), else 0 or -1. */
+static int finish_run_if(ar_db *db, int64_t run, const int64_t *owned_last, const char *status, const char *error,
+                         double now, char *err, size_t err_len)
 {
     sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(db->h, "UPDATE runs SET status=?, error=?, finished=? WHERE id=?", -1,
+    if (sqlite3_prepare_v2(db->h, owned_last ? "UPDATE runs SET status=?, error=?, finished=? WHERE id=? AND last_step=?"
+                                             : "UPDATE runs SET status=?, error=?, finished=? WHERE id=?", -1,
                            &st, NULL) != SQLITE_OK)
         return fail(db, err, err_len, "cannot prepare run update");
     sqlite3_bind_text(st, 1, status, -1, SQLITE_TRANSIENT);
@@ -782,6 +795,7 @@ int ar_db_finish_run(ar_db *db, int64_t run, const char *status, const char *err
     else sqlite3_bind_null(st, 2);
     sqlite3_bind_double(st, 3, now);
     sqlite3_bind_int64(st, 4, run);
+    if (owned_last) sqlite3_bind_int64(st, 5, *owned_last);
     int rc = sqlite3_step(st);
     if (rc == SQLITE_FULL || rc == SQLITE_IOERR) {
         /* Out of space (or over a file size limit): give back the reserve, move the WAL's
@@ -793,7 +807,13 @@ int ar_db_finish_run(ar_db *db, int64_t run, const char *status, const char *err
     }
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE) return fail(db, err, err_len, "cannot finish the run");
-    return 0;
+    return owned_last && sqlite3_changes(db->h) == 0 ? 1 : 0;
+}
+
+int ar_db_finish_run(ar_db *db, int64_t run, const char *status, const char *error, double now,
+                     char *err, size_t err_len)
+{
+    return finish_run_if(db, run, NULL, status, error, now, err, err_len);
 }
 
 /* ---- step records ------------------------------------------------------------------------- */
@@ -899,6 +919,8 @@ struct ar_db_writer {
     double sqlite_s;              /* time in SQLite this invocation (written under both locks) */
     double sqlite_base;           /* ... and in earlier invocations of a resumed run */
     int64_t kill_after;           /* ATTNREPLAY_TEST_KILL_AFTER_STEP (tests), -1 = off */
+    int64_t owned_last;           /* runs.last_step as this writer last committed it (or found it) */
+    bool lost;                    /* another process wrote the run meanwhile: write nothing more */
 };
 
 double ar_mono_seconds(void)
@@ -954,6 +976,40 @@ static void add_sqlite_time(ar_db_writer *w, double s)
     pthread_mutex_unlock(&w->q_mu);
 }
 
+/* Inside a write transaction (under db_mu): is the run still as this writer left it?  Another
+ * process may have taken it meanwhile - a --resume of a run that was still running finds it
+ * 'running' like a killed one - and committed steps of its own; then this writer stops without
+ * touching the run (w->lost), so the two never mix their rows or overwrite each other's status.
+ * 0, or -1 with err. */
+static int check_owner(ar_db_writer *w, char *err, size_t err_len)
+{
+    ar_db *db = w->db;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(db->h, "SELECT last_step, status FROM runs WHERE id = ?", -1, &st, NULL) != SQLITE_OK)
+        return fail(db, err, err_len, "cannot read the run's progress");
+    sqlite3_bind_int64(st, 1, w->run);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        sqlite3_finalize(st);
+        return fail(db, err, err_len, "cannot read the run's progress");
+    }
+    int64_t last = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    char status[32] = "";
+    if (rc == SQLITE_ROW) snprintf(status, sizeof status, "%s", (const char *)sqlite3_column_text(st, 1));
+    sqlite3_finalize(st);
+    if (rc == SQLITE_ROW && last == w->owned_last) return 0;
+    w->lost = true;
+    if (rc != SQLITE_ROW)
+        snprintf(err, err_len, "%s: run %lld is no longer in the database (deleted by another program?); this replay "
+                 "stops", db->path, (long long)w->run);
+    else
+        snprintf(err, err_len, "%s: another process has written run %lld meanwhile (its last committed step is now "
+                 "%lld, status '%s'; this replay's was %lld): two replays were writing one run (a --resume while it "
+                 "still ran?); this one stops and leaves the run to the other", db->path, (long long)w->run,
+                 (long long)last, status, (long long)w->owned_last);
+    return -1;
+}
+
 /* Writes list in one transaction with the progress of its last record (under db_mu). */
 static int write_batch(ar_db_writer *w, ar_step_record *list, char *err, size_t err_len)
 {
@@ -962,6 +1018,7 @@ static int write_batch(ar_db_writer *w, ar_step_record *list, char *err, size_t 
     ar_db *db = w->db;
     const ar_step_record *last = NULL;
     if (ar_db_begin(db, err, err_len) != 0) goto fail;
+    if (check_owner(w, err, err_len) != 0) goto fail;
     for (ar_step_record *r = list; r; r = r->next) {
         if (ar_db_insert_step(db, &r->row, err, err_len) != 0) goto fail;
         for (int k = 0; k < r->num_kernels; k++)
@@ -986,6 +1043,7 @@ static int write_batch(ar_db_writer *w, ar_step_record *list, char *err, size_t 
     p.phase_s[AR_PHASE_SQLITE] = w->sqlite_base + w->sqlite_s + (ar_mono_seconds() - t0);
     if (ar_db_update_progress(db, w->run, &p, err, err_len) != 0) goto fail;
     if (ar_db_commit(db, err, err_len) != 0) goto fail;   /* commit rolls back on failure */
+    w->owned_last = p.last_step;
     add_sqlite_time(w, ar_mono_seconds() - t0);
     return 0;
 fail:
@@ -1060,7 +1118,7 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-ar_db_writer *ar_db_writer_start(ar_db *db, int64_t run, bool threaded, double sqlite_base_s,
+ar_db_writer *ar_db_writer_start(ar_db *db, int64_t run, int64_t last_step, bool threaded, double sqlite_base_s,
                                  char *err, size_t err_len)
 {
     ar_db_writer *w = calloc(1, sizeof *w);
@@ -1072,6 +1130,7 @@ ar_db_writer *ar_db_writer_start(ar_db *db, int64_t run, bool threaded, double s
     w->run = run;
     w->threaded = threaded;
     w->sqlite_base = sqlite_base_s;
+    w->owned_last = last_step;
     const char *kill_env = getenv("ATTNREPLAY_TEST_KILL_AFTER_STEP");
     w->kill_after = kill_env ? strtoll(kill_env, NULL, 10) : -1;
     pthread_mutex_init(&w->db_mu, NULL);
@@ -1196,7 +1255,8 @@ int ar_db_writer_finish(ar_db_writer *w, const char *status, const char *error,
     if (!failed) {
         ar_run_progress p = *final;
         p.phase_s[AR_PHASE_SQLITE] = w->sqlite_base + w->sqlite_s;
-        if (ar_db_begin(w->db, err, err_len) == 0 && ar_db_update_progress(w->db, w->run, &p, err, err_len) == 0 &&
+        if (ar_db_begin(w->db, err, err_len) == 0 && check_owner(w, err, err_len) == 0 &&
+            ar_db_update_progress(w->db, w->run, &p, err, err_len) == 0 &&
             ar_db_finish_run(w->db, w->run, status, error, now, err, err_len) == 0 &&
             ar_db_commit(w->db, err, err_len) == 0)
             rc = 0;
@@ -1204,8 +1264,13 @@ int ar_db_writer_finish(ar_db_writer *w, const char *status, const char *error,
             ar_db_rollback(w->db);
     }
     /* After a failed batch, the progress of the last committed batch stands; only the status
-     * is written (with the space reserve if the disk is full). */
-    if (rc != 0) rc = ar_db_finish_run(w->db, w->run, status, error, now, err, err_len);
+     * is written (with the space reserve if the disk is full), and only while the run is still
+     * this writer's.  A run another process took is left to it: nothing to write here. */
+    if (rc != 0 && !w->lost) {
+        rc = finish_run_if(w->db, w->run, &w->owned_last, status, error, now, err, err_len);
+        if (rc == 1) w->lost = true;
+    }
+    if (w->lost) rc = 0;
     add_sqlite_time(w, ar_mono_seconds() - t0);
     pthread_mutex_lock(&w->q_mu);
     if (rc == 0) w->finished = true;
@@ -1234,8 +1299,12 @@ int ar_db_writer_abort(ar_db_writer *w, const char *status, const char *error, d
     double left = t_end - ar_mono_seconds();
     sqlite3_busy_timeout(w->db->h, left > 0.05 ? (int)(left * 1000) : 50);
     char err[1024];
-    int rc = write_chunks(w, list, err, sizeof err) == 0 &&
-             ar_db_finish_run(w->db, w->run, status, error, now, err, sizeof err) == 0 ? 0 : -1;
+    int rc = -1;
+    if (write_chunks(w, list, err, sizeof err) == 0) {   /* the status only while the run is this writer's */
+        int fin = finish_run_if(w->db, w->run, &w->owned_last, status, error, now, err, sizeof err);
+        if (fin == 1) w->lost = true;
+        rc = fin == 0 ? 0 : -1;
+    }
     pthread_mutex_lock(&w->q_mu);
     give_back(w, list);
     if (rc == 0) w->finished = true;

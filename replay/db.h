@@ -274,9 +274,13 @@ int ar_step_record_add_mismatch(ar_step_record *r, const ar_mismatch_row *m);
 
 typedef struct ar_db_writer ar_db_writer;
 
-/* Takes over db for run; sqlite_base_s is the sqlite phase of earlier invocations (resume).
- * NULL + err on failure (out of memory, no thread). */
-ar_db_writer *ar_db_writer_start(ar_db *db, int64_t run, bool threaded, double sqlite_base_s,
+/* Takes over db for run, whose last committed step is last_step (-1 for a new run; a resumed
+ * run's runs.last_step); sqlite_base_s is the sqlite phase of earlier invocations (resume).
+ * Every batch and the final status are written only while runs.last_step is still what this
+ * writer committed last: when another process has written the run meanwhile (a --resume of a
+ * run that was still running), the writer stops with an error and leaves the run's rows and
+ * status to that process.  NULL + err on failure (out of memory, no thread). */
+ar_db_writer *ar_db_writer_start(ar_db *db, int64_t run, int64_t last_step, bool threaded, double sqlite_base_s,
                                  char *err, size_t err_len);
 /* A cleared record to fill (from the pool); NULL when out of memory or the writer has failed. */
 ar_step_record *ar_db_writer_record(ar_db_writer *w);

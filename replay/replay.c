@@ -1317,7 +1317,8 @@ int ar_replay_main(int argc, char **argv)
 
     /* The pipeline: writer, reader, step counter (for the progress line). */
     const bool overlap = !e->o.no_overlap;
-    e->writer = ar_db_writer_start(e->db, e->run_id, overlap, e->prog.phase_s[AR_PHASE_SQLITE], err, sizeof err);
+    e->writer = ar_db_writer_start(e->db, e->run_id, e->prog.last_step, overlap, e->prog.phase_s[AR_PHASE_SQLITE],
+                                   err, sizeof err);
     if (!e->writer) SETUP_FAIL(3, "%s", err);
     ar_watchdog_set_writer(&wd, e->writer, e->run_id, e->db_path);
     ar_batch_reader *r = &e->rdr;

@@ -25,6 +25,9 @@
  *   migration      a schema-version-1 database: report reads it, the compatibility views give
  *                  version-2 columns as NULL, a replay migrates it in place and keeps its runs;
  *                  a newer schema is refused (exit 2)
+ *   two resumes    a replay that resumed a run another process then resumed and finished
+ *                  stops at its first commit (exit 3, "another process has written run N")
+ *                  and leaves that run's rows and status as they were
  *   not ours       a --db or merge OUT that is text, a truncated SQLite file or another
  *                  program's database with tables named runs and steps: exit 2 naming the
  *                  file, the file byte for byte as it was
@@ -678,6 +681,66 @@ static void test_schema_v1_database_is_read_and_migrated(void **state)
     assert_true(file_contains(log, "newer"));
 }
 
+/* --resume takes the newest unfinished run, and 'running' is what a killed run and a live one
+ * both read, so a second replay may resume a run another process is still writing.  Made
+ * deterministic here: B resumes a run and is stopped (SIGSTOP) before its first commit; C
+ * resumes the same run and finishes it ('passed'); then B goes on.  B must stop with exit 3
+ * saying another process wrote the run, and leave C's run as C left it: before, B's first
+ * batch failed "UNIQUE constraint failed: steps.run, steps.step" and B then marked the finished
+ * run 'error'. */
+static void test_resume_of_a_run_another_process_took(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512], logb[512], text[64];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("taken.db", db, sizeof db);
+    tu_tmp("taken.log", log, sizeof log);
+    tu_tmp("taken-b.log", logb, sizeof logb);
+    unlink(db);
+    /* a run killed inside its first batch: 'running', nothing committed */
+    int rc = tu_run(log, "ATTNREPLAY_TEST_KILL_AFTER_STEP=0 '%s' replay '%s' --db '%s' --backend cpu --threads 1 "
+                         "--steps 0:20 --repeat 200 --quiet", tu_bin(), trace, db);
+    assert_int_not_equal(rc, 0);
+    assert_int_equal(tu_query_int(db, "SELECT last_step FROM runs WHERE id=1"), -1);
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, "UPDATE runs SET status='interrupted', error='test' WHERE id=1", NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(h);
+    /* B claims it (status back to 'running', error cleared), then stops before committing */
+    const char *extra[] = {"--steps", "0:20", "--repeat", "200", "--resume", "--quiet", NULL};
+    double t0 = mono_s();
+    pid_t b = spawn_replay(trace, db, logb, extra);
+    bool claimed = false;
+    while (!claimed && mono_s() - t0 < 20) {
+        claimed = tu_query_int(db, "SELECT count(*) FROM runs WHERE id=1 AND status='running' AND error IS NULL") == 1;
+        if (!claimed) sleep_ms(2);
+    }
+    assert_true(claimed);
+    assert_int_equal(kill(b, SIGSTOP), 0);
+    print_message("B claimed the run after %.3f s and was stopped\n", mono_s() - t0);
+    assert_int_equal(tu_query_int(db, "SELECT last_step FROM runs WHERE id=1"), -1);   /* nothing of B's yet */
+    /* C resumes the same run and finishes it */
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:20 --repeat 200 "
+                                 "--resume --quiet", tu_bin(), trace, db), 0);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "passed");
+    assert_int_equal(tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1"), 21);
+    /* B goes on: it must stop at its first commit and leave the run to C */
+    assert_int_equal(kill(b, SIGCONT), 0);
+    int brc = wait_exit(b);
+    print_message("B: exit %d\n", brc);
+    assert_int_equal(brc, 3);
+    assert_true(file_contains(logb, "another process has written run 1"));
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "passed");
+    assert_int_equal(tu_query_int(db, "SELECT error IS NULL FROM runs WHERE id=1"), 1);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);
+    assert_run_whole(db, 1);
+    assert_integrity_ok(db);
+}
+
 /* The bytes of a file, or NULL; *len its size. */
 static unsigned char *read_all(const char *path, size_t *len)
 {
@@ -901,6 +964,7 @@ int main(void)
         cmocka_unit_test(test_error_reason_is_stored),
         cmocka_unit_test(test_schema_v1_database_is_read_and_migrated),
         cmocka_unit_test(test_foreign_or_damaged_database_refused_untouched),
+        cmocka_unit_test(test_resume_of_a_run_another_process_took),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
