@@ -47,7 +47,21 @@
  * (bottom-right causal), limited to the last sliding_window keys when set; score = scale * q.k,
  * soft-capped cap * tanh(score / cap) when logits_soft_cap > 0; GQA: query head h reads KV head
  * h / (num_q_heads / num_kv_heads).  The physical slot of position p of request r is
- * block_table[r][p / block_size] * block_size + p % block_size. */
+ * block_table[r][p / block_size] * block_size + p % block_size.
+ *
+ * MLA (DeepSeek's multi-head latent attention; a plugin with ATTNREPLAY_PLUGIN_MLA, config.attention
+ * == ATTNREPLAY_ATTENTION_MLA).  The plugin does the latent attention, FlashMLA's part in vLLM; the
+ * host does the projections around it, untimed, as vLLM's MLACommonImpl does in torch.  For every
+ * token, prefills included (one form for all tokens):
+ *   q        [T, num_q_heads, L + R]  the absorbed query [q_nope W_UK (L, rounded to dtype) | q_pe (R)];
+ *   k_new    [T, 1, L + R]            the token's cache entry [kv_c (L) | k_pe (R)]; v_new absent;
+ *   kv_cache [num_blocks, block_size, L + R]  one latent "KV head" in kv_dtype: keys are the whole
+ *                                     entries, values their first L elements (concat_and_cache_mla);
+ *   out      [T, num_q_heads, L]      softmax(scale q.k) . kv_c in dtype;  lse as above;
+ * with L = kv_lora_rank, R = qk_rope_head_dim, head_size = L + R, num_kv_heads = 1, the causal rule
+ * above, no window, soft cap or cascade.  The host multiplies out by W_UV per head and verifies
+ * that against its float64 reference of the expanded form.  A CPU plugin is offered MLA; a CUDA
+ * plugin is not yet (the host's device half of the projections is not built). */
 #ifndef ATTNREPLAY_PLUGIN_H
 #define ATTNREPLAY_PLUGIN_H
 
