@@ -60,8 +60,7 @@
  *   out      [T, num_q_heads, L]      softmax(scale q.k) . kv_c in dtype;  lse as above;
  * with L = kv_lora_rank, R = qk_rope_head_dim, head_size = L + R, num_kv_heads = 1, the causal rule
  * above, no window, soft cap or cascade.  The host multiplies out by W_UV per head and verifies
- * that against its float64 reference of the expanded form.  A CPU plugin is offered MLA; a CUDA
- * plugin is not yet (the host's device half of the projections is not built). */
+ * that against its float64 reference of the expanded form, on the plugin's device. */
 #ifndef ATTNREPLAY_PLUGIN_H
 #define ATTNREPLAY_PLUGIN_H
 

@@ -16,11 +16,12 @@
  *            write K/V ("write"), and the plugin's forward, split at the plugin's time marks
  *            ("attn" after the last); guard words counted; the output handed to the verifier
  *            (host floats when asked for, the device pointers for a CUDA plugin).
- * MLA (CPU plugins): the cache is [num_blocks, block_size, L + R]; forward generates q_nope, q_pe
- * and the new latents as the cpu-mla backend does, absorbs q_nope through W_UK into the plugin's
- * query (untimed), and after the plugin's latent attention multiplies its out by W_UV (untimed)
- * into the output the verifier sees.  The projection faults (wrong-kv-head: head n's weights
- * from head n + 1; mla-no-wuv) are applied there, by the host.
+ * MLA: the cache is [num_blocks, block_size, L + R]; forward generates q_nope, q_pe and the new
+ * latents as the cpu-mla backend does, absorbs q_nope through W_UK into the plugin's query
+ * (untimed), and after the plugin's latent attention multiplies its out by W_UV (untimed) into
+ * the output the verifier sees: on the host for a CPU plugin, on the device (plugin_dev.h) for a
+ * CUDA one.  The projection faults (wrong-kv-head: head n's weights from head n + 1; mla-no-wuv)
+ * are applied there, by the host.
  * The CPU path is here; the CUDA one goes through plugin_dev.h.
  *
  * ar_backend's check and open carry no context, so each registered plugin gets one of
@@ -298,8 +299,12 @@ struct plugin_run {
     bool mla;
     ar_mla_dims mdims;               /* N, L, R, P, V and the scale */
     float *q_nope, *q_pe;            /* [T, N, P], [T, N, R] this layer's, before absorption */
-    float **w_uk, **w_uv;            /* [num_layers] -> [N, L, P] / [N, L, V], generated on first use */
+    float **w_uk, **w_uv;            /* CPU: [num_layers] -> [N, L, P] / [N, L, V], generated on first use */
     int keep_all_weights, weights_layer;
+    ar_pdev_mla pm;                  /* CUDA: the projections' dims and faults */
+    float *d_w_uk, *d_w_uv;          /* CUDA: [N, L, P] / [N, L, V] of layer d_w_layer */
+    int d_w_layer;
+    float *d_out_v;                  /* CUDA: [T, N, V] the output after W_UV, float values rounded to dtype */
     size_t cache_bytes;              /* one layer's cache */
     void **cache;                    /* [num_layers] host or device */
     /* step capacity and host arrays */
@@ -416,11 +421,6 @@ static bool abi_covers(const plugin_slot *s, const ar_run_config *cfg, char *why
                      s->p->abi_version < 2 ? "; plugin ABI v1 has none" : "");
             return false;
         }
-        if (s->p->device_type == kDLCUDA) {
-            snprintf(why, why_len, "MLA model: a CUDA plugin is not offered MLA yet (the host's device half of "
-                     "the W_UK / W_UV projections is not built); a CPU plugin is, and cuda-mla runs it");
-            return false;
-        }
         ar_mla_dims d = ar_mla_model_dims(m);
         if (m->num_q_heads <= 0 || m->num_kv_heads > 1) {
             snprintf(why, why_len, "MLA model with %d q heads and %d KV heads: need positive q heads and one "
@@ -478,7 +478,8 @@ static void run_free_buffers(plugin_run *r)
     if (r->cuda) {
         void *dev_ptrs[] = {r->d_qsl, r->d_seq, r->d_table, r->d_suffix, r->d_cu_prefix, r->d_prefix_kv,
                             r->d_pos, r->d_slots, r->d_qkey, r->d_kvkey, r->d_fill_slots, r->d_fill_keys,
-                            r->d_fill_offsets, r->q, r->k_new, r->v_new, r->out, r->lse};
+                            r->d_fill_offsets, r->q, r->k_new, r->v_new, r->out, r->lse, r->d_w_uk, r->d_w_uv,
+                            r->d_out_v};
         for (size_t i = 0; i < sizeof dev_ptrs / sizeof dev_ptrs[0]; i++)
             if (dev_ptrs[i]) ar_pdev_free(r->dev, dev_ptrs[i]);
     } else {
@@ -524,6 +525,14 @@ static int layer_weights(plugin_run *r, int layer)
         }
     r->weights_layer = layer;
     return 0;
+}
+
+/* What the device generator, cache write and fill need for layer. */
+static ar_pdev_gen pdev_gen(const plugin_run *r, int layer)
+{
+    ar_pdev_gen g = {r->cfg.seed, (uint32_t)layer, r->cfg.data, r->cfg.dtype, r->cfg.kv_dtype, (float)r->cfg.kv_scale,
+                     r->hq, r->hkv, r->d, r->bs, r->cfg.num_blocks, r->mla};
+    return g;
 }
 
 static void plugin_close(void *state)
@@ -587,10 +596,22 @@ static int slot_open(int i, const ar_run_config *cfg, void **state, char *err, s
             plugin_close(r);
             return 3;
         }
+        r->pm = (ar_pdev_mla){r->mdims.kv_lora_rank, r->mdims.qk_rope_head_dim, r->mdims.qk_nope_head_dim,
+                              r->mdims.v_head_dim, cfg->fault == AR_FAULT_WRONG_KV_HEAD,
+                              cfg->fault == AR_FAULT_MLA_NO_WUV};
+        r->d_w_layer = -1;
     }
     if (r->cuda && ar_pdev_open(&r->dev, cfg->device_index, err, err_len) != 0) {
         plugin_close(r);
         return 3;
+    }
+    if (r->cuda && r->mla) {
+        const size_t rows = (size_t)r->hq * (size_t)r->mdims.kv_lora_rank;
+        if (ar_pdev_alloc(r->dev, (void **)&r->d_w_uk, sizeof(float) * rows * r->mdims.qk_nope_head_dim, err, err_len) ||
+            ar_pdev_alloc(r->dev, (void **)&r->d_w_uv, sizeof(float) * rows * r->mdims.v_head_dim, err, err_len)) {
+            plugin_close(r);
+            return 3;
+        }
     }
     r->device.device_type = r->cuda ? kDLCUDA : kDLCPU;
     r->device.device_id = r->cuda ? ar_pdev_device_id(r->dev) : 0;
@@ -718,11 +739,13 @@ static int ensure_step(plugin_run *r, int num_reqs, int T, int stride, char *err
                        grow_bytes((void **)&r->q_pe, sizeof(float) * nt * r->hq * r->mdims.qk_rope_head_dim)))
             goto oom;
         if (r->cuda) {
+            /* MLA: the output after W_UV, [T, N, V] floats (the host's, not the plugin's) */
+            size_t out_v_bytes = r->mla ? sizeof(float) * nt * (size_t)r->hq * (size_t)r->mdims.v_head_dim : 0;
             void **bufs[] = {(void **)&r->d_slots, (void **)&r->d_qkey, (void **)&r->d_kvkey, (void **)&r->d_pos,
-                             &r->q, &r->k_new, &r->v_new, &r->out, (void **)&r->lse};
+                             &r->q, &r->k_new, &r->v_new, &r->out, (void **)&r->lse, (void **)&r->d_out_v};
             size_t sizes[] = {sizeof(int64_t) * nt, sizeof(uint64_t) * nt, sizeof(uint64_t) * nt,
                               sizeof(int32_t) * nt, q_bytes, kv_bytes, kv_bytes, out_bytes + guard,
-                              lse_bytes + guard};
+                              lse_bytes + guard, out_v_bytes};
             for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
                 ar_pdev_free(r->dev, *bufs[i]);
                 *bufs[i] = NULL;
@@ -934,8 +957,7 @@ static int plugin_fill(void *state, int layer, const ar_fill *f, char *err, size
             return 3;
         }
         for (int i = 0; i < f->count; i++) offs[i] = f->offsets[i];
-        ar_pdev_gen g = {r->cfg.seed, (uint32_t)layer, r->cfg.data, r->cfg.dtype, r->cfg.kv_dtype,
-                         (float)r->cfg.kv_scale, r->hq, r->hkv, r->d, r->bs, r->cfg.num_blocks};
+        ar_pdev_gen g = pdev_gen(r, layer);
         int rc = ar_pdev_upload(r->dev, r->d_fill_slots, f->slots, sizeof(int64_t) * (size_t)f->count, err, err_len) ||
                  ar_pdev_upload(r->dev, r->d_fill_keys, f->keys, sizeof(uint64_t) * (size_t)f->count, err, err_len) ||
                  ar_pdev_upload(r->dev, r->d_fill_offsets, offs, sizeof(int32_t) * (size_t)f->count, err, err_len) ||
@@ -1106,8 +1128,7 @@ static int forward_once(plugin_run *r, bool host_writes, int layer, double *writ
     if (r->cuda) {
         if (ar_pdev_record(r->dev, 0, err, err_len)) return 3;
         if (host_writes) {
-            ar_pdev_gen g = {r->cfg.seed, (uint32_t)layer, r->cfg.data, r->cfg.dtype, r->cfg.kv_dtype,
-                             (float)r->cfg.kv_scale, r->hq, r->hkv, r->d, r->bs, r->cfg.num_blocks};
+            ar_pdev_gen g = pdev_gen(r, layer);
             if (ar_pdev_write_kv(r->dev, &g, r->T, r->d_slots, r->k_new, r->v_new, r->cache[layer], err, err_len))
                 return 3;
         }
@@ -1171,10 +1192,15 @@ static int plugin_forward(void *state, int layer, const ar_batch *b, ar_forward_
     }
     /* Untimed: this layer's inputs on the plugin's device; guard words after out and lse. */
     if (r->cuda) {
-        ar_pdev_gen g = {r->cfg.seed, (uint32_t)layer, r->cfg.data, r->cfg.dtype, r->cfg.kv_dtype,
-                         (float)r->cfg.kv_scale, r->hq, r->hkv, r->d, r->bs, r->cfg.num_blocks};
-        if (ar_pdev_gen_inputs(r->dev, &g, r->T, r->d_qkey, r->d_pos, r->d_kvkey, r->q, r->k_new, r->v_new,
-                               err, err_len) ||
+        ar_pdev_gen g = pdev_gen(r, layer);
+        if (r->mla && r->d_w_layer != layer) {
+            if (ar_pdev_mla_weights(r->dev, &g, &r->pm, r->d_w_uk, r->d_w_uv, err, err_len)) return 3;
+            r->d_w_layer = layer;
+        }
+        if ((r->mla ? ar_pdev_mla_gen_inputs(r->dev, &g, &r->pm, r->T, r->d_qkey, r->d_pos, r->d_kvkey, r->d_w_uk,
+                                             r->q, r->k_new, err, err_len)
+                    : ar_pdev_gen_inputs(r->dev, &g, r->T, r->d_qkey, r->d_pos, r->d_kvkey, r->q, r->k_new,
+                                         r->v_new, err, err_len)) ||
             ar_pdev_guard_set(r->dev, (char *)r->out + guard_at(r->out_bytes), err, err_len) ||
             ar_pdev_guard_set(r->dev, (char *)r->lse + guard_at(r->lse_bytes), err, err_len))
             return 3;
@@ -1239,7 +1265,20 @@ static int plugin_forward(void *state, int layer, const ar_batch *b, ar_forward_
     }
     o->guard_violations = bad_out + bad_lse;
     const size_t n_out = (size_t)r->T * r->hq * r->dout, n_lse = (size_t)r->T * r->hq;
-    if (r->cuda) {
+    if (r->cuda && r->mla) {   /* W_UV on the device: the output the verifier sees, [T, N, V] floats */
+        ar_pdev_gen g = pdev_gen(r, layer);
+        const size_t n_v = (size_t)r->T * r->hq * r->mdims.v_head_dim;
+        if (ar_pdev_mla_vproj(r->dev, &g, &r->pm, r->T, r->out, r->d_w_uv, r->d_out_v, err, err_len) ||
+            (o->out && ar_pdev_download(r->dev, o->out, r->d_out_v, sizeof(float) * n_v, err, err_len)) ||
+            (o->lse && ar_pdev_download(r->dev, o->lse, r->lse, r->lse_bytes, err, err_len))) {
+            free(times);
+            return 3;
+        }
+        o->dev_out = r->d_out_v;
+        o->dev_out_type = AR_FP32;   /* float values rounded to the dtype */
+        o->dev_lse = r->lse;
+        o->dev_stream = ar_pdev_stream(r->dev);
+    } else if (r->cuda) {
         o->dev_out = r->out;
         o->dev_out_type = r->cfg.dtype;   /* the run's dtype: 16-bit bits, or float for fp32 */
         o->dev_lse = r->lse;

@@ -1,8 +1,9 @@
 /* plugin_cuda.cu - the host's CUDA side for CUDA plugins (plugin_dev.h): stream, events, buffers,
- * the device generator of a step's inputs, the cache write (vLLM's reshape_and_cache) and the
- * untimed fill.  Deliberately simple kernels, one thread per element: they run outside the
- * plugin's timed region, except the cache write for a plugin that does not write K/V itself,
- * which is timed as "write" and is one coalesced copy per token row.
+ * the device generator of a step's inputs, the cache write (vLLM's reshape_and_cache), the
+ * untimed fill, and for MLA the weights and the W_UK / W_UV projections around the plugin.
+ * Deliberately simple kernels, one thread per element: they run outside the plugin's timed
+ * region, except the cache write for a plugin that does not write K/V itself, which is timed as
+ * "write" and is one coalesced copy per token row.
  *
  * Everything is enqueued on the one non-blocking stream a run owns; the plugin launches on the
  * same stream, so no synchronisation is needed between the host's work and the plugin's. */
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../reference/mla_ref.h"
 #include "plugin_dev.h"
 
 struct ar_pdev {
@@ -163,7 +165,7 @@ __device__ void cache_put(const ar_pdev_gen g, void *cache, int64_t i, float x)
     else ar_store(g.kv_dtype, cache, i, __fdiv_rn(x, g.kv_scale));
 }
 
-/* grid.x = tokens; threads over Hkv * D of both sides. */
+/* grid.x = tokens; threads over Hkv * D of both sides (MLA: the one side of entries). */
 __global__ void write_kv_kernel(ar_pdev_gen g, const int64_t *slots, const void *k_new, const void *v_new, void *cache)
 {
     const int t = blockIdx.x;
@@ -173,11 +175,11 @@ __global__ void write_kv_kernel(ar_pdev_gen g, const int64_t *slots, const void 
     const int64_t side = g.num_blocks * g.block_size * row;
     for (int64_t e = threadIdx.x; e < row; e += blockDim.x) {
         cache_put(g, cache, slot * row + e, ar_load(g.dtype, k_new, (int64_t)t * row + e));
-        cache_put(g, cache, side + slot * row + e, ar_load(g.dtype, v_new, (int64_t)t * row + e));
+        if (!g.latent) cache_put(g, cache, side + slot * row + e, ar_load(g.dtype, v_new, (int64_t)t * row + e));
     }
 }
 
-/* grid.x = fill entries, grid.y = 2 Hkv rows; threads over D. */
+/* grid.x = fill entries, grid.y = 2 Hkv rows (MLA: 1, the entry); threads over D. */
 __global__ void fill_kernel(ar_pdev_gen g, const int64_t *slots, const uint64_t *keys, const int32_t *offsets,
                             void *cache)
 {
@@ -186,8 +188,8 @@ __global__ void fill_kernel(ar_pdev_gen g, const int64_t *slots, const uint64_t 
     if (sd) h -= g.num_kv_heads;
     const int64_t row = (int64_t)g.num_kv_heads * g.head_size;
     const int64_t side = g.num_blocks * g.block_size * row;
-    uint64_t gr = ar_gen_row(g.seed, sd ? AR_STREAM_V : AR_STREAM_K, g.layer, keys[i], (uint64_t)offsets[i],
-                             (uint32_t)h);
+    const uint32_t stream = g.latent ? AR_STREAM_LATENT : sd ? AR_STREAM_V : AR_STREAM_K;
+    uint64_t gr = ar_gen_row(g.seed, stream, g.layer, keys[i], (uint64_t)offsets[i], (uint32_t)h);
     for (int d = threadIdx.x; d < g.head_size; d += blockDim.x) {
         float x = ar_gen(gr, (uint32_t)d, g.dist, g.dtype);
         cache_put(g, cache, (sd ? side : 0) + slots[i] * row + (int64_t)h * g.head_size + d, x);
@@ -224,9 +226,106 @@ extern "C" int ar_pdev_fill(ar_pdev *d, const ar_pdev_gen *g, int count, const i
                             const uint64_t *keys, const int32_t *offsets, void *cache, char *err, size_t err_len)
 {
     if (count <= 0) return 0;
-    dim3 grid((unsigned)count, (unsigned)(2 * g->num_kv_heads));
+    dim3 grid((unsigned)count, (unsigned)(g->latent ? 1 : 2 * g->num_kv_heads));
     fill_kernel<<<grid, threads_for(g->head_size), 0, d->stream>>>(*g, slots, keys, offsets, cache);
     return cuda_fail(cudaGetLastError(), "fill launch", err, err_len);
+}
+
+/* ---- MLA: the projections around a plugin's latent attention ------------------------------- */
+
+/* grid.x = N heads, grid.y = L rows; threads over the P + V columns. */
+__global__ void mla_weights_kernel(ar_pdev_gen g, ar_pdev_mla m, float *w_uk, float *w_uv)
+{
+    const int n = blockIdx.x, l = blockIdx.y, L = m.kv_lora_rank, P = m.qk_nope_head_dim, V = m.v_head_dim;
+    for (int c = threadIdx.x; c < P + V; c += blockDim.x) {
+        if (c < P)
+            w_uk[((int64_t)n * L + l) * P + c] = ar_mla_weight(g.seed, AR_STREAM_W_UK, g.layer, L, l, n, c, g.dist, g.dtype);
+        else
+            w_uv[((int64_t)n * L + l) * V + c - P] =
+                ar_mla_weight(g.seed, AR_STREAM_W_UV, g.layer, L, l, n, c - P, g.dist, g.dtype);
+    }
+}
+
+/* Query head n's weights (the wrong-kv-head fault takes head n + 1's, as cpu-mla does). */
+__device__ int mla_weight_head(const ar_pdev_gen &g, const ar_pdev_mla &m, int n)
+{
+    return m.shift_heads ? (n + 1) % g.num_q_heads : n;
+}
+
+/* grid.x = tokens, grid.y = N + 1: rows n < N the query of head n (q_nope staged in shared memory,
+ * one thread per latent dim for the absorption), row N the token's new entry. */
+__global__ void mla_gen_inputs_kernel(ar_pdev_gen g, ar_pdev_mla m, const uint64_t *qkey, const int32_t *pos,
+                                      const uint64_t *kvkey, const float *w_uk, void *q, void *lat)
+{
+    extern __shared__ float qn[];   /* [P] */
+    const int t = blockIdx.x, n = blockIdx.y, N = g.num_q_heads;
+    const int L = m.kv_lora_rank, R = m.qk_rope_head_dim, P = m.qk_nope_head_dim, E = L + R;
+    if (n == N) {
+        uint64_t row = ar_gen_row(g.seed, AR_STREAM_LATENT, g.layer, kvkey[t], (uint64_t)(pos[t] % g.block_size), 0);
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            ar_store(g.dtype, lat, (int64_t)t * E + e, ar_gen(row, (uint32_t)e, g.dist, g.dtype));
+        return;
+    }
+    const uint64_t rn = ar_gen_row(g.seed, AR_STREAM_Q_NOPE, g.layer, qkey[t], (uint64_t)pos[t], (uint32_t)n);
+    const uint64_t rp = ar_gen_row(g.seed, AR_STREAM_Q_PE, g.layer, qkey[t], (uint64_t)pos[t], (uint32_t)n);
+    for (int c = threadIdx.x; c < P; c += blockDim.x) qn[c] = ar_gen(rn, (uint32_t)c, g.dist, g.dtype);
+    __syncthreads();
+    const float *w = w_uk + (int64_t)mla_weight_head(g, m, n) * L * P;
+    const int64_t first = ((int64_t)t * N + n) * E;
+    for (int l = threadIdx.x; l < L; l += blockDim.x) {
+        double acc = 0;
+        for (int c = 0; c < P; c++) acc += (double)qn[c] * w[(int64_t)l * P + c];
+        ar_store(g.dtype, q, first + l, ar_round_to(g.dtype, (float)acc));
+    }
+    for (int r = threadIdx.x; r < R; r += blockDim.x)
+        ar_store(g.dtype, q, first + L + r, ar_gen(rp, (uint32_t)r, g.dist, g.dtype));
+}
+
+/* grid.x = tokens, grid.y = N heads; threads over V. */
+__global__ void mla_vproj_kernel(ar_pdev_gen g, ar_pdev_mla m, const void *o_lat, const float *w_uv, float *out)
+{
+    const int t = blockIdx.x, n = blockIdx.y, N = g.num_q_heads, L = m.kv_lora_rank, V = m.v_head_dim;
+    const int64_t lat = ((int64_t)t * N + n) * L;
+    const float *w = w_uv + (int64_t)mla_weight_head(g, m, n) * L * V;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float x;
+        if (m.no_wuv) {
+            x = ar_load(g.dtype, o_lat, lat + v);
+        } else {
+            double acc = 0;
+            for (int l = 0; l < L; l++) acc += (double)ar_load(g.dtype, o_lat, lat + l) * w[(int64_t)l * V + v];
+            x = ar_round_to(g.dtype, (float)acc);
+        }
+        out[((int64_t)t * N + n) * V + v] = x;
+    }
+}
+
+extern "C" int ar_pdev_mla_weights(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, float *w_uk, float *w_uv,
+                                   char *err, size_t err_len)
+{
+    dim3 grid((unsigned)g->num_q_heads, (unsigned)m->kv_lora_rank);
+    mla_weights_kernel<<<grid, 128, 0, d->stream>>>(*g, *m, w_uk, w_uv);
+    return cuda_fail(cudaGetLastError(), "MLA weights launch", err, err_len);
+}
+
+extern "C" int ar_pdev_mla_gen_inputs(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, int num_tokens,
+                                      const uint64_t *qkey, const int32_t *pos, const uint64_t *kvkey,
+                                      const float *w_uk, void *q, void *lat, char *err, size_t err_len)
+{
+    if (num_tokens <= 0) return 0;
+    dim3 grid((unsigned)num_tokens, (unsigned)(g->num_q_heads + 1));
+    size_t smem = sizeof(float) * (size_t)m->qk_nope_head_dim;
+    mla_gen_inputs_kernel<<<grid, 128, smem, d->stream>>>(*g, *m, qkey, pos, kvkey, w_uk, q, lat);
+    return cuda_fail(cudaGetLastError(), "MLA generator launch", err, err_len);
+}
+
+extern "C" int ar_pdev_mla_vproj(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, int num_tokens,
+                                 const void *o_lat, const float *w_uv, float *out, char *err, size_t err_len)
+{
+    if (num_tokens <= 0) return 0;
+    dim3 grid((unsigned)num_tokens, (unsigned)g->num_q_heads);
+    mla_vproj_kernel<<<grid, threads_for(m->v_head_dim), 0, d->stream>>>(*g, *m, o_lat, w_uv, out);
+    return cuda_fail(cudaGetLastError(), "MLA W_UV launch", err, err_len);
 }
 
 extern "C" int ar_pdev_record(ar_pdev *d, int i, char *err, size_t err_len)

@@ -86,6 +86,28 @@ int ar_pdev_fill(ar_pdev *d, const ar_pdev_gen *g, int count, const int64_t *slo
     return fail(err, err_len);
 }
 
+int ar_pdev_mla_weights(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, float *w_uk, float *w_uv,
+                        char *err, size_t err_len)
+{
+    (void)d; (void)g; (void)m; (void)w_uk; (void)w_uv;
+    return fail(err, err_len);
+}
+
+int ar_pdev_mla_gen_inputs(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, int num_tokens,
+                           const uint64_t *qkey, const int32_t *pos, const uint64_t *kvkey, const float *w_uk,
+                           void *q, void *lat, char *err, size_t err_len)
+{
+    (void)d; (void)g; (void)m; (void)num_tokens; (void)qkey; (void)pos; (void)kvkey; (void)w_uk; (void)q; (void)lat;
+    return fail(err, err_len);
+}
+
+int ar_pdev_mla_vproj(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, int num_tokens, const void *o_lat,
+                      const float *w_uv, float *out, char *err, size_t err_len)
+{
+    (void)d; (void)g; (void)m; (void)num_tokens; (void)o_lat; (void)w_uv; (void)out;
+    return fail(err, err_len);
+}
+
 int ar_pdev_record(ar_pdev *d, int i, char *err, size_t err_len)
 {
     (void)d; (void)i;

@@ -6,8 +6,11 @@
  * the inputs generated on the device by the project's generator (reference/datagen.h, so they
  * are bit-identical to what the verifier regenerates), and, for a plugin without
  * ATTNREPLAY_PLUGIN_WRITES_KV, the write of the new K/V into the cache through slot_mapping
- * (vLLM's reshape_and_cache).  Everything runs on the one stream, in order; only the calls that
- * return host data (download, elapsed, guard check) wait for it.  C linkage throughout. */
+ * (vLLM's reshape_and_cache).  For an MLA plugin also the projections around its latent
+ * attention: W_UK / W_UV generated on the device, q_nope absorbed into the plugin's query and its
+ * latent output multiplied by W_UV (untimed).  Everything runs on the one stream, in order; only
+ * the calls that return host data (download, elapsed, guard check) wait for it.  C linkage
+ * throughout. */
 #ifndef AR_PLUGIN_DEV_H
 #define AR_PLUGIN_DEV_H
 
@@ -54,6 +57,9 @@ typedef struct ar_pdev_gen {
     float kv_scale;
     int num_q_heads, num_kv_heads, head_size, block_size;
     int64_t num_blocks;
+    int latent;              /* MLA: the cache is one side [num_blocks, block_size, head_size] of latent
+                                entries (stream AR_STREAM_LATENT, head 0), num_kv_heads 1; k_new holds
+                                the new entries and v_new is unused */
 } ar_pdev_gen;
 
 /* Q [T, Hq, D] and new K/V [T, Hkv, D] in dtype for the tokens of a step: token t is query
@@ -70,6 +76,25 @@ int ar_pdev_write_kv(ar_pdev *d, const ar_pdev_gen *g, int num_tokens, const int
  * slot slots[i] of the cache, generated on the device. */
 int ar_pdev_fill(ar_pdev *d, const ar_pdev_gen *g, int count, const int64_t *slots,
                  const uint64_t *keys, const int32_t *offsets, void *cache, char *err, size_t err_len);
+
+/* MLA: the dims of the projections and the faults applied in them. */
+typedef struct ar_pdev_mla {
+    int kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim;   /* L, R, P, V */
+    int shift_heads;         /* the wrong-kv-head fault: query head n uses head (n + 1) % N's weights */
+    int no_wuv;              /* the mla-no-wuv fault: out = the first V latent values */
+} ar_pdev_mla;
+
+/* W_UK [N, L, P] and W_UV [N, L, V] of layer g->layer (ar_mla_weight), float, N = num_q_heads. */
+int ar_pdev_mla_weights(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, float *w_uk, float *w_uv,
+                        char *err, size_t err_len);
+/* A step's MLA inputs: q [T, N, L + R] = [q_nope W_UK (rounded to dtype) | q_pe] and the new entries
+ * lat [T, L + R], generated as the cpu-mla backend does (token t as in ar_pdev_gen_inputs). */
+int ar_pdev_mla_gen_inputs(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, int num_tokens,
+                           const uint64_t *qkey, const int32_t *pos, const uint64_t *kvkey, const float *w_uk,
+                           void *q, void *lat, char *err, size_t err_len);
+/* out [T, N, V] (float values rounded to dtype) = o_lat [T, N, L] (dtype) W_UV per head. */
+int ar_pdev_mla_vproj(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, int num_tokens, const void *o_lat,
+                      const float *w_uv, float *out, char *err, size_t err_len);
 
 /* Timing: records event i (< AR_PDEV_EVENTS) on the stream; elapsed waits for event b. */
 int ar_pdev_record(ar_pdev *d, int i, char *err, size_t err_len);

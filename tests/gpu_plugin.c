@@ -2,8 +2,10 @@
  * (build/plugins/attnreplay-example-cuda.so, which writes its own K/V and marks its write) replays
  * every sample trace with two layers and passes against the float64 reference; fp16 and an fp8
  * KV cache pass; the host's device tensors, stream and time marks reach the database ("write"
- * and "attn" per layer); a wrong-slot fault applied to the metadata is flagged.  Skips with the
- * reason when there is no CUDA device or the build has no CUDA. */
+ * and "attn" per layer); a wrong-slot fault applied to the metadata is flagged.  MLA: the DeepSeek
+ * sample through the plugin's latent attention, the host's W_UK / W_UV on the device around it,
+ * passes in bf16, fp16 and with an fp8 latent cache, and the projection faults are flagged.  Skips
+ * with the reason when there is no CUDA device or the build has no CUDA. */
 #include "testutil.h"
 
 #include <limits.h>
@@ -97,12 +99,35 @@ static void test_example_cuda_fault_flagged(void **state)
     assert_int_equal(replay("mixed", db, log, "--inject causal-off-by-one --quiet"), 2);
 }
 
+static void test_example_cuda_runs_mla(void **state)
+{
+    (void)state;
+    if (!device_ready()) { skip(); return; }
+    char db[PATH_MAX], log[PATH_MAX];
+    tu_tmp("cuda-mla.db", db, sizeof db);
+    tu_tmp("cuda-mla.log", log, sizeof log);
+    /* the whole sample, both layers: prefills, the context fills, decodes */
+    assert_int_equal(replay("deepseek-v3-tp16", db, log, "--layers 2 --quiet"), 0);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run = 1"), 36);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run = 1 AND (pass IS NOT 1 OR "
+                                      "rows_checked <= 0 OR guard_ok IS NOT 1)"), 0);
+    assert_true(tu_query_int(db, "SELECT count(*) FROM kernels WHERE run = 1 AND name = 'attn' AND layer = 1 "
+                                 "AND time_us > 0") > 0);
+    assert_int_equal(replay("deepseek-v3-tp16", db, log, "--dtype fp16 --steps 5:12 --quiet"), 0);
+    assert_int_equal(replay("deepseek-v3-tp16", db, log, "--kv-dtype fp8_e4m3 --kv-scale 2 --steps 5:12 --quiet"), 0);
+    /* the host's projection faults, and the metadata's */
+    assert_int_equal(replay("deepseek-v3-tp16", db, log, "--inject wrong-kv-head --steps 6:8 --quiet"), 1);
+    assert_int_equal(replay("deepseek-v3-tp16", db, log, "--inject mla-no-wuv --steps 6:8 --quiet"), 1);
+    assert_int_equal(replay("deepseek-v3-tp16", db, log, "--inject wrong-slot --steps 6:8 --quiet"), 1);
+}
+
 int main(void)
 {
     struct CMUnitTest tests[] = {
         cmocka_unit_test(test_example_cuda_passes_every_sample),
         cmocka_unit_test(test_example_cuda_dtypes),
         cmocka_unit_test(test_example_cuda_fault_flagged),
+        cmocka_unit_test(test_example_cuda_runs_mla),
     };
     return tu_run_gpu_tests("gpu_plugin", tests, sizeof tests / sizeof tests[0]);
 }

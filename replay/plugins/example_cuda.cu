@@ -9,7 +9,10 @@
  *     and the attention separately;
  *   - everything is launched on args->stream (the host's), nothing synchronises;
  *   - a KV cache in float8 e4m3 is read back times kv_scale, as vLLM does;
- *   - no ATTNREPLAY_PLUGIN_CASCADE: the host runs every step flat.
+ *   - no ATTNREPLAY_PLUGIN_CASCADE: the host runs every step flat;
+ *   - ATTNREPLAY_PLUGIN_MLA: MLA models' latent attention, FlashMLA's part (the host absorbs W_UK
+ *     into q and applies W_UV to out): the same kernel over the latent cache [num_blocks,
+ *     block_size, L + R], one KV head, keys the whole entries, values their first L elements.
  * The kernel: one block per (query token, query head), four warps; each warp takes every fourth
  * key, its lanes split the head dim, the dot product is a warp reduction and each warp keeps an
  * online softmax; the warps merge at the end.  Simple, not fast. */
@@ -25,8 +28,8 @@
 #include "../attnreplay_plugin.h"
 
 #define WARPS 4
-#define MAX_D 256
-#define PER_LANE (MAX_D / 32)
+#define MAX_D 256        /* MHA head size */
+#define MAX_D_MLA 576    /* MLA entry width L + R (DeepSeek: 512 + 64) */
 
 static const attnreplay_host_api *host;
 
@@ -69,6 +72,8 @@ __device__ __forceinline__ void store(int t, void *p, long long i, float v)
 
 struct params {
     int hq, hkv, d, bs, window, dt, kvt, stride;
+    int dv;     /* the value / output head dim: d, or L for MLA */
+    int mla;    /* the cache is one side of latent entries; values are their first dv elements */
     long long num_blocks;
     float scale, soft_cap, kv_scale;
 };
@@ -85,13 +90,16 @@ __global__ void write_kv(params p, const long long *slots, const void *k, const 
     const float div = p.kvt == p.dt ? 1.0f : p.kv_scale;
     for (long long e = threadIdx.x; e < row; e += blockDim.x) {
         store(p.kvt, cache, slot * row + e, __fdiv_rn(load(p.dt, k, t * row + e), div));
-        store(p.kvt, cache, side + slot * row + e, __fdiv_rn(load(p.dt, v, t * row + e), div));
+        if (!p.mla) store(p.kvt, cache, side + slot * row + e, __fdiv_rn(load(p.dt, v, t * row + e), div));
     }
 }
 
+/* D_MAX: the largest head size the instance holds in registers (32 lanes x D_MAX / 32). */
+template <int D_MAX>
 __global__ void attention(params p, const int *qsl, const int *seq_lens, const int *table, const void *q,
                           const void *cache, void *out, float *lse, int num_reqs, int num_tokens)
 {
+    constexpr int PER_LANE = D_MAX / 32;
     const int t = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     /* the request of token t: a binary search over query_start_loc */
     int lo = 0, hi = num_reqs - 1;
@@ -103,7 +111,7 @@ __global__ void attention(params p, const int *qsl, const int *seq_lens, const i
     const int r = lo, n = qsl[r + 1] - qsl[r], pos = seq_lens[r] - n + (t - qsl[r]);
     const int first = p.window > 0 && pos + 1 - p.window > 0 ? pos + 1 - p.window : 0;
     const int kvh = h / (p.hq / p.hkv);
-    const long long row = (long long)p.hkv * p.d, side = p.num_blocks * p.bs * row;
+    const long long row = (long long)p.hkv * p.d, side = p.mla ? 0 : p.num_blocks * p.bs * row;
     const float kvs = p.kvt == p.dt ? 1.0f : p.kv_scale;
     float qr[PER_LANE], acc[PER_LANE];
     for (int i = 0; i < PER_LANE; i++) {
@@ -127,19 +135,19 @@ __global__ void attention(params p, const int *qsl, const int *seq_lens, const i
         l = l * corr + w;
         for (int i = 0; i < PER_LANE; i++) {
             int d = lane + 32 * i;
-            float vv = d < p.d ? load(p.kvt, cache, side + base + d) * kvs : 0.0f;
+            float vv = d < p.dv ? load(p.kvt, cache, side + base + d) * kvs : 0.0f;
             acc[i] = acc[i] * corr + w * vv;
         }
         m = m_new;
     }
-    __shared__ float sm[WARPS], sl[WARPS], sacc[WARPS][MAX_D];
+    __shared__ float sm[WARPS], sl[WARPS], sacc[WARPS][D_MAX];
     if (lane == 0) {
         sm[warp] = m;
         sl[warp] = l;
     }
     for (int i = 0; i < PER_LANE; i++) {
         int d = lane + 32 * i;
-        if (d < p.d) sacc[warp][d] = acc[i];
+        if (d < p.dv) sacc[warp][d] = acc[i];
     }
     __syncthreads();
     if (warp != 0) return;
@@ -149,11 +157,11 @@ __global__ void attention(params p, const int *qsl, const int *seq_lens, const i
     for (int w = 0; w < WARPS; w++) lt += sm[w] == -INFINITY ? 0.0f : sl[w] * __expf(sm[w] - mt);
     for (int i = 0; i < PER_LANE; i++) {
         int d = lane + 32 * i;
-        if (d >= p.d) continue;
+        if (d >= p.dv) continue;
         float o = 0.0f;
         for (int w = 0; w < WARPS; w++)
             if (sm[w] != -INFINITY) o += sacc[w][d] * __expf(sm[w] - mt);
-        store(p.dt, out, ((long long)t * p.hq + h) * p.d + d, lt > 0 ? o / lt : 0.0f);
+        store(p.dt, out, ((long long)t * p.hq + h) * p.dv + d, lt > 0 ? o / lt : 0.0f);
     }
     if (lane == 0) lse[(long long)h * num_tokens + t] = lt > 0 ? mt + logf(lt) : -INFINITY;
 }
@@ -170,8 +178,9 @@ static int ex_check(const attnreplay_config *cfg)
     int dt = type_of(cfg->dtype), kvt = type_of(cfg->kv_dtype);
     if (dt < 0 || dt == T_FP8 || kvt < 0 || (kvt != dt && kvt != T_FP8))
         return fail("dtypes: model float32/float16/bfloat16, cache the same or float8_e4m3fn");
-    if (cfg->head_size > MAX_D) {
-        snprintf(why, sizeof why, "head size %d > %d", cfg->head_size, MAX_D);
+    const bool mla = cfg->attention == ATTNREPLAY_ATTENTION_MLA;
+    if (cfg->head_size > (mla ? MAX_D_MLA : MAX_D)) {
+        snprintf(why, sizeof why, "head size %d > %d", cfg->head_size, mla ? MAX_D_MLA : MAX_D);
         return fail(why);
     }
     if (strcmp(cfg->inject, "none") != 0) {
@@ -190,6 +199,8 @@ static int ex_open(const attnreplay_config *cfg, void **out)
     p.hq = cfg->num_q_heads;
     p.hkv = cfg->num_kv_heads;
     p.d = cfg->head_size;
+    p.mla = cfg->attention == ATTNREPLAY_ATTENTION_MLA;
+    p.dv = p.mla ? cfg->kv_lora_rank : cfg->head_size;
     p.bs = cfg->block_size;
     p.window = cfg->sliding_window;
     p.dt = type_of(cfg->dtype);
@@ -223,10 +234,17 @@ static int ex_forward(void *st, const attnreplay_forward_args *a)
     write_kv<<<T, 128, 0, stream>>>(s->p, (const long long *)md->slot_mapping.data, a->k_new.data, a->v_new.data,
                                     a->kv_cache.data);
     host->time_mark("write");
-    attention<<<dim3((unsigned)T, (unsigned)s->p.hq), 32 * WARPS, 0, stream>>>(
-        s->p, (const int *)md->query_start_loc.data, (const int *)md->seq_lens.data,
-        (const int *)md->block_table.data, a->q.data, a->kv_cache.data, a->out.data, (float *)a->lse.data,
-        md->num_reqs, T);
+    const dim3 grid((unsigned)T, (unsigned)s->p.hq);
+    if (s->p.d > MAX_D)
+        attention<MAX_D_MLA><<<grid, 32 * WARPS, 0, stream>>>(
+            s->p, (const int *)md->query_start_loc.data, (const int *)md->seq_lens.data,
+            (const int *)md->block_table.data, a->q.data, a->kv_cache.data, a->out.data, (float *)a->lse.data,
+            md->num_reqs, T);
+    else
+        attention<MAX_D><<<grid, 32 * WARPS, 0, stream>>>(
+            s->p, (const int *)md->query_start_loc.data, (const int *)md->seq_lens.data,
+            (const int *)md->block_table.data, a->q.data, a->kv_cache.data, a->out.data, (float *)a->lse.data,
+            md->num_reqs, T);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
         static char why[200];
@@ -242,9 +260,9 @@ static const attnreplay_plugin example_cuda = {
     "example-cuda",
     "example plugin: paged attention in plain CUDA C (a block per token and head, online softmax)",
     "dtypes fp32/fp16/bf16; KV same or fp8_e4m3; head size <= 256; GQA/MQA; window; soft cap; "
-    "writes its own K/V",
+    "writes its own K/V; MLA (latent attention, entries <= 576)",
     kDLCUDA,
-    ATTNREPLAY_PLUGIN_WRITES_KV,
+    ATTNREPLAY_PLUGIN_WRITES_KV | ATTNREPLAY_PLUGIN_MLA,
     ex_check,
     ex_open,
     ex_plan,

@@ -79,7 +79,7 @@ class Backend:
     implement forward.  Shapes: q [T, Hq, D], k_new / v_new [T, Hkv, D], kv_cache [2, num_blocks,
     block_size, Hkv, D] (already holding k_new/v_new unless writes_kv), out [T, Hq, D] in the
     run's dtype, lse [Hq, T] float32 natural log; write out and lse in place.  A backend with
-    mla = True is also offered MLA models (config.attention "mla", CPU backends only for now):
+    mla = True is also offered MLA models (config.attention "mla"):
     then q [T, Hq, L + R] is the absorbed query, k_new [T, 1, L + R] the new latent entries,
     v_new None, kv_cache [num_blocks, block_size, L + R], values the first L = kv_lora_rank
     elements of each entry, and out [T, Hq, L] the latent output (the host applies W_UV)."""

@@ -1,7 +1,7 @@
-"""The torch, FlashInfer and FA3 adapters on a CUDA device (skipped, with the reason, elsewhere): each
-replays the sample traces and passes against the float64 reference; the gathered adapters
-record their gather apart; FlashInfer runs cascade steps; the example CUDA plugin passes through
-the package too."""
+"""The torch, FlashInfer, FA3 and FlashMLA adapters on a CUDA device (skipped, with the reason,
+elsewhere): each replays the sample traces and passes against the float64 reference (FlashMLA the
+DeepSeek sample, MLA); the gathered adapters record their gather apart; FlashInfer runs cascade
+steps; the example CUDA plugin passes through the package too."""
 import os
 import unittest
 
@@ -60,6 +60,18 @@ class GpuAdapters(unittest.TestCase):
         except Exception as e:
             self.skipTest("FlashAttention 3 is not importable: %s" % e)
         self.replay_all("fa3")
+
+    def test_flashmla(self):
+        try:
+            from attnreplay.adapters.flashmla import _import_flashmla
+            _import_flashmla()
+        except Exception as e:
+            self.skipTest("FlashMLA is not importable: %s" % e)
+        db = self.replay_all("flashmla", traces=("deepseek-v3-tp16",))
+        self.assertEqual(query(db, "SELECT count(*) FROM steps"), [(36,)])
+        rc, out = run(["replay", sample("llama-3.2-1b"), "--backend", "flashmla", "--db", db, "--quiet"])
+        self.assertEqual(rc, 2, out)   # an MHA model: refused with the reason
+        self.assertIn("MLA models only", out)
 
     def test_example_cuda_plugin_through_the_package(self):
         plugin = os.path.join(BUILD, "plugins", "attnreplay-example-cuda.so")

@@ -17,28 +17,15 @@ is refused (FA3 wants Q, K and V in one dtype); a build without some feature (FA
 without sliding windows, soft caps, fp16 or some head sizes) fails the first forward with FA3's
 own message.
 """
-import os
-import sys
-
 from ..backend import Backend
+from . import hopper_reason, import_built
 
 HEAD_SIZES = (64, 96, 128, 192, 256)   # the head sizes FA3's hopper kernels are written for
 
 
 def _import_fa3():
     """flash_attn_interface, from the path or from $AR_PEERS_BUILT/fa3; raises ImportError."""
-    try:
-        import flash_attn_interface
-        return flash_attn_interface
-    except ImportError as first:
-        built = os.environ.get("AR_PEERS_BUILT")
-        d = os.path.join(built, "fa3") if built else None
-        if not d or not os.path.isdir(d):
-            raise ImportError("flash_attn_interface is not importable (%s) and AR_PEERS_BUILT/fa3 is not a folder"
-                              % first) from first
-        sys.path.insert(0, d)
-        import flash_attn_interface
-        return flash_attn_interface
+    return import_built("flash_attn_interface", "fa3")
 
 
 class FA3Paged(Backend):
@@ -53,16 +40,9 @@ class FA3Paged(Backend):
     cascade = False
 
     def check(self, config):
-        try:
-            import torch
-            _import_fa3()
-        except Exception as e:   # ImportError, or the extension failing to load
-            return "FlashAttention 3 is not importable here (%s: %s)" % (type(e).__name__, e)
-        if not torch.cuda.is_available():
-            return "torch sees no CUDA device"
-        major, _ = torch.cuda.get_device_capability()
-        if major != 9:
-            return "FlashAttention 3's hopper kernels run on compute capability 9.x, not %d.x" % major
+        reason = hopper_reason(_import_fa3, "FlashAttention 3", "FlashAttention 3's hopper kernels")
+        if reason:
+            return reason
         if config.dtype not in ("float16", "bfloat16"):
             return "dtype %s: FA3 runs float16/bfloat16 here" % config.dtype
         if config.kv_dtype != config.dtype:
