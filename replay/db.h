@@ -98,11 +98,12 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "db_version.h"   /* AR_DB_SCHEMA_VERSION */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define AR_DB_SCHEMA_VERSION 4
 /* How long a writer waits for another writer's lock (ms); ATTNREPLAY_BUSY_TIMEOUT_MS
  * overrides it. */
 #define AR_DB_BUSY_TIMEOUT_MS 30000

@@ -718,7 +718,8 @@ static void report_usage(FILE *f)
     fputs("usage: attnreplay report DB [--run ID ...] --out DIR\n"
           "  Renders plots (PNG + SVG through gnuplot), index.html and summary.md into DIR from\n"
           "  the runs in DB (all runs unless --run is given; --run may repeat or take 1,2,3).\n"
-          "  Exit status: 0 done, 1 a plot failed to render, 2 usage error or bad input.\n", f);
+          "  Exit status: 0 done, 1 a plot failed to render, 2 usage error or bad input (DB missing, a\n"
+          "  directory, not an attnreplay results database, or of a newer schema version).\n", f);
 }
 
 static void free_ctx(report_ctx *ctx)

@@ -8,9 +8,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include "../replay/db_version.h"
 
 void *ar_rd_open(const char *path, char *err, size_t err_len)
 {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {   /* SQLite would say "disk I/O error" */
+        snprintf(err, err_len, "%s: is a directory, not a results database", path);
+        return NULL;
+    }
     sqlite3 *db = NULL;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
         snprintf(err, err_len, "%s: cannot open the database read-only: %s", path,
@@ -33,6 +41,19 @@ void *ar_rd_open(const char *path, char *err, size_t err_len)
         if (rc == SQLITE_OK)
             snprintf(err, err_len, "%s: not an attnreplay results database (tables 'runs' and "
                      "'steps' missing; schema in replay/db.h)", path);
+        sqlite3_close(db);
+        return NULL;
+    }
+    /* A newer schema may have changed what the columns read here mean: refused, as replay
+     * --db refuses it (replay/db.c).  No meta table, or no version in it: version 1. */
+    int version = 0;
+    if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key='schema_version'", -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        version = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    if (version > AR_DB_SCHEMA_VERSION) {
+        snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", path, version,
+                 AR_DB_SCHEMA_VERSION);
         sqlite3_close(db);
         return NULL;
     }

@@ -60,7 +60,9 @@ typedef struct {
 } ar_ceilings;
 
 /* Opens path read-only (SQLITE_OPEN_READONLY) and checks it holds a `runs` and a `steps`
- * table.  Returns the sqlite3 handle (as void *) or NULL with a message in err. */
+ * table and is not of a newer schema version than AR_DB_SCHEMA_VERSION (replay/db.h); a
+ * directory is named as such.  Returns the sqlite3 handle (as void *) or NULL with a message in
+ * err. */
 void *ar_rd_open(const char *path, char *err, size_t err_len);
 void ar_rd_close(void *handle);
 

@@ -459,6 +459,49 @@ static void test_report_bad_input(void **state)
     assert_int_equal(ar_report_main(4, argv_empty), 2);
 }
 
+/* A directory given as the database is named as one (SQLite says "disk I/O error"), and a
+ * database of a newer schema version is refused as replay --db refuses it: exit 2 from report,
+ * diff and plan, the file untouched. */
+static void test_directory_and_newer_schema_refused(void **state)
+{
+    (void)state;
+    char out[1024], dir[1024], newer[1024], err[1024];
+    tu_tmp("report_dir_out", out, sizeof out);
+    tu_tmp("a_directory.db", dir, sizeof dir);
+    mkdir(dir, 0755);
+    err[0] = 0;
+    void *h = ar_rd_open(dir, err, sizeof err);
+    assert_null(h);
+    if (!strstr(err, "is a directory") || !strstr(err, dir)) fail_msg("%s", err);
+    char *argv_dir[] = { (char *)"report", dir, (char *)"--out", out, NULL };
+    assert_int_equal(ar_report_main(4, argv_dir), 2);
+    char *argv_diff_dir[] = { (char *)"diff", dir, (char *)"1", (char *)"2", NULL };
+    assert_int_equal(ar_diff_main(4, argv_diff_dir), 2);
+
+    tu_tmp("newer_schema.db", newer, sizeof newer);
+    assert_int_equal(make_db(newer, 1), 0);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(newer, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "UPDATE meta SET value='99' WHERE key='schema_version'", NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+    err[0] = 0;
+    h = ar_rd_open(newer, err, sizeof err);
+    if (h) ar_rd_close(h);
+    assert_null(h);
+    if (!strstr(err, "schema version 99 is newer than this attnreplay's")) fail_msg("%s", err);
+    char *argv_newer[] = { (char *)"report", newer, (char *)"--out", out, NULL };
+    assert_int_equal(ar_report_main(4, argv_newer), 2);
+    char *argv_diff_newer[] = { (char *)"diff", newer, (char *)"1", (char *)"2", NULL };
+    assert_int_equal(ar_diff_main(4, argv_diff_newer), 2);
+    assert_int_equal(tu_query_int(newer, "SELECT value FROM meta WHERE key='schema_version'"), 99);
+    /* the same database at the current version still reads */
+    assert_int_equal(make_db(newer, 1), 0);
+    h = ar_rd_open(newer, err, sizeof err);
+    assert_non_null(h);
+    ar_rd_close(h);
+}
+
 /* ---- diff ----------------------------------------------------------------------------------- */
 
 static const ar_diff_options default_options = { .threshold = 0.05, .error_growth = 2.0 };
@@ -891,6 +934,7 @@ int main(void)
         cmocka_unit_test(test_report_writes_every_file),
         cmocka_unit_test(test_report_selected_runs),
         cmocka_unit_test(test_report_bad_input),
+        cmocka_unit_test(test_directory_and_newer_schema_refused),
         cmocka_unit_test(test_diff_identical_runs),
         cmocka_unit_test(test_diff_planted_slowdown),
         cmocka_unit_test(test_diff_planted_accuracy_change),
