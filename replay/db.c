@@ -237,7 +237,7 @@ int ar_db_check_writable(const char *path, char *err, size_t err_len)
     return 0;
 }
 
-static int busy_timeout_ms(void)
+int ar_db_busy_timeout_ms(void)
 {
     const char *s = getenv("ATTNREPLAY_BUSY_TIMEOUT_MS");
     if (s && *s) {
@@ -419,7 +419,7 @@ ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err,
         ar_db_close(db);
         return NULL;
     }
-    sqlite3_busy_timeout(db->h, busy_timeout_ms());
+    sqlite3_busy_timeout(db->h, ar_db_busy_timeout_ms());
     if (readonly) return db;
 
     /* Whose file it is, before anything is written to it (the WAL switch included): a file that

@@ -107,6 +107,9 @@ extern "C" {
 /* How long a writer waits for another writer's lock (ms); ATTNREPLAY_BUSY_TIMEOUT_MS
  * overrides it. */
 #define AR_DB_BUSY_TIMEOUT_MS 30000
+/* The wait every writer of a results database (replay, merge, calibrate) sets:
+ * ATTNREPLAY_BUSY_TIMEOUT_MS when it is an integer 0..86400000, else AR_DB_BUSY_TIMEOUT_MS. */
+int ar_db_busy_timeout_ms(void);
 
 typedef struct ar_db ar_db;
 
@@ -114,7 +117,7 @@ typedef struct ar_db ar_db;
  * exists, is a directory and is writable, and an existing file is a writable regular file.
  * 0, or -1 with err naming the path and the system's reason (strerror). */
 int ar_db_check_writable(const char *path, char *err, size_t err_len);
-/* Opens (creating and migrating) the database; busy timeout AR_DB_BUSY_TIMEOUT_MS so a second
+/* Opens (creating and migrating) the database; busy timeout ar_db_busy_timeout_ms() so a second
  * writer waits, then fails clearly.  readonly for report/diff/plan. NULL + err on failure;
  * *input_error (NULL: not wanted) then says whether the file itself is the problem - not SQLite,
  * damaged, another program's tables named like ours, a newer schema: bad input, refused before

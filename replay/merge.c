@@ -787,7 +787,9 @@ static void merge_usage(FILE *f)
           "  The merged run's status is 'incomplete' while a shard is missing or unfinished, else what\n"
           "  a single replay of those steps would say (passed, failed, ...).\n"
           "  Exit status: 0 merged, 2 bad input (a shard unreadable or not of this replay, an OUT that is\n"
-          "  not an attnreplay results database), 3 a database error (I/O, a lock).\n", f);
+          "  not an attnreplay results database), 3 a database error (I/O, a lock).\n"
+          "environment: ATTNREPLAY_BUSY_TIMEOUT_MS  how long to wait for another writer's lock on OUT\n"
+          "  (default 30000), as replay waits\n", f);
 }
 
 int ar_merge_main(int argc, char **argv)
@@ -893,7 +895,7 @@ int ar_merge_main(int argc, char **argv)
         code = 3;
         goto out;
     }
-    sqlite3_busy_timeout(m->h, AR_DB_BUSY_TIMEOUT_MS);
+    sqlite3_busy_timeout(m->h, ar_db_busy_timeout_ms());
     if (find_merged_run(m, &code, err, sizeof err) != 0) goto out;
     code = 0;
     /* 2. merge, one shard per transaction, in shard order */

@@ -18,8 +18,8 @@
  *   second writer  no write lock is held while a step computes (another connection takes the
  *                  lock at any moment within 200 ms); a lock held elsewhere makes a replay wait
  *                  (ATTNREPLAY_BUSY_TIMEOUT_MS) and then fail clearly ("locked", exit 3) without
- *                  touching the database; two replays started together on one database both
- *                  finish; every run whole
+ *                  touching the database; merge waits the same timeout for a lock on OUT;
+ *                  two replays started together on one database both finish; every run whole
  *   errors         a trace that breaks mid-run ends the run 'error' with the reason (FILE:LINE:
  *                  rule) in runs.error
  *   migration      a schema-version-1 database: report reads it, the compatibility views give
@@ -363,6 +363,43 @@ static void test_second_writer_waits_then_fails_clearly(void **state)
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);   /* untouched */
     assert_run_whole(db, 1);
     assert_integrity_ok(db);
+}
+
+/* merge waits for a lock on OUT as long as replay does: ATTNREPLAY_BUSY_TIMEOUT_MS, then exit 3
+ * "locked" with OUT untouched (it waited a fixed 30 s whatever the variable said). */
+static void test_merge_waits_the_busy_timeout(void **state)
+{
+    (void)state;
+    char trace[512], shard[512], out[512], log[512];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("merge-locked-shard.db", shard, sizeof shard);
+    tu_tmp("merge-locked-out.db", out, sizeof out);
+    tu_tmp("merge-locked.log", log, sizeof log);
+    unlink(shard);
+    unlink(out);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:3 --quiet",
+                            tu_bin(), trace, shard), 0);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:3 --quiet",
+                            tu_bin(), trace, out), 0);
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(out, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    double t0 = mono_s();
+    int rc = tu_run(log, "ATTNREPLAY_BUSY_TIMEOUT_MS=1000 '%s' merge '%s' '%s' --quiet", tu_bin(), out, shard);
+    double waited = mono_s() - t0;
+    sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(h);
+    print_message("merge on a locked OUT: waited %.1f s, exit %d\n", waited, rc);
+    assert_int_equal(rc, 3);
+    assert_true(file_contains(log, "locked"));
+    assert_true(waited >= 0.9);     /* it waited for the busy timeout (1 s) ... */
+    assert_true(waited < 15);       /* ... and not the 30 s default */
+    assert_int_equal(tu_query_int(out, "SELECT count(*) FROM runs"), 1);   /* untouched */
+    assert_run_whole(out, 1);
+    /* once the lock is gone the same merge goes through */
+    assert_int_equal(tu_run(log, "'%s' merge '%s' '%s' --quiet", tu_bin(), out, shard), 0);
+    assert_int_equal(tu_query_int(out, "SELECT count(*) FROM runs"), 2);
 }
 
 /* While a replay computes its steps, no write lock is held: the replay holds it only to commit a
@@ -957,6 +994,7 @@ int main(void)
         cmocka_unit_test(test_full_tmpfs_marks_error),
         cmocka_unit_test(test_sigint_commits_and_resume_completes),
         cmocka_unit_test(test_second_writer_waits_then_fails_clearly),
+        cmocka_unit_test(test_merge_waits_the_busy_timeout),
         cmocka_unit_test(test_two_replays_share_a_database),
         cmocka_unit_test(test_no_write_lock_while_steps_compute),
         cmocka_unit_test(test_sigterm_inside_a_long_step),
