@@ -48,11 +48,13 @@
  * interpolation. */
 #include "sim.h"
 
+#include <errno.h>
 #include <math.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -221,12 +223,46 @@ static int sql_fail(sqlite3 *db, const char *path, char *err, size_t err_len)
     return -1;
 }
 
-int ar_profile_save(const char *path, const ar_profile_table *p, const char *command, char *err, size_t err_len)
+int ar_profile_check_replaceable(const char *path, char *err, size_t err_len)
 {
-    if (unlink(path) != 0 && access(path, F_OK) == 0) {
-        snprintf(err, err_len, "%s: cannot replace the existing file", path);
+    if (strlen(path) > 900) {   /* room for the names made from it (temporary, replay scratch) */
+        snprintf(err, err_len, "%.64s...: a path of more than 900 characters", path);
         return -1;
     }
+    struct stat sb;
+    if (stat(path, &sb) != 0) return 0;   /* a new file (a missing directory fails when writing) */
+    if (!S_ISREG(sb.st_mode)) {
+        snprintf(err, err_len, "%s: %s, not a profile database", path, S_ISDIR(sb.st_mode) ? "is a directory" : "not a regular file");
+        return -1;
+    }
+    if (sb.st_size == 0) return 0;
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    bool ours = false, results = false;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'format'", -1, &st, NULL) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW)
+            ours = sqlite3_column_text(st, 0) && strcmp((const char *)sqlite3_column_text(st, 0), PROFILE_FORMAT) == 0;
+        sqlite3_finalize(st);
+        st = NULL;
+        if (!ours && sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
+                                            "('runs', 'steps')", -1, &st, NULL) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW)
+            results = sqlite3_column_int(st, 0) == 2;
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
+    if (ours) return 0;
+    snprintf(err, err_len, "%s: exists and is not an attnreplay profile (%s); it is left as it is: give --db a new "
+             "path, or an earlier profile to replace", path,
+             results ? "it is an attnreplay results database, whose runs would be lost"
+                     : "another file, not written by attnreplay profile");
+    return -1;
+}
+
+/* Writes p into a new database at path (which must not hold a database yet). */
+static int write_profile(const char *path, const ar_profile_table *p, const char *command, char *err, size_t err_len)
+{
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
     int rc = -1;
@@ -366,6 +402,50 @@ done:
     sqlite3_finalize(st);
     sqlite3_close(db);
     return rc;
+}
+
+/* The file a profile for path is written to first: in path's directory, so that the rename into
+ * place is atomic. */
+static void temp_path_of(const char *path, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s.tmp-%ld", path, (long)getpid());
+}
+
+static void remove_temp(const char *tmp)
+{
+    char side[1100];
+    unlink(tmp);
+    snprintf(side, sizeof side, "%s-journal", tmp);
+    unlink(side);
+}
+
+/* Renames the finished profile tmp over path, which is checked again (minutes may have passed);
+ * tmp is removed when that fails.  0, -1 (I/O) or -2 (path is not a profile any more). */
+static int move_into_place(const char *tmp, const char *path, char *err, size_t err_len)
+{
+    if (ar_profile_check_replaceable(path, err, err_len) != 0) {
+        remove_temp(tmp);
+        return -2;
+    }
+    if (rename(tmp, path) != 0) {
+        snprintf(err, err_len, "%s: cannot move the new profile %s into place: %s", path, tmp, strerror(errno));
+        remove_temp(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+int ar_profile_save(const char *path, const ar_profile_table *p, const char *command, char *err, size_t err_len)
+{
+    if (ar_profile_check_replaceable(path, err, err_len) != 0) return -2;
+    char tmp[1000];
+    temp_path_of(path, tmp, sizeof tmp);
+    remove_temp(tmp);
+    if (write_profile(tmp, p, command, err, err_len) != 0) {
+        remove_temp(tmp);
+        return -1;
+    }
+    return move_into_place(tmp, path, err, err_len);
 }
 
 /* Sorted distinct values of one integer column, into out (at most cap). -1 when more. */
@@ -1028,7 +1108,8 @@ static void profile_usage(FILE *f)
             "--trace also real replayed steps), and writes a profile database for --step-time profile:DB.\n"
             "  --device DEVICE   the preset the GPU must be (%s)\n"
             "  --model PRESET    dense models: llama-3.1-8b, llama-3.1-70b, qwen3-32b\n"
-            "  --db DB           the profile database to write (replaced if it exists)\n"
+            "  --db DB           the profile database to write; an earlier profile there is replaced\n"
+            "                    (atomically, at the end), any other file refused\n"
             "  --tp N            tensor-parallel degree: per-rank shapes (default 1)\n"
             "  --backend NAME    attention backend (default cuda)\n"
             "  --repeat R        timed repetitions per point, median kept (default 20)\n"
@@ -1038,7 +1119,8 @@ static void profile_usage(FILE *f)
             "  --synthetic DEVICE  no measurement: the roofline's numbers of a device preset (tests)\n"
             "  --from-llmservingsim DIR  no measurement: convert LLMServingSim's per-layer profiles of --model on\n"
             "                    --device (DIR = profiler/perf/<card>/<model>/<variant>/tp<N>, with --tp N)\n"
-            "Exit status: 0 written, 2 usage or bad input, 3 no GPU, CUDA or backend error.\n",
+            "Exit status: 0 written, 2 usage or bad input (DB a results database or another file that is\n"
+            "not a profile), 3 no GPU, CUDA or backend error, or the profile could not be written.\n",
             COUNT(full_m), ar_device_names());
 }
 
@@ -1082,7 +1164,8 @@ static int import_main(const char *dir, const ar_model_preset *preset, int tp, c
     int rc = ar_profile_import_llmservingsim(dir, preset, tp, gpu, p, note, sizeof note, err, sizeof err);
     if (rc == 0) {
         snprintf(full, sizeof full, "%s (LLMServingSim profile bundle; attention grids kept: %s)", command, note);
-        if (ar_profile_save(db_path, p, full, err, sizeof err) != 0) rc = 3;
+        int saved = ar_profile_save(db_path, p, full, err, sizeof err);
+        if (saved != 0) rc = saved == -2 ? 2 : 3;
     }
     if (rc != 0) {
         fprintf(stderr, "profile: %s\n", err);
@@ -1148,6 +1231,11 @@ int ar_profile_main(int argc, char **argv)
         fprintf(stderr, "profile: %s: only dense MHA/GQA models are profiled (MLA and MoE shapes are not)\n", model);
         return 2;
     }
+    char err[AR_ERR_MAX + 2048];
+    if (ar_profile_check_replaceable(db_path, err, sizeof err) != 0) {   /* before minutes of measuring */
+        fprintf(stderr, "profile: %s\n", err);
+        return 2;
+    }
     if (import_dir) return import_main(import_dir, preset, tp, device, db_path, command);
     const ar_model *m = &preset->model;
     if (m->num_kv_heads % tp != 0 || preset->intermediate % tp != 0 || preset->vocab % tp != 0) {
@@ -1163,7 +1251,6 @@ int ar_profile_main(int argc, char **argv)
     ar_profile_table *p = calloc(1, sizeof *p);
     if (!p) { fprintf(stderr, "profile: out of memory\n"); return 3; }
     setup_table(p, preset, tp, &grid);
-    char err[AR_ERR_MAX + 2048];
     int rc = 0;
     if (synthetic) {
         ar_steptime roof;
@@ -1215,26 +1302,39 @@ int ar_profile_main(int argc, char **argv)
             return rc == 2 ? 2 : 3;
         }
     }
-    if (ar_profile_save(db_path, p, command, err, sizeof err) != 0) {
+    if (trace && tp != 1) {
+        fprintf(stderr, "profile: --trace needs --tp 1 (a trace replays every head)\n");
+        free(p);
+        return 2;
+    }
+    /* the whole profile (with --trace, its replayed steps too) goes to a file beside DB, renamed
+     * over DB at the end: an interrupted or failed run leaves the earlier profile as it was */
+    char tmp[1000];
+    temp_path_of(db_path, tmp, sizeof tmp);
+    remove_temp(tmp);
+    if (write_profile(tmp, p, command, err, sizeof err) != 0) {
         fprintf(stderr, "profile: %s\n", err);
+        remove_temp(tmp);
         free(p);
         return 3;
     }
     if (trace) {
-        if (tp != 1) {
-            fprintf(stderr, "profile: --trace needs --tp 1 (a trace replays every head)\n");
-            free(p);
-            return 2;
-        }
-        rc = measure_replayed_steps(p, db_path, trace, trace_steps, backend, repeat, err, sizeof err);
-        if (rc == 0) rc = store_ratio(db_path, p, err, sizeof err) ? 3 : 0;
+        rc = measure_replayed_steps(p, tmp, trace, trace_steps, backend, repeat, err, sizeof err);
+        if (rc == 0) rc = store_ratio(tmp, p, err, sizeof err) ? 3 : 0;
         if (rc != 0) {
             fprintf(stderr, "profile: %s\n", err);
+            remove_temp(tmp);
             free(p);
             return rc;
         }
         printf("replayed %d steps of %s: measured / interpolated attention, median %.3f (scales the profile)\n",
                p->replay_steps, trace, p->replay_ratio);
+    }
+    rc = move_into_place(tmp, db_path, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "profile: %s\n", err);
+        free(p);
+        return rc == -2 ? 2 : 3;
     }
     printf("profile of %s (tp %d) on %s: %d GEMM shapes x %d token counts, %d decode and %d prefill points -> %s\n",
            p->model, p->tp, p->device, p->num_gemms, p->num_m, p->num_dec_batch * p->num_dec_ctx,

@@ -356,8 +356,13 @@ int ar_stepfit_reject(ar_stepfit_set *set, const ar_steptime *st, double k_mad);
 /* Reads a profile database written by `attnreplay profile`.  Returns 0, or 2 with "PATH: rule"
  * in err (missing tables, grids not ascending or incomplete, non-positive times). */
 int ar_profile_load(const char *path, ar_profile_table *p, char *err, size_t err_len);
-/* Writes p (and the command line that made it, for the meta table) to a new database at path
- * (an existing file is replaced).  Returns 0, or -1 with err set. */
+/* 0 when a profile may be written at path: nothing there, an empty file or a profile (meta format
+ * attnreplay-profile); else -1 with err naming path and what it is (a results database, another
+ * file, a directory), which is never replaced. */
+int ar_profile_check_replaceable(const char *path, char *err, size_t err_len);
+/* Writes p (and the command line that made it, for the meta table) to a new database beside path,
+ * then renames it over path, which ar_profile_check_replaceable must accept.  Returns 0, -1 with
+ * err set (a write failed), or -2 with err set (path holds something other than a profile). */
 int ar_profile_save(const char *path, const ar_profile_table *p, const char *command, char *err,
                     size_t err_len);
 /* One layer's attention time in microseconds for a batch shape, interpolated from the profile:

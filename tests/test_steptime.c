@@ -8,10 +8,13 @@
  * the model's residuals on a simulated run, outlier rejection, the requests.jsonl rules. */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <math.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../sim/sim.h"
@@ -297,6 +300,70 @@ static void make_synthetic(const char *db, const char *device, int tp)
     char *argv[] = {"profile", "--synthetic", (char *)device, "--model", "llama-3.1-8b", "--db", (char *)db,
                     "--tp", tp_arg, NULL};
     assert_int_equal(ar_profile_main(9, argv), 0);
+}
+
+/* profile --db replaces an earlier profile and nothing else: a results database (its runs would be
+ * lost), another program's SQLite file, a text file and a directory are refused with exit 2 and
+ * left as they were; the new profile is renamed into place, no temporary file stays behind. */
+static void test_profile_db_replaces_only_a_profile(void **state)
+{
+    (void)state;
+    char dir[1024], path[1200];
+    tu_tmp("profile_replace", dir, sizeof dir);
+    mkdir(dir, 0755);
+    static const char *const kinds[] = {
+        "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT); INSERT INTO meta VALUES('schema_version', '4');"
+        "CREATE TABLE runs(id INTEGER PRIMARY KEY, trace TEXT); INSERT INTO runs VALUES(1, 'a.trace');"
+        "CREATE TABLE steps(run INTEGER, step INTEGER, time_us REAL); INSERT INTO steps VALUES(1, 0, 12.5);",
+        "CREATE TABLE notes(id INTEGER PRIMARY KEY, text TEXT); INSERT INTO notes VALUES(1, 'kept');",
+    };
+    for (int k = 0; k < 4; k++) {
+        snprintf(path, sizeof path, "%s/not-a-profile-%d.db", dir, k);
+        if (k < 2) {
+            sqlite3 *h = NULL;
+            assert_int_equal(sqlite3_open(path, &h), SQLITE_OK);
+            assert_int_equal(sqlite3_exec(h, kinds[k], NULL, NULL, NULL), SQLITE_OK);
+            sqlite3_close(h);
+        } else if (k == 2) {
+            assert_int_equal(tu_write(path, "run,step,time_us\n1,0,12.5\n"), 0);
+        } else {
+            assert_int_equal(mkdir(path, 0755), 0);
+        }
+        char *argv[] = {"profile", "--synthetic", "h200", "--model", "llama-3.1-8b", "--db", path, "--quick", NULL};
+        assert_int_equal(ar_profile_main(8, argv), 2);
+        char err[1024];
+        assert_int_equal(ar_profile_check_replaceable(path, err, sizeof err), -1);
+        assert_non_null(strstr(err, path));
+        if (k == 0) {
+            assert_non_null(strstr(err, "results database"));
+            assert_int_equal(tu_query_int(path, "SELECT count(*) FROM runs"), 1);
+            assert_int_equal(tu_query_int(path, "SELECT count(*) FROM steps"), 1);
+        } else if (k == 1) {
+            assert_int_equal(tu_query_int(path, "SELECT count(*) FROM notes"), 1);
+        } else if (k == 2) {
+            char *text = tu_slurp(path);
+            assert_non_null(text);
+            assert_string_equal(text, "run,step,time_us\n1,0,12.5\n");
+            free(text);
+        }
+    }
+    /* an earlier profile (and an empty file) is replaced */
+    snprintf(path, sizeof path, "%s/profile.db", dir);
+    make_synthetic(path, "h100", 1);
+    make_synthetic(path, "h200", 1);
+    ar_profile_table p;
+    char err[1024];
+    assert_int_equal(ar_profile_load(path, &p, err, sizeof err), 0);
+    assert_string_equal(p.device, "h200");
+    snprintf(path, sizeof path, "%s/empty.db", dir);
+    assert_int_equal(tu_write(path, ""), 0);
+    make_synthetic(path, "h200", 1);
+    assert_int_equal(ar_profile_load(path, &p, err, sizeof err), 0);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strstr(e->d_name, ".tmp-")) fail_msg("%s/%s left behind", dir, e->d_name);
+    closedir(d);
 }
 
 /* A synthetic profile holds the roofline's numbers; --step-time profile:DB gives back the
@@ -862,6 +929,7 @@ int main(void)
         cmocka_unit_test(test_stepfit_recompute_tokens),
         cmocka_unit_test(test_stepfit_waiting_not_decoding),
         cmocka_unit_test(test_run_load_rules),
+        cmocka_unit_test(test_profile_db_replaces_only_a_profile),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
 }
