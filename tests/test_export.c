@@ -1,14 +1,17 @@
 /* test_export.c - `attnreplay export --format flashinfer-trace`: the files parse (definition JSON,
  * workload JSON Lines, safetensors read back by a parser of the format's spec written here), the
  * index tensors are the trace's batches (checked against the trace reader step by step), decode
- * and prefill steps land in their definitions, and bad input is refused with exit 2. */
+ * and prefill steps land in their definitions, and bad input is refused with exit 2; no step to
+ * export exits 4, and an export replaces an earlier one in the same directory. */
 #include "testutil.h"
 
+#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../traces/export.h"
 #include "../traces/trace.h"
@@ -217,12 +220,68 @@ static void test_export_bad_input(void **state)
     assert_int_equal(tu_run(log, "'%s' export /no/such.trace --format flashinfer-trace --out '%s'", tu_bin(), out), 2);
 }
 
+#define EXPORT_CMD "'%s' export '%s' --steps %s --format flashinfer-trace --out '%s'"
+
+static int files_counted;
+static int count_file(const char *path, const struct stat *sb, int kind, struct FTW *ftw)
+{
+    (void)path; (void)sb; (void)ftw;
+    files_counted += kind == FTW_F;
+    return 0;
+}
+
+static int count_files(const char *dir)
+{
+    files_counted = 0;
+    return nftw(dir, count_file, 16, FTW_PHYS) == 0 ? files_counted : -1;
+}
+
+/* --steps with no step to export exits 4 and writes nothing, as replay exits 4 when nothing was
+ * replayed; an export into a directory holding an earlier export replaces that export's files
+ * (a smaller export leaves none of the larger one's behind) and keeps other files; a non-empty
+ * directory without an earlier export is refused (exit 2), untouched. */
+static void test_export_nothing_and_reexport(void **state)
+{
+    (void)state;
+    char trace[PATH_MAX], out[PATH_MAX], log[PATH_MAX], path[PATH_MAX + 64];
+    snprintf(trace, sizeof trace, "%s/traces/samples/mixed.trace.jsonl.gz", tu_src_dir());
+    tu_tmp("reexport", out, sizeof out);
+    tu_tmp("reexport.log", log, sizeof log);
+    struct stat sb;
+    assert_int_equal(tu_run(log, EXPORT_CMD, tu_bin(), trace, "5000:6000", out), 4);
+    assert_true(tu_file_has(log, "no step with scheduled requests"));
+    assert_int_not_equal(stat(out, &sb), 0);   /* nothing written, not even DIR */
+    assert_int_equal(tu_run(log, EXPORT_CMD, tu_bin(), trace, "0:25", out), 0);
+    int full = count_files(out);
+    assert_true(full > 8);
+    snprintf(path, sizeof path, "%s/notes.txt", out);
+    assert_int_equal(tu_write(path, "mine\n"), 0);
+    assert_int_equal(tu_run(log, EXPORT_CMD, tu_bin(), trace, "0:0", out), 0);   /* one prefill step */
+    assert_int_equal(count_files(out), 5);   /* its definition, workloads, blob, provenance + notes.txt */
+    snprintf(path, sizeof path, "%s/definitions/gqa_paged/gqa_paged_decode_h8_kv2_d64_ps16.json", out);
+    assert_int_not_equal(stat(path, &sb), 0);
+    snprintf(path, sizeof path, "%s/notes.txt", out);
+    assert_true(tu_file_has(path, "mine"));
+    assert_int_equal(tu_run(log, EXPORT_CMD, tu_bin(), trace, "900:900", out), 4);   /* past the end: kept */
+    assert_int_equal(count_files(out), 5);
+    /* a directory of other files */
+    char other[PATH_MAX];
+    tu_tmp("reexport-other", other, sizeof other);
+    mkdir(other, 0755);
+    snprintf(path, sizeof path, "%s/data.csv", other);
+    assert_int_equal(tu_write(path, "a,b\n"), 0);
+    assert_int_equal(tu_run(log, EXPORT_CMD, tu_bin(), trace, "0:25", other), 2);
+    assert_true(tu_file_has(log, "holds no earlier export"));
+    assert_int_equal(count_files(other), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_safetensors_writer_roundtrip),
         cmocka_unit_test(test_export_matches_the_trace),
         cmocka_unit_test(test_export_bad_input),
+        cmocka_unit_test(test_export_nothing_and_reexport),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

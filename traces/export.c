@@ -17,8 +17,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../reference/datagen.h"
 #include "trace.h"
@@ -95,6 +97,83 @@ static int mkdirs(const char *path, char *err, size_t err_len)
 fail:
     snprintf(err, err_len, "%.900s: cannot create directory: %s", buf, strerror(errno));
     return -1;
+}
+
+/* What is in DIR before an export: 0 nothing (missing or empty), 1 an earlier export of ours
+ * (*previous: its attnreplay-export.json), -1 anything else, with err set.  An earlier export's
+ * names are checked (no '/', our prefix), since they become paths to remove. */
+static int out_dir_state(const char *out, json_t **previous, char *err, size_t err_len)
+{
+    *previous = NULL;
+    struct stat sb;
+    if (stat(out, &sb) != 0) return 0;
+    if (!S_ISDIR(sb.st_mode)) {
+        snprintf(err, err_len, "%.900s: not a directory", out);
+        return -1;
+    }
+    DIR *d = opendir(out);
+    if (!d) {
+        snprintf(err, err_len, "%.900s: cannot read the directory: %s", out, strerror(errno));
+        return -1;
+    }
+    int entries = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        entries += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    if (entries == 0) return 0;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/attnreplay-export.json", out);
+    json_t *prov = json_load_file(path, 0, NULL);
+    json_t *w = prov ? json_object_get(prov, "workloads") : NULL;
+    const char *format = prov ? json_string_value(json_object_get(prov, "format")) : NULL;
+    bool ok = format && strcmp(format, "attnreplay-export") == 0 && json_is_array(w);
+    for (size_t i = 0; ok && i < json_array_size(w); i++) {
+        const char *def = json_string_value(json_object_get(json_array_get(w, i), "definition"));
+        const char *uuid = json_string_value(json_object_get(json_array_get(w, i), "uuid"));
+        ok = def && uuid && strncmp(def, "gqa_paged_", 10) == 0 && !strchr(def, '/') && !strchr(uuid, '/') &&
+             strlen(def) < 128 && strlen(uuid) < 64;
+    }
+    if (!ok) {
+        snprintf(err, err_len, "%.800s: the directory is not empty and holds no earlier export of attnreplay "
+                 "(attnreplay-export.json); give an empty or new directory", out);
+        json_decref(prov);
+        return -1;
+    }
+    *previous = prov;
+    return 1;
+}
+
+/* Removes the files an earlier export lists (attnreplay-export.json, each definition, workload
+ * file and blob) and then the directories it made, where they are left empty; other files stay. */
+static int remove_previous(const char *out, json_t *prev, char *err, size_t err_len)
+{
+    json_t *w = json_object_get(prev, "workloads");
+    char path[4600];
+    snprintf(path, sizeof path, "%s/attnreplay-export.json", out);
+    int rc = unlink(path) != 0 && errno != ENOENT ? -1 : 0;
+    for (size_t i = 0; rc == 0 && i < json_array_size(w); i++) {
+        const char *def = json_string_value(json_object_get(json_array_get(w, i), "definition"));
+        const char *uuid = json_string_value(json_object_get(json_array_get(w, i), "uuid"));
+        for (int f = 0; rc == 0 && f < 3; f++) {
+            if (f == 0) snprintf(path, sizeof path, "%s/blob/workloads/gqa_paged/%s/%s_%s.safetensors", out, def, def, uuid);
+            else if (f == 1) snprintf(path, sizeof path, "%s/definitions/gqa_paged/%s.json", out, def);
+            else snprintf(path, sizeof path, "%s/workloads/gqa_paged/%s.jsonl", out, def);
+            if (unlink(path) != 0 && errno != ENOENT) rc = -1;
+        }
+        snprintf(path, sizeof path, "%s/blob/workloads/gqa_paged/%s", out, def);
+        rmdir(path);
+    }
+    if (rc != 0) {
+        snprintf(err, err_len, "%.900s: cannot remove the earlier export's file: %s", path, strerror(errno));
+        return -1;
+    }
+    const char *dirs[] = {"blob/workloads/gqa_paged", "blob/workloads", "blob", "workloads/gqa_paged", "workloads",
+                          "definitions/gqa_paged", "definitions"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", out, dirs[i]);
+        rmdir(path);   /* only when empty */
+    }
+    return 0;
 }
 
 /* A UUID-shaped id, a pure function of the trace hash and the step (re-exports give the same). */
@@ -216,9 +295,12 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: attnreplay export TRACE --format flashinfer-trace --out DIR [--steps A:B]\n"
                "  writes the steps as FlashInfer-Trace definitions, workloads (jsonl) and safetensors blobs\n"
+               "  DIR must be missing, empty or hold an earlier export (attnreplay-export.json), whose files\n"
+               "  are removed when the first workload is written; other files there stay\n"
                "  Exit status: 0 written, 2 bad input or usage (an unreadable or malformed trace, a model\n"
-               "  the format cannot hold: MLA, a sliding window, a soft cap), 3 a write failed (the\n"
-               "  directory, a full disk) or out of memory.\n");
+               "  the format cannot hold: MLA, a sliding window, a soft cap; DIR not empty and no earlier\n"
+               "  export), 3 a write failed (the directory, a full disk) or out of memory, 4 nothing to\n"
+               "  export: no step with scheduled requests in --steps (nothing written).\n");
 }
 
 int ar_export_main(int argc, char **argv)
@@ -278,6 +360,12 @@ int ar_export_main(int argc, char **argv)
         ar_trace_close(rd);
         return 2;
     }
+    json_t *previous = NULL;
+    if (out_dir_state(out, &previous, err, sizeof err) < 0) {
+        fprintf(stderr, "attnreplay export: %s\n", err);
+        ar_trace_close(rd);
+        return 2;
+    }
     int rc = 0;
     kind_out kinds[2];   /* 0 prefill, 1 decode */
     memset(kinds, 0, sizeof kinds);
@@ -330,6 +418,12 @@ int ar_export_main(int argc, char **argv)
         }
         if (rc) { fprintf(stderr, "attnreplay export: out of memory\n"); break; }
         kind_out *k = &kinds[decode ? 1 : 0];
+        if (previous) {   /* the first workload replaces an earlier export, not before */
+            int bad = remove_previous(out, previous, err, sizeof err);
+            json_decref(previous);
+            previous = NULL;
+            if (bad) { rc = 3; break; }
+        }
         if (!k->used) {
             snprintf(k->name, sizeof k->name, "gqa_paged_%s_h%d_kv%d_d%d_ps%d", decode ? "decode" : "prefill_causal",
                      m->num_q_heads, m->num_kv_heads, m->head_size, B);
@@ -400,6 +494,14 @@ int ar_export_main(int argc, char **argv)
             rc = 3;
         }
     if (rc == 3 && err[0]) fprintf(stderr, "attnreplay export: %s\n", err);
+    if (!rc && kinds[0].count + kinds[1].count == 0) {   /* as replay: nothing done is not success */
+        fprintf(stderr, "attnreplay export: %s: no step with scheduled requests in --steps %lld:%s (past the trace's "
+                "end?); nothing written%s\n", trace, (long long)first,
+                last == INT64_MAX ? "" : (snprintf(path, sizeof path, "%lld", (long long)last), path),
+                previous ? ", the earlier export left as it was" : "");
+        rc = 4;
+    }
+    json_decref(previous);
     if (!rc) {
         snprintf(path, sizeof path, "%s/attnreplay-export.json", out);
         if (mkdirs(out, err, sizeof err) != 0 ||

@@ -23,7 +23,9 @@
 #include <stdint.h>
 
 /* `attnreplay export ...` (argv[0] = "export"); returns the exit code: 0 written, 2 bad input
- * (options, trace, an MLA or windowed model), 3 a write failure. */
+ * (options, trace, an MLA or windowed model, a DIR that is not empty and holds no earlier export),
+ * 3 a write failure, 4 no step to export in --steps (nothing written).  An earlier export in DIR
+ * (the files its attnreplay-export.json lists) is removed when the first workload is written. */
 int ar_export_main(int argc, char **argv);
 
 /* One safetensors tensor to write: int32 data of the given 1-D length. */
