@@ -58,7 +58,13 @@ int ar_run_load(const char *path, ar_run_req **out, int *num, char *err, size_t 
         lineno++;
         if (strspn(line, " \t\r\n") == strlen(line)) continue;
         json_error_t jerr;
-        json_t *o = json_loads(line, 0, &jerr);
+        json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &jerr);
+        if (!o && strstr(jerr.text, "duplicate object key")) {   /* else the last one would silently win */
+            snprintf(err, err_len, "%s:%ld: duplicate key in a JSON object (%s): a row gives each field once", file,
+                     lineno, jerr.text);
+            rc = 2;
+            break;
+        }
         double in = 0, outt = 0, sched = 0, first = 0, last = 0;
         bool ok = o && json_number_field(o, "input_toks", &in) && json_number_field(o, "output_toks", &outt) &&
                   json_number_field(o, "scheduled_ts", &sched) && json_number_field(o, "first_token_ts", &first) &&

@@ -166,11 +166,17 @@ static void bad_length(char *err, size_t err_len, const char *path, long lineno,
                  AR_WORKLOAD_MAX_TOKENS);
 }
 
-/* One JSON Lines row as an object; NULL with "FILE:LINE: ..." in err. */
+/* One JSON Lines row as an object; NULL with "FILE:LINE: ..." in err.  A key given twice is
+ * refused (otherwise the last one would silently win), as the trace reader does. */
 static json_t *parse_row(const char *line, const char *path, long lineno, char *err, size_t err_len)
 {
     json_error_t jerr;
-    json_t *o = json_loads(line, 0, &jerr);
+    json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &jerr);
+    if (!o && strstr(jerr.text, "duplicate object key")) {
+        snprintf(err, err_len, "%s:%ld: duplicate key in a JSON object (%s): a row gives each field once", path,
+                 lineno, jerr.text);
+        return NULL;
+    }
     if (!o || !json_is_object(o)) {
         snprintf(err, err_len, "%s:%ld: malformed JSON (%s)", path, lineno, o ? "not an object" : jerr.text);
         json_decref(o);

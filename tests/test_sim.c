@@ -849,6 +849,12 @@ static void test_bad_input_messages(void **state)
     expect_error("azure", "a4.csv", "time,ctx,gen\n", 1, "header");
     expect_error("vllm-run", "v1.jsonl", "{\"queued_ts\": 1.0, \"input_toks\": 10}\n", 1, "output_toks");
     expect_error("vllm-run", "v2.jsonl", "[1, 2]\n", 1, "malformed");
+    /* a field given twice is refused with the key, never silently last-wins */
+    snprintf(text, sizeof text, "%s{\"timestamp\": 1, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1], "
+             "\"input_length\": 200}\n", ok);
+    expect_error("mooncake", "m8.jsonl", text, 2, "duplicate key in a JSON object (duplicate object key near '\"input_length\"')");
+    expect_error("vllm-run", "v4.jsonl", "{\"queued_ts\": 1.0, \"input_toks\": 10, \"output_toks\": 4, \"queued_ts\": 7.0}\n",
+                 1, "duplicate key in a JSON object (duplicate object key near '\"queued_ts\"')");
     /* a count too large is named as too large, not as "must be positive" */
     expect_error("mooncake", "m6.jsonl",
                  "{\"timestamp\": 0, \"input_length\": 4611686018427387904, \"output_length\": 3, \"hash_ids\": [1]}\n", 1,

@@ -903,6 +903,12 @@ static void test_run_load_rules(void **state)
                                     "\"first_token_ts\": 2.5, \"last_token_ts\": 2.0}\n"), 0);
     assert_int_equal(ar_run_load(path, &reqs, &n, err, sizeof err), 2);
     assert_non_null(strstr(err, "run.jsonl:1:"));
+    /* a field given twice is refused, not last-wins */
+    assert_int_equal(tu_write(path, "{\"input_toks\": 10, \"output_toks\": 3, \"scheduled_ts\": 1.0, "
+                                    "\"first_token_ts\": 1.5, \"last_token_ts\": 2.0, \"input_toks\": 90}\n"), 0);
+    assert_int_equal(ar_run_load(path, &reqs, &n, err, sizeof err), 2);
+    if (!strstr(err, "run.jsonl:1: duplicate key") || !strstr(err, "\"input_toks\""))
+        fail_msg("error '%s' does not name the line and the duplicated key", err);
     assert_int_equal(ar_run_load(tu_tmpdir(), &reqs, &n, err, sizeof err), 2);   /* a folder without requests.jsonl */
     assert_non_null(strstr(err, "requests.jsonl: cannot open"));
 }
