@@ -147,7 +147,7 @@ static void replay_usage(FILE *f)
         "  --verify-mem SIZE        device memory of the GPU verifier (block cache and scratch), e.g.\n"
         "                           40GiB (default: all that is free after the backend's caches but\n"
         "                           a reserve of 3 GiB + 1/32)\n"
-        "  --seed S                 data seed (default: the trace's)\n"
+        "  --seed S                 data seed, a decimal integer (default: the trace's)\n"
         "  --data normal|outlier|large  input distribution (default normal)\n"
         "  --inject FAULT           plant a fault: causal-off-by-one, wrong-slot, stale-block-table,\n"
         "                           wrong-kv-head, no-rescale, lse-base2, merge-no-weights (acts only\n"
@@ -325,10 +325,12 @@ static int parse_replay_opts(int argc, char **argv, replay_opts *o)
         case O_SEED: {
             char *end;
             errno = 0;
-            o->seed = strtoull(optarg, &end, 0);
-            /* strtoull takes "-1" as 2^64 - 1: a negative seed is refused, as in a trace header */
-            if (errno || *end || end == optarg || strchr(optarg, '-')) {
-                fprintf(stderr, "attnreplay replay: --seed must be an unsigned integer\n");
+            o->seed = strtoull(optarg, &end, 10);
+            /* decimal, as in a trace header: base 0 would read "010" as 8 and "0x10" as 16; and
+             * strtoull takes "-1" as 2^64 - 1 (and skips blanks and a sign): only digits */
+            if (errno || *end || end == optarg || optarg[0] < '0' || optarg[0] > '9') {
+                fprintf(stderr, "attnreplay replay: --seed must be an unsigned integer in decimal, 0 .. 2^64 - 1 "
+                                "(got '%s')\n", optarg);
                 return -1;
             }
             o->seed_given = true;

@@ -496,6 +496,18 @@ int ar_workload_synthetic(const char *spec, int block_size, ar_workload *wl, cha
             else { snprintf(err, err_len, "synthetic spec: arrival must be poisson or gamma"); return 2; }
             continue;
         }
+        if (strcmp(k, "seed") == 0) {
+            /* decimal digits, read exactly: through a double, seeds above 2^53 would round to
+             * another seed, and "0x10" or "1e3" would be taken as hex or as an exponent */
+            errno = 0;
+            unsigned long long value = strtoull(v, &end, 10);
+            if (v[0] < '0' || v[0] > '9' || *end || errno) {
+                snprintf(err, err_len, "synthetic spec: seed=%s must be a non-negative decimal integer below 2^64", v);
+                return 2;
+            }
+            seed = (uint64_t)value;
+            continue;
+        }
         double d = strtod(v, &end);
         if (end == v || *end || !isfinite(d)) {
             snprintf(err, err_len, "synthetic spec: %s=%s is not a number", k, v);
@@ -503,14 +515,6 @@ int ar_workload_synthetic(const char *spec, int block_size, ar_workload *wl, cha
         }
         if (strcmp(k, "rate") == 0) rate = d;
         else if (strcmp(k, "cv") == 0) cv = d;
-        else if (strcmp(k, "seed") == 0) {
-            /* converting a negative or too large double to uint64_t is undefined */
-            if (!(d >= 0 && d < 18446744073709551616.0) || d != floor(d)) {
-                snprintf(err, err_len, "synthetic spec: seed must be a non-negative integer below 2^64");
-                return 2;
-            }
-            seed = (uint64_t)d;
-        }
         else {
             long *target = strcmp(k, "groups") == 0 ? &groups : strcmp(k, "prompts") == 0 ? &prompts
                          : strcmp(k, "system") == 0 ? &system : strcmp(k, "question") == 0 ? &question

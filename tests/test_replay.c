@@ -470,6 +470,13 @@ static void test_nothing_verified_is_not_passed(void **state)
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --seed -1 --steps 0:1 --quiet", tu_bin(),
                             trace, db), 2);
     assert_true(file_has(log, "--seed must be an unsigned integer"));
+    /* a seed is decimal, as in a trace header: no hex, no sign, no blanks (010 is ten, below) */
+    static const char *const bad_seeds[] = { "0x10", "+5", " 5", "18446744073709551616", "" };
+    for (size_t i = 0; i < sizeof bad_seeds / sizeof bad_seeds[0]; i++) {
+        assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --seed '%s' --steps 0:1 --quiet",
+                                tu_bin(), trace, db, bad_seeds[i]), 2);
+        assert_true(file_has(log, "--seed must be an unsigned integer in decimal"));
+    }
     /* the device verifier's memory: a size, at least 64 MiB */
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --verify-mem lots", tu_bin(), trace, db), 2);
     assert_true(file_has(log, "--verify-mem takes a size"));
@@ -485,6 +492,10 @@ static void test_nothing_verified_is_not_passed(void **state)
     /* the fault does fire where cascade runs */
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --inject merge-no-weights --cascade on "
                                  "--quiet", tu_bin(), prefix, db), 1);
+    /* a leading zero does not make the seed octal: --seed 010 is ten, not eight */
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --seed 010 --steps 0:1 --quiet", tu_bin(),
+                            trace, db), 0);
+    assert_int_equal(tu_query_int(db, "SELECT seed FROM runs ORDER BY id DESC LIMIT 1"), 10);
 }
 
 /* --db where no database can be: the system's reason, exit 2, nothing written. */

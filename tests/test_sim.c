@@ -801,6 +801,24 @@ static void test_synthetic_arrivals(void **state)
     assert_int_equal(ar_workload_synthetic("groups=2,prompts=2,system=10,question=5", 16, &wl, err, sizeof err), 2);
     assert_int_equal(ar_workload_synthetic("n=3,input=5,output=5,bogus=1", 16, &wl, err, sizeof err), 2);
     assert_non_null(strstr(err, "bogus"));
+    /* the seed is read exactly, in decimal: 2^53 + 1 is not 2^53 (as it was through a double),
+     * and hex or an exponent is refused rather than read as another number */
+    ar_workload a, b;
+    assert_int_equal(ar_workload_synthetic("n=8,input=5,output=5,seed=9007199254740992", 16, &a, err, sizeof err), 0);
+    assert_int_equal(ar_workload_synthetic("n=8,input=5,output=5,seed=9007199254740993", 16, &b, err, sizeof err), 0);
+    assert_true(a.reqs[1].arrival != b.reqs[1].arrival);
+    ar_workload_free(&a);
+    ar_workload_free(&b);
+    assert_int_equal(ar_workload_synthetic("n=8,input=5,output=5,seed=18446744073709551615", 16, &a, err, sizeof err), 0);
+    ar_workload_free(&a);
+    static const char *const bad_seeds[] = { "0x10", "1e3", "-2", "+2", "2.0", "18446744073709551616", "" };
+    for (size_t i = 0; i < sizeof bad_seeds / sizeof bad_seeds[0]; i++) {
+        char spec[128];
+        snprintf(spec, sizeof spec, "n=3,input=5,output=5,seed=%s", bad_seeds[i]);
+        assert_int_equal(ar_workload_synthetic(spec, 16, &wl, err, sizeof err), 2);
+        if (!strstr(err, "must be a non-negative decimal integer below 2^64")) fail_msg("%s: error '%s'", spec, err);
+        ar_workload_free(&wl);
+    }
 }
 
 /* Loads text as KIND from a temp file; returns the rc and leaves the message in err. */
