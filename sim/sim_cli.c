@@ -371,9 +371,10 @@ static int sim_sweep(int argc, char **argv, const char *sweep, const char *shard
     for (int i = 1; i + 1 < argc; i++)
         if ((!strcmp(argv[i], "--out") || !strcmp(argv[i], "--metrics")) && strstr(argv[i + 1], "%i"))
             out_has_row = true;
-    char line[4096];
+    char *line = NULL;   /* getline: a line of any length is one row (fgets split long ones in two) */
+    size_t line_cap = 0;
     int row = 0, worst = 0, ran = 0, lineno = 0;
-    while (fgets(line, sizeof line, f)) {
+    while (getline(&line, &line_cap, f) >= 0) {
         lineno++;
         char *hash = strchr(line, '#');
         if (hash) *hash = '\0';
@@ -386,12 +387,14 @@ static int sim_sweep(int argc, char **argv, const char *sweep, const char *shard
         if (!out_has_row && this_row > 0) {
             fprintf(stderr, "sim: --sweep %s has more than one row: give --out (and --metrics) a %%i for the row, "
                     "or every row writes the same file\n", sweep);
+            free(line);
             fclose(f);
             return 2;
         }
         if (!ar_shard_owns((size_t)this_row, launch.shard, launch.count)) continue;
         if (argc + n >= SIM_SWEEP_MAX_ARGS) {
             fprintf(stderr, "sim: --sweep %s:%d: too many options\n", sweep, lineno);
+            free(line);
             fclose(f);
             return 2;
         }
@@ -407,6 +410,7 @@ static int sim_sweep(int argc, char **argv, const char *sweep, const char *shard
             if (file_opt && used < 2) {
                 if (!expand_row(argv[i], this_row, expanded[used], sizeof expanded[used])) {
                     fprintf(stderr, "sim: %s: too long\n", argv[i]);
+                    free(line);
                     fclose(f);
                     return 2;
                 }
@@ -428,7 +432,13 @@ static int sim_sweep(int argc, char **argv, const char *sweep, const char *shard
         if (rc > worst) worst = rc;
         ran++;
     }
+    const int read_errno = ferror(f) ? (errno ? errno : EIO) : 0;
+    free(line);
     fclose(f);
+    if (read_errno) {
+        fprintf(stderr, "sim: --sweep %s: read error after line %d: %s\n", sweep, lineno, strerror(read_errno));
+        return 2;
+    }
     if (row == 0) {
         fprintf(stderr, "sim: --sweep %s has no rows\n", sweep);
         return 2;

@@ -816,6 +816,19 @@ static void test_sim_sweep_rows(void **state)
     /* several rows need a %i */
     assert_int_equal(tu_run(log, CLEAN_ENV "'%s' %s --sweep '%s' --out '%s/same.jsonl'", tu_bin(), sim, rows, dir), 2);
     assert_true(file_has(log, "%i"));
+    /* a line longer than any buffer is one row, its options all applied (it once became two) */
+    char *long_row = malloc(12000);
+    assert_non_null(long_row);
+    int at = snprintf(long_row, 12000, "--max-num-seqs 8");
+    memset(long_row + at, ' ', 9000);
+    snprintf(long_row + at + 9000, 12000 - (size_t)at - 9000, "--num-blocks 400\n");
+    assert_int_equal(tu_write(rows, long_row), 0);
+    free(long_row);
+    assert_int_equal(tu_run(log, CLEAN_ENV "'%s' %s --sweep '%s' --out '%s/long.jsonl'", tu_bin(), sim, rows, dir), 0);
+    char trace[700];
+    snprintf(trace, sizeof trace, "%s/long.jsonl", dir);
+    assert_true(file_has(trace, "\"num_blocks\":400"));
+    assert_true(file_has(trace, "\"max_num_seqs\":8,"));
 }
 
 static void test_mpirun(void **state)
