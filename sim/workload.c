@@ -230,6 +230,13 @@ static int load_mooncake(const char *path, ar_workload *wl, char *err, size_t er
             rc = 2;
             break;
         }
+        if (ts < 0) {   /* before the first check: -1 is the "no previous row" mark below */
+            snprintf(err, err_len, "%s:%ld: timestamp %.3f is negative (Mooncake timestamps are milliseconds since "
+                     "the trace's start)", path, lineno, ts);
+            json_decref(o);
+            rc = 2;
+            break;
+        }
         if (ts < last_ts) {
             snprintf(err, err_len, "%s:%ld: timestamp %.3f goes back in time (previous %.3f)", path, lineno, ts, last_ts);
             json_decref(o);
@@ -406,7 +413,8 @@ static int load_vllm_run(const char *path_in, ar_workload *wl, char *err, size_t
         }
         long long in_len, out_len;
         double t, first_token = 0, last_token = 0;
-        bool have_t = json_num(o, "queued_ts", &t) || json_num(o, "arrival_time", &t);
+        const bool queued = json_num(o, "queued_ts", &t);
+        bool have_t = queued || json_num(o, "arrival_time", &t);
         bool have_real = json_num(o, "queued_ts", &t) && json_num(o, "first_token_ts", &first_token) &&
                          json_num(o, "last_token_ts", &last_token);
         if (!have_t || !json_int(o, "input_toks", &in_len) || !json_int(o, "output_toks", &out_len)) {
@@ -420,6 +428,12 @@ static int load_vllm_run(const char *path_in, ar_workload *wl, char *err, size_t
         if (in_len <= 0 || in_len > AR_WORKLOAD_MAX_TOKENS || out_len <= 0 || out_len > AR_WORKLOAD_MAX_TOKENS) {
             if (in_len <= 0 || in_len > AR_WORKLOAD_MAX_TOKENS) bad_length(err, err_len, path, lineno, "input_toks", in_len);
             else bad_length(err, err_len, path, lineno, "output_toks", out_len);
+            rc = 2;
+            break;
+        }
+        if (t < 0) {   /* before the first check: -1 is the "no previous row" mark below */
+            snprintf(err, err_len, "%s:%ld: %s %.6f is negative (vLLM stamps a request with its clock's seconds)",
+                     path, lineno, queued ? "queued_ts" : "arrival_time", t);
             rc = 2;
             break;
         }

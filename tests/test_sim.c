@@ -865,6 +865,18 @@ static void test_bad_input_messages(void **state)
                  "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,4\n2023-11-16 18:15:40.00,374,4\n", 3,
                  "back in time");
     expect_error("azure", "a4.csv", "time,ctx,gen\n", 1, "header");
+    /* a negative timestamp is named as negative, whatever row it is on (-1 is the importers'
+     * "no previous row" mark: -0.5 was taken, -5 said "goes back in time (previous -1.000)") */
+    expect_error("mooncake", "m9.jsonl", "{\"timestamp\": -5, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n",
+                 1, "timestamp -5.000 is negative");
+    expect_error("mooncake", "m10.jsonl", "{\"timestamp\": -0.5, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n",
+                 1, "timestamp -0.500 is negative");
+    snprintf(text, sizeof text, "%s{\"timestamp\": -3, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n", ok);
+    expect_error("mooncake", "m11.jsonl", text, 2, "timestamp -3.000 is negative");
+    expect_error("vllm-run", "v5.jsonl", "{\"queued_ts\": -5.0, \"input_toks\": 10, \"output_toks\": 4}\n", 1,
+                 "queued_ts -5.000000 is negative");
+    expect_error("vllm-run", "v6.jsonl", "{\"arrival_time\": -0.25, \"input_toks\": 10, \"output_toks\": 4}\n", 1,
+                 "arrival_time -0.250000 is negative");
     expect_error("vllm-run", "v1.jsonl", "{\"queued_ts\": 1.0, \"input_toks\": 10}\n", 1, "output_toks");
     expect_error("vllm-run", "v2.jsonl", "[1, 2]\n", 1, "malformed");
     /* a field given twice is refused with the key, never silently last-wins */
