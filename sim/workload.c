@@ -286,12 +286,14 @@ static int load_mooncake(const char *path, ar_workload *wl, char *err, size_t er
 
 /* ---- Azure LLM 2023 CSV ------------------------------------------------------------------------ */
 
-/* "YYYY-MM-DD HH:MM:SS[.fffffff]" -> seconds since the epoch (UTC); -1 when malformed. */
+/* "YYYY-MM-DD HH:MM:SS[.fffffff]" -> seconds since the epoch (UTC); -1 when malformed, -2 when
+ * before 1970 (the importer's "no previous row" marks are negative, and no Azure trace is). */
 static double parse_azure_time(const char *s, const char **end)
 {
     int Y, M, D, h, m, sec, n = 0;
     if (sscanf(s, "%4d-%2d-%2d %2d:%2d:%2d%n", &Y, &M, &D, &h, &m, &sec, &n) != 6) return -1;
     if (M < 1 || M > 12 || D < 1 || D > 31 || h > 23 || m > 59 || sec > 60 || h < 0 || m < 0 || sec < 0) return -1;
+    if (Y < 1970) return -2;   /* timegm's -1 would also read 1969-12-31 23:59:59 as malformed */
     struct tm tm;
     memset(&tm, 0, sizeof tm);
     tm.tm_year = Y - 1900;
@@ -349,6 +351,12 @@ static int load_azure(const char *path, ar_workload *wl, char *err, size_t err_l
         const char *p;
         double t = parse_azure_time(line, &p);
         long ctx, gen;
+        if (t == -2) {
+            snprintf(err, err_len, "%s:%ld: timestamp %.*s is before 1970-01-01 00:00:00 UTC", path, lineno,
+                     (int)strcspn(line, ",\r\n"), line);
+            rc = 2;
+            break;
+        }
         if (t < 0 || *p != ',' || parse_int_field(p + 1, &p, &ctx) != 0 || *p != ',' ||
             parse_int_field(p + 1, &p, &gen) != 0 || !blank_line(p)) {
             snprintf(err, err_len, "%s:%ld: malformed row (want YYYY-MM-DD HH:MM:SS.fffffff,ContextTokens,GeneratedTokens)",

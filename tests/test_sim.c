@@ -865,6 +865,12 @@ static void test_bad_input_messages(void **state)
                  "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,4\n2023-11-16 18:15:40.00,374,4\n", 3,
                  "back in time");
     expect_error("azure", "a4.csv", "time,ctx,gen\n", 1, "header");
+    /* a time before 1970 is named as such, not as a malformed row (1969-12-31 23:59:59 is
+     * timegm's -1, its error value) */
+    expect_error("azure", "a6.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1969-12-31 23:59:59,374,4\n", 2,
+                 "timestamp 1969-12-31 23:59:59 is before 1970-01-01 00:00:00 UTC");
+    expect_error("azure", "a7.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1950-06-01 10:00:00.5,374,4\n", 2,
+                 "timestamp 1950-06-01 10:00:00.5 is before 1970-01-01");
     /* a negative timestamp is named as negative, whatever row it is on (-1 is the importers'
      * "no previous row" mark: -0.5 was taken, -5 said "goes back in time (previous -1.000)") */
     expect_error("mooncake", "m9.jsonl", "{\"timestamp\": -5, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n",
