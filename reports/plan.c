@@ -425,6 +425,8 @@ static void percentiles(double *values, size_t n, double out[3])
     out[2] = ar_rd_quantile(values, n, 0.99);
 }
 
+/* Simulates one sweep point: 0, -2 when the inputs cannot be simulated (bad input: a step time
+ * or clock that is not finite), -1 on another failure; err says why. */
 static int simulate(const plan_args *a, const ar_model_preset *preset, const ar_steptime *steptime,
                     const ar_workload *wl, int num_blocks, sweep_point *pt, char *err, size_t err_len)
 {
@@ -451,7 +453,7 @@ static int simulate(const plan_args *a, const ar_model_preset *preset, const ar_
     while ((rc = ar_sim_step(s, &step, err, err_len)) == 1) {}
     if (rc < 0) {
         ar_sim_destroy(s);
-        return -1;
+        return rc;   /* -2: inputs that cannot be simulated (bad input, exit 2 as in sim) */
     }
     int n = ar_sim_num_requests(s);
     double *ttft = malloc((size_t)(n ? n : 1) * sizeof *ttft);
@@ -498,7 +500,8 @@ static int simulate(const plan_args *a, const ar_model_preset *preset, const ar_
     return 0;
 }
 
-/* Bisects the rate scale between lo (meets the SLO) and hi (misses it), geometrically. */
+/* Bisects the rate scale between lo (meets the SLO) and hi (misses it), geometrically; 0, or
+ * simulate()'s -2 (bad input, as is a workload that no longer loads at a scale) or -1. */
 static int refine_rate(const plan_args *a, const ar_model_preset *preset, const ar_steptime *st,
                        int kv_blocks, double lo, double hi, double *best, char *err, size_t err_len)
 {
@@ -507,12 +510,12 @@ static int refine_rate(const plan_args *a, const ar_model_preset *preset, const 
         double mid = sqrt(lo * hi);
         ar_workload wl;
         if (ar_workload_load(a->workload, a->block_size, 1.0 / mid, a->limit, &wl, err, err_len) != 0)
-            return -1;
+            return -2;
         sweep_point p;
         memset(&p, 0, sizeof p);
         int rc = simulate(a, preset, st, &wl, kv_blocks, &p, err, err_len);
         ar_workload_free(&wl);
-        if (rc != 0) return -1;
+        if (rc != 0) return rc;
         if (p.slo_ok) { lo = mid; *best = mid; }
         else hi = mid;
     }
@@ -1081,6 +1084,7 @@ int ar_plan_main(int argc, char **argv)
     }
     bool progress = isatty(STDERR_FILENO);
     int failures = 0;
+    bool bad_input = false;   /* a simulation refused its inputs (ar_sim_step -2): exit 2, as sim */
     size_t done = 0, mine = 0;
     for (size_t i = 0; i < num_points; i++) mine += ar_shard_owns(i, launch.shard, launch.count);
     const int reused = launch.count == 1 ? find_shard_set(&a, fingerprint, points, num_points) : 0;
@@ -1107,9 +1111,11 @@ int ar_plan_main(int argc, char **argv)
             if (progress)
                 fprintf(stderr, "\rplan: simulating %zu/%zu (rate x%g, %d KV blocks, %d requests)   ",
                         done + 1, mine, a.rates[r], kv_blocks[k], wl.num_reqs);
-            if (simulate(&a, preset, &steptime, &wl, kv_blocks[k], p, err, sizeof err) != 0) {
+            const int sim_rc = simulate(&a, preset, &steptime, &wl, kv_blocks[k], p, err, sizeof err);
+            if (sim_rc != 0) {
                 fprintf(stderr, "%splan: simulation failed: %s\n", progress ? "\n" : "", err);
                 failures++;
+                bad_input |= sim_rc == -2;
                 break;
             }
             done++;
@@ -1120,7 +1126,7 @@ int ar_plan_main(int argc, char **argv)
     if (failures) {
         free(points);
         free(samples);
-        return 1;
+        return bad_input ? 2 : 1;
     }
     /* A shard: its points to DIR/data; the one that completes the set writes the plan. */
     char lock[4200] = "";
@@ -1178,10 +1184,12 @@ int ar_plan_main(int argc, char **argv)
                      "load is at least x%g (extend --rates)", kv_blocks[k], target, a.rates[last_ok]);
         } else {
             double best = a.rates[last_ok];
-            if (refine_rate(&a, preset, &steptime, kv_blocks[k], a.rates[last_ok],
-                            a.rates[last_ok + 1], &best, err, sizeof err) != 0) {
+            const int refine_rc = refine_rate(&a, preset, &steptime, kv_blocks[k], a.rates[last_ok],
+                                              a.rates[last_ok + 1], &best, err, sizeof err);
+            if (refine_rc != 0) {
                 fprintf(stderr, "plan: refining the rate: %s\n", err);
                 failures++;
+                bad_input |= refine_rc == -2;
             }
             snprintf(answer, 256, "%d KV blocks: largest rate scale meeting %s: about x%.3g "
                      "(x%g met, x%g missed; %d bisection steps)", kv_blocks[k], target, best,
@@ -1257,5 +1265,5 @@ int ar_plan_main(int argc, char **argv)
     if (lock[0]) unlink(lock);
     free(points);
     free(samples);
-    return failures ? 1 : 0;
+    return bad_input ? 2 : failures ? 1 : 0;
 }

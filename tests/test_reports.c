@@ -836,6 +836,17 @@ static void test_plan_bad_input(void **state)
                              (char *)"--model", (char *)"llama-3.1-8b", (char *)"--device", (char *)"h200",
                              (char *)"--out", out, NULL };
     assert_int_equal(ar_plan_main(9, bad_workload), 2);
+    /* a step-time model the simulator cannot run (its clock overflows: ar_sim_step's -2) is bad
+     * input, exit 2 as in sim, not a failed simulation (exit 1) */
+    char log[1024];
+    tu_tmp("plan_overflow.log", log, sizeof log);
+    tu_tmp("plan_overflow", out, sizeof out);
+    int rc = tu_run(log, "%s plan --workload synthetic:n=5,input=10,output=3 --model llama-3.1-8b --device h200 "
+                         "--step-time constant:1e308 --rates 1 --kv-blocks 400 --out %s 2>&1", tu_bin(), out);
+    char *text = tu_slurp(log);
+    assert_non_null(text);
+    if (rc != 2 || !strstr(text, "the simulated clock overflows")) fail_msg("rc %d: %s", rc, text);
+    free(text);
 }
 
 /* Every output path of report and plan: checked before the work, the system's reason in the
