@@ -286,14 +286,24 @@ static int load_mooncake(const char *path, ar_workload *wl, char *err, size_t er
 
 /* ---- Azure LLM 2023 CSV ------------------------------------------------------------------------ */
 
+/* Days in month M (1..12) of year Y, leap years of the Gregorian calendar counted. */
+static int days_in_month(int Y, int M)
+{
+    static const int days[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    bool leap = (Y % 4 == 0 && Y % 100 != 0) || Y % 400 == 0;
+    return M == 2 && leap ? 29 : days[M - 1];
+}
+
 /* "YYYY-MM-DD HH:MM:SS[.fffffff]" -> seconds since the epoch (UTC); -1 when malformed, -2 when
- * before 1970 (the importer's "no previous row" marks are negative, and no Azure trace is). */
+ * before 1970 (the importer's "no previous row" marks are negative, and no Azure trace is), -3
+ * when the day is past its month's end (2023-02-31: timegm would roll it over into March). */
 static double parse_azure_time(const char *s, const char **end)
 {
     int Y, M, D, h, m, sec, n = 0;
     if (sscanf(s, "%4d-%2d-%2d %2d:%2d:%2d%n", &Y, &M, &D, &h, &m, &sec, &n) != 6) return -1;
     if (M < 1 || M > 12 || D < 1 || D > 31 || h > 23 || m > 59 || sec > 60 || h < 0 || m < 0 || sec < 0) return -1;
     if (Y < 1970) return -2;   /* timegm's -1 would also read 1969-12-31 23:59:59 as malformed */
+    if (D > days_in_month(Y, M)) return -3;
     struct tm tm;
     memset(&tm, 0, sizeof tm);
     tm.tm_year = Y - 1900;
@@ -354,6 +364,14 @@ static int load_azure(const char *path, ar_workload *wl, char *err, size_t err_l
         if (t == -2) {
             snprintf(err, err_len, "%s:%ld: timestamp %.*s is before 1970-01-01 00:00:00 UTC", path, lineno,
                      (int)strcspn(line, ",\r\n"), line);
+            rc = 2;
+            break;
+        }
+        if (t == -3) {
+            int Y, M;
+            sscanf(line, "%4d-%2d", &Y, &M);
+            snprintf(err, err_len, "%s:%ld: timestamp %.*s is not a date (month %02d of %d has %d days)", path, lineno,
+                     (int)strcspn(line, ",\r\n"), line, M, Y, days_in_month(Y, M));
             rc = 2;
             break;
         }

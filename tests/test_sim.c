@@ -871,6 +871,26 @@ static void test_bad_input_messages(void **state)
                  "timestamp 1969-12-31 23:59:59 is before 1970-01-01 00:00:00 UTC");
     expect_error("azure", "a7.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1950-06-01 10:00:00.5,374,4\n", 2,
                  "timestamp 1950-06-01 10:00:00.5 is before 1970-01-01");
+    /* a day past its month's end is refused, not rolled over by timegm into the next month
+     * (2023-02-31 read as 2023-03-03); 29 February of a leap year is a date */
+    expect_error("azure", "a8.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-02-28 10:00:00,374,4\n2023-02-31 10:00:00,374,4\n",
+                 3, "a8.csv:3: timestamp 2023-02-31 10:00:00 is not a date (month 02 of 2023 has 28 days)");
+    expect_error("azure", "a9.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-04-31 10:00:00.25,374,4\n", 2,
+                 "timestamp 2023-04-31 10:00:00.25 is not a date (month 04 of 2023 has 30 days)");
+    expect_error("azure", "a10.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2100-02-29 10:00:00,374,4\n", 2,
+                 "month 02 of 2100 has 28 days");
+    {
+        char path[512], err[512], spec[700];
+        tu_tmp("a-leap.csv", path, sizeof path);
+        assert_int_equal(tu_write(path, "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-02-29 10:00:00,374,4\n"
+                                        "2024-03-01 10:00:00,374,4\n"), 0);
+        snprintf(spec, sizeof spec, "azure:%s", path);
+        ar_workload wl;
+        assert_int_equal(ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err), 0);
+        assert_int_equal(wl.num_reqs, 2);
+        assert_true(wl.reqs[1].arrival == 86400.0);
+        ar_workload_free(&wl);
+    }
     /* a negative timestamp is named as negative, whatever row it is on (-1 is the importers'
      * "no previous row" mark: -0.5 was taken, -5 said "goes back in time (previous -1.000)") */
     expect_error("mooncake", "m9.jsonl", "{\"timestamp\": -5, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n",
