@@ -21,6 +21,7 @@
  * as decoding although between their first and last token (set_waiting). */
 #include "sim.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -47,18 +48,21 @@ int ar_run_load(const char *path, ar_run_req **out, int *num, char *err, size_t 
     *num = 0;
     FILE *f = fopen(file, "r");
     if (!f) {
-        snprintf(err, err_len, "%s: cannot open", file);
+        snprintf(err, err_len, "%s: cannot open: %s", file, strerror(errno));
         return 2;
     }
     ar_run_req *reqs = NULL;
     int n = 0, cap = 0, rc = 0;
-    char line[8192];
+    char *line = NULL;   /* a line of any length (getline), so line numbers stay those of the file */
+    size_t line_cap = 0;
+    ssize_t len;
     long lineno = 0;
-    while (fgets(line, sizeof line, f)) {
+    errno = 0;
+    while ((len = getline(&line, &line_cap, f)) >= 0) {
         lineno++;
-        if (strspn(line, " \t\r\n") == strlen(line)) continue;
+        if (strspn(line, " \t\r\n") == (size_t)len) continue;
         json_error_t jerr;
-        json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &jerr);
+        json_t *o = json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &jerr);
         if (!o && strstr(jerr.text, "duplicate object key")) {   /* else the last one would silently win */
             snprintf(err, err_len, "%s:%ld: duplicate key in a JSON object (%s): a row gives each field once", file,
                      lineno, jerr.text);
@@ -89,6 +93,11 @@ int ar_run_load(const char *path, ar_run_req **out, int *num, char *err, size_t 
         }
         reqs[n++] = (ar_run_req){(int)in, (int)outt, sched, first, last};
     }
+    if (rc == 0 && ferror(f)) {
+        snprintf(err, err_len, "%s: read error after line %ld: %s", file, lineno, strerror(errno ? errno : EIO));
+        rc = 2;
+    }
+    free(line);
     fclose(f);
     if (rc == 0 && n == 0) {
         snprintf(err, err_len, "%s: no requests", file);

@@ -909,6 +909,27 @@ static void test_run_load_rules(void **state)
     assert_int_equal(ar_run_load(path, &reqs, &n, err, sizeof err), 2);
     if (!strstr(err, "run.jsonl:1: duplicate key") || !strstr(err, "\"input_toks\""))
         fail_msg("error '%s' does not name the line and the duplicated key", err);
+    /* a row longer than any fixed buffer (a recorded prompt of 20000 characters) is one row: it
+     * loads, and the rows after it keep their line numbers */
+    size_t pad = 20000;
+    char *text = malloc(pad + 512);
+    assert_non_null(text);
+    int at = snprintf(text, 512, "{\"prompt\": \"");
+    memset(text + at, 'x', pad);
+    at += (int)pad;
+    at += snprintf(text + at, 512, "\", \"input_toks\": 10, \"output_toks\": 3, \"scheduled_ts\": 1.0, "
+                                     "\"first_token_ts\": 1.5, \"last_token_ts\": 2.0}\n");
+    assert_int_equal(tu_write(path, text), 0);
+    assert_int_equal(ar_run_load(path, &reqs, &n, err, sizeof err), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(reqs[0].prompt_len, 10);
+    free(reqs);
+    snprintf(text + at, 512, "{\"input_toks\": 10, \"output_toks\": 3, \"scheduled_ts\": 1.0, "
+                             "\"first_token_ts\": 1.5, \"last_token_ts\": 2.0}\n{\"input_toks\": 0}\n");
+    assert_int_equal(tu_write(path, text), 0);
+    assert_int_equal(ar_run_load(path, &reqs, &n, err, sizeof err), 2);
+    if (!strstr(err, "run.jsonl:3: row needs")) fail_msg("error '%s' does not name line 3", err);
+    free(text);
     assert_int_equal(ar_run_load(tu_tmpdir(), &reqs, &n, err, sizeof err), 2);   /* a folder without requests.jsonl */
     assert_non_null(strstr(err, "requests.jsonl: cannot open"));
 }
