@@ -451,6 +451,51 @@ static void test_new_prompt_fits_the_cache(void **state)
     ar_trace_close(r);
 }
 
+/* A step's new requests are counted against max_num_seqs before any is parsed, and the content
+ * keys they make together are bounded (AR_TRACE_MAX_STEP_KEYS) before they are made: a few
+ * hundred bytes of trace once made 128 MiB of keys per request, 40 requests 5 GB. */
+static void test_step_keys_bounded(void **state)
+{
+    (void)state;
+    /* five new requests in a step of at most four (only four listed as scheduled) */
+    expect_reject_at(HDR "{\"step\":0,\"time\":0.0,\"new\":["
+                     "{\"req\":\"a\",\"prompt_len\":4,\"num_computed_tokens\":0,\"block_ids\":[1]},"
+                     "{\"req\":\"b\",\"prompt_len\":4,\"num_computed_tokens\":0,\"block_ids\":[2]},"
+                     "{\"req\":\"c\",\"prompt_len\":4,\"num_computed_tokens\":0,\"block_ids\":[3]},"
+                     "{\"req\":\"d\",\"prompt_len\":4,\"num_computed_tokens\":0,\"block_ids\":[4]},"
+                     "{\"req\":\"e\",\"prompt_len\":4,\"num_computed_tokens\":0,\"block_ids\":[5]}],"
+                     "\"cached\":[],\"num_scheduled_tokens\":{\"a\":4,\"b\":4,\"c\":4,\"d\":4}}\n",
+                     2, "5 new and 0 cached requests exceed max_num_seqs 4 (each is scheduled in its step)");
+    /* two prompts of 2^23 + 1 one-token blocks: 2^24 + 2 keys in one step */
+    const char *big = "{\"format\":\"attnreplay-trace\",\"version\":1,\"model\":{\"name\":\"t\",\"num_layers\":1,"
+                      "\"num_q_heads\":4,\"num_kv_heads\":2,\"head_size\":8},\"cache\":{\"block_size\":1,"
+                      "\"num_blocks\":16777216,\"dtype\":\"bf16\"},\"scheduler\":{\"max_num_batched_tokens\":64,"
+                      "\"max_num_seqs\":1048576}}\n";
+    char text[2048];
+    snprintf(text, sizeof text, "%s{\"step\":0,\"time\":0.0,\"new\":["
+             "{\"req\":\"a\",\"prompt_len\":8388609,\"num_computed_tokens\":0,\"block_ids\":[1]},"
+             "{\"req\":\"b\",\"prompt_len\":8388609,\"num_computed_tokens\":0,\"block_ids\":[2]}],"
+             "\"cached\":[],\"num_scheduled_tokens\":{\"a\":1,\"b\":1}}\n", big);
+    expect_reject_at(text, 2, "the prompts of new requests new[0..1] have 16777218 full blocks, more than the "
+                     "16777216 content keys one step may make");
+    /* the same two prompts in two steps read */
+    snprintf(text, sizeof text, "%s{\"step\":0,\"time\":0.0,\"new\":["
+             "{\"req\":\"a\",\"prompt_len\":8388609,\"num_computed_tokens\":0,\"block_ids\":[1]}],"
+             "\"cached\":[],\"num_scheduled_tokens\":{\"a\":1}}\n"
+             "{\"step\":1,\"time\":0.1,\"new\":["
+             "{\"req\":\"b\",\"prompt_len\":8388609,\"num_computed_tokens\":0,\"block_ids\":[2]}],"
+             "\"cached\":[],\"num_scheduled_tokens\":{\"b\":1},\"finished\":[\"a\"]}\n", big);
+    const char *path = write_trace("two-big.jsonl", text);
+    char err[AR_ERR_MAX] = "";
+    ar_trace_reader *r = ar_trace_open(path, err, sizeof err);
+    if (!r) fail_msg("%s", err);
+    const ar_step *st;
+    for (int i = 0; i < 2; i++)
+        if (ar_trace_next(r, &st, err, sizeof err) != 1) fail_msg("%s", err);
+    assert_int_equal(st->new_reqs[0].num_block_keys, 8388609);
+    ar_trace_close(r);
+}
+
 static void test_new_past_prompt(void **state)
 {
     (void)state;
@@ -1361,6 +1406,7 @@ int main(void)
         cmocka_unit_test(test_computed_continuity),
         cmocka_unit_test(test_new_computed_range),
         cmocka_unit_test(test_new_prompt_fits_the_cache),
+        cmocka_unit_test(test_step_keys_bounded),
         cmocka_unit_test(test_new_past_prompt),
         cmocka_unit_test(test_new_computed_whole_blocks),
         cmocka_unit_test(test_block_keys_count),

@@ -44,9 +44,12 @@
  *   max_num_batched_tokens, number scheduled <= max_num_seqs; block ids in [1, num_blocks);
  *   a block list covering num_computed_tokens + n; no block twice in one request's list;
  *   num_computed_tokens of a cached, not resumed request = its previous value + previous n;
- *   a new request: 1 <= prompt_len <= (num_blocks - 1) * block_size (the cache holds the whole
- *   prompt, as vLLM requires), 0 <= num_computed_tokens < prompt_len, num_computed a
- *   multiple of block_size, num_computed + n <= prompt_len, block_keys count = prompt_len /
+ *   new + cached requests <= max_num_seqs (counted before any is parsed); the full prompt
+ *   blocks of a step's new requests together <= AR_TRACE_MAX_STEP_KEYS (2^24, checked before
+ *   their keys are made); a new request: 1 <= prompt_len <= (num_blocks - 1) * block_size
+ *   (the cache holds the whole prompt, as vLLM requires), 0 <= num_computed_tokens <
+ *   prompt_len, num_computed a multiple of block_size, num_computed + n <= prompt_len,
+ *   block_keys count = prompt_len /
  *   block_size and 16 hex digits each, prompt_token_ids count = prompt_len; finished and
  *   preempted ids live and not scheduled in the step; 0 <= num_common_prefix_blocks <= the
  *   fewest blocks held by a scheduled request (by a live one when none is scheduled);
@@ -644,7 +647,10 @@ static int parse_hex_key(const char *s, uint64_t *out)
     return 0;
 }
 
-static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *nr, char *err, size_t err_len)
+/* step_keys: the content keys the step's earlier new requests made; this request's are added
+ * and the total checked against AR_TRACE_MAX_STEP_KEYS before they are made. */
+static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *nr, int64_t *step_keys, char *err,
+                         size_t err_len)
 {
     char where[64];
     snprintf(where, sizeof where, "new[%zu].", idx);
@@ -679,6 +685,10 @@ static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *
 
     int bs = r->header.cache.block_size;
     int nkeys = (int)(prompt_len / bs);
+    *step_keys += nkeys;
+    if (*step_keys > AR_TRACE_MAX_STEP_KEYS)
+        return fail(r, err, err_len, "the prompts of new requests new[0..%zu] have %" PRId64 " full blocks, more than the "
+                    "%d content keys one step may make", idx, *step_keys, AR_TRACE_MAX_STEP_KEYS);
     nr->num_block_keys = nkeys;
     nr->block_keys = ar_arena_alloc(&r->mem, (size_t)(nkeys ? nkeys : 1) * sizeof *nr->block_keys);
     if (!nr->block_keys) return fail(r, err, err_len, "out of memory");
@@ -787,6 +797,14 @@ static int parse_step(ar_trace_reader *r, json_t *root, ar_step *s, char *err, s
     size_t nnew = json_array_size(jnew), ncached = json_array_size(jcached), nsched = json_object_size(jsched);
     if (nnew > (size_t)1 << 24 || ncached > (size_t)1 << 24 || nsched > (size_t)1 << 24)
         return fail(r, err, err_len, "step lists too many requests");
+    /* every new and cached request is scheduled (checked later): counted before any is parsed,
+     * so a step cannot make the keys of more requests than a step may schedule */
+    int max_seqs = r->header.sched.max_num_seqs;
+    if (nsched > (size_t)max_seqs)
+        return fail(r, err, err_len, "%zu scheduled requests exceed max_num_seqs %d", nsched, max_seqs);
+    if (nnew + ncached > (size_t)max_seqs)
+        return fail(r, err, err_len, "%zu new and %zu cached requests exceed max_num_seqs %d (each is scheduled in its step)",
+                    nnew, ncached, max_seqs);
     s->num_new = (int)nnew;
     s->num_cached = (int)ncached;
     s->num_scheduled = (int)nsched;
@@ -794,8 +812,9 @@ static int parse_step(ar_trace_reader *r, json_t *root, ar_step *s, char *err, s
     s->cached = ar_arena_alloc(&r->mem, (ncached ? ncached : 1) * sizeof *s->cached);
     s->scheduled = ar_arena_alloc(&r->mem, (nsched ? nsched : 1) * sizeof *s->scheduled);
     if (!s->new_reqs || !s->cached || !s->scheduled) return fail(r, err, err_len, "out of memory");
+    int64_t step_keys = 0;
     for (size_t i = 0; i < nnew; i++)
-        if (parse_new_req(r, json_array_get(jnew, i), i, &s->new_reqs[i], err, err_len)) return -1;
+        if (parse_new_req(r, json_array_get(jnew, i), i, &s->new_reqs[i], &step_keys, err, err_len)) return -1;
     for (size_t i = 0; i < ncached; i++)
         if (parse_cached_req(r, json_array_get(jcached, i), i, &s->cached[i], err, err_len)) return -1;
     const char *key;

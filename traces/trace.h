@@ -31,6 +31,10 @@ extern "C" {
 #define AR_TRACE_MAX_NUM_BLOCKS (1 << 24)
 #define AR_TRACE_MAX_NUM_SEQS (1 << 20)
 #define AR_TRACE_MAX_TOKENS (1 << 30)   /* max_num_batched_tokens; prompt_len and tokens of one request */
+/* Content keys (prompt_len / block_size per new request) all the new requests of one step may
+ * make together: 2^24, as many as the largest cache has blocks, so one step's keys take at most
+ * 128 MiB however many requests it admits. */
+#define AR_TRACE_MAX_STEP_KEYS (1 << 24)
 
 typedef enum ar_attention { AR_ATTN_MHA = 0, AR_ATTN_MLA = 1 } ar_attention;
 
