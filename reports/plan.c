@@ -15,7 +15,9 @@
  * datasheet numbers (sim presets) and `launch x layers` is added to the step overhead; GEMMs
  * keep the roofline's default efficiency.  A fit measured on another device than --device
  * (e.g. CPU runs when planning an H200) is reported but not applied unless --force-fit.  The simulator shares bw_eff between KV reads and
- * weight streaming, so the fitted value governs both (stated in the output).
+ * weight streaming, so the fitted value governs both (stated in the output).  --step-time MODEL
+ * replaces the roofline with any of the simulator's models (constant, linear, roofline with
+ * other keys, fitted, profile); the output's "Step-time model" paragraph states the one used.
  *
  * The sweep runs the simulator for every arrival-rate scale (arrival times divided by the
  * scale) and KV-cache size, and reports TTFT/TPOT percentiles, output-token throughput,
@@ -534,7 +536,8 @@ static void plan_usage(FILE *f)
         "  --db DB [--run ID]    fit attention time from these replay steps (default: runs on DEVICE)\n"
         "  --force-fit           use the fit even when the runs were measured on another device\n"
         "  --step-time MODEL     the simulator's step-time model instead of roofline:DEVICE, e.g.\n"
-        "                        profile:DB (measured by attnreplay profile); not with --db\n"
+        "                        profile:DB (measured by attnreplay profile) or constant:SECONDS; not with\n"
+        "                        --db; the output's \"Step-time model\" paragraph states the model used\n"
         "  --rates LIST          arrival-rate scales (default 0.5,1,2,4); arrivals are divided by each\n"
         "  --kv-blocks LIST      KV-cache sizes in blocks (default 8192,32768), or\n"
         "  --kv-mem LIST         KV-cache sizes in bytes (e.g. 20GiB,40GiB)\n"
@@ -718,13 +721,40 @@ static int render_plan_plots(const plan_args *a, const sweep_point *points, cons
     return failures;
 }
 
+/* The step-time model the simulation uses, as one paragraph; step_time is --step-time's MODEL
+ * (NULL when plan uses roofline:DEVICE). */
 static void write_fit_text(FILE *f, const ar_plan_fit *fit, const ar_steptime *st, bool have_fit,
-                           bool applied, const char *db)
+                           bool applied, const char *db, const char *step_time)
 {
     if (st->kind == AR_STEPTIME_PROFILE) {
         fprintf(f, "Step-time model: measured profile of %s on '%s' (tp %d): GEMMs and attention interpolated "
                    "(attention x %.3f from %d replayed steps), overhead %.3g ms.\n", st->profile.model,
                 st->profile.device, st->profile.tp, st->attn_scale, st->profile.replay_steps, st->overhead_s * 1e3);
+        return;
+    }
+    if (st->kind == AR_STEPTIME_CONSTANT) {
+        fprintf(f, "Step-time model: constant, every step takes %.6g s whatever it runs (--step-time %s).\n",
+                st->constant_s, step_time ? step_time : "");
+        return;
+    }
+    if (st->kind == AR_STEPTIME_LINEAR) {
+        fprintf(f, "Step-time model: linear, t = %.6g s + %.6g s x tokens + %.6g s x requests + %.6g s x KV tokens "
+                   "(--step-time %s).\n", st->lin_base_s, st->lin_per_token_s, st->lin_per_req_s,
+                st->lin_per_kv_token_s, step_time ? step_time : "");
+        return;
+    }
+    if (st->kind == AR_STEPTIME_FITTED) {
+        fprintf(f, "Step-time model: the simulator's roofline on %s with its attention term fitted on %d replayed "
+                   "steps, %.3g s + %.3g s x tokens + %.3g s x requests + %.3g s x KV tokens over all layers "
+                   "(--step-time %s): bw_eff %.3g, gemm_eff %.3g, overhead %.3g ms.\n", st->device.name,
+                st->fit_steps, st->fit_coef[0], st->fit_coef[1], st->fit_coef[2], st->fit_coef[3],
+                step_time ? step_time : "", st->bw_efficiency, st->gemm_efficiency, st->overhead_s * 1e3);
+        return;
+    }
+    if (!have_fit && step_time) {
+        fprintf(f, "Step-time model: the simulator's roofline on %s (--step-time %s): attn_eff %.3g, bw_eff %.3g, "
+                   "gemm_eff %.3g, overhead %.3g ms.\n", st->device.name, step_time, st->attn_efficiency,
+                st->bw_efficiency, st->gemm_efficiency, st->overhead_s * 1e3);
         return;
     }
     if (!have_fit) {
@@ -1057,7 +1087,7 @@ int ar_plan_main(int argc, char **argv)
             steptime.overhead_s += fit.launch_s * preset->model.num_layers;
         }
     }
-    write_fit_text(stdout, &fit, &steptime, a.db != NULL, fit_applied, a.db ? a.db : "");
+    write_fit_text(stdout, &fit, &steptime, a.db != NULL, fit_applied, a.db ? a.db : "", a.step_time);
 
     ar_launch launch;
     if (ar_launch_detect(a.shard_text, environ, &launch, err, sizeof err) != 0) {
@@ -1069,7 +1099,7 @@ int ar_plan_main(int argc, char **argv)
     size_t fit_len = 0;
     FILE *mem = open_memstream(&fit_text, &fit_len);
     if (mem) {
-        write_fit_text(mem, &fit, &steptime, a.db != NULL, fit_applied, a.db ? a.db : "");
+        write_fit_text(mem, &fit, &steptime, a.db != NULL, fit_applied, a.db ? a.db : "", a.step_time);
         fclose(mem);
     }
     const uint64_t fingerprint = sweep_fingerprint(&a, kv_blocks, fit_text ? fit_text : "");
@@ -1228,7 +1258,7 @@ int ar_plan_main(int argc, char **argv)
                        "times; KV sizes in blocks of %d tokens; token budget %d, max_num_seqs %d, "
                        "prefix caching on.\n\n## Step-time model\n\n```\n", a.model, a.device,
                     a.workload, a.block_size, a.max_batched, a.max_seqs);
-            write_fit_text(f, &fit, &steptime, a.db != NULL, fit_applied, a.db ? a.db : "");
+            write_fit_text(f, &fit, &steptime, a.db != NULL, fit_applied, a.db ? a.db : "", a.step_time);
             fputs("```\n\n## Sweep\n\n", f);
             write_points_table(f, points, (int)num_points, true);
             fputs("\n## Answers\n\n", f);

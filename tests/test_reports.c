@@ -849,6 +849,38 @@ static void test_plan_bad_input(void **state)
     free(text);
 }
 
+/* The "Step-time model" paragraph (stdout and plan.md) states the model --step-time gave, not
+ * the roofline's efficiencies, which a constant or linear model does not have. */
+static void test_plan_states_step_time_model(void **state)
+{
+    (void)state;
+    struct { const char *model, *want; } cases[] = {
+        { "constant:0.02", "Step-time model: constant, every step takes 0.02 s whatever it runs (--step-time constant:0.02)" },
+        { "linear:0.01,1e-5,1e-4,1e-7", "Step-time model: linear, t = 0.01 s + 1e-05 s x tokens + 0.0001 s x requests "
+                                        "+ 1e-07 s x KV tokens" },
+        { "roofline:h200,attn_eff=0.3", "Step-time model: the simulator's roofline on h200 (--step-time "
+                                        "roofline:h200,attn_eff=0.3): attn_eff 0.3," },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char log[1024], out[1024], md[1100];
+        tu_tmp("plan_model.log", log, sizeof log);
+        snprintf(md, sizeof md, "plan_model_%zu", i);
+        tu_tmp(md, out, sizeof out);
+        int rc = tu_run(log, "%s plan --workload synthetic:n=5,input=10,output=3 --model llama-3.1-8b --device h200 "
+                             "--step-time %s --rates 1 --kv-blocks 400 --out %s 2>&1", tu_bin(), cases[i].model, out);
+        char *text = tu_slurp(log);
+        assert_non_null(text);
+        if (rc != 0 || !strstr(text, cases[i].want) || strstr(text, "default efficiencies"))
+            fail_msg("rc %d, want '%s': %s", rc, cases[i].want, text);
+        free(text);
+        snprintf(md, sizeof md, "%s/plan.md", out);
+        text = tu_slurp(md);
+        assert_non_null(text);
+        if (!strstr(text, cases[i].want)) fail_msg("plan.md lacks '%s': %s", cases[i].want, text);
+        free(text);
+    }
+}
+
 /* Every output path of report and plan: checked before the work, the system's reason in the
  * message, exit 2; a plan with nowhere to write is refused; paths print without "//". */
 static void test_output_paths(void **state)
@@ -957,6 +989,7 @@ int main(void)
         cmocka_unit_test(test_plan_small_workload),
         cmocka_unit_test(test_plan_fit_from_other_device_not_applied),
         cmocka_unit_test(test_plan_bad_input),
+        cmocka_unit_test(test_plan_states_step_time_model),
         cmocka_unit_test(test_output_paths),
         cmocka_unit_test(test_parse_threshold),
         cmocka_unit_test(test_quantile),
