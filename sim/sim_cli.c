@@ -6,12 +6,19 @@
  * line's, %i in --out and --metrics naming the row), and spreads the rows over ranks the way
  * replay spreads steps (--shard i/N or the launcher's environment, replay/shard.h): shard i runs
  * the rows r with r % N == i.  A simulation is sequential, so a row is the unit; a job array of
- * one task per row (sbatch --array=0-ROWS-1) runs them all at once. */
+ * one task per row (sbatch --array=0-ROWS-1) runs them all at once.
+ *
+ * The trace goes to TRACE.tmp-PID beside TRACE and is renamed to TRACE once the run, its
+ * metrics included, has succeeded; a run that stops early (bad input found part-way, a write
+ * error, SIGINT, SIGTERM or SIGHUP) removes it, so TRACE is either the whole new trace or what
+ * was there before.  A TRACE that is a symlink, pipe or device (/dev/stdout) is written in
+ * place. */
 #include "sim.h"
 #include "../replay/shard.h"
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +55,8 @@ static void usage(FILE *f)
             "                            (default constant:0.02; devices: %s)\n"
             "  --kv-dtype T              bf16 (default), fp16, fp8_e4m3, fp32\n"
             "  --seed N                  written to the trace header (default 1)\n"
-            "  --out TRACE               trace file (.jsonl or .jsonl.gz)\n"
+            "  --out TRACE               trace file (.jsonl or .jsonl.gz); written beside it, renamed\n"
+            "                            to TRACE only when the run succeeds (a pipe or device: in place)\n"
             "  --metrics FILE            per-request table: .db/.sqlite = SQLite, else CSV (+ FILE.kv.csv)\n"
             "  --quiet                   no summary on stdout\n"
             "  --sweep FILE              one simulation per line of FILE: the line's options are added to\n"
@@ -98,6 +106,61 @@ static void workload_file(const char *spec, char *buf, size_t len)
     else snprintf(buf, len, "%s", colon + 1);
 }
 
+/* ---- the trace's temporary file ---------------------------------------------------------------- */
+
+/* The temporary trace a signal must remove; set only while it exists. */
+static char tmp_trace[4200];
+static volatile sig_atomic_t tmp_trace_live;
+
+static const int cleanup_signals[3] = { SIGINT, SIGTERM, SIGHUP };
+
+static void remove_tmp_and_reraise(int sig)
+{
+    if (tmp_trace_live) unlink(tmp_trace);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Where the trace is written first: out itself when out is a symlink, pipe or device (written in
+ * place, as before), else out.tmp-PID in out's directory, which finish_tmp_trace renames. */
+static bool trace_goes_through_tmp(const char *out)
+{
+    struct stat st;
+    if (lstat(out, &st) != 0) return errno == ENOENT;
+    return S_ISREG(st.st_mode);
+}
+
+/* Arms the signal handlers (those not ignored) that remove the temporary trace; saved gets the
+ * handlers they replace. */
+static void arm_tmp_trace(const char *tmp, struct sigaction saved[3])
+{
+    snprintf(tmp_trace, sizeof tmp_trace, "%s", tmp);
+    tmp_trace_live = 1;
+    for (int i = 0; i < 3; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = remove_tmp_and_reraise;
+        sigemptyset(&sa.sa_mask);
+        sigaction(cleanup_signals[i], NULL, &saved[i]);
+        if (saved[i].sa_handler != SIG_IGN) sigaction(cleanup_signals[i], &sa, NULL);
+    }
+}
+
+/* Renames the temporary trace to out (ok) or removes it, and puts the handlers back.  Returns
+ * 0, or 1 after saying why the rename failed. */
+static int finish_tmp_trace(const char *out, bool ok, const struct sigaction saved[3])
+{
+    int rc = 0;
+    if (ok && rename(tmp_trace, out) != 0) {
+        fprintf(stderr, "sim: %s: cannot rename %s into place: %s\n", out, tmp_trace, strerror(errno));
+        rc = 1;
+    }
+    if (!ok || rc != 0) unlink(tmp_trace);
+    tmp_trace_live = 0;
+    for (int i = 0; i < 3; i++) sigaction(cleanup_signals[i], &saved[i], NULL);
+    return rc;
+}
+
 /* Every file the run will write, checked before the workload is read: writable, none of them
  * the workload itself, no two the same.  Returns 0 or 2 (after saying why on stderr). */
 static int check_outputs(const char *workload, const char *out, const char *metrics)
@@ -123,6 +186,14 @@ static int check_outputs(const char *workload, const char *out, const char *metr
             }
         if (ar_output_file_check(paths[i], err, sizeof err) != 0) {
             fprintf(stderr, "sim: %s %s\n", names[i], err);
+            return 2;
+        }
+    }
+    if (trace_goes_through_tmp(out)) {   /* the trace is written beside TRACE, then renamed */
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid());
+        if (ar_output_file_check(tmp, err, sizeof err) != 0) {
+            fprintf(stderr, "sim: --out %s: the trace is written beside it first, and %s\n", out, err);
             return 2;
         }
     }
@@ -269,13 +340,26 @@ static int sim_one(int argc, char **argv)
         ar_workload_free(&wl);
         return 2;
     }
-    ar_trace_writer *w = ar_trace_create(out, h, err, sizeof err);
+    const bool via_tmp = trace_goes_through_tmp(out);
+    struct sigaction saved[3];
+    char tmp[4200];
+    struct stat old_st;
+    const bool had_old = via_tmp && stat(out, &old_st) == 0;
+    size_t out_len = strlen(out);
+    const bool gz = out_len >= 3 && strcmp(out + out_len - 3, ".gz") == 0;
+    if (via_tmp) {
+        snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid());
+        arm_tmp_trace(tmp, saved);
+    }
+    ar_trace_writer *w = ar_trace_create_as(via_tmp ? tmp : out, gz, h, err, sizeof err);
     if (!w) {
         fprintf(stderr, "sim: %s\n", err);
+        if (via_tmp) finish_tmp_trace(out, false, saved);
         ar_sim_destroy(s);
         ar_workload_free(&wl);
         return 1;
     }
+    if (had_old) chmod(tmp, old_st.st_mode & 07777);   /* the trace it replaces keeps its mode */
     rc = 0;
     /* a progress line on a terminal only (every 4096 steps, so it costs nothing) */
     const bool progress = !quiet && isatty(STDERR_FILENO);
@@ -305,6 +389,10 @@ static int sim_one(int argc, char **argv)
     if (rc == 0 && metrics && ar_sim_write_metrics(s, metrics, err, sizeof err) != 0) {
         fprintf(stderr, "sim: %s\n", err);
         rc = 1;
+    }
+    if (via_tmp) {   /* TRACE only when the whole run succeeded; else it stays as it was */
+        int frc = finish_tmp_trace(out, rc == 0, saved);
+        if (rc == 0) rc = frc;
     }
     if (rc == 0 && !quiet) {
         printf("sim: %s (%d requests) on %s, %d blocks x %d tokens, budget %d, max_num_seqs %d, prefix caching %s, step time %s\n",

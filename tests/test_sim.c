@@ -11,10 +11,12 @@
  * pass the trace reader's validation; replay through the CPU backend when available). */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../sim/sim.h"
@@ -1114,6 +1116,82 @@ static void test_clock_overflow_is_refused(void **state)
     }
 }
 
+/* True when the test directory holds a file whose name starts with prefix and has ".tmp-". */
+static bool tmp_file_left(const char *prefix)
+{
+    DIR *d = opendir(tu_tmpdir());
+    assert_non_null(d);
+    bool found = false;
+    for (struct dirent *e; (e = readdir(d));)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && strstr(e->d_name, ".tmp-")) found = true;
+    closedir(d);
+    return found;
+}
+
+/* A sim that stops part-way leaves TRACE as it was (missing, or the earlier file) and no
+ * temporary file: the trace is written beside TRACE and renamed once the run succeeded.  A
+ * success replaces TRACE keeping its mode; /dev/stdout is still written in place; SIGTERM
+ * removes the temporary file. */
+static void test_failed_sim_leaves_no_trace(void **state)
+{
+    (void)state;
+    char trace[512], log[512];
+    tu_tmp("keep_log.txt", log, sizeof log);
+    const char *names[] = { "keep.trace.jsonl", "keep.trace.jsonl.gz" };
+    for (int i = 0; i < 2; i++) {
+        tu_tmp(names[i], trace, sizeof trace);
+        unlink(trace);
+        const char *fail = "--workload synthetic:n=50,input=100,output=30 --step-time constant:1e308";
+        assert_int_equal(tu_run(log, "%s sim %s --model llama-3.1-8b --out %s --quiet", tu_bin(), fail, trace), 2);
+        if (access(trace, F_OK) == 0) fail_msg("a failed sim left %s", trace);
+        assert_false(tmp_file_left("keep.trace"));
+        assert_int_equal(tu_write(trace, "the earlier file\n"), 0);
+        assert_int_equal(chmod(trace, 0640), 0);
+        assert_int_equal(tu_run(log, "%s sim %s --model llama-3.1-8b --out %s --quiet", tu_bin(), fail, trace), 2);
+        char *text = tu_slurp(trace);
+        assert_non_null(text);
+        if (strcmp(text, "the earlier file\n") != 0) fail_msg("a failed sim changed %s: '%.80s'", trace, text);
+        free(text);
+        assert_false(tmp_file_left("keep.trace"));
+        /* a run that succeeds replaces it, mode kept, and the trace reads back */
+        assert_int_equal(tu_run(log, "%s sim --workload synthetic:n=50,input=100,output=30 --model llama-3.1-8b "
+                                     "--out %s --quiet", tu_bin(), trace), 0);
+        struct stat st;
+        assert_int_equal(stat(trace, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0640);
+        assert_false(tmp_file_left("keep.trace"));
+        char err[AR_ERR_MAX];
+        ar_trace_reader *r = ar_trace_open(trace, err, sizeof err);
+        if (!r) fail_msg("%s", err);
+        const ar_step *step;
+        int rc, steps = 0;
+        while ((rc = ar_trace_next(r, &step, err, sizeof err)) == 1) steps++;
+        if (rc != 0 || steps < 10) fail_msg("rc %d after %d steps: %s", rc, steps, err);
+        ar_trace_close(r);
+    }
+    /* a pipe through /dev/stdout is written in place */
+    tu_tmp("keep_piped.jsonl", trace, sizeof trace);
+    assert_int_equal(tu_run(NULL, "%s sim --workload synthetic:n=50,input=100,output=30 --model llama-3.1-8b "
+                                  "--out /dev/stdout --quiet | cat > %s", tu_bin(), trace), 0);
+    char *text = tu_slurp(trace);
+    assert_non_null(text);
+    assert_true(strncmp(text, "{\"format\":\"attnreplay-trace\",", 29) == 0);
+    free(text);
+    /* SIGTERM part-way (the run stopped as soon as its temporary file exists) */
+    tu_tmp("keep_signal.trace.jsonl.gz", trace, sizeof trace);
+    unlink(trace);
+    assert_int_equal(tu_run(log, "%s sim --workload synthetic:n=50000,input=100,output=100 --model llama-3.1-8b "
+                                 "--out %s --quiet & p=$!; for i in $(seq 1000); do ls %s.tmp-* >/dev/null 2>&1 && break; "
+                                 "sleep 0.01; done; kill -STOP $p; kill -TERM $p; kill -CONT $p; wait $p; echo rc=$?",
+                            tu_bin(), trace, trace), 0);
+    text = tu_slurp(log);
+    assert_non_null(text);
+    if (!strstr(text, "rc=143")) fail_msg("sim was not ended by SIGTERM: %s", text);
+    free(text);
+    if (access(trace, F_OK) == 0) fail_msg("SIGTERM left %s", trace);
+    assert_false(tmp_file_left("keep_signal"));
+}
+
 /* The engine options stop where the trace reader's header ranges stop (traces/trace.h): a
  * value past them is a usage error, not a trace that `info` and `replay` then refuse; the
  * largest accepted values give a trace that reads back. */
@@ -1437,6 +1515,7 @@ int main(void)
         cmocka_unit_test(test_cli_output_paths),
         cmocka_unit_test(test_cli_limits_match_the_reader),
         cmocka_unit_test(test_clock_overflow_is_refused),
+        cmocka_unit_test(test_failed_sim_leaves_no_trace),
         cmocka_unit_test(test_overload_is_named),
         cmocka_unit_test(test_cli_writes_valid_trace_and_metrics),
         cmocka_unit_test(test_summary_agrees_with_trace_stats),

@@ -160,6 +160,8 @@ typedef struct ar_trace_writer ar_trace_writer;
 
 /* Creates PATH; gzip when it ends in ".gz".  Writes the header line. */
 ar_trace_writer *ar_trace_create(const char *path, const ar_trace_header *h, char *err, size_t err_len);
+/* The same, gzip when gz says so whatever PATH's name (a temporary file renamed to a .gz name). */
+ar_trace_writer *ar_trace_create_as(const char *path, bool gz, const ar_trace_header *h, char *err, size_t err_len);
 /* Appends one step line.  Returns 0, or -1 with err set (e.g. disk full). */
 int ar_trace_write_step(ar_trace_writer *w, const ar_step *s, char *err, size_t err_len);
 /* Flushes and closes; returns 0, or -1 with err set. */

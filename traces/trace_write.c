@@ -430,14 +430,19 @@ static int writer_close(ar_trace_writer *w, int rc, char *err, size_t err_len)
 
 ar_trace_writer *ar_trace_create(const char *path, const ar_trace_header *h, char *err, size_t err_len)
 {
+    size_t n = strlen(path);
+    return ar_trace_create_as(path, n >= 3 && strcmp(path + n - 3, ".gz") == 0, h, err, err_len);
+}
+
+ar_trace_writer *ar_trace_create_as(const char *path, bool gz, const ar_trace_header *h, char *err, size_t err_len)
+{
     ar_trace_writer *w = calloc(1, sizeof *w);
     if (!w || !(w->path = strdup(path))) {
         snprintf(err, err_len, "%s: out of memory", path);
         free(w);
         return NULL;
     }
-    size_t n = strlen(path);
-    w->is_gz = n >= 3 && strcmp(path + n - 3, ".gz") == 0;
+    w->is_gz = gz;
     w->f = fopen(path, "wb");
     if (!w->f) {
         snprintf(err, err_len, "%s: cannot create: %s", path, strerror(errno));
