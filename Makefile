@@ -426,8 +426,8 @@ PLUGINS      += $(PLUGIN_DIR)/attnreplay-example-cuda.so
 endif
 BROKEN_KINDS := abi nosym refuse forward initnull badflags openfail
 BROKEN_PLUGINS := $(BROKEN_KINDS:%=$(BUILD)/tests/plugins/broken-%.so) $(BUILD)/tests/plugins/example-flat.so
-FAULTY_PLUGINS := $(BUILD)/tests/plugins/faulty-segv.so $(BUILD)/tests/plugins/faulty-hang.so \
-                  $(BUILD)/tests/plugins/faulty-error.so
+FAULTY_KINDS := segv hang error initsegv initabort inithang checksegv checkhang closesegv closehang
+FAULTY_PLUGINS := $(FAULTY_KINDS:%=$(BUILD)/tests/plugins/faulty-%.so)
 FAULTY_CUDA_PLUGINS := $(if $(filter 1,$(HAVE_CUDA)),$(BUILD)/tests/plugins/faulty-cuda-oob.so \
                   $(BUILD)/tests/plugins/faulty-cuda-hang.so)
 PYENV        ?= $(BUILD)/pyenv
@@ -469,7 +469,8 @@ $(BUILD)/tests/plugins/broken-%.so: tests/plugins/broken.c replay/attnreplay_plu
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -DBROKEN_$* -o $@ $< $(LDFLAGS)
 
-# the example kernel that faults or hangs from a given step on (tests/test_watchdog.c)
+# the example kernel that faults or hangs from a given step on, or in init, check or close
+# (tests/test_watchdog.c)
 $(BUILD)/tests/plugins/faulty-%.so: tests/plugins/faulty.c replay/plugins/example_cpu.c replay/attnreplay_plugin.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -shared -fvisibility=hidden -DFAULTY_$* -o $@ $< $(LDFLAGS) -lm

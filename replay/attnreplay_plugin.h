@@ -34,6 +34,11 @@
  *    and it checks guard words after them afterwards, so stale or stray writes show.
  *  - The host never dlcloses a plugin: it stays loaded until the process exits.
  *  - The host calls the plugin from one thread.
+ *  - A plugin that faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, abort()) or does not return within
+ *    --forward-timeout ends the replay with a message naming it: in init or check() it is a
+ *    broken plugin (exit 2, nothing stored); in open, plan or forward the run stops (exit 3, the
+ *    run 'error', committed steps kept); in close(), which the host calls after the run's
+ *    outcome is stored, the run stays as stored (exit 3).
  *
  * Versioning.  ATTNREPLAY_PLUGIN_ABI_VERSION changes whenever a struct below changes layout or a
  * rule changes meaning.  The host passes its version to init and refuses a plugin whose

@@ -24,6 +24,10 @@
  * are applied there, by the host.
  * The CPU path is here; the CUDA one goes through plugin_dev.h.
  *
+ * The plugin's attnreplay_plugin_init, check() and close() are bracketed for the watchdog
+ * (watchdog.h, ar_call_begin_plugin) with the plugin's file, as the run's calls are, so that a
+ * fault or hang in them ends a replay with a message naming the plugin instead of a bare signal.
+ *
  * ar_backend's check and open carry no context, so each registered plugin gets one of
  * AR_PLUGIN_SLOTS slots with its own pair of small trampolines. */
 #include "plugin.h"
@@ -40,6 +44,7 @@
 #include "../reference/mla_ref.h"
 #include "plugin_dev.h"
 #include "registry.h"
+#include "watchdog.h"
 
 #define WHO_MAX 160
 
@@ -464,7 +469,10 @@ static bool slot_check(int i, const ar_run_config *cfg, char *why, size_t why_le
     attnreplay_config pc;
     fill_config(s, cfg, &pc, 0);
     call_error[0] = '\0';
-    if (s->p->check(&pc) != 0) {
+    const bool bracketed = ar_call_begin_plugin(AR_CALL_CHECK, s->source);
+    const int rc = s->p->check(&pc);
+    if (bracketed) ar_call_end();
+    if (rc != 0) {
         snprintf(why, why_len, "the plugin refuses this config: %s", take_error());
         return false;
     }
@@ -539,7 +547,11 @@ static void plugin_close(void *state)
 {
     plugin_run *r = state;
     if (!r) return;
-    if (r->ps) r->slot->p->close(r->ps);
+    if (r->ps) {
+        const bool bracketed = ar_call_begin_plugin(AR_CALL_CLOSE, r->slot->source);
+        r->slot->p->close(r->ps);
+        if (bracketed) ar_call_end();
+    }
     if (r->cache) {
         for (int l = 0; l < r->cfg.num_layers; l++) {
             if (!r->cache[l]) continue;
@@ -1350,7 +1362,9 @@ const ar_backend *ar_plugin_register_init(attnreplay_plugin_init_fn init, const 
         return NULL;
     }
     call_error[0] = '\0';
+    const bool bracketed = ar_call_begin_plugin(AR_CALL_INIT, source);
     const attnreplay_plugin *p = init(&host_api, ATTNREPLAY_PLUGIN_ABI_VERSION);
+    if (bracketed) ar_call_end();
     if (!p) {
         snprintf(err, err_len, "%s: attnreplay_plugin_init refused to initialise: %s", source, take_error());
         return NULL;

@@ -24,7 +24,7 @@
  *
  * Broken backends: every call into the backend (open, prepare, fill, a layer's forward) is marked
  * in flight with a deadline (--forward-timeout; 300 s for a GPU backend, 3600 s on the host).  A
- * call that faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL on any thread while it is in flight) parks
+ * call that faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT on any thread while it is in flight) parks
  * the faulting thread and wakes the watchdog; a call past its deadline is found by the watchdog
  * (it looks 4 times a second).  Either way the watchdog has the writer commit the whole steps it
  * holds, marks the run 'error' with the step, layer and cause, and ends the process with exit 3
@@ -37,10 +37,19 @@
  * its normal course (a core dump).  A CUDA error (an illegal address: sticky, the context is
  * lost) is returned by the backend as an error: the step fails the same way, exit 3.
  *
+ * A plugin's own entry points are watched the same way (plugin.c brackets them): its
+ * attnreplay_plugin_init and check(), which run while the backend is chosen, under the given
+ * timeout or else AR_FORWARD_TIMEOUT_GPU_S (the plugin's kind is not known yet) - a fault or hang
+ * there is a broken plugin, exit 2 with a message naming its file, before anything is stored;
+ * and its close(), which runs last, after the run's outcome is stored and the database closed -
+ * a fault or hang there leaves the run as stored and exits 3 (when the run's own code was 0, 1
+ * or 4; otherwise that code), saying so.
+ *
  * Exit codes: 0 every verified step passed (or --verify off: 'unverified'), 1 a step failed
  * verification, 2 bad input or usage, 3 a device or runtime error (including a database write
- * failure), 4 nothing was verified (no step replayed: 'empty'; a planted fault never showed:
- * 'fault-not-fired'), 130 SIGINT, 143 SIGTERM. */
+ * failure; a plugin's close() that faults or hangs after the run is stored), 4 nothing was
+ * verified (no step replayed: 'empty'; a planted fault never showed: 'fault-not-fired'), 130
+ * SIGINT, 143 SIGTERM. */
 #include "replay.h"
 
 #include <errno.h>
@@ -163,7 +172,9 @@ static void replay_usage(FILE *f)
         "  --forward-timeout S      a backend call (open, prepare, fill, a layer's forward) that has not\n"
         "                           returned after S seconds fails the run (exit 3); 0 = no limit\n"
         "                           (default %d s for a GPU backend, %d s on the host;\n"
-        "                           ATTNREPLAY_FORWARD_TIMEOUT sets it too)\n"
+        "                           ATTNREPLAY_FORWARD_TIMEOUT sets it too); a plugin's init and\n"
+        "                           check() have S as well (default %d s: the plugin's kind is\n"
+        "                           not known yet), its close() the backend's\n"
         "sharding (README \"Running on a cluster\"):\n"
         "  --shard i/N              replay shard i of N; without it the launcher's environment says\n"
         "                           (Slurm, Open MPI, PMI, torchrun; none: one shard)\n"
@@ -180,21 +191,27 @@ static void replay_usage(FILE *f)
         "progress: on a terminal a live line (step / total, steps/s, ETA); otherwise a line every 10 s\n"
         "signals: SIGINT or SIGTERM abandons the step in flight within 2 s, keeps every committed step\n"
         "  and marks the run 'interrupted'; --resume continues it\n"
-        "a backend that faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, a CUDA error) or outlives --forward-timeout\n"
-        "  fails its step: committed steps are kept, the run is marked 'error', exit 3; --resume continues it\n"
+        "a backend that faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, a CUDA error) or outlives\n"
+        "  --forward-timeout fails its step: committed steps are kept, the run is marked 'error', exit 3;\n"
+        "  --resume continues it.  A plugin that faults or hangs in attnreplay_plugin_init or check() is\n"
+        "  refused (exit 2, nothing stored); in close(), after the run is stored, the run stays as\n"
+        "  stored and the exit is 3\n"
         "environment: ATTNREPLAY_BUSY_TIMEOUT_MS  how long to wait for another writer of the\n"
         "  database (default 30000); ATTNREPLAY_CRASH_HANDLER=0  leaves a backend's faults to the\n"
         "  default action (a core dump) instead of failing the run cleanly\n"
         "exit: 0 every verified step passed (status 'passed'; with --verify off 'unverified'),\n"
-        "      1 a step failed verification, 2 bad input or usage, 3 device/runtime error,\n"
+        "      1 a step failed verification, 2 bad input or usage (a plugin that cannot be loaded,\n"
+        "        refuses the config, or faults or hangs in init or check()), 3 device/runtime error\n"
+        "        (a plugin's close() that faults or hangs after the run is stored: the run stays as\n"
+        "        stored),\n"
         "      4 nothing verified: no step replayed ('empty') or the planted fault never showed\n"
         "        ('fault-not-fired'), 130 SIGINT, 143 SIGTERM ('interrupted')\n",
-        AR_FORWARD_TIMEOUT_GPU_S, AR_FORWARD_TIMEOUT_HOST_S);
+        AR_FORWARD_TIMEOUT_GPU_S, AR_FORWARD_TIMEOUT_HOST_S, AR_FORWARD_TIMEOUT_GPU_S);
 }
 
-/* Seconds a backend call may take: --forward-timeout, else ATTNREPLAY_FORWARD_TIMEOUT, else the
- * default for the backend's kind (0 = no limit). */
-static double forward_timeout(const replay_opts *o, const ar_backend *be)
+/* Seconds a backend call may take as the user gave them: --forward-timeout, else
+ * ATTNREPLAY_FORWARD_TIMEOUT; -1 when neither did (0 = no limit). */
+static double given_timeout(const replay_opts *o)
 {
     if (o->forward_timeout >= 0) return o->forward_timeout;
     const char *env = getenv("ATTNREPLAY_FORWARD_TIMEOUT");
@@ -205,7 +222,16 @@ static double forward_timeout(const replay_opts *o, const ar_backend *be)
         fprintf(stderr, "attnreplay replay: ATTNREPLAY_FORWARD_TIMEOUT='%s' is not a number of seconds >= 0; "
                         "using the default\n", env);
     }
-    return be->needs_gpu ? AR_FORWARD_TIMEOUT_GPU_S : AR_FORWARD_TIMEOUT_HOST_S;
+    return -1;
+}
+
+/* Seconds a call into the chosen backend may take: the given timeout, else the default for the
+ * backend's kind.  Before a backend is chosen (a plugin's init and check) its kind is unknown:
+ * the given timeout, else the shorter default, AR_FORWARD_TIMEOUT_GPU_S (be NULL). */
+static double call_timeout(double given, const ar_backend *be)
+{
+    if (given >= 0) return given;
+    return !be || be->needs_gpu ? AR_FORWARD_TIMEOUT_GPU_S : AR_FORWARD_TIMEOUT_HOST_S;
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out)
@@ -997,6 +1023,8 @@ static void print_summary(const engine *e, const ar_selection *sel, const char *
     if (reason) printf("            %s\n", reason);
 }
 
+/* Releases the engine; the backend is closed last, once the database is closed, so that a
+ * plugin whose close() faults or hangs (the watchdog ends the process) leaves nothing half done. */
 static void engine_free(engine *e)
 {
     ar_step_counter_stop(&e->counter);
@@ -1004,12 +1032,12 @@ static void engine_free(engine *e)
     else free(e->rdr.written);
     if (e->writer) ar_db_writer_free(e->writer);
     if (e->verifier) ar_verifier_close(e->verifier);
-    if (e->state) e->be->close(e->state);
     if (e->rd) ar_trace_close(e->rd);
     if (e->db) ar_db_close(e->db);
     ar_shard_plan_free(&e->plan);
     free(e->out);
     free(e->lse);
+    if (e->state) e->be->close(e->state);
 }
 
 /* Creates dir and its missing parents; checks it is a writable directory.  0 or -1 + err. */
@@ -1203,7 +1231,7 @@ int ar_replay_main(int argc, char **argv)
     ar_watchdog_start(&wd, e->o.quiet);
 
     int exit_code = 0;
-    const char *status = NULL;
+    const char *status = NULL, *stored_status = NULL;   /* stored: the outcome a run row holds */
     char fail_msg[AR_ERR_MAX + 512] = "", reason[AR_ERR_MAX + 512] = "";
     ar_selection sel;
     memset(&sel, 0, sizeof sel);
@@ -1245,6 +1273,9 @@ int ar_replay_main(int argc, char **argv)
     if (ar_db_check_writable(e->db_path, err, sizeof err) != 0) SETUP_FAIL(2, "--db %s", err);
     if (!e->o.quiet) print_shard(e);
 
+    /* a plugin's init and check run here, under the watchdog (a fault or hang: exit 2) */
+    const double timeout_given = given_timeout(&e->o);
+    ar_call_set_timeout(call_timeout(timeout_given, NULL));
     e->be = ar_backend_select(&e->cfg, e->o.backend, &sel);
     if (!e->be) {
         if (sel.failed) {
@@ -1260,7 +1291,7 @@ int ar_replay_main(int argc, char **argv)
         exit_code = 2;
         goto done;
     }
-    ar_call_set_timeout(forward_timeout(&e->o, e->be));
+    ar_call_set_timeout(call_timeout(timeout_given, e->be));
     ar_watchdog_set_backend(&wd, e->be->name);
     ar_call_begin(AR_CALL_OPEN, -1, -1);
     int code = e->be->open(&e->cfg, &e->state, err, sizeof err);
@@ -1439,6 +1470,8 @@ finish:;
     if (e->writer && ar_db_writer_finish(e->writer, status, stored_reason, &final, now_wall(), err, sizeof err) != 0) {
         fprintf(stderr, "attnreplay replay: %s (the run stays 'running'; --resume continues it)\n", err);
         if (exit_code == 0 || exit_code == 1 || exit_code == AR_EXIT_NOTHING_VERIFIED) exit_code = 3;
+    } else if (e->writer) {
+        stored_status = status;
     }
     snapshot(e, &final);
     if (fail_msg[0]) fprintf(stderr, "attnreplay replay: %s\n", fail_msg);
@@ -1452,9 +1485,13 @@ finish:;
 
 done:
     free(cfg_json);
-    fflush(stdout);
-    ar_watchdog_stop(&wd);   /* before the writer goes: the watchdog may use it */
+    fflush(stdout);   /* before the backend's close, which may end the process */
+    /* The outcome is stored (or no run holds one): the writer is no longer the watchdog's, which
+     * watches the backend's close to the end (a fault or hang there: a message, the run as
+     * stored, exit 3 unless exit_code says more). */
+    ar_watchdog_closing(&wd, stored_status, exit_code);
     engine_free(e);
+    ar_watchdog_stop(&wd);
     ar_crash_handler_remove();
     ar_stop_signals_restore(&old_int, &old_term);
     if (exit_code == 0 && ar_stop_signalled() && !run_exists) exit_code = 128 + ar_stop_signalled();   /* during setup */

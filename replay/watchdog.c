@@ -3,8 +3,11 @@
  * and a watchdog thread ends the run within 2 s if the loop does not; every call into the
  * backend is bracketed with its kind, step, layer and deadline, so that a fault inside it (the
  * crash handler parks the faulting thread) or a call past --forward-timeout has the watchdog
- * commit the whole steps, mark the run 'error' and exit 3.  Nothing is written from a signal
- * handler. */
+ * commit the whole steps, mark the run 'error' and exit 3.  A plugin's attnreplay_plugin_init
+ * and check(), called before a backend is chosen, are bracketed the same way with the plugin's
+ * file: a fault or hang there is a broken plugin, exit 2 with nothing stored.  Its close(),
+ * called once the run's outcome is stored, too: the run stays as stored and the exit says the
+ * close failed.  Nothing is written from a signal handler. */
 #include "watchdog.h"
 
 #include <errno.h>
@@ -62,11 +65,13 @@ static int64_t call_step;
 static int call_layer;
 static int64_t call_deadline_ns;
 static double call_timeout_s;
+static char call_source[512];   /* a plugin's own entry point (init, check, close): its file */
 
-/* A fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL) inside a backend call: the signal and address. */
+/* A fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) inside a backend call: the signal and
+ * address. */
 static volatile sig_atomic_t crash_signal;
 static void *volatile crash_addr;
-static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 #define NUM_CRASH_SIGNALS (int)(sizeof crash_signals / sizeof crash_signals[0])
 static struct sigaction crash_old[NUM_CRASH_SIGNALS];
 static bool crash_installed;
@@ -93,10 +98,18 @@ void ar_call_end(void)
     __atomic_store_n(&call_deadline_ns, 0, __ATOMIC_RELAXED);
 }
 
+bool ar_call_begin_plugin(int kind, const char *source)
+{
+    if (__atomic_load_n(&call_kind, __ATOMIC_ACQUIRE) != AR_CALL_NONE) return false;
+    snprintf(call_source, sizeof call_source, "%s", source && *source ? source : "(unnamed)");
+    ar_call_begin(kind, -1, -1);
+    return true;
+}
+
 /* A fault inside a backend call: the thread that faulted records it, wakes the watchdog and waits
  * for the watchdog to end the process (returning would fault again).  A fault outside any backend
  * call is attnreplay's own: the previous disposition is restored and the fault happens again
- * there (a core dump, the sanitizer's report). */
+ * there (a core dump, the sanitizer's report; abort() raises SIGABRT again itself). */
 static void on_crash(int sig, siginfo_t *info, void *context)
 {
     (void)context;
@@ -145,13 +158,29 @@ static const char *call_name(int kind)
     case AR_CALL_OPEN: return "open";
     case AR_CALL_PREPARE: return "prepare";
     case AR_CALL_FILL: return "fill";
+    case AR_CALL_INIT: return "attnreplay_plugin_init";
+    case AR_CALL_CHECK: return "check()";
+    case AR_CALL_CLOSE: return "close()";
     default: return "forward";
     }
 }
 
+static bool plugin_entry(int kind)
+{
+    return kind == AR_CALL_INIT || kind == AR_CALL_CHECK || kind == AR_CALL_CLOSE;
+}
+
 static const char *crash_signal_name(int sig)
 {
-    return sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "SIGILL";
+    return sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE"
+         : sig == SIGILL ? "SIGILL" : "SIGABRT";
+}
+
+/* " (address 0x...)" for a fault with one; SIGABRT (abort(), a failed assert) has none. */
+static void crash_where(char *buf, size_t len)
+{
+    if (crash_signal == SIGABRT) buf[0] = '\0';
+    else snprintf(buf, len, " (address %p)", crash_addr);
 }
 
 /* Writes text to stderr without stdio (whose lock a faulted thread may hold). */
@@ -206,6 +235,30 @@ static void watchdog_end_broken(ar_watchdog *wd, const char *why)
     _exit(3);
 }
 
+/* A plugin's init, check() or close() faulted or hung (what: "crashed (SIGSEGV) ..." or "did not
+ * return ...").  init and check(): a broken plugin, nothing stored, exit 2.  close(): the run's
+ * outcome is stored already and stays; exit 3 unless the run's own code says more. */
+static void watchdog_end_plugin(ar_watchdog *wd, int kind, const char *what)
+{
+    char msg[1400];
+    int code = 2;
+    if (kind == AR_CALL_CLOSE) {
+        code = wd->close_exit == 0 || wd->close_exit == 1 || wd->close_exit == 4 ? 3 : wd->close_exit;
+        if (wd->close_stored)
+            snprintf(msg, sizeof msg, "attnreplay replay: plugin %s %s after run %lld in %s was stored: the run keeps "
+                     "its status '%s' and its steps; exit %d for the failed close\n", call_source, what,
+                     (long long)wd->run_id, wd->db_path, wd->close_status, code);
+        else
+            snprintf(msg, sizeof msg, "attnreplay replay: plugin %s %s; exit %d for the failed close\n", call_source,
+                     what, code);
+    } else {
+        snprintf(msg, sizeof msg, "attnreplay replay: plugin %s %s: a broken plugin; nothing was replayed\n",
+                 call_source, what);
+    }
+    say(msg);
+    _exit(code);
+}
+
 static void *watchdog_main(void *arg)
 {
     ar_watchdog *wd = arg;
@@ -225,9 +278,20 @@ static void *watchdog_main(void *arg)
         if (kind == AR_CALL_OPEN) snprintf(where, sizeof where, "setup");
         else if (layer < 0) snprintf(where, sizeof where, "step %lld", (long long)step);
         else snprintf(where, sizeof where, "step %lld, layer %d", (long long)step, layer);
+        char addr[48] = "";
+        if (crash_signal) crash_where(addr, sizeof addr);
+        if (crash_signal && plugin_entry(kind)) {
+            snprintf(why, sizeof why, "crashed (%s) in %s%s", crash_signal_name(crash_signal), call_name(kind), addr);
+            watchdog_end_plugin(wd, kind, why);
+        }
+        if (plugin_entry(kind) && deadline > 0 && mono_ns() > deadline) {
+            snprintf(why, sizeof why, "did not return within %g s in %s (--forward-timeout)", call_timeout_s,
+                     call_name(kind));
+            watchdog_end_plugin(wd, kind, why);
+        }
         if (crash_signal) {
-            snprintf(why, sizeof why, "%s: the %s backend's %s crashed with %s (address %p)", where,
-                     wd->backend ? wd->backend : "?", call_name(kind), crash_signal_name(crash_signal), crash_addr);
+            snprintf(why, sizeof why, "%s: the %s backend's %s crashed with %s%s", where,
+                     wd->backend ? wd->backend : "?", call_name(kind), crash_signal_name(crash_signal), addr);
             watchdog_end_broken(wd, why);
         }
         if (kind != AR_CALL_NONE && deadline > 0 && mono_ns() > deadline) {
@@ -246,9 +310,15 @@ static void *watchdog_main(void *arg)
             pthread_mutex_unlock(&wd->mu);
             return NULL;
         }
-        /* The step loop is still inside a step: commit what is whole, mark the run, end here. */
         const int sig = ar_stop_signalled() ? ar_stop_signalled() : SIGTERM;
         const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+        if (wd->closing) {   /* the outcome is stored; the backend's close has not ended */
+            snprintf(why, sizeof why, "\nattnreplay replay: %s: stopped while the backend was closing; %s\n", name,
+                     wd->close_stored ? "the run stays as stored" : "no run was stored");
+            say(why);
+            _exit(128 + sig);
+        }
+        /* The step loop is still inside a step: commit what is whole, mark the run, end here. */
         snprintf(why, sizeof why, "interrupted by %s (the step in flight was abandoned)", name);
         int rc = wd->writer ? ar_db_writer_abort(wd->writer, "interrupted", why, now_wall(), AR_SIGNAL_ABORT_S) : 0;
         if (wd->writer && rc == 0)
@@ -285,6 +355,17 @@ void ar_watchdog_set_backend(ar_watchdog *wd, const char *name)
 {
     pthread_mutex_lock(&wd->mu);
     wd->backend = name;
+    pthread_mutex_unlock(&wd->mu);
+}
+
+void ar_watchdog_closing(ar_watchdog *wd, const char *status, int exit_code)
+{
+    pthread_mutex_lock(&wd->mu);
+    wd->closing = true;
+    wd->close_stored = wd->writer && status;
+    wd->close_status = status;
+    wd->close_exit = exit_code;
+    wd->writer = NULL;
     pthread_mutex_unlock(&wd->mu);
 }
 

@@ -2,6 +2,10 @@
  * thread that ends a run which cannot end itself: SIGINT / SIGTERM within 2 s (exit 130 / 143,
  * the run 'interrupted'), a backend call that faults or runs past its deadline (exit 3, the run
  * 'error'), in both cases with the writer's whole steps committed (replay.c's opening comment).
+ * A plugin's own entry points outside the run are bracketed the same way and named by the
+ * plugin's file: attnreplay_plugin_init and check() before a backend is chosen (a fault or hang
+ * is a broken plugin: exit 2, nothing stored), close() after the run's outcome is stored (the
+ * run stays as stored: exit 3 unless the run's own code already says it did not succeed).
  * One run per process at a time: the state is the process's. */
 #ifndef AR_WATCHDOG_H
 #define AR_WATCHDOG_H
@@ -13,8 +17,9 @@
 
 #include "db.h"
 
-/* What the backend call in flight is. */
-enum { AR_CALL_NONE, AR_CALL_OPEN, AR_CALL_PREPARE, AR_CALL_FILL, AR_CALL_FORWARD };
+/* What the backend call in flight is: the run's calls, then a plugin's own entry points. */
+enum { AR_CALL_NONE, AR_CALL_OPEN, AR_CALL_PREPARE, AR_CALL_FILL, AR_CALL_FORWARD,
+       AR_CALL_INIT, AR_CALL_CHECK, AR_CALL_CLOSE };
 
 /* SIGINT / SIGTERM set the stop flag (the previous handlers are saved, and restored by
  * ar_stop_signals_restore); ar_stop_signalled() is the signal that asked to stop, 0 while none
@@ -29,6 +34,12 @@ const volatile int *ar_stop_flag(void);
 void ar_call_set_timeout(double seconds);
 void ar_call_begin(int kind, int64_t step, int layer);
 void ar_call_end(void);
+/* Brackets a plugin's attnreplay_plugin_init (AR_CALL_INIT), check() (AR_CALL_CHECK) or close()
+ * (AR_CALL_CLOSE), source naming the plugin (its file) in messages, with the same deadline.  It
+ * begins nothing while another call is in flight (check() and close() inside open are open's):
+ * the return says whether it began one, and only then does the caller end it (ar_call_end).
+ * Without a watchdog (the Python package's own use of the library) it only records the call. */
+bool ar_call_begin_plugin(int kind, const char *source);
 
 typedef struct ar_watchdog ar_watchdog;
 struct ar_watchdog {
@@ -42,6 +53,10 @@ struct ar_watchdog {
     const char *db_path;
     const char *backend;      /* the backend's name, for messages */
     bool quiet;
+    bool closing;             /* the run's outcome is stored (or it never began): only close() is left */
+    bool close_stored;        /* closing: a run row holds the outcome close_status */
+    const char *close_status; /* closing: the stored status, for messages */
+    int close_exit;           /* closing: the exit code the run ends with */
 };
 
 /* Starts the thread and installs the crash handler (ATTNREPLAY_CRASH_HANDLER=0 leaves faults to
@@ -51,6 +66,12 @@ struct ar_watchdog {
 void ar_watchdog_start(ar_watchdog *wd, bool quiet);
 void ar_watchdog_set_writer(ar_watchdog *wd, ar_db_writer *w, int64_t run, const char *db_path);
 void ar_watchdog_set_backend(ar_watchdog *wd, const char *name);
+/* The run's outcome is stored (status NULL: no run row holds one) and the process will exit with
+ * exit_code: the writer is no longer the watchdog's, and what it still watches is the backend's
+ * close.  A fault or hang there then ends the process with a message saying the run stands as
+ * stored, exit 3 when exit_code is 0, 1 or 4 (else exit_code); SIGINT / SIGTERM with exit
+ * 128 + the signal when the close has not ended within the signal grace. */
+void ar_watchdog_closing(ar_watchdog *wd, const char *status, int exit_code);
 void ar_watchdog_stop(ar_watchdog *wd);
 void ar_crash_handler_remove(void);
 

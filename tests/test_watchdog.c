@@ -6,14 +6,19 @@
  * completes the run without duplicating a row.  The broken kernels are tests/plugins/faulty.c
  * (the example CPU plugin, faulting from step ATTNREPLAY_FAULTY_STEP on), with and without the
  * overlapped writer; one whose forward returns an error (as a CUDA backend does after a kernel
- * fault) ends the run the same way.  ATTNREPLAY_CRASH_HANDLER=0 leaves a fault to the default action; bad
- * --forward-timeout values are usage errors. */
+ * fault) ends the run the same way.  A plugin whose attnreplay_plugin_init or check() faults
+ * (SIGSEGV, abort()) or never returns is a broken plugin: exit 2, a message naming its file and
+ * the entry point, nothing stored; one whose close() does so after the run is stored leaves the
+ * run as stored ('passed', every step, integrity ok) and exits 3 saying so.
+ * ATTNREPLAY_CRASH_HANDLER=0 leaves a fault to the default action; bad --forward-timeout values
+ * are usage errors. */
 #include "testutil.h"
 #include "watchdog_checks.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *faulty(const char *kind, char *buf, size_t len)
 {
@@ -84,6 +89,103 @@ static void test_failed_forward_fails_the_step(void **state)
     assert_resume_completes(plugin, trace, db, log, "");
 }
 
+/* A fault in attnreplay_plugin_init or check(): exit 2, "plugin PATH crashed (SIG...) in ...",
+ * nothing replayed and no database written. */
+static void test_crash_in_init_or_check_is_a_broken_plugin(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *kind, *what;
+    } cases[] = {
+        {"initsegv", "crashed (SIGSEGV) in attnreplay_plugin_init (address 0x10)"},
+        {"initabort", "crashed (SIGABRT) in attnreplay_plugin_init"},
+        {"checksegv", "crashed (SIGSEGV) in check() (address 0x10)"},
+    };
+    char plugin[4200], trace[512], db[512], log[512], want[4600];
+    tu_sample("mixed", trace, sizeof trace);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        faulty(cases[i].kind, plugin, sizeof plugin);
+        snprintf(db, sizeof db, "%s/entry-%s.db", tu_tmpdir(), cases[i].kind);
+        tu_tmp("entry.log", log, sizeof log);
+        unlink(db);
+        assert_int_equal(replay_broken(plugin, trace, db, log, "", "", 2), 2);
+        snprintf(want, sizeof want, "attnreplay replay: plugin %s %s: a broken plugin; nothing was replayed", plugin,
+                 cases[i].what);
+        if (!tu_file_has(log, want)) print_message("wanted: %s\n", want);
+        assert_true(tu_file_has(log, want));
+        assert_int_equal(access(db, F_OK), -1);
+    }
+}
+
+/* attnreplay_plugin_init or check() that never returns: the same, after the deadline (by option
+ * and by environment). */
+static void test_hang_in_init_or_check_is_a_broken_plugin(void **state)
+{
+    (void)state;
+    static const char *const kinds[] = {"inithang", "checkhang"};
+    static const char *const where[] = {"attnreplay_plugin_init", "check()"};
+    static const char *const how[] = {"", "ATTNREPLAY_FORWARD_TIMEOUT=1"};
+    static const char *const opt[] = {"--forward-timeout 1", ""};
+    char plugin[4200], trace[512], db[512], log[512], want[4600];
+    tu_sample("mixed", trace, sizeof trace);
+    for (size_t i = 0; i < 2; i++)
+        for (size_t k = 0; k < 2; k++) {
+            faulty(kinds[i], plugin, sizeof plugin);
+            snprintf(db, sizeof db, "%s/entry-%s.db", tu_tmpdir(), kinds[i]);
+            tu_tmp("entry.log", log, sizeof log);
+            unlink(db);
+            /* `timeout`: a replay without the deadline would never end */
+            char env[128];
+            snprintf(env, sizeof env, "%s timeout -s KILL 60 env", how[k]);
+            double t0 = now_s();
+            assert_int_equal(replay_broken(plugin, trace, db, log, env, opt[k], 2), 2);
+            assert_true(now_s() - t0 < 30);
+            snprintf(want, sizeof want, "attnreplay replay: plugin %s did not return within 1 s in %s "
+                     "(--forward-timeout): a broken plugin; nothing was replayed", plugin, where[i]);
+            if (!tu_file_has(log, want)) print_message("wanted: %s\n", want);
+            assert_true(tu_file_has(log, want));
+            assert_int_equal(access(db, F_OK), -1);
+        }
+}
+
+/* The run passed and is stored; then close() faults or hangs: the run keeps its status and every
+ * step (the database whole), the message says so, exit 3. */
+static void test_close_failure_keeps_the_stored_run(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *kind, *opts, *what;
+    } cases[] = {
+        {"closesegv", "", "crashed (SIGSEGV) in close() (address 0x10)"},
+        {"closesegv", "--no-overlap", "crashed (SIGSEGV) in close() (address 0x10)"},
+        {"closehang", "--forward-timeout 1", "did not return within 1 s in close() (--forward-timeout)"},
+    };
+    char plugin[4200], trace[512], db[512], log[512], want[5400], text[1024];
+    tu_sample("mixed", trace, sizeof trace);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        faulty(cases[i].kind, plugin, sizeof plugin);
+        snprintf(db, sizeof db, "%s/close-%zu.db", tu_tmpdir(), i);
+        tu_tmp("close.log", log, sizeof log);
+        double t0 = now_s();
+        assert_int_equal(replay_broken(plugin, trace, db, log, "timeout -s KILL 60 env", cases[i].opts, 3), 3);
+        assert_true(now_s() - t0 < 60);
+        snprintf(want, sizeof want, "attnreplay replay: plugin %s %s after run 1 in %s was stored: the run keeps its "
+                 "status 'passed' and its steps; exit 3 for the failed close", plugin, cases[i].what, db);
+        if (!tu_file_has(log, want)) print_message("wanted: %s\n", want);
+        assert_true(tu_file_has(log, want));
+        tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+        assert_string_equal(text, "passed");
+        assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);
+        const int64_t steps = tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1");
+        assert_true(steps > FAULT_STEP);
+        assert_int_equal(tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1"), steps);
+        assert_int_equal(tu_query_int(db, "SELECT count(DISTINCT step) FROM coverage WHERE run=1"), steps);
+        assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1 AND pass IS NOT 1"), 0);
+        tu_query_text(db, "PRAGMA integrity_check", text, sizeof text);
+        assert_string_equal(text, "ok");
+    }
+}
+
 /* ATTNREPLAY_CRASH_HANDLER=0: the fault takes its default course (the process dies by SIGSEGV,
  * or a sanitizer's handler reports it); what was committed stays whole and --resume still
  * completes the run. */
@@ -105,6 +207,15 @@ static void test_crash_handler_can_be_turned_off(void **state)
     assert_true(kept >= 0 && kept <= FAULT_STEP);
     assert_int_equal(tu_query_int(db, "SELECT last_step FROM runs WHERE id=1") + 1, kept);
     assert_resume_completes(plugin, trace, db, log, "");
+    /* in a plugin's init too */
+    faulty("initsegv", plugin, sizeof plugin);
+    tu_tmp("off-init.db", db, sizeof db);
+    rc = replay_broken(plugin, trace, db, log, "ATTNREPLAY_CRASH_HANDLER=0", "", 128 + 11);
+    assert_true(rc == 128 + 11 || (rc == 1 && tu_file_has(log, "AddressSanitizer: SEGV")));
+    char *said = tu_slurp(log);
+    assert_non_null(said);
+    assert_null(strstr(said, "a broken plugin"));
+    free(said);
 }
 
 static void test_forward_timeout_usage(void **state)
@@ -134,6 +245,9 @@ int main(void)
         cmocka_unit_test(test_segfault_in_forward_fails_the_step),
         cmocka_unit_test(test_hung_forward_fails_after_the_timeout),
         cmocka_unit_test(test_failed_forward_fails_the_step),
+        cmocka_unit_test(test_crash_in_init_or_check_is_a_broken_plugin),
+        cmocka_unit_test(test_hang_in_init_or_check_is_a_broken_plugin),
+        cmocka_unit_test(test_close_failure_keeps_the_stored_run),
         cmocka_unit_test(test_crash_handler_can_be_turned_off),
         cmocka_unit_test(test_forward_timeout_usage),
     };
