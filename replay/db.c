@@ -4,10 +4,13 @@
  * Crash safety comes from SQLite itself: every batch of steps and the run's progress counters
  * commit in one transaction, and WAL mode keeps readers (report, diff) working during a replay.
  * A disk-full or I/O error inside a batch rolls the batch back, so the database always holds
- * whole steps only; the caller then marks the run 'error'.  That needs a little space, so a
- * writable database keeps PATH-reserve (AR_DB_RESERVE_BYTES, deleted on close) and gives it back
- * when the final status write fails for want of space; if even that fails the run stays
- * 'running' and --resume picks it up.  Error messages name the kind of I/O failure.
+ * whole steps only; the caller then marks the run 'error'.  That needs a little space, so each
+ * process that opens a database for writing holds AR_DB_RESERVE_BYTES in a file with no name in
+ * the database's directory and gives it back when the final status write fails for want of
+ * space; if even that fails the run stays 'running' and --resume picks it up.  Having no name,
+ * the reserve is the process's own (two writers of one database hold one each) and the system
+ * frees it when the process ends, however it ends.  Error messages name the kind of I/O
+ * failure.
  *
  * Locks: the writer's db_mu guards every use of the connection once the writer exists; q_mu
  * guards the queue of finished records and the pool.  Whoever writes takes db_mu, then q_mu,
@@ -37,16 +40,16 @@ enum {
     ST_COUNT
 };
 
-/* Bytes set aside beside a writable database (PATH-reserve) and given back when a write fails
- * for want of space, so the run can still be marked 'error' on a full disk.  A few WAL frames
- * are all that needs. */
+/* Bytes set aside beside a writable database and given back when a write fails for want of
+ * space, so the run can still be marked 'error' on a full disk.  A few WAL frames are all that
+ * needs. */
 #define AR_DB_RESERVE_BYTES (128 * 1024)
 
 struct ar_db {
     sqlite3 *h;
     sqlite3_stmt *st[ST_COUNT];
     char path[1024];
-    char reserve_path[1040];
+    int reserve_fd;   /* the reserve, a deleted file held open; valid while have_reserve */
     bool have_reserve;
 };
 
@@ -58,26 +61,66 @@ const char *ar_phase_name(ar_phase p)
     return p >= 0 && p < AR_PHASE_COUNT ? phase_names[p] : "?";
 }
 
+/* An open file in the directory of the database (the directory its symlinks lead to: the file
+ * system SQLite writes), with no name: O_TMPFILE where the file system has it, else a unique
+ * name deleted at once.  -1 when neither works. */
+static int reserve_open_unnamed(const char *db_path)
+{
+    char *real = realpath(db_path, NULL);
+    const char *path = real ? real : db_path;
+    char dir[1040];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int fd = -1;
+#ifdef O_TMPFILE
+    fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+#endif
+    if (fd < 0) {
+        char tmpl[1100];
+        if (snprintf(tmpl, sizeof tmpl, "%s-reserve-XXXXXX", path) < (int)sizeof tmpl) {
+            fd = mkostemp(tmpl, O_CLOEXEC);
+            if (fd >= 0) unlink(tmpl);
+        }
+    }
+    free(real);
+    return fd;
+}
+
+/* PATH-reserve, the named reserve earlier versions kept beside a database and deleted on close,
+ * stays behind when such a process was killed: it is removed here when it is still exactly
+ * what they made (a regular file of AR_DB_RESERVE_BYTES); any other file of that name is left
+ * alone. */
+static void reserve_remove_named(const char *db_path)
+{
+    char named[1040];
+    if (snprintf(named, sizeof named, "%s-reserve", db_path) >= (int)sizeof named) return;
+    struct stat st;
+    if (lstat(named, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == AR_DB_RESERVE_BYTES) unlink(named);
+}
+
 /* Best effort: no reserve (no space even for it, odd file system) only loses the fallback. */
 static void reserve_create(ar_db *db)
 {
-    snprintf(db->reserve_path, sizeof db->reserve_path, "%s-reserve", db->path);
-    int fd = open(db->reserve_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    reserve_remove_named(db->path);
+    int fd = reserve_open_unnamed(db->path);
     if (fd < 0) return;
-    int rc = posix_fallocate(fd, 0, AR_DB_RESERVE_BYTES);
-    close(fd);
-    if (rc != 0) {
-        unlink(db->reserve_path);
+    if (posix_fallocate(fd, 0, AR_DB_RESERVE_BYTES) != 0) {
+        close(fd);
         return;
     }
+    db->reserve_fd = fd;
     db->have_reserve = true;
 }
 
-/* Deletes the reserve file; true when there was one to give back. */
+/* Gives the reserve's space back (truncated first, so the blocks are free at once even where a
+ * forked child still holds the file); true when there was one to give back. */
 static bool reserve_release(ar_db *db)
 {
     if (!db->have_reserve) return false;
-    unlink(db->reserve_path);
+    if (ftruncate(db->reserve_fd, 0) != 0) {}   /* then the close frees it (once no child holds it) */
+    close(db->reserve_fd);
     db->have_reserve = false;
     return true;
 }

@@ -13,6 +13,10 @@
  *                  at that step (and is stopped the same way)
  *   SIGKILL        inside a write transaction (ATTNREPLAY_TEST_KILL_AFTER_STEP) after earlier
  *                  batches committed: the committed batches stay whole, --resume completes
+ *   space reserve  each writer holds its own (a deleted file it keeps open, seen through
+ *                  /proc/PID/fd) until it closes, two replays on one database included; a
+ *                  replay killed with SIGKILL leaves no reserve file; a PATH-reserve an earlier
+ *                  version left is removed by the next writer, another file of that name kept
  *   readers        while a replay writes (WAL), a read-only connection counts its committed
  *                  steps and `attnreplay report` renders from the same database
  *   second writer  no write lock is held while a step computes (another connection takes the
@@ -40,6 +44,7 @@
  * test_replay.c (ATTNREPLAY_TEST_KILL_AFTER_STEP). */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -600,6 +605,150 @@ static void test_sigkill_inside_a_transaction(void **state)
     assert_run_whole(db, 1);
 }
 
+/* ---- the space reserve beside a writable database ------------------------------------------ */
+
+/* Names in the directory of db that start with its file name and "-reserve" (a reserve file
+ * left beside the database), written to names (space separated); returns how many. */
+static int reserve_files_beside(const char *db, char *names, size_t len)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", db);
+    char *slash = strrchr(dir, '/');
+    assert_non_null(slash);
+    *slash = '\0';
+    char prefix[512];
+    snprintf(prefix, sizeof prefix, "%s-reserve", slash + 1);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    size_t used = 0;
+    if (len) names[0] = '\0';
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        n++;
+        if (used < len) used += (size_t)snprintf(names + used, len - used, "%s ", e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Bytes allocated to the files process pid holds open that were deleted from the directory of
+ * db (its space reserve; 0 when it holds none). */
+static long long reserve_bytes_held(pid_t pid, const char *db)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", db);
+    *strrchr(dir, '/') = '\0';
+    char fds[64];
+    snprintf(fds, sizeof fds, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(fds);
+    if (!d) return 0;
+    long long held = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char link[600], target[1024];
+        snprintf(link, sizeof link, "%s/%s", fds, e->d_name);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n <= 0) continue;
+        target[n] = '\0';
+        size_t dl = strlen(dir);
+        if (strncmp(target, dir, dl) != 0 || target[dl] != '/' || !strstr(target, " (deleted)")) continue;
+        struct stat st;
+        if (stat(link, &st) == 0 && S_ISREG(st.st_mode)) held += (long long)st.st_blocks * 512;
+    }
+    closedir(d);
+    return held;
+}
+
+/* A replay killed with SIGKILL leaves no reserve file beside its database: the reserve is a file
+ * with no name, whose space the system gives back when the process ends however it ends.  A
+ * PATH-reserve that an earlier version left behind (128 KiB) is removed by the next writer, which
+ * opens the database as usual; a file of that name that is not such a reserve is left alone. */
+static void test_sigkill_leaves_no_reserve_file(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512], legacy[600], names[512], text[64];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("kill-reserve.db", db, sizeof db);
+    tu_tmp("kill-reserve.log", log, sizeof log);
+    int rc = tu_run(log, "ATTNREPLAY_TEST_KILL_AFTER_STEP=40 '%s' replay '%s' --db '%s' --backend cpu --threads 1 "
+                         "--verify off --quiet", tu_bin(), trace, db);
+    assert_int_equal(rc, 128 + 9);
+    int left = reserve_files_beside(db, names, sizeof names);
+    print_message("after SIGKILL: %d reserve file(s) beside the database: %s\n", left, names);
+    assert_int_equal(left, 0);
+
+    /* an earlier version's reserve, left by a killed run: the next writer removes it */
+    snprintf(legacy, sizeof legacy, "%s-reserve", db);
+    assert_int_equal(tu_run(NULL, "head -c 131072 /dev/zero > '%s'", legacy), 0);
+    rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify off --resume --quiet",
+                tu_bin(), trace, db);
+    assert_int_equal(rc, 0);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "unverified");
+    assert_run_whole(db, 1);
+    assert_int_equal(reserve_files_beside(db, names, sizeof names), 0);
+
+    /* a file of that name that is not a reserve (another size) is not ours to remove */
+    assert_int_equal(tu_run(NULL, "printf 'notes\\n' > '%s'", legacy), 0);
+    rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --verify off --steps 0:3 --quiet",
+                tu_bin(), trace, db);
+    assert_int_equal(rc, 0);
+    struct stat st;
+    assert_int_equal(stat(legacy, &st), 0);
+    assert_int_equal(st.st_size, 6);
+    unlink(legacy);
+}
+
+/* Two replays writing one database each hold a reserve of their own until they close (a deleted
+ * file of 128 KiB in the database's directory that the process keeps open): the first to close
+ * does not take the other's away, and neither leaves a file behind. */
+static void test_two_replays_keep_their_own_reserve(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log1[512], log2[512], names[512];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("reserve2.db", db, sizeof db);
+    tu_tmp("reserve2-1.log", log1, sizeof log1);
+    tu_tmp("reserve2-2.log", log2, sizeof log2);
+    assert_int_equal(tu_run(log1, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:0 --quiet",
+                            tu_bin(), trace, db), 0);
+    /* --repeat 500 makes each replay last many seconds; both are stopped with SIGINT, A first */
+    pid_t a = spawn_replay(trace, db, log1, (const char *const[]){"--repeat", "500", NULL});
+    pid_t b = spawn_replay(trace, db, log2, (const char *const[]){"--repeat", "500", NULL});
+    long long held_a = 0, held_b = 0;
+    for (int i = 0; i < 400 && (held_a < 131072 || held_b < 131072); i++) {   /* up to 20 s */
+        sleep_ms(50);
+        held_a = reserve_bytes_held(a, db);
+        held_b = reserve_bytes_held(b, db);
+    }
+    print_message("two replays on one database: A holds %lld bytes of reserve, B %lld\n", held_a, held_b);
+    if (held_a < 131072 || held_b < 131072) {   /* failing: no replay outlives the test */
+        kill(a, SIGKILL);
+        kill(b, SIGKILL);
+        wait_exit(a);
+        wait_exit(b);
+    }
+    assert_true(held_a >= 131072);
+    assert_true(held_b >= 131072);
+    assert_int_equal(kill(a, SIGINT), 0);
+    assert_int_equal(wait_exit(a), 130);              /* A closed the database ... */
+    assert_int_equal(waitpid(b, NULL, WNOHANG), 0);   /* ... while B still replays ... */
+    held_b = reserve_bytes_held(b, db);
+    int left = reserve_files_beside(db, names, sizeof names);
+    print_message("A closed: B holds %lld bytes of reserve; files beside the database: %s\n", held_b, names);
+    assert_int_equal(kill(b, SIGINT), 0);
+    assert_int_equal(wait_exit(b), 130);
+    assert_true(held_b >= 131072);                    /* ... with its reserve */
+    assert_int_equal(left, 0);
+    assert_int_equal(reserve_files_beside(db, names, sizeof names), 0);
+    assert_run_whole(db, 2);
+    assert_run_whole(db, 3);
+    assert_integrity_ok(db);
+}
+
 /* ---- an error mid-run keeps its reason --------------------------------------------------- */
 
 static void test_error_reason_is_stored(void **state)
@@ -999,6 +1148,8 @@ int main(void)
         cmocka_unit_test(test_no_write_lock_while_steps_compute),
         cmocka_unit_test(test_sigterm_inside_a_long_step),
         cmocka_unit_test(test_sigkill_inside_a_transaction),
+        cmocka_unit_test(test_sigkill_leaves_no_reserve_file),
+        cmocka_unit_test(test_two_replays_keep_their_own_reserve),
         cmocka_unit_test(test_error_reason_is_stored),
         cmocka_unit_test(test_schema_v1_database_is_read_and_migrated),
         cmocka_unit_test(test_foreign_or_damaged_database_refused_untouched),
