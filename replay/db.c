@@ -307,13 +307,15 @@ int ar_db_has_column(void *sqlite_handle, const char *schema, const char *table,
     return rc == SQLITE_DONE ? found : -1;
 }
 
-static int read_version(sqlite3 *h)
+int ar_db_schema_version(sqlite3 *h, const char *schema)
 {
+    char sql[128];
+    snprintf(sql, sizeof sql, "SELECT value FROM %s%smeta WHERE key='schema_version'", schema ? schema : "",
+             schema ? "." : "");
     sqlite3_stmt *q = NULL;
     int version = 0;
-    if (sqlite3_prepare_v2(h, "SELECT value FROM meta WHERE key='schema_version'", -1, &q, NULL) == SQLITE_OK &&
-        sqlite3_step(q) == SQLITE_ROW)
-        version = atoi((const char *)sqlite3_column_text(q, 0));
+    if (sqlite3_prepare_v2(h, sql, -1, &q, NULL) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW)
+        version = sqlite3_column_int(q, 0);
     sqlite3_finalize(q);
     return version;
 }
@@ -328,7 +330,7 @@ static int migrate(ar_db *db, char *err, size_t err_len)
         int has = ar_db_has_column(db->h, "main", added_columns[i][0], added_columns[i][1]);
         if (has <= 0) missing = 1;   /* also when the table does not exist yet */
     }
-    if (!missing && read_version(db->h) == AR_DB_SCHEMA_VERSION) return 0;
+    if (!missing && ar_db_schema_version(db->h, NULL) == AR_DB_SCHEMA_VERSION) return 0;
     char *msg = NULL;
     if (sqlite3_exec(db->h, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
         return fail(db, err, err_len, "cannot set up the schema");
@@ -473,7 +475,7 @@ ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err,
         return NULL;
     }
     /* Schema version: refuse a database written by a newer schema, migrate an older one. */
-    int version = read_version(db->h);
+    int version = ar_db_schema_version(db->h, NULL);
     if (version > AR_DB_SCHEMA_VERSION) {
         snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", path,
                  version, AR_DB_SCHEMA_VERSION);

@@ -140,11 +140,7 @@ static int read_runs(merge_ctx *m, const char *path, int f, char *err, size_t er
                  : "not an attnreplay results database (tables 'runs' and 'steps' missing)");
         return -1;
     }
-    int version = 0;
-    if (sqlite3_prepare_v2(m->h, "SELECT value FROM s.meta WHERE key='schema_version'", -1, &st, NULL) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW)
-        version = sqlite3_column_int(st, 0);
-    sqlite3_finalize(st);
+    int version = ar_db_schema_version(m->h, "s");
     if (version > AR_DB_SCHEMA_VERSION) {
         snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", path, version,
                  AR_DB_SCHEMA_VERSION);

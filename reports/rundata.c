@@ -46,11 +46,7 @@ void *ar_rd_open(const char *path, char *err, size_t err_len)
     }
     /* A newer schema may have changed what the columns read here mean: refused, as replay
      * --db refuses it (replay/db.c).  No meta table, or no version in it: version 1. */
-    int version = 0;
-    if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key='schema_version'", -1, &st, NULL) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW)
-        version = sqlite3_column_int(st, 0);
-    sqlite3_finalize(st);
+    int version = ar_db_schema_version(db, NULL);
     if (version > AR_DB_SCHEMA_VERSION) {
         snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", path, version,
                  AR_DB_SCHEMA_VERSION);
