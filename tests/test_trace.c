@@ -4,6 +4,7 @@
  * steps), content keys, stats and `info` on the samples, and sample regeneration. */
 #include "testutil.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -494,6 +495,117 @@ static void test_step_keys_bounded(void **state)
         if (ar_trace_next(r, &st, err, sizeof err) != 1) fail_msg("%s", err);
     assert_int_equal(st->new_reqs[0].num_block_keys, 8388609);
     ar_trace_close(r);
+}
+
+/* VmRSS or VmHWM (the field named) of this process in KiB; -1 when /proc cannot be read. */
+static long proc_status_kb(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kb = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, field, n) == 0 && line[n] == ':') {
+            kb = strtol(line + n + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return kb;
+}
+
+/* Preempted and running requests keep no request-private content keys beyond the blocks they
+ * hold: a trace that admits a 2^22-token prompt (block_size 1) a step and preempts it the next,
+ * or leaves it running unscheduled, reads in one step's keys (32 MiB), not 32 MiB a step. */
+static void test_live_keys_bounded(void **state)
+{
+    (void)state;
+    enum { STEPS = 12, PROMPT = 1 << 22 };
+    const char *hdr = "{\"format\":\"attnreplay-trace\",\"version\":1,\"model\":{\"name\":\"t\",\"num_layers\":1,"
+                      "\"num_q_heads\":4,\"num_kv_heads\":2,\"head_size\":8},\"cache\":{\"block_size\":1,"
+                      "\"num_blocks\":4194305,\"dtype\":\"bf16\"},\"scheduler\":{\"max_num_batched_tokens\":64,"
+                      "\"max_num_seqs\":1}}\n";
+    char text[8192];
+    char err[AR_ERR_MAX] = "";
+    for (int running = 0; running < 2; running++) {
+        /* r<k> is admitted in step k with one token; preempted in step k + 1 (its block 1 handed
+         * to r<k+1>), or left running in block k + 1 */
+        int n = snprintf(text, sizeof text, "%s", hdr);
+        for (int k = 0; k < STEPS; k++) {
+            char pre[32] = "";
+            if (!running && k > 0) snprintf(pre, sizeof pre, "\"r%d\"", k - 1);
+            n += snprintf(text + n, sizeof text - (size_t)n,
+                          "{\"step\":%d,\"time\":%d,\"new\":[{\"req\":\"r%d\",\"prompt_len\":%d,\"num_computed_tokens\":0,"
+                          "\"block_ids\":[%d]}],\"cached\":[],\"num_scheduled_tokens\":{\"r%d\":1},\"preempted\":[%s]}\n",
+                          k, k, k, PROMPT, running ? k + 1 : 1, k, pre);
+        }
+        assert_true(n < (int)sizeof text);
+        const char *path = write_trace(running ? "keys-running.jsonl" : "keys-preempted.jsonl", text);
+        /* the peak RSS from here: reset where the kernel allows it, else the old peak counts */
+        FILE *cr = fopen("/proc/self/clear_refs", "w");
+        if (cr) {
+            fputs("5", cr);
+            fclose(cr);
+        }
+        long base = proc_status_kb("VmRSS");
+        ar_trace_reader *r = ar_trace_open(path, err, sizeof err);
+        if (!r) fail_msg("%s", err);
+        const ar_step *st;
+        int rc, steps = 0;
+        while ((rc = ar_trace_next(r, &st, err, sizeof err)) == 1) steps++;
+        if (rc != 0) fail_msg("%s", err);
+        assert_int_equal(steps, STEPS);
+        long peak = proc_status_kb("VmHWM");
+        if (base > 0 && peak > 0) {
+            long grown = peak - base;
+            if (grown > 160 * 1024)
+                fail_msg("reading %d steps of one %d-key prompt each grew the peak RSS by %ld KiB", STEPS, PROMPT, grown);
+        }
+        /* a live request keeps the keys of the blocks it holds: the same keys as before */
+        char last[16];
+        snprintf(last, sizeof last, "r%d", STEPS - 1);
+        const ar_live_req *lr = ar_trace_find(r, running ? "r0" : last);
+        assert_non_null(lr);
+        assert_int_equal(lr->prompt_len, PROMPT);
+        assert_int_equal(lr->num_blocks, 1);
+        assert_int_equal(lr->num_prompt_keys, 1);
+        assert_true(lr->prompt_keys[0] == ar_chain_key(AR_ROOT_KEY, ar_private_payload(lr->req_key, 0)));
+        assert_int_equal(ar_trace_live_count(r), running ? STEPS : 1);
+        ar_trace_close(r);
+    }
+
+    /* a preempted request's private keys are made again when it resumes: p's first block is a
+     * prefix hit on the block q computed with p's key, and not on one with other content */
+    char k0[17];
+    snprintf(k0, sizeof k0, "%016" PRIx64, ar_chain_key(AR_ROOT_KEY, ar_private_payload(ar_req_key("p"), 0)));
+#define STEPS01 \
+        "{\"step\":0,\"time\":0,\"new\":[{\"req\":\"p\",\"prompt_len\":8,\"num_computed_tokens\":0,\"block_ids\":[1,2]}]," \
+        "\"cached\":[],\"num_scheduled_tokens\":{\"p\":8}}\n" \
+        "{\"step\":1,\"time\":1,\"new\":[{\"req\":\"q\",\"prompt_len\":8,\"num_computed_tokens\":0,\"block_ids\":[1,3]," \
+        "\"block_keys\":[\"%s\",\"0000000000000001\"]}],\"cached\":[],\"num_scheduled_tokens\":{\"q\":8}," \
+        "\"preempted\":[\"p\"]}\n"
+#define RESUME "{\"step\":2,\"time\":2,\"new\":[],\"cached\":[{\"req\":\"p\",\"num_computed_tokens\":4," \
+               "\"resumed\":true,\"new_block_ids\":[%d,4]}],\"num_scheduled_tokens\":{\"p\":4}}\n"
+    int n = snprintf(text, sizeof text, "%s", HDR);
+    n += snprintf(text + n, sizeof text - (size_t)n, STEPS01, k0);
+    snprintf(text + n, sizeof text - (size_t)n, RESUME, 1);
+    const char *path = write_trace("keys-resume.jsonl", text);
+    ar_trace_reader *r = ar_trace_open(path, err, sizeof err);
+    if (!r) fail_msg("%s", err);
+    const ar_step *st;
+    for (int i = 0; i < 3; i++)
+        if (ar_trace_next(r, &st, err, sizeof err) != 1) fail_msg("%s", err);
+    const ar_live_req *p = ar_trace_find(r, "p");
+    assert_non_null(p);
+    assert_int_equal(p->num_prompt_keys, 2);
+    uint64_t p0 = ar_chain_key(AR_ROOT_KEY, ar_private_payload(p->req_key, 0));
+    assert_true(p->prompt_keys[0] == p0);
+    assert_true(p->prompt_keys[1] == ar_chain_key(p0, ar_private_payload(p->req_key, 1)));
+    ar_trace_close(r);
+    snprintf(text + n, sizeof text - (size_t)n, RESUME, 3);
+    expect_reject_at(text, 4, "block 3 is a prefix hit of 'p' with different content than live request 'q'");
+#undef STEPS01
+#undef RESUME
 }
 
 static void test_new_past_prompt(void **state)
@@ -1407,6 +1519,7 @@ int main(void)
         cmocka_unit_test(test_new_computed_range),
         cmocka_unit_test(test_new_prompt_fits_the_cache),
         cmocka_unit_test(test_step_keys_bounded),
+        cmocka_unit_test(test_live_keys_bounded),
         cmocka_unit_test(test_new_past_prompt),
         cmocka_unit_test(test_new_computed_whole_blocks),
         cmocka_unit_test(test_block_keys_count),

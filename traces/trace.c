@@ -15,7 +15,8 @@
  *      num_computed_tokens is set to the step's value (the value before this step's tokens).
  *   3. `preempted` ids are removed from the live table at the end of the step that lists
  *      them (they must be live and not scheduled in it); their blocks are dropped and the
- *      request is remembered (prompt length and content keys) until it resumes or finishes.
+ *      request is remembered (prompt length, and the content keys the trace gave; private keys
+ *      are made again from the id) until it resumes or finishes.
  * The whole step is validated against the state left by the previous steps before anything is
  * applied, so a rejected step leaves the reader exactly as it was.
  *
@@ -102,8 +103,10 @@ typedef struct live_entry {
     char *id;
     int *blocks;              /* [num_blocks] */
     int num_blocks, cap_blocks;
-    uint64_t *keys;           /* [num_keys] content keys of the full prompt blocks */
-    int num_keys;
+    uint64_t *keys;           /* [num_keys] content keys of the full prompt blocks (see below) */
+    int num_keys, cap_keys;
+    int prompt_blocks;        /* full prompt blocks: prompt_len / block_size */
+    bool private_keys;        /* keys made from the id (neither block_keys nor prompt_token_ids) */
     int prompt_len;
     int num_computed;
     int64_t expected_computed;  /* num_computed + n of the last step that scheduled it */
@@ -111,6 +114,15 @@ typedef struct live_entry {
     bool preempted;           /* waiting to resume; not in the live order */
     int order;                /* index in the live order, -1 when preempted */
 } live_entry;
+
+/* Keys kept.  Keys the trace gave (block_keys, or chained from prompt_token_ids) are kept whole,
+ * num_keys = prompt_blocks, until the request finishes: they are as many as the trace spelled
+ * out.  Request-private keys are a function of the id, and ar_block_content_key chains past a
+ * request's prompt keys by the same rule that made them, so only those of the blocks it holds
+ * are kept: num_keys = min(prompt_blocks, num_blocks), grown as blocks are appended, none while
+ * it is preempted, remade from its id when it resumes.  Every content key the reader or a
+ * consumer chains from block 0 is the same either way; what is held stays proportional to the
+ * block ids the trace lists, not to prompt_len (which costs the trace a few bytes). */
 
 typedef struct live_table {
     live_entry **slots;       /* [cap] open addressing by id, NULL = empty */
@@ -200,6 +212,45 @@ static void order_remove(live_table *t, live_entry *e)
     e->order = -1;
 }
 
+/* The number of keys e keeps for nblocks held blocks (see "Keys kept"). */
+static int keys_wanted(const live_entry *e, int nblocks)
+{
+    if (!e->private_keys) return e->prompt_blocks;
+    return nblocks < e->prompt_blocks ? nblocks : e->prompt_blocks;
+}
+
+/* Room for n <= prompt_blocks keys (at least one): exactly n at first, then doubling up to
+ * prompt_blocks as a private-key entry's blocks grow; -1 when out of memory (e unchanged). */
+static int keys_reserve(live_entry *e, int n)
+{
+    if (e->keys && n <= e->cap_keys) return 0;
+    int ncap = n > 1 ? n : 1;
+    if (e->keys) {
+        int twice = e->cap_keys > INT32_MAX / 2 ? INT32_MAX : 2 * e->cap_keys;
+        if (twice > e->prompt_blocks) twice = e->prompt_blocks;
+        if (twice > ncap) ncap = twice;
+    }
+    uint64_t *nk = ar_xrealloc_array(e->keys, (size_t)ncap, sizeof *nk);
+    if (!nk) return -1;
+    e->keys = nk;
+    e->cap_keys = ncap;
+    return 0;
+}
+
+/* Makes a private-key entry's keys up to keys_wanted(e, e->num_blocks), chained from the last
+ * one kept (room reserved before). */
+static void keys_fill(live_entry *e)
+{
+    if (!e->private_keys) return;
+    int want = keys_wanted(e, e->num_blocks);
+    uint64_t prev = e->num_keys ? e->keys[e->num_keys - 1] : AR_ROOT_KEY;
+    for (int i = e->num_keys; i < want; i++) {
+        prev = ar_chain_key(prev, ar_private_payload(e->pub.req_key, i));
+        e->keys[i] = prev;
+    }
+    if (want > e->num_keys) e->num_keys = want;
+}
+
 static void entry_free(live_entry *e)
 {
     if (!e) return;
@@ -243,6 +294,7 @@ struct ar_trace_reader {
     ar_step step;            /* the step returned last; its arrays live in the arena */
     ar_arena mem;
     ar_str_map union_ids, sched_ids, finished_ids, preempted_ids;
+    bool *new_private;       /* [num_new] of the step read last (arena): its keys are request-private */
     live_entry **cached_entries;   /* [num_cached] looked up during validation */
     int cap_cached_entries;
     uint32_t *block_stamp;   /* [num_blocks] duplicate-block detection */
@@ -648,9 +700,10 @@ static int parse_hex_key(const char *s, uint64_t *out)
 }
 
 /* step_keys: the content keys the step's earlier new requests made; this request's are added
- * and the total checked against AR_TRACE_MAX_STEP_KEYS before they are made. */
-static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *nr, int64_t *step_keys, char *err,
-                         size_t err_len)
+ * and the total checked against AR_TRACE_MAX_STEP_KEYS before they are made.  *private_keys:
+ * set when neither block_keys nor prompt_token_ids is given (the keys come from the id). */
+static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *nr, int64_t *step_keys,
+                         bool *private_keys, char *err, size_t err_len)
 {
     char where[64];
     snprintf(where, sizeof where, "new[%zu].", idx);
@@ -728,7 +781,8 @@ static int parse_new_req(ar_trace_reader *r, json_t *o, size_t idx, ar_new_req *
             }
         }
     }
-    if ((!keys || json_is_null(keys)) && (!toks || json_is_null(toks))) {
+    *private_keys = (!keys || json_is_null(keys)) && (!toks || json_is_null(toks));
+    if (*private_keys) {
         uint64_t req_key = ar_req_key(id), prev = AR_ROOT_KEY;
         for (int i = 0; i < nkeys; i++) {
             prev = ar_chain_key(prev, ar_private_payload(req_key, i));
@@ -811,10 +865,13 @@ static int parse_step(ar_trace_reader *r, json_t *root, ar_step *s, char *err, s
     s->new_reqs = ar_arena_alloc(&r->mem, (nnew ? nnew : 1) * sizeof *s->new_reqs);
     s->cached = ar_arena_alloc(&r->mem, (ncached ? ncached : 1) * sizeof *s->cached);
     s->scheduled = ar_arena_alloc(&r->mem, (nsched ? nsched : 1) * sizeof *s->scheduled);
-    if (!s->new_reqs || !s->cached || !s->scheduled) return fail(r, err, err_len, "out of memory");
+    r->new_private = ar_arena_alloc(&r->mem, (nnew ? nnew : 1) * sizeof *r->new_private);
+    if (!s->new_reqs || !s->cached || !s->scheduled || !r->new_private) return fail(r, err, err_len, "out of memory");
     int64_t step_keys = 0;
     for (size_t i = 0; i < nnew; i++)
-        if (parse_new_req(r, json_array_get(jnew, i), i, &s->new_reqs[i], &step_keys, err, err_len)) return -1;
+        if (parse_new_req(r, json_array_get(jnew, i), i, &s->new_reqs[i], &step_keys, &r->new_private[i], err,
+                          err_len))
+            return -1;
     for (size_t i = 0; i < ncached; i++)
         if (parse_cached_req(r, json_array_get(jcached, i), i, &s->cached[i], err, err_len)) return -1;
     const char *key;
@@ -1267,10 +1324,12 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         fresh[made++] = e;
         e->id = strdup(nr->req);
         e->pub.req_key = e->id ? ar_req_key(e->id) : 0;
-        e->keys = malloc((size_t)(nr->num_block_keys ? nr->num_block_keys : 1) * sizeof *e->keys);
-        if (!e->id || !e->keys || set_blocks(e, NULL, 0, nr->block_ids, nr->num_block_ids)) goto oom;
-        if (nr->num_block_keys) memcpy(e->keys, nr->block_keys, (size_t)nr->num_block_keys * sizeof *e->keys);
-        e->num_keys = nr->num_block_keys;
+        e->prompt_blocks = nr->num_block_keys;
+        e->private_keys = r->new_private[i];
+        int nkeys = keys_wanted(e, nr->num_block_ids);
+        if (!e->id || keys_reserve(e, nkeys) || set_blocks(e, NULL, 0, nr->block_ids, nr->num_block_ids)) goto oom;
+        if (nkeys) memcpy(e->keys, nr->block_keys, (size_t)nkeys * sizeof *e->keys);
+        e->num_keys = nkeys;
         e->prompt_len = nr->prompt_len;
         e->num_computed = nr->num_computed_tokens;
         e->expected_computed = (int64_t)nr->num_computed_tokens + ar_str_map_get(&r->sched_ids, nr->req);
@@ -1288,6 +1347,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
             e->blocks = nb;
             e->cap_blocks = ncap;
         }
+        if (keys_reserve(e, keys_wanted(e, n))) goto oom;
     }
     while ((r->live.count + (size_t)s->num_new + 1) * 2 > r->live.cap)
         if (live_grow(&r->live)) goto oom;
@@ -1316,12 +1376,14 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         live_entry *e = r->cached_entries[i];
         if (cr->resumed) {
             set_blocks(e, NULL, 0, cr->new_block_ids, cr->num_new_block_ids);
+            keys_fill(e);
             e->last_key = chain_last_key(e, 0, AR_ROOT_KEY);
             e->preempted = false;
             order_push(&r->live, e);
         } else {
             int first = e->num_blocks;
             set_blocks(e, e->blocks, e->num_blocks, cr->new_block_ids, cr->num_new_block_ids);
+            keys_fill(e);
             e->last_key = chain_last_key(e, first, e->last_key);
         }
         e->num_computed = cr->num_computed_tokens;
@@ -1333,6 +1395,11 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
         order_remove(&r->live, e);
         e->preempted = true;
         e->num_blocks = 0;
+        if (e->private_keys) {   /* remade from the id when it resumes */
+            free(e->keys);
+            e->keys = NULL;
+            e->num_keys = e->cap_keys = 0;
+        }
         e->last_key = AR_ROOT_KEY;
         e->num_computed = 0;
         entry_refresh(e);

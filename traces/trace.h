@@ -6,7 +6,10 @@
  * it returns is always safe to apply; a broken trace gives "FILE:LINE: rule" and no step.
  *
  * Memory: the reader holds one step and the live-request table (block lists of requests that
- * have not finished), never the whole trace, so a trace of any size streams. */
+ * have not finished, and the content keys the trace gave for their prompts; request-private
+ * keys only for the blocks a request holds), never the whole trace, so a trace of any size
+ * streams and what it keeps grows with the block ids and keys the trace lists, not with
+ * prompt_len. */
 #ifndef AR_TRACE_H
 #define AR_TRACE_H
 
@@ -144,7 +147,12 @@ typedef struct ar_live_req {
     int num_computed_tokens;
     const int *block_ids;
     int num_blocks;
-    const uint64_t *prompt_keys; /* content keys of the full prompt blocks */
+    /* content keys of the full prompt blocks: all prompt_len / block_size of them when the trace
+     * gave them (block_keys, prompt_token_ids); request-private ones (neither given) only for
+     * the blocks held, min(prompt_len / block_size, num_blocks): the rest are what
+     * ar_block_content_key chains past num_prompt_keys from req_key, so keys chained from block
+     * 0 are the same either way */
+    const uint64_t *prompt_keys;
     int num_prompt_keys;
 } ar_live_req;
 
