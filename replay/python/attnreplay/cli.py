@@ -6,7 +6,8 @@
                                         per-step time ratios against a base run, by step kind
 
 SPEC is module:Class (a Backend subclass), a short name from the entry-point group
-"attnreplay.backends" (numpy, torch-fa2, torch-cudnn, flex, flashinfer, fa3, flashmla), or anything
+"attnreplay.backends" (numpy, torch-fa2, torch-cudnn, flex, flashinfer, fa3, flashmla,
+flashinfer-mla), or anything
 `attnreplay replay --backend` takes (auto, cpu, cuda, plugin:PATH.so), passed on unchanged.
 The replay itself is the C engine's (ar_replay_main): same options, same database, same exit
 codes (0 passed, 1 a step failed, 2 bad input or a backend that cannot run, 3 runtime error).
@@ -25,6 +26,7 @@ BUILTIN = {
     "flashinfer": "attnreplay.adapters.flashinfer:FlashInferPaged",
     "fa3": "attnreplay.adapters.fa3:FA3Paged",
     "flashmla": "attnreplay.adapters.flashmla:FlashMLADense",
+    "flashinfer-mla": "attnreplay.adapters.flashinfer_mla:FlashInferMLA",
 }
 C_BACKENDS = ("auto", "cpu", "cpu-mla", "cuda", "cuda-mla")
 

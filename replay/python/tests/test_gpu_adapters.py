@@ -1,6 +1,6 @@
 """The torch, FlashInfer, FA3 and FlashMLA adapters on a CUDA device (skipped, with the reason,
-elsewhere): each replays the sample traces and passes against the float64 reference (FlashMLA the
-DeepSeek sample, MLA); the gathered adapters record their gather apart; FlashInfer runs cascade
+elsewhere): each replays the sample traces and passes against the float64 reference (FlashMLA and
+FlashInfer's MLA wrapper the DeepSeek sample, MLA); the gathered adapters record their gather apart; FlashInfer runs cascade
 steps; the example CUDA plugin passes through the package too."""
 import os
 import unittest
@@ -72,6 +72,16 @@ class GpuAdapters(unittest.TestCase):
         rc, out = run(["replay", sample("llama-3.2-1b"), "--backend", "flashmla", "--db", db, "--quiet"])
         self.assertEqual(rc, 2, out)   # an MHA model: refused with the reason
         self.assertIn("MLA models only", out)
+
+    def test_flashinfer_mla(self):
+        try:
+            import flashinfer.mla  # noqa: F401
+        except Exception as e:
+            self.skipTest("flashinfer.mla is not importable: %s" % e)
+        db = self.replay_all("flashinfer-mla", traces=("deepseek-v3-tp16",))
+        self.assertEqual(query(db, "SELECT count(*) FROM steps"), [(36,)])
+        names = {r[0] for r in query(db, "SELECT DISTINCT name FROM kernels WHERE time_us > 0")}
+        self.assertIn("split", names)
 
     def test_example_cuda_plugin_through_the_package(self):
         plugin = os.path.join(BUILD, "plugins", "attnreplay-example-cuda.so")
