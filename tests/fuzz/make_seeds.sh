@@ -18,9 +18,9 @@ mkdir -p "$out/trace" "$out/workload" "$out/cli"
 for f in "$src"/traces/samples/*.trace.jsonl.gz; do
   b=$(basename "$f" .trace.jsonl.gz)
   cp "$f" "$out/trace/$b.gz"
-  gzip -dc "$f" | head -n 40 >"$out/trace/$b.jsonl"
+  gzip -dc "$f" | awk 'NR <= 40' >"$out/trace/$b.jsonl"   # awk reads to the end: no SIGPIPE for gzip
 done
-hdr=$(gzip -dc "$src/traces/samples/mixed.trace.jsonl.gz" | head -n 1)
+hdr=$(gzip -dc "$src/traces/samples/mixed.trace.jsonl.gz" | awk 'NR == 1')
 printf '%s\n' "$hdr" >"$out/trace/header-only.jsonl"
 printf '' >"$out/trace/empty.jsonl"
 printf '%s\n\n   \n{"step":0,"time":0,"new":[],"cached":[],"num_scheduled_tokens":{},"num_common_prefix_blocks":0,"finished":[],"preempted":[]}\n' \
