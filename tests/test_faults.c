@@ -459,18 +459,29 @@ static void test_no_write_lock_while_steps_compute(void **state)
     assert_run_whole(db, 1);
 }
 
+/* For two replays of the long trace into one database NAME.db (logs NAME-1.log, NAME-2.log):
+ * the database made first, with one short run, so that both open an existing WAL database. */
+static void two_replays_setup(const char *name, char trace[512], int64_t *total, char db[512], char log1[512],
+                              char log2[512])
+{
+    char file[64];
+    long_trace(trace, 512, total);
+    snprintf(file, sizeof file, "%s.db", name);
+    tu_tmp(file, db, 512);
+    snprintf(file, sizeof file, "%s-1.log", name);
+    tu_tmp(file, log1, 512);
+    snprintf(file, sizeof file, "%s-2.log", name);
+    tu_tmp(file, log2, 512);
+    assert_int_equal(tu_run(log1, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:0 --quiet",
+                            tu_bin(), trace, db), 0);
+}
+
 static void test_two_replays_share_a_database(void **state)
 {
     (void)state;
     char trace[512], db[512], log1[512], log2[512], text[64];
     int64_t total;
-    long_trace(trace, sizeof trace, &total);
-    tu_tmp("shared.db", db, sizeof db);
-    tu_tmp("shared1.log", log1, sizeof log1);
-    tu_tmp("shared2.log", log2, sizeof log2);
-    /* create the database first so both open an existing WAL database */
-    assert_int_equal(tu_run(log1, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:0 --quiet",
-                            tu_bin(), trace, db), 0);
+    two_replays_setup("shared", trace, &total, db, log1, log2);
     const char *verify[2] = {"sample:1", "off"};
     const char *logs[2] = {log1, log2};
     pid_t pids[2];
@@ -709,12 +720,7 @@ static void test_two_replays_keep_their_own_reserve(void **state)
     (void)state;
     char trace[512], db[512], log1[512], log2[512], names[512];
     int64_t total;
-    long_trace(trace, sizeof trace, &total);
-    tu_tmp("reserve2.db", db, sizeof db);
-    tu_tmp("reserve2-1.log", log1, sizeof log1);
-    tu_tmp("reserve2-2.log", log2, sizeof log2);
-    assert_int_equal(tu_run(log1, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:0 --quiet",
-                            tu_bin(), trace, db), 0);
+    two_replays_setup("reserve2", trace, &total, db, log1, log2);
     /* --repeat 500 makes each replay last many seconds; both are stopped with SIGINT, A first */
     pid_t a = spawn_replay(trace, db, log1, (const char *const[]){"--repeat", "500", NULL});
     pid_t b = spawn_replay(trace, db, log2, (const char *const[]){"--repeat", "500", NULL});

@@ -33,3 +33,15 @@ def hopper_reason(import_peer, name, kernels):
     if major != 9:
         return "%s run on compute capability 9.x, not %d.x" % (kernels, major)
     return None
+
+
+def half_dtype_reason(config, name):
+    """Why an adapter that runs float16 / bfloat16 on a cache of the same dtype, without planted
+    faults, cannot run config, or None; name words the messages."""
+    if config.dtype not in ("float16", "bfloat16"):
+        return "dtype %s: %s runs float16/bfloat16" % (config.dtype, name)
+    if config.kv_dtype != config.dtype:
+        return "KV cache %s: %s reads a cache in the model dtype only" % (config.kv_dtype, name)
+    if config.inject != "none":
+        return "planted fault '%s' is not implemented by the %s adapter" % (config.inject, name)
+    return None

@@ -18,7 +18,7 @@ without sliding windows, soft caps, fp16 or some head sizes) fails the first for
 own message.
 """
 from ..backend import Backend
-from . import hopper_reason, import_built
+from . import half_dtype_reason, hopper_reason, import_built
 
 HEAD_SIZES = (64, 96, 128, 192, 256)   # the head sizes FA3's hopper kernels are written for
 
@@ -43,15 +43,9 @@ class FA3Paged(Backend):
         reason = hopper_reason(_import_fa3, "FlashAttention 3", "FlashAttention 3's hopper kernels")
         if reason:
             return reason
-        if config.dtype not in ("float16", "bfloat16"):
-            return "dtype %s: FA3 runs float16/bfloat16 here" % config.dtype
-        if config.kv_dtype != config.dtype:
-            return "KV cache %s: FA3 takes Q, K and V in one dtype" % config.kv_dtype
         if config.head_size not in HEAD_SIZES:
             return "head size %d: FA3 has kernels for %s" % (config.head_size, ", ".join(map(str, HEAD_SIZES)))
-        if config.inject != "none":
-            return "planted fault '%s' is not implemented by the FA3 adapter" % config.inject
-        return None
+        return half_dtype_reason(config, "FA3")   # FA3 takes Q, K and V in one dtype
 
     def open(self, config):
         import torch

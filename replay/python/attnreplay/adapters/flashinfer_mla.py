@@ -15,6 +15,7 @@ with a cache of the same dtype; any page size.  FlashInfer JIT-compiles the MLA 
 use (nvcc and ninja must be there); the first step pays that inside its plan.
 """
 from ..backend import Backend, host
+from . import half_dtype_reason
 
 WORKSPACE_BYTES = 128 << 20   # FlashInfer's recommended float workspace for split-k
 
@@ -41,13 +42,7 @@ class FlashInferMLA(Backend):
             return "flashinfer.mla is not importable here (%s: %s)" % (type(e).__name__, e)
         if not torch.cuda.is_available():
             return "torch sees no CUDA device"
-        if config.dtype not in ("float16", "bfloat16"):
-            return "dtype %s: FlashInfer's MLA wrapper runs float16/bfloat16" % config.dtype
-        if config.kv_dtype != config.dtype:
-            return "latent cache %s: the adapter hands FlashInfer a cache in the model dtype" % config.kv_dtype
-        if config.inject != "none":
-            return "planted fault '%s' is not implemented by the FlashInfer MLA adapter" % config.inject
-        return None
+        return half_dtype_reason(config, "FlashInfer MLA")
 
     def open(self, config):
         import flashinfer.mla

@@ -18,7 +18,7 @@ scattered into the host's [Hq, T].  bf16 / fp16 with a cache of the same dtype (
 cache is its own 656-byte format), block size 64, kv_lora_rank 512 and rope dim 64 only.
 """
 from ..backend import Backend
-from . import hopper_reason, import_built
+from . import half_dtype_reason, hopper_reason, import_built
 
 
 def _import_flashmla():
@@ -44,18 +44,12 @@ class FlashMLADense(Backend):
         reason = hopper_reason(_import_flashmla, "FlashMLA", "FlashMLA's dense decode kernels")
         if reason:
             return reason
-        if config.dtype not in ("float16", "bfloat16"):
-            return "dtype %s: FlashMLA runs float16/bfloat16" % config.dtype
-        if config.kv_dtype != config.dtype:
-            return "latent cache %s: FlashMLA's dense kernel reads a cache in the model dtype" % config.kv_dtype
         if config.kv_lora_rank != 512 or config.qk_rope_head_dim != 64:
             return "kv_lora_rank %d, rope %d: FlashMLA has kernels for 512 + 64" % (config.kv_lora_rank,
                                                                                  config.qk_rope_head_dim)
         if config.block_size != 64:
             return "block size %d: FlashMLA's paged cache has blocks of 64" % config.block_size
-        if config.inject != "none":
-            return "planted fault '%s' is not implemented by the FlashMLA adapter" % config.inject
-        return None
+        return half_dtype_reason(config, "FlashMLA")   # its fp8 cache is a format of its own
 
     def open(self, config):
         import torch
