@@ -22,7 +22,7 @@
  * the output the verifier sees: on the host for a CPU plugin, on the device (plugin_dev.h) for a
  * CUDA one.  The projection faults (wrong-kv-head: head n's weights from head n + 1; mla-no-wuv)
  * are applied there, by the host.
- * The CPU path is here; the CUDA one goes through plugin_dev.h.
+ * The CPU path is here (spread over the run's --threads cores); the CUDA one goes through plugin_dev.h.
  *
  * The plugin's attnreplay_plugin_init, check() and close() are bracketed for the watchdog
  * (watchdog.h, ar_call_begin_plugin) with the plugin's file, as the run's calls are, so that a
@@ -39,6 +39,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../kernels/cpu/threadpool.h"
 #include "../reference/datagen.h"
 #include "../reference/dtype.h"
 #include "../reference/mla_ref.h"
@@ -306,6 +307,7 @@ struct plugin_run {
     float *q_nope, *q_pe;            /* [T, N, P], [T, N, R] this layer's, before absorption */
     float **w_uk, **w_uv;            /* CPU: [num_layers] -> [N, L, P] / [N, L, V], generated on first use */
     int keep_all_weights, weights_layer;
+    ar_threadpool *pool;             /* CPU: the host's MLA generation and projections on --threads cores */
     ar_pdev_mla pm;                  /* CUDA: the projections' dims and faults */
     float *d_w_uk, *d_w_uv;          /* CUDA: [N, L, P] / [N, L, V] of layer d_w_layer */
     int d_w_layer;
@@ -505,6 +507,37 @@ static void free_layer_weights(plugin_run *r, int layer)
     r->w_uk[layer] = r->w_uv[layer] = NULL;
 }
 
+/* fn(ctx, item, worker) for items 0..n-1: on the run's pool when it has one, else in turn. */
+static void host_tasks(plugin_run *r, int n, ar_task_fn fn, void *ctx)
+{
+    if (r->pool) {
+        ar_threadpool_run(r->pool, n, fn, ctx);
+        return;
+    }
+    for (int i = 0; i < n; i++) fn(ctx, i, 0);
+}
+
+typedef struct weights_ctx {
+    plugin_run *r;
+    int layer;
+} weights_ctx;
+
+/* One query head's rows of W_UK [L, P] and W_UV [L, V]. */
+static void weights_task(void *ctx, int n, int worker)
+{
+    (void)worker;
+    const weights_ctx *wc = ctx;
+    plugin_run *r = wc->r;
+    const int layer = wc->layer, L = r->mdims.kv_lora_rank, P = r->mdims.qk_nope_head_dim, V = r->mdims.v_head_dim;
+    for (int l = 0; l < L; l++) {
+        float *uk = r->w_uk[layer] + ((size_t)n * L + l) * P, *uv = r->w_uv[layer] + ((size_t)n * L + l) * V;
+        for (int c = 0; c < P; c++)
+            uk[c] = ar_mla_weight(r->cfg.seed, AR_STREAM_W_UK, (uint32_t)layer, L, l, n, c, r->cfg.data, r->cfg.dtype);
+        for (int c = 0; c < V; c++)
+            uv[c] = ar_mla_weight(r->cfg.seed, AR_STREAM_W_UV, (uint32_t)layer, L, l, n, c, r->cfg.data, r->cfg.dtype);
+    }
+}
+
 #define MLA_WEIGHT_BUDGET ((size_t)1 << 30)   /* bytes of weights kept across layers, as cpu-mla */
 
 /* MLA: layer's W_UK and W_UV (ar_mla_weight), generated on first use; all layers are kept when
@@ -521,16 +554,8 @@ static int layer_weights(plugin_run *r, int layer)
         free_layer_weights(r, layer);
         return -1;
     }
-    for (int n = 0; n < N; n++)
-        for (int l = 0; l < L; l++) {
-            float *uk = r->w_uk[layer] + ((size_t)n * L + l) * P, *uv = r->w_uv[layer] + ((size_t)n * L + l) * V;
-            for (int c = 0; c < P; c++)
-                uk[c] = ar_mla_weight(r->cfg.seed, AR_STREAM_W_UK, (uint32_t)layer, L, l, n, c, r->cfg.data,
-                                      r->cfg.dtype);
-            for (int c = 0; c < V; c++)
-                uv[c] = ar_mla_weight(r->cfg.seed, AR_STREAM_W_UV, (uint32_t)layer, L, l, n, c, r->cfg.data,
-                                      r->cfg.dtype);
-        }
+    weights_ctx wc = {r, layer};
+    host_tasks(r, N, weights_task, &wc);
     r->weights_layer = layer;
     return 0;
 }
@@ -565,6 +590,7 @@ static void plugin_close(void *state)
         for (int l = 0; l < r->cfg.num_layers; l++) free_layer_weights(r, l);
     free(r->w_uk);
     free(r->w_uv);
+    if (r->pool) ar_threadpool_destroy(r->pool);
     if (r->dev) ar_pdev_close(r->dev);
     if (active_run == r) active_run = NULL;
     free(r);
@@ -612,6 +638,8 @@ static int slot_open(int i, const ar_run_config *cfg, void **state, char *err, s
                               r->mdims.v_head_dim, cfg->fault == AR_FAULT_WRONG_KV_HEAD,
                               cfg->fault == AR_FAULT_MLA_NO_WUV};
         r->d_w_layer = -1;
+        /* a CPU plugin's host projections on the run's cores; without threads they run in turn */
+        if (!r->cuda) r->pool = ar_threadpool_create(cfg->threads);
     }
     if (r->cuda && ar_pdev_open(&r->dev, cfg->device_index, err, err_len) != 0) {
         plugin_close(r);
@@ -1024,64 +1052,88 @@ static int mla_weight_head(const plugin_run *r, int n)
     return r->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? (n + 1) % r->hq : n;
 }
 
-/* MLA, untimed: q_nope, q_pe and the new entries of this layer (the cpu-mla backend's streams),
- * then the plugin's query [q_nope W_UK (rounded to dtype) | q_pe]. */
-static void gen_inputs_mla_cpu(plugin_run *r, int layer)
+typedef struct mla_host_ctx {
+    plugin_run *r;
+    int layer;
+    float *out;                      /* vproj: [T, N, V] */
+} mla_host_ctx;
+
+/* MLA, untimed, token t: q_nope, q_pe and the new entry of this layer (the cpu-mla backend's
+ * streams), then the plugin's query [q_nope W_UK (rounded to dtype) | q_pe]. */
+static void gen_mla_token_task(void *ctx, int t, int worker)
 {
+    (void)worker;
+    const mla_host_ctx *mc = ctx;
+    plugin_run *r = mc->r;
+    const int layer = mc->layer;
     const ar_mla_dims *md = &r->mdims;
     const int N = r->hq, L = md->kv_lora_rank, R = md->qk_rope_head_dim, P = md->qk_nope_head_dim, E = r->d;
     const float *w_uk = r->w_uk[layer];
-    for (int t = 0; t < r->T; t++) {
-        for (int n = 0; n < N; n++) {
-            uint64_t rn = ar_gen_row(r->cfg.seed, AR_STREAM_Q_NOPE, (uint32_t)layer, r->qkey[t], (uint64_t)r->pos[t],
-                                     (uint32_t)n);
-            uint64_t rp = ar_gen_row(r->cfg.seed, AR_STREAM_Q_PE, (uint32_t)layer, r->qkey[t], (uint64_t)r->pos[t],
-                                     (uint32_t)n);
-            float *qn = r->q_nope + ((size_t)t * N + n) * P, *qp = r->q_pe + ((size_t)t * N + n) * R;
-            for (int d = 0; d < P; d++) qn[d] = ar_gen(rn, (uint32_t)d, r->cfg.data, r->cfg.dtype);
-            for (int d = 0; d < R; d++) qp[d] = ar_gen(rp, (uint32_t)d, r->cfg.data, r->cfg.dtype);
-            const float *w = w_uk + (size_t)mla_weight_head(r, n) * L * P;
-            const int64_t first = ((int64_t)t * N + n) * E;
-            for (int l = 0; l < L; l++) {
-                double acc = 0;
-                for (int c = 0; c < P; c++) acc += (double)qn[c] * w[(size_t)l * P + c];
-                ar_store(r->cfg.dtype, r->q, first + l, ar_round_to(r->cfg.dtype, (float)acc));
-            }
-            for (int d = 0; d < R; d++) ar_store(r->cfg.dtype, r->q, first + L + d, qp[d]);
+    for (int n = 0; n < N; n++) {
+        uint64_t rn = ar_gen_row(r->cfg.seed, AR_STREAM_Q_NOPE, (uint32_t)layer, r->qkey[t], (uint64_t)r->pos[t],
+                                 (uint32_t)n);
+        uint64_t rp = ar_gen_row(r->cfg.seed, AR_STREAM_Q_PE, (uint32_t)layer, r->qkey[t], (uint64_t)r->pos[t],
+                                 (uint32_t)n);
+        float *qn = r->q_nope + ((size_t)t * N + n) * P, *qp = r->q_pe + ((size_t)t * N + n) * R;
+        for (int d = 0; d < P; d++) qn[d] = ar_gen(rn, (uint32_t)d, r->cfg.data, r->cfg.dtype);
+        for (int d = 0; d < R; d++) qp[d] = ar_gen(rp, (uint32_t)d, r->cfg.data, r->cfg.dtype);
+        const float *w = w_uk + (size_t)mla_weight_head(r, n) * L * P;
+        const int64_t first = ((int64_t)t * N + n) * E;
+        for (int l = 0; l < L; l++) {
+            double acc = 0;
+            for (int c = 0; c < P; c++) acc += (double)qn[c] * w[(size_t)l * P + c];
+            ar_store(r->cfg.dtype, r->q, first + l, ar_round_to(r->cfg.dtype, (float)acc));
         }
-        gen_row(r, AR_STREAM_LATENT, (uint32_t)layer, r->kvkey[t], (uint64_t)(r->pos[t] % r->bs), 0, r->k_new,
-                (int64_t)t * E);
+        for (int d = 0; d < R; d++) ar_store(r->cfg.dtype, r->q, first + L + d, qp[d]);
+    }
+    gen_row(r, AR_STREAM_LATENT, (uint32_t)layer, r->kvkey[t], (uint64_t)(r->pos[t] % r->bs), 0, r->k_new,
+            (int64_t)t * E);
+}
+
+/* MLA, untimed, token t: out[t, n] = the plugin's latent output . W_UV_n, rounded to dtype;
+ * with mla-no-wuv the first V latent values instead. */
+static void vproj_mla_token_task(void *ctx, int t, int worker)
+{
+    (void)worker;
+    const mla_host_ctx *mc = ctx;
+    const plugin_run *r = mc->r;
+    const ar_mla_dims *md = &r->mdims;
+    const int N = r->hq, L = md->kv_lora_rank, V = md->v_head_dim;
+    const float *w_uv = r->w_uv[mc->layer];
+    double acc[1024];
+    for (int n = 0; n < N; n++) {
+        const int64_t lat = ((int64_t)t * N + n) * L;
+        float *o = mc->out + ((size_t)t * N + n) * V;
+        if (r->cfg.fault == AR_FAULT_MLA_NO_WUV) {
+            for (int v = 0; v < V; v++) o[v] = ar_load(r->cfg.dtype, r->out, lat + v);
+            continue;
+        }
+        const float *w = w_uv + (size_t)mla_weight_head(r, n) * L * V;
+        for (int v0 = 0; v0 < V; v0 += 1024) {
+            const int nv = V - v0 < 1024 ? V - v0 : 1024;
+            for (int v = 0; v < nv; v++) acc[v] = 0;
+            for (int l = 0; l < L; l++) {
+                const double x = ar_load(r->cfg.dtype, r->out, lat + l);
+                const float *wl = w + (size_t)l * V + v0;
+                for (int v = 0; v < nv; v++) acc[v] += x * wl[v];
+            }
+            for (int v = 0; v < nv; v++) o[v0 + v] = ar_round_to(r->cfg.dtype, (float)acc[v]);
+        }
     }
 }
 
-/* MLA, untimed: out[t, n] = the plugin's latent output . W_UV_n, rounded to dtype ([T, N, V]);
- * with mla-no-wuv the first V latent values instead. */
-static void vproj_mla_cpu(const plugin_run *r, int layer, float *out)
+/* MLA, untimed: every token's inputs (gen_mla_token_task), a token per task. */
+static void gen_inputs_mla_cpu(plugin_run *r, int layer)
 {
-    const ar_mla_dims *md = &r->mdims;
-    const int N = r->hq, L = md->kv_lora_rank, V = md->v_head_dim;
-    const float *w_uv = r->w_uv[layer];
-    double acc[1024];
-    for (int t = 0; t < r->T; t++)
-        for (int n = 0; n < N; n++) {
-            const int64_t lat = ((int64_t)t * N + n) * L;
-            float *o = out + ((size_t)t * N + n) * V;
-            if (r->cfg.fault == AR_FAULT_MLA_NO_WUV) {
-                for (int v = 0; v < V; v++) o[v] = ar_load(r->cfg.dtype, r->out, lat + v);
-                continue;
-            }
-            const float *w = w_uv + (size_t)mla_weight_head(r, n) * L * V;
-            for (int v0 = 0; v0 < V; v0 += 1024) {
-                const int nv = V - v0 < 1024 ? V - v0 : 1024;
-                for (int v = 0; v < nv; v++) acc[v] = 0;
-                for (int l = 0; l < L; l++) {
-                    const double x = ar_load(r->cfg.dtype, r->out, lat + l);
-                    const float *wl = w + (size_t)l * V + v0;
-                    for (int v = 0; v < nv; v++) acc[v] += x * wl[v];
-                }
-                for (int v = 0; v < nv; v++) o[v0 + v] = ar_round_to(r->cfg.dtype, (float)acc[v]);
-            }
-        }
+    mla_host_ctx mc = {r, layer, NULL};
+    host_tasks(r, r->T, gen_mla_token_task, &mc);
+}
+
+/* MLA, untimed: out [T, N, V] from the plugin's latent output (vproj_mla_token_task). */
+static void vproj_mla_cpu(plugin_run *r, int layer, float *out)
+{
+    mla_host_ctx mc = {r, layer, out};
+    host_tasks(r, r->T, vproj_mla_token_task, &mc);
 }
 
 static void gen_inputs_cpu(plugin_run *r, int layer)

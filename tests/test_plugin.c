@@ -236,6 +236,19 @@ static void test_example_cpu_runs_mla(void **state)
                      "--steps 20:22 --layers 1 --repeat 2 --quiet");
     if (rc != 0) show_log(log);
     assert_int_equal(rc, 0);
+    /* the host's generation, absorption and W_UV spread over threads: one thread and two give
+     * the same output, so the same errors to the bit (runs 5 and 6) */
+    for (int threads = 1; threads <= 2; threads++) {
+        char extra[96];
+        snprintf(extra, sizeof extra, "--steps 7:9 --layers 1 --threads %d --quiet", threads);
+        rc = replay_with("plugins/attnreplay-example-cpu.so", "deepseek-v3-tp16", db, log, extra);
+        if (rc != 0) show_log(log);
+        assert_int_equal(rc, 0);
+    }
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps a JOIN steps b ON a.step = b.step "
+                                      "WHERE a.run = 5 AND b.run = 6 AND a.max_abs = b.max_abs AND "
+                                      "a.mean_abs = b.mean_abs AND a.lse_max_abs = b.lse_max_abs AND a.rows_checked > 0"),
+                     3);
 }
 
 /* The projection faults are the host's with MLA (W_UK, W_UV), the metadata faults as ever: the
