@@ -497,6 +497,55 @@ static void test_step_keys_bounded(void **state)
     ar_trace_close(r);
 }
 
+/* Reads text with a bound of max_keys spelled-out keys; the steps read before the first error
+ * (or all), and the error in err. */
+static int read_with_given_limit(const char *text, int64_t max_keys, char *err, size_t err_len)
+{
+    const char *path = write_trace("given.jsonl", text);
+    ar_trace_reader *r = ar_trace_open(path, err, err_len);
+    if (!r) fail_msg("%s", err);
+    ar_trace_set_given_key_limit(r, max_keys);
+    const ar_step *st;
+    int good = 0, rc;
+    while ((rc = ar_trace_next(r, &st, err, err_len)) == 1) good++;
+    ar_trace_close(r);
+    return rc == 0 ? good : -1 - good;
+}
+
+/* Keys a trace spells out are held until their request finishes (the trace alone can make them
+ * again), so together they are bounded (AR_TRACE_MAX_GIVEN_KEYS): live and preempted requests'
+ * keys count, a finished request's stop counting in its step, request-private keys never. */
+static void test_given_keys_bounded(void **state)
+{
+    (void)state;
+    char err[AR_ERR_MAX] = "";
+    /* a: 4 keys (block_keys) in step 0; b: 3 keys (prompt_token_ids) in step 1 -> 7 held */
+    const char *a = "{\"step\":0,\"time\":0.0,\"new\":[{\"req\":\"a\",\"prompt_len\":16,\"num_computed_tokens\":0,"
+                    "\"block_ids\":[1],\"block_keys\":[\"0000000000000001\",\"0000000000000002\","
+                    "\"0000000000000003\",\"0000000000000004\"]}],\"cached\":[],\"num_scheduled_tokens\":{\"a\":4}}\n";
+#define STEP1_B(extra) "{\"step\":1,\"time\":0.1,\"new\":[{\"req\":\"b\",\"prompt_len\":12,\"num_computed_tokens\":0," \
+                       "\"block_ids\":[2],\"prompt_token_ids\":[1,2,3,4,5,6,7,8,9,10,11,12]}],\"cached\":[]," \
+                       "\"num_scheduled_tokens\":{\"b\":4}" extra "}\n"
+    char text[4096];
+    snprintf(text, sizeof text, HDR "%s" STEP1_B(""), a);
+    assert_int_equal(read_with_given_limit(text, 7, err, sizeof err), 2);
+    assert_int_equal(read_with_given_limit(text, 6, err, sizeof err), -2);
+    if (!strstr(err, "given.jsonl:3: the live requests' prompts would hold 7 content keys the trace spells out"))
+        fail_msg("%s", err);
+    /* a finishes in b's step: 3 held */
+    snprintf(text, sizeof text, HDR "%s" STEP1_B(",\"finished\":[\"a\"]"), a);
+    assert_int_equal(read_with_given_limit(text, 4, err, sizeof err), 2);
+    /* a preempted still holds its 4 (it must be remade from them when it resumes) */
+    snprintf(text, sizeof text, HDR "%s" STEP1_B(",\"preempted\":[\"a\"]"), a);
+    assert_int_equal(read_with_given_limit(text, 6, err, sizeof err), -2);
+    if (!strstr(err, "given.jsonl:3: the live requests' prompts would hold 7 content keys")) fail_msg("%s", err);
+    /* b request-private instead: only a's 4 count */
+    snprintf(text, sizeof text, HDR "%s{\"step\":1,\"time\":0.1,\"new\":[{\"req\":\"b\",\"prompt_len\":12,"
+             "\"num_computed_tokens\":0,\"block_ids\":[2]}],\"cached\":[],\"num_scheduled_tokens\":{\"b\":4}}\n", a);
+    assert_int_equal(read_with_given_limit(text, 4, err, sizeof err), 2);
+#undef STEP1_B
+}
+
 /* VmRSS or VmHWM (the field named) of this process in KiB; -1 when /proc cannot be read. */
 static long proc_status_kb(const char *field)
 {
@@ -1326,6 +1375,7 @@ int main(void)
         cmocka_unit_test(test_new_computed_range),
         cmocka_unit_test(test_new_prompt_fits_the_cache),
         cmocka_unit_test(test_step_keys_bounded),
+        cmocka_unit_test(test_given_keys_bounded),
         cmocka_unit_test(test_live_keys_bounded),
         cmocka_unit_test(test_new_past_prompt),
         cmocka_unit_test(test_new_computed_whole_blocks),

@@ -47,7 +47,9 @@
  *   num_computed_tokens of a cached, not resumed request = its previous value + previous n;
  *   new + cached requests <= max_num_seqs (counted before any is parsed); the full prompt
  *   blocks of a step's new requests together <= AR_TRACE_MAX_STEP_KEYS (2^24, checked before
- *   their keys are made); a new request: 1 <= prompt_len <= (num_blocks - 1) * block_size
+ *   their keys are made); the keys the trace spells out (block_keys, prompt_token_ids) for the
+ *   live and preempted requests together <= AR_TRACE_MAX_GIVEN_KEYS (2^25); a new request:
+ *   1 <= prompt_len <= (num_blocks - 1) * block_size
  *   (the cache holds the whole prompt, as vLLM requires), 0 <= num_computed_tokens <
  *   prompt_len, num_computed a multiple of block_size, num_computed + n <= prompt_len,
  *   block_keys count = prompt_len /
@@ -117,7 +119,8 @@ typedef struct live_entry {
 
 /* Keys kept.  Keys the trace gave (block_keys, or chained from prompt_token_ids) are kept whole,
  * num_keys = prompt_blocks, until the request finishes: they are as many as the trace spelled
- * out.  Request-private keys are a function of the id, and ar_block_content_key chains past a
+ * out, together at most max_given_keys (AR_TRACE_MAX_GIVEN_KEYS).  Request-private keys are a
+ * function of the id, and ar_block_content_key chains past a
  * request's prompt keys by the same rule that made them, so only those of the blocks it holds
  * are kept: num_keys = min(prompt_blocks, num_blocks), grown as blocks are appended, none while
  * it is preempted, remade from its id when it resumes.  Every content key the reader or a
@@ -295,6 +298,8 @@ struct ar_trace_reader {
     ar_arena mem;
     ar_str_map union_ids, sched_ids, finished_ids, preempted_ids;
     bool *new_private;       /* [num_new] of the step read last (arena): its keys are request-private */
+    int64_t given_keys;      /* keys the trace spelled out that live and preempted requests hold */
+    int64_t max_given_keys;  /* their bound: AR_TRACE_MAX_GIVEN_KEYS or ar_trace_set_given_key_limit's */
     live_entry **cached_entries;   /* [num_cached] looked up during validation */
     int cap_cached_entries;
     uint32_t *block_stamp;   /* [num_blocks] duplicate-block detection */
@@ -580,6 +585,7 @@ ar_trace_reader *ar_trace_open(const char *path, char *err, size_t err_len)
     ar_trace_reader *r = calloc(1, sizeof *r);
     if (!r) { set_err(err, err_len, "%s:0: out of memory", path); return NULL; }
     r->path = strdup(path);
+    r->max_given_keys = AR_TRACE_MAX_GIVEN_KEYS;
     r->cap = 1 << 16;
     r->buf = malloc(r->cap);
     if (!r->path || !r->buf) {
@@ -613,6 +619,11 @@ ar_trace_reader *ar_trace_open(const char *path, char *err, size_t err_len)
 }
 
 const ar_trace_header *ar_trace_header_of(const ar_trace_reader *r) { return &r->header; }
+
+void ar_trace_set_given_key_limit(ar_trace_reader *r, int64_t max_keys)
+{
+    r->max_given_keys = max_keys;
+}
 
 void ar_trace_close(ar_trace_reader *r)
 {
@@ -1194,6 +1205,19 @@ static int validate_step(ar_trace_reader *r, const ar_step *s, char *err, size_t
 
     int min_held = -1;   /* fewest blocks held after this step by a scheduled request */
 
+    /* keys spelled out and held: those of the finished requests go, the new ones' come */
+    int64_t given = r->given_keys;
+    for (int i = 0; i < s->num_finished; i++) {
+        const live_entry *e = live_get(&r->live, s->finished[i]);
+        if (!e->private_keys) given -= e->num_keys;
+    }
+    for (int i = 0; i < s->num_new; i++)
+        if (!r->new_private[i]) given += s->new_reqs[i].num_block_keys;
+    if (given > r->max_given_keys)
+        return fail(r, err, err_len, "the live requests' prompts would hold %" PRId64 " content keys the trace spells out "
+                    "(block_keys / prompt_token_ids), more than the %" PRId64 " the reader keeps", given,
+                    r->max_given_keys);
+
     /* new requests */
     for (int i = 0; i < s->num_new; i++) {
         const ar_new_req *nr = &s->new_reqs[i];
@@ -1304,6 +1328,7 @@ static int set_blocks(live_entry *e, const int *old, int n_old, const int *add, 
 
 static void drop_entry(ar_trace_reader *r, live_entry *e)
 {
+    if (!e->private_keys) r->given_keys -= e->num_keys;
     order_remove(&r->live, e);
     live_unhash(&r->live, e);
     entry_free(e);
@@ -1367,6 +1392,7 @@ static int apply_step(ar_trace_reader *r, const ar_step *s, char *err, size_t er
     for (int i = 0; i < s->num_finished; i++) drop_entry(r, live_get(&r->live, s->finished[i]));
     for (int i = 0; i < s->num_new; i++) {
         live_entry *e = fresh[i];
+        if (!e->private_keys) r->given_keys += e->num_keys;
         live_insert(&r->live, e);
         order_push(&r->live, e);
         entry_refresh(e);

@@ -38,6 +38,11 @@ extern "C" {
  * make together: 2^24, as many as the largest cache has blocks, so one step's keys take at most
  * 128 MiB however many requests it admits. */
 #define AR_TRACE_MAX_STEP_KEYS (1 << 24)
+/* Content keys a trace spells out (block_keys, or prompt_token_ids) that the requests live or
+ * preempted at once may hold: 2^25 (256 MiB).  They are kept until a request finishes, as the
+ * trace alone can make them again; 1,000 live requests of 128k-token prompts in blocks of 16
+ * hold 8 M.  Request-private keys (neither field given) are remade from the id and not counted. */
+#define AR_TRACE_MAX_GIVEN_KEYS (1 << 25)
 
 typedef enum ar_attention { AR_ATTN_MHA = 0, AR_ATTN_MLA = 1 } ar_attention;
 
@@ -135,6 +140,9 @@ const ar_trace_header *ar_trace_header_of(const ar_trace_reader *r);
  * "PATH:LINE: rule"; the reader's state is unchanged by the broken step). */
 int ar_trace_next(ar_trace_reader *r, const ar_step **step, char *err, size_t err_len);
 void ar_trace_close(ar_trace_reader *r);
+/* The bound on spelled-out keys held at once (AR_TRACE_MAX_GIVEN_KEYS unless set here, before
+ * the first ar_trace_next): a lower one for a host with less memory, or for a test. */
+void ar_trace_set_given_key_limit(ar_trace_reader *r, int64_t max_keys);
 
 /* The reader's live-request table, as of the last step returned: every request that holds
  * blocks (scheduled now or earlier, not finished, not preempted).  After ar_trace_next the
