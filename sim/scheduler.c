@@ -778,9 +778,9 @@ int ar_sim_step(ar_sim *s, const ar_step **step_out, char *err, size_t err_len)
     /* the clock ticks in whole microseconds: trace times stay short and exact in decimal */
     double t_end = round((s->now + dur) * 1e6) / 1e6;
     if (t_end <= s->now) t_end = s->now + 1e-6;
-    if (!isfinite(t_end)) {   /* a trace's times must be finite numbers (JSON has no inf) */
+    if (!isfinite(t_end) || t_end > AR_SIM_MAX_CLOCK_S) {   /* JSON has no inf; past 2^53 us steps stop adding up */
         snprintf(err, err_len, "step %lld: the simulated clock overflows: %g s + a step of %g s counted in "
-                 "microseconds is not a finite number (check --step-time and --time-scale)", (long long)s->step_no,
+                 "microseconds is past the clock's range of 2^53 us, about 285 years (check --step-time and --time-scale)", (long long)s->step_no,
                  s->now, dur);
         return -2;
     }

@@ -463,6 +463,10 @@ typedef struct ar_sim ar_sim;
 /* Builds a simulator; the workload must outlive it.  Requests that can never fit the KV cache
  * are skipped (status AR_REQ_SKIPPED, counted, one warning each on stderr up to 5).
  * NULL with err set on bad configuration. */
+/* The simulated clock ticks in whole microseconds held in a double, exact up to 2^53 us (about
+ * 285 years); an arrival or a step end past it is refused as bad input (exit 2). */
+#define AR_SIM_MAX_CLOCK_S (9007199254740992.0 / 1e6)
+
 ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err, size_t err_len);
 /* Runs one step.  Returns 1 with *step set (owned by the simulator, valid until the next
  * call), 0 when every request has finished, -1 on an internal error (err set), -2 when the

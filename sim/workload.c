@@ -692,6 +692,17 @@ int ar_workload_load(const char *spec, int block_size, double time_scale, int li
             ar_workload_free(wl);
             return 2;
         }
+        if (a > AR_SIM_MAX_CLOCK_S) {   /* whole microseconds stop being exact past 2^53 us */
+            if (wl->reqs[i].line > 0)
+                snprintf(err, err_len, "%s:%ld: arrival %.17g s after the first request, times --time-scale %g, is "
+                         "beyond the simulated clock's range (2^53 us, about 285 years)", arg, wl->reqs[i].line,
+                         wl->reqs[i].arrival - t0, time_scale);
+            else
+                snprintf(err, err_len, "%s: arrival of request %d, times --time-scale %g, is beyond the simulated "
+                         "clock's range (2^53 us, about 285 years; rate too small?)", spec, i, time_scale);
+            ar_workload_free(wl);
+            return 2;
+        }
         wl->reqs[i].arrival = a;
     }
     return 0;

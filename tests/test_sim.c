@@ -796,7 +796,7 @@ static void test_cli_usage_errors(void **state)
 }
 
 /* A simulated clock that overflows (an absurd step time, arrivals scaled or spread past the
- * largest double) is bad input: exit 2 with the reason, never a trace line holding "inf" that
+ * largest double, or past 2^53 us where whole microseconds stop being exact) is bad input: exit 2 with the reason, never a trace line holding "inf" that
  * no reader takes, and never a non-finite step time quietly replaced by a microsecond. */
 static void test_clock_overflow_is_refused(void **state)
 {
@@ -813,6 +813,11 @@ static void test_clock_overflow_is_refused(void **state)
         { "--workload synthetic:n=5,input=10,output=3 --step-time roofline:h200,gap=1e308", "simulated clock overflows" },
         { "--workload synthetic:n=5,input=10,output=2,rate=5e-324", "not a finite number of seconds" },
         { "--workload mooncake:@W --time-scale 1e308", "overflow.jsonl:2: arrival" },
+        /* finite but past 2^53 us, where a step no longer moves the clock by its length
+         * (constant:1e300 ran to exit 0 with every step after the first at one time) */
+        { "--workload synthetic:n=5,input=10,output=3 --step-time constant:1e10", "past the clock's range of 2^53 us" },
+        { "--workload synthetic:n=5,input=10,output=3 --step-time constant:1e300", "past the clock's range of 2^53 us" },
+        { "--workload mooncake:@W --time-scale 2e6", "overflow.jsonl:2: arrival" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024];

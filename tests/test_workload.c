@@ -293,6 +293,36 @@ static void test_bad_input_messages(void **state)
     assert_non_null(strstr(err, "/nonexistent/x.jsonl"));
 }
 
+/* The simulated clock counts whole microseconds in a double, exact up to 2^53 us (about 285
+ * years): an arrival past it is refused naming the row, never simulated with steps that stop
+ * advancing the clock (a Mooncake timestamp of 1e300 ms gave 10 steps at one time and a TPOT of
+ * 0); time-scale included; just under it loads. */
+static void test_arrivals_past_the_clock_range(void **state)
+{
+    (void)state;
+#define ROW0 "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n"
+#define ROW1(T) "{\"timestamp\": " T ", \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n"
+    static const struct { const char *kind, *name, *text; int line; const char *words; } cases[] = {
+        { "mooncake", "clock1.jsonl", ROW0 ROW1("1e300"), 2, "beyond the simulated clock's range" },
+        { "mooncake", "clock2.jsonl", ROW0 ROW1("1e16"), 2, "2^53 us" },
+        { "azure", "clock3.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1970-01-01 00:00:00,374,4\n"
+                                 "9999-11-16 18:15:46.1,374,4\n", 3, "beyond the simulated clock's range" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_error(cases[i].kind, cases[i].name, cases[i].text, cases[i].line, cases[i].words);
+    char path[512], err[1024], spec[700];
+    ar_workload wl;
+    tu_tmp("clock4.jsonl", path, sizeof path);
+    assert_int_equal(tu_write(path, ROW0 ROW1("9e12")), 0);
+#undef ROW0
+#undef ROW1
+    snprintf(spec, sizeof spec, "mooncake:%s", path);
+    assert_int_equal(ar_workload_load(spec, 16, 1.0, 0, &wl, err, sizeof err), 0);   /* 9e9 s: inside */
+    ar_workload_free(&wl);
+    assert_int_equal(ar_workload_load(spec, 16, 2.0, 0, &wl, err, sizeof err), 2);   /* x2: past it */
+    if (!strstr(err, ":2:") || !strstr(err, "--time-scale")) fail_msg("error '%s'", err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -301,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_synthetic_shared_prefix_groups),
         cmocka_unit_test(test_synthetic_arrivals),
         cmocka_unit_test(test_bad_input_messages),
+        cmocka_unit_test(test_arrivals_past_the_clock_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
