@@ -468,6 +468,18 @@ static int load_vllm_run(const char *path_in, ar_workload *wl, char *err, size_t
             rc = 2;
             break;
         }
+        if (have_real && !(first_token >= t)) {   /* else the comparison with the engine drops it unsaid */
+            snprintf(err, err_len, "%s:%ld: first_token_ts %.6f is before queued_ts %.6f (the engine's TTFT "
+                     "cannot be negative)", path, lineno, first_token, t);
+            rc = 2;
+            break;
+        }
+        if (have_real && !(last_token >= first_token && isfinite(last_token - first_token))) {
+            snprintf(err, err_len, "%s:%ld: last_token_ts %.6f is before first_token_ts %.6f, or too far after it "
+                     "(the engine's TPOT must be a non-negative number)", path, lineno, last_token, first_token);
+            rc = 2;
+            break;
+        }
         last = t;
         if (ar_workload_push(wl, t, (int)in_len, (int)out_len, NULL, 0, lineno, err, err_len) != 0) {
             rc = 2;

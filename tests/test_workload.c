@@ -323,6 +323,25 @@ static void test_arrivals_past_the_clock_range(void **state)
     if (!strstr(err, ":2:") || !strstr(err, "--time-scale")) fail_msg("error '%s'", err);
 }
 
+/* A vLLM run's engine timings must be in order: first_token_ts before queued_ts, or
+ * last_token_ts before first_token_ts, was taken as no timing and the comparison with the real
+ * engine dropped the request without a word (one row of each: "TPOT 0.000 vs 0.000 ms"). */
+static void test_vllm_run_timings_in_order(void **state)
+{
+    (void)state;
+    expect_error("vllm-run", "vt1.jsonl",
+                 "{\"queued_ts\": 1.0, \"input_toks\": 10, \"output_toks\": 4, \"first_token_ts\": 2.0, \"last_token_ts\": 3.0}\n"
+                 "{\"queued_ts\": 100.0, \"input_toks\": 10, \"output_toks\": 5, \"first_token_ts\": 90.0, \"last_token_ts\": 95.0}\n",
+                 2, "first_token_ts 90.000000 is before queued_ts 100.000000");
+    expect_error("vllm-run", "vt2.jsonl",
+                 "{\"queued_ts\": 100.0, \"input_toks\": 10, \"output_toks\": 5, \"first_token_ts\": 1e308, \"last_token_ts\": -1e308}\n",
+                 1, "last_token_ts");
+    char path[512], err[1024];
+    assert_int_equal(load_text("vllm-run", "vt3.jsonl",
+                               "{\"queued_ts\": 1.0, \"input_toks\": 10, \"output_toks\": 4, \"first_token_ts\": 1.0, "
+                               "\"last_token_ts\": 1.0}\n", err, sizeof err, path, sizeof path), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +351,7 @@ int main(void)
         cmocka_unit_test(test_synthetic_arrivals),
         cmocka_unit_test(test_bad_input_messages),
         cmocka_unit_test(test_arrivals_past_the_clock_range),
+        cmocka_unit_test(test_vllm_run_timings_in_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
