@@ -448,6 +448,7 @@ static int simulate(const plan_args *a, const ar_model_preset *preset, const ar_
     snprintf(h->source, sizeof h->source, "plan:%s", wl->source);
     h->seed = 1;
     cfg.num_sms = steptime->device.num_sms;
+    if (ar_sim_check_any_fits(wl, num_blocks, a->block_size, 0, err, err_len) != 0) return -2;   /* bad input */
     ar_sim *s = ar_sim_create(&cfg, wl, err, err_len);
     if (!s) return -1;
     int rc;
@@ -1143,7 +1144,7 @@ int ar_plan_main(int argc, char **argv)
                         done + 1, mine, a.rates[r], kv_blocks[k], wl.num_reqs);
             const int sim_rc = simulate(&a, preset, &steptime, &wl, kv_blocks[k], p, err, sizeof err);
             if (sim_rc != 0) {
-                fprintf(stderr, "%splan: simulation failed: %s\n", progress ? "\n" : "", err);
+                fprintf(stderr, "%splan: %s%s\n", progress ? "\n" : "", sim_rc == -2 ? "" : "simulation failed: ", err);
                 failures++;
                 bad_input |= sim_rc == -2;
                 break;

@@ -516,6 +516,34 @@ ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err
     return s;
 }
 
+int ar_sim_check_any_fits(const ar_workload *wl, int num_blocks, int block_size, int max_model_len, char *err,
+                          size_t err_len)
+{
+    int best = -1;
+    int64_t best_need = 0;
+    for (int i = 0; i < wl->num_reqs; i++) {
+        const ar_workload_req *w = &wl->reqs[i];
+        /* the last generated token is sampled, never computed */
+        int64_t need = ((int64_t)w->prompt_len + w->output_len - 1 + block_size - 1) / block_size;
+        bool too_long = max_model_len > 0 && w->prompt_len + w->output_len > max_model_len;
+        if (need <= num_blocks - 1 && !too_long) return 0;
+        if (best < 0 || need < best_need) { best = i; best_need = need; }
+    }
+    if (best < 0) return 0;   /* no requests: the loaders refuse those themselves */
+    const ar_workload_req *w = &wl->reqs[best];
+    const char *where = wl->path[0] ? wl->path : wl->source;
+    if (best_need <= num_blocks - 1)
+        snprintf(err, err_len, "no request of %s can run: every one exceeds max_model_len %d (the shortest, "
+                 "%s:%ld, has %d prompt + %d output tokens)", where, max_model_len, where, w->line, w->prompt_len,
+                 w->output_len);
+    else
+        snprintf(err, err_len, "no request of %s can run: a KV cache of %d blocks (%d usable) of %d tokens holds "
+                 "none of them; the smallest, %s:%ld (%d prompt + %d output tokens), needs %lld blocks "
+                 "(give a larger KV cache)", where, num_blocks, num_blocks - 1, block_size, where, w->line,
+                 w->prompt_len, w->output_len, (long long)best_need);
+    return 2;
+}
+
 /* ---- one step ------------------------------------------------------------------------------------- */
 
 static void preempt(ar_sim *s, sim_req *r, int index)

@@ -468,6 +468,12 @@ typedef struct ar_sim ar_sim;
 #define AR_SIM_MAX_CLOCK_S (9007199254740992.0 / 1e6)
 
 ar_sim *ar_sim_create(const ar_sim_config *cfg, const ar_workload *wl, char *err, size_t err_len);
+/* 0 when at least one request of wl can run on num_blocks blocks (block 0 is the null block) of
+ * block_size tokens within max_model_len (0 = no limit); else 2 with err naming the smallest
+ * request (its file and line) and what it needs.  sim and plan refuse such a configuration
+ * (ar_sim_create itself runs it, every request skipped). */
+int ar_sim_check_any_fits(const ar_workload *wl, int num_blocks, int block_size, int max_model_len, char *err,
+                          size_t err_len);
 /* Runs one step.  Returns 1 with *step set (owned by the simulator, valid until the next
  * call), 0 when every request has finished, -1 on an internal error (err set), -2 when the
  * inputs cannot be simulated: the step-time model gives a non-finite duration, or the clock

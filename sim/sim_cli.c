@@ -334,7 +334,8 @@ static int sim_one(int argc, char **argv)
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    ar_sim *s = ar_sim_create(&cfg, &wl, err, sizeof err);
+    ar_sim *s = ar_sim_check_any_fits(&wl, num_blocks, block_size, max_model_len, err, sizeof err) == 0
+                    ? ar_sim_create(&cfg, &wl, err, sizeof err) : NULL;
     if (!s) {
         fprintf(stderr, "sim: %s\n", err);
         ar_workload_free(&wl);

@@ -847,6 +847,18 @@ static void test_plan_bad_input(void **state)
     assert_non_null(text);
     if (rc != 2 || !strstr(text, "the simulated clock overflows")) fail_msg("rc %d: %s", rc, text);
     free(text);
+    /* a KV size that holds no request of the workload is an impossible configuration, exit 2
+     * naming it, not a sweep of "0/N finished" rows with nan throughput and plots that gnuplot
+     * refuses (exit 1) */
+    tu_tmp("plan_tiny_kv", out, sizeof out);
+    rc = tu_run(log, "%s plan --workload synthetic:n=5,input=100,output=3 --model llama-3.1-8b --device h200 "
+                     "--rates 1 --kv-blocks 3,400 --out %s 2>&1", tu_bin(), out);
+    text = tu_slurp(log);
+    assert_non_null(text);
+    if (rc != 2 || !strstr(text, "a KV cache of 3 blocks (2 usable) of 16 tokens holds none of them") ||
+        !strstr(text, "needs 7 blocks") || strstr(text, "simulation failed"))
+        fail_msg("rc %d: %s", rc, text);
+    free(text);
 }
 
 /* The "Step-time model" paragraph (stdout and plan.md) states the model --step-time gave, not

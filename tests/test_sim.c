@@ -580,19 +580,22 @@ static void test_resume_hits_own_generated_blocks(void **state)
 static void test_skip_messages_name_the_rule(void **state)
 {
     (void)state;
-    char out[512], log[512];
+    char out[512], log[512], workload[512];
     tu_tmp("skip.trace.jsonl", out, sizeof out);
     tu_tmp("skip.log", log, sizeof log);
-    int rc = tu_run(log, "'%s' sim --workload synthetic:n=2,input=100,output=50 --model llama-3.1-8b "
-                    "--max-model-len 120 --out '%s' --quiet", tu_bin(), out);
+    tu_tmp("skip.jsonl", workload, sizeof workload);   /* a short request runs: no run of none (exit 2) */
+    assert_int_equal(tu_write(workload, "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 50, \"hash_ids\": [1]}\n"
+                                        "{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [2]}\n"), 0);
+    int rc = tu_run(log, "'%s' sim --workload mooncake:'%s' --model llama-3.1-8b "
+                    "--max-model-len 120 --out '%s' --quiet", tu_bin(), workload, out);
     char *text = tu_slurp(log);
     assert_non_null(text);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(text, "100 prompt + 50 output tokens exceed max_model_len 120"));
     assert_null(strstr(text, "blocks of"));
     free(text);
-    rc = tu_run(log, "'%s' sim --workload synthetic:n=2,input=100,output=50 --model llama-3.1-8b "
-                "--num-blocks 5 --out '%s' --quiet", tu_bin(), out);
+    rc = tu_run(log, "'%s' sim --workload mooncake:'%s' --model llama-3.1-8b "
+                "--num-blocks 5 --out '%s' --quiet", tu_bin(), workload, out);
     text = tu_slurp(log);
     assert_non_null(text);
     assert_non_null(strstr(text, "100 prompt + 50 output tokens can never fit the KV cache (4 blocks of 16)"));
@@ -668,6 +671,36 @@ static void test_request_that_never_fits_is_skipped(void **state)
     assert_int_equal(sum.num_skipped, 1);
     assert_int_equal(sum.num_finished, 2);
     ar_workload_free(&wl);
+}
+
+/* A configuration under which no request of the workload can run (a KV cache too small for
+ * any of them, or --max-model-len below every one) is refused, exit 2 naming the smallest
+ * request and what it needs, the trace not written; before, every request was skipped and sim
+ * wrote a trace of no steps with exit 0. One request that fits is enough to run. */
+static void test_no_request_fits_is_refused(void **state)
+{
+    (void)state;
+    char trace[512], workload[512], out[512];
+    tu_tmp("nofit.trace.jsonl", trace, sizeof trace);
+    tu_tmp("nofit_err.txt", out, sizeof out);
+    tu_tmp("nofit.jsonl", workload, sizeof workload);
+    assert_int_equal(tu_write(workload, "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 10, \"hash_ids\": [1]}\n"
+                                        "{\"timestamp\": 5, \"input_length\": 40, \"output_length\": 2, \"hash_ids\": [2]}\n"), 0);
+    struct { const char *args, *words; int rc; } cases[] = {
+        { "--num-blocks 3", "nofit.jsonl:2 (40 prompt + 2 output tokens), needs 3 blocks", 2 },
+        { "--max-model-len 20", "every one exceeds max_model_len 20", 2 },
+        { "--num-blocks 4", "skipping request r0", 0 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        unlink(trace);
+        int rc = tu_run(out, "%s sim --workload mooncake:%s --model llama-3.1-8b %s --out %s --quiet 2>&1", tu_bin(),
+                        workload, cases[i].args, trace);
+        char *msg = tu_slurp(out);
+        assert_non_null(msg);
+        if (rc != cases[i].rc || !strstr(msg, cases[i].words)) fail_msg("%s: rc %d, output '%s'", cases[i].args, rc, msg);
+        free(msg);
+        assert_int_equal(access(trace, F_OK) == 0, cases[i].rc == 0);
+    }
 }
 
 /* ---- presets and step time ---------------------------------------------------------------------- */
@@ -1228,6 +1261,7 @@ int main(void)
         cmocka_unit_test(test_max_num_seqs_and_finished_next_step),
         cmocka_unit_test(test_num_common_prefix_blocks),
         cmocka_unit_test(test_request_that_never_fits_is_skipped),
+        cmocka_unit_test(test_no_request_fits_is_refused),
         cmocka_unit_test(test_kv_sizing_and_step_time),
         cmocka_unit_test(test_steptime_fitted_from_db),
         cmocka_unit_test(test_cli_usage_errors),
