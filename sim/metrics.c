@@ -8,6 +8,7 @@
  * cascade-eligible steps) is printed as text.  Fidelity (vllm-run workloads): mean, p50 and p90
  * of TTFT and TPOT, simulated and real, over the same finished requests (ar_sim_fidelity). */
 #include "sim.h"
+#include "../replay/db.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -83,11 +84,11 @@ static int write_csv(const ar_sim *s, const char *path, char *err, size_t err_le
     return 0;
 }
 
-static int sql_exec(sqlite3 *db, const char *sql, char *err, size_t err_len)
+static int sql_exec(sqlite3 *db, const char *path, const char *sql, char *err, size_t err_len)
 {
     char *msg = NULL;
     if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        snprintf(err, err_len, "sqlite: %s", msg ? msg : "error");
+        snprintf(err, err_len, "%s: sqlite: %s", path, msg ? msg : "error");
         sqlite3_free(msg);
         return -1;
     }
@@ -102,10 +103,11 @@ static int write_sqlite(const ar_sim *s, const char *path, char *err, size_t err
         sqlite3_close(db);
         return -1;
     }
+    sqlite3_busy_timeout(db, ar_db_busy_timeout_ms());   /* another writer's lock: wait as replay does */
     int rc = -1;
     sqlite3_stmt *st = NULL;
-    if (sql_exec(db,
-                 "BEGIN;"
+    if (sql_exec(db, path,
+                 "BEGIN IMMEDIATE;"
                  "DROP TABLE IF EXISTS sim_requests; DROP TABLE IF EXISTS sim_steps_kv; DROP TABLE IF EXISTS sim_summary;"
                  "CREATE TABLE sim_requests(req TEXT PRIMARY KEY, arrival REAL, prompt_len INTEGER, output_len INTEGER,"
                  " finished INTEGER, queueing REAL, ttft REAL, tpot REAL, e2e REAL, preemptions INTEGER, prefix_hit_tokens INTEGER);"
@@ -176,13 +178,32 @@ static int write_sqlite(const ar_sim *s, const char *path, char *err, size_t err
     }
     sqlite3_finalize(st);
     st = NULL;
-    if (sql_exec(db, "COMMIT;", err, err_len) != 0) goto done;
+    if (sql_exec(db, path, "COMMIT;", err, err_len) != 0) goto done;
     rc = 0;
     goto done;
 sqlerr:
     snprintf(err, err_len, "%s: sqlite: %s", path, sqlite3_errmsg(db));
 done:
     sqlite3_finalize(st);
+    sqlite3_close(db);
+    return rc;
+}
+
+int ar_sim_metrics_check(const char *path, char *err, size_t err_len)
+{
+    struct stat st;
+    if (!ar_sim_metrics_is_sqlite(path) || stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return 0;
+    sqlite3 *db = NULL;
+    int rc = 0;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        sqlite3_busy_timeout(db, ar_db_busy_timeout_ms());
+        int e = sqlite3_exec(db, "SELECT count(*) FROM sqlite_master", NULL, NULL, NULL);
+        if (e == SQLITE_NOTADB || e == SQLITE_CORRUPT) {   /* a lock is the writer's to wait for */
+            snprintf(err, err_len, "%s: not an SQLite database (%s); --metrics adds its sim_* tables to an SQLite "
+                     "file or makes a new one", path, sqlite3_errmsg(db));
+            rc = 2;
+        }
+    }
     sqlite3_close(db);
     return rc;
 }

@@ -505,6 +505,9 @@ uint64_t ar_sim_logical_key(const ar_sim *s, int req, int block_index);
 int ar_sim_write_metrics(const ar_sim *s, const char *path, char *err, size_t err_len);
 /* True when ar_sim_write_metrics writes path as SQLite (else CSV plus PATH.kv.csv). */
 bool ar_sim_metrics_is_sqlite(const char *path);
+/* 0, or 2 with err naming path when path is meant for SQLite and is an existing file that is
+ * not an SQLite database (checked before the simulation, so bad input stops it). */
+int ar_sim_metrics_check(const char *path, char *err, size_t err_len);
 /* Output paths, checked before any work so a bad one costs nothing: ar_output_file_check says
  * whether a file can be created (or overwritten) at path - not a directory, its directory
  * present and writable - leaving nothing behind; ar_output_dir_prepare creates the directory

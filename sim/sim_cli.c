@@ -189,6 +189,10 @@ static int check_outputs(const char *workload, const char *out, const char *metr
             return 2;
         }
     }
+    if (metrics && ar_sim_metrics_check(metrics, err, sizeof err) != 0) {
+        fprintf(stderr, "sim: --metrics %s\n", err);
+        return 2;
+    }
     if (trace_goes_through_tmp(out)) {   /* the trace is written beside TRACE, then renamed */
         char tmp[4200];
         snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid());

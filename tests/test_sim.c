@@ -12,6 +12,8 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1024,6 +1026,62 @@ static void test_cli_output_paths(void **state)
     free(msg);
 }
 
+/* Holds an exclusive lock on a database for about 1.5 s, then lets go. */
+static void *hold_lock(void *db)
+{
+    usleep(1500000);
+    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    return NULL;
+}
+
+/* A --metrics database: a file that is not SQLite is refused before anything runs (exit 2,
+ * naming it; it said "sim: sqlite: file is not a database", exit 1, after the simulation), and
+ * another process's write lock is waited for as replay waits (ATTNREPLAY_BUSY_TIMEOUT_MS; it
+ * failed at once with "sim: sqlite: database is locked", no file named). */
+static void test_metrics_database_refused_or_waited_for(void **state)
+{
+    (void)state;
+    char workload[512], trace[512], db_path[512], out[512];
+    tu_tmp("mdb.jsonl", workload, sizeof workload);
+    tu_tmp("mdb.trace.jsonl", trace, sizeof trace);
+    tu_tmp("mdb.db", db_path, sizeof db_path);
+    tu_tmp("mdb_err.txt", out, sizeof out);
+    assert_int_equal(tu_write(workload, "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n"), 0);
+    assert_int_equal(tu_write(db_path, "these are not the tables you are looking for\n"), 0);
+#define MDB_CMD "%s%s sim --workload mooncake:%s --model llama-3.1-8b --out %s --metrics %s --quiet 2>&1"
+    int rc = tu_run(out, MDB_CMD, "", tu_bin(), workload, trace, db_path);
+    char *msg = tu_slurp(out);
+    assert_non_null(msg);
+    if (rc != 2 || !strstr(msg, db_path) || !strstr(msg, "not an SQLite database")) fail_msg("rc %d: %s", rc, msg);
+    free(msg);
+    assert_int_equal(access(trace, F_OK), -1);
+    unlink(db_path);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(db_path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE other(x); BEGIN EXCLUSIVE; INSERT INTO other VALUES(1)", NULL, NULL,
+                                  NULL), SQLITE_OK);
+    pthread_t holder;
+    assert_int_equal(pthread_create(&holder, NULL, hold_lock, db), 0);
+    rc = tu_run(out, MDB_CMD, "ATTNREPLAY_BUSY_TIMEOUT_MS=0 ", tu_bin(), workload, trace, db_path);   /* no wait */
+    msg = tu_slurp(out);
+    assert_non_null(msg);
+    if (rc != 1 || !strstr(msg, db_path) || !strstr(msg, "locked")) fail_msg("rc %d: %s", rc, msg);
+    free(msg);
+    rc = tu_run(out, MDB_CMD, "ATTNREPLAY_BUSY_TIMEOUT_MS=20000 ", tu_bin(), workload, trace, db_path);
+    msg = tu_slurp(out);
+    assert_non_null(msg);
+    if (rc != 0) fail_msg("rc %d: %s", rc, msg);
+    free(msg);
+#undef MDB_CMD
+    pthread_join(holder, NULL);
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT count(*) FROM sim_requests", -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(st, 0), 1);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+}
+
 static void test_cli_writes_valid_trace_and_metrics(void **state)
 {
     (void)state;
@@ -1271,6 +1329,7 @@ int main(void)
         cmocka_unit_test(test_failed_sim_leaves_no_trace),
         cmocka_unit_test(test_overload_is_named),
         cmocka_unit_test(test_cli_writes_valid_trace_and_metrics),
+        cmocka_unit_test(test_metrics_database_refused_or_waited_for),
         cmocka_unit_test(test_summary_agrees_with_trace_stats),
         cmocka_unit_test(test_sim_trace_replays_on_cpu),
     };
