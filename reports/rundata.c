@@ -12,6 +12,9 @@
 
 #include "../replay/db_version.h"
 
+/* replay/db.h: the wait every writer sets (its ar_step_row is not rundata.h's, so not included) */
+int ar_db_busy_timeout_ms(void);
+
 void *ar_rd_open(const char *path, char *err, size_t err_len)
 {
     struct stat sb;
@@ -26,7 +29,8 @@ void *ar_rd_open(const char *path, char *err, size_t err_len)
         sqlite3_close(db);
         return NULL;
     }
-    sqlite3_busy_timeout(db, 5000);
+    const int wait_ms = ar_db_busy_timeout_ms();   /* another process writing: wait as writers wait */
+    sqlite3_busy_timeout(db, wait_ms);
     /* The database must hold the tables we read; a missing file or a non-database fails
      * here with SQLite's own words. */
     sqlite3_stmt *st = NULL;
@@ -34,8 +38,15 @@ void *ar_rd_open(const char *path, char *err, size_t err_len)
         "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN ('runs','steps')",
         -1, &st, NULL);
     int tables = 0;
-    if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) tables = sqlite3_column_int(st, 0);
-    else snprintf(err, err_len, "%s: not a readable SQLite database: %s", path, sqlite3_errmsg(db));
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        tables = sqlite3_column_int(st, 0);
+        rc = SQLITE_OK;
+    } else if ((sqlite3_errcode(db) & 0xff) == SQLITE_BUSY) {
+        snprintf(err, err_len, "%s: the database is locked by another connection's write (waited %d ms; "
+                 "ATTNREPLAY_BUSY_TIMEOUT_MS sets the wait)", path, wait_ms);
+    } else {
+        snprintf(err, err_len, "%s: not a readable SQLite database: %s", path, sqlite3_errmsg(db));
+    }
     sqlite3_finalize(st);
     if (rc != SQLITE_OK || tables != 2) {
         if (rc == SQLITE_OK)

@@ -12,6 +12,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -626,6 +627,42 @@ static void test_diff_bad_input(void **state)
     assert_int_equal(ar_diff_main(4, argv_nodb), 2);
 }
 
+/* Lets go of the write lock its connection holds after about 1.5 s. */
+static void *release_later(void *db)
+{
+    usleep(1500000);
+    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    return NULL;
+}
+
+/* A results database another process is writing (a rollback-journal one under BEGIN
+ * EXCLUSIVE) is waited for as long as a writer waits (ATTNREPLAY_BUSY_TIMEOUT_MS), and past
+ * that named as locked; it was read for 5 s and then called "not a readable SQLite database". */
+static void test_locked_database_waited_for(void **state)
+{
+    (void)state;
+    char path[512], err[1024];
+    tu_tmp("locked.db", path, sizeof path);
+    assert_int_equal(make_db(path, 1), 0);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE; DELETE FROM steps WHERE 0", NULL,
+                                  NULL, NULL), SQLITE_OK);
+    pthread_t holder;
+    assert_int_equal(pthread_create(&holder, NULL, release_later, db), 0);
+    setenv("ATTNREPLAY_BUSY_TIMEOUT_MS", "0", 1);
+    void *rd = ar_rd_open(path, err, sizeof err);
+    if (rd || !strstr(err, path) || !strstr(err, "locked by another connection") || strstr(err, "not a"))
+        fail_msg("%s", rd ? "opened under a write lock" : err);
+    setenv("ATTNREPLAY_BUSY_TIMEOUT_MS", "20000", 1);
+    rd = ar_rd_open(path, err, sizeof err);
+    unsetenv("ATTNREPLAY_BUSY_TIMEOUT_MS");
+    if (!rd) fail_msg("%s", err);
+    ar_rd_close(rd);
+    pthread_join(holder, NULL);
+    sqlite3_close(db);
+}
+
 /* ---- end to end through bin/attnreplay (skips when the binary has not been built) ------------ */
 
 static void test_end_to_end_with_replay(void **state)
@@ -990,6 +1027,7 @@ int main(void)
         cmocka_unit_test(test_report_selected_runs),
         cmocka_unit_test(test_report_bad_input),
         cmocka_unit_test(test_directory_and_newer_schema_refused),
+        cmocka_unit_test(test_locked_database_waited_for),
         cmocka_unit_test(test_diff_identical_runs),
         cmocka_unit_test(test_diff_planted_slowdown),
         cmocka_unit_test(test_diff_planted_accuracy_change),
