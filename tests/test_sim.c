@@ -1026,7 +1026,7 @@ static void test_cli_output_paths(void **state)
     free(msg);
 }
 
-/* Holds an exclusive lock on a database for about 1.5 s, then lets go. */
+/* Lets go of the exclusive lock its connection holds after about 1.5 s. */
 static void *hold_lock(void *db)
 {
     usleep(1500000);
@@ -1060,13 +1060,14 @@ static void test_metrics_database_refused_or_waited_for(void **state)
     assert_int_equal(sqlite3_open(db_path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db, "CREATE TABLE other(x); BEGIN EXCLUSIVE; INSERT INTO other VALUES(1)", NULL, NULL,
                                   NULL), SQLITE_OK);
-    pthread_t holder;
-    assert_int_equal(pthread_create(&holder, NULL, hold_lock, db), 0);
     rc = tu_run(out, MDB_CMD, "ATTNREPLAY_BUSY_TIMEOUT_MS=0 ", tu_bin(), workload, trace, db_path);   /* no wait */
     msg = tu_slurp(out);
     assert_non_null(msg);
     if (rc != 1 || !strstr(msg, db_path) || !strstr(msg, "locked")) fail_msg("rc %d: %s", rc, msg);
     free(msg);
+    /* let go 1.5 s into the next run, however long the first one took */
+    pthread_t holder;
+    assert_int_equal(pthread_create(&holder, NULL, hold_lock, db), 0);
     rc = tu_run(out, MDB_CMD, "ATTNREPLAY_BUSY_TIMEOUT_MS=20000 ", tu_bin(), workload, trace, db_path);
     msg = tu_slurp(out);
     assert_non_null(msg);
