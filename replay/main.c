@@ -137,13 +137,23 @@ static int gen_samples_main(int argc, char **argv)
 }
 
 /* `attnreplay version`: what was built and what it runs on. */
+static void version_usage(FILE *f)
+{
+    fputs("usage: attnreplay version (or attnreplay --version)\n"
+          "  Prints the code revision, the trace format version, the build type and, when built\n"
+          "  with CUDA, the CUDA runtime linked in and the driver found (\"none\" without one).\n", f);
+}
+
 static int version_main(int argc, char **argv)
 {
     if (wants_help(argc, argv)) {
-        printf("usage: attnreplay version (or attnreplay --version)\n"
-               "  Prints the code revision, the trace format version, the build type and, when built\n"
-               "  with CUDA, the CUDA runtime linked in and the driver found (\"none\" without one).\n");
+        version_usage(stdout);
         return 0;
+    }
+    if (argc > 1) {   /* it takes no arguments */
+        fprintf(stderr, "attnreplay version: unexpected argument '%s'\n", argv[1]);
+        version_usage(stderr);
+        return 2;
     }
     printf("attnreplay %s\n", AR_CODE_REV);
     printf("trace format v%d\n", AR_TRACE_VERSION);

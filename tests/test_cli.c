@@ -120,6 +120,14 @@ static void test_version(void **state)
         free(out);
         free(err);
     }
+    /* it takes no arguments: one is a usage error, not ignored */
+    char *out, *err;
+    int empty;
+    assert_int_equal(run_in_empty_dir("version --bogus", &out, &err, &empty), 2);
+    if (out[0] || !strstr(err, "unexpected argument '--bogus'") || !strstr(err, "usage: attnreplay version"))
+        fail_msg("stdout '%s', stderr '%s'", out, err);
+    free(out);
+    free(err);
 }
 
 /* The line after line (NULL after the last). */
