@@ -285,9 +285,11 @@ static int fit_db(const char *db_path, const int64_t *runs, size_t num_runs, con
     size_t num_ids = 0;
     fit_sample *samples = NULL;
     size_t n = 0;
-    int rc = pick_runs(db, runs, num_runs, device_hint, &ids, &num_ids, err, err_len);
-    if (rc == 0) rc = load_samples(db, ids, num_ids, out, &samples, &n, err, err_len);
-    if (rc == 0) rc = fit_samples(samples, n, out, err, err_len);
+    char why[AR_ERR_MAX] = "";
+    int rc = pick_runs(db, runs, num_runs, device_hint, &ids, &num_ids, why, sizeof why);
+    if (rc == 0) rc = load_samples(db, ids, num_ids, out, &samples, &n, why, sizeof why);
+    if (rc == 0) rc = fit_samples(samples, n, out, why, sizeof why);
+    if (rc != 0) snprintf(err, err_len, "%s: %s", db_path, why);   /* ar_rd_open's errors name it already */
     ar_rd_close(db);
     free(ids);
     if (rc == 0 && samples_out) {
@@ -1074,7 +1076,7 @@ int ar_plan_main(int argc, char **argv)
     bool fit_applied = false;
     if (a.db) {
         if (fit_db(a.db, a.runs, a.num_runs, a.device, &fit, &samples, &num_samples, err, sizeof err) != 0) {
-            fprintf(stderr, "plan: %s: %s\n", a.db, err);
+            fprintf(stderr, "plan: %s\n", err);
             return 2;
         }
         fit_applied = strcasestr(fit.device, a.device) != NULL || a.force_fit;

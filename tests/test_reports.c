@@ -896,6 +896,30 @@ static void test_plan_bad_input(void **state)
         !strstr(text, "needs 7 blocks") || strstr(text, "simulation failed"))
         fail_msg("rc %d: %s", rc, text);
     free(text);
+    /* a --db that is no results database, and one without the run asked for: exit 2, the file
+     * named once (it was "plan: DB: DB: ..." for the first) */
+    char db[1024], runs_db[1024];
+    tu_tmp("plan_not_results.db", db, sizeof db);
+    tu_tmp("plan_runs.db", runs_db, sizeof runs_db);
+    assert_int_equal(make_db(runs_db, 1), 0);
+    unlink(db);
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, "CREATE TABLE other(x)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(h);
+    for (int with_run = 0; with_run < 2; with_run++) {
+        rc = tu_run(log, "%s plan --workload synthetic:n=5,input=100,output=3 --model llama-3.1-8b --device h200 "
+                         "--rates 1 --out %s --db %s %s 2>&1", tu_bin(), out, with_run ? runs_db : db,
+                    with_run ? "--run 99" : "");
+        text = tu_slurp(log);
+        assert_non_null(text);
+        const char *named = with_run ? runs_db : db;
+        const char *first = strstr(text, named);
+        if (rc != 2 || !first || strstr(first + strlen(named), named) ||
+            !strstr(text, with_run ? "run 99 is not in the database" : "not an attnreplay results database"))
+            fail_msg("rc %d: %s", rc, text);
+        free(text);
+    }
 }
 
 /* The "Step-time model" paragraph (stdout and plan.md) states the model --step-time gave, not
