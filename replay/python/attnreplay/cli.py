@@ -63,7 +63,16 @@ def resolve(spec):
 
 def replay(args):
     """Runs `attnreplay replay` with args (TRACE and options, as on its command line) through the C
-    engine, after registering a Python backend named by --backend.  Returns the exit code."""
+    engine, after registering a Python backend named by --backend.  Returns the exit code: the
+    engine's, or 2 when the backend or libattnreplay cannot be loaded."""
+    try:
+        return _replay(args)
+    except _abi.LibraryError as e:
+        print("attnreplay-py replay: %s; nothing was replayed" % e, file=sys.stderr)
+        return 2
+
+
+def _replay(args):
     args = list(args)
     for i, a in enumerate(args):
         spec = None

@@ -21,9 +21,10 @@ def cli():
     return [script] if os.path.exists(script) else [sys.executable, "-m", "attnreplay.cli"]
 
 
-def run(args, cmd=None):
-    """Runs attnreplay-py (or cmd) with args; returns (exit code, stdout + stderr)."""
-    env = dict(os.environ)
+def run(args, cmd=None, env=None):
+    """Runs attnreplay-py (or cmd) with args, env added to the environment; returns (exit code,
+    stdout + stderr)."""
+    env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ATTNREPLAY_LIB", os.path.join(BUILD, "libattnreplay.so"))
     p = subprocess.run((cmd or cli()) + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
