@@ -14,6 +14,7 @@ codes (0 passed, 1 a step failed, 2 bad input or a backend that cannot run, 3 ru
 """
 import ctypes
 import importlib
+import os
 import sys
 
 from . import _abi
@@ -72,8 +73,17 @@ def replay(args):
         return 2
 
 
+def _arg(a):
+    """One argument as a str: paths (str, bytes, os.PathLike) as file names, numbers by str()."""
+    if isinstance(a, (str, bytes, os.PathLike)):
+        return os.fsdecode(a)
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        return str(a)
+    raise TypeError("attnreplay replay: argument %r is not a str, a path or a number" % (a,))
+
+
 def _replay(args):
-    args = list(args)
+    args = [_arg(a) for a in args]
     for i, a in enumerate(args):
         spec = None
         if a == "--backend" and i + 1 < len(args):
@@ -92,7 +102,8 @@ def _replay(args):
             print("attnreplay-py replay: %s" % e, file=sys.stderr)
             return 2
         break
-    argv = [b"replay"] + [a.encode() for a in args]
+    # file names as the system gave them (bytes on Linux, not necessarily UTF-8)
+    argv = [b"replay"] + [os.fsencode(a) for a in args]
     c_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
     sys.stdout.flush()
     sys.stderr.flush()

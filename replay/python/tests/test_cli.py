@@ -1,9 +1,11 @@
 """attnreplay-py given bad input, as a new user might: each is refused with a message naming the
 file or option and the rule, with exit 2 (or the documented code), never a Python traceback."""
 import os
+import shutil
+import sys
 import unittest
 
-from helpers import BUILD, run, sample, tmpdb
+from helpers import BUILD, query, run, sample, tmpdb
 
 
 class Library(unittest.TestCase):
@@ -27,6 +29,28 @@ class Library(unittest.TestCase):
                 self.assertIn(message, out)
                 self.assertNotIn("Traceback", out)
         self.assertFalse(os.path.exists(os.path.join(d, "r.db")))
+
+
+class Arguments(unittest.TestCase):
+    def test_paths_not_utf8(self):
+        # file names are bytes on Linux: one that is not UTF-8 reaches the engine as it is
+        d = os.path.dirname(tmpdb(self, "x.db"))
+        trace = os.path.join(d, os.fsdecode(b"trace-\xff.jsonl.gz"))
+        db = os.path.join(d, os.fsdecode(b"results-\xfe.db"))
+        shutil.copy(sample("mixed"), trace)
+        rc, out = run(["replay", trace, "--backend", "numpy", "--db", db, "--quiet"])
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(query(db, "SELECT status FROM runs"), [("passed",)])
+        # the library takes paths and numbers too
+        code = ("import os, pathlib, sys, attnreplay; sys.exit(attnreplay.replay([pathlib.Path(%r), '--backend', "
+                "'numpy', '--db', os.fsencode(%r), '--layers', 2, '--quiet']))" % (trace, db))
+        rc, out = run(["-c", code], cmd=[sys.executable])
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(query(db, "SELECT layers FROM runs WHERE id = 2"), [(2,)])
+        rc, out = run(["replay", os.path.join(d, os.fsdecode(b"absent-\xff.gz")), "--backend", "numpy", "--db", db])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("absent-", out)
+        self.assertNotIn("Traceback", out)
 
 
 if __name__ == "__main__":
