@@ -263,6 +263,9 @@ class _Bridge:
 def register(backend, source=None):
     """Registers a Backend instance with libattnreplay; returns the backend's name ("py:<name>")
     for --backend.  Raises ValueError with the library's message when it is refused."""
+    device = getattr(backend, "device", None)
+    if not (device == "cpu" or (isinstance(device, str) and device.startswith("cuda"))):
+        raise ValueError("%s: device %r: \"cpu\" or \"cuda\"" % (type(backend).__name__, device))
     b = _Bridge(backend, source or type(backend).__name__)
     err = ctypes.create_string_buffer(2048)
     ok = _abi.lib().ar_plugin_register_init(b.init, b"py:", (source or b.source).encode(), err, len(err))

@@ -56,10 +56,25 @@ def resolve(spec):
         mod = importlib.import_module(module)
     except ImportError as e:
         raise ValueError("--backend %s: cannot import %s: %s" % (spec, module, e)) from e
+    except Exception as e:   # the module itself failing: RuntimeError, SyntaxError, a relative name
+        raise ValueError("--backend %s: cannot import %s: %s: %s" % (spec, module, type(e).__name__, e)) from e
     try:
-        return getattr(mod, cls)
+        found = getattr(mod, cls)
     except AttributeError:
         raise ValueError("--backend %s: module %s has no %s" % (spec, module, cls)) from None
+    from .backend import Backend
+    if not (isinstance(found, type) and issubclass(found, Backend)):
+        raise ValueError("--backend %s: not a subclass of attnreplay.Backend (%s)" % (spec, type(found).__name__))
+    return found
+
+
+def instantiate(spec, cls):
+    """cls() for --backend SPEC; ValueError saying so when the constructor raises."""
+    try:
+        return cls()
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError("--backend %s: %s() raised %s: %s" % (spec, cls.__name__, type(e).__name__, first)) from e
 
 
 def replay(args):
@@ -96,7 +111,7 @@ def _replay(args):
             cls = resolve(spec)
             if cls is not None:
                 from .backend import register
-                name = register(cls(), "python %s" % spec)
+                name = register(instantiate(spec, cls), "python %s" % spec)
                 args[where] = name if where == i + 1 else "--backend=" + name
         except ValueError as e:
             print("attnreplay-py replay: %s" % e, file=sys.stderr)

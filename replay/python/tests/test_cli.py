@@ -53,5 +53,48 @@ class Arguments(unittest.TestCase):
         self.assertNotIn("Traceback", out)
 
 
+BAD_MODULES = {
+    "raises_on_import": 'raise RuntimeError("CUDA driver 12.2 is older than this build needs")\n',
+    "bad_syntax": "def forward(:\n",
+    "bad_classes": ("from attnreplay import Backend\n"
+                    "class NoDevice(Backend):\n"
+                    "    name = 'no-device'\n"
+                    "    def __init__(self):\n"
+                    "        raise RuntimeError('no CUDA device visible')\n"
+                    "class NotABackend:\n"
+                    "    pass\n"
+                    "class OddDevice(Backend):\n"
+                    "    name = 'odd-device'\n"
+                    "    device = 'gpu'\n"
+                    "CONSTANT = 3\n"),
+}
+
+
+class BackendSpecs(unittest.TestCase):
+    def test_specs_that_cannot_make_a_backend(self):
+        db = tmpdb(self, "specs.db")
+        d = os.path.dirname(db)
+        for name, text in BAD_MODULES.items():
+            with open(os.path.join(d, name + ".py"), "w") as f:
+                f.write(text)
+        for spec, message in (
+                ("raises_on_import:K", "--backend raises_on_import:K: cannot import raises_on_import: RuntimeError: "
+                                       "CUDA driver 12.2 is older"),
+                ("bad_syntax:K", "--backend bad_syntax:K: cannot import bad_syntax: SyntaxError"),
+                (".relative:K", "--backend .relative:K: cannot import .relative"),
+                (":K", "--backend :K: cannot import"),
+                ("bad_classes:NoDevice", "--backend bad_classes:NoDevice: NoDevice() raised RuntimeError: no CUDA device"),
+                ("bad_classes:NotABackend", "--backend bad_classes:NotABackend: not a subclass of attnreplay.Backend"),
+                ("bad_classes:CONSTANT", "--backend bad_classes:CONSTANT: not a subclass of attnreplay.Backend"),
+                ("os:path", "--backend os:path: not a subclass of attnreplay.Backend"),
+                ("bad_classes:OddDevice", "device 'gpu': \"cpu\" or \"cuda\"")):
+            rc, out = run(["replay", sample("mixed"), "--backend", spec, "--db", db, "--quiet"],
+                          env={"PYTHONPATH": d})
+            self.assertEqual(rc, 2, "%s: %s" % (spec, out))
+            self.assertIn(message, out, spec)
+            self.assertNotIn("Traceback", out, spec)
+        self.assertFalse(os.path.exists(db))
+
+
 if __name__ == "__main__":
     unittest.main()
