@@ -99,24 +99,26 @@ def _arg(a):
 
 def _replay(args):
     args = [_arg(a) for a in args]
-    for i, a in enumerate(args):
-        spec = None
-        if a == "--backend" and i + 1 < len(args):
-            spec, where = args[i + 1], i + 1
-        elif a.startswith("--backend="):
-            spec, where = a[len("--backend="):], i
-        if spec is None:
+    # the last --backend is the one the engine runs (as on its own command line)
+    last, i = None, 0
+    while i < len(args):
+        if args[i] == "--backend" and i + 1 < len(args):
+            last, i = (args[i + 1], i + 1, ""), i + 2
             continue
+        if args[i].startswith("--backend="):
+            last = (args[i][len("--backend="):], i, "--backend=")
+        i += 1
+    if last is not None:
+        spec, where, prefix = last
         try:
             cls = resolve(spec)
             if cls is not None:
                 from .backend import register
                 name = register(instantiate(spec, cls), "python %s" % spec)
-                args[where] = name if where == i + 1 else "--backend=" + name
+                args[where] = prefix + name
         except ValueError as e:
             print("attnreplay-py replay: %s" % e, file=sys.stderr)
             return 2
-        break
     # file names as the system gave them (bytes on Linux, not necessarily UTF-8)
     argv = [b"replay"] + [os.fsencode(a) for a in args]
     c_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)

@@ -52,6 +52,15 @@ class Arguments(unittest.TestCase):
         self.assertIn("absent-", out)
         self.assertNotIn("Traceback", out)
 
+    def test_last_backend_wins(self):
+        # as in `attnreplay replay`, the last --backend is the one that runs
+        db = tmpdb(self, "last.db")
+        for args in (["--backend", "cpu", "--backend", "numpy"], ["--backend=numpy", "--backend", "cpu"],
+                     ["--backend", "nosuchname", "--backend=numpy"]):
+            rc, out = run(["replay", sample("mixed"), "--db", db, "--quiet", "--layers", "1"] + args)
+            self.assertEqual(rc, 0, "%s: %s" % (args, out))
+        self.assertEqual(query(db, "SELECT backend FROM runs ORDER BY id"), [("py:numpy",), ("cpu",), ("py:numpy",)])
+
 
 BAD_MODULES = {
     "raises_on_import": 'raise RuntimeError("CUDA driver 12.2 is older than this build needs")\n',
