@@ -20,6 +20,7 @@ import argparse
 import os
 import sqlite3
 import sys
+import urllib.parse
 
 KINDS = ("decode", "prefill", "mixed", "cascade")
 PROG = "attnreplay-py ratios"
@@ -54,7 +55,9 @@ def open_db(path):
     if not os.path.isfile(path):
         raise InputError("%s: no such file" % path)
     try:
-        con = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
+        # read-only through a URI, the path percent-encoded: '?', '#' and '%' are part of the name
+        uri = "file:%s?mode=ro" % urllib.parse.quote(os.path.abspath(path))
+        con = sqlite3.connect(uri, uri=True)
         con.execute("SELECT count(*) FROM steps").fetchone()
         con.execute("SELECT id, trace, trace_hash, backend, device, layers, status FROM runs LIMIT 1").fetchall()
     except sqlite3.Error as e:

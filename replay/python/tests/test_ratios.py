@@ -97,6 +97,22 @@ class Ratios(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertRegex(out, r"\n\s+1 cpu\s+all\s+%d\s+1\.000\s+1\.000\s+1\.000\s+1\.000\s+0%%" % steps)
 
+    def test_file_names_with_uri_characters(self):
+        # '?', '#' and '%' are plain characters of a file name, not a URI's query or fragment
+        replay(self.mixed, "mixed")
+        d = os.path.join(os.path.dirname(self.mixed), "q?x")
+        os.mkdir(d)
+        db = os.path.join(d, "r#1%41.db")
+        shutil.copy(self.mixed, db)
+        def files():   # a read of a WAL database may leave its -wal and -shm beside it
+            return [sorted(f for f in os.listdir(x) if not f.endswith(("-wal", "-shm")))
+                    for x in (os.path.dirname(self.mixed), d)]
+        before = files()
+        rc, out = run(["ratios", db, "--base", "1", "--runs-in", db, "--run", "2"])
+        self.assertEqual(rc, 0, out)
+        self.assertIn((2, "all"), table_rows(out))
+        self.assertEqual(files(), before)             # nothing made at 'q' or 'q?x/r'
+
     def test_bad_input_exit_2(self):
         d = os.path.dirname(self.mixed)
         other = tmpdb(self, "other.db")
