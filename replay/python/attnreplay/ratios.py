@@ -157,11 +157,22 @@ def compare(db, base_id=None, run_ids=None, runs_db=None):
     return base, out
 
 
+def run_id(text):
+    """A run id from the command line: SQLite's rowids are 1 to 2^63 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value < 2 ** 63:
+        raise argparse.ArgumentTypeError("%r: not a run id (a whole number from 1 to 2^63 - 1)" % text)
+    return value
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("db")
-    ap.add_argument("--base", type=int, help="run id of DB everything is compared with (default: its newest run)")
-    ap.add_argument("--run", type=int, action="append",
+    ap.add_argument("--base", type=run_id, help="run id of DB everything is compared with (default: its newest run)")
+    ap.add_argument("--run", type=run_id, action="append",
                     help="run ids to compare (default: every other run of the base's trace)")
     ap.add_argument("--runs-in", metavar="DB2", help="read the compared runs from DB2 (default: DB)")
     ap.add_argument("--text", action="store_true", help="aligned columns instead of a Markdown table")
