@@ -14,7 +14,8 @@ cascade (either run took the cascade path on that step), then all.  Printed as a
 per-step ratios, the share of steps the run won, the steps both timed that failed verification
 on each side, and for adapters that gather K/V first the gather's share of their time.  The
 databases are only read.  Exit codes: 0 table printed; 2 bad input (a missing or unreadable
-database, no such run, another trace or layer count, no step to pair).
+database, a directory, one of a newer schema version, no such run, another trace or layer count,
+no step to pair).
 """
 import argparse
 import os
@@ -51,8 +52,16 @@ def quantile(sorted_vals, q):
     return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
 
 
+# the results database's schema version this package reads (AR_DB_SCHEMA_VERSION, replay/db_version.h)
+SCHEMA_VERSION = 4
+
+
 def open_db(path):
-    if not os.path.isfile(path):
+    """A read-only connection to the attnreplay results database at path, or InputError naming it:
+    missing, a directory, not SQLite or not ours, or of a newer schema version."""
+    if os.path.isdir(path):
+        raise InputError("%s: a directory, not an attnreplay database" % path)
+    if not os.path.exists(path):
         raise InputError("%s: no such file" % path)
     try:
         # read-only through a URI, the path percent-encoded: '?', '#' and '%' are part of the name
@@ -62,6 +71,13 @@ def open_db(path):
         con.execute("SELECT id, trace, trace_hash, backend, device, layers, status FROM runs LIMIT 1").fetchall()
     except sqlite3.Error as e:
         raise InputError("%s: not an attnreplay database (%s)" % (path, e))
+    try:   # no meta table, or no version in it: version 1
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row[0]) if row else 1
+    except (sqlite3.Error, ValueError, TypeError):
+        version = 1
+    if version > SCHEMA_VERSION:
+        raise InputError("%s: schema version %d is newer than this attnreplay's %d" % (path, version, SCHEMA_VERSION))
     return con
 
 

@@ -7,7 +7,7 @@ import sqlite3
 import sys
 import unittest
 
-from helpers import BIN, run, sample, tmpdb
+from helpers import BIN, SRC, run, sample, tmpdb
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from attnreplay import ratios  # noqa: E402
@@ -117,6 +117,9 @@ class Ratios(unittest.TestCase):
         d = os.path.dirname(self.mixed)
         other = tmpdb(self, "other.db")
         replay(other, "chunked")
+        newer = os.path.join(d, "newer.db")
+        shutil.copy(self.peer(self.mixed, "UPDATE meta SET value = '%d' WHERE key = 'schema_version';"
+                                          % (ratios.SCHEMA_VERSION + 1)), newer)
         layers = self.peer(self.mixed, "UPDATE runs SET layers = layers + 1;")
         not_db = os.path.join(d, "not.db")
         with open(not_db, "w") as f:
@@ -124,6 +127,10 @@ class Ratios(unittest.TestCase):
         for args, message in (
                 ([os.path.join(d, "absent.db")], "absent.db: no such file"),
                 ([not_db], "not.db: not an attnreplay database"),
+                ([d], "%s: a directory, not an attnreplay database" % d),
+                ([newer], "newer.db: schema version %d is newer than this attnreplay's %d"
+                          % (ratios.SCHEMA_VERSION + 1, ratios.SCHEMA_VERSION)),
+                ([self.mixed, "--runs-in", newer], "newer.db: schema version"),
                 ([self.mixed, "--base", "9"], "mixed.db: no run 9"),
                 ([self.mixed, "--runs-in", self.mixed, "--run", "7"], "mixed.db: no run 7"),
                 ([self.mixed, "--base", "99999999999999999999"], "--base: '99999999999999999999': not a run id"),
@@ -135,6 +142,15 @@ class Ratios(unittest.TestCase):
             self.assertEqual(rc, 2, "%s: %s" % (args, out))
             self.assertIn(message, out, args)
             self.assertNotIn("Traceback", out)
+
+
+class Schema(unittest.TestCase):
+    def test_schema_version_is_the_libraries(self):
+        header = os.path.join(SRC, "replay", "db_version.h")
+        if not os.path.exists(header):
+            self.skipTest("%s absent (not a checkout)" % header)
+        with open(header) as f:
+            self.assertIn("#define AR_DB_SCHEMA_VERSION %d\n" % ratios.SCHEMA_VERSION, f.read())
 
 
 if __name__ == "__main__":
