@@ -82,10 +82,21 @@ def replay(args):
     engine, after registering a Python backend named by --backend.  Returns the exit code: the
     engine's, or 2 when the backend or libattnreplay cannot be loaded."""
     try:
-        return _replay(args)
+        argv = _engine_argv(args)
+        if isinstance(argv, int):
+            return argv
+        engine = _abi.lib().ar_replay_main
     except _abi.LibraryError as e:
         print("attnreplay-py replay: %s; nothing was replayed" % e, file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # the engine answers SIGINT itself once it runs
+        print("attnreplay-py replay: interrupted (SIGINT) before the replay began; nothing was stored",
+              file=sys.stderr)
+        return 130
+    c_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return engine(len(argv), c_argv)
 
 
 def _arg(a):
@@ -97,7 +108,9 @@ def _arg(a):
     raise TypeError("attnreplay replay: argument %r is not a str, a path or a number" % (a,))
 
 
-def _replay(args):
+def _engine_argv(args):
+    """The engine's argv (bytes) for args, with a Python --backend registered and renamed; or 2
+    (said on stderr) when that backend cannot be made."""
     args = [_arg(a) for a in args]
     # the last --backend is the one the engine runs (as on its own command line)
     last, i = None, 0
@@ -120,11 +133,7 @@ def _replay(args):
             print("attnreplay-py replay: %s" % e, file=sys.stderr)
             return 2
     # file names as the system gave them (bytes on Linux, not necessarily UTF-8)
-    argv = [b"replay"] + [os.fsencode(a) for a in args]
-    c_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return _abi.lib().ar_replay_main(len(argv), c_argv)
+    return [b"replay"] + [os.fsencode(a) for a in args]
 
 
 def _backends():
@@ -145,6 +154,14 @@ USAGE = __doc__
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("attnreplay-py %s: interrupted (SIGINT)" % (argv[0] if argv else ""), file=sys.stderr)
+        return 130
+
+
+def _main(argv):
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if argv else 2

@@ -62,6 +62,21 @@ class Arguments(unittest.TestCase):
         self.assertEqual(query(db, "SELECT backend FROM runs ORDER BY id"), [("py:numpy",), ("cpu",), ("py:numpy",)])
 
 
+class Interrupt(unittest.TestCase):
+    def test_sigint_before_the_engine_starts(self):
+        # SIGINT while the backend's module imports (torch takes seconds): no traceback, exit 130
+        db = tmpdb(self, "int.db")
+        d = os.path.dirname(db)
+        with open(os.path.join(d, "slow_import.py"), "w") as f:
+            f.write("import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
+        rc, out = run(["replay", sample("mixed"), "--backend", "slow_import:K", "--db", db, "--quiet"],
+                      env={"PYTHONPATH": d})
+        self.assertEqual(rc, 130, out)
+        self.assertIn("attnreplay-py replay: interrupted (SIGINT) before the replay began; nothing was stored", out)
+        self.assertNotIn("Traceback", out)
+        self.assertFalse(os.path.exists(db))
+
+
 BAD_MODULES = {
     "raises_on_import": 'raise RuntimeError("CUDA driver 12.2 is older than this build needs")\n',
     "bad_syntax": "def forward(:\n",
