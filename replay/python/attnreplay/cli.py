@@ -10,7 +10,9 @@ SPEC is module:Class (a Backend subclass), a short name from the entry-point gro
 flashinfer-mla), or anything
 `attnreplay replay --backend` takes (auto, cpu, cuda, plugin:PATH.so), passed on unchanged.
 The replay itself is the C engine's (ar_replay_main): same options, same database, same exit
-codes (0 passed, 1 a step failed, 2 bad input or a backend that cannot run, 3 runtime error).
+codes (0 passed, 1 a step failed, 2 bad input or a backend that cannot run, 3 runtime error,
+4 nothing verified, 130 SIGINT, 143 SIGTERM).  `backends` and `ratios` exit 3 when their output
+cannot be written (stdout full or closed).
 """
 import ctypes
 import importlib
@@ -154,11 +156,21 @@ USAGE = __doc__
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    cmd = argv[0] if argv else ""
     try:
-        return _main(argv)
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
     except KeyboardInterrupt:
-        print("attnreplay-py %s: interrupted (SIGINT)" % (argv[0] if argv else ""), file=sys.stderr)
+        print("attnreplay-py %s: interrupted (SIGINT)" % cmd, file=sys.stderr)
         return 130
+    except OSError as e:   # stdout full, closed or gone (the table, the list, the usage)
+        try:   # what is still buffered goes nowhere, so that the exit's flush does not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        print("attnreplay-py %s: cannot write the output (%s)" % (cmd, e.strerror or e), file=sys.stderr)
+        return 3
 
 
 def _main(argv):

@@ -15,7 +15,7 @@ per-step ratios, the share of steps the run won, the steps both timed that faile
 on each side, and for adapters that gather K/V first the gather's share of their time.  The
 databases are only read.  Exit codes: 0 table printed; 2 bad input (a missing or unreadable
 database, a directory, one of a newer schema version, no such run, another trace or layer count,
-no step to pair).
+no step to pair); 3 the table could not be written (stdout full or closed).
 """
 import argparse
 import os

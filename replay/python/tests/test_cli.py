@@ -5,7 +5,7 @@ import shutil
 import sys
 import unittest
 
-from helpers import BUILD, query, run, sample, tmpdb
+from helpers import BUILD, cli, query, run, sample, tmpdb
 
 
 class Library(unittest.TestCase):
@@ -75,6 +75,33 @@ class Interrupt(unittest.TestCase):
         self.assertIn("attnreplay-py replay: interrupted (SIGINT) before the replay began; nothing was stored", out)
         self.assertNotIn("Traceback", out)
         self.assertFalse(os.path.exists(db))
+
+
+@unittest.skipUnless(os.path.exists("/dev/full"), "no /dev/full here")
+class Output(unittest.TestCase):
+    def test_stdout_full_or_closed(self):
+        # the ratio table or the backends list to a full disk or a closed pipe: said, exit 3
+        import subprocess
+        db = tmpdb(self, "out.db")
+        for _ in range(2):
+            rc, out = run(["replay", sample("mixed"), "--backend", "numpy", "--db", db, "--quiet"])
+            self.assertEqual(rc, 0, out)
+        for args in (["ratios", db, "--base", "1"], ["backends"]):
+            with open("/dev/full", "w") as full:
+                p = subprocess.run(cli() + args, stdout=full, stderr=subprocess.PIPE, timeout=120)
+            err = p.stderr.decode(errors="replace")
+            self.assertEqual(p.returncode, 3, "%s: %s" % (args, err))
+            self.assertIn("attnreplay-py %s: cannot write the output (No space left on device)" % args[0], err)
+            self.assertNotIn("Traceback", err)
+            self.assertNotIn("Exception ignored", err)
+            r, w = os.pipe()
+            os.close(r)
+            p = subprocess.run(cli() + args, stdout=w, stderr=subprocess.PIPE, timeout=120)
+            os.close(w)
+            err = p.stderr.decode(errors="replace")
+            self.assertEqual(p.returncode, 3, "%s: %s" % (args, err))
+            self.assertIn("cannot write the output (Broken pipe)", err)
+            self.assertNotIn("Traceback", err)
 
 
 BAD_MODULES = {
