@@ -167,6 +167,8 @@ class _Bridge:
         return 1
 
     def _exception(self, where):
+        # any exception, SystemExit and KeyboardInterrupt included: one escaping a ctypes callback
+        # is only printed, and the call fails with no reason given
         # the message names the exception by its type and first line (the last line of a
         # traceback can be a hint, as torch.compile's errors end); the whole traceback goes to
         # stderr, where the run's log keeps it
@@ -208,14 +210,14 @@ class _Bridge:
     def _check(self, cfg_ptr):
         try:
             reason = self.backend.check(Config(cfg_ptr.contents))
-        except Exception:
+        except BaseException:
             return self._exception("check()")
         return self._error(str(reason)) if reason else 0
 
     def _open(self, cfg_ptr, state_ptr):
         try:
             self.backend.open(Config(cfg_ptr.contents))
-        except Exception:
+        except BaseException:
             return self._exception("open()")
         state_ptr[0] = 1   # non-NULL: the host calls close() for a non-NULL state
         return 0
@@ -231,7 +233,7 @@ class _Bridge:
                 with ctx:
                     self.step = Step(md_ptr.contents, self._convert, self._convert_cpu)
                     self.backend.plan(self.step)
-        except Exception:
+        except BaseException:
             return self._exception("plan()")
         return 0
 
@@ -244,7 +246,7 @@ class _Bridge:
             else:
                 with ctx:
                     self._call_forward(a)
-        except Exception:
+        except BaseException:
             return self._exception("forward()")
         return 0
 
@@ -256,7 +258,7 @@ class _Bridge:
     def _close(self, state):
         try:
             self.backend.close()
-        except Exception:
+        except BaseException:
             traceback.print_exc()
 
 
