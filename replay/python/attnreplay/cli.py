@@ -175,7 +175,7 @@ def main(argv=None):
 
 def _main(argv):
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)   # asked for, or a usage error
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "replay":

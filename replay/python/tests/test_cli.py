@@ -62,6 +62,17 @@ class Arguments(unittest.TestCase):
         self.assertEqual(query(db, "SELECT backend FROM runs ORDER BY id"), [("py:numpy",), ("cpu",), ("py:numpy",)])
 
 
+    def test_usage(self):
+        # as the C commands: --help on stdout with exit 0, a usage error on stderr with exit 2
+        import subprocess
+        for args, code, on_stdout in (([], 2, False), (["nosuchcommand"], 2, False), (["--help"], 0, True)):
+            p = subprocess.run(cli() + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+            out, err = p.stdout.decode(), p.stderr.decode()
+            self.assertEqual(p.returncode, code, args)
+            self.assertIn("attnreplay-py replay TRACE", out if on_stdout else err, args)
+            self.assertEqual(err if on_stdout else out, "", args)
+
+
 class Interrupt(unittest.TestCase):
     def test_sigint_before_the_engine_starts(self):
         # SIGINT while the backend's module imports (torch takes seconds): no traceback, exit 130
