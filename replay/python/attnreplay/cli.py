@@ -12,7 +12,7 @@ flashinfer-mla), or anything
 The replay itself is the C engine's (ar_replay_main): same options, same database, same exit
 codes (0 passed, 1 a step failed, 2 bad input or a backend that cannot run, 3 runtime error,
 4 nothing verified, 130 SIGINT, 143 SIGTERM).  `backends` and `ratios` exit 3 when their output
-cannot be written (stdout full or closed).
+cannot be written (stdout full or closed).  `python -m attnreplay ARGS` is `attnreplay-py ARGS`.
 """
 import ctypes
 import importlib

@@ -72,6 +72,12 @@ class Arguments(unittest.TestCase):
             self.assertIn("attnreplay-py replay TRACE", out if on_stdout else err, args)
             self.assertEqual(err if on_stdout else out, "", args)
 
+    def test_run_as_a_module(self):
+        # python -m attnreplay is attnreplay-py
+        rc, out = run(["-m", "attnreplay", "replay", sample("mixed"), "--backend", "nosuchname"], cmd=[sys.executable])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("attnreplay-py replay: --backend nosuchname: not module:Class", out)
+
 
 class Interrupt(unittest.TestCase):
     def test_sigint_before_the_engine_starts(self):
