@@ -56,6 +56,28 @@ def quantile(sorted_vals, q):
 SCHEMA_VERSION = 4
 
 
+class Rows(list):
+    """A query's rows, read whole (so that an error reading them is the query's)."""
+
+    def fetchone(self):
+        return self[0] if self else None
+
+    def fetchall(self):
+        return list(self)
+
+
+class Database(sqlite3.Connection):
+    """A connection whose queries raise InputError naming the file instead of sqlite3.Error (a
+    table or column missing, a damaged page, a lock held too long)."""
+    path = None
+
+    def execute(self, sql, params=()):
+        try:
+            return Rows(super().execute(sql, params).fetchall())
+        except sqlite3.Error as e:
+            raise InputError("%s: cannot be read as an attnreplay database (%s)" % (self.path, e)) from None
+
+
 def open_db(path):
     """A read-only connection to the attnreplay results database at path, or InputError naming it:
     missing, a directory, not SQLite or not ours, or of a newer schema version."""
@@ -66,13 +88,15 @@ def open_db(path):
     try:
         # read-only through a URI, the path percent-encoded: '?', '#' and '%' are part of the name
         uri = "file:%s?mode=ro" % urllib.parse.quote(os.path.abspath(path))
-        con = sqlite3.connect(uri, uri=True)
-        con.execute("SELECT count(*) FROM steps").fetchone()
-        con.execute("SELECT id, trace, trace_hash, backend, device, layers, status FROM runs LIMIT 1").fetchall()
+        con = sqlite3.connect(uri, uri=True, factory=Database)
+        con.path = path
+        check = sqlite3.Connection.execute   # sqlite3.Error here: not ours at all
+        check(con, "SELECT count(*) FROM steps").fetchone()
+        check(con, "SELECT id, trace, trace_hash, backend, device, layers, status FROM runs LIMIT 1").fetchall()
     except sqlite3.Error as e:
         raise InputError("%s: not an attnreplay database (%s)" % (path, e))
     try:   # no meta table, or no version in it: version 1
-        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        row = check(con, "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         version = int(row[0]) if row else 1
     except (sqlite3.Error, ValueError, TypeError):
         version = 1

@@ -120,6 +120,10 @@ class Ratios(unittest.TestCase):
         newer = os.path.join(d, "newer.db")
         shutil.copy(self.peer(self.mixed, "UPDATE meta SET value = '%d' WHERE key = 'schema_version';"
                                           % (ratios.SCHEMA_VERSION + 1)), newer)
+        nokernels = os.path.join(d, "nokernels.db")      # another program's, or damaged, past the open
+        shutil.copy(self.peer(self.mixed, "DROP TABLE kernels;"), nokernels)
+        nocascade = os.path.join(d, "nocascade.db")
+        shutil.copy(self.peer(self.mixed, "ALTER TABLE steps DROP COLUMN cascade;"), nocascade)
         layers = self.peer(self.mixed, "UPDATE runs SET layers = layers + 1;")
         not_db = os.path.join(d, "not.db")
         with open(not_db, "w") as f:
@@ -131,6 +135,10 @@ class Ratios(unittest.TestCase):
                 ([newer], "newer.db: schema version %d is newer than this attnreplay's %d"
                           % (ratios.SCHEMA_VERSION + 1, ratios.SCHEMA_VERSION)),
                 ([self.mixed, "--runs-in", newer], "newer.db: schema version"),
+                ([self.mixed, "--runs-in", nokernels],
+                 "nokernels.db: cannot be read as an attnreplay database (no such table: kernels)"),
+                ([self.mixed, "--runs-in", nocascade],
+                 "nocascade.db: cannot be read as an attnreplay database (no such column: cascade)"),
                 ([self.mixed, "--base", "9"], "mixed.db: no run 9"),
                 ([self.mixed, "--runs-in", self.mixed, "--run", "7"], "mixed.db: no run 7"),
                 ([self.mixed, "--base", "99999999999999999999"], "--base: '99999999999999999999': not a run id"),
