@@ -135,7 +135,7 @@ class Host:
 
 host = Host()
 
-_registered = []   # bridges stay alive for the life of the process, like a dlopened plugin
+_registered = {}   # "py:<name>" -> its bridge, alive for the life of the process like a dlopened plugin
 
 
 class _Bridge:
@@ -215,6 +215,8 @@ class _Bridge:
         return self._error(str(reason)) if reason else 0
 
     def _open(self, cfg_ptr, state_ptr):
+        # a new run (another replay in this process): nothing of the last one's buffers or stream
+        self.views, self.cache_views, self.stream_ctx, self.step = {}, {}, None, None
         try:
             self.backend.open(Config(cfg_ptr.contents))
         except BaseException:
@@ -264,14 +266,22 @@ class _Bridge:
 
 def register(backend, source=None):
     """Registers a Backend instance with libattnreplay; returns the backend's name ("py:<name>")
-    for --backend.  Raises ValueError with the library's message when it is refused."""
+    for --backend.  Raises ValueError with the library's message when it is refused.  Another
+    instance of a class registered before takes that registration over (the next run calls it)."""
     device = getattr(backend, "device", None)
     if not (device == "cpu" or (isinstance(device, str) and device.startswith("cuda"))):
         raise ValueError("%s: device %r: \"cpu\" or \"cuda\"" % (type(backend).__name__, device))
+    full = "py:" + (backend.name or type(backend).__name__)
+    b = _registered.get(full)
+    if b is not None and type(b.backend) is type(backend):
+        # the same class again (replay() called once more in this process): the library keeps
+        # the first registration, whose plugin now calls this instance
+        b.backend = backend
+        return full
     b = _Bridge(backend, source or type(backend).__name__)
     err = ctypes.create_string_buffer(2048)
     ok = _abi.lib().ar_plugin_register_init(b.init, b"py:", (source or b.source).encode(), err, len(err))
     if not ok:
         raise ValueError(err.value.decode(errors="replace"))
-    _registered.append(b)
-    return "py:" + (backend.name or type(backend).__name__)
+    _registered[full] = b
+    return full

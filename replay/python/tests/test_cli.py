@@ -72,6 +72,18 @@ class Arguments(unittest.TestCase):
             self.assertIn("attnreplay-py replay TRACE", out if on_stdout else err, args)
             self.assertEqual(err if on_stdout else out, "", args)
 
+    def test_library_replays_twice(self):
+        # attnreplay.replay() in a loop: the same Python backend for each run of one process
+        db = tmpdb(self, "twice.db")
+        code = ("import sys, attnreplay\n"
+                "codes = [attnreplay.replay([%r, '--backend', b, '--db', %r, '--quiet', '--steps', '0:5'])\n"
+                "         for b in ('numpy', 'numpy', 'cpu', 'pybackends:Marks', 'numpy')]\n"
+                "print(codes)\nsys.exit(max(codes))\n" % (sample("mixed"), db))
+        rc, out = run(["-c", code], cmd=[sys.executable])
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(query(db, "SELECT backend, status FROM runs ORDER BY id"),
+                         [("py:numpy", "passed")] * 2 + [("cpu", "passed"), ("py:marks", "passed"), ("py:numpy", "passed")])
+
     def test_run_as_a_module(self):
         # python -m attnreplay is attnreplay-py
         rc, out = run(["-m", "attnreplay", "replay", sample("mixed"), "--backend", "nosuchname"], cmd=[sys.executable])
