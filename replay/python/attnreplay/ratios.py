@@ -78,6 +78,18 @@ class Database(sqlite3.Connection):
             raise InputError("%s: cannot be read as an attnreplay database (%s)" % (self.path, e)) from None
 
 
+def _connect(path, immutable):
+    """A read-only connection to path, the tables ratios reads checked (sqlite3.Error if not)."""
+    # through a URI, the path percent-encoded: '?', '#' and '%' are part of the name
+    uri = "file:%s?mode=ro%s" % (urllib.parse.quote(os.path.abspath(path)), "&immutable=1" if immutable else "")
+    con = sqlite3.connect(uri, uri=True, factory=Database)
+    con.path = path
+    check = sqlite3.Connection.execute   # sqlite3.Error here: not ours at all
+    check(con, "SELECT count(*) FROM steps").fetchone()
+    check(con, "SELECT id, trace, trace_hash, backend, device, layers, status FROM runs LIMIT 1").fetchall()
+    return con
+
+
 def open_db(path):
     """A read-only connection to the attnreplay results database at path, or InputError naming it:
     missing, a directory, not SQLite or not ours, or of a newer schema version."""
@@ -86,15 +98,23 @@ def open_db(path):
     if not os.path.exists(path):
         raise InputError("%s: no such file" % path)
     try:
-        # read-only through a URI, the path percent-encoded: '?', '#' and '%' are part of the name
-        uri = "file:%s?mode=ro" % urllib.parse.quote(os.path.abspath(path))
-        con = sqlite3.connect(uri, uri=True, factory=Database)
-        con.path = path
-        check = sqlite3.Connection.execute   # sqlite3.Error here: not ours at all
-        check(con, "SELECT count(*) FROM steps").fetchone()
-        check(con, "SELECT id, trace, trace_hash, backend, device, layers, status FROM runs LIMIT 1").fetchall()
+        con = _connect(path, immutable=False)
     except sqlite3.Error as e:
-        raise InputError("%s: not an attnreplay database (%s)" % (path, e))
+        # SQLite reads a database in WAL mode (ours) only where it can make the -shm file beside
+        # it; in a directory this process cannot write, a database without a write-ahead log
+        # left beside it (a finished run's) is read as immutable
+        wal = path + "-wal"
+        if "unable to open" not in str(e) or not os.access(path, os.R_OK):
+            raise InputError("%s: not an attnreplay database (%s)" % (path, e))
+        if os.path.exists(wal) and os.path.getsize(wal) > 0:
+            raise InputError("%s: cannot be read where it is: its write-ahead log %s is beside it and SQLite "
+                             "cannot make %s-shm there (%s); copy both to a writable directory"
+                             % (path, os.path.basename(wal), os.path.basename(path), e))
+        try:
+            con = _connect(path, immutable=True)
+        except sqlite3.Error:
+            raise InputError("%s: not an attnreplay database (%s)" % (path, e))
+    check = sqlite3.Connection.execute   # the plain query, raising sqlite3.Error
     try:   # no meta table, or no version in it: version 1
         row = check(con, "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         version = int(row[0]) if row else 1

@@ -113,6 +113,41 @@ class Ratios(unittest.TestCase):
         self.assertIn((2, "all"), table_rows(out))
         self.assertEqual(files(), before)             # nothing made at 'q' or 'q?x/r'
 
+    def read_only_dir(self, d):
+        """d made read-only for this process: a read-only bind mount over it as root (root
+        writes through permissions), else its mode; skips when neither can be done."""
+        if os.geteuid() != 0:
+            os.chmod(d, 0o555)
+            self.addCleanup(os.chmod, d, 0o755)
+            return d
+        import subprocess
+        ro = d + "-ro"
+        os.mkdir(ro)
+        if subprocess.run(["mount", "--bind", d, ro], stderr=subprocess.DEVNULL).returncode != 0:
+            self.skipTest("cannot bind-mount here")
+        self.addCleanup(subprocess.run, ["umount", ro])
+        if subprocess.run(["mount", "-o", "remount,bind,ro", ro], stderr=subprocess.DEVNULL).returncode != 0:
+            self.skipTest("cannot remount read-only here")
+        return ro
+
+    def test_database_in_a_read_only_directory(self):
+        # a finished run's database on read-only storage is read; one whose write-ahead log is
+        # still beside it cannot be read without it, and says so
+        replay(self.mixed, "mixed")
+        d = os.path.join(os.path.dirname(self.mixed), "archive")
+        os.mkdir(d)
+        shutil.copy(self.mixed, os.path.join(d, "done.db"))
+        shutil.copy(self.mixed, os.path.join(d, "live.db"))
+        with open(os.path.join(d, "live.db-wal"), "wb") as f:
+            f.write(b"\0" * 4096)
+        ro = self.read_only_dir(d)
+        rc, out = run(["ratios", os.path.join(ro, "done.db"), "--base", "1"])
+        self.assertEqual(rc, 0, out)
+        self.assertIn((2, "all"), table_rows(out))
+        rc, out = run(["ratios", os.path.join(ro, "live.db"), "--base", "1"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("live.db: cannot be read where it is: its write-ahead log live.db-wal is beside it", out)
+
     def test_bad_input_exit_2(self):
         d = os.path.dirname(self.mixed)
         other = tmpdb(self, "other.db")
