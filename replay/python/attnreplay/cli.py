@@ -138,7 +138,18 @@ def _engine_argv(args):
     return [b"replay"] + [os.fsencode(a) for a in args]
 
 
-def _backends():
+BACKENDS_USAGE = ("usage: attnreplay-py backends\n"
+                  "  the Python backends installed (entry points of \"attnreplay.backends\"): device and\n"
+                  "  summary, or why one cannot load; `attnreplay backends` lists the C engine's")
+
+
+def _backends(args):
+    if args and args[0] in ("-h", "--help"):
+        print(BACKENDS_USAGE)
+        return 0
+    if args:
+        print("attnreplay-py backends: unexpected argument '%s'\n%s" % (args[0], BACKENDS_USAGE), file=sys.stderr)
+        return 2
     names = dict(BUILTIN)
     names.update(_entry_points())
     for name, target in sorted(names.items()):
@@ -181,7 +192,7 @@ def _main(argv):
     if cmd == "replay":
         return replay(rest)
     if cmd == "backends":
-        return _backends()
+        return _backends(rest)
     if cmd == "ratios":
         from .ratios import main as ratios_main
         return ratios_main(rest)

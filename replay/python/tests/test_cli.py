@@ -84,6 +84,17 @@ class Arguments(unittest.TestCase):
         self.assertEqual(query(db, "SELECT backend, status FROM runs ORDER BY id"),
                          [("py:numpy", "passed")] * 2 + [("cpu", "passed"), ("py:marks", "passed"), ("py:numpy", "passed")])
 
+    def test_backends_arguments(self):
+        # backends takes no argument: --help is its usage, anything else a usage error
+        rc, out = run(["backends", "--help"])
+        self.assertEqual(rc, 0, out)
+        self.assertIn("usage: attnreplay-py backends", out)
+        self.assertNotIn("numpy ", out)
+        for extra in (["--trace", sample("mixed")], ["numpy"]):
+            rc, out = run(["backends"] + extra)
+            self.assertEqual(rc, 2, out)
+            self.assertIn("attnreplay-py backends: unexpected argument '%s'" % extra[0], out)
+
     def test_run_as_a_module(self):
         # python -m attnreplay is attnreplay-py
         rc, out = run(["-m", "attnreplay", "replay", sample("mixed"), "--backend", "nosuchname"], cmd=[sys.executable])
