@@ -268,9 +268,16 @@ def register(backend, source=None):
     """Registers a Backend instance with libattnreplay; returns the backend's name ("py:<name>")
     for --backend.  Raises ValueError with the library's message when it is refused.  Another
     instance of a class registered before takes that registration over (the next run calls it)."""
+    cls = type(backend).__name__
     device = getattr(backend, "device", None)
     if not (device == "cpu" or (isinstance(device, str) and device.startswith("cuda"))):
-        raise ValueError("%s: device %r: \"cpu\" or \"cuda\"" % (type(backend).__name__, device))
+        raise ValueError("%s: device %r: \"cpu\" or \"cuda\"" % (cls, device))
+    if backend.name is not None and not isinstance(backend.name, str):
+        raise ValueError("%s: name %r: a str (or None: the class's name)" % (cls, backend.name))
+    for attr in ("summary", "capabilities"):
+        value = getattr(backend, attr)
+        if value is not None and not isinstance(value, str):
+            raise ValueError("%s: %s %r: a str" % (cls, attr, value))
     full = "py:" + (backend.name or type(backend).__name__)
     b = _registered.get(full)
     if b is not None and type(b.backend) is type(backend):

@@ -157,7 +157,13 @@ BAD_MODULES = {
                     "class OddDevice(Backend):\n"
                     "    name = 'odd-device'\n"
                     "    device = 'gpu'\n"
-                    "CONSTANT = 3\n"),
+                    "CONSTANT = 3\n"
+                    "class NumberName(Backend):\n"
+                    "    name = 5\n"
+                    "class NoneSummary(Backend):\n"
+                    "    name = 'none-summary'\n"
+                    "    summary = None\n"
+                    "    capabilities = 3\n"),
 }
 
 
@@ -178,7 +184,9 @@ class BackendSpecs(unittest.TestCase):
                 ("bad_classes:NotABackend", "--backend bad_classes:NotABackend: not a subclass of attnreplay.Backend"),
                 ("bad_classes:CONSTANT", "--backend bad_classes:CONSTANT: not a subclass of attnreplay.Backend"),
                 ("os:path", "--backend os:path: not a subclass of attnreplay.Backend"),
-                ("bad_classes:OddDevice", "device 'gpu': \"cpu\" or \"cuda\"")):
+                ("bad_classes:OddDevice", "device 'gpu': \"cpu\" or \"cuda\""),
+                ("bad_classes:NumberName", "NumberName: name 5: a str (or None: the class's name)"),
+                ("bad_classes:NoneSummary", "NoneSummary: capabilities 3: a str")):
             rc, out = run(["replay", sample("mixed"), "--backend", spec, "--db", db, "--quiet"],
                           env={"PYTHONPATH": d})
             self.assertEqual(rc, 2, "%s: %s" % (spec, out))
