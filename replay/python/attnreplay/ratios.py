@@ -92,11 +92,14 @@ def _connect(path, immutable):
 
 def open_db(path):
     """A read-only connection to the attnreplay results database at path, or InputError naming it:
-    missing, a directory, not SQLite or not ours, or of a newer schema version."""
+    missing, a directory or another file that is not a regular one, not SQLite or not ours, or of
+    a newer schema version."""
     if os.path.isdir(path):
         raise InputError("%s: a directory, not an attnreplay database" % path)
     if not os.path.exists(path):
         raise InputError("%s: no such file" % path)
+    if not os.path.isfile(path):   # a FIFO would hold the open until a writer came
+        raise InputError("%s: not a regular file, not an attnreplay database" % path)
     try:
         con = _connect(path, immutable=False)
     except sqlite3.Error as e:

@@ -7,7 +7,7 @@ import sqlite3
 import sys
 import unittest
 
-from helpers import BIN, SRC, run, sample, tmpdb
+from helpers import BIN, SRC, cli, run, sample, tmpdb
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from attnreplay import ratios  # noqa: E402
@@ -147,6 +147,21 @@ class Ratios(unittest.TestCase):
         rc, out = run(["ratios", os.path.join(ro, "live.db"), "--base", "1"])
         self.assertEqual(rc, 2, out)
         self.assertIn("live.db: cannot be read where it is: its write-ahead log live.db-wal is beside it", out)
+
+    def test_fifo_is_not_a_database(self):
+        # opening a FIFO waits for a writer: it must be refused, not waited on
+        import subprocess
+        fifo = os.path.join(os.path.dirname(self.mixed), "results.db")
+        os.mkfifo(fifo)
+        for args in ([fifo], [self.mixed, "--runs-in", fifo]):
+            try:
+                p = subprocess.run(cli() + ["ratios"] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   timeout=60)
+            except subprocess.TimeoutExpired:
+                self.fail("ratios %s: still waiting after 60 s" % args)
+            out = p.stdout.decode(errors="replace")
+            self.assertEqual(p.returncode, 2, out)
+            self.assertIn("results.db: not a regular file, not an attnreplay database", out)
 
     def test_bad_input_exit_2(self):
         d = os.path.dirname(self.mixed)
