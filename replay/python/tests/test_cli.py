@@ -5,10 +5,11 @@ import shutil
 import sys
 import unittest
 
-from helpers import BUILD, cli, query, run, sample, tmpdb
+from helpers import BUILD, cli, needs_lib, needs_numpy, query, run, sample, tmpdb
 
 
 class Library(unittest.TestCase):
+    @needs_numpy
     def test_library_missing_or_not_ours(self):
         d = os.path.dirname(tmpdb(self, "x.db"))
         not_elf = os.path.join(d, "libattnreplay.so")
@@ -32,6 +33,8 @@ class Library(unittest.TestCase):
 
 
 class Arguments(unittest.TestCase):
+    @needs_lib
+    @needs_numpy
     def test_paths_not_utf8(self):
         # file names are bytes on Linux: one that is not UTF-8 reaches the engine as it is
         d = os.path.dirname(tmpdb(self, "x.db"))
@@ -52,6 +55,8 @@ class Arguments(unittest.TestCase):
         self.assertIn("absent-", out)
         self.assertNotIn("Traceback", out)
 
+    @needs_lib
+    @needs_numpy
     def test_last_backend_wins(self):
         # as in `attnreplay replay`, the last --backend is the one that runs
         db = tmpdb(self, "last.db")
@@ -72,6 +77,8 @@ class Arguments(unittest.TestCase):
             self.assertIn("attnreplay-py replay TRACE", out if on_stdout else err, args)
             self.assertEqual(err if on_stdout else out, "", args)
 
+    @needs_lib
+    @needs_numpy
     def test_library_replays_twice(self):
         # attnreplay.replay() in a loop: the same Python backend for each run of one process
         db = tmpdb(self, "twice.db")
@@ -118,6 +125,8 @@ class Interrupt(unittest.TestCase):
 
 
 @unittest.skipUnless(os.path.exists("/dev/full"), "no /dev/full here")
+@needs_lib
+@needs_numpy
 class Output(unittest.TestCase):
     def test_stdout_full_or_closed(self):
         # the ratio table or the backends list to a full disk or a closed pipe: said, exit 3
