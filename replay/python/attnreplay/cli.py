@@ -113,6 +113,8 @@ def _arg(a):
 def _engine_argv(args):
     """The engine's argv (bytes) for args, with a Python --backend registered and renamed; or 2
     (said on stderr) when that backend cannot be made."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        raise TypeError("attnreplay replay: args is a list of arguments (as on the command line), not one string")
     args = [_arg(a) for a in args]
     # the last --backend is the one the engine runs (as on its own command line)
     last, i = None, 0

@@ -77,6 +77,19 @@ class Arguments(unittest.TestCase):
             self.assertIn("attnreplay-py replay TRACE", out if on_stdout else err, args)
             self.assertEqual(err if on_stdout else out, "", args)
 
+    def test_library_args_one_string(self):
+        # replay() takes the argument list; one string would be split into its characters
+        code = ("import attnreplay\n"
+                "for args in ('trace.jsonl.gz --db r.db', b'trace.jsonl.gz'):\n"
+                "    try:\n"
+                "        attnreplay.replay(args)\n"
+                "    except TypeError as e:\n"
+                "        print(e)\n")
+        rc, out = run(["-c", code], cmd=[sys.executable])
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.count("attnreplay replay: args is a list of arguments (as on the command line), "
+                                   "not one string"), 2, out)
+
     @needs_lib
     @needs_numpy
     def test_library_replays_twice(self):
