@@ -157,8 +157,9 @@ def _backends(args):
     for name, target in sorted(names.items()):
         try:
             cls = resolve(name)
-            summary = getattr(cls, "summary", "") or cls.__doc__ or ""
-            print("%-12s %-6s %s" % (name, getattr(cls, "device", "?"), summary.strip().splitlines()[0]))
+            summary = str(getattr(cls, "summary", "") or cls.__doc__ or "")
+            print(("%-12s %-6s %s" % (name, getattr(cls, "device", "?"), (summary.strip().splitlines() or [""])[0]))
+                  .rstrip())
         except ValueError as e:
             print("%-12s        unavailable: %s" % (name, e))
     return 0

@@ -115,6 +115,26 @@ class Arguments(unittest.TestCase):
             self.assertEqual(rc, 2, out)
             self.assertIn("attnreplay-py backends: unexpected argument '%s'" % extra[0], out)
 
+    def test_backends_lists_bare_classes(self):
+        # an installed backend without summary or docstring (another package's entry point)
+        import contextlib
+        import io
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        from attnreplay import cli as package_cli
+        d = os.path.dirname(tmpdb(self, "x.db"))
+        with open(os.path.join(d, "bare_backend.py"), "w") as f:
+            f.write("from attnreplay import Backend\nclass Bare(Backend):\n    name = 'bare'\n")
+        sys.path.insert(0, d)
+        self.addCleanup(sys.path.remove, d)
+        saved = package_cli._entry_points
+        package_cli._entry_points = lambda: {"bare": "bare_backend:Bare"}
+        self.addCleanup(setattr, package_cli, "_entry_points", saved)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(package_cli.main(["backends"]), 0)
+        self.assertRegex(out.getvalue(), r"(?m)^bare +cpu$")
+        self.assertIn("numpy ", out.getvalue())
+
     def test_run_as_a_module(self):
         # python -m attnreplay is attnreplay-py
         rc, out = run(["-m", "attnreplay", "replay", sample("mixed"), "--backend", "nosuchname"], cmd=[sys.executable])
