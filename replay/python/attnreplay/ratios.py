@@ -265,7 +265,8 @@ def main(argv=None):
                     run["id"], run["backend"][:22], kind, n, *nums, wins_s, "%d/%d" % (fb, fr), share_s))
             else:
                 print("| %d | %s | %s | %d | %s | %s | %s | %s | %s | %d / %d | %s |" % (
-                    run["id"], run["backend"], kind, n, *nums, wins_s, fb, fr, share_s))
+                    # a '|' in the name escaped, so that the row keeps its columns
+                    run["id"], run["backend"].replace("|", "\\|"), kind, n, *nums, wins_s, fb, fr, share_s))
     return 0
 
 

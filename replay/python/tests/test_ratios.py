@@ -2,6 +2,7 @@
 database plays a peer with its step times scaled by known factors, and the table must show
 exactly those ratios, the right step kinds and failure counts; bad input exits 2 naming the file."""
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -147,6 +148,18 @@ class Ratios(unittest.TestCase):
         rc, out = run(["ratios", os.path.join(ro, "live.db"), "--base", "1"])
         self.assertEqual(rc, 2, out)
         self.assertIn("live.db: cannot be read where it is: its write-ahead log live.db-wal is beside it", out)
+
+    def test_markdown_cells_escaped(self):
+        # a backend's name may hold '|' (the library refuses only blanks, quotes and '\\'):
+        # escaped, the row keeps its columns
+        peer = self.peer(self.mixed, "UPDATE runs SET backend = 'py:fast|paged';")
+        rc, out = run(["ratios", self.mixed, "--runs-in", peer])
+        self.assertEqual(rc, 0, out)
+        rows = [line for line in out.splitlines() if line.startswith("| 1 |")]
+        self.assertTrue(rows, out)
+        for line in rows:
+            self.assertIn("| py:fast\\|paged |", line)
+            self.assertEqual(len(re.split(r"(?<!\\)\|", line)), 13, line)   # 11 cells between 12 bars
 
     def test_fifo_is_not_a_database(self):
         # opening a FIFO waits for a writer: it must be refused, not waited on
