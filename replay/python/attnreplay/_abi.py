@@ -100,10 +100,15 @@ InitFn = CFUNCTYPE(c_void_p, POINTER(HostApi), c_int)
 LAYOUTS = {0: DLTensor, 1: HostApi, 2: Config, 3: Metadata, 4: ForwardArgs, 5: Plugin}
 
 
+class LibraryError(OSError):
+    """libattnreplay.so is missing, cannot be loaded, or is not ours (the message says which)."""
+
+
 def _find_library():
+    """(path, how it was found: "ATTNREPLAY_LIB=PATH" or the path) or (None, None)."""
     env = os.environ.get("ATTNREPLAY_LIB")
     if env:
-        return env
+        return env, "ATTNREPLAY_LIB=" + env
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [os.path.join(here, "libattnreplay.so")]
     # in a checkout: replay/python/attnreplay -> build/libattnreplay.so
@@ -112,37 +117,46 @@ def _find_library():
     candidates.append(os.path.join(root, "build", "libattnreplay-lite.so"))
     for c in candidates:
         if os.path.exists(c):
-            return c
-    return ctypes.util.find_library("attnreplay")
+            return c, c
+    found = ctypes.util.find_library("attnreplay")
+    return found, found
 
 
 _lib = None
+_PROTOTYPES = (("ar_replay_main", [c_int, POINTER(c_char_p)], c_int),
+               ("ar_plugin_register_init", [InitFn, c_char_p, c_char_p, c_char_p, c_size_t], c_void_p),
+               ("ar_plugin_abi_sizeof", [c_int], c_long),
+               ("ar_plugin_abi_offsetof", [c_int, c_char_p], c_long),
+               ("ar_plugin_abi_version", [], c_int),
+               ("ar_dlpack_wrap", [POINTER(DLTensor), c_int], c_void_p))
 
 
 def lib():
-    """libattnreplay.so with its prototypes (loaded once)."""
+    """libattnreplay.so with its prototypes (loaded once).  Raises LibraryError naming the file
+    (and ATTNREPLAY_LIB when it came from there) when it is missing, cannot be loaded or is not
+    libattnreplay of this plugin ABI."""
     global _lib
     if _lib is not None:
         return _lib
-    path = _find_library()
+    path, how = _find_library()
     if not path:
-        raise OSError("libattnreplay.so not found: build it (make) and set ATTNREPLAY_LIB=/path/to/"
-                      "build/libattnreplay.so")
-    L = ctypes.CDLL(path)
-    L.ar_replay_main.argtypes = [c_int, POINTER(c_char_p)]
-    L.ar_replay_main.restype = c_int
-    L.ar_plugin_register_init.argtypes = [InitFn, c_char_p, c_char_p, c_char_p, c_size_t]
-    L.ar_plugin_register_init.restype = c_void_p
-    L.ar_plugin_abi_sizeof.argtypes = [c_int]
-    L.ar_plugin_abi_sizeof.restype = c_long
-    L.ar_plugin_abi_offsetof.argtypes = [c_int, c_char_p]
-    L.ar_plugin_abi_offsetof.restype = c_long
-    L.ar_plugin_abi_version.argtypes = []
-    L.ar_plugin_abi_version.restype = c_int
-    L.ar_dlpack_wrap.argtypes = [POINTER(DLTensor), c_int]
-    L.ar_dlpack_wrap.restype = c_void_p
+        raise LibraryError("libattnreplay.so not found: build it (make) and set ATTNREPLAY_LIB=/path/to/"
+                           "build/libattnreplay.so")
+    if os.sep in path and not os.path.exists(path):
+        raise LibraryError("%s: no such file (the library is build/libattnreplay.so of a built checkout)" % how)
+    try:
+        L = ctypes.CDLL(path)
+    except OSError as e:
+        raise LibraryError("%s: cannot load: %s" % (how, str(e).replace(path + ": ", ""))) from None
+    for name, argtypes, restype in _PROTOTYPES:
+        try:
+            fn = getattr(L, name)
+        except AttributeError:
+            raise LibraryError("%s: not libattnreplay (no %s): set ATTNREPLAY_LIB to build/libattnreplay.so"
+                               % (how, name)) from None
+        fn.argtypes, fn.restype = argtypes, restype
     if L.ar_plugin_abi_version() != ABI_VERSION:
-        raise OSError(f"{path} speaks plugin ABI version {L.ar_plugin_abi_version()}, this package "
-                      f"version {ABI_VERSION}: install the package from the same checkout")
+        raise LibraryError(f"{how} speaks plugin ABI version {L.ar_plugin_abi_version()}, this package "
+                           f"version {ABI_VERSION}: install the package from the same checkout")
     _lib = L
     return L

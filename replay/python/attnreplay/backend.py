@@ -135,7 +135,7 @@ class Host:
 
 host = Host()
 
-_registered = []   # bridges stay alive for the life of the process, like a dlopened plugin
+_registered = {}   # "py:<name>" -> its bridge, alive for the life of the process like a dlopened plugin
 
 
 class _Bridge:
@@ -167,6 +167,8 @@ class _Bridge:
         return 1
 
     def _exception(self, where):
+        # any exception, SystemExit and KeyboardInterrupt included: one escaping a ctypes callback
+        # is only printed, and the call fails with no reason given
         # the message names the exception by its type and first line (the last line of a
         # traceback can be a hint, as torch.compile's errors end); the whole traceback goes to
         # stderr, where the run's log keeps it
@@ -208,14 +210,16 @@ class _Bridge:
     def _check(self, cfg_ptr):
         try:
             reason = self.backend.check(Config(cfg_ptr.contents))
-        except Exception:
+        except BaseException:
             return self._exception("check()")
         return self._error(str(reason)) if reason else 0
 
     def _open(self, cfg_ptr, state_ptr):
+        # a new run (another replay in this process): nothing of the last one's buffers or stream
+        self.views, self.cache_views, self.stream_ctx, self.step = {}, {}, None, None
         try:
             self.backend.open(Config(cfg_ptr.contents))
-        except Exception:
+        except BaseException:
             return self._exception("open()")
         state_ptr[0] = 1   # non-NULL: the host calls close() for a non-NULL state
         return 0
@@ -231,7 +235,7 @@ class _Bridge:
                 with ctx:
                     self.step = Step(md_ptr.contents, self._convert, self._convert_cpu)
                     self.backend.plan(self.step)
-        except Exception:
+        except BaseException:
             return self._exception("plan()")
         return 0
 
@@ -244,7 +248,7 @@ class _Bridge:
             else:
                 with ctx:
                     self._call_forward(a)
-        except Exception:
+        except BaseException:
             return self._exception("forward()")
         return 0
 
@@ -256,17 +260,35 @@ class _Bridge:
     def _close(self, state):
         try:
             self.backend.close()
-        except Exception:
+        except BaseException:
             traceback.print_exc()
 
 
 def register(backend, source=None):
     """Registers a Backend instance with libattnreplay; returns the backend's name ("py:<name>")
-    for --backend.  Raises ValueError with the library's message when it is refused."""
+    for --backend.  Raises ValueError with the library's message when it is refused.  Another
+    instance of a class registered before takes that registration over (the next run calls it)."""
+    cls = type(backend).__name__
+    device = getattr(backend, "device", None)
+    if not (device == "cpu" or (isinstance(device, str) and device.startswith("cuda"))):
+        raise ValueError("%s: device %r: \"cpu\" or \"cuda\"" % (cls, device))
+    if backend.name is not None and not isinstance(backend.name, str):
+        raise ValueError("%s: name %r: a str (or None: the class's name)" % (cls, backend.name))
+    for attr in ("summary", "capabilities"):
+        value = getattr(backend, attr)
+        if value is not None and not isinstance(value, str):
+            raise ValueError("%s: %s %r: a str" % (cls, attr, value))
+    full = "py:" + (backend.name or type(backend).__name__)
+    b = _registered.get(full)
+    if b is not None and type(b.backend) is type(backend):
+        # the same class again (replay() called once more in this process): the library keeps
+        # the first registration, whose plugin now calls this instance
+        b.backend = backend
+        return full
     b = _Bridge(backend, source or type(backend).__name__)
     err = ctypes.create_string_buffer(2048)
     ok = _abi.lib().ar_plugin_register_init(b.init, b"py:", (source or b.source).encode(), err, len(err))
     if not ok:
         raise ValueError(err.value.decode(errors="replace"))
-    _registered.append(b)
-    return "py:" + (backend.name or type(backend).__name__)
+    _registered[full] = b
+    return full

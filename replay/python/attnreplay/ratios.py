@@ -14,12 +14,14 @@ cascade (either run took the cascade path on that step), then all.  Printed as a
 per-step ratios, the share of steps the run won, the steps both timed that failed verification
 on each side, and for adapters that gather K/V first the gather's share of their time.  The
 databases are only read.  Exit codes: 0 table printed; 2 bad input (a missing or unreadable
-database, no such run, another trace or layer count, no step to pair).
+database, a directory, one of a newer schema version, no such run, another trace or layer count,
+no step to pair); 3 the table could not be written (stdout full or closed).
 """
 import argparse
 import os
 import sqlite3
 import sys
+import urllib.parse
 
 KINDS = ("decode", "prefill", "mixed", "cascade")
 PROG = "attnreplay-py ratios"
@@ -50,15 +52,79 @@ def quantile(sorted_vals, q):
     return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
 
 
+# the results database's schema version this package reads (AR_DB_SCHEMA_VERSION, replay/db_version.h)
+SCHEMA_VERSION = 4
+
+
+class Rows(list):
+    """A query's rows, read whole (so that an error reading them is the query's)."""
+
+    def fetchone(self):
+        return self[0] if self else None
+
+    def fetchall(self):
+        return list(self)
+
+
+class Database(sqlite3.Connection):
+    """A connection whose queries raise InputError naming the file instead of sqlite3.Error (a
+    table or column missing, a damaged page, a lock held too long)."""
+    path = None
+
+    def execute(self, sql, params=()):
+        try:
+            return Rows(super().execute(sql, params).fetchall())
+        except sqlite3.Error as e:
+            raise InputError("%s: cannot be read as an attnreplay database (%s)" % (self.path, e)) from None
+
+
+def _connect(path, immutable):
+    """A read-only connection to path, the tables ratios reads checked (sqlite3.Error if not)."""
+    # through a URI, the path percent-encoded: '?', '#' and '%' are part of the name
+    uri = "file:%s?mode=ro%s" % (urllib.parse.quote(os.path.abspath(path)), "&immutable=1" if immutable else "")
+    con = sqlite3.connect(uri, uri=True, factory=Database)
+    con.path = path
+    check = sqlite3.Connection.execute   # sqlite3.Error here: not ours at all
+    check(con, "SELECT count(*) FROM steps").fetchone()
+    check(con, "SELECT id, trace, trace_hash, backend, device, layers, status FROM runs LIMIT 1").fetchall()
+    return con
+
+
 def open_db(path):
-    if not os.path.isfile(path):
+    """A read-only connection to the attnreplay results database at path, or InputError naming it:
+    missing, a directory or another file that is not a regular one, not SQLite or not ours, or of
+    a newer schema version."""
+    if os.path.isdir(path):
+        raise InputError("%s: a directory, not an attnreplay database" % path)
+    if not os.path.exists(path):
         raise InputError("%s: no such file" % path)
+    if not os.path.isfile(path):   # a FIFO would hold the open until a writer came
+        raise InputError("%s: not a regular file, not an attnreplay database" % path)
     try:
-        con = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
-        con.execute("SELECT count(*) FROM steps").fetchone()
-        con.execute("SELECT id, trace, trace_hash, backend, device, layers, status FROM runs LIMIT 1").fetchall()
+        con = _connect(path, immutable=False)
     except sqlite3.Error as e:
-        raise InputError("%s: not an attnreplay database (%s)" % (path, e))
+        # SQLite reads a database in WAL mode (ours) only where it can make the -shm file beside
+        # it; in a directory this process cannot write, a database without a write-ahead log
+        # left beside it (a finished run's) is read as immutable
+        wal = path + "-wal"
+        if "unable to open" not in str(e) or not os.access(path, os.R_OK):
+            raise InputError("%s: not an attnreplay database (%s)" % (path, e))
+        if os.path.exists(wal) and os.path.getsize(wal) > 0:
+            raise InputError("%s: cannot be read where it is: its write-ahead log %s is beside it and SQLite "
+                             "cannot make %s-shm there (%s); copy both to a writable directory"
+                             % (path, os.path.basename(wal), os.path.basename(path), e))
+        try:
+            con = _connect(path, immutable=True)
+        except sqlite3.Error:
+            raise InputError("%s: not an attnreplay database (%s)" % (path, e))
+    check = sqlite3.Connection.execute   # the plain query, raising sqlite3.Error
+    try:   # no meta table, or no version in it: version 1
+        row = check(con, "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row[0]) if row else 1
+    except (sqlite3.Error, ValueError, TypeError):
+        version = 1
+    if version > SCHEMA_VERSION:
+        raise InputError("%s: schema version %d is newer than this attnreplay's %d" % (path, version, SCHEMA_VERSION))
     return con
 
 
@@ -154,11 +220,22 @@ def compare(db, base_id=None, run_ids=None, runs_db=None):
     return base, out
 
 
+def run_id(text):
+    """A run id from the command line: SQLite's rowids are 1 to 2^63 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value < 2 ** 63:
+        raise argparse.ArgumentTypeError("%r: not a run id (a whole number from 1 to 2^63 - 1)" % text)
+    return value
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("db")
-    ap.add_argument("--base", type=int, help="run id of DB everything is compared with (default: its newest run)")
-    ap.add_argument("--run", type=int, action="append",
+    ap.add_argument("--base", type=run_id, help="run id of DB everything is compared with (default: its newest run)")
+    ap.add_argument("--run", type=run_id, action="append",
                     help="run ids to compare (default: every other run of the base's trace)")
     ap.add_argument("--runs-in", metavar="DB2", help="read the compared runs from DB2 (default: DB)")
     ap.add_argument("--text", action="store_true", help="aligned columns instead of a Markdown table")
@@ -188,7 +265,8 @@ def main(argv=None):
                     run["id"], run["backend"][:22], kind, n, *nums, wins_s, "%d/%d" % (fb, fr), share_s))
             else:
                 print("| %d | %s | %s | %d | %s | %s | %s | %s | %s | %d / %d | %s |" % (
-                    run["id"], run["backend"], kind, n, *nums, wins_s, fb, fr, share_s))
+                    # a '|' in the name escaped, so that the row keeps its columns
+                    run["id"], run["backend"].replace("|", "\\|"), kind, n, *nums, wins_s, fb, fr, share_s))
     return 0
 
 

@@ -1,14 +1,19 @@
 """Shared by the package's tests: where things are, running attnreplay-py, reading a database."""
+import importlib.util
 import os
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("AR_SRC") or os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 BUILD = os.environ.get("AR_BUILD") or os.path.join(SRC, "build")
 BIN = os.environ.get("AR_BIN") or os.path.join(SRC, "bin", "attnreplay")
+LIB = os.environ.get("ATTNREPLAY_LIB") or os.path.join(BUILD, "libattnreplay.so")
+needs_lib = unittest.skipUnless(os.path.exists(LIB), "%s not built (make; or set ATTNREPLAY_LIB)" % LIB)
+needs_numpy = unittest.skipUnless(importlib.util.find_spec("numpy"), "numpy not installed (the numpy adapter)")
 
 
 def sample(name):
@@ -21,11 +26,12 @@ def cli():
     return [script] if os.path.exists(script) else [sys.executable, "-m", "attnreplay.cli"]
 
 
-def run(args, cmd=None):
-    """Runs attnreplay-py (or cmd) with args; returns (exit code, stdout + stderr)."""
-    env = dict(os.environ)
+def run(args, cmd=None, env=None):
+    """Runs attnreplay-py (or cmd) with args, env added to the environment; returns (exit code,
+    stdout + stderr)."""
+    env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("ATTNREPLAY_LIB", os.path.join(BUILD, "libattnreplay.so"))
+    env.setdefault("ATTNREPLAY_LIB", LIB)
     p = subprocess.run((cmd or cli()) + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        env=env, timeout=600)
     return p.returncode, p.stdout.decode(errors="replace")

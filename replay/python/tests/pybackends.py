@@ -1,4 +1,6 @@
 """Backends the tests load by module:Class: each breaks the contract in one way, or marks time."""
+import sys
+
 import numpy as np
 
 from attnreplay import Backend, host
@@ -28,6 +30,16 @@ class ForwardRaises(NumpyPaged):
     def forward(self, layer, q, k_new, v_new, kv_cache, out, lse):
         if self.step.step >= 2:
             raise RuntimeError("illegal memory access (planted)")
+        super().forward(layer, q, k_new, v_new, kv_cache, out, lse)
+
+
+class ExitsInForward(NumpyPaged):
+    """Calls sys.exit() in forward: SystemExit is no Exception, yet the forward failed."""
+    name = "exits-in-forward"
+
+    def forward(self, layer, q, k_new, v_new, kv_cache, out, lse):
+        if self.step.step >= 2:
+            sys.exit("kernel gave up")
         super().forward(layer, q, k_new, v_new, kv_cache, out, lse)
 
 

@@ -2,12 +2,13 @@
 database plays a peer with its step times scaled by known factors, and the table must show
 exactly those ratios, the right step kinds and failure counts; bad input exits 2 naming the file."""
 import os
+import re
 import shutil
 import sqlite3
 import sys
 import unittest
 
-from helpers import BIN, run, sample, tmpdb
+from helpers import BIN, SRC, cli, run, sample, tmpdb
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from attnreplay import ratios  # noqa: E402
@@ -97,10 +98,95 @@ class Ratios(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertRegex(out, r"\n\s+1 cpu\s+all\s+%d\s+1\.000\s+1\.000\s+1\.000\s+1\.000\s+0%%" % steps)
 
+    def test_file_names_with_uri_characters(self):
+        # '?', '#' and '%' are plain characters of a file name, not a URI's query or fragment
+        replay(self.mixed, "mixed")
+        d = os.path.join(os.path.dirname(self.mixed), "q?x")
+        os.mkdir(d)
+        db = os.path.join(d, "r#1%41.db")
+        shutil.copy(self.mixed, db)
+        def files():   # a read of a WAL database may leave its -wal and -shm beside it
+            return [sorted(f for f in os.listdir(x) if not f.endswith(("-wal", "-shm")))
+                    for x in (os.path.dirname(self.mixed), d)]
+        before = files()
+        rc, out = run(["ratios", db, "--base", "1", "--runs-in", db, "--run", "2"])
+        self.assertEqual(rc, 0, out)
+        self.assertIn((2, "all"), table_rows(out))
+        self.assertEqual(files(), before)             # nothing made at 'q' or 'q?x/r'
+
+    def read_only_dir(self, d):
+        """d made read-only for this process: a read-only bind mount over it as root (root
+        writes through permissions), else its mode; skips when neither can be done."""
+        if os.geteuid() != 0:
+            os.chmod(d, 0o555)
+            self.addCleanup(os.chmod, d, 0o755)
+            return d
+        import subprocess
+        ro = d + "-ro"
+        os.mkdir(ro)
+        if subprocess.run(["mount", "--bind", d, ro], stderr=subprocess.DEVNULL).returncode != 0:
+            self.skipTest("cannot bind-mount here")
+        self.addCleanup(subprocess.run, ["umount", ro])
+        if subprocess.run(["mount", "-o", "remount,bind,ro", ro], stderr=subprocess.DEVNULL).returncode != 0:
+            self.skipTest("cannot remount read-only here")
+        return ro
+
+    def test_database_in_a_read_only_directory(self):
+        # a finished run's database on read-only storage is read; one whose write-ahead log is
+        # still beside it cannot be read without it, and says so
+        replay(self.mixed, "mixed")
+        d = os.path.join(os.path.dirname(self.mixed), "archive")
+        os.mkdir(d)
+        shutil.copy(self.mixed, os.path.join(d, "done.db"))
+        shutil.copy(self.mixed, os.path.join(d, "live.db"))
+        with open(os.path.join(d, "live.db-wal"), "wb") as f:
+            f.write(b"\0" * 4096)
+        ro = self.read_only_dir(d)
+        rc, out = run(["ratios", os.path.join(ro, "done.db"), "--base", "1"])
+        self.assertEqual(rc, 0, out)
+        self.assertIn((2, "all"), table_rows(out))
+        rc, out = run(["ratios", os.path.join(ro, "live.db"), "--base", "1"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("live.db: cannot be read where it is: its write-ahead log live.db-wal is beside it", out)
+
+    def test_markdown_cells_escaped(self):
+        # a backend's name may hold '|' (the library refuses only blanks, quotes and '\\'):
+        # escaped, the row keeps its columns
+        peer = self.peer(self.mixed, "UPDATE runs SET backend = 'py:fast|paged';")
+        rc, out = run(["ratios", self.mixed, "--runs-in", peer])
+        self.assertEqual(rc, 0, out)
+        rows = [line for line in out.splitlines() if line.startswith("| 1 |")]
+        self.assertTrue(rows, out)
+        for line in rows:
+            self.assertIn("| py:fast\\|paged |", line)
+            self.assertEqual(len(re.split(r"(?<!\\)\|", line)), 13, line)   # 11 cells between 12 bars
+
+    def test_fifo_is_not_a_database(self):
+        # opening a FIFO waits for a writer: it must be refused, not waited on
+        import subprocess
+        fifo = os.path.join(os.path.dirname(self.mixed), "results.db")
+        os.mkfifo(fifo)
+        for args in ([fifo], [self.mixed, "--runs-in", fifo]):
+            try:
+                p = subprocess.run(cli() + ["ratios"] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   timeout=60)
+            except subprocess.TimeoutExpired:
+                self.fail("ratios %s: still waiting after 60 s" % args)
+            out = p.stdout.decode(errors="replace")
+            self.assertEqual(p.returncode, 2, out)
+            self.assertIn("results.db: not a regular file, not an attnreplay database", out)
+
     def test_bad_input_exit_2(self):
         d = os.path.dirname(self.mixed)
         other = tmpdb(self, "other.db")
         replay(other, "chunked")
+        newer = os.path.join(d, "newer.db")
+        shutil.copy(self.peer(self.mixed, "UPDATE meta SET value = '%d' WHERE key = 'schema_version';"
+                                          % (ratios.SCHEMA_VERSION + 1)), newer)
+        nokernels = os.path.join(d, "nokernels.db")      # another program's, or damaged, past the open
+        shutil.copy(self.peer(self.mixed, "DROP TABLE kernels;"), nokernels)
+        nocascade = os.path.join(d, "nocascade.db")
+        shutil.copy(self.peer(self.mixed, "ALTER TABLE steps DROP COLUMN cascade;"), nocascade)
         layers = self.peer(self.mixed, "UPDATE runs SET layers = layers + 1;")
         not_db = os.path.join(d, "not.db")
         with open(not_db, "w") as f:
@@ -108,8 +194,18 @@ class Ratios(unittest.TestCase):
         for args, message in (
                 ([os.path.join(d, "absent.db")], "absent.db: no such file"),
                 ([not_db], "not.db: not an attnreplay database"),
+                ([d], "%s: a directory, not an attnreplay database" % d),
+                ([newer], "newer.db: schema version %d is newer than this attnreplay's %d"
+                          % (ratios.SCHEMA_VERSION + 1, ratios.SCHEMA_VERSION)),
+                ([self.mixed, "--runs-in", newer], "newer.db: schema version"),
+                ([self.mixed, "--runs-in", nokernels],
+                 "nokernels.db: cannot be read as an attnreplay database (no such table: kernels)"),
+                ([self.mixed, "--runs-in", nocascade],
+                 "nocascade.db: cannot be read as an attnreplay database (no such column: cascade)"),
                 ([self.mixed, "--base", "9"], "mixed.db: no run 9"),
                 ([self.mixed, "--runs-in", self.mixed, "--run", "7"], "mixed.db: no run 7"),
+                ([self.mixed, "--base", "99999999999999999999"], "--base: '99999999999999999999': not a run id"),
+                ([self.mixed, "--run", "1", "--run", "-9223372036854775809"], "--run: '-9223372036854775809': not a run id"),
                 ([self.mixed], "no other run of the base's trace"),
                 ([self.mixed, "--runs-in", other, "--run", "1"], "replayed another trace than the base"),
                 ([self.mixed, "--runs-in", layers], "per-step times are not comparable")):
@@ -117,6 +213,15 @@ class Ratios(unittest.TestCase):
             self.assertEqual(rc, 2, "%s: %s" % (args, out))
             self.assertIn(message, out, args)
             self.assertNotIn("Traceback", out)
+
+
+class Schema(unittest.TestCase):
+    def test_schema_version_is_the_libraries(self):
+        header = os.path.join(SRC, "replay", "db_version.h")
+        if not os.path.exists(header):
+            self.skipTest("%s absent (not a checkout)" % header)
+        with open(header) as f:
+            self.assertIn("#define AR_DB_SCHEMA_VERSION %d\n" % ratios.SCHEMA_VERSION, f.read())
 
 
 if __name__ == "__main__":

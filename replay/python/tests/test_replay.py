@@ -111,6 +111,11 @@ class Failures(unittest.TestCase):
                                                          "RuntimeError: illegal memory access (planted)")
         self.assertEqual(query(db, "SELECT status FROM runs"), [("error",)])
 
+    def test_forward_exits(self):
+        db = self.expect("pybackends:ExitsInForward", 3, "forward failed at step 2, layer 0: forward() raised "
+                                                          "SystemExit: kernel gave up")
+        self.assertEqual(query(db, "SELECT status FROM runs"), [("error",)])
+
     def test_unwritten_rows_fail(self):
         db = self.expect("pybackends:LeavesRows", 1, "")
         self.assertEqual(query(db, "SELECT status FROM runs"), [("failed",)])
