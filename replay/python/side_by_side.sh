@@ -18,7 +18,9 @@
 # on a machine without a GPU, BASE_BACKEND=cpu PLUGIN=$BUILD/plugins/attnreplay-example-cpu.so
 # ADAPTERS=numpy runs the same script) and PER_RUN_S (default none: each backend's replay is sent
 # SIGTERM after that many seconds; it ends `interrupted` with exit 143 and its committed steps
-# whole, and those steps still enter the diff and the ratios, the run's status saying so).
+# whole, and those steps still enter the diff and the ratios, the run's status saying so) and
+# PARTS (timed marks, e.g. attn,combine: the ratios again with each step timed by those marks
+# alone, `ratios --parts`; default attn,combine,prefill with BASE_BACKEND=cuda-mla, else none).
 set -u
 DB=${1:?usage: side_by_side.sh DB TRACE [TRACE ...]}
 shift
@@ -35,6 +37,9 @@ PLUGIN=${PLUGIN:-$BUILD/plugins/attnreplay-example-cuda.so}
 export ATTNREPLAY_LIB=${ATTNREPLAY_LIB:-$PWD/$BUILD/libattnreplay.so}
 export PYTHONPATH=$PWD/replay/python${PYTHONPATH:+:$PYTHONPATH}
 PER_RUN_S=${PER_RUN_S:-}
+# cuda-mla's step holds the absorption (q_nope W_UK) and W_UV products and the cache write, which
+# an MLA adapter's host does untimed: its ratios are shown again on the attention marks alone
+if [ "$BASE_BACKEND" = cuda-mla ]; then PARTS=${PARTS-attn,combine,prefill}; else PARTS=${PARTS-}; fi
 limit=()
 [ -n "$PER_RUN_S" ] && limit=(timeout --preserve-status -s TERM "$PER_RUN_S")
 common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --quiet)
@@ -72,4 +77,8 @@ for trace in "$@"; do
   rargs=()
   for r in "${runs[@]}"; do rargs+=(--run "$r"); done
   "$PYTHON" -m attnreplay.cli ratios "$DB" --base "$base" "${rargs[@]}"
+  if [ -n "$PARTS" ]; then
+    echo "-- ratios against run $base ($BASE_BACKEND), the marks $PARTS alone"
+    "$PYTHON" -m attnreplay.cli ratios "$DB" --base "$base" "${rargs[@]}" --parts "$PARTS"
+  fi
 done

@@ -1,13 +1,17 @@
 """attnreplay-py ratios: other runs of a trace against a base run, per step, by step kind.
 
-    attnreplay-py ratios DB [--base RUN] [--run RUN ...] [--runs-in DB2] [--text]
+    attnreplay-py ratios DB [--base RUN] [--run RUN ...] [--runs-in DB2] [--parts NAMES] [--text]
 
 The base is a run of DB (default: its newest run); the compared runs are read from DB2 when it
 is given (a peer's database of the same trace), from DB otherwise, by default every run of the
 base's trace there.  Each must have replayed the same trace (trace_hash) with the same number of
 layers.  Steps are paired by step number when both runs timed them (time_us > 0) and neither
 failed verification (pass = 0; steps that were never verified are kept); ratio = time_us(run) /
-time_us(base), so below 1 means the run was faster on that step.  Steps are grouped by the
+time_us(base), so below 1 means the run was faster on that step.  --parts attn,combine (names of
+the timed marks in the kernels table, comma-separated) times each step by the sum of those marks
+over its layers instead, on both sides, so that a backend whose step holds more than the attention
+(cuda-mla's absorption and W_UV products, a cache write) is compared on the same work as an adapter
+that times its kernel alone; a step with none of the marks is not paired.  Steps are grouped by the
 base's step kind: decode (no request in its prompt), prefill (no decoding request), mixed, and
 cascade (either run took the cascade path on that step), then all.  Printed as a Markdown table
 (--text: aligned columns): steps paired, the total-time ratio, median, p10 and p90 of the
@@ -143,11 +147,18 @@ def get_run(con, path, run_id):
     return dict(zip(RUN_COLS, row))
 
 
-def load_steps(con, run):
-    """{step: (num_prefill_reqs, num_decode_reqs, cascade, time_us, pass)} of the run's timed steps."""
+def load_steps(con, run, parts=None):
+    """{step: (num_prefill_reqs, num_decode_reqs, cascade, time_us, pass)} of the run's timed steps;
+    with parts (mark names), time_us is the sum of those marks over the step's layers."""
+    if not parts:
+        return {r[0]: r[1:] for r in con.execute(
+            "SELECT step, num_prefill_reqs, num_decode_reqs, cascade, time_us, pass FROM steps "
+            "WHERE run = ? AND time_us > 0", (run,))}
+    marks = ", ".join("?" * len(parts))
     return {r[0]: r[1:] for r in con.execute(
-        "SELECT step, num_prefill_reqs, num_decode_reqs, cascade, time_us, pass FROM steps "
-        "WHERE run = ? AND time_us > 0", (run,))}
+        "SELECT s.step, s.num_prefill_reqs, s.num_decode_reqs, s.cascade, k.t, s.pass FROM steps s JOIN "
+        "(SELECT step, sum(time_us) AS t FROM kernels WHERE run = ? AND layer >= 0 AND name IN (%s) GROUP BY step) k "
+        "ON k.step = s.step WHERE s.run = ? AND s.time_us > 0 AND k.t > 0" % marks, (run, *parts, run))}
 
 
 def ratio_rows(base_steps, run_steps):
@@ -188,8 +199,9 @@ def gather_share(con, run):
     return (gather / total) if total and gather else None
 
 
-def compare(db, base_id=None, run_ids=None, runs_db=None):
-    """(base run, [(run, rows, gather share)]) or InputError."""
+def compare(db, base_id=None, run_ids=None, runs_db=None, parts=None):
+    """(base run, [(run, rows, gather share)]) or InputError; parts: the marks a step's time sums
+    (None: the step's whole time)."""
     con = open_db(db)
     base = get_run(con, db, base_id)
     other_path = runs_db or db
@@ -203,7 +215,9 @@ def compare(db, base_id=None, run_ids=None, runs_db=None):
         if not ids:
             raise InputError("%s: no other run of the base's trace (%s)" % (other_path, base["trace"]))
         runs = [get_run(other, other_path, r) for r in ids]
-    base_steps = load_steps(con, base["id"])
+    base_steps = load_steps(con, base["id"], parts)
+    if parts and not base_steps:
+        raise InputError("%s run %d: no timed step has any of the marks %s" % (db, base["id"], ",".join(parts)))
     out = []
     for run in runs:
         where = "%s run %d" % (other_path, run["id"])
@@ -213,9 +227,10 @@ def compare(db, base_id=None, run_ids=None, runs_db=None):
         if run["layers"] != base["layers"]:
             raise InputError("%s timed %s layers, the base (%s run %d) %s: per-step times are not comparable"
                              % (where, run["layers"], db, base["id"], base["layers"]))
-        rows = ratio_rows(base_steps, load_steps(other, run["id"]))
+        rows = ratio_rows(base_steps, load_steps(other, run["id"], parts))
         if not rows:
-            raise InputError("%s and the base (%s run %d): no step timed by both" % (where, db, base["id"]))
+            raise InputError("%s and the base (%s run %d): no step timed by both%s" % (
+                where, db, base["id"], " with the marks " + ",".join(parts) if parts else ""))
         out.append((run, rows, gather_share(other, run["id"])))
     return base, out
 
@@ -231,6 +246,14 @@ def run_id(text):
     return value
 
 
+def mark_names(text):
+    """--parts: comma-separated mark names (the kernels table's), none empty."""
+    names = text.split(",")
+    if not all(n.strip() == n and n for n in names):
+        raise argparse.ArgumentTypeError("%r: mark names separated by commas, e.g. attn,combine" % text)
+    return names
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("db")
@@ -238,16 +261,19 @@ def main(argv=None):
     ap.add_argument("--run", type=run_id, action="append",
                     help="run ids to compare (default: every other run of the base's trace)")
     ap.add_argument("--runs-in", metavar="DB2", help="read the compared runs from DB2 (default: DB)")
+    ap.add_argument("--parts", type=mark_names, metavar="NAMES",
+                    help="time each step by the sum of these timed marks (kernels table), e.g. attn,combine")
     ap.add_argument("--text", action="store_true", help="aligned columns instead of a Markdown table")
     a = ap.parse_args(argv)
     try:
-        base, results = compare(a.db, a.base, a.run, a.runs_in)
+        base, results = compare(a.db, a.base, a.run, a.runs_in, a.parts)
     except InputError as e:
         print("%s: %s" % (PROG, e), file=sys.stderr)
         return 2
-    print("Base: %s run %d, %s on %s (%s layers, %s), trace %s. Ratio = time(run) / time(base) per step; "
-          "< 1 is faster. Steps failed on either side are not paired.\n"
-          % (a.db, base["id"], base["backend"], base["device"], base["layers"], base["status"], base["trace"]))
+    timed = ("the marks %s summed over its layers" % ",".join(a.parts)) if a.parts else "its whole time"
+    print("Base: %s run %d, %s on %s (%s layers, %s), trace %s. Ratio = time(run) / time(base) per step, a "
+          "step timed by %s; < 1 is faster. Steps failed on either side are not paired.\n"
+          % (a.db, base["id"], base["backend"], base["device"], base["layers"], base["status"], base["trace"], timed))
     head = ("run", "backend", "kind", "paired", "total", "median", "p10", "p90", "wins", "failed base / run",
             "gather share")
     if a.text:

@@ -65,6 +65,37 @@ class Ratios(unittest.TestCase):
         self.assertNotIn("cascade", rows)
         self.assertTrue(2.0 < rows["all"][2] < 4.0)
 
+    def test_parts_time_the_named_marks_alone(self):
+        # the peer's attention 3x the base's, its cache write 100x: over the whole step the ratio
+        # is anything; over the mark 'attn' alone it is 3 on every step
+        peer = self.peer(self.mixed, "UPDATE kernels SET time_us = time_us * (CASE WHEN name = 'attn' THEN 3 ELSE 100 END);"
+                                     "UPDATE steps SET time_us = (SELECT sum(time_us) FROM kernels k WHERE "
+                                     "k.run = steps.run AND k.step = steps.step AND k.layer >= 0);")
+        con = sqlite3.connect(self.mixed)
+        names = {n for (n,) in con.execute("SELECT DISTINCT name FROM kernels")}
+        self.assertEqual(names, {"attn", "write"})
+        n = con.execute("SELECT count(*) FROM steps WHERE time_us > 0").fetchone()[0]
+        rows = {r[0]: r for r in ratios.compare(self.mixed, runs_db=peer, parts=["attn"])[1][0][1]}
+        self.assertEqual(rows["all"][1], n)
+        for q in (2, 3, 4, 5):
+            self.assertAlmostEqual(rows["all"][q], 3.0, places=6)
+        whole = {r[0]: r for r in ratios.compare(self.mixed, runs_db=peer)[1][0][1]}
+        self.assertGreater(whole["all"][2], 3.5)
+        # both marks: the steps' whole time again
+        both = {r[0]: r for r in ratios.compare(self.mixed, runs_db=peer, parts=["attn", "write"])[1][0][1]}
+        self.assertAlmostEqual(both["all"][2], whole["all"][2], places=6)
+        # a mark no step has, and a malformed list: exit 2 naming them
+        rc, out = run(["ratios", self.mixed, "--runs-in", peer, "--parts", "combine"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("no timed step has any of the marks combine", out)
+        rc, out = run(["ratios", self.mixed, "--runs-in", peer, "--parts", "attn,,write"])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("mark names separated by commas", out)
+        rc, out = run(["ratios", self.mixed, "--runs-in", peer, "--parts", "attn"])
+        self.assertEqual(rc, 0, out)
+        self.assertIn("a step timed by the marks attn summed over its layers", out)
+        self.assertEqual(table_rows(out)[(1, "all")][4], "3.000")
+
     def test_cascade_steps_and_percentiles(self):
         prefix = tmpdb(self, "prefix.db")
         replay(prefix, "prefix", "--cascade", "on")
