@@ -19,6 +19,8 @@
  * merge), "wuv" (o_lat x W_UV), and for prefill requests "prefill" (up-projection, chunked
  * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
  * guard regions checked after every forward; out/LSE are NaN-poisoned before each forward.
+ * AR_MLA_PREFILL=absorbed sends requests of more than AR_CUDA_MLA_DECODE_THRESHOLD query tokens
+ * down the absorbed decode path too, instead of the expanded prefill path (for comparisons).
  * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk forces the decode kernel (for comparisons;
  * mla_route.h has the rule); AR_MLA_TMA=0 makes no tensor map of the cache, so the wgmma route
  * runs its cp.async fallback (attn_wgmma_cpasync_kernel), as where the driver refuses the map.
@@ -190,7 +192,11 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->bf16 = cfg->dtype == AR_BF16;
     s->fp8 = cfg->kv_dtype == AR_FP8_E4M3;
     s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
-    s->use_prefill = 1;
+    /* AR_MLA_PREFILL=absorbed: every request on the absorbed decode kernels, prefill chunks too,
+     * as FlashMLA's and FlashInfer's adapters run them (for comparisons; the default is vLLM's
+     * split, semantics 7.3) */
+    const char *pf_env = getenv("AR_MLA_PREFILL");
+    s->use_prefill = !(pf_env && strcmp(pf_env, "absorbed") == 0);
     s->workspace_tokens = MLA_WORKSPACE_TOKENS;
     s->force_kernel = env_kernel();
     const char *tma_env = getenv("AR_MLA_TMA");
