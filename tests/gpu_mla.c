@@ -1208,6 +1208,37 @@ static void test_backend_prefill_mixed(void **st)
     assert_true(e2e_pass(&r));
 }
 
+/* The projections' GEMMs on the tensor-core kernel (AR_MLA_GEMM=tc): the absorption and W_UV of
+ * decode batches in bf16 and fp16, and the prefill path's up-projections (bf16 cache and fp8),
+ * each against the float64 reference as with the SIMT kernel. */
+static void test_tensor_core_gemm(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    setenv("AR_MLA_GEMM", "tc", 1);
+    e2e_result r;
+    ar_run_config cfg = mla_cfg(16, 16, 1024, AR_BF16, AR_BF16, 1.0);
+    run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
+    report("tc gemm: decode bf16", &r);
+    assert_int_equal(r.plan.gemm_tc, 1);
+    assert_true(e2e_pass(&r));
+    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+    report("tc gemm: mixed bf16, prefill path", &r);
+    assert_int_equal(r.plan.num_prefill_reqs, 3);
+    assert_true(e2e_pass(&r));
+    cfg = mla_cfg(16, 16, 1024, AR_FP16, AR_FP16, 1.0);
+    run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
+    report("tc gemm: decode fp16", &r);
+    assert_true(e2e_pass(&r));
+    cfg = mla_cfg(16, 64, 256, AR_BF16, AR_FP8_E4M3, 0.5);
+    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+    report("tc gemm: mixed bf16, fp8 cache", &r);
+    assert_true(e2e_pass(&r));
+    unsetenv("AR_MLA_GEMM");
+    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+    assert_int_equal(r.plan.gemm_tc, 0);
+}
+
 /* Every kernel-side fault must break the comparison (metadata faults are the engine's). */
 static void test_faults_flagged(void **st)
 {
@@ -1314,6 +1345,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_simt_fallback_fp16_fp8, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_decode, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_core_gemm, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_faults_flagged, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simulated_deepseek_trace_replays, test_setup, test_teardown),
         /* last: a bulk-copy kernel that failed on the device (a trapped mbarrier wait) leaves the

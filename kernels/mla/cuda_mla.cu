@@ -19,6 +19,8 @@
  * merge), "wuv" (o_lat x W_UV), and for prefill requests "prefill" (up-projection, chunked
  * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
  * guard regions checked after every forward; out/LSE are NaN-poisoned before each forward.
+ * AR_MLA_GEMM=tc runs the projections' GEMMs (absorption, W_UV, the prefill path's
+ * up-projections) on the tensor-core kernel of mla_prefill.cuh instead of the SIMT one.
  * AR_MLA_PREFILL=absorbed sends requests of more than AR_CUDA_MLA_DECODE_THRESHOLD query tokens
  * down the absorbed decode path too, instead of the expanded prefill path (for comparisons).
  * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk forces the decode kernel (for comparisons;
@@ -117,6 +119,7 @@ typedef struct mla_state {
     mla_route route;                /* the decode kernel of this step (ar_mla_choose) */
     int force_splits;
     int use_prefill;
+    bool gemm_tc;                   /* AR_MLA_GEMM=tc: the projections' GEMMs on the tensor cores */
     int workspace_tokens;
     ar_cuda_mla_plan_info info;
     int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
@@ -197,6 +200,8 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
      * split, semantics 7.3) */
     const char *pf_env = getenv("AR_MLA_PREFILL");
     s->use_prefill = !(pf_env && strcmp(pf_env, "absorbed") == 0);
+    const char *gemm_env = getenv("AR_MLA_GEMM");
+    s->gemm_tc = gemm_env && strcmp(gemm_env, "tc") == 0;
     s->workspace_tokens = MLA_WORKSPACE_TOKENS;
     s->force_kernel = env_kernel();
     const char *tma_env = getenv("AR_MLA_TMA");
@@ -613,7 +618,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
             /* k_nope[w, n, :] = c_w W_UK[n] ; v[w, n, :] = c_w W_UV[n] */
             gemm_args g = gemm_of(H, rows, P, DL, s->ws_lat.ptr, 1, 0, D, 1, s->w_uk[layer], (int64_t)DL * P, P, 1,
                                   wrong_head, s->ws_k.ptr, 1, QK, (int64_t)H * QK, 1, s->bf16);
-            if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+            if ((e = launch_gemm(g, s->gemm_tc, s->stream)) != cudaSuccess) return e;
             rope_key_kernel<<<mla_grid((int64_t)rows * H * DR, 256), 256, 0, s->stream>>>(
                 (uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_lat.ptr, rows, H, P);
             if (s->cfg.fault == AR_FAULT_MLA_NO_WUV) {
@@ -622,7 +627,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
             } else {
                 g = gemm_of(H, rows, V, DL, s->ws_lat.ptr, 1, 0, D, 1, s->w_uv[layer], (int64_t)DL * V, V, 1, 0,
                             s->ws_v.ptr, 1, V, (int64_t)H * V, 1, s->bf16);
-                if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+                if ((e = launch_gemm(g, s->gemm_tc, s->stream)) != cudaSuccess) return e;
             }
         }
         prefill_attn_kernel<<<s->n_pf_tok * H, SIMT_THREADS, 0, s->stream>>>(
@@ -658,7 +663,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap 
         gemm_args g = gemm_of(H, T, DL, P, s->qnope.ptr, 1, P, (int64_t)H * P, 1, s->w_uk[layer], (int64_t)DL * P, 1, P,
                               s->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? 1 : 0, s->qlat.ptr, 1, D, (int64_t)H * D, 1,
                               s->bf16);
-        if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+        if ((e = launch_gemm(g, s->gemm_tc, s->stream)) != cudaSuccess) return e;
     }
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     if (any_dec) {
@@ -678,7 +683,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap 
             /* out[t, n, :] = o_lat[t, n, :] W_UV[n] */
             gemm_args g = gemm_of(H, T, V, DL, s->olat.ptr, 0, DL, (int64_t)H * DL, 1, s->w_uv[layer], (int64_t)DL * V,
                                   V, 1, 0, out, 0, V, (int64_t)H * V, 1, s->bf16);
-            if ((e = launch_gemm(g, s->stream)) != cudaSuccess) return e;
+            if ((e = launch_gemm(g, s->gemm_tc, s->stream)) != cudaSuccess) return e;
         }
     }
     if (timed) cudaEventRecord(s->ev[5], s->stream);
@@ -860,7 +865,10 @@ extern "C" void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
 {
     mla_state *s = (mla_state *)state;
     memset(info, 0, sizeof *info);
-    if (s) *info = s->info;
+    if (s) {
+        *info = s->info;
+        info->gemm_tc = s->gemm_tc;
+    }
 }
 
 extern "C" const ar_backend ar_cuda_mla_backend = {

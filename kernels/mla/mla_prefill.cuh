@@ -1,5 +1,6 @@
 /* mla_prefill.cuh - the cuda-mla backend's GEMM and prefill path.
- *   - A batched SIMT GEMM (fp32 accumulate) for the absorption q_nope x W_UK -> the 512-wide
+ *   - A batched SIMT GEMM (fp32 accumulate; a tensor-core twin with AR_MLA_GEMM=tc) for the
+ *     absorption q_nope x W_UK -> the 512-wide
  *     latent query, the up-projection o_lat x W_UV -> v_head_dim, and the prefill path's
  *     up-projected keys and values; gemm_of / launch_gemm describe and launch one.
  *   - The prefill path for requests with query_len > AR_CUDA_MLA_DECODE_THRESHOLD: the new
@@ -85,6 +86,75 @@ __global__ void __launch_bounds__(256) gemm_kernel(gemm_args g)
         }
 }
 
+/* The same GEMM on the tensor cores (mma.sync m16n8k16, fp32 accumulate), taken with
+ * AR_MLA_GEMM=tc (built, not yet run on a GPU; the SIMT kernel above stays the default until it
+ * is): the 64 x 64 tile of C in 8 warps, warp w on rows 16 (w % 4) .. + 16 and columns
+ * 32 (w / 4) .. + 32, four 16 x 8 products a k16 step.  A is staged [m][k] and B transposed to
+ * [n][k], both as 16-bit dtype values, so that every fragment register is one 32-bit shared load
+ * of a k pair.  A float A operand (the latent attention output before W_UV) is rounded to the
+ * dtype on the way in, as vLLM's 16-bit attention output and the verifier's yardstick are; the
+ * SIMT kernel multiplies it unrounded.  Sums run in a different order than the SIMT kernel's.
+ *   As [64 rows of C][BK], Bs [64 columns of C][BK] per k block */
+template <bool BF16>
+__global__ void __launch_bounds__(256) gemm_tc_kernel(gemm_args g)
+{
+    constexpr int BK = 32, LD = BK + 8;   /* 8 halves of padding: rows 80 bytes apart */
+    __shared__ __align__(16) uint16_t As[64][LD];
+    __shared__ __align__(16) uint16_t Bs[64][LD];
+    const int bz = blockIdx.z, m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
+    const int bb = (bz + g.b_shift) % g.batch;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+    const int wm = (warp % 4) * 16, wn = (warp / 4) * 32;
+    float acc[4][4];
+    for (int nt = 0; nt < 4; nt++)
+        for (int j = 0; j < 4; j++) acc[nt][j] = 0.f;
+    for (int k0 = 0; k0 < g.K; k0 += BK) {
+        for (int e = threadIdx.x; e < 64 * BK; e += 256) {
+            const int kk = e % BK, mm = e / BK, m = m0 + mm, k = k0 + kk;
+            uint16_t v = 0;
+            if (m < g.M && k < g.K) {
+                const int64_t idx = bz * g.a_b + m * g.a_m + k * g.a_k;
+                v = g.a_bits16 ? ((const uint16_t *)g.A)[idx] : to_bits(BF16, ((const float *)g.A)[idx]);
+            }
+            As[mm][kk] = v;
+        }
+        for (int e = threadIdx.x; e < 64 * BK; e += 256) {
+            const int nn = e % 64, kb = e / 64, n = n0 + nn, k = k0 + kb;
+            Bs[nn][kb] = (n < g.N && k < g.K) ? g.B[bb * g.b_b + k * g.b_k + n * g.b_n] : (uint16_t)0;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < BK; ks += 16) {
+            uint32_t a[4];
+            a[0] = *reinterpret_cast<const uint32_t *>(&As[wm + grp][ks + 2 * tig]);
+            a[1] = *reinterpret_cast<const uint32_t *>(&As[wm + grp + 8][ks + 2 * tig]);
+            a[2] = *reinterpret_cast<const uint32_t *>(&As[wm + grp][ks + 2 * tig + 8]);
+            a[3] = *reinterpret_cast<const uint32_t *>(&As[wm + grp + 8][ks + 2 * tig + 8]);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int n = wn + nt * 8 + grp;
+                const uint32_t b0 = *reinterpret_cast<const uint32_t *>(&Bs[n][ks + 2 * tig]);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t *>(&Bs[n][ks + 2 * tig + 8]);
+                mma16816<BF16>(acc[nt], a, b0, b1);
+            }
+        }
+        __syncthreads();
+    }
+    /* acc[nt][2h + j]: row wm + grp + 8h, column wn + 8nt + 2tig + j */
+    for (int nt = 0; nt < 4; nt++)
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 2; j++) {
+                const int m = m0 + wm + grp + 8 * h, n = n0 + wn + nt * 8 + 2 * tig + j;
+                if (m >= g.M || n >= g.N) continue;
+                const int64_t idx = bz * g.c_b + m * g.c_m + n * g.c_n;
+                const float x = acc[nt][2 * h + j];
+                if (g.c_bits16)
+                    ((uint16_t *)g.C)[idx] = to_bits(BF16, x);
+                else
+                    ((float *)g.C)[idx] = ar_round_to(BF16 ? AR_BF16 : AR_FP16, x);
+            }
+}
+
 /* A GEMM description (see gemm_args): C = A B per batch entry, with element strides. */
 static gemm_args gemm_of(int batch, int M, int N, int K, const void *A, int a_bits16, int64_t a_b, int64_t a_m,
                          int64_t a_k, const uint16_t *B, int64_t b_b, int64_t b_k, int64_t b_n, int b_shift, void *C,
@@ -114,11 +184,17 @@ static gemm_args gemm_of(int batch, int M, int N, int K, const void *A, int a_bi
     return g;
 }
 
-static cudaError_t launch_gemm(const gemm_args &g, cudaStream_t st)
+/* tc: the tensor-core kernel (AR_MLA_GEMM=tc) instead of the SIMT one. */
+static cudaError_t launch_gemm(const gemm_args &g, bool tc, cudaStream_t st)
 {
     if (g.M <= 0 || g.N <= 0 || g.batch <= 0) return cudaSuccess;
     dim3 grid((unsigned)((g.N + 63) / 64), (unsigned)((g.M + 63) / 64), (unsigned)g.batch);
-    gemm_kernel<<<grid, 256, 0, st>>>(g);
+    if (!tc)
+        gemm_kernel<<<grid, 256, 0, st>>>(g);
+    else if (g.bf16)
+        gemm_tc_kernel<true><<<grid, 256, 0, st>>>(g);
+    else
+        gemm_tc_kernel<false><<<grid, 256, 0, st>>>(g);
     return cudaGetLastError();
 }
 
