@@ -250,6 +250,10 @@ int ar_db_check_writable(const char *path, char *err, size_t err_len)
             snprintf(err, err_len, "%s: cannot use as a database: %s", path, strerror(EISDIR));
             return -1;
         }
+        if (!S_ISREG(sb.st_mode)) {   /* SQLite fails on it later with "disk I/O error (Illegal seek)" */
+            snprintf(err, err_len, "%s: cannot use as a database: not a regular file (a FIFO, socket or device)", path);
+            return -1;
+        }
         if (access(path, R_OK | W_OK) != 0) {
             snprintf(err, err_len, "%s: cannot write the database: %s", path, strerror(errno));
             return -1;

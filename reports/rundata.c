@@ -22,6 +22,10 @@ void *ar_rd_open(const char *path, char *err, size_t err_len)
         snprintf(err, err_len, "%s: is a directory, not a results database", path);
         return NULL;
     }
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {   /* a FIFO would block the open forever */
+        snprintf(err, err_len, "%s: not a regular file (a FIFO, socket or device), not a results database", path);
+        return NULL;
+    }
     sqlite3 *db = NULL;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
         snprintf(err, err_len, "%s: cannot open the database read-only: %s", path,

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *const samples[] = {"mixed", "chunked", "prefix", "preempt"};
@@ -511,6 +512,19 @@ static void test_db_path_errors(void **state)
     assert_true(file_has(log, "Not a directory"));
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s'", tu_bin(), trace, tu_tmpdir()), 2);
     assert_true(file_has(log, "Is a directory"));
+    /* a FIFO or a device: refused before anything runs (it was exit 3, "disk I/O error (Illegal
+     * seek)"), for merge's OUT too */
+    char fifo[512];
+    tu_tmp("results-fifo.db", fifo, sizeof fifo);
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(tu_run(log, "timeout 20 '%s' replay '%s' --db '%s' --backend cpu --steps 0:1", tu_bin(), trace, fifo), 2);
+    assert_true(file_has(log, "not a regular file"));
+    assert_int_equal(tu_run(log, "timeout 20 '%s' merge '%s' '%s'", tu_bin(), fifo, trace), 2);
+    assert_true(file_has(log, "not a regular file"));
+    unlink(fifo);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db /dev/null --backend cpu --steps 0:1", tu_bin(), trace), 2);
+    assert_true(file_has(log, "not a regular file"));
     tu_tmp("readonly-dir", dir, sizeof dir);
     assert_int_equal(tu_run(NULL, "mkdir -p '%s' && chmod 0500 '%s'", dir, dir), 0);
     if (geteuid() != 0) {   /* root may write anywhere */

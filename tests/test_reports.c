@@ -627,6 +627,22 @@ static void test_diff_bad_input(void **state)
     assert_int_equal(ar_diff_main(4, argv_nodb), 2);
 }
 
+/* A FIFO (or another file that is not a regular one) given as the database is refused at once
+ * naming it: SQLite's open of a FIFO blocked forever waiting for a writer. */
+static void test_fifo_is_not_a_database(void **state)
+{
+    (void)state;
+    char path[512], err[1024];
+    tu_tmp("results.fifo", path, sizeof path);
+    unlink(path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(20);   /* a blocked open ends the test instead of the suite hanging */
+    void *rd = ar_rd_open(path, err, sizeof err);
+    alarm(0);
+    unlink(path);
+    if (rd || !strstr(err, path) || !strstr(err, "not a regular file")) fail_msg("%s", rd ? "opened a FIFO" : err);
+}
+
 /* Lets go of the write lock its connection holds after about 1.5 s. */
 static void *release_later(void *db)
 {
@@ -1063,6 +1079,7 @@ int main(void)
         cmocka_unit_test(test_plan_small_workload),
         cmocka_unit_test(test_plan_fit_from_other_device_not_applied),
         cmocka_unit_test(test_plan_bad_input),
+        cmocka_unit_test(test_fifo_is_not_a_database),
         cmocka_unit_test(test_plan_states_step_time_model),
         cmocka_unit_test(test_output_paths),
         cmocka_unit_test(test_parse_threshold),
