@@ -21,6 +21,8 @@
 # whole, and those steps still enter the diff and the ratios, the run's status saying so) and
 # PARTS (timed marks, e.g. attn,combine: the ratios again with each step timed by those marks
 # alone, `ratios --parts`; default attn,combine,prefill with BASE_BACKEND=cuda-mla, else none).
+# Exit status: 0, or 1 when the base backend could not replay one of the traces (that trace is
+# skipped: the others have nothing to be compared with).
 set -u
 DB=${1:?usage: side_by_side.sh DB TRACE [TRACE ...]}
 shift
@@ -49,12 +51,18 @@ common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --qu
 comparable() { [ "$1" -le 1 ] || [ "$1" -eq 143 ]; }
 last_run() { "$PYTHON" -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT max(id) FROM runs').fetchone()[0])" "$DB"; }
 
+status=0
 for trace in "$@"; do
   echo "== $trace"
   "$AR_BIN" info "$trace" | head -12
   t0=$(date +%s)
   "${limit[@]}" "$AR_BIN" replay "$trace" --backend "$BASE_BACKEND" "${common[@]}"
-  echo "$BASE_BACKEND: exit $? ($(( $(date +%s) - t0 )) s)"
+  rc=$?; echo "$BASE_BACKEND: exit $rc ($(( $(date +%s) - t0 )) s)"
+  if ! comparable $rc; then   # no base run of this trace: nothing to compare with (not an older run)
+    echo "$BASE_BACKEND did not replay $trace: nothing to compare the others with; next trace"
+    status=1
+    continue
+  fi
   base=$(last_run)
   runs=()
   if [ "$PLUGIN" != none ]; then
@@ -69,9 +77,13 @@ for trace in "$@"; do
     rc=$?; echo "$a: exit $rc ($(( $(date +%s) - t0 )) s)"
     comparable $rc && runs+=("$(last_run)")
   done
+  if [ ${#runs[@]} -eq 0 ]; then
+    echo "no other backend replayed $trace: nothing to compare"
+    continue
+  fi
   for r in "${runs[@]}"; do
     echo "-- attnreplay diff $DB $base $r"
-    "$AR_BIN" diff "$DB" "$base" "$r" --threshold 5% | tail -15
+    "$AR_BIN" diff "$DB" "$base" "$r" --threshold 5% ${PER_RUN_S:+--allow-unfinished} | tail -15
   done
   echo "-- ratios against run $base ($BASE_BACKEND)"
   rargs=()
@@ -82,3 +94,4 @@ for trace in "$@"; do
     "$PYTHON" -m attnreplay.cli ratios "$DB" --base "$base" "${rargs[@]}" --parts "$PARTS"
   fi
 done
+exit $status
