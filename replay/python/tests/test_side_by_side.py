@@ -1,0 +1,52 @@
+"""replay/python/side_by_side.sh on the CPU (the GPU machine's script, run here with the CPU
+backends and the numpy adapter): a trace the base backend cannot replay is skipped with exit 1,
+never compared with another trace's run; runs stopped by PER_RUN_S still enter the diff and the
+ratios, on the whole step and on the named marks."""
+import os
+import subprocess
+import sys
+import unittest
+
+from helpers import BIN, BUILD, LIB, SRC, needs_lib, needs_numpy, sample, tmpdb
+
+SCRIPT = os.path.join(SRC, "replay", "python", "side_by_side.sh")
+
+
+def side_by_side(db, trace, **env):
+    full = dict(os.environ, AR_BIN=BIN, BUILD=BUILD, ATTNREPLAY_LIB=LIB, PYTHON=sys.executable, PLUGIN="none",
+                ADAPTERS="numpy", REPEAT="1", **env)
+    p = subprocess.run(["bash", SCRIPT, db, trace], cwd=SRC, env=full, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=300)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+@needs_lib
+@needs_numpy
+@unittest.skipUnless(os.access(BIN, os.X_OK), "%s not built (make)" % BIN)
+class SideBySide(unittest.TestCase):
+    def test_base_that_cannot_replay_skips_the_trace(self):
+        db = tmpdb(self, "sbs_refused.db")
+        # a run of another trace is in DB already: it must not become the base
+        rc, out = side_by_side(db, sample("mixed"), BASE_BACKEND="cpu", STEPS="0:2")
+        self.assertEqual(rc, 0, out)
+        rc, out = side_by_side(db, sample("deepseek-v3-tp16"), BASE_BACKEND="cpu")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("cpu did not replay", out)
+        self.assertNotIn("-- attnreplay diff", out)
+        self.assertNotIn("Traceback", out)
+
+    def test_stopped_runs_enter_the_diff_and_the_ratios(self):
+        db = tmpdb(self, "sbs_stopped.db")
+        rc, out = side_by_side(db, sample("deepseek-v3-tp16"), BASE_BACKEND="cpu-mla", PER_RUN_S="3",
+                               PARTS="attn")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("cpu-mla: exit 143", out)            # both stopped by PER_RUN_S
+        self.assertIn("numpy: exit 143", out)
+        self.assertIn("time (candidate / baseline", out)   # diff compared their steps
+        self.assertNotIn("did not finish", out)
+        self.assertIn("| 2 | py:numpy | all |", out)       # the ratios on the whole step
+        self.assertIn("the marks attn alone", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
