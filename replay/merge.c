@@ -100,6 +100,9 @@ static int exec(merge_ctx *m, const char *sql, char *err, size_t err_len)
     return 0;
 }
 
+/* Attaches the shard read-only as s.  0; 2 with err set when the file is refused (not SQLite,
+ * damaged, unreadable); 3 on an I/O error or a full disk (SQLite makes a WAL database's -shm
+ * file beside it even to read it). */
 static int attach(merge_ctx *m, const char *path, char *err, size_t err_len)
 {
     char *uri = sqlite3_mprintf("file:%s?mode=ro", path);
@@ -108,8 +111,11 @@ static int attach(merge_ctx *m, const char *path, char *err, size_t err_len)
     sqlite3_free(sql);
     sqlite3_free(uri);
     if (rc != SQLITE_OK) {
-        snprintf(err, err_len, "%s: cannot open the shard database read-only: %s", path, sqlite3_errmsg(m->h));
-        return -1;
+        int code = sqlite3_errcode(m->h) & 0xff;
+        bool io = rc == SQLITE_NOMEM || code == SQLITE_IOERR || code == SQLITE_FULL || code == SQLITE_NOMEM;
+        snprintf(err, err_len, "%s: cannot open the shard database read-only: %s%s", path, sqlite3_errmsg(m->h),
+                 io ? " (a full disk or a file size limit?)" : "");
+        return io ? 3 : 2;
     }
     return 0;
 }
@@ -904,10 +910,7 @@ int ar_merge_main(int argc, char **argv)
         goto out;
     }
     for (int f = 0; f < num_paths; f++) {
-        if (attach(m, paths[f], err, sizeof err) != 0) {
-            code = 2;
-            goto out;
-        }
+        if ((code = attach(m, paths[f], err, sizeof err)) != 0) goto out;
         int rc = read_runs(m, paths[f], f, err, sizeof err);
         detach(m);
         if (rc != 0) {
@@ -950,10 +953,7 @@ int ar_merge_main(int argc, char **argv)
         for (size_t i = 0; i < m->num_runs; i++) {
             const shard_run *r = &m->runs[i];
             if (r->dropped || r->shard_index != k) continue;
-            if (attach(m, r->path, err, sizeof err) != 0) {
-                code = 2;
-                goto out;
-            }
+            if ((code = attach(m, r->path, err, sizeof err)) != 0) goto out;
             int64_t added = 0, completed = 0;
             bool created = false;
             int rc = check_range(m, r, err, sizeof err);

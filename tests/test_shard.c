@@ -696,6 +696,24 @@ static void test_merge_refuses_damaged_shard(void **state)
     assert_int_equal(tu_run(log, "cd '%s' && '%s' merge o.db d-0.db d-1.db --quiet", dir, tu_bin()), 0);
 }
 
+/* A shard that cannot be opened for want of disk space (its -shm file, which SQLite makes beside
+ * a WAL database, cannot grow) is an I/O error, exit 3, not bad input. */
+static void test_merge_shard_io_error(void **state)
+{
+    (void)state;
+    char dir[512], trace[512], log[600];
+    test_dir("shardio", dir, sizeof dir);
+    sample("mixed", trace, sizeof trace);
+    snprintf(log, sizeof log, "%s/io.log", dir);
+    assert_int_equal(tu_run(log, CLEAN_ENV "'%s' replay '%s' --db '%s/w-%%r.db' --shard 0/2 " REPLAY_OPTS, tu_bin(),
+                            trace, dir), 0);
+    assert_int_equal(tu_run(NULL, "rm -f '%s/w-0.db-shm' '%s/w-0.db-wal'", dir, dir), 0);
+    /* 8 KiB per file: the 32 KiB -shm cannot be made (SIGXFSZ ignored, so the write fails) */
+    assert_int_equal(tu_run(log, "cd '%s' && bash -c \"trap '' XFSZ; ulimit -f 8; exec '%s' merge o.db w-0.db --quiet\"",
+                            dir, tu_bin()), 3);
+    assert_true(file_has(log, "w-0.db: cannot open the shard database read-only: disk I/O error"));
+}
+
 /* A merge killed inside a shard's transaction keeps the shards before it whole, and merging
  * again completes it. */
 static void test_merge_killed_midway(void **state)
@@ -912,6 +930,7 @@ int main(void)
         cmocka_unit_test(test_killed_shard_resumes),
         cmocka_unit_test(test_merge_refuses_and_is_idempotent),
         cmocka_unit_test(test_merge_refuses_damaged_shard),
+        cmocka_unit_test(test_merge_shard_io_error),
         cmocka_unit_test(test_merge_killed_midway),
         cmocka_unit_test(test_reports_read_merged_run),
         cmocka_unit_test(test_usage_errors_through_replay),
