@@ -656,15 +656,21 @@ static void test_merge_refuses_and_is_idempotent(void **state)
     assert_true(file_has(log, "is itself a merge"));
 }
 
+/* A merge test's fresh directory (dir[512]), the mixed sample (trace[512]) and its log (log[600]). */
+static void merge_case(const char *name, char *dir, char *trace, char *log)
+{
+    test_dir(name, dir, 512);
+    sample("mixed", trace, 512);
+    snprintf(log, 600, "%s/%s.log", dir, name);
+}
+
 /* A shard whose pages or schema are damaged is bad input naming the shard (exit 2), found before
  * OUT is touched: a b-tree page overwritten, a column of mismatches renamed in its schema. */
 static void test_merge_refuses_damaged_shard(void **state)
 {
     (void)state;
     char dir[512], trace[512], log[600], shard[600], out[600];
-    test_dir("damaged", dir, sizeof dir);
-    sample("mixed", trace, sizeof trace);
-    snprintf(log, sizeof log, "%s/d.log", dir);
+    merge_case("damaged", dir, trace, log);
     snprintf(out, sizeof out, "%s/o.db", dir);
     for (int i = 0; i < 2; i++)
         assert_int_equal(tu_run(log, CLEAN_ENV "'%s' replay '%s' --db '%s/d-%%r.db' --shard %d/2 " REPLAY_OPTS, tu_bin(),
@@ -702,9 +708,7 @@ static void test_merge_shard_io_error(void **state)
 {
     (void)state;
     char dir[512], trace[512], log[600];
-    test_dir("shardio", dir, sizeof dir);
-    sample("mixed", trace, sizeof trace);
-    snprintf(log, sizeof log, "%s/io.log", dir);
+    merge_case("shardio", dir, trace, log);
     assert_int_equal(tu_run(log, CLEAN_ENV "'%s' replay '%s' --db '%s/w-%%r.db' --shard 0/2 " REPLAY_OPTS, tu_bin(),
                             trace, dir), 0);
     assert_int_equal(tu_run(NULL, "rm -f '%s/w-0.db-shm' '%s/w-0.db-wal'", dir, dir), 0);
