@@ -100,6 +100,9 @@ static int exec(merge_ctx *m, const char *sql, char *err, size_t err_len)
     return 0;
 }
 
+/* Attaches the shard read-only as s.  0; 2 with err set when the file is refused (not SQLite,
+ * damaged, unreadable); 3 on an I/O error or a full disk (SQLite makes a WAL database's -shm
+ * file beside it even to read it). */
 static int attach(merge_ctx *m, const char *path, char *err, size_t err_len)
 {
     char *uri = sqlite3_mprintf("file:%s?mode=ro", path);
@@ -108,8 +111,11 @@ static int attach(merge_ctx *m, const char *path, char *err, size_t err_len)
     sqlite3_free(sql);
     sqlite3_free(uri);
     if (rc != SQLITE_OK) {
-        snprintf(err, err_len, "%s: cannot open the shard database read-only: %s", path, sqlite3_errmsg(m->h));
-        return -1;
+        int code = sqlite3_errcode(m->h) & 0xff;
+        bool io = rc == SQLITE_NOMEM || code == SQLITE_IOERR || code == SQLITE_FULL || code == SQLITE_NOMEM;
+        snprintf(err, err_len, "%s: cannot open the shard database read-only: %s%s", path, sqlite3_errmsg(m->h),
+                 io ? " (a full disk or a file size limit?)" : "");
+        return io ? 3 : 2;
     }
     return 0;
 }
@@ -124,6 +130,49 @@ static void detach(merge_ctx *m)
 static const char *col(sqlite3 *h, const char *table, const char *name)
 {
     return ar_db_has_column(h, "s", table, name) == 1 ? name : "NULL";
+}
+
+/* The columns the merge copies from a shard's tables (db.c's schema; coverage only where the shard
+ * has it, version 4), NULL-ended, each list after its table. */
+static const char *const copied_cols[] = {
+    "steps", "run", "step", NULL,
+    "kernels", "run", "step", "layer", "name", "time_us", NULL,
+    "mismatches", "run", "step", "layer", "req", "token", "head", "dim", "got", "want", "abs_err", NULL,
+    NULL,
+};
+
+/* Before anything is written to OUT: the attached shard's pages are whole (SQLite's quick_check)
+ * and the tables the merge copies have their columns, so that a damaged shard is refused by name
+ * instead of failing midway as an error of OUT.  0, or -1 with err set (bad input). */
+static int check_shard_file(merge_ctx *m, const char *path, char *err, size_t err_len)
+{
+    sqlite3_stmt *st = NULL;
+    char verdict[512] = "";
+    int rc = sqlite3_prepare_v2(m->h, "PRAGMA s.quick_check(1)", -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const unsigned char *t = sqlite3_column_text(st, 0);
+        snprintf(verdict, sizeof verdict, "%s", t ? (const char *)t : "?");
+    } else {
+        snprintf(verdict, sizeof verdict, "%s", sqlite3_errmsg(m->h));
+    }
+    sqlite3_finalize(st);
+    if (strcmp(verdict, "ok") != 0) {
+        snprintf(err, err_len, "%s: damaged database (SQLite's quick_check: %s); replay the shard again or give an "
+                 "undamaged copy", path, verdict);
+        return -1;
+    }
+    for (size_t i = 0; copied_cols[i]; i++) {
+        const char *table = copied_cols[i++];
+        for (; copied_cols[i]; i++) {
+            int has = ar_db_has_column(m->h, "s", table, copied_cols[i]);
+            if (has != 1) {
+                snprintf(err, err_len, "%s: not an attnreplay results database: its table %s has no column %s "
+                         "(schema in replay/db.h)", path, table, copied_cols[i]);
+                return -1;
+            }
+        }
+    }
+    return 0;
 }
 
 /* Reads every run of the attached shard database (file index f) into m->runs. */
@@ -146,6 +195,7 @@ static int read_runs(merge_ctx *m, const char *path, int f, char *err, size_t er
                  AR_DB_SCHEMA_VERSION);
         return -1;
     }
+    if (check_shard_file(m, path, err, err_len) != 0) return -1;
     char *sql = sqlite3_mprintf(
         "SELECT id, trace, trace_hash, backend, device, dtype, kv_dtype, model, config, code_rev, verify, inject,"
         " cascade, %s, %s, status, error, %s, %s, %s, layers, seed, repeat, %s, %s, %s, %s, %s, %s, %s, %s,"
@@ -860,10 +910,7 @@ int ar_merge_main(int argc, char **argv)
         goto out;
     }
     for (int f = 0; f < num_paths; f++) {
-        if (attach(m, paths[f], err, sizeof err) != 0) {
-            code = 2;
-            goto out;
-        }
+        if ((code = attach(m, paths[f], err, sizeof err)) != 0) goto out;
         int rc = read_runs(m, paths[f], f, err, sizeof err);
         detach(m);
         if (rc != 0) {
@@ -906,10 +953,7 @@ int ar_merge_main(int argc, char **argv)
         for (size_t i = 0; i < m->num_runs; i++) {
             const shard_run *r = &m->runs[i];
             if (r->dropped || r->shard_index != k) continue;
-            if (attach(m, r->path, err, sizeof err) != 0) {
-                code = 2;
-                goto out;
-            }
+            if ((code = attach(m, r->path, err, sizeof err)) != 0) goto out;
             int64_t added = 0, completed = 0;
             bool created = false;
             int rc = check_range(m, r, err, sizeof err);

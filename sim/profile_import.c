@@ -57,6 +57,33 @@ typedef struct imp_row {
     int line;
 } imp_row;
 
+/* The next line of f into buf (size bytes), its newline and a CR before it removed.  1 a line,
+ * 0 the end, -1 with err set: longer than size - 2 characters, or holding a NUL byte (a damaged or
+ * binary file, which a C string would cut short there). */
+static int read_line(FILE *f, char *buf, size_t size, const char *path, int line, char *err, size_t err_len)
+{
+    size_t n = 0;
+    bool nul = false, long_line = false;
+    int ch = EOF;
+    while ((ch = getc(f)) != EOF && ch != '\n') {
+        nul |= ch == 0;
+        if (n + 2 < size) buf[n++] = (char)ch;
+        else long_line = true;
+    }
+    if (ch == EOF && n == 0 && !long_line && !nul) return 0;
+    buf[n] = 0;
+    if (long_line) {
+        snprintf(err, err_len, "%s:%d: line longer than %zu characters", path, line, size - 2);
+        return -1;
+    }
+    if (nul) {
+        snprintf(err, err_len, "%s:%d: a NUL byte (a damaged or binary file, not CSV)", path, line);
+        return -1;
+    }
+    if (n > 0 && buf[n - 1] == '\r') buf[--n] = 0;
+    return 1;
+}
+
 /* Reads FILE (dir/name) with the given header; each row's first text column (when text_first)
  * into layer and its numbers into x[] and us.  Returns the row count, or -1 with err set. */
 static int read_csv(const char *dir, const char *name, const char *header, bool text_first, imp_row **out,
@@ -74,15 +101,14 @@ static int read_csv(const char *dir, const char *name, const char *header, bool 
     int n = 0, cap = 1024, line = 0, rc = 0;
     imp_row *rows = malloc((size_t)cap * sizeof *rows);
     char buf[1024];
-    while (rows && rc == 0 && fgets(buf, sizeof buf, f)) {
+    int got;
+    while (rows && rc == 0 && (got = read_line(f, buf, sizeof buf, path, line + 1, err, err_len)) != 0) {
         line++;
-        size_t len = strlen(buf);
-        if (len == sizeof buf - 1 && buf[len - 1] != '\n') {
-            snprintf(err, err_len, "%s:%d: line longer than %zu characters", path, line, sizeof buf - 2);
+        if (got < 0) {
             rc = -1;
             break;
         }
-        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r')) buf[--len] = 0;
+        size_t len = strlen(buf);
         if (line == 1) {
             if (strcmp(buf, header) != 0) {
                 snprintf(err, err_len, "%s:1: header must be '%s'", path, header);
@@ -491,15 +517,11 @@ static int csv_open(csv_in *c, const char *dir, const char *name, const char *he
 /* The next non-empty row of want fields.  1 a row, 0 the end, -1 error (err set). */
 static int csv_next(csv_in *c, int want, char *err, size_t err_len)
 {
-    while (fgets(c->buf, sizeof c->buf, c->f)) {
+    int got;
+    while ((got = read_line(c->f, c->buf, sizeof c->buf, c->path, c->line + 1, err, err_len)) != 0) {
         c->line++;
-        size_t len = strlen(c->buf);
-        if (len == sizeof c->buf - 1 && c->buf[len - 1] != '\n') {
-            snprintf(err, err_len, "%s:%d: line longer than %zu characters", c->path, c->line, sizeof c->buf - 2);
-            return -1;
-        }
-        while (len > 0 && (c->buf[len - 1] == '\n' || c->buf[len - 1] == '\r')) c->buf[--len] = 0;
-        if (len == 0) continue;
+        if (got < 0) return -1;
+        if (!c->buf[0]) continue;
         c->nf = 0;
         for (char *tok = c->buf, *comma; c->nf < 16; tok = comma + 1) {
             c->field[c->nf++] = tok;

@@ -265,6 +265,21 @@ static void test_merged_grids_keep_complete_part(void **state)
     assert_non_null(strstr(note, "prefill-only 2 x 2 (1 rows off"));
 }
 
+/* Puts a NUL byte into path one character after the first `after`. */
+static void plant_nul(const char *path, const char *after)
+{
+    char *text = tu_slurp(path), *at = text ? strstr(text, after) : NULL;
+    assert_non_null(at);
+    size_t cut = (size_t)(at - text) + strlen(after) + 1, len = strlen(text);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, cut, f), cut);
+    assert_int_equal(fputc(0, f), 0);
+    assert_int_equal(fwrite(text + cut, 1, len - cut, f), len - cut);
+    assert_int_equal(fclose(f), 0);
+    free(text);
+}
+
 /* Each damage to a file of the bundle, and the "FILE:LINE: rule" it must be refused with. */
 static void test_malformed_bundles(void **state)
 {
@@ -339,6 +354,23 @@ static void test_malformed_bundles(void **state)
     snprintf(tp1, sizeof tp1, "%s/tp1", dir);
     assert_int_equal(ar_profile_import_llmservingsim(tp1, l8(), 1, "x", &p, NULL, 0, err, sizeof err), 2);
     assert_non_null(strstr(err, "skew.csv: skew.csv and skew_fit.csv come together"));
+    /* a NUL byte (a damaged or binary file) in a row of either reader: refused, not cut short */
+    static const char *const nul_in[][2] = {{"dense.csv", "qkv_proj,2,"}, {"skew.csv", "pure,4,1,"}};
+    for (size_t i = 0; i < 2; i++) {
+        char name[32], want[64];
+        snprintf(name, sizeof name, "bundle-nul%zu", i);
+        tu_tmp(name, dir, sizeof dir);
+        write_bundle(dir, NULL);
+        write_skew(dir);
+        snprintf(tp1, sizeof tp1, "%s/tp1", dir);
+        snprintf(path, sizeof path, "%s/%s", tp1, nul_in[i][0]);
+        plant_nul(path, nul_in[i][1]);
+        assert_int_equal(ar_profile_import_llmservingsim(tp1, l8(), 1, "x", &p, NULL, 0, err, sizeof err), 2);
+        snprintf(want, sizeof want, "%s:", nul_in[i][0]);
+        const char *w = strstr(err, want);
+        if (!w || !isdigit((unsigned char)w[strlen(want)]) || !strstr(err, "a NUL byte"))
+            fail_msg("%s: '%s' lacks '%sLINE:' or 'a NUL byte'", nul_in[i][0], err, want);
+    }
 }
 
 static void damage(const char *db, const char *sql)

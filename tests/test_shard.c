@@ -656,6 +656,68 @@ static void test_merge_refuses_and_is_idempotent(void **state)
     assert_true(file_has(log, "is itself a merge"));
 }
 
+/* A merge test's fresh directory (dir[512]), the mixed sample (trace[512]) and its log (log[600]). */
+static void merge_case(const char *name, char *dir, char *trace, char *log)
+{
+    test_dir(name, dir, 512);
+    sample("mixed", trace, 512);
+    snprintf(log, 600, "%s/%s.log", dir, name);
+}
+
+/* A shard whose pages or schema are damaged is bad input naming the shard (exit 2), found before
+ * OUT is touched: a b-tree page overwritten, a column of mismatches renamed in its schema. */
+static void test_merge_refuses_damaged_shard(void **state)
+{
+    (void)state;
+    char dir[512], trace[512], log[600], shard[600], out[600];
+    merge_case("damaged", dir, trace, log);
+    snprintf(out, sizeof out, "%s/o.db", dir);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(tu_run(log, CLEAN_ENV "'%s' replay '%s' --db '%s/d-%%r.db' --shard %d/2 " REPLAY_OPTS, tu_bin(),
+                                trace, dir, i), 0);
+    snprintf(shard, sizeof shard, "%s/d-1.db", dir);
+    int64_t page = tu_query_int(shard, "PRAGMA page_size");
+    int64_t root = tu_query_int(shard, "SELECT rootpage FROM sqlite_master WHERE name = 'steps'");
+    assert_true(page > 0 && root > 1);
+    /* the steps table's root page: its header bytes overwritten */
+    assert_int_equal(tu_run(NULL, "cp '%s' '%s/p-1.db' && printf '\\377\\377\\377\\377\\377\\377\\377\\377' | dd "
+                            "of='%s/p-1.db' bs=1 seek=%lld conv=notrunc status=none", shard, dir, dir,
+                            (long long)((root - 1) * page)), 0);
+    assert_int_equal(tu_run(log, "cd '%s' && '%s' merge o.db d-0.db p-1.db --quiet", dir, tu_bin()), 2);
+    assert_true(file_has(log, "p-1.db: damaged"));
+    assert_int_equal(tu_run(NULL, "test -e '%s'", out), 1);   /* refused before OUT was made */
+    /* a column the merge copies, renamed in the shard's schema */
+    char renamed[600];
+    snprintf(renamed, sizeof renamed, "%s/r-1.db", dir);
+    assert_int_equal(tu_run(NULL, "cp '%s' '%s'", shard, renamed), 0);
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(renamed, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, "PRAGMA writable_schema = ON; UPDATE sqlite_master SET sql = replace(sql, "
+                                     "'abs_err', 'abs_erx') WHERE name = 'mismatches'", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(h);
+    assert_int_equal(tu_run(log, "cd '%s' && '%s' merge o.db d-0.db r-1.db --quiet", dir, tu_bin()), 2);
+    assert_true(file_has(log, "r-1.db: not an attnreplay results database: its table mismatches has no column abs_err"));
+    assert_int_equal(tu_run(NULL, "test -e '%s'", out), 1);
+    /* the whole shards still merge */
+    assert_int_equal(tu_run(log, "cd '%s' && '%s' merge o.db d-0.db d-1.db --quiet", dir, tu_bin()), 0);
+}
+
+/* A shard that cannot be opened for want of disk space (its -shm file, which SQLite makes beside
+ * a WAL database, cannot grow) is an I/O error, exit 3, not bad input. */
+static void test_merge_shard_io_error(void **state)
+{
+    (void)state;
+    char dir[512], trace[512], log[600];
+    merge_case("shardio", dir, trace, log);
+    assert_int_equal(tu_run(log, CLEAN_ENV "'%s' replay '%s' --db '%s/w-%%r.db' --shard 0/2 " REPLAY_OPTS, tu_bin(),
+                            trace, dir), 0);
+    assert_int_equal(tu_run(NULL, "rm -f '%s/w-0.db-shm' '%s/w-0.db-wal'", dir, dir), 0);
+    /* 8 KiB per file: the 32 KiB -shm cannot be made (SIGXFSZ ignored, so the write fails) */
+    assert_int_equal(tu_run(log, "cd '%s' && bash -c \"trap '' XFSZ; ulimit -f 8; exec '%s' merge o.db w-0.db --quiet\"",
+                            dir, tu_bin()), 3);
+    assert_true(file_has(log, "w-0.db: cannot open the shard database read-only: disk I/O error"));
+}
+
 /* A merge killed inside a shard's transaction keeps the shards before it whole, and merging
  * again completes it. */
 static void test_merge_killed_midway(void **state)
@@ -871,6 +933,8 @@ int main(void)
         cmocka_unit_test(test_layer_split_equal_unsharded),
         cmocka_unit_test(test_killed_shard_resumes),
         cmocka_unit_test(test_merge_refuses_and_is_idempotent),
+        cmocka_unit_test(test_merge_refuses_damaged_shard),
+        cmocka_unit_test(test_merge_shard_io_error),
         cmocka_unit_test(test_merge_killed_midway),
         cmocka_unit_test(test_reports_read_merged_run),
         cmocka_unit_test(test_usage_errors_through_replay),
