@@ -391,6 +391,10 @@ int ar_shard_plan_make(const ar_shard_costs *c, int layers, int verified_layers,
         snprintf(err, err_len, "a plan needs at least one shard and one layer");
         return -1;
     }
+    if (count > AR_SHARD_MAX_COUNT) {
+        snprintf(err, err_len, "%d shards: more than the %d one plan may have", count, AR_SHARD_MAX_COUNT);
+        return -1;
+    }
     if (by == AR_SHARD_BY_LAYERS && layers < count) {
         snprintf(err, err_len, "--shard-by layers: %d layer%s cannot be split over %d shards (give --layers %d or "
                  "more, or --shard-by steps)", layers, layers == 1 ? "" : "s", count, count);

@@ -75,6 +75,9 @@ int ar_shard_path(const char *pattern, int shard, int count, const char *host, c
  * 4.2e-11 s a pair, 0.13 ms of host work a layer-step, the device reference 4.7e-9 s a pair
  * verifying every row and 4.1e-7 s a context token sampled); on other models and on the CPU
  * the shares differ, so the split is even in work that scales this way, not in seconds. */
+/* Shards one plan may have: more than any launcher starts; a count past it is refused (its
+ * plan's arrays alone would take gigabytes). */
+#define AR_SHARD_MAX_COUNT (1 << 20)
 #define AR_SHARD_TOKEN_COST 256.0
 #define AR_SHARD_LAYER_COST 3.0e6
 #define AR_SHARD_VERIFY_ALL_COST 113.0

@@ -297,6 +297,13 @@ static void test_plan_choice(void **state)
     ar_shard_plan_free(&p);
     assert_int_equal(ar_shard_plan_make(&even, 2, 0, 4, AR_SHARD_BY_LAYERS, &p, err, sizeof err), -1);
     assert_non_null(strstr(err, "cannot be split"));
+    /* a shard count past AR_SHARD_MAX_COUNT is refused saying so (--shard 0/2147483647 was "out
+     * of memory" from its plan's arrays); the bound itself plans */
+    assert_int_equal(ar_shard_plan_make(&even, 2, 0, INT32_MAX, AR_SHARD_BY_AUTO, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "2147483647 shards: more than the 1048576 one plan may have"));
+    assert_int_equal(ar_shard_plan_make(&even, 2, 0, AR_SHARD_MAX_COUNT, AR_SHARD_BY_STEPS, &p, err, sizeof err), 0);
+    assert_int_equal(p.count, AR_SHARD_MAX_COUNT);
+    ar_shard_plan_free(&p);
     /* layers dealt out unevenly still cover each layer once */
     assert_int_equal(ar_shard_plan_make(&even, 7, 0, 3, AR_SHARD_BY_LAYERS, &p, err, sizeof err), 0);
     assert_int_equal(p.parts[0].layer_first, 0);
