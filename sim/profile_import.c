@@ -40,11 +40,23 @@
  * bucket label that is none of the derived bins, a repeated bucket, one file without the other. */
 #include "sim.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A field's number as decimal text, as the profilers write it: no leading blank or sign
+ * other than '-', no hexadecimal (strtod reads "0x10" as 16), at most PROFILE_MAX_VALUE in size
+ * (1e308 microseconds once read as a time and summed to inf). */
+#define PROFILE_MAX_VALUE 1e15
+static bool decimal_value(const char *text, double v)
+{
+    const char *d = text[0] == '-' ? text + 1 : text;
+    return (isdigit((unsigned char)d[0]) || (d[0] == '.' && isdigit((unsigned char)d[1]))) && !strpbrk(text, "xX") &&
+           fabs(v) <= PROFILE_MAX_VALUE;
+}
 
 #define IMP_MAX_FIELDS 8
 #define IMP_MAX_ROWS 200000
@@ -158,7 +170,8 @@ static int read_csv(const char *dir, const char *name, const char *header, bool 
             errno = 0;
             double v = strtod(fields[i], &end);
             bool last = i == nf - 1;
-            if (end == fields[i] || *end || errno || !isfinite(v) || (last ? !(v > 0) : (v < 0 || v != floor(v)))) {
+            if (end == fields[i] || *end || errno || !isfinite(v) || !decimal_value(fields[i], v) ||
+                (last ? !(v > 0) : (v < 0 || v != floor(v)))) {
                 snprintf(err, err_len, "%s:%d: field %d ('%s') must be %s", path, line, i + 1, fields[i],
                          last ? "a positive time in microseconds" : "a non-negative whole number");
                 rc = -1;
@@ -543,7 +556,7 @@ static int csv_number(const csv_in *c, int i, char kind, double *v, char *err, s
     char *end;
     errno = 0;
     *v = strtod(c->field[i], &end);
-    bool ok = end != c->field[i] && !*end && !errno && isfinite(*v);
+    bool ok = end != c->field[i] && !*end && !errno && isfinite(*v) && decimal_value(c->field[i], *v);
     if (ok && kind == 'w') ok = *v >= 0 && *v == floor(*v);
     if (ok && kind == 'p') ok = *v > 0;
     if (ok && kind == 'n') ok = *v >= 0;

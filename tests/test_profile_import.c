@@ -288,6 +288,10 @@ static void test_malformed_bundles(void **state)
         {"dense.csv", "layer,tokens,time_us", "layer,tokens,us", "dense.csv:", "1: header must be"},
         {"dense.csv", "qkv_proj,2,", "qkv_proj,2,0\nx,", "dense.csv:", "positive time"},
         {"dense.csv", "o_proj,4,", "o_proj,4.5,", "dense.csv:", "non-negative whole number"},
+        /* decimal text only (strtod took hexadecimal and a leading blank) and no more than 1e15 */
+        {"dense.csv", "o_proj,4,", "o_proj,0x4,", "dense.csv:", "non-negative whole number"},
+        {"dense.csv", "o_proj,4,", "o_proj, 4,", "dense.csv:", "non-negative whole number"},
+        {"dense.csv", "qkv_proj,2,", "qkv_proj,2,1e308\nx,", "dense.csv:", "positive time"},
         {"dense.csv", "act_fn,1,", "qk_norm,1,", "dense.csv:", "unknown layer 'qk_norm'"},
         {"dense.csv", "act_fn,2,", "act_fn,1,", "dense.csv:", "repeats line"},
         {"dense.csv", "down_proj,8,", "down_proj,8,1,", "dense.csv:", "fields, the header has 3"},
@@ -302,6 +306,7 @@ static void test_malformed_bundles(void **state)
         {"skew.csv", "mixed,2,1,", ",2,1,", "skew.csv:", "regime) is empty"},
         {"skew.csv", ",10,20,12,0.2", ",10,20,0,0.2", "skew.csv:", "a positive number"},
         {"skew.csv", ",10,20,12,0.2", ",10,20,12,0.2x", "skew.csv:", "must be a number"},
+        {"skew.csv", ",10,20,12,0.2", ",10,20,12,0x1p-2", "skew.csv:", "must be a number"},
         {"skew.csv", "16,64,40,10,20,15", "16,64,40,10,20,15,1", "skew.csv:", "fields, the header has 14"},
         {"skew_fit.csv", "0,n<=4,", "0,n<=8,", "skew_fit.csv:", "none of the bins skew.csv's rows give (n<=2 ... n>4)"},
         {"skew_fit.csv", "kvB<=1k,kp<=512", "kvB<=1k,kp<=1k", "skew_fit.csv:", "none of the bins"},
