@@ -275,6 +275,39 @@ static void test_export_nothing_and_reexport(void **state)
     assert_int_equal(count_files(other), 1);
 }
 
+/* A write that fails part-way (a full disk: `ulimit -f`, SIGXFSZ ignored) ends with exit 3 and
+ * takes this export's files with it, leaving an empty export's record where DIR held an earlier
+ * export, so that DIR takes the next export: the partial export, with no attnreplay-export.json,
+ * used to be refused as "holds no earlier export" until removed by hand.  Other files stay. */
+static void test_export_full_disk_leaves_nothing(void **state)
+{
+    (void)state;
+    char trace[PATH_MAX], out[PATH_MAX], log[PATH_MAX], path[PATH_MAX + 64];
+    snprintf(trace, sizeof trace, "%s/traces/samples/mixed.trace.jsonl.gz", tu_src_dir());
+    tu_tmp("fullexport.log", log, sizeof log);
+    const int limits[] = {1, 8, 20};   /* KiB a file: the first definition, a workload line, a later blob */
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "fullexport%d", i);
+        tu_tmp(name, out, sizeof out);
+        assert_int_equal(tu_run(log, EXPORT_CMD, tu_bin(), trace, "0:25", out), 0);   /* an earlier export */
+        snprintf(path, sizeof path, "%s/notes.txt", out);
+        assert_int_equal(tu_write(path, "mine\n"), 0);
+        assert_int_equal(tu_run(log, "bash -c \"trap '' XFSZ; ulimit -f %d; exec '%s' export '%s' --format "
+                                     "flashinfer-trace --out '%s' --steps 0:25\"", limits[i], tu_bin(), trace, out), 3);
+        assert_int_equal(count_files(out), 2);   /* notes.txt and an empty export's record */
+        assert_true(tu_file_has(path, "mine"));
+        assert_int_equal(tu_run(log, EXPORT_CMD, tu_bin(), trace, "0:25", out), 0);
+        assert_true(count_files(out) > 8);
+    }
+    /* into a new directory: nothing of it is left (no record either) */
+    tu_tmp("fullexport-new", out, sizeof out);
+    assert_int_equal(tu_run(log, "bash -c \"trap '' XFSZ; ulimit -f 8; exec '%s' export '%s' --format "
+                                 "flashinfer-trace --out '%s' --steps 0:25\"", tu_bin(), trace, out), 3);
+    assert_true(count_files(out) <= 0);   /* no file (or not even the directory) */
+    assert_int_equal(tu_run(log, EXPORT_CMD, tu_bin(), trace, "0:25", out), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -282,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_export_matches_the_trace),
         cmocka_unit_test(test_export_bad_input),
         cmocka_unit_test(test_export_nothing_and_reexport),
+        cmocka_unit_test(test_export_full_disk_leaves_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -291,12 +291,41 @@ typedef struct kind_out {
     int64_t count;
 } kind_out;
 
+/* After a failed write (a full disk): removes what this export wrote - the blob being written
+ * (inflight, "" for none), each kind's definition and workload file, the workloads prov lists -
+ * and the directories it left empty, so that DIR takes the next export as it took this one. */
+static void remove_partial(const char *out, json_t *prov, const kind_out kinds[2], const char *inflight)
+{
+    char path[4600], err[256];
+    if (inflight[0]) unlink(inflight);
+    for (int i = 0; i < 2; i++) {
+        if (!kinds[i].name[0]) continue;
+        snprintf(path, sizeof path, "%s/definitions/gqa_paged/%s.json", out, kinds[i].name);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/workloads/gqa_paged/%s.jsonl", out, kinds[i].name);
+        unlink(path);
+    }
+    remove_previous(out, prov, err, sizeof err);   /* the listed blobs, then the empty directories */
+    for (int i = 0; i < 2; i++) {   /* a kind's blob directory, empty once its blobs are gone */
+        if (!kinds[i].name[0]) continue;
+        snprintf(path, sizeof path, "%s/blob/workloads/gqa_paged/%s", out, kinds[i].name);
+        rmdir(path);
+    }
+    const char *dirs[] = {"blob/workloads/gqa_paged", "blob/workloads", "blob"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", out, dirs[i]);
+        rmdir(path);   /* only when empty */
+    }
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: attnreplay export TRACE --format flashinfer-trace --out DIR [--steps A:B]\n"
                "  writes the steps as FlashInfer-Trace definitions, workloads (jsonl) and safetensors blobs\n"
                "  DIR must be missing, empty or hold an earlier export (attnreplay-export.json), whose files\n"
-               "  are removed when the first workload is written; other files there stay\n"
+               "  are removed when the first workload is written; other files there stay. An export whose\n"
+               "  write fails part-way removes its own files (and leaves an empty export's record where DIR\n"
+               "  held one), so DIR takes the next export\n"
                "  Exit status: 0 written, 2 bad input or usage (an unreadable or malformed trace, a model\n"
                "  the format cannot hold: MLA, a sliding window, a soft cap; DIR not empty and no earlier\n"
                "  export), 3 a write failed (the directory, a full disk) or out of memory, 4 nothing to\n"
@@ -367,7 +396,9 @@ int ar_export_main(int argc, char **argv)
         return 2;
     }
     int rc = 0;
+    const bool had_previous = previous != NULL;
     kind_out kinds[2];   /* 0 prefill, 1 decode */
+    char inflight[4600] = "";   /* the blob of the step in progress, removed when a write of the step fails */
     memset(kinds, 0, sizeof kinds);
     json_t *prov = json_pack("{s:s,s:s,s:s,s:I,s:I,s:o}", "format", "attnreplay-export", "trace", trace,
                              "trace_hash", hash, "first_step", (json_int_t)first,
@@ -460,6 +491,7 @@ int ar_export_main(int argc, char **argv)
         ts[nt++] = (ar_st_tensor){"kv_indices", idx, kvp[n]};
         ts[nt++] = (ar_st_tensor){"kv_last_page_len", lastlen, n};
         const char *meta[] = {"attnreplay_step", step_s, "attnreplay_trace_hash", hash};
+        snprintf(inflight, sizeof inflight, "%s", path);
         if (ar_safetensors_write_i32(path, ts, nt, meta, 2, err, sizeof err) != 0) { rc = 3; break; }
         json_t *inputs = json_object();
         json_object_set_new(inputs, "q", json_pack("{s:s}", "type", "random"));
@@ -487,6 +519,7 @@ int ar_export_main(int argc, char **argv)
                               json_pack("{s:s,s:s,s:I,s:i,s:i,s:b}", "uuid", uuid, "definition", k->name, "step",
                                         (json_int_t)st->step, "num_reqs", n, "total_q", qo[n], "decode", decode));
         k->count++;
+        inflight[0] = '\0';   /* listed in prov from here */
     }
     for (int i = 0; i < 2; i++)
         if (kinds[i].jsonl && fclose(kinds[i].jsonl) != 0 && !rc) {
@@ -494,6 +527,17 @@ int ar_export_main(int argc, char **argv)
             rc = 3;
         }
     if (rc == 3 && err[0]) fprintf(stderr, "attnreplay export: %s\n", err);
+    if (rc == 3) {
+        remove_partial(out, prov, kinds, inflight);
+        if (had_previous) {   /* DIR held an earlier export, now gone: it stays a place for the next one */
+            json_t *empty = json_pack("{s:s,s:s,s:[],s:s}", "format", "attnreplay-export", "trace", trace, "workloads",
+                                      "note", "an export into this directory failed part-way; its files were removed");
+            snprintf(path, sizeof path, "%s/attnreplay-export.json", out);
+            if (!empty || json_dump_file(empty, path, JSON_INDENT(2)) != 0)
+                fprintf(stderr, "attnreplay export: %s: cannot write the empty export's record either\n", path);
+            json_decref(empty);
+        }
+    }
     if (!rc && kinds[0].count + kinds[1].count == 0) {   /* as replay: nothing done is not success */
         fprintf(stderr, "attnreplay export: %s: no step with scheduled requests in --steps %lld:%s (past the trace's "
                 "end?); nothing written%s\n", trace, (long long)first,
