@@ -18,12 +18,11 @@ int ar_db_busy_timeout_ms(void);
 void *ar_rd_open(const char *path, char *err, size_t err_len)
 {
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {   /* SQLite would say "disk I/O error" */
-        snprintf(err, err_len, "%s: is a directory, not a results database", path);
-        return NULL;
-    }
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {   /* a FIFO would block the open forever */
-        snprintf(err, err_len, "%s: not a regular file (a FIFO, socket or device), not a results database", path);
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        if (S_ISDIR(sb.st_mode))   /* SQLite would say "disk I/O error" */
+            snprintf(err, err_len, "%s: is a directory, not a results database", path);
+        else   /* a FIFO would block the open forever */
+            snprintf(err, err_len, "%s: not a regular file (a FIFO, socket or device), not a results database", path);
         return NULL;
     }
     sqlite3 *db = NULL;

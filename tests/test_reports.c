@@ -643,14 +643,6 @@ static void test_fifo_is_not_a_database(void **state)
     if (rd || !strstr(err, path) || !strstr(err, "not a regular file")) fail_msg("%s", rd ? "opened a FIFO" : err);
 }
 
-/* Lets go of the write lock its connection holds after about 1.5 s. */
-static void *release_later(void *db)
-{
-    usleep(1500000);
-    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-    return NULL;
-}
-
 /* A results database another process is writing (a rollback-journal one under BEGIN
  * EXCLUSIVE) is waited for as long as a writer waits (ATTNREPLAY_BUSY_TIMEOUT_MS), and past
  * that named as locked; it was read for 5 s and then called "not a readable SQLite database". */
@@ -665,7 +657,7 @@ static void test_locked_database_waited_for(void **state)
     assert_int_equal(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE; DELETE FROM steps WHERE 0", NULL,
                                   NULL, NULL), SQLITE_OK);
     pthread_t holder;
-    assert_int_equal(pthread_create(&holder, NULL, release_later, db), 0);
+    assert_int_equal(pthread_create(&holder, NULL, tu_commit_later, db), 0);
     setenv("ATTNREPLAY_BUSY_TIMEOUT_MS", "0", 1);
     void *rd = ar_rd_open(path, err, sizeof err);
     if (rd || !strstr(err, path) || !strstr(err, "locked by another connection") || strstr(err, "not a"))

@@ -1026,14 +1026,6 @@ static void test_cli_output_paths(void **state)
     free(msg);
 }
 
-/* Lets go of the exclusive lock its connection holds after about 1.5 s. */
-static void *hold_lock(void *db)
-{
-    usleep(1500000);
-    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-    return NULL;
-}
-
 /* A --metrics database: a file that is not SQLite is refused before anything runs (exit 2,
  * naming it; it said "sim: sqlite: file is not a database", exit 1, after the simulation), and
  * another process's write lock is waited for as replay waits (ATTNREPLAY_BUSY_TIMEOUT_MS; it
@@ -1067,7 +1059,7 @@ static void test_metrics_database_refused_or_waited_for(void **state)
     free(msg);
     /* let go 1.5 s into the next run, however long the first one took */
     pthread_t holder;
-    assert_int_equal(pthread_create(&holder, NULL, hold_lock, db), 0);
+    assert_int_equal(pthread_create(&holder, NULL, tu_commit_later, db), 0);
     rc = tu_run(out, MDB_CMD, "ATTNREPLAY_BUSY_TIMEOUT_MS=20000 ", tu_bin(), workload, trace, db_path);
     msg = tu_slurp(out);
     assert_non_null(msg);

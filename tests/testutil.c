@@ -154,6 +154,13 @@ int tu_write(const char *path, const char *text)
     return (fclose(f) == 0 && ok) ? 0 : -1;
 }
 
+void *tu_commit_later(void *db)
+{
+    usleep(1500000);
+    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    return NULL;
+}
+
 int64_t tu_query_int(const char *db, const char *sql)
 {
     sqlite3 *h = NULL;

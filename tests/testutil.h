@@ -35,6 +35,9 @@ bool tu_file_has(const char *path, const char *needle);
 const char *tu_sample(const char *name, char *buf, size_t len);
 /* Writes text to path; returns 0 on success. */
 int tu_write(const char *path, const char *text);
+/* A thread body (pthread_create) that commits the transaction its SQLite connection (sqlite3 *)
+ * holds after about 1.5 s: a write lock that another process's command must wait out. */
+void *tu_commit_later(void *db);
 /* One integer from a read-only SQLite connection (2 s busy timeout); -1 when the query fails. */
 int64_t tu_query_int(const char *db, const char *sql);
 /* The first column of the first row as text ("" when none). */

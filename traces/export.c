@@ -304,18 +304,10 @@ static void remove_partial(const char *out, json_t *prov, const kind_out kinds[2
         unlink(path);
         snprintf(path, sizeof path, "%s/workloads/gqa_paged/%s.jsonl", out, kinds[i].name);
         unlink(path);
+        snprintf(path, sizeof path, "%s/blob/workloads/gqa_paged/%s", out, kinds[i].name);
+        rmdir(path);   /* empty when none of its blobs was listed; else remove_previous's */
     }
     remove_previous(out, prov, err, sizeof err);   /* the listed blobs, then the empty directories */
-    for (int i = 0; i < 2; i++) {   /* a kind's blob directory, empty once its blobs are gone */
-        if (!kinds[i].name[0]) continue;
-        snprintf(path, sizeof path, "%s/blob/workloads/gqa_paged/%s", out, kinds[i].name);
-        rmdir(path);
-    }
-    const char *dirs[] = {"blob/workloads/gqa_paged", "blob/workloads", "blob"};
-    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", out, dirs[i]);
-        rmdir(path);   /* only when empty */
-    }
 }
 
 static void usage(FILE *f)
