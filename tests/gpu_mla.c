@@ -1239,7 +1239,45 @@ static void test_tensor_core_gemm(void **st)
     assert_int_equal(r.plan.gemm_tc, 0);
 }
 
-/* Every kernel-side fault must break the comparison (metadata faults are the engine's). */
+/* The prefill path's attention on the tensor-core kernel (AR_MLA_PREFILL=tc): the mixed batch
+ * (prefills of 140-200 tokens over several context chunks, so tiles of 64 tokens, a partial
+ * last tile and partial key tiles) in bf16 and fp16, over an fp8 cache, and with the GEMMs on
+ * the tensor cores too, each against the float64 reference. */
+static void test_tensor_core_prefill(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    setenv("AR_MLA_PREFILL", "tc", 1);
+    e2e_result r;
+    ar_run_config cfg = mla_cfg(16, 16, 1024, AR_BF16, AR_BF16, 1.0);
+    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+    report("tc prefill: mixed bf16", &r);
+    assert_int_equal(r.plan.prefill_tc, 1);
+    assert_int_equal(r.plan.num_prefill_reqs, 3);
+    assert_true(r.plan.num_context_chunks >= 4);
+    assert_true(e2e_pass(&r));
+    cfg = mla_cfg(16, 16, 1024, AR_FP16, AR_FP16, 1.0);
+    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+    report("tc prefill: mixed fp16", &r);
+    assert_true(e2e_pass(&r));
+    cfg = mla_cfg(16, 64, 256, AR_BF16, AR_FP8_E4M3, 0.5);
+    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+    report("tc prefill: mixed bf16, fp8 cache", &r);
+    assert_true(e2e_pass(&r));
+    setenv("AR_MLA_GEMM", "tc", 1);
+    cfg = mla_cfg(16, 16, 1024, AR_BF16, AR_BF16, 1.0);
+    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+    report("tc prefill + tc gemm: mixed bf16", &r);
+    assert_int_equal(r.plan.gemm_tc, 1);
+    assert_true(e2e_pass(&r));
+    unsetenv("AR_MLA_GEMM");
+    unsetenv("AR_MLA_PREFILL");
+    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+    assert_int_equal(r.plan.prefill_tc, 0);
+}
+
+/* Every kernel-side fault must break the comparison (metadata faults are the engine's), on the
+ * decode path, the prefill path and the prefill path's tensor-core attention. */
 static void test_faults_flagged(void **st)
 {
     (void)st;
@@ -1249,17 +1287,21 @@ static void test_faults_flagged(void **st)
     const req_case dec[] = {{4, 40}, {2, 300}, {1, 90}};
     const req_case pf[] = {{150, 40}, {1, 20}};
     for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) {
-        for (int path = 0; path < 2; path++) {
+        for (int path = 0; path < 3; path++) {
             ar_run_config cfg = mla_cfg(16, 16, 512, AR_BF16, AR_BF16, 1.0);
             cfg.fault = faults[i];
             e2e_result r;
+            if (path == 2) setenv("AR_MLA_PREFILL", "tc", 1);
             if (path == 0)
                 run_e2e(&cfg, dec, 3, faults[i] == AR_FAULT_MERGE_NO_WEIGHTS ? 4 : 0, 1, &r);
             else
                 run_e2e(&cfg, pf, 2, 0, 1, &r);
+            unsetenv("AR_MLA_PREFILL");
             char what[96];
-            snprintf(what, sizeof what, "fault %s (%s)", ar_fault_name(faults[i]), path ? "prefill" : "decode");
+            snprintf(what, sizeof what, "fault %s (%s)", ar_fault_name(faults[i]),
+                     path == 0 ? "decode" : path == 1 ? "prefill" : "tc prefill");
             report(what, &r);
+            assert_int_equal(r.plan.prefill_tc, path == 2);
             assert_false(e2e_pass(&r));
         }
     }
@@ -1346,6 +1388,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_backend_decode, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_tensor_core_gemm, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_core_prefill, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_faults_flagged, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simulated_deepseek_trace_replays, test_setup, test_teardown),
         /* last: a bulk-copy kernel that failed on the device (a trapped mbarrier wait) leaves the

@@ -22,7 +22,9 @@
  * AR_MLA_GEMM=tc runs the projections' GEMMs (absorption, W_UV, the prefill path's
  * up-projections) on the tensor-core kernel of mla_prefill.cuh instead of the SIMT one.
  * AR_MLA_PREFILL=absorbed sends requests of more than AR_CUDA_MLA_DECODE_THRESHOLD query tokens
- * down the absorbed decode path too, instead of the expanded prefill path (for comparisons).
+ * down the absorbed decode path too, instead of the expanded prefill path (for comparisons);
+ * AR_MLA_PREFILL=tc keeps the expanded path and runs its attention on the tensor-core kernel
+ * (prefill_attn_tc_kernel; DeepSeek's QK 192 / V 128, else the SIMT kernel still).
  * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk forces the decode kernel (for comparisons;
  * mla_route.h has the rule); AR_MLA_TMA=0 makes no tensor map of the cache, so the wgmma route
  * runs its cp.async fallback (attn_wgmma_cpasync_kernel), as where the driver refuses the map.
@@ -99,9 +101,11 @@ typedef struct mla_state {
     int num_ctas;                   /* CTAs of the latent-attention launch (num_work unless persistent) */
     int max_rows;                   /* most rows (q_len * H) of an absorbed request */
     int n_dec_reqs, n_pf_reqs, n_pf_tok, n_passes, ws_rows_max;
+    int n_pf_tiles;                 /* tiles of <= PF_TC_ROWS prefill tokens of one request */
     int *pass_rows;                 /* [n_passes] rows of each pass (host) */
     size_t *pass_meta_off;          /* [n_passes] offset of the pass's arrays in meta */
     int *d_qsl, *d_seq, *d_bt, *d_treq, *d_tpos, *d_pf_tok;
+    int *d_pf_tiles;                /* [n_pf_tiles][3] first pf_tok index, count, request */
     int64_t *d_slots;
     uint64_t *d_rkeys, *d_bkeys;
     work_item *d_work;
@@ -120,6 +124,7 @@ typedef struct mla_state {
     int force_splits;
     int use_prefill;
     bool gemm_tc;                   /* AR_MLA_GEMM=tc: the projections' GEMMs on the tensor cores */
+    bool prefill_tc;                /* AR_MLA_PREFILL=tc with QK 192 / V 128: prefill_attn_tc_kernel */
     int workspace_tokens;
     ar_cuda_mla_plan_info info;
     int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
@@ -200,6 +205,7 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
      * split, semantics 7.3) */
     const char *pf_env = getenv("AR_MLA_PREFILL");
     s->use_prefill = !(pf_env && strcmp(pf_env, "absorbed") == 0);
+    s->prefill_tc = pf_env && strcmp(pf_env, "tc") == 0 && s->P + DR == PF_TC_QK && s->V == PF_TC_V;
     const char *gemm_env = getenv("AR_MLA_GEMM");
     s->gemm_tc = gemm_env && strcmp(gemm_env, "tc") == 0;
     s->workspace_tokens = MLA_WORKSPACE_TOKENS;
@@ -321,7 +327,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         snprintf(err, err_len, "cuda-mla backend: out of host memory");
         return 3;
     }
-    int n_pf_reqs = 0, n_pf_tok = 0, n_pf_ctx = 0;
+    int n_pf_reqs = 0, n_pf_tok = 0, n_pf_ctx = 0, n_pf_tiles = 0;
     for (int r = 0; r < R; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
         is_pf[r] = s->use_prefill && ql > AR_CUDA_MLA_DECODE_THRESHOLD;
@@ -329,6 +335,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         if (is_pf[r]) {
             n_pf_reqs++;
             n_pf_tok += ql;
+            n_pf_tiles += (ql + PF_TC_ROWS - 1) / PF_TC_ROWS;
             if (b->seq_lens[r] - ql > 0) n_pf_ctx++;
         }
     }
@@ -394,6 +401,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     size_t o_work = ar_meta_take(&off, (size_t)plan.num_work * sizeof(work_item));
     size_t o_groups = ar_meta_take(&off, (size_t)plan.num_groups * sizeof(combine_group));
     size_t o_pftok = ar_meta_take(&off, (size_t)n_pf_tok * 4);
+    size_t o_pftiles = ar_meta_take(&off, (size_t)n_pf_tiles * 3 * 4);
     for (int p = 0; p < n_passes; p++) {
         s->pass_meta_off[4 * p + 0] = ar_meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_req */
         s->pass_meta_off[4 * p + 1] = ar_meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_pos */
@@ -411,10 +419,18 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     }
     unsigned char *h = (unsigned char *)s->h_meta;
     ar_batch_meta_fill(&bm, h, b);
-    int *pftok = (int *)(h + o_pftok), npf = 0;
+    int *pftok = (int *)(h + o_pftok), *pftiles = (int *)(h + o_pftiles), npf = 0, ntile = 0;
     for (int r = 0; r < R; r++)
-        if (is_pf[r])
+        if (is_pf[r]) {
+            for (int t0 = b->query_start_loc[r]; t0 < b->query_start_loc[r + 1]; t0 += PF_TC_ROWS) {
+                int left = b->query_start_loc[r + 1] - t0;
+                pftiles[3 * ntile + 0] = npf + (t0 - b->query_start_loc[r]);
+                pftiles[3 * ntile + 1] = left < PF_TC_ROWS ? left : PF_TC_ROWS;
+                pftiles[3 * ntile + 2] = r;
+                ntile++;
+            }
             for (int t = b->query_start_loc[r]; t < b->query_start_loc[r + 1]; t++) pftok[npf++] = t;
+        }
     memcpy(h + o_work, plan.work, (size_t)plan.num_work * sizeof(work_item));
     memcpy(h + o_groups, plan.groups, (size_t)plan.num_groups * sizeof(combine_group));
     for (int p = 0; p < n_passes; p++) {
@@ -462,6 +478,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->d_work = (work_item *)(d + o_work);
     s->d_groups = (combine_group *)(d + o_groups);
     s->d_pf_tok = (int *)(d + o_pftok);
+    s->d_pf_tiles = (int *)(d + o_pftiles);
 
     /* per-step buffers */
     const int P = s->P, V = s->V, QK = P + DR;
@@ -522,6 +539,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->n_pf_reqs = n_pf_reqs;
     s->n_dec_reqs = R - n_pf_reqs;
     s->n_pf_tok = n_pf_tok;
+    s->n_pf_tiles = n_pf_tiles;
     s->n_passes = n_passes;
     s->ws_rows_max = ws_rows_max;
     s->info.num_decode_reqs = R - n_pf_reqs;
@@ -630,9 +648,24 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
                 if ((e = launch_gemm(g, s->gemm_tc, s->stream)) != cudaSuccess) return e;
             }
         }
-        prefill_attn_kernel<<<s->n_pf_tok * H, SIMT_THREADS, 0, s->stream>>>(
-            a, s->d_pf_tok, s->d_tpos, (const uint16_t *)s->qnope.ptr, (const uint16_t *)s->ws_k.ptr,
-            (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke, P, V, (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
+        if (s->prefill_tc) {
+            dim3 grid((unsigned)s->n_pf_tiles, (unsigned)H);
+            if (s->bf16)
+                prefill_attn_tc_kernel<true><<<grid, 128, 0, s->stream>>>(
+                    a, s->d_pf_tok, s->d_pf_tiles, s->d_tpos, (const uint16_t *)s->qnope.ptr,
+                    (const uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke,
+                    (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
+            else
+                prefill_attn_tc_kernel<false><<<grid, 128, 0, s->stream>>>(
+                    a, s->d_pf_tok, s->d_pf_tiles, s->d_tpos, (const uint16_t *)s->qnope.ptr,
+                    (const uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke,
+                    (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
+        } else {
+            prefill_attn_kernel<<<s->n_pf_tok * H, SIMT_THREADS, 0, s->stream>>>(
+                a, s->d_pf_tok, s->d_tpos, (const uint16_t *)s->qnope.ptr, (const uint16_t *)s->ws_k.ptr,
+                (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke, P, V, (float *)s->pass_o.ptr,
+                (float *)s->pass_lse.ptr);
+        }
         prefill_merge_kernel<<<mla_grid((int64_t)s->n_pf_tok * H * V, 256), 256, 0, s->stream>>>(
             a, s->d_pf_tok, s->n_pf_tok, V, (float *)s->acc_o.ptr, (float *)s->acc_lse.ptr,
             (const float *)s->pass_o.ptr, (const float *)s->pass_lse.ptr, p == 0);
@@ -868,6 +901,7 @@ extern "C" void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
     if (s) {
         *info = s->info;
         info->gemm_tc = s->gemm_tc;
+        info->prefill_tc = s->prefill_tc && s->n_pf_reqs > 0;
     }
 }
 

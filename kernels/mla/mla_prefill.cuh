@@ -7,10 +7,13 @@
  *     tokens' keys / values are up-projected (k_nope = c W_UK, v = c W_UV, k = [k_nope | k_pe], QK
  *     dim 192, V dim 128) and attended causally; the context is up-projected in chunks bounded
  *     by a workspace and attended non-causally; the chunk results and the new-token result are
- *     merged by LSE (vLLM merge_attn_states).
+ *     merged by LSE (vLLM merge_attn_states).  The attention is a SIMT kernel, or with
+ *     AR_MLA_PREFILL=tc (DeepSeek's QK 192 / V 128) a tensor-core one.
  * Included by cuda_mla.cu (run_prefill and run_pass drive them). */
 #ifndef AR_MLA_PREFILL_CUH
 #define AR_MLA_PREFILL_CUH
+
+#include <limits.h>
 
 #include "mla_common.cuh"
 
@@ -322,6 +325,175 @@ __global__ void __launch_bounds__(SIMT_THREADS) prefill_attn_kernel(
     }
     if (threadIdx.x == 0)
         pass_lse[(int64_t)n * a.num_tokens + t] = l > 0.f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
+}
+
+/* Tensor-core prefill attention (AR_MLA_PREFILL=tc): the pass prefill_attn_kernel computes, for
+ * DeepSeek's shapes only (QK = 128 + 64 = 192, V = 128), FlashAttention-2 style on mma.sync
+ * m16n8k16.  A CTA (4 warps, 16 query rows each) takes one tile of at most 64 prefill tokens of
+ * one request (pf_tiles) and one head (blockIdx.y).  Key tiles of 64 workspace rows are staged
+ * in shared memory (K and V as rows; V's fragments come through ldmatrix.trans), scores and the
+ * online softmax stay in registers, and the probabilities are rounded to the dtype for P V.
+ * A request's workspace rows hold consecutive positions (mla_prepare writes them so), so the
+ * rows past the tile's last visible position are skipped, not masked.
+ *   pf_tiles [n_tiles][3]: first pf_tok index, token count (1..64), request
+ *   q_nope [T, H, 128], a.q [T, H, 576] (q_pe at 512..575), ws_k [rows, H, 192],
+ *   ws_v [rows, H, 128]; pass_o [T, H, 128] float, pass_lse [H, T] natural. */
+constexpr int PF_TC_QK = 192, PF_TC_V = 128, PF_TC_ROWS = 64, PF_TC_KEYS = 64;
+
+template <bool BF16>
+__global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
+    const attn_args a, const int *pf_tok, const int *pf_tiles, const int *tok_pos, const uint16_t *q_nope,
+    const uint16_t *ws_k, const uint16_t *ws_v, const int *row_pos, const int *kb, const int *ke, float *pass_o,
+    float *pass_lse)
+{
+    constexpr int QK = PF_TC_QK, V = PF_TC_V, P = QK - DR, KS = QK + 8, VS = V + 8;
+    __shared__ __align__(16) uint16_t Ks[PF_TC_KEYS][KS];   /* first holds the query tile */
+    __shared__ __align__(16) uint16_t Vs[PF_TC_KEYS][VS];
+    __shared__ int kpos[PF_TC_KEYS];
+    const int H = a.num_heads, n = blockIdx.y;
+    const int first = pf_tiles[3 * blockIdx.x], count = pf_tiles[3 * blockIdx.x + 1], r = pf_tiles[3 * blockIdx.x + 2];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
+    const int wrow = warp * 16;
+    const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
+
+    /* the query tile: row i = [q_nope | q_pe] of token pf_tok[first + i], zeros past count */
+    for (int e = threadIdx.x; e < PF_TC_ROWS * (QK / 8); e += blockDim.x) {
+        const int i = e / (QK / 8), c8 = (e % (QK / 8)) * 8;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (i < count) {
+            const int64_t th = (int64_t)pf_tok[first + i] * H + n;
+            const uint16_t *src = c8 < P ? q_nope + th * P + c8 : (const uint16_t *)a.q + th * D + DL + (c8 - P);
+            v = *reinterpret_cast<const uint4 *>(src);
+        }
+        *reinterpret_cast<uint4 *>(&Ks[i][c8]) = v;
+    }
+    int qpos[2];
+    for (int h = 0; h < 2; h++) {
+        const int i = wrow + grp + 8 * h;
+        qpos[h] = i < count ? tok_pos[pf_tok[first + i]] + extra : -1;   /* -1: sees no key */
+    }
+    __syncthreads();
+    uint32_t qf[QK / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < QK / 16; ks++) {
+        qf[ks][0] = *reinterpret_cast<const uint32_t *>(&Ks[wrow + grp][ks * 16 + 2 * tig]);
+        qf[ks][1] = *reinterpret_cast<const uint32_t *>(&Ks[wrow + grp + 8][ks * 16 + 2 * tig]);
+        qf[ks][2] = *reinterpret_cast<const uint32_t *>(&Ks[wrow + grp][ks * 16 + 2 * tig + 8]);
+        qf[ks][3] = *reinterpret_cast<const uint32_t *>(&Ks[wrow + grp + 8][ks * 16 + 2 * tig + 8]);
+    }
+    __syncthreads();
+
+    const int k_begin = kb[r], k_stop = ke[r];
+    int k_end = k_begin;
+    if (k_stop > k_begin) {
+        const int last_q = tok_pos[pf_tok[first + count - 1]] + extra;
+        const int visible = last_q - row_pos[k_begin] + 1;
+        k_end = k_begin + (visible < 0 ? 0 : visible < k_stop - k_begin ? visible : k_stop - k_begin);
+    }
+    float o[V / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < V / 8; dt++)
+        for (int j = 0; j < 4; j++) o[dt][j] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    for (int k0 = k_begin; k0 < k_end; k0 += PF_TC_KEYS) {
+        const int cnt = k_end - k0 < PF_TC_KEYS ? k_end - k0 : PF_TC_KEYS;
+        for (int e = threadIdx.x; e < PF_TC_KEYS * (QK / 8); e += blockDim.x) {
+            const int j = e / (QK / 8), c8 = (e % (QK / 8)) * 8;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (j < cnt) v = *reinterpret_cast<const uint4 *>(ws_k + ((int64_t)(k0 + j) * H + n) * QK + c8);
+            *reinterpret_cast<uint4 *>(&Ks[j][c8]) = v;
+        }
+        for (int e = threadIdx.x; e < PF_TC_KEYS * (V / 8); e += blockDim.x) {
+            const int j = e / (V / 8), c8 = (e % (V / 8)) * 8;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);   /* zero rows: 0 x garbage could be NaN */
+            if (j < cnt) v = *reinterpret_cast<const uint4 *>(ws_v + ((int64_t)(k0 + j) * H + n) * V + c8);
+            *reinterpret_cast<uint4 *>(&Vs[j][c8]) = v;
+        }
+        if (threadIdx.x < PF_TC_KEYS) kpos[threadIdx.x] = (int)threadIdx.x < cnt ? row_pos[k0 + threadIdx.x] : INT_MAX;
+        __syncthreads();
+
+        /* s[nt][2h + j]: query row wrow + grp + 8h, key nt * 8 + 2 tig + j */
+        float s[PF_TC_KEYS / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
+            for (int j = 0; j < 4; j++) s[nt][j] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < QK / 16; ks++)
+#pragma unroll
+            for (int nt = 0; nt < PF_TC_KEYS / 8; nt++) {
+                const uint16_t *krow = &Ks[nt * 8 + grp][ks * 16 + 2 * tig];
+                mma16816<BF16>(s[nt], qf[ks], *reinterpret_cast<const uint32_t *>(krow),
+                               *reinterpret_cast<const uint32_t *>(krow + 8));
+            }
+        /* online softmax per row (a row's 64 keys are spread over the 4 threads of a quad) */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
+                for (int j = 0; j < 2; j++) {
+                    const int key = nt * 8 + 2 * tig + j;
+                    const float x = kpos[key] <= qpos[h] ? s[nt][2 * h + j] * a.scale_log2 : -INFINITY;
+                    s[nt][2 * h + j] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[h], mx);
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = a.fault == AR_FAULT_NO_RESCALE ? 1.f : exp2f(m[h] - m_use);
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
+                for (int j = 0; j < 2; j++) {
+                    const float p = exp2f(s[nt][2 * h + j] - m_use);
+                    s[nt][2 * h + j] = p;
+                    sum += p;
+                }
+            l[h] = l[h] * alpha + sum;
+#pragma unroll
+            for (int dt = 0; dt < V / 8; dt++) {
+                o[dt][2 * h] *= alpha;
+                o[dt][2 * h + 1] *= alpha;
+            }
+            m[h] = m_new;
+        }
+        /* o += P V: P's accumulator layout is the A fragment of keys 16 kt .. 16 kt + 15 */
+#pragma unroll
+        for (int kt = 0; kt < PF_TC_KEYS / 16; kt++) {
+            uint32_t pa[4];
+            pa[0] = pack2<BF16>(s[2 * kt][0], s[2 * kt][1]);
+            pa[1] = pack2<BF16>(s[2 * kt][2], s[2 * kt][3]);
+            pa[2] = pack2<BF16>(s[2 * kt + 1][0], s[2 * kt + 1][1]);
+            pa[3] = pack2<BF16>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+#pragma unroll
+            for (int d0 = 0; d0 < V; d0 += 16) {
+                /* four 8x8 blocks: keys +0 / +8 of this k step, columns d0 / d0 + 8 */
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, &Vs[kt * 16 + (lane % 8) + ((lane / 8) % 2) * 8][d0 + (lane / 16) * 8]);
+                mma16816<BF16>(o[d0 / 8], pa, b[0], b[1]);
+                mma16816<BF16>(o[d0 / 8 + 1], pa, b[2], b[3]);
+            }
+        }
+        __syncthreads();
+    }
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    for (int h = 0; h < 2; h++) {
+        const int i = wrow + grp + 8 * h;
+        if (i >= count) continue;
+        const int t = pf_tok[first + i];
+        const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+        float *dst = pass_o + ((int64_t)t * H + n) * V;
+#pragma unroll
+        for (int dt = 0; dt < V / 8; dt++)
+            *reinterpret_cast<float2 *>(dst + dt * 8 + 2 * tig) = make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+        if (tig == 0)
+            pass_lse[(int64_t)n * a.num_tokens + t] =
+                l[h] > 0.f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -INFINITY;
+    }
 }
 
 /* acc (out, lse) <- merge(acc, pass) for every prefill token and head (vLLM merge_attn_states);
