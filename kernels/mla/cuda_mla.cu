@@ -857,6 +857,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
         ar_forward_add_path(o, ar_mla_route_path(&s->route, ar_mla_wgmma_cpasync(&s->route, a.block_size, tmap_arg != NULL), present[3]));
     if (s->n_pf_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
     if (s->n_pf_reqs > 0 && s->info.num_context_chunks > 0) ar_forward_add_path(o, "mla-prefill:context");
+    if (s->n_pf_reqs > 0 && s->prefill_tc) ar_forward_add_path(o, "mla-prefill-attn:tc");
     if (s->fp8) ar_forward_add_path(o, "kv-fp8");
 
     o->dev_out = (const char *)s->out.ptr + MLA_GUARD_BYTES;
