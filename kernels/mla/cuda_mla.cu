@@ -125,6 +125,7 @@ typedef struct mla_state {
     int use_prefill;
     bool gemm_tc;                   /* AR_MLA_GEMM=tc: the projections' GEMMs on the tensor cores */
     bool prefill_tc;                /* AR_MLA_PREFILL=tc with QK 192 / V 128: prefill_attn_tc_kernel */
+    bool prefill_tc_smem_set;       /* its dynamic shared memory limit raised */
     int workspace_tokens;
     ar_cuda_mla_plan_info info;
     int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
@@ -650,13 +651,21 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
         }
         if (s->prefill_tc) {
             dim3 grid((unsigned)s->n_pf_tiles, (unsigned)H);
+            if (!s->prefill_tc_smem_set) {   /* more than the 48 KiB a launch gets unasked */
+                if ((e = cudaFuncSetAttribute(prefill_attn_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              PF_TC_SMEM)) != cudaSuccess ||
+                    (e = cudaFuncSetAttribute(prefill_attn_tc_kernel<false>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, PF_TC_SMEM)) != cudaSuccess)
+                    return e;
+                s->prefill_tc_smem_set = true;
+            }
             if (s->bf16)
-                prefill_attn_tc_kernel<true><<<grid, 128, 0, s->stream>>>(
+                prefill_attn_tc_kernel<true><<<grid, 128, PF_TC_SMEM, s->stream>>>(
                     a, s->d_pf_tok, s->d_pf_tiles, s->d_tpos, (const uint16_t *)s->qnope.ptr,
                     (const uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke,
                     (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
             else
-                prefill_attn_tc_kernel<false><<<grid, 128, 0, s->stream>>>(
+                prefill_attn_tc_kernel<false><<<grid, 128, PF_TC_SMEM, s->stream>>>(
                     a, s->d_pf_tok, s->d_pf_tiles, s->d_tpos, (const uint16_t *)s->qnope.ptr,
                     (const uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke,
                     (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);

@@ -330,15 +330,44 @@ __global__ void __launch_bounds__(SIMT_THREADS) prefill_attn_kernel(
 /* Tensor-core prefill attention (AR_MLA_PREFILL=tc): the pass prefill_attn_kernel computes, for
  * DeepSeek's shapes only (QK = 128 + 64 = 192, V = 128), FlashAttention-2 style on mma.sync
  * m16n8k16.  A CTA (4 warps, 16 query rows each) takes one tile of at most 64 prefill tokens of
- * one request (pf_tiles) and one head (blockIdx.y).  Key tiles of 64 workspace rows are staged
- * in shared memory (K and V as rows; V's fragments come through ldmatrix.trans), scores and the
+ * one request (pf_tiles) and one head (blockIdx.y; the tiles of one head run side by side, so
+ * its keys and values are read from L2 after the first tile).  Key tiles of 64 workspace rows
+ * go through a two-stage cp.async ring in shared memory (K and V as rows; V's fragments come
+ * through ldmatrix.trans): the next tile loads while this one is computed.  Scores and the
  * online softmax stay in registers, and the probabilities are rounded to the dtype for P V.
  * A request's workspace rows hold consecutive positions (mla_prepare writes them so), so the
  * rows past the tile's last visible position are skipped, not masked.
  *   pf_tiles [n_tiles][3]: first pf_tok index, token count (1..64), request
  *   q_nope [T, H, 128], a.q [T, H, 576] (q_pe at 512..575), ws_k [rows, H, 192],
- *   ws_v [rows, H, 128]; pass_o [T, H, 128] float, pass_lse [H, T] natural. */
+ *   ws_v [rows, H, 128]; pass_o [T, H, 128] float, pass_lse [H, T] natural.
+ * Dynamic shared memory: PF_TC_SMEM bytes (two stages of K and V; the query tile is staged in
+ * stage 0 first). */
 constexpr int PF_TC_QK = 192, PF_TC_V = 128, PF_TC_ROWS = 64, PF_TC_KEYS = 64;
+constexpr int PF_TC_KS = PF_TC_QK + 8, PF_TC_VS = PF_TC_V + 8;   /* row strides: conflict-free fragments */
+constexpr int PF_TC_STAGE = PF_TC_KEYS * (PF_TC_KS + PF_TC_VS);  /* 16-bit elements a stage */
+constexpr int PF_TC_SMEM = 2 * PF_TC_STAGE * 2;
+
+/* One key tile (rows k0 .. k0 + cnt - 1 of the workspace, head n) into a stage by cp.async;
+ * rows past cnt are zero-filled (0 x garbage could be NaN) and get position INT_MAX. */
+__device__ __forceinline__ void pf_tc_load_tile(uint16_t *stage, int *kpos, const uint16_t *ws_k,
+                                                const uint16_t *ws_v, const int *row_pos, int k0, int cnt,
+                                                int H, int n)
+{
+    constexpr int QK = PF_TC_QK, V = PF_TC_V;
+    uint16_t *Ks = stage, *Vs = stage + PF_TC_KEYS * PF_TC_KS;
+    for (int e = threadIdx.x; e < PF_TC_KEYS * (QK / 8); e += blockDim.x) {
+        const int j = e / (QK / 8), c8 = (e % (QK / 8)) * 8;
+        const bool in = j < cnt;
+        cp_async16(Ks + j * PF_TC_KS + c8, in ? ws_k + ((int64_t)(k0 + j) * H + n) * QK + c8 : ws_k, in);
+    }
+    for (int e = threadIdx.x; e < PF_TC_KEYS * (V / 8); e += blockDim.x) {
+        const int j = e / (V / 8), c8 = (e % (V / 8)) * 8;
+        const bool in = j < cnt;
+        cp_async16(Vs + j * PF_TC_VS + c8, in ? ws_v + ((int64_t)(k0 + j) * H + n) * V + c8 : ws_v, in);
+    }
+    if ((int)threadIdx.x < PF_TC_KEYS) kpos[threadIdx.x] = (int)threadIdx.x < cnt ? row_pos[k0 + threadIdx.x] : INT_MAX;
+    cp_async_commit();
+}
 
 template <bool BF16>
 __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
@@ -346,17 +375,18 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
     const uint16_t *ws_k, const uint16_t *ws_v, const int *row_pos, const int *kb, const int *ke, float *pass_o,
     float *pass_lse)
 {
-    constexpr int QK = PF_TC_QK, V = PF_TC_V, P = QK - DR, KS = QK + 8, VS = V + 8;
-    __shared__ __align__(16) uint16_t Ks[PF_TC_KEYS][KS];   /* first holds the query tile */
-    __shared__ __align__(16) uint16_t Vs[PF_TC_KEYS][VS];
-    __shared__ int kpos[PF_TC_KEYS];
+    constexpr int QK = PF_TC_QK, V = PF_TC_V, P = QK - DR, KS = PF_TC_KS, VS = PF_TC_VS;
+    extern __shared__ __align__(16) uint16_t pf_tc_smem[];
+    __shared__ int kpos[2][PF_TC_KEYS];
     const int H = a.num_heads, n = blockIdx.y;
     const int first = pf_tiles[3 * blockIdx.x], count = pf_tiles[3 * blockIdx.x + 1], r = pf_tiles[3 * blockIdx.x + 2];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grp = lane / 4, tig = lane % 4;
     const int wrow = warp * 16;
     const int extra = a.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
 
-    /* the query tile: row i = [q_nope | q_pe] of token pf_tok[first + i], zeros past count */
+    /* the query tile, staged in stage 0's K rows: row i = [q_nope | q_pe] of token
+     * pf_tok[first + i], zeros past count */
+    uint16_t *Qs = pf_tc_smem;
     for (int e = threadIdx.x; e < PF_TC_ROWS * (QK / 8); e += blockDim.x) {
         const int i = e / (QK / 8), c8 = (e % (QK / 8)) * 8;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -365,7 +395,7 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
             const uint16_t *src = c8 < P ? q_nope + th * P + c8 : (const uint16_t *)a.q + th * D + DL + (c8 - P);
             v = *reinterpret_cast<const uint4 *>(src);
         }
-        *reinterpret_cast<uint4 *>(&Ks[i][c8]) = v;
+        *reinterpret_cast<uint4 *>(Qs + i * KS + c8) = v;
     }
     int qpos[2];
     for (int h = 0; h < 2; h++) {
@@ -376,12 +406,12 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
     uint32_t qf[QK / 16][4];
 #pragma unroll
     for (int ks = 0; ks < QK / 16; ks++) {
-        qf[ks][0] = *reinterpret_cast<const uint32_t *>(&Ks[wrow + grp][ks * 16 + 2 * tig]);
-        qf[ks][1] = *reinterpret_cast<const uint32_t *>(&Ks[wrow + grp + 8][ks * 16 + 2 * tig]);
-        qf[ks][2] = *reinterpret_cast<const uint32_t *>(&Ks[wrow + grp][ks * 16 + 2 * tig + 8]);
-        qf[ks][3] = *reinterpret_cast<const uint32_t *>(&Ks[wrow + grp + 8][ks * 16 + 2 * tig + 8]);
+        qf[ks][0] = *reinterpret_cast<const uint32_t *>(Qs + (wrow + grp) * KS + ks * 16 + 2 * tig);
+        qf[ks][1] = *reinterpret_cast<const uint32_t *>(Qs + (wrow + grp + 8) * KS + ks * 16 + 2 * tig);
+        qf[ks][2] = *reinterpret_cast<const uint32_t *>(Qs + (wrow + grp) * KS + ks * 16 + 2 * tig + 8);
+        qf[ks][3] = *reinterpret_cast<const uint32_t *>(Qs + (wrow + grp + 8) * KS + ks * 16 + 2 * tig + 8);
     }
-    __syncthreads();
+    __syncthreads();   /* stage 0 is the key ring's from here */
 
     const int k_begin = kb[r], k_stop = ke[r];
     int k_end = k_begin;
@@ -390,27 +420,28 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
         const int visible = last_q - row_pos[k_begin] + 1;
         k_end = k_begin + (visible < 0 ? 0 : visible < k_stop - k_begin ? visible : k_stop - k_begin);
     }
+    const int n_tiles = (k_end - k_begin + PF_TC_KEYS - 1) / PF_TC_KEYS;
     float o[V / 8][4];
 #pragma unroll
     for (int dt = 0; dt < V / 8; dt++)
         for (int j = 0; j < 4; j++) o[dt][j] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    for (int k0 = k_begin; k0 < k_end; k0 += PF_TC_KEYS) {
-        const int cnt = k_end - k0 < PF_TC_KEYS ? k_end - k0 : PF_TC_KEYS;
-        for (int e = threadIdx.x; e < PF_TC_KEYS * (QK / 8); e += blockDim.x) {
-            const int j = e / (QK / 8), c8 = (e % (QK / 8)) * 8;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (j < cnt) v = *reinterpret_cast<const uint4 *>(ws_k + ((int64_t)(k0 + j) * H + n) * QK + c8);
-            *reinterpret_cast<uint4 *>(&Ks[j][c8]) = v;
+    if (n_tiles > 0)
+        pf_tc_load_tile(pf_tc_smem, kpos[0], ws_k, ws_v, row_pos, k_begin,
+                        k_end - k_begin < PF_TC_KEYS ? k_end - k_begin : PF_TC_KEYS, H, n);
+    for (int it = 0; it < n_tiles; it++) {
+        if (it + 1 < n_tiles) {
+            const int k1 = k_begin + (it + 1) * PF_TC_KEYS;
+            pf_tc_load_tile(pf_tc_smem + ((it + 1) & 1) * PF_TC_STAGE, kpos[(it + 1) & 1], ws_k, ws_v, row_pos, k1,
+                            k_end - k1 < PF_TC_KEYS ? k_end - k1 : PF_TC_KEYS, H, n);
+            cp_async_wait<1>();   /* this tile's group is done; the next one may still fly */
+        } else {
+            cp_async_wait<0>();
         }
-        for (int e = threadIdx.x; e < PF_TC_KEYS * (V / 8); e += blockDim.x) {
-            const int j = e / (V / 8), c8 = (e % (V / 8)) * 8;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);   /* zero rows: 0 x garbage could be NaN */
-            if (j < cnt) v = *reinterpret_cast<const uint4 *>(ws_v + ((int64_t)(k0 + j) * H + n) * V + c8);
-            *reinterpret_cast<uint4 *>(&Vs[j][c8]) = v;
-        }
-        if (threadIdx.x < PF_TC_KEYS) kpos[threadIdx.x] = (int)threadIdx.x < cnt ? row_pos[k0 + threadIdx.x] : INT_MAX;
         __syncthreads();
+        const uint16_t *Ks = pf_tc_smem + (it & 1) * PF_TC_STAGE;
+        const uint16_t *Vs = Ks + PF_TC_KEYS * KS;
+        const int *kp = kpos[it & 1];
 
         /* s[nt][2h + j]: query row wrow + grp + 8h, key nt * 8 + 2 tig + j */
         float s[PF_TC_KEYS / 8][4];
@@ -421,7 +452,7 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
         for (int ks = 0; ks < QK / 16; ks++)
 #pragma unroll
             for (int nt = 0; nt < PF_TC_KEYS / 8; nt++) {
-                const uint16_t *krow = &Ks[nt * 8 + grp][ks * 16 + 2 * tig];
+                const uint16_t *krow = Ks + (nt * 8 + grp) * KS + ks * 16 + 2 * tig;
                 mma16816<BF16>(s[nt], qf[ks], *reinterpret_cast<const uint32_t *>(krow),
                                *reinterpret_cast<const uint32_t *>(krow + 8));
             }
@@ -433,7 +464,7 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
             for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
                 for (int j = 0; j < 2; j++) {
                     const int key = nt * 8 + 2 * tig + j;
-                    const float x = kpos[key] <= qpos[h] ? s[nt][2 * h + j] * a.scale_log2 : -INFINITY;
+                    const float x = kp[key] <= qpos[h] ? s[nt][2 * h + j] * a.scale_log2 : -INFINITY;
                     s[nt][2 * h + j] = x;
                     mx = fmaxf(mx, x);
                 }
@@ -470,12 +501,12 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
             for (int d0 = 0; d0 < V; d0 += 16) {
                 /* four 8x8 blocks: keys +0 / +8 of this k step, columns d0 / d0 + 8 */
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, &Vs[kt * 16 + (lane % 8) + ((lane / 8) % 2) * 8][d0 + (lane / 16) * 8]);
+                ldmatrix_x4_trans(b, Vs + (kt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * VS + d0 + (lane / 16) * 8);
                 mma16816<BF16>(o[d0 / 8], pa, b[0], b[1]);
                 mma16816<BF16>(o[d0 / 8 + 1], pa, b[2], b[3]);
             }
         }
-        __syncthreads();
+        __syncthreads();   /* the stage is refilled by the next iteration's load */
     }
     for (int h = 0; h < 2; h++) {
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
