@@ -20,22 +20,18 @@
  *   64 elements of C are checked against a float64 dot product on the host, so a wrongly called
  *   or wrongly written GEMM cannot report a rate.
  *
- * cuBLAS is not linked: the few entry points used are declared here by hand (values checked
- * against CUDA 13's cublas_api.h and library_types.h) and resolved with dlsym, so the binary runs
- * on machines without cuBLAS and the build needs no cuBLAS headers. */
+ * cuBLAS is not linked: it is loaded at run time by kernels/common/cuda_cublas.cu, so the binary
+ * runs on machines without cuBLAS and the build needs no cuBLAS headers. */
 #include "cuda_calibrate.h"
+#include "cuda_cublas.h"
 #include "../../reference/datagen.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
-#include <glob.h>
-#include <link.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #define CAL_WARMUP 3
 #define CAL_COPY_ITERS 20
@@ -44,174 +40,6 @@
 #define CAL_DEFAULT_COPY_BYTES ((size_t)4 << 30)
 #define CAL_DEFAULT_GEMM_N 8192
 #define CAL_MIB ((size_t)1 << 20)
-
-/* ---- cuBLAS, declared by hand ---------------------------------------------------------------- */
-
-/* cublasOperation_t, cudaDataType, cublasComputeType_t and cublasGemmAlgo_t values. */
-enum {
-    CAL_CUBLAS_OP_N = 0,
-    CAL_CUBLAS_OP_T = 1,
-    CAL_CUDA_R_16BF = 14,
-    CAL_CUBLAS_COMPUTE_32F = 68,
-    CAL_CUBLAS_GEMM_DEFAULT = -1
-};
-
-/* Every function returns a cublasStatus_t; 0 is CUBLAS_STATUS_SUCCESS. */
-typedef int (*cublas_create_fn)(void **handle);
-typedef int (*cublas_destroy_fn)(void *handle);
-typedef int (*cublas_set_stream_fn)(void *handle, cudaStream_t stream);
-typedef int (*cublas_get_version_fn)(void *handle, int *version);
-typedef int (*cublas_gemm_ex_fn)(void *handle, int transa, int transb, int m, int n, int k,
-                                 const void *alpha, const void *a, int a_type, int lda,
-                                 const void *b, int b_type, int ldb, const void *beta, void *c,
-                                 int c_type, int ldc, int compute_type, int algo);
-
-typedef struct {
-    int tried;                        /* the search ran (once per process) */
-    int loaded;
-    void *library;
-    cublas_create_fn create;
-    cublas_destroy_fn destroy;
-    cublas_set_stream_fn set_stream;
-    cublas_get_version_fn get_version;  /* optional */
-    cublas_gemm_ex_fn gemm_ex;
-    char path[512];                   /* the loaded file */
-    char tried_text[2048];            /* every place tried and why it failed */
-} cublas_api;
-
-static cublas_api g_cublas;
-
-static void append_text(char *buf, size_t len, const char *fmt, const char *a, const char *b)
-{
-    size_t used = strlen(buf);
-    if (used + 1 >= len) return;
-    snprintf(buf + used, len - used, fmt, a, b);
-}
-
-static int file_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static int dir_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* dlopens one candidate (a path, or a bare soname for the loader's own search) and resolves
- * the entry points.  Returns 0 when usable. */
-static int cublas_try(const char *file)
-{
-    cublas_api *api = &g_cublas;
-    const char *slash = strrchr(file, '/');
-    if (slash) {
-        if (!file_exists(file)) {
-            append_text(api->tried_text, sizeof api->tried_text, "%s%s: absent; ", file, "");
-            return -1;
-        }
-        /* libcublas.so.13 needs libcublasLt.so.13; load the one beside it first so a folder
-         * outside the loader's path works even without a RUNPATH. */
-        char lt[600];
-        snprintf(lt, sizeof lt, "%.*s/libcublasLt.so.13", (int)(slash - file), file);
-        if (file_exists(lt)) dlopen(lt, RTLD_NOW | RTLD_GLOBAL);
-    }
-    void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        const char *why = dlerror();
-        append_text(api->tried_text, sizeof api->tried_text, "%s: %s; ", file,
-                    why ? why : "dlopen failed");
-        return -1;
-    }
-    api->create = (cublas_create_fn)dlsym(lib, "cublasCreate_v2");
-    api->destroy = (cublas_destroy_fn)dlsym(lib, "cublasDestroy_v2");
-    api->set_stream = (cublas_set_stream_fn)dlsym(lib, "cublasSetStream_v2");
-    api->get_version = (cublas_get_version_fn)dlsym(lib, "cublasGetVersion_v2");
-    api->gemm_ex = (cublas_gemm_ex_fn)dlsym(lib, "cublasGemmEx");
-    if (!api->create || !api->destroy || !api->set_stream || !api->gemm_ex) {
-        append_text(api->tried_text, sizeof api->tried_text, "%s: %s; ", file,
-                    "lacks cublasCreate_v2/cublasDestroy_v2/cublasSetStream_v2/cublasGemmEx");
-        dlclose(lib);
-        return -1;
-    }
-    api->library = lib;
-    api->loaded = 1;
-    /* The file the loader actually picked (a bare soname resolves to a path). */
-    struct link_map *map = NULL;
-    if (dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name && map->l_name[0])
-        snprintf(api->path, sizeof api->path, "%s", map->l_name);
-    else
-        snprintf(api->path, sizeof api->path, "%s", file);
-    return 0;
-}
-
-/* Tries every file matching a glob pattern; returns 0 at the first that loads. */
-static int cublas_try_glob(const char *pattern)
-{
-    glob_t found;
-    memset(&found, 0, sizeof found);
-    if (glob(pattern, 0, NULL, &found) != 0) {
-        append_text(g_cublas.tried_text, sizeof g_cublas.tried_text, "%s%s: no match; ", pattern,
-                    "");
-        globfree(&found);
-        return -1;
-    }
-    int rc = -1;
-    for (size_t i = 0; i < found.gl_pathc && rc != 0; i++) rc = cublas_try(found.gl_pathv[i]);
-    globfree(&found);
-    return rc;
-}
-
-static void cublas_search(void)
-{
-    cublas_api *api = &g_cublas;
-    if (api->tried) return;
-    api->tried = 1;
-    api->tried_text[0] = '\0';
-    char file[600];
-
-    const char *override = getenv("AR_CUBLAS");
-    if (override && override[0]) {
-        if (dir_exists(override)) {
-            snprintf(file, sizeof file, "%s/libcublas.so.13", override);
-            cublas_try(file);
-        } else {
-            cublas_try(override);
-        }
-        return;   /* AR_CUBLAS replaces the search */
-    }
-    if (cublas_try("libcublas.so.13") == 0) return;
-    if (cublas_try("/usr/local/cuda/lib64/libcublas.so.13") == 0) return;
-    if (cublas_try("/usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13") == 0) return;
-    const char *cuda_home = getenv("CUDA_HOME");
-    if (cuda_home && cuda_home[0]) {
-        snprintf(file, sizeof file, "%s/lib64/libcublas.so.13", cuda_home);
-        if (cublas_try(file) == 0) return;
-    }
-    static const char *const site_dirs[] = {
-        "/opt/torch/.venv/lib/python3.12/site-packages",
-        "/usr/local/lib/python3*/dist-packages",
-    };
-    static const char *const sub_dirs[] = { "nvidia/cu13/lib", "nvidia/cublas/lib" };
-    for (size_t s = 0; s < sizeof site_dirs / sizeof site_dirs[0]; s++) {
-        for (size_t d = 0; d < sizeof sub_dirs / sizeof sub_dirs[0]; d++) {
-            snprintf(file, sizeof file, "%s/%s/libcublas.so.13", site_dirs[s], sub_dirs[d]);
-            if (cublas_try_glob(file) == 0) return;
-        }
-    }
-}
-
-int ar_cuda_cublas_probe(char *path, size_t path_len, char *err, size_t err_len)
-{
-    cublas_search();
-    if (g_cublas.loaded) {
-        snprintf(path, path_len, "%s", g_cublas.path);
-        return 0;
-    }
-    snprintf(err, err_len, "cuBLAS not loadable (tried %s)", g_cublas.tried_text);
-    return -1;
-}
 
 /* ---- device code ------------------------------------------------------------------------------ */
 
@@ -380,6 +208,7 @@ typedef struct {
     const void *src;
     size_t bytes;
     void *cublas_handle;
+    const ar_cublas_api *cublas;
     const __nv_bfloat16 *a, *b;
     __nv_bfloat16 *c;
     int n;
@@ -392,10 +221,10 @@ static int run_op(const timed_op *op, char *err, size_t err_len)
                                            op->stream), "cudaMemcpyAsync", err, err_len);
     if (op->kind == 1) {
         const float alpha = 1.0f, beta = 0.0f;
-        int status = g_cublas.gemm_ex(op->cublas_handle, CAL_CUBLAS_OP_T, CAL_CUBLAS_OP_N, op->n,
-                                      op->n, op->n, &alpha, op->a, CAL_CUDA_R_16BF, op->n, op->b,
-                                      CAL_CUDA_R_16BF, op->n, &beta, op->c, CAL_CUDA_R_16BF, op->n,
-                                      CAL_CUBLAS_COMPUTE_32F, CAL_CUBLAS_GEMM_DEFAULT);
+        int status = op->cublas->gemm_ex(op->cublas_handle, AR_CUBLAS_OP_T, AR_CUBLAS_OP_N, op->n, op->n,
+                                         op->n, &alpha, op->a, AR_CUDA_R_16BF, op->n, op->b, AR_CUDA_R_16BF,
+                                         op->n, &beta, op->c, AR_CUDA_R_16BF, op->n, AR_CUBLAS_COMPUTE_32F,
+                                         AR_CUBLAS_GEMM_DEFAULT);
         if (status != 0) {
             snprintf(err, err_len, "cublasGemmEx returned status %d", status);
             return -1;
@@ -581,28 +410,30 @@ static int measure_gemm(const ar_calibrate_options *opt, cudaStream_t stream, ar
         snprintf(reason, reason_len, "--no-cublas");
     } else {
         char why[2600];
-        char path[512];
-        if (ar_cuda_cublas_probe(path, sizeof path, why, sizeof why) != 0) {
+        const ar_cublas_api *cublas = ar_cublas_load(why, sizeof why);
+        const char *path = cublas ? cublas->path : "";
+        if (!cublas) {
             fprintf(stderr, "calibrate: %s; timing the built-in kernel instead (a lower bound)\n",
                     why);
             snprintf(reason, reason_len, "cuBLAS not found");
         } else {
-            int status = g_cublas.create(&handle);
+            int status = cublas->create(&handle);
             if (status != 0) {
                 handle = NULL;
                 fprintf(stderr, "calibrate: cublasCreate_v2 (%s) returned status %d; timing the "
                         "built-in kernel instead (a lower bound)\n", path, status);
                 snprintf(reason, reason_len, "cublasCreate failed with status %d", status);
-            } else if ((status = g_cublas.set_stream(handle, stream)) != 0) {
+            } else if ((status = cublas->set_stream(handle, stream)) != 0) {
                 snprintf(err, err_len, "cublasSetStream_v2 returned status %d", status);
                 goto done;
             } else {
                 int version = 0;
-                if (g_cublas.get_version) g_cublas.get_version(handle, &version);
+                if (cublas->get_version) cublas->get_version(handle, &version);
                 snprintf(out->gemm_engine, sizeof out->gemm_engine, "cuBLAS %d (%.480s)", version,
                          path);
                 op.kind = 1;
                 op.cublas_handle = handle;
+                op.cublas = cublas;
             }
         }
     }
@@ -623,7 +454,7 @@ static int measure_gemm(const ar_calibrate_options *opt, cudaStream_t stream, ar
                        1e12;
     rc = 0;
 done:
-    if (handle) g_cublas.destroy(handle);
+    if (handle) ar_cublas_load(NULL, 0)->destroy(handle);   /* loaded: a handle exists */
     if (a) cudaFree(a);
     if (b) cudaFree(b);
     if (c) cudaFree(c);

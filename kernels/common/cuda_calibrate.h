@@ -11,6 +11,8 @@
 
 #include <stddef.h>
 
+#include "cuda_cublas.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -44,13 +46,8 @@ typedef struct ar_calibration {
 int ar_cuda_calibrate(const ar_calibrate_options *opt, ar_calibration *out, char *err,
                       size_t err_len);
 
-/* Loads cuBLAS with dlopen as ar_cuda_calibrate does, without touching a GPU: $AR_CUBLAS only
- * when set (a file, or a directory holding libcublas.so.13), else the loader's own search for
- * libcublas.so.13, then /usr/local/cuda/lib64, $CUDA_HOME/lib64 and the nvidia/cu13/lib and
- * nvidia/cublas/lib folders of torch's and the system's Python site-packages.  Returns 0 and
- * the loaded library's path in path, or -1 with every place tried and why in err.  The library
- * stays loaded (it is loaded once per process). */
-int ar_cuda_cublas_probe(char *path, size_t path_len, char *err, size_t err_len);
+/* ar_cuda_cublas_probe: kernels/common/cuda_cublas.h (the stub's answer on a host-only build is
+ * in cuda_calibrate_stub.c). */
 
 #ifdef __cplusplus
 }

@@ -8,37 +8,19 @@
  * is kept.  The weights of one layer's GEMM (tens of MB) exceed what one call leaves in L2 only
  * for the larger shapes, as in a real forward pass where the layers' weights follow each other.
  *
- * cuBLAS is found and loaded as `attnreplay calibrate` does (ar_cuda_cublas_probe, dlopen); the
- * few entry points are declared by hand (values from CUDA 13's cublas_api.h and
- * library_types.h), so the build needs no cuBLAS headers and the binary no cuBLAS at link time. */
+ * cuBLAS is found and loaded as `attnreplay calibrate` does (kernels/common/cuda_cublas.h,
+ * dlopen), so the build needs no cuBLAS headers and the binary no cuBLAS at link time. */
 #include "cuda_profile.h"
-#include "cuda_calibrate.h"
+#include "cuda_cublas.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define PROF_WARMUP 3
-
-enum {
-    PROF_CUBLAS_OP_N = 0,
-    PROF_CUBLAS_OP_T = 1,
-    PROF_CUDA_R_16BF = 14,
-    PROF_CUBLAS_COMPUTE_32F = 68,
-    PROF_CUBLAS_GEMM_DEFAULT = -1
-};
-
-/* Every function returns a cublasStatus_t; 0 is CUBLAS_STATUS_SUCCESS. */
-typedef int (*prof_create_fn)(void **handle);
-typedef int (*prof_destroy_fn)(void *handle);
-typedef int (*prof_set_stream_fn)(void *handle, cudaStream_t stream);
-typedef int (*prof_gemm_ex_fn)(void *handle, int transa, int transb, int m, int n, int k, const void *alpha,
-                               const void *a, int a_type, int lda, const void *b, int b_type, int ldb,
-                               const void *beta, void *c, int c_type, int ldc, int compute_type, int algo);
 
 static int prof_cuda_failed(cudaError_t e, const char *what, char *err, size_t err_len)
 {
@@ -82,18 +64,9 @@ int ar_cuda_profile_gemm(int k, int n, const int *ms, int num_m, int repeat, dou
 {
     char dev[256];
     if (ar_cuda_profile_device(dev, sizeof dev, err, err_len) != 0) return 3;
-    char path[1024];
-    if (ar_cuda_cublas_probe(path, sizeof path, err, err_len) != 0) return 3;
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    prof_create_fn create = lib ? (prof_create_fn)dlsym(lib, "cublasCreate_v2") : NULL;
-    prof_destroy_fn destroy = lib ? (prof_destroy_fn)dlsym(lib, "cublasDestroy_v2") : NULL;
-    prof_set_stream_fn set_stream = lib ? (prof_set_stream_fn)dlsym(lib, "cublasSetStream_v2") : NULL;
-    prof_gemm_ex_fn gemm_ex = lib ? (prof_gemm_ex_fn)dlsym(lib, "cublasGemmEx") : NULL;
-    if (!create || !destroy || !set_stream || !gemm_ex) {
-        snprintf(err, err_len, "%s: cublasCreate_v2/cublasDestroy_v2/cublasSetStream_v2/cublasGemmEx missing", path);
-        return 3;
-    }
-    snprintf(engine, engine_len, "cuBLAS (%s)", path);
+    const ar_cublas_api *cublas = ar_cublas_load(err, err_len);
+    if (!cublas) return 3;
+    snprintf(engine, engine_len, "cuBLAS (%s)", cublas->path);
     if (repeat < 1) repeat = 1;
     int max_m = 1;
     for (int i = 0; i < num_m; i++) max_m = ms[i] > max_m ? ms[i] : max_m;
@@ -114,7 +87,7 @@ int ar_cuda_profile_gemm(int k, int n, const int *ms, int num_m, int repeat, dou
     prof_fill<<<1024, 256, 0, stream>>>(w, (size_t)n * k, 12345u);
     prof_fill<<<1024, 256, 0, stream>>>(act, (size_t)max_m * k, 777u);
     if (prof_cuda_failed(cudaStreamSynchronize(stream), "filling the inputs", err, err_len)) goto done;
-    if (create(&handle) != 0 || set_stream(handle, stream) != 0) {
+    if (cublas->create(&handle) != 0 || cublas->set_stream(handle, stream) != 0) {
         snprintf(err, err_len, "cublasCreate/cublasSetStream failed");
         goto done;
     }
@@ -124,9 +97,9 @@ int ar_cuda_profile_gemm(int k, int n, const int *ms, int num_m, int repeat, dou
             if (r >= PROF_WARMUP && prof_cuda_failed(cudaEventRecord(start, stream), "cudaEventRecord", err, err_len))
                 goto done;
             /* column-major: C[n x m] = W^T' x act': W stored [N, K] row-major = K x N column-major */
-            int status = gemm_ex(handle, PROF_CUBLAS_OP_T, PROF_CUBLAS_OP_N, n, ms[i], k, &alpha, w, PROF_CUDA_R_16BF, k,
-                                 act, PROF_CUDA_R_16BF, k, &beta, out, PROF_CUDA_R_16BF, n, PROF_CUBLAS_COMPUTE_32F,
-                                 PROF_CUBLAS_GEMM_DEFAULT);
+            int status = cublas->gemm_ex(handle, AR_CUBLAS_OP_T, AR_CUBLAS_OP_N, n, ms[i], k, &alpha, w, AR_CUDA_R_16BF,
+                                         k, act, AR_CUDA_R_16BF, k, &beta, out, AR_CUDA_R_16BF, n,
+                                         AR_CUBLAS_COMPUTE_32F, AR_CUBLAS_GEMM_DEFAULT);
             if (status != 0) {
                 snprintf(err, err_len, "cublasGemmEx(M=%d, N=%d, K=%d) returned status %d", ms[i], n, k, status);
                 goto done;
@@ -144,7 +117,7 @@ int ar_cuda_profile_gemm(int k, int n, const int *ms, int num_m, int repeat, dou
     }
     rc = 0;
 done:
-    if (handle) destroy(handle);
+    if (handle) cublas->destroy(handle);
     if (start) cudaEventDestroy(start);
     if (stop) cudaEventDestroy(stop);
     if (stream) cudaStreamDestroy(stream);
