@@ -49,6 +49,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../kernels/common/cuda_cublas.h"
 #include "../kernels/mla/cuda_mla.h"
 #include "../kernels/mla/cuda_mla_case.h"
 #include "../reference/mla_ref.h"
@@ -1208,72 +1209,85 @@ static void test_backend_prefill_mixed(void **st)
     assert_true(e2e_pass(&r));
 }
 
-/* The projections' GEMMs on the tensor-core kernel (AR_MLA_GEMM=tc): the absorption and W_UV of
- * decode batches in bf16 and fp16, and the prefill path's up-projections (bf16 cache and fp8),
- * each against the float64 reference as with the SIMT kernel. */
+/* One switch setting of cuda-mla's GEMMs and prefill attention against the float64 reference:
+ * decode batches in bf16 and fp16, and the mixed batch (prefills over several context chunks:
+ * tiles of 64 tokens, a partial last tile, partial key tiles) in bf16, fp16 and over an fp8
+ * cache.  gemm: AR_MLA_GEMM (NULL: unset), prefill: AR_MLA_PREFILL; each run's plan must say
+ * the kernels asked for ran. */
+static void check_switches(const char *gemm, const char *prefill)
+{
+    if (gemm) setenv("AR_MLA_GEMM", gemm, 1);
+    if (prefill) setenv("AR_MLA_PREFILL", prefill, 1);
+    const int want_tc = gemm != NULL, want_cublas = gemm && strcmp(gemm, "cublas") == 0;
+    const int want_pf_tc = prefill && strcmp(prefill, "tc") == 0;
+    static const struct {
+        int block_size, num_blocks;
+        ar_dtype dt, kv;
+        double kv_scale;
+        int mixed;
+    } cases[] = {{16, 1024, AR_BF16, AR_BF16, 1.0, 0}, {16, 1024, AR_BF16, AR_BF16, 1.0, 1},
+                 {16, 1024, AR_FP16, AR_FP16, 1.0, 0}, {16, 1024, AR_FP16, AR_FP16, 1.0, 1},
+                 {64, 256, AR_BF16, AR_FP8_E4M3, 0.5, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (small_mode() && i != 1) continue;   /* compute-sanitizer runs: the mixed bf16 batch */
+        ar_run_config cfg = mla_cfg(16, cases[i].block_size, cases[i].num_blocks, cases[i].dt, cases[i].kv,
+                                    cases[i].kv_scale);
+        e2e_result r;
+        if (cases[i].mixed)
+            run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
+        else
+            run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
+        char what[160];
+        snprintf(what, sizeof what, "gemm %s, prefill %s: %s %s%s", gemm ? gemm : "simt", prefill ? prefill : "simt",
+                 cases[i].mixed ? "mixed" : "decode", cases[i].dt == AR_BF16 ? "bf16" : "fp16",
+                 cases[i].kv == AR_FP8_E4M3 ? ", fp8 cache" : "");
+        report(what, &r);
+        assert_true(e2e_pass(&r));
+        assert_int_equal(r.plan.gemm_tc, want_tc);
+        assert_int_equal(r.plan.gemm_cublas, want_cublas);
+        if (cases[i].mixed) {
+            assert_int_equal(r.plan.num_prefill_reqs, 3);
+            assert_true(r.plan.num_context_chunks >= 4);
+            assert_int_equal(r.plan.prefill_tc, want_pf_tc);
+        }
+    }
+    unsetenv("AR_MLA_GEMM");
+    unsetenv("AR_MLA_PREFILL");
+}
+
+/* The projections' GEMMs on the tensor-core kernel (AR_MLA_GEMM=tc): the absorption, W_UV and
+ * the prefill path's up-projections. */
 static void test_tensor_core_gemm(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
-    setenv("AR_MLA_GEMM", "tc", 1);
-    e2e_result r;
-    ar_run_config cfg = mla_cfg(16, 16, 1024, AR_BF16, AR_BF16, 1.0);
-    run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
-    report("tc gemm: decode bf16", &r);
-    assert_int_equal(r.plan.gemm_tc, 1);
-    assert_true(e2e_pass(&r));
-    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
-    report("tc gemm: mixed bf16, prefill path", &r);
-    assert_int_equal(r.plan.num_prefill_reqs, 3);
-    assert_true(e2e_pass(&r));
-    cfg = mla_cfg(16, 16, 1024, AR_FP16, AR_FP16, 1.0);
-    run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
-    report("tc gemm: decode fp16", &r);
-    assert_true(e2e_pass(&r));
-    cfg = mla_cfg(16, 64, 256, AR_BF16, AR_FP8_E4M3, 0.5);
-    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
-    report("tc gemm: mixed bf16, fp8 cache", &r);
-    assert_true(e2e_pass(&r));
-    unsetenv("AR_MLA_GEMM");
-    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
-    assert_int_equal(r.plan.gemm_tc, 0);
+    check_switches("tc", NULL);
 }
 
-/* The prefill path's attention on the tensor-core kernel (AR_MLA_PREFILL=tc): the mixed batch
- * (prefills of 140-200 tokens over several context chunks, so tiles of 64 tokens, a partial
- * last tile and partial key tiles) in bf16 and fp16, over an fp8 cache, and with the GEMMs on
- * the tensor cores too, each against the float64 reference. */
+/* The 16-bit projection GEMMs through cuBLAS (AR_MLA_GEMM=cublas), where cuBLAS loads. */
+static void test_cublas_gemm(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    char path[512], why[2600];
+    if (ar_cuda_cublas_probe(path, sizeof path, why, sizeof why) != 0) {
+        print_message("skipping: %s\n", why);
+        skip();
+        return;
+    }
+    check_switches("cublas", NULL);
+    check_switches("cublas", "tc");
+}
+
+/* The prefill path's attention on the tensor-core kernel (AR_MLA_PREFILL=tc), with the SIMT and
+ * the tensor-core GEMMs; unset again, the SIMT attention runs. */
 static void test_tensor_core_prefill(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
-    setenv("AR_MLA_PREFILL", "tc", 1);
-    e2e_result r;
-    ar_run_config cfg = mla_cfg(16, 16, 1024, AR_BF16, AR_BF16, 1.0);
-    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
-    report("tc prefill: mixed bf16", &r);
-    assert_int_equal(r.plan.prefill_tc, 1);
-    assert_int_equal(r.plan.num_prefill_reqs, 3);
-    assert_true(r.plan.num_context_chunks >= 4);
-    assert_true(e2e_pass(&r));
-    cfg = mla_cfg(16, 16, 1024, AR_FP16, AR_FP16, 1.0);
-    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
-    report("tc prefill: mixed fp16", &r);
-    assert_true(e2e_pass(&r));
-    cfg = mla_cfg(16, 64, 256, AR_BF16, AR_FP8_E4M3, 0.5);
-    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
-    report("tc prefill: mixed bf16, fp8 cache", &r);
-    assert_true(e2e_pass(&r));
-    setenv("AR_MLA_GEMM", "tc", 1);
-    cfg = mla_cfg(16, 16, 1024, AR_BF16, AR_BF16, 1.0);
-    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
-    report("tc prefill + tc gemm: mixed bf16", &r);
-    assert_int_equal(r.plan.gemm_tc, 1);
-    assert_true(e2e_pass(&r));
-    unsetenv("AR_MLA_GEMM");
-    unsetenv("AR_MLA_PREFILL");
-    run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
-    assert_int_equal(r.plan.prefill_tc, 0);
+    check_switches(NULL, "tc");
+    check_switches("tc", "tc");
+    check_switches(NULL, NULL);
 }
 
 /* Every kernel-side fault must break the comparison (metadata faults are the engine's), on the
@@ -1389,6 +1403,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_tensor_core_gemm, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_tensor_core_prefill, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_cublas_gemm, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_faults_flagged, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simulated_deepseek_trace_replays, test_setup, test_teardown),
         /* last: a bulk-copy kernel that failed on the device (a trapped mbarrier wait) leaves the

@@ -9,11 +9,12 @@
 # 4,096-token prefill, 1-64 mixed, 65-111 decode-only), the one BENCHMARKS.md's "MLA on a
 # DeepSeek-V3 trace" ran.  Stages, each under `timeout -s KILL`:
 #   1. build/tests/gpu_mla (the tensor-core prefill and GEMM tests among them)  -> gpu_mla.txt
-#   2. steps 0-12 (the prefill and 12 mixed steps), one layer, every step verified (sample:8),
+#   2. steps 0-8 (the prefill and 8 mixed steps), one layer, every step verified (sample:8),
 #      through the product's default (SIMT prefill attention and GEMMs), AR_MLA_PREFILL=tc,
-#      AR_MLA_PREFILL=tc AR_MLA_GEMM=tc, and AR_MLA_PREFILL=absorbed AR_MLA_GEMM=tc; then
-#      `attnreplay-py ratios` against the default, whole steps and per mark     -> mixed.txt
-#   3. steps 65-111 (decode-only): the default and AR_MLA_GEMM=tc               -> decode.txt
+#      AR_MLA_PREFILL=tc with AR_MLA_GEMM=tc and with AR_MLA_GEMM=cublas, and
+#      AR_MLA_PREFILL=absorbed AR_MLA_GEMM=cublas; then `attnreplay-py ratios` against the
+#      default, whole steps and the prefill mark alone                           -> mixed.txt
+#   3. steps 65-111 (decode-only): the default, AR_MLA_GEMM=tc and =cublas       -> decode.txt
 #   4. where the FlashMLA and FlashInfer adapters import (.peers/built carried, kernels/peers/
 #      README.md), both on steps 0-12 beside the best switch                  -> peers.txt
 # Every run goes into $OUT/mla_ab.db, so `attnreplay report` / `diff` can be run on it later.
@@ -67,20 +68,21 @@ timeout -s KILL 240 build/tests/gpu_mla >"$OUT/gpu_mla.txt" 2>&1
 echo "gpu_mla rc=$?"
 grep -E "tc prefill|tc gemm|FAILED|PASSED|\[  FAILED|\[  ERROR" "$OUT/gpu_mla.txt" | tail -40
 
-stage "mixed steps 0-12"
+stage "mixed steps 0-8"
 {
-  base=$(replay 0:13 default)
-  tc=$(replay 0:13 tc-prefill AR_MLA_PREFILL=tc)
-  tcg=$(replay 0:13 tc-prefill+gemm AR_MLA_PREFILL=tc AR_MLA_GEMM=tc)
-  abs=$(replay 0:13 absorbed+gemm AR_MLA_PREFILL=absorbed AR_MLA_GEMM=tc)
+  base=$(replay 0:9 default)
+  tc=$(replay 0:9 tc-prefill AR_MLA_PREFILL=tc)
+  tcg=$(replay 0:9 tc-prefill+tc-gemm AR_MLA_PREFILL=tc AR_MLA_GEMM=tc)
+  tcb=$(replay 0:9 tc-prefill+cublas AR_MLA_PREFILL=tc AR_MLA_GEMM=cublas)
+  abs=$(replay 0:9 absorbed+cublas AR_MLA_PREFILL=absorbed AR_MLA_GEMM=cublas)
   runs=()
-  for r in $tc $tcg $abs; do runs+=(--run "$r"); done
-  for r in $base $tc $tcg $abs; do marks "$r"; done
+  for r in $tc $tcg $tcb $abs; do runs+=(--run "$r"); done
+  for r in $base $tc $tcg $tcb $abs; do marks "$r"; done
   if [ -n "$base" ] && [ ${#runs[@]} -gt 0 ]; then
     python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}"
     python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}" --parts prefill
   fi
-  echo "best=${tcg:-${tc:-}}"
+  echo "best=${tcb:-${tcg:-${tc:-}}}"
 } >"$OUT/mixed.txt" 2>&1
 cat "$OUT/mixed.txt"
 best=$(sed -n 's/^best=//p' "$OUT/mixed.txt")
@@ -89,9 +91,14 @@ stage "decode-only steps 65-111"
 {
   base=$(replay 65:112 default)
   g=$(replay 65:112 tc-gemm AR_MLA_GEMM=tc)
-  for r in $base $g; do marks "$r"; done
-  [ -n "$base" ] && [ -n "$g" ] && python3 -m attnreplay.cli ratios "$DB" --base "$base" --run "$g" &&
-    python3 -m attnreplay.cli ratios "$DB" --base "$base" --run "$g" --parts absorb,attn,combine,wuv
+  b=$(replay 65:112 cublas-gemm AR_MLA_GEMM=cublas)
+  runs=()
+  for r in $g $b; do runs+=(--run "$r"); done
+  for r in $base $g $b; do marks "$r"; done
+  if [ -n "$base" ] && [ ${#runs[@]} -gt 0 ]; then
+    python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}"
+    python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}" --parts absorb,attn,combine,wuv
+  fi
 } >"$OUT/decode.txt" 2>&1
 cat "$OUT/decode.txt"
 
@@ -102,7 +109,7 @@ stage "peers"
     t=$(( $(left) - 15 )); [ "$t" -gt 150 ] && t=150
     [ "$t" -lt 30 ] && { echo "$a: no time left"; continue; }
     timeout -s KILL "$t" python3 -m attnreplay.cli replay "$TRACE" --backend "$a" --db "$DB" --layers 1 \
-      --verify sample:8 --repeat 3 --steps 0:13 --quiet
+      --verify sample:8 --repeat 3 --steps 0:9 --quiet
     rc=$?; echo "$a: exit $rc"
     [ "$rc" -le 1 ] && runs+=(--run "$(last_run)")
   done

@@ -20,7 +20,11 @@
  * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
  * guard regions checked after every forward; out/LSE are NaN-poisoned before each forward.
  * AR_MLA_GEMM=tc runs the projections' GEMMs (absorption, W_UV, the prefill path's
- * up-projections) on the tensor-core kernel of mla_prefill.cuh instead of the SIMT one.
+ * up-projections) on the tensor-core kernel of mla_prefill.cuh instead of the SIMT one;
+ * AR_MLA_GEMM=cublas runs the ones with 16-bit operands and result (absorption, up-projections)
+ * through cuBLAS (kernels/common/cuda_cublas.h, loaded at run time; open refuses the switch
+ * with exit 2 when it cannot load), as vLLM does, and W_UV (a float operand) on the tensor-core
+ * kernel.
  * AR_MLA_PREFILL=absorbed sends requests of more than AR_CUDA_MLA_DECODE_THRESHOLD query tokens
  * down the absorbed decode path too, instead of the expanded prefill path (for comparisons);
  * AR_MLA_PREFILL=tc keeps the expanded path and runs its attention on the tensor-core kernel
@@ -39,6 +43,7 @@
 #include <string.h>
 
 #include "cuda_mla.h"
+#include "../common/cuda_cublas.h"
 #include "../common/cuda_host.cuh"
 #include "mla_decode.h"
 #include "mla_inputs.cuh"
@@ -124,6 +129,9 @@ typedef struct mla_state {
     int force_splits;
     int use_prefill;
     bool gemm_tc;                   /* AR_MLA_GEMM=tc: the projections' GEMMs on the tensor cores */
+    bool gemm_cublas;               /* AR_MLA_GEMM=cublas: the 16-bit ones through cuBLAS (cublas) */
+    const ar_cublas_api *cublas;
+    void *cublas_handle;            /* on s->stream */
     bool prefill_tc;                /* AR_MLA_PREFILL=tc with QK 192 / V 128: prefill_attn_tc_kernel */
     bool prefill_tc_smem_set;       /* its dynamic shared memory limit raised */
     int workspace_tokens;
@@ -208,7 +216,8 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->use_prefill = !(pf_env && strcmp(pf_env, "absorbed") == 0);
     s->prefill_tc = pf_env && strcmp(pf_env, "tc") == 0 && s->P + DR == PF_TC_QK && s->V == PF_TC_V;
     const char *gemm_env = getenv("AR_MLA_GEMM");
-    s->gemm_tc = gemm_env && strcmp(gemm_env, "tc") == 0;
+    s->gemm_cublas = gemm_env && strcmp(gemm_env, "cublas") == 0;
+    s->gemm_tc = gemm_env && (strcmp(gemm_env, "tc") == 0 || s->gemm_cublas);
     s->workspace_tokens = MLA_WORKSPACE_TOKENS;
     s->force_kernel = env_kernel();
     const char *tma_env = getenv("AR_MLA_TMA");
@@ -233,6 +242,22 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
             mla_close(s);
             return rc;
         }
+    if (s->gemm_cublas) {
+        char why[2600];
+        int status = -1;
+        s->cublas = ar_cublas_load(why, sizeof why);
+        if (s->cublas && (status = s->cublas->create(&s->cublas_handle)) == 0 &&
+            (status = s->cublas->set_stream(s->cublas_handle, s->stream)) == 0)
+            status = 0;
+        else if (s->cublas)
+            snprintf(why, sizeof why, "cublasCreate / cublasSetStream (%s) returned status %d", s->cublas->path,
+                     status);
+        if (status != 0) {
+            snprintf(err, err_len, "cuda-mla backend: AR_MLA_GEMM=cublas: %s", why);
+            mla_close(s);
+            return 2;
+        }
+    }
     if ((rc = mla_fail(cudaMalloc((void **)&s->d_guard, sizeof(int)), "guard counter", err, err_len)) ||
         (rc = mla_fail(cudaMallocHost((void **)&s->h_guard, sizeof(int)), "guard counter", err, err_len))) {
         mla_close(s);
@@ -280,6 +305,7 @@ static void mla_close(void *state)
     mla_state *s = (mla_state *)state;
     if (!s) return;
     if (s->stream) cudaStreamSynchronize(s->stream);
+    if (s->cublas_handle) s->cublas->destroy(s->cublas_handle);
     for (int l = 0; l < s->num_layers; l++) {
         if (s->cache && s->cache[l]) cudaFree(s->cache[l]);
         if (s->w_uk && s->w_uk[l]) cudaFree(s->w_uk[l]);
@@ -617,6 +643,41 @@ static void fill_attn_args(mla_state *s, int layer, attn_args *a)
     a->kv_scale = (float)s->cfg.kv_scale;
 }
 
+/* One projection GEMM: through cuBLAS (AR_MLA_GEMM=cublas) when its operands and result are
+ * 16-bit and no planted fault shifts its weights, else on the tensor-core kernel (AR_MLA_GEMM=tc
+ * or cublas) or the SIMT one. */
+static cudaError_t run_gemm(mla_state *s, const gemm_args &g)
+{
+    if (s->cublas_handle && g.a_bits16 && g.c_bits16 && g.b_shift == 0 && g.M > 0) {
+        ar_cublas_gemm c;
+        c.batch = g.batch;
+        c.M = g.M;
+        c.N = g.N;
+        c.K = g.K;
+        c.A = g.A;
+        c.a_b = g.a_b;
+        c.a_m = g.a_m;
+        c.a_k = g.a_k;
+        c.B = g.B;
+        c.b_b = g.b_b;
+        c.b_k = g.b_k;
+        c.b_n = g.b_n;
+        c.C = g.C;
+        c.c_b = g.c_b;
+        c.c_m = g.c_m;
+        c.c_n = g.c_n;
+        c.bf16 = g.bf16;
+        int status = ar_cublas_gemm_16(s->cublas_handle, &c);
+        if (status == 0) return cudaGetLastError();
+        if (status != -1) {
+            fprintf(stderr, "cuda-mla backend: cublasGemmStridedBatchedEx (M %d, N %d, K %d, batch %d) returned "
+                            "status %d\n", g.M, g.N, g.K, g.batch, status);
+            return cudaErrorUnknown;
+        }
+    }
+    return launch_gemm(g, s->gemm_tc, s->stream);
+}
+
 /* The prefill path for this step's long requests (see the file comment). */
 static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
 {
@@ -637,7 +698,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
             /* k_nope[w, n, :] = c_w W_UK[n] ; v[w, n, :] = c_w W_UV[n] */
             gemm_args g = gemm_of(H, rows, P, DL, s->ws_lat.ptr, 1, 0, D, 1, s->w_uk[layer], (int64_t)DL * P, P, 1,
                                   wrong_head, s->ws_k.ptr, 1, QK, (int64_t)H * QK, 1, s->bf16);
-            if ((e = launch_gemm(g, s->gemm_tc, s->stream)) != cudaSuccess) return e;
+            if ((e = run_gemm(s, g)) != cudaSuccess) return e;
             rope_key_kernel<<<mla_grid((int64_t)rows * H * DR, 256), 256, 0, s->stream>>>(
                 (uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_lat.ptr, rows, H, P);
             if (s->cfg.fault == AR_FAULT_MLA_NO_WUV) {
@@ -646,7 +707,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
             } else {
                 g = gemm_of(H, rows, V, DL, s->ws_lat.ptr, 1, 0, D, 1, s->w_uv[layer], (int64_t)DL * V, V, 1, 0,
                             s->ws_v.ptr, 1, V, (int64_t)H * V, 1, s->bf16);
-                if ((e = launch_gemm(g, s->gemm_tc, s->stream)) != cudaSuccess) return e;
+                if ((e = run_gemm(s, g)) != cudaSuccess) return e;
             }
         }
         if (s->prefill_tc) {
@@ -705,7 +766,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap 
         gemm_args g = gemm_of(H, T, DL, P, s->qnope.ptr, 1, P, (int64_t)H * P, 1, s->w_uk[layer], (int64_t)DL * P, 1, P,
                               s->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? 1 : 0, s->qlat.ptr, 1, D, (int64_t)H * D, 1,
                               s->bf16);
-        if ((e = launch_gemm(g, s->gemm_tc, s->stream)) != cudaSuccess) return e;
+        if ((e = run_gemm(s, g)) != cudaSuccess) return e;
     }
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     if (any_dec) {
@@ -725,7 +786,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap 
             /* out[t, n, :] = o_lat[t, n, :] W_UV[n] */
             gemm_args g = gemm_of(H, T, V, DL, s->olat.ptr, 0, DL, (int64_t)H * DL, 1, s->w_uv[layer], (int64_t)DL * V,
                                   V, 1, 0, out, 0, V, (int64_t)H * V, 1, s->bf16);
-            if ((e = launch_gemm(g, s->gemm_tc, s->stream)) != cudaSuccess) return e;
+            if ((e = run_gemm(s, g)) != cudaSuccess) return e;
         }
     }
     if (timed) cudaEventRecord(s->ev[5], s->stream);
@@ -911,6 +972,7 @@ extern "C" void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
     if (s) {
         *info = s->info;
         info->gemm_tc = s->gemm_tc;
+        info->gemm_cublas = s->cublas_handle != NULL;
         info->prefill_tc = s->prefill_tc && s->n_pf_reqs > 0;
     }
 }

@@ -74,6 +74,7 @@ typedef struct ar_cuda_mla_plan_info {
     int num_sms;
     int gemm_tc;              /* 1: the projections' GEMMs ran on the tensor-core kernel (AR_MLA_GEMM=tc) */
     int prefill_tc;           /* 1: the prefill requests' attention ran on the tensor-core kernel (AR_MLA_PREFILL=tc) */
+    int gemm_cublas;          /* 1: the 16-bit projection GEMMs ran through cuBLAS (AR_MLA_GEMM=cublas) */
 } ar_cuda_mla_plan_info;
 void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info);
 
