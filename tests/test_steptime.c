@@ -589,6 +589,88 @@ static void test_profile_command(void **state)
                                  "--device h200 --step-time profile:%s --db %s --out %s", tu_bin(), syn, syn, plan_dir), 2);
 }
 
+/* Files in dir whose names start with prefix, or -1 when dir cannot be read. */
+static int count_named(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+            print_message("  %s/%s\n", dir, e->d_name);
+            n++;
+        }
+    closedir(d);
+    return n;
+}
+
+/* What a profile cannot do is refused with exit 2 before anything is measured (here, before the
+ * host build's "no CUDA device"), and no DB is made: a DB in a missing folder or under a file, a
+ * --trace the profile could not replay (with --tp 2, missing, another model's, broken within the
+ * steps it would replay, no steps), an unknown --backend, and options the kind of profile would
+ * ignore (--synthetic with --device, --trace-steps without --trace, --synthetic with --repeat).
+ * Before, the first six exited 3 after the measurement (here at once, "no CUDA device") and the
+ * last three exited 0 having ignored the option. */
+static void test_profile_refuses_before_measuring(void **state)
+{
+    (void)state;
+    if (access(tu_bin(), X_OK) != 0) {
+        fprintf(stderr, "skipping: no %s\n", tu_bin());
+        skip();
+    }
+    char dir[512], db[700], out[512], trace[700], other[700], broken[700], header_only[700];
+    tu_tmp("profile_refused", dir, sizeof dir);
+    mkdir(dir, 0755);
+    snprintf(db, sizeof db, "%s/p.db", dir);
+    snprintf(trace, sizeof trace, "%s/l8.trace.jsonl", dir);
+    snprintf(other, sizeof other, "%s/q32.trace.jsonl", dir);
+    snprintf(broken, sizeof broken, "%s/broken.trace.jsonl", dir);
+    snprintf(header_only, sizeof header_only, "%s/header.trace.jsonl", dir);
+    tu_tmp("profile_refused.txt", out, sizeof out);
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=6,input=64,output=4,rate=100 --model llama-3.1-8b "
+                                 "--out %s --quiet", tu_bin(), trace), 0);
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=2,input=32,output=2 --model qwen3-32b --out %s --quiet",
+                            tu_bin(), other), 0);
+    /* the header and two steps, then a step whose number is not an integer (line 4) */
+    assert_int_equal(tu_run(out, "{ head -3 %s > %s && echo '{\"step\": \"x\"}' >> %s; }", trace, broken, broken), 0);
+    assert_int_equal(tu_run(out, "{ head -1 %s > %s; }", trace, header_only), 0);
+    const char *m = "--model llama-3.1-8b";
+    struct { char args[1600]; const char *says; } cases[12];
+    int n = 0;
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s/missing/p.db --quick", m, dir);
+    cases[n++].says = "missing";
+    snprintf(cases[n].args, sizeof cases[n].args, "--synthetic h200 %s --db %s/p.db", m, trace);   /* under a file */
+    cases[n++].says = "Not a directory";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --tp 2 --trace %s", m, db, trace);
+    cases[n++].says = "--tp 1";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s/none.jsonl", m, db, dir);
+    cases[n++].says = "none.jsonl";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s", m, db, other);
+    cases[n++].says = "the trace is of model qwen3-32b";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s", m, db, broken);
+    cases[n++].says = "broken.trace.jsonl:4:";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s", m, db, header_only);
+    cases[n++].says = "no step to replay";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --backend nope", m, db);
+    cases[n++].says = "unknown backend 'nope'";
+    snprintf(cases[n].args, sizeof cases[n].args, "--synthetic h200 --device h100 %s --db %s", m, db);
+    cases[n++].says = "give one of them";
+    snprintf(cases[n].args, sizeof cases[n].args, "--synthetic h200 %s --db %s --trace-steps 5", m, db);
+    cases[n++].says = "--trace-steps needs --trace";
+    snprintf(cases[n].args, sizeof cases[n].args, "--synthetic h200 %s --db %s --repeat 3", m, db);
+    cases[n++].says = "--synthetic alone";
+    for (int i = 0; i < n; i++) {
+        int rc = tu_run(out, "%s profile %s", tu_bin(), cases[i].args);
+        char *log = tu_slurp(out);
+        assert_non_null(log);
+        print_message("profile %s: exit %d: %s", cases[i].args, rc, log);
+        if (rc != 2 || !strstr(log, cases[i].says) || strstr(log, "no CUDA device"))
+            fail_msg("case %d: exit %d, '%s' lacks '%s'", i, rc, log, cases[i].says);
+        free(log);
+        assert_int_equal(count_named(dir, "p.db"), 0);
+    }
+}
+
 /* ---- step timings of a real run (sim/stepfit.c) --------------------------------------------- */
 
 /* A hand-made run: step k ends at ends[k]; a request is (first step, output tokens, last step). */
@@ -957,6 +1039,7 @@ int main(void)
         cmocka_unit_test(test_stepfit_waiting_not_decoding),
         cmocka_unit_test(test_run_load_rules),
         cmocka_unit_test(test_profile_db_replaces_only_a_profile),
+        cmocka_unit_test(test_profile_refuses_before_measuring),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
 }
