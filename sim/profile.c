@@ -48,8 +48,12 @@
  * interpolation. */
 #include "sim.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -414,12 +418,50 @@ static void temp_path_of(const char *path, char *buf, size_t len)
     snprintf(buf, len, "%s.tmp-%ld", path, (long)getpid());
 }
 
+/* Removes a database written here (the temporary profile, a --trace replay's scratch database)
+ * and the files SQLite keeps beside one. */
 static void remove_temp(const char *tmp)
 {
-    char side[1100];
-    unlink(tmp);
-    snprintf(side, sizeof side, "%s-journal", tmp);
-    unlink(side);
+    static const char *const sides[] = {"", "-journal", "-wal", "-shm"};
+    char side[1200];
+    for (size_t i = 0; i < sizeof sides / sizeof sides[0]; i++) {
+        snprintf(side, sizeof side, "%s%s", tmp, sides[i]);
+        unlink(side);
+    }
+}
+
+/* A profile killed before its rename (SIGKILL; SIGINT or SIGTERM while its --trace replay is inside
+ * a step, which ends the process at once) leaves PATH.tmp-PID and its replay's scratch database
+ * beside path.  They are removed here when their process is gone; those of a live process (another
+ * profile of path still running) stay. */
+static void remove_stale_temps(const char *path)
+{
+    static const char *const rests[] = {"", "-journal", "-wal", "-shm", ".replay-scratch.db",
+                                        ".replay-scratch.db-wal", ".replay-scratch.db-shm",
+                                        ".replay-scratch.db-journal"};
+    char dir[1024], prefix[1100];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    snprintf(prefix, sizeof prefix, "%s.tmp-", slash ? slash + 1 : path);
+    size_t plen = strlen(prefix);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, prefix, plen) != 0 || !isdigit((unsigned char)e->d_name[plen])) continue;
+        char *rest = NULL;
+        errno = 0;
+        long pid = strtol(e->d_name + plen, &rest, 10);
+        bool ours = false;
+        for (size_t i = 0; i < sizeof rests / sizeof rests[0]; i++) ours = ours || strcmp(rest, rests[i]) == 0;
+        if (!ours || errno != 0 || pid <= 0 || pid > INT_MAX || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;   /* alive, or not ours to ask */
+        char full[2400];
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        unlink(full);
+    }
+    closedir(d);
 }
 
 /* Renames the finished profile tmp over path, which is checked again (minutes may have passed);
@@ -1010,16 +1052,22 @@ static int measure_replayed_steps(ar_profile_table *p, const char *db_path, cons
     ar_trace_reader *r = open_trace_of(trace, p->model, err, err_len);
     if (!r) return 2;
     snprintf(scratch, sizeof scratch, "%s.replay-scratch.db", db_path);
-    unlink(scratch);
+    remove_temp(scratch);
     snprintf(steps_arg, sizeof steps_arg, "0:%d", max_steps - 1);
     snprintf(repeat_arg, sizeof repeat_arg, "%d", repeat);
     char *argv[] = {"replay", (char *)trace, "--db", scratch, "--backend", (char *)backend, "--layers", "1",
                     "--verify", "off", "--steps", steps_arg, "--repeat", repeat_arg, "--quiet", NULL};
     int rrc = ar_replay_main(COUNT(argv) - 1, argv);
     if (rrc != 0 && rrc != 1) {
-        snprintf(err, err_len, "replaying %s failed (exit %d)", trace, rrc);
+        /* an interrupted replay (SIGINT, SIGTERM: 130, 143) keeps its exit code */
+        if (rrc == 130 || rrc == 143)
+            snprintf(err, err_len, "replaying %s was interrupted (%s); nothing was written", trace,
+                     rrc == 130 ? "SIGINT" : "SIGTERM");
+        else
+            snprintf(err, err_len, "replaying %s failed (exit %d)", trace, rrc);
         ar_trace_close(r);
-        return rrc == 2 ? 2 : 3;
+        remove_temp(scratch);
+        return rrc == 2 || rrc == 130 || rrc == 143 ? rrc : 3;
     }
     sqlite3 *sdb = NULL, *pdb = NULL;
     sqlite3_stmt *sel = NULL, *ins = NULL;
@@ -1080,12 +1128,7 @@ done:
     sqlite3_finalize(ins);
     sqlite3_close(sdb);
     sqlite3_close(pdb);
-    unlink(scratch);
-    char side[1200];
-    snprintf(side, sizeof side, "%s-wal", scratch);
-    unlink(side);
-    snprintf(side, sizeof side, "%s-shm", scratch);
-    unlink(side);
+    remove_temp(scratch);
     free(ratios);
     free(ql);
     free(cl);
@@ -1133,7 +1176,8 @@ static void profile_usage(FILE *f)
             "Exit status: 0 written; 2 usage or bad input (DB a results database or another file that is\n"
             "not a profile, or in a folder that is missing or cannot be written; an option the kind of\n"
             "profile does not use; --trace a bad trace or another model's), checked before anything is\n"
-            "measured; 3 no GPU, CUDA or backend error, or the profile could not be written.\n",
+            "measured; 3 no GPU, CUDA or backend error, or the profile could not be written; 130 / 143\n"
+            "the --trace replay was interrupted (SIGINT / SIGTERM). DB is written only when all of it is.\n",
             COUNT(full_m), ar_device_names());
 }
 
@@ -1270,6 +1314,7 @@ int ar_profile_main(int argc, char **argv)
         fprintf(stderr, "profile: %s\n", err);
         return 2;
     }
+    remove_stale_temps(db_path);
     if (import_dir) return import_main(import_dir, preset, tp, device, db_path, command);
     const ar_model *m = &preset->model;
     if (m->num_kv_heads % tp != 0 || preset->intermediate % tp != 0 || preset->vocab % tp != 0) {

@@ -10,11 +10,13 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../sim/sim.h"
@@ -671,6 +673,94 @@ static void test_profile_refuses_before_measuring(void **state)
     }
 }
 
+/* A profile whose --trace replay fails or is stopped leaves DB as it was and nothing beside it:
+ * a backend whose forward fails at step 1 (exit 3), SIGTERM during the replay (exit 143, as
+ * replay's own); and the files a killed profile left (PATH.tmp-PID and its replay's scratch
+ * database) are removed by the next profile of PATH once their process is gone.  Before, the
+ * scratch database stayed after a failed replay, SIGTERM was exit 3, and a killed profile's files
+ * stayed for good. */
+static void test_profile_trace_leaves_nothing_behind(void **state)
+{
+    (void)state;
+    char plugin[600];
+    snprintf(plugin, sizeof plugin, "%s/tests/plugins/faulty-error.so", tu_build_dir());
+    if (access(tu_bin(), X_OK) != 0 || access(plugin, R_OK) != 0) {
+        fprintf(stderr, "skipping: no %s or %s\n", tu_bin(), plugin);
+        skip();
+    }
+    char dir[512], db[700], out[512], trace[700], longer[700], device[64];
+    tu_tmp("profile_trace_fail", dir, sizeof dir);
+    mkdir(dir, 0755);
+    snprintf(db, sizeof db, "%s/p.db", dir);
+    snprintf(trace, sizeof trace, "%s/l8.trace.jsonl", dir);
+    snprintf(longer, sizeof longer, "%s/long.trace.jsonl", dir);
+    tu_tmp("profile_trace_fail.txt", out, sizeof out);
+    make_synthetic(db, "h100", 1);
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=6,input=64,output=4,rate=100 --model llama-3.1-8b "
+                                 "--out %s --quiet", tu_bin(), trace), 0);
+    int rc = tu_run(out, "ATTNREPLAY_FAULTY_STEP=1 %s profile --synthetic h200 --model llama-3.1-8b --db %s --trace %s "
+                         "--trace-steps 4 --backend plugin:%s --repeat 1", tu_bin(), db, trace, plugin);
+    char *log = tu_slurp(out);
+    print_message("failing replay: exit %d: %s", rc, log ? log : "");
+    free(log);
+    assert_int_equal(rc, 3);
+    tu_query_text(db, "SELECT value FROM meta WHERE key = 'device'", device, sizeof device);
+    assert_string_equal(device, "h100");
+    assert_int_equal(count_named(dir, "p.db."), 0);
+
+    /* SIGTERM while the replay runs (steps of milliseconds: the replay stops between two) */
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=3000,input=16,output=40,rate=100 --model llama-3.1-8b "
+                                 "--out %s --quiet", tu_bin(), longer), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (!freopen(out, "w", stdout) || dup2(fileno(stdout), 2) < 0) _exit(120);
+        execl(tu_bin(), tu_bin(), "profile", "--synthetic", "h200", "--model", "llama-3.1-8b", "--db", db, "--trace",
+              longer, "--trace-steps", "3000", "--backend", "cpu", "--repeat", "1", "--quick", (char *)NULL);
+        _exit(121);
+    }
+    char scratch[800];
+    snprintf(scratch, sizeof scratch, "%s.tmp-%ld.replay-scratch.db", db, (long)pid);
+    for (int i = 0; i < 600 && access(scratch, F_OK) != 0; i++) usleep(50 * 1000);
+    assert_int_equal(access(scratch, F_OK), 0);
+    usleep(300 * 1000);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    log = tu_slurp(out);
+    print_message("SIGTERM: status %d: %s", status, log ? log : "");
+    free(log);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 143);
+    tu_query_text(db, "SELECT value FROM meta WHERE key = 'device'", device, sizeof device);
+    assert_string_equal(device, "h100");
+    assert_int_equal(count_named(dir, "p.db."), 0);
+
+    /* a killed profile's files: those of a process that is gone are removed, the others stay */
+    pid_t gone = fork();
+    assert_true(gone >= 0);
+    if (gone == 0) _exit(0);
+    assert_int_equal(waitpid(gone, &status, 0), gone);
+    static const char *const left[] = {"", ".replay-scratch.db", ".replay-scratch.db-wal", "-journal"};
+    char name[800];
+    for (size_t i = 0; i < sizeof left / sizeof left[0]; i++) {
+        snprintf(name, sizeof name, "%s.tmp-%ld%s", db, (long)gone, left[i]);
+        assert_int_equal(tu_write(name, "partial"), 0);
+    }
+    snprintf(name, sizeof name, "%s.tmp-%ld", db, (long)getppid());   /* a live process's */
+    assert_int_equal(tu_write(name, "live"), 0);
+    snprintf(name, sizeof name, "%s.tmp-notes.txt", db);   /* not a name profile makes */
+    assert_int_equal(tu_write(name, "mine"), 0);
+    make_synthetic(db, "h200", 1);
+    assert_int_equal(count_named(dir, "p.db."), 2);
+    snprintf(name, sizeof name, "%s.tmp-%ld", db, (long)getppid());
+    assert_int_equal(access(name, F_OK), 0);
+    unlink(name);
+    snprintf(name, sizeof name, "%s.tmp-notes.txt", db);
+    assert_int_equal(access(name, F_OK), 0);
+    unlink(name);
+}
+
 /* ---- step timings of a real run (sim/stepfit.c) --------------------------------------------- */
 
 /* A hand-made run: step k ends at ends[k]; a request is (first step, output tokens, last step). */
@@ -1040,6 +1130,7 @@ int main(void)
         cmocka_unit_test(test_run_load_rules),
         cmocka_unit_test(test_profile_db_replaces_only_a_profile),
         cmocka_unit_test(test_profile_refuses_before_measuring),
+        cmocka_unit_test(test_profile_trace_leaves_nothing_behind),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
 }
