@@ -226,17 +226,22 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_INSERT_COVERAGE] = "INSERT INTO coverage(run, step, path, layers, verified_layers) VALUES(?,?,?,?,?)",
 };
 
+const char *ar_db_io_reason(void *sqlite_handle)
+{
+    /* the OS error when SQLite kept it, else the cause a failed write (SQLITE_IOERR_WRITE,
+     * SQLITE_FULL) nearly always has */
+    sqlite3 *h = sqlite_handle;
+    int sys = h ? sqlite3_system_errno(h) : 0;
+    int ext = h ? sqlite3_extended_errcode(h) : 0;
+    if (sys && ((ext & 0xff) == SQLITE_IOERR || (ext & 0xff) == SQLITE_FULL || (ext & 0xff) == SQLITE_CANTOPEN))
+        return strerror(sys);
+    if (ext == SQLITE_IOERR_WRITE || ext == SQLITE_FULL) return "a write failed: disk full or file size limit reached?";
+    return "";
+}
+
 static int fail(ar_db *db, char *err, size_t err_len, const char *what)
 {
-    /* Say what kind of I/O failure it was: the OS error when SQLite kept it, else the cause a
-     * failed write (SQLITE_IOERR_WRITE, SQLITE_FULL) nearly always has. */
-    int sys = db->h ? sqlite3_system_errno(db->h) : 0;
-    int ext = db->h ? sqlite3_extended_errcode(db->h) : 0;
-    const char *why = "";
-    if (sys && ((ext & 0xff) == SQLITE_IOERR || (ext & 0xff) == SQLITE_FULL || (ext & 0xff) == SQLITE_CANTOPEN))
-        why = strerror(sys);
-    else if (ext == SQLITE_IOERR_WRITE || ext == SQLITE_FULL)
-        why = "a write failed: disk full or file size limit reached?";
+    const char *why = ar_db_io_reason(db->h);   /* what kind of I/O failure it was */
     snprintf(err, err_len, "%s: %s: %s%s%s%s", db->path, what, db->h ? sqlite3_errmsg(db->h) : "?",
              *why ? " (" : "", why, *why ? ")" : "");
     return -1;

@@ -224,7 +224,9 @@ static int profile_version(const ar_profile_table *p)
 
 static int sql_fail(sqlite3 *db, const char *path, char *err, size_t err_len)
 {
-    snprintf(err, err_len, "%s: %s", path, db ? sqlite3_errmsg(db) : "cannot open");
+    const char *why = ar_db_io_reason(db);   /* a full disk, a file size limit, ... */
+    snprintf(err, err_len, "%s: %s%s%s%s", path, db ? sqlite3_errmsg(db) : "cannot open", *why ? " (" : "", why,
+             *why ? ")" : "");
     return -1;
 }
 

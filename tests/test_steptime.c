@@ -761,6 +761,41 @@ static void test_profile_trace_leaves_nothing_behind(void **state)
     unlink(name);
 }
 
+/* A profile that cannot be written for want of space (`ulimit -f 8`, SIGXFSZ ignored) exits 3
+ * saying why (the system's error, or "disk full or file size limit reached?" as replay says it), over an earlier profile (kept as it was) and at a new path (nothing made), and
+ * leaves no temporary file.  Before, the message was "DB.tmp-PID: disk I/O error", no reason. */
+static void test_profile_full_disk(void **state)
+{
+    (void)state;
+    if (access(tu_bin(), X_OK) != 0) {
+        fprintf(stderr, "skipping: no %s\n", tu_bin());
+        skip();
+    }
+    char dir[512], db[700], out[512], device[64];
+    tu_tmp("profile_full", dir, sizeof dir);
+    mkdir(dir, 0755);
+    tu_tmp("profile_full.txt", out, sizeof out);
+    for (int earlier = 0; earlier < 2; earlier++) {
+        snprintf(db, sizeof db, "%s/%s.db", dir, earlier ? "earlier" : "new");
+        if (earlier) make_synthetic(db, "h100", 1);
+        int rc = tu_run(out, "bash -c \"trap '' XFSZ; ulimit -f 8; exec '%s' profile --synthetic h200 --model "
+                             "llama-3.1-8b --db '%s'\"", tu_bin(), db);
+        char *log = tu_slurp(out);
+        assert_non_null(log);
+        print_message("full disk, %s: exit %d: %s", earlier ? "over a profile" : "new path", rc, log);
+        assert_int_equal(rc, 3);
+        assert_true(strstr(log, "File too large") || strstr(log, "file size limit"));
+        free(log);
+        if (earlier) {
+            tu_query_text(db, "SELECT value FROM meta WHERE key = 'device'", device, sizeof device);
+            assert_string_equal(device, "h100");
+        } else {
+            assert_int_not_equal(access(db, F_OK), 0);
+        }
+        assert_int_equal(count_named(dir, earlier ? "earlier.db." : "new.db"), 0);
+    }
+}
+
 /* ---- step timings of a real run (sim/stepfit.c) --------------------------------------------- */
 
 /* A hand-made run: step k ends at ends[k]; a request is (first step, output tokens, last step). */
@@ -1131,6 +1166,7 @@ int main(void)
         cmocka_unit_test(test_profile_db_replaces_only_a_profile),
         cmocka_unit_test(test_profile_refuses_before_measuring),
         cmocka_unit_test(test_profile_trace_leaves_nothing_behind),
+        cmocka_unit_test(test_profile_full_disk),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
 }
