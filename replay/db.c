@@ -226,17 +226,22 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_INSERT_COVERAGE] = "INSERT INTO coverage(run, step, path, layers, verified_layers) VALUES(?,?,?,?,?)",
 };
 
+const char *ar_db_io_reason(void *sqlite_handle)
+{
+    /* the OS error when SQLite kept it, else the cause a failed write (SQLITE_IOERR_WRITE,
+     * SQLITE_FULL) nearly always has */
+    sqlite3 *h = sqlite_handle;
+    int sys = h ? sqlite3_system_errno(h) : 0;
+    int ext = h ? sqlite3_extended_errcode(h) : 0;
+    if (sys && ((ext & 0xff) == SQLITE_IOERR || (ext & 0xff) == SQLITE_FULL || (ext & 0xff) == SQLITE_CANTOPEN))
+        return strerror(sys);
+    if (ext == SQLITE_IOERR_WRITE || ext == SQLITE_FULL) return "a write failed: disk full or file size limit reached?";
+    return "";
+}
+
 static int fail(ar_db *db, char *err, size_t err_len, const char *what)
 {
-    /* Say what kind of I/O failure it was: the OS error when SQLite kept it, else the cause a
-     * failed write (SQLITE_IOERR_WRITE, SQLITE_FULL) nearly always has. */
-    int sys = db->h ? sqlite3_system_errno(db->h) : 0;
-    int ext = db->h ? sqlite3_extended_errcode(db->h) : 0;
-    const char *why = "";
-    if (sys && ((ext & 0xff) == SQLITE_IOERR || (ext & 0xff) == SQLITE_FULL || (ext & 0xff) == SQLITE_CANTOPEN))
-        why = strerror(sys);
-    else if (ext == SQLITE_IOERR_WRITE || ext == SQLITE_FULL)
-        why = "a write failed: disk full or file size limit reached?";
+    const char *why = ar_db_io_reason(db->h);   /* what kind of I/O failure it was */
     snprintf(err, err_len, "%s: %s: %s%s%s%s", db->path, what, db->h ? sqlite3_errmsg(db->h) : "?",
              *why ? " (" : "", why, *why ? ")" : "");
     return -1;
@@ -453,37 +458,65 @@ done:
     return rc;
 }
 
-ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err, size_t err_len)
+/* What a writable open refuses before it writes: a file that is not SQLite or is damaged, another
+ * program's tables of our names (check_tables), a newer schema.  0; -1 with err (*input_error
+ * set for those, not for I/O or a lock). */
+static int check_ours(ar_db *db, bool *input_error, char *err, size_t err_len)
 {
-    if (input_error) *input_error = false;
+    if (check_tables(db, input_error, err, err_len) != 0) return -1;
+    int version = ar_db_schema_version(db->h, NULL);
+    if (version > AR_DB_SCHEMA_VERSION) {
+        snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", db->path, version,
+                 AR_DB_SCHEMA_VERSION);
+        if (input_error) *input_error = true;
+        return -1;
+    }
+    return 0;
+}
+
+/* A connection to path with SQLite's open flags and the writers' busy timeout; NULL + err. */
+static ar_db *db_connect(const char *path, int flags, char *err, size_t err_len)
+{
     ar_db *db = calloc(1, sizeof *db);
     if (!db) {
         snprintf(err, err_len, "%s: out of memory", path);
         return NULL;
     }
     snprintf(db->path, sizeof db->path, "%s", path);
-    int flags = readonly ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
     if (sqlite3_open_v2(path, &db->h, flags | SQLITE_OPEN_FULLMUTEX, NULL) != SQLITE_OK) {
         fail(db, err, err_len, "cannot open database");
         ar_db_close(db);
         return NULL;
     }
     sqlite3_busy_timeout(db->h, ar_db_busy_timeout_ms());
-    if (readonly) return db;
+    return db;
+}
+
+int ar_db_check_ours(const char *path, bool *input_error, char *err, size_t err_len)
+{
+    if (input_error) *input_error = false;
+    struct stat sb;
+    if (stat(path, &sb) != 0 || sb.st_size == 0) return 0;   /* a new database */
+    /* read-write, not read-only: the last connection's close removes the -wal and -shm files a
+     * WAL database's reader makes, so the directory is left as it was */
+    ar_db *db = db_connect(path, SQLITE_OPEN_READWRITE, err, err_len);
+    if (!db) return -1;
+    int rc = check_ours(db, input_error, err, err_len);
+    ar_db_close(db);
+    return rc;
+}
+
+ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err, size_t err_len)
+{
+    if (input_error) *input_error = false;
+    int flags = readonly ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    ar_db *db = db_connect(path, flags, err, err_len);
+    if (!db || readonly) return db;
 
     /* Whose file it is, before anything is written to it (the WAL switch included): a file that
      * is not SQLite, a damaged one, another program's tables of our names and a newer schema
-     * are refused as they are. */
-    if (check_tables(db, input_error, err, err_len) != 0) {
-        ar_db_close(db);
-        return NULL;
-    }
-    /* Schema version: refuse a database written by a newer schema, migrate an older one. */
-    int version = ar_db_schema_version(db->h, NULL);
-    if (version > AR_DB_SCHEMA_VERSION) {
-        snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", path,
-                 version, AR_DB_SCHEMA_VERSION);
-        if (input_error) *input_error = true;
+     * are refused as they are; an older schema is migrated below. */
+    if (check_ours(db, input_error, err, err_len) != 0) {
         ar_db_close(db);
         return NULL;
     }

@@ -123,7 +123,17 @@ int ar_db_check_writable(const char *path, char *err, size_t err_len);
  * damaged, another program's tables named like ours, a newer schema: bad input, refused before
  * anything is written - rather than I/O, a lock or memory. */
 ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err, size_t err_len);
+/* For a command that measures before it writes (calibrate): checks, after ar_db_check_writable and
+ * without writing to the file, that ar_db_open would take path - no file or an empty one (a new
+ * database), or an SQLite file that holds no other program's tables of our names and no newer
+ * schema - so that a file it would refuse costs no measurement.  0, or -1 with err and
+ * *input_error as ar_db_open sets them. */
+int ar_db_check_ours(const char *path, bool *input_error, char *err, size_t err_len);
 void ar_db_close(ar_db *db);
+/* Why an SQLite call on sqlite_handle (a sqlite3 *) failed, for a message: the system's error
+ * for an I/O, full-disk or open failure when SQLite kept one, else the usual cause of a failed
+ * write; "" when neither applies. */
+const char *ar_db_io_reason(void *sqlite_handle);
 /* The raw handle (sqlite3 *) for readers in reports/ and sim/. */
 void *ar_db_handle(ar_db *db);
 /* For a read-only connection (sqlite3 *) to a database of an older schema version: TEMP views

@@ -5,7 +5,8 @@
  * --copy-gbps and --bf16-tflops; their method is "given".
  *
  * The database is opened only after a measurement succeeded, so a machine without a GPU leaves
- * it untouched; whether it can be written is checked first, so a bad path costs no GPU time. */
+ * it untouched; whether it can be written, and whether it is a file replay --db would take, is
+ * checked first (ar_db_check_writable, ar_db_check_ours), so a bad path costs no GPU time. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,7 +37,10 @@ static void calibrate_usage(FILE *f)
         "  --copy-gbps X --bf16-tflops Y --device NAME\n"
         "                     store these numbers for device NAME (method 'given'); no GPU used\n"
         "$AR_CUBLAS names the cuBLAS library (file or folder) to load instead of searching.\n"
-        "Exit status: 0 stored, 2 usage, 3 no CUDA device, CUDA error or database error.\n");
+        "Exit status: 0 stored; 2 usage or bad input: a DB that cannot be written or is not an\n"
+        "attnreplay results database (a directory, FIFO, not SQLite, another program's tables,\n"
+        "a newer schema), refused before any measurement and left as it is; 3 no CUDA device,\n"
+        "CUDA error, or I/O, a full disk or a lock while writing the database.\n");
 }
 
 static int parse_positive_double(const char *text, double *out)
@@ -66,35 +70,12 @@ static double unix_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* 0 when path can be written: an existing writable file, or a new name in a writable folder. */
-static int check_writable(const char *path, char *err, size_t err_len)
-{
-    if (access(path, F_OK) == 0) {
-        if (access(path, W_OK) == 0) return 0;
-        int saved = errno;
-        snprintf(err, err_len, "%.1000s: database is not writable (%s)", path, strerror(saved));
-        return -1;
-    }
-    char dir[1024];
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    if (access(dir, W_OK | X_OK) == 0) return 0;
-    int saved = errno;
-    snprintf(err, err_len, "%.1000s: cannot create the database: folder %.1000s is not writable "
-             "(%s)", path, dir, strerror(saved));
-    return -1;
-}
-
 int ar_calibrate_store(const char *db_path, const char *device, double measured, double copy_gbps,
                        double bf16_tflops, const char *method, char *err, size_t err_len)
 {
-    ar_db *db = ar_db_open(db_path, false, NULL, err, err_len);
-    if (!db) return -1;
+    bool not_ours = false;
+    ar_db *db = ar_db_open(db_path, false, &not_ours, err, err_len);
+    if (!db) return not_ours ? -2 : -1;
     sqlite3 *handle = ar_db_handle(db);
     sqlite3_stmt *insert = NULL;
     int rc = -1;
@@ -224,17 +205,24 @@ int ar_calibrate_main(int argc, char **argv)
         return 2;
     }
 
+    /* what replay --db refuses is refused here too, before a measurement */
     char err[3072];
-    if (check_writable(db_path, err, sizeof err) != 0) {
+    if (ar_db_check_writable(db_path, err, sizeof err) != 0) {
+        fprintf(stderr, "attnreplay calibrate: --db %s\n", err);
+        return 2;
+    }
+    bool not_ours = false;
+    if (ar_db_check_ours(db_path, &not_ours, err, sizeof err) != 0) {
         fprintf(stderr, "attnreplay calibrate: %s\n", err);
-        return 3;
+        return not_ours ? 2 : 3;
     }
 
     if (given) {
-        if (ar_calibrate_store(db_path, device, unix_now(), given_copy, given_tflops, "given", err,
-                               sizeof err) != 0) {
+        int stored = ar_calibrate_store(db_path, device, unix_now(), given_copy, given_tflops, "given",
+                                        err, sizeof err);
+        if (stored != 0) {
             fprintf(stderr, "attnreplay calibrate: %s\n", err);
-            return 3;
+            return stored == -2 ? 2 : 3;
         }
         printf("device            %s\n", device);
         printf("copy bandwidth    %8.1f GB/s      given\n", given_copy);
@@ -252,10 +240,11 @@ int ar_calibrate_main(int argc, char **argv)
         return rc == 2 ? 2 : 3;
     }
     print_measured(&cal);
-    if (ar_calibrate_store(db_path, cal.device, unix_now(), cal.copy_gbps, cal.bf16_tflops,
-                           cal.method, err, sizeof err) != 0) {
+    int stored = ar_calibrate_store(db_path, cal.device, unix_now(), cal.copy_gbps, cal.bf16_tflops,
+                                    cal.method, err, sizeof err);
+    if (stored != 0) {   /* -2: the file changed under the measurement */
         fprintf(stderr, "attnreplay calibrate: %s\n", err);
-        return 3;
+        return stored == -2 ? 2 : 3;
     }
     printf("stored in %s (table ceilings)\n", db_path);
     return 0;

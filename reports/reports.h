@@ -93,13 +93,15 @@ int ar_plan_fit_db(const char *db_path, const int64_t *runs /* [num_runs] */, si
  * attnreplay calibrate --db DB --device NAME --copy-gbps X --bf16-tflops Y
  * argv[0] = "calibrate".  Measures device 0's copy bandwidth and bf16 matrix rate (method in
  * kernels/common/cuda_calibrate.cu) and appends a `ceilings` row; or stores the given numbers with
- * method 'given'.  Returns 0 when stored, 2 on usage errors, 3 when there is no CUDA device
- * (the database is then untouched), on a CUDA error, or when the database cannot be written. */
+ * method 'given'.  Returns 0 when stored, 2 on usage errors and on a DB that cannot be written or
+ * that replay --db would refuse (checked before the measurement), 3 when there is no CUDA device
+ * (the database is then untouched), on a CUDA error, or on I/O or a lock while writing. */
 int ar_calibrate_main(int argc, char **argv);
 
 /* Appends one row to the `ceilings` table of db_path (created and migrated if needed):
- * measured in unix seconds, copy_gbps in 1e9 B/s, bf16_tflops in 1e12 FLOP/s.  Returns 0, or
- * -1 with a message naming the file. */
+ * measured in unix seconds, copy_gbps in 1e9 B/s, bf16_tflops in 1e12 FLOP/s.  Returns 0; -2
+ * when the file is not an attnreplay results database (ar_db_open's bad input); -1 on other
+ * errors; both with a message naming the file. */
 int ar_calibrate_store(const char *db_path, const char *device, double measured, double copy_gbps,
                        double bf16_tflops, const char *method, char *err, size_t err_len);
 

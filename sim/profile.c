@@ -48,8 +48,12 @@
  * interpolation. */
 #include "sim.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +64,7 @@
 
 #include "../kernels/common/cuda_profile.h"
 #include "../replay/backend.h"
+#include "../replay/db.h"
 #include "../replay/replay.h"
 
 #define PROFILE_FORMAT "attnreplay-profile"
@@ -219,7 +224,9 @@ static int profile_version(const ar_profile_table *p)
 
 static int sql_fail(sqlite3 *db, const char *path, char *err, size_t err_len)
 {
-    snprintf(err, err_len, "%s: %s", path, db ? sqlite3_errmsg(db) : "cannot open");
+    const char *why = ar_db_io_reason(db);   /* a full disk, a file size limit, ... */
+    snprintf(err, err_len, "%s: %s%s%s%s", path, db ? sqlite3_errmsg(db) : "cannot open", *why ? " (" : "", why,
+             *why ? ")" : "");
     return -1;
 }
 
@@ -230,12 +237,14 @@ int ar_profile_check_replaceable(const char *path, char *err, size_t err_len)
         return -1;
     }
     struct stat sb;
-    if (stat(path, &sb) != 0) return 0;   /* a new file (a missing directory fails when writing) */
-    if (!S_ISREG(sb.st_mode)) {
+    bool exists = stat(path, &sb) == 0;
+    if (exists && !S_ISREG(sb.st_mode)) {
         snprintf(err, err_len, "%s: %s, not a profile database", path, S_ISDIR(sb.st_mode) ? "is a directory" : "not a regular file");
         return -1;
     }
-    if (sb.st_size == 0) return 0;
+    /* the directory must take the temporary file and the rename (a missing or read-only one) */
+    if (ar_db_check_writable(path, err, err_len) != 0) return -1;
+    if (!exists || sb.st_size == 0) return 0;   /* a new file */
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
     bool ours = false, results = false;
@@ -411,12 +420,50 @@ static void temp_path_of(const char *path, char *buf, size_t len)
     snprintf(buf, len, "%s.tmp-%ld", path, (long)getpid());
 }
 
+/* Removes a database written here (the temporary profile, a --trace replay's scratch database)
+ * and the files SQLite keeps beside one. */
 static void remove_temp(const char *tmp)
 {
-    char side[1100];
-    unlink(tmp);
-    snprintf(side, sizeof side, "%s-journal", tmp);
-    unlink(side);
+    static const char *const sides[] = {"", "-journal", "-wal", "-shm"};
+    char side[1200];
+    for (size_t i = 0; i < sizeof sides / sizeof sides[0]; i++) {
+        snprintf(side, sizeof side, "%s%s", tmp, sides[i]);
+        unlink(side);
+    }
+}
+
+/* A profile killed before its rename (SIGKILL; SIGINT or SIGTERM while its --trace replay is inside
+ * a step, which ends the process at once) leaves PATH.tmp-PID and its replay's scratch database
+ * beside path.  They are removed here when their process is gone; those of a live process (another
+ * profile of path still running) stay. */
+static void remove_stale_temps(const char *path)
+{
+    static const char *const rests[] = {"", "-journal", "-wal", "-shm", ".replay-scratch.db",
+                                        ".replay-scratch.db-wal", ".replay-scratch.db-shm",
+                                        ".replay-scratch.db-journal"};
+    char dir[1024], prefix[1100];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    snprintf(prefix, sizeof prefix, "%s.tmp-", slash ? slash + 1 : path);
+    size_t plen = strlen(prefix);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, prefix, plen) != 0 || !isdigit((unsigned char)e->d_name[plen])) continue;
+        char *rest = NULL;
+        errno = 0;
+        long pid = strtol(e->d_name + plen, &rest, 10);
+        bool ours = false;
+        for (size_t i = 0; i < sizeof rests / sizeof rests[0]; i++) ours = ours || strcmp(rest, rests[i]) == 0;
+        if (!ours || errno != 0 || pid <= 0 || pid > INT_MAX || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;   /* alive, or not ours to ask */
+        char full[2400];
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        unlink(full);
+    }
+    closedir(d);
 }
 
 /* Renames the finished profile tmp over path, which is checked again (minutes may have passed);
@@ -983,6 +1030,20 @@ static double median_of(double *v, int n)
     return ar_quantile(v, n, 0.5);
 }
 
+/* The --trace of a profile of model: its reader, or NULL with err (the trace's FILE:LINE rule, or
+ * the two models). */
+static ar_trace_reader *open_trace_of(const char *trace, const char *model, char *err, size_t err_len)
+{
+    ar_trace_reader *r = ar_trace_open(trace, err, err_len);
+    if (r && strcmp(ar_trace_header_of(r)->model.name, model) != 0) {
+        snprintf(err, err_len, "%s: the trace is of model %s, the profile of %s", trace, ar_trace_header_of(r)->model.name,
+                 model);
+        ar_trace_close(r);
+        r = NULL;
+    }
+    return r;
+}
+
 /* --trace: replays the first steps of a trace (one layer, no verification) into a scratch
  * database, then sets p->replay_ratio to the median of measured / interpolated attention time over
  * them and records each step in the profile database. */
@@ -990,25 +1051,25 @@ static int measure_replayed_steps(ar_profile_table *p, const char *db_path, cons
                                   const char *backend, int repeat, char *err, size_t err_len)
 {
     char scratch[1100], steps_arg[32], repeat_arg[16];
-    ar_trace_reader *r = ar_trace_open(trace, err, err_len);
+    ar_trace_reader *r = open_trace_of(trace, p->model, err, err_len);
     if (!r) return 2;
-    if (strcmp(ar_trace_header_of(r)->model.name, p->model) != 0) {
-        snprintf(err, err_len, "%s: the trace is of model %s, the profile of %s", trace, ar_trace_header_of(r)->model.name,
-                 p->model);
-        ar_trace_close(r);
-        return 2;
-    }
     snprintf(scratch, sizeof scratch, "%s.replay-scratch.db", db_path);
-    unlink(scratch);
+    remove_temp(scratch);
     snprintf(steps_arg, sizeof steps_arg, "0:%d", max_steps - 1);
     snprintf(repeat_arg, sizeof repeat_arg, "%d", repeat);
     char *argv[] = {"replay", (char *)trace, "--db", scratch, "--backend", (char *)backend, "--layers", "1",
                     "--verify", "off", "--steps", steps_arg, "--repeat", repeat_arg, "--quiet", NULL};
     int rrc = ar_replay_main(COUNT(argv) - 1, argv);
     if (rrc != 0 && rrc != 1) {
-        snprintf(err, err_len, "replaying %s failed (exit %d)", trace, rrc);
+        /* an interrupted replay (SIGINT, SIGTERM: 130, 143) keeps its exit code */
+        if (rrc == 130 || rrc == 143)
+            snprintf(err, err_len, "replaying %s was interrupted (%s); nothing was written", trace,
+                     rrc == 130 ? "SIGINT" : "SIGTERM");
+        else
+            snprintf(err, err_len, "replaying %s failed (exit %d)", trace, rrc);
         ar_trace_close(r);
-        return rrc == 2 ? 2 : 3;
+        remove_temp(scratch);
+        return rrc == 2 || rrc == 130 || rrc == 143 ? rrc : 3;
     }
     sqlite3 *sdb = NULL, *pdb = NULL;
     sqlite3_stmt *sel = NULL, *ins = NULL;
@@ -1069,12 +1130,7 @@ done:
     sqlite3_finalize(ins);
     sqlite3_close(sdb);
     sqlite3_close(pdb);
-    unlink(scratch);
-    char side[1200];
-    snprintf(side, sizeof side, "%s-wal", scratch);
-    unlink(side);
-    snprintf(side, sizeof side, "%s-shm", scratch);
-    unlink(side);
+    remove_temp(scratch);
     free(ratios);
     free(ql);
     free(cl);
@@ -1119,8 +1175,11 @@ static void profile_usage(FILE *f)
             "  --synthetic DEVICE  no measurement: the roofline's numbers of a device preset (tests)\n"
             "  --from-llmservingsim DIR  no measurement: convert LLMServingSim's per-layer profiles of --model on\n"
             "                    --device (DIR = profiler/perf/<card>/<model>/<variant>/tp<N>, with --tp N)\n"
-            "Exit status: 0 written, 2 usage or bad input (DB a results database or another file that is\n"
-            "not a profile), 3 no GPU, CUDA or backend error, or the profile could not be written.\n",
+            "Exit status: 0 written; 2 usage or bad input (DB a results database or another file that is\n"
+            "not a profile, or in a folder that is missing or cannot be written; an option the kind of\n"
+            "profile does not use; --trace a bad trace or another model's), checked before anything is\n"
+            "measured; 3 no GPU, CUDA or backend error, or the profile could not be written; 130 / 143\n"
+            "the --trace replay was interrupted (SIGINT / SIGTERM). DB is written only when all of it is.\n",
             COUNT(full_m), ar_device_names());
 }
 
@@ -1183,7 +1242,7 @@ int ar_profile_main(int argc, char **argv)
     const char *device = NULL, *model = NULL, *db_path = NULL, *backend = "cuda", *trace = NULL, *synthetic = NULL,
                *import_dir = NULL;
     int tp = 1, repeat = 20, trace_steps = 200;
-    bool quick = false;
+    bool quick = false, backend_given = false, repeat_given = false, trace_steps_given = false;
     char command[2048] = "attnreplay";
     size_t used = strlen(command);
     for (int i = 0; i < argc && used + 2 < sizeof command; i++)
@@ -1204,13 +1263,14 @@ int ar_profile_main(int argc, char **argv)
         if (strcmp(a, "--device") == 0) device = v;
         else if (strcmp(a, "--model") == 0) model = v;
         else if (strcmp(a, "--db") == 0) db_path = v;
-        else if (strcmp(a, "--backend") == 0) backend = v;
+        else if (strcmp(a, "--backend") == 0) backend = v, backend_given = true;
         else if (strcmp(a, "--trace") == 0) trace = v;
         else if (strcmp(a, "--synthetic") == 0) synthetic = v;
         else if (strcmp(a, "--from-llmservingsim") == 0) import_dir = v;
         else if (strcmp(a, "--tp") == 0 && num_ok && n >= 1 && n <= 64) tp = (int)n;
-        else if (strcmp(a, "--repeat") == 0 && num_ok && n >= 1 && n <= 1000) repeat = (int)n;
-        else if (strcmp(a, "--trace-steps") == 0 && num_ok && n >= 1 && n <= 100000) trace_steps = (int)n;
+        else if (strcmp(a, "--repeat") == 0 && num_ok && n >= 1 && n <= 1000) repeat = (int)n, repeat_given = true;
+        else if (strcmp(a, "--trace-steps") == 0 && num_ok && n >= 1 && n <= 100000)
+            trace_steps = (int)n, trace_steps_given = true;
         else {
             fprintf(stderr, "profile: unknown option or bad value: %s %s\n", a, v);
             profile_usage(stderr);
@@ -1220,6 +1280,26 @@ int ar_profile_main(int argc, char **argv)
     if (!model || !db_path || (!device && !synthetic && !import_dir)) {
         fprintf(stderr, "profile: --model, --db and --device (or --synthetic) are required\n");
         profile_usage(stderr);
+        return 2;
+    }
+    /* options the chosen kind of profile would ignore */
+    if (import_dir && (synthetic || trace || trace_steps_given || backend_given || repeat_given || quick)) {
+        fprintf(stderr, "profile: --synthetic, --trace, --trace-steps, --backend, --repeat and --quick do not apply to "
+                        "--from-llmservingsim, which converts the bundle's numbers\n");
+        return 2;
+    }
+    if (synthetic && device) {
+        fprintf(stderr, "profile: --synthetic %s names the device of the roofline's numbers and --device %s the GPU a "
+                        "measurement must run on: give one of them\n", synthetic, device);
+        return 2;
+    }
+    if (trace_steps_given && !trace) {
+        fprintf(stderr, "profile: --trace-steps needs --trace\n");
+        return 2;
+    }
+    if (synthetic && !trace && (backend_given || repeat_given)) {
+        fprintf(stderr, "profile: --backend and --repeat apply to a measurement or a --trace replay; --synthetic "
+                        "alone times nothing\n");
         return 2;
     }
     const ar_model_preset *preset = ar_model_preset_find(model);
@@ -1236,6 +1316,7 @@ int ar_profile_main(int argc, char **argv)
         fprintf(stderr, "profile: %s\n", err);
         return 2;
     }
+    remove_stale_temps(db_path);
     if (import_dir) return import_main(import_dir, preset, tp, device, db_path, command);
     const ar_model *m = &preset->model;
     if (m->num_kv_heads % tp != 0 || preset->intermediate % tp != 0 || preset->vocab % tp != 0) {
@@ -1246,6 +1327,27 @@ int ar_profile_main(int argc, char **argv)
     if (!ar_device_find(device_preset)) {
         fprintf(stderr, "profile: unknown device '%s' (%s)\n", device_preset, ar_device_names());
         return 2;
+    }
+    /* what the measurement and the --trace replay use, checked before minutes of measuring */
+    if (!synthetic && !ar_backend_find(backend)) {   /* a --synthetic profile's --trace replay checks its own */
+        fprintf(stderr, "profile: unknown backend '%s'; `attnreplay backends` lists them\n", backend);
+        return 2;
+    }
+    if (trace && tp != 1) {
+        fprintf(stderr, "profile: --trace needs --tp 1 (a trace replays every head)\n");
+        return 2;
+    }
+    if (trace) {   /* the steps the replay will take, read and validated as replay reads them */
+        ar_trace_reader *r = open_trace_of(trace, preset->name, err, sizeof err);
+        int got = r ? 1 : -1, steps = 0;
+        const ar_step *st;
+        while (got == 1 && steps < trace_steps && (got = ar_trace_next(r, &st, err, sizeof err)) == 1) steps++;
+        if (r) ar_trace_close(r);
+        if (got >= 0 && steps == 0) snprintf(err, sizeof err, "%s: no step to replay", trace);
+        if (got < 0 || steps == 0) {
+            fprintf(stderr, "profile: %s\n", err);
+            return 2;
+        }
     }
     profile_grid grid = grid_of(quick);
     ar_profile_table *p = calloc(1, sizeof *p);
@@ -1301,11 +1403,6 @@ int ar_profile_main(int argc, char **argv)
             free(p);
             return rc == 2 ? 2 : 3;
         }
-    }
-    if (trace && tp != 1) {
-        fprintf(stderr, "profile: --trace needs --tp 1 (a trace replays every head)\n");
-        free(p);
-        return 2;
     }
     /* the whole profile (with --trace, its replayed steps too) goes to a file beside DB, renamed
      * over DB at the end: an interrupted or failed run leaves the earlier profile as it was */

@@ -357,8 +357,9 @@ int ar_stepfit_reject(ar_stepfit_set *set, const ar_steptime *st, double k_mad);
  * in err (missing tables, grids not ascending or incomplete, non-positive times). */
 int ar_profile_load(const char *path, ar_profile_table *p, char *err, size_t err_len);
 /* 0 when a profile may be written at path: nothing there, an empty file or a profile (meta format
- * attnreplay-profile); else -1 with err naming path and what it is (a results database, another
- * file, a directory), which is never replaced. */
+ * attnreplay-profile), in a directory that takes new files (ar_db_check_writable); else -1 with err
+ * naming path and what it is (a results database, another file, a directory) or why its directory
+ * cannot take it (missing, not a directory, read-only).  What is there is never replaced. */
 int ar_profile_check_replaceable(const char *path, char *err, size_t err_len);
 /* Writes p (and the command line that made it, for the meta table) to a new database beside path,
  * then renames it over path, which ar_profile_check_replaceable must accept.  Returns 0, -1 with

@@ -3,7 +3,9 @@
  * (not created when new, unchanged when it exists); given numbers (--copy-gbps, --bf16-tflops,
  * --device) land in `ceilings` exactly, labelled "given", with a current timestamp, and the
  * report's ceilings lookup (reports/rundata.c) picks the newest row; usage errors exit 2
- * without touching the database; an unwritable path exits 3 with a message naming it; and
+ * without touching the database; a --db that cannot be written or that replay --db would refuse
+ * (a directory, a FIFO, not SQLite, another program's tables, a newer schema) exits 2 naming it,
+ * before any measurement, the file untouched; and
  * cuBLAS, when this machine has it, loads through the same dlopen search the GPU run uses.
  *
  * The process hides every GPU (CUDA_VISIBLE_DEVICES=-1) so the no-device case holds on the
@@ -236,22 +238,101 @@ static void test_unwritable_db(void **state)
     const char *missing_dir = "/nonexistent-attnreplay-dir/cal.db";
     const char *args[] = { "calibrate", "--db", missing_dir, "--device", "G", "--copy-gbps",
                            "100", "--bf16-tflops", "10", NULL };
-    assert_int_equal(run_calibrate(args, &err_text), 3);
+    assert_int_equal(run_calibrate(args, &err_text), 2);
     assert_non_null(strstr(err_text, missing_dir));
     free(err_text);
 
     /* A folder given as the database: writable, but not a database. */
     const char *folder_args[] = { "calibrate", "--db", tu_tmpdir(), "--device", "G",
                                   "--copy-gbps", "100", "--bf16-tflops", "10", NULL };
-    assert_int_equal(run_calibrate(folder_args, &err_text), 3);
-    assert_true(strlen(err_text) > 0);
+    assert_int_equal(run_calibrate(folder_args, &err_text), 2);
+    assert_non_null(strstr(err_text, "directory"));
     free(err_text);
 
     /* The no-device check comes after the path check: a bad path costs no GPU time either. */
     const char *measure_args[] = { "calibrate", "--db", missing_dir, NULL };
-    assert_int_equal(run_calibrate(measure_args, &err_text), 3);
+    assert_int_equal(run_calibrate(measure_args, &err_text), 2);
     assert_non_null(strstr(err_text, missing_dir));
     free(err_text);
+}
+
+/* A --db that replay --db refuses is refused by calibrate the same way, exit 2 naming the file,
+ * before any measurement and left byte for byte as it was (no -wal or -shm beside it either):
+ * a FIFO, a text file, another program's SQLite file with a table named runs, a results
+ * database of a newer schema, a path under a regular file.  Before, each exited 3 (after the
+ * measurement on a GPU), and a FIFO or a text file was found only when the row was written. */
+static void test_db_refused_before_measuring(void **state)
+{
+    (void)state;
+    char good[1024], err[512];
+    tu_tmp("cal-newer.db", good, sizeof good);
+    unlink(good);
+    assert_int_equal(ar_calibrate_store(good, "GPU X", 1.0, 2.0, 3.0, "earlier", err, sizeof err), 0);
+    for (int kind = 0; kind < 5; kind++) {
+        static const char *const names[] = {"fifo", "text", "foreign", "newer", "under a file"};
+        static const char *const says[] = {"not a regular file", "not a readable SQLite database",
+                                           "not an attnreplay results database",
+                                           "schema version 99 is newer", "Not a directory"};
+        char path[1100], side[1200];
+        snprintf(side, sizeof side, "cal-bad-%d.db", kind);
+        tu_tmp(side, path, sizeof path);
+        unlink(path);
+        if (kind == 0) {
+            assert_int_equal(mkfifo(path, 0644), 0);
+        } else if (kind == 1) {
+            assert_int_equal(tu_write(path, "device,copy_gbps\nG,100\n"), 0);
+        } else if (kind == 2 || kind == 3) {
+            sqlite3 *h = NULL;
+            if (kind == 3) snprintf(path, sizeof path, "%s", good);
+            assert_int_equal(sqlite3_open(path, &h), SQLITE_OK);
+            assert_int_equal(sqlite3_exec(h, kind == 2 ? "CREATE TABLE runs(id INTEGER PRIMARY KEY, name TEXT);"
+                                                         "INSERT INTO runs VALUES(1, 'kept');"
+                                                       : "UPDATE meta SET value = '99' WHERE key = 'schema_version'",
+                                          NULL, NULL, NULL), SQLITE_OK);
+            sqlite3_close(h);
+        } else {
+            char file[1024];
+            tu_tmp("cal-plain-file", file, sizeof file);
+            assert_int_equal(tu_write(file, "x"), 0);
+            snprintf(path, sizeof path, "%s/cal.db", file);
+        }
+        struct stat before;
+        memset(&before, 0, sizeof before);
+        char *bytes = kind == 0 || kind == 4 ? NULL : tu_slurp(path);
+        if (kind == 1 || kind == 2 || kind == 3) {
+            assert_non_null(bytes);
+            assert_int_equal(stat(path, &before), 0);
+        }
+        const char *given[] = { "calibrate", "--db", path, "--device", "G", "--copy-gbps", "100",
+                                "--bf16-tflops", "10", NULL };
+        const char *measure[] = { "calibrate", "--db", path, NULL };
+        for (int mode = 0; mode < 2; mode++) {
+            char *err_text = NULL;
+            alarm(20);   /* a FIFO opened for reading waits for a writer */
+            int rc = run_calibrate(mode ? measure : given, &err_text);
+            alarm(0);
+            print_message("%s, %s: exit %d: %s", names[kind], mode ? "measured" : "given", rc, err_text);
+            assert_int_equal(rc, 2);
+            assert_non_null(strstr(err_text, path));
+            assert_non_null(strstr(err_text, says[kind]));
+            assert_null(strstr(err_text, "no CUDA device"));
+            free(err_text);
+            if (bytes) {
+                struct stat after;
+                assert_int_equal(stat(path, &after), 0);
+                assert_int_equal(after.st_size, before.st_size);
+                char *now = tu_slurp(path);
+                assert_non_null(now);
+                assert_memory_equal(now, bytes, (size_t)before.st_size);
+                free(now);
+            }
+            snprintf(side, sizeof side, "%s-wal", path);
+            assert_false(path_exists(side));
+            snprintf(side, sizeof side, "%s-shm", path);
+            assert_false(path_exists(side));
+        }
+        free(bytes);
+    }
 }
 
 static void test_cublas_probe(void **state)
@@ -280,6 +361,7 @@ int main(void)
         cmocka_unit_test(test_newest_row_wins),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_unwritable_db),
+        cmocka_unit_test(test_db_refused_before_measuring),
         cmocka_unit_test(test_cublas_probe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../sim/sim.h"
 
@@ -429,7 +430,8 @@ static void test_loader_rules_for_version_2(void **state)
     }
 }
 
-/* The command: the GPU of meta.yaml must be --device's card, and is recorded. */
+/* The command: the GPU of meta.yaml must be --device's card, and is recorded; a measurement's
+ * options (--quick, --trace, --synthetic, ...) are refused, not ignored. */
 static void test_command(void **state)
 {
     (void)state;
@@ -440,6 +442,15 @@ static void test_command(void **state)
     tu_tmp("cli.profile.db", db, sizeof db);
     char *bad[] = {"profile", "--from-llmservingsim", tp1, "--device", "rtxpro6000", "--model", "llama-3.1-8b", "--db", db, NULL};
     assert_int_equal(ar_profile_main(9, bad), 2);
+    /* options of a measurement would be ignored by an import: refused (before, exit 0 without them) */
+    char *ignored[][3] = {{"--quick", NULL}, {"--trace", "x.trace.jsonl"}, {"--synthetic", "h200"},
+                          {"--repeat", "5"}, {"--backend", "cpu"}, {"--trace-steps", "5"}};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
+        char *with[] = {"profile", "--from-llmservingsim", tp1, "--device", "rtx4090", "--model", "llama-3.1-8b",
+                        "--db", db, ignored[i][0], ignored[i][1], NULL};
+        assert_int_equal(ar_profile_main(ignored[i][1] ? 11 : 10, with), 2);
+        assert_int_not_equal(access(db, F_OK), 0);
+    }
     char *good[] = {"profile", "--from-llmservingsim", tp1, "--device", "rtx4090", "--model", "llama-3.1-8b", "--db", db, NULL};
     assert_int_equal(ar_profile_main(9, good), 0);
     char device[128];

@@ -10,11 +10,13 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../sim/sim.h"
@@ -589,6 +591,211 @@ static void test_profile_command(void **state)
                                  "--device h200 --step-time profile:%s --db %s --out %s", tu_bin(), syn, syn, plan_dir), 2);
 }
 
+/* Files in dir whose names start with prefix, or -1 when dir cannot be read. */
+static int count_named(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+            print_message("  %s/%s\n", dir, e->d_name);
+            n++;
+        }
+    closedir(d);
+    return n;
+}
+
+/* What a profile cannot do is refused with exit 2 before anything is measured (here, before the
+ * host build's "no CUDA device"), and no DB is made: a DB in a missing folder or under a file, a
+ * --trace the profile could not replay (with --tp 2, missing, another model's, broken within the
+ * steps it would replay, no steps), an unknown --backend, and options the kind of profile would
+ * ignore (--synthetic with --device, --trace-steps without --trace, --synthetic with --repeat).
+ * Before, the first six exited 3 after the measurement (here at once, "no CUDA device") and the
+ * last three exited 0 having ignored the option. */
+static void test_profile_refuses_before_measuring(void **state)
+{
+    (void)state;
+    if (access(tu_bin(), X_OK) != 0) {
+        fprintf(stderr, "skipping: no %s\n", tu_bin());
+        skip();
+    }
+    char dir[512], db[700], out[512], trace[700], other[700], broken[700], header_only[700];
+    tu_tmp("profile_refused", dir, sizeof dir);
+    mkdir(dir, 0755);
+    snprintf(db, sizeof db, "%s/p.db", dir);
+    snprintf(trace, sizeof trace, "%s/l8.trace.jsonl", dir);
+    snprintf(other, sizeof other, "%s/q32.trace.jsonl", dir);
+    snprintf(broken, sizeof broken, "%s/broken.trace.jsonl", dir);
+    snprintf(header_only, sizeof header_only, "%s/header.trace.jsonl", dir);
+    tu_tmp("profile_refused.txt", out, sizeof out);
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=6,input=64,output=4,rate=100 --model llama-3.1-8b "
+                                 "--out %s --quiet", tu_bin(), trace), 0);
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=2,input=32,output=2 --model qwen3-32b --out %s --quiet",
+                            tu_bin(), other), 0);
+    /* the header and two steps, then a step whose number is not an integer (line 4) */
+    assert_int_equal(tu_run(out, "{ head -3 %s > %s && echo '{\"step\": \"x\"}' >> %s; }", trace, broken, broken), 0);
+    assert_int_equal(tu_run(out, "{ head -1 %s > %s; }", trace, header_only), 0);
+    const char *m = "--model llama-3.1-8b";
+    struct { char args[1600]; const char *says; } cases[12];
+    int n = 0;
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s/missing/p.db --quick", m, dir);
+    cases[n++].says = "missing";
+    snprintf(cases[n].args, sizeof cases[n].args, "--synthetic h200 %s --db %s/p.db", m, trace);   /* under a file */
+    cases[n++].says = "Not a directory";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --tp 2 --trace %s", m, db, trace);
+    cases[n++].says = "--tp 1";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s/none.jsonl", m, db, dir);
+    cases[n++].says = "none.jsonl";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s", m, db, other);
+    cases[n++].says = "the trace is of model qwen3-32b";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s", m, db, broken);
+    cases[n++].says = "broken.trace.jsonl:4:";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s", m, db, header_only);
+    cases[n++].says = "no step to replay";
+    snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --backend nope", m, db);
+    cases[n++].says = "unknown backend 'nope'";
+    snprintf(cases[n].args, sizeof cases[n].args, "--synthetic h200 --device h100 %s --db %s", m, db);
+    cases[n++].says = "give one of them";
+    snprintf(cases[n].args, sizeof cases[n].args, "--synthetic h200 %s --db %s --trace-steps 5", m, db);
+    cases[n++].says = "--trace-steps needs --trace";
+    snprintf(cases[n].args, sizeof cases[n].args, "--synthetic h200 %s --db %s --repeat 3", m, db);
+    cases[n++].says = "--synthetic alone";
+    for (int i = 0; i < n; i++) {
+        int rc = tu_run(out, "%s profile %s", tu_bin(), cases[i].args);
+        char *log = tu_slurp(out);
+        assert_non_null(log);
+        print_message("profile %s: exit %d: %s", cases[i].args, rc, log);
+        if (rc != 2 || !strstr(log, cases[i].says) || strstr(log, "no CUDA device"))
+            fail_msg("case %d: exit %d, '%s' lacks '%s'", i, rc, log, cases[i].says);
+        free(log);
+        assert_int_equal(count_named(dir, "p.db"), 0);
+    }
+}
+
+/* A profile whose --trace replay fails or is stopped leaves DB as it was and nothing beside it:
+ * a backend whose forward fails at step 1 (exit 3), SIGTERM during the replay (exit 143, as
+ * replay's own); and the files a killed profile left (PATH.tmp-PID and its replay's scratch
+ * database) are removed by the next profile of PATH once their process is gone.  Before, the
+ * scratch database stayed after a failed replay, SIGTERM was exit 3, and a killed profile's files
+ * stayed for good. */
+static void test_profile_trace_leaves_nothing_behind(void **state)
+{
+    (void)state;
+    char plugin[600];
+    snprintf(plugin, sizeof plugin, "%s/tests/plugins/faulty-error.so", tu_build_dir());
+    if (access(tu_bin(), X_OK) != 0 || access(plugin, R_OK) != 0) {
+        fprintf(stderr, "skipping: no %s or %s\n", tu_bin(), plugin);
+        skip();
+    }
+    char dir[512], db[700], out[512], trace[700], longer[700], device[64];
+    tu_tmp("profile_trace_fail", dir, sizeof dir);
+    mkdir(dir, 0755);
+    snprintf(db, sizeof db, "%s/p.db", dir);
+    snprintf(trace, sizeof trace, "%s/l8.trace.jsonl", dir);
+    snprintf(longer, sizeof longer, "%s/long.trace.jsonl", dir);
+    tu_tmp("profile_trace_fail.txt", out, sizeof out);
+    make_synthetic(db, "h100", 1);
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=6,input=64,output=4,rate=100 --model llama-3.1-8b "
+                                 "--out %s --quiet", tu_bin(), trace), 0);
+    int rc = tu_run(out, "ATTNREPLAY_FAULTY_STEP=1 %s profile --synthetic h200 --model llama-3.1-8b --db %s --trace %s "
+                         "--trace-steps 4 --backend plugin:%s --repeat 1", tu_bin(), db, trace, plugin);
+    char *log = tu_slurp(out);
+    print_message("failing replay: exit %d: %s", rc, log ? log : "");
+    free(log);
+    assert_int_equal(rc, 3);
+    tu_query_text(db, "SELECT value FROM meta WHERE key = 'device'", device, sizeof device);
+    assert_string_equal(device, "h100");
+    assert_int_equal(count_named(dir, "p.db."), 0);
+
+    /* SIGTERM while the replay runs (steps of milliseconds: the replay stops between two) */
+    assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=3000,input=16,output=40,rate=100 --model llama-3.1-8b "
+                                 "--out %s --quiet", tu_bin(), longer), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (!freopen(out, "w", stdout) || dup2(fileno(stdout), 2) < 0) _exit(120);
+        execl(tu_bin(), tu_bin(), "profile", "--synthetic", "h200", "--model", "llama-3.1-8b", "--db", db, "--trace",
+              longer, "--trace-steps", "3000", "--backend", "cpu", "--repeat", "1", "--quick", (char *)NULL);
+        _exit(121);
+    }
+    char scratch[800];
+    snprintf(scratch, sizeof scratch, "%s.tmp-%ld.replay-scratch.db", db, (long)pid);
+    for (int i = 0; i < 600 && access(scratch, F_OK) != 0; i++) usleep(50 * 1000);
+    assert_int_equal(access(scratch, F_OK), 0);
+    usleep(300 * 1000);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    log = tu_slurp(out);
+    print_message("SIGTERM: status %d: %s", status, log ? log : "");
+    free(log);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 143);
+    tu_query_text(db, "SELECT value FROM meta WHERE key = 'device'", device, sizeof device);
+    assert_string_equal(device, "h100");
+    assert_int_equal(count_named(dir, "p.db."), 0);
+
+    /* a killed profile's files: those of a process that is gone are removed, the others stay */
+    pid_t gone = fork();
+    assert_true(gone >= 0);
+    if (gone == 0) _exit(0);
+    assert_int_equal(waitpid(gone, &status, 0), gone);
+    static const char *const left[] = {"", ".replay-scratch.db", ".replay-scratch.db-wal", "-journal"};
+    char name[800];
+    for (size_t i = 0; i < sizeof left / sizeof left[0]; i++) {
+        snprintf(name, sizeof name, "%s.tmp-%ld%s", db, (long)gone, left[i]);
+        assert_int_equal(tu_write(name, "partial"), 0);
+    }
+    snprintf(name, sizeof name, "%s.tmp-%ld", db, (long)getppid());   /* a live process's */
+    assert_int_equal(tu_write(name, "live"), 0);
+    snprintf(name, sizeof name, "%s.tmp-notes.txt", db);   /* not a name profile makes */
+    assert_int_equal(tu_write(name, "mine"), 0);
+    make_synthetic(db, "h200", 1);
+    assert_int_equal(count_named(dir, "p.db."), 2);
+    snprintf(name, sizeof name, "%s.tmp-%ld", db, (long)getppid());
+    assert_int_equal(access(name, F_OK), 0);
+    unlink(name);
+    snprintf(name, sizeof name, "%s.tmp-notes.txt", db);
+    assert_int_equal(access(name, F_OK), 0);
+    unlink(name);
+}
+
+/* A profile that cannot be written for want of space (`ulimit -f 8`, SIGXFSZ ignored) exits 3
+ * saying why (the system's error, or "disk full or file size limit reached?" as replay says it), over an earlier profile (kept as it was) and at a new path (nothing made), and
+ * leaves no temporary file.  Before, the message was "DB.tmp-PID: disk I/O error", no reason. */
+static void test_profile_full_disk(void **state)
+{
+    (void)state;
+    if (access(tu_bin(), X_OK) != 0) {
+        fprintf(stderr, "skipping: no %s\n", tu_bin());
+        skip();
+    }
+    char dir[512], db[700], out[512], device[64];
+    tu_tmp("profile_full", dir, sizeof dir);
+    mkdir(dir, 0755);
+    tu_tmp("profile_full.txt", out, sizeof out);
+    for (int earlier = 0; earlier < 2; earlier++) {
+        snprintf(db, sizeof db, "%s/%s.db", dir, earlier ? "earlier" : "new");
+        if (earlier) make_synthetic(db, "h100", 1);
+        int rc = tu_run(out, "bash -c \"trap '' XFSZ; ulimit -f 8; exec '%s' profile --synthetic h200 --model "
+                             "llama-3.1-8b --db '%s'\"", tu_bin(), db);
+        char *log = tu_slurp(out);
+        assert_non_null(log);
+        print_message("full disk, %s: exit %d: %s", earlier ? "over a profile" : "new path", rc, log);
+        assert_int_equal(rc, 3);
+        assert_true(strstr(log, "File too large") || strstr(log, "file size limit"));
+        free(log);
+        if (earlier) {
+            tu_query_text(db, "SELECT value FROM meta WHERE key = 'device'", device, sizeof device);
+            assert_string_equal(device, "h100");
+        } else {
+            assert_int_not_equal(access(db, F_OK), 0);
+        }
+        assert_int_equal(count_named(dir, earlier ? "earlier.db." : "new.db"), 0);
+    }
+}
+
 /* ---- step timings of a real run (sim/stepfit.c) --------------------------------------------- */
 
 /* A hand-made run: step k ends at ends[k]; a request is (first step, output tokens, last step). */
@@ -957,6 +1164,9 @@ int main(void)
         cmocka_unit_test(test_stepfit_waiting_not_decoding),
         cmocka_unit_test(test_run_load_rules),
         cmocka_unit_test(test_profile_db_replaces_only_a_profile),
+        cmocka_unit_test(test_profile_refuses_before_measuring),
+        cmocka_unit_test(test_profile_trace_leaves_nothing_behind),
+        cmocka_unit_test(test_profile_full_disk),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
 }
