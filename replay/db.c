@@ -51,6 +51,7 @@ struct ar_db {
     char path[1024];
     int reserve_fd;   /* the reserve, a deleted file held open; valid while have_reserve */
     bool have_reserve;
+    bool locked;      /* the last failure (fail()) was another connection's lock */
 };
 
 static const char *const phase_names[AR_PHASE_COUNT] = {
@@ -228,8 +229,12 @@ static const char *const stmt_sql[ST_COUNT] = {
 
 static int fail(ar_db *db, char *err, size_t err_len, const char *what)
 {
-    /* Say what kind of I/O failure it was: the OS error when SQLite kept it, else the cause a
-     * failed write (SQLITE_IOERR_WRITE, SQLITE_FULL) nearly always has. */
+    /* Another connection's lock past the busy timeout is said as every command says it
+     * (db_lock.h) and remembered (ar_db_locked: exit 2).  Else say what kind of I/O failure it
+     * was: the OS error when SQLite kept it, else the cause a failed write (SQLITE_IOERR_WRITE,
+     * SQLITE_FULL) nearly always has. */
+    db->locked = ar_db_lock_error(db->h, db->path, what, err, err_len);
+    if (db->locked) return -1;
     int sys = db->h ? sqlite3_system_errno(db->h) : 0;
     int ext = db->h ? sqlite3_extended_errcode(db->h) : 0;
     const char *why = "";
@@ -293,6 +298,21 @@ int ar_db_busy_timeout_ms(void)
         if (!*end && v >= 0 && v <= 24L * 3600 * 1000) return (int)v;
     }
     return AR_DB_BUSY_TIMEOUT_MS;
+}
+
+bool ar_db_lock_error(void *sqlite_handle, const char *path, const char *what, char *err, size_t err_len)
+{
+    const int code = sqlite_handle ? sqlite3_errcode(sqlite_handle) & 0xff : SQLITE_OK;   /* BUSY_SNAPSHOT too */
+    if (code != SQLITE_BUSY && code != SQLITE_LOCKED) return false;
+    snprintf(err, err_len, "%s: %s%sthe database is locked by another connection's write (waited %d ms; "
+             "ATTNREPLAY_BUSY_TIMEOUT_MS sets the wait)", path, what ? what : "", what ? ": " : "",
+             ar_db_busy_timeout_ms());
+    return true;
+}
+
+bool ar_db_locked(const ar_db *db)
+{
+    return db && db->locked;
 }
 
 int ar_db_has_column(void *sqlite_handle, const char *schema, const char *table, const char *column)
@@ -453,6 +473,15 @@ done:
     return rc;
 }
 
+/* ar_db_open's way out after a failure (err set): a lock held past the busy timeout is bad input
+ * too; the database is closed.  NULL. */
+static ar_db *open_failed(ar_db *db, bool *input_error)
+{
+    if (input_error && db->locked) *input_error = true;
+    ar_db_close(db);
+    return NULL;
+}
+
 ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err, size_t err_len)
 {
     if (input_error) *input_error = false;
@@ -465,8 +494,7 @@ ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err,
     int flags = readonly ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
     if (sqlite3_open_v2(path, &db->h, flags | SQLITE_OPEN_FULLMUTEX, NULL) != SQLITE_OK) {
         fail(db, err, err_len, "cannot open database");
-        ar_db_close(db);
-        return NULL;
+        return open_failed(db, input_error);
     }
     sqlite3_busy_timeout(db->h, ar_db_busy_timeout_ms());
     if (readonly) return db;
@@ -474,38 +502,26 @@ ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err,
     /* Whose file it is, before anything is written to it (the WAL switch included): a file that
      * is not SQLite, a damaged one, another program's tables of our names and a newer schema
      * are refused as they are. */
-    if (check_tables(db, input_error, err, err_len) != 0) {
-        ar_db_close(db);
-        return NULL;
-    }
+    if (check_tables(db, input_error, err, err_len) != 0) return open_failed(db, input_error);
     /* Schema version: refuse a database written by a newer schema, migrate an older one. */
     int version = ar_db_schema_version(db->h, NULL);
     if (version > AR_DB_SCHEMA_VERSION) {
         snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", path,
                  version, AR_DB_SCHEMA_VERSION);
         if (input_error) *input_error = true;
-        ar_db_close(db);
-        return NULL;
+        return open_failed(db, input_error);
     }
     reserve_create(db);
-    char *msg = NULL;
-    if (sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
-                     &msg) != SQLITE_OK) {
-        snprintf(err, err_len, "%s: cannot set up the database: %s", path, msg ? msg : "?");
+    if (sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, NULL) != SQLITE_OK) {
+        fail(db, err, err_len, "cannot set up the database");
         if (input_error) *input_error = not_a_database(db->h);
-        sqlite3_free(msg);
-        ar_db_close(db);
-        return NULL;
+        return open_failed(db, input_error);
     }
-    if (migrate(db, err, err_len) != 0) {
-        ar_db_close(db);
-        return NULL;
-    }
+    if (migrate(db, err, err_len) != 0) return open_failed(db, input_error);
     for (int i = 0; i < ST_COUNT; i++) {
         if (sqlite3_prepare_v2(db->h, stmt_sql[i], -1, &db->st[i], NULL) != SQLITE_OK) {
             fail(db, err, err_len, "cannot prepare a statement");
-            ar_db_close(db);
-            return NULL;
+            return open_failed(db, input_error);
         }
     }
     return db;
@@ -964,6 +980,7 @@ struct ar_db_writer {
     bool closed;                  /* abort took over: write nothing more */
     bool finished;                /* the run's status is written */
     bool failed;
+    bool locked;                  /* ... on another connection's lock past the busy timeout */
     char error[1024];
     double sqlite_s;              /* time in SQLite this invocation (written under both locks) */
     double sqlite_base;           /* ... and in earlier invocations of a resumed run */
@@ -1136,6 +1153,7 @@ static void flush(ar_db_writer *w)
     pthread_mutex_lock(&w->q_mu);
     if (rc != 0 && !w->failed) {
         w->failed = true;
+        w->locked = w->db->locked && !w->lost;
         snprintf(w->error, sizeof w->error, "%s", err);
         give_back(w, take_pending(w));   /* later steps cannot follow a lost batch */
     }
@@ -1255,6 +1273,14 @@ const char *ar_db_writer_error(ar_db_writer *w)
     const char *e = w->failed ? w->error : NULL;
     pthread_mutex_unlock(&w->q_mu);
     return e;
+}
+
+bool ar_db_writer_locked(ar_db_writer *w)
+{
+    pthread_mutex_lock(&w->q_mu);
+    bool locked = w->failed && w->locked;
+    pthread_mutex_unlock(&w->q_mu);
+    return locked;
 }
 
 double ar_db_writer_seconds(ar_db_writer *w)
