@@ -36,7 +36,9 @@ static void calibrate_usage(FILE *f)
         "  --copy-gbps X --bf16-tflops Y --device NAME\n"
         "                     store these numbers for device NAME (method 'given'); no GPU used\n"
         "$AR_CUBLAS names the cuBLAS library (file or folder) to load instead of searching.\n"
-        "Exit status: 0 stored, 2 usage, 3 no CUDA device, CUDA error or database error.\n");
+        "Exit status: 0 stored, 2 usage or bad input (DB not an attnreplay results database, or\n"
+        "locked by another writer past ATTNREPLAY_BUSY_TIMEOUT_MS, default 30000), 3 no CUDA device,\n"
+        "CUDA error or database error (I/O).\n");
 }
 
 static int parse_positive_double(const char *text, double *out)
@@ -93,11 +95,12 @@ static int check_writable(const char *path, char *err, size_t err_len)
 int ar_calibrate_store(const char *db_path, const char *device, double measured, double copy_gbps,
                        double bf16_tflops, const char *method, char *err, size_t err_len)
 {
-    ar_db *db = ar_db_open(db_path, false, NULL, err, err_len);
-    if (!db) return -1;
+    bool bad_db = false;
+    ar_db *db = ar_db_open(db_path, false, &bad_db, err, err_len);
+    if (!db) return bad_db ? 2 : 3;
     sqlite3 *handle = ar_db_handle(db);
     sqlite3_stmt *insert = NULL;
-    int rc = -1;
+    int rc = 3;
     if (sqlite3_prepare_v2(handle,
             "INSERT INTO ceilings(device, measured, copy_gbps, bf16_tflops, method) "
             "VALUES(?, ?, ?, ?, ?)", -1, &insert, NULL) != SQLITE_OK) {
@@ -111,8 +114,11 @@ int ar_calibrate_store(const char *db_path, const char *device, double measured,
     sqlite3_bind_double(insert, 4, bf16_tflops);
     sqlite3_bind_text(insert, 5, method, -1, SQLITE_STATIC);
     if (sqlite3_step(insert) != SQLITE_DONE) {
-        snprintf(err, err_len, "%s: writing the ceilings row failed: %s", db_path,
-                 sqlite3_errmsg(handle));
+        if (ar_db_lock_error(handle, db_path, "writing the ceilings row failed", err, err_len))
+            rc = 2;
+        else
+            snprintf(err, err_len, "%s: writing the ceilings row failed: %s", db_path,
+                     sqlite3_errmsg(handle));
         goto done;
     }
     rc = 0;
@@ -231,10 +237,11 @@ int ar_calibrate_main(int argc, char **argv)
     }
 
     if (given) {
-        if (ar_calibrate_store(db_path, device, unix_now(), given_copy, given_tflops, "given", err,
-                               sizeof err) != 0) {
+        int stored = ar_calibrate_store(db_path, device, unix_now(), given_copy, given_tflops, "given", err,
+                                        sizeof err);
+        if (stored != 0) {
             fprintf(stderr, "attnreplay calibrate: %s\n", err);
-            return 3;
+            return stored;
         }
         printf("device            %s\n", device);
         printf("copy bandwidth    %8.1f GB/s      given\n", given_copy);
@@ -252,10 +259,11 @@ int ar_calibrate_main(int argc, char **argv)
         return rc == 2 ? 2 : 3;
     }
     print_measured(&cal);
-    if (ar_calibrate_store(db_path, cal.device, unix_now(), cal.copy_gbps, cal.bf16_tflops,
-                           cal.method, err, sizeof err) != 0) {
+    rc = ar_calibrate_store(db_path, cal.device, unix_now(), cal.copy_gbps, cal.bf16_tflops, cal.method, err,
+                            sizeof err);
+    if (rc != 0) {
         fprintf(stderr, "attnreplay calibrate: %s\n", err);
-        return 3;
+        return rc;
     }
     printf("stored in %s (table ceilings)\n", db_path);
     return 0;

@@ -99,7 +99,8 @@ int ar_calibrate_main(int argc, char **argv);
 
 /* Appends one row to the `ceilings` table of db_path (created and migrated if needed):
  * measured in unix seconds, copy_gbps in 1e9 B/s, bf16_tflops in 1e12 FLOP/s.  Returns 0, or
- * -1 with a message naming the file. */
+ * calibrate's exit code with a message naming the file: 2 for bad input (not an attnreplay
+ * results database, or another connection's lock held past the busy timeout), 3 for I/O. */
 int ar_calibrate_store(const char *db_path, const char *device, double measured, double copy_gbps,
                        double bf16_tflops, const char *method, char *err, size_t err_len);
 
