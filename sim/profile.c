@@ -1126,7 +1126,8 @@ static void profile_usage(FILE *f)
             "  --from-llmservingsim DIR  no measurement: convert LLMServingSim's per-layer profiles of --model on\n"
             "                    --device (DIR = profiler/perf/<card>/<model>/<variant>/tp<N>, with --tp N)\n"
             "Exit status: 0 written, 2 usage or bad input (DB a results database or another file that is\n"
-            "not a profile), 3 no GPU, CUDA or backend error, or the profile could not be written.\n",
+            "not a profile, or locked by another writer past ATTNREPLAY_BUSY_TIMEOUT_MS, default 30000),\n"
+            "3 no GPU, CUDA or backend error, or the profile could not be written.\n",
             COUNT(full_m), ar_device_names());
 }
 
