@@ -51,6 +51,7 @@ struct ar_db {
     char path[1024];
     int reserve_fd;   /* the reserve, a deleted file held open; valid while have_reserve */
     bool have_reserve;
+    bool locked;      /* the last failure (fail()) was another connection's lock */
 };
 
 static const char *const phase_names[AR_PHASE_COUNT] = {
@@ -241,7 +242,11 @@ const char *ar_db_io_reason(void *sqlite_handle)
 
 static int fail(ar_db *db, char *err, size_t err_len, const char *what)
 {
-    const char *why = ar_db_io_reason(db->h);   /* what kind of I/O failure it was */
+    /* Another connection's lock past the busy timeout is said as every command says it
+     * (db_lock.h) and remembered (ar_db_locked: exit 2); else what kind of I/O failure it was. */
+    db->locked = ar_db_lock_error(db->h, db->path, what, err, err_len);
+    if (db->locked) return -1;
+    const char *why = ar_db_io_reason(db->h);
     snprintf(err, err_len, "%s: %s: %s%s%s%s", db->path, what, db->h ? sqlite3_errmsg(db->h) : "?",
              *why ? " (" : "", why, *why ? ")" : "");
     return -1;
@@ -298,6 +303,21 @@ int ar_db_busy_timeout_ms(void)
         if (!*end && v >= 0 && v <= 24L * 3600 * 1000) return (int)v;
     }
     return AR_DB_BUSY_TIMEOUT_MS;
+}
+
+bool ar_db_lock_error(void *sqlite_handle, const char *path, const char *what, char *err, size_t err_len)
+{
+    const int code = sqlite_handle ? sqlite3_errcode(sqlite_handle) & 0xff : SQLITE_OK;   /* BUSY_SNAPSHOT too */
+    if (code != SQLITE_BUSY && code != SQLITE_LOCKED) return false;
+    snprintf(err, err_len, "%s: %s%sthe database is locked by another connection's write (waited %d ms; "
+             "ATTNREPLAY_BUSY_TIMEOUT_MS sets the wait)", path, what ? what : "", what ? ": " : "",
+             ar_db_busy_timeout_ms());
+    return true;
+}
+
+bool ar_db_locked(const ar_db *db)
+{
+    return db && db->locked;
 }
 
 int ar_db_has_column(void *sqlite_handle, const char *schema, const char *table, const char *column)
@@ -458,24 +478,37 @@ done:
     return rc;
 }
 
-/* What a writable open refuses before it writes: a file that is not SQLite or is damaged, another
- * program's tables of our names (check_tables), a newer schema.  0; -1 with err (*input_error
- * set for those, not for I/O or a lock). */
-static int check_ours(ar_db *db, bool *input_error, char *err, size_t err_len)
+/* ar_db_open's way out after a failure (err set): a lock held past the busy timeout is bad input
+ * too; the database is closed.  NULL. */
+static ar_db *open_failed(ar_db *db, bool *input_error)
 {
-    if (check_tables(db, input_error, err, err_len) != 0) return -1;
-    int version = ar_db_schema_version(db->h, NULL);
-    if (version > AR_DB_SCHEMA_VERSION) {
-        snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", db->path, version,
-                 AR_DB_SCHEMA_VERSION);
-        if (input_error) *input_error = true;
-        return -1;
-    }
-    return 0;
+    if (input_error && db->locked) *input_error = true;
+    ar_db_close(db);
+    return NULL;
 }
 
-/* A connection to path with SQLite's open flags and the writers' busy timeout; NULL + err. */
-static ar_db *db_connect(const char *path, int flags, char *err, size_t err_len)
+/* What a writable open refuses before it writes: a file that is not SQLite or is damaged, another
+ * program's tables of our names (check_tables), a newer schema.  0; -1 with err (*input_error
+ * set for those, and for a lock held past the busy timeout, not for I/O). */
+static int check_ours(ar_db *db, bool *input_error, char *err, size_t err_len)
+{
+    int rc = check_tables(db, input_error, err, err_len);
+    if (rc == 0) {
+        int version = ar_db_schema_version(db->h, NULL);
+        if (version > AR_DB_SCHEMA_VERSION) {
+            snprintf(err, err_len, "%s: schema version %d is newer than this attnreplay's %d", db->path, version,
+                     AR_DB_SCHEMA_VERSION);
+            if (input_error) *input_error = true;
+            rc = -1;
+        }
+    }
+    if (rc != 0 && input_error && db->locked) *input_error = true;
+    return rc;
+}
+
+/* A connection to path with SQLite's open flags and the writers' busy timeout; NULL + err
+ * (*input_error set for a lock). */
+static ar_db *db_connect(const char *path, int flags, bool *input_error, char *err, size_t err_len)
 {
     ar_db *db = calloc(1, sizeof *db);
     if (!db) {
@@ -485,8 +518,7 @@ static ar_db *db_connect(const char *path, int flags, char *err, size_t err_len)
     snprintf(db->path, sizeof db->path, "%s", path);
     if (sqlite3_open_v2(path, &db->h, flags | SQLITE_OPEN_FULLMUTEX, NULL) != SQLITE_OK) {
         fail(db, err, err_len, "cannot open database");
-        ar_db_close(db);
-        return NULL;
+        return open_failed(db, input_error);
     }
     sqlite3_busy_timeout(db->h, ar_db_busy_timeout_ms());
     return db;
@@ -499,7 +531,7 @@ int ar_db_check_ours(const char *path, bool *input_error, char *err, size_t err_
     if (stat(path, &sb) != 0 || sb.st_size == 0) return 0;   /* a new database */
     /* read-write, not read-only: the last connection's close removes the -wal and -shm files a
      * WAL database's reader makes, so the directory is left as it was */
-    ar_db *db = db_connect(path, SQLITE_OPEN_READWRITE, err, err_len);
+    ar_db *db = db_connect(path, SQLITE_OPEN_READWRITE, input_error, err, err_len);
     if (!db) return -1;
     int rc = check_ours(db, input_error, err, err_len);
     ar_db_close(db);
@@ -510,35 +542,24 @@ ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err,
 {
     if (input_error) *input_error = false;
     int flags = readonly ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
-    ar_db *db = db_connect(path, flags, err, err_len);
+    ar_db *db = db_connect(path, flags, input_error, err, err_len);
     if (!db || readonly) return db;
 
     /* Whose file it is, before anything is written to it (the WAL switch included): a file that
      * is not SQLite, a damaged one, another program's tables of our names and a newer schema
      * are refused as they are; an older schema is migrated below. */
-    if (check_ours(db, input_error, err, err_len) != 0) {
-        ar_db_close(db);
-        return NULL;
-    }
+    if (check_ours(db, input_error, err, err_len) != 0) return open_failed(db, input_error);
     reserve_create(db);
-    char *msg = NULL;
-    if (sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL,
-                     &msg) != SQLITE_OK) {
-        snprintf(err, err_len, "%s: cannot set up the database: %s", path, msg ? msg : "?");
+    if (sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, NULL) != SQLITE_OK) {
+        fail(db, err, err_len, "cannot set up the database");
         if (input_error) *input_error = not_a_database(db->h);
-        sqlite3_free(msg);
-        ar_db_close(db);
-        return NULL;
+        return open_failed(db, input_error);
     }
-    if (migrate(db, err, err_len) != 0) {
-        ar_db_close(db);
-        return NULL;
-    }
+    if (migrate(db, err, err_len) != 0) return open_failed(db, input_error);
     for (int i = 0; i < ST_COUNT; i++) {
         if (sqlite3_prepare_v2(db->h, stmt_sql[i], -1, &db->st[i], NULL) != SQLITE_OK) {
             fail(db, err, err_len, "cannot prepare a statement");
-            ar_db_close(db);
-            return NULL;
+            return open_failed(db, input_error);
         }
     }
     return db;
@@ -997,6 +1018,7 @@ struct ar_db_writer {
     bool closed;                  /* abort took over: write nothing more */
     bool finished;                /* the run's status is written */
     bool failed;
+    bool locked;                  /* ... on another connection's lock past the busy timeout */
     char error[1024];
     double sqlite_s;              /* time in SQLite this invocation (written under both locks) */
     double sqlite_base;           /* ... and in earlier invocations of a resumed run */
@@ -1169,6 +1191,7 @@ static void flush(ar_db_writer *w)
     pthread_mutex_lock(&w->q_mu);
     if (rc != 0 && !w->failed) {
         w->failed = true;
+        w->locked = w->db->locked && !w->lost;
         snprintf(w->error, sizeof w->error, "%s", err);
         give_back(w, take_pending(w));   /* later steps cannot follow a lost batch */
     }
@@ -1288,6 +1311,14 @@ const char *ar_db_writer_error(ar_db_writer *w)
     const char *e = w->failed ? w->error : NULL;
     pthread_mutex_unlock(&w->q_mu);
     return e;
+}
+
+bool ar_db_writer_locked(ar_db_writer *w)
+{
+    pthread_mutex_lock(&w->q_mu);
+    bool locked = w->failed && w->locked;
+    pthread_mutex_unlock(&w->q_mu);
+    return locked;
 }
 
 double ar_db_writer_seconds(ar_db_writer *w)

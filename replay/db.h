@@ -98,18 +98,12 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "db_lock.h"      /* ar_db_busy_timeout_ms, ar_db_lock_error */
 #include "db_version.h"   /* AR_DB_SCHEMA_VERSION */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* How long a writer waits for another writer's lock (ms); ATTNREPLAY_BUSY_TIMEOUT_MS
- * overrides it. */
-#define AR_DB_BUSY_TIMEOUT_MS 30000
-/* The wait every writer of a results database (replay, merge, calibrate) sets:
- * ATTNREPLAY_BUSY_TIMEOUT_MS when it is an integer 0..86400000, else AR_DB_BUSY_TIMEOUT_MS. */
-int ar_db_busy_timeout_ms(void);
 
 typedef struct ar_db ar_db;
 
@@ -119,9 +113,10 @@ typedef struct ar_db ar_db;
 int ar_db_check_writable(const char *path, char *err, size_t err_len);
 /* Opens (creating and migrating) the database; busy timeout ar_db_busy_timeout_ms() so a second
  * writer waits, then fails clearly.  readonly for report/diff/plan. NULL + err on failure;
- * *input_error (NULL: not wanted) then says whether the file itself is the problem - not SQLite,
- * damaged, another program's tables named like ours, a newer schema: bad input, refused before
- * anything is written - rather than I/O, a lock or memory. */
+ * *input_error (NULL: not wanted) then says whether it is bad input (exit 2), refused before
+ * anything is written - the file itself (not SQLite, damaged, another program's tables named
+ * like ours, a newer schema) or another connection's lock held past the busy timeout - rather
+ * than I/O or memory. */
 ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err, size_t err_len);
 /* For a command that measures before it writes (calibrate): checks, after ar_db_check_writable and
  * without writing to the file, that ar_db_open would take path - no file or an empty one (a new
@@ -134,6 +129,11 @@ void ar_db_close(ar_db *db);
  * for an I/O, full-disk or open failure when SQLite kept one, else the usual cause of a failed
  * write; "" when neither applies. */
 const char *ar_db_io_reason(void *sqlite_handle);
+
+/* Whether the last failure of a call on db (err set) was another connection's lock held past
+ * the busy timeout (err then says so in db_lock.h's words): bad input, exit 2, where other
+ * database errors are exit 3. */
+bool ar_db_locked(const ar_db *db);
 /* The raw handle (sqlite3 *) for readers in reports/ and sim/. */
 void *ar_db_handle(ar_db *db);
 /* For a read-only connection (sqlite3 *) to a database of an older schema version: TEMP views
@@ -305,6 +305,9 @@ int ar_db_writer_push(ar_db_writer *w, ar_step_record *r);
 void ar_db_writer_discard(ar_db_writer *w, ar_step_record *r);
 /* NULL while all is well, else why the writer stopped. */
 const char *ar_db_writer_error(ar_db_writer *w);
+/* Whether the writer stopped on another connection's lock held past the busy timeout (its
+ * error says so; the steps committed before stay whole and --resume continues the run). */
+bool ar_db_writer_locked(ar_db_writer *w);
 /* Seconds spent in SQLite so far, earlier invocations included (the sqlite phase, which the
  * writer also stores with each batch's progress). */
 double ar_db_writer_seconds(ar_db_writer *w);

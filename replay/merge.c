@@ -27,8 +27,8 @@
  * says which), else what the engine would have said of the merged steps: 'failed', 'empty',
  * 'fault-not-fired', 'unverified' or 'passed'.  Phase times add up over the shards; wall_s is
  * the longest shard's.  Exit: 0 merged (the run's status says how complete it is), 2 bad input
- * (unreadable or mismatched shards, an OUT that is not an attnreplay database: ar_db_open),
- * 3 a database error. */
+ * (unreadable or mismatched shards, an OUT that is not an attnreplay database: ar_db_open; OUT
+ * or a shard locked by another writer past the busy timeout), 3 a database error. */
 #include "replay.h"
 
 #include <errno.h>
@@ -73,6 +73,7 @@ typedef struct merge_ctx {
     shard_run *runs;
     size_t num_runs;
     int64_t dst;                 /* the merged run, 0 until it exists */
+    bool locked;                 /* a statement on OUT met another connection's lock past the busy timeout */
 } merge_ctx;
 
 static char *dup_text(sqlite3_stmt *st, int col)
@@ -89,20 +90,26 @@ static void free_run(shard_run *r)
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) free(*texts[i]);
 }
 
+/* A statement on OUT failed: err in SQLite's words (msg, else the connection's), or for another
+ * connection's lock past the busy timeout in db_lock.h's (m->locked: exit 2).  -1. */
+static int out_failed(merge_ctx *m, const char *msg, char *err, size_t err_len)
+{
+    m->locked = ar_db_lock_error(m->h, m->out_path, NULL, err, err_len);
+    if (!m->locked) snprintf(err, err_len, "%s: %s", m->out_path, msg ? msg : sqlite3_errmsg(m->h));
+    return -1;
+}
+
 static int exec(merge_ctx *m, const char *sql, char *err, size_t err_len)
 {
     char *msg = NULL;
-    if (sqlite3_exec(m->h, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        snprintf(err, err_len, "%s: %s", m->out_path, msg ? msg : sqlite3_errmsg(m->h));
-        sqlite3_free(msg);
-        return -1;
-    }
-    return 0;
+    int rc = sqlite3_exec(m->h, sql, NULL, NULL, &msg) == SQLITE_OK ? 0 : out_failed(m, msg, err, err_len);
+    sqlite3_free(msg);
+    return rc;
 }
 
 /* Attaches the shard read-only as s.  0; 2 with err set when the file is refused (not SQLite,
- * damaged, unreadable); 3 on an I/O error or a full disk (SQLite makes a WAL database's -shm
- * file beside it even to read it). */
+ * damaged, unreadable, locked by another writer past the busy timeout); 3 on an I/O error or a
+ * full disk (SQLite makes a WAL database's -shm file beside it even to read it). */
 static int attach(merge_ctx *m, const char *path, char *err, size_t err_len)
 {
     char *uri = sqlite3_mprintf("file:%s?mode=ro", path);
@@ -111,6 +118,7 @@ static int attach(merge_ctx *m, const char *path, char *err, size_t err_len)
     sqlite3_free(sql);
     sqlite3_free(uri);
     if (rc != SQLITE_OK) {
+        if (ar_db_lock_error(m->h, path, "cannot open the shard database read-only", err, err_len)) return 2;
         int code = sqlite3_errcode(m->h) & 0xff;
         bool io = rc == SQLITE_NOMEM || code == SQLITE_IOERR || code == SQLITE_FULL || code == SQLITE_NOMEM;
         snprintf(err, err_len, "%s: cannot open the shard database read-only: %s%s", path, sqlite3_errmsg(m->h),
@@ -184,6 +192,7 @@ static int read_runs(merge_ctx *m, const char *path, int f, char *err, size_t er
                            -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
         tables = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
+    if (tables < 0 && ar_db_lock_error(m->h, path, NULL, err, err_len)) return -1;
     if (tables != 2) {
         snprintf(err, err_len, "%s: %s", path, tables < 0 ? "not a readable SQLite database"
                  : "not an attnreplay results database (tables 'runs' and 'steps' missing)");
@@ -405,17 +414,15 @@ static int check_group(merge_ctx *m, char *err, size_t err_len)
 }
 
 /* The merged run of this replay in OUT (0 when none yet); refuses a shard index merged before
- * from another run.  0, or -1 with err set (2) or a database error (3: *code). */
+ * from another run.  0, or -1 with err set (2) or a database error (3: *code; a lock: m->locked). */
 static int find_merged_run(merge_ctx *m, int *code, char *err, size_t err_len)
 {
     const shard_run *a = &m->runs[0];
     sqlite3_stmt *st = NULL;
     *code = 3;
     if (sqlite3_prepare_v2(m->h, "SELECT id FROM runs WHERE merged_shards IS NOT NULL AND trace_hash = ? AND config = ?"
-                           " AND shard_count = ? AND shard_by = ? ORDER BY id DESC LIMIT 1", -1, &st, NULL) != SQLITE_OK) {
-        snprintf(err, err_len, "%s: %s", m->out_path, sqlite3_errmsg(m->h));
-        return -1;
-    }
+                           " AND shard_count = ? AND shard_by = ? ORDER BY id DESC LIMIT 1", -1, &st, NULL) != SQLITE_OK)
+        return out_failed(m, NULL, err, err_len);
     sqlite3_bind_text(st, 1, a->trace_hash, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, a->config, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 3, a->shard_count);
@@ -423,16 +430,11 @@ static int find_merged_run(merge_ctx *m, int *code, char *err, size_t err_len)
     int rc = sqlite3_step(st);
     m->dst = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
     sqlite3_finalize(st);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-        snprintf(err, err_len, "%s: %s", m->out_path, sqlite3_errmsg(m->h));
-        return -1;
-    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return out_failed(m, NULL, err, err_len);
     if (!m->dst) return 0;
     if (sqlite3_prepare_v2(m->h, "SELECT source, source_run, started, host FROM shards WHERE run = ? AND shard = ?", -1,
-                           &st, NULL) != SQLITE_OK) {
-        snprintf(err, err_len, "%s: %s", m->out_path, sqlite3_errmsg(m->h));
-        return -1;
-    }
+                           &st, NULL) != SQLITE_OK)
+        return out_failed(m, NULL, err, err_len);
     for (size_t i = 0; i < m->num_runs; i++) {
         const shard_run *r = &m->runs[i];
         if (r->dropped) continue;
@@ -833,9 +835,10 @@ static void merge_usage(FILE *f)
           "  The merged run's status is 'incomplete' while a shard is missing or unfinished, else what\n"
           "  a single replay of those steps would say (passed, failed, ...).\n"
           "  Exit status: 0 merged, 2 bad input (a shard unreadable or not of this replay, an OUT that is\n"
-          "  not an attnreplay results database), 3 a database error (I/O, a lock).\n"
+          "  not an attnreplay results database, OUT or a shard locked by another writer past\n"
+          "  ATTNREPLAY_BUSY_TIMEOUT_MS: OUT as it was), 3 a database error (I/O).\n"
           "environment: ATTNREPLAY_BUSY_TIMEOUT_MS  how long to wait for another writer's lock on OUT\n"
-          "  (default 30000), as replay waits\n", f);
+          "  or a shard (default 30000), as replay waits\n", f);
 }
 
 int ar_merge_main(int argc, char **argv)
@@ -909,6 +912,7 @@ int ar_merge_main(int argc, char **argv)
         code = 3;
         goto out;
     }
+    sqlite3_busy_timeout(m->h, ar_db_busy_timeout_ms());   /* a shard another process writes: wait as for OUT */
     for (int f = 0; f < num_paths; f++) {
         if ((code = attach(m, paths[f], err, sizeof err)) != 0) goto out;
         int rc = read_runs(m, paths[f], f, err, sizeof err);
@@ -1012,6 +1016,7 @@ int ar_merge_main(int argc, char **argv)
         sqlite3_finalize(st);
     }
 out:
+    if (code == 3 && m->locked) code = 2;   /* OUT locked by another writer past the busy timeout: bad input */
     if (code != 0) fprintf(stderr, "attnreplay merge: %s\n", err);
     for (size_t i = 0; i < m->num_runs; i++) free_run(&m->runs[i]);
     free(m->runs);

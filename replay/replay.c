@@ -201,7 +201,9 @@ static void replay_usage(FILE *f)
         "  default action (a core dump) instead of failing the run cleanly\n"
         "exit: 0 every verified step passed (status 'passed'; with --verify off 'unverified'),\n"
         "      1 a step failed verification, 2 bad input or usage (a plugin that cannot be loaded,\n"
-        "        refuses the config, or faults or hangs in init or check()), 3 device/runtime error\n"
+        "        refuses the config, or faults or hangs in init or check(); a database locked by\n"
+        "        another writer past ATTNREPLAY_BUSY_TIMEOUT_MS, before or during the run: committed\n"
+        "        steps are kept and --resume continues it), 3 device/runtime error\n"
         "        (a plugin's close() that faults or hangs after the run is stored: the run stays as\n"
         "        stored),\n"
         "      4 nothing verified: no step replayed ('empty') or the planted fault never showed\n"
@@ -1192,6 +1194,15 @@ static void print_shard(const engine *e)
                 e->o.db, e->launch.count);
 }
 
+/* The exit code of a run ended by its database (err set by the failed call): 2 when another
+ * connection's lock outlasted the busy timeout (a busy database is bad input, as for report and
+ * diff), else 3.  A writer stopped because another process wrote the run is not a lock: 3. */
+static int db_failure_exit(const engine *e)
+{
+    const bool writer_failed = e->writer && ar_db_writer_error(e->writer);
+    return (writer_failed ? ar_db_writer_locked(e->writer) : ar_db_locked(e->db)) ? 2 : 3;
+}
+
 /* Why nothing was replayed, for the 'empty' outcome. */
 static void empty_reason(const engine *e, int64_t resume_after, char *buf, size_t len)
 {
@@ -1319,7 +1330,7 @@ int ar_replay_main(int argc, char **argv)
     ar_run_shard shard_row = run_shard(e);
     if (e->o.resume) {
         int found = ar_db_find_resumable(e->db, hash, cfg_json, &shard_row, &e->run_id, &e->prog, err, sizeof err);
-        if (found < 0) SETUP_FAIL(3, "%s", err);
+        if (found < 0) SETUP_FAIL(db_failure_exit(e), "%s", err);
         if (found == 0 && e->launch.count > 1)
             SETUP_FAIL(2, "--resume: no unfinished run of %s with these options as shard %d/%d (steps %lld..%lld, "
                        "layers %d..%d) in %s", e->o.trace, e->launch.shard, e->launch.count,
@@ -1332,7 +1343,7 @@ int ar_replay_main(int argc, char **argv)
         if (e->o.fault == AR_FAULT_MERGE_NO_WEIGHTS) {
             static const char *const merge_names[] = {"merge", "combine", NULL};
             int64_t n = ar_db_count_kernels(e->db, e->run_id, merge_names, err, sizeof err);
-            if (n < 0) SETUP_FAIL(3, "%s", err);
+            if (n < 0) SETUP_FAIL(db_failure_exit(e), "%s", err);
             e->merge_steps = n;
         }
     } else {
@@ -1342,7 +1353,7 @@ int ar_replay_main(int argc, char **argv)
                          e->o.cascade_mode == 0 ? "off" : e->o.cascade_mode == 1 ? "auto" : "on",
                          e->cfg.repeat, e->verify_layers_label, ar_verifier_where(e->verifier), shard_row};
         e->run_id = ar_db_create_run(e->db, &rr, now_wall(), err, sizeof err);
-        if (e->run_id < 0) SETUP_FAIL(3, "%s", err);
+        if (e->run_id < 0) SETUP_FAIL(db_failure_exit(e), "%s", err);
     }
     free(cfg_json);
     cfg_json = NULL;
@@ -1399,10 +1410,12 @@ int ar_replay_main(int argc, char **argv)
         ar_reader_release(r, s);
         if (rc == AR_STEP_CANCELLED) break;
         if (rc != 0) {
-            if (ar_db_writer_error(e->writer))   /* the database, not this step */
+            if (ar_db_writer_error(e->writer)) {   /* the database, not this step */
                 snprintf(fail_msg, sizeof fail_msg, "%s", ar_db_writer_error(e->writer));
-            else
+                rc = db_failure_exit(e);
+            } else {
                 snprintf(fail_msg, sizeof fail_msg, "step %lld: %s", (long long)step, err);
+            }
             exit_code = rc;
             break;
         }
@@ -1427,9 +1440,9 @@ finish:;
     /* The outcome.  A signal wins over everything but an error that came first. */
     const int sig = ar_stop_signalled();
     if (e->writer && ar_db_writer_drain(e->writer) != 0 && exit_code == 0) {
-        /* the last steps could not be committed (disk full, I/O error) */
+        /* the last steps could not be committed (disk full, I/O error, a lock) */
         snprintf(fail_msg, sizeof fail_msg, "%s", ar_db_writer_error(e->writer));
-        exit_code = 3;
+        exit_code = db_failure_exit(e);
     }
     ar_run_progress final;
     snapshot(e, &final);
@@ -1469,7 +1482,7 @@ finish:;
     const char *stored_reason = fail_msg[0] ? fail_msg : reason[0] ? reason : NULL;
     if (e->writer && ar_db_writer_finish(e->writer, status, stored_reason, &final, now_wall(), err, sizeof err) != 0) {
         fprintf(stderr, "attnreplay replay: %s (the run stays 'running'; --resume continues it)\n", err);
-        if (exit_code == 0 || exit_code == 1 || exit_code == AR_EXIT_NOTHING_VERIFIED) exit_code = 3;
+        if (exit_code == 0 || exit_code == 1 || exit_code == AR_EXIT_NOTHING_VERIFIED) exit_code = db_failure_exit(e);
     } else if (e->writer) {
         stored_status = status;
     }

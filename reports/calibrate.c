@@ -39,8 +39,9 @@ static void calibrate_usage(FILE *f)
         "$AR_CUBLAS names the cuBLAS library (file or folder) to load instead of searching.\n"
         "Exit status: 0 stored; 2 usage or bad input: a DB that cannot be written or is not an\n"
         "attnreplay results database (a directory, FIFO, not SQLite, another program's tables,\n"
-        "a newer schema), refused before any measurement and left as it is; 3 no CUDA device,\n"
-        "CUDA error, or I/O, a full disk or a lock while writing the database.\n");
+        "a newer schema), refused before any measurement and left as it is, or one locked by\n"
+        "another writer past ATTNREPLAY_BUSY_TIMEOUT_MS (default 30000); 3 no CUDA device, CUDA\n"
+        "error, or I/O or a full disk while writing the database.\n");
 }
 
 static int parse_positive_double(const char *text, double *out)
@@ -73,12 +74,12 @@ static double unix_now(void)
 int ar_calibrate_store(const char *db_path, const char *device, double measured, double copy_gbps,
                        double bf16_tflops, const char *method, char *err, size_t err_len)
 {
-    bool not_ours = false;
-    ar_db *db = ar_db_open(db_path, false, &not_ours, err, err_len);
-    if (!db) return not_ours ? -2 : -1;
+    bool bad_db = false;
+    ar_db *db = ar_db_open(db_path, false, &bad_db, err, err_len);
+    if (!db) return bad_db ? 2 : 3;
     sqlite3 *handle = ar_db_handle(db);
     sqlite3_stmt *insert = NULL;
-    int rc = -1;
+    int rc = 3;
     if (sqlite3_prepare_v2(handle,
             "INSERT INTO ceilings(device, measured, copy_gbps, bf16_tflops, method) "
             "VALUES(?, ?, ?, ?, ?)", -1, &insert, NULL) != SQLITE_OK) {
@@ -92,8 +93,11 @@ int ar_calibrate_store(const char *db_path, const char *device, double measured,
     sqlite3_bind_double(insert, 4, bf16_tflops);
     sqlite3_bind_text(insert, 5, method, -1, SQLITE_STATIC);
     if (sqlite3_step(insert) != SQLITE_DONE) {
-        snprintf(err, err_len, "%s: writing the ceilings row failed: %s", db_path,
-                 sqlite3_errmsg(handle));
+        if (ar_db_lock_error(handle, db_path, "writing the ceilings row failed", err, err_len))
+            rc = 2;
+        else
+            snprintf(err, err_len, "%s: writing the ceilings row failed: %s", db_path,
+                     sqlite3_errmsg(handle));
         goto done;
     }
     rc = 0;
@@ -218,11 +222,11 @@ int ar_calibrate_main(int argc, char **argv)
     }
 
     if (given) {
-        int stored = ar_calibrate_store(db_path, device, unix_now(), given_copy, given_tflops, "given",
-                                        err, sizeof err);
+        int stored = ar_calibrate_store(db_path, device, unix_now(), given_copy, given_tflops, "given", err,
+                                        sizeof err);
         if (stored != 0) {
             fprintf(stderr, "attnreplay calibrate: %s\n", err);
-            return stored == -2 ? 2 : 3;
+            return stored;
         }
         printf("device            %s\n", device);
         printf("copy bandwidth    %8.1f GB/s      given\n", given_copy);
@@ -242,9 +246,9 @@ int ar_calibrate_main(int argc, char **argv)
     print_measured(&cal);
     int stored = ar_calibrate_store(db_path, cal.device, unix_now(), cal.copy_gbps, cal.bf16_tflops,
                                     cal.method, err, sizeof err);
-    if (stored != 0) {   /* -2: the file changed under the measurement */
+    if (stored != 0) {   /* 2: the file changed under the measurement (or is locked); 3: I/O */
         fprintf(stderr, "attnreplay calibrate: %s\n", err);
-        return stored == -2 ? 2 : 3;
+        return stored;
     }
     printf("stored in %s (table ceilings)\n", db_path);
     return 0;

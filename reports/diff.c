@@ -272,7 +272,8 @@ static void diff_usage(FILE *f)
           "                      error, or a merge still incomplete) on the steps it has; without it\n"
           "                      such a run is refused\n"
           "  Exit status: 0 no regression, 1 regression, 2 usage error or bad input (an unfinished\n"
-          "  run without --allow-unfinished).\n", f);
+          "  run without --allow-unfinished; DB unreadable, not ours, or locked by another writer\n"
+          "  past ATTNREPLAY_BUSY_TIMEOUT_MS, default 30000).\n", f);
 }
 
 int ar_diff_main(int argc, char **argv)

@@ -719,7 +719,8 @@ static void report_usage(FILE *f)
           "  Renders plots (PNG + SVG through gnuplot), index.html and summary.md into DIR from\n"
           "  the runs in DB (all runs unless --run is given; --run may repeat or take 1,2,3).\n"
           "  Exit status: 0 done, 1 a plot failed to render, 2 usage error or bad input (DB missing, a\n"
-          "  directory, not an attnreplay results database, or of a newer schema version).\n", f);
+          "  directory, not an attnreplay results database, of a newer schema version, or locked by\n"
+          "  another writer past ATTNREPLAY_BUSY_TIMEOUT_MS, default 30000).\n", f);
 }
 
 static void free_ctx(report_ctx *ctx)

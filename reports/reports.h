@@ -99,9 +99,9 @@ int ar_plan_fit_db(const char *db_path, const int64_t *runs /* [num_runs] */, si
 int ar_calibrate_main(int argc, char **argv);
 
 /* Appends one row to the `ceilings` table of db_path (created and migrated if needed):
- * measured in unix seconds, copy_gbps in 1e9 B/s, bf16_tflops in 1e12 FLOP/s.  Returns 0; -2
- * when the file is not an attnreplay results database (ar_db_open's bad input); -1 on other
- * errors; both with a message naming the file. */
+ * measured in unix seconds, copy_gbps in 1e9 B/s, bf16_tflops in 1e12 FLOP/s.  Returns 0, or
+ * calibrate's exit code with a message naming the file: 2 for bad input (not an attnreplay
+ * results database, or another connection's lock held past the busy timeout), 3 for I/O. */
 int ar_calibrate_store(const char *db_path, const char *device, double measured, double copy_gbps,
                        double bf16_tflops, const char *method, char *err, size_t err_len);
 

@@ -10,10 +10,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../replay/db_lock.h"
 #include "../replay/db_version.h"
-
-/* replay/db.h: the wait every writer sets (its ar_step_row is not rundata.h's, so not included) */
-int ar_db_busy_timeout_ms(void);
 
 void *ar_rd_open(const char *path, char *err, size_t err_len)
 {
@@ -32,8 +30,7 @@ void *ar_rd_open(const char *path, char *err, size_t err_len)
         sqlite3_close(db);
         return NULL;
     }
-    const int wait_ms = ar_db_busy_timeout_ms();   /* another process writing: wait as writers wait */
-    sqlite3_busy_timeout(db, wait_ms);
+    sqlite3_busy_timeout(db, ar_db_busy_timeout_ms());   /* another process writing: wait as writers wait */
     /* The database must hold the tables we read; a missing file or a non-database fails
      * here with SQLite's own words. */
     sqlite3_stmt *st = NULL;
@@ -44,10 +41,7 @@ void *ar_rd_open(const char *path, char *err, size_t err_len)
     if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         tables = sqlite3_column_int(st, 0);
         rc = SQLITE_OK;
-    } else if ((sqlite3_errcode(db) & 0xff) == SQLITE_BUSY) {
-        snprintf(err, err_len, "%s: the database is locked by another connection's write (waited %d ms; "
-                 "ATTNREPLAY_BUSY_TIMEOUT_MS sets the wait)", path, wait_ms);
-    } else {
+    } else if (!ar_db_lock_error(db, path, NULL, err, err_len)) {
         snprintf(err, err_len, "%s: not a readable SQLite database: %s", path, sqlite3_errmsg(db));
     }
     sqlite3_finalize(st);

@@ -84,15 +84,22 @@ static int write_csv(const ar_sim *s, const char *path, char *err, size_t err_le
     return 0;
 }
 
+/* A statement on the metrics database failed: 2 with err in db_lock.h's words when another
+ * connection's lock outlasted the busy timeout (bad input), else -1 with SQLite's (msg, else the
+ * connection's). */
+static int sql_failed(sqlite3 *db, const char *path, const char *msg, char *err, size_t err_len)
+{
+    if (ar_db_lock_error(db, path, NULL, err, err_len)) return 2;
+    snprintf(err, err_len, "%s: sqlite: %s", path, msg ? msg : sqlite3_errmsg(db));
+    return -1;
+}
+
 static int sql_exec(sqlite3 *db, const char *path, const char *sql, char *err, size_t err_len)
 {
     char *msg = NULL;
-    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        snprintf(err, err_len, "%s: sqlite: %s", path, msg ? msg : "error");
-        sqlite3_free(msg);
-        return -1;
-    }
-    return 0;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, &msg) == SQLITE_OK ? 0 : sql_failed(db, path, msg, err, err_len);
+    sqlite3_free(msg);
+    return rc;
 }
 
 static int write_sqlite(const ar_sim *s, const char *path, char *err, size_t err_len)
@@ -104,9 +111,9 @@ static int write_sqlite(const ar_sim *s, const char *path, char *err, size_t err
         return -1;
     }
     sqlite3_busy_timeout(db, ar_db_busy_timeout_ms());   /* another writer's lock: wait as replay does */
-    int rc = -1;
+    int rc;
     sqlite3_stmt *st = NULL;
-    if (sql_exec(db, path,
+    if ((rc = sql_exec(db, path,
                  "BEGIN IMMEDIATE;"
                  "DROP TABLE IF EXISTS sim_requests; DROP TABLE IF EXISTS sim_steps_kv; DROP TABLE IF EXISTS sim_summary;"
                  "CREATE TABLE sim_requests(req TEXT PRIMARY KEY, arrival REAL, prompt_len INTEGER, output_len INTEGER,"
@@ -114,7 +121,7 @@ static int write_sqlite(const ar_sim *s, const char *path, char *err, size_t err
                  "CREATE TABLE sim_steps_kv(time REAL, used_blocks INTEGER, usable_blocks INTEGER, running INTEGER,"
                  " waiting INTEGER, num_tokens INTEGER, admitted_prompt_tokens INTEGER, admitted_hit_tokens INTEGER);"
                  "CREATE TABLE sim_summary(key TEXT PRIMARY KEY, value REAL);",
-                 err, err_len) != 0)
+                 err, err_len)) != 0)
         goto done;
     if (sqlite3_prepare_v2(db, "INSERT INTO sim_requests VALUES(?,?,?,?,?,?,?,?,?,?,?)", -1, &st, NULL) != SQLITE_OK) goto sqlerr;
     for (int i = 0; i < ar_sim_num_requests(s); i++) {
@@ -178,11 +185,10 @@ static int write_sqlite(const ar_sim *s, const char *path, char *err, size_t err
     }
     sqlite3_finalize(st);
     st = NULL;
-    if (sql_exec(db, path, "COMMIT;", err, err_len) != 0) goto done;
-    rc = 0;
+    rc = sql_exec(db, path, "COMMIT;", err, err_len);
     goto done;
 sqlerr:
-    snprintf(err, err_len, "%s: sqlite: %s", path, sqlite3_errmsg(db));
+    rc = sql_failed(db, path, NULL, err, err_len);
 done:
     sqlite3_finalize(st);
     sqlite3_close(db);
@@ -198,9 +204,11 @@ int ar_sim_metrics_check(const char *path, char *err, size_t err_len)
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
         sqlite3_busy_timeout(db, ar_db_busy_timeout_ms());
         int e = sqlite3_exec(db, "SELECT count(*) FROM sqlite_master", NULL, NULL, NULL);
-        if (e == SQLITE_NOTADB || e == SQLITE_CORRUPT) {   /* a lock is the writer's to wait for */
+        if (e == SQLITE_NOTADB || e == SQLITE_CORRUPT) {
             snprintf(err, err_len, "%s: not an SQLite database (%s); --metrics adds its sim_* tables to an SQLite "
                      "file or makes a new one", path, sqlite3_errmsg(db));
+            rc = 2;
+        } else if (ar_db_lock_error(db, path, NULL, err, err_len)) {   /* waited as the writer would: refused */
             rc = 2;
         }
     }

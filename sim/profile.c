@@ -65,6 +65,7 @@
 #include "../kernels/common/cuda_profile.h"
 #include "../replay/backend.h"
 #include "../replay/db.h"
+#include "../replay/db_lock.h"
 #include "../replay/replay.h"
 
 #define PROFILE_FORMAT "attnreplay-profile"
@@ -247,21 +248,24 @@ int ar_profile_check_replaceable(const char *path, char *err, size_t err_len)
     if (!exists || sb.st_size == 0) return 0;   /* a new file */
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
-    bool ours = false, results = false;
+    bool ours = false, results = false, locked = false;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        sqlite3_busy_timeout(db, ar_db_busy_timeout_ms());   /* another process writing it: wait, then say so */
         if (sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'format'", -1, &st, NULL) == SQLITE_OK &&
             sqlite3_step(st) == SQLITE_ROW)
             ours = sqlite3_column_text(st, 0) && strcmp((const char *)sqlite3_column_text(st, 0), PROFILE_FORMAT) == 0;
         sqlite3_finalize(st);
         st = NULL;
-        if (!ours && sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
-                                            "('runs', 'steps')", -1, &st, NULL) == SQLITE_OK &&
+        locked = !ours && ar_db_lock_error(db, path, NULL, err, err_len);
+        if (!ours && !locked && sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+                                                       "name IN ('runs', 'steps')", -1, &st, NULL) == SQLITE_OK &&
             sqlite3_step(st) == SQLITE_ROW)
             results = sqlite3_column_int(st, 0) == 2;
         sqlite3_finalize(st);
     }
     sqlite3_close(db);
     if (ours) return 0;
+    if (locked) return -1;
     snprintf(err, err_len, "%s: exists and is not an attnreplay profile (%s); it is left as it is: give --db a new "
              "path, or an earlier profile to replace", path,
              results ? "it is an attnreplay results database, whose runs would be lost"
@@ -744,6 +748,7 @@ int ar_profile_load(const char *path, ar_profile_table *p, char *err, size_t err
         sqlite3_close(db);
         return 2;
     }
+    sqlite3_busy_timeout(db, ar_db_busy_timeout_ms());   /* another process writing it: wait, then say so */
     int rc = load_meta(db, path, p, err, err_len);
     sqlite3_stmt *st = NULL;
     if (rc == 0) {
@@ -832,6 +837,7 @@ int ar_profile_load(const char *path, ar_profile_table *p, char *err, size_t err
                        p->pre_us, err, err_len);
     if (rc == 0) rc = load_mixed(db, path, p, err, err_len);
     if (rc == 0) rc = load_skew(db, path, p, err, err_len);
+    if (rc != 0) ar_db_lock_error(db, path, NULL, err, err_len);   /* a lock said as such, not as a missing table */
     sqlite3_close(db);
     return rc;
 }
@@ -1176,10 +1182,11 @@ static void profile_usage(FILE *f)
             "  --from-llmservingsim DIR  no measurement: convert LLMServingSim's per-layer profiles of --model on\n"
             "                    --device (DIR = profiler/perf/<card>/<model>/<variant>/tp<N>, with --tp N)\n"
             "Exit status: 0 written; 2 usage or bad input (DB a results database or another file that is\n"
-            "not a profile, or in a folder that is missing or cannot be written; an option the kind of\n"
-            "profile does not use; --trace a bad trace or another model's), checked before anything is\n"
-            "measured; 3 no GPU, CUDA or backend error, or the profile could not be written; 130 / 143\n"
-            "the --trace replay was interrupted (SIGINT / SIGTERM). DB is written only when all of it is.\n",
+            "not a profile, locked by another writer past ATTNREPLAY_BUSY_TIMEOUT_MS (default 30000), or\n"
+            "in a folder that is missing or cannot be written; an option the kind of profile does not use;\n"
+            "--trace a bad trace or another model's), checked before anything is measured; 3 no GPU, CUDA\n"
+            "or backend error, or the profile could not be written; 130 / 143 the --trace replay was\n"
+            "interrupted (SIGINT / SIGTERM). DB is written only when all of it is.\n",
             COUNT(full_m), ar_device_names());
 }
 

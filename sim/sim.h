@@ -502,12 +502,14 @@ uint64_t ar_sim_logical_key(const ar_sim *s, int req, int block_index);
 
 /* Writes the per-request table: PATH ending in .db/.sqlite is SQLite (tables sim_requests,
  * sim_steps_kv, sim_summary), anything else CSV (and PATH.kv.csv with KV usage over time).
- * Returns 0 or -1 with err set. */
+ * Returns 0, or with err set 2 when another connection's lock on the database outlasted the
+ * busy timeout (ATTNREPLAY_BUSY_TIMEOUT_MS; bad input), -1 on any other failure. */
 int ar_sim_write_metrics(const ar_sim *s, const char *path, char *err, size_t err_len);
 /* True when ar_sim_write_metrics writes path as SQLite (else CSV plus PATH.kv.csv). */
 bool ar_sim_metrics_is_sqlite(const char *path);
 /* 0, or 2 with err naming path when path is meant for SQLite and is an existing file that is
- * not an SQLite database (checked before the simulation, so bad input stops it). */
+ * not an SQLite database, or one another connection keeps locked past the busy timeout (checked
+ * before the simulation, so bad input stops it). */
 int ar_sim_metrics_check(const char *path, char *err, size_t err_len);
 /* Output paths, checked before any work so a bad one costs nothing: ar_output_file_check says
  * whether a file can be created (or overwritten) at path - not a directory, its directory

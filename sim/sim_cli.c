@@ -65,7 +65,9 @@ static void usage(FILE *f)
             "                            launcher's environment (Slurm, Open MPI, PMI, torchrun) runs rows\n"
             "                            r %% N == i\n"
             "  Exit status: 0 done (a warning on stderr when the offered load exceeds what the engine\n"
-            "  serves), 1 an I/O error while writing, 2 usage error or bad input (FILE:LINE: rule).\n",
+            "  serves), 1 an I/O error while writing, 2 usage error or bad input (FILE:LINE: rule; a\n"
+            "  --metrics database locked by another writer past ATTNREPLAY_BUSY_TIMEOUT_MS, default\n"
+            "  30000).\n",
             ar_model_preset_names(), ar_device_names());
 }
 
@@ -391,9 +393,9 @@ static int sim_one(int argc, char **argv)
         rc = 1;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (rc == 0 && metrics && ar_sim_write_metrics(s, metrics, err, sizeof err) != 0) {
+    if (rc == 0 && metrics && (rc = ar_sim_write_metrics(s, metrics, err, sizeof err)) != 0) {
         fprintf(stderr, "sim: %s\n", err);
-        rc = 1;
+        rc = rc == 2 ? 2 : 1;   /* 2: the database locked by another writer past the busy timeout */
     }
     if (via_tmp) {   /* TRACE only when the whole run succeeded; else it stays as it was */
         int frc = finish_tmp_trace(out, rc == 0, saved);

@@ -43,6 +43,7 @@
  *   profile's attn_prompts) and skew (0 leaves out the profile's correction for decodes of unequal
  *   contexts; default on where the profile has one). */
 #include "sim.h"
+#include "../replay/db_lock.h"
 
 #include <math.h>
 #include <sqlite3.h>
@@ -403,6 +404,7 @@ int ar_steptime_fit_db(const char *db_path, int64_t run_id, int model_layers, do
         sqlite3_close(db);
         return -1;
     }
+    sqlite3_busy_timeout(db, ar_db_busy_timeout_ms());   /* a replay writing it: wait as for any database */
     sqlite3_stmt *st = NULL;
     int rc = -1;
     int layers = 0;
@@ -412,7 +414,9 @@ int ar_steptime_fit_db(const char *db_path, int64_t run_id, int model_layers, do
           " ORDER BY id DESC LIMIT 1";
     if (sqlite3_prepare_v2(db, pick, -1, &st, NULL) != SQLITE_OK) goto sqlerr;
     if (run_id > 0) sqlite3_bind_int64(st, 1, run_id);
-    if (sqlite3_step(st) != SQLITE_ROW) {
+    int found = sqlite3_step(st);
+    if (found != SQLITE_ROW && found != SQLITE_DONE) goto sqlerr;   /* a lock, say, not a missing run */
+    if (found != SQLITE_ROW) {
         snprintf(err, err_len, "%s: no replay run %s with timed steps", db_path, run_id > 0 ? "of that id" : "");
         goto done;
     }
@@ -453,7 +457,7 @@ int ar_steptime_fit_db(const char *db_path, int64_t run_id, int model_layers, do
     rc = n;
     goto done;
 sqlerr:
-    snprintf(err, err_len, "%s: %s", db_path, sqlite3_errmsg(db));
+    if (!ar_db_lock_error(db, db_path, NULL, err, err_len)) snprintf(err, err_len, "%s: %s", db_path, sqlite3_errmsg(db));
 done:
     sqlite3_finalize(st);
     sqlite3_close(db);

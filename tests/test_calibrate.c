@@ -5,7 +5,8 @@
  * report's ceilings lookup (reports/rundata.c) picks the newest row; usage errors exit 2
  * without touching the database; a --db that cannot be written or that replay --db would refuse
  * (a directory, a FIFO, not SQLite, another program's tables, a newer schema) exits 2 naming it,
- * before any measurement, the file untouched; and
+ * before any measurement, the file untouched; a database another connection keeps locked past
+ * ATTNREPLAY_BUSY_TIMEOUT_MS is bad input too (exit 2, naming it, nothing stored); and
  * cuBLAS, when this machine has it, loads through the same dlopen search the GPU run uses.
  *
  * The process hides every GPU (CUDA_VISIBLE_DEVICES=-1) so the no-device case holds on the
@@ -231,6 +232,46 @@ static void test_usage_errors(void **state)
     free(err_text);
 }
 
+/* A lock held past the busy timeout is bad input, exit 2 with the words every command uses (it
+ * was exit 3 "database is locked"); a file that is not a results database is refused the same
+ * way (exit 3 before).  Nothing is stored; once the lock is gone the same call stores its row. */
+static void test_locked_or_foreign_db_refused(void **state)
+{
+    (void)state;
+    char path[1024], err[512];
+    tu_tmp("locked-cal.db", path, sizeof path);
+    unlink(path);
+    assert_int_equal(ar_calibrate_store(path, "GPU X", 100.0, 2000.0, 500.0, "first", err, sizeof err), 0);
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(path, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    setenv("ATTNREPLAY_BUSY_TIMEOUT_MS", "200", 1);
+    const char *args[] = { "calibrate", "--db", path, "--device", "G", "--copy-gbps", "100", "--bf16-tflops", "10",
+                           NULL };
+    char *err_text = NULL;
+    int rc = run_calibrate(args, &err_text);
+    unsetenv("ATTNREPLAY_BUSY_TIMEOUT_MS");
+    if (rc != 2 || !strstr(err_text, path) || !strstr(err_text, "locked by another connection's write (waited 200 ms; "
+                                                                 "ATTNREPLAY_BUSY_TIMEOUT_MS sets the wait)"))
+        fail_msg("exit %d: %s", rc, err_text);
+    free(err_text);
+    sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(h);
+    assert_int_equal(count_ceilings(path), 1);
+    assert_int_equal(run_calibrate(args, &err_text), 0);
+    free(err_text);
+    assert_int_equal(count_ceilings(path), 2);
+
+    char text[1024];
+    tu_tmp("not-results.db", text, sizeof text);
+    assert_int_equal(tu_write(text, "plain text, not a database\n"), 0);
+    const char *foreign[] = { "calibrate", "--db", text, "--device", "G", "--copy-gbps", "100", "--bf16-tflops", "10",
+                              NULL };
+    rc = run_calibrate(foreign, &err_text);
+    if (rc != 2 || !strstr(err_text, text)) fail_msg("exit %d: %s", rc, err_text);
+    free(err_text);
+}
+
 static void test_unwritable_db(void **state)
 {
     (void)state;
@@ -362,6 +403,7 @@ int main(void)
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_unwritable_db),
         cmocka_unit_test(test_db_refused_before_measuring),
+        cmocka_unit_test(test_locked_or_foreign_db_refused),
         cmocka_unit_test(test_cublas_probe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,10 +20,14 @@
  *   readers        while a replay writes (WAL), a read-only connection counts its committed
  *                  steps and `attnreplay report` renders from the same database
  *   second writer  no write lock is held while a step computes (another connection takes the
- *                  lock at any moment within 200 ms); a lock held elsewhere makes a replay wait
- *                  (ATTNREPLAY_BUSY_TIMEOUT_MS) and then fail clearly ("locked", exit 3) without
- *                  touching the database; merge waits the same timeout for a lock on OUT;
- *                  two replays started together on one database both finish; every run whole
+ *                  lock at any moment within 200 ms); a lock held elsewhere makes a replay, new
+ *                  or --resume, wait (ATTNREPLAY_BUSY_TIMEOUT_MS) and then refuse it as bad
+ *                  input (exit 2, the file, "locked by another connection's write", the wait)
+ *                  without touching the database; a replay starved of the lock mid-run stops
+ *                  the same way, its committed steps whole, and --resume completes it; merge
+ *                  waits the same timeout for a lock on OUT or on a shard (exit 2, OUT as it
+ *                  was); two replays started together on one database both finish; every run
+ *                  whole
  *   errors         a trace that breaks mid-run ends the run 'error' with the reason (FILE:LINE:
  *                  rule) in runs.error
  *   migration      a schema-version-1 database: report reads it, the compatibility views give
@@ -340,6 +344,17 @@ static double mono_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The words every command uses for a lock that outlasted the wait (replay/db_lock.h). */
+static void assert_says_locked(const char *log, const char *db, const char *waited)
+{
+    assert_true(file_contains(log, db));
+    assert_true(file_contains(log, "the database is locked by another connection's write"));
+    assert_true(file_contains(log, waited));
+    assert_true(file_contains(log, "ATTNREPLAY_BUSY_TIMEOUT_MS sets the wait"));
+}
+
+/* A lock held elsewhere is waited for (ATTNREPLAY_BUSY_TIMEOUT_MS), then refused as bad input:
+ * exit 2 naming the database, for a new run and for --resume alike (both exited 3 before). */
 static void test_second_writer_waits_then_fails_clearly(void **state)
 {
     (void)state;
@@ -358,11 +373,15 @@ static void test_second_writer_waits_then_fails_clearly(void **state)
     int rc = tu_run(log, "ATTNREPLAY_BUSY_TIMEOUT_MS=2000 '%s' replay '%s' --db '%s' --backend cpu --threads 1 "
                          "--steps 0:5 --quiet", tu_bin(), trace, db);
     double waited = mono_s() - t0;
-    assert_int_equal(rc, 3);
+    assert_int_equal(rc, 2);
     assert_true(waited >= 1.9);              /* it waited for the busy timeout (2 s) ... */
-    assert_true(file_contains(log, "locked"));   /* ... then said why */
-    assert_true(file_contains(log, db));
-    print_message("second writer: waited %.1f s, then exit 3\n", waited);
+    assert_says_locked(log, db, "waited 2000 ms");   /* ... then said why */
+    assert_true(file_contains(log, "cannot create the run"));
+    print_message("second writer: waited %.1f s, then exit 2\n", waited);
+    rc = tu_run(log, "ATTNREPLAY_BUSY_TIMEOUT_MS=500 '%s' replay '%s' --db '%s' --backend cpu --threads 1 "
+                     "--steps 0:5 --resume --quiet", tu_bin(), trace, db);
+    assert_int_equal(rc, 2);                 /* --resume: its look-up takes the write lock first */
+    assert_says_locked(log, db, "waited 500 ms");
     sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
     sqlite3_close(h);
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);   /* untouched */
@@ -370,8 +389,34 @@ static void test_second_writer_waits_then_fails_clearly(void **state)
     assert_integrity_ok(db);
 }
 
-/* merge waits for a lock on OUT as long as replay does: ATTNREPLAY_BUSY_TIMEOUT_MS, then exit 3
- * "locked" with OUT untouched (it waited a fixed 30 s whatever the variable said). */
+/* `ATTNREPLAY_BUSY_TIMEOUT_MS=1000 attnreplay merge OUT SHARD` (output to log) while another
+ * connection to locked (OUT or SHARD) holds the lock lock_sql takes, let go after: the merge
+ * waits the 1 s, then exits 2 naming locked in the words every command uses, OUT's one run as it
+ * was.  Returns the seconds it took. */
+static double merge_refused_while_locked(const char *locked, const char *lock_sql, const char *out, const char *shard,
+                                         const char *log)
+{
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(locked, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, lock_sql, NULL, NULL, NULL), SQLITE_OK);
+    double t0 = mono_s();
+    int rc = tu_run(log, "ATTNREPLAY_BUSY_TIMEOUT_MS=1000 '%s' merge '%s' '%s' --quiet", tu_bin(), out, shard);
+    double waited = mono_s() - t0;
+    sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(h);
+    print_message("merge with %s locked: waited %.1f s, exit %d\n", locked == out ? "OUT" : "a shard", waited, rc);
+    assert_int_equal(rc, 2);
+    assert_says_locked(log, locked, "waited 1000 ms");
+    assert_true(waited >= 0.9);     /* it waited for the busy timeout (1 s) */
+    assert_int_equal(tu_query_int(out, "SELECT count(*) FROM runs"), 1);   /* untouched */
+    assert_run_whole(out, 1);
+    return waited;
+}
+
+/* merge waits for a lock on OUT as long as replay does: ATTNREPLAY_BUSY_TIMEOUT_MS (it waited a
+ * fixed 30 s whatever the variable said), then refuses it as bad input, exit 2 (3 before), with
+ * OUT untouched; a shard another process keeps locked is waited for the same way and refused by
+ * name (it was called "not a readable SQLite database" at once). */
 static void test_merge_waits_the_busy_timeout(void **state)
 {
     (void)state;
@@ -387,24 +432,70 @@ static void test_merge_waits_the_busy_timeout(void **state)
                             tu_bin(), trace, shard), 0);
     assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --steps 0:3 --quiet",
                             tu_bin(), trace, out), 0);
-    sqlite3 *h = NULL;
-    assert_int_equal(sqlite3_open(out, &h), SQLITE_OK);
-    assert_int_equal(sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
-    double t0 = mono_s();
-    int rc = tu_run(log, "ATTNREPLAY_BUSY_TIMEOUT_MS=1000 '%s' merge '%s' '%s' --quiet", tu_bin(), out, shard);
-    double waited = mono_s() - t0;
-    sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
-    sqlite3_close(h);
-    print_message("merge on a locked OUT: waited %.1f s, exit %d\n", waited, rc);
-    assert_int_equal(rc, 3);
-    assert_true(file_contains(log, "locked"));
-    assert_true(waited >= 0.9);     /* it waited for the busy timeout (1 s) ... */
-    assert_true(waited < 15);       /* ... and not the 30 s default */
-    assert_int_equal(tu_query_int(out, "SELECT count(*) FROM runs"), 1);   /* untouched */
-    assert_run_whole(out, 1);
-    /* once the lock is gone the same merge goes through */
+    assert_true(merge_refused_while_locked(out, "BEGIN IMMEDIATE", out, shard, log) < 15);   /* not the 30 s default */
+    /* a shard locked for its write (a rollback-journal database under BEGIN EXCLUSIVE) */
+    merge_refused_while_locked(shard, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE; DELETE FROM steps WHERE 0", out,
+                               shard, log);
+    /* once the locks are gone the same merge goes through */
     assert_int_equal(tu_run(log, "'%s' merge '%s' '%s' --quiet", tu_bin(), out, shard), 0);
     assert_int_equal(tu_query_int(out, "SELECT count(*) FROM runs"), 2);
+}
+
+/* A replay starved of the write lock mid-run (another connection holds it past the busy timeout
+ * when a batch is due) stops as bad input, exit 2 naming the database and the wait (it was exit
+ * 3 "database is locked"), its committed steps whole; --resume then completes the run. */
+static void test_writer_starved_mid_run_exits_2(void **state)
+{
+    (void)state;
+    char trace[512], db[512], log[512], text[1024];
+    int64_t total;
+    long_trace(trace, sizeof trace, &total);
+    tu_tmp("starved.db", db, sizeof db);
+    tu_tmp("starved.log", log, sizeof log);
+    unlink(db);
+    setenv("ATTNREPLAY_BUSY_TIMEOUT_MS", "1000", 1);   /* the child's wait */
+    pid_t pid = spawn_replay(trace, db, log, (const char *const[]){"--repeat", "20", "--quiet", NULL});
+    unsetenv("ATTNREPLAY_BUSY_TIMEOUT_MS");
+    int64_t seen = 0;
+    for (int i = 0; i < 400 && seen < 1; i++) {   /* the first batch committed: the run is going */
+        sleep_ms(50);
+        seen = tu_query_int(db, "SELECT steps_done FROM runs WHERE id=1");
+    }
+    assert_true(seen >= 1);
+    sqlite3 *h = NULL;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    sqlite3_busy_timeout(h, 5000);
+    assert_int_equal(sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    int rc = -1;
+    for (int i = 0; i < 1200 && rc < 0; i++) {   /* held until the replay gives up (60 s at most) */
+        sleep_ms(50);
+        int st = 0;
+        if (waitpid(pid, &st, WNOHANG) == pid) rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(h);
+    if (rc < 0) {
+        kill(pid, SIGKILL);
+        wait_exit(pid);
+        fail_msg("the replay still ran 60 s into the lock");
+    }
+    assert_int_equal(rc, 2);
+    assert_says_locked(log, db, "waited 1000 ms");
+    assert_true(file_contains(log, "--resume continues it"));
+    int64_t kept = tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1");
+    assert_true(kept >= seen && kept < total);
+    assert_run_whole(db, 1);
+    assert_integrity_ok(db);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "running");   /* the status write met the lock too */
+    print_message("starved mid-run: exit 2, %lld of %lld steps committed\n", (long long)kept, (long long)total);
+    rc = tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --threads 1 --repeat 20 --resume --quiet", tu_bin(),
+                trace, db);
+    assert_int_equal(rc, 0);
+    tu_query_text(db, "SELECT status FROM runs WHERE id=1", text, sizeof text);
+    assert_string_equal(text, "passed");
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
+    assert_run_whole(db, 1);
 }
 
 /* While a replay computes its steps, no write lock is held: the replay holds it only to commit a
@@ -1150,6 +1241,7 @@ int main(void)
         cmocka_unit_test(test_sigint_commits_and_resume_completes),
         cmocka_unit_test(test_second_writer_waits_then_fails_clearly),
         cmocka_unit_test(test_merge_waits_the_busy_timeout),
+        cmocka_unit_test(test_writer_starved_mid_run_exits_2),
         cmocka_unit_test(test_two_replays_share_a_database),
         cmocka_unit_test(test_no_write_lock_while_steps_compute),
         cmocka_unit_test(test_sigterm_inside_a_long_step),

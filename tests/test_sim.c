@@ -1029,7 +1029,28 @@ static void test_cli_output_paths(void **state)
 /* A --metrics database: a file that is not SQLite is refused before anything runs (exit 2,
  * naming it; it said "sim: sqlite: file is not a database", exit 1, after the simulation), and
  * another process's write lock is waited for as replay waits (ATTNREPLAY_BUSY_TIMEOUT_MS; it
- * failed at once with "sim: sqlite: database is locked", no file named). */
+ * failed at once with "sim: sqlite: database is locked", no file named), then refused as bad
+ * input, exit 2 with the words every command uses (exit 1 before): before the simulation when
+ * the lock keeps it from being read, at the write when it is a WAL database (readable, not
+ * writable), TRACE left as it was either way. */
+#define MDB_CMD "%s%s sim --workload mooncake:%s --model llama-3.1-8b --out %s --metrics %s --quiet 2>&1"
+
+/* sim --metrics DB with ATTNREPLAY_BUSY_TIMEOUT_MS=wait_ms while another connection holds a lock on
+ * DB: exit 2 naming DB, in the words every command uses for a lock that outlasted the wait. */
+static void expect_metrics_locked(const char *out, const char *workload, const char *trace, const char *db_path,
+                                  int wait_ms)
+{
+    char env[64], words[160];
+    snprintf(env, sizeof env, "ATTNREPLAY_BUSY_TIMEOUT_MS=%d ", wait_ms);
+    snprintf(words, sizeof words, "locked by another connection's write (waited %d ms; ATTNREPLAY_BUSY_TIMEOUT_MS "
+             "sets the wait)", wait_ms);
+    int rc = tu_run(out, MDB_CMD, env, tu_bin(), workload, trace, db_path);
+    char *msg = tu_slurp(out);
+    assert_non_null(msg);
+    if (rc != 2 || !strstr(msg, db_path) || !strstr(msg, words)) fail_msg("rc %d: %s", rc, msg);
+    free(msg);
+}
+
 static void test_metrics_database_refused_or_waited_for(void **state)
 {
     (void)state;
@@ -1040,7 +1061,6 @@ static void test_metrics_database_refused_or_waited_for(void **state)
     tu_tmp("mdb_err.txt", out, sizeof out);
     assert_int_equal(tu_write(workload, "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 3, \"hash_ids\": [1]}\n"), 0);
     assert_int_equal(tu_write(db_path, "these are not the tables you are looking for\n"), 0);
-#define MDB_CMD "%s%s sim --workload mooncake:%s --model llama-3.1-8b --out %s --metrics %s --quiet 2>&1"
     int rc = tu_run(out, MDB_CMD, "", tu_bin(), workload, trace, db_path);
     char *msg = tu_slurp(out);
     assert_non_null(msg);
@@ -1052,11 +1072,8 @@ static void test_metrics_database_refused_or_waited_for(void **state)
     assert_int_equal(sqlite3_open(db_path, &db), SQLITE_OK);
     assert_int_equal(sqlite3_exec(db, "CREATE TABLE other(x); BEGIN EXCLUSIVE; INSERT INTO other VALUES(1)", NULL, NULL,
                                   NULL), SQLITE_OK);
-    rc = tu_run(out, MDB_CMD, "ATTNREPLAY_BUSY_TIMEOUT_MS=0 ", tu_bin(), workload, trace, db_path);   /* no wait */
-    msg = tu_slurp(out);
-    assert_non_null(msg);
-    if (rc != 1 || !strstr(msg, db_path) || !strstr(msg, "locked")) fail_msg("rc %d: %s", rc, msg);
-    free(msg);
+    expect_metrics_locked(out, workload, trace, db_path, 0);   /* no wait */
+    assert_int_equal(access(trace, F_OK), -1);
     /* let go 1.5 s into the next run, however long the first one took */
     pthread_t holder;
     assert_int_equal(pthread_create(&holder, NULL, tu_commit_later, db), 0);
@@ -1065,15 +1082,19 @@ static void test_metrics_database_refused_or_waited_for(void **state)
     assert_non_null(msg);
     if (rc != 0) fail_msg("rc %d: %s", rc, msg);
     free(msg);
-#undef MDB_CMD
     pthread_join(holder, NULL);
     sqlite3_stmt *st = NULL;
     assert_int_equal(sqlite3_prepare_v2(db, "SELECT count(*) FROM sim_requests", -1, &st, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_step(st), SQLITE_ROW);
     assert_int_equal(sqlite3_column_int(st, 0), 1);
     sqlite3_finalize(st);
+    /* a WAL database under another writer's BEGIN IMMEDIATE: read, simulated, then refused at the write */
+    assert_int_equal(sqlite3_exec(db, "PRAGMA journal_mode=WAL; BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    expect_metrics_locked(out, workload, trace, db_path, 300);
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
     sqlite3_close(db);
 }
+#undef MDB_CMD
 
 static void test_cli_writes_valid_trace_and_metrics(void **state)
 {

@@ -368,6 +368,51 @@ static void test_profile_db_replaces_only_a_profile(void **state)
     closedir(d);
 }
 
+/* A profile or results database another connection keeps locked (a rollback-journal file under
+ * BEGIN EXCLUSIVE) is waited for (ATTNREPLAY_BUSY_TIMEOUT_MS) and then refused as bad input in the
+ * words every command uses: profile --db over it (it was "exists and is not an attnreplay
+ * profile"), --step-time profile:DB (it was "not a profile database (no table meta)") and
+ * --step-time fitted:DB (it was "database is locked" at once), each exit 2, the file as it was. */
+static void test_locked_database_refused(void **state)
+{
+    (void)state;
+    char path[1024], fitdb[1024], spec[1200], err[2048];
+    tu_tmp("locked-profile.db", path, sizeof path);
+    tu_tmp("locked-fit.db", fitdb, sizeof fitdb);
+    unlink(path);
+    unlink(fitdb);
+    make_synthetic(path, "h200", 1);
+    sqlite3 *h = NULL, *f = NULL;
+    assert_int_equal(sqlite3_open(fitdb, &f), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(f, "CREATE TABLE runs(id INTEGER PRIMARY KEY, layers INTEGER);"
+                                     "CREATE TABLE steps(run INTEGER, step INTEGER, num_tokens INTEGER, num_reqs INTEGER,"
+                                     " total_context INTEGER, time_us REAL); INSERT INTO runs VALUES(1, 1);"
+                                     "BEGIN EXCLUSIVE; DELETE FROM steps WHERE 0", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_open(path, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(h, "BEGIN EXCLUSIVE; DELETE FROM gemm WHERE 0", NULL, NULL, NULL), SQLITE_OK);
+    setenv("ATTNREPLAY_BUSY_TIMEOUT_MS", "100", 1);
+    const char *words = "the database is locked by another connection's write (waited 100 ms; "
+                        "ATTNREPLAY_BUSY_TIMEOUT_MS sets the wait)";
+    char *argv[] = {"profile", "--synthetic", "h200", "--model", "llama-3.1-8b", "--db", path, "--quick", NULL};
+    assert_int_equal(ar_profile_main(8, argv), 2);
+    assert_int_equal(ar_profile_check_replaceable(path, err, sizeof err), -1);
+    if (!strstr(err, path) || !strstr(err, words)) fail_msg("%s", err);
+    ar_steptime st;
+    snprintf(spec, sizeof spec, "profile:%s", path);
+    assert_int_equal(ar_steptime_parse(spec, l8(), &st, err, sizeof err), 2);
+    if (!strstr(err, path) || !strstr(err, words)) fail_msg("%s", err);
+    snprintf(spec, sizeof spec, "fitted:%s", fitdb);
+    assert_int_equal(ar_steptime_parse(spec, l8(), &st, err, sizeof err), 2);
+    if (!strstr(err, fitdb) || !strstr(err, words)) fail_msg("%s", err);
+    unsetenv("ATTNREPLAY_BUSY_TIMEOUT_MS");
+    sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(h);
+    sqlite3_exec(f, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(f);
+    ar_profile_table p;
+    assert_int_equal(ar_profile_load(path, &p, err, sizeof err), 0);   /* as it was */
+}
+
 /* A synthetic profile holds the roofline's numbers; --step-time profile:DB gives back the
  * roofline's step times (the same terms, summed per GEMM instead of over the model). */
 static void test_synthetic_profile_reproduces_roofline(void **state)
@@ -1167,6 +1212,7 @@ int main(void)
         cmocka_unit_test(test_profile_refuses_before_measuring),
         cmocka_unit_test(test_profile_trace_leaves_nothing_behind),
         cmocka_unit_test(test_profile_full_disk),
+        cmocka_unit_test(test_locked_database_refused),
     };
     return cmocka_run_group_tests_name("steptime", tests, NULL, NULL);
 }

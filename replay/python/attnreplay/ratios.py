@@ -18,11 +18,14 @@ cascade (either run took the cascade path on that step), then all.  Printed as a
 per-step ratios, the share of steps the run won, the steps both timed that failed verification
 on each side, and for adapters that gather K/V first the gather's share of their time.  The
 databases are only read.  Exit codes: 0 table printed; 2 bad input (a missing or unreadable
-database, a directory, one of a newer schema version, no such run, another trace or layer count,
-no step to pair); 3 the table could not be written (stdout full or closed).
+database, a directory, one of a newer schema version, one another process keeps locked past
+ATTNREPLAY_BUSY_TIMEOUT_MS - default 30000 ms, as the attnreplay commands wait -, no such run,
+another trace or layer count, no step to pair); 3 the table could not be written (stdout full
+or closed).
 """
 import argparse
 import os
+import re
 import sqlite3
 import sys
 import urllib.parse
@@ -70,23 +73,43 @@ class Rows(list):
         return list(self)
 
 
+def busy_timeout_ms():
+    """How long a connection waits for another connection's lock, in ms, as the attnreplay commands
+    wait (replay/db_lock.h): ATTNREPLAY_BUSY_TIMEOUT_MS when it is an integer 0..86400000, else 30000."""
+    text = os.environ.get("ATTNREPLAY_BUSY_TIMEOUT_MS", "")
+    if re.fullmatch(r"[ \t\n\v\f\r]*[+-]?[0-9]+", text) and 0 <= int(text) <= 86400000:
+        return int(text)
+    return 30000
+
+
+def lock_error(path, e):
+    """For an sqlite3.Error that is another connection's lock held past the busy timeout
+    (SQLITE_BUSY 5 or SQLITE_LOCKED 6), an InputError in the attnreplay commands' words; else None."""
+    code = getattr(e, "sqlite_errorcode", None)   # Python 3.11 on; before it, SQLite's words
+    if not ((code & 0xff) in (5, 6) if code is not None else "database is locked" in str(e)):
+        return None
+    return InputError("%s: the database is locked by another connection's write (waited %d ms; "
+                      "ATTNREPLAY_BUSY_TIMEOUT_MS sets the wait)" % (path, busy_timeout_ms()))
+
+
 class Database(sqlite3.Connection):
     """A connection whose queries raise InputError naming the file instead of sqlite3.Error (a
-    table or column missing, a damaged page, a lock held too long)."""
+    table or column missing, a damaged page, a lock held past the busy timeout)."""
     path = None
 
     def execute(self, sql, params=()):
         try:
             return Rows(super().execute(sql, params).fetchall())
         except sqlite3.Error as e:
-            raise InputError("%s: cannot be read as an attnreplay database (%s)" % (self.path, e)) from None
+            raise lock_error(self.path, e) or InputError("%s: cannot be read as an attnreplay database (%s)"
+                                                         % (self.path, e)) from None
 
 
 def _connect(path, immutable):
     """A read-only connection to path, the tables ratios reads checked (sqlite3.Error if not)."""
     # through a URI, the path percent-encoded: '?', '#' and '%' are part of the name
     uri = "file:%s?mode=ro%s" % (urllib.parse.quote(os.path.abspath(path)), "&immutable=1" if immutable else "")
-    con = sqlite3.connect(uri, uri=True, factory=Database)
+    con = sqlite3.connect(uri, uri=True, factory=Database, timeout=busy_timeout_ms() / 1000)
     con.path = path
     check = sqlite3.Connection.execute   # sqlite3.Error here: not ours at all
     check(con, "SELECT count(*) FROM steps").fetchone()
@@ -107,6 +130,9 @@ def open_db(path):
     try:
         con = _connect(path, immutable=False)
     except sqlite3.Error as e:
+        locked = lock_error(path, e)
+        if locked:
+            raise locked from None
         # SQLite reads a database in WAL mode (ours) only where it can make the -shm file beside
         # it; in a directory this process cannot write, a database without a write-ahead log
         # left beside it (a finished run's) is read as immutable

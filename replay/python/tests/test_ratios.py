@@ -7,6 +7,7 @@ import shutil
 import sqlite3
 import sys
 import unittest
+from unittest import mock
 
 from helpers import BIN, SRC, cli, run, sample, tmpdb
 
@@ -206,6 +207,29 @@ class Ratios(unittest.TestCase):
             out = p.stdout.decode(errors="replace")
             self.assertEqual(p.returncode, 2, out)
             self.assertIn("results.db: not a regular file, not an attnreplay database", out)
+
+    def test_locked_database_waited_for_then_refused(self):
+        # another process's write lock (a rollback-journal copy under BEGIN EXCLUSIVE) is waited for
+        # ATTNREPLAY_BUSY_TIMEOUT_MS, as the attnreplay commands wait, then refused in their words
+        # (it waited Python's 5 s and said "not an attnreplay database (database is locked)")
+        locked = self.peer(self.mixed, "PRAGMA journal_mode=DELETE;")
+        con = sqlite3.connect(locked, isolation_level=None)
+        con.executescript("BEGIN EXCLUSIVE; DELETE FROM steps WHERE 0;")
+        try:
+            for args in ([locked], [self.mixed, "--runs-in", locked]):
+                rc, out = run(["ratios"] + args, env={"ATTNREPLAY_BUSY_TIMEOUT_MS": "300"})
+                self.assertEqual(rc, 2, "%s: %s" % (args, out))
+                self.assertIn("peer.db: the database is locked by another connection's write (waited 300 ms; "
+                              "ATTNREPLAY_BUSY_TIMEOUT_MS sets the wait)", out)
+                self.assertNotIn("Traceback", out)
+        finally:
+            con.execute("ROLLBACK")
+            con.close()
+        # the variable read as replay/db.c reads it: an integer 0..86400000, else the 30000 default
+        for text, ms in (("1500", 1500), (" +7", 7), ("0", 0), ("", 30000), ("-1", 30000), ("86400001", 30000),
+                         ("1_000", 30000), ("2s", 30000)):
+            with mock.patch.dict(os.environ, {"ATTNREPLAY_BUSY_TIMEOUT_MS": text}):
+                self.assertEqual(ratios.busy_timeout_ms(), ms, text)
 
     def test_bad_input_exit_2(self):
         d = os.path.dirname(self.mixed)

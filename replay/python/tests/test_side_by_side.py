@@ -44,7 +44,9 @@ class SideBySide(unittest.TestCase):
         self.assertIn("cpu-mla: exit 143", out)            # both stopped by PER_RUN_S
         self.assertIn("numpy: exit 143", out)
         self.assertIn("verification: 0 newly failing", out)   # diff compared their steps
-        self.assertNotIn("did not finish", out)
+        # ... and did not refuse the stopped run (its warning that the run "did not finish" may stay
+        # within the 15 lines the script keeps when few steps were timed, as on a loaded machine)
+        self.assertNotIn("pass --allow-unfinished", out)
         whole, _, parts = out.partition("the marks write alone")
         self.assertIn("| 2 | py:numpy | all |", whole)     # the ratios on the whole step
         self.assertIn("| 2 | py:numpy | all |", parts)     # and on the mark alone
