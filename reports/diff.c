@@ -272,7 +272,7 @@ static void diff_usage(FILE *f)
           "                      error, or a merge still incomplete) on the steps it has; without it\n"
           "                      such a run is refused\n"
           "  Exit status: 0 no regression, 1 regression, 2 usage error or bad input (an unfinished\n"
-          "  run without --allow-unfinished).\n", f);
+          "  run without --allow-unfinished), 3 the comparison could not be written to stdout.\n", f);
 }
 
 int ar_diff_main(int argc, char **argv)
