@@ -89,8 +89,10 @@ static void info_usage(FILE *f)
 static void gen_samples_usage(FILE *f)
 {
     fputs("usage: attnreplay gen-samples DIR\n"
-          "  Writes the sample traces (traces/samples/) into DIR, creating it if needed.\n"
-          "  Exit status: 0 written, 2 usage error or DIR not writable.\n", f);
+          "  Writes the sample traces (traces/samples/) into DIR, creating it if needed (not its\n"
+          "  parents).  Each is written to NAME.tmp-PID and renamed to NAME once whole, so a failed\n"
+          "  or stopped run leaves no part-written sample.\n"
+          "  Exit status: 0 written, 2 usage error or DIR not writable (a full disk included).\n", f);
 }
 
 static int info_main(int argc, char **argv)
