@@ -14,12 +14,16 @@
  *    'incomplete') is refused, naming its status and the reason it stopped, unless
  *    --allow-unfinished; then it is compared on the steps it has, with a warning.
  *  - a run merged from shards (attnreplay merge) is one run; listed steps name the candidate's
- *    shard when it has shards. */
+ *    shard when it has shards.
+ *  - RUN_A and RUN_B must be two runs: one run compared with itself always "passes" the gate. */
 #include "reports.h"
 #include "rundata.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,9 +31,17 @@
 #define DIFF_NMSE_FLOOR 1e-18
 #define DIFF_LIST_LIMIT 10
 
+/* True when text is a decimal number as people write one (digits, '.', an exponent, a sign,
+ * a trailing '%'): strtod alone also takes " 5", "0x10", "0x1p-4" and "infinity". */
+static int decimal_text(const char *text)
+{
+    return *text && (isdigit((unsigned char)*text) || *text == '.') &&
+           text[strspn(text, "0123456789.eE+-%")] == '\0';
+}
+
 int ar_parse_threshold(const char *text, double *out)
 {
-    if (!text || !*text) return -1;
+    if (!text || !decimal_text(text)) return -1;
     char *end = NULL;
     double v = strtod(text, &end);
     if (end == text) return -1;
@@ -219,6 +231,11 @@ static int diff_compute(const ar_run_data *a, const ar_run_data *b, const ar_dif
 static int load_pair(void *db, int64_t run_a, int64_t run_b, const ar_diff_options *opt, ar_run_data *a,
                      ar_run_data *b, char *err, size_t err_len)
 {
+    if (run_a == run_b) {
+        snprintf(err, err_len, "RUN_A and RUN_B are both run %lld; diff compares a baseline with another "
+                 "run", (long long)run_a);
+        return -1;
+    }
     if (ar_rd_load_run(db, run_a, a, err, err_len) != 0) return -1;
     if (ar_rd_load_run(db, run_b, b, err, err_len) != 0) {
         ar_rd_free_run(a);
@@ -297,18 +314,19 @@ int ar_diff_main(int argc, char **argv)
             if (!strcmp(arg, "--threshold")) {
                 if (ar_parse_threshold(value, &opt.threshold) != 0) {
                     fprintf(stderr, "diff: --threshold '%s': expected a percentage like 5%% or a "
-                            "fraction like 0.05\n", value);
+                            "fraction like 0.05, from 0 to 10000%% (100)\n", value);
                     return 2;
                 }
             } else {
                 char *end = NULL;
                 opt.error_growth = strtod(value, &end);
-                if (end == value || *end || !(opt.error_growth >= 1.0) || !isfinite(opt.error_growth)) {
+                if (!decimal_text(value) || end == value || *end || !(opt.error_growth >= 1.0) ||
+                    !isfinite(opt.error_growth)) {
                     fprintf(stderr, "diff: --error-growth '%s': expected a factor >= 1\n", value);
                     return 2;
                 }
             }
-        } else if (arg[0] == '-' && arg[1]) {
+        } else if (arg[0] == '-' && arg[1] && !isdigit((unsigned char)arg[1])) {   /* "-1": a run id */
             fprintf(stderr, "diff: unknown option '%s'\n", arg);
             diff_usage(stderr);
             return 2;
@@ -331,6 +349,11 @@ int ar_diff_main(int argc, char **argv)
                 positional[1], positional[2]);
         return 2;
     }
+    if (run_a == run_b) {   /* before the database is opened: nothing to read */
+        fprintf(stderr, "diff: RUN_A and RUN_B are both run %lld; diff compares a baseline with "
+                "another run\n", (long long)run_a);
+        return 2;
+    }
     char err[1024];
     void *db = ar_rd_open(positional[0], err, sizeof err);
     if (!db) {
@@ -346,12 +369,20 @@ int ar_diff_main(int argc, char **argv)
     ar_rd_close(db);
     ar_diff_result result;
     int rc = diff_compute(&a, &b, &opt, &result, stdout, err, sizeof err);
+    int out_errno = ferror(stdout) ? errno : 0;   /* the failed write's */
     ar_rd_free_run(&a);
     ar_rd_free_run(&b);
     if (rc != 0) {
         fprintf(stderr, "diff: %s\n", err);
         return 2;
     }
-    fflush(stdout);
+    if (fflush(stdout) != 0) out_errno = errno;
+    if (ferror(stdout)) {   /* the comparison is lost: neither the gate's 0 nor its 1 */
+        fprintf(stderr, "attnreplay diff: cannot write the output (%s)\n",
+                out_errno ? strerror(out_errno) : "a write failed");
+        __fpurge(stdout);
+        clearerr(stdout);
+        return 3;
+    }
     return result.time_regression || result.accuracy_regression ? 1 : 0;
 }
