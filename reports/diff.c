@@ -231,11 +231,6 @@ static int diff_compute(const ar_run_data *a, const ar_run_data *b, const ar_dif
 static int load_pair(void *db, int64_t run_a, int64_t run_b, const ar_diff_options *opt, ar_run_data *a,
                      ar_run_data *b, char *err, size_t err_len)
 {
-    if (run_a == run_b) {
-        snprintf(err, err_len, "RUN_A and RUN_B are both run %lld; diff compares a baseline with another "
-                 "run", (long long)run_a);
-        return -1;
-    }
     if (ar_rd_load_run(db, run_a, a, err, err_len) != 0) return -1;
     if (ar_rd_load_run(db, run_b, b, err, err_len) != 0) {
         ar_rd_free_run(a);
@@ -247,6 +242,13 @@ static int load_pair(void *db, int64_t run_a, int64_t run_b, const ar_diff_optio
         unfinished_text(unfinished, what, sizeof what);
         snprintf(err, err_len, "%s; its missing steps would not be compared. Replay it to the end "
                  "(--resume) or pass --allow-unfinished to compare the steps it has", what);
+        ar_rd_free_run(a);
+        ar_rd_free_run(b);
+        return -1;
+    }
+    if (run_a == run_b) {   /* after the checks of the run itself, which say more */
+        snprintf(err, err_len, "RUN_A and RUN_B are both run %lld; diff compares a baseline with another "
+                 "run", (long long)run_a);
         ar_rd_free_run(a);
         ar_rd_free_run(b);
         return -1;
@@ -347,11 +349,6 @@ int ar_diff_main(int argc, char **argv)
         ar_rd_parse_run_id(positional[2], &run_b) != 0) {
         fprintf(stderr, "diff: run ids must be non-negative integers (got '%s' and '%s')\n",
                 positional[1], positional[2]);
-        return 2;
-    }
-    if (run_a == run_b) {   /* before the database is opened: nothing to read */
-        fprintf(stderr, "diff: RUN_A and RUN_B are both run %lld; diff compares a baseline with "
-                "another run\n", (long long)run_a);
         return 2;
     }
     char err[1024];
