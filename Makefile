@@ -494,7 +494,8 @@ $(BUILD)/tests/gpu_faults: $(FAULTY_CUDA_PLUGINS)
 $(BUILD)/tests/gpu_plugin: $(PLUGINS)
 
 # The Python package's tests (numpy adapter against the float64 reference, the ABI error cases),
-# in a virtual environment with numpy, the package installed from replay/python.
+# in a virtual environment with numpy, the package installed from replay/python; and the vLLM
+# recorder's trace writer, which needs no vLLM (tests/vllm/test_writer.py).
 $(PYENV)/.ready:
 	@command -v $(PYTHON) >/dev/null || { echo "python3 is needed for the Python package tests" >&2; exit 1; }
 	$(PYTHON) -m venv $(PYENV)
@@ -507,6 +508,7 @@ py-test: $(SHLIB) $(SHLIB_CARRY) $(PLUGINS) $(BROKEN_PLUGINS) $(BIN) $(PYENV)/.r
 	ATTNREPLAY_LIB=$(abspath $(SHLIB)) AR_BIN=$(abspath $(BIN)) AR_BUILD=$(abspath $(BUILD)) AR_SRC=$(CURDIR) \
 	  $(PYENV)/bin/python -m unittest discover -s replay/python/tests
 	AR_BIN=$(abspath $(BIN)) $(PYENV)/bin/python -m unittest discover -s kernels/peers -p 'test_*.py'
+	$(PYENV)/bin/python -m unittest discover -s tests/vllm -p 'test_writer.py'
 
 test: py-test
 .PHONY: py-test

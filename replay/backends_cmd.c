@@ -35,7 +35,7 @@ static void backends_usage(FILE *f)
     fputs("usage: attnreplay backends [--trace TRACE]\n"
           "  Lists the backends in selector order with their capabilities and whether each can run\n"
           "  the trace's configuration (a Llama-3.1-8B-like default without --trace), and why not.\n"
-          "  Exit status: 0 listed, 2 usage error or a bad trace.\n", f);
+          "  Exit status: 0 listed, 2 usage error or a bad trace, 3 the list could not be written.\n", f);
 }
 
 int ar_backends_main(int argc, char **argv)

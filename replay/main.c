@@ -13,9 +13,13 @@
  *   version    code revision, trace format, build type, CUDA runtime and driver
  *
  * Every command answers -h / --help with its usage on stdout and exit 0; a usage error prints
- * the usage on stderr and exits 2. */
+ * the usage on stderr and exits 2.  info, backends, diff, gen-samples, version and the help
+ * flush stdout before they exit: output that could not be written (a full disk, /dev/full, a
+ * closed stdout) is exit 3 with the system's reason on stderr (output_done). */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <string.h>
 
 #include "../reports/reports.h"
@@ -78,14 +82,17 @@ static void info_usage(FILE *f)
           "           max_seq_len kv_tokens qk_pairs cascade_eligible (qk_pairs = causal query-key\n"
           "           pairs; x 4 x q heads x head_size = the step's attention FLOPs per layer), to\n"
           "           pick --steps for replay\n"
-          "  Exit status: 0 a valid trace, 2 a bad trace (FILE:LINE: rule) or usage error.\n", f);
+          "  Exit status: 0 a valid trace, 2 a bad trace (FILE:LINE: rule) or usage error, 3 the output\n"
+          "  could not be written (a full disk, a closed stdout).\n", f);
 }
 
 static void gen_samples_usage(FILE *f)
 {
     fputs("usage: attnreplay gen-samples DIR\n"
-          "  Writes the sample traces (traces/samples/) into DIR, creating it if needed.\n"
-          "  Exit status: 0 written, 2 usage error or DIR not writable.\n", f);
+          "  Writes the sample traces (traces/samples/) into DIR, creating it if needed (not its\n"
+          "  parents).  Each is written to NAME.tmp-PID and renamed to NAME once whole, so a failed\n"
+          "  or stopped run leaves no part-written sample.\n"
+          "  Exit status: 0 written, 2 usage error or DIR not writable (a full disk included).\n", f);
 }
 
 static int info_main(int argc, char **argv)
@@ -113,6 +120,11 @@ static int info_main(int argc, char **argv)
     if ((per_step ? ar_trace_print_steps(trace, stdout, err, sizeof err)
                   : ar_trace_print_info(trace, stdout, err, sizeof err)) != 0) {
         fprintf(stderr, "attnreplay info: %s\n", err);
+        if (ferror(stdout)) {   /* said; what is still buffered is dropped */
+            __fpurge(stdout);
+            clearerr(stdout);
+            return 3;
+        }
         return 2;
     }
     return 0;
@@ -141,7 +153,8 @@ static void version_usage(FILE *f)
 {
     fputs("usage: attnreplay version (or attnreplay --version)\n"
           "  Prints the code revision, the trace format version, the build type and, when built\n"
-          "  with CUDA, the CUDA runtime linked in and the driver found (\"none\" without one).\n", f);
+          "  with CUDA, the CUDA runtime linked in and the driver found (\"none\" without one).\n"
+          "  Exit status: 0 printed, 2 an argument given, 3 the output could not be written.\n", f);
 }
 
 static int version_main(int argc, char **argv)
@@ -181,6 +194,19 @@ static int version_main(int argc, char **argv)
     return 0;
 }
 
+/* rc, once stdout is flushed; 3 with the reason on stderr when what cmd printed could not be
+ * written (a full disk, /dev/full, a closed stdout), whatever rc was. */
+static int output_done(const char *cmd, int rc)
+{
+    errno = 0;
+    bool failed = fflush(stdout) != 0;
+    int saved = errno;
+    if (!failed && !ferror(stdout)) return rc;
+    fprintf(stderr, "attnreplay %s: cannot write the output (%s)\n", cmd,
+            saved ? strerror(saved) : "an earlier write failed");
+    return 3;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -199,20 +225,21 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "replay") == 0) return ar_replay_main(sub_argc, sub_argv);
     if (strcmp(cmd, "merge") == 0) return ar_merge_main(sub_argc, sub_argv);
-    if (strcmp(cmd, "info") == 0) return info_main(sub_argc, sub_argv);
-    if (strcmp(cmd, "backends") == 0) return ar_backends_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "info") == 0) return output_done(cmd, info_main(sub_argc, sub_argv));
+    if (strcmp(cmd, "backends") == 0) return output_done(cmd, ar_backends_main(sub_argc, sub_argv));
     if (strcmp(cmd, "sim") == 0) return ar_sim_main(sub_argc, sub_argv);
     if (strcmp(cmd, "report") == 0) return ar_report_main(sub_argc, sub_argv);
-    if (strcmp(cmd, "diff") == 0) return ar_diff_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "diff") == 0) return output_done(cmd, ar_diff_main(sub_argc, sub_argv));
     if (strcmp(cmd, "plan") == 0) return ar_plan_main(sub_argc, sub_argv);
     if (strcmp(cmd, "calibrate") == 0) return ar_calibrate_main(sub_argc, sub_argv);
     if (strcmp(cmd, "profile") == 0) return ar_profile_main(sub_argc, sub_argv);
-    if (strcmp(cmd, "gen-samples") == 0) return gen_samples_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "gen-samples") == 0) return output_done(cmd, gen_samples_main(sub_argc, sub_argv));
     if (strcmp(cmd, "export") == 0) return ar_export_main(sub_argc, sub_argv);
-    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) return version_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0)
+        return output_done("version", version_main(sub_argc, sub_argv));
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
-        return 0;
+        return output_done("help", 0);
     }
     fprintf(stderr, "attnreplay: unknown command '%s'\n\n", cmd);
     usage(stderr);

@@ -14,12 +14,16 @@
  *    'incomplete') is refused, naming its status and the reason it stopped, unless
  *    --allow-unfinished; then it is compared on the steps it has, with a warning.
  *  - a run merged from shards (attnreplay merge) is one run; listed steps name the candidate's
- *    shard when it has shards. */
+ *    shard when it has shards.
+ *  - RUN_A and RUN_B must be two runs: one run compared with itself always "passes" the gate. */
 #include "reports.h"
 #include "rundata.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,9 +31,17 @@
 #define DIFF_NMSE_FLOOR 1e-18
 #define DIFF_LIST_LIMIT 10
 
+/* True when text is a decimal number as people write one (digits, '.', an exponent, a sign,
+ * a trailing '%'): strtod alone also takes " 5", "0x10", "0x1p-4" and "infinity". */
+static int decimal_text(const char *text)
+{
+    return *text && (isdigit((unsigned char)*text) || *text == '.') &&
+           text[strspn(text, "0123456789.eE+-%")] == '\0';
+}
+
 int ar_parse_threshold(const char *text, double *out)
 {
-    if (!text || !*text) return -1;
+    if (!text || !decimal_text(text)) return -1;
     char *end = NULL;
     double v = strtod(text, &end);
     if (end == text) return -1;
@@ -234,6 +246,13 @@ static int load_pair(void *db, int64_t run_a, int64_t run_b, const ar_diff_optio
         ar_rd_free_run(b);
         return -1;
     }
+    if (run_a == run_b) {   /* after the checks of the run itself, which say more */
+        snprintf(err, err_len, "RUN_A and RUN_B are both run %lld; diff compares a baseline with another "
+                 "run", (long long)run_a);
+        ar_rd_free_run(a);
+        ar_rd_free_run(b);
+        return -1;
+    }
     int same = a->trace_hash[0] && b->trace_hash[0] ? strcmp(a->trace_hash, b->trace_hash) == 0
                                                      : strcmp(a->trace, b->trace) == 0;
     if (!same) {
@@ -272,8 +291,9 @@ static void diff_usage(FILE *f)
           "                      error, or a merge still incomplete) on the steps it has; without it\n"
           "                      such a run is refused\n"
           "  Exit status: 0 no regression, 1 regression, 2 usage error or bad input (an unfinished\n"
-          "  run without --allow-unfinished; DB unreadable, not ours, or locked by another writer\n"
-          "  past ATTNREPLAY_BUSY_TIMEOUT_MS, default 30000).\n", f);
+          "  run without --allow-unfinished, the same run twice; DB unreadable, not ours, or locked by\n"
+          "  another writer past ATTNREPLAY_BUSY_TIMEOUT_MS, default 30000), 3 the comparison could\n"
+          "  not be written to stdout.\n", f);
 }
 
 int ar_diff_main(int argc, char **argv)
@@ -298,18 +318,19 @@ int ar_diff_main(int argc, char **argv)
             if (!strcmp(arg, "--threshold")) {
                 if (ar_parse_threshold(value, &opt.threshold) != 0) {
                     fprintf(stderr, "diff: --threshold '%s': expected a percentage like 5%% or a "
-                            "fraction like 0.05\n", value);
+                            "fraction like 0.05, from 0 to 10000%% (100)\n", value);
                     return 2;
                 }
             } else {
                 char *end = NULL;
                 opt.error_growth = strtod(value, &end);
-                if (end == value || *end || !(opt.error_growth >= 1.0) || !isfinite(opt.error_growth)) {
+                if (!decimal_text(value) || end == value || *end || !(opt.error_growth >= 1.0) ||
+                    !isfinite(opt.error_growth)) {
                     fprintf(stderr, "diff: --error-growth '%s': expected a factor >= 1\n", value);
                     return 2;
                 }
             }
-        } else if (arg[0] == '-' && arg[1]) {
+        } else if (arg[0] == '-' && arg[1] && !isdigit((unsigned char)arg[1])) {   /* "-1": a run id */
             fprintf(stderr, "diff: unknown option '%s'\n", arg);
             diff_usage(stderr);
             return 2;
@@ -347,12 +368,20 @@ int ar_diff_main(int argc, char **argv)
     ar_rd_close(db);
     ar_diff_result result;
     int rc = diff_compute(&a, &b, &opt, &result, stdout, err, sizeof err);
+    int out_errno = ferror(stdout) ? errno : 0;   /* the failed write's */
     ar_rd_free_run(&a);
     ar_rd_free_run(&b);
     if (rc != 0) {
         fprintf(stderr, "diff: %s\n", err);
         return 2;
     }
-    fflush(stdout);
+    if (fflush(stdout) != 0) out_errno = errno;
+    if (ferror(stdout)) {   /* the comparison is lost: neither the gate's 0 nor its 1 */
+        fprintf(stderr, "attnreplay diff: cannot write the output (%s)\n",
+                out_errno ? strerror(out_errno) : "a write failed");
+        __fpurge(stdout);
+        clearerr(stdout);
+        return 3;
+    }
     return result.time_regression || result.accuracy_regression ? 1 : 0;
 }

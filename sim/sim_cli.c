@@ -15,6 +15,7 @@
  * place. */
 #include "sim.h"
 #include "../replay/shard.h"
+#include "../traces/tmp_guard.h"
 
 #include <errno.h>
 #include <math.h>
@@ -110,19 +111,6 @@ static void workload_file(const char *spec, char *buf, size_t len)
 
 /* ---- the trace's temporary file ---------------------------------------------------------------- */
 
-/* The temporary trace a signal must remove; set only while it exists. */
-static char tmp_trace[4200];
-static volatile sig_atomic_t tmp_trace_live;
-
-static const int cleanup_signals[3] = { SIGINT, SIGTERM, SIGHUP };
-
-static void remove_tmp_and_reraise(int sig)
-{
-    if (tmp_trace_live) unlink(tmp_trace);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
 /* Where the trace is written first: out itself when out is a symlink, pipe or device (written in
  * place, as before), else out.tmp-PID in out's directory, which finish_tmp_trace renames. */
 static bool trace_goes_through_tmp(const char *out)
@@ -132,35 +120,13 @@ static bool trace_goes_through_tmp(const char *out)
     return S_ISREG(st.st_mode);
 }
 
-/* Arms the signal handlers (those not ignored) that remove the temporary trace; saved gets the
- * handlers they replace. */
-static void arm_tmp_trace(const char *tmp, struct sigaction saved[3])
+/* Renames the temporary trace tmp to out (ok) or removes it, and puts the signal handlers
+ * back.  Returns 0, or 1 after saying why the rename failed. */
+static int finish_tmp_trace(ar_tmp_guard *g, const char *tmp, const char *out, bool ok)
 {
-    snprintf(tmp_trace, sizeof tmp_trace, "%s", tmp);
-    tmp_trace_live = 1;
-    for (int i = 0; i < 3; i++) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = remove_tmp_and_reraise;
-        sigemptyset(&sa.sa_mask);
-        sigaction(cleanup_signals[i], NULL, &saved[i]);
-        if (saved[i].sa_handler != SIG_IGN) sigaction(cleanup_signals[i], &sa, NULL);
-    }
-}
-
-/* Renames the temporary trace to out (ok) or removes it, and puts the handlers back.  Returns
- * 0, or 1 after saying why the rename failed. */
-static int finish_tmp_trace(const char *out, bool ok, const struct sigaction saved[3])
-{
-    int rc = 0;
-    if (ok && rename(tmp_trace, out) != 0) {
-        fprintf(stderr, "sim: %s: cannot rename %s into place: %s\n", out, tmp_trace, strerror(errno));
-        rc = 1;
-    }
-    if (!ok || rc != 0) unlink(tmp_trace);
-    tmp_trace_live = 0;
-    for (int i = 0; i < 3; i++) sigaction(cleanup_signals[i], &saved[i], NULL);
-    return rc;
+    if (ar_tmp_guard_finish(g, ok ? out : NULL) == 0) return 0;
+    fprintf(stderr, "sim: %s: cannot rename %s into place: %s\n", out, tmp, strerror(errno));
+    return 1;
 }
 
 /* Every file the run will write, checked before the workload is read: writable, none of them
@@ -348,7 +314,7 @@ static int sim_one(int argc, char **argv)
         return 2;
     }
     const bool via_tmp = trace_goes_through_tmp(out);
-    struct sigaction saved[3];
+    ar_tmp_guard guard;
     char tmp[4200];
     struct stat old_st;
     const bool had_old = via_tmp && stat(out, &old_st) == 0;
@@ -356,12 +322,12 @@ static int sim_one(int argc, char **argv)
     const bool gz = out_len >= 3 && strcmp(out + out_len - 3, ".gz") == 0;
     if (via_tmp) {
         snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid());
-        arm_tmp_trace(tmp, saved);
+        ar_tmp_guard_arm(&guard, tmp);
     }
     ar_trace_writer *w = ar_trace_create_as(via_tmp ? tmp : out, gz, h, err, sizeof err);
     if (!w) {
         fprintf(stderr, "sim: %s\n", err);
-        if (via_tmp) finish_tmp_trace(out, false, saved);
+        if (via_tmp) finish_tmp_trace(&guard, tmp, out, false);
         ar_sim_destroy(s);
         ar_workload_free(&wl);
         return 1;
@@ -398,7 +364,7 @@ static int sim_one(int argc, char **argv)
         rc = rc == 2 ? 2 : 1;   /* 2: the database locked by another writer past the busy timeout */
     }
     if (via_tmp) {   /* TRACE only when the whole run succeeded; else it stays as it was */
-        int frc = finish_tmp_trace(out, rc == 0, saved);
+        int frc = finish_tmp_trace(&guard, tmp, out, rc == 0);
         if (rc == 0) rc = frc;
     }
     if (rc == 0 && !quiet) {

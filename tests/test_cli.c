@@ -1,7 +1,8 @@
 /* test_cli.c - the command line of bin/attnreplay (replay/main.c): every command answers -h and
  * --help alike (usage on stdout naming its exit codes, nothing on stderr, exit 0, nothing
  * created), a usage error prints the usage on stderr with exit 2, and `version` says what was
- * built (code revision, trace format, build type, CUDA runtime and driver).  The top-level help
+ * built (code revision, trace format, build type, CUDA runtime and driver).  Output that cannot
+ * be written (stdout on /dev/full, or closed) is exit 3 with the reason.  The top-level help
  * lists exactly the commands tested here, and the README's Commands block names every command
  * and every option of `replay --help`. */
 #include "testutil.h"
@@ -130,6 +131,44 @@ static void test_version(void **state)
     free(err);
 }
 
+/* stdout on a full device or closed: what the command prints is lost, so it must not exit 0
+ * (or 2, "a bad trace"): exit 3 and the system's reason on stderr. */
+static void test_stdout_full_or_closed(void **state)
+{
+    (void)state;
+    if (access("/dev/full", W_OK) != 0) {
+        skip();
+        return;
+    }
+    char trace[1024], big[1024], bin[PATH_MAX], err_path[1200];
+    tu_sample("mixed", trace, sizeof trace);
+    tu_sample("vllm", big, sizeof big);
+    if (!realpath(tu_bin(), bin)) fail_msg("no binary at %s", tu_bin());
+    tu_tmp("stdout-full.err", err_path, sizeof err_path);
+    static const struct { const char *args; int trace; } lines[] = {
+        { "info", 1 }, { "info --steps", 1 }, { "info --steps", 2 }, { "info --help", 0 },
+        { "backends", 0 }, { "backends --trace", 1 }, { "version", 0 }, { "--help", 0 },
+    };
+    static const struct { const char *redirect, *reason; } outputs[] = {
+        { ">/dev/full", "(No space left on device)" },
+        { ">&-", "(Bad file descriptor)" },
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        for (size_t o = 0; o < sizeof outputs / sizeof outputs[0]; o++) {
+            char args[2200];
+            snprintf(args, sizeof args, "%s '%s'", lines[i].args,
+                     lines[i].trace == 0 ? "" : lines[i].trace == 1 ? trace : big);
+            if (lines[i].trace == 0) args[strlen(lines[i].args)] = '\0';
+            int rc = tu_run(NULL, "'%s' %s %s 2>'%s'", bin, args, outputs[o].redirect, err_path);
+            char *err = tu_slurp(err_path);
+            assert_non_null(err);
+            if (rc != 3 || !strstr(err, "cannot write the output ") || !strstr(err, outputs[o].reason))
+                fail_msg("'attnreplay %s %s': rc %d, stderr '%.300s'", args, outputs[o].redirect, rc, err);
+            free(err);
+        }
+    }
+}
+
 /* The line after line (NULL after the last). */
 static const char *next_line(const char *line)
 {
@@ -229,6 +268,7 @@ int main(void)
         cmocka_unit_test(test_help_every_command),
         cmocka_unit_test(test_usage_errors_exit_2_on_stderr),
         cmocka_unit_test(test_version),
+        cmocka_unit_test(test_stdout_full_or_closed),
         cmocka_unit_test(test_help_lists_the_commands),
         cmocka_unit_test(test_readme_names_every_command_and_replay_option),
     };

@@ -511,7 +511,6 @@ static void test_diff_identical_runs(void **state)
 {
     (void)state;
     assert_int_equal(run_diff("1", "2", NULL, NULL), 0);
-    assert_int_equal(run_diff("1", "1", NULL, NULL), 0);
     ar_diff_result r;
     char err[512];
     assert_int_equal(ar_diff_runs(db_path, 1, 2, &default_options, &r, err, sizeof err), 0);
@@ -627,6 +626,52 @@ static void test_diff_bad_input(void **state)
     assert_int_equal(ar_diff_main(4, argv_nodb), 2);
 }
 
+/* One run given twice always "passed" the gate (a script's $BASE twice, a replay that added no
+ * run); out-of-range, negative and malformed values are refused naming the rule; a comparison
+ * that cannot be written (stdout on /dev/full) is exit 3, not the gate's 0 or 1. */
+static void test_diff_options_and_output(void **state)
+{
+    (void)state;
+    static const struct { const char *args, *says; } refused[] = {
+        { "1 1", "RUN_A and RUN_B are both run 1; diff compares a baseline with another run" },
+        { "2 02", "both run 2" },
+        { "-1 2", "run ids must be non-negative integers (got '-1' and '2')" },
+        { "1 99999999999999999999", "run ids must be non-negative integers" },
+        { "1 2 --threshold 5%%", "--threshold '5%%': expected a percentage" },
+        { "1 2 --threshold -1", "from 0 to 10000% (100)" },
+        { "1 2 --threshold abc", "--threshold 'abc'" },
+        { "1 2 --threshold 1e999", "--threshold '1e999'" },
+        { "1 2 --threshold 101", "--threshold '101'" },
+        { "1 2 --threshold 0x1p-4", "--threshold '0x1p-4'" },
+        { "1 2 --threshold ' 5%'", "--threshold ' 5%'" },
+        { "1 2 --error-growth 0x2", "--error-growth '0x2': expected a factor >= 1" },
+    };
+    char log[1024];
+    tu_tmp("diff_options.txt", log, sizeof log);
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        int rc = tu_run(log, "'%s' diff '%s' %s", tu_bin(), db_path, refused[i].args);
+        char *text = tu_slurp(log);
+        assert_non_null(text);
+        if (rc != 2 || !strstr(text, refused[i].says))
+            fail_msg("diff %s: rc %d, '%s'", refused[i].args, rc, text);
+        free(text);
+    }
+    char err[512];
+    ar_diff_result r;
+    assert_int_equal(ar_diff_runs(db_path, 3, 3, &default_options, &r, err, sizeof err), -1);
+    assert_non_null(strstr(err, "both run 3"));
+    if (access("/dev/full", W_OK) == 0) {
+        for (int k = 0; k < 2; k++) {   /* no regression, then one */
+            int rc = tu_run(NULL, "'%s' diff '%s' 1 %s >/dev/full 2>'%s'", tu_bin(), db_path, k ? "3" : "2", log);
+            char *text = tu_slurp(log);
+            assert_non_null(text);
+            if (rc != 3 || !strstr(text, "attnreplay diff: cannot write the output (No space left on device)"))
+                fail_msg("diff to /dev/full: rc %d, '%s'", rc, text);
+            free(text);
+        }
+    }
+}
+
 /* A FIFO (or another file that is not a regular one) given as the database is refused at once
  * naming it: SQLite's open of a FIFO blocked forever waiting for a writer. */
 static void test_fifo_is_not_a_database(void **state)
@@ -695,7 +740,7 @@ static void test_end_to_end_with_replay(void **state)
     assert_true(size_of(out, "roofline.svg") > 2000);
     assert_true(size_of(out, "cascade_speedup.png") > 2000);
     assert_true(size_of(out, "index.html") > 500);
-    assert_int_equal(tu_run(log, "'%s' diff '%s' 1 1", tu_bin(), e2e_db), 0);
+    assert_int_equal(tu_run(log, "'%s' diff '%s' 1 1", tu_bin(), e2e_db), 2);   /* one run twice */
     assert_int_equal(tu_run(log, "'%s' diff '%s' 1 3", tu_bin(), e2e_db), 1);
     /* Timing on a shared CPU is noisy, so only the accuracy verdict is certain here. */
     char *text = tu_slurp(log);
@@ -1010,6 +1055,11 @@ static void test_parse_threshold(void **state)
     assert_int_equal(ar_parse_threshold("5%%", &t), -1);
     assert_int_equal(ar_parse_threshold("-5%", &t), -1);
     assert_int_equal(ar_parse_threshold("five", &t), -1);
+    assert_int_equal(ar_parse_threshold("0x1p-4", &t), -1);
+    assert_int_equal(ar_parse_threshold(" 5%", &t), -1);
+    assert_int_equal(ar_parse_threshold("infinity", &t), -1);
+    assert_int_equal(ar_parse_threshold("1e-2", &t), 0);
+    assert_true(fabs(t - 0.01) < 1e-15);
 }
 
 static void test_quantile(void **state)
@@ -1066,6 +1116,7 @@ int main(void)
         cmocka_unit_test(test_diff_error_growth),
         cmocka_unit_test(test_diff_unfinished_run),
         cmocka_unit_test(test_diff_bad_input),
+        cmocka_unit_test(test_diff_options_and_output),
         cmocka_unit_test(test_end_to_end_with_replay),
         cmocka_unit_test(test_plan_fit_recovers_planted_model),
         cmocka_unit_test(test_plan_small_workload),

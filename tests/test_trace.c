@@ -1318,6 +1318,77 @@ static void test_samples_regenerate(void **state)
     assert_int_equal(ar_samples_write(missing, err, sizeof err), -1);
 }
 
+/* `gen-samples DIR`: an empty DIR is refused (it named the root directory), a missing DIR is
+ * created, and a run that fails part-way (a full disk) or is stopped leaves no part-written
+ * sample: every file in DIR reads as a whole trace and no NAME.tmp-PID stays. */
+/* What `ls -A dir | filter` prints, as a number. */
+static int count_lines(const char *dir, const char *filter)
+{
+    char out[4096];
+    tu_tmp("count.out", out, sizeof out);
+    tu_run(NULL, "ls -A '%s' | %s >'%s'", dir, filter, out);
+    char *text = tu_slurp(out);
+    int n = text ? atoi(text) : -1;
+    free(text);
+    return n;
+}
+
+static void assert_whole_samples_only(const char *dir)
+{
+    assert_int_equal(count_lines(dir, "grep -c tmp-"), 0);
+    char log[4096];
+    tu_tmp("whole.log", log, sizeof log);
+    int rc = tu_run(log, "for f in '%s'/*; do [ -e \"$f\" ] || continue; '%s' info \"$f\" >/dev/null || exit 1; done", dir, tu_bin());
+    if (rc != 0) {
+        char *text = tu_slurp(log);
+        fail_msg("%s holds a sample that is not whole: %s", dir, text ? text : "");
+    }
+}
+
+static void test_gen_samples_dir_and_failures(void **state)
+{
+    (void)state;
+    char dir[4096], log[4096], cmd_dir[4096];
+    tu_tmp("gs-cwd", cmd_dir, sizeof cmd_dir);
+    tu_tmp("gs.log", log, sizeof log);
+    assert_int_equal(tu_run(NULL, "mkdir -p '%s'", cmd_dir), 0);
+    assert_int_equal(tu_run(log, "cd '%s' && '%s' gen-samples ''", cmd_dir, tu_bin()), 2);
+    assert_true(tu_file_has(log, "DIR is empty"));
+    assert_int_equal(count_lines(cmd_dir, "wc -l"), 0);
+
+    tu_tmp("gs-new", dir, sizeof dir);
+    assert_int_equal(tu_run(log, "'%s' gen-samples '%s'", tu_bin(), dir), 0);
+    assert_int_equal(count_lines(dir, "wc -l"), AR_NUM_SAMPLES + AR_NUM_SHAPE_SAMPLES);
+    assert_whole_samples_only(dir);
+
+    /* a file-size limit of 8 KiB: the first sample larger than that fails; an earlier sample of
+     * that name (here an empty file a user put there) is left as it was */
+    tu_tmp("gs-full", dir, sizeof dir);
+    assert_int_equal(tu_run(NULL, "mkdir -p '%s' && : >'%s/llama-3.1-8b.trace.jsonl.gz'", dir, dir), 0);
+    int rc = tu_run(log, "ulimit -f 8; trap '' XFSZ; '%s' gen-samples '%s'", tu_bin(), dir);
+    assert_int_equal(rc, 2);
+    assert_true(tu_file_has(log, "File too large"));
+    assert_int_equal(count_lines(dir, "grep -c tmp-"), 0);
+    char kept[4200];
+    snprintf(kept, sizeof kept, "%s/llama-3.1-8b.trace.jsonl.gz", dir);
+    char *empty = tu_slurp(kept);
+    assert_non_null(empty);
+    assert_string_equal(empty, "");
+    free(empty);
+    assert_int_equal(tu_run(NULL, "rm '%s'", kept), 0);
+    assert_whole_samples_only(dir);
+
+    /* SIGTERM at several points of the run */
+    static const char *const delays[] = { "0.002", "0.005", "0.01", "0.015", "0.02", "0.03" };
+    for (size_t i = 0; i < sizeof delays / sizeof delays[0]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "gs-term%zu", i);
+        tu_tmp(name, dir, sizeof dir);
+        tu_run(log, "mkdir -p '%s' && timeout -s TERM %s '%s' gen-samples '%s'", dir, delays[i], tu_bin(), dir);
+        assert_whole_samples_only(dir);
+    }
+}
+
 /* The public workload files are request lists, not attnreplay traces: rejected cleanly. */
 static void test_public_files_are_not_traces(void **state)
 {
@@ -1399,6 +1470,7 @@ int main(void)
         cmocka_unit_test(test_info_steps),
         cmocka_unit_test(test_samples_blocks_consistent),
         cmocka_unit_test(test_samples_regenerate),
+        cmocka_unit_test(test_gen_samples_dir_and_failures),
         cmocka_unit_test(test_public_files_are_not_traces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,16 +20,23 @@
  *   - scripted preemption: at a given tick the last running request is preempted (blocks
  *     freed, recompute), held back a few ticks, then resumed with a full new block list.
  * Prompt tokens are synthetic; block keys are chained over them with ar_chain_key /
- * ar_tokens_payload, so requests that share the system prompt share keys (and blocks). */
+ * ar_tokens_payload, so requests that share the system prompt share keys (and blocks).
+ * ar_samples_write creates DIR when missing (not its parents) and writes each sample to
+ * NAME.tmp-PID there, renamed to NAME once whole: a run that fails (a full disk) or is stopped by
+ * SIGINT, SIGTERM or SIGHUP leaves no part-written sample; the samples written before stay. */
 #include "samples.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../reference/datagen.h"
+#include "tmp_guard.h"
 #include "trace.h"
 
 #define SAMPLE_MAX_BLOCK_SIZE 64
@@ -190,10 +197,10 @@ static void remove_index(int *v, int *n, int pos)
     (*n)--;
 }
 
-/* Runs the script and writes the trace to path. */
+/* Runs the script and writes the trace, gzipped, to path. */
 static int sim_run(sample_sim *sim, const char *path, char *err, size_t err_len)
 {
-    ar_trace_writer *w = ar_trace_create(path, &sim->header, err, err_len);
+    ar_trace_writer *w = ar_trace_create_as(path, true, &sim->header, err, err_len);
     if (!w) return -1;
     ar_new_req new_reqs[SAMPLE_MAX_REQS];
     ar_cached_req cached[SAMPLE_MAX_REQS];
@@ -506,13 +513,38 @@ const char *ar_shape_sample_name(int i)
     return i >= 0 && i < AR_NUM_SHAPE_SAMPLES ? sample_defs[AR_NUM_SAMPLES + i].file : NULL;
 }
 
+/* ---- writing them ------------------------------------------------------------------------ */
+
+/* dir, created when missing (not its parents); 0, or -1 with err set. */
+static int sample_dir(const char *dir, char *err, size_t err_len)
+{
+    struct stat st;
+    if (!*dir) {
+        snprintf(err, err_len, "DIR is empty (give a directory; '.' for this one)");
+        return -1;
+    }
+    if (stat(dir, &st) != 0) {
+        if (errno != ENOENT || mkdir(dir, 0777) != 0) {
+            snprintf(err, err_len, "%s: cannot create the directory: %s", dir, strerror(errno));
+            return -1;
+        }
+    } else if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "%s: not a directory", dir);
+        return -1;
+    }
+    return 0;
+}
+
 int ar_samples_write(const char *dir, char *err, size_t err_len)
 {
+    if (sample_dir(dir, err, err_len) != 0) return -1;
     sample_sim *sim = malloc(sizeof *sim);
     if (!sim) {
         snprintf(err, err_len, "%s: out of memory for the sample generator", dir);
         return -1;
     }
+    /* each sample goes to NAME.tmp-PID and is renamed to NAME once whole, so a failed or killed
+     * run leaves no part-written sample (SIGINT, SIGTERM and SIGHUP remove the one in progress) */
     int rc = 0;
     for (int i = 0; i < AR_NUM_SAMPLES + AR_NUM_SHAPE_SAMPLES && rc == 0; i++) {
         const sample_def *d = &sample_defs[i];
@@ -523,10 +555,18 @@ int ar_samples_write(const char *dir, char *err, size_t err_len)
             rc = -1;
             break;
         }
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
+        ar_tmp_guard guard;
+        ar_tmp_guard_arm(&guard, tmp);
         const sample_spec *specs = d->specs;
         int num_specs = d->make_specs ? d->make_specs(&specs) : d->num_specs;
         sim_init(sim, d->shape, d->source, d->salt, specs, num_specs, d->preempt_tick);
-        rc = sim_run(sim, path, err, err_len);
+        rc = sim_run(sim, tmp, err, err_len);
+        if (ar_tmp_guard_finish(&guard, rc == 0 ? path : NULL) != 0) {
+            snprintf(err, err_len, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
+            rc = -1;
+        }
     }
     free(sim);
     return rc;

@@ -20,7 +20,9 @@ const char *ar_sample_name(int i);
 #define AR_NUM_SHAPE_SAMPLES 6
 const char *ar_shape_sample_name(int i);
 
-/* Writes every sample trace (both families) into the existing directory dir.  Returns 0, or -1 with err set. */
+/* Writes every sample trace (both families) into the directory dir, created when missing (its
+ * parent must exist), each through a temporary file renamed into place.  Returns 0, or -1 with
+ * err set. */
 int ar_samples_write(const char *dir, char *err, size_t err_len);
 
 #ifdef __cplusplus

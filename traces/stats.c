@@ -14,6 +14,7 @@
  *                    flag; MLA traces never count (vLLM's MLA backends do not use cascade). */
 #include "trace.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,12 @@ int ar_trace_stats_compute(const char *path, ar_trace_stats *st, ar_trace_header
     return rc < 0 ? -1 : 0;
 }
 
+/* err for output that could not be written; e is the failed write's errno (0: not known). */
+static void output_error(int e, char *err, size_t err_len)
+{
+    snprintf(err, err_len, "cannot write the output (%s)", e ? strerror(e) : "a write failed");
+}
+
 int ar_trace_print_steps(const char *path, FILE *out, char *err, size_t err_len)
 {
     ar_trace_reader *r = ar_trace_open(path, err, err_len);
@@ -128,7 +135,7 @@ int ar_trace_print_steps(const char *path, FILE *out, char *err, size_t err_len)
     fprintf(out, "#step time_s requests tokens prefill_tokens max_seq_len kv_tokens qk_pairs cascade_eligible\n");
     step_scratch w = { 0 };
     const ar_step *s;
-    int rc;
+    int rc, out_errno = 0;
     while ((rc = ar_trace_next(r, &s, err, err_len)) == 1) {
         step_shape shape;
         if (measure_step(r, s, &w, &shape) != 0) {
@@ -139,12 +146,16 @@ int ar_trace_print_steps(const char *path, FILE *out, char *err, size_t err_len)
         fprintf(out, "%lld %.6f %d %lld %lld %lld %lld %.0f %d\n", (long long)s->step, s->time, s->num_scheduled,
                 (long long)shape.tokens, (long long)shape.prefill_tokens, (long long)shape.max_seq_len,
                 (long long)shape.kv_tokens, shape.qk_pairs, shape.cascade_eligible);
+        if (ferror(out)) {   /* the table cannot be written: no use reading on */
+            out_errno = errno;
+            break;
+        }
     }
     free(w.context_lens);
     free(w.query_lens);
     ar_trace_close(r);
-    if (rc == 0 && ferror(out)) {
-        snprintf(err, err_len, "%s: writing the step table failed", path);
+    if (rc >= 0 && ferror(out)) {
+        output_error(out_errno, err, err_len);
         return -1;
     }
     return rc < 0 ? -1 : 0;
@@ -191,7 +202,7 @@ int ar_trace_print_info(const char *path, FILE *out, char *err, size_t err_len)
     fprintf(out, "preempted  %lld times\n", (long long)st.preemptions);
     fprintf(out, "duration   %.3f s\n", st.duration);
     if (ferror(out)) {
-        snprintf(err, err_len, "%s: writing the summary failed", path);
+        output_error(errno, err, err_len);
         return -1;
     }
     return 0;

@@ -336,7 +336,9 @@ __global__ void __launch_bounds__(SIMT_THREADS) prefill_attn_kernel(
  * through ldmatrix.trans): the next tile loads while this one is computed.  Scores and the
  * online softmax stay in registers, and the probabilities are rounded to the dtype for P V.
  * A request's workspace rows hold consecutive positions (mla_prepare writes them so), so the
- * rows past the tile's last visible position are skipped, not masked.
+ * rows past the tile's last visible position are skipped, not masked.  The planted fault
+ * AR_FAULT_NO_RESCALE skips the rescale at every 64-key tile here (every 128-key chunk in the
+ * SIMT kernel), so the two faulty outputs differ; both fail verification.
  *   pf_tiles [n_tiles][3]: first pf_tok index, token count (1..64), request
  *   q_nope [T, H, 128], a.q [T, H, 576] (q_pe at 512..575), ws_k [rows, H, 192],
  *   ws_v [rows, H, 128]; pass_o [T, H, 128] float, pass_lse [H, T] natural.

@@ -5,7 +5,10 @@ Plug in with `--scheduler-cls vllm_recorder.RecordingAsyncScheduler` (or Recordi
 async scheduling is off), with this directory's parent on PYTHONPATH; the trace goes to
 $ATTNREPLAY_TRACE (default ./vllm-PID.trace.jsonl.gz; "{rank}" in it, or a ".dpN" suffix when
 data-parallel, names the rank).  $ATTNREPLAY_TRACE_CONTENT=tokens writes the prompt token ids of
-new requests instead of block keys.
+new requests instead of block keys (any other value but empty is refused).  The trace is written
+as PATH.tmp-PID and renamed to PATH when the engine shuts down (or at exit): a write that fails
+(a full disk) leaves no trace but says so in the log, and an engine killed with SIGKILL leaves
+only PATH.tmp-PID (TraceWriter).
 
 Per step the scheduling thread only copies what the step decided (SchedulerOutput lists, new
 requests' prompt block hashes) and computes num_common_prefix_blocks; a writer thread turns it
@@ -188,16 +191,43 @@ def _trace_path(vllm_config):
     return path
 
 
+def content_mode():
+    """What new requests' content is written as, from $ATTNREPLAY_TRACE_CONTENT: "tokens" (prompt
+    token ids) or None (unset or empty: vLLM's block hashes).  Any other value is refused."""
+    value = os.environ.get(CONTENT_ENV, "")
+    if value not in ("", "tokens"):
+        raise ValueError(f"attnreplay vllm_recorder: {CONTENT_ENV}={value!r}: expected 'tokens' (prompt "
+                         "token ids) or unset (vLLM's block hashes)")
+    return value or None
+
+
 class TraceWriter:
     """Writes a trace from a background thread.  put() hands over plain Python data; the thread
-    builds the JSON lines and compresses them, so the caller pays only for a queue put."""
+    builds the JSON lines and compresses them, so the caller pays only for a queue put.
+
+    A regular file (or a new one) is written as PATH.tmp-PID beside it and renamed to PATH by
+    close() once whole, so PATH is either the whole trace or what was there before: a write that
+    fails (a full disk) removes the temporary file, and an engine killed outright leaves only it.
+    A symlink, pipe or device (/dev/stdout) is written in place.  A PATH that cannot be created
+    is an OSError naming it and $ATTNREPLAY_TRACE, raised when the engine starts."""
 
     def __init__(self, path, header):
         self.path = path
+        self.tmp_path = None
+        if os.path.isdir(path):
+            raise OSError(f"attnreplay recorder: cannot write the trace {path} (${TRACE_ENV}): it is a directory")
+        if not os.path.lexists(path) or (os.path.isfile(path) and not os.path.islink(path)):
+            self.tmp_path = f"{path}.tmp-{os.getpid()}"
+        target = self.tmp_path or path
         self._queue = queue.SimpleQueue()
-        self._file = gzip.open(path, "wt", encoding="utf-8", compresslevel=6) if path.endswith(".gz") \
-            else open(path, "w", encoding="utf-8")
-        self._file.write(json.dumps(header, separators=(",", ":")) + "\n")
+        try:
+            self._file = gzip.open(target, "wt", encoding="utf-8", compresslevel=6) if path.endswith(".gz") \
+                else open(target, "w", encoding="utf-8")
+            self._file.write(json.dumps(header, separators=(",", ":")) + "\n")
+        except OSError as e:
+            self._remove_tmp()
+            raise OSError(f"attnreplay recorder: cannot write the trace {path} (${TRACE_ENV}): "
+                          f"{e.strerror or e}") from e
         self._closed = False
         self.error = None
         self._thread = threading.Thread(target=self._run, name="attnreplay-trace-writer", daemon=True)
@@ -213,6 +243,24 @@ class TraceWriter:
         self._closed = True
         self._queue.put(None)
         self._thread.join()
+        if self.tmp_path is None:
+            return
+        if self.error is None:
+            try:
+                os.replace(self.tmp_path, self.path)
+                return
+            except OSError as e:
+                self.error = e
+                logger.error("attnreplay recorder: cannot rename %s to %s (%s)", self.tmp_path, self.path, e)
+        self._remove_tmp()
+        logger.error("attnreplay recorder: no trace written to %s (%s)", self.path, self.error)
+
+    def _remove_tmp(self):
+        if self.tmp_path is not None:
+            try:
+                os.unlink(self.tmp_path)
+            except OSError:
+                pass
 
     def _run(self):
         pending = {}   # step number -> line dict waiting for its duration
@@ -236,7 +284,7 @@ class TraceWriter:
                         self._write(pending.pop(n))
             except Exception as e:   # disk full, ...: keep the engine serving, say so once
                 self.error = e
-                logger.error("attnreplay recorder: writing %s failed (%s); the trace stops here", self.path, e)
+                logger.error("attnreplay recorder: writing %s failed (%s); recording stops", self.path, e)
         try:
             if self.error is None:
                 for n in sorted(pending):
@@ -297,8 +345,9 @@ class _RecordingMixin:
         if problems:
             raise ValueError("attnreplay vllm_recorder cannot record this engine in trace v1: "
                              + "; ".join(problems))
+        tokens = content_mode() == "tokens"
         super().__init__(*args, **kwargs)
-        self._ar_tokens = os.environ.get(CONTENT_ENV, "") == "tokens"
+        self._ar_tokens = tokens
         # the clock the trace times come from; the headless driver sets its simulated clock
         self.ar_clock = time.monotonic
         self._ar_t0 = None
