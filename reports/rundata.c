@@ -2,6 +2,7 @@
  * device ceilings and computes quantiles for the report and diff commands (see rundata.h). */
 #include "rundata.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <sqlite3.h>
@@ -332,7 +333,8 @@ double ar_rd_quantile(double *values, size_t n, double q)
 
 int ar_rd_parse_run_id(const char *text, int64_t *id)
 {
-    if (!text || !*text) return -1;
+    /* decimal digits only: strtoll alone also takes " 1", "+1" and "-0" */
+    if (!text || !isdigit((unsigned char)text[0])) return -1;
     char *end = NULL;
     errno = 0;
     long long v = strtoll(text, &end, 10);

@@ -96,7 +96,8 @@ void ar_rd_step_name(const ar_run_data *run, const ar_step_row *s, char *buf, si
  * built from it print as out/index.html. */
 void ar_rd_dir_name(const char *path, char *out, size_t len);
 
-/* Parses a run id ("12"); returns 0 on success. */
+/* Parses a run id: decimal digits only ("12"; not " 12", "+12" or "-0"), within int64.
+ * Returns 0 on success, -1 otherwise. */
 int ar_rd_parse_run_id(const char *text, int64_t *id);
 
 #ifdef __cplusplus

@@ -1041,6 +1041,25 @@ static void test_output_paths(void **state)
 
 /* ---- helpers of rundata.c and diff.c --------------------------------------------------------- */
 
+/* Run ids are decimal digits: a sign or a blank before them was read as the number. */
+static void test_parse_run_id(void **state)
+{
+    (void)state;
+    int64_t id = -5;
+    assert_int_equal(ar_rd_parse_run_id("12", &id), 0);
+    assert_int_equal(id, 12);
+    assert_int_equal(ar_rd_parse_run_id("0", &id), 0);
+    assert_int_equal(id, 0);
+    assert_int_equal(ar_rd_parse_run_id("9223372036854775807", &id), 0);
+    static const char *const bad[] = {"", " 1", "+1", "-0", "-1", "1 ", "1x", "0x10", "9223372036854775808", "1.0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        id = -5;
+        assert_int_equal(ar_rd_parse_run_id(bad[i], &id), -1);
+        assert_int_equal(id, -5);
+    }
+    assert_int_equal(ar_rd_parse_run_id(NULL, &id), -1);
+}
+
 static void test_parse_threshold(void **state)
 {
     (void)state;
@@ -1125,6 +1144,7 @@ int main(void)
         cmocka_unit_test(test_fifo_is_not_a_database),
         cmocka_unit_test(test_plan_states_step_time_model),
         cmocka_unit_test(test_output_paths),
+        cmocka_unit_test(test_parse_run_id),
         cmocka_unit_test(test_parse_threshold),
         cmocka_unit_test(test_quantile),
         cmocka_unit_test(test_ceilings_lookup),
