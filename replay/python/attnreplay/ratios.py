@@ -263,10 +263,8 @@ def compare(db, base_id=None, run_ids=None, runs_db=None, parts=None):
 
 def run_id(text):
     """A run id from the command line: SQLite's rowids are 1 to 2^63 - 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    # digits only, as the C commands read them: int() also takes " 1", "+1" and "1_0"
+    value = int(text) if re.fullmatch(r"[0-9]+", text) else 0
     if not 1 <= value < 2 ** 63:
         raise argparse.ArgumentTypeError("%r: not a run id (a whole number from 1 to 2^63 - 1)" % text)
     return value

@@ -261,6 +261,9 @@ class Ratios(unittest.TestCase):
                 ([self.mixed, "--runs-in", self.mixed, "--run", "7"], "mixed.db: no run 7"),
                 ([self.mixed, "--base", "99999999999999999999"], "--base: '99999999999999999999': not a run id"),
                 ([self.mixed, "--run", "1", "--run", "-9223372036854775809"], "--run: '-9223372036854775809': not a run id"),
+                ([self.mixed, "--base", " 1"], "--base: ' 1': not a run id"),
+                ([self.mixed, "--base", "+1"], "--base: '+1': not a run id"),
+                ([self.mixed, "--run", "1_0"], "--run: '1_0': not a run id"),
                 ([self.mixed], "no other run of the base's trace"),
                 ([self.mixed, "--runs-in", other, "--run", "1"], "replayed another trace than the base"),
                 ([self.mixed, "--runs-in", layers], "per-step times are not comparable")):
