@@ -1,4 +1,5 @@
-/* test_mla_plan.c - the cuda-mla decode planner (kernels/mla/mla_plan.c) without a GPU: on
+/* test_mla_plan.c - the cuda-mla planners (kernels/mla/mla_plan.c) without a GPU.  The decode
+ * planner: on
  * random batches (decodes, multi-token queries, prefill-sized rows, 16 and 128 heads, causal or
  * not, the off-by-one fault's extra key, a request mask, SM counts from 1 to 132, forced split
  * counts) every plan must cover each row tile's visible keys exactly once, in pieces that start
@@ -7,7 +8,7 @@
  * plan's chains must visit every piece once, in request order, with the same number of key
  * tiles on every CTA but the last.  Two shapes whose plans were measured on the H200
  * (mla_plan.c: FlashMLA's b = 128 at h_q 16 and 128, and 32 requests of 4k keys) are checked
- * piece by piece. */
+ * piece by piece.  The prefill path's passes and query tiles: test_prefill_passes. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -318,9 +319,114 @@ static void test_causal_row_tiles(void **state)
     ar_mla_plan_free(&p);
 }
 
+/* ---- the prefill path's passes and query tiles -------------------------------------------- */
+
+/* One random step for the prefill planner: up to 24 requests, some prefills (q_len 129-700)
+ * with or without context (up to 3000 keys), the others decodes or short queries. */
+static void random_prefill_step(int *R, int *qsl, int *seq_lens, unsigned char *is_pf)
+{
+    *R = 1 + rnd(24);
+    qsl[0] = 0;
+    for (int r = 0; r < *R; r++) {
+        is_pf[r] = (unsigned char)(rnd(3) != 0);
+        const int ql = is_pf[r] ? 129 + rnd(572) : 1 + rnd(128);
+        const int ctx = rnd(3) == 0 ? 0 : rnd(3001);
+        qsl[r + 1] = qsl[r] + ql;
+        seq_lens[r] = ctx + ql;
+    }
+}
+
+/* Every pass holds, for each prefill request, one run of consecutive positions (what the
+ * tensor-core attention's key skipping relies on); over the passes the request's context
+ * positions [0, ctx) each once, in context passes of at most `chunk` positions starting at
+ * multiples of it, and its new tokens [ctx, ctx + q_len) in the last pass; rows and max_rows
+ * add up; a pass stays within the workspace unless one block a request exceeds it.  The tokens
+ * are the prefill requests' in order, and the query tiles cut them into runs of 1..64 tokens
+ * of one request, in order, each token once. */
+static void test_prefill_passes(void **state)
+{
+    (void)state;
+    enum { MAXR = 24, MAXT = MAXR * 700 };
+    static int row_req[MAXR * 4096], row_pos[MAXR * 4096], pf_tok[MAXT], tiles[MAXT * 3];
+    for (int it = 0; it < 500; it++) {
+        int R, qsl[MAXR + 1], seq_lens[MAXR], kb[MAXR], ke[MAXR];
+        unsigned char is_pf[MAXR];
+        random_prefill_step(&R, qsl, seq_lens, is_pf);
+        const int bs = 16 << rnd(3), workspace = rnd(4) == 0 ? 16 + rnd(200) : 256 << rnd(5);
+        ar_mla_prefill_passes pp;
+        assert_int_equal(ar_mla_plan_prefill(&pp, R, qsl, seq_lens, is_pf, workspace, bs), 0);
+        int reqs = 0, tokens = 0, with_ctx = 0, tiles_want = 0;
+        for (int r = 0; r < R; r++)
+            if (is_pf[r]) {
+                reqs++;
+                tokens += qsl[r + 1] - qsl[r];
+                tiles_want += (qsl[r + 1] - qsl[r] + 63) / 64;
+                with_ctx += seq_lens[r] > qsl[r + 1] - qsl[r];
+            }
+        assert_int_equal(pp.num_reqs, reqs);
+        assert_int_equal(pp.num_tokens, tokens);
+        assert_int_equal(pp.num_tiles, tiles_want);
+        assert_int_equal(pp.num_passes, reqs > 0 ? pp.num_ctx_chunks + 1 : 0);
+        assert_true(pp.chunk >= bs && pp.chunk % bs == 0);
+        int covered[MAXR], max_rows = 0;   /* context positions seen so far, per request */
+        memset(covered, 0, sizeof covered);
+        for (int p = 0; p < pp.num_passes; p++) {
+            assert_true(pp.rows[p] <= MAXR * 4096);
+            ar_mla_fill_prefill_pass(&pp, p, R, qsl, seq_lens, is_pf, row_req, row_pos, kb, ke);
+            const bool last = p == pp.num_passes - 1;
+            int w = 0;
+            for (int r = 0; r < R; r++) {
+                assert_int_equal(kb[r], w);
+                const int ql = qsl[r + 1] - qsl[r], ctx = seq_lens[r] - ql, n = ke[r] - kb[r];
+                if (!is_pf[r]) {
+                    assert_int_equal(n, 0);
+                    continue;
+                }
+                for (int i = 0; i < n; i++) {
+                    assert_int_equal(row_req[kb[r] + i], r);
+                    assert_int_equal(row_pos[kb[r] + i], row_pos[kb[r]] + i);   /* consecutive */
+                }
+                if (last) {
+                    assert_int_equal(n, ql);
+                    assert_int_equal(n > 0 ? row_pos[kb[r]] : ctx, ctx);
+                } else if (n > 0) {
+                    assert_int_equal(row_pos[kb[r]], covered[r]);   /* picks up where the last pass ended */
+                    assert_int_equal(row_pos[kb[r]] % pp.chunk, 0);
+                    assert_true(n <= pp.chunk);
+                    covered[r] += n;
+                }
+                w = ke[r];
+            }
+            assert_int_equal(w, pp.rows[p]);
+            if (!last) assert_true(w <= (workspace > with_ctx * bs ? workspace : with_ctx * bs));
+            if (w > max_rows) max_rows = w;
+        }
+        assert_int_equal(pp.max_rows, max_rows);
+        for (int r = 0; r < R; r++)
+            if (is_pf[r]) assert_int_equal(covered[r], seq_lens[r] - (qsl[r + 1] - qsl[r]));
+        ar_mla_fill_prefill_tokens(R, qsl, is_pf, pf_tok, tiles);
+        int n = 0;
+        for (int r = 0; r < R; r++)
+            for (int t = qsl[r]; is_pf[r] && t < qsl[r + 1]; t++) assert_int_equal(pf_tok[n++], t);
+        int next = 0;
+        for (int k = 0; k < pp.num_tiles; k++) {
+            const int first = tiles[3 * k], count = tiles[3 * k + 1], r = tiles[3 * k + 2];
+            assert_int_equal(first, next);
+            assert_true(count >= 1 && count <= AR_MLA_PREFILL_TILE);
+            assert_true(is_pf[r]);
+            for (int i = 0; i < count; i++) assert_true(pf_tok[first + i] >= qsl[r] && pf_tok[first + i] < qsl[r + 1]);
+            next = first + count;
+        }
+        assert_int_equal(next, tokens);
+        ar_mla_prefill_passes_free(&pp);
+        ar_mla_prefill_passes_free(&pp);   /* zeroed: freeing again is harmless */
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefill_passes),
         cmocka_unit_test(test_random_batches),
         cmocka_unit_test(test_include_all_is_no_mask),
         cmocka_unit_test(test_measured_shapes),

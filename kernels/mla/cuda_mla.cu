@@ -106,8 +106,8 @@ typedef struct mla_state {
     int num_ctas;                   /* CTAs of the latent-attention launch (num_work unless persistent) */
     int max_rows;                   /* most rows (q_len * H) of an absorbed request */
     int n_dec_reqs, n_pf_reqs, n_pf_tok, n_passes, ws_rows_max;
-    int n_pf_tiles;                 /* tiles of <= PF_TC_ROWS prefill tokens of one request */
-    int *pass_rows;                 /* [n_passes] rows of each pass (host) */
+    int n_pf_tiles;                 /* query tiles of <= AR_MLA_PREFILL_TILE prefill tokens of one request */
+    ar_mla_prefill_passes pf;       /* the prefill path's passes (mla_plan.h) */
     size_t *pass_meta_off;          /* [n_passes] offset of the pass's arrays in meta */
     int *d_qsl, *d_seq, *d_bt, *d_treq, *d_tpos, *d_pf_tok;
     int *d_pf_tiles;                /* [n_pf_tiles][3] first pf_tok index, count, request */
@@ -326,7 +326,7 @@ static void mla_close(void *state)
     for (int i = 0; i < 8; i++)
         if (s->ev[i]) cudaEventDestroy(s->ev[i]);
     if (s->stream) cudaStreamDestroy(s->stream);
-    free(s->pass_rows);
+    ar_mla_prefill_passes_free(&s->pf);
     free(s->pass_meta_off);
     free(s);
 }
@@ -354,17 +354,10 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         snprintf(err, err_len, "cuda-mla backend: out of host memory");
         return 3;
     }
-    int n_pf_reqs = 0, n_pf_tok = 0, n_pf_ctx = 0, n_pf_tiles = 0;
     for (int r = 0; r < R; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
         is_pf[r] = s->use_prefill && ql > AR_CUDA_MLA_DECODE_THRESHOLD;
         is_dec[r] = !is_pf[r];
-        if (is_pf[r]) {
-            n_pf_reqs++;
-            n_pf_tok += ql;
-            n_pf_tiles += (ql + PF_TC_ROWS - 1) / PF_TC_ROWS;
-            if (b->seq_lens[r] - ql > 0) n_pf_ctx++;
-        }
     }
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
     mla_plan plan;
@@ -382,45 +375,20 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     }
 
     /* prefill passes: context chunks of at most M tokens per request (workspace-bounded,
-     * block-aligned as in vLLM), then one pass over the new tokens */
-    int max_ctx = 0;
-    for (int r = 0; r < R; r++)
-        if (is_pf[r]) {
-            int c = b->seq_lens[r] - (b->query_start_loc[r + 1] - b->query_start_loc[r]);
-            if (c > max_ctx) max_ctx = c;
-        }
-    int chunk_m = n_pf_ctx > 0 ? s->workspace_tokens / n_pf_ctx : s->workspace_tokens;
-    chunk_m = chunk_m / bs * bs;
-    if (chunk_m < bs) chunk_m = bs;
-    int n_ctx_chunks = max_ctx > 0 ? (max_ctx + chunk_m - 1) / chunk_m : 0;
-    int n_passes = n_pf_reqs > 0 ? n_ctx_chunks + 1 : 0;
-    free(s->pass_rows);
+     * block-aligned as in vLLM), then one pass over the new tokens (mla_plan.h) */
+    ar_mla_prefill_passes_free(&s->pf);
     free(s->pass_meta_off);
-    s->pass_rows = (int *)calloc((size_t)(n_passes + 1), sizeof(int));
-    s->pass_meta_off = (size_t *)calloc((size_t)(n_passes + 1) * 4, sizeof(size_t));
-    if (!s->pass_rows || !s->pass_meta_off) {
+    s->pass_meta_off = NULL;
+    if (ar_mla_plan_prefill(&s->pf, R, b->query_start_loc, b->seq_lens, is_pf, s->workspace_tokens, bs) != 0 ||
+        !(s->pass_meta_off = (size_t *)calloc((size_t)(s->pf.num_passes + 1) * 4, sizeof(size_t)))) {
         free(is_pf);
         free(is_dec);
         ar_mla_plan_free(&plan);
         snprintf(err, err_len, "cuda-mla backend: out of host memory");
         return 3;
     }
-    int ws_rows_max = 0;
-    for (int p = 0; p < n_passes; p++) {
-        int rows = 0;
-        for (int r = 0; r < R; r++) {
-            if (!is_pf[r]) continue;
-            int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], ctx = b->seq_lens[r] - ql;
-            if (p < n_ctx_chunks) {
-                int lo = p * chunk_m, hi = (p + 1) * chunk_m < ctx ? (p + 1) * chunk_m : ctx;
-                if (hi > lo) rows += hi - lo;
-            } else {
-                rows += ql;
-            }
-        }
-        s->pass_rows[p] = rows;
-        if (rows > ws_rows_max) ws_rows_max = rows;
-    }
+    const ar_mla_prefill_passes *pf = &s->pf;
+    const int n_pf_reqs = pf->num_reqs, n_pf_tok = pf->num_tokens, n_passes = pf->num_passes;
 
     /* metadata layout */
     size_t off = 0;
@@ -428,10 +396,10 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     size_t o_work = ar_meta_take(&off, (size_t)plan.num_work * sizeof(work_item));
     size_t o_groups = ar_meta_take(&off, (size_t)plan.num_groups * sizeof(combine_group));
     size_t o_pftok = ar_meta_take(&off, (size_t)n_pf_tok * 4);
-    size_t o_pftiles = ar_meta_take(&off, (size_t)n_pf_tiles * 3 * 4);
+    size_t o_pftiles = ar_meta_take(&off, (size_t)pf->num_tiles * 3 * 4);
     for (int p = 0; p < n_passes; p++) {
-        s->pass_meta_off[4 * p + 0] = ar_meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_req */
-        s->pass_meta_off[4 * p + 1] = ar_meta_take(&off, (size_t)s->pass_rows[p] * 4);   /* row_pos */
+        s->pass_meta_off[4 * p + 0] = ar_meta_take(&off, (size_t)pf->rows[p] * 4);   /* row_req */
+        s->pass_meta_off[4 * p + 1] = ar_meta_take(&off, (size_t)pf->rows[p] * 4);   /* row_pos */
         s->pass_meta_off[4 * p + 2] = ar_meta_take(&off, (size_t)R * 4);                 /* kb */
         s->pass_meta_off[4 * p + 3] = ar_meta_take(&off, (size_t)R * 4);                 /* ke */
     }
@@ -446,46 +414,13 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     }
     unsigned char *h = (unsigned char *)s->h_meta;
     ar_batch_meta_fill(&bm, h, b);
-    int *pftok = (int *)(h + o_pftok), *pftiles = (int *)(h + o_pftiles), npf = 0, ntile = 0;
-    for (int r = 0; r < R; r++)
-        if (is_pf[r]) {
-            for (int t0 = b->query_start_loc[r]; t0 < b->query_start_loc[r + 1]; t0 += PF_TC_ROWS) {
-                int left = b->query_start_loc[r + 1] - t0;
-                pftiles[3 * ntile + 0] = npf + (t0 - b->query_start_loc[r]);
-                pftiles[3 * ntile + 1] = left < PF_TC_ROWS ? left : PF_TC_ROWS;
-                pftiles[3 * ntile + 2] = r;
-                ntile++;
-            }
-            for (int t = b->query_start_loc[r]; t < b->query_start_loc[r + 1]; t++) pftok[npf++] = t;
-        }
+    ar_mla_fill_prefill_tokens(R, b->query_start_loc, is_pf, (int *)(h + o_pftok), (int *)(h + o_pftiles));
     memcpy(h + o_work, plan.work, (size_t)plan.num_work * sizeof(work_item));
     memcpy(h + o_groups, plan.groups, (size_t)plan.num_groups * sizeof(combine_group));
-    for (int p = 0; p < n_passes; p++) {
-        int *row_req = (int *)(h + s->pass_meta_off[4 * p + 0]);
-        int *row_pos = (int *)(h + s->pass_meta_off[4 * p + 1]);
-        int *kb = (int *)(h + s->pass_meta_off[4 * p + 2]);
-        int *ke = (int *)(h + s->pass_meta_off[4 * p + 3]);
-        int w = 0;
-        for (int r = 0; r < R; r++) {
-            kb[r] = ke[r] = w;
-            if (!is_pf[r]) continue;
-            int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], ctx = b->seq_lens[r] - ql;
-            int lo, hi;
-            if (p < n_ctx_chunks) {
-                lo = p * chunk_m;
-                hi = (p + 1) * chunk_m < ctx ? (p + 1) * chunk_m : ctx;
-            } else {
-                lo = ctx;
-                hi = ctx + ql;
-            }
-            for (int pos = lo; pos < hi; pos++) {
-                row_req[w] = r;
-                row_pos[w] = pos;
-                w++;
-            }
-            ke[r] = w;
-        }
-    }
+    for (int p = 0; p < n_passes; p++)
+        ar_mla_fill_prefill_pass(pf, p, R, b->query_start_loc, b->seq_lens, is_pf,
+                                 (int *)(h + s->pass_meta_off[4 * p + 0]), (int *)(h + s->pass_meta_off[4 * p + 1]),
+                                 (int *)(h + s->pass_meta_off[4 * p + 2]), (int *)(h + s->pass_meta_off[4 * p + 3]));
     if ((rc = mla_fail(cudaMemcpyAsync(s->meta.ptr, s->h_meta, meta_bytes, cudaMemcpyHostToDevice, s->stream),
                        "metadata upload", err, err_len))) {
         free(is_pf);
@@ -513,7 +448,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     size_t lse_payload = mla_round_up((size_t)H * T * 4 + 16, 256);
     size_t out_need = 2 * MLA_GUARD_BYTES + out_payload, lse_need = 2 * MLA_GUARD_BYTES + lse_payload;
     bool out_new = out_need > s->out.cap, lse_new = lse_need > s->lse.cap;
-    size_t ws = (size_t)(ws_rows_max > 0 ? ws_rows_max : 1);
+    size_t ws = (size_t)(pf->max_rows > 0 ? pf->max_rows : 1);
     size_t tpf = (size_t)(n_pf_tok > 0 ? T : 1);
     if ((rc = mla_ensure(&s->qlat, (size_t)T * H * D * 2 + 16, "latent query buffer", err, err_len)) ||
         (rc = mla_ensure(&s->qnope, (size_t)T * H * P * 2 + 16, "q_nope buffer", err, err_len)) ||
@@ -566,14 +501,14 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->n_pf_reqs = n_pf_reqs;
     s->n_dec_reqs = R - n_pf_reqs;
     s->n_pf_tok = n_pf_tok;
-    s->n_pf_tiles = n_pf_tiles;
+    s->n_pf_tiles = pf->num_tiles;
     s->n_passes = n_passes;
-    s->ws_rows_max = ws_rows_max;
+    s->ws_rows_max = pf->max_rows;
     s->info.num_decode_reqs = R - n_pf_reqs;
     s->info.num_prefill_reqs = n_pf_reqs;
     s->info.num_work = plan.num_ctas;
     s->info.num_groups = plan.num_groups;
-    s->info.num_context_chunks = n_ctx_chunks;
+    s->info.num_context_chunks = pf->num_ctx_chunks;
     s->info.num_sms = s->num_sms;
     s->step_ready = 1;
     free(is_pf);
@@ -686,7 +621,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
     float *out = (float *)((char *)s->out.ptr + MLA_GUARD_BYTES);
     cudaError_t e;
     for (int p = 0; p < s->n_passes; p++) {
-        int rows = s->pass_rows[p];
+        int rows = s->pf.rows[p];
         const unsigned char *d = (const unsigned char *)s->meta.ptr;
         const int *row_req = (const int *)(d + s->pass_meta_off[4 * p + 0]);
         const int *row_pos = (const int *)(d + s->pass_meta_off[4 * p + 1]);

@@ -340,3 +340,94 @@ int ar_mla_build_plan_persistent(ar_mla_plan *p, int R, const int *qsl, const in
     return 0;
 }
 
+/* ---- the prefill path's workspace passes ---------------------------------------------------- */
+
+void ar_mla_prefill_passes_free(ar_mla_prefill_passes *pp)
+{
+    free(pp->rows);
+    memset(pp, 0, sizeof *pp);
+}
+
+/* Request r's positions in pass p: [*lo, *hi) (empty when hi <= lo). */
+static void pass_span(const ar_mla_prefill_passes *pp, int p, int ql, int ctx, int *lo, int *hi)
+{
+    if (p < pp->num_ctx_chunks) {
+        *lo = p * pp->chunk;
+        *hi = (p + 1) * pp->chunk < ctx ? (p + 1) * pp->chunk : ctx;
+    } else {
+        *lo = ctx;
+        *hi = ctx + ql;
+    }
+}
+
+int ar_mla_plan_prefill(ar_mla_prefill_passes *pp, int R, const int *qsl, const int *seq_lens,
+                        const unsigned char *is_pf, int workspace_tokens, int block_size)
+{
+    memset(pp, 0, sizeof *pp);
+    int with_ctx = 0, max_ctx = 0;
+    for (int r = 0; r < R; r++) {
+        if (!is_pf[r]) continue;
+        const int ql = qsl[r + 1] - qsl[r], ctx = seq_lens[r] - ql;
+        pp->num_reqs++;
+        pp->num_tokens += ql;
+        pp->num_tiles += (ql + AR_MLA_PREFILL_TILE - 1) / AR_MLA_PREFILL_TILE;
+        if (ctx > 0) with_ctx++;
+        if (ctx > max_ctx) max_ctx = ctx;
+    }
+    int chunk = with_ctx > 0 ? workspace_tokens / with_ctx : workspace_tokens;
+    chunk = chunk / block_size * block_size;
+    pp->chunk = chunk < block_size ? block_size : chunk;
+    pp->num_ctx_chunks = max_ctx > 0 ? (max_ctx + pp->chunk - 1) / pp->chunk : 0;
+    pp->num_passes = pp->num_reqs > 0 ? pp->num_ctx_chunks + 1 : 0;
+    pp->rows = calloc((size_t)pp->num_passes + 1, sizeof(int));
+    if (!pp->rows) {
+        memset(pp, 0, sizeof *pp);
+        return -1;
+    }
+    for (int p = 0; p < pp->num_passes; p++) {
+        for (int r = 0; r < R; r++) {
+            if (!is_pf[r]) continue;
+            const int ql = qsl[r + 1] - qsl[r];
+            int lo, hi;
+            pass_span(pp, p, ql, seq_lens[r] - ql, &lo, &hi);
+            if (hi > lo) pp->rows[p] += hi - lo;
+        }
+        if (pp->rows[p] > pp->max_rows) pp->max_rows = pp->rows[p];
+    }
+    return 0;
+}
+
+void ar_mla_fill_prefill_pass(const ar_mla_prefill_passes *pp, int p, int R, const int *qsl, const int *seq_lens,
+                              const unsigned char *is_pf, int *row_req, int *row_pos, int *kb, int *ke)
+{
+    int w = 0;
+    for (int r = 0; r < R; r++) {
+        kb[r] = ke[r] = w;
+        if (!is_pf[r]) continue;
+        const int ql = qsl[r + 1] - qsl[r];
+        int lo, hi;
+        pass_span(pp, p, ql, seq_lens[r] - ql, &lo, &hi);
+        for (int pos = lo; pos < hi; pos++) {
+            row_req[w] = r;
+            row_pos[w] = pos;
+            w++;
+        }
+        ke[r] = w;
+    }
+}
+
+void ar_mla_fill_prefill_tokens(int R, const int *qsl, const unsigned char *is_pf, int *pf_tok, int *tiles)
+{
+    int n = 0, tile = 0;
+    for (int r = 0; r < R; r++) {
+        if (!is_pf[r]) continue;
+        for (int t0 = qsl[r]; t0 < qsl[r + 1]; t0 += AR_MLA_PREFILL_TILE) {
+            const int left = qsl[r + 1] - t0;
+            tiles[3 * tile + 0] = n + (t0 - qsl[r]);
+            tiles[3 * tile + 1] = left < AR_MLA_PREFILL_TILE ? left : AR_MLA_PREFILL_TILE;
+            tiles[3 * tile + 2] = r;
+            tile++;
+        }
+        for (int t = qsl[r]; t < qsl[r + 1]; t++) pf_tok[n++] = t;
+    }
+}

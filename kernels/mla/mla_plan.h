@@ -1,5 +1,6 @@
-/* mla_plan.h - the cuda-mla decode planner: how a launch's rows (query token x head) and keys
- * are cut into the CTAs of the latent attention and the combine that merges cut pieces.
+/* mla_plan.h - the cuda-mla planners: how a decode launch's rows (query token x head) and keys
+ * are cut into the CTAs of the latent attention and the combine that merges cut pieces; and the
+ * prefill path's workspace passes and query tiles (at the end).
  *
  * A request's rows are taken ROWS (64) at a time ("row tiles"); a row tile's keys, in tiles of
  * KEYS (32) keys, are its own or cut into key pieces, each one work item (a CTA's task), and a
@@ -74,6 +75,44 @@ int ar_mla_build_plan(ar_mla_plan *p, int R, const int *qsl, const int *seq_lens
  * return as ar_mla_build_plan. */
 int ar_mla_build_plan_persistent(ar_mla_plan *p, int R, const int *qsl, const int *seq_lens,
                                  const unsigned char *include, int H, int causal, int extra, int num_ctas);
+
+/* ---- the prefill path's workspace passes ----------------------------------------------------
+ * Requests with is_pf[r] != 0 take cuda-mla's expanded prefill path: their keys and values are
+ * up-projected into a workspace one pass at a time, vLLM's chunked-context prefill.  Pass p <
+ * num_ctx_chunks holds, of every such request with context, the context positions [p * chunk,
+ * min((p + 1) * chunk, ctx)); the last pass holds each one's new tokens [ctx, ctx + q_len).
+ * chunk = workspace_tokens / (requests with context), rounded down to a multiple of block_size,
+ * at least block_size.  A pass's rows are request by request, each request's rows consecutive
+ * positions from its lowest: the tensor-core attention skips a query tile's invisible keys by
+ * that order.  The prefill tokens are taken in request order (pf_tok) and cut into query tiles
+ * of at most AR_MLA_PREFILL_TILE tokens of one request. */
+#define AR_MLA_PREFILL_TILE 64
+
+typedef struct ar_mla_prefill_passes {
+    int num_reqs;           /* requests on the prefill path */
+    int num_tokens;         /* their new tokens (pf_tok's length) */
+    int num_tiles;          /* query tiles */
+    int num_ctx_chunks;     /* context passes (0 when no request has context) */
+    int num_passes;         /* num_ctx_chunks + 1, or 0 without a prefill request */
+    int chunk;              /* context positions of one request a pass */
+    int max_rows;           /* most workspace rows of a pass */
+    int *rows;              /* [num_passes] workspace rows of each pass */
+} ar_mla_prefill_passes;
+
+/* The passes of a step: R requests, qsl [R + 1], seq_lens [R], is_pf [R].  0, or -1 out of
+ * memory (pp zeroed).  ar_mla_prefill_passes_free frees rows and zeroes pp. */
+int ar_mla_plan_prefill(ar_mla_prefill_passes *pp, int R, const int *qsl, const int *seq_lens,
+                        const unsigned char *is_pf, int workspace_tokens, int block_size);
+void ar_mla_prefill_passes_free(ar_mla_prefill_passes *pp);
+
+/* Pass p's workspace rows: row_req / row_pos [rows[p]] (request and position of each row), and
+ * kb / ke [R]: request r's rows are [kb[r], ke[r]) (empty for the others). */
+void ar_mla_fill_prefill_pass(const ar_mla_prefill_passes *pp, int p, int R, const int *qsl, const int *seq_lens,
+                              const unsigned char *is_pf, int *row_req, int *row_pos, int *kb, int *ke);
+
+/* The prefill tokens in request order, pf_tok [num_tokens], and the query tiles, tiles
+ * [num_tiles][3]: first pf_tok index, token count (1..AR_MLA_PREFILL_TILE), request. */
+void ar_mla_fill_prefill_tokens(int R, const int *qsl, const unsigned char *is_pf, int *pf_tok, int *tiles);
 
 #ifdef __cplusplus
 }

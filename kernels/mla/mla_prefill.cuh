@@ -344,7 +344,8 @@ __global__ void __launch_bounds__(SIMT_THREADS) prefill_attn_kernel(
  *   ws_v [rows, H, 128]; pass_o [T, H, 128] float, pass_lse [H, T] natural.
  * Dynamic shared memory: PF_TC_SMEM bytes (two stages of K and V; the query tile is staged in
  * stage 0 first). */
-constexpr int PF_TC_QK = 192, PF_TC_V = 128, PF_TC_ROWS = 64, PF_TC_KEYS = 64;
+constexpr int PF_TC_QK = 192, PF_TC_V = 128, PF_TC_ROWS = AR_MLA_PREFILL_TILE, PF_TC_KEYS = 64;
+static_assert(PF_TC_ROWS == 64, "4 warps x 16 query rows");
 constexpr int PF_TC_KS = PF_TC_QK + 8, PF_TC_VS = PF_TC_V + 8;   /* row strides: conflict-free fragments */
 constexpr int PF_TC_STAGE = PF_TC_KEYS * (PF_TC_KS + PF_TC_VS);  /* 16-bit elements a stage */
 constexpr int PF_TC_SMEM = 2 * PF_TC_STAGE * 2;
