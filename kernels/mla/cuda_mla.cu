@@ -671,6 +671,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
                 (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke, P, V, (float *)s->pass_o.ptr,
                 (float *)s->pass_lse.ptr);
         }
+        if (s->n_passes == 1) break;   /* one pass (no context): it is the result, no merge */
         prefill_merge_kernel<<<mla_grid((int64_t)s->n_pf_tok * H * V, 256), 256, 0, s->stream>>>(
             a, s->d_pf_tok, s->n_pf_tok, V, (float *)s->acc_o.ptr, (float *)s->acc_lse.ptr,
             (const float *)s->pass_o.ptr, (const float *)s->pass_lse.ptr, p == 0);
@@ -679,8 +680,10 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     (void)T;
+    const bool one = s->n_passes == 1;
     prefill_finish_kernel<<<mla_grid((int64_t)s->n_pf_tok * H * V, 256), 256, 0, s->stream>>>(
-        a, s->d_pf_tok, s->n_pf_tok, V, (const float *)s->acc_o.ptr, (const float *)s->acc_lse.ptr, out, a.lse);
+        a, s->d_pf_tok, s->n_pf_tok, V, (const float *)(one ? s->pass_o.ptr : s->acc_o.ptr),
+        (const float *)(one ? s->pass_lse.ptr : s->acc_lse.ptr), out, a.lse);
     return cudaGetLastError();
 }
 
