@@ -1128,6 +1128,8 @@ static const req_case decode_batch[] = {{1, 0}, {1, 37}, {2, 300}, {4, 129}, {1,
 /* two prefills with context (workspace 256 tokens: chunks of 128, so 5 context chunks), one
  * without, plus decodes */
 static const req_case mixed_batch[] = {{1, 50}, {140, 600}, {4, 77}, {150, 333}, {200, 0}};
+/* prefills without context beside a decode: the prefill path in one pass (no merge) */
+static const req_case fresh_batch[] = {{200, 0}, {1, 30}, {129, 0}};
 
 static void test_backend_decode(void **st)
 {
@@ -1210,9 +1212,9 @@ static void test_backend_prefill_mixed(void **st)
 }
 
 /* One switch setting of cuda-mla's GEMMs and prefill attention against the float64 reference:
- * decode batches in bf16 and fp16, and the mixed batch (prefills over several context chunks:
+ * decode batches in bf16 and fp16, the mixed batch (prefills over several context chunks:
  * tiles of 64 tokens, a partial last tile, partial key tiles) in bf16, fp16 and over an fp8
- * cache.  gemm: AR_MLA_GEMM (NULL: unset), prefill: AR_MLA_PREFILL; each run's plan must say
+ * cache, and prefills without context (one pass, no merge) in bf16.  gemm: AR_MLA_GEMM (NULL: unset), prefill: AR_MLA_PREFILL; each run's plan must say
  * the kernels asked for ran. */
 static void check_switches(const char *gemm, const char *prefill)
 {
@@ -1224,30 +1226,36 @@ static void check_switches(const char *gemm, const char *prefill)
         int block_size, num_blocks;
         ar_dtype dt, kv;
         double kv_scale;
-        int mixed;
+        int mixed;          /* 0 decode_batch, 1 mixed_batch, 2 fresh_batch */
     } cases[] = {{16, 1024, AR_BF16, AR_BF16, 1.0, 0}, {16, 1024, AR_BF16, AR_BF16, 1.0, 1},
                  {16, 1024, AR_FP16, AR_FP16, 1.0, 0}, {16, 1024, AR_FP16, AR_FP16, 1.0, 1},
-                 {64, 256, AR_BF16, AR_FP8_E4M3, 0.5, 1}};
+                 {64, 256, AR_BF16, AR_FP8_E4M3, 0.5, 1}, {16, 1024, AR_BF16, AR_BF16, 1.0, 2}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (small_mode() && i != 1) continue;   /* compute-sanitizer runs: the mixed bf16 batch */
         ar_run_config cfg = mla_cfg(16, cases[i].block_size, cases[i].num_blocks, cases[i].dt, cases[i].kv,
                                     cases[i].kv_scale);
         e2e_result r;
-        if (cases[i].mixed)
+        if (cases[i].mixed == 2)
+            run_e2e(&cfg, fresh_batch, 3, 0, 1, &r);
+        else if (cases[i].mixed)
             run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
         else
             run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
         char what[160];
         snprintf(what, sizeof what, "gemm %s, prefill %s: %s %s%s", gemm ? gemm : "simt", prefill ? prefill : "simt",
-                 cases[i].mixed ? "mixed" : "decode", cases[i].dt == AR_BF16 ? "bf16" : "fp16",
+                 cases[i].mixed == 2 ? "prefills without context" : cases[i].mixed ? "mixed" : "decode",
+                 cases[i].dt == AR_BF16 ? "bf16" : "fp16",
                  cases[i].kv == AR_FP8_E4M3 ? ", fp8 cache" : "");
         report(what, &r);
         assert_true(e2e_pass(&r));
         assert_int_equal(r.plan.gemm_tc, want_tc);
         assert_int_equal(r.plan.gemm_cublas, want_cublas);
         if (cases[i].mixed) {
-            assert_int_equal(r.plan.num_prefill_reqs, 3);
-            assert_true(r.plan.num_context_chunks >= 4);
+            assert_int_equal(r.plan.num_prefill_reqs, cases[i].mixed == 2 ? 2 : 3);
+            if (cases[i].mixed == 2)
+                assert_int_equal(r.plan.num_context_chunks, 0);
+            else
+                assert_true(r.plan.num_context_chunks >= 4);
             assert_int_equal(r.plan.prefill_tc, want_pf_tc);
         }
     }
