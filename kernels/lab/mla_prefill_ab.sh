@@ -33,7 +33,7 @@ stage() { echo "== $1 ($(date -u +%H:%M:%S), $(left)s left)"; }
 DB=$OUT/mla_ab.db
 TRACE=/tmp/ar_mla_ab_dsv3.trace.jsonl.gz
 last_run() { python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT max(id) FROM runs').fetchone()[0])" "$DB" 2>/dev/null; }
-# per-mark sums of one run: where its time went
+# per-mark sums of one run (where its time went) and the kernel paths it ran
 marks() {
   python3 - "$DB" "$1" <<'EOF'
 import sqlite3, sys
@@ -41,6 +41,9 @@ db = sqlite3.connect(sys.argv[1])
 rows = db.execute("SELECT name, count(*), sum(time_us) FROM kernels WHERE run = ? GROUP BY name ORDER BY 3 DESC",
                   (int(sys.argv[2]),)).fetchall()
 print("   run %s marks: %s" % (sys.argv[2], ", ".join("%s %.0f us (%d)" % (n, s or 0, c) for n, c, s in rows)))
+paths = db.execute("SELECT path, count(*) FROM coverage WHERE run = ? GROUP BY path ORDER BY path",
+                   (int(sys.argv[2]),)).fetchall()
+print("   run %s kernel paths (steps): %s" % (sys.argv[2], ", ".join("%s (%d)" % (p, c) for p, c in paths)))
 EOF
 }
 # replay STEPS LABEL [VAR=VALUE ...]: one verified cuda-mla run of the steps; prints its run id last
