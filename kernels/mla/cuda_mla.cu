@@ -245,14 +245,12 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     if (s->gemm_cublas) {
         char why[2600];
         int status = -1;
-        s->cublas = ar_cublas_load(why, sizeof why);
-        if (s->cublas && (status = s->cublas->create(&s->cublas_handle)) == 0 &&
-            (status = s->cublas->set_stream(s->cublas_handle, s->stream)) == 0)
-            status = 0;
-        else if (s->cublas)
+        if ((s->cublas = ar_cublas_load(why, sizeof why)) != NULL &&
+            ((status = s->cublas->create(&s->cublas_handle)) != 0 ||
+             (status = s->cublas->set_stream(s->cublas_handle, s->stream)) != 0))
             snprintf(why, sizeof why, "cublasCreate / cublasSetStream (%s) returned status %d", s->cublas->path,
                      status);
-        if (status != 0) {
+        if (status != 0) {   /* -1: not loadable, why says where it looked */
             snprintf(err, err_len, "cuda-mla backend: AR_MLA_GEMM=cublas: %s", why);
             mla_close(s);
             return 2;
