@@ -94,8 +94,9 @@ int ar_plan_fit_db(const char *db_path, const int64_t *runs /* [num_runs] */, si
  * argv[0] = "calibrate".  Measures device 0's copy bandwidth and bf16 matrix rate (method in
  * kernels/common/cuda_calibrate.cu) and appends a `ceilings` row; or stores the given numbers with
  * method 'given'.  Returns 0 when stored, 2 on usage errors and on a DB that cannot be written or
- * that replay --db would refuse (checked before the measurement), 3 when there is no CUDA device
- * (the database is then untouched), on a CUDA error, or on I/O or a lock while writing. */
+ * that replay --db would refuse (checked before the measurement) or that another connection keeps
+ * locked past the busy timeout, 3 when there is no CUDA device (the database is then untouched),
+ * on a CUDA error, or on I/O while writing. */
 int ar_calibrate_main(int argc, char **argv);
 
 /* Appends one row to the `ceilings` table of db_path (created and migrated if needed):

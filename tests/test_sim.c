@@ -1090,7 +1090,11 @@ static void test_metrics_database_refused_or_waited_for(void **state)
     sqlite3_finalize(st);
     /* a WAL database under another writer's BEGIN IMMEDIATE: read, simulated, then refused at the write */
     assert_int_equal(sqlite3_exec(db, "PRAGMA journal_mode=WAL; BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    struct stat before, after;
+    assert_int_equal(stat(trace, &before), 0);   /* the last run's TRACE */
     expect_metrics_locked(out, workload, trace, db_path, 300);
+    assert_int_equal(stat(trace, &after), 0);    /* not replaced: the run's temporary trace was removed */
+    assert_true(after.st_ino == before.st_ino && after.st_mtime == before.st_mtime);
     sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
     sqlite3_close(db);
 }

@@ -685,13 +685,13 @@ static void test_profile_refuses_before_measuring(void **state)
     struct { char args[1600]; const char *says; } cases[12];
     int n = 0;
     snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s/missing/p.db --quick", m, dir);
-    cases[n++].says = "missing";
+    cases[n++].says = "/missing: No such file or directory";   /* the reason, not only the path given */
     snprintf(cases[n].args, sizeof cases[n].args, "--synthetic h200 %s --db %s/p.db", m, trace);   /* under a file */
     cases[n++].says = "Not a directory";
     snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --tp 2 --trace %s", m, db, trace);
     cases[n++].says = "--tp 1";
     snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s/none.jsonl", m, db, dir);
-    cases[n++].says = "none.jsonl";
+    cases[n++].says = "none.jsonl:0: cannot open: No such file or directory";
     snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s", m, db, other);
     cases[n++].says = "the trace is of model qwen3-32b";
     snprintf(cases[n].args, sizeof cases[n].args, "--device h200 %s --db %s --trace %s", m, db, broken);

@@ -1318,9 +1318,6 @@ static void test_samples_regenerate(void **state)
     assert_int_equal(ar_samples_write(missing, err, sizeof err), -1);
 }
 
-/* `gen-samples DIR`: an empty DIR is refused (it named the root directory), a missing DIR is
- * created, and a run that fails part-way (a full disk) or is stopped leaves no part-written
- * sample: every file in DIR reads as a whole trace and no NAME.tmp-PID stays. */
 /* What `ls -A dir | filter` prints, as a number. */
 static int count_lines(const char *dir, const char *filter)
 {
@@ -1345,6 +1342,9 @@ static void assert_whole_samples_only(const char *dir)
     }
 }
 
+/* `gen-samples DIR`: an empty DIR is refused (it named the root directory), a missing DIR is
+ * created, and a run that fails part-way (a full disk) or is stopped leaves no part-written
+ * sample: every file in DIR reads as a whole trace and no NAME.tmp-PID stays. */
 static void test_gen_samples_dir_and_failures(void **state)
 {
     (void)state;

@@ -142,23 +142,20 @@ static void cublas_search(void)
     }
 }
 
-int ar_cuda_cublas_probe(char *path, size_t path_len, char *err, size_t err_len)
-{
-    cublas_search();
-    if (g_cublas.loaded) {
-        snprintf(path, path_len, "%s", g_cublas.path);
-        return 0;
-    }
-    snprintf(err, err_len, "cuBLAS not loadable (tried %s)", g_cublas.tried_text);
-    return -1;
-}
-
 const ar_cublas_api *ar_cublas_load(char *err, size_t err_len)
 {
     cublas_search();
     if (g_cublas.loaded) return &g_cublas;
     snprintf(err, err_len, "cuBLAS not loadable (tried %s)", g_cublas.tried_text);
     return NULL;
+}
+
+int ar_cuda_cublas_probe(char *path, size_t path_len, char *err, size_t err_len)
+{
+    const ar_cublas_api *api = ar_cublas_load(err, err_len);
+    if (!api) return -1;
+    snprintf(path, path_len, "%s", api->path);
+    return 0;
 }
 
 int ar_cublas_gemm_16(void *handle, const ar_cublas_gemm *g)

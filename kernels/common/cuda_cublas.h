@@ -61,8 +61,8 @@ typedef struct ar_cublas_api {
  * every place tried and why in err.  The library stays loaded. */
 const ar_cublas_api *ar_cublas_load(char *err, size_t err_len);
 
-/* The same search; 0 and the loaded file in path, or -1 and err (kept for calibrate and
- * profile; a host-only build's stub answers -1). */
+/* ar_cublas_load's answer as a path: 0 and the loaded file in path, or -1 and err (the tests
+ * ask it whether cuBLAS loads here; a host-only build's stub, cuda_calibrate_stub.c, answers -1). */
 int ar_cuda_cublas_probe(char *path, size_t path_len, char *err, size_t err_len);
 
 /* C[b][m][n] = sum_k A[b][m][k] * B[b][k][n] for b < batch, every matrix 16-bit (bf16 or fp16 by

@@ -9,14 +9,14 @@
 # 4,096-token prefill, 1-64 mixed, 65-111 decode-only), the one BENCHMARKS.md's "MLA on a
 # DeepSeek-V3 trace" ran.  Stages, each under `timeout -s KILL`:
 #   1. build/tests/gpu_mla (the tensor-core prefill and GEMM tests among them)  -> gpu_mla.txt
-#   2. steps 0-8 (the prefill and 8 mixed steps), one layer, every step verified (sample:8),
+#   2. steps 0-9 (the prefill and 9 mixed steps), one layer, every step verified (sample:8),
 #      through the product's default (SIMT prefill attention and GEMMs), AR_MLA_PREFILL=tc,
 #      AR_MLA_PREFILL=tc with AR_MLA_GEMM=tc and with AR_MLA_GEMM=cublas, and
 #      AR_MLA_PREFILL=absorbed AR_MLA_GEMM=cublas; then `attnreplay-py ratios` against the
 #      default, whole steps and the prefill mark alone                           -> mixed.txt
 #   3. steps 65-111 (decode-only): the default, AR_MLA_GEMM=tc and =cublas       -> decode.txt
 #   4. where the FlashMLA and FlashInfer adapters import (.peers/built carried, kernels/peers/
-#      README.md), both on steps 0-12 beside the best switch                  -> peers.txt
+#      README.md), both on steps 0-9 beside the best switch                   -> peers.txt
 # Every run goes into $OUT/mla_ab.db, so `attnreplay report` / `diff` can be run on it later.
 # Ratio = the other run's step time / the base run's; below 1, the other run is faster.
 set -u
@@ -69,9 +69,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&
 stage "gpu_mla"
 timeout -s KILL 240 build/tests/gpu_mla >"$OUT/gpu_mla.txt" 2>&1
 echo "gpu_mla rc=$?"
-grep -E "tc prefill|tc gemm|FAILED|PASSED|\[  FAILED|\[  ERROR" "$OUT/gpu_mla.txt" | tail -40
+grep -E "^gemm [a-z]+, prefill [a-z]+:|tc prefill|FAILED|PASSED|\[  FAILED|\[  ERROR" "$OUT/gpu_mla.txt" | tail -40
 
-stage "mixed steps 0-8"
+stage "mixed steps 0-9"
 {
   base=$(replay 0:9 default)
   tc=$(replay 0:9 tc-prefill AR_MLA_PREFILL=tc)

@@ -7,6 +7,7 @@ the child processes that write, so that a file-size limit meets only the trace).
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,7 @@ HEADER = {"format": "attnreplay-trace", "version": 1, "source": "test"}
 class WriterTests(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="artest-writer.")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
 
     def run_child(self, path, steps, fsize_limit=None, kill_after=None):
         code = STAND_INS + textwrap.dedent(f"""
