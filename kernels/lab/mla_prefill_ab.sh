@@ -92,9 +92,9 @@ best=$(sed -n 's/^best=//p' "$OUT/mixed.txt")
 
 stage "decode-only steps 65-111"
 {
-  base=$(replay 65:112 default)
-  g=$(replay 65:112 tc-gemm AR_MLA_GEMM=tc)
-  b=$(replay 65:112 cublas-gemm AR_MLA_GEMM=cublas)
+  base=$(replay 65:111 default)
+  g=$(replay 65:111 tc-gemm AR_MLA_GEMM=tc)
+  b=$(replay 65:111 cublas-gemm AR_MLA_GEMM=cublas)
   runs=()
   for r in $g $b; do runs+=(--run "$r"); done
   for r in $base $g $b; do marks "$r"; done
