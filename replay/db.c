@@ -70,10 +70,7 @@ static int reserve_open_unnamed(const char *db_path)
     char *real = realpath(db_path, NULL);
     const char *path = real ? real : db_path;
     char dir[1040];
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    ar_path_dir(path, dir, sizeof dir);
     int fd = -1;
 #ifdef O_TMPFILE
     fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
@@ -227,6 +224,14 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_INSERT_COVERAGE] = "INSERT INTO coverage(run, step, path, layers, verified_layers) VALUES(?,?,?,?,?)",
 };
 
+void ar_path_dir(const char *path, char *dir, size_t len)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, len, ".");
+    else if (slash == path) snprintf(dir, len, "/");
+    else snprintf(dir, len, "%.*s", (int)(slash - path), path);
+}
+
 const char *ar_db_io_reason(void *sqlite_handle)
 {
     /* the OS error when SQLite kept it, else the cause a failed write (SQLITE_IOERR_WRITE,
@@ -274,11 +279,7 @@ int ar_db_check_writable(const char *path, char *err, size_t err_len)
     }
     /* The directory must take new files: the database itself, its -wal and -shm files. */
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
+    ar_path_dir(path, dir, sizeof dir);
     if (stat(dir, &sb) != 0) {
         snprintf(err, err_len, "%s: cannot create the database in %s: %s", path, dir, strerror(errno));
         return -1;

@@ -125,6 +125,10 @@ ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err,
  * *input_error as ar_db_open sets them. */
 int ar_db_check_ours(const char *path, bool *input_error, char *err, size_t err_len);
 void ar_db_close(ar_db *db);
+/* The directory holding path, where a database's -wal / -shm files and temporaries go: "." for
+ * a bare name, "/" for a file in the root, else path up to its last '/'. */
+void ar_path_dir(const char *path, char *dir, size_t len);
+
 /* Why an SQLite call on sqlite_handle (a sqlite3 *) failed, for a message: the system's error
  * for an I/O, full-disk or open failure when SQLite kept one, else the usual cause of a failed
  * write; "" when neither applies. */

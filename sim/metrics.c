@@ -284,9 +284,7 @@ static void canonical_path(const char *path, char *buf, size_t len)
 {
     const char *slash = strrchr(path, '/');
     char dir[4096], resolved[PATH_MAX];
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    ar_path_dir(path, dir, sizeof dir);
     if (realpath(dir, resolved)) snprintf(buf, len, "%s/%s", resolved, slash ? slash + 1 : path);
     else snprintf(buf, len, "%s", path);
 }

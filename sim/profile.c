@@ -447,9 +447,7 @@ static void remove_stale_temps(const char *path)
                                         ".replay-scratch.db-journal"};
     char dir[1024], prefix[1100];
     const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    ar_path_dir(path, dir, sizeof dir);
     snprintf(prefix, sizeof prefix, "%s.tmp-", slash ? slash + 1 : path);
     size_t plen = strlen(prefix);
     DIR *d = opendir(dir);
