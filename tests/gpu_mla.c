@@ -1211,17 +1211,26 @@ static void test_backend_prefill_mixed(void **st)
     assert_true(e2e_pass(&r));
 }
 
+/* 1 when cuBLAS loads on this machine (the default GEMM setting then runs through it). */
+static int cublas_loads(void)
+{
+    char path[512], why[2600];
+    return ar_cuda_cublas_probe(path, sizeof path, why, sizeof why) == 0;
+}
+
 /* One switch setting of cuda-mla's GEMMs and prefill attention against the float64 reference:
  * decode batches in bf16 and fp16, the mixed batch (prefills over several context chunks:
  * tiles of 64 tokens, a partial last tile, partial key tiles) in bf16, fp16 and over an fp8
- * cache, and prefills without context (one pass, no merge) in bf16.  gemm: AR_MLA_GEMM (NULL: unset), prefill: AR_MLA_PREFILL; each run's plan must say
- * the kernels asked for ran. */
+ * cache, and prefills without context (one pass, no merge) in bf16.  gemm: AR_MLA_GEMM,
+ * prefill: AR_MLA_PREFILL (NULL: unset, the defaults); each run's plan must say the kernels
+ * asked for ran. */
 static void check_switches(const char *gemm, const char *prefill)
 {
     if (gemm) setenv("AR_MLA_GEMM", gemm, 1);
     if (prefill) setenv("AR_MLA_PREFILL", prefill, 1);
-    const int want_tc = gemm != NULL, want_cublas = gemm && strcmp(gemm, "cublas") == 0;
-    const int want_pf_tc = prefill && strcmp(prefill, "tc") == 0;
+    const int want_tc = !(gemm && strcmp(gemm, "simt") == 0);
+    const int want_cublas = gemm ? strcmp(gemm, "cublas") == 0 : cublas_loads();
+    const int want_pf_tc = !(prefill && strcmp(prefill, "simt") == 0);
     static const struct {
         int block_size, num_blocks;
         ar_dtype dt, kv;
@@ -1242,7 +1251,8 @@ static void check_switches(const char *gemm, const char *prefill)
         else
             run_e2e(&cfg, decode_batch, 6, 0, 1, &r);
         char what[160];
-        snprintf(what, sizeof what, "gemm %s, prefill %s: %s %s%s", gemm ? gemm : "simt", prefill ? prefill : "simt",
+        snprintf(what, sizeof what, "gemm %s, prefill %s: %s %s%s", gemm ? gemm : "default",
+                 prefill ? prefill : "default",
                  cases[i].mixed == 2 ? "prefills without context" : cases[i].mixed ? "mixed" : "decode",
                  cases[i].dt == AR_BF16 ? "bf16" : "fp16",
                  cases[i].kv == AR_FP8_E4M3 ? ", fp8 cache" : "");
@@ -1257,22 +1267,38 @@ static void check_switches(const char *gemm, const char *prefill)
             else
                 assert_true(r.plan.num_context_chunks >= 4);
             assert_int_equal(r.plan.prefill_tc, want_pf_tc);
+            /* mixed_batch: decodes at 0 and 2, prefills between; fresh_batch: one decode */
+            assert_int_equal(r.plan.decode_row_runs, cases[i].mixed == 2 ? 1 : 2);
+            assert_int_equal(r.plan.decode_rows_span, 0);
         }
     }
     unsetenv("AR_MLA_GEMM");
     unsetenv("AR_MLA_PREFILL");
 }
 
-/* The projections' GEMMs on the tensor-core kernel (AR_MLA_GEMM=tc): the absorption, W_UV and
- * the prefill path's up-projections. */
-static void test_tensor_core_gemm(void **st)
+/* The defaults: the 16-bit projection GEMMs through cuBLAS where it loads (else the
+ * tensor-core kernel), the prefill attention on the tensor-core kernel. */
+static void test_default_switches(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    check_switches(NULL, NULL);
+}
+
+/* The projections' GEMMs on the tensor-core kernel (AR_MLA_GEMM=tc) and on the SIMT one
+ * (AR_MLA_GEMM=simt): the absorption, W_UV and the prefill path's up-projections; with the
+ * SIMT prefill attention (AR_MLA_PREFILL=simt) as well as the tensor-core one. */
+static void test_gemm_switches(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
     check_switches("tc", NULL);
+    check_switches("tc", "simt");
+    check_switches("simt", NULL);
+    check_switches("simt", "simt");
 }
 
-/* The 16-bit projection GEMMs through cuBLAS (AR_MLA_GEMM=cublas), where cuBLAS loads. */
+/* AR_MLA_GEMM=cublas named: cuBLAS runs, where it loads. */
 static void test_cublas_gemm(void **st)
 {
     (void)st;
@@ -1284,18 +1310,54 @@ static void test_cublas_gemm(void **st)
         return;
     }
     check_switches("cublas", NULL);
-    check_switches("cublas", "tc");
+    check_switches("cublas", "simt");
 }
 
-/* The prefill path's attention on the tensor-core kernel (AR_MLA_PREFILL=tc), with the SIMT and
- * the tensor-core GEMMs; unset again, the SIMT attention runs. */
-static void test_tensor_core_prefill(void **st)
+/* A value of AR_MLA_GEMM or AR_MLA_PREFILL the backend does not know is refused at open (exit
+ * 2, the message naming the variable and the values it takes), not read as the default. */
+static void test_unknown_switch_refused(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
-    check_switches(NULL, "tc");
-    check_switches("tc", "tc");
-    check_switches(NULL, NULL);
+    static const char *const vars[2] = {"AR_MLA_GEMM", "AR_MLA_PREFILL"};
+    for (int i = 0; i < 2; i++) {
+        setenv(vars[i], "cuBLAS", 1);
+        ar_run_config cfg = mla_cfg(16, 16, 64, AR_BF16, AR_BF16, 1.0);
+        void *state = NULL;
+        char err[512] = "";
+        int rc = ar_cuda_mla_backend.open(&cfg, &state, err, sizeof err);
+        unsetenv(vars[i]);
+        print_message("%s=cuBLAS: open %d: %s\n", vars[i], rc, err);
+        if (rc == 0) ar_cuda_mla_backend.close(state);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(err, vars[i]));
+        assert_non_null(strstr(err, "not one of"));
+    }
+}
+
+/* Decode requests between prefills: the absorption and W_UV run on each run of decode tokens
+ * (9 runs), or past 16 runs on one span holding prefill tokens too (18 runs); both verified. */
+static void test_interleaved_decode_rows(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    req_case batch[36];
+    for (int runs = 9; runs <= 18; runs += 9) {
+        for (int i = 0; i < runs; i++) {
+            batch[2 * i] = (req_case){1 + i % 3, 20 + 7 * i};
+            batch[2 * i + 1] = (req_case){129, 3 * i};
+        }
+        ar_run_config cfg = mla_cfg(16, 16, 1024, AR_BF16, AR_BF16, 1.0);
+        e2e_result r;
+        run_e2e(&cfg, batch, 2 * runs, 0, 1, &r);
+        char what[96];
+        snprintf(what, sizeof what, "%d decode runs between prefills", runs);
+        report(what, &r);
+        assert_true(e2e_pass(&r));
+        assert_int_equal(r.plan.num_decode_reqs, runs);
+        assert_int_equal(r.plan.decode_row_runs, runs <= 16 ? runs : 1);
+        assert_int_equal(r.plan.decode_rows_span, runs > 16);
+    }
 }
 
 /* Every kernel-side fault must break the comparison (metadata faults are the engine's), on the
@@ -1313,7 +1375,7 @@ static void test_faults_flagged(void **st)
             ar_run_config cfg = mla_cfg(16, 16, 512, AR_BF16, AR_BF16, 1.0);
             cfg.fault = faults[i];
             e2e_result r;
-            if (path == 2) setenv("AR_MLA_PREFILL", "tc", 1);
+            if (path == 1) setenv("AR_MLA_PREFILL", "simt", 1);
             if (path == 0)
                 run_e2e(&cfg, dec, 3, faults[i] == AR_FAULT_MERGE_NO_WEIGHTS ? 4 : 0, 1, &r);
             else
@@ -1409,9 +1471,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_simt_fallback_fp16_fp8, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_decode, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),
-        cmocka_unit_test_setup_teardown(test_tensor_core_gemm, test_setup, test_teardown),
-        cmocka_unit_test_setup_teardown(test_tensor_core_prefill, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_default_switches, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_gemm_switches, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_cublas_gemm, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_switch_refused, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_interleaved_decode_rows, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_faults_flagged, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_simulated_deepseek_trace_replays, test_setup, test_teardown),
         /* last: a bulk-copy kernel that failed on the device (a trapped mbarrier wait) leaves the

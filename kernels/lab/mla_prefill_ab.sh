@@ -10,13 +10,14 @@
 # DeepSeek-V3 trace" ran.  Stages, each under `timeout -s KILL`:
 #   1. build/tests/gpu_mla (the tensor-core prefill and GEMM tests among them)  -> gpu_mla.txt
 #   2. steps 0-9 (the prefill and 9 mixed steps), one layer, every step verified (sample:8),
-#      through the product's default (SIMT prefill attention and GEMMs), AR_MLA_PREFILL=tc,
-#      AR_MLA_PREFILL=tc with AR_MLA_GEMM=tc and with AR_MLA_GEMM=cublas, and
-#      AR_MLA_PREFILL=absorbed AR_MLA_GEMM=cublas; then `attnreplay-py ratios` against the
-#      default, whole steps and the prefill mark alone                           -> mixed.txt
-#   3. steps 65-111 (decode-only): the default, AR_MLA_GEMM=tc and =cublas       -> decode.txt
+#      through the product's default (tensor-core prefill attention, cuBLAS projections),
+#      AR_MLA_GEMM=tc, AR_MLA_PREFILL=absorbed, and on steps 0-2 only the SIMT kernels of before
+#      2026-12-06 (AR_MLA_PREFILL=simt AR_MLA_GEMM=simt, about 1.5 s a step); then
+#      `attnreplay-py ratios` against the default, whole steps and the prefill mark alone
+#                                                                                -> mixed.txt
+#   3. steps 65-111 (decode-only): the default, AR_MLA_GEMM=tc and =simt         -> decode.txt
 #   4. where the FlashMLA and FlashInfer adapters import (.peers/built carried, kernels/peers/
-#      README.md), both on steps 0-9 beside the best switch                   -> peers.txt
+#      README.md), both on steps 0-9 beside the default                        -> peers.txt
 # Every run goes into $OUT/mla_ab.db, so `attnreplay report` / `diff` can be run on it later.
 # Ratio = the other run's step time / the base run's; below 1, the other run is faster.
 set -u
@@ -69,23 +70,22 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&
 stage "gpu_mla"
 timeout -s KILL 240 build/tests/gpu_mla >"$OUT/gpu_mla.txt" 2>&1
 echo "gpu_mla rc=$?"
-grep -E "^gemm [a-z]+, prefill [a-z]+:|tc prefill|FAILED|PASSED|\[  FAILED|\[  ERROR" "$OUT/gpu_mla.txt" | tail -40
+grep -E "^gemm [a-z]+, prefill [a-z]+:|tc prefill|decode runs|=cuBLAS|FAILED|PASSED|\[  FAILED|\[  ERROR" "$OUT/gpu_mla.txt" | tail -40
 
 stage "mixed steps 0-9"
 {
   base=$(replay 0:9 default)
-  tc=$(replay 0:9 tc-prefill AR_MLA_PREFILL=tc)
-  tcg=$(replay 0:9 tc-prefill+tc-gemm AR_MLA_PREFILL=tc AR_MLA_GEMM=tc)
-  tcb=$(replay 0:9 tc-prefill+cublas AR_MLA_PREFILL=tc AR_MLA_GEMM=cublas)
-  abs=$(replay 0:9 absorbed+cublas AR_MLA_PREFILL=absorbed AR_MLA_GEMM=cublas)
+  tcg=$(replay 0:9 tc-gemm AR_MLA_GEMM=tc)
+  abs=$(replay 0:9 absorbed AR_MLA_PREFILL=absorbed)
+  simt=$(replay 0:2 simt-before AR_MLA_PREFILL=simt AR_MLA_GEMM=simt)
   runs=()
-  for r in $tc $tcg $tcb $abs; do runs+=(--run "$r"); done
-  for r in $base $tc $tcg $tcb $abs; do marks "$r"; done
+  for r in $tcg $abs $simt; do runs+=(--run "$r"); done
+  for r in $base $tcg $abs $simt; do marks "$r"; done
   if [ -n "$base" ] && [ ${#runs[@]} -gt 0 ]; then
     python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}"
     python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}" --parts prefill
   fi
-  echo "best=${tcb:-${tcg:-${tc:-}}}"
+  echo "best=$base"
 } >"$OUT/mixed.txt" 2>&1
 cat "$OUT/mixed.txt"
 best=$(sed -n 's/^best=//p' "$OUT/mixed.txt")
@@ -94,7 +94,7 @@ stage "decode-only steps 65-111"
 {
   base=$(replay 65:111 default)
   g=$(replay 65:111 tc-gemm AR_MLA_GEMM=tc)
-  b=$(replay 65:111 cublas-gemm AR_MLA_GEMM=cublas)
+  b=$(replay 65:111 simt-gemm AR_MLA_GEMM=simt)
   runs=()
   for r in $g $b; do runs+=(--run "$r"); done
   for r in $base $g $b; do marks "$r"; done

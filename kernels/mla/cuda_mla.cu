@@ -19,16 +19,18 @@
  * merge), "wuv" (o_lat x W_UV), and for prefill requests "prefill" (up-projection, chunked
  * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
  * guard regions checked after every forward; out/LSE are NaN-poisoned before each forward.
- * AR_MLA_GEMM=tc runs the projections' GEMMs (absorption, W_UV, the prefill path's
- * up-projections) on the tensor-core kernel of mla_prefill.cuh instead of the SIMT one;
- * AR_MLA_GEMM=cublas runs the ones with 16-bit operands and result (absorption, up-projections)
- * through cuBLAS (kernels/common/cuda_cublas.h, loaded at run time; open refuses the switch
- * with exit 2 when it cannot load), as vLLM does, and W_UV (a float operand) on the tensor-core
- * kernel.
- * AR_MLA_PREFILL=absorbed sends requests of more than AR_CUDA_MLA_DECODE_THRESHOLD query tokens
- * down the absorbed decode path too, instead of the expanded prefill path (for comparisons);
- * AR_MLA_PREFILL=tc keeps the expanded path and runs its attention on the tensor-core kernel
- * (prefill_attn_tc_kernel; DeepSeek's QK 192 / V 128, else the SIMT kernel still).
+ * The absorption and W_UV run on the decode requests' tokens only (runs of consecutive tokens).
+ * Projection GEMMs (AR_MLA_GEMM): by default all go through cuBLAS (kernels/common/cuda_cublas.h,
+ * loaded at run time) in 16 bits, as vLLM runs them; W_UV's float operand (the latent attention
+ * output) is rounded to the dtype first and its result widened back (narrow_kernel, widen_kernel).
+ * Where cuBLAS cannot load, they run on the tensor-core kernel of mla_prefill.cuh (said once on
+ * stderr).  AR_MLA_GEMM=cublas insists on cuBLAS (open refuses with exit 2 without it), =tc
+ * takes the tensor-core kernel for all, =simt the SIMT kernel.
+ * Prefill attention (AR_MLA_PREFILL): by default the expanded path's attention runs on the
+ * tensor-core kernel (prefill_attn_tc_kernel; DeepSeek's QK 192 / V 128, else the SIMT kernel);
+ * =simt takes the SIMT kernel; =absorbed sends requests of more than
+ * AR_CUDA_MLA_DECODE_THRESHOLD query tokens down the absorbed decode path too, as FlashMLA's
+ * and FlashInfer's adapters do (for comparisons).  Other values of either are refused (exit 2).
  * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk forces the decode kernel (for comparisons;
  * mla_route.h has the rule); AR_MLA_TMA=0 makes no tensor map of the cache, so the wgmma route
  * runs its cp.async fallback (attn_wgmma_cpasync_kernel), as where the driver refuses the map.
@@ -50,6 +52,7 @@
 #include "mla_prefill.cuh"
 
 #define MLA_GUARD_BYTES 4096
+#define MLA_DEC_RANGES 16   /* runs of decode tokens given their own absorption / W_UV GEMMs */
 #define MLA_GUARD_BYTE 0xA5
 
 using namespace ar_mla;
@@ -107,6 +110,9 @@ typedef struct mla_state {
     int max_rows;                   /* most rows (q_len * H) of an absorbed request */
     int n_dec_reqs, n_pf_reqs, n_pf_tok, n_passes, ws_rows_max;
     int n_pf_tiles;                 /* query tiles of <= AR_MLA_PREFILL_TILE prefill tokens of one request */
+    int dec_rows[2 * MLA_DEC_RANGES];   /* [n_dec_ranges][2] token ranges [begin, end) the absorption and W_UV run on */
+    int n_dec_ranges;
+    bool dec_rows_hold_prefill;     /* more than MLA_DEC_RANGES runs: one span, prefill tokens inside it */
     ar_mla_prefill_passes pf;       /* the prefill path's passes (mla_plan.h) */
     size_t *pass_meta_off;          /* [n_passes] offset of the pass's arrays in meta */
     int *d_qsl, *d_seq, *d_bt, *d_treq, *d_tpos, *d_pf_tok;
@@ -118,6 +124,7 @@ typedef struct mla_state {
 
     dev_buf meta, qlat, qnope, lat, olat, out, lse, part_o, part_lse, fill;
     dev_buf ws_lat, ws_k, ws_v, pass_o, pass_lse, acc_o, acc_lse;
+    dev_buf stage_a, stage_c;       /* 16-bit copies of a float GEMM operand / result for cuBLAS */
     void *h_meta;
     size_t h_meta_cap;
     void *h_out;                    /* pinned: out payload, then lse payload (host copies only) */
@@ -128,11 +135,12 @@ typedef struct mla_state {
     mla_route route;                /* the decode kernel of this step (ar_mla_choose) */
     int force_splits;
     int use_prefill;
-    bool gemm_tc;                   /* AR_MLA_GEMM=tc: the projections' GEMMs on the tensor cores */
-    bool gemm_cublas;               /* AR_MLA_GEMM=cublas: the 16-bit ones through cuBLAS (cublas) */
+    bool gemm_tc;                   /* the projections' GEMMs on the tensor cores (all but AR_MLA_GEMM=simt) */
+    bool gemm_cublas;               /* the 16-bit ones through cuBLAS (cublas_handle set) */
+    bool gemm_cublas_asked;         /* AR_MLA_GEMM=cublas named: refuse to open without cuBLAS */
     const ar_cublas_api *cublas;
     void *cublas_handle;            /* on s->stream */
-    bool prefill_tc;                /* AR_MLA_PREFILL=tc with QK 192 / V 128: prefill_attn_tc_kernel */
+    bool prefill_tc;                /* QK 192 / V 128 and not AR_MLA_PREFILL=simt: prefill_attn_tc_kernel */
     bool prefill_tc_smem_set;       /* its dynamic shared memory limit raised */
     int workspace_tokens;
     ar_cuda_mla_plan_info info;
@@ -209,15 +217,31 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->bf16 = cfg->dtype == AR_BF16;
     s->fp8 = cfg->kv_dtype == AR_FP8_E4M3;
     s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
-    /* AR_MLA_PREFILL=absorbed: every request on the absorbed decode kernels, prefill chunks too,
-     * as FlashMLA's and FlashInfer's adapters run them (for comparisons; the default is vLLM's
-     * split, semantics 7.3) */
-    const char *pf_env = getenv("AR_MLA_PREFILL");
-    s->use_prefill = !(pf_env && strcmp(pf_env, "absorbed") == 0);
-    s->prefill_tc = pf_env && strcmp(pf_env, "tc") == 0 && s->P + DR == PF_TC_QK && s->V == PF_TC_V;
-    const char *gemm_env = getenv("AR_MLA_GEMM");
-    s->gemm_cublas = gemm_env && strcmp(gemm_env, "cublas") == 0;
-    s->gemm_tc = gemm_env && (strcmp(gemm_env, "tc") == 0 || s->gemm_cublas);
+    /* AR_MLA_PREFILL: the prefill path's attention on the tensor-core kernel (tc, the default,
+     * for DeepSeek's QK 192 / V 128; other shapes keep the SIMT one), on the SIMT kernel (simt),
+     * or every request on the absorbed decode kernels, prefill chunks too, as FlashMLA's and
+     * FlashInfer's adapters run them (absorbed, for comparisons; the others keep vLLM's split,
+     * semantics 7.3).  AR_MLA_GEMM: the projection GEMMs through cuBLAS (cublas, the default:
+     * the tensor-core kernel where cuBLAS cannot load), on the tensor-core kernel (tc) or on the
+     * SIMT one (simt).  Any other value is refused. */
+    const char *pf_env = getenv("AR_MLA_PREFILL"), *gemm_env = getenv("AR_MLA_GEMM");
+    if (pf_env && *pf_env && strcmp(pf_env, "tc") && strcmp(pf_env, "simt") && strcmp(pf_env, "absorbed")) {
+        snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=%s: not one of tc (the default), simt, absorbed",
+                 pf_env);
+        free(s);
+        return 2;
+    }
+    if (gemm_env && *gemm_env && strcmp(gemm_env, "cublas") && strcmp(gemm_env, "tc") && strcmp(gemm_env, "simt")) {
+        snprintf(err, err_len, "cuda-mla backend: AR_MLA_GEMM=%s: not one of cublas (the default), tc, simt", gemm_env);
+        free(s);
+        return 2;
+    }
+    const bool pf_named = pf_env && *pf_env, gemm_named = gemm_env && *gemm_env;
+    s->use_prefill = !(pf_named && strcmp(pf_env, "absorbed") == 0);
+    s->prefill_tc = !(pf_named && strcmp(pf_env, "simt") == 0) && s->P + DR == PF_TC_QK && s->V == PF_TC_V;
+    s->gemm_cublas = !gemm_named || strcmp(gemm_env, "cublas") == 0;
+    s->gemm_cublas_asked = gemm_named && s->gemm_cublas;
+    s->gemm_tc = !(gemm_named && strcmp(gemm_env, "simt") == 0);
     s->workspace_tokens = MLA_WORKSPACE_TOKENS;
     s->force_kernel = env_kernel();
     const char *tma_env = getenv("AR_MLA_TMA");
@@ -250,10 +274,18 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
              (status = s->cublas->set_stream(s->cublas_handle, s->stream)) != 0))
             snprintf(why, sizeof why, "cublasCreate / cublasSetStream (%s) returned status %d", s->cublas->path,
                      status);
-        if (status != 0) {   /* -1: not loadable, why says where it looked */
+        if (status != 0 && s->gemm_cublas_asked) {   /* -1: not loadable, why says where it looked */
             snprintf(err, err_len, "cuda-mla backend: AR_MLA_GEMM=cublas: %s", why);
             mla_close(s);
             return 2;
+        }
+        if (status != 0) {   /* the default: the tensor-core kernel instead, said once */
+            static bool told = false;
+            if (!told) fprintf(stderr, "cuda-mla backend: %s; the projection GEMMs run on the tensor-core kernel\n", why);
+            told = true;
+            if (s->cublas_handle) s->cublas->destroy(s->cublas_handle);
+            s->cublas_handle = NULL;
+            s->gemm_cublas = false;
         }
     }
     if ((rc = mla_fail(cudaMalloc((void **)&s->d_guard, sizeof(int)), "guard counter", err, err_len)) ||
@@ -314,7 +346,7 @@ static void mla_close(void *state)
     free(s->w_uv);
     dev_buf *bufs[] = {&s->meta, &s->qlat, &s->qnope, &s->lat, &s->olat, &s->out, &s->lse, &s->part_o,
                        &s->part_lse, &s->fill, &s->ws_lat, &s->ws_k, &s->ws_v, &s->pass_o, &s->pass_lse,
-                       &s->acc_o, &s->acc_lse};
+                       &s->acc_o, &s->acc_lse, &s->stage_a, &s->stage_c};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->ptr) cudaFree(bufs[i]->ptr);
     if (s->h_meta) cudaFreeHost(s->h_meta);
@@ -356,6 +388,28 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
         is_pf[r] = s->use_prefill && ql > AR_CUDA_MLA_DECODE_THRESHOLD;
         is_dec[r] = !is_pf[r];
+    }
+    /* the decode requests' tokens as runs of consecutive tokens (one run where decodes come
+     * first, as vLLM orders a batch): the absorption and W_UV GEMMs run on these rows only, not
+     * on the prefill tokens the expanded path computes; past MLA_DEC_RANGES runs, one span */
+    s->n_dec_ranges = 0;
+    s->dec_rows_hold_prefill = false;
+    for (int r = 0, n = 0; r < R; r++) {
+        int t0 = b->query_start_loc[r], t1 = b->query_start_loc[r + 1];
+        if (!is_dec[r] || t1 <= t0) continue;
+        if (n > 0 && s->dec_rows[2 * n - 1] == t0) {
+            s->dec_rows[2 * n - 1] = t1;
+        } else if (n < MLA_DEC_RANGES) {
+            s->dec_rows[2 * n] = t0;
+            s->dec_rows[2 * n + 1] = t1;
+            n++;
+        } else {   /* one span: from the first run's start to the step's last token */
+            s->dec_rows[1] = b->query_start_loc[R];
+            s->n_dec_ranges = 1;
+            s->dec_rows_hold_prefill = true;
+            break;
+        }
+        s->n_dec_ranges = n;
     }
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
     mla_plan plan;
@@ -470,11 +524,24 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         ar_mla_plan_free(&plan);
         return rc;
     }
+    /* cuBLAS's 16-bit copies of W_UV's float operand and result: here, not in a timed forward */
+    int64_t dec_tok = 0;
+    for (int i = 0; i < s->n_dec_ranges; i++) dec_tok += s->dec_rows[2 * i + 1] - s->dec_rows[2 * i];
+    if (s->cublas_handle && dec_tok > 0 &&
+        ((rc = mla_ensure(&s->stage_a, (size_t)dec_tok * H * DL * 2, "GEMM staging", err, err_len)) ||
+         (rc = mla_ensure(&s->stage_c, (size_t)dec_tok * H * V * 2, "GEMM staging", err, err_len)))) {
+        free(is_pf);
+        free(is_dec);
+        ar_mla_plan_free(&plan);
+        return rc;
+    }
     s->out_bytes = out_payload;
     s->lse_bytes = lse_payload;
-    /* prefill tokens' latent rows are never written by the absorbed path, but the W_UV GEMM
-     * reads every row (its prefill rows are overwritten later): keep them defined */
-    if (n_pf_reqs > 0) cudaMemsetAsync(s->olat.ptr, 0, (size_t)T * H * DL * 4, s->stream);
+    /* prefill tokens' latent rows are never written by the absorbed path; where the W_UV GEMM
+     * reads some (one span over interleaved requests; its prefill rows are overwritten later)
+     * or the planted no-W_UV fault copies every row, keep them defined */
+    if (n_pf_reqs > 0 && (s->dec_rows_hold_prefill || s->cfg.fault == AR_FAULT_MLA_NO_WUV))
+        cudaMemsetAsync(s->olat.ptr, 0, (size_t)T * H * DL * 4, s->stream);
     if (out_new) cudaMemsetAsync(s->out.ptr, MLA_GUARD_BYTE, s->out.cap, s->stream);
     if (lse_new) cudaMemsetAsync(s->lse.ptr, MLA_GUARD_BYTE, s->lse.cap, s->stream);
     /* the payload moves with T: re-stamp the area after it */
@@ -576,31 +643,59 @@ static void fill_attn_args(mla_state *s, int layer, attn_args *a)
     a->kv_scale = (float)s->cfg.kv_scale;
 }
 
-/* One projection GEMM: through cuBLAS (AR_MLA_GEMM=cublas) when its operands and result are
- * 16-bit and no planted fault shifts its weights, else on the tensor-core kernel (AR_MLA_GEMM=tc
- * or cublas) or the SIMT one. */
+/* cuBLAS: C = A B batched, A / B / C 16-bit with element strides (c's fields as gemm_args'). */
+static int cublas_gemm16(mla_state *s, const gemm_args &g, const void *A, int64_t a_b, int64_t a_m, void *C,
+                         int64_t c_b, int64_t c_m, int64_t c_n)
+{
+    ar_cublas_gemm c;
+    c.batch = g.batch;
+    c.M = g.M;
+    c.N = g.N;
+    c.K = g.K;
+    c.A = A;
+    c.a_b = a_b;
+    c.a_m = a_m;
+    c.a_k = A == g.A ? g.a_k : 1;
+    c.B = g.B;
+    c.b_b = g.b_b;
+    c.b_k = g.b_k;
+    c.b_n = g.b_n;
+    c.C = C;
+    c.c_b = c_b;
+    c.c_m = c_m;
+    c.c_n = c_n;
+    c.bf16 = g.bf16;
+    return ar_cublas_gemm_16(s->cublas_handle, &c);
+}
+
+/* One projection GEMM: through cuBLAS (the default where it loads) unless a planted fault
+ * shifts its weights; a float operand or result (W_UV) is staged through 16-bit buffers
+ * (narrow_kernel / widen_kernel: the rounding the tensor-core kernel does on the way in and
+ * out).  Else the tensor-core kernel (all but AR_MLA_GEMM=simt) or the SIMT one. */
 static cudaError_t run_gemm(mla_state *s, const gemm_args &g)
 {
-    if (s->cublas_handle && g.a_bits16 && g.c_bits16 && g.b_shift == 0 && g.M > 0) {
-        ar_cublas_gemm c;
-        c.batch = g.batch;
-        c.M = g.M;
-        c.N = g.N;
-        c.K = g.K;
-        c.A = g.A;
-        c.a_b = g.a_b;
-        c.a_m = g.a_m;
-        c.a_k = g.a_k;
-        c.B = g.B;
-        c.b_b = g.b_b;
-        c.b_k = g.b_k;
-        c.b_n = g.b_n;
-        c.C = g.C;
-        c.c_b = g.c_b;
-        c.c_m = g.c_m;
-        c.c_n = g.c_n;
-        c.bf16 = g.bf16;
-        int status = ar_cublas_gemm_16(s->cublas_handle, &c);
+    if (s->cublas_handle && g.b_shift == 0 && g.M > 0) {
+        const int64_t a_elems = (int64_t)g.M * g.batch * g.K, c_elems = (int64_t)g.M * g.batch * g.N;
+        char why[160];
+        if ((!g.a_bits16 && mla_ensure(&s->stage_a, (size_t)a_elems * 2, "GEMM staging", why, sizeof why)) ||
+            (!g.c_bits16 && mla_ensure(&s->stage_c, (size_t)c_elems * 2, "GEMM staging", why, sizeof why)))
+            return cudaErrorMemoryAllocation;
+        const void *A = g.A;
+        int64_t a_b = g.a_b, a_m = g.a_m;
+        if (!g.a_bits16) {
+            narrow_kernel<<<mla_grid(a_elems, 256), 256, 0, s->stream>>>((const float *)g.A, g.a_b, g.a_m, g.a_k,
+                                                                       (uint16_t *)s->stage_a.ptr, g.batch, g.M, g.K,
+                                                                       g.bf16);
+            A = s->stage_a.ptr;
+            a_b = g.K;
+            a_m = (int64_t)g.batch * g.K;
+        }
+        int status = g.c_bits16 ? cublas_gemm16(s, g, A, a_b, a_m, g.C, g.c_b, g.c_m, g.c_n)
+                                : cublas_gemm16(s, g, A, a_b, a_m, s->stage_c.ptr, g.N, (int64_t)g.batch * g.N, 1);
+        if (status == 0 && !g.c_bits16)
+            widen_kernel<<<mla_grid(c_elems, 256), 256, 0, s->stream>>>((const uint16_t *)s->stage_c.ptr,
+                                                                      (float *)g.C, g.c_b, g.c_m, g.c_n, g.batch,
+                                                                      g.M, g.N, g.bf16);
         if (status == 0) return cudaGetLastError();
         if (status != -1) {
             fprintf(stderr, "cuda-mla backend: cublasGemmStridedBatchedEx (M %d, N %d, K %d, batch %d) returned "
@@ -609,6 +704,22 @@ static cudaError_t run_gemm(mla_state *s, const gemm_args &g)
         }
     }
     return launch_gemm(g, s->gemm_tc, s->stream);
+}
+
+/* One projection GEMM whose M dimension is the step's tokens, on the decode requests' rows only
+ * (s->dec_rows): A and C move by whole rows. */
+static cudaError_t run_gemm_decode_rows(mla_state *s, const gemm_args &g)
+{
+    for (int i = 0; i < s->n_dec_ranges; i++) {
+        const int t0 = s->dec_rows[2 * i], t1 = s->dec_rows[2 * i + 1];
+        gemm_args part = g;
+        part.M = t1 - t0;
+        part.A = (const char *)g.A + (int64_t)t0 * g.a_m * (g.a_bits16 ? 2 : 4);
+        part.C = (char *)g.C + (int64_t)t0 * g.c_m * (g.c_bits16 ? 2 : 4);
+        cudaError_t e = run_gemm(s, part);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
 }
 
 /* The prefill path for this step's long requests (see the file comment). */
@@ -702,7 +813,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap 
         gemm_args g = gemm_of(H, T, DL, P, s->qnope.ptr, 1, P, (int64_t)H * P, 1, s->w_uk[layer], (int64_t)DL * P, 1, P,
                               s->cfg.fault == AR_FAULT_WRONG_KV_HEAD ? 1 : 0, s->qlat.ptr, 1, D, (int64_t)H * D, 1,
                               s->bf16);
-        if ((e = run_gemm(s, g)) != cudaSuccess) return e;
+        if ((e = run_gemm_decode_rows(s, g)) != cudaSuccess) return e;
     }
     if (timed) cudaEventRecord(s->ev[2], s->stream);
     if (any_dec) {
@@ -722,7 +833,7 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap 
             /* out[t, n, :] = o_lat[t, n, :] W_UV[n] */
             gemm_args g = gemm_of(H, T, V, DL, s->olat.ptr, 0, DL, (int64_t)H * DL, 1, s->w_uv[layer], (int64_t)DL * V,
                                   V, 1, 0, out, 0, V, (int64_t)H * V, 1, s->bf16);
-            if ((e = run_gemm(s, g)) != cudaSuccess) return e;
+            if ((e = run_gemm_decode_rows(s, g)) != cudaSuccess) return e;
         }
     }
     if (timed) cudaEventRecord(s->ev[5], s->stream);
@@ -910,6 +1021,8 @@ extern "C" void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
         info->gemm_tc = s->gemm_tc;
         info->gemm_cublas = s->cublas_handle != NULL;
         info->prefill_tc = s->prefill_tc && s->n_pf_reqs > 0;
+        info->decode_row_runs = s->n_dec_ranges;
+        info->decode_rows_span = s->dec_rows_hold_prefill;
     }
 }
 

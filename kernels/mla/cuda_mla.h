@@ -72,9 +72,13 @@ typedef struct ar_cuda_mla_plan_info {
     int num_groups;           /* row tiles whose split pieces the combine kernel merged */
     int num_context_chunks;   /* prefill context chunks (workspace-bounded) */
     int num_sms;
-    int gemm_tc;              /* 1: the projections' GEMMs ran on the tensor-core kernel (AR_MLA_GEMM=tc) */
-    int prefill_tc;           /* 1: the prefill requests' attention ran on the tensor-core kernel (AR_MLA_PREFILL=tc) */
-    int gemm_cublas;          /* 1: the 16-bit projection GEMMs ran through cuBLAS (AR_MLA_GEMM=cublas) */
+    int gemm_tc;              /* 1: the projections' GEMMs not through cuBLAS ran on the tensor-core kernel
+                                 (all but AR_MLA_GEMM=simt) */
+    int prefill_tc;           /* 1: the prefill requests' attention ran on the tensor-core kernel (all but
+                                 AR_MLA_PREFILL=simt, for QK 192 / V 128) */
+    int gemm_cublas;          /* 1: the 16-bit projection GEMMs ran through cuBLAS (the default where it loads) */
+    int decode_row_runs;      /* runs of consecutive decode tokens the absorption and W_UV GEMMs ran on */
+    int decode_rows_span;     /* 1: too many runs; one span from the first decode token to the step's last */
 } ar_cuda_mla_plan_info;
 void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info);
 

@@ -1,5 +1,6 @@
 /* mla_prefill.cuh - the cuda-mla backend's GEMM and prefill path.
- *   - A batched SIMT GEMM (fp32 accumulate; a tensor-core twin with AR_MLA_GEMM=tc) for the
+ *   - A batched SIMT GEMM (fp32 accumulate) and its tensor-core twin (the default where cuBLAS
+ *     does not run a GEMM; AR_MLA_GEMM=simt takes the SIMT one) for the
  *     absorption q_nope x W_UK -> the 512-wide
  *     latent query, the up-projection o_lat x W_UV -> v_head_dim, and the prefill path's
  *     up-projected keys and values; gemm_of / launch_gemm describe and launch one.
@@ -7,8 +8,8 @@
  *     tokens' keys / values are up-projected (k_nope = c W_UK, v = c W_UV, k = [k_nope | k_pe], QK
  *     dim 192, V dim 128) and attended causally; the context is up-projected in chunks bounded
  *     by a workspace and attended non-causally; the chunk results and the new-token result are
- *     merged by LSE (vLLM merge_attn_states).  The attention is a SIMT kernel, or with
- *     AR_MLA_PREFILL=tc (DeepSeek's QK 192 / V 128) a tensor-core one.
+ *     merged by LSE (vLLM merge_attn_states).  The attention is a tensor-core kernel for
+ *     DeepSeek's QK 192 / V 128 (the default), else, or with AR_MLA_PREFILL=simt, a SIMT one.
  * Included by cuda_mla.cu (run_prefill and run_pass drive them). */
 #ifndef AR_MLA_PREFILL_CUH
 #define AR_MLA_PREFILL_CUH
@@ -89,9 +90,9 @@ __global__ void __launch_bounds__(256) gemm_kernel(gemm_args g)
         }
 }
 
-/* The same GEMM on the tensor cores (mma.sync m16n8k16, fp32 accumulate), taken with
- * AR_MLA_GEMM=tc (built, not yet run on a GPU; the SIMT kernel above stays the default until it
- * is): the 64 x 64 tile of C in 8 warps, warp w on rows 16 (w % 4) .. + 16 and columns
+/* The same GEMM on the tensor cores (mma.sync m16n8k16, fp32 accumulate), taken for the GEMMs
+ * cuBLAS does not run (W_UV's float operand, or every GEMM with AR_MLA_GEMM=tc or without
+ * cuBLAS; AR_MLA_GEMM=simt takes the SIMT kernel above): the 64 x 64 tile of C in 8 warps, warp w on rows 16 (w % 4) .. + 16 and columns
  * 32 (w / 4) .. + 32, four 16 x 8 products a k16 step.  A is staged [m][k] and B transposed to
  * [n][k], both as 16-bit dtype values, so that every fragment register is one 32-bit shared load
  * of a k pair.  A float A operand (the latent attention output before W_UV) is rounded to the
@@ -187,7 +188,35 @@ static gemm_args gemm_of(int batch, int M, int N, int K, const void *A, int a_bi
     return g;
 }
 
-/* tc: the tensor-core kernel (AR_MLA_GEMM=tc) instead of the SIMT one. */
+/* Staging for a GEMM with a float operand or result that cuBLAS runs in 16 bits (W_UV: the
+ * latent attention output is float, the output is float rounded to the dtype): narrow_kernel
+ * rounds src [batch, M, K] by element strides to the dtype into dense dst [M][batch][K];
+ * widen_kernel writes dense src [M][batch][N] 16-bit back to the float dst by its strides. */
+__global__ void narrow_kernel(const float *src, int64_t s_b, int64_t s_m, int64_t s_k, uint16_t *dst, int batch,
+                              int M, int K, int bf16)
+{
+    const int64_t total = (int64_t)M * batch * K;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int k = (int)(idx % K), b = (int)(idx / K % batch);
+        const int64_t m = idx / K / batch;
+        dst[idx] = to_bits(bf16, src[b * s_b + m * s_m + k * s_k]);
+    }
+}
+
+__global__ void widen_kernel(const uint16_t *src, float *dst, int64_t d_b, int64_t d_m, int64_t d_n, int batch, int M,
+                             int N, int bf16)
+{
+    const int64_t total = (int64_t)M * batch * N;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int n = (int)(idx % N), b = (int)(idx / N % batch);
+        const int64_t m = idx / N / batch;
+        dst[b * d_b + m * d_m + n * d_n] = from_bits(bf16, src[idx]);
+    }
+}
+
+/* tc: the tensor-core kernel instead of the SIMT one (all but AR_MLA_GEMM=simt). */
 static cudaError_t launch_gemm(const gemm_args &g, bool tc, cudaStream_t st)
 {
     if (g.M <= 0 || g.N <= 0 || g.batch <= 0) return cudaSuccess;
@@ -327,9 +356,9 @@ __global__ void __launch_bounds__(SIMT_THREADS) prefill_attn_kernel(
         pass_lse[(int64_t)n * a.num_tokens + t] = l > 0.f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
 }
 
-/* Tensor-core prefill attention (AR_MLA_PREFILL=tc): the pass prefill_attn_kernel computes, for
- * DeepSeek's shapes only (QK = 128 + 64 = 192, V = 128), FlashAttention-2 style on mma.sync
- * m16n8k16.  A CTA (4 warps, 16 query rows each) takes one tile of at most 64 prefill tokens of
+/* Tensor-core prefill attention (the default; AR_MLA_PREFILL=simt takes the SIMT kernel): the
+ * pass prefill_attn_kernel computes, for DeepSeek's shapes only (QK = 128 + 64 = 192, V = 128),
+ * FlashAttention-2 style on mma.sync m16n8k16.  A CTA (4 warps, 16 query rows each) takes one tile of at most 64 prefill tokens of
  * one request (pf_tiles) and one head (blockIdx.y; the tiles of one head run side by side, so
  * its keys and values are read from L2 after the first tile).  Key tiles of 64 workspace rows
  * go through a two-stage cp.async ring in shared memory (K and V as rows; V's fragments come
