@@ -489,7 +489,7 @@ $(BUILD)/tests/plugins/example-flat.so: replay/plugins/example_cpu.c replay/attn
 $(BUILD)/tests/test_plugin: $(PLUGINS) $(BROKEN_PLUGINS)
 $(BUILD)/tests/test_coverage: $(PLUGINS)
 $(BUILD)/tests/test_watchdog: $(FAULTY_PLUGINS)
-$(BUILD)/tests/test_steptime: $(BUILD)/tests/plugins/faulty-error.so
+$(BUILD)/tests/test_steptime: $(addprefix $(BUILD)/tests/plugins/faulty-,error.so closehang.so hang.so segv.so)
 $(BUILD)/tests/gpu_faults: $(FAULTY_CUDA_PLUGINS)
 $(BUILD)/tests/gpu_plugin: $(PLUGINS)
 

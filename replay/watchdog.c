@@ -7,7 +7,9 @@
  * and check(), called before a backend is chosen, are bracketed the same way with the plugin's
  * file: a fault or hang there is a broken plugin, exit 2 with nothing stored.  Its close(),
  * called once the run's outcome is stored, too: the run stays as stored and the exit says the
- * close failed.  Nothing is written from a signal handler. */
+ * close failed.  Nothing is written from a signal handler.  Whichever way the watchdog ends the
+ * process, a command that runs the replay inside itself first removes its own files through the
+ * exit hook (profile: its temporary profile and the replay's scratch database). */
 #include "watchdog.h"
 
 #include <errno.h>
@@ -195,6 +197,23 @@ static void say(const char *text)
     }
 }
 
+/* The exit hook (ar_watchdog_set_exit_hook), called just before the watchdog ends the process. */
+static void (*volatile exit_hook)(void);
+
+void ar_watchdog_set_exit_hook(void (*fn)(void))
+{
+    exit_hook = fn;
+}
+
+/* Ends the process with code: the exit hook first, if one is set.  Async-signal-safe (the alarm's
+ * handler ends the process this way too), as the hook must be. */
+static void end_process(int code)
+{
+    void (*fn)(void) = exit_hook;
+    if (fn) fn();
+    _exit(code);
+}
+
 /* The last resort of a watchdog that is ending a broken run: if committing and marking the run
  * takes longer than this (a faulted backend may hold a lock the writer needs), the process ends
  * anyway; the database then holds whole steps and the run stays 'running'. */
@@ -204,7 +223,7 @@ static void on_alarm(int sig)
     (void)sig;
     say("attnreplay replay: the database could not be updated in time after the backend failed; the run stays "
         "'running' with its committed steps (--resume continues it)\n");
-    _exit(3);
+    end_process(3);
 }
 
 /* A backend call faulted or ran past its deadline: commit the whole steps the writer holds, mark
@@ -232,7 +251,7 @@ static void watchdog_end_broken(ar_watchdog *wd, const char *why)
         snprintf(msg, sizeof msg, "attnreplay replay: %s; the run stops here\n", why);
     if (isatty(2)) say("\n");   /* after the progress line */
     say(msg);
-    _exit(3);
+    end_process(3);
 }
 
 /* A plugin's init, check() or close() faulted or hung (what: "crashed (SIGSEGV) ..." or "did not
@@ -256,7 +275,7 @@ static void watchdog_end_plugin(ar_watchdog *wd, int kind, const char *what)
                  call_source, what);
     }
     say(msg);
-    _exit(code);
+    end_process(code);
 }
 
 static void *watchdog_main(void *arg)
@@ -316,7 +335,7 @@ static void *watchdog_main(void *arg)
             snprintf(why, sizeof why, "\nattnreplay replay: %s: stopped while the backend was closing; %s\n", name,
                      wd->close_stored ? "the run stays as stored" : "no run was stored");
             say(why);
-            _exit(128 + sig);
+            end_process(128 + sig);
         }
         /* The step loop is still inside a step: commit what is whole, mark the run, end here. */
         snprintf(why, sizeof why, "interrupted by %s (the step in flight was abandoned)", name);
@@ -331,7 +350,7 @@ static void *watchdog_main(void *arg)
         else if (!wd->writer)
             fprintf(stderr, "\nattnreplay replay: %s: stopped before the run started\n", name);
         fflush(stderr);
-        _exit(128 + sig);
+        end_process(128 + sig);
     }
 }
 

@@ -6,6 +6,7 @@
  * plugin's file: attnreplay_plugin_init and check() before a backend is chosen (a fault or hang
  * is a broken plugin: exit 2, nothing stored), close() after the run's outcome is stored (the
  * run stays as stored: exit 3 unless the run's own code already says it did not succeed).
+ * A caller's exit hook removes its own files before the watchdog ends the process.
  * One run per process at a time: the state is the process's. */
 #ifndef AR_WATCHDOG_H
 #define AR_WATCHDOG_H
@@ -72,6 +73,13 @@ void ar_watchdog_set_backend(ar_watchdog *wd, const char *name);
  * stored, exit 3 when exit_code is 0, 1 or 4 (else exit_code); SIGINT / SIGTERM with exit
  * 128 + the signal when the close has not ended within the signal grace. */
 void ar_watchdog_closing(ar_watchdog *wd, const char *status, int exit_code);
+/* fn (NULL: none) is called just before the watchdog ends the process, whichever of the ways above
+ * it does: a command that runs a replay inside itself removes its own files there (profile's
+ * temporary profile and the replay's scratch database), which would otherwise stay behind.  It may
+ * run on the watchdog's thread while the step loop is still inside a call, or in a signal handler
+ * (the abort's alarm), so it must be async-signal-safe (unlink, write).  Process-wide; set it
+ * before the replay starts and clear it after the replay returns. */
+void ar_watchdog_set_exit_hook(void (*fn)(void));
 void ar_watchdog_stop(ar_watchdog *wd);
 void ar_crash_handler_remove(void);
 

@@ -67,6 +67,8 @@
 #include "../replay/db.h"
 #include "../replay/db_lock.h"
 #include "../replay/replay.h"
+#include "../replay/watchdog.h"
+#include "../traces/tmp_guard.h"
 
 #define PROFILE_FORMAT "attnreplay-profile"
 #define PROFILE_VERSION 3   /* read: 1 to 3; written: the lowest the profile needs (profile_version) */
@@ -424,32 +426,89 @@ static void temp_path_of(const char *path, char *buf, size_t len)
     snprintf(buf, len, "%s.tmp-%ld", path, (long)getpid());
 }
 
+/* The scratch database a --trace replay writes beside the temporary profile tmp. */
+static void scratch_path_of(const char *tmp, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s.replay-scratch.db", tmp);
+}
+
+/* The files SQLite keeps beside a database, after the database itself. */
+static const char *const sqlite_sides[] = {"", "-journal", "-wal", "-shm"};
+#define NUM_SIDES (int)(sizeof sqlite_sides / sizeof sqlite_sides[0])
+
 /* Removes a database written here (the temporary profile, a --trace replay's scratch database)
  * and the files SQLite keeps beside one. */
 static void remove_temp(const char *tmp)
 {
-    static const char *const sides[] = {"", "-journal", "-wal", "-shm"};
     char side[1200];
-    for (size_t i = 0; i < sizeof sides / sizeof sides[0]; i++) {
-        snprintf(side, sizeof side, "%s%s", tmp, sides[i]);
+    for (int i = 0; i < NUM_SIDES; i++) {
+        snprintf(side, sizeof side, "%s%s", tmp, sqlite_sides[i]);
         unlink(side);
     }
 }
 
-/* A profile killed before its rename (SIGKILL; SIGINT or SIGTERM while its --trace replay is inside
- * a step, which ends the process at once) leaves PATH.tmp-PID and its replay's scratch database
- * beside path.  They are removed here when their process is gone; those of a live process (another
- * profile of path still running) stay. */
+/* The temporary files of the profile this process writes (DB.tmp-PID, its --trace replay's scratch
+ * database, the files SQLite keeps beside each) are removed by what ends the process at once:
+ * SIGINT, SIGTERM or SIGHUP outside the replay (traces/tmp_guard.c: the handler removes them,
+ * then the signal takes its course), and the replay's watchdog, which ends the process from its
+ * own thread when the step loop cannot end the run itself - a signal not answered within its
+ * grace (inside a step, while the backend closes), a backend that faulted or hung - through its
+ * exit hook, which also says so after the watchdog's own message (that names the scratch database
+ * as if it stayed).  Inside the replay SIGINT and SIGTERM are the replay's: it returns 130 / 143
+ * and the profile removes the files itself. */
+static ar_tmp_guard temps_guard;
+static char temps_note[2600];
+static size_t temps_note_len;
+
+static void remove_temps_at_replay_exit(void)
+{
+    ar_tmp_guard_remove_now();
+    for (size_t done = 0; done < temps_note_len;) {
+        ssize_t w = write(2, temps_note + done, temps_note_len - done);
+        if (w <= 0) break;
+        done += (size_t)w;
+    }
+}
+
+/* From here until unguard_temps the temporary files of a profile of path are removed by whatever
+ * ends the process at once (above). */
+static void guard_temps(const char *path)
+{
+    char tmp[1000], scratch[1100], names[2 * NUM_SIDES][1200];
+    const char *list[2 * NUM_SIDES];
+    _Static_assert(2 * NUM_SIDES <= AR_TMP_GUARD_MAX, "the guard holds every temporary file");
+    temp_path_of(path, tmp, sizeof tmp);
+    scratch_path_of(tmp, scratch, sizeof scratch);
+    for (int i = 0; i < NUM_SIDES; i++) {
+        snprintf(names[i], sizeof names[0], "%s%s", tmp, sqlite_sides[i]);
+        snprintf(names[NUM_SIDES + i], sizeof names[0], "%s%s", scratch, sqlite_sides[i]);
+    }
+    for (int i = 0; i < 2 * NUM_SIDES; i++) list[i] = names[i];
+    snprintf(temps_note, sizeof temps_note, "profile: the --trace replay ended the process; nothing was written: %s "
+             "stays as it was, and %s and the replay's scratch database are removed\n", path, tmp);
+    temps_note_len = strlen(temps_note);
+    ar_tmp_guard_arm_all(&temps_guard, list, 2 * NUM_SIDES);
+    ar_watchdog_set_exit_hook(remove_temps_at_replay_exit);
+}
+
+/* The files are the caller's again (removed, or renamed into place); the handlers are put back. */
+static void unguard_temps(void)
+{
+    ar_watchdog_set_exit_hook(NULL);
+    ar_tmp_guard_disarm(&temps_guard);
+}
+
+/* A profile killed before its rename by what it cannot answer (SIGKILL, a crash) leaves PATH.tmp-PID
+ * and its replay's scratch database beside path.  They are removed here when their process is
+ * gone; those of a live process (another profile of path still running) stay. */
 static void remove_stale_temps(const char *path)
 {
-    static const char *const rests[] = {"", "-journal", "-wal", "-shm", ".replay-scratch.db",
-                                        ".replay-scratch.db-wal", ".replay-scratch.db-shm",
-                                        ".replay-scratch.db-journal"};
-    char dir[1024], prefix[1100];
+    char dir[1024], prefix[1100], scratch[64];
     const char *slash = strrchr(path, '/');
     ar_path_dir(path, dir, sizeof dir);
     snprintf(prefix, sizeof prefix, "%s.tmp-", slash ? slash + 1 : path);
-    size_t plen = strlen(prefix);
+    scratch_path_of("", scratch, sizeof scratch);
+    size_t plen = strlen(prefix), slen = strlen(scratch);
     DIR *d = opendir(dir);
     if (!d) return;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
@@ -457,8 +516,9 @@ static void remove_stale_temps(const char *path)
         char *rest = NULL;
         errno = 0;
         long pid = strtol(e->d_name + plen, &rest, 10);
+        if (strncmp(rest, scratch, slen) == 0) rest += slen;   /* the scratch database's files */
         bool ours = false;
-        for (size_t i = 0; i < sizeof rests / sizeof rests[0]; i++) ours = ours || strcmp(rest, rests[i]) == 0;
+        for (int i = 0; i < NUM_SIDES; i++) ours = ours || strcmp(rest, sqlite_sides[i]) == 0;
         if (!ours || errno != 0 || pid <= 0 || pid > INT_MAX || pid == (long)getpid()) continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;   /* alive, or not ours to ask */
         char full[2400];
@@ -1057,7 +1117,7 @@ static int measure_replayed_steps(ar_profile_table *p, const char *db_path, cons
     char scratch[1100], steps_arg[32], repeat_arg[16];
     ar_trace_reader *r = open_trace_of(trace, p->model, err, err_len);
     if (!r) return 2;
-    snprintf(scratch, sizeof scratch, "%s.replay-scratch.db", db_path);
+    scratch_path_of(db_path, scratch, sizeof scratch);
     remove_temp(scratch);
     snprintf(steps_arg, sizeof steps_arg, "0:%d", max_steps - 1);
     snprintf(repeat_arg, sizeof repeat_arg, "%d", repeat);
@@ -1184,7 +1244,8 @@ static void profile_usage(FILE *f)
             "in a folder that is missing or cannot be written; an option the kind of profile does not use;\n"
             "--trace a bad trace or another model's), checked before anything is measured; 3 no GPU, CUDA\n"
             "or backend error, or the profile could not be written; 130 / 143 the --trace replay was\n"
-            "interrupted (SIGINT / SIGTERM). DB is written only when all of it is.\n",
+            "interrupted (SIGINT / SIGTERM). DB is written only when all of it is; a profile that fails or\n"
+            "is stopped leaves DB as it was and no file beside it.\n",
             COUNT(full_m), ar_device_names());
 }
 
@@ -1228,7 +1289,9 @@ static int import_main(const char *dir, const ar_model_preset *preset, int tp, c
     int rc = ar_profile_import_llmservingsim(dir, preset, tp, gpu, p, note, sizeof note, err, sizeof err);
     if (rc == 0) {
         snprintf(full, sizeof full, "%s (LLMServingSim profile bundle; attention grids kept: %s)", command, note);
+        guard_temps(db_path);
         int saved = ar_profile_save(db_path, p, full, err, sizeof err);
+        unguard_temps();
         if (saved != 0) rc = saved == -2 ? 2 : 3;
     }
     if (rc != 0) {
@@ -1413,10 +1476,12 @@ int ar_profile_main(int argc, char **argv)
      * over DB at the end: an interrupted or failed run leaves the earlier profile as it was */
     char tmp[1000];
     temp_path_of(db_path, tmp, sizeof tmp);
+    guard_temps(db_path);
     remove_temp(tmp);
     if (write_profile(tmp, p, command, err, sizeof err) != 0) {
         fprintf(stderr, "profile: %s\n", err);
         remove_temp(tmp);
+        unguard_temps();
         free(p);
         return 3;
     }
@@ -1426,6 +1491,7 @@ int ar_profile_main(int argc, char **argv)
         if (rc != 0) {
             fprintf(stderr, "profile: %s\n", err);
             remove_temp(tmp);
+            unguard_temps();
             free(p);
             return rc;
         }
@@ -1433,6 +1499,7 @@ int ar_profile_main(int argc, char **argv)
                p->replay_steps, trace, p->replay_ratio);
     }
     rc = move_into_place(tmp, db_path, err, sizeof err);
+    unguard_temps();
     if (rc != 0) {
         fprintf(stderr, "profile: %s\n", err);
         free(p);

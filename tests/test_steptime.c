@@ -718,21 +718,66 @@ static void test_profile_refuses_before_measuring(void **state)
     }
 }
 
+/* Starts `attnreplay profile --synthetic h200 --db DB --trace TRACE --trace-steps STEPS --backend
+ * BACKEND --repeat 1 --quick` (llama-3.1-8b) with stdout and stderr to out and the faulty plugins'
+ * ATTNREPLAY_FAULTY_STEP=1; its pid. */
+static pid_t start_profile(const char *out, const char *db, const char *trace, const char *steps, const char *backend)
+{
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    if (!freopen(out, "w", stdout) || dup2(fileno(stdout), 2) < 0 || setenv("ATTNREPLAY_FAULTY_STEP", "1", 1) != 0)
+        _exit(120);
+    execl(tu_bin(), tu_bin(), "profile", "--synthetic", "h200", "--model", "llama-3.1-8b", "--db", db, "--trace",
+          trace, "--trace-steps", steps, "--backend", backend, "--repeat", "1", "--quick", (char *)NULL);
+    _exit(121);
+}
+
+/* Waits (up to 30 s) for the scratch database of profile pid's --trace replay of DB; 0 once it is
+ * there. */
+static int wait_for_scratch(const char *db, pid_t pid)
+{
+    char scratch[800];
+    snprintf(scratch, sizeof scratch, "%s.tmp-%ld.replay-scratch.db", db, (long)pid);
+    for (int i = 0; i < 600 && access(scratch, F_OK) != 0; i++) usleep(50 * 1000);
+    return access(scratch, F_OK);
+}
+
 /* A profile whose --trace replay fails or is stopped leaves DB as it was and nothing beside it:
  * a backend whose forward fails at step 1 (exit 3), SIGTERM during the replay (exit 143, as
  * replay's own); and the files a killed profile left (PATH.tmp-PID and its replay's scratch
  * database) are removed by the next profile of PATH once their process is gone.  Before, the
  * scratch database stayed after a failed replay, SIGTERM was exit 3, and a killed profile's files
- * stayed for good. */
+ * stayed for good.  The same holds where the replay's watchdog ends the process itself, which each
+ * faulty plugin below makes certain: SIGTERM while the backend's close() hangs (the watchdog's
+ * "stopped while the backend was closing", where a slow close under AddressSanitizer once left
+ * the files of the SIGTERM case above) or while a forward hangs ("stopped inside a step"), both
+ * exit 143 after the signal's grace; a forward that crashes (SIGSEGV, exit 3).  Before, each of
+ * these left DB.tmp-PID and the scratch database. */
 static void test_profile_trace_leaves_nothing_behind(void **state)
 {
     (void)state;
+    static const struct {
+        const char *kind;   /* tests/plugins/faulty-KIND.so */
+        int sigterm;        /* 0: none; 1: SIGTERM once the scratch database is there; 2: once step 0 is committed */
+        int code;
+        const char *says;   /* the watchdog's message */
+    } ends[] = {
+        {"closehang", 1, 143, "SIGTERM: stopped while the backend was closing"},
+        {"hang", 2, 143, "SIGTERM: stopped inside a step"},
+        {"segv", 0, 3, "backend's forward crashed with SIGSEGV"},
+    };
     char plugin[600];
     snprintf(plugin, sizeof plugin, "%s/tests/plugins/faulty-error.so", tu_build_dir());
-    if (access(tu_bin(), X_OK) != 0 || access(plugin, R_OK) != 0) {
+    bool have = access(tu_bin(), X_OK) == 0 && access(plugin, R_OK) == 0;
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0] && have; i++) {
+        snprintf(plugin, sizeof plugin, "%s/tests/plugins/faulty-%s.so", tu_build_dir(), ends[i].kind);
+        have = access(plugin, R_OK) == 0;
+    }
+    if (!have) {
         fprintf(stderr, "skipping: no %s or %s\n", tu_bin(), plugin);
         skip();
     }
+    snprintf(plugin, sizeof plugin, "%s/tests/plugins/faulty-error.so", tu_build_dir());
     char dir[512], db[700], out[512], trace[700], longer[700], device[64];
     tu_tmp("profile_trace_fail", dir, sizeof dir);
     mkdir(dir, 0755);
@@ -756,18 +801,9 @@ static void test_profile_trace_leaves_nothing_behind(void **state)
     /* SIGTERM while the replay runs (steps of milliseconds: the replay stops between two) */
     assert_int_equal(tu_run(out, "%s sim --workload synthetic:n=3000,input=16,output=40,rate=100 --model llama-3.1-8b "
                                  "--out %s --quiet", tu_bin(), longer), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        if (!freopen(out, "w", stdout) || dup2(fileno(stdout), 2) < 0) _exit(120);
-        execl(tu_bin(), tu_bin(), "profile", "--synthetic", "h200", "--model", "llama-3.1-8b", "--db", db, "--trace",
-              longer, "--trace-steps", "3000", "--backend", "cpu", "--repeat", "1", "--quick", (char *)NULL);
-        _exit(121);
-    }
-    char scratch[800];
-    snprintf(scratch, sizeof scratch, "%s.tmp-%ld.replay-scratch.db", db, (long)pid);
-    for (int i = 0; i < 600 && access(scratch, F_OK) != 0; i++) usleep(50 * 1000);
-    assert_int_equal(access(scratch, F_OK), 0);
+    pid_t pid = start_profile(out, db, longer, "3000", "cpu");
+    assert_true(pid > 0);
+    assert_int_equal(wait_for_scratch(db, pid), 0);
     usleep(300 * 1000);
     assert_int_equal(kill(pid, SIGTERM), 0);
     int status = 0;
@@ -780,6 +816,35 @@ static void test_profile_trace_leaves_nothing_behind(void **state)
     tu_query_text(db, "SELECT value FROM meta WHERE key = 'device'", device, sizeof device);
     assert_string_equal(device, "h100");
     assert_int_equal(count_named(dir, "p.db."), 0);
+
+    /* the watchdog ends the process: SIGTERM while close() or a forward (step 1) hangs, a crash */
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) {
+        char backend[700], scratch[800];
+        snprintf(backend, sizeof backend, "plugin:%s/tests/plugins/faulty-%s.so", tu_build_dir(), ends[i].kind);
+        pid = start_profile(out, db, trace, "4", backend);
+        assert_true(pid > 0);
+        if (ends[i].sigterm > 0) {   /* close() hangs however the run ends; a forward from step 1 on */
+            assert_int_equal(wait_for_scratch(db, pid), 0);
+            snprintf(scratch, sizeof scratch, "%s.tmp-%ld.replay-scratch.db", db, (long)pid);
+            for (int t = 0; t < 600 && ends[i].sigterm == 2 && tu_query_int(scratch, "SELECT count(*) FROM steps") < 1;
+                 t++)
+                usleep(50 * 1000);
+            assert_true(ends[i].sigterm == 1 || tu_query_int(scratch, "SELECT count(*) FROM steps") >= 1);
+            assert_int_equal(kill(pid, SIGTERM), 0);
+        }
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        log = tu_slurp(out);
+        assert_non_null(log);
+        print_message("faulty-%s: status %d: %s", ends[i].kind, status, log);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), ends[i].code);
+        assert_non_null(strstr(log, ends[i].says));
+        assert_int_equal(count_named(dir, "p.db."), 0);
+        tu_query_text(db, "SELECT value FROM meta WHERE key = 'device'", device, sizeof device);
+        assert_string_equal(device, "h100");
+        assert_non_null(strstr(log, "profile: the --trace replay ended the process; nothing was written"));
+        free(log);
+    }
 
     /* a killed profile's files: those of a process that is gone are removed, the others stay */
     pid_t gone = fork();
