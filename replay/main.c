@@ -13,10 +13,12 @@
  *   version    code revision, trace format, build type, CUDA runtime and driver
  *
  * Every command answers -h / --help with its usage on stdout and exit 0; a usage error prints
- * the usage on stderr and exits 2.  info, backends, diff, gen-samples, version and the help
- * flush stdout before they exit: output that could not be written (a full disk, /dev/full, a
- * closed stdout) is exit 3 with the system's reason on stderr (output_done). */
-#include <errno.h>
+ * the usage on stderr and exits 2.  Every command but profile flushes stdout before it exits:
+ * output that could not be written (a full disk, /dev/full, a closed stdout) is exit 3 with the
+ * system's reason on stderr.  For info, backends, diff, gen-samples, version and the help that
+ * is so whatever else they would have answered (output_done); report, plan, sim, export,
+ * replay, merge and calibrate write their product to files or a database and print a summary,
+ * so a failure code of their own, once said, is kept (summary_done, stdout_check.h). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdio_ext.h>
@@ -28,6 +30,7 @@
 #include "../traces/samples.h"
 #include "../traces/trace.h"
 #include "replay.h"
+#include "stdout_check.h"
 
 #ifdef AR_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -198,13 +201,20 @@ static int version_main(int argc, char **argv)
  * written (a full disk, /dev/full, a closed stdout), whatever rc was. */
 static int output_done(const char *cmd, int rc)
 {
-    errno = 0;
-    bool failed = fflush(stdout) != 0;
-    int saved = errno;
-    if (!failed && !ferror(stdout)) return rc;
-    fprintf(stderr, "attnreplay %s: cannot write the output (%s)\n", cmd,
-            saved ? strerror(saved) : "an earlier write failed");
+    const char *why = NULL;
+    if (ar_stdout_flush(&why) == 0) return rc;
+    fprintf(stderr, "attnreplay %s: cannot write the output (%s)\n", cmd, why);
     return 3;
+}
+
+/* rc, once stdout is flushed, for a command whose stdout summarises files or a database it has
+ * written: a summary that could not be written is exit 3 when rc is 0; a failure code of the
+ * command's own (a failed verification, bad input, an interrupt) is kept, the lost summary said
+ * on stderr all the same. */
+static int summary_done(const char *cmd, int rc)
+{
+    const int out = ar_stdout_check(cmd);
+    return rc != 0 ? rc : out;
 }
 
 int main(int argc, char **argv)
@@ -223,18 +233,18 @@ int main(int argc, char **argv)
         sub_argc = 2;
         sub_argv = help_argv;
     }
-    if (strcmp(cmd, "replay") == 0) return ar_replay_main(sub_argc, sub_argv);
-    if (strcmp(cmd, "merge") == 0) return ar_merge_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "replay") == 0) return summary_done(cmd, ar_replay_main(sub_argc, sub_argv));
+    if (strcmp(cmd, "merge") == 0) return summary_done(cmd, ar_merge_main(sub_argc, sub_argv));
     if (strcmp(cmd, "info") == 0) return output_done(cmd, info_main(sub_argc, sub_argv));
     if (strcmp(cmd, "backends") == 0) return output_done(cmd, ar_backends_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "sim") == 0) return ar_sim_main(sub_argc, sub_argv);
-    if (strcmp(cmd, "report") == 0) return ar_report_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "sim") == 0) return summary_done(cmd, ar_sim_main(sub_argc, sub_argv));
+    if (strcmp(cmd, "report") == 0) return summary_done(cmd, ar_report_main(sub_argc, sub_argv));
     if (strcmp(cmd, "diff") == 0) return output_done(cmd, ar_diff_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "plan") == 0) return ar_plan_main(sub_argc, sub_argv);
-    if (strcmp(cmd, "calibrate") == 0) return ar_calibrate_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "plan") == 0) return summary_done(cmd, ar_plan_main(sub_argc, sub_argv));
+    if (strcmp(cmd, "calibrate") == 0) return summary_done(cmd, ar_calibrate_main(sub_argc, sub_argv));
     if (strcmp(cmd, "profile") == 0) return ar_profile_main(sub_argc, sub_argv);
     if (strcmp(cmd, "gen-samples") == 0) return output_done(cmd, gen_samples_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "export") == 0) return ar_export_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "export") == 0) return summary_done(cmd, ar_export_main(sub_argc, sub_argv));
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0)
         return output_done("version", version_main(sub_argc, sub_argv));
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {

@@ -836,7 +836,8 @@ static void merge_usage(FILE *f)
           "  a single replay of those steps would say (passed, failed, ...).\n"
           "  Exit status: 0 merged, 2 bad input (a shard unreadable or not of this replay, an OUT that is\n"
           "  not an attnreplay results database, OUT or a shard locked by another writer past\n"
-          "  ATTNREPLAY_BUSY_TIMEOUT_MS: OUT as it was), 3 a database error (I/O).\n"
+          "  ATTNREPLAY_BUSY_TIMEOUT_MS: OUT as it was), 3 a database error (I/O), or the summary could\n"
+          "  not be written to stdout (OUT is merged; a 2 stays, said on stderr too).\n"
           "environment: ATTNREPLAY_BUSY_TIMEOUT_MS  how long to wait for another writer's lock on OUT\n"
           "  or a shard (default 30000), as replay waits\n", f);
 }

@@ -47,9 +47,11 @@
  *
  * Exit codes: 0 every verified step passed (or --verify off: 'unverified'), 1 a step failed
  * verification, 2 bad input or usage, 3 a device or runtime error (including a database write
- * failure; a plugin's close() that faults or hangs after the run is stored), 4 nothing was
- * verified (no step replayed: 'empty'; a planted fault never showed: 'fault-not-fired'), 130
- * SIGINT, 143 SIGTERM. */
+ * failure; a plugin's close() that faults or hangs after the run is stored; a summary that
+ * could not be written to stdout, the run stored whole), 4 nothing was verified (no step
+ * replayed: 'empty'; a planted fault never showed: 'fault-not-fired'), 130 SIGINT, 143 SIGTERM.
+ * A lost summary does not hide the run's own verdict: with 1, 2, 4 or a signal's code that code
+ * stays, the lost summary said on stderr too. */
 #include "replay.h"
 
 #include <errno.h>
@@ -77,6 +79,7 @@
 #include "registry.h"
 #include "replay_opts.h"
 #include "shard.h"
+#include "stdout_check.h"
 #include "verify.h"
 #include "watchdog.h"
 
@@ -1156,7 +1159,9 @@ finish:;
 
 done:
     free(cfg_json);
-    fflush(stdout);   /* before the backend's close, which may end the process */
+    /* stdout flushed before the backend's close, which may end the process: a summary that
+     * could not be written is exit 3 when nothing else failed (the run is stored as it ended) */
+    if (ar_stdout_check("replay") != 0 && exit_code == 0) exit_code = 3;
     /* The outcome is stored (or no run holds one): the writer is no longer the watchdog's, which
      * watches the backend's close to the end (a fault or hang there: a message, the run as
      * stored, exit 3 unless exit_code says more). */

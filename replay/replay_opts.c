@@ -77,9 +77,10 @@ void ar_replay_usage(FILE *f)
         "        another writer past ATTNREPLAY_BUSY_TIMEOUT_MS, before or during the run: committed\n"
         "        steps are kept and --resume continues it), 3 device/runtime error\n"
         "        (a plugin's close() that faults or hangs after the run is stored: the run stays as\n"
-        "        stored),\n"
+        "        stored; the summary could not be written to stdout: the run is stored whole),\n"
         "      4 nothing verified: no step replayed ('empty') or the planted fault never showed\n"
-        "        ('fault-not-fired'), 130 SIGINT, 143 SIGTERM ('interrupted')\n",
+        "        ('fault-not-fired'), 130 SIGINT, 143 SIGTERM ('interrupted'); a summary lost with\n"
+        "        1, 2, 4 or a signal keeps that code (and says so on stderr)\n",
         AR_FORWARD_TIMEOUT_GPU_S, AR_FORWARD_TIMEOUT_HOST_S, AR_FORWARD_TIMEOUT_GPU_S);
 }
 

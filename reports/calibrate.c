@@ -41,7 +41,8 @@ static void calibrate_usage(FILE *f)
         "attnreplay results database (a directory, FIFO, not SQLite, another program's tables,\n"
         "a newer schema), refused before any measurement and left as it is, or one locked by\n"
         "another writer past ATTNREPLAY_BUSY_TIMEOUT_MS (default 30000); 3 no CUDA device, CUDA\n"
-        "error, or I/O or a full disk while writing the database.\n");
+        "error, or I/O or a full disk while writing the database, or the numbers could not be\n"
+        "written to stdout (they are stored in DB).\n");
 }
 
 static int parse_positive_double(const char *text, double *out)

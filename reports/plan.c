@@ -553,7 +553,8 @@ static void plan_usage(FILE *f)
         "                        writes the plan; a run without shards reuses a complete set\n"
         "  Exit status: 0 done (a shard: its points written), 1 a simulation or plot failed, 2 usage\n"
         "  error or bad input (a --db or profile:DB locked by another writer past\n"
-        "  ATTNREPLAY_BUSY_TIMEOUT_MS, default 30000, included).\n",
+        "  ATTNREPLAY_BUSY_TIMEOUT_MS, default 30000, included), 3 the summary could not be written\n"
+        "  to stdout (DIR is written; a 1 or 2 stays, said on stderr too).\n",
         ar_model_preset_names(), ar_device_names());
 }
 

@@ -720,7 +720,8 @@ static void report_usage(FILE *f)
           "  the runs in DB (all runs unless --run is given; --run may repeat or take 1,2,3).\n"
           "  Exit status: 0 done, 1 a plot failed to render, 2 usage error or bad input (DB missing, a\n"
           "  directory, not an attnreplay results database, of a newer schema version, or locked by\n"
-          "  another writer past ATTNREPLAY_BUSY_TIMEOUT_MS, default 30000).\n", f);
+          "  another writer past ATTNREPLAY_BUSY_TIMEOUT_MS, default 30000), 3 the summary line could\n"
+          "  not be written to stdout (DIR is written; a 1 or 2 stays, said on stderr too).\n", f);
 }
 
 static void free_ctx(report_ctx *ctx)

@@ -68,7 +68,8 @@ static void usage(FILE *f)
             "  Exit status: 0 done (a warning on stderr when the offered load exceeds what the engine\n"
             "  serves), 1 an I/O error while writing, 2 usage error or bad input (FILE:LINE: rule; a\n"
             "  --metrics database locked by another writer past ATTNREPLAY_BUSY_TIMEOUT_MS, default\n"
-            "  30000).\n",
+            "  30000), 3 the summary could not be written to stdout (TRACE and --metrics are written;\n"
+            "  a 1 or 2 stays, said on stderr too).\n",
             ar_model_preset_names(), ar_device_names());
 }
 

@@ -320,8 +320,9 @@ static void usage(FILE *f)
                "  held one), so DIR takes the next export\n"
                "  Exit status: 0 written, 2 bad input or usage (an unreadable or malformed trace, a model\n"
                "  the format cannot hold: MLA, a sliding window, a soft cap; DIR not empty and no earlier\n"
-               "  export), 3 a write failed (the directory, a full disk) or out of memory, 4 nothing to\n"
-               "  export: no step with scheduled requests in --steps (nothing written).\n");
+               "  export), 3 a write failed (the directory, a full disk) or out of memory, or the summary\n"
+               "  could not be written to stdout (DIR is written), 4 nothing to export: no step with\n"
+               "  scheduled requests in --steps (nothing written; 4 stays when stdout fails too).\n");
 }
 
 int ar_export_main(int argc, char **argv)
