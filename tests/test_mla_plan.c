@@ -8,7 +8,8 @@
  * plan's chains must visit every piece once, in request order, with the same number of key
  * tiles on every CTA but the last.  Two shapes whose plans were measured on the H200
  * (mla_plan.c: FlashMLA's b = 128 at h_q 16 and 128, and 32 requests of 4k keys) are checked
- * piece by piece.  The prefill path's passes and query tiles: test_prefill_passes. */
+ * piece by piece.  The prefill path's passes and query tiles: test_prefill_passes; the runs of
+ * decode tokens the projection GEMMs take: test_decode_runs. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -423,10 +424,57 @@ static void test_prefill_passes(void **state)
     }
 }
 
+/* The runs of decode tokens: on random steps (decode and prefill requests in any order, some of
+ * no tokens), the runs cover exactly the decode requests' tokens, in order, each run maximal
+ * (the next starts past a gap); past max_runs, one span from the first decode token to the
+ * step's end, and only when the maximal runs are more than max_runs. */
+static void test_decode_runs(void **state)
+{
+    (void)state;
+    enum { MAXR = 40 };
+    for (int it = 0; it < 2000; it++) {
+        const int R = rnd(MAXR + 1), max_runs = 1 + rnd(16);
+        int qsl[MAXR + 1], rows[2 * 16 + 2];
+        unsigned char is_dec[MAXR + 1], want[MAXR * 200 + 1];
+        qsl[0] = 0;
+        for (int r = 0; r < R; r++) {
+            is_dec[r] = (unsigned char)(rnd(3) != 0);
+            const int q = is_dec[r] ? (rnd(5) == 0 ? 0 : 1 + rnd(4)) : (rnd(6) == 0 ? 0 : 129 + rnd(50));
+            qsl[r + 1] = qsl[r] + q;
+            for (int t = qsl[r]; t < qsl[r + 1]; t++) want[t] = is_dec[r];
+        }
+        const int T = qsl[R];
+        int maximal = 0, first = -1;   /* the maximal runs of decode tokens, counted directly */
+        for (int t = 0; t < T; t++) {
+            if (want[t] && (t == 0 || !want[t - 1])) maximal++;
+            if (want[t] && first < 0) first = t;
+        }
+        int n = -1;
+        const int span = ar_mla_decode_runs(R, qsl, is_dec, max_runs, rows, &n);
+        if (span) {
+            assert_true(maximal > max_runs);
+            assert_int_equal(n, 1);
+            assert_int_equal(rows[0], first);
+            assert_int_equal(rows[1], T);
+            continue;
+        }
+        assert_int_equal(n, maximal);
+        unsigned char got[MAXR * 200 + 1];
+        memset(got, 0, sizeof got);
+        for (int i = 0; i < n; i++) {
+            assert_true(rows[2 * i] < rows[2 * i + 1]);
+            if (i > 0) assert_true(rows[2 * i] > rows[2 * i - 1]);   /* in order, a gap between */
+            for (int t = rows[2 * i]; t < rows[2 * i + 1]; t++) got[t] = 1;
+        }
+        for (int t = 0; t < T; t++) assert_int_equal(got[t], want[t]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_passes),
+        cmocka_unit_test(test_decode_runs),
         cmocka_unit_test(test_random_batches),
         cmocka_unit_test(test_include_all_is_no_mask),
         cmocka_unit_test(test_measured_shapes),

@@ -392,25 +392,8 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     /* the decode requests' tokens as runs of consecutive tokens (one run where decodes come
      * first, as vLLM orders a batch): the absorption and W_UV GEMMs run on these rows only, not
      * on the prefill tokens the expanded path computes; past MLA_DEC_RANGES runs, one span */
-    s->n_dec_ranges = 0;
-    s->dec_rows_hold_prefill = false;
-    for (int r = 0, n = 0; r < R; r++) {
-        int t0 = b->query_start_loc[r], t1 = b->query_start_loc[r + 1];
-        if (!is_dec[r] || t1 <= t0) continue;
-        if (n > 0 && s->dec_rows[2 * n - 1] == t0) {
-            s->dec_rows[2 * n - 1] = t1;
-        } else if (n < MLA_DEC_RANGES) {
-            s->dec_rows[2 * n] = t0;
-            s->dec_rows[2 * n + 1] = t1;
-            n++;
-        } else {   /* one span: from the first run's start to the step's last token */
-            s->dec_rows[1] = b->query_start_loc[R];
-            s->n_dec_ranges = 1;
-            s->dec_rows_hold_prefill = true;
-            break;
-        }
-        s->n_dec_ranges = n;
-    }
+    s->dec_rows_hold_prefill =
+        ar_mla_decode_runs(R, b->query_start_loc, is_dec, MLA_DEC_RANGES, s->dec_rows, &s->n_dec_ranges) != 0;
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
     mla_plan plan;
     int plan_rc = ar_mla_build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits);

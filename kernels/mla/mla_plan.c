@@ -1,6 +1,7 @@
-/* mla_plan.c - the cuda-mla decode planner (mla_plan.h): the one-piece-a-CTA plan with its
- * estimate of whether cutting the row tiles pays, and the persistent plan of equal runs.  Plain
- * C, host only; tests/test_mla_plan.c checks every plan's invariants. */
+/* mla_plan.c - the cuda-mla planner (mla_plan.h): the decode plan (one piece a CTA, with its
+ * estimate of whether cutting the row tiles pays, and the persistent plan of equal runs), the
+ * prefill path's passes and query tiles, and the runs of decode tokens the projection GEMMs
+ * take.  Plain C, host only; tests/test_mla_plan.c checks every plan's invariants. */
 #include "mla_plan.h"
 
 #include <stdlib.h>
@@ -430,4 +431,26 @@ void ar_mla_fill_prefill_tokens(int R, const int *qsl, const unsigned char *is_p
         }
         for (int t = qsl[r]; t < qsl[r + 1]; t++) pf_tok[n++] = t;
     }
+}
+
+int ar_mla_decode_runs(int R, const int *qsl, const unsigned char *is_dec, int max_runs, int *rows, int *num_runs)
+{
+    int n = 0;
+    for (int r = 0; r < R; r++) {
+        const int t0 = qsl[r], t1 = qsl[r + 1];
+        if (!is_dec[r] || t1 <= t0) continue;
+        if (n > 0 && rows[2 * n - 1] == t0) {
+            rows[2 * n - 1] = t1;
+        } else if (n < max_runs) {
+            rows[2 * n] = t0;
+            rows[2 * n + 1] = t1;
+            n++;
+        } else {   /* one span from the first run's start to the step's last token */
+            rows[1] = qsl[R];
+            *num_runs = 1;
+            return 1;
+        }
+    }
+    *num_runs = n;
+    return 0;
 }

@@ -114,6 +114,13 @@ void ar_mla_fill_prefill_pass(const ar_mla_prefill_passes *pp, int p, int R, con
  * [num_tiles][3]: first pf_tok index, token count (1..AR_MLA_PREFILL_TILE), request. */
 void ar_mla_fill_prefill_tokens(int R, const int *qsl, const unsigned char *is_pf, int *pf_tok, int *tiles);
 
+/* The decode requests' tokens (is_dec[r] != 0, q_len > 0) as runs of consecutive tokens, in
+ * order: rows [num_runs][2] holds [begin, end) token ranges, adjacent requests' tokens merged
+ * into one run.  cuda-mla runs the absorption and W_UV GEMMs on these rows only.  Past max_runs
+ * runs, one span [first decode token, qsl[R]) instead: the return value is 1 (the span holds
+ * other tokens too), else 0.  *num_runs 0 without a decode token. */
+int ar_mla_decode_runs(int R, const int *qsl, const unsigned char *is_dec, int max_runs, int *rows, int *num_runs);
+
 #ifdef __cplusplus
 }
 #endif
