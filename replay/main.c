@@ -13,11 +13,11 @@
  *   version    code revision, trace format, build type, CUDA runtime and driver
  *
  * Every command answers -h / --help with its usage on stdout and exit 0; a usage error prints
- * the usage on stderr and exits 2.  Every command but profile flushes stdout before it exits:
- * output that could not be written (a full disk, /dev/full, a closed stdout) is exit 3 with the
- * system's reason on stderr.  For info, backends, diff, gen-samples, version and the help that
- * is so whatever else they would have answered (output_done); report, plan, sim, export,
- * replay, merge and calibrate write their product to files or a database and print a summary,
+ * the usage on stderr and exits 2.  Every command flushes stdout before it exits: output that
+ * could not be written (a full disk, /dev/full, a closed stdout) is exit 3 with the system's
+ * reason on stderr.  For info, backends, diff, gen-samples, version and the help that is so
+ * whatever else they would have answered (output_done); report, plan, sim, export, replay,
+ * merge, calibrate and profile write their product to files or a database and print a summary,
  * so a failure code of their own, once said, is kept (summary_done, stdout_check.h). */
 #include <stdbool.h>
 #include <stdio.h>
@@ -242,7 +242,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "diff") == 0) return output_done(cmd, ar_diff_main(sub_argc, sub_argv));
     if (strcmp(cmd, "plan") == 0) return summary_done(cmd, ar_plan_main(sub_argc, sub_argv));
     if (strcmp(cmd, "calibrate") == 0) return summary_done(cmd, ar_calibrate_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "profile") == 0) return ar_profile_main(sub_argc, sub_argv);
+    if (strcmp(cmd, "profile") == 0) return summary_done(cmd, ar_profile_main(sub_argc, sub_argv));
     if (strcmp(cmd, "gen-samples") == 0) return output_done(cmd, gen_samples_main(sub_argc, sub_argv));
     if (strcmp(cmd, "export") == 0) return summary_done(cmd, ar_export_main(sub_argc, sub_argv));
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0)

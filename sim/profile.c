@@ -1243,9 +1243,10 @@ static void profile_usage(FILE *f)
             "not a profile, locked by another writer past ATTNREPLAY_BUSY_TIMEOUT_MS (default 30000), or\n"
             "in a folder that is missing or cannot be written; an option the kind of profile does not use;\n"
             "--trace a bad trace or another model's), checked before anything is measured; 3 no GPU, CUDA\n"
-            "or backend error, or the profile could not be written; 130 / 143 the --trace replay was\n"
-            "interrupted (SIGINT / SIGTERM). DB is written only when all of it is; a profile that fails or\n"
-            "is stopped leaves DB as it was and no file beside it.\n",
+            "or backend error, the profile could not be written, or (DB written) the summary could not be\n"
+            "written to stdout; 130 / 143 the --trace replay was interrupted (SIGINT / SIGTERM). DB is\n"
+            "written only when all of it is; a profile that fails or is stopped leaves DB as it was and no\n"
+            "file beside it.\n",
             COUNT(full_m), ar_device_names());
 }
 

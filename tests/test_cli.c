@@ -308,6 +308,12 @@ static void test_summary_stdout_full_or_closed(void **state)
         assert_int_equal(tu_query_int(db, "SELECT COUNT(*) FROM ceilings WHERE device = 'dev' AND "
                                           "copy_gbps = 100 AND bf16_tflops = 50"), 1);
 
+        /* profile of the roofline's numbers: the profile stored */
+        snprintf(db, sizeof db, "%s/profile-%s.db", dir, n);
+        snprintf(args, sizeof args, "profile --synthetic h200 --model llama-3.1-8b --db '%s'", db);
+        run_summary(args, redirect, err_path, 3, "profile", reason);
+        assert_int_equal(tu_query_int(db, "SELECT COUNT(*) FROM gemm"), 5 * 23);
+
         /* plan: plan.md written */
         snprintf(args, sizeof args, "plan --workload synthetic:n=50,input=200,output=20 --model llama-3.1-8b "
                  "--device h100 --rates 1,2 --kv-blocks 8192 --out '%s/plan-%s'", dir, n);
@@ -316,7 +322,8 @@ static void test_summary_stdout_full_or_closed(void **state)
         assert_true(tu_file_has(path, "# Capacity plan: llama-3.1-8b on h100"));
 
         /* each one's help: its only output */
-        static const char *const cmds[] = { "replay", "merge", "report", "sim", "export", "calibrate", "plan" };
+        static const char *const cmds[] = { "replay", "merge", "report", "sim", "export", "calibrate", "plan",
+                                            "profile" };
         for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
             snprintf(args, sizeof args, "%s --help", cmds[c]);
             run_summary(args, redirect, err_path, 3, cmds[c], NULL);
