@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -539,28 +540,48 @@ int ar_db_check_ours(const char *path, bool *input_error, char *err, size_t err_
     return rc;
 }
 
+/* open_failed for a database this open created: the file it left (empty, or the first page
+ * of a schema that could not be written: a full disk) and its -wal / -shm / -journal go too,
+ * so a failed set-up leaves the directory as it was.  A file grown past one page meanwhile is
+ * another writer's and is kept. */
+static ar_db *open_failed_new(ar_db *db, const char *path, bool *input_error, bool created)
+{
+    open_failed(db, input_error);
+    struct stat sb;
+    if (!created || stat(path, &sb) != 0 || sb.st_size > 4096) return NULL;
+    static const char *const sides[] = {"-wal", "-shm", "-journal"};
+    for (size_t i = 0; i < sizeof sides / sizeof sides[0]; i++) {
+        char side[PATH_MAX + 16];
+        if (snprintf(side, sizeof side, "%s%s", path, sides[i]) < (int)sizeof side) unlink(side);
+    }
+    unlink(path);
+    return NULL;
+}
+
 ar_db *ar_db_open(const char *path, bool readonly, bool *input_error, char *err, size_t err_len)
 {
     if (input_error) *input_error = false;
     int flags = readonly ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    struct stat before;
+    const bool created = !readonly && stat(path, &before) != 0 && errno == ENOENT;
     ar_db *db = db_connect(path, flags, input_error, err, err_len);
     if (!db || readonly) return db;
 
     /* Whose file it is, before anything is written to it (the WAL switch included): a file that
      * is not SQLite, a damaged one, another program's tables of our names and a newer schema
      * are refused as they are; an older schema is migrated below. */
-    if (check_ours(db, input_error, err, err_len) != 0) return open_failed(db, input_error);
+    if (check_ours(db, input_error, err, err_len) != 0) return open_failed_new(db, path, input_error, created);
     reserve_create(db);
     if (sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, NULL) != SQLITE_OK) {
         fail(db, err, err_len, "cannot set up the database");
         if (input_error) *input_error = not_a_database(db->h);
-        return open_failed(db, input_error);
+        return open_failed_new(db, path, input_error, created);
     }
-    if (migrate(db, err, err_len) != 0) return open_failed(db, input_error);
+    if (migrate(db, err, err_len) != 0) return open_failed_new(db, path, input_error, created);
     for (int i = 0; i < ST_COUNT; i++) {
         if (sqlite3_prepare_v2(db->h, stmt_sql[i], -1, &db->st[i], NULL) != SQLITE_OK) {
             fail(db, err, err_len, "cannot prepare a statement");
-            return open_failed(db, input_error);
+            return open_failed_new(db, path, input_error, created);
         }
     }
     return db;

@@ -4,7 +4,8 @@
  *                  way a full disk fails them with ENOSPC) exits 3 with a message naming the
  *                  database; the database opens, passes integrity_check, the run is 'error',
  *                  every committed step is whole (0..last_step, nothing after), and --resume
- *                  completes it
+ *                  completes it; a new database whose schema could not be written is
+ *                  removed (file, -wal, -shm), an existing one kept as it was
  *   SIGINT         commits, marks the run 'interrupted', exits 130; the committed steps are
  *                  intact and --resume completes the run
  *   SIGTERM        inside a long step (an 8k-token prefill on the CPU, --repeat 5) the run ends
@@ -250,6 +251,41 @@ static void test_full_disk_marks_error_and_keeps_committed_steps(void **state)
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM steps WHERE run=1"), total);
     assert_run_whole(db, 1);
     assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs"), 1);
+}
+
+/* A full disk before the schema is written (1 and 8 KiB a file): a new database is not left
+ * behind (no file, no -wal or -shm), so the next replay starts clean; an existing database
+ * under the same limit is kept as it was. */
+static void test_full_disk_at_set_up_leaves_no_new_database(void **state)
+{
+    (void)state;
+    char trace[512], dir[512], db[700], log[512], side[720];
+    tu_sample("mixed", trace, sizeof trace);
+    tu_tmp("setup-full", dir, sizeof dir);
+    assert_int_equal(tu_run(NULL, "mkdir -p '%s'", dir), 0);
+    tu_tmp("setup-full.log", log, sizeof log);
+    static const int limits[] = {1, 8};
+    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+        snprintf(db, sizeof db, "%s/new-%d.db", dir, limits[i]);
+        int rc = tu_run(log, "bash -c \"trap '' XFSZ; ulimit -f %d; exec '%s' replay '%s' --db '%s' --backend cpu "
+                             "--quiet\"", limits[i], tu_bin(), trace, db);
+        assert_int_equal(rc, 3);
+        assert_true(file_contains(log, db));
+        assert_int_equal(access(db, F_OK), -1);
+        snprintf(side, sizeof side, "%s-wal", db);
+        assert_int_equal(access(side, F_OK), -1);
+        snprintf(side, sizeof side, "%s-shm", db);
+        assert_int_equal(access(side, F_OK), -1);
+    }
+    /* an existing database: kept, its run whole */
+    snprintf(db, sizeof db, "%s/kept.db", dir);
+    assert_int_equal(tu_run(log, "'%s' replay '%s' --db '%s' --backend cpu --quiet", tu_bin(), trace, db), 0);
+    int rc = tu_run(log, "bash -c \"trap '' XFSZ; ulimit -f 1; exec '%s' replay '%s' --db '%s' --backend cpu "
+                         "--quiet\"", tu_bin(), trace, db);
+    assert_int_equal(rc, 3);
+    assert_int_equal(access(db, F_OK), 0);
+    assert_integrity_ok(db);
+    assert_int_equal(tu_query_int(db, "SELECT count(*) FROM runs WHERE status = 'passed'"), 1);
 }
 
 /* A real full disk: a 400 KiB tmpfs, when this user may mount one (root); skipped otherwise. */
@@ -1237,6 +1273,7 @@ int main(void)
         cmocka_unit_test(test_nan_or_inf_anywhere_fails_the_step),
         cmocka_unit_test(test_verify_off_labelled_in_summary_db_and_report),
         cmocka_unit_test(test_full_disk_marks_error_and_keeps_committed_steps),
+        cmocka_unit_test(test_full_disk_at_set_up_leaves_no_new_database),
         cmocka_unit_test(test_full_tmpfs_marks_error),
         cmocka_unit_test(test_sigint_commits_and_resume_completes),
         cmocka_unit_test(test_second_writer_waits_then_fails_clearly),
