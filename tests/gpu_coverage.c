@@ -11,7 +11,7 @@
  * The expected list is the H200's (132 SMs, compute capability 9.0 with tensor maps): on another
  * device the decisions differ, and the test skips saying so.  The environment overrides of the
  * defaults (AR_CUDA_WGMMA, AR_CUDA_DECODE_TMA, AR_CUDA_CASCADE_FOLD, AR_CUDA_CASCADE_MERGE,
- * AR_MLA_KERNEL) are cleared for the replays.  A second test replays with an fp8 KV cache (the MLA
+ * AR_MLA_KERNEL, AR_MLA_PREFILL, AR_MLA_GEMM) are cleared for the replays.  A second test replays with an fp8 KV cache (the MLA
  * backend, and the paged backend once its check takes fp8 KV): every such run must pass and
  * record an fp8 path.  Skips with the reason when there is no device. */
 #include "testutil.h"
@@ -129,7 +129,7 @@ static void test_shape_samples_cover_every_default_path(void **state)
     for (size_t i = 0; i < NUM_TRACES; i++) {
         snprintf(trace, sizeof trace, "%s/traces/samples/%s.trace.jsonl.gz", tu_src_dir(), traces[i].name);
         int rc = tu_run(log, "env -u AR_CUDA_WGMMA -u AR_CUDA_DECODE_TMA -u AR_CUDA_CASCADE_FOLD "
-                             "-u AR_CUDA_CASCADE_MERGE -u AR_MLA_KERNEL '%s' replay '%s' --db '%s' --backend %s %s",
+                             "-u AR_CUDA_CASCADE_MERGE -u AR_MLA_KERNEL -u AR_MLA_PREFILL -u AR_MLA_GEMM '%s' replay '%s' --db '%s' --backend %s %s",
                         tu_bin(), trace, db, traces[i].backend, traces[i].extra);
         char *text = tu_slurp(log);
         const char *paths = text ? strstr(text, "  paths ") : NULL;
@@ -207,7 +207,7 @@ static void test_fp8_replays_record_their_fp8_paths(void **state)
         if (strcmp(fp8_traces[i].backend, "cuda") == 0 && !paged) continue;
         snprintf(trace, sizeof trace, "%s/traces/samples/%s.trace.jsonl.gz", tu_src_dir(), fp8_traces[i].name);
         int rc = tu_run(log, "env -u AR_CUDA_WGMMA -u AR_CUDA_DECODE_TMA -u AR_CUDA_CASCADE_FOLD "
-                             "-u AR_CUDA_CASCADE_MERGE -u AR_MLA_KERNEL '%s' replay '%s' --db '%s' --backend %s %s",
+                             "-u AR_CUDA_CASCADE_MERGE -u AR_MLA_KERNEL -u AR_MLA_PREFILL -u AR_MLA_GEMM '%s' replay '%s' --db '%s' --backend %s %s",
                         tu_bin(), trace, db, fp8_traces[i].backend, fp8_traces[i].extra);
         char *text = tu_slurp(log);
         const char *paths = text ? strstr(text, "  paths ") : NULL;

@@ -1,7 +1,7 @@
 /* cuda_cublas.h - cuBLAS as attnreplay uses it, loaded at run time (kernels/common/cuda_cublas.cu):
  * the search for the library, its entry points, and a batched GEMM of 16-bit matrices given by
  * element strides.  Users: `calibrate` (its bf16 GEMM rate), `profile` (a model's GEMM times) and
- * the cuda-mla backend (its projections under AR_MLA_GEMM=cublas).  Nothing here needs cuBLAS's
+ * the cuda-mla backend (its projection GEMMs, by default).  Nothing here needs cuBLAS's
  * headers: the values below are CUDA 13's (cublas_api.h, library_types.h).  C linkage. */
 #ifndef AR_CUDA_CUBLAS_H
 #define AR_CUDA_CUBLAS_H

@@ -19,12 +19,13 @@
  * merge), "wuv" (o_lat x W_UV), and for prefill requests "prefill" (up-projection, chunked
  * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
  * guard regions checked after every forward; out/LSE are NaN-poisoned before each forward.
- * The absorption and W_UV run on the decode requests' tokens only (runs of consecutive tokens).
+ * The absorption and W_UV run on the decode requests' tokens only (runs of consecutive tokens;
+ * past MLA_DEC_RANGES runs, one span from the first decode token to the step's last token).
  * Projection GEMMs (AR_MLA_GEMM): by default all go through cuBLAS (kernels/common/cuda_cublas.h,
  * loaded at run time) in 16 bits, as vLLM runs them; W_UV's float operand (the latent attention
  * output) is rounded to the dtype first and its result widened back (narrow_kernel, widen_kernel).
- * Where cuBLAS cannot load, they run on the tensor-core kernel of mla_prefill.cuh (said once on
- * stderr).  AR_MLA_GEMM=cublas insists on cuBLAS (open refuses with exit 2 without it), =tc
+ * The planted wrong-head fault's shifted weights, and every GEMM where cuBLAS cannot load (said
+ * once on stderr), run on the tensor-core kernel of mla_prefill.cuh.  AR_MLA_GEMM=cublas insists on cuBLAS (open refuses with exit 2 without it), =tc
  * takes the tensor-core kernel for all, =simt the SIMT kernel.
  * Prefill attention (AR_MLA_PREFILL): by default the expanded path's attention runs on the
  * tensor-core kernel (prefill_attn_tc_kernel; DeepSeek's QK 192 / V 128, else the SIMT kernel);
@@ -269,9 +270,13 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     if (s->gemm_cublas) {
         char why[2600];
         int status = -1;
-        if ((s->cublas = ar_cublas_load(why, sizeof why)) != NULL &&
-            ((status = s->cublas->create(&s->cublas_handle)) != 0 ||
-             (status = s->cublas->set_stream(s->cublas_handle, s->stream)) != 0))
+        if ((s->cublas = ar_cublas_load(why, sizeof why)) != NULL) {
+            if ((status = s->cublas->create(&s->cublas_handle)) != 0)
+                s->cublas_handle = NULL;   /* a failed create's handle is not one to destroy */
+            else
+                status = s->cublas->set_stream(s->cublas_handle, s->stream);
+        }
+        if (s->cublas && status != 0)
             snprintf(why, sizeof why, "cublasCreate / cublasSetStream (%s) returned status %d", s->cublas->path,
                      status);
         if (status != 0 && s->gemm_cublas_asked) {   /* -1: not loadable, why says where it looked */
@@ -392,8 +397,9 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     /* the decode requests' tokens as runs of consecutive tokens (one run where decodes come
      * first, as vLLM orders a batch): the absorption and W_UV GEMMs run on these rows only, not
      * on the prefill tokens the expanded path computes; past MLA_DEC_RANGES runs, one span */
-    s->dec_rows_hold_prefill =
-        ar_mla_decode_runs(R, b->query_start_loc, is_dec, MLA_DEC_RANGES, s->dec_rows, &s->n_dec_ranges) != 0;
+    int dec_rows[2 * MLA_DEC_RANGES], n_dec_ranges = 0;
+    const bool dec_rows_hold_prefill =
+        ar_mla_decode_runs(R, b->query_start_loc, is_dec, MLA_DEC_RANGES, dec_rows, &n_dec_ranges) != 0;
     const int extra = s->cfg.fault == AR_FAULT_CAUSAL_OFF_BY_ONE ? 1 : 0;
     mla_plan plan;
     int plan_rc = ar_mla_build_plan(&plan, R, b->query_start_loc, b->seq_lens, is_dec, H, 1, extra, s->num_sms, s->force_splits);
@@ -509,7 +515,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     }
     /* cuBLAS's 16-bit copies of W_UV's float operand and result: here, not in a timed forward */
     int64_t dec_tok = 0;
-    for (int i = 0; i < s->n_dec_ranges; i++) dec_tok += s->dec_rows[2 * i + 1] - s->dec_rows[2 * i];
+    for (int i = 0; i < n_dec_ranges; i++) dec_tok += dec_rows[2 * i + 1] - dec_rows[2 * i];
     if (s->cublas_handle && dec_tok > 0 &&
         ((rc = mla_ensure(&s->stage_a, (size_t)dec_tok * H * DL * 2, "GEMM staging", err, err_len)) ||
          (rc = mla_ensure(&s->stage_c, (size_t)dec_tok * H * V * 2, "GEMM staging", err, err_len)))) {
@@ -523,8 +529,13 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     /* prefill tokens' latent rows are never written by the absorbed path; where the W_UV GEMM
      * reads some (one span over interleaved requests; its prefill rows are overwritten later)
      * or the planted no-W_UV fault copies every row, keep them defined */
-    if (n_pf_reqs > 0 && (s->dec_rows_hold_prefill || s->cfg.fault == AR_FAULT_MLA_NO_WUV))
+    if (n_pf_reqs > 0 && (dec_rows_hold_prefill || s->cfg.fault == AR_FAULT_MLA_NO_WUV))
         cudaMemsetAsync(s->olat.ptr, 0, (size_t)T * H * DL * 4, s->stream);
+    /* the SIMT decode kernel attends every token's latent query, the prefill tokens' too (their
+     * results are overwritten); the absorption writes only the decode rows, so keep the others
+     * defined */
+    if (n_pf_reqs > 0 && s->route.kind == AR_MLA_ROUTE_SIMT && !dec_rows_hold_prefill)
+        cudaMemsetAsync(s->qlat.ptr, 0, (size_t)T * H * D * 2, s->stream);
     if (out_new) cudaMemsetAsync(s->out.ptr, MLA_GUARD_BYTE, s->out.cap, s->stream);
     if (lse_new) cudaMemsetAsync(s->lse.ptr, MLA_GUARD_BYTE, s->lse.cap, s->stream);
     /* the payload moves with T: re-stamp the area after it */
@@ -541,6 +552,9 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->R = R;
     s->T = T;
     s->mbpr = mbpr;
+    memcpy(s->dec_rows, dec_rows, sizeof dec_rows);
+    s->n_dec_ranges = n_dec_ranges;
+    s->dec_rows_hold_prefill = dec_rows_hold_prefill;
     s->num_work = plan.num_work;
     s->num_ctas = plan.num_ctas;
     s->num_groups = plan.num_groups;

@@ -91,9 +91,9 @@ __global__ void __launch_bounds__(256) gemm_kernel(gemm_args g)
 }
 
 /* The same GEMM on the tensor cores (mma.sync m16n8k16, fp32 accumulate), taken for the GEMMs
- * cuBLAS does not run (W_UV's float operand, or every GEMM with AR_MLA_GEMM=tc or without
- * cuBLAS; AR_MLA_GEMM=simt takes the SIMT kernel above): the 64 x 64 tile of C in 8 warps, warp w on rows 16 (w % 4) .. + 16 and columns
- * 32 (w / 4) .. + 32, four 16 x 8 products a k16 step.  A is staged [m][k] and B transposed to
+ * cuBLAS does not run (every GEMM with AR_MLA_GEMM=tc or without cuBLAS, and the planted
+ * wrong-head fault's shifted weights; AR_MLA_GEMM=simt takes the SIMT kernel above): the 64 x 64
+ * tile of C in 8 warps, warp w on rows 16 (w % 4) .. + 16 and columns 32 (w / 4) .. + 32, four 16 x 8 products a k16 step.  A is staged [m][k] and B transposed to
  * [n][k], both as 16-bit dtype values, so that every fragment register is one 32-bit shared load
  * of a k pair.  A float A operand (the latent attention output before W_UV) is rounded to the
  * dtype on the way in, as vLLM's 16-bit attention output and the verifier's yardstick are; the
