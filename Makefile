@@ -285,6 +285,24 @@ test-gpu-sanitize: $(BIN) $(GPU_TESTS) $(SANITIZE_TESTS) $(BUILD)/tests/libcmock
 bench: $(BIN) $(BENCHES)
 gpu-build: $(BIN) $(GPU_TESTS) $(SANITIZE_TESTS) $(BENCHES) $(BUILD)/tests/libcmocka.so.0 $(if $(filter 1,$(HAVE_CUDA)),$(LABS))
 endif
+# `make gpu-carry`: everything the GPU machine (no development headers) runs, built here and packed
+# into one archive, GPU_CARRY: bin/attnreplay, the GPU tests, sanitizer tests, benchmarks and labs,
+# libcmocka, libattnreplay.so with the libraries it finds beside it (jansson, sqlite3, libdeflate;
+# the Python package loads it), the example and test plugins, and the GPU mutants' archive when
+# `make mutate-gpu-build` made one.  There: `xz -dc gpu-carry.tar.xz | tar xf -` in the checkout.
+GPU_CARRY ?= $(BUILD)/gpu-carry.tar.xz
+ifeq ($(HAVE_DEV_HEADERS),1)
+gpu-carry: gpu-build $(SHLIB) $(SHLIB_CARRY) $(PLUGINS) $(BROKEN_PLUGINS) $(FAULTY_PLUGINS) $(FAULTY_CUDA_PLUGINS)
+	@[ "$(HAVE_CUDA)" = 1 ] || { echo "make gpu-carry: needs nvcc (none found)" >&2; exit 1; }
+	@{ printf '%s\n' $(BIN) $(BIN).kind $(GPU_TESTS) $(SANITIZE_TESTS) $(BENCHES) $(LABS) \
+	     $(BUILD)/tests/libcmocka.so.0 $(SHLIB) $(SHLIB_CARRY) $(PLUGIN_DIR) $(BUILD)/tests/plugins \
+	     $(BUILD)/code-rev.txt; \
+	   [ -f $(MUTATE_OUT)/gpu-mutants.tar.xz ] && echo $(MUTATE_OUT)/gpu-mutants.tar.xz; true; } > $(GPU_CARRY).list
+	@tar cf - -T $(GPU_CARRY).list | xz -T2 --lzma2=preset=1,dict=256MiB > $(GPU_CARRY).tmp && mv $(GPU_CARRY).tmp $(GPU_CARRY)
+	@rm -f $(GPU_CARRY).list
+	@echo "make gpu-carry: $(GPU_CARRY), $$(du -h $(GPU_CARRY) | cut -f1)"
+endif
+
 # On the GPU machine (no dev headers) these run what was built on the development machine.
 test-gpu:
 	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/run_tests.sh $(GPU_TESTS)
@@ -386,7 +404,7 @@ MUTATE_ONLY ?=
 MUTATE_ARGS  = --src $(CURDIR) --build $(BUILD) --bin $(BIN) --main $(MAIN) --lib $(LIB) --cc '$(CC)' \
                --cflags '$(CFLAGS)' --link '$(CC) $(LDFLAGS)' --libs '$(LIBS)' $(if $(MUTATE_ONLY),--only $(MUTATE_ONLY)) \
                --test-objs '$(TEST_COMMON)' --test-cflags '$(CFLAGS) $(CUDA_CFLAGS)'
-.PHONY: mutate mutate-cpu mutate-gpu-build mutate-gpu
+.PHONY: mutate mutate-cpu mutate-gpu-build mutate-gpu gpu-carry
 mutate-cpu: deps $(BIN) $(TESTS)
 	@$(PYTHON) tests/mutate.py cpu $(MUTATE_ARGS) --out $(MUTATE_OUT)/cpu
 
