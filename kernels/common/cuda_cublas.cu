@@ -1,8 +1,8 @@
 /* cuda_cublas.cu - cuBLAS loaded at run time: the search for libcublas.so.13 (dlopen), the entry
  * points attnreplay calls, and one batched GEMM of 16-bit matrices in the element strides the
  * cuda-mla backend's projections use.  `calibrate` times its bf16 GEMM through it, and cuda-mla
- * runs its bf16 / fp16 projection GEMMs through it under AR_MLA_GEMM=cublas, as vLLM runs them
- * through torch's GEMMs.
+ * runs its bf16 / fp16 projection GEMMs through it by default, as vLLM runs them through torch's
+ * GEMMs.
  *
  * cuBLAS is not linked: the few entry points used are declared by hand in cuda_cublas.h (values
  * checked against CUDA 13's cublas_api.h and library_types.h) and resolved with dlsym, so the

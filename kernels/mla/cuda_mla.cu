@@ -25,8 +25,9 @@
  * loaded at run time) in 16 bits, as vLLM runs them; W_UV's float operand (the latent attention
  * output) is rounded to the dtype first and its result widened back (narrow_kernel, widen_kernel).
  * The planted wrong-head fault's shifted weights, and every GEMM where cuBLAS cannot load (said
- * once on stderr), run on the tensor-core kernel of mla_prefill.cuh.  AR_MLA_GEMM=cublas insists on cuBLAS (open refuses with exit 2 without it), =tc
- * takes the tensor-core kernel for all, =simt the SIMT kernel.
+ * once on stderr), run on the tensor-core kernel of mla_prefill.cuh.  AR_MLA_GEMM=cublas
+ * insists on cuBLAS (open refuses with exit 2 without it), =tc takes the tensor-core kernel for
+ * all, =simt the SIMT kernel.
  * Prefill attention (AR_MLA_PREFILL): by default the expanded path's attention runs on the
  * tensor-core kernel (prefill_attn_tc_kernel; DeepSeek's QK 192 / V 128, else the SIMT kernel);
  * =simt takes the SIMT kernel; =absorbed sends requests of more than
