@@ -641,55 +641,42 @@ static void fill_attn_args(mla_state *s, int layer, attn_args *a)
     a->kv_scale = (float)s->cfg.kv_scale;
 }
 
-/* cuBLAS: C = A B batched, A / B / C 16-bit with element strides (c's fields as gemm_args'). */
-static int cublas_gemm16(mla_state *s, const gemm_args &g, const void *A, int64_t a_b, int64_t a_m, void *C,
-                         int64_t c_b, int64_t c_m, int64_t c_n)
+/* cuBLAS: the GEMM g describes, all of it 16-bit (ar_cublas_gemm has gemm_args' fields). */
+static int cublas_gemm16(mla_state *s, const gemm_args &g)
 {
-    ar_cublas_gemm c;
-    c.batch = g.batch;
-    c.M = g.M;
-    c.N = g.N;
-    c.K = g.K;
-    c.A = A;
-    c.a_b = a_b;
-    c.a_m = a_m;
-    c.a_k = A == g.A ? g.a_k : 1;
-    c.B = g.B;
-    c.b_b = g.b_b;
-    c.b_k = g.b_k;
-    c.b_n = g.b_n;
-    c.C = C;
-    c.c_b = c_b;
-    c.c_m = c_m;
-    c.c_n = c_n;
-    c.bf16 = g.bf16;
+    const ar_cublas_gemm c = {g.batch, g.M, g.N, g.K, g.A, g.a_b, g.a_m, g.a_k, g.B,
+                              g.b_b, g.b_k, g.b_n, g.C, g.c_b, g.c_m, g.c_n, g.bf16};   /* field order */
     return ar_cublas_gemm_16(s->cublas_handle, &c);
 }
 
 /* One projection GEMM: through cuBLAS (the default where it loads) unless a planted fault
- * shifts its weights; a float operand or result (W_UV) is staged through 16-bit buffers
- * (narrow_kernel / widen_kernel: the rounding the tensor-core kernel does on the way in and
- * out).  Else the tensor-core kernel (all but AR_MLA_GEMM=simt) or the SIMT one. */
+ * shifts its weights; a float operand or result (W_UV) is staged through the 16-bit buffers
+ * mla_prepare sized (narrow_kernel / widen_kernel: the rounding the tensor-core kernel does on
+ * the way in and out; dense [M][batch][K] and [M][batch][N]).  Else the tensor-core kernel (all
+ * but AR_MLA_GEMM=simt) or the SIMT one. */
 static cudaError_t run_gemm(mla_state *s, const gemm_args &g)
 {
-    if (s->cublas_handle && g.b_shift == 0 && g.M > 0) {
-        const int64_t a_elems = (int64_t)g.M * g.batch * g.K, c_elems = (int64_t)g.M * g.batch * g.N;
-        char why[160];
-        if ((!g.a_bits16 && mla_ensure(&s->stage_a, (size_t)a_elems * 2, "GEMM staging", why, sizeof why)) ||
-            (!g.c_bits16 && mla_ensure(&s->stage_c, (size_t)c_elems * 2, "GEMM staging", why, sizeof why)))
-            return cudaErrorMemoryAllocation;
-        const void *A = g.A;
-        int64_t a_b = g.a_b, a_m = g.a_m;
+    const int64_t a_elems = (int64_t)g.M * g.batch * g.K, c_elems = (int64_t)g.M * g.batch * g.N;
+    const bool staged_fit = (g.a_bits16 || (size_t)a_elems * 2 <= s->stage_a.cap) &&
+                            (g.c_bits16 || (size_t)c_elems * 2 <= s->stage_c.cap);
+    if (s->cublas_handle && g.b_shift == 0 && g.M > 0 && staged_fit) {
+        gemm_args g16 = g;
         if (!g.a_bits16) {
             narrow_kernel<<<mla_grid(a_elems, 256), 256, 0, s->stream>>>((const float *)g.A, g.a_b, g.a_m, g.a_k,
                                                                        (uint16_t *)s->stage_a.ptr, g.batch, g.M, g.K,
                                                                        g.bf16);
-            A = s->stage_a.ptr;
-            a_b = g.K;
-            a_m = (int64_t)g.batch * g.K;
+            g16.A = s->stage_a.ptr;
+            g16.a_b = g.K;
+            g16.a_m = (int64_t)g.batch * g.K;
+            g16.a_k = 1;
         }
-        int status = g.c_bits16 ? cublas_gemm16(s, g, A, a_b, a_m, g.C, g.c_b, g.c_m, g.c_n)
-                                : cublas_gemm16(s, g, A, a_b, a_m, s->stage_c.ptr, g.N, (int64_t)g.batch * g.N, 1);
+        if (!g.c_bits16) {
+            g16.C = s->stage_c.ptr;
+            g16.c_b = g.N;
+            g16.c_m = (int64_t)g.batch * g.N;
+            g16.c_n = 1;
+        }
+        const int status = cublas_gemm16(s, g16);
         if (status == 0 && !g.c_bits16)
             widen_kernel<<<mla_grid(c_elems, 256), 256, 0, s->stream>>>((const uint16_t *)s->stage_c.ptr,
                                                                       (float *)g.C, g.c_b, g.c_m, g.c_n, g.batch,
