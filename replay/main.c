@@ -217,6 +217,22 @@ static int summary_done(const char *cmd, int rc)
     return rc != 0 ? rc : out;
 }
 
+/* The commands: name, another name it answers to, its main, and whether its stdout only
+ * summarises a product written elsewhere (summary_done) or is the output itself (output_done). */
+static const struct {
+    const char *name, *alias;
+    int (*run)(int argc, char **argv);
+    bool summary;
+} commands[] = {
+    {"replay", NULL, ar_replay_main, true},       {"merge", NULL, ar_merge_main, true},
+    {"info", NULL, info_main, false},             {"backends", NULL, ar_backends_main, false},
+    {"sim", NULL, ar_sim_main, true},             {"report", NULL, ar_report_main, true},
+    {"diff", NULL, ar_diff_main, false},          {"plan", NULL, ar_plan_main, true},
+    {"calibrate", NULL, ar_calibrate_main, true}, {"profile", NULL, ar_profile_main, true},
+    {"gen-samples", NULL, gen_samples_main, false}, {"export", NULL, ar_export_main, true},
+    {"version", "--version", version_main, false},
+};
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -233,20 +249,12 @@ int main(int argc, char **argv)
         sub_argc = 2;
         sub_argv = help_argv;
     }
-    if (strcmp(cmd, "replay") == 0) return summary_done(cmd, ar_replay_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "merge") == 0) return summary_done(cmd, ar_merge_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "info") == 0) return output_done(cmd, info_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "backends") == 0) return output_done(cmd, ar_backends_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "sim") == 0) return summary_done(cmd, ar_sim_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "report") == 0) return summary_done(cmd, ar_report_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "diff") == 0) return output_done(cmd, ar_diff_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "plan") == 0) return summary_done(cmd, ar_plan_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "calibrate") == 0) return summary_done(cmd, ar_calibrate_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "profile") == 0) return summary_done(cmd, ar_profile_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "gen-samples") == 0) return output_done(cmd, gen_samples_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "export") == 0) return summary_done(cmd, ar_export_main(sub_argc, sub_argv));
-    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0)
-        return output_done("version", version_main(sub_argc, sub_argv));
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(cmd, commands[i].name) != 0 && !(commands[i].alias && strcmp(cmd, commands[i].alias) == 0))
+            continue;
+        const int rc = commands[i].run(sub_argc, sub_argv);
+        return commands[i].summary ? summary_done(commands[i].name, rc) : output_done(commands[i].name, rc);
+    }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return output_done("help", 0);
