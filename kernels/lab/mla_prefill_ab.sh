@@ -2,7 +2,8 @@
 # mla_prefill_ab.sh - on the GPU machine: the cuda-mla backend's switches for the prefill path and
 # the projections' GEMMs, on a DeepSeek-V3 trace, each replayed and verified, in one run.
 #
-#   kernels/lab/mla_prefill_ab.sh            (OUT: where the logs go; LAB_BUDGET: seconds, 520)
+#   kernels/lab/mla_prefill_ab.sh            (OUT: where the logs go; LAB_BUDGET: seconds, 520;
+#                                           LAB_GPU_MLA=0 skips stage 1, run by make test-gpu too)
 #
 # The trace is `sim --workload synthetic:n=128,input=4096,output=48 --model deepseek-v3
 # --block-size 64 --max-num-batched-tokens 8192 --step-time roofline:h200` (112 steps: step 0 one
@@ -15,9 +16,9 @@
 #      2026-12-06 (AR_MLA_PREFILL=simt AR_MLA_GEMM=simt, about 1.5 s a step); then
 #      `attnreplay-py ratios` against the default, whole steps and the prefill mark alone
 #                                                                                -> mixed.txt
-#   3. steps 65-111 (decode-only): the default, AR_MLA_GEMM=tc and =simt         -> decode.txt
-#   4. where the FlashMLA and FlashInfer adapters import (.peers/built carried, kernels/peers/
+#   3. where the FlashMLA and FlashInfer adapters import (.peers/built carried, kernels/peers/
 #      README.md), both on steps 0-9 beside the default                        -> peers.txt
+#   4. steps 65-111 (decode-only): the default, AR_MLA_GEMM=tc and =simt         -> decode.txt
 # Every run goes into $OUT/mla_ab.db, so `attnreplay report` / `diff` can be run on it later.
 # Ratio = the other run's step time / the base run's; below 1, the other run is faster.
 set -u
@@ -68,9 +69,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&
   --max-num-batched-tokens 8192 --step-time roofline:h200 --quiet --out "$TRACE" || exit 1
 
 stage "gpu_mla"
+if [ "${LAB_GPU_MLA:-1}" = 1 ]; then
 timeout -s KILL 240 build/tests/gpu_mla >"$OUT/gpu_mla.txt" 2>&1
 echo "gpu_mla rc=$?"
 grep -E "^gemm [a-z]+, prefill [a-z]+:|tc prefill|decode runs|=cuBLAS|FAILED|PASSED|\[  FAILED|\[  ERROR" "$OUT/gpu_mla.txt" | tail -40
+fi
 
 stage "mixed steps 0-9"
 {
@@ -90,21 +93,6 @@ stage "mixed steps 0-9"
 cat "$OUT/mixed.txt"
 best=$(sed -n 's/^best=//p' "$OUT/mixed.txt")
 
-stage "decode-only steps 65-111"
-{
-  base=$(replay 65:111 default)
-  g=$(replay 65:111 tc-gemm AR_MLA_GEMM=tc)
-  b=$(replay 65:111 simt-gemm AR_MLA_GEMM=simt)
-  runs=()
-  for r in $g $b; do runs+=(--run "$r"); done
-  for r in $base $g $b; do marks "$r"; done
-  if [ -n "$base" ] && [ ${#runs[@]} -gt 0 ]; then
-    python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}"
-    python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}" --parts absorb,attn,combine,wuv
-  fi
-} >"$OUT/decode.txt" 2>&1
-cat "$OUT/decode.txt"
-
 stage "peers"
 {
   runs=()
@@ -122,4 +110,19 @@ stage "peers"
   fi
 } >"$OUT/peers.txt" 2>&1
 tail -30 "$OUT/peers.txt"
+stage "decode-only steps 65-111"
+{
+  base=$(replay 65:111 default)
+  g=$(replay 65:111 tc-gemm AR_MLA_GEMM=tc)
+  b=$(replay 65:111 simt-gemm AR_MLA_GEMM=simt)
+  runs=()
+  for r in $g $b; do runs+=(--run "$r"); done
+  for r in $base $g $b; do marks "$r"; done
+  if [ -n "$base" ] && [ ${#runs[@]} -gt 0 ]; then
+    python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}"
+    python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}" --parts absorb,attn,combine,wuv
+  fi
+} >"$OUT/decode.txt" 2>&1
+cat "$OUT/decode.txt"
+
 stage "done"
