@@ -36,7 +36,9 @@
  * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
- *    chunked through the workspace), fp8 cache, 128 heads; and every planted fault flagged.
+ *    chunked through the workspace), fp8 cache, 128 heads; each setting of AR_MLA_GEMM and
+ *    AR_MLA_PREFILL (the Hopper prefill attention, AR_MLA_PREFILL=wgmma, on compute capability
+ *    9.0; refused elsewhere); and every planted fault flagged.
  * 4. A trace from the simulator's deepseek-v3 preset replays through bin/attnreplay on cuda-mla
  *    with every verified step passing (skips when this build does not register cuda-mla).
  * Every test skips with the backend's reason when there is no GPU. */
