@@ -121,7 +121,8 @@ typedef struct ar_kernel_time {
  *   cuda-mla  "mla-decode:ROUTE[+split]" (ROUTE the decision function's kernel: tc-wgmma,
  *             tc-wgmma-cpasync, tc-narrow-bulk, tc-narrow, tc-split-qk, simt), "mla-prefill:new",
  *             "mla-prefill:context", "mla-prefill-attn:tc" (the prefill passes' attention on the
- *             tensor-core kernel, the default for QK 192 / V 128), "kv-fp8"
+ *             tensor-core kernel, the default for QK 192 / V 128), "mla-prefill-attn:wgmma" (on
+ *             the Hopper wgmma kernel, AR_MLA_PREFILL=wgmma), "kv-fp8"
  *   plugins   "plugin:NAME"
  * Paths are derived from the plan the backend's decision function made (no kernel reports). */
 #define AR_MAX_PATHS 8

@@ -36,7 +36,9 @@
  * 3. The backend end to end (open / fill / prepare / forward) on DeepSeek-V3 dims against the
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
- *    chunked through the workspace), fp8 cache, 128 heads; and every planted fault flagged.
+ *    chunked through the workspace), fp8 cache, 128 heads; each setting of AR_MLA_GEMM and
+ *    AR_MLA_PREFILL (the Hopper prefill attention, AR_MLA_PREFILL=wgmma, on compute capability
+ *    9.0; refused elsewhere); and every planted fault flagged.
  * 4. A trace from the simulator's deepseek-v3 preset replays through bin/attnreplay on cuda-mla
  *    with every verified step passing (skips when this build does not register cuda-mla).
  * Every test skips with the backend's reason when there is no GPU. */
@@ -1222,8 +1224,8 @@ static int cublas_loads(void)
  * decode batches in bf16 and fp16, the mixed batch (prefills over several context chunks:
  * tiles of 64 tokens, a partial last tile, partial key tiles) in bf16, fp16 and over an fp8
  * cache, and prefills without context (one pass, no merge) in bf16.  gemm: AR_MLA_GEMM,
- * prefill: AR_MLA_PREFILL (NULL: unset, the defaults); each run's plan must say the kernels
- * asked for ran. */
+ * prefill: AR_MLA_PREFILL (NULL: unset, the defaults; "wgmma" only where the device runs it);
+ * each run's plan must say the kernels asked for ran. */
 static void check_switches(const char *gemm, const char *prefill)
 {
     if (gemm) setenv("AR_MLA_GEMM", gemm, 1);
@@ -1232,7 +1234,8 @@ static void check_switches(const char *gemm, const char *prefill)
     else unsetenv("AR_MLA_PREFILL");
     const int want_tc = !(gemm && strcmp(gemm, "simt") == 0);
     const int want_cublas = gemm ? strcmp(gemm, "cublas") == 0 : cublas_loads();
-    const int want_pf_tc = !(prefill && strcmp(prefill, "simt") == 0);
+    const int want_pf_wgmma = prefill && strcmp(prefill, "wgmma") == 0;
+    const int want_pf_tc = !(prefill && strcmp(prefill, "simt") == 0) && !want_pf_wgmma;
     static const struct {
         int block_size, num_blocks;
         ar_dtype dt, kv;
@@ -1269,6 +1272,7 @@ static void check_switches(const char *gemm, const char *prefill)
             else
                 assert_true(r.plan.num_context_chunks >= 4);
             assert_int_equal(r.plan.prefill_tc, want_pf_tc);
+            assert_int_equal(r.plan.prefill_wgmma, want_pf_wgmma);
             /* mixed_batch: decodes at 0 and 2, prefills between; fresh_batch: one decode */
             assert_int_equal(r.plan.decode_row_runs, cases[i].mixed == 2 ? 1 : 2);
             assert_int_equal(r.plan.decode_rows_span, 0);
@@ -1298,6 +1302,41 @@ static void test_gemm_switches(void **st)
     check_switches("tc", "simt");
     check_switches("simt", NULL);
     check_switches("simt", "simt");
+}
+
+/* AR_MLA_PREFILL=wgmma: the prefill attention on the Hopper wgmma kernel against the float64
+ * reference in check_switches' batches (bf16, fp16 and an fp8 cache; prefills of 129 to 200
+ * tokens: tiles of 64 and a partial last one, over several context chunks and without context,
+ * partial key tiles), with the projections on the default GEMMs and on the tensor-core kernel.
+ * Off compute capability 9.0 the switch is refused at open (exit 2), as it is for a model whose
+ * QK / V dims are not 192 / 128 (any device). */
+static void test_wgmma_prefill_switch(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    char why[512] = "";
+    const bool wgmma = wgmma_available(why, sizeof why);
+    for (int shape = 0; shape < 2; shape++) {
+        if (shape == 0 && wgmma) continue;
+        ar_run_config cfg = mla_cfg(16, 16, 64, AR_BF16, AR_BF16, 1.0);
+        if (shape == 1) cfg.model.qk_nope_head_dim = 64;
+        setenv("AR_MLA_PREFILL", "wgmma", 1);
+        void *state = NULL;
+        char err[512] = "";
+        int rc = ar_cuda_mla_backend.open(&cfg, &state, err, sizeof err);
+        unsetenv("AR_MLA_PREFILL");
+        print_message("AR_MLA_PREFILL=wgmma, %s: open %d: %s\n", shape ? "QK 128" : why, rc, err);
+        if (rc == 0) ar_cuda_mla_backend.close(state);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(err, "AR_MLA_PREFILL=wgmma"));
+    }
+    if (!wgmma) {
+        print_message("skipping the wgmma runs: %s\n", why);
+        skip();
+        return;
+    }
+    check_switches(NULL, "wgmma");
+    check_switches("tc", "wgmma");
 }
 
 /* AR_MLA_GEMM=cublas named: cuBLAS runs, where it loads. */
@@ -1363,7 +1402,8 @@ static void test_interleaved_decode_rows(void **st)
 }
 
 /* Every kernel-side fault must break the comparison (metadata faults are the engine's), on the
- * decode path, the prefill path and the prefill path's tensor-core attention. */
+ * decode path, the prefill path and the prefill path's tensor-core attention (mma.sync, and
+ * wgmma where the device runs it). */
 static void test_faults_flagged(void **st)
 {
     (void)st;
@@ -1372,12 +1412,16 @@ static void test_faults_flagged(void **st)
                                       AR_FAULT_LSE_BASE2, AR_FAULT_MERGE_NO_WEIGHTS, AR_FAULT_MLA_NO_WUV};
     const req_case dec[] = {{4, 40}, {2, 300}, {1, 90}};
     const req_case pf[] = {{150, 40}, {1, 20}};
+    char why[512] = "";
+    const int paths = wgmma_available(why, sizeof why) ? 4 : 3;
+    if (paths == 3) print_message("the wgmma prefill left out: %s\n", why);
     for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) {
-        for (int path = 0; path < 3; path++) {
+        for (int path = 0; path < paths; path++) {
             ar_run_config cfg = mla_cfg(16, 16, 512, AR_BF16, AR_BF16, 1.0);
             cfg.fault = faults[i];
             e2e_result r;
             if (path == 1) setenv("AR_MLA_PREFILL", "simt", 1);
+            if (path == 3) setenv("AR_MLA_PREFILL", "wgmma", 1);
             if (path == 0)
                 run_e2e(&cfg, dec, 3, faults[i] == AR_FAULT_MERGE_NO_WEIGHTS ? 4 : 0, 1, &r);
             else
@@ -1385,9 +1429,10 @@ static void test_faults_flagged(void **st)
             unsetenv("AR_MLA_PREFILL");
             char what[96];
             snprintf(what, sizeof what, "fault %s (%s)", ar_fault_name(faults[i]),
-                     path == 0 ? "decode" : path == 1 ? "prefill" : "tc prefill");
+                     path == 0 ? "decode" : path == 1 ? "prefill" : path == 2 ? "tc prefill" : "wgmma prefill");
             report(what, &r);
             assert_int_equal(r.plan.prefill_tc, path == 2);
+            assert_int_equal(r.plan.prefill_wgmma, path == 3);
             assert_false(e2e_pass(&r));
         }
     }
@@ -1475,6 +1520,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_default_switches, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_gemm_switches, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_wgmma_prefill_switch, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_cublas_gemm, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_switch_refused, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_interleaved_decode_rows, test_setup, test_teardown),

@@ -4,9 +4,10 @@
  * 128-byte swizzle, the warpgroup fence / commit / wait instructions, the generic-to-async proxy
  * fence, register reallocation between warpgroups (setmaxnreg), and the tensor memory accelerator
  * (TMA) loads that copy a box of a global tensor into shared memory and complete on an mbarrier
- * (the tensor maps are encoded on the host, ar_tma_encode in cuda_host.cuh).  Nothing here is
- * specific to a matrix shape; the wgmma instructions themselves live beside the kernels that
- * use them.  Everything is in namespace ar_wg. */
+ * (the tensor maps are encoded on the host, ar_tma_encode in cuda_host.cuh), the 128-byte
+ * swizzled tile layout, and the wgmma products more than one backend issues (m64n128k16 with A
+ * from registers, m64n64k16 with both operands in shared memory); the other wgmma shapes live
+ * beside the kernels that use them.  Everything is in namespace ar_wg. */
 #ifndef AR_CUDA_WGMMA_CUH
 #define AR_CUDA_WGMMA_CUH
 
@@ -104,6 +105,98 @@ template <int N> __device__ __forceinline__ void fence_regs(float (&d)[N])
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
+/* The same for an accumulator held as [N][M] floats. */
+template <int N, int M> __device__ __forceinline__ void fence_regs(float (&d)[N][M])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int j = 0; j < M; j++) asm volatile("" : "+f"(d[i][j])::"memory");
+}
+
+/* Byte offset of (row, 16-byte chunk) in a 128-byte-swizzled K-major tile stored as 64-dim column
+ * parts (dims 0-63, 64-127, ...) of [rows][128 bytes], PART_BYTES apart, each part starting on a
+ * 1024-byte boundary: chunk c of row r lies at chunk position c ^ (r & 7) of its part's row. */
+template <int PART_BYTES> __device__ __forceinline__ uint32_t wg_swizzle(int row, int chunk)
+{
+    return (uint32_t)((chunk >> 3) * PART_BYTES + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+/* The products, 16-bit operands (BF16: bf16, else fp16) and float accumulators.  The accumulator
+ * d of an m64nN product holds N / 2 floats a thread: element i is row 16 (warp % 4) + lane / 4 +
+ * 8 ((i >> 1) & 1) of the warpgroup's 64, column 8 (i >> 2) + 2 (lane % 4) + (i & 1) (the layout
+ * of N / 8 mma.sync m16n8 tiles side by side).  An A operand from registers (a[4]) is the
+ * mma.sync m16n8k16 A fragment of the warp's 16 rows, so the accumulator of S = Q K^T converts
+ * in place to the A operand of P V.  accumulate 0: d = A B. */
+/* d [64 x 128] (+)= A B, A from registers, B [16 x 128] from shared memory (desc_b): TRANS_B
+ * true reads B transposed ("MN-major": its N side contiguous, as V stored [keys][dims] for
+ * P V), false K-major (as K stored [keys][dims] for S = Q K^T). */
+template <bool BF16, bool TRANS_B>
+__device__ __forceinline__ void mma_rs_m64n128(float *d, const uint32_t a[4], uint64_t desc_b, int accumulate);
+/* d [64 x 64] (+)= A B, A (desc_a: 64 rows) and B (desc_b: 64 rows) both from shared memory and
+ * K-major. */
+template <bool BF16>
+__device__ __forceinline__ void mma_ss_m64n64(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* The inline-assembly pieces: the accumulator operands ("+f"(d[0]) ..) and each instruction's
+ * text with the operand type (TY: ".bf16" or ".f16") left open. */
+#define AR_WG_ACC32(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define AR_WG_ACC64(d) \
+    AR_WG_ACC32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), \
+    "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), \
+    "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), \
+    "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+    "+f"(d[63])
+/* TNSP "1": B transposed, "0": K-major; the accumulate flag is operand 69 */
+#define AR_WGMMA_RS128_TEXT(TY, TNSP) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, " \
+    "1, 1, " TNSP ";\n}\n"
+/* the accumulate flag is operand 34 */
+#define AR_WGMMA_SS64_TEXT(TY) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32" TY TY " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+
+template <bool BF16, bool TRANS_B>
+__device__ __forceinline__ void mma_rs_m64n128(float *d, const uint32_t a[4], uint64_t desc_b, int accumulate)
+{
+    if constexpr (BF16 && TRANS_B)
+        asm volatile(AR_WGMMA_RS128_TEXT(".bf16", "1") : AR_WG_ACC64(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+    else if constexpr (BF16)
+        asm volatile(AR_WGMMA_RS128_TEXT(".bf16", "0") : AR_WG_ACC64(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+    else if constexpr (TRANS_B)
+        asm volatile(AR_WGMMA_RS128_TEXT(".f16", "1") : AR_WG_ACC64(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile(AR_WGMMA_RS128_TEXT(".f16", "0") : AR_WG_ACC64(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+template <bool BF16>
+__device__ __forceinline__ void mma_ss_m64n64(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate)
+{
+    if constexpr (BF16)
+        asm volatile(AR_WGMMA_SS64_TEXT(".bf16") : AR_WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile(AR_WGMMA_SS64_TEXT(".f16") : AR_WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+#undef AR_WG_ACC32
+#undef AR_WG_ACC64
+#undef AR_WGMMA_RS128_TEXT
+#undef AR_WGMMA_SS64_TEXT
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* ---- TMA (cp.async.bulk.tensor); tmap = the address of a CUtensorMap kernel parameter declared
  * const __grid_constant__ (or of one in global memory) ---- */

@@ -10,7 +10,8 @@
  *     W_UV up-projection and the prefill path; timed, guarded, copied back.
  * The pieces it drives live in kernels/mla/: mla_route.c (the decision function and a route's
  * plan), mla_plan.c (the planner), mla_decode.h / mla_decode.cu (the decode launch and its
- * kernels), mla_prefill.cuh (GEMM and prefill kernels),
+ * kernels), mla_prefill.cuh (GEMM and prefill kernels), mla_prefill_wgmma.cuh (the prefill
+ * attention on wgmma),
  * mla_inputs.cuh (generator and cache write), mla_common.cuh (shapes, arguments, helpers).
  *
  * Timed part of forward (CUDA events; one untimed warm-up at the first forward and before every
@@ -30,7 +31,8 @@
  * all, =simt the SIMT kernel.
  * Prefill attention (AR_MLA_PREFILL): by default the expanded path's attention runs on the
  * tensor-core kernel (prefill_attn_tc_kernel; DeepSeek's QK 192 / V 128, else the SIMT kernel);
- * =simt takes the SIMT kernel; =absorbed sends requests of more than
+ * =simt takes the SIMT kernel; =wgmma the Hopper kernel (prefill_attn_wgmma_kernel: QK 192 / V
+ * 128 on compute capability 9.0 only, else open refuses with exit 2); =absorbed sends requests of more than
  * AR_CUDA_MLA_DECODE_THRESHOLD query tokens down the absorbed decode path too, as FlashMLA's
  * and FlashInfer's adapters do (for comparisons).  Other values of either are refused (exit 2).
  * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk forces the decode kernel (for comparisons;
@@ -52,6 +54,7 @@
 #include "mla_decode.h"
 #include "mla_inputs.cuh"
 #include "mla_prefill.cuh"
+#include "mla_prefill_wgmma.cuh"
 
 #define MLA_GUARD_BYTES 4096
 #define MLA_DEC_RANGES 16   /* runs of decode tokens given their own absorption / W_UV GEMMs */
@@ -142,7 +145,9 @@ typedef struct mla_state {
     bool gemm_cublas_asked;         /* AR_MLA_GEMM=cublas named: refuse to open without cuBLAS */
     const ar_cublas_api *cublas;
     void *cublas_handle;            /* on s->stream */
-    bool prefill_tc;                /* QK 192 / V 128 and not AR_MLA_PREFILL=simt: prefill_attn_tc_kernel */
+    bool prefill_tc;                /* QK 192 / V 128 and not AR_MLA_PREFILL=simt or wgmma: prefill_attn_tc_kernel */
+    bool prefill_wgmma;             /* AR_MLA_PREFILL=wgmma (QK 192 / V 128, compute capability 9.0):
+                                       prefill_attn_wgmma_kernel, its shared memory limit raised at open */
     bool prefill_tc_smem_set;       /* its dynamic shared memory limit raised */
     int workspace_tokens;
     ar_cuda_mla_plan_info info;
@@ -221,15 +226,17 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
     /* AR_MLA_PREFILL: the prefill path's attention on the tensor-core kernel (tc, the default,
      * for DeepSeek's QK 192 / V 128; other shapes keep the SIMT one), on the SIMT kernel (simt),
-     * or every request on the absorbed decode kernels, prefill chunks too, as FlashMLA's and
+     * on the Hopper wgmma kernel (wgmma: refused with exit 2 where it cannot run, below), or
+     * every request on the absorbed decode kernels, prefill chunks too, as FlashMLA's and
      * FlashInfer's adapters run them (absorbed, for comparisons; the others keep vLLM's split,
      * semantics 7.3).  AR_MLA_GEMM: the projection GEMMs through cuBLAS (cublas, the default:
      * the tensor-core kernel where cuBLAS cannot load), on the tensor-core kernel (tc) or on the
      * SIMT one (simt).  Any other value is refused. */
     const char *pf_env = getenv("AR_MLA_PREFILL"), *gemm_env = getenv("AR_MLA_GEMM");
-    if (pf_env && *pf_env && strcmp(pf_env, "tc") && strcmp(pf_env, "simt") && strcmp(pf_env, "absorbed")) {
-        snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=%s: not one of tc (the default), simt, absorbed",
-                 pf_env);
+    if (pf_env && *pf_env && strcmp(pf_env, "tc") && strcmp(pf_env, "simt") && strcmp(pf_env, "wgmma") &&
+        strcmp(pf_env, "absorbed")) {
+        snprintf(err, err_len,
+                 "cuda-mla backend: AR_MLA_PREFILL=%s: not one of tc (the default), simt, wgmma, absorbed", pf_env);
         free(s);
         return 2;
     }
@@ -240,7 +247,15 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     }
     const bool pf_named = pf_env && *pf_env, gemm_named = gemm_env && *gemm_env;
     s->use_prefill = !(pf_named && strcmp(pf_env, "absorbed") == 0);
-    s->prefill_tc = !(pf_named && strcmp(pf_env, "simt") == 0) && s->P + DR == PF_TC_QK && s->V == PF_TC_V;
+    const bool pf_shape = s->P + DR == PF_TC_QK && s->V == PF_TC_V;
+    s->prefill_wgmma = pf_named && strcmp(pf_env, "wgmma") == 0;
+    s->prefill_tc = !(pf_named && strcmp(pf_env, "simt") == 0) && !s->prefill_wgmma && pf_shape;
+    if (s->prefill_wgmma && !pf_shape) {
+        snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=wgmma: the wgmma kernel needs QK 192 / V 128 "
+                 "(qk_nope_head_dim %d, v_head_dim %d)", s->P, s->V);
+        free(s);
+        return 2;
+    }
     s->gemm_cublas = !gemm_named || strcmp(gemm_env, "cublas") == 0;
     s->gemm_cublas_asked = gemm_named && s->gemm_cublas;
     s->gemm_tc = !(gemm_named && strcmp(gemm_env, "simt") == 0);
@@ -258,6 +273,24 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     }
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->num_sms = prop.multiProcessorCount;
+    if (s->prefill_wgmma) {   /* the sm_90a code of the build runs on compute capability 9.0 only */
+        cudaError_t e = cudaSuccess;
+        if (prop.major != 9 || prop.minor != 0 ||
+            (e = cudaFuncSetAttribute(prefill_attn_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      PF_WG_SMEM)) != cudaSuccess ||
+            (e = cudaFuncSetAttribute(prefill_attn_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      PF_WG_SMEM)) != cudaSuccess) {
+            if (e != cudaSuccess)
+                snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=wgmma: the wgmma kernel's shared memory: %s",
+                         cudaGetErrorString(e));
+            else
+                snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=wgmma: the wgmma kernel needs compute "
+                         "capability 9.0 (this device: %d.%d)", prop.major, prop.minor);
+            cudaGetLastError();
+            free(s);
+            return 2;
+        }
+    }
     s->caps = mla_probe(s->device);
     if ((rc = mla_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
@@ -739,26 +772,22 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
                 if ((e = run_gemm(s, g)) != cudaSuccess) return e;
             }
         }
-        if (s->prefill_tc) {
-            dim3 grid((unsigned)s->n_pf_tiles, (unsigned)H);
-            if (!s->prefill_tc_smem_set) {   /* more than the 48 KiB a launch gets unasked */
-                if ((e = cudaFuncSetAttribute(prefill_attn_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              PF_TC_SMEM)) != cudaSuccess ||
-                    (e = cudaFuncSetAttribute(prefill_attn_tc_kernel<false>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, PF_TC_SMEM)) != cudaSuccess)
-                    return e;
-                s->prefill_tc_smem_set = true;
-            }
-            if (s->bf16)
-                prefill_attn_tc_kernel<true><<<grid, 128, PF_TC_SMEM, s->stream>>>(
-                    a, s->d_pf_tok, s->d_pf_tiles, s->d_tpos, (const uint16_t *)s->qnope.ptr,
-                    (const uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke,
-                    (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
-            else
-                prefill_attn_tc_kernel<false><<<grid, 128, PF_TC_SMEM, s->stream>>>(
-                    a, s->d_pf_tok, s->d_pf_tiles, s->d_tpos, (const uint16_t *)s->qnope.ptr,
-                    (const uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke,
-                    (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
+        if (s->prefill_tc && !s->prefill_tc_smem_set) {   /* more than the 48 KiB a launch gets unasked */
+            if ((e = cudaFuncSetAttribute(prefill_attn_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          PF_TC_SMEM)) != cudaSuccess ||
+                (e = cudaFuncSetAttribute(prefill_attn_tc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          PF_TC_SMEM)) != cudaSuccess)
+                return e;
+            s->prefill_tc_smem_set = true;
+        }
+        if (s->prefill_tc || s->prefill_wgmma) {
+            /* the two tensor-core kernels take the same arguments: one CTA a query tile and head */
+            auto *kernel = s->prefill_wgmma ? (s->bf16 ? prefill_attn_wgmma_kernel<true> : prefill_attn_wgmma_kernel<false>)
+                                            : (s->bf16 ? prefill_attn_tc_kernel<true> : prefill_attn_tc_kernel<false>);
+            const int smem = s->prefill_wgmma ? PF_WG_SMEM : PF_TC_SMEM;
+            kernel<<<dim3((unsigned)s->n_pf_tiles, (unsigned)H), 128, smem, s->stream>>>(
+                a, s->d_pf_tok, s->d_pf_tiles, s->d_tpos, (const uint16_t *)s->qnope.ptr, (const uint16_t *)s->ws_k.ptr,
+                (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke, (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
         } else {
             prefill_attn_kernel<<<s->n_pf_tok * H, SIMT_THREADS, 0, s->stream>>>(
                 a, s->d_pf_tok, s->d_tpos, (const uint16_t *)s->qnope.ptr, (const uint16_t *)s->ws_k.ptr,
@@ -960,6 +989,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     if (s->n_pf_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
     if (s->n_pf_reqs > 0 && s->info.num_context_chunks > 0) ar_forward_add_path(o, "mla-prefill:context");
     if (s->n_pf_reqs > 0 && s->prefill_tc) ar_forward_add_path(o, "mla-prefill-attn:tc");
+    if (s->n_pf_reqs > 0 && s->prefill_wgmma) ar_forward_add_path(o, "mla-prefill-attn:wgmma");
     if (s->fp8) ar_forward_add_path(o, "kv-fp8");
 
     o->dev_out = (const char *)s->out.ptr + MLA_GUARD_BYTES;
@@ -1006,6 +1036,7 @@ extern "C" void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
         info->gemm_tc = s->gemm_tc;
         info->gemm_cublas = s->cublas_handle != NULL;
         info->prefill_tc = s->prefill_tc && s->n_pf_reqs > 0;
+        info->prefill_wgmma = s->prefill_wgmma && s->n_pf_reqs > 0;
         info->decode_row_runs = s->n_dec_ranges;
         info->decode_rows_span = s->dec_rows_hold_prefill;
     }

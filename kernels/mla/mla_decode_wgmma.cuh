@@ -75,7 +75,7 @@ __host__ __device__ constexpr int wg_tma_rows_log2(int bs_log2) { return bs_log2
 /* Byte offset of (row, 16-byte chunk 0..71) in a swizzled 64-row tile. */
 __device__ __forceinline__ uint32_t wg_swz(int row, int chunk)
 {
-    return (uint32_t)((chunk >> 3) * WG_ATOM + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+    return ar_wg::wg_swizzle<WG_ATOM>(row, chunk);
 }
 
 /* This CTA's dynamic shared memory from its first 1024-byte boundary (the 128-byte swizzle
@@ -127,38 +127,22 @@ template <bool BF16> __device__ __forceinline__ void wgmma_pv(float (&d)[32][4],
     else
         asm volatile(WGMMA_PV_TEXT(".f16") : WG_ACC_X32(d) : "l"(desc_a), "l"(desc_b), "r"(1));
 }
+#undef WGMMA_PV_TEXT
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* Keeps the compiler from moving reads or writes of accumulators across an in-flight wgmma. */
 template <int N> __device__ __forceinline__ void wg_fence_acc(float (&d)[N][4])
 {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+    ar_wg::fence_regs(d);
 }
 
 /* S [64 rows x 64 keys, accumulator layout: element (nt, e) is row 16 * (warp % 4) + lane / 4 +
  * 8 * (e >> 1), key 8 nt + 2 (lane % 4) + (e & 1), the layout of mma.sync m16n8 tiles] (+)= A B
- * (both K-major). */
-template <bool BF16> __device__ __forceinline__ void wgmma_qk64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int accumulate);
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WGMMA_QK64_TEXT(TY) \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n64k16.f32" TY TY " " \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+ * (both K-major; ar_wg::mma_ss_m64n64). */
 template <bool BF16> __device__ __forceinline__ void wgmma_qk64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int accumulate)
 {
-    if constexpr (BF16)
-        asm volatile(WGMMA_QK64_TEXT(".bf16") : WG_ACC_X8(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-    else
-        asm volatile(WGMMA_QK64_TEXT(".f16") : WG_ACC_X8(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    ar_wg::mma_ss_m64n64<BF16>(&d[0][0], desc_a, desc_b, accumulate);
 }
-#undef WGMMA_PV_TEXT
-#undef WGMMA_QK64_TEXT
-#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* cp.async of the Q tile (rows row0 .. row0 + 63 of request r's tokens, zeros at and past
  * nrows) into the swizzled tile at sq, by NTHR threads (this one is number i). */

@@ -9,7 +9,9 @@
  *     dim 192, V dim 128) and attended causally; the context is up-projected in chunks bounded
  *     by a workspace and attended non-causally; the chunk results and the new-token result are
  *     merged by LSE (vLLM merge_attn_states).  The attention is a tensor-core kernel for
- *     DeepSeek's QK 192 / V 128 (the default), else, or with AR_MLA_PREFILL=simt, a SIMT one.
+ *     DeepSeek's QK 192 / V 128 (the default), else, or with AR_MLA_PREFILL=simt, a SIMT one;
+ *     AR_MLA_PREFILL=wgmma takes the tensor-core kernel's Hopper twin (mla_prefill_wgmma.cuh),
+ *     which shares its loads, softmax and stores (the pf_* helpers below).
  * Included by cuda_mla.cu (run_prefill and run_pass drive them). */
 #ifndef AR_MLA_PREFILL_CUH
 #define AR_MLA_PREFILL_CUH
@@ -356,7 +358,8 @@ __global__ void __launch_bounds__(SIMT_THREADS) prefill_attn_kernel(
         pass_lse[(int64_t)n * a.num_tokens + t] = l > 0.f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
 }
 
-/* Tensor-core prefill attention (the default; AR_MLA_PREFILL=simt takes the SIMT kernel): the
+/* Tensor-core prefill attention (the default; AR_MLA_PREFILL=simt takes the SIMT kernel, =wgmma
+ * prefill_attn_wgmma_kernel, mla_prefill_wgmma.cuh): the
  * pass prefill_attn_kernel computes, for DeepSeek's shapes only (QK = 128 + 64 = 192, V = 128),
  * FlashAttention-2 style on mma.sync m16n8k16.  A CTA (4 warps, 16 query rows each) takes one tile of at most 64 prefill tokens of
  * one request (pf_tiles) and one head (blockIdx.y; the tiles of one head run side by side, so
@@ -379,26 +382,144 @@ constexpr int PF_TC_KS = PF_TC_QK + 8, PF_TC_VS = PF_TC_V + 8;   /* row strides:
 constexpr int PF_TC_STAGE = PF_TC_KEYS * (PF_TC_KS + PF_TC_VS);  /* 16-bit elements a stage */
 constexpr int PF_TC_SMEM = 2 * PF_TC_STAGE * 2;
 
-/* One key tile (rows k0 .. k0 + cnt - 1 of the workspace, head n) into a stage by cp.async;
- * rows past cnt are zero-filled (0 x garbage could be NaN) and get position INT_MAX. */
-__device__ __forceinline__ void pf_tc_load_tile(uint16_t *stage, int *kpos, const uint16_t *ws_k,
-                                                const uint16_t *ws_v, const int *row_pos, int k0, int cnt,
-                                                int H, int n)
+/* One key tile (rows k0 .. k0 + cnt - 1 of the workspace, head n) into shared memory by cp.async,
+ * one group: the 16-byte chunk of key j at dims c8 .. c8 + 7 goes to k_dst(j, c8) (K) or
+ * v_dst(j, c8) (V); rows past cnt are zero-filled (0 x garbage could be NaN) and get position
+ * INT_MAX.  Both prefill tensor-core kernels load through it (their shared layouts differ). */
+template <typename KDst, typename VDst>
+__device__ __forceinline__ void pf_load_keys(KDst k_dst, VDst v_dst, int *kpos, const uint16_t *ws_k,
+                                             const uint16_t *ws_v, const int *row_pos, int k0, int cnt, int H, int n)
 {
     constexpr int QK = PF_TC_QK, V = PF_TC_V;
-    uint16_t *Ks = stage, *Vs = stage + PF_TC_KEYS * PF_TC_KS;
     for (int e = threadIdx.x; e < PF_TC_KEYS * (QK / 8); e += blockDim.x) {
         const int j = e / (QK / 8), c8 = (e % (QK / 8)) * 8;
         const bool in = j < cnt;
-        cp_async16(Ks + j * PF_TC_KS + c8, in ? ws_k + ((int64_t)(k0 + j) * H + n) * QK + c8 : ws_k, in);
+        cp_async16(k_dst(j, c8), in ? ws_k + ((int64_t)(k0 + j) * H + n) * QK + c8 : ws_k, in);
     }
     for (int e = threadIdx.x; e < PF_TC_KEYS * (V / 8); e += blockDim.x) {
         const int j = e / (V / 8), c8 = (e % (V / 8)) * 8;
         const bool in = j < cnt;
-        cp_async16(Vs + j * PF_TC_VS + c8, in ? ws_v + ((int64_t)(k0 + j) * H + n) * V + c8 : ws_v, in);
+        cp_async16(v_dst(j, c8), in ? ws_v + ((int64_t)(k0 + j) * H + n) * V + c8 : ws_v, in);
     }
     if ((int)threadIdx.x < PF_TC_KEYS) kpos[threadIdx.x] = (int)threadIdx.x < cnt ? row_pos[k0 + threadIdx.x] : INT_MAX;
     cp_async_commit();
+}
+
+/* The tc kernel's stage: K and V as padded rows. */
+__device__ __forceinline__ void pf_tc_load_tile(uint16_t *stage, int *kpos, const uint16_t *ws_k,
+                                                const uint16_t *ws_v, const int *row_pos, int k0, int cnt,
+                                                int H, int n)
+{
+    uint16_t *Ks = stage, *Vs = stage + PF_TC_KEYS * PF_TC_KS;
+    pf_load_keys([=](int j, int c8) { return Ks + j * PF_TC_KS + c8; },
+                 [=](int j, int c8) { return Vs + j * PF_TC_VS + c8; }, kpos, ws_k, ws_v, row_pos, k0, cnt, H, n);
+}
+
+/* The 16 bytes of query row th (token x heads + head) at dims c8 .. c8 + 7 of [q_nope | q_pe]. */
+__device__ __forceinline__ const uint16_t *pf_q_chunk(const attn_args &a, const uint16_t *q_nope, int64_t th, int c8)
+{
+    constexpr int P = PF_TC_QK - DR;
+    return c8 < P ? q_nope + th * P + c8 : (const uint16_t *)a.q + th * D + DL + (c8 - P);
+}
+
+/* The end of the workspace rows k_begin .. k_stop - 1 a tile whose last query position is last_q
+ * sees: a request's rows hold consecutive positions (mla_prepare writes them so), so the rows
+ * past the last visible one are skipped, not masked. */
+__device__ __forceinline__ int pf_key_end(const int *row_pos, int k_begin, int k_stop, int last_q)
+{
+    int k_end = k_begin;
+    if (k_stop > k_begin) {
+        const int visible = last_q - row_pos[k_begin] + 1;
+        k_end = k_begin + (visible < 0 ? 0 : visible < k_stop - k_begin ? visible : k_stop - k_begin);
+    }
+    return k_end;
+}
+
+/* The online softmax of one key tile on the m16n8 accumulator layout both prefill tensor-core
+ * kernels hold S in: s[nt][2h + j] is query row grp + 8h of the warp's 16 (grp = lane / 4), key
+ * nt * 8 + 2 tig + j (tig = lane % 4); a row's 64 keys are spread over the 4 threads of a quad.
+ * In: the raw scores; out: P (unrounded).  kp: the tile's key positions, qpos: the thread's two
+ * rows' (a key is visible when kp <= qpos).  The running maxima m (log2 domain), the thread's
+ * partial row sums l and the output accumulator o (same layout, 128 dims) are updated; the
+ * planted fault AR_FAULT_NO_RESCALE skips the rescale. */
+__device__ __forceinline__ void pf_softmax_tile(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], const int *kp,
+                                                const int (&qpos)[2], int tig, float (&m)[2], float (&l)[2],
+                                                float (&o)[PF_TC_V / 8][4])
+{
+    constexpr int V = PF_TC_V;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
+            for (int j = 0; j < 2; j++) {
+                const int key = nt * 8 + 2 * tig + j;
+                const float x = kp[key] <= qpos[h] ? s[nt][2 * h + j] * a.scale_log2 : -INFINITY;
+                s[nt][2 * h + j] = x;
+                mx = fmaxf(mx, x);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[h], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        const float alpha = a.fault == AR_FAULT_NO_RESCALE ? 1.f : exp2f(m[h] - m_use);
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
+            for (int j = 0; j < 2; j++) {
+                const float p = exp2f(s[nt][2 * h + j] - m_use);
+                s[nt][2 * h + j] = p;
+                sum += p;
+            }
+        l[h] = l[h] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < V / 8; dt++) {
+            o[dt][2 * h] *= alpha;
+            o[dt][2 * h + 1] *= alpha;
+        }
+        m[h] = m_new;
+    }
+}
+
+/* P (the accumulator layout of S, as pf_softmax_tile leaves it) rounded to the dtype as the A
+ * fragment of keys 16 kt .. 16 kt + 15 (the mma.sync m16n8k16 layout, which wgmma's register A
+ * operand shares). */
+template <bool BF16>
+__device__ __forceinline__ void pf_p_frag(const float (&s)[PF_TC_KEYS / 8][4], int kt, uint32_t (&pa)[4])
+{
+    pa[0] = pack2<BF16>(s[2 * kt][0], s[2 * kt][1]);
+    pa[1] = pack2<BF16>(s[2 * kt][2], s[2 * kt][3]);
+    pa[2] = pack2<BF16>(s[2 * kt + 1][0], s[2 * kt + 1][1]);
+    pa[3] = pack2<BF16>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+}
+
+/* The tile's outputs: the thread's two rows (wrow + grp + 8h of the tile, those below count) of
+ * pass_o normalized and their natural LSE (-INF where the row saw no key), the quad's partial row
+ * sums added first. */
+__device__ __forceinline__ void pf_store_rows(const attn_args &a, const int *pf_tok, int first, int count, int n,
+                                              int wrow, int grp, int tig, const float (&m)[2], float (&l)[2],
+                                              const float (&o)[PF_TC_V / 8][4], float *pass_o, float *pass_lse)
+{
+    constexpr int V = PF_TC_V;
+    const int H = a.num_heads;
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    for (int h = 0; h < 2; h++) {
+        const int i = wrow + grp + 8 * h;
+        if (i >= count) continue;
+        const int t = pf_tok[first + i];
+        const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+        float *dst = pass_o + ((int64_t)t * H + n) * V;
+#pragma unroll
+        for (int dt = 0; dt < V / 8; dt++)
+            *reinterpret_cast<float2 *>(dst + dt * 8 + 2 * tig) =
+                make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+        if (tig == 0)
+            pass_lse[(int64_t)n * a.num_tokens + t] =
+                l[h] > 0.f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -INFINITY;
+    }
 }
 
 template <bool BF16>
@@ -407,7 +528,7 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
     const uint16_t *ws_k, const uint16_t *ws_v, const int *row_pos, const int *kb, const int *ke, float *pass_o,
     float *pass_lse)
 {
-    constexpr int QK = PF_TC_QK, V = PF_TC_V, P = QK - DR, KS = PF_TC_KS, VS = PF_TC_VS;
+    constexpr int QK = PF_TC_QK, V = PF_TC_V, KS = PF_TC_KS, VS = PF_TC_VS;
     extern __shared__ __align__(16) uint16_t pf_tc_smem[];
     __shared__ int kpos[2][PF_TC_KEYS];
     const int H = a.num_heads, n = blockIdx.y;
@@ -422,11 +543,8 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
     for (int e = threadIdx.x; e < PF_TC_ROWS * (QK / 8); e += blockDim.x) {
         const int i = e / (QK / 8), c8 = (e % (QK / 8)) * 8;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (i < count) {
-            const int64_t th = (int64_t)pf_tok[first + i] * H + n;
-            const uint16_t *src = c8 < P ? q_nope + th * P + c8 : (const uint16_t *)a.q + th * D + DL + (c8 - P);
-            v = *reinterpret_cast<const uint4 *>(src);
-        }
+        if (i < count)
+            v = *reinterpret_cast<const uint4 *>(pf_q_chunk(a, q_nope, (int64_t)pf_tok[first + i] * H + n, c8));
         *reinterpret_cast<uint4 *>(Qs + i * KS + c8) = v;
     }
     int qpos[2];
@@ -445,13 +563,8 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
     }
     __syncthreads();   /* stage 0 is the key ring's from here */
 
-    const int k_begin = kb[r], k_stop = ke[r];
-    int k_end = k_begin;
-    if (k_stop > k_begin) {
-        const int last_q = tok_pos[pf_tok[first + count - 1]] + extra;
-        const int visible = last_q - row_pos[k_begin] + 1;
-        k_end = k_begin + (visible < 0 ? 0 : visible < k_stop - k_begin ? visible : k_stop - k_begin);
-    }
+    const int k_begin = kb[r];
+    const int k_end = pf_key_end(row_pos, k_begin, ke[r], tok_pos[pf_tok[first + count - 1]] + extra);
     const int n_tiles = (k_end - k_begin + PF_TC_KEYS - 1) / PF_TC_KEYS;
     float o[V / 8][4];
 #pragma unroll
@@ -488,47 +601,12 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
                 mma16816<BF16>(s[nt], qf[ks], *reinterpret_cast<const uint32_t *>(krow),
                                *reinterpret_cast<const uint32_t *>(krow + 8));
             }
-        /* online softmax per row (a row's 64 keys are spread over the 4 threads of a quad) */
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
-                for (int j = 0; j < 2; j++) {
-                    const int key = nt * 8 + 2 * tig + j;
-                    const float x = kp[key] <= qpos[h] ? s[nt][2 * h + j] * a.scale_log2 : -INFINITY;
-                    s[nt][2 * h + j] = x;
-                    mx = fmaxf(mx, x);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[h], mx);
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = a.fault == AR_FAULT_NO_RESCALE ? 1.f : exp2f(m[h] - m_use);
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
-                for (int j = 0; j < 2; j++) {
-                    const float p = exp2f(s[nt][2 * h + j] - m_use);
-                    s[nt][2 * h + j] = p;
-                    sum += p;
-                }
-            l[h] = l[h] * alpha + sum;
-#pragma unroll
-            for (int dt = 0; dt < V / 8; dt++) {
-                o[dt][2 * h] *= alpha;
-                o[dt][2 * h + 1] *= alpha;
-            }
-            m[h] = m_new;
-        }
+        pf_softmax_tile(a, s, kp, qpos, tig, m, l, o);
         /* o += P V: P's accumulator layout is the A fragment of keys 16 kt .. 16 kt + 15 */
 #pragma unroll
         for (int kt = 0; kt < PF_TC_KEYS / 16; kt++) {
             uint32_t pa[4];
-            pa[0] = pack2<BF16>(s[2 * kt][0], s[2 * kt][1]);
-            pa[1] = pack2<BF16>(s[2 * kt][2], s[2 * kt][3]);
-            pa[2] = pack2<BF16>(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-            pa[3] = pack2<BF16>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+            pf_p_frag<BF16>(s, kt, pa);
 #pragma unroll
             for (int d0 = 0; d0 < V; d0 += 16) {
                 /* four 8x8 blocks: keys +0 / +8 of this k step, columns d0 / d0 + 8 */
@@ -540,23 +618,7 @@ __global__ void __launch_bounds__(128) prefill_attn_tc_kernel(
         }
         __syncthreads();   /* the stage is refilled by the next iteration's load */
     }
-    for (int h = 0; h < 2; h++) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    }
-    for (int h = 0; h < 2; h++) {
-        const int i = wrow + grp + 8 * h;
-        if (i >= count) continue;
-        const int t = pf_tok[first + i];
-        const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
-        float *dst = pass_o + ((int64_t)t * H + n) * V;
-#pragma unroll
-        for (int dt = 0; dt < V / 8; dt++)
-            *reinterpret_cast<float2 *>(dst + dt * 8 + 2 * tig) = make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
-        if (tig == 0)
-            pass_lse[(int64_t)n * a.num_tokens + t] =
-                l[h] > 0.f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -INFINITY;
-    }
+    pf_store_rows(a, pf_tok, first, count, n, wrow, grp, tig, m, l, o, pass_o, pass_lse);
 }
 
 /* acc (out, lse) <- merge(acc, pass) for every prefill token and head (vLLM merge_attn_states);

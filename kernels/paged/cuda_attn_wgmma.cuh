@@ -112,90 +112,31 @@ __device__ __forceinline__ void pingpong_turn(int wg, bool last)
     pingpong_turn_issued(wg, last);
 }
 
-/* Byte offset of (row, 16-byte chunk) in a swizzled tile whose 64-dim column parts are
- * PART_BYTES apart. */
-template <int PART_BYTES> __device__ __forceinline__ uint32_t wg_swizzle(int row, int chunk)
-{
-    return (uint32_t)((chunk >> 3) * PART_BYTES + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
-}
-
-/* d += A (a: this thread's 4 registers of the 64 x 16 A tile) B (desc_b, read transposed). */
-template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], const uint32_t a[4], uint64_t desc_b);
-/* d [64 x 128] (+)= A (a: registers) B (desc_b, K-major like wgmma_ss's B): S = Q K^T with Q in
- * registers. */
-template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64], const uint32_t a[4], uint64_t desc_b, int accumulate);
-
-/* d [64 x 64] (+)= A B with both operands in shared memory and K-major (desc_a: 64 rows of A,
- * desc_b: 64 rows of B): S = Q K^T at head size 256, Q read from its shared tile. */
-template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate);
+/* the swizzled tile layout (ar_wg::wg_swizzle, kernels/common/cuda_wgmma.cuh) */
+using ar_wg::wg_swizzle;
 
 /* true for __nv_bfloat16, false for __half: which operand type a wrapper's instruction names */
 template <typename T> struct wg_is_bf16 { static constexpr bool value = false; };
 template <> struct wg_is_bf16<__nv_bfloat16> { static constexpr bool value = true; };
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* The inline-assembly pieces of the wrappers: the 64 accumulator operands ("+f"(d[0]) ..
- * "+f"(d[63])) and each instruction's text with the operand type (TY: ".bf16" or ".f16") left
- * open - the one difference between the bf16 and fp16 versions. */
-#define WG_ACC64(d) \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), \
-    "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), \
-    "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), \
-    "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
-    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), \
-    "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), \
-    "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
-    "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-/* A from registers; TNSP "1": B read transposed (MN-major, V), "0": B K-major (K); the
- * accumulate flag is operand 69 */
-#define WGMMA_RS_TEXT(TY, TNSP) \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n128k16.f32" TY TY " " \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
-    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
-    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, " \
-    "1, 1, " TNSP ";\n}\n"
-
+/* The products of the kernel, by element type, on ar_wg's (kernels/common/cuda_wgmma.cuh). */
+/* d += A (a: this thread's 4 registers of the 64 x 16 A tile) B (desc_b, read transposed). */
 template <typename T> __device__ __forceinline__ void wgmma_rs(float d[64], const uint32_t a[4], uint64_t desc_b)
 {
-    if constexpr (wg_is_bf16<T>::value)
-        asm volatile(WGMMA_RS_TEXT(".bf16", "1") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-    else
-        asm volatile(WGMMA_RS_TEXT(".f16", "1") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+    ar_wg::mma_rs_m64n128<wg_is_bf16<T>::value, true>(d, a, desc_b, 1);
 }
+/* d [64 x 128] (+)= A (a: registers) B (desc_b, K-major like wgmma_ss's B): S = Q K^T with Q in
+ * registers. */
 template <typename T> __device__ __forceinline__ void wgmma_rs_kmajor(float d[64], const uint32_t a[4], uint64_t desc_b, int accumulate)
 {
-    if constexpr (wg_is_bf16<T>::value)
-        asm volatile(WGMMA_RS_TEXT(".bf16", "0") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-    else
-        asm volatile(WGMMA_RS_TEXT(".f16", "0") : WG_ACC64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+    ar_wg::mma_rs_m64n128<wg_is_bf16<T>::value, false>(d, a, desc_b, accumulate);
 }
-#define WG_ACC32(d) \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-/* A and B from shared memory, both K-major; the accumulate flag is operand 34 */
-#define WGMMA_SS64_TEXT(TY) \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n64k16.f32" TY TY " " \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-
+/* d [64 x 64] (+)= A B with both operands in shared memory and K-major (desc_a: 64 rows of A,
+ * desc_b: 64 rows of B): S = Q K^T at head size 256, Q read from its shared tile. */
 template <typename T> __device__ __forceinline__ void wgmma_ss_n64(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate)
 {
-    if constexpr (wg_is_bf16<T>::value)
-        asm volatile(WGMMA_SS64_TEXT(".bf16") : WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-    else
-        asm volatile(WGMMA_SS64_TEXT(".f16") : WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    ar_wg::mma_ss_m64n64<wg_is_bf16<T>::value>(d, desc_a, desc_b, accumulate);
 }
-#undef WG_ACC64
-#undef WG_ACC32
-#undef WGMMA_SS64_TEXT
-#undef WGMMA_RS_TEXT
-#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* The kernel (see the file comment).  Consumer warpgroup w owns rows 64 w .. 64 w + 63 of the
  * CTA's 128; the producer's threads are numbered from 0 too, so the code below reads the same
