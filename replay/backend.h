@@ -120,9 +120,10 @@ typedef struct ar_kernel_time {
  *             "cascade-merge:separate"
  *   cuda-mla  "mla-decode:ROUTE[+split]" (ROUTE the decision function's kernel: tc-wgmma,
  *             tc-wgmma-cpasync, tc-narrow-bulk, tc-narrow, tc-split-qk, simt), "mla-prefill:new",
- *             "mla-prefill:context", "mla-prefill-attn:tc" (the prefill passes' attention on the
- *             tensor-core kernel, the default for QK 192 / V 128), "mla-prefill-attn:wgmma" (on
- *             the Hopper wgmma kernel, AR_MLA_PREFILL=wgmma), "kv-fp8"
+ *             "mla-prefill:context", "mla-prefill-attn:wgmma" (the prefill passes' attention on the
+ *             Hopper wgmma kernel, the default for QK 192 / V 128 on compute capability 9.0),
+ *             "mla-prefill-attn:tc" (on the mma.sync kernel: AR_MLA_PREFILL=tc, or the default
+ *             elsewhere), "kv-fp8"
  *   plugins   "plugin:NAME"
  * Paths are derived from the plan the backend's decision function made (no kernel reports). */
 #define AR_MAX_PATHS 8

@@ -37,8 +37,9 @@
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
  *    chunked through the workspace), fp8 cache, 128 heads; each setting of AR_MLA_GEMM and
- *    AR_MLA_PREFILL (the Hopper prefill attention, AR_MLA_PREFILL=wgmma, on compute capability
- *    9.0; refused elsewhere); and every planted fault flagged.
+ *    AR_MLA_PREFILL (the Hopper prefill attention, the default on compute capability 9.0, and
+ *    AR_MLA_PREFILL=wgmma, refused elsewhere; the mma.sync one, AR_MLA_PREFILL=tc); and every
+ *    planted fault flagged on each prefill attention.
  * 4. A trace from the simulator's deepseek-v3 preset replays through bin/attnreplay on cuda-mla
  *    with every verified step passing (skips when this build does not register cuda-mla).
  * Every test skips with the backend's reason when there is no GPU. */
@@ -1224,7 +1225,8 @@ static int cublas_loads(void)
  * decode batches in bf16 and fp16, the mixed batch (prefills over several context chunks:
  * tiles of 64 tokens, a partial last tile, partial key tiles) in bf16, fp16 and over an fp8
  * cache, and prefills without context (one pass, no merge) in bf16.  gemm: AR_MLA_GEMM,
- * prefill: AR_MLA_PREFILL (NULL: unset, the defaults; "wgmma" only where the device runs it);
+ * prefill: AR_MLA_PREFILL (NULL: unset, the defaults: wgmma where the device runs it, else tc;
+ * "wgmma" only where the device runs it);
  * each run's plan must say the kernels asked for ran. */
 static void check_switches(const char *gemm, const char *prefill)
 {
@@ -1234,8 +1236,13 @@ static void check_switches(const char *gemm, const char *prefill)
     else unsetenv("AR_MLA_PREFILL");
     const int want_tc = !(gemm && strcmp(gemm, "simt") == 0);
     const int want_cublas = gemm ? strcmp(gemm, "cublas") == 0 : cublas_loads();
-    const int want_pf_wgmma = prefill && strcmp(prefill, "wgmma") == 0;
-    const int want_pf_tc = !(prefill && strcmp(prefill, "simt") == 0) && !want_pf_wgmma;
+    static int wgmma_runs = -1;   /* the default prefill attention: wgmma where the device runs it */
+    if (!prefill && wgmma_runs < 0) {
+        char why[512];
+        wgmma_runs = wgmma_available(why, sizeof why);
+    }
+    const int want_pf_wgmma = prefill ? strcmp(prefill, "wgmma") == 0 : wgmma_runs;
+    const int want_pf_tc = prefill ? strcmp(prefill, "tc") == 0 : !wgmma_runs;
     static const struct {
         int block_size, num_blocks;
         ar_dtype dt, kv;
@@ -1283,12 +1290,23 @@ static void check_switches(const char *gemm, const char *prefill)
 }
 
 /* The defaults: the 16-bit projection GEMMs through cuBLAS where it loads (else the
- * tensor-core kernel), the prefill attention on the tensor-core kernel. */
+ * tensor-core kernel), the prefill attention on the Hopper wgmma kernel where the device runs
+ * it (else the mma.sync one). */
 static void test_default_switches(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
     check_switches(NULL, NULL);
+}
+
+/* AR_MLA_PREFILL=tc: the prefill attention on the mma.sync tensor-core kernel (the default
+ * off compute capability 9.0), with the default GEMMs and the tensor-core GEMM kernel. */
+static void test_tc_prefill_switch(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    check_switches(NULL, "tc");
+    check_switches("tc", "tc");
 }
 
 /* The projections' GEMMs on the tensor-core kernel (AR_MLA_GEMM=tc) and on the SIMT one
@@ -1421,6 +1439,7 @@ static void test_faults_flagged(void **st)
             cfg.fault = faults[i];
             e2e_result r;
             if (path == 1) setenv("AR_MLA_PREFILL", "simt", 1);
+            if (path == 2) setenv("AR_MLA_PREFILL", "tc", 1);
             if (path == 3) setenv("AR_MLA_PREFILL", "wgmma", 1);
             if (path == 0)
                 run_e2e(&cfg, dec, 3, faults[i] == AR_FAULT_MERGE_NO_WEIGHTS ? 4 : 0, 1, &r);
@@ -1519,6 +1538,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_backend_decode, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_backend_prefill_mixed, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_default_switches, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_tc_prefill_switch, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_gemm_switches, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_wgmma_prefill_switch, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_cublas_gemm, test_setup, test_teardown),

@@ -11,8 +11,8 @@
 # DeepSeek-V3 trace" ran.  Stages, each under `timeout -s KILL`:
 #   1. build/tests/gpu_mla (the tensor-core prefill and GEMM tests among them)  -> gpu_mla.txt
 #   2. steps 0-9 (the prefill and 9 mixed steps), one layer, every step verified (sample:8),
-#      through the product's default (tensor-core prefill attention, cuBLAS projections),
-#      AR_MLA_PREFILL=wgmma, AR_MLA_GEMM=tc, AR_MLA_PREFILL=absorbed, and on steps 0-2 only
+#      through the product's default (wgmma prefill attention, cuBLAS projections),
+#      AR_MLA_PREFILL=tc (the mma.sync attention), AR_MLA_GEMM=tc, AR_MLA_PREFILL=absorbed, and on steps 0-2 only
 #      the SIMT kernels of before 2026-12-06 (AR_MLA_PREFILL=simt AR_MLA_GEMM=simt, about 1.5 s
 #      a step); then
 #      `attnreplay-py ratios` against the default, whole steps and the prefill mark alone
@@ -79,7 +79,7 @@ fi
 stage "mixed steps 0-9"
 {
   base=$(replay 0:9 default)
-  wg=$(replay 0:9 wgmma AR_MLA_PREFILL=wgmma)
+  wg=$(replay 0:9 tc-prefill AR_MLA_PREFILL=tc)
   tcg=$(replay 0:9 tc-gemm AR_MLA_GEMM=tc)
   abs=$(replay 0:9 absorbed AR_MLA_PREFILL=absorbed)
   simt=$(replay 0:2 simt-before AR_MLA_PREFILL=simt AR_MLA_GEMM=simt)

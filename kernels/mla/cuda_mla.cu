@@ -30,11 +30,13 @@
  * insists on cuBLAS (open refuses with exit 2 without it), =tc takes the tensor-core kernel for
  * all, =simt the SIMT kernel.
  * Prefill attention (AR_MLA_PREFILL): by default the expanded path's attention runs on the
- * tensor-core kernel (prefill_attn_tc_kernel; DeepSeek's QK 192 / V 128, else the SIMT kernel);
- * =simt takes the SIMT kernel; =wgmma the Hopper kernel (prefill_attn_wgmma_kernel: QK 192 / V
- * 128 on compute capability 9.0 only, else open refuses with exit 2); =absorbed sends requests of more than
- * AR_CUDA_MLA_DECODE_THRESHOLD query tokens down the absorbed decode path too, as FlashMLA's
- * and FlashInfer's adapters do (for comparisons).  Other values of either are refused (exit 2).
+ * Hopper wgmma kernel (prefill_attn_wgmma_kernel, DeepSeek's QK 192 / V 128 on compute
+ * capability 9.0; elsewhere the mma.sync kernel prefill_attn_tc_kernel, said once on stderr;
+ * other shapes the SIMT kernel).  =wgmma insists on it (open refuses with exit 2 where it
+ * cannot run), =tc takes the mma.sync kernel, =simt the SIMT one; =absorbed sends requests of
+ * more than AR_CUDA_MLA_DECODE_THRESHOLD query tokens down the absorbed decode path too, as
+ * FlashMLA's and FlashInfer's adapters do (for comparisons).  Other values of either are
+ * refused (exit 2).
  * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk forces the decode kernel (for comparisons;
  * mla_route.h has the rule); AR_MLA_TMA=0 makes no tensor map of the cache, so the wgmma route
  * runs its cp.async fallback (attn_wgmma_cpasync_kernel), as where the driver refuses the map.
@@ -145,8 +147,8 @@ typedef struct mla_state {
     bool gemm_cublas_asked;         /* AR_MLA_GEMM=cublas named: refuse to open without cuBLAS */
     const ar_cublas_api *cublas;
     void *cublas_handle;            /* on s->stream */
-    bool prefill_tc;                /* QK 192 / V 128 and not AR_MLA_PREFILL=simt or wgmma: prefill_attn_tc_kernel */
-    bool prefill_wgmma;             /* AR_MLA_PREFILL=wgmma (QK 192 / V 128, compute capability 9.0):
+    bool prefill_tc;                /* AR_MLA_PREFILL=tc, or the default where wgmma cannot run: prefill_attn_tc_kernel */
+    bool prefill_wgmma;             /* QK 192 / V 128 on compute capability 9.0, by default or AR_MLA_PREFILL=wgmma:
                                        prefill_attn_wgmma_kernel, its shared memory limit raised at open */
     bool prefill_tc_smem_set;       /* its dynamic shared memory limit raised */
     int workspace_tokens;
@@ -224,9 +226,9 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->bf16 = cfg->dtype == AR_BF16;
     s->fp8 = cfg->kv_dtype == AR_FP8_E4M3;
     s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
-    /* AR_MLA_PREFILL: the prefill path's attention on the tensor-core kernel (tc, the default,
-     * for DeepSeek's QK 192 / V 128; other shapes keep the SIMT one), on the SIMT kernel (simt),
-     * on the Hopper wgmma kernel (wgmma: refused with exit 2 where it cannot run, below), or
+    /* AR_MLA_PREFILL: the prefill path's attention on the Hopper wgmma kernel (wgmma, the
+     * default for DeepSeek's QK 192 / V 128; other shapes keep the SIMT one; named, refused with
+     * exit 2 where it cannot run, below), on the mma.sync kernel (tc), on the SIMT kernel (simt), or
      * every request on the absorbed decode kernels, prefill chunks too, as FlashMLA's and
      * FlashInfer's adapters run them (absorbed, for comparisons; the others keep vLLM's split,
      * semantics 7.3).  AR_MLA_GEMM: the projection GEMMs through cuBLAS (cublas, the default:
@@ -236,7 +238,7 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     if (pf_env && *pf_env && strcmp(pf_env, "tc") && strcmp(pf_env, "simt") && strcmp(pf_env, "wgmma") &&
         strcmp(pf_env, "absorbed")) {
         snprintf(err, err_len,
-                 "cuda-mla backend: AR_MLA_PREFILL=%s: not one of tc (the default), simt, wgmma, absorbed", pf_env);
+                 "cuda-mla backend: AR_MLA_PREFILL=%s: not one of wgmma (the default), tc, simt, absorbed", pf_env);
         free(s);
         return 2;
     }
@@ -248,9 +250,12 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     const bool pf_named = pf_env && *pf_env, gemm_named = gemm_env && *gemm_env;
     s->use_prefill = !(pf_named && strcmp(pf_env, "absorbed") == 0);
     const bool pf_shape = s->P + DR == PF_TC_QK && s->V == PF_TC_V;
-    s->prefill_wgmma = pf_named && strcmp(pf_env, "wgmma") == 0;
-    s->prefill_tc = !(pf_named && strcmp(pf_env, "simt") == 0) && !s->prefill_wgmma && pf_shape;
-    if (s->prefill_wgmma && !pf_shape) {
+    /* wgmma by default where the shape allows (open falls back to tc below where the device
+     * cannot run it); named, it must run (else exit 2) */
+    const bool wgmma_asked = pf_named && strcmp(pf_env, "wgmma") == 0;
+    s->prefill_wgmma = wgmma_asked || (!pf_named && pf_shape);
+    s->prefill_tc = pf_shape && !s->prefill_wgmma && !(pf_named && strcmp(pf_env, "simt") == 0);
+    if (wgmma_asked && !pf_shape) {
         snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=wgmma: the wgmma kernel needs QK 192 / V 128 "
                  "(qk_nope_head_dim %d, v_head_dim %d)", s->P, s->V);
         free(s);
@@ -280,15 +285,22 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
                                       PF_WG_SMEM)) != cudaSuccess ||
             (e = cudaFuncSetAttribute(prefill_attn_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       PF_WG_SMEM)) != cudaSuccess) {
+            char why[160];
             if (e != cudaSuccess)
-                snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=wgmma: the wgmma kernel's shared memory: %s",
-                         cudaGetErrorString(e));
+                snprintf(why, sizeof why, "the wgmma kernel's shared memory: %s", cudaGetErrorString(e));
             else
-                snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=wgmma: the wgmma kernel needs compute "
-                         "capability 9.0 (this device: %d.%d)", prop.major, prop.minor);
+                snprintf(why, sizeof why, "the wgmma kernel needs compute capability 9.0 (this device: %d.%d)",
+                         prop.major, prop.minor);
             cudaGetLastError();
-            free(s);
-            return 2;
+            if (wgmma_asked) {
+                snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=wgmma: %s", why);
+                free(s);
+                return 2;
+            }
+            /* the default: the mma.sync kernel instead, said once */
+            fprintf(stderr, "cuda-mla backend: the prefill attention runs on the mma.sync kernel: %s\n", why);
+            s->prefill_wgmma = false;
+            s->prefill_tc = true;
         }
     }
     s->caps = mla_probe(s->device);

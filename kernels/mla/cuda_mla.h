@@ -74,9 +74,10 @@ typedef struct ar_cuda_mla_plan_info {
     int num_sms;
     int gemm_tc;              /* 1: the projections' GEMMs not through cuBLAS ran on the tensor-core kernel
                                  (all but AR_MLA_GEMM=simt) */
-    int prefill_tc;           /* 1: the prefill requests' attention ran on the tensor-core kernel (all but
-                                 AR_MLA_PREFILL=simt or wgmma, for QK 192 / V 128) */
-    int prefill_wgmma;        /* 1: it ran on the Hopper wgmma kernel (AR_MLA_PREFILL=wgmma) */
+    int prefill_tc;           /* 1: the prefill requests' attention ran on the mma.sync tensor-core kernel
+                                 (AR_MLA_PREFILL=tc, or the default where wgmma cannot run) */
+    int prefill_wgmma;        /* 1: it ran on the Hopper wgmma kernel (the default for QK 192 / V 128 on
+                                 compute capability 9.0, or AR_MLA_PREFILL=wgmma) */
     int gemm_cublas;          /* 1: the 16-bit projection GEMMs ran through cuBLAS (the default where it loads) */
     int decode_row_runs;      /* runs of consecutive decode tokens the absorption and W_UV GEMMs ran on */
     int decode_rows_span;     /* 1: too many runs; one span from the first decode token to the step's last */

@@ -8,10 +8,11 @@
  *     tokens' keys / values are up-projected (k_nope = c W_UK, v = c W_UV, k = [k_nope | k_pe], QK
  *     dim 192, V dim 128) and attended causally; the context is up-projected in chunks bounded
  *     by a workspace and attended non-causally; the chunk results and the new-token result are
- *     merged by LSE (vLLM merge_attn_states).  The attention is a tensor-core kernel for
- *     DeepSeek's QK 192 / V 128 (the default), else, or with AR_MLA_PREFILL=simt, a SIMT one;
- *     AR_MLA_PREFILL=wgmma takes the tensor-core kernel's Hopper twin (mla_prefill_wgmma.cuh),
- *     which shares its loads, softmax and stores (the pf_* helpers below).
+ *     merged by LSE (vLLM merge_attn_states).  For DeepSeek's QK 192 / V 128 the attention
+ *     runs on the Hopper wgmma kernel (mla_prefill_wgmma.cuh, the default on compute
+ *     capability 9.0) or on the mma.sync tensor-core kernel here (AR_MLA_PREFILL=tc, and the
+ *     default elsewhere), which share their loads, softmax and stores (the pf_* helpers
+ *     below); other shapes, or AR_MLA_PREFILL=simt, take a SIMT kernel.
  * Included by cuda_mla.cu (run_prefill and run_pass drive them). */
 #ifndef AR_MLA_PREFILL_CUH
 #define AR_MLA_PREFILL_CUH
@@ -358,8 +359,8 @@ __global__ void __launch_bounds__(SIMT_THREADS) prefill_attn_kernel(
         pass_lse[(int64_t)n * a.num_tokens + t] = l > 0.f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
 }
 
-/* Tensor-core prefill attention (the default; AR_MLA_PREFILL=simt takes the SIMT kernel, =wgmma
- * prefill_attn_wgmma_kernel, mla_prefill_wgmma.cuh): the
+/* Tensor-core prefill attention on mma.sync (AR_MLA_PREFILL=tc, and the default where the wgmma
+ * kernel of mla_prefill_wgmma.cuh cannot run; =simt takes the SIMT kernel): the
  * pass prefill_attn_kernel computes, for DeepSeek's shapes only (QK = 128 + 64 = 192, V = 128),
  * FlashAttention-2 style on mma.sync m16n8k16.  A CTA (4 warps, 16 query rows each) takes one tile of at most 64 prefill tokens of
  * one request (pf_tiles) and one head (blockIdx.y; the tiles of one head run side by side, so

@@ -1,5 +1,5 @@
-/* mla_prefill_wgmma.cuh - the cuda-mla backend's Hopper (sm_90a) prefill attention
- * (AR_MLA_PREFILL=wgmma): the pass prefill_attn_tc_kernel computes (mla_prefill.cuh; the same
+/* mla_prefill_wgmma.cuh - the cuda-mla backend's Hopper (sm_90a) prefill attention (the
+ * default for QK 192 / V 128 on compute capability 9.0; AR_MLA_PREFILL=wgmma): the pass prefill_attn_tc_kernel computes (mla_prefill.cuh; the same
  * tiles, masks, faults and outputs, DeepSeek's QK 192 / V 128 only), with the two products on
  * wgmma (warpgroup MMA) instead of mma.sync.  The mma.sync kernel's four warps each re-read every
  * K and V fragment from shared memory for their 16 rows; a wgmma reads its shared operands once
