@@ -773,7 +773,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
             gemm_args g = gemm_of(H, rows, P, DL, s->ws_lat.ptr, 1, 0, D, 1, s->w_uk[layer], (int64_t)DL * P, P, 1,
                                   wrong_head, s->ws_k.ptr, 1, QK, (int64_t)H * QK, 1, s->bf16);
             if ((e = run_gemm(s, g)) != cudaSuccess) return e;
-            rope_key_kernel<<<mla_grid((int64_t)rows * H * DR, 256), 256, 0, s->stream>>>(
+            rope_key_kernel<<<mla_grid((int64_t)rows * H, 8), 256, 0, s->stream>>>(
                 (uint16_t *)s->ws_k.ptr, (const uint16_t *)s->ws_lat.ptr, rows, H, P);
             if (s->cfg.fault == AR_FAULT_MLA_NO_WUV) {
                 latent_as_value_kernel<<<mla_grid((int64_t)rows * H * V, 256), 256, 0, s->stream>>>(
@@ -807,7 +807,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
                 (float *)s->pass_lse.ptr);
         }
         if (s->n_passes == 1) break;   /* one pass (no context): it is the result, no merge */
-        prefill_merge_kernel<<<mla_grid((int64_t)s->n_pf_tok * H * V, 256), 256, 0, s->stream>>>(
+        prefill_merge_kernel<<<mla_grid((int64_t)s->n_pf_tok * H, 8), 256, 0, s->stream>>>(
             a, s->d_pf_tok, s->n_pf_tok, V, (float *)s->acc_o.ptr, (float *)s->acc_lse.ptr,
             (const float *)s->pass_o.ptr, (const float *)s->pass_lse.ptr, p == 0);
         prefill_merge_lse_kernel<<<mla_grid((int64_t)s->n_pf_tok * H, 256), 256, 0, s->stream>>>(
@@ -816,7 +816,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
     }
     (void)T;
     const bool one = s->n_passes == 1;
-    prefill_finish_kernel<<<mla_grid((int64_t)s->n_pf_tok * H * V, 256), 256, 0, s->stream>>>(
+    prefill_finish_kernel<<<mla_grid((int64_t)s->n_pf_tok * H, 8), 256, 0, s->stream>>>(
         a, s->d_pf_tok, s->n_pf_tok, V, (const float *)(one ? s->pass_o.ptr : s->acc_o.ptr),
         (const float *)(one ? s->pass_lse.ptr : s->acc_lse.ptr), out, a.lse);
     return cudaGetLastError();
