@@ -20,13 +20,15 @@
 # issue 18's four runs (BENCH_REPLAY_ONLY picks some; each stops at its target or at
 # BENCH_REPLAY_MAX_S, default budget / 4).  Its traces come from out/ when simulated there on the
 # development machine (mooncake300.trace.jsonl.gz, dsv3.trace.jsonl.gz; see bench_replay.c).
+# `device_harness.sh mla` runs the MLA call instead (tests, GPU mutants, the peers' build, the MLA
+# lab with the peers; its comment below says what), with a budget of 570 s.
 # Logs go to $OUT (the device tool brings them back); the table goes to stdout and summary.txt.
 set -u
 OUT=${OUT:-/tmp/ar_harness_out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export AR_SRC=$PWD AR_BIN=$PWD/bin/attnreplay PYTHONUNBUFFERED=1
-BUDGET=${HARNESS_BUDGET:-450}
+BUDGET=${HARNESS_BUDGET:-$([ "${1:-}" = mla ] && echo 570 || echo 450)}
 START=$SECONDS
 left() { echo $((BUDGET - (SECONDS - START))); }
 stage() { echo "== $1 ($(date -u +%H:%M:%S), $(left)s left)"; }
@@ -39,6 +41,45 @@ replay_bench() {
 }
 if [ "${1:-}" = "replay-bench" ]; then
   replay_bench
+  exit 0
+fi
+# `device_harness.sh mla`: the MLA work of one call, with `make gpu-carry`'s archive unpacked
+# (and .peers/src, .whl carried for the peers): kernels/peers/build_peers.sh in the background
+# (logs and peers-built.tar.xz in $OUT/peers; PEERS_BUILD=0 skips it where .peers/built came
+# along) beside `make test-gpu` and `make mutate-gpu` (when the archive held GPU mutants), then
+# kernels/lab/mla_prefill_ab.sh with FlashMLA and FlashInfer's MLA wrapper beside the default in
+# the time left (its gpu_mla stage left to make test-gpu).  On the H200 on 2026-12-06 the first
+# three took 315 s (FA3's part of the peers build was cut at 300 s with ten compile jobs beside
+# the tests; a second build_peers.sh on the still-warm machine finished it in 123 s).
+if [ "${1:-}" = "mla" ]; then
+  stage "device"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
+  cat build/code-rev.txt 2>/dev/null
+  pb=
+  if [ "${PEERS_BUILD:-1}" != 0 ]; then
+    ( export OUT=$OUT/peers FA3_JOBS=${FA3_JOBS:-12} MLA_JOBS=${MLA_JOBS:-2} FI_JOBS=${FI_JOBS:-2} \
+        FA3_TIMEOUT=${FA3_TIMEOUT:-330} MLA_TIMEOUT=${MLA_TIMEOUT:-300} FI_TIMEOUT=${FI_TIMEOUT:-330}
+      nice -n 5 bash kernels/peers/build_peers.sh ) >"$OUT/build_peers.txt" 2>&1 &
+    pb=$!
+  fi
+  stage "test-gpu"
+  timeout -s KILL "$(( $(left) > 240 ? 210 : $(left) / 2 ))" make --no-print-directory test-gpu \
+    >"$OUT/test-gpu.txt" 2>&1
+  echo "test-gpu rc=$?"; grep -E "passed, [0-9]+ failed|FAILED|\[  ERROR" "$OUT/test-gpu.txt" | tail -12
+  if ls build/mutants/gpu-mutants.tar.xz >/dev/null 2>&1; then
+    stage "mutate-gpu"
+    MUTANT_OUT=$OUT/mut timeout -s KILL 120 make --no-print-directory mutate-gpu >"$OUT/mut.txt" 2>&1
+    echo "mutate-gpu rc=$?"; grep -E "mutation score|survived|error" "$OUT/mut.txt" | tail -8
+  fi
+  if [ -n "$pb" ]; then
+    stage "peers build (waiting)"
+    wait "$pb"; grep -E "^BUILD|rc=" "$OUT/build_peers.txt" | tail -6
+  fi
+  stage "MLA lab"
+  AR_PEERS_BUILT=$PWD/.peers/built \
+    PYTHONPATH=$PWD/.peers/built/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH} OUT=$OUT/lab LAB_GPU_MLA=0 LAB_BUDGET=$(( $(left) - 10 )) timeout -s KILL "$(left)" \
+    kernels/lab/mla_prefill_ab.sh >"$OUT/lab.txt" 2>&1
+  grep -E "^\| [0-9]+ \||^best=|exit [0-9]|^== " "$OUT/lab.txt" | tail -40
   exit 0
 fi
 
