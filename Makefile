@@ -227,18 +227,19 @@ $(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(TEST_COMMON) $(LIB) $(LDFLAGS) -Wl,-rpath,'$$ORIGIN' -lcmocka $(LIBS)
 
-# ---- a compute-sanitizer build of gpu_mla -----------------------------------------------------
-# gpu_mla_handover: gpu_mla linked with the MLA pairs kernel's warpgroup hand-overs on mbarriers
-# (AR_PAIRS_HANDOVER_MBAR=1 in kernels/mla/mla_decode_wgmma_pairs.cuh) instead of named barriers,
-# which racecheck does not take as ordering the arriving threads' writes (RELIABILITY.md); built
-# by `make gpu-build`, run by `make test-gpu-sanitize` beside the product's binaries.
-SANITIZE_TESTS := $(if $(filter 1,$(HAVE_CUDA)),$(BUILD)/tests/gpu_mla_handover)
+# ---- a compute-sanitizer build of the MLA GPU tests ---------------------------------------------
+# gpu_mla_handover, gpu_mla_backend_handover: gpu_mla and gpu_mla_backend linked with the MLA pairs
+# kernel's warpgroup hand-overs on mbarriers (AR_PAIRS_HANDOVER_MBAR=1 in
+# kernels/mla/mla_decode_wgmma_pairs.cuh) instead of named barriers, which racecheck does not take
+# as ordering the arriving threads' writes (RELIABILITY.md); built by `make gpu-build`, run by
+# `make test-gpu-sanitize` beside the product's binaries.
+SANITIZE_TESTS := $(if $(filter 1,$(HAVE_CUDA)),$(addprefix $(BUILD)/tests/,gpu_mla_handover gpu_mla_backend_handover))
 $(BUILD)/sanitize/mla_decode.o: kernels/mla/mla_decode.cu $(NVCC_STAMP) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC_GUARDED) $(NVCCFLAGS) -DAR_PAIRS_HANDOVER_MBAR=1 -MMD -MP -c $< -o $@
 $(BUILD)/sanitize/libattnreplay.a: $(LIB) $(BUILD)/sanitize/mla_decode.o
 	cp $(LIB) $@.tmp && ar d $@.tmp mla_decode.o && ar rcs $@.tmp $(BUILD)/sanitize/mla_decode.o && mv $@.tmp $@
-$(BUILD)/tests/gpu_mla_handover: tests/gpu_mla.c $(TEST_COMMON) $(BUILD)/sanitize/libattnreplay.a | deps
+$(SANITIZE_TESTS): $(BUILD)/tests/%_handover: tests/%.c $(TEST_COMMON) $(BUILD)/sanitize/libattnreplay.a | deps
 	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< $(TEST_COMMON) $(BUILD)/sanitize/libattnreplay.a $(LDFLAGS) \
 	  -Wl,-rpath,'$$ORIGIN' -lcmocka $(LIBS)
 
@@ -381,14 +382,16 @@ valgrind: $(BIN)
 # (tests/gpu_sanitize.sh); one log per pair beside the summary (one line per pair, with each
 # tool's ERROR SUMMARY) in GPU_SANITIZE_OUT.
 GPU_SANITIZE_OUT ?= $(BUILD)/gpu-sanitize-summary.txt
-# racecheck on gpu_mla runs as 7 processes (AR_GPU_SHARD): one ran past 480 s on the H200
-SANITIZE_SHARDS ?= gpu_mla:racecheck:7 gpu_mla_handover:racecheck:7
+# racecheck on gpu_mla runs as 7 processes (AR_GPU_SHARD): one ran past 480 s on the H200 (when
+# it held the backend tests too, now gpu_mla_backend, which keeps the same split)
+SANITIZE_SHARDS ?= gpu_mla:racecheck:7 gpu_mla_handover:racecheck:7 gpu_mla_backend:racecheck:7 \
+  gpu_mla_backend_handover:racecheck:7
 COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 test-gpu-sanitize:
 	@[ -n "$(COMPUTE_SANITIZER)" ] || { echo "compute-sanitizer not found (CUDA toolkit bin/)" >&2; exit 1; }
 	@OUT=$(abspath $(dir $(GPU_SANITIZE_OUT))) SUMMARY=$(abspath $(GPU_SANITIZE_OUT)) \
 	  COMPUTE_SANITIZER=$(COMPUTE_SANITIZER) AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) \
-	  SANITIZE_SHARDS="$(SANITIZE_SHARDS)" tests/gpu_sanitize.sh $(GPU_TESTS) $(wildcard $(BUILD)/tests/gpu_mla_handover)
+	  SANITIZE_SHARDS="$(SANITIZE_SHARDS)" tests/gpu_sanitize.sh $(GPU_TESTS) $(wildcard $(SANITIZE_TESTS))
 
 # ---- mutation testing (tests/mutations.txt, tests/mutate.py; RELIABILITY.md has the scores) -------
 # `make mutate-cpu` builds each CPU mutation of tests/mutations.txt as its own bin/attnreplay (in a

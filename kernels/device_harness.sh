@@ -48,7 +48,7 @@ fi
 # (logs and peers-built.tar.xz in $OUT/peers; PEERS_BUILD=0 skips it where .peers/built came
 # along) beside `make test-gpu` and `make mutate-gpu` (when the archive held GPU mutants), then
 # kernels/lab/mla_prefill_ab.sh with FlashMLA and FlashInfer's MLA wrapper beside the default in
-# the time left (its gpu_mla stage left to make test-gpu).  On the H200 on 2026-12-06 the first
+# the time left (its gpu_mla_backend stage left to make test-gpu).  On the H200 on 2026-12-06 the first
 # three took 315 s (FA3's part of the peers build was cut at 300 s with ten compile jobs beside
 # the tests; a second build_peers.sh on the still-warm machine finished it in 123 s).
 if [ "${1:-}" = "mla" ]; then
@@ -77,7 +77,8 @@ if [ "${1:-}" = "mla" ]; then
   fi
   stage "MLA lab"
   AR_PEERS_BUILT=$PWD/.peers/built \
-    PYTHONPATH=$PWD/.peers/built/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH} OUT=$OUT/lab LAB_GPU_MLA=0 LAB_BUDGET=$(( $(left) - 10 )) timeout -s KILL "$(left)" \
+    PYTHONPATH=$PWD/.peers/built/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH} \
+    OUT=$OUT/lab LAB_GPU_MLA=0 LAB_BUDGET=$(( $(left) - 10 )) timeout -s KILL "$(left)" \
     kernels/lab/mla_prefill_ab.sh >"$OUT/lab.txt" 2>&1
   grep -E "^\| [0-9]+ \||^best=|exit [0-9]|^== " "$OUT/lab.txt" | tail -40
   exit 0

@@ -18,7 +18,8 @@
 #                       uses base + 16 i when the sanitizer has --port)
 #   SANITIZE_SHARDS     "BINARY:TOOL:N ..." splits those pairs over N processes each
 #                       (AR_GPU_SHARD=K/N; summary lines "BINARY TOOL-K"); make test-gpu-sanitize
-#                       sets "gpu_mla:racecheck:7" (one process ran past 480 s on the H200)
+#                       sets "gpu_mla:racecheck:7" and the same for gpu_mla_backend and the
+#                       two _handover builds (one process ran past 480 s on the H200)
 #   AR_SRC, AR_BIN      passed to the tests (defaults: the repository root, its bin/attnreplay)
 #
 # Logs: $OUT/gpu-sanitize-BINARY-TOOL.log.  Summary line per pair:

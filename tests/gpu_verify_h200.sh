@@ -5,7 +5,7 @@
 # timeout, logs in $OUT, a short table last.  Stages (run several per call, as time allows):
 #   tests      build/tests/gpu_verify (device reference vs the C reference at 1e-12, yardstick,
 #              verdicts, plan invariance, NaN/guards/cross-check, traces, planted faults)
-#              and build/tests/gpu_cuda + gpu_mla (the backends' result path changed)  ~4 min
+#              and build/tests/gpu_cuda + gpu_mla_backend (the backends' result path)  ~4 min
 #   bench      build/tests/bench_ref_gpu: phases and the FP64 rate on step shapes      ~1 min
 #              (the default: fused kernels for requests of few checked rows, GEMMs for many)
 #   bench-gemm the same with ATTNREPLAY_GPU_REF_FUSED=0 (the GEMM template for every row)  ~2 min
@@ -57,9 +57,9 @@ for stage in "$@"; do
       grep -E "PASSED|FAILED|SKIPPED|rows .* ref |cross-checked|fault|groups|ERROR|LINE" "$OUT/gpu_verify.txt" | tail -60
       timeout 240 build/tests/gpu_cuda >"$OUT/gpu_cuda.txt" 2>&1
       note "gpu_cuda: exit $?"
-      timeout 300 build/tests/gpu_mla >"$OUT/gpu_mla.txt" 2>&1
-      note "gpu_mla: exit $?"
-      grep -hE "^\[  (PASSED|FAILED) |ERROR|LINE" "$OUT/gpu_cuda.txt" "$OUT/gpu_mla.txt" | tail -20
+      timeout 300 build/tests/gpu_mla_backend >"$OUT/gpu_mla_backend.txt" 2>&1
+      note "gpu_mla_backend: exit $?"
+      grep -hE "^\[  (PASSED|FAILED) |ERROR|LINE" "$OUT/gpu_cuda.txt" "$OUT/gpu_mla_backend.txt" | tail -20
       ;;
     bench)
       timeout 240 build/tests/bench_ref_gpu >"$OUT/bench_ref_gpu.txt" 2>&1

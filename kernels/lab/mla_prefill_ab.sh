@@ -9,7 +9,8 @@
 # --block-size 64 --max-num-batched-tokens 8192 --step-time roofline:h200` (112 steps: step 0 one
 # 4,096-token prefill, 1-64 mixed, 65-111 decode-only), the one BENCHMARKS.md's "MLA on a
 # DeepSeek-V3 trace" ran.  Stages, each under `timeout -s KILL`:
-#   1. build/tests/gpu_mla (the tensor-core prefill and GEMM tests among them)  -> gpu_mla.txt
+#   1. build/tests/gpu_mla_backend (the prefill attention and GEMM switch tests among them)
+#                                                                                -> gpu_mla_backend.txt
 #   2. steps 0-9 (the prefill and 9 mixed steps), one layer, every step verified (sample:8),
 #      through the product's default (wgmma prefill attention, cuBLAS projections),
 #      AR_MLA_PREFILL=tc (the mma.sync attention), AR_MLA_GEMM=tc, AR_MLA_PREFILL=absorbed, and on steps 0-2 only
@@ -69,11 +70,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&
 "$AR_BIN" sim --workload synthetic:n=128,input=4096,output=48 --model deepseek-v3 --block-size 64 \
   --max-num-batched-tokens 8192 --step-time roofline:h200 --quiet --out "$TRACE" || exit 1
 
-stage "gpu_mla"
+stage "gpu_mla_backend"
 if [ "${LAB_GPU_MLA:-1}" = 1 ]; then
-timeout -s KILL 240 build/tests/gpu_mla >"$OUT/gpu_mla.txt" 2>&1
-echo "gpu_mla rc=$?"
-grep -E "^gemm [a-z]+, prefill [a-z]+:|tc prefill|decode runs|=cuBLAS|FAILED|PASSED|\[  FAILED|\[  ERROR" "$OUT/gpu_mla.txt" | tail -40
+timeout -s KILL 240 build/tests/gpu_mla_backend >"$OUT/gpu_mla_backend.txt" 2>&1
+echo "gpu_mla_backend rc=$?"
+grep -E "^gemm [a-z]+, prefill [a-z]+:|tc prefill|decode runs|=cuBLAS|FAILED|PASSED|\[  FAILED|\[  ERROR" \
+  "$OUT/gpu_mla_backend.txt" | tail -40
 fi
 
 stage "mixed steps 0-9"
