@@ -147,10 +147,10 @@ typedef struct mla_state {
     bool gemm_cublas_asked;         /* AR_MLA_GEMM=cublas named: refuse to open without cuBLAS */
     const ar_cublas_api *cublas;
     void *cublas_handle;            /* on s->stream */
-    bool prefill_tc;                /* AR_MLA_PREFILL=tc, or the default where wgmma cannot run: prefill_attn_tc_kernel */
+    bool prefill_tc;                /* AR_MLA_PREFILL=tc, or the default where wgmma cannot run: prefill_attn_tc_kernel,
+                                       its shared memory limit raised at open */
     bool prefill_wgmma;             /* QK 192 / V 128 on compute capability 9.0, by default or AR_MLA_PREFILL=wgmma:
                                        prefill_attn_wgmma_kernel, its shared memory limit raised at open */
-    bool prefill_tc_smem_set;       /* its dynamic shared memory limit raised */
     int workspace_tokens;
     ar_cuda_mla_plan_info info;
     int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
@@ -301,6 +301,17 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
             fprintf(stderr, "cuda-mla backend: the prefill attention runs on the mma.sync kernel: %s\n", why);
             s->prefill_wgmma = false;
             s->prefill_tc = true;
+        }
+    }
+    if (s->prefill_tc) {   /* its shared memory: more than the 48 KiB a launch gets unasked */
+        cudaError_t e = cudaFuncSetAttribute(prefill_attn_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             PF_TC_SMEM);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(prefill_attn_tc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     PF_TC_SMEM);
+        if ((rc = mla_fail(e, "the tensor-core prefill kernel's shared memory", err, err_len))) {
+            free(s);
+            return rc;
         }
     }
     s->caps = mla_probe(s->device);
@@ -783,14 +794,6 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
                             s->ws_v.ptr, 1, V, (int64_t)H * V, 1, s->bf16);
                 if ((e = run_gemm(s, g)) != cudaSuccess) return e;
             }
-        }
-        if (s->prefill_tc && !s->prefill_tc_smem_set) {   /* more than the 48 KiB a launch gets unasked */
-            if ((e = cudaFuncSetAttribute(prefill_attn_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          PF_TC_SMEM)) != cudaSuccess ||
-                (e = cudaFuncSetAttribute(prefill_attn_tc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          PF_TC_SMEM)) != cudaSuccess)
-                return e;
-            s->prefill_tc_smem_set = true;
         }
         if (s->prefill_tc || s->prefill_wgmma) {
             /* the two tensor-core kernels take the same arguments: one CTA a query tile and head */
