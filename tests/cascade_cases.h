@@ -33,15 +33,7 @@ typedef struct casc_batch {
 } casc_batch;
 
 static uint64_t casc_rng = 0x9e3779b97f4a7c15ull;
-static inline uint64_t casc_next(void)
-{
-    casc_rng = casc_rng * 6364136223846793005ull + 1442695040888963407ull;
-    uint64_t x = casc_rng;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    return x;
-}
+static inline uint64_t casc_next(void) { return tu_rng64(&casc_rng); }
 
 static inline ar_run_config casc_cfg(int hq, int hkv, int d, int num_blocks, ar_dtype dt, double cap)
 {

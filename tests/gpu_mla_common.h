@@ -23,15 +23,7 @@
 #include "../reference/reference.h"
 
 static uint64_t rng_state = 0x5eedf00dull;
-static inline uint64_t rng_next(void)
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    uint64_t x = rng_state;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    return x;
-}
+static inline uint64_t rng_next(void) { return tu_rng64(&rng_state); }
 
 static inline double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0; }
 

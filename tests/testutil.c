@@ -225,6 +225,16 @@ void tu_mla_model(struct ar_model *m, const char *name, int heads, int layers)
     m->scale = AR_MLA_DEEPSEEK_SCALE;
 }
 
+uint64_t tu_rng64(uint64_t *state)
+{
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t x = *state;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
 int tu_rnd(uint64_t *state, int n)
 {
     *state ^= *state << 13;

@@ -46,6 +46,9 @@ void tu_query_text(const char *db, const char *sql, char *out, size_t len);
 /* A number in 0 .. n - 1 from the xorshift generator *state (a fixed seed gives the same
  * sequence on every machine: the tests' random cases are reproducible). */
 int tu_rnd(uint64_t *state, int n);
+/* The next 64 random bits of the seeded generator *state (a 64-bit LCG step, its state mixed by
+ * a MurmurHash3-style finaliser): the batch builders' keys, shuffles and normal samples. */
+uint64_t tu_rng64(uint64_t *state);
 
 /* DeepSeek-V3's MLA attention (one latent KV head of 576 = 512 + 64 rope dims, nope 128, v 128,
  * its softmax scale) with `heads` query heads and `layers` layers, named `name`, in *m (an

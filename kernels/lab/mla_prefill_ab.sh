@@ -81,13 +81,13 @@ fi
 stage "mixed steps 0-9"
 {
   base=$(replay 0:9 default)
-  wg=$(replay 0:9 tc-prefill AR_MLA_PREFILL=tc)
+  tcp=$(replay 0:9 tc-prefill AR_MLA_PREFILL=tc)
   tcg=$(replay 0:9 tc-gemm AR_MLA_GEMM=tc)
   abs=$(replay 0:9 absorbed AR_MLA_PREFILL=absorbed)
   simt=$(replay 0:2 simt-before AR_MLA_PREFILL=simt AR_MLA_GEMM=simt)
   runs=()
-  for r in $wg $tcg $abs $simt; do runs+=(--run "$r"); done
-  for r in $base $wg $tcg $abs $simt; do marks "$r"; done
+  for r in $tcp $tcg $abs $simt; do runs+=(--run "$r"); done
+  for r in $base $tcp $tcg $abs $simt; do marks "$r"; done
   if [ -n "$base" ] && [ ${#runs[@]} -gt 0 ]; then
     python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}"
     python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}" --parts prefill
