@@ -46,7 +46,7 @@ fi
 # `device_harness.sh mla`: the MLA work of one call, with `make gpu-carry`'s archive unpacked
 # (and .peers/src, .whl carried for the peers): kernels/peers/build_peers.sh in the background
 # (logs and peers-built.tar.xz in $OUT/peers; PEERS_BUILD=0 skips it where .peers/built came
-# along) beside `make test-gpu` and `make mutate-gpu` (when the archive held GPU mutants), then
+# along, and installs FlashInfer's carried wheels alone) beside `make test-gpu` and `make mutate-gpu` (when the archive held GPU mutants), then
 # kernels/lab/mla_prefill_ab.sh with FlashMLA and FlashInfer's MLA wrapper beside the default in
 # the time left (its gpu_mla_backend stage left to make test-gpu).  On the H200 on 2026-12-06 the first
 # three took 315 s (FA3's part of the peers build was cut at 300 s with ten compile jobs beside
@@ -74,6 +74,12 @@ if [ "${1:-}" = "mla" ]; then
   if [ -n "$pb" ]; then
     stage "peers build (waiting)"
     wait "$pb"; grep -E "^BUILD|rc=" "$OUT/build_peers.txt" | tail -6
+  fi
+  # with the peers' build skipped, FlashInfer's Python package still comes from the carried wheels
+  if [ "${PEERS_BUILD:-1}" = 0 ] && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1 && [ ! -d /tmp/ar_site/flashinfer ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ar_site .whl/*.whl \
+      >"$OUT/flashinfer_install.txt" 2>&1
+    echo "FlashInfer wheels installed into /tmp/ar_site: rc=$?"
   fi
   stage "MLA lab"
   AR_PEERS_BUILT=$PWD/.peers/built \

@@ -6,8 +6,9 @@
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
  *    chunked through the workspace), fp8 cache, 128 heads; each setting of AR_MLA_GEMM and
  *    AR_MLA_PREFILL (the Hopper prefill attention, the default on compute capability 9.0, and
- *    AR_MLA_PREFILL=wgmma, refused elsewhere; the mma.sync one, AR_MLA_PREFILL=tc); and every
- *    planted fault flagged on each prefill attention.
+ *    AR_MLA_PREFILL=wgmma, refused elsewhere; its two-warpgroup form, AR_MLA_PREFILL=pingpong;
+ *    the mma.sync one, AR_MLA_PREFILL=tc); and every planted fault flagged on each prefill
+ *    attention.
  * 2. A trace from the simulator's deepseek-v3 preset replays through bin/attnreplay on cuda-mla
  *    with every verified step passing (skips when this build does not register cuda-mla).
  * AR_GPU_SMALL=1 (compute-sanitizer runs) keeps the small batches and drops the 128-head steps
@@ -296,6 +297,10 @@ static const req_case decode_batch[] = {{1, 0}, {1, 37}, {2, 300}, {4, 129}, {1,
 static const req_case mixed_batch[] = {{1, 50}, {140, 600}, {4, 77}, {150, 333}, {200, 0}};
 /* prefills without context beside a decode: the prefill path in one pass (no merge) */
 static const req_case fresh_batch[] = {{200, 0}, {1, 30}, {129, 0}};
+/* a long prefill without context (700 new tokens: 11 key tiles, so the pingpong kernel's ring of
+ * four stages turns over twice and a pair's warpgroups see different key counts), a decode, and
+ * a prefill with context */
+static const req_case long_batch[] = {{700, 0}, {1, 30}, {300, 520}};
 
 static void test_backend_decode(void **st)
 {
@@ -387,9 +392,10 @@ static int cublas_loads(void)
 /* One switch setting of cuda-mla's GEMMs and prefill attention against the float64 reference:
  * decode batches in bf16 and fp16, the mixed batch (prefills over several context chunks:
  * tiles of 64 tokens, a partial last tile, partial key tiles) in bf16, fp16 and over an fp8
- * cache, and prefills without context (one pass, no merge) in bf16.  gemm: AR_MLA_GEMM,
+ * cache, prefills without context (one pass, no merge) in bf16, and a batch with a 700-token
+ * prefill (more key tiles than the pingpong kernel's ring holds) in bf16.  gemm: AR_MLA_GEMM,
  * prefill: AR_MLA_PREFILL (NULL: unset, the defaults: wgmma where the device runs it, else tc;
- * "wgmma" only where the device runs it);
+ * "wgmma" and "pingpong" only where the device runs them);
  * each run's plan must say the kernels asked for ran. */
 static void check_switches(const char *gemm, const char *prefill)
 {
@@ -404,22 +410,28 @@ static void check_switches(const char *gemm, const char *prefill)
         char why[512];
         wgmma_runs = wgmma_available(why, sizeof why);
     }
-    const int want_pf_wgmma = prefill ? strcmp(prefill, "wgmma") == 0 : wgmma_runs;
-    const int want_pf_tc = prefill ? strcmp(prefill, "tc") == 0 : !wgmma_runs;
+    const int want_pf = !prefill                          ? (wgmma_runs ? AR_MLA_PF_ATTN_WGMMA : AR_MLA_PF_ATTN_TC)
+                        : strcmp(prefill, "wgmma") == 0    ? AR_MLA_PF_ATTN_WGMMA
+                        : strcmp(prefill, "pingpong") == 0 ? AR_MLA_PF_ATTN_PINGPONG
+                        : strcmp(prefill, "tc") == 0       ? AR_MLA_PF_ATTN_TC
+                                                           : AR_MLA_PF_ATTN_SIMT;
     static const struct {
         int block_size, num_blocks;
         ar_dtype dt, kv;
         double kv_scale;
-        int mixed;          /* 0 decode_batch, 1 mixed_batch, 2 fresh_batch */
+        int mixed;          /* 0 decode_batch, 1 mixed_batch, 2 fresh_batch, 3 long_batch */
     } cases[] = {{16, 1024, AR_BF16, AR_BF16, 1.0, 0}, {16, 1024, AR_BF16, AR_BF16, 1.0, 1},
                  {16, 1024, AR_FP16, AR_FP16, 1.0, 0}, {16, 1024, AR_FP16, AR_FP16, 1.0, 1},
-                 {64, 256, AR_BF16, AR_FP8_E4M3, 0.5, 1}, {16, 1024, AR_BF16, AR_BF16, 1.0, 2}};
+                 {64, 256, AR_BF16, AR_FP8_E4M3, 0.5, 1}, {16, 1024, AR_BF16, AR_BF16, 1.0, 2},
+                 {16, 1024, AR_BF16, AR_BF16, 1.0, 3}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (small_mode() && i != 1) continue;   /* compute-sanitizer runs: the mixed bf16 batch */
         ar_run_config cfg = mla_cfg(16, cases[i].block_size, cases[i].num_blocks, cases[i].dt, cases[i].kv,
                                     cases[i].kv_scale);
         e2e_result r;
-        if (cases[i].mixed == 2)
+        if (cases[i].mixed == 3)
+            run_e2e(&cfg, long_batch, 3, 0, 1, &r);
+        else if (cases[i].mixed == 2)
             run_e2e(&cfg, fresh_batch, 3, 0, 1, &r);
         else if (cases[i].mixed)
             run_e2e(&cfg, mixed_batch, 5, 0, 1, &r);
@@ -428,7 +440,10 @@ static void check_switches(const char *gemm, const char *prefill)
         char what[160];
         snprintf(what, sizeof what, "gemm %s, prefill %s: %s %s%s", gemm ? gemm : "default",
                  prefill ? prefill : "default",
-                 cases[i].mixed == 2 ? "prefills without context" : cases[i].mixed ? "mixed" : "decode",
+                 cases[i].mixed == 3   ? "a 700-token prefill"
+                 : cases[i].mixed == 2 ? "prefills without context"
+                 : cases[i].mixed      ? "mixed"
+                                       : "decode",
                  cases[i].dt == AR_BF16 ? "bf16" : "fp16",
                  cases[i].kv == AR_FP8_E4M3 ? ", fp8 cache" : "");
         report(what, &r);
@@ -436,15 +451,14 @@ static void check_switches(const char *gemm, const char *prefill)
         assert_int_equal(r.plan.gemm_tc, want_tc);
         assert_int_equal(r.plan.gemm_cublas, want_cublas);
         if (cases[i].mixed) {
-            assert_int_equal(r.plan.num_prefill_reqs, cases[i].mixed == 2 ? 2 : 3);
+            assert_int_equal(r.plan.num_prefill_reqs, cases[i].mixed == 1 ? 3 : 2);
             if (cases[i].mixed == 2)
                 assert_int_equal(r.plan.num_context_chunks, 0);
             else
-                assert_true(r.plan.num_context_chunks >= 4);
-            assert_int_equal(r.plan.prefill_tc, want_pf_tc);
-            assert_int_equal(r.plan.prefill_wgmma, want_pf_wgmma);
-            /* mixed_batch: decodes at 0 and 2, prefills between; fresh_batch: one decode */
-            assert_int_equal(r.plan.decode_row_runs, cases[i].mixed == 2 ? 1 : 2);
+                assert_true(r.plan.num_context_chunks >= (cases[i].mixed == 3 ? 1 : 4));
+            assert_int_equal(r.plan.prefill_attn, want_pf);
+            /* mixed_batch: decodes at 0 and 2, prefills between; fresh_batch and long_batch: one decode */
+            assert_int_equal(r.plan.decode_row_runs, cases[i].mixed == 1 ? 2 : 1);
             assert_int_equal(r.plan.decode_rows_span, 0);
         }
     }
@@ -485,39 +499,55 @@ static void test_gemm_switches(void **st)
     check_switches("simt", "simt");
 }
 
-/* AR_MLA_PREFILL=wgmma: the prefill attention on the Hopper wgmma kernel against the float64
- * reference in check_switches' batches (bf16, fp16 and an fp8 cache; prefills of 129 to 200
- * tokens: tiles of 64 and a partial last one, over several context chunks and without context,
- * partial key tiles), with the projections on the default GEMMs and on the tensor-core kernel.
- * Off compute capability 9.0 the switch is refused at open (exit 2), as it is for a model whose
- * QK / V dims are not 192 / 128 (any device). */
+/* AR_MLA_PREFILL=<name>, one of the Hopper prefill attention kernels (wgmma, pingpong), against
+ * the float64 reference in check_switches' batches (bf16, fp16 and an fp8 cache; prefills of 129
+ * to 700 tokens: tiles of 64 and a partial last one, over several context chunks and without
+ * context, partial key tiles), with the projections on the default GEMMs and on the tensor-core
+ * kernel.  Off compute capability 9.0 the switch is refused at open (exit 2), as it is for a
+ * model whose QK / V dims are not 192 / 128 (any device). */
+static void check_hopper_prefill_switch(const char *name)
+{
+    char why[512] = "";
+    const bool hopper = wgmma_available(why, sizeof why);
+    for (int shape = 0; shape < 2; shape++) {
+        if (shape == 0 && hopper) continue;
+        ar_run_config cfg = mla_cfg(16, 16, 64, AR_BF16, AR_BF16, 1.0);
+        if (shape == 1) cfg.model.qk_nope_head_dim = 64;
+        setenv("AR_MLA_PREFILL", name, 1);
+        void *state = NULL;
+        char err[512] = "", want[64];
+        int rc = ar_cuda_mla_backend.open(&cfg, &state, err, sizeof err);
+        unsetenv("AR_MLA_PREFILL");
+        print_message("AR_MLA_PREFILL=%s, %s: open %d: %s\n", name, shape ? "QK 128" : why, rc, err);
+        if (rc == 0) ar_cuda_mla_backend.close(state);
+        assert_int_equal(rc, 2);
+        snprintf(want, sizeof want, "AR_MLA_PREFILL=%s", name);
+        assert_non_null(strstr(err, want));
+    }
+    if (!hopper) {
+        print_message("skipping the %s runs: %s\n", name, why);
+        skip();
+        return;
+    }
+    check_switches(NULL, name);
+    check_switches("tc", name);
+}
+
+/* AR_MLA_PREFILL=wgmma: the 64-row kernel, one warpgroup a CTA. */
 static void test_wgmma_prefill_switch(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
-    char why[512] = "";
-    const bool wgmma = wgmma_available(why, sizeof why);
-    for (int shape = 0; shape < 2; shape++) {
-        if (shape == 0 && wgmma) continue;
-        ar_run_config cfg = mla_cfg(16, 16, 64, AR_BF16, AR_BF16, 1.0);
-        if (shape == 1) cfg.model.qk_nope_head_dim = 64;
-        setenv("AR_MLA_PREFILL", "wgmma", 1);
-        void *state = NULL;
-        char err[512] = "";
-        int rc = ar_cuda_mla_backend.open(&cfg, &state, err, sizeof err);
-        unsetenv("AR_MLA_PREFILL");
-        print_message("AR_MLA_PREFILL=wgmma, %s: open %d: %s\n", shape ? "QK 128" : why, rc, err);
-        if (rc == 0) ar_cuda_mla_backend.close(state);
-        assert_int_equal(rc, 2);
-        assert_non_null(strstr(err, "AR_MLA_PREFILL=wgmma"));
-    }
-    if (!wgmma) {
-        print_message("skipping the wgmma runs: %s\n", why);
-        skip();
-        return;
-    }
-    check_switches(NULL, "wgmma");
-    check_switches("tc", "wgmma");
+    check_hopper_prefill_switch("wgmma");
+}
+
+/* AR_MLA_PREFILL=pingpong: its two-warpgroup form (two query tiles a CTA sharing each key tile,
+ * a TMA producer, ping-pong turns). */
+static void test_pingpong_prefill_switch(void **st)
+{
+    (void)st;
+    SKIP_WITHOUT_GPU();
+    check_hopper_prefill_switch("pingpong");
 }
 
 /* AR_MLA_GEMM=cublas named: cuBLAS runs, where it loads. */
@@ -584,7 +614,7 @@ static void test_interleaved_decode_rows(void **st)
 
 /* Every kernel-side fault must break the comparison (metadata faults are the engine's), on the
  * decode path, the prefill path and the prefill path's tensor-core attention (mma.sync, and
- * wgmma where the device runs it). */
+ * wgmma and its pingpong form where the device runs them). */
 static void test_faults_flagged(void **st)
 {
     (void)st;
@@ -594,8 +624,10 @@ static void test_faults_flagged(void **st)
     const req_case dec[] = {{4, 40}, {2, 300}, {1, 90}};
     const req_case pf[] = {{150, 40}, {1, 20}};
     char why[512] = "";
-    const int paths = wgmma_available(why, sizeof why) ? 4 : 3;
-    if (paths == 3) print_message("the wgmma prefill left out: %s\n", why);
+    const int paths = wgmma_available(why, sizeof why) ? 5 : 3;
+    if (paths == 3) print_message("the wgmma and pingpong prefills left out: %s\n", why);
+    static const int attn_of_path[5] = {AR_MLA_PF_ATTN_NONE, AR_MLA_PF_ATTN_SIMT, AR_MLA_PF_ATTN_TC,
+                                        AR_MLA_PF_ATTN_WGMMA, AR_MLA_PF_ATTN_PINGPONG};
     for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) {
         for (int path = 0; path < paths; path++) {
             ar_run_config cfg = mla_cfg(16, 16, 512, AR_BF16, AR_BF16, 1.0);
@@ -604,6 +636,7 @@ static void test_faults_flagged(void **st)
             if (path == 1) setenv("AR_MLA_PREFILL", "simt", 1);
             if (path == 2) setenv("AR_MLA_PREFILL", "tc", 1);
             if (path == 3) setenv("AR_MLA_PREFILL", "wgmma", 1);
+            if (path == 4) setenv("AR_MLA_PREFILL", "pingpong", 1);
             if (path == 0)
                 run_e2e(&cfg, dec, 3, faults[i] == AR_FAULT_MERGE_NO_WEIGHTS ? 4 : 0, 1, &r);
             else
@@ -611,10 +644,13 @@ static void test_faults_flagged(void **st)
             unsetenv("AR_MLA_PREFILL");
             char what[96];
             snprintf(what, sizeof what, "fault %s (%s)", ar_fault_name(faults[i]),
-                     path == 0 ? "decode" : path == 1 ? "prefill" : path == 2 ? "tc prefill" : "wgmma prefill");
+                     path == 0   ? "decode"
+                     : path == 1 ? "prefill"
+                     : path == 2 ? "tc prefill"
+                     : path == 3 ? "wgmma prefill"
+                                 : "pingpong prefill");
             report(what, &r);
-            assert_int_equal(r.plan.prefill_tc, path == 2);
-            assert_int_equal(r.plan.prefill_wgmma, path == 3);
+            assert_int_equal(r.plan.prefill_attn, attn_of_path[path]);
             assert_false(e2e_pass(&r));
         }
     }
@@ -697,6 +733,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tc_prefill_switch, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_gemm_switches, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_wgmma_prefill_switch, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_pingpong_prefill_switch, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_cublas_gemm, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_switch_refused, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_interleaved_decode_rows, test_setup, test_teardown),

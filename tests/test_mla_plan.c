@@ -337,6 +337,46 @@ static void random_prefill_step(int *R, int *qsl, int *seq_lens, unsigned char *
     }
 }
 
+/* The pairs of query tiles (ar_mla_pair_prefill_tiles): every tile in exactly one pair; a pair is
+ * a request's tiles 2k and 2k + 1 (its first tile at an even offset in the request's tiles), or
+ * a request's last tile alone; pairs ordered by the position of their last token, highest
+ * first, ties in tile order. */
+static void check_pairs(const ar_mla_prefill_passes *pp, int R, const int *qsl, const int *seq_lens,
+                        const unsigned char *is_pf, const int *tiles)
+{
+    enum { MAXP = 24 * 700 };
+    static int pairs[2 * MAXP], seen[MAXP], first_tile_of[64];
+    assert_int_equal(ar_mla_pair_prefill_tiles(pp, R, qsl, seq_lens, is_pf, pairs), 0);
+    memset(seen, 0, sizeof seen);
+    for (int k = pp->num_tiles - 1; k >= 0; k--) first_tile_of[tiles[3 * k + 2]] = k;
+    int want_pairs = 0;
+    for (int r = 0; r < R; r++)
+        if (is_pf[r]) want_pairs += (qsl[r + 1] - qsl[r] + 127) / 128;
+    assert_int_equal(pp->num_pairs, want_pairs);
+    long prev_last = -1, prev_first = -1;
+    for (int i = 0; i < pp->num_pairs; i++) {
+        const int t0 = pairs[2 * i], t1 = pairs[2 * i + 1];
+        assert_true(t0 >= 0 && t0 < pp->num_tiles);
+        const int r = tiles[3 * t0 + 2];
+        assert_int_equal((t0 - first_tile_of[r]) % 2, 0);
+        seen[t0]++;
+        if (t1 >= 0) {
+            assert_int_equal(t1, t0 + 1);
+            assert_int_equal(tiles[3 * t1 + 2], r);
+            seen[t1]++;
+        } else {
+            assert_true(t0 + 1 == pp->num_tiles || tiles[3 * (t0 + 1) + 2] != r);   /* the request's last */
+        }
+        const int lt = t1 >= 0 ? t1 : t0;
+        const int ql = qsl[r + 1] - qsl[r];
+        const long last = (long)(seq_lens[r] - ql) + (tiles[3 * lt] - tiles[3 * first_tile_of[r]]) + tiles[3 * lt + 1] - 1;
+        if (i > 0) assert_true(last < prev_last || (last == prev_last && t0 > prev_first));
+        prev_last = last;
+        prev_first = t0;
+    }
+    for (int k = 0; k < pp->num_tiles; k++) assert_int_equal(seen[k], 1);
+}
+
 /* Every pass holds, for each prefill request, one run of consecutive positions (what the
  * tensor-core attention's key skipping relies on); over the passes the request's context
  * positions [0, ctx) each once, in context passes of at most `chunk` positions starting at
@@ -419,6 +459,7 @@ static void test_prefill_passes(void **state)
             next = first + count;
         }
         assert_int_equal(next, tokens);
+        check_pairs(&pp, R, qsl, seq_lens, is_pf, tiles);
         ar_mla_prefill_passes_free(&pp);
         ar_mla_prefill_passes_free(&pp);   /* zeroed: freeing again is harmless */
     }

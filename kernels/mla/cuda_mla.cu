@@ -11,7 +11,7 @@
  * The pieces it drives live in kernels/mla/: mla_route.c (the decision function and a route's
  * plan), mla_plan.c (the planner), mla_decode.h / mla_decode.cu (the decode launch and its
  * kernels), mla_prefill.cuh (GEMM and prefill kernels), mla_prefill_wgmma.cuh (the prefill
- * attention on wgmma),
+ * attention on wgmma), mla_prefill_pingpong.cuh (its two-warpgroup form fed by TMA),
  * mla_inputs.cuh (generator and cache write), mla_common.cuh (shapes, arguments, helpers).
  *
  * Timed part of forward (CUDA events; one untimed warm-up at the first forward and before every
@@ -33,7 +33,9 @@
  * Hopper wgmma kernel (prefill_attn_wgmma_kernel, DeepSeek's QK 192 / V 128 on compute
  * capability 9.0; elsewhere the mma.sync kernel prefill_attn_tc_kernel, said once on stderr;
  * other shapes the SIMT kernel).  =wgmma insists on it (open refuses with exit 2 where it
- * cannot run), =tc takes the mma.sync kernel, =simt the SIMT one; =absorbed sends requests of
+ * cannot run), =pingpong takes its two-warpgroup form (prefill_attn_pingpong_kernel: two query
+ * tiles a CTA sharing every key tile, a TMA producer, ping-pong turns; refused as =wgmma is),
+ * =tc takes the mma.sync kernel, =simt the SIMT one; =absorbed sends requests of
  * more than AR_CUDA_MLA_DECODE_THRESHOLD query tokens down the absorbed decode path too, as
  * FlashMLA's and FlashInfer's adapters do (for comparisons).  Other values of either are
  * refused (exit 2).
@@ -57,6 +59,7 @@
 #include "mla_inputs.cuh"
 #include "mla_prefill.cuh"
 #include "mla_prefill_wgmma.cuh"
+#include "mla_prefill_pingpong.cuh"
 
 #define MLA_GUARD_BYTES 4096
 #define MLA_DEC_RANGES 16   /* runs of decode tokens given their own absorption / W_UV GEMMs */
@@ -147,10 +150,11 @@ typedef struct mla_state {
     bool gemm_cublas_asked;         /* AR_MLA_GEMM=cublas named: refuse to open without cuBLAS */
     const ar_cublas_api *cublas;
     void *cublas_handle;            /* on s->stream */
-    bool prefill_tc;                /* AR_MLA_PREFILL=tc, or the default where wgmma cannot run: prefill_attn_tc_kernel,
-                                       its shared memory limit raised at open */
-    bool prefill_wgmma;             /* QK 192 / V 128 on compute capability 9.0, by default or AR_MLA_PREFILL=wgmma:
-                                       prefill_attn_wgmma_kernel, its shared memory limit raised at open */
+    ar_mla_prefill_attn prefill_attn;   /* the prefill attention's kernel (AR_MLA_PREFILL, open): the tensor-core
+                                       ones get their shared memory limit raised at open */
+    int n_pf_pairs;                 /* pairs of query tiles (the pingpong kernel's CTAs) */
+    int *d_pf_pairs;                /* [n_pf_pairs][2] tile indices (ar_mla_pair_prefill_tiles) */
+    CUtensorMap tmap_ws_k, tmap_ws_v;   /* the key / value workspace for the pingpong kernel's TMA copies */
     int workspace_tokens;
     ar_cuda_mla_plan_info info;
     int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
@@ -236,9 +240,10 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
      * SIMT one (simt).  Any other value is refused. */
     const char *pf_env = getenv("AR_MLA_PREFILL"), *gemm_env = getenv("AR_MLA_GEMM");
     if (pf_env && *pf_env && strcmp(pf_env, "tc") && strcmp(pf_env, "simt") && strcmp(pf_env, "wgmma") &&
-        strcmp(pf_env, "absorbed")) {
+        strcmp(pf_env, "pingpong") && strcmp(pf_env, "absorbed")) {
         snprintf(err, err_len,
-                 "cuda-mla backend: AR_MLA_PREFILL=%s: not one of wgmma (the default), tc, simt, absorbed", pf_env);
+                 "cuda-mla backend: AR_MLA_PREFILL=%s: not one of wgmma (the default), pingpong, tc, simt, absorbed",
+                 pf_env);
         free(s);
         return 2;
     }
@@ -251,13 +256,21 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->use_prefill = !(pf_named && strcmp(pf_env, "absorbed") == 0);
     const bool pf_shape = s->P + DR == PF_TC_QK && s->V == PF_TC_V;
     /* wgmma by default where the shape allows (open falls back to tc below where the device
-     * cannot run it); named, it must run (else exit 2) */
-    const bool wgmma_asked = pf_named && strcmp(pf_env, "wgmma") == 0;
-    s->prefill_wgmma = wgmma_asked || (!pf_named && pf_shape);
-    s->prefill_tc = pf_shape && !s->prefill_wgmma && !(pf_named && strcmp(pf_env, "simt") == 0);
-    if (wgmma_asked && !pf_shape) {
-        snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=wgmma: the wgmma kernel needs QK 192 / V 128 "
-                 "(qk_nope_head_dim %d, v_head_dim %d)", s->P, s->V);
+     * cannot run it); the Hopper kernels named (wgmma, pingpong) must run (else exit 2) */
+    const bool hopper_asked = pf_named && (strcmp(pf_env, "wgmma") == 0 || strcmp(pf_env, "pingpong") == 0);
+    if (!pf_shape)
+        s->prefill_attn = AR_MLA_PF_ATTN_SIMT;
+    else if (pf_named && strcmp(pf_env, "simt") == 0)
+        s->prefill_attn = AR_MLA_PF_ATTN_SIMT;
+    else if (pf_named && strcmp(pf_env, "tc") == 0)
+        s->prefill_attn = AR_MLA_PF_ATTN_TC;
+    else if (pf_named && strcmp(pf_env, "pingpong") == 0)
+        s->prefill_attn = AR_MLA_PF_ATTN_PINGPONG;
+    else
+        s->prefill_attn = AR_MLA_PF_ATTN_WGMMA;
+    if (hopper_asked && !pf_shape) {
+        snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=%s: the %s kernel needs QK 192 / V 128 "
+                 "(qk_nope_head_dim %d, v_head_dim %d)", pf_env, pf_env, s->P, s->V);
         free(s);
         return 2;
     }
@@ -278,32 +291,38 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     }
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->num_sms = prop.multiProcessorCount;
-    if (s->prefill_wgmma) {   /* the sm_90a code of the build runs on compute capability 9.0 only */
+    if (s->prefill_attn == AR_MLA_PF_ATTN_WGMMA || s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG) {
+        /* the sm_90a code of the build runs on compute capability 9.0 only */
+        const bool pp = s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG;
+        const char *name = pp ? "pingpong" : "wgmma";
         cudaError_t e = cudaSuccess;
         if (prop.major != 9 || prop.minor != 0 ||
-            (e = cudaFuncSetAttribute(prefill_attn_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      PF_WG_SMEM)) != cudaSuccess ||
-            (e = cudaFuncSetAttribute(prefill_attn_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      PF_WG_SMEM)) != cudaSuccess) {
+            (e = pp ? cudaFuncSetAttribute(prefill_attn_pingpong_kernel<true>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, PP_SMEM)
+                    : cudaFuncSetAttribute(prefill_attn_wgmma_kernel<true>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, PF_WG_SMEM)) != cudaSuccess ||
+            (e = pp ? cudaFuncSetAttribute(prefill_attn_pingpong_kernel<false>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, PP_SMEM)
+                    : cudaFuncSetAttribute(prefill_attn_wgmma_kernel<false>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, PF_WG_SMEM)) != cudaSuccess) {
             char why[160];
             if (e != cudaSuccess)
-                snprintf(why, sizeof why, "the wgmma kernel's shared memory: %s", cudaGetErrorString(e));
+                snprintf(why, sizeof why, "the %s kernel's shared memory: %s", name, cudaGetErrorString(e));
             else
-                snprintf(why, sizeof why, "the wgmma kernel needs compute capability 9.0 (this device: %d.%d)",
+                snprintf(why, sizeof why, "the %s kernel needs compute capability 9.0 (this device: %d.%d)", name,
                          prop.major, prop.minor);
             cudaGetLastError();
-            if (wgmma_asked) {
-                snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=wgmma: %s", why);
+            if (hopper_asked) {
+                snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=%s: %s", name, why);
                 free(s);
                 return 2;
             }
             /* the default: the mma.sync kernel instead, said once */
             fprintf(stderr, "cuda-mla backend: the prefill attention runs on the mma.sync kernel: %s\n", why);
-            s->prefill_wgmma = false;
-            s->prefill_tc = true;
+            s->prefill_attn = AR_MLA_PF_ATTN_TC;
         }
     }
-    if (s->prefill_tc) {   /* its shared memory: more than the 48 KiB a launch gets unasked */
+    if (s->prefill_attn == AR_MLA_PF_ATTN_TC) {   /* its shared memory: more than the 48 KiB a launch gets unasked */
         cudaError_t e = cudaFuncSetAttribute(prefill_attn_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              PF_TC_SMEM);
         if (e == cudaSuccess)
@@ -495,6 +514,8 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     size_t o_groups = ar_meta_take(&off, (size_t)plan.num_groups * sizeof(combine_group));
     size_t o_pftok = ar_meta_take(&off, (size_t)n_pf_tok * 4);
     size_t o_pftiles = ar_meta_take(&off, (size_t)pf->num_tiles * 3 * 4);
+    const bool pingpong = s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG && n_pf_reqs > 0;
+    size_t o_pfpairs = ar_meta_take(&off, pingpong ? (size_t)pf->num_pairs * 2 * 4 : 0);
     for (int p = 0; p < n_passes; p++) {
         s->pass_meta_off[4 * p + 0] = ar_meta_take(&off, (size_t)pf->rows[p] * 4);   /* row_req */
         s->pass_meta_off[4 * p + 1] = ar_meta_take(&off, (size_t)pf->rows[p] * 4);   /* row_pos */
@@ -513,6 +534,13 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     unsigned char *h = (unsigned char *)s->h_meta;
     ar_batch_meta_fill(&bm, h, b);
     ar_mla_fill_prefill_tokens(R, b->query_start_loc, is_pf, (int *)(h + o_pftok), (int *)(h + o_pftiles));
+    if (pingpong && ar_mla_pair_prefill_tiles(pf, R, b->query_start_loc, b->seq_lens, is_pf, (int *)(h + o_pfpairs))) {
+        free(is_pf);
+        free(is_dec);
+        ar_mla_plan_free(&plan);
+        snprintf(err, err_len, "cuda-mla backend: out of host memory");
+        return 3;
+    }
     memcpy(h + o_work, plan.work, (size_t)plan.num_work * sizeof(work_item));
     memcpy(h + o_groups, plan.groups, (size_t)plan.num_groups * sizeof(combine_group));
     for (int p = 0; p < n_passes; p++)
@@ -539,6 +567,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->d_groups = (combine_group *)(d + o_groups);
     s->d_pf_tok = (int *)(d + o_pftok);
     s->d_pf_tiles = (int *)(d + o_pftiles);
+    s->d_pf_pairs = (int *)(d + o_pfpairs);
 
     /* per-step buffers */
     const int P = s->P, V = s->V, QK = P + DR;
@@ -569,6 +598,25 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         free(is_dec);
         ar_mla_plan_free(&plan);
         return rc;
+    }
+    /* the pingpong kernel's TMA views of the workspace, over its whole capacity (a pass's rows past
+     * its own are masked by the kernel): ws_k [rows][H][QK], ws_v [rows][H][V], box [64 rows][1
+     * head][64 dims] */
+    if (pingpong) {
+        const uint64_t k_rows = s->ws_k.cap / ((size_t)H * QK * 2), v_rows = s->ws_v.cap / ((size_t)H * V * 2);
+        const uint64_t k_dims[3] = {(uint64_t)QK, (uint64_t)H, k_rows}, v_dims[3] = {(uint64_t)V, (uint64_t)H, v_rows};
+        const uint64_t k_strides[2] = {(uint64_t)QK * 2, (uint64_t)H * QK * 2};
+        const uint64_t v_strides[2] = {(uint64_t)V * 2, (uint64_t)H * V * 2};
+        const uint32_t box[3] = {64, 1, (uint32_t)PF_TC_KEYS};
+        if ((rc = ar_tma_encode(&s->tmap_ws_k, s->ws_k.ptr, 3, k_dims, k_strides, box, "cuda-mla pingpong prefill",
+                                err, err_len)) ||
+            (rc = ar_tma_encode(&s->tmap_ws_v, s->ws_v.ptr, 3, v_dims, v_strides, box, "cuda-mla pingpong prefill",
+                                err, err_len))) {
+            free(is_pf);
+            free(is_dec);
+            ar_mla_plan_free(&plan);
+            return rc;
+        }
     }
     /* cuBLAS's 16-bit copies of W_UV's float operand and result: here, not in a timed forward */
     int64_t dec_tok = 0;
@@ -621,6 +669,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     s->n_dec_reqs = R - n_pf_reqs;
     s->n_pf_tok = n_pf_tok;
     s->n_pf_tiles = pf->num_tiles;
+    s->n_pf_pairs = pingpong ? pf->num_pairs : 0;
     s->n_passes = n_passes;
     s->ws_rows_max = pf->max_rows;
     s->info.num_decode_reqs = R - n_pf_reqs;
@@ -795,11 +844,18 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
                 if ((e = run_gemm(s, g)) != cudaSuccess) return e;
             }
         }
-        if (s->prefill_tc || s->prefill_wgmma) {
+        if (s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG) {
+            /* one CTA a pair of query tiles and a head */
+            auto *kernel = s->bf16 ? prefill_attn_pingpong_kernel<true> : prefill_attn_pingpong_kernel<false>;
+            kernel<<<dim3((unsigned)s->n_pf_pairs, (unsigned)H), PP_THREADS, PP_SMEM, s->stream>>>(
+                a, s->tmap_ws_k, s->tmap_ws_v, s->d_pf_tok, s->d_pf_tiles, s->d_pf_pairs, s->d_tpos,
+                (const uint16_t *)s->qnope.ptr, row_pos, kb, ke, (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
+        } else if (s->prefill_attn == AR_MLA_PF_ATTN_TC || s->prefill_attn == AR_MLA_PF_ATTN_WGMMA) {
             /* the two tensor-core kernels take the same arguments: one CTA a query tile and head */
-            auto *kernel = s->prefill_wgmma ? (s->bf16 ? prefill_attn_wgmma_kernel<true> : prefill_attn_wgmma_kernel<false>)
-                                            : (s->bf16 ? prefill_attn_tc_kernel<true> : prefill_attn_tc_kernel<false>);
-            const int smem = s->prefill_wgmma ? PF_WG_SMEM : PF_TC_SMEM;
+            const bool wg = s->prefill_attn == AR_MLA_PF_ATTN_WGMMA;
+            auto *kernel = wg ? (s->bf16 ? prefill_attn_wgmma_kernel<true> : prefill_attn_wgmma_kernel<false>)
+                              : (s->bf16 ? prefill_attn_tc_kernel<true> : prefill_attn_tc_kernel<false>);
+            const int smem = wg ? PF_WG_SMEM : PF_TC_SMEM;
             kernel<<<dim3((unsigned)s->n_pf_tiles, (unsigned)H), 128, smem, s->stream>>>(
                 a, s->d_pf_tok, s->d_pf_tiles, s->d_tpos, (const uint16_t *)s->qnope.ptr, (const uint16_t *)s->ws_k.ptr,
                 (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke, (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
@@ -1003,8 +1059,10 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
         ar_forward_add_path(o, ar_mla_route_path(&s->route, ar_mla_wgmma_cpasync(&s->route, a.block_size, tmap_arg != NULL), present[3]));
     if (s->n_pf_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
     if (s->n_pf_reqs > 0 && s->info.num_context_chunks > 0) ar_forward_add_path(o, "mla-prefill:context");
-    if (s->n_pf_reqs > 0 && s->prefill_tc) ar_forward_add_path(o, "mla-prefill-attn:tc");
-    if (s->n_pf_reqs > 0 && s->prefill_wgmma) ar_forward_add_path(o, "mla-prefill-attn:wgmma");
+    if (s->n_pf_reqs > 0 && s->prefill_attn == AR_MLA_PF_ATTN_TC) ar_forward_add_path(o, "mla-prefill-attn:tc");
+    if (s->n_pf_reqs > 0 && s->prefill_attn == AR_MLA_PF_ATTN_WGMMA) ar_forward_add_path(o, "mla-prefill-attn:wgmma");
+    if (s->n_pf_reqs > 0 && s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG)
+        ar_forward_add_path(o, "mla-prefill-attn:pingpong");
     if (s->fp8) ar_forward_add_path(o, "kv-fp8");
 
     o->dev_out = (const char *)s->out.ptr + MLA_GUARD_BYTES;
@@ -1050,8 +1108,7 @@ extern "C" void ar_cuda_mla_plan_of(void *state, ar_cuda_mla_plan_info *info)
         *info = s->info;
         info->gemm_tc = s->gemm_tc;
         info->gemm_cublas = s->cublas_handle != NULL;
-        info->prefill_tc = s->prefill_tc && s->n_pf_reqs > 0;
-        info->prefill_wgmma = s->prefill_wgmma && s->n_pf_reqs > 0;
+        info->prefill_attn = s->n_pf_reqs > 0 ? s->prefill_attn : AR_MLA_PF_ATTN_NONE;
         info->decode_row_runs = s->n_dec_ranges;
         info->decode_rows_span = s->dec_rows_hold_prefill;
     }

@@ -64,6 +64,17 @@ void ar_cuda_mla_set_plan(void *state, ar_cuda_mla_kernel kernel, int num_splits
  * small one to get several chunks from short contexts).  Values < 16 are read as 16. */
 void ar_cuda_mla_set_workspace(void *state, int tokens);
 
+/* The prefill path's attention kernels (AR_MLA_PREFILL): the Hopper wgmma kernel (the default
+ * for QK 192 / V 128 on compute capability 9.0), its two-warpgroup form fed by TMA (pingpong),
+ * the mma.sync one (tc: the default elsewhere) and the SIMT one (other shapes, or simt). */
+typedef enum ar_mla_prefill_attn {
+    AR_MLA_PF_ATTN_NONE = 0,
+    AR_MLA_PF_ATTN_SIMT,
+    AR_MLA_PF_ATTN_TC,
+    AR_MLA_PF_ATTN_WGMMA,
+    AR_MLA_PF_ATTN_PINGPONG,
+} ar_mla_prefill_attn;
+
 /* What the last forward did. */
 typedef struct ar_cuda_mla_plan_info {
     int num_decode_reqs;      /* requests on the absorbed path */
@@ -74,10 +85,8 @@ typedef struct ar_cuda_mla_plan_info {
     int num_sms;
     int gemm_tc;              /* 1: the projections' GEMMs not through cuBLAS ran on the tensor-core kernel
                                  (all but AR_MLA_GEMM=simt) */
-    int prefill_tc;           /* 1: the prefill requests' attention ran on the mma.sync tensor-core kernel
-                                 (AR_MLA_PREFILL=tc, or the default where wgmma cannot run) */
-    int prefill_wgmma;        /* 1: it ran on the Hopper wgmma kernel (the default for QK 192 / V 128 on
-                                 compute capability 9.0, or AR_MLA_PREFILL=wgmma) */
+    int prefill_attn;         /* the kernel the prefill requests' attention ran on (ar_mla_prefill_attn;
+                                 AR_MLA_PF_ATTN_NONE without a prefill request) */
     int gemm_cublas;          /* 1: the 16-bit projection GEMMs ran through cuBLAS (the default where it loads) */
     int decode_row_runs;      /* runs of consecutive decode tokens the absorption and W_UV GEMMs ran on */
     int decode_rows_span;     /* 1: too many runs; one span from the first decode token to the step's last */

@@ -372,6 +372,7 @@ int ar_mla_plan_prefill(ar_mla_prefill_passes *pp, int R, const int *qsl, const 
         pp->num_reqs++;
         pp->num_tokens += ql;
         pp->num_tiles += (ql + AR_MLA_PREFILL_TILE - 1) / AR_MLA_PREFILL_TILE;
+        pp->num_pairs += (ql + 2 * AR_MLA_PREFILL_TILE - 1) / (2 * AR_MLA_PREFILL_TILE);
         if (ctx > 0) with_ctx++;
         if (ctx > max_ctx) max_ctx = ctx;
     }
@@ -431,6 +432,48 @@ void ar_mla_fill_prefill_tokens(int R, const int *qsl, const unsigned char *is_p
         }
         for (int t = qsl[r]; t < qsl[r + 1]; t++) pf_tok[n++] = t;
     }
+}
+
+typedef struct tile_pair {
+    int last_pos;   /* position of the pair's last token */
+    int index;      /* in tile order */
+    int tile[2];
+} tile_pair;
+
+static int by_last_pos_desc(const void *x, const void *y)
+{
+    const tile_pair *a = (const tile_pair *)x, *b = (const tile_pair *)y;
+    if (a->last_pos != b->last_pos) return a->last_pos > b->last_pos ? -1 : 1;
+    return (a->index > b->index) - (a->index < b->index);
+}
+
+int ar_mla_pair_prefill_tiles(const ar_mla_prefill_passes *pp, int R, const int *qsl, const int *seq_lens,
+                              const unsigned char *is_pf, int *pairs)
+{
+    tile_pair *tp = malloc((size_t)(pp->num_pairs > 0 ? pp->num_pairs : 1) * sizeof *tp);
+    if (!tp) return -1;
+    int n = 0, tile = 0;
+    for (int r = 0; r < R; r++) {
+        if (!is_pf[r]) continue;
+        const int ql = qsl[r + 1] - qsl[r], ctx = seq_lens[r] - ql;
+        const int tiles = (ql + AR_MLA_PREFILL_TILE - 1) / AR_MLA_PREFILL_TILE;
+        for (int k = 0; k < tiles; k += 2) {
+            const int end = (k + 2) * AR_MLA_PREFILL_TILE < ql ? (k + 2) * AR_MLA_PREFILL_TILE : ql;
+            tp[n].last_pos = ctx + end - 1;
+            tp[n].index = n;
+            tp[n].tile[0] = tile + k;
+            tp[n].tile[1] = k + 1 < tiles ? tile + k + 1 : -1;
+            n++;
+        }
+        tile += tiles;
+    }
+    qsort(tp, (size_t)n, sizeof *tp, by_last_pos_desc);
+    for (int i = 0; i < n; i++) {
+        pairs[2 * i] = tp[i].tile[0];
+        pairs[2 * i + 1] = tp[i].tile[1];
+    }
+    free(tp);
+    return 0;
 }
 
 int ar_mla_decode_runs(int R, const int *qsl, const unsigned char *is_dec, int max_runs, int *rows, int *num_runs)

@@ -92,6 +92,7 @@ typedef struct ar_mla_prefill_passes {
     int num_reqs;           /* requests on the prefill path */
     int num_tokens;         /* their new tokens (pf_tok's length) */
     int num_tiles;          /* query tiles */
+    int num_pairs;          /* pairs of a request's consecutive query tiles (ar_mla_pair_prefill_tiles) */
     int num_ctx_chunks;     /* context passes (0 when no request has context) */
     int num_passes;         /* num_ctx_chunks + 1, or 0 without a prefill request */
     int chunk;              /* context positions of one request a pass */
@@ -113,6 +114,15 @@ void ar_mla_fill_prefill_pass(const ar_mla_prefill_passes *pp, int p, int R, con
 /* The prefill tokens in request order, pf_tok [num_tokens], and the query tiles, tiles
  * [num_tiles][3]: first pf_tok index, token count (1..AR_MLA_PREFILL_TILE), request. */
 void ar_mla_fill_prefill_tokens(int R, const int *qsl, const unsigned char *is_pf, int *pf_tok, int *tiles);
+
+/* The query tiles of ar_mla_fill_prefill_tokens in pairs, for the two-warpgroup prefill attention
+ * (one CTA a pair, each tile on its own warpgroup, every key tile loaded once for both): pairs
+ * [num_pairs][2] holds tile indices, request by request tiles 2k and 2k + 1 of a request, the
+ * second -1 where a request has an odd count.  Ordered by the position of the pair's last
+ * token, highest first (the pairs with the most keys start first, so the launch's tail holds
+ * short ones), ties in tile order.  0, or -1 out of memory. */
+int ar_mla_pair_prefill_tiles(const ar_mla_prefill_passes *pp, int R, const int *qsl, const int *seq_lens,
+                              const unsigned char *is_pf, int *pairs);
 
 /* The decode requests' tokens (is_dec[r] != 0, q_len > 0) as runs of consecutive tokens, in
  * order: rows [num_runs][2] holds [begin, end) token ranges, adjacent requests' tokens merged

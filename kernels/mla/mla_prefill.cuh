@@ -440,16 +440,16 @@ __device__ __forceinline__ int pf_key_end(const int *row_pos, int k_begin, int k
     return k_end;
 }
 
-/* The online softmax of one key tile on the m16n8 accumulator layout both prefill tensor-core
+/* The online softmax of one key tile on the m16n8 accumulator layout the prefill tensor-core
  * kernels hold S in: s[nt][2h + j] is query row grp + 8h of the warp's 16 (grp = lane / 4), key
  * nt * 8 + 2 tig + j (tig = lane % 4); a row's 64 keys are spread over the 4 threads of a quad.
- * In: the raw scores; out: P (unrounded).  kp: the tile's key positions, qpos: the thread's two
- * rows' (a key is visible when kp <= qpos).  The running maxima m (log2 domain), the thread's
- * partial row sums l and the output accumulator o (same layout, 128 dims) are updated; the
- * planted fault AR_FAULT_NO_RESCALE skips the rescale. */
-__device__ __forceinline__ void pf_softmax_tile(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], const int *kp,
-                                                const int (&qpos)[2], int tig, float (&m)[2], float (&l)[2],
-                                                float (&o)[PF_TC_V / 8][4])
+ * In: the raw scores; out: P (unrounded).  visible(key, h): whether the thread's row grp + 8h
+ * sees key (0..63) of the tile.  The running maxima m (log2 domain), the thread's partial row
+ * sums l and the output accumulator o (same layout, 128 dims) are updated; the planted fault
+ * AR_FAULT_NO_RESCALE skips the rescale. */
+template <typename Visible>
+__device__ __forceinline__ void pf_softmax_tile_vis(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], Visible visible,
+                                                    int tig, float (&m)[2], float (&l)[2], float (&o)[PF_TC_V / 8][4])
 {
     constexpr int V = PF_TC_V;
 #pragma unroll
@@ -459,7 +459,7 @@ __device__ __forceinline__ void pf_softmax_tile(const attn_args &a, float (&s)[P
         for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
             for (int j = 0; j < 2; j++) {
                 const int key = nt * 8 + 2 * tig + j;
-                const float x = kp[key] <= qpos[h] ? s[nt][2 * h + j] * a.scale_log2 : -INFINITY;
+                const float x = visible(key, h) ? s[nt][2 * h + j] * a.scale_log2 : -INFINITY;
                 s[nt][2 * h + j] = x;
                 mx = fmaxf(mx, x);
             }
@@ -484,6 +484,15 @@ __device__ __forceinline__ void pf_softmax_tile(const attn_args &a, float (&s)[P
         }
         m[h] = m_new;
     }
+}
+
+/* pf_softmax_tile_vis with the tile's key positions kp and the thread's two rows' positions qpos
+ * (a key is visible when kp <= qpos). */
+__device__ __forceinline__ void pf_softmax_tile(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], const int *kp,
+                                                const int (&qpos)[2], int tig, float (&m)[2], float (&l)[2],
+                                                float (&o)[PF_TC_V / 8][4])
+{
+    pf_softmax_tile_vis(a, s, [&](int key, int h) { return kp[key] <= qpos[h]; }, tig, m, l, o);
 }
 
 /* P (the accumulator layout of S, as pf_softmax_tile leaves it) rounded to the dtype as the A
