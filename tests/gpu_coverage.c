@@ -37,9 +37,9 @@ static const char *const expected_paths[] = {
     "cascade-suffix:decode+split",
     "cascade-suffix:decode-tma", "cascade-prefix-combine:folded", "cascade-merge:fused",
     /* cuda-mla (deepseek-v3-tp16): the decode kernel by rows a request, and the prefill path
-     * with its wgmma attention */
+     * with its pingpong attention (the Hopper default) */
     "mla-decode:tc-wgmma", "mla-decode:tc-wgmma+split", "mla-decode:tc-wgmma16",
-    "mla-decode:tc-wgmma16+split", "mla-prefill:new", "mla-prefill:context", "mla-prefill-attn:wgmma",
+    "mla-decode:tc-wgmma16+split", "mla-prefill:new", "mla-prefill:context", "mla-prefill-attn:pingpong",
 };
 #define NUM_EXPECTED (sizeof expected_paths / sizeof expected_paths[0])
 

@@ -5,10 +5,10 @@
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
  *    chunked through the workspace), fp8 cache, 128 heads; each setting of AR_MLA_GEMM and
- *    AR_MLA_PREFILL (the Hopper prefill attention, the default on compute capability 9.0, and
- *    AR_MLA_PREFILL=wgmma, refused elsewhere; its two-warpgroup form, AR_MLA_PREFILL=pingpong;
- *    the mma.sync one, AR_MLA_PREFILL=tc); and every planted fault flagged on each prefill
- *    attention.
+ *    AR_MLA_PREFILL (the Hopper prefill attention in its two-warpgroup form, the default on
+ *    compute capability 9.0, and AR_MLA_PREFILL=pingpong, refused elsewhere; its one-warpgroup
+ *    form, AR_MLA_PREFILL=wgmma; the mma.sync one, AR_MLA_PREFILL=tc); and every planted fault
+ *    flagged on each prefill attention.
  * 2. A trace from the simulator's deepseek-v3 preset replays through bin/attnreplay on cuda-mla
  *    with every verified step passing (skips when this build does not register cuda-mla).
  * AR_GPU_SMALL=1 (compute-sanitizer runs) keeps the small batches and drops the 128-head steps
@@ -394,7 +394,7 @@ static int cublas_loads(void)
  * tiles of 64 tokens, a partial last tile, partial key tiles) in bf16, fp16 and over an fp8
  * cache, prefills without context (one pass, no merge) in bf16, and a batch with a 700-token
  * prefill (more key tiles than the pingpong kernel's ring holds) in bf16.  gemm: AR_MLA_GEMM,
- * prefill: AR_MLA_PREFILL (NULL: unset, the defaults: wgmma where the device runs it, else tc;
+ * prefill: AR_MLA_PREFILL (NULL: unset, the defaults: pingpong where the device runs it, else tc;
  * "wgmma" and "pingpong" only where the device runs them);
  * each run's plan must say the kernels asked for ran. */
 static void check_switches(const char *gemm, const char *prefill)
@@ -405,12 +405,12 @@ static void check_switches(const char *gemm, const char *prefill)
     else unsetenv("AR_MLA_PREFILL");
     const int want_tc = !(gemm && strcmp(gemm, "simt") == 0);
     const int want_cublas = gemm ? strcmp(gemm, "cublas") == 0 : cublas_loads();
-    static int wgmma_runs = -1;   /* the default prefill attention: wgmma where the device runs it */
+    static int wgmma_runs = -1;   /* the default prefill attention: pingpong where the device runs wgmma */
     if (!prefill && wgmma_runs < 0) {
         char why[512];
         wgmma_runs = wgmma_available(why, sizeof why);
     }
-    const int want_pf = !prefill                          ? (wgmma_runs ? AR_MLA_PF_ATTN_WGMMA : AR_MLA_PF_ATTN_TC)
+    const int want_pf = !prefill                          ? (wgmma_runs ? AR_MLA_PF_ATTN_PINGPONG : AR_MLA_PF_ATTN_TC)
                         : strcmp(prefill, "wgmma") == 0    ? AR_MLA_PF_ATTN_WGMMA
                         : strcmp(prefill, "pingpong") == 0 ? AR_MLA_PF_ATTN_PINGPONG
                         : strcmp(prefill, "tc") == 0       ? AR_MLA_PF_ATTN_TC
@@ -467,8 +467,8 @@ static void check_switches(const char *gemm, const char *prefill)
 }
 
 /* The defaults: the 16-bit projection GEMMs through cuBLAS where it loads (else the
- * tensor-core kernel), the prefill attention on the Hopper wgmma kernel where the device runs
- * it (else the mma.sync one). */
+ * tensor-core kernel), the prefill attention on the Hopper pingpong kernel where the device
+ * runs it (else the mma.sync one). */
 static void test_default_switches(void **st)
 {
     (void)st;
@@ -542,7 +542,7 @@ static void test_wgmma_prefill_switch(void **st)
 }
 
 /* AR_MLA_PREFILL=pingpong: its two-warpgroup form (two query tiles a CTA sharing each key tile,
- * a TMA producer, ping-pong turns). */
+ * a TMA producer, ping-pong turns; the default). */
 static void test_pingpong_prefill_switch(void **st)
 {
     (void)st;

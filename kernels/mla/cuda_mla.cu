@@ -30,12 +30,13 @@
  * insists on cuBLAS (open refuses with exit 2 without it), =tc takes the tensor-core kernel for
  * all, =simt the SIMT kernel.
  * Prefill attention (AR_MLA_PREFILL): by default the expanded path's attention runs on the
- * Hopper wgmma kernel (prefill_attn_wgmma_kernel, DeepSeek's QK 192 / V 128 on compute
+ * Hopper kernel in FlashAttention-3's form (prefill_attn_pingpong_kernel: two query tiles a CTA
+ * sharing every key tile, a TMA producer, ping-pong turns; DeepSeek's QK 192 / V 128 on compute
  * capability 9.0; elsewhere the mma.sync kernel prefill_attn_tc_kernel, said once on stderr;
- * other shapes the SIMT kernel).  =wgmma insists on it (open refuses with exit 2 where it
- * cannot run), =pingpong takes its two-warpgroup form (prefill_attn_pingpong_kernel: two query
- * tiles a CTA sharing every key tile, a TMA producer, ping-pong turns; refused as =wgmma is),
- * =tc takes the mma.sync kernel, =simt the SIMT one; =absorbed sends requests of
+ * other shapes the SIMT kernel).  =pingpong insists on it (open refuses with exit 2 where it
+ * cannot run), =wgmma takes its one-warpgroup form (prefill_attn_wgmma_kernel, the default
+ * before 2026-12-06 05:30 UTC; refused as =pingpong is), =tc the mma.sync kernel, =simt the
+ * SIMT one; =absorbed sends requests of
  * more than AR_CUDA_MLA_DECODE_THRESHOLD query tokens down the absorbed decode path too, as
  * FlashMLA's and FlashInfer's adapters do (for comparisons).  Other values of either are
  * refused (exit 2).
@@ -230,9 +231,10 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->bf16 = cfg->dtype == AR_BF16;
     s->fp8 = cfg->kv_dtype == AR_FP8_E4M3;
     s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
-    /* AR_MLA_PREFILL: the prefill path's attention on the Hopper wgmma kernel (wgmma, the
-     * default for DeepSeek's QK 192 / V 128; other shapes keep the SIMT one; named, refused with
-     * exit 2 where it cannot run, below), on the mma.sync kernel (tc), on the SIMT kernel (simt), or
+    /* AR_MLA_PREFILL: the prefill path's attention on the Hopper kernels (pingpong, the default
+     * for DeepSeek's QK 192 / V 128, or its one-warpgroup form wgmma; other shapes keep the SIMT
+     * one; named, refused with exit 2 where they cannot run, below), on the mma.sync kernel
+     * (tc), on the SIMT kernel (simt), or
      * every request on the absorbed decode kernels, prefill chunks too, as FlashMLA's and
      * FlashInfer's adapters run them (absorbed, for comparisons; the others keep vLLM's split,
      * semantics 7.3).  AR_MLA_GEMM: the projection GEMMs through cuBLAS (cublas, the default:
@@ -242,7 +244,7 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     if (pf_env && *pf_env && strcmp(pf_env, "tc") && strcmp(pf_env, "simt") && strcmp(pf_env, "wgmma") &&
         strcmp(pf_env, "pingpong") && strcmp(pf_env, "absorbed")) {
         snprintf(err, err_len,
-                 "cuda-mla backend: AR_MLA_PREFILL=%s: not one of wgmma (the default), pingpong, tc, simt, absorbed",
+                 "cuda-mla backend: AR_MLA_PREFILL=%s: not one of pingpong (the default), wgmma, tc, simt, absorbed",
                  pf_env);
         free(s);
         return 2;
@@ -255,8 +257,8 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     const bool pf_named = pf_env && *pf_env, gemm_named = gemm_env && *gemm_env;
     s->use_prefill = !(pf_named && strcmp(pf_env, "absorbed") == 0);
     const bool pf_shape = s->P + DR == PF_TC_QK && s->V == PF_TC_V;
-    /* wgmma by default where the shape allows (open falls back to tc below where the device
-     * cannot run it); the Hopper kernels named (wgmma, pingpong) must run (else exit 2) */
+    /* pingpong by default where the shape allows (open falls back to tc below where the device
+     * cannot run it); the Hopper kernels named (pingpong, wgmma) must run (else exit 2) */
     const bool hopper_asked = pf_named && (strcmp(pf_env, "wgmma") == 0 || strcmp(pf_env, "pingpong") == 0);
     if (!pf_shape)
         s->prefill_attn = AR_MLA_PF_ATTN_SIMT;
@@ -264,10 +266,10 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
         s->prefill_attn = AR_MLA_PF_ATTN_SIMT;
     else if (pf_named && strcmp(pf_env, "tc") == 0)
         s->prefill_attn = AR_MLA_PF_ATTN_TC;
-    else if (pf_named && strcmp(pf_env, "pingpong") == 0)
-        s->prefill_attn = AR_MLA_PF_ATTN_PINGPONG;
-    else
+    else if (pf_named && strcmp(pf_env, "wgmma") == 0)
         s->prefill_attn = AR_MLA_PF_ATTN_WGMMA;
+    else
+        s->prefill_attn = AR_MLA_PF_ATTN_PINGPONG;
     if (hopper_asked && !pf_shape) {
         snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=%s: the %s kernel needs QK 192 / V 128 "
                  "(qk_nope_head_dim %d, v_head_dim %d)", pf_env, pf_env, s->P, s->V);

@@ -137,7 +137,9 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
     /* this warpgroup's own key end and active tiles [0, n_active) */
     const int wg_k_end =
         count > 0 ? pf_key_end(row_pos, k_begin, ke[r], tok_pos[pf_tok[first + count - 1]] + extra) : k_begin;
-    const int n_active = (wg_k_end - k_begin + KEYS - 1) / KEYS;
+    /* never past the CTA's tiles (the pair's later tile sees at least as many keys; a plan that
+     * broke that would leave a warpgroup waiting for tiles never loaded) */
+    const int n_active = min((wg_k_end - k_begin + KEYS - 1) / KEYS, n_tiles);
     const int wg_keys = wg_k_end - k_begin;                /* keys this warpgroup may see */
     const int wg_min_qpos = count > 0 ? tok_pos[pf_tok[first]] + extra : -1;
     const int pos0 = n_active > 0 ? row_pos[k_begin] : 0;
