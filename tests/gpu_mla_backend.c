@@ -5,10 +5,9 @@
  *    float64 EXPANDED-form reference (reference/mla_ref.h): decode batches (query lengths 1..4,
  *    block sizes 16 and 64), mixed batches with prefill requests (> 128 new tokens, context
  *    chunked through the workspace), fp8 cache, 128 heads; each setting of AR_MLA_GEMM and
- *    AR_MLA_PREFILL (the Hopper prefill attention in its two-warpgroup form, the default on
- *    compute capability 9.0, and AR_MLA_PREFILL=pingpong, refused elsewhere; its one-warpgroup
- *    form, AR_MLA_PREFILL=wgmma; the mma.sync one, AR_MLA_PREFILL=tc); and every planted fault
- *    flagged on each prefill attention.
+ *    AR_MLA_PREFILL (the Hopper prefill attention, the default on compute capability 9.0, and
+ *    AR_MLA_PREFILL=pingpong, refused elsewhere; the mma.sync one, AR_MLA_PREFILL=tc); and every
+ *    planted fault flagged on each prefill attention.
  * 2. A trace from the simulator's deepseek-v3 preset replays through bin/attnreplay on cuda-mla
  *    with every verified step passing (skips when this build does not register cuda-mla).
  * AR_GPU_SMALL=1 (compute-sanitizer runs) keeps the small batches and drops the 128-head steps
@@ -395,7 +394,7 @@ static int cublas_loads(void)
  * cache, prefills without context (one pass, no merge) in bf16, and a batch with a 700-token
  * prefill (more key tiles than the pingpong kernel's ring holds) in bf16.  gemm: AR_MLA_GEMM,
  * prefill: AR_MLA_PREFILL (NULL: unset, the defaults: pingpong where the device runs it, else tc;
- * "wgmma" and "pingpong" only where the device runs them);
+ * "pingpong" only where the device runs it);
  * each run's plan must say the kernels asked for ran. */
 static void check_switches(const char *gemm, const char *prefill)
 {
@@ -411,7 +410,6 @@ static void check_switches(const char *gemm, const char *prefill)
         wgmma_runs = wgmma_available(why, sizeof why);
     }
     const int want_pf = !prefill                          ? (wgmma_runs ? AR_MLA_PF_ATTN_PINGPONG : AR_MLA_PF_ATTN_TC)
-                        : strcmp(prefill, "wgmma") == 0    ? AR_MLA_PF_ATTN_WGMMA
                         : strcmp(prefill, "pingpong") == 0 ? AR_MLA_PF_ATTN_PINGPONG
                         : strcmp(prefill, "tc") == 0       ? AR_MLA_PF_ATTN_TC
                                                            : AR_MLA_PF_ATTN_SIMT;
@@ -499,55 +497,40 @@ static void test_gemm_switches(void **st)
     check_switches("simt", "simt");
 }
 
-/* AR_MLA_PREFILL=<name>, one of the Hopper prefill attention kernels (wgmma, pingpong), against
- * the float64 reference in check_switches' batches (bf16, fp16 and an fp8 cache; prefills of 129
- * to 700 tokens: tiles of 64 and a partial last one, over several context chunks and without
- * context, partial key tiles), with the projections on the default GEMMs and on the tensor-core
- * kernel.  Off compute capability 9.0 the switch is refused at open (exit 2), as it is for a
- * model whose QK / V dims are not 192 / 128 (any device). */
-static void check_hopper_prefill_switch(const char *name)
+/* AR_MLA_PREFILL=pingpong: the prefill attention on the Hopper wgmma kernel (two query tiles a
+ * CTA sharing each key tile, a TMA producer, ping-pong turns) against the float64 reference in
+ * check_switches' batches (bf16, fp16 and an fp8 cache; prefills of 129 to 700 tokens: tiles of
+ * 64 and a partial last one, over several context chunks and without context, partial key
+ * tiles, more key tiles than the ring holds), with the projections on the default GEMMs and on
+ * the tensor-core kernel.  Off compute capability 9.0 the switch is refused at open (exit 2), as
+ * it is for a model whose QK / V dims are not 192 / 128 (any device). */
+static void test_pingpong_prefill_switch(void **st)
 {
+    (void)st;
+    SKIP_WITHOUT_GPU();
     char why[512] = "";
     const bool hopper = wgmma_available(why, sizeof why);
     for (int shape = 0; shape < 2; shape++) {
         if (shape == 0 && hopper) continue;
         ar_run_config cfg = mla_cfg(16, 16, 64, AR_BF16, AR_BF16, 1.0);
         if (shape == 1) cfg.model.qk_nope_head_dim = 64;
-        setenv("AR_MLA_PREFILL", name, 1);
+        setenv("AR_MLA_PREFILL", "pingpong", 1);
         void *state = NULL;
-        char err[512] = "", want[64];
+        char err[512] = "";
         int rc = ar_cuda_mla_backend.open(&cfg, &state, err, sizeof err);
         unsetenv("AR_MLA_PREFILL");
-        print_message("AR_MLA_PREFILL=%s, %s: open %d: %s\n", name, shape ? "QK 128" : why, rc, err);
+        print_message("AR_MLA_PREFILL=pingpong, %s: open %d: %s\n", shape ? "QK 128" : why, rc, err);
         if (rc == 0) ar_cuda_mla_backend.close(state);
         assert_int_equal(rc, 2);
-        snprintf(want, sizeof want, "AR_MLA_PREFILL=%s", name);
-        assert_non_null(strstr(err, want));
+        assert_non_null(strstr(err, "AR_MLA_PREFILL=pingpong"));
     }
     if (!hopper) {
-        print_message("skipping the %s runs: %s\n", name, why);
+        print_message("skipping the pingpong runs: %s\n", why);
         skip();
         return;
     }
-    check_switches(NULL, name);
-    check_switches("tc", name);
-}
-
-/* AR_MLA_PREFILL=wgmma: the 64-row kernel, one warpgroup a CTA. */
-static void test_wgmma_prefill_switch(void **st)
-{
-    (void)st;
-    SKIP_WITHOUT_GPU();
-    check_hopper_prefill_switch("wgmma");
-}
-
-/* AR_MLA_PREFILL=pingpong: its two-warpgroup form (two query tiles a CTA sharing each key tile,
- * a TMA producer, ping-pong turns; the default). */
-static void test_pingpong_prefill_switch(void **st)
-{
-    (void)st;
-    SKIP_WITHOUT_GPU();
-    check_hopper_prefill_switch("pingpong");
+    check_switches(NULL, "pingpong");
+    check_switches("tc", "pingpong");
 }
 
 /* AR_MLA_GEMM=cublas named: cuBLAS runs, where it loads. */
@@ -614,7 +597,7 @@ static void test_interleaved_decode_rows(void **st)
 
 /* Every kernel-side fault must break the comparison (metadata faults are the engine's), on the
  * decode path, the prefill path and the prefill path's tensor-core attention (mma.sync, and
- * wgmma and its pingpong form where the device runs them). */
+ * the Hopper pingpong kernel where the device runs it). */
 static void test_faults_flagged(void **st)
 {
     (void)st;
@@ -624,10 +607,10 @@ static void test_faults_flagged(void **st)
     const req_case dec[] = {{4, 40}, {2, 300}, {1, 90}};
     const req_case pf[] = {{150, 40}, {1, 20}};
     char why[512] = "";
-    const int paths = wgmma_available(why, sizeof why) ? 5 : 3;
-    if (paths == 3) print_message("the wgmma and pingpong prefills left out: %s\n", why);
-    static const int attn_of_path[5] = {AR_MLA_PF_ATTN_NONE, AR_MLA_PF_ATTN_SIMT, AR_MLA_PF_ATTN_TC,
-                                        AR_MLA_PF_ATTN_WGMMA, AR_MLA_PF_ATTN_PINGPONG};
+    const int paths = wgmma_available(why, sizeof why) ? 4 : 3;
+    if (paths == 3) print_message("the pingpong prefill left out: %s\n", why);
+    static const int attn_of_path[4] = {AR_MLA_PF_ATTN_NONE, AR_MLA_PF_ATTN_SIMT, AR_MLA_PF_ATTN_TC,
+                                        AR_MLA_PF_ATTN_PINGPONG};
     for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) {
         for (int path = 0; path < paths; path++) {
             ar_run_config cfg = mla_cfg(16, 16, 512, AR_BF16, AR_BF16, 1.0);
@@ -635,8 +618,7 @@ static void test_faults_flagged(void **st)
             e2e_result r;
             if (path == 1) setenv("AR_MLA_PREFILL", "simt", 1);
             if (path == 2) setenv("AR_MLA_PREFILL", "tc", 1);
-            if (path == 3) setenv("AR_MLA_PREFILL", "wgmma", 1);
-            if (path == 4) setenv("AR_MLA_PREFILL", "pingpong", 1);
+            if (path == 3) setenv("AR_MLA_PREFILL", "pingpong", 1);
             if (path == 0)
                 run_e2e(&cfg, dec, 3, faults[i] == AR_FAULT_MERGE_NO_WEIGHTS ? 4 : 0, 1, &r);
             else
@@ -647,7 +629,6 @@ static void test_faults_flagged(void **st)
                      path == 0   ? "decode"
                      : path == 1 ? "prefill"
                      : path == 2 ? "tc prefill"
-                     : path == 3 ? "wgmma prefill"
                                  : "pingpong prefill");
             report(what, &r);
             assert_int_equal(r.plan.prefill_attn, attn_of_path[path]);
@@ -732,7 +713,6 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_default_switches, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_tc_prefill_switch, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_gemm_switches, test_setup, test_teardown),
-        cmocka_unit_test_setup_teardown(test_wgmma_prefill_switch, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_pingpong_prefill_switch, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_cublas_gemm, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_switch_refused, test_setup, test_teardown),

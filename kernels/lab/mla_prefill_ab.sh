@@ -13,7 +13,7 @@
 #                                                                                -> gpu_mla_backend.txt
 #   2. steps 0-9 (the prefill and 9 mixed steps), one layer, every step verified (sample:8),
 #      through the product's default (the pingpong prefill attention, cuBLAS projections),
-#      AR_MLA_PREFILL=wgmma (its one-warpgroup form), AR_MLA_PREFILL=tc (the mma.sync attention), AR_MLA_GEMM=tc, AR_MLA_PREFILL=absorbed, and on steps 0-2 only
+#      AR_MLA_PREFILL=tc (the mma.sync attention), AR_MLA_GEMM=tc, AR_MLA_PREFILL=absorbed, and on steps 0-2 only
 #      the SIMT kernels of before 2026-12-06 (AR_MLA_PREFILL=simt AR_MLA_GEMM=simt, about 1.5 s
 #      a step); then
 #      `attnreplay-py ratios` against the default, whole steps and the prefill mark alone
@@ -81,14 +81,13 @@ fi
 stage "mixed steps 0-9"
 {
   base=$(replay 0:9 default)
-  wg=$(replay 0:9 wgmma AR_MLA_PREFILL=wgmma)
   tcp=$(replay 0:9 tc-prefill AR_MLA_PREFILL=tc)
   tcg=$(replay 0:9 tc-gemm AR_MLA_GEMM=tc)
   abs=$(replay 0:9 absorbed AR_MLA_PREFILL=absorbed)
   simt=$(replay 0:2 simt-before AR_MLA_PREFILL=simt AR_MLA_GEMM=simt)
   runs=()
-  for r in $wg $tcp $tcg $abs $simt; do runs+=(--run "$r"); done
-  for r in $base $wg $tcp $tcg $abs $simt; do marks "$r"; done
+  for r in $tcp $tcg $abs $simt; do runs+=(--run "$r"); done
+  for r in $base $tcp $tcg $abs $simt; do marks "$r"; done
   if [ -n "$base" ] && [ ${#runs[@]} -gt 0 ]; then
     python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}"
     python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}" --parts prefill

@@ -10,8 +10,8 @@
  *     W_UV up-projection and the prefill path; timed, guarded, copied back.
  * The pieces it drives live in kernels/mla/: mla_route.c (the decision function and a route's
  * plan), mla_plan.c (the planner), mla_decode.h / mla_decode.cu (the decode launch and its
- * kernels), mla_prefill.cuh (GEMM and prefill kernels), mla_prefill_wgmma.cuh (the prefill
- * attention on wgmma), mla_prefill_pingpong.cuh (its two-warpgroup form fed by TMA),
+ * kernels), mla_prefill.cuh (GEMM and prefill kernels), mla_prefill_pingpong.cuh (the prefill
+ * attention on wgmma, two warpgroups fed by TMA),
  * mla_inputs.cuh (generator and cache write), mla_common.cuh (shapes, arguments, helpers).
  *
  * Timed part of forward (CUDA events; one untimed warm-up at the first forward and before every
@@ -34,9 +34,7 @@
  * sharing every key tile, a TMA producer, ping-pong turns; DeepSeek's QK 192 / V 128 on compute
  * capability 9.0; elsewhere the mma.sync kernel prefill_attn_tc_kernel, said once on stderr;
  * other shapes the SIMT kernel).  =pingpong insists on it (open refuses with exit 2 where it
- * cannot run), =wgmma takes its one-warpgroup form (prefill_attn_wgmma_kernel, the default
- * before 2026-12-06 05:30 UTC; refused as =pingpong is), =tc the mma.sync kernel, =simt the
- * SIMT one; =absorbed sends requests of
+ * cannot run), =tc takes the mma.sync kernel, =simt the SIMT one; =absorbed sends requests of
  * more than AR_CUDA_MLA_DECODE_THRESHOLD query tokens down the absorbed decode path too, as
  * FlashMLA's and FlashInfer's adapters do (for comparisons).  Other values of either are
  * refused (exit 2).
@@ -59,7 +57,6 @@
 #include "mla_decode.h"
 #include "mla_inputs.cuh"
 #include "mla_prefill.cuh"
-#include "mla_prefill_wgmma.cuh"
 #include "mla_prefill_pingpong.cuh"
 
 #define MLA_GUARD_BYTES 4096
@@ -231,20 +228,18 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->bf16 = cfg->dtype == AR_BF16;
     s->fp8 = cfg->kv_dtype == AR_FP8_E4M3;
     s->num_layers = cfg->num_layers > 0 ? cfg->num_layers : 1;
-    /* AR_MLA_PREFILL: the prefill path's attention on the Hopper kernels (pingpong, the default
-     * for DeepSeek's QK 192 / V 128, or its one-warpgroup form wgmma; other shapes keep the SIMT
-     * one; named, refused with exit 2 where they cannot run, below), on the mma.sync kernel
-     * (tc), on the SIMT kernel (simt), or
+    /* AR_MLA_PREFILL: the prefill path's attention on the Hopper kernel (pingpong, the default
+     * for DeepSeek's QK 192 / V 128; other shapes keep the SIMT one; named, refused with exit 2
+     * where it cannot run, below), on the mma.sync kernel (tc), on the SIMT kernel (simt), or
      * every request on the absorbed decode kernels, prefill chunks too, as FlashMLA's and
      * FlashInfer's adapters run them (absorbed, for comparisons; the others keep vLLM's split,
      * semantics 7.3).  AR_MLA_GEMM: the projection GEMMs through cuBLAS (cublas, the default:
      * the tensor-core kernel where cuBLAS cannot load), on the tensor-core kernel (tc) or on the
      * SIMT one (simt).  Any other value is refused. */
     const char *pf_env = getenv("AR_MLA_PREFILL"), *gemm_env = getenv("AR_MLA_GEMM");
-    if (pf_env && *pf_env && strcmp(pf_env, "tc") && strcmp(pf_env, "simt") && strcmp(pf_env, "wgmma") &&
-        strcmp(pf_env, "pingpong") && strcmp(pf_env, "absorbed")) {
-        snprintf(err, err_len,
-                 "cuda-mla backend: AR_MLA_PREFILL=%s: not one of pingpong (the default), wgmma, tc, simt, absorbed",
+    if (pf_env && *pf_env && strcmp(pf_env, "tc") && strcmp(pf_env, "simt") && strcmp(pf_env, "pingpong") &&
+        strcmp(pf_env, "absorbed")) {
+        snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=%s: not one of pingpong (the default), tc, simt, absorbed",
                  pf_env);
         free(s);
         return 2;
@@ -258,16 +253,14 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->use_prefill = !(pf_named && strcmp(pf_env, "absorbed") == 0);
     const bool pf_shape = s->P + DR == PF_TC_QK && s->V == PF_TC_V;
     /* pingpong by default where the shape allows (open falls back to tc below where the device
-     * cannot run it); the Hopper kernels named (pingpong, wgmma) must run (else exit 2) */
-    const bool hopper_asked = pf_named && (strcmp(pf_env, "wgmma") == 0 || strcmp(pf_env, "pingpong") == 0);
+     * cannot run it); named, it must run (else exit 2) */
+    const bool hopper_asked = pf_named && strcmp(pf_env, "pingpong") == 0;
     if (!pf_shape)
         s->prefill_attn = AR_MLA_PF_ATTN_SIMT;
     else if (pf_named && strcmp(pf_env, "simt") == 0)
         s->prefill_attn = AR_MLA_PF_ATTN_SIMT;
     else if (pf_named && strcmp(pf_env, "tc") == 0)
         s->prefill_attn = AR_MLA_PF_ATTN_TC;
-    else if (pf_named && strcmp(pf_env, "wgmma") == 0)
-        s->prefill_attn = AR_MLA_PF_ATTN_WGMMA;
     else
         s->prefill_attn = AR_MLA_PF_ATTN_PINGPONG;
     if (hopper_asked && !pf_shape) {
@@ -293,29 +286,22 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     }
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->num_sms = prop.multiProcessorCount;
-    if (s->prefill_attn == AR_MLA_PF_ATTN_WGMMA || s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG) {
-        /* the sm_90a code of the build runs on compute capability 9.0 only */
-        const bool pp = s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG;
-        const char *name = pp ? "pingpong" : "wgmma";
+    if (s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG) {   /* sm_90a code: compute capability 9.0 only */
         cudaError_t e = cudaSuccess;
         if (prop.major != 9 || prop.minor != 0 ||
-            (e = pp ? cudaFuncSetAttribute(prefill_attn_pingpong_kernel<true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, PP_SMEM)
-                    : cudaFuncSetAttribute(prefill_attn_wgmma_kernel<true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, PF_WG_SMEM)) != cudaSuccess ||
-            (e = pp ? cudaFuncSetAttribute(prefill_attn_pingpong_kernel<false>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, PP_SMEM)
-                    : cudaFuncSetAttribute(prefill_attn_wgmma_kernel<false>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, PF_WG_SMEM)) != cudaSuccess) {
+            (e = cudaFuncSetAttribute(prefill_attn_pingpong_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      PP_SMEM)) != cudaSuccess ||
+            (e = cudaFuncSetAttribute(prefill_attn_pingpong_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      PP_SMEM)) != cudaSuccess) {
             char why[160];
             if (e != cudaSuccess)
-                snprintf(why, sizeof why, "the %s kernel's shared memory: %s", name, cudaGetErrorString(e));
+                snprintf(why, sizeof why, "the pingpong kernel's shared memory: %s", cudaGetErrorString(e));
             else
-                snprintf(why, sizeof why, "the %s kernel needs compute capability 9.0 (this device: %d.%d)", name,
+                snprintf(why, sizeof why, "the pingpong kernel needs compute capability 9.0 (this device: %d.%d)",
                          prop.major, prop.minor);
             cudaGetLastError();
             if (hopper_asked) {
-                snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=%s: %s", name, why);
+                snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=pingpong: %s", why);
                 free(s);
                 return 2;
             }
@@ -852,12 +838,10 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
             kernel<<<dim3((unsigned)s->n_pf_pairs, (unsigned)H), PP_THREADS, PP_SMEM, s->stream>>>(
                 a, s->tmap_ws_k, s->tmap_ws_v, s->d_pf_tok, s->d_pf_tiles, s->d_pf_pairs, s->d_tpos,
                 (const uint16_t *)s->qnope.ptr, row_pos, kb, ke, (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
-        } else if (s->prefill_attn == AR_MLA_PF_ATTN_TC || s->prefill_attn == AR_MLA_PF_ATTN_WGMMA) {
-            /* the two tensor-core kernels take the same arguments: one CTA a query tile and head */
-            const bool wg = s->prefill_attn == AR_MLA_PF_ATTN_WGMMA;
-            auto *kernel = wg ? (s->bf16 ? prefill_attn_wgmma_kernel<true> : prefill_attn_wgmma_kernel<false>)
-                              : (s->bf16 ? prefill_attn_tc_kernel<true> : prefill_attn_tc_kernel<false>);
-            const int smem = wg ? PF_WG_SMEM : PF_TC_SMEM;
+        } else if (s->prefill_attn == AR_MLA_PF_ATTN_TC) {
+            /* one CTA a query tile and head */
+            auto *kernel = s->bf16 ? prefill_attn_tc_kernel<true> : prefill_attn_tc_kernel<false>;
+            const int smem = PF_TC_SMEM;
             kernel<<<dim3((unsigned)s->n_pf_tiles, (unsigned)H), 128, smem, s->stream>>>(
                 a, s->d_pf_tok, s->d_pf_tiles, s->d_tpos, (const uint16_t *)s->qnope.ptr, (const uint16_t *)s->ws_k.ptr,
                 (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke, (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
@@ -1062,7 +1046,6 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     if (s->n_pf_reqs > 0) ar_forward_add_path(o, "mla-prefill:new");
     if (s->n_pf_reqs > 0 && s->info.num_context_chunks > 0) ar_forward_add_path(o, "mla-prefill:context");
     if (s->n_pf_reqs > 0 && s->prefill_attn == AR_MLA_PF_ATTN_TC) ar_forward_add_path(o, "mla-prefill-attn:tc");
-    if (s->n_pf_reqs > 0 && s->prefill_attn == AR_MLA_PF_ATTN_WGMMA) ar_forward_add_path(o, "mla-prefill-attn:wgmma");
     if (s->n_pf_reqs > 0 && s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG)
         ar_forward_add_path(o, "mla-prefill-attn:pingpong");
     if (s->fp8) ar_forward_add_path(o, "kv-fp8");

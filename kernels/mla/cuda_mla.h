@@ -64,14 +64,13 @@ void ar_cuda_mla_set_plan(void *state, ar_cuda_mla_kernel kernel, int num_splits
  * small one to get several chunks from short contexts).  Values < 16 are read as 16. */
 void ar_cuda_mla_set_workspace(void *state, int tokens);
 
-/* The prefill path's attention kernels (AR_MLA_PREFILL): the Hopper wgmma kernel (the default
- * for QK 192 / V 128 on compute capability 9.0), its two-warpgroup form fed by TMA (pingpong),
+/* The prefill path's attention kernels (AR_MLA_PREFILL): the Hopper wgmma kernel with two
+ * warpgroups fed by TMA (pingpong: the default for QK 192 / V 128 on compute capability 9.0),
  * the mma.sync one (tc: the default elsewhere) and the SIMT one (other shapes, or simt). */
 typedef enum ar_mla_prefill_attn {
     AR_MLA_PF_ATTN_NONE = 0,
     AR_MLA_PF_ATTN_SIMT,
     AR_MLA_PF_ATTN_TC,
-    AR_MLA_PF_ATTN_WGMMA,
     AR_MLA_PF_ATTN_PINGPONG,
 } ar_mla_prefill_attn;
 

@@ -9,10 +9,9 @@
  *     dim 192, V dim 128) and attended causally; the context is up-projected in chunks bounded
  *     by a workspace and attended non-causally; the chunk results and the new-token result are
  *     merged by LSE (vLLM merge_attn_states).  For DeepSeek's QK 192 / V 128 the attention
- *     runs on the Hopper wgmma kernel (mla_prefill_wgmma.cuh, the default on compute
+ *     runs on the Hopper wgmma kernel (mla_prefill_pingpong.cuh, the default on compute
  *     capability 9.0) or on the mma.sync tensor-core kernel here (AR_MLA_PREFILL=tc, and the
- *     default elsewhere), which share their loads, softmax and stores (the pf_* helpers
- *     below); other shapes, or AR_MLA_PREFILL=simt, take a SIMT kernel.
+ *     default elsewhere), which share their softmax and stores (the pf_* helpers below); other shapes, or AR_MLA_PREFILL=simt, take a SIMT kernel.
  * Included by cuda_mla.cu (run_prefill and run_pass drive them). */
 #ifndef AR_MLA_PREFILL_CUH
 #define AR_MLA_PREFILL_CUH
@@ -364,7 +363,7 @@ __global__ void __launch_bounds__(SIMT_THREADS) prefill_attn_kernel(
 }
 
 /* Tensor-core prefill attention on mma.sync (AR_MLA_PREFILL=tc, and the default where the wgmma
- * kernel of mla_prefill_wgmma.cuh cannot run; =simt takes the SIMT kernel): the
+ * kernel of mla_prefill_pingpong.cuh cannot run; =simt takes the SIMT kernel): the
  * pass prefill_attn_kernel computes, for DeepSeek's shapes only (QK = 128 + 64 = 192, V = 128),
  * FlashAttention-2 style on mma.sync m16n8k16.  A CTA (4 warps, 16 query rows each) takes one tile of at most 64 prefill tokens of
  * one request (pf_tiles) and one head (blockIdx.y; the tiles of one head run side by side, so
@@ -387,37 +386,27 @@ constexpr int PF_TC_KS = PF_TC_QK + 8, PF_TC_VS = PF_TC_V + 8;   /* row strides:
 constexpr int PF_TC_STAGE = PF_TC_KEYS * (PF_TC_KS + PF_TC_VS);  /* 16-bit elements a stage */
 constexpr int PF_TC_SMEM = 2 * PF_TC_STAGE * 2;
 
-/* One key tile (rows k0 .. k0 + cnt - 1 of the workspace, head n) into shared memory by cp.async,
- * one group: the 16-byte chunk of key j at dims c8 .. c8 + 7 goes to k_dst(j, c8) (K) or
- * v_dst(j, c8) (V); rows past cnt are zero-filled (0 x garbage could be NaN) and get position
- * INT_MAX.  Both prefill tensor-core kernels load through it (their shared layouts differ). */
-template <typename KDst, typename VDst>
-__device__ __forceinline__ void pf_load_keys(KDst k_dst, VDst v_dst, int *kpos, const uint16_t *ws_k,
-                                             const uint16_t *ws_v, const int *row_pos, int k0, int cnt, int H, int n)
-{
-    constexpr int QK = PF_TC_QK, V = PF_TC_V;
-    for (int e = threadIdx.x; e < PF_TC_KEYS * (QK / 8); e += blockDim.x) {
-        const int j = e / (QK / 8), c8 = (e % (QK / 8)) * 8;
-        const bool in = j < cnt;
-        cp_async16(k_dst(j, c8), in ? ws_k + ((int64_t)(k0 + j) * H + n) * QK + c8 : ws_k, in);
-    }
-    for (int e = threadIdx.x; e < PF_TC_KEYS * (V / 8); e += blockDim.x) {
-        const int j = e / (V / 8), c8 = (e % (V / 8)) * 8;
-        const bool in = j < cnt;
-        cp_async16(v_dst(j, c8), in ? ws_v + ((int64_t)(k0 + j) * H + n) * V + c8 : ws_v, in);
-    }
-    if ((int)threadIdx.x < PF_TC_KEYS) kpos[threadIdx.x] = (int)threadIdx.x < cnt ? row_pos[k0 + threadIdx.x] : INT_MAX;
-    cp_async_commit();
-}
-
-/* The tc kernel's stage: K and V as padded rows. */
+/* One key tile (rows k0 .. k0 + cnt - 1 of the workspace, head n) into the tc kernel's stage by
+ * cp.async, one group: K and V as padded rows (PF_TC_KS, PF_TC_VS); rows past cnt are
+ * zero-filled (0 x garbage could be NaN) and get position INT_MAX. */
 __device__ __forceinline__ void pf_tc_load_tile(uint16_t *stage, int *kpos, const uint16_t *ws_k,
                                                 const uint16_t *ws_v, const int *row_pos, int k0, int cnt,
                                                 int H, int n)
 {
+    constexpr int QK = PF_TC_QK, V = PF_TC_V;
     uint16_t *Ks = stage, *Vs = stage + PF_TC_KEYS * PF_TC_KS;
-    pf_load_keys([=](int j, int c8) { return Ks + j * PF_TC_KS + c8; },
-                 [=](int j, int c8) { return Vs + j * PF_TC_VS + c8; }, kpos, ws_k, ws_v, row_pos, k0, cnt, H, n);
+    for (int e = threadIdx.x; e < PF_TC_KEYS * (QK / 8); e += blockDim.x) {
+        const int j = e / (QK / 8), c8 = (e % (QK / 8)) * 8;
+        const bool in = j < cnt;
+        cp_async16(Ks + j * PF_TC_KS + c8, in ? ws_k + ((int64_t)(k0 + j) * H + n) * QK + c8 : ws_k, in);
+    }
+    for (int e = threadIdx.x; e < PF_TC_KEYS * (V / 8); e += blockDim.x) {
+        const int j = e / (V / 8), c8 = (e % (V / 8)) * 8;
+        const bool in = j < cnt;
+        cp_async16(Vs + j * PF_TC_VS + c8, in ? ws_v + ((int64_t)(k0 + j) * H + n) * V + c8 : ws_v, in);
+    }
+    if ((int)threadIdx.x < PF_TC_KEYS) kpos[threadIdx.x] = (int)threadIdx.x < cnt ? row_pos[k0 + threadIdx.x] : INT_MAX;
+    cp_async_commit();
 }
 
 /* The 16 bytes of query row th (token x heads + head) at dims c8 .. c8 + 7 of [q_nope | q_pe]. */

@@ -1,7 +1,10 @@
 /* mla_prefill_pingpong.cuh - the cuda-mla backend's Hopper (sm_90a) prefill attention in
- * FlashAttention-3's form (AR_MLA_PREFILL=pingpong): the pass prefill_attn_wgmma_kernel computes
- * (mla_prefill_wgmma.cuh: DeepSeek's QK 192 / V 128, the same 64-row query tiles, 64-key tiles,
- * masks, faults, softmax and stores), with three changes to how the work is fed:
+ * FlashAttention-3's form (AR_MLA_PREFILL=pingpong, the default on compute capability 9.0): the
+ * pass prefill_attn_tc_kernel computes (mla_prefill.cuh: DeepSeek's QK 192 / V 128, the same
+ * 64-row query tiles, 64-key tiles, masks, faults, softmax and stores), with the products on wgmma
+ * (warpgroup MMA; S on m64n64k16 with Q and K from shared memory, P V on m64n128k16 with P from
+ * registers) and with three changes to how the work is fed (against the one-warpgroup wgmma
+ * kernel that was the default before it, in git at 02d823d):
  *   - one CTA holds two query tiles of one request (a pair, ar_mla_pair_prefill_tiles), each on
  *     its own consumer warpgroup, so every key tile is loaded once for 128 query rows;
  *   - a producer warpgroup fills a ring of four K/V stages by TMA (one box a 64-dim column part
@@ -16,9 +19,20 @@
 #define AR_MLA_PREFILL_PINGPONG_CUH
 
 #include "../common/cuda_wgmma.cuh"
-#include "mla_prefill_wgmma.cuh"
+#include "mla_prefill.cuh"
 
 namespace ar_mla {
+
+/* The tiles as wgmma reads them: each stored as 64-dim column parts of [64 rows][128 bytes]
+ * (ar_wg::wg_swizzle: 128-byte swizzle, parts 8 KiB apart, every part on a 1024-byte boundary),
+ * the layout the TMA boxes land in. */
+constexpr int PF_WG_PART = 64 * 128;                     /* one column part of a 64-row tile */
+constexpr int PF_WG_Q = (PF_TC_QK / 64) * PF_WG_PART;    /* a Q tile: 3 parts, 24 KiB */
+constexpr int PF_WG_K = (PF_TC_QK / 64) * PF_WG_PART;    /* a stage's K: 3 parts */
+constexpr int PF_WG_V = (PF_TC_V / 64) * PF_WG_PART;     /* a stage's V: 2 parts */
+constexpr int PF_WG_STAGE = PF_WG_K + PF_WG_V;           /* 40 KiB */
+static_assert(PF_TC_QK % 64 == 0 && PF_TC_V == 128 && PF_TC_KEYS == 64 && PF_TC_ROWS == 64,
+              "pingpong prefill: warpgroups of 64 rows, 64-key tiles, m64n128 P V");
 
 /* Shared memory: two Q tiles (one a consumer warpgroup, each [64 rows][192 dims] as 3 column
  * parts, PF_WG_Q bytes) and PP_STAGES stages of K [64 keys][192] and V [64 keys][128] (PF_WG_STAGE
@@ -40,7 +54,18 @@ __device__ __forceinline__ void pp_handed(int wg, bool last)
     if (wg == 0 || !last) pp_signal(1 - wg);
 }
 
-/* Two-warpgroup prefill attention.  CTA (blockIdx.x, blockIdx.y) = pair blockIdx.x of query
+/* Two-warpgroup prefill attention.  Per key tile and consumer warpgroup:
+ *   S = Q K^T : wgmma m64n64k16, A = Q and B = K both from shared memory (K-major), 12 steps of
+ *               16 dims (S: 32 floats a thread);
+ *   mask and online softmax on the accumulator, P rounded to the dtype as register A fragments;
+ *   O += P V  : wgmma m64n128k16, A = P from registers, B = V from shared memory read
+ *               transposed (MN-major: the descriptor's leading byte offset steps between V's two
+ *               64-dim parts, the stride byte offset between groups of 8 keys), 4 steps of 16
+ *               keys (O: 64 floats a thread).
+ * Warp w of a warpgroup holds rows 16 w .. 16 w + 15 of its tile in the wgmma accumulator layout,
+ * which is the mma.sync one of prefill_attn_tc_kernel, so the masks, the online softmax
+ * (pf_softmax_tile_vis), the rounding of P and the stores (pf_store_rows) are that kernel's.
+ * CTA (blockIdx.x, blockIdx.y) = pair blockIdx.x of query
  * tiles and head blockIdx.y; consumer warpgroup w takes tile pf_pairs[2 x + w] (-1: none).  The
  * key rows are the request's k_begin .. k_end - 1 of this pass's workspace, k_end the end the
  * pair's later tile sees (pf_key_end); a warpgroup's active key tiles are those up to its own
