@@ -48,7 +48,8 @@ fi
 # (logs and peers-built.tar.xz in $OUT/peers; PEERS_BUILD=0 skips it where .peers/built came
 # along, and installs FlashInfer's carried wheels alone) beside `make test-gpu` and `make mutate-gpu` (when the archive held GPU mutants), then
 # kernels/lab/mla_prefill_ab.sh with FlashMLA and FlashInfer's MLA wrapper beside the default in
-# the time left (its gpu_mla_backend stage left to make test-gpu).  On the H200 on 2026-12-06 the first
+# the time left (its gpu_mla_backend stage left to make test-gpu), after Nsight Compute on the
+# prefill attention of one mixed step (ncu_prefill.txt).  On the H200 on 2026-12-06 the first
 # three took 315 s (FA3's part of the peers build was cut at 300 s with ten compile jobs beside
 # the tests; a second build_peers.sh on the still-warm machine finished it in 123 s).
 if [ "${1:-}" = "mla" ]; then
@@ -80,6 +81,19 @@ if [ "${1:-}" = "mla" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ar_site .whl/*.whl \
       >"$OUT/flashinfer_install.txt" 2>&1
     echo "FlashInfer wheels installed into /tmp/ar_site: rc=$?"
+  fi
+  # the prefill attention under Nsight Compute: step 3 of the lab's trace (two ~4,096-token
+  # prefills, 1.372 TFLOP of causal attention), one launch
+  if command -v ncu >/dev/null 2>&1; then
+    stage "ncu"
+    nt=/tmp/ar_ncu_dsv3.trace.jsonl.gz
+    bin/attnreplay sim --workload synthetic:n=128,input=4096,output=48 --model deepseek-v3 --block-size 64 \
+      --max-num-batched-tokens 8192 --step-time roofline:h200 --quiet --out "$nt" 2>/dev/null &&
+      timeout -s KILL 60 ncu --clock-control none -k regex:prefill_attn -c 1 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+        bin/attnreplay replay "$nt" --backend cuda-mla --layers 1 --steps 3:3 --verify off --repeat 1 \
+        --db /tmp/ar_ncu.db >"$OUT/ncu_prefill.txt" 2>&1
+    echo "ncu rc=$?"; grep -E "prefill_attn|Duration|Compute \(SM\) Throughput|Registers Per" "$OUT/ncu_prefill.txt" | head -6
   fi
   stage "MLA lab"
   AR_PEERS_BUILT=$PWD/.peers/built \
