@@ -404,12 +404,12 @@ static void check_switches(const char *gemm, const char *prefill)
     else unsetenv("AR_MLA_PREFILL");
     const int want_tc = !(gemm && strcmp(gemm, "simt") == 0);
     const int want_cublas = gemm ? strcmp(gemm, "cublas") == 0 : cublas_loads();
-    static int wgmma_runs = -1;   /* the default prefill attention: pingpong where the device runs wgmma */
-    if (!prefill && wgmma_runs < 0) {
+    static int hopper_runs = -1;   /* the default prefill attention: pingpong where the device runs the wgmma kernels */
+    if (!prefill && hopper_runs < 0) {
         char why[512];
-        wgmma_runs = wgmma_available(why, sizeof why);
+        hopper_runs = wgmma_available(why, sizeof why);
     }
-    const int want_pf = !prefill                          ? (wgmma_runs ? AR_MLA_PF_ATTN_PINGPONG : AR_MLA_PF_ATTN_TC)
+    const int want_pf = !prefill                          ? (hopper_runs ? AR_MLA_PF_ATTN_PINGPONG : AR_MLA_PF_ATTN_TC)
                         : strcmp(prefill, "pingpong") == 0 ? AR_MLA_PF_ATTN_PINGPONG
                         : strcmp(prefill, "tc") == 0       ? AR_MLA_PF_ATTN_TC
                                                            : AR_MLA_PF_ATTN_SIMT;

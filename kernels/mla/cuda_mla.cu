@@ -254,18 +254,16 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     const bool pf_shape = s->P + DR == PF_TC_QK && s->V == PF_TC_V;
     /* pingpong by default where the shape allows (open falls back to tc below where the device
      * cannot run it); named, it must run (else exit 2) */
-    const bool hopper_asked = pf_named && strcmp(pf_env, "pingpong") == 0;
-    if (!pf_shape)
-        s->prefill_attn = AR_MLA_PF_ATTN_SIMT;
-    else if (pf_named && strcmp(pf_env, "simt") == 0)
+    const bool pingpong_asked = pf_named && strcmp(pf_env, "pingpong") == 0;
+    if (!pf_shape || (pf_named && strcmp(pf_env, "simt") == 0))
         s->prefill_attn = AR_MLA_PF_ATTN_SIMT;
     else if (pf_named && strcmp(pf_env, "tc") == 0)
         s->prefill_attn = AR_MLA_PF_ATTN_TC;
     else
         s->prefill_attn = AR_MLA_PF_ATTN_PINGPONG;
-    if (hopper_asked && !pf_shape) {
-        snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=%s: the %s kernel needs QK 192 / V 128 "
-                 "(qk_nope_head_dim %d, v_head_dim %d)", pf_env, pf_env, s->P, s->V);
+    if (pingpong_asked && !pf_shape) {
+        snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=pingpong: the pingpong kernel needs QK 192 / V 128 "
+                 "(qk_nope_head_dim %d, v_head_dim %d)", s->P, s->V);
         free(s);
         return 2;
     }
@@ -300,7 +298,7 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
                 snprintf(why, sizeof why, "the pingpong kernel needs compute capability 9.0 (this device: %d.%d)",
                          prop.major, prop.minor);
             cudaGetLastError();
-            if (hopper_asked) {
+            if (pingpong_asked) {
                 snprintf(err, err_len, "cuda-mla backend: AR_MLA_PREFILL=pingpong: %s", why);
                 free(s);
                 return 2;
@@ -841,8 +839,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
         } else if (s->prefill_attn == AR_MLA_PF_ATTN_TC) {
             /* one CTA a query tile and head */
             auto *kernel = s->bf16 ? prefill_attn_tc_kernel<true> : prefill_attn_tc_kernel<false>;
-            const int smem = PF_TC_SMEM;
-            kernel<<<dim3((unsigned)s->n_pf_tiles, (unsigned)H), 128, smem, s->stream>>>(
+            kernel<<<dim3((unsigned)s->n_pf_tiles, (unsigned)H), 128, PF_TC_SMEM, s->stream>>>(
                 a, s->d_pf_tok, s->d_pf_tiles, s->d_tpos, (const uint16_t *)s->qnope.ptr, (const uint16_t *)s->ws_k.ptr,
                 (const uint16_t *)s->ws_v.ptr, row_pos, kb, ke, (float *)s->pass_o.ptr, (float *)s->pass_lse.ptr);
         } else {
