@@ -45,8 +45,9 @@ if [ "${1:-}" = "replay-bench" ]; then
 fi
 # `device_harness.sh mla`: the MLA work of one call, with `make gpu-carry`'s archive unpacked
 # (and .peers/src, .whl carried for the peers): kernels/peers/build_peers.sh in the background
-# (logs and peers-built.tar.xz in $OUT/peers; PEERS_BUILD=0 skips it where .peers/built came
-# along, and installs FlashInfer's carried wheels alone) beside `make test-gpu` and `make mutate-gpu` (when the archive held GPU mutants), then
+# (logs and peers-built.tar.xz in $OUT/peers; with .peers/built carried it compiles only what is
+# missing there, FlashInfer's modules; PEERS_BUILD=0 skips it and installs FlashInfer's carried
+# wheels alone) beside `make test-gpu` and `make mutate-gpu` (when the archive held GPU mutants), then
 # kernels/lab/mla_prefill_ab.sh with FlashMLA and FlashInfer's MLA wrapper beside the default in
 # the time left (its gpu_mla_backend stage left to make test-gpu), after Nsight Compute on the
 # prefill attention of one mixed step (ncu_prefill.txt).  On the H200 on 2026-12-06 the first

@@ -18,8 +18,13 @@
 # The built tree also stays in .peers/built on the machine, for the harness in the same run.
 # Environment: PEERS_SRC, PEERS_DEST, PEERS_WORK (compile folder, kept between runs on the same
 # machine: a second run only recompiles what is missing), FA3_TIMEOUT / MLA_TIMEOUT (s, default 500),
-# FA3_JOBS / MLA_JOBS, PEERS_FLASHINFER=0 (skip FlashInfer), FI_JOBS (4), FI_TIMEOUT (s, 530).
-# Exit status 0 when FA3 and FlashMLA built and imported, 1 otherwise.
+# FA3_JOBS / MLA_JOBS, PEERS_FLASHINFER=0 (skip FlashInfer), FI_JOBS (4, or every core when FA3 and
+# FlashMLA came along built), FI_TIMEOUT (s, 530), PEERS_REBUILD=1 (rebuild FA3 and FlashMLA even
+# where $DEST already holds them).
+# A peer whose build came along in $DEST (carried from an earlier run) is not rebuilt, and
+# FlashInfer loads the modules $DEST/flashinfer already holds, so a run with .peers/built carried
+# spends its time on what is missing (FlashInfer's modules for the shapes a cut build left out).
+# Exit status 0 when FA3 and FlashMLA built (or came along built) and imported, 1 otherwise.
 set -u
 OUT=${OUT:-/tmp/ar_peers_out}
 mkdir -p "$OUT"
@@ -32,8 +37,16 @@ MLA_JOBS=${MLA_JOBS:-3}
 FA3_JOBS=${FA3_JOBS:-$(( CORES > MLA_JOBS + 1 ? CORES - MLA_JOBS : 1 ))}
 FA3_TIMEOUT=${FA3_TIMEOUT:-500}
 MLA_TIMEOUT=${MLA_TIMEOUT:-500}
-FI_JOBS=${FI_JOBS:-4}
 FI_TIMEOUT=${FI_TIMEOUT:-530}
+# built PEER: its module is in $DEST already (and PEERS_REBUILD is not 1)
+built() {
+  [ "${PEERS_REBUILD:-0}" = 1 ] && return 1
+  case $1 in
+    fa3) ls "$DEST"/fa3/flash_attn_3/_C*.so ;;
+    flashmla) ls "$DEST"/flashmla/flash_mla/*.so ;;
+  esac >/dev/null 2>&1
+}
+if built fa3 && built flashmla; then FI_JOBS=${FI_JOBS:-$CORES}; else FI_JOBS=${FI_JOBS:-4}; fi
 export PYTHONUNBUFFERED=1
 
 {
@@ -45,7 +58,10 @@ export PYTHONUNBUFFERED=1
 } >"$OUT/build_env.txt" 2>&1
 cat "$OUT/build_env.txt"
 missing=""
-for t in fa3-hopper cutlass-7127592 flashmla cutlass-147f567; do
+need=""
+built fa3 || need="fa3-hopper cutlass-7127592"
+built flashmla || need="$need flashmla cutlass-147f567"
+for t in $need; do
   ls "$SRC"/$t*.tar.* >/dev/null 2>&1 || missing="$missing $t"
 done
 if [ -n "$missing" ]; then
@@ -62,21 +78,31 @@ fi_whl=$(ls .whl/flashinfer_python-*.whl 2>/dev/null | head -1)
 if [ "${PEERS_FLASHINFER:-1}" != 0 ] && [ -n "$fi_whl" ]; then
   echo "== FlashInfer: installing .whl, compiling its modules ($FI_JOBS jobs, ${FI_TIMEOUT}s)"
   ( python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ar_site .whl/*.whl &&
-    MAX_JOBS=$FI_JOBS PYTHONPATH=/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH} timeout -s KILL "$FI_TIMEOUT" \
+    MAX_JOBS=$FI_JOBS PYTHONPATH=$DEST/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH} timeout -s KILL "$FI_TIMEOUT" \
       python3 kernels/peers/flashinfer_peer.py --plan-only --keep-modules "$DEST/flashinfer/aot" ) >"$OUT/build_flashinfer.log" 2>&1 &
   pid_fi=$!
 else
   echo "FlashInfer: ${fi_whl:+skipped (PEERS_FLASHINFER=0)}${fi_whl:-no .whl/flashinfer_python-*.whl carried: not built}"
 fi
 echo "== building FA3 ($FA3_JOBS jobs, ${FA3_TIMEOUT}s) and FlashMLA ($MLA_JOBS jobs, ${MLA_TIMEOUT}s) at $(date -u +%H:%M:%S)"
-timeout -s KILL "$FA3_TIMEOUT" python3 kernels/peers/build_peers.py fa3 --jobs "$FA3_JOBS" \
-  --deadline $(( FA3_TIMEOUT - 70 )) --src "$SRC" --work "$WORK" --dest "$DEST" >"$OUT/build_fa3.log" 2>&1 &
-pid_fa3=$!
-timeout -s KILL "$MLA_TIMEOUT" python3 kernels/peers/build_peers.py flashmla --jobs "$MLA_JOBS" \
-  --deadline $(( MLA_TIMEOUT - 70 )) --src "$SRC" --work "$WORK" --dest "$DEST" >"$OUT/build_flashmla.log" 2>&1 &
-pid_mla=$!
-wait "$pid_fa3"; rc_fa3=$?
-wait "$pid_mla"; rc_mla=$?
+# a carried build: its BUILD.txt and a result line instead of a compile
+carried() {
+  { echo "carried in $DEST/$1 (PEERS_REBUILD=1 rebuilds it):"; cat "$DEST/$1/BUILD.txt" 2>/dev/null
+    echo "BUILD peer=$1 status=carried"; } >"$OUT/build_$1.log"
+}
+rc_fa3=0 rc_mla=0 pid_fa3="" pid_mla=""
+if built fa3; then carried fa3; else
+  timeout -s KILL "$FA3_TIMEOUT" python3 kernels/peers/build_peers.py fa3 --jobs "$FA3_JOBS" \
+    --deadline $(( FA3_TIMEOUT - 70 )) --src "$SRC" --work "$WORK" --dest "$DEST" >"$OUT/build_fa3.log" 2>&1 &
+  pid_fa3=$!
+fi
+if built flashmla; then carried flashmla; else
+  timeout -s KILL "$MLA_TIMEOUT" python3 kernels/peers/build_peers.py flashmla --jobs "$MLA_JOBS" \
+    --deadline $(( MLA_TIMEOUT - 70 )) --src "$SRC" --work "$WORK" --dest "$DEST" >"$OUT/build_flashmla.log" 2>&1 &
+  pid_mla=$!
+fi
+[ -n "$pid_fa3" ] && { wait "$pid_fa3"; rc_fa3=$?; }
+[ -n "$pid_mla" ] && { wait "$pid_mla"; rc_mla=$?; }
 # a builder killed by its timeout leaves its ninja process group (id in ninja.pgid): end it
 for f in "$WORK"/fa3/ninja.pgid "$WORK"/flashmla/ninja.pgid; do
   [ -f "$f" ] && kill -KILL -- "-$(cat "$f")" 2>/dev/null && echo "ended the compile group of $f"
