@@ -130,6 +130,13 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* x rounded to the 16-bit dtype by the hardware's round-to-nearest-even conversion: the value
+ * ar_round_to gives (a NaN may carry another payload), in two instructions. */
+__device__ __forceinline__ float round16(int bf16, float x)
+{
+    return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : __half2float(__float2half_rn(x));
+}
+
 /* Two floats as one register of 16-bit values (lo in the low half). */
 template <bool BF16>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi)

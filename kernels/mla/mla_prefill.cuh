@@ -498,10 +498,13 @@ __device__ __forceinline__ void pf_p_frag(const float (&s)[PF_TC_KEYS / 8][4], i
 
 /* The tile's outputs: the thread's two rows (wrow + grp + 8h of the tile, those below count) of
  * pass_o normalized and their natural LSE (-INF where the row saw no key), the quad's partial row
- * sums added first. */
+ * sums added first.  final_out: pass_o / pass_lse are the step's out / lse and this pass is the
+ * only one, so the rows are written as prefill_finish_kernel writes them (rounded to the dtype; the
+ * LSE in base 2 under the planted LSE_BASE2 fault) and that kernel need not run. */
 __device__ __forceinline__ void pf_store_rows(const attn_args &a, const int *pf_tok, int first, int count, int n,
                                               int wrow, int grp, int tig, const float (&m)[2], float (&l)[2],
-                                              const float (&o)[PF_TC_V / 8][4], float *pass_o, float *pass_lse)
+                                              const float (&o)[PF_TC_V / 8][4], float *pass_o, float *pass_lse,
+                                              bool final_out = false)
 {
     constexpr int V = PF_TC_V;
     const int H = a.num_heads;
@@ -516,12 +519,19 @@ __device__ __forceinline__ void pf_store_rows(const attn_args &a, const int *pf_
         const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
         float *dst = pass_o + ((int64_t)t * H + n) * V;
 #pragma unroll
-        for (int dt = 0; dt < V / 8; dt++)
-            *reinterpret_cast<float2 *>(dst + dt * 8 + 2 * tig) =
-                make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
-        if (tig == 0)
-            pass_lse[(int64_t)n * a.num_tokens + t] =
-                l[h] > 0.f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -INFINITY;
+        for (int dt = 0; dt < V / 8; dt++) {
+            float x0 = o[dt][2 * h] * inv, x1 = o[dt][2 * h + 1] * inv;
+            if (final_out) {
+                x0 = round16(a.bf16, x0);
+                x1 = round16(a.bf16, x1);
+            }
+            *reinterpret_cast<float2 *>(dst + dt * 8 + 2 * tig) = make_float2(x0, x1);
+        }
+        if (tig == 0) {
+            float v = l[h] > 0.f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -INFINITY;
+            if (final_out && a.fault == AR_FAULT_LSE_BASE2 && v != -INFINITY) v *= 1.4426950408889634f;
+            pass_lse[(int64_t)n * a.num_tokens + t] = v;
+        }
     }
 }
 

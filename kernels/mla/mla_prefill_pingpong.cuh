@@ -78,7 +78,8 @@ __device__ __forceinline__ void pp_handed(int wg, bool last)
  *   pf_tiles [n_tiles][3]: first pf_tok index, token count (1..64), request; pf_pairs
  *   [n_pairs][2]: tile indices (the second -1 or a later tile of the same request);
  *   q_nope [T, H, 128], a.q [T, H, 576] (q_pe at 512..575); pass_o [T, H, 128] float, pass_lse
- *   [H, T] natural.
+ *   [H, T] natural; final_out != 0 (a step of one pass: no context chunks): pass_o / pass_lse
+ *   are the step's out / lse, written as prefill_finish_kernel would (pf_store_rows).
  * Barriers: full[s] (one arrival, the producer's, with the stage's byte count; the TMA copies
  * complete it), empty[s] (256 arrivals: every consumer thread once it is done with the stage, or
  * at its turn where the tile is not active for it).  Each consumer stages its own Q tile by
@@ -90,7 +91,7 @@ template <bool BF16>
 __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
     const attn_args a, const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
     const int *pf_tok, const int *pf_tiles, const int *pf_pairs, const int *tok_pos, const uint16_t *q_nope,
-    const int *row_pos, const int *kb, const int *ke, float *pass_o, float *pass_lse)
+    const int *row_pos, const int *kb, const int *ke, float *pass_o, float *pass_lse, int final_out)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int QK = PF_TC_QK, KEYS = PF_TC_KEYS;
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
             for (int it = n_active + 1; it <= n_tiles; it++) plain_turn(it);
         }
     }
-    if (count > 0) pf_store_rows(a, pf_tok, first, count, n, wrow, grp, tig, m, l, o, pass_o, pass_lse);
+    if (count > 0) pf_store_rows(a, pf_tok, first, count, n, wrow, grp, tig, m, l, o, pass_o, pass_lse, final_out != 0);
 #else
     (void)a;
     (void)tmap_k;
@@ -291,6 +292,7 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
     (void)ke;
     (void)pass_o;
     (void)pass_lse;
+    (void)final_out;
     __trap();   /* built without sm_90a: the backend never launches this kernel there */
 #endif
 }
