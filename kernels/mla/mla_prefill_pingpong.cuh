@@ -65,8 +65,8 @@ __device__ __forceinline__ void pp_handed(int wg, bool last)
  * Warp w of a warpgroup holds rows 16 w .. 16 w + 15 of its tile in the wgmma accumulator layout,
  * which is the mma.sync one of prefill_attn_tc_kernel, so the masks, the online softmax
  * (pf_softmax_tile_vis), the rounding of P and the stores (pf_store_rows) are that kernel's.
- * CTA (blockIdx.x, blockIdx.y) = pair blockIdx.x of query
- * tiles and head blockIdx.y; consumer warpgroup w takes tile pf_pairs[2 x + w] (-1: none).  The
+ * CTA (blockIdx.x, blockIdx.y) = pair blockIdx.x of query tiles and head blockIdx.y; consumer
+ * warpgroup w takes tile pf_pairs[2 x + w] (-1: none).  The
  * key rows are the request's k_begin .. k_end - 1 of this pass's workspace, k_end the end the
  * pair's later tile sees (pf_key_end); a warpgroup's active key tiles are those up to its own
  * tile's end, the rest are turns without products.  A request's workspace rows hold consecutive
