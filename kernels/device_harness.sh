@@ -78,9 +78,8 @@ if [ "${1:-}" = "mla" ]; then
     wait "$pb"; grep -E "^BUILD|rc=" "$OUT/build_peers.txt" | tail -6
   fi
   # with the peers' build skipped, FlashInfer's Python package still comes from the carried wheels
-  if [ "${PEERS_BUILD:-1}" = 0 ] && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1 && [ ! -d /tmp/ar_site/flashinfer ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ar_site .whl/*.whl \
-      >"$OUT/flashinfer_install.txt" 2>&1
+  if [ "${PEERS_BUILD:-1}" = 0 ] && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
+    bash kernels/peers/install_flashinfer.sh >"$OUT/flashinfer_install.txt" 2>&1
     echo "FlashInfer wheels installed into /tmp/ar_site: rc=$?"
   fi
   # the prefill attention under Nsight Compute: step 3 of the lab's trace (two ~4,096-token

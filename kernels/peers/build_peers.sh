@@ -77,7 +77,7 @@ pid_fi=""
 fi_whl=$(ls .whl/flashinfer_python-*.whl 2>/dev/null | head -1)
 if [ "${PEERS_FLASHINFER:-1}" != 0 ] && [ -n "$fi_whl" ]; then
   echo "== FlashInfer: installing .whl, compiling its modules ($FI_JOBS jobs, ${FI_TIMEOUT}s)"
-  ( python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ar_site .whl/*.whl &&
+  ( bash kernels/peers/install_flashinfer.sh &&
     MAX_JOBS=$FI_JOBS PYTHONPATH=$DEST/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH} timeout -s KILL "$FI_TIMEOUT" \
       python3 kernels/peers/flashinfer_peer.py --plan-only --keep-modules "$DEST/flashinfer/aot" ) >"$OUT/build_flashinfer.log" 2>&1 &
   pid_fi=$!

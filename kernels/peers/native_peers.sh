@@ -35,8 +35,7 @@ if [ ! -d "$AR_PEERS_BUILT/flashinfer/flashinfer_jit_cache" ]; then
   echo "peer flashinfer: MISSING (no compiled modules in $AR_PEERS_BUILT/flashinfer: build_peers.sh compiles them when .whl has FlashInfer's wheels)"
 elif ! ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
   echo "peer flashinfer: MISSING (.whl/flashinfer_python-*.whl not carried)"
-elif ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ar_site \
-       .whl/*.whl >>"$OUT/peers_err.txt" 2>&1; then
+elif ! bash kernels/peers/install_flashinfer.sh >>"$OUT/peers_err.txt" 2>&1; then
   echo "peer flashinfer: MISSING (installing .whl failed: see peers_err.txt)"
 else
   PYTHONPATH="$AR_PEERS_BUILT/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH}" FLASHINFER_DISABLE_JIT=1 \
