@@ -153,6 +153,7 @@ typedef struct mla_state {
     int n_pf_pairs;                 /* pairs of query tiles (the pingpong kernel's CTAs) */
     int *d_pf_pairs;                /* [n_pf_pairs][2] tile indices (ar_mla_pair_prefill_tiles) */
     CUtensorMap tmap_ws_k, tmap_ws_v;   /* the key / value workspace for the pingpong kernel's TMA copies */
+    dev_buf tmap_ws_of[2];          /* the ws_k / ws_v allocations (pointer, capacity) those maps describe */
     int workspace_tokens;
     ar_cuda_mla_plan_info info;
     int warmed;                     /* a forward has run: later ones warm up only when --repeat > 1 */
@@ -587,8 +588,11 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
     }
     /* the pingpong kernel's TMA views of the workspace, over its whole capacity (a pass's rows past
      * its own are masked by the kernel): ws_k [rows][H][QK], ws_v [rows][H][V], box [64 rows][1
-     * head][64 dims] */
-    if (pingpong) {
+     * head][64 dims]; encoded again only when mla_ensure reallocated a buffer (to grow it: a new
+     * capacity, the pointer possibly the same) */
+    if (pingpong && (s->tmap_ws_of[0].ptr != s->ws_k.ptr || s->tmap_ws_of[0].cap != s->ws_k.cap ||
+                     s->tmap_ws_of[1].ptr != s->ws_v.ptr || s->tmap_ws_of[1].cap != s->ws_v.cap)) {
+        memset(s->tmap_ws_of, 0, sizeof s->tmap_ws_of);
         const uint64_t k_rows = s->ws_k.cap / ((size_t)H * QK * 2), v_rows = s->ws_v.cap / ((size_t)H * V * 2);
         const uint64_t k_dims[3] = {(uint64_t)QK, (uint64_t)H, k_rows}, v_dims[3] = {(uint64_t)V, (uint64_t)H, v_rows};
         const uint64_t k_strides[2] = {(uint64_t)QK * 2, (uint64_t)H * QK * 2};
@@ -603,6 +607,8 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
             ar_mla_plan_free(&plan);
             return rc;
         }
+        s->tmap_ws_of[0] = s->ws_k;   /* a copy of the pointer and capacity, not an owner */
+        s->tmap_ws_of[1] = s->ws_v;
     }
     /* cuBLAS's 16-bit copies of W_UV's float operand and result: here, not in a timed forward */
     int64_t dec_tok = 0;

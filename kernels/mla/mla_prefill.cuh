@@ -496,6 +496,15 @@ __device__ __forceinline__ void pf_p_frag(const float (&s)[PF_TC_KEYS / 8][4], i
     pa[3] = pack2<BF16>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
 }
 
+/* A prefill row's final output value (the dtype's rounding of the float result) and LSE
+ * (natural; base 2 under the planted LSE_BASE2 fault), as the step's out and lse hold them:
+ * written by prefill_finish_kernel, or by the pingpong kernel itself on a step of one pass. */
+__device__ __forceinline__ float pf_out_value(const attn_args &a, float x) { return round16(a.bf16, x); }
+__device__ __forceinline__ float pf_out_lse(const attn_args &a, float v)
+{
+    return a.fault == AR_FAULT_LSE_BASE2 && v != -INFINITY ? v * 1.4426950408889634f : v;
+}
+
 /* The tile's outputs: the thread's two rows (wrow + grp + 8h of the tile, those below count) of
  * pass_o normalized and their natural LSE (-INF where the row saw no key), the quad's partial row
  * sums added first.  final_out: pass_o / pass_lse are the step's out / lse and this pass is the
@@ -522,15 +531,14 @@ __device__ __forceinline__ void pf_store_rows(const attn_args &a, const int *pf_
         for (int dt = 0; dt < V / 8; dt++) {
             float x0 = o[dt][2 * h] * inv, x1 = o[dt][2 * h + 1] * inv;
             if (final_out) {
-                x0 = round16(a.bf16, x0);
-                x1 = round16(a.bf16, x1);
+                x0 = pf_out_value(a, x0);
+                x1 = pf_out_value(a, x1);
             }
             *reinterpret_cast<float2 *>(dst + dt * 8 + 2 * tig) = make_float2(x0, x1);
         }
         if (tig == 0) {
-            float v = l[h] > 0.f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -INFINITY;
-            if (final_out && a.fault == AR_FAULT_LSE_BASE2 && v != -INFINITY) v *= 1.4426950408889634f;
-            pass_lse[(int64_t)n * a.num_tokens + t] = v;
+            const float v = l[h] > 0.f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -INFINITY;
+            pass_lse[(int64_t)n * a.num_tokens + t] = final_out ? pf_out_lse(a, v) : v;
         }
     }
 }
@@ -684,7 +692,8 @@ __global__ void prefill_merge_lse_kernel(const attn_args a, const int *pf_tok, i
     }
 }
 
-/* Final prefill rows: out (rounded to dtype) and lse (log2 with the LSE_BASE2 fault). */
+/* Final prefill rows: out (rounded to dtype) and lse (log2 with the LSE_BASE2 fault), as
+ * pf_out_value / pf_out_lse make them. */
 __global__ void prefill_finish_kernel(const attn_args a, const int *pf_tok, int n_pf, int V, const float *acc_o,
                                       const float *acc_lse, float *out, float *lse)
 {
@@ -692,13 +701,8 @@ __global__ void prefill_finish_kernel(const attn_args a, const int *pf_tok, int 
     for (int row = blockIdx.x * warps + threadIdx.x / 32; row < n_pf * H; row += gridDim.x * warps) {
         const int n = row % H, t = pf_tok[row / H];
         const int64_t base = ((int64_t)t * H + n) * V;
-        for (int c = lane; c < V; c += 32)
-            out[base + c] = a.bf16 ? ar_round_to(AR_BF16, acc_o[base + c]) : ar_round_to(AR_FP16, acc_o[base + c]);
-        if (lane == 0) {
-            float v = acc_lse[(int64_t)n * a.num_tokens + t];
-            if (a.fault == AR_FAULT_LSE_BASE2 && v != -INFINITY) v *= 1.4426950408889634f;
-            lse[(int64_t)n * a.num_tokens + t] = v;
-        }
+        for (int c = lane; c < V; c += 32) out[base + c] = pf_out_value(a, acc_o[base + c]);
+        if (lane == 0) lse[(int64_t)n * a.num_tokens + t] = pf_out_lse(a, acc_lse[(int64_t)n * a.num_tokens + t]);
     }
 }
 
