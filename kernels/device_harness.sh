@@ -29,6 +29,19 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export AR_SRC=$PWD AR_BIN=$PWD/bin/attnreplay PYTHONUNBUFFERED=1
 BUDGET=${HARNESS_BUDGET:-$([ "${1:-}" = mla ] && echo 570 || echo 450)}
+# The device tool brings back at most 8 files from $OUT, 2 folders down: pack_out keeps the logs
+# named in its arguments and the peers' build archive (moved to the top) as they are and packs
+# everything else under $OUT (databases, per-mutant logs, the lab's tables) into logs.tar.xz.
+pack_out() {
+  local keep=() f
+  for f in "$OUT"/peers/peers-built.tar.xz*; do [ -f "$f" ] && mv "$f" "$OUT/" && keep+=("${f##*/}"); done
+  for f in "$@"; do [ -f "$OUT/$f" ] && keep+=("$f"); done
+  local ex=(--exclude=./logs.tar.xz) spare=(! -name logs.tar.xz) k
+  for k in "${keep[@]}"; do ex+=(--exclude="./$k"); spare+=(! -name "$k"); done
+  ( cd "$OUT" && tar cf - "${ex[@]}" . | xz -T0 -1 >/tmp/ar_logs.tar.xz &&
+      find . -mindepth 1 -maxdepth 1 "${spare[@]}" -exec rm -rf {} + && mv /tmp/ar_logs.tar.xz logs.tar.xz )
+  echo "back from \$OUT: ${keep[*]} logs.tar.xz"
+}
 START=$SECONDS
 left() { echo $((BUDGET - (SECONDS - START))); }
 stage() { echo "== $1 ($(date -u +%H:%M:%S), $(left)s left)"; }
@@ -50,7 +63,8 @@ fi
 # wheels alone) beside `make test-gpu` and `make mutate-gpu` (when the archive held GPU mutants), then
 # kernels/lab/mla_prefill_ab.sh with FlashMLA and FlashInfer's MLA wrapper beside the default in
 # the time left (its gpu_mla_backend stage left to make test-gpu), after Nsight Compute on the
-# prefill attention of one mixed step (ncu_prefill.txt).  On the H200 on 2026-12-06 the first
+# prefill attention of one mixed step (ncu_prefill.txt; LAB_AB's variants, as the lab takes them,
+# each in ncu_prefill_LABEL.txt and in the lab's stage 2).  On the H200 on 2026-12-06 the first
 # three took 315 s (FA3's part of the peers build was cut at 300 s with ten compile jobs beside
 # the tests; a second build_peers.sh on the still-warm machine finished it in 123 s).
 if [ "${1:-}" = "mla" ]; then
@@ -89,11 +103,17 @@ if [ "${1:-}" = "mla" ]; then
     nt=/tmp/ar_ncu_dsv3.trace.jsonl.gz
     bin/attnreplay sim --workload synthetic:n=128,input=4096,output=48 --model deepseek-v3 --block-size 64 \
       --max-num-batched-tokens 8192 --step-time roofline:h200 --quiet --out "$nt" 2>/dev/null &&
-      timeout -s KILL 60 ncu --clock-control none -k regex:prefill_attn -c 1 --section SpeedOfLight \
-        --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
-        bin/attnreplay replay "$nt" --backend cuda-mla --layers 1 --steps 3:3 --verify off --repeat 1 \
-        --db /tmp/ar_ncu.db >"$OUT/ncu_prefill.txt" 2>&1
-    echo "ncu rc=$?"; grep -E "prefill_attn|Duration|Compute \(SM\) Throughput|Registers Per" "$OUT/ncu_prefill.txt" | head -6
+      for v in default ${LAB_AB:-}; do   # the default, then each of the lab's variants (below)
+        f=$OUT/ncu_prefill.txt
+        [ "$v" = default ] || f=$OUT/ncu_prefill_${v%%:*}.txt
+        # shellcheck disable=SC2046  # the variables, one word each
+        env $([ "$v" = default ] || echo "${v#*:}" | tr , ' ') \
+          timeout -s KILL 60 ncu --clock-control none -k regex:prefill_attn -c 1 --section SpeedOfLight \
+          --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+          bin/attnreplay replay "$nt" --backend cuda-mla --layers 1 --steps 3:3 --verify off --repeat 1 \
+          --db /tmp/ar_ncu.db >"$f" 2>&1
+        echo "ncu $v rc=$?"; grep -E "prefill_attn|Duration|Compute \(SM\) Throughput|Registers Per" "$f" | head -6
+      done
   fi
   stage "MLA lab"
   AR_PEERS_BUILT=$PWD/.peers/built \
@@ -101,6 +121,7 @@ if [ "${1:-}" = "mla" ]; then
     OUT=$OUT/lab LAB_GPU_MLA=0 LAB_BUDGET=$(( $(left) - 10 )) timeout -s KILL "$(left)" \
     kernels/lab/mla_prefill_ab.sh >"$OUT/lab.txt" 2>&1
   grep -E "^\| [0-9]+ \||^best=|exit [0-9]|^== " "$OUT/lab.txt" | tail -40
+  pack_out test-gpu.txt mut.txt build_peers.txt ncu_prefill.txt lab.txt
   exit 0
 fi
 

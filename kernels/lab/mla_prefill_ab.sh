@@ -15,7 +15,8 @@
 #      through the product's default (the pingpong prefill attention, cuBLAS projections),
 #      AR_MLA_PREFILL=tc (the mma.sync attention), AR_MLA_GEMM=tc, AR_MLA_PREFILL=absorbed, and on steps 0-2 only
 #      the SIMT kernels of before 2026-12-06 (AR_MLA_PREFILL=simt AR_MLA_GEMM=simt, about 1.5 s
-#      a step); then
+#      a step), and each variant LAB_AB names (space-separated "label:VAR=value[,VAR=value]",
+#      e.g. LAB_AB="pp64:AR_MLA_PP_KEYS=64"); then
 #      `attnreplay-py ratios` against the default, whole steps and the prefill mark alone
 #                                                                                -> mixed.txt
 #   3. where the FlashMLA and FlashInfer adapters import (.peers/built carried, kernels/peers/
@@ -85,9 +86,14 @@ stage "mixed steps 0-9"
   tcg=$(replay 0:9 tc-gemm AR_MLA_GEMM=tc)
   abs=$(replay 0:9 absorbed AR_MLA_PREFILL=absorbed)
   simt=$(replay 0:2 simt-before AR_MLA_PREFILL=simt AR_MLA_GEMM=simt)
+  extra=
+  for v in ${LAB_AB:-}; do
+    # shellcheck disable=SC2046  # the variables, one word each
+    extra="$extra $(replay 0:9 "${v%%:*}" $(echo "${v#*:}" | tr , ' '))"
+  done
   runs=()
-  for r in $tcp $tcg $abs $simt; do runs+=(--run "$r"); done
-  for r in $base $tcp $tcg $abs $simt; do marks "$r"; done
+  for r in $extra $tcp $tcg $abs $simt; do runs+=(--run "$r"); done
+  for r in $base $extra $tcp $tcg $abs $simt; do marks "$r"; done
   if [ -n "$base" ] && [ ${#runs[@]} -gt 0 ]; then
     python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}"
     python3 -m attnreplay.cli ratios "$DB" --base "$base" "${runs[@]}" --parts prefill
