@@ -431,47 +431,55 @@ __device__ __forceinline__ int pf_key_end(const int *row_pos, int k_begin, int k
 
 /* The online softmax of one key tile on the m16n8 accumulator layout the prefill tensor-core
  * kernels hold S in: s[nt][2h + j] is query row grp + 8h of the warp's 16 (grp = lane / 4), key
- * nt * 8 + 2 tig + j (tig = lane % 4); a row's 64 keys are spread over the 4 threads of a quad.
- * In: the raw scores; out: P (unrounded).  visible(key, h): whether the thread's row grp + 8h
- * sees key (0..63) of the tile.  The running maxima m (log2 domain), the thread's partial row
- * sums l and the output accumulator o (same layout, 128 dims) are updated; the planted fault
+ * nt * 8 + 2 tig + j (tig = lane % 4); a row's 8 NT keys (64: the mma.sync kernel's tile and the
+ * pingpong kernel's short one; 128: the pingpong kernel's long one) are spread over the 4 threads
+ * of a quad.  In: the raw scores; out: P (unrounded), 2^(S scale_log2 - m) as one FFMA and EX2 an
+ * element.  visible(key, h): whether the thread's row grp + 8h sees key (0 .. 8 NT - 1) of the
+ * tile.  The running maxima m (log2 domain), the thread's partial row sums l and the output
+ * accumulator o (same layout, 128 dims) are updated; o is rescaled only where some row of the
+ * warp has a new maximum (elsewhere every factor is exactly 1), and the planted fault
  * AR_FAULT_NO_RESCALE skips the rescale. */
-template <typename Visible>
-__device__ __forceinline__ void pf_softmax_tile_vis(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], Visible visible,
-                                                    int tig, float (&m)[2], float (&l)[2], float (&o)[PF_TC_V / 8][4])
+template <int NT, typename Visible>
+__device__ __forceinline__ void pf_softmax_tile_vis(const attn_args &a, float (&s)[NT][4], Visible visible, int tig,
+                                                    float (&m)[2], float (&l)[2], float (&o)[PF_TC_V / 8][4])
 {
     constexpr int V = PF_TC_V;
+    float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
+        for (int nt = 0; nt < NT; nt++)
             for (int j = 0; j < 2; j++) {
                 const int key = nt * 8 + 2 * tig + j;
-                const float x = visible(key, h) ? s[nt][2 * h + j] * a.scale_log2 : -INFINITY;
+                const float x = visible(key, h) ? s[nt][2 * h + j] : -INFINITY;
                 s[nt][2 * h + j] = x;
                 mx = fmaxf(mx, x);
             }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[h], mx);
+        /* scale_log2 > 0, so the largest scaled score is the largest score scaled, rounded alike */
+        const float m_new = fmaxf(m[h], mx * a.scale_log2);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = a.fault == AR_FAULT_NO_RESCALE ? 1.f : exp2f(m[h] - m_use);
+        alpha[h] = a.fault == AR_FAULT_NO_RESCALE ? 1.f : exp2f(m[h] - m_use);
         float sum = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < PF_TC_KEYS / 8; nt++)
+        for (int nt = 0; nt < NT; nt++)
             for (int j = 0; j < 2; j++) {
-                const float p = exp2f(s[nt][2 * h + j] - m_use);
+                const float p = exp2f(fmaf(s[nt][2 * h + j], a.scale_log2, -m_use));
                 s[nt][2 * h + j] = p;
                 sum += p;
             }
-        l[h] = l[h] * alpha + sum;
-#pragma unroll
-        for (int dt = 0; dt < V / 8; dt++) {
-            o[dt][2 * h] *= alpha;
-            o[dt][2 * h + 1] *= alpha;
-        }
+        l[h] = l[h] * alpha[h] + sum;
         m[h] = m_new;
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int dt = 0; dt < V / 8; dt++)
+            for (int h = 0; h < 2; h++) {
+                o[dt][2 * h] *= alpha[h];
+                o[dt][2 * h + 1] *= alpha[h];
+            }
     }
 }
 
@@ -487,8 +495,8 @@ __device__ __forceinline__ void pf_softmax_tile(const attn_args &a, float (&s)[P
 /* P (the accumulator layout of S, as pf_softmax_tile leaves it) rounded to the dtype as the A
  * fragment of keys 16 kt .. 16 kt + 15 (the mma.sync m16n8k16 layout, which wgmma's register A
  * operand shares). */
-template <bool BF16>
-__device__ __forceinline__ void pf_p_frag(const float (&s)[PF_TC_KEYS / 8][4], int kt, uint32_t (&pa)[4])
+template <bool BF16, int NT>
+__device__ __forceinline__ void pf_p_frag(const float (&s)[NT][4], int kt, uint32_t (&pa)[4])
 {
     pa[0] = pack2<BF16>(s[2 * kt][0], s[2 * kt][1]);
     pa[1] = pack2<BF16>(s[2 * kt][2], s[2 * kt][3]);
