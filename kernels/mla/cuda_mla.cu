@@ -88,16 +88,6 @@ static ar_cuda_mla_kernel env_kernel(void)
     return AR_MLA_KERNEL_AUTO;
 }
 
-/* The pingpong prefill attention's instance for the dtype and the key tile (64 or 128 keys). */
-typedef void (*pingpong_fn)(const attn_args, const CUtensorMap, const CUtensorMap, const int *, const int *,
-                            const int *, const int *, const uint16_t *, const int *, const int *, const int *, float *,
-                            float *, int);
-static pingpong_fn pingpong_kernel(bool bf16, int keys)
-{
-    if (keys == 64) return bf16 ? prefill_attn_pingpong_kernel<true, 64> : prefill_attn_pingpong_kernel<false, 64>;
-    return bf16 ? prefill_attn_pingpong_kernel<true, 128> : prefill_attn_pingpong_kernel<false, 128>;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* The backend                                                                                */
 
@@ -160,7 +150,6 @@ typedef struct mla_state {
     void *cublas_handle;            /* on s->stream */
     ar_mla_prefill_attn prefill_attn;   /* the prefill attention's kernel (AR_MLA_PREFILL, open): the tensor-core
                                        ones get their shared memory limit raised at open */
-    int pp_keys;                    /* the pingpong kernel's key tile: 128, or 64 (AR_MLA_PP_KEYS) */
     int n_pf_pairs;                 /* pairs of query tiles (the pingpong kernel's CTAs) */
     int *d_pf_pairs;                /* [n_pf_pairs][2] tile indices (ar_mla_pair_prefill_tiles) */
     CUtensorMap tmap_ws_k, tmap_ws_v;   /* the key / value workspace for the pingpong kernel's TMA copies */
@@ -279,18 +268,6 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
         free(s);
         return 2;
     }
-    /* AR_MLA_PP_KEYS: the pingpong kernel's key tile, 128 keys (the default: two 80 KiB stages) or
-     * 64 (four 40 KiB stages) */
-    const char *keys_env = getenv("AR_MLA_PP_KEYS");
-    s->pp_keys = 128;
-    if (keys_env && *keys_env) {
-        if (strcmp(keys_env, "64") && strcmp(keys_env, "128")) {
-            snprintf(err, err_len, "cuda-mla backend: AR_MLA_PP_KEYS=%s: not one of 128 (the default), 64", keys_env);
-            free(s);
-            return 2;
-        }
-        s->pp_keys = atoi(keys_env);
-    }
     s->gemm_cublas = !gemm_named || strcmp(gemm_env, "cublas") == 0;
     s->gemm_cublas_asked = gemm_named && s->gemm_cublas;
     s->gemm_tc = !(gemm_named && strcmp(gemm_env, "simt") == 0);
@@ -311,9 +288,9 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     if (s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG) {   /* sm_90a code: compute capability 9.0 only */
         cudaError_t e = cudaSuccess;
         if (prop.major != 9 || prop.minor != 0 ||
-            (e = cudaFuncSetAttribute(pingpong_kernel(true, s->pp_keys), cudaFuncAttributeMaxDynamicSharedMemorySize,
+            (e = cudaFuncSetAttribute(prefill_attn_pingpong_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       PP_SMEM)) != cudaSuccess ||
-            (e = cudaFuncSetAttribute(pingpong_kernel(false, s->pp_keys), cudaFuncAttributeMaxDynamicSharedMemorySize,
+            (e = cudaFuncSetAttribute(prefill_attn_pingpong_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       PP_SMEM)) != cudaSuccess) {
             char why[160];
             if (e != cudaSuccess)
@@ -610,8 +587,8 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         return rc;
     }
     /* the pingpong kernel's TMA views of the workspace, over its whole capacity (a pass's rows past
-     * its own are masked by the kernel): ws_k [rows][H][QK], ws_v [rows][H][V], box [pp_keys rows]
-     * [1 head][64 dims]; encoded again only when mla_ensure reallocated a buffer (to grow it: a new
+     * its own are masked by the kernel): ws_k [rows][H][QK], ws_v [rows][H][V], box [64 rows][1
+     * head][64 dims]; encoded again only when mla_ensure reallocated a buffer (to grow it: a new
      * capacity, the pointer possibly the same) */
     if (pingpong && (s->tmap_ws_of[0].ptr != s->ws_k.ptr || s->tmap_ws_of[0].cap != s->ws_k.cap ||
                      s->tmap_ws_of[1].ptr != s->ws_v.ptr || s->tmap_ws_of[1].cap != s->ws_v.cap)) {
@@ -620,7 +597,7 @@ static int mla_prepare(void *state, const ar_batch *b, char *err, size_t err_len
         const uint64_t k_dims[3] = {(uint64_t)QK, (uint64_t)H, k_rows}, v_dims[3] = {(uint64_t)V, (uint64_t)H, v_rows};
         const uint64_t k_strides[2] = {(uint64_t)QK * 2, (uint64_t)H * QK * 2};
         const uint64_t v_strides[2] = {(uint64_t)V * 2, (uint64_t)H * V * 2};
-        const uint32_t box[3] = {64, 1, (uint32_t)s->pp_keys};
+        const uint32_t box[3] = {64, 1, (uint32_t)PF_TC_KEYS};
         if ((rc = ar_tma_encode(&s->tmap_ws_k, s->ws_k.ptr, 3, k_dims, k_strides, box, "cuda-mla pingpong prefill",
                                 err, err_len)) ||
             (rc = ar_tma_encode(&s->tmap_ws_v, s->ws_v.ptr, 3, v_dims, v_strides, box, "cuda-mla pingpong prefill",
@@ -862,7 +839,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
         if (s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG) {
             /* one CTA a pair of query tiles and a head; a step of one pass writes its rows of out
              * and lse itself (no prefill_finish_kernel: 1 GB less traffic on an 8k-token step) */
-            auto *kernel = pingpong_kernel(s->bf16, s->pp_keys);
+            auto *kernel = s->bf16 ? prefill_attn_pingpong_kernel<true> : prefill_attn_pingpong_kernel<false>;
             const bool final_out = s->n_passes == 1;
             kernel<<<dim3((unsigned)s->n_pf_pairs, (unsigned)H), PP_THREADS, PP_SMEM, s->stream>>>(
                 a, s->tmap_ws_k, s->tmap_ws_v, s->d_pf_tok, s->d_pf_tiles, s->d_pf_pairs, s->d_tpos,

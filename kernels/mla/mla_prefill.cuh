@@ -431,19 +431,18 @@ __device__ __forceinline__ int pf_key_end(const int *row_pos, int k_begin, int k
 
 /* The online softmax of one key tile on the m16n8 accumulator layout the prefill tensor-core
  * kernels hold S in: s[nt][2h + j] is query row grp + 8h of the warp's 16 (grp = lane / 4), key
- * nt * 8 + 2 tig + j (tig = lane % 4); a row's 8 NT keys (64: the mma.sync kernel's tile and the
- * pingpong kernel's short one; 128: the pingpong kernel's long one) are spread over the 4 threads
- * of a quad.  In: the raw scores; out: P (unrounded), 2^(S scale_log2 - m) as one FFMA and EX2 an
- * element.  visible(key, h): whether the thread's row grp + 8h sees key (0 .. 8 NT - 1) of the
- * tile.  The running maxima m (log2 domain), the thread's partial row sums l and the output
- * accumulator o (same layout, 128 dims) are updated; o is rescaled only where some row of the
- * warp has a new maximum (elsewhere every factor is exactly 1), and the planted fault
- * AR_FAULT_NO_RESCALE skips the rescale. */
-template <int NT, typename Visible>
-__device__ __forceinline__ void pf_softmax_tile_vis(const attn_args &a, float (&s)[NT][4], Visible visible, int tig,
-                                                    float (&m)[2], float (&l)[2], float (&o)[PF_TC_V / 8][4])
+ * nt * 8 + 2 tig + j (tig = lane % 4); a row's 64 keys are spread over the 4 threads of a quad.
+ * In: the raw scores; out: P (unrounded), 2^(S scale_log2 - m) as one FFMA and EX2 an element.
+ * visible(key, h): whether the thread's row grp + 8h sees key (0..63) of the tile.  The running
+ * maxima m (log2 domain), the thread's partial row sums l and the output accumulator o (same
+ * layout, 128 dims) are updated; o is rescaled only where some row of the warp has a new maximum
+ * (elsewhere every factor is exactly 1), and the planted fault AR_FAULT_NO_RESCALE skips the
+ * rescale. */
+template <typename Visible>
+__device__ __forceinline__ void pf_softmax_tile_vis(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], Visible visible,
+                                                    int tig, float (&m)[2], float (&l)[2], float (&o)[PF_TC_V / 8][4])
 {
-    constexpr int V = PF_TC_V;
+    constexpr int V = PF_TC_V, NT = PF_TC_KEYS / 8;
     float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -495,8 +494,8 @@ __device__ __forceinline__ void pf_softmax_tile(const attn_args &a, float (&s)[P
 /* P (the accumulator layout of S, as pf_softmax_tile leaves it) rounded to the dtype as the A
  * fragment of keys 16 kt .. 16 kt + 15 (the mma.sync m16n8k16 layout, which wgmma's register A
  * operand shares). */
-template <bool BF16, int NT>
-__device__ __forceinline__ void pf_p_frag(const float (&s)[NT][4], int kt, uint32_t (&pa)[4])
+template <bool BF16>
+__device__ __forceinline__ void pf_p_frag(const float (&s)[PF_TC_KEYS / 8][4], int kt, uint32_t (&pa)[4])
 {
     pa[0] = pack2<BF16>(s[2 * kt][0], s[2 * kt][1]);
     pa[1] = pack2<BF16>(s[2 * kt][2], s[2 * kt][3]);

@@ -23,30 +23,24 @@
 
 namespace ar_mla {
 
-/* The tiles as wgmma reads them: each stored as 64-dim column parts of [rows][128 bytes]
- * (ar_wg::wg_swizzle: 128-byte swizzle, every part on a 1024-byte boundary), the layout the TMA
- * boxes land in. */
-constexpr int PF_WG_PART = 64 * 128;                     /* one column part of a 64-row Q tile */
+/* The tiles as wgmma reads them: each stored as 64-dim column parts of [64 rows][128 bytes]
+ * (ar_wg::wg_swizzle: 128-byte swizzle, parts 8 KiB apart, every part on a 1024-byte boundary),
+ * the layout the TMA boxes land in. */
+constexpr int PF_WG_PART = 64 * 128;                     /* one column part of a 64-row tile */
 constexpr int PF_WG_Q = (PF_TC_QK / 64) * PF_WG_PART;    /* a Q tile: 3 parts, 24 KiB */
-static_assert(PF_TC_QK % 64 == 0 && PF_TC_V == 128 && PF_TC_ROWS == 64,
-              "pingpong prefill: warpgroups of 64 rows, m64n128 P V");
+constexpr int PF_WG_K = (PF_TC_QK / 64) * PF_WG_PART;    /* a stage's K: 3 parts */
+constexpr int PF_WG_V = (PF_TC_V / 64) * PF_WG_PART;     /* a stage's V: 2 parts */
+constexpr int PF_WG_STAGE = PF_WG_K + PF_WG_V;           /* 40 KiB */
+static_assert(PF_TC_QK % 64 == 0 && PF_TC_V == 128 && PF_TC_KEYS == 64 && PF_TC_ROWS == 64,
+              "pingpong prefill: warpgroups of 64 rows, 64-key tiles, m64n128 P V");
 
 /* Shared memory: two Q tiles (one a consumer warpgroup, each [64 rows][192 dims] as 3 column
- * parts, PF_WG_Q bytes), then a ring of PP_RING bytes: stages of K [KEYS keys][192] and V [KEYS
- * keys][128] (K's 3 parts then V's 2, every part 1024-byte aligned), four stages of 64-key tiles
- * or two of 128-key tiles. */
+ * parts, PF_WG_Q bytes) and PP_STAGES stages of K [64 keys][192] and V [64 keys][128] (PF_WG_STAGE
+ * bytes each, K's 3 parts then V's 2), every part 1024-byte aligned. */
+constexpr int PP_STAGES = 4;
 constexpr int PP_THREADS = 384;                          /* producer + 2 consumer warpgroups */
 constexpr int PP_Q = 2 * PF_WG_Q;                        /* 48 KiB */
-constexpr int PP_RING = 160 * 1024;
-constexpr int PP_SMEM = 1024 /* alignment slack */ + PP_Q + PP_RING;   /* 209 KiB */
-template <int KEYS> struct pp_tile {
-    static constexpr int PART = KEYS * 128;              /* one 64-dim column part of K or V */
-    static constexpr int K = (PF_TC_QK / 64) * PART;     /* a stage's K: 3 parts */
-    static constexpr int V = (PF_TC_V / 64) * PART;      /* a stage's V: 2 parts */
-    static constexpr int STAGE = K + V;                  /* 40 KiB (64 keys) or 80 KiB (128) */
-    static constexpr int STAGES = PP_RING / STAGE;       /* 4 or 2 */
-    static_assert((KEYS == 64 || KEYS == 128) && PP_RING % STAGE == 0, "pingpong prefill: 64- or 128-key tiles");
-};
+constexpr int PP_SMEM = 1024 /* alignment slack */ + PP_Q + PP_STAGES * PF_WG_STAGE;   /* 209 KiB */
 
 /* Ping-pong turns on named barriers 1 (warpgroup 0's turn) and 2 (warpgroup 1's), 256 threads
  * each: the waiting warpgroup's 128 (bar.sync) and the signalling one's 128 (bar.arrive).  Every
@@ -60,15 +54,14 @@ __device__ __forceinline__ void pp_handed(int wg, bool last)
     if (wg == 0 || !last) pp_signal(1 - wg);
 }
 
-/* Two-warpgroup prefill attention, KEYS (64 or 128) keys a tile.  Per key tile and consumer
- * warpgroup:
- *   S = Q K^T : wgmma m64nKEYSk16, A = Q and B = K both from shared memory (K-major), 12 steps
- *               of 16 dims (S: KEYS / 2 floats a thread);
+/* Two-warpgroup prefill attention.  Per key tile and consumer warpgroup:
+ *   S = Q K^T : wgmma m64n64k16, A = Q and B = K both from shared memory (K-major), 12 steps of
+ *               16 dims (S: 32 floats a thread);
  *   mask and online softmax on the accumulator, P rounded to the dtype as register A fragments;
  *   O += P V  : wgmma m64n128k16, A = P from registers, B = V from shared memory read
  *               transposed (MN-major: the descriptor's leading byte offset steps between V's two
- *               64-dim parts, the stride byte offset between groups of 8 keys), KEYS / 16 steps
- *               of 16 keys (O: 64 floats a thread).
+ *               64-dim parts, the stride byte offset between groups of 8 keys), 4 steps of 16
+ *               keys (O: 64 floats a thread).
  * Warp w of a warpgroup holds rows 16 w .. 16 w + 15 of its tile in the wgmma accumulator layout,
  * which is the mma.sync one of prefill_attn_tc_kernel, so the masks, the online softmax
  * (pf_softmax_tile_vis), the rounding of P and the stores (pf_store_rows) are that kernel's.
@@ -80,7 +73,7 @@ __device__ __forceinline__ void pp_handed(int wg, bool last)
  * positions (mla_prepare writes them so; pf_key_end relies on it too), so key j of the tile
  * starting at row k0 has position row_pos[k_begin] + k0 - k_begin + j; keys past the
  * warpgroup's own end are masked (they may be the next request's rows).
- *   tmap_k: ws_k [rows][H][192] 16-bit, box [KEYS rows][1 head][64 dims]; tmap_v: ws_v
+ *   tmap_k: ws_k [rows][H][192] 16-bit, box [64 rows][1 head][64 dims]; tmap_v: ws_v
  *   [rows][H][128], the same box;
  *   pf_tiles [n_tiles][3]: first pf_tok index, token count (1..64), request; pf_pairs
  *   [n_pairs][2]: tile indices (the second -1 or a later tile of the same request);
@@ -94,15 +87,14 @@ __device__ __forceinline__ void pp_handed(int wg, bool last)
  * setmaxnreg gives the producer 40 registers and the consumers 232.
  * The kernel body exists only in the sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); the backend
  * launches it on compute capability 9.0 only. */
-template <bool BF16, int KEYS>
+template <bool BF16>
 __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
     const attn_args a, const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
     const int *pf_tok, const int *pf_tiles, const int *pf_pairs, const int *tok_pos, const uint16_t *q_nope,
     const int *row_pos, const int *kb, const int *ke, float *pass_o, float *pass_lse, int final_out)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using T = pp_tile<KEYS>;
-    constexpr int QK = PF_TC_QK, PP_STAGES = T::STAGES;
+    constexpr int QK = PF_TC_QK, KEYS = PF_TC_KEYS;
     extern __shared__ __align__(1024) unsigned char pp_smem[];
     __shared__ __align__(8) uint64_t pp_bars[2 * PP_STAGES];
     const uint32_t base0 = (uint32_t)__cvta_generic_to_shared(pp_smem);
@@ -112,7 +104,7 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(pp_bars);
     auto full_bar = [&](int st) { return bar0 + (uint32_t)(st * 8); };
     auto empty_bar = [&](int st) { return bar0 + (uint32_t)((PP_STAGES + st) * 8); };
-    auto stage_k = [&](int it) { return sq_addr + (uint32_t)(PP_Q + (it % PP_STAGES) * T::STAGE); };
+    auto stage_k = [&](int it) { return sq_addr + (uint32_t)(PP_Q + (it % PP_STAGES) * PF_WG_STAGE); };
 
     const int H = a.num_heads, n = blockIdx.y;
     const int tile0 = pf_pairs[2 * blockIdx.x], tile1 = pf_pairs[2 * blockIdx.x + 1];
@@ -142,14 +134,14 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
             for (int it = 0; it < n_tiles; it++) {
                 const int st = it % PP_STAGES;
                 if (it >= PP_STAGES) ar_wg::mbar_wait_suspend(empty_bar(st), (uint32_t)((it / PP_STAGES - 1) & 1));
-                ar_wg::mbar_arrive_expect_tx(full_bar(st), T::STAGE);
+                ar_wg::mbar_arrive_expect_tx(full_bar(st), PF_WG_STAGE);
                 const uint32_t sk = stage_k(it), k0 = (uint32_t)(k_begin + it * KEYS);
 #pragma unroll
                 for (int part = 0; part < QK / 64; part++)
-                    ar_wg::tma_load_3d(sk + (uint32_t)(part * T::PART), &tmap_k, full_bar(st), part * 64, n, (int)k0);
+                    ar_wg::tma_load_3d(sk + (uint32_t)(part * PF_WG_PART), &tmap_k, full_bar(st), part * 64, n, (int)k0);
 #pragma unroll
                 for (int part = 0; part < PF_TC_V / 64; part++)
-                    ar_wg::tma_load_3d(sk + (uint32_t)(T::K + part * T::PART), &tmap_v, full_bar(st), part * 64, n,
+                    ar_wg::tma_load_3d(sk + (uint32_t)(PF_WG_K + part * PF_WG_PART), &tmap_v, full_bar(st), part * 64, n,
                                        (int)k0);
             }
         }
@@ -208,19 +200,14 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
         ar_wg::fence();
 #pragma unroll
         for (int kk = 0; kk < QK / 16; kk++) {
-            const uint32_t q16 = (uint32_t)((kk >> 2) * PF_WG_PART + (kk & 3) * 32) >> 4;
-            const uint32_t k16 = (uint32_t)((kk >> 2) * T::PART + (kk & 3) * 32) >> 4;
-            if constexpr (KEYS == 64)
-                ar_wg::mma_ss_m64n64<BF16>(&s[0][0], ar_wg::desc_advance(desc_q, q16), ar_wg::desc_advance(desc_k, k16),
-                                           kk > 0);
-            else
-                ar_wg::mma_ss_m64n128<BF16>(&s[0][0], ar_wg::desc_advance(desc_q, q16), ar_wg::desc_advance(desc_k, k16),
-                                            kk > 0);
+            const uint32_t off16 = (uint32_t)((kk >> 2) * PF_WG_PART + (kk & 3) * 32) >> 4;
+            ar_wg::mma_ss_m64n64<BF16>(&s[0][0], ar_wg::desc_advance(desc_q, off16), ar_wg::desc_advance(desc_k, off16),
+                                       kk > 0);
         }
     };
     /* O += P V of key tile it (issued, not waited for) */
     auto issue_pv = [&](const uint32_t (&pa)[KEYS / 16][4], int it) {
-        const uint64_t desc_v = ar_wg::desc_sw128(stage_k(it) + (uint32_t)T::K, T::PART, 1024);
+        const uint64_t desc_v = ar_wg::desc_sw128(stage_k(it) + (uint32_t)PF_WG_K, PF_WG_PART, 1024);
         ar_wg::fence_regs(o);
         ar_wg::fence();
 #pragma unroll
