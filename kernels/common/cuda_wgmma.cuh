@@ -5,8 +5,8 @@
  * fence, register reallocation between warpgroups (setmaxnreg), and the tensor memory accelerator
  * (TMA) loads that copy a box of a global tensor into shared memory and complete on an mbarrier
  * (the tensor maps are encoded on the host, ar_tma_encode in cuda_host.cuh), the 128-byte
- * swizzled tile layout, and the wgmma products more than one backend issues (m64n128k16 with A
- * from registers, m64n64k16 with both operands in shared memory); the other wgmma shapes live
+ * swizzled tile layout, and the wgmma products the backends' kernels share (m64n128k16 with A
+ * from registers, m64n64k16 with A from registers or shared memory); the other wgmma shapes live
  * beside the kernels that use them.  Everything is in namespace ar_wg. */
 #ifndef AR_CUDA_WGMMA_CUH
 #define AR_CUDA_WGMMA_CUH
@@ -137,6 +137,10 @@ __device__ __forceinline__ void mma_rs_m64n128(float *d, const uint32_t a[4], ui
  * K-major. */
 template <bool BF16>
 __device__ __forceinline__ void mma_ss_m64n64(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);
+/* d [64 x 64] (+)= A B, A [64 x 16] from registers (a[4], as mma_rs_m64n128's), B [16 x 64] from
+ * shared memory, K-major */
+template <bool BF16>
+__device__ __forceinline__ void mma_rs_m64n64(float *d, const uint32_t a[4], uint64_t desc_b, int accumulate);
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* The inline-assembly pieces: the accumulator operands ("+f"(d[0]) ..) and each instruction's
@@ -161,6 +165,13 @@ __device__ __forceinline__ void mma_ss_m64n64(float *d, uint64_t desc_a, uint64_
     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
     "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, " \
     "1, 1, " TNSP ";\n}\n"
+/* the accumulate flag is operand 37 */
+#define AR_WGMMA_RS64_TEXT(TY) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32" TY TY " " \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+    "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
 /* the accumulate flag is operand 34 */
 #define AR_WGMMA_SS64_TEXT(TY) \
     "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
@@ -192,8 +203,19 @@ __device__ __forceinline__ void mma_ss_m64n64(float *d, uint64_t desc_a, uint64_
     else
         asm volatile(AR_WGMMA_SS64_TEXT(".f16") : AR_WG_ACC32(d) : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
+template <bool BF16>
+__device__ __forceinline__ void mma_rs_m64n64(float *d, const uint32_t a[4], uint64_t desc_b, int accumulate)
+{
+    if constexpr (BF16)
+        asm volatile(AR_WGMMA_RS64_TEXT(".bf16") : AR_WG_ACC32(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+    else
+        asm volatile(AR_WGMMA_RS64_TEXT(".f16") : AR_WG_ACC32(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
 #undef AR_WG_ACC32
 #undef AR_WG_ACC64
+#undef AR_WGMMA_RS64_TEXT
 #undef AR_WGMMA_RS128_TEXT
 #undef AR_WGMMA_SS64_TEXT
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */

@@ -430,20 +430,18 @@ __device__ __forceinline__ int pf_key_end(const int *row_pos, int k_begin, int k
 }
 
 /* The online softmax of one key tile on the m16n8 accumulator layout the prefill tensor-core
- * kernels hold S in: s[nt][2h + j] is query row grp + 8h of the warp's 16 (grp = lane / 4), key
- * nt * 8 + 2 tig + j (tig = lane % 4); a row's 64 keys are spread over the 4 threads of a quad.
- * In: the raw scores; out: P (unrounded), 2^(S scale_log2 - m) as one FFMA and EX2 an element.
- * visible(key, h): whether the thread's row grp + 8h sees key (0..63) of the tile.  The running
- * maxima m (log2 domain), the thread's partial row sums l and the output accumulator o (same
- * layout, 128 dims) are updated; o is rescaled only where some row of the warp has a new maximum
- * (elsewhere every factor is exactly 1), and the planted fault AR_FAULT_NO_RESCALE skips the
- * rescale. */
+ * kernels hold S in, without the output's rescale: s[nt][2h + j] is query row grp + 8h of the
+ * warp's 16 (grp = lane / 4), key nt * 8 + 2 tig + j (tig = lane % 4); a row's 64 keys are spread
+ * over the 4 threads of a quad.  In: the raw scores; out: P (unrounded), 2^(S scale_log2 - m) as
+ * one FFMA and EX2 an element.  visible(key, h): whether the thread's row grp + 8h sees key
+ * (0..63) of the tile.  The running maxima m (log2 domain) and the thread's partial row sums l
+ * are updated; alpha[h] is the factor the output rows' accumulator is due (1 under the planted
+ * fault AR_FAULT_NO_RESCALE). */
 template <typename Visible>
-__device__ __forceinline__ void pf_softmax_tile_vis(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], Visible visible,
-                                                    int tig, float (&m)[2], float (&l)[2], float (&o)[PF_TC_V / 8][4])
+__device__ __forceinline__ void pf_softmax_scores(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], Visible visible,
+                                                  int tig, float (&m)[2], float (&l)[2], float (&alpha)[2])
 {
-    constexpr int V = PF_TC_V, NT = PF_TC_KEYS / 8;
-    float alpha[2];
+    constexpr int NT = PF_TC_KEYS / 8;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         float mx = -INFINITY;
@@ -472,14 +470,30 @@ __device__ __forceinline__ void pf_softmax_tile_vis(const attn_args &a, float (&
         l[h] = l[h] * alpha[h] + sum;
         m[h] = m_new;
     }
+}
+
+/* The output accumulator o (the same layout, 128 dims) times its rows' factors alpha, skipped
+ * where no row of the warp has a new maximum (every factor exactly 1). */
+__device__ __forceinline__ void pf_rescale_o(float (&o)[PF_TC_V / 8][4], const float (&alpha)[2])
+{
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int dt = 0; dt < V / 8; dt++)
+        for (int dt = 0; dt < PF_TC_V / 8; dt++)
             for (int h = 0; h < 2; h++) {
                 o[dt][2 * h] *= alpha[h];
                 o[dt][2 * h + 1] *= alpha[h];
             }
     }
+}
+
+/* The whole online softmax of one key tile: pf_softmax_scores, then the output's rescale. */
+template <typename Visible>
+__device__ __forceinline__ void pf_softmax_tile_vis(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], Visible visible,
+                                                    int tig, float (&m)[2], float (&l)[2], float (&o)[PF_TC_V / 8][4])
+{
+    float alpha[2];
+    pf_softmax_scores(a, s, visible, tig, m, l, alpha);
+    pf_rescale_o(o, alpha);
 }
 
 /* pf_softmax_tile_vis with the tile's key positions kp and the thread's two rows' positions qpos

@@ -87,7 +87,7 @@ __device__ __forceinline__ void pp_handed(int wg, bool last)
  * setmaxnreg gives the producer 40 registers and the consumers 232.
  * The kernel body exists only in the sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); the backend
  * launches it on compute capability 9.0 only. */
-template <bool BF16>
+template <bool BF16, bool QREG, bool OVERLAP>
 __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
     const attn_args a, const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
     const int *pf_tok, const int *pf_tiles, const int *pf_pairs, const int *tok_pos, const uint16_t *q_nope,
@@ -192,6 +192,17 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
         for (int j = 0; j < 4; j++) o[dt][j] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const uint64_t desc_q = ar_wg::desc_sw128(sq_wg, 16, 1024);
+    /* QREG: the warp's 16 rows of Q as the A fragments of S's 12 steps (48 registers), read once */
+    uint32_t qa[QREG ? QK / 16 : 1][4];
+    if constexpr (QREG) {
+        const unsigned char *const sq = smem + wg * PF_WG_Q;   /* staged above where n_active > 0 */
+#pragma unroll
+        for (int kk = 0; kk < QK / 16; kk++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)   /* rows grp / grp + 8, dims 16 kk + 2 tig (+ 8) */
+                qa[kk][j] = *reinterpret_cast<const uint32_t *>(
+                    sq + ar_wg::wg_swizzle<PF_WG_PART>(wrow + grp + 8 * (j & 1), 2 * kk + (j >> 1)) + 4 * tig);
+    }
 
     /* S = Q K^T of key tile it into s (issued, not waited for); s[nt][2h + j]: query row wrow + grp
      * + 8h, key nt * 8 + 2 tig + j */
@@ -201,8 +212,11 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
 #pragma unroll
         for (int kk = 0; kk < QK / 16; kk++) {
             const uint32_t off16 = (uint32_t)((kk >> 2) * PF_WG_PART + (kk & 3) * 32) >> 4;
-            ar_wg::mma_ss_m64n64<BF16>(&s[0][0], ar_wg::desc_advance(desc_q, off16), ar_wg::desc_advance(desc_k, off16),
-                                       kk > 0);
+            if constexpr (QREG)
+                ar_wg::mma_rs_m64n64<BF16>(&s[0][0], qa[kk], ar_wg::desc_advance(desc_k, off16), kk > 0);
+            else
+                ar_wg::mma_ss_m64n64<BF16>(&s[0][0], ar_wg::desc_advance(desc_q, off16),
+                                           ar_wg::desc_advance(desc_k, off16), kk > 0);
         }
     };
     /* O += P V of key tile it (issued, not waited for) */
@@ -214,15 +228,19 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
         for (int kt = 0; kt < KEYS / 16; kt++)
             ar_wg::mma_rs_m64n128<BF16, true>(&o[0][0], pa[kt], ar_wg::desc_advance(desc_v, (uint32_t)(kt * 16 * 128) >> 4), 1);
     };
-    /* mask (where some key of the tile is hidden from some row of the warpgroup), online softmax,
-     * P -> pa */
-    auto softmax_to_p = [&](float (&s)[KEYS / 8][4], int it, uint32_t (&pa)[KEYS / 16][4]) {
+    /* mask (where some key of the tile is hidden from some row of the warpgroup) and online
+     * softmax of tile it, the output's factors into alpha (o untouched) */
+    auto softmax_scores = [&](float (&s)[KEYS / 8][4], int it, float (&alpha)[2]) {
         const int j0 = it * KEYS;
         if (j0 + KEYS <= wg_keys && pos0 + j0 + KEYS - 1 <= wg_min_qpos)
-            pf_softmax_tile_vis(a, s, [](int, int) { return true; }, tig, m, l, o);
+            pf_softmax_scores(a, s, [](int, int) { return true; }, tig, m, l, alpha);
         else
-            pf_softmax_tile_vis(a, s, [&](int key, int h) { return j0 + key < wg_keys && pos0 + j0 + key <= qpos[h]; },
-                                tig, m, l, o);
+            pf_softmax_scores(a, s, [&](int key, int h) { return j0 + key < wg_keys && pos0 + j0 + key <= qpos[h]; },
+                              tig, m, l, alpha);
+    };
+    /* o rescaled, P -> pa */
+    auto rescale_to_p = [&](const float (&s)[KEYS / 8][4], const float (&alpha)[2], uint32_t (&pa)[KEYS / 16][4]) {
+        pf_rescale_o(o, alpha);
 #pragma unroll
         for (int kt = 0; kt < KEYS / 16; kt++) pf_p_frag<BF16>(s, kt, pa[kt]);
     };
@@ -248,22 +266,39 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
                 pp_handed(wg, false);
                 ar_wg::wait<0>();
                 ar_wg::fence_regs(s);
-                softmax_to_p(s, 0, pa);
+                float alpha[2];
+                softmax_scores(s, 0, alpha);
+                rescale_to_p(s, alpha, pa);
             }
             for (int it = 1; it < n_active; it++) {   /* turn it: P V of it - 1 and S of it */
-                float s[KEYS / 8][4];
+                float s[KEYS / 8][4], alpha[2];
                 ar_wg::mbar_wait_suspend(full_bar(it % PP_STAGES), parity(it));
                 pp_wait(wg);
-                issue_pv(pa, it - 1);
-                ar_wg::commit();
-                issue_s(s, it);
-                ar_wg::commit();
-                pp_handed(wg, false);
-                ar_wg::wait<0>();
-                ar_wg::fence_regs(o);
-                ar_wg::fence_regs(s);
+                if constexpr (OVERLAP) {
+                    /* S first, so its softmax runs while this warpgroup's P V still does */
+                    issue_s(s, it);
+                    ar_wg::commit();
+                    issue_pv(pa, it - 1);
+                    ar_wg::commit();
+                    pp_handed(wg, false);
+                    ar_wg::wait<1>();
+                    ar_wg::fence_regs(s);
+                    softmax_scores(s, it, alpha);
+                    ar_wg::wait<0>();
+                    ar_wg::fence_regs(o);
+                } else {
+                    issue_pv(pa, it - 1);
+                    ar_wg::commit();
+                    issue_s(s, it);
+                    ar_wg::commit();
+                    pp_handed(wg, false);
+                    ar_wg::wait<0>();
+                    ar_wg::fence_regs(o);
+                    ar_wg::fence_regs(s);
+                    softmax_scores(s, it, alpha);
+                }
                 ar_wg::mbar_arrive(empty_bar((it - 1) % PP_STAGES));
-                softmax_to_p(s, it, pa);
+                rescale_to_p(s, alpha, pa);
             }
             /* turn n_active: P V of the last active tile */
             pp_wait(wg);
