@@ -88,20 +88,6 @@ static ar_cuda_mla_kernel env_kernel(void)
     return AR_MLA_KERNEL_AUTO;
 }
 
-/* The pingpong prefill attention's instance for the dtype, Q from registers or shared memory. */
-typedef void (*pingpong_fn)(const attn_args, const CUtensorMap, const CUtensorMap, const int *, const int *,
-                            const int *, const int *, const uint16_t *, const int *, const int *, const int *, float *,
-                            float *, int);
-static pingpong_fn pingpong_kernel(bool bf16, bool qreg, bool overlap)
-{
-    if (qreg && overlap)
-        return bf16 ? prefill_attn_pingpong_kernel<true, true, true> : prefill_attn_pingpong_kernel<false, true, true>;
-    if (qreg) return bf16 ? prefill_attn_pingpong_kernel<true, true, false> : prefill_attn_pingpong_kernel<false, true, false>;
-    if (overlap)
-        return bf16 ? prefill_attn_pingpong_kernel<true, false, true> : prefill_attn_pingpong_kernel<false, false, true>;
-    return bf16 ? prefill_attn_pingpong_kernel<true, false, false> : prefill_attn_pingpong_kernel<false, false, false>;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* The backend                                                                                */
 
@@ -164,8 +150,6 @@ typedef struct mla_state {
     void *cublas_handle;            /* on s->stream */
     ar_mla_prefill_attn prefill_attn;   /* the prefill attention's kernel (AR_MLA_PREFILL, open): the tensor-core
                                        ones get their shared memory limit raised at open */
-    bool pp_qreg;                   /* the pingpong kernel's Q in registers (AR_MLA_PP_QREG, 1 by default) */
-    bool pp_overlap;                /* its S issued before P V, softmax beside P V (AR_MLA_PP_OVERLAP, 1) */
     int n_pf_pairs;                 /* pairs of query tiles (the pingpong kernel's CTAs) */
     int *d_pf_pairs;                /* [n_pf_pairs][2] tile indices (ar_mla_pair_prefill_tiles) */
     CUtensorMap tmap_ws_k, tmap_ws_v;   /* the key / value workspace for the pingpong kernel's TMA copies */
@@ -284,24 +268,6 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
         free(s);
         return 2;
     }
-    /* AR_MLA_PP_QREG: the pingpong kernel's S with Q from registers (1, the default) or from
-     * shared memory (0) */
-    const char *qreg_env = getenv("AR_MLA_PP_QREG");
-    if (qreg_env && *qreg_env && strcmp(qreg_env, "0") && strcmp(qreg_env, "1")) {
-        snprintf(err, err_len, "cuda-mla backend: AR_MLA_PP_QREG=%s: not one of 1 (the default), 0", qreg_env);
-        free(s);
-        return 2;
-    }
-    s->pp_qreg = !(qreg_env && strcmp(qreg_env, "0") == 0);
-    /* AR_MLA_PP_OVERLAP: a turn issues S before the previous tile's P V and starts the softmax
-     * once S is done (1, the default), or P V first and waits for both (0) */
-    const char *ovl_env = getenv("AR_MLA_PP_OVERLAP");
-    if (ovl_env && *ovl_env && strcmp(ovl_env, "0") && strcmp(ovl_env, "1")) {
-        snprintf(err, err_len, "cuda-mla backend: AR_MLA_PP_OVERLAP=%s: not one of 1 (the default), 0", ovl_env);
-        free(s);
-        return 2;
-    }
-    s->pp_overlap = !(ovl_env && strcmp(ovl_env, "0") == 0);
     s->gemm_cublas = !gemm_named || strcmp(gemm_env, "cublas") == 0;
     s->gemm_cublas_asked = gemm_named && s->gemm_cublas;
     s->gemm_tc = !(gemm_named && strcmp(gemm_env, "simt") == 0);
@@ -322,9 +288,9 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     if (s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG) {   /* sm_90a code: compute capability 9.0 only */
         cudaError_t e = cudaSuccess;
         if (prop.major != 9 || prop.minor != 0 ||
-            (e = cudaFuncSetAttribute(pingpong_kernel(true, s->pp_qreg, s->pp_overlap), cudaFuncAttributeMaxDynamicSharedMemorySize,
+            (e = cudaFuncSetAttribute(prefill_attn_pingpong_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       PP_SMEM)) != cudaSuccess ||
-            (e = cudaFuncSetAttribute(pingpong_kernel(false, s->pp_qreg, s->pp_overlap), cudaFuncAttributeMaxDynamicSharedMemorySize,
+            (e = cudaFuncSetAttribute(prefill_attn_pingpong_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       PP_SMEM)) != cudaSuccess) {
             char why[160];
             if (e != cudaSuccess)
@@ -873,7 +839,7 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
         if (s->prefill_attn == AR_MLA_PF_ATTN_PINGPONG) {
             /* one CTA a pair of query tiles and a head; a step of one pass writes its rows of out
              * and lse itself (no prefill_finish_kernel: 1 GB less traffic on an 8k-token step) */
-            auto *kernel = pingpong_kernel(s->bf16, s->pp_qreg, s->pp_overlap);
+            auto *kernel = s->bf16 ? prefill_attn_pingpong_kernel<true> : prefill_attn_pingpong_kernel<false>;
             const bool final_out = s->n_passes == 1;
             kernel<<<dim3((unsigned)s->n_pf_pairs, (unsigned)H), PP_THREADS, PP_SMEM, s->stream>>>(
                 a, s->tmap_ws_k, s->tmap_ws_v, s->d_pf_tok, s->d_pf_tiles, s->d_pf_pairs, s->d_tpos,

@@ -200,28 +200,12 @@ __device__ __forceinline__ void pairs_hand_sync(uint32_t bars, int id, int t0)
 }
 
 /* S [64 x 64] (+)= A B over 16 dims, A = 16 dims of Q from registers (rows 16 (warp % 4) +
- * lane / 4 (+ 8), dims 2 (lane % 4) (+ 1, + 8, + 9)), B (desc_b) K-major. */
-template <bool BF16>
-__device__ __forceinline__ void wgmma_qk64_rs(float (&d)[8][4], const uint32_t (&qa)[4], uint64_t desc_b, int accumulate);
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WGMMA_QK64_RS_TEXT(TY) \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n64k16.f32" TY TY " " \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+ * lane / 4 (+ 8), dims 2 (lane % 4) (+ 1, + 8, + 9)), B (desc_b) K-major (ar_wg::mma_rs_m64n64). */
 template <bool BF16>
 __device__ __forceinline__ void wgmma_qk64_rs(float (&d)[8][4], const uint32_t (&qa)[4], uint64_t desc_b, int accumulate)
 {
-    if constexpr (BF16)
-        asm volatile(WGMMA_QK64_RS_TEXT(".bf16") : WG_ACC_X8(d)
-                     : "r"(qa[0]), "r"(qa[1]), "r"(qa[2]), "r"(qa[3]), "l"(desc_b), "r"(accumulate));
-    else
-        asm volatile(WGMMA_QK64_RS_TEXT(".f16") : WG_ACC_X8(d)
-                     : "r"(qa[0]), "r"(qa[1]), "r"(qa[2]), "r"(qa[3]), "l"(desc_b), "r"(accumulate));
+    ar_wg::mma_rs_m64n64<BF16>(&d[0][0], qa, desc_b, accumulate);
 }
-#undef WGMMA_QK64_RS_TEXT
-#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* The lane's row address for ldmatrix / stmatrix .x4 of 16-column step kk of a warp's 16 rows
  * of a swizzled [64 rows][64 columns] atom at shared address atom: matrix lane / 8 = rows 0-7 /

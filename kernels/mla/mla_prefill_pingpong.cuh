@@ -2,19 +2,21 @@
  * FlashAttention-3's form (AR_MLA_PREFILL=pingpong, the default on compute capability 9.0): the
  * pass prefill_attn_tc_kernel computes (mla_prefill.cuh: DeepSeek's QK 192 / V 128, the same
  * 64-row query tiles, 64-key tiles, masks, faults, softmax and stores), with the products on wgmma
- * (warpgroup MMA; S on m64n64k16 with Q and K from shared memory, P V on m64n128k16 with P from
- * registers) and with three changes to how the work is fed (against the one-warpgroup wgmma
- * kernel that was the default before it, in git at 02d823d):
+ * (warpgroup MMA; S on m64n64k16 with Q from registers and K from shared memory, P V on
+ * m64n128k16 with P from registers) and with three changes to how the work is fed (against the
+ * one-warpgroup wgmma kernel that was the default before it, in git at 02d823d):
  *   - one CTA holds two query tiles of one request (a pair, ar_mla_pair_prefill_tiles), each on
  *     its own consumer warpgroup, so every key tile is loaded once for 128 query rows;
  *   - a producer warpgroup fills a ring of four K/V stages by TMA (one box a 64-dim column part
  *     of the key workspace, landing in the 128-byte swizzle wgmma reads), handed over by
  *     mbarriers, instead of every thread's cp.async;
- *   - the two consumers take ping-pong turns on the tensor cores, and a turn issues the previous
- *     tile's P V and this tile's S together, so one warpgroup's softmax runs while the other's
+ *   - the two consumers take ping-pong turns on the tensor cores, and a turn issues this tile's
+ *     S and the previous tile's P V together, so one warpgroup's softmax runs while the other's
  *     products do (FlashAttention-3's order, as the paged kernel at head size 128,
- *     kernels/paged/cuda_attn_wgmma.cuh).
- * A full key tile that every row of a warpgroup sees skips the mask.  Included by cuda_mla.cu. */
+ *     kernels/paged/cuda_attn_wgmma.cuh); S goes first and the softmax starts once it is done,
+ *     beside the same warpgroup's P V.
+ * A full key tile that every row of a warpgroup sees skips the mask.  The 128-key tile (two 80 KiB
+ * stages) lost to the 64-key one (kernels/lab/README.md).  Included by cuda_mla.cu. */
 #ifndef AR_MLA_PREFILL_PINGPONG_CUH
 #define AR_MLA_PREFILL_PINGPONG_CUH
 
@@ -55,16 +57,19 @@ __device__ __forceinline__ void pp_handed(int wg, bool last)
 }
 
 /* Two-warpgroup prefill attention.  Per key tile and consumer warpgroup:
- *   S = Q K^T : wgmma m64n64k16, A = Q and B = K both from shared memory (K-major), 12 steps of
- *               16 dims (S: 32 floats a thread);
- *   mask and online softmax on the accumulator, P rounded to the dtype as register A fragments;
+ *   S = Q K^T : wgmma m64n64k16, A = Q from registers (the warp's 16 rows as 12 A fragments, 48
+ *               registers, read once from the staged tile), B = K from shared memory (K-major),
+ *               12 steps of 16 dims (S: 32 floats a thread);
+ *   mask and online softmax on the accumulator (pf_softmax_scores, while this tile's P V runs),
+ *   then the output's rescale (pf_rescale_o) and P rounded to the dtype as register A fragments;
  *   O += P V  : wgmma m64n128k16, A = P from registers, B = V from shared memory read
  *               transposed (MN-major: the descriptor's leading byte offset steps between V's two
  *               64-dim parts, the stride byte offset between groups of 8 keys), 4 steps of 16
  *               keys (O: 64 floats a thread).
  * Warp w of a warpgroup holds rows 16 w .. 16 w + 15 of its tile in the wgmma accumulator layout,
  * which is the mma.sync one of prefill_attn_tc_kernel, so the masks, the online softmax
- * (pf_softmax_tile_vis), the rounding of P and the stores (pf_store_rows) are that kernel's.
+ * (pf_softmax_scores and pf_rescale_o), the rounding of P and the stores (pf_store_rows) are that
+ * kernel's.
  * CTA (blockIdx.x, blockIdx.y) = pair blockIdx.x of query tiles and head blockIdx.y; consumer
  * warpgroup w takes tile pf_pairs[2 x + w] (-1: none).  The
  * key rows are the request's k_begin .. k_end - 1 of this pass's workspace, k_end the end the
@@ -83,11 +88,12 @@ __device__ __forceinline__ void pp_handed(int wg, bool last)
  * Barriers: full[s] (one arrival, the producer's, with the stage's byte count; the TMA copies
  * complete it), empty[s] (256 arrivals: every consumer thread once it is done with the stage, or
  * at its turn where the tile is not active for it).  Each consumer stages its own Q tile by
- * cp.async (rows past its count zero-filled) and syncs its warpgroup on named barrier 3 + w.
+ * cp.async (rows past its count zero-filled), syncs its warpgroup on named barrier 3 + w and
+ * reads its fragments into registers.
  * setmaxnreg gives the producer 40 registers and the consumers 232.
  * The kernel body exists only in the sm_90a build (__CUDA_ARCH_FEAT_SM90_ALL); the backend
  * launches it on compute capability 9.0 only. */
-template <bool BF16, bool QREG, bool OVERLAP>
+template <bool BF16>
 __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
     const attn_args a, const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
     const int *pf_tok, const int *pf_tiles, const int *pf_pairs, const int *tok_pos, const uint16_t *q_nope,
@@ -169,7 +175,6 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
     const int wg_keys = wg_k_end - k_begin;                /* keys this warpgroup may see */
     const int wg_min_qpos = count > 0 ? tok_pos[pf_tok[first]] + extra : -1;
     const int pos0 = n_active > 0 ? row_pos[k_begin] : 0;
-    const uint32_t sq_wg = sq_addr + (uint32_t)(wg * PF_WG_Q);
 
     if (n_active > 0) {
         /* this warpgroup's Q tile: row i = [q_nope | q_pe] of token pf_tok[first + i], zeros past count */
@@ -191,11 +196,11 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
     for (int dt = 0; dt < PF_TC_V / 8; dt++)
         for (int j = 0; j < 4; j++) o[dt][j] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    const uint64_t desc_q = ar_wg::desc_sw128(sq_wg, 16, 1024);
-    /* QREG: the warp's 16 rows of Q as the A fragments of S's 12 steps (48 registers), read once */
-    uint32_t qa[QREG ? QK / 16 : 1][4];
-    if constexpr (QREG) {
-        const unsigned char *const sq = smem + wg * PF_WG_Q;   /* staged above where n_active > 0 */
+    /* the warp's 16 rows of Q as the A fragments of S's 12 steps (48 registers), read once from
+     * the staged tile (staged above where n_active > 0; unused elsewhere) */
+    uint32_t qa[QK / 16][4];
+    {
+        const unsigned char *const sq = smem + wg * PF_WG_Q;
 #pragma unroll
         for (int kk = 0; kk < QK / 16; kk++)
 #pragma unroll
@@ -212,11 +217,7 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
 #pragma unroll
         for (int kk = 0; kk < QK / 16; kk++) {
             const uint32_t off16 = (uint32_t)((kk >> 2) * PF_WG_PART + (kk & 3) * 32) >> 4;
-            if constexpr (QREG)
-                ar_wg::mma_rs_m64n64<BF16>(&s[0][0], qa[kk], ar_wg::desc_advance(desc_k, off16), kk > 0);
-            else
-                ar_wg::mma_ss_m64n64<BF16>(&s[0][0], ar_wg::desc_advance(desc_q, off16),
-                                           ar_wg::desc_advance(desc_k, off16), kk > 0);
+            ar_wg::mma_rs_m64n64<BF16>(&s[0][0], qa[kk], ar_wg::desc_advance(desc_k, off16), kk > 0);
         }
     };
     /* O += P V of key tile it (issued, not waited for) */
@@ -274,29 +275,17 @@ __global__ void __launch_bounds__(PP_THREADS, 1) prefill_attn_pingpong_kernel(
                 float s[KEYS / 8][4], alpha[2];
                 ar_wg::mbar_wait_suspend(full_bar(it % PP_STAGES), parity(it));
                 pp_wait(wg);
-                if constexpr (OVERLAP) {
-                    /* S first, so its softmax runs while this warpgroup's P V still does */
-                    issue_s(s, it);
-                    ar_wg::commit();
-                    issue_pv(pa, it - 1);
-                    ar_wg::commit();
-                    pp_handed(wg, false);
-                    ar_wg::wait<1>();
-                    ar_wg::fence_regs(s);
-                    softmax_scores(s, it, alpha);
-                    ar_wg::wait<0>();
-                    ar_wg::fence_regs(o);
-                } else {
-                    issue_pv(pa, it - 1);
-                    ar_wg::commit();
-                    issue_s(s, it);
-                    ar_wg::commit();
-                    pp_handed(wg, false);
-                    ar_wg::wait<0>();
-                    ar_wg::fence_regs(o);
-                    ar_wg::fence_regs(s);
-                    softmax_scores(s, it, alpha);
-                }
+                /* S first, so its softmax runs while this warpgroup's P V still does */
+                issue_s(s, it);
+                ar_wg::commit();
+                issue_pv(pa, it - 1);
+                ar_wg::commit();
+                pp_handed(wg, false);
+                ar_wg::wait<1>();
+                ar_wg::fence_regs(s);
+                softmax_scores(s, it, alpha);
+                ar_wg::wait<0>();
+                ar_wg::fence_regs(o);
                 ar_wg::mbar_arrive(empty_bar((it - 1) % PP_STAGES));
                 rescale_to_p(s, alpha, pa);
             }
