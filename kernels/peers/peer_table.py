@@ -12,6 +12,8 @@ our time), the target ratio and whether it is met.  A row whose side is missing 
   causal prefill hd256      >= 0.85 x the same
   varlen, 16 sequences      >= 1.00 x FA3 (packed or paged)
   prefill and varlen        also against FA3 paged (page 16) alone: our cache's layout (no target)
+  FlashInfer                decode, prefill, varlen and its two-level cascade, each beside ours
+                            where its PEER lines are (no target)
   MLA decode h_q 128 / 16   >= 1.00 x FlashMLA at every s_k (ours: the default kernel choice)
   fp8 KV decode             >= 1.00 x FA3 e4m3 paged
   cascade (flat-path ratio) ours cascade step vs the peers' cascade / flat, and the prefix pass
@@ -112,9 +114,12 @@ def rows(ours, peers, mla):
             ["fa3_contiguous", "fa3_paged16", "cudnn_sdpa"], target)
         # the same shape beside FA3 on our cache's layout (paged, block 16): a ratio, no target
         add(f"causal prefill hd{hd} vs FA3 paged 16 (TFLOP/s)", name, "tflops", ours_metric(name, "tflops"), ["fa3_paged16"], None)
+        add(f"causal prefill hd{hd} vs FlashInfer (TFLOP/s)", name, "tflops", ours_metric(name, "tflops"),
+            ["fi_prefill_paged16"], None)
     var = "varlen16_causal_hd128"
     add("varlen 16 sequences (TFLOP/s)", var, "tflops", ours_metric(var, "tflops"), ["fa3_varlen", "fa3_paged16"], 1.0)
     add("varlen 16 vs FA3 paged 16 (TFLOP/s)", var, "tflops", ours_metric(var, "tflops"), ["fa3_paged16"], None)
+    add("varlen 16 vs FlashInfer (TFLOP/s)", var, "tflops", ours_metric(var, "tflops"), ["fi_prefill_paged16"], None)
     chunk = "chunk_q8192_ctx98304_gqa32_8_hd128"   # the Mooncake trace's long mixed step; no target of its own
     add("chunked prefill 8k over 98k GQA 32:8 (TFLOP/s)", chunk, "tflops", ours_metric(chunk, "tflops"), ["fa3_paged16"],
         None)
@@ -132,6 +137,8 @@ def rows(ours, peers, mla):
             name = f"cascade_b128_p{p}_s{s}"
             add(f"cascade step P {p} S {s} (us)", name, "us", ours_metric(name, "cascade_us"),
                 ["fa3_cascade_paged16", "fa3_flat_paged16", "fi_cascade_paged16"], None)
+            add(f"cascade step P {p} S {s} vs FlashInfer (us)", name, "us", ours_metric(name, "cascade_us"),
+                ["fi_cascade_paged16"], None)
         pname = f"cascade_prefix_p{p}_t128_gqa32_8_hd128"
         cname = f"cascade_b128_p{p}_s128"
         add(f"cascade prefix pass P {p} (TFLOP/s)", pname, "tflops", ours_metric(cname, "prefix_tflops"),
