@@ -54,6 +54,7 @@ replay_bench() {
 }
 if [ "${1:-}" = "replay-bench" ]; then
   replay_bench
+  pack_out replay_bench.txt
   exit 0
 fi
 # `device_harness.sh mla`: the MLA work of one call, with `make gpu-carry`'s archive unpacked
@@ -283,3 +284,4 @@ grep -E "^\|" "$OUT/cascade_bench.txt" | tee -a "$OUT/summary.txt"
 grep -E "^target" "$OUT/cascade_bench.txt" | tee -a "$OUT/summary.txt"
 grep -E "^(prefix plan sweep|SWEEP)" "$OUT/cascade_bench.txt" | tee -a "$OUT/summary.txt"
 grep -E "^\[  (PASSED|FAILED)" "$OUT/cascade_test.txt" | sed 's/^/gpu_cascade: /' | tee -a "$OUT/summary.txt"
+pack_out summary.txt bench.txt gpu_test.txt peers.txt replay_bench.txt
