@@ -26,7 +26,7 @@
 set -u
 OUT=${OUT:-/tmp/ar_harness_out}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 export AR_SRC=$PWD AR_BIN=$PWD/bin/attnreplay PYTHONUNBUFFERED=1
 BUDGET=${HARNESS_BUDGET:-$([ "${1:-}" = mla ] && echo 570 || echo 450)}
 # The device tool brings back at most 8 files from $OUT, 2 folders down: pack_out keeps the logs

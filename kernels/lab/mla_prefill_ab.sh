@@ -27,7 +27,7 @@
 set -u
 OUT=${OUT:-/tmp/ar_mla_ab}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 export AR_SRC=$PWD AR_BIN=$PWD/bin/attnreplay PYTHONUNBUFFERED=1
 export ATTNREPLAY_LIB=${ATTNREPLAY_LIB:-$PWD/build/libattnreplay.so}
 export PYTHONPATH=$PWD/replay/python${PYTHONPATH:+:$PYTHONPATH}
