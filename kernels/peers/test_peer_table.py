@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """test_peer_table.py - tests of kernels/peers/peer_table.py on made-up benchmark and peer outputs in
 the formats of tests/bench_cuda.c, bench_cascade.c, bench_mla.c and kernels/peers/*.py: ratios,
-the best-of choice, error lines ignored, missing sides named, exit 2 for a missing file.
+the best-of choice, FlashInfer's own rows, error lines ignored, missing sides named, exit 2 for a
+missing file.
 Run: python3 test_peer_table.py"""
 import contextlib
 import io
@@ -36,6 +37,8 @@ PEER name=cascade_b128_p32768_s128 impl=fa3_cascade_paged16 us=100.0 gbps=1.0 tf
 PEER name=cascade_b128_p32768_s128 impl=fa3_flat_paged16 us=400.0 gbps=1.0 tflops=0.0
 PEER name=chunk_q8192_ctx98304_gqa32_8_hd128 impl=fa3_paged16 us=22000.0 gbps=0.0 tflops=575.0 relerr=2e-3
 PEER name=prefill_b2_s8192_causal_hd128 impl=fa3_paged16 us=2000.0 gbps=0.0 tflops=450.0 relerr=1e-3 sched=precomputed
+PEER name=prefill_b2_s8192_causal_hd128 impl=fi_prefill_paged16 us=2500.0 gbps=0.0 tflops=400.0 relerr=2e-3
+PEER name=cascade_b128_p32768_s128 impl=fi_cascade_paged16 us=800.0 gbps=1.0 tflops=0.0 relerr=3e-3
 """
 
 
@@ -106,6 +109,22 @@ class PeerTableTest(unittest.TestCase):
         self.assertEqual(r[2], "fa3_cascade_paged16")      # the fastest peer
         self.assertAlmostEqual(r[4], 0.5)                  # peer time / our time
         self.assertIn("missing: peer", t["cascade prefix pass P 32768 (TFLOP/s)"][6])
+
+    def test_flashinfer_rows_beside_the_best(self):
+        t = self.table()
+        r = t["causal prefill B2 S8k hd128 (TFLOP/s)"]      # FlashInfer is no target peer there
+        self.assertEqual(r[2], "fa3_contiguous")
+        r = t["causal prefill hd128 vs FlashInfer (TFLOP/s)"]
+        self.assertEqual((r[2], r[3]), ("fi_prefill_paged16", 400.0))
+        self.assertAlmostEqual(r[4], 1.25)
+        self.assertEqual(r[6], "-")
+        r = t["cascade step P 32768 S 128 (us)"]              # the fastest peer hides FlashInfer's 800 us
+        self.assertEqual(r[2], "fa3_cascade_paged16")
+        r = t["cascade step P 32768 S 128 vs FlashInfer (us)"]
+        self.assertEqual((r[2], r[3]), ("fi_cascade_paged16", 800.0))
+        self.assertAlmostEqual(r[4], 4.0)                     # its time / ours
+        self.assertIn("missing: peer", t["causal prefill hd256 vs FlashInfer (TFLOP/s)"][6])
+        self.assertIn("missing: ours", t["varlen 16 vs FlashInfer (TFLOP/s)"][6])
 
     def rounds(self, n, peer_scale):
         """n rounds: round k's FA3 decode peer scaled by peer_scale[k], ours as in BENCH."""
