@@ -60,8 +60,9 @@ __device__ __forceinline__ void pp_handed(int wg, bool last)
  *   S = Q K^T : wgmma m64n64k16, A = Q from registers (the warp's 16 rows as 12 A fragments, 48
  *               registers, read once from the staged tile), B = K from shared memory (K-major),
  *               12 steps of 16 dims (S: 32 floats a thread);
- *   mask and online softmax on the accumulator (pf_softmax_scores, while this tile's P V runs),
- *   then the output's rescale (pf_rescale_o) and P rounded to the dtype as register A fragments;
+ *   mask and online softmax on the accumulator (pf_softmax_scores, while the previous tile's
+ *   P V still runs), then the output's rescale (pf_rescale_o) and P rounded to the dtype as
+ *   register A fragments;
  *   O += P V  : wgmma m64n128k16, A = P from registers, B = V from shared memory read
  *               transposed (MN-major: the descriptor's leading byte offset steps between V's two
  *               64-dim parts, the stride byte offset between groups of 8 keys), 4 steps of 16
