@@ -11,7 +11,8 @@
  *     merged by LSE (vLLM merge_attn_states).  For DeepSeek's QK 192 / V 128 the attention
  *     runs on the Hopper wgmma kernel (mla_prefill_pingpong.cuh, the default on compute
  *     capability 9.0) or on the mma.sync tensor-core kernel here (AR_MLA_PREFILL=tc, and the
- *     default elsewhere), which share their softmax and stores (the pf_* helpers below); other shapes, or AR_MLA_PREFILL=simt, take a SIMT kernel.
+ *     default elsewhere), which share their softmax and stores (the pf_* helpers below); other
+ *     shapes, or AR_MLA_PREFILL=simt, take a SIMT kernel.
  * Included by cuda_mla.cu (run_prefill and run_pass drive them). */
 #ifndef AR_MLA_PREFILL_CUH
 #define AR_MLA_PREFILL_CUH
@@ -486,26 +487,18 @@ __device__ __forceinline__ void pf_rescale_o(float (&o)[PF_TC_V / 8][4], const f
     }
 }
 
-/* The whole online softmax of one key tile: pf_softmax_scores, then the output's rescale. */
-template <typename Visible>
-__device__ __forceinline__ void pf_softmax_tile_vis(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], Visible visible,
-                                                    int tig, float (&m)[2], float (&l)[2], float (&o)[PF_TC_V / 8][4])
-{
-    float alpha[2];
-    pf_softmax_scores(a, s, visible, tig, m, l, alpha);
-    pf_rescale_o(o, alpha);
-}
-
-/* pf_softmax_tile_vis with the tile's key positions kp and the thread's two rows' positions qpos
- * (a key is visible when kp <= qpos). */
+/* The mma.sync kernel's whole online softmax of one key tile (pf_softmax_scores, then the
+ * output's rescale), a key visible when its position kp[key] <= the row's position qpos[h]. */
 __device__ __forceinline__ void pf_softmax_tile(const attn_args &a, float (&s)[PF_TC_KEYS / 8][4], const int *kp,
                                                 const int (&qpos)[2], int tig, float (&m)[2], float (&l)[2],
                                                 float (&o)[PF_TC_V / 8][4])
 {
-    pf_softmax_tile_vis(a, s, [&](int key, int h) { return kp[key] <= qpos[h]; }, tig, m, l, o);
+    float alpha[2];
+    pf_softmax_scores(a, s, [&](int key, int h) { return kp[key] <= qpos[h]; }, tig, m, l, alpha);
+    pf_rescale_o(o, alpha);
 }
 
-/* P (the accumulator layout of S, as pf_softmax_tile leaves it) rounded to the dtype as the A
+/* P (the accumulator layout of S, as pf_softmax_scores leaves it) rounded to the dtype as the A
  * fragment of keys 16 kt .. 16 kt + 15 (the mma.sync m16n8k16 layout, which wgmma's register A
  * operand shares). */
 template <bool BF16>
