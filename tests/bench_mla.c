@@ -10,14 +10,19 @@
  * the four lengths; an fp8 latent cache and the 2-stage key ring (an A100's) at 16k; and the
  * mma.sync fallback forced at the four lengths (the 64-row kernel at h_q = 128, the narrow kernel
  * at h_q = 16); and at h_q = 8 AUTO at the four lengths (elsewhere a narrow kernel).  Times are CUDA events around the
- * attention and combine launches, median of 20 after a warm-up; inputs are generated on the
- * device.  Without a GPU it prints why and exits 0.  Kernel variants that are not in the
+ * attention and combine launches, the median of 20 samples after a warm-up; inputs are generated
+ * on the device.  Timed as the peers are (kernels/peers/fa3_peer.py bench()): a sample is
+ * one event pair around enough back-to-back launches for about 2 ms of GPU work (1-50), so that
+ * each launch's host-side cost hides behind the one before it, as in an engine's step;
+ * us_single= beside it is the median of single launches on an idle GPU (that cost inside).
+ * Without a GPU it prints why and exits 0.  Kernel variants that are not in the
  * product are measured by kernels/lab/ (`make lab`).  `bench_mla --only H_Q S_K [SPLITS [KERNEL]]`
  * runs that one shape at any h_q (SPLITS: pieces a row tile, forced; KERNEL: auto, tc-wgmma =
  * the 64-row kernel forced, or fp8 = AUTO over an fp8 e4m3 cache) and no torch peer (for a
- * profiler: one kernel, warm-up + 20 launches).  Each row is also printed as a result line,
+ * profiler: one kernel, a warm-up, 20 single launches, then the 20 samples).  Each row is also printed as a result line,
  * "RESULT name=mla_h<H>_sk<S_K>[_fp8|_ring2|_fallback] us= tflops= gbps= kernel= ctas= pieces=
- * combine_us=" (the CTAs, the pieces they ran and the combine's share of us; TFLOP/s
+ * combine_us= us_single= reps=" (the CTAs, the pieces they ran, the combine's share of a single
+ * launch, the single launch's time and the launches a sample; TFLOP/s
  * from 64 heads up, GB/s below, the other 0), which kernels/peers/ab.sh collects. */
 #include <math.h>
 #include <stdio.h>
@@ -117,7 +122,7 @@ int main(int argc, char **argv)
     if (only_h) snprintf(peer_why, sizeof peer_why, "not run (--only)");
 
     printf("CUDA MLA decode (cuda-mla latent attention + combine) vs plain torch einsum, b=%d s_q=%d, d=576 dv=512, "
-           "block 64, median of %d\n", B, SQ, c.repeat);
+           "block 64, median of %d samples of back-to-back launches\n", B, SQ, c.repeat);
     printf("%-5s %-8s %-6s %-14s %6s %10s %9s %8s %6s | %12s %9s %8s\n", "h_q", "s_k", "kv", "kernel", "stages",
            "cuda-mla us", "TFLOP/s", "TB/s", "CTAs", "torch us", "TFLOP/s", "TB/s");
     int rc = 0;
@@ -165,10 +170,11 @@ int main(int argc, char **argv)
             /* the row as a result line (kernels/peers/ab.sh collects these): TFLOP/s from 64 heads
              * up, where FlashMLA counts the compute, GB/s below */
             printf("RESULT name=mla_h%d_sk%d%s us=%.2f tflops=%.1f gbps=%.1f kernel=\"%s\" ctas=%d pieces=%d "
-                   "combine_us=%.2f\n", c.h_q, sk,
+                   "combine_us=%.2f us_single=%.2f reps=%d\n", c.h_q, sk,
                    fp8_row ? "_fp8" : ring2_row ? "_ring2" : fallback_row ? "_fallback" : "", res.attn_us,
                    c.h_q >= 64 ? tflops : 0.0, c.h_q >= 64 ? 0.0 : tbps * 1000.0,
-                   res.kernel_name ? res.kernel_name : "?", res.num_work, res.num_pieces, res.combine_us);
+                   res.kernel_name ? res.kernel_name : "?", res.num_work, res.num_pieces, res.combine_us,
+                   res.attn_single_us, res.reps);
         }
     if (n_peer == 0) printf("torch peer: %s\n", peer_why[0] ? peer_why : "no result");
     printf("targets: >= 450 TFLOP/s at h_q=128 (best AUTO %.1f: %s), >= 3.6 TB/s at h_q=16 (best AUTO %.2f: %s)\n",

@@ -1,7 +1,7 @@
 /* cuda_host.cuh - host-side helpers both CUDA backends (cuda_backend.cu, cuda_mla.cu) share:
  * a grow-only device buffer, CUDA error text with the backend's name, grow-only device and
  * pinned host allocations, the batch's checks and its arrays in the packed metadata buffer,
- * the check of the output buffers' guard regions on the device, and
+ * the check of the output buffers' guard regions on the device, a pool of timing events, and
  * the encoding of TMA tensor maps (through the driver entry point the runtime hands out, so
  * nothing links libcuda), and the sweep knobs' integers from the environment.  Header-only (static) so each .cu keeps its own copy of the code. */
 #ifndef AR_CUDA_HOST_CUH
@@ -221,6 +221,37 @@ static inline cudaError_t ar_cuda_forward_tail(cudaStream_t st, const ar_cuda_ou
             return e;
     }
     return cudaEventRecord(done, st);
+}
+
+/* A grow-only pool of timing events: a forward's repeats each take their own run of events, so
+ * that all of them are enqueued back to back and waited for once (a wait between repeats would
+ * leave the GPU idle there, and its clocks and power budget recover as they would not under an
+ * engine's steps or a peer's back-to-back timing). */
+typedef struct ar_event_pool {
+    cudaEvent_t *ev;
+    int n;
+} ar_event_pool;
+
+/* At least need events in the pool; a cudaError_t (the pool keeps what it had on failure). */
+static inline cudaError_t ar_event_pool_reserve(ar_event_pool *p, int need)
+{
+    if (need <= p->n) return cudaSuccess;
+    cudaEvent_t *ev = (cudaEvent_t *)realloc(p->ev, sizeof(cudaEvent_t) * (size_t)need);
+    if (!ev) return cudaErrorMemoryAllocation;
+    p->ev = ev;
+    for (; p->n < need; p->n++) {
+        cudaError_t e = cudaEventCreate(&p->ev[p->n]);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+static inline void ar_event_pool_free(ar_event_pool *p)
+{
+    for (int i = 0; i < p->n; i++) cudaEventDestroy(p->ev[i]);
+    free(p->ev);
+    p->ev = NULL;
+    p->n = 0;
 }
 
 /* Writes the guard pattern back into the four guard regions (after a forward found them hit). */

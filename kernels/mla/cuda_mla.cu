@@ -15,7 +15,8 @@
  * mla_inputs.cuh (generator and cache write), mla_common.cuh (shapes, arguments, helpers).
  *
  * Timed part of forward (CUDA events; one untimed warm-up at the first forward and before every
- * series of cfg->repeat > 1; then the median of cfg->repeat): "write"
+ * series of cfg->repeat > 1; then cfg->repeat passes back to back, each on its own events, and
+ * the median of them): "write"
  * (latent cache write), "absorb" (q_nope x W_UK), "attn" (latent attention), "combine" (split
  * merge), "wuv" (o_lat x W_UV), and for prefill requests "prefill" (up-projection, chunked
  * attention and merges).  Inputs and weights are generated untimed.  Output buffers carry
@@ -60,6 +61,7 @@
 #include "mla_prefill_pingpong.cuh"
 
 #define MLA_GUARD_BYTES 4096
+#define MLA_PASS_EVENTS 7          /* timing events of one timed pass (run_pass) */
 #define MLA_DEC_RANGES 16   /* runs of decode tokens given their own absorption / W_UV GEMMs */
 #define MLA_GUARD_BYTE 0xA5
 
@@ -107,7 +109,8 @@ typedef struct mla_state {
     void **cache;                   /* [num_layers] -> [num_blocks, block_size, 576] */
     uint16_t **w_uk, **w_uv;        /* [num_layers] -> [H, 512, P] and [H, 512, V], made lazily */
     cudaStream_t stream;
-    cudaEvent_t ev[8];              /* ev[0..6]: timing; ev[7]: the end of a forward's work */
+    cudaEvent_t done_ev;            /* the end of a forward's work */
+    ar_event_pool ev_pool;          /* MLA_PASS_EVENTS a repeat of a forward */
     int *d_guard, *h_guard;         /* guard words found overwritten: device counter, pinned copy */
 
     /* the step (prepare) */
@@ -325,11 +328,10 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
         free(s);
         return rc;
     }
-    for (int i = 0; i < 8; i++)
-        if ((rc = mla_fail(cudaEventCreate(&s->ev[i]), "event", err, err_len))) {
-            mla_close(s);
-            return rc;
-        }
+    if ((rc = mla_fail(cudaEventCreate(&s->done_ev), "event", err, err_len))) {
+        mla_close(s);
+        return rc;
+    }
     if (s->gemm_cublas) {
         char why[2600];
         int status = -1;
@@ -421,8 +423,8 @@ static void mla_close(void *state)
     if (s->h_out) cudaFreeHost(s->h_out);
     if (s->d_guard) cudaFree(s->d_guard);
     if (s->h_guard) cudaFreeHost(s->h_guard);
-    for (int i = 0; i < 8; i++)
-        if (s->ev[i]) cudaEventDestroy(s->ev[i]);
+    if (s->done_ev) cudaEventDestroy(s->done_ev);
+    ar_event_pool_free(&s->ev_pool);
     if (s->stream) cudaStreamDestroy(s->stream);
     ar_mla_prefill_passes_free(&s->pf);
     free(s->pass_meta_off);
@@ -874,17 +876,19 @@ static cudaError_t run_prefill(mla_state *s, const attn_args &a, int layer)
     return cudaGetLastError();
 }
 
-/* One pass: write, absorb, attention, combine, W_UV, prefill.  Events ev[0..6] when timed. */
-static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap *tmap, int layer, bool timed)
+/* One pass: write, absorb, attention, combine, W_UV, prefill; with ev (MLA_PASS_EVENTS events;
+ * NULL: untimed) events ev[0..6] around them. */
+static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap *tmap, int layer, const cudaEvent_t *ev)
 {
     const int H = s->H, P = s->P, V = s->V, T = s->T;
+    const bool timed = ev != NULL;
     cudaError_t e;
-    if (timed) cudaEventRecord(s->ev[0], s->stream);
+    if (timed) cudaEventRecord(ev[0], s->stream);
     if (T > 0)
         write_latent_kernel<<<T, 128, 0, s->stream>>>((const uint16_t *)s->lat.ptr, s->d_slots, s->cache[layer], T,
                                                       s->cfg.dtype, s->cfg.kv_dtype, (float)s->cfg.kv_scale, 0);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if (timed) cudaEventRecord(s->ev[1], s->stream);
+    if (timed) cudaEventRecord(ev[1], s->stream);
     bool any_dec = s->n_dec_reqs > 0 && T > s->n_pf_tok;
     if (any_dec) {
         /* absorption: ql[t, n, :] = q_nope[t, n, :] W_UK[n]^T -> columns 0..511 of the latent query */
@@ -893,14 +897,14 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap 
                               s->bf16);
         if ((e = run_gemm_decode_rows(s, g)) != cudaSuccess) return e;
     }
-    if (timed) cudaEventRecord(s->ev[2], s->stream);
+    if (timed) cudaEventRecord(ev[2], s->stream);
     if (any_dec) {
-        e = mla_launch_decode(a, s->route, s->num_ctas, s->num_groups, T, tmap, s->stream, timed ? s->ev[3] : NULL);
+        e = mla_launch_decode(a, s->route, s->num_ctas, s->num_groups, T, tmap, s->stream, timed ? ev[3] : NULL);
         if (e != cudaSuccess) return e;
     } else if (timed) {
-        cudaEventRecord(s->ev[3], s->stream);
+        cudaEventRecord(ev[3], s->stream);
     }
-    if (timed) cudaEventRecord(s->ev[4], s->stream);
+    if (timed) cudaEventRecord(ev[4], s->stream);
     float *out = (float *)((char *)s->out.ptr + MLA_GUARD_BYTES);
     if (any_dec) {
         if (s->cfg.fault == AR_FAULT_MLA_NO_WUV) {
@@ -914,9 +918,9 @@ static cudaError_t run_pass(mla_state *s, const attn_args &a, const CUtensorMap 
             if ((e = run_gemm_decode_rows(s, g)) != cudaSuccess) return e;
         }
     }
-    if (timed) cudaEventRecord(s->ev[5], s->stream);
+    if (timed) cudaEventRecord(ev[5], s->stream);
     if (s->n_pf_reqs > 0 && (e = run_prefill(s, a, layer)) != cudaSuccess) return e;
-    if (timed) cudaEventRecord(s->ev[6], s->stream);
+    if (timed) cudaEventRecord(ev[6], s->stream);
     return cudaSuccess;
 }
 
@@ -996,40 +1000,39 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
     /* one untimed warm-up: at the first forward and before every --repeat R > 1 series (the
      * paged backend's rule) */
     if ((!s->warmed || repeat > 1) &&
-        (rc = mla_fail(run_pass(s, a, tmap_arg, layer, false), "MLA launch (warm-up)", err, err_len))) {
+        (rc = mla_fail(run_pass(s, a, tmap_arg, layer, NULL), "MLA launch (warm-up)", err, err_len))) {
         free(times);
         return rc;
     }
     s->warmed = 1;
     const bool host_copy = o->out && o->lse;
     const size_t out_payload = (size_t)T * H * V * 4, lse_payload = (size_t)H * T * 4;
+    if ((rc = mla_fail(ar_event_pool_reserve(&s->ev_pool, MLA_PASS_EVENTS * repeat), "event", err, err_len))) {
+        free(times);
+        return rc;
+    }
+    /* the repeats back to back, each on its own events (the paged backend's rule), then once
+     * after the last: the guard regions checked on the device and, only when the engine asked
+     * for them, host copies of out and LSE; one wait for all of it */
+    for (int i = 0; i < repeat; i++)
+        if ((rc = mla_fail(run_pass(s, a, tmap_arg, layer, s->ev_pool.ev + MLA_PASS_EVENTS * i), "MLA launch", err,
+                           err_len))) {
+            free(times);
+            return rc;
+        }
+    const ar_cuda_outbufs ob = {s->out.ptr, s->lse.ptr, s->out_bytes, s->lse_bytes, MLA_GUARD_BYTES};
+    if ((rc = mla_fail(ar_cuda_forward_tail(s->stream, &ob, s->d_guard, s->h_guard, host_copy ? s->h_out : NULL,
+                                           out_payload, lse_payload, s->done_ev), "forward results", err, err_len)) ||
+        (rc = mla_fail(cudaEventSynchronize(s->done_ev), "MLA kernels", err, err_len))) {
+        free(times);
+        return rc;
+    }
     for (int i = 0; i < repeat; i++) {
-        if ((rc = mla_fail(run_pass(s, a, tmap_arg, layer, true), "MLA launch", err, err_len))) {
-            free(times);
-            return rc;
-        }
-        cudaEvent_t wait_on = s->ev[6];
-        if (i == repeat - 1) {
-            /* after the last repeat, in the same stream: the guard regions checked on the device
-             * and, only when the engine asked for them, host copies of out and LSE */
-            const ar_cuda_outbufs ob = {s->out.ptr, s->lse.ptr, s->out_bytes, s->lse_bytes, MLA_GUARD_BYTES};
-            if ((rc = mla_fail(ar_cuda_forward_tail(s->stream, &ob, s->d_guard, s->h_guard, host_copy ? s->h_out : NULL,
-                                                   out_payload, lse_payload, s->ev[7]), "forward results", err, err_len))) {
-                free(times);
-                return rc;
-            }
-            wait_on = s->ev[7];
-        }
-        /* the kernel times are this call's result: wait for the repeat's events (the last repeat
-         * also waits for the guard count and the host copies, one wait in all) */
-        if ((rc = mla_fail(cudaEventSynchronize(wait_on), "MLA kernels", err, err_len))) {
-            free(times);
-            return rc;
-        }
+        const cudaEvent_t *ev = s->ev_pool.ev + MLA_PASS_EVENTS * i;
         float total = 0;
         for (int k = 0; k < 6; k++) {
             float ms = 0;
-            cudaEventElapsedTime(&ms, s->ev[k], s->ev[k + 1]);
+            cudaEventElapsedTime(&ms, ev[k], ev[k + 1]);
             times[k * repeat + i] = ms * 1e3;
             total += ms;
         }

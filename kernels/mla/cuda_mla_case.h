@@ -47,7 +47,7 @@ typedef struct ar_cuda_mla_case {
     ar_cuda_mla_kernel kernel;
     int num_splits;           /* 0 = heuristic, N = cut every row tile's keys into <= N pieces */
     int stages;               /* key-ring slots of the mma.sync kernels: 0 = the most that fit, 2 */
-    int repeat;               /* timed launches (median); 0 = no timing */
+    int repeat;               /* timed samples (median); 0 = no timing */
     bool want_reference;      /* also compute the float64 device reference */
     const unsigned char *ref_requests;   /* [batch]: requests the reference covers (NULL: all) */
     bool wgmma_cpasync;       /* where the wgmma kernel runs: its cp.async key loads (what runs where
@@ -65,8 +65,12 @@ typedef struct ar_cuda_mla_result {
     float *lse;               /* [batch, h_q, s_q] */
     double *ref_out;          /* [batch, s_q, h_q, 512] float64 reference (want_reference) */
     double *ref_lse;          /* [batch, h_q, s_q] */
-    double attn_us;           /* median time of attention + combine (repeat > 0) */
-    double combine_us;        /* median time of the combine launch alone (inside attn_us) */
+    double attn_us;           /* attention + combine (repeat > 0), as the peers are timed: the
+                                 median over repeat samples of reps back-to-back launches */
+    double attn_single_us;    /* the same, one launch a sample on an idle GPU (its host-side
+                                 launch cost inside) */
+    int reps;                 /* launches a sample of attn_us (about 2 ms of GPU work, 1-50) */
+    double combine_us;        /* median time of the combine launch alone (inside attn_single_us) */
     int num_work, num_groups;
     int num_pieces;           /* the plan's pieces (work items): more than num_work where a
                                  persistent plan chains several pieces on one CTA */

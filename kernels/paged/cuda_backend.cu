@@ -12,7 +12,8 @@
  * launch, and how it is split over the SMs, is build_plan's choice (cuda_plan.cuh).
  *
  * Timed part of forward (CUDA events; one untimed warm-up at the first forward and before every
- * series of cfg->repeat > 1; then the median of cfg->repeat): the KV
+ * series of cfg->repeat > 1; then cfg->repeat passes back to back, each on its own events, and
+ * the median of them): the KV
  * write ("write"), the attention ("attn") and, when the plan splits, the combine ("combine").
  *
  * Cascade attention (b->common_prefix_len P > 0, vLLM's cascade_attention): "prefix" = the
@@ -96,7 +97,7 @@
 
 #define AR_GUARD_BYTES 4096
 #define AR_GUARD_BYTE 0xA5
-#define AR_CUDA_EVENTS 6          /* ev[0..4]: timing; ev[5]: the end of a forward's work */
+#define AR_PASS_EVENTS 5          /* timing events of one timed pass (run_pass) */
 
 /* A grow-only device buffer. */
 /* dev_buf: kernels/common/cuda_host.cuh */
@@ -134,7 +135,8 @@ typedef struct cuda_state {
     void **kv;                      /* [num_layers] -> [2, num_blocks, block_size, hkv, head_size] */
     int num_layers;
     cudaStream_t stream;
-    cudaEvent_t ev[AR_CUDA_EVENTS];
+    cudaEvent_t done_ev;            /* the end of a forward's work */
+    ar_event_pool ev_pool;          /* AR_PASS_EVENTS a repeat of a forward */
     int ctas_per_sm[AR_CFG_COUNT];
 
     /* the step's plan (prepare) */
@@ -345,11 +347,10 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         free(s);
         return rc;
     }
-    for (int i = 0; i < AR_CUDA_EVENTS; i++)
-        if ((rc = cuda_fail(cudaEventCreate(&s->ev[i]), "event", err, err_len))) {
-            cuda_close(s);
-            return rc;
-        }
+    if ((rc = cuda_fail(cudaEventCreate(&s->done_ev), "event", err, err_len))) {
+        cuda_close(s);
+        return rc;
+    }
     if ((rc = cuda_fail(cudaMalloc((void **)&s->d_guard, sizeof(int)), "guard counter", err, err_len)) ||
         (rc = cuda_fail(cudaMallocHost((void **)&s->h_guard, sizeof(int)), "guard counter", err, err_len)) ||
         (rc = cuda_fail(cudaMalloc((void **)&s->d_wg_next_item, sizeof(int)), "item counter", err, err_len)) ||
@@ -428,8 +429,8 @@ static void cuda_close(void *state)
     if (s->d_guard) cudaFree(s->d_guard);
     if (s->d_wg_next_item) cudaFree(s->d_wg_next_item);
     if (s->h_guard) cudaFreeHost(s->h_guard);
-    for (int i = 0; i < AR_CUDA_EVENTS; i++)
-        if (s->ev[i]) cudaEventDestroy(s->ev[i]);
+    if (s->done_ev) cudaEventDestroy(s->done_ev);
+    ar_event_pool_free(&s->ev_pool);
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s);
 }
@@ -780,14 +781,15 @@ static void cascade_args(const cuda_state *s, const ar_attn_args *flat, ar_attn_
     }
 }
 
-/* One timed pass; events around the kernels when timed:
+/* One pass; with ev (AR_PASS_EVENTS events; NULL: untimed) events around the kernels:
  *   flat:    ev0 write ev1 attention ev2 combine (when split) ev3
  *   cascade: ev0 write ev1 prefix (+ combine) ev2 suffix (+ combine) ev3 merge ev4 (no ev4 when the
  *            merge is fused into the suffix pass) */
-static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, bool timed)
+static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, const cudaEvent_t *ev)
 {
     cudaError_t e;
-    if (timed) cudaEventRecord(s->ev[0], s->stream);
+    const bool timed = ev != NULL;
+    if (timed) cudaEventRecord(ev[0], s->stream);
     if (s->num_tokens > 0) {
         char *kc = (char *)s->kv[layer];
         write_kv_kernel<<<s->num_tokens, 128, 0, s->stream>>>((const uint16_t *)s->knew.ptr, (const uint16_t *)s->vnew.ptr,
@@ -795,12 +797,12 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
                                                              s->hkv * s->head_size, s->kv_fp8, s->cfg.dtype, s->kv_scale);
     }
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if (timed) cudaEventRecord(s->ev[1], s->stream);
+    if (timed) cudaEventRecord(ev[1], s->stream);
     if (!s->cascade) {
         e = launch_attention(s, a, s->config, s->num_work, s->num_groups, s->geom.rows,
-                             (int64_t)s->max_query_len * s->group, timed ? s->ev[2] : NULL);
+                             (int64_t)s->max_query_len * s->group, timed ? ev[2] : NULL);
         if (e != cudaSuccess) return e;
-        if (timed) cudaEventRecord(s->ev[3], s->stream);
+        if (timed) cudaEventRecord(ev[3], s->stream);
         return cudaSuccess;
     }
     ar_attn_args pre, suf;
@@ -808,11 +810,11 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
     e = launch_attention(s, &pre, s->pre_config, s->pre_num_work, suf.merge_groups ? 0 : s->pre_num_groups,
                          s->pre_geom.rows, (int64_t)s->num_tokens * s->group, NULL);
     if (e != cudaSuccess) return e;
-    if (timed) cudaEventRecord(s->ev[2], s->stream);
+    if (timed) cudaEventRecord(ev[2], s->stream);
     e = launch_attention(s, &suf, s->config, s->num_work, s->num_groups, s->geom.rows,
                          (int64_t)s->max_query_len * s->group, NULL);
     if (e != cudaSuccess) return e;
-    if (timed) cudaEventRecord(s->ev[3], s->stream);
+    if (timed) cudaEventRecord(ev[3], s->stream);
     int64_t pairs = s->fused_merge ? 0 : (int64_t)s->num_tokens * s->hq * (s->head_size / 2);
     int nofw = s->cfg.fault == AR_FAULT_MERGE_NO_WEIGHTS, base2 = s->cfg.fault == AR_FAULT_LSE_BASE2;
     if (pairs > 0) {
@@ -826,7 +828,7 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, boo
                 s->num_tokens, s->hq, s->head_size, nofw, base2);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
-    if (timed && !s->fused_merge) cudaEventRecord(s->ev[4], s->stream);
+    if (timed && !s->fused_merge) cudaEventRecord(ev[4], s->stream);
     return cudaSuccess;
 }
 
@@ -934,40 +936,39 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
      * every --repeat R > 1 series.  With --repeat 1 a replayed layer runs its kernels once, as an
      * engine does, and is timed cold. */
     if ((!s->warmed || repeat > 1) &&
-        (rc = cuda_fail(run_pass(s, &a, layer, false), "attention launch (warm-up)", err, err_len))) {
+        (rc = cuda_fail(run_pass(s, &a, layer, NULL), "attention launch (warm-up)", err, err_len))) {
         free(times);
         return rc;
     }
     s->warmed = 1;
     const bool host_copy = o->out && o->lse;
     const size_t out_payload = (size_t)T * s->hq * s->head_size * 2, lse_payload = (size_t)s->hq * T * 4;
+    if ((rc = cuda_fail(ar_event_pool_reserve(&s->ev_pool, AR_PASS_EVENTS * repeat), "event", err, err_len))) {
+        free(times);
+        return rc;
+    }
+    /* the repeats back to back, each on its own events, then once after the last: the guard
+     * regions checked on the device and, only when the engine asked for them, host copies of
+     * out and LSE; one wait for all of it */
+    for (int i = 0; i < repeat; i++)
+        if ((rc = cuda_fail(run_pass(s, &a, layer, s->ev_pool.ev + AR_PASS_EVENTS * i), "attention launch", err,
+                            err_len))) {
+            free(times);
+            return rc;
+        }
+    const ar_cuda_outbufs ob = {s->out.ptr, s->lse.ptr, s->out_bytes, s->lse_bytes, AR_GUARD_BYTES};
+    if ((rc = cuda_fail(ar_cuda_forward_tail(s->stream, &ob, s->d_guard, s->h_guard, host_copy ? s->h_out : NULL,
+                                           out_payload, lse_payload, s->done_ev), "forward results", err, err_len)) ||
+        (rc = cuda_fail(cudaEventSynchronize(s->done_ev), "attention kernels", err, err_len))) {
+        free(times);
+        return rc;
+    }
     for (int i = 0; i < repeat; i++) {
-        if ((rc = cuda_fail(run_pass(s, &a, layer, true), "attention launch", err, err_len))) {
-            free(times);
-            return rc;
-        }
-        cudaEvent_t wait_on = s->ev[nk_ev];
-        if (i == repeat - 1) {
-            /* after the last repeat, in the same stream: the guard regions checked on the device
-             * and, only when the engine asked for them, host copies of out and LSE */
-            const ar_cuda_outbufs ob = {s->out.ptr, s->lse.ptr, s->out_bytes, s->lse_bytes, AR_GUARD_BYTES};
-            if ((rc = cuda_fail(ar_cuda_forward_tail(s->stream, &ob, s->d_guard, s->h_guard, host_copy ? s->h_out : NULL,
-                                                   out_payload, lse_payload, s->ev[5]), "forward results", err, err_len))) {
-                free(times);
-                return rc;
-            }
-            wait_on = s->ev[5];
-        }
-        /* the kernel times are this call's result: wait for the repeat's events (the last repeat
-         * also waits for the guard count and the host copies, one wait in all) */
-        if ((rc = cuda_fail(cudaEventSynchronize(wait_on), "attention kernels", err, err_len))) {
-            free(times);
-            return rc;
-        }
+        const cudaEvent_t *ev = s->ev_pool.ev + AR_PASS_EVENTS * i;
         double total = 0;
         for (int k = 0; k < nk; k++) {
             float ms = 0;
-            if (k < nk_ev) cudaEventElapsedTime(&ms, s->ev[k], s->ev[k + 1]);
+            if (k < nk_ev) cudaEventElapsedTime(&ms, ev[k], ev[k + 1]);
             times[k * repeat + i] = ms * 1e3;
             total += ms * 1e3;
         }
