@@ -15,6 +15,8 @@
  * one event pair around enough back-to-back launches for about 2 ms of GPU work (1-50), so that
  * each launch's host-side cost hides behind the one before it, as in an engine's step;
  * us_single= beside it is the median of single launches on an idle GPU (that cost inside).
+ * AR_MLA_BENCH_REPEAT=N takes N samples a row instead of 20, AR_MLA_BENCH_TIMING=b2b the
+ * back-to-back ones only (us_single=0): kernels/peers/power_trace.py runs it so.
  * Without a GPU it prints why and exits 0.  Kernel variants that are not in the
  * product are measured by kernels/lab/ (`make lab`).  `bench_mla --only H_Q S_K [SPLITS [KERNEL]]`
  * runs that one shape at any h_q (SPLITS: pieces a row tile, forced; KERNEL: auto, tc-wgmma =
@@ -100,6 +102,27 @@ int main(int argc, char **argv)
     int *seqlens = malloc(sizeof(int) * B);
     if (!seqlens) return 1;
     ar_cuda_mla_case c = ar_cuda_mla_bench_case(B, 128, seqlens);
+    /* AR_MLA_BENCH_REPEAT: samples a row (default 20); AR_MLA_BENCH_TIMING=b2b: the back-to-back
+     * samples only (kernels/peers/power_trace.py keeps the GPU busy with these) */
+    const char *rep_env = getenv("AR_MLA_BENCH_REPEAT"), *timing_env = getenv("AR_MLA_BENCH_TIMING");
+    if (rep_env && *rep_env) {
+        char *end = NULL;
+        long v = strtol(rep_env, &end, 10);
+        if (*end != '\0' || v < 1 || v > 100000) {
+            fprintf(stderr, "bench_mla: AR_MLA_BENCH_REPEAT=%s: not a count of samples from 1 to 100000\n", rep_env);
+            free(seqlens);
+            return 2;
+        }
+        c.repeat = (int)v;
+    }
+    if (timing_env && *timing_env) {
+        if (strcmp(timing_env, "b2b") != 0 && strcmp(timing_env, "both") != 0) {
+            fprintf(stderr, "bench_mla: AR_MLA_BENCH_TIMING=%s: b2b or both\n", timing_env);
+            free(seqlens);
+            return 2;
+        }
+        c.back_to_back_only = strcmp(timing_env, "b2b") == 0;
+    }
     /* probe the device with a tiny case */
     int one = 16;
     ar_cuda_mla_case probe = c;

@@ -48,6 +48,8 @@ typedef struct ar_cuda_mla_case {
     int num_splits;           /* 0 = heuristic, N = cut every row tile's keys into <= N pieces */
     int stages;               /* key-ring slots of the mma.sync kernels: 0 = the most that fit, 2 */
     int repeat;               /* timed samples (median); 0 = no timing */
+    bool back_to_back_only;   /* time only the back-to-back samples (attn_us; the launches a sample
+                                 from three single launches), not the single-launch ones */
     bool want_reference;      /* also compute the float64 device reference */
     const unsigned char *ref_requests;   /* [batch]: requests the reference covers (NULL: all) */
     bool wgmma_cpasync;       /* where the wgmma kernel runs: its cp.async key loads (what runs where

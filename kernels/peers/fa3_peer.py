@@ -84,9 +84,12 @@ def load_built(peer, probe, module):
 
 
 def bench(fn):
-    """timed() with enough back-to-back calls per sample for about 2 ms of GPU work."""
+    """timed() with enough back-to-back calls per sample for about 2 ms of GPU work; AR_PEER_ITERS
+    samples (default 20; kernels/peers/power_trace.py asks for many, to keep the GPU busy)."""
     est = timed(fn, iters=3, warm=2)
-    return timed(fn, reps=max(1, min(50, math.ceil(2000.0 / max(est, 1.0)))))
+    iters = os.environ.get("AR_PEER_ITERS", "")
+    iters = int(iters) if iters.isdigit() and int(iters) > 0 else 20
+    return timed(fn, iters=iters, reps=max(1, min(50, math.ceil(2000.0 / max(est, 1.0)))))
 
 
 def compare(out, ref):
