@@ -21,7 +21,8 @@
 # BENCH_REPLAY_MAX_S, default budget / 4).  Its traces come from out/ when simulated there on the
 # development machine (mooncake300.trace.jsonl.gz, dsv3.trace.jsonl.gz; see bench_replay.c).
 # `device_harness.sh mla` runs the MLA call instead (tests, GPU mutants, the peers' build, the MLA
-# lab with the peers; its comment below says what), with a budget of 570 s.
+# lab with the peers; its comment below says what), with a budget of 570 s; `device_harness.sh
+# power` the tests and the power and clock trace of the MLA decode kernels (its comment below).
 # Logs go to $OUT (the device tool brings them back); the table goes to stdout and summary.txt.
 set -u
 OUT=${OUT:-/tmp/ar_harness_out}
@@ -55,6 +56,33 @@ replay_bench() {
 if [ "${1:-}" = "replay-bench" ]; then
   replay_bench
   pack_out replay_bench.txt
+  exit 0
+fi
+# `device_harness.sh power`: why our 128-head MLA decode kernel slows under back-to-back launches
+# while FlashMLA does not (BENCHMARKS.md "How ours are timed"): `make test-gpu`, then
+# kernels/peers/power_trace.py over bench_mla at h_q 128 / 32k keys (back to back alone, then one
+# launch at a time and back to back) and FlashMLA on its own inputs and on ours, each for a few
+# seconds (POWER_SAMPLES samples, default 1000): power.txt holds the clocks, watts and limiting
+# reasons per command, power_samples.csv nvidia-smi's samples.  Needs .peers/built/flashmla.
+if [ "${1:-}" = "power" ]; then
+  stage "device"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv | tee "$OUT/device.txt"
+  cat build/code-rev.txt 2>/dev/null
+  stage "test-gpu"
+  timeout -s KILL "$(( $(left) > 300 ? 220 : $(left) / 2 ))" make --no-print-directory test-gpu \
+    >"$OUT/test-gpu.txt" 2>&1
+  echo "test-gpu rc=$?"; grep -E "passed, [0-9]+ failed|FAILED|\[  ERROR" "$OUT/test-gpu.txt" | tail -12
+  stage "power"
+  n=${POWER_SAMPLES:-1000}
+  AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built} timeout -s KILL "$(( $(left) - 5 ))" \
+    python3 kernels/peers/power_trace.py --csv "$OUT/power_samples.csv" \
+    "ours-b2b=AR_MLA_BENCH_REPEAT=$n AR_MLA_BENCH_TIMING=b2b build/tests/bench_mla --only 128 32768" \
+    "ours-single-then-b2b=AR_MLA_BENCH_REPEAT=$n build/tests/bench_mla --only 128 32768" \
+    "flashmla-randn=AR_PEER_ITERS=$n python3 kernels/peers/flashmla_peer.py --h 128 --sk 32768" \
+    "flashmla-test-inputs=AR_PEER_ITERS=$n python3 kernels/peers/flashmla_peer.py --h 128 --sk 32768 --data test" \
+    >"$OUT/power.txt" 2>&1
+  echo "power_trace rc=$?"; grep -E "^RESULT|^PEER|^\|" "$OUT/power.txt" | cut -c1-200
+  pack_out test-gpu.txt power.txt power_samples.csv
   exit 0
 fi
 # `device_harness.sh mla`: the MLA work of one call, with `make gpu-carry`'s archive unpacked
