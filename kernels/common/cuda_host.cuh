@@ -1,9 +1,10 @@
 /* cuda_host.cuh - host-side helpers both CUDA backends (cuda_backend.cu, cuda_mla.cu) share:
  * a grow-only device buffer, CUDA error text with the backend's name, grow-only device and
  * pinned host allocations, the batch's checks and its arrays in the packed metadata buffer,
- * the check of the output buffers' guard regions on the device, a pool of timing events, and
- * the encoding of TMA tensor maps (through the driver entry point the runtime hands out, so
- * nothing links libcuda), and the sweep knobs' integers from the environment.  Header-only (static) so each .cu keeps its own copy of the code. */
+ * the check of the output buffers' guard regions on the device, a pool of timing events and the
+ * times read from it, the encoding of TMA tensor maps (through the driver entry point the
+ * runtime hands out, so nothing links libcuda), and the sweep knobs' integers from the
+ * environment.  Header-only (static) so each .cu keeps its own copy of the code. */
 #ifndef AR_CUDA_HOST_CUH
 #define AR_CUDA_HOST_CUH
 
@@ -244,6 +245,26 @@ static inline cudaError_t ar_event_pool_reserve(ar_event_pool *p, int need)
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
+}
+
+/* A forward's times from the pool, its repeats' runs of per_pass events back to back:
+ * times[k * repeat + i] = the microseconds from event k to event k + 1 of repeat i for the parts
+ * k < timed (0 for parts k >= timed, which have no events of their own), and
+ * times[parts * repeat + i] = repeat i's sum over the parts. */
+static inline void ar_event_pool_times(const ar_event_pool *p, int repeat, int per_pass, int timed, int parts,
+                                       double *times)
+{
+    for (int i = 0; i < repeat; i++) {
+        const cudaEvent_t *ev = p->ev + (size_t)per_pass * i;
+        double total = 0;
+        for (int k = 0; k < parts; k++) {
+            float ms = 0;
+            if (k < timed) cudaEventElapsedTime(&ms, ev[k], ev[k + 1]);
+            times[(size_t)k * repeat + i] = ms * 1e3;
+            total += ms * 1e3;
+        }
+        times[(size_t)parts * repeat + i] = total;
+    }
 }
 
 static inline void ar_event_pool_free(ar_event_pool *p)

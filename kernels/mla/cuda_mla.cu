@@ -1027,17 +1027,7 @@ static int mla_forward(void *state, int layer, const ar_batch *b, ar_forward_out
         free(times);
         return rc;
     }
-    for (int i = 0; i < repeat; i++) {
-        const cudaEvent_t *ev = s->ev_pool.ev + MLA_PASS_EVENTS * i;
-        float total = 0;
-        for (int k = 0; k < 6; k++) {
-            float ms = 0;
-            cudaEventElapsedTime(&ms, ev[k], ev[k + 1]);
-            times[k * repeat + i] = ms * 1e3;
-            total += ms;
-        }
-        times[6 * repeat + i] = total * 1e3;
-    }
+    ar_event_pool_times(&s->ev_pool, repeat, MLA_PASS_EVENTS, 6, 6, times);
     static const char *const names[6] = {"write", "absorb", "attn", "combine", "wuv", "prefill"};
     bool present[6] = {true, s->n_dec_reqs > 0, s->n_dec_reqs > 0, s->n_dec_reqs > 0 && use_tc && s->num_groups > 0,
                        s->n_dec_reqs > 0, s->n_pf_reqs > 0};

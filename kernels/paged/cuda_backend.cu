@@ -963,17 +963,7 @@ static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_ou
         free(times);
         return rc;
     }
-    for (int i = 0; i < repeat; i++) {
-        const cudaEvent_t *ev = s->ev_pool.ev + AR_PASS_EVENTS * i;
-        double total = 0;
-        for (int k = 0; k < nk; k++) {
-            float ms = 0;
-            if (k < nk_ev) cudaEventElapsedTime(&ms, ev[k], ev[k + 1]);
-            times[k * repeat + i] = ms * 1e3;
-            total += ms * 1e3;
-        }
-        times[nk * repeat + i] = total;
-    }
+    ar_event_pool_times(&s->ev_pool, repeat, AR_PASS_EVENTS, nk_ev, nk, times);
     static const char *const flat_names[] = {"write", "attn", "combine"};
     static const char *const cascade_names[] = {"write", "prefix", "suffix", "merge"};
     for (int k = 0; k < nk; k++) {
