@@ -23,9 +23,9 @@
  * the 64-row kernel forced, or fp8 = AUTO over an fp8 e4m3 cache) and no torch peer (for a
  * profiler: one kernel, a warm-up, 20 single launches, then the 20 samples).  Each row is also
  * printed as a result line, "RESULT name=mla_h<H>_sk<S_K>[_fp8|_ring2|_fallback] us= tflops=
- * gbps= kernel= ctas= pieces= combine_us= us_single= reps=" (the CTAs, the pieces they ran, the combine's share of a single
- * launch, the single launch's time and the launches a sample; TFLOP/s
- * from 64 heads up, GB/s below, the other 0), which kernels/peers/ab.sh collects. */
+ * gbps= kernel= ctas= pieces= combine_us= us_single= reps=" (the CTAs, the pieces they ran,
+ * the combine's share of a single launch, the single launch's time and the launches a sample;
+ * TFLOP/s from 64 heads up, GB/s below, the other 0), which kernels/peers/ab.sh collects. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
