@@ -64,14 +64,17 @@ fi
 # launch at a time and back to back) and FlashMLA on its own inputs and on ours, each for a few
 # seconds (POWER_SAMPLES samples, default 1000): power.txt holds the clocks, watts and limiting
 # reasons per command, power_samples.csv nvidia-smi's samples.  Needs .peers/built/flashmla.
+# POWER_TESTS=0 leaves out `make test-gpu`.
 if [ "${1:-}" = "power" ]; then
   stage "device"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv | tee "$OUT/device.txt"
   cat build/code-rev.txt 2>/dev/null
-  stage "test-gpu"
-  timeout -s KILL "$(( $(left) > 300 ? 220 : $(left) / 2 ))" make --no-print-directory test-gpu \
-    >"$OUT/test-gpu.txt" 2>&1
-  echo "test-gpu rc=$?"; grep -E "passed, [0-9]+ failed|FAILED|\[  ERROR" "$OUT/test-gpu.txt" | tail -12
+  if [ "${POWER_TESTS:-1}" != 0 ]; then
+    stage "test-gpu"
+    timeout -s KILL "$(( $(left) > 300 ? 220 : $(left) / 2 ))" make --no-print-directory test-gpu \
+      >"$OUT/test-gpu.txt" 2>&1
+    echo "test-gpu rc=$?"; grep -E "passed, [0-9]+ failed|FAILED|\[  ERROR" "$OUT/test-gpu.txt" | tail -12
+  fi
   stage "power"
   n=${POWER_SAMPLES:-1000}
   AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built} timeout -s KILL "$(( $(left) - 5 ))" \
@@ -83,6 +86,34 @@ if [ "${1:-}" = "power" ]; then
     >"$OUT/power.txt" 2>&1
   echo "power_trace rc=$?"; grep -E "^RESULT|^PEER|^\|" "$OUT/power.txt" | cut -c1-200
   pack_out test-gpu.txt power.txt power_samples.csv
+  exit 0
+fi
+# `device_harness.sh mla-ncu`: Nsight Compute (--clock-control none, so at the clocks the card
+# chooses) on our 128-head MLA decode kernel and on FlashMLA's, b = 128, at each of MLA_NCU_SK
+# (default 4096 32768) keys: one launch each after three, with the throughput, compute,
+# instruction, warp-state and launch sections and the warp instructions and cycles, so that the
+# two kernels' instructions, stalls and pipe use for the same work stand side by side; FlashMLA's
+# combine kernel too.  ncu_mla.txt.  Needs .peers/built/flashmla.
+if [ "${1:-}" = "mla-ncu" ]; then
+  stage "ncu"
+  sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats
+            --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis
+            --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg,smsp__cycles_active.avg)
+  for sk in ${MLA_NCU_SK:-4096 32768}; do
+    [ "$(left)" -lt 40 ] && { echo "ncu: out of time before s_k $sk"; break; }
+    echo "=== ours h_q 128 s_k $sk" >>"$OUT/ncu_mla.txt"
+    AR_MLA_BENCH_REPEAT=3 timeout -s KILL 90 ncu --clock-control none -k regex:attn_wgmma_pairs -s 3 -c 1 \
+      "${sections[@]}" build/tests/bench_mla --only 128 "$sk" >>"$OUT/ncu_mla.txt" 2>&1
+    echo "ncu ours s_k $sk rc=$?"
+    echo "=== FlashMLA h_q 128 s_k $sk" >>"$OUT/ncu_mla.txt"
+    AR_PEER_ITERS=3 AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built} timeout -s KILL 120 ncu --clock-control none \
+      -k regex:"flash_fwd_splitkv_mla|combine" -s 6 -c 2 "${sections[@]}" \
+      python3 kernels/peers/flashmla_peer.py --h 128 --sk "$sk" --data test >>"$OUT/ncu_mla.txt" 2>&1
+    echo "ncu FlashMLA s_k $sk rc=$?"
+  done
+  grep -E "^===|^  [a-z_]+.*\(|Duration|Executed Instructions  |Registers Per|smsp__inst_executed.sum|sm__cycles_elapsed.avg|Issue Slots Busy|Compute \(SM\) Throughput" \
+    "$OUT/ncu_mla.txt" | cut -c1-150 | head -80
+  pack_out ncu_mla.txt
   exit 0
 fi
 # `device_harness.sh mla`: the MLA work of one call, with `make gpu-carry`'s archive unpacked

@@ -23,6 +23,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 QUERY = "timestamp,clocks.sm,power.draw.instant,temperature.gpu,clocks_event_reasons.active"
@@ -44,34 +45,39 @@ def parse_sample(line):
         return None
 
 
-def summarize(samples, windows):
+def summarize(samples, windows, busy_watts=300.0):
     """One row a window: (label, n, clock median, clock min, watts mean, watts max, hottest,
-    {reason: share}) over the samples whose time lies in [start, end]; a window without samples
-    gets n = 0 and None elsewhere."""
+    {reason: share}, busy) over the samples whose time lies in [start, end]; busy is (n, clock
+    median, watts mean) over those of them drawing at least busy_watts (the kernels' part of a
+    command that also starts Python or allocates; None when there are none).  A window without
+    samples gets n = 0 and None elsewhere."""
     rows = []
     for label, start, end in windows:
         inside = [s for s in samples if start <= s[0] <= end]
         if not inside:
-            rows.append((label, 0, None, None, None, None, None, {}))
+            rows.append((label, 0, None, None, None, None, None, {}, None))
             continue
         clocks = [s[1] for s in inside]
         watts = [s[2] for s in inside]
         shares = {name: sum(1 for s in inside if s[4] & bits) / len(inside) for name, bits in REASONS}
+        hot = [s for s in inside if s[2] >= busy_watts]
+        busy = (len(hot), statistics.median(s[1] for s in hot), statistics.fmean(s[2] for s in hot)) if hot else None
         rows.append((label, len(inside), statistics.median(clocks), min(clocks), statistics.fmean(watts),
-                     max(watts), max(s[3] for s in inside), shares))
+                     max(watts), max(s[3] for s in inside), shares, busy))
     return rows
 
 
 def format_rows(rows):
     out = ["| command | samples | SM MHz median (lowest) | W mean (highest) | deg C max | "
-           + " | ".join(name for name, _ in REASONS) + " |",
-           "|---|---:|---:|---:|---:|" + "---:|" * len(REASONS)]
-    for label, n, cmed, cmin, wmean, wmax, hot, shares in rows:
+           + " | ".join(name for name, _ in REASONS) + " | busy samples | busy SM MHz median | busy W mean |",
+           "|---|---:|---:|---:|---:|" + "---:|" * len(REASONS) + "---:|---:|---:|"]
+    for label, n, cmed, cmin, wmean, wmax, hot, shares, busy in rows:
         if n == 0:
-            out.append(f"| {label} | 0 | - | - | - |" + " - |" * len(REASONS))
+            out.append(f"| {label} | 0 | - | - | - |" + " - |" * len(REASONS) + " 0 | - | - |")
             continue
+        tail = f" {busy[0]} | {busy[1]:.0f} | {busy[2]:.0f} |" if busy else " 0 | - | - |"
         out.append(f"| {label} | {n} | {cmed:.0f} ({cmin:.0f}) | {wmean:.0f} ({wmax:.0f}) | {hot:.0f} | "
-                   + " | ".join(f"{shares[name]:.0%}" for name, _ in REASONS) + " |")
+                   + " | ".join(f"{shares[name]:.0%}" for name, _ in REASONS) + " |" + tail)
     return "\n".join(out)
 
 
@@ -90,6 +96,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--interval-ms", type=int, default=20)
     ap.add_argument("--csv", help="also keep nvidia-smi's samples in this file")
+    ap.add_argument("--busy-watts", type=float, default=300.0,
+                    help="the busy columns count samples drawing at least this (default 300 W)")
     ap.add_argument("commands", nargs="+", metavar="LABEL=COMMAND")
     args = ap.parse_args(argv)
     try:
@@ -97,9 +105,12 @@ def main(argv=None):
     except ValueError as e:
         print(f"power_trace: {e}", file=sys.stderr)
         return 2
+    # nvidia-smi writes into a file, not a pipe: nothing reads a pipe until the end, and one
+    # full pipe (64 KB, about 20 s of samples) would stop the sampling for the commands after.
+    log = tempfile.TemporaryFile(mode="w+")
     try:
         smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
-                                "-lms", str(max(args.interval_ms, 10))], stdout=subprocess.PIPE, text=True)
+                                "-lms", str(max(args.interval_ms, 10))], stdout=log, text=True)
     except OSError as e:
         print(f"power_trace: cannot start nvidia-smi: {e}", file=sys.stderr)
         return 3
@@ -114,12 +125,15 @@ def main(argv=None):
         worst = max(worst, rc if rc >= 0 else 128 - rc)
     time.sleep(0.3)
     smi.terminate()
-    text, _ = smi.communicate(timeout=10)
+    smi.wait(timeout=10)
+    log.seek(0)
+    text = log.read()
+    log.close()
     if args.csv:
         with open(args.csv, "w") as f:
             f.write(text)
     samples = [s for s in (parse_sample(line) for line in text.splitlines()) if s]
-    print(format_rows(summarize(samples, windows)))
+    print(format_rows(summarize(samples, windows, args.busy_watts)))
     return worst
 
 
