@@ -22,7 +22,8 @@
 # development machine (mooncake300.trace.jsonl.gz, dsv3.trace.jsonl.gz; see bench_replay.c).
 # `device_harness.sh mla` runs the MLA call instead (tests, GPU mutants, the peers' build, the MLA
 # lab with the peers; its comment below says what), with a budget of 570 s; `device_harness.sh
-# power` the tests and the power and clock trace of the MLA decode kernels (its comment below).
+# power` the tests and the power and clock trace of the MLA decode kernels, and `device_harness.sh
+# mla-ncu` Nsight Compute on ours and FlashMLA's at 128 heads (their comments below).
 # Logs go to $OUT (the device tool brings them back); the table goes to stdout and summary.txt.
 set -u
 OUT=${OUT:-/tmp/ar_harness_out}
@@ -58,8 +59,9 @@ if [ "${1:-}" = "replay-bench" ]; then
   pack_out replay_bench.txt
   exit 0
 fi
-# `device_harness.sh power`: why our 128-head MLA decode kernel slows under back-to-back launches
-# while FlashMLA does not (BENCHMARKS.md "How ours are timed"): `make test-gpu`, then
+# `device_harness.sh power`: the clocks and power of our 128-head MLA decode kernel and FlashMLA's
+# under back-to-back launches (BENCHMARKS.md "Why the 128-head MLA kernel misses, measured": both
+# at the power cap, at the same clocks): `make test-gpu`, then
 # kernels/peers/power_trace.py over bench_mla at h_q 128 / 32k keys (back to back alone, then one
 # launch at a time and back to back) and FlashMLA on its own inputs and on ours, each for a few
 # seconds (POWER_SAMPLES samples, default 1000): power.txt holds the clocks, watts and limiting
@@ -93,23 +95,40 @@ fi
 # (default 4096 32768) keys: one launch each after three, with the throughput, compute,
 # instruction, warp-state and launch sections and the warp instructions and cycles, so that the
 # two kernels' instructions, stalls and pipe use for the same work stand side by side; FlashMLA's
-# combine kernel too.  ncu_mla.txt.  Needs .peers/built/flashmla.
+# combine kernel too.  ncu_mla.txt.  Needs .peers/built/flashmla.  MLA_NCU_STALLS=1 profiles the
+# two main kernels alone (no combine) with the warp-stall reasons and the stall samples per SASS
+# instruction instead: ncu_mla.txt gets the stall ratios, ncu_<ours|flashmla>_<s_k>_sass.csv the
+# source page (`ncu -i report --page source --print-source sass --csv`; in logs.tar.xz).
 if [ "${1:-}" = "mla-ncu" ]; then
   stage "ncu"
   sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats
             --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis
             --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg,smsp__cycles_active.avg)
+  peer_kernels=("flash_fwd_splitkv_mla|combine" 6 2)
+  if [ "${MLA_NCU_STALLS:-0}" = 1 ]; then
+    sections=(--section WarpStateStats --section SourceCounters --import-source yes
+              --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__cycles_elapsed.avg")
+    peer_kernels=("flash_fwd_splitkv_mla" 3 1)
+  fi
   for sk in ${MLA_NCU_SK:-4096 32768}; do
     [ "$(left)" -lt 40 ] && { echo "ncu: out of time before s_k $sk"; break; }
     echo "=== ours h_q 128 s_k $sk" >>"$OUT/ncu_mla.txt"
     AR_MLA_BENCH_REPEAT=3 timeout -s KILL 90 ncu --clock-control none -k regex:attn_wgmma_pairs -s 3 -c 1 \
-      "${sections[@]}" build/tests/bench_mla --only 128 "$sk" >>"$OUT/ncu_mla.txt" 2>&1
+      "${sections[@]}" -o "/tmp/ncu_ours_$sk" -f build/tests/bench_mla --only 128 "$sk" >>"$OUT/ncu_mla.txt" 2>&1
     echo "ncu ours s_k $sk rc=$?"
     echo "=== FlashMLA h_q 128 s_k $sk" >>"$OUT/ncu_mla.txt"
     AR_PEER_ITERS=3 AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built} timeout -s KILL 120 ncu --clock-control none \
-      -k regex:"flash_fwd_splitkv_mla|combine" -s 6 -c 2 "${sections[@]}" \
-      python3 kernels/peers/flashmla_peer.py --h 128 --sk "$sk" --data test >>"$OUT/ncu_mla.txt" 2>&1
+      -k regex:"${peer_kernels[0]}" -s "${peer_kernels[1]}" -c "${peer_kernels[2]}" "${sections[@]}" \
+      -o "/tmp/ncu_flashmla_$sk" -f python3 kernels/peers/flashmla_peer.py --h 128 --sk "$sk" --data test \
+      >>"$OUT/ncu_mla.txt" 2>&1
     echo "ncu FlashMLA s_k $sk rc=$?"
+    for who in ours flashmla; do
+      [ -f "/tmp/ncu_${who}_$sk.ncu-rep" ] || continue
+      echo "=== report $who s_k $sk" >>"$OUT/ncu_mla.txt"
+      ncu -i "/tmp/ncu_${who}_$sk.ncu-rep" --print-details all >>"$OUT/ncu_mla.txt" 2>&1
+      [ "${MLA_NCU_STALLS:-0}" = 1 ] && timeout 60 ncu -i "/tmp/ncu_${who}_$sk.ncu-rep" --page source \
+        --print-source sass --csv >"$OUT/ncu_${who}_${sk}_sass.csv" 2>&1
+    done
   done
   grep -E "^===|^  [a-z_]+.*\(|Duration|Executed Instructions  |Registers Per|smsp__inst_executed.sum|sm__cycles_elapsed.avg|Issue Slots Busy|Compute \(SM\) Throughput" \
     "$OUT/ncu_mla.txt" | cut -c1-150 | head -80

@@ -3,10 +3,10 @@
 nvidia-smi samples the SM clock, the power draw and the clock-event reasons, then prints, per
 command, what the GPU did during it: how many samples, the SM clock (median and lowest), the
 instantaneous power (mean and highest), the hottest reading, and the share of samples with
-each limiting reason set (software power cap, hardware slowdown, thermal).  It answers whether
-a kernel timed back to back runs at a lower clock than its peer, and why (BENCHMARKS.md "How
-ours are timed": our 128-head MLA kernel reads 2-10% slower under back-to-back launches while
-FlashMLA does not).
+each limiting reason set (software power cap, hardware slowdown, thermal), and the same clock and
+power over the busy samples alone (--busy-watts).  It answers whether a kernel timed back to back
+runs at a lower clock than its peer, and why (BENCHMARKS.md "Why the 128-head MLA kernel misses,
+measured": ours and FlashMLA both at the power cap, at the same clocks).
 
 Usage (repository root, on the GPU machine):
     python3 kernels/peers/power_trace.py [--interval-ms 20] [--csv FILE] LABEL=COMMAND ...
