@@ -15,8 +15,8 @@
  * written), generates each layer's inputs (Q and the new K/V) on the plugin's device with its
  * deterministic generator, writes the new K/V into the cache through slot_mapping unless the
  * plugin says it writes them itself (vLLM's reshape_and_cache before FlashAttention's forward),
- * times forward (CUDA events on the host's stream for a CUDA plugin, a monotonic clock for a
- * CPU one; the median of --repeat), verifies out and LSE against its float64 reference and
+ * times forward (CUDA events on the host's stream for a CUDA plugin, its --repeat calls back to
+ * back and waited for once; a monotonic clock for a CPU one; the median of --repeat), verifies out and LSE against its float64 reference and
  * stores everything in SQLite.  The plugin only does attention.
  *
  * Rules a plugin follows:

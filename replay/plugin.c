@@ -14,7 +14,8 @@
  *   forward  Q and new K/V generated on the device (untimed); out and LSE filled with NaN and
  *            guard words set; then per --repeat: the host's cache write when the plugin does not
  *            write K/V ("write"), and the plugin's forward, split at the plugin's time marks
- *            ("attn" after the last); guard words counted; the output handed to the verifier
+ *            ("attn" after the last), a CUDA plugin's repeats back to back on their own events
+ *            and waited for once; guard words counted; the output handed to the verifier
  *            (host floats when asked for, the device pointers for a CUDA plugin).
  * MLA: the cache is [num_blocks, block_size, L + R]; forward generates q_nope, q_pe and the new
  * latents as the cpu-mla backend does, absorbs q_nope through W_UK into the plugin's query
@@ -229,8 +230,8 @@ struct plugin_run {
     ar_tensor c_qsl, c_seq, c_table, c_slots, c_ctx;
     ar_tensor t_q, t_k, t_v, t_cache, t_out, t_lse;
     attnreplay_forward_args fa;
-    /* time marks of the forward in progress */
-    int num_marks;
+    /* time marks of the forward in progress; ev0: its first timing event (CUDA) */
+    int num_marks, ev0;
     char mark_names[ATTNREPLAY_MAX_MARKS][16];
     double mark_us[ATTNREPLAY_MAX_MARKS];
 };
@@ -247,7 +248,7 @@ static void host_time_mark(const char *name)
     int i = r->num_marks;
     if (r->cuda) {
         char err[128];
-        if (ar_pdev_record(r->dev, 2 + i, err, sizeof err) != 0) return;   /* events: 0 start, 1 write end */
+        if (ar_pdev_record(r->dev, r->ev0 + 2 + i, err, sizeof err) != 0) return;   /* 0 start, 1 write end */
     } else {
         r->mark_us[i] = now_us();
     }
@@ -1058,8 +1059,11 @@ static int guard_count_host(const void *p)
     return bad;
 }
 
-/* One timed repetition: [host write] + the plugin's forward; per-part times into part_us. */
-static int forward_once(plugin_run *r, bool host_writes, int layer, double *write_us, double *part_us,
+/* One timed repetition: [host write] + the plugin's forward, its parts named in part_names.  A
+ * CPU plugin's times are read here (write_us, part_us).  A CUDA plugin's are only recorded, on
+ * events ev0 + 0 (start), + 1 (write end), + 2 + i (mark i), + 2 + marks (end): the repeats run
+ * back to back and forward_times reads them after the run's one wait. */
+static int forward_once(plugin_run *r, bool host_writes, int layer, int ev0, double *write_us, double *part_us,
                         int *num_parts, char (*part_names)[16], char *err, size_t err_len)
 {
     const plugin_slot *s = r->slot;
@@ -1075,13 +1079,13 @@ static int forward_once(plugin_run *r, bool host_writes, int layer, double *writ
     double t0 = 0, t1 = 0;
     *write_us = 0;
     if (r->cuda) {
-        if (ar_pdev_record(r->dev, 0, err, err_len)) return 3;
+        if (ar_pdev_record(r->dev, ev0, err, err_len)) return 3;
         if (host_writes) {
             ar_pdev_gen g = pdev_gen(r, layer);
             if (ar_pdev_write_kv(r->dev, &g, r->T, r->d_slots, r->k_new, r->v_new, r->cache[layer], err, err_len))
                 return 3;
         }
-        if (ar_pdev_record(r->dev, 1, err, err_len)) return 3;
+        if (ar_pdev_record(r->dev, ev0 + 1, err, err_len)) return 3;
     } else {
         t0 = now_us();
         if (host_writes) host_write_kv(r, layer);
@@ -1089,6 +1093,7 @@ static int forward_once(plugin_run *r, bool host_writes, int layer, double *writ
         *write_us = t1 - t0;
     }
     r->num_marks = 0;
+    r->ev0 = ev0;
     call_error[0] = '\0';
     active_run = r;
     int rc = s->p->forward(r->ps, &r->fa);
@@ -1102,17 +1107,7 @@ static int forward_once(plugin_run *r, bool host_writes, int layer, double *writ
     int marks = r->num_marks;
     if (marks < 0 || marks > ATTNREPLAY_MAX_MARKS) marks = 0;
     if (r->cuda) {
-        if (ar_pdev_record(r->dev, 2 + marks, err, err_len)) return 3;
-        if (ar_pdev_sync(r->dev, err, err_len) != 0) {
-            char inner[512];
-            snprintf(inner, sizeof inner, "%s", err);
-            snprintf(err, err_len, "%s: a kernel failed at step %lld, layer %d: %s", s->name,
-                     (long long)r->prepared_step, layer, inner);
-            return 3;
-        }
-        if (ar_pdev_elapsed_us(r->dev, 0, 1, write_us, err, err_len)) return 3;
-        for (int i = 0; i <= marks; i++)
-            if (ar_pdev_elapsed_us(r->dev, 1 + i, 2 + i, &part_us[i], err, err_len)) return 3;
+        if (ar_pdev_record(r->dev, ev0 + 2 + marks, err, err_len)) return 3;
     } else {
         double prev = t1;
         for (int i = 0; i < marks; i++) {
@@ -1124,6 +1119,17 @@ static int forward_once(plugin_run *r, bool host_writes, int layer, double *writ
     for (int i = 0; i < marks; i++) snprintf(part_names[i], 16, "%s", r->mark_names[i]);
     snprintf(part_names[marks], 16, "attn");
     *num_parts = marks + 1;
+    return 0;
+}
+
+/* A CUDA plugin's repeat (forward_once's events from ev0, num_parts parts) read back, once the
+ * stream has been waited for. */
+static int forward_times(plugin_run *r, int ev0, int num_parts, double *write_us, double *part_us, char *err,
+                         size_t err_len)
+{
+    if (ar_pdev_elapsed_us(r->dev, ev0, ev0 + 1, write_us, err, err_len)) return 3;
+    for (int i = 0; i < num_parts; i++)
+        if (ar_pdev_elapsed_us(r->dev, ev0 + 1 + i, ev0 + 2 + i, &part_us[i], err, err_len)) return 3;
     return 0;
 }
 
@@ -1178,22 +1184,43 @@ static int plugin_forward(void *state, int layer, const ar_batch *b, ar_forward_
 
     const bool host_writes = !(s->p->flags & ATTNREPLAY_PLUGIN_WRITES_KV);
     const int repeat = r->cfg.repeat < 1 ? 1 : r->cfg.repeat;
-    double *times = malloc(sizeof(double) * (size_t)repeat * (MAX_SEGMENTS + 2));
+    /* [repeat] rows of: write, total, parts; then each repeat's part count */
+    double *times = malloc((sizeof(double) * (MAX_SEGMENTS + 2) + sizeof(int)) * (size_t)repeat);
     if (!times) {
         snprintf(err, err_len, "%s: out of memory", s->name);
         return 3;
     }
+    int *parts_of = (int *)(times + (size_t)repeat * (MAX_SEGMENTS + 2));
     char names[MAX_SEGMENTS][16];
     int parts = MAX_SEGMENTS;
-    int rc = 0;
+    int rc = r->cuda ? ar_pdev_reserve_events(r->dev, repeat * AR_PDEV_EVENTS, err, err_len) : 0;
+    /* The repeats back to back: a CUDA plugin's are waited for once, after the last (as the
+     * built-in CUDA backends and the peers' scripts time theirs), so a kernel fault of an early
+     * repeat may surface at a later repeat's launch; the step fails the same way. */
     for (int rep = 0; rep < repeat && rc == 0; rep++) {
         double *tr = times + (size_t)rep * (MAX_SEGMENTS + 2);
-        int np = 0;
-        rc = forward_once(r, host_writes, layer, &tr[0], tr + 2, &np, names, err, err_len);
-        if (rc) break;
-        if (np < parts) parts = np;   /* a plugin that marks differently per call: the common prefix */
+        rc = forward_once(r, host_writes, layer, rep * AR_PDEV_EVENTS, &tr[0], tr + 2, &parts_of[rep], names, err,
+                          err_len);
+        if (rc && r->cuda && rep > 0 && strncmp(err, s->name, strlen(s->name)) != 0) {
+            char inner[512];   /* a launch's error: the fault may be an earlier repeat's kernel */
+            snprintf(inner, sizeof inner, "%s", err);
+            snprintf(err, err_len, "%s: a kernel failed at step %lld, layer %d (seen at repeat %d's launch): %s",
+                     s->name, (long long)r->prepared_step, layer, rep + 1, inner);
+        }
+        if (rc == 0 && parts_of[rep] < parts) parts = parts_of[rep];   /* marks that vary: the common prefix */
+    }
+    if (rc == 0 && r->cuda && ar_pdev_sync(r->dev, err, err_len) != 0) {
+        char inner[512];
+        snprintf(inner, sizeof inner, "%s", err);
+        snprintf(err, err_len, "%s: a kernel failed at step %lld, layer %d: %s", s->name,
+                 (long long)r->prepared_step, layer, inner);
+        rc = 3;
+    }
+    for (int rep = 0; rep < repeat && rc == 0; rep++) {
+        double *tr = times + (size_t)rep * (MAX_SEGMENTS + 2);
+        if (r->cuda) rc = forward_times(r, rep * AR_PDEV_EVENTS, parts_of[rep], &tr[0], tr + 2, err, err_len);
         double total = tr[0];
-        for (int i = 0; i < np; i++) total += tr[2 + i];
+        for (int i = 0; i < parts_of[rep]; i++) total += tr[2 + i];
         tr[1] = total;
     }
     if (rc) {

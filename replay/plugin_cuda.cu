@@ -18,7 +18,8 @@
 struct ar_pdev {
     int device;
     cudaStream_t stream;
-    cudaEvent_t ev[AR_PDEV_EVENTS];
+    cudaEvent_t *ev;                 /* [num_ev]: the timing pool, grow-only */
+    int num_ev;
     char name[128];
 };
 
@@ -65,8 +66,7 @@ extern "C" int ar_pdev_open(ar_pdev **out, int device, char *err, size_t err_len
     int rc = cuda_fail(cudaSetDevice(d->device), "cudaSetDevice", err, err_len);
     if (!rc) rc = cuda_fail(cudaGetDeviceProperties(&prop, d->device), "cudaGetDeviceProperties", err, err_len);
     if (!rc) rc = cuda_fail(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking), "stream", err, err_len);
-    for (int i = 0; !rc && i < AR_PDEV_EVENTS; i++)
-        rc = cuda_fail(cudaEventCreate(&d->ev[i]), "cudaEventCreate", err, err_len);
+    if (!rc) rc = ar_pdev_reserve_events(d, AR_PDEV_EVENTS, err, err_len);
     if (rc) {
         ar_pdev_close(d);
         return rc;
@@ -80,8 +80,9 @@ extern "C" void ar_pdev_close(ar_pdev *d)
 {
     if (!d) return;
     if (d->stream) cudaStreamSynchronize(d->stream);
-    for (int i = 0; i < AR_PDEV_EVENTS; i++)
+    for (int i = 0; i < d->num_ev; i++)
         if (d->ev[i]) cudaEventDestroy(d->ev[i]);
+    free(d->ev);
     if (d->stream) cudaStreamDestroy(d->stream);
     free(d);
 }
@@ -328,18 +329,45 @@ extern "C" int ar_pdev_mla_vproj(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev
     return cuda_fail(cudaGetLastError(), "MLA W_UV launch", err, err_len);
 }
 
-extern "C" int ar_pdev_record(ar_pdev *d, int i, char *err, size_t err_len)
+extern "C" int ar_pdev_reserve_events(ar_pdev *d, int n, char *err, size_t err_len)
 {
-    if (i < 0 || i >= AR_PDEV_EVENTS) {
-        snprintf(err, err_len, "timing event %d of %d", i, AR_PDEV_EVENTS);
+    if (n <= d->num_ev) return 0;
+    if (n > AR_PDEV_MAX_EVENTS) {
+        snprintf(err, err_len, "%d timing events asked for, at most %d", n, AR_PDEV_MAX_EVENTS);
         return 3;
     }
+    cudaEvent_t *grown = (cudaEvent_t *)realloc(d->ev, sizeof *grown * (size_t)n);
+    if (!grown) {
+        snprintf(err, err_len, "out of memory for %d timing events", n);
+        return 3;
+    }
+    d->ev = grown;
+    for (; d->num_ev < n; d->num_ev++) {
+        d->ev[d->num_ev] = NULL;
+        int rc = cuda_fail(cudaEventCreate(&d->ev[d->num_ev]), "cudaEventCreate", err, err_len);
+        if (rc) return rc;   /* the pool keeps the events made so far */
+    }
+    return 0;
+}
+
+static int event_index_ok(const ar_pdev *d, int i, char *err, size_t err_len)
+{
+    if (i >= 0 && i < d->num_ev) return 1;
+    snprintf(err, err_len, "timing event %d of %d", i, d->num_ev);
+    return 0;
+}
+
+extern "C" int ar_pdev_record(ar_pdev *d, int i, char *err, size_t err_len)
+{
+    if (!event_index_ok(d, i, err, err_len)) return 3;
     return cuda_fail(cudaEventRecord(d->ev[i], d->stream), "cudaEventRecord", err, err_len);
 }
 
 extern "C" int ar_pdev_elapsed_us(ar_pdev *d, int a, int b, double *us, char *err, size_t err_len)
 {
     float ms = 0;
+    *us = 0;
+    if (!event_index_ok(d, a, err, err_len) || !event_index_ok(d, b, err, err_len)) return 3;
     int rc = cuda_fail(cudaEventSynchronize(d->ev[b]), "cudaEventSynchronize", err, err_len);
     if (!rc) rc = cuda_fail(cudaEventElapsedTime(&ms, d->ev[a], d->ev[b]), "cudaEventElapsedTime", err, err_len);
     *us = rc ? 0 : (double)ms * 1e3;

@@ -108,6 +108,12 @@ int ar_pdev_mla_vproj(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, in
     return fail(err, err_len);
 }
 
+int ar_pdev_reserve_events(ar_pdev *d, int n, char *err, size_t err_len)
+{
+    (void)d; (void)n;
+    return fail(err, err_len);
+}
+
 int ar_pdev_record(ar_pdev *d, int i, char *err, size_t err_len)
 {
     (void)d; (void)i;

@@ -24,14 +24,14 @@ extern "C" {
 
 typedef struct ar_pdev ar_pdev;
 
-#define AR_PDEV_EVENTS 16   /* timing events per forward: start, write, marks, end */
+#define AR_PDEV_EVENTS 16   /* timing events a forward (a repeat): start, write, marks, end */
 
 /* 0 when a CUDA device can be used; else why ("built without CUDA support", "no CUDA device"). */
 int ar_pdev_probe(char *why, size_t why_len);
 /* Devices the CUDA runtime sees (CUDA_VISIBLE_DEVICES applied); 0 without CUDA or a device. */
 int ar_pdev_count(void);
 /* Device `device` (an ordinal among the visible ones), a non-blocking stream and
- * AR_PDEV_EVENTS events.  0 ok, else 3 with err set. */
+ * AR_PDEV_EVENTS timing events.  0 ok, else 3 with err set. */
 int ar_pdev_open(ar_pdev **d, int device, char *err, size_t err_len);
 void ar_pdev_close(ar_pdev *d);
 void *ar_pdev_stream(ar_pdev *d);               /* the cudaStream_t */
@@ -96,7 +96,11 @@ int ar_pdev_mla_gen_inputs(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *
 int ar_pdev_mla_vproj(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev_mla *m, int num_tokens, const void *o_lat,
                       const float *w_uv, float *out, char *err, size_t err_len);
 
-/* Timing: records event i (< AR_PDEV_EVENTS) on the stream; elapsed waits for event b. */
+/* Timing: a grow-only pool of events, AR_PDEV_EVENTS when opened.  reserve makes it at least n
+ * events (n <= AR_PDEV_MAX_EVENTS); record records event i (< the pool) on the stream; elapsed
+ * waits for event b.  A run's --repeat forwards use events rep * AR_PDEV_EVENTS + 0 .. . */
+#define AR_PDEV_MAX_EVENTS (1000 * AR_PDEV_EVENTS)
+int ar_pdev_reserve_events(ar_pdev *d, int n, char *err, size_t err_len);
 int ar_pdev_record(ar_pdev *d, int i, char *err, size_t err_len);
 int ar_pdev_elapsed_us(ar_pdev *d, int a, int b, double *us, char *err, size_t err_len);
 /* Waits for the stream; reports any error a kernel on it raised. */

@@ -4,7 +4,8 @@
  * FAULT_STEP on (tests/plugins/faulty_cuda.cu).  The replay exits 3 naming the step, the layer
  * and the cause (the CUDA error, or --forward-timeout); the database holds exactly the steps
  * before it, whole; the run is 'error'; and --resume in a fresh process (a new context) with
- * the fault moved past the trace's end completes the run.  Skips with the reason when there is
+ * the fault moved past the trace's end completes the run; with --repeat 3 (repeats back to back)
+ * the out-of-bounds step fails the same way.  Skips with the reason when there is
  * no CUDA device or the build has no CUDA. */
 #include "testutil.h"
 #include "watchdog_checks.h"
@@ -52,6 +53,27 @@ static void test_out_of_bounds_write_fails_the_step(void **state)
     assert_resume_completes(plugin, trace, db, log, "");
 }
 
+/* The same with --repeat 3: the repeats run back to back and are waited for once, so the fault
+ * of the first repeat's kernel surfaces at a later launch or at the wait; the step still fails
+ * with exit 3, naming the step, the layer and the CUDA error, and the database stays whole. */
+static void test_out_of_bounds_write_fails_the_step_with_repeats(void **state)
+{
+    (void)state;
+    char plugin[4200], trace[512], db[512], log[512], want[512];
+    if (!faulty_cuda("oob", plugin, sizeof plugin)) {
+        skip();
+        return;
+    }
+    tu_sample("mixed", trace, sizeof trace);
+    tu_tmp("oob-repeat.db", db, sizeof db);
+    tu_tmp("oob-repeat.log", log, sizeof log);
+    assert_int_equal(replay_broken(plugin, trace, db, log, "", "--repeat 3", 3), 3);
+    snprintf(want, sizeof want, "step %d, layer 0", FAULT_STEP);
+    assert_true(tu_file_has(log, want));
+    assert_true(tu_file_has(log, "illegal memory access"));
+    assert_stopped_whole(db, "illegal memory access");
+}
+
 static void test_kernel_that_never_ends_fails_after_the_timeout(void **state)
 {
     (void)state;
@@ -80,6 +102,7 @@ int main(void)
 {
     struct CMUnitTest tests[] = {
         cmocka_unit_test(test_out_of_bounds_write_fails_the_step),
+        cmocka_unit_test(test_out_of_bounds_write_fails_the_step_with_repeats),
         cmocka_unit_test(test_kernel_that_never_ends_fails_after_the_timeout),
     };
     return tu_run_gpu_tests("gpu_faults", tests, sizeof tests / sizeof tests[0]);

@@ -2,7 +2,8 @@
  * (build/plugins/attnreplay-example-cuda.so, which writes its own K/V and marks its write) replays
  * every sample trace with two layers and passes against the float64 reference; fp16 and an fp8
  * KV cache pass; the host's device tensors, stream and time marks reach the database ("write"
- * and "attn" per layer); a wrong-slot fault applied to the metadata is flagged.  MLA: the DeepSeek
+ * and "attn" per layer); --repeat 40's back-to-back forwards read one forward's time each; a
+ * wrong-slot fault applied to the metadata is flagged.  MLA: the DeepSeek
  * sample through the plugin's latent attention, the host's W_UK / W_UV on the device around it,
  * passes in bf16, fp16 and with an fp8 latent cache, and the projection faults are flagged.  Skips
  * with the reason when there is no CUDA device or the build has no CUDA. */
@@ -88,6 +89,38 @@ static void test_example_cuda_dtypes(void **state)
     assert_int_equal(replay("mixed", db, log, "--repeat 3 --steps 3:9 --quiet"), 0);
 }
 
+/* --repeat 40 runs the forwards back to back on 640 events (the pool starts at 16) and waits
+ * once: each step's "attn" still reads one forward's time, so its sum stays within a factor of 3
+ * of a --repeat 1 run's (an event of the wrong repeat would read up to 40 times the forward), and
+ * "write" reads no more than 3 times it (less is expected: one forward alone has the plugin's
+ * launch inside its events).  The first step is left out of both sums: its first launch of each
+ * kernel loads the module (2.5 ms on an H100), inside --repeat 1's one reading, outside --repeat
+ * 40's median. */
+static void test_example_cuda_repeats_back_to_back(void **state)
+{
+    (void)state;
+    if (!device_ready()) { skip(); return; }
+    char db1[PATH_MAX], db40[PATH_MAX], log[PATH_MAX];
+    tu_tmp("cuda-rep1.db", db1, sizeof db1);
+    tu_tmp("cuda-rep40.db", db40, sizeof db40);
+    tu_tmp("cuda-rep.log", log, sizeof log);
+    assert_int_equal(replay("mixed", db1, log, "--repeat 1 --steps 3:9 --layers 2 --quiet"), 0);
+    assert_int_equal(replay("mixed", db40, log, "--repeat 40 --steps 3:9 --layers 2 --quiet"), 0);
+    assert_int_equal(tu_query_int(db40, "SELECT count(*) FROM steps WHERE pass IS NOT 1 OR guard_ok IS NOT 1"), 0);
+    static const char *const sums[] = {
+        "SELECT CAST(sum(time_us) * 1000 AS INTEGER) FROM kernels WHERE name='attn' AND step > (SELECT min(step) FROM kernels)",
+        "SELECT CAST(sum(time_us) * 1000 AS INTEGER) FROM kernels WHERE name='write' AND step > (SELECT min(step) FROM kernels)"};
+    for (int i = 0; i < 2; i++) {
+        const int64_t one = tu_query_int(db1, sums[i]), forty = tu_query_int(db40, sums[i]);
+        print_message("%s after the first step: --repeat 1 %.1f us, --repeat 40 %.1f us\n", i ? "write" : "attn",
+                      one / 1e3, forty / 1e3);
+        assert_true(one > 0 && forty > 0);
+        assert_true(forty < 3 * one);
+        if (i == 0) assert_true(one < 3 * forty);
+    }
+    assert_int_equal(tu_query_int(db1, "SELECT count(*) FROM kernels"), tu_query_int(db40, "SELECT count(*) FROM kernels"));
+}
+
 static void test_example_cuda_fault_flagged(void **state)
 {
     (void)state;
@@ -126,6 +159,7 @@ int main(void)
     struct CMUnitTest tests[] = {
         cmocka_unit_test(test_example_cuda_passes_every_sample),
         cmocka_unit_test(test_example_cuda_dtypes),
+        cmocka_unit_test(test_example_cuda_repeats_back_to_back),
         cmocka_unit_test(test_example_cuda_fault_flagged),
         cmocka_unit_test(test_example_cuda_runs_mla),
     };
