@@ -34,44 +34,42 @@ static const char *faulty_cuda(const char *kind, char *buf, size_t len)
     return buf;
 }
 
-static void test_out_of_bounds_write_fails_the_step(void **state)
+/* The out-of-bounds plugin on the mixed sample with opts (files named after tag): exit 3 naming
+ * the step, the layer and the CUDA error, the database whole, and with resume a fresh process
+ * completing the run. */
+static void out_of_bounds_fails_the_step(const char *tag, const char *opts, bool resume)
 {
-    (void)state;
-    char plugin[4200], trace[512], db[512], log[512], want[512];
+    char plugin[4200], trace[512], db[512], log[512], want[512], name[64];
     if (!faulty_cuda("oob", plugin, sizeof plugin)) {
         skip();
         return;
     }
     tu_sample("mixed", trace, sizeof trace);
-    tu_tmp("oob.db", db, sizeof db);
-    tu_tmp("oob.log", log, sizeof log);
-    assert_int_equal(replay_broken(plugin, trace, db, log, "", "", 3), 3);
+    snprintf(name, sizeof name, "%s.db", tag);
+    tu_tmp(name, db, sizeof db);
+    snprintf(name, sizeof name, "%s.log", tag);
+    tu_tmp(name, log, sizeof log);
+    assert_int_equal(replay_broken(plugin, trace, db, log, "", opts, 3), 3);
     snprintf(want, sizeof want, "step %d, layer 0", FAULT_STEP);
     assert_true(tu_file_has(log, want));
     assert_true(tu_file_has(log, "illegal memory access"));
     assert_stopped_whole(db, "illegal memory access");
-    assert_resume_completes(plugin, trace, db, log, "");
+    if (resume) assert_resume_completes(plugin, trace, db, log, "");
+}
+
+static void test_out_of_bounds_write_fails_the_step(void **state)
+{
+    (void)state;
+    out_of_bounds_fails_the_step("oob", "", true);
 }
 
 /* The same with --repeat 3: the repeats run back to back and are waited for once, so the fault
  * of the first repeat's kernel surfaces at a later launch or at the wait; the step still fails
- * with exit 3, naming the step, the layer and the CUDA error, and the database stays whole. */
+ * the same way. */
 static void test_out_of_bounds_write_fails_the_step_with_repeats(void **state)
 {
     (void)state;
-    char plugin[4200], trace[512], db[512], log[512], want[512];
-    if (!faulty_cuda("oob", plugin, sizeof plugin)) {
-        skip();
-        return;
-    }
-    tu_sample("mixed", trace, sizeof trace);
-    tu_tmp("oob-repeat.db", db, sizeof db);
-    tu_tmp("oob-repeat.log", log, sizeof log);
-    assert_int_equal(replay_broken(plugin, trace, db, log, "", "--repeat 3", 3), 3);
-    snprintf(want, sizeof want, "step %d, layer 0", FAULT_STEP);
-    assert_true(tu_file_has(log, want));
-    assert_true(tu_file_has(log, "illegal memory access"));
-    assert_stopped_whole(db, "illegal memory access");
+    out_of_bounds_fails_the_step("oob-repeat", "--repeat 3", false);
 }
 
 static void test_kernel_that_never_ends_fails_after_the_timeout(void **state)
