@@ -5,8 +5,8 @@
  * item's key tiles must span exactly the keys its rows see, worked out row by row; the cut must
  * cover each item's tiles in pieces of the chosen length with a combine group and one partial
  * slot per piece; DECODE_TMA items must read each decode request's blocks from its window's start,
- * with the partial layout its combine expects.  The split rules are checked on the cases their
- * comments work through and on their bounds. */
+ * with the partial layout its combine expects.  The split rules (the uneven-batch rule among
+ * them) are checked on the cases their comments work through and on their bounds. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -295,6 +295,57 @@ static void test_split_rules(void **state)
     assert_int_equal(ar_attn_split_count(10, 1, 132), 1);
     assert_int_equal(ar_attn_split_count(0, 100, 132), 1);
     assert_int_equal(ar_attn_prefix_split_count(10, 3, 132), 1);   /* pieces of at least 2 units */
+    /* one long context among short ones (the Mooncake trace's decode step of 11 requests, one at
+     * 135,150 keys, ten at 1,500; GQA 32:8, DECODE's tiles of 64 keys on 4 warps, 4 CTAs an SM on
+     * 132 SMs): the rule counts 88 CTAs a split and takes 6, which leaves the long request in 6
+     * pieces of 88 units against 9 units a slot spread evenly; the uneven rule cuts it into pieces
+     * of at most 4 x 9; an even batch keeps the rule's count */
+    {
+        int qsl[12], seq[11];
+        for (int r = 0; r <= 11; r++) qsl[r] = r;
+        for (int r = 0; r < 11; r++) seq[r] = r == 3 ? 135150 : 1500;
+        const ar_attn_shape sh = {11, qsl, seq, 8, 4, 16, 64, 4, false, 0, 0};
+        ar_attn_work *items;
+        int64_t n;
+        int max_units;
+        assert_int_equal(ar_attn_items(&sh, &items, &n, &max_units), 0);
+        assert_int_equal(n, 88);
+        assert_int_equal(max_units, 528);
+        const int base = ar_attn_split_count((int)n, max_units, 528);
+        assert_int_equal(base, 6);
+        const int s = ar_attn_split_count_uneven(items, n, max_units, 4, 528, base);
+        assert_int_equal(s, 15);   /* 4 x ceil(4,704 / 528) = 36 units a piece at most: 36 */
+        assert_true((max_units + s - 1) / s <= 36 && (max_units + s - 2) / (s - 1) > 36);
+        free(items);
+        for (int r = 0; r < 11; r++) seq[r] = 8192;
+        assert_int_equal(ar_attn_items(&sh, &items, &n, &max_units), 0);
+        const int even = ar_attn_split_count((int)n, max_units, 528);
+        assert_int_equal(ar_attn_split_count_uneven(items, n, max_units, 4, 528, even), even);
+        free(items);
+    }
+    /* on random launches: never below the rule's count, at most AR_MAX_SPLITS, pieces of at most
+     * AR_SPLIT_PATH_RATIO x the even share unless capped, and the smallest such count */
+    for (int it = 0; it < 300; it++) {
+        launch l;
+        random_launch(&l);
+        ar_attn_work *items;
+        int64_t n;
+        int max_units;
+        assert_int_equal(ar_attn_items(&l.sh, &items, &n, &max_units), 0);
+        const int slots = 1 + rnd(600), base = ar_attn_split_count((int)n, max_units, slots);
+        const int s = ar_attn_split_count_uneven(items, n, max_units, l.sh.warps_n, slots, base);
+        int64_t total = 0;
+        for (int64_t i = 0; i < n; i++) total += (items[i].tile_end - items[i].tile_begin + l.sh.warps_n - 1) / l.sh.warps_n;
+        const int64_t fair = total > slots ? (total + slots - 1) / slots : 1;
+        const int top = AR_MAX_SPLITS < max_units ? AR_MAX_SPLITS : max_units;
+        assert_true(s >= base && s <= (top > base ? top : base));
+        if (max_units > 1 && n > 0) {
+            const bool fits = (max_units + s - 1) / s <= AR_SPLIT_PATH_RATIO * fair;
+            assert_true(fits || s == top);
+            if (s > base) assert_true((max_units + s - 2) / (s - 1) > AR_SPLIT_PATH_RATIO * fair);
+        }
+        free(items);
+    }
     for (int it = 0; it < 2000; it++) {
         const int c = 1 + rnd(2000), u = 1 + rnd(500), slots = 1 + rnd(600);
         const int s = ar_attn_split_count(c, u, slots), p = ar_attn_prefix_split_count(c, u, slots);
@@ -512,9 +563,13 @@ static void test_random_plans(void **state)
             check_cut(items, n, pl.num_splits, max_units, g->warps_n, &got);
             /* the split count is the rule's for the launch (forced or fixed counts aside) */
             const int slots = d.num_sms * d.ctas_per_sm[pl.config];
-            if (fs == 0 && !(pl.config == AR_CFG_DECODE && d.decode_splits > 0))
-                assert_int_equal(pl.num_splits, non_causal ? ar_attn_prefix_split_count((int)n, max_units, slots)
-                                                           : ar_attn_split_count((int)n, max_units, slots));
+            if (fs == 0 && !(pl.config == AR_CFG_DECODE && d.decode_splits > 0)) {
+                int want = non_causal ? ar_attn_prefix_split_count((int)n, max_units, slots)
+                                      : ar_attn_split_count((int)n, max_units, slots);
+                if (!non_causal && pl.config == AR_CFG_DECODE)
+                    want = ar_attn_split_count_uneven(items, n, max_units, g->warps_n, slots, want);
+                assert_int_equal(pl.num_splits, want);
+            }
             if (!ar_attn_config_is_wg(pl.config))   /* PREFILL_WG's order is item_order's */
                 for (int64_t k = 1; k < pl.num_work; k++)
                     assert_true(pl.work[k - 1].tile_end - pl.work[k - 1].tile_begin >=

@@ -66,6 +66,18 @@ int ar_attn_split_count(int num_ctas, int max_units, int slots)
     return 1;
 }
 
+int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base)
+{
+    if (n <= 0 || max_units <= 1 || slots <= 0 || warps_n <= 0 || base < 1) return base;
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += (items[i].tile_end - items[i].tile_begin + warps_n - 1) / warps_n;
+    const int64_t fair = total > slots ? (total + slots - 1) / slots : 1;
+    const int top = AR_MAX_SPLITS < max_units ? AR_MAX_SPLITS : max_units;
+    for (int s = base; s <= top; s++)
+        if ((max_units + s - 1) / s <= AR_SPLIT_PATH_RATIO * fair) return s;
+    return top > base ? top : base;
+}
+
 /* The cascade prefix pass: one sequence, so every unsplit item has the same length and the
  * time is ~ ceil(C s / S_slots) / s waves of unsplit work.  Take the smallest s within 5% of
  * the best over s <= 64 (no split from 4 waves of unsplit work up), with pieces of at least 2
@@ -303,7 +315,13 @@ int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int
  * leave most SMs idle (C = 512 on 396 slots runs 2 waves for 1.29 waves of work), so take the
  * smallest s <= 8 whose ceil(C s / S_slots) / s is within 5% of the best.
  * Each work item is then cut into pieces of ceil(n_blocks / s) units (short ones stay whole),
- * so the split is per request, like FA3's dynamic varlen splits.
+ * so the split is per request, like FA3's dynamic varlen splits.  A DECODE launch whose longest
+ * item would outlast the rest takes ar_attn_split_count_uneven's larger count.  On the Mooncake
+ * trace (H100, 2026-12-06 11:11 UTC, before it): a decode step of 11 requests, one of them at 135k
+ * keys, took the rule's 6 splits, 48 CTAs on the long request, and ran in 650 us (960 GB/s) where
+ * FA3's paged decode took 405-420 us; a step of 61 requests of up to 40k keys, unsplit, read at
+ * 2.94 TB/s, its longest item (20.5 MB) at 29 GB/s, 5.2 times its even share of that rate over
+ * 528 slots (the ratio AR_SPLIT_PATH_RATIO rounds down to 4).
  *
  * Item order: the work list is sorted longest first, except a PREFILL_WG launch's: its CTAs take
  * their items from a queue, and wg_l2_order puts its list in item_order.h's order: longest first within sections
@@ -501,6 +519,8 @@ int ar_attn_build_plan(const ar_attn_device *d, int R, const int *query_start_lo
                  : non_causal                                           ? ar_attn_prefix_split_count((int)n_items, max_units, slots)
                  : config == AR_CFG_DECODE && d->decode_splits > 0      ? d->decode_splits
                                                                         : ar_attn_split_count((int)n_items, max_units, slots);
+    if (force_splits <= 0 && !non_causal && config == AR_CFG_DECODE && d->decode_splits <= 0)
+        splits = ar_attn_split_count_uneven(items, n_items, max_units, geom.warps_n, slots, splits);
     if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
     ar_attn_pieces pieces;
     const int cut_rc = ar_attn_cut(items, n_items, splits, max_units, geom.warps_n, &pieces);

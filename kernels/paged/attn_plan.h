@@ -93,6 +93,19 @@ void ar_attn_pieces_free(ar_attn_pieces *p);
  * most split units any of them walks, slots = SMs x CTAs an SM.  1 .. AR_MAX_SPLITS. */
 int ar_attn_split_count(int num_ctas, int max_units, int slots);
 
+/* The split count of a DECODE launch whose longest item would outlast the rest (one long
+ * context among short ones).  ar_attn_split_count counts C s CTAs for s splits, as though every
+ * item were as long as the longest, while the cut leaves items shorter than a piece whole, so such
+ * a launch gets far fewer CTAs than it aims for and the long item's few pieces set the step's
+ * time.  fair = ceil(total units / slots), the units a slot walks when the work is spread evenly
+ * (the DRAM-bound time); a CTA that streams on while most others are done reads about 4-5 times
+ * its even share of the DRAM's rate (below), so a piece of up to AR_SPLIT_PATH_RATIO x fair units
+ * does not lengthen the step.  Returns the smallest s >= base (the rule's count) whose pieces,
+ * ceil(max_units / s) units, are that short; base when its pieces are already.  items [n], units
+ * in key tiles of warps_n. */
+#define AR_SPLIT_PATH_RATIO 4
+int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base);
+
 /* The cascade prefix pass's split count: the smallest s within 5% of the best over s <= 64 of
  * ceil(C s / slots) / s, pieces of at least 2 units, none from 4 waves of unsplit work up. */
 int ar_attn_prefix_split_count(int num_ctas, int max_units, int slots);
