@@ -435,6 +435,22 @@ static void test_decision_rule(void **state)
     assert_int_equal(plan_of(&d, 8, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
     assert_true(s > 1);
     d = h200();
+    /* the Mooncake decode step of 11 requests, one at 135,150 keys: DECODE with the uneven rule's
+     * 15 splits (the 85% rule alone: 6), the long request's 8 KV heads in 15 pieces of at most 36
+     * units (144 key tiles of 64) each, the short ones whole */
+    {
+        int qsl[12], seq[11];
+        for (int r = 0; r <= 11; r++) qsl[r] = r;
+        for (int r = 0; r < 11; r++) seq[r] = r == 3 ? 135150 : 1500;
+        ar_attn_plan pl;
+        assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.config, AR_CFG_DECODE);
+        assert_int_equal(pl.num_splits, 15);
+        assert_int_equal(pl.num_work, 8 * 15 + 10 * 8);
+        assert_int_equal(pl.num_groups, 8);
+        for (int64_t k = 0; k < pl.num_work; k++) assert_true(pl.work[k].tile_end - pl.work[k].tile_begin <= 144);
+        ar_attn_plan_free(&pl);
+    }
     /* what DECODE_TMA cannot run stays on DECODE */
     const ar_attn_device base = d;
     d.head_size = d.template_hd = 64;
