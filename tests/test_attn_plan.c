@@ -313,14 +313,16 @@ static void test_split_rules(void **state)
         assert_int_equal(max_units, 528);
         const int base = ar_attn_split_count((int)n, max_units, 528);
         assert_int_equal(base, 6);
-        const int s = ar_attn_split_count_uneven(items, n, max_units, 4, 528, base);
+        const int s = ar_attn_split_count_uneven(items, n, max_units, 4, 528, base, AR_SPLIT_PATH_RATIO);
         assert_int_equal(s, 15);   /* 4 x ceil(4,704 / 528) = 36 units a piece at most: 36 */
         assert_true((max_units + s - 1) / s <= 36 && (max_units + s - 2) / (s - 1) > 36);
+        assert_int_equal(ar_attn_split_count_uneven(items, n, max_units, 4, 528, base, 2), 30);   /* pieces of 18 */
+        assert_int_equal(ar_attn_split_count_uneven(items, n, max_units, 4, 528, base, -1), base);   /* off */
         free(items);
         for (int r = 0; r < 11; r++) seq[r] = 8192;
         assert_int_equal(ar_attn_items(&sh, &items, &n, &max_units), 0);
         const int even = ar_attn_split_count((int)n, max_units, 528);
-        assert_int_equal(ar_attn_split_count_uneven(items, n, max_units, 4, 528, even), even);
+        assert_int_equal(ar_attn_split_count_uneven(items, n, max_units, 4, 528, even, AR_SPLIT_PATH_RATIO), even);
         free(items);
     }
     /* on random launches: never below the rule's count, at most AR_MAX_SPLITS, pieces of at most
@@ -333,7 +335,7 @@ static void test_split_rules(void **state)
         int max_units;
         assert_int_equal(ar_attn_items(&l.sh, &items, &n, &max_units), 0);
         const int slots = 1 + rnd(600), base = ar_attn_split_count((int)n, max_units, slots);
-        const int s = ar_attn_split_count_uneven(items, n, max_units, l.sh.warps_n, slots, base);
+        const int s = ar_attn_split_count_uneven(items, n, max_units, l.sh.warps_n, slots, base, AR_SPLIT_PATH_RATIO);
         int64_t total = 0;
         for (int64_t i = 0; i < n; i++) total += (items[i].tile_end - items[i].tile_begin + l.sh.warps_n - 1) / l.sh.warps_n;
         const int64_t fair = total > slots ? (total + slots - 1) / slots : 1;
@@ -450,6 +452,11 @@ static void test_decision_rule(void **state)
         assert_int_equal(pl.num_groups, 8);
         for (int64_t k = 0; k < pl.num_work; k++) assert_true(pl.work[k].tile_end - pl.work[k].tile_begin <= 144);
         ar_attn_plan_free(&pl);
+        d.split_path_ratio = -1;   /* AR_CUDA_SPLIT_PATH_RATIO=off: the 85% rule's 6 */
+        assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.num_splits, 6);
+        ar_attn_plan_free(&pl);
+        d.split_path_ratio = 0;
     }
     /* what DECODE_TMA cannot run stays on DECODE */
     const ar_attn_device base = d;
@@ -530,6 +537,7 @@ static void test_random_plans(void **state)
         d.decode_tma_all = rnd(4) == 0;
         d.decode_tma_small = rnd(2);
         d.decode_splits = rnd(5) == 0 ? 1 + rnd(6) : 0;
+        d.split_path_ratio = rnd(4) == 0 ? (rnd(2) ? -1 : 1 + rnd(8)) : 0;
         d.sliding_window = rnd(4) == 0 ? 1 + rnd(4000) : 0;
         d.fault = rnd(10) == 0 ? AR_FAULT_CAUSAL_OFF_BY_ONE : AR_FAULT_NONE;
         static int qsl[257], seq[256];
@@ -583,7 +591,8 @@ static void test_random_plans(void **state)
                 int want = non_causal ? ar_attn_prefix_split_count((int)n, max_units, slots)
                                       : ar_attn_split_count((int)n, max_units, slots);
                 if (!non_causal && pl.config == AR_CFG_DECODE)
-                    want = ar_attn_split_count_uneven(items, n, max_units, g->warps_n, slots, want);
+                    want = ar_attn_split_count_uneven(items, n, max_units, g->warps_n, slots, want,
+                                                      d.split_path_ratio ? d.split_path_ratio : AR_SPLIT_PATH_RATIO);
                 assert_int_equal(pl.num_splits, want);
             }
             if (!ar_attn_config_is_wg(pl.config))   /* PREFILL_WG's order is item_order's */

@@ -66,15 +66,16 @@ int ar_attn_split_count(int num_ctas, int max_units, int slots)
     return 1;
 }
 
-int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base)
+int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base,
+                               int ratio)
 {
-    if (n <= 0 || max_units <= 1 || slots <= 0 || warps_n <= 0 || base < 1) return base;
+    if (n <= 0 || max_units <= 1 || slots <= 0 || warps_n <= 0 || base < 1 || ratio < 1) return base;
     int64_t total = 0;
     for (int64_t i = 0; i < n; i++) total += (items[i].tile_end - items[i].tile_begin + warps_n - 1) / warps_n;
     const int64_t fair = total > slots ? (total + slots - 1) / slots : 1;
     const int top = AR_MAX_SPLITS < max_units ? AR_MAX_SPLITS : max_units;
     for (int s = base; s <= top; s++)
-        if ((max_units + s - 1) / s <= AR_SPLIT_PATH_RATIO * fair) return s;
+        if ((max_units + s - 1) / s <= ratio * fair) return s;
     return top > base ? top : base;
 }
 
@@ -520,7 +521,8 @@ int ar_attn_build_plan(const ar_attn_device *d, int R, const int *query_start_lo
                  : config == AR_CFG_DECODE && d->decode_splits > 0      ? d->decode_splits
                                                                         : ar_attn_split_count((int)n_items, max_units, slots);
     if (force_splits <= 0 && !non_causal && config == AR_CFG_DECODE && d->decode_splits <= 0)
-        splits = ar_attn_split_count_uneven(items, n_items, max_units, geom.warps_n, slots, splits);
+        splits = ar_attn_split_count_uneven(items, n_items, max_units, geom.warps_n, slots, splits,
+                                            d->split_path_ratio ? d->split_path_ratio : AR_SPLIT_PATH_RATIO);
     if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
     ar_attn_pieces pieces;
     const int cut_rc = ar_attn_cut(items, n_items, splits, max_units, geom.warps_n, &pieces);

@@ -101,10 +101,11 @@ int ar_attn_split_count(int num_ctas, int max_units, int slots);
  * (the DRAM-bound time); a CTA that streams on while most others are done reads about 4-5 times
  * its even share of the DRAM's rate (below), so a piece of up to AR_SPLIT_PATH_RATIO x fair units
  * does not lengthen the step.  Returns the smallest s >= base (the rule's count) whose pieces,
- * ceil(max_units / s) units, are that short; base when its pieces are already.  items [n], units
- * in key tiles of warps_n. */
+ * ceil(max_units / s) units, are at most ratio x fair; base when its pieces are already, or when
+ * ratio < 1.  items [n], units in key tiles of warps_n. */
 #define AR_SPLIT_PATH_RATIO 4
-int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base);
+int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base,
+                               int ratio);
 
 /* The cascade prefix pass's split count: the smallest s within 5% of the best over s <= 64 of
  * ceil(C s / slots) / s, pieces of at least 2 units, none from 4 waves of unsplit work up. */
@@ -153,6 +154,7 @@ typedef struct ar_attn_device {
     int decode_tma_small;           /* the small-batch rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the rule's */
+    int split_path_ratio;           /* AR_CUDA_SPLIT_PATH_RATIO: the uneven rule's ratio, 0 = AR_SPLIT_PATH_RATIO, -1 = off */
     int64_t wg_section_bytes;       /* PREFILL_WG item order's L2 section (item_order.h) */
 } ar_attn_device;
 

@@ -61,6 +61,9 @@
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
  *                            (instead of ar_attn_split_count; B 64 / 8k on the H200: 3);
+ *   AR_CUDA_SPLIT_PATH_RATIO=N  (1..64) the uneven-decode rule's ratio (ar_attn_split_count_uneven:
+ *                            a DECODE launch's pieces at most N x the even share; default 4);
+ *                            =off the 85% rule's count alone (the plan before 2026-12-06);
  *   AR_CUDA_DECODE_TMA=split the automatic plan takes DECODE_TMA for every flat decode launch it can
  *                            run, below decode_tma_rule's batch sizes too, there cutting each
  *                            request into ar_attn_split_count pieces over SMs x 1 CTA (B 64 on 132
@@ -124,6 +127,7 @@ typedef struct cuda_state {
     int64_t wg_section_bytes;       /* PREFILL_WG item order's L2 section (item_order.h): a third of
                                        the L2, or AR_CUDA_WG_SECTION_MB; 0: longest first */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the heuristic */
+    int split_path_ratio;           /* AR_CUDA_SPLIT_PATH_RATIO: 0 the default, -1 off, else the ratio */
     int split_live_rows;            /* AR_CUDA_SPLIT_LIVE_ROWS=1: partials and combine threads only
                                        for rows that hold a query token */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
@@ -336,6 +340,8 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         s->wg_section_bytes = ws_mb >= 0 && ws_mb <= 4096 && *ws_end == '\0' ? (int64_t)ws_mb << 20
                                                                               : (int64_t)prop.l2CacheSize / 3;
         s->decode_splits = ar_env_count("AR_CUDA_DECODE_SPLITS", AR_MAX_SPLITS);
+        const char *pr = getenv("AR_CUDA_SPLIT_PATH_RATIO");
+        s->split_path_ratio = pr != NULL && strcmp(pr, "off") == 0 ? -1 : ar_env_count("AR_CUDA_SPLIT_PATH_RATIO", 64);
         const char *lr = getenv("AR_CUDA_SPLIT_LIVE_ROWS");
         s->split_live_rows = lr != NULL && strcmp(lr, "1") == 0;
     }
