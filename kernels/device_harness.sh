@@ -23,7 +23,9 @@
 # `device_harness.sh mla` runs the MLA call instead (tests, GPU mutants, the peers' build, the MLA
 # lab with the peers; its comment below says what), with a budget of 570 s; `device_harness.sh
 # power` the tests and the power and clock trace of the MLA decode kernels, and `device_harness.sh
-# mla-ncu` Nsight Compute on ours and FlashMLA's at 128 heads (their comments below).
+# mla-ncu` Nsight Compute on ours and FlashMLA's at 128 heads, `device_harness.sh real-traces` the
+# tests and the Mooncake trace under the decode split settings and against FA3's adapter (their
+# comments below).
 # Logs go to $OUT (the device tool brings them back); the table goes to stdout and summary.txt.
 set -u
 OUT=${OUT:-/tmp/ar_harness_out}
@@ -88,6 +90,33 @@ if [ "${1:-}" = "power" ]; then
     >"$OUT/power.txt" 2>&1
   echo "power_trace rc=$?"; grep -E "^RESULT|^PEER|^\|" "$OUT/power.txt" | cut -c1-200
   pack_out test-gpu.txt power.txt power_samples.csv
+  exit 0
+fi
+# `device_harness.sh real-traces`: `make test-gpu` (REAL_TESTS=0 leaves it out), then the
+# Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
+# tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh (the cuda
+# backend under the uneven-split settings) and replay/python/side_by_side.sh with FA3's adapter,
+# both sides' repeats back to back (REPEAT=3), every step verified: sweep.txt, fa3.txt, and both
+# databases (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the second half.
+if [ "${1:-}" = "real-traces" ]; then
+  trace=${REAL_TRACE:-out/mooncake300.trace.jsonl.gz}
+  [ -f "$trace" ] || { echo "real-traces: $trace missing (simulate it here first and carry out/)"; exit 2; }
+  if [ "${REAL_TESTS:-1}" != 0 ]; then
+    stage "test-gpu"
+    timeout -s KILL 230 make --no-print-directory test-gpu >"$OUT/test-gpu.txt" 2>&1
+    echo "test-gpu rc=$?"; grep -E "passed, [0-9]+ failed|FAILED|\[  ERROR" "$OUT/test-gpu.txt" | tail -12
+  fi
+  stage "trace sweep"
+  rm -f /tmp/ar_sweep.db /tmp/ar_fa3.db
+  PER_RUN_S=60 timeout -s KILL "$(( $(left) / 2 ))" kernels/paged/trace_sweep.sh /tmp/ar_sweep.db "$trace" \
+    >"$OUT/sweep.txt" 2>&1
+  echo "trace_sweep rc=$?"; grep -E "^\[|^\|" "$OUT/sweep.txt" | cut -c1-160
+  stage "FA3 on the trace"
+  AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built} ADAPTERS=fa3 PLUGIN=none REPEAT=3 PER_RUN_S=100 \
+    timeout -s KILL "$(( $(left) - 20 ))" replay/python/side_by_side.sh /tmp/ar_fa3.db "$trace" >"$OUT/fa3.txt" 2>&1
+  echo "side_by_side rc=$?"; grep -E "exit|^\| [0-9]" "$OUT/fa3.txt" | cut -c1-160
+  for db in /tmp/ar_sweep.db /tmp/ar_fa3.db; do [ -f "$db" ] && xz -T0 -1 -c "$db" >"$OUT/${db##*/}.xz"; done
+  pack_out test-gpu.txt sweep.txt fa3.txt
   exit 0
 fi
 # `device_harness.sh mla-ncu`: Nsight Compute (--clock-control none, so at the clocks the card
