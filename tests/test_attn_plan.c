@@ -437,6 +437,34 @@ static void test_decision_rule(void **state)
     assert_int_equal(plan_of(&d, 8, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
     assert_true(s > 1);
     d = h200();
+    /* a lopsided batch DECODE_TMA's rule would take (119 requests, 10 x 119 >= 9 x 132), one of
+     * them at 135,150 keys among 118 of 2,000: its one CTA would walk 8,447 of the 23,197 blocks;
+     * DECODE takes it and cuts the long request.  At twice the others' length (128 requests, one of
+     * 16k keys among 8k ones) DECODE_TMA keeps it; AR_CUDA_DECODE_TMA=split takes it anyway */
+    {
+        static int qsl[129], seq[128];
+        for (int r = 0; r <= 128; r++) qsl[r] = r;
+        for (int r = 0; r < 119; r++) seq[r] = r == 7 ? 135150 : 2000;
+        ar_attn_plan pl;
+        assert_int_equal(ar_attn_build_plan(&d, 119, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.config, AR_CFG_DECODE);
+        assert_true(pl.num_splits > 1);
+        ar_attn_plan_free(&pl);
+        for (int r = 0; r < 119; r++) seq[r] = 2000 + 40 * r;   /* uneven, not lopsided: 6,720 keys at most */
+        assert_int_equal(ar_attn_build_plan(&d, 119, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
+        ar_attn_plan_free(&pl);
+        for (int r = 0; r < 128; r++) seq[r] = r == 0 ? 16384 : 8192;
+        assert_int_equal(ar_attn_build_plan(&d, 128, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
+        ar_attn_plan_free(&pl);
+        for (int r = 0; r < 119; r++) seq[r] = r == 7 ? 135150 : 2000;
+        d.decode_tma_all = 1;
+        assert_int_equal(ar_attn_build_plan(&d, 119, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
+        ar_attn_plan_free(&pl);
+        d.decode_tma_all = 0;
+    }
     /* the Mooncake decode step of 11 requests, one at 135,150 keys: DECODE with the uneven rule's
      * 15 splits (the 85% rule alone: 6), the long request's 8 KV heads in 15 pieces of at most 36
      * units (144 key tiles of 64) each, the short ones whole */

@@ -367,7 +367,7 @@ static void plan_take(ar_attn_plan *pl, int config, ar_attn_geom geom, int split
  * batches of at least half as many requests as the device has SMs whose longest context is at
  * most DECODE_TMA_MAX_KEYS keys, and for batches of at least 0.9 x SMs requests at any
  * context: one CTA walks a whole request and (by default) never splits, so it needs most SMs
- * busy.  On the H200 (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
+ * busy, and none of its requests much longer than the rest (decode_tma_lopsided).  On the H200 (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
  * 2026-11-30): 128 keys (the cascade suffix pass) 30.7 us against 36.0 for DECODE; 1152 keys
  * 82.1 against 155.6; 8320 keys 480.0 against 761.4; 32896 keys 1845.8 against 2888.7; 33024
  * keys 1845-2030 against 3105.4.  With fewer requests DECODE's split-KV fills the machine (the
@@ -391,9 +391,30 @@ static bool decode_tma_small_rule(const ar_attn_device *d, int R, int max_seq)
 {
     return d->decode_tma_small && 25 * R >= 12 * d->num_sms && max_seq <= DECODE_TMA_MAX_KEYS;
 }
+/* A batch too lopsided for DECODE_TMA's whole requests: one CTA walks each request, at about 67
+ * GB/s (decode_tma_small_rule's measurement: 64 such CTAs reach the DRAM's rate), so a request of
+ * more than 2/64 of the batch's key blocks makes the launch at least twice its DRAM-bound time
+ * (one request of 135k keys among 118 of 2k: 8,447 of 23,197 blocks, about 12x).  The automatic
+ * plan sends such a batch to DECODE, whose split rule cuts the long request
+ * (ar_attn_split_count_uneven, measured on the Mooncake trace's lopsided decode steps).  Unlike
+ * that rule this one is not measured on a GPU: it moves only batches where DECODE_TMA's own
+ * rate says it would be far off. */
+static bool decode_tma_lopsided(int R, const int *seq_lens, int window)
+{
+    int64_t total = 0;
+    int max_blocks = 0;
+    for (int r = 0; r < R; r++) {
+        int begin, end;
+        decode_blocks(seq_lens[r], window, &begin, &end);
+        total += end - begin;
+        if (end - begin > max_blocks) max_blocks = end - begin;
+    }
+    return (int64_t)max_blocks * 32 > total;
+}
 /* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split (d->decode_tma_all) lets the
  * automatic plan take DECODE_TMA for every flat decode launch it can run, below the rule's batch
- * sizes too (decode_tma_splits then cuts the requests so that the pieces fill the SMs). */
+ * sizes too (decode_tma_splits then cuts the requests so that the pieces fill the SMs); without
+ * it a lopsided batch (decode_tma_lopsided) stays on DECODE. */
 static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_start_loc, const int *seq_lens,
                             bool non_causal, int force_config, int force_splits, bool flat)
 {
@@ -407,7 +428,9 @@ static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_sta
     }
     if (force_config == AR_CFG_DECODE_TMA) return true;
     if (force_config >= 0 || force_splits > 0 || !d->decode_tma_auto) return false;
-    return decode_tma_rule(d, R, max_seq) || (flat && (d->decode_tma_all || decode_tma_small_rule(d, R, max_seq)));
+    if (flat && d->decode_tma_all) return true;
+    if (decode_tma_lopsided(R, seq_lens, d->sliding_window)) return false;
+    return decode_tma_rule(d, R, max_seq) || (flat && decode_tma_small_rule(d, R, max_seq));
 }
 
 /* The pieces per request of a DECODE_TMA launch (1: whole requests, the default).  Only flat
