@@ -440,7 +440,8 @@ static void test_decision_rule(void **state)
     /* a lopsided batch DECODE_TMA's rule would take (119 requests, 10 x 119 >= 9 x 132), one of
      * them at 135,150 keys among 118 of 2,000: its one CTA would walk 8,447 of the 23,197 blocks;
      * DECODE takes it and cuts the long request.  At twice the others' length (128 requests, one of
-     * 16k keys among 8k ones) DECODE_TMA keeps it; AR_CUDA_DECODE_TMA=split takes it anyway */
+     * 16k keys among 8k ones), or with the long request within 16k keys (74 requests, one of 911
+     * keys among 40-key ones), DECODE_TMA keeps it; AR_CUDA_DECODE_TMA=split takes it anyway */
     {
         static int qsl[129], seq[128];
         for (int r = 0; r <= 128; r++) qsl[r] = r;
@@ -456,6 +457,10 @@ static void test_decision_rule(void **state)
         ar_attn_plan_free(&pl);
         for (int r = 0; r < 128; r++) seq[r] = r == 0 ? 16384 : 8192;
         assert_int_equal(ar_attn_build_plan(&d, 128, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
+        ar_attn_plan_free(&pl);
+        for (int r = 0; r < 74; r++) seq[r] = r == 0 ? 911 : 40;   /* short: the long one costs microseconds */
+        assert_int_equal(ar_attn_build_plan(&d, 74, qsl, seq, false, true, -1, 0, &pl), 0);
         assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
         ar_attn_plan_free(&pl);
         for (int r = 0; r < 119; r++) seq[r] = r == 7 ? 135150 : 2000;

@@ -394,22 +394,25 @@ static bool decode_tma_small_rule(const ar_attn_device *d, int R, int max_seq)
 /* A batch too lopsided for DECODE_TMA's whole requests: one CTA walks each request, at about 67
  * GB/s (decode_tma_small_rule's measurement: 64 such CTAs reach the DRAM's rate), so a request of
  * more than 2/64 of the batch's key blocks makes the launch at least twice its DRAM-bound time
- * (one request of 135k keys among 118 of 2k: 8,447 of 23,197 blocks, about 12x).  The automatic
- * plan sends such a batch to DECODE, whose split rule cuts the long request
- * (ar_attn_split_count_uneven, measured on the Mooncake trace's lopsided decode steps).  Unlike
- * that rule this one is not measured on a GPU: it moves only batches where DECODE_TMA's own
- * rate says it would be far off. */
+ * (one request of 135k keys among 118 of 2k: 8,447 of 23,197 blocks, about 12x).  Only a request
+ * longer than DECODE_TMA_MAX_KEYS counts: up to there the rule's batches are measured as they are
+ * (and a small batch's one long request costs microseconds; the llama-3.1-8b sample's 74-request
+ * decodes, one of 911 keys, keep DECODE_TMA).  The automatic plan sends such a batch to DECODE,
+ * whose split rule cuts the long request (ar_attn_split_count_uneven, measured on the Mooncake
+ * trace's lopsided decode steps).  Unlike that rule this one is not measured on a GPU: it moves
+ * only batches where DECODE_TMA's own rate says it would be far off. */
 static bool decode_tma_lopsided(int R, const int *seq_lens, int window)
 {
     int64_t total = 0;
-    int max_blocks = 0;
+    int max_blocks = 0, max_seq = 0;
     for (int r = 0; r < R; r++) {
         int begin, end;
         decode_blocks(seq_lens[r], window, &begin, &end);
         total += end - begin;
         if (end - begin > max_blocks) max_blocks = end - begin;
+        if (seq_lens[r] > max_seq) max_seq = seq_lens[r];
     }
-    return (int64_t)max_blocks * 32 > total;
+    return max_seq > DECODE_TMA_MAX_KEYS && (int64_t)max_blocks * 32 > total;
 }
 /* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split (d->decode_tma_all) lets the
  * automatic plan take DECODE_TMA for every flat decode launch it can run, below the rule's batch
