@@ -401,18 +401,18 @@ static bool decode_tma_small_rule(const ar_attn_device *d, int R, int max_seq)
  * whose split rule cuts the long request (ar_attn_split_count_uneven, measured on the Mooncake
  * trace's lopsided decode steps).  Unlike that rule this one is not measured on a GPU: it moves
  * only batches where DECODE_TMA's own rate says it would be far off. */
-static bool decode_tma_lopsided(int R, const int *seq_lens, int window)
+static bool decode_tma_lopsided(int R, const int *seq_lens, int window, int max_seq)
 {
+    if (max_seq <= DECODE_TMA_MAX_KEYS) return false;
     int64_t total = 0;
-    int max_blocks = 0, max_seq = 0;
+    int max_blocks = 0;
     for (int r = 0; r < R; r++) {
         int begin, end;
         decode_blocks(seq_lens[r], window, &begin, &end);
         total += end - begin;
         if (end - begin > max_blocks) max_blocks = end - begin;
-        if (seq_lens[r] > max_seq) max_seq = seq_lens[r];
     }
-    return max_seq > DECODE_TMA_MAX_KEYS && (int64_t)max_blocks * 32 > total;
+    return (int64_t)max_blocks * 32 > total;
 }
 /* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split (d->decode_tma_all) lets the
  * automatic plan take DECODE_TMA for every flat decode launch it can run, below the rule's batch
@@ -432,7 +432,7 @@ static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_sta
     if (force_config == AR_CFG_DECODE_TMA) return true;
     if (force_config >= 0 || force_splits > 0 || !d->decode_tma_auto) return false;
     if (flat && d->decode_tma_all) return true;
-    if (decode_tma_lopsided(R, seq_lens, d->sliding_window)) return false;
+    if (decode_tma_lopsided(R, seq_lens, d->sliding_window, max_seq)) return false;
     return decode_tma_rule(d, R, max_seq) || (flat && decode_tma_small_rule(d, R, max_seq));
 }
 
