@@ -367,7 +367,8 @@ static void plan_take(ar_attn_plan *pl, int config, ar_attn_geom geom, int split
  * batches of at least half as many requests as the device has SMs whose longest context is at
  * most DECODE_TMA_MAX_KEYS keys, and for batches of at least 0.9 x SMs requests at any
  * context: one CTA walks a whole request and (by default) never splits, so it needs most SMs
- * busy, and none of its requests much longer than the rest (decode_tma_lopsided).  On the H200 (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
+ * busy, and none of its requests much longer than the rest (decode_tma_lopsided).  On the H200
+ * (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
  * 2026-11-30): 128 keys (the cascade suffix pass) 30.7 us against 36.0 for DECODE; 1152 keys
  * 82.1 against 155.6; 8320 keys 480.0 against 761.4; 32896 keys 1845.8 against 2888.7; 33024
  * keys 1845-2030 against 3105.4.  With fewer requests DECODE's split-KV fills the machine (the
