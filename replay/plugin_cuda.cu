@@ -12,14 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/common/cuda_host.cuh"
 #include "../reference/mla_ref.h"
 #include "plugin_dev.h"
 
 struct ar_pdev {
     int device;
     cudaStream_t stream;
-    cudaEvent_t *ev;                 /* [num_ev]: the timing pool, grow-only */
-    int num_ev;
+    ar_event_pool ev;                /* the timing events, grow-only (cuda_host.cuh) */
     char name[128];
 };
 
@@ -80,9 +80,7 @@ extern "C" void ar_pdev_close(ar_pdev *d)
 {
     if (!d) return;
     if (d->stream) cudaStreamSynchronize(d->stream);
-    for (int i = 0; i < d->num_ev; i++)
-        if (d->ev[i]) cudaEventDestroy(d->ev[i]);
-    free(d->ev);
+    ar_event_pool_free(&d->ev);
     if (d->stream) cudaStreamDestroy(d->stream);
     free(d);
 }
@@ -331,36 +329,25 @@ extern "C" int ar_pdev_mla_vproj(ar_pdev *d, const ar_pdev_gen *g, const ar_pdev
 
 extern "C" int ar_pdev_reserve_events(ar_pdev *d, int n, char *err, size_t err_len)
 {
-    if (n <= d->num_ev) return 0;
     if (n > AR_PDEV_MAX_EVENTS) {
         snprintf(err, err_len, "%d timing events asked for, at most %d", n, AR_PDEV_MAX_EVENTS);
         return 3;
     }
-    cudaEvent_t *grown = (cudaEvent_t *)realloc(d->ev, sizeof *grown * (size_t)n);
-    if (!grown) {
-        snprintf(err, err_len, "out of memory for %d timing events", n);
-        return 3;
-    }
-    d->ev = grown;
-    for (; d->num_ev < n; d->num_ev++) {
-        d->ev[d->num_ev] = NULL;
-        int rc = cuda_fail(cudaEventCreate(&d->ev[d->num_ev]), "cudaEventCreate", err, err_len);
-        if (rc) return rc;   /* the pool keeps the events made so far */
-    }
-    return 0;
+    /* the pool keeps the events it had when one more cannot be made */
+    return cuda_fail(ar_event_pool_reserve(&d->ev, n), "cudaEventCreate", err, err_len);
 }
 
 static int event_index_ok(const ar_pdev *d, int i, char *err, size_t err_len)
 {
-    if (i >= 0 && i < d->num_ev) return 1;
-    snprintf(err, err_len, "timing event %d of %d", i, d->num_ev);
+    if (i >= 0 && i < d->ev.n) return 1;
+    snprintf(err, err_len, "timing event %d of %d", i, d->ev.n);
     return 0;
 }
 
 extern "C" int ar_pdev_record(ar_pdev *d, int i, char *err, size_t err_len)
 {
     if (!event_index_ok(d, i, err, err_len)) return 3;
-    return cuda_fail(cudaEventRecord(d->ev[i], d->stream), "cudaEventRecord", err, err_len);
+    return cuda_fail(cudaEventRecord(d->ev.ev[i], d->stream), "cudaEventRecord", err, err_len);
 }
 
 extern "C" int ar_pdev_elapsed_us(ar_pdev *d, int a, int b, double *us, char *err, size_t err_len)
@@ -368,8 +355,9 @@ extern "C" int ar_pdev_elapsed_us(ar_pdev *d, int a, int b, double *us, char *er
     float ms = 0;
     *us = 0;
     if (!event_index_ok(d, a, err, err_len) || !event_index_ok(d, b, err, err_len)) return 3;
-    int rc = cuda_fail(cudaEventSynchronize(d->ev[b]), "cudaEventSynchronize", err, err_len);
-    if (!rc) rc = cuda_fail(cudaEventElapsedTime(&ms, d->ev[a], d->ev[b]), "cudaEventElapsedTime", err, err_len);
+    int rc = cuda_fail(cudaEventSynchronize(d->ev.ev[b]), "cudaEventSynchronize", err, err_len);
+    if (!rc)
+        rc = cuda_fail(cudaEventElapsedTime(&ms, d->ev.ev[a], d->ev.ev[b]), "cudaEventElapsedTime", err, err_len);
     *us = rc ? 0 : (double)ms * 1e3;
     return rc;
 }

@@ -1,4 +1,5 @@
-/* cuda_host.cuh - host-side helpers both CUDA backends (cuda_backend.cu, cuda_mla.cu) share:
+/* cuda_host.cuh - host-side helpers both CUDA backends (cuda_backend.cu, cuda_mla.cu) share
+ * (and the plugin host's CUDA side, replay/plugin_cuda.cu, its event pool):
  * a grow-only device buffer, CUDA error text with the backend's name, grow-only device and
  * pinned host allocations, the batch's checks and its arrays in the packed metadata buffer,
  * the check of the output buffers' guard regions on the device, a pool of timing events and the
