@@ -96,7 +96,8 @@ fi
 # Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
 # tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh (the cuda
 # backend under the uneven-split settings) and replay/python/side_by_side.sh with FA3's adapter,
-# both sides' repeats back to back (REPEAT=3), every step verified: sweep.txt, fa3.txt, and both
+# both sides' repeats back to back (REPEAT=3), every step verified; before them bench_cuda's
+# lopsided decode cases twice each (lopsided.txt): sweep.txt, fa3.txt, and both
 # databases (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the second half.
 if [ "${1:-}" = "real-traces" ]; then
   trace=${REAL_TRACE:-out/mooncake300.trace.jsonl.gz}
@@ -106,6 +107,12 @@ if [ "${1:-}" = "real-traces" ]; then
     timeout -s KILL 230 make --no-print-directory test-gpu >"$OUT/test-gpu.txt" 2>&1
     echo "test-gpu rc=$?"; grep -E "passed, [0-9]+ failed|FAILED|\[  ERROR" "$OUT/test-gpu.txt" | tail -12
   fi
+  stage "lopsided decode"
+  for c in decode_lopsided_b121_s2048_135k decode_lopsided_b121_s2048_135k_tma \
+           decode_lopsided_b121_s2048_135k decode_lopsided_b121_s2048_135k_tma; do
+    timeout -s KILL 60 build/tests/bench_cuda 20 "$c"
+  done >"$OUT/lopsided.txt" 2>&1
+  grep RESULT "$OUT/lopsided.txt" | cut -c1-170
   stage "trace sweep"
   rm -f /tmp/ar_sweep.db /tmp/ar_fa3.db
   PER_RUN_S=60 timeout -s KILL "$(( $(left) / 2 ))" kernels/paged/trace_sweep.sh /tmp/ar_sweep.db "$trace" \
@@ -116,7 +123,7 @@ if [ "${1:-}" = "real-traces" ]; then
     timeout -s KILL "$(( $(left) - 20 ))" replay/python/side_by_side.sh /tmp/ar_fa3.db "$trace" >"$OUT/fa3.txt" 2>&1
   echo "side_by_side rc=$?"; grep -E "exit|^\| [0-9]" "$OUT/fa3.txt" | cut -c1-160
   for db in /tmp/ar_sweep.db /tmp/ar_fa3.db; do [ -f "$db" ] && xz -T0 -1 -c "$db" >"$OUT/${db##*/}.xz"; done
-  pack_out test-gpu.txt sweep.txt fa3.txt
+  pack_out test-gpu.txt lopsided.txt sweep.txt fa3.txt
   exit 0
 fi
 # `device_harness.sh mla-ncu`: Nsight Compute (--clock-control none, so at the clocks the card
