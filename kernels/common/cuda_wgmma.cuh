@@ -82,14 +82,20 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo_
     return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |
            ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | ((uint64_t)1 << 62);
 }
-/* desc with its start address advanced by off16 16-byte units.  The sum stays in the low 32 bits
+/* desc with its start address advanced by off16 16-byte units, the add in inline PTX on the low
+ * word so that ptxas cannot fold it back into desc_sw128's masks: in the MLA pairs kernel each
+ * S wgmma's two descriptors then take one UIADD3 each instead of a UIADD3 and a ULOP3 (ULOP3
+ * 293 -> 73 a kernel).  Branch exp-desc-lo: no measured change.  The older form's note:   The sum stays in the low 32 bits
  * (address field and leading byte offset): shared addresses stay below 2^18, so the 14-bit address
  * field never carries.  A 64-bit add compiles to an add with carry and register moves before
  * every wgmma; this form to one 32-bit add: the paged prefill kernel 1.09x at head size 256 and
  * 1.01x at 128, the MLA kernels unchanged (H200, BENCHMARKS.md 2026-12-03). */
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t off16)
 {
-    return (desc & 0xFFFFFFFF00000000ull) | (uint64_t)((uint32_t)desc + off16);
+    uint64_t r;
+    asm("{\n.reg .b32 lo, hi;\nmov.b64 {lo, hi}, %1;\nadd.s32 lo, lo, %2;\nmov.b64 %0, {lo, hi};\n}\n"
+        : "=l"(r) : "l"(desc), "r"(off16));
+    return r;
 }
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
