@@ -400,8 +400,9 @@ static bool decode_tma_small_rule(const ar_attn_device *d, int R, int max_seq)
  * (and a small batch's one long request costs microseconds; the llama-3.1-8b sample's 74-request
  * decodes, one of 911 keys, keep DECODE_TMA).  The automatic plan sends such a batch to DECODE,
  * whose split rule cuts the long request (ar_attn_split_count_uneven, measured on the Mooncake
- * trace's lopsided decode steps).  Unlike that rule this one is not measured on a GPU: it moves
- * only batches where DECODE_TMA's own rate says it would be far off. */
+ * trace's lopsided decode steps).  Measured on an H100 (2026-12-06, tests/bench_cuda.c's
+ * decode_lopsided_b121_s2048_135k, 120 requests of 2k keys and one of 135k): 815-822 us on
+ * DECODE against 7,808-7,871 us with DECODE_TMA forced. */
 static bool decode_tma_lopsided(int R, const int *seq_lens, int window, int max_seq)
 {
     if (max_seq <= DECODE_TMA_MAX_KEYS) return false;
