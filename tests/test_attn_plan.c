@@ -314,9 +314,9 @@ static void test_split_rules(void **state)
         const int base = ar_attn_split_count((int)n, max_units, 528);
         assert_int_equal(base, 6);
         const int s = ar_attn_split_count_uneven(items, n, max_units, 4, 528, base, AR_SPLIT_PATH_RATIO);
-        assert_int_equal(s, 15);   /* 4 x ceil(4,704 / 528) = 36 units a piece at most: 36 */
-        assert_true((max_units + s - 1) / s <= 36 && (max_units + s - 2) / (s - 1) > 36);
-        assert_int_equal(ar_attn_split_count_uneven(items, n, max_units, 4, 528, base, 2), 30);   /* pieces of 18 */
+        assert_int_equal(s, 30);   /* 2 x ceil(4,704 / 528) = 18 units a piece at most: 18 */
+        assert_true((max_units + s - 1) / s <= 18 && (max_units + s - 2) / (s - 1) > 18);
+        assert_int_equal(ar_attn_split_count_uneven(items, n, max_units, 4, 528, base, 4), 15);   /* pieces of 36 */
         assert_int_equal(ar_attn_split_count_uneven(items, n, max_units, 4, 528, base, -1), base);   /* off */
         free(items);
         for (int r = 0; r < 11; r++) seq[r] = 8192;
@@ -324,6 +324,31 @@ static void test_split_rules(void **state)
         const int even = ar_attn_split_count((int)n, max_units, 528);
         assert_int_equal(ar_attn_split_count_uneven(items, n, max_units, 4, 528, even, AR_SPLIT_PATH_RATIO), even);
         free(items);
+    }
+    /* the default ratio leaves every uniform batch at the rule's count (B 1-128 decodes of 512 to
+     * 32k keys, GQA 32:8, on 132 SMs x 1-4 CTAs): only a lopsided launch is cut further.  Ratio 1
+     * would not (B 14 of 8k keys on 396 slots: 3 -> 4 splits, 448 CTAs), which is why the default
+     * is 2 although ratio 1 read faster on the Mooncake trace (attn_plan.h) */
+    {
+        static const int lens[] = {512, 1024, 2048, 4096, 8192, 16384, 32768};
+        int qsl[129], seq[128];
+        for (int r = 0; r <= 128; r++) qsl[r] = r;
+        int cut_by_one = 0;
+        for (int slots = 132; slots <= 528; slots += 132)
+            for (int B = 1; B <= 128; B++)
+                for (int li = 0; li < 7; li++) {
+                    for (int r = 0; r < B; r++) seq[r] = lens[li];
+                    const ar_attn_shape sh = {B, qsl, seq, 8, 4, 16, 64, 4, false, 0, 0};
+                    ar_attn_work *items;
+                    int64_t n;
+                    int max_units;
+                    assert_int_equal(ar_attn_items(&sh, &items, &n, &max_units), 0);
+                    const int base = ar_attn_split_count((int)n, max_units, slots);
+                    assert_int_equal(ar_attn_split_count_uneven(items, n, max_units, 4, slots, base, AR_SPLIT_PATH_RATIO), base);
+                    cut_by_one += ar_attn_split_count_uneven(items, n, max_units, 4, slots, base, 1) != base;
+                    free(items);
+                }
+        assert_true(cut_by_one > 0);
     }
     /* on random launches: never below the rule's count, at most AR_MAX_SPLITS, pieces of at most
      * AR_SPLIT_PATH_RATIO x the even share unless capped, and the smallest such count */
@@ -471,8 +496,8 @@ static void test_decision_rule(void **state)
         d.decode_tma_all = 0;
     }
     /* the Mooncake decode step of 11 requests, one at 135,150 keys: DECODE with the uneven rule's
-     * 15 splits (the 85% rule alone: 6), the long request's 8 KV heads in 15 pieces of at most 36
-     * units (144 key tiles of 64) each, the short ones whole */
+     * 30 splits (the 85% rule alone: 6), the long request's 8 KV heads in 30 pieces of at most 18
+     * units (72 key tiles of 64) each, the short ones whole */
     {
         int qsl[12], seq[11];
         for (int r = 0; r <= 11; r++) qsl[r] = r;
@@ -480,10 +505,10 @@ static void test_decision_rule(void **state)
         ar_attn_plan pl;
         assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
         assert_int_equal(pl.config, AR_CFG_DECODE);
-        assert_int_equal(pl.num_splits, 15);
-        assert_int_equal(pl.num_work, 8 * 15 + 10 * 8);
+        assert_int_equal(pl.num_splits, 30);
+        assert_int_equal(pl.num_work, 8 * 30 + 10 * 8);
         assert_int_equal(pl.num_groups, 8);
-        for (int64_t k = 0; k < pl.num_work; k++) assert_true(pl.work[k].tile_end - pl.work[k].tile_begin <= 144);
+        for (int64_t k = 0; k < pl.num_work; k++) assert_true(pl.work[k].tile_end - pl.work[k].tile_begin <= 72);
         ar_attn_plan_free(&pl);
         d.split_path_ratio = -1;   /* AR_CUDA_SPLIT_PATH_RATIO=off: the 85% rule's 6 */
         assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);

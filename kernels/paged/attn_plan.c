@@ -322,7 +322,8 @@ int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int
  * keys, took the rule's 6 splits, 48 CTAs on the long request, and ran in 650 us (960 GB/s) where
  * FA3's paged decode took 405-420 us; a step of 61 requests of up to 40k keys, unsplit, read at
  * 2.94 TB/s, its longest item (20.5 MB) at 29 GB/s, 5.2 times its even share of that rate over
- * 528 slots (the ratio AR_SPLIT_PATH_RATIO rounds down to 4).
+ * 528 slots (the estimate behind the first ratio, 4; the trace's sweep chose AR_SPLIT_PATH_RATIO,
+ * 2: attn_plan.h).
  *
  * Item order: the work list is sorted longest first, except a PREFILL_WG launch's: its CTAs take
  * their items from a queue, and wg_l2_order puts its list in item_order.h's order: longest first within sections

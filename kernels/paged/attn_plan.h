@@ -98,12 +98,18 @@ int ar_attn_split_count(int num_ctas, int max_units, int slots);
  * item were as long as the longest, while the cut leaves items shorter than a piece whole, so such
  * a launch gets far fewer CTAs than it aims for and the long item's few pieces set the step's
  * time.  fair = ceil(total units / slots), the units a slot walks when the work is spread evenly
- * (the DRAM-bound time); a CTA that streams on while most others are done reads about 4-5 times
- * its even share of the DRAM's rate (below), so a piece of up to AR_SPLIT_PATH_RATIO x fair units
- * does not lengthen the step.  Returns the smallest s >= base (the rule's count) whose pieces,
- * ceil(max_units / s) units, are at most ratio x fair; base when its pieces are already, or when
- * ratio < 1.  items [n], units in key tiles of warps_n. */
-#define AR_SPLIT_PATH_RATIO 4
+ * (the DRAM-bound time).  A CTA that streams on while most others are done reads about 4-5 times
+ * its even share of the DRAM's rate (attn_plan.c), which first set the ratio at 4.  The Mooncake
+ * trace's 1,059 decode steps (H100, 2026-12-06 13:23-13:46 UTC, kernels/paged/trace_sweep.sh in
+ * three calls, every step verified) took 1.246 / 1.091 / 1.000 / 0.946-0.949 / 0.918-0.921 of
+ * ratio 4's total time with the rule off / ratio 8 / 4 / 2 / 1 (ratio 2: the lopsided steps
+ * 0.83-0.87, the ~60-request ones 0.93-0.96; bench_cuda's lopsided batch 777.7 / 601.4 / 543.4 us
+ * at 4 / 2 / 1).  The default is 2, not 1: ratio 2 leaves every uniform batch at the rule's count,
+ * while ratio 1 cuts 23-82 of 896 uniform shapes further (B 14 of 8k keys on 396 slots: 336 ->
+ * 448 CTAs, past one wave; test_attn_plan), unmeasured.  Returns the smallest s >= base (the
+ * rule's count) whose pieces, ceil(max_units / s) units, are at most ratio x fair; base when its
+ * pieces are already, or when ratio < 1.  items [n], units in key tiles of warps_n. */
+#define AR_SPLIT_PATH_RATIO 2
 int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base,
                                int ratio);
 

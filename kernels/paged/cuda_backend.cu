@@ -62,7 +62,7 @@
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
  *                            (instead of ar_attn_split_count; B 64 / 8k on the H200: 3);
  *   AR_CUDA_SPLIT_PATH_RATIO=N  (1..64) the uneven-decode rule's ratio (ar_attn_split_count_uneven:
- *                            a DECODE launch's pieces at most N x the even share; default 4);
+ *                            a DECODE launch's pieces at most N x the even share; default 2);
  *                            =off the 85% rule's count alone (the plan before 2026-12-06);
  *   AR_CUDA_DECODE_TMA=split the automatic plan takes DECODE_TMA for every flat decode launch it can
  *                            run, below decode_tma_rule's batch sizes too, there cutting each
