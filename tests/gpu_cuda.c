@@ -536,6 +536,16 @@ static void test_decode_tma_kernel(void **unused)
         expect_pass("auto, one fewer", &r);
         assert_int_equal(r.plan.config, CFG_DECODE);
     }
+    /* AR_CUDA_DECODE_TMA=uneven (read at open): a lopsided batch on DECODE_TMA, its long request
+     * cut by the uneven rule (ar_attn_decode_tma_uneven_splits), the eleven short ones whole */
+    seq_case lopsided[12];
+    for (int i = 0; i < 12; i++) lopsided[i] = (seq_case){1, i == 5 ? 40000 : 1500};
+    setenv("AR_CUDA_DECODE_TMA", "uneven", 1);
+    run_case(&c, lopsided, 12, &auto_opts, &r);
+    unsetenv("AR_CUDA_DECODE_TMA");
+    expect_pass("AR_CUDA_DECODE_TMA=uneven, one decode of 40k keys among 11 of 1.5k", &r);
+    assert_int_equal(r.plan.config, CFG_DECODE_TMA);
+    assert_true(r.plan.num_splits > 1);
     /* where it cannot run, forcing it runs DECODE: block size 32, a planted fault (flagged) */
     run_opts ro = auto_opts;
     ro.config = CFG_DECODE_TMA;
@@ -550,7 +560,7 @@ static void test_decode_tma_kernel(void **unused)
     report("DECODE_TMA asked, fault wrong_kv_head", &r);
     assert_int_equal(r.plan.config, CFG_DECODE);
     assert_false(r.v.pass);
-    print_message("%d DECODE_TMA cases passed\n", count + 2);
+    print_message("%d DECODE_TMA cases passed\n", count + 3);
 }
 
 /* Both geometries, forced split-KV (combine kernel), fp16, two layers, big GQA group. */

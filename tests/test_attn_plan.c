@@ -516,6 +516,38 @@ static void test_decision_rule(void **state)
         ar_attn_plan_free(&pl);
         d.split_path_ratio = 0;
     }
+    /* the same step under AR_CUDA_DECODE_TMA=uneven: DECODE_TMA, the long request (8,447 blocks)
+     * in 59 pieces of at most 2 x ceil(9,387 / 132) = 144 blocks, the ten short ones (94 blocks)
+     * whole: 69 CTAs, one combine group a KV head of the long request; uniform batches of whole
+     * requests stay whole (B 128 of 8k keys: 512 blocks against 2 x 497), and with the ratio off
+     * the pieces are =split's */
+    {
+        int qsl[12], seq[11];
+        for (int r = 0; r <= 11; r++) qsl[r] = r;
+        for (int r = 0; r < 11; r++) seq[r] = r == 3 ? 135150 : 1500;
+        assert_int_equal(ar_attn_decode_tma_uneven_splits(11, seq, 0, 8447, 132, 2), 59);
+        assert_int_equal(ar_attn_decode_tma_uneven_splits(11, seq, 0, 8447, 132, 4), 30);
+        assert_int_equal(ar_attn_decode_tma_uneven_splits(11, seq, 0, 8447, 132, 0), 1);
+        d.decode_tma_all = d.decode_tma_uneven = 1;
+        ar_attn_plan pl;
+        assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
+        assert_int_equal(pl.num_splits, 59);
+        assert_int_equal(pl.num_work, 59 + 10);
+        assert_int_equal(pl.num_groups, 8);
+        for (int64_t k = 0; k < pl.num_work; k++) assert_true(pl.work[k].tile_end - pl.work[k].tile_begin <= 144);
+        ar_attn_plan_free(&pl);
+        int s128;
+        assert_int_equal(plan_of(&d, 128, 1, 8192, true, -1, 0, &s128), AR_CFG_DECODE_TMA);
+        assert_int_equal(s128, 1);
+        d.split_path_ratio = -1;
+        assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
+        assert_int_equal(pl.num_splits, ar_attn_split_count(11, 8447, 132));   /* =split's count */
+        ar_attn_plan_free(&pl);
+        d.split_path_ratio = 0;
+        d.decode_tma_all = d.decode_tma_uneven = 0;
+    }
     /* what DECODE_TMA cannot run stays on DECODE */
     const ar_attn_device base = d;
     d.head_size = d.template_hd = 64;
@@ -593,6 +625,7 @@ static void test_random_plans(void **state)
         d.wgmma_auto = d.has_tma && rnd(4) ? AR_CFG_PREFILL_WG : 0;
         d.decode_tma_auto = d.has_tma && rnd(5);
         d.decode_tma_all = rnd(4) == 0;
+        d.decode_tma_uneven = d.decode_tma_all && rnd(2);
         d.decode_tma_small = rnd(2);
         d.decode_splits = rnd(5) == 0 ? 1 + rnd(6) : 0;
         d.split_path_ratio = rnd(4) == 0 ? (rnd(2) ? -1 : 1 + rnd(8)) : 0;

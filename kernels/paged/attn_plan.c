@@ -233,6 +233,23 @@ void ar_attn_decode_tma_extent(int num_reqs, const int *seq_lens, int window,
     }
 }
 
+int ar_attn_decode_tma_uneven_splits(int num_reqs, const int *seq_lens, int window, int max_blocks, int slots,
+                                     int ratio)
+{
+    if (ratio < 1 || slots < 1 || max_blocks <= 1) return 1;
+    int64_t total = 0;
+    for (int r = 0; r < num_reqs; r++) {
+        int begin, end;
+        decode_blocks(seq_lens[r], window, &begin, &end);
+        total += end - begin;
+    }
+    const int64_t fair = total > slots ? (total + slots - 1) / slots : 1;
+    const int top = AR_MAX_SPLITS < max_blocks ? AR_MAX_SPLITS : max_blocks;
+    for (int n = 1; n <= top; n++)
+        if ((max_blocks + n - 1) / n <= ratio * fair) return n;
+    return top;
+}
+
 int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int *seq_lens, int window,
                              int num_kv_heads, int splits, int max_blocks, ar_attn_pieces *out)
 {
@@ -417,7 +434,7 @@ static bool decode_tma_lopsided(int R, const int *seq_lens, int window, int max_
     }
     return (int64_t)max_blocks * 32 > total;
 }
-/* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split (d->decode_tma_all) lets the
+/* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split or =uneven (d->decode_tma_all) lets the
  * automatic plan take DECODE_TMA for every flat decode launch it can run, below the rule's batch
  * sizes too (decode_tma_splits then cuts the requests so that the pieces fill the SMs); without
  * it a lopsided batch (decode_tma_lopsided) stays on DECODE. */
@@ -451,15 +468,23 @@ static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_sta
  * B 128 570.9-571.2 / 588.0 / 595.0 / 600.3 (897.4), where it takes 1.  A 16-bit cache streams
  * at the DRAM's rate from 64 CTAs on and keeps whole requests (B 128: 1015.3-1019.0 / 1030.3 /
  * 1033.9 / 1041.0; B 64, 17:19 UTC, three repeats: 530.9-533.3 / 522.9-527.0 / 582.2-582.8, 2
- * pieces 1.2% ahead, within the run-to-run spread of other calls, so not taken).  max_blocks: the
- * most key blocks of any request. */
-static int decode_tma_splits(const ar_attn_device *d, int R, int max_seq, int max_blocks, int force_config,
-                             int force_splits, bool flat)
+ * pieces 1.2% ahead, within the run-to-run spread of other calls, so not taken).  Under
+ * AR_CUDA_DECODE_TMA=uneven a 16-bit batch's pieces follow the uneven rule instead
+ * (ar_attn_decode_tma_uneven_splits at the uneven rule's ratio, unless that is off), so that a
+ * long request among short ones is cut to about its even share while the short ones stay whole;
+ * not measured yet (kernels/paged/trace_sweep.sh runs it).  max_blocks: the most key blocks of any
+ * request; seq_lens [R]. */
+static int decode_tma_splits(const ar_attn_device *d, int R, const int *seq_lens, int max_seq, int max_blocks,
+                             int force_config, int force_splits, bool flat)
 {
     if (!flat) return 1;
     int n = 1;
+    const int ratio = d->split_path_ratio ? d->split_path_ratio : AR_SPLIT_PATH_RATIO;
     if (force_config == AR_CFG_DECODE_TMA && force_splits > 0) n = force_splits;
     else if (force_splits <= 0 && d->decode_tma_splits > 0) n = d->decode_tma_splits;
+    else if (force_splits <= 0 && force_config < 0 && d->decode_tma_uneven && !d->kv_fp8 && ratio >= 1)
+        n = ar_attn_decode_tma_uneven_splits(R, seq_lens, d->sliding_window, max_blocks,
+                                             d->num_sms * d->ctas_per_sm[AR_CFG_DECODE_TMA], ratio);
     else if (force_splits <= 0 && force_config < 0 &&
              (d->kv_fp8 || (d->decode_tma_all && !decode_tma_rule(d, R, max_seq))))
         n = ar_attn_split_count(R, max_blocks, d->num_sms * d->ctas_per_sm[AR_CFG_DECODE_TMA]);
@@ -528,7 +553,7 @@ int ar_attn_build_plan(const ar_attn_device *d, int R, const int *query_start_lo
         const int window0 = d->sliding_window;
         int max_seq = 0, max_blocks = 0;
         ar_attn_decode_tma_extent(R, seq_lens, window0, &max_blocks, &max_seq);
-        const int splits = decode_tma_splits(d, R, max_seq, max_blocks, force_config, force_splits, flat);
+        const int splits = decode_tma_splits(d, R, seq_lens, max_seq, max_blocks, force_config, force_splits, flat);
         ar_attn_pieces pieces;
         if (ar_attn_decode_tma_items(R, query_start_loc, seq_lens, window0, d->num_kv_heads, splits, max_blocks, &pieces))
             return 3;

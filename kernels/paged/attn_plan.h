@@ -139,6 +139,16 @@ void ar_attn_decode_tma_extent(int num_reqs, const int *seq_lens, int window,
 int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int *seq_lens, int window,
                              int num_kv_heads, int splits, int max_blocks, ar_attn_pieces *out);
 
+/* The pieces per request of a DECODE_TMA launch cut by the uneven rule (AR_CUDA_DECODE_TMA=uneven):
+ * the smallest n <= AR_MAX_SPLITS whose pieces, ceil(max_blocks / n) blocks, are at most ratio x
+ * fair, fair = ceil(the launch's blocks / slots), as ar_attn_split_count_uneven does for DECODE's
+ * items; DECODE_TMA's unit is a cache block of every KV head and its slots are SMs x 1 CTA.  A
+ * DECODE_TMA CTA streams about 67 GB/s, 2.9 times a slot's even share of an H100's DRAM rate,
+ * so pieces of up to twice the even share end with the rest.  1 when ratio < 1 or nothing is
+ * longer than that; num_reqs decode requests of seq_lens, window as ar_attn_decode_tma_items. */
+int ar_attn_decode_tma_uneven_splits(int num_reqs, const int *seq_lens, int window, int max_blocks, int slots,
+                                     int ratio);
+
 /* Sorts work[n] longest first (ties: request, KV head, row). */
 void ar_attn_sort_longest_first(ar_attn_work *work, int64_t n);
 
@@ -156,7 +166,8 @@ typedef struct ar_attn_device {
     int fault;                      /* the planted fault (replay/backend.h ar_fault), AR_FAULT_NONE */
     int wgmma_auto;                 /* the config PREFILL launches take automatically: AR_CFG_PREFILL_WG, or 0 */
     int decode_tma_auto;            /* the automatic plan may take DECODE_TMA */
-    int decode_tma_all;             /* AR_CUDA_DECODE_TMA=split: DECODE_TMA on every flat decode launch */
+    int decode_tma_all;             /* AR_CUDA_DECODE_TMA=split or =uneven: DECODE_TMA on every flat decode launch */
+    int decode_tma_uneven;          /* AR_CUDA_DECODE_TMA=uneven: its pieces by ar_attn_decode_tma_uneven_splits */
     int decode_tma_small;           /* the small-batch rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the rule's */

@@ -69,6 +69,9 @@
  *                            request into ar_attn_split_count pieces over SMs x 1 CTA (B 64 on 132
  *                            SMs: 2 pieces, 128 CTAs); the pieces' partials are combined by
  *                            combine_kernel;
+ *   AR_CUDA_DECODE_TMA=uneven as =split, the pieces cut by the uneven rule instead
+ *                            (ar_attn_decode_tma_uneven_splits: a long request among short ones
+ *                            in pieces of at most the ratio x the even share, short ones whole);
  *   AR_CUDA_DECODE_TMA_SPLITS=N  (1..64) every flat DECODE_TMA launch without a forced split cuts
  *                            each request into N pieces (with AR_CUDA_DECODE_TMA=split: N for the
  *                            small batches too; alone: the batches the rule already gives it);
@@ -119,7 +122,8 @@ typedef struct cuda_state {
     int decode_tma_auto;            /* 1: the automatic plan may take AR_CFG_DECODE_TMA (has_tma; 0
                                        with AR_CUDA_DECODE_TMA=0 in the environment) */
     /* the sweep knobs (environment, read at open; see this file's opening comment) */
-    int decode_tma_all;             /* AR_CUDA_DECODE_TMA=split: DECODE_TMA on every flat decode launch */
+    int decode_tma_all;             /* AR_CUDA_DECODE_TMA=split or =uneven: DECODE_TMA on every flat decode launch */
+    int decode_tma_uneven;          /* AR_CUDA_DECODE_TMA=uneven: its pieces by the uneven rule */
     int decode_tma_small;           /* decode_tma_small_rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_tma_stages;          /* AR_CUDA_DECODE_TMA_STAGES: ring depth, 0 = the most that fit */
@@ -328,7 +332,8 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     {
         const char *e = getenv("AR_CUDA_DECODE_TMA");
         s->decode_tma_auto = s->has_tma && !(e != NULL && strcmp(e, "0") == 0);
-        s->decode_tma_all = e != NULL && strcmp(e, "split") == 0;
+        s->decode_tma_uneven = e != NULL && strcmp(e, "uneven") == 0;
+        s->decode_tma_all = e != NULL && (strcmp(e, "split") == 0 || s->decode_tma_uneven);
         s->decode_tma_small = !(e != NULL && strcmp(e, "rule") == 0);
         s->decode_tma_splits = ar_env_count("AR_CUDA_DECODE_TMA_SPLITS", AR_MAX_SPLITS);
         s->decode_tma_stages = ar_env_count("AR_CUDA_DECODE_TMA_STAGES", ar_attn::DecodeTmaGeom::MAX_STAGES);

@@ -59,6 +59,7 @@ static ar_attn_device device_of(const cuda_state *s)
     d.wgmma_auto = s->wgmma_auto;
     d.decode_tma_auto = s->decode_tma_auto;
     d.decode_tma_all = s->decode_tma_all;
+    d.decode_tma_uneven = s->decode_tma_uneven;
     d.decode_tma_small = s->decode_tma_small;
     d.decode_tma_splits = s->decode_tma_splits;
     d.decode_splits = s->decode_splits;

@@ -27,8 +27,8 @@ export ATTNREPLAY_LIB=${ATTNREPLAY_LIB:-$PWD/build/libattnreplay.so}
 if [ $# -gt 0 ]; then
   settings=("$@")
 else
-  settings=("" "AR_CUDA_SPLIT_PATH_RATIO=off" "AR_CUDA_SPLIT_PATH_RATIO=2" "AR_CUDA_SPLIT_PATH_RATIO=8"
-            "AR_CUDA_DECODE_TMA=split")
+  settings=("" "AR_CUDA_SPLIT_PATH_RATIO=off" "AR_CUDA_SPLIT_PATH_RATIO=1" "AR_CUDA_SPLIT_PATH_RATIO=4"
+            "AR_CUDA_DECODE_TMA=uneven" "AR_CUDA_DECODE_TMA=split")
 fi
 common=(--db "$DB" --backend "$BACKEND" --layers "${LAYERS:-1}" --verify "${VERIFY:-sample:8}"
         --repeat "${REPEAT:-3}" --quiet)
