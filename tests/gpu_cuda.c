@@ -536,8 +536,9 @@ static void test_decode_tma_kernel(void **unused)
         expect_pass("auto, one fewer", &r);
         assert_int_equal(r.plan.config, CFG_DECODE);
     }
-    /* AR_CUDA_DECODE_TMA=uneven (read at open): a lopsided batch on DECODE_TMA, its long request
-     * cut by the uneven rule (ar_attn_decode_tma_uneven_splits), the eleven short ones whole */
+    /* AR_CUDA_DECODE_TMA=uneven (read at open): a lopsided batch on DECODE_TMA, cut by the uneven
+     * rule (ar_attn_decode_tma_uneven_splits; on 132 SMs pieces of at most 54 blocks: the long
+     * request's 2,500 in 47, each short one's 94 in 2), the pieces' partials combined */
     seq_case lopsided[12];
     for (int i = 0; i < 12; i++) lopsided[i] = (seq_case){1, i == 5 ? 40000 : 1500};
     setenv("AR_CUDA_DECODE_TMA", "uneven", 1);
