@@ -537,6 +537,17 @@ static void test_decision_rule(void **state)
         assert_int_equal(pl.num_groups, 8);
         for (int64_t k = 0; k < pl.num_work; k++) assert_true(pl.work[k].tile_end - pl.work[k].tile_begin <= 144);
         ar_attn_plan_free(&pl);
+        /* gpu_cuda's case: one request of 40k keys among 11 of 1.5k, pieces of at most 2 x
+         * ceil(3,534 / 132) = 54 blocks: 47 for the long one, 2 for each short one */
+        int qsl12[13], seq12[12];
+        for (int r = 0; r <= 12; r++) qsl12[r] = r;
+        for (int r = 0; r < 12; r++) seq12[r] = r == 5 ? 40000 : 1500;
+        assert_int_equal(ar_attn_build_plan(&d, 12, qsl12, seq12, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
+        assert_int_equal(pl.num_splits, 47);
+        assert_int_equal(pl.num_work, 47 + 11 * 2);
+        assert_int_equal(pl.num_groups, 12 * 8);
+        ar_attn_plan_free(&pl);
         int s128;
         assert_int_equal(plan_of(&d, 128, 1, 8192, true, -1, 0, &s128), AR_CFG_DECODE_TMA);
         assert_int_equal(s128, 1);
