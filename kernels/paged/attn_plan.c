@@ -66,17 +66,26 @@ int ar_attn_split_count(int num_ctas, int max_units, int slots)
     return 1;
 }
 
+/* The uneven rule's cut, for DECODE's items and DECODE_TMA's requests alike: the smallest
+ * s >= base (at most AR_MAX_SPLITS and max_units) whose pieces of the longest item,
+ * ceil(max_units / s) units, are at most ratio x fair, fair = ceil(total units / slots); the
+ * largest allowed when none is. */
+static int uneven_cut(int64_t total, int max_units, int slots, int base, int ratio)
+{
+    const int64_t fair = total > slots ? (total + slots - 1) / slots : 1;
+    const int top = AR_MAX_SPLITS < max_units ? AR_MAX_SPLITS : max_units;
+    for (int s = base; s <= top; s++)
+        if ((max_units + s - 1) / s <= ratio * fair) return s;
+    return top > base ? top : base;
+}
+
 int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base,
                                int ratio)
 {
     if (n <= 0 || max_units <= 1 || slots <= 0 || warps_n <= 0 || base < 1 || ratio < 1) return base;
     int64_t total = 0;
     for (int64_t i = 0; i < n; i++) total += (items[i].tile_end - items[i].tile_begin + warps_n - 1) / warps_n;
-    const int64_t fair = total > slots ? (total + slots - 1) / slots : 1;
-    const int top = AR_MAX_SPLITS < max_units ? AR_MAX_SPLITS : max_units;
-    for (int s = base; s <= top; s++)
-        if ((max_units + s - 1) / s <= ratio * fair) return s;
-    return top > base ? top : base;
+    return uneven_cut(total, max_units, slots, base, ratio);
 }
 
 /* The cascade prefix pass: one sequence, so every unsplit item has the same length and the
@@ -243,11 +252,7 @@ int ar_attn_decode_tma_uneven_splits(int num_reqs, const int *seq_lens, int wind
         decode_blocks(seq_lens[r], window, &begin, &end);
         total += end - begin;
     }
-    const int64_t fair = total > slots ? (total + slots - 1) / slots : 1;
-    const int top = AR_MAX_SPLITS < max_blocks ? AR_MAX_SPLITS : max_blocks;
-    for (int n = 1; n <= top; n++)
-        if ((max_blocks + n - 1) / n <= ratio * fair) return n;
-    return top;
+    return uneven_cut(total, max_blocks, slots, 1, ratio);
 }
 
 int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int *seq_lens, int window,
