@@ -439,10 +439,10 @@ static bool decode_tma_lopsided(int R, const int *seq_lens, int window, int max_
     }
     return (int64_t)max_blocks * 32 > total;
 }
-/* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split or =uneven (d->decode_tma_all) lets the
- * automatic plan take DECODE_TMA for every flat decode launch it can run, below the rule's batch
- * sizes too (decode_tma_splits then cuts the requests so that the pieces fill the SMs); without
- * it a lopsided batch (decode_tma_lopsided) stays on DECODE. */
+/* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split or =uneven
+ * (d->decode_tma_all) lets the automatic plan take DECODE_TMA for every flat decode launch it can
+ * run, below the rule's batch sizes too (decode_tma_splits then cuts the requests so that the
+ * pieces fill the SMs); without it a lopsided batch (decode_tma_lopsided) stays on DECODE. */
 static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_start_loc, const int *seq_lens,
                             bool non_causal, int force_config, int force_splits, bool flat)
 {
@@ -476,9 +476,9 @@ static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_sta
  * pieces 1.2% ahead, within the run-to-run spread of other calls, so not taken).  Under
  * AR_CUDA_DECODE_TMA=uneven a 16-bit batch's pieces follow the uneven rule instead
  * (ar_attn_decode_tma_uneven_splits at the uneven rule's ratio, unless that is off), so that a
- * long request among short ones is cut to about its even share while the short ones stay whole;
- * not measured yet (kernels/paged/trace_sweep.sh runs it).  max_blocks: the most key blocks of any
- * request; seq_lens [R]. */
+ * long request among short ones is cut to about its even share, the requests no longer than a
+ * piece whole; not measured yet (kernels/paged/trace_sweep.sh runs it).  max_blocks: the most key
+ * blocks of any request; seq_lens [R]. */
 static int decode_tma_splits(const ar_attn_device *d, int R, const int *seq_lens, int max_seq, int max_blocks,
                              int force_config, int force_splits, bool flat)
 {

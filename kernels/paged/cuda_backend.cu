@@ -71,7 +71,8 @@
  *                            combine_kernel;
  *   AR_CUDA_DECODE_TMA=uneven as =split, the pieces cut by the uneven rule instead
  *                            (ar_attn_decode_tma_uneven_splits: a long request among short ones
- *                            in pieces of at most the ratio x the even share, short ones whole);
+ *                            in pieces of at most the ratio x the even share, the requests no
+ *                            longer than a piece whole);
  *   AR_CUDA_DECODE_TMA_SPLITS=N  (1..64) every flat DECODE_TMA launch without a forced split cuts
  *                            each request into N pieces (with AR_CUDA_DECODE_TMA=split: N for the
  *                            small batches too; alone: the batches the rule already gives it);
