@@ -3,9 +3,10 @@
 # environment knobs (kernels/paged/cuda_backend.cu's opening comment), one process per setting,
 # every step verified, all into one database; then `attnreplay diff` of each run against the
 # first (default) one and the per-step time ratios by step kind (`attnreplay.cli ratios`: median,
-# p10, p90 and total of time(setting) / time(default), < 1 faster).  decode_sweep.sh does the
-# same for one synthetic shape; this is for plans that only real batches exercise (the uneven
-# decode split of 133e9c2: one long context among short ones).
+# p10, p90 and total of time(setting) / time(default), < 1 faster), then the same by the steps'
+# total context (`ratios --by-context`: a lopsided decode step apart from a long even one).
+# decode_sweep.sh does the same for one synthetic shape; this is for plans that only real batches
+# exercise (the uneven decode split of 133e9c2: one long context among short ones).
 #
 # Usage (repository root, on the GPU machine, after `make gpu-build`):
 #   kernels/paged/trace_sweep.sh DB TRACE ['VAR=V ...' ...]
@@ -60,4 +61,6 @@ rargs=()
 for r in "${runs[@]}"; do rargs+=(--run "$r"); done
 echo "-- ratios against run $base (the first setting: ${settings[0]:-default})"
 "$PYTHON" -m attnreplay.cli ratios "$DB" --base "$base" "${rargs[@]}"
+echo "-- the same by the steps' total context"
+"$PYTHON" -m attnreplay.cli ratios "$DB" --base "$base" "${rargs[@]}" --by-context
 exit 0

@@ -7,7 +7,8 @@
 # adapter that can run here (torch-fa2, torch-cudnn, flex, flashinfer, fa3), every step verified
 # (VERIFY, default sample:8: each step's sampled rows plus each request's last row against the
 # float64 reference), all into DB; then `attnreplay diff` of each run against the cuda run, and
-# `attnreplay-py ratios` (per-step median / p90 time ratios by step kind).  A backend that
+# `attnreplay-py ratios` (per-step median / p90 time ratios by step kind, then by kind and the
+# steps' total context).  A backend that
 # cannot run here (flashinfer not importable, say) is reported and skipped; a failing step
 # shows in diff and in the run's status.
 #
@@ -89,6 +90,8 @@ for trace in "$@"; do
   rargs=()
   for r in "${runs[@]}"; do rargs+=(--run "$r"); done
   "$PYTHON" -m attnreplay.cli ratios "$DB" --base "$base" "${rargs[@]}"
+  echo "-- ratios against run $base ($BASE_BACKEND) by the steps' total context"
+  "$PYTHON" -m attnreplay.cli ratios "$DB" --base "$base" "${rargs[@]}" --by-context
   if [ -n "$PARTS" ]; then
     echo "-- ratios against run $base ($BASE_BACKEND), the marks $PARTS alone"
     "$PYTHON" -m attnreplay.cli ratios "$DB" --base "$base" "${rargs[@]}" --parts "$PARTS"

@@ -2,7 +2,7 @@
 
     attnreplay-py replay TRACE --backend SPEC --db DB [every option of `attnreplay replay`]
     attnreplay-py backends              the Python backends installed (entry points)
-    attnreplay-py ratios DB [--base RUN] [--run RUN ...] [--runs-in DB2] [--text]
+    attnreplay-py ratios DB [--base RUN] [--run RUN ...] [--runs-in DB2] [--by-context] [--text]
                                         per-step time ratios against a base run, by step kind
 
 SPEC is module:Class (a Backend subclass), a short name from the entry-point group

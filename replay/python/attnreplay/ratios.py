@@ -1,6 +1,6 @@
 """attnreplay-py ratios: other runs of a trace against a base run, per step, by step kind.
 
-    attnreplay-py ratios DB [--base RUN] [--run RUN ...] [--runs-in DB2] [--parts NAMES] [--text]
+    attnreplay-py ratios DB [--base RUN] [--run RUN ...] [--runs-in DB2] [--parts NAMES] [--by-context] [--text]
 
 The base is a run of DB (default: its newest run); the compared runs are read from DB2 when it
 is given (a peer's database of the same trace), from DB otherwise, by default every run of the
@@ -13,7 +13,10 @@ over its layers instead, on both sides, so that a backend whose step holds more 
 (cuda-mla's absorption and W_UV products, a cache write) is compared on the same work as an adapter
 that times its kernel alone; a step with none of the marks is not paired.  Steps are grouped by the
 base's step kind: decode (no request in its prompt), prefill (no decoding request), mixed, and
-cascade (either run took the cascade path on that step), then all.  Printed as a Markdown table
+cascade (either run took the cascade path on that step), then all; --by-context splits each kind
+by the base step's total context (the keys its requests attend to: under 16k, 16k-128k, 128k-256k,
+256k-512k, 512k and up), where a real trace's steps of one kind differ most (a decode step of one
+long request among short ones against one of sixty medium ones).  Printed as a Markdown table
 (--text: aligned columns): steps paired, the total-time ratio, median, p10 and p90 of the
 per-step ratios, the share of steps the run won, the steps both timed that failed verification
 on each side, and for adapters that gather K/V first the gather's share of their time.  The
@@ -31,6 +34,17 @@ import sys
 import urllib.parse
 
 KINDS = ("decode", "prefill", "mixed", "cascade")
+# --by-context: (upper bound in keys, exclusive; label) of each band of a step's total context
+CONTEXT_BANDS = ((16384, "<16k"), (131072, "16k-128k"), (262144, "128k-256k"), (524288, "256k-512k"),
+                 (None, ">=512k"))
+
+
+def context_band(total_context):
+    """The --by-context label of a step's total context (keys)."""
+    for limit, label in CONTEXT_BANDS:
+        if limit is None or (total_context or 0) < limit:
+            return label
+    return CONTEXT_BANDS[-1][1]
 PROG = "attnreplay-py ratios"
 
 
@@ -174,39 +188,46 @@ def get_run(con, path, run_id):
 
 
 def load_steps(con, run, parts=None):
-    """{step: (num_prefill_reqs, num_decode_reqs, cascade, time_us, pass)} of the run's timed steps;
-    with parts (mark names), time_us is the sum of those marks over the step's layers."""
+    """{step: (num_prefill_reqs, num_decode_reqs, cascade, time_us, pass, total_context)} of the
+    run's timed steps; with parts (mark names), time_us is the sum of those marks over the step's
+    layers."""
     if not parts:
         return {r[0]: r[1:] for r in con.execute(
-            "SELECT step, num_prefill_reqs, num_decode_reqs, cascade, time_us, pass FROM steps "
+            "SELECT step, num_prefill_reqs, num_decode_reqs, cascade, time_us, pass, total_context FROM steps "
             "WHERE run = ? AND time_us > 0", (run,))}
     marks = ", ".join("?" * len(parts))
     return {r[0]: r[1:] for r in con.execute(
-        "SELECT s.step, s.num_prefill_reqs, s.num_decode_reqs, s.cascade, k.t, s.pass FROM steps s JOIN "
-        "(SELECT step, sum(time_us) AS t FROM kernels WHERE run = ? AND layer >= 0 AND name IN (%s) GROUP BY step) k "
-        "ON k.step = s.step WHERE s.run = ? AND s.time_us > 0 AND k.t > 0" % marks, (run, *parts, run))}
+        "SELECT s.step, s.num_prefill_reqs, s.num_decode_reqs, s.cascade, k.t, s.pass, s.total_context FROM steps s "
+        "JOIN (SELECT step, sum(time_us) AS t FROM kernels WHERE run = ? AND layer >= 0 AND name IN (%s) "
+        "GROUP BY step) k ON k.step = s.step WHERE s.run = ? AND s.time_us > 0 AND k.t > 0" % marks,
+        (run, *parts, run))}
 
 
-def ratio_rows(base_steps, run_steps):
+def ratio_rows(base_steps, run_steps, by_context=False):
     """Rows (kind, paired, total, median, p10, p90, wins, failed_base, failed_run) for each kind with
-    steps, then 'all'.  total = sum of the run's times / sum of the base's over the paired steps."""
-    groups = {k: [] for k in KINDS}
-    failed = {k: [0, 0] for k in KINDS}
+    steps (by_context: each kind and band of the base step's total context, "decode <16k"), then
+    'all'.  total = sum of the run's times / sum of the base's over the paired steps."""
+    bands = [label for _, label in CONTEXT_BANDS] if by_context else [None]
+    groups_of = [k if b is None else "%s %s" % (k, b) for k in KINDS for b in bands]
+    groups = {g: [] for g in groups_of}
+    failed = {g: [0, 0] for g in groups_of}
     for step, b in base_steps.items():
         r = run_steps.get(step)
         if r is None:
             continue
         kind = step_kind(b[0], b[1], b[2] or r[2])
+        if by_context:
+            kind = "%s %s" % (kind, context_band(b[5]))
         if b[4] == 0 or r[4] == 0:
             failed[kind][0] += b[4] == 0
             failed[kind][1] += r[4] == 0
             continue
         groups[kind].append((r[3] / b[3], b[3], r[3]))
     rows = []
-    for kind in KINDS + ("all",):
-        items = [x for k in KINDS for x in groups[k]] if kind == "all" else groups[kind]
-        fb = sum(failed[k][0] for k in KINDS) if kind == "all" else failed[kind][0]
-        fr = sum(failed[k][1] for k in KINDS) if kind == "all" else failed[kind][1]
+    for kind in groups_of + ["all"]:
+        items = [x for g in groups_of for x in groups[g]] if kind == "all" else groups[kind]
+        fb = sum(failed[g][0] for g in groups_of) if kind == "all" else failed[kind][0]
+        fr = sum(failed[g][1] for g in groups_of) if kind == "all" else failed[kind][1]
         if not items and not (fb or fr):
             continue
         v = sorted(x[0] for x in items)
@@ -225,9 +246,9 @@ def gather_share(con, run):
     return (gather / total) if total and gather else None
 
 
-def compare(db, base_id=None, run_ids=None, runs_db=None, parts=None):
+def compare(db, base_id=None, run_ids=None, runs_db=None, parts=None, by_context=False):
     """(base run, [(run, rows, gather share)]) or InputError; parts: the marks a step's time sums
-    (None: the step's whole time)."""
+    (None: the step's whole time); by_context: the rows by kind and context band."""
     con = open_db(db)
     base = get_run(con, db, base_id)
     other_path = runs_db or db
@@ -253,7 +274,7 @@ def compare(db, base_id=None, run_ids=None, runs_db=None, parts=None):
         if run["layers"] != base["layers"]:
             raise InputError("%s timed %s layers, the base (%s run %d) %s: per-step times are not comparable"
                              % (where, run["layers"], db, base["id"], base["layers"]))
-        rows = ratio_rows(base_steps, load_steps(other, run["id"], parts))
+        rows = ratio_rows(base_steps, load_steps(other, run["id"], parts), by_context)
         if not rows:
             raise InputError("%s and the base (%s run %d): no step timed by both%s" % (
                 where, db, base["id"], " with the marks " + ",".join(parts) if parts else ""))
@@ -287,10 +308,12 @@ def main(argv=None):
     ap.add_argument("--runs-in", metavar="DB2", help="read the compared runs from DB2 (default: DB)")
     ap.add_argument("--parts", type=mark_names, metavar="NAMES",
                     help="time each step by the sum of these timed marks (kernels table), e.g. attn,combine")
+    ap.add_argument("--by-context", action="store_true",
+                    help="each kind split by the base step's total context (<16k ... >=512k keys)")
     ap.add_argument("--text", action="store_true", help="aligned columns instead of a Markdown table")
     a = ap.parse_args(argv)
     try:
-        base, results = compare(a.db, a.base, a.run, a.runs_in, a.parts)
+        base, results = compare(a.db, a.base, a.run, a.runs_in, a.parts, a.by_context)
     except InputError as e:
         print("%s: %s" % (PROG, e), file=sys.stderr)
         return 2
@@ -301,7 +324,7 @@ def main(argv=None):
     head = ("run", "backend", "kind", "paired", "total", "median", "p10", "p90", "wins", "failed base / run",
             "gather share")
     if a.text:
-        print("%5s %-22s %-8s %6s %7s %7s %7s %7s %5s %9s %7s" % (head[:9] + ("failed b/r", "gather")))
+        print("%5s %-22s %-18s %6s %7s %7s %7s %7s %5s %9s %7s" % (head[:9] + ("failed b/r", "gather")))
     else:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
@@ -311,7 +334,7 @@ def main(argv=None):
             nums = ["%.3f" % x if n else "-" for x in (total, med, p10, p90)]
             wins_s = "%.0f%%" % (100 * wins) if n else "-"
             if a.text:
-                print("%5d %-22s %-8s %6d %7s %7s %7s %7s %5s %9s %7s" % (
+                print("%5d %-22s %-18s %6d %7s %7s %7s %7s %5s %9s %7s" % (
                     run["id"], run["backend"][:22], kind, n, *nums, wins_s, "%d/%d" % (fb, fr), share_s))
             else:
                 print("| %d | %s | %s | %d | %s | %s | %s | %s | %s | %d / %d | %s |" % (

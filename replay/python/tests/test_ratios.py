@@ -118,6 +118,40 @@ class Ratios(unittest.TestCase):
         self.assertEqual(rows["all"][1], n - 3)
         self.assertEqual((rows["all"][7], rows["all"][8]), (0, 3))
 
+    def test_by_context_splits_each_kind(self):
+        # the base's steps spread over the context bands (total_context rewritten to 70,000 keys a
+        # step number), the peer 2x slower under 128k keys and 5x from there: each row of
+        # --by-context holds its kind's steps of one band and reads exactly its factor
+        con = sqlite3.connect(self.mixed)
+        con.execute("UPDATE steps SET total_context = step * 70000")
+        con.commit()
+        steps = con.execute("SELECT num_prefill_reqs, num_decode_reqs, cascade, total_context FROM steps "
+                            "WHERE time_us > 0").fetchall()
+        con.close()
+        peer = self.peer(self.mixed, "UPDATE steps SET time_us = time_us * "
+                                     "(CASE WHEN total_context < 131072 THEN 2 ELSE 5 END);")
+        want = {}
+        for p, d, c, ctx in steps:
+            key = "%s %s" % (ratios.step_kind(p, d, c), ratios.context_band(ctx))
+            want[key] = want.get(key, 0) + 1
+        self.assertGreater(len({k.split()[1] for k in want}), 2)   # the steps do span several bands
+        rows = {r[0]: r for r in ratios.compare(self.mixed, runs_db=peer, by_context=True)[1][0][1]}
+        self.assertEqual({k: r[1] for k, r in rows.items() if k != "all"}, want)
+        self.assertEqual(rows["all"][1], len(steps))
+        for key, r in rows.items():
+            if key == "all":
+                continue
+            factor = 2.0 if key.split()[1] in ("<16k", "16k-128k") else 5.0
+            for q in (2, 3, 4, 5):
+                self.assertAlmostEqual(r[q], factor, places=9, msg=key)
+        rc, out = run(["ratios", self.mixed, "--runs-in", peer, "--by-context"])
+        self.assertEqual(rc, 0, out)
+        printed = {kind for (_, kind) in table_rows(out)}
+        self.assertEqual(printed, set(want) | {"all"})
+        self.assertEqual(ratios.context_band(16383), "<16k")
+        self.assertEqual(ratios.context_band(16384), "16k-128k")
+        self.assertEqual(ratios.context_band(524288), ">=512k")
+
     def test_one_database_and_the_printed_table(self):
         replay(self.mixed, "mixed")                 # run 2 of the same trace
         rc, out = run(["ratios", self.mixed, "--base", "1"])
