@@ -212,15 +212,19 @@ static void test_decode_tma_items(void **state)
             seq[r] = 1 + rnd(20000);
         }
         int max_blocks, max_seq;
-        ar_attn_decode_tma_extent(R, seq, window, &max_blocks, &max_seq);
+        int64_t total_blocks;
+        ar_attn_decode_tma_extent(R, seq, window, &max_blocks, &total_blocks, &max_seq);
         int want_blocks = 0, want_seq = 0;
+        int64_t want_total = 0;
         for (int r = 0; r < R; r++) {
             const int first_key = window > 0 && seq[r] > window ? seq[r] - window : 0;
             const int blocks = (seq[r] + 15) / 16 - first_key / 16;
+            want_total += blocks;
             if (blocks > want_blocks) want_blocks = blocks;
             if (seq[r] > want_seq) want_seq = seq[r];
         }
         assert_int_equal(max_blocks, want_blocks);
+        assert_int_equal(total_blocks, want_total);
         assert_int_equal(max_seq, want_seq);
         const int splits = rnd(2) ? 1 : 1 + rnd(8);
         ar_attn_pieces pc;
@@ -525,9 +529,14 @@ static void test_decision_rule(void **state)
         int qsl[12], seq[11];
         for (int r = 0; r <= 11; r++) qsl[r] = r;
         for (int r = 0; r < 11; r++) seq[r] = r == 3 ? 135150 : 1500;
-        assert_int_equal(ar_attn_decode_tma_uneven_splits(11, seq, 0, 8447, 132, 2), 59);
-        assert_int_equal(ar_attn_decode_tma_uneven_splits(11, seq, 0, 8447, 132, 4), 30);
-        assert_int_equal(ar_attn_decode_tma_uneven_splits(11, seq, 0, 8447, 132, 0), 1);
+        int max_blocks, max_seq;
+        int64_t total_blocks;
+        ar_attn_decode_tma_extent(11, seq, 0, &max_blocks, &total_blocks, &max_seq);
+        assert_int_equal(max_blocks, 8447);
+        assert_int_equal(total_blocks, 9387);
+        assert_int_equal(ar_attn_decode_tma_uneven_splits(total_blocks, max_blocks, 132, 2), 59);
+        assert_int_equal(ar_attn_decode_tma_uneven_splits(total_blocks, max_blocks, 132, 4), 30);
+        assert_int_equal(ar_attn_decode_tma_uneven_splits(total_blocks, max_blocks, 132, 0), 1);
         d.decode_tma_all = d.decode_tma_uneven = 1;
         ar_attn_plan pl;
         assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
@@ -664,7 +673,8 @@ static void test_random_plans(void **state)
             assert_true(d.has_tma && d.head_size == 128 && d.block_size == 16 && d.num_kv_heads <= 8 && d.group <= 16);
             assert_true(d.fault == AR_FAULT_NONE && !non_causal && max_q == 1);
             int max_blocks, max_seq;
-            ar_attn_decode_tma_extent(R, seq, d.sliding_window, &max_blocks, &max_seq);
+            int64_t total_blocks;
+            ar_attn_decode_tma_extent(R, seq, d.sliding_window, &max_blocks, &total_blocks, &max_seq);
             ar_attn_pieces want;
             assert_int_equal(ar_attn_decode_tma_items(R, qsl, seq, d.sliding_window, d.num_kv_heads, pl.num_splits,
                                                       max_blocks, &want), 0);

@@ -88,6 +88,12 @@ int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_uni
     return uneven_cut(total, max_units, slots, base, ratio);
 }
 
+/* The uneven rule's ratio for this run: AR_CUDA_SPLIT_PATH_RATIO, else AR_SPLIT_PATH_RATIO (-1: off). */
+static int split_path_ratio(const ar_attn_device *d)
+{
+    return d->split_path_ratio ? d->split_path_ratio : AR_SPLIT_PATH_RATIO;
+}
+
 /* The cascade prefix pass: one sequence, so every unsplit item has the same length and the
  * time is ~ ceil(C s / S_slots) / s waves of unsplit work.  Take the smallest s within 5% of
  * the best over s <= 64 (no split from 4 waves of unsplit work up), with pieces of at least 2
@@ -231,28 +237,23 @@ static void decode_blocks(int seq_len, int window, int *begin, int *end)
 }
 
 void ar_attn_decode_tma_extent(int num_reqs, const int *seq_lens, int window,
-                               int *max_blocks, int *max_seq)
+                               int *max_blocks, int64_t *total_blocks, int *max_seq)
 {
     *max_blocks = *max_seq = 0;
+    *total_blocks = 0;
     for (int r = 0; r < num_reqs; r++) {
         int begin, end;
         decode_blocks(seq_lens[r], window, &begin, &end);
+        *total_blocks += end - begin;
         if (end - begin > *max_blocks) *max_blocks = end - begin;
         if (seq_lens[r] > *max_seq) *max_seq = seq_lens[r];
     }
 }
 
-int ar_attn_decode_tma_uneven_splits(int num_reqs, const int *seq_lens, int window, int max_blocks, int slots,
-                                     int ratio)
+int ar_attn_decode_tma_uneven_splits(int64_t total_blocks, int max_blocks, int slots, int ratio)
 {
     if (ratio < 1 || slots < 1 || max_blocks <= 1) return 1;
-    int64_t total = 0;
-    for (int r = 0; r < num_reqs; r++) {
-        int begin, end;
-        decode_blocks(seq_lens[r], window, &begin, &end);
-        total += end - begin;
-    }
-    return uneven_cut(total, max_blocks, slots, 1, ratio);
+    return uneven_cut(total_blocks, max_blocks, slots, 1, ratio);
 }
 
 int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int *seq_lens, int window,
@@ -429,14 +430,9 @@ static bool decode_tma_small_rule(const ar_attn_device *d, int R, int max_seq)
 static bool decode_tma_lopsided(int R, const int *seq_lens, int window, int max_seq)
 {
     if (max_seq <= DECODE_TMA_MAX_KEYS) return false;
-    int64_t total = 0;
-    int max_blocks = 0;
-    for (int r = 0; r < R; r++) {
-        int begin, end;
-        decode_blocks(seq_lens[r], window, &begin, &end);
-        total += end - begin;
-        if (end - begin > max_blocks) max_blocks = end - begin;
-    }
+    int max_blocks, longest;
+    int64_t total;
+    ar_attn_decode_tma_extent(R, seq_lens, window, &max_blocks, &total, &longest);
     return (int64_t)max_blocks * 32 > total;
 }
 /* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split or =uneven
@@ -477,19 +473,18 @@ static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_sta
  * AR_CUDA_DECODE_TMA=uneven a 16-bit batch's pieces follow the uneven rule instead
  * (ar_attn_decode_tma_uneven_splits at the uneven rule's ratio, unless that is off), so that a
  * long request among short ones is cut to about its even share, the requests no longer than a
- * piece whole; not measured yet (kernels/paged/trace_sweep.sh runs it).  max_blocks: the most key
- * blocks of any request; seq_lens [R]. */
-static int decode_tma_splits(const ar_attn_device *d, int R, const int *seq_lens, int max_seq, int max_blocks,
+ * piece whole; not measured yet (kernels/paged/trace_sweep.sh runs it).  max_blocks, total_blocks:
+ * the most key blocks of any request and their sum (ar_attn_decode_tma_extent). */
+static int decode_tma_splits(const ar_attn_device *d, int R, int max_seq, int max_blocks, int64_t total_blocks,
                              int force_config, int force_splits, bool flat)
 {
     if (!flat) return 1;
     int n = 1;
-    const int ratio = d->split_path_ratio ? d->split_path_ratio : AR_SPLIT_PATH_RATIO;
     if (force_config == AR_CFG_DECODE_TMA && force_splits > 0) n = force_splits;
     else if (force_splits <= 0 && d->decode_tma_splits > 0) n = d->decode_tma_splits;
-    else if (force_splits <= 0 && force_config < 0 && d->decode_tma_uneven && !d->kv_fp8 && ratio >= 1)
-        n = ar_attn_decode_tma_uneven_splits(R, seq_lens, d->sliding_window, max_blocks,
-                                             d->num_sms * d->ctas_per_sm[AR_CFG_DECODE_TMA], ratio);
+    else if (force_splits <= 0 && force_config < 0 && d->decode_tma_uneven && !d->kv_fp8 && split_path_ratio(d) >= 1)
+        n = ar_attn_decode_tma_uneven_splits(total_blocks, max_blocks, d->num_sms * d->ctas_per_sm[AR_CFG_DECODE_TMA],
+                                             split_path_ratio(d));
     else if (force_splits <= 0 && force_config < 0 &&
              (d->kv_fp8 || (d->decode_tma_all && !decode_tma_rule(d, R, max_seq))))
         n = ar_attn_split_count(R, max_blocks, d->num_sms * d->ctas_per_sm[AR_CFG_DECODE_TMA]);
@@ -557,8 +552,9 @@ int ar_attn_build_plan(const ar_attn_device *d, int R, const int *query_start_lo
          * h x n for KV head h, and (request, h) is a combine group of the n slots from base + h x n */
         const int window0 = d->sliding_window;
         int max_seq = 0, max_blocks = 0;
-        ar_attn_decode_tma_extent(R, seq_lens, window0, &max_blocks, &max_seq);
-        const int splits = decode_tma_splits(d, R, seq_lens, max_seq, max_blocks, force_config, force_splits, flat);
+        int64_t total_blocks = 0;
+        ar_attn_decode_tma_extent(R, seq_lens, window0, &max_blocks, &total_blocks, &max_seq);
+        const int splits = decode_tma_splits(d, R, max_seq, max_blocks, total_blocks, force_config, force_splits, flat);
         ar_attn_pieces pieces;
         if (ar_attn_decode_tma_items(R, query_start_loc, seq_lens, window0, d->num_kv_heads, splits, max_blocks, &pieces))
             return 3;
@@ -580,8 +576,7 @@ int ar_attn_build_plan(const ar_attn_device *d, int R, const int *query_start_lo
                  : config == AR_CFG_DECODE && d->decode_splits > 0      ? d->decode_splits
                                                                         : ar_attn_split_count((int)n_items, max_units, slots);
     if (force_splits <= 0 && !non_causal && config == AR_CFG_DECODE && d->decode_splits <= 0)
-        splits = ar_attn_split_count_uneven(items, n_items, max_units, geom.warps_n, slots, splits,
-                                            d->split_path_ratio ? d->split_path_ratio : AR_SPLIT_PATH_RATIO);
+        splits = ar_attn_split_count_uneven(items, n_items, max_units, geom.warps_n, slots, splits, split_path_ratio(d));
     if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
     ar_attn_pieces pieces;
     const int cut_rc = ar_attn_cut(items, n_items, splits, max_units, geom.warps_n, &pieces);

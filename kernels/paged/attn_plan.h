@@ -128,9 +128,9 @@ int ar_attn_cut(const ar_attn_work *items, int64_t n_items, int splits, int max_
                 ar_attn_pieces *out);
 
 /* A DECODE_TMA launch's extent: the most key blocks (16 keys) any of its num_reqs requests reads
- * from its window's start, and the longest context. */
+ * from its window's start, their sum, and the longest context. */
 void ar_attn_decode_tma_extent(int num_reqs, const int *seq_lens, int window,
-                               int *max_blocks, int *max_seq);
+                               int *max_blocks, int64_t *total_blocks, int *max_seq);
 
 /* Its items: one a request (every KV head, blocks from the window's start), or with splits > 1
  * pieces of ceil(max_blocks / splits) blocks for the requests longer than that: piece p of a
@@ -145,9 +145,8 @@ int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int
  * items; DECODE_TMA's unit is a cache block of every KV head and its slots are SMs x 1 CTA.  A
  * DECODE_TMA CTA streams about 67 GB/s, 2.9 times a slot's even share of an H100's DRAM rate,
  * so pieces of up to twice the even share end with the rest.  1 when ratio < 1 or nothing is
- * longer than that; num_reqs decode requests of seq_lens, window as ar_attn_decode_tma_items. */
-int ar_attn_decode_tma_uneven_splits(int num_reqs, const int *seq_lens, int window, int max_blocks, int slots,
-                                     int ratio);
+ * longer than that; max_blocks and total_blocks as ar_attn_decode_tma_extent gives them. */
+int ar_attn_decode_tma_uneven_splits(int64_t total_blocks, int max_blocks, int slots, int ratio);
 
 /* Sorts work[n] longest first (ties: request, KV head, row). */
 void ar_attn_sort_longest_first(ar_attn_work *work, int64_t n);
