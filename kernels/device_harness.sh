@@ -96,9 +96,11 @@ fi
 # Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
 # tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh (the cuda
 # backend under the uneven-split settings) and replay/python/side_by_side.sh with FA3's adapter,
-# both sides' repeats back to back (REPEAT=3), every step verified; before them bench_cuda's
-# lopsided decode cases twice each (lopsided.txt): sweep.txt, fa3.txt, and both
-# databases (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the second half.
+# both sides' repeats back to back (REPEAT=3), every step verified; before them gpu_cuda's cases
+# under AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt; REAL_TESTS=0 leaves it out too), and
+# bench_cuda's lopsided decode cases and its uniform B 32 / 48 / 64 decodes under the default plan
+# and under =uneven, twice each in turn (lopsided.txt): sweep.txt, fa3.txt, and both databases
+# (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the second half.
 if [ "${1:-}" = "real-traces" ]; then
   trace=${REAL_TRACE:-out/mooncake300.trace.jsonl.gz}
   [ -f "$trace" ] || { echo "real-traces: $trace missing (simulate it here first and carry out/)"; exit 2; }
@@ -106,11 +108,20 @@ if [ "${1:-}" = "real-traces" ]; then
     stage "test-gpu"
     timeout -s KILL 230 make --no-print-directory test-gpu >"$OUT/test-gpu.txt" 2>&1
     echo "test-gpu rc=$?"; grep -E "passed, [0-9]+ failed|FAILED|\[  ERROR" "$OUT/test-gpu.txt" | tail -12
+    stage "gpu_cuda under AR_CUDA_DECODE_TMA=uneven"
+    AR_CUDA_DECODE_TMA=uneven timeout -s KILL 90 build/tests/gpu_cuda >"$OUT/uneven-gpu_cuda.txt" 2>&1
+    echo "gpu_cuda (=uneven) rc=$?"; grep -E "PASSED|FAILED|\[  ERROR" "$OUT/uneven-gpu_cuda.txt" | tail -6
   fi
-  stage "lopsided decode"
-  for c in decode_lopsided_b121_s2048_135k decode_lopsided_b121_s2048_135k_tma \
-           decode_lopsided_b121_s2048_135k decode_lopsided_b121_s2048_135k_tma; do
-    timeout -s KILL 60 build/tests/bench_cuda 20 "$c"
+  stage "decode benches"
+  for round in 1 2; do
+    for c in decode_lopsided_b121_s2048_135k decode_lopsided_b121_s2048_135k_tma; do
+      timeout -s KILL 60 build/tests/bench_cuda 20 "$c"
+    done
+    for tma in "" uneven; do
+      for c in decode_b32_s8192_gqa32_8_hd128 decode_b48_s8192_gqa32_8_hd128 decode_b64_s8192_gqa32_8_hd128; do
+        AR_CUDA_DECODE_TMA=$tma timeout -s KILL 60 build/tests/bench_cuda 20 "$c" | sed "s/^RESULT/RESULT tma=${tma:-default}/"
+      done
+    done
   done >"$OUT/lopsided.txt" 2>&1
   grep RESULT "$OUT/lopsided.txt" | cut -c1-170
   stage "trace sweep"
@@ -123,7 +134,7 @@ if [ "${1:-}" = "real-traces" ]; then
     timeout -s KILL "$(( $(left) - 20 ))" replay/python/side_by_side.sh /tmp/ar_fa3.db "$trace" >"$OUT/fa3.txt" 2>&1
   echo "side_by_side rc=$?"; grep -E "exit|^\| [0-9]" "$OUT/fa3.txt" | cut -c1-160
   for db in /tmp/ar_sweep.db /tmp/ar_fa3.db; do [ -f "$db" ] && xz -T0 -1 -c "$db" >"$OUT/${db##*/}.xz"; done
-  pack_out test-gpu.txt lopsided.txt sweep.txt fa3.txt
+  pack_out test-gpu.txt uneven-gpu_cuda.txt lopsided.txt sweep.txt fa3.txt
   exit 0
 fi
 # `device_harness.sh mla-ncu`: Nsight Compute (--clock-control none, so at the clocks the card
