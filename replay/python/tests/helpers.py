@@ -1,6 +1,7 @@
 """Shared by the package's tests: where things are, running attnreplay-py, reading a database."""
 import importlib.util
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -26,14 +27,21 @@ def cli():
     return [script] if os.path.exists(script) else [sys.executable, "-m", "attnreplay.cli"]
 
 
+def sigint_default():
+    """In the child before exec: SIGINT back to its default action, as a terminal starts a command.
+    A test run from a background job or under nohup inherits SIGINT ignored, and Python then keeps
+    it ignored (no KeyboardInterrupt), which is right for the command and wrong for a test of it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(args, cmd=None, env=None):
-    """Runs attnreplay-py (or cmd) with args, env added to the environment; returns (exit code,
-    stdout + stderr)."""
+    """Runs attnreplay-py (or cmd) with args, env added to the environment, SIGINT at its default
+    action (sigint_default); returns (exit code, stdout + stderr)."""
     env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ATTNREPLAY_LIB", LIB)
     p = subprocess.run((cmd or cli()) + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       env=env, timeout=600)
+                       env=env, timeout=600, preexec_fn=sigint_default)
     return p.returncode, p.stdout.decode(errors="replace")
 
 
