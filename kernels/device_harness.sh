@@ -99,7 +99,7 @@ fi
 # both sides' repeats back to back (REPEAT=3), every step verified; before them gpu_cuda's cases
 # under AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt; REAL_TESTS=0 leaves it out too), and
 # bench_cuda's lopsided decode cases and its uniform B 32 / 48 / 64 decodes under the default plan
-# and under =uneven, twice each in turn (lopsided.txt): sweep.txt, fa3.txt, and both databases
+# and under =uneven, twice each in turn (decode_bench.txt): sweep.txt, fa3.txt, and both databases
 # (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the second half.
 if [ "${1:-}" = "real-traces" ]; then
   trace=${REAL_TRACE:-out/mooncake300.trace.jsonl.gz}
@@ -122,8 +122,8 @@ if [ "${1:-}" = "real-traces" ]; then
         AR_CUDA_DECODE_TMA=$tma timeout -s KILL 60 build/tests/bench_cuda 20 "$c" | sed "s/^RESULT/RESULT tma=${tma:-default}/"
       done
     done
-  done >"$OUT/lopsided.txt" 2>&1
-  grep RESULT "$OUT/lopsided.txt" | cut -c1-170
+  done >"$OUT/decode_bench.txt" 2>&1
+  grep RESULT "$OUT/decode_bench.txt" | cut -c1-170
   stage "trace sweep"
   rm -f /tmp/ar_sweep.db /tmp/ar_fa3.db
   PER_RUN_S=60 timeout -s KILL "$(( $(left) / 2 ))" kernels/paged/trace_sweep.sh /tmp/ar_sweep.db "$trace" \
@@ -134,7 +134,7 @@ if [ "${1:-}" = "real-traces" ]; then
     timeout -s KILL "$(( $(left) - 20 ))" replay/python/side_by_side.sh /tmp/ar_fa3.db "$trace" >"$OUT/fa3.txt" 2>&1
   echo "side_by_side rc=$?"; grep -E "exit|^\| [0-9]" "$OUT/fa3.txt" | cut -c1-160
   for db in /tmp/ar_sweep.db /tmp/ar_fa3.db; do [ -f "$db" ] && xz -T0 -1 -c "$db" >"$OUT/${db##*/}.xz"; done
-  pack_out test-gpu.txt uneven-gpu_cuda.txt lopsided.txt sweep.txt fa3.txt
+  pack_out test-gpu.txt uneven-gpu_cuda.txt decode_bench.txt sweep.txt fa3.txt
   exit 0
 fi
 # `device_harness.sh mla-ncu`: Nsight Compute (--clock-control none, so at the clocks the card
