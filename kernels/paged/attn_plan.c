@@ -427,33 +427,28 @@ static bool decode_tma_small_rule(const ar_attn_device *d, int R, int max_seq)
  * trace's lopsided decode steps).  Measured on an H100 (2026-12-06, tests/bench_cuda.c's
  * decode_lopsided_b121_s2048_135k, 120 requests of 2k keys and one of 135k): 815-822 us on
  * DECODE against 7,808-7,871 us with DECODE_TMA forced. */
-static bool decode_tma_lopsided(int R, const int *seq_lens, int window, int max_seq)
+static bool decode_tma_lopsided(int max_seq, int max_blocks, int64_t total)
 {
     if (max_seq <= DECODE_TMA_MAX_KEYS) return false;
-    int max_blocks, longest;
-    int64_t total;
-    ar_attn_decode_tma_extent(R, seq_lens, window, &max_blocks, &total, &longest);
     return (int64_t)max_blocks * 32 > total;
 }
 /* flat: a flat launch (not a cascade pass); AR_CUDA_DECODE_TMA=split or =uneven
  * (d->decode_tma_all) lets the automatic plan take DECODE_TMA for every flat decode launch it can
  * run, below the rule's batch sizes too (decode_tma_splits then cuts the requests so that the
- * pieces fill the SMs); without it a lopsided batch (decode_tma_lopsided) stays on DECODE. */
-static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_start_loc, const int *seq_lens,
-                            bool non_causal, int force_config, int force_splits, bool flat)
+ * pieces fill the SMs); without it a lopsided batch (decode_tma_lopsided) stays on DECODE.
+ * max_seq, max_blocks, total_blocks: the launch's extent (ar_attn_decode_tma_extent). */
+static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_start_loc, int max_seq, int max_blocks,
+                            int64_t total_blocks, bool non_causal, int force_config, int force_splits, bool flat)
 {
     if (!d->has_tma || non_causal || d->head_size != 128 || d->template_hd != 128 ||
         d->block_size != 16 || d->num_kv_heads > 8 || d->group > 16 || d->fault != AR_FAULT_NONE)
         return false;
-    int max_seq = 0;
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; r++)
         if (query_start_loc[r + 1] - query_start_loc[r] > 1) return false;
-        if (seq_lens[r] > max_seq) max_seq = seq_lens[r];
-    }
     if (force_config == AR_CFG_DECODE_TMA) return true;
     if (force_config >= 0 || force_splits > 0 || !d->decode_tma_auto) return false;
     if (flat && d->decode_tma_all) return true;
-    if (decode_tma_lopsided(R, seq_lens, d->sliding_window, max_seq)) return false;
+    if (decode_tma_lopsided(max_seq, max_blocks, total_blocks)) return false;
     return decode_tma_rule(d, R, max_seq) || (flat && decode_tma_small_rule(d, R, max_seq));
 }
 
@@ -545,15 +540,16 @@ int ar_attn_build_plan(const ar_attn_device *d, int R, const int *query_start_lo
     const bool wg_ok = d->has_tma && (d->head_size == 128 || d->head_size == 256) && !d->kv_fp8;
     if (ar_attn_config_is_wg(force_config)) config = wg_ok ? force_config : AR_CFG_PREFILL;
     if (force_config < 0 && config == AR_CFG_PREFILL && d->wgmma_auto && wg_ok) config = d->wgmma_auto;
-    if (config == AR_CFG_DECODE &&
-        decode_tma_plan(d, R, query_start_loc, seq_lens, non_causal, force_config, force_splits, flat)) {
+    /* a DECODE launch's extent, for DECODE_TMA's choice and its cut */
+    const int window0 = d->sliding_window;
+    int max_seq = 0, max_blocks = 0;
+    int64_t total_blocks = 0;
+    if (config == AR_CFG_DECODE) ar_attn_decode_tma_extent(R, seq_lens, window0, &max_blocks, &total_blocks, &max_seq);
+    if (config == AR_CFG_DECODE && decode_tma_plan(d, R, query_start_loc, max_seq, max_blocks, total_blocks, non_causal,
+                                                   force_config, force_splits, flat)) {
         /* one item per request with its token (key blocks from the window's start), or, split,
          * pieces of chunk blocks: piece p of a request cut into n writes partial slots base + p +
          * h x n for KV head h, and (request, h) is a combine group of the n slots from base + h x n */
-        const int window0 = d->sliding_window;
-        int max_seq = 0, max_blocks = 0;
-        int64_t total_blocks = 0;
-        ar_attn_decode_tma_extent(R, seq_lens, window0, &max_blocks, &total_blocks, &max_seq);
         const int splits = decode_tma_splits(d, R, max_seq, max_blocks, total_blocks, force_config, force_splits, flat);
         ar_attn_pieces pieces;
         if (ar_attn_decode_tma_items(R, query_start_loc, seq_lens, window0, d->num_kv_heads, splits, max_blocks, &pieces))
