@@ -40,11 +40,13 @@ CONTEXT_BANDS = ((16384, "<16k"), (131072, "16k-128k"), (262144, "128k-256k"), (
 
 
 def context_band(total_context):
-    """The --by-context label of a step's total context (keys)."""
-    for limit, label in CONTEXT_BANDS:
-        if limit is None or (total_context or 0) < limit:
+    """The --by-context label of a step's total context (keys; none recorded counts as 0)."""
+    for limit, label in CONTEXT_BANDS[:-1]:
+        if (total_context or 0) < limit:
             return label
     return CONTEXT_BANDS[-1][1]
+
+
 PROG = "attnreplay-py ratios"
 
 
