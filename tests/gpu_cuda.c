@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/paged/attn_plan.h"
 #include "../kernels/paged/cuda_backend.h"
 #include "../replay/verify.h"
 #include "cascade_cases.h"
@@ -52,6 +53,18 @@ static bool gpu_small(void)
     const char *e = getenv("AR_GPU_SMALL");
     return e && e[0] == '1';
 }
+
+/* AR_CUDA_DECODE_TMA=split or =uneven in the environment (kernels/device_harness.sh runs this
+ * file under =uneven): the automatic plan takes DECODE_TMA for every flat decode launch that
+ * kernel can run, so a small decode batch's plan may be DECODE_TMA (3) instead of DECODE (1). */
+static bool decode_tma_everywhere(void)
+{
+    const char *e = getenv("AR_CUDA_DECODE_TMA");
+    return e && (strcmp(e, "split") == 0 || strcmp(e, "uneven") == 0);
+}
+/* A small decode batch's automatic plan: DECODE, or DECODE_TMA under decode_tma_everywhere. */
+#define assert_small_decode_plan(r) \
+    assert_true((r).plan.config == 1 || (decode_tma_everywhere() && (r).plan.config == 3))
 
 static bool gpu_ready(const ar_run_config *cfg)
 {
@@ -346,7 +359,7 @@ static void test_every_kernel_instance(void **unused)
             run_case(&c, short_decode, 3, &auto_opts, &r);
             snprintf(what, sizeof what, "%s d %d decode (DECODE)", ar_dtype_name(dtypes[t]), sizes[d]);
             expect_pass(what, &r);
-            assert_int_equal(r.plan.config, 1);
+            assert_small_decode_plan(r);
             assert_int_equal(r.plan.template_hd, templates[d]);
             count += 2;
             if (!wg_size) continue;
@@ -523,27 +536,43 @@ static void test_decode_tma_kernel(void **unused)
     assert_int_equal(r.plan.config, CFG_DECODE_TMA);
     run_case(&c, vllm_seqs_b, 3, &auto_opts, &r);
     expect_pass("auto, 3 decodes 32/8", &r);
-    assert_int_equal(r.plan.config, CFG_DECODE);
-    /* from 0.48 x SMs requests (attn_plan.c's decode_tma_small_rule) whole requests take it;
-     * one request fewer takes DECODE */
+    assert_small_decode_plan(r);
+    /* from 0.48 x SMs requests (attn_plan.c's decode_tma_small_rule) it takes them, cut by the
+     * uneven rule (decode_tma_splits: on 132 SMs the 64 requests' 1,284 blocks, the longest 43
+     * against twice the even share, 2 x 10, in 3 pieces, 118 CTAs in one wave); one request
+     * fewer takes DECODE */
     const int from = (12 * r.plan.num_sms + 24) / 25;
     if (from <= 150) {
         run_case(&c, short_many, from, &auto_opts, &r);
         expect_pass("auto, 0.48 x SMs short decodes", &r);
         assert_int_equal(r.plan.config, CFG_DECODE_TMA);
-        assert_int_equal(r.plan.num_splits, 1);
+        int64_t blocks = 0;
+        int longest = 0;
+        for (int i = 0; i < from; i++) {
+            const int b = (short_many[i].kv_len + 15) / 16;
+            blocks += b;
+            if (b > longest) longest = b;
+        }
+        assert_int_equal(r.plan.num_splits,
+                         ar_attn_decode_tma_uneven_splits(blocks, longest, r.plan.num_sms, AR_SPLIT_PATH_RATIO));
+        if (r.plan.num_sms == 132) assert_int_equal(r.plan.num_splits, 3);
+        assert_true(r.plan.num_work <= r.plan.num_sms);
         run_case(&c, short_many, from - 1, &auto_opts, &r);
         expect_pass("auto, one fewer", &r);
-        assert_int_equal(r.plan.config, CFG_DECODE);
+        assert_small_decode_plan(r);
     }
     /* AR_CUDA_DECODE_TMA=uneven (read at open): a lopsided batch on DECODE_TMA, cut by the uneven
      * rule (ar_attn_decode_tma_uneven_splits; on 132 SMs pieces of at most 54 blocks: the long
      * request's 2,500 in 47, each short one's 94 in 2), the pieces' partials combined */
     seq_case lopsided[12];
     for (int i = 0; i < 12; i++) lopsided[i] = (seq_case){1, i == 5 ? 40000 : 1500};
+    const char *tma_env = getenv("AR_CUDA_DECODE_TMA");
+    char *tma_saved = tma_env ? strdup(tma_env) : NULL;
     setenv("AR_CUDA_DECODE_TMA", "uneven", 1);
     run_case(&c, lopsided, 12, &auto_opts, &r);
-    unsetenv("AR_CUDA_DECODE_TMA");
+    if (tma_saved) setenv("AR_CUDA_DECODE_TMA", tma_saved, 1);
+    else unsetenv("AR_CUDA_DECODE_TMA");
+    free(tma_saved);
     expect_pass("AR_CUDA_DECODE_TMA=uneven, one decode of 40k keys among 11 of 1.5k", &r);
     assert_int_equal(r.plan.config, CFG_DECODE_TMA);
     assert_true(r.plan.num_splits > 1);
@@ -574,7 +603,7 @@ static void test_paths_and_dtypes(void **unused)
     run_opts ro = auto_opts;
     run_case(&c, vllm_seqs_b, 3, &ro, &r);
     expect_pass("decode auto", &r);
-    assert_int_equal(r.plan.config, 1);
+    assert_small_decode_plan(r);
     assert_true(r.plan.num_splits > 1);          /* 6 CTAs on 132 SMs: the heuristic splits */
     assert_true(r.plan.num_groups > 0);
     ro.config = 0;
@@ -734,7 +763,7 @@ static void test_fp8_kv_paths(void **unused)
     run_case(&c, vllm_seqs_b, 3, &ro, &r);
     expect_pass("fp8 KV decode auto", &r);
     assert_int_equal(r.plan.kv_fp8, 1);
-    assert_int_equal(r.plan.config, CFG_DECODE);
+    assert_small_decode_plan(r);
     assert_true(r.plan.num_groups > 0);          /* 6 CTAs: split, combined */
     ro.splits = 1;
     run_case(&c, vllm_seqs_b, 3, &ro, &r);
@@ -823,7 +852,7 @@ static void test_fp8_kv_paths(void **unused)
             run_case(&f, vllm_seqs_b, 3, &auto_opts, &r);
             snprintf(what, sizeof what, "fp8 KV %s d %d decode", ar_dtype_name(dtypes[t]), sizes[d]);
             expect_pass(what, &r);
-            assert_int_equal(r.plan.config, CFG_DECODE);
+            assert_small_decode_plan(r);
         }
     ar_run_config capped = with_fp8_kv(make_cfg(8, 2, 128, 2048, AR_BF16, 64, 50.0), 0.37);
     run_case(&capped, vllm_seqs_a, 3, &auto_opts, &r);
