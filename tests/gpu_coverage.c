@@ -30,7 +30,8 @@ static const char *const expected_paths[] = {
     "attn:prefill", "attn:prefill+split",                /* mma.sync prefill: head size 64 */
     "attn:prefill-wg", "attn:prefill-wg+split",          /* wgmma prefill: head sizes 128, 256 */
     "attn:decode", "attn:decode+split",                  /* mma.sync decode */
-    "attn:decode-tma",                                   /* >= 66 decodes, head 128, block 16 */
+    "attn:decode-tma+split",                             /* >= 64 decodes, head 128, block 16, one
+                                                          * request over twice its even share: cut */
     /* cuda, cascade steps (llama-3.1-8b-cascade, --cascade on) */
     "cascade-prefix:prefill-wg", "cascade-prefix:prefill-wg+split", "cascade-prefix:decode+split",
     "cascade-suffix:prefill-wg", "cascade-suffix:prefill-wg+split", "cascade-suffix:decode",

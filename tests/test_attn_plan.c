@@ -460,6 +460,26 @@ static void test_decision_rule(void **state)
     assert_int_equal(plan_of(&d, 64, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE_TMA);
     assert_int_equal(plan_of(&d, 64, 1, 8192, false, -1, 0, NULL), AR_CFG_DECODE);
     assert_int_equal(plan_of(&d, 63, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE);
+    /* a 16-bit DECODE_TMA launch cut by the uneven rule (decode_tma_splits): B 64 and B 65 of 8k
+     * keys, 512 blocks a request against twice the even share, 2 x ceil(32,768 / 132) = 498 and
+     * 2 x 253 = 506, in 2 pieces (128 and 130 CTAs, one wave); from B 66 (2 x 256) whole; a
+     * cascade suffix pass whole; with the ratio off or AR_CUDA_DECODE_TMA_SPLITS=1 whole */
+    assert_int_equal(plan_of(&d, 64, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 2);
+    assert_int_equal(plan_of(&d, 65, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 2);
+    assert_int_equal(plan_of(&d, 66, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 1);
+    assert_int_equal(plan_of(&d, 100, 1, 8192, false, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 1);
+    d.split_path_ratio = -1;
+    assert_int_equal(plan_of(&d, 64, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 1);
+    d.split_path_ratio = 0;
+    d.decode_tma_splits = 1;
+    assert_int_equal(plan_of(&d, 64, 1, 8192, true, -1, 0, &s), AR_CFG_DECODE_TMA);
+    assert_int_equal(s, 1);
+    d.decode_tma_splits = 0;
     d.decode_tma_small = 0;   /* AR_CUDA_DECODE_TMA=rule */
     assert_int_equal(plan_of(&d, 64, 1, 8192, true, -1, 0, NULL), AR_CFG_DECODE);
     d.decode_tma_all = 1;     /* AR_CUDA_DECODE_TMA=split: every flat decode launch, cut to fill the SMs */
@@ -487,6 +507,11 @@ static void test_decision_rule(void **state)
         for (int r = 0; r < 128; r++) seq[r] = r == 0 ? 16384 : 8192;
         assert_int_equal(ar_attn_build_plan(&d, 128, qsl, seq, false, true, -1, 0, &pl), 0);
         assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
+        /* its 1,024 blocks over twice the even share, 2 x ceil(66,048 / 132) = 1,002: the long
+         * request in 2 pieces of 512 blocks, the 127 others whole, 129 CTAs */
+        assert_int_equal(pl.num_splits, 2);
+        assert_int_equal(pl.num_work, 129);
+        for (int64_t k = 0; k < pl.num_work; k++) assert_true(pl.work[k].tile_end - pl.work[k].tile_begin <= 512);
         ar_attn_plan_free(&pl);
         for (int r = 0; r < 74; r++) seq[r] = r == 0 ? 911 : 40;   /* short: the long one costs microseconds */
         assert_int_equal(ar_attn_build_plan(&d, 74, qsl, seq, false, true, -1, 0, &pl), 0);

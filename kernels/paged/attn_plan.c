@@ -313,7 +313,8 @@ int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int
  * Which kernel runs a launch: decode launches (one query token per request) of at least half as
  * many requests as SMs with every context at most 16k keys, or of at least 0.9 x SMs requests,
  * head size 128, block size 16, at most 8 KV heads, on a compute-capability 9.0 device with
- * tensor maps take DECODE_TMA (one CTA per request, whole cache blocks by TMA; see
+ * tensor maps take DECODE_TMA (one CTA per request, or per piece of one where decode_tma_splits
+ * cuts it, whole cache blocks by TMA; see
  * decode_tma_plan for the measurements behind the rule; the cascade suffix pass of a decode
  * batch is such a launch), and so do flat decode launches of 0.48 to 0.5 x SMs requests with
  * contexts of at most 16k keys (decode_tma_small_rule); other launches in the DECODE geometry
@@ -390,8 +391,8 @@ static void plan_take(ar_attn_plan *pl, int config, ar_attn_geom geom, int split
  * automatic plan takes it (force_config -1, no forced split, AR_CUDA_DECODE_TMA not 0) for
  * batches of at least half as many requests as the device has SMs whose longest context is at
  * most DECODE_TMA_MAX_KEYS keys, and for batches of at least 0.9 x SMs requests at any
- * context: one CTA walks a whole request and (by default) never splits, so it needs most SMs
- * busy, and none of its requests much longer than the rest (decode_tma_lopsided).  On the H200
+ * context: one CTA walks a request, or a piece of one no shorter than twice its even share
+ * (decode_tma_splits), so it needs most SMs busy, and none of its requests much longer than the rest (decode_tma_lopsided).  On the H200
  * (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
  * 2026-11-30): 128 keys (the cascade suffix pass) 30.7 us against 36.0 for DECODE; 1152 keys
  * 82.1 against 155.6; 8320 keys 480.0 against 761.4; 32896 keys 1845.8 against 2888.7; 33024
@@ -404,7 +405,8 @@ static bool decode_tma_rule(const ar_attn_device *d, int R, int max_seq)
     return (2 * R >= d->num_sms && max_seq <= DECODE_TMA_MAX_KEYS) || 10 * R >= 9 * d->num_sms;
 }
 /* Just below that rule, a flat decode launch of at least 0.48 x SMs requests with contexts of at
- * most DECODE_TMA_MAX_KEYS keys takes DECODE_TMA too, whole requests: one DECODE_TMA CTA streams
+ * most DECODE_TMA_MAX_KEYS keys takes DECODE_TMA too (measured with whole requests; the default
+ * plan now cuts such a batch into 2 pieces a request, decode_tma_splits): one DECODE_TMA CTA streams
  * about 67 GB/s (H200, kernels/paged/decode_sweep.sh, 8k contexts, GQA 32:8, 2026-12-02: B 48 in
  * 500.2 us = 3.22 TB/s over 48 CTAs, B 64 in 505.3 us = 4.25 TB/s over 64), so it takes about
  * the copy ceiling (4.23 TB/s) / 67 GB/s = 64 CTAs, 0.48 of the 132 SMs, to read at the rate of
@@ -452,36 +454,48 @@ static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_sta
     return decode_tma_rule(d, R, max_seq) || (flat && decode_tma_small_rule(d, R, max_seq));
 }
 
-/* The pieces per request of a DECODE_TMA launch (1: whole requests, the default).  Only flat
- * launches split: a forced split with force_config AR_CFG_DECODE_TMA, else
- * AR_CUDA_DECODE_TMA_SPLITS (d->decode_tma_splits), else choose_num_splits over SMs x CTAs per
- * SM for every batch with an fp8 cache, and under AR_CUDA_DECODE_TMA=split for a 16-bit batch
- * below decode_tma_rule's sizes (B 64 on 132 SMs: 2, 128 CTAs in one wave).  An fp8 CTA is bound
- * by its consumers' widening and MMAs, not by its copies, so the number of CTAs at work sets the
- * rate; on the H200, 8k keys, GQA 32:8 (bench_cuda, 2026-12-02 16:37 and 17:04 UTC), us by
- * pieces per request 1 / 2 / 3 / 4 (fp8 DECODE): B 64 570.8 / 302.2-304.2 / 399.3 / - (459.8);
- * B 96 565.0-565.3 / 581.6 / 585.0 / 456.1 (648.0), where choose_num_splits takes 4 (2.9 waves);
- * B 128 570.9-571.2 / 588.0 / 595.0 / 600.3 (897.4), where it takes 1.  A 16-bit cache streams
- * at the DRAM's rate from 64 CTAs on and keeps whole requests (B 128: 1015.3-1019.0 / 1030.3 /
- * 1033.9 / 1041.0; B 64, 17:19 UTC, three repeats: 530.9-533.3 / 522.9-527.0 / 582.2-582.8, 2
- * pieces 1.2% ahead, within the run-to-run spread of other calls, so not taken).  Under
- * AR_CUDA_DECODE_TMA=uneven a 16-bit batch's pieces follow the uneven rule instead
- * (ar_attn_decode_tma_uneven_splits at the uneven rule's ratio, unless that is off), so that a
- * long request among short ones is cut to about its even share, the requests no longer than a
- * piece whole; not measured yet (kernels/paged/trace_sweep.sh runs it).  max_blocks, total_blocks:
- * the most key blocks of any request and their sum (ar_attn_decode_tma_extent). */
+/* The pieces per request of a DECODE_TMA launch.  Only flat launches split (a cascade suffix pass
+ * keeps whole requests): a forced split with force_config AR_CFG_DECODE_TMA, else
+ * AR_CUDA_DECODE_TMA_SPLITS (d->decode_tma_splits), else, for a 16-bit cache, the uneven rule
+ * (ar_attn_decode_tma_uneven_splits at the uneven rule's ratio; ratio off: whole requests), and
+ * for an fp8 cache, and under AR_CUDA_DECODE_TMA=split for a 16-bit batch below decode_tma_rule's
+ * sizes, choose_num_splits over SMs x CTAs per SM (B 64 on 132 SMs: 2, 128 CTAs in one wave).
+ *
+ * The uneven rule cuts a request only where it is longer than twice its even share of the
+ * launch's blocks over one CTA an SM, so a uniform batch from 0.5 x SMs requests keeps whole
+ * requests (B 66 to 131 on 132 SMs), a batch of 0.48 to 0.5 x SMs requests (decode_tma_small_rule)
+ * takes 2 pieces a request, and a long request among shorter ones is cut to about its even share
+ * instead of outlasting the rest (128 requests of 8k keys and one of 16k: the long one in 2
+ * pieces, 129 CTAs, where whole it took twice as long as the others).  Measured on bench_cuda's
+ * uniform B 64 of 8k keys, GQA 32:8, us whole / 2 pieces: H100 (2026-12-06 17:46 UTC, twice in
+ * turn) 714.9 and 711.5 / 686.8 and 686.8; H200 (2026-12-02 17:19 UTC, three repeats)
+ * 530.9-533.3 / 522.9-527.0.  Whole requests read 3.0 TB/s on the H100 from 64 CTAs, short of its
+ * DRAM's rate, 128 half-requests 3.13.  AR_CUDA_DECODE_TMA_SPLITS=1 or
+ * AR_CUDA_SPLIT_PATH_RATIO=off keeps whole requests (the plan before 2026-12-06).
+ *
+ * An fp8 CTA is bound by its consumers' widening and MMAs, not by its copies, so the number of
+ * CTAs at work sets the rate; on the H200, 8k keys, GQA 32:8 (bench_cuda, 2026-12-02 16:37 and
+ * 17:04 UTC), us by pieces per request 1 / 2 / 3 / 4 (fp8 DECODE): B 64 570.8 / 302.2-304.2 /
+ * 399.3 / - (459.8); B 96 565.0-565.3 / 581.6 / 585.0 / 456.1 (648.0), where choose_num_splits
+ * takes 4 (2.9 waves); B 128 570.9-571.2 / 588.0 / 595.0 / 600.3 (897.4), where it takes 1.  A
+ * 16-bit cache streams near the DRAM's rate from 64 whole requests (H200, B 128: 1015.3-1019.0 /
+ * 1030.3 / 1033.9 / 1041.0), so beyond the uneven rule's cut it keeps them whole.
+ * AR_CUDA_DECODE_TMA=uneven takes DECODE_TMA for every flat decode batch it can run
+ * (decode_tma_plan) with these pieces.  max_blocks, total_blocks: the most key blocks of any
+ * request and their sum (ar_attn_decode_tma_extent). */
 static int decode_tma_splits(const ar_attn_device *d, int R, int max_seq, int max_blocks, int64_t total_blocks,
                              int force_config, int force_splits, bool flat)
 {
     if (!flat) return 1;
+    const bool automatic = force_splits <= 0 && force_config < 0;
+    const bool split_everywhere = d->decode_tma_all && !d->decode_tma_uneven;   /* AR_CUDA_DECODE_TMA=split */
     int n = 1;
     if (force_config == AR_CFG_DECODE_TMA && force_splits > 0) n = force_splits;
     else if (force_splits <= 0 && d->decode_tma_splits > 0) n = d->decode_tma_splits;
-    else if (force_splits <= 0 && force_config < 0 && d->decode_tma_uneven && !d->kv_fp8 && split_path_ratio(d) >= 1)
+    else if (automatic && !d->kv_fp8 && !split_everywhere && split_path_ratio(d) >= 1)
         n = ar_attn_decode_tma_uneven_splits(total_blocks, max_blocks, d->num_sms * d->ctas_per_sm[AR_CFG_DECODE_TMA],
                                              split_path_ratio(d));
-    else if (force_splits <= 0 && force_config < 0 &&
-             (d->kv_fp8 || (d->decode_tma_all && !decode_tma_rule(d, R, max_seq))))
+    else if (automatic && (d->kv_fp8 || (d->decode_tma_all && !decode_tma_rule(d, R, max_seq))))
         n = ar_attn_split_count(R, max_blocks, d->num_sms * d->ctas_per_sm[AR_CFG_DECODE_TMA]);
     return n < 1 ? 1 : n > AR_MAX_SPLITS ? AR_MAX_SPLITS : n;
 }

@@ -139,7 +139,7 @@ void ar_attn_decode_tma_extent(int num_reqs, const int *seq_lens, int window,
 int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int *seq_lens, int window,
                              int num_kv_heads, int splits, int max_blocks, ar_attn_pieces *out);
 
-/* The pieces per request of a DECODE_TMA launch cut by the uneven rule (AR_CUDA_DECODE_TMA=uneven):
+/* The pieces per request of a 16-bit DECODE_TMA launch, cut by the uneven rule (attn_plan.c's decode_tma_splits):
  * the smallest n <= AR_MAX_SPLITS whose pieces, ceil(max_blocks / n) blocks, are at most ratio x
  * fair, fair = ceil(the launch's blocks / slots), as ar_attn_split_count_uneven does for DECODE's
  * items; DECODE_TMA's unit is a cache block of every KV head and its slots are SMs x 1 CTA.  A
@@ -166,7 +166,7 @@ typedef struct ar_attn_device {
     int wgmma_auto;                 /* the config PREFILL launches take automatically: AR_CFG_PREFILL_WG, or 0 */
     int decode_tma_auto;            /* the automatic plan may take DECODE_TMA */
     int decode_tma_all;             /* AR_CUDA_DECODE_TMA=split or =uneven: DECODE_TMA on every flat decode launch */
-    int decode_tma_uneven;          /* AR_CUDA_DECODE_TMA=uneven: its pieces by ar_attn_decode_tma_uneven_splits */
+    int decode_tma_uneven;          /* AR_CUDA_DECODE_TMA=uneven: with decode_tma_all, the uneven rule's pieces (not =split's) */
     int decode_tma_small;           /* the small-batch rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the rule's */

@@ -69,7 +69,8 @@
  *                            request into ar_attn_split_count pieces over SMs x 1 CTA (B 64 on 132
  *                            SMs: 2 pieces, 128 CTAs); the pieces' partials are combined by
  *                            combine_kernel;
- *   AR_CUDA_DECODE_TMA=uneven as =split, the pieces cut by the uneven rule instead
+ *   AR_CUDA_DECODE_TMA=uneven as =split, the pieces cut by the uneven rule instead, as the
+ *                            default plan cuts the batches decode_tma_rule gives DECODE_TMA
  *                            (ar_attn_decode_tma_uneven_splits: a long request among short ones
  *                            in pieces of at most the ratio x the even share, the requests no
  *                            longer than a piece whole);
