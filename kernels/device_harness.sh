@@ -95,12 +95,14 @@ fi
 # `device_harness.sh real-traces`: `make test-gpu` (REAL_TESTS=0 leaves it out), then the
 # Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
 # tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh (the cuda
-# backend under the uneven-split settings) and replay/python/side_by_side.sh with FA3's adapter,
-# both sides' repeats back to back (REPEAT=3), every step verified; before them gpu_cuda's cases
-# under AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt; REAL_TESTS=0 leaves it out too), and
-# bench_cuda's lopsided decode cases and its uniform B 32 / 48 / 64 decodes under the default plan
-# and under =uneven, twice each in turn (decode_bench.txt): sweep.txt, fa3.txt, and both databases
-# (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the second half.
+# backend under the default plan, DECODE_TMA's whole requests (AR_CUDA_DECODE_TMA_SPLITS=1),
+# the uneven rule's ratio 1 and AR_CUDA_DECODE_TMA=uneven) and replay/python/side_by_side.sh with
+# FA3's adapter, both sides' repeats back to back (REPEAT=3), every step verified; before them
+# gpu_cuda's cases under AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt; REAL_TESTS=0 leaves it
+# out too), and bench_cuda's lopsided decode case and its uniform B 32 / 48 / 64 decodes under
+# the default plan and with DECODE_TMA's whole requests, twice each in turn (decode_bench.txt):
+# sweep.txt, fa3.txt, and both databases (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the
+# second half.
 if [ "${1:-}" = "real-traces" ]; then
   trace=${REAL_TRACE:-out/mooncake300.trace.jsonl.gz}
   [ -f "$trace" ] || { echo "real-traces: $trace missing (simulate it here first and carry out/)"; exit 2; }
@@ -114,12 +116,11 @@ if [ "${1:-}" = "real-traces" ]; then
   fi
   stage "decode benches"
   for round in 1 2; do
-    for c in decode_lopsided_b121_s2048_135k decode_lopsided_b121_s2048_135k_tma; do
-      timeout -s KILL 60 build/tests/bench_cuda 20 "$c"
-    done
-    for tma in "" uneven; do
+    timeout -s KILL 60 build/tests/bench_cuda 20 decode_lopsided_b121_s2048_135k
+    for pieces in "" 1; do
       for c in decode_b32_s8192_gqa32_8_hd128 decode_b48_s8192_gqa32_8_hd128 decode_b64_s8192_gqa32_8_hd128; do
-        AR_CUDA_DECODE_TMA=$tma timeout -s KILL 60 build/tests/bench_cuda 20 "$c" | sed "s/^RESULT/RESULT tma=${tma:-default}/"
+        AR_CUDA_DECODE_TMA_SPLITS=$pieces timeout -s KILL 60 build/tests/bench_cuda 20 "$c" |
+          sed "s/^RESULT/RESULT tma_pieces=${pieces:-default}/"
       done
     done
   done >"$OUT/decode_bench.txt" 2>&1
@@ -127,7 +128,7 @@ if [ "${1:-}" = "real-traces" ]; then
   stage "trace sweep"
   rm -f /tmp/ar_sweep.db /tmp/ar_fa3.db
   PER_RUN_S=60 timeout -s KILL "$(( $(left) / 2 ))" kernels/paged/trace_sweep.sh /tmp/ar_sweep.db "$trace" \
-    >"$OUT/sweep.txt" 2>&1
+    "" "AR_CUDA_DECODE_TMA_SPLITS=1" "AR_CUDA_SPLIT_PATH_RATIO=1" "AR_CUDA_DECODE_TMA=uneven" >"$OUT/sweep.txt" 2>&1
   echo "trace_sweep rc=$?"; grep -E "^\[|^\|" "$OUT/sweep.txt" | cut -c1-160
   stage "FA3 on the trace"
   AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built} ADAPTERS=fa3 PLUGIN=none REPEAT=3 PER_RUN_S=100 \
