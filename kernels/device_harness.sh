@@ -99,8 +99,9 @@ fi
 # the uneven rule's ratio 1 and AR_CUDA_DECODE_TMA=uneven) and replay/python/side_by_side.sh with
 # FA3's adapter, both sides' repeats back to back (REPEAT=3), every step verified; before them
 # gpu_cuda's cases under AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt; REAL_TESTS=0 leaves it
-# out too), and bench_cuda's lopsided decode case and its uniform B 32 / 48 / 64 decodes under
-# the default plan and with DECODE_TMA's whole requests, twice each in turn (decode_bench.txt):
+# out too), and bench_cuda's lopsided decode case, its uniform B 32 / 48 / 64 decodes and its
+# B 128 with one long request under the default plan and with DECODE_TMA's whole requests, twice
+# each in turn (decode_bench.txt):
 # sweep.txt, fa3.txt, and both databases (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the
 # second half.
 if [ "${1:-}" = "real-traces" ]; then
@@ -118,7 +119,8 @@ if [ "${1:-}" = "real-traces" ]; then
   for round in 1 2; do
     timeout -s KILL 60 build/tests/bench_cuda 20 decode_lopsided_b121_s2048_135k
     for pieces in "" 1; do
-      for c in decode_b32_s8192_gqa32_8_hd128 decode_b48_s8192_gqa32_8_hd128 decode_b64_s8192_gqa32_8_hd128; do
+      for c in decode_b32_s8192_gqa32_8_hd128 decode_b48_s8192_gqa32_8_hd128 decode_b64_s8192_gqa32_8_hd128 \
+               decode_b128_s8192_one16k; do
         AR_CUDA_DECODE_TMA_SPLITS=$pieces timeout -s KILL 60 build/tests/bench_cuda 20 "$c" |
           sed "s/^RESULT/RESULT tma_pieces=${pieces:-default}/"
       done

@@ -465,10 +465,11 @@ static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_sta
  * launch's blocks over one CTA an SM, so a uniform batch from 0.5 x SMs requests keeps whole
  * requests (B 66 to 131 on 132 SMs), a batch of 0.48 to 0.5 x SMs requests (decode_tma_small_rule)
  * takes 2 pieces a request, and a long request among shorter ones is cut to about its even share
- * instead of outlasting the rest (128 requests of 8k keys and one of 16k: the long one in 2
- * pieces, 129 CTAs, where whole it took twice as long as the others).  Measured on bench_cuda's
- * uniform B 64 of 8k keys, GQA 32:8, us whole / 2 pieces: H100 (2026-12-06 17:46 UTC, twice in
- * turn) 714.9 and 711.5 / 686.8 and 686.8; H200 (2026-12-02 17:19 UTC, three repeats)
+ * instead of outlasting the rest (127 requests of 8k keys and one of 16k: the long one in 2
+ * pieces, 129 CTAs, where whole it took twice as long as the others; bench_cuda's
+ * decode_b128_s8192_one16k, not yet timed on a GPU).  Measured on bench_cuda's uniform B 64 of
+ * 8k keys, GQA 32:8, us whole / 2 pieces: H100 (2026-12-06 17:46-18:05 UTC, two calls, four
+ * readings each) 709.6-716.5 / 686.6-686.9; H200 (2026-12-02 17:19 UTC, three repeats)
  * 530.9-533.3 / 522.9-527.0.  Whole requests read 3.0 TB/s on the H100 from 64 CTAs, short of its
  * DRAM's rate, 128 half-requests 3.13.  AR_CUDA_DECODE_TMA_SPLITS=1 or
  * AR_CUDA_SPLIT_PATH_RATIO=off keeps whole requests (the plan before 2026-12-06).
