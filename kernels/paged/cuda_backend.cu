@@ -77,12 +77,14 @@
  *   AR_CUDA_DECODE_TMA_SPLITS=N  (1..64) every flat DECODE_TMA launch without a forced split cuts
  *                            each request into N pieces (with AR_CUDA_DECODE_TMA=split: N for the
  *                            small batches too; alone: the batches the rule already gives it);
- *   AR_CUDA_DECODE_TMA_STAGES=N  (1..8) DECODE_TMA's ring depth, at most the stages that fit (3 at
+ *   AR_CUDA_DECODE_TMA_STAGES=N  (1..12) DECODE_TMA's ring depth, at most the stages that fit (3 at
  *                            8 KV heads: 64 KB a stage);
  *   AR_CUDA_SPLIT_LIVE_ROWS=1  split pieces of the mma.sync kernels write partials only for rows
  *                            that hold a query token (the rows combine_kernel reads: 4 of 16 for a
  *                            decode with GQA 4), and combine_kernel's grid covers only those rows.
- * A value out of range leaves its knob at the default.
+ * cuda_knobs.c reads them all at open: 0 / 1 for the on-off switches, the words above (and 1
+ * for AR_CUDA_DECODE_TMA's default), the ranges above for the integers; any other value fails
+ * the open with exit 2 naming the variable, so a misspelt knob never runs the default plan.
  *
  * Q and the new K/V are generated on the device before, untimed (in vLLM they come out of the
  * QKV projection).  Repeats are idempotent: the write stores the same values to the same slots.
@@ -98,6 +100,7 @@
 #include <string.h>
 
 #include "cuda_backend.h"
+#include "cuda_knobs.h"
 #include "item_order.h"
 #define AR_ATTN_KERNEL_BODY 1
 #include "cuda_attn.cuh"
@@ -280,6 +283,8 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         snprintf(err, err_len, "cuda backend: %s", why);
         return strncmp(why, "no CUDA device", 14) == 0 ? 3 : 2;
     }
+    ar_cuda_knobs knobs;   /* the environment's switches, refused with exit 2 when misspelt */
+    if (ar_cuda_knobs_read(&knobs, ar_attn::DecodeTmaGeom::MAX_STAGES, err, err_len)) return 2;
     cuda_state *s = (cuda_state *)calloc(1, sizeof *s);
     if (!s) {
         snprintf(err, err_len, "cuda backend: out of host memory");
@@ -320,42 +325,22 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
         s->has_tma = ar_tma_encode(&probe, (const void *)(uintptr_t)4096, 3, dims, strides, box, "cuda", why,
                                    sizeof why) == 0;
     }
-    {
-        const char *e = getenv("AR_CUDA_WGMMA");
-        const bool off = e != NULL && strcmp(e, "0") == 0;
-        s->wgmma_auto = s->has_tma && (s->head_size == 128 || s->head_size == 256) && !off && !s->kv_fp8
-                            ? AR_CFG_PREFILL_WG
-                            : 0;
-    }
-    {
-        const char *e = getenv("AR_CUDA_CASCADE_FOLD");
-        s->fold_combine = !(e != NULL && strcmp(e, "0") == 0);
-    }
-    {
-        const char *e = getenv("AR_CUDA_DECODE_TMA");
-        s->decode_tma_auto = s->has_tma && !(e != NULL && strcmp(e, "0") == 0);
-        s->decode_tma_uneven = e != NULL && strcmp(e, "uneven") == 0;
-        s->decode_tma_all = e != NULL && (strcmp(e, "split") == 0 || s->decode_tma_uneven);
-        s->decode_tma_small = !(e != NULL && strcmp(e, "rule") == 0);
-        s->decode_tma_splits = ar_env_count("AR_CUDA_DECODE_TMA_SPLITS", AR_MAX_SPLITS);
-        s->decode_tma_stages = ar_env_count("AR_CUDA_DECODE_TMA_STAGES", ar_attn::DecodeTmaGeom::MAX_STAGES);
-        const char *wp = getenv("AR_CUDA_WG_PERSIST");
-        s->wg_persist = !(wp != NULL && strcmp(wp, "0") == 0);
-        const char *ws = getenv("AR_CUDA_WG_SECTION_MB");
-        char *ws_end = NULL;
-        const long ws_mb = ws && *ws ? strtol(ws, &ws_end, 10) : -1;
-        s->wg_section_bytes = ws_mb >= 0 && ws_mb <= 4096 && *ws_end == '\0' ? (int64_t)ws_mb << 20
-                                                                              : (int64_t)prop.l2CacheSize / 3;
-        s->decode_splits = ar_env_count("AR_CUDA_DECODE_SPLITS", AR_MAX_SPLITS);
-        const char *pr = getenv("AR_CUDA_SPLIT_PATH_RATIO");
-        s->split_path_ratio = pr != NULL && strcmp(pr, "off") == 0 ? -1 : ar_env_count("AR_CUDA_SPLIT_PATH_RATIO", 64);
-        const char *lr = getenv("AR_CUDA_SPLIT_LIVE_ROWS");
-        s->split_live_rows = lr != NULL && strcmp(lr, "1") == 0;
-    }
-    {
-        const char *e = getenv("AR_CUDA_CASCADE_MERGE");
-        s->fused_merge = !(e != NULL && strcmp(e, "separate") == 0);
-    }
+    s->wgmma_auto = s->has_tma && (s->head_size == 128 || s->head_size == 256) && !knobs.wgmma_off && !s->kv_fp8
+                        ? AR_CFG_PREFILL_WG
+                        : 0;
+    s->fold_combine = !knobs.cascade_fold_off;
+    s->decode_tma_auto = s->has_tma && !knobs.decode_tma_off;
+    s->decode_tma_uneven = knobs.decode_tma_uneven;
+    s->decode_tma_all = knobs.decode_tma_split || knobs.decode_tma_uneven;
+    s->decode_tma_small = !knobs.decode_tma_rule;
+    s->decode_tma_splits = knobs.decode_tma_splits;
+    s->decode_tma_stages = knobs.decode_tma_stages;
+    s->wg_persist = !knobs.wg_persist_off;
+    s->wg_section_bytes = knobs.wg_section_mb >= 0 ? (int64_t)knobs.wg_section_mb << 20 : (int64_t)prop.l2CacheSize / 3;
+    s->decode_splits = knobs.decode_splits;
+    s->split_path_ratio = knobs.split_path_ratio;
+    s->split_live_rows = knobs.split_live_rows;
+    s->fused_merge = !knobs.cascade_merge_separate;
     if ((rc = cuda_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
         return rc;
