@@ -4,8 +4,8 @@
  * pinned host allocations, the batch's checks and its arrays in the packed metadata buffer,
  * the check of the output buffers' guard regions on the device, a pool of timing events and the
  * times read from it, the encoding of TMA tensor maps (through the driver entry point the
- * runtime hands out, so nothing links libcuda), and the sweep knobs' integers from the
- * environment.  Header-only (static) so each .cu keeps its own copy of the code. */
+ * runtime hands out, so nothing links libcuda).  (The environment's switches: env_knobs.h.)
+ * Header-only (static) so each .cu keeps its own copy of the code. */
 #ifndef AR_CUDA_HOST_CUH
 #define AR_CUDA_HOST_CUH
 
@@ -18,17 +18,6 @@
 #include <string.h>
 
 #include "../../replay/backend.h"
-
-/* A sweep knob's value from the environment: an integer 1..most, else 0 (unset, or not such a
- * number: the knob keeps its default). */
-static inline int ar_env_count(const char *name, int most)
-{
-    const char *e = getenv(name);
-    if (!e || !*e) return 0;
-    char *end = NULL;
-    long v = strtol(e, &end, 10);
-    return *end == '\0' && v >= 1 && v <= most ? (int)v : 0;
-}
 
 /* A device allocation that only grows. */
 typedef struct dev_buf {

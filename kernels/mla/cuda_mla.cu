@@ -41,7 +41,9 @@
  * refused (exit 2).
  * AR_MLA_KERNEL=simt|tc-split-qk|tc-wgmma|tc-narrow|tc-narrow-bulk forces the decode kernel (for comparisons;
  * mla_route.h has the rule); AR_MLA_TMA=0 makes no tensor map of the cache, so the wgmma route
- * runs its cp.async fallback (attn_wgmma_cpasync_kernel), as where the driver refuses the map.
+ * runs its cp.async fallback (attn_wgmma_cpasync_kernel), as where the driver refuses the map;
+ * AR_MLA_SPLITS=N (1..1024) cuts every 64-row tile's keys into at most N pieces.  mla_knobs.c
+ * reads these three and refuses any other value (exit 2).
  *
  * LSE convention: [Hq, T], natural log, -inf for a row that sees no key (backend contract). */
 #include <cuda_runtime.h>
@@ -53,6 +55,7 @@
 #include <string.h>
 
 #include "cuda_mla.h"
+#include "mla_knobs.h"
 #include "../common/cuda_cublas.h"
 #include "../common/cuda_host.cuh"
 #include "mla_decode.h"
@@ -77,17 +80,6 @@ static size_t mla_round_up(size_t x, size_t a) { return ar_round_up(x, a); }
 static int mla_ensure_host(void **p, size_t *cap, size_t need, char *err, size_t err_len)
 {
     return ar_cuda_ensure_host(p, cap, need, "cuda-mla backend", err, err_len);
-}
-
-static ar_cuda_mla_kernel env_kernel(void)
-{
-    const char *e = getenv("AR_MLA_KERNEL");
-    if (e && strcmp(e, "simt") == 0) return AR_MLA_KERNEL_SIMT;
-    if (e && strcmp(e, "tc-split-qk") == 0) return AR_MLA_KERNEL_TC_SPLIT_QK;
-    if (e && strcmp(e, "tc-wgmma") == 0) return AR_MLA_KERNEL_TC_WGMMA;
-    if (e && strcmp(e, "tc-narrow") == 0) return AR_MLA_KERNEL_TC_NARROW;
-    if (e && strcmp(e, "tc-narrow-bulk") == 0) return AR_MLA_KERNEL_TC_NARROW_BULK;
-    return AR_MLA_KERNEL_AUTO;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -275,10 +267,14 @@ static int mla_open(const ar_run_config *cfg, void **state_out, char *err, size_
     s->gemm_cublas_asked = gemm_named && s->gemm_cublas;
     s->gemm_tc = !(gemm_named && strcmp(gemm_env, "simt") == 0);
     s->workspace_tokens = MLA_WORKSPACE_TOKENS;
-    s->force_kernel = env_kernel();
-    const char *tma_env = getenv("AR_MLA_TMA");
-    s->no_tensor_map = tma_env && strcmp(tma_env, "0") == 0;
-    s->force_splits = ar_env_count("AR_MLA_SPLITS", 1024);   /* every row tile in <= N pieces */
+    ar_mla_knobs knobs;   /* AR_MLA_KERNEL, AR_MLA_TMA, AR_MLA_SPLITS (mla_knobs.h) */
+    if (ar_mla_knobs_read(&knobs, err, err_len)) {
+        free(s);
+        return 2;
+    }
+    s->force_kernel = knobs.kernel;
+    s->no_tensor_map = knobs.no_tensor_map;
+    s->force_splits = knobs.splits;   /* every row tile in <= N pieces where set */
     int rc;
     cudaDeviceProp prop;
     if ((rc = mla_fail(cudaSetDevice(s->device), "cudaSetDevice", err, err_len)) ||

@@ -3,7 +3,8 @@
  * A value that is not one of a switch's words or a knob's integers is refused: the backend's open
  * fails with exit 2 naming the variable, its value and what it takes, so that a misspelt knob
  * (AR_CUDA_DECODE_TMA=unevn) never measures the default plan under another name.  Unset or empty
- * is the default.  tests/test_cuda_knobs.c checks every knob without a GPU. */
+ * is the default (kernels/common/env_knobs.h).  tests/test_env_knobs.c checks every knob
+ * without a GPU. */
 #ifndef AR_CUDA_KNOBS_H
 #define AR_CUDA_KNOBS_H
 

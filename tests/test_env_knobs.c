@@ -1,19 +1,23 @@
-/* test_cuda_knobs.c - the "cuda" backend's environment switches and sweep knobs
- * (kernels/paged/cuda_knobs.c) without a GPU: unset and empty are the defaults, each switch's
- * words and each knob's range ends set what they name, and a misspelt word, a number out of range
- * or trailing text is refused with exit 2 and a message naming the variable and its value. */
+/* test_env_knobs.c - the GPU backends' environment switches without a GPU: the "cuda" backend's
+ * (kernels/paged/cuda_knobs.c) and the cuda-mla backend's decode switches (kernels/mla/
+ * mla_knobs.c), both through kernels/common/env_knobs.c.  Unset and empty are the defaults, each
+ * switch's words and each knob's range ends set what they name, and a misspelt word, a number
+ * out of range or trailing text is refused with exit 2 and a message naming the backend, the
+ * variable and its value. */
 #include "testutil.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/mla/mla_knobs.h"
 #include "../kernels/paged/cuda_knobs.h"
 
 static const char *const all_knobs[] = {
     "AR_CUDA_WGMMA", "AR_CUDA_WG_PERSIST", "AR_CUDA_WG_SECTION_MB", "AR_CUDA_DECODE_TMA",
     "AR_CUDA_DECODE_TMA_SPLITS", "AR_CUDA_DECODE_TMA_STAGES", "AR_CUDA_DECODE_SPLITS", "AR_CUDA_SPLIT_PATH_RATIO",
-    "AR_CUDA_SPLIT_LIVE_ROWS", "AR_CUDA_CASCADE_FOLD", "AR_CUDA_CASCADE_MERGE",
+    "AR_CUDA_SPLIT_LIVE_ROWS", "AR_CUDA_CASCADE_FOLD", "AR_CUDA_CASCADE_MERGE", "AR_MLA_KERNEL", "AR_MLA_TMA",
+    "AR_MLA_SPLITS",
 };
 
 static int clear_knobs(void **state)
@@ -147,6 +151,58 @@ static void test_refused(void **state)
     assert_non_null(strstr(err, "not off or an integer from 1 to 64"));
 }
 
+/* Reads the cuda-mla switches with NAME=VALUE set alone. */
+static int mla_read_with(const char *name, const char *value, ar_mla_knobs *k, char *err, size_t err_len)
+{
+    clear_knobs(NULL);
+    if (name) setenv(name, value, 1);
+    err[0] = '\0';
+    const int rc = ar_mla_knobs_read(k, err, err_len);
+    clear_knobs(NULL);
+    return rc;
+}
+
+static void test_mla_switches(void **state)
+{
+    (void)state;
+    ar_mla_knobs k;
+    char err[256];
+    assert_int_equal(mla_read_with(NULL, NULL, &k, err, sizeof err), 0);
+    assert_int_equal(k.kernel, AR_MLA_KERNEL_AUTO);
+    assert_false(k.no_tensor_map);
+    assert_int_equal(k.splits, 0);
+    static const struct { const char *word; ar_cuda_mla_kernel kernel; } kernels[] = {
+        {"simt", AR_MLA_KERNEL_SIMT},           {"tc-split-qk", AR_MLA_KERNEL_TC_SPLIT_QK},
+        {"tc-wgmma", AR_MLA_KERNEL_TC_WGMMA},   {"tc-narrow", AR_MLA_KERNEL_TC_NARROW},
+        {"tc-narrow-bulk", AR_MLA_KERNEL_TC_NARROW_BULK}, {"", AR_MLA_KERNEL_AUTO},
+    };
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) {
+        assert_int_equal(mla_read_with("AR_MLA_KERNEL", kernels[i].word, &k, err, sizeof err), 0);
+        assert_int_equal(k.kernel, kernels[i].kernel);
+    }
+    assert_int_equal(mla_read_with("AR_MLA_TMA", "0", &k, err, sizeof err), 0);
+    assert_true(k.no_tensor_map);
+    assert_int_equal(mla_read_with("AR_MLA_TMA", "1", &k, err, sizeof err), 0);
+    assert_false(k.no_tensor_map);
+    assert_int_equal(mla_read_with("AR_MLA_SPLITS", "1", &k, err, sizeof err), 0);
+    assert_int_equal(k.splits, 1);
+    assert_int_equal(mla_read_with("AR_MLA_SPLITS", "1024", &k, err, sizeof err), 0);
+    assert_int_equal(k.splits, 1024);
+    static const char *const bad[][2] = {
+        {"AR_MLA_KERNEL", "tc-wgmma16"}, {"AR_MLA_KERNEL", "tc"}, {"AR_MLA_KERNEL", "auto"},
+        {"AR_MLA_TMA", "off"},           {"AR_MLA_SPLITS", "0"}, {"AR_MLA_SPLITS", "1025"},
+        {"AR_MLA_SPLITS", "1k"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(mla_read_with(bad[i][0], bad[i][1], &k, err, sizeof err), 2);
+        char expect[128];
+        snprintf(expect, sizeof expect, "cuda-mla backend: %s=%s: not ", bad[i][0], bad[i][1]);
+        if (strncmp(err, expect, strlen(expect)) != 0) fail_msg("%s=%s: message '%s'", bad[i][0], bad[i][1], err);
+    }
+    assert_int_equal(mla_read_with("AR_MLA_KERNEL", "wgmma", &k, err, sizeof err), 2);
+    assert_non_null(strstr(err, "simt, tc-split-qk, tc-wgmma, tc-narrow, tc-narrow-bulk"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -154,6 +210,7 @@ int main(void)
         cmocka_unit_test_setup(test_words, clear_knobs),
         cmocka_unit_test_setup(test_ranges, clear_knobs),
         cmocka_unit_test_setup(test_refused, clear_knobs),
+        cmocka_unit_test_setup(test_mla_switches, clear_knobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
