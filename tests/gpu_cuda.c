@@ -7,7 +7,8 @@
  * sizes 40 72 80 128 256, num_blocks 2048 and 32768, sliding window none and 256, random
  * block tables), the triton unified attention cases [(1,1)]*533 and [(533,533)]*533 (sampled
  * rows), soft cap 50 and window 64; both kernel geometries and forced split-KV; fp16; the
- * device generator bit for bit against the CPU's; guards; and every planted fault flagged.
+ * device generator bit for bit against the CPU's; guards; every planted fault flagged; and a
+ * misspelt switch refused at open.
  * test_every_kernel_instance launches each attention kernel instance the backend has - PREFILL
  * and DECODE at template head sizes 64/128/256, each exact (d = 64, 128, 256) and generic
  * (d = 40, 96, 192), plus the wgmma PREFILL_WG kernel where the device has it - in bf16 and
@@ -593,6 +594,36 @@ static void test_decode_tma_kernel(void **unused)
     print_message("%d DECODE_TMA cases passed\n", count + 3);
 }
 
+/* A value of one of the backend's switches it does not take is refused at open (exit 2, the
+ * message naming the variable and what it takes; kernels/paged/cuda_knobs.c), not read as the
+ * default plan: a misspelt word, trailing text, a number out of range. */
+static void test_unknown_switch_refused(void **unused)
+{
+    (void)unused;
+    ar_run_config c = make_cfg(8, 2, 128, 2048, AR_BF16, 0, 0);
+    if (!gpu_ready(&c)) { skip(); return; }
+    static const char *const cases[][2] = {
+        {"AR_CUDA_DECODE_TMA", "unevn"}, {"AR_CUDA_WGMMA", "off"}, {"AR_CUDA_DECODE_SPLITS", "3x"},
+        {"AR_CUDA_SPLIT_PATH_RATIO", "0"}, {"AR_CUDA_CASCADE_MERGE", "seperate"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *had = getenv(cases[i][0]);
+        char *saved = had ? strdup(had) : NULL;
+        setenv(cases[i][0], cases[i][1], 1);
+        void *state = NULL;
+        char err[512] = "";
+        const int rc = ar_cuda_backend.open(&c, &state, err, sizeof err);
+        if (saved) setenv(cases[i][0], saved, 1);
+        else unsetenv(cases[i][0]);
+        free(saved);
+        print_message("%s=%s: open %d: %s\n", cases[i][0], cases[i][1], rc, err);
+        if (rc == 0) ar_cuda_backend.close(state);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(err, cases[i][0]));
+        assert_non_null(strstr(err, ": not "));
+    }
+}
+
 /* Both geometries, forced split-KV (combine kernel), fp16, two layers, big GQA group. */
 static void test_paths_and_dtypes(void **unused)
 {
@@ -938,6 +969,7 @@ int main(void)
         cmocka_unit_test(test_generator_bit_identical),
         cmocka_unit_test(test_guard_detected),
         cmocka_unit_test(test_faults_flagged),
+        cmocka_unit_test(test_unknown_switch_refused),
         cmocka_unit_test(test_paths_and_dtypes),
         cmocka_unit_test(test_every_kernel_instance),
         cmocka_unit_test(test_tma_kernel),

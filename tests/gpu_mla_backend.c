@@ -548,25 +548,29 @@ static void test_cublas_gemm(void **st)
     check_switches("cublas", "simt");
 }
 
-/* A value of AR_MLA_GEMM or AR_MLA_PREFILL the backend does not know is refused at open (exit
- * 2, the message naming the variable and the values it takes), not read as the default. */
+/* A value of one of the backend's switches it does not take (AR_MLA_GEMM, AR_MLA_PREFILL, and
+ * mla_knobs.c's AR_MLA_KERNEL, AR_MLA_TMA, AR_MLA_SPLITS) is refused at open (exit 2, the message
+ * naming the variable and what it takes), not read as the default. */
 static void test_unknown_switch_refused(void **st)
 {
     (void)st;
     SKIP_WITHOUT_GPU();
-    static const char *const vars[2] = {"AR_MLA_GEMM", "AR_MLA_PREFILL"};
-    for (int i = 0; i < 2; i++) {
-        setenv(vars[i], "cuBLAS", 1);
+    static const char *const cases[][2] = {
+        {"AR_MLA_GEMM", "cuBLAS"}, {"AR_MLA_PREFILL", "cuBLAS"}, {"AR_MLA_KERNEL", "tc-wgmma16"},
+        {"AR_MLA_TMA", "off"},     {"AR_MLA_SPLITS", "0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setenv(cases[i][0], cases[i][1], 1);
         ar_run_config cfg = mla_cfg(16, 16, 64, AR_BF16, AR_BF16, 1.0);
         void *state = NULL;
         char err[512] = "";
         int rc = ar_cuda_mla_backend.open(&cfg, &state, err, sizeof err);
-        unsetenv(vars[i]);
-        print_message("%s=cuBLAS: open %d: %s\n", vars[i], rc, err);
+        unsetenv(cases[i][0]);
+        print_message("%s=%s: open %d: %s\n", cases[i][0], cases[i][1], rc, err);
         if (rc == 0) ar_cuda_mla_backend.close(state);
         assert_int_equal(rc, 2);
-        assert_non_null(strstr(err, vars[i]));
-        assert_non_null(strstr(err, "not one of"));
+        assert_non_null(strstr(err, cases[i][0]));
+        assert_non_null(strstr(err, ": not "));
     }
 }
 
