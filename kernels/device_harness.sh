@@ -95,8 +95,9 @@ fi
 # `device_harness.sh real-traces`: `make test-gpu` (REAL_TESTS=0 leaves it out), then the
 # Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
 # tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh (the cuda
-# backend under the default plan, DECODE_TMA's whole requests (AR_CUDA_DECODE_TMA_SPLITS=1),
-# the uneven rule's ratio 1 and AR_CUDA_DECODE_TMA=uneven) and replay/python/side_by_side.sh with
+# backend under the default plan, ratio 1 for the large uneven decodes (AR_CUDA_SPLIT_PATH_LARGE=1),
+# DECODE_TMA's whole requests (AR_CUDA_DECODE_TMA_SPLITS=1), the uneven rule's ratio 1 and
+# AR_CUDA_DECODE_TMA=uneven) and replay/python/side_by_side.sh with
 # FA3's adapter, both sides' repeats back to back (REPEAT=3), every step verified; before them
 # gpu_cuda's cases under AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt; REAL_TESTS=0 leaves it
 # out too), and bench_cuda's lopsided decode case, its uniform B 32 / 48 / 64 decodes and its
@@ -130,7 +131,8 @@ if [ "${1:-}" = "real-traces" ]; then
   stage "trace sweep"
   rm -f /tmp/ar_sweep.db /tmp/ar_fa3.db
   PER_RUN_S=60 timeout -s KILL "$(( $(left) / 2 ))" kernels/paged/trace_sweep.sh /tmp/ar_sweep.db "$trace" \
-    "" "AR_CUDA_DECODE_TMA_SPLITS=1" "AR_CUDA_SPLIT_PATH_RATIO=1" "AR_CUDA_DECODE_TMA=uneven" >"$OUT/sweep.txt" 2>&1
+    "" "AR_CUDA_SPLIT_PATH_LARGE=1" "AR_CUDA_DECODE_TMA_SPLITS=1" "AR_CUDA_SPLIT_PATH_RATIO=1" \
+    "AR_CUDA_DECODE_TMA=uneven" >"$OUT/sweep.txt" 2>&1
   echo "trace_sweep rc=$?"; grep -E "^\[|^\|" "$OUT/sweep.txt" | cut -c1-160
   stage "FA3 on the trace"
   AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built} ADAPTERS=fa3 PLUGIN=none REPEAT=3 PER_RUN_S=100 \

@@ -440,6 +440,77 @@ static int plan_of(const ar_attn_device *d, int n, int q_len, int seq_len, bool 
     return config;
 }
 
+/* DECODE's splits for the launch of seq [n] (one token a request) with AR_CUDA_SPLIT_PATH_LARGE
+ * at large (0 unset). */
+static int decode_splits_with_large(ar_attn_device *d, int n, const int *seq, int large)
+{
+    static int qsl[1025];
+    for (int r = 0; r <= n; r++) qsl[r] = r;
+    d->split_path_large = large;
+    ar_attn_plan pl;
+    assert_int_equal(ar_attn_build_plan(d, n, qsl, seq, false, true, -1, 0, &pl), 0);
+    d->split_path_large = 0;
+    assert_int_equal(pl.config, AR_CFG_DECODE);
+    const int splits = pl.num_splits;
+    ar_attn_plan_free(&pl);
+    return splits;
+}
+
+/* AR_CUDA_SPLIT_PATH_LARGE (ar_attn_split_path_ratio_for): its ratio only for a DECODE launch of
+ * at least AR_SPLIT_PATH_LARGE_FAIR units a slot whose longest item is over twice the mean. */
+static void test_split_path_large(void **state)
+{
+    (void)state;
+    ar_attn_device d = h200();
+    static int seq[64];
+    /* the Mooncake trace's ~60-request decodes: one of 47k keys among 59 of 2k-16k */
+    for (int r = 0; r < 60; r++) seq[r] = r == 0 ? 47000 : 2000 + (r * 613) % 14000;
+    const int base = decode_splits_with_large(&d, 60, seq, 0);
+    const int large = decode_splits_with_large(&d, 60, seq, 1);
+    print_message("60 decodes, one of 47k keys: %d splits at ratio 2, %d with the large launches' ratio 1\n", base,
+                  large);
+    assert_true(large > base);
+    /* with the uneven rule off it stays off */
+    d.split_path_ratio = -1;
+    assert_int_equal(decode_splits_with_large(&d, 60, seq, 1), decode_splits_with_large(&d, 60, seq, 0));
+    d.split_path_ratio = 0;
+    /* a small step (9 requests, one of 9.7k keys among 8 of 1k: about 2 units a slot) keeps the
+     * ratio's splits, where ratio 1 for every launch would cut it further */
+    for (int r = 0; r < 9; r++) seq[r] = r == 4 ? 9700 : 1000;
+    const int small = decode_splits_with_large(&d, 9, seq, 0);
+    assert_int_equal(decode_splits_with_large(&d, 9, seq, 1), small);
+    d.split_path_ratio = 1;
+    assert_true(decode_splits_with_large(&d, 9, seq, 0) > small);
+    d.split_path_ratio = 0;
+    /* every uniform batch (B 1-63 of 512 to 32k keys) keeps the ratio's splits, among them those
+     * that ratio 1 for every launch would cut further */
+    int cut_further = 0;
+    for (int b = 1; b < 64; b++)
+        for (int keys = 512; keys <= 32768; keys *= 2) {
+            for (int r = 0; r < b; r++) seq[r] = keys;
+            const int at_ratio = decode_splits_with_large(&d, b, seq, 0);
+            assert_int_equal(decode_splits_with_large(&d, b, seq, 1), at_ratio);
+            d.split_path_ratio = 1;
+            cut_further += decode_splits_with_large(&d, b, seq, 0) > at_ratio;
+            d.split_path_ratio = 0;
+        }
+    print_message("uniform batches ratio 1 would cut further: %d of 441\n", cut_further);
+    assert_true(cut_further > 0);
+    /* the function on its bounds: one item of 300 units and 10 of 20 (500 units, the longest
+     * over twice the mean of 45.5) take the large ratio from 8 units a slot (63 slots: 8) and
+     * not below (72 slots: 7); 11 items of 20 (none over twice the mean) do not; nor with the
+     * large ratio unset or the rule off */
+    ar_attn_work items[11];
+    for (int i = 0; i < 11; i++) items[i] = (ar_attn_work){i, 0, 0, 0, i == 0 ? 300 : 20, -1, 0};
+    assert_int_equal(ar_attn_split_path_ratio_for(items, 11, 300, 1, 10, 2, 1), 1);
+    assert_int_equal(ar_attn_split_path_ratio_for(items, 11, 300, 1, 63, 2, 1), 1);
+    assert_int_equal(ar_attn_split_path_ratio_for(items, 11, 300, 1, 72, 2, 1), 2);
+    assert_int_equal(ar_attn_split_path_ratio_for(items, 11, 300, 1, 10, 2, 0), 2);
+    assert_int_equal(ar_attn_split_path_ratio_for(items, 11, 300, 1, 10, -1, 1), -1);
+    for (int i = 0; i < 11; i++) items[i].tile_end = 20;
+    assert_int_equal(ar_attn_split_path_ratio_for(items, 11, 20, 1, 10, 2, 1), 2);
+}
+
 /* The rule as the decision's comment states it, case by case. */
 static void test_decision_rule(void **state)
 {
@@ -749,6 +820,7 @@ int main(void)
         cmocka_unit_test(test_items_and_cuts),
         cmocka_unit_test(test_decode_tma_items),
         cmocka_unit_test(test_split_rules),
+        cmocka_unit_test(test_split_path_large),
         cmocka_unit_test(test_decision_rule),
         cmocka_unit_test(test_random_plans),
     };

@@ -16,7 +16,7 @@
 static const char *const all_knobs[] = {
     "AR_CUDA_WGMMA", "AR_CUDA_WG_PERSIST", "AR_CUDA_WG_SECTION_MB", "AR_CUDA_DECODE_TMA",
     "AR_CUDA_DECODE_TMA_SPLITS", "AR_CUDA_DECODE_TMA_STAGES", "AR_CUDA_DECODE_SPLITS", "AR_CUDA_SPLIT_PATH_RATIO",
-    "AR_CUDA_SPLIT_LIVE_ROWS", "AR_CUDA_CASCADE_FOLD", "AR_CUDA_CASCADE_MERGE", "AR_MLA_KERNEL", "AR_MLA_TMA",
+    "AR_CUDA_SPLIT_PATH_LARGE", "AR_CUDA_SPLIT_LIVE_ROWS", "AR_CUDA_CASCADE_FOLD", "AR_CUDA_CASCADE_MERGE", "AR_MLA_KERNEL", "AR_MLA_TMA",
     "AR_MLA_SPLITS",
 };
 
@@ -51,6 +51,7 @@ static void test_defaults(void **state)
     assert_int_equal(k.decode_tma_stages, 0);
     assert_int_equal(k.decode_splits, 0);
     assert_int_equal(k.split_path_ratio, 0);
+    assert_int_equal(k.split_path_large, 0);
     /* empty is unset, for every knob */
     for (size_t i = 0; i < sizeof all_knobs / sizeof all_knobs[0]; i++) {
         assert_int_equal(read_with(all_knobs[i], "", &k, err, sizeof err), 0);
@@ -117,6 +118,8 @@ static void test_ranges(void **state)
     assert_int_equal(k.split_path_ratio, 1);
     assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_RATIO", "64", &k, err, sizeof err), 0);
     assert_int_equal(k.split_path_ratio, 64);
+    assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_LARGE", "1", &k, err, sizeof err), 0);
+    assert_int_equal(k.split_path_large, 1);
 }
 
 static void test_refused(void **state)
@@ -132,7 +135,8 @@ static void test_refused(void **state)
         {"AR_CUDA_DECODE_TMA_SPLITS", "65"},    {"AR_CUDA_DECODE_TMA_STAGES", "13"},
         {"AR_CUDA_DECODE_SPLITS", "three"},     {"AR_CUDA_DECODE_SPLITS", "3 "},
         {"AR_CUDA_SPLIT_PATH_RATIO", "0"},      {"AR_CUDA_SPLIT_PATH_RATIO", "65"},
-        {"AR_CUDA_SPLIT_PATH_RATIO", "Off"},
+        {"AR_CUDA_SPLIT_PATH_RATIO", "Off"},    {"AR_CUDA_SPLIT_PATH_LARGE", "0"},
+        {"AR_CUDA_SPLIT_PATH_LARGE", "off"},
     };
     ar_cuda_knobs k;
     char err[256];

@@ -79,13 +79,29 @@ static int uneven_cut(int64_t total, int max_units, int slots, int base, int rat
     return top > base ? top : base;
 }
 
+/* Units of items [n] in key tiles of warps_n. */
+static int64_t total_units(const ar_attn_work *items, int64_t n, int warps_n)
+{
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += (items[i].tile_end - items[i].tile_begin + warps_n - 1) / warps_n;
+    return total;
+}
+
 int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base,
                                int ratio)
 {
     if (n <= 0 || max_units <= 1 || slots <= 0 || warps_n <= 0 || base < 1 || ratio < 1) return base;
-    int64_t total = 0;
-    for (int64_t i = 0; i < n; i++) total += (items[i].tile_end - items[i].tile_begin + warps_n - 1) / warps_n;
-    return uneven_cut(total, max_units, slots, base, ratio);
+    return uneven_cut(total_units(items, n, warps_n), max_units, slots, base, ratio);
+}
+
+int ar_attn_split_path_ratio_for(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int ratio,
+                                 int large_ratio)
+{
+    if (ratio < 1 || large_ratio < 1 || n <= 0 || slots <= 0 || warps_n <= 0) return ratio;
+    const int64_t total = total_units(items, n, warps_n);
+    const int64_t fair = (total + slots - 1) / slots;
+    const bool uneven = (int64_t)max_units * n > 2 * total;
+    return fair >= AR_SPLIT_PATH_LARGE_FAIR && uneven ? large_ratio : ratio;
 }
 
 /* The uneven rule's ratio for this run: AR_CUDA_SPLIT_PATH_RATIO, else AR_SPLIT_PATH_RATIO (-1: off). */
@@ -587,7 +603,9 @@ int ar_attn_build_plan(const ar_attn_device *d, int R, const int *query_start_lo
                  : config == AR_CFG_DECODE && d->decode_splits > 0      ? d->decode_splits
                                                                         : ar_attn_split_count((int)n_items, max_units, slots);
     if (force_splits <= 0 && !non_causal && config == AR_CFG_DECODE && d->decode_splits <= 0)
-        splits = ar_attn_split_count_uneven(items, n_items, max_units, geom.warps_n, slots, splits, split_path_ratio(d));
+        splits = ar_attn_split_count_uneven(items, n_items, max_units, geom.warps_n, slots, splits,
+                                            ar_attn_split_path_ratio_for(items, n_items, max_units, geom.warps_n, slots,
+                                                                         split_path_ratio(d), d->split_path_large));
     if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
     ar_attn_pieces pieces;
     const int cut_rc = ar_attn_cut(items, n_items, splits, max_units, geom.warps_n, &pieces);

@@ -113,6 +113,19 @@ int ar_attn_split_count(int num_ctas, int max_units, int slots);
 int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base,
                                int ratio);
 
+/* The uneven rule's ratio for one DECODE launch when a second ratio is asked for large uneven
+ * launches (AR_CUDA_SPLIT_PATH_LARGE, a sweep knob; off by default): large_ratio where the launch
+ * is large, at least AR_SPLIT_PATH_LARGE_FAIR units a slot of even share, and uneven, its longest
+ * item over twice the mean; else ratio.  On the Mooncake trace (H100, 2026-12-06, two calls) ratio
+ * 1 took 0.970 of ratio 2's time on the steps of ~60 requests of up to 47k keys (about 40 units a
+ * slot) and 0.98 on the lopsided ones, and 1.08 on the small steps of 8-10 requests and 17k keys
+ * (about 2 units a slot), whose pieces it halves to one or two units; uniform launches, where the
+ * 85% rule is measured, are left to ratio.  The rule is prepared for that measurement, not yet
+ * run.  items [n], units in key tiles of warps_n; ratio (off: < 1) when either is < 1. */
+#define AR_SPLIT_PATH_LARGE_FAIR 8
+int ar_attn_split_path_ratio_for(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int ratio,
+                                 int large_ratio);
+
 /* The cascade prefix pass's split count: the smallest s within 5% of the best over s <= 64 of
  * ceil(C s / slots) / s, pieces of at least 2 units, none from 4 waves of unsplit work up. */
 int ar_attn_prefix_split_count(int num_ctas, int max_units, int slots);
@@ -171,6 +184,7 @@ typedef struct ar_attn_device {
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the rule's */
     int split_path_ratio;           /* AR_CUDA_SPLIT_PATH_RATIO: the uneven rule's ratio, 0 = AR_SPLIT_PATH_RATIO, -1 = off */
+    int split_path_large;           /* AR_CUDA_SPLIT_PATH_LARGE: the ratio for large uneven DECODE launches, 0 = none */
     int64_t wg_section_bytes;       /* PREFILL_WG item order's L2 section (item_order.h) */
 } ar_attn_device;
 

@@ -64,6 +64,7 @@ static ar_attn_device device_of(const cuda_state *s)
     d.decode_tma_splits = s->decode_tma_splits;
     d.decode_splits = s->decode_splits;
     d.split_path_ratio = s->split_path_ratio;
+    d.split_path_large = s->split_path_large;
     d.wg_section_bytes = s->wg_section_bytes;
     return d;
 }
