@@ -14,8 +14,8 @@ int ar_mla_knobs_read(ar_mla_knobs *k, char *err, size_t err_len)
     static const char *const names[] = {"simt", "tc-split-qk", "tc-wgmma", "tc-narrow", "tc-narrow-bulk"};
     static const ar_cuda_mla_kernel kernels[] = {AR_MLA_KERNEL_SIMT, AR_MLA_KERNEL_TC_SPLIT_QK, AR_MLA_KERNEL_TC_WGMMA,
                                                  AR_MLA_KERNEL_TC_NARROW, AR_MLA_KERNEL_TC_NARROW_BULK};
-    const int kernel = ar_env_word(WHO, "AR_MLA_KERNEL", names, 5, "simt, tc-split-qk, tc-wgmma, tc-narrow, tc-narrow-bulk",
-                                   err, err_len);
+    const int kernel = ar_env_word(WHO, "AR_MLA_KERNEL", names, 5,
+                                   "simt, tc-split-qk, tc-wgmma, tc-narrow, tc-narrow-bulk", err, err_len);
     if (kernel == -2) return 2;
     if (kernel >= 0) k->kernel = kernels[kernel];
     static const char *const binary[] = {"0", "1"};

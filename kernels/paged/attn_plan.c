@@ -407,8 +407,9 @@ static void plan_take(ar_attn_plan *pl, int config, ar_attn_geom geom, int split
  * automatic plan takes it (force_config -1, no forced split, AR_CUDA_DECODE_TMA not 0) for
  * batches of at least half as many requests as the device has SMs whose longest context is at
  * most DECODE_TMA_MAX_KEYS keys, and for batches of at least 0.9 x SMs requests at any
- * context: one CTA walks a request, or a piece of one no shorter than twice its even share
- * (decode_tma_splits), so it needs most SMs busy, and none of its requests much longer than the rest (decode_tma_lopsided).  On the H200
+ * context: one CTA walks a request, or a piece of one of at most twice the even share
+ * (decode_tma_splits), so it needs most SMs busy, and none of its requests much longer than the
+ * rest (decode_tma_lopsided).  On the H200
  * (bench_cascade's FLAT lines, 128 decodes, GQA 32/8, whole-block boxes, out/run52.sh,
  * 2026-11-30): 128 keys (the cascade suffix pass) 30.7 us against 36.0 for DECODE; 1152 keys
  * 82.1 against 155.6; 8320 keys 480.0 against 761.4; 32896 keys 1845.8 against 2888.7; 33024
@@ -422,7 +423,7 @@ static bool decode_tma_rule(const ar_attn_device *d, int R, int max_seq)
 }
 /* Just below that rule, a flat decode launch of at least 0.48 x SMs requests with contexts of at
  * most DECODE_TMA_MAX_KEYS keys takes DECODE_TMA too (measured with whole requests; the default
- * plan now cuts such a batch into 2 pieces a request, decode_tma_splits): one DECODE_TMA CTA streams
+ * plan cuts such a batch into 2 pieces a request, decode_tma_splits): one DECODE_TMA CTA streams
  * about 67 GB/s (H200, kernels/paged/decode_sweep.sh, 8k contexts, GQA 32:8, 2026-12-02: B 48 in
  * 500.2 us = 3.22 TB/s over 48 CTAs, B 64 in 505.3 us = 4.25 TB/s over 64), so it takes about
  * the copy ceiling (4.23 TB/s) / 67 GB/s = 64 CTAs, 0.48 of the 132 SMs, to read at the rate of
