@@ -92,19 +92,17 @@ if [ "${1:-}" = "power" ]; then
   pack_out test-gpu.txt power.txt power_samples.csv
   exit 0
 fi
-# `device_harness.sh real-traces`: `make test-gpu` (REAL_TESTS=0 leaves it out), then the
-# Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
-# tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh (the cuda
-# backend under the default plan, ratio 1 for the large uneven decodes (AR_CUDA_SPLIT_PATH_LARGE=1),
-# DECODE_TMA's whole requests (AR_CUDA_DECODE_TMA_SPLITS=1), the uneven rule's ratio 1 and
-# AR_CUDA_DECODE_TMA=uneven) and replay/python/side_by_side.sh with
-# FA3's adapter, both sides' repeats back to back (REPEAT=3), every step verified; before them
-# gpu_cuda's cases under AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt; REAL_TESTS=0 leaves it
-# out too), and bench_cuda's lopsided decode case, its uniform B 32 / 48 / 64 decodes and its
-# B 128 with one long request under the default plan and with DECODE_TMA's whole requests, twice
-# each in turn (decode_bench.txt):
-# sweep.txt, fa3.txt, and both databases (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the
-# second half.
+# `device_harness.sh real-traces`: `make test-gpu` and gpu_cuda's cases under
+# AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt; REAL_TESTS=0 leaves both out); bench_cuda's
+# lopsided decode case, and its uniform B 32 / 48 / 64 decodes and its B 128 with one long request
+# under the default plan and with DECODE_TMA's whole requests, twice each in turn
+# (decode_bench.txt); then the Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the
+# development machine as in tests/gpu_verify_h200.sh's comment, and carried) through
+# kernels/paged/trace_sweep.sh under the default plan, ratio 1 for the large uneven decodes
+# (AR_CUDA_SPLIT_PATH_LARGE=1), DECODE_TMA's whole requests (AR_CUDA_DECODE_TMA_SPLITS=1), ratio 1
+# everywhere and AR_CUDA_DECODE_TMA=uneven (sweep.txt), and replay/python/side_by_side.sh with
+# FA3's adapter (fa3.txt), both sides' repeats back to back (REPEAT=3), every step verified; both
+# databases (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the last part.
 if [ "${1:-}" = "real-traces" ]; then
   trace=${REAL_TRACE:-out/mooncake300.trace.jsonl.gz}
   [ -f "$trace" ] || { echo "real-traces: $trace missing (simulate it here first and carry out/)"; exit 2; }

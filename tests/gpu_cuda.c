@@ -63,6 +63,27 @@ static bool decode_tma_everywhere(void)
     const char *e = getenv("AR_CUDA_DECODE_TMA");
     return e && (strcmp(e, "split") == 0 || strcmp(e, "uneven") == 0);
 }
+/* An environment variable set to value for one step of a test, and put back as it was (unset,
+ * or its earlier value, which the harness may have set for the whole file). */
+typedef struct env_saved {
+    const char *name;
+    char *old;   /* strdup'd, NULL when it was unset */
+} env_saved;
+static env_saved env_set(const char *name, const char *value)
+{
+    const char *had = getenv(name);
+    env_saved e = {name, had ? strdup(had) : NULL};
+    setenv(name, value, 1);
+    return e;
+}
+static void env_restore(env_saved *e)
+{
+    if (e->old) setenv(e->name, e->old, 1);
+    else unsetenv(e->name);
+    free(e->old);
+    e->old = NULL;
+}
+
 /* A small decode batch's automatic plan: DECODE, or DECODE_TMA under decode_tma_everywhere. */
 #define assert_small_decode_plan(r) \
     assert_true((r).plan.config == 1 || (decode_tma_everywhere() && (r).plan.config == 3))
@@ -567,13 +588,9 @@ static void test_decode_tma_kernel(void **unused)
      * request's 2,500 in 47, each short one's 94 in 2), the pieces' partials combined */
     seq_case lopsided[12];
     for (int i = 0; i < 12; i++) lopsided[i] = (seq_case){1, i == 5 ? 40000 : 1500};
-    const char *tma_env = getenv("AR_CUDA_DECODE_TMA");
-    char *tma_saved = tma_env ? strdup(tma_env) : NULL;
-    setenv("AR_CUDA_DECODE_TMA", "uneven", 1);
+    env_saved tma = env_set("AR_CUDA_DECODE_TMA", "uneven");
     run_case(&c, lopsided, 12, &auto_opts, &r);
-    if (tma_saved) setenv("AR_CUDA_DECODE_TMA", tma_saved, 1);
-    else unsetenv("AR_CUDA_DECODE_TMA");
-    free(tma_saved);
+    env_restore(&tma);
     expect_pass("AR_CUDA_DECODE_TMA=uneven, one decode of 40k keys among 11 of 1.5k", &r);
     assert_int_equal(r.plan.config, CFG_DECODE_TMA);
     assert_true(r.plan.num_splits > 1);
@@ -607,15 +624,11 @@ static void test_unknown_switch_refused(void **unused)
         {"AR_CUDA_SPLIT_PATH_RATIO", "0"}, {"AR_CUDA_CASCADE_MERGE", "seperate"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *had = getenv(cases[i][0]);
-        char *saved = had ? strdup(had) : NULL;
-        setenv(cases[i][0], cases[i][1], 1);
+        env_saved bad = env_set(cases[i][0], cases[i][1]);
         void *state = NULL;
         char err[512] = "";
         const int rc = ar_cuda_backend.open(&c, &state, err, sizeof err);
-        if (saved) setenv(cases[i][0], saved, 1);
-        else unsetenv(cases[i][0]);
-        free(saved);
+        env_restore(&bad);
         print_message("%s=%s: open %d: %s\n", cases[i][0], cases[i][1], rc, err);
         if (rc == 0) ar_cuda_backend.close(state);
         assert_int_equal(rc, 2);

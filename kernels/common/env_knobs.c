@@ -16,6 +16,12 @@ int ar_env_word(const char *who, const char *name, const char *const *words, int
     return -2;
 }
 
+int ar_env_flag(const char *who, const char *name, char *err, size_t err_len)
+{
+    static const char *const binary[] = {"0", "1"};
+    return ar_env_word(who, name, binary, 2, "0, 1", err, err_len);
+}
+
 int ar_env_int(const char *who, const char *name, long lo, long hi, long *out, char *err, size_t err_len)
 {
     const char *v = getenv(name);

@@ -2,7 +2,7 @@
  * listed words, a knob an integer in its range, unset or empty is the default, and anything else
  * is refused with "WHO: VAR=VALUE: not ..." so that the backend's open fails with exit 2 instead
  * of running its default under a misspelt name.  Used by the cuda backend (kernels/paged/
- * cuda_knobs.c) and the cuda-mla backend (kernels/mla/cuda_mla.cu); plain C. */
+ * cuda_knobs.c) and the cuda-mla backend (kernels/mla/mla_knobs.c); plain C. */
 #ifndef AR_ENV_KNOBS_H
 #define AR_ENV_KNOBS_H
 
@@ -16,6 +16,9 @@ extern "C" {
  * NAME=VALUE: not one of TAKES (unset: the default)"). */
 int ar_env_word(const char *who, const char *name, const char *const *words, int n, const char *takes, char *err,
                 size_t err_len);
+
+/* A 0 / 1 switch: -1 unset or empty, 0 or 1, -2 anything else (err as ar_env_word's). */
+int ar_env_flag(const char *who, const char *name, char *err, size_t err_len);
 
 /* The variable's integer in lo..hi: 0 unset or empty, 1 with *out set, -2 anything else (err:
  * "WHO: NAME=VALUE: not an integer from LO to HI (unset: the default)"). */

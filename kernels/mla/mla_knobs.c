@@ -18,8 +18,7 @@ int ar_mla_knobs_read(ar_mla_knobs *k, char *err, size_t err_len)
                                    "simt, tc-split-qk, tc-wgmma, tc-narrow, tc-narrow-bulk", err, err_len);
     if (kernel == -2) return 2;
     if (kernel >= 0) k->kernel = kernels[kernel];
-    static const char *const binary[] = {"0", "1"};
-    const int tma = ar_env_word(WHO, "AR_MLA_TMA", binary, 2, "0, 1", err, err_len);
+    const int tma = ar_env_flag(WHO, "AR_MLA_TMA", err, err_len);
     if (tma == -2) return 2;
     k->no_tensor_map = tma == 0;
     long splits = 0;

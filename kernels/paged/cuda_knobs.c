@@ -12,14 +12,12 @@
 
 #define WHO "cuda backend"
 
-/* A switch of 0 / 1 whose default is on: *off true for 0; 0, or -2 refused (err written). */
-static int knob_off(const char *name, bool *off, char *err, size_t err_len)
+/* A 0 / 1 switch into *on (left as it is when unset); 0, or -2 refused (err written). */
+static int knob_flag(const char *name, bool *on, char *err, size_t err_len)
 {
-    static const char *const words[] = {"0", "1"};
-    const int w = ar_env_word(WHO, name, words, 2, "0, 1", err, err_len);
-    if (w == -2) return -2;
-    *off = w == 0;
-    return 0;
+    const int w = ar_env_flag(WHO, name, err, err_len);
+    if (w >= 0) *on = w == 1;
+    return w == -2 ? -2 : 0;
 }
 
 /* A knob's integer in lo..hi into *out (left as it is when unset); 0, or -2 refused. */
@@ -35,14 +33,15 @@ int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_
 {
     memset(k, 0, sizeof *k);
     k->wg_section_mb = -1;
-    if (knob_off("AR_CUDA_WGMMA", &k->wgmma_off, err, err_len) ||
-        knob_off("AR_CUDA_WG_PERSIST", &k->wg_persist_off, err, err_len) ||
-        knob_off("AR_CUDA_CASCADE_FOLD", &k->cascade_fold_off, err, err_len))
+    bool wgmma = true, wg_persist = true, cascade_fold = true;
+    if (knob_flag("AR_CUDA_WGMMA", &wgmma, err, err_len) ||
+        knob_flag("AR_CUDA_WG_PERSIST", &wg_persist, err, err_len) ||
+        knob_flag("AR_CUDA_CASCADE_FOLD", &cascade_fold, err, err_len) ||
+        knob_flag("AR_CUDA_SPLIT_LIVE_ROWS", &k->split_live_rows, err, err_len))
         return 2;
-    static const char *const binary[] = {"0", "1"};
-    const int live_rows = ar_env_word(WHO, "AR_CUDA_SPLIT_LIVE_ROWS", binary, 2, "0, 1", err, err_len);
-    if (live_rows == -2) return 2;
-    k->split_live_rows = live_rows == 1;
+    k->wgmma_off = !wgmma;
+    k->wg_persist_off = !wg_persist;
+    k->cascade_fold_off = !cascade_fold;
 
     static const char *const tma_words[] = {"0", "1", "rule", "split", "uneven"};
     switch (ar_env_word(WHO, "AR_CUDA_DECODE_TMA", tma_words, 5, "0, 1, rule, split, uneven", err, err_len)) {
