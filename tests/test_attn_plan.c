@@ -441,7 +441,7 @@ static int plan_of(const ar_attn_device *d, int n, int q_len, int seq_len, bool 
 }
 
 /* DECODE's splits for the launch of seq [n] (one token a request) with AR_CUDA_SPLIT_PATH_LARGE
- * at large (0 unset). */
+ * at large (0 unset: the default; -1 off). */
 static int decode_splits_with_large(ar_attn_device *d, int n, const int *seq, int large)
 {
     static int qsl[1025];
@@ -465,22 +465,29 @@ static void test_split_path_large(void **state)
     static int seq[64];
     /* the Mooncake trace's ~60-request decodes: one of 47k keys among 59 of 2k-16k */
     for (int r = 0; r < 60; r++) seq[r] = r == 0 ? 47000 : 2000 + (r * 613) % 14000;
-    const int base = decode_splits_with_large(&d, 60, seq, 0);
+    const int base = decode_splits_with_large(&d, 60, seq, -1);
     const int large = decode_splits_with_large(&d, 60, seq, 1);
     print_message("60 decodes, one of 47k keys: %d splits at ratio 2, %d with the large launches' ratio 1\n", base,
                   large);
     assert_true(large > base);
+    /* ratio 1 is the default for such launches, and an explicit AR_CUDA_SPLIT_PATH_RATIO (a sweep of
+     * the one ratio) sets it aside unless the large ratio is asked too */
+    assert_int_equal(decode_splits_with_large(&d, 60, seq, 0), large);
+    d.split_path_ratio = 2;
+    assert_int_equal(decode_splits_with_large(&d, 60, seq, 0), base);
+    assert_int_equal(decode_splits_with_large(&d, 60, seq, 1), large);
+    d.split_path_ratio = 0;
     /* with the uneven rule off it stays off */
     d.split_path_ratio = -1;
-    assert_int_equal(decode_splits_with_large(&d, 60, seq, 1), decode_splits_with_large(&d, 60, seq, 0));
+    assert_int_equal(decode_splits_with_large(&d, 60, seq, 1), decode_splits_with_large(&d, 60, seq, -1));
     d.split_path_ratio = 0;
     /* a small step (9 requests, one of 9.7k keys among 8 of 1k: about 2 units a slot) keeps the
      * ratio's splits, where ratio 1 for every launch would cut it further */
     for (int r = 0; r < 9; r++) seq[r] = r == 4 ? 9700 : 1000;
-    const int small = decode_splits_with_large(&d, 9, seq, 0);
+    const int small = decode_splits_with_large(&d, 9, seq, -1);
     assert_int_equal(decode_splits_with_large(&d, 9, seq, 1), small);
     d.split_path_ratio = 1;
-    assert_true(decode_splits_with_large(&d, 9, seq, 0) > small);
+    assert_true(decode_splits_with_large(&d, 9, seq, -1) > small);
     d.split_path_ratio = 0;
     /* every uniform batch (B 1-63 of 512 to 32k keys) keeps the ratio's splits, among them those
      * that ratio 1 for every launch would cut further */
@@ -488,10 +495,11 @@ static void test_split_path_large(void **state)
     for (int b = 1; b < 64; b++)
         for (int keys = 512; keys <= 32768; keys *= 2) {
             for (int r = 0; r < b; r++) seq[r] = keys;
-            const int at_ratio = decode_splits_with_large(&d, b, seq, 0);
+            const int at_ratio = decode_splits_with_large(&d, b, seq, -1);
             assert_int_equal(decode_splits_with_large(&d, b, seq, 1), at_ratio);
+            assert_int_equal(decode_splits_with_large(&d, b, seq, 0), at_ratio);
             d.split_path_ratio = 1;
-            cut_further += decode_splits_with_large(&d, b, seq, 0) > at_ratio;
+            cut_further += decode_splits_with_large(&d, b, seq, -1) > at_ratio;
             d.split_path_ratio = 0;
         }
     print_message("uniform batches ratio 1 would cut further: %d of 441\n", cut_further);
@@ -595,9 +603,10 @@ static void test_decision_rule(void **state)
         ar_attn_plan_free(&pl);
         d.decode_tma_all = 0;
     }
-    /* the Mooncake decode step of 11 requests, one at 135,150 keys: DECODE with the uneven rule's
-     * 30 splits (the 85% rule alone: 6), the long request's 8 KV heads in 30 pieces of at most 18
-     * units (72 key tiles of 64) each, the short ones whole */
+    /* the Mooncake decode step of 11 requests, one at 135,150 keys (about 48 units a slot, the
+     * longest item far over twice the mean): DECODE with the uneven rule's 59 splits at the large
+     * launches' ratio 1 (ratio 2: 30; the 85% rule alone: 6), the long request's 8 KV heads in 59
+     * pieces of at most 9 units (36 key tiles of 64) each, the short ones whole */
     {
         int qsl[12], seq[11];
         for (int r = 0; r <= 11; r++) qsl[r] = r;
@@ -605,11 +614,18 @@ static void test_decision_rule(void **state)
         ar_attn_plan pl;
         assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
         assert_int_equal(pl.config, AR_CFG_DECODE);
+        assert_int_equal(pl.num_splits, 59);
+        assert_int_equal(pl.num_work, 8 * 59 + 10 * 8);
+        assert_int_equal(pl.num_groups, 8);
+        for (int64_t k = 0; k < pl.num_work; k++) assert_true(pl.work[k].tile_end - pl.work[k].tile_begin <= 36);
+        ar_attn_plan_free(&pl);
+        d.split_path_large = -1;   /* AR_CUDA_SPLIT_PATH_LARGE=off: ratio 2's 30 pieces of at most 18 units */
+        assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
         assert_int_equal(pl.num_splits, 30);
         assert_int_equal(pl.num_work, 8 * 30 + 10 * 8);
-        assert_int_equal(pl.num_groups, 8);
         for (int64_t k = 0; k < pl.num_work; k++) assert_true(pl.work[k].tile_end - pl.work[k].tile_begin <= 72);
         ar_attn_plan_free(&pl);
+        d.split_path_large = 0;
         d.split_path_ratio = -1;   /* AR_CUDA_SPLIT_PATH_RATIO=off: the 85% rule's 6 */
         assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
         assert_int_equal(pl.num_splits, 6);
@@ -745,6 +761,7 @@ static void test_random_plans(void **state)
         d.decode_tma_small = rnd(2);
         d.decode_splits = rnd(5) == 0 ? 1 + rnd(6) : 0;
         d.split_path_ratio = rnd(4) == 0 ? (rnd(2) ? -1 : 1 + rnd(8)) : 0;
+        d.split_path_large = rnd(4) == 0 ? (rnd(2) ? -1 : 1 + rnd(8)) : 0;
         d.sliding_window = rnd(4) == 0 ? 1 + rnd(4000) : 0;
         d.fault = rnd(10) == 0 ? AR_FAULT_CAUSAL_OFF_BY_ONE : AR_FAULT_NONE;
         static int qsl[257], seq[256];
@@ -798,9 +815,14 @@ static void test_random_plans(void **state)
             if (fs == 0 && !(pl.config == AR_CFG_DECODE && d.decode_splits > 0)) {
                 int want = non_causal ? ar_attn_prefix_split_count((int)n, max_units, slots)
                                       : ar_attn_split_count((int)n, max_units, slots);
-                if (!non_causal && pl.config == AR_CFG_DECODE)
-                    want = ar_attn_split_count_uneven(items, n, max_units, g->warps_n, slots, want,
-                                                      d.split_path_ratio ? d.split_path_ratio : AR_SPLIT_PATH_RATIO);
+                if (!non_causal && pl.config == AR_CFG_DECODE) {
+                    const int ratio = d.split_path_ratio ? d.split_path_ratio : AR_SPLIT_PATH_RATIO;
+                    const int large = d.split_path_large ? (d.split_path_large > 0 ? d.split_path_large : 0)
+                                      : d.split_path_ratio ? 0 : AR_SPLIT_PATH_LARGE;
+                    want = ar_attn_split_count_uneven(
+                        items, n, max_units, g->warps_n, slots, want,
+                        ar_attn_split_path_ratio_for(items, n, max_units, g->warps_n, slots, ratio, large));
+                }
                 assert_int_equal(pl.num_splits, want);
             }
             if (!ar_attn_config_is_wg(pl.config))   /* PREFILL_WG's order is item_order's */

@@ -120,6 +120,8 @@ static void test_ranges(void **state)
     assert_int_equal(k.split_path_ratio, 64);
     assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_LARGE", "1", &k, err, sizeof err), 0);
     assert_int_equal(k.split_path_large, 1);
+    assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_LARGE", "off", &k, err, sizeof err), 0);
+    assert_int_equal(k.split_path_large, -1);
 }
 
 static void test_refused(void **state)
@@ -136,7 +138,7 @@ static void test_refused(void **state)
         {"AR_CUDA_DECODE_SPLITS", "three"},     {"AR_CUDA_DECODE_SPLITS", "3 "},
         {"AR_CUDA_SPLIT_PATH_RATIO", "0"},      {"AR_CUDA_SPLIT_PATH_RATIO", "65"},
         {"AR_CUDA_SPLIT_PATH_RATIO", "Off"},    {"AR_CUDA_SPLIT_PATH_LARGE", "0"},
-        {"AR_CUDA_SPLIT_PATH_LARGE", "off"},
+        {"AR_CUDA_SPLIT_PATH_LARGE", "OFF"},    {"AR_CUDA_SPLIT_PATH_LARGE", "65"},
     };
     ar_cuda_knobs k;
     char err[256];
@@ -153,6 +155,8 @@ static void test_refused(void **state)
     assert_non_null(strstr(err, "from 1 to 12"));
     assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_RATIO", "x", &k, err, sizeof err), 2);
     assert_non_null(strstr(err, "not off or an integer from 1 to 64"));
+    assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_LARGE", "2x", &k, err, sizeof err), 2);
+    assert_non_null(strstr(err, "AR_CUDA_SPLIT_PATH_LARGE=2x: not off or an integer from 1 to 64"));
 }
 
 /* Reads the cuda-mla switches with NAME=VALUE set alone. */

@@ -110,6 +110,15 @@ static int split_path_ratio(const ar_attn_device *d)
     return d->split_path_ratio ? d->split_path_ratio : AR_SPLIT_PATH_RATIO;
 }
 
+/* The large uneven DECODE launches' ratio for this run: AR_CUDA_SPLIT_PATH_LARGE, else
+ * AR_SPLIT_PATH_LARGE unless AR_CUDA_SPLIT_PATH_RATIO asks one ratio of every launch (a sweep of
+ * the ratio measures it alone); 0 none. */
+static int split_path_large(const ar_attn_device *d)
+{
+    if (d->split_path_large) return d->split_path_large > 0 ? d->split_path_large : 0;
+    return d->split_path_ratio ? 0 : AR_SPLIT_PATH_LARGE;
+}
+
 /* The cascade prefix pass: one sequence, so every unsplit item has the same length and the
  * time is ~ ceil(C s / S_slots) / s waves of unsplit work.  Take the smallest s within 5% of
  * the best over s <= 64 (no split from 4 waves of unsplit work up), with pieces of at least 2
@@ -606,7 +615,7 @@ int ar_attn_build_plan(const ar_attn_device *d, int R, const int *query_start_lo
     if (force_splits <= 0 && !non_causal && config == AR_CFG_DECODE && d->decode_splits <= 0)
         splits = ar_attn_split_count_uneven(items, n_items, max_units, geom.warps_n, slots, splits,
                                             ar_attn_split_path_ratio_for(items, n_items, max_units, geom.warps_n, slots,
-                                                                         split_path_ratio(d), d->split_path_large));
+                                                                         split_path_ratio(d), split_path_large(d)));
     if (splits > AR_MAX_SPLITS) splits = AR_MAX_SPLITS;
     ar_attn_pieces pieces;
     const int cut_rc = ar_attn_cut(items, n_items, splits, max_units, geom.warps_n, &pieces);

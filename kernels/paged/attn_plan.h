@@ -113,15 +113,18 @@ int ar_attn_split_count(int num_ctas, int max_units, int slots);
 int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int base,
                                int ratio);
 
-/* The uneven rule's ratio for one DECODE launch when a second ratio is asked for large uneven
- * launches (AR_CUDA_SPLIT_PATH_LARGE, a sweep knob; off by default): large_ratio where the launch
- * is large, at least AR_SPLIT_PATH_LARGE_FAIR units a slot of even share, and uneven, its longest
- * item over twice the mean; else ratio.  On the Mooncake trace (H100, 2026-12-06, two calls) ratio
- * 1 took 0.970 of ratio 2's time on the steps of ~60 requests of up to 47k keys (about 40 units a
- * slot) and 0.98 on the lopsided ones, and 1.08 on the small steps of 8-10 requests and 17k keys
- * (about 2 units a slot), whose pieces it halves to one or two units; uniform launches, where the
- * 85% rule is measured, are left to ratio.  The rule is prepared for that measurement, not yet
- * run.  items [n], units in key tiles of warps_n; ratio (off: < 1) when either is < 1. */
+/* The uneven rule's ratio for one DECODE launch with a second ratio for large uneven launches
+ * (AR_SPLIT_PATH_LARGE, 1, by default; AR_CUDA_SPLIT_PATH_LARGE=N or off): large_ratio where the
+ * launch is large, at least AR_SPLIT_PATH_LARGE_FAIR units a slot of even share, and uneven, its
+ * longest item over twice the mean; else ratio.  Ratio 1 for every launch took 0.970 of ratio 2's
+ * time on the Mooncake trace's steps of ~60 requests of up to 47k keys (about 40 units a slot) but
+ * 1.08 on its small steps of 8-10 requests and 17k keys (about 2 units a slot), whose pieces it
+ * halves to one or two units (H100, 2026-12-06, two calls); uniform launches, where the 85% rule
+ * is measured, are left to ratio.  With this rule the trace's 1,059 decode steps took 0.987 of
+ * ratio 2's total time (H100, 2026-12-06 20:12 UTC, every step verified): 0.988 / 0.985 / 0.987 /
+ * 0.947 by total context 16k-128k / 128k-256k / 256k-512k / 512k up, 0.999 under 16k, no group
+ * slower.  items [n], units in key tiles of warps_n; ratio (off: < 1) when either is < 1. */
+#define AR_SPLIT_PATH_LARGE 1
 #define AR_SPLIT_PATH_LARGE_FAIR 8
 int ar_attn_split_path_ratio_for(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int ratio,
                                  int large_ratio);
@@ -184,7 +187,8 @@ typedef struct ar_attn_device {
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the rule's */
     int split_path_ratio;           /* AR_CUDA_SPLIT_PATH_RATIO: the uneven rule's ratio, 0 = AR_SPLIT_PATH_RATIO, -1 = off */
-    int split_path_large;           /* AR_CUDA_SPLIT_PATH_LARGE: the ratio for large uneven DECODE launches, 0 = none */
+    int split_path_large;           /* AR_CUDA_SPLIT_PATH_LARGE: the ratio for large uneven DECODE launches, 0 = AR_SPLIT_PATH_LARGE
+                                       (none when split_path_ratio is set), -1 = off */
     int64_t wg_section_bytes;       /* PREFILL_WG item order's L2 section (item_order.h) */
 } ar_attn_device;
 

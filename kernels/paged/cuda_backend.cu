@@ -66,7 +66,8 @@
  *                            =off the 85% rule's count alone (the plan before 2026-12-06);
  *   AR_CUDA_SPLIT_PATH_LARGE=N  (1..64) the uneven rule's ratio for a DECODE launch of at least
  *                            AR_SPLIT_PATH_LARGE_FAIR units a slot whose longest item is over
- *                            twice the mean (ar_attn_split_path_ratio_for; unset: the ratio);
+ *                            twice the mean (ar_attn_split_path_ratio_for; default 1, none when
+ *                            AR_CUDA_SPLIT_PATH_RATIO is set); =off the ratio for every launch;
  *   AR_CUDA_DECODE_TMA=split the automatic plan takes DECODE_TMA for every flat decode launch it can
  *                            run, below decode_tma_rule's batch sizes too, there cutting each
  *                            request into ar_attn_split_count pieces over SMs x 1 CTA (B 64 on 132
@@ -140,7 +141,7 @@ typedef struct cuda_state {
                                        the L2, or AR_CUDA_WG_SECTION_MB; 0: longest first */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the heuristic */
     int split_path_ratio;           /* AR_CUDA_SPLIT_PATH_RATIO: 0 the default, -1 off, else the ratio */
-    int split_path_large;           /* AR_CUDA_SPLIT_PATH_LARGE: 0 none, else the large uneven launches' ratio */
+    int split_path_large;           /* AR_CUDA_SPLIT_PATH_LARGE: 0 unset (the default), -1 off, else the large uneven launches' ratio */
     int split_live_rows;            /* AR_CUDA_SPLIT_LIVE_ROWS=1: partials and combine threads only
                                        for rows that hold a query token */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;

@@ -29,6 +29,20 @@ static int knob_int(const char *name, long lo, long hi, int *out, char *err, siz
     return r < 0 ? -2 : 0;
 }
 
+/* A split ratio knob: off (-1) or an integer from 1 to 64 into *out (left as it is when unset);
+ * 0, or -2 refused. */
+static int knob_ratio(const char *name, int *out, char *err, size_t err_len)
+{
+    const char *value = getenv(name);
+    if (value && strcmp(value, "off") == 0) {
+        *out = -1;
+        return 0;
+    }
+    if (knob_int(name, 1, 64, out, err, err_len) == 0) return 0;
+    snprintf(err, err_len, WHO ": %s=%s: not off or an integer from 1 to 64 (unset: the default)", name, value);
+    return -2;
+}
+
 int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_len)
 {
     memset(k, 0, sizeof *k);
@@ -61,15 +75,8 @@ int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_
         knob_int("AR_CUDA_DECODE_TMA_SPLITS", 1, AR_MAX_SPLITS, &k->decode_tma_splits, err, err_len) ||
         knob_int("AR_CUDA_DECODE_TMA_STAGES", 1, most_stages, &k->decode_tma_stages, err, err_len) ||
         knob_int("AR_CUDA_DECODE_SPLITS", 1, AR_MAX_SPLITS, &k->decode_splits, err, err_len) ||
-        knob_int("AR_CUDA_SPLIT_PATH_LARGE", 1, 64, &k->split_path_large, err, err_len))
+        knob_ratio("AR_CUDA_SPLIT_PATH_RATIO", &k->split_path_ratio, err, err_len) ||
+        knob_ratio("AR_CUDA_SPLIT_PATH_LARGE", &k->split_path_large, err, err_len))
         return 2;
-    const char *ratio = getenv("AR_CUDA_SPLIT_PATH_RATIO");
-    if (ratio && strcmp(ratio, "off") == 0) {
-        k->split_path_ratio = -1;
-    } else if (knob_int("AR_CUDA_SPLIT_PATH_RATIO", 1, 64, &k->split_path_ratio, err, err_len)) {
-        snprintf(err, err_len, WHO ": AR_CUDA_SPLIT_PATH_RATIO=%s: not off or an integer from 1 to 64 "
-                 "(unset: the default)", ratio);
-        return 2;
-    }
     return 0;
 }

@@ -27,7 +27,7 @@ typedef struct ar_cuda_knobs {
     int decode_tma_stages;     /* AR_CUDA_DECODE_TMA_STAGES=1..most_stages, 0 unset */
     int decode_splits;         /* AR_CUDA_DECODE_SPLITS=1..AR_MAX_SPLITS, 0 unset */
     int split_path_ratio;      /* AR_CUDA_SPLIT_PATH_RATIO=1..64, 0 unset, -1 off */
-    int split_path_large;      /* AR_CUDA_SPLIT_PATH_LARGE=1..64, 0 unset */
+    int split_path_large;      /* AR_CUDA_SPLIT_PATH_LARGE=1..64, 0 unset, -1 off */
     bool split_live_rows;      /* AR_CUDA_SPLIT_LIVE_ROWS=1 (0: the default) */
     bool cascade_fold_off;     /* AR_CUDA_CASCADE_FOLD=0 (1: the default) */
     bool cascade_merge_separate; /* AR_CUDA_CASCADE_MERGE=separate (fused: the default) */
