@@ -94,13 +94,14 @@ if [ "${1:-}" = "power" ]; then
 fi
 # `device_harness.sh real-traces`: `make test-gpu` and gpu_cuda's cases under
 # AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt; REAL_TESTS=0 leaves both out); bench_cuda's
-# lopsided decode case, and its uniform B 32 / 48 / 64 decodes and its B 128 with one long request
-# under the default plan and with DECODE_TMA's whole requests, twice each in turn
-# (decode_bench.txt); then the Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the
-# development machine as in tests/gpu_verify_h200.sh's comment, and carried) through
-# kernels/paged/trace_sweep.sh under the default plan, ratio 2 for the large uneven decodes too
-# (AR_CUDA_SPLIT_PATH_LARGE=off), ratio 1 everywhere, AR_CUDA_DECODE_TMA=uneven and that at ratio 1
-# (sweep.txt), and replay/python/side_by_side.sh with
+# lopsided decode case under the default plan and AR_CUDA_DECODE_TMA_MANY=0, and its uniform
+# B 32 / 48 / 64 decodes and its B 128 with one long request under the default plan and with
+# DECODE_TMA's whole requests, twice each in turn (decode_bench.txt); then the Mooncake trace
+# (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
+# tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh under the
+# default plan, DECODE for the many-request uneven decodes (AR_CUDA_DECODE_TMA_MANY=0), ratio 2 for
+# the large uneven decodes too (AR_CUDA_SPLIT_PATH_LARGE=off), ratio 1 everywhere and
+# AR_CUDA_DECODE_TMA=uneven at ratio 1 (sweep.txt), and replay/python/side_by_side.sh with
 # FA3's adapter (fa3.txt), both sides' repeats back to back (REPEAT=3), every step verified; both
 # databases (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the last part.
 if [ "${1:-}" = "real-traces" ]; then
@@ -116,7 +117,10 @@ if [ "${1:-}" = "real-traces" ]; then
   fi
   stage "decode benches"
   for round in 1 2; do
-    timeout -s KILL 60 build/tests/bench_cuda 20 decode_lopsided_b121_s2048_135k
+    for many in "" 0; do
+      AR_CUDA_DECODE_TMA_MANY=$many timeout -s KILL 60 build/tests/bench_cuda 20 decode_lopsided_b121_s2048_135k |
+        sed "s/^RESULT/RESULT tma_many=${many:-default}/"
+    done
     for pieces in "" 1; do
       for c in decode_b32_s8192_gqa32_8_hd128 decode_b48_s8192_gqa32_8_hd128 decode_b64_s8192_gqa32_8_hd128 \
                decode_b128_s8192_one16k; do
@@ -129,7 +133,7 @@ if [ "${1:-}" = "real-traces" ]; then
   stage "trace sweep"
   rm -f /tmp/ar_sweep.db /tmp/ar_fa3.db
   PER_RUN_S=60 timeout -s KILL "$(( $(left) / 2 ))" kernels/paged/trace_sweep.sh /tmp/ar_sweep.db "$trace" \
-    "" "AR_CUDA_SPLIT_PATH_LARGE=off" "AR_CUDA_SPLIT_PATH_RATIO=1" "AR_CUDA_DECODE_TMA=uneven" \
+    "" "AR_CUDA_DECODE_TMA_MANY=0" "AR_CUDA_SPLIT_PATH_LARGE=off" "AR_CUDA_SPLIT_PATH_RATIO=1" \
     "AR_CUDA_DECODE_TMA=uneven AR_CUDA_SPLIT_PATH_RATIO=1" >"$OUT/sweep.txt" 2>&1
   echo "trace_sweep rc=$?"; grep -E "^\[|^\|" "$OUT/sweep.txt" | cut -c1-160
   stage "FA3 on the trace"

@@ -519,6 +519,88 @@ static void test_split_path_large(void **state)
     assert_int_equal(ar_attn_split_path_ratio_for(items, 11, 20, 1, 10, 2, 1), 2);
 }
 
+/* The plan of the flat decode launch of seq [n] (one token a request): its config, and in
+ * *pieces_ok whether no piece is longer than the even share of the launch's blocks over the SMs
+ * (DECODE_TMA's uneven cut at ratio 1). */
+static int many_plan(const ar_attn_device *d, int n, const int *seq, bool flat, bool *pieces_ok)
+{
+    static int qsl[1025];
+    for (int r = 0; r <= n; r++) qsl[r] = r;
+    ar_attn_plan pl;
+    assert_int_equal(ar_attn_build_plan(d, n, qsl, seq, false, flat, -1, 0, &pl), 0);
+    int max_blocks, max_seq;
+    int64_t total;
+    ar_attn_decode_tma_extent(n, seq, 0, &max_blocks, &total, &max_seq);
+    const int64_t fair = (total + d->num_sms - 1) / d->num_sms;
+    *pieces_ok = pl.config == AR_CFG_DECODE_TMA;
+    for (int64_t k = 0; k < pl.num_work && *pieces_ok; k++) *pieces_ok = pl.work[k].tile_end - pl.work[k].tile_begin <= fair;
+    const int config = pl.config;
+    ar_attn_plan_free(&pl);
+    return config;
+}
+
+/* decode_tma_many_rule: a flat 16-bit decode launch of at least SMs / 4 requests whose longest is
+ * past 16k keys and over twice the mean (at most 32 times it), at least 64 blocks an SM of even share, takes DECODE_TMA
+ * with pieces of at most the even share (the large uneven launches' ratio 1); everything else
+ * keeps its plan. */
+static void test_decode_tma_many(void **state)
+{
+    (void)state;
+    ar_attn_device d = h200();
+    d.decode_tma_many = 1;
+    static int seq[128];
+    bool ok;
+    /* the Mooncake trace's ~60-request decodes: one of 40k keys among 60 of 2k-16k */
+    for (int r = 0; r < 61; r++) seq[r] = r == 0 ? 40100 : 2000 + (r * 613) % 14000;
+    assert_int_equal(many_plan(&d, 61, seq, true, &ok), AR_CFG_DECODE_TMA);
+    assert_true(ok);
+    assert_int_equal(many_plan(&d, 61, seq, false, &ok), AR_CFG_DECODE);   /* a cascade pass: not flat */
+    d.decode_tma_many = 0;   /* AR_CUDA_DECODE_TMA_MANY=0: DECODE, as before */
+    assert_int_equal(many_plan(&d, 61, seq, true, &ok), AR_CFG_DECODE);
+    d.decode_tma_many = 1;
+    d.split_path_large = -1;   /* the large ratio off: DECODE at ratio 2, as before */
+    assert_int_equal(many_plan(&d, 61, seq, true, &ok), AR_CFG_DECODE);
+    d.split_path_large = 0;
+    d.split_path_ratio = 2;    /* a sweep of one ratio: the same */
+    assert_int_equal(many_plan(&d, 61, seq, true, &ok), AR_CFG_DECODE);
+    d.split_path_ratio = 0;
+    d.kv_fp8 = 1;              /* an fp8 cache: DECODE */
+    d.elem_bytes = 1;
+    assert_int_equal(many_plan(&d, 61, seq, true, &ok), AR_CFG_DECODE);
+    d.kv_fp8 = 0;
+    d.elem_bytes = 2;
+    /* 32 requests (fewer than SMs / 4) of the same kind: DECODE */
+    assert_int_equal(many_plan(&d, 32, seq, true, &ok), AR_CFG_DECODE);
+    assert_int_equal(many_plan(&d, 33, seq, true, &ok), AR_CFG_DECODE_TMA);
+    assert_true(ok);
+    /* uniform, 61 of 40k keys: not uneven, DECODE */
+    for (int r = 0; r < 61; r++) seq[r] = 40100;
+    assert_int_equal(many_plan(&d, 61, seq, true, &ok), AR_CFG_DECODE);
+    /* the longest just under twice the mean: DECODE; just over it: DECODE_TMA */
+    for (int r = 0; r < 40; r++) seq[r] = r < 20 ? 16 * 2000 : 16 * 1000;   /* mean 1500 blocks */
+    seq[0] = 16 * 3000;   /* 3000 of a mean of 1525 */
+    assert_int_equal(many_plan(&d, 40, seq, true, &ok), AR_CFG_DECODE);
+    seq[0] = 16 * 3100;   /* 3100 against 2 x 1527.5: over */
+    assert_int_equal(many_plan(&d, 40, seq, true, &ok), AR_CFG_DECODE_TMA);
+    assert_true(ok);
+    /* small: 40 requests, one of 17k keys among 39 of 100: 1,336 blocks, under 64 an SM: DECODE */
+    for (int r = 0; r < 40; r++) seq[r] = r == 0 ? 17000 : 100;
+    assert_int_equal(many_plan(&d, 40, seq, true, &ok), AR_CFG_DECODE);
+    /* too lopsided: bench_cuda's 121 requests, one of 135k keys among 120 of 2k (44 times the mean), DECODE;
+     * one of 67k keys (22 times): DECODE_TMA */
+    for (int r = 0; r < 121; r++) seq[r] = r == 7 ? 135150 : 2048;
+    assert_int_equal(many_plan(&d, 121, seq, true, &ok), AR_CFG_DECODE);
+    seq[7] = 67575;
+    assert_int_equal(many_plan(&d, 121, seq, true, &ok), AR_CFG_DECODE_TMA);
+    assert_true(ok);
+    /* none past 16k keys: 60 requests, one of 16k among 59 of 4k, DECODE */
+    for (int r = 0; r < 60; r++) seq[r] = r == 0 ? 16384 : 4096;
+    assert_int_equal(many_plan(&d, 60, seq, true, &ok), AR_CFG_DECODE);
+    seq[0] = 16385;
+    assert_int_equal(many_plan(&d, 60, seq, true, &ok), AR_CFG_DECODE_TMA);
+    assert_true(ok);
+}
+
 /* The rule as the decision's comment states it, case by case. */
 static void test_decision_rule(void **state)
 {
@@ -759,6 +841,7 @@ static void test_random_plans(void **state)
         d.decode_tma_all = rnd(4) == 0;
         d.decode_tma_uneven = d.decode_tma_all && rnd(2);
         d.decode_tma_small = rnd(2);
+        d.decode_tma_many = rnd(2);
         d.decode_splits = rnd(5) == 0 ? 1 + rnd(6) : 0;
         d.split_path_ratio = rnd(4) == 0 ? (rnd(2) ? -1 : 1 + rnd(8)) : 0;
         d.split_path_large = rnd(4) == 0 ? (rnd(2) ? -1 : 1 + rnd(8)) : 0;
@@ -843,6 +926,7 @@ int main(void)
         cmocka_unit_test(test_decode_tma_items),
         cmocka_unit_test(test_split_rules),
         cmocka_unit_test(test_split_path_large),
+        cmocka_unit_test(test_decode_tma_many),
         cmocka_unit_test(test_decision_rule),
         cmocka_unit_test(test_random_plans),
     };

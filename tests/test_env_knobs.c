@@ -14,7 +14,7 @@
 #include "../kernels/paged/cuda_knobs.h"
 
 static const char *const all_knobs[] = {
-    "AR_CUDA_WGMMA", "AR_CUDA_WG_PERSIST", "AR_CUDA_WG_SECTION_MB", "AR_CUDA_DECODE_TMA",
+    "AR_CUDA_WGMMA", "AR_CUDA_WG_PERSIST", "AR_CUDA_WG_SECTION_MB", "AR_CUDA_DECODE_TMA", "AR_CUDA_DECODE_TMA_MANY",
     "AR_CUDA_DECODE_TMA_SPLITS", "AR_CUDA_DECODE_TMA_STAGES", "AR_CUDA_DECODE_SPLITS", "AR_CUDA_SPLIT_PATH_RATIO",
     "AR_CUDA_SPLIT_PATH_LARGE", "AR_CUDA_SPLIT_LIVE_ROWS", "AR_CUDA_CASCADE_FOLD", "AR_CUDA_CASCADE_MERGE",
     "AR_MLA_KERNEL", "AR_MLA_TMA", "AR_MLA_SPLITS",
@@ -45,7 +45,8 @@ static void test_defaults(void **state)
     char err[256];
     assert_int_equal(read_with(NULL, NULL, &k, err, sizeof err), 0);
     assert_false(k.wgmma_off || k.wg_persist_off || k.decode_tma_off || k.decode_tma_rule || k.decode_tma_split ||
-                 k.decode_tma_uneven || k.split_live_rows || k.cascade_fold_off || k.cascade_merge_separate);
+                 k.decode_tma_uneven || k.split_live_rows || k.cascade_fold_off || k.cascade_merge_separate ||
+                 k.decode_tma_many_off);
     assert_int_equal(k.wg_section_mb, -1);
     assert_int_equal(k.decode_tma_splits, 0);
     assert_int_equal(k.decode_tma_stages, 0);
@@ -95,6 +96,10 @@ static void test_words(void **state)
     assert_false(k.decode_tma_split || k.decode_tma_off);
     assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_RATIO", "off", &k, err, sizeof err), 0);
     assert_int_equal(k.split_path_ratio, -1);
+    assert_int_equal(read_with("AR_CUDA_DECODE_TMA_MANY", "0", &k, err, sizeof err), 0);
+    assert_true(k.decode_tma_many_off);
+    assert_int_equal(read_with("AR_CUDA_DECODE_TMA_MANY", "1", &k, err, sizeof err), 0);
+    assert_false(k.decode_tma_many_off);
 }
 
 static void test_ranges(void **state)
@@ -132,6 +137,7 @@ static void test_refused(void **state)
         {"AR_CUDA_DECODE_TMA", "2"},            {"AR_CUDA_WGMMA", "off"},
         {"AR_CUDA_WG_PERSIST", "no"},           {"AR_CUDA_CASCADE_FOLD", "false"},
         {"AR_CUDA_SPLIT_LIVE_ROWS", "yes"},     {"AR_CUDA_CASCADE_MERGE", "seperate"},
+        {"AR_CUDA_DECODE_TMA_MANY", "off"},
         {"AR_CUDA_WG_SECTION_MB", "-1"},        {"AR_CUDA_WG_SECTION_MB", "4097"},
         {"AR_CUDA_WG_SECTION_MB", "16MB"},      {"AR_CUDA_DECODE_TMA_SPLITS", "0"},
         {"AR_CUDA_DECODE_TMA_SPLITS", "65"},    {"AR_CUDA_DECODE_TMA_STAGES", "13"},

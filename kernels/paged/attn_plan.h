@@ -184,6 +184,7 @@ typedef struct ar_attn_device {
     int decode_tma_all;             /* AR_CUDA_DECODE_TMA=split or =uneven: DECODE_TMA on every flat decode launch */
     int decode_tma_uneven;          /* AR_CUDA_DECODE_TMA=uneven: with decode_tma_all, the uneven rule's pieces (not =split's) */
     int decode_tma_small;           /* the small-batch rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
+    int decode_tma_many;            /* the many-request uneven rule applies (AR_CUDA_DECODE_TMA_MANY=0: it does not) */
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the rule's */
     int split_path_ratio;           /* AR_CUDA_SPLIT_PATH_RATIO: the uneven rule's ratio, 0 = AR_SPLIT_PATH_RATIO, -1 = off */

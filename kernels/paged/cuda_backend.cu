@@ -56,7 +56,9 @@
  *   AR_CUDA_DECODE_TMA=0     no DECODE_TMA in the automatic plan;
  *   AR_CUDA_DECODE_TMA=rule  DECODE_TMA only by decode_tma_rule (the flat decode batches of
  *                            decode_tma_small_rule, 0.48 to 0.5 x SMs requests, take DECODE, as
- *                            before 2026-12-02);
+ *                            before 2026-12-02, and those of decode_tma_many_rule too);
+ *   AR_CUDA_DECODE_TMA_MANY=0  the uneven decode batches of many requests past 16k keys
+ *                            (decode_tma_many_rule) take DECODE, as before 2026-12-06;
  *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
@@ -134,6 +136,7 @@ typedef struct cuda_state {
     int decode_tma_all;             /* AR_CUDA_DECODE_TMA=split or =uneven: DECODE_TMA on every flat decode launch */
     int decode_tma_uneven;          /* AR_CUDA_DECODE_TMA=uneven: its pieces by the uneven rule */
     int decode_tma_small;           /* decode_tma_small_rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
+    int decode_tma_many;            /* decode_tma_many_rule applies (AR_CUDA_DECODE_TMA_MANY=0: it does not) */
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
     int decode_tma_stages;          /* AR_CUDA_DECODE_TMA_STAGES: ring depth, 0 = the most that fit */
     int wg_persist;                 /* 1: PREFILL_WG launches are persistent (AR_CUDA_WG_PERSIST) */
@@ -338,6 +341,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->decode_tma_uneven = knobs.decode_tma_uneven;
     s->decode_tma_all = knobs.decode_tma_split || knobs.decode_tma_uneven;
     s->decode_tma_small = !knobs.decode_tma_rule;
+    s->decode_tma_many = !knobs.decode_tma_rule && !knobs.decode_tma_many_off;
     s->decode_tma_splits = knobs.decode_tma_splits;
     s->decode_tma_stages = knobs.decode_tma_stages;
     s->wg_persist = !knobs.wg_persist_off;

@@ -47,8 +47,9 @@ int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_
 {
     memset(k, 0, sizeof *k);
     k->wg_section_mb = -1;
-    bool wgmma = true, wg_persist = true, cascade_fold = true;
+    bool wgmma = true, wg_persist = true, cascade_fold = true, decode_tma_many = true;
     if (knob_flag("AR_CUDA_WGMMA", &wgmma, err, err_len) ||
+        knob_flag("AR_CUDA_DECODE_TMA_MANY", &decode_tma_many, err, err_len) ||
         knob_flag("AR_CUDA_WG_PERSIST", &wg_persist, err, err_len) ||
         knob_flag("AR_CUDA_CASCADE_FOLD", &cascade_fold, err, err_len) ||
         knob_flag("AR_CUDA_SPLIT_LIVE_ROWS", &k->split_live_rows, err, err_len))
@@ -56,6 +57,7 @@ int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_
     k->wgmma_off = !wgmma;
     k->wg_persist_off = !wg_persist;
     k->cascade_fold_off = !cascade_fold;
+    k->decode_tma_many_off = !decode_tma_many;
 
     static const char *const tma_words[] = {"0", "1", "rule", "split", "uneven"};
     switch (ar_env_word(WHO, "AR_CUDA_DECODE_TMA", tma_words, 5, "0, 1, rule, split, uneven", err, err_len)) {

@@ -21,6 +21,7 @@ typedef struct ar_cuda_knobs {
     int wg_section_mb;         /* AR_CUDA_WG_SECTION_MB=0..4096 MiB, -1 unset (a third of the L2) */
     bool decode_tma_off;       /* AR_CUDA_DECODE_TMA=0 */
     bool decode_tma_rule;      /* AR_CUDA_DECODE_TMA=rule: no small-batch rule */
+    bool decode_tma_many_off;  /* AR_CUDA_DECODE_TMA_MANY=0: no many-request uneven rule */
     bool decode_tma_split;     /* AR_CUDA_DECODE_TMA=split */
     bool decode_tma_uneven;    /* AR_CUDA_DECODE_TMA=uneven */
     int decode_tma_splits;     /* AR_CUDA_DECODE_TMA_SPLITS=1..AR_MAX_SPLITS, 0 unset */

@@ -61,6 +61,7 @@ static ar_attn_device device_of(const cuda_state *s)
     d.decode_tma_all = s->decode_tma_all;
     d.decode_tma_uneven = s->decode_tma_uneven;
     d.decode_tma_small = s->decode_tma_small;
+    d.decode_tma_many = s->decode_tma_many;
     d.decode_tma_splits = s->decode_tma_splits;
     d.decode_splits = s->decode_splits;
     d.split_path_ratio = s->split_path_ratio;

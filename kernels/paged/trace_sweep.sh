@@ -29,7 +29,7 @@ if [ $# -gt 0 ]; then
   settings=("$@")
 else
   settings=("" "AR_CUDA_SPLIT_PATH_RATIO=off" "AR_CUDA_SPLIT_PATH_RATIO=1" "AR_CUDA_SPLIT_PATH_RATIO=4"
-            "AR_CUDA_SPLIT_PATH_LARGE=off" "AR_CUDA_DECODE_TMA_SPLITS=1" "AR_CUDA_DECODE_TMA=uneven"
+            "AR_CUDA_SPLIT_PATH_LARGE=off" "AR_CUDA_DECODE_TMA_MANY=0" "AR_CUDA_DECODE_TMA_SPLITS=1" "AR_CUDA_DECODE_TMA=uneven"
             "AR_CUDA_DECODE_TMA=split")
 fi
 common=(--db "$DB" --backend "$BACKEND" --layers "${LAYERS:-1}" --verify "${VERIFY:-sample:8}"
