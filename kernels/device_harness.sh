@@ -100,8 +100,8 @@ fi
 # (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
 # tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh under the
 # default plan, DECODE for the many-request uneven decodes (AR_CUDA_DECODE_TMA_MANY=0), ratio 2 for
-# the large uneven decodes too (AR_CUDA_SPLIT_PATH_LARGE=off), ratio 1 everywhere and
-# AR_CUDA_DECODE_TMA=uneven at ratio 1 (sweep.txt), and replay/python/side_by_side.sh with
+# the large uneven decodes too (AR_CUDA_SPLIT_PATH_LARGE=off), and AR_CUDA_DECODE_TMA=uneven at
+# ratio 1, with at most 64 and 256 pieces a request (sweep.txt), and replay/python/side_by_side.sh with
 # FA3's adapter (fa3.txt), both sides' repeats back to back (REPEAT=3), every step verified; both
 # databases (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the last part.
 if [ "${1:-}" = "real-traces" ]; then
@@ -133,8 +133,8 @@ if [ "${1:-}" = "real-traces" ]; then
   stage "trace sweep"
   rm -f /tmp/ar_sweep.db /tmp/ar_fa3.db
   PER_RUN_S=60 timeout -s KILL "$(( $(left) / 2 ))" kernels/paged/trace_sweep.sh /tmp/ar_sweep.db "$trace" \
-    "" "AR_CUDA_DECODE_TMA_MANY=0" "AR_CUDA_SPLIT_PATH_LARGE=off" "AR_CUDA_SPLIT_PATH_RATIO=1" \
-    "AR_CUDA_DECODE_TMA=uneven AR_CUDA_SPLIT_PATH_RATIO=1" >"$OUT/sweep.txt" 2>&1
+    "" "AR_CUDA_DECODE_TMA_MANY=0" "AR_CUDA_SPLIT_PATH_LARGE=off" "AR_CUDA_DECODE_TMA=uneven AR_CUDA_SPLIT_PATH_RATIO=1" \
+    "AR_CUDA_DECODE_TMA=uneven AR_CUDA_SPLIT_PATH_RATIO=1 AR_CUDA_DECODE_TMA_PIECES=256" >"$OUT/sweep.txt" 2>&1
   echo "trace_sweep rc=$?"; grep -E "^\[|^\|" "$OUT/sweep.txt" | cut -c1-160
   stage "FA3 on the trace"
   AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built} ADAPTERS=fa3 PLUGIN=none REPEAT=3 PER_RUN_S=100 \

@@ -593,6 +593,32 @@ static void test_decode_tma_many(void **state)
     seq[7] = 67575;
     assert_int_equal(many_plan(&d, 121, seq, true, &ok), AR_CFG_DECODE_TMA);
     assert_true(ok);
+    /* AR_CUDA_DECODE_TMA_PIECES: DECODE_TMA's uneven cut of the Mooncake trace's lopsided step (one
+     * request of 135k keys among 10 of 1.5k, under AR_CUDA_DECODE_TMA=uneven at ratio 1) stops at 64
+     * pieces of 132 blocks, over the even share of 71; at 256 it reaches the even share */
+    {
+        for (int r = 0; r < 11; r++) seq[r] = r == 3 ? 135150 : 1500;
+        d.decode_tma_all = d.decode_tma_uneven = 1;
+        d.split_path_ratio = 1;
+        int qsl[12];
+        for (int r = 0; r <= 11; r++) qsl[r] = r;
+        ar_attn_plan pl;
+        assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
+        assert_int_equal(pl.num_splits, AR_MAX_SPLITS);
+        ar_attn_plan_free(&pl);
+        assert_int_equal(many_plan(&d, 11, seq, true, &ok), AR_CFG_DECODE_TMA);
+        assert_false(ok);
+        d.decode_tma_pieces = 256;
+        assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
+        assert_true(pl.num_splits > AR_MAX_SPLITS && pl.num_splits <= 256);
+        ar_attn_plan_free(&pl);
+        assert_int_equal(many_plan(&d, 11, seq, true, &ok), AR_CFG_DECODE_TMA);
+        assert_true(ok);
+        d.decode_tma_pieces = 0;
+        d.decode_tma_all = d.decode_tma_uneven = 0;
+        d.split_path_ratio = 0;
+    }
     /* none past 16k keys: 60 requests, one of 16k among 59 of 4k, DECODE */
     for (int r = 0; r < 60; r++) seq[r] = r == 0 ? 16384 : 4096;
     assert_int_equal(many_plan(&d, 60, seq, true, &ok), AR_CFG_DECODE);
@@ -842,6 +868,7 @@ static void test_random_plans(void **state)
         d.decode_tma_uneven = d.decode_tma_all && rnd(2);
         d.decode_tma_small = rnd(2);
         d.decode_tma_many = rnd(2);
+        d.decode_tma_pieces = rnd(6) == 0 ? 1 + rnd(300) : 0;
         d.decode_splits = rnd(5) == 0 ? 1 + rnd(6) : 0;
         d.split_path_ratio = rnd(4) == 0 ? (rnd(2) ? -1 : 1 + rnd(8)) : 0;
         d.split_path_large = rnd(4) == 0 ? (rnd(2) ? -1 : 1 + rnd(8)) : 0;

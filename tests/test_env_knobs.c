@@ -15,7 +15,7 @@
 
 static const char *const all_knobs[] = {
     "AR_CUDA_WGMMA", "AR_CUDA_WG_PERSIST", "AR_CUDA_WG_SECTION_MB", "AR_CUDA_DECODE_TMA", "AR_CUDA_DECODE_TMA_MANY",
-    "AR_CUDA_DECODE_TMA_SPLITS", "AR_CUDA_DECODE_TMA_STAGES", "AR_CUDA_DECODE_SPLITS", "AR_CUDA_SPLIT_PATH_RATIO",
+    "AR_CUDA_DECODE_TMA_SPLITS", "AR_CUDA_DECODE_TMA_PIECES", "AR_CUDA_DECODE_TMA_STAGES", "AR_CUDA_DECODE_SPLITS", "AR_CUDA_SPLIT_PATH_RATIO",
     "AR_CUDA_SPLIT_PATH_LARGE", "AR_CUDA_SPLIT_LIVE_ROWS", "AR_CUDA_CASCADE_FOLD", "AR_CUDA_CASCADE_MERGE",
     "AR_MLA_KERNEL", "AR_MLA_TMA", "AR_MLA_SPLITS",
 };
@@ -115,6 +115,8 @@ static void test_ranges(void **state)
     assert_int_equal(k.decode_tma_splits, 1);
     assert_int_equal(read_with("AR_CUDA_DECODE_TMA_SPLITS", "64", &k, err, sizeof err), 0);
     assert_int_equal(k.decode_tma_splits, 64);
+    assert_int_equal(read_with("AR_CUDA_DECODE_TMA_PIECES", "1024", &k, err, sizeof err), 0);
+    assert_int_equal(k.decode_tma_pieces, 1024);
     assert_int_equal(read_with("AR_CUDA_DECODE_TMA_STAGES", "12", &k, err, sizeof err), 0);
     assert_int_equal(k.decode_tma_stages, 12);
     assert_int_equal(read_with("AR_CUDA_DECODE_SPLITS", "3", &k, err, sizeof err), 0);
@@ -137,7 +139,7 @@ static void test_refused(void **state)
         {"AR_CUDA_DECODE_TMA", "2"},            {"AR_CUDA_WGMMA", "off"},
         {"AR_CUDA_WG_PERSIST", "no"},           {"AR_CUDA_CASCADE_FOLD", "false"},
         {"AR_CUDA_SPLIT_LIVE_ROWS", "yes"},     {"AR_CUDA_CASCADE_MERGE", "seperate"},
-        {"AR_CUDA_DECODE_TMA_MANY", "off"},
+        {"AR_CUDA_DECODE_TMA_MANY", "off"},     {"AR_CUDA_DECODE_TMA_PIECES", "1025"},
         {"AR_CUDA_WG_SECTION_MB", "-1"},        {"AR_CUDA_WG_SECTION_MB", "4097"},
         {"AR_CUDA_WG_SECTION_MB", "16MB"},      {"AR_CUDA_DECODE_TMA_SPLITS", "0"},
         {"AR_CUDA_DECODE_TMA_SPLITS", "65"},    {"AR_CUDA_DECODE_TMA_STAGES", "13"},

@@ -67,13 +67,13 @@ int ar_attn_split_count(int num_ctas, int max_units, int slots)
 }
 
 /* The uneven rule's cut, for DECODE's items and DECODE_TMA's requests alike: the smallest
- * s >= base (at most AR_MAX_SPLITS and max_units) whose pieces of the longest item,
+ * s >= base (at most most_pieces and max_units) whose pieces of the longest item,
  * ceil(max_units / s) units, are at most ratio x fair, fair = ceil(total units / slots); the
  * largest allowed when none is. */
-static int uneven_cut(int64_t total, int max_units, int slots, int base, int ratio)
+static int uneven_cut(int64_t total, int max_units, int slots, int base, int ratio, int most_pieces)
 {
     const int64_t fair = total > slots ? (total + slots - 1) / slots : 1;
-    const int top = AR_MAX_SPLITS < max_units ? AR_MAX_SPLITS : max_units;
+    const int top = most_pieces < max_units ? most_pieces : max_units;
     for (int s = base; s <= top; s++)
         if ((max_units + s - 1) / s <= ratio * fair) return s;
     return top > base ? top : base;
@@ -91,7 +91,7 @@ int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_uni
                                int ratio)
 {
     if (n <= 0 || max_units <= 1 || slots <= 0 || warps_n <= 0 || base < 1 || ratio < 1) return base;
-    return uneven_cut(total_units(items, n, warps_n), max_units, slots, base, ratio);
+    return uneven_cut(total_units(items, n, warps_n), max_units, slots, base, ratio, AR_MAX_SPLITS);
 }
 
 int ar_attn_split_path_ratio_for(const ar_attn_work *items, int64_t n, int max_units, int warps_n, int slots, int ratio,
@@ -275,10 +275,16 @@ void ar_attn_decode_tma_extent(int num_reqs, const int *seq_lens, int window,
     }
 }
 
-int ar_attn_decode_tma_uneven_splits(int64_t total_blocks, int max_blocks, int slots, int ratio)
+/* ar_attn_decode_tma_uneven_splits with at most most_pieces pieces a request. */
+static int decode_tma_uneven_cut(int64_t total_blocks, int max_blocks, int slots, int ratio, int most_pieces)
 {
     if (ratio < 1 || slots < 1 || max_blocks <= 1) return 1;
-    return uneven_cut(total_blocks, max_blocks, slots, 1, ratio);
+    return uneven_cut(total_blocks, max_blocks, slots, 1, ratio, most_pieces);
+}
+
+int ar_attn_decode_tma_uneven_splits(int64_t total_blocks, int max_blocks, int slots, int ratio)
+{
+    return decode_tma_uneven_cut(total_blocks, max_blocks, slots, ratio, AR_MAX_SPLITS);
 }
 
 int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int *seq_lens, int window,
@@ -549,16 +555,19 @@ static int decode_tma_splits(const ar_attn_device *d, int R, int max_seq, int ma
     if (!flat) return 1;
     const bool automatic = force_splits <= 0 && force_config < 0;
     const bool split_everywhere = d->decode_tma_all && !d->decode_tma_uneven;   /* AR_CUDA_DECODE_TMA=split */
+    const int most = d->decode_tma_pieces > 0 ? d->decode_tma_pieces : AR_MAX_SPLITS;
     int n = 1;
     if (force_config == AR_CFG_DECODE_TMA && force_splits > 0) n = force_splits;
     else if (force_splits <= 0 && d->decode_tma_splits > 0) n = d->decode_tma_splits;
     else if (automatic && !d->kv_fp8 && !split_everywhere && split_path_ratio(d) >= 1)
-        n = ar_attn_decode_tma_uneven_splits(
+        n = decode_tma_uneven_cut(
             total_blocks, max_blocks, d->num_sms * d->ctas_per_sm[AR_CFG_DECODE_TMA],
-            decode_tma_many_rule(d, R, max_seq, max_blocks, total_blocks) ? split_path_large(d) : split_path_ratio(d));
+            decode_tma_many_rule(d, R, max_seq, max_blocks, total_blocks) ? split_path_large(d) : split_path_ratio(d),
+            most);
     else if (automatic && (d->kv_fp8 || (d->decode_tma_all && !decode_tma_rule(d, R, max_seq))))
         n = ar_attn_split_count(R, max_blocks, d->num_sms * d->ctas_per_sm[AR_CFG_DECODE_TMA]);
-    return n < 1 ? 1 : n > AR_MAX_SPLITS ? AR_MAX_SPLITS : n;
+    const int cap = most > AR_MAX_SPLITS ? most : AR_MAX_SPLITS;
+    return n < 1 ? 1 : n > cap ? cap : n;
 }
 
 /* PREFILL_WG takes its items from a queue (cuda_attn_wgmma.cuh) in the order of item_order.h:

@@ -27,6 +27,7 @@ extern "C" {
                                    TMA (cuda_attn_decode_tma.cuh) */
 #define AR_CFG_COUNT 4
 #define AR_MAX_SPLITS 64
+#define AR_MAX_DECODE_TMA_PIECES 1024   /* AR_CUDA_DECODE_TMA_PIECES's most (a sweep knob) */
 
 /* Geometry of a (config, template head dim) pair; the same table the kernels instantiate. */
 typedef struct ar_attn_geom {
@@ -186,6 +187,7 @@ typedef struct ar_attn_device {
     int decode_tma_small;           /* the small-batch rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
     int decode_tma_many;            /* the many-request uneven rule applies (AR_CUDA_DECODE_TMA_MANY=0: it does not) */
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
+    int decode_tma_pieces;          /* AR_CUDA_DECODE_TMA_PIECES: the uneven cut's most pieces a request, 0 = AR_MAX_SPLITS */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the rule's */
     int split_path_ratio;           /* AR_CUDA_SPLIT_PATH_RATIO: the uneven rule's ratio, 0 = AR_SPLIT_PATH_RATIO, -1 = off */
     int split_path_large;           /* AR_CUDA_SPLIT_PATH_LARGE: the ratio for large uneven DECODE launches, 0 = AR_SPLIT_PATH_LARGE

@@ -59,6 +59,9 @@
  *                            before 2026-12-02, and those of decode_tma_many_rule too);
  *   AR_CUDA_DECODE_TMA_MANY=0  the uneven decode batches of many requests past 16k keys
  *                            (decode_tma_many_rule) take DECODE, as before 2026-12-06;
+ *   AR_CUDA_DECODE_TMA_PIECES=N  (1..AR_MAX_DECODE_TMA_PIECES) the most pieces DECODE_TMA's
+ *                            uneven cut gives one request (default AR_MAX_SPLITS, 64): above 64, a
+ *                            request of 135k keys among short ones can be cut to its even share;
  *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
@@ -138,6 +141,7 @@ typedef struct cuda_state {
     int decode_tma_small;           /* decode_tma_small_rule applies (AR_CUDA_DECODE_TMA=rule: it does not) */
     int decode_tma_many;            /* decode_tma_many_rule applies (AR_CUDA_DECODE_TMA_MANY=0: it does not) */
     int decode_tma_splits;          /* AR_CUDA_DECODE_TMA_SPLITS: pieces per request, 0 = the plan's */
+    int decode_tma_pieces;          /* AR_CUDA_DECODE_TMA_PIECES: the uneven cut's most pieces a request, 0 = AR_MAX_SPLITS */
     int decode_tma_stages;          /* AR_CUDA_DECODE_TMA_STAGES: ring depth, 0 = the most that fit */
     int wg_persist;                 /* 1: PREFILL_WG launches are persistent (AR_CUDA_WG_PERSIST) */
     int64_t wg_section_bytes;       /* PREFILL_WG item order's L2 section (item_order.h): a third of
@@ -343,6 +347,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->decode_tma_small = !knobs.decode_tma_rule;
     s->decode_tma_many = !knobs.decode_tma_rule && !knobs.decode_tma_many_off;
     s->decode_tma_splits = knobs.decode_tma_splits;
+    s->decode_tma_pieces = knobs.decode_tma_pieces;
     s->decode_tma_stages = knobs.decode_tma_stages;
     s->wg_persist = !knobs.wg_persist_off;
     s->wg_section_bytes = knobs.wg_section_mb >= 0 ? (int64_t)knobs.wg_section_mb << 20 : (int64_t)prop.l2CacheSize / 3;

@@ -75,6 +75,7 @@ int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_
 
     if (knob_int("AR_CUDA_WG_SECTION_MB", 0, 4096, &k->wg_section_mb, err, err_len) ||
         knob_int("AR_CUDA_DECODE_TMA_SPLITS", 1, AR_MAX_SPLITS, &k->decode_tma_splits, err, err_len) ||
+        knob_int("AR_CUDA_DECODE_TMA_PIECES", 1, AR_MAX_DECODE_TMA_PIECES, &k->decode_tma_pieces, err, err_len) ||
         knob_int("AR_CUDA_DECODE_TMA_STAGES", 1, most_stages, &k->decode_tma_stages, err, err_len) ||
         knob_int("AR_CUDA_DECODE_SPLITS", 1, AR_MAX_SPLITS, &k->decode_splits, err, err_len) ||
         knob_ratio("AR_CUDA_SPLIT_PATH_RATIO", &k->split_path_ratio, err, err_len) ||

@@ -25,6 +25,7 @@ typedef struct ar_cuda_knobs {
     bool decode_tma_split;     /* AR_CUDA_DECODE_TMA=split */
     bool decode_tma_uneven;    /* AR_CUDA_DECODE_TMA=uneven */
     int decode_tma_splits;     /* AR_CUDA_DECODE_TMA_SPLITS=1..AR_MAX_SPLITS, 0 unset */
+    int decode_tma_pieces;     /* AR_CUDA_DECODE_TMA_PIECES=1..AR_MAX_DECODE_TMA_PIECES, 0 unset */
     int decode_tma_stages;     /* AR_CUDA_DECODE_TMA_STAGES=1..most_stages, 0 unset */
     int decode_splits;         /* AR_CUDA_DECODE_SPLITS=1..AR_MAX_SPLITS, 0 unset */
     int split_path_ratio;      /* AR_CUDA_SPLIT_PATH_RATIO=1..64, 0 unset, -1 off */

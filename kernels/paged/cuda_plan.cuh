@@ -63,6 +63,7 @@ static ar_attn_device device_of(const cuda_state *s)
     d.decode_tma_small = s->decode_tma_small;
     d.decode_tma_many = s->decode_tma_many;
     d.decode_tma_splits = s->decode_tma_splits;
+    d.decode_tma_pieces = s->decode_tma_pieces;
     d.decode_splits = s->decode_splits;
     d.split_path_ratio = s->split_path_ratio;
     d.split_path_large = s->split_path_large;
