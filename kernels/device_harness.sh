@@ -20,7 +20,7 @@
 # issue 18's four runs (BENCH_REPLAY_ONLY picks some; each stops at its target or at
 # BENCH_REPLAY_MAX_S, default budget / 4).  Its traces come from out/ when simulated there on the
 # development machine (mooncake300.trace.jsonl.gz, dsv3.trace.jsonl.gz; see bench_replay.c).
-# `device_harness.sh mla` runs the MLA call instead (tests, GPU mutants, the peers' build, the MLA
+# `device_harness.sh mla` runs the MLA stages instead (tests, GPU mutants, the peers' build, the MLA
 # lab with the peers; its comment below says what), with a budget of 570 s; `device_harness.sh
 # power` the tests and the power and clock trace of the MLA decode kernels, and `device_harness.sh
 # mla-ncu` Nsight Compute on ours and FlashMLA's at 128 heads, `device_harness.sh real-traces` the
@@ -189,7 +189,7 @@ if [ "${1:-}" = "mla-ncu" ]; then
   pack_out ncu_mla.txt
   exit 0
 fi
-# `device_harness.sh mla`: the MLA work of one call, with `make gpu-carry`'s archive unpacked
+# `device_harness.sh mla`: the MLA work of one run, with `make gpu-carry`'s archive unpacked
 # (and .peers/src, .whl carried for the peers): kernels/peers/build_peers.sh in the background
 # (logs and peers-built.tar.xz in $OUT/peers; with .peers/built carried it compiles only what is
 # missing there, FlashInfer's modules; PEERS_BUILD=0 skips it and installs FlashInfer's carried

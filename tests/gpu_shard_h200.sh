@@ -3,7 +3,7 @@
 # process, the GPU each shard ran on (nvidia-smi, sampled during the run), and the merged run
 # checked against the single-process run row by row (times aside).  Prebuilt binaries only
 # (bin/ and out/ carried from the development machine); logs and a summary in $OUT.
-# Stages (one call each; each under its own timeout):
+# Stages (one run each; each under its own timeout):
 #   plan        the shard plan of the trace for 2 shards (no GPU work)
 #   one         the baseline: one process on GPU 0                                 (~5 min)
 #   two-on-one  two shards at once on the one GPU (CUDA_VISIBLE_DEVICES=0), merged, compared
@@ -18,7 +18,7 @@
 # OPTS=... override trace and replay options; OPTS="... --shard-by layers" splits the 32 layers
 # instead of the steps (even by construction; every shard then reads every step).
 # Then on the H200: tests/gpu_shard_h200.sh plan one, then tests/gpu_shard_h200.sh two-on-one,
-# and on a machine with two H200s: tests/gpu_shard_h200.sh one two-gpus (one call each).
+# and on a machine with two H200s: tests/gpu_shard_h200.sh one two-gpus (one run each).
 set -u
 OUT=${OUT:-/tmp/ar_shard_out}
 mkdir -p "$OUT"

@@ -22,8 +22,8 @@
 #     --step-time roofline:h200 --limit 300 --out out/mooncake300.trace.jsonl.gz --quiet
 #   bin/attnreplay sim --workload synthetic:groups=2,prompts=32,system=1024,question=256,output=32,rate=20 \
 #     --model deepseek-v3 --kv-mem 60GiB --step-time roofline:h200 --out out/ds41.trace.jsonl.gz --quiet
-# Then on the H200: tests/gpu_verify_h200.sh tests bench ds   (one call), and
-#                   tests/gpu_verify_h200.sh mc-all            (one call each for the long ones)
+# Then on the H200: tests/gpu_verify_h200.sh tests bench ds   (one run), and
+#                   tests/gpu_verify_h200.sh mc-all            (one run each for the long ones)
 set -u
 OUT=${OUT:-/tmp/ar_verify_out}
 mkdir -p "$OUT"

@@ -13,7 +13,7 @@ takes the mutant's objects first, so the library's originals are never pulled in
   gpu   only builds: the mutants, a manifest (mutants.tsv) and tests/run_mutants.sh go into one
         archive, tar | xz --lzma2=preset=1,dict=256MiB (the mutants are nearly the same bytes, so
         the large dictionary packs each to a small fraction of its size); tests/run_mutants.sh
-        runs them on the GPU machine in one call.
+        runs them on the GPU machine in one go.
 
 A mutant is killed when a kill replay exits 1 (a step failed verification), 3 (a runtime
 error: the watchdog, a CUDA fault), or dies on a signal or the time limit; exit 0 means it

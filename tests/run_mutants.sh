@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run_mutants.sh - runs the GPU mutants that `make mutate-gpu-build` packed (tests/mutate.py) on
-# the GPU machine, in one call, and prints the mutation score.
+# the GPU machine, in one go, and prints the mutation score.
 #
 #   tests/run_mutants.sh ARCHIVE [ID ...]        (make mutate-gpu runs it on MUTATE_OUT's archive)
 #

@@ -17,7 +17,7 @@
  * refilled in two parts as soon as each part's last reader is done.  Measured on the H200
  * (2026-12-04, b = 128, h_q = 128, BENCHMARKS.md), TFLOP/s at 4k / 8k / 16k / 32k keys against
  * the default before (wg_kernel_body's one-warpgroup-S schedule with TMA key tiles, the lab's
- * s1-tma row) in the same call: 540 / 585 / 607 / 619 against 532 / 570 / 587 / 593 (19:13 UTC)
+ * s1-tma row) in the same run: 540 / 585 / 607 / 619 against 532 / 570 / 587 / 593 (19:13 UTC)
  * and 528 / 562 / 579 / 586 against 529 / 561 / 573 / 576 (19:21 UTC): 0-4%, most at long keys. */
 #ifndef AR_MLA_DECODE_WGMMA_PAIRS_CUH
 #define AR_MLA_DECODE_WGMMA_PAIRS_CUH

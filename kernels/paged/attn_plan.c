@@ -485,7 +485,7 @@ static bool decode_tma_lopsided(int max_seq, int max_blocks, int64_t total)
  * with one of up to 135k keys, whose long request's cut reaches AR_MAX_SPLITS pieces), so those
  * keep DECODE.  With the rule on (the same kind of call, 20:54 UTC), those 500 steps took 1.056 of
  * its time under AR_CUDA_DECODE_TMA_MANY=0 (the rule faster on 95% of them), and FA3's paged
- * decode 1.011 of it, median 1.014 (before the rule, two calls: 0.936 and 0.997, medians 0.931
+ * decode 1.011 of it, median 1.014 (before the rule, two runs: 0.936 and 0.997, medians 0.931
  * and 0.954).  Off with the large ratio
  * (AR_CUDA_SPLIT_PATH_LARGE=off, or AR_CUDA_SPLIT_PATH_RATIO alone): at ratio 2 these pieces lost
  * (1.025 of the default on the same steps).  AR_CUDA_DECODE_TMA_MANY=0 turns this rule off alone;
@@ -533,7 +533,7 @@ static bool decode_tma_plan(const ar_attn_device *d, int R, const int *query_sta
  * instead of outlasting the rest (127 requests of 8k keys and one of 16k: the long one in 2
  * pieces, 129 CTAs, where whole it took twice as long as the others; bench_cuda's
  * decode_b128_s8192_one16k, not yet timed on a GPU).  Measured on bench_cuda's uniform B 64 of
- * 8k keys, GQA 32:8, us whole / 2 pieces: H100 (2026-12-06 17:46-18:05 UTC, two calls, four
+ * 8k keys, GQA 32:8, us whole / 2 pieces: H100 (2026-12-06 17:46-18:05 UTC, two runs, four
  * readings each) 709.6-716.5 / 686.6-686.9; H200 (2026-12-02 17:19 UTC, three repeats)
  * 530.9-533.3 / 522.9-527.0.  Whole requests read 3.0 TB/s on the H100 from 64 CTAs, short of its
  * DRAM's rate, 128 half-requests 3.13.  AR_CUDA_DECODE_TMA_SPLITS=1 or

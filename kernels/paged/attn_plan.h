@@ -102,7 +102,7 @@ int ar_attn_split_count(int num_ctas, int max_units, int slots);
  * (the DRAM-bound time).  A CTA that streams on while most others are done reads about 4-5 times
  * its even share of the DRAM's rate (attn_plan.c), which first set the ratio at 4.  The Mooncake
  * trace's 1,059 decode steps (H100, 2026-12-06 13:23-13:46 UTC, kernels/paged/trace_sweep.sh in
- * three calls, every step verified) took 1.246 / 1.091 / 1.000 / 0.946-0.949 / 0.918-0.921 of
+ * three runs, every step verified) took 1.246 / 1.091 / 1.000 / 0.946-0.949 / 0.918-0.921 of
  * ratio 4's total time with the rule off / ratio 8 / 4 / 2 / 1 (ratio 2: the lopsided steps
  * 0.83-0.87, the ~60-request ones 0.93-0.96; bench_cuda's lopsided batch 777.7 / 601.4 / 543.4 us
  * at 4 / 2 / 1).  The default is 2, not 1: ratio 2 leaves every uniform batch at the rule's count,
@@ -120,7 +120,7 @@ int ar_attn_split_count_uneven(const ar_attn_work *items, int64_t n, int max_uni
  * longest item over twice the mean; else ratio.  Ratio 1 for every launch took 0.970 of ratio 2's
  * time on the Mooncake trace's steps of ~60 requests of up to 47k keys (about 40 units a slot) but
  * 1.08 on its small steps of 8-10 requests and 17k keys (about 2 units a slot), whose pieces it
- * halves to one or two units (H100, 2026-12-06, two calls); uniform launches, where the 85% rule
+ * halves to one or two units (H100, 2026-12-06, two runs); uniform launches, where the 85% rule
  * is measured, are left to ratio.  With this rule the trace's 1,059 decode steps took 0.987 of
  * ratio 2's total time (H100, 2026-12-06 20:12 UTC, every step verified): 0.988 / 0.985 / 0.987 /
  * 0.947 by total context 16k-128k / 128k-256k / 256k-512k / 512k up, 0.999 under 16k, no group

@@ -22,7 +22,7 @@ our time), the target ratio and whether it is met.  A row whose side is missing 
 Usage: peer_table.py --bench bench.txt [--cascade cascade_bench.txt] [--mla mla_bench.txt]
        --peers peers.txt [--markdown]
 Rounds: each option may be given N times (run_peers.sh ROUNDS=N: ours then the peers, N times in
-one call, round k's files in round-k/); each side of a row is then the median of its N readings,
+one run, round k's files in round-k/); each side of a row is then the median of its N readings,
 the ratio the ratio of the medians, and the verdict says "N rounds, ratios LO-HI" (the spread of
 the per-round ratios: a peer whose reading moves 5% between rounds shows it here).
 Exit codes: 0 table printed, 2 an input file missing or unreadable, or the options' counts differ."""
