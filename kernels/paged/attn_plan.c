@@ -466,30 +466,28 @@ static bool decode_tma_lopsided(int max_seq, int max_blocks, int64_t total)
     if (max_seq <= DECODE_TMA_MAX_KEYS) return false;
     return (int64_t)max_blocks * 32 > total;
 }
-/* A flat 16-bit decode launch of many requests, long, uneven and large, which the rules above
- * leave to DECODE: DECODE_TMA with the uneven rule's pieces at the large uneven launches' ratio
- * (1: no piece longer than the even share of the launch's blocks over one CTA an SM;
- * decode_tma_splits) reads it faster than DECODE at its own ratio 1.  Many: at least a quarter as
- * many requests as SMs; long: one past DECODE_TMA_MAX_KEYS keys; uneven: the longest over twice
- * the mean and at most 32 times it; large: at least DECODE_TMA_MANY_BLOCKS blocks an SM of even
- * share.  Every measured batch that gained was all four; shorter or uniform batches of that size
- * keep DECODE (B 32 and B 48 of 8k keys: 377 and 542 us against DECODE_TMA's pieces' 382 and 562,
- * H100, 2026-12-06), and so does bench_cuda's decode_lopsided_b121_s2048_135k (one of 135k keys
- * among 120 of 2k, 44 times the mean: 573.3-576.4 us on DECODE_TMA against 566.8-567.6 on DECODE,
- * H100, 2026-12-06 20:54 UTC).  Measured on
- * the Mooncake trace (H100, 2026-12-06 20:46 UTC, kernels/paged/trace_sweep.sh, every step
- * verified), AR_CUDA_DECODE_TMA=uneven at ratio 1 against the default (DECODE at ratio 1 for
- * these launches): its 500 decode steps of 33-71 requests (241k-529k keys, the longest 3.5-21x
- * the mean) 0.949 of the total time, 94% of them faster, the slowest 1.04; its 139 steps of 8-32
+/* A flat 16-bit decode launch of many requests, long, uneven and large, which the rules above leave
+ * to DECODE: DECODE_TMA with the uneven rule's pieces at the large uneven launches' ratio (1: no
+ * piece longer than the even share of the launch's blocks over one CTA an SM; decode_tma_splits)
+ * reads it faster than DECODE at its own ratio 1.  Many: at least a quarter as many requests as
+ * SMs; long: one past DECODE_TMA_MAX_KEYS keys; uneven: the longest over twice the mean and at most
+ * 32 times it; large: at least DECODE_TMA_MANY_BLOCKS blocks an SM of even share.  Every measured
+ * batch that gained was all four; shorter or uniform batches of that size keep DECODE (B 32 and B
+ * 48 of 8k keys: 377 and 542 us against DECODE_TMA's pieces' 382 and 562, H100, 2026-12-06), and so
+ * does bench_cuda's decode_lopsided_b121_s2048_135k (one of 135k keys among 120 of 2k, 44 times the
+ * mean: 573.3-576.4 us on DECODE_TMA against 566.8-567.6 on DECODE, H100, 2026-12-06 20:54 UTC).
+ * Measured on the Mooncake trace (H100, 2026-12-06 20:46 UTC, kernels/paged/trace_sweep.sh, every
+ * step verified), AR_CUDA_DECODE_TMA=uneven at ratio 1 against the default (DECODE at ratio 1 for
+ * these launches): its 500 decode steps of 33-71 requests (241k-529k keys, the longest 3.5-21x the
+ * mean) 0.949 of the total time, 94% of them faster, the slowest 1.04; its 139 steps of 8-32
  * requests 1.071 (1.04-1.15 by request count; among them the 132 lopsided ones, about 11 requests
  * with one of up to 135k keys, whose long request's cut reaches AR_MAX_SPLITS pieces), so those
- * keep DECODE.  With the rule on (the same kind of call, 20:54 UTC), those 500 steps took 1.056 of
- * its time under AR_CUDA_DECODE_TMA_MANY=0 (the rule faster on 95% of them), and FA3's paged
- * decode 1.011 of it, median 1.014 (before the rule, two runs: 0.936 and 0.997, medians 0.931
- * and 0.954).  Off with the large ratio
- * (AR_CUDA_SPLIT_PATH_LARGE=off, or AR_CUDA_SPLIT_PATH_RATIO alone): at ratio 2 these pieces lost
- * (1.025 of the default on the same steps).  AR_CUDA_DECODE_TMA_MANY=0 turns this rule off alone;
- * AR_CUDA_DECODE_TMA=rule, with the small one. */
+ * keep DECODE.  With the rule on (20:54 UTC, the same harness), those 500 steps took 1.056 of its
+ * time under AR_CUDA_DECODE_TMA_MANY=0 (the rule faster on 95% of them), and FA3's paged decode
+ * 1.011 of it, median 1.014 (before the rule, two runs: 0.936 and 0.997, medians 0.931 and 0.954).
+ * Off with the large ratio (AR_CUDA_SPLIT_PATH_LARGE=off, or AR_CUDA_SPLIT_PATH_RATIO alone): at
+ * ratio 2 these pieces lost (1.025 of the default on the same steps).  AR_CUDA_DECODE_TMA_MANY=0
+ * turns this rule off alone; AR_CUDA_DECODE_TMA=rule, with the small one. */
 #define DECODE_TMA_MANY_BLOCKS 64
 static bool decode_tma_many_rule(const ar_attn_device *d, int R, int max_seq, int max_blocks, int64_t total_blocks)
 {
