@@ -440,15 +440,22 @@ static int plan_of(const ar_attn_device *d, int n, int q_len, int seq_len, bool 
     return config;
 }
 
+/* The automatic plan of the decode launch of seq [n] (n <= 1024, one token a request) into *pl;
+ * flat: not a cascade pass. */
+static void plan_decodes(const ar_attn_device *d, int n, const int *seq, bool flat, ar_attn_plan *pl)
+{
+    static int qsl[1025];
+    for (int r = 0; r <= n; r++) qsl[r] = r;
+    assert_int_equal(ar_attn_build_plan(d, n, qsl, seq, false, flat, -1, 0, pl), 0);
+}
+
 /* DECODE's splits for the launch of seq [n] (one token a request) with AR_CUDA_SPLIT_PATH_LARGE
  * at large (0 unset: the default; -1 off). */
 static int decode_splits_with_large(ar_attn_device *d, int n, const int *seq, int large)
 {
-    static int qsl[1025];
-    for (int r = 0; r <= n; r++) qsl[r] = r;
     d->split_path_large = large;
     ar_attn_plan pl;
-    assert_int_equal(ar_attn_build_plan(d, n, qsl, seq, false, true, -1, 0, &pl), 0);
+    plan_decodes(d, n, seq, true, &pl);
     d->split_path_large = 0;
     assert_int_equal(pl.config, AR_CFG_DECODE);
     const int splits = pl.num_splits;
@@ -524,10 +531,8 @@ static void test_split_path_large(void **state)
  * (DECODE_TMA's uneven cut at ratio 1). */
 static int many_plan(const ar_attn_device *d, int n, const int *seq, bool flat, bool *pieces_ok)
 {
-    static int qsl[1025];
-    for (int r = 0; r <= n; r++) qsl[r] = r;
     ar_attn_plan pl;
-    assert_int_equal(ar_attn_build_plan(d, n, qsl, seq, false, flat, -1, 0, &pl), 0);
+    plan_decodes(d, n, seq, flat, &pl);
     int max_blocks, max_seq;
     int64_t total;
     ar_attn_decode_tma_extent(n, seq, 0, &max_blocks, &total, &max_seq);
@@ -540,9 +545,9 @@ static int many_plan(const ar_attn_device *d, int n, const int *seq, bool flat, 
 }
 
 /* decode_tma_many_rule: a flat 16-bit decode launch of at least SMs / 4 requests whose longest is
- * past 16k keys and over twice the mean (at most 32 times it), at least 64 blocks an SM of even share, takes DECODE_TMA
- * with pieces of at most the even share (the large uneven launches' ratio 1); everything else
- * keeps its plan. */
+ * past 16k keys and over twice the mean (at most 32 times it), at least 64 blocks an SM of even
+ * share, takes DECODE_TMA with pieces of at most the even share (the large uneven launches' ratio
+ * 1); everything else keeps its plan. */
 static void test_decode_tma_many(void **state)
 {
     (void)state;
@@ -600,17 +605,15 @@ static void test_decode_tma_many(void **state)
         for (int r = 0; r < 11; r++) seq[r] = r == 3 ? 135150 : 1500;
         d.decode_tma_all = d.decode_tma_uneven = 1;
         d.split_path_ratio = 1;
-        int qsl[12];
-        for (int r = 0; r <= 11; r++) qsl[r] = r;
         ar_attn_plan pl;
-        assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
+        plan_decodes(&d, 11, seq, true, &pl);
         assert_int_equal(pl.config, AR_CFG_DECODE_TMA);
         assert_int_equal(pl.num_splits, AR_MAX_SPLITS);
         ar_attn_plan_free(&pl);
         assert_int_equal(many_plan(&d, 11, seq, true, &ok), AR_CFG_DECODE_TMA);
         assert_false(ok);
         d.decode_tma_pieces = 256;
-        assert_int_equal(ar_attn_build_plan(&d, 11, qsl, seq, false, true, -1, 0, &pl), 0);
+        plan_decodes(&d, 11, seq, true, &pl);
         assert_true(pl.num_splits > AR_MAX_SPLITS && pl.num_splits <= 256);
         ar_attn_plan_free(&pl);
         assert_int_equal(many_plan(&d, 11, seq, true, &ok), AR_CFG_DECODE_TMA);
