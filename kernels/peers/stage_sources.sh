@@ -8,8 +8,11 @@
 #   cutlass-147f567.tar.gz        NVIDIA/cutlass include/ and tools/util/include at FlashMLA's submodule
 #
 # Usage: stage_sources.sh FLASH_ATTENTION_GIT FLASHMLA_GIT CUTLASS_GIT [DEST]
-# Each *_GIT is a local clone (bare or not) holding the pinned commit; nothing is fetched.
-set -eu
+# Each *_GIT is a local clone (bare or not) holding the pinned commit; nothing is fetched.  A
+# partial clone (one without every blob) serves: git may print "invalid object" for files outside
+# the packed paths (FA3's assets/, CUTLASS's media/), which are not read.  A tarball whose
+# `git archive` failed is removed and the script exits 1.
+set -eu -o pipefail
 if [ $# -lt 3 ]; then
   echo "usage: $0 FLASH_ATTENTION_GIT FLASHMLA_GIT CUTLASS_GIT [DEST]" >&2
   exit 2
@@ -32,7 +35,11 @@ mkdir -p "$DEST"
 pack() {   # pack REPO REV PREFIX OUT PATH...
   local repo=$1 rev=$2 prefix=$3 out=$4
   shift 4
-  git -C "$repo" archive --prefix="$prefix/" "$rev" "$@" | gzip -9 >"$DEST/$out.tmp"
+  if ! git -C "$repo" archive --prefix="$prefix/" "$rev" "$@" | gzip -9 >"$DEST/$out.tmp"; then
+    rm -f "$DEST/$out.tmp"
+    echo "$0: git archive of $repo at $rev failed; $DEST/$out not written" >&2
+    exit 1
+  fi
   mv "$DEST/$out.tmp" "$DEST/$out"
 }
 fa_files=$(git -C "$FA" ls-tree -r --name-only "$FA_REV" hopper | grep -v -e '^hopper/test_' -e '^hopper/benchmark' -e '^hopper/padding.py')
