@@ -445,6 +445,7 @@ static int plan_of(const ar_attn_device *d, int n, int q_len, int seq_len, bool 
 static void plan_decodes(const ar_attn_device *d, int n, const int *seq, bool flat, ar_attn_plan *pl)
 {
     static int qsl[1025];
+    assert_true(n >= 0 && n < (int)(sizeof qsl / sizeof qsl[0]));
     for (int r = 0; r <= n; r++) qsl[r] = r;
     assert_int_equal(ar_attn_build_plan(d, n, qsl, seq, false, flat, -1, 0, pl), 0);
 }
