@@ -269,6 +269,7 @@ test: deps $(BIN) $(TESTS) $(TEST_GPU_BUILD)
 	@AR_BIN=$(abspath $(BIN)) AR_SRC=$(CURDIR) tests/run_tests.sh $(TESTS)
 	@tests/build_rev_check.sh $(BUILD)
 	@tests/wgmma_guard_check.sh
+	@tests/gpu_carry_check.sh
 	@$(PYTHON) tests/mutate.py check   # every mutation's text still in its file (code moves break them)
 
 ASAN_BUILD ?= build-asan
@@ -285,23 +286,6 @@ test-gpu: $(BIN) $(GPU_TESTS) $(BUILD)/tests/libcmocka.so.0
 test-gpu-sanitize: $(BIN) $(GPU_TESTS) $(SANITIZE_TESTS) $(BUILD)/tests/libcmocka.so.0
 bench: $(BIN) $(BENCHES)
 gpu-build: $(BIN) $(GPU_TESTS) $(SANITIZE_TESTS) $(BENCHES) $(BUILD)/tests/libcmocka.so.0 $(if $(filter 1,$(HAVE_CUDA)),$(LABS))
-endif
-# `make gpu-carry`: everything the GPU machine (no development headers) runs, built here and packed
-# into one archive, GPU_CARRY: bin/attnreplay, the GPU tests, sanitizer tests, benchmarks and labs,
-# libcmocka, libattnreplay.so with the libraries it finds beside it (jansson, sqlite3, libdeflate;
-# the Python package loads it), the example and test plugins, and the GPU mutants' archive when
-# `make mutate-gpu-build` made one.  There: `xz -dc gpu-carry.tar.xz | tar xf -` in the checkout.
-GPU_CARRY ?= $(BUILD)/gpu-carry.tar.xz
-ifeq ($(HAVE_DEV_HEADERS),1)
-gpu-carry: gpu-build $(SHLIB) $(SHLIB_CARRY) $(PLUGINS) $(BROKEN_PLUGINS) $(FAULTY_PLUGINS) $(FAULTY_CUDA_PLUGINS)
-	@[ "$(HAVE_CUDA)" = 1 ] || { echo "make gpu-carry: needs nvcc (none found)" >&2; exit 1; }
-	@{ printf '%s\n' $(BIN) $(BIN).kind $(GPU_TESTS) $(SANITIZE_TESTS) $(BENCHES) $(LABS) \
-	     $(BUILD)/tests/libcmocka.so.0 $(SHLIB) $(SHLIB_CARRY) $(PLUGIN_DIR) $(BUILD)/tests/plugins \
-	     $(BUILD)/code-rev.txt; \
-	   [ -f $(MUTATE_OUT)/gpu-mutants.tar.xz ] && echo $(MUTATE_OUT)/gpu-mutants.tar.xz; true; } > $(GPU_CARRY).list
-	@tar cf - -T $(GPU_CARRY).list | xz -T2 --lzma2=preset=1,dict=256MiB > $(GPU_CARRY).tmp && mv $(GPU_CARRY).tmp $(GPU_CARRY)
-	@rm -f $(GPU_CARRY).list
-	@echo "make gpu-carry: $(GPU_CARRY), $$(du -h $(GPU_CARRY) | cut -f1)"
 endif
 
 # On the GPU machine (no dev headers) these run what was built on the development machine.
@@ -513,6 +497,26 @@ $(BUILD)/tests/test_watchdog: $(FAULTY_PLUGINS)
 $(BUILD)/tests/test_steptime: $(addprefix $(BUILD)/tests/plugins/faulty-,error.so closehang.so hang.so segv.so)
 $(BUILD)/tests/gpu_faults: $(FAULTY_CUDA_PLUGINS)
 $(BUILD)/tests/gpu_plugin: $(PLUGINS)
+
+# `make gpu-carry`: everything the GPU machine (no development headers) runs, built here and packed
+# into one archive, GPU_CARRY: bin/attnreplay, the GPU tests, sanitizer tests, benchmarks and labs,
+# libcmocka, libattnreplay.so with the libraries it finds beside it (jansson, sqlite3, libdeflate;
+# the Python package loads it), the example and test plugins, and the GPU mutants' archive when
+# `make mutate-gpu-build` made one.  There: `xz -dc gpu-carry.tar.xz | tar xf -` in the checkout.
+GPU_CARRY ?= $(BUILD)/gpu-carry.tar.xz
+ifeq ($(HAVE_DEV_HEADERS),1)
+gpu-carry: gpu-build $(SHLIB) $(SHLIB_CARRY) $(PLUGINS) $(BROKEN_PLUGINS) $(FAULTY_PLUGINS) $(FAULTY_CUDA_PLUGINS)
+	@[ "$(HAVE_CUDA)" = 1 ] || { echo "make gpu-carry: needs nvcc (none found)" >&2; exit 1; }
+	@{ printf '%s\n' $(BIN) $(BIN).kind $(GPU_TESTS) $(SANITIZE_TESTS) $(BENCHES) $(LABS) \
+	     $(BUILD)/tests/libcmocka.so.0 $(SHLIB) $(SHLIB_CARRY) $(PLUGIN_DIR) $(BUILD)/tests/plugins \
+	     $(BUILD)/code-rev.txt; \
+	   [ -f $(MUTATE_OUT)/gpu-mutants.tar.xz ] && echo $(MUTATE_OUT)/gpu-mutants.tar.xz; true; } > $(GPU_CARRY).list
+	@while read -r f; do [ -e "$$f" ] || { echo "make gpu-carry: $$f is missing, so the archive would lack it" >&2; \
+	   rm -f $(GPU_CARRY).list; exit 1; }; done < $(GPU_CARRY).list
+	@tar cf - -T $(GPU_CARRY).list | xz -T2 --lzma2=preset=1,dict=256MiB > $(GPU_CARRY).tmp && mv $(GPU_CARRY).tmp $(GPU_CARRY)
+	@rm -f $(GPU_CARRY).list
+	@echo "make gpu-carry: $(GPU_CARRY), $$(du -h $(GPU_CARRY) | cut -f1)"
+endif
 
 # The Python package's tests (numpy adapter against the float64 reference, the ABI error cases),
 # in a virtual environment with numpy, the package installed from replay/python; and the vLLM
