@@ -185,9 +185,9 @@ static int run_bench(const bench_case *bc, int repeat, int B)
         for (long i = 0; i < (long)T * bc->hq * bc->hd; i++)
             if (out[i] != out[i]) nan++;
         printf("RESULT name=%s us=%.2f write_us=%.2f combine_us=%.2f gbps=%.1f tflops=%.1f config=%d splits=%d "
-               "work=%d ctas_per_sm=%d nan=%ld kv=%s block=%d device=\"", bc->name, attn_us, write_us, combine_us,
-               bytes / attn_us * 1e-3, flops / attn_us * 1e-6, pi.config, pi.num_splits, pi.num_work,
-               pi.ctas_per_sm, nan, pi.kv_fp8 ? "fp8_e4m3" : "bf16", B);
+               "work=%d ctas_per_sm=%d combine_team=%d nan=%ld kv=%s block=%d device=\"", bc->name, attn_us, write_us,
+               combine_us, bytes / attn_us * 1e-3, flops / attn_us * 1e-6, pi.config, pi.num_splits, pi.num_work,
+               pi.ctas_per_sm, pi.combine_team, nan, pi.kv_fp8 ? "fp8_e4m3" : "bf16", B);
         char dev[128];
         ar_cuda_backend.device_name(st, dev, sizeof dev);
         printf("%s\"\n", dev);

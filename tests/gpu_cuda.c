@@ -747,6 +747,56 @@ static void test_guard_detected(void **unused)
     assert_true(r.guard_violations > 0);
 }
 
+/* The split combine's team (AR_CUDA_COMBINE_TEAM, read at open; attn_plan.h
+ * ar_attn_combine_team): one request of 40k keys among 11 of 1.5k cut into 64 pieces on DECODE
+ * (its groups of 64 partials are where one thread a (row, dim pair) waits on its loads), and a
+ * mixed batch in 64 pieces on the prefill geometry in fp16, verified with one thread a (row, dim
+ * pair), teams of 2, 8 and 32, and the rule (8 for 64 partials); under a team the planted
+ * unweighted combine is still flagged. */
+static void test_combine_team(void **unused)
+{
+    (void)unused;
+    ar_run_config c = make_cfg(32, 8, 128, 8192, AR_BF16, 0, 0);
+    if (!gpu_ready(&c)) { skip(); return; }
+    seq_case lopsided[12];
+    for (int i = 0; i < 12; i++) lopsided[i] = (seq_case){1, i == 5 ? 40000 : 1500};
+    static const char *const teams[] = {"1", "2", "8", "32", "rule"};
+    static const int team_of[] = {1, 2, 8, 32, 8};
+    ar_run_config mixed = make_cfg(8, 2, 128, 2048, AR_FP16, 0, 0);
+    run_result r;
+    for (int t = 0; t < 5; t++) {
+        env_saved team = env_set("AR_CUDA_COMBINE_TEAM", teams[t]);
+        run_opts ro = auto_opts;
+        ro.config = 1;
+        ro.splits = 64;
+        run_case(&c, lopsided, 12, &ro, &r);
+        char what[128];
+        snprintf(what, sizeof what, "AR_CUDA_COMBINE_TEAM=%s, one decode of 40k keys in 64 pieces", teams[t]);
+        expect_pass(what, &r);
+        assert_int_equal(r.plan.config, 1);
+        assert_true(r.plan.num_groups > 0);
+        assert_int_equal(r.plan.combine_team, team_of[t]);
+        ro.config = 0;
+        run_case(&mixed, vllm_seqs_a, 3, &ro, &r);
+        snprintf(what, sizeof what, "AR_CUDA_COMBINE_TEAM=%s, mixed batch, prefill geometry, 64 pieces", teams[t]);
+        expect_pass(what, &r);
+        assert_true(r.plan.num_groups > 0);
+        if (t < 4) assert_int_equal(r.plan.combine_team, team_of[t]);
+        env_restore(&team);
+    }
+    env_saved team = env_set("AR_CUDA_COMBINE_TEAM", "8");
+    ar_run_config f = c;
+    f.fault = AR_FAULT_MERGE_NO_WEIGHTS;
+    run_opts ro = auto_opts;
+    ro.config = 1;
+    ro.splits = 64;
+    run_case(&f, lopsided, 12, &ro, &r);
+    env_restore(&team);
+    report("AR_CUDA_COMBINE_TEAM=8, fault merge_no_weights", &r);
+    assert_int_equal(r.plan.combine_team, 8);
+    assert_false(r.v.pass);
+}
+
 /* Every planted fault fails verification. */
 static void test_faults_flagged(void **unused)
 {
@@ -984,6 +1034,7 @@ int main(void)
         cmocka_unit_test(test_faults_flagged),
         cmocka_unit_test(test_unknown_switch_refused),
         cmocka_unit_test(test_paths_and_dtypes),
+        cmocka_unit_test(test_combine_team),
         cmocka_unit_test(test_every_kernel_instance),
         cmocka_unit_test(test_tma_kernel),
         cmocka_unit_test(test_wgmma_persistent),

@@ -950,6 +950,32 @@ static void test_random_plans(void **state)
     }
 }
 
+/* The split combine's team (ar_attn_combine_team): one thread unless asked; a fixed team as
+ * given; the rule's smallest power of two that leaves a thread at most AR_COMBINE_TEAM_SPAN of the
+ * largest group's partials, never past a warp. */
+static void test_combine_team(void **state)
+{
+    (void)state;
+    ar_combine_group g[3];
+    memset(g, 0, sizeof g);
+    g[0].count = 2;
+    g[1].count = 64;   /* the Mooncake trace's lopsided decodes: one request in AR_MAX_SPLITS pieces */
+    g[2].count = 3;
+    assert_int_equal(ar_attn_combine_team(g, 3, AR_COMBINE_TEAM_ONE), 1);
+    assert_int_equal(ar_attn_combine_team(g, 3, 4), 4);
+    assert_int_equal(ar_attn_combine_team(g, 3, AR_COMBINE_TEAM_RULE), 8);
+    assert_int_equal(ar_attn_combine_team(g, 0, AR_COMBINE_TEAM_RULE), 1);
+    static const int counts[][2] = {{1, 1}, {8, 1}, {9, 2}, {16, 2}, {17, 4}, {18, 4}, {32, 4}, {33, 8},
+                                    {64, 8}, {65, 16}, {128, 16}, {129, 32}, {256, 32}, {1024, 32}};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        g[1].count = counts[i][0];
+        const int team = ar_attn_combine_team(g, 3, AR_COMBINE_TEAM_RULE);
+        if (team != counts[i][1]) fail_msg("largest group of %d partials: team %d, want %d", counts[i][0], team,
+                                           counts[i][1]);
+        assert_true(team <= AR_COMBINE_TEAM_MOST && (team & (team - 1)) == 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -960,6 +986,7 @@ int main(void)
         cmocka_unit_test(test_decode_tma_many),
         cmocka_unit_test(test_decision_rule),
         cmocka_unit_test(test_random_plans),
+        cmocka_unit_test(test_combine_team),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

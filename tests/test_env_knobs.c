@@ -11,12 +11,13 @@
 #include <string.h>
 
 #include "../kernels/mla/mla_knobs.h"
+#include "../kernels/paged/attn_plan.h"
 #include "../kernels/paged/cuda_knobs.h"
 
 static const char *const all_knobs[] = {
     "AR_CUDA_WGMMA", "AR_CUDA_WG_PERSIST", "AR_CUDA_WG_SECTION_MB", "AR_CUDA_DECODE_TMA", "AR_CUDA_DECODE_TMA_MANY",
     "AR_CUDA_DECODE_TMA_SPLITS", "AR_CUDA_DECODE_TMA_PIECES", "AR_CUDA_DECODE_TMA_STAGES", "AR_CUDA_DECODE_SPLITS", "AR_CUDA_SPLIT_PATH_RATIO",
-    "AR_CUDA_SPLIT_PATH_LARGE", "AR_CUDA_SPLIT_LIVE_ROWS", "AR_CUDA_CASCADE_FOLD", "AR_CUDA_CASCADE_MERGE",
+    "AR_CUDA_SPLIT_PATH_LARGE", "AR_CUDA_SPLIT_LIVE_ROWS", "AR_CUDA_CASCADE_FOLD", "AR_CUDA_CASCADE_MERGE", "AR_CUDA_COMBINE_TEAM",
     "AR_MLA_KERNEL", "AR_MLA_TMA", "AR_MLA_SPLITS",
 };
 
@@ -53,6 +54,7 @@ static void test_defaults(void **state)
     assert_int_equal(k.decode_splits, 0);
     assert_int_equal(k.split_path_ratio, 0);
     assert_int_equal(k.split_path_large, 0);
+    assert_int_equal(k.combine_team, AR_COMBINE_TEAM_ONE);
     /* empty is unset, for every knob */
     for (size_t i = 0; i < sizeof all_knobs / sizeof all_knobs[0]; i++) {
         assert_int_equal(read_with(all_knobs[i], "", &k, err, sizeof err), 0);
@@ -129,6 +131,15 @@ static void test_ranges(void **state)
     assert_int_equal(k.split_path_large, 1);
     assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_LARGE", "off", &k, err, sizeof err), 0);
     assert_int_equal(k.split_path_large, -1);
+    assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "rule", &k, err, sizeof err), 0);
+    assert_int_equal(k.combine_team, AR_COMBINE_TEAM_RULE);
+    static const int teams[] = {1, 2, 4, 8, 16, 32};
+    for (size_t i = 0; i < sizeof teams / sizeof teams[0]; i++) {
+        char v[8];
+        snprintf(v, sizeof v, "%d", teams[i]);
+        assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", v, &k, err, sizeof err), 0);
+        assert_int_equal(k.combine_team, teams[i]);
+    }
 }
 
 static void test_refused(void **state)
@@ -147,6 +158,9 @@ static void test_refused(void **state)
         {"AR_CUDA_SPLIT_PATH_RATIO", "0"},      {"AR_CUDA_SPLIT_PATH_RATIO", "65"},
         {"AR_CUDA_SPLIT_PATH_RATIO", "Off"},    {"AR_CUDA_SPLIT_PATH_LARGE", "0"},
         {"AR_CUDA_SPLIT_PATH_LARGE", "OFF"},    {"AR_CUDA_SPLIT_PATH_LARGE", "65"},
+        {"AR_CUDA_COMBINE_TEAM", "0"},          {"AR_CUDA_COMBINE_TEAM", "3"},
+        {"AR_CUDA_COMBINE_TEAM", "64"},         {"AR_CUDA_COMBINE_TEAM", "Rule"},
+        {"AR_CUDA_COMBINE_TEAM", "-8"},         {"AR_CUDA_COMBINE_TEAM", "8x"},
     };
     ar_cuda_knobs k;
     char err[256];
@@ -165,6 +179,8 @@ static void test_refused(void **state)
     assert_non_null(strstr(err, "not off or an integer from 1 to 64"));
     assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_LARGE", "2x", &k, err, sizeof err), 2);
     assert_non_null(strstr(err, "AR_CUDA_SPLIT_PATH_LARGE=2x: not off or an integer from 1 to 64"));
+    assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "12", &k, err, sizeof err), 2);
+    assert_non_null(strstr(err, "AR_CUDA_COMBINE_TEAM=12: not rule or a power of two from 1 to 32"));
 }
 
 /* Reads the cuda-mla switches with NAME=VALUE set alone. */

@@ -403,6 +403,18 @@ void ar_attn_plan_free(ar_attn_plan *pl)
     memset(pl, 0, sizeof *pl);
 }
 
+int ar_attn_combine_team(const ar_combine_group *groups, int64_t num_groups, int setting)
+{
+    if (setting > 0) return setting;
+    if (setting != AR_COMBINE_TEAM_RULE) return 1;
+    int most = 0;
+    for (int64_t g = 0; g < num_groups; g++)
+        if (groups[g].count > most) most = groups[g].count;
+    int team = 1;
+    while (team < AR_COMBINE_TEAM_MOST && most > team * AR_COMBINE_TEAM_SPAN) team *= 2;
+    return team;
+}
+
 /* The plan of a launch: its config, geometry and split count, and the pieces (taken over). */
 static void plan_take(ar_attn_plan *pl, int config, ar_attn_geom geom, int splits, const ar_attn_pieces *pc)
 {

@@ -165,6 +165,22 @@ int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int
  * longer than that; max_blocks and total_blocks as ar_attn_decode_tma_extent gives them. */
 int ar_attn_decode_tma_uneven_splits(int64_t total_blocks, int max_blocks, int slots, int ratio);
 
+/* The split-KV combine's team: the threads that share one (row, dim pair) of a combine group,
+ * each walking every team-th partial, their sums joined by warp shuffles (cuda_attn.cuh's
+ * combine_kernel).  One thread walking a group's partials one after another is bound by the
+ * loads' latency once a group has many: the Mooncake trace's lopsided decodes (one request of
+ * 135k keys cut into tens of pieces) spent 18 us of a 260 us step in the combine (H100,
+ * 2026-12-07).  The teams are not yet timed on a GPU, so the default stays one thread.
+ * setting: AR_COMBINE_TEAM_ONE (one thread, the default), AR_COMBINE_TEAM_RULE (the smallest
+ * power of two that leaves no thread more than AR_COMBINE_TEAM_SPAN partials of the launch's
+ * largest group, at most AR_COMBINE_TEAM_MOST), or a power of two from 1 to AR_COMBINE_TEAM_MOST
+ * (AR_CUDA_COMBINE_TEAM).  groups[num_groups]: the launch's combine groups. */
+#define AR_COMBINE_TEAM_ONE 0
+#define AR_COMBINE_TEAM_RULE (-1)
+#define AR_COMBINE_TEAM_SPAN 8
+#define AR_COMBINE_TEAM_MOST 32    /* a warp: the team's shuffles stay inside one */
+int ar_attn_combine_team(const ar_combine_group *groups, int64_t num_groups, int setting);
+
 /* Sorts work[n] longest first (ties: request, KV head, row). */
 void ar_attn_sort_longest_first(ar_attn_work *work, int64_t n);
 

@@ -829,27 +829,38 @@ __device__ __forceinline__ float partials_lse(float mmax, float wsum, float *inv
 }
 
 /* Split-KV combine: blockIdx.x = the group, blockIdx.y = a slice of its rows x dim pairs (the
- * launch gives one thread per (row, dim pair): a 128-row prefix-pass group is 32 CTAs, not one
+ * launch gives team threads per (row, dim pair): a 128-row prefix-pass group is 32 CTAs, not one
  * CTA walking 32 latency-bound iterations); LSE-weighted merge of the normalised partials.
  * rows: the rows of one partial (its stride); live_rows <= rows: the rows covered, from the
- * first (rows past the last query token of every group are skipped either way). */
+ * first (rows past the last query token of every group are skipped either way).  team (a power
+ * of two up to 32, attn_plan.h ar_attn_combine_team): the neighbouring lanes that share one
+ * (row, dim pair), member m walking partials m, m + team, ...; their maxima and sums are joined
+ * by shuffles within the team, and member 0 writes.  A team lies inside one warp and takes one
+ * path (its lanes share the row and the dim pair), so the shuffles name the team's lanes only. */
 template <typename T>
-__global__ void combine_kernel(const ar_attn_args a, int rows, int live_rows, int hd)
+__global__ void combine_kernel(const ar_attn_args a, int rows, int live_rows, int hd, int team)
 {
     const ar_combine_group cg = a.groups[blockIdx.x];
     const int qstart = a.query_start_loc[cg.req];
     const int q_len = a.query_start_loc[cg.req + 1] - qstart;
     const int grp = a.group;
     T *out = reinterpret_cast<T *>(a.out);
-    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < live_rows * (hd / 2); i += blockDim.x * gridDim.y) {
+    const int lane = threadIdx.x & 31, member = lane & (team - 1), team_shift = __ffs(team) - 1;
+    const unsigned team_lanes = team == 32 ? 0xffffffffu : ((1u << team) - 1u) << (lane & ~(team - 1));
+    const int64_t total = (int64_t)live_rows * (hd / 2) * team;
+    for (int64_t t = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; t < total; t += (int64_t)blockDim.x * gridDim.y) {
+        const int i = (int)(t >> team_shift);
         int lr = i / (hd / 2), d = (i % (hd / 2)) * 2;
         int pair = cg.pair0 + lr, tok = pair / grp, hq = cg.kv_head * grp + pair % grp;
         if (tok >= q_len || d >= a.head_size) continue;
-        const float mmax = partials_max_lse(a.partial_lse + (int64_t)cg.first_partial * rows + lr, rows, cg.count);
+        const int64_t row0 = (int64_t)cg.first_partial * rows + lr;
+        float mmax = -INFINITY;
+        for (int k = member; k < cg.count; k += team) mmax = fmaxf(mmax, a.partial_lse[row0 + (int64_t)k * rows]);
+        for (int off = team >> 1; off > 0; off >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(team_lanes, mmax, off));
         const float m_use = mmax == -INFINITY ? 0.f : mmax;
         float wsum = 0.f, o0 = 0.f, o1 = 0.f;
-        for (int k = 0; k < cg.count; k++) {
-            int64_t pr = (int64_t)(cg.first_partial + k) * rows + lr;
+        for (int k = member; k < cg.count; k += team) {
+            int64_t pr = row0 + (int64_t)k * rows;
             float lk = a.partial_lse[pr];
             float wgt = exp2f(lk - m_use);
             const float *src = a.partial_o + pr * hd + d;
@@ -861,6 +872,12 @@ __global__ void combine_kernel(const ar_attn_args a, int rows, int live_rows, in
             }
             wsum += wgt;
         }
+        for (int off = team >> 1; off > 0; off >>= 1) {
+            wsum += __shfl_xor_sync(team_lanes, wsum, off);
+            o0 += __shfl_xor_sync(team_lanes, o0, off);
+            o1 += __shfl_xor_sync(team_lanes, o1, off);
+        }
+        if (member != 0) continue;
         float inv;
         const float lse2 = partials_lse(mmax, wsum, &inv);
         if (a.fault != AR_FAULT_MERGE_NO_WEIGHTS) {

@@ -62,6 +62,10 @@
  *   AR_CUDA_DECODE_TMA_PIECES=N  (1..AR_MAX_DECODE_TMA_PIECES) the most pieces DECODE_TMA's
  *                            uneven cut gives one request (default AR_MAX_SPLITS, 64): above 64, a
  *                            request of 135k keys among short ones can be cut to its even share;
+ *   AR_CUDA_COMBINE_TEAM=rule|N  the split combine's threads per (row, dim pair): rule, the
+ *                            smallest power of two that leaves no thread more than 8 of the
+ *                            launch's largest group's partials; N, a power of two from 1 to 32
+ *                            (unset: one thread, the plan before 2026-12-07; ar_attn_combine_team);
  *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
@@ -151,6 +155,7 @@ typedef struct cuda_state {
     int split_path_large;           /* AR_CUDA_SPLIT_PATH_LARGE: 0 unset (the default), -1 off, else the large uneven launches' ratio */
     int split_live_rows;            /* AR_CUDA_SPLIT_LIVE_ROWS=1: partials and combine threads only
                                        for rows that hold a query token */
+    int combine_team_setting;       /* AR_CUDA_COMBINE_TEAM: AR_COMBINE_TEAM_ONE (unset), _RULE, or a team */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
     bool bf16;
     bool kv_fp8;                    /* the cache holds fp8 e4m3 (kv_scale): no PREFILL_WG */
@@ -171,6 +176,7 @@ typedef struct cuda_state {
     int config;
     ar_attn_geom geom;
     int num_work, num_groups, num_partials, num_splits;
+    int combine_team;               /* the combine's threads per (row, dim pair) (ar_attn_combine_team) */
     int *d_qsl, *d_seq, *d_bt, *d_tok_req, *d_tok_pos;
     int64_t *d_slots;
     uint64_t *d_req_keys, *d_block_keys;
@@ -204,6 +210,7 @@ typedef struct cuda_state {
     int pre_config;
     ar_attn_geom pre_geom;
     int pre_num_work, pre_num_groups, pre_num_partials, pre_num_splits;
+    int pre_combine_team;
     int *d_pre_qsl, *d_pre_seq, *d_suf_seq;
     ar_attn_work *d_pre_work;
     ar_combine_group *d_pre_groups;
@@ -355,6 +362,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->split_path_ratio = knobs.split_path_ratio;
     s->split_path_large = knobs.split_path_large;
     s->split_live_rows = knobs.split_live_rows;
+    s->combine_team_setting = knobs.combine_team;
     s->fused_merge = !knobs.cascade_merge_separate;
     if ((rc = cuda_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
@@ -617,6 +625,7 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     s->num_groups = (int)main_plan.num_groups;
     s->num_partials = (int)main_plan.num_partials;
     s->num_splits = main_plan.num_splits;
+    s->combine_team = ar_attn_combine_team(main_plan.groups, main_plan.num_groups, s->combine_team_setting);
     s->cascade = cascade ? 1 : 0;
     s->prefix_len = P;
     s->pre_config = pre_plan.config;
@@ -625,6 +634,7 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     s->pre_num_groups = (int)pre_plan.num_groups;
     s->pre_num_partials = (int)pre_plan.num_partials;
     s->pre_num_splits = pre_plan.num_splits;
+    s->pre_combine_team = ar_attn_combine_team(pre_plan.groups, pre_plan.num_groups, s->combine_team_setting);
     s->step_ready = 1;
 done:
     pass_plan_free(&main_plan);
@@ -713,9 +723,10 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
 /* One attention launch and, when it splits, its combine; between the two, the event `mid` is
  * recorded when given.  rows: the rows of a work item; max_pairs: the most (token, query head)
  * pairs of one (sequence, KV head) (the combine covers only those rows under
- * AR_CUDA_SPLIT_LIVE_ROWS=1; every row otherwise, the rows past them skipped thread by thread). */
+ * AR_CUDA_SPLIT_LIVE_ROWS=1; every row otherwise, the rows past them skipped thread by thread);
+ * team: the combine's threads per (row, dim pair). */
 static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, int config, int num_work,
-                                    int num_groups, int rows, int64_t max_pairs, cudaEvent_t mid)
+                                    int num_groups, int rows, int64_t max_pairs, int team, cudaEvent_t mid)
 {
     const int hd = s->template_hd;
     cudaError_t e = s->kv_fp8 ? (s->bf16 ? ar_attn_launch_bf16_kv8(config, hd, a, num_work, s->stream)
@@ -725,13 +736,14 @@ static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, 
     if (e != cudaSuccess) return e;
     if (mid) cudaEventRecord(mid, s->stream);
     if (num_groups <= 0) return cudaSuccess;
-    /* one thread per (row, dim pair) of every group: rows x hd / 2 <= 256 x 128 -> y <= 128 */
+    /* team threads per (row, dim pair) of every group: rows x hd / 2 x team <= 256 x 128 x 32
+     * -> y <= 4096 */
     const int live = s->split_live_rows && max_pairs < rows ? (int)(max_pairs > 0 ? max_pairs : 1) : rows;
-    dim3 grid((unsigned)num_groups, (unsigned)((live * (s->template_hd / 2) + 255) / 256));
+    dim3 grid((unsigned)num_groups, (unsigned)(((int64_t)live * (s->template_hd / 2) * team + 255) / 256));
     if (s->bf16)
-        ar_attn::combine_kernel<__nv_bfloat16><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd);
+        ar_attn::combine_kernel<__nv_bfloat16><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd, team);
     else
-        ar_attn::combine_kernel<__half><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd);
+        ar_attn::combine_kernel<__half><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd, team);
     return cudaGetLastError();
 }
 
@@ -813,7 +825,7 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, con
     if (timed) cudaEventRecord(ev[1], s->stream);
     if (!s->cascade) {
         e = launch_attention(s, a, s->config, s->num_work, s->num_groups, s->geom.rows,
-                             (int64_t)s->max_query_len * s->group, timed ? ev[2] : NULL);
+                             (int64_t)s->max_query_len * s->group, s->combine_team, timed ? ev[2] : NULL);
         if (e != cudaSuccess) return e;
         if (timed) cudaEventRecord(ev[3], s->stream);
         return cudaSuccess;
@@ -821,11 +833,11 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, con
     ar_attn_args pre, suf;
     cascade_args(s, a, &pre, &suf);
     e = launch_attention(s, &pre, s->pre_config, s->pre_num_work, suf.merge_groups ? 0 : s->pre_num_groups,
-                         s->pre_geom.rows, (int64_t)s->num_tokens * s->group, NULL);
+                         s->pre_geom.rows, (int64_t)s->num_tokens * s->group, s->pre_combine_team, NULL);
     if (e != cudaSuccess) return e;
     if (timed) cudaEventRecord(ev[2], s->stream);
     e = launch_attention(s, &suf, s->config, s->num_work, s->num_groups, s->geom.rows,
-                         (int64_t)s->max_query_len * s->group, NULL);
+                         (int64_t)s->max_query_len * s->group, s->combine_team, NULL);
     if (e != cudaSuccess) return e;
     if (timed) cudaEventRecord(ev[3], s->stream);
     int64_t pairs = s->fused_merge ? 0 : (int64_t)s->num_tokens * s->hq * (s->head_size / 2);
@@ -1053,6 +1065,7 @@ extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
     info->num_ctas = s->config == AR_CFG_PREFILL_WG ? ar_attn_wg_ctas(wg_persistent_ctas(s), s->num_work) : s->num_work;
     info->num_splits = s->num_splits;
     info->num_groups = s->num_groups;
+    info->combine_team = s->combine_team;
     info->ctas_per_sm = s->ctas_per_sm[s->config];
     info->num_sms = s->num_sms;
     info->has_wgmma = s->has_wgmma;

@@ -49,6 +49,7 @@ typedef struct ar_cuda_plan_info {
                             PREFILL_WG launch of more items (each CTA walks several) */
     int num_splits;      /* split count chosen (1 = none) */
     int num_groups;      /* split groups merged by the combine kernel */
+    int combine_team;    /* the combine's threads per (row, dim pair) (AR_CUDA_COMBINE_TEAM) */
     int ctas_per_sm;
     int num_sms;
     int has_wgmma;       /* compute capability 9.0 */

@@ -43,6 +43,25 @@ static int knob_ratio(const char *name, int *out, char *err, size_t err_len)
     return -2;
 }
 
+/* The combine's team (attn_plan.h ar_attn_combine_team): rule, or a power of two from 1 to
+ * AR_COMBINE_TEAM_MOST, into *out (left as it is when unset); 0, or -2 refused. */
+static int knob_team(const char *name, int *out, char *err, size_t err_len)
+{
+    const char *value = getenv(name);
+    if (value && strcmp(value, "rule") == 0) {
+        *out = AR_COMBINE_TEAM_RULE;
+        return 0;
+    }
+    int team = 0;
+    if (knob_int(name, 1, AR_COMBINE_TEAM_MOST, &team, err, err_len) == 0 && (team & (team - 1)) == 0) {
+        if (team > 0) *out = team;
+        return 0;
+    }
+    snprintf(err, err_len, WHO ": %s=%s: not rule or a power of two from 1 to %d (unset: one thread)", name, value,
+             AR_COMBINE_TEAM_MOST);
+    return -2;
+}
+
 int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_len)
 {
     memset(k, 0, sizeof *k);
@@ -79,7 +98,8 @@ int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_
         knob_int("AR_CUDA_DECODE_TMA_STAGES", 1, most_stages, &k->decode_tma_stages, err, err_len) ||
         knob_int("AR_CUDA_DECODE_SPLITS", 1, AR_MAX_SPLITS, &k->decode_splits, err, err_len) ||
         knob_ratio("AR_CUDA_SPLIT_PATH_RATIO", &k->split_path_ratio, err, err_len) ||
-        knob_ratio("AR_CUDA_SPLIT_PATH_LARGE", &k->split_path_large, err, err_len))
+        knob_ratio("AR_CUDA_SPLIT_PATH_LARGE", &k->split_path_large, err, err_len) ||
+        knob_team("AR_CUDA_COMBINE_TEAM", &k->combine_team, err, err_len))
         return 2;
     return 0;
 }
