@@ -92,18 +92,18 @@ if [ "${1:-}" = "power" ]; then
   pack_out test-gpu.txt power.txt power_samples.csv
   exit 0
 fi
-# `device_harness.sh real-traces`: `make test-gpu` and gpu_cuda's cases under
-# AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt; REAL_TESTS=0 leaves both out); bench_cuda's
-# lopsided decode case under the default plan and AR_CUDA_DECODE_TMA_MANY=0, and its uniform
-# B 32 / 48 / 64 decodes and its B 128 with one long request under the default plan and with
-# DECODE_TMA's whole requests, twice each in turn (decode_bench.txt); then the Mooncake trace
-# (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
+# `device_harness.sh real-traces`: `make test-gpu`, gpu_cuda's cases under
+# AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt), and gpu_cuda's and gpu_cascade's under a
+# combine team of 4 (team-tests.txt; REAL_TESTS=0 leaves these out); bench_cuda's lopsided decode
+# case, its B 64 decode (2 pieces a request) and its B 128 with one long request, each under the
+# default plan and with AR_CUDA_COMBINE_TEAM=rule, twice each in turn (decode_bench.txt); then the
+# Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
 # tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh under the
-# default plan, DECODE for the many-request uneven decodes (AR_CUDA_DECODE_TMA_MANY=0), ratio 2 for
-# the large uneven decodes too (AR_CUDA_SPLIT_PATH_LARGE=off), and AR_CUDA_DECODE_TMA=uneven at
-# ratio 1, with at most 64 and 256 pieces a request (sweep.txt), and replay/python/side_by_side.sh with
-# FA3's adapter (fa3.txt), both sides' repeats back to back (REPEAT=3), every step verified; both
-# databases (xz) in logs.tar.xz.  Needs .peers/built/fa3 for the last part.
+# default plan, DECODE for the many-request uneven decodes (AR_CUDA_DECODE_TMA_MANY=0), and the
+# split combine's teams by the rule and of 8 threads everywhere (sweep.txt), and
+# replay/python/side_by_side.sh with FA3's adapter (fa3.txt), both sides' repeats back to back
+# (REPEAT=3), every step verified; both databases (xz) in logs.tar.xz.  Needs .peers/built/fa3
+# for the last part.
 if [ "${1:-}" = "real-traces" ]; then
   trace=${REAL_TRACE:-out/mooncake300.trace.jsonl.gz}
   [ -f "$trace" ] || { echo "real-traces: $trace missing (simulate it here first and carry out/)"; exit 2; }
@@ -114,18 +114,18 @@ if [ "${1:-}" = "real-traces" ]; then
     stage "gpu_cuda under AR_CUDA_DECODE_TMA=uneven"
     AR_CUDA_DECODE_TMA=uneven timeout -s KILL 90 build/tests/gpu_cuda >"$OUT/uneven-gpu_cuda.txt" 2>&1
     echo "gpu_cuda (=uneven) rc=$?"; grep -E "PASSED|FAILED|\[  ERROR" "$OUT/uneven-gpu_cuda.txt" | tail -6
+    stage "gpu_cuda and gpu_cascade under AR_CUDA_COMBINE_TEAM=4"
+    for t in gpu_cuda gpu_cascade; do
+      AR_CUDA_COMBINE_TEAM=4 timeout -s KILL 90 build/tests/$t; echo "$t (team 4) rc=$?"
+    done >"$OUT/team-tests.txt" 2>&1
+    grep -E "rc=|PASSED|FAILED|\[  ERROR" "$OUT/team-tests.txt" | tail -8
   fi
   stage "decode benches"
   for round in 1 2; do
-    for many in "" 0; do
-      AR_CUDA_DECODE_TMA_MANY=$many timeout -s KILL 60 build/tests/bench_cuda 20 decode_lopsided_b121_s2048_135k |
-        sed "s/^RESULT/RESULT tma_many=${many:-default}/"
-    done
-    for pieces in "" 1; do
-      for c in decode_b32_s8192_gqa32_8_hd128 decode_b48_s8192_gqa32_8_hd128 decode_b64_s8192_gqa32_8_hd128 \
-               decode_b128_s8192_one16k; do
-        AR_CUDA_DECODE_TMA_SPLITS=$pieces timeout -s KILL 60 build/tests/bench_cuda 20 "$c" |
-          sed "s/^RESULT/RESULT tma_pieces=${pieces:-default}/"
+    for team in "" rule; do
+      for c in decode_lopsided_b121_s2048_135k decode_b64_s8192_gqa32_8_hd128 decode_b128_s8192_one16k; do
+        AR_CUDA_COMBINE_TEAM=$team timeout -s KILL 60 build/tests/bench_cuda 20 "$c" |
+          sed "s/^RESULT/RESULT combine=${team:-one}/"
       done
     done
   done >"$OUT/decode_bench.txt" 2>&1
@@ -133,15 +133,14 @@ if [ "${1:-}" = "real-traces" ]; then
   stage "trace sweep"
   rm -f /tmp/ar_sweep.db /tmp/ar_fa3.db
   PER_RUN_S=60 timeout -s KILL "$(( $(left) / 2 ))" kernels/paged/trace_sweep.sh /tmp/ar_sweep.db "$trace" \
-    "" "AR_CUDA_DECODE_TMA_MANY=0" "AR_CUDA_SPLIT_PATH_LARGE=off" "AR_CUDA_DECODE_TMA=uneven AR_CUDA_SPLIT_PATH_RATIO=1" \
-    "AR_CUDA_DECODE_TMA=uneven AR_CUDA_SPLIT_PATH_RATIO=1 AR_CUDA_DECODE_TMA_PIECES=256" >"$OUT/sweep.txt" 2>&1
+    "" "AR_CUDA_DECODE_TMA_MANY=0" "AR_CUDA_COMBINE_TEAM=rule" "AR_CUDA_COMBINE_TEAM=8" >"$OUT/sweep.txt" 2>&1
   echo "trace_sweep rc=$?"; grep -E "^\[|^\|" "$OUT/sweep.txt" | cut -c1-160
   stage "FA3 on the trace"
   AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built} ADAPTERS=fa3 PLUGIN=none REPEAT=3 PER_RUN_S=100 \
     timeout -s KILL "$(( $(left) - 20 ))" replay/python/side_by_side.sh /tmp/ar_fa3.db "$trace" >"$OUT/fa3.txt" 2>&1
   echo "side_by_side rc=$?"; grep -E "exit|^\| [0-9]" "$OUT/fa3.txt" | cut -c1-160
   for db in /tmp/ar_sweep.db /tmp/ar_fa3.db; do [ -f "$db" ] && xz -T0 -1 -c "$db" >"$OUT/${db##*/}.xz"; done
-  pack_out test-gpu.txt uneven-gpu_cuda.txt decode_bench.txt sweep.txt fa3.txt
+  pack_out test-gpu.txt uneven-gpu_cuda.txt team-tests.txt decode_bench.txt sweep.txt fa3.txt
   exit 0
 fi
 # `device_harness.sh mla-ncu`: Nsight Compute (--clock-control none, so at the clocks the card
