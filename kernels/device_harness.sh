@@ -94,8 +94,8 @@ if [ "${1:-}" = "power" ]; then
 fi
 # `device_harness.sh real-traces`: `make test-gpu`, gpu_cuda's cases under
 # AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt), and gpu_cuda's and gpu_cascade's under a
-# combine team of 4 (team-tests.txt; REAL_TESTS=0 leaves these out); bench_cuda's lopsided decode
-# case, its B 64 decode (2 pieces a request) and its B 128 with one long request, each under the
+# combine team of 4 (team-tests.txt; REAL_TESTS=0 leaves these out); bench_cuda's two lopsided decode
+# cases, its B 64 decode (2 pieces a request) and its B 128 with one long request, each under the
 # default plan and with AR_CUDA_COMBINE_TEAM=rule, twice each in turn (decode_bench.txt); then the
 # Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
 # tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh under the
@@ -123,7 +123,8 @@ if [ "${1:-}" = "real-traces" ]; then
   stage "decode benches"
   for round in 1 2; do
     for team in "" rule; do
-      for c in decode_lopsided_b121_s2048_135k decode_b64_s8192_gqa32_8_hd128 decode_b128_s8192_one16k; do
+      for c in decode_lopsided_b121_s2048_135k decode_lopsided_b18_s1280_135k decode_b64_s8192_gqa32_8_hd128 \
+               decode_b128_s8192_one16k; do
         AR_CUDA_COMBINE_TEAM=$team timeout -s KILL 60 build/tests/bench_cuda 20 "$c" |
           sed "s/^RESULT/RESULT combine=${team:-one}/"
       done

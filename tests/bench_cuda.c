@@ -8,7 +8,8 @@
  *   prefill : B=2, S=8192, causal, hd128 (16 heads) and hd256 (8 heads) -> TFLOP/s;
  *   varlen  : 16 causal sequences of the lengths in varlen_lens (17,408 tokens), hd128, 16 heads;
  *   lopsided: 121 decodes, one of 135,168 keys among 120 of 2,048 (attn_plan.c's
- *             decode_tma_lopsided), automatic and on DECODE_TMA forced -> effective GB/s;
+ *             decode_tma_lopsided), automatic and on DECODE_TMA forced, and 18 decodes, one of
+ *             135,168 keys among 17 of 1,280 (the Mooncake trace's lopsided steps) -> effective GB/s;
  *   one long: 128 decodes, one of 16,384 keys among 127 of 8,192: DECODE_TMA's rule takes it and
  *             the uneven rule cuts the long request in 2 (attn_plan.c's decode_tma_splits;
  *             AR_CUDA_DECODE_TMA_SPLITS=1 keeps it whole) -> effective GB/s;
@@ -220,9 +221,11 @@ int main(int argc, char **argv)
     static const int chunk_q[1] = {8192}, chunk_kv[1] = {98304};
     static int lop_kv[121];   /* 120 decodes of 2k keys and one of 135,168 (the Mooncake trace's lopsided steps) */
     static int one_long_kv[128];   /* 127 decodes of 8k keys and one of 16k */
+    static int lop18_kv[18];       /* the trace's median lopsided step: one of 135,168 keys among 17 of 1,280 */
     for (int i = 0; i < 128; i++) { dec_q[i] = 1; dec_kv[i] = 8192; }
     for (int i = 0; i < 121; i++) lop_kv[i] = i == 60 ? 135168 : 2048;
     for (int i = 0; i < 128; i++) one_long_kv[i] = i == 37 ? 16384 : 8192;
+    for (int i = 0; i < 18; i++) lop18_kv[i] = i == 0 ? 135168 : 1280;
     for (int i = 0; i < 2; i++) { pre_q[i] = 8192; pre_kv[i] = 8192; }
     const bench_case cases[] = {
         {"decode_b64_s8192_gqa32_8_hd128", 32, 8, 128, 64, dec_q, dec_kv, -1, 0, false},
@@ -240,6 +243,9 @@ int main(int argc, char **argv)
          * to DECODE: automatic, and DECODE_TMA's whole requests forced */
         {"decode_lopsided_b121_s2048_135k", 32, 8, 128, 121, dec_q, lop_kv, -1, 0, false},
         {"decode_lopsided_b121_s2048_135k_tma", 32, 8, 128, 121, dec_q, lop_kv, 3, 0, false},
+        /* the Mooncake trace's lopsided decode steps as they are (fa3_peer.py's "lopsided"): DECODE
+         * cuts the long request into tens of pieces, and their combine is about 7% of the step */
+        {"decode_lopsided_b18_s1280_135k", 32, 8, 128, 18, dec_q, lop18_kv, -1, 0, false},
         /* a batch DECODE_TMA's rule takes whose one long request the uneven rule cuts */
         {"decode_b128_s8192_one16k", 32, 8, 128, 128, dec_q, one_long_kv, -1, 0, false},
         {"prefill_b2_s8192_causal_hd128", 16, 16, 128, 2, pre_q, pre_kv, -1, 0, false},

@@ -9,6 +9,8 @@ same run as them:
            page size 16 (fa3_paged16)
   varlen   varlen16_causal_hd128: flash_attn_varlen_func on packed K/V (fa3_varlen) and the same
            sequences over a paged cache (fa3_paged16)
+  lopsided tests/bench_cuda.c decode_lopsided_b18_s1280_135k: the Mooncake trace's lopsided decode
+           step, one request of 135,168 keys among 17 of 1,280, GQA 32:8, paged (fa3_paged16)
   chunk    chunk_q8192_ctx98304_gqa32_8_hd128: one chunked-prefill step, 8,192 new tokens over a
            98,304-token paged cache, causal bottom-right, GQA 32:8 (fa3_paged16), as vLLM calls
            it on the Mooncake trace's long mixed steps
@@ -26,7 +28,7 @@ back-to-back calls (peer_attention.timed reps) so the Python dispatch of the int
 as a C caller's launches are.  Paged calls pass FA3's scheduler metadata computed once per shape
 (get_scheduler_metadata), as vLLM does once per step, when the build accepts it (sched= on the line).
 
-Usage: python3 fa3_peer.py [decode|fp8|prefill|varlen|chunk|cascade ...] (default: all).  FA3_PAGE=32
+Usage: python3 fa3_peer.py [decode|fp8|lopsided|prefill|varlen|chunk|cascade ...] (default: all).  FA3_PAGE=32
 or 64 gives the paged calls that page size (impl names fa3_paged32 / fa3_paged64), beside
 bench_cuda's AR_BENCH_BLOCK_SIZE; any other value exits 2 with a message.
 Output: the PEER lines of peer_attention.py.  Without the built extension every part prints one
@@ -63,6 +65,7 @@ PREFILL_HEADS = ((128, 16), (256, 8))             # (head size, heads)
 VARLEN_HEADS, VARLEN_D = 16, 128
 CASC_PREFIXES, CASC_SUFFIXES = (1024, 8192, 32768), (128, 256)
 CHUNK_SHAPE = (8192, 98304, 32, 8, 128)           # new tokens, keys in the cache, query heads, KV heads, head size
+LOPSIDED_SHAPE = (18, 135168, 1280, 32, 8, 128)   # requests, the long one's keys, the others', query heads, KV heads, head size
 
 
 def built_dir(peer):
@@ -204,6 +207,36 @@ def decode(fa3, fp8=False):
         refs.append(attention_f32((q[b:b + 1].float() * deq["q"]).transpose(1, 2), kb, vb).transpose(1, 2))
     nbytes = B * S * Hkv * D * 2 * kv_bytes + 2 * B * Hq * D * 2
     checked_sched(name, impl, make, bool(sched), lambda o: o[sample], torch.cat(refs), tol, nbytes=nbytes)
+
+
+def lopsided(fa3):
+    """One decode step of requests of unequal length on a paged cache: the first request holds
+    LONG keys, the others SHORT (tests/bench_cuda.c's case of the same name)."""
+    B, LONG, SHORT, Hq, Hkv, D = LOPSIDED_SHAPE
+    name = f"decode_lopsided_b{B}_s{SHORT}_{LONG // 1024}k"
+    lens = [LONG] + [SHORT] * (B - 1)
+    pages = [(n + PAGE_FA3 - 1) // PAGE_FA3 for n in lens]
+    kc = torch.randn(sum(pages), PAGE_FA3, Hkv, D, dtype=DT, device=DEV)
+    vc = torch.randn_like(kc)
+    q = torch.randn(B, 1, Hq, D, dtype=DT, device=DEV)
+    perm = torch.randperm(sum(pages), device=DEV).to(torch.int32)
+    table = torch.zeros(B, max(pages), dtype=torch.int32, device=DEV)
+    first = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[first:first + n]
+        first += n
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    sched = sched_kwargs(fa3, B, 1, LONG, Hq, Hkv, D, seqlens, DT, False)
+    make = lambda use: lambda: fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table,
+                                                           num_splits=0, **(sched if use else {}))
+    sample = [0, 1, B - 1]
+    refs = []
+    for b in sample:
+        kb = kc[table[b, :pages[b]].long()].reshape(1, -1, Hkv, D)[:, :lens[b]].transpose(1, 2)
+        vb = vc[table[b, :pages[b]].long()].reshape(1, -1, Hkv, D)[:, :lens[b]].transpose(1, 2)
+        refs.append(attention_f32(q[b:b + 1].transpose(1, 2), kb, vb).transpose(1, 2))
+    nbytes = sum(lens) * Hkv * D * 2 * 2 + 2 * B * Hq * D * 2
+    checked_sched(name, "fa3_"+PAGED, make, bool(sched), lambda o: o[sample], torch.cat(refs), TOL_BF16, nbytes=nbytes)
 
 
 def prefill(fa3):
@@ -381,7 +414,7 @@ def cascade_case(fa3, B, Hq, Hkv, D, P, S):
 
 
 def main():
-    parts = {"decode": lambda m: decode(m), "fp8": lambda m: decode(m, fp8=True), "prefill": prefill,
+    parts = {"decode": lambda m: decode(m), "fp8": lambda m: decode(m, fp8=True), "lopsided": lopsided, "prefill": prefill,
              "varlen": varlen, "chunk": chunk, "cascade": cascade}
     global PAGE_FA3, PAGED
     try:

@@ -120,6 +120,8 @@ def rows(ours, peers, mla):
     add("varlen 16 sequences (TFLOP/s)", var, "tflops", ours_metric(var, "tflops"), ["fa3_varlen", "fa3_paged16"], 1.0)
     add("varlen 16 vs FA3 paged 16 (TFLOP/s)", var, "tflops", ours_metric(var, "tflops"), ["fa3_paged16"], None)
     add("varlen 16 vs FlashInfer (TFLOP/s)", var, "tflops", ours_metric(var, "tflops"), ["fi_prefill_paged16"], None)
+    lop = "decode_lopsided_b18_s1280_135k"   # the Mooncake trace's lopsided decode step; no target of its own
+    add("lopsided decode 135k among 17 x 1.3k (GB/s)", lop, "gbps", ours_metric(lop, "gbps"), ["fa3_paged16"], None)
     chunk = "chunk_q8192_ctx98304_gqa32_8_hd128"   # the Mooncake trace's long mixed step; no target of its own
     add("chunked prefill 8k over 98k GQA 32:8 (TFLOP/s)", chunk, "tflops", ours_metric(chunk, "tflops"), ["fa3_paged16"],
         None)
