@@ -959,7 +959,7 @@ static void test_combine_team(void **state)
     ar_combine_group g[3];
     memset(g, 0, sizeof g);
     g[0].count = 2;
-    g[1].count = 64;   /* the Mooncake trace's lopsided decodes: one request in AR_MAX_SPLITS pieces */
+    g[1].count = 64;   /* one request in AR_MAX_SPLITS pieces (the Mooncake trace's lopsided steps: 28-41) */
     g[2].count = 3;
     assert_int_equal(ar_attn_combine_team(g, 3, AR_COMBINE_TEAM_ONE), 1);
     assert_int_equal(ar_attn_combine_team(g, 3, 4), 4);

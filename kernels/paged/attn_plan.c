@@ -495,9 +495,10 @@ static bool decode_tma_lopsided(int max_seq, int max_blocks, int64_t total)
  * requests 1.071 (1.04-1.15 by request count; among them the 132 lopsided ones, about 11 requests
  * with one of up to 135k keys, whose long request's cut reaches AR_MAX_SPLITS pieces), so those
  * keep DECODE; cut into up to 256 pieces (AR_CUDA_DECODE_TMA_PIECES, H100, 2026-12-07) they only
- * drew level with it (0.997 of its time), so the rule stops short of them.  With the rule on (20:54 UTC, the same harness), those 500 steps took 1.056 of its
- * time under AR_CUDA_DECODE_TMA_MANY=0 (the rule faster on 95% of them), and FA3's paged decode
- * 1.011 of it, median 1.014 (before the rule, two runs: 0.936 and 0.997, medians 0.931 and 0.954).
+ * drew level with it (0.997 of its time), so the rule stops short of them.  With the rule on
+ * (20:54 UTC, the same harness), those 500 steps took 1.056 of its time under
+ * AR_CUDA_DECODE_TMA_MANY=0 (the rule faster on 95% of them), and FA3's paged decode 1.011 of it,
+ * median 1.014 (before the rule, two runs: 0.936 and 0.997, medians 0.931 and 0.954).
  * Off with the large ratio (AR_CUDA_SPLIT_PATH_LARGE=off, or AR_CUDA_SPLIT_PATH_RATIO alone): at
  * ratio 2 these pieces lost (1.025 of the default on the same steps).  AR_CUDA_DECODE_TMA_MANY=0
  * turns this rule off alone; AR_CUDA_DECODE_TMA=rule, with the small one. */

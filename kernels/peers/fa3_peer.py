@@ -209,11 +209,17 @@ def decode(fa3, fp8=False):
     checked_sched(name, impl, make, bool(sched), lambda o: o[sample], torch.cat(refs), tol, nbytes=nbytes)
 
 
+def lopsided_name():
+    """tests/bench_cuda.c's name of LOPSIDED_SHAPE (keys in thousands, as its other lopsided case)."""
+    B, LONG, SHORT = LOPSIDED_SHAPE[:3]
+    return f"decode_lopsided_b{B}_s{SHORT}_{LONG // 1000}k"
+
+
 def lopsided(fa3):
     """One decode step of requests of unequal length on a paged cache: the first request holds
     LONG keys, the others SHORT (tests/bench_cuda.c's case of the same name)."""
     B, LONG, SHORT, Hq, Hkv, D = LOPSIDED_SHAPE
-    name = f"decode_lopsided_b{B}_s{SHORT}_{LONG // 1024}k"
+    name = lopsided_name()
     lens = [LONG] + [SHORT] * (B - 1)
     pages = [(n + PAGE_FA3 - 1) // PAGE_FA3 for n in lens]
     kc = torch.randn(sum(pages), PAGE_FA3, Hkv, D, dtype=DT, device=DEV)

@@ -1,7 +1,8 @@
 """test_fa3_peer.py - fa3_peer.py's page-size rule without a GPU: FA3_PAGE takes 16, 32 or 64
 (unset or empty: 16); any other value makes main() exit 2 naming the rule before any peer runs;
 and FA3_PAGE moves only FA3's own paged calls, never the module's PAGE, which flashinfer_peer.py
-imports for its page-16 calls.  torch and peer_attention are stand-ins here (fa3_peer imports
+imports for its page-16 calls.  Also: the lopsided shape's name is bench_cuda's case and
+peer_table.py's row, so the two sides pair.  torch and peer_attention are stand-ins here (fa3_peer imports
 them at its top; nothing below touches them).
 
     python3 kernels/peers/test_fa3_peer.py     (CI runs it with the other kernels/peers tests)
@@ -68,6 +69,17 @@ class Fa3PeerPageTest(unittest.TestCase):
             self.assertEqual(m.main(), 0)                 # not built: one error line, exit 0
         self.assertEqual((m.PAGE, m.PAGE_FA3, m.PAGED), (16, 64, "paged64"))
         self.assertIn("PEER name=decode impl=fa3 error=", out.getvalue())
+
+
+class Fa3PeerNamesTest(unittest.TestCase):
+    def test_lopsided_name_is_a_bench_case_and_a_table_row(self):
+        """The peer's line pairs with ours only under the same name: bench_cuda's case and the
+        row peer_table.py reads."""
+        name = import_fa3_peer({}).lopsided_name()
+        with open(os.path.join(HERE, "..", "..", "tests", "bench_cuda.c")) as f:
+            self.assertIn(f'{{"{name}", 32, 8, 128, 18,', f.read())
+        with open(os.path.join(HERE, "peer_table.py")) as f:
+            self.assertIn(f'"{name}"', f.read())
 
 
 if __name__ == "__main__":
