@@ -751,8 +751,8 @@ static void test_guard_detected(void **unused)
  * ar_attn_combine_team): one request of 40k keys among 11 of 1.5k cut into 64 pieces on DECODE
  * (its groups of 64 partials are where one thread a (row, dim pair) waits on its loads), and a
  * mixed batch in 64 pieces on the prefill geometry in fp16, verified with one thread a (row, dim
- * pair), teams of 2, 8 and 32, and the rule (8 for 64 partials); under a team the planted
- * unweighted combine is still flagged. */
+ * pair), teams of 2, 8 and 32, and the rule, asked for and by default (8 for 64 partials); under
+ * a team the planted unweighted combine is still flagged. */
 static void test_combine_team(void **unused)
 {
     (void)unused;
@@ -760,11 +760,11 @@ static void test_combine_team(void **unused)
     if (!gpu_ready(&c)) { skip(); return; }
     seq_case lopsided[12];
     for (int i = 0; i < 12; i++) lopsided[i] = (seq_case){1, i == 5 ? 40000 : 1500};
-    static const char *const teams[] = {"1", "2", "8", "32", "rule"};
-    static const int team_of[] = {1, 2, 8, 32, 8};
+    static const char *const teams[] = {"1", "2", "8", "32", "rule", ""};   /* "": unset, the rule */
+    static const int team_of[] = {1, 2, 8, 32, 8, 8};
     ar_run_config mixed = make_cfg(8, 2, 128, 2048, AR_FP16, 0, 0);
     run_result r;
-    for (int t = 0; t < 5; t++) {
+    for (int t = 0; t < 6; t++) {
         env_saved team = env_set("AR_CUDA_COMBINE_TEAM", teams[t]);
         run_opts ro = auto_opts;
         ro.config = 1;

@@ -950,8 +950,8 @@ static void test_random_plans(void **state)
     }
 }
 
-/* The split combine's team (ar_attn_combine_team): one thread unless asked; a fixed team as
- * given; the rule's smallest power of two that leaves a thread at most AR_COMBINE_TEAM_SPAN of the
+/* The split combine's team (ar_attn_combine_team): a fixed team as given (one thread when
+ * asked); by default the rule's smallest power of two that leaves a thread at most AR_COMBINE_TEAM_SPAN of the
  * largest group's partials, never past a warp. */
 static void test_combine_team(void **state)
 {
@@ -961,7 +961,7 @@ static void test_combine_team(void **state)
     g[0].count = 2;
     g[1].count = 64;   /* one request in AR_MAX_SPLITS pieces (the Mooncake trace's lopsided steps: 28-41) */
     g[2].count = 3;
-    assert_int_equal(ar_attn_combine_team(g, 3, AR_COMBINE_TEAM_ONE), 1);
+    assert_int_equal(ar_attn_combine_team(g, 3, 1), 1);
     assert_int_equal(ar_attn_combine_team(g, 3, 4), 4);
     assert_int_equal(ar_attn_combine_team(g, 3, AR_COMBINE_TEAM_RULE), 8);
     assert_int_equal(ar_attn_combine_team(g, 0, AR_COMBINE_TEAM_RULE), 1);

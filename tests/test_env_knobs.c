@@ -54,7 +54,7 @@ static void test_defaults(void **state)
     assert_int_equal(k.decode_splits, 0);
     assert_int_equal(k.split_path_ratio, 0);
     assert_int_equal(k.split_path_large, 0);
-    assert_int_equal(k.combine_team, AR_COMBINE_TEAM_ONE);
+    assert_int_equal(k.combine_team, AR_COMBINE_TEAM_RULE);
     /* empty is unset, for every knob */
     for (size_t i = 0; i < sizeof all_knobs / sizeof all_knobs[0]; i++) {
         assert_int_equal(read_with(all_knobs[i], "", &k, err, sizeof err), 0);

@@ -406,7 +406,6 @@ void ar_attn_plan_free(ar_attn_plan *pl)
 int ar_attn_combine_team(const ar_combine_group *groups, int64_t num_groups, int setting)
 {
     if (setting > 0) return setting;
-    if (setting != AR_COMBINE_TEAM_RULE) return 1;
     int most = 0;
     for (int64_t g = 0; g < num_groups; g++)
         if (groups[g].count > most) most = groups[g].count;

@@ -169,14 +169,14 @@ int ar_attn_decode_tma_uneven_splits(int64_t total_blocks, int max_blocks, int s
  * each walking every team-th partial, their sums joined by warp shuffles (cuda_attn.cuh's
  * combine_kernel).  One thread walking a group's partials one after another is bound by the
  * loads' latency once a group has many: the Mooncake trace's lopsided decodes (one request of
- * 135k keys cut into tens of pieces) spent 18 us of a 260 us step in the combine (H100,
- * 2026-12-07).  The teams are not yet timed on a GPU, so the default stays one thread.
- * setting: AR_COMBINE_TEAM_ONE (one thread, the default), AR_COMBINE_TEAM_RULE (the smallest
- * power of two that leaves no thread more than AR_COMBINE_TEAM_SPAN partials of the launch's
- * largest group, at most AR_COMBINE_TEAM_MOST), or a power of two from 1 to AR_COMBINE_TEAM_MOST
- * (AR_CUDA_COMBINE_TEAM).  groups[num_groups]: the launch's combine groups. */
-#define AR_COMBINE_TEAM_ONE 0
-#define AR_COMBINE_TEAM_RULE (-1)
+ * 135k keys cut into tens of pieces) spent 18 us of a 260 us step in the combine with one
+ * thread, 9 us with the rule's team (H100, 2026-12-07; BENCHMARKS.md).
+ * setting: AR_COMBINE_TEAM_RULE (the default: the smallest power of two that leaves no thread
+ * more than AR_COMBINE_TEAM_SPAN partials of the launch's largest group, at most
+ * AR_COMBINE_TEAM_MOST), or a power of two from 1 (one thread, the plan before 2026-12-07) to
+ * AR_COMBINE_TEAM_MOST (AR_CUDA_COMBINE_TEAM).  groups[num_groups]: the launch's combine
+ * groups. */
+#define AR_COMBINE_TEAM_RULE 0
 #define AR_COMBINE_TEAM_SPAN 8
 #define AR_COMBINE_TEAM_MOST 32    /* a warp: the team's shuffles stay inside one */
 int ar_attn_combine_team(const ar_combine_group *groups, int64_t num_groups, int setting);

@@ -62,10 +62,10 @@
  *   AR_CUDA_DECODE_TMA_PIECES=N  (1..AR_MAX_DECODE_TMA_PIECES) the most pieces DECODE_TMA's
  *                            uneven cut gives one request (default AR_MAX_SPLITS, 64): above 64, a
  *                            request of 135k keys among short ones can be cut to its even share;
- *   AR_CUDA_COMBINE_TEAM=rule|N  the split combine's threads per (row, dim pair): rule, the
- *                            smallest power of two that leaves no thread more than 8 of the
- *                            launch's largest group's partials; N, a power of two from 1 to 32
- *                            (unset: one thread, the plan before 2026-12-07; ar_attn_combine_team);
+ *   AR_CUDA_COMBINE_TEAM=rule|N  the split combine's threads per (row, dim pair): rule (the
+ *                            default), the smallest power of two that leaves no thread more than
+ *                            8 of the launch's largest group's partials; N, a power of two from 1
+ *                            (one thread, the plan before 2026-12-07) to 32; ar_attn_combine_team;
  *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
@@ -155,7 +155,7 @@ typedef struct cuda_state {
     int split_path_large;           /* AR_CUDA_SPLIT_PATH_LARGE: 0 unset (the default), -1 off, else the large uneven launches' ratio */
     int split_live_rows;            /* AR_CUDA_SPLIT_LIVE_ROWS=1: partials and combine threads only
                                        for rows that hold a query token */
-    int combine_team_setting;       /* AR_CUDA_COMBINE_TEAM: AR_COMBINE_TEAM_ONE (unset), _RULE, or a team */
+    int combine_team_setting;       /* AR_CUDA_COMBINE_TEAM: AR_COMBINE_TEAM_RULE (rule, unset) or a team */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
     bool bf16;
     bool kv_fp8;                    /* the cache holds fp8 e4m3 (kv_scale): no PREFILL_WG */

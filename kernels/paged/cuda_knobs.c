@@ -57,7 +57,7 @@ static int knob_team(const char *name, int *out, char *err, size_t err_len)
         if (team > 0) *out = team;
         return 0;
     }
-    snprintf(err, err_len, WHO ": %s=%s: not rule or a power of two from 1 to %d (unset: one thread)", name, value,
+    snprintf(err, err_len, WHO ": %s=%s: not rule or a power of two from 1 to %d (unset: rule)", name, value,
              AR_COMBINE_TEAM_MOST);
     return -2;
 }
