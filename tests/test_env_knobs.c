@@ -131,8 +131,18 @@ static void test_ranges(void **state)
     assert_int_equal(k.split_path_large, 1);
     assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_LARGE", "off", &k, err, sizeof err), 0);
     assert_int_equal(k.split_path_large, -1);
+    /* rule, asked for or unset, is the setting that ar_attn_combine_team turns into the rule's
+     * team (8 for a group of 64 partials), and "1" one thread */
+    ar_combine_group g64;
+    memset(&g64, 0, sizeof g64);
+    g64.count = 64;
     assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "rule", &k, err, sizeof err), 0);
     assert_int_equal(k.combine_team, AR_COMBINE_TEAM_RULE);
+    assert_int_equal(ar_attn_combine_team(&g64, 1, k.combine_team), 8);
+    assert_int_equal(read_with(NULL, NULL, &k, err, sizeof err), 0);
+    assert_int_equal(ar_attn_combine_team(&g64, 1, k.combine_team), 8);
+    assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "1", &k, err, sizeof err), 0);
+    assert_int_equal(ar_attn_combine_team(&g64, 1, k.combine_team), 1);
     static const int teams[] = {1, 2, 4, 8, 16, 32};
     for (size_t i = 0; i < sizeof teams / sizeof teams[0]; i++) {
         char v[8];
