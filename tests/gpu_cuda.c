@@ -751,8 +751,8 @@ static void test_guard_detected(void **unused)
  * ar_attn_combine_team): one request of 40k keys among 11 of 1.5k cut into 64 pieces on DECODE
  * (its groups of 64 partials are where one thread a (row, dim pair) waits on its loads), and a
  * mixed batch in 64 pieces on the prefill geometry in fp16, verified with one thread a (row, dim
- * pair), teams of 2, 8 and 32, and the rule, asked for and by default (8 for 64 partials); under
- * a team the planted unweighted combine is still flagged. */
+ * pair), teams of 2, 8 and 32, the rule, asked for and by default (8 for 64 partials), and fill
+ * (a power of two); under a team the planted unweighted combine is still flagged. */
 static void test_combine_team(void **unused)
 {
     (void)unused;
@@ -760,11 +760,12 @@ static void test_combine_team(void **unused)
     if (!gpu_ready(&c)) { skip(); return; }
     seq_case lopsided[12];
     for (int i = 0; i < 12; i++) lopsided[i] = (seq_case){1, i == 5 ? 40000 : 1500};
-    static const char *const teams[] = {"1", "2", "8", "32", "rule", ""};   /* "": unset, the rule */
-    static const int team_of[] = {1, 2, 8, 32, 8, 8};
+    /* "": unset, the rule; fill: a power of two the device's threads decide (0: not fixed here) */
+    static const char *const teams[] = {"1", "2", "8", "32", "rule", "", "fill"};
+    static const int team_of[] = {1, 2, 8, 32, 8, 8, 0};
     ar_run_config mixed = make_cfg(8, 2, 128, 2048, AR_FP16, 0, 0);
     run_result r;
-    for (int t = 0; t < 6; t++) {
+    for (int t = 0; t < 7; t++) {
         env_saved team = env_set("AR_CUDA_COMBINE_TEAM", teams[t]);
         run_opts ro = auto_opts;
         ro.config = 1;
@@ -775,7 +776,9 @@ static void test_combine_team(void **unused)
         expect_pass(what, &r);
         assert_int_equal(r.plan.config, 1);
         assert_true(r.plan.num_groups > 0);
-        assert_int_equal(r.plan.combine_team, team_of[t]);
+        if (team_of[t]) assert_int_equal(r.plan.combine_team, team_of[t]);
+        assert_true(r.plan.combine_team >= 1 && r.plan.combine_team <= 32 &&
+                    (r.plan.combine_team & (r.plan.combine_team - 1)) == 0);
         ro.config = 0;
         run_case(&mixed, vllm_seqs_a, 3, &ro, &r);
         snprintf(what, sizeof what, "AR_CUDA_COMBINE_TEAM=%s, mixed batch, prefill geometry, 64 pieces", teams[t]);

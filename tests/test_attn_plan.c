@@ -952,7 +952,8 @@ static void test_random_plans(void **state)
 
 /* The split combine's team (ar_attn_combine_team): a fixed team as given (one thread when
  * asked); by default the rule's smallest power of two that leaves a thread at most
- * AR_COMBINE_TEAM_SPAN of the largest group's partials, never past a warp. */
+ * AR_COMBINE_TEAM_SPAN of the largest group's partials, never past a warp; under fill the
+ * widest team up to the partials whose threads the device holds. */
 static void test_combine_team(void **state)
 {
     (void)state;
@@ -961,19 +962,43 @@ static void test_combine_team(void **state)
     g[0].count = 2;
     g[1].count = 64;   /* one request in AR_MAX_SPLITS pieces (the Mooncake trace's lopsided steps: 28-41) */
     g[2].count = 3;
-    assert_int_equal(ar_attn_combine_team(g, 3, 1), 1);
-    assert_int_equal(ar_attn_combine_team(g, 3, 4), 4);
-    assert_int_equal(ar_attn_combine_team(g, 3, AR_COMBINE_TEAM_RULE), 8);
-    assert_int_equal(ar_attn_combine_team(g, 0, AR_COMBINE_TEAM_RULE), 1);
+    assert_int_equal(ar_attn_combine_team(g, 3, 256, 270336, 1), 1);
+    assert_int_equal(ar_attn_combine_team(g, 3, 256, 270336, 4), 4);
+    assert_int_equal(ar_attn_combine_team(g, 3, 256, 270336, AR_COMBINE_TEAM_RULE), 8);
+    assert_int_equal(ar_attn_combine_team(g, 0, 256, 270336, AR_COMBINE_TEAM_RULE), 1);
     static const int counts[][2] = {{1, 1}, {8, 1}, {9, 2}, {16, 2}, {17, 4}, {18, 4}, {32, 4}, {33, 8},
                                     {64, 8}, {65, 16}, {128, 16}, {129, 32}, {256, 32}, {1024, 32}};
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
         g[1].count = counts[i][0];
-        const int team = ar_attn_combine_team(g, 3, AR_COMBINE_TEAM_RULE);
+        const int team = ar_attn_combine_team(g, 3, 256, 270336, AR_COMBINE_TEAM_RULE);
         if (team != counts[i][1]) fail_msg("largest group of %d partials: team %d, want %d", counts[i][0], team,
                                            counts[i][1]);
         assert_true(team <= AR_COMBINE_TEAM_MOST && (team & (team - 1)) == 0);
     }
+    /* fill: 3 groups of 256 working threads on an H100's 132 x 2048 slots (270,336) hold a team
+     * of 32 (24,576 threads) when the largest group has 17 to 1024 partials, and below that a
+     * team as wide as the largest group's partials rounded up to a power of two (the other
+     * groups have 2 and 3); the slots bound it: 96 groups take 8 (196,608 threads), not 16
+     * (393,216); 132 groups 8 (270,336), 133 groups 4; 2,000 groups overfill them with one
+     * thread each and keep 1 */
+    static const int fill[][2] = {{1, 4}, {3, 4}, {4, 4}, {5, 8}, {8, 8}, {9, 16}, {16, 16}, {17, 32}, {64, 32},
+                                  {1024, 32}};
+    for (size_t i = 0; i < sizeof fill / sizeof fill[0]; i++) {
+        g[1].count = fill[i][0];
+        const int team = ar_attn_combine_team(g, 3, 256, 270336, AR_COMBINE_TEAM_FILL);
+        if (team != fill[i][1]) fail_msg("fill, largest group of %d partials: team %d, want %d", fill[i][0], team,
+                                         fill[i][1]);
+    }
+    ar_combine_group many[2000];
+    memset(many, 0, sizeof many);
+    for (int i = 0; i < 2000; i++) many[i].count = 64;
+    assert_int_equal(ar_attn_combine_team(many, 96, 256, 270336, AR_COMBINE_TEAM_FILL), 8);
+    assert_int_equal(ar_attn_combine_team(many, 132, 256, 270336, AR_COMBINE_TEAM_FILL), 8);
+    assert_int_equal(ar_attn_combine_team(many, 133, 256, 270336, AR_COMBINE_TEAM_FILL), 4);
+    assert_int_equal(ar_attn_combine_team(many, 2000, 256, 270336, AR_COMBINE_TEAM_FILL), 1);
+    /* the rule and fixed teams ignore the slots */
+    assert_int_equal(ar_attn_combine_team(many, 2000, 256, 270336, AR_COMBINE_TEAM_RULE), 8);
+    assert_int_equal(ar_attn_combine_team(many, 2000, 256, 270336, 4), 4);
 }
 
 int main(void)

@@ -138,11 +138,15 @@ static void test_ranges(void **state)
     g64.count = 64;
     assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "rule", &k, err, sizeof err), 0);
     assert_int_equal(k.combine_team, AR_COMBINE_TEAM_RULE);
-    assert_int_equal(ar_attn_combine_team(&g64, 1, k.combine_team), 8);
+    assert_int_equal(ar_attn_combine_team(&g64, 1, 256, 270336, k.combine_team), 8);
     assert_int_equal(read_with(NULL, NULL, &k, err, sizeof err), 0);
-    assert_int_equal(ar_attn_combine_team(&g64, 1, k.combine_team), 8);
+    assert_int_equal(ar_attn_combine_team(&g64, 1, 256, 270336, k.combine_team), 8);
     assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "1", &k, err, sizeof err), 0);
-    assert_int_equal(ar_attn_combine_team(&g64, 1, k.combine_team), 1);
+    assert_int_equal(ar_attn_combine_team(&g64, 1, 256, 270336, k.combine_team), 1);
+    /* fill: as wide as the group's partials when the device holds the threads */
+    assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "fill", &k, err, sizeof err), 0);
+    assert_int_equal(k.combine_team, AR_COMBINE_TEAM_FILL);
+    assert_int_equal(ar_attn_combine_team(&g64, 1, 256, 270336, k.combine_team), 32);
     static const int teams[] = {1, 2, 4, 8, 16, 32};
     for (size_t i = 0; i < sizeof teams / sizeof teams[0]; i++) {
         char v[8];
@@ -190,7 +194,7 @@ static void test_refused(void **state)
     assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_LARGE", "2x", &k, err, sizeof err), 2);
     assert_non_null(strstr(err, "AR_CUDA_SPLIT_PATH_LARGE=2x: not off or an integer from 1 to 64"));
     assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "12", &k, err, sizeof err), 2);
-    assert_non_null(strstr(err, "AR_CUDA_COMBINE_TEAM=12: not rule or a power of two from 1 to 32"));
+    assert_non_null(strstr(err, "AR_CUDA_COMBINE_TEAM=12: not rule, fill or a power of two from 1 to 32"));
 }
 
 /* Reads the cuda-mla switches with NAME=VALUE set alone. */

@@ -403,13 +403,19 @@ void ar_attn_plan_free(ar_attn_plan *pl)
     memset(pl, 0, sizeof *pl);
 }
 
-int ar_attn_combine_team(const ar_combine_group *groups, int64_t num_groups, int setting)
+int ar_attn_combine_team(const ar_combine_group *groups, int64_t num_groups, int64_t member_threads,
+                         int64_t thread_slots, int setting)
 {
     if (setting > 0) return setting;
     int most = 0;
     for (int64_t g = 0; g < num_groups; g++)
         if (groups[g].count > most) most = groups[g].count;
     int team = 1;
+    if (setting == AR_COMBINE_TEAM_FILL) {
+        const int64_t one_each = num_groups * (member_threads > 0 ? member_threads : 1);
+        while (team < AR_COMBINE_TEAM_MOST && team < most && one_each * team * 2 <= thread_slots) team *= 2;
+        return team;
+    }
     while (team < AR_COMBINE_TEAM_MOST && most > team * AR_COMBINE_TEAM_SPAN) team *= 2;
     return team;
 }

@@ -173,13 +173,21 @@ int ar_attn_decode_tma_uneven_splits(int64_t total_blocks, int max_blocks, int s
  * thread, 9 us with the rule's team (H100, 2026-12-07; BENCHMARKS.md).
  * setting: AR_COMBINE_TEAM_RULE (the default: the smallest power of two that leaves no thread
  * more than AR_COMBINE_TEAM_SPAN partials of the launch's largest group, at most
- * AR_COMBINE_TEAM_MOST), or a power of two from 1 (one thread, the plan before 2026-12-07) to
- * AR_COMBINE_TEAM_MOST (AR_CUDA_COMBINE_TEAM).  groups[num_groups]: the launch's combine
- * groups. */
+ * AR_COMBINE_TEAM_MOST); AR_COMBINE_TEAM_FILL (the largest power of two, at most the largest
+ * group's partials rounded up to one and AR_COMBINE_TEAM_MOST, whose threads, num_groups x
+ * member_threads x team, fit thread_slots; 1 when one thread each already overfills them: a
+ * launch of few groups, such as one long request among short ones, takes a team as wide as its
+ * partials, a launch of many takes what the device holds at once); or a power of two from 1
+ * (one thread, the plan before 2026-12-07) to AR_COMBINE_TEAM_MOST (AR_CUDA_COMBINE_TEAM).
+ * groups[num_groups]: the launch's combine groups; member_threads: the (row, dim pair)s of one
+ * group that hold a query token (the combine's threads that do work, one a team member);
+ * thread_slots: the device's resident threads (SMs x threads an SM holds). */
 #define AR_COMBINE_TEAM_RULE 0
+#define AR_COMBINE_TEAM_FILL (-1)
 #define AR_COMBINE_TEAM_SPAN 8
 #define AR_COMBINE_TEAM_MOST 32    /* a warp: the team's shuffles stay inside one */
-int ar_attn_combine_team(const ar_combine_group *groups, int64_t num_groups, int setting);
+int ar_attn_combine_team(const ar_combine_group *groups, int64_t num_groups, int64_t member_threads,
+                         int64_t thread_slots, int setting);
 
 /* Sorts work[n] longest first (ties: request, KV head, row). */
 void ar_attn_sort_longest_first(ar_attn_work *work, int64_t n);

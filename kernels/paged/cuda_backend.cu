@@ -62,10 +62,12 @@
  *   AR_CUDA_DECODE_TMA_PIECES=N  (1..AR_MAX_DECODE_TMA_PIECES) the most pieces DECODE_TMA's
  *                            uneven cut gives one request (default AR_MAX_SPLITS, 64): above 64, a
  *                            request of 135k keys among short ones can be cut to its even share;
- *   AR_CUDA_COMBINE_TEAM=rule|N  the split combine's threads per (row, dim pair): rule (the
+ *   AR_CUDA_COMBINE_TEAM=rule|fill|N  the split combine's threads per (row, dim pair): rule (the
  *                            default), the smallest power of two that leaves no thread more than
- *                            8 of the launch's largest group's partials; N, a power of two from 1
- *                            (one thread, the plan before 2026-12-07) to 32; ar_attn_combine_team;
+ *                            8 of the launch's largest group's partials; fill, the largest power
+ *                            of two up to the largest group's partials whose working threads fit
+ *                            the device's resident threads; N, a power of two from 1 (one thread,
+ *                            the plan before 2026-12-07) to 32; ar_attn_combine_team;
  *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
@@ -131,6 +133,7 @@ typedef struct cuda_state {
     int device;
     char device_name[256];
     int num_sms;
+    int64_t thread_slots;           /* SMs x the threads an SM holds (the combine team's fill rule) */
     int has_wgmma;                  /* compute capability 9.0 */
     int has_tma;                    /* has_wgmma and the driver encodes tensor maps:
                                        AR_CFG_PREFILL_WG and AR_CFG_DECODE_TMA can run */
@@ -334,6 +337,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     }
     snprintf(s->device_name, sizeof s->device_name, "%s", prop.name);
     s->num_sms = prop.multiProcessorCount;
+    s->thread_slots = (int64_t)prop.multiProcessorCount * prop.maxThreadsPerMultiProcessor;
     s->has_wgmma = prop.major == 9 && prop.minor == 0;
     if (s->has_wgmma) {
         /* the encoding is host arithmetic on the shape: a dummy aligned base is enough */
@@ -460,6 +464,16 @@ static void cuda_device_name(void *state, char *buf, size_t len)
 {
     cuda_state *s = (cuda_state *)state;
     snprintf(buf, len, "%s", s ? s->device_name : "none");
+}
+
+/* The combine's working threads of one group for one team member (ar_attn_combine_team's
+ * member_threads): the (row, dim pair)s that hold a query token, rows of a partial at most, the
+ * most (token, query head) pairs of one (sequence, KV head) at least one; launch_attention's
+ * threads past them return at once. */
+static int64_t combine_member_threads(const cuda_state *s, int rows, int64_t max_pairs)
+{
+    const int64_t live = max_pairs < 1 ? 1 : max_pairs < rows ? max_pairs : rows;
+    return live * (s->template_hd / 2);
 }
 
 static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_len)
@@ -625,7 +639,9 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     s->num_groups = (int)main_plan.num_groups;
     s->num_partials = (int)main_plan.num_partials;
     s->num_splits = main_plan.num_splits;
-    s->combine_team = ar_attn_combine_team(main_plan.groups, main_plan.num_groups, s->combine_team_setting);
+    s->combine_team = ar_attn_combine_team(main_plan.groups, main_plan.num_groups,
+                                           combine_member_threads(s, main_plan.geom.rows, (int64_t)s->max_query_len * s->group),
+                                           s->thread_slots, s->combine_team_setting);
     s->cascade = cascade ? 1 : 0;
     s->prefix_len = P;
     s->pre_config = pre_plan.config;
@@ -634,7 +650,9 @@ static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_le
     s->pre_num_groups = (int)pre_plan.num_groups;
     s->pre_num_partials = (int)pre_plan.num_partials;
     s->pre_num_splits = pre_plan.num_splits;
-    s->pre_combine_team = ar_attn_combine_team(pre_plan.groups, pre_plan.num_groups, s->combine_team_setting);
+    s->pre_combine_team = ar_attn_combine_team(pre_plan.groups, pre_plan.num_groups,
+                                               combine_member_threads(s, pre_plan.geom.rows, (int64_t)T * s->group),
+                                               s->thread_slots, s->combine_team_setting);
     s->step_ready = 1;
 done:
     pass_plan_free(&main_plan);

@@ -43,8 +43,8 @@ static int knob_ratio(const char *name, int *out, char *err, size_t err_len)
     return -2;
 }
 
-/* The combine's team (attn_plan.h ar_attn_combine_team): rule, or a power of two from 1 to
- * AR_COMBINE_TEAM_MOST, into *out (left as it is when unset); 0, or -2 refused. */
+/* The combine's team (attn_plan.h ar_attn_combine_team): rule, fill, or a power of two from 1
+ * to AR_COMBINE_TEAM_MOST, into *out (left as it is when unset); 0, or -2 refused. */
 static int knob_team(const char *name, int *out, char *err, size_t err_len)
 {
     const char *value = getenv(name);
@@ -52,12 +52,16 @@ static int knob_team(const char *name, int *out, char *err, size_t err_len)
         *out = AR_COMBINE_TEAM_RULE;
         return 0;
     }
+    if (value && strcmp(value, "fill") == 0) {
+        *out = AR_COMBINE_TEAM_FILL;
+        return 0;
+    }
     int team = 0;
     if (knob_int(name, 1, AR_COMBINE_TEAM_MOST, &team, err, err_len) == 0 && (team & (team - 1)) == 0) {
         if (team > 0) *out = team;
         return 0;
     }
-    snprintf(err, err_len, WHO ": %s=%s: not rule or a power of two from 1 to %d (unset: rule)", name, value,
+    snprintf(err, err_len, WHO ": %s=%s: not rule, fill or a power of two from 1 to %d (unset: rule)", name, value,
              AR_COMBINE_TEAM_MOST);
     return -2;
 }

@@ -31,7 +31,7 @@ typedef struct ar_cuda_knobs {
     int split_path_ratio;      /* AR_CUDA_SPLIT_PATH_RATIO=1..64, 0 unset, -1 off */
     int split_path_large;      /* AR_CUDA_SPLIT_PATH_LARGE=1..64, 0 unset, -1 off */
     bool split_live_rows;      /* AR_CUDA_SPLIT_LIVE_ROWS=1 (0: the default) */
-    int combine_team;          /* AR_CUDA_COMBINE_TEAM=1, 2, 4 .. 32; rule or unset: AR_COMBINE_TEAM_RULE (0) */
+    int combine_team;          /* AR_CUDA_COMBINE_TEAM=1, 2, 4 .. 32; rule or unset: AR_COMBINE_TEAM_RULE (0); fill: AR_COMBINE_TEAM_FILL */
     bool cascade_fold_off;     /* AR_CUDA_CASCADE_FOLD=0 (1: the default) */
     bool cascade_merge_separate; /* AR_CUDA_CASCADE_MERGE=separate (fused: the default) */
 } ar_cuda_knobs;
