@@ -96,7 +96,7 @@
  *                            8 KV heads: 64 KB a stage);
  *   AR_CUDA_SPLIT_LIVE_ROWS=1  split pieces of the mma.sync kernels write partials only for rows
  *                            that hold a query token (the rows combine_kernel reads: 4 of 16 for a
- *                            decode with GQA 4), and combine_kernel's grid covers only those rows.
+ *                            decode with GQA 4; its grid covers only those rows either way).
  * cuda_knobs.c reads them all at open: 0 / 1 for the on-off switches, the words above (and 1
  * for AR_CUDA_DECODE_TMA's default), the ranges above for the integers; any other value fails
  * the open with exit 2 naming the variable, so a misspelt knob never runs the default plan.
@@ -156,8 +156,8 @@ typedef struct cuda_state {
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the heuristic */
     int split_path_ratio;           /* AR_CUDA_SPLIT_PATH_RATIO: 0 the default, -1 off, else the ratio */
     int split_path_large;           /* AR_CUDA_SPLIT_PATH_LARGE: 0 unset (the default), -1 off, else the large uneven launches' ratio */
-    int split_live_rows;            /* AR_CUDA_SPLIT_LIVE_ROWS=1: partials and combine threads only
-                                       for rows that hold a query token */
+    int split_live_rows;            /* AR_CUDA_SPLIT_LIVE_ROWS=1: partials only for rows that hold
+                                       a query token */
     int combine_team_setting;       /* AR_CUDA_COMBINE_TEAM: AR_COMBINE_TEAM_RULE (rule, unset) or a team */
     int hq, hkv, head_size, group, block_size, block_size_log2, template_hd;
     bool bf16;
@@ -466,14 +466,18 @@ static void cuda_device_name(void *state, char *buf, size_t len)
     snprintf(buf, len, "%s", s ? s->device_name : "none");
 }
 
-/* The combine's working threads of one group for one team member (ar_attn_combine_team's
- * member_threads): the (row, dim pair)s that hold a query token, rows of a partial at most, the
- * most (token, query head) pairs of one (sequence, KV head) at least one; launch_attention's
- * threads past them return at once. */
+/* The rows of a group that launch_attention's combine covers: the most (token, query head) pairs
+ * of one (sequence, KV head), max_pairs, at least one and at most the rows of a partial. */
+static int combine_live_rows(int rows, int64_t max_pairs)
+{
+    return max_pairs < 1 ? 1 : max_pairs < rows ? (int)max_pairs : rows;
+}
+
+/* The combine's threads of one group for one team member (ar_attn_combine_team's member_threads):
+ * a thread per (row, dim pair) of its live rows. */
 static int64_t combine_member_threads(const cuda_state *s, int rows, int64_t max_pairs)
 {
-    const int64_t live = max_pairs < 1 ? 1 : max_pairs < rows ? max_pairs : rows;
-    return live * (s->template_hd / 2);
+    return (int64_t)combine_live_rows(rows, max_pairs) * (s->template_hd / 2);
 }
 
 static int cuda_prepare(void *state, const ar_batch *b, char *err, size_t err_len)
@@ -740,9 +744,12 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
 
 /* One attention launch and, when it splits, its combine; between the two, the event `mid` is
  * recorded when given.  rows: the rows of a work item; max_pairs: the most (token, query head)
- * pairs of one (sequence, KV head) (the combine covers only those rows under
- * AR_CUDA_SPLIT_LIVE_ROWS=1; every row otherwise, the rows past them skipped thread by thread);
- * team: the combine's threads per (row, dim pair). */
+ * pairs of one (sequence, KV head): the combine's grid covers only the first max_pairs rows of a
+ * group (rows at most; a group whose pairs outnumber the rows is one tile of a longer query, and
+ * covers them all), since no row past them holds a query token in any group (a decode with GQA
+ * 4 on DECODE's 16-row tiles: 4 rows, a quarter of the CTAs of a grid over every row, whose
+ * other three quarters found no token and returned; before 2026-12-07 the grid covered every row
+ * unless AR_CUDA_SPLIT_LIVE_ROWS=1); team: the combine's threads per (row, dim pair). */
 static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, int config, int num_work,
                                     int num_groups, int rows, int64_t max_pairs, int team, cudaEvent_t mid)
 {
@@ -756,8 +763,8 @@ static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, 
     if (num_groups <= 0) return cudaSuccess;
     /* team threads per (row, dim pair) of every group: rows x hd / 2 x team <= 256 x 128 x 32
      * -> y <= 4096 */
-    const int live = s->split_live_rows && max_pairs < rows ? (int)(max_pairs > 0 ? max_pairs : 1) : rows;
-    dim3 grid((unsigned)num_groups, (unsigned)(((int64_t)live * (s->template_hd / 2) * team + 255) / 256));
+    const int live = combine_live_rows(rows, max_pairs);
+    dim3 grid((unsigned)num_groups, (unsigned)(((int64_t)live * (hd / 2) * team + 255) / 256));
     if (s->bf16)
         ar_attn::combine_kernel<__nv_bfloat16><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd, team);
     else
