@@ -975,12 +975,12 @@ static void test_combine_team(void **state)
                                            counts[i][1]);
         assert_true(team <= AR_COMBINE_TEAM_MOST && (team & (team - 1)) == 0);
     }
-    /* fill: 3 groups of 256 working threads on an H100's 132 x 2048 slots (270,336) hold a team
-     * of 32 (24,576 threads) when the largest group has 17 to 1024 partials, and below that a
-     * team as wide as the largest group's partials rounded up to a power of two (the other
-     * groups have 2 and 3); the slots bound it: 96 groups take 8 (196,608 threads), not 16
-     * (393,216); 132 groups 8 (270,336), 133 groups 4; 2,000 groups overfill them with one
-     * thread each and keep 1 */
+    /* fill: 3 groups of 256 threads on an H100's 132 x 2048 slots (a quarter: 67,584) take a
+     * team of 32 (24,576 threads) when the largest group has 17 to 1024 partials, and below that
+     * a team as wide as the largest group's partials rounded up to a power of two (the other
+     * groups have 2 and 3); the quarter bounds the widening: 96 groups of 4 partials take 2
+     * (49,152 threads), not 4 (98,304); 2,000 groups keep 1; and never below the rule's team
+     * (8 for 64 partials, however many groups) */
     static const int fill[][2] = {{1, 4}, {3, 4}, {4, 4}, {5, 8}, {8, 8}, {9, 16}, {16, 16}, {17, 32}, {64, 32},
                                   {1024, 32}};
     for (size_t i = 0; i < sizeof fill / sizeof fill[0]; i++) {
@@ -991,11 +991,12 @@ static void test_combine_team(void **state)
     }
     ar_combine_group many[2000];
     memset(many, 0, sizeof many);
-    for (int i = 0; i < 2000; i++) many[i].count = 64;
-    assert_int_equal(ar_attn_combine_team(many, 96, 256, 270336, AR_COMBINE_TEAM_FILL), 8);
-    assert_int_equal(ar_attn_combine_team(many, 132, 256, 270336, AR_COMBINE_TEAM_FILL), 8);
-    assert_int_equal(ar_attn_combine_team(many, 133, 256, 270336, AR_COMBINE_TEAM_FILL), 4);
+    for (int i = 0; i < 2000; i++) many[i].count = 4;
+    assert_int_equal(ar_attn_combine_team(many, 96, 256, 270336, AR_COMBINE_TEAM_FILL), 2);
+    assert_int_equal(ar_attn_combine_team(many, 33, 256, 270336, AR_COMBINE_TEAM_FILL), 4);
     assert_int_equal(ar_attn_combine_team(many, 2000, 256, 270336, AR_COMBINE_TEAM_FILL), 1);
+    for (int i = 0; i < 2000; i++) many[i].count = 64;
+    assert_int_equal(ar_attn_combine_team(many, 2000, 256, 270336, AR_COMBINE_TEAM_FILL), 8);
     /* the rule and fixed teams ignore the slots */
     assert_int_equal(ar_attn_combine_team(many, 2000, 256, 270336, AR_COMBINE_TEAM_RULE), 8);
     assert_int_equal(ar_attn_combine_team(many, 2000, 256, 270336, 4), 4);

@@ -411,12 +411,15 @@ int ar_attn_combine_team(const ar_combine_group *groups, int64_t num_groups, int
     for (int64_t g = 0; g < num_groups; g++)
         if (groups[g].count > most) most = groups[g].count;
     int team = 1;
+    while (team < AR_COMBINE_TEAM_MOST && most > team * AR_COMBINE_TEAM_SPAN) team *= 2;
     if (setting == AR_COMBINE_TEAM_FILL) {
         const int64_t one_each = num_groups * (member_threads > 0 ? member_threads : 1);
-        while (team < AR_COMBINE_TEAM_MOST && team < most && one_each * team * 2 <= thread_slots) team *= 2;
-        return team;
+        int wide = 1;
+        while (wide < AR_COMBINE_TEAM_MOST && wide < most &&
+               one_each * wide * 2 * AR_COMBINE_FILL_SHARE <= thread_slots)
+            wide *= 2;
+        if (wide > team) team = wide;
     }
-    while (team < AR_COMBINE_TEAM_MOST && most > team * AR_COMBINE_TEAM_SPAN) team *= 2;
     return team;
 }
 

@@ -173,11 +173,14 @@ int ar_attn_decode_tma_uneven_splits(int64_t total_blocks, int max_blocks, int s
  * thread, 9 us with the rule's team (H100, 2026-12-07; BENCHMARKS.md).
  * setting: AR_COMBINE_TEAM_RULE (the default: the smallest power of two that leaves no thread
  * more than AR_COMBINE_TEAM_SPAN partials of the launch's largest group, at most
- * AR_COMBINE_TEAM_MOST); AR_COMBINE_TEAM_FILL (the largest power of two, at most the largest
- * group's partials rounded up to one and AR_COMBINE_TEAM_MOST, whose threads, num_groups x
- * member_threads x team, fit thread_slots; 1 when one thread each already overfills them: a
- * launch of few groups, such as one long request among short ones, takes a team as wide as its
- * partials, a launch of many takes what the device holds at once); or a power of two from 1
+ * AR_COMBINE_TEAM_MOST); AR_COMBINE_TEAM_FILL (the rule's team, or a wider one where the
+ * launch leaves the device mostly idle: the largest power of two, at most the largest group's
+ * partials rounded up to one and AR_COMBINE_TEAM_MOST, whose threads, num_groups x
+ * member_threads x team, take at most 1 / AR_COMBINE_FILL_SHARE of thread_slots; a launch of
+ * few groups, such as the requests of a small batch cut into many pieces, takes a team as wide
+ * as its partials; a launch of many keeps the rule's: B 64 of 8k, 512 groups of 3 partials,
+ * combined in 7.6 us by one thread each and 10.4 us by teams of 2, its threads then 0.97 of an
+ * H100's, H100, 2026-12-07); or a power of two from 1
  * (one thread, the plan before 2026-12-07) to AR_COMBINE_TEAM_MOST (AR_CUDA_COMBINE_TEAM).
  * groups[num_groups]: the launch's combine groups; member_threads: the (row, dim pair)s of one
  * group that hold a query token (the combine's threads that do work, one a team member);
@@ -185,6 +188,7 @@ int ar_attn_decode_tma_uneven_splits(int64_t total_blocks, int max_blocks, int s
 #define AR_COMBINE_TEAM_RULE 0
 #define AR_COMBINE_TEAM_FILL (-1)
 #define AR_COMBINE_TEAM_SPAN 8
+#define AR_COMBINE_FILL_SHARE 4
 #define AR_COMBINE_TEAM_MOST 32    /* a warp: the team's shuffles stay inside one */
 int ar_attn_combine_team(const ar_combine_group *groups, int64_t num_groups, int64_t member_threads,
                          int64_t thread_slots, int setting);

@@ -64,9 +64,10 @@
  *                            request of 135k keys among short ones can be cut to its even share;
  *   AR_CUDA_COMBINE_TEAM=rule|fill|N  the split combine's threads per (row, dim pair): rule (the
  *                            default), the smallest power of two that leaves no thread more than
- *                            8 of the launch's largest group's partials; fill, the largest power
- *                            of two up to the largest group's partials whose working threads fit
- *                            the device's resident threads; N, a power of two from 1 (one thread,
+ *                            8 of the launch's largest group's partials; fill, the rule's team or
+ *                            the largest power of two up to the largest group's partials whose
+ *                            threads take at most a quarter of the device's resident threads,
+ *                            whichever is wider; N, a power of two from 1 (one thread,
  *                            the plan before 2026-12-07) to 32; ar_attn_combine_team;
  *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
