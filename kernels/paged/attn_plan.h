@@ -178,9 +178,11 @@ int ar_attn_decode_tma_uneven_splits(int64_t total_blocks, int max_blocks, int s
  * partials rounded up to one and AR_COMBINE_TEAM_MOST, whose threads, num_groups x
  * member_threads x team, take at most 1 / AR_COMBINE_FILL_SHARE of thread_slots; a launch of
  * few groups, such as the requests of a small batch cut into many pieces, takes a team as wide
- * as its partials; a launch of many keeps the rule's: B 64 of 8k, 512 groups of 3 partials,
- * combined in 7.6 us by one thread each and 10.4 us by teams of 2, its threads then 0.97 of an
- * H100's, H100, 2026-12-07); or a power of two from 1
+ * as its partials; a launch of many keeps the rule's: on an H100, B 64 of 8k, 512 groups of 3
+ * partials, combined in 7.6 us by one thread each and in 10.4 us by teams of 2, whose threads
+ * were 0.97 of the device's.  Against the rule on the Mooncake trace (H100, 2026-12-07) fill took
+ * the decodes under 16k keys to 0.979 and those of 16k-128k to 1.010, all steps 1.000: a knob,
+ * not the default); or a power of two from 1
  * (one thread, the plan before 2026-12-07) to AR_COMBINE_TEAM_MOST (AR_CUDA_COMBINE_TEAM).
  * groups[num_groups]: the launch's combine groups; member_threads: the (row, dim pair)s of one
  * group that hold a query token (the combine's threads that do work, one a team member);
