@@ -953,7 +953,8 @@ static void test_random_plans(void **state)
 /* The split combine's team (ar_attn_combine_team): a fixed team as given (one thread when
  * asked); by default the rule's smallest power of two that leaves a thread at most
  * AR_COMBINE_TEAM_SPAN of the largest group's partials, never past a warp; under fill the
- * widest team up to the partials whose threads the device holds. */
+ * rule's team, or the widest up to the partials whose threads take at most a quarter of the
+ * device's. */
 static void test_combine_team(void **state)
 {
     (void)state;
