@@ -96,12 +96,14 @@ fi
 # AR_CUDA_DECODE_TMA=uneven (uneven-gpu_cuda.txt), and gpu_cuda's and gpu_cascade's under a
 # combine team of 4 (team-tests.txt; REAL_TESTS=0 leaves these out); bench_cuda's two lopsided decode
 # cases, its B 64 decode (2 pieces a request) and its B 128 with one long request, each under the
-# default plan (the combine team's rule) and with one combine thread (AR_CUDA_COMBINE_TEAM=1),
-# twice each in turn (decode_bench.txt); then the
+# default plan (the combine team's rule), with one combine thread (AR_CUDA_COMBINE_TEAM=1) and
+# under AR_CUDA_COMBINE_TEAM=fill, twice each in turn (decode_bench.txt); then the
 # Mooncake trace (out/mooncake300.trace.jsonl.gz, simulated on the development machine as in
 # tests/gpu_verify_h200.sh's comment, and carried) through kernels/paged/trace_sweep.sh under the
-# default plan, DECODE for the many-request uneven decodes (AR_CUDA_DECODE_TMA_MANY=0), and the
-# split combine with one thread and with teams of 8 everywhere (sweep.txt), and
+# default plan, DECODE for the many-request uneven decodes (AR_CUDA_DECODE_TMA_MANY=0), the
+# split combine with one thread, with teams of 8 everywhere and under fill, and the default
+# again last: the run's own noise floor (the same binary replayed twice in one run read 0.976
+# and 1.006 on the trace's decodes under 16k keys, H100, 2026-12-07) (sweep.txt), and
 # replay/python/side_by_side.sh with FA3's adapter (fa3.txt), both sides' repeats back to back
 # (REPEAT=3), every step verified; both databases (xz) in logs.tar.xz.  Needs .peers/built/fa3
 # for the last part.
@@ -123,7 +125,7 @@ if [ "${1:-}" = "real-traces" ]; then
   fi
   stage "decode benches"
   for round in 1 2; do
-    for team in 1 ""; do
+    for team in 1 "" fill; do
       for c in decode_lopsided_b121_s2048_135k decode_lopsided_b18_s1280_135k decode_b64_s8192_gqa32_8_hd128 \
                decode_b128_s8192_one16k; do
         AR_CUDA_COMBINE_TEAM=$team timeout -s KILL 60 build/tests/bench_cuda 20 "$c" |
@@ -135,7 +137,8 @@ if [ "${1:-}" = "real-traces" ]; then
   stage "trace sweep"
   rm -f /tmp/ar_sweep.db /tmp/ar_fa3.db
   PER_RUN_S=60 timeout -s KILL "$(( $(left) / 2 ))" kernels/paged/trace_sweep.sh /tmp/ar_sweep.db "$trace" \
-    "" "AR_CUDA_DECODE_TMA_MANY=0" "AR_CUDA_COMBINE_TEAM=1" "AR_CUDA_COMBINE_TEAM=8" >"$OUT/sweep.txt" 2>&1
+    "" "AR_CUDA_DECODE_TMA_MANY=0" "AR_CUDA_COMBINE_TEAM=1" "AR_CUDA_COMBINE_TEAM=8" "AR_CUDA_COMBINE_TEAM=fill" "" \
+    >"$OUT/sweep.txt" 2>&1
   echo "trace_sweep rc=$?"; grep -E "^\[|^\|" "$OUT/sweep.txt" | cut -c1-160
   stage "FA3 on the trace"
   AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built} ADAPTERS=fa3 PLUGIN=none REPEAT=3 PER_RUN_S=100 \

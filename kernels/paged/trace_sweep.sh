@@ -10,7 +10,8 @@
 #
 # Usage (repository root, on the GPU machine, after `make gpu-build`):
 #   kernels/paged/trace_sweep.sh DB TRACE ['VAR=V ...' ...]
-#   no settings: the built-in ones below; "" is the default.  Environment: AR_BIN (default
+#   no settings: the built-in ones below; "" is the default (given again last, it measures the
+#   run's noise floor: the default against itself).  Environment: AR_BIN (default
 #   bin/attnreplay), BACKEND (default cuda), VERIFY (default sample:8), REPEAT (default 3),
 #   LAYERS (default 1), STEPS (default all), PER_RUN_S (default none: each replay is sent SIGTERM
 #   after that many seconds and keeps its committed steps), PYTHON (default python3).
