@@ -760,7 +760,8 @@ static void test_combine_team(void **unused)
     if (!gpu_ready(&c)) { skip(); return; }
     seq_case lopsided[12];
     for (int i = 0; i < 12; i++) lopsided[i] = (seq_case){1, i == 5 ? 40000 : 1500};
-    /* "": unset, the rule; fill: a power of two the device's threads decide (0: not fixed here) */
+    /* "": unset, the rule; fill: the device's threads decide how far past the rule's 8 it
+     * widens (0: not fixed here; checked to be at least 8 below) */
     static const char *const teams[] = {"1", "2", "8", "32", "rule", "", "fill"};
     static const int team_of[] = {1, 2, 8, 32, 8, 8, 0};
     ar_run_config mixed = make_cfg(8, 2, 128, 2048, AR_FP16, 0, 0);
@@ -777,6 +778,7 @@ static void test_combine_team(void **unused)
         assert_int_equal(r.plan.config, 1);
         assert_true(r.plan.num_groups > 0);
         if (team_of[t]) assert_int_equal(r.plan.combine_team, team_of[t]);
+        else assert_true(r.plan.combine_team >= 8);   /* fill never narrows the rule's team */
         assert_true(r.plan.combine_team >= 1 && r.plan.combine_team <= 32 &&
                     (r.plan.combine_team & (r.plan.combine_team - 1)) == 0);
         ro.config = 0;

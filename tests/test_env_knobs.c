@@ -143,7 +143,8 @@ static void test_ranges(void **state)
     assert_int_equal(ar_attn_combine_team(&g64, 1, 256, 270336, k.combine_team), 8);
     assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "1", &k, err, sizeof err), 0);
     assert_int_equal(ar_attn_combine_team(&g64, 1, 256, 270336, k.combine_team), 1);
-    /* fill: as wide as the group's partials when the device holds the threads */
+    /* fill: one group of 64 partials, 256 threads a member, widens to a warp (8,192 threads,
+     * within a quarter of the 270,336) */
     assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "fill", &k, err, sizeof err), 0);
     assert_int_equal(k.combine_team, AR_COMBINE_TEAM_FILL);
     assert_int_equal(ar_attn_combine_team(&g64, 1, 256, 270336, k.combine_team), 32);
