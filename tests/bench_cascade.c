@@ -14,16 +14,13 @@
  *
  * At P 32k, S 128 it also sweeps the prefix pass's plan (geometry x split count, "SWEEP" lines)
  * and the suffix pass's (kernel x split count x merge fused or separate, the prefix pass's
- * split combine folded into the suffix pass or not: "SUFFIX" lines), and the prefix pass's L2
- * prefetch of the suffixes (its point and byte budget: "L2" lines).
+ * split combine folded into the suffix pass or not: "SUFFIX" lines).
  * Every case also times the flat pass on each decode kernel, DECODE and DECODE_TMA ("FLAT"
  * lines; AR_CASC_FLAT_TMA=0 leaves them out), the evidence behind the automatic choice.
  *
  * Usage: bench_cascade [REPEAT] (default 20).  One "RESULT name=..." line per case, then a
  * table.  Skips with the backend's reason when there is no GPU.  AR_CASC_ONLY=P:S runs that
- * case alone and AR_CASC_SWEEPS=0 leaves the sweeps out (for profilers), AR_CASC_SWEEPS=l2 runs
- * only the sweep of the prefix pass's L2 prefetch of the suffixes ("L2" lines), in every case;
- * AR_CASC_HOT_PREFIX=1
+ * case alone and AR_CASC_SWEEPS=0 leaves the sweeps out (for profilers); AR_CASC_HOT_PREFIX=1
  * points the whole shared prefix at 8 blocks (a cache-resident prefix: how much of the prefix
  * pass's time is waiting for K/V). */
 #include <math.h>
@@ -167,41 +164,6 @@ static int sweep_suffix_plans(void *st, ar_batch *b, const float *out_flat, floa
     ar_cuda_set_plan(st, -1, 0);
     ar_cuda_set_prefix_plan(st, -1, 0);
     return bad;
-}
-
-/* The prefix pass's L2 prefetch of the suffixes (ar_cuda_set_cascade_l2) under each point (off,
- * or the percent of the prefix pass's tiles issued first) and byte budget, three rounds in turn:
- * one "L2" line each with the prefix, suffix and whole-step attention times and max |cascade -
- * flat|.  0 ok, 1 error or disagreement. */
-static int sweep_l2_prefetch(void *st, ar_batch *b, const float *out_flat, float *out, float *lse)
-{
-    static const int points[] = {-1, 0, 50, 75, 90, 100};
-    static const int mbs[] = {16, 24, 40, 64};
-    char err[512] = "";
-    for (int round = 0; round < 3; round++)
-        for (size_t p = 0; p < sizeof points / sizeof points[0]; p++)
-            for (size_t m = 0; m < (points[p] < 0 ? 1 : sizeof mbs / sizeof mbs[0]); m++) {
-                ar_cuda_set_cascade_l2(st, points[p], mbs[m]);
-                ar_forward_out o;
-                if (forward_once(st, b, out, lse, &o, err, sizeof err)) {
-                    printf("ERROR L2 sweep at %d mb %d: %s\n", points[p], mbs[m], err);
-                    ar_cuda_set_cascade_l2(st, -1, 0);
-                    return 1;
-                }
-                ar_cuda_plan_info pi;
-                ar_cuda_plan_of(st, &pi);
-                const double md = max_abs_diff(out, out_flat, (size_t)b->num_tokens * CASC_HQ * CASC_HD);
-                printf("L2 p=%d s=%d round=%d at=%d mb=%d blocks=%d prefix_us=%.1f suffix_us=%.1f cascade_us=%.1f "
-                       "max_diff=%.3g%s\n", b->common_prefix_len, b->max_seq_len - b->common_prefix_len, round,
-                       points[p], points[p] < 0 ? 0 : mbs[m], pi.prefix_l2_blocks, kernel_us(&o, "prefix"),
-                       kernel_us(&o, "suffix"), attention_us(&o), md, md < 0.05 ? "" : " DISAGREES");
-                if (!(md < 0.05)) {
-                    ar_cuda_set_cascade_l2(st, -1, 0);
-                    return 1;
-                }
-            }
-    ar_cuda_set_cascade_l2(st, -1, 0);
-    return 0;
 }
 
 /* Runs one (P, S) case; 0 ok, 1 error, 2 skipped (no GPU). */
@@ -361,10 +323,7 @@ static int run_case(int P, int S, int repeat, casc_row *row)
         b.common_prefix_len = P;
     }
     const char *sw = getenv("AR_CASC_SWEEPS");
-    const int l2_only = sw && strcmp(sw, "l2") == 0;
-    if (!rc && l2_only) rc = sweep_l2_prefetch(st, &b, out_flat, out_casc, lse);
-    const int sweeps = P == 32768 && S == 128 && !(sw && (strcmp(sw, "0") == 0 || l2_only));
-    if (!rc && sweeps) rc = sweep_l2_prefetch(st, &b, out_flat, out_casc, lse);
+    const int sweeps = P == 32768 && S == 128 && !(sw && strcmp(sw, "0") == 0);
     if (!rc && sweeps) rc = sweep_prefix_plans(st, &b, out_flat, out_casc, lse, row->prefix_us);
     if (!rc && sweeps)
         rc = sweep_suffix_plans(st, &b, out_flat, out_casc, lse, row->prefix_config, row->prefix_splits);

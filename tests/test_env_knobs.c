@@ -18,7 +18,6 @@ static const char *const all_knobs[] = {
     "AR_CUDA_WGMMA", "AR_CUDA_WG_PERSIST", "AR_CUDA_WG_SECTION_MB", "AR_CUDA_DECODE_TMA", "AR_CUDA_DECODE_TMA_MANY",
     "AR_CUDA_DECODE_TMA_SPLITS", "AR_CUDA_DECODE_TMA_PIECES", "AR_CUDA_DECODE_TMA_STAGES", "AR_CUDA_DECODE_SPLITS", "AR_CUDA_SPLIT_PATH_RATIO",
     "AR_CUDA_SPLIT_PATH_LARGE", "AR_CUDA_SPLIT_LIVE_ROWS", "AR_CUDA_CASCADE_FOLD", "AR_CUDA_CASCADE_MERGE", "AR_CUDA_COMBINE_TEAM",
-    "AR_CUDA_CASCADE_L2", "AR_CUDA_CASCADE_L2_MB",
     "AR_MLA_KERNEL", "AR_MLA_TMA", "AR_MLA_SPLITS",
 };
 
@@ -56,8 +55,6 @@ static void test_defaults(void **state)
     assert_int_equal(k.split_path_ratio, 0);
     assert_int_equal(k.split_path_large, 0);
     assert_int_equal(k.combine_team, AR_COMBINE_TEAM_RULE);
-    assert_int_equal(k.cascade_l2_at, -2);
-    assert_int_equal(k.cascade_l2_mb, 0);
     /* empty is unset, for every knob */
     for (size_t i = 0; i < sizeof all_knobs / sizeof all_knobs[0]; i++) {
         assert_int_equal(read_with(all_knobs[i], "", &k, err, sizeof err), 0);
@@ -101,19 +98,6 @@ static void test_words(void **state)
     assert_false(k.decode_tma_split || k.decode_tma_off);
     assert_int_equal(read_with("AR_CUDA_SPLIT_PATH_RATIO", "off", &k, err, sizeof err), 0);
     assert_int_equal(k.split_path_ratio, -1);
-    /* the cascade's L2 prefetch: off, or the percent of the prefix pass's tiles, 0 and 100 included */
-    assert_int_equal(read_with("AR_CUDA_CASCADE_L2", "off", &k, err, sizeof err), 0);
-    assert_int_equal(k.cascade_l2_at, -1);
-    static const int percents[] = {0, 75, 100};
-    for (size_t i = 0; i < sizeof percents / sizeof percents[0]; i++) {
-        char v[8];
-        snprintf(v, sizeof v, "%d", percents[i]);
-        assert_int_equal(read_with("AR_CUDA_CASCADE_L2", v, &k, err, sizeof err), 0);
-        assert_int_equal(k.cascade_l2_at, percents[i]);
-    }
-    assert_int_equal(read_with("AR_CUDA_CASCADE_L2_MB", "24", &k, err, sizeof err), 0);
-    assert_int_equal(k.cascade_l2_mb, 24);
-    assert_int_equal(k.cascade_l2_at, -2);
     assert_int_equal(read_with("AR_CUDA_DECODE_TMA_MANY", "0", &k, err, sizeof err), 0);
     assert_true(k.decode_tma_many_off);
     assert_int_equal(read_with("AR_CUDA_DECODE_TMA_MANY", "1", &k, err, sizeof err), 0);
@@ -192,9 +176,6 @@ static void test_refused(void **state)
         {"AR_CUDA_COMBINE_TEAM", "0"},          {"AR_CUDA_COMBINE_TEAM", "3"},
         {"AR_CUDA_COMBINE_TEAM", "64"},         {"AR_CUDA_COMBINE_TEAM", "Rule"},
         {"AR_CUDA_COMBINE_TEAM", "-8"},         {"AR_CUDA_COMBINE_TEAM", "8x"},
-        {"AR_CUDA_CASCADE_L2", "101"},          {"AR_CUDA_CASCADE_L2", "-1"},
-        {"AR_CUDA_CASCADE_L2", "75%"},          {"AR_CUDA_CASCADE_L2", "Off"},
-        {"AR_CUDA_CASCADE_L2_MB", "0"},         {"AR_CUDA_CASCADE_L2_MB", "4097"},
     };
     ar_cuda_knobs k;
     char err[256];
@@ -215,8 +196,6 @@ static void test_refused(void **state)
     assert_non_null(strstr(err, "AR_CUDA_SPLIT_PATH_LARGE=2x: not off or an integer from 1 to 64"));
     assert_int_equal(read_with("AR_CUDA_COMBINE_TEAM", "12", &k, err, sizeof err), 2);
     assert_non_null(strstr(err, "AR_CUDA_COMBINE_TEAM=12: not rule, fill or a power of two from 1 to 32"));
-    assert_int_equal(read_with("AR_CUDA_CASCADE_L2", "on", &k, err, sizeof err), 2);
-    assert_non_null(strstr(err, "AR_CUDA_CASCADE_L2=on: not off or a percent from 0 to 100"));
 }
 
 /* Reads the cuda-mla switches with NAME=VALUE set alone. */

@@ -263,12 +263,6 @@ __device__ __forceinline__ void tma_load_5d(uint32_t dst, const void *tmap, uint
     asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n"
                  :: "r"(dst), "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
 }
-/* Brings bytes (a multiple of 16) of global memory from src (16-byte aligned) into the L2,
- * asynchronously and with nothing to wait for: a later reader finds them there. */
-__device__ __forceinline__ void l2_prefetch_bulk(const void *src, uint32_t bytes)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" :: "l"(src), "r"(bytes) : "memory");
-}
 /* Fetches the tensor map into the TMA unit's cache ahead of the first copy. */
 __device__ __forceinline__ void tma_prefetch_map(const void *tmap)
 {

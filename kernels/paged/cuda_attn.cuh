@@ -122,15 +122,6 @@ typedef struct ar_attn_args {
     const float *merge_partial_lse;       /* [partials, merge_rows] log2 */
     int merge_rows;                       /* rows per prefix-pass CTA */
     int merge_row_blocks;                 /* row blocks per KV head: ceil(T x group / merge_rows) */
-    /* cascade prefix pass on AR_CFG_PREFILL_WG (else l2_prefetch_at < 0): once the producer has
-     * issued l2_prefetch_at percent of an item's key tiles, it prefetches into the L2 the first
-     * l2_prefetch_blocks cache blocks (K and V, every KV head) of the suffixes of requests item,
-     * item + num_work, ..., which the suffix pass reads next (AR_CUDA_CASCADE_L2) */
-    int l2_prefetch_at;                   /* 0..100, or -1: no prefetch */
-    int l2_prefetch_blocks;               /* blocks a request, from the suffix's first */
-    int l2_prefetch_reqs;                 /* the step's requests */
-    const int *l2_prefetch_seq_lens;      /* [reqs] the suffix pass's key counts */
-    const int *l2_prefetch_block_table;   /* [reqs, max_blocks_per_req]: the suffix's blocks */
 } ar_attn_args;
 
 

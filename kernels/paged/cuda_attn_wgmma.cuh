@@ -558,25 +558,6 @@ attn_wgmma_kernel(const ar_attn_args a,
             };
 
             if constexpr (PRODUCER_ROLE) {
-                /* The cascade prefix pass's L2 prefetch of the suffixes (ar_attn_args.l2_prefetch_at):
-                 * this item's share is requests item, item + num_work, ...; lane l of producer warp 3
-                 * takes blocks l / 2, l / 2 + 16, ... of each, K (even l) or V, one bulk prefetch of a
-                 * whole cache block (every KV head) each.  The prefix pass streams its K/V at a third of
-                 * the DRAM rate while its products bound it, so the suffix pass's bytes can come
-                 * meanwhile; issued late in the item, so that the prefix's own tiles after it evict
-                 * little of them. */
-                auto prefetch_suffixes = [&]() {
-                    const int64_t block_elems = ((int64_t)1 << bs_log2) * head_stride;   /* [bs][Hkv][HD] */
-                    for (int r = item; r < a.l2_prefetch_reqs; r += num_work) {
-                        const int blocks = min(a.l2_prefetch_blocks, (__ldg(a.l2_prefetch_seq_lens + r) + bs_mask) >> bs_log2);
-                        const int *row = a.l2_prefetch_block_table + (int64_t)r * a.max_blocks_per_req;
-                        for (int j = lane; j < 2 * blocks; j += 32) {   /* block j / 2, K (even j) or V */
-                            const T *cache = reinterpret_cast<const T *>((j & 1) ? a.v_cache : a.k_cache);
-                            ar_wg::l2_prefetch_bulk(cache + (int64_t)__ldg(row + (j >> 1)) * block_elems,
-                                                    (uint32_t)(block_elems * sizeof(T)));
-                        }
-                    }
-                };
                 /* the producer warpgroup: fills stage (tiles_before + it) % STAGES with tile it as soon as
                  * both consumers released the tile STAGES before it in that stage; K and V complete on
                  * separate barriers so S = Q K^T starts before V has landed.  The item's Q tile comes
@@ -599,8 +580,6 @@ attn_wgmma_kernel(const ar_attn_args a,
                         if (tid == 0) ar_wg::mbar_arrive(full_v_bar + stage * 8);
                     }
                     ar_wg::mbar_arrive_cp_async(full_v_bar + stage * 8);
-                    if (warp == 3 && a.l2_prefetch_at >= 0 && it == min(n_tiles - 1, n_tiles * a.l2_prefetch_at / 100))
-                        prefetch_suffixes();
                     if (it == 0) {
                         if (q_items_before > 0) ar_wg::mbar_wait_suspend(q_empty_bar, (q_items_before - 1) & 1);
                         produce_q();

@@ -69,12 +69,7 @@
  *                            threads take at most a quarter of the device's resident threads,
  *                            whichever is wider; N, a power of two from 1 (one thread,
  *                            the plan before 2026-12-07) to 32; ar_attn_combine_team;
- *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above);
- *   AR_CUDA_CASCADE_L2=off|N  the cascade prefix pass on PREFILL_WG prefetches the first blocks of
- *                            the suffixes into the L2 once it has issued N percent (0..100) of
- *                            each item's key tiles, for the suffix pass that follows (default:
- *                            CASCADE_L2_AT_DEFAULT); AR_CUDA_CASCADE_L2_MB=N (1..4096) the most MiB
- *                            of them (default half the L2).
+ *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
  *                            (instead of ar_attn_split_count; B 64 / 8k on the H200: 3);
@@ -130,7 +125,6 @@
 #define AR_GUARD_BYTES 4096
 #define AR_GUARD_BYTE 0xA5
 #define AR_PASS_EVENTS 5          /* timing events of one timed pass (run_pass) */
-#define CASCADE_L2_AT_DEFAULT -1  /* AR_CUDA_CASCADE_L2 unset: no prefetch of the suffixes */
 
 /* A grow-only device buffer. */
 /* dev_buf: kernels/common/cuda_host.cuh */
@@ -214,10 +208,6 @@ typedef struct cuda_state {
                                        pass's (store_pair / combine_kernel) and no merge_kernel runs
                                        (the default); 0: merge_kernel after the suffix pass
                                        (AR_CUDA_CASCADE_MERGE=separate, ar_cuda_set_cascade_merge) */
-    int cascade_l2_at;              /* the prefix pass prefetches the suffixes into the L2 at this
-                                       percent of its items' tiles, -1 never (AR_CUDA_CASCADE_L2) */
-    int64_t cascade_l2_bytes;       /* at most these bytes of them (AR_CUDA_CASCADE_L2_MB; half the L2) */
-    int64_t l2_bytes;               /* the device's L2 */
     int fold_combine;               /* 1: fold the prefix pass's split combine into the suffix pass
                                        where fold_prefix_combine allows (the default); 0: never
                                        (AR_CUDA_CASCADE_FOLD=0, ar_cuda_set_cascade_fold) */
@@ -379,9 +369,6 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->split_live_rows = knobs.split_live_rows;
     s->combine_team_setting = knobs.combine_team;
     s->fused_merge = !knobs.cascade_merge_separate;
-    s->cascade_l2_at = knobs.cascade_l2_at == -2 ? CASCADE_L2_AT_DEFAULT : knobs.cascade_l2_at;
-    s->l2_bytes = (int64_t)prop.l2CacheSize;
-    s->cascade_l2_bytes = knobs.cascade_l2_mb > 0 ? (int64_t)knobs.cascade_l2_mb << 20 : s->l2_bytes / 2;
     if ((rc = cuda_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
         return rc;
@@ -750,7 +737,6 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
     a->soft_cap = (float)s->cfg.model.logits_soft_cap;
     a->fault = (int)s->cfg.fault;
     a->num_slots = s->cfg.num_blocks * s->block_size;   /* < 2^31 (open checks) */
-    a->l2_prefetch_at = -1;
     a->partial_live_only = s->split_live_rows;
     a->decode_tma_stages = s->decode_tma_stages;
     a->persistent_ctas = wg_persistent_ctas(s);
@@ -804,18 +790,6 @@ static bool fold_prefix_combine(const cuda_state *s)
            s->pre_num_work == s->pre_num_partials;
 }
 
-/* The cascade prefix pass's L2 prefetch of the suffixes (AR_CUDA_CASCADE_L2): the first blocks
- * of each request's suffix, as many a request as cascade_l2_bytes allows for all of them (K and
- * V), on PREFILL_WG only; 0 when it does not run. */
-static int cascade_l2_blocks(const cuda_state *s)
-{
-    if (!s->cascade || s->pre_config != AR_CFG_PREFILL_WG || s->cascade_l2_at < 0) return 0;
-    const int64_t block_bytes = (int64_t)s->block_size * s->hkv * s->head_size * (int64_t)s->elem_bytes;
-    const int64_t blocks = s->cascade_l2_bytes / (2 * block_bytes * (s->num_reqs > 0 ? s->num_reqs : 1));
-    const int suffix_width = s->mbpr - s->prefix_len / s->block_size;   /* the suffix's block-table row */
-    return (int)(blocks < suffix_width ? blocks : suffix_width);
-}
-
 /* The cascade passes' arguments, from the flat ones (fill_args): the suffix pass reads keys
  * P..seq_len-1 through the block table shifted by P / block_size and writes suf_out/suf_lse
  * (fused merge: the step's out/lse, each row mixed with the prefix pass's); the prefix pass
@@ -849,14 +823,6 @@ static void cascade_args(const cuda_state *s, const ar_attn_args *flat, ar_attn_
     pre->groups = s->d_pre_groups;
     pre->sliding_window = 0;
     pre->non_causal = 1;
-    const int l2_blocks = cascade_l2_blocks(s);
-    if (l2_blocks > 0) {
-        pre->l2_prefetch_at = s->cascade_l2_at;
-        pre->l2_prefetch_blocks = l2_blocks;
-        pre->l2_prefetch_reqs = s->num_reqs;
-        pre->l2_prefetch_seq_lens = suf->seq_lens;
-        pre->l2_prefetch_block_table = suf->block_table;
-    }
     if (fold_prefix_combine(s)) {
         suf->merge_groups = s->d_pre_groups;
         suf->merge_partial_o = (const float *)s->pre_part_o.ptr;
@@ -1114,14 +1080,6 @@ extern "C" void ar_cuda_set_cascade_fold(void *state, int fold)
     if (s) s->fold_combine = fold ? 1 : 0;
 }
 
-extern "C" void ar_cuda_set_cascade_l2(void *state, int at_percent, int mb)
-{
-    cuda_state *s = (cuda_state *)state;
-    if (!s) return;
-    s->cascade_l2_at = at_percent >= 0 && at_percent <= 100 ? at_percent : -1;
-    s->cascade_l2_bytes = mb > 0 ? (int64_t)mb << 20 : s->l2_bytes / 2;
-}
-
 extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
 {
     cuda_state *s = (cuda_state *)state;
@@ -1144,7 +1102,6 @@ extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
     info->prefix_num_work = s->pre_num_work;
     info->prefix_num_splits = s->pre_num_splits;
     info->prefix_combine_folded = fold_prefix_combine(s) ? 1 : 0;
-    info->prefix_l2_blocks = cascade_l2_blocks(s);
     info->kv_fp8 = s->kv_fp8 ? 1 : 0;
 }
 

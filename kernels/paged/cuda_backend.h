@@ -39,10 +39,6 @@ void ar_cuda_set_cascade_merge(void *state, int fused);
  * default; AR_CUDA_CASCADE_FOLD=0 in the environment makes it 0) lets the suffix pass combine
  * the prefix pass's split partials itself instead of a combine kernel after the prefix pass. */
 void ar_cuda_set_cascade_fold(void *state, int fold);
-/* Cascade, prefix pass on AR_CFG_PREFILL_WG: once it has issued at_percent (0..100) of each work
- * item's key tiles, it prefetches the first blocks of the suffixes into the L2, at most mb MiB
- * of them (0: half the L2); at_percent -1 never (AR_CUDA_CASCADE_L2, AR_CUDA_CASCADE_L2_MB). */
-void ar_cuda_set_cascade_l2(void *state, int at_percent, int mb);
 
 /* What the last prepare() planned. */
 typedef struct ar_cuda_plan_info {
@@ -65,7 +61,6 @@ typedef struct ar_cuda_plan_info {
     int prefix_num_work;   /* CTAs of the prefix pass */
     int prefix_num_splits; /* its split count */
     int prefix_combine_folded; /* 1: its split combine runs inside the suffix pass (no combine kernel) */
-    int prefix_l2_blocks;  /* cache blocks of each suffix it prefetches into the L2 (0: none) */
     /* 1: the cache is fp8 e4m3 and every pass above ran the fp8-KV variant of its kernel (config
      * PREFILL -> route "PREFILL fp8-KV", DECODE -> "DECODE fp8-KV"; PREFILL_WG and DECODE_TMA are
      * never planned for an fp8 cache, a forced one included) */

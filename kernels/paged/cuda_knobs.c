@@ -29,17 +29,17 @@ static int knob_int(const char *name, long lo, long hi, int *out, char *err, siz
     return r < 0 ? -2 : 0;
 }
 
-/* A knob that is off (-1) or an integer from lo to hi ("what" names the range in the message),
- * into *out (left as it is when unset); 0, or -2 refused. */
-static int knob_int_or_off(const char *name, long lo, long hi, const char *what, int *out, char *err, size_t err_len)
+/* A split ratio knob: off (-1) or an integer from 1 to 64 into *out (left as it is when unset);
+ * 0, or -2 refused. */
+static int knob_ratio(const char *name, int *out, char *err, size_t err_len)
 {
     const char *value = getenv(name);
     if (value && strcmp(value, "off") == 0) {
         *out = -1;
         return 0;
     }
-    if (knob_int(name, lo, hi, out, err, err_len) == 0) return 0;
-    snprintf(err, err_len, WHO ": %s=%s: not off or %s (unset: the default)", name, value, what);
+    if (knob_int(name, 1, 64, out, err, err_len) == 0) return 0;
+    snprintf(err, err_len, WHO ": %s=%s: not off or an integer from 1 to 64 (unset: the default)", name, value);
     return -2;
 }
 
@@ -70,7 +70,6 @@ int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_
 {
     memset(k, 0, sizeof *k);
     k->wg_section_mb = -1;
-    k->cascade_l2_at = -2;
     bool wgmma = true, wg_persist = true, cascade_fold = true, decode_tma_many = true;
     if (knob_flag("AR_CUDA_WGMMA", &wgmma, err, err_len) ||
         knob_flag("AR_CUDA_DECODE_TMA_MANY", &decode_tma_many, err, err_len) ||
@@ -102,13 +101,9 @@ int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_
         knob_int("AR_CUDA_DECODE_TMA_PIECES", 1, AR_MAX_DECODE_TMA_PIECES, &k->decode_tma_pieces, err, err_len) ||
         knob_int("AR_CUDA_DECODE_TMA_STAGES", 1, most_stages, &k->decode_tma_stages, err, err_len) ||
         knob_int("AR_CUDA_DECODE_SPLITS", 1, AR_MAX_SPLITS, &k->decode_splits, err, err_len) ||
-        knob_int_or_off("AR_CUDA_SPLIT_PATH_RATIO", 1, 64, "an integer from 1 to 64", &k->split_path_ratio, err,
-                        err_len) ||
-        knob_int_or_off("AR_CUDA_SPLIT_PATH_LARGE", 1, 64, "an integer from 1 to 64", &k->split_path_large, err,
-                        err_len) ||
-        knob_team("AR_CUDA_COMBINE_TEAM", &k->combine_team, err, err_len) ||
-        knob_int_or_off("AR_CUDA_CASCADE_L2", 0, 100, "a percent from 0 to 100", &k->cascade_l2_at, err, err_len) ||
-        knob_int("AR_CUDA_CASCADE_L2_MB", 1, 4096, &k->cascade_l2_mb, err, err_len))
+        knob_ratio("AR_CUDA_SPLIT_PATH_RATIO", &k->split_path_ratio, err, err_len) ||
+        knob_ratio("AR_CUDA_SPLIT_PATH_LARGE", &k->split_path_large, err, err_len) ||
+        knob_team("AR_CUDA_COMBINE_TEAM", &k->combine_team, err, err_len))
         return 2;
     return 0;
 }

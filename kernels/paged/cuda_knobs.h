@@ -34,8 +34,6 @@ typedef struct ar_cuda_knobs {
     int combine_team;          /* AR_CUDA_COMBINE_TEAM=1, 2, 4 .. 32; rule or unset: AR_COMBINE_TEAM_RULE (0); fill: AR_COMBINE_TEAM_FILL */
     bool cascade_fold_off;     /* AR_CUDA_CASCADE_FOLD=0 (1: the default) */
     bool cascade_merge_separate; /* AR_CUDA_CASCADE_MERGE=separate (fused: the default) */
-    int cascade_l2_at;         /* AR_CUDA_CASCADE_L2=0..100 (percent of the prefix pass's tiles), -1 off, -2 unset */
-    int cascade_l2_mb;         /* AR_CUDA_CASCADE_L2_MB=1..4096 MiB, 0 unset (half the L2) */
 } ar_cuda_knobs;
 
 /* Reads the knobs from the environment into k.  most_stages: DECODE_TMA's deepest ring.  0, or

@@ -99,13 +99,6 @@ void ar_cuda_set_cascade_fold(void *state, int fold)
     (void)fold;
 }
 
-void ar_cuda_set_cascade_l2(void *state, int at_percent, int mb)
-{
-    (void)state;
-    (void)at_percent;
-    (void)mb;
-}
-
 void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
 {
     (void)state;
