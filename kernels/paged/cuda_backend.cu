@@ -174,6 +174,8 @@ typedef struct cuda_state {
     cudaEvent_t done_ev;            /* the end of a forward's work */
     cudaStream_t side_stream;       /* the cascade suffix pass beside the prefix pass (cascade_overlap) */
     cudaEvent_t fork_ev, join_ev;   /* its start after the KV write, and its end before the merge */
+    int *d_started;                 /* the wgmma prefix pass's CTAs that have started (ar_attn_args.started_ctas) */
+    PFN_cuStreamWaitValue32_v11070 wait_value;   /* the driver's cuStreamWaitValue32, or NULL */
     ar_event_pool ev_pool;          /* AR_PASS_EVENTS a repeat of a forward */
     int ctas_per_sm[AR_CFG_COUNT];
 
@@ -377,6 +379,14 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->split_live_rows = knobs.split_live_rows;
     s->combine_team_setting = knobs.combine_team;
     s->cascade_overlap = knobs.cascade_overlap;   /* 0, 1, or 2 (check) */
+    {   /* the suffix pass beside the prefix pass waits for the prefix CTAs' starts by it */
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 11070, cudaEnableDefault, &found) == cudaSuccess &&
+            found == cudaDriverEntryPointSuccess)
+            s->wait_value = (PFN_cuStreamWaitValue32_v11070)fn;
+        cudaGetLastError();
+    }
     s->fused_merge = !knobs.cascade_merge_separate && !knobs.cascade_overlap;
     /* the main stream at the device's highest priority and side_stream at its lowest: the block
      * scheduler then gives the SMs to the cascade prefix pass's CTAs before the suffix pass's
@@ -400,6 +410,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     if ((rc = cuda_fail(cudaMalloc((void **)&s->d_guard, sizeof(int)), "guard counter", err, err_len)) ||
         (rc = cuda_fail(cudaMallocHost((void **)&s->h_guard, sizeof(int)), "guard counter", err, err_len)) ||
         (rc = cuda_fail(cudaMalloc((void **)&s->d_wg_next_item, sizeof(int)), "item counter", err, err_len)) ||
+        (rc = cuda_fail(cudaMalloc((void **)&s->d_started, sizeof(int)), "start counter", err, err_len)) ||
         (rc = cuda_fail(cudaMemset(s->d_wg_next_item, 0, sizeof(int)), "item counter", err, err_len))) {
         cuda_close(s);
         return rc;
@@ -474,6 +485,7 @@ static void cuda_close(void *state)
     if (s->h_out) cudaFreeHost(s->h_out);
     if (s->d_guard) cudaFree(s->d_guard);
     if (s->d_wg_next_item) cudaFree(s->d_wg_next_item);
+    if (s->d_started) cudaFree(s->d_started);
     if (s->h_guard) cudaFreeHost(s->h_guard);
     if (s->done_ev) cudaEventDestroy(s->done_ev);
     if (s->fork_ev) cudaEventDestroy(s->fork_ev);
@@ -903,11 +915,20 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, con
     ar_attn_args pre, suf;
     cascade_args(s, a, &pre, &suf);
     const bool side = cascade_overlaps(s);
-    /* beside the prefix pass: the suffix pass waits for the KV write only, and is queued after
-     * the prefix pass so that the prefix pass's CTAs take the SMs first */
+    /* beside the prefix pass: the suffix pass waits for the KV write, and, where the prefix pass
+     * is PREFILL_WG and the driver has cuStreamWaitValue32, until every prefix CTA has started
+     * (each adds 1 to d_started), so that the prefix pass takes the SMs first (ungated, the
+     * suffix pass's CTAs took most of them first, stream priorities or not) */
+    const bool gate = side && s->pre_config == AR_CFG_PREFILL_WG && s->wait_value;
+    if (gate && (e = cudaMemsetAsync(s->d_started, 0, sizeof(int), s->stream)) != cudaSuccess) return e;
+    pre.started_ctas = gate ? s->d_started : NULL;
     if (side && ((e = cudaEventRecord(s->fork_ev, s->stream)) != cudaSuccess ||
                  (e = cudaStreamWaitEvent(s->side_stream, s->fork_ev, 0)) != cudaSuccess))
         return e;
+    if (gate && s->wait_value(s->side_stream, (CUdeviceptr)s->d_started,
+                              (cuuint32_t)ar_attn_wg_ctas(pre.persistent_ctas, s->pre_num_work),
+                              CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
+        return cudaErrorLaunchFailure;
     e = launch_attention(s, s->stream, &pre, s->pre_config, s->pre_num_work, suf.merge_groups ? 0 : s->pre_num_groups,
                          s->pre_geom.rows, (int64_t)s->num_tokens * s->group, s->pre_combine_team, NULL);
     if (e != cudaSuccess) return e;
