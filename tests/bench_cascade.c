@@ -14,15 +14,13 @@
  *
  * At P 32k, S 128 it also sweeps the prefix pass's plan (geometry x split count, "SWEEP" lines)
  * and the suffix pass's (kernel x split count x merge fused or separate, the prefix pass's
- * split combine folded into the suffix pass or not, the suffix pass beside the prefix pass:
- * "SUFFIX" lines).
+ * split combine folded into the suffix pass or not: "SUFFIX" lines).
  * Every case also times the flat pass on each decode kernel, DECODE and DECODE_TMA ("FLAT"
  * lines; AR_CASC_FLAT_TMA=0 leaves them out), the evidence behind the automatic choice.
  *
  * Usage: bench_cascade [REPEAT] (default 20).  One "RESULT name=..." line per case, then a
  * table.  Skips with the backend's reason when there is no GPU.  AR_CASC_ONLY=P:S runs that
- * case alone, AR_CASC_SWEEPS=0 leaves the sweeps out (for profilers) and AR_CASC_SWEEPS=suffix
- * runs only the suffix pass's sweep, in every case; AR_CASC_HOT_PREFIX=1
+ * case alone and AR_CASC_SWEEPS=0 leaves the sweeps out (for profilers); AR_CASC_HOT_PREFIX=1
  * points the whole shared prefix at 8 blocks (a cache-resident prefix: how much of the prefix
  * pass's time is waiting for K/V). */
 #include <math.h>
@@ -129,25 +127,20 @@ static int sweep_prefix_plans(void *st, ar_batch *b, const float *out_flat, floa
  * (prefix_config, prefix_splits): merge fused into the suffix pass or separate, times the
  * suffix pass's kernel and split count (config -1 / splits 0 = its rules: DECODE_TMA on the
  * H200 at this shape, DECODE when a split is asked), and the prefix pass's split combine
- * folded into the suffix pass (the default) or run as its own kernel, and with the merge separate
- * the suffix pass beside the prefix pass on a second stream (overlap; its suffix time is then
- * the part that outlasted the prefix pass); the default and the separate merge again last, the
- * run's noise floor: one "SUFFIX" line each with the suffix, merge and whole-step attention times
- * and max |cascade - flat|.  0 ok, 1
+ * folded into the suffix pass (the default) or run as its own kernel: one "SUFFIX" line each
+ * with the suffix, merge and whole-step attention times and max |cascade - flat|.  0 ok, 1
  * error or disagreement. */
 static int sweep_suffix_plans(void *st, ar_batch *b, const float *out_flat, float *out, float *lse, int prefix_config,
                               int prefix_splits)
 {
-    static const struct { int fused, config, splits, fold, overlap; } plans[] = {
-        {1, -1, 0, 1, 0}, {1, -1, 0, 0, 0}, {1, -1, 1, 1, 0}, {1, -1, 2, 1, 0}, {1, -1, 3, 1, 0}, {1, -1, 4, 1, 0},
-        {1, 1, 0, 1, 0},  {0, -1, 0, 1, 0}, {0, -1, 1, 1, 0}, {0, -1, 2, 1, 0}, {0, -1, 3, 1, 0}, {0, -1, 4, 1, 0},
-        {0, 1, 0, 1, 0},  {0, -1, 0, 1, 1}, {0, 1, 0, 1, 1},  {0, -1, 0, 1, 0}, {1, -1, 0, 1, 0}};
+    static const struct { int fused, config, splits, fold; } plans[] = {
+        {1, -1, 0, 1}, {1, -1, 0, 0}, {1, -1, 1, 1}, {1, -1, 2, 1}, {1, -1, 3, 1}, {1, -1, 4, 1}, {1, 1, 0, 1},
+        {0, -1, 0, 1}, {0, -1, 1, 1}, {0, -1, 2, 1}, {0, -1, 3, 1}, {0, -1, 4, 1}, {0, 1, 0, 1}};
     char err[512] = "";
     int bad = 0;
     for (size_t k = 0; k < sizeof plans / sizeof plans[0] && !bad; k++) {
         ar_cuda_set_cascade_merge(st, plans[k].fused);
         ar_cuda_set_cascade_fold(st, plans[k].fold);
-        ar_cuda_set_cascade_overlap(st, plans[k].overlap);
         ar_cuda_set_plan(st, plans[k].config, plans[k].splits);
         ar_cuda_set_prefix_plan(st, prefix_config, prefix_splits);
         ar_forward_out o;
@@ -160,15 +153,13 @@ static int sweep_suffix_plans(void *st, ar_batch *b, const float *out_flat, floa
         ar_cuda_plan_info pi;
         ar_cuda_plan_of(st, &pi);
         const double md = max_abs_diff(out, out_flat, (size_t)b->num_tokens * CASC_HQ * CASC_HD);
-        printf("SUFFIX fused=%d config=%d splits_asked=%d splits=%d work=%d folded=%d overlapped=%d suffix_us=%.1f "
-               "merge_us=%.1f prefix_us=%.1f cascade_us=%.1f max_diff=%.3g%s\n", plans[k].fused, pi.config,
-               plans[k].splits, pi.num_splits, pi.num_work, pi.prefix_combine_folded, pi.suffix_overlapped,
-               kernel_us(&o, "suffix"), kernel_us(&o, "merge"),
+        printf("SUFFIX fused=%d config=%d splits_asked=%d splits=%d work=%d folded=%d suffix_us=%.1f merge_us=%.1f "
+               "prefix_us=%.1f cascade_us=%.1f max_diff=%.3g%s\n", plans[k].fused, pi.config, plans[k].splits,
+               pi.num_splits, pi.num_work, pi.prefix_combine_folded, kernel_us(&o, "suffix"), kernel_us(&o, "merge"),
                kernel_us(&o, "prefix"), attention_us(&o), md, md < 0.05 ? "" : " DISAGREES");
         if (!(md < 0.05)) bad = 1;
     }
     ar_cuda_set_cascade_fold(st, 1);
-    ar_cuda_set_cascade_overlap(st, 0);
     ar_cuda_set_cascade_merge(st, 1);
     ar_cuda_set_plan(st, -1, 0);
     ar_cuda_set_prefix_plan(st, -1, 0);
@@ -332,10 +323,9 @@ static int run_case(int P, int S, int repeat, casc_row *row)
         b.common_prefix_len = P;
     }
     const char *sw = getenv("AR_CASC_SWEEPS");
-    const int suffix_only = sw && strcmp(sw, "suffix") == 0;
-    const int sweeps = P == 32768 && S == 128 && !(sw && strcmp(sw, "0") == 0) && !suffix_only;
+    const int sweeps = P == 32768 && S == 128 && !(sw && strcmp(sw, "0") == 0);
     if (!rc && sweeps) rc = sweep_prefix_plans(st, &b, out_flat, out_casc, lse, row->prefix_us);
-    if (!rc && (sweeps || suffix_only))
+    if (!rc && sweeps)
         rc = sweep_suffix_plans(st, &b, out_flat, out_casc, lse, row->prefix_config, row->prefix_splits);
     ar_cuda_backend.close(st);
     free(qsl); free(seq); free(ctx); free(bt); free(bkeys); free(rkeys); free(slots);

@@ -17,7 +17,7 @@
  * cascade == flat is compared on every element.
  * The prefix pass also runs on both prefill kernels (the mma.sync PREFILL and the wgmma
  * PREFILL_WG, which falls back to PREFILL off Hopper), with and without a forced split, and every
- * pass of a step on the wgmma kernel; and the suffix pass on a second stream beside the prefix pass.
+ * pass of a step on the wgmma kernel.
  * The grid runs again with an fp8 e4m3 KV cache (vLLM kv_cache_dtype=fp8; kv_scale 0.37 without
  * soft cap, 1 with it): every pass of every step must plan an fp8-KV kernel (the prefix pass
  * mma.sync PREFILL or DECODE, never the 16-bit wgmma kernel; the suffix pass DECODE or, for the
@@ -270,7 +270,7 @@ static void test_cascade_prefix_geometries(void **unused)
  * must choose it and fold the prefix pass's split combine into it - and once more with the
  * fold turned off (the combine kernel, the prefix rows read up front).  Skips where the device
  * has no tensor maps. */
-static int suffix_config_seen = -1, suffix_has_tma = 0, suffix_folded = -1, suffix_overlapped = -1;
+static int suffix_config_seen = -1, suffix_has_tma = 0, suffix_folded = -1;
 static void suffix_plan_hook(void *state, casc_result *res)
 {
     cuda_plan_hook(state, res);
@@ -279,7 +279,6 @@ static void suffix_plan_hook(void *state, casc_result *res)
     suffix_config_seen = pi.config;
     suffix_has_tma = pi.has_tma;
     suffix_folded = pi.prefix_combine_folded;
-    suffix_overlapped = pi.suffix_overlapped;
 }
 static void no_fold(void *state) { ar_cuda_set_cascade_fold(state, 0); }
 static void suffix_decode_tma(void *state)
@@ -344,68 +343,6 @@ static void test_cascade_suffix_decode_tma(void **unused)
     assert_int_equal(suffix_folded, 0);
     count++;
     print_message("suffix DECODE_TMA: %d of %d cases failed\n", failures, count);
-    assert_int_equal(failures, 0);
-}
-
-/* The suffix pass on a second stream beside the prefix pass (ar_cuda_set_cascade_overlap, the
- * merge separate): the merge must wait for both, so every case verifies and agrees with flat;
- * the plan says it overlapped, except with the merge fused (nothing to overlap: the suffix pass
- * mixes in the prefix pass's rows) and where the suffix pass is PREFILL_WG (whose item counter
- * the prefix pass uses).  Checked (overlap 2): the suffix pass's output is NaN and its start
- * 200 us late on its stream until it runs, so a merge that did not wait for it fails here. */
-static void overlap_separate(void *state)
-{
-    ar_cuda_set_cascade_merge(state, 0);
-    ar_cuda_set_cascade_overlap(state, 2);
-}
-static void overlap_unchecked(void *state)
-{
-    ar_cuda_set_cascade_merge(state, 0);
-    ar_cuda_set_cascade_overlap(state, 1);
-}
-static void overlap_fused(void *state) { ar_cuda_set_cascade_overlap(state, 1); }
-static void test_cascade_suffix_beside_prefix(void **unused)
-{
-    (void)unused;
-    if (!casc_gpu_ready()) { skip(); return; }
-    int failures = 0;
-    casc_seq many[128];
-    for (int i = 0; i < 128; i++) many[i] = (casc_seq){1, 2048 + 1 + (i * 37) % 300};
-    ar_run_config gqa = casc_cfg(32, 8, 128, 8192, AR_BF16, 0);
-    casc_result r;
-    static const struct { void (*set)(void *); int overlapped; const char *what; } modes[] = {
-        {overlap_separate, 1, "128 decodes 32/8 P 2048, suffix pass beside the prefix pass, checked"},
-        {overlap_unchecked, 1, "128 decodes 32/8 P 2048, suffix pass beside the prefix pass"},
-        {overlap_fused, 0, "128 decodes 32/8 P 2048, overlap asked, merge fused"},
-    };
-    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
-        casc_check check = {0, 0, 16, modes[m].set};
-        suffix_overlapped = -1;
-        casc_run_checked(&ar_cuda_backend, suffix_plan_hook, &gqa, many, 128, 2048, &check, &r);
-        failures += casc_report(modes[m].what, &r);
-        assert_int_equal(suffix_overlapped, modes[m].overlapped);
-    }
-    /* vLLM's general set (prefills and decodes, the suffix pass on whichever kernel its rules
-     * take) and the flash-decoding set, heads 8/2, both dtypes */
-    static const ar_dtype dtypes[] = {AR_FP16, AR_BF16};
-    casc_seq *fd = malloc(sizeof(casc_seq) * 400);
-    assert_non_null(fd);
-    for (int i = 0; i < 400; i++) fd[i] = casc_fd_seqs[i % 4];
-    const int n_fd = casc_small() ? 20 : 400;
-    for (int set = 0; set < 2; set++)
-        for (int dt = 0; dt < 2; dt++) {
-            ar_run_config cfg = casc_cfg(8, 2, 128, 32768, dtypes[dt], 0);
-            casc_check check = {0, 0, 16, overlap_separate};
-            suffix_overlapped = suffix_config_seen = -1;
-            casc_run_checked(&ar_cuda_backend, suffix_plan_hook, &cfg, set ? fd : casc_general_seqs, set ? n_fd : 5,
-                             set ? 512 : 256, &check, &r);
-            char what[128];
-            snprintf(what, sizeof what, "%s set heads 8/2 %s, suffix pass (config %d) beside the prefix pass",
-                     set ? "decode" : "general", ar_dtype_name(dtypes[dt]), suffix_config_seen);
-            failures += casc_report(what, &r);
-            assert_int_equal(suffix_overlapped, suffix_config_seen == CFG_PREFILL_WG ? 0 : 1);
-        }
-    free(fd);
     assert_int_equal(failures, 0);
 }
 
@@ -511,7 +448,6 @@ int main(void)
         cmocka_unit_test(test_cascade_small_shapes),
         cmocka_unit_test(test_cascade_prefix_geometries),
         cmocka_unit_test(test_cascade_suffix_decode_tma),
-        cmocka_unit_test(test_cascade_suffix_beside_prefix),
         cmocka_unit_test(test_cascade_faults_flagged),
         cmocka_unit_test(test_vllm_cascade_grid),
         cmocka_unit_test(test_vllm_cascade_grid_fp8_kv),

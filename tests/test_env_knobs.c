@@ -18,7 +18,6 @@ static const char *const all_knobs[] = {
     "AR_CUDA_WGMMA", "AR_CUDA_WG_PERSIST", "AR_CUDA_WG_SECTION_MB", "AR_CUDA_DECODE_TMA", "AR_CUDA_DECODE_TMA_MANY",
     "AR_CUDA_DECODE_TMA_SPLITS", "AR_CUDA_DECODE_TMA_PIECES", "AR_CUDA_DECODE_TMA_STAGES", "AR_CUDA_DECODE_SPLITS", "AR_CUDA_SPLIT_PATH_RATIO",
     "AR_CUDA_SPLIT_PATH_LARGE", "AR_CUDA_SPLIT_LIVE_ROWS", "AR_CUDA_CASCADE_FOLD", "AR_CUDA_CASCADE_MERGE", "AR_CUDA_COMBINE_TEAM",
-    "AR_CUDA_CASCADE_OVERLAP",
     "AR_MLA_KERNEL", "AR_MLA_TMA", "AR_MLA_SPLITS",
 };
 
@@ -49,7 +48,6 @@ static void test_defaults(void **state)
     assert_false(k.wgmma_off || k.wg_persist_off || k.decode_tma_off || k.decode_tma_rule || k.decode_tma_split ||
                  k.decode_tma_uneven || k.split_live_rows || k.cascade_fold_off || k.cascade_merge_separate ||
                  k.decode_tma_many_off);
-    assert_int_equal(k.cascade_overlap, 0);
     assert_int_equal(k.wg_section_mb, -1);
     assert_int_equal(k.decode_tma_splits, 0);
     assert_int_equal(k.decode_tma_stages, 0);
@@ -82,12 +80,6 @@ static void test_words(void **state)
     assert_true(k.split_live_rows);
     assert_int_equal(read_with("AR_CUDA_SPLIT_LIVE_ROWS", "0", &k, err, sizeof err), 0);
     assert_false(k.split_live_rows);
-    assert_int_equal(read_with("AR_CUDA_CASCADE_OVERLAP", "1", &k, err, sizeof err), 0);
-    assert_int_equal(k.cascade_overlap, 1);
-    assert_int_equal(read_with("AR_CUDA_CASCADE_OVERLAP", "check", &k, err, sizeof err), 0);
-    assert_int_equal(k.cascade_overlap, 2);
-    assert_int_equal(read_with("AR_CUDA_CASCADE_OVERLAP", "0", &k, err, sizeof err), 0);
-    assert_int_equal(k.cascade_overlap, 0);
     assert_int_equal(read_with("AR_CUDA_CASCADE_MERGE", "separate", &k, err, sizeof err), 0);
     assert_true(k.cascade_merge_separate);
     assert_int_equal(read_with("AR_CUDA_CASCADE_MERGE", "fused", &k, err, sizeof err), 0);
@@ -184,8 +176,6 @@ static void test_refused(void **state)
         {"AR_CUDA_COMBINE_TEAM", "0"},          {"AR_CUDA_COMBINE_TEAM", "3"},
         {"AR_CUDA_COMBINE_TEAM", "64"},         {"AR_CUDA_COMBINE_TEAM", "Rule"},
         {"AR_CUDA_COMBINE_TEAM", "-8"},         {"AR_CUDA_COMBINE_TEAM", "8x"},
-        {"AR_CUDA_CASCADE_OVERLAP", "on"},      {"AR_CUDA_CASCADE_OVERLAP", "2"},
-        {"AR_CUDA_CASCADE_OVERLAP", "Check"},
     };
     ar_cuda_knobs k;
     char err[256];

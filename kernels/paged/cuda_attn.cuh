@@ -122,9 +122,6 @@ typedef struct ar_attn_args {
     const float *merge_partial_lse;       /* [partials, merge_rows] log2 */
     int merge_rows;                       /* rows per prefix-pass CTA */
     int merge_row_blocks;                 /* row blocks per KV head: ceil(T x group / merge_rows) */
-    /* PREFILL_WG: each CTA adds 1 here as it starts (else NULL): the cascade suffix pass beside
-     * the prefix pass waits on its stream until every prefix CTA has started (cascade_overlaps) */
-    int *started_ctas;
 } ar_attn_args;
 
 

@@ -183,10 +183,6 @@ attn_wgmma_kernel(const ar_attn_args a,
     const uint32_t item_empty_bar = item_full_bar + ITEM_SLOTS * 8;
     const uint32_t item_slot = sq_addr + (uint32_t)WgPipe<HD_>::ITEM_OFFSET;   /* int [ITEM_SLOTS] */
     if (threadIdx.x == 0) {
-        if (a.started_ctas) {   /* this CTA holds its SM: the gated suffix pass may start (ar_attn_args) */
-            atomicAdd(a.started_ctas, 1);
-            __threadfence_system();
-        }
         for (int st = 0; st < STAGES; st++) {
             ar_wg::mbar_init(full_bar + st * 8, LOADERS + 1);
             ar_wg::mbar_init(empty_bar + st * 8, G::THREADS);

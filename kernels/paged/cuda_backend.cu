@@ -69,9 +69,7 @@
  *                            threads take at most a quarter of the device's resident threads,
  *                            whichever is wider; N, a power of two from 1 (one thread,
  *                            the plan before 2026-12-07) to 32; ar_attn_combine_team;
- *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above);
- *   AR_CUDA_CASCADE_OVERLAP=1  the cascade suffix pass on a second stream beside the prefix pass,
- *                            the merge separate (cascade_overlaps).
+ *   AR_CUDA_CASCADE_MERGE=separate, AR_CUDA_CASCADE_FOLD=0   (cascade, above).
  * Sweep knobs (kernels/paged/decode_sweep.sh; results within the split paths' tolerances):
  *   AR_CUDA_DECODE_SPLITS=N  (1..64) the split count of every DECODE launch without a forced split
  *                            (instead of ar_attn_split_count; B 64 / 8k on the H200: 3);
@@ -172,10 +170,6 @@ typedef struct cuda_state {
     int num_layers;
     cudaStream_t stream;
     cudaEvent_t done_ev;            /* the end of a forward's work */
-    cudaStream_t side_stream;       /* the cascade suffix pass beside the prefix pass (cascade_overlap) */
-    cudaEvent_t fork_ev, join_ev;   /* its start after the KV write, and its end before the merge */
-    int *d_started;                 /* the wgmma prefix pass's CTAs that have started (ar_attn_args.started_ctas) */
-    PFN_cuStreamWaitValue32_v11070 wait_value;   /* the driver's cuStreamWaitValue32, or NULL */
     ar_event_pool ev_pool;          /* AR_PASS_EVENTS a repeat of a forward */
     int ctas_per_sm[AR_CFG_COUNT];
 
@@ -214,10 +208,6 @@ typedef struct cuda_state {
                                        pass's (store_pair / combine_kernel) and no merge_kernel runs
                                        (the default); 0: merge_kernel after the suffix pass
                                        (AR_CUDA_CASCADE_MERGE=separate, ar_cuda_set_cascade_merge) */
-    int cascade_overlap;            /* 1: the suffix pass runs on side_stream beside the prefix pass
-                                       when the merge is separate (AR_CUDA_CASCADE_OVERLAP=1,
-                                       ar_cuda_set_cascade_overlap; cascade_overlaps); 2: the same,
-                                       checked (its output poisoned, its start delayed) */
     int fold_combine;               /* 1: fold the prefix pass's split combine into the suffix pass
                                        where fold_prefix_combine allows (the default); 0: never
                                        (AR_CUDA_CASCADE_FOLD=0, ar_cuda_set_cascade_fold) */
@@ -378,39 +368,18 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->split_path_large = knobs.split_path_large;
     s->split_live_rows = knobs.split_live_rows;
     s->combine_team_setting = knobs.combine_team;
-    s->cascade_overlap = knobs.cascade_overlap;   /* 0, 1, or 2 (check) */
-    {   /* the suffix pass beside the prefix pass waits for the prefix CTAs' starts by it */
-        void *fn = NULL;
-        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 11070, cudaEnableDefault, &found) == cudaSuccess &&
-            found == cudaDriverEntryPointSuccess)
-            s->wait_value = (PFN_cuStreamWaitValue32_v11070)fn;
-        cudaGetLastError();
-    }
-    s->fused_merge = !knobs.cascade_merge_separate && !knobs.cascade_overlap;
-    /* the main stream at the device's highest priority and side_stream at its lowest: the block
-     * scheduler then gives the SMs to the cascade prefix pass's CTAs before the suffix pass's
-     * beside it (at equal priority the suffix pass's CTAs took most SMs first and the prefix
-     * pass ran after them: 151 us against 130, H100, 2026-12-07) */
-    int least_priority = 0, greatest_priority = 0;
-    cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority);
-    if ((rc = cuda_fail(cudaStreamCreateWithPriority(&s->stream, cudaStreamNonBlocking, greatest_priority), "stream",
-                        err, err_len))) {
+    s->fused_merge = !knobs.cascade_merge_separate;
+    if ((rc = cuda_fail(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "stream", err, err_len))) {
         free(s);
         return rc;
     }
-    if ((rc = cuda_fail(cudaEventCreate(&s->done_ev), "event", err, err_len)) ||
-        (rc = cuda_fail(cudaStreamCreateWithPriority(&s->side_stream, cudaStreamNonBlocking, least_priority), "stream",
-                        err, err_len)) ||
-        (rc = cuda_fail(cudaEventCreateWithFlags(&s->fork_ev, cudaEventDisableTiming), "event", err, err_len)) ||
-        (rc = cuda_fail(cudaEventCreateWithFlags(&s->join_ev, cudaEventDisableTiming), "event", err, err_len))) {
+    if ((rc = cuda_fail(cudaEventCreate(&s->done_ev), "event", err, err_len))) {
         cuda_close(s);
         return rc;
     }
     if ((rc = cuda_fail(cudaMalloc((void **)&s->d_guard, sizeof(int)), "guard counter", err, err_len)) ||
         (rc = cuda_fail(cudaMallocHost((void **)&s->h_guard, sizeof(int)), "guard counter", err, err_len)) ||
         (rc = cuda_fail(cudaMalloc((void **)&s->d_wg_next_item, sizeof(int)), "item counter", err, err_len)) ||
-        (rc = cuda_fail(cudaMalloc((void **)&s->d_started, sizeof(int)), "start counter", err, err_len)) ||
         (rc = cuda_fail(cudaMemset(s->d_wg_next_item, 0, sizeof(int)), "item counter", err, err_len))) {
         cuda_close(s);
         return rc;
@@ -485,12 +454,8 @@ static void cuda_close(void *state)
     if (s->h_out) cudaFreeHost(s->h_out);
     if (s->d_guard) cudaFree(s->d_guard);
     if (s->d_wg_next_item) cudaFree(s->d_wg_next_item);
-    if (s->d_started) cudaFree(s->d_started);
     if (s->h_guard) cudaFreeHost(s->h_guard);
     if (s->done_ev) cudaEventDestroy(s->done_ev);
-    if (s->fork_ev) cudaEventDestroy(s->fork_ev);
-    if (s->join_ev) cudaEventDestroy(s->join_ev);
-    if (s->side_stream) cudaStreamDestroy(s->side_stream);
     ar_event_pool_free(&s->ev_pool);
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s);
@@ -786,25 +751,25 @@ static void fill_args(cuda_state *s, int layer, ar_attn_args *a)
  * 4 on DECODE's 16-row tiles: 4 rows, a quarter of the CTAs of a grid over every row, whose
  * other three quarters found no token and returned; before 2026-12-07 the grid covered every row
  * unless AR_CUDA_SPLIT_LIVE_ROWS=1); team: the combine's threads per (row, dim pair). */
-static cudaError_t launch_attention(const cuda_state *s, cudaStream_t stream, const ar_attn_args *a, int config,
-                                    int num_work, int num_groups, int rows, int64_t max_pairs, int team, cudaEvent_t mid)
+static cudaError_t launch_attention(const cuda_state *s, const ar_attn_args *a, int config, int num_work,
+                                    int num_groups, int rows, int64_t max_pairs, int team, cudaEvent_t mid)
 {
     const int hd = s->template_hd;
-    cudaError_t e = s->kv_fp8 ? (s->bf16 ? ar_attn_launch_bf16_kv8(config, hd, a, num_work, stream)
-                                         : ar_attn_launch_fp16_kv8(config, hd, a, num_work, stream))
-                              : (s->bf16 ? ar_attn_launch_bf16(config, hd, a, num_work, stream)
-                                         : ar_attn_launch_fp16(config, hd, a, num_work, stream));
+    cudaError_t e = s->kv_fp8 ? (s->bf16 ? ar_attn_launch_bf16_kv8(config, hd, a, num_work, s->stream)
+                                         : ar_attn_launch_fp16_kv8(config, hd, a, num_work, s->stream))
+                              : (s->bf16 ? ar_attn_launch_bf16(config, hd, a, num_work, s->stream)
+                                         : ar_attn_launch_fp16(config, hd, a, num_work, s->stream));
     if (e != cudaSuccess) return e;
-    if (mid) cudaEventRecord(mid, stream);
+    if (mid) cudaEventRecord(mid, s->stream);
     if (num_groups <= 0) return cudaSuccess;
     /* team threads per (row, dim pair) of every group: rows x hd / 2 x team <= 256 x 128 x 32
      * -> y <= 4096 */
     const int live = combine_live_rows(rows, max_pairs);
     dim3 grid((unsigned)num_groups, (unsigned)(((int64_t)live * (hd / 2) * team + 255) / 256));
     if (s->bf16)
-        ar_attn::combine_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(*a, rows, live, s->template_hd, team);
+        ar_attn::combine_kernel<__nv_bfloat16><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd, team);
     else
-        ar_attn::combine_kernel<__half><<<grid, 256, 0, stream>>>(*a, rows, live, s->template_hd, team);
+        ar_attn::combine_kernel<__half><<<grid, 256, 0, s->stream>>>(*a, rows, live, s->template_hd, team);
     return cudaGetLastError();
 }
 
@@ -867,31 +832,10 @@ static void cascade_args(const cuda_state *s, const ar_attn_args *flat, ar_attn_
     }
 }
 
-/* AR_CUDA_CASCADE_OVERLAP=check: the side stream waits this long before the suffix pass, after
- * poisoning its output, so that a merge that does not wait for the side stream reads NaN */
-#define CASCADE_CHECK_DELAY_NS 200000
-static __global__ void spin_kernel(uint64_t ns)
-{
-    uint64_t t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
-}
-
-/* Whether the cascade suffix pass runs on side_stream beside the prefix pass
- * (AR_CUDA_CASCADE_OVERLAP=1): only with the merge separate (the suffix pass cannot mix its rows
- * with a prefix pass still running, nor fold its combine), and never when the suffix pass is
- * PREFILL_WG, whose item counter (d_wg_next_item) the prefix pass may be using. */
-static bool cascade_overlaps(const cuda_state *s)
-{
-    return s->cascade && s->cascade_overlap && !s->fused_merge && s->config != AR_CFG_PREFILL_WG;
-}
-
 /* One pass; with ev (AR_PASS_EVENTS events; NULL: untimed) events around the kernels:
  *   flat:    ev0 write ev1 attention ev2 combine (when split) ev3
  *   cascade: ev0 write ev1 prefix (+ combine) ev2 suffix (+ combine) ev3 merge ev4 (no ev4 when the
- *            merge is fused into the suffix pass); with the suffix pass beside the prefix pass
- *            (cascade_overlaps) ev3 is where the main stream has waited for it, so "suffix" is
- *            the part of it that outlasted the prefix pass */
+ *            merge is fused into the suffix pass) */
 static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, const cudaEvent_t *ev)
 {
     cudaError_t e;
@@ -906,7 +850,7 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, con
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if (timed) cudaEventRecord(ev[1], s->stream);
     if (!s->cascade) {
-        e = launch_attention(s, s->stream, a, s->config, s->num_work, s->num_groups, s->geom.rows,
+        e = launch_attention(s, a, s->config, s->num_work, s->num_groups, s->geom.rows,
                              (int64_t)s->max_query_len * s->group, s->combine_team, timed ? ev[2] : NULL);
         if (e != cudaSuccess) return e;
         if (timed) cudaEventRecord(ev[3], s->stream);
@@ -914,39 +858,13 @@ static cudaError_t run_pass(cuda_state *s, const ar_attn_args *a, int layer, con
     }
     ar_attn_args pre, suf;
     cascade_args(s, a, &pre, &suf);
-    const bool side = cascade_overlaps(s);
-    /* beside the prefix pass: the suffix pass waits for the KV write, and, where the prefix pass
-     * is PREFILL_WG and the driver has cuStreamWaitValue32, until every prefix CTA has started
-     * (each adds 1 to d_started), so that the prefix pass takes the SMs first (ungated, the
-     * suffix pass's CTAs took most of them first, stream priorities or not) */
-    const bool gate = side && s->pre_config == AR_CFG_PREFILL_WG && s->wait_value;
-    if (gate && (e = cudaMemsetAsync(s->d_started, 0, sizeof(int), s->stream)) != cudaSuccess) return e;
-    pre.started_ctas = gate ? s->d_started : NULL;
-    if (side && ((e = cudaEventRecord(s->fork_ev, s->stream)) != cudaSuccess ||
-                 (e = cudaStreamWaitEvent(s->side_stream, s->fork_ev, 0)) != cudaSuccess))
-        return e;
-    if (gate && s->wait_value(s->side_stream, (CUdeviceptr)s->d_started,
-                              (cuuint32_t)ar_attn_wg_ctas(pre.persistent_ctas, s->pre_num_work),
-                              CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
-        return cudaErrorLaunchFailure;
-    e = launch_attention(s, s->stream, &pre, s->pre_config, s->pre_num_work, suf.merge_groups ? 0 : s->pre_num_groups,
+    e = launch_attention(s, &pre, s->pre_config, s->pre_num_work, suf.merge_groups ? 0 : s->pre_num_groups,
                          s->pre_geom.rows, (int64_t)s->num_tokens * s->group, s->pre_combine_team, NULL);
     if (e != cudaSuccess) return e;
     if (timed) cudaEventRecord(ev[2], s->stream);
-    if (side && s->cascade_overlap == 2) {
-        const size_t lse_n = (size_t)s->hq * s->num_tokens * 4;
-        if ((e = cudaMemsetAsync(suf.out, 0xFF, (size_t)s->num_tokens * s->hq * s->head_size * 2, s->side_stream)) !=
-                cudaSuccess ||
-            (e = cudaMemsetAsync(suf.lse, 0xFF, lse_n, s->side_stream)) != cudaSuccess)
-            return e;
-        spin_kernel<<<1, 32, 0, s->side_stream>>>(CASCADE_CHECK_DELAY_NS);
-    }
-    e = launch_attention(s, side ? s->side_stream : s->stream, &suf, s->config, s->num_work, s->num_groups,
-                         s->geom.rows, (int64_t)s->max_query_len * s->group, s->combine_team, NULL);
+    e = launch_attention(s, &suf, s->config, s->num_work, s->num_groups, s->geom.rows,
+                         (int64_t)s->max_query_len * s->group, s->combine_team, NULL);
     if (e != cudaSuccess) return e;
-    if (side && ((e = cudaEventRecord(s->join_ev, s->side_stream)) != cudaSuccess ||
-                 (e = cudaStreamWaitEvent(s->stream, s->join_ev, 0)) != cudaSuccess))
-        return e;
     if (timed) cudaEventRecord(ev[3], s->stream);
     int64_t pairs = s->fused_merge ? 0 : (int64_t)s->num_tokens * s->hq * (s->head_size / 2);
     int nofw = s->cfg.fault == AR_FAULT_MERGE_NO_WEIGHTS, base2 = s->cfg.fault == AR_FAULT_LSE_BASE2;
@@ -1010,7 +928,6 @@ static void report_paths(const cuda_state *s, ar_forward_out *o)
     ar_forward_add_path(o, kernel_path(2, s->config, s->num_groups > 0));
     if (fold_prefix_combine(s)) ar_forward_add_path(o, "cascade-prefix-combine:folded");
     ar_forward_add_path(o, s->fused_merge ? "cascade-merge:fused" : "cascade-merge:separate");
-    if (cascade_overlaps(s)) ar_forward_add_path(o, "cascade-suffix:beside-prefix");
 }
 
 static int cuda_forward(void *state, int layer, const ar_batch *b, ar_forward_out *o, char *err, size_t err_len)
@@ -1163,12 +1080,6 @@ extern "C" void ar_cuda_set_cascade_fold(void *state, int fold)
     if (s) s->fold_combine = fold ? 1 : 0;
 }
 
-extern "C" void ar_cuda_set_cascade_overlap(void *state, int overlap)
-{
-    cuda_state *s = (cuda_state *)state;
-    if (s) s->cascade_overlap = overlap == 2 ? 2 : overlap ? 1 : 0;
-}
-
 extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
 {
     cuda_state *s = (cuda_state *)state;
@@ -1191,7 +1102,6 @@ extern "C" void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
     info->prefix_num_work = s->pre_num_work;
     info->prefix_num_splits = s->pre_num_splits;
     info->prefix_combine_folded = fold_prefix_combine(s) ? 1 : 0;
-    info->suffix_overlapped = cascade_overlaps(s) ? 1 : 0;
     info->kv_fp8 = s->kv_fp8 ? 1 : 0;
 }
 

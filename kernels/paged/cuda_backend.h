@@ -39,13 +39,6 @@ void ar_cuda_set_cascade_merge(void *state, int fused);
  * default; AR_CUDA_CASCADE_FOLD=0 in the environment makes it 0) lets the suffix pass combine
  * the prefix pass's split partials itself instead of a combine kernel after the prefix pass. */
 void ar_cuda_set_cascade_fold(void *state, int fold);
-/* Cascade with the merge separate: overlap = 1 runs the suffix pass on a second stream beside the
- * prefix pass (it waits for the KV write only; the merge waits for both), 0 after it (the
- * default; AR_CUDA_CASCADE_OVERLAP=1 in the environment makes it 1 and the merge separate).  Not
- * when the suffix pass is PREFILL_WG.  2 (=check) is 1 with the suffix pass's output poisoned
- * with NaN and its start delayed by CASCADE_CHECK_DELAY_NS on that stream first, so that a merge
- * which did not wait for it reads NaN (the test of the streams' order). */
-void ar_cuda_set_cascade_overlap(void *state, int overlap);
 
 /* What the last prepare() planned. */
 typedef struct ar_cuda_plan_info {
@@ -68,7 +61,6 @@ typedef struct ar_cuda_plan_info {
     int prefix_num_work;   /* CTAs of the prefix pass */
     int prefix_num_splits; /* its split count */
     int prefix_combine_folded; /* 1: its split combine runs inside the suffix pass (no combine kernel) */
-    int suffix_overlapped; /* 1: the suffix pass ran beside the prefix pass (ar_cuda_set_cascade_overlap) */
     /* 1: the cache is fp8 e4m3 and every pass above ran the fp8-KV variant of its kernel (config
      * PREFILL -> route "PREFILL fp8-KV", DECODE -> "DECODE fp8-KV"; PREFILL_WG and DECODE_TMA are
      * never planned for an fp8 cache, a forced one included) */

@@ -91,10 +91,6 @@ int ar_cuda_knobs_read(ar_cuda_knobs *k, int most_stages, char *err, size_t err_
     case 4: k->decode_tma_uneven = true; break;
     default: break;
     }
-    static const char *const overlap_words[] = {"0", "1", "check"};
-    const int overlap = ar_env_word(WHO, "AR_CUDA_CASCADE_OVERLAP", overlap_words, 3, "0, 1, check", err, err_len);
-    if (overlap == -2) return 2;
-    k->cascade_overlap = overlap < 0 ? 0 : overlap;
     static const char *const merge_words[] = {"fused", "separate"};
     const int merge = ar_env_word(WHO, "AR_CUDA_CASCADE_MERGE", merge_words, 2, "fused, separate", err, err_len);
     if (merge == -2) return 2;

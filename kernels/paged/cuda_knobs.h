@@ -34,8 +34,6 @@ typedef struct ar_cuda_knobs {
     int combine_team;          /* AR_CUDA_COMBINE_TEAM=1, 2, 4 .. 32; rule or unset: AR_COMBINE_TEAM_RULE (0); fill: AR_COMBINE_TEAM_FILL */
     bool cascade_fold_off;     /* AR_CUDA_CASCADE_FOLD=0 (1: the default) */
     bool cascade_merge_separate; /* AR_CUDA_CASCADE_MERGE=separate (fused: the default) */
-    int cascade_overlap;       /* AR_CUDA_CASCADE_OVERLAP=1: the suffix pass beside the prefix pass, 2 for
-                                  =check (its output poisoned and its start delayed first); 0 the default */
 } ar_cuda_knobs;
 
 /* Reads the knobs from the environment into k.  most_stages: DECODE_TMA's deepest ring.  0, or

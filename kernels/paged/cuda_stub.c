@@ -99,12 +99,6 @@ void ar_cuda_set_cascade_fold(void *state, int fold)
     (void)fold;
 }
 
-void ar_cuda_set_cascade_overlap(void *state, int overlap)
-{
-    (void)state;
-    (void)overlap;
-}
-
 void ar_cuda_plan_of(void *state, ar_cuda_plan_info *info)
 {
     (void)state;
