@@ -21,7 +21,10 @@
 # SIGTERM after that many seconds; it ends `interrupted` with exit 143 and its committed steps
 # whole, and those steps still enter the diff and the ratios, the run's status saying so) and
 # PARTS (timed marks, e.g. attn,combine: the ratios again with each step timed by those marks
-# alone, `ratios --parts`; default attn,combine,prefill with BASE_BACKEND=cuda-mla, else none).
+# alone, `ratios --parts`; default attn,combine,prefill with BASE_BACKEND=cuda-mla, else none)
+# and CASCADE (auto, on or off: every replay's --cascade, default the replay's own, auto; a
+# backend without cascade runs a cascade step flat, as vLLM runs FA3, so with CASCADE=on a
+# shared-prefix trace compares our cascade step with each peer's step as it would run).
 # Exit status: 0, or 1 when the base backend could not replay one of the traces (that trace is
 # skipped: the others have nothing to be compared with).
 set -u
@@ -40,6 +43,7 @@ PLUGIN=${PLUGIN:-$BUILD/plugins/attnreplay-example-cuda.so}
 export ATTNREPLAY_LIB=${ATTNREPLAY_LIB:-$PWD/$BUILD/libattnreplay.so}
 export PYTHONPATH=$PWD/replay/python${PYTHONPATH:+:$PYTHONPATH}
 PER_RUN_S=${PER_RUN_S:-}
+CASCADE=${CASCADE:-}
 # cuda-mla's step holds the absorption (q_nope W_UK) and W_UV products and the cache write, which
 # an MLA adapter's host does untimed: its ratios are shown again on the attention marks alone
 if [ "$BASE_BACKEND" = cuda-mla ]; then PARTS=${PARTS-attn,combine,prefill}; else PARTS=${PARTS-}; fi
@@ -47,6 +51,7 @@ limit=()
 [ -n "$PER_RUN_S" ] && limit=(timeout --preserve-status -s TERM "$PER_RUN_S")
 common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --quiet)
 [ -n "$STEPS" ] && common+=(--steps "$STEPS")
+[ -n "$CASCADE" ] && common+=(--cascade "$CASCADE")
 
 # a finished run (0 passed, 1 a step failed) or an interrupted one (143) has steps to compare
 comparable() { [ "$1" -le 1 ] || [ "$1" -eq 143 ]; }

@@ -1,7 +1,7 @@
 """replay/python/side_by_side.sh on the CPU (the GPU machine's script, run here with the CPU
 backends and the numpy adapter): a trace the base backend cannot replay is skipped with exit 1,
 never compared with another trace's run; runs stopped by PER_RUN_S still enter the diff and the
-ratios, on the whole step and on the named marks."""
+ratios, on the whole step and on the named marks; CASCADE reaches every replay."""
 import os
 import subprocess
 import sys
@@ -50,6 +50,18 @@ class SideBySide(unittest.TestCase):
         whole, _, parts = out.partition("the marks write alone")
         self.assertIn("| 2 | py:numpy | all |", whole)     # the ratios on the whole step
         self.assertIn("| 2 | py:numpy | all |", parts)     # and on the mark alone
+
+    def test_cascade_reaches_every_replay(self):
+        # the prefix sample: 5 steps pass vLLM's rule; on cascades every legal step, off none
+        for mode in ("on", "off"):
+            db = tmpdb(self, "sbs_cascade_%s.db" % mode)
+            rc, out = side_by_side(db, sample("prefix"), BASE_BACKEND="cpu", CASCADE=mode)
+            self.assertEqual(rc, 0, out)
+            self.assertIn("| 2 | py:numpy | all |", out)
+            if mode == "on":
+                self.assertIn("| 2 | py:numpy | cascade |", out)
+            else:
+                self.assertNotIn("| cascade |", out)
 
 
 if __name__ == "__main__":
