@@ -246,13 +246,8 @@ attn_decode_tma_kernel(const ar_attn_args a,
      * fp8 32 (n / 4) + 8 tq + 2 (n % 4), + 1 (pair_o below reads them from acc) */
     auto pair_dim = [&](int n) { return KV8 ? 32 * (n >> 2) + 8 * tq + 2 * (n & 3) : 8 * n + 2 * tq; };
     /* fused cascade merge: the prefix pass's pairs and LSEs of this lane's rows, read now,
-     * under the first copies (row r, pair n).  With the prefix combine folded in
-     * (merge_groups), the prefix side of each row is combined here from its split partials, as
-     * combine_kernel computes it, and rounded to T as the combine kernel's output is (vLLM's
-     * merge reads the prefix pass's output in the model dtype): its three dependent loads (the
-     * group, the partials' LSEs, the partials) then wait while the first stages are in flight.
-     * Combined after the key loop instead (before 2026-12-07, in fp32), they held about 11% of
-     * the suffix pass's stall samples at the end of every CTA (BENCHMARKS.md). */
+     * under the first copies (row r, pair n); with the prefix combine folded in
+     * (merge_groups), its split partials are read at the end instead */
     /* a split piece (w.partial >= 0) writes its fp32 partial and LSE; combine_kernel then
      * combines the pieces (and does the fused merge) */
     const bool split = w.partial >= 0;
@@ -269,34 +264,6 @@ attn_decode_tma_kernel(const ar_attn_args a,
             pre_pair[r][n] = rd ? *reinterpret_cast<const uint32_t *>(p_out + out_index(a, qstart, hq[r], pair_dim(n)))
                                 : 0u;
         if (rd) pre_lse[r] = a.merge_lse[merge_lse_index(a, qstart, hq[r])];
-        if (fold && row_ok[r]) {
-            const int pair = qstart * grp + g + 8 * r, rows = a.merge_rows;
-            const ar_combine_group cg = a.merge_groups[h * a.merge_row_blocks + pair / rows];
-            const int64_t row0 = (int64_t)cg.first_partial * rows + pair % rows;
-            const float pm = partials_max_lse(a.merge_partial_lse + row0, rows, cg.count);
-            const float pm_use = pm == -INFINITY ? 0.f : pm;
-            float po[HD / 8][2], wsum = 0.f;
-#pragma unroll
-            for (int n = 0; n < HD / 8; n++) po[n][0] = po[n][1] = 0.f;
-#pragma unroll 2
-            for (int k = 0; k < cg.count; k++) {
-                const int64_t pr = row0 + (int64_t)k * rows;
-                const float wk = exp2f(a.merge_partial_lse[pr] - pm_use);
-                const float *src = a.merge_partial_o + pr * HD;
-#pragma unroll
-                for (int n = 0; n < HD / 8; n++) {
-                    const float2 v = *reinterpret_cast<const float2 *>(src + pair_dim(n));
-                    po[n][0] += v.x * wk;
-                    po[n][1] += v.y * wk;
-                }
-                wsum += wk;
-            }
-            float pinv;
-            const float p_lse2 = partials_lse(pm, wsum, &pinv);
-#pragma unroll
-            for (int n = 0; n < HD / 8; n++) pre_pair[r][n] = pack2<T>(po[n][0] * pinv, po[n][1] * pinv);
-            pre_lse[r] = p_lse2 == -INFINITY ? -INFINITY : p_lse2 * 0.6931471805599453f;
-        }
     }
 
     float acc[HD / 8][4];
@@ -473,6 +440,47 @@ attn_decode_tma_kernel(const ar_attn_args a,
         const float inv = (l > 0.f ? 1.f / l : 0.f) * (KV8 ? a.v_scale : 1.f);
         const float lse2 = l > 0.f ? m2 + __log2f(l) : -INFINITY;
         float merged_lse = lse2;
+        if (fold) {
+            /* the prefix side of this row from its split partials, as combine_kernel computes
+             * it (kept in fp32), then vLLM's merge with this row */
+            const int pair = qstart * grp + g + 8 * r, rows = a.merge_rows;
+            const ar_combine_group cg = a.merge_groups[h * a.merge_row_blocks + pair / rows];
+            const int64_t row0 = (int64_t)cg.first_partial * rows + pair % rows;
+            const float pm = partials_max_lse(a.merge_partial_lse + row0, rows, cg.count);
+            const float pm_use = pm == -INFINITY ? 0.f : pm;
+            float po[HD / 8][2], wsum = 0.f;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) po[n][0] = po[n][1] = 0.f;
+#pragma unroll 2
+            for (int k = 0; k < cg.count; k++) {
+                const int64_t pr = row0 + (int64_t)k * rows;
+                const float wk = exp2f(a.merge_partial_lse[pr] - pm_use);
+                const float *src = a.merge_partial_o + pr * HD;
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++) {
+                    const float2 v = *reinterpret_cast<const float2 *>(src + pair_dim(n));
+                    po[n][0] += v.x * wk;
+                    po[n][1] += v.y * wk;
+                }
+                wsum += wk;
+            }
+            float pinv;
+            const float p_lse2 = partials_lse(pm, wsum, &pinv);
+            const float p_lse = p_lse2 == -INFINITY ? -INFINITY : p_lse2 * 0.6931471805599453f;
+            const float s_lse = lse2 == -INFINITY ? -INFINITY : lse2 * 0.6931471805599453f;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) {
+                float o0, o1;
+                pair_o(n, r, o0, o1);
+                o0 *= inv;
+                o1 *= inv;
+                merged_lse = merge_pair(p_lse, s_lse, false, po[n][0] * pinv, po[n][1] * pinv, o0, o1, &o0, &o1);
+                *reinterpret_cast<uint32_t *>((T *)a.out + out_index(a, qstart, hq[r], pair_dim(n))) = pack2<T>(o0, o1);
+            }
+            if (a.merge_lse_base2) merged_lse *= 1.4426950408889634f;
+            if (tq == 0) a.lse[merge_lse_index(a, qstart, hq[r])] = merged_lse;
+            continue;
+        }
 #pragma unroll
         for (int n = 0; n < HD / 8; n++) {
             float o0, o1;
