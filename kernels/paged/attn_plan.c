@@ -382,8 +382,9 @@ int ar_attn_decode_tma_items(int num_reqs, const int *query_start_loc, const int
  *
  * Item order: the work list is sorted longest first, except a PREFILL_WG launch's: its CTAs take
  * their items from a queue, and wg_l2_order puts its list in item_order.h's order: longest first within sections
- * of (request, KV head) groups whose K/V take at most a third of the L2, so that the items at
- * work at one time share their keys through the L2 (H200, 2026-12-03 14:05 UTC, bench_cuda 10,
+ * of (request, KV head) groups whose K/V take at most AR_ITEM_ORDER_SECTION_MB (8 MiB; a third
+ * of the L2 until 2026-12-07), so that the items at work at one time share their keys through
+ * the L2 (sections of a third of the L2 against none: H200, 2026-12-03 14:05 UTC, bench_cuda 10,
  * two rounds, TFLOP/s, before / after: varlen 375.2-377.0 / 409.3-409.6, DRAM bytes read 782 /
  * 235 MB and L2 hit rate 30.8% / 66.8% under ncu; causal hd 128 590.5-590.9 / 621.0-621.2, hd 256
  * 654.4-656.4 / 663.4-663.8, the chunked step 578.6-583.3 / 590.3-590.4; the queue alone over

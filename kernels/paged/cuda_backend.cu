@@ -50,9 +50,9 @@
  *                            more items than SMs x CTAs per SM is persistent: that many CTAs,
  *                            each taking items from the launch's queue, cuda_attn_wgmma.cuh);
  *   AR_CUDA_WG_SECTION_MB=N  (0..4096) PREFILL_WG's items run in sections of (request, KV head)
- *                            groups whose K/V take at most N MiB (item_order.h; default a third
- *                            of the device's L2, 16.7 MiB on the H200); 0: one section, longest
- *                            first over the launch (the order before 2026-12-03);
+ *                            groups whose K/V take at most N MiB (item_order.h; default
+ *                            AR_ITEM_ORDER_SECTION_MB, 8 MiB); 0: one section, longest first
+ *                            over the launch (the order before 2026-12-03);
  *   AR_CUDA_DECODE_TMA=0     no DECODE_TMA in the automatic plan;
  *   AR_CUDA_DECODE_TMA=rule  DECODE_TMA only by decode_tma_rule (the flat decode batches of
  *                            decode_tma_small_rule, 0.48 to 0.5 x SMs requests, take DECODE, as
@@ -152,8 +152,9 @@ typedef struct cuda_state {
     int decode_tma_pieces;          /* AR_CUDA_DECODE_TMA_PIECES: the uneven cut's most pieces a request, 0 = AR_MAX_SPLITS */
     int decode_tma_stages;          /* AR_CUDA_DECODE_TMA_STAGES: ring depth, 0 = the most that fit */
     int wg_persist;                 /* 1: PREFILL_WG launches are persistent (AR_CUDA_WG_PERSIST) */
-    int64_t wg_section_bytes;       /* PREFILL_WG item order's L2 section (item_order.h): a third of
-                                       the L2, or AR_CUDA_WG_SECTION_MB; 0: longest first */
+    int64_t wg_section_bytes;       /* PREFILL_WG item order's L2 section (item_order.h):
+                                       AR_ITEM_ORDER_SECTION_MB, or AR_CUDA_WG_SECTION_MB; 0:
+                                       longest first */
     int decode_splits;              /* AR_CUDA_DECODE_SPLITS: DECODE's split count, 0 = the heuristic */
     int split_path_ratio;           /* AR_CUDA_SPLIT_PATH_RATIO: 0 the default, -1 off, else the ratio */
     int split_path_large;           /* AR_CUDA_SPLIT_PATH_LARGE: 0 unset (the default), -1 off, else the large uneven launches' ratio */
@@ -362,7 +363,7 @@ static int cuda_open(const ar_run_config *cfg, void **state_out, char *err, size
     s->decode_tma_pieces = knobs.decode_tma_pieces;
     s->decode_tma_stages = knobs.decode_tma_stages;
     s->wg_persist = !knobs.wg_persist_off;
-    s->wg_section_bytes = knobs.wg_section_mb >= 0 ? (int64_t)knobs.wg_section_mb << 20 : (int64_t)prop.l2CacheSize / 3;
+    s->wg_section_bytes = knobs.wg_section_mb >= 0 ? (int64_t)knobs.wg_section_mb << 20 : (int64_t)AR_ITEM_ORDER_SECTION_MB << 20;
     s->decode_splits = knobs.decode_splits;
     s->split_path_ratio = knobs.split_path_ratio;
     s->split_path_large = knobs.split_path_large;

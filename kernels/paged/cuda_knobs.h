@@ -18,7 +18,7 @@ extern "C" {
 typedef struct ar_cuda_knobs {
     bool wgmma_off;            /* AR_CUDA_WGMMA=0: the mma.sync kernels everywhere (1: the default) */
     bool wg_persist_off;       /* AR_CUDA_WG_PERSIST=0: one wgmma prefill CTA per work item */
-    int wg_section_mb;         /* AR_CUDA_WG_SECTION_MB=0..4096 MiB, -1 unset (a third of the L2) */
+    int wg_section_mb;         /* AR_CUDA_WG_SECTION_MB=0..4096 MiB, -1 unset (AR_ITEM_ORDER_SECTION_MB) */
     bool decode_tma_off;       /* AR_CUDA_DECODE_TMA=0 */
     bool decode_tma_rule;      /* AR_CUDA_DECODE_TMA=rule: no small-batch rule */
     bool decode_tma_many_off;  /* AR_CUDA_DECODE_TMA_MANY=0: no many-request uneven rule */

@@ -29,6 +29,12 @@ extern "C" {
 
 #define AR_ITEM_ORDER_TAIL_FACTOR 1
 
+/* The wgmma prefill kernel's default section, in MiB (cuda_backend.cu; AR_CUDA_WG_SECTION_MB
+ * changes it).  A third of the L2 (16.7 MiB on the H100 and H200) until 2026-12-07; 8 MiB then
+ * ran the hd 256 prefill 2.7% and the varlen batch 1-2% faster on an H100, the others level
+ * (BENCHMARKS.md, "The item queue's sections at 8 MiB"). */
+#define AR_ITEM_ORDER_SECTION_MB 8
+
 typedef struct ar_order_item {
     int req, kv_head;   /* the group: 0 <= req < num_reqs, 0 <= kv_head < num_kv_heads */
     int tiles;          /* key tiles the item walks (its cost, less the start-up) */
