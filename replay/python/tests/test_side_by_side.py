@@ -3,6 +3,7 @@ backends and the numpy adapter): a trace the base backend cannot replay is skipp
 never compared with another trace's run; runs stopped by PER_RUN_S still enter the diff and the
 ratios, on the whole step and on the named marks; CASCADE reaches every replay."""
 import os
+import sqlite3
 import subprocess
 import sys
 import unittest
@@ -62,6 +63,10 @@ class SideBySide(unittest.TestCase):
                 self.assertIn("| 2 | py:numpy | cascade |", out)
             else:
                 self.assertNotIn("| cascade |", out)
+            # every run, the base's and the adapter's, recorded the mode it was given
+            with sqlite3.connect(db) as con:
+                modes = [m for (m,) in con.execute("SELECT cascade FROM runs ORDER BY id")]
+            self.assertEqual(modes, [mode, mode], out)
 
 
 if __name__ == "__main__":
