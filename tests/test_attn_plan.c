@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../kernels/paged/attn_plan.h"
+#include "../kernels/paged/item_order.h"
 #include "../replay/backend.h"
 
 enum { MAX_REQS = 24 };
@@ -412,7 +413,7 @@ static ar_attn_device h200(void)
     d.wgmma_auto = AR_CFG_PREFILL_WG;
     d.decode_tma_auto = 1;
     d.decode_tma_small = 1;
-    d.wg_section_bytes = (int64_t)16 << 20;
+    d.wg_section_bytes = (int64_t)AR_ITEM_ORDER_SECTION_MB << 20;   /* the backend's default */
     return d;
 }
 

@@ -159,8 +159,10 @@ static void test_tail_keeps_the_queue_even(void **state)
     (void)state;
     static shape s;
     static int64_t order[MAX_ITEMS];
+    static const int section_mb[] = {AR_ITEM_ORDER_SECTION_MB, 8, 16, 24, 32};   /* the default first */
     for (int which = 0; which < 4; which++)
-        for (int mb = 8; mb <= 32; mb += 8) {
+        for (size_t k = 0; k < sizeof section_mb / sizeof section_mb[0]; k++) {
+            const int mb = section_mb[k];
             if (which == 0) varlen(&s);
             else if (which == 1) prefill(&s, 128);
             else if (which == 2) prefill(&s, 256);
