@@ -163,6 +163,7 @@ static void test_tail_keeps_the_queue_even(void **state)
     for (int which = 0; which < 4; which++)
         for (size_t k = 0; k < sizeof section_mb / sizeof section_mb[0]; k++) {
             const int mb = section_mb[k];
+            if (k > 0 && mb == AR_ITEM_ORDER_SECTION_MB) continue;   /* the default ran first */
             if (which == 0) varlen(&s);
             else if (which == 1) prefill(&s, 128);
             else if (which == 2) prefill(&s, 256);
