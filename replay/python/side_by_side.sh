@@ -25,6 +25,8 @@
 # and CASCADE (auto, on or off: every replay's --cascade, default the replay's own, auto; a
 # backend without cascade runs a cascade step flat, as vLLM runs FA3, so with CASCADE=on a
 # shared-prefix trace compares our cascade step with each peer's step as it would run).
+# FlashInfer that is not importable is taken from kernels/peers/'s build where one is carried
+# (.whl's wheels and $AR_PEERS_BUILT/flashinfer, default .peers/built; JIT off).
 # Exit status: 0, or 1 when the base backend could not replay one of the traces (that trace is
 # skipped: the others have nothing to be compared with).
 set -u
@@ -54,6 +56,23 @@ common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --qu
 [ -n "$CASCADE" ] && common+=(--cascade "$CASCADE")
 
 # a finished run (0 passed, 1 a step failed) or an interrupted one (143) has steps to compare
+# FlashInfer as kernels/peers/ carries it (its wheels in .whl, its modules compiled ahead of time in
+# $AR_PEERS_BUILT/flashinfer by build_flashinfer_offline.sh), where it is not importable already:
+# installed into /tmp/ar_site and put on the path with its JIT off, as native_peers.sh does, so a
+# module the build lacks fails that adapter's replay (exit 2, the reason printed) instead of
+# compiling for minutes inside PER_RUN_S
+case " $ADAPTERS " in *" flashinfer"*)
+  fi_built=${AR_PEERS_BUILT:-$PWD/.peers/built}/flashinfer
+  if ! "$PYTHON" -c "import flashinfer" 2>/dev/null && [ -d "$fi_built/flashinfer_jit_cache" ]; then
+    if bash kernels/peers/install_flashinfer.sh >/dev/null 2>&1; then
+      export PYTHONPATH=$fi_built:/tmp/ar_site:$PYTHONPATH FLASHINFER_DISABLE_JIT=1
+      echo "flashinfer: the carried wheels (/tmp/ar_site) and the modules in $fi_built, JIT off"
+    else
+      echo "flashinfer: $fi_built has modules but installing .whl's wheels failed (kernels/peers/install_flashinfer.sh)"
+    fi
+  fi;;
+esac
+
 comparable() { [ "$1" -le 1 ] || [ "$1" -eq 143 ]; }
 last_run() { "$PYTHON" -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT max(id) FROM runs').fetchone()[0])" "$DB"; }
 

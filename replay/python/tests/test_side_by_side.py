@@ -15,7 +15,8 @@ SCRIPT = os.path.join(SRC, "replay", "python", "side_by_side.sh")
 
 def side_by_side(db, trace, **env):
     full = dict(os.environ, AR_BIN=BIN, BUILD=BUILD, ATTNREPLAY_LIB=LIB, PYTHON=sys.executable, PLUGIN="none",
-                ADAPTERS="numpy", REPEAT="1", **env)
+                ADAPTERS="numpy", REPEAT="1")
+    full.update(env)
     p = subprocess.run(["bash", SCRIPT, db, trace], cwd=SRC, env=full, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=300)
     return p.returncode, p.stdout.decode(errors="replace")
@@ -67,6 +68,31 @@ class SideBySide(unittest.TestCase):
             with sqlite3.connect(db) as con:
                 modes = [m for (m,) in con.execute("SELECT cascade FROM runs ORDER BY id")]
             self.assertEqual(modes, [mode, mode], out)
+
+    def test_flashinfer_from_the_peers_build(self):
+        # a folder shaped as kernels/peers/'s FlashInfer build: the script takes it up (or says why
+        # it cannot); a flashinfer that still does not run here is refused (exit 2 or 3), never compared,
+        # and the other adapter still is
+        import tempfile
+        built = tempfile.mkdtemp(prefix="ar_sbs_peers_")
+        self.addCleanup(__import__("shutil").rmtree, built, True)
+        os.makedirs(os.path.join(built, "flashinfer", "flashinfer_jit_cache"))
+        db = tmpdb(self, "sbs_flashinfer.db")
+        rc, out = side_by_side(db, sample("mixed"), BASE_BACKEND="cpu", STEPS="0:2", ADAPTERS="numpy flashinfer",
+                               AR_PEERS_BUILT=built)
+        self.assertEqual(rc, 0, out)
+        try:
+            import flashinfer  # noqa: F401
+            return                                    # importable already: the build is not used
+        except Exception:
+            pass
+        self.assertTrue("flashinfer: the carried wheels" in out or "installing .whl's wheels failed" in out, out)
+        if "the carried wheels" in out:
+            self.assertIn(os.path.join(built, "flashinfer"), out)
+        self.assertRegex(out, r"\nflashinfer: exit [23] ")   # refused: not importable (2) or no device (3)
+        self.assertIn("| 2 | py:numpy | all |", out)
+        self.assertNotIn("py:flashinfer |", out)
+        self.assertNotIn("Traceback", out)
 
 
 if __name__ == "__main__":
