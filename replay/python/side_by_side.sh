@@ -55,7 +55,6 @@ common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --qu
 [ -n "$STEPS" ] && common+=(--steps "$STEPS")
 [ -n "$CASCADE" ] && common+=(--cascade "$CASCADE")
 
-# a finished run (0 passed, 1 a step failed) or an interrupted one (143) has steps to compare
 # FlashInfer as kernels/peers/ carries it (its wheels in .whl, its modules compiled ahead of time in
 # $AR_PEERS_BUILT/flashinfer by build_flashinfer_offline.sh), where it is not importable already:
 # installed into /tmp/ar_site and put on the path with its JIT off, as native_peers.sh does, so a
@@ -73,6 +72,7 @@ case " $ADAPTERS " in *" flashinfer"*)
   fi;;
 esac
 
+# a finished run (0 passed, 1 a step failed) or an interrupted one (143) has steps to compare
 comparable() { [ "$1" -le 1 ] || [ "$1" -eq 143 ]; }
 last_run() { "$PYTHON" -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT max(id) FROM runs').fetchone()[0])" "$DB"; }
 

@@ -3,9 +3,11 @@ backends and the numpy adapter): a trace the base backend cannot replay is skipp
 never compared with another trace's run; runs stopped by PER_RUN_S still enter the diff and the
 ratios, on the whole step and on the named marks; CASCADE reaches every replay."""
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import unittest
 
 from helpers import BIN, BUILD, LIB, SRC, needs_lib, needs_numpy, sample, tmpdb
@@ -73,9 +75,8 @@ class SideBySide(unittest.TestCase):
         # a folder shaped as kernels/peers/'s FlashInfer build: the script takes it up (or says why
         # it cannot); a flashinfer that still does not run here is refused (exit 2 or 3), never compared,
         # and the other adapter still is
-        import tempfile
         built = tempfile.mkdtemp(prefix="ar_sbs_peers_")
-        self.addCleanup(__import__("shutil").rmtree, built, True)
+        self.addCleanup(shutil.rmtree, built, True)
         os.makedirs(os.path.join(built, "flashinfer", "flashinfer_jit_cache"))
         db = tmpdb(self, "sbs_flashinfer.db")
         rc, out = side_by_side(db, sample("mixed"), BASE_BACKEND="cpu", STEPS="0:2", ADAPTERS="numpy flashinfer",
