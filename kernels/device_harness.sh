@@ -228,11 +228,10 @@ if [ "${1:-}" = "mla" ]; then
     stage "peers build (waiting)"
     wait "$pb"; grep -E "^BUILD|rc=" "$OUT/build_peers.txt" | tail -6
   fi
-  # with the peers' build skipped, FlashInfer's Python package still comes from the carried wheels
-  if [ "${PEERS_BUILD:-1}" = 0 ] && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
-    bash kernels/peers/install_flashinfer.sh >"$OUT/flashinfer_install.txt" 2>&1
-    echo "FlashInfer wheels installed into /tmp/ar_site: rc=$?"
-  fi
+  # FlashInfer's Python package from the carried wheels, for the MLA lab below (installed again, a
+  # few seconds, where build_peers.sh installed it; the path comes from the installer)
+  fi_path=$(bash kernels/peers/install_flashinfer.sh "$PWD/.peers/built/flashinfer" 2>"$OUT/flashinfer_install.txt")
+  echo "FlashInfer wheels: rc=$? (PYTHONPATH ${fi_path:-unchanged})"
   # the prefill attention under Nsight Compute: step 3 of the lab's trace (two ~4,096-token
   # prefills, 1.372 TFLOP of causal attention), one launch
   if command -v ncu >/dev/null 2>&1; then
@@ -254,7 +253,7 @@ if [ "${1:-}" = "mla" ]; then
   fi
   stage "MLA lab"
   AR_PEERS_BUILT=$PWD/.peers/built \
-    PYTHONPATH=$PWD/.peers/built/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH} \
+    PYTHONPATH=${fi_path:-${PYTHONPATH:-}} \
     OUT=$OUT/lab LAB_GPU_MLA=0 LAB_BUDGET=$(( $(left) - 10 )) timeout -s KILL "$(left)" \
     kernels/lab/mla_prefill_ab.sh >"$OUT/lab.txt" 2>&1
   grep -E "^\| [0-9]+ \||^best=|exit [0-9]|^== " "$OUT/lab.txt" | tail -40

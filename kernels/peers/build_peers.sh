@@ -77,8 +77,8 @@ pid_fi=""
 fi_whl=$(ls .whl/flashinfer_python-*.whl 2>/dev/null | head -1)
 if [ "${PEERS_FLASHINFER:-1}" != 0 ] && [ -n "$fi_whl" ]; then
   echo "== FlashInfer: installing .whl, compiling its modules ($FI_JOBS jobs, ${FI_TIMEOUT}s)"
-  ( bash kernels/peers/install_flashinfer.sh &&
-    MAX_JOBS=$FI_JOBS PYTHONPATH=$DEST/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH} timeout -s KILL "$FI_TIMEOUT" \
+  ( fi_path=$(bash kernels/peers/install_flashinfer.sh "$DEST/flashinfer") &&
+    MAX_JOBS=$FI_JOBS PYTHONPATH=$fi_path timeout -s KILL "$FI_TIMEOUT" \
       python3 kernels/peers/flashinfer_peer.py --plan-only --keep-modules "$DEST/flashinfer/aot" ) >"$OUT/build_flashinfer.log" 2>&1 &
   pid_fi=$!
 else

@@ -35,10 +35,10 @@ if [ ! -d "$AR_PEERS_BUILT/flashinfer/flashinfer_jit_cache" ]; then
   echo "peer flashinfer: MISSING (no compiled modules in $AR_PEERS_BUILT/flashinfer: build_peers.sh compiles them when .whl has FlashInfer's wheels)"
 elif ! ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
   echo "peer flashinfer: MISSING (.whl/flashinfer_python-*.whl not carried)"
-elif ! bash kernels/peers/install_flashinfer.sh >>"$OUT/peers_err.txt" 2>&1; then
+elif ! fi_path=$(bash kernels/peers/install_flashinfer.sh "$AR_PEERS_BUILT/flashinfer" 2>>"$OUT/peers_err.txt"); then
   echo "peer flashinfer: MISSING (installing .whl failed: see peers_err.txt)"
 else
-  PYTHONPATH="$AR_PEERS_BUILT/flashinfer:/tmp/ar_site${PYTHONPATH:+:$PYTHONPATH}" FLASHINFER_DISABLE_JIT=1 \
+  PYTHONPATH=$fi_path FLASHINFER_DISABLE_JIT=1 \
     timeout "$(limit "${FI_RUN:-150}")" python3 kernels/peers/flashinfer_peer.py >>"$native" 2>>"$OUT/peers_err.txt"
   echo "flashinfer_peer rc=$?"
 fi

@@ -57,15 +57,15 @@ common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --qu
 
 # FlashInfer as kernels/peers/ carries it (its wheels in .whl, its modules compiled ahead of time in
 # $AR_PEERS_BUILT/flashinfer by build_flashinfer_offline.sh), where it is not importable already:
-# installed into /tmp/ar_site and put on the path with its JIT off, as native_peers.sh does, so a
-# module the build lacks fails that adapter's replay (exit 2, the reason printed) instead of
-# compiling for minutes inside PER_RUN_S
+# installed by kernels/peers/install_flashinfer.sh (which prints the path) and run with its JIT
+# off, as native_peers.sh runs it, so a module the build lacks fails that adapter's replay (exit 2,
+# the reason printed) instead of compiling for minutes inside PER_RUN_S
 case " $ADAPTERS " in *" flashinfer"*)
   fi_built=${AR_PEERS_BUILT:-$PWD/.peers/built}/flashinfer
   if ! "$PYTHON" -c "import flashinfer" 2>/dev/null && [ -d "$fi_built/flashinfer_jit_cache" ]; then
-    if bash kernels/peers/install_flashinfer.sh >/dev/null 2>&1; then
-      export PYTHONPATH=$fi_built:/tmp/ar_site:$PYTHONPATH FLASHINFER_DISABLE_JIT=1
-      echo "flashinfer: the carried wheels (/tmp/ar_site) and the modules in $fi_built, JIT off"
+    if fi_path=$(bash kernels/peers/install_flashinfer.sh "$fi_built" 2>/dev/null); then
+      export PYTHONPATH=$fi_path FLASHINFER_DISABLE_JIT=1
+      echo "flashinfer: the carried wheels and the modules in $fi_built, JIT off (PYTHONPATH $fi_path)"
     else
       echo "flashinfer: $fi_built has modules but installing .whl's wheels failed (kernels/peers/install_flashinfer.sh)"
     fi
