@@ -62,6 +62,12 @@ export CUOBJDUMP DEST FI_REBUILD=${FI_REBUILD:-0}
 export PATH="$CUDA_HOME/bin:$VENV/bin:$PATH" CUDA_HOME
 export FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE=$FI_OFFLINE/ws
 export PYTHONPATH=$DEST PYTHONUNBUFFERED=1
+# FlashInfer reads its ahead-of-time folder from the shim when it is imported, so a first build
+# (no shim yet) writes the shim first, in a process of its own
+if [ ! -f "$DEST/flashinfer_jit_cache/__init__.py" ]; then
+  "$VENV/bin/python" -c 'import sys; sys.path.insert(0, "kernels/peers"); import flashinfer_peer
+flashinfer_peer.write_jit_cache_shim(sys.argv[1])' "$DEST/aot" || { echo "build_flashinfer_offline.sh: cannot write the shim"; exit 1; }
+fi
 "$VENV/bin/python" - <<'EOF'
 import os, subprocess, sys, time
 from unittest import mock

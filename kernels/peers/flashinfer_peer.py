@@ -194,6 +194,15 @@ def keep_modules(dest):
         shutil.copy(so, target)
         subprocess.run(["strip", "--strip-unneeded", target], check=False)
         n += 1
+    write_jit_cache_shim(dest)
+    print(f"# kept {n} compiled FlashInfer modules in {dest}", flush=True)
+
+
+def write_jit_cache_shim(dest):
+    """Writes the flashinfer_jit_cache module beside dest (the folder of <name>/<name>.so
+    modules), which FlashInfer imports at its own import to find its ahead-of-time cache: with
+    it on the path, FlashInfer loads dest's modules instead of compiling them."""
+    import flashinfer
     pkg = os.path.join(os.path.dirname(os.path.abspath(dest)), "flashinfer_jit_cache")
     os.makedirs(pkg, exist_ok=True)
     with open(os.path.join(pkg, "__init__.py"), "w") as f:
@@ -204,7 +213,6 @@ def keep_modules(dest):
                 "def get_jit_cache_dir():\n"
                 f"    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "
                 f"{os.path.basename(os.path.abspath(dest))!r})\n")
-    print(f"# kept {n} compiled FlashInfer modules in {dest}", flush=True)
 
 
 def main():
