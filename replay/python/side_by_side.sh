@@ -25,8 +25,10 @@
 # and CASCADE (auto, on or off: every replay's --cascade, default the replay's own, auto; a
 # backend without cascade runs a cascade step flat, as vLLM runs FA3, so with CASCADE=on a
 # shared-prefix trace compares our cascade step with each peer's step as it would run).
-# FlashInfer that is not importable is taken from kernels/peers/'s build where one is carried
-# (.whl's wheels and $AR_PEERS_BUILT/flashinfer, default .peers/built; JIT off).
+# AR_PEERS_BUILT (default .peers/built, where kernels/peers/build_peers.sh leaves its build) is
+# where the fa3 and flashmla adapters find FlashAttention 3 and FlashMLA when they are not
+# importable.  FlashInfer that is not importable is taken from kernels/peers/'s build where one is
+# carried (.whl's wheels and $AR_PEERS_BUILT/flashinfer; JIT off).
 # Exit status: 0, or 1 when the base backend could not replay one of the traces (that trace is
 # skipped: the others have nothing to be compared with).
 set -u
@@ -45,6 +47,7 @@ PLUGIN=${PLUGIN:-$BUILD/plugins/attnreplay-example-cuda.so}
 export ATTNREPLAY_LIB=${ATTNREPLAY_LIB:-$PWD/$BUILD/libattnreplay.so}
 export PYTHONPATH=$PWD/replay/python${PYTHONPATH:+:$PYTHONPATH}
 PER_RUN_S=${PER_RUN_S:-}
+export AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built}
 CASCADE=${CASCADE:-}
 # cuda-mla's step holds the absorption (q_nope W_UK) and W_UV products and the cache write, which
 # an MLA adapter's host does untimed: its ratios are shown again on the attention marks alone
@@ -61,7 +64,7 @@ common=(--db "$DB" --layers "$LAYERS" --verify "$VERIFY" --repeat "$REPEAT" --qu
 # off, as native_peers.sh runs it, so a module the build lacks fails that adapter's replay (exit 2,
 # the reason printed) instead of compiling for minutes inside PER_RUN_S
 case " $ADAPTERS " in *" flashinfer"*)
-  fi_built=${AR_PEERS_BUILT:-$PWD/.peers/built}/flashinfer
+  fi_built=$AR_PEERS_BUILT/flashinfer
   if ! "$PYTHON" -c "import flashinfer" 2>/dev/null && [ -d "$fi_built/flashinfer_jit_cache" ]; then
     if fi_path=$(bash kernels/peers/install_flashinfer.sh "$fi_built" 2>/dev/null); then
       export PYTHONPATH=$fi_path FLASHINFER_DISABLE_JIT=1
