@@ -27,8 +27,9 @@
 # shared-prefix trace compares our cascade step with each peer's step as it would run).
 # AR_PEERS_BUILT (default .peers/built, where kernels/peers/build_peers.sh leaves its build) is
 # where the fa3 and flashmla adapters find FlashAttention 3 and FlashMLA when they are not
-# importable.  FlashInfer that is not importable is taken from kernels/peers/'s build where one is
-# carried (.whl's wheels and $AR_PEERS_BUILT/flashinfer; JIT off).
+# importable (the script prints the folder first).  FlashInfer that is not importable is taken
+# from kernels/peers/'s build where one is carried (.whl's wheels and $AR_PEERS_BUILT/flashinfer;
+# JIT off).
 # Exit status: 0, or 1 when the base backend could not replay one of the traces (that trace is
 # skipped: the others have nothing to be compared with).
 set -u
@@ -48,6 +49,7 @@ export ATTNREPLAY_LIB=${ATTNREPLAY_LIB:-$PWD/$BUILD/libattnreplay.so}
 export PYTHONPATH=$PWD/replay/python${PYTHONPATH:+:$PYTHONPATH}
 PER_RUN_S=${PER_RUN_S:-}
 export AR_PEERS_BUILT=${AR_PEERS_BUILT:-$PWD/.peers/built}
+echo "peers: AR_PEERS_BUILT=$AR_PEERS_BUILT$([ -d "$AR_PEERS_BUILT" ] || echo ' (not a folder: only importable peers run)')"
 CASCADE=${CASCADE:-}
 # cuda-mla's step holds the absorption (q_nope W_UK) and W_UV products and the cache write, which
 # an MLA adapter's host does untimed: its ratios are shown again on the attention marks alone

@@ -71,6 +71,23 @@ class SideBySide(unittest.TestCase):
                 modes = [m for (m,) in con.execute("SELECT cascade FROM runs ORDER BY id")]
             self.assertEqual(modes, [mode, mode], out)
 
+    def test_peers_build_folder_defaults_to_the_checkouts(self):
+        # the fa3 and flashmla adapters find kernels/peers' build through AR_PEERS_BUILT: unset, the
+        # script hands them the checkout's .peers/built; set, the caller's folder
+        db = tmpdb(self, "sbs_peers_default.db")
+        env = dict(BASE_BACKEND="cpu", STEPS="0:1")
+        saved = os.environ.pop("AR_PEERS_BUILT", None)
+        try:
+            rc, out = side_by_side(db, sample("mixed"), **env)
+        finally:
+            if saved is not None:
+                os.environ["AR_PEERS_BUILT"] = saved
+        self.assertEqual(rc, 0, out)
+        self.assertIn("peers: AR_PEERS_BUILT=%s" % os.path.join(SRC, ".peers", "built"), out)
+        rc, out = side_by_side(tmpdb(self, "sbs_peers_set.db"), sample("mixed"), AR_PEERS_BUILT="/nonexistent/built", **env)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("peers: AR_PEERS_BUILT=/nonexistent/built (not a folder", out)
+
     def test_flashinfer_from_the_peers_build(self):
         # a folder shaped as kernels/peers/'s FlashInfer build: the script takes it up (or says why
         # it cannot); a flashinfer that still does not run here is refused (exit 2 or 3), never compared,

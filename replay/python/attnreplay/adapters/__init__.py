@@ -12,9 +12,12 @@ def import_built(module, folder):
     except ImportError as first:
         built = os.environ.get("AR_PEERS_BUILT")
         d = os.path.join(built, folder) if built else None
-        if not d or not os.path.isdir(d):
-            raise ImportError("%s is not importable (%s) and AR_PEERS_BUILT/%s is not a folder"
-                              % (module, first, folder)) from first
+        if not d:
+            raise ImportError("%s is not importable (%s) and AR_PEERS_BUILT, the folder of "
+                              "kernels/peers' build, is not set" % (module, first)) from first
+        if not os.path.isdir(d):
+            raise ImportError("%s is not importable (%s) and %s is not a folder"
+                              % (module, first, d)) from first
         sys.path.insert(0, d)
         return importlib.import_module(module)
 
